@@ -1,0 +1,52 @@
+# distmesh build. `make test` installs what it needs (scripts/deps.sh), builds and runs every test
+# under a hard timeout, and prints a closing "N passed, N failed" line.
+#   make            build tests, examples, bench
+#   make test       unit + multi-process tests (plain build)
+#   make asan       the same under AddressSanitizer + UBSan (LeakSanitizer included)
+#   make tsan       the same under ThreadSanitizer
+#   make bench      the README's main job: ring all-reduce on 4 local ranks over TCP
+#   make compare    distmesh against Gloo and OpenMPI (see bench/)
+#   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
+# Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.
+
+CC      ?= cc
+CXX     ?= c++
+BUILD   ?= build/plain
+SAN     ?=
+OPT     ?= -O2 -g
+WARN    := -Wall -Wextra -Wpedantic -Werror
+CFLAGS_ALL   := -std=c11 $(WARN) $(OPT) $(SAN) -I. -pthread
+CXXFLAGS_ALL := -std=c++11 -Wall -Wextra -Werror $(OPT) $(SAN) -I. -pthread
+LDLIBS_ALL   := $(SAN) -pthread -lm
+UV_CFLAGS := $(shell pkg-config --cflags libuv 2>/dev/null)
+UV_LIBS   := $(shell pkg-config --libs libuv 2>/dev/null || echo -luv)
+CMOCKA_LIBS := -lcmocka
+CUDA_HOME ?= /usr/local/cuda
+TEST_TIMEOUT ?= 600
+
+TEST_BINS :=
+
+.PHONY: all deps test asan tsan bench compare test-gpu clean
+all: deps
+	@$(MAKE) --no-print-directory build-all
+
+deps:
+	@bash scripts/deps.sh
+
+include $(sort $(wildcard tests/*.mk)) $(sort $(wildcard bench/*.mk))
+
+build-all: $(TEST_BINS) $(EXTRA_BINS)
+
+test: deps
+	@$(MAKE) --no-print-directory $(TEST_BINS)
+	@bash tests/run.sh $(TEST_TIMEOUT) $(TEST_BINS)
+
+asan:
+	@$(MAKE) --no-print-directory test BUILD=build/asan OPT="-O1 -g" \
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+
+tsan:
+	@$(MAKE) --no-print-directory test BUILD=build/tsan OPT="-O1 -g" SAN="-fsanitize=thread"
+
+clean:
+	rm -rf build

@@ -1,0 +1,2 @@
+#define DISTMESH_IMPLEMENTATION
+#include "distmesh.h"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages distmesh's build and tests need, only when they are missing.
+# Usage: scripts/deps.sh [extra-package ...]   (bench/compare pass their own extras)
+set -euo pipefail
+need=()
+have_header() { [ -f "/usr/include/$1" ] || [ -f "/usr/include/x86_64-linux-gnu/$1" ]; }
+have_header uv.h       || need+=(libuv1-dev)
+have_header cmocka.h   || need+=(libcmocka-dev)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v cc >/dev/null  || need+=(gcc)
+command -v c++ >/dev/null || need+=(g++)
+command -v ip >/dev/null  || need+=(iproute2)
+for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
+[ ${#need[@]} -eq 0 ] && exit 0
+echo "deps: installing ${need[*]}"
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq || true
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
