@@ -51,6 +51,13 @@
 #ifndef DISTMESH_H
 #define DISTMESH_H
 
+/* The implementation needs POSIX (clock_gettime, monotonic condition variables, sockets). The
+   feature macro only works before the first system header of the TU, so the implementing TU
+   should include distmesh.h first (distmesh.c and tests/impl.c do). */
+#if defined(DISTMESH_IMPLEMENTATION) && !defined(_WIN32) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
@@ -427,9 +434,6 @@ struct dm_collective {
 #define DISTMESH_IMPL_INCLUDED
 
 /* >>config */
-#if !defined(_WIN32) && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE  /* gethostname, clock_gettime, pthread_condattr_setclock */
-#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -533,4 +537,1829 @@ _DM_PRIVATE int64_t _dm_deadline(int timeout_ms) {
     return timeout_ms < 0 ? INT64_MAX : _dm_now_ms() + timeout_ms;
 }
 
+_DM_PRIVATE void _dm_copy_name(char* dst, size_t cap, const char* src) {
+    size_t n = strlen(src);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
+/* >>names */
+DM_API_IMPL const char* dm_status_name(dm_status status) {
+    switch (status) {
+#define _DM_X(name, val, text) case DM_##name: return "DM_" #name;
+        DM_STATUS_LIST(_DM_X)
+#undef _DM_X
+        default: return "DM_UNKNOWN_STATUS";
+    }
+}
+DM_API_IMPL const char* dm_strerror(dm_status status) {
+    switch (status) {
+#define _DM_X(name, val, text) case DM_##name: return text;
+        DM_STATUS_LIST(_DM_X)
+#undef _DM_X
+        default: return "unknown distmesh status";
+    }
+}
+DM_API_IMPL size_t dm_dtype_size(dm_dtype dtype) {
+    switch (dtype) {
+        case DM_INT8: case DM_UINT8: return 1;
+        case DM_FLOAT16: case DM_BFLOAT16: return 2;
+        case DM_INT32: case DM_UINT32: case DM_FLOAT32: return 4;
+        case DM_INT64: case DM_UINT64: case DM_FLOAT64: return 8;
+        default: return 0;
+    }
+}
+DM_API_IMPL const char* dm_dtype_name(dm_dtype dtype) {
+    static const char* names[DM_DTYPE_COUNT] = { "int8", "uint8", "int32", "uint32", "int64",
+        "uint64", "float16", "bfloat16", "float32", "float64" };
+    return ((unsigned)dtype < DM_DTYPE_COUNT) ? names[dtype] : "invalid";
+}
+DM_API_IMPL const char* dm_reduce_op_name(dm_reduce_op op) {
+    static const char* names[DM_REDUCE_OP_COUNT] = { "sum", "prod", "max", "min", "mean" };
+    return ((unsigned)op < DM_REDUCE_OP_COUNT) ? names[op] : "invalid";
+}
+
+/* >>half  float16 / bfloat16 <-> float32. Rounding is to nearest, ties to even, done with
+   integer arithmetic on the bit patterns (no dependence on the FPU's rounding mode). */
+_DM_PRIVATE uint32_t _dm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+_DM_PRIVATE float _dm_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+DM_API_IMPL uint16_t dm_float_to_half(float f) {
+    uint32_t x = _dm_f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);           /* NaN -> quiet NaN */
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);          /* >= 65520 -> inf */
+    if (ax >= 0x38800000u) {                                           /* normal half */
+        uint32_t mant_odd = (ax >> 13) & 1u;
+        ax += 0xc8000000u + 0xfffu + mant_odd;    /* rebias exponent 127 -> 15, round to even */
+        return (uint16_t)(sign | (ax >> 13));
+    }
+    if (ax < 0x33000000u) return sign;                                 /* < 2^-25 -> +-0 */
+    {   /* subnormal half: shift the full mantissa, round to nearest even by hand */
+        uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - e;                 /* 14..24: half subnormal unit is 2^-24 */
+        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
+        if (rem > halfway || (rem == halfway && (q & 1u))) q++;
+        return (uint16_t)(sign | q);
+    }
+}
+DM_API_IMPL float dm_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return _dm_bits_f32(sign | 0x7f800000u | (m << 13));
+    if (e != 0) return _dm_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+    {   /* zero or subnormal: m * 2^-24 is exact in float */
+        float v = (float)m * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+}
+DM_API_IMPL uint16_t dm_float_to_bfloat16(float f) {
+    uint32_t x = _dm_f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+DM_API_IMPL float dm_bfloat16_to_float(uint16_t b) { return _dm_bits_f32((uint32_t)b << 16); }
+
+/* >>kernels  dst = dst op src. One loop per dtype x op so the compiler vectorises each.
+   Signed integers wrap: the arithmetic is done in the unsigned type of the same width (signed
+   overflow would be undefined behaviour). MAX/MIN propagate NaN: (a >= b || a != a) ? a : b. */
+#define _DM_KERNEL_INT(name, T, U)                                                            \
+    static void name(dm_reduce_op op, T* dst, const T* src, size_t n) {                       \
+        size_t i;                                                                             \
+        switch (op) {                                                                         \
+            case DM_SUM: case DM_MEAN:                                                        \
+                for (i = 0; i < n; i++) { dst[i] = (T)(U)((U)dst[i] + (U)src[i]); } break;        \
+            case DM_PROD:                                                                     \
+                for (i = 0; i < n; i++) { dst[i] = (T)(U)((U)dst[i] * (U)src[i]); } break;        \
+            case DM_MAX:                                                                      \
+                for (i = 0; i < n; i++) { dst[i] = dst[i] >= src[i] ? dst[i] : src[i]; } break;   \
+            case DM_MIN:                                                                      \
+                for (i = 0; i < n; i++) { dst[i] = dst[i] <= src[i] ? dst[i] : src[i]; } break;   \
+            default: break;                                                                   \
+        }                                                                                     \
+    }
+#define _DM_KERNEL_FLOAT(name, T)                                                             \
+    static void name(dm_reduce_op op, T* dst, const T* src, size_t n) {                       \
+        size_t i;                                                                             \
+        switch (op) {                                                                         \
+            case DM_SUM: case DM_MEAN: for (i = 0; i < n; i++) { dst[i] += src[i]; } break;       \
+            case DM_PROD: for (i = 0; i < n; i++) { dst[i] *= src[i]; } break;                    \
+            case DM_MAX:                                                                      \
+                for (i = 0; i < n; i++) {                                                     \
+                    T a = dst[i], b = src[i];                                                 \
+                    dst[i] = (a >= b || a != a) ? a : b;                                      \
+                }                                                                             \
+                break;                                                                        \
+            case DM_MIN:                                                                      \
+                for (i = 0; i < n; i++) {                                                     \
+                    T a = dst[i], b = src[i];                                                 \
+                    dst[i] = (a <= b || a != a) ? a : b;                                      \
+                }                                                                             \
+                break;                                                                        \
+            default: break;                                                                   \
+        }                                                                                     \
+    }
+_DM_KERNEL_INT(_dm_reduce_i8, int8_t, uint8_t)
+_DM_KERNEL_INT(_dm_reduce_u8, uint8_t, uint8_t)
+_DM_KERNEL_INT(_dm_reduce_i32, int32_t, uint32_t)
+_DM_KERNEL_INT(_dm_reduce_u32, uint32_t, uint32_t)
+_DM_KERNEL_INT(_dm_reduce_i64, int64_t, uint64_t)
+_DM_KERNEL_INT(_dm_reduce_u64, uint64_t, uint64_t)
+_DM_KERNEL_FLOAT(_dm_reduce_f32, float)
+_DM_KERNEL_FLOAT(_dm_reduce_f64, double)
+#undef _DM_KERNEL_INT
+#undef _DM_KERNEL_FLOAT
+
+/* 16-bit floats: widen a block to float32, reduce there, round back once per step. */
+static void _dm_reduce_16(dm_reduce_op op, uint16_t* dst, const uint16_t* src, size_t n, bool bf16) {
+    float a[256], b[256];
+    size_t done, i, m;
+    for (done = 0; done < n; done += m) {
+        m = n - done < 256 ? n - done : 256;
+        if (bf16) {
+            for (i = 0; i < m; i++) { a[i] = dm_bfloat16_to_float(dst[done + i]);
+                                      b[i] = dm_bfloat16_to_float(src[done + i]); }
+        } else {
+            for (i = 0; i < m; i++) { a[i] = dm_half_to_float(dst[done + i]);
+                                      b[i] = dm_half_to_float(src[done + i]); }
+        }
+        _dm_reduce_f32(op, a, b, m);
+        if (bf16) for (i = 0; i < m; i++) dst[done + i] = dm_float_to_bfloat16(a[i]);
+        else      for (i = 0; i < m; i++) dst[done + i] = dm_float_to_half(a[i]);
+    }
+}
+
+DM_API_IMPL dm_status dm_reduce_local(dm_dtype dtype, dm_reduce_op op, void* dst, const void* src,
+                                      size_t count) {
+    if ((unsigned)dtype >= DM_DTYPE_COUNT || (unsigned)op >= DM_REDUCE_OP_COUNT)
+        return DM_ERR_INVALID_ARG;
+    if (count == 0) return DM_OK;
+    if (!dst || !src) return DM_ERR_INVALID_ARG;
+    switch (dtype) {
+        case DM_INT8:     _dm_reduce_i8(op, (int8_t*)dst, (const int8_t*)src, count); break;
+        case DM_UINT8:    _dm_reduce_u8(op, (uint8_t*)dst, (const uint8_t*)src, count); break;
+        case DM_INT32:    _dm_reduce_i32(op, (int32_t*)dst, (const int32_t*)src, count); break;
+        case DM_UINT32:   _dm_reduce_u32(op, (uint32_t*)dst, (const uint32_t*)src, count); break;
+        case DM_INT64:    _dm_reduce_i64(op, (int64_t*)dst, (const int64_t*)src, count); break;
+        case DM_UINT64:   _dm_reduce_u64(op, (uint64_t*)dst, (const uint64_t*)src, count); break;
+        case DM_FLOAT16:  _dm_reduce_16(op, (uint16_t*)dst, (const uint16_t*)src, count, false); break;
+        case DM_BFLOAT16: _dm_reduce_16(op, (uint16_t*)dst, (const uint16_t*)src, count, true); break;
+        case DM_FLOAT32:  _dm_reduce_f32(op, (float*)dst, (const float*)src, count); break;
+        case DM_FLOAT64:  _dm_reduce_f64(op, (double*)dst, (const double*)src, count); break;
+        default: return DM_ERR_INVALID_ARG;
+    }
+    return DM_OK;
+}
+
+#define _DM_DIVIDE(T, buf, n, d) do { T* p_ = (T*)(buf); size_t i_;                          \
+        for (i_ = 0; i_ < (n); i_++) p_[i_] = (T)(p_[i_] / (T)(d)); } while (0)
+DM_API_IMPL dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, int divisor) {
+    size_t i;
+    if ((unsigned)dtype >= DM_DTYPE_COUNT || divisor <= 0) return DM_ERR_INVALID_ARG;
+    if (count == 0 || divisor == 1) return DM_OK;
+    if (!buf) return DM_ERR_INVALID_ARG;
+    switch (dtype) {
+        case DM_INT8:    _DM_DIVIDE(int8_t, buf, count, divisor); break;
+        case DM_UINT8:   _DM_DIVIDE(uint8_t, buf, count, divisor); break;
+        case DM_INT32:   _DM_DIVIDE(int32_t, buf, count, divisor); break;
+        case DM_UINT32:  _DM_DIVIDE(uint32_t, buf, count, divisor); break;
+        case DM_INT64:   _DM_DIVIDE(int64_t, buf, count, divisor); break;
+        case DM_UINT64:  _DM_DIVIDE(uint64_t, buf, count, divisor); break;
+        case DM_FLOAT32: _DM_DIVIDE(float, buf, count, divisor); break;
+        case DM_FLOAT64: _DM_DIVIDE(double, buf, count, divisor); break;
+        case DM_FLOAT16: {
+            uint16_t* p = (uint16_t*)buf;
+            for (i = 0; i < count; i++) p[i] = dm_float_to_half(dm_half_to_float(p[i]) / (float)divisor);
+            break;
+        }
+        case DM_BFLOAT16: {
+            uint16_t* p = (uint16_t*)buf;
+            for (i = 0; i < count; i++)
+                p[i] = dm_float_to_bfloat16(dm_bfloat16_to_float(p[i]) / (float)divisor);
+            break;
+        }
+        default: return DM_ERR_INVALID_ARG;
+    }
+    return DM_OK;
+}
+#undef _DM_DIVIDE
+
+/* >>logging */
+DM_API_IMPL void dm_log_stderr(dm_log_level level, dm_status status, const char* message,
+                               const char* file, int line, void* user_data) {
+    static const char* levels[] = { "error", "warn", "info", "debug" };
+    (void)user_data;
+    fprintf(stderr, "distmesh %s: %s [%s] (%s:%d)\n",
+            ((unsigned)level < 4) ? levels[level] : "?", message, dm_status_name(status), file, line);
+}
+
+/* >>env  Strict parsing: the whole string must be a number in range, never atoi's garbage. */
+_DM_PRIVATE bool _dm_parse_int(const char* s, long min, long max, int* out) {
+    char* end = NULL;
+    long v;
+    if (!s || !*s) return false;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno != 0 || *end != 0 || v < min || v > max) return false;
+    *out = (int)v;
+    return true;
+}
+/* Reads an integer variable. Returns false (with env->error set) when set but malformed. */
+_DM_PRIVATE bool _dm_env_int(dm_env* env, const char* name, long min, int* out, bool* found) {
+    const char* s = getenv(name);
+    *found = s != NULL;
+    if (!s) return true;
+    if (_dm_parse_int(s, min, INT_MAX, out)) return true;
+    snprintf(env->error, sizeof(env->error),
+             "env: %s=\"%.64s\" is not an integer >= %ld", name, s, min);
+    return false;
+}
+/* Milliseconds from DISTMESH_TIMEOUT (seconds, decimals allowed; negative = forever). */
+_DM_PRIVATE bool _dm_env_timeout(int* out_ms) {
+    const char* s = getenv("DISTMESH_TIMEOUT");
+    char* end = NULL;
+    double sec;
+    *out_ms = 0;
+    if (!s) return true;
+    errno = 0;
+    sec = strtod(s, &end);
+    if (!*s || errno != 0 || *end != 0 || sec != sec || sec > 2000000.0) return false;
+    if (sec < 0) *out_ms = -1;
+    else *out_ms = sec * 1000.0 < 1.0 ? 1 : (int)(sec * 1000.0);
+    return true;
+}
+_DM_PRIVATE int _dm_resolve_timeout(int desc_timeout_ms) {
+    int env_ms = 0;
+    if (desc_timeout_ms != 0) return desc_timeout_ms;
+    if (_dm_env_timeout(&env_ms) && env_ms != 0) return env_ms;
+    return DM_DEFAULT_TIMEOUT_MS;
+}
+
+/* One launcher's variables. local_* may be NULL where the launcher has none. */
+typedef struct _dm_env_source {
+    const char* source;
+    const char* rank;
+    const char* world;
+    const char* local_rank;
+    const char* local_world;
+} _dm_env_source;
+
+/* Slurm's SLURM_TASKS_PER_NODE is "4(x2),3": tasks on node SLURM_NODEID (default 0). */
+_DM_PRIVATE bool _dm_slurm_tasks_on_node(const char* spec, int node, int* out) {
+    const char* p = spec;
+    while (*p) {
+        char* end = NULL;
+        long tasks = strtol(p, &end, 10), repeat = 1;
+        if (end == p || tasks <= 0) return false;
+        p = end;
+        if (*p == '(') {
+            if (p[1] != 'x') return false;
+            repeat = strtol(p + 2, &end, 10);
+            if (end == p + 2 || *end != ')' || repeat <= 0) return false;
+            p = end + 1;
+        }
+        if (node < repeat) { *out = (int)tasks; return true; }
+        node -= (int)repeat;
+        if (*p == ',') p++;
+        else if (*p) return false;
+    }
+    return false;
+}
+
+_DM_PRIVATE bool _dm_env_slurm_local_world(dm_env* env, int* out, bool* found) {
+    const char* spec = getenv("SLURM_TASKS_PER_NODE");
+    int node = 0;
+    bool node_found = false;
+    if (!_dm_env_int(env, "SLURM_NTASKS_PER_NODE", 1, out, found)) return false;
+    if (*found || !spec) return true;
+    if (!_dm_env_int(env, "SLURM_NODEID", 0, &node, &node_found)) return false;
+    if (!_dm_slurm_tasks_on_node(spec, node, out)) {
+        snprintf(env->error, sizeof(env->error),
+                 "env: SLURM_TASKS_PER_NODE=\"%.64s\" is malformed or has no node %d", spec, node);
+        return false;
+    }
+    *found = true;
+    return true;
+}
+
+/* Reads one source. Returns false on a malformed value; *used says whether it applied. */
+_DM_PRIVATE bool _dm_env_read_source(dm_env* env, const _dm_env_source* src, bool* used) {
+    int rank = 0, world = 1, lrank = 0, lworld = 0;
+    bool has_rank = false, has_world = false, has_lrank = false, has_lworld = false;
+    *used = false;
+    if (!_dm_env_int(env, src->rank, 0, &rank, &has_rank)) return false;
+    if (!_dm_env_int(env, src->world, 1, &world, &has_world)) return false;
+    if (!has_rank && !has_world) return true;
+    if (has_rank != has_world) {
+        snprintf(env->error, sizeof(env->error), "env: %s is set but %s is not",
+                 has_rank ? src->rank : src->world, has_rank ? src->world : src->rank);
+        return false;
+    }
+    if (src->local_rank && !_dm_env_int(env, src->local_rank, 0, &lrank, &has_lrank)) return false;
+    if (strcmp(src->source, "slurm") == 0) {
+        if (!_dm_env_slurm_local_world(env, &lworld, &has_lworld)) return false;
+    } else if (src->local_world && !_dm_env_int(env, src->local_world, 1, &lworld, &has_lworld)) {
+        return false;
+    }
+    env->rank = rank;
+    env->world_size = world;
+    /* Without local information the world is taken to be one node. */
+    env->local_rank = has_lrank ? lrank : rank;
+    env->local_world_size = has_lworld ? lworld : (has_lrank ? world : world);
+    env->source = src->source;
+    *used = true;
+    return true;
+}
+
+/* DISTMESH_* variables override single fields of whatever the launcher said. */
+_DM_PRIVATE bool _dm_env_overrides(dm_env* env) {
+    int v = 0;
+    bool found = false;
+    if (!_dm_env_int(env, "DISTMESH_RANK", 0, &v, &found)) return false;
+    if (found) { env->rank = v; env->source = "distmesh"; }
+    if (!_dm_env_int(env, "DISTMESH_WORLD_SIZE", 1, &v, &found)) return false;
+    if (found) { env->world_size = v; env->source = "distmesh"; }
+    if (!_dm_env_int(env, "DISTMESH_LOCAL_RANK", 0, &v, &found)) return false;
+    if (found) env->local_rank = v;
+    if (!_dm_env_int(env, "DISTMESH_LOCAL_WORLD_SIZE", 1, &v, &found)) return false;
+    if (found) env->local_world_size = v;
+    return true;
+}
+
+_DM_PRIVATE bool _dm_env_master(dm_env* env) {
+    const char* addr = getenv("MASTER_ADDR");
+    const char* port = getenv("MASTER_PORT");
+    if (addr) {
+        if (strlen(addr) >= sizeof(env->master_addr) || !*addr) {
+            snprintf(env->error, sizeof(env->error), "env: MASTER_ADDR is empty or too long");
+            return false;
+        }
+        _dm_copy_name(env->master_addr, sizeof(env->master_addr), addr);
+    }
+    if (port && !_dm_parse_int(port, 1, 65535, &env->master_port)) {
+        snprintf(env->error, sizeof(env->error),
+                 "env: MASTER_PORT=\"%.64s\" is not a port number 1..65535", port);
+        return false;
+    }
+    return true;
+}
+
+_DM_PRIVATE bool _dm_env_check(dm_env* env) {
+    if (env->rank >= env->world_size) {
+        snprintf(env->error, sizeof(env->error), "env: rank %d (from %s) is not below world size %d",
+                 env->rank, env->source, env->world_size);
+        return false;
+    }
+    if (env->local_world_size > env->world_size || env->local_rank >= env->local_world_size) {
+        snprintf(env->error, sizeof(env->error),
+                 "env: local rank %d / local world size %d (from %s) do not fit world size %d",
+                 env->local_rank, env->local_world_size, env->source, env->world_size);
+        return false;
+    }
+    return true;
+}
+
+DM_API_IMPL dm_status dm_env_detect(dm_env* out) {
+    static const _dm_env_source sources[] = {
+        { "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE" },
+        { "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+          "OMPI_COMM_WORLD_LOCAL_SIZE" },
+        { "pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS" },
+        { "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL },
+    };
+    size_t i;
+    bool used = false;
+    if (!out) return DM_ERR_INVALID_ARG;
+    memset(out, 0, sizeof(*out));
+    out->world_size = 1;
+    out->local_world_size = 1;
+    out->source = "default";
+    for (i = 0; i < sizeof(sources) / sizeof(sources[0]) && !used; i++)
+        if (!_dm_env_read_source(out, &sources[i], &used)) return DM_ERR_ENV;
+    if (!_dm_env_overrides(out) || !_dm_env_master(out)) return DM_ERR_ENV;
+    if (!_dm_env_timeout(&out->timeout_ms)) {
+        snprintf(out->error, sizeof(out->error),
+                 "env: DISTMESH_TIMEOUT=\"%.64s\" is not a number of seconds", getenv("DISTMESH_TIMEOUT"));
+        return DM_ERR_ENV;
+    }
+    if (!_dm_env_check(out)) return DM_ERR_ENV;
+    out->is_distributed = out->world_size > 1;
+    return DM_OK;
+}
+
+#if !defined(DISTMESH_NCCL)
+DM_API_IMPL int dm_device_count(void) { return 0; }
+#endif
+
+/* >>collective base */
+_DM_PRIVATE void _dm_collective_init(dm_collective* c, const dm_collective_vtable* vt, int rank,
+                                     int size, int timeout_ms, const dm_logger* logger,
+                                     const dm_allocator* allocator) {
+    c->vt = vt;
+    c->rank = rank;
+    c->size = size;
+    c->local_rank = rank;
+    c->local_size = size;
+    c->device.type = DM_DEVICE_CPU;
+    c->device.index = 0;
+    c->timeout_ms = _dm_resolve_timeout(timeout_ms);
+    c->seq = 0;
+    if (logger) c->logger = *logger;
+    if (allocator) c->allocator = *allocator;
+    c->local = NULL;
+    if (gethostname(c->node_name, sizeof(c->node_name) - 1) != 0) _dm_copy_name(c->node_name, 64, "localhost");
+    c->node_name[sizeof(c->node_name) - 1] = 0;
+    c->last_error[0] = 0;
+}
+
+/* One block: the item array, then the bytes of every item back to back (so the bytes of a
+   broadcast_objects result can travel as one buffer). */
+_DM_PRIVATE dm_status _dm_blob_list_alloc(const dm_allocator* a, const size_t* sizes, size_t count,
+                                          dm_blob_list* out) {
+    size_t i, total = count * sizeof(dm_blob);
+    unsigned char* block;
+    out->items = NULL;
+    out->count = 0;
+    if (count > SIZE_MAX / sizeof(dm_blob)) return DM_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < count; i++) {
+        if (sizes[i] > SIZE_MAX - total) return DM_ERR_OUT_OF_MEMORY;
+        total += sizes[i];
+    }
+    block = (unsigned char*)_dm_malloc(a, total);
+    if (!block) return DM_ERR_OUT_OF_MEMORY;
+    out->items = (dm_blob*)(void*)block;
+    out->count = count;
+    total = count * sizeof(dm_blob);
+    for (i = 0; i < count; i++) {
+        out->items[i].data = block + total;
+        out->items[i].size = sizes[i];
+        total += sizes[i];
+    }
+    return DM_OK;
+}
+
+/* >>validation  The wrappers check everything a backend would otherwise trust. */
+#define _DM_VT_HAS(vt, fn) \
+    ((vt)->struct_size >= offsetof(dm_collective_vtable, fn) + sizeof((vt)->fn) && (vt)->fn)
+
+_DM_PRIVATE dm_status _dm_check_type(dm_collective* c, const char* op_name, dm_dtype dtype) {
+    if ((unsigned)dtype >= DM_DTYPE_COUNT)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: invalid dtype %d", op_name, (int)dtype);
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_check_op(dm_collective* c, const char* op_name, dm_reduce_op op) {
+    if ((unsigned)op >= DM_REDUCE_OP_COUNT)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: invalid reduce op %d", op_name, (int)op);
+    return DM_OK;
+}
+/* Bytes of count elements times blocks, or a failure if that overflows size_t. */
+_DM_PRIVATE dm_status _dm_check_bytes(dm_collective* c, const char* op_name, size_t count,
+                                      dm_dtype dtype, size_t blocks, size_t* out) {
+    size_t esize = dm_dtype_size(dtype);
+    if (blocks == 0) blocks = 1;
+    if (count > SIZE_MAX / esize / blocks)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: count %zu x %zu x %zu bytes overflows size_t",
+                        op_name, count, blocks, esize);
+    *out = count * esize * blocks;
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_check_buffer(dm_collective* c, const char* op_name, const char* what,
+                                       const void* p, size_t bytes) {
+    if (!p && bytes > 0)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s buffer is NULL", op_name, what);
+    return DM_OK;
+}
+/* Two ranges either do not overlap or the small one sits exactly at the expected offset. */
+_DM_PRIVATE bool _dm_layout_ok(const void* big, size_t big_bytes, const void* small,
+                               size_t small_bytes, size_t expected_offset) {
+    uintptr_t b = (uintptr_t)big, s = (uintptr_t)small;
+    if (small_bytes == 0 || big_bytes == 0) return true;
+    if (s + small_bytes <= b || b + big_bytes <= s) return true;
+    return s == b + expected_offset;
+}
+_DM_PRIVATE dm_status _dm_begin(dm_collective* c, const char* op_name) {
+    (void)op_name;
+    c->last_error[0] = 0;
+    c->seq++;
+    return DM_OK;
+}
+#define _DM_TRY(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) return st_; } while (0)
+
+/* >>public collectives */
+DM_API_IMPL dm_status dm_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                    dm_dtype dtype, dm_reduce_op op) {
+    static const char* name = "all_reduce";
+    size_t bytes = 0;
+    if (!c) return DM_ERR_INVALID_ARG;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_op(c, name, op));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, bytes));
+    if (!send) send = recv;
+    if (!_dm_layout_ok(recv, bytes, send, bytes, 0))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send and recv overlap partially", name);
+    if (!_DM_VT_HAS(c->vt, all_reduce))
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no %s", name, c->vt->name, name);
+    _dm_begin(c, name);
+    return c->vt->all_reduce(c, send, recv, count, dtype, op);
+}
+
+DM_API_IMPL dm_status dm_barrier(dm_collective* c) {
+    uint8_t token = 0;
+    if (!c) return DM_ERR_INVALID_ARG;
+    if (_DM_VT_HAS(c->vt, barrier)) {
+        _dm_begin(c, "barrier");
+        return c->vt->barrier(c);
+    }
+    /* Fallback: a one-byte all-reduce cannot complete before every rank has entered it. */
+    return dm_all_reduce(c, NULL, &token, 1, DM_UINT8, DM_MAX);
+}
+
+/* all_gather through all_gather_to_list: one pointer per rank into recv. */
+_DM_PRIVATE dm_status _dm_all_gather_via_list(dm_collective* c, const void* send, void* recv,
+                                              size_t count, dm_dtype dtype) {
+    size_t block = count * dm_dtype_size(dtype);
+    void** ptrs = (void**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)c->size);
+    dm_status st;
+    int r;
+    if (!ptrs) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "all_gather: no memory for %d pointers", c->size);
+    for (r = 0; r < c->size; r++) ptrs[r] = (unsigned char*)recv + (size_t)r * block;
+    st = c->vt->all_gather_to_list(c, send, (void* const*)ptrs, count, dtype);
+    _dm_free(&c->allocator, ptrs);
+    return st;
+}
+/* all_gather_to_list through all_gather: into a temporary of world x count, then copied out. */
+_DM_PRIVATE dm_status _dm_all_gather_list_via_block(dm_collective* c, const void* send,
+                                                    void* const* recvs, size_t count, dm_dtype dtype) {
+    size_t block = count * dm_dtype_size(dtype);
+    unsigned char* tmp = (unsigned char*)_dm_malloc(&c->allocator, block * (size_t)c->size);
+    dm_status st;
+    int r;
+    if (!tmp) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "all_gather_to_list: no memory for %zu bytes",
+                              block * (size_t)c->size);
+    st = c->vt->all_gather(c, send, tmp, count, dtype);
+    if (st == DM_OK)
+        for (r = 0; r < c->size; r++)
+            if (recvs[r] != tmp + (size_t)r * block) memmove(recvs[r], tmp + (size_t)r * block, block);
+    _dm_free(&c->allocator, tmp);
+    return st;
+}
+
+DM_API_IMPL dm_status dm_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
+                                    dm_dtype dtype) {
+    static const char* name = "all_gather";
+    size_t bytes = 0, total = 0;
+    if (!c) return DM_ERR_INVALID_ARG;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
+    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, total));
+    if (!send) send = (unsigned char*)recv + (size_t)c->rank * bytes;
+    if (!_dm_layout_ok(recv, total, send, bytes, (size_t)c->rank * bytes))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG,
+                        "%s: send overlaps recv but is not at recv + rank * count (in-place layout)", name);
+    if (_DM_VT_HAS(c->vt, all_gather)) {
+        _dm_begin(c, name);
+        return c->vt->all_gather(c, send, recv, count, dtype);
+    }
+    if (_DM_VT_HAS(c->vt, all_gather_to_list)) {
+        _dm_begin(c, name);
+        return _dm_all_gather_via_list(c, send, recv, count, dtype);
+    }
+    return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no all_gather", name, c->vt->name);
+}
+
+DM_API_IMPL dm_status dm_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
+                                            size_t count, dm_dtype dtype) {
+    static const char* name = "all_gather_to_list";
+    size_t bytes = 0;
+    int r, q;
+    if (!c) return DM_ERR_INVALID_ARG;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &bytes));
+    bytes /= (size_t)c->size;
+    if (!recvs) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: recvs is NULL", name);
+    for (r = 0; r < c->size; r++) {
+        if (!recvs[r] && bytes)
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: recvs[%d] is NULL", name, r);
+        for (q = 0; q < r && bytes; q++)
+            if (!_dm_layout_ok(recvs[q], bytes, recvs[r], bytes, SIZE_MAX))
+                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: recvs[%d] and recvs[%d] overlap", name, q, r);
+    }
+    if (!send) send = recvs[c->rank];
+    for (r = 0; r < c->size; r++)
+        if (!_dm_layout_ok(recvs[r], bytes, send, bytes, r == c->rank ? 0 : SIZE_MAX))
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send overlaps recvs[%d]", name, r);
+    if (_DM_VT_HAS(c->vt, all_gather_to_list)) {
+        _dm_begin(c, name);
+        return c->vt->all_gather_to_list(c, send, recvs, count, dtype);
+    }
+    if (_DM_VT_HAS(c->vt, all_gather)) {
+        _dm_begin(c, name);
+        return _dm_all_gather_list_via_block(c, send, recvs, count, dtype);
+    }
+    return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no all_gather", name, c->vt->name);
+}
+
+DM_API_IMPL dm_status dm_reduce_scatter(dm_collective* c, const void* send, void* recv,
+                                        size_t recv_count, dm_dtype dtype, dm_reduce_op op) {
+    static const char* name = "reduce_scatter";
+    size_t bytes = 0, total = 0;
+    if (!c) return DM_ERR_INVALID_ARG;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_op(c, name, op));
+    _DM_TRY(_dm_check_bytes(c, name, recv_count, dtype, 1, &bytes));
+    _DM_TRY(_dm_check_bytes(c, name, recv_count, dtype, (size_t)c->size, &total));
+    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, bytes));
+    _DM_TRY(_dm_check_buffer(c, name, "send", send, total));
+    if (!send) send = recv; /* only reachable with zero bytes */
+    if (!_dm_layout_ok(send, total, recv, bytes, (size_t)c->rank * bytes))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG,
+                        "%s: recv overlaps send but is not at send + rank * recv_count (in-place layout)", name);
+    if (!_DM_VT_HAS(c->vt, reduce_scatter))
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no %s", name, c->vt->name, name);
+    _dm_begin(c, name);
+    return c->vt->reduce_scatter(c, send, recv, recv_count, dtype, op);
+}
+
+DM_API_IMPL dm_status dm_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+    static const char* name = "broadcast";
+    size_t bytes = 0;
+    if (!c) return DM_ERR_INVALID_ARG;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    _DM_TRY(_dm_check_buffer(c, name, "buf", buf, bytes));
+    if (root < 0 || root >= c->size)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: root %d is not a rank of this %d-rank collective%s",
+                        name, root, c->size, c->size == 1 ? " (only rank 0 exists)" : "");
+    if (!_DM_VT_HAS(c->vt, broadcast))
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no %s", name, c->vt->name, name);
+    _dm_begin(c, name);
+    return c->vt->broadcast(c, buf, count, dtype, root);
+}
+
+/* >>objects  Sizes first (uint64 per rank), then the bytes padded to the largest object. */
+DM_API_IMPL dm_status dm_all_gather_objects(dm_collective* c, const void* data, size_t size,
+                                            dm_blob_list* out) {
+    static const char* name = "all_gather_objects";
+    uint64_t* sizes64 = NULL;
+    size_t* sizes = NULL;
+    unsigned char *mine = NULL, *all = NULL;
+    size_t max = 0, n, i;
+    dm_status st;
+    if (!c) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: out is NULL", name);
+    out->items = NULL;
+    out->count = 0;
+    if (size == 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object size is 0 (objects must hold bytes)", name);
+    if (!data) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: data is NULL", name);
+    n = (size_t)c->size;
+    sizes64 = (uint64_t*)_dm_malloc(&c->allocator, n * sizeof(uint64_t));
+    sizes = (size_t*)_dm_malloc(&c->allocator, n * sizeof(size_t));
+    if (!sizes64 || !sizes) { st = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: no memory", name); goto done; }
+    sizes64[c->rank] = (uint64_t)size;
+    st = dm_all_gather(c, NULL, sizes64, 1, DM_UINT64);
+    if (st != DM_OK) goto done;
+    for (i = 0; i < n; i++) {
+        if (sizes64[i] == 0 || sizes64[i] > (uint64_t)(SIZE_MAX / 2 / n)) {
+            st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: rank %zu announced an object of %llu bytes",
+                          name, i, (unsigned long long)sizes64[i]);
+            goto done;
+        }
+        sizes[i] = (size_t)sizes64[i];
+        if (sizes[i] > max) max = sizes[i];
+    }
+    mine = (unsigned char*)_dm_calloc(&c->allocator, max);
+    all = (unsigned char*)_dm_malloc(&c->allocator, max * n);
+    if (!mine || !all) { st = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: no memory for %zu bytes", name, max * n); goto done; }
+    memcpy(mine, data, size);
+    st = dm_all_gather(c, mine, all, max, DM_UINT8);
+    if (st != DM_OK) goto done;
+    if (_dm_blob_list_alloc(&c->allocator, sizes, n, out) != DM_OK) {
+        st = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: no memory for the result", name);
+        goto done;
+    }
+    for (i = 0; i < n; i++) memcpy((void*)out->items[i].data, all + i * max, sizes[i]);
+done:
+    _dm_free(&c->allocator, sizes64);
+    _dm_free(&c->allocator, sizes);
+    _dm_free(&c->allocator, mine);
+    _dm_free(&c->allocator, all);
+    return st;
+}
+
+/* Root announces the count, then the sizes; every rank allocates the result and the bytes
+   travel in one broadcast straight into it. */
+DM_API_IMPL dm_status dm_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count,
+                                           int root, dm_blob_list* out) {
+    static const char* name = "broadcast_objects";
+    uint64_t n64 = 0;
+    uint64_t* sizes64 = NULL;
+    size_t* sizes = NULL;
+    size_t i, n, total = 0;
+    dm_status st;
+    if (!c) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: out is NULL", name);
+    out->items = NULL;
+    out->count = 0;
+    if (root < 0 || root >= c->size)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: root %d is not a rank of this %d-rank collective",
+                        name, root, c->size);
+    if (c->rank == root) {
+        if (!objects && count > 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: objects is NULL", name);
+        for (i = 0; i < count; i++) {
+            if (objects[i].size == 0)
+                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object %zu has size 0", name, i);
+            if (!objects[i].data)
+                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object %zu has NULL data", name, i);
+        }
+        n64 = (uint64_t)count;
+    }
+    _DM_TRY(dm_broadcast(c, &n64, 1, DM_UINT64, root));
+    if (n64 > (uint64_t)(SIZE_MAX / 16))
+        return _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced %llu objects", name, (unsigned long long)n64);
+    n = (size_t)n64;
+    sizes64 = (uint64_t*)_dm_calloc(&c->allocator, (n ? n : 1) * sizeof(uint64_t));
+    sizes = (size_t*)_dm_calloc(&c->allocator, (n ? n : 1) * sizeof(size_t));
+    if (!sizes64 || !sizes) { st = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: no memory", name); goto done; }
+    if (c->rank == root) for (i = 0; i < n; i++) sizes64[i] = (uint64_t)objects[i].size;
+    st = dm_broadcast(c, sizes64, n, DM_UINT64, root);
+    if (st != DM_OK) goto done;
+    for (i = 0; i < n; i++) {
+        if (sizes64[i] == 0 || sizes64[i] > (uint64_t)(SIZE_MAX / 2) - total) {
+            st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced object %zu of %llu bytes",
+                          name, i, (unsigned long long)sizes64[i]);
+            goto done;
+        }
+        sizes[i] = (size_t)sizes64[i];
+        total += sizes[i];
+    }
+    if (_dm_blob_list_alloc(&c->allocator, sizes, n, out) != DM_OK) {
+        st = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: no memory for %zu bytes", name, total);
+        goto done;
+    }
+    if (c->rank == root)
+        for (i = 0; i < n; i++) memcpy((void*)out->items[i].data, objects[i].data, sizes[i]);
+    if (n > 0) st = dm_broadcast(c, (void*)out->items[0].data, total, DM_UINT8, root);
+    if (st != DM_OK) dm_blob_list_free(c, out);
+done:
+    _dm_free(&c->allocator, sizes64);
+    _dm_free(&c->allocator, sizes);
+    return st;
+}
+
+DM_API_IMPL void dm_blob_list_free(dm_collective* c, dm_blob_list* list) {
+    if (!list) return;
+    _dm_free(c ? &c->allocator : NULL, list->items);
+    list->items = NULL;
+    list->count = 0;
+}
+
+DM_API_IMPL dm_status dm_synchronize(dm_collective* c) {
+    if (!c) return DM_ERR_INVALID_ARG;
+    if (!_DM_VT_HAS(c->vt, synchronize)) return DM_OK;
+    return c->vt->synchronize(c);
+}
+
+DM_API_IMPL dm_status dm_split(dm_collective* c, int color, int key, dm_collective** out) {
+    if (!c) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: out is NULL");
+    *out = NULL;
+    if (color < DM_SPLIT_NONE)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: color %d is negative (use DM_SPLIT_NONE to opt out)", color);
+    if (!_DM_VT_HAS(c->vt, split))
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "split: backend %s has no split", c->vt->name);
+    _dm_begin(c, "split");
+    return c->vt->split(c, color, key, out);
+}
+
+/* >>accessors */
+DM_API_IMPL void dm_destroy(dm_collective* c) {
+    if (!c) return;
+    if (c->local) dm_destroy(c->local);
+    c->local = NULL;
+    if (c->vt && c->vt->destroy) c->vt->destroy(c);
+}
+DM_API_IMPL int dm_rank(const dm_collective* c) { return c ? c->rank : -1; }
+DM_API_IMPL int dm_world_size(const dm_collective* c) { return c ? c->size : -1; }
+DM_API_IMPL int dm_local_rank(const dm_collective* c) { return c ? c->local_rank : -1; }
+DM_API_IMPL int dm_local_world_size(const dm_collective* c) { return c ? c->local_size : -1; }
+DM_API_IMPL bool dm_is_master(const dm_collective* c) { return c && c->rank == 0; }
+DM_API_IMPL bool dm_is_local_master(const dm_collective* c) { return c && c->local_rank == 0; }
+DM_API_IMPL dm_device dm_default_device(const dm_collective* c) {
+    dm_device cpu;
+    cpu.type = DM_DEVICE_CPU;
+    cpu.index = 0;
+    return c ? c->device : cpu;
+}
+DM_API_IMPL const char* dm_backend_name(const dm_collective* c) {
+    return (c && c->vt && c->vt->name) ? c->vt->name : "none";
+}
+DM_API_IMPL void* dm_native_handle(dm_collective* c) {
+    if (!c || !_DM_VT_HAS(c->vt, native_handle)) return NULL;
+    return c->vt->native_handle(c);
+}
+DM_API_IMPL const char* dm_last_error(const dm_collective* c) {
+    return c ? c->last_error : "no collective (NULL)";
+}
+DM_API_IMPL uint64_t dm_sequence(const dm_collective* c) { return c ? c->seq : 0; }
+DM_API_IMPL dm_status dm_set_timeout(dm_collective* c, int timeout_ms) {
+    if (!c) return DM_ERR_INVALID_ARG;
+    c->timeout_ms = _dm_resolve_timeout(timeout_ms);
+    return DM_OK;
+}
+
+/* >>fake  World 1, or one simulated member of an N-rank world where every rank holds the same
+   data (see the >>fake comment in the declarations for each collective's result). */
+typedef struct _dm_fake {
+    dm_collective base;
+} _dm_fake;
+
+static dm_status _dm_fake_create_with(const dm_fake_desc* d, dm_collective** out);
+
+/* dst = x op x op ... (size copies), computed in blocks with x saved first, so in-place works
+   and floats round at every step like a serial reduction of size equal values. */
+static void _dm_fake_fold(const dm_collective* c, void* dst, const void* src, size_t count,
+                          dm_dtype dtype, dm_reduce_op op) {
+    unsigned char x[4096];
+    size_t esize = dm_dtype_size(dtype), per = sizeof(x) / esize, done, m;
+    int k;
+    for (done = 0; done < count; done += m) {
+        unsigned char* d = (unsigned char*)dst + done * esize;
+        m = count - done < per ? count - done : per;
+        memcpy(x, (const unsigned char*)src + done * esize, m * esize);
+        if (d != x) memmove(d, x, m * esize);
+        for (k = 1; k < c->size; k++) dm_reduce_local(dtype, op, d, x, m);
+        if (op == DM_MEAN) dm_divide_local(dtype, d, m, c->size);
+    }
+}
+static dm_status _dm_fake_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                     dm_dtype dtype, dm_reduce_op op) {
+    _dm_fake_fold(c, recv, send, count, dtype, op);
+    return DM_OK;
+}
+static dm_status _dm_fake_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
+                                     dm_dtype dtype) {
+    size_t block = count * dm_dtype_size(dtype);
+    unsigned char* mine = (unsigned char*)recv + (size_t)c->rank * block;
+    int r;
+    if (mine != send) memmove(mine, send, block);
+    for (r = 0; r < c->size; r++)
+        if (r != c->rank) memcpy((unsigned char*)recv + (size_t)r * block, mine, block);
+    return DM_OK;
+}
+static dm_status _dm_fake_reduce_scatter(dm_collective* c, const void* send, void* recv,
+                                         size_t recv_count, dm_dtype dtype, dm_reduce_op op) {
+    size_t block = recv_count * dm_dtype_size(dtype);
+    _dm_fake_fold(c, recv, (const unsigned char*)send + (size_t)c->rank * block, recv_count, dtype, op);
+    return DM_OK;
+}
+static dm_status _dm_fake_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+    (void)c; (void)buf; (void)count; (void)dtype; (void)root;
+    return DM_OK; /* every rank already holds the root's data */
+}
+static dm_status _dm_fake_barrier(dm_collective* c) { (void)c; return DM_OK; }
+/* A simulated rank cannot see the others' colors: the group is taken to be the whole world
+   (every rank passed this color), with this rank's position kept. */
+static dm_status _dm_fake_split(dm_collective* c, int color, int key, dm_collective** out) {
+    _DM_ZERO(dm_fake_desc, d);
+    (void)key;
+    if (color == DM_SPLIT_NONE) return DM_OK;
+    d.world_size = c->size;
+    d.rank = c->rank;
+    d.local_world_size = c->local_size;
+    d.timeout_ms = c->timeout_ms;
+    d.logger = c->logger;
+    d.allocator = c->allocator;
+    return _dm_fake_create_with(&d, out);
+}
+static void _dm_fake_destroy(dm_collective* c) {
+    dm_allocator a = c->allocator;
+    _dm_free(&a, c);
+}
+static const dm_collective_vtable _dm_fake_vtable = {
+    sizeof(dm_collective_vtable),    /* struct_size */
+    DM_COLLECTIVE_VTABLE_VERSION,    /* version */
+    "fake",                          /* name */
+    _dm_fake_destroy,                /* destroy */
+    _dm_fake_barrier,                /* barrier */
+    _dm_fake_all_reduce,             /* all_reduce */
+    _dm_fake_all_gather,             /* all_gather */
+    NULL,                            /* all_gather_to_list: core fallback */
+    _dm_fake_reduce_scatter,         /* reduce_scatter */
+    _dm_fake_broadcast,              /* broadcast */
+    _dm_fake_split,                  /* split */
+    NULL,                            /* native_handle */
+    NULL,                            /* synchronize */
+};
+
+/* Checks the desc shared by dm_fake_create and dm_thread_world_create. err gets the reason. */
+static dm_status _dm_fake_desc_check(const dm_fake_desc* d, bool check_rank, char* err, size_t cap) {
+    if (!_dm_allocator_valid(&d->allocator))
+        return _DM_REPORT(&d->logger, err, cap, DM_ERR_INVALID_ARG,
+                          "fake: allocator needs both alloc_fn and free_fn, or neither");
+    if (d->world_size < 0 || d->local_world_size < 0)
+        return _DM_REPORT(&d->logger, err, cap, DM_ERR_INVALID_ARG,
+                          "fake: world_size %d / local_world_size %d must not be negative",
+                          d->world_size, d->local_world_size);
+    if (check_rank && (d->rank < 0 || d->rank >= _dm_def(d->world_size, 1)))
+        return _DM_REPORT(&d->logger, err, cap, DM_ERR_INVALID_ARG,
+                          "fake: rank %d is not below world_size %d", d->rank, _dm_def(d->world_size, 1));
+    return DM_OK;
+}
+/* Node k holds ranks [k*L, (k+1)*L): the local rank and the node's size for rank r. */
+static void _dm_fake_set_local(dm_collective* c, int local_world_size) {
+    int L = local_world_size > 0 && local_world_size < c->size ? local_world_size : c->size;
+    int node = c->rank / L, first = node * L;
+    c->local_rank = c->rank - first;
+    c->local_size = (c->size - first) < L ? (c->size - first) : L;
+    snprintf(c->node_name, sizeof(c->node_name), "%s-node-%d", c->vt->name, node);
+}
+static dm_status _dm_fake_create_with(const dm_fake_desc* d, dm_collective** out) {
+    _dm_fake* f = (_dm_fake*)_dm_calloc(&d->allocator, sizeof(_dm_fake));
+    if (!f) return DM_ERR_OUT_OF_MEMORY;
+    _dm_collective_init(&f->base, &_dm_fake_vtable, d->rank, _dm_def(d->world_size, 1), d->timeout_ms,
+                        &d->logger, &d->allocator);
+    _dm_fake_set_local(&f->base, d->local_world_size);
+    *out = &f->base;
+    return DM_OK;
+}
+DM_API_IMPL dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** out) {
+    char err[DM_LAST_ERROR_SIZE];
+    _DM_ZERO(dm_fake_desc, d);
+    if (!out) return DM_ERR_INVALID_ARG;
+    *out = NULL;
+    if (desc) d = *desc;
+    _DM_TRY(_dm_fake_desc_check(&d, true, err, sizeof(err)));
+    return _dm_fake_create_with(&d, out);
+}
+
+/* >>thread  N ranks on N threads of one process. Every collective is two rendezvous on a shared
+   barrier: (1) each rank posts its buffers and a fingerprint, (2) after everyone has read what
+   it needs. Between them ranks read each other's posted buffers directly; each rank writes only
+   regions no other rank reads in that phase (see each collective), so in-place works. */
+typedef struct _dm_tw_fingerprint {
+    int kind;                   /* which collective */
+    int dtype, op, root;
+    size_t count;
+    uint64_t seq;
+} _dm_tw_fingerprint;
+
+typedef struct _dm_tw_slot {
+    const void* send;
+    void* recv;
+    void* const* recvs;
+    _dm_tw_fingerprint fp;
+    int color, key;
+    void* ptr;                  /* split: the new group's shared state, posted by its leader */
+    const char* node;           /* split: the member's node_name, for the new group's local rank */
+    uint64_t arrived_gen;       /* last barrier generation this rank reached */
+} _dm_tw_slot;
+
+typedef struct _dm_tw_shared {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int size;
+    int refs;                   /* members not yet destroyed */
+    int arrived;
+    uint64_t generation;
+    dm_status broken;           /* DM_OK, or why the world can no longer be used */
+    char broken_msg[256];
+    dm_allocator allocator;
+    _dm_tw_slot* slots;
+} _dm_tw_shared;
+
+typedef struct _dm_thread {
+    dm_collective base;
+    _dm_tw_shared* sh;
+} _dm_thread;
+
+enum { _DM_TW_ALL_REDUCE = 1, _DM_TW_ALL_GATHER, _DM_TW_REDUCE_SCATTER, _DM_TW_BROADCAST,
+       _DM_TW_BARRIER, _DM_TW_SPLIT };
+static const char* _dm_tw_kind_name(int kind) {
+    static const char* names[] = { "?", "all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                   "barrier", "split" };
+    return (kind > 0 && kind <= _DM_TW_SPLIT) ? names[kind] : "?";
+}
+
+static _dm_tw_shared* _dm_tw_shared_new(const dm_allocator* a, int size) {
+    _dm_tw_shared* sh = (_dm_tw_shared*)_dm_calloc(a, sizeof(_dm_tw_shared));
+    pthread_condattr_t attr;
+    if (!sh) return NULL;
+    sh->slots = (_dm_tw_slot*)_dm_calloc(a, sizeof(_dm_tw_slot) * (size_t)size);
+    if (!sh->slots) { _dm_free(a, sh); return NULL; }
+    sh->allocator = *a;
+    sh->size = size;
+    sh->refs = size;
+    pthread_mutex_init(&sh->mu, NULL);
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&sh->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    return sh;
+}
+static void _dm_tw_shared_release(_dm_tw_shared* sh) {
+    bool last;
+    pthread_mutex_lock(&sh->mu);
+    last = --sh->refs == 0;
+    pthread_mutex_unlock(&sh->mu);
+    if (!last) return;
+    pthread_mutex_destroy(&sh->mu);
+    pthread_cond_destroy(&sh->cv);
+    _dm_free(&sh->allocator, sh->slots);
+    _dm_free(&sh->allocator, sh);
+}
+
+/* Marks the world unusable and wakes everyone; the caller holds sh->mu. */
+static void _dm_tw_break_locked(_dm_tw_shared* sh, dm_status why, const char* msg) {
+    if (sh->broken == DM_OK) {
+        sh->broken = why;
+        _dm_copy_name(sh->broken_msg, sizeof(sh->broken_msg), msg);
+    }
+    pthread_cond_broadcast(&sh->cv);
+}
+/* The ranks that have not reached generation gen, as "1, 3" (for timeout messages). */
+static void _dm_tw_missing(const _dm_tw_shared* sh, uint64_t gen, char* buf, size_t cap) {
+    size_t used = 0;
+    int r;
+    buf[0] = 0;
+    for (r = 0; r < sh->size && used + 12 < cap; r++)
+        if (sh->slots[r].arrived_gen < gen)
+            used += (size_t)snprintf(buf + used, cap - used, "%s%d", used ? ", " : "", r);
+}
+
+/* The shared barrier with the collective's deadline. On timeout the world is broken so the
+   ranks still waiting (or arriving later) fail too instead of hanging. */
+static dm_status _dm_tw_barrier(_dm_thread* t, int kind) {
+    _dm_tw_shared* sh = t->sh;
+    dm_collective* c = &t->base;
+    int64_t deadline = _dm_deadline(c->timeout_ms);
+    uint64_t gen;
+    dm_status st = DM_OK;
+    char missing[128], msg[256];
+    pthread_mutex_lock(&sh->mu);
+    if (sh->broken != DM_OK) goto broken;
+    gen = sh->generation;
+    sh->slots[c->rank].arrived_gen = gen + 1;
+    if (++sh->arrived == sh->size) {
+        sh->arrived = 0;
+        sh->generation++;
+        pthread_cond_broadcast(&sh->cv);
+        pthread_mutex_unlock(&sh->mu);
+        return DM_OK;
+    }
+    while (sh->generation == gen && sh->broken == DM_OK) {
+        if (deadline == INT64_MAX) {
+            pthread_cond_wait(&sh->cv, &sh->mu);
+        } else {
+            struct timespec ts;
+            int64_t now = _dm_now_ms();
+            if (now >= deadline) {
+                _dm_tw_missing(sh, gen + 1, missing, sizeof(missing));
+                snprintf(msg, sizeof(msg), "thread: %s #%llu timed out after %d ms waiting for rank(s) %s",
+                         _dm_tw_kind_name(kind), (unsigned long long)c->seq, c->timeout_ms, missing);
+                _dm_tw_break_locked(sh, DM_ERR_TIMEOUT, msg);
+                pthread_mutex_unlock(&sh->mu);
+                return _DM_FAIL(c, DM_ERR_TIMEOUT, "%s", msg);
+            }
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_sec += (time_t)((deadline - now) / 1000);
+            ts.tv_nsec += (long)((deadline - now) % 1000) * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&sh->cv, &sh->mu, &ts);
+        }
+    }
+    if (sh->generation != gen) { pthread_mutex_unlock(&sh->mu); return DM_OK; }
+broken:
+    st = sh->broken == DM_ERR_TIMEOUT ? DM_ERR_TIMEOUT : DM_ERR_ABORTED;
+    snprintf(msg, sizeof(msg), "%s", sh->broken_msg);
+    pthread_mutex_unlock(&sh->mu);
+    return _DM_FAIL(c, st, "thread: %s #%llu failed: the world is broken (%s)",
+                    _dm_tw_kind_name(kind), (unsigned long long)c->seq, msg);
+}
+
+/* Phase 1: post buffers and fingerprint, meet, compare fingerprints with rank 0's. A mismatch
+   is seen identically by every rank, which all meet once more and report it. */
+static dm_status _dm_tw_enter(_dm_thread* t, int kind, const void* send, void* recv, void* const* recvs,
+                              size_t count, int dtype, int op, int root) {
+    _dm_tw_slot* me = &t->sh->slots[t->base.rank];
+    const _dm_tw_fingerprint* ref;
+    dm_status st;
+    me->send = send;
+    me->recv = recv;
+    me->recvs = recvs;
+    me->fp.kind = kind;
+    me->fp.dtype = dtype;
+    me->fp.op = op;
+    me->fp.root = root;
+    me->fp.count = count;
+    me->fp.seq = t->base.seq;
+    _DM_TRY(_dm_tw_barrier(t, kind));
+    ref = &t->sh->slots[0].fp;
+    {
+        int r;
+        for (r = 1; r < t->base.size; r++) {
+            const _dm_tw_fingerprint* o = &t->sh->slots[r].fp;
+            if (o->kind != ref->kind || o->dtype != ref->dtype || o->op != ref->op ||
+                o->root != ref->root || o->count != ref->count || o->seq != ref->seq) {
+                char what[256];
+                snprintf(what, sizeof(what),
+                         "rank 0 called %s #%llu (%s, %s, count %zu, root %d) but rank %d called "
+                         "%s #%llu (%s, %s, count %zu, root %d)",
+                         _dm_tw_kind_name(ref->kind), (unsigned long long)ref->seq,
+                         dm_dtype_name((dm_dtype)ref->dtype), dm_reduce_op_name((dm_reduce_op)ref->op),
+                         ref->count, ref->root, r, _dm_tw_kind_name(o->kind),
+                         (unsigned long long)o->seq, dm_dtype_name((dm_dtype)o->dtype),
+                         dm_reduce_op_name((dm_reduce_op)o->op), o->count, o->root);
+                st = _dm_tw_barrier(t, kind);
+                if (st != DM_OK) return st;
+                return _DM_FAIL(&t->base, DM_ERR_MISMATCH, "thread: mismatched collectives: %s", what);
+            }
+        }
+    }
+    return DM_OK;
+}
+
+/* Segment s of count elements split in size near-equal parts: [*off, *off + *len). */
+static void _dm_segment(size_t count, int parts, int s, size_t* off, size_t* len) {
+    size_t base = count / (size_t)parts, extra = count % (size_t)parts, si = (size_t)s;
+    *off = si * base + (si < extra ? si : extra);
+    *len = base + (si < extra ? 1 : 0);
+}
+
+/* Reduces elements [off, off+len) of every rank's send, in rank order, into dst. dst may be
+   this rank's own send (in place), so each block of our own contribution is saved first. */
+static void _dm_tw_reduce_range(_dm_thread* t, void* dst, size_t off, size_t len, dm_dtype dtype,
+                                dm_reduce_op op) {
+    unsigned char mine[4096];
+    size_t esize = dm_dtype_size(dtype), per = sizeof(mine) / esize, done, m;
+    int r, me = t->base.rank;
+    for (done = 0; done < len; done += m) {
+        unsigned char* d = (unsigned char*)dst + done * esize;
+        size_t at = (off + done) * esize;
+        m = len - done < per ? len - done : per;
+        memcpy(mine, (const unsigned char*)t->sh->slots[me].send + at, m * esize);
+        for (r = 0; r < t->base.size; r++) {
+            const unsigned char* src = r == me ? mine : (const unsigned char*)t->sh->slots[r].send + at;
+            if (r == 0) memcpy(d, src, m * esize);
+            else dm_reduce_local(dtype, op, d, src, m);
+        }
+        if (op == DM_MEAN) dm_divide_local(dtype, d, m, t->base.size);
+    }
+}
+
+/* all_reduce: rank r reduces segment r of all sends into its own recv (only rank r reads
+   segment r of anyone's send... and writes only its recv segment r); after a meeting, each
+   rank copies the other segments from their owners' recv. */
+static dm_status _dm_tw_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                   dm_dtype dtype, dm_reduce_op op) {
+    _dm_thread* t = (_dm_thread*)c;
+    size_t esize = dm_dtype_size(dtype), off, len;
+    int s;
+    _DM_TRY(_dm_tw_enter(t, _DM_TW_ALL_REDUCE, send, recv, NULL, count, dtype, op, -1));
+    _dm_segment(count, c->size, c->rank, &off, &len);
+    if (len) _dm_tw_reduce_range(t, (unsigned char*)recv + off * esize, off, len, dtype, op);
+    _DM_TRY(_dm_tw_barrier(t, _DM_TW_ALL_REDUCE));
+    for (s = 0; s < c->size; s++) {
+        if (s == c->rank) continue;
+        _dm_segment(count, c->size, s, &off, &len);
+        if (len) memcpy((unsigned char*)recv + off * esize,
+                        (const unsigned char*)t->sh->slots[s].recv + off * esize, len * esize);
+    }
+    return _dm_tw_barrier(t, _DM_TW_ALL_REDUCE);
+}
+
+/* all_gather_to_list: rank r copies everyone's send into its recvs; an in-place send lives in
+   recvs[r] of its owner, which nobody writes. */
+static dm_status _dm_tw_all_gather_list(dm_collective* c, const void* send, void* const* recvs,
+                                        size_t count, dm_dtype dtype) {
+    _dm_thread* t = (_dm_thread*)c;
+    size_t bytes = count * dm_dtype_size(dtype);
+    int s;
+    _DM_TRY(_dm_tw_enter(t, _DM_TW_ALL_GATHER, send, NULL, recvs, count, dtype, -1, -1));
+    for (s = 0; s < c->size; s++)
+        if (bytes && recvs[s] != t->sh->slots[s].send) memcpy(recvs[s], t->sh->slots[s].send, bytes);
+    return _dm_tw_barrier(t, _DM_TW_ALL_GATHER);
+}
+
+/* reduce_scatter: rank r reads block r of every send and writes only its recv (in place that is
+   its own block r, which no other rank reads). */
+static dm_status _dm_tw_reduce_scatter(dm_collective* c, const void* send, void* recv,
+                                       size_t recv_count, dm_dtype dtype, dm_reduce_op op) {
+    _dm_thread* t = (_dm_thread*)c;
+    _DM_TRY(_dm_tw_enter(t, _DM_TW_REDUCE_SCATTER, send, recv, NULL, recv_count, dtype, op, -1));
+    if (recv_count) _dm_tw_reduce_range(t, recv, (size_t)c->rank * recv_count, recv_count, dtype, op);
+    return _dm_tw_barrier(t, _DM_TW_REDUCE_SCATTER);
+}
+
+static dm_status _dm_tw_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+    _dm_thread* t = (_dm_thread*)c;
+    size_t bytes = count * dm_dtype_size(dtype);
+    _DM_TRY(_dm_tw_enter(t, _DM_TW_BROADCAST, buf, buf, NULL, count, dtype, -1, root));
+    if (c->rank != root && bytes) memcpy(buf, t->sh->slots[root].send, bytes);
+    return _dm_tw_barrier(t, _DM_TW_BROADCAST);
+}
+
+static dm_status _dm_tw_barrier_slot(dm_collective* c) {
+    _dm_thread* t = (_dm_thread*)c;
+    _DM_TRY(_dm_tw_enter(t, _DM_TW_BARRIER, NULL, NULL, NULL, 0, -1, -1, -1));
+    return _dm_tw_barrier(t, _DM_TW_BARRIER);
+}
+
+static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, int local_world_size,
+                                        const dm_collective* like);
+
+/* The new member's local rank and size: members of its group on the same node, in new-rank order. */
+static void _dm_tw_split_set_local(const _dm_tw_slot* slots, int n, int color, int key, int me,
+                                   dm_collective* out) {
+    int r, lrank = 0, lsize = 0;
+    for (r = 0; r < n; r++) {
+        if (slots[r].color != color || strcmp(slots[r].node, slots[me].node) != 0) continue;
+        lsize++;
+        if (slots[r].key < key || (slots[r].key == key && r < me)) lrank++;
+    }
+    out->local_rank = lrank;
+    out->local_size = lsize;
+}
+
+/* split: post (color, key); each group's leader (first by (key, rank)) makes the shared state
+   and posts it; members pick it up. Three meetings keep the slots stable while read. */
+static dm_status _dm_tw_split(dm_collective* c, int color, int key, dm_collective** out) {
+    _dm_thread* t = (_dm_thread*)c;
+    _dm_tw_slot* slots = t->sh->slots;
+    int r, n = 0, my_pos = 0, leader = -1;
+    dm_status st;
+    slots[c->rank].color = color;
+    slots[c->rank].key = key;
+    slots[c->rank].ptr = NULL;
+    slots[c->rank].node = c->node_name;
+    _DM_TRY(_dm_tw_enter(t, _DM_TW_SPLIT, NULL, NULL, NULL, 0, -1, -1, -1));
+    if (color != DM_SPLIT_NONE) {
+        for (r = 0; r < c->size; r++) {
+            if (slots[r].color != color) continue;
+            n++;
+            if (slots[r].key < key || (slots[r].key == key && r < c->rank)) my_pos++;
+            if (leader < 0 || slots[r].key < slots[leader].key) leader = r;
+        }
+        if (leader == c->rank) slots[c->rank].ptr = _dm_tw_shared_new(&c->allocator, n);
+    }
+    _DM_TRY(_dm_tw_barrier(t, _DM_TW_SPLIT));
+    if (color != DM_SPLIT_NONE) {
+        _dm_tw_shared* nsh = (_dm_tw_shared*)slots[leader].ptr;
+        if (nsh) *out = _dm_tw_member_new(nsh, my_pos, 0, c);
+        if (*out) _dm_tw_split_set_local(slots, c->size, color, key, c->rank, *out);
+    }
+    st = _dm_tw_barrier(t, _DM_TW_SPLIT);
+    if (st != DM_OK) { dm_destroy(*out); *out = NULL; return st; }
+    if (color != DM_SPLIT_NONE && !*out) {
+        /* Leader allocation or member allocation failed: nothing usable for this group. */
+        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "thread: split #%llu: out of memory",
+                        (unsigned long long)c->seq);
+    }
+    return DM_OK;
+}
+
+static void _dm_tw_destroy(dm_collective* c) {
+    _dm_thread* t = (_dm_thread*)c;
+    dm_allocator a = c->allocator;
+    if (t->sh) _dm_tw_shared_release(t->sh);
+    _dm_free(&a, t);
+}
+
+static const dm_collective_vtable _dm_thread_vtable = {
+    sizeof(dm_collective_vtable),    /* struct_size */
+    DM_COLLECTIVE_VTABLE_VERSION,    /* version */
+    "thread",                        /* name */
+    _dm_tw_destroy,                  /* destroy */
+    _dm_tw_barrier_slot,             /* barrier */
+    _dm_tw_all_reduce,               /* all_reduce */
+    NULL,                            /* all_gather: core builds it on all_gather_to_list */
+    _dm_tw_all_gather_list,          /* all_gather_to_list */
+    _dm_tw_reduce_scatter,           /* reduce_scatter */
+    _dm_tw_broadcast,                /* broadcast */
+    _dm_tw_split,                    /* split */
+    NULL,                            /* native_handle */
+    NULL,                            /* synchronize */
+};
+
+/* A member of a shared world. like: copy logger, allocator, timeout and node name from it
+   (split), or NULL with local_world_size to derive the node layout (world creation). A failed
+   allocation drops this member's reference so the shared state is still freed. */
+static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, int local_world_size,
+                                        const dm_collective* like) {
+    _dm_thread* t = (_dm_thread*)_dm_calloc(&sh->allocator, sizeof(_dm_thread));
+    if (!t) { _dm_tw_shared_release(sh); return NULL; }
+    t->sh = sh;
+    _dm_collective_init(&t->base, &_dm_thread_vtable, rank, sh->size,
+                        like ? like->timeout_ms : 0, like ? &like->logger : NULL, &sh->allocator);
+    if (!like) _dm_fake_set_local(&t->base, local_world_size);
+    else _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), like->node_name);
+    return &t->base;
+}
+
+DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collective** out) {
+    char err[DM_LAST_ERROR_SIZE];
+    _dm_tw_shared* sh;
+    int r, n;
+    _DM_ZERO(dm_fake_desc, d);
+    if (!out) return DM_ERR_INVALID_ARG;
+    if (desc) d = *desc;
+    n = _dm_def(d.world_size, 1);
+    _DM_TRY(_dm_fake_desc_check(&d, false, err, sizeof(err)));
+    for (r = 0; r < n; r++) out[r] = NULL;
+    sh = _dm_tw_shared_new(&d.allocator, n);
+    if (!sh) return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "thread: out of memory");
+    for (r = 0; r < n; r++) {
+        out[r] = _dm_tw_member_new(sh, r, d.local_world_size, NULL);
+        if (!out[r]) break;
+        out[r]->timeout_ms = _dm_resolve_timeout(d.timeout_ms);
+        out[r]->logger = d.logger;
+    }
+    if (r == n) return DM_OK;
+    /* Member r failed (and released its reference); drop the references never handed out. */
+    { int k; for (k = r + 1; k < n; k++) _dm_tw_shared_release(sh); }
+    for (r = 0; r < n; r++) { dm_destroy(out[r]); out[r] = NULL; }
+    return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "thread: out of memory");
+}
+
+typedef struct _dm_tw_run_arg {
+    dm_collective* c;
+    dm_rank_fn fn;
+    void* user;
+    int result;
+} _dm_tw_run_arg;
+static void* _dm_tw_run_thread(void* p) {
+    _dm_tw_run_arg* a = (_dm_tw_run_arg*)p;
+    a->result = a->fn(a->c, a->user);
+    return NULL;
+}
+DM_API_IMPL dm_status dm_thread_world_run(const dm_fake_desc* desc, dm_rank_fn fn, void* user_data) {
+    _DM_ZERO(dm_fake_desc, d);
+    dm_collective** cs;
+    _dm_tw_run_arg* args;
+    pthread_t* threads;
+    int n, r, started = 0;
+    dm_status st = DM_OK;
+    if (!fn) return DM_ERR_INVALID_ARG;
+    if (desc) d = *desc;
+    if (d.world_size < 0) return DM_ERR_INVALID_ARG;
+    n = _dm_def(d.world_size, 1);
+    cs = (dm_collective**)_dm_calloc(&d.allocator, sizeof(*cs) * (size_t)n);
+    args = (_dm_tw_run_arg*)_dm_calloc(&d.allocator, sizeof(*args) * (size_t)n);
+    threads = (pthread_t*)_dm_calloc(&d.allocator, sizeof(*threads) * (size_t)n);
+    if (!cs || !args || !threads) { st = DM_ERR_OUT_OF_MEMORY; goto done; }
+    st = dm_thread_world_create(&d, cs);
+    if (st != DM_OK) goto done;
+    for (r = 0; r < n; r++) {
+        args[r].c = cs[r];
+        args[r].fn = fn;
+        args[r].user = user_data;
+        if (pthread_create(&threads[r], NULL, _dm_tw_run_thread, &args[r]) != 0) break;
+        started++;
+    }
+    if (started < n) {
+        /* Break the world so the ranks that did start fail at once instead of waiting. */
+        _dm_tw_shared* sh = ((_dm_thread*)cs[0])->sh;
+        pthread_mutex_lock(&sh->mu);
+        _dm_tw_break_locked(sh, DM_ERR_INTERNAL, "could not start every rank thread");
+        pthread_mutex_unlock(&sh->mu);
+        st = DM_ERR_INTERNAL;
+    }
+    for (r = 0; r < started; r++) pthread_join(threads[r], NULL);
+    for (r = 0; r < n; r++) dm_destroy(cs[r]);
+    for (r = 0; r < started && st == DM_OK; r++)
+        if (args[r].result != DM_OK) st = (dm_status)args[r].result;
+done:
+    _dm_free(&d.allocator, cs);
+    _dm_free(&d.allocator, args);
+    _dm_free(&d.allocator, threads);
+    return st;
+}
+
+/* >>groups  A sub-collective whose size and rank the caller already knows (mesh dims, the
+   node-local group). A simulated Fake cannot learn the other ranks' colors, so it is handed the
+   expected shape directly; every other backend splits for real and the shape is checked. */
+static dm_status _dm_split_expect(dm_collective* c, int color, int key, int expect_size,
+                                  int expect_rank, dm_collective** out) {
+    dm_status st;
+    *out = NULL;
+    if (c->vt == &_dm_fake_vtable) {
+        _DM_ZERO(dm_fake_desc, d);
+        d.world_size = expect_size;
+        d.rank = expect_rank;
+        d.timeout_ms = c->timeout_ms;
+        d.logger = c->logger;
+        d.allocator = c->allocator;
+        st = _dm_fake_create_with(&d, out);
+        if (st != DM_OK) return _DM_FAIL(c, st, "fake: out of memory making a sub-collective");
+        _dm_copy_name((*out)->node_name, sizeof((*out)->node_name), c->node_name);
+        return DM_OK;
+    }
+    _DM_TRY(dm_split(c, color, key, out));
+    if (!*out || (*out)->size != expect_size || (*out)->rank != expect_rank) {
+        int got_size = *out ? (*out)->size : 0, got_rank = *out ? (*out)->rank : -1;
+        dm_destroy(*out);
+        *out = NULL;
+        return _DM_FAIL(c, DM_ERR_INTERNAL, "%s: split gave rank %d of %d, expected rank %d of %d",
+                        c->vt->name, got_rank, got_size, expect_rank, expect_size);
+    }
+    return DM_OK;
+}
+
+DM_API_IMPL dm_collective* dm_local(dm_collective* c) {
+    enum { NAME = sizeof(((dm_collective*)0)->node_name) };
+    char* names;
+    int r, color = -1, lsize = 0, lrank = 0;
+    if (!c) return NULL;
+    if (c->local) return c->local;
+    if (c->vt == &_dm_fake_vtable) {
+        _dm_split_expect(c, 0, c->rank, c->local_size, c->local_rank, &c->local);
+        return c->local;
+    }
+    names = (char*)_dm_malloc(&c->allocator, (size_t)NAME * (size_t)c->size);
+    if (!names) { _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "local: out of memory"); return NULL; }
+    if (dm_all_gather(c, c->node_name, names, NAME, DM_UINT8) == DM_OK) {
+        for (r = 0; r < c->size; r++) {
+            const char* other = names + (size_t)r * NAME;
+            if (strncmp(other, c->node_name, NAME) != 0) continue;
+            if (color < 0) color = r;
+            lsize++;
+            if (r < c->rank) lrank++;
+        }
+        if (_dm_split_expect(c, color, c->rank, lsize, lrank, &c->local) == DM_OK) {
+            c->local_rank = lrank;
+            c->local_size = lsize;
+        }
+    }
+    _dm_free(&c->allocator, names);
+    return c->local;
+}
+
+DM_API_IMPL dm_status dm_main_process_first_begin(dm_collective* c, bool local_only) {
+    dm_collective* g;
+    if (!c) return DM_ERR_INVALID_ARG;
+    g = local_only ? dm_local(c) : c;
+    if (!g) return _DM_FAIL(c, DM_ERR_INTERNAL, "main_process_first: no local group (%s)", c->last_error);
+    if (g->rank == 0) return DM_OK;
+    if (dm_barrier(g) != DM_OK) return _DM_FAIL(c, DM_ERR_ABORTED, "main_process_first: %s", g->last_error);
+    return DM_OK;
+}
+DM_API_IMPL dm_status dm_main_process_first_end(dm_collective* c, bool local_only) {
+    dm_collective* g;
+    if (!c) return DM_ERR_INVALID_ARG;
+    g = local_only ? dm_local(c) : c;
+    if (!g) return _DM_FAIL(c, DM_ERR_INTERNAL, "main_process_first: no local group (%s)", c->last_error);
+    if (g->rank != 0) return DM_OK;
+    if (dm_barrier(g) != DM_OK) return _DM_FAIL(c, DM_ERR_ABORTED, "main_process_first: %s", g->last_error);
+    return DM_OK;
+}
+
+/* >>mesh */
+struct dm_mesh {
+    dm_collective* world;
+    int ndims;
+    char names[DM_MAX_DIMS][DM_MAX_DIM_NAME];
+    int sizes[DM_MAX_DIMS];
+    int coords[DM_MAX_DIMS];
+    dm_collective* groups[DM_MAX_DIMS];
+    dm_logger logger;
+    dm_allocator allocator;
+    char last_error[DM_LAST_ERROR_SIZE];
+};
+
+/* "dp=2 x tp=4" for messages. */
+static void _dm_mesh_shape_text(const dm_mesh_desc* d, const int* sizes, char* buf, size_t cap) {
+    size_t used = 0;
+    int i;
+    buf[0] = 0;
+    for (i = 0; i < d->ndims && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s=%d", i ? " x " : "", d->dim_names[i], sizes[i]);
+}
+
+static dm_status _dm_mesh_check(const dm_mesh_desc* d, int* sizes, char* err, size_t cap) {
+    const dm_logger* lg = &d->logger;
+    int i, j, zero_at = -1;
+    long long product = 1;
+    char shape[256];
+    if (!d->world) return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG, "mesh: world is NULL");
+    if (!_dm_allocator_valid(&d->allocator))
+        return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG, "mesh: allocator needs both functions or neither");
+    if (d->ndims < 1 || d->ndims > DM_MAX_DIMS)
+        return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG, "mesh: ndims %d is not in 1..%d", d->ndims, DM_MAX_DIMS);
+    for (i = 0; i < d->ndims; i++) {
+        const char* n = d->dim_names[i];
+        if (!n || !*n || strlen(n) >= DM_MAX_DIM_NAME)
+            return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG,
+                              "mesh: dim %d needs a name of 1..%d bytes", i, DM_MAX_DIM_NAME - 1);
+        for (j = 0; j < i; j++)
+            if (strcmp(d->dim_names[j], n) == 0)
+                return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG, "mesh: dim name \"%s\" appears twice", n);
+        if (d->dim_sizes[i] < 0)
+            return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG, "mesh: dim %s has size %d", n, d->dim_sizes[i]);
+        if (d->dim_sizes[i] == 0) {
+            if (zero_at >= 0)
+                return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG,
+                                  "mesh: dims %s and %s are both 0 (at most one size can be inferred)",
+                                  d->dim_names[zero_at], n);
+            zero_at = i;
+        } else {
+            product *= d->dim_sizes[i];
+            if (product > d->world->size) break;
+        }
+        sizes[i] = d->dim_sizes[i];
+    }
+    if (zero_at >= 0 && product <= d->world->size && d->world->size % product == 0)
+        sizes[zero_at] = (int)(d->world->size / product);
+    for (i = 0, product = 1; i < d->ndims; i++) {
+        if (i < d->ndims && d->dim_sizes[i] == 0 && i != zero_at) sizes[i] = 0;
+        product *= sizes[i] ? sizes[i] : 0;
+        if (product > d->world->size) break;
+    }
+    if (product != d->world->size) {
+        for (i = 0; i < d->ndims; i++) sizes[i] = d->dim_sizes[i];
+        _dm_mesh_shape_text(d, sizes, shape, sizeof(shape));
+        return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG,
+                          "mesh: dims (%s) do not multiply to the world size %d", shape, d->world->size);
+    }
+    return DM_OK;
+}
+
+/* Dim i's group: ranks equal in every other coordinate. Color = the rank with coordinate i
+   zeroed (unique per group), key = coordinate i. Row-major: the last dim has stride 1. */
+static dm_status _dm_mesh_build_groups(dm_mesh* m) {
+    int i, stride = 1, rank = m->world->rank;
+    int strides[DM_MAX_DIMS];
+    for (i = m->ndims - 1; i >= 0; i--) {
+        strides[i] = stride;
+        m->coords[i] = (rank / stride) % m->sizes[i];
+        stride *= m->sizes[i];
+    }
+    for (i = 0; i < m->ndims; i++) {
+        dm_status st = _dm_split_expect(m->world, rank - m->coords[i] * strides[i], m->coords[i],
+                                        m->sizes[i], m->coords[i], &m->groups[i]);
+        if (st != DM_OK)
+            return _DM_REPORT(&m->logger, m->last_error, sizeof(m->last_error), st,
+                              "mesh: making the %s group failed: %s", m->names[i], m->world->last_error);
+    }
+    return DM_OK;
+}
+
+DM_API_IMPL dm_status dm_mesh_create(const dm_mesh_desc* desc, dm_mesh** out) {
+    char err[DM_LAST_ERROR_SIZE];
+    int sizes[DM_MAX_DIMS] = { 0 };
+    dm_mesh* m;
+    int i;
+    dm_status st;
+    if (!out) return DM_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!desc) return DM_ERR_INVALID_ARG;
+    st = _dm_mesh_check(desc, sizes, err, sizeof(err));
+    if (st != DM_OK) {
+        if (desc->world) _dm_copy_name(desc->world->last_error, sizeof(desc->world->last_error), err);
+        return st;
+    }
+    m = (dm_mesh*)_dm_calloc(desc->allocator.alloc_fn ? &desc->allocator : &desc->world->allocator, sizeof(dm_mesh));
+    if (!m) return _DM_FAIL(desc->world, DM_ERR_OUT_OF_MEMORY, "mesh: out of memory");
+    m->world = desc->world;
+    m->ndims = desc->ndims;
+    m->logger = desc->logger.func ? desc->logger : desc->world->logger;
+    m->allocator = desc->allocator.alloc_fn ? desc->allocator : desc->world->allocator;
+    for (i = 0; i < m->ndims; i++) {
+        _dm_copy_name(m->names[i], DM_MAX_DIM_NAME, desc->dim_names[i]);
+        m->sizes[i] = sizes[i];
+    }
+    st = _dm_mesh_build_groups(m);
+    if (st != DM_OK) {
+        _dm_copy_name(desc->world->last_error, sizeof(desc->world->last_error), m->last_error);
+        dm_mesh_destroy(m);
+        return st;
+    }
+    *out = m;
+    return DM_OK;
+}
+
+DM_API_IMPL dm_status dm_mesh_create_dp_tp(dm_collective* world, int tp_size, dm_mesh** out) {
+    _DM_ZERO(dm_mesh_desc, d);
+    if (!world) return DM_ERR_INVALID_ARG;
+    if (tp_size < 1) return _DM_FAIL(world, DM_ERR_INVALID_ARG, "mesh: tp_size %d must be >= 1", tp_size);
+    d.world = world;
+    d.ndims = 2;
+    d.dim_names[0] = "dp";
+    d.dim_names[1] = "tp";
+    d.dim_sizes[0] = 0;
+    d.dim_sizes[1] = tp_size;
+    return dm_mesh_create(&d, out);
+}
+
+DM_API_IMPL void dm_mesh_destroy(dm_mesh* m) {
+    dm_allocator a;
+    int i;
+    if (!m) return;
+    for (i = 0; i < m->ndims; i++) dm_destroy(m->groups[i]);
+    a = m->allocator;
+    _dm_free(&a, m);
+}
+DM_API_IMPL int dm_mesh_ndims(const dm_mesh* m) { return m ? m->ndims : 0; }
+DM_API_IMPL const char* dm_mesh_dim_name(const dm_mesh* m, int i) {
+    return (m && i >= 0 && i < m->ndims) ? m->names[i] : NULL;
+}
+DM_API_IMPL int dm_mesh_dim_index(const dm_mesh* m, const char* name) {
+    int i;
+    if (!m || !name) return -1;
+    for (i = 0; i < m->ndims; i++)
+        if (strcmp(m->names[i], name) == 0) return i;
+    return -1;
+}
+/* Index of name, or -1 with a message on the mesh; name NULL -> DM_MAX_DIMS (the world). */
+static int _dm_mesh_lookup(const dm_mesh* m, const char* name) {
+    int i;
+    if (!name) return DM_MAX_DIMS;
+    i = dm_mesh_dim_index(m, name);
+    if (i < 0)
+        _DM_REPORT(&m->logger, (char*)m->last_error, sizeof(m->last_error), DM_ERR_INVALID_ARG,
+                   "mesh: no dim named \"%s\"", name);
+    return i;
+}
+DM_API_IMPL int dm_mesh_rank(const dm_mesh* m, const char* name) {
+    int i;
+    if (!m) return -1;
+    i = _dm_mesh_lookup(m, name);
+    return i < 0 ? -1 : i == DM_MAX_DIMS ? m->world->rank : m->coords[i];
+}
+DM_API_IMPL int dm_mesh_size(const dm_mesh* m, const char* name) {
+    int i;
+    if (!m) return -1;
+    i = _dm_mesh_lookup(m, name);
+    return i < 0 ? -1 : i == DM_MAX_DIMS ? m->world->size : m->sizes[i];
+}
+DM_API_IMPL dm_collective* dm_mesh_group(dm_mesh* m, const char* name) {
+    int i;
+    if (!m) return NULL;
+    i = _dm_mesh_lookup(m, name);
+    return i < 0 ? NULL : i == DM_MAX_DIMS ? m->world : m->groups[i];
+}
+DM_API_IMPL dm_collective* dm_mesh_world(const dm_mesh* m) { return m ? m->world : NULL; }
+DM_API_IMPL const char* dm_mesh_last_error(const dm_mesh* m) { return m ? m->last_error : "no mesh (NULL)"; }
+DM_API_IMPL int dm_mesh_dp_rank(const dm_mesh* m) { return dm_mesh_dim_index(m, "dp") < 0 ? 0 : dm_mesh_rank(m, "dp"); }
+DM_API_IMPL int dm_mesh_dp_world_size(const dm_mesh* m) { return dm_mesh_dim_index(m, "dp") < 0 ? 1 : dm_mesh_size(m, "dp"); }
+DM_API_IMPL int dm_mesh_tp_rank(const dm_mesh* m) { return dm_mesh_dim_index(m, "tp") < 0 ? 0 : dm_mesh_rank(m, "tp"); }
+DM_API_IMPL int dm_mesh_tp_world_size(const dm_mesh* m) { return dm_mesh_dim_index(m, "tp") < 0 ? 1 : dm_mesh_size(m, "tp"); }
+DM_API_IMPL dm_collective* dm_mesh_tp_world(dm_mesh* m) { return dm_mesh_group(m, "tp"); }
+
+/* >>strategy  LLaMA-Factory's DistributedStrategy with its exact messages. */
+struct dm_strategy {
+    dm_collective* world;
+    int sizes[DM_DIM_COUNT];
+    dm_mesh* model;             /* (mp_replicate, mp_shard) */
+    dm_mesh* data;              /* (dp, cp) */
+    char last_error[DM_LAST_ERROR_SIZE];
+};
+
+DM_API_IMPL const char* dm_dim_name(dm_dim dim) {
+    static const char* names[DM_DIM_COUNT] = { "mp_replicate", "mp_shard", "dp", "cp" };
+    return ((unsigned)dim < DM_DIM_COUNT) ? names[dim] : "invalid";
+}
+
+/* One pair of the seed: a (default 1 or given) and b (default world / a) multiply to world. */
+static bool _dm_strategy_pair(int world, int a_in, int b_in, bool b_default_from_a, const char* a_name,
+                              const char* b_name, int* a, int* b, char* error, size_t cap) {
+    if (a_in < 0 || b_in < 0) {
+        snprintf(error, cap, "%s and %s must be positive, got %d and %d.", a_name, b_name, a_in, b_in);
+        return false;
+    }
+    if (b_default_from_a) { *a = _dm_def(a_in, 1); *b = b_in; }
+    else                  { *b = _dm_def(b_in, 1); *a = a_in; }
+    if (b_default_from_a && *b == 0) {
+        if (world % *a != 0) {
+            snprintf(error, cap, "world_size %d is not divisible by %s %d.", world, a_name, *a);
+            return false;
+        }
+        *b = world / *a;
+    } else if (!b_default_from_a && *a == 0) {
+        if (world % *b != 0) {
+            snprintf(error, cap, "world_size %d is not divisible by %s %d.", world, b_name, *b);
+            return false;
+        }
+        *a = world / *b;
+    } else if ((long long)*a * *b != world) {
+        snprintf(error, cap, "%s * %s must equal to world_size, got %d * %d != %d.", a_name, b_name, *a, *b, world);
+        return false;
+    }
+    return true;
+}
+
+DM_API_IMPL dm_status dm_strategy_validate(const dm_strategy_desc* desc, int world_size,
+                                           int out_sizes[DM_DIM_COUNT], char* error, size_t error_size) {
+    char scratch[DM_LAST_ERROR_SIZE];
+    int i;
+    if (!error || !error_size) { error = scratch; error_size = sizeof(scratch); }
+    error[0] = 0;
+    if (!desc || !out_sizes || world_size < 1) {
+        snprintf(error, error_size, "strategy: desc, out_sizes and a world size >= 1 are required");
+        return DM_ERR_INVALID_ARG;
+    }
+    if (world_size == 1) {  /* not distributed: the seed forces every size to 1 */
+        for (i = 0; i < DM_DIM_COUNT; i++) out_sizes[i] = 1;
+        return DM_OK;
+    }
+    if (!_dm_strategy_pair(world_size, desc->mp_replicate_size, desc->mp_shard_size, true, "mp_replicate_size",
+                           "mp_shard_size", &out_sizes[DM_DIM_MP_REPLICATE], &out_sizes[DM_DIM_MP_SHARD],
+                           error, error_size) ||
+        !_dm_strategy_pair(world_size, desc->dp_size, desc->cp_size, false, "dp_size", "cp_size",
+                           &out_sizes[DM_DIM_DP], &out_sizes[DM_DIM_CP], error, error_size))
+        return DM_ERR_INVALID_ARG;
+    return DM_OK;
+}
+
+static dm_status _dm_strategy_mesh(dm_strategy* s, dm_dim a, dm_dim b, dm_mesh** out) {
+    _DM_ZERO(dm_mesh_desc, d);
+    d.world = s->world;
+    d.ndims = 2;
+    d.dim_names[0] = dm_dim_name(a);
+    d.dim_names[1] = dm_dim_name(b);
+    d.dim_sizes[0] = s->sizes[a];
+    d.dim_sizes[1] = s->sizes[b];
+    return dm_mesh_create(&d, out);
+}
+
+DM_API_IMPL dm_status dm_strategy_create(const dm_strategy_desc* desc, dm_strategy** out) {
+    dm_strategy* s;
+    int sizes[DM_DIM_COUNT];
+    char err[DM_LAST_ERROR_SIZE];
+    dm_status st;
+    if (!out) return DM_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!desc || !desc->world) return DM_ERR_INVALID_ARG;
+    st = dm_strategy_validate(desc, desc->world->size, sizes, err, sizeof(err));
+    if (st != DM_OK) return _DM_FAIL(desc->world, st, "%s", err);
+    s = (dm_strategy*)_dm_calloc(&desc->world->allocator, sizeof(dm_strategy));
+    if (!s) return _DM_FAIL(desc->world, DM_ERR_OUT_OF_MEMORY, "strategy: out of memory");
+    s->world = desc->world;
+    memcpy(s->sizes, sizes, sizeof(sizes));
+    st = _dm_strategy_mesh(s, DM_DIM_MP_REPLICATE, DM_DIM_MP_SHARD, &s->model);
+    if (st == DM_OK) st = _dm_strategy_mesh(s, DM_DIM_DP, DM_DIM_CP, &s->data);
+    if (st != DM_OK) { dm_strategy_destroy(s); return st; }
+    *out = s;
+    return DM_OK;
+}
+DM_API_IMPL void dm_strategy_destroy(dm_strategy* s) {
+    dm_allocator a;
+    if (!s) return;
+    dm_mesh_destroy(s->model);
+    dm_mesh_destroy(s->data);
+    a = s->world->allocator;
+    _dm_free(&a, s);
+}
+static dm_mesh* _dm_strategy_mesh_of(const dm_strategy* s, dm_dim dim) {
+    return (dim == DM_DIM_DP || dim == DM_DIM_CP) ? s->data : s->model;
+}
+DM_API_IMPL int dm_strategy_size(const dm_strategy* s, dm_dim dim) {
+    return (s && (unsigned)dim < DM_DIM_COUNT) ? s->sizes[dim] : -1;
+}
+DM_API_IMPL int dm_strategy_rank(const dm_strategy* s, dm_dim dim) {
+    if (!s || (unsigned)dim >= DM_DIM_COUNT) return -1;
+    return dm_mesh_rank(_dm_strategy_mesh_of(s, dim), dm_dim_name(dim));
+}
+DM_API_IMPL dm_collective* dm_strategy_group(dm_strategy* s, dm_dim dim) {
+    if (!s || (unsigned)dim >= DM_DIM_COUNT) return NULL;
+    return dm_mesh_group(_dm_strategy_mesh_of(s, dim), dm_dim_name(dim));
+}
+DM_API_IMPL dm_mesh* dm_strategy_model_mesh(dm_strategy* s) { return s ? s->model : NULL; }
+DM_API_IMPL dm_mesh* dm_strategy_data_mesh(dm_strategy* s) { return s ? s->data : NULL; }
+DM_API_IMPL const char* dm_strategy_last_error(const dm_strategy* s) { return s ? s->last_error : "no strategy (NULL)"; }
+
+/* >>init  Without the TCP backend only a world of one can be built from the environment. */
+#if !defined(DISTMESH_TCP)
+DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
+    _DM_ZERO(dm_init_desc, d);
+    _DM_ZERO(dm_fake_desc, f);
+    dm_env env;
+    char err[DM_LAST_ERROR_SIZE];
+    dm_status st;
+    if (!out) return DM_ERR_INVALID_ARG;
+    *out = NULL;
+    if (desc) d = *desc;
+    st = dm_env_detect(&env);
+    if (st != DM_OK) return _DM_REPORT(&d.logger, err, sizeof(err), st, "%s", env.error);
+    if (env.world_size > 1)
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_UNSUPPORTED,
+                          "init: the environment (%s) asks for %d ranks but this build has no transport "
+                          "(define DISTMESH_TCP)", env.source, env.world_size);
+    f.timeout_ms = d.timeout_ms;
+    f.logger = d.logger;
+    f.allocator = d.allocator;
+    return dm_fake_create(&f, out);
+}
+#endif
+
 #endif /* DISTMESH_IMPLEMENTATION */
+
+/* >>backends  Last, outside both guards: each sees the whole core and emits its own parts. */
+#if defined(DISTMESH_TCP)
+#include "distmesh_tcp.h"
+#endif
+#if defined(DISTMESH_NCCL)
+#include "distmesh_nccl.h"
+#endif
