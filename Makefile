@@ -38,7 +38,7 @@ include $(sort $(wildcard tests/*.mk)) $(sort $(wildcard bench/*.mk))
 build-all: $(TEST_BINS) $(EXTRA_BINS)
 
 test: deps
-	@$(MAKE) --no-print-directory $(TEST_BINS)
+	@$(MAKE) --no-print-directory $(TEST_BINS) $(EXTRA_BINS)
 	@bash tests/run.sh $(TEST_TIMEOUT) $(TEST_BINS)
 
 asan:

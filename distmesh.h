@@ -1640,6 +1640,16 @@ broken:
                     _dm_tw_kind_name(kind), (unsigned long long)c->seq, msg);
 }
 
+/* "all_reduce #7 (float32, sum, count 3)" for mismatch messages. */
+static void _dm_tw_describe(const _dm_tw_fingerprint* f, char* buf, size_t cap) {
+    int n = snprintf(buf, cap, "%s #%llu", _dm_tw_kind_name(f->kind), (unsigned long long)f->seq);
+    if (f->dtype >= 0 && n >= 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, " (%s%s%s, count %zu", dm_dtype_name((dm_dtype)f->dtype),
+                      f->op >= 0 ? ", " : "", f->op >= 0 ? dm_reduce_op_name((dm_reduce_op)f->op) : "", f->count);
+    if (f->dtype >= 0 && n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, f->root >= 0 ? ", root %d)" : ")", f->root);
+}
+
 /* Phase 1: post buffers and fingerprint, meet, compare fingerprints with rank 0's. A mismatch
    is seen identically by every rank, which all meet once more and report it. */
 static dm_status _dm_tw_enter(_dm_thread* t, int kind, const void* send, void* recv, void* const* recvs,
@@ -1664,18 +1674,13 @@ static dm_status _dm_tw_enter(_dm_thread* t, int kind, const void* send, void* r
             const _dm_tw_fingerprint* o = &t->sh->slots[r].fp;
             if (o->kind != ref->kind || o->dtype != ref->dtype || o->op != ref->op ||
                 o->root != ref->root || o->count != ref->count || o->seq != ref->seq) {
-                char what[256];
-                snprintf(what, sizeof(what),
-                         "rank 0 called %s #%llu (%s, %s, count %zu, root %d) but rank %d called "
-                         "%s #%llu (%s, %s, count %zu, root %d)",
-                         _dm_tw_kind_name(ref->kind), (unsigned long long)ref->seq,
-                         dm_dtype_name((dm_dtype)ref->dtype), dm_reduce_op_name((dm_reduce_op)ref->op),
-                         ref->count, ref->root, r, _dm_tw_kind_name(o->kind),
-                         (unsigned long long)o->seq, dm_dtype_name((dm_dtype)o->dtype),
-                         dm_reduce_op_name((dm_reduce_op)o->op), o->count, o->root);
+                char a[128], b[128];
+                _dm_tw_describe(ref, a, sizeof(a));
+                _dm_tw_describe(o, b, sizeof(b));
                 st = _dm_tw_barrier(t, kind);
                 if (st != DM_OK) return st;
-                return _DM_FAIL(&t->base, DM_ERR_MISMATCH, "thread: mismatched collectives: %s", what);
+                return _DM_FAIL(&t->base, DM_ERR_MISMATCH,
+                                "thread: mismatched collectives: rank 0 called %s but rank %d called %s", a, r, b);
             }
         }
     }
