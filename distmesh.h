@@ -458,6 +458,12 @@ struct dm_collective {
 #define _DM_PRINTF(fmt_index, args_index)
 #endif
 
+/* The kernels' accumulator and source never alias; saying so lets -O2 vectorise them. */
+#if defined(__GNUC__) || defined(__clang__) || defined(_MSC_VER)
+#define _DM_RESTRICT __restrict
+#else
+#define _DM_RESTRICT
+#endif
 #define _DM_ZERO(type, name) type name; memset(&name, 0, sizeof(name))
 #define _dm_def(v, dflt) ((v) ? (v) : (dflt))
 
@@ -624,9 +630,17 @@ DM_API_IMPL float dm_bfloat16_to_float(uint16_t b) { return _dm_bits_f32((uint32
 
 /* >>kernels  dst = dst op src. One loop per dtype x op so the compiler vectorises each.
    Signed integers wrap: the arithmetic is done in the unsigned type of the same width (signed
-   overflow would be undefined behaviour). MAX/MIN propagate NaN: (a >= b || a != a) ? a : b. */
+   overflow would be undefined behaviour). MAX/MIN propagate NaN: (a >= b || a != a) ? a : b.
+   dst and src must not overlap (callers reduce into an accumulator from a separate buffer). */
+/* gcc's -O2 cost model will not vectorise loops of unknown length; the kernels are the hot path,
+   so they alone get -O3 (scoped by push/pop, nothing leaks to the includer). */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__OPTIMIZE_SIZE__) && defined(__OPTIMIZE__)
+#pragma GCC push_options
+#pragma GCC optimize("O3")
+#define _DM_KERNELS_O3
+#endif
 #define _DM_KERNEL_INT(name, T, U)                                                            \
-    static void name(dm_reduce_op op, T* dst, const T* src, size_t n) {                       \
+    static void name(dm_reduce_op op, T* _DM_RESTRICT dst, const T* _DM_RESTRICT src, size_t n) {                       \
         size_t i;                                                                             \
         switch (op) {                                                                         \
             case DM_SUM: case DM_MEAN:                                                        \
@@ -641,7 +655,7 @@ DM_API_IMPL float dm_bfloat16_to_float(uint16_t b) { return _dm_bits_f32((uint32
         }                                                                                     \
     }
 #define _DM_KERNEL_FLOAT(name, T)                                                             \
-    static void name(dm_reduce_op op, T* dst, const T* src, size_t n) {                       \
+    static void name(dm_reduce_op op, T* _DM_RESTRICT dst, const T* _DM_RESTRICT src, size_t n) {                       \
         size_t i;                                                                             \
         switch (op) {                                                                         \
             case DM_SUM: case DM_MEAN: for (i = 0; i < n; i++) { dst[i] += src[i]; } break;       \
@@ -671,6 +685,10 @@ _DM_KERNEL_FLOAT(_dm_reduce_f32, float)
 _DM_KERNEL_FLOAT(_dm_reduce_f64, double)
 #undef _DM_KERNEL_INT
 #undef _DM_KERNEL_FLOAT
+#if defined(_DM_KERNELS_O3)
+#pragma GCC pop_options
+#undef _DM_KERNELS_O3
+#endif
 
 /* 16-bit floats: widen a block to float32, reduce there, round back once per step. */
 static void _dm_reduce_16(dm_reduce_op op, uint16_t* dst, const uint16_t* src, size_t n, bool bf16) {
