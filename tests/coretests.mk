@@ -1,0 +1,67 @@
+# core-tests fragment: unit tests of distmesh.h (Fake, threaded world, kernels, mesh, env) and the
+# compile checks (C and C++, gcc and clang, two plain TUs in one program). Everything lands under
+# $(BUILD)/core/. The tests link tests/impl.c compiled WITHOUT backend flags: the core alone.
+CORE_DIR := $(BUILD)/core
+CORE_TESTS := test_fake test_reduce test_mesh test_env
+CORE_TEST_BINS := $(addprefix $(CORE_DIR)/,$(CORE_TESTS)) $(CORE_DIR)/test_compile
+TEST_BINS += $(CORE_TEST_BINS)
+
+$(CORE_DIR)/impl.o: tests/impl.c distmesh.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(CORE_DIR)/%.o: tests/%.c distmesh.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(addprefix $(CORE_DIR)/,$(CORE_TESTS)): $(CORE_DIR)/%: $(CORE_DIR)/%.o $(CORE_DIR)/impl.o
+	$(CC) $(CFLAGS_ALL) $^ -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)
+
+# Compile checks. Each is a whole program that includes distmesh.h with DISTMESH_IMPLEMENTATION
+# and takes the address of every public function, so a declaration without a definition fails
+# at link time. They are prerequisites of test_compile, so a failure here fails `make test`.
+# clang may be missing on a fresh machine (scripts/deps.sh installs gcc/g++ only).
+CORE_CLANG   := $(shell command -v clang 2>/dev/null)
+CORE_CLANGXX := $(shell command -v clang++ 2>/dev/null)
+CORE_C_STRICT   := -std=c11 -Wall -Wextra -Wpedantic -Werror $(OPT) $(SAN) -I. -pthread
+CORE_CXX_STRICT := -std=c++11 -Wall -Wextra -Werror $(OPT) $(SAN) -I. -pthread
+CORE_COMPILE_CHECKS := $(CORE_DIR)/compile_c_gcc $(CORE_DIR)/compile_cpp_gxx
+ifneq ($(CORE_CLANG),)
+CORE_COMPILE_CHECKS += $(CORE_DIR)/compile_c_clang
+endif
+ifneq ($(CORE_CLANGXX),)
+CORE_COMPILE_CHECKS += $(CORE_DIR)/compile_cpp_clangxx
+endif
+
+$(CORE_DIR)/compile_c_gcc: tests/compile_c.c distmesh.h
+	@mkdir -p $(dir $@)
+	gcc $(CORE_C_STRICT) $< -o $@ $(LDLIBS_ALL)
+$(CORE_DIR)/compile_cpp_gxx: tests/compile_cpp.cc distmesh.h
+	@mkdir -p $(dir $@)
+	g++ $(CORE_CXX_STRICT) $< -o $@ $(LDLIBS_ALL)
+$(CORE_DIR)/compile_c_clang: tests/compile_c.c distmesh.h
+	@mkdir -p $(dir $@)
+	clang $(CORE_C_STRICT) $< -o $@ $(LDLIBS_ALL)
+$(CORE_DIR)/compile_cpp_clangxx: tests/compile_cpp.cc distmesh.h
+	@mkdir -p $(dir $@)
+	clang++ $(CORE_CXX_STRICT) $< -o $@ $(LDLIBS_ALL)
+
+# The same with the TCP backend compiled in, once its header exists together with every wip/
+# section it still includes (libuv needed).
+CORE_TCP_WIP := $(if $(wildcard distmesh_tcp.h),$(patsubst "%",%,$(shell grep -o '"wip/[^"]*"' distmesh_tcp.h)))
+ifneq ($(wildcard distmesh_tcp.h),)
+ifeq ($(sort $(CORE_TCP_WIP)),$(sort $(wildcard $(CORE_TCP_WIP))))
+CORE_COMPILE_CHECKS += $(CORE_DIR)/compile_c_gcc_tcp $(CORE_DIR)/compile_cpp_gxx_tcp
+$(CORE_DIR)/compile_c_gcc_tcp: tests/compile_c.c distmesh.h distmesh_tcp.h
+	@mkdir -p $(dir $@)
+	gcc $(CORE_C_STRICT) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+$(CORE_DIR)/compile_cpp_gxx_tcp: tests/compile_cpp.cc distmesh.h distmesh_tcp.h
+	@mkdir -p $(dir $@)
+	g++ $(CORE_CXX_STRICT) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+endif
+endif
+
+# Two TUs that include distmesh.h plainly, linked with impl.o into one cmocka program.
+$(CORE_DIR)/test_compile: $(CORE_DIR)/test_compile_a.o $(CORE_DIR)/test_compile_b.o \
+                          $(CORE_DIR)/impl.o | $(CORE_COMPILE_CHECKS)
+	$(CC) $(CFLAGS_ALL) $(filter %.o,$^) -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)
