@@ -2,7 +2,7 @@
 # compile checks (C and C++, gcc and clang, two plain TUs in one program). Everything lands under
 # $(BUILD)/core/. The tests link tests/impl.c compiled WITHOUT backend flags: the core alone.
 CORE_DIR := $(BUILD)/core
-CORE_TESTS := test_fake test_reduce test_mesh test_env
+CORE_TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_fake.c tests/test_reduce.c tests/test_mesh.c tests/test_env.c))
 CORE_TEST_BINS := $(addprefix $(CORE_DIR)/,$(CORE_TESTS)) $(CORE_DIR)/test_compile
 TEST_BINS += $(CORE_TEST_BINS)
 
