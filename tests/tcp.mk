@@ -1,0 +1,15 @@
+# TCP backend tests (the tcp-ring area): tests/impl.c again with DISTMESH_TCP, plus the
+# multi-process test program. The netns test inside it runs tests/netns_test.sh as root.
+# Registered once the store section (wip/tcp_store.h, or its inlined form) is there.
+ifneq ($(wildcard wip/tcp_store.h)$(if $(shell grep -s -l 'wip/tcp_store.h' distmesh_tcp.h),,inlined),)
+TCP_TEST_BINS := $(BUILD)/tcp/test_tcp
+TEST_BINS += $(TCP_TEST_BINS)
+endif
+
+$(BUILD)/tcp/impl.o: tests/impl.c distmesh.h distmesh_tcp.h $(wildcard wip/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
+
+$(BUILD)/tcp/test_tcp: tests/test_tcp.c $(BUILD)/tcp/impl.o
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)

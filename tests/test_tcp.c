@@ -1,0 +1,701 @@
+/* TCP backend tests: N ranks forked on 127.0.0.1, meeting through a file store in a mkdtemp
+   directory (the file store needs no server thread that fork could orphan).
+
+   Reference: data are small integers (|x| <= 4, products of at most 8 factors of |x| <= 2) that
+   every dtype represents exactly, so every reduction order gives the same bits and results are
+   compared with memcmp against a serial reduction in rank order (tolerance: exact). One case
+   with fractional float32 data uses a relative tolerance of 1e-5.
+
+   `test_tcp --rank` runs one rank of the collective suite from the environment (dm_init); the
+   netns test starts it inside network namespaces. */
+#define _GNU_SOURCE
+#include "distmesh.h"
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <signal.h>
+#include <errno.h>
+#include <time.h>
+#include <math.h>
+#include <dirent.h>
+#include <unistd.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <sys/stat.h>
+#include <sys/select.h>
+#include <cmocka.h>
+
+static char g_store_dir[256];
+static int g_run_id;
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+static int count_fds(void) {
+    DIR* d = opendir("/proc/self/fd");
+    struct dirent* e;
+    int n = 0;
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n - 1; /* the DIR's own fd */
+}
+#define RCHECK(cond)                                                                      \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "rank %d: check failed at %s:%d: %s\n", g_rank, __FILE__,     \
+                    __LINE__, #cond);                                                     \
+            return 1;                                                                     \
+        }                                                                                 \
+    } while (0)
+#define RST(expr)                                                                         \
+    do {                                                                                  \
+        dm_status st_ = (expr);                                                           \
+        if (st_ != DM_OK) {                                                               \
+            fprintf(stderr, "rank %d: %s failed at %s:%d: %s: %s\n", g_rank, #expr,       \
+                    __FILE__, __LINE__, dm_status_name(st_), dm_last_error(c));           \
+            return 1;                                                                     \
+        }                                                                                 \
+    } while (0)
+static int g_rank = -1;
+
+static void set_val(dm_dtype t, void* buf, size_t i, int v) {
+    switch (t) {
+        case DM_INT8: ((int8_t*)buf)[i] = (int8_t)v; break;
+        case DM_UINT8: ((uint8_t*)buf)[i] = (uint8_t)v; break;
+        case DM_INT32: ((int32_t*)buf)[i] = v; break;
+        case DM_UINT32: ((uint32_t*)buf)[i] = (uint32_t)v; break;
+        case DM_INT64: ((int64_t*)buf)[i] = v; break;
+        case DM_UINT64: ((uint64_t*)buf)[i] = (uint64_t)v; break;
+        case DM_FLOAT16: ((uint16_t*)buf)[i] = dm_float_to_half((float)v); break;
+        case DM_BFLOAT16: ((uint16_t*)buf)[i] = dm_float_to_bfloat16((float)v); break;
+        case DM_FLOAT32: ((float*)buf)[i] = (float)v; break;
+        case DM_FLOAT64: ((double*)buf)[i] = (double)v; break;
+        default: break;
+    }
+}
+static bool is_unsigned(dm_dtype t) { return t == DM_UINT8 || t == DM_UINT32 || t == DM_UINT64; }
+/* Rank r's element i for a case: small integers, non-negative for unsigned types. */
+static int gen(dm_dtype t, dm_reduce_op op, int r, size_t i, int salt) {
+    unsigned h = (unsigned)(r * 131 + (int)(i % 100003) * 7 + salt * 17);
+    if (op == DM_PROD) return is_unsigned(t) ? (int)(h % 3) : (int)(h % 5) - 2;
+    return is_unsigned(t) ? (int)(h % 5) : (int)(h % 9) - 4;
+}
+static void fill(dm_dtype t, dm_reduce_op op, int r, void* buf, size_t count, int salt) {
+    size_t i;
+    for (i = 0; i < count; i++) set_val(t, buf, i, gen(t, op, r, i, salt));
+}
+/* Serial reference: ranks 0..W-1 reduced in order, MEAN divided at the end. */
+static void reference(dm_dtype t, dm_reduce_op op, int W, void* out, void* scratch, size_t count,
+                      size_t first, int salt) {
+    size_t es = dm_dtype_size(t), i;
+    int r;
+    for (r = 0; r < W; r++) {
+        unsigned char* dst = r == 0 ? (unsigned char*)out : (unsigned char*)scratch;
+        for (i = 0; i < count; i++) set_val(t, dst, i, gen(t, op, r, first + i, salt));
+        if (r > 0) dm_reduce_local(t, op, out, scratch, count);
+    }
+    (void)es;
+    if (op == DM_MEAN) dm_divide_local(t, out, count, W);
+}
+
+/* ---- the collective suite, run by every rank ------------------------------------------------ */
+static int suite_all_reduce(dm_collective* c, size_t count, dm_dtype t, dm_reduce_op op, bool in_place, int salt) {
+    int W = dm_world_size(c), r = dm_rank(c);
+    size_t es = dm_dtype_size(t), n = count ? count : 1;
+    unsigned char* send = (unsigned char*)malloc(n * es);
+    unsigned char* recv = (unsigned char*)malloc(n * es);
+    unsigned char* ref = (unsigned char*)malloc(n * es);
+    unsigned char* scr = (unsigned char*)malloc(n * es);
+    int bad = 0;
+    fill(t, op, r, send, count, salt);
+    memset(recv, 0x5a, n * es);
+    if (in_place) memcpy(recv, send, count * es);
+    reference(t, op, W, ref, scr, count, 0, salt);
+    if (dm_all_reduce(c, in_place ? NULL : send, recv, count, t, op) != DM_OK) {
+        fprintf(stderr, "rank %d: all_reduce %s %s count %zu: %s\n", r, dm_dtype_name(t), dm_reduce_op_name(op),
+                count, dm_last_error(c));
+        bad = 1;
+    } else if (memcmp(recv, ref, count * es) != 0) {
+        fprintf(stderr, "rank %d: all_reduce %s %s count %zu %s: wrong result\n", r, dm_dtype_name(t),
+                dm_reduce_op_name(op), count, in_place ? "in place" : "out of place");
+        bad = 1;
+    }
+    free(send); free(recv); free(ref); free(scr);
+    return bad;
+}
+
+static int suite_reduce_scatter(dm_collective* c, size_t rc, dm_dtype t, dm_reduce_op op, bool in_place, int salt) {
+    int W = dm_world_size(c), r = dm_rank(c);
+    size_t es = dm_dtype_size(t), n = rc * (size_t)W + 1;
+    unsigned char* send = (unsigned char*)malloc(n * es);
+    unsigned char* out = (unsigned char*)malloc(n * es);
+    unsigned char* ref = (unsigned char*)malloc(n * es);
+    unsigned char* scr = (unsigned char*)malloc(n * es);
+    unsigned char* recv = in_place ? send + (size_t)r * rc * es : out;
+    int bad = 0;
+    fill(t, op, r, send, rc * (size_t)W, salt);
+    reference(t, op, W, ref, scr, rc, (size_t)r * rc, salt);
+    if (dm_reduce_scatter(c, send, recv, rc, t, op) != DM_OK) {
+        fprintf(stderr, "rank %d: reduce_scatter %s %s: %s\n", r, dm_dtype_name(t), dm_reduce_op_name(op), dm_last_error(c));
+        bad = 1;
+    } else if (memcmp(recv, ref, rc * es) != 0) {
+        fprintf(stderr, "rank %d: reduce_scatter %s %s count %zu %s: wrong result\n", r, dm_dtype_name(t),
+                dm_reduce_op_name(op), rc, in_place ? "in place" : "out of place");
+        bad = 1;
+    }
+    free(send); free(out); free(ref); free(scr);
+    return bad;
+}
+
+static int suite_all_gather(dm_collective* c, size_t count, dm_dtype t, int mode, int salt) {
+    int W = dm_world_size(c), r = dm_rank(c), j;
+    size_t es = dm_dtype_size(t), bytes = count * es;
+    unsigned char* send = (unsigned char*)malloc(bytes + 1);
+    unsigned char* recv = (unsigned char*)malloc(bytes * (size_t)W + 1);
+    unsigned char* one = (unsigned char*)malloc(bytes + 1);
+    void* ptrs[64];
+    dm_status st;
+    int bad = 0;
+    fill(t, DM_SUM, r, send, count, salt);
+    memset(recv, 0x33, bytes * (size_t)W + 1);
+    if (mode == 0) st = dm_all_gather(c, send, recv, count, t);
+    else if (mode == 1) {
+        memcpy(recv + (size_t)r * bytes, send, bytes);
+        st = dm_all_gather(c, NULL, recv, count, t);
+    } else {
+        /* to_list with the slots in reverse order */
+        for (j = 0; j < W; j++) ptrs[j] = recv + (size_t)(W - 1 - j) * bytes;
+        st = dm_all_gather_to_list(c, send, ptrs, count, t);
+    }
+    if (st != DM_OK) {
+        fprintf(stderr, "rank %d: all_gather mode %d: %s\n", r, mode, dm_last_error(c));
+        bad = 1;
+    }
+    for (j = 0; j < W && !bad; j++) {
+        unsigned char* got = mode == 2 ? (unsigned char*)ptrs[j] : recv + (size_t)j * bytes;
+        fill(t, DM_SUM, j, one, count, salt);
+        if (memcmp(got, one, bytes) != 0) {
+            fprintf(stderr, "rank %d: all_gather mode %d %s count %zu: block %d wrong\n", r, mode, dm_dtype_name(t), count, j);
+            bad = 1;
+        }
+    }
+    free(send); free(recv); free(one);
+    return bad;
+}
+
+static int suite_broadcast(dm_collective* c, size_t count, dm_dtype t, int root, int salt) {
+    int r = dm_rank(c), bad = 0;
+    size_t es = dm_dtype_size(t);
+    unsigned char* buf = (unsigned char*)malloc(count * es + 1);
+    unsigned char* ref = (unsigned char*)malloc(count * es + 1);
+    fill(t, DM_SUM, root, ref, count, salt);
+    if (r == root) memcpy(buf, ref, count * es);
+    else memset(buf, 0x77, count * es);
+    if (dm_broadcast(c, buf, count, t, root) != DM_OK) {
+        fprintf(stderr, "rank %d: broadcast root %d: %s\n", r, root, dm_last_error(c));
+        bad = 1;
+    } else if (memcmp(buf, ref, count * es) != 0) {
+        fprintf(stderr, "rank %d: broadcast root %d count %zu: wrong\n", r, root, count);
+        bad = 1;
+    }
+    free(buf); free(ref);
+    return bad;
+}
+
+/* 64 MiB float32 SUM all_reduce checked in closed form: x_r[i] = (i % 7) + r - 3. */
+static int suite_big(dm_collective* c, bool in_place) {
+    int W = dm_world_size(c), r = dm_rank(c), bad = 0;
+    size_t n = (size_t)16 << 20, i;
+    float* send = (float*)malloc(n * sizeof(float));
+    float* recv = in_place ? send : (float*)malloc(n * sizeof(float));
+    for (i = 0; i < n; i++) send[i] = (float)((int)(i % 7) + r - 3);
+    if (dm_all_reduce(c, in_place ? NULL : send, recv, n, DM_FLOAT32, DM_SUM) != DM_OK) {
+        fprintf(stderr, "rank %d: 64 MiB all_reduce: %s\n", r, dm_last_error(c));
+        bad = 1;
+    }
+    for (i = 0; i < n && !bad; i++)
+        if (recv[i] != (float)(W * ((int)(i % 7) - 3) + W * (W - 1) / 2)) {
+            fprintf(stderr, "rank %d: 64 MiB all_reduce wrong at %zu: %f\n", r, i, recv[i]);
+            bad = 1;
+        }
+    if (!in_place) free(recv);
+    free(send);
+    return bad;
+}
+
+/* Fractional float32 data: relative tolerance 1e-5 against a double reference. */
+static int suite_float_tolerance(dm_collective* c) {
+    int W = dm_world_size(c), r = dm_rank(c), bad = 0, q;
+    size_t n = 100003, i;
+    float* x = (float*)malloc(n * sizeof(float));
+    for (i = 0; i < n; i++) x[i] = (float)sin((double)(i * 7 + (size_t)r * 13)) * 1.5f;
+    if (dm_all_reduce(c, NULL, x, n, DM_FLOAT32, DM_MEAN) != DM_OK) { free(x); return 1; }
+    for (i = 0; i < n && !bad; i++) {
+        double ref = 0;
+        for (q = 0; q < W; q++) ref += (double)(float)sin((double)(i * 7 + (size_t)q * 13)) * 1.5;
+        ref /= W;
+        if (fabs(x[i] - ref) > 1e-5 * (fabs(ref) + 1.0)) {
+            fprintf(stderr, "rank %d: float MEAN off at %zu: %g vs %g\n", r, i, x[i], ref);
+            bad = 1;
+        }
+    }
+    free(x);
+    return bad;
+}
+
+static int suite_objects(dm_collective* c) {
+    int W = dm_world_size(c), r = dm_rank(c), j;
+    char msg[64];
+    dm_blob_list all, got;
+    dm_blob objs[2];
+    snprintf(msg, sizeof(msg), "rank-%d-%.*s", r, r + 1, "xxxxxxxxxxxxxxxx");
+    RST(dm_all_gather_objects(c, msg, strlen(msg) + 1, &all));
+    RCHECK(all.count == (size_t)W);
+    for (j = 0; j < W; j++) {
+        char want[64];
+        snprintf(want, sizeof(want), "rank-%d-%.*s", j, j + 1, "xxxxxxxxxxxxxxxx");
+        RCHECK(strcmp((const char*)all.items[j].data, want) == 0);
+    }
+    dm_blob_list_free(c, &all);
+    objs[0].data = "alpha"; objs[0].size = 6;
+    objs[1].data = "be"; objs[1].size = 3;
+    RST(dm_broadcast_objects(c, r == W - 1 ? objs : NULL, r == W - 1 ? 2 : 0, W - 1, &got));
+    RCHECK(got.count == 2 && strcmp((const char*)got.items[0].data, "alpha") == 0 &&
+           strcmp((const char*)got.items[1].data, "be") == 0);
+    dm_blob_list_free(c, &got);
+    return 0;
+}
+
+/* Every collective, every dtype x op, counts 0, 1, W-1, odd and ring-sized, in and out of place. */
+static int suite(dm_collective* c, bool big) {
+    int W = dm_world_size(c), root, bad = 0, salt = 0, mode;
+    size_t counts[5];
+    int t, op, k;
+    counts[0] = 0; counts[1] = 1; counts[2] = (size_t)(W - 1); counts[3] = 1237; counts[4] = 70001;
+    RST(dm_barrier(c));
+    for (t = 0; t < DM_DTYPE_COUNT; t++)
+        for (op = 0; op < DM_REDUCE_OP_COUNT; op++)
+            for (k = 0; k < 5; k++) {
+                bad |= suite_all_reduce(c, counts[k], (dm_dtype)t, (dm_reduce_op)op, k % 2 == 0, ++salt);
+                if (k >= 3) bad |= suite_all_reduce(c, counts[k], (dm_dtype)t, (dm_reduce_op)op, k % 2 != 0, ++salt);
+            }
+    for (t = 0; t < DM_DTYPE_COUNT; t++)
+        for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
+            bad |= suite_reduce_scatter(c, 1, (dm_dtype)t, (dm_reduce_op)op, false, ++salt);
+            bad |= suite_reduce_scatter(c, 0, (dm_dtype)t, (dm_reduce_op)op, true, ++salt);
+            bad |= suite_reduce_scatter(c, 1237, (dm_dtype)t, (dm_reduce_op)op, op % 2 == 0, ++salt);
+            bad |= suite_reduce_scatter(c, 40001, (dm_dtype)t, (dm_reduce_op)op, op % 2 != 0, ++salt);
+        }
+    for (t = 0; t < DM_DTYPE_COUNT; t++)
+        for (k = 0; k < 5; k++)
+            for (mode = 0; mode < 3; mode++) bad |= suite_all_gather(c, counts[k], (dm_dtype)t, mode, ++salt);
+    for (root = 0; root < W; root++) {
+        bad |= suite_broadcast(c, 1, DM_INT32, root, ++salt);
+        bad |= suite_broadcast(c, 1237, DM_FLOAT16, root, ++salt);
+        bad |= suite_broadcast(c, 300001, DM_FLOAT64, root, ++salt);
+    }
+    bad |= suite_broadcast(c, 0, DM_UINT8, 0, ++salt);
+    bad |= suite_float_tolerance(c);
+    bad |= suite_objects(c);
+    if (big) {
+        bad |= suite_big(c, false);
+        bad |= suite_big(c, true);
+    }
+    RST(dm_barrier(c));
+    return bad;
+}
+
+/* ---- forking a world ------------------------------------------------------------------------- */
+typedef int (*rank_body)(dm_collective* c, int rank, int world, void* arg);
+
+static void make_desc(dm_tcp_desc* d, int rank, int world, char* url, size_t cap, char* prefix, size_t pcap) {
+    memset(d, 0, sizeof(*d));
+    snprintf(url, cap, "file://%s", g_store_dir);
+    snprintf(prefix, pcap, "run%d/", g_run_id);
+    d->rank = rank;
+    d->world_size = world;
+    d->store_url = url;
+    d->prefix = prefix;
+    d->ifname = "lo";
+    d->timeout_ms = 30000;
+}
+
+/* Forks world ranks; each creates its collective (unless create is false), runs body, exits 0/1.
+   Returns the number of failed ranks; kills everyone after limit_s. */
+static int run_world_ex(int world, rank_body body, void* arg, double limit_s, bool create) {
+    pid_t pids[16];
+    int r, failed = 0, left = world;
+    double end;
+    g_run_id++;
+    fflush(stdout);
+    fflush(stderr);
+    for (r = 0; r < world; r++) {
+        pid_t p = fork();
+        if (p == 0) {
+            dm_collective* c = NULL;
+            dm_tcp_desc d;
+            char url[300], prefix[64];
+            int rc;
+            g_rank = r;
+            alarm((unsigned)limit_s + 5);
+            if (create) {
+                dm_status st;
+                make_desc(&d, r, world, url, sizeof(url), prefix, sizeof(prefix));
+                st = dm_tcp_create(&d, &c);
+                if (st != DM_OK) {
+                    fprintf(stderr, "rank %d: dm_tcp_create: %s\n", r, dm_status_name(st));
+                    _exit(1);
+                }
+            }
+            rc = body(c, r, world, arg);
+            dm_destroy(c);
+            _exit(rc ? 1 : 0);
+        }
+        pids[r] = p;
+    }
+    end = now_s() + limit_s;
+    while (left > 0) {
+        int status;
+        pid_t p = waitpid(-1, &status, WNOHANG);
+        if (p > 0) {
+            for (r = 0; r < world; r++)
+                if (pids[r] == p) { pids[r] = 0; left--; if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++; }
+            continue;
+        }
+        if (now_s() > end) {
+            fprintf(stderr, "world of %d: time limit %.0f s reached, killing %d ranks\n", world, limit_s, left);
+            for (r = 0; r < world; r++)
+                if (pids[r] > 0) { kill(pids[r], SIGCONT); kill(pids[r], SIGKILL); }
+            for (r = 0; r < world; r++)
+                if (pids[r] > 0) { waitpid(pids[r], NULL, 0); failed++; }
+            return failed;
+        }
+        usleep(2000);
+    }
+    return failed;
+}
+static int run_world(int world, rank_body body, void* arg, double limit_s) {
+    return run_world_ex(world, body, arg, limit_s, true);
+}
+
+/* ---- tests ------------------------------------------------------------------------------------ */
+static int body_suite(dm_collective* c, int rank, int world, void* arg) {
+    (void)arg;
+    if (dm_rank(c) != rank || dm_world_size(c) != world || strcmp(dm_backend_name(c), "tcp") != 0) return 1;
+    if (dm_local_world_size(c) != world || dm_local_rank(c) != rank) return 1; /* one host */
+    return suite(c, true);
+}
+static void test_world_1(void** s) { (void)s; assert_int_equal(run_world(1, body_suite, NULL, 60), 0); }
+static void test_world_2(void** s) { (void)s; assert_int_equal(run_world(2, body_suite, NULL, 60), 0); }
+static void test_world_3(void** s) { (void)s; assert_int_equal(run_world(3, body_suite, NULL, 60), 0); }
+static void test_world_4(void** s) { (void)s; assert_int_equal(run_world(4, body_suite, NULL, 90), 0); }
+static void test_world_8(void** s) { (void)s; assert_int_equal(run_world(8, body_suite, NULL, 120), 0); }
+
+/* Mesh dp=2 x tp=4 over 8 ranks; split by rank % 3 with reversed keys; the node-local group. */
+static int body_groups(dm_collective* c, int rank, int world, void* arg) {
+    dm_mesh* m = NULL;
+    dm_collective *sub = NULL, *loc;
+    dm_mesh_desc md;
+    int32_t v, want, q;
+    (void)arg; (void)world;
+    memset(&md, 0, sizeof(md));
+    md.world = c;
+    md.ndims = 2;
+    md.dim_names[0] = "dp"; md.dim_names[1] = "tp";
+    md.dim_sizes[0] = 2; md.dim_sizes[1] = 4;
+    RST(dm_mesh_create(&md, &m));
+    RCHECK(dm_mesh_dp_rank(m) == rank / 4 && dm_mesh_tp_rank(m) == rank % 4);
+    RCHECK(strcmp(dm_backend_name(dm_mesh_group(m, "tp")), "tcp") == 0);
+    v = rank;
+    RCHECK(dm_all_reduce(dm_mesh_group(m, "tp"), NULL, &v, 1, DM_INT32, DM_SUM) == DM_OK);
+    want = 0;
+    for (q = 0; q < 4; q++) want += (rank / 4) * 4 + q;
+    RCHECK(v == want);
+    v = rank;
+    RCHECK(dm_all_reduce(dm_mesh_group(m, "dp"), NULL, &v, 1, DM_INT32, DM_SUM) == DM_OK);
+    RCHECK(v == (rank % 4) * 2 + 4);
+    RCHECK(suite_all_reduce(dm_mesh_group(m, "tp"), 70001, DM_FLOAT32, DM_SUM, false, 3) == 0);
+    dm_mesh_destroy(m);
+    RST(dm_split(c, rank % 3, -rank, &sub));
+    RCHECK(sub != NULL);
+    {
+        int members = 0, higher = 0;
+        for (q = 0; q < world; q++) if (q % 3 == rank % 3) { members++; if (q > rank) higher++; }
+        RCHECK(dm_world_size(sub) == members && dm_rank(sub) == higher);
+    }
+    RCHECK(suite(sub, false) == 0);
+    dm_destroy(sub);
+    RST(dm_split(c, rank == 0 ? DM_SPLIT_NONE : 1, 0, &sub));
+    RCHECK((rank == 0) == (sub == NULL));
+    if (sub) {
+        v = 1;
+        RCHECK(dm_all_reduce(sub, NULL, &v, 1, DM_INT32, DM_SUM) == DM_OK && v == world - 1);
+        dm_destroy(sub);
+    }
+    loc = dm_local(c);
+    RCHECK(loc && dm_world_size(loc) == world && dm_rank(loc) == rank);
+    RST(dm_main_process_first_begin(c, true));
+    RST(dm_main_process_first_end(c, true));
+    return 0;
+}
+static void test_mesh_split_local(void** s) { (void)s; assert_int_equal(run_world(8, body_groups, NULL, 90), 0); }
+
+/* 32 create / collective / destroy cycles: the fd count comes back to where it started. */
+static int body_cycles(dm_collective* c, int rank, int world, void* arg) {
+    int before = count_fds(), i, after;
+    (void)c; (void)arg;
+    for (i = 0; i < 32; i++) {
+        dm_tcp_desc d;
+        char url[300], prefix[64];
+        dm_collective* x = NULL;
+        float f = 1.0f;
+        dm_status st;
+        make_desc(&d, rank, world, url, sizeof(url), prefix, sizeof(prefix));
+        st = dm_tcp_create(&d, &x);
+        if (st != DM_OK) { fprintf(stderr, "rank %d: cycle %d: %s\n", rank, i, dm_status_name(st)); return 1; }
+        if (dm_all_reduce(x, NULL, &f, 1, DM_FLOAT32, DM_SUM) != DM_OK || f != (float)world) return 1;
+        dm_destroy(x);
+    }
+    after = count_fds();
+    if (after != before) { fprintf(stderr, "rank %d: %d fds before, %d after\n", rank, before, after); return 1; }
+    return 0;
+}
+static void test_create_destroy_no_fd_leak(void** s) {
+    (void)s;
+    assert_int_equal(run_world_ex(3, body_cycles, NULL, 60, false), 0);
+}
+
+/* Ranks disagree on count: both report DM_ERR_MISMATCH naming both calls; then ABORTED. */
+static int body_mismatch(dm_collective* c, int rank, int world, void* arg) {
+    float x[11] = {0};
+    dm_status st;
+    (void)world; (void)arg;
+    st = dm_all_reduce(c, NULL, x, rank == 0 ? 10 : 11, DM_FLOAT32, DM_SUM);
+    if (st != DM_ERR_MISMATCH) { fprintf(stderr, "rank %d: got %s: %s\n", rank, dm_status_name(st), dm_last_error(c)); return 1; }
+    if (!strstr(dm_last_error(c), "count 10") || !strstr(dm_last_error(c), "count 11")) {
+        fprintf(stderr, "rank %d: message: %s\n", rank, dm_last_error(c));
+        return 1;
+    }
+    return dm_barrier(c) == DM_ERR_ABORTED ? 0 : 1;
+}
+static void test_mismatch(void** s) { (void)s; assert_int_equal(run_world(2, body_mismatch, NULL, 30), 0); }
+
+/* A rank with the wrong token is refused; the other one times out waiting for a real peer. */
+static int body_token(dm_collective* c, int rank, int world, void* arg) {
+    dm_tcp_desc d;
+    char url[300], prefix[64];
+    dm_collective* x = NULL;
+    dm_status st;
+    (void)c; (void)arg;
+    make_desc(&d, rank, world, url, sizeof(url), prefix, sizeof(prefix));
+    d.token = rank == 1 ? "wrong" : "secret";
+    d.timeout_ms = 1500;
+    st = dm_tcp_create(&d, &x);
+    if (x) dm_destroy(x);
+    if (st != (rank == 1 ? DM_ERR_REFUSED : DM_ERR_TIMEOUT)) {
+        fprintf(stderr, "rank %d: token test got %s\n", rank, dm_status_name(st));
+        return 1;
+    }
+    return 0;
+}
+static void test_token_refused(void** s) { (void)s; assert_int_equal(run_world_ex(2, body_token, NULL, 30, false), 0); }
+
+/* ---- fault tests: 4 ranks, one killed or stopped, survivors report through a pipe ---------- */
+static int g_report_fd = -1;
+static int body_fault(dm_collective* c, int rank, int world, void* arg) {
+    int mode = *(int*)arg, i;
+    size_t n = mode == 0 ? ((size_t)16 << 20) : ((size_t)1 << 18);
+    float* x = (float*)calloc(n, sizeof(float));
+    dm_status st = DM_OK;
+    char line[64];
+    (void)world;
+    if (mode == 1) dm_set_timeout(c, 1500);
+    if (dm_barrier(c) != DM_OK) return 1;
+    if (write(g_report_fd, "R", 1) != 1) return 1;           /* ready */
+    for (i = 0; i < 100000 && st == DM_OK; i++) st = dm_all_reduce(c, NULL, x, n, DM_FLOAT32, DM_SUM);
+    snprintf(line, sizeof(line), "%d %d\n", rank, (int)st);
+    if (write(g_report_fd, line, strlen(line)) < 0) return 1;
+    /* the next call fails at once */
+    if (dm_all_reduce(c, NULL, x, 1, DM_FLOAT32, DM_SUM) != DM_ERR_ABORTED) return 1;
+    free(x);
+    sleep(3);   /* stay connected so slower survivors see their own failure, not our exit */
+    return 0;
+}
+static pid_t g_pids[8];
+static void test_fault(int mode) {
+    int pfd[2], r, ready = 0, reports = 0, world = 4, victim = 2;
+    int status_of[4] = {1, 1, 1, 1};
+    double t_fault = 0, deadline;
+    char buf[512];
+    size_t used = 0;
+    assert_int_equal(pipe(pfd), 0);
+    g_run_id++;
+    fflush(stdout); fflush(stderr);
+    for (r = 0; r < world; r++) {
+        pid_t p = fork();
+        if (p == 0) {
+            dm_collective* c = NULL;
+            dm_tcp_desc d;
+            char url[300], prefix[64];
+            int rc;
+            g_rank = r;
+            close(pfd[0]);
+            g_report_fd = pfd[1];
+            alarm(40);
+            make_desc(&d, r, world, url, sizeof(url), prefix, sizeof(prefix));
+            d.timeout_ms = 60000;
+            if (dm_tcp_create(&d, &c) != DM_OK) _exit(1);
+            rc = body_fault(c, r, world, &mode);
+            dm_destroy(c);
+            _exit(rc);
+        }
+        g_pids[r] = p;
+    }
+    close(pfd[1]);
+    deadline = now_s() + 30;
+    while (now_s() < deadline && reports < world - 1) {
+        ssize_t k;
+        struct timeval tv = {0, 20000};
+        fd_set fs;
+        FD_ZERO(&fs);
+        FD_SET(pfd[0], &fs);
+        if (ready == world && t_fault == 0) {
+            usleep(300000);
+            kill(g_pids[victim], mode == 0 ? SIGKILL : SIGSTOP);
+            t_fault = now_s();
+        }
+        if (select(pfd[0] + 1, &fs, NULL, NULL, &tv) <= 0) continue;
+        k = read(pfd[0], buf + used, sizeof(buf) - 1 - used);
+        if (k <= 0) break;
+        used += (size_t)k;
+        buf[used] = 0;
+        for (;;) {
+            char* nl;
+            if (buf[0] == 'R') { ready++; memmove(buf, buf + 1, used); used--; continue; }
+            nl = strchr(buf, '\n');
+            if (!nl) break;
+            {
+                int rk = -1, st = 0;
+                if (sscanf(buf, "%d %d", &rk, &st) == 2 && rk >= 0 && rk < world) {
+                    status_of[rk] = st;
+                    reports++;
+                    printf("  rank %d: %s after %.2f s\n", rk, dm_status_name((dm_status)st), now_s() - t_fault);
+                }
+            }
+            used -= (size_t)(nl + 1 - buf);
+            memmove(buf, nl + 1, used + 1);
+        }
+    }
+    {
+        double took = now_s() - t_fault;
+        for (r = 0; r < world; r++) { kill(g_pids[r], SIGCONT); if (r == victim) kill(g_pids[r], SIGKILL); }
+        for (r = 0; r < world; r++) waitpid(g_pids[r], NULL, 0);
+        close(pfd[0]);
+        assert_true(t_fault > 0);
+        assert_int_equal(reports, world - 1);
+        for (r = 0; r < world; r++)
+            if (r != victim) assert_int_equal(status_of[r], mode == 0 ? DM_ERR_PEER_LOST : DM_ERR_TIMEOUT);
+        if (mode == 0) assert_true(took < 5.0);
+        else assert_true(took < 1.5 + 3.0);
+    }
+}
+static void test_fault_kill(void** s) { (void)s; test_fault(0); }
+static void test_fault_stop(void** s) { (void)s; test_fault(1); }
+
+/* dm_init builds a TCP world from torchrun-style variables and DISTMESH_STORE. */
+static int body_init(dm_collective* c, int rank, int world, void* arg) {
+    char v[300];
+    dm_collective* x = NULL;
+    float f = 2.0f;
+    (void)c; (void)arg;
+    snprintf(v, sizeof(v), "%d", rank); setenv("RANK", v, 1);
+    snprintf(v, sizeof(v), "%d", world); setenv("WORLD_SIZE", v, 1);
+    snprintf(v, sizeof(v), "file://%s/init%d", g_store_dir, g_run_id);
+    setenv("DISTMESH_STORE", v, 1);
+    setenv("DISTMESH_SOCKET_IFNAME", "=lo", 1);
+    RCHECK(dm_init(NULL, &x) == DM_OK);
+    RCHECK(strcmp(dm_backend_name(x), "tcp") == 0 && dm_rank(x) == rank && dm_world_size(x) == world);
+    RCHECK(dm_all_reduce(x, NULL, &f, 1, DM_FLOAT32, DM_MEAN) == DM_OK && f == 2.0f);
+    dm_destroy(x);
+    return 0;
+}
+static void test_dm_init(void** s) {
+    char dir[400];
+    (void)s;
+    snprintf(dir, sizeof(dir), "%s/init%d", g_store_dir, g_run_id + 1);
+    mkdir(dir, 0700);
+    assert_int_equal(run_world_ex(2, body_init, NULL, 30, false), 0);
+}
+
+/* ---- netns: 3 namespaces on a bridge, one rank each (tests/netns_test.sh) ------------------ */
+static void test_netns(void** s) {
+    char cmd[1024], self[512];
+    ssize_t n;
+    int rc;
+    (void)s;
+    if (geteuid() != 0) { printf("  netns: skipped (needs root)\n"); skip(); }
+    if (system("ip netns list >/dev/null 2>&1") != 0) { printf("  netns: skipped (`ip netns` unavailable)\n"); skip(); }
+    n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    assert_true(n > 0);
+    self[n] = 0;
+    snprintf(cmd, sizeof(cmd), "bash %s/tests/netns_test.sh %s", DM_SRCDIR, self);
+    rc = system(cmd);
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) { printf("  netns: skipped (could not create namespaces)\n"); skip(); }
+    assert_int_equal(rc, 0);
+}
+
+/* One rank from the environment (used by netns_test.sh). */
+static int rank_main(void) {
+    dm_collective* c = NULL;
+    dm_status st;
+    int bad;
+    st = dm_init(NULL, &c);
+    if (st != DM_OK) { fprintf(stderr, "dm_init: %s\n", dm_status_name(st)); return 1; }
+    g_rank = dm_rank(c);
+    bad = suite(c, false);
+    if (!bad) printf("rank %d of %d (%s, local %d/%d): all collectives correct\n", dm_rank(c), dm_world_size(c),
+                     c->node_name, dm_local_rank(c), dm_local_world_size(c));
+    dm_destroy(c);
+    return bad;
+}
+
+static int setup_store(void** s) {
+    (void)s;
+    snprintf(g_store_dir, sizeof(g_store_dir), "/tmp/dm_tcp_test_XXXXXX");
+    return mkdtemp(g_store_dir) ? 0 : -1;
+}
+static int teardown_store(void** s) {
+    char cmd[300];
+    (void)s;
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_store_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(int argc, char** argv) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_world_1),
+        cmocka_unit_test(test_world_2),
+        cmocka_unit_test(test_world_3),
+        cmocka_unit_test(test_world_4),
+        cmocka_unit_test(test_world_8),
+        cmocka_unit_test(test_mesh_split_local),
+        cmocka_unit_test(test_create_destroy_no_fd_leak),
+        cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_token_refused),
+        cmocka_unit_test(test_fault_kill),
+        cmocka_unit_test(test_fault_stop),
+        cmocka_unit_test(test_dm_init),
+        cmocka_unit_test(test_netns),
+    };
+    signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
+    if (argc > 1 && strcmp(argv[1], "--rank") == 0) return rank_main();
+    return cmocka_run_group_tests(tests, setup_store, teardown_store);
+}
