@@ -586,12 +586,734 @@ static void test_fake_world1_accessors(void** state) {
     assert_int_equal(dm_set_timeout(NULL, 1), DM_ERR_INVALID_ARG);
 }
 
-/* @@MORE@@ */
+static void free_fn_unused(void* p, void* ud) { (void)ud; free(p); }
+static int rank_noop(dm_collective* c, void* user) { (void)c; (void)user; return DM_OK; }
+
+/* Every collective on world 1, every dtype x op, count 3: data left as is (MEAN divides by 1),
+   out-of-place copies send to recv, all_gather copies the input, broadcast root 0 keeps it. */
+static void test_fake_world1_collectives_leave_data(void** state) {
+    dm_collective* c = make_fake(1, 0);
+    int t, op;
+    uint64_t seq0;
+    (void)state;
+    assert_int_equal(dm_barrier(c), DM_OK);
+    for (t = 0; t < DM_DTYPE_COUNT; t++) {
+        size_t es = dm_dtype_size((dm_dtype)t), b = 3 * es;
+        unsigned char x[24], y[24], z[24], want[24];
+        void* recvs[1];
+        dm_blob_list list;
+        dm_blob obj;
+        for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
+            size_t i;
+            for (i = 0; i < b; i++) want[i] = (unsigned char)(i * 7 + 1 + (size_t)t);
+            if (is_float((dm_dtype)t)) for (i = 0; i < 3; i++) store_float((dm_dtype)t, want + i * es, 1.5 + (double)i);
+            memcpy(x, want, b);
+            assert_int_equal(dm_all_reduce(c, NULL, x, 3, (dm_dtype)t, (dm_reduce_op)op), DM_OK);
+            assert_memory_equal(x, want, b);
+            memset(y, 0, b);
+            assert_int_equal(dm_all_reduce(c, x, y, 3, (dm_dtype)t, (dm_reduce_op)op), DM_OK);
+            assert_memory_equal(y, want, b);
+            memset(y, 0, b);
+            assert_int_equal(dm_reduce_scatter(c, x, y, 3, (dm_dtype)t, (dm_reduce_op)op), DM_OK);
+            assert_memory_equal(y, want, b);
+            assert_int_equal(dm_reduce_scatter(c, x, x, 3, (dm_dtype)t, (dm_reduce_op)op), DM_OK);
+            assert_memory_equal(x, want, b);
+        }
+        memset(y, 0, b);
+        assert_int_equal(dm_all_gather(c, x, y, 3, (dm_dtype)t), DM_OK);
+        assert_memory_equal(y, want, b);
+        assert_int_equal(dm_all_gather(c, NULL, y, 3, (dm_dtype)t), DM_OK);
+        assert_memory_equal(y, want, b);
+        memset(z, 0, b);
+        recvs[0] = z;
+        assert_int_equal(dm_all_gather_to_list(c, x, (void* const*)recvs, 3, (dm_dtype)t), DM_OK);
+        assert_memory_equal(z, want, b);
+        assert_int_equal(dm_broadcast(c, x, 3, (dm_dtype)t, 0), DM_OK);
+        assert_memory_equal(x, want, b);
+        obj.data = x;
+        obj.size = b;
+        assert_int_equal(dm_all_gather_objects(c, x, b, &list), DM_OK);
+        assert_int_equal(list.count, 1);
+        assert_int_equal(list.items[0].size, b);
+        assert_memory_equal(list.items[0].data, want, b);
+        dm_blob_list_free(c, &list);
+        assert_int_equal(dm_broadcast_objects(c, &obj, 1, 0, &list), DM_OK);
+        assert_int_equal(list.count, 1);
+        assert_memory_equal(list.items[0].data, want, b);
+        dm_blob_list_free(c, &list);
+    }
+    /* every collective bumps the sequence number by one */
+    seq0 = dm_sequence(c);
+    {
+        float f = 1;
+        assert_int_equal(dm_all_reduce(c, NULL, &f, 1, DM_FLOAT32, DM_SUM), DM_OK);
+        assert_true(dm_sequence(c) == seq0 + 1);
+        assert_int_equal(dm_broadcast(c, &f, 1, DM_FLOAT32, 0), DM_OK);
+        assert_true(dm_sequence(c) == seq0 + 2);
+    }
+    dm_destroy(c);
+}
+
+static void test_fake_world1_broadcast_from_other_root_fails(void** state) {
+    dm_collective* c = make_fake(1, 0);
+    float x[2] = { 1, 2 };
+    dm_blob obj = { x, sizeof(x) };
+    dm_blob_list list = { NULL, 7 };
+    (void)state;
+    assert_int_equal(dm_broadcast(c, x, 2, DM_FLOAT32, 1), DM_ERR_INVALID_ARG);
+    assert_true(strlen(dm_last_error(c)) > 0);
+    assert_non_null(strstr(dm_last_error(c), "broadcast"));
+    assert_int_equal(dm_broadcast(c, x, 2, DM_FLOAT32, -1), DM_ERR_INVALID_ARG);
+    assert_int_equal(dm_broadcast_objects(c, &obj, 1, 1, &list), DM_ERR_INVALID_ARG);
+    assert_true(strlen(dm_last_error(c)) > 0);
+    assert_null(list.items);
+    assert_int_equal(list.count, 0);
+    assert_true(x[0] == 1 && x[1] == 2);
+    /* the next success clears the message */
+    assert_int_equal(dm_broadcast(c, x, 2, DM_FLOAT32, 0), DM_OK);
+    assert_string_equal(dm_last_error(c), "");
+    dm_destroy(c);
+}
+
+static void test_fake_world1_split_and_local(void** state) {
+    dm_collective* c = make_fake(1, 0);
+    dm_collective *s = NULL, *none = (dm_collective*)&s;
+    dm_collective* l;
+    int v = 5;
+    (void)state;
+    assert_int_equal(dm_split(c, 3, 0, &s), DM_OK);
+    assert_non_null(s);
+    assert_int_equal(dm_world_size(s), 1);
+    assert_int_equal(dm_rank(s), 0);
+    assert_int_equal(dm_all_reduce(s, NULL, &v, 1, DM_INT32, DM_SUM), DM_OK);
+    assert_int_equal(v, 5);
+    dm_destroy(s);
+    assert_int_equal(dm_split(c, DM_SPLIT_NONE, 0, &none), DM_OK);
+    assert_null(none);
+    assert_int_equal(dm_split(c, -2, 0, &s), DM_ERR_INVALID_ARG);
+    assert_true(strlen(dm_last_error(c)) > 0);
+    assert_int_equal(dm_split(c, 0, 0, NULL), DM_ERR_INVALID_ARG);
+    l = dm_local(c);
+    assert_non_null(l);
+    assert_ptr_equal(dm_local(c), l);            /* made once, owned by c */
+    assert_int_equal(dm_world_size(l), 1);
+    assert_int_equal(dm_main_process_first_begin(c, false), DM_OK);
+    assert_int_equal(dm_main_process_first_end(c, false), DM_OK);
+    assert_int_equal(dm_main_process_first_begin(c, true), DM_OK);
+    assert_int_equal(dm_main_process_first_end(c, true), DM_OK);
+    dm_destroy(c);                               /* destroys l too (ASan would see a leak) */
+}
+
+/* Simulated world of N: one member (desc.rank) of N ranks that all hold the same data. The
+   results must equal what N real ranks holding that data produce: the serial fold of N copies
+   (SUM x*N and PROD x^N rounded / wrapped at each step, MAX/MIN x, MEAN the fold divided by N). */
+static int g_sim_n;
+static const unsigned char* g_sim_x;
+static int rank_same_data(dm_collective* c, void* user) {
+    unsigned char* out = (unsigned char*)user + (size_t)dm_rank(c) * 64 * 8 * DM_REDUCE_OP_COUNT * DM_DTYPE_COUNT;
+    int t, op;
+    for (t = 0; t < DM_DTYPE_COUNT; t++)
+        for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
+            unsigned char* o = out + ((size_t)t * DM_REDUCE_OP_COUNT + (size_t)op) * 64 * 8;
+            RCALL(c, dm_all_reduce(c, g_sim_x + (size_t)t * 64 * 8, o, 64, (dm_dtype)t, (dm_reduce_op)op));
+        }
+    return DM_OK;
+}
+static void test_fake_simulated_world_matches_ranks_with_same_data(void** state) {
+    static const int worlds[][2] = { { 2, 1 }, { 3, 2 }, { 4, 0 }, { 7, 6 } };
+    size_t w;
+    (void)state;
+    reset_failures();
+    for (w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
+        int n = worlds[w][0], rank = worlds[w][1], t, op;
+        size_t per = 64 * 8 * DM_REDUCE_OP_COUNT * DM_DTYPE_COUNT;
+        unsigned char* x = (unsigned char*)xmalloc(64 * 8 * DM_DTYPE_COUNT);
+        unsigned char* threaded = (unsigned char*)xmalloc(per * (size_t)n);
+        unsigned char* pool = (unsigned char*)xmalloc(P * 8);
+        dm_collective* c = make_fake(n, rank);
+        assert_int_equal(dm_rank(c), rank);
+        assert_int_equal(dm_world_size(c), n);
+        assert_int_equal(dm_is_master(c), rank == 0);
+        for (t = 0; t < DM_DTYPE_COUNT; t++) {
+            gen_pool((dm_dtype)t, DM_SUM, pool);
+            memcpy(x + (size_t)t * 64 * 8, pool, 64 * dm_dtype_size((dm_dtype)t));
+            /* include values that wrap / round: the extremes of each integer type */
+            if (!is_float((dm_dtype)t)) { store_int((dm_dtype)t, x + (size_t)t * 64 * 8, UINT64_MAX / 2 + 7); }
+        }
+        g_sim_n = n;
+        g_sim_x = x;
+        assert_int_equal(run_world(n, rank_same_data, threaded, 60000), DM_OK);
+        assert_no_rank_failures();
+        for (t = 0; t < DM_DTYPE_COUNT; t++) {
+            size_t es = dm_dtype_size((dm_dtype)t);
+            for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
+                unsigned char got[64 * 8], inplace[64 * 8];
+                const unsigned char* want = threaded + ((size_t)t * DM_REDUCE_OP_COUNT + (size_t)op) * 64 * 8;
+                assert_int_equal(dm_all_reduce(c, x + (size_t)t * 64 * 8, got, 64, (dm_dtype)t, (dm_reduce_op)op), DM_OK);
+                if (memcmp(got, want, 64 * es) != 0)
+                    fail_msg("simulated world %d %s %s differs from %d real ranks", n, dm_dtype_name((dm_dtype)t),
+                             dm_reduce_op_name((dm_reduce_op)op), n);
+                memcpy(inplace, x + (size_t)t * 64 * 8, 64 * es);
+                assert_int_equal(dm_all_reduce(c, NULL, inplace, 64, (dm_dtype)t, (dm_reduce_op)op), DM_OK);
+                assert_memory_equal(inplace, want, 64 * es);
+                if (op == DM_MAX || op == DM_MIN) assert_memory_equal(got, x + (size_t)t * 64 * 8, 64 * es);
+            }
+        }
+        free(x); free(threaded); free(pool);
+        dm_destroy(c);
+    }
+}
+
+/* The documented shorthand: SUM x*N, PROD x^N, MAX/MIN/MEAN x, where nothing wraps or rounds. */
+static void test_fake_simulated_world_documented_results(void** state) {
+    dm_collective* c = make_fake(4, 3);
+    int32_t v[3] = { 3, -5, 7 }, w[3];
+    double d[2] = { 1.5, -0.25 }, e[2];
+    uint16_t h[2] = { 0x3e00, 0xbc00 }, g[2]; /* 1.5, -1.0 in float16 */
+    int i;
+    (void)state;
+    assert_int_equal(dm_all_reduce(c, v, w, 3, DM_INT32, DM_SUM), DM_OK);
+    for (i = 0; i < 3; i++) assert_int_equal(w[i], v[i] * 4);
+    assert_int_equal(dm_all_reduce(c, v, w, 3, DM_INT32, DM_PROD), DM_OK);
+    for (i = 0; i < 3; i++) assert_int_equal(w[i], v[i] * v[i] * v[i] * v[i]);
+    assert_int_equal(dm_all_reduce(c, v, w, 3, DM_INT32, DM_MEAN), DM_OK);
+    assert_memory_equal(w, v, sizeof(v));
+    assert_int_equal(dm_all_reduce(c, v, w, 3, DM_INT32, DM_MAX), DM_OK);
+    assert_memory_equal(w, v, sizeof(v));
+    assert_int_equal(dm_all_reduce(c, d, e, 2, DM_FLOAT64, DM_SUM), DM_OK);
+    assert_true(e[0] == 6.0 && e[1] == -1.0);
+    assert_int_equal(dm_all_reduce(c, d, e, 2, DM_FLOAT64, DM_MEAN), DM_OK);
+    assert_true(e[0] == 1.5 && e[1] == -0.25);
+    assert_int_equal(dm_all_reduce(c, h, g, 2, DM_FLOAT16, DM_PROD), DM_OK);
+    assert_true(dm_half_to_float(g[0]) == 5.0625f && dm_half_to_float(g[1]) == 1.0f);
+    assert_int_equal(dm_all_reduce(c, h, g, 2, DM_FLOAT16, DM_MEAN), DM_OK);
+    assert_memory_equal(g, h, sizeof(h));
+    /* all_gather: the input in every slot; reduce_scatter: this rank's block, reduced as above */
+    {
+        int32_t all[12], blocks[12], mine[3];
+        assert_int_equal(dm_all_gather(c, v, all, 3, DM_INT32), DM_OK);
+        for (i = 0; i < 12; i++) assert_int_equal(all[i], v[i % 3]);
+        for (i = 0; i < 12; i++) blocks[i] = i;
+        assert_int_equal(dm_reduce_scatter(c, blocks, mine, 3, DM_INT32, DM_SUM), DM_OK);
+        for (i = 0; i < 3; i++) assert_int_equal(mine[i], (9 + i) * 4);
+        assert_int_equal(dm_reduce_scatter(c, blocks, blocks + 9, 3, DM_INT32, DM_MAX), DM_OK);
+        for (i = 0; i < 12; i++) assert_int_equal(blocks[i], i);
+        /* broadcast from any root leaves the data */
+        memcpy(w, v, sizeof(v));
+        for (i = 0; i < 4; i++) assert_int_equal(dm_broadcast(c, w, 3, DM_INT32, i), DM_OK);
+        assert_memory_equal(w, v, sizeof(v));
+        assert_int_equal(dm_broadcast(c, w, 3, DM_INT32, 4), DM_ERR_INVALID_ARG);
+    }
+    /* objects: every rank's object equals this one's */
+    {
+        dm_blob_list list;
+        dm_blob objs[2] = { { "ab", 2 }, { "xyz", 3 } };
+        assert_int_equal(dm_all_gather_objects(c, "hello", 5, &list), DM_OK);
+        assert_int_equal(list.count, 4);
+        for (i = 0; i < 4; i++) {
+            assert_int_equal(list.items[i].size, 5);
+            assert_memory_equal(list.items[i].data, "hello", 5);
+        }
+        dm_blob_list_free(c, &list);
+        /* from this rank as root (a non-root simulated member cannot know the root's objects) */
+        assert_int_equal(dm_broadcast_objects(c, objs, 2, 3, &list), DM_OK);
+        assert_int_equal(list.count, 2);
+        assert_memory_equal(list.items[1].data, "xyz", 3);
+        dm_blob_list_free(c, &list);
+    }
+    assert_int_equal(dm_barrier(c), DM_OK);
+    dm_destroy(c);
+}
+
+static void test_fake_create_rejects_bad_desc(void** state) {
+    dm_fake_desc d = {0};
+    dm_collective* c = (dm_collective*)&d;
+    (void)state;
+    d.world_size = 4;
+    d.rank = 4;
+    assert_int_equal(dm_fake_create(&d, &c), DM_ERR_INVALID_ARG);
+    assert_null(c);
+    d.rank = -1;
+    c = (dm_collective*)&d;
+    assert_int_equal(dm_fake_create(&d, &c), DM_ERR_INVALID_ARG);
+    assert_null(c);
+    d.rank = 0;
+    d.world_size = -2;
+    assert_int_equal(dm_fake_create(&d, &c), DM_ERR_INVALID_ARG);
+    d.world_size = 0;
+    d.rank = 1;   /* world 0 means 1: rank 1 is out of range */
+    assert_int_equal(dm_fake_create(&d, &c), DM_ERR_INVALID_ARG);
+    d.rank = 0;
+    d.allocator.alloc_fn = NULL;
+    d.allocator.free_fn = free_fn_unused;
+    assert_int_equal(dm_fake_create(&d, &c), DM_ERR_INVALID_ARG);
+    assert_null(c);
+    assert_int_equal(dm_fake_create(NULL, NULL), DM_ERR_INVALID_ARG);
+    assert_int_equal(dm_fake_create(NULL, &c), DM_OK);      /* NULL desc: all defaults */
+    assert_int_equal(dm_world_size(c), 1);
+    dm_destroy(c);
+    d.allocator.free_fn = NULL;
+    d.world_size = -1;
+    assert_int_equal(dm_thread_world_run(&d, rank_noop, NULL), DM_ERR_INVALID_ARG);
+    assert_int_equal(dm_thread_world_run(NULL, NULL, NULL), DM_ERR_INVALID_ARG);
+}
+
+/* ---- threaded world ---- */
+static int rank_accessors(dm_collective* c, void* user) {
+    int r = dm_rank(c), L = *(const int*)user, n = dm_world_size(c);
+    int node_first = (r / L) * L, lsize = n - node_first < L ? n - node_first : L;
+    RCHECK(n == 7);
+    RCHECK(dm_local_rank(c) == r - node_first);
+    RCHECK(dm_local_world_size(c) == lsize);
+    RCHECK(dm_is_master(c) == (r == 0));
+    RCHECK(dm_is_local_master(c) == (r % L == 0));
+    RCHECK(strcmp(dm_backend_name(c), "thread") == 0);
+    RCHECK(dm_default_device(c).type == DM_DEVICE_CPU);
+    RCHECK(dm_native_handle(c) == NULL);
+    RCALL(c, dm_synchronize(c));
+    {   /* the node-local group: all-reduce of ones gives the node's size */
+        dm_collective* l = dm_local(c);
+        int one = 1;
+        RCHECK(l != NULL);
+        if (!l) return DM_ERR_INTERNAL;
+        RCHECK(dm_world_size(l) == lsize && dm_rank(l) == r - node_first);
+        RCALL(l, dm_all_reduce(l, NULL, &one, 1, DM_INT32, DM_SUM));
+        RCHECK(one == lsize);
+    }
+    return DM_OK;
+}
+static void test_thread_world_accessors_and_nodes(void** state) {
+    dm_fake_desc d = {0};
+    int L = 3;
+    (void)state;
+    reset_failures();
+    d.world_size = 7;
+    d.local_world_size = 3;   /* nodes {0,1,2} {3,4,5} {6} */
+    d.timeout_ms = 20000;
+    assert_int_equal(dm_thread_world_run(&d, rank_accessors, &L), DM_OK);
+    assert_no_rank_failures();
+    L = 7;
+    d.local_world_size = 0;   /* one node */
+    assert_int_equal(dm_thread_world_run(&d, rank_accessors, &L), DM_OK);
+    assert_no_rank_failures();
+}
+
+static int rank_returns_code(dm_collective* c, void* user) {
+    (void)user;
+    switch (dm_rank(c)) {
+        case 2: return DM_ERR_IO;
+        case 4: return DM_ERR_NOT_FOUND;
+        default: return DM_OK;
+    }
+}
+static void test_thread_world_run_returns_lowest_failing_rank(void** state) {
+    (void)state;
+    assert_int_equal(run_world(5, rank_returns_code, NULL, 5000), DM_ERR_IO);
+    assert_int_equal(run_world(2, rank_returns_code, NULL, 5000), DM_OK);
+    assert_int_equal(run_world(0, rank_noop, NULL, 5000), DM_OK);
+}
+
+typedef struct manual_arg { dm_collective* c; int result; } manual_arg;
+static void* manual_thread(void* p) {
+    manual_arg* a = (manual_arg*)p;
+    int64_t v = dm_rank(a->c) + 1;
+    a->result = dm_all_reduce(a->c, NULL, &v, 1, DM_INT64, DM_SUM);
+    if (a->result == DM_OK && v != 10) a->result = DM_ERR_INTERNAL;
+    dm_destroy(a->c);   /* by its own thread */
+    return NULL;
+}
+static void test_thread_world_create_with_own_threads(void** state) {
+    dm_fake_desc d = {0};
+    dm_collective* cs[4];
+    pthread_t th[4];
+    manual_arg args[4];
+    int r;
+    (void)state;
+    d.world_size = 4;
+    d.timeout_ms = 20000;
+    assert_int_equal(dm_thread_world_create(&d, cs), DM_OK);
+    for (r = 0; r < 4; r++) {
+        assert_non_null(cs[r]);
+        assert_int_equal(dm_rank(cs[r]), r);
+        args[r].c = cs[r];
+        assert_int_equal(pthread_create(&th[r], NULL, manual_thread, &args[r]), 0);
+    }
+    for (r = 0; r < 4; r++) { pthread_join(th[r], NULL); assert_int_equal(args[r].result, DM_OK); }
+    d.world_size = -1;
+    assert_int_equal(dm_thread_world_create(&d, cs), DM_ERR_INVALID_ARG);
+}
+
+/* MEAN of {1, 2} in int32 is 1 and of {-1, -2} is -1 (documented examples), on two real ranks. */
+static int rank_mean_examples(dm_collective* c, void* user) {
+    int32_t v[2];
+    (void)user;
+    v[0] = dm_rank(c) + 1;
+    v[1] = -(dm_rank(c) + 1);
+    RCALL(c, dm_all_reduce(c, NULL, v, 2, DM_INT32, DM_MEAN));
+    RCHECK(v[0] == 1 && v[1] == -1);
+    return DM_OK;
+}
+static void test_thread_mean_on_integers_truncates(void** state) {
+    (void)state;
+    reset_failures();
+    assert_int_equal(run_world(2, rank_mean_examples, NULL, 10000), DM_OK);
+    assert_no_rank_failures();
+}
+
+/* A NaN on one rank reaches every rank for every float dtype and op. */
+static int rank_nan(dm_collective* c, void* user) {
+    static const dm_dtype fts[] = { DM_FLOAT16, DM_BFLOAT16, DM_FLOAT32, DM_FLOAT64 };
+    int k, op;
+    (void)user;
+    for (k = 0; k < 4; k++)
+        for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
+            unsigned char buf[3 * 8];
+            size_t es = dm_dtype_size(fts[k]);
+            store_float(fts[k], buf, 1.0);
+            store_float(fts[k], buf + es, dm_rank(c) == 2 ? NAN : 2.0);
+            store_float(fts[k], buf + 2 * es, dm_rank(c) == 0 ? NAN : -3.0);
+            RCALL(c, dm_all_reduce(c, NULL, buf, 3, fts[k], (dm_reduce_op)op));
+            RCHECK(!isnan(load_float(fts[k], buf)));
+            RCHECK(isnan(load_float(fts[k], buf + es)));
+            RCHECK(isnan(load_float(fts[k], buf + 2 * es)));
+        }
+    return DM_OK;
+}
+static void test_thread_nan_reaches_every_rank(void** state) {
+    (void)state;
+    reset_failures();
+    assert_int_equal(run_world(4, rank_nan, NULL, 10000), DM_OK);
+    assert_no_rank_failures();
+}
+
+/* Mismatched collectives: every rank gets DM_ERR_MISMATCH and a message, nobody hangs. */
+static int rank_mismatch(dm_collective* c, void* user) {
+    int kind = *(const int*)user, r = dm_rank(c);
+    float buf[8] = { 0 };
+    dm_status st;
+    switch (kind) {
+        case 0: st = dm_all_reduce(c, NULL, buf, r == 1 ? 4 : 3, DM_FLOAT32, DM_SUM); break;
+        case 1: st = dm_all_reduce(c, NULL, buf, 2, r == 1 ? DM_INT32 : DM_FLOAT32, DM_SUM); break;
+        case 2: st = dm_all_reduce(c, NULL, buf, 2, DM_FLOAT32, r == 1 ? DM_MAX : DM_SUM); break;
+        case 3: st = dm_broadcast(c, buf, 2, DM_FLOAT32, r == 1 ? 1 : 0); break;
+        default: st = r == 1 ? dm_broadcast(c, buf, 2, DM_FLOAT32, 0) : dm_all_reduce(c, NULL, buf, 2, DM_FLOAT32, DM_SUM); break;
+    }
+    RCHECK(st == DM_ERR_MISMATCH);
+    RCHECK(strlen(dm_last_error(c)) > 0);
+    return DM_OK;
+}
+static void test_thread_mismatch_detected_on_every_rank(void** state) {
+    int kind;
+    (void)state;
+    reset_failures();
+    for (kind = 0; kind < 5; kind++) {
+        assert_int_equal(run_world(3, rank_mismatch, &kind, 10000), DM_OK);
+        assert_no_rank_failures();
+    }
+}
+
+/* Timeout: rank 1 skips the third collective; the others give up after the short deadline with
+   DM_ERR_TIMEOUT naming the op and its sequence number. */
+static char g_timeout_msg[3][DM_LAST_ERROR_SIZE];
+static int rank_timeout(dm_collective* c, void* user) {
+    int r = dm_rank(c);
+    float x = 1;
+    dm_status st;
+    (void)user;
+    RCALL(c, dm_barrier(c));
+    RCALL(c, dm_all_reduce(c, NULL, &x, 1, DM_FLOAT32, DM_SUM));
+    RCALL(c, dm_set_timeout(c, 200));
+    if (r == 1) return DM_OK;
+    st = dm_all_reduce(c, NULL, &x, 1, DM_FLOAT32, DM_SUM);
+    RCHECK(st == DM_ERR_TIMEOUT);
+    RCHECK(dm_sequence(c) == 3);
+    snprintf(g_timeout_msg[r], sizeof(g_timeout_msg[r]), "%s", dm_last_error(c));
+    return DM_OK;
+}
+static void test_thread_timeout_names_op_and_sequence(void** state) {
+    struct timespec t0, t1;
+    double secs;
+    int r;
+    (void)state;
+    reset_failures();
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(run_world(3, rank_timeout, NULL, 30000), DM_OK);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_no_rank_failures();
+    secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    assert_true(secs < 10.0);
+    for (r = 0; r < 3; r += 2) {
+        if (!strstr(g_timeout_msg[r], "all_reduce") || !strstr(g_timeout_msg[r], "3"))
+            fail_msg("rank %d timeout message lacks the op or sequence number: \"%s\"", r, g_timeout_msg[r]);
+    }
+}
+
+/* ---- bad input: a status and a message each, nothing written, never a crash ---- */
+static int check_bad_input(dm_collective* c) {
+    int n = dm_world_size(c), r = dm_rank(c);
+    float f[4] = { 1, 2, 3, 4 };
+    float big[64];
+    void* recvs[8];
+    void* nulls[8] = { NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL };
+    dm_blob_list list = { NULL, 3 };
+    dm_blob objs[2] = { { f, sizeof(f) }, { f, 0 } };
+    int i;
+    const size_t huge = SIZE_MAX / 2 + 1; /* x 2 bytes (or x 2 ranks) overflows size_t */
+#define BAD(expr, want, opname) do { dm_status st_ = (expr); \
+        if (st_ != (want)) rank_fail(__LINE__, "%s -> %s, want %s", #expr, dm_status_name(st_), dm_status_name(want)); \
+        else if (strlen(dm_last_error(c)) == 0) rank_fail(__LINE__, "%s: empty dm_last_error", #expr); \
+        else if ((opname)[0] && !strstr(dm_last_error(c), (opname))) \
+            rank_fail(__LINE__, "%s: message \"%s\" does not name %s", #expr, dm_last_error(c), (opname)); \
+    } while (0)
+    for (i = 0; i < 8; i++) recvs[i] = big + 8 * i;
+    /* NULL buffers */
+    BAD(dm_all_reduce(c, f, NULL, 4, DM_FLOAT32, DM_SUM), DM_ERR_INVALID_ARG, "all_reduce");
+    BAD(dm_all_reduce(c, NULL, NULL, 4, DM_FLOAT32, DM_SUM), DM_ERR_INVALID_ARG, "all_reduce");
+    BAD(dm_all_gather(c, f, NULL, 4, DM_FLOAT32), DM_ERR_INVALID_ARG, "all_gather");
+    BAD(dm_all_gather_to_list(c, f, NULL, 4, DM_FLOAT32), DM_ERR_INVALID_ARG, "all_gather_to_list");
+    BAD(dm_all_gather_to_list(c, f, (void* const*)nulls, 4, DM_FLOAT32), DM_ERR_INVALID_ARG, "all_gather_to_list");
+    BAD(dm_reduce_scatter(c, NULL, f, 1, DM_FLOAT32, DM_SUM), DM_ERR_INVALID_ARG, "reduce_scatter");
+    BAD(dm_reduce_scatter(c, big, NULL, 1, DM_FLOAT32, DM_SUM), DM_ERR_INVALID_ARG, "reduce_scatter");
+    BAD(dm_broadcast(c, NULL, 4, DM_FLOAT32, 0), DM_ERR_INVALID_ARG, "broadcast");
+    BAD(dm_all_gather_objects(c, NULL, 4, &list), DM_ERR_INVALID_ARG, "all_gather_objects");
+    RCHECK(list.items == NULL && list.count == 0);
+    BAD(dm_all_gather_objects(c, f, 4, NULL), DM_ERR_INVALID_ARG, "all_gather_objects");
+    BAD(dm_broadcast_objects(c, NULL, 2, r, &list), DM_ERR_INVALID_ARG, "broadcast_objects");
+    BAD(dm_broadcast_objects(c, objs, 1, 0, NULL), DM_ERR_INVALID_ARG, "broadcast_objects");
+    BAD(dm_split(c, 0, 0, NULL), DM_ERR_INVALID_ARG, "split");
+    /* count * sizeof(dtype) overflows size_t (and count * world_size for the gathers) */
+    BAD(dm_all_reduce(c, NULL, f, huge, DM_FLOAT32, DM_SUM), DM_ERR_INVALID_ARG, "all_reduce");
+    BAD(dm_all_reduce(c, NULL, f, SIZE_MAX, DM_UINT64, DM_SUM), DM_ERR_INVALID_ARG, "all_reduce");
+    BAD(dm_all_gather(c, f, big, huge, DM_FLOAT64), DM_ERR_INVALID_ARG, "all_gather");
+    BAD(dm_all_gather_to_list(c, f, (void* const*)recvs, huge, DM_INT32), DM_ERR_INVALID_ARG, "all_gather_to_list");
+    BAD(dm_reduce_scatter(c, big, f, huge, DM_FLOAT16, DM_SUM), DM_ERR_INVALID_ARG, "reduce_scatter");
+    BAD(dm_broadcast(c, f, huge, DM_FLOAT32, 0), DM_ERR_INVALID_ARG, "broadcast");
+    if (n >= 2) {  /* count * size fits, count * size * world does not */
+        BAD(dm_all_gather(c, f, big, huge, DM_INT8), DM_ERR_INVALID_ARG, "all_gather");
+        BAD(dm_reduce_scatter(c, big, f, huge, DM_INT8, DM_SUM), DM_ERR_INVALID_ARG, "reduce_scatter");
+        BAD(dm_all_gather_to_list(c, f, (void* const*)recvs, huge, DM_INT8), DM_ERR_INVALID_ARG, "all_gather_to_list");
+    }
+    /* invalid dtype / op */
+    BAD(dm_all_reduce(c, NULL, f, 4, (dm_dtype)99, DM_SUM), DM_ERR_INVALID_ARG, "all_reduce");
+    BAD(dm_all_reduce(c, NULL, f, 4, (dm_dtype)-1, DM_SUM), DM_ERR_INVALID_ARG, "all_reduce");
+    BAD(dm_all_reduce(c, NULL, f, 4, DM_DTYPE_COUNT, DM_SUM), DM_ERR_INVALID_ARG, "all_reduce");
+    BAD(dm_all_reduce(c, NULL, f, 4, DM_FLOAT32, (dm_reduce_op)99), DM_ERR_INVALID_ARG, "all_reduce");
+    BAD(dm_all_reduce(c, NULL, f, 4, DM_FLOAT32, (dm_reduce_op)-1), DM_ERR_INVALID_ARG, "all_reduce");
+    BAD(dm_all_reduce(c, NULL, f, 0, (dm_dtype)99, DM_SUM), DM_ERR_INVALID_ARG, "all_reduce");
+    BAD(dm_all_gather(c, f, big, 1, (dm_dtype)99), DM_ERR_INVALID_ARG, "all_gather");
+    BAD(dm_all_gather_to_list(c, f, (void* const*)recvs, 1, (dm_dtype)99), DM_ERR_INVALID_ARG, "all_gather_to_list");
+    BAD(dm_reduce_scatter(c, big, f, 1, (dm_dtype)99, DM_SUM), DM_ERR_INVALID_ARG, "reduce_scatter");
+    BAD(dm_reduce_scatter(c, big, f, 1, DM_FLOAT32, DM_REDUCE_OP_COUNT), DM_ERR_INVALID_ARG, "reduce_scatter");
+    BAD(dm_broadcast(c, f, 1, (dm_dtype)99, 0), DM_ERR_INVALID_ARG, "broadcast");
+    /* root out of range */
+    BAD(dm_broadcast(c, f, 4, DM_FLOAT32, -1), DM_ERR_INVALID_ARG, "broadcast");
+    BAD(dm_broadcast(c, f, 4, DM_FLOAT32, n), DM_ERR_INVALID_ARG, "broadcast");
+    BAD(dm_broadcast(c, f, 4, DM_FLOAT32, INT_MAX), DM_ERR_INVALID_ARG, "broadcast");
+    BAD(dm_broadcast_objects(c, objs, 1, n, &list), DM_ERR_INVALID_ARG, "broadcast_objects");
+    BAD(dm_broadcast_objects(c, objs, 1, -1, &list), DM_ERR_INVALID_ARG, "broadcast_objects");
+    /* objects of size 0 */
+    BAD(dm_all_gather_objects(c, f, 0, &list), DM_ERR_INVALID_ARG, "all_gather_objects");
+    if (r == 0) BAD(dm_broadcast_objects(c, objs, 2, 0, &list), DM_ERR_INVALID_ARG, "broadcast_objects");
+    RCHECK(list.items == NULL && list.count == 0);
+    /* wrong in-place layouts (only meaningful where the buffers can overlap wrongly) */
+    BAD(dm_all_reduce(c, big + 1, big, 4, DM_FLOAT32, DM_SUM), DM_ERR_INVALID_ARG, "all_reduce");
+    BAD(dm_all_gather(c, big + (size_t)r * 4 + 1, big, 4, DM_FLOAT32), DM_ERR_INVALID_ARG, "all_gather");
+    BAD(dm_reduce_scatter(c, big, big + (size_t)r * 4 + 1, 4, DM_FLOAT32, DM_SUM), DM_ERR_INVALID_ARG, "reduce_scatter");
+    if (n > 1) {
+        BAD(dm_all_gather(c, big + (size_t)((r + 1) % n) * 4, big, 4, DM_FLOAT32), DM_ERR_INVALID_ARG, "all_gather");
+        BAD(dm_reduce_scatter(c, big, big + (size_t)((r + 1) % n) * 4, 4, DM_FLOAT32, DM_SUM), DM_ERR_INVALID_ARG, "reduce_scatter");
+        recvs[1] = (float*)recvs[0] + 1;   /* overlapping list entries */
+        BAD(dm_all_gather_to_list(c, NULL, (void* const*)recvs, 4, DM_FLOAT32), DM_ERR_INVALID_ARG, "all_gather_to_list");
+        recvs[1] = big + 8;
+        BAD(dm_all_gather_to_list(c, recvs[(r + 1) % n], (void* const*)recvs, 4, DM_FLOAT32), DM_ERR_INVALID_ARG, "all_gather_to_list");
+    }
+#undef BAD
+    RCHECK(f[0] == 1 && f[1] == 2 && f[2] == 3 && f[3] == 4);
+    /* the collective still works afterwards, and success clears the message */
+    RCALL(c, dm_all_reduce(c, NULL, f, 4, DM_FLOAT32, DM_MAX));
+    RCHECK(strcmp(dm_last_error(c), "") == 0);
+    RCHECK(f[0] == 1 && f[3] == 4);
+    return DM_OK;
+}
+static int rank_bad_input(dm_collective* c, void* user) { (void)user; return check_bad_input(c); }
+static void test_bad_input_on_fake_and_thread_worlds(void** state) {
+    dm_collective* c;
+    (void)state;
+    reset_failures();
+    c = make_fake(1, 0);
+    assert_int_equal(check_bad_input(c), DM_OK);
+    dm_destroy(c);
+    c = make_fake(4, 2);
+    assert_int_equal(check_bad_input(c), DM_OK);
+    dm_destroy(c);
+    assert_no_rank_failures();
+    /* every rank passes the same bad arguments: each fails locally before communicating */
+    assert_int_equal(run_world(3, rank_bad_input, NULL, 20000), DM_OK);
+    assert_no_rank_failures();
+}
+
+/* ---- logger (STYLE B6): errors are logged with their status, and recorded without a logger ---- */
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static dm_status g_logged[64];
+static char g_logged_msg[64][DM_LAST_ERROR_SIZE];
+static int g_nlogged;
+static void capture_log(dm_log_level lvl, dm_status code, const char* msg, const char* file, int line, void* ud) {
+    (void)file; (void)line;
+    pthread_mutex_lock(&g_log_mu);
+    if (g_nlogged < 64 && lvl == DM_LOG_ERROR && ud == (void*)&g_nlogged) {
+        g_logged[g_nlogged] = code;
+        snprintf(g_logged_msg[g_nlogged], DM_LAST_ERROR_SIZE, "%s", msg);
+        g_nlogged++;
+    }
+    pthread_mutex_unlock(&g_log_mu);
+}
+static int rank_logged_mismatch(dm_collective* c, void* user) {
+    float x[2] = { 0, 0 };
+    (void)user;
+    RCHECK(dm_all_reduce(c, NULL, x, dm_rank(c) == 0 ? 1 : 2, DM_FLOAT32, DM_SUM) == DM_ERR_MISMATCH);
+    return DM_OK;
+}
+static void test_logger_captures_failures(void** state) {
+    dm_fake_desc d = {0};
+    dm_collective* c = NULL;
+    float x = 1;
+    int i;
+    (void)state;
+    g_nlogged = 0;
+    d.logger.func = capture_log;
+    d.logger.user_data = &g_nlogged;
+    assert_int_equal(dm_fake_create(&d, &c), DM_OK);
+    assert_int_equal(dm_all_reduce(c, NULL, &x, 1, (dm_dtype)99, DM_SUM), DM_ERR_INVALID_ARG);
+    assert_int_equal(g_nlogged, 1);
+    assert_int_equal(g_logged[0], DM_ERR_INVALID_ARG);
+    assert_string_equal(g_logged_msg[0], dm_last_error(c));
+    assert_int_equal(dm_broadcast(c, &x, 1, DM_FLOAT32, 3), DM_ERR_INVALID_ARG);
+    assert_int_equal(g_nlogged, 2);
+    assert_int_equal(dm_all_reduce(c, NULL, &x, 1, DM_FLOAT32, DM_SUM), DM_OK);
+    assert_int_equal(g_nlogged, 2);                 /* success logs no error */
+    dm_destroy(c);
+    /* a bad desc is logged through the desc's logger */
+    d.world_size = 2;
+    d.rank = 5;
+    assert_int_equal(dm_fake_create(&d, &c), DM_ERR_INVALID_ARG);
+    assert_int_equal(g_nlogged, 3);
+    assert_int_equal(g_logged[2], DM_ERR_INVALID_ARG);
+    assert_true(strlen(g_logged_msg[2]) > 0);
+    /* threaded world: called from every rank thread */
+    g_nlogged = 0;
+    d.world_size = 3;
+    d.rank = 0;
+    d.timeout_ms = 10000;
+    reset_failures();
+    assert_int_equal(dm_thread_world_run(&d, rank_logged_mismatch, NULL), DM_OK);
+    assert_no_rank_failures();
+    assert_int_equal(g_nlogged, 3);
+    for (i = 0; i < 3; i++) assert_int_equal(g_logged[i], DM_ERR_MISMATCH);
+    /* dm_log_stderr is a usable logger */
+    d.logger.func = dm_log_stderr;
+    d.world_size = 1;
+    assert_int_equal(dm_fake_create(&d, &c), DM_OK);
+    assert_int_equal(dm_broadcast(c, &x, 1, DM_FLOAT32, 1), DM_ERR_INVALID_ARG);
+    dm_destroy(c);
+}
+
+/* ---- allocator hooks: every byte goes through them and comes back ---- */
+static atomic_long g_allocs, g_frees;
+static void* count_alloc(size_t size, void* ud) {
+    if (ud != (void*)&g_allocs) return NULL;
+    atomic_fetch_add(&g_allocs, 1);
+    return malloc(size);
+}
+static void count_free(void* p, void* ud) {
+    if (ud != (void*)&g_allocs || !p) return;
+    atomic_fetch_add(&g_frees, 1);
+    free(p);
+}
+static int rank_alloc_work(dm_collective* c, void* user) {
+    dm_blob_list list;
+    dm_collective* s = NULL;
+    int v = 1;
+    (void)user;
+    RCALL(c, dm_all_gather_objects(c, "abc", 3, &list));
+    dm_blob_list_free(c, &list);
+    RCALL(c, dm_split(c, dm_rank(c) % 2, 0, &s));
+    RCALL(s, dm_all_reduce(s, NULL, &v, 1, DM_INT32, DM_SUM));
+    dm_destroy(s);
+    RCHECK(dm_local(c) != NULL);
+    return DM_OK;
+}
+static void test_allocator_hooks_see_every_allocation(void** state) {
+    dm_fake_desc d = {0};
+    dm_collective* c = NULL;
+    dm_blob_list list;
+    (void)state;
+    reset_failures();
+    atomic_store(&g_allocs, 0);
+    atomic_store(&g_frees, 0);
+    d.allocator.alloc_fn = count_alloc;
+    d.allocator.free_fn = count_free;
+    d.allocator.user_data = &g_allocs;
+    assert_int_equal(dm_fake_create(&d, &c), DM_OK);
+    assert_int_equal(dm_all_gather_objects(c, "x", 1, &list), DM_OK);
+    dm_blob_list_free(c, &list);
+    assert_non_null(dm_local(c));
+    dm_destroy(c);
+    assert_true(atomic_load(&g_allocs) > 0);
+    assert_int_equal(atomic_load(&g_allocs), atomic_load(&g_frees));
+    d.world_size = 4;
+    d.timeout_ms = 20000;
+    assert_int_equal(dm_thread_world_run(&d, rank_alloc_work, NULL), DM_OK);
+    assert_no_rank_failures();
+    assert_int_equal(atomic_load(&g_allocs), atomic_load(&g_frees));
+}
+
+/* Count 0: every collective succeeds and writes nothing. */
+static int rank_count0(dm_collective* c, void* user) {
+    unsigned char canary[64];
+    void* recvs[8];
+    int i;
+    (void)user;
+    memset(canary, 0xcd, sizeof(canary));
+    for (i = 0; i < 8; i++) recvs[i] = canary;
+    RCALL(c, dm_all_reduce(c, canary, canary + 8, 0, DM_FLOAT64, DM_SUM));
+    RCALL(c, dm_all_gather(c, canary, canary + 8, 0, DM_FLOAT64));
+    RCALL(c, dm_all_gather_to_list(c, canary, (void* const*)recvs, 0, DM_FLOAT64));
+    RCALL(c, dm_reduce_scatter(c, canary, canary + 8, 0, DM_FLOAT64, DM_MEAN));
+    RCALL(c, dm_broadcast(c, canary, 0, DM_FLOAT64, dm_world_size(c) - 1));
+    for (i = 0; i < 64; i++) RCHECK(canary[i] == 0xcd);
+    return DM_OK;
+}
+static void test_count_zero_writes_nothing(void** state) {
+    dm_collective* c = make_fake(1, 0);
+    (void)state;
+    reset_failures();
+    assert_int_equal(rank_count0(c, NULL), DM_OK);
+    dm_destroy(c);
+    assert_int_equal(run_world(3, rank_count0, NULL, 10000), DM_OK);
+    assert_no_rank_failures();
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_names_and_texts),
         cmocka_unit_test(test_fake_world1_accessors),
+        cmocka_unit_test(test_fake_world1_collectives_leave_data),
+        cmocka_unit_test(test_fake_world1_broadcast_from_other_root_fails),
+        cmocka_unit_test(test_fake_world1_split_and_local),
+        cmocka_unit_test(test_fake_simulated_world_matches_ranks_with_same_data),
+        cmocka_unit_test(test_fake_simulated_world_documented_results),
+        cmocka_unit_test(test_fake_create_rejects_bad_desc),
+        cmocka_unit_test(test_thread_world_accessors_and_nodes),
+        cmocka_unit_test(test_thread_world_run_returns_lowest_failing_rank),
+        cmocka_unit_test(test_thread_world_create_with_own_threads),
+        cmocka_unit_test(test_thread_mean_on_integers_truncates),
+        cmocka_unit_test(test_thread_nan_reaches_every_rank),
+        cmocka_unit_test(test_thread_mismatch_detected_on_every_rank),
+        cmocka_unit_test(test_thread_timeout_names_op_and_sequence),
+        cmocka_unit_test(test_bad_input_on_fake_and_thread_worlds),
+        cmocka_unit_test(test_logger_captures_failures),
+        cmocka_unit_test(test_allocator_hooks_see_every_allocation),
+        cmocka_unit_test(test_count_zero_writes_nothing),
         cmocka_unit_test(test_thread_barrier_every_world),
         cmocka_unit_test(test_thread_objects_every_world),
         cmocka_unit_test(test_thread_data_movement_every_world_dtype_count),
