@@ -29,6 +29,7 @@
 #include <cmocka.h>
 
 static char g_store_dir[256];
+static char g_store_url[300];   /* "" = the file store in g_store_dir */
 static int g_run_id;
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -318,7 +319,8 @@ typedef int (*rank_body)(dm_collective* c, int rank, int world, void* arg);
 
 static void make_desc(dm_tcp_desc* d, int rank, int world, char* url, size_t cap, char* prefix, size_t pcap) {
     memset(d, 0, sizeof(*d));
-    snprintf(url, cap, "file://%s", g_store_dir);
+    if (g_store_url[0]) snprintf(url, cap, "%s", g_store_url);
+    else snprintf(url, cap, "file://%s", g_store_dir);
     snprintf(prefix, pcap, "run%d/", g_run_id);
     d->rank = rank;
     d->world_size = world;
@@ -357,7 +359,7 @@ static int run_world_ex(int world, rank_body body, void* arg, double limit_s, bo
             }
             rc = body(c, r, world, arg);
             dm_destroy(c);
-            _exit(rc ? 1 : 0);
+            exit(rc ? 1 : 0);   /* exit, not _exit: LeakSanitizer runs at exit */
         }
         pids[r] = p;
     }
@@ -635,6 +637,76 @@ static void test_dm_init(void** s) {
     assert_int_equal(run_world_ex(2, body_init, NULL, 30, false), 0);
 }
 
+/* The c10d-protocol TCP store served by this (parent) process on an ephemeral port; the ranks
+   are its clients. */
+static int body_small(dm_collective* c, int rank, int world, void* arg) {
+    dm_collective* sub = NULL;
+    int32_t v = rank;
+    (void)arg;
+    RST(dm_all_reduce(c, NULL, &v, 1, DM_INT32, DM_SUM));
+    RCHECK(v == world * (world - 1) / 2);
+    RCHECK(suite_all_reduce(c, 70001, DM_BFLOAT16, DM_MAX, false, 9) == 0);
+    RST(dm_split(c, rank % 2, rank, &sub));
+    v = 1;
+    RST(dm_all_reduce(sub, NULL, &v, 1, DM_INT32, DM_SUM));
+    RCHECK(v == dm_world_size(sub));
+    dm_destroy(sub);
+    return 0;
+}
+static void test_tcp_store_clients(void** s) {
+    dm_store_desc sd;
+    dm_store* server = NULL;
+    int failed;
+    (void)s;
+    memset(&sd, 0, sizeof(sd));
+    sd.url = "tcp://127.0.0.1:0";
+    sd.is_server = true;
+    sd.timeout_ms = 30000;
+    assert_int_equal(dm_store_create(&sd, &server), DM_OK);
+    snprintf(g_store_url, sizeof(g_store_url), "tcp://127.0.0.1:%d", dm_store_port(server));
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);   /* we are the agent: rank 0 is a client */
+    failed = run_world(4, body_small, NULL, 60);
+    unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+    g_store_url[0] = 0;
+    dm_store_destroy(server);
+    assert_int_equal(failed, 0);
+}
+
+/* dm_init as torchrun starts it: MASTER_ADDR / MASTER_PORT, rank 0 hosting the store. */
+static int g_free_port;
+static int body_init_hosted(dm_collective* c, int rank, int world, void* arg) {
+    char v[32];
+    dm_collective* x = NULL;
+    dm_init_desc id;
+    (void)c; (void)arg;
+    snprintf(v, sizeof(v), "%d", rank); setenv("RANK", v, 1);
+    snprintf(v, sizeof(v), "%d", world); setenv("WORLD_SIZE", v, 1);
+    snprintf(v, sizeof(v), "%d", g_free_port); setenv("MASTER_PORT", v, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    unsetenv("DISTMESH_STORE");
+    unsetenv("DISTMESH_SOCKET_IFNAME");
+    memset(&id, 0, sizeof(id));
+    id.timeout_ms = 20000;
+    RCHECK(dm_init(&id, &x) == DM_OK);
+    RCHECK(body_small(x, rank, world, NULL) == 0);
+    RST(dm_barrier(x));   /* rank 0's store outlives everyone's split */
+    dm_destroy(x);
+    return 0;
+}
+static void test_dm_init_hosted_store(void** s) {
+    dm_store_desc sd;
+    dm_store* probe = NULL;
+    (void)s;
+    /* an ephemeral port that is free right now */
+    memset(&sd, 0, sizeof(sd));
+    sd.url = "tcp://127.0.0.1:0";
+    sd.is_server = true;
+    assert_int_equal(dm_store_create(&sd, &probe), DM_OK);
+    g_free_port = dm_store_port(probe);
+    dm_store_destroy(probe);
+    assert_int_equal(run_world_ex(3, body_init_hosted, NULL, 60, false), 0);
+}
+
 /* ---- netns: 3 namespaces on a bridge, one rank each (tests/netns_test.sh) ------------------ */
 static void test_netns(void** s) {
     char cmd[1024], self[512];
@@ -693,6 +765,8 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_fault_kill),
         cmocka_unit_test(test_fault_stop),
         cmocka_unit_test(test_dm_init),
+        cmocka_unit_test(test_tcp_store_clients),
+        cmocka_unit_test(test_dm_init_hosted_store),
         cmocka_unit_test(test_netns),
     };
     signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
