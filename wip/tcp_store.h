@@ -1308,8 +1308,9 @@ _DM_PRIVATE dm_status _dm_store_tcp_connect(dm_store* s) {
         } else {
             for (ai = res; ai; ai = ai->ai_next) {
                 int fd = -1;
-                last = _dm_store_try_connect(ai, deadline, &fd);
-                if (last == 0) { sh->fd = fd; break; }
+                int r = _dm_store_try_connect(ai, deadline, &fd);
+                if (r == 0) { sh->fd = fd; last = 0; break; }
+                if (r != UV_ETIMEDOUT || !last) last = r;   /* keep the real cause over our deadline */
             }
             freeaddrinfo(res);
             if (last == 0) return DM_OK;
@@ -1318,11 +1319,13 @@ _DM_PRIVATE dm_status _dm_store_tcp_connect(dm_store* s) {
                                       "tcp-store: %s:%d is not a torch 2.x TCPStore (wrong PING reply)",
                                       sh->host, sh->port);
         }
-        if (deadline != INT64_MAX && _dm_now_ms() + backoff > deadline) break;
-        {
+        {   /* sleep the backoff, or what is left of the timeout */
+            int64_t left = deadline == INT64_MAX ? backoff : deadline - _dm_now_ms();
             struct timespec ts;
-            ts.tv_sec = backoff / 1000;
-            ts.tv_nsec = (long)(backoff % 1000) * 1000000L;
+            if (left <= 0) break;
+            if (left > backoff) left = backoff;
+            ts.tv_sec = (time_t)(left / 1000);
+            ts.tv_nsec = (long)(left % 1000) * 1000000L;
             nanosleep(&ts, NULL);
         }
         backoff = backoff * 2 > 500 ? 500 : backoff * 2;

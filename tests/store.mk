@@ -1,0 +1,19 @@
+# tcp-store fragment: the rendezvous stores (TCP server + client, file store) of distmesh_tcp.h.
+# tests/impl.c again with DISTMESH_TCP into $(BUILD)/store/, plus tests/test_store.c (cmocka).
+# Registered once distmesh_tcp.h exists (it includes the store section).
+ifneq ($(wildcard distmesh_tcp.h),)
+STORE_TEST_BINS := $(BUILD)/store/test_store
+TEST_BINS += $(STORE_TEST_BINS)
+endif
+
+$(BUILD)/store/impl.o: tests/impl.c distmesh.h distmesh_tcp.h $(wildcard wip/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
+
+$(BUILD)/store/test_store: tests/test_store.c $(BUILD)/store/impl.o
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/store/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
+
+.PHONY: test-store
+test-store: $(STORE_TEST_BINS)
+	@bash tests/run.sh $(TEST_TIMEOUT) $(STORE_TEST_BINS)
