@@ -338,8 +338,7 @@ typedef struct _dm_srv_client {
 
 typedef struct _dm_srv_write {
     uv_write_t req;
-    const dm_allocator* a;
-    uv_buf_t buf;               /* bytes follow the struct in the same allocation */
+    const dm_allocator* a;      /* the bytes follow the struct in the same allocation */
 } _dm_srv_write;
 
 /* -- the map -- */
@@ -437,16 +436,17 @@ _DM_PRIVATE void _dm_srv_on_written(uv_write_t* req, int status) {
 /* Queues bytes for the client (copied); a failure closes the client. */
 _DM_PRIVATE void _dm_srv_send(_dm_srv_client* c, const void* d, size_t n) {
     _dm_srv_write* w;
+    uv_buf_t buf;
     int rc;
     if (c->closing) return;
     w = (_dm_srv_write*)_dm_malloc(&c->srv->allocator, sizeof(*w) + n);
     if (!w) { _dm_srv_close_client(c); return; }
     w->a = &c->srv->allocator;
     memcpy((unsigned char*)(w + 1), d, n);
-    w->buf.base = (char*)(w + 1);
-    w->buf.len = n;
+    buf.base = (char*)(w + 1);
+    buf.len = n;
     w->req.data = w;
-    rc = uv_write(&w->req, (uv_stream_t*)&c->tcp, &w->buf, 1, _dm_srv_on_written);
+    rc = uv_write(&w->req, (uv_stream_t*)&c->tcp, &buf, 1, _dm_srv_on_written); /* copies buf */
     if (rc < 0) {
         _dm_free(w->a, w);
         _dm_srv_close_client(c);
