@@ -1367,7 +1367,7 @@ _DM_PRIVATE dm_status _dm_fstore_errno(dm_store* s, const char* what, const char
                           "tcp-store: file store %s %s failed (%s)", what, path,
                           _dm_store_uv_cause(uvc, cause, sizeof(cause)));
 }
-_DM_PRIVATE void _dm_sleep_ms(int ms) {
+_DM_PRIVATE void _dm_store_sleep_ms(int ms) {
     struct timespec ts;
     ts.tv_sec = ms / 1000;
     ts.tv_nsec = (long)(ms % 1000) * 1000000L;
@@ -1445,7 +1445,7 @@ _DM_PRIVATE dm_status _dm_fstore_lock(dm_store* s, int* out_fd) {
             return _DM_STORE_FAIL(s, DM_ERR_TIMEOUT, "tcp-store: file store lock %s timed out after %d ms (ETIMEDOUT)",
                                   path, s->timeout_ms);
         }
-        _dm_sleep_ms(backoff);
+        _dm_store_sleep_ms(backoff);
         backoff = backoff * 2 > 20 ? 20 : backoff * 2;
     }
     *out_fd = fd;
@@ -1482,7 +1482,7 @@ _DM_PRIVATE dm_status _dm_fstore_wait(dm_store* s, unsigned char* const* keys, c
         }
         {
             int64_t left = deadline - _dm_now_ms();
-            _dm_sleep_ms(left < backoff ? (int)(left > 0 ? left : 1) : backoff);
+            _dm_store_sleep_ms(left < backoff ? (int)(left > 0 ? left : 1) : backoff);
         }
         backoff = backoff * 2 > 50 ? 50 : backoff * 2;
     }
