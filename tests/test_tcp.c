@@ -678,21 +678,40 @@ static int body_small(dm_collective* c, int rank, int world, void* arg) {
     return 0;
 }
 static void test_tcp_store_clients(void** s) {
-    dm_store_desc sd;
-    dm_store* server = NULL;
-    int failed;
+    int pfd[2], port = 0, failed;
+    pid_t agent;
     (void)s;
-    memset(&sd, 0, sizeof(sd));
-    sd.url = "tcp://127.0.0.1:0";
-    sd.is_server = true;
-    sd.timeout_ms = 30000;
-    assert_int_equal(dm_store_create(&sd, &server), DM_OK);
-    snprintf(g_store_url, sizeof(g_store_url), "tcp://127.0.0.1:%d", dm_store_port(server));
-    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);   /* we are the agent: rank 0 is a client */
-    failed = run_world(4, body_small, NULL, 60);
-    unsetenv("TORCHELASTIC_USE_AGENT_STORE");
-    g_store_url[0] = 0;
-    dm_store_destroy(server);
+    /* the store lives in a forked "agent" process, so the ranks forked from this one do not
+       inherit a half-copied server thread */
+    assert_int_equal(pipe(pfd), 0);
+    fflush(stdout); fflush(stderr);
+    agent = fork();
+    if (agent == 0) {
+        dm_store_desc sd;
+        dm_store* server = NULL;
+        close(pfd[0]);
+        alarm(90);
+        memset(&sd, 0, sizeof(sd));
+        sd.url = "tcp://127.0.0.1:0";
+        sd.is_server = true;
+        sd.timeout_ms = 30000;
+        if (dm_store_create(&sd, &server) == DM_OK) port = dm_store_port(server);
+        if (write(pfd[1], &port, sizeof(port)) != (ssize_t)sizeof(port)) _exit(1);
+        for (;;) pause();   /* until the test kills it */
+    }
+    close(pfd[1]);
+    if (read(pfd[0], &port, sizeof(port)) != (ssize_t)sizeof(port)) port = 0;
+    close(pfd[0]);
+    failed = port > 0 ? 0 : 1;
+    if (!failed) {
+        snprintf(g_store_url, sizeof(g_store_url), "tcp://127.0.0.1:%d", port);
+        setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);   /* rank 0 is a client too */
+        failed = run_world(4, body_small, NULL, 60);
+        unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+        g_store_url[0] = 0;
+    }
+    kill(agent, SIGKILL);
+    waitpid(agent, NULL, 0);
     assert_int_equal(failed, 0);
 }
 
