@@ -13,7 +13,10 @@
        #define DISTMESH_IMPLEMENTATION
        #include "distmesh.h"
 
-   every other file includes "distmesh.h" plainly. Pass backend macros as -D flags so every
+   every other file includes "distmesh.h" plainly. The implementation needs POSIX 2008 from
+   glibc: include it before any other header of that file (it then defines _GNU_SOURCE), or
+   compile that file with -D_GNU_SOURCE, which also allows a plain include first and the
+   implementation later in the same file. Pass backend macros as -D flags so every
    translation unit agrees.
 
    OPTIONS (define before including, or pass with -D)
@@ -197,10 +200,14 @@ typedef struct dm_env {
    - world_size 0 or 1: exactly Optimus-DL's FakeCollective: barrier does nothing, all_reduce
      leaves the data (MEAN divides by 1), all_gather copies the input, broadcast needs root 0.
    - world_size N > 1 with dm_fake_create: one simulated member (desc.rank) of N ranks that
-     all hold the same data. all_reduce: SUM -> x*N, PROD -> x^N, MAX/MIN/MEAN -> x; all_gather
-     copies the input into every slot; reduce_scatter returns this rank's block reduced as above;
-     broadcast from any root leaves the data; objects: every rank's object equals this one's.
-     Integer SUM/PROD wrap as unsigned arithmetic does; floats round at each step.
+     all hold the same data. all_reduce gives what N real ranks holding x would: x op x ... op x
+     (N times) -- SUM x*N, PROD x^N, MAX/MIN x, MEAN (x added N times)/N, which is x where
+     nothing wraps or rounds; integers wrap as unsigned arithmetic does, floats round at each
+     step. all_gather copies the input into every slot; reduce_scatter returns this rank's block
+     reduced as above; broadcast from any root leaves the data; all_gather_objects returns N
+     copies of this rank's object; broadcast_objects from a root other than desc.rank returns an
+     empty list (a simulated rank holds no other rank's objects); split and the mesh give
+     simulated groups of the expected size.
    - dm_thread_world_create / _run: N real ranks on N threads that exchange data through
      shared memory, with fingerprint checks (mismatched collectives -> DM_ERR_MISMATCH on every
      rank) and deadlines. Results are reduced in rank order 0..N-1 (a serial reference computed
@@ -255,7 +262,7 @@ DM_API float dm_half_to_float(uint16_t h);
 DM_API uint16_t dm_float_to_bfloat16(float f);        /* round to nearest even; NaN stays NaN */
 DM_API float dm_bfloat16_to_float(uint16_t b);
 /* dst[i] = dst[i] op src[i] for i < count (MEAN accumulates like SUM). The kernel every backend
-   uses; exposed for tests and custom algorithms. */
+   uses; exposed for tests and custom algorithms. dst and src must not overlap. */
 DM_API dm_status dm_reduce_local(dm_dtype dtype, dm_reduce_op op, void* dst, const void* src,
                                  size_t count);
 /* buf[i] /= divisor, the final step of MEAN (integer: truncating). */
@@ -444,6 +451,13 @@ struct dm_collective {
 #include <time.h>
 #include <pthread.h>
 #include <unistd.h>
+
+/* glibc hides clock_gettime, gethostname and pthread_condattr_setclock under strict -std=c11
+   unless _GNU_SOURCE (or _POSIX_C_SOURCE >= 200809L) was defined before the TU's first system
+   header: say so plainly instead of failing with implicit declarations. */
+#if defined(__GLIBC__) && (!defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 200809L)
+#error "distmesh implementation needs POSIX 2008: include distmesh.h with DISTMESH_IMPLEMENTATION defined before any other header of this file (or compile with -D_GNU_SOURCE)"
+#endif
 
 #ifndef DM_ASSERT
 #include <assert.h>
@@ -805,6 +819,7 @@ _DM_PRIVATE bool _dm_env_timeout(int* out_ms) {
     sec = strtod(s, &end);
     if (!*s || errno != 0 || *end != 0 || sec != sec || sec > 2000000.0) return false;
     if (sec < 0) *out_ms = -1;
+    else if (sec == 0) *out_ms = 0;                 /* 0 means the default, as in every desc */
     else *out_ms = sec * 1000.0 < 1.0 ? 1 : (int)(sec * 1000.0);
     return true;
 }
@@ -824,26 +839,32 @@ typedef struct _dm_env_source {
     const char* local_world;
 } _dm_env_source;
 
-/* Slurm's SLURM_TASKS_PER_NODE is "4(x2),3": tasks on node SLURM_NODEID (default 0). */
+/* Slurm's SLURM_TASKS_PER_NODE is "4(x2),3": tasks on node SLURM_NODEID (default 0). The whole
+   string is checked, so trailing junk ("4,", "4(x2)3") is an error, not a guess. */
 _DM_PRIVATE bool _dm_slurm_tasks_on_node(const char* spec, int node, int* out) {
     const char* p = spec;
+    bool found = false;
     while (*p) {
         char* end = NULL;
         long tasks = strtol(p, &end, 10), repeat = 1;
-        if (end == p || tasks <= 0) return false;
+        if (end == p || tasks <= 0 || tasks > INT_MAX || *p == '-' || *p == '+' || *p == ' ') return false;
         p = end;
         if (*p == '(') {
-            if (p[1] != 'x') return false;
+            if (p[1] != 'x' || p[2] < '1' || p[2] > '9') return false;
             repeat = strtol(p + 2, &end, 10);
-            if (end == p + 2 || *end != ')' || repeat <= 0) return false;
+            if (*end != ')' || repeat <= 0) return false;
             p = end + 1;
         }
-        if (node < repeat) { *out = (int)tasks; return true; }
-        node -= (int)repeat;
-        if (*p == ',') p++;
-        else if (*p) return false;
+        if (!found && node < repeat) { *out = (int)tasks; found = true; }
+        if (!found) node -= (int)repeat;
+        if (*p == ',') {
+            p++;
+            if (!*p) return false;
+        } else if (*p) {
+            return false;
+        }
     }
-    return false;
+    return found;
 }
 
 _DM_PRIVATE bool _dm_env_slurm_local_world(dm_env* env, int* out, bool* found) {
@@ -862,8 +883,12 @@ _DM_PRIVATE bool _dm_env_slurm_local_world(dm_env* env, int* out, bool* found) {
     return true;
 }
 
+/* Which variables the final rank / world / local values came from, for error messages. */
+typedef struct _dm_env_vars { const char *rank, *world, *local_rank, *local_world; } _dm_env_vars;
+
 /* Reads one source. Returns false on a malformed value; *used says whether it applied. */
-_DM_PRIVATE bool _dm_env_read_source(dm_env* env, const _dm_env_source* src, bool* used) {
+_DM_PRIVATE bool _dm_env_read_source(dm_env* env, const _dm_env_source* src, _dm_env_vars* vars,
+                                      bool* used) {
     int rank = 0, world = 1, lrank = 0, lworld = 0;
     bool has_rank = false, has_world = false, has_lrank = false, has_lworld = false;
     *used = false;
@@ -885,24 +910,28 @@ _DM_PRIVATE bool _dm_env_read_source(dm_env* env, const _dm_env_source* src, boo
     env->world_size = world;
     /* Without local information the world is taken to be one node. */
     env->local_rank = has_lrank ? lrank : rank;
-    env->local_world_size = has_lworld ? lworld : (has_lrank ? world : world);
+    env->local_world_size = has_lworld ? lworld : world;
     env->source = src->source;
+    vars->rank = src->rank;
+    vars->world = src->world;
+    vars->local_rank = has_lrank ? src->local_rank : src->rank;
+    vars->local_world = has_lworld ? (src->local_world ? src->local_world : "SLURM_TASKS_PER_NODE") : src->world;
     *used = true;
     return true;
 }
 
 /* DISTMESH_* variables override single fields of whatever the launcher said. */
-_DM_PRIVATE bool _dm_env_overrides(dm_env* env) {
+_DM_PRIVATE bool _dm_env_overrides(dm_env* env, _dm_env_vars* vars) {
     int v = 0;
     bool found = false;
     if (!_dm_env_int(env, "DISTMESH_RANK", 0, &v, &found)) return false;
-    if (found) { env->rank = v; env->source = "distmesh"; }
+    if (found) { env->rank = v; env->source = "distmesh"; vars->rank = "DISTMESH_RANK"; }
     if (!_dm_env_int(env, "DISTMESH_WORLD_SIZE", 1, &v, &found)) return false;
-    if (found) { env->world_size = v; env->source = "distmesh"; }
+    if (found) { env->world_size = v; env->source = "distmesh"; vars->world = "DISTMESH_WORLD_SIZE"; }
     if (!_dm_env_int(env, "DISTMESH_LOCAL_RANK", 0, &v, &found)) return false;
-    if (found) env->local_rank = v;
+    if (found) { env->local_rank = v; vars->local_rank = "DISTMESH_LOCAL_RANK"; }
     if (!_dm_env_int(env, "DISTMESH_LOCAL_WORLD_SIZE", 1, &v, &found)) return false;
-    if (found) env->local_world_size = v;
+    if (found) { env->local_world_size = v; vars->local_world = "DISTMESH_LOCAL_WORLD_SIZE"; }
     return true;
 }
 
@@ -924,16 +953,20 @@ _DM_PRIVATE bool _dm_env_master(dm_env* env) {
     return true;
 }
 
-_DM_PRIVATE bool _dm_env_check(dm_env* env) {
+_DM_PRIVATE bool _dm_env_check(dm_env* env, const _dm_env_vars* v) {
     if (env->rank >= env->world_size) {
-        snprintf(env->error, sizeof(env->error), "env: rank %d (from %s) is not below world size %d",
-                 env->rank, env->source, env->world_size);
+        snprintf(env->error, sizeof(env->error), "env: %s=%d is not below %s=%d (from %s)",
+                 v->rank, env->rank, v->world, env->world_size, env->source);
         return false;
     }
-    if (env->local_world_size > env->world_size || env->local_rank >= env->local_world_size) {
-        snprintf(env->error, sizeof(env->error),
-                 "env: local rank %d / local world size %d (from %s) do not fit world size %d",
-                 env->local_rank, env->local_world_size, env->source, env->world_size);
+    if (env->local_world_size > env->world_size) {
+        snprintf(env->error, sizeof(env->error), "env: %s=%d is larger than %s=%d (from %s)",
+                 v->local_world, env->local_world_size, v->world, env->world_size, env->source);
+        return false;
+    }
+    if (env->local_rank >= env->local_world_size) {
+        snprintf(env->error, sizeof(env->error), "env: %s=%d is not below %s=%d (from %s)",
+                 v->local_rank, env->local_rank, v->local_world, env->local_world_size, env->source);
         return false;
     }
     return true;
@@ -949,20 +982,21 @@ DM_API_IMPL dm_status dm_env_detect(dm_env* out) {
     };
     size_t i;
     bool used = false;
+    _dm_env_vars vars = { "(default)", "(default)", "(default)", "(default)" };
     if (!out) return DM_ERR_INVALID_ARG;
     memset(out, 0, sizeof(*out));
     out->world_size = 1;
     out->local_world_size = 1;
     out->source = "default";
     for (i = 0; i < sizeof(sources) / sizeof(sources[0]) && !used; i++)
-        if (!_dm_env_read_source(out, &sources[i], &used)) return DM_ERR_ENV;
-    if (!_dm_env_overrides(out) || !_dm_env_master(out)) return DM_ERR_ENV;
+        if (!_dm_env_read_source(out, &sources[i], &vars, &used)) return DM_ERR_ENV;
+    if (!_dm_env_overrides(out, &vars) || !_dm_env_master(out)) return DM_ERR_ENV;
     if (!_dm_env_timeout(&out->timeout_ms)) {
         snprintf(out->error, sizeof(out->error),
                  "env: DISTMESH_TIMEOUT=\"%.64s\" is not a number of seconds", getenv("DISTMESH_TIMEOUT"));
         return DM_ERR_ENV;
     }
-    if (!_dm_env_check(out)) return DM_ERR_ENV;
+    if (!_dm_env_check(out, &vars)) return DM_ERR_ENV;
     out->is_distributed = out->world_size > 1;
     return DM_OK;
 }
