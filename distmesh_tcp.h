@@ -53,7 +53,2199 @@
 #error "include distmesh.h with DISTMESH_TCP defined instead"
 #endif
 
-#include "wip/tcp_store.h"
+/* >>store  Rendezvous stores of the TCP backend.
+
+   A dm_store is a key-value store shared by the ranks of a job, reached by URL:
+
+       tcp://host:port       PyTorch c10d TCPStore, torch 2.x wire protocol. The process with
+       tcp://[::1]:port      is_server hosts the server on its own thread (libuv, own loop);
+                             every store (server process included) is a client over TCP.
+       file:///abs/dir       one file per key in a shared directory (NFS, local disk).
+
+   desc.url 0 -> $DISTMESH_STORE, else tcp://$MASTER_ADDR:$MASTER_PORT. With
+   TORCHELASTIC_USE_AGENT_STORE=True (torchrun >= 2.x) the agent already serves the store on
+   MASTER_PORT, so is_server is ignored and every rank is a client.
+
+   Interop with torch: torch's TCPStore client prepends "/" to every key and torch's PrefixStore
+   joins with "/": torch's PrefixStore("default_pg", store).set("x") is the wire key
+   "/default_pg/x". A distmesh store with prefix "/default_pg/" sees the same keys.
+
+   Semantics follow c10d: get waits for the key (WAIT then GET) until the timeout; add keeps the
+   value as decimal text ("42"); compare_set on a missing key sets it only when `expected` is
+   empty and returns the value now held (or `expected` when the key is missing and nothing was
+   set); wait/get that time out return DM_ERR_TIMEOUT naming the keys; EOF or reset from the
+   server -> DM_ERR_PEER_LOST, and the store is unusable afterwards (destroy it).
+
+   Threads: every call on a store (and on its clones, which share its connection) holds the
+   store's mutex for the whole request, so several threads may share one store; a long wait
+   blocks the others. dm_store_last_error is per object and meant for the thread that got the
+   failure. Memory: values returned by get / compare_set / multi_get are allocated with the
+   store's allocator and released with dm_store_free. libuv allocates on its own. */
+#ifndef DISTMESH_TCP_STORE_DECL
+#define DISTMESH_TCP_STORE_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Limits of the server (a request beyond them closes that client with a protocol error) and of
+   the client (values larger than DM_STORE_MAX_VALUE are refused before sending). */
+enum {
+    DM_STORE_MAX_KEY = 64 * 1024,               /* bytes of one key, prefix included */
+    DM_STORE_MAX_VALUE = 64 * 1024 * 1024,      /* bytes of one value */
+    DM_STORE_MAX_KEYS = 128 * 1024              /* keys of one wait / check / multi request */
+};
+
+typedef struct dm_store dm_store;
+
+typedef struct dm_store_desc {
+    const char* url;        /* "tcp://host:port" (IPv6: tcp://[::1]:port), "file:///abs/dir";
+                               0 -> DISTMESH_STORE env, else tcp://MASTER_ADDR:MASTER_PORT */
+    bool is_server;         /* tcp: host the server in this process (rank 0); ignored when
+                               TORCHELASTIC_USE_AGENT_STORE=True (torchrun's agent serves it).
+                               Port 0 -> an ephemeral port, see dm_store_port. The server binds
+                               the url's host when it is a numeric loopback address (127.x,
+                               ::1), else every interface (dual-stack ::, else 0.0.0.0) */
+    const char* prefix;     /* 0 -> ""; prepended to every key, e.g. "default_pg/0/" */
+    int timeout_ms;         /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever;
+                               connect retries and every request, wait and get honour it */
+    dm_logger logger;       /* 0 -> silent; the server thread logs protocol errors here */
+    dm_allocator allocator; /* 0 -> malloc/free; set both or neither */
+} dm_store_desc;
+
+/* Connects (retrying until the timeout: the server may start later) and, with is_server,
+   starts the server first. Fails with *out == NULL. */
+DM_API dm_status dm_store_create(const dm_store_desc* desc, dm_store** out);
+/* A second handle on parent's connection / server / directory (reference counted, so the two
+   may be destroyed in any order); its keys get parent's prefix + prefix. */
+DM_API dm_status dm_store_clone_prefixed(dm_store* parent, const char* prefix, dm_store** out);
+/* Accepts NULL. The last handle closes the connection and stops the server thread. */
+DM_API void dm_store_destroy(dm_store* s);
+
+DM_API dm_status dm_store_set(dm_store* s, const char* key, const void* value, size_t size);
+/* Waits for the key until the store timeout (like c10d get); *out_value (never NULL on success,
+   even for an empty value) is freed with dm_store_free. */
+DM_API dm_status dm_store_get(dm_store* s, const char* key, void** out_value, size_t* out_size);
+DM_API void dm_store_free(dm_store* s, void* value);
+/* Waits until every key exists. timeout_ms 0 -> the store timeout, < 0 -> forever. */
+DM_API dm_status dm_store_wait(dm_store* s, const char* const* keys, size_t nkeys, int timeout_ms);
+/* Adds delta to the integer held as decimal text (a missing key counts as 0); out (may be NULL)
+   gets the new value. */
+DM_API dm_status dm_store_add(dm_store* s, const char* key, int64_t delta, int64_t* out);
+/* c10d compare_set: if the key holds `expected`, or is missing and expected_size == 0, it gets
+   `desired`. out_value / out_size (both NULL or both set) get the value now held (`expected`
+   when the key is missing and was not set); free with dm_store_free. */
+DM_API dm_status dm_store_compare_set(dm_store* s, const char* key, const void* expected,
+                                      size_t expected_size, const void* desired,
+                                      size_t desired_size, void** out_value, size_t* out_size);
+/* out_deleted (may be NULL): whether the key existed. */
+DM_API dm_status dm_store_delete(dm_store* s, const char* key, bool* out_deleted);
+/* Whether every key exists now (no waiting). */
+DM_API dm_status dm_store_check(dm_store* s, const char* const* keys, size_t nkeys,
+                                bool* out_all_present);
+/* Keys in the whole store (every prefix). */
+DM_API dm_status dm_store_num_keys(dm_store* s, int64_t* out);
+/* "" after success; never NULL. */
+DM_API const char* dm_store_last_error(const dm_store* s);
+/* The port the server listens on (useful with port 0), else the port connected to; 0 for a
+   file store or NULL. */
+DM_API int dm_store_port(const dm_store* s);
+
+/* Additions beyond the core set (c10d APPEND, MULTI_SET, MULTI_GET). */
+/* Appends bytes to the key's value (a missing key is created). */
+DM_API dm_status dm_store_append(dm_store* s, const char* key, const void* value, size_t size);
+/* Sets n keys in one request. */
+DM_API dm_status dm_store_multi_set(dm_store* s, const char* const* keys,
+                                    const void* const* values, const size_t* sizes, size_t n);
+/* Waits for n keys (store timeout), then gets them in one request: out_values[i] (each freed
+   with dm_store_free) and out_sizes[i] are arrays of n the caller provides. */
+DM_API dm_status dm_store_multi_get(dm_store* s, const char* const* keys, size_t n,
+                                    void** out_values, size_t* out_sizes);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DISTMESH_TCP_STORE_DECL */
+
+/* ============================================================================================ */
+#if defined(DISTMESH_IMPLEMENTATION) && !defined(_DM_TCP_STORE_IMPL)
+#define _DM_TCP_STORE_IMPL
+
+#include <uv.h>
+#include <sys/types.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/file.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <fcntl.h>
+#include <dirent.h>
+
+/* >>store wire  c10d TCPStore, torch 2.x (checked byte for byte against torch 2.11's client and
+   both of its servers, see tests/fixtures/torch-2.11-wire.jsonl). A request is one opcode byte
+   and its fields; integers are little-endian; a string or value is a uint64 length + bytes.
+     VALIDATE    u32 magic 0x3C85F7CE                         (first request; no reply)
+     PING        u32 nonce                         -> u32 nonce
+     SET         key, value                                    (no reply)
+     COMPARE_SET key, expected, desired            -> value now held
+     GET         key                               -> value ("" when missing)
+     ADD         key, i64 delta                    -> i64 new value (stored as decimal text)
+     CHECK       u64 n, n keys                     -> u8 READY 0 / NOT_READY 1
+     WAIT        u64 n, n keys                     -> u8 STOP_WAITING 0, when all exist
+     GETNUMKEYS                                    -> i64
+     DELETE_KEY  key                               -> i64 number deleted (0 / 1)
+     APPEND      key, value                                    (no reply)
+     MULTI_GET   u64 n, n keys                     -> n values
+     MULTI_SET   u64 n, n (key, value)                         (no reply)
+     CANCEL_WAIT                                   -> u8 WAIT_CANCELED 1 (after any STOP_WAITING
+                                                      that raced with it)
+   torch's client does get as WAIT [key] then GET, multi_get as WAIT keys then MULTI_GET. */
+enum {
+    _DM_STQ_VALIDATE = 0, _DM_STQ_SET, _DM_STQ_COMPARE_SET, _DM_STQ_GET, _DM_STQ_ADD,
+    _DM_STQ_CHECK, _DM_STQ_WAIT, _DM_STQ_GETNUMKEYS, _DM_STQ_DELETE_KEY, _DM_STQ_APPEND,
+    _DM_STQ_MULTI_GET, _DM_STQ_MULTI_SET, _DM_STQ_CANCEL_WAIT, _DM_STQ_PING
+};
+#define _DM_ST_MAGIC 0x3C85F7CEu
+#define _DM_ST_READY 0
+#define _DM_ST_NOT_READY 1
+#define _DM_ST_STOP_WAITING 0
+#define _DM_ST_WAIT_CANCELED 1
+/* Largest request the server buffers: compare_set carries two values. */
+#define _DM_ST_MAX_REQUEST ((size_t)2 * DM_STORE_MAX_VALUE + (size_t)4 * DM_STORE_MAX_KEY + 64)
+
+/* >>store errors  Every foreign code goes through here: libuv codes directly, errno values via
+   uv_translate_sys_error. */
+_DM_PRIVATE dm_status _dm_status_from_uv(int uv_code) {
+    switch (uv_code) {
+    case 0: return DM_OK;
+    case UV_ETIMEDOUT: return DM_ERR_TIMEOUT;
+    case UV_ECONNRESET: case UV_EPIPE: case UV_EOF: case UV_ECONNABORTED: case UV_ENOTCONN:
+        return DM_ERR_PEER_LOST;
+    case UV_ENOMEM: case UV_ENOBUFS: return DM_ERR_OUT_OF_MEMORY;
+    case UV_EINVAL: return DM_ERR_INVALID_ARG;
+    case UV_ENOENT: case UV_EACCES: case UV_EPERM: case UV_EEXIST: case UV_ENOSPC: case UV_EROFS:
+    case UV_EISDIR: case UV_ENOTDIR: case UV_ENAMETOOLONG: case UV_EIO: case UV_EMFILE:
+    case UV_ENFILE:
+        return DM_ERR_IO;
+    default: return DM_ERR_NETWORK; /* ECONNREFUSED, EHOSTUNREACH, EADDRINUSE, EAI_*, ... */
+    }
+}
+/* "ECONNREFUSED: connection refused" into buf, for the "(cause)" of a message. */
+_DM_PRIVATE const char* _dm_store_uv_cause(int uv_code, char* buf, size_t cap) {
+    char name[48], text[128];
+    uv_err_name_r(uv_code, name, sizeof(name));
+    uv_strerror_r(uv_code, text, sizeof(text));
+    snprintf(buf, cap, "%s: %s", name, text);
+    return buf;
+}
+_DM_PRIVATE int _dm_store_uv_errno(int e) { return e ? uv_translate_sys_error(e) : UV_EIO; }
+
+/* >>store buffers  A growable byte buffer on an allocator; oom sticks until reset. */
+typedef struct _dm_stbuf {
+    unsigned char* p;
+    size_t len, cap;
+    bool oom;
+    const dm_allocator* a;
+} _dm_stbuf;
+_DM_PRIVATE bool _dm_stbuf_reserve(_dm_stbuf* b, size_t extra) {
+    unsigned char* np;
+    size_t ncap;
+    if (b->oom) return false;
+    if (extra > SIZE_MAX / 2 - b->len) { b->oom = true; return false; }
+    if (b->len + extra <= b->cap) return true;
+    ncap = b->cap ? b->cap : 256;
+    while (ncap < b->len + extra) ncap *= 2;
+    np = (unsigned char*)_dm_malloc(b->a, ncap);
+    if (!np) { b->oom = true; return false; }
+    if (b->len) memcpy(np, b->p, b->len);
+    _dm_free(b->a, b->p);
+    b->p = np;
+    b->cap = ncap;
+    return true;
+}
+_DM_PRIVATE void _dm_stbuf_put(_dm_stbuf* b, const void* d, size_t n) {
+    if (!_dm_stbuf_reserve(b, n)) return;
+    if (n) memcpy(b->p + b->len, d, n);
+    b->len += n;
+}
+_DM_PRIVATE void _dm_stbuf_u8(_dm_stbuf* b, unsigned v) {
+    unsigned char c = (unsigned char)v;
+    _dm_stbuf_put(b, &c, 1);
+}
+_DM_PRIVATE void _dm_stbuf_u64(_dm_stbuf* b, uint64_t v) {
+    unsigned char le[8];
+    int i;
+    for (i = 0; i < 8; i++) le[i] = (unsigned char)(v >> (8 * i));
+    _dm_stbuf_put(b, le, 8);
+}
+_DM_PRIVATE void _dm_stbuf_u32(_dm_stbuf* b, uint32_t v) {
+    unsigned char le[4];
+    int i;
+    for (i = 0; i < 4; i++) le[i] = (unsigned char)(v >> (8 * i));
+    _dm_stbuf_put(b, le, 4);
+}
+/* uint64 length + bytes */
+_DM_PRIVATE void _dm_stbuf_str(_dm_stbuf* b, const void* d, size_t n) {
+    _dm_stbuf_u64(b, (uint64_t)n);
+    _dm_stbuf_put(b, d, n);
+}
+_DM_PRIVATE void _dm_stbuf_free(_dm_stbuf* b) {
+    _dm_free(b->a, b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+    b->oom = false;
+}
+_DM_PRIVATE uint64_t _dm_st_get_u64(const unsigned char* p) {
+    uint64_t v = 0;
+    int i;
+    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+_DM_PRIVATE uint32_t _dm_st_get_u32(const unsigned char* p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+_DM_PRIVATE uint64_t _dm_st_hash(const void* d, size_t n) {   /* FNV-1a */
+    const unsigned char* p = (const unsigned char*)d;
+    uint64_t h = 1469598103934665603ull;
+    size_t i;
+    for (i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ull; }
+    return h;
+}
+/* c10d keeps add's value as decimal text and parses it like std::stoll: optional blanks, sign,
+   digits, anything after ignored. false when there are no digits or it overflows. */
+_DM_PRIVATE bool _dm_st_parse_i64(const unsigned char* p, size_t n, int64_t* out) {
+    size_t i = 0;
+    bool neg = false, any = false;
+    uint64_t v = 0, lim;
+    while (i < n && (p[i] == ' ' || (p[i] >= '\t' && p[i] <= '\r'))) i++;
+    if (i < n && (p[i] == '+' || p[i] == '-')) neg = p[i++] == '-';
+    lim = neg ? (uint64_t)INT64_MAX + 1u : (uint64_t)INT64_MAX;
+    for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) {
+        unsigned d = (unsigned)(p[i] - '0');
+        if (v > (lim - d) / 10) return false;
+        v = v * 10 + d;
+        any = true;
+    }
+    if (!any) return false;
+    *out = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return true;
+}
+
+/* ============================================================================================ */
+/* >>store server  libuv, one thread, one loop owned by the server (never the default loop).
+   Everything below runs on the server thread after dm_store_create has bound and listened. */
+
+typedef struct _dm_kv {
+    struct _dm_kv* next;
+    uint64_t hash;
+    unsigned char* key;
+    size_t key_len;
+    unsigned char* val;         /* allocated with at least 1 byte */
+    size_t val_len, val_cap;
+} _dm_kv;
+
+struct _dm_srv_client;
+typedef struct _dm_srv_wkey {
+    uint64_t hash;
+    const unsigned char* key;   /* into the waiter's own copy */
+    size_t len;
+    bool done;
+} _dm_srv_wkey;
+/* One pending WAIT of one client: the keys that were missing when it arrived. */
+typedef struct _dm_srv_waiter {
+    struct _dm_srv_waiter *prev, *next;
+    struct _dm_srv_client* client;
+    size_t nkeys, remaining;
+    _dm_srv_wkey* keys;         /* same allocation as the waiter */
+} _dm_srv_waiter;
+
+typedef struct _dm_srv {
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_async_t stop;
+    pthread_t thread;
+    bool thread_started, listener_open, stop_open;
+    _dm_kv** buckets;
+    size_t nbuckets, nkeys;
+    struct _dm_srv_client* clients;
+    _dm_srv_waiter* waiters;
+    int port;
+    dm_logger logger;
+    dm_allocator allocator;
+} _dm_srv;
+
+typedef struct _dm_srv_client {
+    uv_tcp_t tcp;               /* first: a handle pointer is a client pointer */
+    _dm_srv* srv;
+    struct _dm_srv_client *prev, *next;
+    unsigned char* in;          /* received, not yet parsed bytes */
+    size_t in_len, in_cap;
+    size_t need;                /* don't parse again before in_len reaches this */
+    bool validated, closing;
+    _dm_srv_waiter* waiter;
+    char peer[64];
+} _dm_srv_client;
+
+typedef struct _dm_srv_write {
+    uv_write_t req;
+    const dm_allocator* a;      /* the bytes follow the struct in the same allocation */
+} _dm_srv_write;
+
+/* -- the map -- */
+_DM_PRIVATE _dm_kv** _dm_srv_slot(_dm_srv* s, const void* key, size_t n, uint64_t h) {
+    _dm_kv** pp = &s->buckets[h & (s->nbuckets - 1)];
+    for (; *pp; pp = &(*pp)->next)
+        if ((*pp)->hash == h && (*pp)->key_len == n && memcmp((*pp)->key, key, n) == 0) break;
+    return pp;
+}
+_DM_PRIVATE _dm_kv* _dm_srv_find(_dm_srv* s, const void* key, size_t n) {
+    return *_dm_srv_slot(s, key, n, _dm_st_hash(key, n));
+}
+_DM_PRIVATE void _dm_srv_kv_free(_dm_srv* s, _dm_kv* e) {
+    _dm_free(&s->allocator, e->key);
+    _dm_free(&s->allocator, e->val);
+    _dm_free(&s->allocator, e);
+}
+_DM_PRIVATE void _dm_srv_grow(_dm_srv* s) {
+    size_t nb = s->nbuckets * 2, i;
+    _dm_kv** b = (_dm_kv**)_dm_calloc(&s->allocator, nb * sizeof(*b));
+    if (!b) return; /* keep the old table: longer chains, still correct */
+    for (i = 0; i < s->nbuckets; i++) {
+        _dm_kv* e = s->buckets[i];
+        while (e) {
+            _dm_kv* nx = e->next;
+            e->next = b[e->hash & (nb - 1)];
+            b[e->hash & (nb - 1)] = e;
+            e = nx;
+        }
+    }
+    _dm_free(&s->allocator, s->buckets);
+    s->buckets = b;
+    s->nbuckets = nb;
+}
+/* Replaces (append false) or extends (append true) the value; NULL when out of memory. */
+_DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
+                                const unsigned char* val, size_t vn, bool append) {
+    uint64_t h = _dm_st_hash(key, kn);
+    _dm_kv** pp = _dm_srv_slot(s, key, kn, h);
+    _dm_kv* e = *pp;
+    if (!e) {
+        e = (_dm_kv*)_dm_calloc(&s->allocator, sizeof(*e));
+        if (!e) return NULL;
+        e->key = (unsigned char*)_dm_malloc(&s->allocator, kn);
+        e->val = (unsigned char*)_dm_malloc(&s->allocator, vn);
+        if (!e->key || !e->val) { _dm_srv_kv_free(s, e); return NULL; }
+        if (kn) memcpy(e->key, key, kn);
+        if (vn) memcpy(e->val, val, vn);
+        e->key_len = kn;
+        e->val_len = e->val_cap = vn;
+        e->hash = h;
+        *pp = e;
+        if (++s->nkeys > s->nbuckets) _dm_srv_grow(s);
+        return e;
+    }
+    if (append && e->val_len + vn <= e->val_cap) {
+        if (vn) memcpy(e->val + e->val_len, val, vn);
+        e->val_len += vn;
+        return e;
+    }
+    {
+        size_t keep = append ? e->val_len : 0, cap = keep + vn;
+        unsigned char* nv;
+        if (append && cap < 2 * e->val_cap) cap = 2 * e->val_cap;
+        nv = (unsigned char*)_dm_malloc(&s->allocator, cap);
+        if (!nv) return NULL;
+        if (keep) memcpy(nv, e->val, keep);
+        if (vn) memcpy(nv + keep, val, vn);
+        _dm_free(&s->allocator, e->val);
+        e->val = nv;
+        e->val_len = keep + vn;
+        e->val_cap = cap;
+    }
+    return e;
+}
+_DM_PRIVATE bool _dm_srv_erase(_dm_srv* s, const unsigned char* key, size_t kn) {
+    _dm_kv** pp = _dm_srv_slot(s, key, kn, _dm_st_hash(key, kn));
+    _dm_kv* e = *pp;
+    if (!e) return false;
+    *pp = e->next;
+    _dm_srv_kv_free(s, e);
+    s->nkeys--;
+    return true;
+}
+
+/* -- clients -- */
+_DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c);
+
+_DM_PRIVATE void _dm_srv_on_written(uv_write_t* req, int status) {
+    _dm_srv_write* w = (_dm_srv_write*)req->data;
+    _dm_srv_client* c = (_dm_srv_client*)req->handle;
+    if (status < 0 && status != UV_ECANCELED && !c->closing) _dm_srv_close_client(c);
+    _dm_free(w->a, w);
+}
+/* Queues bytes for the client (copied); a failure closes the client. */
+_DM_PRIVATE void _dm_srv_send(_dm_srv_client* c, const void* d, size_t n) {
+    _dm_srv_write* w;
+    uv_buf_t buf;
+    int rc;
+    if (c->closing) return;
+    w = (_dm_srv_write*)_dm_malloc(&c->srv->allocator, sizeof(*w) + n);
+    if (!w) { _dm_srv_close_client(c); return; }
+    w->a = &c->srv->allocator;
+    memcpy((unsigned char*)(w + 1), d, n);
+    buf.base = (char*)(w + 1);
+    buf.len = n;
+    w->req.data = w;
+    rc = uv_write(&w->req, (uv_stream_t*)&c->tcp, &buf, 1, _dm_srv_on_written); /* copies buf */
+    if (rc < 0) {
+        _dm_free(w->a, w);
+        _dm_srv_close_client(c);
+    }
+}
+_DM_PRIVATE void _dm_srv_send_stbuf(_dm_srv_client* c, _dm_stbuf* b) {
+    if (b->oom) _dm_srv_close_client(c);
+    else _dm_srv_send(c, b->p, b->len);
+    _dm_stbuf_free(b);
+}
+
+_DM_PRIVATE void _dm_srv_waiter_drop(_dm_srv* s, _dm_srv_waiter* w) {
+    if (w->prev) w->prev->next = w->next;
+    else s->waiters = w->next;
+    if (w->next) w->next->prev = w->prev;
+    if (w->client->waiter == w) w->client->waiter = NULL;
+    _dm_free(&s->allocator, w);
+}
+/* A key now exists: every waiter that registered it counts it once; waiters done get
+   STOP_WAITING. */
+_DM_PRIVATE void _dm_srv_wake(_dm_srv* s, const unsigned char* key, size_t kn) {
+    uint64_t h = _dm_st_hash(key, kn);
+    _dm_srv_waiter* w = s->waiters;
+    while (w) {
+        _dm_srv_waiter* nx = w->next;
+        size_t i;
+        for (i = 0; i < w->nkeys; i++) {
+            _dm_srv_wkey* k = &w->keys[i];
+            if (!k->done && k->hash == h && k->len == kn && memcmp(k->key, key, kn) == 0) {
+                k->done = true;
+                w->remaining--;
+            }
+        }
+        if (w->remaining == 0) {
+            unsigned char b = _DM_ST_STOP_WAITING;
+            _dm_srv_client* c = w->client;
+            _dm_srv_waiter_drop(s, w);
+            _dm_srv_send(c, &b, 1);
+        }
+        w = nx;
+    }
+}
+
+_DM_PRIVATE void _dm_srv_on_client_closed(uv_handle_t* h) {
+    _dm_srv_client* c = (_dm_srv_client*)h;
+    _dm_srv* s = c->srv;
+    if (c->prev) c->prev->next = c->next;
+    else s->clients = c->next;
+    if (c->next) c->next->prev = c->prev;
+    _dm_free(&s->allocator, c->in);
+    _dm_free(&s->allocator, c);
+}
+_DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c) {
+    if (c->closing) return;
+    c->closing = true;
+    if (c->waiter) _dm_srv_waiter_drop(c->srv, c->waiter);
+    uv_close((uv_handle_t*)&c->tcp, _dm_srv_on_client_closed);
+}
+_DM_PRIVATE _DM_PRINTF(2, 3) void _dm_srv_protocol_error(_dm_srv_client* c, const char* fmt, ...) {
+    char what[256], msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    _DM_REPORT(&c->srv->logger, msg, sizeof(msg), DM_ERR_PROTOCOL,
+               "tcp-store: server closed client %s (%s)", c->peer, what);
+    _dm_srv_close_client(c);
+}
+
+/* -- request parsing. A cursor over the client's buffer; every read checks that the bytes are
+   there (else: more needed, remembered in `need`) and every length against its cap. -- */
+typedef struct _dm_srv_cur {
+    const unsigned char* p;
+    size_t len, off, need;
+    const char* bad;            /* set when the request is malformed */
+} _dm_srv_cur;
+_DM_PRIVATE bool _dm_srv_have(_dm_srv_cur* k, size_t n) {
+    if (k->bad) return false;
+    if (n > k->len - k->off) {
+        k->need = k->off + n;
+        return false;
+    }
+    return true;
+}
+_DM_PRIVATE bool _dm_srv_rd_u64(_dm_srv_cur* k, uint64_t* v) {
+    if (!_dm_srv_have(k, 8)) return false;
+    *v = _dm_st_get_u64(k->p + k->off);
+    k->off += 8;
+    return true;
+}
+_DM_PRIVATE bool _dm_srv_rd_u32(_dm_srv_cur* k, uint32_t* v) {
+    if (!_dm_srv_have(k, 4)) return false;
+    *v = _dm_st_get_u32(k->p + k->off);
+    k->off += 4;
+    return true;
+}
+_DM_PRIVATE bool _dm_srv_rd_str(_dm_srv_cur* k, uint64_t cap, const char* what,
+                                const unsigned char** d, size_t* n) {
+    uint64_t len;
+    if (!_dm_srv_rd_u64(k, &len)) return false;
+    if (len > cap) { k->bad = what; return false; }
+    if (!_dm_srv_have(k, (size_t)len)) return false;
+    *d = k->p + k->off;
+    *n = (size_t)len;
+    k->off += (size_t)len;
+    return true;
+}
+#define _DM_SRV_KEY(k, d, n) _dm_srv_rd_str((k), DM_STORE_MAX_KEY, "key longer than DM_STORE_MAX_KEY", (d), (n))
+#define _DM_SRV_VAL(k, d, n) _dm_srv_rd_str((k), DM_STORE_MAX_VALUE, "value longer than DM_STORE_MAX_VALUE", (d), (n))
+_DM_PRIVATE bool _dm_srv_rd_count(_dm_srv_cur* k, uint64_t* n) {
+    if (!_dm_srv_rd_u64(k, n)) return false;
+    if (*n > DM_STORE_MAX_KEYS) { k->bad = "key count above DM_STORE_MAX_KEYS"; return false; }
+    return true;
+}
+/* Skips n keys (exec false: completeness check before anything is executed). */
+_DM_PRIVATE bool _dm_srv_skip_keys(_dm_srv_cur* k, uint64_t n, bool values) {
+    uint64_t i;
+    const unsigned char* d;
+    size_t len;
+    for (i = 0; i < n; i++) {
+        if (!_DM_SRV_KEY(k, &d, &len)) return false;
+        if (values && !_DM_SRV_VAL(k, &d, &len)) return false;
+    }
+    return true;
+}
+
+_DM_PRIVATE bool _dm_srv_all_present(_dm_srv* s, _dm_srv_cur* k, uint64_t n) {
+    uint64_t i;
+    bool all = true;
+    for (i = 0; i < n; i++) {
+        const unsigned char* d = NULL;
+        size_t len = 0;
+        _DM_SRV_KEY(k, &d, &len);
+        if (!_dm_srv_find(s, d, len)) all = false;
+    }
+    return all;
+}
+
+/* Parses and executes one request at the start of the buffer. Returns bytes consumed, 0 when
+   more bytes are needed (k.need set), or closes the client and returns 0 (c->closing). */
+_DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
+    _dm_srv* s = c->srv;
+    _dm_srv_cur k;
+    unsigned op;
+    const unsigned char *key = NULL, *v1 = NULL, *v2 = NULL;
+    size_t kn = 0, n1 = 0, n2 = 0;
+    uint64_t cnt = 0;
+    _dm_stbuf out;
+    memset(&k, 0, sizeof(k));
+    memset(&out, 0, sizeof(out));
+    out.a = &s->allocator;
+    k.p = c->in;
+    k.len = c->in_len;
+    op = k.p[k.off++];
+    if (!c->validated && op != _DM_STQ_VALIDATE) {
+        _dm_srv_protocol_error(c, "first request has opcode %u, not VALIDATE (a torch < 2.2 client?)", op);
+        return 0;
+    }
+    switch (op) {
+    case _DM_STQ_VALIDATE: {
+        uint32_t magic;
+        if (!_dm_srv_rd_u32(&k, &magic)) break;
+        if (magic != _DM_ST_MAGIC) {
+            _dm_srv_protocol_error(c, "VALIDATE magic 0x%08X, expected 0x%08X", (unsigned)magic, _DM_ST_MAGIC);
+            return 0;
+        }
+        c->validated = true;
+        return k.off;
+    }
+    case _DM_STQ_PING: {
+        uint32_t nonce;
+        if (!_dm_srv_rd_u32(&k, &nonce)) break;
+        _dm_stbuf_u32(&out, nonce);
+        _dm_srv_send_stbuf(c, &out);
+        return k.off;
+    }
+    case _DM_STQ_SET:
+    case _DM_STQ_APPEND:
+        if (!_DM_SRV_KEY(&k, &key, &kn) || !_DM_SRV_VAL(&k, &v1, &n1)) break;
+        if (!_dm_srv_put(s, key, kn, v1, n1, op == _DM_STQ_APPEND)) goto oom;
+        _dm_srv_wake(s, key, kn);
+        return k.off;
+    case _DM_STQ_COMPARE_SET: {
+        _dm_kv* e;
+        if (!_DM_SRV_KEY(&k, &key, &kn) || !_DM_SRV_VAL(&k, &v1, &n1) || !_DM_SRV_VAL(&k, &v2, &n2)) break;
+        e = _dm_srv_find(s, key, kn);
+        if (!e && n1 == 0) {
+            if (!(e = _dm_srv_put(s, key, kn, v2, n2, false))) goto oom;
+        } else if (e && e->val_len == n1 && (n1 == 0 || memcmp(e->val, v1, n1) == 0)) {
+            if (!(e = _dm_srv_put(s, key, kn, v2, n2, false))) goto oom;
+        }
+        if (e) _dm_stbuf_str(&out, e->val, e->val_len);
+        else _dm_stbuf_str(&out, v1, n1);   /* missing and not set: c10d answers `expected` */
+        _dm_srv_send_stbuf(c, &out);
+        if (e) _dm_srv_wake(s, key, kn);
+        return k.off;
+    }
+    case _DM_STQ_GET: {
+        _dm_kv* e;
+        if (!_DM_SRV_KEY(&k, &key, &kn)) break;
+        e = _dm_srv_find(s, key, kn);
+        if (e) _dm_stbuf_str(&out, e->val, e->val_len);
+        else _dm_stbuf_str(&out, NULL, 0);
+        _dm_srv_send_stbuf(c, &out);
+        return k.off;
+    }
+    case _DM_STQ_ADD: {
+        uint64_t delta;
+        int64_t cur = 0;
+        char txt[32];
+        _dm_kv* e;
+        if (!_DM_SRV_KEY(&k, &key, &kn) || !_dm_srv_rd_u64(&k, &delta)) break;
+        e = _dm_srv_find(s, key, kn);
+        if (e && !_dm_st_parse_i64(e->val, e->val_len, &cur)) {
+            _dm_srv_protocol_error(c, "ADD on a key whose value is not a decimal int64");
+            return 0;
+        }
+        cur = (int64_t)((uint64_t)cur + delta); /* wraps like two's complement */
+        snprintf(txt, sizeof(txt), "%lld", (long long)cur);
+        if (!_dm_srv_put(s, key, kn, (const unsigned char*)txt, strlen(txt), false)) goto oom;
+        _dm_stbuf_u64(&out, (uint64_t)cur);
+        _dm_srv_send_stbuf(c, &out);
+        _dm_srv_wake(s, key, kn);
+        return k.off;
+    }
+    case _DM_STQ_CHECK:
+    case _DM_STQ_WAIT: {
+        size_t start, i, missing = 0, bytes = 0;
+        bool all;
+        if (!_dm_srv_rd_count(&k, &cnt)) break;
+        start = k.off;
+        if (!_dm_srv_skip_keys(&k, cnt, false)) break;
+        k.off = start;
+        all = _dm_srv_all_present(s, &k, cnt);
+        if (op == _DM_STQ_CHECK) {
+            _dm_stbuf_u8(&out, all ? _DM_ST_READY : _DM_ST_NOT_READY);
+            _dm_srv_send_stbuf(c, &out);
+            return k.off;
+        }
+        if (all) {
+            _dm_stbuf_u8(&out, _DM_ST_STOP_WAITING);
+            _dm_srv_send_stbuf(c, &out);
+            return k.off;
+        }
+        /* register the missing keys; one pending wait per client (a new one replaces it) */
+        if (c->waiter) _dm_srv_waiter_drop(s, c->waiter);
+        k.off = start;
+        for (i = 0; i < cnt; i++) {
+            _DM_SRV_KEY(&k, &key, &kn);
+            if (!_dm_srv_find(s, key, kn)) { missing++; bytes += kn; }
+        }
+        {
+            _dm_srv_waiter* w = (_dm_srv_waiter*)_dm_calloc(
+                &s->allocator, sizeof(*w) + missing * sizeof(_dm_srv_wkey) + bytes);
+            unsigned char* kp;
+            size_t j = 0;
+            if (!w) goto oom;
+            w->keys = (_dm_srv_wkey*)(w + 1);
+            kp = (unsigned char*)(w->keys + missing);
+            k.off = start;
+            for (i = 0; i < cnt; i++) {
+                _DM_SRV_KEY(&k, &key, &kn);
+                if (_dm_srv_find(s, key, kn)) continue;
+                if (kn) memcpy(kp, key, kn);
+                w->keys[j].key = kp;
+                w->keys[j].len = kn;
+                w->keys[j].hash = _dm_st_hash(key, kn);
+                kp += kn;
+                j++;
+            }
+            w->nkeys = w->remaining = missing;
+            w->client = c;
+            w->next = s->waiters;
+            if (s->waiters) s->waiters->prev = w;
+            s->waiters = w;
+            c->waiter = w;
+        }
+        return k.off;
+    }
+    case _DM_STQ_GETNUMKEYS:
+        _dm_stbuf_u64(&out, (uint64_t)s->nkeys);
+        _dm_srv_send_stbuf(c, &out);
+        return k.off;
+    case _DM_STQ_DELETE_KEY:
+        if (!_DM_SRV_KEY(&k, &key, &kn)) break;
+        _dm_stbuf_u64(&out, _dm_srv_erase(s, key, kn) ? 1u : 0u);
+        _dm_srv_send_stbuf(c, &out);
+        return k.off;
+    case _DM_STQ_MULTI_GET: {
+        size_t start, i;
+        if (!_dm_srv_rd_count(&k, &cnt)) break;
+        start = k.off;
+        if (!_dm_srv_skip_keys(&k, cnt, false)) break;
+        k.off = start;
+        for (i = 0; i < cnt; i++) {
+            _dm_kv* e;
+            _DM_SRV_KEY(&k, &key, &kn);
+            e = _dm_srv_find(s, key, kn);
+            if (e) _dm_stbuf_str(&out, e->val, e->val_len);
+            else _dm_stbuf_str(&out, NULL, 0);
+        }
+        _dm_srv_send_stbuf(c, &out);
+        return k.off;
+    }
+    case _DM_STQ_MULTI_SET: {
+        size_t start, i;
+        if (!_dm_srv_rd_count(&k, &cnt)) break;
+        start = k.off;
+        if (!_dm_srv_skip_keys(&k, cnt, true)) break;
+        k.off = start;
+        for (i = 0; i < cnt; i++) {
+            _DM_SRV_KEY(&k, &key, &kn);
+            _DM_SRV_VAL(&k, &v1, &n1);
+            if (!_dm_srv_put(s, key, kn, v1, n1, false)) goto oom;
+            _dm_srv_wake(s, key, kn);
+        }
+        return k.off;
+    }
+    case _DM_STQ_CANCEL_WAIT:
+        if (c->waiter) _dm_srv_waiter_drop(s, c->waiter);
+        _dm_stbuf_u8(&out, _DM_ST_WAIT_CANCELED);
+        _dm_srv_send_stbuf(c, &out);
+        return k.off;
+    default:
+        _dm_srv_protocol_error(c, "unknown opcode %u", op);
+        return 0;
+    }
+    /* incomplete or malformed */
+    _dm_stbuf_free(&out);
+    if (k.bad) {
+        _dm_srv_protocol_error(c, "opcode %u: %s", op, k.bad);
+        return 0;
+    }
+    c->need = k.need;
+    return 0;
+oom:
+    _dm_stbuf_free(&out);
+    _dm_srv_protocol_error(c, "out of memory serving opcode %u", op);
+    return 0;
+}
+
+_DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf) {
+    _dm_srv_client* c = (_dm_srv_client*)h;
+    size_t want = 64 * 1024, cap;
+    (void)suggested;
+    if (c->need > c->in_len && c->need - c->in_len > want) want = c->need - c->in_len;
+    if (c->in_cap - c->in_len < 4096 || (c->need > c->in_cap && c->in_cap < _DM_ST_MAX_REQUEST)) {
+        unsigned char* np;
+        cap = c->in_cap ? c->in_cap : 4096;
+        while (cap < c->in_len + want && cap < _DM_ST_MAX_REQUEST) cap *= 2;
+        if (cap > _DM_ST_MAX_REQUEST) cap = _DM_ST_MAX_REQUEST;
+        if (cap > c->in_cap) {
+            np = (unsigned char*)_dm_malloc(&c->srv->allocator, cap);
+            if (np) {
+                if (c->in_len) memcpy(np, c->in, c->in_len);
+                _dm_free(&c->srv->allocator, c->in);
+                c->in = np;
+                c->in_cap = cap;
+            }
+        }
+    }
+    if (c->in_cap == c->in_len) {   /* full at the cap, or no memory: read_cb gets UV_ENOBUFS */
+        buf->base = NULL;
+        buf->len = 0;
+        return;
+    }
+    buf->base = (char*)(c->in + c->in_len);
+    buf->len = c->in_cap - c->in_len;
+}
+
+_DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t* buf) {
+    _dm_srv_client* c = (_dm_srv_client*)st;
+    size_t off = 0;
+    (void)buf;
+    if (c->closing) return;
+    if (nread == UV_ENOBUFS) {
+        _dm_srv_protocol_error(c, "request larger than %zu bytes", (size_t)_DM_ST_MAX_REQUEST);
+        return;
+    }
+    if (nread < 0) {        /* EOF or reset: the client left; its pending wait goes with it */
+        _dm_srv_close_client(c);
+        return;
+    }
+    c->in_len += (size_t)nread;
+    if (c->in_len < c->need) return;
+    c->need = 0;
+    while (off < c->in_len && !c->closing) {
+        size_t used;
+        /* parse on a view that starts at off */
+        unsigned char* base = c->in;
+        size_t total = c->in_len;
+        c->in = base + off;
+        c->in_len = total - off;
+        used = _dm_srv_one(c);
+        c->in = base;
+        c->in_len = total;
+        if (!used) break;
+        off += used;
+    }
+    if (c->closing) return;
+    /* need was computed on the view that started at off, which now moves to 0 */
+    if (off) {
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+    }
+    if (c->in_len == 0 && c->in_cap > 1024 * 1024) {   /* give a big buffer back when idle */
+        _dm_free(&c->srv->allocator, c->in);
+        c->in = NULL;
+        c->in_cap = 0;
+    }
+}
+
+_DM_PRIVATE void _dm_srv_on_connect(uv_stream_t* l, int status) {
+    _dm_srv* s = (_dm_srv*)l->data;
+    _dm_srv_client* c;
+    struct sockaddr_storage ss;
+    int sl = (int)sizeof(ss);
+    if (status < 0) {
+        char cause[200], msg[300];
+        _DM_REPORT(&s->logger, msg, sizeof(msg), _dm_status_from_uv(status),
+                   "tcp-store: server accept failed (%s)", _dm_store_uv_cause(status, cause, sizeof(cause)));
+        return;
+    }
+    c = (_dm_srv_client*)_dm_calloc(&s->allocator, sizeof(*c));
+    if (!c) {   /* the connection stays in the backlog; the client times out */
+        char msg[200];
+        _DM_REPORT(&s->logger, msg, sizeof(msg), DM_ERR_OUT_OF_MEMORY, "tcp-store: server accept (out of memory)");
+        return;
+    }
+    c->srv = s;
+    if (uv_tcp_init(&s->loop, &c->tcp) < 0) { _dm_free(&s->allocator, c); return; }
+    c->next = s->clients;
+    if (s->clients) s->clients->prev = c;
+    s->clients = c;
+    snprintf(c->peer, sizeof(c->peer), "?");
+    if (uv_accept(l, (uv_stream_t*)&c->tcp) < 0) { _dm_srv_close_client(c); return; }
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr*)&ss, &sl) == 0) {
+        char ip[INET6_ADDRSTRLEN] = "?";
+        int port = 0;
+        if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((const struct sockaddr_in6*)&ss, ip, sizeof(ip));
+            port = ntohs(((const struct sockaddr_in6*)&ss)->sin6_port);
+        } else {
+            uv_ip4_name((const struct sockaddr_in*)&ss, ip, sizeof(ip));
+            port = ntohs(((const struct sockaddr_in*)&ss)->sin_port);
+        }
+        snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
+    }
+    if (uv_read_start((uv_stream_t*)&c->tcp, _dm_srv_alloc, _dm_srv_on_read) < 0) _dm_srv_close_client(c);
+}
+
+_DM_PRIVATE void _dm_srv_on_stop(uv_async_t* a) {
+    _dm_srv* s = (_dm_srv*)a->data;
+    _dm_srv_client* c = s->clients;
+    while (c) {
+        _dm_srv_client* nx = c->next;
+        _dm_srv_close_client(c);
+        c = nx;
+    }
+    if (s->listener_open) uv_close((uv_handle_t*)&s->listener, NULL);
+    s->listener_open = false;
+    uv_close((uv_handle_t*)&s->stop, NULL);
+    s->stop_open = false;
+}
+_DM_PRIVATE void* _dm_srv_thread(void* arg) {
+    _dm_srv* s = (_dm_srv*)arg;
+    uv_run(&s->loop, UV_RUN_DEFAULT);   /* returns once on_stop has closed every handle */
+    return NULL;
+}
+/* Frees everything; the loop must have no open handle (thread joined, or never started). */
+_DM_PRIVATE void _dm_srv_free(_dm_srv* s) {
+    size_t i;
+    if (!s) return;
+    if (s->listener_open) uv_close((uv_handle_t*)&s->listener, NULL);
+    if (s->stop_open) uv_close((uv_handle_t*)&s->stop, NULL);
+    {
+        _dm_srv_client* c = s->clients;
+        for (; c; c = c->next) _dm_srv_close_client(c);
+    }
+    uv_run(&s->loop, UV_RUN_DEFAULT);   /* runs the close callbacks */
+    uv_loop_close(&s->loop);
+    while (s->waiters) _dm_srv_waiter_drop(s, s->waiters);
+    for (i = 0; i < s->nbuckets; i++) {
+        _dm_kv* e = s->buckets[i];
+        while (e) { _dm_kv* nx = e->next; _dm_srv_kv_free(s, e); e = nx; }
+    }
+    _dm_free(&s->allocator, s->buckets);
+    _dm_free(&s->allocator, s);
+}
+_DM_PRIVATE void _dm_srv_stop(_dm_srv* s) {
+    if (!s) return;
+    if (s->thread_started) {
+        uv_async_send(&s->stop);
+        pthread_join(s->thread, NULL);
+        s->thread_started = false;
+    }
+    _dm_srv_free(s);
+}
+
+/* Binds host:port (numeric loopback host: exactly it; else dual-stack ::, else 0.0.0.0),
+   listens, starts the thread. err gets "what (cause)" on failure. */
+_DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger* lg,
+                                    const dm_allocator* a, _dm_srv** out, char* err, size_t cap) {
+    _dm_srv* s;
+    struct sockaddr_storage ss;
+    int rc, sl = (int)sizeof(ss);
+    char cause[200];
+    bool loop_open = false;
+    const char* bound = host;
+    *out = NULL;
+    s = (_dm_srv*)_dm_calloc(a, sizeof(*s));
+    if (!s) { snprintf(err, cap, "out of memory"); return DM_ERR_OUT_OF_MEMORY; }
+    s->allocator = *a;
+    s->logger = *lg;
+    s->nbuckets = 64;
+    s->buckets = (_dm_kv**)_dm_calloc(a, s->nbuckets * sizeof(_dm_kv*));
+    if (!s->buckets) { rc = UV_ENOMEM; goto fail_what; }
+    if ((rc = uv_loop_init(&s->loop)) < 0) goto fail_what;
+    loop_open = true;
+    if ((rc = uv_async_init(&s->loop, &s->stop, _dm_srv_on_stop)) < 0) goto fail_what;
+    s->stop_open = true;
+    s->stop.data = s;
+    if ((rc = uv_tcp_init(&s->loop, &s->listener)) < 0) goto fail_what;
+    s->listener_open = true;
+    s->listener.data = s;
+    {
+        struct sockaddr_in6 a6;
+        struct sockaddr_in a4;
+        bool loop6 = strcmp(host, "::1") == 0;
+        bool loop4 = (strncmp(host, "127.", 4) == 0 && uv_ip4_addr(host, port, &a4) == 0) ||
+                     (strcmp(host, "localhost") == 0 && uv_ip4_addr("127.0.0.1", port, &a4) == 0);
+        if (loop4) {
+            rc = uv_tcp_bind(&s->listener, (const struct sockaddr*)&a4, 0);
+        } else if (loop6) {
+            uv_ip6_addr("::1", port, &a6);
+            rc = uv_tcp_bind(&s->listener, (const struct sockaddr*)&a6, UV_TCP_IPV6ONLY);
+        } else {
+            bound = "::";
+            uv_ip6_addr("::", port, &a6);
+            rc = uv_tcp_bind(&s->listener, (const struct sockaddr*)&a6, 0);
+            if (rc == 0) rc = uv_listen((uv_stream_t*)&s->listener, 1024, _dm_srv_on_connect);
+            if (rc < 0 && rc != UV_EADDRINUSE) {   /* no IPv6 here: IPv4 on every interface */
+                uv_close((uv_handle_t*)&s->listener, NULL);
+                uv_run(&s->loop, UV_RUN_NOWAIT);
+                if ((rc = uv_tcp_init(&s->loop, &s->listener)) < 0) { s->listener_open = false; goto fail_what; }
+                bound = "0.0.0.0";
+                uv_ip4_addr("0.0.0.0", port, &a4);
+                rc = uv_tcp_bind(&s->listener, (const struct sockaddr*)&a4, 0);
+            } else if (rc == 0) {
+                goto listening;
+            }
+        }
+        if (rc == 0) rc = uv_listen((uv_stream_t*)&s->listener, 1024, _dm_srv_on_connect);
+        if (rc < 0) {
+            snprintf(err, cap, "cannot listen on %.64s port %d (%.100s)", bound, port,
+                     _dm_store_uv_cause(rc, cause, sizeof(cause)));
+            _dm_srv_free(s);
+            return _dm_status_from_uv(rc);
+        }
+    }
+listening:
+    if ((rc = uv_tcp_getsockname(&s->listener, (struct sockaddr*)&ss, &sl)) < 0) goto fail_what;
+    s->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6*)&ss)->sin6_port)
+                                       : ntohs(((struct sockaddr_in*)&ss)->sin_port);
+    if (pthread_create(&s->thread, NULL, _dm_srv_thread, s) != 0) { rc = UV_EAGAIN; goto fail_what; }
+    s->thread_started = true;
+    *out = s;
+    return DM_OK;
+fail_what:
+    snprintf(err, cap, "cannot start the server (%.100s)", _dm_store_uv_cause(rc, cause, sizeof(cause)));
+    if (loop_open) _dm_srv_free(s);
+    else { _dm_free(a, s->buckets); _dm_free(a, s); }
+    return _dm_status_from_uv(rc);
+}
+
+/* ============================================================================================ */
+/* >>store object */
+
+enum { _DM_STORE_TCP = 1, _DM_STORE_FILE = 2 };
+
+/* The part clones share: connection (or directory) and server, behind one mutex. */
+typedef struct _dm_store_shared {
+    pthread_mutex_t mu;         /* held for each whole request; guards refs and fd */
+    int refs;
+    int kind;
+    int fd;                     /* tcp client socket, -1 once broken */
+    bool broken;
+    char broken_why[160];
+    _dm_srv* server;
+    int port;
+    char host[256];
+    char* dir;                  /* file store directory */
+    dm_allocator allocator;
+} _dm_store_shared;
+
+struct dm_store {
+    _dm_store_shared* sh;
+    char* prefix;
+    size_t prefix_len;
+    int timeout_ms;             /* resolved: > 0 or < 0 (forever) */
+    dm_logger logger;
+    dm_allocator allocator;
+    char last_error[DM_LAST_ERROR_SIZE];
+};
+
+#define _DM_STORE_FAIL(s, st, ...) \
+    _DM_REPORT(&(s)->logger, (s)->last_error, sizeof((s)->last_error), (st), __VA_ARGS__)
+
+/* prefix + key into a new buffer (NUL-terminated for the file store's names). */
+_DM_PRIVATE unsigned char* _dm_store_key(dm_store* s, const char* key, size_t* n) {
+    size_t kl = strlen(key);
+    unsigned char* p;
+    if (kl > DM_STORE_MAX_KEY || s->prefix_len + kl > DM_STORE_MAX_KEY) return NULL;
+    p = (unsigned char*)_dm_malloc(&s->allocator, s->prefix_len + kl + 1);
+    if (!p) return NULL;
+    if (s->prefix_len) memcpy(p, s->prefix, s->prefix_len);
+    memcpy(p + s->prefix_len, key, kl + 1);
+    *n = s->prefix_len + kl;
+    return p;
+}
+/* "a", "b", "c" for messages (truncated). */
+_DM_PRIVATE const char* _dm_store_keylist(dm_store* s, const char* const* keys, size_t n,
+                                          char* buf, size_t cap) {
+    size_t i, used = 0;
+    buf[0] = 0;
+    for (i = 0; i < n && used + 8 < cap; i++) {
+        int w = snprintf(buf + used, cap - used, "%s\"%.*s%s\"", i ? ", " : "",
+                         (int)(s->prefix_len > 64 ? 64 : s->prefix_len), s->prefix ? s->prefix : "", keys[i]);
+        if (w < 0) break;
+        used += (size_t)w;
+        if (used >= cap) { used = cap - 1; break; }
+    }
+    if (i < n && cap > 5) snprintf(buf + (used > cap - 5 ? cap - 5 : used), 5, "...");
+    return buf;
+}
+
+/* ---------------- tcp client: blocking socket, poll() deadlines ---------------- */
+
+_DM_PRIVATE int _dm_store_poll_ms(int64_t deadline) {
+    int64_t left;
+    if (deadline == INT64_MAX) return 1000;
+    left = deadline - _dm_now_ms();
+    if (left <= 0) return 0;
+    return left > 1000 ? 1000 : (int)left;
+}
+/* 0, or a uv error code (UV_ETIMEDOUT at the deadline). */
+_DM_PRIVATE int _dm_store_send_all(int fd, const unsigned char* p, size_t n, int64_t deadline) {
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w > 0) { p += w; n -= (size_t)w; continue; }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pf;
+            int ms = _dm_store_poll_ms(deadline), r;
+            if (ms == 0) return UV_ETIMEDOUT;
+            pf.fd = fd; pf.events = POLLOUT; pf.revents = 0;
+            r = poll(&pf, 1, ms);
+            if (r < 0 && errno != EINTR) return _dm_store_uv_errno(errno);
+            continue;
+        }
+        return _dm_store_uv_errno(errno);
+    }
+    return 0;
+}
+_DM_PRIVATE int _dm_store_recv_all(int fd, unsigned char* p, size_t n, int64_t deadline) {
+    while (n) {
+        struct pollfd pf;
+        int ms, r;
+        ssize_t got;
+        pf.fd = fd; pf.events = POLLIN; pf.revents = 0;
+        ms = _dm_store_poll_ms(deadline);
+        if (ms == 0) return UV_ETIMEDOUT;
+        r = poll(&pf, 1, ms);
+        if (r < 0) { if (errno == EINTR) continue; return _dm_store_uv_errno(errno); }
+        if (r == 0) continue;
+        got = recv(fd, p, n, 0);
+        if (got > 0) { p += got; n -= (size_t)got; continue; }
+        if (got == 0) return UV_EOF;
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+        return _dm_store_uv_errno(errno);
+    }
+    return 0;
+}
+
+/* The connection is unusable after a failure in the middle of a request. */
+_DM_PRIVATE dm_status _dm_store_io_fail(dm_store* s, int uvc, const char* what) {
+    char cause[200];
+    _dm_store_shared* sh = s->sh;
+    dm_status st = _dm_status_from_uv(uvc);
+    _dm_store_uv_cause(uvc, cause, sizeof(cause));
+    if (sh->fd >= 0) { close(sh->fd); sh->fd = -1; }
+    sh->broken = true;
+    snprintf(sh->broken_why, sizeof(sh->broken_why), "%.40s: %.100s", what, cause);
+    if (uvc == UV_EOF) snprintf(cause, sizeof(cause), "EOF: the server closed the connection");
+    return _DM_STORE_FAIL(s, st, "tcp-store: %s with %s:%d failed (%s)", what, sh->host, sh->port, cause);
+}
+_DM_PRIVATE dm_status _dm_store_check_conn(dm_store* s) {
+    if (!s->sh->broken) return DM_OK;
+    return _DM_STORE_FAIL(s, DM_ERR_PEER_LOST,
+                          "tcp-store: connection to %s:%d is unusable after an earlier failure (%s)",
+                          s->sh->host, s->sh->port, s->sh->broken_why);
+}
+_DM_PRIVATE dm_status _dm_store_send(dm_store* s, _dm_stbuf* b, const char* what) {
+    int rc;
+    if (b->oom) return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: %s (out of memory)", what);
+    rc = _dm_store_send_all(s->sh->fd, b->p, b->len, _dm_deadline(s->timeout_ms));
+    if (rc) return _dm_store_io_fail(s, rc, what);
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_store_recv(dm_store* s, void* p, size_t n, int64_t deadline, const char* what) {
+    int rc = _dm_store_recv_all(s->sh->fd, (unsigned char*)p, n, deadline);
+    if (rc) return _dm_store_io_fail(s, rc, what);
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_store_recv_u64(dm_store* s, uint64_t* v, const char* what) {
+    unsigned char b[8];
+    dm_status st = _dm_store_recv(s, b, 8, _dm_deadline(s->timeout_ms), what);
+    if (st == DM_OK) *v = _dm_st_get_u64(b);
+    return st;
+}
+/* uint64 length + bytes into a new buffer of the store's allocator. */
+_DM_PRIVATE dm_status _dm_store_recv_value(dm_store* s, void** out, size_t* out_n, const char* what) {
+    uint64_t n;
+    unsigned char* p;
+    dm_status st = _dm_store_recv_u64(s, &n, what);
+    if (st != DM_OK) return st;
+    if (n > DM_STORE_MAX_VALUE) {
+        if (s->sh->fd >= 0) { close(s->sh->fd); s->sh->fd = -1; }
+        s->sh->broken = true;
+        snprintf(s->sh->broken_why, sizeof(s->sh->broken_why), "reply of %llu bytes", (unsigned long long)n);
+        return _DM_STORE_FAIL(s, DM_ERR_PROTOCOL, "tcp-store: %s: reply of %llu bytes (above DM_STORE_MAX_VALUE)",
+                              what, (unsigned long long)n);
+    }
+    p = (unsigned char*)_dm_malloc(&s->allocator, (size_t)n);
+    if (!p) return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: %s (out of memory)", what);
+    st = _dm_store_recv(s, p, (size_t)n, _dm_deadline(s->timeout_ms), what);
+    if (st != DM_OK) { _dm_free(&s->allocator, p); return st; }
+    *out = p;
+    *out_n = (size_t)n;
+    return DM_OK;
+}
+/* Protocol violation in a reply: the stream can't be trusted any more. */
+_DM_PRIVATE dm_status _dm_store_bad_reply(dm_store* s, const char* what, unsigned got) {
+    if (s->sh->fd >= 0) { close(s->sh->fd); s->sh->fd = -1; }
+    s->sh->broken = true;
+    snprintf(s->sh->broken_why, sizeof(s->sh->broken_why), "%s: unexpected reply byte %u", what, got);
+    return _DM_STORE_FAIL(s, DM_ERR_PROTOCOL, "tcp-store: %s: unexpected reply byte %u from %s:%d",
+                          what, got, s->sh->host, s->sh->port);
+}
+
+/* WAIT for already prefixed keys; at the deadline CANCEL_WAIT, as torch's client does. */
+_DM_PRIVATE dm_status _dm_store_tcp_wait(dm_store* s, unsigned char* const* keys, const size_t* lens,
+                                         size_t n, int timeout_ms, const char* const* names) {
+    _dm_stbuf b;
+    size_t i;
+    unsigned char r;
+    int rc;
+    dm_status st;
+    int64_t deadline = _dm_deadline(timeout_ms);
+    memset(&b, 0, sizeof(b));
+    b.a = &s->allocator;
+    _dm_stbuf_u8(&b, _DM_STQ_WAIT);
+    _dm_stbuf_u64(&b, (uint64_t)n);
+    for (i = 0; i < n; i++) _dm_stbuf_str(&b, keys[i], lens[i]);
+    st = _dm_store_send(s, &b, "wait");
+    _dm_stbuf_free(&b);
+    if (st != DM_OK) return st;
+    rc = _dm_store_recv_all(s->sh->fd, &r, 1, deadline);
+    if (rc == 0) return r == _DM_ST_STOP_WAITING ? DM_OK : _dm_store_bad_reply(s, "wait", r);
+    if (rc != UV_ETIMEDOUT) return _dm_store_io_fail(s, rc, "wait");
+    /* timed out: cancel, then expect WAIT_CANCELED (after a STOP_WAITING that crossed it) */
+    r = _DM_STQ_CANCEL_WAIT;
+    rc = _dm_store_send_all(s->sh->fd, &r, 1, _dm_deadline(s->timeout_ms));
+    if (rc) return _dm_store_io_fail(s, rc, "cancel wait");
+    if ((st = _dm_store_recv(s, &r, 1, _dm_deadline(s->timeout_ms), "cancel wait")) != DM_OK) return st;
+    if (r == _DM_ST_STOP_WAITING) {
+        if ((st = _dm_store_recv(s, &r, 1, _dm_deadline(s->timeout_ms), "cancel wait")) != DM_OK) return st;
+    }
+    if (r != _DM_ST_WAIT_CANCELED) return _dm_store_bad_reply(s, "cancel wait", r);
+    {
+        char list[300];
+        return _DM_STORE_FAIL(s, DM_ERR_TIMEOUT, "tcp-store: wait for %s timed out after %d ms (ETIMEDOUT)",
+                              _dm_store_keylist(s, names, n, list, sizeof(list)), timeout_ms);
+    }
+}
+
+/* One connection attempt: connect, TCP_NODELAY, VALIDATE, PING. 0 or a uv code. */
+_DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int64_t deadline, int* out_fd) {
+    int fd, rc, fl;
+    unsigned char req[16], rep[4];
+    uint32_t nonce = (uint32_t)getpid();
+    _dm_stbuf b;
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) return _dm_store_uv_errno(errno);
+    fl = fcntl(fd, F_GETFL, 0);
+    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (rc < 0 && errno != EINPROGRESS && errno != EINTR) {
+        rc = _dm_store_uv_errno(errno);
+        close(fd);
+        return rc;
+    }
+    if (rc < 0) {
+        for (;;) {
+            struct pollfd pf;
+            int ms = _dm_store_poll_ms(deadline), r, soerr = 0;
+            socklen_t sl = sizeof(soerr);
+            if (ms == 0) { close(fd); return UV_ETIMEDOUT; }
+            pf.fd = fd; pf.events = POLLOUT; pf.revents = 0;
+            r = poll(&pf, 1, ms);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) { rc = _dm_store_uv_errno(errno); close(fd); return rc; }
+            if (r == 0) continue;
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+            if (soerr) { close(fd); return _dm_store_uv_errno(soerr); }
+            break;
+        }
+    }
+    fl = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &fl, sizeof(fl));
+    /* VALIDATE + PING in one segment, like torch's client (two sends, no reply in between) */
+    memset(&b, 0, sizeof(b));
+    b.p = req;
+    b.cap = sizeof(req);
+    _dm_stbuf_u8(&b, _DM_STQ_VALIDATE);
+    _dm_stbuf_u32(&b, _DM_ST_MAGIC);
+    _dm_stbuf_u8(&b, _DM_STQ_PING);
+    _dm_stbuf_u32(&b, nonce);
+    if ((rc = _dm_store_send_all(fd, req, b.len, deadline)) != 0 ||
+        (rc = _dm_store_recv_all(fd, rep, 4, deadline)) != 0) {
+        close(fd);
+        return rc;
+    }
+    if (_dm_st_get_u32(rep) != nonce) { close(fd); return UV_EPROTO; }
+    *out_fd = fd;
+    return 0;
+}
+
+_DM_PRIVATE dm_status _dm_store_tcp_connect(dm_store* s) {
+    _dm_store_shared* sh = s->sh;
+    int64_t deadline = _dm_deadline(s->timeout_ms);
+    int backoff = 10, last = 0, tries = 0;
+    char portstr[16], cause[200];
+    snprintf(portstr, sizeof(portstr), "%d", sh->port);
+    for (;;) {
+        struct addrinfo hints, *res = NULL, *ai;
+        int gai;
+        memset(&hints, 0, sizeof(hints));
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        hints.ai_flags = AI_NUMERICSERV;
+        tries++;
+        gai = getaddrinfo(sh->host, portstr, &hints, &res);
+        if (gai != 0) {
+            last = gai == EAI_SYSTEM ? _dm_store_uv_errno(errno) : UV_EAI_NONAME;
+            if (gai == EAI_AGAIN) last = UV_EAI_AGAIN;
+            if (gai == EAI_MEMORY) last = UV_ENOMEM;
+        } else {
+            for (ai = res; ai; ai = ai->ai_next) {
+                int fd = -1;
+                int r = _dm_store_try_connect(ai, deadline, &fd);
+                if (r == 0) { sh->fd = fd; last = 0; break; }
+                if (r != UV_ETIMEDOUT || !last) last = r;   /* keep the real cause over our deadline */
+            }
+            freeaddrinfo(res);
+            if (last == 0) return DM_OK;
+            if (last == UV_EPROTO)
+                return _DM_STORE_FAIL(s, DM_ERR_PROTOCOL,
+                                      "tcp-store: %s:%d is not a torch 2.x TCPStore (wrong PING reply)",
+                                      sh->host, sh->port);
+        }
+        {   /* sleep the backoff, or what is left of the timeout */
+            int64_t left = deadline == INT64_MAX ? backoff : deadline - _dm_now_ms();
+            struct timespec ts;
+            if (left <= 0) break;
+            if (left > backoff) left = backoff;
+            ts.tv_sec = (time_t)(left / 1000);
+            ts.tv_nsec = (long)(left % 1000) * 1000000L;
+            nanosleep(&ts, NULL);
+        }
+        backoff = backoff * 2 > 500 ? 500 : backoff * 2;
+    }
+    return _DM_STORE_FAIL(s, last == UV_ENOMEM ? DM_ERR_OUT_OF_MEMORY : DM_ERR_TIMEOUT,
+                          "tcp-store: connect to %s:%d timed out after %d ms and %d tries (%s)",
+                          sh->host, sh->port, s->timeout_ms, tries,
+                          _dm_store_uv_cause(last ? last : UV_ETIMEDOUT, cause, sizeof(cause)));
+}
+
+/* ---------------- file store ---------------- */
+
+/* dir/<hex of key>; keys too long for a file name get "~" + two 64-bit hashes. */
+_DM_PRIVATE char* _dm_fstore_path(dm_store* s, const unsigned char* key, size_t n) {
+    const char* dir = s->sh->dir;
+    size_t dl = strlen(dir), i, cap = dl + 2 + (n * 2 > 240 ? 40 : n * 2) + 1;
+    char* p = (char*)_dm_malloc(&s->allocator, cap);
+    static const char hx[] = "0123456789abcdef";
+    char* q;
+    if (!p) return NULL;
+    memcpy(p, dir, dl);
+    q = p + dl;
+    *q++ = '/';
+    if (n * 2 > 240) {
+        uint64_t h1 = _dm_st_hash(key, n), h2 = 0x9e3779b97f4a7c15ull;
+        for (i = 0; i < n; i++) h2 = (h2 ^ key[n - 1 - i]) * 0x100000001b3ull + 0x7f4a7c15ull;
+        snprintf(q, 40, "~%016llx%016llx", (unsigned long long)h1, (unsigned long long)h2);
+        return p;
+    }
+    for (i = 0; i < n; i++) { *q++ = hx[key[i] >> 4]; *q++ = hx[key[i] & 15]; }
+    *q = 0;
+    if (n == 0) { q[0] = '_'; q[1] = 0; }   /* the empty key */
+    return p;
+}
+_DM_PRIVATE dm_status _dm_fstore_errno(dm_store* s, const char* what, const char* path, int e) {
+    char cause[200];
+    int uvc = _dm_store_uv_errno(e);
+    return _DM_STORE_FAIL(s, _dm_status_from_uv(uvc) == DM_ERR_NETWORK ? DM_ERR_IO : _dm_status_from_uv(uvc),
+                          "tcp-store: file store %s %s failed (%s)", what, path,
+                          _dm_store_uv_cause(uvc, cause, sizeof(cause)));
+}
+_DM_PRIVATE void _dm_store_sleep_ms(int ms) {
+    struct timespec ts;
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    nanosleep(&ts, NULL);
+}
+/* Reads the whole file; ENOENT -> DM_ERR_NOT_FOUND without a message. */
+_DM_PRIVATE dm_status _dm_fstore_read(dm_store* s, const char* path, void** out, size_t* out_n) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat stt;
+    unsigned char* p;
+    size_t got = 0;
+    if (fd < 0) {
+        if (errno == ENOENT) return DM_ERR_NOT_FOUND;
+        return _dm_fstore_errno(s, "open", path, errno);
+    }
+    if (fstat(fd, &stt) != 0) { int e = errno; close(fd); return _dm_fstore_errno(s, "stat", path, e); }
+    if ((uint64_t)stt.st_size > DM_STORE_MAX_VALUE) {
+        close(fd);
+        return _DM_STORE_FAIL(s, DM_ERR_PROTOCOL, "tcp-store: file store %s holds %lld bytes (above DM_STORE_MAX_VALUE)",
+                              path, (long long)stt.st_size);
+    }
+    p = (unsigned char*)_dm_malloc(&s->allocator, (size_t)stt.st_size);
+    if (!p) { close(fd); return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: file store read %s (out of memory)", path); }
+    while (got < (size_t)stt.st_size) {
+        ssize_t r = read(fd, p + got, (size_t)stt.st_size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { int e = errno; close(fd); _dm_free(&s->allocator, p); return _dm_fstore_errno(s, "read", path, e); }
+        if (r == 0) break;  /* files are replaced by rename, never truncated: cannot happen */
+        got += (size_t)r;
+    }
+    close(fd);
+    *out = p;
+    *out_n = got;
+    return DM_OK;
+}
+/* write-to-temp + rename: readers see the old or the new value, never a partial one. */
+_DM_PRIVATE dm_status _dm_fstore_write(dm_store* s, const char* path, const void* a, size_t an,
+                                       const void* b, size_t bn) {
+    char tmp[4096];
+    int fd;
+    size_t done = 0, total = an + bn;
+    snprintf(tmp, sizeof(tmp), "%s/.tmp.%ld.%lx.%p", s->sh->dir, (long)getpid(),
+             (unsigned long)pthread_self(), (void*)&done);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return _dm_fstore_errno(s, "create", tmp, errno);
+    while (done < total) {
+        const unsigned char* src = done < an ? (const unsigned char*)a + done : (const unsigned char*)b + (done - an);
+        size_t chunk = done < an ? an - done : total - done;
+        ssize_t w = write(fd, src, chunk);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) { int e = errno; close(fd); unlink(tmp); return _dm_fstore_errno(s, "write", tmp, e); }
+        done += (size_t)w;
+    }
+    if (close(fd) != 0) { int e = errno; unlink(tmp); return _dm_fstore_errno(s, "close", tmp, e); }
+    if (rename(tmp, path) != 0) { int e = errno; unlink(tmp); return _dm_fstore_errno(s, "rename", path, e); }
+    return DM_OK;
+}
+/* The directory's lock file, flock'ed exclusively (across processes, and across threads since
+   each call opens its own file description); polled until the deadline. */
+_DM_PRIVATE dm_status _dm_fstore_lock(dm_store* s, int* out_fd) {
+    char path[4096];
+    int fd, backoff = 1;
+    int64_t deadline = _dm_deadline(s->timeout_ms);
+    snprintf(path, sizeof(path), "%s/.lock", s->sh->dir);
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return _dm_fstore_errno(s, "open", path, errno);
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK && errno != EINTR) {
+            int e = errno;
+            close(fd);
+            return _dm_fstore_errno(s, "flock", path, e);
+        }
+        if (_dm_now_ms() >= deadline) {
+            close(fd);
+            return _DM_STORE_FAIL(s, DM_ERR_TIMEOUT, "tcp-store: file store lock %s timed out after %d ms (ETIMEDOUT)",
+                                  path, s->timeout_ms);
+        }
+        _dm_store_sleep_ms(backoff);
+        backoff = backoff * 2 > 20 ? 20 : backoff * 2;
+    }
+    *out_fd = fd;
+    return DM_OK;
+}
+_DM_PRIVATE void _dm_fstore_unlock(int fd) {
+    flock(fd, LOCK_UN);
+    close(fd);
+}
+_DM_PRIVATE dm_status _dm_fstore_wait(dm_store* s, unsigned char* const* keys, const size_t* lens,
+                                      size_t n, int timeout_ms, const char* const* names) {
+    int64_t deadline = _dm_deadline(timeout_ms);
+    int backoff = 1;
+    size_t i = 0;
+    for (;;) {
+        for (; i < n; i++) {    /* keys once seen are not looked at again */
+            char* path = _dm_fstore_path(s, keys[i], lens[i]);
+            int r;
+            if (!path) return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: file store wait (out of memory)");
+            r = access(path, F_OK);
+            if (r != 0 && errno != ENOENT) {
+                dm_status st = _dm_fstore_errno(s, "access", path, errno);
+                _dm_free(&s->allocator, path);
+                return st;
+            }
+            _dm_free(&s->allocator, path);
+            if (r != 0) break;
+        }
+        if (i == n) return DM_OK;
+        if (_dm_now_ms() >= deadline) {
+            char list[300];
+            return _DM_STORE_FAIL(s, DM_ERR_TIMEOUT, "tcp-store: file store wait for %s timed out after %d ms (ETIMEDOUT)",
+                                  _dm_store_keylist(s, names, n, list, sizeof(list)), timeout_ms);
+        }
+        {
+            int64_t left = deadline - _dm_now_ms();
+            _dm_store_sleep_ms(left < backoff ? (int)(left > 0 ? left : 1) : backoff);
+        }
+        backoff = backoff * 2 > 50 ? 50 : backoff * 2;
+    }
+}
+_DM_PRIVATE dm_status _dm_fstore_mkdirs(dm_store* s, const char* dir) {
+    char path[4096];
+    size_t i, n = strlen(dir);
+    if (n == 0 || n >= sizeof(path))
+        return _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: file store directory \"%s\" is empty or too long", dir);
+    memcpy(path, dir, n + 1);
+    for (i = 1; i <= n; i++) {
+        if (path[i] == '/' || path[i] == 0) {
+            char c = path[i];
+            path[i] = 0;
+            if (mkdir(path, 0755) != 0 && errno != EEXIST) return _dm_fstore_errno(s, "mkdir", path, errno);
+            path[i] = c;
+        }
+    }
+    return DM_OK;
+}
+
+/* ============================================================================================ */
+/* >>store public */
+
+_DM_PRIVATE void _dm_store_shared_release(_dm_store_shared* sh) {
+    bool last;
+    dm_allocator a;
+    pthread_mutex_lock(&sh->mu);
+    last = --sh->refs == 0;
+    pthread_mutex_unlock(&sh->mu);
+    if (!last) return;
+    a = sh->allocator;
+    if (sh->fd >= 0) close(sh->fd);
+    _dm_srv_stop(sh->server);
+    _dm_free(&a, sh->dir);
+    pthread_mutex_destroy(&sh->mu);
+    _dm_free(&a, sh);
+}
+_DM_PRIVATE void _dm_store_free_obj(dm_store* s) {
+    dm_allocator a = s->allocator;
+    _dm_free(&a, s->prefix);
+    _dm_free(&a, s);
+}
+
+/* TORCHELASTIC_USE_AGENT_STORE: torch's getCvarBool truthy spellings. */
+_DM_PRIVATE bool _dm_store_agent_store(void) {
+    const char* v = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    if (!v) return false;
+    return strcmp(v, "1") == 0 || strcmp(v, "true") == 0 || strcmp(v, "True") == 0 ||
+           strcmp(v, "TRUE") == 0 || strcmp(v, "yes") == 0 || strcmp(v, "y") == 0;
+}
+
+DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out) {
+    _DM_ZERO(dm_store_desc, d);
+    dm_store* s;
+    _dm_store_shared* sh;
+    char url[600], err[DM_LAST_ERROR_SIZE];
+    const char* u;
+    dm_status st;
+    if (!out) return DM_ERR_INVALID_ARG;
+    *out = NULL;
+    if (desc) d = *desc;
+    if (!_dm_allocator_valid(&d.allocator))
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG,
+                          "tcp-store: allocator needs both functions or neither");
+    u = d.url ? d.url : getenv("DISTMESH_STORE");
+    if (u && *u) {
+        snprintf(url, sizeof(url), "%s", u);
+    } else {
+        const char* ma = getenv("MASTER_ADDR");
+        const char* mp = getenv("MASTER_PORT");
+        if (!ma || !*ma || !mp || !*mp)
+            return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_ENV,
+                              "tcp-store: no store url (set desc.url, DISTMESH_STORE, or MASTER_ADDR and MASTER_PORT)");
+        if (strchr(ma, ':') && ma[0] != '[') snprintf(url, sizeof(url), "tcp://[%s]:%s", ma, mp);
+        else snprintf(url, sizeof(url), "tcp://%s:%s", ma, mp);
+    }
+    s = (dm_store*)_dm_calloc(&d.allocator, sizeof(*s));
+    sh = (_dm_store_shared*)_dm_calloc(&d.allocator, sizeof(*sh));
+    if (!s || !sh) {
+        _dm_free(&d.allocator, s);
+        _dm_free(&d.allocator, sh);
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "tcp-store: out of memory");
+    }
+    s->sh = sh;
+    s->logger = d.logger;
+    s->allocator = d.allocator;
+    s->timeout_ms = _dm_resolve_timeout(d.timeout_ms);
+    sh->allocator = d.allocator;
+    sh->refs = 1;
+    sh->fd = -1;
+    pthread_mutex_init(&sh->mu, NULL);
+    if (d.prefix && *d.prefix) {
+        s->prefix_len = strlen(d.prefix);
+        s->prefix = (char*)_dm_malloc(&s->allocator, s->prefix_len + 1);
+        if (!s->prefix) { st = _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "tcp-store: out of memory"); goto fail; }
+        memcpy(s->prefix, d.prefix, s->prefix_len + 1);
+    }
+    if (strncmp(url, "file://", 7) == 0) {
+        const char* dir = url + 7;
+        size_t n = strlen(dir);
+        sh->kind = _DM_STORE_FILE;
+        if (dir[0] != '/') {
+            st = _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG,
+                            "tcp-store: file store url \"%s\" needs an absolute path (file:///abs/dir)", url);
+            goto fail;
+        }
+        while (n > 1 && dir[n - 1] == '/') n--;
+        sh->dir = (char*)_dm_malloc(&d.allocator, n + 1);
+        if (!sh->dir) { st = _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "tcp-store: out of memory"); goto fail; }
+        memcpy(sh->dir, dir, n);
+        sh->dir[n] = 0;
+        if ((st = _dm_fstore_mkdirs(s, sh->dir)) != DM_OK) { snprintf(err, sizeof(err), "%s", s->last_error); goto fail; }
+        s->last_error[0] = 0;
+        *out = s;
+        return DM_OK;
+    }
+    if (strncmp(url, "tcp://", 6) == 0) {
+        const char* h = url + 6;
+        const char* colon;
+        char* end = NULL;
+        long port;
+        size_t hl;
+        sh->kind = _DM_STORE_TCP;
+        if (h[0] == '[') {
+            const char* rb = strchr(h, ']');
+            if (!rb || rb[1] != ':') goto bad_url;
+            hl = (size_t)(rb - h - 1);
+            memcpy(sh->host, h + 1, hl < sizeof(sh->host) ? hl : 0);
+            colon = rb + 1;
+        } else {
+            colon = strrchr(h, ':');
+            if (!colon) goto bad_url;
+            hl = (size_t)(colon - h);
+            if (hl >= sizeof(sh->host)) goto bad_url;
+            memcpy(sh->host, h, hl);
+        }
+        if (hl == 0 || hl >= sizeof(sh->host)) goto bad_url;
+        sh->host[hl] = 0;
+        errno = 0;
+        port = strtol(colon + 1, &end, 10);
+        if (errno || end == colon + 1 || (*end && *end != '/' && *end != '?') || port < 0 || port > 65535)
+            goto bad_url;
+        sh->port = (int)port;
+        if (d.is_server && !_dm_store_agent_store()) {
+            char what[300];
+            st = _dm_srv_start(sh->host, sh->port, &d.logger, &d.allocator, &sh->server, what, sizeof(what));
+            if (st != DM_OK) {
+                _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp-store: server %s: %s", url, what);
+                goto fail;
+            }
+            sh->port = sh->server->port;
+        } else if (port == 0) {
+            st = _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG,
+                            "tcp-store: %s: port 0 needs is_server (a client must know the port)", url);
+            goto fail;
+        }
+        if ((st = _dm_store_tcp_connect(s)) != DM_OK) { snprintf(err, sizeof(err), "%s", s->last_error); goto fail; }
+        s->last_error[0] = 0;
+        *out = s;
+        return DM_OK;
+    }
+bad_url:
+    st = _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG,
+                    "tcp-store: bad store url \"%s\" (expected tcp://host:port, tcp://[v6]:port or file:///dir)", url);
+fail:
+    (void)err;
+    _dm_store_shared_release(sh);
+    _dm_store_free_obj(s);
+    return st;
+}
+
+DM_API_IMPL dm_status dm_store_clone_prefixed(dm_store* parent, const char* prefix, dm_store** out) {
+    dm_store* s;
+    size_t pl = prefix ? strlen(prefix) : 0;
+    if (!out) return DM_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!parent) return DM_ERR_INVALID_ARG;
+    s = (dm_store*)_dm_calloc(&parent->allocator, sizeof(*s));
+    if (s && parent->prefix_len + pl) {
+        s->prefix = (char*)_dm_malloc(&parent->allocator, parent->prefix_len + pl + 1);
+        if (!s->prefix) { _dm_free(&parent->allocator, s); s = NULL; }
+        else {
+            if (parent->prefix_len) memcpy(s->prefix, parent->prefix, parent->prefix_len);
+            if (pl) memcpy(s->prefix + parent->prefix_len, prefix, pl);
+            s->prefix[parent->prefix_len + pl] = 0;
+            s->prefix_len = parent->prefix_len + pl;
+        }
+    }
+    if (!s) return _DM_STORE_FAIL(parent, DM_ERR_OUT_OF_MEMORY, "tcp-store: clone (out of memory)");
+    s->sh = parent->sh;
+    s->timeout_ms = parent->timeout_ms;
+    s->logger = parent->logger;
+    s->allocator = parent->allocator;
+    pthread_mutex_lock(&s->sh->mu);
+    s->sh->refs++;
+    pthread_mutex_unlock(&s->sh->mu);
+    *out = s;
+    return DM_OK;
+}
+
+DM_API_IMPL void dm_store_destroy(dm_store* s) {
+    if (!s) return;
+    _dm_store_shared_release(s->sh);
+    _dm_store_free_obj(s);
+}
+
+DM_API_IMPL const char* dm_store_last_error(const dm_store* s) { return s ? s->last_error : ""; }
+DM_API_IMPL int dm_store_port(const dm_store* s) {
+    return s && s->sh->kind == _DM_STORE_TCP ? s->sh->port : 0;
+}
+DM_API_IMPL void dm_store_free(dm_store* s, void* value) {
+    if (value) _dm_free(s ? &s->allocator : NULL, value);
+}
+
+/* Every public operation: argument checks, then the lock, then the kind's code. */
+#define _DM_STORE_BEGIN(s, name)                                                             \
+    do {                                                                                     \
+        if (!(s)) return DM_ERR_INVALID_ARG;                                                 \
+        pthread_mutex_lock(&(s)->sh->mu);                                                    \
+        (s)->last_error[0] = 0;                                                              \
+        if ((s)->sh->kind == _DM_STORE_TCP && (st = _dm_store_check_conn(s)) != DM_OK) {    \
+            pthread_mutex_unlock(&(s)->sh->mu);                                              \
+            return st;                                                                       \
+        }                                                                                    \
+        (void)(name);                                                                        \
+    } while (0)
+#define _DM_STORE_END(s) pthread_mutex_unlock(&(s)->sh->mu)
+
+_DM_PRIVATE dm_status _dm_store_bad_key(dm_store* s, const char* what, const char* key) {
+    if (!key) return _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: %s: key is NULL", what);
+    if (s->prefix_len + strlen(key) > DM_STORE_MAX_KEY)
+        return _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: %s: key longer than DM_STORE_MAX_KEY (%d bytes)",
+                              what, (int)DM_STORE_MAX_KEY);
+    return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: %s (out of memory)", what);
+}
+
+_DM_PRIVATE dm_status _dm_store_set_locked(dm_store* s, const char* key, const void* value, size_t size,
+                                           bool append) {
+    const char* what = append ? "append" : "set";
+    size_t kn;
+    unsigned char* k;
+    dm_status st;
+    if (size && !value) return _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: %s: value is NULL", what);
+    if (size > DM_STORE_MAX_VALUE)
+        return _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: %s: value of %zu bytes is above DM_STORE_MAX_VALUE",
+                              what, size);
+    if (!key || !(k = _dm_store_key(s, key, &kn))) return _dm_store_bad_key(s, what, key);
+    if (s->sh->kind == _DM_STORE_TCP) {
+        _dm_stbuf b;
+        memset(&b, 0, sizeof(b));
+        b.a = &s->allocator;
+        _dm_stbuf_u8(&b, append ? _DM_STQ_APPEND : _DM_STQ_SET);
+        _dm_stbuf_str(&b, k, kn);
+        _dm_stbuf_str(&b, value, size);
+        st = _dm_store_send(s, &b, what);
+        _dm_stbuf_free(&b);
+    } else {
+        char* path = _dm_fstore_path(s, k, kn);
+        int lk = -1;
+        if (!path) st = _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: %s (out of memory)", what);
+        else if ((st = _dm_fstore_lock(s, &lk)) == DM_OK) {
+            void* old = NULL;
+            size_t on = 0;
+            if (append) {
+                st = _dm_fstore_read(s, path, &old, &on);
+                if (st == DM_ERR_NOT_FOUND) st = DM_OK;
+            }
+            if (st == DM_OK) st = _dm_fstore_write(s, path, old, on, value, size);
+            _dm_free(&s->allocator, old);
+            _dm_fstore_unlock(lk);
+        }
+        _dm_free(&s->allocator, path);
+    }
+    _dm_free(&s->allocator, k);
+    return st;
+}
+
+DM_API_IMPL dm_status dm_store_set(dm_store* s, const char* key, const void* value, size_t size) {
+    dm_status st;
+    _DM_STORE_BEGIN(s, "set");
+    st = _dm_store_set_locked(s, key, value, size, false);
+    _DM_STORE_END(s);
+    return st;
+}
+DM_API_IMPL dm_status dm_store_append(dm_store* s, const char* key, const void* value, size_t size) {
+    dm_status st;
+    _DM_STORE_BEGIN(s, "append");
+    st = _dm_store_set_locked(s, key, value, size, true);
+    _DM_STORE_END(s);
+    return st;
+}
+
+/* Prefixed copies of n keys (freed with _dm_store_keys_free). */
+_DM_PRIVATE dm_status _dm_store_keys(dm_store* s, const char* what, const char* const* keys, size_t n,
+                                     unsigned char*** out_k, size_t** out_l) {
+    size_t i;
+    unsigned char** k;
+    size_t* l;
+    *out_k = NULL;
+    *out_l = NULL;
+    if (n && !keys) return _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: %s: keys is NULL", what);
+    if (n > DM_STORE_MAX_KEYS)
+        return _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: %s: %zu keys (above DM_STORE_MAX_KEYS)", what, n);
+    k = (unsigned char**)_dm_calloc(&s->allocator, (n ? n : 1) * sizeof(*k));
+    l = (size_t*)_dm_calloc(&s->allocator, (n ? n : 1) * sizeof(*l));
+    if (!k || !l) {
+        _dm_free(&s->allocator, k);
+        _dm_free(&s->allocator, l);
+        return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: %s (out of memory)", what);
+    }
+    for (i = 0; i < n; i++) {
+        if (!keys[i] || !(k[i] = _dm_store_key(s, keys[i], &l[i]))) {
+            size_t j;
+            dm_status st = _dm_store_bad_key(s, what, keys[i]);
+            for (j = 0; j < i; j++) _dm_free(&s->allocator, k[j]);
+            _dm_free(&s->allocator, k);
+            _dm_free(&s->allocator, l);
+            return st;
+        }
+    }
+    *out_k = k;
+    *out_l = l;
+    return DM_OK;
+}
+_DM_PRIVATE void _dm_store_keys_free(dm_store* s, unsigned char** k, size_t* l, size_t n) {
+    size_t i;
+    if (k) for (i = 0; i < n; i++) _dm_free(&s->allocator, k[i]);
+    _dm_free(&s->allocator, k);
+    _dm_free(&s->allocator, l);
+}
+
+_DM_PRIVATE dm_status _dm_store_wait_locked(dm_store* s, unsigned char* const* k, const size_t* l, size_t n,
+                                            int timeout_ms, const char* const* names) {
+    if (s->sh->kind == _DM_STORE_TCP) return _dm_store_tcp_wait(s, k, l, n, timeout_ms, names);
+    return _dm_fstore_wait(s, k, l, n, timeout_ms, names);
+}
+
+DM_API_IMPL dm_status dm_store_wait(dm_store* s, const char* const* keys, size_t nkeys, int timeout_ms) {
+    dm_status st;
+    unsigned char** k;
+    size_t* l;
+    _DM_STORE_BEGIN(s, "wait");
+    st = _dm_store_keys(s, "wait", keys, nkeys, &k, &l);
+    if (st == DM_OK) {
+        st = _dm_store_wait_locked(s, k, l, nkeys, timeout_ms ? timeout_ms : s->timeout_ms, keys);
+        _dm_store_keys_free(s, k, l, nkeys);
+    }
+    _DM_STORE_END(s);
+    return st;
+}
+
+/* GET (tcp) or read (file) of one prefixed key that is known to exist. */
+_DM_PRIVATE dm_status _dm_store_get_one(dm_store* s, const unsigned char* k, size_t kn, const char* key,
+                                        void** out, size_t* out_n) {
+    dm_status st;
+    if (s->sh->kind == _DM_STORE_TCP) {
+        _dm_stbuf b;
+        memset(&b, 0, sizeof(b));
+        b.a = &s->allocator;
+        _dm_stbuf_u8(&b, _DM_STQ_GET);
+        _dm_stbuf_str(&b, k, kn);
+        st = _dm_store_send(s, &b, "get");
+        _dm_stbuf_free(&b);
+        if (st == DM_OK) st = _dm_store_recv_value(s, out, out_n, "get");
+        return st;
+    } else {
+        char* path = _dm_fstore_path(s, k, kn);
+        if (!path) return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: get (out of memory)");
+        st = _dm_fstore_read(s, path, out, out_n);
+        if (st == DM_ERR_NOT_FOUND)  /* deleted between the wait and the read */
+            st = _DM_STORE_FAIL(s, DM_ERR_NOT_FOUND, "tcp-store: file store get \"%s%s\": deleted while read (ENOENT)",
+                                s->prefix ? s->prefix : "", key);
+        _dm_free(&s->allocator, path);
+        return st;
+    }
+}
+
+DM_API_IMPL dm_status dm_store_get(dm_store* s, const char* key, void** out_value, size_t* out_size) {
+    dm_status st;
+    unsigned char* k;
+    size_t kn;
+    if (out_value) *out_value = NULL;
+    if (out_size) *out_size = 0;
+    _DM_STORE_BEGIN(s, "get");
+    if (!out_value || !out_size) st = _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: get: out_value or out_size is NULL");
+    else if (!key || !(k = _dm_store_key(s, key, &kn))) st = _dm_store_bad_key(s, "get", key);
+    else {
+        st = _dm_store_wait_locked(s, &k, &kn, 1, s->timeout_ms, &key);
+        if (st == DM_OK) st = _dm_store_get_one(s, k, kn, key, out_value, out_size);
+        _dm_free(&s->allocator, k);
+    }
+    _DM_STORE_END(s);
+    return st;
+}
+
+DM_API_IMPL dm_status dm_store_multi_get(dm_store* s, const char* const* keys, size_t n, void** out_values,
+                                         size_t* out_sizes) {
+    dm_status st;
+    unsigned char** k;
+    size_t* l;
+    size_t i;
+    if (out_values) for (i = 0; i < n; i++) out_values[i] = NULL;
+    if (out_sizes) for (i = 0; i < n; i++) out_sizes[i] = 0;
+    _DM_STORE_BEGIN(s, "multi_get");
+    if (n && (!out_values || !out_sizes)) {
+        st = _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: multi_get: out_values or out_sizes is NULL");
+        _DM_STORE_END(s);
+        return st;
+    }
+    st = _dm_store_keys(s, "multi_get", keys, n, &k, &l);
+    if (st == DM_OK) {
+        st = _dm_store_wait_locked(s, k, l, n, s->timeout_ms, keys);
+        if (st == DM_OK && s->sh->kind == _DM_STORE_TCP) {
+            _dm_stbuf b;
+            memset(&b, 0, sizeof(b));
+            b.a = &s->allocator;
+            _dm_stbuf_u8(&b, _DM_STQ_MULTI_GET);
+            _dm_stbuf_u64(&b, (uint64_t)n);
+            for (i = 0; i < n; i++) _dm_stbuf_str(&b, k[i], l[i]);
+            st = _dm_store_send(s, &b, "multi_get");
+            _dm_stbuf_free(&b);
+            for (i = 0; i < n && st == DM_OK; i++) st = _dm_store_recv_value(s, &out_values[i], &out_sizes[i], "multi_get");
+        } else if (st == DM_OK) {
+            for (i = 0; i < n && st == DM_OK; i++) st = _dm_store_get_one(s, k[i], l[i], keys[i], &out_values[i], &out_sizes[i]);
+        }
+        if (st != DM_OK)
+            for (i = 0; i < n; i++) { _dm_free(&s->allocator, out_values[i]); out_values[i] = NULL; out_sizes[i] = 0; }
+        _dm_store_keys_free(s, k, l, n);
+    }
+    _DM_STORE_END(s);
+    return st;
+}
+
+DM_API_IMPL dm_status dm_store_multi_set(dm_store* s, const char* const* keys, const void* const* values,
+                                         const size_t* sizes, size_t n) {
+    dm_status st;
+    unsigned char** k;
+    size_t* l;
+    size_t i;
+    _DM_STORE_BEGIN(s, "multi_set");
+    if (n && (!values || !sizes)) {
+        st = _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: multi_set: values or sizes is NULL");
+        _DM_STORE_END(s);
+        return st;
+    }
+    for (i = 0; i < n; i++) {
+        if ((sizes[i] && !values[i]) || sizes[i] > DM_STORE_MAX_VALUE) {
+            st = _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: multi_set: value %zu is NULL or above DM_STORE_MAX_VALUE", i);
+            _DM_STORE_END(s);
+            return st;
+        }
+    }
+    st = _dm_store_keys(s, "multi_set", keys, n, &k, &l);
+    if (st == DM_OK) {
+        if (s->sh->kind == _DM_STORE_TCP) {
+            _dm_stbuf b;
+            memset(&b, 0, sizeof(b));
+            b.a = &s->allocator;
+            _dm_stbuf_u8(&b, _DM_STQ_MULTI_SET);
+            _dm_stbuf_u64(&b, (uint64_t)n);
+            for (i = 0; i < n; i++) { _dm_stbuf_str(&b, k[i], l[i]); _dm_stbuf_str(&b, values[i], sizes[i]); }
+            st = _dm_store_send(s, &b, "multi_set");
+            _dm_stbuf_free(&b);
+        } else {
+            for (i = 0; i < n && st == DM_OK; i++) st = _dm_store_set_locked(s, keys[i], values[i], sizes[i], false);
+        }
+        _dm_store_keys_free(s, k, l, n);
+    }
+    _DM_STORE_END(s);
+    return st;
+}
+
+DM_API_IMPL dm_status dm_store_add(dm_store* s, const char* key, int64_t delta, int64_t* out) {
+    dm_status st;
+    unsigned char* k;
+    size_t kn;
+    _DM_STORE_BEGIN(s, "add");
+    if (!key || !(k = _dm_store_key(s, key, &kn))) {
+        st = _dm_store_bad_key(s, "add", key);
+        _DM_STORE_END(s);
+        return st;
+    }
+    if (s->sh->kind == _DM_STORE_TCP) {
+        _dm_stbuf b;
+        uint64_t v = 0;
+        memset(&b, 0, sizeof(b));
+        b.a = &s->allocator;
+        _dm_stbuf_u8(&b, _DM_STQ_ADD);
+        _dm_stbuf_str(&b, k, kn);
+        _dm_stbuf_u64(&b, (uint64_t)delta);
+        st = _dm_store_send(s, &b, "add");
+        _dm_stbuf_free(&b);
+        if (st == DM_OK) st = _dm_store_recv_u64(s, &v, "add");
+        if (st == DM_OK && out) *out = (int64_t)v;
+    } else {
+        char* path = _dm_fstore_path(s, k, kn);
+        int lk = -1;
+        if (!path) st = _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: add (out of memory)");
+        else if ((st = _dm_fstore_lock(s, &lk)) == DM_OK) {
+            void* old = NULL;
+            size_t on = 0;
+            int64_t cur = 0;
+            st = _dm_fstore_read(s, path, &old, &on);
+            if (st == DM_ERR_NOT_FOUND) st = DM_OK;
+            else if (st == DM_OK && !_dm_st_parse_i64((const unsigned char*)old, on, &cur))
+                st = _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG, "tcp-store: file store add \"%s%s\": the value is not a decimal int64",
+                                    s->prefix ? s->prefix : "", key);
+            if (st == DM_OK) {
+                char txt[32];
+                cur = (int64_t)((uint64_t)cur + (uint64_t)delta);
+                snprintf(txt, sizeof(txt), "%lld", (long long)cur);
+                st = _dm_fstore_write(s, path, txt, strlen(txt), NULL, 0);
+                if (st == DM_OK && out) *out = cur;
+            }
+            _dm_free(&s->allocator, old);
+            _dm_fstore_unlock(lk);
+        }
+        _dm_free(&s->allocator, path);
+    }
+    _dm_free(&s->allocator, k);
+    _DM_STORE_END(s);
+    return st;
+}
+
+DM_API_IMPL dm_status dm_store_compare_set(dm_store* s, const char* key, const void* expected,
+                                           size_t expected_size, const void* desired, size_t desired_size,
+                                           void** out_value, size_t* out_size) {
+    dm_status st;
+    unsigned char* k;
+    size_t kn;
+    void* got = NULL;
+    size_t gn = 0;
+    if (out_value) *out_value = NULL;
+    if (out_size) *out_size = 0;
+    _DM_STORE_BEGIN(s, "compare_set");
+    if ((expected_size && !expected) || (desired_size && !desired) || (!out_value) != (!out_size) ||
+        expected_size > DM_STORE_MAX_VALUE || desired_size > DM_STORE_MAX_VALUE) {
+        st = _DM_STORE_FAIL(s, DM_ERR_INVALID_ARG,
+                            "tcp-store: compare_set: NULL value with a size, out_value/out_size not both set, or a value above DM_STORE_MAX_VALUE");
+        _DM_STORE_END(s);
+        return st;
+    }
+    if (!key || !(k = _dm_store_key(s, key, &kn))) {
+        st = _dm_store_bad_key(s, "compare_set", key);
+        _DM_STORE_END(s);
+        return st;
+    }
+    if (s->sh->kind == _DM_STORE_TCP) {
+        _dm_stbuf b;
+        memset(&b, 0, sizeof(b));
+        b.a = &s->allocator;
+        _dm_stbuf_u8(&b, _DM_STQ_COMPARE_SET);
+        _dm_stbuf_str(&b, k, kn);
+        _dm_stbuf_str(&b, expected, expected_size);
+        _dm_stbuf_str(&b, desired, desired_size);
+        st = _dm_store_send(s, &b, "compare_set");
+        _dm_stbuf_free(&b);
+        if (st == DM_OK) st = _dm_store_recv_value(s, &got, &gn, "compare_set");
+    } else {
+        char* path = _dm_fstore_path(s, k, kn);
+        int lk = -1;
+        if (!path) st = _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: compare_set (out of memory)");
+        else if ((st = _dm_fstore_lock(s, &lk)) == DM_OK) {
+            st = _dm_fstore_read(s, path, &got, &gn);
+            if (st == DM_ERR_NOT_FOUND) {
+                const void* src = expected_size == 0 ? desired : expected;
+                size_t sn = expected_size == 0 ? desired_size : expected_size;
+                st = expected_size == 0 ? _dm_fstore_write(s, path, desired, desired_size, NULL, 0) : DM_OK;
+                if (st == DM_OK) {
+                    got = _dm_malloc(&s->allocator, sn);
+                    if (!got) st = _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: compare_set (out of memory)");
+                    else { if (sn) memcpy(got, src, sn); gn = sn; }
+                }
+            } else if (st == DM_OK && gn == expected_size && (gn == 0 || memcmp(got, expected, gn) == 0)) {
+                st = _dm_fstore_write(s, path, desired, desired_size, NULL, 0);
+                _dm_free(&s->allocator, got);
+                got = NULL;
+                if (st == DM_OK) {
+                    got = _dm_malloc(&s->allocator, desired_size);
+                    if (!got) st = _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: compare_set (out of memory)");
+                    else { if (desired_size) memcpy(got, desired, desired_size); gn = desired_size; }
+                }
+            }
+            _dm_fstore_unlock(lk);
+        }
+        _dm_free(&s->allocator, path);
+    }
+    _dm_free(&s->allocator, k);
+    if (st == DM_OK && out_value) { *out_value = got; *out_size = gn; got = NULL; }
+    _dm_free(&s->allocator, got);
+    _DM_STORE_END(s);
+    return st;
+}
+
+DM_API_IMPL dm_status dm_store_delete(dm_store* s, const char* key, bool* out_deleted) {
+    dm_status st;
+    unsigned char* k;
+    size_t kn;
+    bool deleted = false;
+    _DM_STORE_BEGIN(s, "delete");
+    if (!key || !(k = _dm_store_key(s, key, &kn))) {
+        st = _dm_store_bad_key(s, "delete", key);
+        _DM_STORE_END(s);
+        return st;
+    }
+    if (s->sh->kind == _DM_STORE_TCP) {
+        _dm_stbuf b;
+        uint64_t v = 0;
+        memset(&b, 0, sizeof(b));
+        b.a = &s->allocator;
+        _dm_stbuf_u8(&b, _DM_STQ_DELETE_KEY);
+        _dm_stbuf_str(&b, k, kn);
+        st = _dm_store_send(s, &b, "delete");
+        _dm_stbuf_free(&b);
+        if (st == DM_OK) st = _dm_store_recv_u64(s, &v, "delete");
+        deleted = v == 1;
+    } else {
+        char* path = _dm_fstore_path(s, k, kn);
+        int lk = -1;
+        if (!path) st = _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: delete (out of memory)");
+        else if ((st = _dm_fstore_lock(s, &lk)) == DM_OK) {
+            if (unlink(path) == 0) deleted = true;
+            else if (errno != ENOENT) st = _dm_fstore_errno(s, "unlink", path, errno);
+            _dm_fstore_unlock(lk);
+        }
+        _dm_free(&s->allocator, path);
+    }
+    _dm_free(&s->allocator, k);
+    if (st == DM_OK && out_deleted) *out_deleted = deleted;
+    _DM_STORE_END(s);
+    return st;
+}
+
+DM_API_IMPL dm_status dm_store_check(dm_store* s, const char* const* keys, size_t nkeys, bool* out_all_present) {
+    dm_status st;
+    unsigned char** k;
+    size_t* l;
+    size_t i;
+    bool all = true;
+    _DM_STORE_BEGIN(s, "check");
+    st = _dm_store_keys(s, "check", keys, nkeys, &k, &l);
+    if (st == DM_OK) {
+        if (s->sh->kind == _DM_STORE_TCP) {
+            _dm_stbuf b;
+            unsigned char r = 0;
+            memset(&b, 0, sizeof(b));
+            b.a = &s->allocator;
+            _dm_stbuf_u8(&b, _DM_STQ_CHECK);
+            _dm_stbuf_u64(&b, (uint64_t)nkeys);
+            for (i = 0; i < nkeys; i++) _dm_stbuf_str(&b, k[i], l[i]);
+            st = _dm_store_send(s, &b, "check");
+            _dm_stbuf_free(&b);
+            if (st == DM_OK) st = _dm_store_recv(s, &r, 1, _dm_deadline(s->timeout_ms), "check");
+            if (st == DM_OK && r != _DM_ST_READY && r != _DM_ST_NOT_READY) st = _dm_store_bad_reply(s, "check", r);
+            all = r == _DM_ST_READY;
+        } else {
+            for (i = 0; i < nkeys && st == DM_OK && all; i++) {
+                char* path = _dm_fstore_path(s, k[i], l[i]);
+                if (!path) { st = _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: check (out of memory)"); break; }
+                if (access(path, F_OK) != 0) {
+                    if (errno == ENOENT) all = false;
+                    else st = _dm_fstore_errno(s, "access", path, errno);
+                }
+                _dm_free(&s->allocator, path);
+            }
+        }
+        _dm_store_keys_free(s, k, l, nkeys);
+    }
+    if (st == DM_OK && out_all_present) *out_all_present = all;
+    _DM_STORE_END(s);
+    return st;
+}
+
+DM_API_IMPL dm_status dm_store_num_keys(dm_store* s, int64_t* out) {
+    dm_status st = DM_OK;
+    int64_t n = 0;
+    _DM_STORE_BEGIN(s, "num_keys");
+    if (s->sh->kind == _DM_STORE_TCP) {
+        _dm_stbuf b;
+        uint64_t v = 0;
+        memset(&b, 0, sizeof(b));
+        b.a = &s->allocator;
+        _dm_stbuf_u8(&b, _DM_STQ_GETNUMKEYS);
+        st = _dm_store_send(s, &b, "num_keys");
+        _dm_stbuf_free(&b);
+        if (st == DM_OK) st = _dm_store_recv_u64(s, &v, "num_keys");
+        n = (int64_t)v;
+    } else {
+        DIR* dir = opendir(s->sh->dir);
+        if (!dir) st = _dm_fstore_errno(s, "opendir", s->sh->dir, errno);
+        else {
+            struct dirent* e;
+            while ((e = readdir(dir)) != NULL)
+                if (e->d_name[0] != '.') n++;   /* key files never start with '.' */
+            closedir(dir);
+        }
+    }
+    if (st == DM_OK && out) *out = n;
+    _DM_STORE_END(s);
+    return st;
+}
+
+#undef _DM_STORE_BEGIN
+#undef _DM_STORE_END
+#undef _DM_SRV_KEY
+#undef _DM_SRV_VAL
+
+#endif /* DISTMESH_IMPLEMENTATION && !_DM_TCP_STORE_IMPL */
 
 #ifndef DISTMESH_TCP_H
 #define DISTMESH_TCP_H
@@ -90,13 +2282,1292 @@ DM_API dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out);
 
 #if defined(DISTMESH_IMPLEMENTATION) && !defined(DISTMESH_TCP_IMPL_INCLUDED)
 #define DISTMESH_TCP_IMPL_INCLUDED
-#include "wip/tcp_ring.h"
+/* >>tcp implementation  The collective backend; it sees the whole distmesh.h core. */
+#include <uv.h>
+#include <sys/types.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <fcntl.h>
+
+/* >>tcp constants */
+#define _DM_TCP_HELLO_MAGIC 0x48544d44u   /* "DMTH" little-endian: connection hello */
+#define _DM_TCP_ACK_MAGIC   0x41544d44u   /* "DMTA": hello answer */
+#define _DM_TCP_FP_MAGIC    0x46544d44u   /* "DMTF": collective fingerprint */
+#define _DM_TCP_VERSION     1u
+#define _DM_TCP_IO_MAX      ((size_t)1 << 30)   /* bytes per send/recv call (2 GiB+ messages) */
+#define _DM_TCP_SMALL_BYTES ((size_t)64 << 10)  /* all_reduce at or below: recursive doubling */
+#define _DM_TCP_SOCKBUF     (4 << 20)           /* SO_SNDBUF / SO_RCVBUF when the kernel allows */
+
+enum { _DM_TCP_ACK_OK = 0, _DM_TCP_ACK_TOKEN = 1, _DM_TCP_ACK_GROUP = 2, _DM_TCP_ACK_RANK = 3 };
+enum { _DM_TCP_K_ALL_REDUCE = 1, _DM_TCP_K_ALL_GATHER, _DM_TCP_K_REDUCE_SCATTER, _DM_TCP_K_BROADCAST,
+       _DM_TCP_K_BARRIER, _DM_TCP_K_SETUP };
+
+typedef struct _dm_tcp {
+    dm_collective base;
+    struct dm_store* store;     /* used by create and split; owned when own_store */
+    bool own_store;
+    char prefix[512];           /* this group's key prefix, generation included */
+    char user_prefix[480];      /* the prefix as given (split builds on it) */
+    char ifname[128];           /* the interface spec as resolved ("" = by route) */
+    char token[128];            /* "" = none */
+    uint64_t digest[2];         /* keyed hash of token and group */
+    size_t chunk_bytes;
+    int* fds;                   /* socket per rank, -1 for self */
+    char (*addrs)[64];          /* "host:port" per rank, for messages */
+    unsigned char* tmp;         /* max(chunk_bytes, _DM_TCP_SMALL_BYTES) bytes of scratch */
+    size_t tmp_size;
+    struct sockaddr_storage self_sa; /* where this rank listened (split listens there again) */
+    dm_status broken;           /* DM_OK, or the failure that broke the collective */
+    char broken_msg[256];
+} _dm_tcp;
+
+/* >>tcp little helpers */
+_DM_PRIVATE void _dm_tcp_put32(unsigned char* p, uint32_t v) {
+    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8); p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+_DM_PRIVATE uint32_t _dm_tcp_get32(const unsigned char* p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+_DM_PRIVATE void _dm_tcp_put64(unsigned char* p, uint64_t v) {
+    _dm_tcp_put32(p, (uint32_t)v);
+    _dm_tcp_put32(p + 4, (uint32_t)(v >> 32));
+}
+_DM_PRIVATE uint64_t _dm_tcp_get64(const unsigned char* p) {
+    return (uint64_t)_dm_tcp_get32(p) | ((uint64_t)_dm_tcp_get32(p + 4) << 32);
+}
+/* FNV-1a with a splitmix64 finish, seeded: the token digest and the group id. */
+_DM_PRIVATE uint64_t _dm_tcp_hash(uint64_t seed, const char* a, const char* b) {
+    uint64_t h = 0xcbf29ce484222325ull ^ (seed * 0x9e3779b97f4a7c15ull);
+    const char* s;
+    int k;
+    for (k = 0; k < 2; k++) {
+        for (s = k ? b : a; s && *s; s++) { h ^= (unsigned char)*s; h *= 0x100000001b3ull; }
+        h ^= 0xff; h *= 0x100000001b3ull;
+    }
+    h ^= h >> 30; h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 27; h *= 0x94d049bb133111ebull;
+    return h ^ (h >> 31);
+}
+
+static const char* _dm_tcp_kind_name(int kind) {
+    switch (kind) {
+        case _DM_TCP_K_ALL_REDUCE: return "all_reduce";
+        case _DM_TCP_K_ALL_GATHER: return "all_gather";
+        case _DM_TCP_K_REDUCE_SCATTER: return "reduce_scatter";
+        case _DM_TCP_K_BROADCAST: return "broadcast";
+        case _DM_TCP_K_BARRIER: return "barrier";
+        case _DM_TCP_K_SETUP: return "setup";
+        default: return "unknown collective";
+    }
+}
+
+/* Fingerprint, 32 bytes on the wire: magic u32, kind u8, dtype u8, op u8, 0 u8, root i32,
+   0 u32, count u64, seq u64 (little-endian). Sent first by every collective. */
+typedef struct _dm_tcp_fp {
+    int kind, dtype, op, root;
+    uint64_t count, seq;
+} _dm_tcp_fp;
+
+static void _dm_tcp_fp_encode(const _dm_tcp_fp* f, unsigned char* p) {
+    memset(p, 0, 32);
+    _dm_tcp_put32(p, _DM_TCP_FP_MAGIC);
+    p[4] = (unsigned char)f->kind; p[5] = (unsigned char)f->dtype; p[6] = (unsigned char)f->op;
+    _dm_tcp_put32(p + 8, (uint32_t)f->root);
+    _dm_tcp_put64(p + 16, f->count);
+    _dm_tcp_put64(p + 24, f->seq);
+}
+static void _dm_tcp_fp_decode(const unsigned char* p, _dm_tcp_fp* f) {
+    f->kind = p[4]; f->dtype = p[5]; f->op = p[6];
+    f->root = (int)_dm_tcp_get32(p + 8);
+    f->count = _dm_tcp_get64(p + 16);
+    f->seq = _dm_tcp_get64(p + 24);
+}
+static void _dm_tcp_fp_text(const _dm_tcp_fp* f, char* buf, size_t cap) {
+    int n = snprintf(buf, cap, "%s #%llu (", _dm_tcp_kind_name(f->kind), (unsigned long long)f->seq);
+    if (n < 0 || (size_t)n >= cap) return;
+    if (f->kind == _DM_TCP_K_BARRIER) { snprintf(buf + n, cap - (size_t)n, "round %d)", f->root); return; }
+    n += snprintf(buf + n, cap - (size_t)n, "%s, count %llu", dm_dtype_name((dm_dtype)f->dtype),
+                  (unsigned long long)f->count);
+    if ((size_t)n >= cap) return;
+    if (f->kind == _DM_TCP_K_ALL_REDUCE || f->kind == _DM_TCP_K_REDUCE_SCATTER)
+        n += snprintf(buf + n, cap - (size_t)n, ", %s", dm_reduce_op_name((dm_reduce_op)f->op));
+    if ((size_t)n >= cap) return;
+    if (f->kind == _DM_TCP_K_BROADCAST) n += snprintf(buf + n, cap - (size_t)n, ", root %d", f->root);
+    if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
+}
+
+/* >>tcp failure  Every communication failure breaks the collective; peer loss and protocol
+   errors also shut the sockets down, so ranks blocked on this one fail fast instead of waiting
+   for their deadline. A timeout leaves them: the others reach their own deadlines. */
+static dm_status _dm_tcp_break(_dm_tcp* t, dm_status st) {
+    int r;
+    if (t->broken == DM_OK) {
+        t->broken = st;
+        _dm_copy_name(t->broken_msg, sizeof(t->broken_msg), t->base.last_error);
+        if (st != DM_ERR_TIMEOUT)
+            for (r = 0; r < t->base.size; r++)
+                if (t->fds[r] >= 0) shutdown(t->fds[r], SHUT_RDWR);
+    }
+    return st;
+}
+static dm_status _dm_tcp_check_broken(_dm_tcp* t, const char* op) {
+    if (t->broken == DM_OK) return DM_OK;
+    return _DM_FAIL(&t->base, DM_ERR_ABORTED, "tcp: %s #%llu: the collective is broken by an earlier "
+                    "failure (%s): %s", op, (unsigned long long)t->base.seq, dm_status_name(t->broken),
+                    t->broken_msg);
+}
+
+/* >>tcp engine  One full-duplex transfer: a stream of send steps to one peer and a stream of
+   recv steps from another (or the same) peer on nonblocking sockets, driven by poll(). A send
+   step may be gated by a recv step: it sends only the bytes of that step already final, which
+   is how ring steps forward data the moment it is reduced (chunked pipelining across steps).
+   A recv step either lands straight in its buffer or, with `own` set, goes through one chunk
+   of scratch and is reduced: buf = own op received, chunk by chunk, while the next chunk is
+   already in the kernel's buffers. */
+typedef struct _dm_tcp_sstep {
+    const unsigned char* buf;
+    size_t len;
+    int gate;                   /* recv step whose final bytes bound this step's, or -1 */
+} _dm_tcp_sstep;
+typedef struct _dm_tcp_rstep {
+    unsigned char* buf;
+    size_t len;
+    const unsigned char* own;   /* reduce mode: buf = own op received (own may equal buf) */
+    int after_send;             /* send step that must have sent a chunk before buf is written, or -1 */
+    int divide;                 /* > 0: dm_divide_local each reduced chunk by this (MEAN) */
+} _dm_tcp_rstep;
+typedef struct _dm_tcp_xfer {
+    const char* op;             /* for messages */
+    int speer, rpeer;           /* ranks, -1 for none */
+    _dm_tcp_sstep* ss;
+    int ns;
+    _dm_tcp_rstep* rs;
+    int nr;
+    dm_dtype dtype;
+    dm_reduce_op rop;
+    const _dm_tcp_fp* expect;   /* when set, recv step 0 is a fingerprint to compare with it */
+} _dm_tcp_xfer;
+
+static dm_status _dm_tcp_io_fail(_dm_tcp* t, const _dm_tcp_xfer* x, int peer, bool sending, int err) {
+    bool lost = (err == 0 || err == EPIPE || err == ECONNRESET || err == ECONNABORTED || err == ENOTCONN ||
+                 err == ESHUTDOWN);
+    if (lost)
+        _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: %s #%llu: rank %d (%s) %s while %s", x->op,
+                 (unsigned long long)t->base.seq, peer, t->addrs[peer],
+                 err == 0 ? "closed the connection (EOF)" : strerror(err),
+                 sending ? "sending to it" : "receiving from it");
+    else
+        _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: %s #%llu: %s rank %d (%s) failed (%s)", x->op,
+                 (unsigned long long)t->base.seq, sending ? "send to" : "recv from", peer, t->addrs[peer],
+                 strerror(err));
+    return _dm_tcp_break(t, lost ? DM_ERR_PEER_LOST : DM_ERR_NETWORK);
+}
+
+static dm_status _dm_tcp_check_fp(_dm_tcp* t, const _dm_tcp_xfer* x, const unsigned char* wire) {
+    _dm_tcp_fp got;
+    char mine[160], theirs[160];
+    if (_dm_tcp_get32(wire) != _DM_TCP_FP_MAGIC) {
+        _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: %s #%llu: rank %d (%s) sent malformed bytes "
+                 "(bad fingerprint magic 0x%08x)", x->op, (unsigned long long)t->base.seq, x->rpeer,
+                 t->addrs[x->rpeer], (unsigned)_dm_tcp_get32(wire));
+        return _dm_tcp_break(t, DM_ERR_PROTOCOL);
+    }
+    _dm_tcp_fp_decode(wire, &got);
+    if (got.kind == x->expect->kind && got.dtype == x->expect->dtype && got.op == x->expect->op &&
+        got.root == x->expect->root && got.count == x->expect->count && got.seq == x->expect->seq)
+        return DM_OK;
+    _dm_tcp_fp_text(x->expect, mine, sizeof(mine));
+    _dm_tcp_fp_text(&got, theirs, sizeof(theirs));
+    _DM_FAIL(&t->base, DM_ERR_MISMATCH, "tcp: mismatched collectives: rank %d called %s, rank %d called %s",
+             t->base.rank, mine, x->rpeer, theirs);
+    return _dm_tcp_break(t, DM_ERR_MISMATCH);
+}
+
+static dm_status _dm_tcp_run(_dm_tcp* t, const _dm_tcp_xfer* x) {
+    int sfd = x->speer >= 0 ? t->fds[x->speer] : -1, rfd = x->rpeer >= 0 ? t->fds[x->rpeer] : -1;
+    int si = 0, ri = 0;
+    size_t so = 0, ro = 0, rdone = 0, tfill = 0;
+    size_t esize = dm_dtype_size(x->dtype), chunk = t->chunk_bytes;
+    int64_t deadline = _dm_deadline(t->base.timeout_ms);
+    for (;;) {
+        bool progress = false, want_out = false, want_in = false;
+        /* send: as far as the gate allows, until the socket is full */
+        while (si < x->ns) {
+            const _dm_tcp_sstep* s = &x->ss[si];
+            size_t limit = s->len, n;
+            ssize_t k;
+            if (so == s->len) { si++; so = 0; progress = true; continue; }
+            if (s->gate >= 0) {
+                size_t fin = s->gate < ri ? x->rs[s->gate].len : s->gate == ri ? rdone : 0;
+                if (fin < limit) limit = fin;
+            }
+            if (so >= limit) break;
+            n = limit - so < _DM_TCP_IO_MAX ? limit - so : _DM_TCP_IO_MAX;
+            k = send(sfd, s->buf + so, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (k > 0) { so += (size_t)k; progress = true; continue; }
+            if (k < 0 && errno == EINTR) continue;
+            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { want_out = true; break; }
+            return _dm_tcp_io_fail(t, x, x->speer, true, k == 0 ? 0 : errno);
+        }
+        /* recv: straight into place, or a chunk of scratch that is then reduced */
+        while (ri < x->nr) {
+            const _dm_tcp_rstep* r = &x->rs[ri];
+            unsigned char* dst;
+            size_t want;
+            ssize_t k;
+            if (rdone == r->len) {
+                if (ri == 0 && x->expect) {
+                    dm_status st = _dm_tcp_check_fp(t, x, r->buf);
+                    if (st != DM_OK) return st;
+                }
+                ri++; ro = rdone = tfill = 0; progress = true;
+                continue;
+            }
+            if (!r->own) { dst = r->buf + ro; want = r->len - ro; }
+            else {
+                size_t clen = r->len - rdone < chunk ? r->len - rdone : chunk;
+                if (tfill == clen) {
+                    unsigned char* out = r->buf + rdone;
+                    if (r->after_send >= 0) {
+                        size_t sent = r->after_send < si ? SIZE_MAX : r->after_send == si ? so : 0;
+                        if (sent < rdone + clen && !(r->after_send == si && so == x->ss[si].len)) break;
+                    }
+                    if (r->own + rdone != out) memcpy(out, r->own + rdone, clen);
+                    dm_reduce_local(x->dtype, x->rop, out, t->tmp, clen / esize);
+                    if (r->divide > 0) dm_divide_local(x->dtype, out, clen / esize, r->divide);
+                    rdone += clen; tfill = 0; progress = true;
+                    continue;
+                }
+                dst = t->tmp + tfill; want = clen - tfill;
+            }
+            if (want > _DM_TCP_IO_MAX) want = _DM_TCP_IO_MAX;
+            k = recv(rfd, dst, want, MSG_DONTWAIT);
+            if (k > 0) {
+                if (r->own) tfill += (size_t)k; else { ro += (size_t)k; rdone = ro; }
+                progress = true;
+                continue;
+            }
+            if (k < 0 && errno == EINTR) continue;
+            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { want_in = true; break; }
+            return _dm_tcp_io_fail(t, x, x->rpeer, false, k == 0 ? 0 : errno);
+        }
+        if (si == x->ns && ri == x->nr) return DM_OK;
+        if (!progress) {
+            struct pollfd p[2];
+            int np = 0, rc, wait_ms;
+            int64_t now = _dm_now_ms();
+            if (now >= deadline) {
+                bool recv_wait = ri < x->nr;
+                int peer = recv_wait ? x->rpeer : x->speer;
+                _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
+                         x->op, (unsigned long long)t->base.seq, t->base.timeout_ms,
+                         recv_wait ? "receive from" : "send to", peer, t->addrs[peer]);
+                return _dm_tcp_break(t, DM_ERR_TIMEOUT);
+            }
+            if (!want_in && !want_out) {
+                _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: %s #%llu: transfer stalled (send step %d, recv step %d)",
+                         x->op, (unsigned long long)t->base.seq, si, ri);
+                return _dm_tcp_break(t, DM_ERR_INTERNAL);
+            }
+            {
+                int hup = -1;   /* index of the send peer's entry when it is watched for EOF only */
+                if (sfd >= 0 && sfd == rfd) {
+                    p[np].fd = sfd; p[np].events = (short)((want_out ? POLLOUT : 0) | (want_in ? POLLIN : 0)); np++;
+                } else {
+                    /* the send peer never writes to us: readable means EOF or reset, seen at once
+                       (only while we still owe it bytes: once done it may leave) */
+                    if (sfd >= 0 && si < x->ns) {
+                        hup = np;
+                        p[np].fd = sfd; p[np].events = (short)(POLLRDHUP | (want_out ? POLLOUT : 0)); np++;
+                    }
+                    if (rfd >= 0 && want_in) { p[np].fd = rfd; p[np].events = POLLIN; np++; }
+                }
+                wait_ms = deadline - now > 1000 ? 1000 : (int)(deadline - now);
+                rc = poll(p, (nfds_t)np, wait_ms);
+                if (rc < 0 && errno != EINTR) {
+                    _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: %s #%llu: poll failed (%s)", x->op,
+                             (unsigned long long)t->base.seq, strerror(errno));
+                    return _dm_tcp_break(t, DM_ERR_NETWORK);
+                }
+                if (rc > 0 && hup >= 0 && (p[hup].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+                    int err = 0;
+                    socklen_t len = sizeof(err);
+                    getsockopt(sfd, SOL_SOCKET, SO_ERROR, &err, &len);
+                    return _dm_tcp_io_fail(t, x, x->speer, true, err);
+                }
+            }
+        }
+    }
+}
+
+/* Fingerprint buffers live on the caller's stack; step 0 of both streams carries them. */
+typedef struct _dm_tcp_fpbufs { unsigned char out[32], in[32]; } _dm_tcp_fpbufs;
+
+static void _dm_tcp_fp_steps(_dm_tcp_fpbufs* b, const _dm_tcp_fp* fp, _dm_tcp_sstep* s, _dm_tcp_rstep* r) {
+    _dm_tcp_fp_encode(fp, b->out);
+    if (s) { s->buf = b->out; s->len = 32; s->gate = -1; }
+    if (r) { memset(r, 0, sizeof(*r)); r->buf = b->in; r->len = 32; r->after_send = -1; }
+}
+
+/* Exchange with one peer (or two): send sbuf to speer and receive rlen bytes from rpeer into
+   rbuf, each preceded by the fingerprint. speer/rpeer -1 = that direction is idle. */
+static dm_status _dm_tcp_sendrecv(_dm_tcp* t, const char* op, const _dm_tcp_fp* fp, int speer,
+                                  const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen) {
+    _dm_tcp_sstep ss[2];
+    _dm_tcp_rstep rs[2];
+    _dm_tcp_fpbufs b;
+    _DM_ZERO(_dm_tcp_xfer, x);
+    _dm_tcp_fp_steps(&b, fp, &ss[0], &rs[0]);
+    ss[1].buf = (const unsigned char*)sbuf; ss[1].len = slen; ss[1].gate = -1;
+    memset(&rs[1], 0, sizeof(rs[1]));
+    rs[1].buf = (unsigned char*)rbuf; rs[1].len = rlen; rs[1].after_send = -1;
+    x.op = op; x.speer = speer; x.rpeer = rpeer; x.ss = ss; x.rs = rs;
+    x.ns = speer >= 0 ? 2 : 0; x.nr = rpeer >= 0 ? 2 : 0;
+    x.dtype = DM_UINT8; x.rop = DM_SUM; x.expect = fp;
+    return _dm_tcp_run(t, &x);
+}
+
+/* >>tcp algorithms */
+static void _dm_tcp_fp_make(_dm_tcp* t, _dm_tcp_fp* f, int kind, dm_dtype dtype, dm_reduce_op op,
+                            int root, size_t count) {
+    f->kind = kind; f->dtype = (int)dtype; f->op = (int)op; f->root = root;
+    f->count = (uint64_t)count; f->seq = t->base.seq;
+}
+/* Ring block j of count elements over size ranks: the first count % size blocks get one more. */
+static void _dm_tcp_block(size_t count, int size, int j, size_t* off, size_t* len) {
+    size_t base = count / (size_t)size, extra = count % (size_t)size, uj = (size_t)j;
+    *off = uj * base + (uj < extra ? uj : extra);
+    *len = base + (uj < extra ? 1 : 0);
+}
+static int _dm_tcp_mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* Recursive doubling on recv (already holding this rank's data). Worlds that are not a power of
+   two first fold rank 2i into 2i+1 for i < rem, and hand the result back at the end. */
+static dm_status _dm_tcp_allreduce_rd(_dm_tcp* t, void* recv, size_t count, dm_dtype dtype,
+                                      dm_reduce_op op, const _dm_tcp_fp* fp) {
+    static const char* name = "all_reduce";
+    int W = t->base.size, r = t->base.rank, p = 1, rem, newrank, mask;
+    size_t bytes = count * dm_dtype_size(dtype);
+    while (p * 2 <= W) p *= 2;
+    rem = W - p;
+    if (r < 2 * rem) {
+        if (r % 2 == 0) {
+            _DM_TRY(_dm_tcp_sendrecv(t, name, fp, r + 1, recv, bytes, -1, NULL, 0));
+            newrank = -1;
+        } else {
+            _DM_TRY(_dm_tcp_sendrecv(t, name, fp, -1, NULL, 0, r - 1, t->tmp, bytes));
+            dm_reduce_local(dtype, op, recv, t->tmp, count);
+            newrank = r / 2;
+        }
+    } else {
+        newrank = r - rem;
+    }
+    if (newrank >= 0) {
+        for (mask = 1; mask < p; mask <<= 1) {
+            int pn = newrank ^ mask, peer = pn < rem ? pn * 2 + 1 : pn + rem;
+            _DM_TRY(_dm_tcp_sendrecv(t, name, fp, peer, recv, bytes, peer, t->tmp, bytes));
+            /* IEEE +, *, max, min are commutative, so both partners compute the same bits */
+            dm_reduce_local(dtype, op, recv, t->tmp, count);
+        }
+    }
+    if (r < 2 * rem) {
+        if (r % 2) _DM_TRY(_dm_tcp_sendrecv(t, name, fp, r - 1, recv, bytes, -1, NULL, 0));
+        else _DM_TRY(_dm_tcp_sendrecv(t, name, fp, -1, NULL, 0, r + 1, recv, bytes));
+    }
+    if (op == DM_MEAN) dm_divide_local(dtype, recv, count, W);
+    return DM_OK;
+}
+
+/* Ring all-reduce: W-1 reduce-scatter steps (step g sends block r-g-1, receives and reduces
+   block r-g-2, so rank r ends holding block r) then W-1 all-gather steps (step g sends block
+   r-g, receives block r-g-1), all in one pipelined stream. */
+static dm_status _dm_tcp_allreduce_ring(_dm_tcp* t, const void* send, void* recv, size_t count,
+                                        dm_dtype dtype, dm_reduce_op op, const _dm_tcp_fp* fp) {
+    int W = t->base.size, r = t->base.rank, g, n = 2 * (W - 1) + 1;
+    size_t esize = dm_dtype_size(dtype), off, len;
+    const unsigned char* in = (const unsigned char*)send;
+    unsigned char* out = (unsigned char*)recv;
+    _dm_tcp_fpbufs b;
+    _dm_tcp_sstep* ss = (_dm_tcp_sstep*)_dm_malloc(&t->base.allocator, sizeof(_dm_tcp_sstep) * (size_t)n);
+    _dm_tcp_rstep* rs = (_dm_tcp_rstep*)_dm_calloc(&t->base.allocator, sizeof(_dm_tcp_rstep) * (size_t)n);
+    dm_status st;
+    _DM_ZERO(_dm_tcp_xfer, x);
+    if (!ss || !rs) {
+        _dm_free(&t->base.allocator, ss);
+        _dm_free(&t->base.allocator, rs);
+        return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: all_reduce: out of memory");
+    }
+    _dm_tcp_fp_steps(&b, fp, &ss[0], &rs[0]);
+    for (g = 0; g < W - 1; g++) {
+        _dm_tcp_block(count, W, _dm_tcp_mod(r - g - 1, W), &off, &len);
+        ss[1 + g].buf = (g == 0 ? in : out) + off * esize;
+        ss[1 + g].len = len * esize;
+        ss[1 + g].gate = g == 0 ? -1 : g;
+        _dm_tcp_block(count, W, _dm_tcp_mod(r - g - 2, W), &off, &len);
+        rs[1 + g].buf = out + off * esize;
+        rs[1 + g].len = len * esize;
+        rs[1 + g].own = in + off * esize;
+        rs[1 + g].after_send = -1;
+        rs[1 + g].divide = (op == DM_MEAN && g == W - 2) ? W : 0;
+    }
+    for (g = 0; g < W - 1; g++) {
+        int k = W + g;
+        _dm_tcp_block(count, W, _dm_tcp_mod(r - g, W), &off, &len);
+        ss[k].buf = out + off * esize; ss[k].len = len * esize; ss[k].gate = k - 1;
+        _dm_tcp_block(count, W, _dm_tcp_mod(r - g - 1, W), &off, &len);
+        rs[k].buf = out + off * esize; rs[k].len = len * esize; rs[k].after_send = -1;
+    }
+    x.op = "all_reduce"; x.speer = (r + 1) % W; x.rpeer = (r - 1 + W) % W;
+    x.ss = ss; x.ns = n; x.rs = rs; x.nr = n; x.dtype = dtype; x.rop = op; x.expect = fp;
+    st = _dm_tcp_run(t, &x);
+    _dm_free(&t->base.allocator, ss);
+    _dm_free(&t->base.allocator, rs);
+    return st;
+}
+
+static dm_status _dm_tcp_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                    dm_dtype dtype, dm_reduce_op op) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    size_t bytes = count * dm_dtype_size(dtype);
+    _dm_tcp_fp fp;
+    _DM_TRY(_dm_tcp_check_broken(t, "all_reduce"));
+    if (c->size == 1 || count == 0) {
+        if (send != recv) memcpy(recv, send, bytes);
+        return DM_OK;
+    }
+    _dm_tcp_fp_make(t, &fp, _DM_TCP_K_ALL_REDUCE, dtype, op, 0, count);
+    if (bytes <= _DM_TCP_SMALL_BYTES || count < (size_t)c->size) {
+        if (send != recv) memcpy(recv, send, bytes);
+        return _dm_tcp_allreduce_rd(t, recv, count, dtype, op, &fp);
+    }
+    return _dm_tcp_allreduce_ring(t, send, recv, count, dtype, op, &fp);
+}
+
+/* Ring all-gather into per-rank buffers: step g sends block r-g (own input first), receives
+   block r-g-1 straight into place and forwards it the next step as it arrives. */
+static dm_status _dm_tcp_allgather_ring(_dm_tcp* t, int kind, const void* send, void* const* recvs,
+                                        size_t count, dm_dtype dtype) {
+    int W = t->base.size, r = t->base.rank, g, n = W;
+    size_t bytes = count * dm_dtype_size(dtype);
+    _dm_tcp_fpbufs b;
+    _dm_tcp_fp fp;
+    _dm_tcp_sstep* ss;
+    _dm_tcp_rstep* rs;
+    dm_status st;
+    _DM_ZERO(_dm_tcp_xfer, x);
+    if (recvs[r] != send) memcpy(recvs[r], send, bytes);
+    if (W == 1 || count == 0) return DM_OK;
+    ss = (_dm_tcp_sstep*)_dm_malloc(&t->base.allocator, sizeof(_dm_tcp_sstep) * (size_t)n);
+    rs = (_dm_tcp_rstep*)_dm_calloc(&t->base.allocator, sizeof(_dm_tcp_rstep) * (size_t)n);
+    if (!ss || !rs) {
+        _dm_free(&t->base.allocator, ss);
+        _dm_free(&t->base.allocator, rs);
+        return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: all_gather: out of memory");
+    }
+    _dm_tcp_fp_make(t, &fp, kind, dtype, DM_SUM, 0, count);
+    _dm_tcp_fp_steps(&b, &fp, &ss[0], &rs[0]);
+    for (g = 0; g < W - 1; g++) {
+        ss[1 + g].buf = (const unsigned char*)(g == 0 ? send : recvs[_dm_tcp_mod(r - g, W)]);
+        ss[1 + g].len = bytes;
+        ss[1 + g].gate = g == 0 ? -1 : g;
+        rs[1 + g].buf = (unsigned char*)recvs[_dm_tcp_mod(r - g - 1, W)];
+        rs[1 + g].len = bytes;
+        rs[1 + g].after_send = -1;
+    }
+    x.op = _dm_tcp_kind_name(kind); x.speer = (r + 1) % W; x.rpeer = (r - 1 + W) % W;
+    x.ss = ss; x.ns = n; x.rs = rs; x.nr = n; x.dtype = dtype; x.rop = DM_SUM; x.expect = &fp;
+    st = _dm_tcp_run(t, &x);
+    _dm_free(&t->base.allocator, ss);
+    _dm_free(&t->base.allocator, rs);
+    return st;
+}
+
+static dm_status _dm_tcp_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
+                                            size_t count, dm_dtype dtype) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    _DM_TRY(_dm_tcp_check_broken(t, "all_gather_to_list"));
+    return _dm_tcp_allgather_ring(t, _DM_TCP_K_ALL_GATHER, send, recvs, count, dtype);
+}
+
+static dm_status _dm_tcp_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
+                                    dm_dtype dtype) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    size_t bytes = count * dm_dtype_size(dtype);
+    void* small[16];
+    void** ptrs = small;
+    dm_status st;
+    int j;
+    _DM_TRY(_dm_tcp_check_broken(t, "all_gather"));
+    if (c->size > 16) {
+        ptrs = (void**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)c->size);
+        if (!ptrs) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: all_gather: out of memory");
+    }
+    for (j = 0; j < c->size; j++) ptrs[j] = (unsigned char*)recv + (size_t)j * bytes;
+    st = _dm_tcp_allgather_ring(t, _DM_TCP_K_ALL_GATHER, send, (void* const*)ptrs, count, dtype);
+    if (ptrs != small) _dm_free(&c->allocator, ptrs);
+    return st;
+}
+
+/* Ring reduce-scatter: step g sends block r-g-1 and reduces the received block r-g-2 into a
+   scratch block (recv when out of place) that must first have been sent on; the last step
+   (block r) lands in recv. */
+static dm_status _dm_tcp_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t n_elems,
+                                        dm_dtype dtype, dm_reduce_op op) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    int W = c->size, r = c->rank, g, n = W;
+    size_t bytes = n_elems * dm_dtype_size(dtype);
+    const unsigned char* in = (const unsigned char*)send;
+    unsigned char *out = (unsigned char*)recv, *scratch = out, *own_scratch = NULL;
+    _dm_tcp_fpbufs b;
+    _dm_tcp_fp fp;
+    _dm_tcp_sstep* ss;
+    _dm_tcp_rstep* rs;
+    dm_status st;
+    _DM_ZERO(_dm_tcp_xfer, x);
+    _DM_TRY(_dm_tcp_check_broken(t, "reduce_scatter"));
+    if (W == 1 || n_elems == 0) {
+        if (out != in) memcpy(out, in, bytes);
+        return DM_OK;
+    }
+    /* in place, recv is input block r: intermediate sums need a block of their own */
+    if (out == in + (size_t)r * bytes && W > 2) {
+        own_scratch = (unsigned char*)_dm_malloc(&c->allocator, bytes);
+        if (!own_scratch) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: reduce_scatter: no memory for %zu bytes", bytes);
+        scratch = own_scratch;
+    }
+    ss = (_dm_tcp_sstep*)_dm_malloc(&c->allocator, sizeof(_dm_tcp_sstep) * (size_t)n);
+    rs = (_dm_tcp_rstep*)_dm_calloc(&c->allocator, sizeof(_dm_tcp_rstep) * (size_t)n);
+    if (!ss || !rs) {
+        _dm_free(&c->allocator, ss);
+        _dm_free(&c->allocator, rs);
+        _dm_free(&c->allocator, own_scratch);
+        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: reduce_scatter: out of memory");
+    }
+    _dm_tcp_fp_make(t, &fp, _DM_TCP_K_REDUCE_SCATTER, dtype, op, 0, n_elems);
+    _dm_tcp_fp_steps(&b, &fp, &ss[0], &rs[0]);
+    for (g = 0; g < W - 1; g++) {
+        ss[1 + g].buf = g == 0 ? in + (size_t)_dm_tcp_mod(r - 1, W) * bytes : scratch;
+        ss[1 + g].len = bytes;
+        ss[1 + g].gate = g == 0 ? -1 : g;
+    }
+    for (g = 0; g < W - 1; g++) {
+        _dm_tcp_rstep* s = &rs[1 + g];
+        s->buf = g == W - 2 ? out : scratch;
+        s->len = bytes;
+        s->own = in + (size_t)_dm_tcp_mod(r - g - 2, W) * bytes;
+        s->divide = (op == DM_MEAN && g == W - 2) ? W : 0;
+    }
+    /* rs[g+1] overwrites scratch, which ss[g+1] (sent in the same step) still reads */
+    for (g = 1; g < W - 1; g++)
+        if (ss[1 + g].buf == rs[1 + g].buf) rs[1 + g].after_send = 1 + g;
+        else rs[1 + g].after_send = -1;
+    x.op = "reduce_scatter"; x.speer = (r + 1) % W; x.rpeer = (r - 1 + W) % W;
+    x.ss = ss; x.ns = n; x.rs = rs; x.nr = n; x.dtype = dtype; x.rop = op; x.expect = &fp;
+    st = _dm_tcp_run(t, &x);
+    _dm_free(&c->allocator, ss);
+    _dm_free(&c->allocator, rs);
+    _dm_free(&c->allocator, own_scratch);
+    return st;
+}
+
+/* Pipelined chain from root: position p = rank - root; each rank forwards bytes to p+1 as they
+   arrive from p-1. */
+static dm_status _dm_tcp_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    int W = c->size, pos = _dm_tcp_mod(c->rank - root, W);
+    size_t bytes = count * dm_dtype_size(dtype);
+    _dm_tcp_sstep ss[2];
+    _dm_tcp_rstep rs[2];
+    _dm_tcp_fpbufs b;
+    _dm_tcp_fp fp;
+    _DM_ZERO(_dm_tcp_xfer, x);
+    _DM_TRY(_dm_tcp_check_broken(t, "broadcast"));
+    if (W == 1 || count == 0) return DM_OK;
+    _dm_tcp_fp_make(t, &fp, _DM_TCP_K_BROADCAST, dtype, DM_SUM, root, count);
+    _dm_tcp_fp_steps(&b, &fp, &ss[0], &rs[0]);
+    ss[1].buf = (const unsigned char*)buf; ss[1].len = bytes; ss[1].gate = pos == 0 ? -1 : 1;
+    memset(&rs[1], 0, sizeof(rs[1]));
+    rs[1].buf = (unsigned char*)buf; rs[1].len = bytes; rs[1].after_send = -1;
+    x.op = "broadcast";
+    x.speer = pos < W - 1 ? (c->rank + 1) % W : -1;
+    x.rpeer = pos > 0 ? (c->rank - 1 + W) % W : -1;
+    x.ss = ss; x.ns = x.speer >= 0 ? 2 : 0; x.rs = rs; x.nr = x.rpeer >= 0 ? 2 : 0;
+    x.dtype = dtype; x.rop = DM_SUM; x.expect = &fp;
+    return _dm_tcp_run(t, &x);
+}
+
+/* Dissemination barrier: round k sends to rank + 2^k and waits for rank - 2^k. */
+static dm_status _dm_tcp_barrier(dm_collective* c) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    int W = c->size, k, round = 0;
+    _dm_tcp_fp fp;
+    _DM_TRY(_dm_tcp_check_broken(t, "barrier"));
+    for (k = 1; k < W; k <<= 1, round++) {
+        _dm_tcp_fp_make(t, &fp, _DM_TCP_K_BARRIER, DM_UINT8, DM_SUM, round, 0);
+        _DM_TRY(_dm_tcp_sendrecv(t, "barrier", &fp, (c->rank + k) % W, NULL, 0, (c->rank - k + W) % W, NULL, 0));
+    }
+    return DM_OK;
+}
+
+/* >>tcp addresses  "host:port" / "[v6]:port" <-> sockaddr, interface choice (uv does the
+   parsing, printing and interface listing). */
+static bool _dm_tcp_parse_addr(const char* s, struct sockaddr_storage* out) {
+    char host[128];
+    const char* colon = strrchr(s, ':');
+    size_t n;
+    int port;
+    if (!colon) return false;
+    port = atoi(colon + 1);
+    if (port <= 0 || port > 65535) return false;
+    if (s[0] == '[') {
+        n = (size_t)(colon - s);
+        if (n < 3 || s[n - 1] != ']' || n - 2 >= sizeof(host)) return false;
+        memcpy(host, s + 1, n - 2); host[n - 2] = 0;
+        return uv_ip6_addr(host, port, (struct sockaddr_in6*)out) == 0;
+    }
+    n = (size_t)(colon - s);
+    if (n >= sizeof(host)) return false;
+    memcpy(host, s, n); host[n] = 0;
+    return uv_ip4_addr(host, port, (struct sockaddr_in*)out) == 0;
+}
+static void _dm_tcp_format_addr(const struct sockaddr* sa, char* out, size_t cap) {
+    char host[INET6_ADDRSTRLEN];
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6* s6 = (const struct sockaddr_in6*)(const void*)sa;
+        uv_ip6_name(s6, host, sizeof(host));
+        snprintf(out, cap, "[%s]:%d", host, ntohs(s6->sin6_port));
+    } else {
+        const struct sockaddr_in* s4 = (const struct sockaddr_in*)(const void*)sa;
+        uv_ip4_name(s4, host, sizeof(host));
+        snprintf(out, cap, "%s:%d", host, ntohs(s4->sin_port));
+    }
+}
+
+/* NCCL-style interface spec: "a,b" prefixes, "=a,b" exact names, leading '^' excludes. */
+static bool _dm_tcp_if_match(const char* spec, const char* name) {
+    bool exclude = false, exact = false, hit = false;
+    const char* p;
+    if (*spec == '^') { exclude = true; spec++; }
+    if (*spec == '=') { exact = true; spec++; }
+    for (p = spec; *p && !hit;) {
+        const char* e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n > 0) hit = exact ? (strlen(name) == n && strncmp(name, p, n) == 0) : strncmp(name, p, n) == 0;
+        p += n + (e ? 1 : 0);
+    }
+    return exclude ? !hit : hit;
+}
+
+/* The local address to listen on: an interface matching spec (IPv4 before IPv6, link-local v6
+   skipped), or else the source address the kernel would use to reach route_host. */
+static dm_status _dm_tcp_pick_addr(_dm_tcp* t, const char* spec, const char* route_host,
+                                   struct sockaddr_storage* out) {
+    uv_interface_address_t* ifs = NULL;
+    int n = 0, i, pass, rc;
+    memset(out, 0, sizeof(*out));
+    if (spec && *spec) {
+        rc = uv_interface_addresses(&ifs, &n);
+        if (rc != 0)
+            return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: cannot list interfaces (%s)", uv_strerror(rc));
+        for (pass = 0; pass < 2; pass++)
+            for (i = 0; i < n; i++) {
+                int fam = ifs[i].address.address4.sin_family;
+                if (!_dm_tcp_if_match(spec, ifs[i].name)) continue;
+                if (pass == 0 && fam == AF_INET) {
+                    memcpy(out, &ifs[i].address.address4, sizeof(struct sockaddr_in));
+                    uv_free_interface_addresses(ifs, n);
+                    return DM_OK;
+                }
+                if (pass == 1 && fam == AF_INET6 && !IN6_IS_ADDR_LINKLOCAL(&ifs[i].address.address6.sin6_addr)) {
+                    memcpy(out, &ifs[i].address.address6, sizeof(struct sockaddr_in6));
+                    uv_free_interface_addresses(ifs, n);
+                    return DM_OK;
+                }
+            }
+        uv_free_interface_addresses(ifs, n);
+        return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: no interface with an address matches \"%s\"", spec);
+    }
+    if (route_host && *route_host) {
+        uv_loop_t loop;
+        uv_getaddrinfo_t req;
+        struct addrinfo hints;
+        memset(&hints, 0, sizeof(hints));
+        hints.ai_socktype = SOCK_DGRAM;
+        if (uv_loop_init(&loop) == 0) {
+            rc = uv_getaddrinfo(&loop, &req, NULL, route_host, "9", &hints);
+            if (rc == 0 && req.addrinfo) {
+                int fd = socket(req.addrinfo->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+                socklen_t len = sizeof(*out);
+                bool ok = fd >= 0 && connect(fd, req.addrinfo->ai_addr, req.addrinfo->ai_addrlen) == 0 &&
+                          getsockname(fd, (struct sockaddr*)out, &len) == 0;
+                if (fd >= 0) close(fd);
+                uv_freeaddrinfo(req.addrinfo);
+                uv_loop_close(&loop);
+                if (ok) return DM_OK;
+            } else {
+                uv_loop_close(&loop);
+            }
+        }
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: no route to %s; using the first interface", route_host);
+    }
+    /* nothing to go by: the first non-loopback IPv4 address, else loopback */
+    rc = uv_interface_addresses(&ifs, &n);
+    for (i = 0; rc == 0 && i < n; i++)
+        if (!ifs[i].is_internal && ifs[i].address.address4.sin_family == AF_INET) {
+            memcpy(out, &ifs[i].address.address4, sizeof(struct sockaddr_in));
+            uv_free_interface_addresses(ifs, n);
+            return DM_OK;
+        }
+    if (rc == 0) uv_free_interface_addresses(ifs, n);
+    uv_ip4_addr("127.0.0.1", 0, (struct sockaddr_in*)out);
+    return DM_OK;
+}
+
+/* >>tcp sockets */
+static void _dm_tcp_tune(int fd) {
+    static int sockbuf = -1;    /* set buffers only where the kernel allows the full size, so
+                                   loopback keeps its autotuning otherwise */
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (sockbuf < 0) {
+        FILE* f = fopen("/proc/sys/net/core/wmem_max", "r");
+        long v = 0;
+        if (f) { if (fscanf(f, "%ld", &v) != 1) v = 0; fclose(f); }
+        sockbuf = v >= _DM_TCP_SOCKBUF ? _DM_TCP_SOCKBUF : 0;
+    }
+    if (sockbuf > 0) {
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
+    }
+}
+/* Waits for fd to be ready for events, up to the deadline. 1 ready, 0 timeout, -1 error. */
+static int _dm_tcp_wait_fd(int fd, short events, int64_t deadline) {
+    for (;;) {
+        struct pollfd p;
+        int64_t left = deadline - _dm_now_ms();
+        int rc;
+        if (left <= 0) return 0;
+        p.fd = fd; p.events = events; p.revents = 0;
+        rc = poll(&p, 1, left > 1000 ? 1000 : (int)left);
+        if (rc > 0) return 1;
+        if (rc < 0 && errno != EINTR) return -1;
+    }
+}
+/* Blocking-style exact read/write on a nonblocking fd with a deadline: 1 ok, 0 timeout, -1 EOF
+   or error (errno; 0 for EOF). */
+static int _dm_tcp_read_full(int fd, void* buf, size_t n, int64_t deadline) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = recv(fd, (char*)buf + got, n - got, MSG_DONTWAIT);
+        if (k > 0) { got += (size_t)k; continue; }
+        if (k == 0) { errno = 0; return -1; }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+        k = _dm_tcp_wait_fd(fd, POLLIN, deadline);
+        if (k <= 0) return (int)k;
+    }
+    return 1;
+}
+static int _dm_tcp_write_full(int fd, const void* buf, size_t n, int64_t deadline) {
+    size_t put = 0;
+    while (put < n) {
+        ssize_t k = send(fd, (const char*)buf + put, n - put, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k > 0) { put += (size_t)k; continue; }
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+        k = _dm_tcp_wait_fd(fd, POLLOUT, deadline);
+        if (k <= 0) return (int)k;
+    }
+    return 1;
+}
+
+/* Hello, 48 bytes: magic u32, version u32, rank u32, world u32, group u64, digest 2 x u64,
+   0 u64. Ack, 8 bytes: magic u32, status u32. */
+static void _dm_tcp_hello_encode(const _dm_tcp* t, uint64_t group, unsigned char* p) {
+    memset(p, 0, 48);
+    _dm_tcp_put32(p, _DM_TCP_HELLO_MAGIC);
+    _dm_tcp_put32(p + 4, _DM_TCP_VERSION);
+    _dm_tcp_put32(p + 8, (uint32_t)t->base.rank);
+    _dm_tcp_put32(p + 12, (uint32_t)t->base.size);
+    _dm_tcp_put64(p + 16, group);
+    _dm_tcp_put64(p + 24, t->digest[0]);
+    _dm_tcp_put64(p + 32, t->digest[1]);
+}
+
+/* Connects to rank j at addr with retries until the deadline; sends the hello. */
+static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t deadline) {
+    struct sockaddr_storage sa;
+    unsigned char hello[48];
+    int fd = -1, rc, err;
+    if (!_dm_tcp_parse_addr(t->addrs[j], &sa))
+        return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: rank %d published a malformed address \"%s\"", j, t->addrs[j]);
+    for (;;) {
+        socklen_t len = sizeof(err);
+        fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: socket() failed (%s)", strerror(errno));
+        rc = connect(fd, (struct sockaddr*)&sa, sa.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                                          : sizeof(struct sockaddr_in));
+        err = rc == 0 ? 0 : errno;
+        if (err == EINPROGRESS) {
+            rc = _dm_tcp_wait_fd(fd, POLLOUT, deadline);
+            err = rc == 1 ? 0 : ETIMEDOUT;
+            if (rc == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        }
+        if (err == 0) break;
+        close(fd);
+        fd = -1;
+        if (_dm_now_ms() >= deadline)
+            return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out connecting to rank %d at %s (%s)",
+                            j, t->addrs[j], strerror(err));
+        usleep(20000);
+    }
+    _dm_tcp_tune(fd);
+    _dm_tcp_hello_encode(t, group, hello);
+    if (_dm_tcp_write_full(fd, hello, sizeof(hello), deadline) != 1) {
+        close(fd);
+        return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: sending the hello to rank %d at %s failed",
+                        j, t->addrs[j]);
+    }
+    t->fds[j] = fd;
+    return DM_OK;
+}
+
+/* Accepts connections until every higher rank has said hello. Strangers (bad magic, group,
+   rank or token) get a refusal ack and are closed; they do not count. */
+static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64_t deadline) {
+    int missing = t->base.size - 1 - t->base.rank;
+    while (missing > 0) {
+        unsigned char hello[48], ack[8];
+        uint32_t status = _DM_TCP_ACK_OK;
+        int fd, rc, peer;
+        int64_t hello_deadline;
+        rc = _dm_tcp_wait_fd(lfd, POLLIN, deadline);
+        if (rc == 0) {
+            int j;
+            for (j = t->base.rank + 1; j < t->base.size && t->fds[j] >= 0; j++) {}
+            return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %d ms waiting for rank %d "
+                            "to connect (%d of %d peers missing)", t->base.timeout_ms, j, missing,
+                            t->base.size - 1 - t->base.rank);
+        }
+        if (rc < 0) return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: poll on the listener failed (%s)", strerror(errno));
+        fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) continue;
+        /* a silent stranger cannot hold the rendezvous for more than a few seconds */
+        hello_deadline = _dm_now_ms() + 5000 < deadline ? _dm_now_ms() + 5000 : deadline;
+        if (_dm_tcp_read_full(fd, hello, sizeof(hello), hello_deadline) != 1) { close(fd); continue; }
+        peer = (int)_dm_tcp_get32(hello + 8);
+        if (_dm_tcp_get32(hello) != _DM_TCP_HELLO_MAGIC || _dm_tcp_get32(hello + 4) != _DM_TCP_VERSION) {
+            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection with a bad hello");
+            close(fd);
+            continue;
+        }
+        if (_dm_tcp_get64(hello + 16) != group || (int)_dm_tcp_get32(hello + 12) != t->base.size)
+            status = _DM_TCP_ACK_GROUP;
+        else if (peer <= t->base.rank || peer >= t->base.size || t->fds[peer] >= 0)
+            status = _DM_TCP_ACK_RANK;
+        else if (_dm_tcp_get64(hello + 24) != t->digest[0] || _dm_tcp_get64(hello + 32) != t->digest[1])
+            status = _DM_TCP_ACK_TOKEN;
+        _dm_tcp_put32(ack, _DM_TCP_ACK_MAGIC);
+        _dm_tcp_put32(ack + 4, status);
+        rc = _dm_tcp_write_full(fd, ack, sizeof(ack), hello_deadline);
+        if (status != _DM_TCP_ACK_OK || rc != 1) {
+            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (%s)", peer,
+                    status == _DM_TCP_ACK_TOKEN ? "wrong token" : status == _DM_TCP_ACK_GROUP ? "other group" : "bad rank");
+            close(fd);
+            continue;
+        }
+        _dm_tcp_tune(fd);
+        t->fds[peer] = fd;
+        missing--;
+    }
+    return DM_OK;
+}
+
+static dm_status _dm_tcp_read_ack(_dm_tcp* t, int j, int64_t deadline) {
+    unsigned char ack[8];
+    int rc = _dm_tcp_read_full(t->fds[j], ack, sizeof(ack), deadline);
+    uint32_t status;
+    if (rc == 0)
+        return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out waiting for rank %d (%s) to accept",
+                        j, t->addrs[j]);
+    if (rc < 0)
+        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) closed the connection during the "
+                        "hello (%s)", j, t->addrs[j], errno ? strerror(errno) : "EOF");
+    if (_dm_tcp_get32(ack) != _DM_TCP_ACK_MAGIC)
+        return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: setup: rank %d (%s) answered with malformed bytes", j, t->addrs[j]);
+    status = _dm_tcp_get32(ack + 4);
+    if (status == _DM_TCP_ACK_TOKEN)
+        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) refused this rank's token "
+                        "(set the same DISTMESH_TOKEN / desc.token on every rank)", j, t->addrs[j]);
+    if (status != _DM_TCP_ACK_OK)
+        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) refused the connection (%s)", j,
+                        t->addrs[j], status == _DM_TCP_ACK_GROUP ? "different group or world size" : "rank taken");
+    return DM_OK;
+}
+
+/* >>tcp store access (the store API above) */
+static dm_status _dm_tcp_store_fail(_dm_tcp* t, dm_status st, const char* what, const char* key) {
+    return _DM_FAIL(&t->base, st, "tcp: store %s \"%s\" failed: %s", what, key, dm_store_last_error(t->store));
+}
+static dm_status _dm_tcp_store_get_str(_dm_tcp* t, const char* key, char* out, size_t cap) {
+    void* v = NULL;
+    size_t n = 0;
+    dm_status st = dm_store_get(t->store, key, &v, &n);
+    if (st != DM_OK) return _dm_tcp_store_fail(t, st, "get", key);
+    if (n >= cap) n = cap - 1;
+    memcpy(out, v, n);
+    out[n] = 0;
+    dm_store_free(t->store, v);
+    return DM_OK;
+}
+
+/* >>tcp lifetime */
+static void _dm_tcp_free(_dm_tcp* t) {
+    dm_allocator a = t->base.allocator;
+    int r;
+    if (t->fds)
+        for (r = 0; r < t->base.size; r++)
+            if (t->fds[r] >= 0) close(t->fds[r]);
+    if (t->own_store) dm_store_destroy(t->store);
+    _dm_free(&a, t->fds);
+    _dm_free(&a, t->addrs);
+    _dm_free(&a, t->tmp);
+    _dm_free(&a, t);
+}
+static void _dm_tcp_destroy(dm_collective* c) { _dm_tcp_free((_dm_tcp*)c); }
+
+static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collective** out);
+
+static const dm_collective_vtable _dm_tcp_vtable = {
+    sizeof(dm_collective_vtable),    /* struct_size */
+    DM_COLLECTIVE_VTABLE_VERSION,    /* version */
+    "tcp",                           /* name */
+    _dm_tcp_destroy,                 /* destroy */
+    _dm_tcp_barrier,                 /* barrier: dissemination */
+    _dm_tcp_all_reduce,              /* all_reduce: recursive doubling / ring */
+    _dm_tcp_all_gather,              /* all_gather: ring */
+    _dm_tcp_all_gather_to_list,      /* all_gather_to_list: ring into the caller's buffers */
+    _dm_tcp_reduce_scatter,          /* reduce_scatter: ring */
+    _dm_tcp_broadcast,               /* broadcast: pipelined chain */
+    _dm_tcp_split,                   /* split */
+    NULL,                            /* native_handle: none */
+    NULL,                            /* synchronize: nothing queued */
+};
+
+/* Everything the rendezvous needs, resolved from the desc and the environment. */
+typedef struct _dm_tcp_setup {
+    int rank, size, timeout_ms;
+    struct dm_store* store;
+    bool own_store;
+    const char* prefix;
+    const char* ifname;
+    const char* token;
+    const char* route_host;     /* host to route toward when no interface is named */
+    const struct sockaddr_storage* bind_sa; /* listen here (split), else pick by ifname/route */
+    size_t chunk_bytes;
+    dm_logger logger;
+    dm_allocator allocator;
+} _dm_tcp_setup;
+
+/* The rendezvous: generation, listen, publish, connect down / accept up, acks, host names. */
+static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
+    _dm_tcp* t;
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    char key[600], self_addr[64];
+    int64_t gen = 0, deadline;
+    uint64_t group;
+    int lfd = -1, j, one = 1;
+    size_t chunk;
+    dm_status st;
+    char* names = NULL;
+    enum { NAME = sizeof(((dm_collective*)0)->node_name) };
+
+    t = (_dm_tcp*)_dm_calloc(&s->allocator, sizeof(_dm_tcp));
+    if (!t) {
+        if (s->own_store) dm_store_destroy(s->store);
+        return DM_ERR_OUT_OF_MEMORY;
+    }
+    _dm_collective_init(&t->base, &_dm_tcp_vtable, s->rank, s->size, s->timeout_ms, &s->logger, &s->allocator);
+    t->store = s->store;
+    t->own_store = s->own_store;
+    _dm_copy_name(t->user_prefix, sizeof(t->user_prefix), s->prefix);
+    _dm_copy_name(t->ifname, sizeof(t->ifname), s->ifname ? s->ifname : "");
+    _dm_copy_name(t->token, sizeof(t->token), s->token ? s->token : "");
+    chunk = s->chunk_bytes ? s->chunk_bytes : ((size_t)512 << 10);
+    chunk = (chunk + 7) / 8 * 8;            /* a whole number of elements of every dtype */
+    t->chunk_bytes = chunk;
+    t->tmp_size = chunk > _DM_TCP_SMALL_BYTES ? chunk : _DM_TCP_SMALL_BYTES;
+    t->fds = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)s->size);
+    t->addrs = (char(*)[64])_dm_calloc(&t->base.allocator, 64 * (size_t)s->size);
+    t->tmp = (unsigned char*)_dm_malloc(&t->base.allocator, t->tmp_size);
+    names = (char*)_dm_calloc(&t->base.allocator, (size_t)NAME * (size_t)s->size);
+    if (!t->fds || !t->addrs || !t->tmp || !names) {
+        st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+        goto fail;
+    }
+    for (j = 0; j < s->size; j++) t->fds[j] = -1;
+    deadline = _dm_deadline(t->base.timeout_ms);
+
+    /* generation: create/destroy cycles under one prefix get fresh keys. No rank can start the
+       next cycle's add before every rank did this one's (connecting needs everyone's address). */
+    snprintf(key, sizeof(key), "%sgen", t->user_prefix);
+    st = dm_store_add(t->store, key, 1, &gen);
+    if (st != DM_OK) { _dm_tcp_store_fail(t, st, "add", key); goto fail; }
+    snprintf(t->prefix, sizeof(t->prefix), "%.480sg%lld/", t->user_prefix, (long long)((gen - 1) / s->size));
+    group = _dm_tcp_hash(1, t->prefix, NULL);
+    t->digest[0] = _dm_tcp_hash(2, t->prefix, t->token);
+    t->digest[1] = _dm_tcp_hash(3, t->token, t->prefix);
+
+    /* listen on the chosen interface, ephemeral port */
+    if (s->bind_sa) memcpy(&sa, s->bind_sa, sizeof(sa));
+    else if ((st = _dm_tcp_pick_addr(t, t->ifname, s->route_host, &sa)) != DM_OK) goto fail;
+    salen = sa.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    if (sa.ss_family == AF_INET6) ((struct sockaddr_in6*)&sa)->sin6_port = 0;
+    else ((struct sockaddr_in*)&sa)->sin_port = 0;
+    lfd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (lfd < 0) { st = _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: socket() failed (%s)", strerror(errno)); goto fail; }
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(lfd, (struct sockaddr*)&sa, salen) != 0 || listen(lfd, 512) != 0) {
+        char where[64];
+        _dm_tcp_format_addr((struct sockaddr*)&sa, where, sizeof(where));
+        st = _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: cannot listen on %s (%s)", where, strerror(errno));
+        goto fail;
+    }
+    salen = sizeof(sa);
+    getsockname(lfd, (struct sockaddr*)&sa, &salen);
+    memcpy(&t->self_sa, &sa, sizeof(sa));
+    _dm_tcp_format_addr((struct sockaddr*)&sa, self_addr, sizeof(self_addr));
+    _dm_copy_name(t->addrs[s->rank], 64, self_addr);
+    snprintf(key, sizeof(key), "%saddr/%d", t->prefix, s->rank);
+    st = dm_store_set(t->store, key, self_addr, strlen(self_addr));
+    if (st != DM_OK) { _dm_tcp_store_fail(t, st, "set", key); goto fail; }
+
+    /* every address first (so rank j is done with the store once rank 0 has its connection),
+       then connect to each lower rank */
+    for (j = 0; j < s->rank; j++) {
+        snprintf(key, sizeof(key), "%saddr/%d", t->prefix, j);
+        st = _dm_tcp_store_get_str(t, key, t->addrs[j], 64);
+        if (st != DM_OK) goto fail;
+    }
+    for (j = 0; j < s->rank; j++) {
+        st = _dm_tcp_connect_peer(t, j, group, deadline);
+        if (st != DM_OK) goto fail;
+    }
+    st = _dm_tcp_accept_peers(t, lfd, group, deadline);
+    if (st != DM_OK) goto fail;
+    for (j = 0; j < s->rank; j++) {
+        st = _dm_tcp_read_ack(t, j, deadline);
+        if (st != DM_OK) goto fail;
+    }
+    close(lfd);
+    lfd = -1;
+    for (j = 0; j < s->size; j++)
+        if (t->fds[j] >= 0) {
+            struct sockaddr_storage peer;
+            socklen_t plen = sizeof(peer);
+            if (getpeername(t->fds[j], (struct sockaddr*)&peer, &plen) == 0 && j > s->rank)
+                _dm_tcp_format_addr((struct sockaddr*)&peer, t->addrs[j], 64);
+        }
+
+    /* host names: node_name, local rank and local size (ranks on the same host) */
+    {
+        void* small[16];
+        void** ptrs = small;
+        int lrank = 0, lsize = 0;
+        char host[NAME];
+        size_t hn = sizeof(host);
+        memset(host, 0, sizeof(host));
+        if (uv_os_gethostname(host, &hn) != 0) _dm_copy_name(host, sizeof(host), "localhost");
+        if (s->size > 16) ptrs = (void**)_dm_malloc(&t->base.allocator, sizeof(void*) * (size_t)s->size);
+        if (!ptrs) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto fail; }
+        for (j = 0; j < s->size; j++) ptrs[j] = names + (size_t)j * NAME;
+        st = _dm_tcp_allgather_ring(t, _DM_TCP_K_SETUP, host, (void* const*)ptrs, NAME, DM_UINT8);
+        if (ptrs != small) _dm_free(&t->base.allocator, ptrs);
+        if (st != DM_OK) goto fail;
+        for (j = 0; j < s->size; j++) {
+            names[(size_t)j * NAME + NAME - 1] = 0;
+            if (strcmp(names + (size_t)j * NAME, host) != 0) continue;
+            if (j < s->rank) lrank++;
+            lsize++;
+        }
+        _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), host);
+        t->base.local_rank = lrank;
+        t->base.local_size = lsize;
+    }
+    _dm_free(&t->base.allocator, names);
+    /* the store stays only where split may need it again */
+    *out = &t->base;
+    return DM_OK;
+fail:
+    if (lfd >= 0) close(lfd);
+    _dm_free(&s->allocator, names);
+    _dm_tcp_free(t);
+    return st;
+}
+
+/* Failed creates have no object to hold the message: it goes to the logger only. */
+static dm_status _dm_tcp_report(const dm_logger* lg, dm_status st, const char* msg) {
+    char err[DM_LAST_ERROR_SIZE];
+    return _DM_REPORT(lg, err, sizeof(err), st, "%s", msg);
+}
+
+DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
+    _DM_ZERO(dm_tcp_desc, d);
+    _DM_ZERO(_dm_tcp_setup, s);
+    char err[DM_LAST_ERROR_SIZE], url[320], host[256];
+    dm_env env;
+    dm_status st;
+    if (!out) return DM_ERR_INVALID_ARG;
+    *out = NULL;
+    if (desc) d = *desc;
+    if (!_dm_allocator_valid(&d.allocator))
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG,
+                          "tcp: allocator needs both alloc_fn and free_fn, or neither");
+    st = dm_env_detect(&env);
+    if (st != DM_OK) return _dm_tcp_report(&d.logger, st, env.error);
+    if (d.world_size == 0) { d.world_size = env.world_size; d.rank = env.rank; }
+    if (d.world_size < 1 || d.rank < 0 || d.rank >= d.world_size)
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG,
+                          "tcp: rank %d is not in 0..world_size-1 (world_size %d)", d.rank, d.world_size);
+    s.rank = d.rank;
+    s.size = d.world_size;
+    s.timeout_ms = d.timeout_ms ? d.timeout_ms : env.timeout_ms;
+    s.prefix = d.prefix ? d.prefix : "distmesh/";
+    if (strlen(s.prefix) > 150)
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: prefix longer than 150 bytes");
+    s.ifname = d.ifname ? d.ifname : getenv("DISTMESH_SOCKET_IFNAME");
+    if (!s.ifname || !*s.ifname) s.ifname = getenv("GLOO_SOCKET_IFNAME");
+    s.token = d.token ? d.token : getenv("DISTMESH_TOKEN");
+    s.chunk_bytes = d.chunk_bytes;
+    s.logger = d.logger;
+    s.allocator = d.allocator;
+    s.route_host = env.master_addr[0] ? env.master_addr : NULL;
+    s.store = d.store;
+    host[0] = 0;
+    if (!s.store) {
+        _DM_ZERO(dm_store_desc, sd);
+        const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+        const char* u = d.store_url ? d.store_url : getenv("DISTMESH_STORE");
+        if (!u || !*u) {
+            if (!env.master_addr[0] || env.master_port <= 0)
+                return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_ENV,
+                                  "tcp: no store: set desc.store / store_url, DISTMESH_STORE, or MASTER_ADDR and MASTER_PORT");
+            snprintf(url, sizeof(url), "tcp://%s:%d", env.master_addr, env.master_port);
+        } else {
+            _dm_copy_name(url, sizeof(url), u);
+        }
+        if (strncmp(url, "tcp://", 6) == 0) {
+            const char* h = url + 6;
+            const char* colon = strrchr(h, ':');
+            size_t n = colon ? (size_t)(colon - h) : strlen(h);
+            if (*h == '[' && n >= 2) { h++; n -= 2; }
+            if (n < sizeof(host)) { memcpy(host, h, n); host[n] = 0; }
+            s.route_host = host;
+        }
+        sd.url = url;
+        sd.is_server = strncmp(url, "tcp://", 6) == 0 && d.rank == 0 && !(agent && strcmp(agent, "True") == 0);
+        sd.timeout_ms = s.timeout_ms;
+        sd.logger = d.logger;
+        sd.allocator = d.allocator;
+        st = dm_store_create(&sd, &s.store);
+        if (st != DM_OK)
+            return _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp: cannot open the store %s", url);
+        s.own_store = true;
+    }
+    return _dm_tcp_build(&s, out);
+}
+
+/* >>tcp split  (color, key) from every rank, then the members rendezvous again through the
+   same store under "<prefix>split<seq>/<color>/", ordered by (key, old rank). */
+static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collective** out) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    int32_t mine[2];
+    int32_t* all;
+    int W = c->size, j, new_rank = 0, new_size = 0;
+    char prefix[512];
+    dm_status st;
+    void* small[16];
+    void** ptrs = small;
+    _DM_ZERO(_dm_tcp_setup, s);
+    *out = NULL;
+    _DM_TRY(_dm_tcp_check_broken(t, "split"));
+    if (!t->store) return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "tcp: split needs the store, which is gone");
+    all = (int32_t*)_dm_malloc(&c->allocator, sizeof(int32_t) * 2 * (size_t)W);
+    if (W > 16) ptrs = (void**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)W);
+    if (!all || !ptrs) {
+        _dm_free(&c->allocator, all);
+        if (ptrs != small) _dm_free(&c->allocator, ptrs);
+        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: split: out of memory");
+    }
+    mine[0] = color; mine[1] = key;
+    for (j = 0; j < W; j++) ptrs[j] = all + 2 * j;
+    st = _dm_tcp_allgather_ring(t, _DM_TCP_K_ALL_GATHER, mine, (void* const*)ptrs, 2, DM_INT32);
+    if (ptrs != small) _dm_free(&c->allocator, ptrs);
+    if (st != DM_OK || color < 0) { _dm_free(&c->allocator, all); return st; }
+    for (j = 0; j < W; j++) {
+        if (all[2 * j] != color) continue;
+        new_size++;
+        if (all[2 * j + 1] < key || (all[2 * j + 1] == key && j < c->rank)) new_rank++;
+    }
+    _dm_free(&c->allocator, all);
+    if (strlen(t->prefix) + 40 > sizeof(t->user_prefix))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "tcp: split: groups nested too deeply (store prefix \"%s\")", t->prefix);
+    snprintf(prefix, sizeof(prefix), "%.470ssplit%llu/%d/", t->prefix, (unsigned long long)c->seq, color);
+    s.rank = new_rank;
+    s.size = new_size;
+    s.timeout_ms = c->timeout_ms;
+    s.store = t->store;
+    s.own_store = false;
+    s.prefix = prefix;
+    s.ifname = t->ifname;
+    s.token = t->token;
+    s.route_host = NULL;
+    s.bind_sa = &t->self_sa;    /* the parent's interface and address family */
+    s.chunk_bytes = t->chunk_bytes;
+    s.logger = c->logger;
+    s.allocator = c->allocator;
+    st = _dm_tcp_build(&s, out);
+    if (st != DM_OK) return _DM_FAIL(c, st, "tcp: split (color %d) failed to connect its %d members", color, new_size);
+    (*out)->timeout_ms = c->timeout_ms;
+    return DM_OK;
+}
+
+/* >>tcp init */
+DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
+    _DM_ZERO(dm_init_desc, d);
+    _DM_ZERO(dm_fake_desc, f);
+    _DM_ZERO(dm_tcp_desc, td);
+    dm_env env;
+    dm_status st;
+    if (!out) return DM_ERR_INVALID_ARG;
+    *out = NULL;
+    if (desc) d = *desc;
+    st = dm_env_detect(&env);
+    if (st != DM_OK) return _dm_tcp_report(&d.logger, st, env.error);
+    if (env.world_size > 1) {
+        td.rank = env.rank;
+        td.world_size = env.world_size;
+        td.timeout_ms = d.timeout_ms;
+        td.logger = d.logger;
+        td.allocator = d.allocator;
+        return dm_tcp_create(&td, out);
+    }
+    f.timeout_ms = d.timeout_ms;
+    f.logger = d.logger;
+    f.allocator = d.allocator;
+    return dm_fake_create(&f, out);
+}
 #endif /* DISTMESH_IMPLEMENTATION */
 
 /*
 MIT License
 
-Copyright (c) 2025 the distmesh authors
+Copyright (c) 2026 the distmesh authors
 
 Permission is hereby granted, free of charge, to any person obtaining a copy of this software and
 associated documentation files (the "Software"), to deal in the Software without restriction,

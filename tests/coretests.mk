@@ -46,16 +46,15 @@ $(CORE_DIR)/compile_cpp_clangxx: tests/compile_cpp.cc distmesh.h
 	@mkdir -p $(dir $@)
 	clang++ $(CORE_CXX_STRICT) $< -o $@ $(LDLIBS_ALL)
 
-# The same with the TCP backend compiled in (libuv needed): `make core-compile-tcp`. Not yet a
-# prerequisite of test_compile while distmesh_tcp.h still includes in-progress wip/ sections
-# (the lead inlines them at the end; then add $(CORE_COMPILE_TCP) to CORE_COMPILE_CHECKS).
+# The same with the TCP backend compiled in (libuv needed), part of test_compile's checks.
 CORE_COMPILE_TCP := $(CORE_DIR)/compile_c_gcc_tcp $(CORE_DIR)/compile_cpp_gxx_tcp
+CORE_COMPILE_CHECKS += $(CORE_COMPILE_TCP)
 .PHONY: core-compile-tcp
 core-compile-tcp: $(CORE_COMPILE_TCP)
-$(CORE_DIR)/compile_c_gcc_tcp: tests/compile_c.c distmesh.h $(wildcard distmesh_tcp.h wip/*.h)
+$(CORE_DIR)/compile_c_gcc_tcp: tests/compile_c.c distmesh.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	gcc $(CORE_C_STRICT) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
-$(CORE_DIR)/compile_cpp_gxx_tcp: tests/compile_cpp.cc distmesh.h $(wildcard distmesh_tcp.h wip/*.h)
+$(CORE_DIR)/compile_cpp_gxx_tcp: tests/compile_cpp.cc distmesh.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	g++ $(CORE_CXX_STRICT) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 

@@ -6,7 +6,7 @@ STORE_TEST_BINS := $(BUILD)/store/test_store
 TEST_BINS += $(STORE_TEST_BINS)
 endif
 
-$(BUILD)/store/impl.o: tests/impl.c distmesh.h distmesh_tcp.h $(wildcard wip/*.h)
+$(BUILD)/store/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 

@@ -1,12 +1,11 @@
 # TCP backend tests (the tcp-ring area): tests/impl.c again with DISTMESH_TCP, plus the
 # multi-process test program. The netns test inside it runs tests/netns_test.sh as root.
-# Registered once the store section (wip/tcp_store.h, or its inlined form) is there.
-ifneq ($(wildcard wip/tcp_store.h)$(if $(shell grep -s -l 'wip/tcp_store.h' distmesh_tcp.h),,inlined),)
+ifneq ($(wildcard distmesh_tcp.h),)
 TCP_TEST_BINS := $(BUILD)/tcp/test_tcp
 TEST_BINS += $(TCP_TEST_BINS)
 endif
 
-$(BUILD)/tcp/impl.o: tests/impl.c distmesh.h distmesh_tcp.h $(wildcard wip/*.h)
+$(BUILD)/tcp/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 

@@ -1,4 +1,4 @@
-/* Tests of the rendezvous stores (wip/tcp_store.h, a section of distmesh_tcp.h): the c10d
+/* Tests of the rendezvous stores (the store section of distmesh_tcp.h): the c10d
    TCPStore wire protocol byte for byte (server against a raw socket, client against a scripted
    fake server, both from bytes recorded from torch 2.11, tests/fixtures/torch-2.11-wire.jsonl),
    every operation, concurrency (threads and forked processes), timeouts, malformed input, port 0,
