@@ -43,7 +43,8 @@
    quickly; a timeout names the op, its sequence number and the peer waited on. Each collective
    starts with a 32-byte fingerprint (op, dtype, count, root, reduce op, sequence) compared with
    the neighbour's: DM_ERR_MISMATCH with both descriptions. After any communication failure the
-   collective is broken and every later call returns DM_ERR_ABORTED at once; destroy it.
+   collective is broken and every later call fails at once -- DM_ERR_PEER_LOST after a peer was
+   lost, DM_ERR_ABORTED after anything else; destroy it.
    SIGPIPE is never raised (MSG_NOSIGNAL).
 
    The token digest is a keyed 128-bit non-cryptographic hash: it keeps stray and misconfigured
@@ -2414,9 +2415,12 @@ static dm_status _dm_tcp_break(_dm_tcp* t, dm_status st) {
     }
     return st;
 }
+/* Later calls fail at once: with DM_ERR_PEER_LOST when a peer is gone (the caller's question is
+   "is my job still whole?"), else DM_ERR_ABORTED. */
 static dm_status _dm_tcp_check_broken(_dm_tcp* t, const char* op) {
+    dm_status st = t->broken == DM_ERR_PEER_LOST ? DM_ERR_PEER_LOST : DM_ERR_ABORTED;
     if (t->broken == DM_OK) return DM_OK;
-    return _DM_FAIL(&t->base, DM_ERR_ABORTED, "tcp: %s #%llu: the collective is broken by an earlier "
+    return _DM_FAIL(&t->base, st, "tcp: %s #%llu: the collective is broken by an earlier "
                     "failure (%s): %s", op, (unsigned long long)t->base.seq, dm_status_name(t->broken),
                     t->broken_msg);
 }

@@ -525,8 +525,9 @@ static int body_fault(dm_collective* c, int rank, int world, void* arg) {
     for (i = 0; i < 100000 && st == DM_OK; i++) st = dm_all_reduce(c, NULL, x, n, DM_FLOAT32, DM_SUM);
     snprintf(line, sizeof(line), "%d %d\n", rank, (int)st);
     if (write(g_report_fd, line, strlen(line)) < 0) return 1;
-    /* the next call fails at once */
-    if (dm_all_reduce(c, NULL, x, 1, DM_FLOAT32, DM_SUM) != DM_ERR_ABORTED) return 1;
+    /* the next call fails at once: still peer-lost after a peer died, aborted after a timeout */
+    if (dm_all_reduce(c, NULL, x, 1, DM_FLOAT32, DM_SUM) !=
+        (st == DM_ERR_PEER_LOST ? DM_ERR_PEER_LOST : DM_ERR_ABORTED)) return 1;
     free(x);
     sleep(2);   /* stay connected so slower survivors see their own failure, not our exit */
     return 0;
