@@ -1,7 +1,13 @@
-# The lead's fragment: examples and the shipped distmesh.c must build with every flag set.
-EXAMPLE_SRCS := $(wildcard examples/*.c)
-EXAMPLE_BINS := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
+# The lead's fragment: examples (plain ones with no backend, tcp_*.c with DISTMESH_TCP) build in
+# every configuration, so the README's programs never rot.
+EXAMPLE_SRCS := $(filter-out examples/tcp_%.c,$(wildcard examples/*.c))
+EXAMPLE_TCP_SRCS := $(wildcard examples/tcp_*.c)
+EXAMPLE_BINS := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS) $(EXAMPLE_TCP_SRCS))
 EXTRA_BINS += $(EXAMPLE_BINS)
+
+$(BUILD)/examples/tcp_%: examples/tcp_%.c distmesh.c distmesh.h distmesh_tcp.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< distmesh.c -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/examples/%: examples/%.c distmesh.c distmesh.h
 	@mkdir -p $(dir $@)

@@ -1,0 +1,45 @@
+/* All-reduce across processes over TCP, placed by the environment (torchrun, mpirun, srun, or
+   by hand). Four ranks on this machine:
+
+     for r in 0 1 2 3; do
+       RANK=$r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 ./tcp_all_reduce &
+     done; wait
+
+   Rank 0 hosts the rendezvous store at MASTER_ADDR:MASTER_PORT (a PyTorch-compatible TCPStore);
+   every rank publishes its address there and the ranks connect to each other.
+   Build: cc -std=c11 -DDISTMESH_TCP -I. examples/tcp_all_reduce.c distmesh.c -luv -pthread -lm */
+#include "distmesh.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(void) {
+    dm_init_desc desc = {0};             /* zero means default */
+    dm_collective* c = NULL;
+    size_t n = 1 << 20, i;
+    float* grad;
+    dm_status st;
+
+    desc.timeout_ms = 30000;             /* no call waits longer than 30 s for a peer */
+    desc.logger.func = dm_log_stderr;    /* errors are also printed as they happen */
+    st = dm_init(&desc, &c);             /* TCP when WORLD_SIZE > 1, else a world of one */
+    if (st != DM_OK) {
+        fprintf(stderr, "init failed: %s\n", dm_strerror(st));
+        return 1;
+    }
+    grad = (float*)malloc(n * sizeof(float));
+    for (i = 0; i < n; i++) grad[i] = (float)dm_rank(c);
+
+    st = dm_all_reduce(c, NULL, grad, n, DM_FLOAT32, DM_MEAN);    /* in place */
+    if (st != DM_OK) {
+        fprintf(stderr, "rank %d: %s: %s\n", dm_rank(c), dm_status_name(st), dm_last_error(c));
+    } else {
+        float expect = (float)(dm_world_size(c) - 1) / 2.0f;
+        printf("rank %d of %d (%s backend, local %d/%d): mean %g, expected %g\n", dm_rank(c),
+               dm_world_size(c), dm_backend_name(c), dm_local_rank(c), dm_local_world_size(c),
+               grad[0], expect);
+        if (grad[0] != expect || grad[n - 1] != expect) st = DM_ERR_INTERNAL;
+    }
+    free(grad);
+    dm_destroy(c);
+    return st == DM_OK ? 0 : 1;
+}
