@@ -1205,6 +1205,12 @@ _DM_PRIVATE dm_status _dm_store_check_conn(dm_store* s) {
                           "tcp-store: connection to %s:%d is unusable after an earlier failure (%s)",
                           s->sh->host, s->sh->port, s->sh->broken_why);
 }
+/* Starts a client request in b: the opcode first; the caller appends its fields. */
+_DM_PRIVATE void _dm_stbuf_request(_dm_stbuf* b, dm_store* s, unsigned opcode) {
+    memset(b, 0, sizeof(*b));
+    b->a = &s->allocator;
+    _dm_stbuf_u8(b, opcode);
+}
 _DM_PRIVATE dm_status _dm_store_send(dm_store* s, _dm_stbuf* b, const char* what) {
     int rc;
     if (b->oom) return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: %s (out of memory)", what);
@@ -1262,9 +1268,7 @@ _DM_PRIVATE dm_status _dm_store_tcp_wait(dm_store* s, unsigned char* const* keys
     int rc;
     dm_status st;
     int64_t deadline = _dm_deadline(timeout_ms);
-    memset(&b, 0, sizeof(b));
-    b.a = &s->allocator;
-    _dm_stbuf_u8(&b, _DM_STQ_WAIT);
+    _dm_stbuf_request(&b, s, _DM_STQ_WAIT);
     _dm_stbuf_u64(&b, (uint64_t)n);
     for (i = 0; i < n; i++) _dm_stbuf_str(&b, keys[i], lens[i]);
     st = _dm_store_send(s, &b, "wait");
@@ -1896,9 +1900,7 @@ _DM_PRIVATE dm_status _dm_store_get_one(dm_store* s, const unsigned char* k, siz
     dm_status st;
     if (s->sh->kind == _DM_STORE_TCP) {
         _dm_stbuf b;
-        memset(&b, 0, sizeof(b));
-        b.a = &s->allocator;
-        _dm_stbuf_u8(&b, _DM_STQ_GET);
+        _dm_stbuf_request(&b, s, _DM_STQ_GET);
         _dm_stbuf_str(&b, k, kn);
         st = _dm_store_send(s, &b, "get");
         _dm_stbuf_free(&b);
@@ -1953,9 +1955,7 @@ DM_API_IMPL dm_status dm_store_multi_get(dm_store* s, const char* const* keys, s
         st = _dm_store_wait_locked(s, k, l, n, s->timeout_ms, keys);
         if (st == DM_OK && s->sh->kind == _DM_STORE_TCP) {
             _dm_stbuf b;
-            memset(&b, 0, sizeof(b));
-            b.a = &s->allocator;
-            _dm_stbuf_u8(&b, _DM_STQ_MULTI_GET);
+            _dm_stbuf_request(&b, s, _DM_STQ_MULTI_GET);
             _dm_stbuf_u64(&b, (uint64_t)n);
             for (i = 0; i < n; i++) _dm_stbuf_str(&b, k[i], l[i]);
             st = _dm_store_send(s, &b, "multi_get");
@@ -1995,9 +1995,7 @@ DM_API_IMPL dm_status dm_store_multi_set(dm_store* s, const char* const* keys, c
     if (st == DM_OK) {
         if (s->sh->kind == _DM_STORE_TCP) {
             _dm_stbuf b;
-            memset(&b, 0, sizeof(b));
-            b.a = &s->allocator;
-            _dm_stbuf_u8(&b, _DM_STQ_MULTI_SET);
+            _dm_stbuf_request(&b, s, _DM_STQ_MULTI_SET);
             _dm_stbuf_u64(&b, (uint64_t)n);
             for (i = 0; i < n; i++) { _dm_stbuf_str(&b, k[i], l[i]); _dm_stbuf_str(&b, values[i], sizes[i]); }
             st = _dm_store_send(s, &b, "multi_set");
@@ -2024,9 +2022,7 @@ DM_API_IMPL dm_status dm_store_add(dm_store* s, const char* key, int64_t delta, 
     if (s->sh->kind == _DM_STORE_TCP) {
         _dm_stbuf b;
         uint64_t v = 0;
-        memset(&b, 0, sizeof(b));
-        b.a = &s->allocator;
-        _dm_stbuf_u8(&b, _DM_STQ_ADD);
+        _dm_stbuf_request(&b, s, _DM_STQ_ADD);
         _dm_stbuf_str(&b, k, kn);
         _dm_stbuf_u64(&b, (uint64_t)delta);
         st = _dm_store_send(s, &b, "add");
@@ -2088,9 +2084,7 @@ DM_API_IMPL dm_status dm_store_compare_set(dm_store* s, const char* key, const v
     }
     if (s->sh->kind == _DM_STORE_TCP) {
         _dm_stbuf b;
-        memset(&b, 0, sizeof(b));
-        b.a = &s->allocator;
-        _dm_stbuf_u8(&b, _DM_STQ_COMPARE_SET);
+        _dm_stbuf_request(&b, s, _DM_STQ_COMPARE_SET);
         _dm_stbuf_str(&b, k, kn);
         _dm_stbuf_str(&b, expected, expected_size);
         _dm_stbuf_str(&b, desired, desired_size);
@@ -2147,9 +2141,7 @@ DM_API_IMPL dm_status dm_store_delete(dm_store* s, const char* key, bool* out_de
     if (s->sh->kind == _DM_STORE_TCP) {
         _dm_stbuf b;
         uint64_t v = 0;
-        memset(&b, 0, sizeof(b));
-        b.a = &s->allocator;
-        _dm_stbuf_u8(&b, _DM_STQ_DELETE_KEY);
+        _dm_stbuf_request(&b, s, _DM_STQ_DELETE_KEY);
         _dm_stbuf_str(&b, k, kn);
         st = _dm_store_send(s, &b, "delete");
         _dm_stbuf_free(&b);
@@ -2184,9 +2176,7 @@ DM_API_IMPL dm_status dm_store_check(dm_store* s, const char* const* keys, size_
         if (s->sh->kind == _DM_STORE_TCP) {
             _dm_stbuf b;
             unsigned char r = 0;
-            memset(&b, 0, sizeof(b));
-            b.a = &s->allocator;
-            _dm_stbuf_u8(&b, _DM_STQ_CHECK);
+            _dm_stbuf_request(&b, s, _DM_STQ_CHECK);
             _dm_stbuf_u64(&b, (uint64_t)nkeys);
             for (i = 0; i < nkeys; i++) _dm_stbuf_str(&b, k[i], l[i]);
             st = _dm_store_send(s, &b, "check");
@@ -2219,9 +2209,7 @@ DM_API_IMPL dm_status dm_store_num_keys(dm_store* s, int64_t* out) {
     if (s->sh->kind == _DM_STORE_TCP) {
         _dm_stbuf b;
         uint64_t v = 0;
-        memset(&b, 0, sizeof(b));
-        b.a = &s->allocator;
-        _dm_stbuf_u8(&b, _DM_STQ_GETNUMKEYS);
+        _dm_stbuf_request(&b, s, _DM_STQ_GETNUMKEYS);
         st = _dm_store_send(s, &b, "num_keys");
         _dm_stbuf_free(&b);
         if (st == DM_OK) st = _dm_store_recv_u64(s, &v, "num_keys");
