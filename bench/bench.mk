@@ -1,0 +1,17 @@
+# Benchmarks. `make bench` is the README's main job: all_reduce float32 sum on 4 local ranks over
+# TCP, 8 B .. 64 MiB. `make compare` runs distmesh, Gloo and OpenMPI side by side (scripts/compare.sh).
+BENCH_DIR := $(BUILD)/bench
+DM_BENCH  := $(BENCH_DIR)/dm_bench
+EXTRA_BINS += $(DM_BENCH)
+
+$(DM_BENCH): bench/dm_bench.c distmesh.h distmesh_tcp.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+
+bench: deps
+	@$(MAKE) --no-print-directory $(DM_BENCH)
+	$(DM_BENCH) -np 4 -b 8 -e 64M -f 2 -n 10 -w 2 -c 1 -t 115
+
+compare: deps
+	@$(MAKE) --no-print-directory $(DM_BENCH)
+	@bash scripts/compare.sh $(DM_BENCH)
