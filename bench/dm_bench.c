@@ -10,7 +10,7 @@
    rendezvous through a file store in a fresh temporary directory), -B tcp|thread, -J file (JSON
    results), -t seconds (overall deadline: ranks are killed and the exit status is 2), -R (report
    each rank's peak RSS), -I (in place only: one buffer, for memory measurements), -C chunk bytes
-   (TCP pipelining unit).
+   (TCP pipelining unit), -S list of sizes ("8,4K,64M") instead of the -b/-e sweep.
    Sizes follow nccl-tests: all_reduce/broadcast size = bytes per rank; all_gather size = bytes
    received (world x count); reduce_scatter size = bytes sent (world x count). Time is the mean
    over -n iterations, the slowest rank's; algbw = size / time; busbw = algbw x 2(n-1)/n for
@@ -42,6 +42,8 @@ typedef struct bench_args {
     const char* json_path;
     double deadline_s;
     size_t chunk_bytes;
+    size_t sizes[64];          /* -S list; nsizes 0 -> the -b/-e/-f sweep */
+    int nsizes;
 } bench_args;
 
 typedef struct bench_row {
@@ -82,7 +84,7 @@ static int parse_redop(const char* s, dm_reduce_op* out) {
 static void usage(void) {
     fprintf(stderr, "usage: dm_bench [-O all_reduce|all_gather|reduce_scatter|broadcast] [-np N] [-B tcp|thread]\n"
                     "  [-b minbytes] [-e maxbytes] [-f factor | -i stepbytes] [-n iters] [-w warmup] [-c 0|1]\n"
-                    "  [-d dtype] [-o sum|prod|max|min|avg] [-r root] [-J file.json] [-t seconds] [-R] [-I] [-C chunkbytes]\n");
+                    "  [-d dtype] [-o sum|prod|max|min|avg] [-r root] [-J file.json] [-t seconds] [-R] [-I] [-C chunkbytes] [-S sizes]\n");
 }
 static int parse_args(int argc, char** argv, bench_args* a) {
     int i;
@@ -110,6 +112,14 @@ static int parse_args(int argc, char** argv, bench_args* a) {
         else if (strcmp(f, "-J") == 0) a->json_path = v;
         else if (strcmp(f, "-t") == 0) a->deadline_s = atof(v);
         else if (strcmp(f, "-C") == 0) a->chunk_bytes = parse_size(v);
+        else if (strcmp(f, "-S") == 0) {
+            char* list = strdup(v);
+            char* tok;
+            for (tok = strtok(list, ","); tok && a->nsizes < 64; tok = strtok(NULL, ",")) a->sizes[a->nsizes++] = parse_size(tok);
+            free(list);
+            if (a->nsizes) { a->min_bytes = a->sizes[0]; a->max_bytes = a->sizes[0]; }
+            { int k; for (k = 0; k < a->nsizes; k++) if (a->sizes[k] > a->max_bytes) a->max_bytes = a->sizes[k]; }
+        }
         else if (strcmp(f, "-d") == 0) { if (parse_dtype(v, &a->dtype)) { fprintf(stderr, "dm_bench: unknown dtype %s\n", v); return -1; } }
         else if (strcmp(f, "-o") == 0) { if (parse_redop(v, &a->redop)) { fprintf(stderr, "dm_bench: unknown op %s\n", v); return -1; } }
         else if (strcmp(f, "-O") == 0) {
@@ -118,7 +128,7 @@ static int parse_args(int argc, char** argv, bench_args* a) {
             if (!found) { fprintf(stderr, "dm_bench: unknown collective %s\n", v); return -1; }
         } else { usage(); return -1; }
     }
-    if (a->iters < 1 || a->warmup < 0 || a->min_bytes > a->max_bytes || (a->step_factor <= 1 && !a->step_bytes && a->min_bytes != a->max_bytes)) {
+    if (a->iters < 1 || a->warmup < 0 || a->min_bytes > a->max_bytes || (a->step_factor <= 1 && !a->step_bytes && !a->nsizes && a->min_bytes != a->max_bytes)) {
         fprintf(stderr, "dm_bench: need -n >= 1, -w >= 0, -b <= -e and a step (-f > 1 or -i)\n");
         return -1;
     }
@@ -407,8 +417,9 @@ static int rank_main(dm_collective* c, void* user) {
     if (dm_rank(c) == 0) print_preamble(a, c);
     print_rank_lines(c);
     if (dm_rank(c) == 0) print_header();
-    for (bytes = a->min_bytes; bytes <= a->max_bytes && nrows < 128;
-         bytes = a->step_bytes ? bytes + a->step_bytes : (size_t)((double)bytes * a->step_factor)) {
+    for (bytes = a->nsizes ? a->sizes[0] : a->min_bytes; bytes <= a->max_bytes && nrows < 128;
+         bytes = a->nsizes ? (nrows < a->nsizes ? a->sizes[nrows] : a->max_bytes + 1)
+                 : a->step_bytes ? bytes + a->step_bytes : (size_t)((double)bytes * a->step_factor)) {
         st = run_size(a, c, &b, bytes, &rows[nrows]);
         if (st != DM_OK) { fprintf(stderr, "rank %d: %s: %s\n", dm_rank(c), dm_status_name(st), dm_last_error(c)); break; }
         if (dm_rank(c) == 0) print_row(a, &rows[nrows]);
@@ -416,7 +427,7 @@ static int rank_main(dm_collective* c, void* user) {
         oob += rows[nrows].wrong[1] > 0 ? rows[nrows].wrong[1] : 0;
         avg_bus += (rows[nrows].busbw[0] + rows[nrows].busbw[1]) / 2;
         nrows++;
-        if (a->min_bytes == a->max_bytes || bytes == 0) break;
+        if ((!a->nsizes && a->min_bytes == a->max_bytes) || bytes == 0 || (a->nsizes && nrows >= a->nsizes)) break;
     }
     getrusage(RUSAGE_SELF, &ru);
     rss = (double)ru.ru_maxrss / 1024.0;    /* kilobytes on Linux */

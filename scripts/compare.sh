@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# distmesh TCP against Gloo (ring_chunked, halving_doubling) and OpenMPI over TCP, all-reduce of
+# float32 sums on local ranks, plus iperf3's loopback limit. Interleaved: each repetition runs
+# every system in turn, so load from elsewhere hits them alike; each point is the median over
+# REPS repetitions of the per-launch mean time. Writes bench/results/compare.md and .png.
+#   scripts/compare.sh path/to/dm_bench      (REPS=5 RANKS="2 4" ITERS=10 WARMUP=2 by default)
+set -euo pipefail
+DM_BENCH=${1:?usage: compare.sh path/to/dm_bench}
+REPS=${REPS:-5}; RANKS=${RANKS:-"2 4"}; ITERS=${ITERS:-10}; WARMUP=${WARMUP:-2}
+SIZES=${SIZES:-"8 4096 65536 1048576 16777216 67108864"}
+OUT=${OUT:-bench/results}
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh libgloo-dev openmpi-bin libopenmpi-dev iperf3 gnuplot-nox python3 g++
+mkdir -p "$OUT" build/compare
+g++ -std=c++17 -O2 -Wall -Wextra bench/gloo_bench.cc -o build/compare/gloo_bench -lgloo -pthread
+mpicc -O2 -Wall -Wextra bench/mpi_bench.c -o build/compare/mpi_bench
+RAW=build/compare/raw.txt; : > "$RAW"
+csv=$(echo $SIZES | tr ' ' ',')
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self --bind-to none)
+
+run_gloo() {  # algo ranks
+    local dir; dir=$(mktemp -d)
+    for r in $(seq 0 $(($2 - 1))); do
+        timeout 300 build/compare/gloo_bench "$1" "$r" "$2" "$dir" "$ITERS" "$WARMUP" $SIZES &
+    done
+    wait; rm -rf "$dir"
+}
+for rep in $(seq 1 "$REPS"); do
+    for n in $RANKS; do
+        echo "compare: repetition $rep/$REPS, $n ranks" >&2
+        timeout 300 "$DM_BENCH" -np "$n" -S "$csv" -n "$ITERS" -w "$WARMUP" -c 0 -I -t 280 -J build/compare/dm.json >/dev/null
+        python3 - "$n" >> "$RAW" <<'PY'
+import json, sys
+d = json.load(open("build/compare/dm.json"))
+for row in d["rows"]:
+    print(f"distmesh ranks={sys.argv[1]} bytes={row['bytes']} us={row['ip_us']}")
+PY
+        run_gloo ring_chunked "$n" >> "$RAW"
+        run_gloo halving_doubling "$n" >> "$RAW"
+        timeout 600 "${MPIRUN[@]}" -np "$n" build/compare/mpi_bench "$ITERS" "$WARMUP" $SIZES 2>/dev/null | grep '^mpi ' >> "$RAW"
+    done
+done
+
+# iperf3 single stream on loopback (median of 3 short runs, GB/s).
+IPERF=build/compare/iperf.txt; : > "$IPERF"
+for i in 1 2 3; do
+    iperf3 -s -1 -p 52011 >/dev/null 2>&1 &
+    sleep 0.5
+    iperf3 -c 127.0.0.1 -p 52011 -t 3 -J 2>/dev/null | python3 -c \
+        'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9)' >> "$IPERF" || true
+    wait
+done
+
+python3 - "$RAW" "$IPERF" "$OUT" "$REPS" <<'PY'
+import re, statistics, sys, platform, os, subprocess
+raw, iperf, out, reps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+pts = {}
+for line in open(raw):
+    m = re.match(r"(\S+) ranks=(\d+) bytes=(\d+) us=([\d.]+)", line)
+    if m: pts.setdefault((m[1], int(m[2]), int(m[3])), []).append(float(m[4]))
+lo = [float(x) for x in open(iperf).read().split()]
+iperf_gbs = statistics.median(lo) if lo else float("nan")
+systems = ["distmesh", "gloo_ring_chunked", "gloo_halving_doubling", "mpi"]
+ranks = sorted({k[1] for k in pts}); sizes = sorted({k[2] for k in pts})
+med = {k: statistics.median(v) for k, v in pts.items()}
+def busbw(sysname, n, b):
+    t = med.get((sysname, n, b))
+    return None if not t else b / (t * 1e-6) / 1e9 * 2 * (n - 1) / n
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
+L = [f"# distmesh vs Gloo vs OpenMPI: all-reduce float32 sum on local ranks (loopback TCP)", "",
+     f"Machine: {os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}. Median of {reps} interleaved "
+     f"repetitions; each repetition is one launch per system timing its mean over the iterations. "
+     f"busbw = size / time x 2(n-1)/n, GB/s = 1e9 B/s. iperf3 single-stream loopback: {iperf_gbs:.2f} GB/s.", ""]
+for n in ranks:
+    L += [f"## {n} ranks", "", "| size (B) | " + " | ".join(f"{s} us" for s in systems) + " | " + " | ".join(f"{s} busbw" for s in systems) + " |",
+          "|" + "---|" * (1 + 2 * len(systems))]
+    for b in sizes:
+        L.append(f"| {b} | " + " | ".join(fmt(med.get((s, n, b)), ".1f") for s in systems) + " | "
+                 + " | ".join(fmt(busbw(s, n, b), ".3f") for s in systems) + " |")
+    L.append("")
+L += ["## Ratios (the issue's targets)", "", "| ranks | size (B) | metric | vs best Gloo | vs OpenMPI | target |", "|---|---|---|---|---|---|"]
+for n in ranks:
+    for b in sizes:
+        dm = med.get(("distmesh", n, b)); g = [med.get((s, n, b)) for s in systems[1:3]]; g = [x for x in g if x]
+        mp = med.get(("mpi", n, b))
+        if not dm or not g: continue
+        if b >= 16 << 20:
+            L.append(f"| {n} | {b} | busbw distmesh / peer | {min(g) / dm:.2f}x | {fmt(mp / dm if mp else None, '.2f')}x | >= 1.3x |")
+        elif b <= 4096:
+            L.append(f"| {n} | {b} | latency distmesh / peer | {dm / min(g):.2f} | {fmt(dm / mp if mp else None, '.2f')} | <= 0.7 (Gloo) |")
+    big = max(sizes)
+    if n == 2 and busbw("distmesh", 2, big):
+        L.append(f"| 2 | {big} | busbw distmesh / iperf3 | {busbw('distmesh', 2, big) / iperf_gbs:.2f} | | >= 0.8 |")
+L.append("")
+open(os.path.join(out, "compare.md"), "w").write("\n".join(L) + "\n")
+with open("build/compare/plot.dat", "w") as f:
+    for n in ranks:
+        for s in systems:
+            f.write(f'"{s} n={n}"\n')
+            for b in sizes:
+                v = busbw(s, n, b)
+                if v: f.write(f"{b} {v}\n")
+            f.write("\n\n")
+print("\n".join(L))
+PY
+nblocks=$(( $(echo $RANKS | wc -w) * 4 ))
+gnuplot <<GP
+set terminal png size 1000,600
+set output "$OUT/compare.png"
+set title "all-reduce float32 sum on local ranks over loopback TCP (median of $REPS)"
+set logscale x 2
+set xlabel "message size (bytes)"
+set ylabel "bus bandwidth (GB/s)"
+set key left top
+set grid
+plot for [i=0:$((nblocks - 1))] "build/compare/plot.dat" index i using 1:2 with linespoints title columnheader(1)
+GP
+echo "compare: wrote $OUT/compare.md and $OUT/compare.png"
