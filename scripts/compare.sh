@@ -51,61 +51,8 @@ for i in 1 2 3; do
     wait
 done
 
-python3 - "$RAW" "$IPERF" "$OUT" "$REPS" <<'PY'
-import re, statistics, sys, platform, os, subprocess
-raw, iperf, out, reps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-pts = {}
-for line in open(raw):
-    m = re.match(r"(\S+) ranks=(\d+) bytes=(\d+) us=([\d.]+)", line)
-    if m: pts.setdefault((m[1], int(m[2]), int(m[3])), []).append(float(m[4]))
-lo = [float(x) for x in open(iperf).read().split()]
-iperf_gbs = statistics.median(lo) if lo else float("nan")
-systems = ["distmesh", "gloo_ring_chunked", "gloo_halving_doubling", "mpi"]
-ranks = sorted({k[1] for k in pts}); sizes = sorted({k[2] for k in pts})
-med = {k: statistics.median(v) for k, v in pts.items()}
-def busbw(sysname, n, b):
-    t = med.get((sysname, n, b))
-    return None if not t else b / (t * 1e-6) / 1e9 * 2 * (n - 1) / n
-def fmt(x, spec):
-    return "-" if x is None else format(x, spec)
-cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
-L = [f"# distmesh vs Gloo vs OpenMPI: all-reduce float32 sum on local ranks (loopback TCP)", "",
-     f"Machine: {os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}. Median of {reps} interleaved "
-     f"repetitions; each repetition is one launch per system timing its mean over the iterations. "
-     f"busbw = size / time x 2(n-1)/n, GB/s = 1e9 B/s. iperf3 single-stream loopback: {iperf_gbs:.2f} GB/s.", ""]
-for n in ranks:
-    L += [f"## {n} ranks", "", "| size (B) | " + " | ".join(f"{s} us" for s in systems) + " | " + " | ".join(f"{s} busbw" for s in systems) + " |",
-          "|" + "---|" * (1 + 2 * len(systems))]
-    for b in sizes:
-        L.append(f"| {b} | " + " | ".join(fmt(med.get((s, n, b)), ".1f") for s in systems) + " | "
-                 + " | ".join(fmt(busbw(s, n, b), ".3f") for s in systems) + " |")
-    L.append("")
-L += ["## Ratios (the issue's targets)", "", "| ranks | size (B) | metric | vs best Gloo | vs OpenMPI | target |", "|---|---|---|---|---|---|"]
-for n in ranks:
-    for b in sizes:
-        dm = med.get(("distmesh", n, b)); g = [med.get((s, n, b)) for s in systems[1:3]]; g = [x for x in g if x]
-        mp = med.get(("mpi", n, b))
-        if not dm or not g: continue
-        if b >= 16 << 20:
-            L.append(f"| {n} | {b} | busbw distmesh / peer | {min(g) / dm:.2f}x | {fmt(mp / dm if mp else None, '.2f')}x | >= 1.3x |")
-        elif b <= 4096:
-            L.append(f"| {n} | {b} | latency distmesh / peer | {dm / min(g):.2f} | {fmt(dm / mp if mp else None, '.2f')} | <= 0.7 (Gloo) |")
-    big = max(sizes)
-    if n == 2 and busbw("distmesh", 2, big):
-        L.append(f"| 2 | {big} | busbw distmesh / iperf3 | {busbw('distmesh', 2, big) / iperf_gbs:.2f} | | >= 0.8 |")
-L.append("")
-open(os.path.join(out, "compare.md"), "w").write("\n".join(L) + "\n")
-with open("build/compare/plot.dat", "w") as f:
-    for n in ranks:
-        for s in systems:
-            f.write(f'"{s} n={n}"\n')
-            for b in sizes:
-                v = busbw(s, n, b)
-                if v: f.write(f"{b} {v}\n")
-            f.write("\n\n")
-print("\n".join(L))
-PY
-nblocks=$(( $(echo $RANKS | wc -w) * 4 ))
+python3 scripts/compare_report.py "$RAW" "$IPERF" "$OUT" "$REPS" distmesh gloo_ring_chunked gloo_halving_doubling mpi
+nblocks=$(( $(echo $RANKS | wc -w) * 4 ))  # systems x rank counts in plot.dat
 gnuplot <<GP
 set terminal png size 1000,600
 set output "$OUT/compare.png"
@@ -115,6 +62,6 @@ set xlabel "message size (bytes)"
 set ylabel "bus bandwidth (GB/s)"
 set key left top
 set grid
-plot for [i=0:$((nblocks - 1))] "build/compare/plot.dat" index i using 1:2 with linespoints title columnheader(1)
+plot for [i=0:$((nblocks - 1))] "build/compare/compare.dat" index i using 1:2 with linespoints title columnheader(1)
 GP
 echo "compare: wrote $OUT/compare.md and $OUT/compare.png"

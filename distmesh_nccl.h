@@ -1,0 +1,577 @@
+/* distmesh_nccl.h -- the NCCL backend of distmesh. MIT license at end of file.
+
+   Do not include this file directly: define DISTMESH_NCCL (as a -D flag, in every TU) and include
+   distmesh.h, which includes this header last. Compile with CUDA's include directory and link
+   -lcudart -lnccl. Store rendezvous needs DISTMESH_TCP too (libuv); without it pass the unique id.
+
+   WHAT IT IS
+   dm_nccl_create makes a communicator on this process's GPU (device = local rank % device count
+   unless the desc names one, set with cudaSetDevice before init). The ncclUniqueId travels
+   through the distmesh store (rank 0 publishes "<prefix>nccl_unique_id", the others wait for it)
+   or is handed in by the caller (desc.unique_id, e.g. after MPI_Bcast). Communicators are
+   non-blocking (ncclConfig_t.blocking = 0): init, split and every wait poll
+   ncclCommGetAsyncError against the deadline, and on expiry the communicator is aborted
+   (ncclCommAbort) and DM_ERR_TIMEOUT returned -- nothing hangs.
+
+   STREAM SEMANTICS
+   Collectives enqueue on the object's CUDA stream (owned, or desc.stream) and return; the data
+   is ready after dm_synchronize(c), which waits for the stream with the deadline. Barrier and
+   the host-staged calls below synchronize before returning.
+
+   BUFFERS
+   all_reduce and reduce_scatter take device (or managed) memory only: a host pointer is
+   DM_ERR_INVALID_ARG with a message (checked with cudaPointerGetAttributes). all_gather and
+   broadcast also accept host buffers, staged through a temporary device buffer and synchronized,
+   so the core's object collectives, dm_local and main_process_first work on NCCL (slowly: they
+   are for small control data). MEAN is ncclAvg (NCCL >= 2.10); bfloat16 needs NCCL >= 2.10;
+   older NCCL gives DM_ERR_UNSUPPORTED. MAX/MIN follow NCCL's NaN behaviour, not the core's.
+
+   One create per store prefix: a second dm_nccl_create with the same store and prefix would read
+   the first one's unique id; use dm_split for sub-groups (ncclCommSplit, no store needed).
+*/
+#ifndef DISTMESH_H
+#error "include distmesh.h with DISTMESH_NCCL defined instead"
+#endif
+
+#ifndef DISTMESH_NCCL_H
+#define DISTMESH_NCCL_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { DM_NCCL_UNIQUE_ID_BYTES = 128 };   /* sizeof(ncclUniqueId) */
+
+/* >>nccl desc  Zero means default for every field. */
+typedef struct dm_nccl_desc {
+    int rank;                   /* with world_size 0: from dm_env_detect; else required */
+    int world_size;             /* 0 -> rank, world and local rank from dm_env_detect */
+    int local_rank;             /* with world_size given: this process's rank on its node */
+    int cuda_device;            /* 0 -> local_rank % device count; d + 1 -> CUDA device d */
+    struct dm_store* store;     /* borrowed: where the unique id travels; 0 -> store_url */
+    const char* store_url;      /* 0 -> DISTMESH_STORE, else tcp://MASTER_ADDR:MASTER_PORT (rank 0
+                                   hosts it); needs DISTMESH_TCP */
+    const char* prefix;         /* 0 -> "distmesh_nccl/" */
+    const void* unique_id;      /* DM_NCCL_UNIQUE_ID_BYTES from ncclGetUniqueId on rank 0, shared
+                                   by the caller; 0 -> through the store */
+    struct CUstream_st* stream; /* 0 -> an owned non-blocking stream; else borrowed */
+    int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever */
+    dm_logger logger;           /* 0 -> silent */
+    dm_allocator allocator;     /* 0 -> malloc/free (CUDA and NCCL allocate on their own) */
+} dm_nccl_desc;
+
+/* Collective call over all world_size ranks, one GPU each. Fails with *out == NULL. */
+DM_API dm_status dm_nccl_create(const dm_nccl_desc* desc, dm_collective** out);
+/* The object's stream (owned or borrowed). */
+DM_API struct CUstream_st* dm_nccl_stream(dm_collective* c);
+/* Seed 001's device helpers (dm_device_count is declared in distmesh.h). */
+DM_API dm_status dm_cuda_set_device(int device);
+DM_API dm_status dm_cuda_current_device(int* out);
+DM_API dm_status dm_cuda_synchronize(void);         /* the whole device */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DISTMESH_NCCL_H */
+
+#if defined(DISTMESH_IMPLEMENTATION) && !defined(DISTMESH_NCCL_IMPL_INCLUDED)
+#define DISTMESH_NCCL_IMPL_INCLUDED
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <sched.h>
+
+#define _DM_NCCL_HAS_AVG (NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0))
+#define _DM_NCCL_HAS_BF16 (NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0))
+
+typedef struct _dm_nccl {
+    dm_collective base;
+    ncclComm_t comm;
+    cudaStream_t stream;
+    bool owns_stream;
+    int device;
+    void* scratch;              /* 16 device bytes for barrier */
+    dm_status broken;           /* DM_OK, or why the communicator was aborted */
+} _dm_nccl;
+
+/* >>nccl errors  Foreign codes are translated here only. */
+static dm_status _dm_status_from_nccl(ncclResult_t r) {
+    switch (r) {
+        case ncclSuccess: return DM_OK;
+        case ncclInvalidArgument: case ncclInvalidUsage: return DM_ERR_INVALID_ARG;
+        case ncclSystemError: case ncclRemoteError: return DM_ERR_NETWORK;
+        case ncclUnhandledCudaError: return DM_ERR_CUDA;
+        default: return DM_ERR_NCCL;
+    }
+}
+static dm_status _dm_nccl_fail(_dm_nccl* n, ncclResult_t r, const char* what) {
+    const char* last = n->comm ? ncclGetLastError(n->comm) : ncclGetLastError(NULL);
+    return _DM_FAIL(&n->base, _dm_status_from_nccl(r), "nccl: %s #%llu failed (%s: %s)", what,
+                    (unsigned long long)n->base.seq, ncclGetErrorString(r), last ? last : "");
+}
+static dm_status _dm_nccl_cuda_fail(dm_collective* c, cudaError_t e, const char* what) {
+    return _DM_FAIL(c, DM_ERR_CUDA, "nccl: %s (cuda: %s)", what, cudaGetErrorString(e));
+}
+
+/* Polls until the communicator's pending work is accepted (and, with stream_too, the stream has
+   drained), an asynchronous error shows up, or the deadline passes (then abort). */
+static dm_status _dm_nccl_wait(_dm_nccl* n, const char* what, bool stream_too) {
+    int64_t deadline = _dm_deadline(n->base.timeout_ms);
+    for (;;) {
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(n->comm, &async);
+        if (async != ncclSuccess && async != ncclInProgress) {
+            dm_status st = _dm_nccl_fail(n, async, what);
+            ncclCommAbort(n->comm);
+            n->comm = NULL;
+            n->broken = st;
+            return st;
+        }
+        if (async == ncclSuccess) {
+            cudaError_t e = stream_too ? cudaStreamQuery(n->stream) : cudaSuccess;
+            if (e == cudaSuccess) return DM_OK;
+            if (e != cudaErrorNotReady) return _dm_nccl_cuda_fail(&n->base, e, what);
+        }
+        if (_dm_now_ms() >= deadline) {
+            ncclCommAbort(n->comm);
+            n->comm = NULL;
+            n->broken = DM_ERR_TIMEOUT;
+            return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the "
+                            "communicator was aborted", what, (unsigned long long)n->base.seq,
+                            n->base.timeout_ms);
+        }
+        sched_yield();
+    }
+}
+/* After enqueueing: a non-blocking communicator may answer ncclInProgress. */
+static dm_status _dm_nccl_enqueued(_dm_nccl* n, ncclResult_t r, const char* what) {
+    if (r == ncclSuccess) return DM_OK;
+    if (r == ncclInProgress) return _dm_nccl_wait(n, what, false);
+    return _dm_nccl_fail(n, r, what);
+}
+static dm_status _dm_nccl_usable(_dm_nccl* n, const char* what) {
+    if (n->broken == DM_OK && n->comm) return DM_OK;
+    return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu: the communicator was aborted by an "
+                    "earlier failure (%s)", what, (unsigned long long)n->base.seq, dm_status_name(n->broken));
+}
+
+/* >>nccl types */
+static bool _dm_nccl_dtype(dm_dtype t, ncclDataType_t* out) {
+    switch (t) {
+        case DM_INT8: *out = ncclInt8; return true;
+        case DM_UINT8: *out = ncclUint8; return true;
+        case DM_INT32: *out = ncclInt32; return true;
+        case DM_UINT32: *out = ncclUint32; return true;
+        case DM_INT64: *out = ncclInt64; return true;
+        case DM_UINT64: *out = ncclUint64; return true;
+        case DM_FLOAT16: *out = ncclFloat16; return true;
+#if _DM_NCCL_HAS_BF16
+        case DM_BFLOAT16: *out = ncclBfloat16; return true;
+#endif
+        case DM_FLOAT32: *out = ncclFloat32; return true;
+        case DM_FLOAT64: *out = ncclFloat64; return true;
+        default: return false;
+    }
+}
+static bool _dm_nccl_op(dm_reduce_op op, ncclRedOp_t* out) {
+    switch (op) {
+        case DM_SUM: *out = ncclSum; return true;
+        case DM_PROD: *out = ncclProd; return true;
+        case DM_MAX: *out = ncclMax; return true;
+        case DM_MIN: *out = ncclMin; return true;
+#if _DM_NCCL_HAS_AVG
+        case DM_MEAN: *out = ncclAvg; return true;
+#endif
+        default: return false;
+    }
+}
+static dm_status _dm_nccl_types(_dm_nccl* n, const char* what, dm_dtype t, ncclDataType_t* nt,
+                                int has_op, dm_reduce_op op, ncclRedOp_t* no) {
+    if (!_dm_nccl_dtype(t, nt))
+        return _DM_FAIL(&n->base, DM_ERR_UNSUPPORTED, "nccl: %s: dtype %s needs a newer NCCL than %d",
+                        what, dm_dtype_name(t), NCCL_VERSION_CODE);
+    if (has_op && !_dm_nccl_op(op, no))
+        return _DM_FAIL(&n->base, DM_ERR_UNSUPPORTED, "nccl: %s: op %s needs a newer NCCL than %d",
+                        what, dm_reduce_op_name(op), NCCL_VERSION_CODE);
+    return DM_OK;
+}
+
+/* True for memory NCCL can read: device or managed. */
+static bool _dm_nccl_is_device(const void* p) {
+    struct cudaPointerAttributes attr;
+    if (!p) return true;                              /* count 0 */
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+        cudaGetLastError();                           /* clear the sticky error of an unknown pointer */
+        return false;
+    }
+    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+static dm_status _dm_nccl_need_device(_dm_nccl* n, const char* what, const void* a, const void* b) {
+    if (_dm_nccl_is_device(a) && _dm_nccl_is_device(b)) return DM_OK;
+    return _DM_FAIL(&n->base, DM_ERR_INVALID_ARG,
+                    "nccl: %s: buffer %p is host memory; NCCL needs device (or managed) memory",
+                    what, _dm_nccl_is_device(a) ? b : a);
+}
+
+/* >>nccl collectives */
+static dm_status _dm_nccl_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                     dm_dtype dtype, dm_reduce_op op) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    ncclDataType_t nt;
+    ncclRedOp_t no;
+    _DM_TRY(_dm_nccl_usable(n, "all_reduce"));
+    _DM_TRY(_dm_nccl_types(n, "all_reduce", dtype, &nt, 1, op, &no));
+    _DM_TRY(_dm_nccl_need_device(n, "all_reduce", send, recv));
+    return _dm_nccl_enqueued(n, ncclAllReduce(send, recv, count, nt, no, n->comm, n->stream), "all_reduce");
+}
+static dm_status _dm_nccl_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t count,
+                                         dm_dtype dtype, dm_reduce_op op) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    ncclDataType_t nt;
+    ncclRedOp_t no;
+    _DM_TRY(_dm_nccl_usable(n, "reduce_scatter"));
+    _DM_TRY(_dm_nccl_types(n, "reduce_scatter", dtype, &nt, 1, op, &no));
+    _DM_TRY(_dm_nccl_need_device(n, "reduce_scatter", send, recv));
+    return _dm_nccl_enqueued(n, ncclReduceScatter(send, recv, count, nt, no, n->comm, n->stream),
+                             "reduce_scatter");
+}
+
+/* Host buffers for the data-movement collectives: copied into device memory, run, copied back,
+   synchronized. dev_in may be NULL when only the output is staged. */
+typedef struct _dm_nccl_stage { void* dev; size_t bytes; } _dm_nccl_stage;
+static dm_status _dm_nccl_stage_alloc(_dm_nccl* n, _dm_nccl_stage* s, size_t bytes, const char* what) {
+    cudaError_t e;
+    s->bytes = bytes;
+    s->dev = NULL;
+    e = cudaMalloc(&s->dev, bytes ? bytes : 1);
+    return e == cudaSuccess ? DM_OK : _dm_nccl_cuda_fail(&n->base, e, what);
+}
+
+static dm_status _dm_nccl_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
+                                     dm_dtype dtype) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    ncclDataType_t nt;
+    size_t block = count * dm_dtype_size(dtype), total = block * (size_t)c->size;
+    _dm_nccl_stage st_buf;
+    dm_status st;
+    _DM_TRY(_dm_nccl_usable(n, "all_gather"));
+    _DM_TRY(_dm_nccl_types(n, "all_gather", dtype, &nt, 0, DM_SUM, NULL));
+    if (_dm_nccl_is_device(send) && _dm_nccl_is_device(recv))
+        return _dm_nccl_enqueued(n, ncclAllGather(send, recv, count, nt, n->comm, n->stream), "all_gather");
+    /* Host buffers: one device block of world x count, our block copied to its slot first. */
+    _DM_TRY(_dm_nccl_stage_alloc(n, &st_buf, total, "all_gather (host staging)"));
+    {
+        unsigned char* dev = (unsigned char*)st_buf.dev;
+        cudaMemcpyAsync(dev + (size_t)c->rank * block, send, block, cudaMemcpyDefault, n->stream);
+        st = _dm_nccl_enqueued(n, ncclAllGather(dev + (size_t)c->rank * block, dev, count, nt, n->comm, n->stream),
+                               "all_gather");
+        if (st == DM_OK) cudaMemcpyAsync(recv, dev, total, cudaMemcpyDefault, n->stream);
+        if (st == DM_OK) st = _dm_nccl_wait(n, "all_gather", true);
+    }
+    cudaFree(st_buf.dev);
+    return st;
+}
+
+static dm_status _dm_nccl_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    ncclDataType_t nt;
+    size_t bytes = count * dm_dtype_size(dtype);
+    _dm_nccl_stage st_buf;
+    dm_status st;
+    _DM_TRY(_dm_nccl_usable(n, "broadcast"));
+    _DM_TRY(_dm_nccl_types(n, "broadcast", dtype, &nt, 0, DM_SUM, NULL));
+    if (_dm_nccl_is_device(buf))
+        return _dm_nccl_enqueued(n, ncclBroadcast(buf, buf, count, nt, root, n->comm, n->stream), "broadcast");
+    _DM_TRY(_dm_nccl_stage_alloc(n, &st_buf, bytes, "broadcast (host staging)"));
+    if (c->rank == root) cudaMemcpyAsync(st_buf.dev, buf, bytes, cudaMemcpyDefault, n->stream);
+    st = _dm_nccl_enqueued(n, ncclBroadcast(st_buf.dev, st_buf.dev, count, nt, root, n->comm, n->stream),
+                           "broadcast");
+    if (st == DM_OK) cudaMemcpyAsync(buf, st_buf.dev, bytes, cudaMemcpyDefault, n->stream);
+    if (st == DM_OK) st = _dm_nccl_wait(n, "broadcast", true);
+    cudaFree(st_buf.dev);
+    return st;
+}
+
+static dm_status _dm_nccl_barrier(dm_collective* c) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    _DM_TRY(_dm_nccl_usable(n, "barrier"));
+    _DM_TRY(_dm_nccl_enqueued(n, ncclAllReduce(n->scratch, n->scratch, 1, ncclFloat32, ncclSum, n->comm,
+                                               n->stream), "barrier"));
+    return _dm_nccl_wait(n, "barrier", true);
+}
+static dm_status _dm_nccl_synchronize(dm_collective* c) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    _DM_TRY(_dm_nccl_usable(n, "synchronize"));
+    return _dm_nccl_wait(n, "synchronize", true);
+}
+static void* _dm_nccl_native(dm_collective* c) { return ((_dm_nccl*)c)->comm; }
+
+static void _dm_nccl_destroy(dm_collective* c) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    dm_allocator a = c->allocator;
+    if (n->comm) {
+        /* Let queued work finish (within the deadline) before the communicator goes. */
+        if (_dm_nccl_wait(n, "destroy", true) == DM_OK && n->comm) ncclCommDestroy(n->comm);
+        else if (n->comm) ncclCommAbort(n->comm);
+    }
+    if (n->scratch) cudaFree(n->scratch);
+    if (n->owns_stream && n->stream) cudaStreamDestroy(n->stream);
+    _dm_free(&a, n);
+}
+
+static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collective** out);
+
+static const dm_collective_vtable _dm_nccl_vtable = {
+    sizeof(dm_collective_vtable),    /* struct_size */
+    DM_COLLECTIVE_VTABLE_VERSION,    /* version */
+    "nccl",                          /* name */
+    _dm_nccl_destroy,                /* destroy */
+    _dm_nccl_barrier,                /* barrier */
+    _dm_nccl_all_reduce,             /* all_reduce */
+    _dm_nccl_all_gather,             /* all_gather */
+    NULL,                            /* all_gather_to_list: core fallback through all_gather */
+    _dm_nccl_reduce_scatter,         /* reduce_scatter */
+    _dm_nccl_broadcast,              /* broadcast */
+    _dm_nccl_split,                  /* split */
+    _dm_nccl_native,                 /* native_handle: ncclComm_t */
+    _dm_nccl_synchronize,            /* synchronize */
+};
+
+/* >>nccl lifetime */
+static _dm_nccl* _dm_nccl_new(const dm_allocator* a, const dm_logger* lg, int rank, int size,
+                              int timeout_ms, int device, cudaStream_t stream) {
+    _dm_nccl* n = (_dm_nccl*)_dm_calloc(a, sizeof(_dm_nccl));
+    if (!n) return NULL;
+    _dm_collective_init(&n->base, &_dm_nccl_vtable, rank, size, timeout_ms, lg, a);
+    n->device = device;
+    n->base.device.type = DM_DEVICE_CUDA;
+    n->base.device.index = device;
+    n->stream = stream;
+    return n;
+}
+/* Stream and scratch for a new object; the communicator comes after. */
+static dm_status _dm_nccl_resources(_dm_nccl* n) {
+    cudaError_t e;
+    if (!n->stream) {
+        e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
+        if (e != cudaSuccess) return _dm_nccl_cuda_fail(&n->base, e, "creating the stream");
+        n->owns_stream = true;
+    }
+    e = cudaMalloc(&n->scratch, 16);
+    if (e != cudaSuccess) return _dm_nccl_cuda_fail(&n->base, e, "allocating scratch");
+    cudaMemset(n->scratch, 0, 16);
+    return DM_OK;
+}
+
+static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collective** out) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    _dm_nccl* m;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ncclComm_t comm = NULL;
+    int rank = 0, size = 0;
+    dm_status st;
+    _DM_TRY(_dm_nccl_usable(n, "split"));
+    config.blocking = 0;
+    st = _dm_nccl_enqueued(n, ncclCommSplit(n->comm, color == DM_SPLIT_NONE ? NCCL_SPLIT_NOCOLOR : color,
+                                            key, &comm, &config), "split");
+    if (st != DM_OK || color == DM_SPLIT_NONE) return st;
+    {   /* the new communicator finishes its own initialisation */
+        int64_t deadline = _dm_deadline(c->timeout_ms);
+        ncclResult_t r = ncclInProgress;
+        while (r == ncclInProgress && _dm_now_ms() < deadline) {
+            ncclCommGetAsyncError(comm, &r);
+            if (r == ncclInProgress) sched_yield();
+        }
+        if (r != ncclSuccess) {
+            ncclCommAbort(comm);
+            return r == ncclInProgress
+                ? _DM_FAIL(c, DM_ERR_TIMEOUT, "nccl: split #%llu timed out after %d ms", (unsigned long long)c->seq, c->timeout_ms)
+                : _dm_nccl_fail(n, r, "split");
+        }
+    }
+    ncclCommUserRank(comm, &rank);
+    ncclCommCount(comm, &size);
+    m = _dm_nccl_new(&c->allocator, &c->logger, rank, size, c->timeout_ms, n->device, NULL);
+    if (!m) { ncclCommDestroy(comm); return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "nccl: split: out of memory"); }
+    m->comm = comm;
+    _dm_copy_name(m->base.node_name, sizeof(m->base.node_name), c->node_name);
+    st = _dm_nccl_resources(m);
+    if (st != DM_OK) {
+        _dm_copy_name(c->last_error, sizeof(c->last_error), m->base.last_error);
+        _dm_nccl_destroy(&m->base);
+        return st;
+    }
+    *out = &m->base;
+    return DM_OK;
+}
+
+/* The unique id: from the desc, or published by rank 0 through the store. */
+static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniqueId* id) {
+    if (d->unique_id) {
+        memcpy(id, d->unique_id, sizeof(*id));
+        return DM_OK;
+    }
+#if defined(DISTMESH_TCP)
+    {
+        dm_store* store = d->store;
+        dm_store_desc sd;
+        char key[256];
+        void* value = NULL;
+        size_t size = 0;
+        dm_status st = DM_OK;
+        ncclResult_t r;
+        snprintf(key, sizeof(key), "%snccl_unique_id", d->prefix ? d->prefix : "distmesh_nccl/");
+        if (!store) {
+            memset(&sd, 0, sizeof(sd));
+            sd.url = d->store_url;
+            sd.is_server = n->base.rank == 0;
+            sd.timeout_ms = n->base.timeout_ms;
+            sd.logger = n->base.logger;
+            sd.allocator = n->base.allocator;
+            st = dm_store_create(&sd, &store);
+            if (st != DM_OK) return _DM_FAIL(&n->base, st, "nccl: store: %s", "could not reach the rendezvous store");
+        }
+        if (n->base.rank == 0) {
+            r = ncclGetUniqueId(id);
+            if (r != ncclSuccess) st = _dm_nccl_fail(n, r, "ncclGetUniqueId");
+            else if (dm_store_set(store, key, id, sizeof(*id)) != DM_OK)
+                st = _DM_FAIL(&n->base, DM_ERR_NETWORK, "nccl: publishing the unique id: %s", dm_store_last_error(store));
+        } else if (dm_store_get(store, key, &value, &size) != DM_OK) {
+            st = _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: waiting for rank 0's unique id: %s", dm_store_last_error(store));
+        } else if (size != sizeof(*id)) {
+            st = _DM_FAIL(&n->base, DM_ERR_PROTOCOL, "nccl: unique id of %zu bytes in the store", size);
+        } else {
+            memcpy(id, value, sizeof(*id));
+        }
+        if (value) dm_store_free(store, value);
+        /* Rank 0 must keep a hosted store alive until every rank has read the id. */
+        if (st == DM_OK && !d->store) {
+            int64_t done = 0;
+            char done_key[280];
+            snprintf(done_key, sizeof(done_key), "%s_read", key);
+            st = dm_store_add(store, done_key, 1, &done) == DM_OK ? DM_OK : DM_ERR_NETWORK;
+            if (st == DM_OK && n->base.rank == 0) {
+                int64_t deadline = _dm_deadline(n->base.timeout_ms);
+                while (done < n->base.size && _dm_now_ms() < deadline && st == DM_OK) {
+                    struct timespec ts = { 0, 2000000 };
+                    nanosleep(&ts, NULL);
+                    st = dm_store_add(store, done_key, 0, &done) == DM_OK ? DM_OK : DM_ERR_NETWORK;
+                }
+                if (st == DM_OK && done < n->base.size)
+                    st = _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: only %lld of %d ranks read the unique id",
+                                  (long long)done, n->base.size);
+            }
+            if (st == DM_ERR_NETWORK) _DM_FAIL(&n->base, st, "nccl: store: %s", dm_store_last_error(store));
+        }
+        if (!d->store) dm_store_destroy(store);
+        return st;
+    }
+#else
+    (void)id;
+    return _DM_FAIL(&n->base, DM_ERR_INVALID_ARG,
+                    "nccl: no unique_id in the desc and no store (build with DISTMESH_TCP for store rendezvous)");
+#endif
+}
+
+/* Rank, world and local rank from the desc or the environment. */
+static dm_status _dm_nccl_placement(const dm_nccl_desc* d, int* rank, int* world, int* local_rank,
+                                    int* local_size, char* err, size_t cap) {
+    if (d->world_size == 0) {
+        dm_env env;
+        if (dm_env_detect(&env) != DM_OK)
+            return _DM_REPORT(&d->logger, err, cap, DM_ERR_ENV, "%s", env.error);
+        *rank = env.rank; *world = env.world_size; *local_rank = env.local_rank; *local_size = env.local_world_size;
+        return DM_OK;
+    }
+    if (d->world_size < 0 || d->rank < 0 || d->rank >= d->world_size || d->local_rank < 0)
+        return _DM_REPORT(&d->logger, err, cap, DM_ERR_INVALID_ARG, "nccl: rank %d / world_size %d / local_rank %d",
+                          d->rank, d->world_size, d->local_rank);
+    *rank = d->rank; *world = d->world_size; *local_rank = d->local_rank; *local_size = d->world_size;
+    return DM_OK;
+}
+
+DM_API_IMPL dm_status dm_nccl_create(const dm_nccl_desc* desc, dm_collective** out) {
+    _DM_ZERO(dm_nccl_desc, d);
+    char err[DM_LAST_ERROR_SIZE];
+    int rank = 0, world = 1, local_rank = 0, local_size = 1, ndev = 0, device;
+    _dm_nccl* n;
+    ncclUniqueId id;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    cudaError_t e;
+    dm_status st;
+    if (!out) return DM_ERR_INVALID_ARG;
+    *out = NULL;
+    if (desc) d = *desc;
+    if (!_dm_allocator_valid(&d.allocator))
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "nccl: allocator needs both functions or neither");
+    _DM_TRY(_dm_nccl_placement(&d, &rank, &world, &local_rank, &local_size, err, sizeof(err)));
+    e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev < 1)
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_CUDA, "nccl: no CUDA device (%s)",
+                          e != cudaSuccess ? cudaGetErrorString(e) : "count 0");
+    device = d.cuda_device > 0 ? d.cuda_device - 1 : local_rank % ndev;
+    if (device >= ndev)
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "nccl: device %d of %d", device, ndev);
+    e = cudaSetDevice(device);
+    if (e != cudaSuccess)
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_CUDA, "nccl: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+    n = _dm_nccl_new(&d.allocator, &d.logger, rank, world, d.timeout_ms, device, (cudaStream_t)d.stream);
+    if (!n) return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "nccl: out of memory");
+    n->base.local_rank = local_rank;
+    n->base.local_size = local_size;
+    st = _dm_nccl_resources(n);
+    if (st == DM_OK) st = _dm_nccl_unique_id(n, &d, &id);
+    if (st == DM_OK) {
+        config.blocking = 0;
+        st = _dm_nccl_enqueued(n, ncclCommInitRankConfig(&n->comm, world, id, rank, &config), "init");
+        /* ncclCommInitRankConfig may return before the communicator exists; wait for it. */
+        if (st == DM_OK && n->comm) st = _dm_nccl_wait(n, "init", false);
+    }
+    if (st != DM_OK) {   /* the message went to the logger; nothing is left to clean up */
+        _dm_nccl_destroy(&n->base);
+        return st;
+    }
+    *out = &n->base;
+    return DM_OK;
+}
+
+DM_API_IMPL struct CUstream_st* dm_nccl_stream(dm_collective* c) {
+    return (c && c->vt == &_dm_nccl_vtable) ? (struct CUstream_st*)((_dm_nccl*)c)->stream : NULL;
+}
+DM_API_IMPL int dm_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+    return n;
+}
+DM_API_IMPL dm_status dm_cuda_set_device(int device) {
+    return cudaSetDevice(device) == cudaSuccess ? DM_OK : DM_ERR_CUDA;
+}
+DM_API_IMPL dm_status dm_cuda_current_device(int* out) {
+    if (!out) return DM_ERR_INVALID_ARG;
+    return cudaGetDevice(out) == cudaSuccess ? DM_OK : DM_ERR_CUDA;
+}
+DM_API_IMPL dm_status dm_cuda_synchronize(void) {
+    return cudaDeviceSynchronize() == cudaSuccess ? DM_OK : DM_ERR_CUDA;
+}
+#endif /* DISTMESH_IMPLEMENTATION */
+
+/*
+MIT License
+
+Copyright (c) 2026 the distmesh authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of this software and
+associated documentation files (the "Software"), to deal in the Software without restriction,
+including without limitation the rights to use, copy, modify, merge, publish, distribute,
+sublicense, and/or sell copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all copies or
+substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT
+NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT
+OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/

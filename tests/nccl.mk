@@ -1,0 +1,33 @@
+# NCCL backend: built wherever CUDA's headers and NCCL are installed (they are on CI, without a
+# GPU: every GPU test then reports a cmocka skip, "no GPU"). `make test-gpu` runs only these, on
+# a machine with a GPU. CUDA_HOME defaults to /usr/local/cuda; NCCL_HOME to it as well.
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL_INC  := $(firstword $(wildcard $(NCCL_HOME)/include/nccl.h /usr/include/nccl.h))
+NCCL_LIBDIR := $(firstword $(dir $(wildcard $(NCCL_HOME)/lib64/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so)))
+ifneq ($(and $(NCCL_INC),$(NCCL_LIBDIR),$(wildcard $(CUDA_HOME)/include/cuda_runtime.h)),)
+NCCL_CFLAGS := -DDISTMESH_TCP -DDISTMESH_NCCL $(UV_CFLAGS) -I$(CUDA_HOME)/include -I$(dir $(NCCL_INC))
+NCCL_LIBS   := -L$(CUDA_HOME)/lib64 -L$(NCCL_LIBDIR) -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_LIBDIR) \
+               -lnccl -lcudart $(UV_LIBS)
+NCCL_TEST := $(BUILD)/nccl/test_nccl
+TEST_BINS += $(NCCL_TEST)
+EXTRA_BINS += $(BUILD)/nccl/compile_cpp
+
+$(BUILD)/nccl/impl.o: tests/impl.c distmesh.h distmesh_tcp.h distmesh_nccl.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) -c $< -o $@
+
+$(BUILD)/nccl/test_nccl: tests/test_nccl.c $(BUILD)/nccl/impl.o
+	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) $^ -o $@ $(NCCL_LIBS) $(CMOCKA_LIBS) $(LDLIBS_ALL)
+
+# Every header with every backend, as C++ (the C build is impl.o above).
+$(BUILD)/nccl/compile_cpp: tests/impl.c distmesh.h distmesh_tcp.h distmesh_nccl.h
+	@mkdir -p $(dir $@)
+	$(CXX) -x c++ $(CXXFLAGS_ALL) $(NCCL_CFLAGS) -c $< -o $@.o && touch $@
+
+test-gpu: deps
+	@$(MAKE) --no-print-directory $(NCCL_TEST)
+	@bash tests/run.sh $(TEST_TIMEOUT) $(NCCL_TEST)
+else
+test-gpu:
+	@echo "test-gpu: CUDA ($(CUDA_HOME)/include/cuda_runtime.h) and NCCL (nccl.h, libnccl.so) not found" && false
+endif
