@@ -372,8 +372,14 @@ static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collect
     dm_status st;
     _DM_TRY(_dm_nccl_usable(n, "split"));
     config.blocking = 0;
-    st = _dm_nccl_enqueued(n, ncclCommSplit(n->comm, color == DM_SPLIT_NONE ? NCCL_SPLIT_NOCOLOR : color,
-                                            key, &comm, &config), "split");
+    {   /* The parent stays "in progress" after a non-blocking split even when the call itself
+           returned ncclSuccess (seen with NCCL_SPLIT_NOCOLOR on 2.28): wait for it either way, or
+           NCCL refuses the next call on the parent. */
+        ncclResult_t r = ncclCommSplit(n->comm, color == DM_SPLIT_NONE ? NCCL_SPLIT_NOCOLOR : color, key,
+                                       &comm, &config);
+        if (r != ncclSuccess && r != ncclInProgress) return _dm_nccl_fail(n, r, "split");
+        st = _dm_nccl_wait(n, "split", false);
+    }
     if (st != DM_OK || color == DM_SPLIT_NONE) return st;
     {   /* the new communicator finishes its own initialisation */
         int64_t deadline = _dm_deadline(c->timeout_ms);

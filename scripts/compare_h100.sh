@@ -16,7 +16,11 @@ csv=$(echo $SIZES | tr ' ' ',')
 for rep in $(seq 1 "$REPS"); do
     echo "compare_h100: repetition $rep/$REPS" >&2
     timeout 300 "$DM_BENCH" -np "$N" -S "$csv" -n "$ITERS" -w "$WARMUP" -c 0 -I -t 280 -J build/compare/dm.json >/dev/null
-    $PY -c 'import json,sys; [print(f"distmesh ranks={sys.argv[1]} bytes={r[\"bytes\"]} us={r[\"ip_us\"]}") for r in json.load(open("build/compare/dm.json"))["rows"]]' "$N" >> "$RAW"
+    $PY - "$N" >> "$RAW" <<'PY'
+import json, sys
+for row in json.load(open("build/compare/dm.json"))["rows"]:
+    print(f"distmesh ranks={sys.argv[1]} bytes={row['bytes']} us={row['ip_us']}")
+PY
     MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29600 + rep)) timeout 300 $PY -m torch.distributed.run --nproc-per-node "$N" \
         --master-addr 127.0.0.1 --master-port $((29600 + rep)) bench/torch_gloo_bench.py "$ITERS" "$WARMUP" $SIZES 2>/dev/null | grep '^torch_gloo' >> "$RAW"
     timeout 300 mpirun --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self --bind-to none -np "$N" \

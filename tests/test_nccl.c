@@ -21,6 +21,11 @@
 
 #include <cmocka.h>
 
+/* Asserts DM_OK and shows the collective's last error when it is not. */
+#define CHECK_OK(c, expr) do { dm_status s_ = (expr);                                           \
+        if (s_ != DM_OK) fail_msg("%s -> %s: %s", #expr, dm_status_name(s_), dm_last_error(c)); \
+    } while (0)
+
 static int gpu_present(void) { return dm_device_count() > 0; }
 #define NEED_GPU() do { if (!gpu_present()) { printf("skipped: no GPU\n"); skip(); } } while (0)
 
@@ -119,29 +124,29 @@ static void test_nccl_host_staged_objects_local_split_mesh(void** state) {
     (void)state;
     NEED_GPU();
     c = world1();
-    assert_int_equal(dm_all_gather(c, v, got, 3, DM_INT32), DM_OK);
+    CHECK_OK(c, dm_all_gather(c, v, got, 3, DM_INT32));
     assert_memory_equal(v, got, sizeof(v));
-    assert_int_equal(dm_all_gather_objects(c, "hello", 6, &objs), DM_OK);
+    CHECK_OK(c, dm_all_gather_objects(c, "hello", 6, &objs));
     assert_int_equal(objs.count, 1);
     assert_string_equal((const char*)objs.items[0].data, "hello");
     dm_blob_list_free(c, &objs);
     in[0].data = "a"; in[0].size = 2; in[1].data = "bcd"; in[1].size = 4;
-    assert_int_equal(dm_broadcast_objects(c, in, 2, 0, &objs), DM_OK);
+    CHECK_OK(c, dm_broadcast_objects(c, in, 2, 0, &objs));
     assert_int_equal(objs.count, 2);
     assert_string_equal((const char*)objs.items[1].data, "bcd");
     dm_blob_list_free(c, &objs);
     local = dm_local(c);
     assert_non_null(local);
     assert_int_equal(dm_world_size(local), 1);
-    assert_int_equal(dm_split(c, 5, 0, &s), DM_OK);
+    CHECK_OK(c, dm_split(c, 5, 0, &s));
     assert_non_null(s);
     assert_int_equal(dm_world_size(s), 1);
-    assert_int_equal(dm_barrier(s), DM_OK);
-    assert_int_equal(dm_split(c, DM_SPLIT_NONE, 0, &none), DM_OK);
+    CHECK_OK(s, dm_barrier(s));
+    CHECK_OK(c, dm_split(c, DM_SPLIT_NONE, 0, &none));
     assert_null(none);
-    assert_int_equal(dm_mesh_create_dp_tp(c, 1, &m), DM_OK);
+    CHECK_OK(c, dm_mesh_create_dp_tp(c, 1, &m));
     assert_int_equal(dm_mesh_tp_world_size(m), 1);
-    assert_int_equal(dm_barrier(dm_mesh_tp_world(m)), DM_OK);
+    CHECK_OK(c, dm_barrier(dm_mesh_tp_world(m)));
     dm_mesh_destroy(m);
     dm_destroy(s);
     dm_destroy(c);
@@ -180,6 +185,8 @@ static int init_alone(int via_store, const char* dir) {
     if (now_s() - t0 > 3.0 + 5.0) return 12;
     return 0;
 }
+/* The child is a fresh exec of this program: CUDA state does not survive fork(), and the parent
+   has already initialised CUDA. */
 static void run_child_alone(int via_store) {
     char dir[] = "/tmp/dm_nccl_XXXXXX";
     pid_t p;
@@ -187,9 +194,12 @@ static void run_child_alone(int via_store) {
     assert_non_null(mkdtemp(dir));
     fflush(stdout);
     p = fork();
-    if (p == 0) { int rc = init_alone(via_store, dir); fflush(NULL); _exit(rc); }
+    if (p == 0) {
+        execl("/proc/self/exe", "test_nccl", "--init-alone", via_store ? "store" : "id", dir, (char*)NULL);
+        _exit(127);
+    }
     while (waitpid(p, &status, WNOHANG) == 0 && waited < 300) { usleep(100000); waited++; }
-    if (waited >= 300) { kill(p, SIGKILL); waitpid(p, &status, 0); fail_msg("child still running after 30 s"); }
+    if (waited >= 300) { kill(p, SIGKILL); waitpid(p, &status, 0); fail_msg("%s", "child still running after 30 s"); }
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
     { char cmd[64]; snprintf(cmd, sizeof(cmd), "rm -rf %s", dir); assert_int_equal(system(cmd), 0); }
@@ -197,7 +207,13 @@ static void run_child_alone(int via_store) {
 static void test_nccl_init_timeout_unique_id(void** state) { (void)state; NEED_GPU(); run_child_alone(0); }
 static void test_nccl_init_timeout_store(void** state) { (void)state; NEED_GPU(); run_child_alone(1); }
 
-int main(void) {
+int main(int argc, char** argv) {
+    if (argc == 4 && strcmp(argv[1], "--init-alone") == 0) {
+        int rc = init_alone(strcmp(argv[2], "store") == 0, argv[3]);
+        fflush(NULL);
+        return rc;
+    }
+    {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nccl_world1_every_dtype_and_op),
         cmocka_unit_test(test_nccl_host_pointer_is_invalid_arg),
@@ -206,4 +222,5 @@ int main(void) {
         cmocka_unit_test(test_nccl_init_timeout_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
+    }
 }
