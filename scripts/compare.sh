@@ -54,10 +54,11 @@ done
 python3 scripts/compare_report.py "$RAW" "$IPERF" "$OUT" "$REPS" distmesh gloo_ring_chunked gloo_halving_doubling mpi
 nblocks=$(( $(echo $RANKS | wc -w) * 4 ))  # systems x rank counts in plot.dat
 gnuplot <<GP
-set terminal png size 1000,600
+set terminal png noenhanced size 1000,600
 set output "$OUT/compare.png"
 set title "all-reduce float32 sum on local ranks over loopback TCP (median of $REPS)"
 set logscale x 2
+set format x "%.0b %BB"
 set xlabel "message size (bytes)"
 set ylabel "bus bandwidth (GB/s)"
 set key left top
