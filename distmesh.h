@@ -23,6 +23,7 @@
        DISTMESH_IMPLEMENTATION   emit the implementation in this TU               (off)
        DISTMESH_TCP              include distmesh_tcp.h (needs libuv)             (off)
        DISTMESH_NCCL             include distmesh_nccl.h (needs CUDA, NCCL)       (off)
+       DISTMESH_CUDA             TCP backend takes CUDA device buffers (cudart)   (on with NCCL)
        DM_API / DM_API_IMPL      decoration of declarations / definitions (extern / empty)
        DM_ASSERT(c)              our own invariants                               (assert)
 
@@ -2413,7 +2414,11 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
 
 #endif /* DISTMESH_IMPLEMENTATION */
 
-/* >>backends  Last, outside both guards: each sees the whole core and emits its own parts. */
+/* >>backends  Last, outside both guards: each sees the whole core and emits its own parts.
+   DISTMESH_CUDA (implied by DISTMESH_NCCL) lets the TCP backend take CUDA device buffers. */
+#if defined(DISTMESH_NCCL) && !defined(DISTMESH_CUDA)
+#define DISTMESH_CUDA
+#endif
 #if defined(DISTMESH_TCP)
 #include "distmesh_tcp.h"
 #endif

@@ -54,7 +54,8 @@ typedef struct dm_nccl_desc {
     const char* prefix;         /* 0 -> "distmesh_nccl/" */
     const void* unique_id;      /* DM_NCCL_UNIQUE_ID_BYTES from ncclGetUniqueId on rank 0, shared
                                    by the caller; 0 -> through the store */
-    struct CUstream_st* stream; /* 0 -> an owned non-blocking stream; else borrowed */
+    struct CUstream_st* stream; /* 0 -> an owned stream ordered after the legacy default stream;
+                                   else borrowed */
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever */
     dm_logger logger;           /* 0 -> silent */
     dm_allocator allocator;     /* 0 -> malloc/free (CUDA and NCCL allocate on their own) */
@@ -353,7 +354,9 @@ static _dm_nccl* _dm_nccl_new(const dm_allocator* a, const dm_logger* lg, int ra
 static dm_status _dm_nccl_resources(_dm_nccl* n) {
     cudaError_t e;
     if (!n->stream) {
-        e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
+        /* Blocking (not cudaStreamNonBlocking): collectives then run after what the caller queued
+           on the legacy default stream, like cudaMemcpy, without an explicit sync. */
+        e = cudaStreamCreate(&n->stream);
         if (e != cudaSuccess) return _dm_nccl_cuda_fail(&n->base, e, "creating the stream");
         n->owns_stream = true;
     }

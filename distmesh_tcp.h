@@ -2272,6 +2272,9 @@ DM_API dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out);
 #if defined(DISTMESH_IMPLEMENTATION) && !defined(DISTMESH_TCP_IMPL_INCLUDED)
 #define DISTMESH_TCP_IMPL_INCLUDED
 /* >>tcp implementation  The collective backend; it sees the whole distmesh.h core. */
+#if defined(DISTMESH_CUDA)
+#include <cuda_runtime.h>
+#endif
 #include <uv.h>
 #include <sys/types.h>
 #include <sys/socket.h>
@@ -2311,7 +2314,16 @@ typedef struct _dm_tcp {
     struct sockaddr_storage self_sa; /* where this rank listened (split listens there again) */
     dm_status broken;           /* DM_OK, or the failure that broke the collective */
     char broken_msg[256];
+#if defined(DISTMESH_CUDA)
+    void* cuda_pinned;          /* pinned staging segments for device buffers (see >>tcp cuda) */
+    size_t cuda_pinned_bytes;
+    void* cuda_stream;          /* cudaStream_t of the staging copies */
+    void* cuda_events[3];       /* cudaEvent_t: segment k's device-to-host copy is done */
+#endif
 } _dm_tcp;
+#if defined(DISTMESH_CUDA)
+static void _dm_tcp_cuda_release(_dm_tcp* t);
+#endif
 
 /* >>tcp little helpers */
 _DM_PRIVATE void _dm_tcp_put32(unsigned char* p, uint32_t v) {
@@ -3225,6 +3237,9 @@ static void _dm_tcp_free(_dm_tcp* t) {
         for (r = 0; r < t->base.size; r++)
             if (t->fds[r] >= 0) close(t->fds[r]);
     if (t->own_store) dm_store_destroy(t->store);
+#if defined(DISTMESH_CUDA)
+    _dm_tcp_cuda_release(t);
+#endif
     _dm_free(&a, t->fds);
     _dm_free(&a, t->addrs);
     _dm_free(&a, t->tmp);
@@ -3234,17 +3249,222 @@ static void _dm_tcp_destroy(dm_collective* c) { _dm_tcp_free((_dm_tcp*)c); }
 
 static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collective** out);
 
+/* >>tcp cuda  CUDA device buffers on the TCP backend (DISTMESH_CUDA, implied by DISTMESH_NCCL):
+   several processes sharing one GPU can all-reduce device memory (NCCL refuses two ranks on one
+   GPU). Device data travels through pinned host segments, never a host copy of the whole
+   message. all_reduce pipelines three segments: while the ring reduces segment k, segment k+1
+   is copied device-to-host and segment k-1 host-to-device on the object's copy stream. The
+   other collectives stage one segment at a time. Host buffers take the plain path unchanged.
+   Ordering: staging runs after the work queued on the legacy default stream; work on other
+   streams of the caller must be synchronized before the call. The call returns when the
+   result is in device memory. */
+#if defined(DISTMESH_CUDA)
+enum { _DM_TCP_CUDA_SEGMENT = 4 << 20 };    /* bytes per pinned segment */
+
+/* True when p is device or managed memory (NULL counts as host: count 0). */
+static bool _dm_tcp_cuda_is_device(const void* p) {
+    struct cudaPointerAttributes attr;
+    if (!p) return false;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) { cudaGetLastError(); return false; }
+    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+static dm_status _dm_tcp_cuda_fail(_dm_tcp* t, cudaError_t e, const char* what) {
+    return _DM_FAIL(&t->base, DM_ERR_CUDA, "tcp: %s #%llu: CUDA staging failed (%s)", what,
+                    (unsigned long long)t->base.seq, cudaGetErrorString(e));
+}
+/* The pinned segments (nbuf x seg bytes), copy stream and events, made on first use and kept. */
+static dm_status _dm_tcp_cuda_ready(_dm_tcp* t, size_t bytes, const char* what) {
+    cudaError_t e = cudaSuccess;
+    int i;
+    if (!t->cuda_stream) {
+        /* A blocking stream: its copies wait for work the caller queued on the legacy default
+           stream (cudaMemcpy and friends), so staged reads see the caller's latest data. */
+        e = cudaStreamCreate((cudaStream_t*)&t->cuda_stream);
+        for (i = 0; i < 3 && e == cudaSuccess; i++)
+            e = cudaEventCreateWithFlags((cudaEvent_t*)&t->cuda_events[i], cudaEventDisableTiming);
+        if (e != cudaSuccess) return _dm_tcp_cuda_fail(t, e, what);
+    }
+    if (t->cuda_pinned_bytes < bytes) {
+        if (t->cuda_pinned) cudaFreeHost(t->cuda_pinned);
+        t->cuda_pinned = NULL;
+        t->cuda_pinned_bytes = 0;
+        e = cudaMallocHost(&t->cuda_pinned, bytes);
+        if (e != cudaSuccess) return _dm_tcp_cuda_fail(t, e, what);
+        t->cuda_pinned_bytes = bytes;
+    }
+    return DM_OK;
+}
+static void _dm_tcp_cuda_release(_dm_tcp* t) {
+    int i;
+    if (t->cuda_pinned) cudaFreeHost(t->cuda_pinned);
+    for (i = 0; i < 3; i++) if (t->cuda_events[i]) cudaEventDestroy((cudaEvent_t)t->cuda_events[i]);
+    if (t->cuda_stream) cudaStreamDestroy((cudaStream_t)t->cuda_stream);
+}
+static dm_status _dm_tcp_cuda_sync(_dm_tcp* t, const char* what) {
+    cudaError_t e = cudaStreamSynchronize((cudaStream_t)t->cuda_stream);
+    return e == cudaSuccess ? DM_OK : _dm_tcp_cuda_fail(t, e, what);
+}
+static size_t _dm_tcp_cuda_seg_elems(dm_dtype dtype, int parts) {
+    size_t n = _DM_TCP_CUDA_SEGMENT / dm_dtype_size(dtype) / (size_t)parts;
+    return n ? n : 1;
+}
+
+static dm_status _dm_tcp_cuda_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                         dm_dtype dtype, dm_reduce_op op) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    size_t es = dm_dtype_size(dtype), seg = _dm_tcp_cuda_seg_elems(dtype, 1), nseg, k;
+    cudaStream_t s;
+    unsigned char* pin;
+    if (!_dm_tcp_cuda_is_device(send) && !_dm_tcp_cuda_is_device(recv))
+        return _dm_tcp_all_reduce(c, send, recv, count, dtype, op);
+    _DM_TRY(_dm_tcp_check_broken(t, "all_reduce"));
+    _DM_TRY(_dm_tcp_cuda_ready(t, 3 * seg * es, "all_reduce"));
+    s = (cudaStream_t)t->cuda_stream;
+    pin = (unsigned char*)t->cuda_pinned;
+    nseg = (count + seg - 1) / seg;
+    if (nseg == 0) return _dm_tcp_all_reduce(c, pin, pin, 0, dtype, op);
+    /* Buffer k % 3 holds segment k. A device-to-host copy into buffer b is queued after the
+       host-to-device copy that last read b, so one stream keeps them ordered. */
+    cudaMemcpyAsync(pin, send, (count < seg ? count : seg) * es, cudaMemcpyDefault, s);
+    cudaEventRecord((cudaEvent_t)t->cuda_events[0], s);
+    for (k = 0; k < nseg; k++) {
+        size_t off = k * seg, len = count - off < seg ? count - off : seg;
+        unsigned char* cur = pin + (k % 3) * seg * es;
+        dm_status st;
+        if (k + 1 < nseg) {
+            size_t off1 = off + seg, len1 = count - off1 < seg ? count - off1 : seg;
+            cudaMemcpyAsync(pin + ((k + 1) % 3) * seg * es, (const unsigned char*)send + off1 * es, len1 * es,
+                            cudaMemcpyDefault, s);
+            cudaEventRecord((cudaEvent_t)t->cuda_events[(k + 1) % 3], s);
+        }
+        if (cudaEventSynchronize((cudaEvent_t)t->cuda_events[k % 3]) != cudaSuccess)
+            return _dm_tcp_cuda_fail(t, cudaGetLastError(), "all_reduce");
+        st = _dm_tcp_all_reduce(c, cur, cur, len, dtype, op);
+        if (st != DM_OK) { cudaStreamSynchronize(s); return st; }
+        cudaMemcpyAsync((unsigned char*)recv + off * es, cur, len * es, cudaMemcpyDefault, s);
+    }
+    return _dm_tcp_cuda_sync(t, "all_reduce");
+}
+
+/* all_gather in segments: our piece of each segment up, every rank's piece down. */
+static dm_status _dm_tcp_cuda_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
+                                                 size_t count, dm_dtype dtype) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    int r, n = c->size, any = _dm_tcp_cuda_is_device(send);
+    size_t es = dm_dtype_size(dtype), seg = _dm_tcp_cuda_seg_elems(dtype, n + 1), off;
+    unsigned char* pin;
+    void** lists;
+    dm_status st = DM_OK;
+    for (r = 0; r < n && !any; r++) any = _dm_tcp_cuda_is_device(recvs[r]);
+    if (!any) return _dm_tcp_all_gather_to_list(c, send, recvs, count, dtype);
+    _DM_TRY(_dm_tcp_check_broken(t, "all_gather"));
+    _DM_TRY(_dm_tcp_cuda_ready(t, (size_t)(n + 1) * seg * es, "all_gather"));
+    pin = (unsigned char*)t->cuda_pinned;
+    lists = (void**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)n);
+    if (!lists) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: all_gather: out of memory");
+    for (r = 0; r < n; r++) lists[r] = pin + (size_t)(r + 1) * seg * es;
+    for (off = 0; off < count && st == DM_OK; off += seg) {
+        size_t len = count - off < seg ? count - off : seg;
+        cudaMemcpyAsync(pin, (const unsigned char*)send + off * es, len * es, cudaMemcpyDefault,
+                        (cudaStream_t)t->cuda_stream);
+        st = _dm_tcp_cuda_sync(t, "all_gather");
+        if (st == DM_OK) st = _dm_tcp_all_gather_to_list(c, pin, (void* const*)lists, len, dtype);
+        for (r = 0; r < n && st == DM_OK; r++)
+            cudaMemcpyAsync((unsigned char*)recvs[r] + off * es, lists[r], len * es, cudaMemcpyDefault,
+                            (cudaStream_t)t->cuda_stream);
+        if (st == DM_OK) st = _dm_tcp_cuda_sync(t, "all_gather");
+    }
+    if (count == 0) st = _dm_tcp_all_gather_to_list(c, send, recvs, 0, dtype);
+    _dm_free(&c->allocator, lists);
+    return st;
+}
+static dm_status _dm_tcp_cuda_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
+                                         dm_dtype dtype) {
+    size_t block = count * dm_dtype_size(dtype);
+    void** lists;
+    dm_status st;
+    int r;
+    if (!_dm_tcp_cuda_is_device(send) && !_dm_tcp_cuda_is_device(recv))
+        return _dm_tcp_all_gather(c, send, recv, count, dtype);
+    lists = (void**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)c->size);
+    if (!lists) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: all_gather: out of memory");
+    for (r = 0; r < c->size; r++) lists[r] = (unsigned char*)recv + (size_t)r * block;
+    st = _dm_tcp_cuda_all_gather_to_list(c, send, (void* const*)lists, count, dtype);
+    _dm_free(&c->allocator, lists);
+    return st;
+}
+
+/* reduce_scatter in segments: piece off of every rank's block up, the reduced piece down. */
+static dm_status _dm_tcp_cuda_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t count,
+                                             dm_dtype dtype, dm_reduce_op op) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    int r, n = c->size;
+    size_t es = dm_dtype_size(dtype), seg = _dm_tcp_cuda_seg_elems(dtype, n + 1), off;
+    unsigned char* pin;
+    dm_status st = DM_OK;
+    if (!_dm_tcp_cuda_is_device(send) && !_dm_tcp_cuda_is_device(recv))
+        return _dm_tcp_reduce_scatter(c, send, recv, count, dtype, op);
+    _DM_TRY(_dm_tcp_check_broken(t, "reduce_scatter"));
+    _DM_TRY(_dm_tcp_cuda_ready(t, (size_t)(n + 1) * seg * es, "reduce_scatter"));
+    pin = (unsigned char*)t->cuda_pinned;
+    for (off = 0; off < count && st == DM_OK; off += seg) {
+        size_t len = count - off < seg ? count - off : seg;
+        unsigned char* out = pin + (size_t)n * len * es;
+        for (r = 0; r < n; r++)
+            cudaMemcpyAsync(pin + (size_t)r * len * es, (const unsigned char*)send + ((size_t)r * count + off) * es,
+                            len * es, cudaMemcpyDefault, (cudaStream_t)t->cuda_stream);
+        st = _dm_tcp_cuda_sync(t, "reduce_scatter");
+        if (st == DM_OK) st = _dm_tcp_reduce_scatter(c, pin, out, len, dtype, op);
+        if (st == DM_OK) {
+            cudaMemcpyAsync((unsigned char*)recv + off * es, out, len * es, cudaMemcpyDefault,
+                            (cudaStream_t)t->cuda_stream);
+            st = _dm_tcp_cuda_sync(t, "reduce_scatter");
+        }
+    }
+    if (count == 0) st = _dm_tcp_reduce_scatter(c, send, recv, 0, dtype, op);
+    return st;
+}
+
+static dm_status _dm_tcp_cuda_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    size_t es = dm_dtype_size(dtype), seg = _dm_tcp_cuda_seg_elems(dtype, 1), off;
+    unsigned char* pin;
+    dm_status st = DM_OK;
+    if (!_dm_tcp_cuda_is_device(buf)) return _dm_tcp_broadcast(c, buf, count, dtype, root);
+    _DM_TRY(_dm_tcp_check_broken(t, "broadcast"));
+    _DM_TRY(_dm_tcp_cuda_ready(t, seg * es, "broadcast"));
+    pin = (unsigned char*)t->cuda_pinned;
+    for (off = 0; off < count && st == DM_OK; off += seg) {
+        size_t len = count - off < seg ? count - off : seg;
+        if (c->rank == root) {
+            cudaMemcpyAsync(pin, (unsigned char*)buf + off * es, len * es, cudaMemcpyDefault, (cudaStream_t)t->cuda_stream);
+            st = _dm_tcp_cuda_sync(t, "broadcast");
+        }
+        if (st == DM_OK) st = _dm_tcp_broadcast(c, pin, len, dtype, root);
+        if (st == DM_OK && c->rank != root) {
+            cudaMemcpyAsync((unsigned char*)buf + off * es, pin, len * es, cudaMemcpyDefault, (cudaStream_t)t->cuda_stream);
+            st = _dm_tcp_cuda_sync(t, "broadcast");
+        }
+    }
+    if (count == 0) st = _dm_tcp_broadcast(c, buf, 0, dtype, root);
+    return st;
+}
+#define _DM_TCP_SLOT(name) _dm_tcp_cuda_##name
+#else
+#define _DM_TCP_SLOT(name) _dm_tcp_##name
+#endif
+
 static const dm_collective_vtable _dm_tcp_vtable = {
     sizeof(dm_collective_vtable),    /* struct_size */
     DM_COLLECTIVE_VTABLE_VERSION,    /* version */
     "tcp",                           /* name */
     _dm_tcp_destroy,                 /* destroy */
     _dm_tcp_barrier,                 /* barrier: dissemination */
-    _dm_tcp_all_reduce,              /* all_reduce: recursive doubling / ring */
-    _dm_tcp_all_gather,              /* all_gather: ring */
-    _dm_tcp_all_gather_to_list,      /* all_gather_to_list: ring into the caller's buffers */
-    _dm_tcp_reduce_scatter,          /* reduce_scatter: ring */
-    _dm_tcp_broadcast,               /* broadcast: pipelined chain */
+    _DM_TCP_SLOT(all_reduce),        /* all_reduce: recursive doubling / ring */
+    _DM_TCP_SLOT(all_gather),        /* all_gather: ring */
+    _DM_TCP_SLOT(all_gather_to_list),/* all_gather_to_list: ring into the caller's buffers */
+    _DM_TCP_SLOT(reduce_scatter),    /* reduce_scatter: ring */
+    _DM_TCP_SLOT(broadcast),         /* broadcast: pipelined chain */
     _dm_tcp_split,                   /* split */
     NULL,                            /* native_handle: none */
     NULL,                            /* synchronize: nothing queued */

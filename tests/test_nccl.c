@@ -1,7 +1,8 @@
 /* NCCL backend tests. Without a GPU every test reports a cmocka skip ("no GPU"); `make test-gpu`
    on a GPU machine runs them: world-1 collectives for every dtype and op, split, mesh, object
    collectives through host staging, host pointers refused, and the timeout paths (an init whose
-   second rank never arrives, through the store and through a caller-provided unique id). */
+   second rank never arrives, through the store and through a caller-provided unique id), and
+   CUDA device buffers on the TCP backend with 4 processes sharing the one GPU. */
 #define _GNU_SOURCE  /* mkdtemp, usleep, kill under -std=c11 */
 #include "distmesh.h"
 
@@ -207,7 +208,109 @@ static void run_child_alone(int via_store) {
 static void test_nccl_init_timeout_unique_id(void** state) { (void)state; NEED_GPU(); run_child_alone(0); }
 static void test_nccl_init_timeout_store(void** state) { (void)state; NEED_GPU(); run_child_alone(1); }
 
+
+/* ---- CUDA device buffers on the TCP backend: 4 processes sharing one GPU ------------------ */
+static float tc_value(int rank, size_t i) { return (float)((rank * 7 + (int)(i % 13)) % 16); }
+
+/* One rank: all_reduce of device buffers 8 B .. 256 MiB (in place and out of place), and
+   all_gather / reduce_scatter / broadcast on device memory, checked on the host. */
+static int tcp_cuda_rank(int rank, int world, const char* dir) {
+    static const size_t sizes[] = { 8, 4096, (1u << 20) + 4, (size_t)64 << 20, (size_t)256 << 20 };
+    dm_tcp_desc d;
+    dm_collective* c = NULL;
+    char url[300];
+    size_t k, i, maxn = ((size_t)256 << 20) / 4;
+    float *h = (float*)malloc(maxn * 4), *dev = NULL, *dev2 = NULL;
+    int r, bad = 0;
+    memset(&d, 0, sizeof(d));
+    snprintf(url, sizeof(url), "file://%s", dir);
+    d.rank = rank; d.world_size = world; d.store_url = url; d.ifname = "lo"; d.timeout_ms = 60000;
+    if (!h || dm_tcp_create(&d, &c) != DM_OK) return 20;
+    if (cudaMalloc((void**)&dev, maxn * 4) != cudaSuccess || cudaMalloc((void**)&dev2, maxn * 4) != cudaSuccess) return 21;
+    for (k = 0; k < sizeof(sizes) / sizeof(sizes[0]) && !bad; k++) {
+        size_t n = sizes[k] / 4;
+        int inplace;
+        for (inplace = 0; inplace < 2 && !bad; inplace++) {
+            for (i = 0; i < n; i++) h[i] = tc_value(rank, i);
+            cudaMemcpy(dev, h, n * 4, cudaMemcpyHostToDevice);
+            if (dm_all_reduce(c, inplace ? NULL : dev, inplace ? dev : dev2, n, DM_FLOAT32, DM_SUM) != DM_OK) {
+                fprintf(stderr, "rank %d: %s\n", rank, dm_last_error(c));
+                return 22;
+            }
+            cudaMemcpy(h, inplace ? dev : dev2, n * 4, cudaMemcpyDeviceToHost);
+            for (i = 0; i < n && !bad; i++) {
+                float want = 0;
+                for (r = 0; r < world; r++) want += tc_value(r, i);
+                if (h[i] != want) { fprintf(stderr, "rank %d: all_reduce %zu B element %zu: %g != %g\n", rank, sizes[k], i, h[i], want); bad = 23; }
+            }
+        }
+        if (rank == 0 && !bad) printf("tcp+cuda all_reduce of %zu B device buffers on %d ranks: correct\n", sizes[k], world);
+    }
+    {   /* the other collectives on device memory, 1 MiB + 4 per rank */
+        size_t n = ((1u << 20) + 4) / 4;
+        for (i = 0; i < n; i++) h[i] = tc_value(rank, i);
+        cudaMemcpy(dev, h, n * 4, cudaMemcpyHostToDevice);
+        if (!bad && dm_all_gather(c, dev, dev2, n, DM_FLOAT32) != DM_OK) bad = 24;
+        cudaMemcpy(h, dev2, n * 4 * (size_t)world, cudaMemcpyDeviceToHost);
+        for (r = 0; r < world && !bad; r++)
+            for (i = 0; i < n && !bad; i++) if (h[(size_t)r * n + i] != tc_value(r, i)) bad = 25;
+        for (r = 0; r < world; r++) for (i = 0; i < n; i++) h[(size_t)r * n + i] = tc_value(rank, (size_t)r * n + i);
+        cudaMemcpy(dev, h, n * 4 * (size_t)world, cudaMemcpyHostToDevice);
+        if (!bad && dm_reduce_scatter(c, dev, dev2, n, DM_FLOAT32, DM_SUM) != DM_OK) bad = 26;
+        cudaMemcpy(h, dev2, n * 4, cudaMemcpyDeviceToHost);
+        for (i = 0; i < n && !bad; i++) {
+            float want = 0;
+            for (r = 0; r < world; r++) want += tc_value(r, (size_t)rank * n + i);
+            if (h[i] != want) bad = 27;
+        }
+        for (i = 0; i < n; i++) h[i] = rank == 1 ? tc_value(1, i) : -1.0f;
+        cudaMemcpy(dev, h, n * 4, cudaMemcpyHostToDevice);
+        if (!bad && dm_broadcast(c, dev, n, DM_FLOAT32, 1) != DM_OK) bad = 28;
+        cudaMemcpy(h, dev, n * 4, cudaMemcpyDeviceToHost);
+        for (i = 0; i < n && !bad; i++) if (h[i] != tc_value(1, i)) bad = 29;
+        if (rank == 0 && !bad) printf("tcp+cuda all_gather, reduce_scatter, broadcast of device buffers: correct\n");
+    }
+    if (bad) fprintf(stderr, "rank %d: failure %d (%s)\n", rank, bad, dm_last_error(c));
+    cudaFree(dev);
+    cudaFree(dev2);
+    free(h);
+    dm_destroy(c);
+    return bad;
+}
+
+static void test_tcp_cuda_four_processes_one_gpu(void** state) {
+    char dir[] = "/tmp/dm_tcpcuda_XXXXXX", rank_s[8];
+    pid_t pids[4];
+    int r, status, failed = 0, waited = 0, alive = 4;
+    (void)state;
+    NEED_GPU();
+    assert_non_null(mkdtemp(dir));
+    fflush(stdout);
+    for (r = 0; r < 4; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            snprintf(rank_s, sizeof(rank_s), "%d", r);
+            execl("/proc/self/exe", "test_nccl", "--tcp-cuda", rank_s, dir, (char*)NULL);
+            _exit(127);
+        }
+    }
+    while (alive > 0 && waited < 1800) {
+        pid_t p = waitpid(-1, &status, WNOHANG);
+        if (p > 0) { alive--; if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1; continue; }
+        usleep(100000);
+        waited++;
+    }
+    if (alive > 0) { for (r = 0; r < 4; r++) kill(pids[r], SIGKILL); while (waitpid(-1, NULL, 0) > 0) {} failed = 1; }
+    { char cmd[64]; snprintf(cmd, sizeof(cmd), "rm -rf %s", dir); assert_int_equal(system(cmd), 0); }
+    assert_int_equal(failed, 0);
+}
+
 int main(int argc, char** argv) {
+    if (argc == 4 && strcmp(argv[1], "--tcp-cuda") == 0) {
+        int rc = tcp_cuda_rank(atoi(argv[2]), 4, argv[3]);
+        fflush(NULL);
+        return rc;
+    }
     if (argc == 4 && strcmp(argv[1], "--init-alone") == 0) {
         int rc = init_alone(strcmp(argv[2], "store") == 0, argv[3]);
         fflush(NULL);
@@ -220,6 +323,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_nccl_host_staged_objects_local_split_mesh),
         cmocka_unit_test(test_nccl_init_timeout_unique_id),
         cmocka_unit_test(test_nccl_init_timeout_store),
+        cmocka_unit_test(test_tcp_cuda_four_processes_one_gpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
     }
