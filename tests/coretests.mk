@@ -10,7 +10,7 @@ $(CORE_DIR)/impl.o: tests/impl.c distmesh.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-$(CORE_DIR)/%.o: tests/%.c distmesh.h
+$(CORE_DIR)/%.o: tests/%.c distmesh.h tests/test_util.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 

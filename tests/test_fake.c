@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "test_util.h"
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -59,23 +60,6 @@ static const size_t g_counts[] = { 0, 1, 3, 1000, LARGE };
 #define MATRIX_TIMEOUT_MS 120000
 
 /* ---- failures seen on rank threads (cmocka's asserts must stay on the main thread) ---- */
-static atomic_int g_failures;
-static pthread_mutex_t g_fail_mu = PTHREAD_MUTEX_INITIALIZER;
-static char g_first_failure[1024];
-static void rank_fail(int line, const char* fmt, ...) {
-    va_list ap;
-    pthread_mutex_lock(&g_fail_mu);
-    if (atomic_fetch_add(&g_failures, 1) == 0) {
-        int n = snprintf(g_first_failure, sizeof(g_first_failure), "line %d: ", line);
-        va_start(ap, fmt);
-        vsnprintf(g_first_failure + n, sizeof(g_first_failure) - (size_t)n, fmt, ap);
-        va_end(ap);
-    }
-    pthread_mutex_unlock(&g_fail_mu);
-}
-/* Records and goes on (data checks). */
-#define RCHECK(cond) do { if (!(cond)) rank_fail(__LINE__, "rank check failed: %s", #cond); } while (0)
-/* Records and returns from the rank function (a failed collective: the rest would hang). */
 #define RCALL(c, expr) do { dm_status st_ = (expr); if (st_ != DM_OK) { \
         rank_fail(__LINE__, "rank %d: %s -> %s: %s", dm_rank(c), #expr, dm_status_name(st_), dm_last_error(c)); \
         return st_; } } while (0)
@@ -105,96 +89,6 @@ static uint64_t rnd(void) {
     return z ^ (z >> 31);
 }
 static double rnd_unit(void) { return (double)(rnd() >> 11) / 9007199254740992.0; }
-static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static float ref_half_to_float(uint16_t h) {
-    int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    double v = e == 0x1f ? (m ? NAN : INFINITY) : e == 0 ? ldexp((double)m, -24) : ldexp((double)(1024 + m), e - 25);
-    return (float)((h & 0x8000) ? -v : v);
-}
-static double ref_round(double v, int mant_bits, int emin) {
-    int e;
-    double ulp;
-    if (v == 0 || isinf(v) || isnan(v)) return v;
-    e = ilogb(v);
-    if (e < emin) e = emin;
-    ulp = ldexp(1.0, e - mant_bits);
-    return nearbyint(v / ulp) * ulp;
-}
-static uint16_t ref_float_to_half(float f) {
-    uint16_t sign = signbit(f) ? 0x8000 : 0;
-    double a;
-    int e;
-    if (isnan(f)) return (uint16_t)(sign | 0x7e00);
-    a = fabs(ref_round((double)f, 10, -14));
-    if (a >= 65536.0) return (uint16_t)(sign | 0x7c00);
-    if (a == 0) return sign;
-    if (a < ldexp(1.0, -14)) return (uint16_t)(sign | (uint16_t)(a * 16777216.0));
-    e = ilogb(a);
-    return (uint16_t)(sign | ((e + 15) << 10) | (uint16_t)(ldexp(a, 10 - e) - 1024.0));
-}
-static uint16_t ref_float_to_bf16(float f) {
-    double v;
-    if (isnan(f)) return (uint16_t)((f32_bits(f) >> 16) | 0x40);
-    v = ref_round((double)f, 7, -126);
-    if (fabs(v) > FLT_MAX) return signbit(f) ? 0xff80 : 0x7f80;
-    return (uint16_t)(f32_bits((float)v) >> 16);
-}
-static bool is_float(dm_dtype t) { return t >= DM_FLOAT16; }
-static bool is_signed_int(dm_dtype t) { return t == DM_INT8 || t == DM_INT32 || t == DM_INT64; }
-static uint64_t load_int(dm_dtype t, const void* p) {
-    switch (t) {
-        case DM_INT8: return (uint64_t)(int64_t)*(const int8_t*)p;
-        case DM_UINT8: return *(const uint8_t*)p;
-        case DM_INT32: return (uint64_t)(int64_t)*(const int32_t*)p;
-        case DM_UINT32: return *(const uint32_t*)p;
-        case DM_INT64: return (uint64_t)*(const int64_t*)p;
-        default: return *(const uint64_t*)p;
-    }
-}
-static void store_int(dm_dtype t, void* p, uint64_t v) {
-    uint8_t b[8];
-    int i;
-    for (i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
-    memcpy(p, b, dm_dtype_size(t)); /* little-endian hosts */
-}
-static double load_float(dm_dtype t, const void* p) {
-    uint16_t h;
-    switch (t) {
-        case DM_FLOAT16: memcpy(&h, p, 2); return ref_half_to_float(h);
-        case DM_BFLOAT16: memcpy(&h, p, 2); return bits_f32((uint32_t)h << 16);
-        case DM_FLOAT32: return *(const float*)p;
-        default: return *(const double*)p;
-    }
-}
-static void store_float(dm_dtype t, void* p, double v) {
-    uint16_t h;
-    switch (t) {
-        case DM_FLOAT16: h = ref_float_to_half((float)v); memcpy(p, &h, 2); break;
-        case DM_BFLOAT16: h = ref_float_to_bf16((float)v); memcpy(p, &h, 2); break;
-        case DM_FLOAT32: *(float*)p = (float)v; break;
-        default: *(double*)p = v; break;
-    }
-}
-/* acc = acc op x with distmesh's documented semantics (see test_reduce.c for the kernels). */
-static void ref_step(dm_dtype t, dm_reduce_op op, void* acc, const void* x) {
-    if (!is_float(t)) {
-        uint64_t a = load_int(t, acc), b = load_int(t, x), r;
-        bool gt = is_signed_int(t) ? (int64_t)a > (int64_t)b : a > b;
-        r = (op == DM_SUM || op == DM_MEAN) ? a + b : op == DM_PROD ? a * b : op == DM_MAX ? (gt ? a : b) : (gt ? b : a);
-        store_int(t, acc, r);
-    } else if (t == DM_FLOAT64) {
-        double a = load_float(t, acc), b = load_float(t, x);
-        double r = (op == DM_SUM || op == DM_MEAN) ? a + b : op == DM_PROD ? a * b
-                 : (isnan(a) || isnan(b)) ? NAN : op == DM_MAX ? (a > b ? a : b) : (a < b ? a : b);
-        store_float(t, acc, r);
-    } else {
-        float a = (float)load_float(t, acc), b = (float)load_float(t, x);
-        float r = (op == DM_SUM || op == DM_MEAN) ? a + b : op == DM_PROD ? a * b
-                : (isnan(a) || isnan(b)) ? NAN : op == DM_MAX ? (a > b ? a : b) : (a < b ? a : b);
-        store_float(t, acc, r);
-    }
-}
 /* MEAN's last step: divide by the group size (integers truncate toward zero). */
 static void ref_finish(dm_dtype t, dm_reduce_op op, void* acc, int n) {
     if (op != DM_MEAN) return;

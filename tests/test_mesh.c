@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "test_util.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -13,21 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-static atomic_int g_failures;
-static pthread_mutex_t g_fail_mu = PTHREAD_MUTEX_INITIALIZER;
-static char g_first_failure[1024];
-static void rank_fail(int line, const char* fmt, ...) {
-    va_list ap;
-    pthread_mutex_lock(&g_fail_mu);
-    if (atomic_fetch_add(&g_failures, 1) == 0) {
-        int n = snprintf(g_first_failure, sizeof(g_first_failure), "line %d: ", line);
-        va_start(ap, fmt);
-        vsnprintf(g_first_failure + n, sizeof(g_first_failure) - (size_t)n, fmt, ap);
-        va_end(ap);
-    }
-    pthread_mutex_unlock(&g_fail_mu);
-}
-#define RCHECK(cond) do { if (!(cond)) rank_fail(__LINE__, "rank check failed: %s", #cond); } while (0)
 #define RCALL(c, expr) do { dm_status st_ = (expr); if (st_ != DM_OK) { \
         rank_fail(__LINE__, "%s -> %s: %s", #expr, dm_status_name(st_), (c) ? dm_last_error(c) : ""); \
         return st_; } } while (0)

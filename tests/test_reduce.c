@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "test_util.h"
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -26,47 +27,6 @@ static uint64_t rnd(void) {
 }
 static double rnd_unit(void) { return (double)(rnd() >> 11) / 9007199254740992.0; } /* [0,1) */
 
-static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-/* ---- reference conversions ---- */
-static float ref_half_to_float(uint16_t h) {
-    int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    double v;
-    if (e == 0x1f) v = m ? NAN : INFINITY;
-    else if (e == 0) v = ldexp((double)m, -24);
-    else v = ldexp((double)(1024 + m), e - 25);
-    return (float)((h & 0x8000) ? -v : v);
-}
-/* v rounded to mant_bits explicit mantissa bits, exponent floor emin (subnormals), ties to even. */
-static double ref_round(double v, int mant_bits, int emin) {
-    int e;
-    double ulp;
-    if (v == 0 || isinf(v) || isnan(v)) return v;
-    e = ilogb(v);
-    if (e < emin) e = emin;
-    ulp = ldexp(1.0, e - mant_bits);
-    return nearbyint(v / ulp) * ulp; /* the default rounding mode: to nearest, ties to even */
-}
-static uint16_t ref_float_to_half(float f) {
-    uint16_t sign = signbit(f) ? 0x8000 : 0;
-    double a;
-    int e;
-    if (isnan(f)) return (uint16_t)(sign | 0x7e00);
-    a = fabs(ref_round((double)f, 10, -14));
-    if (a >= 65536.0) return (uint16_t)(sign | 0x7c00);         /* includes inf */
-    if (a == 0) return sign;
-    if (a < ldexp(1.0, -14)) return (uint16_t)(sign | (uint16_t)(a * 16777216.0));
-    e = ilogb(a);
-    return (uint16_t)(sign | ((e + 15) << 10) | (uint16_t)(ldexp(a, 10 - e) - 1024.0));
-}
-static uint16_t ref_float_to_bf16(float f) {
-    double v;
-    if (isnan(f)) return (uint16_t)((f32_bits(f) >> 16) | 0x40);
-    v = ref_round((double)f, 7, -126);
-    if (fabs(v) > FLT_MAX) return signbit(f) ? 0xff80 : 0x7f80;
-    return (uint16_t)(f32_bits((float)v) >> 16);
-}
 static bool half_is_nan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff); }
 static bool bf16_is_nan(uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f); }
 
@@ -213,78 +173,6 @@ static void test_bfloat16_conversions(void** state) {
 }
 
 /* ---- kernels ---- */
-static bool is_signed_int(dm_dtype t) { return t == DM_INT8 || t == DM_INT32 || t == DM_INT64; }
-static bool is_float(dm_dtype t) { return t >= DM_FLOAT16; }
-
-/* Integer element as int64 (signed types) or uint64 (unsigned), stored in a uint64. */
-static uint64_t load_int(dm_dtype t, const void* p) {
-    switch (t) {
-        case DM_INT8: return (uint64_t)(int64_t)*(const int8_t*)p;
-        case DM_UINT8: return *(const uint8_t*)p;
-        case DM_INT32: return (uint64_t)(int64_t)*(const int32_t*)p;
-        case DM_UINT32: return *(const uint32_t*)p;
-        case DM_INT64: return (uint64_t)*(const int64_t*)p;
-        default: return *(const uint64_t*)p;
-    }
-}
-static void store_int(dm_dtype t, void* p, uint64_t v) { /* low bits: wraps like unsigned math */
-    size_t n = dm_dtype_size(t);
-    uint8_t b[8];
-    size_t i;
-    for (i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
-    memcpy(p, b, n); /* little-endian host (x86-64, aarch64) */
-}
-static double load_float(dm_dtype t, const void* p) {
-    uint16_t h;
-    switch (t) {
-        case DM_FLOAT16: memcpy(&h, p, 2); return ref_half_to_float(h);
-        case DM_BFLOAT16: memcpy(&h, p, 2); return bits_f32((uint32_t)h << 16);
-        case DM_FLOAT32: return *(const float*)p;
-        default: return *(const double*)p;
-    }
-}
-static void store_float(dm_dtype t, void* p, double v) {
-    uint16_t h;
-    switch (t) {
-        case DM_FLOAT16: h = ref_float_to_half((float)v); memcpy(p, &h, 2); break;
-        case DM_BFLOAT16: h = ref_float_to_bf16((float)v); memcpy(p, &h, 2); break;
-        case DM_FLOAT32: *(float*)p = (float)v; break;
-        default: *(double*)p = v; break;
-    }
-}
-/* One step acc = acc op x, the documented semantics. Arithmetic of float16/bfloat16/float32 is
-   done in float (each result rounded to float first), float64 in double. */
-static void ref_step(dm_dtype t, dm_reduce_op op, void* acc, const void* x) {
-    if (!is_float(t)) {
-        uint64_t a = load_int(t, acc), b = load_int(t, x), r;
-        bool gt = is_signed_int(t) ? (int64_t)a > (int64_t)b : a > b;
-        switch (op) {
-            case DM_SUM: case DM_MEAN: r = a + b; break;
-            case DM_PROD: r = a * b; break;
-            case DM_MAX: r = gt ? a : b; break;
-            default: r = gt ? b : a; break;
-        }
-        store_int(t, acc, r);
-    } else if (t == DM_FLOAT64) {
-        double a = load_float(t, acc), b = load_float(t, x), r;
-        switch (op) {
-            case DM_SUM: case DM_MEAN: r = a + b; break;
-            case DM_PROD: r = a * b; break;
-            case DM_MAX: r = (isnan(a) || isnan(b)) ? NAN : (a > b ? a : b); break;
-            default: r = (isnan(a) || isnan(b)) ? NAN : (a < b ? a : b); break;
-        }
-        store_float(t, acc, r);
-    } else {
-        float a = (float)load_float(t, acc), b = (float)load_float(t, x), r;
-        switch (op) {
-            case DM_SUM: case DM_MEAN: r = a + b; break;
-            case DM_PROD: r = a * b; break;
-            case DM_MAX: r = (isnan(a) || isnan(b)) ? NAN : (a > b ? a : b); break;
-            default: r = (isnan(a) || isnan(b)) ? NAN : (a < b ? a : b); break;
-        }
-        store_float(t, acc, r);
-    }
-}
 /* Equal: same bits, or both NaN, or (MAX/MIN only) equal values (+0 vs -0 is unspecified). */
 static bool elem_equal(dm_dtype t, dm_reduce_op op, const void* a, const void* b) {
     size_t n = dm_dtype_size(t);
