@@ -279,7 +279,7 @@ static int tcp_cuda_rank(int rank, int world, const char* dir) {
 }
 
 static void test_tcp_cuda_four_processes_one_gpu(void** state) {
-    char dir[] = "/tmp/dm_tcpcuda_XXXXXX", rank_s[8];
+    char dir[] = "/tmp/dm_tcpcuda_XXXXXX", rank_s[16];
     pid_t pids[4];
     int r, status, failed = 0, waited = 0, alive = 4;
     (void)state;
