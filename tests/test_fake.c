@@ -23,6 +23,7 @@
    floats for the reductions, one dtype per element size for the data-movement collectives, and
    only at 3 and 7 ranks (uneven segments). Every other case, and every dtype x op at the other
    counts, runs everywhere. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, clock_gettime under -std=c11 */
 #include "distmesh.h"
 #include <stdarg.h>
 #include <stddef.h>

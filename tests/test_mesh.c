@@ -1,6 +1,7 @@
 /* test_mesh: dm_mesh (named dims, row-major, last innermost) and the LLaMA-Factory strategy on
    the threaded world of 8 ranks with real collectives on every group; dm_split like
    MPI_Comm_split; dm_local; main_process_first ordering; validation messages. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep under -std=c11 */
 #include "distmesh.h"
 #include <stdarg.h>
 #include <stddef.h>
