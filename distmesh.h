@@ -62,6 +62,11 @@
 #define _GNU_SOURCE
 #endif
 
+/* DISTMESH_CUDA (implied by DISTMESH_NCCL): the backends take CUDA device buffers. */
+#if defined(DISTMESH_NCCL) && !defined(DISTMESH_CUDA)
+#define DISTMESH_CUDA
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
@@ -546,6 +551,21 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
 #define _DM_REPORT(lg, err, err_size, st, ...) \
     _dm_report((lg), (err), (err_size), (st), __FILE__, __LINE__, __VA_ARGS__)
 #define _DM_LOG(lg, level, ...) _dm_log((lg), (level), __FILE__, __LINE__, __VA_ARGS__)
+
+/* >>cuda  The one check of "is this device memory" that the backends share. */
+#if defined(DISTMESH_CUDA)
+#include <cuda_runtime.h>
+/* True for device or managed memory; false for NULL and for host memory (registered or not). */
+_DM_PRIVATE bool _dm_cuda_is_device(const void* p) {
+    struct cudaPointerAttributes attr;
+    if (!p) return false;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+        cudaGetLastError();                 /* clear the sticky error an unknown pointer leaves */
+        return false;
+    }
+    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+#endif
 
 /* >>time */
 _DM_PRIVATE int64_t _dm_now_ms(void) {
@@ -2414,11 +2434,7 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
 
 #endif /* DISTMESH_IMPLEMENTATION */
 
-/* >>backends  Last, outside both guards: each sees the whole core and emits its own parts.
-   DISTMESH_CUDA (implied by DISTMESH_NCCL) lets the TCP backend take CUDA device buffers. */
-#if defined(DISTMESH_NCCL) && !defined(DISTMESH_CUDA)
-#define DISTMESH_CUDA
-#endif
+/* >>backends  Last, outside both guards: each sees the whole core and emits its own parts. */
 #if defined(DISTMESH_TCP)
 #include "distmesh_tcp.h"
 #endif

@@ -197,16 +197,8 @@ static dm_status _dm_nccl_types(_dm_nccl* n, const char* what, dm_dtype t, ncclD
     return DM_OK;
 }
 
-/* True for memory NCCL can read: device or managed. */
-static bool _dm_nccl_is_device(const void* p) {
-    struct cudaPointerAttributes attr;
-    if (!p) return true;                              /* count 0 */
-    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-        cudaGetLastError();                           /* clear the sticky error of an unknown pointer */
-        return false;
-    }
-    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
-}
+/* Memory NCCL can read: device or managed; NULL passes (it only comes with count 0). */
+static bool _dm_nccl_is_device(const void* p) { return !p || _dm_cuda_is_device(p); }
 static dm_status _dm_nccl_need_device(_dm_nccl* n, const char* what, const void* a, const void* b) {
     if (_dm_nccl_is_device(a) && _dm_nccl_is_device(b)) return DM_OK;
     return _DM_FAIL(&n->base, DM_ERR_INVALID_ARG,

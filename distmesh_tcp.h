@@ -2272,9 +2272,6 @@ DM_API dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out);
 #if defined(DISTMESH_IMPLEMENTATION) && !defined(DISTMESH_TCP_IMPL_INCLUDED)
 #define DISTMESH_TCP_IMPL_INCLUDED
 /* >>tcp implementation  The collective backend; it sees the whole distmesh.h core. */
-#if defined(DISTMESH_CUDA)
-#include <cuda_runtime.h>
-#endif
 #include <uv.h>
 #include <sys/types.h>
 #include <sys/socket.h>
@@ -3261,13 +3258,6 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
 #if defined(DISTMESH_CUDA)
 enum { _DM_TCP_CUDA_SEGMENT = 4 << 20 };    /* bytes per pinned segment */
 
-/* True when p is device or managed memory (NULL counts as host: count 0). */
-static bool _dm_tcp_cuda_is_device(const void* p) {
-    struct cudaPointerAttributes attr;
-    if (!p) return false;
-    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) { cudaGetLastError(); return false; }
-    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
-}
 static dm_status _dm_tcp_cuda_fail(_dm_tcp* t, cudaError_t e, const char* what) {
     return _DM_FAIL(&t->base, DM_ERR_CUDA, "tcp: %s #%llu: CUDA staging failed (%s)", what,
                     (unsigned long long)t->base.seq, cudaGetErrorString(e));
@@ -3315,7 +3305,7 @@ static dm_status _dm_tcp_cuda_all_reduce(dm_collective* c, const void* send, voi
     size_t es = dm_dtype_size(dtype), seg = _dm_tcp_cuda_seg_elems(dtype, 1), nseg, k;
     cudaStream_t s;
     unsigned char* pin;
-    if (!_dm_tcp_cuda_is_device(send) && !_dm_tcp_cuda_is_device(recv))
+    if (!_dm_cuda_is_device(send) && !_dm_cuda_is_device(recv))
         return _dm_tcp_all_reduce(c, send, recv, count, dtype, op);
     _DM_TRY(_dm_tcp_check_broken(t, "all_reduce"));
     _DM_TRY(_dm_tcp_cuda_ready(t, 3 * seg * es, "all_reduce"));
@@ -3350,12 +3340,12 @@ static dm_status _dm_tcp_cuda_all_reduce(dm_collective* c, const void* send, voi
 static dm_status _dm_tcp_cuda_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
                                                  size_t count, dm_dtype dtype) {
     _dm_tcp* t = (_dm_tcp*)c;
-    int r, n = c->size, any = _dm_tcp_cuda_is_device(send);
+    int r, n = c->size, any = _dm_cuda_is_device(send);
     size_t es = dm_dtype_size(dtype), seg = _dm_tcp_cuda_seg_elems(dtype, n + 1), off;
     unsigned char* pin;
     void** lists;
     dm_status st = DM_OK;
-    for (r = 0; r < n && !any; r++) any = _dm_tcp_cuda_is_device(recvs[r]);
+    for (r = 0; r < n && !any; r++) any = _dm_cuda_is_device(recvs[r]);
     if (!any) return _dm_tcp_all_gather_to_list(c, send, recvs, count, dtype);
     _DM_TRY(_dm_tcp_check_broken(t, "all_gather"));
     _DM_TRY(_dm_tcp_cuda_ready(t, (size_t)(n + 1) * seg * es, "all_gather"));
@@ -3384,7 +3374,7 @@ static dm_status _dm_tcp_cuda_all_gather(dm_collective* c, const void* send, voi
     void** lists;
     dm_status st;
     int r;
-    if (!_dm_tcp_cuda_is_device(send) && !_dm_tcp_cuda_is_device(recv))
+    if (!_dm_cuda_is_device(send) && !_dm_cuda_is_device(recv))
         return _dm_tcp_all_gather(c, send, recv, count, dtype);
     lists = (void**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)c->size);
     if (!lists) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: all_gather: out of memory");
@@ -3402,7 +3392,7 @@ static dm_status _dm_tcp_cuda_reduce_scatter(dm_collective* c, const void* send,
     size_t es = dm_dtype_size(dtype), seg = _dm_tcp_cuda_seg_elems(dtype, n + 1), off;
     unsigned char* pin;
     dm_status st = DM_OK;
-    if (!_dm_tcp_cuda_is_device(send) && !_dm_tcp_cuda_is_device(recv))
+    if (!_dm_cuda_is_device(send) && !_dm_cuda_is_device(recv))
         return _dm_tcp_reduce_scatter(c, send, recv, count, dtype, op);
     _DM_TRY(_dm_tcp_check_broken(t, "reduce_scatter"));
     _DM_TRY(_dm_tcp_cuda_ready(t, (size_t)(n + 1) * seg * es, "reduce_scatter"));
@@ -3430,7 +3420,7 @@ static dm_status _dm_tcp_cuda_broadcast(dm_collective* c, void* buf, size_t coun
     size_t es = dm_dtype_size(dtype), seg = _dm_tcp_cuda_seg_elems(dtype, 1), off;
     unsigned char* pin;
     dm_status st = DM_OK;
-    if (!_dm_tcp_cuda_is_device(buf)) return _dm_tcp_broadcast(c, buf, count, dtype, root);
+    if (!_dm_cuda_is_device(buf)) return _dm_tcp_broadcast(c, buf, count, dtype, root);
     _DM_TRY(_dm_tcp_check_broken(t, "broadcast"));
     _DM_TRY(_dm_tcp_cuda_ready(t, seg * es, "broadcast"));
     pin = (unsigned char*)t->cuda_pinned;
