@@ -2119,7 +2119,7 @@ static void _dm_mesh_shape_text(const dm_mesh_desc* d, const int* sizes, char* b
 static dm_status _dm_mesh_check(const dm_mesh_desc* d, int* sizes, char* err, size_t cap) {
     const dm_logger* lg = &d->logger;
     int i, j, zero_at = -1;
-    long long product = 1;
+    long long product = 1;      /* of the sizes given; stops growing once past the world */
     char shape[256];
     if (!d->world) return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG, "mesh: world is NULL");
     if (!_dm_allocator_valid(&d->allocator))
@@ -2136,28 +2136,22 @@ static dm_status _dm_mesh_check(const dm_mesh_desc* d, int* sizes, char* err, si
                 return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG, "mesh: dim name \"%s\" appears twice", n);
         if (d->dim_sizes[i] < 0)
             return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG, "mesh: dim %s has size %d", n, d->dim_sizes[i]);
-        if (d->dim_sizes[i] == 0) {
-            if (zero_at >= 0)
-                return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG,
-                                  "mesh: dims %s and %s are both 0 (at most one size can be inferred)",
-                                  d->dim_names[zero_at], n);
-            zero_at = i;
-        } else {
-            product *= d->dim_sizes[i];
-            if (product > d->world->size) break;
-        }
+        if (d->dim_sizes[i] == 0 && zero_at >= 0)
+            return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG,
+                              "mesh: dims %s and %s are both 0 (at most one size can be inferred)",
+                              d->dim_names[zero_at], n);
+        if (d->dim_sizes[i] == 0) zero_at = i;
+        else if (product <= d->world->size) product *= d->dim_sizes[i];
         sizes[i] = d->dim_sizes[i];
     }
-    if (zero_at >= 0 && product <= d->world->size && d->world->size % product == 0)
+    /* The inferred dim takes what the others leave, when they divide the world. */
+    if (zero_at >= 0 && product <= d->world->size && d->world->size % product == 0) {
         sizes[zero_at] = (int)(d->world->size / product);
-    for (i = 0, product = 1; i < d->ndims; i++) {
-        if (i < d->ndims && d->dim_sizes[i] == 0 && i != zero_at) sizes[i] = 0;
-        product *= sizes[i] ? sizes[i] : 0;
-        if (product > d->world->size) break;
+        product = d->world->size;
     }
+    if (zero_at >= 0 && sizes[zero_at] == 0) product = 0;
     if (product != d->world->size) {
-        for (i = 0; i < d->ndims; i++) sizes[i] = d->dim_sizes[i];
-        _dm_mesh_shape_text(d, sizes, shape, sizeof(shape));
+        _dm_mesh_shape_text(d, d->dim_sizes, shape, sizeof(shape));
         return _DM_REPORT(lg, err, cap, DM_ERR_INVALID_ARG,
                           "mesh: dims (%s) do not multiply to the world size %d", shape, d->world->size);
     }
