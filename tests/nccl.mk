@@ -1,6 +1,8 @@
 # NCCL backend: built wherever CUDA's headers and NCCL are installed (they are on CI, without a
 # GPU: every GPU test then reports a cmocka skip, "no GPU"). `make test-gpu` runs only these, on
-# a machine with a GPU. CUDA_HOME defaults to /usr/local/cuda; NCCL_HOME to it as well.
+# a machine with a GPU (`make -o deps test-gpu` where apt cannot reach the network and libuv and
+# cmocka come from elsewhere). `make bench-gpu` measures distmesh's per-call overhead over raw
+# ncclAllReduce. CUDA_HOME defaults to /usr/local/cuda; NCCL_HOME to it as well.
 NCCL_HOME ?= $(CUDA_HOME)
 NCCL_INC  := $(firstword $(wildcard $(NCCL_HOME)/include/nccl.h /usr/include/nccl.h))
 NCCL_LIBDIR := $(firstword $(dir $(wildcard $(NCCL_HOME)/lib64/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so)))
@@ -10,7 +12,8 @@ NCCL_LIBS   := -L$(CUDA_HOME)/lib64 -L$(NCCL_LIBDIR) -Wl,-rpath,$(CUDA_HOME)/lib
                -lnccl -lcudart $(UV_LIBS)
 NCCL_TEST := $(BUILD)/nccl/test_nccl
 TEST_BINS += $(NCCL_TEST)
-EXTRA_BINS += $(BUILD)/nccl/compile_cpp
+EXTRA_BINS += $(BUILD)/nccl/compile_cpp $(BUILD)/nccl/compile_nccl_only $(BUILD)/nccl/compile_tcp_cuda \
+              $(BUILD)/nccl/nccl_overhead
 
 $(BUILD)/nccl/impl.o: tests/impl.c distmesh.h distmesh_tcp.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
@@ -24,10 +27,35 @@ $(BUILD)/nccl/compile_cpp: tests/impl.c distmesh.h distmesh_tcp.h distmesh_nccl.
 	@mkdir -p $(dir $@)
 	$(CXX) -x c++ $(CXXFLAGS_ALL) $(NCCL_CFLAGS) -c $< -o $@.o && touch $@
 
+# The other two CUDA configurations, C and C++: NCCL alone (unique id from the caller, e.g. an
+# MPI bootstrap; no libuv) and the TCP backend taking device buffers without NCCL.
+$(BUILD)/nccl/compile_nccl_only: tests/impl.c distmesh.h distmesh_nccl.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(NCCL_INC)) -c $< -o $@.c.o
+	$(CXX) -x c++ $(CXXFLAGS_ALL) -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(NCCL_INC)) -c $< -o $@.cc.o
+	@touch $@
+$(BUILD)/nccl/compile_tcp_cuda: tests/impl.c distmesh.h distmesh_tcp.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDISTMESH_CUDA $(UV_CFLAGS) -I$(CUDA_HOME)/include -c $< -o $@.c.o
+	$(CXX) -x c++ $(CXXFLAGS_ALL) -DDISTMESH_TCP -DDISTMESH_CUDA $(UV_CFLAGS) -I$(CUDA_HOME)/include -c $< -o $@.cc.o
+	@touch $@
+
+# distmesh's per-call overhead over raw ncclAllReduce (NCCL world 1, 8 B); `make bench-gpu` runs it.
+$(BUILD)/nccl/nccl_overhead: bench/nccl_overhead.c distmesh.h distmesh_nccl.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(NCCL_INC)) $< -o $@ \
+	    -L$(CUDA_HOME)/lib64 -L$(NCCL_LIBDIR) -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_LIBDIR) \
+	    -lnccl -lcudart $(LDLIBS_ALL)
+
+bench-gpu:
+	@$(MAKE) --no-print-directory $(BUILD)/nccl/nccl_overhead
+	$(BUILD)/nccl/nccl_overhead
+
 test-gpu: deps
 	@$(MAKE) --no-print-directory $(NCCL_TEST)
 	@bash tests/run.sh $(TEST_TIMEOUT) $(NCCL_TEST)
 else
-test-gpu:
-	@echo "test-gpu: CUDA ($(CUDA_HOME)/include/cuda_runtime.h) and NCCL (nccl.h, libnccl.so) not found" && false
+test-gpu bench-gpu:
+	@echo "$@: CUDA ($(CUDA_HOME)/include/cuda_runtime.h) and NCCL (nccl.h, libnccl.so) not found" && false
 endif
+.PHONY: bench-gpu
