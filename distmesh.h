@@ -312,6 +312,10 @@ DM_API bool dm_is_master(const dm_collective* c);        /* rank 0 */
 DM_API bool dm_is_local_master(const dm_collective* c);  /* local rank 0 */
 DM_API dm_device dm_default_device(const dm_collective* c);
 DM_API const char* dm_backend_name(const dm_collective* c); /* "fake", "thread", "tcp", "nccl" */
+/* What carries this group's bytes: "shm" (shared memory between processes of one host), "tcp"
+   (sockets), "shm+tcp" (shared memory within each host, sockets across), "thread", "fake",
+   "nccl". Chosen per group at create and split (DISTMESH_TRANSPORT, dm_tcp_desc.transport). */
+DM_API const char* dm_transport_name(const dm_collective* c);
 /* The native handle (the seeds' process_group): ncclComm_t for NCCL, NULL where none. */
 DM_API void* dm_native_handle(dm_collective* c);
 DM_API const char* dm_last_error(const dm_collective* c);  /* "" after success; never NULL */
@@ -397,7 +401,7 @@ DM_API const char* dm_strategy_last_error(const dm_strategy* s);
    Slots are appended only; each version's end is marked. The public wrappers validate every
    argument (NULL buffers, dtype, op, root, overflow of count * dtype size, in-place layout)
    before dispatch, so slots receive clean arguments and send != NULL. */
-#define DM_COLLECTIVE_VTABLE_VERSION 1
+#define DM_COLLECTIVE_VTABLE_VERSION 2
 typedef struct dm_collective_vtable {
     uint32_t struct_size;       /* sizeof(dm_collective_vtable) as the backend was compiled */
     uint32_t version;           /* DM_COLLECTIVE_VTABLE_VERSION the backend targets */
@@ -416,7 +420,9 @@ typedef struct dm_collective_vtable {
     dm_status (*split)(dm_collective* self, int color, int key, dm_collective** out);
     void* (*native_handle)(dm_collective* self);        /* optional: NULL */
     dm_status (*synchronize)(dm_collective* self);      /* optional: DM_OK */
-    /* ---- end of version 1: append below, never reorder ---- */
+    /* ---- end of version 1 ---- */
+    const char* (*transport)(const dm_collective* self); /* optional: the backend's name */
+    /* ---- end of version 2: append below, never reorder ---- */
 } dm_collective_vtable;
 
 /* Every backend's struct begins with `struct dm_collective base;`. The core owns `local`. */
@@ -457,6 +463,10 @@ struct dm_collective {
 #include <time.h>
 #include <pthread.h>
 #include <unistd.h>
+#include <stddef.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
 
 /* glibc hides clock_gettime, gethostname and pthread_condattr_setclock under strict -std=c11
    unless _GNU_SOURCE (or _POSIX_C_SOURCE >= 200809L) was defined before the TU's first system
@@ -486,6 +496,7 @@ struct dm_collective {
 #endif
 #define _DM_ZERO(type, name) type name; memset(&name, 0, sizeof(name))
 #define _dm_def(v, dflt) ((v) ? (v) : (dflt))
+#define _DM_LK_SMALL_BYTES ((size_t)64 << 10)  /* all_reduce at or below: recursive doubling */
 
 /* >>memory  Every byte distmesh allocates goes through the object's allocator. */
 _DM_PRIVATE bool _dm_allocator_valid(const dm_allocator* a) {
@@ -1430,6 +1441,10 @@ DM_API_IMPL dm_device dm_default_device(const dm_collective* c) {
 DM_API_IMPL const char* dm_backend_name(const dm_collective* c) {
     return (c && c->vt && c->vt->name) ? c->vt->name : "none";
 }
+DM_API_IMPL const char* dm_transport_name(const dm_collective* c) {
+    if (c && c->vt && _DM_VT_HAS(c->vt, transport)) return c->vt->transport(c);
+    return dm_backend_name(c);
+}
 DM_API_IMPL void* dm_native_handle(dm_collective* c) {
     if (!c || !_DM_VT_HAS(c->vt, native_handle)) return NULL;
     return c->vt->native_handle(c);
@@ -1468,9 +1483,51 @@ static void _dm_fake_fold(const dm_collective* c, void* dst, const void* src, si
         if (op == DM_MEAN) dm_divide_local(dtype, d, m, c->size);
     }
 }
+/* The value recursive doubling (>>schedules, _dm_lk_allreduce_rd) computes when every rank holds
+   x, per block of m elements: ranks folded into pairs hold A = x op x, the others B = x; each
+   round combines aligned groups of newranks two halves at a time. A group wholly below rem
+   holds A_k, wholly above B_k, and at most one group per level straddles rem: S. */
+static void _dm_fake_rd_block(int W, unsigned char* d, size_t m, dm_dtype dtype, dm_reduce_op op) {
+    unsigned char a[4096], b[4096], s[4096], t[4096];
+    size_t bytes = m * dm_dtype_size(dtype);
+    int p = 1, rem, size;
+    while (p * 2 <= W) p *= 2;
+    rem = W - p;
+    memcpy(b, d, bytes);
+    memcpy(a, d, bytes);
+    dm_reduce_local(dtype, op, a, b, m);
+    for (size = 1; size < p; size *= 2) {
+        int lo = rem / (2 * size) * (2 * size), h;
+        const unsigned char* half[2];
+        for (h = 0; h < 2; h++) {
+            int start = lo + h * size;
+            half[h] = start + size <= rem ? a : start >= rem ? b : s;
+        }
+        if (lo < rem && rem < lo + 2 * size) {   /* this level's straddling group */
+            memcpy(t, half[0], bytes);
+            dm_reduce_local(dtype, op, t, half[1], m);
+            memcpy(s, t, bytes);
+        }
+        memcpy(t, a, bytes);                     /* the kernels' operands never alias */
+        dm_reduce_local(dtype, op, a, t, m);
+        memcpy(t, b, bytes);
+        dm_reduce_local(dtype, op, b, t, m);
+    }
+    memcpy(d, rem == 0 ? b : s, bytes);
+}
 static dm_status _dm_fake_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
                                      dm_dtype dtype, dm_reduce_op op) {
-    _dm_fake_fold(c, recv, send, count, dtype, op);
+    size_t esize = dm_dtype_size(dtype), per = 4096 / esize, done, m;
+    if (c->size == 1 || (count * esize > _DM_LK_SMALL_BYTES && count >= (size_t)c->size)) {
+        _dm_fake_fold(c, recv, send, count, dtype, op);    /* the ring's order: serial */
+        return DM_OK;
+    }
+    if (send != recv) memmove(recv, send, count * esize);
+    for (done = 0; done < count; done += m) {
+        m = count - done < per ? count - done : per;
+        _dm_fake_rd_block(c->size, (unsigned char*)recv + done * esize, m, dtype, op);
+        if (op == DM_MEAN) dm_divide_local(dtype, (unsigned char*)recv + done * esize, m, c->size);
+    }
     return DM_OK;
 }
 static dm_status _dm_fake_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
@@ -1526,6 +1583,7 @@ static const dm_collective_vtable _dm_fake_vtable = {
     _dm_fake_split,                  /* split */
     NULL,                            /* native_handle */
     NULL,                            /* synchronize */
+    NULL,                            /* transport: the backend's name */
 };
 
 /* Checks the desc shared by dm_fake_create and dm_thread_world_create. err gets the reason. */
@@ -1569,22 +1627,931 @@ DM_API_IMPL dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** o
     return _dm_fake_create_with(&d, out);
 }
 
-/* >>thread  N ranks on N threads of one process. Every collective is two rendezvous on a shared
-   barrier: (1) each rank posts its buffers and a fingerprint, (2) after everyone has read what
-   it needs. Between them ranks read each other's posted buffers directly; each rank writes only
-   regions no other rank reads in that phase (see each collective), so in-place works. */
-typedef struct _dm_tw_fingerprint {
-    int kind;                   /* which collective */
-    int dtype, op, root;
-    size_t count;
-    uint64_t seq;
-} _dm_tw_fingerprint;
+/* >>links  A link is one rank's channel to one peer: an ordered byte stream each way. Every
+   schedule below (recursive doubling, rings, chain broadcast, dissemination barrier) is written
+   once over links and driven by one engine, so whatever carries the bytes (sockets, rings in
+   shared memory between processes, rings in the heap between threads) the steps and the order
+   in which values are reduced are the same, and so are the results, bit for bit. */
+typedef struct _dm_link _dm_link;
+typedef struct _dm_link_vt {
+    const char* name;           /* the transport: "tcp", "shm", "thread" */
+    /* Nonblocking: move up to n bytes and return how many (0: would block), or -1 with *err set
+       (0: the peer is gone, end of stream; else an errno value). */
+    ptrdiff_t (*send)(_dm_link* l, const void* buf, size_t n, int* err);
+    ptrdiff_t (*recv)(_dm_link* l, void* buf, size_t n, int* err);
+    /* Optional: the readable bytes in place (contiguous), and their release after use; lets a
+       reduction read straight from the link instead of through scratch. */
+    const unsigned char* (*peek)(_dm_link* l, size_t* n);
+    void (*consume)(_dm_link* l, size_t n);
+    /* Optional, asked only while blocked: 0 if the peer is still there, else -1 with *err. */
+    int (*alive)(_dm_link* l, int* err);
+    void (*shutdown)(_dm_link* l);  /* optional: the collective broke; make the peer fail fast */
+    void (*destroy)(_dm_link* l, const dm_allocator* a);
+} _dm_link_vt;
+struct _dm_link {
+    const _dm_link_vt* vt;
+    int fd;                     /* pollable when blocked (sockets); -1: memory, waits on the bell */
+    char where[64];             /* the peer, for messages: "10.0.0.2:4711", "pid 4242" */
+};
 
+/* A bell wakes a rank asleep on memory links. Every write into one of its rings and every read
+   that frees space in one bumps seq; a rank about to sleep sets `sleeping`, reads seq, tries
+   once more, and sleeps only while seq is unchanged (a futex between processes, a condition
+   variable between threads), so no wake-up is lost. The waker skips the system call while
+   nobody sleeps. One cache line each. */
+typedef struct _dm_bell { uint32_t seq, sleeping; unsigned char pad[56]; } _dm_bell;
+typedef struct _dm_bell_ops {
+    void (*wait)(void* ctx, _dm_bell* b, uint32_t seen, int ms);
+    void (*wake)(void* ctx, _dm_bell* b);
+    void* ctx;
+} _dm_bell_ops;
+
+_DM_PRIVATE void _dm_bell_ring(_dm_bell* b, const _dm_bell_ops* ops) {
+    __atomic_fetch_add(&b->seq, 1u, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&b->sleeping, __ATOMIC_SEQ_CST)) ops->wake(ops->ctx, b);
+}
+
+/* The first failure of a group whose ranks share memory, for all of them: its status, the rank
+   that saw it and that rank's message, so every rank reports the cause, not "peer lost".
+   status: 0 none yet, 1 while the message is being written, else the dm_status. */
+typedef struct _dm_abort { int32_t status, rank; char msg[248]; } _dm_abort;
+
+/* >>rings  One direction between two ranks: bytes [tail, head) of the stream sit in
+   data[pos & (cap - 1)]. Only the sender moves head, only the receiver moves tail. */
+typedef struct _dm_ring {
+    uint64_t head; unsigned char pad0[56];
+    uint64_t tail; unsigned char pad1[56];
+} _dm_ring;
+#define _DM_RING_GRAIN ((size_t)64 << 10)   /* bytes per publish: the reader starts early */
+
+typedef struct _dm_memlink {
+    _dm_link base;
+    _dm_ring *out, *in;         /* this rank -> peer, peer -> this rank */
+    unsigned char *out_data, *in_data;
+    size_t cap;                 /* bytes per ring, a power of two */
+    _dm_bell* peer_bell;        /* rung after writing (data for it) and reading (space for it) */
+    const _dm_bell_ops* bell_ops;
+    int side_fd;                /* shm: a socket to the peer whose end says it died; else -1 */
+} _dm_memlink;
+
+_DM_PRIVATE ptrdiff_t _dm_mem_send(_dm_link* l, const void* buf, size_t n, int* err) {
+    _dm_memlink* m = (_dm_memlink*)l;
+    uint64_t head = m->out->head, tail = __atomic_load_n(&m->out->tail, __ATOMIC_ACQUIRE);
+    size_t space = m->cap - (size_t)(head - tail), at = (size_t)head & (m->cap - 1), first;
+    (void)err;
+    if (n > space) n = space;
+    if (n > _DM_RING_GRAIN) n = _DM_RING_GRAIN;
+    if (n == 0) return 0;
+    first = m->cap - at < n ? m->cap - at : n;
+    memcpy(m->out_data + at, buf, first);
+    if (n > first) memcpy(m->out_data, (const unsigned char*)buf + first, n - first);
+    __atomic_store_n(&m->out->head, head + n, __ATOMIC_RELEASE);
+    _dm_bell_ring(m->peer_bell, m->bell_ops);
+    return (ptrdiff_t)n;
+}
+_DM_PRIVATE const unsigned char* _dm_mem_peek(_dm_link* l, size_t* n) {
+    _dm_memlink* m = (_dm_memlink*)l;
+    uint64_t tail = m->in->tail, head = __atomic_load_n(&m->in->head, __ATOMIC_ACQUIRE);
+    size_t avail = (size_t)(head - tail), at = (size_t)tail & (m->cap - 1);
+    if (avail > m->cap - at) avail = m->cap - at;
+    *n = avail < _DM_RING_GRAIN ? avail : _DM_RING_GRAIN;
+    return m->in_data + at;
+}
+_DM_PRIVATE void _dm_mem_consume(_dm_link* l, size_t n) {
+    _dm_memlink* m = (_dm_memlink*)l;
+    __atomic_store_n(&m->in->tail, m->in->tail + n, __ATOMIC_RELEASE);
+    _dm_bell_ring(m->peer_bell, m->bell_ops);
+}
+_DM_PRIVATE ptrdiff_t _dm_mem_recv(_dm_link* l, void* buf, size_t n, int* err) {
+    size_t got = 0, k;
+    (void)err;
+    while (got < n) {           /* twice at most: up to the end of the ring, then from its start */
+        const unsigned char* p = _dm_mem_peek(l, &k);
+        if (k == 0) break;
+        if (k > n - got) k = n - got;
+        memcpy((unsigned char*)buf + got, p, k);
+        _dm_mem_consume(l, k);
+        got += k;
+    }
+    return (ptrdiff_t)got;
+}
+_DM_PRIVATE void _dm_mem_destroy(_dm_link* l, const dm_allocator* a) { _dm_free(a, l); }
+
+/* Links the pair (me, peer) through rings[me * size + peer] (out) and rings[peer * size + me]
+   (in), each followed by its cap bytes of data at stride. */
+_DM_PRIVATE _dm_link* _dm_memlink_new(const dm_allocator* a, const _dm_link_vt* vt, unsigned char* rings,
+                                      size_t stride, size_t cap, int size, int me, int peer,
+                                      _dm_bell* bells, const _dm_bell_ops* ops, int side_fd) {
+    _dm_memlink* m = (_dm_memlink*)_dm_calloc(a, sizeof(_dm_memlink));
+    if (!m) return NULL;
+    m->base.vt = vt;
+    m->base.fd = -1;
+    m->out = (_dm_ring*)(void*)(rings + ((size_t)me * (size_t)size + (size_t)peer) * stride);
+    m->in = (_dm_ring*)(void*)(rings + ((size_t)peer * (size_t)size + (size_t)me) * stride);
+    m->out_data = (unsigned char*)(m->out + 1);
+    m->in_data = (unsigned char*)(m->in + 1);
+    m->cap = cap;
+    m->peer_bell = &bells[peer];
+    m->bell_ops = ops;
+    m->side_fd = side_fd;
+    return &m->base;
+}
+
+/* >>fingerprint  Sent first by every collective on every link and compared by the receiver:
+   32 bytes, magic u32 "DMTF", kind u8, dtype u8, op u8, 0 u8, root i32, 0 u32, count u64,
+   seq u64, little-endian. One format and one message for every backend. */
+#define _DM_FP_MAGIC 0x46544d44u
+enum { _DM_K_ALL_REDUCE = 1, _DM_K_ALL_GATHER, _DM_K_REDUCE_SCATTER, _DM_K_BROADCAST, _DM_K_BARRIER,
+       _DM_K_SETUP, _DM_K_SPLIT };
+typedef struct _dm_fp {
+    int kind, dtype, op, root;  /* dtype, op, root: -1 when the kind has none */
+    uint64_t count, seq;
+} _dm_fp;
+
+_DM_PRIVATE void _dm_put32(unsigned char* p, uint32_t v) {
+    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8); p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+_DM_PRIVATE uint32_t _dm_get32(const unsigned char* p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+_DM_PRIVATE void _dm_put64(unsigned char* p, uint64_t v) {
+    _dm_put32(p, (uint32_t)v);
+    _dm_put32(p + 4, (uint32_t)(v >> 32));
+}
+_DM_PRIVATE uint64_t _dm_get64(const unsigned char* p) {
+    return (uint64_t)_dm_get32(p) | ((uint64_t)_dm_get32(p + 4) << 32);
+}
+_DM_PRIVATE const char* _dm_kind_name(int kind) {
+    static const char* names[] = { "unknown collective", "all_reduce", "all_gather", "reduce_scatter",
+                                   "broadcast", "barrier", "setup", "split" };
+    return (kind > 0 && kind <= _DM_K_SPLIT) ? names[kind] : names[0];
+}
+_DM_PRIVATE void _dm_fp_make(_dm_fp* f, const dm_collective* c, int kind, int dtype, int op, int root,
+                             size_t count) {
+    f->kind = kind; f->dtype = dtype; f->op = op; f->root = root;
+    f->count = (uint64_t)count; f->seq = c->seq;
+}
+_DM_PRIVATE void _dm_fp_encode(const _dm_fp* f, unsigned char* p) {
+    memset(p, 0, 32);
+    _dm_put32(p, _DM_FP_MAGIC);
+    p[4] = (unsigned char)f->kind; p[5] = (unsigned char)f->dtype; p[6] = (unsigned char)f->op;
+    _dm_put32(p + 8, (uint32_t)f->root);
+    _dm_put64(p + 16, f->count);
+    _dm_put64(p + 24, f->seq);
+}
+_DM_PRIVATE void _dm_fp_decode(const unsigned char* p, _dm_fp* f) {
+    f->kind = p[4];
+    f->dtype = p[5] == 0xff ? -1 : p[5];
+    f->op = p[6] == 0xff ? -1 : p[6];
+    f->root = (int)_dm_get32(p + 8);
+    f->count = _dm_get64(p + 16);
+    f->seq = _dm_get64(p + 24);
+}
+_DM_PRIVATE bool _dm_fp_equal(const _dm_fp* a, const _dm_fp* b) {
+    return a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->root == b->root &&
+           a->count == b->count && a->seq == b->seq;
+}
+/* "all_reduce #7 (float32, count 3, sum)", "broadcast #2 (int8, count 4, root 1)". */
+_DM_PRIVATE void _dm_fp_text(const _dm_fp* f, char* buf, size_t cap) {
+    int n = snprintf(buf, cap, "%s #%llu", _dm_kind_name(f->kind), (unsigned long long)f->seq);
+    if (n < 0 || (size_t)n >= cap) return;
+    if (f->kind == _DM_K_BARRIER) { snprintf(buf + n, cap - (size_t)n, " (round %d)", f->root); return; }
+    if (f->dtype < 0) return;
+    n += snprintf(buf + n, cap - (size_t)n, " (%s, count %llu", dm_dtype_name((dm_dtype)f->dtype),
+                  (unsigned long long)f->count);
+    if ((size_t)n < cap && f->op >= 0 && (f->kind == _DM_K_ALL_REDUCE || f->kind == _DM_K_REDUCE_SCATTER))
+        n += snprintf(buf + n, cap - (size_t)n, ", %s", dm_reduce_op_name((dm_reduce_op)f->op));
+    if ((size_t)n < cap && f->kind == _DM_K_BROADCAST)
+        n += snprintf(buf + n, cap - (size_t)n, ", root %d", f->root);
+    if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
+}
+_DM_PRIVATE dm_status _dm_fp_mismatch(dm_collective* c, const char* tag, int me, const _dm_fp* mine,
+                                      int peer, const _dm_fp* theirs) {
+    char a[160], b[160];
+    _dm_fp_text(mine, a, sizeof(a));
+    _dm_fp_text(theirs, b, sizeof(b));
+    return _DM_FAIL(c, DM_ERR_MISMATCH, "%s: mismatched collectives: rank %d called %s, rank %d called %s",
+                    tag, me, a, peer, b);
+}
+
+/* Segment s of count elements split in parts near-equal parts: the first count % parts get one
+   more. Ring blocks and the threaded world's shares. */
+_DM_PRIVATE void _dm_segment(size_t count, int parts, int s, size_t* off, size_t* len) {
+    size_t base = count / (size_t)parts, extra = count % (size_t)parts, si = (size_t)s;
+    *off = si * base + (si < extra ? si : extra);
+    *len = base + (si < extra ? 1 : 0);
+}
+_DM_PRIVATE int _dm_mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* >>engine  The state one group's schedules run on, and the failure rule: every failure while
+   communicating breaks the group; later calls fail at once. */
+#define _DM_LK_IO_MAX      ((size_t)1 << 30)   /* bytes per link call (2 GiB+ messages) */
+typedef struct _dm_lk {
+    dm_collective* c;
+    const char* tag;            /* message prefix: the backend */
+    _dm_link** links;           /* per rank, NULL for this rank */
+    int* order;                 /* ring position -> rank: same-host ranks adjacent */
+    int* slot;                  /* rank -> ring position */
+    unsigned char* tmp;         /* scratch: max(chunk, _DM_LK_SMALL_BYTES) bytes */
+    size_t tmp_size, chunk;     /* chunk: pipelining unit of reductions through scratch */
+    dm_status broken;           /* DM_OK, or the failure that broke the group */
+    char broken_msg[256];
+    _dm_bell* bell;             /* this rank's bell when it has memory links, else NULL */
+    _dm_bell* bells;            /* the bells of the ranks sharing memory (a failure wakes them) */
+    int nbells;
+    const _dm_bell_ops* bell_ops;
+    _dm_abort* abort;           /* the failure word shared by same-host ranks, or NULL */
+    int spin_us, yield_us;      /* a wait spins, then yields until yield_us, then blocks */
+} _dm_lk;
+
+/* Scratch, ring order (identity) and the wait policy; links are the backend's to fill. */
+_DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag, size_t chunk) {
+    int r, W = c->size;
+    memset(lk, 0, sizeof(*lk));
+    lk->c = c;
+    lk->tag = tag;
+    chunk = chunk ? chunk : ((size_t)512 << 10);
+    lk->chunk = (chunk + 7) / 8 * 8;    /* a whole number of elements of every dtype */
+    lk->tmp_size = lk->chunk > _DM_LK_SMALL_BYTES ? lk->chunk : _DM_LK_SMALL_BYTES;
+    lk->tmp = (unsigned char*)_dm_malloc(&c->allocator, lk->tmp_size);
+    lk->links = (_dm_link**)_dm_calloc(&c->allocator, sizeof(_dm_link*) * (size_t)W);
+    lk->order = (int*)_dm_malloc(&c->allocator, sizeof(int) * 2 * (size_t)W);
+    if (!lk->tmp || !lk->links || !lk->order) return DM_ERR_OUT_OF_MEMORY;
+    lk->slot = lk->order + W;
+    for (r = 0; r < W; r++) lk->order[r] = lk->slot[r] = r;
+    lk->spin_us = 50;
+    lk->yield_us = 1000;
+    return DM_OK;
+}
+_DM_PRIVATE void _dm_lk_release(_dm_lk* lk) {
+    const dm_allocator* a = &lk->c->allocator;
+    int r;
+    if (lk->links)
+        for (r = 0; r < lk->c->size; r++)
+            if (lk->links[r]) lk->links[r]->vt->destroy(lk->links[r], a);
+    _dm_free(a, lk->links);
+    _dm_free(a, lk->order);
+    _dm_free(a, lk->tmp);
+    lk->links = NULL; lk->order = NULL; lk->tmp = NULL;
+}
+/* Waiting policy for `local` ranks of a group on this host: spin only while every rank can
+   have a core of its own; with more ranks than cores a spinning rank would steal the time of
+   the rank it waits for, so it yields at once. */
+_DM_PRIVATE void _dm_lk_set_policy(_dm_lk* lk, int local) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    lk->spin_us = local <= cores ? 50 : 0;
+    lk->yield_us = local <= cores ? 1000 : 200;
+}
+
+/* Puts this rank's ring in host order: ranks sorted by the first appearance of their host key
+   (host_of[r], an index), then by rank, as NCCL orders rings, so a ring crosses hosts once
+   per host instead of at every hop. */
+_DM_PRIVATE void _dm_lk_order_by_host(_dm_lk* lk, const int* host_of) {
+    int W = lk->c->size, p = 0, h, r;
+    for (h = 0; h < W; h++)
+        for (r = 0; r < W; r++)
+            if (host_of[r] == h) { lk->order[p] = r; lk->slot[r] = p; p++; }
+}
+
+/* Posts the first failure into the shared abort word and wakes every same-host rank. */
+_DM_PRIVATE void _dm_lk_post_abort(_dm_lk* lk, dm_status st) {
+    int32_t none = 0;
+    int r;
+    if (!lk->abort) return;
+    if (!__atomic_compare_exchange_n(&lk->abort->status, &none, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return;
+    lk->abort->rank = lk->c->rank;
+    _dm_copy_name(lk->abort->msg, sizeof(lk->abort->msg), lk->c->last_error);
+    __atomic_store_n(&lk->abort->status, (int32_t)st, __ATOMIC_RELEASE);
+    for (r = 0; r < lk->nbells; r++) _dm_bell_ring(&lk->bells[r], lk->bell_ops);
+}
+/* Marks the group broken with st (the message is already in last_error), tells the others. A
+   timeout leaves the sockets be: the others reach their own deadlines. */
+_DM_PRIVATE dm_status _dm_lk_break(_dm_lk* lk, dm_status st) {
+    int r;
+    if (lk->broken != DM_OK) return st;
+    lk->broken = st;
+    _dm_copy_name(lk->broken_msg, sizeof(lk->broken_msg), lk->c->last_error);
+    _dm_lk_post_abort(lk, st);
+    if (st != DM_ERR_TIMEOUT)
+        for (r = 0; r < lk->c->size; r++)
+            if (lk->links[r] && lk->links[r]->vt->shutdown) lk->links[r]->vt->shutdown(lk->links[r]);
+    return st;
+}
+/* Another same-host rank failed first: this rank fails with its status and message. */
+_DM_PRIVATE dm_status _dm_lk_adopt_abort(_dm_lk* lk, const char* op) {
+    int32_t st = lk->abort ? __atomic_load_n(&lk->abort->status, __ATOMIC_ACQUIRE) : 0;
+    if (st >= 0) return DM_OK;
+    _DM_FAIL(lk->c, (dm_status)st, "%s: %s #%llu failed because rank %d failed: %s", lk->tag, op,
+             (unsigned long long)lk->c->seq, lk->abort->rank, lk->abort->msg);
+    return _dm_lk_break(lk, (dm_status)st);
+}
+/* Later calls fail at once: DM_ERR_PEER_LOST when a peer is gone (the caller's question is "is
+   my job still whole?"), else DM_ERR_ABORTED. */
+_DM_PRIVATE dm_status _dm_lk_check_broken(_dm_lk* lk, const char* op) {
+    dm_status st;
+    if (lk->broken == DM_OK && _dm_lk_adopt_abort(lk, op) == DM_OK) return DM_OK;
+    st = lk->broken == DM_ERR_PEER_LOST ? DM_ERR_PEER_LOST : DM_ERR_ABORTED;
+    return _DM_FAIL(lk->c, st, "%s: %s #%llu: the collective is broken by an earlier failure (%s): %s",
+                    lk->tag, op, (unsigned long long)lk->c->seq, dm_status_name(lk->broken), lk->broken_msg);
+}
+
+/* A transfer: a stream of send steps to one peer and a stream of recv steps from another (or
+   the same) peer. A send step may be gated by a recv step: it sends only the bytes of that
+   step already final, which is how ring steps forward data the moment it is reduced (chunked
+   pipelining across steps). A recv step either lands straight in its buffer or, with `own`
+   set, is reduced as it arrives: buf = own op received, read in place from links that can
+   peek, else through one chunk of scratch. */
+typedef struct _dm_sstep {
+    const unsigned char* buf;
+    size_t len;
+    int gate;                   /* recv step whose final bytes bound this step's, or -1 */
+} _dm_sstep;
+typedef struct _dm_rstep {
+    unsigned char* buf;
+    size_t len;
+    const unsigned char* own;   /* reduce mode: buf = own op received (own may equal buf) */
+    int after_send;             /* send step that must have sent bytes before buf is written, or -1 */
+    int divide;                 /* > 0: dm_divide_local each reduced piece by this (MEAN) */
+} _dm_rstep;
+typedef struct _dm_xfer {
+    const char* op;             /* for messages */
+    int speer, rpeer;           /* ranks, -1 for none */
+    _dm_sstep* ss;
+    int ns;
+    _dm_rstep* rs;
+    int nr;
+    dm_dtype dtype;
+    dm_reduce_op rop;
+    const _dm_fp* expect;       /* when set, recv step 0 is a fingerprint to compare with it */
+} _dm_xfer;
+
+/* Where the two streams stand. */
+typedef struct _dm_xstate {
+    int si, ri;                 /* current send / recv step */
+    size_t so;                  /* bytes of send step si sent */
+    size_t rdone;               /* bytes of recv step ri final */
+    size_t tfill;               /* bytes of the current scratch piece received */
+    bool want_out, want_in;     /* the last attempt would have blocked */
+} _dm_xstate;
+
+_DM_PRIVATE dm_status _dm_lk_io_fail(_dm_lk* lk, const _dm_xfer* x, int peer, bool sending, int err) {
+    bool lost = (err == 0 || err == EPIPE || err == ECONNRESET || err == ECONNABORTED || err == ENOTCONN ||
+                 err == ESHUTDOWN);
+    dm_status st;
+    if (_dm_lk_adopt_abort(lk, x->op) != DM_OK) return lk->broken;
+    if (lost)
+        st = _DM_FAIL(lk->c, DM_ERR_PEER_LOST, "%s: %s #%llu: rank %d (%s) %s while %s", lk->tag, x->op,
+                      (unsigned long long)lk->c->seq, peer, lk->links[peer]->where,
+                      err == 0 ? "closed the connection (EOF)" : strerror(err),
+                      sending ? "sending to it" : "receiving from it");
+    else
+        st = _DM_FAIL(lk->c, DM_ERR_NETWORK, "%s: %s #%llu: %s rank %d (%s) failed (%s)", lk->tag, x->op,
+                      (unsigned long long)lk->c->seq, sending ? "send to" : "recv from", peer,
+                      lk->links[peer]->where, strerror(err));
+    return _dm_lk_break(lk, st);
+}
+
+_DM_PRIVATE dm_status _dm_lk_check_fp(_dm_lk* lk, const _dm_xfer* x, const unsigned char* wire) {
+    _dm_fp got;
+    if (_dm_get32(wire) != _DM_FP_MAGIC) {
+        _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s #%llu: rank %d (%s) sent malformed bytes (bad "
+                 "fingerprint magic 0x%08x)", lk->tag, x->op, (unsigned long long)lk->c->seq, x->rpeer,
+                 lk->links[x->rpeer]->where, (unsigned)_dm_get32(wire));
+        return _dm_lk_break(lk, DM_ERR_PROTOCOL);
+    }
+    _dm_fp_decode(wire, &got);
+    if (_dm_fp_equal(&got, x->expect)) return DM_OK;
+    _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, x->expect, x->rpeer, &got);
+    return _dm_lk_break(lk, DM_ERR_MISMATCH);
+}
+
+/* Sends as far as the gates allow, until the link is full. */
+_DM_PRIVATE dm_status _dm_lk_pump_send(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
+    _dm_link* l = x->speer >= 0 ? lk->links[x->speer] : NULL;
+    while (s->si < x->ns) {
+        const _dm_sstep* st = &x->ss[s->si];
+        size_t limit = st->len, n;
+        ptrdiff_t k;
+        int err = 0;
+        if (s->so == st->len) { s->si++; s->so = 0; *progress = true; continue; }
+        if (st->gate >= 0) {
+            size_t fin = st->gate < s->ri ? x->rs[st->gate].len : st->gate == s->ri ? s->rdone : 0;
+            if (fin < limit) limit = fin;
+        }
+        if (s->so >= limit) break;
+        n = limit - s->so < _DM_LK_IO_MAX ? limit - s->so : _DM_LK_IO_MAX;
+        k = l->vt->send(l, st->buf + s->so, n, &err);
+        if (k > 0) { s->so += (size_t)k; *progress = true; continue; }
+        if (k == 0) { s->want_out = true; break; }
+        return _dm_lk_io_fail(lk, x, x->speer, true, err);
+    }
+    return DM_OK;
+}
+
+/* How many bytes of recv step r may be written at offset `from`: all, unless its after_send
+   step has not sent them yet (it reads the same buffer). */
+_DM_PRIVATE size_t _dm_lk_writable(const _dm_xstate* s, const _dm_rstep* r, size_t from) {
+    size_t sent;
+    if (r->after_send < 0 || r->after_send < s->si) return r->len - from;
+    sent = r->after_send == s->si ? s->so : 0;
+    return sent > from ? sent - from : 0;
+}
+/* One reduced piece of recv step r landed: out = own op piece (then / divide for MEAN). */
+_DM_PRIVATE void _dm_lk_reduce_piece(const _dm_xfer* x, const _dm_rstep* r, size_t at, const unsigned char* piece,
+                                     size_t bytes) {
+    size_t esize = dm_dtype_size(x->dtype);
+    unsigned char* out = r->buf + at;
+    if (r->own + at != out) memcpy(out, r->own + at, bytes);
+    dm_reduce_local(x->dtype, x->rop, out, piece, bytes / esize);
+    if (r->divide > 0) dm_divide_local(x->dtype, out, bytes / esize, r->divide);
+}
+/* Reduces straight from a link that can peek. Returns false when the link has fewer readable
+   contiguous bytes than one element (an element split at the ring's end goes through scratch). */
+_DM_PRIVATE bool _dm_lk_reduce_in_place(const _dm_xfer* x, _dm_xstate* s, _dm_link* l, const _dm_rstep* r,
+                                        bool* progress) {
+    size_t esize = dm_dtype_size(x->dtype), n, room;
+    const unsigned char* p = l->vt->peek(l, &n);
+    if (n > r->len - s->rdone) n = r->len - s->rdone;
+    room = _dm_lk_writable(s, r, s->rdone);
+    if (n > room) n = room;
+    n -= n % esize;
+    if (n == 0) return false;
+    _dm_lk_reduce_piece(x, r, s->rdone, p, n);
+    l->vt->consume(l, n);
+    s->rdone += n;
+    *progress = true;
+    return true;
+}
+
+/* Receives: straight into place, or reduced as it arrives. */
+_DM_PRIVATE dm_status _dm_lk_pump_recv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
+    _dm_link* l = x->rpeer >= 0 ? lk->links[x->rpeer] : NULL;
+    size_t esize = dm_dtype_size(x->dtype);
+    while (s->ri < x->nr) {
+        const _dm_rstep* r = &x->rs[s->ri];
+        unsigned char* dst;
+        size_t want;
+        ptrdiff_t k;
+        int err = 0;
+        if (s->rdone == r->len) {
+            if (s->ri == 0 && x->expect) _DM_TRY(_dm_lk_check_fp(lk, x, r->buf));
+            s->ri++; s->rdone = s->tfill = 0; *progress = true;
+            continue;
+        }
+        if (!r->own) {
+            dst = r->buf + s->rdone; want = r->len - s->rdone;
+        } else {
+            size_t clen;
+            if (l->vt->peek && s->tfill == 0 && _dm_lk_reduce_in_place(x, s, l, r, progress)) continue;
+            /* through scratch: a chunk, or one element where peeking cannot serve it */
+            clen = l->vt->peek ? esize : lk->chunk;
+            if (clen > r->len - s->rdone) clen = r->len - s->rdone;
+            if (s->tfill == clen) {
+                if (_dm_lk_writable(s, r, s->rdone) < clen) break;
+                _dm_lk_reduce_piece(x, r, s->rdone, lk->tmp, clen);
+                s->rdone += clen; s->tfill = 0; *progress = true;
+                continue;
+            }
+            dst = lk->tmp + s->tfill; want = clen - s->tfill;
+        }
+        if (want > _DM_LK_IO_MAX) want = _DM_LK_IO_MAX;
+        k = l->vt->recv(l, dst, want, &err);
+        if (k > 0) {
+            if (r->own) s->tfill += (size_t)k; else s->rdone += (size_t)k;
+            *progress = true;
+            continue;
+        }
+        if (k == 0) { s->want_in = true; break; }
+        return _dm_lk_io_fail(lk, x, x->rpeer, false, err);
+    }
+    return DM_OK;
+}
+
+_DM_PRIVATE int64_t _dm_now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+_DM_PRIVATE void _dm_cpu_relax(void) {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_ia32_pause();
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+#if defined(POLLRDHUP)
+#define _DM_POLLRDHUP POLLRDHUP
+#else
+#define _DM_POLLRDHUP 0
+#endif
+/* The blocking phase of a wait: sleep until a link may move, a slice passes, or the deadline.
+   Sockets sleep in poll(); memory links on this rank's bell, waking every 50 ms to ask whether
+   their peers still live; a mix polls the sockets briefly and goes round again. */
+_DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xstate* s, uint32_t seen,
+                                   int64_t deadline, int* dead) {
+    _dm_link* sl = x->speer >= 0 && s->si < x->ns ? lk->links[x->speer] : NULL;
+    _dm_link* rl = x->rpeer >= 0 && s->ri < x->nr ? lk->links[x->rpeer] : NULL;
+    struct pollfd p[2];
+    int np = 0, hup = -1, rc, err = 0, k;
+    bool memory = (sl && sl->fd < 0) || (rl && rl->fd < 0);
+    int64_t left = deadline - _dm_now_ms();
+    int slice = left > 1000 ? 1000 : (int)left;
+    if (sl && rl && sl == rl && sl->fd >= 0) {
+        p[np].fd = sl->fd; p[np].events = (short)((s->want_out ? POLLOUT : 0) | (s->want_in ? POLLIN : 0)); np++;
+    } else {
+        /* the send peer never writes to us here: readable means it hung up (while we still owe
+           it bytes; once done it may leave) */
+        if (sl && sl->fd >= 0) {
+            hup = np;
+            p[np].fd = sl->fd; p[np].events = (short)(_DM_POLLRDHUP | (s->want_out ? POLLOUT : 0)); np++;
+        }
+        if (rl && rl->fd >= 0 && s->want_in) { p[np].fd = rl->fd; p[np].events = POLLIN; np++; }
+    }
+    if (memory && np == 0 && lk->bell) lk->bell_ops->wait(lk->bell_ops->ctx, lk->bell, seen, slice < 50 ? slice : 50);
+    else {
+        rc = poll(p, (nfds_t)np, memory ? (slice < 1 ? slice : 1) : slice);
+        if (rc < 0 && errno != EINTR) {
+            _DM_FAIL(lk->c, DM_ERR_NETWORK, "%s: %s #%llu: poll failed (%s)", lk->tag, x->op,
+                     (unsigned long long)lk->c->seq, strerror(errno));
+            return _dm_lk_break(lk, DM_ERR_NETWORK);
+        }
+        if (rc > 0 && hup >= 0 && (p[hup].revents & (_DM_POLLRDHUP | POLLHUP | POLLERR))) {
+            socklen_t len = sizeof(err);
+            getsockopt(sl->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+            return _dm_lk_io_fail(lk, x, x->speer, true, err);
+        }
+    }
+    /* memory links: a peer that died cannot ring; ask its side channel. Seen twice in a row
+       with no progress between (bytes it wrote before dying are taken first) means lost. */
+    for (k = 0; k < 2; k++) {
+        _dm_link* l = k == 0 ? rl : sl;
+        if (!l || l->fd >= 0 || !l->vt->alive || l->vt->alive(l, &err) == 0) continue;
+        if (++*dead < 2) return DM_OK;
+        return _dm_lk_io_fail(lk, x, k == 0 ? x->rpeer : x->speer, k != 0, err);
+    }
+    return DM_OK;
+}
+
+/* Drives one transfer to the end: each round moves what it can; with nothing to move it waits,
+   spinning first, then yielding, then blocking, all under the collective's deadline. */
+_DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
+    _dm_xstate s;
+    int64_t deadline = _dm_deadline(lk->c->timeout_ms), idle_since = 0;
+    int dead = 0;
+    uint32_t seen = 0;
+    bool blocking = false;
+    dm_status st;
+    memset(&s, 0, sizeof(s));
+    for (;;) {
+        bool progress = false;
+        s.want_in = s.want_out = false;
+        if (blocking && lk->bell) {     /* announce the sleep before the last look (see _dm_bell) */
+            __atomic_store_n(&lk->bell->sleeping, 1u, __ATOMIC_SEQ_CST);
+            seen = __atomic_load_n(&lk->bell->seq, __ATOMIC_SEQ_CST);
+        }
+        st = _dm_lk_pump_send(lk, x, &s, &progress);
+        if (st == DM_OK) st = _dm_lk_pump_recv(lk, x, &s, &progress);
+        /* stay announced through the sleep: a peer that writes after the last look must ring */
+        if (blocking && lk->bell && (st != DM_OK || progress))
+            __atomic_store_n(&lk->bell->sleeping, 0u, __ATOMIC_SEQ_CST);
+        if (st != DM_OK) return st;
+        if (s.si == x->ns && s.ri == x->nr) return DM_OK;
+        if (progress) { idle_since = 0; blocking = false; dead = 0; continue; }
+        if (!s.want_in && !s.want_out) {
+            _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: %s #%llu: transfer stalled (send step %d, recv step %d)",
+                     lk->tag, x->op, (unsigned long long)lk->c->seq, s.si, s.ri);
+            return _dm_lk_break(lk, DM_ERR_INTERNAL);
+        }
+        {
+            int64_t now = _dm_now_us(), idle;
+            if (idle_since == 0) idle_since = now;
+            idle = now - idle_since;
+            if (idle < lk->spin_us) { _dm_cpu_relax(); continue; }
+            st = _dm_lk_adopt_abort(lk, x->op);
+            if (st == DM_OK && now / 1000 >= deadline) {
+                bool recv_wait = s.ri < x->nr;
+                int peer = recv_wait ? x->rpeer : x->speer;
+                _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
+                         lk->tag, x->op, (unsigned long long)lk->c->seq, lk->c->timeout_ms,
+                         recv_wait ? "receive from" : "send to", peer, lk->links[peer]->where);
+                st = _dm_lk_break(lk, DM_ERR_TIMEOUT);
+            }
+            if (st != DM_OK) break;
+            if (idle < lk->yield_us) { sched_yield(); continue; }
+            if (!blocking && lk->bell) { blocking = true; continue; }  /* one more look, announced */
+            st = _dm_lk_block(lk, x, &s, seen, deadline, &dead);
+            if (st != DM_OK) break;
+        }
+    }
+    if (lk->bell) __atomic_store_n(&lk->bell->sleeping, 0u, __ATOMIC_SEQ_CST);
+    return st;
+}
+
+/* >>schedules  Fingerprint buffers live on the caller's stack; step 0 of both streams carries
+   them. */
+typedef struct _dm_fpbufs { unsigned char out[32], in[32]; } _dm_fpbufs;
+
+_DM_PRIVATE void _dm_fp_steps(_dm_fpbufs* b, const _dm_fp* fp, _dm_sstep* s, _dm_rstep* r) {
+    _dm_fp_encode(fp, b->out);
+    if (s) { s->buf = b->out; s->len = 32; s->gate = -1; }
+    if (r) { memset(r, 0, sizeof(*r)); r->buf = b->in; r->len = 32; r->after_send = -1; }
+}
+
+/* Exchange with one peer (or two): send sbuf to speer and receive rlen bytes from rpeer into
+   rbuf, each preceded by the fingerprint. speer/rpeer -1 = that direction is idle. */
+_DM_PRIVATE dm_status _dm_lk_sendrecv(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
+                                      size_t slen, int rpeer, void* rbuf, size_t rlen) {
+    _dm_sstep ss[2];
+    _dm_rstep rs[2];
+    _dm_fpbufs b;
+    _DM_ZERO(_dm_xfer, x);
+    _dm_fp_steps(&b, fp, &ss[0], &rs[0]);
+    ss[1].buf = (const unsigned char*)sbuf; ss[1].len = slen; ss[1].gate = -1;
+    memset(&rs[1], 0, sizeof(rs[1]));
+    rs[1].buf = (unsigned char*)rbuf; rs[1].len = rlen; rs[1].after_send = -1;
+    x.op = op; x.speer = speer; x.rpeer = rpeer; x.ss = ss; x.rs = rs;
+    x.ns = speer >= 0 ? 2 : 0; x.nr = rpeer >= 0 ? 2 : 0;
+    x.dtype = DM_UINT8; x.rop = DM_SUM; x.expect = fp;
+    return _dm_lk_run(lk, &x);
+}
+
+/* Step arrays for a ring transfer of n steps each way, with the fingerprint in step 0. */
+typedef struct _dm_steps { _dm_sstep* ss; _dm_rstep* rs; _dm_fpbufs b; } _dm_steps;
+_DM_PRIVATE dm_status _dm_steps_alloc(_dm_lk* lk, _dm_steps* st, int n, const _dm_fp* fp, const char* op) {
+    st->ss = (_dm_sstep*)_dm_calloc(&lk->c->allocator, sizeof(_dm_sstep) * (size_t)n);
+    st->rs = (_dm_rstep*)_dm_calloc(&lk->c->allocator, sizeof(_dm_rstep) * (size_t)n);
+    if (!st->ss || !st->rs) {
+        _dm_free(&lk->c->allocator, st->ss);
+        _dm_free(&lk->c->allocator, st->rs);
+        return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, op);
+    }
+    _dm_fp_steps(&st->b, fp, &st->ss[0], &st->rs[0]);
+    return DM_OK;
+}
+/* Runs n ring steps each way: send to the next rank in ring order, receive from the previous. */
+_DM_PRIVATE dm_status _dm_steps_run(_dm_lk* lk, _dm_steps* st, int n, const char* op, dm_dtype dtype,
+                                    dm_reduce_op rop, const _dm_fp* fp) {
+    int W = lk->c->size, p = lk->slot[lk->c->rank];
+    dm_status rc;
+    _DM_ZERO(_dm_xfer, x);
+    x.op = op; x.speer = lk->order[(p + 1) % W]; x.rpeer = lk->order[(p - 1 + W) % W];
+    x.ss = st->ss; x.ns = n; x.rs = st->rs; x.nr = n; x.dtype = dtype; x.rop = rop; x.expect = fp;
+    rc = _dm_lk_run(lk, &x);
+    _dm_free(&lk->c->allocator, st->ss);
+    _dm_free(&lk->c->allocator, st->rs);
+    return rc;
+}
+/* The rank whose block sits at ring position p + k (blocks belong to ranks, rings to positions). */
+_DM_PRIVATE int _dm_lk_at(const _dm_lk* lk, int k) {
+    int W = lk->c->size;
+    return lk->order[_dm_mod(lk->slot[lk->c->rank] + k, W)];
+}
+
+/* Recursive doubling on recv (already holding this rank's data). Worlds that are not a power of
+   two first fold rank 2i into 2i+1 for i < rem, and hand the result back at the end. The
+   order of reduction is fixed by the ranks alone: the same bits on every transport. */
+_DM_PRIVATE dm_status _dm_lk_allreduce_rd(_dm_lk* lk, void* recv, size_t count, dm_dtype dtype, dm_reduce_op op,
+                                          const _dm_fp* fp) {
+    static const char* name = "all_reduce";
+    int W = lk->c->size, r = lk->c->rank, p = 1, rem, newrank, mask;
+    size_t bytes = count * dm_dtype_size(dtype);
+    while (p * 2 <= W) p *= 2;
+    rem = W - p;
+    if (r < 2 * rem) {
+        if (r % 2 == 0) {
+            _DM_TRY(_dm_lk_sendrecv(lk, name, fp, r + 1, recv, bytes, -1, NULL, 0));
+            newrank = -1;
+        } else {
+            _DM_TRY(_dm_lk_sendrecv(lk, name, fp, -1, NULL, 0, r - 1, lk->tmp, bytes));
+            dm_reduce_local(dtype, op, recv, lk->tmp, count);
+            newrank = r / 2;
+        }
+    } else {
+        newrank = r - rem;
+    }
+    if (newrank >= 0) {
+        for (mask = 1; mask < p; mask <<= 1) {
+            int pn = newrank ^ mask, peer = pn < rem ? pn * 2 + 1 : pn + rem;
+            _DM_TRY(_dm_lk_sendrecv(lk, name, fp, peer, recv, bytes, peer, lk->tmp, bytes));
+            /* IEEE +, *, max, min are commutative, so both partners compute the same bits */
+            dm_reduce_local(dtype, op, recv, lk->tmp, count);
+        }
+    }
+    if (r < 2 * rem) {
+        if (r % 2) _DM_TRY(_dm_lk_sendrecv(lk, name, fp, r - 1, recv, bytes, -1, NULL, 0));
+        else _DM_TRY(_dm_lk_sendrecv(lk, name, fp, -1, NULL, 0, r + 1, recv, bytes));
+    }
+    if (op == DM_MEAN) dm_divide_local(dtype, recv, count, W);
+    return DM_OK;
+}
+
+/* Ring all-reduce over ring positions: W-1 reduce-scatter steps (step g sends the block of
+   position p-g-1, receives and reduces that of p-g-2, so each rank ends holding its own block)
+   then W-1 all-gather steps (step g sends the block of p-g, receives that of p-g-1), all in
+   one pipelined stream. Block b is reduced in ring order starting after position b. */
+_DM_PRIVATE dm_status _dm_lk_allreduce_ring(_dm_lk* lk, const void* send, void* recv, size_t count,
+                                            dm_dtype dtype, dm_reduce_op op, const _dm_fp* fp) {
+    int W = lk->c->size, g, n = 2 * (W - 1) + 1;
+    size_t esize = dm_dtype_size(dtype), off, len;
+    const unsigned char* in = (const unsigned char*)send;
+    unsigned char* out = (unsigned char*)recv;
+    _dm_steps st;
+    _DM_TRY(_dm_steps_alloc(lk, &st, n, fp, "all_reduce"));
+    for (g = 0; g < W - 1; g++) {
+        _dm_segment(count, W, _dm_lk_at(lk, -g - 1), &off, &len);
+        st.ss[1 + g].buf = (g == 0 ? in : out) + off * esize;
+        st.ss[1 + g].len = len * esize;
+        st.ss[1 + g].gate = g == 0 ? -1 : g;
+        _dm_segment(count, W, _dm_lk_at(lk, -g - 2), &off, &len);
+        st.rs[1 + g].buf = out + off * esize;
+        st.rs[1 + g].len = len * esize;
+        st.rs[1 + g].own = in + off * esize;
+        st.rs[1 + g].after_send = -1;
+        st.rs[1 + g].divide = (op == DM_MEAN && g == W - 2) ? W : 0;
+    }
+    for (g = 0; g < W - 1; g++) {
+        int k = W + g;
+        _dm_segment(count, W, _dm_lk_at(lk, -g), &off, &len);
+        st.ss[k].buf = out + off * esize; st.ss[k].len = len * esize; st.ss[k].gate = k - 1;
+        _dm_segment(count, W, _dm_lk_at(lk, -g - 1), &off, &len);
+        st.rs[k].buf = out + off * esize; st.rs[k].len = len * esize; st.rs[k].after_send = -1;
+    }
+    return _dm_steps_run(lk, &st, n, "all_reduce", dtype, op, fp);
+}
+
+_DM_PRIVATE dm_status _dm_lk_all_reduce(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                        dm_reduce_op op) {
+    size_t bytes = count * dm_dtype_size(dtype);
+    _dm_fp fp;
+    _DM_TRY(_dm_lk_check_broken(lk, "all_reduce"));
+    if (lk->c->size == 1 || count == 0) {
+        if (send != recv) memcpy(recv, send, bytes);
+        return DM_OK;
+    }
+    _dm_fp_make(&fp, lk->c, _DM_K_ALL_REDUCE, (int)dtype, (int)op, 0, count);
+    if (bytes <= _DM_LK_SMALL_BYTES || count < (size_t)lk->c->size) {
+        if (send != recv) memcpy(recv, send, bytes);
+        return _dm_lk_allreduce_rd(lk, recv, count, dtype, op, &fp);
+    }
+    return _dm_lk_allreduce_ring(lk, send, recv, count, dtype, op, &fp);
+}
+
+/* Ring all-gather into per-rank buffers: step g sends the block of position p-g (own input
+   first), receives that of p-g-1 straight into place and forwards it the next step as it
+   arrives. */
+_DM_PRIVATE dm_status _dm_lk_all_gather_list(_dm_lk* lk, int kind, const void* send, void* const* recvs,
+                                             size_t count, dm_dtype dtype) {
+    int W = lk->c->size, r = lk->c->rank, g;
+    size_t bytes = count * dm_dtype_size(dtype);
+    _dm_steps st;
+    _dm_fp fp;
+    _DM_TRY(_dm_lk_check_broken(lk, _dm_kind_name(kind)));
+    if (recvs[r] != send) memcpy(recvs[r], send, bytes);
+    if (W == 1 || count == 0) return DM_OK;
+    _dm_fp_make(&fp, lk->c, kind, (int)dtype, -1, 0, count);
+    _DM_TRY(_dm_steps_alloc(lk, &st, W, &fp, _dm_kind_name(kind)));
+    for (g = 0; g < W - 1; g++) {
+        st.ss[1 + g].buf = (const unsigned char*)(g == 0 ? send : recvs[_dm_lk_at(lk, -g)]);
+        st.ss[1 + g].len = bytes;
+        st.ss[1 + g].gate = g == 0 ? -1 : g;
+        st.rs[1 + g].buf = (unsigned char*)recvs[_dm_lk_at(lk, -g - 1)];
+        st.rs[1 + g].len = bytes;
+        st.rs[1 + g].after_send = -1;
+    }
+    return _dm_steps_run(lk, &st, W, _dm_kind_name(kind), dtype, DM_SUM, &fp);
+}
+
+/* The same into one buffer of size blocks. */
+_DM_PRIVATE dm_status _dm_lk_all_gather(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype) {
+    size_t bytes = count * dm_dtype_size(dtype);
+    void* small[16];
+    void** ptrs = small;
+    dm_status st;
+    int j, W = lk->c->size;
+    if (W > 16) {
+        ptrs = (void**)_dm_malloc(&lk->c->allocator, sizeof(void*) * (size_t)W);
+        if (!ptrs) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: all_gather: out of memory", lk->tag);
+    }
+    for (j = 0; j < W; j++) ptrs[j] = (unsigned char*)recv + (size_t)j * bytes;
+    st = _dm_lk_all_gather_list(lk, _DM_K_ALL_GATHER, send, (void* const*)ptrs, count, dtype);
+    if (ptrs != small) _dm_free(&lk->c->allocator, ptrs);
+    return st;
+}
+
+/* Ring reduce-scatter: step g sends the partial block of position p-g-1 and reduces the
+   received one of p-g-2 into a scratch block (recv when out of place) that must first have been
+   sent on; the last step (this rank's own block) lands in recv. */
+_DM_PRIVATE dm_status _dm_lk_reduce_scatter(_dm_lk* lk, const void* send, void* recv, size_t n_elems,
+                                            dm_dtype dtype, dm_reduce_op op) {
+    dm_collective* c = lk->c;
+    int W = c->size, r = c->rank, g;
+    size_t bytes = n_elems * dm_dtype_size(dtype);
+    const unsigned char* in = (const unsigned char*)send;
+    unsigned char *out = (unsigned char*)recv, *scratch = out, *own_scratch = NULL;
+    _dm_steps st;
+    _dm_fp fp;
+    dm_status rc;
+    _DM_TRY(_dm_lk_check_broken(lk, "reduce_scatter"));
+    if (W == 1 || n_elems == 0) {
+        if (out != in) memcpy(out, in, bytes);
+        return DM_OK;
+    }
+    /* in place, recv is input block r: intermediate sums need a block of their own */
+    if (out == in + (size_t)r * bytes && W > 2) {
+        own_scratch = (unsigned char*)_dm_malloc(&c->allocator, bytes);
+        if (!own_scratch)
+            return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce_scatter: no memory for %zu bytes", lk->tag, bytes);
+        scratch = own_scratch;
+    }
+    _dm_fp_make(&fp, c, _DM_K_REDUCE_SCATTER, (int)dtype, (int)op, 0, n_elems);
+    if ((rc = _dm_steps_alloc(lk, &st, W, &fp, "reduce_scatter")) != DM_OK) {
+        _dm_free(&c->allocator, own_scratch);
+        return rc;
+    }
+    for (g = 0; g < W - 1; g++) {
+        _dm_rstep* s = &st.rs[1 + g];
+        st.ss[1 + g].buf = g == 0 ? in + (size_t)_dm_lk_at(lk, -1) * bytes : scratch;
+        st.ss[1 + g].len = bytes;
+        st.ss[1 + g].gate = g == 0 ? -1 : g;
+        s->buf = g == W - 2 ? out : scratch;
+        s->len = bytes;
+        s->own = in + (size_t)_dm_lk_at(lk, -g - 2) * bytes;
+        s->divide = (op == DM_MEAN && g == W - 2) ? W : 0;
+        /* rs[g+1] overwrites scratch, which ss[g+1] (sent in the same step) still reads */
+        s->after_send = g >= 1 && st.ss[1 + g].buf == s->buf ? 1 + g : -1;
+    }
+    rc = _dm_steps_run(lk, &st, W, "reduce_scatter", dtype, op, &fp);
+    _dm_free(&c->allocator, own_scratch);
+    return rc;
+}
+
+/* Pipelined chain from root along ring positions; each rank forwards bytes to the next as they
+   arrive from the previous. */
+_DM_PRIVATE dm_status _dm_lk_broadcast(_dm_lk* lk, void* buf, size_t count, dm_dtype dtype, int root) {
+    dm_collective* c = lk->c;
+    int W = c->size, pos = _dm_mod(lk->slot[c->rank] - lk->slot[root], W);
+    size_t bytes = count * dm_dtype_size(dtype);
+    _dm_sstep ss[2];
+    _dm_rstep rs[2];
+    _dm_fpbufs b;
+    _dm_fp fp;
+    _DM_ZERO(_dm_xfer, x);
+    _DM_TRY(_dm_lk_check_broken(lk, "broadcast"));
+    if (W == 1 || count == 0) return DM_OK;
+    _dm_fp_make(&fp, c, _DM_K_BROADCAST, (int)dtype, -1, root, count);
+    _dm_fp_steps(&b, &fp, &ss[0], &rs[0]);
+    ss[1].buf = (const unsigned char*)buf; ss[1].len = bytes; ss[1].gate = pos == 0 ? -1 : 1;
+    memset(&rs[1], 0, sizeof(rs[1]));
+    rs[1].buf = (unsigned char*)buf; rs[1].len = bytes; rs[1].after_send = -1;
+    x.op = "broadcast";
+    x.speer = pos < W - 1 ? _dm_lk_at(lk, 1) : -1;
+    x.rpeer = pos > 0 ? _dm_lk_at(lk, -1) : -1;
+    x.ss = ss; x.ns = x.speer >= 0 ? 2 : 0; x.rs = rs; x.nr = x.rpeer >= 0 ? 2 : 0;
+    x.dtype = dtype; x.rop = DM_SUM; x.expect = &fp;
+    return _dm_lk_run(lk, &x);
+}
+
+/* Dissemination barrier: round k sends to rank + 2^k and waits for rank - 2^k. */
+_DM_PRIVATE dm_status _dm_lk_barrier(_dm_lk* lk) {
+    dm_collective* c = lk->c;
+    int W = c->size, k, round = 0;
+    _dm_fp fp;
+    _DM_TRY(_dm_lk_check_broken(lk, "barrier"));
+    for (k = 1; k < W; k <<= 1, round++) {
+        _dm_fp_make(&fp, c, _DM_K_BARRIER, -1, -1, round, 0);
+        _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &fp, (c->rank + k) % W, NULL, 0, (c->rank - k + W) % W, NULL, 0));
+    }
+    return DM_OK;
+}
+
+/* The transport a group uses: the name shared by all its links, or "a+b" for a mix. */
+_DM_PRIVATE const char* _dm_lk_transport(const _dm_lk* lk, char* buf, size_t cap) {
+    const char* first = NULL;
+    int r;
+    for (r = 0; r < lk->c->size; r++) {
+        const char* n;
+        if (!lk->links || !lk->links[r]) continue;
+        n = lk->links[r]->vt->name;
+        if (!first) first = n;
+        else if (strcmp(first, n) != 0) {
+            snprintf(buf, cap, "%s+%s", strcmp(first, "shm") == 0 ? first : n, strcmp(first, "shm") == 0 ? n : first);
+            return buf;
+        }
+    }
+    return first ? first : "self";
+}
+
+/* >>thread  N ranks on N threads of one process. Every collective first meets on a shared
+   barrier where each rank posts its fingerprint and all compare them (so a mismatch or a
+   missing rank is reported by every rank), then runs the same schedule as the other transports
+   over in-process rings (see >>links): the same steps, the same order of reduction, the same
+   bits as shared memory and TCP for the same world size. */
 typedef struct _dm_tw_slot {
-    const void* send;
-    void* recv;
-    void* const* recvs;
-    _dm_tw_fingerprint fp;
+    _dm_fp fp[2];               /* by sequence parity: a rank may post the next while others compare */
     int color, key;
     void* ptr;                  /* split: the new group's shared state, posted by its leader */
     const char* node;           /* split: the member's node_name, for the new group's local rank */
@@ -1602,27 +2569,71 @@ typedef struct _dm_tw_shared {
     char broken_msg[256];
     dm_allocator allocator;
     _dm_tw_slot* slots;
+    /* the in-process transport: a ring per ordered pair of ranks, a bell per rank, sleeping on
+       mu/cv; one failure word for the world */
+    unsigned char* rings;
+    size_t ring_cap, ring_stride;
+    _dm_bell* bells;
+    _dm_bell_ops bell_ops;
+    _dm_abort abort;
 } _dm_tw_shared;
 
 typedef struct _dm_thread {
     dm_collective base;
     _dm_tw_shared* sh;
+    _dm_lk lk;
 } _dm_thread;
 
-enum { _DM_TW_ALL_REDUCE = 1, _DM_TW_ALL_GATHER, _DM_TW_REDUCE_SCATTER, _DM_TW_BROADCAST,
-       _DM_TW_BARRIER, _DM_TW_SPLIT };
-static const char* _dm_tw_kind_name(int kind) {
-    static const char* names[] = { "?", "all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                   "barrier", "split" };
-    return (kind > 0 && kind <= _DM_TW_SPLIT) ? names[kind] : "?";
+#define _dm_tw_kind_name _dm_kind_name
+
+static void _dm_tw_bell_wait(void* ctx, _dm_bell* b, uint32_t seen, int ms) {
+    _dm_tw_shared* sh = (_dm_tw_shared*)ctx;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += (long)ms * 1000000L;
+    while (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_mutex_lock(&sh->mu);
+    if (__atomic_load_n(&b->seq, __ATOMIC_SEQ_CST) == seen) pthread_cond_timedwait(&sh->cv, &sh->mu, &ts);
+    pthread_mutex_unlock(&sh->mu);
+}
+static void _dm_tw_bell_wake(void* ctx, _dm_bell* b) {
+    _dm_tw_shared* sh = (_dm_tw_shared*)ctx;
+    (void)b;
+    pthread_mutex_lock(&sh->mu);
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+}
+static const _dm_link_vt _dm_tw_link_vt = {
+    "thread", _dm_mem_send, _dm_mem_recv, _dm_mem_peek, _dm_mem_consume, NULL, NULL, _dm_mem_destroy
+};
+
+/* Rings of 256 KiB for up to 8 ranks, smaller for larger worlds (16 MiB in all at most; the
+   pages of pairs that never talk are never touched). */
+static size_t _dm_tw_ring_cap(int size) {
+    size_t cap = (size_t)256 << 10;
+    while (cap > ((size_t)4 << 10) && cap * (size_t)size * (size_t)size > ((size_t)16 << 20)) cap /= 2;
+    return cap;
 }
 
 static _dm_tw_shared* _dm_tw_shared_new(const dm_allocator* a, int size) {
     _dm_tw_shared* sh = (_dm_tw_shared*)_dm_calloc(a, sizeof(_dm_tw_shared));
     pthread_condattr_t attr;
     if (!sh) return NULL;
+    sh->ring_cap = _dm_tw_ring_cap(size);
+    sh->ring_stride = sizeof(_dm_ring) + sh->ring_cap;
     sh->slots = (_dm_tw_slot*)_dm_calloc(a, sizeof(_dm_tw_slot) * (size_t)size);
-    if (!sh->slots) { _dm_free(a, sh); return NULL; }
+    sh->bells = (_dm_bell*)_dm_calloc(a, sizeof(_dm_bell) * (size_t)size);
+    sh->rings = (unsigned char*)_dm_calloc(a, sh->ring_stride * (size_t)size * (size_t)size);
+    if (!sh->slots || !sh->bells || !sh->rings) {
+        _dm_free(a, sh->slots);
+        _dm_free(a, sh->bells);
+        _dm_free(a, sh->rings);
+        _dm_free(a, sh);
+        return NULL;
+    }
+    sh->bell_ops.wait = _dm_tw_bell_wait;
+    sh->bell_ops.wake = _dm_tw_bell_wake;
+    sh->bell_ops.ctx = sh;
     sh->allocator = *a;
     sh->size = size;
     sh->refs = size;
@@ -1642,6 +2653,8 @@ static void _dm_tw_shared_release(_dm_tw_shared* sh) {
     pthread_mutex_destroy(&sh->mu);
     pthread_cond_destroy(&sh->cv);
     _dm_free(&sh->allocator, sh->slots);
+    _dm_free(&sh->allocator, sh->bells);
+    _dm_free(&sh->allocator, sh->rings);
     _dm_free(&sh->allocator, sh);
 }
 
@@ -1713,137 +2726,55 @@ broken:
                     _dm_tw_kind_name(kind), (unsigned long long)c->seq, msg);
 }
 
-/* "all_reduce #7 (float32, sum, count 3)" for mismatch messages. */
-static void _dm_tw_describe(const _dm_tw_fingerprint* f, char* buf, size_t cap) {
-    int n = snprintf(buf, cap, "%s #%llu", _dm_tw_kind_name(f->kind), (unsigned long long)f->seq);
-    if (f->dtype >= 0 && n >= 0 && (size_t)n < cap)
-        n += snprintf(buf + n, cap - (size_t)n, " (%s%s%s, count %zu", dm_dtype_name((dm_dtype)f->dtype),
-                      f->op >= 0 ? ", " : "", f->op >= 0 ? dm_reduce_op_name((dm_reduce_op)f->op) : "", f->count);
-    if (f->dtype >= 0 && n >= 0 && (size_t)n < cap)
-        snprintf(buf + n, cap - (size_t)n, f->root >= 0 ? ", root %d)" : ")", f->root);
-}
-
-/* Phase 1: post buffers and fingerprint, meet, compare fingerprints with rank 0's. A mismatch
-   is seen identically by every rank, which all meet once more and report it. */
-static dm_status _dm_tw_enter(_dm_thread* t, int kind, const void* send, void* recv, void* const* recvs,
-                              size_t count, int dtype, int op, int root) {
-    _dm_tw_slot* me = &t->sh->slots[t->base.rank];
-    const _dm_tw_fingerprint* ref;
-    dm_status st;
-    me->send = send;
-    me->recv = recv;
-    me->recvs = recvs;
-    me->fp.kind = kind;
-    me->fp.dtype = dtype;
-    me->fp.op = op;
-    me->fp.root = root;
-    me->fp.count = count;
-    me->fp.seq = t->base.seq;
+/* Before every collective: post the fingerprint, meet, compare with rank 0's. A mismatch is
+   seen identically by every rank, which all meet once more and report it. */
+static dm_status _dm_tw_enter(_dm_thread* t, int kind, size_t count, int dtype, int op, int root) {
+    int par = (int)(t->base.seq & 1), r;
+    const _dm_fp* ref;
+    _dm_fp_make(&t->sh->slots[t->base.rank].fp[par], &t->base, kind, dtype, op, root, count);
     _DM_TRY(_dm_tw_barrier(t, kind));
-    ref = &t->sh->slots[0].fp;
-    {
-        int r;
-        for (r = 1; r < t->base.size; r++) {
-            const _dm_tw_fingerprint* o = &t->sh->slots[r].fp;
-            if (o->kind != ref->kind || o->dtype != ref->dtype || o->op != ref->op ||
-                o->root != ref->root || o->count != ref->count || o->seq != ref->seq) {
-                char a[128], b[128];
-                _dm_tw_describe(ref, a, sizeof(a));
-                _dm_tw_describe(o, b, sizeof(b));
-                st = _dm_tw_barrier(t, kind);
-                if (st != DM_OK) return st;
-                return _DM_FAIL(&t->base, DM_ERR_MISMATCH,
-                                "thread: mismatched collectives: rank 0 called %s but rank %d called %s", a, r, b);
-            }
-        }
+    ref = &t->sh->slots[0].fp[par];
+    for (r = 1; r < t->base.size; r++) {
+        const _dm_fp* o = &t->sh->slots[r].fp[par];
+        if (_dm_fp_equal(o, ref)) continue;
+        _DM_TRY(_dm_tw_barrier(t, kind));
+        return _dm_fp_mismatch(&t->base, "thread", 0, ref, r, o);
     }
     return DM_OK;
 }
 
-/* Segment s of count elements split in size near-equal parts: [*off, *off + *len). */
-static void _dm_segment(size_t count, int parts, int s, size_t* off, size_t* len) {
-    size_t base = count / (size_t)parts, extra = count % (size_t)parts, si = (size_t)s;
-    *off = si * base + (si < extra ? si : extra);
-    *len = base + (si < extra ? 1 : 0);
-}
-
-/* Reduces elements [off, off+len) of every rank's send, in rank order, into dst. dst may be
-   this rank's own send (in place), so each block of our own contribution is saved first. */
-static void _dm_tw_reduce_range(_dm_thread* t, void* dst, size_t off, size_t len, dm_dtype dtype,
-                                dm_reduce_op op) {
-    unsigned char mine[4096];
-    size_t esize = dm_dtype_size(dtype), per = sizeof(mine) / esize, done, m;
-    int r, me = t->base.rank;
-    for (done = 0; done < len; done += m) {
-        unsigned char* d = (unsigned char*)dst + done * esize;
-        size_t at = (off + done) * esize;
-        m = len - done < per ? len - done : per;
-        memcpy(mine, (const unsigned char*)t->sh->slots[me].send + at, m * esize);
-        for (r = 0; r < t->base.size; r++) {
-            const unsigned char* src = r == me ? mine : (const unsigned char*)t->sh->slots[r].send + at;
-            if (r == 0) memcpy(d, src, m * esize);
-            else dm_reduce_local(dtype, op, d, src, m);
-        }
-        if (op == DM_MEAN) dm_divide_local(dtype, d, m, t->base.size);
-    }
-}
-
-/* all_reduce: rank r reduces segment r of all sends into its own recv (only rank r reads
-   segment r of anyone's send... and writes only its recv segment r); after a meeting, each
-   rank copies the other segments from their owners' recv. */
 static dm_status _dm_tw_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
                                    dm_dtype dtype, dm_reduce_op op) {
     _dm_thread* t = (_dm_thread*)c;
-    size_t esize = dm_dtype_size(dtype), off, len;
-    int s;
-    _DM_TRY(_dm_tw_enter(t, _DM_TW_ALL_REDUCE, send, recv, NULL, count, dtype, op, -1));
-    _dm_segment(count, c->size, c->rank, &off, &len);
-    if (len) _dm_tw_reduce_range(t, (unsigned char*)recv + off * esize, off, len, dtype, op);
-    _DM_TRY(_dm_tw_barrier(t, _DM_TW_ALL_REDUCE));
-    for (s = 0; s < c->size; s++) {
-        if (s == c->rank) continue;
-        _dm_segment(count, c->size, s, &off, &len);
-        if (len) memcpy((unsigned char*)recv + off * esize,
-                        (const unsigned char*)t->sh->slots[s].recv + off * esize, len * esize);
-    }
-    return _dm_tw_barrier(t, _DM_TW_ALL_REDUCE);
+    _DM_TRY(_dm_tw_enter(t, _DM_K_ALL_REDUCE, count, (int)dtype, (int)op, 0));
+    return _dm_lk_all_reduce(&t->lk, send, recv, count, dtype, op);
 }
 
-/* all_gather_to_list: rank r copies everyone's send into its recvs; an in-place send lives in
-   recvs[r] of its owner, which nobody writes. */
 static dm_status _dm_tw_all_gather_list(dm_collective* c, const void* send, void* const* recvs,
                                         size_t count, dm_dtype dtype) {
     _dm_thread* t = (_dm_thread*)c;
-    size_t bytes = count * dm_dtype_size(dtype);
-    int s;
-    _DM_TRY(_dm_tw_enter(t, _DM_TW_ALL_GATHER, send, NULL, recvs, count, dtype, -1, -1));
-    for (s = 0; s < c->size; s++)
-        if (bytes && recvs[s] != t->sh->slots[s].send) memcpy(recvs[s], t->sh->slots[s].send, bytes);
-    return _dm_tw_barrier(t, _DM_TW_ALL_GATHER);
+    _DM_TRY(_dm_tw_enter(t, _DM_K_ALL_GATHER, count, (int)dtype, -1, 0));
+    return _dm_lk_all_gather_list(&t->lk, _DM_K_ALL_GATHER, send, recvs, count, dtype);
 }
 
-/* reduce_scatter: rank r reads block r of every send and writes only its recv (in place that is
-   its own block r, which no other rank reads). */
 static dm_status _dm_tw_reduce_scatter(dm_collective* c, const void* send, void* recv,
                                        size_t recv_count, dm_dtype dtype, dm_reduce_op op) {
     _dm_thread* t = (_dm_thread*)c;
-    _DM_TRY(_dm_tw_enter(t, _DM_TW_REDUCE_SCATTER, send, recv, NULL, recv_count, dtype, op, -1));
-    if (recv_count) _dm_tw_reduce_range(t, recv, (size_t)c->rank * recv_count, recv_count, dtype, op);
-    return _dm_tw_barrier(t, _DM_TW_REDUCE_SCATTER);
+    _DM_TRY(_dm_tw_enter(t, _DM_K_REDUCE_SCATTER, recv_count, (int)dtype, (int)op, 0));
+    return _dm_lk_reduce_scatter(&t->lk, send, recv, recv_count, dtype, op);
 }
 
 static dm_status _dm_tw_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
     _dm_thread* t = (_dm_thread*)c;
-    size_t bytes = count * dm_dtype_size(dtype);
-    _DM_TRY(_dm_tw_enter(t, _DM_TW_BROADCAST, buf, buf, NULL, count, dtype, -1, root));
-    if (c->rank != root && bytes) memcpy(buf, t->sh->slots[root].send, bytes);
-    return _dm_tw_barrier(t, _DM_TW_BROADCAST);
+    _DM_TRY(_dm_tw_enter(t, _DM_K_BROADCAST, count, (int)dtype, -1, root));
+    return _dm_lk_broadcast(&t->lk, buf, count, dtype, root);
 }
 
 static dm_status _dm_tw_barrier_slot(dm_collective* c) {
     _dm_thread* t = (_dm_thread*)c;
-    _DM_TRY(_dm_tw_enter(t, _DM_TW_BARRIER, NULL, NULL, NULL, 0, -1, -1, -1));
-    return _dm_tw_barrier(t, _DM_TW_BARRIER);
+    _DM_TRY(_dm_lk_check_broken(&t->lk, "barrier"));
+    _DM_TRY(_dm_tw_enter(t, _DM_K_BARRIER, 0, -1, -1, -1));
+    return _dm_tw_barrier(t, _DM_K_BARRIER);
 }
 
 static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, int local_world_size,
@@ -1873,7 +2804,7 @@ static dm_status _dm_tw_split(dm_collective* c, int color, int key, dm_collectiv
     slots[c->rank].key = key;
     slots[c->rank].ptr = NULL;
     slots[c->rank].node = c->node_name;
-    _DM_TRY(_dm_tw_enter(t, _DM_TW_SPLIT, NULL, NULL, NULL, 0, -1, -1, -1));
+    _DM_TRY(_dm_tw_enter(t, _DM_K_SPLIT, 0, -1, -1, -1));
     if (color != DM_SPLIT_NONE) {
         for (r = 0; r < c->size; r++) {
             if (slots[r].color != color) continue;
@@ -1883,13 +2814,13 @@ static dm_status _dm_tw_split(dm_collective* c, int color, int key, dm_collectiv
         }
         if (leader == c->rank) slots[c->rank].ptr = _dm_tw_shared_new(&c->allocator, n);
     }
-    _DM_TRY(_dm_tw_barrier(t, _DM_TW_SPLIT));
+    _DM_TRY(_dm_tw_barrier(t, _DM_K_SPLIT));
     if (color != DM_SPLIT_NONE) {
         _dm_tw_shared* nsh = (_dm_tw_shared*)slots[leader].ptr;
         if (nsh) *out = _dm_tw_member_new(nsh, my_pos, 0, c);
         if (*out) _dm_tw_split_set_local(slots, c->size, color, key, c->rank, *out);
     }
-    st = _dm_tw_barrier(t, _DM_TW_SPLIT);
+    st = _dm_tw_barrier(t, _DM_K_SPLIT);
     if (st != DM_OK) { dm_destroy(*out); *out = NULL; return st; }
     if (color != DM_SPLIT_NONE && !*out) {
         /* Leader allocation or member allocation failed: nothing usable for this group. */
@@ -1899,9 +2830,31 @@ static dm_status _dm_tw_split(dm_collective* c, int color, int key, dm_collectiv
     return DM_OK;
 }
 
+/* This member's end of every ring; its waits spin only while the world's threads fit the cores. */
+static dm_status _dm_tw_links(_dm_thread* t) {
+    _dm_tw_shared* sh = t->sh;
+    int r, W = sh->size, me = t->base.rank;
+    _DM_TRY(_dm_lk_init(&t->lk, &t->base, "thread", 0));
+    for (r = 0; r < W; r++) {
+        if (r == me) continue;
+        t->lk.links[r] = _dm_memlink_new(&sh->allocator, &_dm_tw_link_vt, sh->rings, sh->ring_stride,
+                                         sh->ring_cap, W, me, r, sh->bells, &sh->bell_ops, -1);
+        if (!t->lk.links[r]) return DM_ERR_OUT_OF_MEMORY;
+        snprintf(t->lk.links[r]->where, sizeof(t->lk.links[r]->where), "thread %d", r);
+    }
+    t->lk.bell = &sh->bells[me];
+    t->lk.bells = sh->bells;
+    t->lk.nbells = W;
+    t->lk.bell_ops = &sh->bell_ops;
+    t->lk.abort = &sh->abort;
+    _dm_lk_set_policy(&t->lk, W);
+    return DM_OK;
+}
+
 static void _dm_tw_destroy(dm_collective* c) {
     _dm_thread* t = (_dm_thread*)c;
     dm_allocator a = c->allocator;
+    _dm_lk_release(&t->lk);
     if (t->sh) _dm_tw_shared_release(t->sh);
     _dm_free(&a, t);
 }
@@ -1920,6 +2873,7 @@ static const dm_collective_vtable _dm_thread_vtable = {
     _dm_tw_split,                    /* split */
     NULL,                            /* native_handle */
     NULL,                            /* synchronize */
+    NULL,                            /* transport: "thread" */
 };
 
 /* A member of a shared world. like: copy logger, allocator, timeout and node name from it
@@ -1934,6 +2888,7 @@ static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, int local_w
                         like ? like->timeout_ms : 0, like ? &like->logger : NULL, &sh->allocator);
     if (!like) _dm_fake_set_local(&t->base, local_world_size);
     else _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), like->node_name);
+    if (_dm_tw_links(t) != DM_OK) { _dm_tw_destroy(&t->base); return NULL; }
     return &t->base;
 }
 

@@ -328,6 +328,7 @@ static const dm_collective_vtable _dm_nccl_vtable = {
     _dm_nccl_split,                  /* split */
     _dm_nccl_native,                 /* native_handle: ncclComm_t */
     _dm_nccl_synchronize,            /* synchronize */
+    NULL,                            /* transport */
 };
 
 /* >>nccl lifetime */

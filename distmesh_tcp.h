@@ -3444,6 +3444,10 @@ static dm_status _dm_tcp_cuda_broadcast(dm_collective* c, void* buf, size_t coun
 #define _DM_TCP_SLOT(name) _dm_tcp_##name
 #endif
 
+static const char* _dm_tcp_transport(const dm_collective* c) {
+    (void)c;
+    return "tcp";
+}
 static const dm_collective_vtable _dm_tcp_vtable = {
     sizeof(dm_collective_vtable),    /* struct_size */
     DM_COLLECTIVE_VTABLE_VERSION,    /* version */
@@ -3458,6 +3462,7 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     _dm_tcp_split,                   /* split */
     NULL,                            /* native_handle: none */
     NULL,                            /* synchronize: nothing queued */
+    _dm_tcp_transport,               /* transport */
 };
 
 /* Everything the rendezvous needs, resolved from the desc and the environment. */

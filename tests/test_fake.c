@@ -158,7 +158,8 @@ typedef struct matrix {
     dm_reduce_op op;
     bool large;                  /* run the (1<<20)+3 case */
     unsigned char* pool;         /* P elements */
-    unsigned char* ref;          /* P elements: the reduction of every rank's element j */
+    unsigned char* ref;          /* P elements: every rank's element j reduced in recursive-doubling order */
+    unsigned char* ring;         /* n tiles of P elements: tile b, in ring order for block b */
 } matrix;
 
 static void describe_elem(dm_dtype t, const void* p, char* buf, size_t cap) {
@@ -175,6 +176,21 @@ static void check_tile(const matrix* m, const char* what, int rank, size_t count
         describe_elem(m->t, tile + ((start + bad) % P) * es, want, sizeof(want));
         rank_fail(line, "%s world %d %s %s count %zu mode %d rank %d: element %zu is %s, want %s", what, m->n,
                   dm_dtype_name(m->t), dm_reduce_op_name(m->op), count, mode, rank, bad, got, want);
+    }
+}
+
+/* all_reduce's result follows its schedule's documented order: one tile, or one per ring block. */
+static void check_all_reduce(const matrix* m, int rank, size_t count, int mode, const void* recv) {
+    size_t es = dm_dtype_size(m->t), off, len;
+    int b;
+    if (ref_all_reduce_is_rd(count, es, m->n)) {
+        check_tile(m, "all_reduce", rank, count, mode, recv, m->ref, 0, __LINE__);
+        return;
+    }
+    for (b = 0; b < m->n; b++) {
+        ref_block(count, m->n, b, &off, &len);
+        check_tile(m, "all_reduce", rank, len, mode, (const unsigned char*)recv + off * es, m->ring + (size_t)b * P * es,
+                   off, __LINE__);
     }
 }
 
@@ -196,7 +212,7 @@ static int rank_reductions(dm_collective* c, void* user) {
             tile_fill(mode == 0 ? send : recv, m->pool, P, rank_start(r), C, es);
             if (mode == 0) memset(recv, 0xa5, C * es);
             RCALL(c, dm_all_reduce(c, mode == 0 ? send : mode == 1 ? NULL : recv, recv, C, m->t, m->op));
-            check_tile(m, "all_reduce", r, C, mode, recv, m->ref, 0, __LINE__);
+            check_all_reduce(m, r, C, mode, recv);
             if (mode == 0) check_tile(m, "all_reduce send kept", r, C, mode, send, m->pool, rank_start(r), __LINE__);
             free(recv);
             free(send);
@@ -208,7 +224,7 @@ static int rank_reductions(dm_collective* c, void* user) {
             tile_fill(send, m->pool, P, rank_start(r), total, es);
             if (mode == 0) memset(recv, 0x5a, C * es);
             RCALL(c, dm_reduce_scatter(c, send, recv, C, m->t, m->op));
-            check_tile(m, "reduce_scatter", r, C, mode, recv, m->ref, (size_t)r * C, __LINE__);
+            check_tile(m, "reduce_scatter", r, C, mode, recv, m->ring + (size_t)r * P * es, (size_t)r * C, __LINE__);
             if (mode == 0) {
                 check_tile(m, "reduce_scatter send kept", r, total, mode, send, m->pool, rank_start(r), __LINE__);
                 free(recv);
@@ -286,6 +302,7 @@ static void test_thread_reductions_every_world_dtype_op_count(void** state) {
     reset_failures();
     m.pool = (unsigned char*)xmalloc(P * 8);
     m.ref = (unsigned char*)xmalloc(P * 8);
+    m.ring = (unsigned char*)xmalloc((size_t)8 * P * 8);
     for (t = 0; t < DM_DTYPE_COUNT; t++) {
         for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
             size_t es = dm_dtype_size((dm_dtype)t);
@@ -295,11 +312,16 @@ static void test_thread_reductions_every_world_dtype_op_count(void** state) {
             for (wi = 0; wi < NWORLDS; wi++) {
                 m.n = g_worlds[wi];
                 m.large = large_for_reduction(m.t, m.op) && large_world(m.n);
-                for (j = 0; j < P; j++) {   /* serial reference, rank order 0..n-1 */
-                    unsigned char* acc = m.ref + j * es;
-                    memcpy(acc, m.pool + ((j + rank_start(0)) % P) * es, es);
-                    for (r = 1; r < m.n; r++) ref_step(m.t, m.op, acc, m.pool + ((j + rank_start(r)) % P) * es);
-                    ref_finish(m.t, m.op, acc, m.n);
+                for (j = 0; j < P; j++) {   /* the references, in the schedules' orders */
+                    unsigned char v[8 * 8];
+                    for (r = 0; r < m.n; r++) memcpy(v + (size_t)r * es, m.pool + ((j + rank_start(r)) % P) * es, es);
+                    ref_order_rd(m.t, m.op, v, es, m.n, m.ref + j * es);
+                    ref_finish(m.t, m.op, m.ref + j * es, m.n);
+                    for (r = 0; r < m.n; r++) {
+                        unsigned char* acc = m.ring + ((size_t)r * P + j) * es;
+                        ref_order_ring(m.t, m.op, v, es, m.n, r, acc);
+                        ref_finish(m.t, m.op, acc, m.n);
+                    }
                 }
                 assert_int_equal(run_world(m.n, rank_reductions, &m, MATRIX_TIMEOUT_MS), DM_OK);
                 assert_no_rank_failures();
@@ -308,6 +330,7 @@ static void test_thread_reductions_every_world_dtype_op_count(void** state) {
     }
     free(m.pool);
     free(m.ref);
+    free(m.ring);
 }
 
 static void test_thread_data_movement_every_world_dtype_count(void** state) {

@@ -139,6 +139,48 @@ static void ref_step(dm_dtype t, dm_reduce_op op, void* acc, const void* x) {
     }
 }
 
+/* ---- the documented reduction orders (distmesh.h, "Reduction order"); v[r] is rank r's value ---- */
+/* Ring (all_reduce above 64 KiB, reduce_scatter): block b is folded starting at rank b+1, in
+   ring order, ending with rank b. */
+static void ref_order_ring(dm_dtype t, dm_reduce_op op, const unsigned char* v, size_t es, int n, int b, void* out) {
+    int k;
+    memcpy(out, v + (size_t)((b + 1) % n) * es, es);
+    for (k = 2; k <= n; k++) ref_step(t, op, out, v + (size_t)((b + k) % n) * es);
+}
+/* Recursive doubling (all_reduce up to 64 KiB): with p the largest power of two <= n and
+   rem = n - p, rank 2i+1 first takes v[2i+1] op v[2i] for i < rem; the p survivors (in rank
+   order) then combine pairwise at distances 1, 2, 4, ... */
+static void ref_order_rd(dm_dtype t, dm_reduce_op op, const unsigned char* v, size_t es, int n, void* out) {
+    unsigned char w[64][8], nw[64][8];
+    int p = 1, rem, i, mask;
+    while (p * 2 <= n) p *= 2;
+    rem = n - p;
+    for (i = 0; i < p; i++) {
+        if (i < rem) {
+            memcpy(w[i], v + (size_t)(2 * i + 1) * es, es);
+            ref_step(t, op, w[i], v + (size_t)(2 * i) * es);
+        } else {
+            memcpy(w[i], v + (size_t)(i + rem) * es, es);
+        }
+    }
+    for (mask = 1; mask < p; mask <<= 1) {
+        for (i = 0; i < p; i++) {
+            memcpy(nw[i], w[i], es);
+            ref_step(t, op, nw[i], w[i ^ mask]);
+        }
+        memcpy(w, nw, sizeof(w));
+    }
+    memcpy(out, w[0], es);
+}
+/* Which schedule all_reduce runs: recursive doubling for small messages, else the ring. */
+static bool ref_all_reduce_is_rd(size_t count, size_t es, int n) { return count * es <= 65536 || count < (size_t)n; }
+/* Ring block b of count elements in n parts: the first count % n blocks get one more. */
+static void ref_block(size_t count, int n, int b, size_t* off, size_t* len) {
+    size_t base = count / (size_t)n, extra = count % (size_t)n, bi = (size_t)b;
+    *off = bi * base + (bi < extra ? bi : extra);
+    *len = base + (bi < extra ? 1 : 0);
+}
+
 /* ---- failures on rank threads ---- */
 static atomic_int g_failures;
 static pthread_mutex_t g_fail_mu = PTHREAD_MUTEX_INITIALIZER;
