@@ -1,7 +1,8 @@
 # distmesh build. `make test` installs what it needs (scripts/deps.sh), builds and runs every test
 # under a hard timeout, and prints a closing "N passed, N failed" line.
 #   make            build tests, examples, bench
-#   make test       unit + multi-process tests (plain build)
+#   make test       unit + multi-process tests (plain build); T=pattern runs only the test
+#                   programs or cmocka tests whose names match (e.g. T=test_env, T=agent_store)
 #   make asan       the same under AddressSanitizer + UBSan (LeakSanitizer included)
 #   make tsan       the same under ThreadSanitizer
 #   make bench      the README's main job: ring all-reduce on 4 local ranks over TCP
@@ -39,7 +40,7 @@ build-all: $(TEST_BINS) $(EXTRA_BINS)
 
 test: deps
 	@$(MAKE) --no-print-directory $(TEST_BINS) $(EXTRA_BINS)
-	@bash tests/run.sh $(TEST_TIMEOUT) $(TEST_BINS)
+	@DM_TEST_PATTERN='$(T)' bash tests/run.sh $(TEST_TIMEOUT) $(TEST_BINS)
 
 asan:
 	@$(MAKE) --no-print-directory test BUILD=build/asan OPT="-O1 -g" \

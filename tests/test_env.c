@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "test_filter.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,7 +313,7 @@ static void test_env_init_without_transport(void** state) {
 }
 
 #define T(f) cmocka_unit_test_setup_teardown(f, clean_env, clean_env)
-int main(void) {
+int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         T(test_env_nothing_set_is_rank0_of_1),
         T(test_env_torchrun),
@@ -326,5 +327,6 @@ int main(void) {
         T(test_env_timeout_is_the_default_deadline),
         T(test_env_init_without_transport),
     };
+    dm_test_filter(argc, argv);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
