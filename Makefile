@@ -8,6 +8,7 @@
 #   make bench      the README's main job: ring all-reduce on 4 local ranks over TCP
 #   make compare    distmesh against Gloo and OpenMPI (see bench/)
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
+#   make install    headers, pkg-config and CMake files (PREFIX=/usr/local, DESTDIR=)
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.
 
 CC      ?= cc
@@ -34,7 +35,7 @@ all: deps
 deps:
 	@bash scripts/deps.sh
 
-include $(sort $(wildcard tests/*.mk)) $(sort $(wildcard bench/*.mk))
+include $(sort $(wildcard tests/*.mk)) $(sort $(wildcard bench/*.mk)) packaging/install.mk
 
 build-all: $(TEST_BINS) $(EXTRA_BINS)
 

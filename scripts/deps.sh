@@ -10,6 +10,7 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cc >/dev/null  || need+=(gcc)
 command -v c++ >/dev/null || need+=(g++)
 command -v ip >/dev/null  || need+=(iproute2)
+command -v cmake >/dev/null || need+=(cmake)
 for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "deps: installing ${need[*]}"
