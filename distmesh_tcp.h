@@ -2263,6 +2263,34 @@ typedef struct dm_tcp_desc {
 /* Collective call over all world_size ranks. Fails with *out == NULL. */
 DM_API dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out);
 
+/* >>tcp launch  The rendezvous a launcher implies when no store is named (no desc.store /
+   store_url, no DISTMESH_STORE, no MASTER_ADDR + MASTER_PORT):
+     mpirun (OpenMPI), every rank on one host (OMPI_COMM_WORLD_LOCAL_SIZE == _SIZE):
+         file store in a private directory keyed by the job id (OMPI_MCA_ess_base_jobid, else
+         PMIX_NAMESPACE)
+     srun (Slurm), one node (SLURM_STEP_NUM_NODES / SLURM_NNODES 1): file store keyed by
+         SLURM_JOB_ID.SLURM_STEP_ID
+     srun, several nodes: tcp store on the first node of SLURM_STEP_NODELIST (else
+         SLURM_JOB_NODELIST), port MASTER_PORT if set, else 15000 + (16 * SLURM_JOB_ID +
+         SLURM_STEP_ID % 16) % 20000; the task with SLURM_NODEID 0 and SLURM_LOCALID 0 hosts it
+     anything else (mpirun over several hosts, torchrun-style variables without MASTER_*):
+         DM_ERR_ENV, and error names exactly what to set for the launcher detected.
+   The private directory is $XDG_RUNTIME_DIR/distmesh, else $TMPDIR (or /tmp)/distmesh-<uid>,
+   mode 0700 and owned by this user (anything else is refused); one subdirectory per job, left
+   in place (a few bytes per rank). */
+typedef struct dm_tcp_launch {
+    char url[512];              /* the store url: file:///... or tcp://host:port */
+    bool is_server;             /* tcp: this process hosts the store */
+    const char* launcher;       /* "openmpi", "slurm", "torchrun", "pmi", "distmesh", "default" */
+    char error[DM_LAST_ERROR_SIZE]; /* on failure: what to set */
+} dm_tcp_launch;
+DM_API dm_status dm_tcp_launch_detect(dm_tcp_launch* out);
+
+/* Slurm hostlist ("node[01-04,07],gpu-a[1-2]-x"): returns how many hosts it names (-1 when
+   malformed or above 1e6 hosts) and, when 0 <= index < that count and out is not NULL, writes
+   host `index` to out (truncated to cap). */
+DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t cap);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
@@ -3176,8 +3204,12 @@ static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64
         _dm_tcp_put32(ack + 4, status);
         rc = _dm_tcp_write_full(fd, ack, sizeof(ack), hello_deadline);
         if (status != _DM_TCP_ACK_OK || rc != 1) {
-            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (%s)", peer,
-                    status == _DM_TCP_ACK_TOKEN ? "wrong token" : status == _DM_TCP_ACK_GROUP ? "other group" : "bad rank");
+            if (status == _DM_TCP_ACK_GROUP && (int)_dm_tcp_get32(hello + 12) != t->base.size)
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused rank %d: world size disagreement (it has "
+                        "%d, this rank %d)", peer, (int)_dm_tcp_get32(hello + 12), t->base.size);
+            else
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (%s)", peer,
+                        status == _DM_TCP_ACK_TOKEN ? "wrong token" : status == _DM_TCP_ACK_GROUP ? "other group" : "bad rank");
             close(fd);
             continue;
         }
@@ -3473,7 +3505,108 @@ typedef struct _dm_tcp_setup {
     size_t chunk_bytes;
     dm_logger logger;
     dm_allocator allocator;
+    bool env_local;             /* the launcher gave env_local_rank / env_local_size (they win) */
+    int env_local_rank, env_local_size;
 } _dm_tcp_setup;
+
+/* The launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win over the host-name grouping; a disagreement
+   is worth a warning (a launcher that packs ranks differently than the host names say). */
+static void _dm_tcp_local_from_launcher(_dm_tcp* t, const _dm_tcp_setup* s) {
+    if (!s->env_local) return;
+    if (s->env_local_rank != t->base.local_rank || s->env_local_size != t->base.local_size)
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: the launcher says local rank %d of %d, host names say %d of %d "
+                "(host \"%s\"); using the launcher's", s->env_local_rank, s->env_local_size, t->base.local_rank,
+                t->base.local_size, t->base.node_name);
+    t->base.local_rank = s->env_local_rank;
+    t->base.local_size = s->env_local_size;
+}
+
+/* >>tcp arrival  Before connecting, each rank waits until every rank of its group has
+   published its address, in slices (1 s, then 10 s); a slice that ends with ranks missing logs
+   which ones and for how long. The first rank here sets "<prefix>world_size"; a rank that holds
+   a different world size fails at once, naming both values. The waits use a silent clone of
+   the store: a slice that times out is not an error. */
+static void _dm_tcp_rank_list(const int* ranks, int n, char* out, size_t cap) {
+    int i = 0;
+    size_t len = 0;
+    out[0] = 0;
+    while (i < n && len + 24 < cap) {
+        int k = i;
+        while (k + 1 < n && ranks[k + 1] == ranks[k] + 1) k++;
+        if (k == i) len += (size_t)snprintf(out + len, cap - len, "%s%d", i ? ", " : "", ranks[i]);
+        else len += (size_t)snprintf(out + len, cap - len, "%s%d-%d", i ? ", " : "", ranks[i], ranks[k]);
+        i = k + 1;
+    }
+    if (i < n) snprintf(out + len, cap - len, ", ...");
+}
+
+static dm_status _dm_tcp_await_ranks(_dm_tcp* t, int64_t deadline) {
+    int W = t->base.size, j, nmissing;
+    char key[600], mine[24], other[24], list[200];
+    void* held = NULL;
+    size_t held_n = 0;
+    char** keys = NULL;
+    int* missing = NULL;
+    int64_t start = _dm_now_ms(), slice = 1000;
+    dm_store* w = NULL;
+    dm_status st;
+    snprintf(mine, sizeof(mine), "%d", W);
+    snprintf(key, sizeof(key), "%sworld_size", t->prefix);
+    st = dm_store_compare_set(t->store, key, "", 0, mine, strlen(mine), &held, &held_n);
+    if (st != DM_OK) return _dm_tcp_store_fail(t, st, "compare_set", key);
+    snprintf(other, sizeof(other), "%.*s", (int)(held_n < 20 ? held_n : 20), (const char*)held);
+    dm_store_free(t->store, held);
+    if (strcmp(other, mine) != 0)
+        return _DM_FAIL(&t->base, DM_ERR_INVALID_ARG, "tcp: world size disagreement: this rank (rank %d) has "
+                        "world size %d, another rank of the group has %s (every rank must be given the same "
+                        "WORLD_SIZE / launcher size)", t->base.rank, W, other);
+    if (W == 1) return DM_OK;
+    st = dm_store_clone_prefixed(t->store, "", &w);
+    keys = (char**)_dm_calloc(&t->base.allocator, (size_t)W * sizeof(char*));
+    missing = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)W);
+    if (st != DM_OK || !keys || !missing) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
+    memset(&w->logger, 0, sizeof(w->logger));
+    for (j = 0; j < W; j++) {
+        keys[j] = (char*)_dm_malloc(&t->base.allocator, strlen(t->prefix) + 24);
+        if (!keys[j]) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
+        sprintf(keys[j], "%saddr/%d", t->prefix, j);
+    }
+    for (;;) {
+        int64_t left = deadline - _dm_now_ms();
+        int ms = (int)(left < slice ? (left < 1 ? 1 : left) : slice);
+        st = dm_store_wait(w, (const char* const*)keys, (size_t)W, ms);
+        if (st != DM_ERR_TIMEOUT) {
+            if (st != DM_OK) st = _DM_FAIL(&t->base, st, "tcp: setup: store wait failed: %s", dm_store_last_error(w));
+            goto done;
+        }
+        for (nmissing = 0, j = 0; j < W; j++) {
+            bool there = true;
+            const char* k1 = keys[j];
+            if (dm_store_check(w, &k1, 1, &there) != DM_OK) there = true;
+            if (!there) missing[nmissing++] = j;
+        }
+        _dm_tcp_rank_list(missing, nmissing, list, sizeof(list));
+        if (_dm_now_ms() >= deadline) {
+            st = _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %lld s: rank%s %s of %d never "
+                          "joined (no address under \"%s\")", (long long)((_dm_now_ms() - start) / 1000),
+                          nmissing == 1 ? "" : "s", list, W, t->prefix);
+            goto done;
+        }
+        if (nmissing > 0)
+            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: rank %d has waited %lld s for rank%s %s of %d to join "
+                    "(deadline in %lld s)", t->base.rank, (long long)((_dm_now_ms() - start + 500) / 1000),
+                    nmissing == 1 ? "" : "s", list, W, (long long)((deadline - _dm_now_ms()) / 1000));
+        slice = 10000;
+    }
+done:
+    if (keys)
+        for (j = 0; j < W; j++) _dm_free(&t->base.allocator, keys[j]);
+    _dm_free(&t->base.allocator, keys);
+    _dm_free(&t->base.allocator, missing);
+    dm_store_destroy(w);
+    return st;
+}
+
 
 /* The rendezvous: generation, listen, publish, connect down / accept up, acks, host names. */
 static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
@@ -3548,6 +3681,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     snprintf(key, sizeof(key), "%saddr/%d", t->prefix, s->rank);
     st = dm_store_set(t->store, key, self_addr, strlen(self_addr));
     if (st != DM_OK) { _dm_tcp_store_fail(t, st, "set", key); goto fail; }
+    if ((st = _dm_tcp_await_ranks(t, deadline)) != DM_OK) goto fail;
 
     /* every address first (so rank j is done with the store once rank 0 has its connection),
        then connect to each lower rank */
@@ -3601,6 +3735,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
         t->base.local_rank = lrank;
         t->base.local_size = lsize;
     }
+    _dm_tcp_local_from_launcher(t, s);
     _dm_free(&t->base.allocator, names);
     /* the store stays only where split may need it again */
     *out = &t->base;
@@ -3616,6 +3751,214 @@ fail:
 static dm_status _dm_tcp_report(const dm_logger* lg, dm_status st, const char* msg) {
     char err[DM_LAST_ERROR_SIZE];
     return _DM_REPORT(lg, err, sizeof(err), st, "%s", msg);
+}
+
+/* >>tcp hostlist  Slurm's hostlist syntax: items separated by top-level commas; an item is text
+   with [..] groups of comma-separated numbers and lo-hi ranges (lo's digits give the zero
+   padding); several groups multiply out, the last group varying fastest. */
+#define _DM_HL_MAX 1000000L
+/* Item s[0..n): number of hosts (-1 malformed); host idx appended to out when idx in range. */
+static long _dm_hl_item(const char* s, size_t n, long idx, char* out, size_t cap) {
+    const char* lb = (const char*)memchr(s, '[', n);
+    const char *rb, *p, *rest;
+    size_t restn, used = out ? strlen(out) : 0;
+    long restcount, total = 0;
+    if (!lb) {
+        if (memchr(s, ']', n) || n == 0) return -1;
+        if (out && idx == 0) snprintf(out + used, cap - used, "%.*s", (int)n, s);
+        return 1;
+    }
+    rb = (const char*)memchr(lb, ']', n - (size_t)(lb - s));
+    if (!rb || memchr(s, ']', (size_t)(lb - s)) || rb == lb + 1) return -1;
+    rest = rb + 1;
+    restn = n - (size_t)(rest - s);
+    restcount = restn ? _dm_hl_item(rest, restn, -1, NULL, 0) : 1;
+    if (restcount < 0) return -1;
+    for (p = lb + 1; p < rb;) {
+        long lo, hi;
+        int width = 0;
+        char* end;
+        if (*p < '0' || *p > '9') return -1;
+        while (p + width < rb && p[width] >= '0' && p[width] <= '9') width++;
+        lo = strtol(p, &end, 10);
+        hi = lo;
+        p = end;
+        if (*p == '-') {
+            if (p[1] < '0' || p[1] > '9') return -1;
+            hi = strtol(p + 1, &end, 10);
+            p = end;
+        }
+        if (hi < lo || hi - lo >= _DM_HL_MAX || p > rb || (*p != ',' && p != rb)) return -1;
+        if ((hi - lo + 1) * restcount > _DM_HL_MAX - total * restcount) return -1;
+        if (out && idx >= total * restcount && idx < (total + hi - lo + 1) * restcount) {
+            long k = idx - total * restcount;
+            snprintf(out + used, cap - used, "%.*s%0*ld", (int)(lb - s), s, width, lo + k / restcount);
+            if (restn) _dm_hl_item(rest, restn, k % restcount, out, cap);
+        }
+        total += hi - lo + 1;
+        if (*p == ',') p++;
+    }
+    return total * restcount;
+}
+
+DM_API_IMPL long dm_slurm_hostlist(const char* list, long index, char* out, size_t cap) {
+    long total = 0;
+    const char* p = list;
+    if (out && cap) out[0] = 0;
+    if (!list || !*list) return -1;
+    while (*p) {
+        const char* q = p;
+        int depth = 0;
+        long n;
+        while (*q && (depth || *q != ',')) {
+            if (*q == '[') depth++;
+            else if (*q == ']') depth--;
+            if (depth < 0 || depth > 1) return -1;
+            q++;
+        }
+        if (depth) return -1;
+        n = _dm_hl_item(p, (size_t)(q - p), index - total, (out && cap && index >= total) ? out : NULL, cap);
+        if (n < 0 || n > _DM_HL_MAX - total) return -1;
+        total += n;
+        p = *q ? q + 1 : q;
+        if (*q && !*p) return -1;          /* trailing comma */
+    }
+    return total;
+}
+#undef _DM_HL_MAX
+
+/* >>tcp launch  A private rendezvous from the launcher's own job identity (see dm_tcp_launch). */
+/* The per-user directory, created 0700; refused unless it is ours, a directory and private. */
+static bool _dm_tcp_private_dir(char* out, size_t cap, char* err, size_t errcap) {
+    const char* xdg = getenv("XDG_RUNTIME_DIR");
+    const char* tmp = getenv("TMPDIR");
+    struct stat st;
+    if (xdg && xdg[0] == '/' && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == getuid())
+        snprintf(out, cap, "%s/distmesh", xdg);
+    else
+        snprintf(out, cap, "%s/distmesh-%lu", (tmp && tmp[0] == '/') ? tmp : "/tmp", (unsigned long)getuid());
+    if (mkdir(out, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errcap, "cannot create the private rendezvous directory %s (%s)", out, strerror(errno));
+        return false;
+    }
+    if (lstat(out, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) {
+        snprintf(err, errcap, "refusing the rendezvous directory %s: it must be a directory owned by uid %lu "
+                 "with mode 0700", out, (unsigned long)getuid());
+        return false;
+    }
+    return true;
+}
+
+/* file:///<private dir>/<launcher>-<job id>, the job id reduced to [A-Za-z0-9._-]. */
+static bool _dm_tcp_job_store(dm_tcp_launch* l, const char* launcher, const char* job) {
+    char dir[300], leaf[96];
+    size_t i, n = 0;
+    if (!_dm_tcp_private_dir(dir, sizeof(dir), l->error, sizeof(l->error))) return false;
+    n = (size_t)snprintf(leaf, sizeof(leaf), "%s-", launcher);
+    for (i = 0; job[i] && n + 1 < sizeof(leaf); i++) {
+        char ch = job[i];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                  ch == '.' || ch == '-' || ch == '_';
+        leaf[n++] = ok ? ch : '_';
+    }
+    leaf[n] = 0;
+    snprintf(l->url, sizeof(l->url), "file://%s/%s", dir, leaf);
+    if (mkdir(l->url + 7, 0700) != 0 && errno != EEXIST) {
+        snprintf(l->error, sizeof(l->error), "cannot create %s (%s)", l->url + 7, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+static const char* _dm_tcp_getenv1(const char* a, const char* b, const char* c) {
+    const char* v = a ? getenv(a) : NULL;
+    if ((!v || !*v) && b) v = getenv(b);
+    if ((!v || !*v) && c) v = getenv(c);
+    return (v && *v) ? v : NULL;
+}
+
+static bool _dm_tcp_launch_openmpi(dm_tcp_launch* l, const dm_env* env) {
+    const char* job = _dm_tcp_getenv1("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_ess_jobid");
+    if (!env->local_from_launcher || env->local_world_size != env->world_size) {
+        snprintf(l->error, sizeof(l->error), "mpirun runs these %d ranks on several hosts, so distmesh needs "
+                 "a store every host reaches: set MASTER_ADDR=<host of rank 0> and MASTER_PORT=<free port> for "
+                 "every rank (mpirun -x MASTER_ADDR=... -x MASTER_PORT=29500 ...), or "
+                 "DISTMESH_STORE=file:///<directory shared by every host>", env->world_size);
+        return false;
+    }
+    if (!job) {
+        snprintf(l->error, sizeof(l->error), "mpirun without a job id (OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE): "
+                 "set MASTER_ADDR and MASTER_PORT, or DISTMESH_STORE=file:///<dir>");
+        return false;
+    }
+    return _dm_tcp_job_store(l, "ompi", job);
+}
+
+static bool _dm_tcp_launch_slurm(dm_tcp_launch* l, const dm_env* env) {
+    const char* job = getenv("SLURM_JOB_ID");
+    const char* step = getenv("SLURM_STEP_ID");
+    const char* nodes = _dm_tcp_getenv1("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST");
+    const char* nn = _dm_tcp_getenv1("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES");
+    int jobid = 0, stepid = 0, nnodes = 0, port = 0, nodeid = -1, localid = -1;
+    long count;
+    char first[256], id[64];
+    if (!job || !_dm_parse_int(job, 0, INT_MAX, &jobid) ||
+        (step && !_dm_parse_int(step, 0, INT_MAX, &stepid))) {
+        snprintf(l->error, sizeof(l->error), "srun without a usable SLURM_JOB_ID / SLURM_STEP_ID (\"%.32s\" / "
+                 "\"%.32s\"): set MASTER_ADDR and MASTER_PORT, or DISTMESH_STORE", job ? job : "", step ? step : "");
+        return false;
+    }
+    count = nodes ? dm_slurm_hostlist(nodes, 0, first, sizeof(first)) : -1;
+    if (nn && !_dm_parse_int(nn, 1, INT_MAX, &nnodes)) nnodes = 0;
+    if (nnodes == 0 && count > 0) nnodes = (int)count;
+    if (nnodes == 1) {
+        snprintf(id, sizeof(id), "%d.%d", jobid, stepid);
+        return _dm_tcp_job_store(l, "slurm", id);
+    }
+    if (count < 1) {
+        snprintf(l->error, sizeof(l->error), "srun over %d nodes but the node list (SLURM_STEP_NODELIST, "
+                 "SLURM_JOB_NODELIST) is %s: set MASTER_ADDR and MASTER_PORT", nnodes,
+                 nodes ? "malformed" : "missing");
+        return false;
+    }
+    if (getenv("MASTER_ADDR") && *getenv("MASTER_ADDR")) _dm_copy_name(first, sizeof(first), getenv("MASTER_ADDR"));
+    if (!getenv("MASTER_PORT") || !_dm_parse_int(getenv("MASTER_PORT"), 1, 65535, &port))
+        port = 15000 + (int)(((long long)jobid * 16 + stepid % 16) % 20000);
+    if (!getenv("SLURM_NODEID") || !_dm_parse_int(getenv("SLURM_NODEID"), 0, INT_MAX, &nodeid)) nodeid = -1;
+    if (!getenv("SLURM_LOCALID") || !_dm_parse_int(getenv("SLURM_LOCALID"), 0, INT_MAX, &localid)) localid = -1;
+    l->is_server = nodeid >= 0 && localid >= 0 ? (nodeid == 0 && localid == 0) : env->rank == 0;
+    if (strchr(first, ':')) snprintf(l->url, sizeof(l->url), "tcp://[%s]:%d", first, port);
+    else snprintf(l->url, sizeof(l->url), "tcp://%s:%d", first, port);
+    return true;
+}
+
+DM_API_IMPL dm_status dm_tcp_launch_detect(dm_tcp_launch* out) {
+    dm_env env;
+    bool ok = false;
+    if (!out) return DM_ERR_INVALID_ARG;
+    memset(out, 0, sizeof(*out));
+    out->launcher = "default";
+    if (dm_env_detect(&env) != DM_OK) {
+        snprintf(out->error, sizeof(out->error), "%s", env.error);
+        return DM_ERR_ENV;
+    }
+    out->launcher = env.source;
+    if (strcmp(env.source, "openmpi") == 0) ok = _dm_tcp_launch_openmpi(out, &env);
+    else if (strcmp(env.source, "slurm") == 0) ok = _dm_tcp_launch_slurm(out, &env);
+    else if (strcmp(env.source, "torchrun") == 0)
+        snprintf(out->error, sizeof(out->error), "RANK and WORLD_SIZE are set but MASTER_ADDR and MASTER_PORT "
+                 "are not: torchrun sets all four; launching by hand, set MASTER_ADDR=<host of rank 0> and "
+                 "MASTER_PORT=<free port> on every rank, or DISTMESH_STORE=file:///<shared dir>");
+    else if (strcmp(env.source, "pmi") == 0)
+        snprintf(out->error, sizeof(out->error), "PMI launchers (mpiexec of MPICH / Intel MPI) give no job id "
+                 "distmesh can use: set MASTER_ADDR and MASTER_PORT for every rank (mpiexec -genv MASTER_ADDR "
+                 "<host of rank 0> -genv MASTER_PORT 29500), or DISTMESH_STORE=file:///<shared dir>");
+    else
+        snprintf(out->error, sizeof(out->error), "no launcher detected (world size %d from %s): set "
+                 "MASTER_ADDR and MASTER_PORT, or DISTMESH_STORE=tcp://host:port or file:///<shared dir>",
+                 env.world_size, env.source);
+    if (!ok) out->url[0] = 0;
+    return ok ? DM_OK : DM_ERR_ENV;
 }
 
 DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
@@ -3649,16 +3992,25 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     s.logger = d.logger;
     s.allocator = d.allocator;
     s.route_host = env.master_addr[0] ? env.master_addr : NULL;
+    /* the launcher's local rank and size, when the desc's rank is the launcher's */
+    s.env_local = env.local_from_launcher && d.rank == env.rank && d.world_size == env.world_size;
+    s.env_local_rank = env.local_rank;
+    s.env_local_size = env.local_world_size;
     s.store = d.store;
     host[0] = 0;
     if (!s.store) {
         _DM_ZERO(dm_store_desc, sd);
         const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
         const char* u = d.store_url ? d.store_url : getenv("DISTMESH_STORE");
-        if (!u || !*u) {
-            if (!env.master_addr[0] || env.master_port <= 0)
-                return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_ENV,
-                                  "tcp: no store: set desc.store / store_url, DISTMESH_STORE, or MASTER_ADDR and MASTER_PORT");
+        bool from_launch = false, launch_server = false;
+        if ((!u || !*u) && (!env.master_addr[0] || env.master_port <= 0)) {
+            dm_tcp_launch l;
+            if (dm_tcp_launch_detect(&l) != DM_OK)
+                return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_ENV, "tcp: no store: %s", l.error);
+            _dm_copy_name(url, sizeof(url), l.url);
+            from_launch = true;
+            launch_server = l.is_server;
+        } else if (!u || !*u) {
             snprintf(url, sizeof(url), "tcp://%s:%d", env.master_addr, env.master_port);
         } else {
             _dm_copy_name(url, sizeof(url), u);
@@ -3672,7 +4024,8 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
             s.route_host = host;
         }
         sd.url = url;
-        sd.is_server = strncmp(url, "tcp://", 6) == 0 && d.rank == 0 && !(agent && strcmp(agent, "True") == 0);
+        sd.is_server = strncmp(url, "tcp://", 6) == 0 &&
+                       (from_launch ? launch_server : d.rank == 0 && !(agent && strcmp(agent, "True") == 0));
         sd.timeout_ms = s.timeout_ms;
         sd.logger = d.logger;
         sd.allocator = d.allocator;
