@@ -210,6 +210,18 @@ enum {
     _DM_STQ_CHECK, _DM_STQ_WAIT, _DM_STQ_GETNUMKEYS, _DM_STQ_DELETE_KEY, _DM_STQ_APPEND,
     _DM_STQ_MULTI_GET, _DM_STQ_MULTI_SET, _DM_STQ_CANCEL_WAIT, _DM_STQ_PING
 };
+/* torch < 2.2 (1.13 captured on the wire, see tests/fixtures): no VALIDATE/PING handshake and
+   other opcodes -- SET 0, COMPARE_SET 1, GET 2, ADD 3, CHECK 4, WAIT 5, GETNUMKEYS 6, WATCH_KEY 7,
+   DELETE_KEY 8 -- with the same fields and replies for everything both have. The server tells
+   the two apart per connection from the first bytes (a 2.x client always opens with VALIDATE 0
+   + magic; a 1.13 SET's key length can't be the magic); the client falls back when a server
+   drops its VALIDATE + PING and answers a 1.13 GETNUMKEYS instead. Protocol 1 has no APPEND,
+   MULTI_*, CANCEL_WAIT or PING: multi_* become loops, a wait with a deadline polls CHECK. */
+enum { _DM_ST_PROTO_2 = 0, _DM_ST_PROTO_1 = 1 };
+static const unsigned char _dm_st_v1_from_v2[] = { 255, 0, 1, 2, 3, 4, 5, 6, 8, 255, 255, 255, 255, 255 };
+static const unsigned char _dm_st_v2_from_v1[] = { _DM_STQ_SET, _DM_STQ_COMPARE_SET, _DM_STQ_GET, _DM_STQ_ADD,
+                                                   _DM_STQ_CHECK, _DM_STQ_WAIT, _DM_STQ_GETNUMKEYS, 255,
+                                                   _DM_STQ_DELETE_KEY };
 #define _DM_ST_MAGIC 0x3C85F7CEu
 #define _DM_ST_READY 0
 #define _DM_ST_NOT_READY 1
@@ -387,6 +399,7 @@ typedef struct _dm_srv_client {
     size_t in_len, in_cap;
     size_t need;                /* don't parse again before in_len reaches this */
     bool validated, closing;
+    unsigned char proto;        /* _DM_ST_PROTO_2, or _DM_ST_PROTO_1 for a torch < 2.2 client */
     _dm_srv_waiter* waiter;
     char peer[64];
 } _dm_srv_client;
@@ -640,6 +653,24 @@ _DM_PRIVATE bool _dm_srv_all_present(_dm_srv* s, _dm_srv_cur* k, uint64_t n) {
     return all;
 }
 
+/* The first request of a connection says which protocol it speaks: VALIDATE + magic (2.x), or
+   anything else (torch < 2.2, which never validates). False: wait for more bytes. */
+_DM_PRIVATE bool _dm_srv_detect_proto(_dm_srv_client* c) {
+    if (c->in[0] == _DM_STQ_VALIDATE) {
+        if (c->in_len < 5) { c->need = 5; return false; }
+        if (_dm_st_get_u32(c->in + 1) == _DM_ST_MAGIC) return true;
+        if (_dm_st_get_u32(c->in + 1) > DM_STORE_MAX_KEY) {   /* no 1.13 SET either: a bad magic */
+            _dm_srv_protocol_error(c, "VALIDATE magic 0x%08X, expected 0x%08X", (unsigned)_dm_st_get_u32(c->in + 1),
+                                   _DM_ST_MAGIC);
+            return false;
+        }
+    }
+    c->proto = _DM_ST_PROTO_1;
+    c->validated = true;
+    _DM_LOG(&c->srv->logger, DM_LOG_INFO, "tcp-store: %s speaks the torch < 2.2 protocol", c->peer);
+    return true;
+}
+
 /* Parses and executes one request at the start of the buffer. Returns bytes consumed, 0 when
    more bytes are needed (k.need set), or closes the client and returns 0 (c->closing). */
 _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
@@ -656,10 +687,9 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     k.p = c->in;
     k.len = c->in_len;
     op = k.p[k.off++];
-    if (!c->validated && op != _DM_STQ_VALIDATE) {
-        _dm_srv_protocol_error(c, "first request has opcode %u, not VALIDATE (a torch < 2.2 client?)", op);
-        return 0;
-    }
+    if (!c->validated && !_dm_srv_detect_proto(c)) return 0;
+    if (c->proto == _DM_ST_PROTO_1)
+        op = op < sizeof(_dm_st_v2_from_v1) ? _dm_st_v2_from_v1[op] : 255u;
     switch (op) {
     case _DM_STQ_VALIDATE: {
         uint32_t magic;
@@ -1089,6 +1119,7 @@ typedef struct _dm_store_shared {
     int refs;
     int kind;
     int fd;                     /* tcp client socket, -1 once broken */
+    int proto;                  /* _DM_ST_PROTO_2, or _DM_ST_PROTO_1 against a torch < 2.2 server */
     bool broken;
     char broken_why[160];
     _dm_srv* server;
@@ -1209,6 +1240,8 @@ _DM_PRIVATE dm_status _dm_store_check_conn(dm_store* s) {
 _DM_PRIVATE void _dm_stbuf_request(_dm_stbuf* b, dm_store* s, unsigned opcode) {
     memset(b, 0, sizeof(*b));
     b->a = &s->allocator;
+    /* protocol 1 callers only ask for opcodes it has (see >>store wire) */
+    if (s->sh->proto == _DM_ST_PROTO_1) opcode = _dm_st_v1_from_v2[opcode];
     _dm_stbuf_u8(b, opcode);
 }
 _DM_PRIVATE dm_status _dm_store_send(dm_store* s, _dm_stbuf* b, const char* what) {
@@ -1259,6 +1292,42 @@ _DM_PRIVATE dm_status _dm_store_bad_reply(dm_store* s, const char* what, unsigne
                           what, got, s->sh->host, s->sh->port);
 }
 
+/* Protocol 1 has no CANCEL_WAIT: a wait with a deadline polls CHECK (every 20..200 ms). */
+_DM_PRIVATE dm_status _dm_store_v1_wait(dm_store* s, unsigned char* const* keys, const size_t* lens, size_t n,
+                                        int timeout_ms, const char* const* names) {
+    int64_t deadline = _dm_deadline(timeout_ms);
+    int pause = 20;
+    for (;;) {
+        _dm_stbuf b;
+        size_t i;
+        unsigned char r;
+        dm_status st;
+        _dm_stbuf_request(&b, s, _DM_STQ_CHECK);
+        _dm_stbuf_u64(&b, (uint64_t)n);
+        for (i = 0; i < n; i++) _dm_stbuf_str(&b, keys[i], lens[i]);
+        st = _dm_store_send(s, &b, "wait");
+        _dm_stbuf_free(&b);
+        if (st == DM_OK) st = _dm_store_recv(s, &r, 1, _dm_deadline(s->timeout_ms), "wait");
+        if (st != DM_OK) return st;
+        if (r == _DM_ST_READY) return DM_OK;
+        if (r != _DM_ST_NOT_READY) return _dm_store_bad_reply(s, "wait", r);
+        if (_dm_now_ms() >= deadline) {
+            char list[300];
+            return _DM_STORE_FAIL(s, DM_ERR_TIMEOUT, "tcp-store: wait for %s timed out after %d ms (ETIMEDOUT)",
+                                  _dm_store_keylist(s, names, n, list, sizeof(list)), timeout_ms);
+        }
+        {
+            int64_t left = deadline - _dm_now_ms();
+            struct timespec ts;
+            if (left > pause) left = pause;
+            ts.tv_sec = 0;
+            ts.tv_nsec = (long)(left > 0 ? left : 1) * 1000000L;
+            nanosleep(&ts, NULL);
+            pause = pause * 2 > 200 ? 200 : pause * 2;
+        }
+    }
+}
+
 /* WAIT for already prefixed keys; at the deadline CANCEL_WAIT, as torch's client does. */
 _DM_PRIVATE dm_status _dm_store_tcp_wait(dm_store* s, unsigned char* const* keys, const size_t* lens,
                                          size_t n, int timeout_ms, const char* const* names) {
@@ -1268,6 +1337,7 @@ _DM_PRIVATE dm_status _dm_store_tcp_wait(dm_store* s, unsigned char* const* keys
     int rc;
     dm_status st;
     int64_t deadline = _dm_deadline(timeout_ms);
+    if (s->sh->proto == _DM_ST_PROTO_1 && timeout_ms >= 0) return _dm_store_v1_wait(s, keys, lens, n, timeout_ms, names);
     _dm_stbuf_request(&b, s, _DM_STQ_WAIT);
     _dm_stbuf_u64(&b, (uint64_t)n);
     for (i = 0; i < n; i++) _dm_stbuf_str(&b, keys[i], lens[i]);
@@ -1293,8 +1363,9 @@ _DM_PRIVATE dm_status _dm_store_tcp_wait(dm_store* s, unsigned char* const* keys
     }
 }
 
-/* One connection attempt: connect, TCP_NODELAY, VALIDATE, PING. 0 or a uv code. */
-_DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int64_t deadline, int* out_fd) {
+/* One connection attempt: connect, TCP_NODELAY, then VALIDATE + PING (proto 2), or a 1.13
+   GETNUMKEYS answered with 8 bytes (proto 1). 0 or a uv code. */
+_DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int proto, int64_t deadline, int* out_fd) {
     int fd, rc, fl;
     unsigned char req[16], rep[4];
     uint32_t nonce = (uint32_t)getpid();
@@ -1327,10 +1398,21 @@ _DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int64_t deadlin
     }
     fl = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &fl, sizeof(fl));
-    /* VALIDATE + PING in one segment, like torch's client (two sends, no reply in between) */
     memset(&b, 0, sizeof(b));
     b.p = req;
     b.cap = sizeof(req);
+    if (proto == _DM_ST_PROTO_1) {
+        unsigned char n8[8];
+        _dm_stbuf_u8(&b, 6);            /* GETNUMKEYS of torch < 2.2 */
+        if ((rc = _dm_store_send_all(fd, req, b.len, deadline)) != 0 ||
+            (rc = _dm_store_recv_all(fd, n8, 8, deadline)) != 0) {
+            close(fd);
+            return rc;
+        }
+        *out_fd = fd;
+        return 0;
+    }
+    /* VALIDATE + PING in one segment, like torch's client (two sends, no reply in between) */
     _dm_stbuf_u8(&b, _DM_STQ_VALIDATE);
     _dm_stbuf_u32(&b, _DM_ST_MAGIC);
     _dm_stbuf_u8(&b, _DM_STQ_PING);
@@ -1367,7 +1449,15 @@ _DM_PRIVATE dm_status _dm_store_tcp_connect(dm_store* s) {
         } else {
             for (ai = res; ai; ai = ai->ai_next) {
                 int fd = -1;
-                int r = _dm_store_try_connect(ai, deadline, &fd);
+                int r = _dm_store_try_connect(ai, _DM_ST_PROTO_2, deadline, &fd);
+                /* dropped during the handshake: maybe a torch < 2.2 server; ask it its way */
+                if ((r == UV_EOF || r == UV_ECONNRESET) &&
+                    _dm_store_try_connect(ai, _DM_ST_PROTO_1, deadline, &fd) == 0) {
+                    sh->proto = _DM_ST_PROTO_1;
+                    _DM_LOG(&s->logger, DM_LOG_INFO, "tcp-store: %s:%d is a torch < 2.2 store; using its protocol",
+                            sh->host, sh->port);
+                    r = 0;
+                }
                 if (r == 0) { sh->fd = fd; last = 0; break; }
                 if (r != UV_ETIMEDOUT || !last) last = r;   /* keep the real cause over our deadline */
             }
@@ -1792,9 +1882,12 @@ _DM_PRIVATE dm_status _dm_store_set_locked(dm_store* s, const char* key, const v
     if (!key || !(k = _dm_store_key(s, key, &kn))) return _dm_store_bad_key(s, what, key);
     if (s->sh->kind == _DM_STORE_TCP) {
         _dm_stbuf b;
-        memset(&b, 0, sizeof(b));
-        b.a = &s->allocator;
-        _dm_stbuf_u8(&b, append ? _DM_STQ_APPEND : _DM_STQ_SET);
+        if (append && s->sh->proto == _DM_ST_PROTO_1) {
+            _dm_free(&s->allocator, k);
+            return _DM_STORE_FAIL(s, DM_ERR_UNSUPPORTED, "tcp-store: append: the torch < 2.2 store at %s:%d has no APPEND",
+                                  s->sh->host, s->sh->port);
+        }
+        _dm_stbuf_request(&b, s, append ? _DM_STQ_APPEND : _DM_STQ_SET);
         _dm_stbuf_str(&b, k, kn);
         _dm_stbuf_str(&b, value, size);
         st = _dm_store_send(s, &b, what);
@@ -1953,7 +2046,7 @@ DM_API_IMPL dm_status dm_store_multi_get(dm_store* s, const char* const* keys, s
     st = _dm_store_keys(s, "multi_get", keys, n, &k, &l);
     if (st == DM_OK) {
         st = _dm_store_wait_locked(s, k, l, n, s->timeout_ms, keys);
-        if (st == DM_OK && s->sh->kind == _DM_STORE_TCP) {
+        if (st == DM_OK && s->sh->kind == _DM_STORE_TCP && s->sh->proto != _DM_ST_PROTO_1) {
             _dm_stbuf b;
             _dm_stbuf_request(&b, s, _DM_STQ_MULTI_GET);
             _dm_stbuf_u64(&b, (uint64_t)n);
@@ -1993,7 +2086,7 @@ DM_API_IMPL dm_status dm_store_multi_set(dm_store* s, const char* const* keys, c
     }
     st = _dm_store_keys(s, "multi_set", keys, n, &k, &l);
     if (st == DM_OK) {
-        if (s->sh->kind == _DM_STORE_TCP) {
+        if (s->sh->kind == _DM_STORE_TCP && s->sh->proto != _DM_ST_PROTO_1) {
             _dm_stbuf b;
             _dm_stbuf_request(&b, s, _DM_STQ_MULTI_SET);
             _dm_stbuf_u64(&b, (uint64_t)n);
