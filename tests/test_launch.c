@@ -228,7 +228,7 @@ static int wait_child(pid_t pid) {
 static void test_launch_local_rank_from_launcher_wins(void** state) {
     pid_t pids[4];
     int r;
-    char spec[512], tag[8], out[4096], want[64];
+    char spec[512], tag[16], out[4096], want[64];
     (void)state;
     clear_env();
     for (r = 0; r < 4; r++) {
