@@ -1,12 +1,14 @@
 # distmesh build. `make test` installs what it needs (scripts/deps.sh), builds and runs every test
 # under a hard timeout, and prints a closing "N passed, N failed" line.
 #   make            build tests, examples, bench
-#   make test       unit + multi-process tests (plain build)
+#   make test       unit + multi-process tests (plain build); T=pattern runs only the test
+#                   programs or cmocka tests whose names match (e.g. T=test_env, T=agent_store)
 #   make asan       the same under AddressSanitizer + UBSan (LeakSanitizer included)
 #   make tsan       the same under ThreadSanitizer
 #   make bench      the README's main job: ring all-reduce on 4 local ranks over TCP
 #   make compare    distmesh against Gloo and OpenMPI (see bench/)
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
+#   make install    headers, pkg-config and CMake files (PREFIX=/usr/local, DESTDIR=)
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.
 
 CC      ?= cc
@@ -33,13 +35,13 @@ all: deps
 deps:
 	@bash scripts/deps.sh
 
-include $(sort $(wildcard tests/*.mk)) $(sort $(wildcard bench/*.mk))
+include $(sort $(wildcard tests/*.mk)) $(sort $(wildcard bench/*.mk)) packaging/install.mk
 
 build-all: $(TEST_BINS) $(EXTRA_BINS)
 
 test: deps
 	@$(MAKE) --no-print-directory $(TEST_BINS) $(EXTRA_BINS)
-	@bash tests/run.sh $(TEST_TIMEOUT) $(TEST_BINS)
+	@DM_TEST_PATTERN='$(T)' bash tests/run.sh $(TEST_TIMEOUT) $(TEST_BINS)
 
 asan:
 	@$(MAKE) --no-print-directory test BUILD=build/asan OPT="-O1 -g" \

@@ -194,6 +194,8 @@ typedef struct dm_strategy dm_strategy;
 typedef struct dm_env {
     int rank, world_size;
     int local_rank, local_world_size;
+    bool local_from_launcher;   /* local_rank and local_world_size were given by variables; else
+                                   they default to one node (rank, world_size) */
     bool is_distributed;        /* world_size > 1 */
     const char* source;         /* "distmesh", "torchrun", "openmpi", "pmi", "slurm", "default" */
     char master_addr[256];      /* MASTER_ADDR or "" */
@@ -815,8 +817,10 @@ DM_API_IMPL void dm_log_stderr(dm_log_level level, dm_status status, const char*
                                const char* file, int line, void* user_data) {
     static const char* levels[] = { "error", "warn", "info", "debug" };
     (void)user_data;
-    fprintf(stderr, "distmesh %s: %s [%s] (%s:%d)\n",
-            ((unsigned)level < 4) ? levels[level] : "?", message, dm_status_name(status), file, line);
+    /* a status tag only where there is one: warnings and notes carry DM_OK */
+    fprintf(stderr, "distmesh %s: %s%s%s%s (%s:%d)\n", ((unsigned)level < 4) ? levels[level] : "?", message,
+            status != DM_OK ? " [" : "", status != DM_OK ? dm_status_name(status) : "", status != DM_OK ? "]" : "",
+            file, line);
 }
 
 /* >>env  Strict parsing: the whole string must be a number in range, never atoi's garbage. */
@@ -943,6 +947,7 @@ _DM_PRIVATE bool _dm_env_read_source(dm_env* env, const _dm_env_source* src, _dm
     /* Without local information the world is taken to be one node. */
     env->local_rank = has_lrank ? lrank : rank;
     env->local_world_size = has_lworld ? lworld : world;
+    env->local_from_launcher = has_lrank && has_lworld;
     env->source = src->source;
     vars->rank = src->rank;
     vars->world = src->world;
@@ -964,6 +969,7 @@ _DM_PRIVATE bool _dm_env_overrides(dm_env* env, _dm_env_vars* vars) {
     if (found) { env->local_rank = v; vars->local_rank = "DISTMESH_LOCAL_RANK"; }
     if (!_dm_env_int(env, "DISTMESH_LOCAL_WORLD_SIZE", 1, &v, &found)) return false;
     if (found) { env->local_world_size = v; vars->local_world = "DISTMESH_LOCAL_WORLD_SIZE"; }
+    if (getenv("DISTMESH_LOCAL_RANK") && getenv("DISTMESH_LOCAL_WORLD_SIZE")) env->local_from_launcher = true;
     return true;
 }
 

@@ -210,6 +210,18 @@ enum {
     _DM_STQ_CHECK, _DM_STQ_WAIT, _DM_STQ_GETNUMKEYS, _DM_STQ_DELETE_KEY, _DM_STQ_APPEND,
     _DM_STQ_MULTI_GET, _DM_STQ_MULTI_SET, _DM_STQ_CANCEL_WAIT, _DM_STQ_PING
 };
+/* torch < 2.2 (1.13 captured on the wire, see tests/fixtures): no VALIDATE/PING handshake and
+   other opcodes -- SET 0, COMPARE_SET 1, GET 2, ADD 3, CHECK 4, WAIT 5, GETNUMKEYS 6, WATCH_KEY 7,
+   DELETE_KEY 8 -- with the same fields and replies for everything both have. The server tells
+   the two apart per connection from the first bytes (a 2.x client always opens with VALIDATE 0
+   + magic; a 1.13 SET's key length can't be the magic); the client falls back when a server
+   drops its VALIDATE + PING and answers a 1.13 GETNUMKEYS instead. Protocol 1 has no APPEND,
+   MULTI_*, CANCEL_WAIT or PING: multi_* become loops, a wait with a deadline polls CHECK. */
+enum { _DM_ST_PROTO_2 = 0, _DM_ST_PROTO_1 = 1 };
+static const unsigned char _dm_st_v1_from_v2[] = { 255, 0, 1, 2, 3, 4, 5, 6, 8, 255, 255, 255, 255, 255 };
+static const unsigned char _dm_st_v2_from_v1[] = { _DM_STQ_SET, _DM_STQ_COMPARE_SET, _DM_STQ_GET, _DM_STQ_ADD,
+                                                   _DM_STQ_CHECK, _DM_STQ_WAIT, _DM_STQ_GETNUMKEYS, 255,
+                                                   _DM_STQ_DELETE_KEY };
 #define _DM_ST_MAGIC 0x3C85F7CEu
 #define _DM_ST_READY 0
 #define _DM_ST_NOT_READY 1
@@ -387,6 +399,7 @@ typedef struct _dm_srv_client {
     size_t in_len, in_cap;
     size_t need;                /* don't parse again before in_len reaches this */
     bool validated, closing;
+    unsigned char proto;        /* _DM_ST_PROTO_2, or _DM_ST_PROTO_1 for a torch < 2.2 client */
     _dm_srv_waiter* waiter;
     char peer[64];
 } _dm_srv_client;
@@ -640,6 +653,24 @@ _DM_PRIVATE bool _dm_srv_all_present(_dm_srv* s, _dm_srv_cur* k, uint64_t n) {
     return all;
 }
 
+/* The first request of a connection says which protocol it speaks: VALIDATE + magic (2.x), or
+   anything else (torch < 2.2, which never validates). False: wait for more bytes. */
+_DM_PRIVATE bool _dm_srv_detect_proto(_dm_srv_client* c) {
+    if (c->in[0] == _DM_STQ_VALIDATE) {
+        if (c->in_len < 5) { c->need = 5; return false; }
+        if (_dm_st_get_u32(c->in + 1) == _DM_ST_MAGIC) return true;
+        if (_dm_st_get_u32(c->in + 1) > DM_STORE_MAX_KEY) {   /* no 1.13 SET either: a bad magic */
+            _dm_srv_protocol_error(c, "VALIDATE magic 0x%08X, expected 0x%08X", (unsigned)_dm_st_get_u32(c->in + 1),
+                                   _DM_ST_MAGIC);
+            return false;
+        }
+    }
+    c->proto = _DM_ST_PROTO_1;
+    c->validated = true;
+    _DM_LOG(&c->srv->logger, DM_LOG_INFO, "tcp-store: %s speaks the torch < 2.2 protocol", c->peer);
+    return true;
+}
+
 /* Parses and executes one request at the start of the buffer. Returns bytes consumed, 0 when
    more bytes are needed (k.need set), or closes the client and returns 0 (c->closing). */
 _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
@@ -656,10 +687,9 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     k.p = c->in;
     k.len = c->in_len;
     op = k.p[k.off++];
-    if (!c->validated && op != _DM_STQ_VALIDATE) {
-        _dm_srv_protocol_error(c, "first request has opcode %u, not VALIDATE (a torch < 2.2 client?)", op);
-        return 0;
-    }
+    if (!c->validated && !_dm_srv_detect_proto(c)) return 0;
+    if (c->proto == _DM_ST_PROTO_1)
+        op = op < sizeof(_dm_st_v2_from_v1) ? _dm_st_v2_from_v1[op] : 255u;
     switch (op) {
     case _DM_STQ_VALIDATE: {
         uint32_t magic;
@@ -1089,6 +1119,7 @@ typedef struct _dm_store_shared {
     int refs;
     int kind;
     int fd;                     /* tcp client socket, -1 once broken */
+    int proto;                  /* _DM_ST_PROTO_2, or _DM_ST_PROTO_1 against a torch < 2.2 server */
     bool broken;
     char broken_why[160];
     _dm_srv* server;
@@ -1209,6 +1240,8 @@ _DM_PRIVATE dm_status _dm_store_check_conn(dm_store* s) {
 _DM_PRIVATE void _dm_stbuf_request(_dm_stbuf* b, dm_store* s, unsigned opcode) {
     memset(b, 0, sizeof(*b));
     b->a = &s->allocator;
+    /* protocol 1 callers only ask for opcodes it has (see >>store wire) */
+    if (s->sh->proto == _DM_ST_PROTO_1) opcode = _dm_st_v1_from_v2[opcode];
     _dm_stbuf_u8(b, opcode);
 }
 _DM_PRIVATE dm_status _dm_store_send(dm_store* s, _dm_stbuf* b, const char* what) {
@@ -1259,6 +1292,42 @@ _DM_PRIVATE dm_status _dm_store_bad_reply(dm_store* s, const char* what, unsigne
                           what, got, s->sh->host, s->sh->port);
 }
 
+/* Protocol 1 has no CANCEL_WAIT: a wait with a deadline polls CHECK (every 20..200 ms). */
+_DM_PRIVATE dm_status _dm_store_v1_wait(dm_store* s, unsigned char* const* keys, const size_t* lens, size_t n,
+                                        int timeout_ms, const char* const* names) {
+    int64_t deadline = _dm_deadline(timeout_ms);
+    int pause = 20;
+    for (;;) {
+        _dm_stbuf b;
+        size_t i;
+        unsigned char r;
+        dm_status st;
+        _dm_stbuf_request(&b, s, _DM_STQ_CHECK);
+        _dm_stbuf_u64(&b, (uint64_t)n);
+        for (i = 0; i < n; i++) _dm_stbuf_str(&b, keys[i], lens[i]);
+        st = _dm_store_send(s, &b, "wait");
+        _dm_stbuf_free(&b);
+        if (st == DM_OK) st = _dm_store_recv(s, &r, 1, _dm_deadline(s->timeout_ms), "wait");
+        if (st != DM_OK) return st;
+        if (r == _DM_ST_READY) return DM_OK;
+        if (r != _DM_ST_NOT_READY) return _dm_store_bad_reply(s, "wait", r);
+        if (_dm_now_ms() >= deadline) {
+            char list[300];
+            return _DM_STORE_FAIL(s, DM_ERR_TIMEOUT, "tcp-store: wait for %s timed out after %d ms (ETIMEDOUT)",
+                                  _dm_store_keylist(s, names, n, list, sizeof(list)), timeout_ms);
+        }
+        {
+            int64_t left = deadline - _dm_now_ms();
+            struct timespec ts;
+            if (left > pause) left = pause;
+            ts.tv_sec = 0;
+            ts.tv_nsec = (long)(left > 0 ? left : 1) * 1000000L;
+            nanosleep(&ts, NULL);
+            pause = pause * 2 > 200 ? 200 : pause * 2;
+        }
+    }
+}
+
 /* WAIT for already prefixed keys; at the deadline CANCEL_WAIT, as torch's client does. */
 _DM_PRIVATE dm_status _dm_store_tcp_wait(dm_store* s, unsigned char* const* keys, const size_t* lens,
                                          size_t n, int timeout_ms, const char* const* names) {
@@ -1268,6 +1337,7 @@ _DM_PRIVATE dm_status _dm_store_tcp_wait(dm_store* s, unsigned char* const* keys
     int rc;
     dm_status st;
     int64_t deadline = _dm_deadline(timeout_ms);
+    if (s->sh->proto == _DM_ST_PROTO_1 && timeout_ms >= 0) return _dm_store_v1_wait(s, keys, lens, n, timeout_ms, names);
     _dm_stbuf_request(&b, s, _DM_STQ_WAIT);
     _dm_stbuf_u64(&b, (uint64_t)n);
     for (i = 0; i < n; i++) _dm_stbuf_str(&b, keys[i], lens[i]);
@@ -1293,8 +1363,9 @@ _DM_PRIVATE dm_status _dm_store_tcp_wait(dm_store* s, unsigned char* const* keys
     }
 }
 
-/* One connection attempt: connect, TCP_NODELAY, VALIDATE, PING. 0 or a uv code. */
-_DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int64_t deadline, int* out_fd) {
+/* One connection attempt: connect, TCP_NODELAY, then VALIDATE + PING (proto 2), or a 1.13
+   GETNUMKEYS answered with 8 bytes (proto 1). 0 or a uv code. */
+_DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int proto, int64_t deadline, int* out_fd) {
     int fd, rc, fl;
     unsigned char req[16], rep[4];
     uint32_t nonce = (uint32_t)getpid();
@@ -1327,10 +1398,21 @@ _DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int64_t deadlin
     }
     fl = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &fl, sizeof(fl));
-    /* VALIDATE + PING in one segment, like torch's client (two sends, no reply in between) */
     memset(&b, 0, sizeof(b));
     b.p = req;
     b.cap = sizeof(req);
+    if (proto == _DM_ST_PROTO_1) {
+        unsigned char n8[8];
+        _dm_stbuf_u8(&b, 6);            /* GETNUMKEYS of torch < 2.2 */
+        if ((rc = _dm_store_send_all(fd, req, b.len, deadline)) != 0 ||
+            (rc = _dm_store_recv_all(fd, n8, 8, deadline)) != 0) {
+            close(fd);
+            return rc;
+        }
+        *out_fd = fd;
+        return 0;
+    }
+    /* VALIDATE + PING in one segment, like torch's client (two sends, no reply in between) */
     _dm_stbuf_u8(&b, _DM_STQ_VALIDATE);
     _dm_stbuf_u32(&b, _DM_ST_MAGIC);
     _dm_stbuf_u8(&b, _DM_STQ_PING);
@@ -1367,7 +1449,15 @@ _DM_PRIVATE dm_status _dm_store_tcp_connect(dm_store* s) {
         } else {
             for (ai = res; ai; ai = ai->ai_next) {
                 int fd = -1;
-                int r = _dm_store_try_connect(ai, deadline, &fd);
+                int r = _dm_store_try_connect(ai, _DM_ST_PROTO_2, deadline, &fd);
+                /* dropped during the handshake: maybe a torch < 2.2 server; ask it its way */
+                if ((r == UV_EOF || r == UV_ECONNRESET) &&
+                    _dm_store_try_connect(ai, _DM_ST_PROTO_1, deadline, &fd) == 0) {
+                    sh->proto = _DM_ST_PROTO_1;
+                    _DM_LOG(&s->logger, DM_LOG_INFO, "tcp-store: %s:%d is a torch < 2.2 store; using its protocol",
+                            sh->host, sh->port);
+                    r = 0;
+                }
                 if (r == 0) { sh->fd = fd; last = 0; break; }
                 if (r != UV_ETIMEDOUT || !last) last = r;   /* keep the real cause over our deadline */
             }
@@ -1792,9 +1882,12 @@ _DM_PRIVATE dm_status _dm_store_set_locked(dm_store* s, const char* key, const v
     if (!key || !(k = _dm_store_key(s, key, &kn))) return _dm_store_bad_key(s, what, key);
     if (s->sh->kind == _DM_STORE_TCP) {
         _dm_stbuf b;
-        memset(&b, 0, sizeof(b));
-        b.a = &s->allocator;
-        _dm_stbuf_u8(&b, append ? _DM_STQ_APPEND : _DM_STQ_SET);
+        if (append && s->sh->proto == _DM_ST_PROTO_1) {
+            _dm_free(&s->allocator, k);
+            return _DM_STORE_FAIL(s, DM_ERR_UNSUPPORTED, "tcp-store: append: the torch < 2.2 store at %s:%d has no APPEND",
+                                  s->sh->host, s->sh->port);
+        }
+        _dm_stbuf_request(&b, s, append ? _DM_STQ_APPEND : _DM_STQ_SET);
         _dm_stbuf_str(&b, k, kn);
         _dm_stbuf_str(&b, value, size);
         st = _dm_store_send(s, &b, what);
@@ -1953,7 +2046,7 @@ DM_API_IMPL dm_status dm_store_multi_get(dm_store* s, const char* const* keys, s
     st = _dm_store_keys(s, "multi_get", keys, n, &k, &l);
     if (st == DM_OK) {
         st = _dm_store_wait_locked(s, k, l, n, s->timeout_ms, keys);
-        if (st == DM_OK && s->sh->kind == _DM_STORE_TCP) {
+        if (st == DM_OK && s->sh->kind == _DM_STORE_TCP && s->sh->proto != _DM_ST_PROTO_1) {
             _dm_stbuf b;
             _dm_stbuf_request(&b, s, _DM_STQ_MULTI_GET);
             _dm_stbuf_u64(&b, (uint64_t)n);
@@ -1993,7 +2086,7 @@ DM_API_IMPL dm_status dm_store_multi_set(dm_store* s, const char* const* keys, c
     }
     st = _dm_store_keys(s, "multi_set", keys, n, &k, &l);
     if (st == DM_OK) {
-        if (s->sh->kind == _DM_STORE_TCP) {
+        if (s->sh->kind == _DM_STORE_TCP && s->sh->proto != _DM_ST_PROTO_1) {
             _dm_stbuf b;
             _dm_stbuf_request(&b, s, _DM_STQ_MULTI_SET);
             _dm_stbuf_u64(&b, (uint64_t)n);
@@ -2262,6 +2355,34 @@ typedef struct dm_tcp_desc {
 
 /* Collective call over all world_size ranks. Fails with *out == NULL. */
 DM_API dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out);
+
+/* >>tcp launch  The rendezvous a launcher implies when no store is named (no desc.store /
+   store_url, no DISTMESH_STORE, no MASTER_ADDR + MASTER_PORT):
+     mpirun (OpenMPI), every rank on one host (OMPI_COMM_WORLD_LOCAL_SIZE == _SIZE):
+         file store in a private directory keyed by the job id (OMPI_MCA_ess_base_jobid, else
+         PMIX_NAMESPACE)
+     srun (Slurm), one node (SLURM_STEP_NUM_NODES / SLURM_NNODES 1): file store keyed by
+         SLURM_JOB_ID.SLURM_STEP_ID
+     srun, several nodes: tcp store on the first node of SLURM_STEP_NODELIST (else
+         SLURM_JOB_NODELIST), port MASTER_PORT if set, else 15000 + (16 * SLURM_JOB_ID +
+         SLURM_STEP_ID % 16) % 20000; the task with SLURM_NODEID 0 and SLURM_LOCALID 0 hosts it
+     anything else (mpirun over several hosts, torchrun-style variables without MASTER_*):
+         DM_ERR_ENV, and error names exactly what to set for the launcher detected.
+   The private directory is $XDG_RUNTIME_DIR/distmesh, else $TMPDIR (or /tmp)/distmesh-<uid>,
+   mode 0700 and owned by this user (anything else is refused); one subdirectory per job, left
+   in place (a few bytes per rank). */
+typedef struct dm_tcp_launch {
+    char url[512];              /* the store url: file:///... or tcp://host:port */
+    bool is_server;             /* tcp: this process hosts the store */
+    const char* launcher;       /* "openmpi", "slurm", "torchrun", "pmi", "distmesh", "default" */
+    char error[DM_LAST_ERROR_SIZE]; /* on failure: what to set */
+} dm_tcp_launch;
+DM_API dm_status dm_tcp_launch_detect(dm_tcp_launch* out);
+
+/* Slurm hostlist ("node[01-04,07],gpu-a[1-2]-x"): returns how many hosts it names (-1 when
+   malformed or above 1e6 hosts) and, when 0 <= index < that count and out is not NULL, writes
+   host `index` to out (truncated to cap). */
+DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t cap);
 
 #ifdef __cplusplus
 } /* extern "C" */
@@ -3176,8 +3297,12 @@ static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64
         _dm_tcp_put32(ack + 4, status);
         rc = _dm_tcp_write_full(fd, ack, sizeof(ack), hello_deadline);
         if (status != _DM_TCP_ACK_OK || rc != 1) {
-            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (%s)", peer,
-                    status == _DM_TCP_ACK_TOKEN ? "wrong token" : status == _DM_TCP_ACK_GROUP ? "other group" : "bad rank");
+            if (status == _DM_TCP_ACK_GROUP && (int)_dm_tcp_get32(hello + 12) != t->base.size)
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused rank %d: world size disagreement (it has "
+                        "%d, this rank %d)", peer, (int)_dm_tcp_get32(hello + 12), t->base.size);
+            else
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (%s)", peer,
+                        status == _DM_TCP_ACK_TOKEN ? "wrong token" : status == _DM_TCP_ACK_GROUP ? "other group" : "bad rank");
             close(fd);
             continue;
         }
@@ -3478,7 +3603,108 @@ typedef struct _dm_tcp_setup {
     size_t chunk_bytes;
     dm_logger logger;
     dm_allocator allocator;
+    bool env_local;             /* the launcher gave env_local_rank / env_local_size (they win) */
+    int env_local_rank, env_local_size;
 } _dm_tcp_setup;
+
+/* The launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win over the host-name grouping; a disagreement
+   is worth a warning (a launcher that packs ranks differently than the host names say). */
+static void _dm_tcp_local_from_launcher(_dm_tcp* t, const _dm_tcp_setup* s) {
+    if (!s->env_local) return;
+    if (s->env_local_rank != t->base.local_rank || s->env_local_size != t->base.local_size)
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: the launcher says local rank %d of %d, host names say %d of %d "
+                "(host \"%s\"); using the launcher's", s->env_local_rank, s->env_local_size, t->base.local_rank,
+                t->base.local_size, t->base.node_name);
+    t->base.local_rank = s->env_local_rank;
+    t->base.local_size = s->env_local_size;
+}
+
+/* >>tcp arrival  Before connecting, each rank waits until every rank of its group has
+   published its address, in slices (1 s, then 10 s); a slice that ends with ranks missing logs
+   which ones and for how long. The first rank here sets "<prefix>world_size"; a rank that holds
+   a different world size fails at once, naming both values. The waits use a silent clone of
+   the store: a slice that times out is not an error. */
+static void _dm_tcp_rank_list(const int* ranks, int n, char* out, size_t cap) {
+    int i = 0;
+    size_t len = 0;
+    out[0] = 0;
+    while (i < n && len + 24 < cap) {
+        int k = i;
+        while (k + 1 < n && ranks[k + 1] == ranks[k] + 1) k++;
+        if (k == i) len += (size_t)snprintf(out + len, cap - len, "%s%d", i ? ", " : "", ranks[i]);
+        else len += (size_t)snprintf(out + len, cap - len, "%s%d-%d", i ? ", " : "", ranks[i], ranks[k]);
+        i = k + 1;
+    }
+    if (i < n) snprintf(out + len, cap - len, ", ...");
+}
+
+static dm_status _dm_tcp_await_ranks(_dm_tcp* t, int64_t deadline) {
+    int W = t->base.size, j, nmissing;
+    char key[600], mine[24], other[24], list[200];
+    void* held = NULL;
+    size_t held_n = 0;
+    char** keys = NULL;
+    int* missing = NULL;
+    int64_t start = _dm_now_ms(), slice = 1000;
+    dm_store* w = NULL;
+    dm_status st;
+    snprintf(mine, sizeof(mine), "%d", W);
+    snprintf(key, sizeof(key), "%sworld_size", t->prefix);
+    st = dm_store_compare_set(t->store, key, "", 0, mine, strlen(mine), &held, &held_n);
+    if (st != DM_OK) return _dm_tcp_store_fail(t, st, "compare_set", key);
+    snprintf(other, sizeof(other), "%.*s", (int)(held_n < 20 ? held_n : 20), (const char*)held);
+    dm_store_free(t->store, held);
+    if (strcmp(other, mine) != 0)
+        return _DM_FAIL(&t->base, DM_ERR_INVALID_ARG, "tcp: world size disagreement: this rank (rank %d) has "
+                        "world size %d, another rank of the group has %s (every rank must be given the same "
+                        "WORLD_SIZE / launcher size)", t->base.rank, W, other);
+    if (W == 1) return DM_OK;
+    st = dm_store_clone_prefixed(t->store, "", &w);
+    keys = (char**)_dm_calloc(&t->base.allocator, (size_t)W * sizeof(char*));
+    missing = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)W);
+    if (st != DM_OK || !keys || !missing) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
+    memset(&w->logger, 0, sizeof(w->logger));
+    for (j = 0; j < W; j++) {
+        keys[j] = (char*)_dm_malloc(&t->base.allocator, strlen(t->prefix) + 24);
+        if (!keys[j]) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
+        sprintf(keys[j], "%saddr/%d", t->prefix, j);
+    }
+    for (;;) {
+        int64_t left = deadline - _dm_now_ms();
+        int ms = (int)(left < slice ? (left < 1 ? 1 : left) : slice);
+        st = dm_store_wait(w, (const char* const*)keys, (size_t)W, ms);
+        if (st != DM_ERR_TIMEOUT) {
+            if (st != DM_OK) st = _DM_FAIL(&t->base, st, "tcp: setup: store wait failed: %s", dm_store_last_error(w));
+            goto done;
+        }
+        for (nmissing = 0, j = 0; j < W; j++) {
+            bool there = true;
+            const char* k1 = keys[j];
+            if (dm_store_check(w, &k1, 1, &there) != DM_OK) there = true;
+            if (!there) missing[nmissing++] = j;
+        }
+        _dm_tcp_rank_list(missing, nmissing, list, sizeof(list));
+        if (_dm_now_ms() >= deadline) {
+            st = _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %lld s: rank%s %s of %d never "
+                          "joined (no address under \"%s\")", (long long)((_dm_now_ms() - start) / 1000),
+                          nmissing == 1 ? "" : "s", list, W, t->prefix);
+            goto done;
+        }
+        if (nmissing > 0)
+            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: rank %d has waited %lld s for rank%s %s of %d to join "
+                    "(deadline in %lld s)", t->base.rank, (long long)((_dm_now_ms() - start + 500) / 1000),
+                    nmissing == 1 ? "" : "s", list, W, (long long)((deadline - _dm_now_ms()) / 1000));
+        slice = 10000;
+    }
+done:
+    if (keys)
+        for (j = 0; j < W; j++) _dm_free(&t->base.allocator, keys[j]);
+    _dm_free(&t->base.allocator, keys);
+    _dm_free(&t->base.allocator, missing);
+    dm_store_destroy(w);
+    return st;
+}
+
 
 /* The rendezvous: generation, listen, publish, connect down / accept up, acks, host names. */
 static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
@@ -3553,6 +3779,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     snprintf(key, sizeof(key), "%saddr/%d", t->prefix, s->rank);
     st = dm_store_set(t->store, key, self_addr, strlen(self_addr));
     if (st != DM_OK) { _dm_tcp_store_fail(t, st, "set", key); goto fail; }
+    if ((st = _dm_tcp_await_ranks(t, deadline)) != DM_OK) goto fail;
 
     /* every address first (so rank j is done with the store once rank 0 has its connection),
        then connect to each lower rank */
@@ -3606,6 +3833,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
         t->base.local_rank = lrank;
         t->base.local_size = lsize;
     }
+    _dm_tcp_local_from_launcher(t, s);
     _dm_free(&t->base.allocator, names);
     /* the store stays only where split may need it again */
     *out = &t->base;
@@ -3621,6 +3849,214 @@ fail:
 static dm_status _dm_tcp_report(const dm_logger* lg, dm_status st, const char* msg) {
     char err[DM_LAST_ERROR_SIZE];
     return _DM_REPORT(lg, err, sizeof(err), st, "%s", msg);
+}
+
+/* >>tcp hostlist  Slurm's hostlist syntax: items separated by top-level commas; an item is text
+   with [..] groups of comma-separated numbers and lo-hi ranges (lo's digits give the zero
+   padding); several groups multiply out, the last group varying fastest. */
+#define _DM_HL_MAX 1000000L
+/* Item s[0..n): number of hosts (-1 malformed); host idx appended to out when idx in range. */
+static long _dm_hl_item(const char* s, size_t n, long idx, char* out, size_t cap) {
+    const char* lb = (const char*)memchr(s, '[', n);
+    const char *rb, *p, *rest;
+    size_t restn, used = out ? strlen(out) : 0;
+    long restcount, total = 0;
+    if (!lb) {
+        if (memchr(s, ']', n) || n == 0) return -1;
+        if (out && idx == 0) snprintf(out + used, cap - used, "%.*s", (int)n, s);
+        return 1;
+    }
+    rb = (const char*)memchr(lb, ']', n - (size_t)(lb - s));
+    if (!rb || memchr(s, ']', (size_t)(lb - s)) || rb == lb + 1) return -1;
+    rest = rb + 1;
+    restn = n - (size_t)(rest - s);
+    restcount = restn ? _dm_hl_item(rest, restn, -1, NULL, 0) : 1;
+    if (restcount < 0) return -1;
+    for (p = lb + 1; p < rb;) {
+        long lo, hi;
+        int width = 0;
+        char* end;
+        if (*p < '0' || *p > '9') return -1;
+        while (p + width < rb && p[width] >= '0' && p[width] <= '9') width++;
+        lo = strtol(p, &end, 10);
+        hi = lo;
+        p = end;
+        if (*p == '-') {
+            if (p[1] < '0' || p[1] > '9') return -1;
+            hi = strtol(p + 1, &end, 10);
+            p = end;
+        }
+        if (hi < lo || hi - lo >= _DM_HL_MAX || p > rb || (*p != ',' && p != rb)) return -1;
+        if ((hi - lo + 1) * restcount > _DM_HL_MAX - total * restcount) return -1;
+        if (out && idx >= total * restcount && idx < (total + hi - lo + 1) * restcount) {
+            long k = idx - total * restcount;
+            snprintf(out + used, cap - used, "%.*s%0*ld", (int)(lb - s), s, width, lo + k / restcount);
+            if (restn) _dm_hl_item(rest, restn, k % restcount, out, cap);
+        }
+        total += hi - lo + 1;
+        if (*p == ',') p++;
+    }
+    return total * restcount;
+}
+
+DM_API_IMPL long dm_slurm_hostlist(const char* list, long index, char* out, size_t cap) {
+    long total = 0;
+    const char* p = list;
+    if (out && cap) out[0] = 0;
+    if (!list || !*list) return -1;
+    while (*p) {
+        const char* q = p;
+        int depth = 0;
+        long n;
+        while (*q && (depth || *q != ',')) {
+            if (*q == '[') depth++;
+            else if (*q == ']') depth--;
+            if (depth < 0 || depth > 1) return -1;
+            q++;
+        }
+        if (depth) return -1;
+        n = _dm_hl_item(p, (size_t)(q - p), index - total, (out && cap && index >= total) ? out : NULL, cap);
+        if (n < 0 || n > _DM_HL_MAX - total) return -1;
+        total += n;
+        p = *q ? q + 1 : q;
+        if (*q && !*p) return -1;          /* trailing comma */
+    }
+    return total;
+}
+#undef _DM_HL_MAX
+
+/* >>tcp launch  A private rendezvous from the launcher's own job identity (see dm_tcp_launch). */
+/* The per-user directory, created 0700; refused unless it is ours, a directory and private. */
+static bool _dm_tcp_private_dir(char* out, size_t cap, char* err, size_t errcap) {
+    const char* xdg = getenv("XDG_RUNTIME_DIR");
+    const char* tmp = getenv("TMPDIR");
+    struct stat st;
+    if (xdg && xdg[0] == '/' && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == getuid())
+        snprintf(out, cap, "%s/distmesh", xdg);
+    else
+        snprintf(out, cap, "%s/distmesh-%lu", (tmp && tmp[0] == '/') ? tmp : "/tmp", (unsigned long)getuid());
+    if (mkdir(out, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errcap, "cannot create the private rendezvous directory %s (%s)", out, strerror(errno));
+        return false;
+    }
+    if (lstat(out, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) {
+        snprintf(err, errcap, "refusing the rendezvous directory %s: it must be a directory owned by uid %lu "
+                 "with mode 0700", out, (unsigned long)getuid());
+        return false;
+    }
+    return true;
+}
+
+/* file:///<private dir>/<launcher>-<job id>, the job id reduced to [A-Za-z0-9._-]. */
+static bool _dm_tcp_job_store(dm_tcp_launch* l, const char* launcher, const char* job) {
+    char dir[300], leaf[96];
+    size_t i, n = 0;
+    if (!_dm_tcp_private_dir(dir, sizeof(dir), l->error, sizeof(l->error))) return false;
+    n = (size_t)snprintf(leaf, sizeof(leaf), "%s-", launcher);
+    for (i = 0; job[i] && n + 1 < sizeof(leaf); i++) {
+        char ch = job[i];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                  ch == '.' || ch == '-' || ch == '_';
+        leaf[n++] = ok ? ch : '_';
+    }
+    leaf[n] = 0;
+    snprintf(l->url, sizeof(l->url), "file://%s/%s", dir, leaf);
+    if (mkdir(l->url + 7, 0700) != 0 && errno != EEXIST) {
+        snprintf(l->error, sizeof(l->error), "cannot create %s (%s)", l->url + 7, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+static const char* _dm_tcp_getenv1(const char* a, const char* b, const char* c) {
+    const char* v = a ? getenv(a) : NULL;
+    if ((!v || !*v) && b) v = getenv(b);
+    if ((!v || !*v) && c) v = getenv(c);
+    return (v && *v) ? v : NULL;
+}
+
+static bool _dm_tcp_launch_openmpi(dm_tcp_launch* l, const dm_env* env) {
+    const char* job = _dm_tcp_getenv1("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_ess_jobid");
+    if (!env->local_from_launcher || env->local_world_size != env->world_size) {
+        snprintf(l->error, sizeof(l->error), "mpirun runs these %d ranks on several hosts, so distmesh needs "
+                 "a store every host reaches: set MASTER_ADDR=<host of rank 0> and MASTER_PORT=<free port> for "
+                 "every rank (mpirun -x MASTER_ADDR=... -x MASTER_PORT=29500 ...), or "
+                 "DISTMESH_STORE=file:///<directory shared by every host>", env->world_size);
+        return false;
+    }
+    if (!job) {
+        snprintf(l->error, sizeof(l->error), "mpirun without a job id (OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE): "
+                 "set MASTER_ADDR and MASTER_PORT, or DISTMESH_STORE=file:///<dir>");
+        return false;
+    }
+    return _dm_tcp_job_store(l, "ompi", job);
+}
+
+static bool _dm_tcp_launch_slurm(dm_tcp_launch* l, const dm_env* env) {
+    const char* job = getenv("SLURM_JOB_ID");
+    const char* step = getenv("SLURM_STEP_ID");
+    const char* nodes = _dm_tcp_getenv1("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST");
+    const char* nn = _dm_tcp_getenv1("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES");
+    int jobid = 0, stepid = 0, nnodes = 0, port = 0, nodeid = -1, localid = -1;
+    long count;
+    char first[256], id[64];
+    if (!job || !_dm_parse_int(job, 0, INT_MAX, &jobid) ||
+        (step && !_dm_parse_int(step, 0, INT_MAX, &stepid))) {
+        snprintf(l->error, sizeof(l->error), "srun without a usable SLURM_JOB_ID / SLURM_STEP_ID (\"%.32s\" / "
+                 "\"%.32s\"): set MASTER_ADDR and MASTER_PORT, or DISTMESH_STORE", job ? job : "", step ? step : "");
+        return false;
+    }
+    count = nodes ? dm_slurm_hostlist(nodes, 0, first, sizeof(first)) : -1;
+    if (nn && !_dm_parse_int(nn, 1, INT_MAX, &nnodes)) nnodes = 0;
+    if (nnodes == 0 && count > 0) nnodes = (int)count;
+    if (nnodes == 1) {
+        snprintf(id, sizeof(id), "%d.%d", jobid, stepid);
+        return _dm_tcp_job_store(l, "slurm", id);
+    }
+    if (count < 1) {
+        snprintf(l->error, sizeof(l->error), "srun over %d nodes but the node list (SLURM_STEP_NODELIST, "
+                 "SLURM_JOB_NODELIST) is %s: set MASTER_ADDR and MASTER_PORT", nnodes,
+                 nodes ? "malformed" : "missing");
+        return false;
+    }
+    if (getenv("MASTER_ADDR") && *getenv("MASTER_ADDR")) _dm_copy_name(first, sizeof(first), getenv("MASTER_ADDR"));
+    if (!getenv("MASTER_PORT") || !_dm_parse_int(getenv("MASTER_PORT"), 1, 65535, &port))
+        port = 15000 + (int)(((long long)jobid * 16 + stepid % 16) % 20000);
+    if (!getenv("SLURM_NODEID") || !_dm_parse_int(getenv("SLURM_NODEID"), 0, INT_MAX, &nodeid)) nodeid = -1;
+    if (!getenv("SLURM_LOCALID") || !_dm_parse_int(getenv("SLURM_LOCALID"), 0, INT_MAX, &localid)) localid = -1;
+    l->is_server = nodeid >= 0 && localid >= 0 ? (nodeid == 0 && localid == 0) : env->rank == 0;
+    if (strchr(first, ':')) snprintf(l->url, sizeof(l->url), "tcp://[%s]:%d", first, port);
+    else snprintf(l->url, sizeof(l->url), "tcp://%s:%d", first, port);
+    return true;
+}
+
+DM_API_IMPL dm_status dm_tcp_launch_detect(dm_tcp_launch* out) {
+    dm_env env;
+    bool ok = false;
+    if (!out) return DM_ERR_INVALID_ARG;
+    memset(out, 0, sizeof(*out));
+    out->launcher = "default";
+    if (dm_env_detect(&env) != DM_OK) {
+        snprintf(out->error, sizeof(out->error), "%s", env.error);
+        return DM_ERR_ENV;
+    }
+    out->launcher = env.source;
+    if (strcmp(env.source, "openmpi") == 0) ok = _dm_tcp_launch_openmpi(out, &env);
+    else if (strcmp(env.source, "slurm") == 0) ok = _dm_tcp_launch_slurm(out, &env);
+    else if (strcmp(env.source, "torchrun") == 0)
+        snprintf(out->error, sizeof(out->error), "RANK and WORLD_SIZE are set but MASTER_ADDR and MASTER_PORT "
+                 "are not: torchrun sets all four; launching by hand, set MASTER_ADDR=<host of rank 0> and "
+                 "MASTER_PORT=<free port> on every rank, or DISTMESH_STORE=file:///<shared dir>");
+    else if (strcmp(env.source, "pmi") == 0)
+        snprintf(out->error, sizeof(out->error), "PMI launchers (mpiexec of MPICH / Intel MPI) give no job id "
+                 "distmesh can use: set MASTER_ADDR and MASTER_PORT for every rank (mpiexec -genv MASTER_ADDR "
+                 "<host of rank 0> -genv MASTER_PORT 29500), or DISTMESH_STORE=file:///<shared dir>");
+    else
+        snprintf(out->error, sizeof(out->error), "no launcher detected (world size %d from %s): set "
+                 "MASTER_ADDR and MASTER_PORT, or DISTMESH_STORE=tcp://host:port or file:///<shared dir>",
+                 env.world_size, env.source);
+    if (!ok) out->url[0] = 0;
+    return ok ? DM_OK : DM_ERR_ENV;
 }
 
 DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
@@ -3654,16 +4090,25 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     s.logger = d.logger;
     s.allocator = d.allocator;
     s.route_host = env.master_addr[0] ? env.master_addr : NULL;
+    /* the launcher's local rank and size, when the desc's rank is the launcher's */
+    s.env_local = env.local_from_launcher && d.rank == env.rank && d.world_size == env.world_size;
+    s.env_local_rank = env.local_rank;
+    s.env_local_size = env.local_world_size;
     s.store = d.store;
     host[0] = 0;
     if (!s.store) {
         _DM_ZERO(dm_store_desc, sd);
         const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
         const char* u = d.store_url ? d.store_url : getenv("DISTMESH_STORE");
-        if (!u || !*u) {
-            if (!env.master_addr[0] || env.master_port <= 0)
-                return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_ENV,
-                                  "tcp: no store: set desc.store / store_url, DISTMESH_STORE, or MASTER_ADDR and MASTER_PORT");
+        bool from_launch = false, launch_server = false;
+        if ((!u || !*u) && (!env.master_addr[0] || env.master_port <= 0)) {
+            dm_tcp_launch l;
+            if (dm_tcp_launch_detect(&l) != DM_OK)
+                return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_ENV, "tcp: no store: %s", l.error);
+            _dm_copy_name(url, sizeof(url), l.url);
+            from_launch = true;
+            launch_server = l.is_server;
+        } else if (!u || !*u) {
             snprintf(url, sizeof(url), "tcp://%s:%d", env.master_addr, env.master_port);
         } else {
             _dm_copy_name(url, sizeof(url), u);
@@ -3677,7 +4122,8 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
             s.route_host = host;
         }
         sd.url = url;
-        sd.is_server = strncmp(url, "tcp://", 6) == 0 && d.rank == 0 && !(agent && strcmp(agent, "True") == 0);
+        sd.is_server = strncmp(url, "tcp://", 6) == 0 &&
+                       (from_launch ? launch_server : d.rank == 0 && !(agent && strcmp(agent, "True") == 0));
         sd.timeout_ms = s.timeout_ms;
         sd.logger = d.logger;
         sd.allocator = d.allocator;

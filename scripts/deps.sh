@@ -10,6 +10,9 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cc >/dev/null  || need+=(gcc)
 command -v c++ >/dev/null || need+=(g++)
 command -v ip >/dev/null  || need+=(iproute2)
+command -v cmake >/dev/null || need+=(cmake)
+command -v mpirun >/dev/null || need+=(openmpi-bin)
+dpkg -s python3-torch >/dev/null 2>&1 || need+=(python3-torch)
 for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "deps: installing ${need[*]}"

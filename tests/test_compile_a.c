@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <string.h>
 #include <cmocka.h>
+#include "test_filter.h"
 
 int compile_b_fake_sum(int n);
 const char* compile_b_status_name(dm_status st);
@@ -30,10 +31,11 @@ static void test_compile_header_macros(void** state) {
 #endif
 }
 
-int main(void) {
+int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_compile_two_tus_share_one_implementation),
         cmocka_unit_test(test_compile_header_macros),
     };
+    dm_test_filter(argc, argv);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

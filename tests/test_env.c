@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "test_filter.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,8 +312,37 @@ static void test_env_init_without_transport(void** state) {
     assert_int_equal(dm_device_count(), 0);
 }
 
+/* local_from_launcher: both local variables of the source used (or both DISTMESH_LOCAL_*). */
+static void test_env_local_from_launcher(void** state) {
+    dm_env e;
+    (void)state;
+    set("RANK", "1"); set("WORLD_SIZE", "4");
+    e = detect_ok();
+    assert_false(e.local_from_launcher);
+    assert_int_equal(e.local_rank, 1);
+    set("LOCAL_RANK", "1"); set("LOCAL_WORLD_SIZE", "2");
+    e = detect_ok();
+    assert_true(e.local_from_launcher);
+    clean_env(NULL);
+    set("OMPI_COMM_WORLD_RANK", "3"); set("OMPI_COMM_WORLD_SIZE", "4");
+    set("OMPI_COMM_WORLD_LOCAL_RANK", "1"); set("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
+    e = detect_ok();
+    assert_true(e.local_from_launcher);
+    assert_int_equal(e.local_world_size, 2);
+    clean_env(NULL);
+    set("SLURM_PROCID", "3"); set("SLURM_NTASKS", "4"); set("SLURM_LOCALID", "1");
+    set("SLURM_TASKS_PER_NODE", "2(x2)"); set("SLURM_NODEID", "1");
+    e = detect_ok();
+    assert_true(e.local_from_launcher);
+    clean_env(NULL);
+    set("DISTMESH_RANK", "0"); set("DISTMESH_WORLD_SIZE", "2");
+    set("DISTMESH_LOCAL_RANK", "0"); set("DISTMESH_LOCAL_WORLD_SIZE", "1");
+    e = detect_ok();
+    assert_true(e.local_from_launcher);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, clean_env, clean_env)
-int main(void) {
+int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         T(test_env_nothing_set_is_rank0_of_1),
         T(test_env_torchrun),
@@ -325,6 +355,8 @@ int main(void) {
         T(test_env_distmesh_timeout),
         T(test_env_timeout_is_the_default_deadline),
         T(test_env_init_without_transport),
+        T(test_env_local_from_launcher),
     };
+    dm_test_filter(argc, argv);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "test_filter.h"
 #include "test_util.h"
 #include <float.h>
 #include <limits.h>
@@ -1213,7 +1214,7 @@ static void test_count_zero_writes_nothing(void** state) {
     assert_no_rank_failures();
 }
 
-int main(void) {
+int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_names_and_texts),
         cmocka_unit_test(test_fake_world1_accessors),
@@ -1239,5 +1240,6 @@ int main(void) {
         cmocka_unit_test(test_thread_data_movement_every_world_dtype_count),
         cmocka_unit_test(test_thread_reductions_every_world_dtype_op_count),
     };
+    dm_test_filter(argc, argv);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "test_filter.h"
 #include "test_util.h"
 #include <pthread.h>
 #include <stdatomic.h>
@@ -428,7 +429,7 @@ static void test_local_group_and_main_process_first(void** state) {
     assert_int_equal(atomic_load(&g_order_errors), 0);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mesh_dp2_tp4_on_8_ranks),
         cmocka_unit_test(test_mesh_2x2x2_on_8_ranks),
@@ -439,5 +440,6 @@ int main(void) {
         cmocka_unit_test(test_split_like_mpi_comm_split),
         cmocka_unit_test(test_local_group_and_main_process_first),
     };
+    dm_test_filter(argc, argv);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

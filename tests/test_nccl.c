@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_filter.h"
 
 /* Asserts DM_OK and shows the collective's last error when it is not. */
 #define CHECK_OK(c, expr) do { dm_status s_ = (expr);                                           \
@@ -325,6 +326,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_nccl_init_timeout_store),
         cmocka_unit_test(test_tcp_cuda_four_processes_one_gpu),
     };
+    dm_test_filter(argc, argv);
     return cmocka_run_group_tests(tests, NULL, NULL);
     }
 }

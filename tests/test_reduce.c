@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "test_filter.h"
 #include "test_util.h"
 #include <float.h>
 #include <math.h>
@@ -415,7 +416,7 @@ static void test_dtype_and_op_names(void** state) {
     assert_string_equal(dm_reduce_op_name((dm_reduce_op)-1), "invalid");
 }
 
-int main(void) {
+int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_half_to_float_exhaustive),
         cmocka_unit_test(test_float_to_half_round_trips_every_half),
@@ -433,5 +434,6 @@ int main(void) {
         cmocka_unit_test(test_kernels_reject_bad_arguments),
         cmocka_unit_test(test_dtype_and_op_names),
     };
+    dm_test_filter(argc, argv);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <sys/select.h>
 #include <cmocka.h>
+#include "test_filter.h"
 
 static char g_store_dir[256];
 static char g_store_url[300];   /* "" = the file store in g_store_dir */
@@ -816,5 +817,6 @@ int main(int argc, char** argv) {
     };
     signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
     if (argc > 1 && strcmp(argv[1], "--rank") == 0) return rank_main();
+    dm_test_filter(argc, argv);
     return cmocka_run_group_tests(tests, setup_store, teardown_store);
 }

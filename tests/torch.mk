@@ -1,0 +1,14 @@
+# torch fragment: TCPStore interop with the installed torch (Debian's python3-torch 1.13, torch
+# < 2.2 protocol; 2.x where installed), both directions, through tests/fixtures/store_tool.c.
+TORCH_TEST := $(BUILD)/torch/test_torch
+STORE_TOOL := $(BUILD)/fixtures/store_tool
+TEST_BINS += $(TORCH_TEST)
+
+$(STORE_TOOL): tests/fixtures/store_tool.c distmesh.h distmesh_tcp.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+
+$(TORCH_TEST): tests/test_torch.c tests/test_filter.h | $(STORE_TOOL)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDM_SRCDIR='"$(CURDIR)"' -DDM_STORE_TOOL='"$(CURDIR)/$(STORE_TOOL)"' $< -o $@ \
+	    $(CMOCKA_LIBS) $(LDLIBS_ALL)
