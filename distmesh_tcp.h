@@ -112,6 +112,21 @@ typedef struct dm_store_desc {
                                connect retries and every request, wait and get honour it */
     dm_logger logger;       /* 0 -> silent; the server thread logs protocol errors here */
     dm_allocator allocator; /* 0 -> malloc/free; set both or neither */
+    const char* token;      /* 0 -> DISTMESH_TOKEN; unset or "" -> no authentication. With a token
+                               every connection first proves it (HMAC-SHA256 challenge-response
+                               over fresh nonces from both sides) and the server serves nothing
+                               to a client that has not: a distmesh-only store (torch's clients
+                               cannot authenticate). Client and server need the same token */
+    /* Server memory bounds (0 -> the environment variable, else the default). A client that
+       goes beyond one is closed with a logged reason; the others are not affected. */
+    size_t max_value;       /* DISTMESH_STORE_MAX_VALUE, DM_STORE_MAX_VALUE: bytes of one value */
+    size_t max_conn_bytes;  /* DISTMESH_STORE_MAX_CONN, 2 x max_value + 1 MiB: one client's
+                               request being received, and separately its unread replies */
+    size_t max_total_bytes; /* DISTMESH_STORE_MAX_TOTAL, 1 GiB: keys, values and every buffer;
+                               at the quota the client holding the most buffered bytes is closed */
+    int stall_ms;           /* DISTMESH_STORE_STALL_MS, 30000: a client that does not read its
+                               replies is no longer read from; after this long without progress
+                               it is closed */
 } dm_store_desc;
 
 /* Connects (retrying until the timeout: the server may start later) and, with is_server,
@@ -215,8 +230,27 @@ enum {
 #define _DM_ST_NOT_READY 1
 #define _DM_ST_STOP_WAITING 0
 #define _DM_ST_WAIT_CANCELED 1
-/* Largest request the server buffers: compare_set carries two values. */
-#define _DM_ST_MAX_REQUEST ((size_t)2 * DM_STORE_MAX_VALUE + (size_t)4 * DM_STORE_MAX_KEY + 64)
+/* Authentication (distmesh only, when the store has a token), before anything else:
+     client: AUTH u8 0xA5, u32 magic "DMSA", u32 version 1, client nonce[32]
+     server: u32 magic "DMSA", u32 status 0, server nonce[32],
+             HMAC(token, "distmesh store v1 server\0" || client nonce || server nonce)
+     client: HMAC(token, "distmesh store v1 client\0" || server nonce || client nonce)
+     server: u32 0 (admitted), or u32 1 and close (refused)
+   Each side proves the token over the other side's fresh nonce, so a recorded handshake is
+   worth nothing on a new connection; the role label keeps one side's proof from serving as the
+   other's. A client that sends anything else first gets u32 "DMAU" (in place of the PING
+   echo a c10d client waits for) and is closed. */
+#define _DM_STQ_AUTH 0xA5u
+#define _DM_ST_AUTH_MAGIC 0x41534d44u     /* "DMSA" */
+#define _DM_ST_AUTH_NEEDED 0x55414d44u    /* "DMAU" */
+#define _DM_ST_AUTH_VERSION 1u
+#define _DM_ST_AUTH_HELLO 41
+#define _DM_ST_AUTH_CHALLENGE 72
+#define _DM_ST_AUTH_BUF 128               /* input buffer of a client not yet authenticated */
+#define _DM_ST_AUTH_MS 10000              /* to authenticate after connecting */
+#define _DM_ST_HIGH_WATER ((size_t)1 << 20) /* unread reply bytes above which a client is not read */
+#define _DM_ST_TOKEN_MAX 255
+enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NEEDTOKEN };
 
 /* >>store errors  Every foreign code goes through here: libuv codes directly, errno values via
    uv_translate_sys_error. */
@@ -336,6 +370,55 @@ _DM_PRIVATE bool _dm_st_parse_i64(const unsigned char* p, size_t n, int64_t* out
     return true;
 }
 
+/* >>store auth  Nonces, proofs and constant-time comparison, for both ends. */
+/* n bytes from the kernel's generator; without /dev/urandom, SHA-256 over clocks, pid, a
+   counter and addresses (unpredictable enough to keep nonces from repeating, not a CSPRNG). */
+_DM_PRIVATE void _dm_st_random(unsigned char* out, size_t n) {
+    static unsigned long counter;
+    size_t got = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        while (got < n) {
+            ssize_t r = read(fd, out + got, n - got);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) break;
+            got += (size_t)r;
+        }
+        close(fd);
+    }
+    while (got < n) {
+        struct { struct timespec a, b; pid_t pid; unsigned long k; const void* p; size_t got; } seed;
+        unsigned char d[32];
+        size_t take = n - got < 32 ? n - got : 32;
+        memset(&seed, 0, sizeof(seed));
+        clock_gettime(CLOCK_REALTIME, &seed.a);
+        clock_gettime(CLOCK_MONOTONIC, &seed.b);
+        seed.pid = getpid();
+        seed.k = ++counter;
+        seed.p = (const void*)&seed;
+        seed.got = got;
+        dm_sha256(&seed, sizeof(seed), d);
+        memcpy(out + got, d, take);
+        got += take;
+    }
+}
+_DM_PRIVATE bool _dm_st_ct_equal(const unsigned char* a, const unsigned char* b, size_t n) {
+    unsigned char acc = 0;
+    size_t i;
+    for (i = 0; i < n; i++) acc = (unsigned char)(acc | (a[i] ^ b[i]));
+    return acc == 0;
+}
+/* HMAC(token, role "\0" first second), the two nonces 32 bytes each. */
+_DM_PRIVATE void _dm_st_auth_mac(const char* token, size_t tn, bool server, const unsigned char* first,
+                                 const unsigned char* second, unsigned char out[32]) {
+    static const char srv[] = "distmesh store v1 server", cli[] = "distmesh store v1 client";
+    unsigned char msg[sizeof(srv) + 64];
+    memcpy(msg, server ? srv : cli, sizeof(srv));
+    memcpy(msg + sizeof(srv), first, 32);
+    memcpy(msg + sizeof(srv) + 32, second, 32);
+    dm_hmac_sha256(token, tn, msg, sizeof(msg), out);
+}
+
 /* ============================================================================================ */
 /* >>store server  libuv, one thread, one loop owned by the server (never the default loop).
    Everything below runs on the server thread after dm_store_create has bound and listened. */
@@ -364,12 +447,23 @@ typedef struct _dm_srv_waiter {
     _dm_srv_wkey* keys;         /* same allocation as the waiter */
 } _dm_srv_waiter;
 
+/* The server's bounds and token, resolved from the desc and the environment. */
+typedef struct _dm_srv_limits {
+    size_t max_value, max_conn, max_total;
+    int stall_ms;
+    size_t token_len;           /* 0: no authentication */
+    char token[_DM_ST_TOKEN_MAX + 1];
+} _dm_srv_limits;
+
 typedef struct _dm_srv {
     uv_loop_t loop;
     uv_tcp_t listener;
     uv_async_t stop;
+    uv_timer_t tick;            /* drops clients that do not authenticate or do not read */
     pthread_t thread;
-    bool thread_started, listener_open, stop_open;
+    bool thread_started, listener_open, stop_open, tick_open;
+    _dm_srv_limits lim;
+    size_t held;                /* bytes charged to lim.max_total: entries, input buffers, replies */
     _dm_kv** buckets;
     size_t nbuckets, nkeys;
     struct _dm_srv_client* clients;
@@ -386,6 +480,12 @@ typedef struct _dm_srv_client {
     unsigned char* in;          /* received, not yet parsed bytes */
     size_t in_len, in_cap;
     size_t need;                /* don't parse again before in_len reaches this */
+    size_t charged;             /* input buffer bytes charged to srv->held */
+    size_t queued;              /* reply bytes handed to libuv, not yet written */
+    int64_t since;              /* accept time while authenticating; last write progress */
+    unsigned char auth;         /* 0 admitted, 1 hello expected, 2 proof expected */
+    bool reading, flush_close;  /* flush_close: close once the queued replies are written */
+    unsigned char nonce_c[32], nonce_s[32];
     bool validated, closing;
     _dm_srv_waiter* waiter;
     char peer[64];
@@ -394,6 +494,7 @@ typedef struct _dm_srv_client {
 typedef struct _dm_srv_write {
     uv_write_t req;
     const dm_allocator* a;      /* the bytes follow the struct in the same allocation */
+    size_t n;
 } _dm_srv_write;
 
 /* -- the map -- */
@@ -407,6 +508,8 @@ _DM_PRIVATE _dm_kv* _dm_srv_find(_dm_srv* s, const void* key, size_t n) {
     return *_dm_srv_slot(s, key, n, _dm_st_hash(key, n));
 }
 _DM_PRIVATE void _dm_srv_kv_free(_dm_srv* s, _dm_kv* e) {
+    size_t b = e->key_len + e->val_cap + sizeof(*e);
+    s->held = s->held > b ? s->held - b : 0;
     _dm_free(&s->allocator, e->key);
     _dm_free(&s->allocator, e->val);
     _dm_free(&s->allocator, e);
@@ -434,6 +537,8 @@ _DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
     uint64_t h = _dm_st_hash(key, kn);
     _dm_kv** pp = _dm_srv_slot(s, key, kn, h);
     _dm_kv* e = *pp;
+    size_t grow = !e ? kn + vn + sizeof(*e) : append ? e->val_len + vn + e->val_cap : vn; /* at most */
+    if (grow > s->lim.max_total || s->held > s->lim.max_total - grow) return NULL;   /* over the quota */
     if (!e) {
         e = (_dm_kv*)_dm_calloc(&s->allocator, sizeof(*e));
         if (!e) return NULL;
@@ -445,6 +550,7 @@ _DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
         e->key_len = kn;
         e->val_len = e->val_cap = vn;
         e->hash = h;
+        s->held += kn + vn + sizeof(*e);
         *pp = e;
         if (++s->nkeys > s->nbuckets) _dm_srv_grow(s);
         return e;
@@ -463,6 +569,7 @@ _DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
         if (keep) memcpy(nv, e->val, keep);
         if (vn) memcpy(nv + keep, val, vn);
         _dm_free(&s->allocator, e->val);
+        s->held = s->held - e->val_cap + cap;
         e->val = nv;
         e->val_len = keep + vn;
         e->val_cap = cap;
@@ -481,28 +588,93 @@ _DM_PRIVATE bool _dm_srv_erase(_dm_srv* s, const unsigned char* key, size_t kn) 
 
 /* -- clients -- */
 _DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c);
+_DM_PRIVATE void _dm_srv_process(_dm_srv_client* c);
+_DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
+_DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t* buf);
+_DM_PRIVATE _DM_PRINTF(3, 4) void _dm_srv_drop(_dm_srv_client* c, dm_status st, const char* fmt, ...);
+
+/* >>store server bounds  Every byte a client makes the server hold is charged to the total
+   quota first. At the quota the client holding the most buffered bytes goes (c itself when that
+   is c): false when c may not go on. */
+_DM_PRIVATE bool _dm_srv_charge(_dm_srv_client* c, size_t extra) {
+    _dm_srv* s = c->srv;
+    while (extra > s->lim.max_total || s->held > s->lim.max_total - extra) {
+        _dm_srv_client *big = NULL, *x;
+        for (x = s->clients; x; x = x->next)
+            if (!x->closing && (!big || x->charged + x->queued > big->charged + big->queued)) big = x;
+        if (!big || big == c || big->charged + big->queued == 0) {
+            _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "the store is at its memory quota of %zu bytes "
+                         "(DISTMESH_STORE_MAX_TOTAL) and this client needs %zu more", s->lim.max_total, extra);
+            return false;
+        }
+        _dm_srv_drop(big, DM_ERR_OUT_OF_MEMORY, "the store is at its memory quota of %zu bytes "
+                     "(DISTMESH_STORE_MAX_TOTAL); this client holds the most buffered bytes (%zu)",
+                     s->lim.max_total, big->charged + big->queued);
+    }
+    s->held += extra;
+    return true;
+}
+/* Reading follows the reply backlog: a client that does not read its replies is not read from
+   (its requests wait in the kernel), so it cannot make the server queue more. */
+_DM_PRIVATE void _dm_srv_flow(_dm_srv_client* c) {
+    if (c->closing || c->flush_close) return;
+    if (c->queued > _DM_ST_HIGH_WATER) {
+        if (c->reading) {
+            uv_read_stop((uv_stream_t*)&c->tcp);
+            c->reading = false;
+            c->since = _dm_now_ms();
+        }
+    } else if (!c->reading) {
+        if (uv_read_start((uv_stream_t*)&c->tcp, _dm_srv_alloc, _dm_srv_on_read) < 0) _dm_srv_close_client(c);
+        else c->reading = true;
+    }
+}
 
 _DM_PRIVATE void _dm_srv_on_written(uv_write_t* req, int status) {
     _dm_srv_write* w = (_dm_srv_write*)req->data;
     _dm_srv_client* c = (_dm_srv_client*)req->handle;
-    if (status < 0 && status != UV_ECANCELED && !c->closing) _dm_srv_close_client(c);
+    _dm_srv* s = c->srv;
+    c->queued -= w->n;
+    s->held = s->held > w->n ? s->held - w->n : 0;
+    c->since = _dm_now_ms();
     _dm_free(w->a, w);
+    if (c->closing) return;
+    if (status < 0 && status != UV_ECANCELED) { _dm_srv_close_client(c); return; }
+    if (c->flush_close) {
+        if (c->queued == 0) _dm_srv_close_client(c);
+        return;
+    }
+    if (!c->reading && c->queued <= _DM_ST_HIGH_WATER) _dm_srv_process(c);   /* parse what waits */
 }
 /* Queues bytes for the client (copied); a failure closes the client. */
 _DM_PRIVATE void _dm_srv_send(_dm_srv_client* c, const void* d, size_t n) {
     _dm_srv_write* w;
     uv_buf_t buf;
     int rc;
-    if (c->closing) return;
+    if (c->closing || n == 0) return;
+    if (n > c->srv->lim.max_conn || c->queued > c->srv->lim.max_conn - n) {
+        _dm_srv_drop(c, DM_ERR_PROTOCOL, "does not read its replies (%zu bytes queued, %zu more above the "
+                     "per-connection limit DISTMESH_STORE_MAX_CONN of %zu)", c->queued, n, c->srv->lim.max_conn);
+        return;
+    }
+    if (!_dm_srv_charge(c, n)) return;
     w = (_dm_srv_write*)_dm_malloc(&c->srv->allocator, sizeof(*w) + n);
-    if (!w) { _dm_srv_close_client(c); return; }
+    if (!w) {
+        c->srv->held -= n;
+        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory queueing a reply of %zu bytes", n);
+        return;
+    }
     w->a = &c->srv->allocator;
+    w->n = n;
     memcpy((unsigned char*)(w + 1), d, n);
     buf.base = (char*)(w + 1);
     buf.len = n;
     w->req.data = w;
+    c->queued += n;
     rc = uv_write(&w->req, (uv_stream_t*)&c->tcp, &buf, 1, _dm_srv_on_written); /* copies buf */
     if (rc < 0) {
+        c->queued -= n;
+        c->srv->held -= n;
         _dm_free(w->a, w);
         _dm_srv_close_client(c);
     }
@@ -557,6 +729,8 @@ _DM_PRIVATE void _dm_srv_on_client_closed(uv_handle_t* h) {
 _DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c) {
     if (c->closing) return;
     c->closing = true;
+    c->srv->held -= c->charged;     /* the buffer itself goes in the close callback */
+    c->charged = 0;
     if (c->waiter) _dm_srv_waiter_drop(c->srv, c->waiter);
     uv_close((uv_handle_t*)&c->tcp, _dm_srv_on_client_closed);
 }
@@ -570,12 +744,79 @@ _DM_PRIVATE _DM_PRINTF(2, 3) void _dm_srv_protocol_error(_dm_srv_client* c, cons
                "tcp-store: server closed client %s (%s)", c->peer, what);
     _dm_srv_close_client(c);
 }
+/* Closes a client that broke a bound or failed to authenticate, logging the reason. */
+_DM_PRIVATE _DM_PRINTF(3, 4) void _dm_srv_drop(_dm_srv_client* c, dm_status st, const char* fmt, ...) {
+    char what[300], msg[420];
+    va_list ap;
+    if (c->closing) return;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    _DM_REPORT(&c->srv->logger, msg, sizeof(msg), st, "tcp-store: server closed client %s (%s)", c->peer, what);
+    _dm_srv_close_client(c);
+}
+/* Answers a client that may not go on with one u32 (status or "DMAU"), logs why, and closes it
+   once that is written; nothing it sent later is read. */
+_DM_PRIVATE void _dm_srv_refuse(_dm_srv_client* c, uint32_t code, const char* why) {
+    unsigned char b[4];
+    char msg[420];
+    _DM_REPORT(&c->srv->logger, msg, sizeof(msg), DM_ERR_REFUSED, "tcp-store: server refused client %s (%s)",
+               c->peer, why);
+    if (c->reading) uv_read_stop((uv_stream_t*)&c->tcp);
+    c->reading = false;
+    c->flush_close = true;
+    b[0] = (unsigned char)code; b[1] = (unsigned char)(code >> 8);
+    b[2] = (unsigned char)(code >> 16); b[3] = (unsigned char)(code >> 24);
+    _dm_srv_send(c, b, 4);
+    if (!c->closing && c->queued == 0) _dm_srv_close_client(c);
+}
+
+/* >>store server auth  One step of the handshake on the bytes at the start of the buffer, like
+   _dm_srv_one: bytes consumed, or 0 (more needed, or the client was refused). */
+_DM_PRIVATE size_t _dm_srv_auth_step(_dm_srv_client* c) {
+    const _dm_srv_limits* L = &c->srv->lim;
+    const unsigned char* p = c->in;
+    unsigned char mac[32];
+    if (c->auth == 1) {
+        unsigned char rep[_DM_ST_AUTH_CHALLENGE];
+        if (p[0] != _DM_STQ_AUTH) {
+            _dm_srv_refuse(c, _DM_ST_AUTH_NEEDED, "it did not authenticate: the store has a token "
+                           "(set the same DISTMESH_TOKEN on the client; torch clients cannot authenticate)");
+            return 0;
+        }
+        if (c->in_len < _DM_ST_AUTH_HELLO) { c->need = _DM_ST_AUTH_HELLO; return 0; }
+        if (_dm_st_get_u32(p + 1) != _DM_ST_AUTH_MAGIC || _dm_st_get_u32(p + 5) != _DM_ST_AUTH_VERSION) {
+            _dm_srv_refuse(c, 1, "malformed authentication hello");
+            return 0;
+        }
+        memcpy(c->nonce_c, p + 9, 32);
+        _dm_st_random(c->nonce_s, 32);
+        memset(rep, 0, sizeof(rep));
+        rep[0] = 0x44; rep[1] = 0x4d; rep[2] = 0x53; rep[3] = 0x41;   /* "DMSA", status 0 */
+        memcpy(rep + 8, c->nonce_s, 32);
+        _dm_st_auth_mac(L->token, L->token_len, true, c->nonce_c, c->nonce_s, rep + 40);
+        c->auth = 2;
+        _dm_srv_send(c, rep, sizeof(rep));
+        return c->closing ? 0 : _DM_ST_AUTH_HELLO;
+    }
+    if (c->in_len < 32) { c->need = 32; return 0; }
+    _dm_st_auth_mac(L->token, L->token_len, false, c->nonce_s, c->nonce_c, mac);
+    if (!_dm_st_ct_equal(mac, p, 32)) {
+        _dm_srv_refuse(c, 1, "wrong token proof: a different DISTMESH_TOKEN, or a replayed handshake");
+        return 0;
+    }
+    c->auth = 0;
+    memset(mac, 0, 4);
+    _dm_srv_send(c, mac, 4);    /* u32 0: admitted */
+    return c->closing ? 0 : 32;
+}
 
 /* -- request parsing. A cursor over the client's buffer; every read checks that the bytes are
    there (else: more needed, remembered in `need`) and every length against its cap. -- */
 typedef struct _dm_srv_cur {
     const unsigned char* p;
     size_t len, off, need;
+    uint64_t max_value;         /* the server's per-value limit */
     const char* bad;            /* set when the request is malformed */
 } _dm_srv_cur;
 _DM_PRIVATE bool _dm_srv_have(_dm_srv_cur* k, size_t n) {
@@ -610,7 +851,7 @@ _DM_PRIVATE bool _dm_srv_rd_str(_dm_srv_cur* k, uint64_t cap, const char* what,
     return true;
 }
 #define _DM_SRV_KEY(k, d, n) _dm_srv_rd_str((k), DM_STORE_MAX_KEY, "key longer than DM_STORE_MAX_KEY", (d), (n))
-#define _DM_SRV_VAL(k, d, n) _dm_srv_rd_str((k), DM_STORE_MAX_VALUE, "value longer than DM_STORE_MAX_VALUE", (d), (n))
+#define _DM_SRV_VAL(k, d, n) _dm_srv_rd_str((k), (k)->max_value, "value longer than the per-value limit (DISTMESH_STORE_MAX_VALUE)", (d), (n))
 _DM_PRIVATE bool _dm_srv_rd_count(_dm_srv_cur* k, uint64_t* n) {
     if (!_dm_srv_rd_u64(k, n)) return false;
     if (*n > DM_STORE_MAX_KEYS) { k->bad = "key count above DM_STORE_MAX_KEYS"; return false; }
@@ -640,6 +881,27 @@ _DM_PRIVATE bool _dm_srv_all_present(_dm_srv* s, _dm_srv_cur* k, uint64_t n) {
     return all;
 }
 
+/* The reply to MULTI_GET is sized before it is built: above the per-connection limit the client
+   is closed (a short request naming one big value many times would otherwise be amplified). */
+_DM_PRIVATE bool _dm_srv_multi_get_fits(_dm_srv_client* c, _dm_srv_cur* k, size_t start, uint64_t n) {
+    uint64_t i, total = 0;
+    k->off = start;
+    for (i = 0; i < n; i++) {
+        const unsigned char* d = NULL;
+        size_t len = 0;
+        _dm_kv* e;
+        _DM_SRV_KEY(k, &d, &len);
+        e = _dm_srv_find(c->srv, d, len);
+        total += 8 + (e ? e->val_len : 0);
+        if (total > c->srv->lim.max_conn) {
+            _dm_srv_drop(c, DM_ERR_PROTOCOL, "MULTI_GET of %llu keys: reply above the per-connection limit "
+                         "of %zu bytes (DISTMESH_STORE_MAX_CONN)", (unsigned long long)n, c->srv->lim.max_conn);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* Parses and executes one request at the start of the buffer. Returns bytes consumed, 0 when
    more bytes are needed (k.need set), or closes the client and returns 0 (c->closing). */
 _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
@@ -655,6 +917,7 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     out.a = &s->allocator;
     k.p = c->in;
     k.len = c->in_len;
+    k.max_value = s->lim.max_value;
     op = k.p[k.off++];
     if (!c->validated && op != _DM_STQ_VALIDATE) {
         _dm_srv_protocol_error(c, "first request has opcode %u, not VALIDATE (a torch < 2.2 client?)", op);
@@ -795,6 +1058,7 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
         if (!_dm_srv_rd_count(&k, &cnt)) break;
         start = k.off;
         if (!_dm_srv_skip_keys(&k, cnt, false)) break;
+        if (!_dm_srv_multi_get_fits(c, &k, start, cnt)) return 0;
         k.off = start;
         for (i = 0; i < cnt; i++) {
             _dm_kv* e;
@@ -839,63 +1103,58 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     return 0;
 oom:
     _dm_stbuf_free(&out);
-    _dm_srv_protocol_error(c, "out of memory serving opcode %u", op);
+    _dm_srv_protocol_error(c, "out of memory or over the store's quota (DISTMESH_STORE_MAX_TOTAL) serving opcode %u", op);
     return 0;
 }
 
+/* The input buffer grows as bytes arrive (doubling from 4 KiB), never by what a request
+   announces: a client that announces 64 MiB and sends 10 bytes costs 4 KiB. Up to
+   max_conn bytes (_DM_ST_AUTH_BUF before authenticating); every byte charged to the quota. */
 _DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf) {
     _dm_srv_client* c = (_dm_srv_client*)h;
-    size_t want = 64 * 1024, cap;
+    size_t limit = c->auth ? _DM_ST_AUTH_BUF : c->srv->lim.max_conn;
     (void)suggested;
-    if (c->need > c->in_len && c->need - c->in_len > want) want = c->need - c->in_len;
-    if (c->in_cap - c->in_len < 4096 || (c->need > c->in_cap && c->in_cap < _DM_ST_MAX_REQUEST)) {
+    buf->base = NULL;
+    buf->len = 0;
+    if (c->closing) return;
+    if (c->in_cap - c->in_len < 4096 && c->in_cap < limit) {
+        size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
         unsigned char* np;
-        cap = c->in_cap ? c->in_cap : 4096;
-        while (cap < c->in_len + want && cap < _DM_ST_MAX_REQUEST) cap *= 2;
-        if (cap > _DM_ST_MAX_REQUEST) cap = _DM_ST_MAX_REQUEST;
-        if (cap > c->in_cap) {
-            np = (unsigned char*)_dm_malloc(&c->srv->allocator, cap);
-            if (np) {
-                if (c->in_len) memcpy(np, c->in, c->in_len);
-                _dm_free(&c->srv->allocator, c->in);
-                c->in = np;
-                c->in_cap = cap;
-            }
+        if (cap > limit) cap = limit;
+        if (!_dm_srv_charge(c, cap - c->in_cap)) return;
+        np = (unsigned char*)_dm_malloc(&c->srv->allocator, cap);
+        if (!np) {
+            c->srv->held -= cap - c->in_cap;
+            return;                 /* read_cb gets UV_ENOBUFS */
         }
+        if (c->in_len) memcpy(np, c->in, c->in_len);
+        _dm_free(&c->srv->allocator, c->in);
+        c->in = np;
+        c->charged += cap - c->in_cap;
+        c->in_cap = cap;
     }
-    if (c->in_cap == c->in_len) {   /* full at the cap, or no memory: read_cb gets UV_ENOBUFS */
-        buf->base = NULL;
-        buf->len = 0;
-        return;
-    }
+    if (c->in_cap == c->in_len) return;     /* full at the limit: read_cb gets UV_ENOBUFS */
     buf->base = (char*)(c->in + c->in_len);
     buf->len = c->in_cap - c->in_len;
 }
 
-_DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t* buf) {
-    _dm_srv_client* c = (_dm_srv_client*)st;
+/* The next request: the handshake while authenticating, then c10d requests. */
+_DM_PRIVATE size_t _dm_srv_next(_dm_srv_client* c) {
+    return c->auth ? _dm_srv_auth_step(c) : _dm_srv_one(c);
+}
+
+/* Parses and executes the buffered requests while the client reads its replies. */
+_DM_PRIVATE void _dm_srv_process(_dm_srv_client* c) {
     size_t off = 0;
-    (void)buf;
-    if (c->closing) return;
-    if (nread == UV_ENOBUFS) {
-        _dm_srv_protocol_error(c, "request larger than %zu bytes", (size_t)_DM_ST_MAX_REQUEST);
-        return;
-    }
-    if (nread < 0) {        /* EOF or reset: the client left; its pending wait goes with it */
-        _dm_srv_close_client(c);
-        return;
-    }
-    c->in_len += (size_t)nread;
-    if (c->in_len < c->need) return;
     c->need = 0;
-    while (off < c->in_len && !c->closing) {
+    while (off < c->in_len && !c->closing && !c->flush_close && c->queued <= _DM_ST_HIGH_WATER) {
         size_t used;
         /* parse on a view that starts at off */
         unsigned char* base = c->in;
         size_t total = c->in_len;
         c->in = base + off;
         c->in_len = total - off;
-        used = _dm_srv_one(c);
+        used = _dm_srv_next(c);
         c->in = base;
         c->in_len = total;
         if (!used) break;
@@ -909,8 +1168,47 @@ _DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t*
     }
     if (c->in_len == 0 && c->in_cap > 1024 * 1024) {   /* give a big buffer back when idle */
         _dm_free(&c->srv->allocator, c->in);
+        c->srv->held -= c->charged;
+        c->charged = 0;
         c->in = NULL;
         c->in_cap = 0;
+    }
+    _dm_srv_flow(c);
+}
+
+_DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t* buf) {
+    _dm_srv_client* c = (_dm_srv_client*)st;
+    (void)buf;
+    if (c->closing || c->flush_close) return;
+    if (nread == UV_ENOBUFS) {
+        if (c->auth) _dm_srv_refuse(c, 1, "sent more than a handshake before authenticating");
+        else _dm_srv_drop(c, DM_ERR_PROTOCOL, "request larger than %zu bytes (DISTMESH_STORE_MAX_CONN), "
+                          "or out of memory", c->srv->lim.max_conn);
+        return;
+    }
+    if (nread < 0) {        /* EOF or reset: the client left; its pending wait goes with it */
+        _dm_srv_close_client(c);
+        return;
+    }
+    c->in_len += (size_t)nread;
+    if (c->in_len < c->need) return;
+    _dm_srv_process(c);
+}
+
+/* Every half second: clients that did not authenticate in time, or whose replies have not
+   moved for stall_ms while the server stopped reading from them, are closed. */
+_DM_PRIVATE void _dm_srv_on_tick(uv_timer_t* tm) {
+    _dm_srv* s = (_dm_srv*)tm->data;
+    _dm_srv_client* c = s->clients;
+    int64_t now = _dm_now_ms();
+    while (c) {
+        _dm_srv_client* nx = c->next;
+        if (!c->closing && c->auth && now - c->since > _DM_ST_AUTH_MS)
+            _dm_srv_drop(c, DM_ERR_TIMEOUT, "did not authenticate within %d ms", _DM_ST_AUTH_MS);
+        else if (!c->closing && !c->reading && c->queued && now - c->since > s->lim.stall_ms)
+            _dm_srv_drop(c, DM_ERR_TIMEOUT, "does not read its replies: %zu bytes unread for %d ms "
+                         "(DISTMESH_STORE_STALL_MS)", c->queued, s->lim.stall_ms);
+        c = nx;
     }
 }
 
@@ -951,7 +1249,10 @@ _DM_PRIVATE void _dm_srv_on_connect(uv_stream_t* l, int status) {
         }
         snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
     }
+    c->since = _dm_now_ms();
+    c->auth = s->lim.token_len ? 1 : 0;
     if (uv_read_start((uv_stream_t*)&c->tcp, _dm_srv_alloc, _dm_srv_on_read) < 0) _dm_srv_close_client(c);
+    else c->reading = true;
 }
 
 _DM_PRIVATE void _dm_srv_on_stop(uv_async_t* a) {
@@ -964,6 +1265,8 @@ _DM_PRIVATE void _dm_srv_on_stop(uv_async_t* a) {
     }
     if (s->listener_open) uv_close((uv_handle_t*)&s->listener, NULL);
     s->listener_open = false;
+    if (s->tick_open) uv_close((uv_handle_t*)&s->tick, NULL);
+    s->tick_open = false;
     uv_close((uv_handle_t*)&s->stop, NULL);
     s->stop_open = false;
 }
@@ -978,6 +1281,7 @@ _DM_PRIVATE void _dm_srv_free(_dm_srv* s) {
     if (!s) return;
     if (s->listener_open) uv_close((uv_handle_t*)&s->listener, NULL);
     if (s->stop_open) uv_close((uv_handle_t*)&s->stop, NULL);
+    if (s->tick_open) uv_close((uv_handle_t*)&s->tick, NULL);
     {
         _dm_srv_client* c = s->clients;
         for (; c; c = c->next) _dm_srv_close_client(c);
@@ -1004,8 +1308,8 @@ _DM_PRIVATE void _dm_srv_stop(_dm_srv* s) {
 
 /* Binds host:port (numeric loopback host: exactly it; else dual-stack ::, else 0.0.0.0),
    listens, starts the thread. err gets "what (cause)" on failure. */
-_DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger* lg,
-                                    const dm_allocator* a, _dm_srv** out, char* err, size_t cap) {
+_DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger* lg, const dm_allocator* a,
+                                    const _dm_srv_limits* lim, _dm_srv** out, char* err, size_t cap) {
     _dm_srv* s;
     struct sockaddr_storage ss;
     int rc, sl = (int)sizeof(ss);
@@ -1017,6 +1321,7 @@ _DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger*
     if (!s) { snprintf(err, cap, "out of memory"); return DM_ERR_OUT_OF_MEMORY; }
     s->allocator = *a;
     s->logger = *lg;
+    s->lim = *lim;
     s->nbuckets = 64;
     s->buckets = (_dm_kv**)_dm_calloc(a, s->nbuckets * sizeof(_dm_kv*));
     if (!s->buckets) { rc = UV_ENOMEM; goto fail_what; }
@@ -1025,6 +1330,10 @@ _DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger*
     if ((rc = uv_async_init(&s->loop, &s->stop, _dm_srv_on_stop)) < 0) goto fail_what;
     s->stop_open = true;
     s->stop.data = s;
+    if ((rc = uv_timer_init(&s->loop, &s->tick)) < 0) goto fail_what;
+    s->tick_open = true;
+    s->tick.data = s;
+    if ((rc = uv_timer_start(&s->tick, _dm_srv_on_tick, 500, 500)) < 0) goto fail_what;
     if ((rc = uv_tcp_init(&s->loop, &s->listener)) < 0) goto fail_what;
     s->listener_open = true;
     s->listener.data = s;
@@ -1096,6 +1405,8 @@ typedef struct _dm_store_shared {
     char host[256];
     char* dir;                  /* file store directory */
     dm_allocator allocator;
+    size_t token_len;           /* tcp: authenticate with this token when > 0 */
+    char token[_DM_ST_TOKEN_MAX + 1];
 } _dm_store_shared;
 
 struct dm_store {
@@ -1293,8 +1604,39 @@ _DM_PRIVATE dm_status _dm_store_tcp_wait(dm_store* s, unsigned char* const* keys
     }
 }
 
-/* One connection attempt: connect, TCP_NODELAY, VALIDATE, PING. 0 or a uv code. */
-_DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int64_t deadline, int* out_fd) {
+/* The client's half of the handshake (see >>store wire). 0, or a uv code with *refused set when
+   the server answered in a way that retrying will not change. */
+_DM_PRIVATE int _dm_store_auth(int fd, const char* token, size_t tn, int64_t deadline, int* refused) {
+    unsigned char hello[_DM_ST_AUTH_HELLO], rep[_DM_ST_AUTH_CHALLENGE], mac[32], st[4];
+    int rc;
+    hello[0] = _DM_STQ_AUTH;
+    hello[1] = 0x44; hello[2] = 0x4d; hello[3] = 0x53; hello[4] = 0x41;   /* "DMSA" */
+    hello[5] = _DM_ST_AUTH_VERSION; hello[6] = hello[7] = hello[8] = 0;
+    _dm_st_random(hello + 9, 32);
+    if ((rc = _dm_store_send_all(fd, hello, sizeof(hello), deadline)) != 0) return rc;
+    rc = _dm_store_recv_all(fd, rep, sizeof(rep), deadline);
+    if (rc == UV_EOF || rc == UV_ECONNRESET) *refused = _DM_ST_NOAUTH;
+    if (rc) return rc;
+    if (_dm_st_get_u32(rep) != _DM_ST_AUTH_MAGIC || _dm_st_get_u32(rep + 4) != 0) {
+        *refused = _DM_ST_NOAUTH;
+        return UV_EPROTO;
+    }
+    _dm_st_auth_mac(token, tn, true, hello + 9, rep + 8, mac);
+    if (!_dm_st_ct_equal(mac, rep + 40, 32)) { *refused = _DM_ST_BADSERVER; return UV_EPROTO; }
+    _dm_st_auth_mac(token, tn, false, rep + 8, hello + 9, mac);
+    if ((rc = _dm_store_send_all(fd, mac, 32, deadline)) != 0) return rc;
+    rc = _dm_store_recv_all(fd, st, 4, deadline);
+    if (rc == UV_EOF || rc == UV_ECONNRESET || (rc == 0 && _dm_st_get_u32(st) != 0)) {
+        *refused = _DM_ST_REFUSED;
+        return rc ? rc : UV_EPROTO;
+    }
+    return rc;
+}
+
+/* One connection attempt: connect, TCP_NODELAY, authentication when there is a token,
+   VALIDATE, PING. 0 or a uv code (*refused: see _dm_store_auth). */
+_DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, const _dm_store_shared* sh, int64_t deadline,
+                                      int* out_fd, int* refused) {
     int fd, rc, fl;
     unsigned char req[16], rep[4];
     uint32_t nonce = (uint32_t)getpid();
@@ -1327,6 +1669,10 @@ _DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int64_t deadlin
     }
     fl = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &fl, sizeof(fl));
+    if (sh->token_len && (rc = _dm_store_auth(fd, sh->token, sh->token_len, deadline, refused)) != 0) {
+        close(fd);
+        return rc;
+    }
     /* VALIDATE + PING in one segment, like torch's client (two sends, no reply in between) */
     memset(&b, 0, sizeof(b));
     b.p = req;
@@ -1340,9 +1686,26 @@ _DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int64_t deadlin
         close(fd);
         return rc;
     }
-    if (_dm_st_get_u32(rep) != nonce) { close(fd); return UV_EPROTO; }
+    if (_dm_st_get_u32(rep) != nonce) {
+        if (_dm_st_get_u32(rep) == _DM_ST_AUTH_NEEDED) *refused = _DM_ST_NEEDTOKEN;
+        close(fd);
+        return UV_EPROTO;
+    }
     *out_fd = fd;
     return 0;
+}
+
+_DM_PRIVATE dm_status _dm_store_refused(dm_store* s, int why) {
+    const _dm_store_shared* sh = s->sh;
+    const char* text =
+        why == _DM_ST_NEEDTOKEN ? "the store requires a token: set the job's DISTMESH_TOKEN (or desc.token) here too" :
+        why == _DM_ST_BADSERVER ? "the server could not prove the token: it has a different DISTMESH_TOKEN, or it is not "
+                                  "the job's store" :
+        why == _DM_ST_REFUSED   ? "the server refused this client's token proof: the tokens differ" :
+                                  "the server closed the connection instead of authenticating: it has no token (set "
+                                  "DISTMESH_TOKEN on the store host too), or it is not a distmesh store (torch's "
+                                  "TCPStore cannot authenticate)";
+    return _DM_STORE_FAIL(s, DM_ERR_REFUSED, "tcp-store: %s:%d: %s", sh->host, sh->port, text);
 }
 
 _DM_PRIVATE dm_status _dm_store_tcp_connect(dm_store* s) {
@@ -1365,14 +1728,16 @@ _DM_PRIVATE dm_status _dm_store_tcp_connect(dm_store* s) {
             if (gai == EAI_AGAIN) last = UV_EAI_AGAIN;
             if (gai == EAI_MEMORY) last = UV_ENOMEM;
         } else {
-            for (ai = res; ai; ai = ai->ai_next) {
+            int refused = _DM_ST_OK;
+            for (ai = res; ai && !refused; ai = ai->ai_next) {
                 int fd = -1;
-                int r = _dm_store_try_connect(ai, deadline, &fd);
+                int r = _dm_store_try_connect(ai, sh, deadline, &fd, &refused);
                 if (r == 0) { sh->fd = fd; last = 0; break; }
                 if (r != UV_ETIMEDOUT || !last) last = r;   /* keep the real cause over our deadline */
             }
             freeaddrinfo(res);
             if (last == 0) return DM_OK;
+            if (refused) return _dm_store_refused(s, refused);
             if (last == UV_EPROTO)
                 return _DM_STORE_FAIL(s, DM_ERR_PROTOCOL,
                                       "tcp-store: %s:%d is not a torch 2.x TCPStore (wrong PING reply)",
@@ -1586,6 +1951,47 @@ _DM_PRIVATE void _dm_store_free_obj(dm_store* s) {
     _dm_free(&a, s);
 }
 
+/* A size in bytes from the desc, else the environment (decimal bytes, optional K/M/G suffix),
+   else the default. false with a message for a malformed variable. */
+_DM_PRIVATE bool _dm_store_size_opt(size_t desc_v, const char* env, size_t dflt, size_t* out,
+                                    char* err, size_t cap) {
+    const char* v = getenv(env);
+    char* end = NULL;
+    unsigned long long n;
+    if (desc_v) { *out = desc_v; return true; }
+    if (!v || !*v) { *out = dflt; return true; }
+    errno = 0;
+    n = strtoull(v, &end, 10);
+    if (end && (*end == 'K' || *end == 'k')) { n <<= 10; end++; }
+    else if (end && (*end == 'M' || *end == 'm')) { n <<= 20; end++; }
+    else if (end && (*end == 'G' || *end == 'g')) { n <<= 30; end++; }
+    if (errno || end == v || *end || n == 0 || n > (unsigned long long)(SIZE_MAX / 4) || v[0] == '-') {
+        snprintf(err, cap, "%s=\"%.40s\" is not a positive number of bytes (K, M, G suffixes allowed)", env, v);
+        return false;
+    }
+    *out = (size_t)n;
+    return true;
+}
+/* The server's bounds and the token, from the desc and the environment. */
+_DM_PRIVATE dm_status _dm_store_limits(const dm_store_desc* d, _dm_srv_limits* L, char* err, size_t cap) {
+    const char* tok = d->token ? d->token : getenv("DISTMESH_TOKEN");
+    size_t stall = 0;
+    memset(L, 0, sizeof(*L));
+    if (tok && strlen(tok) > _DM_ST_TOKEN_MAX) {
+        snprintf(err, cap, "token longer than %d bytes", _DM_ST_TOKEN_MAX);
+        return DM_ERR_INVALID_ARG;
+    }
+    if (tok) { L->token_len = strlen(tok); memcpy(L->token, tok, L->token_len); }
+    if (!_dm_store_size_opt(d->max_value, "DISTMESH_STORE_MAX_VALUE", DM_STORE_MAX_VALUE, &L->max_value, err, cap) ||
+        !_dm_store_size_opt(d->max_conn_bytes, "DISTMESH_STORE_MAX_CONN", 2 * L->max_value + ((size_t)1 << 20),
+                            &L->max_conn, err, cap) ||
+        !_dm_store_size_opt(d->max_total_bytes, "DISTMESH_STORE_MAX_TOTAL", (size_t)1 << 30, &L->max_total, err, cap) ||
+        !_dm_store_size_opt(d->stall_ms > 0 ? (size_t)d->stall_ms : 0, "DISTMESH_STORE_STALL_MS", 30000, &stall, err, cap))
+        return DM_ERR_ENV;
+    L->stall_ms = stall > INT32_MAX ? INT32_MAX : (int)stall;
+    return DM_OK;
+}
+
 /* TORCHELASTIC_USE_AGENT_STORE: torch's getCvarBool truthy spellings. */
 _DM_PRIVATE bool _dm_store_agent_store(void) {
     const char* v = getenv("TORCHELASTIC_USE_AGENT_STORE");
@@ -1601,6 +2007,7 @@ DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out)
     char url[600], err[DM_LAST_ERROR_SIZE];
     const char* u;
     dm_status st;
+    _dm_srv_limits lim;
     if (!out) return DM_ERR_INVALID_ARG;
     *out = NULL;
     if (desc) d = *desc;
@@ -1634,6 +2041,15 @@ DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out)
     sh->refs = 1;
     sh->fd = -1;
     pthread_mutex_init(&sh->mu, NULL);
+    {
+        char what[200];
+        if ((st = _dm_store_limits(&d, &lim, what, sizeof(what))) != DM_OK) {
+            _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp-store: %s", what);
+            goto fail;
+        }
+        sh->token_len = lim.token_len;
+        memcpy(sh->token, lim.token, sizeof(sh->token));
+    }
     if (d.prefix && *d.prefix) {
         s->prefix_len = strlen(d.prefix);
         s->prefix = (char*)_dm_malloc(&s->allocator, s->prefix_len + 1);
@@ -1688,7 +2104,7 @@ DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out)
         sh->port = (int)port;
         if (d.is_server && !_dm_store_agent_store()) {
             char what[300];
-            st = _dm_srv_start(sh->host, sh->port, &d.logger, &d.allocator, &sh->server, what, sizeof(what));
+            st = _dm_srv_start(sh->host, sh->port, &d.logger, &d.allocator, &lim, &sh->server, what, sizeof(what));
             if (st != DM_OK) {
                 _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp-store: server %s: %s", url, what);
                 goto fail;
@@ -3674,6 +4090,7 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
         sd.url = url;
         sd.is_server = strncmp(url, "tcp://", 6) == 0 && d.rank == 0 && !(agent && strcmp(agent, "True") == 0);
         sd.timeout_ms = s.timeout_ms;
+        sd.token = s.token ? s.token : "";    /* the same token guards the store */
         sd.logger = d.logger;
         sd.allocator = d.allocator;
         st = dm_store_create(&sd, &s.store);
