@@ -7,8 +7,8 @@
    Gloo-style collectives between processes and hosts over TCP. Ranks meet through a key-value
    store (c10d TCPStore protocol or a shared directory, see the store section), each rank
    listens on an ephemeral port of the chosen interface, publishes "host:port", and the ranks
-   connect as a full mesh (rank j connects to every lower rank; a hello with magic, version,
-   rank and an optional token digest is answered by an ack). Algorithms:
+   connect as a full mesh (rank j connects to every lower rank; both sides of each connection
+   prove the token by HMAC-SHA256 challenge-response, see >>tcp hello). Algorithms:
        all_reduce      <= 64 KiB: recursive doubling (non-power-of-two worlds fold the extra
                        ranks in and out); larger: ring reduce-scatter + all-gather, chunked and
                        pipelined (Gloo's allreduce_ring_chunked) -- received chunks are reduced
@@ -47,8 +47,11 @@
    lost, DM_ERR_ABORTED after anything else; destroy it.
    SIGPIPE is never raised (MSG_NOSIGNAL).
 
-   The token digest is a keyed 128-bit non-cryptographic hash: it keeps stray and misconfigured
-   processes out, it is not protection against someone who can read the traffic.
+   SECURITY (README "Threat model"): with DISTMESH_TOKEN set, every store and data connection
+   proves the token by HMAC-SHA256 over fresh nonces from both sides, so strangers who can reach
+   the ports can neither use the store nor join, replay or relay a connection. The traffic is
+   neither encrypted nor authenticated after the handshake: an attacker on the path who can
+   rewrite packets is out of scope (that would take TLS).
 */
 #ifndef DISTMESH_H
 #error "include distmesh.h with DISTMESH_TCP defined instead"
@@ -2700,8 +2703,9 @@ DM_API dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out);
 /* >>tcp constants */
 #define _DM_TCP_HELLO_MAGIC 0x48544d44u   /* "DMTH" little-endian: connection hello */
 #define _DM_TCP_ACK_MAGIC   0x41544d44u   /* "DMTA": hello answer */
+#define _DM_TCP_CHAL_MAGIC  0x43544d44u   /* "DMTC": the acceptor's challenge */
 #define _DM_TCP_FP_MAGIC    0x46544d44u   /* "DMTF": collective fingerprint */
-#define _DM_TCP_VERSION     1u
+#define _DM_TCP_VERSION     2u            /* 2: challenge-response hello */
 #define _DM_TCP_IO_MAX      ((size_t)1 << 30)   /* bytes per send/recv call (2 GiB+ messages) */
 #define _DM_TCP_SMALL_BYTES ((size_t)64 << 10)  /* all_reduce at or below: recursive doubling */
 #define _DM_TCP_SOCKBUF     (4 << 20)           /* SO_SNDBUF / SO_RCVBUF when the kernel allows */
@@ -2718,7 +2722,6 @@ typedef struct _dm_tcp {
     char user_prefix[480];      /* the prefix as given (split builds on it) */
     char ifname[128];           /* the interface spec as resolved ("" = by route) */
     char token[128];            /* "" = none */
-    uint64_t digest[2];         /* keyed hash of token and group */
     size_t chunk_bytes;
     int* fds;                   /* socket per rank, -1 for self */
     char (*addrs)[64];          /* "host:port" per rank, for messages */
@@ -3502,24 +3505,128 @@ static int _dm_tcp_write_full(int fd, const void* buf, size_t n, int64_t deadlin
     return 1;
 }
 
-/* Hello, 48 bytes: magic u32, version u32, rank u32, world u32, group u64, digest 2 x u64,
-   0 u64. Ack, 8 bytes: magic u32, status u32. */
-static void _dm_tcp_hello_encode(const _dm_tcp* t, uint64_t group, unsigned char* p) {
-    memset(p, 0, 48);
-    _dm_tcp_put32(p, _DM_TCP_HELLO_MAGIC);
-    _dm_tcp_put32(p + 4, _DM_TCP_VERSION);
-    _dm_tcp_put32(p + 8, (uint32_t)t->base.rank);
-    _dm_tcp_put32(p + 12, (uint32_t)t->base.size);
-    _dm_tcp_put64(p + 16, group);
-    _dm_tcp_put64(p + 24, t->digest[0]);
-    _dm_tcp_put64(p + 32, t->digest[1]);
+/* >>tcp hello  Every data connection: the higher rank (connector) connects to the lower
+   (acceptor) and both prove the token over fresh nonces from both sides:
+     hello      connector -> acceptor  56 B: magic "DMTH", version 2, rank, world, group u64,
+                                              connector nonce[32]
+     challenge  acceptor -> connector  72 B: magic "DMTC", status, acceptor nonce[32],
+                                              HMAC(token, "acceptor" fields)
+     proof      connector -> acceptor  32 B: HMAC(token, "connector" fields)
+     ack        acceptor -> connector   8 B: magic "DMTA", status
+   The MAC fields: role label, the group's store prefix (generation included), the acceptor's
+   published address, world size, both ranks, both nonces. A recorded hello or proof is useless
+   on a new connection (the other side's nonce is new), one role's MAC cannot stand in for the
+   other's, and a stranger relaying a connector that was sent to its own address fails, since
+   the connector signs the address it connected to. Without a token the key is empty: the same
+   exchange still catches stray connections from other groups. */
+#define _DM_TCP_HELLO_SIZE 56
+#define _DM_TCP_CHAL_SIZE 72
+_DM_PRIVATE void _dm_tcp_hello_mac(const _dm_tcp* t, bool acceptor, const char* acceptor_addr, int connector,
+                                   int acceptor_rank, const unsigned char* nonce_c, const unsigned char* nonce_a,
+                                   unsigned char out[32]) {
+    unsigned char msg[64 + sizeof(t->prefix) + 64 + 12 + 64];
+    size_t n = 0, k;
+    const char* label = acceptor ? "distmesh hello v2 acceptor" : "distmesh hello v2 connector";
+    k = strlen(label) + 1;
+    memcpy(msg, label, k);
+    n += k;
+    k = strnlen(t->prefix, sizeof(t->prefix) - 1) + 1;
+    memcpy(msg + n, t->prefix, k - 1);
+    msg[n + k - 1] = 0;
+    n += k;
+    k = strnlen(acceptor_addr, 63) + 1;
+    memcpy(msg + n, acceptor_addr, k - 1);
+    msg[n + k - 1] = 0;
+    n += k;
+    _dm_tcp_put32(msg + n, (uint32_t)t->base.size);
+    _dm_tcp_put32(msg + n + 4, (uint32_t)connector);
+    _dm_tcp_put32(msg + n + 8, (uint32_t)acceptor_rank);
+    n += 12;
+    memcpy(msg + n, nonce_c, 32);
+    memcpy(msg + n + 32, nonce_a, 32);
+    n += 64;
+    dm_hmac_sha256(t->token, strlen(t->token), msg, n, out);
+}
+
+/* The connector's side on a connected socket to rank j: hello, check the challenge, proof. The
+   ack is read later (_dm_tcp_read_ack), once this rank has accepted its own peers. */
+static dm_status _dm_tcp_hello_connect(_dm_tcp* t, int fd, int j, uint64_t group, int64_t deadline) {
+    unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE], mac[32];
+    int rc;
+    uint32_t status;
+    _dm_tcp_put32(hello, _DM_TCP_HELLO_MAGIC);
+    _dm_tcp_put32(hello + 4, _DM_TCP_VERSION);
+    _dm_tcp_put32(hello + 8, (uint32_t)t->base.rank);
+    _dm_tcp_put32(hello + 12, (uint32_t)t->base.size);
+    _dm_tcp_put64(hello + 16, group);
+    _dm_st_random(hello + 24, 32);
+    if (_dm_tcp_write_full(fd, hello, sizeof(hello), deadline) != 1)
+        return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: sending the hello to rank %d at %s failed",
+                        j, t->addrs[j]);
+    rc = _dm_tcp_read_full(fd, chal, sizeof(chal), deadline);
+    if (rc == 0)
+        return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out waiting for rank %d (%s) to answer the hello",
+                        j, t->addrs[j]);
+    if (rc < 0)
+        return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: setup: rank %d (%s) closed the connection during the "
+                        "hello (%s)", j, t->addrs[j], errno ? strerror(errno) : "EOF");
+    if (_dm_tcp_get32(chal) != _DM_TCP_CHAL_MAGIC)
+        return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: setup: rank %d (%s) answered the hello with malformed "
+                        "bytes (another distmesh version?)", j, t->addrs[j]);
+    status = _dm_tcp_get32(chal + 4);
+    if (status != _DM_TCP_ACK_OK)
+        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) refused the connection (%s)", j,
+                        t->addrs[j], status == _DM_TCP_ACK_GROUP ? "different group or world size" : "rank taken");
+    _dm_tcp_hello_mac(t, true, t->addrs[j], t->base.rank, j, hello + 24, chal + 8, mac);
+    if (!_dm_st_ct_equal(mac, chal + 40, 32))
+        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: the listener at %s could not prove the token of "
+                        "rank %d (a different DISTMESH_TOKEN, or not rank %d)", t->addrs[j], j, j);
+    _dm_tcp_hello_mac(t, false, t->addrs[j], t->base.rank, j, hello + 24, chal + 8, mac);
+    if (_dm_tcp_write_full(fd, mac, sizeof(mac), deadline) != 1)
+        return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: sending the proof to rank %d at %s failed",
+                        j, t->addrs[j]);
+    return DM_OK;
+}
+
+/* The acceptor's side on an accepted socket: reads the hello, sends the challenge, checks the
+   proof, sends the ack. Returns the ack status (_DM_TCP_ACK_OK: *peer is a verified rank), or
+   -1 for a connection that went silent or sent bad bytes; the caller closes every refusal. */
+static int _dm_tcp_hello_accept(_dm_tcp* t, int fd, uint64_t group, int64_t deadline, int* peer) {
+    unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE], mac[32], proof[32], ack[8];
+    uint32_t status = _DM_TCP_ACK_OK;
+    int p;
+    *peer = -1;
+    if (_dm_tcp_read_full(fd, hello, sizeof(hello), deadline) != 1) return -1;
+    if (_dm_tcp_get32(hello) != _DM_TCP_HELLO_MAGIC || _dm_tcp_get32(hello + 4) != _DM_TCP_VERSION) return -1;
+    p = (int)_dm_tcp_get32(hello + 8);
+    *peer = p;
+    if (_dm_tcp_get64(hello + 16) != group || (int)_dm_tcp_get32(hello + 12) != t->base.size)
+        status = _DM_TCP_ACK_GROUP;
+    else if (p <= t->base.rank || p >= t->base.size || t->fds[p] >= 0)
+        status = _DM_TCP_ACK_RANK;
+    memset(chal, 0, sizeof(chal));
+    _dm_tcp_put32(chal, _DM_TCP_CHAL_MAGIC);
+    _dm_tcp_put32(chal + 4, status);
+    if (status == _DM_TCP_ACK_OK) {
+        _dm_st_random(chal + 8, 32);
+        _dm_tcp_hello_mac(t, true, t->addrs[t->base.rank], p, t->base.rank, hello + 24, chal + 8, chal + 40);
+    }
+    if (_dm_tcp_write_full(fd, chal, sizeof(chal), deadline) != 1) return -1;
+    if (status != _DM_TCP_ACK_OK) return (int)status;
+    if (_dm_tcp_read_full(fd, proof, sizeof(proof), deadline) != 1) return -1;
+    _dm_tcp_hello_mac(t, false, t->addrs[t->base.rank], p, t->base.rank, hello + 24, chal + 8, mac);
+    if (!_dm_st_ct_equal(mac, proof, 32)) status = _DM_TCP_ACK_TOKEN;
+    _dm_tcp_put32(ack, _DM_TCP_ACK_MAGIC);
+    _dm_tcp_put32(ack + 4, status);
+    if (_dm_tcp_write_full(fd, ack, sizeof(ack), deadline) != 1) return -1;
+    return (int)status;
 }
 
 /* Connects to rank j at addr with retries until the deadline; sends the hello. */
 static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t deadline) {
     struct sockaddr_storage sa;
-    unsigned char hello[48];
     int fd = -1, rc, err;
+    dm_status st;
     if (!_dm_tcp_parse_addr(t->addrs[j], &sa))
         return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: rank %d published a malformed address \"%s\"", j, t->addrs[j]);
     for (;;) {
@@ -3543,11 +3650,9 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
         usleep(20000);
     }
     _dm_tcp_tune(fd);
-    _dm_tcp_hello_encode(t, group, hello);
-    if (_dm_tcp_write_full(fd, hello, sizeof(hello), deadline) != 1) {
+    if ((st = _dm_tcp_hello_connect(t, fd, j, group, deadline)) != DM_OK) {
         close(fd);
-        return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: sending the hello to rank %d at %s failed",
-                        j, t->addrs[j]);
+        return st;
     }
     t->fds[j] = fd;
     return DM_OK;
@@ -3558,9 +3663,7 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
 static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64_t deadline) {
     int missing = t->base.size - 1 - t->base.rank;
     while (missing > 0) {
-        unsigned char hello[48], ack[8];
-        uint32_t status = _DM_TCP_ACK_OK;
-        int fd, rc, peer;
+        int status, fd, rc, peer;
         int64_t hello_deadline;
         rc = _dm_tcp_wait_fd(lfd, POLLIN, deadline);
         if (rc == 0) {
@@ -3575,25 +3678,15 @@ static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64
         if (fd < 0) continue;
         /* a silent stranger cannot hold the rendezvous for more than a few seconds */
         hello_deadline = _dm_now_ms() + 5000 < deadline ? _dm_now_ms() + 5000 : deadline;
-        if (_dm_tcp_read_full(fd, hello, sizeof(hello), hello_deadline) != 1) { close(fd); continue; }
-        peer = (int)_dm_tcp_get32(hello + 8);
-        if (_dm_tcp_get32(hello) != _DM_TCP_HELLO_MAGIC || _dm_tcp_get32(hello + 4) != _DM_TCP_VERSION) {
-            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection with a bad hello");
+        status = _dm_tcp_hello_accept(t, fd, group, hello_deadline, &peer);
+        if (status < 0) {
+            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that was silent or sent a bad hello");
             close(fd);
             continue;
         }
-        if (_dm_tcp_get64(hello + 16) != group || (int)_dm_tcp_get32(hello + 12) != t->base.size)
-            status = _DM_TCP_ACK_GROUP;
-        else if (peer <= t->base.rank || peer >= t->base.size || t->fds[peer] >= 0)
-            status = _DM_TCP_ACK_RANK;
-        else if (_dm_tcp_get64(hello + 24) != t->digest[0] || _dm_tcp_get64(hello + 32) != t->digest[1])
-            status = _DM_TCP_ACK_TOKEN;
-        _dm_tcp_put32(ack, _DM_TCP_ACK_MAGIC);
-        _dm_tcp_put32(ack + 4, status);
-        rc = _dm_tcp_write_full(fd, ack, sizeof(ack), hello_deadline);
-        if (status != _DM_TCP_ACK_OK || rc != 1) {
+        if (status != _DM_TCP_ACK_OK) {
             _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (%s)", peer,
-                    status == _DM_TCP_ACK_TOKEN ? "wrong token" : status == _DM_TCP_ACK_GROUP ? "other group" : "bad rank");
+                    status == _DM_TCP_ACK_TOKEN ? "wrong token proof: another token, or a replayed or relayed hello" : status == _DM_TCP_ACK_GROUP ? "other group" : "bad rank");
             close(fd);
             continue;
         }
@@ -3938,8 +4031,6 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     if (st != DM_OK) { _dm_tcp_store_fail(t, st, "add", key); goto fail; }
     snprintf(t->prefix, sizeof(t->prefix), "%.480sg%lld/", t->user_prefix, (long long)((gen - 1) / s->size));
     group = _dm_tcp_hash(1, t->prefix, NULL);
-    t->digest[0] = _dm_tcp_hash(2, t->prefix, t->token);
-    t->digest[1] = _dm_tcp_hash(3, t->token, t->prefix);
 
     /* listen on the chosen interface, ephemeral port */
     if (s->bind_sa) memcpy(&sa, s->bind_sa, sizeof(sa));

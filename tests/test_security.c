@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
@@ -506,6 +507,213 @@ static void test_store_many_slow_connections(void** state) {
     stop_server(&cs);
 }
 
+
+/* ---- data connections: the hello ---- */
+static _dm_tcp* fake_rank(int rank, int size, const char* token, const char* self_addr) {
+    _dm_tcp* t = (_dm_tcp*)calloc(1, sizeof(_dm_tcp));
+    int j;
+    CHECK(t != NULL);
+    t->base.rank = rank;
+    t->base.size = size;
+    t->base.timeout_ms = 5000;
+    snprintf(t->prefix, sizeof(t->prefix), "distmesh/g0/");
+    snprintf(t->token, sizeof(t->token), "%s", token);
+    t->fds = (int*)malloc(sizeof(int) * (size_t)size);
+    t->addrs = (char(*)[64])calloc((size_t)size, 64);
+    for (j = 0; j < size; j++) t->fds[j] = -1;
+    snprintf(t->addrs[rank], 64, "%s", self_addr);
+    return t;
+}
+static void fake_rank_free(_dm_tcp* t) { free(t->fds); free(t->addrs); free(t); }
+typedef struct hello_job {
+    _dm_tcp* t;
+    int fd, peer, result;       /* accept: ack status or -1; connect: dm_status, then the ack status */
+    bool connector;
+    pthread_t th;
+} hello_job;
+static void* hello_main(void* p) {
+    hello_job* h = (hello_job*)p;
+    int64_t dl = _dm_deadline(5000);
+    uint64_t group = _dm_tcp_hash(1, h->t->prefix, NULL);
+    if (h->connector) {
+        unsigned char ack[8];
+        h->result = (int)_dm_tcp_hello_connect(h->t, h->fd, 0, group, dl);
+        h->peer = -1;
+        if (h->result == DM_OK && _dm_tcp_read_full(h->fd, ack, 8, dl) == 1) h->peer = (int)_dm_tcp_get32(ack + 4);
+    } else {
+        h->result = _dm_tcp_hello_accept(h->t, h->fd, group, dl, &h->peer);
+    }
+    return NULL;
+}
+static void hello_start(hello_job* h, _dm_tcp* t, int fd, bool connector) {
+    memset(&h->th, 0, sizeof(h->th));
+    h->t = t;
+    h->fd = fd;
+    h->connector = connector;
+    h->result = -2;
+    h->peer = -2;
+    CHECK(pthread_create(&h->th, NULL, hello_main, h) == 0);
+}
+static void sockpair(int sv[2]) {
+    struct timeval tv;
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    tv.tv_sec = 5;
+    tv.tv_usec = 0;
+    setsockopt(sv[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL, 0) | O_NONBLOCK);
+}
+/* Forwards n bytes from a to b (the stranger in the middle), keeping a copy. */
+static bool relay(int a, int b, unsigned char* copy, size_t n) {
+    return recv_n(a, copy, n) == n && send_some(b, copy, n, 2000) == n;
+}
+
+static void test_hello_replay_refused(void** state) {
+    _dm_tcp* acc = fake_rank(0, 2, k_token, "127.0.0.1:1000");
+    _dm_tcp* con = fake_rank(1, 2, k_token, "127.0.0.1:1001");
+    unsigned char hello[56], chal[72], proof[32], ack[8];
+    int ca[2], ab[2], cc[2];
+    hello_job ja, jc;
+    (void)state;
+    snprintf(con->addrs[0], 64, "127.0.0.1:1000");
+    /* a legitimate exchange through a recording stranger */
+    sockpair(ca);
+    sockpair(ab);
+    hello_start(&jc, con, ca[0], true);
+    hello_start(&ja, acc, ab[0], false);
+    CHECK(relay(ca[1], ab[1], hello, sizeof(hello)));
+    CHECK(relay(ab[1], ca[1], chal, sizeof(chal)));
+    CHECK(relay(ca[1], ab[1], proof, sizeof(proof)));
+    CHECK(relay(ab[1], ca[1], ack, sizeof(ack)));
+    pthread_join(jc.th, NULL);
+    pthread_join(ja.th, NULL);
+    CHECK(jc.result == DM_OK && jc.peer == _DM_TCP_ACK_OK);
+    CHECK(ja.result == _DM_TCP_ACK_OK && ja.peer == 1);
+    /* the recording played back to the same rank: its new nonce makes the old proof worthless */
+    sockpair(cc);
+    hello_start(&ja, acc, cc[0], false);
+    CHECK(send_some(cc[1], hello, sizeof(hello), 2000) == sizeof(hello));
+    CHECK(recv_n(cc[1], chal, sizeof(chal)) == sizeof(chal));
+    CHECK(send_some(cc[1], proof, sizeof(proof), 2000) == sizeof(proof));
+    CHECK(recv_n(cc[1], ack, sizeof(ack)) == sizeof(ack));
+    pthread_join(ja.th, NULL);
+    CHECK(ja.result == _DM_TCP_ACK_TOKEN);
+    CHECK(get_u32(ack + 4) == _DM_TCP_ACK_TOKEN);
+    close(ca[0]); close(ca[1]); close(ab[0]); close(ab[1]); close(cc[0]); close(cc[1]);
+    fake_rank_free(acc);
+    fake_rank_free(con);
+}
+
+static void test_hello_relay_refused(void** state) {
+    /* rank 1 was sent to the stranger's listener (127.0.0.1:6666); the stranger forwards both
+       directions to rank 0's real one */
+    _dm_tcp* acc = fake_rank(0, 2, k_token, "127.0.0.1:1000");
+    _dm_tcp* con = fake_rank(1, 2, k_token, "127.0.0.1:1001");
+    unsigned char hello[56], chal[72];
+    int ca[2], ab[2];
+    hello_job ja, jc;
+    (void)state;
+    snprintf(con->addrs[0], 64, "127.0.0.1:6666");
+    sockpair(ca);
+    sockpair(ab);
+    hello_start(&jc, con, ca[0], true);
+    hello_start(&ja, acc, ab[0], false);
+    CHECK(relay(ca[1], ab[1], hello, sizeof(hello)));
+    CHECK(relay(ab[1], ca[1], chal, sizeof(chal)));
+    pthread_join(jc.th, NULL);
+    CHECK(jc.result == DM_ERR_REFUSED);         /* the acceptor's proof names another address */
+    print_message("relayed hello: %s\n", con->base.last_error);
+    CHECK(strstr(con->base.last_error, "could not prove") != NULL);
+    close(ab[1]);                               /* no proof ever reaches rank 0 */
+    pthread_join(ja.th, NULL);
+    CHECK(ja.result != _DM_TCP_ACK_OK);
+    close(ca[0]); close(ca[1]); close(ab[0]);
+    /* a listener with another token cannot prove it either */
+    {
+        _dm_tcp* other = fake_rank(0, 2, "not the token", "127.0.0.1:1000");
+        snprintf(con->addrs[0], 64, "127.0.0.1:1000");
+        sockpair(ca);
+        hello_start(&jc, con, ca[0], true);
+        hello_start(&ja, other, ca[1], false);
+        pthread_join(jc.th, NULL);
+        close(ca[0]);
+        pthread_join(ja.th, NULL);
+        CHECK(jc.result == DM_ERR_REFUSED && ja.result != _DM_TCP_ACK_OK);
+        close(ca[1]);
+        fake_rank_free(other);
+    }
+    fake_rank_free(acc);
+    fake_rank_free(con);
+}
+
+/* A real two-process world over a tcp store, both with the token (rank 0 hosts the store);
+   then a third process with another token is refused at the store. */
+static int free_port(void) {
+    struct sockaddr_in a;
+    socklen_t al = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(fd, (struct sockaddr*)&a, sizeof(a)) == 0);
+    getsockname(fd, (struct sockaddr*)&a, &al);
+    port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+static int world_rank(int rank, int port, const char* token, int hold_ms) {
+    dm_tcp_desc d;
+    dm_collective* c = NULL;
+    char url[64];
+    float x[4] = { 1, 2, 3, 4 };
+    dm_status st;
+    memset(&d, 0, sizeof(d));
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    d.rank = rank;
+    d.world_size = 2;
+    d.store_url = url;
+    d.ifname = "lo";
+    d.token = token;
+    d.timeout_ms = 8000;
+    st = dm_tcp_create(&d, &c);
+    if (st != DM_OK) return 100 + (int)-st;
+    st = dm_all_reduce(c, NULL, x, 4, DM_FLOAT32, DM_SUM);
+    if (st != DM_OK || x[0] != 2 || x[3] != 8) return 2;
+    sleep_ms(hold_ms);
+    dm_destroy(c);
+    return 0;
+}
+static void test_world_with_token(void** state) {
+    int port = free_port(), r, codes[2];
+    pid_t pids[2];
+    (void)state;
+    for (r = 0; r < 2; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(world_rank(r, port, k_token, r == 0 ? 1500 : 0));
+    }
+    sleep_ms(300);
+    {   /* meanwhile a process with another token: refused by the store, not by a timeout */
+        dm_store* s = NULL;
+        dm_status st;
+        char url[64];
+        dm_store_desc d;
+        memset(&d, 0, sizeof(d));
+        snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+        d.url = url;
+        d.token = "guess";
+        d.timeout_ms = 3000;
+        st = dm_store_create(&d, &s);
+        CHECK(st == DM_ERR_REFUSED && s == NULL);
+    }
+    for (r = 0; r < 2; r++) {
+        int status = 0, i;
+        for (i = 0; i < 300 && waitpid(pids[r], &status, WNOHANG) != pids[r]; i++) sleep_ms(50);
+        if (i == 300) { kill(pids[r], SIGKILL); waitpid(pids[r], &status, 0); }
+        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    if (codes[0] || codes[1]) print_message("rank exit codes %d %d\n", codes[0], codes[1]);
+    CHECK(codes[0] == 0 && codes[1] == 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_stranger_cannot_touch_keys),
@@ -515,6 +723,9 @@ int main(void) {
         cmocka_unit_test(test_store_unread_replies_bounded),
         cmocka_unit_test(test_store_multi_get_bounded),
         cmocka_unit_test(test_store_many_slow_connections),
+        cmocka_unit_test(test_hello_replay_refused),
+        cmocka_unit_test(test_hello_relay_refused),
+        cmocka_unit_test(test_world_with_token),
     };
     struct rlimit rl;
     signal(SIGPIPE, SIG_IGN);
