@@ -349,7 +349,11 @@ DM_API dm_status dm_all_gather_to_list(dm_collective* c, const void* send, void*
 DM_API dm_status dm_reduce_scatter(dm_collective* c, const void* send, void* recv,
                                    size_t recv_count, dm_dtype dtype, dm_reduce_op op);
 DM_API dm_status dm_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root);
-/* Every rank contributes one object (size > 0) and receives all world_size of them. */
+/* Object collectives trust peers' announced sizes only so far: what one call receives (padded
+   to the largest object for all_gather_objects) may not exceed DISTMESH_MAX_OBJECT_BYTES
+   (bytes, K/M/G suffix allowed; default 1 GiB), checked before anything is allocated, and
+   each rank's size must match what it announced; beyond it DM_ERR_PROTOCOL names the rank.
+   Every rank contributes one object (size > 0) and receives all world_size of them. */
 DM_API dm_status dm_all_gather_objects(dm_collective* c, const void* data, size_t size,
                                        dm_blob_list* out);
 /* root passes count objects (each size > 0); every rank, root included, receives a copy. */
@@ -1396,6 +1400,21 @@ DM_API_IMPL dm_status dm_broadcast(dm_collective* c, void* buf, size_t count, dm
 }
 
 /* >>objects  Sizes first (uint64 per rank), then the bytes padded to the largest object. */
+/* The most bytes one object collective takes from its peers' word: DISTMESH_MAX_OBJECT_BYTES,
+   else 1 GiB (a malformed value counts as unset). */
+_DM_PRIVATE uint64_t _dm_object_limit(void) {
+    const char* v = getenv("DISTMESH_MAX_OBJECT_BYTES");
+    char* end = NULL;
+    unsigned long long n;
+    if (!v || !*v || *v == '-') return (uint64_t)1 << 30;
+    errno = 0;
+    n = strtoull(v, &end, 10);
+    if (*end == 'K' || *end == 'k') { n <<= 10; end++; }
+    else if (*end == 'M' || *end == 'm') { n <<= 20; end++; }
+    else if (*end == 'G' || *end == 'g') { n <<= 30; end++; }
+    if (errno || end == v || *end || n == 0) return (uint64_t)1 << 30;
+    return (uint64_t)n;
+}
 DM_API_IMPL dm_status dm_all_gather_objects(dm_collective* c, const void* data, size_t size,
                                             dm_blob_list* out) {
     static const char* name = "all_gather_objects";
@@ -1417,10 +1436,17 @@ DM_API_IMPL dm_status dm_all_gather_objects(dm_collective* c, const void* data, 
     sizes64[c->rank] = (uint64_t)size;
     st = dm_all_gather(c, NULL, sizes64, 1, DM_UINT64);
     if (st != DM_OK) goto done;
-    for (i = 0; i < n; i++) {
-        if (sizes64[i] == 0 || sizes64[i] > (uint64_t)(SIZE_MAX / 2 / n)) {
-            st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: rank %zu announced an object of %llu bytes",
-                          name, i, (unsigned long long)sizes64[i]);
+    if (sizes64[c->rank] != (uint64_t)size) {
+        st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: the gathered sizes give this rank %llu bytes, not its %zu",
+                      name, (unsigned long long)sizes64[c->rank], size);
+        goto done;
+    }
+    for (i = 0; i < n; i++) {   /* checked before any allocation: the padded total is max * n */
+        uint64_t limit = _dm_object_limit();
+        if (sizes64[i] == 0 || sizes64[i] > limit / n || sizes64[i] > (uint64_t)(SIZE_MAX / 2 / n)) {
+            st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: rank %zu announced an object of %llu bytes (0, or %d "
+                          "objects of that size exceed DISTMESH_MAX_OBJECT_BYTES = %llu)", name, i,
+                          (unsigned long long)sizes64[i], c->size, (unsigned long long)limit);
             goto done;
         }
         sizes[i] = (size_t)sizes64[i];
@@ -1473,8 +1499,13 @@ DM_API_IMPL dm_status dm_broadcast_objects(dm_collective* c, const dm_blob* obje
         n64 = (uint64_t)count;
     }
     _DM_TRY(dm_broadcast(c, &n64, 1, DM_UINT64, root));
-    if (n64 > (uint64_t)(SIZE_MAX / 16))
-        return _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced %llu objects", name, (unsigned long long)n64);
+    /* every object costs its bytes plus 16 + sizeof(dm_blob) of bookkeeping: bound the count
+       by the limit before the size arrays are allocated */
+    if (n64 > _dm_object_limit() / (16 + sizeof(dm_blob) + 1) || n64 > (uint64_t)(SIZE_MAX / 16) ||
+        (c->rank == root && n64 != (uint64_t)count))
+        return _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced %llu objects (above what "
+                        "DISTMESH_MAX_OBJECT_BYTES = %llu allows)", name, (unsigned long long)n64,
+                        (unsigned long long)_dm_object_limit());
     n = (size_t)n64;
     sizes64 = (uint64_t*)_dm_calloc(&c->allocator, (n ? n : 1) * sizeof(uint64_t));
     sizes = (size_t*)_dm_calloc(&c->allocator, (n ? n : 1) * sizeof(size_t));
@@ -1483,9 +1514,12 @@ DM_API_IMPL dm_status dm_broadcast_objects(dm_collective* c, const dm_blob* obje
     st = dm_broadcast(c, sizes64, n, DM_UINT64, root);
     if (st != DM_OK) goto done;
     for (i = 0; i < n; i++) {
-        if (sizes64[i] == 0 || sizes64[i] > (uint64_t)(SIZE_MAX / 2) - total) {
-            st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced object %zu of %llu bytes",
-                          name, i, (unsigned long long)sizes64[i]);
+        uint64_t limit = _dm_object_limit();
+        if (sizes64[i] == 0 || sizes64[i] > (uint64_t)(SIZE_MAX / 2) - total || sizes64[i] > limit - total ||
+            (c->rank == root && sizes64[i] != (uint64_t)objects[i].size)) {
+            st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced object %zu of %llu bytes (0, or "
+                          "the objects exceed DISTMESH_MAX_OBJECT_BYTES = %llu)",
+                          name, i, (unsigned long long)sizes64[i], (unsigned long long)limit);
             goto done;
         }
         sizes[i] = (size_t)sizes64[i];

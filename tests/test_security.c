@@ -714,6 +714,42 @@ static void test_world_with_token(void** state) {
     CHECK(codes[0] == 0 && codes[1] == 0);
 }
 
+/* ---- bounded trust in announced object sizes (threaded world: the same core wrappers) ---- */
+static int objects_body(dm_collective* c, void* ud) {
+    unsigned char big[600], small[400];
+    dm_blob_list out;
+    dm_blob objs[3];
+    int bad = 0;
+    (void)ud;
+    memset(big, 1, sizeof(big));
+    memset(small, 2, sizeof(small));
+    /* 2 ranks x 600 padded bytes > 1000: refused before allocating, on every rank */
+    if (dm_all_gather_objects(c, big, sizeof(big), &out) != DM_ERR_PROTOCOL) bad |= 1;
+    if (!strstr(dm_last_error(c), "DISTMESH_MAX_OBJECT_BYTES")) bad |= 2;
+    if (dm_all_gather_objects(c, small, dm_rank(c) == 0 ? sizeof(small) : 10, &out) != DM_OK) bad |= 4;
+    else {
+        if (out.count != 2 || out.items[0].size != 400 || out.items[1].size != 10) bad |= 8;
+        dm_blob_list_free(c, &out);
+    }
+    objs[0].data = small; objs[0].size = 400;
+    objs[1].data = small; objs[1].size = 400;
+    objs[2].data = small; objs[2].size = 400;
+    if (dm_broadcast_objects(c, objs, 3, 0, &out) != DM_ERR_PROTOCOL) bad |= 16;   /* 1200 > 1000 */
+    if (dm_broadcast_objects(c, objs, 2, 0, &out) != DM_OK) bad |= 32;
+    else dm_blob_list_free(c, &out);
+    return bad;
+}
+static void test_object_sizes_bounded(void** state) {
+    dm_fake_desc d;
+    (void)state;
+    memset(&d, 0, sizeof(d));
+    d.world_size = 2;
+    d.timeout_ms = 5000;
+    setenv("DISTMESH_MAX_OBJECT_BYTES", "1000", 1);
+    CHECK_OK(dm_thread_world_run(&d, objects_body, NULL));
+    unsetenv("DISTMESH_MAX_OBJECT_BYTES");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_stranger_cannot_touch_keys),
@@ -726,6 +762,7 @@ int main(void) {
         cmocka_unit_test(test_hello_replay_refused),
         cmocka_unit_test(test_hello_relay_refused),
         cmocka_unit_test(test_world_with_token),
+        cmocka_unit_test(test_object_sizes_bounded),
     };
     struct rlimit rl;
     signal(SIGPIPE, SIG_IGN);
