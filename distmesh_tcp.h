@@ -1369,8 +1369,11 @@ _DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger*
         }
         if (rc == 0) rc = uv_listen((uv_stream_t*)&s->listener, 1024, _dm_srv_on_connect);
         if (rc < 0) {
-            snprintf(err, cap, "cannot listen on %.64s port %d (%.100s)", bound, port,
-                     _dm_store_uv_cause(rc, cause, sizeof(cause)));
+            snprintf(err, cap, "cannot listen on %.64s port %d (%.100s)%s", bound, port,
+                     _dm_store_uv_cause(rc, cause, sizeof(cause)),
+                     rc == UV_EADDRINUSE ? ": another process serves this port (another job, or torchrun's "
+                                           "agent: then set TORCHELASTIC_USE_AGENT_STORE=True); choose another "
+                                           "MASTER_PORT / store url" : "");
             _dm_srv_free(s);
             return _dm_status_from_uv(rc);
         }
@@ -1410,7 +1413,14 @@ typedef struct _dm_store_shared {
     dm_allocator allocator;
     size_t token_len;           /* tcp: authenticate with this token when > 0 */
     char token[_DM_ST_TOKEN_MAX + 1];
+    struct _dm_store_shared* hosted_next;   /* in _dm_store_hosted while it has a server */
 } _dm_store_shared;
+
+/* >>store hosted  The servers this process hosts. A second is_server store on a port this
+   process already serves shares that server and its connection, as a clone would (so a second
+   world on the same store URL works), instead of failing with EADDRINUSE. */
+static pthread_mutex_t _dm_store_hosted_mu = PTHREAD_MUTEX_INITIALIZER;
+static _dm_store_shared* _dm_store_hosted;
 
 struct dm_store {
     _dm_store_shared* sh;
@@ -1937,9 +1947,16 @@ _DM_PRIVATE dm_status _dm_fstore_mkdirs(dm_store* s, const char* dir) {
 _DM_PRIVATE void _dm_store_shared_release(_dm_store_shared* sh) {
     bool last;
     dm_allocator a;
+    pthread_mutex_lock(&_dm_store_hosted_mu);
     pthread_mutex_lock(&sh->mu);
     last = --sh->refs == 0;
     pthread_mutex_unlock(&sh->mu);
+    if (last) {
+        _dm_store_shared** pp = &_dm_store_hosted;
+        while (*pp && *pp != sh) pp = &(*pp)->hosted_next;
+        if (*pp) *pp = sh->hosted_next;
+    }
+    pthread_mutex_unlock(&_dm_store_hosted_mu);
     if (!last) return;
     a = sh->allocator;
     if (sh->fd >= 0) close(sh->fd);
@@ -1993,6 +2010,26 @@ _DM_PRIVATE dm_status _dm_store_limits(const dm_store_desc* d, _dm_srv_limits* L
         return DM_ERR_ENV;
     L->stall_ms = stall > INT32_MAX ? INT32_MAX : (int)stall;
     return DM_OK;
+}
+
+/* The live store this process hosts on port (a reference taken), or NULL; *other_token when it
+   exists with another token. */
+_DM_PRIVATE _dm_store_shared* _dm_store_hosted_share(int port, const _dm_srv_limits* lim, bool* other_token) {
+    _dm_store_shared* sh;
+    *other_token = false;
+    if (port <= 0) return NULL;
+    pthread_mutex_lock(&_dm_store_hosted_mu);
+    for (sh = _dm_store_hosted; sh; sh = sh->hosted_next) {
+        if (sh->server->port != port) continue;
+        pthread_mutex_lock(&sh->mu);
+        if (sh->token_len != lim->token_len || memcmp(sh->token, lim->token, lim->token_len) != 0) *other_token = true;
+        else if (sh->refs > 0 && !sh->broken) sh->refs++;
+        else *other_token = true;   /* broken: not shareable; say it is in use */
+        pthread_mutex_unlock(&sh->mu);
+        break;
+    }
+    pthread_mutex_unlock(&_dm_store_hosted_mu);
+    return sh && !*other_token ? sh : NULL;
 }
 
 /* TORCHELASTIC_USE_AGENT_STORE: torch's getCvarBool truthy spellings. */
@@ -2106,7 +2143,21 @@ DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out)
             goto bad_url;
         sh->port = (int)port;
         if (d.is_server && !_dm_store_agent_store()) {
-            char what[300];
+            char what[600];
+            bool other = false;
+            _dm_store_shared* hosted = _dm_store_hosted_share((int)port, &lim, &other);
+            if (hosted) {   /* a second store on a URL this process serves: share it */
+                _dm_store_shared_release(sh);
+                s->sh = hosted;
+                *out = s;
+                return DM_OK;
+            }
+            if (other) {
+                st = _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_NETWORK,
+                                "tcp-store: server %s: this process already serves port %ld with another token "
+                                "(or that store is broken): use one token per store, or another port", url, port);
+                goto fail;
+            }
             st = _dm_srv_start(sh->host, sh->port, &d.logger, &d.allocator, &lim, &sh->server, what, sizeof(what));
             if (st != DM_OK) {
                 _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp-store: server %s: %s", url, what);
@@ -2119,6 +2170,12 @@ DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out)
             goto fail;
         }
         if ((st = _dm_store_tcp_connect(s)) != DM_OK) { snprintf(err, sizeof(err), "%s", s->last_error); goto fail; }
+        if (sh->server) {
+            pthread_mutex_lock(&_dm_store_hosted_mu);
+            sh->hosted_next = _dm_store_hosted;
+            _dm_store_hosted = sh;
+            pthread_mutex_unlock(&_dm_store_hosted_mu);
+        }
         s->last_error[0] = 0;
         *out = s;
         return DM_OK;
@@ -3735,6 +3792,18 @@ static dm_status _dm_tcp_store_get_str(_dm_tcp* t, const char* key, char* out, s
     return DM_OK;
 }
 
+/* >>tcp keys  A group leaves nothing in the store once it is built: every rank above this one
+   has read this rank's address before connecting, so when all of them have said hello the
+   address key goes. What stays is one generation counter per world prefix (none for splits,
+   whose prefixes are used once), so the key count is flat over create/split/destroy cycles. */
+static void _dm_tcp_forget_addr(_dm_tcp* t) {
+    char key[600];
+    snprintf(key, sizeof(key), "%saddr/%d", t->prefix, t->base.rank);
+    if (dm_store_delete(t->store, key, NULL) != DM_OK)
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: could not delete the store key \"%s\" (%s)", key,
+                dm_store_last_error(t->store));
+}
+
 /* >>tcp lifetime */
 static void _dm_tcp_free(_dm_tcp* t) {
     dm_allocator a = t->base.allocator;
@@ -3979,6 +4048,7 @@ typedef struct _dm_tcp_setup {
     const char* token;
     const char* route_host;     /* host to route toward when no interface is named */
     const struct sockaddr_storage* bind_sa; /* listen here (split), else pick by ifname/route */
+    bool once;                  /* the prefix is never used again (split): no generation key */
     size_t chunk_bytes;
     dm_logger logger;
     dm_allocator allocator;
@@ -4026,9 +4096,13 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
 
     /* generation: create/destroy cycles under one prefix get fresh keys. No rank can start the
        next cycle's add before every rank did this one's (connecting needs everyone's address). */
-    snprintf(key, sizeof(key), "%sgen", t->user_prefix);
-    st = dm_store_add(t->store, key, 1, &gen);
-    if (st != DM_OK) { _dm_tcp_store_fail(t, st, "add", key); goto fail; }
+    if (s->once) {
+        gen = 1;
+    } else {
+        snprintf(key, sizeof(key), "%sgen", t->user_prefix);
+        st = dm_store_add(t->store, key, 1, &gen);
+        if (st != DM_OK) { _dm_tcp_store_fail(t, st, "add", key); goto fail; }
+    }
     snprintf(t->prefix, sizeof(t->prefix), "%.480sg%lld/", t->user_prefix, (long long)((gen - 1) / s->size));
     group = _dm_tcp_hash(1, t->prefix, NULL);
 
@@ -4069,6 +4143,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     }
     st = _dm_tcp_accept_peers(t, lfd, group, deadline);
     if (st != DM_OK) goto fail;
+    _dm_tcp_forget_addr(t);
     for (j = 0; j < s->rank; j++) {
         st = _dm_tcp_read_ack(t, j, deadline);
         if (st != DM_OK) goto fail;
@@ -4238,6 +4313,7 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     s.token = t->token;
     s.route_host = NULL;
     s.bind_sa = &t->self_sa;    /* the parent's interface and address family */
+    s.once = true;              /* "<parent prefix>split<seq>/<color>/" is unique */
     s.chunk_bytes = t->chunk_bytes;
     s.logger = c->logger;
     s.allocator = c->allocator;

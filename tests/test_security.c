@@ -750,6 +750,160 @@ static void test_object_sizes_bounded(void** state) {
     unsetenv("DISTMESH_MAX_OBJECT_BYTES");
 }
 
+/* ---- store keys of destroyed groups, and a second world on the same url ---- */
+static int wait_children(pid_t* pids, int n, int limit_ms) {
+    int bad = 0, r;
+    int64_t end = now_ms() + limit_ms;
+    for (r = 0; r < n; r++) {
+        int status = 0;
+        while (waitpid(pids[r], &status, WNOHANG) != pids[r]) {
+            if (now_ms() > end) { kill(pids[r], SIGKILL); waitpid(pids[r], &status, 0); break; }
+            sleep_ms(20);
+        }
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            print_message("child %d: %s %d\n", r, WIFEXITED(status) ? "exit" : "signal",
+                          WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            bad++;
+        }
+    }
+    return bad;
+}
+static int cycles_rank(int rank, int port, int cycles) {
+    dm_store* st = client(port, NULL, NULL);
+    int i;
+    if (!st) return 2;
+    for (i = 0; i < cycles; i++) {
+        dm_tcp_desc d;
+        dm_collective *c = NULL, *sub = NULL, *solo = NULL;
+        int x = 1;
+        memset(&d, 0, sizeof(d));
+        d.rank = rank;
+        d.world_size = 2;
+        d.store = st;
+        d.ifname = "lo";
+        d.timeout_ms = 8000;
+        if (dm_tcp_create(&d, &c) != DM_OK) return 3;
+        if (dm_split(c, 0, rank, &sub) != DM_OK) return 4;          /* both ranks */
+        if (dm_split(c, rank, 0, &solo) != DM_OK) return 5;         /* one each */
+        if (dm_all_reduce(sub, NULL, &x, 1, DM_INT32, DM_SUM) != DM_OK || x != 2) return 6;
+        dm_destroy(solo);
+        dm_destroy(sub);
+        dm_destroy(c);
+    }
+    dm_store_destroy(st);
+    return 0;
+}
+static int64_t run_cycles(dm_store* srv, int cycles) {
+    pid_t pids[2];
+    int64_t keys = -1;
+    int r;
+    for (r = 0; r < 2; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(cycles_rank(r, dm_store_port(srv), cycles));
+    }
+    CHECK(wait_children(pids, 2, 120000) == 0);
+    CHECK_OK(dm_store_num_keys(srv, &keys));
+    return keys;
+}
+static void test_store_keys_flat_over_cycles(void** state) {
+    dm_store_desc d;
+    dm_store* srv = NULL;
+    int64_t k1, k2;
+    int64_t t0;
+    (void)state;
+    memset(&d, 0, sizeof(d));
+    d.url = "tcp://127.0.0.1:0";
+    d.is_server = true;
+    d.timeout_ms = 5000;
+    d.token = "";
+    CHECK_OK(dm_store_create(&d, &srv));
+    k1 = run_cycles(srv, 2);
+    t0 = now_ms();
+    k2 = run_cycles(srv, 200);
+    print_message("store keys after 2 cycles: %lld, after 200 more: %lld (%lld ms)\n", (long long)k1,
+                  (long long)k2, (long long)(now_ms() - t0));
+    CHECK(k1 <= 1);                             /* the world prefix's generation counter */
+    CHECK(k2 == k1);
+    dm_store_destroy(srv);
+}
+
+static int two_worlds_rank(int rank, int port) {
+    dm_tcp_desc d;
+    dm_collective *a = NULL, *b = NULL;
+    char url[64];
+    int x = rank + 1, y = 10 * (rank + 1);
+    memset(&d, 0, sizeof(d));
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    d.rank = rank;
+    d.world_size = 2;
+    d.store_url = url;
+    d.ifname = "lo";
+    d.token = "";
+    d.timeout_ms = 8000;
+    if (dm_tcp_create(&d, &a) != DM_OK) return 2;
+    if (dm_tcp_create(&d, &b) != DM_OK) {
+        fprintf(stderr, "rank %d: second world: %s\n", rank, dm_last_error(NULL));
+        return 3;
+    }
+    if (dm_all_reduce(a, NULL, &x, 1, DM_INT32, DM_SUM) != DM_OK || x != 3) return 4;
+    dm_destroy(a);              /* the first world goes; the second keeps the shared store */
+    if (dm_all_reduce(b, NULL, &y, 1, DM_INT32, DM_SUM) != DM_OK || y != 30) return 5;
+    {
+        dm_collective* s = NULL;
+        if (dm_split(b, 0, 0, &s) != DM_OK) return 6;
+        dm_destroy(s);
+    }
+    dm_destroy(b);
+    return 0;
+}
+static void test_second_world_same_url(void** state) {
+    int port = free_port(), r;
+    pid_t pids[2];
+    (void)state;
+    for (r = 0; r < 2; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(two_worlds_rank(r, port));
+    }
+    CHECK(wait_children(pids, 2, 60000) == 0);
+}
+
+static void test_store_port_taken_explained(void** state) {
+    dm_store_desc d;
+    dm_store *a = NULL, *b = NULL;
+    char url[64];
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof(sa);
+    (void)state;
+    /* a port held by someone else (here a plain listening socket) */
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(fd, (struct sockaddr*)&sa, sizeof(sa)) == 0 && listen(fd, 4) == 0);
+    getsockname(fd, (struct sockaddr*)&sa, &sl);
+    port = ntohs(sa.sin_port);
+    memset(&d, 0, sizeof(d));
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    d.url = url;
+    d.is_server = true;
+    d.timeout_ms = 2000;
+    d.token = "";
+    CHECK(dm_store_create(&d, &a) != DM_OK && a == NULL);
+    close(fd);
+    /* in this process with one token, then another token: refused with the reason */
+    d.url = "tcp://127.0.0.1:0";
+    CHECK_OK(dm_store_create(&d, &a));
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dm_store_port(a));
+    d.url = url;
+    CHECK_OK(dm_store_create(&d, &b));          /* the same token: shared */
+    legit_roundtrip(b, "shared", 10);
+    dm_store_destroy(b);
+    b = NULL;
+    d.token = "other";
+    CHECK(dm_store_create(&d, &b) == DM_ERR_NETWORK && b == NULL);
+    dm_store_destroy(a);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_stranger_cannot_touch_keys),
@@ -763,6 +917,9 @@ int main(void) {
         cmocka_unit_test(test_hello_relay_refused),
         cmocka_unit_test(test_world_with_token),
         cmocka_unit_test(test_object_sizes_bounded),
+        cmocka_unit_test(test_store_keys_flat_over_cycles),
+        cmocka_unit_test(test_second_world_same_url),
+        cmocka_unit_test(test_store_port_taken_explained),
     };
     struct rlimit rl;
     signal(SIGPIPE, SIG_IGN);
