@@ -2040,7 +2040,9 @@ _DM_PRIVATE bool _dm_store_agent_store(void) {
            strcmp(v, "TRUE") == 0 || strcmp(v, "yes") == 0 || strcmp(v, "y") == 0;
 }
 
-DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out) {
+/* share_hosted: a server this process already hosts on the url's port is shared (the TCP
+   backend's second world on one url); else that is EADDRINUSE, explained. */
+_DM_PRIVATE dm_status _dm_store_create_ex(const dm_store_desc* desc, bool share_hosted, dm_store** out) {
     _DM_ZERO(dm_store_desc, d);
     dm_store* s;
     _dm_store_shared* sh;
@@ -2146,16 +2148,18 @@ DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out)
             char what[600];
             bool other = false;
             _dm_store_shared* hosted = _dm_store_hosted_share((int)port, &lim, &other);
-            if (hosted) {   /* a second store on a URL this process serves: share it */
+            if (hosted && share_hosted) {   /* a second world on a url this process serves */
                 _dm_store_shared_release(sh);
                 s->sh = hosted;
                 *out = s;
                 return DM_OK;
             }
-            if (other) {
+            if (hosted || other) {
+                if (hosted) _dm_store_shared_release(hosted);
                 st = _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_NETWORK,
-                                "tcp-store: server %s: this process already serves port %ld with another token "
-                                "(or that store is broken): use one token per store, or another port", url, port);
+                                "tcp-store: server %s: this process already serves port %ld (EADDRINUSE)%s", url, port,
+                                other ? " with another token or a broken connection: use another port"
+                                      : ": share that store (dm_store_clone_prefixed, or dm_tcp_desc.store)");
                 goto fail;
             }
             st = _dm_srv_start(sh->host, sh->port, &d.logger, &d.allocator, &lim, &sh->server, what, sizeof(what));
@@ -2188,6 +2192,10 @@ fail:
     _dm_store_shared_release(sh);
     _dm_store_free_obj(s);
     return st;
+}
+
+DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out) {
+    return _dm_store_create_ex(desc, false, out);
 }
 
 DM_API_IMPL dm_status dm_store_clone_prefixed(dm_store* parent, const char* prefix, dm_store** out) {
@@ -4259,7 +4267,7 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
         sd.token = s.token ? s.token : "";    /* the same token guards the store */
         sd.logger = d.logger;
         sd.allocator = d.allocator;
-        st = dm_store_create(&sd, &s.store);
+        st = _dm_store_create_ex(&sd, true, &s.store);  /* a second world in this process shares it */
         if (st != DM_OK)
             return _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp: cannot open the store %s", url);
         s.own_store = true;
