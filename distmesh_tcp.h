@@ -488,6 +488,7 @@ typedef struct _dm_srv_client {
     int64_t since;              /* accept time while authenticating; last write progress */
     unsigned char auth;         /* 0 admitted, 1 hello expected, 2 proof expected */
     bool reading, flush_close;  /* flush_close: close once the queued replies are written */
+    bool released;              /* closing: its bytes are no longer charged */
     unsigned char nonce_c[32], nonce_s[32];
     bool validated, closing;
     _dm_srv_waiter* waiter;
@@ -638,8 +639,8 @@ _DM_PRIVATE void _dm_srv_on_written(uv_write_t* req, int status) {
     _dm_srv_client* c = (_dm_srv_client*)req->handle;
     _dm_srv* s = c->srv;
     c->queued -= w->n;
-    s->held = s->held > w->n ? s->held - w->n : 0;
-    c->since = _dm_now_ms();
+    if (!c->released) s->held -= w->n;
+    if (!c->auth) c->since = _dm_now_ms();   /* progress (authenticating: the deadline stays) */
     _dm_free(w->a, w);
     if (c->closing) return;
     if (status < 0 && status != UV_ECANCELED) { _dm_srv_close_client(c); return; }
@@ -732,8 +733,9 @@ _DM_PRIVATE void _dm_srv_on_client_closed(uv_handle_t* h) {
 _DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c) {
     if (c->closing) return;
     c->closing = true;
-    c->srv->held -= c->charged;     /* the buffer itself goes in the close callback */
+    c->srv->held -= c->charged + c->queued;  /* freed in the close and write callbacks */
     c->charged = 0;
+    c->released = true;
     if (c->waiter) _dm_srv_waiter_drop(c->srv, c->waiter);
     uv_close((uv_handle_t*)&c->tcp, _dm_srv_on_client_closed);
 }
