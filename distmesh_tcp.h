@@ -2788,7 +2788,7 @@ typedef struct _dm_tcp {
     char prefix[512];           /* this group's key prefix, generation included */
     char user_prefix[480];      /* the prefix as given (split builds on it) */
     char ifname[128];           /* the interface spec as resolved ("" = by route) */
-    char token[128];            /* "" = none */
+    char token[_DM_ST_TOKEN_MAX + 1]; /* "" = none */
     size_t chunk_bytes;
     int* fds;                   /* socket per rank, -1 for self */
     char (*addrs)[64];          /* "host:port" per rank, for messages */
@@ -4237,6 +4237,9 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     s.ifname = d.ifname ? d.ifname : getenv("DISTMESH_SOCKET_IFNAME");
     if (!s.ifname || !*s.ifname) s.ifname = getenv("GLOO_SOCKET_IFNAME");
     s.token = d.token ? d.token : getenv("DISTMESH_TOKEN");
+    if (s.token && strlen(s.token) > _DM_ST_TOKEN_MAX)
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: token longer than %d bytes",
+                          _DM_ST_TOKEN_MAX);
     s.chunk_bytes = d.chunk_bytes;
     s.logger = d.logger;
     s.allocator = d.allocator;
