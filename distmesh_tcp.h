@@ -467,6 +467,7 @@ typedef struct _dm_srv {
     bool thread_started, listener_open, stop_open, tick_open;
     _dm_srv_limits lim;
     size_t held;                /* bytes charged to lim.max_total: entries, input buffers, replies */
+    unsigned closes;            /* clients closed so far (a close may free waiters mid-scan) */
     _dm_kv** buckets;
     size_t nbuckets, nkeys;
     struct _dm_srv_client* clients;
@@ -714,8 +715,10 @@ _DM_PRIVATE void _dm_srv_wake(_dm_srv* s, const unsigned char* key, size_t kn) {
         if (w->remaining == 0) {
             unsigned char b = _DM_ST_STOP_WAITING;
             _dm_srv_client* c = w->client;
+            unsigned closes = s->closes;
             _dm_srv_waiter_drop(s, w);
             _dm_srv_send(c, &b, 1);
+            if (s->closes != closes) nx = s->waiters;  /* the quota closed someone: rescan (done keys stay done) */
         }
         w = nx;
     }
@@ -733,6 +736,7 @@ _DM_PRIVATE void _dm_srv_on_client_closed(uv_handle_t* h) {
 _DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c) {
     if (c->closing) return;
     c->closing = true;
+    c->srv->closes++;
     c->srv->held -= c->charged + c->queued;  /* freed in the close and write callbacks */
     c->charged = 0;
     c->released = true;
