@@ -34,7 +34,10 @@
        TORCHELASTIC_USE_AGENT_STORE=True   the store already runs; rank 0 does not host it
        DISTMESH_SOCKET_IFNAME, GLOO_SOCKET_IFNAME   interface: "eth0", "eth" (prefix), "=eth0"
                                  (exact), "^lo,docker" (anything but these prefixes)
-       DISTMESH_TOKEN            shared secret: peers without it are refused (DM_ERR_REFUSED)
+       DISTMESH_TOKEN            shared secret: peers without it are refused (DM_ERR_REFUSED);
+                                 with it the store serves authenticated distmesh clients only
+       DISTMESH_STORE_MAX_VALUE, _MAX_CONN, _MAX_TOTAL, _STALL_MS   store server bounds
+                                 (see dm_store_desc; README "TCP backend")
        DISTMESH_TIMEOUT          seconds; the deadline of every blocking call
 
    FAILURES
