@@ -280,6 +280,22 @@ DM_API dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, int di
 DM_API void dm_log_stderr(dm_log_level level, dm_status status, const char* message,
                           const char* file, int line, void* user_data);
 
+/* >>functions: hashing  SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), libc only: what the
+   TCP backend's token handshakes are built on; exposed for tests and for users' own checks. */
+typedef struct dm_sha256_ctx {
+    uint32_t h[8];
+    uint64_t bytes;             /* message bytes so far */
+    unsigned char buf[64];      /* partial block */
+    size_t used;
+} dm_sha256_ctx;
+DM_API void dm_sha256_init(dm_sha256_ctx* ctx);
+DM_API void dm_sha256_update(dm_sha256_ctx* ctx, const void* data, size_t size);
+DM_API void dm_sha256_final(dm_sha256_ctx* ctx, unsigned char out[32]);
+DM_API void dm_sha256(const void* data, size_t size, unsigned char out[32]);
+/* HMAC-SHA256 of msg under key (any length; keys above 64 bytes are hashed first). */
+DM_API void dm_hmac_sha256(const void* key, size_t key_size, const void* msg, size_t msg_size,
+                           unsigned char out[32]);
+
 /* >>functions: environment */
 DM_API dm_status dm_env_detect(dm_env* out);
 /* 0 CUDA devices without CUDA support; with DISTMESH_NCCL the CUDA runtime's count. */
@@ -339,7 +355,11 @@ DM_API dm_status dm_all_gather_to_list(dm_collective* c, const void* send, void*
 DM_API dm_status dm_reduce_scatter(dm_collective* c, const void* send, void* recv,
                                    size_t recv_count, dm_dtype dtype, dm_reduce_op op);
 DM_API dm_status dm_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root);
-/* Every rank contributes one object (size > 0) and receives all world_size of them. */
+/* Object collectives trust peers' announced sizes only so far: what one call receives (padded
+   to the largest object for all_gather_objects) may not exceed DISTMESH_MAX_OBJECT_BYTES
+   (bytes, K/M/G suffix allowed; default 1 GiB), checked before anything is allocated, and
+   each rank's size must match what it announced; beyond it DM_ERR_PROTOCOL names the rank.
+   Every rank contributes one object (size > 0) and receives all world_size of them. */
 DM_API dm_status dm_all_gather_objects(dm_collective* c, const void* data, size_t size,
                                        dm_blob_list* out);
 /* root passes count objects (each size > 0); every rank, root included, receives a copy. */
@@ -596,6 +616,112 @@ _DM_PRIVATE void _dm_copy_name(char* dst, size_t cap, const char* src) {
     if (n >= cap) n = cap - 1;
     memcpy(dst, src, n);
     dst[n] = 0;
+}
+
+/* >>sha256  FIPS 180-4 section 6.2, written from the standard: 64-byte blocks, big-endian words. */
+static const uint32_t _dm_sha256_k[64] = {
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
+    0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
+    0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
+    0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
+    0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
+    0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
+    0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u
+};
+#define _DM_ROTR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+_DM_PRIVATE void _dm_sha256_block(uint32_t h[8], const unsigned char* p) {
+    uint32_t w[64], a, b, c, d, e, f, g, hh, t1, t2;
+    int i;
+    for (i = 0; i < 16; i++)
+        w[i] = ((uint32_t)p[4 * i] << 24) | ((uint32_t)p[4 * i + 1] << 16) | ((uint32_t)p[4 * i + 2] << 8) |
+               (uint32_t)p[4 * i + 3];
+    for (i = 16; i < 64; i++) {
+        uint32_t s0 = _DM_ROTR(w[i - 15], 7) ^ _DM_ROTR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = _DM_ROTR(w[i - 2], 17) ^ _DM_ROTR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    a = h[0]; b = h[1]; c = h[2]; d = h[3]; e = h[4]; f = h[5]; g = h[6]; hh = h[7];
+    for (i = 0; i < 64; i++) {
+        t1 = hh + (_DM_ROTR(e, 6) ^ _DM_ROTR(e, 11) ^ _DM_ROTR(e, 25)) + ((e & f) ^ (~e & g)) + _dm_sha256_k[i] + w[i];
+        t2 = (_DM_ROTR(a, 2) ^ _DM_ROTR(a, 13) ^ _DM_ROTR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        hh = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
+}
+#undef _DM_ROTR
+DM_API_IMPL void dm_sha256_init(dm_sha256_ctx* ctx) {
+    static const uint32_t h0[8] = { 0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
+                                    0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u };
+    memcpy(ctx->h, h0, sizeof(h0));
+    ctx->bytes = 0;
+    ctx->used = 0;
+}
+DM_API_IMPL void dm_sha256_update(dm_sha256_ctx* ctx, const void* data, size_t size) {
+    const unsigned char* p = (const unsigned char*)data;
+    if (!size) return;                          /* data may be NULL then */
+    ctx->bytes += size;
+    if (ctx->used) {
+        size_t take = 64 - ctx->used < size ? 64 - ctx->used : size;
+        memcpy(ctx->buf + ctx->used, p, take);
+        ctx->used += take;
+        p += take;
+        size -= take;
+        if (ctx->used < 64) return;
+        _dm_sha256_block(ctx->h, ctx->buf);
+        ctx->used = 0;
+    }
+    for (; size >= 64; p += 64, size -= 64) _dm_sha256_block(ctx->h, p);
+    if (size) memcpy(ctx->buf, p, size);
+    ctx->used = size;
+}
+DM_API_IMPL void dm_sha256_final(dm_sha256_ctx* ctx, unsigned char out[32]) {
+    uint64_t bits = ctx->bytes * 8;
+    int i;
+    ctx->buf[ctx->used++] = 0x80;              /* the 1 bit, then zeros, then the 64-bit length */
+    if (ctx->used > 56) {
+        memset(ctx->buf + ctx->used, 0, 64 - ctx->used);
+        _dm_sha256_block(ctx->h, ctx->buf);
+        ctx->used = 0;
+    }
+    memset(ctx->buf + ctx->used, 0, 56 - ctx->used);
+    for (i = 0; i < 8; i++) ctx->buf[56 + i] = (unsigned char)(bits >> (56 - 8 * i));
+    _dm_sha256_block(ctx->h, ctx->buf);
+    for (i = 0; i < 8; i++) {
+        out[4 * i] = (unsigned char)(ctx->h[i] >> 24);
+        out[4 * i + 1] = (unsigned char)(ctx->h[i] >> 16);
+        out[4 * i + 2] = (unsigned char)(ctx->h[i] >> 8);
+        out[4 * i + 3] = (unsigned char)ctx->h[i];
+    }
+    memset(ctx, 0, sizeof(*ctx));
+}
+DM_API_IMPL void dm_sha256(const void* data, size_t size, unsigned char out[32]) {
+    dm_sha256_ctx c;
+    dm_sha256_init(&c);
+    dm_sha256_update(&c, data, size);
+    dm_sha256_final(&c, out);
+}
+/* RFC 2104: H((K ^ opad) || H((K ^ ipad) || msg)), K zero-padded to the 64-byte block. */
+DM_API_IMPL void dm_hmac_sha256(const void* key, size_t key_size, const void* msg, size_t msg_size,
+                                unsigned char out[32]) {
+    unsigned char k[64], pad[64], inner[32];
+    dm_sha256_ctx c;
+    int i;
+    memset(k, 0, sizeof(k));
+    if (key_size > 64) dm_sha256(key, key_size, k);
+    else if (key_size) memcpy(k, key, key_size);
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k[i] ^ 0x36);
+    dm_sha256_init(&c);
+    dm_sha256_update(&c, pad, 64);
+    dm_sha256_update(&c, msg, msg_size);
+    dm_sha256_final(&c, inner);
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k[i] ^ 0x5c);
+    dm_sha256_init(&c);
+    dm_sha256_update(&c, pad, 64);
+    dm_sha256_update(&c, inner, 32);
+    dm_sha256_final(&c, out);
+    memset(k, 0, sizeof(k));
+    memset(pad, 0, sizeof(pad));
 }
 
 /* >>names */
@@ -1291,6 +1417,21 @@ DM_API_IMPL dm_status dm_broadcast(dm_collective* c, void* buf, size_t count, dm
 }
 
 /* >>objects  Sizes first (uint64 per rank), then the bytes padded to the largest object. */
+/* The most bytes one object collective takes from its peers' word: DISTMESH_MAX_OBJECT_BYTES,
+   else 1 GiB (a malformed value counts as unset). */
+_DM_PRIVATE uint64_t _dm_object_limit(void) {
+    const char* v = getenv("DISTMESH_MAX_OBJECT_BYTES");
+    char* end = NULL;
+    unsigned long long n;
+    if (!v || !*v || *v == '-') return (uint64_t)1 << 30;
+    errno = 0;
+    n = strtoull(v, &end, 10);
+    if (*end == 'K' || *end == 'k') { n <<= 10; end++; }
+    else if (*end == 'M' || *end == 'm') { n <<= 20; end++; }
+    else if (*end == 'G' || *end == 'g') { n <<= 30; end++; }
+    if (errno || end == v || *end || n == 0) return (uint64_t)1 << 30;
+    return (uint64_t)n;
+}
 DM_API_IMPL dm_status dm_all_gather_objects(dm_collective* c, const void* data, size_t size,
                                             dm_blob_list* out) {
     static const char* name = "all_gather_objects";
@@ -1312,10 +1453,17 @@ DM_API_IMPL dm_status dm_all_gather_objects(dm_collective* c, const void* data, 
     sizes64[c->rank] = (uint64_t)size;
     st = dm_all_gather(c, NULL, sizes64, 1, DM_UINT64);
     if (st != DM_OK) goto done;
-    for (i = 0; i < n; i++) {
-        if (sizes64[i] == 0 || sizes64[i] > (uint64_t)(SIZE_MAX / 2 / n)) {
-            st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: rank %zu announced an object of %llu bytes",
-                          name, i, (unsigned long long)sizes64[i]);
+    if (sizes64[c->rank] != (uint64_t)size) {
+        st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: the gathered sizes give this rank %llu bytes, not its %zu",
+                      name, (unsigned long long)sizes64[c->rank], size);
+        goto done;
+    }
+    for (i = 0; i < n; i++) {   /* checked before any allocation: the padded total is max * n */
+        uint64_t limit = _dm_object_limit();
+        if (sizes64[i] == 0 || sizes64[i] > limit / n || sizes64[i] > (uint64_t)(SIZE_MAX / 2 / n)) {
+            st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: rank %zu announced an object of %llu bytes (0, or %d "
+                          "objects of that size exceed DISTMESH_MAX_OBJECT_BYTES = %llu)", name, i,
+                          (unsigned long long)sizes64[i], c->size, (unsigned long long)limit);
             goto done;
         }
         sizes[i] = (size_t)sizes64[i];
@@ -1368,8 +1516,13 @@ DM_API_IMPL dm_status dm_broadcast_objects(dm_collective* c, const dm_blob* obje
         n64 = (uint64_t)count;
     }
     _DM_TRY(dm_broadcast(c, &n64, 1, DM_UINT64, root));
-    if (n64 > (uint64_t)(SIZE_MAX / 16))
-        return _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced %llu objects", name, (unsigned long long)n64);
+    /* every object costs its bytes plus 16 + sizeof(dm_blob) of bookkeeping: bound the count
+       by the limit before the size arrays are allocated */
+    if (n64 > _dm_object_limit() / (16 + sizeof(dm_blob) + 1) || n64 > (uint64_t)(SIZE_MAX / 16) ||
+        (c->rank == root && n64 != (uint64_t)count))
+        return _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced %llu objects (above what "
+                        "DISTMESH_MAX_OBJECT_BYTES = %llu allows)", name, (unsigned long long)n64,
+                        (unsigned long long)_dm_object_limit());
     n = (size_t)n64;
     sizes64 = (uint64_t*)_dm_calloc(&c->allocator, (n ? n : 1) * sizeof(uint64_t));
     sizes = (size_t*)_dm_calloc(&c->allocator, (n ? n : 1) * sizeof(size_t));
@@ -1378,9 +1531,12 @@ DM_API_IMPL dm_status dm_broadcast_objects(dm_collective* c, const dm_blob* obje
     st = dm_broadcast(c, sizes64, n, DM_UINT64, root);
     if (st != DM_OK) goto done;
     for (i = 0; i < n; i++) {
-        if (sizes64[i] == 0 || sizes64[i] > (uint64_t)(SIZE_MAX / 2) - total) {
-            st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced object %zu of %llu bytes",
-                          name, i, (unsigned long long)sizes64[i]);
+        uint64_t limit = _dm_object_limit();
+        if (sizes64[i] == 0 || sizes64[i] > (uint64_t)(SIZE_MAX / 2) - total || sizes64[i] > limit - total ||
+            (c->rank == root && sizes64[i] != (uint64_t)objects[i].size)) {
+            st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced object %zu of %llu bytes (0, or "
+                          "the objects exceed DISTMESH_MAX_OBJECT_BYTES = %llu)",
+                          name, i, (unsigned long long)sizes64[i], (unsigned long long)limit);
             goto done;
         }
         sizes[i] = (size_t)sizes64[i];

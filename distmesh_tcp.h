@@ -7,8 +7,8 @@
    Gloo-style collectives between processes and hosts over TCP. Ranks meet through a key-value
    store (c10d TCPStore protocol or a shared directory, see the store section), each rank
    listens on an ephemeral port of the chosen interface, publishes "host:port", and the ranks
-   connect as a full mesh (rank j connects to every lower rank; a hello with magic, version,
-   rank and an optional token digest is answered by an ack). Algorithms:
+   connect as a full mesh (rank j connects to every lower rank; both sides of each connection
+   prove the token by HMAC-SHA256 challenge-response, see >>tcp hello). Algorithms:
        all_reduce      <= 64 KiB: recursive doubling (non-power-of-two worlds fold the extra
                        ranks in and out); larger: ring reduce-scatter + all-gather, chunked and
                        pipelined (Gloo's allreduce_ring_chunked) -- received chunks are reduced
@@ -34,7 +34,10 @@
        TORCHELASTIC_USE_AGENT_STORE=True   the store already runs; rank 0 does not host it
        DISTMESH_SOCKET_IFNAME, GLOO_SOCKET_IFNAME   interface: "eth0", "eth" (prefix), "=eth0"
                                  (exact), "^lo,docker" (anything but these prefixes)
-       DISTMESH_TOKEN            shared secret: peers without it are refused (DM_ERR_REFUSED)
+       DISTMESH_TOKEN            shared secret: peers without it are refused (DM_ERR_REFUSED);
+                                 with it the store serves authenticated distmesh clients only
+       DISTMESH_STORE_MAX_VALUE, _MAX_CONN, _MAX_TOTAL, _STALL_MS   store server bounds
+                                 (see dm_store_desc; README "TCP backend")
        DISTMESH_TIMEOUT          seconds; the deadline of every blocking call
 
    FAILURES
@@ -47,8 +50,11 @@
    lost, DM_ERR_ABORTED after anything else; destroy it.
    SIGPIPE is never raised (MSG_NOSIGNAL).
 
-   The token digest is a keyed 128-bit non-cryptographic hash: it keeps stray and misconfigured
-   processes out, it is not protection against someone who can read the traffic.
+   SECURITY (README "Threat model"): with DISTMESH_TOKEN set, every store and data connection
+   proves the token by HMAC-SHA256 over fresh nonces from both sides, so strangers who can reach
+   the ports can neither use the store nor join, replay or relay a connection. The traffic is
+   neither encrypted nor authenticated after the handshake: an attacker on the path who can
+   rewrite packets is out of scope (that would take TLS).
 */
 #ifndef DISTMESH_H
 #error "include distmesh.h with DISTMESH_TCP defined instead"
@@ -112,6 +118,21 @@ typedef struct dm_store_desc {
                                connect retries and every request, wait and get honour it */
     dm_logger logger;       /* 0 -> silent; the server thread logs protocol errors here */
     dm_allocator allocator; /* 0 -> malloc/free; set both or neither */
+    const char* token;      /* 0 -> DISTMESH_TOKEN; unset or "" -> no authentication. With a token
+                               every connection first proves it (HMAC-SHA256 challenge-response
+                               over fresh nonces from both sides) and the server serves nothing
+                               to a client that has not: a distmesh-only store (torch's clients
+                               cannot authenticate). Client and server need the same token */
+    /* Server memory bounds (0 -> the environment variable, else the default). A client that
+       goes beyond one is closed with a logged reason; the others are not affected. */
+    size_t max_value;       /* DISTMESH_STORE_MAX_VALUE, DM_STORE_MAX_VALUE: bytes of one value */
+    size_t max_conn_bytes;  /* DISTMESH_STORE_MAX_CONN, 2 x max_value + 1 MiB: one client's
+                               request being received, and separately its unread replies */
+    size_t max_total_bytes; /* DISTMESH_STORE_MAX_TOTAL, 1 GiB: keys, values and every buffer;
+                               at the quota the client holding the most buffered bytes is closed */
+    int stall_ms;           /* DISTMESH_STORE_STALL_MS, 30000: a client that does not read its
+                               replies is no longer read from; after this long without progress
+                               it is closed */
 } dm_store_desc;
 
 /* Connects (retrying until the timeout: the server may start later) and, with is_server,
@@ -227,8 +248,27 @@ static const unsigned char _dm_st_v2_from_v1[] = { _DM_STQ_SET, _DM_STQ_COMPARE_
 #define _DM_ST_NOT_READY 1
 #define _DM_ST_STOP_WAITING 0
 #define _DM_ST_WAIT_CANCELED 1
-/* Largest request the server buffers: compare_set carries two values. */
-#define _DM_ST_MAX_REQUEST ((size_t)2 * DM_STORE_MAX_VALUE + (size_t)4 * DM_STORE_MAX_KEY + 64)
+/* Authentication (distmesh only, when the store has a token), before anything else:
+     client: AUTH u8 0xA5, u32 magic "DMSA", u32 version 1, client nonce[32]
+     server: u32 magic "DMSA", u32 status 0, server nonce[32],
+             HMAC(token, "distmesh store v1 server\0" || client nonce || server nonce)
+     client: HMAC(token, "distmesh store v1 client\0" || server nonce || client nonce)
+     server: u32 0 (admitted), or u32 1 and close (refused)
+   Each side proves the token over the other side's fresh nonce, so a recorded handshake is
+   worth nothing on a new connection; the role label keeps one side's proof from serving as the
+   other's. A client that sends anything else first gets u32 "DMAU" (in place of the PING
+   echo a c10d client waits for) and is closed. */
+#define _DM_STQ_AUTH 0xA5u
+#define _DM_ST_AUTH_MAGIC 0x41534d44u     /* "DMSA" */
+#define _DM_ST_AUTH_NEEDED 0x55414d44u    /* "DMAU" */
+#define _DM_ST_AUTH_VERSION 1u
+#define _DM_ST_AUTH_HELLO 41
+#define _DM_ST_AUTH_CHALLENGE 72
+#define _DM_ST_AUTH_BUF 128               /* input buffer of a client not yet authenticated */
+#define _DM_ST_AUTH_MS 10000              /* to authenticate after connecting */
+#define _DM_ST_HIGH_WATER ((size_t)1 << 20) /* unread reply bytes above which a client is not read */
+#define _DM_ST_TOKEN_MAX 255
+enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NEEDTOKEN };
 
 /* >>store errors  Every foreign code goes through here: libuv codes directly, errno values via
    uv_translate_sys_error. */
@@ -348,6 +388,55 @@ _DM_PRIVATE bool _dm_st_parse_i64(const unsigned char* p, size_t n, int64_t* out
     return true;
 }
 
+/* >>store auth  Nonces, proofs and constant-time comparison, for both ends. */
+/* n bytes from the kernel's generator; without /dev/urandom, SHA-256 over clocks, pid, a
+   counter and addresses (unpredictable enough to keep nonces from repeating, not a CSPRNG). */
+_DM_PRIVATE void _dm_st_random(unsigned char* out, size_t n) {
+    static unsigned long counter;
+    size_t got = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        while (got < n) {
+            ssize_t r = read(fd, out + got, n - got);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) break;
+            got += (size_t)r;
+        }
+        close(fd);
+    }
+    while (got < n) {
+        struct { struct timespec a, b; pid_t pid; unsigned long k; const void* p; size_t got; } seed;
+        unsigned char d[32];
+        size_t take = n - got < 32 ? n - got : 32;
+        memset(&seed, 0, sizeof(seed));
+        clock_gettime(CLOCK_REALTIME, &seed.a);
+        clock_gettime(CLOCK_MONOTONIC, &seed.b);
+        seed.pid = getpid();
+        seed.k = ++counter;
+        seed.p = (const void*)&seed;
+        seed.got = got;
+        dm_sha256(&seed, sizeof(seed), d);
+        memcpy(out + got, d, take);
+        got += take;
+    }
+}
+_DM_PRIVATE bool _dm_st_ct_equal(const unsigned char* a, const unsigned char* b, size_t n) {
+    unsigned char acc = 0;
+    size_t i;
+    for (i = 0; i < n; i++) acc = (unsigned char)(acc | (a[i] ^ b[i]));
+    return acc == 0;
+}
+/* HMAC(token, role "\0" first second), the two nonces 32 bytes each. */
+_DM_PRIVATE void _dm_st_auth_mac(const char* token, size_t tn, bool server, const unsigned char* first,
+                                 const unsigned char* second, unsigned char out[32]) {
+    static const char srv[] = "distmesh store v1 server", cli[] = "distmesh store v1 client";
+    unsigned char msg[sizeof(srv) + 64];
+    memcpy(msg, server ? srv : cli, sizeof(srv));
+    memcpy(msg + sizeof(srv), first, 32);
+    memcpy(msg + sizeof(srv) + 32, second, 32);
+    dm_hmac_sha256(token, tn, msg, sizeof(msg), out);
+}
+
 /* ============================================================================================ */
 /* >>store server  libuv, one thread, one loop owned by the server (never the default loop).
    Everything below runs on the server thread after dm_store_create has bound and listened. */
@@ -376,12 +465,24 @@ typedef struct _dm_srv_waiter {
     _dm_srv_wkey* keys;         /* same allocation as the waiter */
 } _dm_srv_waiter;
 
+/* The server's bounds and token, resolved from the desc and the environment. */
+typedef struct _dm_srv_limits {
+    size_t max_value, max_conn, max_total;
+    int stall_ms;
+    size_t token_len;           /* 0: no authentication */
+    char token[_DM_ST_TOKEN_MAX + 1];
+} _dm_srv_limits;
+
 typedef struct _dm_srv {
     uv_loop_t loop;
     uv_tcp_t listener;
     uv_async_t stop;
+    uv_timer_t tick;            /* drops clients that do not authenticate or do not read */
     pthread_t thread;
-    bool thread_started, listener_open, stop_open;
+    bool thread_started, listener_open, stop_open, tick_open;
+    _dm_srv_limits lim;
+    size_t held;                /* bytes charged to lim.max_total: entries, input buffers, replies */
+    unsigned closes;            /* clients closed so far (a close may free waiters mid-scan) */
     _dm_kv** buckets;
     size_t nbuckets, nkeys;
     struct _dm_srv_client* clients;
@@ -398,6 +499,13 @@ typedef struct _dm_srv_client {
     unsigned char* in;          /* received, not yet parsed bytes */
     size_t in_len, in_cap;
     size_t need;                /* don't parse again before in_len reaches this */
+    size_t charged;             /* input buffer bytes charged to srv->held */
+    size_t queued;              /* reply bytes handed to libuv, not yet written */
+    int64_t since;              /* accept time while authenticating; last write progress */
+    unsigned char auth;         /* 0 admitted, 1 hello expected, 2 proof expected */
+    bool reading, flush_close;  /* flush_close: close once the queued replies are written */
+    bool released;              /* closing: its bytes are no longer charged */
+    unsigned char nonce_c[32], nonce_s[32];
     bool validated, closing;
     unsigned char proto;        /* _DM_ST_PROTO_2, or _DM_ST_PROTO_1 for a torch < 2.2 client */
     _dm_srv_waiter* waiter;
@@ -407,6 +515,7 @@ typedef struct _dm_srv_client {
 typedef struct _dm_srv_write {
     uv_write_t req;
     const dm_allocator* a;      /* the bytes follow the struct in the same allocation */
+    size_t n;
 } _dm_srv_write;
 
 /* -- the map -- */
@@ -420,6 +529,8 @@ _DM_PRIVATE _dm_kv* _dm_srv_find(_dm_srv* s, const void* key, size_t n) {
     return *_dm_srv_slot(s, key, n, _dm_st_hash(key, n));
 }
 _DM_PRIVATE void _dm_srv_kv_free(_dm_srv* s, _dm_kv* e) {
+    size_t b = e->key_len + e->val_cap + sizeof(*e);
+    s->held = s->held > b ? s->held - b : 0;
     _dm_free(&s->allocator, e->key);
     _dm_free(&s->allocator, e->val);
     _dm_free(&s->allocator, e);
@@ -447,6 +558,8 @@ _DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
     uint64_t h = _dm_st_hash(key, kn);
     _dm_kv** pp = _dm_srv_slot(s, key, kn, h);
     _dm_kv* e = *pp;
+    size_t grow = !e ? kn + vn + sizeof(*e) : append ? e->val_len + vn + e->val_cap : vn; /* at most */
+    if (grow > s->lim.max_total || s->held > s->lim.max_total - grow) return NULL;   /* over the quota */
     if (!e) {
         e = (_dm_kv*)_dm_calloc(&s->allocator, sizeof(*e));
         if (!e) return NULL;
@@ -458,6 +571,7 @@ _DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
         e->key_len = kn;
         e->val_len = e->val_cap = vn;
         e->hash = h;
+        s->held += kn + vn + sizeof(*e);
         *pp = e;
         if (++s->nkeys > s->nbuckets) _dm_srv_grow(s);
         return e;
@@ -476,6 +590,7 @@ _DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
         if (keep) memcpy(nv, e->val, keep);
         if (vn) memcpy(nv + keep, val, vn);
         _dm_free(&s->allocator, e->val);
+        s->held = s->held - e->val_cap + cap;
         e->val = nv;
         e->val_len = keep + vn;
         e->val_cap = cap;
@@ -494,28 +609,93 @@ _DM_PRIVATE bool _dm_srv_erase(_dm_srv* s, const unsigned char* key, size_t kn) 
 
 /* -- clients -- */
 _DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c);
+_DM_PRIVATE void _dm_srv_process(_dm_srv_client* c);
+_DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
+_DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t* buf);
+_DM_PRIVATE _DM_PRINTF(3, 4) void _dm_srv_drop(_dm_srv_client* c, dm_status st, const char* fmt, ...);
+
+/* >>store server bounds  Every byte a client makes the server hold is charged to the total
+   quota first. At the quota the client holding the most buffered bytes goes (c itself when that
+   is c): false when c may not go on. */
+_DM_PRIVATE bool _dm_srv_charge(_dm_srv_client* c, size_t extra) {
+    _dm_srv* s = c->srv;
+    while (extra > s->lim.max_total || s->held > s->lim.max_total - extra) {
+        _dm_srv_client *big = NULL, *x;
+        for (x = s->clients; x; x = x->next)
+            if (!x->closing && (!big || x->charged + x->queued > big->charged + big->queued)) big = x;
+        if (!big || big == c || big->charged + big->queued == 0) {
+            _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "the store is at its memory quota of %zu bytes "
+                         "(DISTMESH_STORE_MAX_TOTAL) and this client needs %zu more", s->lim.max_total, extra);
+            return false;
+        }
+        _dm_srv_drop(big, DM_ERR_OUT_OF_MEMORY, "the store is at its memory quota of %zu bytes "
+                     "(DISTMESH_STORE_MAX_TOTAL); this client holds the most buffered bytes (%zu)",
+                     s->lim.max_total, big->charged + big->queued);
+    }
+    s->held += extra;
+    return true;
+}
+/* Reading follows the reply backlog: a client that does not read its replies is not read from
+   (its requests wait in the kernel), so it cannot make the server queue more. */
+_DM_PRIVATE void _dm_srv_flow(_dm_srv_client* c) {
+    if (c->closing || c->flush_close) return;
+    if (c->queued > _DM_ST_HIGH_WATER) {
+        if (c->reading) {
+            uv_read_stop((uv_stream_t*)&c->tcp);
+            c->reading = false;
+            c->since = _dm_now_ms();
+        }
+    } else if (!c->reading) {
+        if (uv_read_start((uv_stream_t*)&c->tcp, _dm_srv_alloc, _dm_srv_on_read) < 0) _dm_srv_close_client(c);
+        else c->reading = true;
+    }
+}
 
 _DM_PRIVATE void _dm_srv_on_written(uv_write_t* req, int status) {
     _dm_srv_write* w = (_dm_srv_write*)req->data;
     _dm_srv_client* c = (_dm_srv_client*)req->handle;
-    if (status < 0 && status != UV_ECANCELED && !c->closing) _dm_srv_close_client(c);
+    _dm_srv* s = c->srv;
+    c->queued -= w->n;
+    if (!c->released) s->held -= w->n;
+    if (!c->auth) c->since = _dm_now_ms();   /* progress (authenticating: the deadline stays) */
     _dm_free(w->a, w);
+    if (c->closing) return;
+    if (status < 0 && status != UV_ECANCELED) { _dm_srv_close_client(c); return; }
+    if (c->flush_close) {
+        if (c->queued == 0) _dm_srv_close_client(c);
+        return;
+    }
+    if (!c->reading && c->queued <= _DM_ST_HIGH_WATER) _dm_srv_process(c);   /* parse what waits */
 }
 /* Queues bytes for the client (copied); a failure closes the client. */
 _DM_PRIVATE void _dm_srv_send(_dm_srv_client* c, const void* d, size_t n) {
     _dm_srv_write* w;
     uv_buf_t buf;
     int rc;
-    if (c->closing) return;
+    if (c->closing || n == 0) return;
+    if (n > c->srv->lim.max_conn || c->queued > c->srv->lim.max_conn - n) {
+        _dm_srv_drop(c, DM_ERR_PROTOCOL, "does not read its replies (%zu bytes queued, %zu more above the "
+                     "per-connection limit DISTMESH_STORE_MAX_CONN of %zu)", c->queued, n, c->srv->lim.max_conn);
+        return;
+    }
+    if (!_dm_srv_charge(c, n)) return;
     w = (_dm_srv_write*)_dm_malloc(&c->srv->allocator, sizeof(*w) + n);
-    if (!w) { _dm_srv_close_client(c); return; }
+    if (!w) {
+        c->srv->held -= n;
+        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory queueing a reply of %zu bytes", n);
+        return;
+    }
     w->a = &c->srv->allocator;
+    w->n = n;
     memcpy((unsigned char*)(w + 1), d, n);
     buf.base = (char*)(w + 1);
     buf.len = n;
     w->req.data = w;
+    c->queued += n;
     rc = uv_write(&w->req, (uv_stream_t*)&c->tcp, &buf, 1, _dm_srv_on_written); /* copies buf */
     if (rc < 0) {
+        c->queued -= n;
+        c->srv->held -= n;
         _dm_free(w->a, w);
         _dm_srv_close_client(c);
     }
@@ -551,8 +731,10 @@ _DM_PRIVATE void _dm_srv_wake(_dm_srv* s, const unsigned char* key, size_t kn) {
         if (w->remaining == 0) {
             unsigned char b = _DM_ST_STOP_WAITING;
             _dm_srv_client* c = w->client;
+            unsigned closes = s->closes;
             _dm_srv_waiter_drop(s, w);
             _dm_srv_send(c, &b, 1);
+            if (s->closes != closes) nx = s->waiters;  /* the quota closed someone: rescan (done keys stay done) */
         }
         w = nx;
     }
@@ -570,6 +752,10 @@ _DM_PRIVATE void _dm_srv_on_client_closed(uv_handle_t* h) {
 _DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c) {
     if (c->closing) return;
     c->closing = true;
+    c->srv->closes++;
+    c->srv->held -= c->charged + c->queued;  /* freed in the close and write callbacks */
+    c->charged = 0;
+    c->released = true;
     if (c->waiter) _dm_srv_waiter_drop(c->srv, c->waiter);
     uv_close((uv_handle_t*)&c->tcp, _dm_srv_on_client_closed);
 }
@@ -583,12 +769,79 @@ _DM_PRIVATE _DM_PRINTF(2, 3) void _dm_srv_protocol_error(_dm_srv_client* c, cons
                "tcp-store: server closed client %s (%s)", c->peer, what);
     _dm_srv_close_client(c);
 }
+/* Closes a client that broke a bound or failed to authenticate, logging the reason. */
+_DM_PRIVATE _DM_PRINTF(3, 4) void _dm_srv_drop(_dm_srv_client* c, dm_status st, const char* fmt, ...) {
+    char what[300], msg[420];
+    va_list ap;
+    if (c->closing) return;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    _DM_REPORT(&c->srv->logger, msg, sizeof(msg), st, "tcp-store: server closed client %s (%s)", c->peer, what);
+    _dm_srv_close_client(c);
+}
+/* Answers a client that may not go on with one u32 (status or "DMAU"), logs why, and closes it
+   once that is written; nothing it sent later is read. */
+_DM_PRIVATE void _dm_srv_refuse(_dm_srv_client* c, uint32_t code, const char* why) {
+    unsigned char b[4];
+    char msg[420];
+    _DM_REPORT(&c->srv->logger, msg, sizeof(msg), DM_ERR_REFUSED, "tcp-store: server refused client %s (%s)",
+               c->peer, why);
+    if (c->reading) uv_read_stop((uv_stream_t*)&c->tcp);
+    c->reading = false;
+    c->flush_close = true;
+    b[0] = (unsigned char)code; b[1] = (unsigned char)(code >> 8);
+    b[2] = (unsigned char)(code >> 16); b[3] = (unsigned char)(code >> 24);
+    _dm_srv_send(c, b, 4);
+    if (!c->closing && c->queued == 0) _dm_srv_close_client(c);
+}
+
+/* >>store server auth  One step of the handshake on the bytes at the start of the buffer, like
+   _dm_srv_one: bytes consumed, or 0 (more needed, or the client was refused). */
+_DM_PRIVATE size_t _dm_srv_auth_step(_dm_srv_client* c) {
+    const _dm_srv_limits* L = &c->srv->lim;
+    const unsigned char* p = c->in;
+    unsigned char mac[32];
+    if (c->auth == 1) {
+        unsigned char rep[_DM_ST_AUTH_CHALLENGE];
+        if (p[0] != _DM_STQ_AUTH) {
+            _dm_srv_refuse(c, _DM_ST_AUTH_NEEDED, "it did not authenticate: the store has a token "
+                           "(set the same DISTMESH_TOKEN on the client; torch clients cannot authenticate)");
+            return 0;
+        }
+        if (c->in_len < _DM_ST_AUTH_HELLO) { c->need = _DM_ST_AUTH_HELLO; return 0; }
+        if (_dm_st_get_u32(p + 1) != _DM_ST_AUTH_MAGIC || _dm_st_get_u32(p + 5) != _DM_ST_AUTH_VERSION) {
+            _dm_srv_refuse(c, 1, "malformed authentication hello");
+            return 0;
+        }
+        memcpy(c->nonce_c, p + 9, 32);
+        _dm_st_random(c->nonce_s, 32);
+        memset(rep, 0, sizeof(rep));
+        rep[0] = 0x44; rep[1] = 0x4d; rep[2] = 0x53; rep[3] = 0x41;   /* "DMSA", status 0 */
+        memcpy(rep + 8, c->nonce_s, 32);
+        _dm_st_auth_mac(L->token, L->token_len, true, c->nonce_c, c->nonce_s, rep + 40);
+        c->auth = 2;
+        _dm_srv_send(c, rep, sizeof(rep));
+        return c->closing ? 0 : _DM_ST_AUTH_HELLO;
+    }
+    if (c->in_len < 32) { c->need = 32; return 0; }
+    _dm_st_auth_mac(L->token, L->token_len, false, c->nonce_s, c->nonce_c, mac);
+    if (!_dm_st_ct_equal(mac, p, 32)) {
+        _dm_srv_refuse(c, 1, "wrong token proof: a different DISTMESH_TOKEN, or a replayed handshake");
+        return 0;
+    }
+    c->auth = 0;
+    memset(mac, 0, 4);
+    _dm_srv_send(c, mac, 4);    /* u32 0: admitted */
+    return c->closing ? 0 : 32;
+}
 
 /* -- request parsing. A cursor over the client's buffer; every read checks that the bytes are
    there (else: more needed, remembered in `need`) and every length against its cap. -- */
 typedef struct _dm_srv_cur {
     const unsigned char* p;
     size_t len, off, need;
+    uint64_t max_value;         /* the server's per-value limit */
     const char* bad;            /* set when the request is malformed */
 } _dm_srv_cur;
 _DM_PRIVATE bool _dm_srv_have(_dm_srv_cur* k, size_t n) {
@@ -623,7 +876,7 @@ _DM_PRIVATE bool _dm_srv_rd_str(_dm_srv_cur* k, uint64_t cap, const char* what,
     return true;
 }
 #define _DM_SRV_KEY(k, d, n) _dm_srv_rd_str((k), DM_STORE_MAX_KEY, "key longer than DM_STORE_MAX_KEY", (d), (n))
-#define _DM_SRV_VAL(k, d, n) _dm_srv_rd_str((k), DM_STORE_MAX_VALUE, "value longer than DM_STORE_MAX_VALUE", (d), (n))
+#define _DM_SRV_VAL(k, d, n) _dm_srv_rd_str((k), (k)->max_value, "value longer than the per-value limit (DISTMESH_STORE_MAX_VALUE)", (d), (n))
 _DM_PRIVATE bool _dm_srv_rd_count(_dm_srv_cur* k, uint64_t* n) {
     if (!_dm_srv_rd_u64(k, n)) return false;
     if (*n > DM_STORE_MAX_KEYS) { k->bad = "key count above DM_STORE_MAX_KEYS"; return false; }
@@ -671,6 +924,27 @@ _DM_PRIVATE bool _dm_srv_detect_proto(_dm_srv_client* c) {
     return true;
 }
 
+/* The reply to MULTI_GET is sized before it is built: above the per-connection limit the client
+   is closed (a short request naming one big value many times would otherwise be amplified). */
+_DM_PRIVATE bool _dm_srv_multi_get_fits(_dm_srv_client* c, _dm_srv_cur* k, size_t start, uint64_t n) {
+    uint64_t i, total = 0;
+    k->off = start;
+    for (i = 0; i < n; i++) {
+        const unsigned char* d = NULL;
+        size_t len = 0;
+        _dm_kv* e;
+        _DM_SRV_KEY(k, &d, &len);
+        e = _dm_srv_find(c->srv, d, len);
+        total += 8 + (e ? e->val_len : 0);
+        if (total > c->srv->lim.max_conn) {
+            _dm_srv_drop(c, DM_ERR_PROTOCOL, "MULTI_GET of %llu keys: reply above the per-connection limit "
+                         "of %zu bytes (DISTMESH_STORE_MAX_CONN)", (unsigned long long)n, c->srv->lim.max_conn);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* Parses and executes one request at the start of the buffer. Returns bytes consumed, 0 when
    more bytes are needed (k.need set), or closes the client and returns 0 (c->closing). */
 _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
@@ -686,6 +960,7 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     out.a = &s->allocator;
     k.p = c->in;
     k.len = c->in_len;
+    k.max_value = s->lim.max_value;
     op = k.p[k.off++];
     if (!c->validated && !_dm_srv_detect_proto(c)) return 0;
     if (c->proto == _DM_ST_PROTO_1)
@@ -825,6 +1100,7 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
         if (!_dm_srv_rd_count(&k, &cnt)) break;
         start = k.off;
         if (!_dm_srv_skip_keys(&k, cnt, false)) break;
+        if (!_dm_srv_multi_get_fits(c, &k, start, cnt)) return 0;
         k.off = start;
         for (i = 0; i < cnt; i++) {
             _dm_kv* e;
@@ -869,63 +1145,58 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     return 0;
 oom:
     _dm_stbuf_free(&out);
-    _dm_srv_protocol_error(c, "out of memory serving opcode %u", op);
+    _dm_srv_protocol_error(c, "out of memory or over the store's quota (DISTMESH_STORE_MAX_TOTAL) serving opcode %u", op);
     return 0;
 }
 
+/* The input buffer grows as bytes arrive (doubling from 4 KiB), never by what a request
+   announces: a client that announces 64 MiB and sends 10 bytes costs 4 KiB. Up to
+   max_conn bytes (_DM_ST_AUTH_BUF before authenticating); every byte charged to the quota. */
 _DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf) {
     _dm_srv_client* c = (_dm_srv_client*)h;
-    size_t want = 64 * 1024, cap;
+    size_t limit = c->auth ? _DM_ST_AUTH_BUF : c->srv->lim.max_conn;
     (void)suggested;
-    if (c->need > c->in_len && c->need - c->in_len > want) want = c->need - c->in_len;
-    if (c->in_cap - c->in_len < 4096 || (c->need > c->in_cap && c->in_cap < _DM_ST_MAX_REQUEST)) {
+    buf->base = NULL;
+    buf->len = 0;
+    if (c->closing) return;
+    if (c->in_cap - c->in_len < 4096 && c->in_cap < limit) {
+        size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
         unsigned char* np;
-        cap = c->in_cap ? c->in_cap : 4096;
-        while (cap < c->in_len + want && cap < _DM_ST_MAX_REQUEST) cap *= 2;
-        if (cap > _DM_ST_MAX_REQUEST) cap = _DM_ST_MAX_REQUEST;
-        if (cap > c->in_cap) {
-            np = (unsigned char*)_dm_malloc(&c->srv->allocator, cap);
-            if (np) {
-                if (c->in_len) memcpy(np, c->in, c->in_len);
-                _dm_free(&c->srv->allocator, c->in);
-                c->in = np;
-                c->in_cap = cap;
-            }
+        if (cap > limit) cap = limit;
+        if (!_dm_srv_charge(c, cap - c->in_cap)) return;
+        np = (unsigned char*)_dm_malloc(&c->srv->allocator, cap);
+        if (!np) {
+            c->srv->held -= cap - c->in_cap;
+            return;                 /* read_cb gets UV_ENOBUFS */
         }
+        if (c->in_len) memcpy(np, c->in, c->in_len);
+        _dm_free(&c->srv->allocator, c->in);
+        c->in = np;
+        c->charged += cap - c->in_cap;
+        c->in_cap = cap;
     }
-    if (c->in_cap == c->in_len) {   /* full at the cap, or no memory: read_cb gets UV_ENOBUFS */
-        buf->base = NULL;
-        buf->len = 0;
-        return;
-    }
+    if (c->in_cap == c->in_len) return;     /* full at the limit: read_cb gets UV_ENOBUFS */
     buf->base = (char*)(c->in + c->in_len);
     buf->len = c->in_cap - c->in_len;
 }
 
-_DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t* buf) {
-    _dm_srv_client* c = (_dm_srv_client*)st;
+/* The next request: the handshake while authenticating, then c10d requests. */
+_DM_PRIVATE size_t _dm_srv_next(_dm_srv_client* c) {
+    return c->auth ? _dm_srv_auth_step(c) : _dm_srv_one(c);
+}
+
+/* Parses and executes the buffered requests while the client reads its replies. */
+_DM_PRIVATE void _dm_srv_process(_dm_srv_client* c) {
     size_t off = 0;
-    (void)buf;
-    if (c->closing) return;
-    if (nread == UV_ENOBUFS) {
-        _dm_srv_protocol_error(c, "request larger than %zu bytes", (size_t)_DM_ST_MAX_REQUEST);
-        return;
-    }
-    if (nread < 0) {        /* EOF or reset: the client left; its pending wait goes with it */
-        _dm_srv_close_client(c);
-        return;
-    }
-    c->in_len += (size_t)nread;
-    if (c->in_len < c->need) return;
     c->need = 0;
-    while (off < c->in_len && !c->closing) {
+    while (off < c->in_len && !c->closing && !c->flush_close && c->queued <= _DM_ST_HIGH_WATER) {
         size_t used;
         /* parse on a view that starts at off */
         unsigned char* base = c->in;
         size_t total = c->in_len;
         c->in = base + off;
         c->in_len = total - off;
-        used = _dm_srv_one(c);
+        used = _dm_srv_next(c);
         c->in = base;
         c->in_len = total;
         if (!used) break;
@@ -939,8 +1210,47 @@ _DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t*
     }
     if (c->in_len == 0 && c->in_cap > 1024 * 1024) {   /* give a big buffer back when idle */
         _dm_free(&c->srv->allocator, c->in);
+        c->srv->held -= c->charged;
+        c->charged = 0;
         c->in = NULL;
         c->in_cap = 0;
+    }
+    _dm_srv_flow(c);
+}
+
+_DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t* buf) {
+    _dm_srv_client* c = (_dm_srv_client*)st;
+    (void)buf;
+    if (c->closing || c->flush_close) return;
+    if (nread == UV_ENOBUFS) {
+        if (c->auth) _dm_srv_refuse(c, 1, "sent more than a handshake before authenticating");
+        else _dm_srv_drop(c, DM_ERR_PROTOCOL, "request larger than %zu bytes (DISTMESH_STORE_MAX_CONN), "
+                          "or out of memory", c->srv->lim.max_conn);
+        return;
+    }
+    if (nread < 0) {        /* EOF or reset: the client left; its pending wait goes with it */
+        _dm_srv_close_client(c);
+        return;
+    }
+    c->in_len += (size_t)nread;
+    if (c->in_len < c->need) return;
+    _dm_srv_process(c);
+}
+
+/* Every half second: clients that did not authenticate in time, or whose replies have not
+   moved for stall_ms while the server stopped reading from them, are closed. */
+_DM_PRIVATE void _dm_srv_on_tick(uv_timer_t* tm) {
+    _dm_srv* s = (_dm_srv*)tm->data;
+    _dm_srv_client* c = s->clients;
+    int64_t now = _dm_now_ms();
+    while (c) {
+        _dm_srv_client* nx = c->next;
+        if (!c->closing && c->auth && now - c->since > _DM_ST_AUTH_MS)
+            _dm_srv_drop(c, DM_ERR_TIMEOUT, "did not authenticate within %d ms", _DM_ST_AUTH_MS);
+        else if (!c->closing && !c->reading && c->queued && now - c->since > s->lim.stall_ms)
+            _dm_srv_drop(c, DM_ERR_TIMEOUT, "does not read its replies: %zu bytes unread for %d ms "
+                         "(DISTMESH_STORE_STALL_MS)", c->queued, s->lim.stall_ms);
+        c = nx;
     }
 }
 
@@ -981,7 +1291,10 @@ _DM_PRIVATE void _dm_srv_on_connect(uv_stream_t* l, int status) {
         }
         snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
     }
+    c->since = _dm_now_ms();
+    c->auth = s->lim.token_len ? 1 : 0;
     if (uv_read_start((uv_stream_t*)&c->tcp, _dm_srv_alloc, _dm_srv_on_read) < 0) _dm_srv_close_client(c);
+    else c->reading = true;
 }
 
 _DM_PRIVATE void _dm_srv_on_stop(uv_async_t* a) {
@@ -994,6 +1307,8 @@ _DM_PRIVATE void _dm_srv_on_stop(uv_async_t* a) {
     }
     if (s->listener_open) uv_close((uv_handle_t*)&s->listener, NULL);
     s->listener_open = false;
+    if (s->tick_open) uv_close((uv_handle_t*)&s->tick, NULL);
+    s->tick_open = false;
     uv_close((uv_handle_t*)&s->stop, NULL);
     s->stop_open = false;
 }
@@ -1008,6 +1323,7 @@ _DM_PRIVATE void _dm_srv_free(_dm_srv* s) {
     if (!s) return;
     if (s->listener_open) uv_close((uv_handle_t*)&s->listener, NULL);
     if (s->stop_open) uv_close((uv_handle_t*)&s->stop, NULL);
+    if (s->tick_open) uv_close((uv_handle_t*)&s->tick, NULL);
     {
         _dm_srv_client* c = s->clients;
         for (; c; c = c->next) _dm_srv_close_client(c);
@@ -1034,8 +1350,8 @@ _DM_PRIVATE void _dm_srv_stop(_dm_srv* s) {
 
 /* Binds host:port (numeric loopback host: exactly it; else dual-stack ::, else 0.0.0.0),
    listens, starts the thread. err gets "what (cause)" on failure. */
-_DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger* lg,
-                                    const dm_allocator* a, _dm_srv** out, char* err, size_t cap) {
+_DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger* lg, const dm_allocator* a,
+                                    const _dm_srv_limits* lim, _dm_srv** out, char* err, size_t cap) {
     _dm_srv* s;
     struct sockaddr_storage ss;
     int rc, sl = (int)sizeof(ss);
@@ -1047,6 +1363,7 @@ _DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger*
     if (!s) { snprintf(err, cap, "out of memory"); return DM_ERR_OUT_OF_MEMORY; }
     s->allocator = *a;
     s->logger = *lg;
+    s->lim = *lim;
     s->nbuckets = 64;
     s->buckets = (_dm_kv**)_dm_calloc(a, s->nbuckets * sizeof(_dm_kv*));
     if (!s->buckets) { rc = UV_ENOMEM; goto fail_what; }
@@ -1055,6 +1372,10 @@ _DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger*
     if ((rc = uv_async_init(&s->loop, &s->stop, _dm_srv_on_stop)) < 0) goto fail_what;
     s->stop_open = true;
     s->stop.data = s;
+    if ((rc = uv_timer_init(&s->loop, &s->tick)) < 0) goto fail_what;
+    s->tick_open = true;
+    s->tick.data = s;
+    if ((rc = uv_timer_start(&s->tick, _dm_srv_on_tick, 500, 500)) < 0) goto fail_what;
     if ((rc = uv_tcp_init(&s->loop, &s->listener)) < 0) goto fail_what;
     s->listener_open = true;
     s->listener.data = s;
@@ -1087,8 +1408,11 @@ _DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger*
         }
         if (rc == 0) rc = uv_listen((uv_stream_t*)&s->listener, 1024, _dm_srv_on_connect);
         if (rc < 0) {
-            snprintf(err, cap, "cannot listen on %.64s port %d (%.100s)", bound, port,
-                     _dm_store_uv_cause(rc, cause, sizeof(cause)));
+            snprintf(err, cap, "cannot listen on %.64s port %d (%.100s)%s", bound, port,
+                     _dm_store_uv_cause(rc, cause, sizeof(cause)),
+                     rc == UV_EADDRINUSE ? ": another process serves this port (another job, or torchrun's "
+                                           "agent: then set TORCHELASTIC_USE_AGENT_STORE=True); choose another "
+                                           "MASTER_PORT / store url" : "");
             _dm_srv_free(s);
             return _dm_status_from_uv(rc);
         }
@@ -1127,7 +1451,16 @@ typedef struct _dm_store_shared {
     char host[256];
     char* dir;                  /* file store directory */
     dm_allocator allocator;
+    size_t token_len;           /* tcp: authenticate with this token when > 0 */
+    char token[_DM_ST_TOKEN_MAX + 1];
+    struct _dm_store_shared* hosted_next;   /* in _dm_store_hosted while it has a server */
 } _dm_store_shared;
+
+/* >>store hosted  The servers this process hosts. A second is_server store on a port this
+   process already serves shares that server and its connection, as a clone would (so a second
+   world on the same store URL works), instead of failing with EADDRINUSE. */
+static pthread_mutex_t _dm_store_hosted_mu = PTHREAD_MUTEX_INITIALIZER;
+static _dm_store_shared* _dm_store_hosted;
 
 struct dm_store {
     _dm_store_shared* sh;
@@ -1363,9 +1696,40 @@ _DM_PRIVATE dm_status _dm_store_tcp_wait(dm_store* s, unsigned char* const* keys
     }
 }
 
-/* One connection attempt: connect, TCP_NODELAY, then VALIDATE + PING (proto 2), or a 1.13
-   GETNUMKEYS answered with 8 bytes (proto 1). 0 or a uv code. */
-_DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int proto, int64_t deadline, int* out_fd) {
+/* The client's half of the handshake (see >>store wire). 0, or a uv code with *refused set when
+   the server answered in a way that retrying will not change. */
+_DM_PRIVATE int _dm_store_auth(int fd, const char* token, size_t tn, int64_t deadline, int* refused) {
+    unsigned char hello[_DM_ST_AUTH_HELLO], rep[_DM_ST_AUTH_CHALLENGE], mac[32], st[4];
+    int rc;
+    hello[0] = _DM_STQ_AUTH;
+    hello[1] = 0x44; hello[2] = 0x4d; hello[3] = 0x53; hello[4] = 0x41;   /* "DMSA" */
+    hello[5] = _DM_ST_AUTH_VERSION; hello[6] = hello[7] = hello[8] = 0;
+    _dm_st_random(hello + 9, 32);
+    if ((rc = _dm_store_send_all(fd, hello, sizeof(hello), deadline)) != 0) return rc;
+    rc = _dm_store_recv_all(fd, rep, sizeof(rep), deadline);
+    if (rc == UV_EOF || rc == UV_ECONNRESET) *refused = _DM_ST_NOAUTH;
+    if (rc) return rc;
+    if (_dm_st_get_u32(rep) != _DM_ST_AUTH_MAGIC || _dm_st_get_u32(rep + 4) != 0) {
+        *refused = _DM_ST_NOAUTH;
+        return UV_EPROTO;
+    }
+    _dm_st_auth_mac(token, tn, true, hello + 9, rep + 8, mac);
+    if (!_dm_st_ct_equal(mac, rep + 40, 32)) { *refused = _DM_ST_BADSERVER; return UV_EPROTO; }
+    _dm_st_auth_mac(token, tn, false, rep + 8, hello + 9, mac);
+    if ((rc = _dm_store_send_all(fd, mac, 32, deadline)) != 0) return rc;
+    rc = _dm_store_recv_all(fd, st, 4, deadline);
+    if (rc == UV_EOF || rc == UV_ECONNRESET || (rc == 0 && _dm_st_get_u32(st) != 0)) {
+        *refused = _DM_ST_REFUSED;
+        return rc ? rc : UV_EPROTO;
+    }
+    return rc;
+}
+
+/* One connection attempt: connect, TCP_NODELAY, authentication when there is a token, then
+   VALIDATE + PING (proto 2), or a 1.13 GETNUMKEYS answered with 8 bytes (proto 1). 0 or a uv
+   code (*refused: see _dm_store_auth). */
+_DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, const _dm_store_shared* sh, int proto,
+                                      int64_t deadline, int* out_fd, int* refused) {
     int fd, rc, fl;
     unsigned char req[16], rep[4];
     uint32_t nonce = (uint32_t)getpid();
@@ -1398,6 +1762,10 @@ _DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int proto, int6
     }
     fl = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &fl, sizeof(fl));
+    if (sh->token_len && (rc = _dm_store_auth(fd, sh->token, sh->token_len, deadline, refused)) != 0) {
+        close(fd);
+        return rc;
+    }
     memset(&b, 0, sizeof(b));
     b.p = req;
     b.cap = sizeof(req);
@@ -1422,9 +1790,26 @@ _DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, int proto, int6
         close(fd);
         return rc;
     }
-    if (_dm_st_get_u32(rep) != nonce) { close(fd); return UV_EPROTO; }
+    if (_dm_st_get_u32(rep) != nonce) {
+        if (_dm_st_get_u32(rep) == _DM_ST_AUTH_NEEDED) *refused = _DM_ST_NEEDTOKEN;
+        close(fd);
+        return UV_EPROTO;
+    }
     *out_fd = fd;
     return 0;
+}
+
+_DM_PRIVATE dm_status _dm_store_refused(dm_store* s, int why) {
+    const _dm_store_shared* sh = s->sh;
+    const char* text =
+        why == _DM_ST_NEEDTOKEN ? "the store requires a token: set the job's DISTMESH_TOKEN (or desc.token) here too" :
+        why == _DM_ST_BADSERVER ? "the server could not prove the token: it has a different DISTMESH_TOKEN, or it is not "
+                                  "the job's store" :
+        why == _DM_ST_REFUSED   ? "the server refused this client's token proof: the tokens differ" :
+                                  "the server closed the connection instead of authenticating: it has no token (set "
+                                  "DISTMESH_TOKEN on the store host too), or it is not a distmesh store (torch's "
+                                  "TCPStore cannot authenticate)";
+    return _DM_STORE_FAIL(s, DM_ERR_REFUSED, "tcp-store: %s:%d: %s", sh->host, sh->port, text);
 }
 
 _DM_PRIVATE dm_status _dm_store_tcp_connect(dm_store* s) {
@@ -1447,12 +1832,13 @@ _DM_PRIVATE dm_status _dm_store_tcp_connect(dm_store* s) {
             if (gai == EAI_AGAIN) last = UV_EAI_AGAIN;
             if (gai == EAI_MEMORY) last = UV_ENOMEM;
         } else {
-            for (ai = res; ai; ai = ai->ai_next) {
+            int refused = _DM_ST_OK;
+            for (ai = res; ai && !refused; ai = ai->ai_next) {
                 int fd = -1;
-                int r = _dm_store_try_connect(ai, _DM_ST_PROTO_2, deadline, &fd);
+                int r = _dm_store_try_connect(ai, sh, _DM_ST_PROTO_2, deadline, &fd, &refused);
                 /* dropped during the handshake: maybe a torch < 2.2 server; ask it its way */
-                if ((r == UV_EOF || r == UV_ECONNRESET) &&
-                    _dm_store_try_connect(ai, _DM_ST_PROTO_1, deadline, &fd) == 0) {
+                if ((r == UV_EOF || r == UV_ECONNRESET) && !refused &&
+                    _dm_store_try_connect(ai, sh, _DM_ST_PROTO_1, deadline, &fd, &refused) == 0) {
                     sh->proto = _DM_ST_PROTO_1;
                     _DM_LOG(&s->logger, DM_LOG_INFO, "tcp-store: %s:%d is a torch < 2.2 store; using its protocol",
                             sh->host, sh->port);
@@ -1463,6 +1849,7 @@ _DM_PRIVATE dm_status _dm_store_tcp_connect(dm_store* s) {
             }
             freeaddrinfo(res);
             if (last == 0) return DM_OK;
+            if (refused) return _dm_store_refused(s, refused);
             if (last == UV_EPROTO)
                 return _DM_STORE_FAIL(s, DM_ERR_PROTOCOL,
                                       "tcp-store: %s:%d is not a torch 2.x TCPStore (wrong PING reply)",
@@ -1659,9 +2046,16 @@ _DM_PRIVATE dm_status _dm_fstore_mkdirs(dm_store* s, const char* dir) {
 _DM_PRIVATE void _dm_store_shared_release(_dm_store_shared* sh) {
     bool last;
     dm_allocator a;
+    pthread_mutex_lock(&_dm_store_hosted_mu);
     pthread_mutex_lock(&sh->mu);
     last = --sh->refs == 0;
     pthread_mutex_unlock(&sh->mu);
+    if (last) {
+        _dm_store_shared** pp = &_dm_store_hosted;
+        while (*pp && *pp != sh) pp = &(*pp)->hosted_next;
+        if (*pp) *pp = sh->hosted_next;
+    }
+    pthread_mutex_unlock(&_dm_store_hosted_mu);
     if (!last) return;
     a = sh->allocator;
     if (sh->fd >= 0) close(sh->fd);
@@ -1676,6 +2070,67 @@ _DM_PRIVATE void _dm_store_free_obj(dm_store* s) {
     _dm_free(&a, s);
 }
 
+/* A size in bytes from the desc, else the environment (decimal bytes, optional K/M/G suffix),
+   else the default. false with a message for a malformed variable. */
+_DM_PRIVATE bool _dm_store_size_opt(size_t desc_v, const char* env, size_t dflt, size_t* out,
+                                    char* err, size_t cap) {
+    const char* v = getenv(env);
+    char* end = NULL;
+    unsigned long long n;
+    if (desc_v) { *out = desc_v; return true; }
+    if (!v || !*v) { *out = dflt; return true; }
+    errno = 0;
+    n = strtoull(v, &end, 10);
+    if (end && (*end == 'K' || *end == 'k')) { n <<= 10; end++; }
+    else if (end && (*end == 'M' || *end == 'm')) { n <<= 20; end++; }
+    else if (end && (*end == 'G' || *end == 'g')) { n <<= 30; end++; }
+    if (errno || end == v || *end || n == 0 || n > (unsigned long long)(SIZE_MAX / 4) || v[0] == '-') {
+        snprintf(err, cap, "%s=\"%.40s\" is not a positive number of bytes (K, M, G suffixes allowed)", env, v);
+        return false;
+    }
+    *out = (size_t)n;
+    return true;
+}
+/* The server's bounds and the token, from the desc and the environment. */
+_DM_PRIVATE dm_status _dm_store_limits(const dm_store_desc* d, _dm_srv_limits* L, char* err, size_t cap) {
+    const char* tok = d->token ? d->token : getenv("DISTMESH_TOKEN");
+    size_t stall = 0;
+    memset(L, 0, sizeof(*L));
+    if (tok && strlen(tok) > _DM_ST_TOKEN_MAX) {
+        snprintf(err, cap, "token longer than %d bytes", _DM_ST_TOKEN_MAX);
+        return DM_ERR_INVALID_ARG;
+    }
+    if (tok) { L->token_len = strlen(tok); memcpy(L->token, tok, L->token_len); }
+    if (!_dm_store_size_opt(d->max_value, "DISTMESH_STORE_MAX_VALUE", DM_STORE_MAX_VALUE, &L->max_value, err, cap) ||
+        !_dm_store_size_opt(d->max_conn_bytes, "DISTMESH_STORE_MAX_CONN", 2 * L->max_value + ((size_t)1 << 20),
+                            &L->max_conn, err, cap) ||
+        !_dm_store_size_opt(d->max_total_bytes, "DISTMESH_STORE_MAX_TOTAL", (size_t)1 << 30, &L->max_total, err, cap) ||
+        !_dm_store_size_opt(d->stall_ms > 0 ? (size_t)d->stall_ms : 0, "DISTMESH_STORE_STALL_MS", 30000, &stall, err, cap))
+        return DM_ERR_ENV;
+    L->stall_ms = stall > INT32_MAX ? INT32_MAX : (int)stall;
+    return DM_OK;
+}
+
+/* The live store this process hosts on port (a reference taken), or NULL; *other_token when it
+   exists with another token. */
+_DM_PRIVATE _dm_store_shared* _dm_store_hosted_share(int port, const _dm_srv_limits* lim, bool* other_token) {
+    _dm_store_shared* sh;
+    *other_token = false;
+    if (port <= 0) return NULL;
+    pthread_mutex_lock(&_dm_store_hosted_mu);
+    for (sh = _dm_store_hosted; sh; sh = sh->hosted_next) {
+        if (sh->server->port != port) continue;
+        pthread_mutex_lock(&sh->mu);
+        if (sh->token_len != lim->token_len || memcmp(sh->token, lim->token, lim->token_len) != 0) *other_token = true;
+        else if (sh->refs > 0 && !sh->broken) sh->refs++;
+        else *other_token = true;   /* broken: not shareable; say it is in use */
+        pthread_mutex_unlock(&sh->mu);
+        break;
+    }
+    pthread_mutex_unlock(&_dm_store_hosted_mu);
+    return sh && !*other_token ? sh : NULL;
+}
+
 /* TORCHELASTIC_USE_AGENT_STORE: torch's getCvarBool truthy spellings. */
 _DM_PRIVATE bool _dm_store_agent_store(void) {
     const char* v = getenv("TORCHELASTIC_USE_AGENT_STORE");
@@ -1684,13 +2139,16 @@ _DM_PRIVATE bool _dm_store_agent_store(void) {
            strcmp(v, "TRUE") == 0 || strcmp(v, "yes") == 0 || strcmp(v, "y") == 0;
 }
 
-DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out) {
+/* share_hosted: a server this process already hosts on the url's port is shared (the TCP
+   backend's second world on one url); else that is EADDRINUSE, explained. */
+_DM_PRIVATE dm_status _dm_store_create_ex(const dm_store_desc* desc, bool share_hosted, dm_store** out) {
     _DM_ZERO(dm_store_desc, d);
     dm_store* s;
     _dm_store_shared* sh;
     char url[600], err[DM_LAST_ERROR_SIZE];
     const char* u;
     dm_status st;
+    _dm_srv_limits lim;
     if (!out) return DM_ERR_INVALID_ARG;
     *out = NULL;
     if (desc) d = *desc;
@@ -1724,6 +2182,15 @@ DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out)
     sh->refs = 1;
     sh->fd = -1;
     pthread_mutex_init(&sh->mu, NULL);
+    {
+        char what[200];
+        if ((st = _dm_store_limits(&d, &lim, what, sizeof(what))) != DM_OK) {
+            _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp-store: %s", what);
+            goto fail;
+        }
+        sh->token_len = lim.token_len;
+        memcpy(sh->token, lim.token, sizeof(sh->token));
+    }
     if (d.prefix && *d.prefix) {
         s->prefix_len = strlen(d.prefix);
         s->prefix = (char*)_dm_malloc(&s->allocator, s->prefix_len + 1);
@@ -1777,8 +2244,24 @@ DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out)
             goto bad_url;
         sh->port = (int)port;
         if (d.is_server && !_dm_store_agent_store()) {
-            char what[300];
-            st = _dm_srv_start(sh->host, sh->port, &d.logger, &d.allocator, &sh->server, what, sizeof(what));
+            char what[600];
+            bool other = false;
+            _dm_store_shared* hosted = _dm_store_hosted_share((int)port, &lim, &other);
+            if (hosted && share_hosted) {   /* a second world on a url this process serves */
+                _dm_store_shared_release(sh);
+                s->sh = hosted;
+                *out = s;
+                return DM_OK;
+            }
+            if (hosted || other) {
+                if (hosted) _dm_store_shared_release(hosted);
+                st = _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_NETWORK,
+                                "tcp-store: server %s: this process already serves port %ld (EADDRINUSE)%s", url, port,
+                                other ? " with another token or a broken connection: use another port"
+                                      : ": share that store (dm_store_clone_prefixed, or dm_tcp_desc.store)");
+                goto fail;
+            }
+            st = _dm_srv_start(sh->host, sh->port, &d.logger, &d.allocator, &lim, &sh->server, what, sizeof(what));
             if (st != DM_OK) {
                 _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp-store: server %s: %s", url, what);
                 goto fail;
@@ -1790,6 +2273,12 @@ DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out)
             goto fail;
         }
         if ((st = _dm_store_tcp_connect(s)) != DM_OK) { snprintf(err, sizeof(err), "%s", s->last_error); goto fail; }
+        if (sh->server) {
+            pthread_mutex_lock(&_dm_store_hosted_mu);
+            sh->hosted_next = _dm_store_hosted;
+            _dm_store_hosted = sh;
+            pthread_mutex_unlock(&_dm_store_hosted_mu);
+        }
         s->last_error[0] = 0;
         *out = s;
         return DM_OK;
@@ -1802,6 +2291,10 @@ fail:
     _dm_store_shared_release(sh);
     _dm_store_free_obj(s);
     return st;
+}
+
+DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out) {
+    return _dm_store_create_ex(desc, false, out);
 }
 
 DM_API_IMPL dm_status dm_store_clone_prefixed(dm_store* parent, const char* prefix, dm_store** out) {
@@ -2405,8 +2898,9 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 /* >>tcp constants */
 #define _DM_TCP_HELLO_MAGIC 0x48544d44u   /* "DMTH" little-endian: connection hello */
 #define _DM_TCP_ACK_MAGIC   0x41544d44u   /* "DMTA": hello answer */
+#define _DM_TCP_CHAL_MAGIC  0x43544d44u   /* "DMTC": the acceptor's challenge */
 #define _DM_TCP_FP_MAGIC    0x46544d44u   /* "DMTF": collective fingerprint */
-#define _DM_TCP_VERSION     1u
+#define _DM_TCP_VERSION     2u            /* 2: challenge-response hello */
 #define _DM_TCP_IO_MAX      ((size_t)1 << 30)   /* bytes per send/recv call (2 GiB+ messages) */
 #define _DM_TCP_SMALL_BYTES ((size_t)64 << 10)  /* all_reduce at or below: recursive doubling */
 #define _DM_TCP_SOCKBUF     (4 << 20)           /* SO_SNDBUF / SO_RCVBUF when the kernel allows */
@@ -2422,8 +2916,7 @@ typedef struct _dm_tcp {
     char prefix[512];           /* this group's key prefix, generation included */
     char user_prefix[480];      /* the prefix as given (split builds on it) */
     char ifname[128];           /* the interface spec as resolved ("" = by route) */
-    char token[128];            /* "" = none */
-    uint64_t digest[2];         /* keyed hash of token and group */
+    char token[_DM_ST_TOKEN_MAX + 1]; /* "" = none */
     size_t chunk_bytes;
     int* fds;                   /* socket per rank, -1 for self */
     char (*addrs)[64];          /* "host:port" per rank, for messages */
@@ -3207,24 +3700,133 @@ static int _dm_tcp_write_full(int fd, const void* buf, size_t n, int64_t deadlin
     return 1;
 }
 
-/* Hello, 48 bytes: magic u32, version u32, rank u32, world u32, group u64, digest 2 x u64,
-   0 u64. Ack, 8 bytes: magic u32, status u32. */
-static void _dm_tcp_hello_encode(const _dm_tcp* t, uint64_t group, unsigned char* p) {
-    memset(p, 0, 48);
-    _dm_tcp_put32(p, _DM_TCP_HELLO_MAGIC);
-    _dm_tcp_put32(p + 4, _DM_TCP_VERSION);
-    _dm_tcp_put32(p + 8, (uint32_t)t->base.rank);
-    _dm_tcp_put32(p + 12, (uint32_t)t->base.size);
-    _dm_tcp_put64(p + 16, group);
-    _dm_tcp_put64(p + 24, t->digest[0]);
-    _dm_tcp_put64(p + 32, t->digest[1]);
+/* >>tcp hello  Every data connection: the higher rank (connector) connects to the lower
+   (acceptor) and both prove the token over fresh nonces from both sides:
+     hello      connector -> acceptor  56 B: magic "DMTH", version 2, rank, world, group u64,
+                                              connector nonce[32]
+     challenge  acceptor -> connector  72 B: magic "DMTC", status, acceptor nonce[32],
+                                              HMAC(token, "acceptor" fields)
+     proof      connector -> acceptor  32 B: HMAC(token, "connector" fields)
+     ack        acceptor -> connector   8 B: magic "DMTA", status
+   The MAC fields: role label, the group's store prefix (generation included), the acceptor's
+   published address, world size, both ranks, both nonces. A recorded hello or proof is useless
+   on a new connection (the other side's nonce is new), one role's MAC cannot stand in for the
+   other's, and a stranger relaying a connector that was sent to its own address fails, since
+   the connector signs the address it connected to. Without a token the key is empty: the same
+   exchange still catches stray connections from other groups. */
+#define _DM_TCP_HELLO_SIZE 56
+#define _DM_TCP_CHAL_SIZE 72
+_DM_PRIVATE void _dm_tcp_hello_mac(const _dm_tcp* t, bool acceptor, const char* acceptor_addr, int connector,
+                                   int acceptor_rank, const unsigned char* nonce_c, const unsigned char* nonce_a,
+                                   unsigned char out[32]) {
+    unsigned char msg[64 + sizeof(t->prefix) + 64 + 12 + 64];
+    size_t n = 0, k;
+    const char* label = acceptor ? "distmesh hello v2 acceptor" : "distmesh hello v2 connector";
+    k = strlen(label) + 1;
+    memcpy(msg, label, k);
+    n += k;
+    k = strnlen(t->prefix, sizeof(t->prefix) - 1) + 1;
+    memcpy(msg + n, t->prefix, k - 1);
+    msg[n + k - 1] = 0;
+    n += k;
+    k = strnlen(acceptor_addr, 63) + 1;
+    memcpy(msg + n, acceptor_addr, k - 1);
+    msg[n + k - 1] = 0;
+    n += k;
+    _dm_tcp_put32(msg + n, (uint32_t)t->base.size);
+    _dm_tcp_put32(msg + n + 4, (uint32_t)connector);
+    _dm_tcp_put32(msg + n + 8, (uint32_t)acceptor_rank);
+    n += 12;
+    memcpy(msg + n, nonce_c, 32);
+    memcpy(msg + n + 32, nonce_a, 32);
+    n += 64;
+    dm_hmac_sha256(t->token, strlen(t->token), msg, n, out);
+}
+
+/* The connector's side on a connected socket to rank j: hello, check the challenge, proof. The
+   ack is read later (_dm_tcp_read_ack), once this rank has accepted its own peers. */
+static dm_status _dm_tcp_hello_connect(_dm_tcp* t, int fd, int j, uint64_t group, int64_t deadline) {
+    unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE], mac[32];
+    int rc;
+    uint32_t status;
+    _dm_tcp_put32(hello, _DM_TCP_HELLO_MAGIC);
+    _dm_tcp_put32(hello + 4, _DM_TCP_VERSION);
+    _dm_tcp_put32(hello + 8, (uint32_t)t->base.rank);
+    _dm_tcp_put32(hello + 12, (uint32_t)t->base.size);
+    _dm_tcp_put64(hello + 16, group);
+    _dm_st_random(hello + 24, 32);
+    if (_dm_tcp_write_full(fd, hello, sizeof(hello), deadline) != 1)
+        return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: sending the hello to rank %d at %s failed",
+                        j, t->addrs[j]);
+    rc = _dm_tcp_read_full(fd, chal, sizeof(chal), deadline);
+    if (rc == 0)
+        return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out waiting for rank %d (%s) to answer the hello",
+                        j, t->addrs[j]);
+    if (rc < 0)
+        return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: setup: rank %d (%s) closed the connection during the "
+                        "hello (%s)", j, t->addrs[j], errno ? strerror(errno) : "EOF");
+    if (_dm_tcp_get32(chal) != _DM_TCP_CHAL_MAGIC)
+        return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: setup: rank %d (%s) answered the hello with malformed "
+                        "bytes (another distmesh version?)", j, t->addrs[j]);
+    status = _dm_tcp_get32(chal + 4);
+    if (status != _DM_TCP_ACK_OK)
+        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) refused the connection (%s)", j,
+                        t->addrs[j], status == _DM_TCP_ACK_GROUP ? "different group or world size" : "rank taken");
+    _dm_tcp_hello_mac(t, true, t->addrs[j], t->base.rank, j, hello + 24, chal + 8, mac);
+    if (!_dm_st_ct_equal(mac, chal + 40, 32))
+        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: the listener at %s could not prove the token of "
+                        "rank %d (a different DISTMESH_TOKEN, or not rank %d)", t->addrs[j], j, j);
+    _dm_tcp_hello_mac(t, false, t->addrs[j], t->base.rank, j, hello + 24, chal + 8, mac);
+    if (_dm_tcp_write_full(fd, mac, sizeof(mac), deadline) != 1)
+        return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: sending the proof to rank %d at %s failed",
+                        j, t->addrs[j]);
+    return DM_OK;
+}
+
+/* The acceptor's side on an accepted socket: reads the hello, sends the challenge, checks the
+   proof, sends the ack. Returns the ack status (_DM_TCP_ACK_OK: *peer is a verified rank), or
+   -1 for a connection that went silent or sent bad bytes; the caller closes every refusal. */
+static int _dm_tcp_hello_accept(_dm_tcp* t, int fd, uint64_t group, int64_t deadline, int* peer) {
+    unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE], mac[32], proof[32], ack[8];
+    uint32_t status = _DM_TCP_ACK_OK;
+    int p;
+    *peer = -1;
+    if (_dm_tcp_read_full(fd, hello, sizeof(hello), deadline) != 1) return -1;
+    if (_dm_tcp_get32(hello) != _DM_TCP_HELLO_MAGIC || _dm_tcp_get32(hello + 4) != _DM_TCP_VERSION) return -1;
+    p = (int)_dm_tcp_get32(hello + 8);
+    *peer = p;
+    if ((int)_dm_tcp_get32(hello + 12) != t->base.size) {
+        status = _DM_TCP_ACK_GROUP;
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused rank %d: world size disagreement (it has %d, "
+                "this rank %d)", p, (int)_dm_tcp_get32(hello + 12), t->base.size);
+    } else if (_dm_tcp_get64(hello + 16) != group) {
+        status = _DM_TCP_ACK_GROUP;
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (other group)", p);
+    } else if (p <= t->base.rank || p >= t->base.size || t->fds[p] >= 0)
+        status = _DM_TCP_ACK_RANK;
+    memset(chal, 0, sizeof(chal));
+    _dm_tcp_put32(chal, _DM_TCP_CHAL_MAGIC);
+    _dm_tcp_put32(chal + 4, status);
+    if (status == _DM_TCP_ACK_OK) {
+        _dm_st_random(chal + 8, 32);
+        _dm_tcp_hello_mac(t, true, t->addrs[t->base.rank], p, t->base.rank, hello + 24, chal + 8, chal + 40);
+    }
+    if (_dm_tcp_write_full(fd, chal, sizeof(chal), deadline) != 1) return -1;
+    if (status != _DM_TCP_ACK_OK) return (int)status;
+    if (_dm_tcp_read_full(fd, proof, sizeof(proof), deadline) != 1) return -1;
+    _dm_tcp_hello_mac(t, false, t->addrs[t->base.rank], p, t->base.rank, hello + 24, chal + 8, mac);
+    if (!_dm_st_ct_equal(mac, proof, 32)) status = _DM_TCP_ACK_TOKEN;
+    _dm_tcp_put32(ack, _DM_TCP_ACK_MAGIC);
+    _dm_tcp_put32(ack + 4, status);
+    if (_dm_tcp_write_full(fd, ack, sizeof(ack), deadline) != 1) return -1;
+    return (int)status;
 }
 
 /* Connects to rank j at addr with retries until the deadline; sends the hello. */
 static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t deadline) {
     struct sockaddr_storage sa;
-    unsigned char hello[48];
     int fd = -1, rc, err;
+    dm_status st;
     if (!_dm_tcp_parse_addr(t->addrs[j], &sa))
         return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: rank %d published a malformed address \"%s\"", j, t->addrs[j]);
     for (;;) {
@@ -3248,11 +3850,9 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
         usleep(20000);
     }
     _dm_tcp_tune(fd);
-    _dm_tcp_hello_encode(t, group, hello);
-    if (_dm_tcp_write_full(fd, hello, sizeof(hello), deadline) != 1) {
+    if ((st = _dm_tcp_hello_connect(t, fd, j, group, deadline)) != DM_OK) {
         close(fd);
-        return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: sending the hello to rank %d at %s failed",
-                        j, t->addrs[j]);
+        return st;
     }
     t->fds[j] = fd;
     return DM_OK;
@@ -3263,9 +3863,7 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
 static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64_t deadline) {
     int missing = t->base.size - 1 - t->base.rank;
     while (missing > 0) {
-        unsigned char hello[48], ack[8];
-        uint32_t status = _DM_TCP_ACK_OK;
-        int fd, rc, peer;
+        int status, fd, rc, peer;
         int64_t hello_deadline;
         rc = _dm_tcp_wait_fd(lfd, POLLIN, deadline);
         if (rc == 0) {
@@ -3280,29 +3878,17 @@ static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64
         if (fd < 0) continue;
         /* a silent stranger cannot hold the rendezvous for more than a few seconds */
         hello_deadline = _dm_now_ms() + 5000 < deadline ? _dm_now_ms() + 5000 : deadline;
-        if (_dm_tcp_read_full(fd, hello, sizeof(hello), hello_deadline) != 1) { close(fd); continue; }
-        peer = (int)_dm_tcp_get32(hello + 8);
-        if (_dm_tcp_get32(hello) != _DM_TCP_HELLO_MAGIC || _dm_tcp_get32(hello + 4) != _DM_TCP_VERSION) {
-            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection with a bad hello");
+        status = _dm_tcp_hello_accept(t, fd, group, hello_deadline, &peer);
+        if (status < 0) {
+            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that was silent or sent a bad hello");
             close(fd);
             continue;
         }
-        if (_dm_tcp_get64(hello + 16) != group || (int)_dm_tcp_get32(hello + 12) != t->base.size)
-            status = _DM_TCP_ACK_GROUP;
-        else if (peer <= t->base.rank || peer >= t->base.size || t->fds[peer] >= 0)
-            status = _DM_TCP_ACK_RANK;
-        else if (_dm_tcp_get64(hello + 24) != t->digest[0] || _dm_tcp_get64(hello + 32) != t->digest[1])
-            status = _DM_TCP_ACK_TOKEN;
-        _dm_tcp_put32(ack, _DM_TCP_ACK_MAGIC);
-        _dm_tcp_put32(ack + 4, status);
-        rc = _dm_tcp_write_full(fd, ack, sizeof(ack), hello_deadline);
-        if (status != _DM_TCP_ACK_OK || rc != 1) {
-            if (status == _DM_TCP_ACK_GROUP && (int)_dm_tcp_get32(hello + 12) != t->base.size)
-                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused rank %d: world size disagreement (it has "
-                        "%d, this rank %d)", peer, (int)_dm_tcp_get32(hello + 12), t->base.size);
-            else
+        if (status != _DM_TCP_ACK_OK) {
+            if (status != _DM_TCP_ACK_GROUP)    /* a world-size disagreement was named by the hello */
                 _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (%s)", peer,
-                        status == _DM_TCP_ACK_TOKEN ? "wrong token" : status == _DM_TCP_ACK_GROUP ? "other group" : "bad rank");
+                        status == _DM_TCP_ACK_TOKEN ? "wrong token proof: another token, or a replayed or relayed hello"
+                                                    : "bad rank");
             close(fd);
             continue;
         }
@@ -3349,6 +3935,25 @@ static dm_status _dm_tcp_store_get_str(_dm_tcp* t, const char* key, char* out, s
     out[n] = 0;
     dm_store_free(t->store, v);
     return DM_OK;
+}
+
+/* >>tcp keys  A group leaves nothing in the store once it is built: every rank above this one
+   has read this rank's address before connecting, so when all of them have said hello the
+   address key goes. What stays is one generation counter per world prefix (none for splits,
+   whose prefixes are used once), so the key count is flat over create/split/destroy cycles. */
+static void _dm_tcp_forget_key(_dm_tcp* t, const char* name) {
+    char key[600];
+    snprintf(key, sizeof(key), "%s%s", t->prefix, name);
+    if (dm_store_delete(t->store, key, NULL) != DM_OK)
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: could not delete the store key \"%s\" (%s)", key,
+                dm_store_last_error(t->store));
+}
+/* Rank 0 also drops the world-size key: every other rank checked it before connecting. */
+static void _dm_tcp_forget_addr(_dm_tcp* t) {
+    char name[32];
+    snprintf(name, sizeof(name), "addr/%d", t->base.rank);
+    _dm_tcp_forget_key(t, name);
+    if (t->base.rank == 0) _dm_tcp_forget_key(t, "world_size");
 }
 
 /* >>tcp lifetime */
@@ -3600,6 +4205,7 @@ typedef struct _dm_tcp_setup {
     const char* token;
     const char* route_host;     /* host to route toward when no interface is named */
     const struct sockaddr_storage* bind_sa; /* listen here (split), else pick by ifname/route */
+    bool once;                  /* the prefix is never used again (split): no generation key */
     size_t chunk_bytes;
     dm_logger logger;
     dm_allocator allocator;
@@ -3748,13 +4354,15 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
 
     /* generation: create/destroy cycles under one prefix get fresh keys. No rank can start the
        next cycle's add before every rank did this one's (connecting needs everyone's address). */
-    snprintf(key, sizeof(key), "%sgen", t->user_prefix);
-    st = dm_store_add(t->store, key, 1, &gen);
-    if (st != DM_OK) { _dm_tcp_store_fail(t, st, "add", key); goto fail; }
+    if (s->once) {
+        gen = 1;
+    } else {
+        snprintf(key, sizeof(key), "%sgen", t->user_prefix);
+        st = dm_store_add(t->store, key, 1, &gen);
+        if (st != DM_OK) { _dm_tcp_store_fail(t, st, "add", key); goto fail; }
+    }
     snprintf(t->prefix, sizeof(t->prefix), "%.480sg%lld/", t->user_prefix, (long long)((gen - 1) / s->size));
     group = _dm_tcp_hash(1, t->prefix, NULL);
-    t->digest[0] = _dm_tcp_hash(2, t->prefix, t->token);
-    t->digest[1] = _dm_tcp_hash(3, t->token, t->prefix);
 
     /* listen on the chosen interface, ephemeral port */
     if (s->bind_sa) memcpy(&sa, s->bind_sa, sizeof(sa));
@@ -3794,6 +4402,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     }
     st = _dm_tcp_accept_peers(t, lfd, group, deadline);
     if (st != DM_OK) goto fail;
+    _dm_tcp_forget_addr(t);
     for (j = 0; j < s->rank; j++) {
         st = _dm_tcp_read_ack(t, j, deadline);
         if (st != DM_OK) goto fail;
@@ -4086,6 +4695,9 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     s.ifname = d.ifname ? d.ifname : getenv("DISTMESH_SOCKET_IFNAME");
     if (!s.ifname || !*s.ifname) s.ifname = getenv("GLOO_SOCKET_IFNAME");
     s.token = d.token ? d.token : getenv("DISTMESH_TOKEN");
+    if (s.token && strlen(s.token) > _DM_ST_TOKEN_MAX)
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: token longer than %d bytes",
+                          _DM_ST_TOKEN_MAX);
     s.chunk_bytes = d.chunk_bytes;
     s.logger = d.logger;
     s.allocator = d.allocator;
@@ -4125,9 +4737,10 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
         sd.is_server = strncmp(url, "tcp://", 6) == 0 &&
                        (from_launch ? launch_server : d.rank == 0 && !(agent && strcmp(agent, "True") == 0));
         sd.timeout_ms = s.timeout_ms;
+        sd.token = s.token ? s.token : "";    /* the same token guards the store */
         sd.logger = d.logger;
         sd.allocator = d.allocator;
-        st = dm_store_create(&sd, &s.store);
+        st = _dm_store_create_ex(&sd, true, &s.store);  /* a second world in this process shares it */
         if (st != DM_OK)
             return _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp: cannot open the store %s", url);
         s.own_store = true;
@@ -4181,6 +4794,7 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     s.token = t->token;
     s.route_host = NULL;
     s.bind_sa = &t->self_sa;    /* the parent's interface and address family */
+    s.once = true;              /* "<parent prefix>split<seq>/<color>/" is unique */
     s.chunk_bytes = t->chunk_bytes;
     s.logger = c->logger;
     s.allocator = c->allocator;

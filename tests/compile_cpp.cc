@@ -28,7 +28,8 @@ static const any_fn public_functions[] = {
     FN(dm_mesh_tp_rank) FN(dm_mesh_tp_world_size) FN(dm_mesh_tp_world) FN(dm_strategy_create)
     FN(dm_strategy_destroy) FN(dm_dim_name) FN(dm_strategy_size) FN(dm_strategy_rank)
     FN(dm_strategy_group) FN(dm_strategy_model_mesh) FN(dm_strategy_data_mesh)
-    FN(dm_strategy_validate) FN(dm_strategy_last_error)
+    FN(dm_strategy_validate) FN(dm_strategy_last_error) FN(dm_sha256_init) FN(dm_sha256_update)
+    FN(dm_sha256_final) FN(dm_sha256) FN(dm_hmac_sha256)
 };
 #undef FN
 

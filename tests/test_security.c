@@ -1,0 +1,934 @@
+/* Strangers and hostile clients against the TCP backend (issue 9), loopback only, every step
+   with a deadline:
+   - store with a token: a raw client without it cannot read, write or delete a key; a replayed
+     handshake is refused; distmesh clients with no / another token fail fast with a reason;
+   - store memory: withheld uploads, pipelined GETs never read, MULTI_GET amplification and many
+     slow connections against a server in its own process keep its RSS bounded while a
+     legitimate client keeps working; MULTI_GET of 0 keys;
+   - data connections: the hello is a challenge-response (a replayed or relayed one is refused),
+     a world with a token works, different tokens are refused.
+   This program compiles the implementation itself (DISTMESH_IMPLEMENTATION) so the hello
+   functions can be driven directly over socket pairs. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DISTMESH_IMPLEMENTATION
+#include "distmesh.h"
+#ifndef DISTMESH_TCP_STORE_DECL
+#error "build with -DDISTMESH_TCP"
+#endif
+
+/* Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default), which would
+   make the RSS bounds below measure ASan, not the store: no quarantine in this program. */
+const char* __asan_default_options(void);
+const char* __asan_default_options(void) { return "quarantine_size_mb=0:thread_local_quarantine_size_kb=0"; }
+
+#define CHECK(c) assert_true(c)
+#define CHECK_OK(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) print_message("%s -> %s\n", #expr, dm_status_name(st_)); assert_int_equal(st_, DM_OK); } while (0)
+#define MiB ((size_t)1 << 20)
+
+/* ---- helpers ---- */
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+static void sleep_ms(int ms) {
+    struct timespec ts;
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    nanosleep(&ts, NULL);
+}
+static void put_u64(unsigned char* p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static void put_u32(unsigned char* p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static uint32_t get_u32(const unsigned char* p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* Raw client socket to 127.0.0.1:port; nonblocking sends are used where the server may stop
+   reading, so SO_SNDTIMEO keeps a blocking send from hanging. */
+static int raw_connect(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    struct sockaddr_in a;
+    struct timeval tv;
+    tv.tv_sec = 5;
+    tv.tv_usec = 0;
+    CHECK(fd >= 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(connect(fd, (struct sockaddr*)&a, sizeof(a)) == 0);
+    return fd;
+}
+/* Sends what the peer takes within ms; returns the bytes sent. */
+static size_t send_some(int fd, const void* p, size_t n, int ms) {
+    const unsigned char* b = (const unsigned char*)p;
+    size_t done = 0;
+    int64_t end = now_ms() + ms;
+    while (done < n && now_ms() < end) {
+        ssize_t w = send(fd, b + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) { done += (size_t)w; continue; }
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            struct pollfd pf;
+            pf.fd = fd; pf.events = POLLOUT; pf.revents = 0;
+            poll(&pf, 1, 50);
+            continue;
+        }
+        break;
+    }
+    return done;
+}
+static size_t recv_n(int fd, unsigned char* p, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = recv(fd, p + got, n - got, 0);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    return got;
+}
+/* Reads until EOF / reset or ms; returns the bytes read, *closed whether the peer closed. */
+static size_t drain(int fd, int ms, bool* closed) {
+    static unsigned char b[1 << 16];
+    size_t total = 0;
+    int64_t end = now_ms() + ms;
+    *closed = false;
+    while (now_ms() < end) {
+        struct pollfd pf;
+        ssize_t r;
+        pf.fd = fd; pf.events = POLLIN; pf.revents = 0;
+        if (poll(&pf, 1, 50) <= 0) continue;
+        r = recv(fd, b, sizeof(b), MSG_DONTWAIT);
+        if (r > 0) { total += (size_t)r; continue; }
+        if (r == 0 || (errno != EAGAIN && errno != EINTR)) { *closed = true; break; }
+    }
+    return total;
+}
+/* c10d request pieces */
+static size_t req_validate(unsigned char* p) { p[0] = 0; put_u32(p + 1, 0x3C85F7CEu); return 5; }
+static size_t req_ping(unsigned char* p, uint32_t nonce) { p[0] = 13; put_u32(p + 1, nonce); return 5; }
+static size_t req_str(unsigned char* p, const void* d, size_t n) { put_u64(p, n); if (n) memcpy(p + 8, d, n); return 8 + n; }
+static size_t req_key(unsigned char* p, unsigned op, const char* key) { p[0] = (unsigned char)op; return 1 + req_str(p + 1, key, strlen(key)); }
+
+static long rss_kib(pid_t pid) {
+    char path[64], line[256];
+    long kib = -1;
+    FILE* f;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    f = fopen(path, "r");
+    if (!f) return -1;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, "VmRSS:", 6) == 0) { kib = atol(line + 6); break; }
+    fclose(f);
+    return kib;
+}
+
+/* A store server in its own process (so its RSS can be measured): the child serves until the
+   parent closes the pipe. */
+typedef struct child_server { pid_t pid; int ctl; int port; } child_server;
+static child_server spawn_server(const char* token, size_t max_value, size_t max_conn, size_t max_total, int stall_ms) {
+    child_server cs;
+    int up[2], ctl[2];
+    CHECK(pipe(up) == 0 && pipe(ctl) == 0);
+    cs.pid = fork();
+    CHECK(cs.pid >= 0);
+    if (cs.pid == 0) {
+        dm_store_desc d;
+        dm_store* s = NULL;
+        char b;
+        int port = -1;
+        close(up[0]);
+        close(ctl[1]);
+        memset(&d, 0, sizeof(d));
+        d.url = "tcp://127.0.0.1:0";
+        d.is_server = true;
+        d.timeout_ms = 5000;
+        d.token = token ? token : "";
+        d.max_value = max_value;
+        d.max_conn_bytes = max_conn;
+        d.max_total_bytes = max_total;
+        d.stall_ms = stall_ms;
+        if (dm_store_create(&d, &s) == DM_OK) port = dm_store_port(s);
+        if (write(up[1], &port, sizeof(port)) != (ssize_t)sizeof(port)) _exit(2);
+        while (read(ctl[0], &b, 1) > 0) {}
+        dm_store_destroy(s);
+        _exit(0);
+    }
+    close(up[1]);
+    close(ctl[0]);
+    cs.ctl = ctl[1];
+    CHECK(read(up[0], &cs.port, sizeof(cs.port)) == (ssize_t)sizeof(cs.port));
+    close(up[0]);
+    CHECK(cs.port > 0);
+    return cs;
+}
+static void stop_server(child_server* cs) {
+    int status = 0, i;
+    close(cs->ctl);
+    for (i = 0; i < 100; i++) {
+        if (waitpid(cs->pid, &status, WNOHANG) == cs->pid) break;
+        sleep_ms(50);
+    }
+    if (i == 100) { kill(cs->pid, SIGKILL); waitpid(cs->pid, &status, 0); }
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+static dm_store* client(int port, const char* token, dm_status* st_out) {
+    char url[64];
+    dm_store_desc d;
+    dm_store* s = NULL;
+    dm_status st;
+    memset(&d, 0, sizeof(d));
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    d.url = url;
+    d.timeout_ms = 5000;
+    d.token = token ? token : "";
+    st = dm_store_create(&d, &s);
+    if (st_out) *st_out = st;
+    return s;
+}
+/* A legitimate client still gets its bytes back. */
+static void legit_roundtrip(dm_store* s, const char* key, size_t n) {
+    unsigned char* v = (unsigned char*)malloc(n);
+    void* got = NULL;
+    size_t gn = 0, i;
+    for (i = 0; i < n; i++) v[i] = (unsigned char)(i * 31 + 7);
+    CHECK_OK(dm_store_set(s, key, v, n));
+    CHECK_OK(dm_store_get(s, key, &got, &gn));
+    CHECK(gn == n && memcmp(got, v, n) == 0);
+    dm_store_free(s, got);
+    free(v);
+}
+
+/* ---- store authentication ---- */
+static const char k_token[] = "correct horse battery staple";
+
+static void test_store_stranger_cannot_touch_keys(void** state) {
+    child_server cs = spawn_server(k_token, 0, 0, 0, 0);
+    dm_store* s = client(cs.port, k_token, NULL);
+    unsigned char req[512], rep[128];
+    size_t n;
+    int64_t keys0 = 0, keys1 = 0;
+    bool present = true, closed;
+    void* v = NULL;
+    size_t vn = 0;
+    int fd;
+    (void)state;
+    CHECK(s != NULL);
+    CHECK_OK(dm_store_set(s, "distmesh/g0/addr/0", "10.0.0.1:1234", 13));
+    CHECK_OK(dm_store_num_keys(s, &keys0));
+    /* a torch-style client: VALIDATE + PING is answered with "DMAU", then closed */
+    fd = raw_connect(cs.port);
+    n = req_validate(req);
+    n += req_ping(req + n, 0x11223344u);
+    CHECK(send_some(fd, req, n, 2000) == n);
+    CHECK(recv_n(fd, rep, 4) == 4 && get_u32(rep) == 0x55414d44u);
+    drain(fd, 3000, &closed);
+    CHECK(closed);
+    close(fd);
+    /* read, overwrite, create and delete attempts in one burst: nothing is served */
+    fd = raw_connect(cs.port);
+    n = req_validate(req);
+    n += req_key(req + n, 3, "distmesh/g0/addr/0");                               /* GET */
+    n += req_key(req + n, 1, "distmesh/g0/addr/0");                               /* SET ... */
+    n += req_str(req + n, "6.6.6.6:6666", 12);
+    n += req_key(req + n, 1, "stranger");                                        /* SET new */
+    n += req_str(req + n, "x", 1);
+    n += req_key(req + n, 8, "distmesh/g0/addr/0");                               /* DELETE */
+    send_some(fd, req, n, 2000);
+    n = drain(fd, 3000, &closed);
+    CHECK(closed && n == 4);                    /* only "DMAU" */
+    close(fd);
+    /* the same with a made-up AUTH hello and a made-up proof */
+    fd = raw_connect(cs.port);
+    memset(req, 0x5a, 41 + 32);
+    req[0] = 0xA5; req[1] = 'D'; req[2] = 'M'; req[3] = 'S'; req[4] = 'A'; put_u32(req + 5, 1);
+    n = 41 + 32;
+    n += req_validate(req + n);
+    n += req_key(req + n, 8, "distmesh/g0/addr/0");
+    send_some(fd, req, n, 2000);
+    CHECK(recv_n(fd, rep, 72) == 72);           /* the challenge */
+    CHECK(recv_n(fd, rep, 4) == 4 && get_u32(rep) == 1);  /* refused */
+    drain(fd, 3000, &closed);
+    CHECK(closed);
+    close(fd);
+    sleep_ms(50);
+    CHECK_OK(dm_store_get(s, "distmesh/g0/addr/0", &v, &vn));
+    CHECK(vn == 13 && memcmp(v, "10.0.0.1:1234", 13) == 0);
+    dm_store_free(s, v);
+    {
+        const char* k = "stranger";
+        CHECK_OK(dm_store_check(s, &k, 1, &present));
+        CHECK(!present);
+    }
+    CHECK_OK(dm_store_num_keys(s, &keys1));
+    CHECK(keys1 == keys0);
+    dm_store_destroy(s);
+    stop_server(&cs);
+}
+
+static void test_store_clients_without_the_token_fail_fast(void** state) {
+    child_server cs = spawn_server(k_token, 0, 0, 0, 0), plain;
+    dm_status st;
+    dm_store* s;
+    int64_t t0 = now_ms();
+    (void)state;
+    s = client(cs.port, NULL, &st);
+    CHECK(s == NULL && st == DM_ERR_REFUSED);
+    s = client(cs.port, "another token", &st);
+    CHECK(s == NULL && st == DM_ERR_REFUSED);
+    CHECK(now_ms() - t0 < 2000);                /* no retrying until the timeout */
+    s = client(cs.port, k_token, &st);
+    CHECK(s != NULL);
+    legit_roundtrip(s, "ok", 100);
+    dm_store_destroy(s);
+    stop_server(&cs);
+    /* a token against a store without one */
+    plain = spawn_server(NULL, 0, 0, 0, 0);
+    t0 = now_ms();
+    s = client(plain.port, k_token, &st);
+    CHECK(s == NULL && st == DM_ERR_REFUSED && now_ms() - t0 < 2000);
+    stop_server(&plain);
+}
+
+/* Performs the client's handshake on fd with the token, recording what it sent. */
+static bool handshake(int fd, const char* token, unsigned char hello[41], unsigned char proof[32], uint32_t* status) {
+    unsigned char rep[72], st[4], mac[32];
+    hello[0] = 0xA5; hello[1] = 'D'; hello[2] = 'M'; hello[3] = 'S'; hello[4] = 'A';
+    put_u32(hello + 5, 1);
+    _dm_st_random(hello + 9, 32);
+    if (send_some(fd, hello, 41, 2000) != 41 || recv_n(fd, rep, 72) != 72) return false;
+    _dm_st_auth_mac(token, strlen(token), true, hello + 9, rep + 8, mac);
+    if (memcmp(mac, rep + 40, 32) != 0) return false;     /* the server proved the token */
+    _dm_st_auth_mac(token, strlen(token), false, rep + 8, hello + 9, proof);
+    if (send_some(fd, proof, 32, 2000) != 32 || recv_n(fd, st, 4) != 4) return false;
+    *status = get_u32(st);
+    return true;
+}
+
+static void test_store_replayed_handshake_refused(void** state) {
+    child_server cs = spawn_server(k_token, 0, 0, 0, 0);
+    unsigned char hello[41], proof[32], rep[72], req[64];
+    uint32_t status = 99;
+    size_t n;
+    bool closed;
+    int fd;
+    (void)state;
+    /* a legitimate session, recorded */
+    fd = raw_connect(cs.port);
+    CHECK(handshake(fd, k_token, hello, proof, &status));
+    CHECK(status == 0);
+    n = req_validate(req);
+    n += req_ping(req + n, 0xabcdef01u);
+    CHECK(send_some(fd, req, n, 2000) == n);
+    CHECK(recv_n(fd, rep, 4) == 4 && get_u32(rep) == 0xabcdef01u);
+    close(fd);
+    /* the recording replayed on a new connection: a fresh server nonce, the old proof fails */
+    fd = raw_connect(cs.port);
+    CHECK(send_some(fd, hello, 41, 2000) == 41);
+    CHECK(recv_n(fd, rep, 72) == 72);
+    CHECK(send_some(fd, proof, 32, 2000) == 32);
+    n = req_validate(req);
+    n += req_ping(req + n, 0x01020304u);
+    send_some(fd, req, n, 2000);
+    CHECK(recv_n(fd, rep, 4) == 4 && get_u32(rep) == 1);
+    CHECK(drain(fd, 3000, &closed) == 0 && closed);     /* no PING answer */
+    close(fd);
+    stop_server(&cs);
+}
+
+/* ---- store memory bounds (no token: the torch-compatible configuration) ---- */
+#define LIM_VALUE (16 * MiB)
+#define LIM_CONN (40 * MiB)
+#define LIM_TOTAL (64 * MiB)
+
+static void test_store_withheld_uploads_bounded(void** state) {
+    child_server cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
+    dm_store* s = client(cs.port, NULL, NULL);
+    static unsigned char chunk[8 * MiB];
+    long base, peak = 0;
+    int fds[20], i, closed_n = 0;
+    (void)state;
+    CHECK(s != NULL);
+    legit_roundtrip(s, "legit", MiB);
+    base = rss_kib(cs.pid);
+    memset(chunk, 0x41, sizeof(chunk));
+    for (i = 0; i < 20; i++) {
+        unsigned char req[64];
+        size_t n = req_validate(req);
+        n += req_key(req + n, 1, "upload");
+        put_u64(req + n, LIM_VALUE);            /* announce the largest allowed value ... */
+        n += 8;
+        fds[i] = raw_connect(cs.port);
+        send_some(fds[i], req, n, 1000);
+        send_some(fds[i], chunk, sizeof(chunk), 1000);     /* ... send half, withhold the rest */
+        if (rss_kib(cs.pid) > peak) peak = rss_kib(cs.pid);
+    }
+    sleep_ms(200);
+    if (rss_kib(cs.pid) > peak) peak = rss_kib(cs.pid);
+    print_message("withheld uploads: server RSS %ld KiB before, peak %ld KiB\n", base, peak);
+    CHECK(peak - base < (long)((LIM_TOTAL + 32 * MiB) / 1024));
+    legit_roundtrip(s, "legit2", MiB);
+    for (i = 0; i < 20; i++) {
+        bool closed;
+        drain(fds[i], 10, &closed);
+        closed_n += closed;
+        close(fds[i]);
+    }
+    CHECK(closed_n >= 10);                      /* the quota dropped the biggest holders */
+    dm_store_destroy(s);
+    stop_server(&cs);
+}
+
+static void test_store_unread_replies_bounded(void** state) {
+    child_server cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
+    dm_store* s = client(cs.port, NULL, NULL);
+    static unsigned char req[200 * 64];
+    long base, peak;
+    size_t n, got;
+    bool closed;
+    int fd, i;
+    (void)state;
+    CHECK(s != NULL);
+    legit_roundtrip(s, "big", 4 * MiB);
+    base = rss_kib(cs.pid);
+    fd = raw_connect(cs.port);
+    n = req_validate(req);
+    for (i = 0; i < 200; i++) n += req_key(req + n, 3, "big");   /* 200 GETs of 4 MiB, never read */
+    CHECK(send_some(fd, req, n, 2000) == n);
+    sleep_ms(500);
+    peak = rss_kib(cs.pid);
+    legit_roundtrip(s, "during", 1000);
+    print_message("unread GETs: server RSS %ld KiB before, %ld KiB after\n", base, peak);
+    CHECK(peak - base < (long)(32 * MiB / 1024));
+    /* stop reading, then drop: after the stall time the connection is closed */
+    sleep_ms(2500);
+    got = drain(fd, 5000, &closed);
+    CHECK(closed);
+    CHECK(got < 40 * MiB);                      /* far from 200 x 4 MiB */
+    close(fd);
+    legit_roundtrip(s, "after", 1000);
+    dm_store_destroy(s);
+    stop_server(&cs);
+}
+
+static void test_store_multi_get_bounded(void** state) {
+    child_server cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
+    dm_store* s = client(cs.port, NULL, NULL);
+    size_t nkeys = 100000, n, i;
+    unsigned char* req = (unsigned char*)malloc(16 + nkeys * 11);
+    long base, peak;
+    bool closed;
+    int fd;
+    (void)state;
+    CHECK(s != NULL && req != NULL);
+    legit_roundtrip(s, "big", 4 * MiB);
+    base = rss_kib(cs.pid);
+    /* one 1.1 MB request naming the 4 MiB value 100000 times: a 400 GB reply */
+    fd = raw_connect(cs.port);
+    n = req_validate(req);
+    req[n++] = 10;
+    put_u64(req + n, nkeys);
+    n += 8;
+    for (i = 0; i < nkeys; i++) n += req_str(req + n, "big", 3);
+    send_some(fd, req, n, 3000);
+    CHECK(drain(fd, 5000, &closed) == 0 && closed);
+    close(fd);
+    peak = rss_kib(cs.pid);
+    print_message("MULTI_GET amplification: server RSS %ld KiB before, %ld KiB after\n", base, peak);
+    CHECK(peak - base < (long)(32 * MiB / 1024));
+    /* MULTI_GET of 0 keys: an empty reply (nothing copied from NULL), the connection goes on */
+    fd = raw_connect(cs.port);
+    n = req_validate(req);
+    req[n++] = 10;
+    put_u64(req + n, 0);
+    n += 8;
+    n += req_ping(req + n, 0x5eed5eedu);
+    CHECK(send_some(fd, req, n, 2000) == n);
+    {
+        unsigned char rep[8];
+        CHECK(recv_n(fd, rep, 4) == 4 && get_u32(rep) == 0x5eed5eedu);
+    }
+    close(fd);
+    CHECK_OK(dm_store_multi_get(s, NULL, 0, NULL, NULL));
+    legit_roundtrip(s, "after", 1000);
+    free(req);
+    dm_store_destroy(s);
+    stop_server(&cs);
+}
+
+static void test_store_many_slow_connections(void** state) {
+    enum { N = 1000 };
+    child_server cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
+    dm_store* s = client(cs.port, NULL, NULL);
+    static int fds[N];
+    long base, after;
+    int i;
+    (void)state;
+    CHECK(s != NULL);
+    legit_roundtrip(s, "k", 1000);
+    base = rss_kib(cs.pid);
+    for (i = 0; i < N; i++) {
+        unsigned char req[32];
+        size_t n = req_validate(req);
+        n += req_key(req + n, 1, "slow");
+        put_u64(req + n, LIM_VALUE);            /* a big value announced, one byte of it sent */
+        n += 8;
+        req[n++] = 'x';
+        fds[i] = raw_connect(cs.port);
+        send_some(fds[i], req, n, 1000);
+    }
+    sleep_ms(300);
+    after = rss_kib(cs.pid);
+    print_message("%d slow connections: server RSS %ld KiB before, %ld KiB after\n", N, base, after);
+    CHECK(after - base < (long)(64 * MiB / 1024));
+    legit_roundtrip(s, "k2", 1000);
+    for (i = 0; i < N; i++) close(fds[i]);
+    dm_store_destroy(s);
+    stop_server(&cs);
+}
+
+
+/* ---- data connections: the hello ---- */
+static _dm_tcp* fake_rank(int rank, int size, const char* token, const char* self_addr) {
+    _dm_tcp* t = (_dm_tcp*)calloc(1, sizeof(_dm_tcp));
+    int j;
+    CHECK(t != NULL);
+    t->base.rank = rank;
+    t->base.size = size;
+    t->base.timeout_ms = 5000;
+    snprintf(t->prefix, sizeof(t->prefix), "distmesh/g0/");
+    snprintf(t->token, sizeof(t->token), "%s", token);
+    t->fds = (int*)malloc(sizeof(int) * (size_t)size);
+    t->addrs = (char(*)[64])calloc((size_t)size, 64);
+    for (j = 0; j < size; j++) t->fds[j] = -1;
+    snprintf(t->addrs[rank], 64, "%s", self_addr);
+    return t;
+}
+static void fake_rank_free(_dm_tcp* t) { free(t->fds); free(t->addrs); free(t); }
+typedef struct hello_job {
+    _dm_tcp* t;
+    int fd, peer, result;       /* accept: ack status or -1; connect: dm_status, then the ack status */
+    bool connector;
+    pthread_t th;
+} hello_job;
+static void* hello_main(void* p) {
+    hello_job* h = (hello_job*)p;
+    int64_t dl = _dm_deadline(5000);
+    uint64_t group = _dm_tcp_hash(1, h->t->prefix, NULL);
+    if (h->connector) {
+        unsigned char ack[8];
+        h->result = (int)_dm_tcp_hello_connect(h->t, h->fd, 0, group, dl);
+        h->peer = -1;
+        if (h->result == DM_OK && _dm_tcp_read_full(h->fd, ack, 8, dl) == 1) h->peer = (int)_dm_tcp_get32(ack + 4);
+    } else {
+        h->result = _dm_tcp_hello_accept(h->t, h->fd, group, dl, &h->peer);
+    }
+    return NULL;
+}
+static void hello_start(hello_job* h, _dm_tcp* t, int fd, bool connector) {
+    memset(&h->th, 0, sizeof(h->th));
+    h->t = t;
+    h->fd = fd;
+    h->connector = connector;
+    h->result = -2;
+    h->peer = -2;
+    CHECK(pthread_create(&h->th, NULL, hello_main, h) == 0);
+}
+static void sockpair(int sv[2]) {
+    struct timeval tv;
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    tv.tv_sec = 5;
+    tv.tv_usec = 0;
+    setsockopt(sv[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL, 0) | O_NONBLOCK);
+}
+/* Forwards n bytes from a to b (the stranger in the middle), keeping a copy. */
+static bool relay(int a, int b, unsigned char* copy, size_t n) {
+    return recv_n(a, copy, n) == n && send_some(b, copy, n, 2000) == n;
+}
+
+static void test_hello_replay_refused(void** state) {
+    _dm_tcp* acc = fake_rank(0, 2, k_token, "127.0.0.1:1000");
+    _dm_tcp* con = fake_rank(1, 2, k_token, "127.0.0.1:1001");
+    unsigned char hello[56], chal[72], proof[32], ack[8];
+    int ca[2], ab[2], cc[2];
+    hello_job ja, jc;
+    (void)state;
+    snprintf(con->addrs[0], 64, "127.0.0.1:1000");
+    /* a legitimate exchange through a recording stranger */
+    sockpair(ca);
+    sockpair(ab);
+    hello_start(&jc, con, ca[0], true);
+    hello_start(&ja, acc, ab[0], false);
+    CHECK(relay(ca[1], ab[1], hello, sizeof(hello)));
+    CHECK(relay(ab[1], ca[1], chal, sizeof(chal)));
+    CHECK(relay(ca[1], ab[1], proof, sizeof(proof)));
+    CHECK(relay(ab[1], ca[1], ack, sizeof(ack)));
+    pthread_join(jc.th, NULL);
+    pthread_join(ja.th, NULL);
+    CHECK(jc.result == DM_OK && jc.peer == _DM_TCP_ACK_OK);
+    CHECK(ja.result == _DM_TCP_ACK_OK && ja.peer == 1);
+    /* the recording played back to the same rank: its new nonce makes the old proof worthless */
+    sockpair(cc);
+    hello_start(&ja, acc, cc[0], false);
+    CHECK(send_some(cc[1], hello, sizeof(hello), 2000) == sizeof(hello));
+    CHECK(recv_n(cc[1], chal, sizeof(chal)) == sizeof(chal));
+    CHECK(send_some(cc[1], proof, sizeof(proof), 2000) == sizeof(proof));
+    CHECK(recv_n(cc[1], ack, sizeof(ack)) == sizeof(ack));
+    pthread_join(ja.th, NULL);
+    CHECK(ja.result == _DM_TCP_ACK_TOKEN);
+    CHECK(get_u32(ack + 4) == _DM_TCP_ACK_TOKEN);
+    close(ca[0]); close(ca[1]); close(ab[0]); close(ab[1]); close(cc[0]); close(cc[1]);
+    fake_rank_free(acc);
+    fake_rank_free(con);
+}
+
+static void test_hello_relay_refused(void** state) {
+    /* rank 1 was sent to the stranger's listener (127.0.0.1:6666); the stranger forwards both
+       directions to rank 0's real one */
+    _dm_tcp* acc = fake_rank(0, 2, k_token, "127.0.0.1:1000");
+    _dm_tcp* con = fake_rank(1, 2, k_token, "127.0.0.1:1001");
+    unsigned char hello[56], chal[72];
+    int ca[2], ab[2];
+    hello_job ja, jc;
+    (void)state;
+    snprintf(con->addrs[0], 64, "127.0.0.1:6666");
+    sockpair(ca);
+    sockpair(ab);
+    hello_start(&jc, con, ca[0], true);
+    hello_start(&ja, acc, ab[0], false);
+    CHECK(relay(ca[1], ab[1], hello, sizeof(hello)));
+    CHECK(relay(ab[1], ca[1], chal, sizeof(chal)));
+    pthread_join(jc.th, NULL);
+    CHECK(jc.result == DM_ERR_REFUSED);         /* the acceptor's proof names another address */
+    print_message("relayed hello: %s\n", con->base.last_error);
+    CHECK(strstr(con->base.last_error, "could not prove") != NULL);
+    close(ab[1]);                               /* no proof ever reaches rank 0 */
+    pthread_join(ja.th, NULL);
+    CHECK(ja.result != _DM_TCP_ACK_OK);
+    close(ca[0]); close(ca[1]); close(ab[0]);
+    /* a listener with another token cannot prove it either */
+    {
+        _dm_tcp* other = fake_rank(0, 2, "not the token", "127.0.0.1:1000");
+        snprintf(con->addrs[0], 64, "127.0.0.1:1000");
+        sockpair(ca);
+        hello_start(&jc, con, ca[0], true);
+        hello_start(&ja, other, ca[1], false);
+        pthread_join(jc.th, NULL);
+        close(ca[0]);
+        pthread_join(ja.th, NULL);
+        CHECK(jc.result == DM_ERR_REFUSED && ja.result != _DM_TCP_ACK_OK);
+        close(ca[1]);
+        fake_rank_free(other);
+    }
+    fake_rank_free(acc);
+    fake_rank_free(con);
+}
+
+/* A real two-process world over a tcp store, both with the token (rank 0 hosts the store);
+   then a third process with another token is refused at the store. */
+static int free_port(void) {
+    struct sockaddr_in a;
+    socklen_t al = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(fd, (struct sockaddr*)&a, sizeof(a)) == 0);
+    getsockname(fd, (struct sockaddr*)&a, &al);
+    port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+static int world_rank(int rank, int port, const char* token, int hold_ms) {
+    dm_tcp_desc d;
+    dm_collective* c = NULL;
+    char url[64];
+    float x[4] = { 1, 2, 3, 4 };
+    dm_status st;
+    memset(&d, 0, sizeof(d));
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    d.rank = rank;
+    d.world_size = 2;
+    d.store_url = url;
+    d.ifname = "lo";
+    d.token = token;
+    d.timeout_ms = 8000;
+    st = dm_tcp_create(&d, &c);
+    if (st != DM_OK) return 100 + (int)-st;
+    st = dm_all_reduce(c, NULL, x, 4, DM_FLOAT32, DM_SUM);
+    if (st != DM_OK || x[0] != 2 || x[3] != 8) return 2;
+    sleep_ms(hold_ms);
+    dm_destroy(c);
+    return 0;
+}
+static void test_world_with_token(void** state) {
+    int port = free_port(), r, codes[2];
+    pid_t pids[2];
+    (void)state;
+    for (r = 0; r < 2; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(world_rank(r, port, k_token, r == 0 ? 1500 : 0));
+    }
+    sleep_ms(300);
+    {   /* meanwhile a process with another token: refused by the store, not by a timeout */
+        dm_store* s = NULL;
+        dm_status st;
+        char url[64];
+        dm_store_desc d;
+        memset(&d, 0, sizeof(d));
+        snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+        d.url = url;
+        d.token = "guess";
+        d.timeout_ms = 3000;
+        st = dm_store_create(&d, &s);
+        CHECK(st == DM_ERR_REFUSED && s == NULL);
+    }
+    for (r = 0; r < 2; r++) {
+        int status = 0, i;
+        for (i = 0; i < 300 && waitpid(pids[r], &status, WNOHANG) != pids[r]; i++) sleep_ms(50);
+        if (i == 300) { kill(pids[r], SIGKILL); waitpid(pids[r], &status, 0); }
+        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    if (codes[0] || codes[1]) print_message("rank exit codes %d %d\n", codes[0], codes[1]);
+    CHECK(codes[0] == 0 && codes[1] == 0);
+}
+
+/* ---- bounded trust in announced object sizes (threaded world: the same core wrappers) ---- */
+static int objects_body(dm_collective* c, void* ud) {
+    unsigned char big[600], small[400];
+    dm_blob_list out;
+    dm_blob objs[3];
+    int bad = 0;
+    (void)ud;
+    memset(big, 1, sizeof(big));
+    memset(small, 2, sizeof(small));
+    /* 2 ranks x 600 padded bytes > 1000: refused before allocating, on every rank */
+    if (dm_all_gather_objects(c, big, sizeof(big), &out) != DM_ERR_PROTOCOL) bad |= 1;
+    if (!strstr(dm_last_error(c), "DISTMESH_MAX_OBJECT_BYTES")) bad |= 2;
+    if (dm_all_gather_objects(c, small, dm_rank(c) == 0 ? sizeof(small) : 10, &out) != DM_OK) bad |= 4;
+    else {
+        if (out.count != 2 || out.items[0].size != 400 || out.items[1].size != 10) bad |= 8;
+        dm_blob_list_free(c, &out);
+    }
+    objs[0].data = small; objs[0].size = 400;
+    objs[1].data = small; objs[1].size = 400;
+    objs[2].data = small; objs[2].size = 400;
+    if (dm_broadcast_objects(c, objs, 3, 0, &out) != DM_ERR_PROTOCOL) bad |= 16;   /* 1200 > 1000 */
+    if (dm_broadcast_objects(c, objs, 2, 0, &out) != DM_OK) bad |= 32;
+    else dm_blob_list_free(c, &out);
+    return bad;
+}
+static void test_object_sizes_bounded(void** state) {
+    dm_fake_desc d;
+    (void)state;
+    memset(&d, 0, sizeof(d));
+    d.world_size = 2;
+    d.timeout_ms = 5000;
+    setenv("DISTMESH_MAX_OBJECT_BYTES", "1000", 1);
+    CHECK_OK(dm_thread_world_run(&d, objects_body, NULL));
+    unsetenv("DISTMESH_MAX_OBJECT_BYTES");
+}
+
+/* ---- store keys of destroyed groups, and a second world on the same url ---- */
+static int wait_children(pid_t* pids, int n, int limit_ms) {
+    int bad = 0, r;
+    int64_t end = now_ms() + limit_ms;
+    for (r = 0; r < n; r++) {
+        int status = 0;
+        while (waitpid(pids[r], &status, WNOHANG) != pids[r]) {
+            if (now_ms() > end) { kill(pids[r], SIGKILL); waitpid(pids[r], &status, 0); break; }
+            sleep_ms(20);
+        }
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            print_message("child %d: %s %d\n", r, WIFEXITED(status) ? "exit" : "signal",
+                          WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            bad++;
+        }
+    }
+    return bad;
+}
+static int cycles_rank(int rank, int port, int cycles) {
+    dm_store* st = client(port, NULL, NULL);
+    int i;
+    if (!st) return 2;
+    for (i = 0; i < cycles; i++) {
+        dm_tcp_desc d;
+        dm_collective *c = NULL, *sub = NULL, *solo = NULL;
+        int x = 1;
+        memset(&d, 0, sizeof(d));
+        d.rank = rank;
+        d.world_size = 2;
+        d.store = st;
+        d.ifname = "lo";
+        d.timeout_ms = 8000;
+        if (dm_tcp_create(&d, &c) != DM_OK) return 3;
+        if (dm_split(c, 0, rank, &sub) != DM_OK) return 4;          /* both ranks */
+        if (dm_split(c, rank, 0, &solo) != DM_OK) return 5;         /* one each */
+        if (dm_all_reduce(sub, NULL, &x, 1, DM_INT32, DM_SUM) != DM_OK || x != 2) return 6;
+        dm_destroy(solo);
+        dm_destroy(sub);
+        dm_destroy(c);
+    }
+    dm_store_destroy(st);
+    return 0;
+}
+static int64_t run_cycles(dm_store* srv, int cycles) {
+    pid_t pids[2];
+    int64_t keys = -1;
+    int r;
+    for (r = 0; r < 2; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(cycles_rank(r, dm_store_port(srv), cycles));
+    }
+    CHECK(wait_children(pids, 2, 120000) == 0);
+    CHECK_OK(dm_store_num_keys(srv, &keys));
+    return keys;
+}
+static void test_store_keys_flat_over_cycles(void** state) {
+    dm_store_desc d;
+    dm_store* srv = NULL;
+    int64_t k1, k2;
+    int64_t t0;
+    (void)state;
+    memset(&d, 0, sizeof(d));
+    d.url = "tcp://127.0.0.1:0";
+    d.is_server = true;
+    d.timeout_ms = 5000;
+    d.token = "";
+    CHECK_OK(dm_store_create(&d, &srv));
+    k1 = run_cycles(srv, 2);
+    t0 = now_ms();
+    k2 = run_cycles(srv, 200);
+    print_message("store keys after 2 cycles: %lld, after 200 more: %lld (%lld ms)\n", (long long)k1,
+                  (long long)k2, (long long)(now_ms() - t0));
+    CHECK(k1 <= 1);                             /* the world prefix's generation counter */
+    CHECK(k2 == k1);
+    dm_store_destroy(srv);
+}
+
+static int two_worlds_rank(int rank, int port) {
+    dm_tcp_desc d;
+    dm_collective *a = NULL, *b = NULL;
+    char url[64];
+    int x = rank + 1, y = 10 * (rank + 1);
+    memset(&d, 0, sizeof(d));
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    d.rank = rank;
+    d.world_size = 2;
+    d.store_url = url;
+    d.ifname = "lo";
+    d.token = "";
+    d.timeout_ms = 8000;
+    if (dm_tcp_create(&d, &a) != DM_OK) return 2;
+    if (dm_tcp_create(&d, &b) != DM_OK) {
+        fprintf(stderr, "rank %d: second world: %s\n", rank, dm_last_error(NULL));
+        return 3;
+    }
+    if (dm_all_reduce(a, NULL, &x, 1, DM_INT32, DM_SUM) != DM_OK || x != 3) return 4;
+    dm_destroy(a);              /* the first world goes; the second keeps the shared store */
+    if (dm_all_reduce(b, NULL, &y, 1, DM_INT32, DM_SUM) != DM_OK || y != 30) return 5;
+    {
+        dm_collective* s = NULL;
+        if (dm_split(b, 0, 0, &s) != DM_OK) return 6;
+        dm_destroy(s);
+    }
+    dm_destroy(b);
+    return 0;
+}
+static void test_second_world_same_url(void** state) {
+    int port = free_port(), r;
+    pid_t pids[2];
+    (void)state;
+    for (r = 0; r < 2; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(two_worlds_rank(r, port));
+    }
+    CHECK(wait_children(pids, 2, 60000) == 0);
+}
+
+static void test_store_port_taken_explained(void** state) {
+    dm_store_desc d;
+    dm_store *a = NULL, *b = NULL;
+    char url[64];
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof(sa);
+    (void)state;
+    /* a port held by someone else (here a plain listening socket) */
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(fd, (struct sockaddr*)&sa, sizeof(sa)) == 0 && listen(fd, 4) == 0);
+    getsockname(fd, (struct sockaddr*)&sa, &sl);
+    port = ntohs(sa.sin_port);
+    memset(&d, 0, sizeof(d));
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    d.url = url;
+    d.is_server = true;
+    d.timeout_ms = 2000;
+    d.token = "";
+    CHECK(dm_store_create(&d, &a) != DM_OK && a == NULL);
+    close(fd);
+    /* a second server on a port this process serves: refused with the reason (dm_tcp_create
+       shares it instead, test_second_world_same_url) */
+    d.url = "tcp://127.0.0.1:0";
+    CHECK_OK(dm_store_create(&d, &a));
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dm_store_port(a));
+    d.url = url;
+    CHECK(dm_store_create(&d, &b) == DM_ERR_NETWORK && b == NULL);   /* says: share it */
+    d.token = "other";
+    CHECK(dm_store_create(&d, &b) == DM_ERR_NETWORK && b == NULL);
+    dm_store_destroy(a);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_store_stranger_cannot_touch_keys),
+        cmocka_unit_test(test_store_clients_without_the_token_fail_fast),
+        cmocka_unit_test(test_store_replayed_handshake_refused),
+        cmocka_unit_test(test_store_withheld_uploads_bounded),
+        cmocka_unit_test(test_store_unread_replies_bounded),
+        cmocka_unit_test(test_store_multi_get_bounded),
+        cmocka_unit_test(test_store_many_slow_connections),
+        cmocka_unit_test(test_hello_replay_refused),
+        cmocka_unit_test(test_hello_relay_refused),
+        cmocka_unit_test(test_world_with_token),
+        cmocka_unit_test(test_object_sizes_bounded),
+        cmocka_unit_test(test_store_keys_flat_over_cycles),
+        cmocka_unit_test(test_second_world_same_url),
+        cmocka_unit_test(test_store_port_taken_explained),
+    };
+    struct rlimit rl;
+    signal(SIGPIPE, SIG_IGN);
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 4096) {   /* the slow-connection test */
+        rl.rlim_cur = rl.rlim_max < 4096 ? rl.rlim_max : 4096;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
