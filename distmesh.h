@@ -2047,8 +2047,10 @@ _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag,
     return DM_OK;
 }
 _DM_PRIVATE void _dm_lk_release(_dm_lk* lk) {
-    const dm_allocator* a = &lk->c->allocator;
+    const dm_allocator* a;
     int r;
+    if (!lk->c) return;         /* never initialised (a create that failed early) */
+    a = &lk->c->allocator;
     if (lk->links)
         for (r = 0; r < lk->c->size; r++)
             if (lk->links[r]) lk->links[r]->vt->destroy(lk->links[r], a);
@@ -2590,7 +2592,7 @@ _DM_PRIVATE dm_status _dm_lk_all_gather_list(_dm_lk* lk, int kind, const void* s
 /* The same into one buffer of size blocks. */
 _DM_PRIVATE dm_status _dm_lk_all_gather(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype) {
     size_t bytes = count * dm_dtype_size(dtype);
-    void* small[16];
+    void* small[16] = { NULL };
     void** ptrs = small;
     dm_status st;
     int j, W = lk->c->size;

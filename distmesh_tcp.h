@@ -2841,6 +2841,10 @@ typedef struct dm_tcp_desc {
                                    interface that routes to the store host / MASTER_ADDR */
     const char* token;          /* 0 -> DISTMESH_TOKEN, else none */
     size_t chunk_bytes;         /* 0 -> 512 KiB: pipelining unit of the ring algorithms */
+    const char* transport;      /* 0 -> DISTMESH_TRANSPORT, else "auto": "auto" shared memory between
+                                   ranks on one host and sockets across hosts, "shm" the same but a
+                                   failure to set up shared memory fails the create, "tcp" sockets
+                                   only. Every rank must be given the same. */
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever */
     dm_logger logger;           /* 0 -> silent */
     dm_allocator allocator;     /* 0 -> malloc/free (libuv allocates on its own) */
@@ -2889,6 +2893,12 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <uv.h>
 #include <sys/types.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+#include <limits.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
@@ -2899,15 +2909,10 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #define _DM_TCP_HELLO_MAGIC 0x48544d44u   /* "DMTH" little-endian: connection hello */
 #define _DM_TCP_ACK_MAGIC   0x41544d44u   /* "DMTA": hello answer */
 #define _DM_TCP_CHAL_MAGIC  0x43544d44u   /* "DMTC": the acceptor's challenge */
-#define _DM_TCP_FP_MAGIC    0x46544d44u   /* "DMTF": collective fingerprint */
 #define _DM_TCP_VERSION     2u            /* 2: challenge-response hello */
-#define _DM_TCP_IO_MAX      ((size_t)1 << 30)   /* bytes per send/recv call (2 GiB+ messages) */
-#define _DM_TCP_SMALL_BYTES ((size_t)64 << 10)  /* all_reduce at or below: recursive doubling */
 #define _DM_TCP_SOCKBUF     (4 << 20)           /* SO_SNDBUF / SO_RCVBUF when the kernel allows */
 
 enum { _DM_TCP_ACK_OK = 0, _DM_TCP_ACK_TOKEN = 1, _DM_TCP_ACK_GROUP = 2, _DM_TCP_ACK_RANK = 3 };
-enum { _DM_TCP_K_ALL_REDUCE = 1, _DM_TCP_K_ALL_GATHER, _DM_TCP_K_REDUCE_SCATTER, _DM_TCP_K_BROADCAST,
-       _DM_TCP_K_BARRIER, _DM_TCP_K_SETUP };
 
 typedef struct _dm_tcp {
     dm_collective base;
@@ -2917,14 +2922,14 @@ typedef struct _dm_tcp {
     char user_prefix[480];      /* the prefix as given (split builds on it) */
     char ifname[128];           /* the interface spec as resolved ("" = by route) */
     char token[_DM_ST_TOKEN_MAX + 1]; /* "" = none */
-    size_t chunk_bytes;
-    int* fds;                   /* socket per rank, -1 for self */
+    int* fds;                   /* socket per rank, -1 for self (the side channel of shm links) */
     char (*addrs)[64];          /* "host:port" per rank, for messages */
-    unsigned char* tmp;         /* max(chunk_bytes, _DM_TCP_SMALL_BYTES) bytes of scratch */
-    size_t tmp_size;
     struct sockaddr_storage self_sa; /* where this rank listened (split listens there again) */
-    dm_status broken;           /* DM_OK, or the failure that broke the collective */
-    char broken_msg[256];
+    _dm_lk lk;                  /* links, scratch, broken state: the core's engine (distmesh.h) */
+    int transport;              /* _DM_TCP_AUTO, _SHM or _SOCKETS: what the desc asked for */
+    unsigned char* shm;         /* the same-host segment (see >>tcp shm), or NULL */
+    size_t shm_size;
+    char transport_name[16];
 #if defined(DISTMESH_CUDA)
     void* cuda_pinned;          /* pinned staging segments for device buffers (see >>tcp cuda) */
     size_t cuda_pinned_bytes;
@@ -2965,566 +2970,252 @@ _DM_PRIVATE uint64_t _dm_tcp_hash(uint64_t seed, const char* a, const char* b) {
     return h ^ (h >> 31);
 }
 
-static const char* _dm_tcp_kind_name(int kind) {
-    switch (kind) {
-        case _DM_TCP_K_ALL_REDUCE: return "all_reduce";
-        case _DM_TCP_K_ALL_GATHER: return "all_gather";
-        case _DM_TCP_K_REDUCE_SCATTER: return "reduce_scatter";
-        case _DM_TCP_K_BROADCAST: return "broadcast";
-        case _DM_TCP_K_BARRIER: return "barrier";
-        case _DM_TCP_K_SETUP: return "setup";
-        default: return "unknown collective";
-    }
+/* >>tcp links  Each peer's socket is a link (distmesh.h, >>links): the schedules and the engine
+   are the core's. Sockets stay nonblocking; every call moves what the kernel takes now. */
+static ptrdiff_t _dm_sock_send(_dm_link* l, const void* buf, size_t n, int* err) {
+    ssize_t k = send(l->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (k >= 0) return (ptrdiff_t)k;
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    *err = errno;
+    return -1;
 }
+static ptrdiff_t _dm_sock_recv(_dm_link* l, void* buf, size_t n, int* err) {
+    ssize_t k = recv(l->fd, buf, n, MSG_DONTWAIT);
+    if (k > 0) return (ptrdiff_t)k;
+    if (k == 0) { *err = 0; return -1; }        /* end of stream: the peer is gone */
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    *err = errno;
+    return -1;
+}
+static void _dm_sock_shutdown(_dm_link* l) { shutdown(l->fd, SHUT_RDWR); }
+static void _dm_sock_destroy(_dm_link* l, const dm_allocator* a) { _dm_free(a, l); }   /* fds[] owns the fd */
+static const _dm_link_vt _dm_sock_vt = {
+    "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy
+};
 
-/* Fingerprint, 32 bytes on the wire: magic u32, kind u8, dtype u8, op u8, 0 u8, root i32,
-   0 u32, count u64, seq u64 (little-endian). Sent first by every collective. */
-typedef struct _dm_tcp_fp {
-    int kind, dtype, op, root;
-    uint64_t count, seq;
-} _dm_tcp_fp;
-
-static void _dm_tcp_fp_encode(const _dm_tcp_fp* f, unsigned char* p) {
-    memset(p, 0, 32);
-    _dm_tcp_put32(p, _DM_TCP_FP_MAGIC);
-    p[4] = (unsigned char)f->kind; p[5] = (unsigned char)f->dtype; p[6] = (unsigned char)f->op;
-    _dm_tcp_put32(p + 8, (uint32_t)f->root);
-    _dm_tcp_put64(p + 16, f->count);
-    _dm_tcp_put64(p + 24, f->seq);
-}
-static void _dm_tcp_fp_decode(const unsigned char* p, _dm_tcp_fp* f) {
-    f->kind = p[4]; f->dtype = p[5]; f->op = p[6];
-    f->root = (int)_dm_tcp_get32(p + 8);
-    f->count = _dm_tcp_get64(p + 16);
-    f->seq = _dm_tcp_get64(p + 24);
-}
-static void _dm_tcp_fp_text(const _dm_tcp_fp* f, char* buf, size_t cap) {
-    int n = snprintf(buf, cap, "%s #%llu (", _dm_tcp_kind_name(f->kind), (unsigned long long)f->seq);
-    if (n < 0 || (size_t)n >= cap) return;
-    if (f->kind == _DM_TCP_K_BARRIER) { snprintf(buf + n, cap - (size_t)n, "round %d)", f->root); return; }
-    n += snprintf(buf + n, cap - (size_t)n, "%s, count %llu", dm_dtype_name((dm_dtype)f->dtype),
-                  (unsigned long long)f->count);
-    if ((size_t)n >= cap) return;
-    if (f->kind == _DM_TCP_K_ALL_REDUCE || f->kind == _DM_TCP_K_REDUCE_SCATTER)
-        n += snprintf(buf + n, cap - (size_t)n, ", %s", dm_reduce_op_name((dm_reduce_op)f->op));
-    if ((size_t)n >= cap) return;
-    if (f->kind == _DM_TCP_K_BROADCAST) n += snprintf(buf + n, cap - (size_t)n, ", root %d", f->root);
-    if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
-}
-
-/* >>tcp failure  Every communication failure breaks the collective; peer loss and protocol
-   errors also shut the sockets down, so ranks blocked on this one fail fast instead of waiting
-   for their deadline. A timeout leaves them: the others reach their own deadlines. */
-static dm_status _dm_tcp_break(_dm_tcp* t, dm_status st) {
+/* A socket link per connected peer, named by its address. */
+static dm_status _dm_tcp_socket_links(_dm_tcp* t) {
     int r;
-    if (t->broken == DM_OK) {
-        t->broken = st;
-        _dm_copy_name(t->broken_msg, sizeof(t->broken_msg), t->base.last_error);
-        if (st != DM_ERR_TIMEOUT)
-            for (r = 0; r < t->base.size; r++)
-                if (t->fds[r] >= 0) shutdown(t->fds[r], SHUT_RDWR);
+    for (r = 0; r < t->base.size; r++) {
+        _dm_link* l;
+        if (t->fds[r] < 0) continue;
+        l = (_dm_link*)_dm_calloc(&t->base.allocator, sizeof(_dm_link));
+        if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+        l->vt = &_dm_sock_vt;
+        l->fd = t->fds[r];
+        _dm_copy_name(l->where, sizeof(l->where), t->addrs[r]);
+        t->lk.links[r] = l;
     }
-    return st;
-}
-/* Later calls fail at once: with DM_ERR_PEER_LOST when a peer is gone (the caller's question is
-   "is my job still whole?"), else DM_ERR_ABORTED. */
-static dm_status _dm_tcp_check_broken(_dm_tcp* t, const char* op) {
-    dm_status st = t->broken == DM_ERR_PEER_LOST ? DM_ERR_PEER_LOST : DM_ERR_ABORTED;
-    if (t->broken == DM_OK) return DM_OK;
-    return _DM_FAIL(&t->base, st, "tcp: %s #%llu: the collective is broken by an earlier "
-                    "failure (%s): %s", op, (unsigned long long)t->base.seq, dm_status_name(t->broken),
-                    t->broken_msg);
-}
-
-/* >>tcp engine  One full-duplex transfer: a stream of send steps to one peer and a stream of
-   recv steps from another (or the same) peer on nonblocking sockets, driven by poll(). A send
-   step may be gated by a recv step: it sends only the bytes of that step already final, which
-   is how ring steps forward data the moment it is reduced (chunked pipelining across steps).
-   A recv step either lands straight in its buffer or, with `own` set, goes through one chunk
-   of scratch and is reduced: buf = own op received, chunk by chunk, while the next chunk is
-   already in the kernel's buffers. */
-typedef struct _dm_tcp_sstep {
-    const unsigned char* buf;
-    size_t len;
-    int gate;                   /* recv step whose final bytes bound this step's, or -1 */
-} _dm_tcp_sstep;
-typedef struct _dm_tcp_rstep {
-    unsigned char* buf;
-    size_t len;
-    const unsigned char* own;   /* reduce mode: buf = own op received (own may equal buf) */
-    int after_send;             /* send step that must have sent a chunk before buf is written, or -1 */
-    int divide;                 /* > 0: dm_divide_local each reduced chunk by this (MEAN) */
-} _dm_tcp_rstep;
-typedef struct _dm_tcp_xfer {
-    const char* op;             /* for messages */
-    int speer, rpeer;           /* ranks, -1 for none */
-    _dm_tcp_sstep* ss;
-    int ns;
-    _dm_tcp_rstep* rs;
-    int nr;
-    dm_dtype dtype;
-    dm_reduce_op rop;
-    const _dm_tcp_fp* expect;   /* when set, recv step 0 is a fingerprint to compare with it */
-} _dm_tcp_xfer;
-
-static dm_status _dm_tcp_io_fail(_dm_tcp* t, const _dm_tcp_xfer* x, int peer, bool sending, int err) {
-    bool lost = (err == 0 || err == EPIPE || err == ECONNRESET || err == ECONNABORTED || err == ENOTCONN ||
-                 err == ESHUTDOWN);
-    if (lost)
-        _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: %s #%llu: rank %d (%s) %s while %s", x->op,
-                 (unsigned long long)t->base.seq, peer, t->addrs[peer],
-                 err == 0 ? "closed the connection (EOF)" : strerror(err),
-                 sending ? "sending to it" : "receiving from it");
-    else
-        _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: %s #%llu: %s rank %d (%s) failed (%s)", x->op,
-                 (unsigned long long)t->base.seq, sending ? "send to" : "recv from", peer, t->addrs[peer],
-                 strerror(err));
-    return _dm_tcp_break(t, lost ? DM_ERR_PEER_LOST : DM_ERR_NETWORK);
-}
-
-static dm_status _dm_tcp_check_fp(_dm_tcp* t, const _dm_tcp_xfer* x, const unsigned char* wire) {
-    _dm_tcp_fp got;
-    char mine[160], theirs[160];
-    if (_dm_tcp_get32(wire) != _DM_TCP_FP_MAGIC) {
-        _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: %s #%llu: rank %d (%s) sent malformed bytes "
-                 "(bad fingerprint magic 0x%08x)", x->op, (unsigned long long)t->base.seq, x->rpeer,
-                 t->addrs[x->rpeer], (unsigned)_dm_tcp_get32(wire));
-        return _dm_tcp_break(t, DM_ERR_PROTOCOL);
-    }
-    _dm_tcp_fp_decode(wire, &got);
-    if (got.kind == x->expect->kind && got.dtype == x->expect->dtype && got.op == x->expect->op &&
-        got.root == x->expect->root && got.count == x->expect->count && got.seq == x->expect->seq)
-        return DM_OK;
-    _dm_tcp_fp_text(x->expect, mine, sizeof(mine));
-    _dm_tcp_fp_text(&got, theirs, sizeof(theirs));
-    _DM_FAIL(&t->base, DM_ERR_MISMATCH, "tcp: mismatched collectives: rank %d called %s, rank %d called %s",
-             t->base.rank, mine, x->rpeer, theirs);
-    return _dm_tcp_break(t, DM_ERR_MISMATCH);
-}
-
-static dm_status _dm_tcp_run(_dm_tcp* t, const _dm_tcp_xfer* x) {
-    int sfd = x->speer >= 0 ? t->fds[x->speer] : -1, rfd = x->rpeer >= 0 ? t->fds[x->rpeer] : -1;
-    int si = 0, ri = 0;
-    size_t so = 0, ro = 0, rdone = 0, tfill = 0;
-    size_t esize = dm_dtype_size(x->dtype), chunk = t->chunk_bytes;
-    int64_t deadline = _dm_deadline(t->base.timeout_ms);
-    for (;;) {
-        bool progress = false, want_out = false, want_in = false;
-        /* send: as far as the gate allows, until the socket is full */
-        while (si < x->ns) {
-            const _dm_tcp_sstep* s = &x->ss[si];
-            size_t limit = s->len, n;
-            ssize_t k;
-            if (so == s->len) { si++; so = 0; progress = true; continue; }
-            if (s->gate >= 0) {
-                size_t fin = s->gate < ri ? x->rs[s->gate].len : s->gate == ri ? rdone : 0;
-                if (fin < limit) limit = fin;
-            }
-            if (so >= limit) break;
-            n = limit - so < _DM_TCP_IO_MAX ? limit - so : _DM_TCP_IO_MAX;
-            k = send(sfd, s->buf + so, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (k > 0) { so += (size_t)k; progress = true; continue; }
-            if (k < 0 && errno == EINTR) continue;
-            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { want_out = true; break; }
-            return _dm_tcp_io_fail(t, x, x->speer, true, k == 0 ? 0 : errno);
-        }
-        /* recv: straight into place, or a chunk of scratch that is then reduced */
-        while (ri < x->nr) {
-            const _dm_tcp_rstep* r = &x->rs[ri];
-            unsigned char* dst;
-            size_t want;
-            ssize_t k;
-            if (rdone == r->len) {
-                if (ri == 0 && x->expect) {
-                    dm_status st = _dm_tcp_check_fp(t, x, r->buf);
-                    if (st != DM_OK) return st;
-                }
-                ri++; ro = rdone = tfill = 0; progress = true;
-                continue;
-            }
-            if (!r->own) { dst = r->buf + ro; want = r->len - ro; }
-            else {
-                size_t clen = r->len - rdone < chunk ? r->len - rdone : chunk;
-                if (tfill == clen) {
-                    unsigned char* out = r->buf + rdone;
-                    if (r->after_send >= 0) {
-                        size_t sent = r->after_send < si ? SIZE_MAX : r->after_send == si ? so : 0;
-                        if (sent < rdone + clen && !(r->after_send == si && so == x->ss[si].len)) break;
-                    }
-                    if (r->own + rdone != out) memcpy(out, r->own + rdone, clen);
-                    dm_reduce_local(x->dtype, x->rop, out, t->tmp, clen / esize);
-                    if (r->divide > 0) dm_divide_local(x->dtype, out, clen / esize, r->divide);
-                    rdone += clen; tfill = 0; progress = true;
-                    continue;
-                }
-                dst = t->tmp + tfill; want = clen - tfill;
-            }
-            if (want > _DM_TCP_IO_MAX) want = _DM_TCP_IO_MAX;
-            k = recv(rfd, dst, want, MSG_DONTWAIT);
-            if (k > 0) {
-                if (r->own) tfill += (size_t)k; else { ro += (size_t)k; rdone = ro; }
-                progress = true;
-                continue;
-            }
-            if (k < 0 && errno == EINTR) continue;
-            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { want_in = true; break; }
-            return _dm_tcp_io_fail(t, x, x->rpeer, false, k == 0 ? 0 : errno);
-        }
-        if (si == x->ns && ri == x->nr) return DM_OK;
-        if (!progress) {
-            struct pollfd p[2];
-            int np = 0, rc, wait_ms;
-            int64_t now = _dm_now_ms();
-            if (now >= deadline) {
-                bool recv_wait = ri < x->nr;
-                int peer = recv_wait ? x->rpeer : x->speer;
-                _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
-                         x->op, (unsigned long long)t->base.seq, t->base.timeout_ms,
-                         recv_wait ? "receive from" : "send to", peer, t->addrs[peer]);
-                return _dm_tcp_break(t, DM_ERR_TIMEOUT);
-            }
-            if (!want_in && !want_out) {
-                _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: %s #%llu: transfer stalled (send step %d, recv step %d)",
-                         x->op, (unsigned long long)t->base.seq, si, ri);
-                return _dm_tcp_break(t, DM_ERR_INTERNAL);
-            }
-            {
-                int hup = -1;   /* index of the send peer's entry when it is watched for EOF only */
-                if (sfd >= 0 && sfd == rfd) {
-                    p[np].fd = sfd; p[np].events = (short)((want_out ? POLLOUT : 0) | (want_in ? POLLIN : 0)); np++;
-                } else {
-                    /* the send peer never writes to us: readable means EOF or reset, seen at once
-                       (only while we still owe it bytes: once done it may leave) */
-                    if (sfd >= 0 && si < x->ns) {
-                        hup = np;
-                        p[np].fd = sfd; p[np].events = (short)(POLLRDHUP | (want_out ? POLLOUT : 0)); np++;
-                    }
-                    if (rfd >= 0 && want_in) { p[np].fd = rfd; p[np].events = POLLIN; np++; }
-                }
-                wait_ms = deadline - now > 1000 ? 1000 : (int)(deadline - now);
-                rc = poll(p, (nfds_t)np, wait_ms);
-                if (rc < 0 && errno != EINTR) {
-                    _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: %s #%llu: poll failed (%s)", x->op,
-                             (unsigned long long)t->base.seq, strerror(errno));
-                    return _dm_tcp_break(t, DM_ERR_NETWORK);
-                }
-                if (rc > 0 && hup >= 0 && (p[hup].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-                    int err = 0;
-                    socklen_t len = sizeof(err);
-                    getsockopt(sfd, SOL_SOCKET, SO_ERROR, &err, &len);
-                    return _dm_tcp_io_fail(t, x, x->speer, true, err);
-                }
-            }
-        }
-    }
-}
-
-/* Fingerprint buffers live on the caller's stack; step 0 of both streams carries them. */
-typedef struct _dm_tcp_fpbufs { unsigned char out[32], in[32]; } _dm_tcp_fpbufs;
-
-static void _dm_tcp_fp_steps(_dm_tcp_fpbufs* b, const _dm_tcp_fp* fp, _dm_tcp_sstep* s, _dm_tcp_rstep* r) {
-    _dm_tcp_fp_encode(fp, b->out);
-    if (s) { s->buf = b->out; s->len = 32; s->gate = -1; }
-    if (r) { memset(r, 0, sizeof(*r)); r->buf = b->in; r->len = 32; r->after_send = -1; }
-}
-
-/* Exchange with one peer (or two): send sbuf to speer and receive rlen bytes from rpeer into
-   rbuf, each preceded by the fingerprint. speer/rpeer -1 = that direction is idle. */
-static dm_status _dm_tcp_sendrecv(_dm_tcp* t, const char* op, const _dm_tcp_fp* fp, int speer,
-                                  const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen) {
-    _dm_tcp_sstep ss[2];
-    _dm_tcp_rstep rs[2];
-    _dm_tcp_fpbufs b;
-    _DM_ZERO(_dm_tcp_xfer, x);
-    _dm_tcp_fp_steps(&b, fp, &ss[0], &rs[0]);
-    ss[1].buf = (const unsigned char*)sbuf; ss[1].len = slen; ss[1].gate = -1;
-    memset(&rs[1], 0, sizeof(rs[1]));
-    rs[1].buf = (unsigned char*)rbuf; rs[1].len = rlen; rs[1].after_send = -1;
-    x.op = op; x.speer = speer; x.rpeer = rpeer; x.ss = ss; x.rs = rs;
-    x.ns = speer >= 0 ? 2 : 0; x.nr = rpeer >= 0 ? 2 : 0;
-    x.dtype = DM_UINT8; x.rop = DM_SUM; x.expect = fp;
-    return _dm_tcp_run(t, &x);
-}
-
-/* >>tcp algorithms */
-static void _dm_tcp_fp_make(_dm_tcp* t, _dm_tcp_fp* f, int kind, dm_dtype dtype, dm_reduce_op op,
-                            int root, size_t count) {
-    f->kind = kind; f->dtype = (int)dtype; f->op = (int)op; f->root = root;
-    f->count = (uint64_t)count; f->seq = t->base.seq;
-}
-/* Ring block j of count elements over size ranks: the first count % size blocks get one more. */
-static void _dm_tcp_block(size_t count, int size, int j, size_t* off, size_t* len) {
-    size_t base = count / (size_t)size, extra = count % (size_t)size, uj = (size_t)j;
-    *off = uj * base + (uj < extra ? uj : extra);
-    *len = base + (uj < extra ? 1 : 0);
-}
-static int _dm_tcp_mod(int a, int n) { return ((a % n) + n) % n; }
-
-/* Recursive doubling on recv (already holding this rank's data). Worlds that are not a power of
-   two first fold rank 2i into 2i+1 for i < rem, and hand the result back at the end. */
-static dm_status _dm_tcp_allreduce_rd(_dm_tcp* t, void* recv, size_t count, dm_dtype dtype,
-                                      dm_reduce_op op, const _dm_tcp_fp* fp) {
-    static const char* name = "all_reduce";
-    int W = t->base.size, r = t->base.rank, p = 1, rem, newrank, mask;
-    size_t bytes = count * dm_dtype_size(dtype);
-    while (p * 2 <= W) p *= 2;
-    rem = W - p;
-    if (r < 2 * rem) {
-        if (r % 2 == 0) {
-            _DM_TRY(_dm_tcp_sendrecv(t, name, fp, r + 1, recv, bytes, -1, NULL, 0));
-            newrank = -1;
-        } else {
-            _DM_TRY(_dm_tcp_sendrecv(t, name, fp, -1, NULL, 0, r - 1, t->tmp, bytes));
-            dm_reduce_local(dtype, op, recv, t->tmp, count);
-            newrank = r / 2;
-        }
-    } else {
-        newrank = r - rem;
-    }
-    if (newrank >= 0) {
-        for (mask = 1; mask < p; mask <<= 1) {
-            int pn = newrank ^ mask, peer = pn < rem ? pn * 2 + 1 : pn + rem;
-            _DM_TRY(_dm_tcp_sendrecv(t, name, fp, peer, recv, bytes, peer, t->tmp, bytes));
-            /* IEEE +, *, max, min are commutative, so both partners compute the same bits */
-            dm_reduce_local(dtype, op, recv, t->tmp, count);
-        }
-    }
-    if (r < 2 * rem) {
-        if (r % 2) _DM_TRY(_dm_tcp_sendrecv(t, name, fp, r - 1, recv, bytes, -1, NULL, 0));
-        else _DM_TRY(_dm_tcp_sendrecv(t, name, fp, -1, NULL, 0, r + 1, recv, bytes));
-    }
-    if (op == DM_MEAN) dm_divide_local(dtype, recv, count, W);
     return DM_OK;
 }
 
-/* Ring all-reduce: W-1 reduce-scatter steps (step g sends block r-g-1, receives and reduces
-   block r-g-2, so rank r ends holding block r) then W-1 all-gather steps (step g sends block
-   r-g, receives block r-g-1), all in one pipelined stream. */
-static dm_status _dm_tcp_allreduce_ring(_dm_tcp* t, const void* send, void* recv, size_t count,
-                                        dm_dtype dtype, dm_reduce_op op, const _dm_tcp_fp* fp) {
-    int W = t->base.size, r = t->base.rank, g, n = 2 * (W - 1) + 1;
-    size_t esize = dm_dtype_size(dtype), off, len;
-    const unsigned char* in = (const unsigned char*)send;
-    unsigned char* out = (unsigned char*)recv;
-    _dm_tcp_fpbufs b;
-    _dm_tcp_sstep* ss = (_dm_tcp_sstep*)_dm_malloc(&t->base.allocator, sizeof(_dm_tcp_sstep) * (size_t)n);
-    _dm_tcp_rstep* rs = (_dm_tcp_rstep*)_dm_calloc(&t->base.allocator, sizeof(_dm_tcp_rstep) * (size_t)n);
-    dm_status st;
-    _DM_ZERO(_dm_tcp_xfer, x);
-    if (!ss || !rs) {
-        _dm_free(&t->base.allocator, ss);
-        _dm_free(&t->base.allocator, rs);
-        return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: all_reduce: out of memory");
-    }
-    _dm_tcp_fp_steps(&b, fp, &ss[0], &rs[0]);
-    for (g = 0; g < W - 1; g++) {
-        _dm_tcp_block(count, W, _dm_tcp_mod(r - g - 1, W), &off, &len);
-        ss[1 + g].buf = (g == 0 ? in : out) + off * esize;
-        ss[1 + g].len = len * esize;
-        ss[1 + g].gate = g == 0 ? -1 : g;
-        _dm_tcp_block(count, W, _dm_tcp_mod(r - g - 2, W), &off, &len);
-        rs[1 + g].buf = out + off * esize;
-        rs[1 + g].len = len * esize;
-        rs[1 + g].own = in + off * esize;
-        rs[1 + g].after_send = -1;
-        rs[1 + g].divide = (op == DM_MEAN && g == W - 2) ? W : 0;
-    }
-    for (g = 0; g < W - 1; g++) {
-        int k = W + g;
-        _dm_tcp_block(count, W, _dm_tcp_mod(r - g, W), &off, &len);
-        ss[k].buf = out + off * esize; ss[k].len = len * esize; ss[k].gate = k - 1;
-        _dm_tcp_block(count, W, _dm_tcp_mod(r - g - 1, W), &off, &len);
-        rs[k].buf = out + off * esize; rs[k].len = len * esize; rs[k].after_send = -1;
-    }
-    x.op = "all_reduce"; x.speer = (r + 1) % W; x.rpeer = (r - 1 + W) % W;
-    x.ss = ss; x.ns = n; x.rs = rs; x.nr = n; x.dtype = dtype; x.rop = op; x.expect = fp;
-    st = _dm_tcp_run(t, &x);
-    _dm_free(&t->base.allocator, ss);
-    _dm_free(&t->base.allocator, rs);
-    return st;
+/* The collectives: the core's schedules over this group's links. */
+static dm_status _dm_tcp_check_broken(_dm_tcp* t, const char* op) { return _dm_lk_check_broken(&t->lk, op); }
+static dm_status _dm_tcp_all_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                    dm_reduce_op op) {
+    return _dm_lk_all_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
 }
-
-static dm_status _dm_tcp_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
-                                    dm_dtype dtype, dm_reduce_op op) {
-    _dm_tcp* t = (_dm_tcp*)c;
-    size_t bytes = count * dm_dtype_size(dtype);
-    _dm_tcp_fp fp;
-    _DM_TRY(_dm_tcp_check_broken(t, "all_reduce"));
-    if (c->size == 1 || count == 0) {
-        if (send != recv) memcpy(recv, send, bytes);
-        return DM_OK;
-    }
-    _dm_tcp_fp_make(t, &fp, _DM_TCP_K_ALL_REDUCE, dtype, op, 0, count);
-    if (bytes <= _DM_TCP_SMALL_BYTES || count < (size_t)c->size) {
-        if (send != recv) memcpy(recv, send, bytes);
-        return _dm_tcp_allreduce_rd(t, recv, count, dtype, op, &fp);
-    }
-    return _dm_tcp_allreduce_ring(t, send, recv, count, dtype, op, &fp);
+static dm_status _dm_tcp_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs, size_t count,
+                                            dm_dtype dtype) {
+    return _dm_lk_all_gather_list(&((_dm_tcp*)c)->lk, _DM_K_ALL_GATHER, send, recvs, count, dtype);
 }
-
-/* Ring all-gather into per-rank buffers: step g sends block r-g (own input first), receives
-   block r-g-1 straight into place and forwards it the next step as it arrives. */
-static dm_status _dm_tcp_allgather_ring(_dm_tcp* t, int kind, const void* send, void* const* recvs,
-                                        size_t count, dm_dtype dtype) {
-    int W = t->base.size, r = t->base.rank, g, n = W;
-    size_t bytes = count * dm_dtype_size(dtype);
-    _dm_tcp_fpbufs b;
-    _dm_tcp_fp fp;
-    _dm_tcp_sstep* ss;
-    _dm_tcp_rstep* rs;
-    dm_status st;
-    _DM_ZERO(_dm_tcp_xfer, x);
-    if (recvs[r] != send) memcpy(recvs[r], send, bytes);
-    if (W == 1 || count == 0) return DM_OK;
-    ss = (_dm_tcp_sstep*)_dm_malloc(&t->base.allocator, sizeof(_dm_tcp_sstep) * (size_t)n);
-    rs = (_dm_tcp_rstep*)_dm_calloc(&t->base.allocator, sizeof(_dm_tcp_rstep) * (size_t)n);
-    if (!ss || !rs) {
-        _dm_free(&t->base.allocator, ss);
-        _dm_free(&t->base.allocator, rs);
-        return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: all_gather: out of memory");
-    }
-    _dm_tcp_fp_make(t, &fp, kind, dtype, DM_SUM, 0, count);
-    _dm_tcp_fp_steps(&b, &fp, &ss[0], &rs[0]);
-    for (g = 0; g < W - 1; g++) {
-        ss[1 + g].buf = (const unsigned char*)(g == 0 ? send : recvs[_dm_tcp_mod(r - g, W)]);
-        ss[1 + g].len = bytes;
-        ss[1 + g].gate = g == 0 ? -1 : g;
-        rs[1 + g].buf = (unsigned char*)recvs[_dm_tcp_mod(r - g - 1, W)];
-        rs[1 + g].len = bytes;
-        rs[1 + g].after_send = -1;
-    }
-    x.op = _dm_tcp_kind_name(kind); x.speer = (r + 1) % W; x.rpeer = (r - 1 + W) % W;
-    x.ss = ss; x.ns = n; x.rs = rs; x.nr = n; x.dtype = dtype; x.rop = DM_SUM; x.expect = &fp;
-    st = _dm_tcp_run(t, &x);
-    _dm_free(&t->base.allocator, ss);
-    _dm_free(&t->base.allocator, rs);
-    return st;
+static dm_status _dm_tcp_all_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype) {
+    return _dm_lk_all_gather(&((_dm_tcp*)c)->lk, send, recv, count, dtype);
 }
-
-static dm_status _dm_tcp_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
-                                            size_t count, dm_dtype dtype) {
-    _dm_tcp* t = (_dm_tcp*)c;
-    _DM_TRY(_dm_tcp_check_broken(t, "all_gather_to_list"));
-    return _dm_tcp_allgather_ring(t, _DM_TCP_K_ALL_GATHER, send, recvs, count, dtype);
-}
-
-static dm_status _dm_tcp_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
-                                    dm_dtype dtype) {
-    _dm_tcp* t = (_dm_tcp*)c;
-    size_t bytes = count * dm_dtype_size(dtype);
-    void* small[16];
-    void** ptrs = small;
-    dm_status st;
-    int j;
-    _DM_TRY(_dm_tcp_check_broken(t, "all_gather"));
-    if (c->size > 16) {
-        ptrs = (void**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)c->size);
-        if (!ptrs) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: all_gather: out of memory");
-    }
-    for (j = 0; j < c->size; j++) ptrs[j] = (unsigned char*)recv + (size_t)j * bytes;
-    st = _dm_tcp_allgather_ring(t, _DM_TCP_K_ALL_GATHER, send, (void* const*)ptrs, count, dtype);
-    if (ptrs != small) _dm_free(&c->allocator, ptrs);
-    return st;
-}
-
-/* Ring reduce-scatter: step g sends block r-g-1 and reduces the received block r-g-2 into a
-   scratch block (recv when out of place) that must first have been sent on; the last step
-   (block r) lands in recv. */
-static dm_status _dm_tcp_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t n_elems,
+static dm_status _dm_tcp_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t count,
                                         dm_dtype dtype, dm_reduce_op op) {
-    _dm_tcp* t = (_dm_tcp*)c;
-    int W = c->size, r = c->rank, g, n = W;
-    size_t bytes = n_elems * dm_dtype_size(dtype);
-    const unsigned char* in = (const unsigned char*)send;
-    unsigned char *out = (unsigned char*)recv, *scratch = out, *own_scratch = NULL;
-    _dm_tcp_fpbufs b;
-    _dm_tcp_fp fp;
-    _dm_tcp_sstep* ss;
-    _dm_tcp_rstep* rs;
-    dm_status st;
-    _DM_ZERO(_dm_tcp_xfer, x);
-    _DM_TRY(_dm_tcp_check_broken(t, "reduce_scatter"));
-    if (W == 1 || n_elems == 0) {
-        if (out != in) memcpy(out, in, bytes);
-        return DM_OK;
-    }
-    /* in place, recv is input block r: intermediate sums need a block of their own */
-    if (out == in + (size_t)r * bytes && W > 2) {
-        own_scratch = (unsigned char*)_dm_malloc(&c->allocator, bytes);
-        if (!own_scratch) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: reduce_scatter: no memory for %zu bytes", bytes);
-        scratch = own_scratch;
-    }
-    ss = (_dm_tcp_sstep*)_dm_malloc(&c->allocator, sizeof(_dm_tcp_sstep) * (size_t)n);
-    rs = (_dm_tcp_rstep*)_dm_calloc(&c->allocator, sizeof(_dm_tcp_rstep) * (size_t)n);
-    if (!ss || !rs) {
-        _dm_free(&c->allocator, ss);
-        _dm_free(&c->allocator, rs);
-        _dm_free(&c->allocator, own_scratch);
-        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: reduce_scatter: out of memory");
-    }
-    _dm_tcp_fp_make(t, &fp, _DM_TCP_K_REDUCE_SCATTER, dtype, op, 0, n_elems);
-    _dm_tcp_fp_steps(&b, &fp, &ss[0], &rs[0]);
-    for (g = 0; g < W - 1; g++) {
-        ss[1 + g].buf = g == 0 ? in + (size_t)_dm_tcp_mod(r - 1, W) * bytes : scratch;
-        ss[1 + g].len = bytes;
-        ss[1 + g].gate = g == 0 ? -1 : g;
-    }
-    for (g = 0; g < W - 1; g++) {
-        _dm_tcp_rstep* s = &rs[1 + g];
-        s->buf = g == W - 2 ? out : scratch;
-        s->len = bytes;
-        s->own = in + (size_t)_dm_tcp_mod(r - g - 2, W) * bytes;
-        s->divide = (op == DM_MEAN && g == W - 2) ? W : 0;
-    }
-    /* rs[g+1] overwrites scratch, which ss[g+1] (sent in the same step) still reads */
-    for (g = 1; g < W - 1; g++)
-        if (ss[1 + g].buf == rs[1 + g].buf) rs[1 + g].after_send = 1 + g;
-        else rs[1 + g].after_send = -1;
-    x.op = "reduce_scatter"; x.speer = (r + 1) % W; x.rpeer = (r - 1 + W) % W;
-    x.ss = ss; x.ns = n; x.rs = rs; x.nr = n; x.dtype = dtype; x.rop = op; x.expect = &fp;
-    st = _dm_tcp_run(t, &x);
-    _dm_free(&c->allocator, ss);
-    _dm_free(&c->allocator, rs);
-    _dm_free(&c->allocator, own_scratch);
-    return st;
+    return _dm_lk_reduce_scatter(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
 }
-
-/* Pipelined chain from root: position p = rank - root; each rank forwards bytes to p+1 as they
-   arrive from p-1. */
 static dm_status _dm_tcp_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
-    _dm_tcp* t = (_dm_tcp*)c;
-    int W = c->size, pos = _dm_tcp_mod(c->rank - root, W);
-    size_t bytes = count * dm_dtype_size(dtype);
-    _dm_tcp_sstep ss[2];
-    _dm_tcp_rstep rs[2];
-    _dm_tcp_fpbufs b;
-    _dm_tcp_fp fp;
-    _DM_ZERO(_dm_tcp_xfer, x);
-    _DM_TRY(_dm_tcp_check_broken(t, "broadcast"));
-    if (W == 1 || count == 0) return DM_OK;
-    _dm_tcp_fp_make(t, &fp, _DM_TCP_K_BROADCAST, dtype, DM_SUM, root, count);
-    _dm_tcp_fp_steps(&b, &fp, &ss[0], &rs[0]);
-    ss[1].buf = (const unsigned char*)buf; ss[1].len = bytes; ss[1].gate = pos == 0 ? -1 : 1;
-    memset(&rs[1], 0, sizeof(rs[1]));
-    rs[1].buf = (unsigned char*)buf; rs[1].len = bytes; rs[1].after_send = -1;
-    x.op = "broadcast";
-    x.speer = pos < W - 1 ? (c->rank + 1) % W : -1;
-    x.rpeer = pos > 0 ? (c->rank - 1 + W) % W : -1;
-    x.ss = ss; x.ns = x.speer >= 0 ? 2 : 0; x.rs = rs; x.nr = x.rpeer >= 0 ? 2 : 0;
-    x.dtype = dtype; x.rop = DM_SUM; x.expect = &fp;
-    return _dm_tcp_run(t, &x);
+    return _dm_lk_broadcast(&((_dm_tcp*)c)->lk, buf, count, dtype, root);
+}
+static dm_status _dm_tcp_barrier(dm_collective* c) { return _dm_lk_barrier(&((_dm_tcp*)c)->lk); }
+static const char* _dm_tcp_transport(const dm_collective* c) {
+    _dm_tcp* t = (_dm_tcp*)(uintptr_t)c;
+    return _dm_lk_transport(&t->lk, t->transport_name, sizeof(t->transport_name));
 }
 
-/* Dissemination barrier: round k sends to rank + 2^k and waits for rank - 2^k. */
-static dm_status _dm_tcp_barrier(dm_collective* c) {
-    _dm_tcp* t = (_dm_tcp*)c;
-    int W = c->size, k, round = 0;
-    _dm_tcp_fp fp;
-    _DM_TRY(_dm_tcp_check_broken(t, "barrier"));
-    for (k = 1; k < W; k <<= 1, round++) {
-        _dm_tcp_fp_make(t, &fp, _DM_TCP_K_BARRIER, DM_UINT8, DM_SUM, round, 0);
-        _DM_TRY(_dm_tcp_sendrecv(t, "barrier", &fp, (c->rank + k) % W, NULL, 0, (c->rank - k + W) % W, NULL, 0));
+/* >>tcp shm  Ranks of one group on one host talk through a shared segment: a memfd the group's
+   lowest local rank creates and the others open through /proc/<pid>/fd/<fd>, so nothing is
+   ever named in /dev/shm and the memory goes with the last mapping, kill -9 included. Every
+   member checks a random nonce in the header, so a segment that is not really shared (another
+   pid namespace, another host with the same name) is refused, not trusted. Layout:
+     header       64 B   magic u64, nonce[16], local size u32, 0 u32, ring cap u64, stride u64,
+                         total bytes u64
+     abort       256 B   the first failure (_dm_abort)
+     bells     L x 64 B  one per local rank (_dm_bell)
+     rings   L*L x stride, stride = sizeof(_dm_ring) + cap: ring [i*L + j] carries i -> j
+   The socket to each same-host peer stays open as the side channel: its end of stream is how a
+   waiter learns that a peer died (a dead process rings no bell). */
+#define _DM_SHM_MAGIC 0x314d48534d44ull        /* "DMSHM1" */
+#define _DM_SHM_HEADER 64
+typedef struct _dm_shm_msg {                    /* leader -> member over the socket, 40 bytes */
+    unsigned char pid[4], fd[4], size[8], nonce[16], pad[8];
+} _dm_shm_msg;
+
+static void _dm_futex_wait(void* ctx, _dm_bell* b, uint32_t seen, int ms) {
+    struct timespec ts;
+    (void)ctx;
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    syscall(SYS_futex, &b->seq, FUTEX_WAIT, seen, &ts, NULL, 0);
+}
+static void _dm_futex_wake(void* ctx, _dm_bell* b) {
+    (void)ctx;
+    syscall(SYS_futex, &b->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+static const _dm_bell_ops _dm_futex_bell = { _dm_futex_wait, _dm_futex_wake, NULL };
+
+/* The peer of a shm link is alive while its side socket has not ended. */
+static int _dm_shm_alive(_dm_link* l, int* err) {
+    _dm_memlink* m = (_dm_memlink*)l;
+    struct pollfd p;
+    char c;
+    p.fd = m->side_fd;
+    p.events = POLLIN | _DM_POLLRDHUP;
+    p.revents = 0;
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLHUP | POLLERR | _DM_POLLRDHUP)) { *err = 0; return -1; }
+    if (recv(m->side_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) { *err = 0; return -1; }
+    return 0;
+}
+static void _dm_shm_shutdown(_dm_link* l) { shutdown(((_dm_memlink*)l)->side_fd, SHUT_RDWR); }
+static const _dm_link_vt _dm_shm_vt = {
+    "shm", _dm_mem_send, _dm_mem_recv, _dm_mem_peek, _dm_mem_consume, _dm_shm_alive, _dm_shm_shutdown, _dm_mem_destroy
+};
+
+/* Ring capacity per direction: 1 MiB while the L*L rings stay small, less for big hosts. */
+static size_t _dm_shm_ring_cap(int L) {
+    size_t cap = (size_t)1 << 20;
+    while (cap > ((size_t)64 << 10) && (size_t)L * (size_t)L * cap > ((size_t)256 << 20)) cap >>= 1;
+    return cap;
+}
+
+/* The leader's segment: created, sized, mapped and stamped. */
+static dm_status _dm_shm_create(_dm_tcp* t, int L, int* fd_out, unsigned char nonce[16]) {
+    size_t cap = _dm_shm_ring_cap(L), stride = sizeof(_dm_ring) + cap;
+    size_t size = _DM_SHM_HEADER + sizeof(_dm_abort) + (size_t)L * sizeof(_dm_bell) + (size_t)L * (size_t)L * stride;
+    unsigned char* p;
+    int fd = memfd_create("distmesh", MFD_CLOEXEC);
+    if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: memfd_create failed (%s)", strerror(errno));
+    if (ftruncate(fd, (off_t)size) != 0) {
+        close(fd);
+        return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: shm: cannot size the segment to %zu bytes (%s)", size,
+                        strerror(errno));
     }
+    p = (unsigned char*)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: shm: mmap of %zu bytes failed (%s)", size, strerror(errno));
+    }
+    _dm_st_random(nonce, 16);
+    _dm_tcp_put64(p, _DM_SHM_MAGIC);
+    memcpy(p + 8, nonce, 16);
+    _dm_tcp_put32(p + 24, (uint32_t)L);
+    _dm_tcp_put64(p + 32, cap);
+    _dm_tcp_put64(p + 40, stride);
+    _dm_tcp_put64(p + 48, size);
+    t->shm = p;
+    t->shm_size = size;
+    *fd_out = fd;
+    return DM_OK;
+}
+
+/* A member maps the leader's segment and checks it is the one the leader described. */
+static dm_status _dm_shm_attach(_dm_tcp* t, const _dm_shm_msg* m, int L) {
+    char path[64];
+    unsigned char* p;
+    size_t size = (size_t)_dm_tcp_get64(m->size);
+    int fd;
+    snprintf(path, sizeof(path), "/proc/%u/fd/%u", (unsigned)_dm_tcp_get32(m->pid), (unsigned)_dm_tcp_get32(m->fd));
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: cannot open %s (%s)", path, strerror(errno));
+    p = (unsigned char*)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: mmap of %s failed (%s)", path, strerror(errno));
+    t->shm = p;
+    t->shm_size = size;
+    if (_dm_tcp_get64(p) != _DM_SHM_MAGIC || memcmp(p + 8, m->nonce, 16) != 0 || (int)_dm_tcp_get32(p + 24) != L ||
+        _dm_tcp_get64(p + 48) != size)
+        return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: %s is not the segment the leader made (another "
+                        "host or pid namespace behind the same host identity?)", path);
+    return DM_OK;
+}
+
+/* Swaps the socket links of same-host peers for shm links and wires bells and abort word. */
+static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
+    unsigned char* p = t->shm;
+    size_t cap = (size_t)_dm_tcp_get64(p + 32), stride = (size_t)_dm_tcp_get64(p + 40);
+    _dm_abort* ab = (_dm_abort*)(void*)(p + _DM_SHM_HEADER);
+    _dm_bell* bells = (_dm_bell*)(void*)(p + _DM_SHM_HEADER + sizeof(_dm_abort));
+    unsigned char* rings = (unsigned char*)(bells + L);
+    int i;
+    for (i = 0; i < L; i++) {
+        int r = local[i];
+        _dm_link* l;
+        if (i == me) continue;
+        l = _dm_memlink_new(&t->base.allocator, &_dm_shm_vt, rings, stride, cap, L, me, i, bells, &_dm_futex_bell,
+                            t->fds[r]);
+        if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+        snprintf(l->where, sizeof(l->where), "%.40s, shm", t->addrs[r]);
+        t->lk.links[r]->vt->destroy(t->lk.links[r], &t->base.allocator);
+        t->lk.links[r] = l;
+    }
+    t->lk.bell = &bells[me];
+    t->lk.bells = bells;
+    t->lk.nbells = L;
+    t->lk.bell_ops = &_dm_futex_bell;
+    t->lk.abort = ab;
+    return DM_OK;
+}
+
+/* Sets up shared memory among this rank's same-host group members (local[0..L), this rank at
+   index me), then every rank of the group votes (MIN of 2 shm ready, 1 asked for sockets, 0
+   failed), so all agree: shm links only where every rank could and wanted; with auto a
+   failure leaves every rank on sockets (and says so), with shm it fails the create. */
+enum { _DM_TCP_AUTO = 0, _DM_TCP_SHM, _DM_TCP_SOCKETS };
+static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) {
+    _dm_fp fp;
+    _dm_shm_msg m;
+    dm_status st = DM_OK;
+    int32_t vote = t->transport == _DM_TCP_SOCKETS ? 1 : 2;
+    int fd = -1, i;
+    char why[DM_LAST_ERROR_SIZE] = "";
+    _dm_fp_make(&fp, &t->base, _DM_K_SETUP, -1, -1, 0, sizeof(m));
+    memset(&m, 0, sizeof(m));
+    if (L >= 2 && me == 0) {
+        unsigned char nonce[16];
+        if (vote == 2 && _dm_shm_create(t, L, &fd, nonce) != DM_OK) {
+            vote = 0;
+            _dm_copy_name(why, sizeof(why), t->base.last_error);
+        } else if (vote == 2) {
+            _dm_tcp_put32(m.pid, (uint32_t)getpid());
+            _dm_tcp_put32(m.fd, (uint32_t)fd);
+            _dm_tcp_put64(m.size, t->shm_size);
+            memcpy(m.nonce, nonce, 16);
+        }
+        for (i = 1; i < L && st == DM_OK; i++)     /* size 0: no segment, the vote says why */
+            st = _dm_lk_sendrecv(&t->lk, "setup", &fp, local[i], &m, sizeof(m), -1, NULL, 0);
+    } else if (L >= 2) {
+        st = _dm_lk_sendrecv(&t->lk, "setup", &fp, -1, NULL, 0, local[0], &m, sizeof(m));
+        if (st == DM_OK && vote == 2 && _dm_tcp_get64(m.size) != 0 && _dm_shm_attach(t, &m, L) != DM_OK) {
+            vote = 0;
+            _dm_copy_name(why, sizeof(why), t->base.last_error);
+        }
+    }
+    /* the leader keeps its fd open until every member has mapped: the vote comes after */
+    if (st == DM_OK) st = _dm_lk_all_reduce(&t->lk, &vote, &vote, 1, DM_INT32, DM_MIN);
+    if (fd >= 0) close(fd);
+    if (st != DM_OK) return st;
+    if (vote == 2 && L >= 2) return _dm_shm_links(t, local, L, me);
+    if (t->shm) { munmap(t->shm, t->shm_size); t->shm = NULL; }
+    if (t->transport == _DM_TCP_SHM && vote < 2)
+        return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: DISTMESH_TRANSPORT=shm, but %s", vote == 1 ?
+                        "another rank asked for tcp (every rank must be given the same transport)" : why[0] ? why :
+                        "shared memory could not be set up on another rank (see its log)");
+    if (vote == 0)
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: shared memory unavailable (%s); same-host ranks use sockets",
+                why[0] ? why : "on another rank");
     return DM_OK;
 }
 
@@ -3960,6 +3651,7 @@ static void _dm_tcp_forget_addr(_dm_tcp* t) {
 static void _dm_tcp_free(_dm_tcp* t) {
     dm_allocator a = t->base.allocator;
     int r;
+    _dm_lk_release(&t->lk);     /* links first: they borrow the sockets */
     if (t->fds)
         for (r = 0; r < t->base.size; r++)
             if (t->fds[r] >= 0) close(t->fds[r]);
@@ -3969,7 +3661,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
 #endif
     _dm_free(&a, t->fds);
     _dm_free(&a, t->addrs);
-    _dm_free(&a, t->tmp);
+    if (t->shm) munmap(t->shm, t->shm_size);
     _dm_free(&a, t);
 }
 static void _dm_tcp_destroy(dm_collective* c) { _dm_tcp_free((_dm_tcp*)c); }
@@ -4174,10 +3866,6 @@ static dm_status _dm_tcp_cuda_broadcast(dm_collective* c, void* buf, size_t coun
 #define _DM_TCP_SLOT(name) _dm_tcp_##name
 #endif
 
-static const char* _dm_tcp_transport(const dm_collective* c) {
-    (void)c;
-    return "tcp";
-}
 static const dm_collective_vtable _dm_tcp_vtable = {
     sizeof(dm_collective_vtable),    /* struct_size */
     DM_COLLECTIVE_VTABLE_VERSION,    /* version */
@@ -4207,6 +3895,7 @@ typedef struct _dm_tcp_setup {
     const struct sockaddr_storage* bind_sa; /* listen here (split), else pick by ifname/route */
     bool once;                  /* the prefix is never used again (split): no generation key */
     size_t chunk_bytes;
+    int transport;              /* _DM_TCP_AUTO, _DM_TCP_SHM, _DM_TCP_SOCKETS */
     dm_logger logger;
     dm_allocator allocator;
     bool env_local;             /* the launcher gave env_local_rank / env_local_size (they win) */
@@ -4223,6 +3912,70 @@ static void _dm_tcp_local_from_launcher(_dm_tcp* t, const _dm_tcp_setup* s) {
                 t->base.local_size, t->base.node_name);
     t->base.local_rank = s->env_local_rank;
     t->base.local_size = s->env_local_size;
+}
+
+/* >>tcp hosts  Which ranks share a host: a host identity (host name and kernel boot id, or
+   DISTMESH_TEST_HOST_ID, which tests use to simulate hosts) gathered from every rank of the
+   group, never the launcher's LOCAL_WORLD_SIZE: a sub-group decides per pair. The ring visits
+   host by host, as NCCL orders its rings. */
+static void _dm_tcp_host_identity(char* name, size_t name_cap, char* id, size_t id_cap) {
+    const char* test = getenv("DISTMESH_TEST_HOST_ID");
+    char boot[64] = "";
+    size_t hn = name_cap;
+    FILE* f;
+    memset(name, 0, name_cap);
+    memset(id, 0, id_cap);
+    if (test && *test) {
+        _dm_copy_name(name, name_cap, test);
+        snprintf(id, id_cap, "test:%s", test);
+        return;
+    }
+    if (uv_os_gethostname(name, &hn) != 0) _dm_copy_name(name, name_cap, "localhost");
+    if ((f = fopen("/proc/sys/kernel/random/boot_id", "r")) != NULL) {
+        if (!fgets(boot, sizeof(boot), f)) boot[0] = 0;
+        fclose(f);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    snprintf(id, id_cap, "%.*s/%s", (int)(id_cap / 2), name, boot);
+}
+
+static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
+    enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, REC = NAME + ID };
+    int W = t->base.size, j, k, L = 0, me = 0;
+    unsigned char mine[REC];
+    unsigned char* all = (unsigned char*)_dm_calloc(&t->base.allocator, (size_t)W * REC);
+    int* host_of = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * 2 * (size_t)W);
+    int* local = host_of ? host_of + W : NULL;
+    dm_status st;
+    if (!all || !host_of) {
+        st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+        goto done;
+    }
+    _dm_tcp_host_identity((char*)mine, NAME, (char*)mine + NAME, ID);
+    st = _dm_lk_all_gather(&t->lk, mine, all, REC, DM_UINT8);
+    if (st != DM_OK) goto done;
+    for (j = 0; j < W; j++) {
+        const char* id = (const char*)all + (size_t)j * REC + NAME;
+        all[(size_t)j * REC + REC - 1] = 0;
+        for (k = 0; strcmp((const char*)all + (size_t)k * REC + NAME, id) != 0; k++) {}
+        host_of[j] = k;
+    }
+    for (j = 0; j < W; j++) {
+        if (host_of[j] != host_of[t->base.rank]) continue;
+        if (j == t->base.rank) me = L;
+        local[L++] = j;
+    }
+    _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), (const char*)mine);
+    t->base.local_rank = me;
+    t->base.local_size = L;
+    _dm_tcp_local_from_launcher(t, s);
+    _dm_lk_order_by_host(&t->lk, host_of);
+    _dm_lk_set_policy(&t->lk, L);
+    st = _dm_tcp_shm_setup(t, local, L, me);
+done:
+    _dm_free(&t->base.allocator, all);
+    _dm_free(&t->base.allocator, host_of);
+    return st;
 }
 
 /* >>tcp arrival  Before connecting, each rank waits until every rank of its group has
@@ -4321,10 +4074,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     int64_t gen = 0, deadline;
     uint64_t group;
     int lfd = -1, j, one = 1;
-    size_t chunk;
     dm_status st;
-    char* names = NULL;
-    enum { NAME = sizeof(((dm_collective*)0)->node_name) };
 
     t = (_dm_tcp*)_dm_calloc(&s->allocator, sizeof(_dm_tcp));
     if (!t) {
@@ -4337,15 +4087,10 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     _dm_copy_name(t->user_prefix, sizeof(t->user_prefix), s->prefix);
     _dm_copy_name(t->ifname, sizeof(t->ifname), s->ifname ? s->ifname : "");
     _dm_copy_name(t->token, sizeof(t->token), s->token ? s->token : "");
-    chunk = s->chunk_bytes ? s->chunk_bytes : ((size_t)512 << 10);
-    chunk = (chunk + 7) / 8 * 8;            /* a whole number of elements of every dtype */
-    t->chunk_bytes = chunk;
-    t->tmp_size = chunk > _DM_TCP_SMALL_BYTES ? chunk : _DM_TCP_SMALL_BYTES;
+    t->transport = s->transport;
     t->fds = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)s->size);
     t->addrs = (char(*)[64])_dm_calloc(&t->base.allocator, 64 * (size_t)s->size);
-    t->tmp = (unsigned char*)_dm_malloc(&t->base.allocator, t->tmp_size);
-    names = (char*)_dm_calloc(&t->base.allocator, (size_t)NAME * (size_t)s->size);
-    if (!t->fds || !t->addrs || !t->tmp || !names) {
+    if (_dm_lk_init(&t->lk, &t->base, "tcp", s->chunk_bytes) != DM_OK || !t->fds || !t->addrs) {
         st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
         goto fail;
     }
@@ -4417,39 +4162,14 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
                 _dm_tcp_format_addr((struct sockaddr*)&peer, t->addrs[j], 64);
         }
 
-    /* host names: node_name, local rank and local size (ranks on the same host) */
-    {
-        void* small[16];
-        void** ptrs = small;
-        int lrank = 0, lsize = 0;
-        char host[NAME];
-        size_t hn = sizeof(host);
-        memset(host, 0, sizeof(host));
-        if (uv_os_gethostname(host, &hn) != 0) _dm_copy_name(host, sizeof(host), "localhost");
-        if (s->size > 16) ptrs = (void**)_dm_malloc(&t->base.allocator, sizeof(void*) * (size_t)s->size);
-        if (!ptrs) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto fail; }
-        for (j = 0; j < s->size; j++) ptrs[j] = names + (size_t)j * NAME;
-        st = _dm_tcp_allgather_ring(t, _DM_TCP_K_SETUP, host, (void* const*)ptrs, NAME, DM_UINT8);
-        if (ptrs != small) _dm_free(&t->base.allocator, ptrs);
-        if (st != DM_OK) goto fail;
-        for (j = 0; j < s->size; j++) {
-            names[(size_t)j * NAME + NAME - 1] = 0;
-            if (strcmp(names + (size_t)j * NAME, host) != 0) continue;
-            if (j < s->rank) lrank++;
-            lsize++;
-        }
-        _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), host);
-        t->base.local_rank = lrank;
-        t->base.local_size = lsize;
-    }
-    _dm_tcp_local_from_launcher(t, s);
-    _dm_free(&t->base.allocator, names);
+    /* links: sockets, then shared memory between same-host ranks */
+    if ((st = _dm_tcp_socket_links(t)) != DM_OK) goto fail;
+    if ((st = _dm_tcp_hosts(t, s)) != DM_OK) goto fail;
     /* the store stays only where split may need it again */
     *out = &t->base;
     return DM_OK;
 fail:
     if (lfd >= 0) close(lfd);
-    _dm_free(&s->allocator, names);
     _dm_tcp_free(t);
     return st;
 }
@@ -4668,6 +4388,21 @@ DM_API_IMPL dm_status dm_tcp_launch_detect(dm_tcp_launch* out) {
     return ok ? DM_OK : DM_ERR_ENV;
 }
 
+/* desc.transport, else DISTMESH_TRANSPORT, else auto. A bad desc value is DM_ERR_INVALID_ARG, a
+   bad environment value DM_ERR_ENV; both name what is accepted. */
+static dm_status _dm_tcp_parse_transport(const char* given, int* out, char* err, size_t cap) {
+    static const char* const names[] = { "auto", "shm", "tcp" };
+    const char* v = given ? given : getenv("DISTMESH_TRANSPORT");
+    int k;
+    *out = _DM_TCP_AUTO;
+    if (!v || (!given && !*v)) return DM_OK;
+    for (k = 0; k < 3; k++)
+        if (strcmp(v, names[k]) == 0) { *out = k; return DM_OK; }
+    snprintf(err, cap, "tcp: %s is \"%.40s\"; expected auto, shm or tcp", given ? "desc.transport" :
+             "DISTMESH_TRANSPORT", v);
+    return given ? DM_ERR_INVALID_ARG : DM_ERR_ENV;
+}
+
 DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_tcp_desc, d);
     _DM_ZERO(_dm_tcp_setup, s);
@@ -4699,6 +4434,8 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: token longer than %d bytes",
                           _DM_ST_TOKEN_MAX);
     s.chunk_bytes = d.chunk_bytes;
+    st = _dm_tcp_parse_transport(d.transport, &s.transport, err, sizeof(err));
+    if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
     s.logger = d.logger;
     s.allocator = d.allocator;
     s.route_host = env.master_addr[0] ? env.master_addr : NULL;
@@ -4772,7 +4509,7 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     }
     mine[0] = color; mine[1] = key;
     for (j = 0; j < W; j++) ptrs[j] = all + 2 * j;
-    st = _dm_tcp_allgather_ring(t, _DM_TCP_K_ALL_GATHER, mine, (void* const*)ptrs, 2, DM_INT32);
+    st = _dm_lk_all_gather_list(&t->lk, _DM_K_SPLIT, mine, (void* const*)ptrs, 2, DM_INT32);
     if (ptrs != small) _dm_free(&c->allocator, ptrs);
     if (st != DM_OK || color < 0) { _dm_free(&c->allocator, all); return st; }
     for (j = 0; j < W; j++) {
@@ -4795,7 +4532,8 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     s.route_host = NULL;
     s.bind_sa = &t->self_sa;    /* the parent's interface and address family */
     s.once = true;              /* "<parent prefix>split<seq>/<color>/" is unique */
-    s.chunk_bytes = t->chunk_bytes;
+    s.chunk_bytes = t->lk.chunk;
+    s.transport = t->transport;
     s.logger = c->logger;
     s.allocator = c->allocator;
     st = _dm_tcp_build(&s, out);

@@ -42,7 +42,7 @@ if ip -o addr show | grep -q '10\.77\.0\.'; then echo "netns: 10.77.0.x leaked i
 for i in 1 2 3; do ip netns exec "${ns[0]}" ping -c1 -W2 "10.77.0.$i" >/dev/null 2>&1 || true; done
 
 for i in 0 1 2; do
-    ip netns exec "${ns[$i]}" env RANK=$i WORLD_SIZE=3 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+    ip netns exec "${ns[$i]}" env RANK=$i WORLD_SIZE=3 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 DISTMESH_TRANSPORT=tcp \
         MASTER_ADDR=10.77.0.1 MASTER_PORT=29500 DISTMESH_STORE="file://$dir" \
         DISTMESH_SOCKET_IFNAME=dmeth DISTMESH_TIMEOUT=30 DISTMESH_TOKEN=netns-secret \
         timeout -k 5 90 "$bin" --rank &

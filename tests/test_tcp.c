@@ -32,6 +32,7 @@
 static char g_store_dir[256];
 static char g_store_url[300];   /* "" = the file store in g_store_dir */
 static int g_run_id;
+static const char* g_transport;   /* desc.transport of the worlds run_world forks (NULL: auto) */
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 static double now_s(void) {
@@ -329,6 +330,7 @@ static void make_desc(dm_tcp_desc* d, int rank, int world, char* url, size_t cap
     d->prefix = prefix;
     d->ifname = "lo";
     d->timeout_ms = 30000;
+    d->transport = g_transport;
 }
 
 /* Forks world ranks; each creates its collective (unless create is false), runs body, exits 0/1.
@@ -390,10 +392,18 @@ static int run_world(int world, rank_body body, void* arg, double limit_s) {
 }
 
 /* ---- tests ------------------------------------------------------------------------------------ */
+/* What a one-host group of this size should be using. */
+static const char* expected_transport(int world) {
+    return world == 1 ? "self" : g_transport && strcmp(g_transport, "tcp") == 0 ? "tcp" : "shm";
+}
 static int body_suite(dm_collective* c, int rank, int world, void* arg) {
     (void)arg;
     if (dm_rank(c) != rank || dm_world_size(c) != world || strcmp(dm_backend_name(c), "tcp") != 0) return 1;
     if (dm_local_world_size(c) != world || dm_local_rank(c) != rank) return 1; /* one host */
+    if (strcmp(dm_transport_name(c), expected_transport(world)) != 0) {
+        fprintf(stderr, "rank %d: transport %s, expected %s\n", rank, dm_transport_name(c), expected_transport(world));
+        return 1;
+    }
     return suite(c, true);
 }
 static void test_world_1(void** s) { (void)s; assert_int_equal(run_world(1, body_suite, NULL, 60), 0); }
@@ -401,6 +411,18 @@ static void test_world_2(void** s) { (void)s; assert_int_equal(run_world(2, body
 static void test_world_3(void** s) { (void)s; assert_int_equal(run_world(3, body_suite, NULL, 60), 0); }
 static void test_world_4(void** s) { (void)s; assert_int_equal(run_world(4, body_suite, NULL, 90), 0); }
 static void test_world_8(void** s) { (void)s; assert_int_equal(run_world(8, body_suite, NULL, 120), 0); }
+static void test_world_7(void** s) { (void)s; assert_int_equal(run_world(7, body_suite, NULL, 120), 0); }
+/* The same suite with sockets forced (DISTMESH_TRANSPORT=tcp's desc twin). */
+static void run_world_tcp(int world, double limit_s) {
+    int failed;
+    g_transport = "tcp";
+    failed = run_world(world, body_suite, NULL, limit_s);
+    g_transport = NULL;
+    assert_int_equal(failed, 0);
+}
+static void test_world_tcp_2(void** s) { (void)s; run_world_tcp(2, 60); }
+static void test_world_tcp_3(void** s) { (void)s; run_world_tcp(3, 60); }
+static void test_world_tcp_4(void** s) { (void)s; run_world_tcp(4, 90); }
 
 /* Mesh dp=2 x tp=4 over 8 ranks; split by rank % 3 with reversed keys; the node-local group. */
 static int body_groups(dm_collective* c, int rank, int world, void* arg) {
@@ -417,6 +439,8 @@ static int body_groups(dm_collective* c, int rank, int world, void* arg) {
     RST(dm_mesh_create(&md, &m));
     RCHECK(dm_mesh_dp_rank(m) == rank / 4 && dm_mesh_tp_rank(m) == rank % 4);
     RCHECK(strcmp(dm_backend_name(dm_mesh_group(m, "tp")), "tcp") == 0);
+    RCHECK(strcmp(dm_transport_name(dm_mesh_group(m, "tp")), "shm") == 0);
+    RCHECK(strcmp(dm_transport_name(dm_mesh_group(m, "dp")), "shm") == 0);
     v = rank;
     RCHECK(dm_all_reduce(dm_mesh_group(m, "tp"), NULL, &v, 1, DM_INT32, DM_SUM) == DM_OK);
     want = 0;
@@ -511,11 +535,177 @@ static int body_token(dm_collective* c, int rank, int world, void* arg) {
 }
 static void test_token_refused(void** s) { (void)s; assert_int_equal(run_world_ex(2, body_token, NULL, 30, false), 0); }
 
+/* DISTMESH_TRANSPORT=tcp from the environment: sockets, and all collectives correct. */
+static int body_suite_tcp_env(dm_collective* c, int rank, int world, void* arg) {
+    (void)rank; (void)world; (void)arg;
+    RCHECK(strcmp(dm_transport_name(c), "tcp") == 0);
+    return suite(c, false);
+}
+
+/* ---- transports: simulated hosts, bit-identical results, the choice ------------------------ */
+/* Two simulated hosts (DISTMESH_TEST_HOST_ID), ranks interleaved: 0 and 2 on h0, 1 and 3 on h1.
+   Same-host pairs use shm, cross-host pairs sockets, the ring goes host by host. */
+static int body_hosts(dm_collective* c, int rank, int world, void* arg) {
+    char host[16];
+    dm_collective *pair = NULL, *cross = NULL;
+    dm_tcp_desc d;
+    char url[300], prefix[64];
+    (void)c; (void)arg;
+    snprintf(host, sizeof(host), "h%d", rank % 2);
+    setenv("DISTMESH_TEST_HOST_ID", host, 1);
+    make_desc(&d, rank, world, url, sizeof(url), prefix, sizeof(prefix));
+    RCHECK(dm_tcp_create(&d, &c) == DM_OK);
+    RCHECK(strcmp(dm_transport_name(c), "shm+tcp") == 0);
+    RCHECK(dm_local_world_size(c) == 2 && dm_local_rank(c) == rank / 2);
+    RCHECK(strcmp(c->node_name, host) == 0);
+    RCHECK(suite(c, false) == 0);
+    RST(dm_split(c, rank % 2, rank, &pair));      /* one host each */
+    RCHECK(strcmp(dm_transport_name(pair), "shm") == 0);
+    RCHECK(suite_all_reduce(pair, 70001, DM_FLOAT32, DM_SUM, true, 11) == 0);
+    RST(dm_split(c, rank / 2, rank, &cross));     /* {0,1} and {2,3}: across the hosts */
+    RCHECK(strcmp(dm_transport_name(cross), "tcp") == 0);
+    RCHECK(suite_all_reduce(cross, 70001, DM_FLOAT32, DM_SUM, true, 12) == 0);
+    dm_destroy(cross);
+    dm_destroy(pair);
+    dm_destroy(c);
+    return 0;
+}
+static void test_hosts_mixed(void** s) { (void)s; assert_int_equal(run_world_ex(4, body_hosts, NULL, 90, false), 0); }
+
+/* The same float data reduced by the threaded world, shared memory and sockets give the same
+   bytes: one reduction order per schedule, followed by every link. */
+static const dm_dtype g_bw_types[3] = { DM_FLOAT32, DM_FLOAT16, DM_BFLOAT16 };
+static const size_t g_bw_counts[2] = { 1000, ((size_t)1 << 20) + 3 };
+static void bw_fill(dm_dtype t, int r, void* buf, size_t count) {
+    size_t i;
+    for (i = 0; i < count; i++) {
+        float v = (float)(sin((double)i * 0.37 + r * 1.3) * 50.0);
+        if (t == DM_FLOAT32) ((float*)buf)[i] = v;
+        else if (t == DM_FLOAT16) ((uint16_t*)buf)[i] = dm_float_to_half(v);
+        else ((uint16_t*)buf)[i] = dm_float_to_bfloat16(v);
+    }
+}
+static void bw_path(char* out, size_t cap, const char* who, int world, int k, int rank) {
+    snprintf(out, cap, "%s/bw-%s-%d-%d-%d", g_store_dir, who, world, k, rank);
+}
+/* Every case in place (SUM); each rank writes its result to a file named by who. */
+static int bw_run(dm_collective* c, const char* who) {
+    int k, r = dm_rank(c);
+    for (k = 0; k < 6; k++) {
+        dm_dtype t = g_bw_types[k / 2];
+        size_t n = g_bw_counts[k % 2], es = dm_dtype_size(t);
+        unsigned char* buf = (unsigned char*)malloc(n * es);
+        char path[400];
+        FILE* f;
+        bw_fill(t, r, buf, n);
+        RST(dm_all_reduce(c, NULL, buf, n, t, DM_SUM));
+        bw_path(path, sizeof(path), who, dm_world_size(c), k, r);
+        f = fopen(path, "wb");
+        RCHECK(f && fwrite(buf, es, n, f) == n);
+        fclose(f);
+        free(buf);
+    }
+    return 0;
+}
+static int body_bitwise(dm_collective* c, int rank, int world, void* arg) {
+    (void)rank; (void)world;
+    return bw_run(c, (const char*)arg);
+}
+static int bw_thread_rank(dm_collective* c, void* user) { (void)user; return bw_run(c, "thread"); }
+static bool bw_same(const char* a, const char* b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    int x = 0, y = 0;
+    while (same && x != EOF) {
+        x = fgetc(fa);
+        y = fgetc(fb);
+        same = x == y;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+static void test_bitwise_across_transports(void** s) {
+    int world, k, r;
+    (void)s;
+    for (world = 3; world <= 4; world++) {
+        dm_fake_desc fd;
+        memset(&fd, 0, sizeof(fd));
+        fd.world_size = world;
+        fd.timeout_ms = 60000;
+        assert_int_equal(dm_thread_world_run(&fd, bw_thread_rank, NULL), DM_OK);
+        assert_int_equal(run_world(world, body_bitwise, (void*)"shm", 60), 0);
+        g_transport = "tcp";
+        k = run_world(world, body_bitwise, (void*)"tcp", 60);
+        g_transport = NULL;
+        assert_int_equal(k, 0);
+        for (k = 0; k < 6; k++)
+            for (r = 0; r < world; r++) {
+                char a[400], b[400], c[400];
+                bw_path(a, sizeof(a), "thread", world, k, 0);
+                bw_path(b, sizeof(b), "shm", world, k, r);
+                bw_path(c, sizeof(c), "tcp", world, k, r);
+                if (!bw_same(a, b) || !bw_same(a, c))
+                    fail_msg("world %d, %s count %zu: rank %d's bytes differ between thread, shm and tcp", world,
+                             dm_dtype_name(g_bw_types[k / 2]), g_bw_counts[k % 2], r);
+            }
+    }
+}
+
+/* Failed creates have no object to hold their message: tests read it from the logger. */
+static char g_logged[2048];
+static void capture_log(dm_log_level level, dm_status st, const char* msg, const char* file, int line, void* user) {
+    (void)st; (void)file; (void)line; (void)user;
+    if (level == DM_LOG_ERROR) snprintf(g_logged, sizeof(g_logged), "%s", msg);
+}
+
+/* DISTMESH_TRANSPORT and desc.transport: bad values are refused with the accepted ones named;
+   ranks that disagree on shm vs tcp fail the shm rank's create with a message that says so. */
+static int body_disagree(dm_collective* c, int rank, int world, void* arg) {
+    dm_tcp_desc d;
+    char url[300], prefix[64];
+    dm_status st;
+    (void)c; (void)arg;
+    make_desc(&d, rank, world, url, sizeof(url), prefix, sizeof(prefix));
+    d.transport = rank == 0 ? "shm" : "tcp";
+    d.timeout_ms = 10000;
+    d.logger.func = capture_log;
+    c = NULL;
+    st = dm_tcp_create(&d, &c);
+    if (rank == 0) {
+        RCHECK(st == DM_ERR_UNSUPPORTED && c == NULL);
+        RCHECK(strstr(g_logged, "another rank asked for tcp") != NULL);
+    } else {
+        RCHECK(st == DM_OK && strcmp(dm_transport_name(c), "tcp") == 0);
+        dm_destroy(c);
+    }
+    return 0;
+}
+static void test_transport_choice(void** s) {
+    dm_tcp_desc d;
+    char url[300], prefix[64];
+    dm_collective* c = NULL;
+    (void)s;
+    make_desc(&d, 0, 1, url, sizeof(url), prefix, sizeof(prefix));
+    d.logger.func = capture_log;
+    d.transport = "rdma";
+    assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_INVALID_ARG);
+    assert_non_null(strstr(g_logged, "desc.transport is \"rdma\"; expected auto, shm or tcp"));
+    d.transport = NULL;
+    setenv("DISTMESH_TRANSPORT", "shared", 1);
+    assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_ENV);
+    assert_non_null(strstr(g_logged, "DISTMESH_TRANSPORT is \"shared\""));
+    setenv("DISTMESH_TRANSPORT", "tcp", 1);
+    assert_int_equal(run_world(2, body_suite_tcp_env, NULL, 60), 0);
+    unsetenv("DISTMESH_TRANSPORT");
+    assert_int_equal(run_world_ex(2, body_disagree, NULL, 30, false), 0);
+}
+
 /* ---- fault tests: 4 ranks, one killed or stopped, survivors report through a pipe ---------- */
 static int g_report_fd = -1;
 static int body_fault(dm_collective* c, int rank, int world, void* arg) {
     int mode = *(int*)arg, i;
-    size_t n = mode == 0 ? ((size_t)16 << 20) : ((size_t)1 << 18);
+    size_t n = mode == 0 ? ((size_t)16 << 20) : mode == 2 ? 2 : ((size_t)1 << 18);
     float* x = (float*)calloc(n, sizeof(float));
     dm_status st = DM_OK;
     char line[64];
@@ -523,7 +713,7 @@ static int body_fault(dm_collective* c, int rank, int world, void* arg) {
     if (mode == 1) dm_set_timeout(c, 1500);
     if (dm_barrier(c) != DM_OK) return 1;
     if (write(g_report_fd, "R", 1) != 1) return 1;           /* ready */
-    for (i = 0; i < 100000 && st == DM_OK; i++) st = dm_all_reduce(c, NULL, x, n, DM_FLOAT32, DM_SUM);
+    for (i = 0; i < 100000000 && st == DM_OK; i++) st = dm_all_reduce(c, NULL, x, n, DM_FLOAT32, DM_SUM);
     snprintf(line, sizeof(line), "%d %d\n", rank, (int)st);
     if (write(g_report_fd, line, strlen(line)) < 0) return 1;
     /* the next call fails at once: still peer-lost after a peer died, aborted after a timeout */
@@ -534,7 +724,9 @@ static int body_fault(dm_collective* c, int rank, int world, void* arg) {
     return 0;
 }
 static pid_t g_pids[8];
-static void test_fault(int mode) {
+/* mode 0: kill -9 during 64 MiB all_reduces, 1: SIGSTOP, 2: kill -9 during 8-byte all_reduces.
+   Returns the seconds from the fault to the last survivor's report. */
+static double test_fault(int mode) {
     int pfd[2], r, ready = 0, reports = 0, world = 4, victim = 2;
     int status_of[4] = {1, 1, 1, 1};
     double t_fault = 0, deadline;
@@ -573,7 +765,7 @@ static void test_fault(int mode) {
         FD_SET(pfd[0], &fs);
         if (ready == world && t_fault == 0) {
             usleep(300000);
-            kill(g_pids[victim], mode == 0 ? SIGKILL : SIGSTOP);
+            kill(g_pids[victim], mode == 1 ? SIGSTOP : SIGKILL);
             t_fault = now_s();
         }
         if (select(pfd[0] + 1, &fs, NULL, NULL, &tv) <= 0) continue;
@@ -606,13 +798,42 @@ static void test_fault(int mode) {
         assert_true(t_fault > 0);
         assert_int_equal(reports, world - 1);
         for (r = 0; r < world; r++)
-            if (r != victim) assert_int_equal(status_of[r], mode == 0 ? DM_ERR_PEER_LOST : DM_ERR_TIMEOUT);
-        if (mode == 0) assert_true(took < 5.0);
-        else assert_true(took < 1.5 + 3.0);
+            if (r != victim) assert_int_equal(status_of[r], mode == 1 ? DM_ERR_TIMEOUT : DM_ERR_PEER_LOST);
+        if (mode == 1) assert_true(took < 1.5 + 3.0);
+        return took;
     }
 }
-static void test_fault_kill(void** s) { (void)s; test_fault(0); }
-static void test_fault_stop(void** s) { (void)s; test_fault(1); }
+/* Entries in /dev/shm: segments must never outlive a job, kill -9 included. */
+static int count_dev_shm(void) {
+    DIR* d = opendir("/dev/shm");
+    struct dirent* e;
+    int n = 0;
+    if (!d) return 0;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+/* Survivors of a kill -9 report DM_ERR_PEER_LOST within 1 s (the reporting itself included),
+   over shared memory (auto) and over sockets, small and large messages, several trials. */
+static void fault_kill_trials(const char* transport, int mode, int trials) {
+    int shm_before = count_dev_shm(), k;
+    double worst = 0;
+    g_transport = transport;
+    for (k = 0; k < trials; k++) {
+        double took = test_fault(mode);
+        if (took > worst) worst = took;
+    }
+    g_transport = NULL;
+    printf("  %s, %s messages: %d trials, slowest survivor reported after %.2f s\n", transport ? transport : "auto",
+           mode == 0 ? "64 MiB" : "8-byte", trials, worst);
+    assert_true(worst < 1.0);
+    assert_int_equal(count_dev_shm(), shm_before);
+}
+static void test_fault_kill(void** s) { (void)s; fault_kill_trials(NULL, 0, 3); }
+static void test_fault_kill_small(void** s) { (void)s; fault_kill_trials(NULL, 2, 5); }
+static void test_fault_kill_tcp(void** s) { (void)s; fault_kill_trials("tcp", 0, 2); }
+static void test_fault_stop(void** s) { (void)s; (void)test_fault(1); }
 
 /* dm_init builds a TCP world from torchrun-style variables and DISTMESH_STORE. */
 static int body_init(dm_collective* c, int rank, int world, void* arg) {
@@ -803,11 +1024,20 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_world_3),
         cmocka_unit_test(test_world_4),
         cmocka_unit_test(test_world_8),
+        cmocka_unit_test(test_world_7),
+        cmocka_unit_test(test_world_tcp_2),
+        cmocka_unit_test(test_world_tcp_3),
+        cmocka_unit_test(test_world_tcp_4),
+        cmocka_unit_test(test_hosts_mixed),
+        cmocka_unit_test(test_bitwise_across_transports),
+        cmocka_unit_test(test_transport_choice),
         cmocka_unit_test(test_mesh_split_local),
         cmocka_unit_test(test_create_destroy_no_fd_leak),
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_token_refused),
         cmocka_unit_test(test_fault_kill),
+        cmocka_unit_test(test_fault_kill_small),
+        cmocka_unit_test(test_fault_kill_tcp),
         cmocka_unit_test(test_fault_stop),
         cmocka_unit_test(test_dm_init),
         cmocka_unit_test(test_ipv6),
