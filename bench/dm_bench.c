@@ -334,7 +334,8 @@ static dm_status run_size(const bench_args* a, dm_collective* c, const bench_buf
 /* >>output  nccl-tests' layout. */
 static void print_preamble(const bench_args* a, dm_collective* c) {
     int world = dm_world_size(c);
-    printf("# distmesh dm_bench: %s, backend %s, %d ranks\n", k_op_names[a->op], dm_backend_name(c), world);
+    printf("# distmesh dm_bench: %s, backend %s, transport %s, %d ranks\n", k_op_names[a->op], dm_backend_name(c),
+           dm_transport_name(c), world);
     printf("# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d agg iters: 1 validation: %d graph: 0\n",
            a->min_bytes, a->max_bytes, a->step_bytes ? (double)a->step_bytes : a->step_factor,
            a->step_bytes ? "bytes" : "factor", a->warmup, a->iters, a->check);
@@ -381,8 +382,8 @@ static void write_json(const bench_args* a, dm_collective* c, const bench_row* r
     FILE* f = fopen(a->json_path, "w");
     int i, r;
     if (!f) { fprintf(stderr, "dm_bench: cannot write %s\n", a->json_path); return; }
-    fprintf(f, "{\"backend\": \"%s\", \"collective\": \"%s\", \"ranks\": %d, \"dtype\": \"%s\", \"redop\": \"%s\",\n \"rows\": [\n",
-            dm_backend_name(c), k_op_names[a->op], dm_world_size(c), dm_dtype_name(a->dtype), dm_reduce_op_name(a->redop));
+    fprintf(f, "{\"backend\": \"%s\", \"transport\": \"%s\", \"collective\": \"%s\", \"ranks\": %d, \"dtype\": \"%s\", \"redop\": \"%s\",\n \"rows\": [\n",
+            dm_backend_name(c), dm_transport_name(c), k_op_names[a->op], dm_world_size(c), dm_dtype_name(a->dtype), dm_reduce_op_name(a->redop));
     for (i = 0; i < nrows; i++)
         fprintf(f, "  {\"bytes\": %zu, \"count\": %zu, \"oop_us\": %.3f, \"oop_busbw\": %.4f, \"oop_wrong\": %lld, "
                    "\"ip_us\": %.3f, \"ip_busbw\": %.4f, \"ip_wrong\": %lld}%s\n",

@@ -1,14 +1,16 @@
 """Turns the raw lines of scripts/compare.sh ("<system> ranks=N bytes=B us=T", one per launch)
-into a markdown table of medians, the distmesh/peer ratios of issue 4's targets, and plot data.
-   compare_report.py RAW IPERF OUT_DIR REPS SYSTEMS... [--name compare] [--title TEXT]
-SYSTEMS: distmesh first, then its peers; peers whose name starts with gloo or torch_gloo count
-as "Gloo" in the ratio table, "mpi" as OpenMPI."""
+into a markdown table of medians, ratios against the strongest peer, and plot data.
+   compare_report.py RAW IPERF OUT_DIR REPS SYSTEMS... [--memcpy FILE] [--name compare] [--title TEXT]
+SYSTEMS: distmesh first, then its peers. Names starting with distmesh are distmesh's own
+variants (not peers); gloo/torch_gloo count as "Gloo", mpi_shm as OpenMPI's shared-memory path,
+mpi / mpi_tcp as OpenMPI over TCP."""
 import argparse, re, statistics, platform, os, subprocess
 ap = argparse.ArgumentParser()
 ap.add_argument("raw"); ap.add_argument("iperf"); ap.add_argument("out"); ap.add_argument("reps")
 ap.add_argument("systems", nargs="+")
 ap.add_argument("--name", default="compare")
-ap.add_argument("--title", default="distmesh vs Gloo vs OpenMPI: all-reduce float32 sum on local ranks (loopback TCP)")
+ap.add_argument("--memcpy", default="")
+ap.add_argument("--title", default="distmesh vs OpenMPI vs Gloo: all-reduce float32 sum in place on local ranks")
 args = ap.parse_args()
 raw, iperf, out, reps, systems = args.raw, args.iperf, args.out, args.reps, args.systems
 os.makedirs(out, exist_ok=True)
@@ -19,6 +21,8 @@ for line in open(raw):
     if m: pts.setdefault((m[1], int(m[2]), int(m[3])), []).append(float(m[4]))
 lo = [float(x) for x in open(iperf).read().split()] if os.path.exists(iperf) else []
 iperf_gbs = statistics.median(lo) if lo else float("nan")
+mc = [float(m[1]) for m in re.finditer(r"memcpy GB/s=([\d.]+)", open(args.memcpy).read())] if args.memcpy else []
+memcpy_gbs = statistics.median(mc) if mc else float("nan")
 ranks = sorted({k[1] for k in pts}); sizes = sorted({k[2] for k in pts})
 med = {k: statistics.median(v) for k, v in pts.items()}
 def busbw(sysname, n, b):
@@ -31,7 +35,8 @@ gloos = [s for s in systems if s.startswith("gloo") or s.startswith("torch_gloo"
 L = [f"# {args.title}", "",
      f"Machine: {os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}. Median of {reps} interleaved "
      f"repetitions; each repetition is one launch per system timing its mean over the iterations. "
-     f"busbw = size / time x 2(n-1)/n, GB/s = 1e9 B/s. iperf3 single-stream loopback: {iperf_gbs:.2f} GB/s.", ""]
+     f"busbw = size / time x 2(n-1)/n, GB/s = 1e9 B/s. Limits measured in the same run: single-core memcpy "
+     f"{memcpy_gbs:.2f} GB/s, iperf3 single-stream loopback {iperf_gbs:.2f} GB/s.", ""]
 for n in ranks:
     L += [f"## {n} ranks", "", "| size (B) | " + " | ".join(f"{s} us" for s in systems) + " | " + " | ".join(f"{s} busbw" for s in systems) + " |",
           "|" + "---|" * (1 + 2 * len(systems))]
@@ -39,19 +44,21 @@ for n in ranks:
         L.append(f"| {b} | " + " | ".join(fmt(med.get((s, n, b)), ".1f") for s in systems) + " | "
                  + " | ".join(fmt(busbw(s, n, b), ".3f") for s in systems) + " |")
     L.append("")
-L += ["## Ratios (the issue's targets)", "", "| ranks | size (B) | metric | vs best Gloo | vs OpenMPI | target |", "|---|---|---|---|---|---|"]
+peers = [s for s in systems if not s.startswith("distmesh")]
+variants = [s for s in systems if s.startswith("distmesh")]
+L += ["## Ratios: time of distmesh / time of the strongest peer at that point (< 1: distmesh faster)", "",
+      "| ranks | size (B) | " + " | ".join(variants) + " | strongest peer | " + " | ".join(f"vs {p}" for p in peers) + " |",
+      "|" + "---|" * (3 + len(variants) + len(peers))]
 for n in ranks:
     for b in sizes:
-        dm = med.get(("distmesh", n, b)); g = [med.get((s, n, b)) for s in gloos]; g = [x for x in g if x]
-        mp = med.get(("mpi", n, b))
-        if not dm or not g: continue
-        if b >= 16 << 20:
-            L.append(f"| {n} | {b} | busbw distmesh / peer | {min(g) / dm:.2f}x | {fmt(mp / dm if mp else None, '.2f')}x | >= 1.3x |")
-        elif b <= 4096:
-            L.append(f"| {n} | {b} | latency distmesh / peer | {dm / min(g):.2f} | {fmt(dm / mp if mp else None, '.2f')} | <= 0.7 (Gloo) |")
-    big = max(sizes)
-    if n == 2 and busbw("distmesh", 2, big):
-        L.append(f"| 2 | {big} | busbw distmesh / iperf3 | {busbw('distmesh', 2, big) / iperf_gbs:.2f} | | >= 0.8 |")
+        pt = {p: med.get((p, n, b)) for p in peers}
+        pt = {p: t for p, t in pt.items() if t}
+        if not pt or not med.get(("distmesh", n, b)): continue
+        best = min(pt, key=pt.get)
+        dm = med[("distmesh", n, b)]
+        L.append(f"| {n} | {b} | " + " | ".join(fmt(med.get((v, n, b)) / pt[best] if med.get((v, n, b)) else None, ".2f")
+                                               for v in variants)
+                 + f" | {best} | " + " | ".join(fmt(dm / pt[p] if p in pt else None, ".2f") for p in peers) + " |")
 L.append("")
 open(os.path.join(out, args.name + ".md"), "w").write("\n".join(L) + "\n")
 with open(os.path.join("build/compare", args.name + ".dat"), "w") as f:
@@ -60,6 +67,6 @@ with open(os.path.join("build/compare", args.name + ".dat"), "w") as f:
             f.write(f'"{s} n={n}"\n')
             for b in sizes:
                 v = busbw(s, n, b)
-                if v: f.write(f"{b} {v}\n")
+                if v: f.write(f"{b} {v} {med[(s, n, b)]}\n")
             f.write("\n\n")
 print("\n".join(L))
