@@ -331,8 +331,9 @@ DM_API bool dm_is_local_master(const dm_collective* c);  /* local rank 0 */
 DM_API dm_device dm_default_device(const dm_collective* c);
 DM_API const char* dm_backend_name(const dm_collective* c); /* "fake", "thread", "tcp", "nccl" */
 /* What carries this group's bytes: "shm" (shared memory between processes of one host), "tcp"
-   (sockets), "shm+tcp" (shared memory within each host, sockets across), "thread", "fake",
-   "nccl". Chosen per group at create and split (DISTMESH_TRANSPORT, dm_tcp_desc.transport). */
+   (sockets), "shm+tcp" (shared memory within each host, sockets across), "self" (a one-rank
+   TCP group), "thread", "fake", "nccl". Chosen per group at create and split
+   (DISTMESH_TRANSPORT, dm_tcp_desc.transport). */
 DM_API const char* dm_transport_name(const dm_collective* c);
 /* The native handle (the seeds' process_group): ncclComm_t for NCCL, NULL where none. */
 DM_API void* dm_native_handle(dm_collective* c);
@@ -343,6 +344,18 @@ DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
 
 /* >>functions: collectives */
 DM_API dm_status dm_barrier(dm_collective* c);
+/* Reduction order. For a given world size the threaded world, shared memory and TCP reduce in
+   the same order, so floating-point results are the same bytes on all three (the fake world
+   emulates it for its identical ranks; NCCL has its own). With v[r] rank r's value and ranks in
+   ring order (rank order on one host; host by host, then rank, across hosts):
+   - all_reduce of at most 64 KiB, or of fewer elements than ranks: recursive doubling. With p
+     the largest power of two <= world size and rem = world size - p, rank 2i+1 first holds
+     v[2i+1] op v[2i] for i < rem; the p remaining ranks, in rank order, then combine pairwise
+     at distances 1, 2, 4, ... (a op b == b op a bitwise for every op, so partners agree).
+   - larger all_reduce and every reduce_scatter: the ring. The buffer is cut into world-size
+     blocks (the first count % world get one element more); block b is folded starting at the
+     rank after b's owner in ring order, each rank applying its own value to the partial sum
+     received, ending at b's owner. MEAN divides once, at the end. */
 DM_API dm_status dm_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
                                dm_dtype dtype, dm_reduce_op op);
 /* recv holds world_size * count elements, rank r's block at recv + r*count. */
