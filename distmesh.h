@@ -2038,6 +2038,13 @@ typedef struct _dm_lk {
     const _dm_bell_ops* bell_ops;
     _dm_abort* abort;           /* the failure word shared by same-host ranks, or NULL */
     int spin_us, yield_us;      /* a wait spins, then yields until yield_us, then blocks */
+    /* Optional: the backend's channel for abort notices that reach every rank, not only the
+       neighbours of a failure (TCP: a key in the store). post is called once, with the status
+       and message of the first failure this rank saw itself; read returns such a notice (its
+       status, DM_OK for none) when a peer hangs up, so the cause is reported, not "EOF". */
+    void (*notice_post)(struct _dm_lk* lk, dm_status st, const char* msg);
+    dm_status (*notice_read)(struct _dm_lk* lk, int* rank, char* msg, size_t cap);
+    bool adopting;              /* breaking because of another rank's notice: do not re-post */
 } _dm_lk;
 
 /* Scratch, ring order (identity) and the wait policy; links are the backend's to fill. */
@@ -2055,6 +2062,7 @@ _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag,
     if (!lk->tmp || !lk->links || !lk->order) return DM_ERR_OUT_OF_MEMORY;
     lk->slot = lk->order + W;
     for (r = 0; r < W; r++) lk->order[r] = lk->slot[r] = r;
+    memset(lk->tmp, 0, lk->tmp_size);   /* fault the scratch in now, not in the first collectives */
     lk->spin_us = 50;
     lk->yield_us = 1000;
     return DM_OK;
@@ -2104,32 +2112,49 @@ _DM_PRIVATE void _dm_lk_post_abort(_dm_lk* lk, dm_status st) {
     __atomic_store_n(&lk->abort->status, (int32_t)st, __ATOMIC_RELEASE);
     for (r = 0; r < lk->nbells; r++) _dm_bell_ring(&lk->bells[r], lk->bell_ops);
 }
-/* Marks the group broken with st (the message is already in last_error), tells the others. A
-   timeout leaves the sockets be: the others reach their own deadlines. */
+/* Marks the group broken with st (the message is already in last_error) and tells the others:
+   the abort word and the backend's notice first, then every link is shut down, so a peer
+   blocked on this rank fails at once and finds the cause waiting (timeouts included: the
+   group is broken either way, and the others learn why now, not at their own deadlines). */
 _DM_PRIVATE dm_status _dm_lk_break(_dm_lk* lk, dm_status st) {
     int r;
     if (lk->broken != DM_OK) return st;
     lk->broken = st;
     _dm_copy_name(lk->broken_msg, sizeof(lk->broken_msg), lk->c->last_error);
     _dm_lk_post_abort(lk, st);
-    if (st != DM_ERR_TIMEOUT)
-        for (r = 0; r < lk->c->size; r++)
-            if (lk->links[r] && lk->links[r]->vt->shutdown) lk->links[r]->vt->shutdown(lk->links[r]);
+    if (!lk->adopting && lk->notice_post) lk->notice_post(lk, st, lk->c->last_error);
+    for (r = 0; r < lk->c->size; r++)
+        if (lk->links[r] && lk->links[r]->vt->shutdown) lk->links[r]->vt->shutdown(lk->links[r]);
     return st;
 }
-/* Another same-host rank failed first: this rank fails with its status and message. */
+/* This rank fails with another rank's status and message. */
+_DM_PRIVATE dm_status _dm_lk_adopt(_dm_lk* lk, const char* op, dm_status st, int rank, const char* msg) {
+    _DM_FAIL(lk->c, st, "%s: %s #%llu failed because rank %d failed: %s", lk->tag, op,
+             (unsigned long long)lk->c->seq, rank, msg);
+    lk->adopting = true;
+    _dm_lk_break(lk, st);
+    lk->adopting = false;
+    return st;
+}
+/* Another same-host rank failed first (the shared abort word). */
 _DM_PRIVATE dm_status _dm_lk_adopt_abort(_dm_lk* lk, const char* op) {
     int32_t st = lk->abort ? __atomic_load_n(&lk->abort->status, __ATOMIC_ACQUIRE) : 0;
     if (st >= 0) return DM_OK;
-    _DM_FAIL(lk->c, (dm_status)st, "%s: %s #%llu failed because rank %d failed: %s", lk->tag, op,
-             (unsigned long long)lk->c->seq, lk->abort->rank, lk->abort->msg);
-    return _dm_lk_break(lk, (dm_status)st);
+    return _dm_lk_adopt(lk, op, (dm_status)st, lk->abort->rank, lk->abort->msg);
+}
+/* A peer hung up: if some rank posted a notice, its cause is this rank's too. */
+_DM_PRIVATE dm_status _dm_lk_adopt_notice(_dm_lk* lk, const char* op) {
+    char msg[DM_LAST_ERROR_SIZE];
+    int rank = -1;
+    dm_status st = lk->notice_read ? lk->notice_read(lk, &rank, msg, sizeof(msg)) : DM_OK;
+    if (st == DM_OK || rank == lk->c->rank) return DM_OK;
+    return _dm_lk_adopt(lk, op, st, rank, msg);
 }
 /* Later calls fail at once: DM_ERR_PEER_LOST when a peer is gone (the caller's question is "is
    my job still whole?"), else DM_ERR_ABORTED. */
 _DM_PRIVATE dm_status _dm_lk_check_broken(_dm_lk* lk, const char* op) {
     dm_status st;
-    if (lk->broken == DM_OK && _dm_lk_adopt_abort(lk, op) == DM_OK) return DM_OK;
+    if (lk->broken == DM_OK) return _dm_lk_adopt_abort(lk, op);    /* this call fails with the cause */
     st = lk->broken == DM_ERR_PEER_LOST ? DM_ERR_PEER_LOST : DM_ERR_ABORTED;
     return _DM_FAIL(lk->c, st, "%s: %s #%llu: the collective is broken by an earlier failure (%s): %s",
                     lk->tag, op, (unsigned long long)lk->c->seq, dm_status_name(lk->broken), lk->broken_msg);
@@ -2145,6 +2170,7 @@ typedef struct _dm_sstep {
     const unsigned char* buf;
     size_t len;
     int gate;                   /* recv step whose final bytes bound this step's, or -1 */
+    int after_recvs;            /* > 0: starts only once recv steps 0..after_recvs-1 are done */
 } _dm_sstep;
 typedef struct _dm_rstep {
     unsigned char* buf;
@@ -2179,6 +2205,7 @@ _DM_PRIVATE dm_status _dm_lk_io_fail(_dm_lk* lk, const _dm_xfer* x, int peer, bo
                  err == ESHUTDOWN);
     dm_status st;
     if (_dm_lk_adopt_abort(lk, x->op) != DM_OK) return lk->broken;
+    if (lost && _dm_lk_adopt_notice(lk, x->op) != DM_OK) return lk->broken;
     if (lost)
         st = _DM_FAIL(lk->c, DM_ERR_PEER_LOST, "%s: %s #%llu: rank %d (%s) %s while %s", lk->tag, x->op,
                       (unsigned long long)lk->c->seq, peer, lk->links[peer]->where,
@@ -2214,6 +2241,7 @@ _DM_PRIVATE dm_status _dm_lk_pump_send(_dm_lk* lk, const _dm_xfer* x, _dm_xstate
         ptrdiff_t k;
         int err = 0;
         if (s->so == st->len) { s->si++; s->so = 0; *progress = true; continue; }
+        if (s->ri < st->after_recvs) break;
         if (st->gate >= 0) {
             size_t fin = st->gate < s->ri ? x->rs[st->gate].len : st->gate == s->ri ? s->rdone : 0;
             if (fin < limit) limit = fin;
@@ -2434,7 +2462,7 @@ typedef struct _dm_fpbufs { unsigned char out[32], in[32]; } _dm_fpbufs;
 
 _DM_PRIVATE void _dm_fp_steps(_dm_fpbufs* b, const _dm_fp* fp, _dm_sstep* s, _dm_rstep* r) {
     _dm_fp_encode(fp, b->out);
-    if (s) { s->buf = b->out; s->len = 32; s->gate = -1; }
+    if (s) { s->buf = b->out; s->len = 32; s->gate = -1; s->after_recvs = 0; }
     if (r) { memset(r, 0, sizeof(*r)); r->buf = b->in; r->len = 32; r->after_send = -1; }
 }
 
@@ -2447,12 +2475,32 @@ _DM_PRIVATE dm_status _dm_lk_sendrecv(_dm_lk* lk, const char* op, const _dm_fp* 
     _dm_fpbufs b;
     _DM_ZERO(_dm_xfer, x);
     _dm_fp_steps(&b, fp, &ss[0], &rs[0]);
-    ss[1].buf = (const unsigned char*)sbuf; ss[1].len = slen; ss[1].gate = -1;
+    ss[1].buf = (const unsigned char*)sbuf; ss[1].len = slen; ss[1].gate = -1; ss[1].after_recvs = 0;
     memset(&rs[1], 0, sizeof(rs[1]));
     rs[1].buf = (unsigned char*)rbuf; rs[1].len = rlen; rs[1].after_send = -1;
     x.op = op; x.speer = speer; x.rpeer = rpeer; x.ss = ss; x.rs = rs;
     x.ns = speer >= 0 ? 2 : 0; x.nr = rpeer >= 0 ? 2 : 0;
     x.dtype = DM_UINT8; x.rop = DM_SUM; x.expect = fp;
+    return _dm_lk_run(lk, &x);
+}
+/* The same, but what arrives is reduced into buf (buf = buf op received, read in place from
+   links that can peek: one copy less than receiving into scratch); buf may also be what is
+   sent, and is then written only behind the bytes already sent. */
+_DM_PRIVATE dm_status _dm_lk_sendrecv_reduce(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
+                                             int rpeer, void* buf, size_t count, dm_dtype dtype, dm_reduce_op rop) {
+    size_t bytes = count * dm_dtype_size(dtype);
+    _dm_sstep ss[2];
+    _dm_rstep rs[2];
+    _dm_fpbufs b;
+    _DM_ZERO(_dm_xfer, x);
+    _dm_fp_steps(&b, fp, &ss[0], &rs[0]);
+    ss[1].buf = (const unsigned char*)sbuf; ss[1].len = bytes; ss[1].gate = -1; ss[1].after_recvs = 0;
+    memset(&rs[1], 0, sizeof(rs[1]));
+    rs[1].buf = (unsigned char*)buf; rs[1].len = bytes; rs[1].own = (const unsigned char*)buf;
+    rs[1].after_send = speer >= 0 && sbuf == buf ? 1 : -1;
+    x.op = op; x.speer = speer; x.rpeer = rpeer; x.ss = ss; x.rs = rs;
+    x.ns = speer >= 0 ? 2 : 0; x.nr = rpeer >= 0 ? 2 : 0;
+    x.dtype = dtype; x.rop = rop; x.expect = fp;
     return _dm_lk_run(lk, &x);
 }
 
@@ -2488,6 +2536,11 @@ _DM_PRIVATE int _dm_lk_at(const _dm_lk* lk, int k) {
     return lk->order[_dm_mod(lk->slot[lk->c->rank] + k, W)];
 }
 
+/* Only the fingerprints around the ring (count 0: the arguments still have to agree). */
+_DM_PRIVATE dm_status _dm_lk_fp_only(_dm_lk* lk, const char* op, const _dm_fp* fp) {
+    return _dm_lk_sendrecv(lk, op, fp, _dm_lk_at(lk, 1), NULL, 0, _dm_lk_at(lk, -1), NULL, 0);
+}
+
 /* Recursive doubling on recv (already holding this rank's data). Worlds that are not a power of
    two first fold rank 2i into 2i+1 for i < rem, and hand the result back at the end. The
    order of reduction is fixed by the ranks alone: the same bits on every transport. */
@@ -2503,8 +2556,7 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_rd(_dm_lk* lk, void* recv, size_t count, 
             _DM_TRY(_dm_lk_sendrecv(lk, name, fp, r + 1, recv, bytes, -1, NULL, 0));
             newrank = -1;
         } else {
-            _DM_TRY(_dm_lk_sendrecv(lk, name, fp, -1, NULL, 0, r - 1, lk->tmp, bytes));
-            dm_reduce_local(dtype, op, recv, lk->tmp, count);
+            _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, -1, NULL, r - 1, recv, count, dtype, op));
             newrank = r / 2;
         }
     } else {
@@ -2513,9 +2565,8 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_rd(_dm_lk* lk, void* recv, size_t count, 
     if (newrank >= 0) {
         for (mask = 1; mask < p; mask <<= 1) {
             int pn = newrank ^ mask, peer = pn < rem ? pn * 2 + 1 : pn + rem;
-            _DM_TRY(_dm_lk_sendrecv(lk, name, fp, peer, recv, bytes, peer, lk->tmp, bytes));
             /* IEEE +, *, max, min are commutative, so both partners compute the same bits */
-            dm_reduce_local(dtype, op, recv, lk->tmp, count);
+            _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, peer, recv, peer, recv, count, dtype, op));
         }
     }
     if (r < 2 * rem) {
@@ -2565,11 +2616,12 @@ _DM_PRIVATE dm_status _dm_lk_all_reduce(_dm_lk* lk, const void* send, void* recv
     size_t bytes = count * dm_dtype_size(dtype);
     _dm_fp fp;
     _DM_TRY(_dm_lk_check_broken(lk, "all_reduce"));
-    if (lk->c->size == 1 || count == 0) {
-        if (send != recv) memcpy(recv, send, bytes);
+    if (lk->c->size == 1) {
+        if (send != recv && bytes) memcpy(recv, send, bytes);
         return DM_OK;
     }
     _dm_fp_make(&fp, lk->c, _DM_K_ALL_REDUCE, (int)dtype, (int)op, 0, count);
+    if (count == 0) return _dm_lk_fp_only(lk, "all_reduce", &fp);
     if (bytes <= _DM_LK_SMALL_BYTES || count < (size_t)lk->c->size) {
         if (send != recv) memcpy(recv, send, bytes);
         return _dm_lk_allreduce_rd(lk, recv, count, dtype, op, &fp);
@@ -2587,9 +2639,10 @@ _DM_PRIVATE dm_status _dm_lk_all_gather_list(_dm_lk* lk, int kind, const void* s
     _dm_steps st;
     _dm_fp fp;
     _DM_TRY(_dm_lk_check_broken(lk, _dm_kind_name(kind)));
-    if (recvs[r] != send) memcpy(recvs[r], send, bytes);
-    if (W == 1 || count == 0) return DM_OK;
+    if (recvs[r] != send && bytes) memcpy(recvs[r], send, bytes);
+    if (W == 1) return DM_OK;
     _dm_fp_make(&fp, lk->c, kind, (int)dtype, -1, 0, count);
+    if (count == 0) return _dm_lk_fp_only(lk, _dm_kind_name(kind), &fp);
     _DM_TRY(_dm_steps_alloc(lk, &st, W, &fp, _dm_kind_name(kind)));
     for (g = 0; g < W - 1; g++) {
         st.ss[1 + g].buf = (const unsigned char*)(g == 0 ? send : recvs[_dm_lk_at(lk, -g)]);
@@ -2633,9 +2686,13 @@ _DM_PRIVATE dm_status _dm_lk_reduce_scatter(_dm_lk* lk, const void* send, void* 
     _dm_fp fp;
     dm_status rc;
     _DM_TRY(_dm_lk_check_broken(lk, "reduce_scatter"));
-    if (W == 1 || n_elems == 0) {
-        if (out != in) memcpy(out, in, bytes);
+    if (W == 1) {
+        if (out != in && bytes) memcpy(out, in, bytes);
         return DM_OK;
+    }
+    if (n_elems == 0) {
+        _dm_fp_make(&fp, c, _DM_K_REDUCE_SCATTER, (int)dtype, (int)op, 0, 0);
+        return _dm_lk_fp_only(lk, "reduce_scatter", &fp);
     }
     /* in place, recv is input block r: intermediate sums need a block of their own */
     if (out == in + (size_t)r * bytes && W > 2) {
@@ -2667,27 +2724,52 @@ _DM_PRIVATE dm_status _dm_lk_reduce_scatter(_dm_lk* lk, const void* send, void* 
 }
 
 /* Pipelined chain from root along ring positions; each rank forwards bytes to the next as they
-   arrive from the previous. */
+   arrive from the previous. Every rank (the root too) compares a fingerprint from its ring
+   predecessor, whatever root it was given: the last rank closes the ring with its own, and
+   the root sends data only once that one agreed. Then the last rank, holding all the data,
+   sends a done token to the root, which passes it down the chain; a rank returns once it has
+   it. So no rank returns DM_OK unless every rank's arguments agreed (the token costs one
+   more pass of a byte around the ring). */
 _DM_PRIVATE dm_status _dm_lk_broadcast(_dm_lk* lk, void* buf, size_t count, dm_dtype dtype, int root) {
     dm_collective* c = lk->c;
-    int W = c->size, pos = _dm_mod(lk->slot[c->rank] - lk->slot[root], W);
+    int W = c->size, pos = _dm_mod(lk->slot[c->rank] - lk->slot[root], W), ns, nr;
     size_t bytes = count * dm_dtype_size(dtype);
-    _dm_sstep ss[2];
-    _dm_rstep rs[2];
+    unsigned char token_out = 1, token_in = 0;
+    _dm_sstep ss[3];
+    _dm_rstep rs[3];
     _dm_fpbufs b;
     _dm_fp fp;
     _DM_ZERO(_dm_xfer, x);
     _DM_TRY(_dm_lk_check_broken(lk, "broadcast"));
-    if (W == 1 || count == 0) return DM_OK;
+    if (W == 1) return DM_OK;
     _dm_fp_make(&fp, c, _DM_K_BROADCAST, (int)dtype, -1, root, count);
+    memset(ss, 0, sizeof(ss));
+    memset(rs, 0, sizeof(rs));
     _dm_fp_steps(&b, &fp, &ss[0], &rs[0]);
-    ss[1].buf = (const unsigned char*)buf; ss[1].len = bytes; ss[1].gate = pos == 0 ? -1 : 1;
-    memset(&rs[1], 0, sizeof(rs[1]));
-    rs[1].buf = (unsigned char*)buf; rs[1].len = bytes; rs[1].after_send = -1;
+    ns = nr = 1;
+    if (pos < W - 1) {                      /* data on to the next rank */
+        ss[ns].buf = (const unsigned char*)buf; ss[ns].len = bytes;
+        ss[ns].gate = pos == 0 ? -1 : 1;
+        ss[ns].after_recvs = pos == 0 ? 1 : 0;
+        ns++;
+    }
+    if (pos > 0) {                          /* data from the previous rank */
+        rs[nr].buf = (unsigned char*)buf; rs[nr].len = bytes; rs[nr].after_send = -1;
+        nr++;
+    }
+    if (pos < W - 1) {                      /* the token: from the last rank (root) or the previous */
+        rs[nr].buf = &token_in; rs[nr].len = 1; rs[nr].after_send = -1;
+        nr++;
+    }
+    if (pos == W - 1 || pos < W - 2) {      /* the token on: the last starts it, W-2 ends it */
+        ss[ns].buf = &token_out; ss[ns].len = 1; ss[ns].gate = -1;
+        ss[ns].after_recvs = nr;
+        ns++;
+    }
     x.op = "broadcast";
-    x.speer = pos < W - 1 ? _dm_lk_at(lk, 1) : -1;
-    x.rpeer = pos > 0 ? _dm_lk_at(lk, -1) : -1;
-    x.ss = ss; x.ns = x.speer >= 0 ? 2 : 0; x.rs = rs; x.nr = x.rpeer >= 0 ? 2 : 0;
+    x.speer = _dm_lk_at(lk, 1);
+    x.rpeer = _dm_lk_at(lk, -1);
+    x.ss = ss; x.ns = ns; x.rs = rs; x.nr = nr;
     x.dtype = dtype; x.rop = DM_SUM; x.expect = &fp;
     return _dm_lk_run(lk, &x);
 }

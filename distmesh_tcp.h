@@ -3009,6 +3009,59 @@ static dm_status _dm_tcp_socket_links(_dm_tcp* t) {
     return DM_OK;
 }
 
+/* >>tcp notices  The first failure a rank sees itself goes into the store as "<prefix>abort"
+   (compare-set: the first poster wins), value: status i32, rank i32, message; a rank whose
+   peer hangs up reads it and reports that cause instead of "EOF". One bounded round trip each
+   (the store may be the thing that died). A failed group leaves this one key behind. */
+#define _DM_TCP_NOTICE_MS 1000
+static void _dm_tcp_notice_key(const _dm_tcp* t, char* key, size_t cap) { snprintf(key, cap, "%sabort", t->prefix); }
+static void _dm_tcp_notice_post(_dm_lk* lk, dm_status st, const char* msg) {
+    _dm_tcp* t = (_dm_tcp*)lk->c;
+    unsigned char v[8 + DM_LAST_ERROR_SIZE];
+    char key[600];
+    size_t n = strnlen(msg, DM_LAST_ERROR_SIZE - 1), held_n = 0;
+    void* held = NULL;
+    int saved;
+    if (!t->store) return;
+    _dm_tcp_notice_key(t, key, sizeof(key));
+    _dm_tcp_put32(v, (uint32_t)(int32_t)st);
+    _dm_tcp_put32(v + 4, (uint32_t)t->base.rank);
+    memcpy(v + 8, msg, n);
+    saved = t->store->timeout_ms;
+    t->store->timeout_ms = _DM_TCP_NOTICE_MS;
+    if (dm_store_compare_set(t->store, key, "", 0, v, 8 + n, &held, &held_n) == DM_OK) dm_store_free(t->store, held);
+    t->store->timeout_ms = saved;
+}
+static dm_status _dm_tcp_notice_read(_dm_lk* lk, int* rank, char* msg, size_t cap) {
+    _dm_tcp* t = (_dm_tcp*)lk->c;
+    char key[600];
+    const char* k = key;
+    bool there = false;
+    void* v = NULL;
+    size_t n = 0;
+    int saved;
+    dm_status st = DM_OK;
+    if (!t->store) return DM_OK;
+    _dm_tcp_notice_key(t, key, sizeof(key));
+    saved = t->store->timeout_ms;
+    t->store->timeout_ms = _DM_TCP_NOTICE_MS;
+    if (dm_store_check(t->store, &k, 1, &there) == DM_OK && there && dm_store_get(t->store, key, &v, &n) == DM_OK) {
+        if (n >= 8) {
+            int32_t code = (int32_t)_dm_tcp_get32((const unsigned char*)v);
+            size_t m = n - 8 < cap - 1 ? n - 8 : cap - 1;
+            if (code < 0 && code > -100) {    /* a dm_status, not garbage */
+                st = (dm_status)code;
+                *rank = (int)_dm_tcp_get32((const unsigned char*)v + 4);
+                memcpy(msg, (const unsigned char*)v + 8, m);
+                msg[m] = 0;
+            }
+        }
+        dm_store_free(t->store, v);
+    }
+    t->store->timeout_ms = saved;
+    return st;
+}
+
 /* The collectives: the core's schedules over this group's links. */
 static dm_status _dm_tcp_check_broken(_dm_tcp* t, const char* op) { return _dm_lk_check_broken(&t->lk, op); }
 static dm_status _dm_tcp_all_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
@@ -3142,6 +3195,20 @@ static dm_status _dm_shm_attach(_dm_tcp* t, const _dm_shm_msg* m, int L) {
     return DM_OK;
 }
 
+/* Maps in the pages of a ring this rank uses now, not in the first collectives (content
+   untouched: peers may already be writing). */
+static void _dm_shm_prefault(unsigned char* p, size_t n) {
+    size_t page = 4096, i;
+    uintptr_t start = (uintptr_t)p & ~(uintptr_t)(page - 1);
+    volatile unsigned char sink = 0;
+#if defined(MADV_POPULATE_WRITE)
+    if (madvise((void*)start, (size_t)((uintptr_t)p + n - start), MADV_POPULATE_WRITE) == 0) return;
+#endif
+    for (i = 0; i < n; i += page) sink = (unsigned char)(sink + ((volatile unsigned char*)p)[i]);
+    (void)sink;
+    (void)start;
+}
+
 /* Swaps the socket links of same-host peers for shm links and wires bells and abort word. */
 static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
     unsigned char* p = t->shm;
@@ -3158,6 +3225,8 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
                             t->fds[r]);
         if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
         snprintf(l->where, sizeof(l->where), "%.40s, shm", t->addrs[r]);
+        _dm_shm_prefault(rings + ((size_t)me * (size_t)L + (size_t)i) * stride, stride);
+        _dm_shm_prefault(rings + ((size_t)i * (size_t)L + (size_t)me) * stride, stride);
         t->lk.links[r]->vt->destroy(t->lk.links[r], &t->base.allocator);
         t->lk.links[r] = l;
     }
@@ -4094,6 +4163,8 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
         st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
         goto fail;
     }
+    t->lk.notice_post = _dm_tcp_notice_post;
+    t->lk.notice_read = _dm_tcp_notice_read;
     for (j = 0; j < s->size; j++) t->fds[j] = -1;
     deadline = _dm_deadline(t->base.timeout_ms);
 

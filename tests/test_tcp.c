@@ -515,6 +515,50 @@ static int body_mismatch(dm_collective* c, int rank, int world, void* arg) {
 }
 static void test_mismatch(void** s) { (void)s; assert_int_equal(run_world(2, body_mismatch, NULL, 30), 0); }
 
+/* One error on every rank: rank 2 of 4 disagrees (another collective, another count, another
+   root, count 0 against 8); every rank returns DM_ERR_MISMATCH with a message naming both
+   calls, whether it saw the mismatch itself or learned it from the notice; later calls fail. */
+static int body_mismatch_all(dm_collective* c, int rank, int world, void* arg) {
+    int kind = *(const int*)arg;
+    float x[64] = {0}, g[4 * 64];
+    dm_status st;
+    const char *a, *b;
+    (void)world;
+    switch (kind) {
+        case 0:
+            st = rank == 2 ? dm_all_gather(c, x, g, 10, DM_FLOAT32) : dm_all_reduce(c, NULL, x, 10, DM_FLOAT32, DM_SUM);
+            a = "all_gather"; b = "all_reduce";
+            break;
+        case 1:
+            st = dm_all_reduce(c, NULL, x, rank == 2 ? 10 : 11, DM_FLOAT32, DM_SUM);
+            a = "count 10"; b = "count 11";
+            break;
+        case 2:
+            st = dm_broadcast(c, x, 64, DM_FLOAT32, rank == 2 ? 2 : 0);
+            a = "root 2"; b = "root 0";
+            break;
+        default:
+            st = dm_all_reduce(c, NULL, x, rank == 2 ? 0 : 8, DM_FLOAT32, DM_SUM);
+            a = "count 0"; b = "count 8";
+            break;
+    }
+    if (st != DM_ERR_MISMATCH || !strstr(dm_last_error(c), a) || !strstr(dm_last_error(c), b)) {
+        fprintf(stderr, "rank %d, case %d: %s: %s\n", rank, kind, dm_status_name(st), dm_last_error(c));
+        return 1;
+    }
+    if (rank == 0) printf("  case %d, rank 0: %s\n", kind, dm_last_error(c));
+    return dm_barrier(c) == DM_ERR_ABORTED ? 0 : 1;
+}
+static void mismatch_all(const char* transport) {
+    int kind, failed = 0;
+    g_transport = transport;
+    for (kind = 0; kind < 4; kind++) failed += run_world(4, body_mismatch_all, &kind, 30);
+    g_transport = NULL;
+    assert_int_equal(failed, 0);
+}
+static void test_mismatch_every_rank_shm(void** s) { (void)s; mismatch_all(NULL); }
+static void test_mismatch_every_rank_tcp(void** s) { (void)s; mismatch_all("tcp"); }
+
 /* A rank with the wrong token is refused; the other one times out waiting for a real peer. */
 static int body_token(dm_collective* c, int rank, int world, void* arg) {
     dm_tcp_desc d;
@@ -1034,6 +1078,8 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_mesh_split_local),
         cmocka_unit_test(test_create_destroy_no_fd_leak),
         cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_mismatch_every_rank_shm),
+        cmocka_unit_test(test_mismatch_every_rank_tcp),
         cmocka_unit_test(test_token_refused),
         cmocka_unit_test(test_fault_kill),
         cmocka_unit_test(test_fault_kill_small),
