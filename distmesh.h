@@ -1822,6 +1822,9 @@ typedef struct _dm_link_vt {
     int (*alive)(_dm_link* l, int* err);
     void (*shutdown)(_dm_link* l);  /* optional: the collective broke; make the peer fail fast */
     void (*destroy)(_dm_link* l, const dm_allocator* a);
+    /* 0, or 8: every step is padded to a multiple of 8 bytes on this link, so data read in
+       place (peek) is aligned for every dtype. */
+    size_t align;
 } _dm_link_vt;
 struct _dm_link {
     const _dm_link_vt* vt;
@@ -2197,6 +2200,7 @@ typedef struct _dm_xstate {
     size_t so;                  /* bytes of send step si sent */
     size_t rdone;               /* bytes of recv step ri final */
     size_t tfill;               /* bytes of the current scratch piece received */
+    size_t spad, rpad;          /* padding bytes sent / skipped after the current steps */
     bool want_out, want_in;     /* the last attempt would have blocked */
 } _dm_xstate;
 
@@ -2232,15 +2236,32 @@ _DM_PRIVATE dm_status _dm_lk_check_fp(_dm_lk* lk, const _dm_xfer* x, const unsig
     return _dm_lk_break(lk, DM_ERR_MISMATCH);
 }
 
+/* Padding after a step of len bytes on link l (see _dm_link_vt.align). */
+_DM_PRIVATE size_t _dm_lk_pad(const _dm_link* l, size_t len) {
+    size_t a = l->vt->align;
+    return a ? (a - len % a) % a : 0;
+}
+
 /* Sends as far as the gates allow, until the link is full. */
 _DM_PRIVATE dm_status _dm_lk_pump_send(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
     _dm_link* l = x->speer >= 0 ? lk->links[x->speer] : NULL;
+    static const unsigned char zeros[8] = { 0 };
     while (s->si < x->ns) {
         const _dm_sstep* st = &x->ss[s->si];
         size_t limit = st->len, n;
         ptrdiff_t k;
         int err = 0;
-        if (s->so == st->len) { s->si++; s->so = 0; *progress = true; continue; }
+        if (s->so == st->len) {
+            size_t pad = _dm_lk_pad(l, st->len);
+            if (s->spad < pad) {
+                k = l->vt->send(l, zeros, pad - s->spad, &err);
+                if (k > 0) { s->spad += (size_t)k; *progress = true; continue; }
+                if (k == 0) { s->want_out = true; break; }
+                return _dm_lk_io_fail(lk, x, x->speer, true, err);
+            }
+            s->si++; s->so = s->spad = 0; *progress = true;
+            continue;
+        }
         if (s->ri < st->after_recvs) break;
         if (st->gate >= 0) {
             size_t fin = st->gate < s->ri ? x->rs[st->gate].len : st->gate == s->ri ? s->rdone : 0;
@@ -2279,6 +2300,7 @@ _DM_PRIVATE bool _dm_lk_reduce_in_place(const _dm_xfer* x, _dm_xstate* s, _dm_li
                                         bool* progress) {
     size_t esize = dm_dtype_size(x->dtype), n, room;
     const unsigned char* p = l->vt->peek(l, &n);
+    if (((uintptr_t)p & (esize - 1)) != 0) return false;   /* links that peek pad to 8 (align) */
     if (n > r->len - s->rdone) n = r->len - s->rdone;
     room = _dm_lk_writable(s, r, s->rdone);
     if (n > room) n = room;
@@ -2302,8 +2324,16 @@ _DM_PRIVATE dm_status _dm_lk_pump_recv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate
         ptrdiff_t k;
         int err = 0;
         if (s->rdone == r->len) {
+            size_t pad = _dm_lk_pad(l, r->len);
+            if (s->rpad < pad) {
+                unsigned char sink[8];
+                k = l->vt->recv(l, sink, pad - s->rpad, &err);
+                if (k > 0) { s->rpad += (size_t)k; *progress = true; continue; }
+                if (k == 0) { s->want_in = true; break; }
+                return _dm_lk_io_fail(lk, x, x->rpeer, false, err);
+            }
             if (s->ri == 0 && x->expect) _DM_TRY(_dm_lk_check_fp(lk, x, r->buf));
-            s->ri++; s->rdone = s->tfill = 0; *progress = true;
+            s->ri++; s->rdone = s->tfill = s->rpad = 0; *progress = true;
             continue;
         }
         if (!r->own) {
@@ -2863,7 +2893,7 @@ static void _dm_tw_bell_wake(void* ctx, _dm_bell* b) {
     pthread_mutex_unlock(&sh->mu);
 }
 static const _dm_link_vt _dm_tw_link_vt = {
-    "thread", _dm_mem_send, _dm_mem_recv, _dm_mem_peek, _dm_mem_consume, NULL, NULL, _dm_mem_destroy
+    "thread", _dm_mem_send, _dm_mem_recv, _dm_mem_peek, _dm_mem_consume, NULL, NULL, _dm_mem_destroy, 8
 };
 
 /* Rings of 256 KiB for up to 8 ranks, smaller for larger worlds (16 MiB in all at most; the

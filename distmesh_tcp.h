@@ -2990,7 +2990,7 @@ static ptrdiff_t _dm_sock_recv(_dm_link* l, void* buf, size_t n, int* err) {
 static void _dm_sock_shutdown(_dm_link* l) { shutdown(l->fd, SHUT_RDWR); }
 static void _dm_sock_destroy(_dm_link* l, const dm_allocator* a) { _dm_free(a, l); }   /* fds[] owns the fd */
 static const _dm_link_vt _dm_sock_vt = {
-    "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy
+    "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy, 0
 };
 
 /* A socket link per connected peer, named by its address. */
@@ -3134,7 +3134,8 @@ static int _dm_shm_alive(_dm_link* l, int* err) {
 }
 static void _dm_shm_shutdown(_dm_link* l) { shutdown(((_dm_memlink*)l)->side_fd, SHUT_RDWR); }
 static const _dm_link_vt _dm_shm_vt = {
-    "shm", _dm_mem_send, _dm_mem_recv, _dm_mem_peek, _dm_mem_consume, _dm_shm_alive, _dm_shm_shutdown, _dm_mem_destroy
+    "shm", _dm_mem_send, _dm_mem_recv, _dm_mem_peek, _dm_mem_consume, _dm_shm_alive, _dm_shm_shutdown, _dm_mem_destroy,
+    8
 };
 
 /* Ring capacity per direction: 1 MiB while the L*L rings stay small, less for big hosts. */
@@ -4005,7 +4006,7 @@ static void _dm_tcp_host_identity(char* name, size_t name_cap, char* id, size_t 
         fclose(f);
         boot[strcspn(boot, "\n")] = 0;
     }
-    snprintf(id, id_cap, "%.*s/%s", (int)(id_cap / 2), name, boot);
+    snprintf(id, id_cap, "%.54s/%.39s", name, boot);     /* id_cap >= 96; a boot id is 36 bytes */
 }
 
 static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
