@@ -2,7 +2,8 @@
 # local ranks, rendezvous error messages (tests/test_launch.c), and the launcher examples run for
 # real on examples/tcp_all_reduce.c: examples/launch_mpirun.sh (`mpirun -np 4`, openmpi-bin),
 # examples/launch_torchrun.sh (Debian's torchrun, python3-torch; both installed by
-# scripts/deps.sh) and examples/launch_by_hand.sh.
+# scripts/deps.sh), examples/launch_by_hand.sh, and examples/launch_srun.sh in a private
+# single-node Slurm (tests/slurm_single_node.sh; skipped without slurm-wlm, munge or root).
 LAUNCH_TEST := $(BUILD)/launch/test_launch
 TEST_BINS += $(LAUNCH_TEST)
 

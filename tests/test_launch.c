@@ -3,7 +3,8 @@
    messages that say what to set, the launcher's LOCAL_RANK winning over host names, a world
    size disagreement named as such, waiters naming missing ranks, and the launcher examples
    (examples/launch_*.sh) for real: `mpirun -np 4` (skipped where openmpi-bin is missing),
-   Debian's torchrun (skipped where torch does not import) and by hand. Ranks are forked
+   Debian's torchrun (skipped where torch does not import), srun in a private single-node Slurm
+   (skipped where slurm-wlm, munge or root is missing) and by hand. Ranks are forked
    children or the launchers' processes; every rank has a hard deadline (DISTMESH_TIMEOUT), every
    launcher runs under `timeout`, and the program under tests/run.sh's timeout. */
 #define _GNU_SOURCE
@@ -378,6 +379,36 @@ static void test_launch_torchrun_example(void** state) {
     if (!strstr(out, "rank 1 of 2 (tcp backend, shm transport, local 1/2)")) fail_msg("placement:\n%s", out);
 }
 
+/* srun (examples/launch_srun.sh) in a private single-node Slurm (tests/slurm_single_node.sh: its
+   own munge key, slurm.conf and ports); no MASTER_*, no DISTMESH_* variables. Skipped where that
+   cannot run (not root, slurm-wlm or munge missing). */
+static void test_launch_srun_example(void** state) {
+    char cmd[2048], out[16384];
+    FILE* f;
+    size_t n;
+    int rc, ctld = free_port(), slurmd = free_port();
+    (void)state;
+    while (slurmd == ctld) slurmd = free_port();
+    clear_env();
+    snprintf(cmd, sizeof(cmd), "env -u MAKEFLAGS -u MAKELEVEL DISTMESH_TIMEOUT=60 NPROC=4 timeout -k 5 120 "
+             "%s/tests/slurm_single_node.sh %s/slurm %d %d %s/examples/launch_srun.sh %s > %s/srun.out 2>&1",
+             DM_SRCDIR, g_tmp, ctld, slurmd, DM_SRCDIR, DM_EXAMPLE, g_tmp);
+    rc = system(cmd);
+    rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    snprintf(cmd, sizeof(cmd), "%s/srun.out", g_tmp);
+    f = fopen(cmd, "r");
+    assert_non_null(f);
+    n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = 0;
+    fclose(f);
+    if (rc == 77) {
+        fprintf(stderr, "SKIP: %s", out);
+        skip();
+    }
+    if (rc != 0 || count_of(out, "mean 1.5, expected 1.5") != 4) fail_msg("srun exit %d:\n%s", rc, out);
+    if (!strstr(out, "rank 3 of 4 (tcp backend, shm transport, local 3/4)")) fail_msg("placement:\n%s", out);
+}
+
 /* By hand (examples/launch_by_hand.sh): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT only. */
 static void test_launch_by_hand_example(void** state) {
     char out[8192], env[64];
@@ -402,6 +433,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_launch_missing_store_message),
         cmocka_unit_test(test_launch_mpirun_np4),
         cmocka_unit_test(test_launch_torchrun_example),
+        cmocka_unit_test(test_launch_srun_example),
         cmocka_unit_test(test_launch_by_hand_example),
     };
     signal(SIGPIPE, SIG_IGN);
