@@ -1,13 +1,18 @@
 /* All-reduce across processes over TCP, placed by the environment (torchrun, mpirun, srun, or
-   by hand). Four ranks on this machine:
+   by hand). Each rank prints its rank, world size, local rank, backend and transport (shm
+   between ranks on one host, tcp across hosts). One run script per launcher, four ranks here:
 
-     for r in 0 1 2 3; do
-       RANK=$r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 ./tcp_all_reduce &
-     done; wait
+     examples/launch_torchrun.sh   torchrun --nproc_per_node 4 --master_port 29500 --no_python ...
+     examples/launch_mpirun.sh     mpirun -np 4 ...             (no MASTER_* variables needed)
+     examples/launch_srun.sh       srun -n 4 ...                (no MASTER_* variables needed)
+     examples/launch_by_hand.sh    RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 ... &
 
-   Rank 0 hosts the rendezvous store at MASTER_ADDR:MASTER_PORT (a PyTorch-compatible TCPStore);
-   every rank publishes its address there and the ranks connect to each other.
-   Build: cc -std=c11 -DDISTMESH_TCP -I. examples/tcp_all_reduce.c distmesh.c -luv -pthread -lm */
+   By hand and under torchrun, rank 0 (or torchrun's agent) hosts the rendezvous store at
+   MASTER_ADDR:MASTER_PORT (a PyTorch-compatible TCPStore); under mpirun and srun on one host the
+   ranks meet in a private file store named after the job. Every rank publishes its address
+   there and the ranks connect to each other.
+   Build: cc -std=c11 -DDISTMESH_TCP -I. examples/tcp_all_reduce.c distmesh.c -luv -pthread -lm
+   (or `make`: build/plain/examples/tcp_all_reduce, the scripts' default program) */
 #include "distmesh.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,9 +39,9 @@ int main(void) {
         fprintf(stderr, "rank %d: %s: %s\n", dm_rank(c), dm_status_name(st), dm_last_error(c));
     } else {
         float expect = (float)(dm_world_size(c) - 1) / 2.0f;
-        printf("rank %d of %d (%s backend, local %d/%d): mean %g, expected %g\n", dm_rank(c),
-               dm_world_size(c), dm_backend_name(c), dm_local_rank(c), dm_local_world_size(c),
-               grad[0], expect);
+        printf("rank %d of %d (%s backend, %s transport, local %d/%d): mean %g, expected %g\n",
+               dm_rank(c), dm_world_size(c), dm_backend_name(c), dm_transport_name(c), dm_local_rank(c),
+               dm_local_world_size(c), grad[0], expect);
         if (grad[0] != expect || grad[n - 1] != expect) st = DM_ERR_INTERNAL;
     }
     free(grad);

@@ -26,8 +26,8 @@ csv=$(echo $SIZES | tr ' ' ',')
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --mca pml ob1 --bind-to none)
 
 run_dm() {  # name transport ranks
-    DISTMESH_TRANSPORT=$2 timeout 300 "$DM_BENCH" -np "$3" -S "$csv" -n "$ITERS" -w "$WARMUP" -c 0 -I -t 280 \
-        -J build/compare/dm.json >/dev/null
+    DISTMESH_TRANSPORT=$2 timeout 300 "$DM_BENCH" --np "$3" --sizes "$csv" -n "$ITERS" -w "$WARMUP" -c 0 -a 3 \
+        --inplace-only --timeout 280 --json build/compare/dm.json >/dev/null
     python3 - "$1" "$3" <<'PY'
 import json, sys
 d = json.load(open("build/compare/dm.json"))

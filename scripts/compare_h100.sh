@@ -15,7 +15,8 @@ RAW=build/compare/raw-h100.txt; : > "$RAW"
 csv=$(echo $SIZES | tr ' ' ',')
 for rep in $(seq 1 "$REPS"); do
     echo "compare_h100: repetition $rep/$REPS" >&2
-    timeout 300 "$DM_BENCH" -np "$N" -S "$csv" -n "$ITERS" -w "$WARMUP" -c 0 -I -t 280 -J build/compare/dm.json >/dev/null
+    timeout 300 "$DM_BENCH" --np "$N" --sizes "$csv" -n "$ITERS" -w "$WARMUP" -c 0 -a 3 --inplace-only \
+        --timeout 280 --json build/compare/dm.json >/dev/null
     $PY - "$N" >> "$RAW" <<'PY'
 import json, sys
 for row in json.load(open("build/compare/dm.json"))["rows"]:
