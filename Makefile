@@ -5,7 +5,7 @@
 #                   programs or cmocka tests whose names match (e.g. T=test_env, T=agent_store)
 #   make asan       the same under AddressSanitizer + UBSan (LeakSanitizer included)
 #   make tsan       the same under ThreadSanitizer
-#   make bench      the README's main job: ring all-reduce on 4 local ranks over TCP
+#   make bench      the README's main job: all-reduce on 4 local ranks (shared memory; DISTMESH_TRANSPORT=tcp: loopback TCP)
 #   make compare    distmesh against Gloo and OpenMPI (see bench/)
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
 #   make install    headers, pkg-config and CMake files (PREFIX=/usr/local, DESTDIR=)

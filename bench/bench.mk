@@ -1,5 +1,5 @@
-# Benchmarks. `make bench` is the README's main job: all_reduce float sum on 4 local ranks over
-# TCP, 8 B .. 64 MiB, with nccl-tests' flags (dm_bench's own options are long ones: --np, --timeout).
+# Benchmarks. `make bench` is the README's main job: all_reduce float sum on 4 local ranks of the
+# TCP backend (shared memory between them by default), 8 B .. 64 MiB, with nccl-tests' flags (dm_bench's own options are long ones: --np, --timeout).
 # `make compare` runs distmesh, Gloo and OpenMPI side by side (scripts/compare.sh; -a 3: the
 # slowest rank's time, as its peers report).
 BENCH_DIR := $(BUILD)/bench
