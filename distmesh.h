@@ -3450,9 +3450,12 @@ DM_API_IMPL dm_status dm_mesh_create(const dm_mesh_desc* desc, dm_mesh** out) {
     dm_mesh* m;
     int i;
     dm_status st;
+    if (out) *out = NULL;
+    if (!desc) return DM_ERR_INVALID_ARG;           /* no object and no logger to tell */
+    if (!out && desc->world)
+        return _DM_REPORT(_dm_mesh_desc_logger(desc), desc->world->last_error, sizeof(desc->world->last_error),
+                          DM_ERR_INVALID_ARG, "mesh: out is NULL");
     if (!out) return DM_ERR_INVALID_ARG;
-    *out = NULL;
-    if (!desc) return DM_ERR_INVALID_ARG;
     st = _dm_mesh_check(desc, sizes, err, sizeof(err));
     if (st != DM_OK) {
         if (desc->world) _dm_copy_name(desc->world->last_error, sizeof(desc->world->last_error), err);

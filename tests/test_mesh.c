@@ -677,6 +677,10 @@ static void test_mesh_bad_dim_messages(void** state) {
     before = g_nlogged;
     assert_int_equal(dm_mesh_create_dp_tp(c, 3, &m), DM_ERR_INVALID_ARG);
     assert_logged(before, DM_ERR_INVALID_ARG, dm_last_error(c));
+    before = g_nlogged;
+    assert_int_equal(dm_mesh_create_dp_tp(c, 4, NULL), DM_ERR_INVALID_ARG);
+    assert_string_equal(dm_last_error(c), "mesh: out is NULL");
+    assert_logged(before, DM_ERR_INVALID_ARG, "mesh: out is NULL");
     assert_int_equal(dm_mesh_dp_rank(NULL), -1);
     assert_int_equal(dm_mesh_tp_world_size(NULL), -1);
     assert_null(dm_mesh_dim_name(NULL, 0));
