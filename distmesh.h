@@ -234,7 +234,9 @@ typedef int (*dm_rank_fn)(dm_collective* c, void* user_data);
 
 /* >>mesh  Named dims over a world collective, row-major (the last dim innermost: ranks that
    differ by 1 differ in the last coordinate). One sub-collective per dim: the ranks that share
-   every other coordinate. Sizes: at most one 0 ("infer from world size"). */
+   every other coordinate. Sizes: at most one 0 ("infer from world size"). A failed create
+   leaves its message in dm_last_error(world); every later failure on a mesh (an unknown, empty
+   or out-of-range dim) returns -1 / NULL, writes dm_mesh_last_error(m) and is logged. */
 typedef struct dm_mesh_desc {
     dm_collective* world;               /* required; borrowed, must outlive the mesh */
     int ndims;                          /* required, 1..DM_MAX_DIMS */
@@ -245,7 +247,8 @@ typedef struct dm_mesh_desc {
 } dm_mesh_desc;
 
 /* LLaMA-Factory's DistributedStrategy: a model mesh (mp_replicate x mp_shard) and a data mesh
-   (dp x cp) over one world. When the world has one rank every size is forced to 1, like the seed.*/
+   (dp x cp) over one world. When the world has one rank every size is forced to 1 (the seed
+   forces mp_shard and dp to 1 and keeps mp_replicate and cp; README "From the seeds"). */
 typedef enum dm_dim {
     DM_DIM_MP_REPLICATE = 0, DM_DIM_MP_SHARD, DM_DIM_DP, DM_DIM_CP,
     DM_DIM_COUNT
@@ -257,6 +260,8 @@ typedef struct dm_strategy_desc {
     int mp_shard_size;          /* 0 -> world_size / mp_replicate_size */
     int dp_size;                /* 0 -> world_size / cp_size */
     int cp_size;                /* 0 -> 1 */
+    dm_logger logger;           /* 0 -> the world's logger */
+    dm_allocator allocator;     /* 0 -> the world's allocator; set both or neither */
 } dm_strategy_desc;
 
 /* >>functions: status, dtypes, conversions */
@@ -403,13 +408,15 @@ DM_API void dm_mesh_destroy(dm_mesh* m);
 DM_API int dm_mesh_ndims(const dm_mesh* m);
 DM_API const char* dm_mesh_dim_name(const dm_mesh* m, int dim_index);     /* NULL if out of range */
 DM_API int dm_mesh_dim_index(const dm_mesh* m, const char* name);         /* -1 if unknown */
-/* name NULL -> the whole world. Unknown name: rank/size -1 and group NULL with a message. */
+/* name NULL -> the whole world (the seeds' dim=None). Unknown or empty name: rank/size -1 and
+   group NULL, with a message in dm_mesh_last_error ("" until a failure; a success leaves it). */
 DM_API int dm_mesh_rank(const dm_mesh* m, const char* name);
 DM_API int dm_mesh_size(const dm_mesh* m, const char* name);
 DM_API dm_collective* dm_mesh_group(dm_mesh* m, const char* name);       /* owned by the mesh */
 DM_API dm_collective* dm_mesh_world(const dm_mesh* m);
 DM_API const char* dm_mesh_last_error(const dm_mesh* m);
-/* Optimus-DL accessors on a mesh with dims "dp" and "tp" (missing dim: size 1, rank 0). */
+/* Optimus-DL accessors on a mesh with dims "dp" and "tp" (missing dim: size 1, rank 0, not a
+   failure; NULL mesh: -1 / NULL). */
 DM_API int dm_mesh_dp_rank(const dm_mesh* m);
 DM_API int dm_mesh_dp_world_size(const dm_mesh* m);
 DM_API int dm_mesh_tp_rank(const dm_mesh* m);
@@ -417,7 +424,16 @@ DM_API int dm_mesh_tp_world_size(const dm_mesh* m);
 DM_API dm_collective* dm_mesh_tp_world(dm_mesh* m);
 
 /* >>functions: strategy (LLaMA-Factory). Errors carry the seed's messages, e.g.
-   "mp_replicate_size * mp_shard_size must equal to world_size, got 3 * 3 != 8." */
+   "mp_replicate_size * mp_shard_size must equal to world_size, got 3 * 3 != 8.".
+   - dm_strategy_create fails with a status, *out == NULL and the message in
+     dm_last_error(desc->world) (there is no strategy to hold it), logged as below; a NULL desc
+     or world has nowhere to hold it (status only, plus the desc's logger for a NULL world).
+   - size / rank / group given a dm_dim outside DM_DIM_MP_REPLICATE..DM_DIM_CP (C's dim=None)
+     return -1 / NULL and write the seed's get_device_mesh message "dim must be specified." to
+     dm_strategy_last_error(s), logged with DM_ERR_INVALID_ARG through the desc's logger (else
+     the world's). dm_strategy_last_error is "" until a failure; a success leaves it as it was
+     (queries that succeed write nothing, so several threads may query one strategy).
+   - dm_strategy_validate writes its message to error. */
 DM_API dm_status dm_strategy_create(const dm_strategy_desc* desc, dm_strategy** out);
 DM_API void dm_strategy_destroy(dm_strategy* s);
 DM_API const char* dm_dim_name(dm_dim dim);             /* "mp_replicate", ..., "invalid" */
@@ -427,10 +443,11 @@ DM_API dm_collective* dm_strategy_group(dm_strategy* s, dm_dim dim); /* owned by
 DM_API dm_mesh* dm_strategy_model_mesh(dm_strategy* s);  /* (mp_replicate, mp_shard) */
 DM_API dm_mesh* dm_strategy_data_mesh(dm_strategy* s);   /* (dp, cp) */
 /* Resolves and checks the sizes against world_size without communicating: out_sizes gets the
-   four sizes, error (error_size bytes) the seed's message on DM_ERR_INVALID_ARG. */
+   four sizes, error (error_size bytes) the seed's message on DM_ERR_INVALID_ARG ("" on
+   success). Logs nothing (a pure check); error may be NULL. */
 DM_API dm_status dm_strategy_validate(const dm_strategy_desc* desc, int world_size,
                                       int out_sizes[DM_DIM_COUNT], char* error, size_t error_size);
-DM_API const char* dm_strategy_last_error(const dm_strategy* s);
+DM_API const char* dm_strategy_last_error(const dm_strategy* s);   /* never NULL */
 
 /* >>backend-authors  The vtable every backend fills and the base struct it embeds first.
    Slots are appended only; each version's end is marked. The public wrappers validate every
@@ -3360,8 +3377,13 @@ static void _dm_mesh_shape_text(const dm_mesh_desc* d, const int* sizes, char* b
         used += (size_t)snprintf(buf + used, cap - used, "%s%s=%d", i ? " x " : "", d->dim_names[i], sizes[i]);
 }
 
+/* The desc's logger, else the world's (the desc comment promises that default). */
+static const dm_logger* _dm_mesh_desc_logger(const dm_mesh_desc* d) {
+    return (d->logger.func || !d->world) ? &d->logger : &d->world->logger;
+}
+
 static dm_status _dm_mesh_check(const dm_mesh_desc* d, int* sizes, char* err, size_t cap) {
-    const dm_logger* lg = &d->logger;
+    const dm_logger* lg = _dm_mesh_desc_logger(d);
     int i, j, zero_at = -1;
     long long product = 1;      /* of the sizes given; stops growing once past the world */
     char shape[256];
@@ -3428,16 +3450,21 @@ DM_API_IMPL dm_status dm_mesh_create(const dm_mesh_desc* desc, dm_mesh** out) {
     dm_mesh* m;
     int i;
     dm_status st;
+    if (out) *out = NULL;
+    if (!desc) return DM_ERR_INVALID_ARG;           /* no object and no logger to tell */
+    if (!out && desc->world)
+        return _DM_REPORT(_dm_mesh_desc_logger(desc), desc->world->last_error, sizeof(desc->world->last_error),
+                          DM_ERR_INVALID_ARG, "mesh: out is NULL");
     if (!out) return DM_ERR_INVALID_ARG;
-    *out = NULL;
-    if (!desc) return DM_ERR_INVALID_ARG;
     st = _dm_mesh_check(desc, sizes, err, sizeof(err));
     if (st != DM_OK) {
         if (desc->world) _dm_copy_name(desc->world->last_error, sizeof(desc->world->last_error), err);
         return st;
     }
     m = (dm_mesh*)_dm_calloc(desc->allocator.alloc_fn ? &desc->allocator : &desc->world->allocator, sizeof(dm_mesh));
-    if (!m) return _DM_FAIL(desc->world, DM_ERR_OUT_OF_MEMORY, "mesh: out of memory");
+    if (!m)
+        return _DM_REPORT(_dm_mesh_desc_logger(desc), desc->world->last_error, sizeof(desc->world->last_error),
+                          DM_ERR_OUT_OF_MEMORY, "mesh: out of memory");
     m->world = desc->world;
     m->ndims = desc->ndims;
     m->logger = desc->logger.func ? desc->logger : desc->world->logger;
@@ -3478,25 +3505,52 @@ DM_API_IMPL void dm_mesh_destroy(dm_mesh* m) {
     _dm_free(&a, m);
 }
 DM_API_IMPL int dm_mesh_ndims(const dm_mesh* m) { return m ? m->ndims : 0; }
-DM_API_IMPL const char* dm_mesh_dim_name(const dm_mesh* m, int i) {
-    return (m && i >= 0 && i < m->ndims) ? m->names[i] : NULL;
+/* Failures of the queries below are recorded on the mesh. The buffer is written only on
+   failure (the mesh was allocated writable; the const is the caller's promise for successes). */
+static int _dm_mesh_fail_dim(const dm_mesh* m, const char* name) {
+    char dims[DM_MAX_DIMS * DM_MAX_DIM_NAME + 16];
+    size_t used = 0;
+    int i;
+    if (!name || !*name) {
+        _DM_REPORT(&m->logger, (char*)m->last_error, sizeof(m->last_error), DM_ERR_INVALID_ARG,
+                   "mesh: dim must be specified. (%s name; NULL means the whole world in rank, "
+                   "size and group)", name ? "an empty" : "a NULL");
+        return -1;
+    }
+    dims[0] = 0;
+    for (i = 0; i < m->ndims; i++)
+        used += (size_t)snprintf(dims + used, sizeof(dims) - used, "%s%s", i ? ", " : "", m->names[i]);
+    _DM_REPORT(&m->logger, (char*)m->last_error, sizeof(m->last_error), DM_ERR_INVALID_ARG,
+               "mesh: no dim named \"%.*s\" (dims: %s)", DM_MAX_DIM_NAME, name, dims);
+    return -1;
 }
-DM_API_IMPL int dm_mesh_dim_index(const dm_mesh* m, const char* name) {
+/* Index of name or -1, silently: for the accessors where a missing dim has a meaning. */
+static int _dm_mesh_find(const dm_mesh* m, const char* name) {
     int i;
     if (!m || !name) return -1;
     for (i = 0; i < m->ndims; i++)
         if (strcmp(m->names[i], name) == 0) return i;
     return -1;
 }
+DM_API_IMPL const char* dm_mesh_dim_name(const dm_mesh* m, int i) {
+    if (!m) return NULL;
+    if (i >= 0 && i < m->ndims) return m->names[i];
+    _DM_REPORT(&m->logger, (char*)m->last_error, sizeof(m->last_error), DM_ERR_INVALID_ARG,
+               "mesh: dim index %d is not in 0..%d", i, m->ndims - 1);
+    return NULL;
+}
+DM_API_IMPL int dm_mesh_dim_index(const dm_mesh* m, const char* name) {
+    int i;
+    if (!m) return -1;
+    i = _dm_mesh_find(m, name);
+    return i >= 0 ? i : _dm_mesh_fail_dim(m, name);
+}
 /* Index of name, or -1 with a message on the mesh; name NULL -> DM_MAX_DIMS (the world). */
 static int _dm_mesh_lookup(const dm_mesh* m, const char* name) {
     int i;
     if (!name) return DM_MAX_DIMS;
-    i = dm_mesh_dim_index(m, name);
-    if (i < 0)
-        _DM_REPORT(&m->logger, (char*)m->last_error, sizeof(m->last_error), DM_ERR_INVALID_ARG,
-                   "mesh: no dim named \"%s\"", name);
-    return i;
+    i = _dm_mesh_find(m, name);
+    return i >= 0 ? i : _dm_mesh_fail_dim(m, name);
 }
 DM_API_IMPL int dm_mesh_rank(const dm_mesh* m, const char* name) {
     int i;
@@ -3518,10 +3572,11 @@ DM_API_IMPL dm_collective* dm_mesh_group(dm_mesh* m, const char* name) {
 }
 DM_API_IMPL dm_collective* dm_mesh_world(const dm_mesh* m) { return m ? m->world : NULL; }
 DM_API_IMPL const char* dm_mesh_last_error(const dm_mesh* m) { return m ? m->last_error : "no mesh (NULL)"; }
-DM_API_IMPL int dm_mesh_dp_rank(const dm_mesh* m) { return dm_mesh_dim_index(m, "dp") < 0 ? 0 : dm_mesh_rank(m, "dp"); }
-DM_API_IMPL int dm_mesh_dp_world_size(const dm_mesh* m) { return dm_mesh_dim_index(m, "dp") < 0 ? 1 : dm_mesh_size(m, "dp"); }
-DM_API_IMPL int dm_mesh_tp_rank(const dm_mesh* m) { return dm_mesh_dim_index(m, "tp") < 0 ? 0 : dm_mesh_rank(m, "tp"); }
-DM_API_IMPL int dm_mesh_tp_world_size(const dm_mesh* m) { return dm_mesh_dim_index(m, "tp") < 0 ? 1 : dm_mesh_size(m, "tp"); }
+/* A missing dp or tp dim is size 1, rank 0 (not a failure); a NULL mesh stays -1. */
+DM_API_IMPL int dm_mesh_dp_rank(const dm_mesh* m) { return m && _dm_mesh_find(m, "dp") < 0 ? 0 : dm_mesh_rank(m, "dp"); }
+DM_API_IMPL int dm_mesh_dp_world_size(const dm_mesh* m) { return m && _dm_mesh_find(m, "dp") < 0 ? 1 : dm_mesh_size(m, "dp"); }
+DM_API_IMPL int dm_mesh_tp_rank(const dm_mesh* m) { return m && _dm_mesh_find(m, "tp") < 0 ? 0 : dm_mesh_rank(m, "tp"); }
+DM_API_IMPL int dm_mesh_tp_world_size(const dm_mesh* m) { return m && _dm_mesh_find(m, "tp") < 0 ? 1 : dm_mesh_size(m, "tp"); }
 DM_API_IMPL dm_collective* dm_mesh_tp_world(dm_mesh* m) { return dm_mesh_group(m, "tp"); }
 
 /* >>strategy  LLaMA-Factory's DistributedStrategy with its exact messages. */
@@ -3530,6 +3585,8 @@ struct dm_strategy {
     int sizes[DM_DIM_COUNT];
     dm_mesh* model;             /* (mp_replicate, mp_shard) */
     dm_mesh* data;              /* (dp, cp) */
+    dm_logger logger;           /* the desc's, else the world's */
+    dm_allocator allocator;     /* the desc's, else the world's; frees the strategy itself */
     char last_error[DM_LAST_ERROR_SIZE];
 };
 
@@ -3538,13 +3595,15 @@ DM_API_IMPL const char* dm_dim_name(dm_dim dim) {
     return ((unsigned)dim < DM_DIM_COUNT) ? names[dim] : "invalid";
 }
 
-/* One pair of the seed: a (default 1 or given) and b (default world / a) multiply to world. */
+static bool _dm_strategy_signs(int a, int b, const char* a_name, const char* b_name, char* error, size_t cap) {
+    if (a >= 0 && b >= 0) return true;
+    snprintf(error, cap, "%s and %s must be >= 0 (0 = default), got %d and %d.", a_name, b_name, a, b);
+    return false;
+}
+/* One pair of the seed: a (default 1 or given) and b (default world / a) multiply to world;
+   the sizes are not negative (checked before). */
 static bool _dm_strategy_pair(int world, int a_in, int b_in, bool b_default_from_a, const char* a_name,
                               const char* b_name, int* a, int* b, char* error, size_t cap) {
-    if (a_in < 0 || b_in < 0) {
-        snprintf(error, cap, "%s and %s must be positive, got %d and %d.", a_name, b_name, a_in, b_in);
-        return false;
-    }
     if (b_default_from_a) { *a = _dm_def(a_in, 1); *b = b_in; }
     else                  { *b = _dm_def(b_in, 1); *a = a_in; }
     if (b_default_from_a && *b == 0) {
@@ -3572,11 +3631,20 @@ DM_API_IMPL dm_status dm_strategy_validate(const dm_strategy_desc* desc, int wor
     int i;
     if (!error || !error_size) { error = scratch; error_size = sizeof(scratch); }
     error[0] = 0;
-    if (!desc || !out_sizes || world_size < 1) {
-        snprintf(error, error_size, "strategy: desc, out_sizes and a world size >= 1 are required");
+    if (!desc || !out_sizes) {
+        snprintf(error, error_size, "strategy: %s is NULL", !desc ? "desc" : "out_sizes");
         return DM_ERR_INVALID_ARG;
     }
-    if (world_size == 1) {  /* not distributed: the seed forces every size to 1 */
+    if (world_size < 1) {
+        snprintf(error, error_size, "strategy: world_size %d must be >= 1", world_size);
+        return DM_ERR_INVALID_ARG;
+    }
+    /* Negative sizes are refused at every world size (the seed does not check them). */
+    if (!_dm_strategy_signs(desc->mp_replicate_size, desc->mp_shard_size, "mp_replicate_size",
+                            "mp_shard_size", error, error_size) ||
+        !_dm_strategy_signs(desc->dp_size, desc->cp_size, "dp_size", "cp_size", error, error_size))
+        return DM_ERR_INVALID_ARG;
+    if (world_size == 1) {  /* not distributed: every size is 1 (the seed keeps mp_replicate, cp) */
         for (i = 0; i < DM_DIM_COUNT; i++) out_sizes[i] = 1;
         return DM_OK;
     }
@@ -3597,6 +3665,8 @@ static dm_status _dm_strategy_mesh(dm_strategy* s, dm_dim a, dm_dim b, dm_mesh**
     d.dim_names[1] = dm_dim_name(b);
     d.dim_sizes[0] = s->sizes[a];
     d.dim_sizes[1] = s->sizes[b];
+    d.logger = s->logger;
+    d.allocator = s->allocator;
     return dm_mesh_create(&d, out);
 }
 
@@ -3604,16 +3674,28 @@ DM_API_IMPL dm_status dm_strategy_create(const dm_strategy_desc* desc, dm_strate
     dm_strategy* s;
     int sizes[DM_DIM_COUNT];
     char err[DM_LAST_ERROR_SIZE];
+    const dm_logger* lg;
+    dm_collective* w;
     dm_status st;
-    if (!out) return DM_ERR_INVALID_ARG;
-    *out = NULL;
-    if (!desc || !desc->world) return DM_ERR_INVALID_ARG;
-    st = dm_strategy_validate(desc, desc->world->size, sizes, err, sizeof(err));
-    if (st != DM_OK) return _DM_FAIL(desc->world, st, "%s", err);
-    s = (dm_strategy*)_dm_calloc(&desc->world->allocator, sizeof(dm_strategy));
-    if (!s) return _DM_FAIL(desc->world, DM_ERR_OUT_OF_MEMORY, "strategy: out of memory");
-    s->world = desc->world;
+    if (out) *out = NULL;
+    if (!desc) return DM_ERR_INVALID_ARG;           /* no object and no logger to tell */
+    w = desc->world;
+    if (!w) return _DM_REPORT(&desc->logger, err, sizeof(err), DM_ERR_INVALID_ARG, "strategy: world is NULL");
+    /* No strategy exists yet: failures of create are recorded on the world. */
+    lg = desc->logger.func ? &desc->logger : &w->logger;
+    if (!out) return _DM_REPORT(lg, w->last_error, sizeof(w->last_error), DM_ERR_INVALID_ARG, "strategy: out is NULL");
+    if (!_dm_allocator_valid(&desc->allocator))
+        return _DM_REPORT(lg, w->last_error, sizeof(w->last_error), DM_ERR_INVALID_ARG,
+                          "strategy: allocator needs both alloc_fn and free_fn, or neither");
+    st = dm_strategy_validate(desc, w->size, sizes, err, sizeof(err));
+    if (st != DM_OK) return _DM_REPORT(lg, w->last_error, sizeof(w->last_error), st, "%s", err);
+    s = (dm_strategy*)_dm_calloc(desc->allocator.alloc_fn ? &desc->allocator : &w->allocator, sizeof(dm_strategy));
+    if (!s) return _DM_REPORT(lg, w->last_error, sizeof(w->last_error), DM_ERR_OUT_OF_MEMORY, "strategy: out of memory");
+    s->world = w;
+    s->logger = *lg;
+    s->allocator = desc->allocator.alloc_fn ? desc->allocator : w->allocator;
     memcpy(s->sizes, sizes, sizeof(sizes));
+    /* A mesh that fails has recorded and logged its message on the world already. */
     st = _dm_strategy_mesh(s, DM_DIM_MP_REPLICATE, DM_DIM_MP_SHARD, &s->model);
     if (st == DM_OK) st = _dm_strategy_mesh(s, DM_DIM_DP, DM_DIM_CP, &s->data);
     if (st != DM_OK) { dm_strategy_destroy(s); return st; }
@@ -3625,21 +3707,31 @@ DM_API_IMPL void dm_strategy_destroy(dm_strategy* s) {
     if (!s) return;
     dm_mesh_destroy(s->model);
     dm_mesh_destroy(s->data);
-    a = s->world->allocator;
+    a = s->allocator;
     _dm_free(&a, s);
+}
+/* The seed's get_device_mesh(dim=None) raises ValueError("dim must be specified."); C's
+   dm_dim has no None, so a value outside the enum stands for it in size, rank and group. The
+   buffer is written only on failure (see _dm_mesh_fail_dim on the const). */
+static bool _dm_strategy_dim_ok(const dm_strategy* s, dm_dim dim) {
+    if ((unsigned)dim < DM_DIM_COUNT) return true;
+    _DM_REPORT(&s->logger, (char*)s->last_error, sizeof(s->last_error), DM_ERR_INVALID_ARG,
+               "dim must be specified.");
+    return false;
 }
 static dm_mesh* _dm_strategy_mesh_of(const dm_strategy* s, dm_dim dim) {
     return (dim == DM_DIM_DP || dim == DM_DIM_CP) ? s->data : s->model;
 }
 DM_API_IMPL int dm_strategy_size(const dm_strategy* s, dm_dim dim) {
-    return (s && (unsigned)dim < DM_DIM_COUNT) ? s->sizes[dim] : -1;
+    return (s && _dm_strategy_dim_ok(s, dim)) ? s->sizes[dim] : -1;
 }
+/* Both meshes hold their two dims, so the mesh lookups below cannot miss. */
 DM_API_IMPL int dm_strategy_rank(const dm_strategy* s, dm_dim dim) {
-    if (!s || (unsigned)dim >= DM_DIM_COUNT) return -1;
+    if (!s || !_dm_strategy_dim_ok(s, dim)) return -1;
     return dm_mesh_rank(_dm_strategy_mesh_of(s, dim), dm_dim_name(dim));
 }
 DM_API_IMPL dm_collective* dm_strategy_group(dm_strategy* s, dm_dim dim) {
-    if (!s || (unsigned)dim >= DM_DIM_COUNT) return NULL;
+    if (!s || !_dm_strategy_dim_ok(s, dim)) return NULL;
     return dm_mesh_group(_dm_strategy_mesh_of(s, dim), dm_dim_name(dim));
 }
 DM_API_IMPL dm_mesh* dm_strategy_model_mesh(dm_strategy* s) { return s ? s->model : NULL; }

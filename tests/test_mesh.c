@@ -281,8 +281,10 @@ static int rank_strategy(dm_collective* c, void* user) {
     RCALL(c, dm_strategy_create(&d, &s));
     RCHECK(dm_strategy_size(s, DM_DIM_MP_REPLICATE) == 2 && dm_strategy_size(s, DM_DIM_MP_SHARD) == 4);
     RCHECK(dm_strategy_size(s, DM_DIM_DP) == 4 && dm_strategy_size(s, DM_DIM_CP) == 2);
+    RCHECK(strcmp(dm_strategy_last_error(s), "") == 0);
     RCHECK(dm_strategy_size(s, (dm_dim)7) == -1 && dm_strategy_rank(s, (dm_dim)7) == -1);
     RCHECK(dm_strategy_group(s, (dm_dim)7) == NULL);
+    RCHECK(strcmp(dm_strategy_last_error(s), "dim must be specified.") == 0);
     RCHECK(dm_strategy_rank(s, DM_DIM_MP_REPLICATE) == r / 4 && dm_strategy_rank(s, DM_DIM_MP_SHARD) == r % 4);
     RCHECK(dm_strategy_rank(s, DM_DIM_DP) == r / 2 && dm_strategy_rank(s, DM_DIM_CP) == r % 2);
     RCHECK(dm_mesh_ndims(dm_strategy_model_mesh(s)) == 2 && dm_mesh_ndims(dm_strategy_data_mesh(s)) == 2);
@@ -339,6 +341,351 @@ static void test_strategy_world1_forces_sizes_to_1(void** state) {
     dm_strategy_destroy(s);
     dm_strategy_destroy(NULL);
     assert_int_equal(dm_strategy_create(NULL, &s), DM_ERR_INVALID_ARG);
+    dm_destroy(c);
+}
+
+/* ---- every failure of a strategy / mesh call is recorded and logged ---- */
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_nlogged;
+static dm_status g_logged_st;
+static char g_logged_msg[DM_LAST_ERROR_SIZE];
+static void capture_log(dm_log_level lvl, dm_status st, const char* msg, const char* file, int line, void* ud) {
+    (void)file; (void)line;
+    if (lvl != DM_LOG_ERROR || ud != (void*)&g_nlogged) return;
+    pthread_mutex_lock(&g_log_mu);
+    g_nlogged++;
+    g_logged_st = st;
+    snprintf(g_logged_msg, sizeof(g_logged_msg), "%s", msg);
+    pthread_mutex_unlock(&g_log_mu);
+}
+static void log_reset(void) { g_nlogged = 0; g_logged_st = DM_OK; g_logged_msg[0] = 0; }
+/* Exactly one more error was logged since `before`, with status st and text msg. */
+static void assert_logged(int before, dm_status st, const char* msg) {
+    assert_int_equal(g_nlogged, before + 1);
+    assert_int_equal(g_logged_st, st);
+    assert_string_equal(g_logged_msg, msg);
+}
+
+/* Counting allocator: fails every allocation once `fail_after` more have succeeded (-1: never). */
+typedef struct counting_alloc { int allocs, frees, fail_after; } counting_alloc;
+static void* counting_malloc(size_t n, void* ud) {
+    counting_alloc* a = (counting_alloc*)ud;
+    if (a->fail_after == 0) return NULL;
+    if (a->fail_after > 0) a->fail_after--;
+    a->allocs++;
+    return malloc(n);
+}
+static void counting_free(void* p, void* ud) { ((counting_alloc*)ud)->frees++; free(p); }
+
+static dm_collective* make_fake(int world, int rank, bool with_logger) {
+    dm_fake_desc fd = {0};
+    dm_collective* c = NULL;
+    fd.world_size = world;
+    fd.rank = rank;
+    if (with_logger) { fd.logger.func = capture_log; fd.logger.user_data = &g_nlogged; }
+    assert_int_equal(dm_fake_create(&fd, &c), DM_OK);
+    return c;
+}
+
+/* LLaMA-Factory raises ValueError("dim must be specified.") in get_device_mesh when dim is
+   None (seed 002); C's "no dim" is a dm_dim outside the enum. Each of size, rank and group, on
+   a fresh strategy (so the message can only come from that call), at world 1 and on a
+   simulated member of 8, with the logger of the desc and, when the desc has none, the world's. */
+static void test_strategy_dim_must_be_specified(void** state) {
+    static const int bad[] = { -1, DM_DIM_COUNT, 7, 1000 };
+    static const int worlds[][2] = { { 1, 0 }, { 8, 5 } };
+    int w, b, call, logger_on_desc;
+    (void)state;
+    for (w = 0; w < 2; w++)
+        for (logger_on_desc = 0; logger_on_desc < 2; logger_on_desc++)
+            for (b = 0; b < (int)(sizeof(bad) / sizeof(bad[0])); b++)
+                for (call = 0; call < 3; call++) {
+                    dm_collective* c = make_fake(worlds[w][0], worlds[w][1], !logger_on_desc);
+                    dm_strategy_desc d;
+                    dm_strategy* s = NULL;
+                    dm_dim dim = (dm_dim)bad[b];
+                    int before;
+                    memset(&d, 0, sizeof(d));
+                    d.world = c;
+                    if (logger_on_desc) { d.logger.func = capture_log; d.logger.user_data = &g_nlogged; }
+                    assert_int_equal(dm_strategy_create(&d, &s), DM_OK);
+                    assert_string_equal(dm_strategy_last_error(s), "");
+                    log_reset();
+                    before = g_nlogged;
+                    if (call == 0) assert_int_equal(dm_strategy_size(s, dim), -1);
+                    if (call == 1) assert_int_equal(dm_strategy_rank(s, dim), -1);
+                    if (call == 2) assert_null(dm_strategy_group(s, dim));
+                    assert_string_equal(dm_strategy_last_error(s), "dim must be specified.");
+                    assert_logged(before, DM_ERR_INVALID_ARG, "dim must be specified.");
+                    assert_string_equal(dm_last_error(c), "");   /* the strategy's, not the world's */
+                    /* a later success leaves the message; the next failure writes it again */
+                    assert_int_equal(dm_strategy_size(s, DM_DIM_DP), worlds[w][0]);
+                    assert_int_equal(dm_strategy_rank(s, DM_DIM_MP_SHARD), worlds[w][1]);
+                    assert_non_null(dm_strategy_group(s, DM_DIM_CP));
+                    assert_string_equal(dm_strategy_last_error(s), "dim must be specified.");
+                    assert_int_equal(g_nlogged, before + 1);
+                    dm_strategy_destroy(s);
+                    dm_destroy(c);
+                }
+    /* no logger anywhere: still recorded */
+    {
+        dm_collective* c = make_fake(2, 1, false);
+        dm_strategy_desc d;
+        dm_strategy* s = NULL;
+        memset(&d, 0, sizeof(d));
+        d.world = c;
+        assert_int_equal(dm_strategy_create(&d, &s), DM_OK);
+        assert_null(dm_strategy_group(s, (dm_dim)-1));
+        assert_string_equal(dm_strategy_last_error(s), "dim must be specified.");
+        dm_strategy_destroy(s);
+        dm_destroy(c);
+    }
+    /* no strategy: -1 / NULL and a fixed text, nothing to record on */
+    assert_int_equal(dm_strategy_size(NULL, DM_DIM_DP), -1);
+    assert_int_equal(dm_strategy_rank(NULL, DM_DIM_DP), -1);
+    assert_null(dm_strategy_group(NULL, DM_DIM_DP));
+    assert_null(dm_strategy_model_mesh(NULL));
+    assert_null(dm_strategy_data_mesh(NULL));
+    assert_string_equal(dm_strategy_last_error(NULL), "no strategy (NULL)");
+}
+
+/* dm_strategy_create has no strategy to hold a failure: each one returns its status, leaves
+   *out NULL, records the message on the world and logs it (desc's logger, else the world's). */
+static void test_strategy_create_failures_reported(void** state) {
+    dm_collective* c = make_fake(8, 3, true);
+    dm_strategy_desc d;
+    dm_strategy* s;
+    int before;
+    (void)state;
+    log_reset();
+    memset(&d, 0, sizeof(d));
+    d.world = c;
+    /* the seed's own ValueErrors, word for word */
+    d.mp_replicate_size = 3;
+    d.mp_shard_size = 3;
+    s = (dm_strategy*)&d;
+    before = g_nlogged;
+    assert_int_equal(dm_strategy_create(&d, &s), DM_ERR_INVALID_ARG);
+    assert_null(s);
+    assert_string_equal(dm_last_error(c), "mp_replicate_size * mp_shard_size must equal to world_size, got 3 * 3 != 8.");
+    assert_logged(before, DM_ERR_INVALID_ARG, dm_last_error(c));
+    memset(&d, 0, sizeof(d));
+    d.world = c;
+    d.dp_size = 2;
+    d.cp_size = 2;
+    before = g_nlogged;
+    assert_int_equal(dm_strategy_create(&d, &s), DM_ERR_INVALID_ARG);
+    assert_string_equal(dm_last_error(c), "dp_size * cp_size must equal to world_size, got 2 * 2 != 8.");
+    assert_logged(before, DM_ERR_INVALID_ARG, dm_last_error(c));
+    /* departures: an inferred size must divide the world; negative sizes are refused */
+    memset(&d, 0, sizeof(d));
+    d.world = c;
+    d.mp_replicate_size = 3;
+    before = g_nlogged;
+    assert_int_equal(dm_strategy_create(&d, &s), DM_ERR_INVALID_ARG);
+    assert_string_equal(dm_last_error(c), "world_size 8 is not divisible by mp_replicate_size 3.");
+    assert_logged(before, DM_ERR_INVALID_ARG, dm_last_error(c));
+    memset(&d, 0, sizeof(d));
+    d.world = c;
+    d.cp_size = 3;
+    assert_int_equal(dm_strategy_create(&d, &s), DM_ERR_INVALID_ARG);
+    assert_string_equal(dm_last_error(c), "world_size 8 is not divisible by cp_size 3.");
+    memset(&d, 0, sizeof(d));
+    d.world = c;
+    d.mp_replicate_size = -2;   /* the seed would pass -2 * -4 == 8 */
+    d.mp_shard_size = -4;
+    assert_int_equal(dm_strategy_create(&d, &s), DM_ERR_INVALID_ARG);
+    assert_string_equal(dm_last_error(c), "mp_replicate_size and mp_shard_size must be >= 0 (0 = default), got -2 and -4.");
+    /* the desc's logger wins over the world's */
+    memset(&d, 0, sizeof(d));
+    d.world = c;
+    d.dp_size = 3;
+    d.logger.func = capture_log;
+    d.logger.user_data = &g_nlogged;
+    before = g_nlogged;
+    assert_int_equal(dm_strategy_create(&d, &s), DM_ERR_INVALID_ARG);
+    assert_logged(before, DM_ERR_INVALID_ARG, "dp_size * cp_size must equal to world_size, got 3 * 1 != 8.");
+    /* bad arguments */
+    memset(&d, 0, sizeof(d));
+    d.world = c;
+    d.allocator.alloc_fn = counting_malloc;   /* free_fn missing */
+    before = g_nlogged;
+    assert_int_equal(dm_strategy_create(&d, &s), DM_ERR_INVALID_ARG);
+    assert_non_null(strstr(dm_last_error(c), "strategy: allocator needs both"));
+    assert_logged(before, DM_ERR_INVALID_ARG, dm_last_error(c));
+    memset(&d, 0, sizeof(d));
+    d.world = c;
+    before = g_nlogged;
+    assert_int_equal(dm_strategy_create(&d, NULL), DM_ERR_INVALID_ARG);
+    assert_string_equal(dm_last_error(c), "strategy: out is NULL");
+    assert_logged(before, DM_ERR_INVALID_ARG, "strategy: out is NULL");
+    d.world = NULL;             /* nothing to record on: the desc's logger hears it */
+    d.logger.func = capture_log;
+    d.logger.user_data = &g_nlogged;
+    s = (dm_strategy*)&d;
+    before = g_nlogged;
+    assert_int_equal(dm_strategy_create(&d, &s), DM_ERR_INVALID_ARG);
+    assert_null(s);
+    assert_logged(before, DM_ERR_INVALID_ARG, "strategy: world is NULL");
+    s = (dm_strategy*)&d;
+    assert_int_equal(dm_strategy_create(NULL, &s), DM_ERR_INVALID_ARG);
+    assert_null(s);
+    dm_destroy(c);
+}
+
+/* Out of memory at every allocation dm_strategy_create makes (the strategy, both meshes and
+   their four sub-collectives): DM_ERR_OUT_OF_MEMORY with a message on the world, *out NULL,
+   nothing leaked; then it succeeds. Sub-collectives use the world's allocator, so world and
+   strategy share the counting one. */
+static void test_strategy_create_out_of_memory(void** state) {
+    counting_alloc ca = { 0, 0, -1 };
+    dm_fake_desc fd = {0};
+    dm_collective* c = NULL;
+    dm_strategy_desc d;
+    dm_strategy* s = NULL;
+    int k, failures = 0;
+    (void)state;
+    fd.world_size = 8;
+    fd.rank = 6;
+    fd.allocator.alloc_fn = counting_malloc;
+    fd.allocator.free_fn = counting_free;
+    fd.allocator.user_data = &ca;
+    fd.logger.func = capture_log;
+    fd.logger.user_data = &g_nlogged;
+    assert_int_equal(dm_fake_create(&fd, &c), DM_OK);
+    memset(&d, 0, sizeof(d));
+    d.world = c;
+    d.mp_replicate_size = 2;
+    d.cp_size = 4;
+    d.allocator = fd.allocator;
+    for (k = 0; k < 64; k++) {
+        int live = ca.allocs - ca.frees, before;
+        log_reset();
+        before = g_nlogged;
+        ca.fail_after = k;
+        s = (dm_strategy*)&d;
+        if (dm_strategy_create(&d, &s) == DM_OK) break;
+        failures++;
+        assert_null(s);
+        assert_non_null(strstr(dm_last_error(c), "out of memory"));
+        assert_true(g_nlogged > before);
+        assert_int_equal(g_logged_st, DM_ERR_OUT_OF_MEMORY);
+        assert_int_equal(ca.allocs - ca.frees, live);     /* nothing leaked */
+    }
+    ca.fail_after = -1;
+    assert_non_null(s);
+    assert_int_equal(failures, 7);  /* strategy, model mesh + 2 groups, data mesh + 2 groups */
+    assert_int_equal(dm_strategy_size(s, DM_DIM_MP_SHARD), 4);
+    assert_int_equal(dm_strategy_rank(s, DM_DIM_DP), 1);   /* rank 6 in (dp 2, cp 4) */
+    assert_int_equal(dm_strategy_rank(s, DM_DIM_CP), 2);
+    dm_strategy_destroy(s);
+    dm_destroy(c);
+    assert_int_equal(ca.allocs, ca.frees);
+}
+
+/* dm_strategy_validate: each failure's status and message in the caller's buffer. */
+static void test_strategy_validate_failure_messages(void** state) {
+    dm_strategy_desc d;
+    int sizes[DM_DIM_COUNT];
+    char err[256];
+    (void)state;
+    memset(&d, 0, sizeof(d));
+    assert_int_equal(dm_strategy_validate(NULL, 8, sizes, err, sizeof(err)), DM_ERR_INVALID_ARG);
+    assert_string_equal(err, "strategy: desc is NULL");
+    assert_int_equal(dm_strategy_validate(&d, 8, NULL, err, sizeof(err)), DM_ERR_INVALID_ARG);
+    assert_string_equal(err, "strategy: out_sizes is NULL");
+    assert_int_equal(dm_strategy_validate(&d, 0, sizes, err, sizeof(err)), DM_ERR_INVALID_ARG);
+    assert_string_equal(err, "strategy: world_size 0 must be >= 1");
+    d.dp_size = -1;             /* refused even where world 1 would force it to 1 */
+    assert_int_equal(dm_strategy_validate(&d, 1, sizes, err, sizeof(err)), DM_ERR_INVALID_ARG);
+    assert_string_equal(err, "dp_size and cp_size must be >= 0 (0 = default), got -1 and 0.");
+    d.dp_size = 0;
+    d.mp_shard_size = 3;
+    assert_int_equal(dm_strategy_validate(&d, 6, sizes, err, sizeof(err)), DM_ERR_INVALID_ARG);
+    assert_string_equal(err, "mp_replicate_size * mp_shard_size must equal to world_size, got 1 * 3 != 6.");
+    assert_int_equal(dm_strategy_validate(&d, 3, sizes, err, sizeof(err)), DM_OK);
+    assert_string_equal(err, "");
+    assert_int_equal(dm_strategy_validate(&d, 3, sizes, NULL, 0), DM_OK);
+    assert_int_equal(dm_strategy_validate(&d, 6, sizes, NULL, 0), DM_ERR_INVALID_ARG);
+    err[0] = 'x';               /* a one-byte buffer gets the empty prefix of the message */
+    assert_int_equal(dm_strategy_validate(&d, 6, sizes, err, 1), DM_ERR_INVALID_ARG);
+    assert_int_equal(err[0], 0);
+}
+
+/* Mesh queries that fail: -1 / NULL, a message on the mesh, logged. An empty name is "no dim"
+   (the seed's message); NULL is the whole world for rank/size/group but no dim for dim_index. */
+static void test_mesh_bad_dim_messages(void** state) {
+    dm_collective* c = make_fake(8, 5, true);
+    dm_mesh* m = NULL;
+    int before;
+    (void)state;
+    log_reset();
+    assert_int_equal(dm_mesh_create_dp_tp(c, 4, &m), DM_OK);
+    assert_string_equal(dm_mesh_last_error(m), "");
+    before = g_nlogged;
+    assert_int_equal(dm_mesh_rank(m, ""), -1);
+    assert_non_null(strstr(dm_mesh_last_error(m), "dim must be specified."));
+    assert_logged(before, DM_ERR_INVALID_ARG, dm_mesh_last_error(m));
+    assert_int_equal(dm_mesh_size(m, NULL), 8);         /* the world; leaves the message */
+    assert_non_null(strstr(dm_mesh_last_error(m), "dim must be specified."));
+    assert_int_equal(dm_mesh_group(m, "tp"), dm_mesh_tp_world(m));
+    before = g_nlogged;
+    assert_null(dm_mesh_group(m, "cp"));
+    assert_string_equal(dm_mesh_last_error(m), "mesh: no dim named \"cp\" (dims: dp, tp)");
+    assert_logged(before, DM_ERR_INVALID_ARG, dm_mesh_last_error(m));
+    before = g_nlogged;
+    assert_int_equal(dm_mesh_size(m, ""), -1);
+    assert_non_null(strstr(dm_mesh_last_error(m), "dim must be specified."));
+    assert_int_equal(g_nlogged, before + 1);
+    before = g_nlogged;
+    assert_null(dm_mesh_group(m, ""));
+    assert_int_equal(g_nlogged, before + 1);
+    before = g_nlogged;
+    assert_null(dm_mesh_dim_name(m, 2));
+    assert_string_equal(dm_mesh_last_error(m), "mesh: dim index 2 is not in 0..1");
+    assert_logged(before, DM_ERR_INVALID_ARG, dm_mesh_last_error(m));
+    assert_null(dm_mesh_dim_name(m, -1));
+    assert_string_equal(dm_mesh_last_error(m), "mesh: dim index -1 is not in 0..1");
+    before = g_nlogged;
+    assert_int_equal(dm_mesh_dim_index(m, NULL), -1);
+    assert_non_null(strstr(dm_mesh_last_error(m), "dim must be specified. (a NULL name"));
+    assert_logged(before, DM_ERR_INVALID_ARG, dm_mesh_last_error(m));
+    assert_int_equal(dm_mesh_dim_index(m, "pp"), -1);
+    assert_string_equal(dm_mesh_last_error(m), "mesh: no dim named \"pp\" (dims: dp, tp)");
+    assert_int_equal(dm_mesh_dim_index(m, "tp"), 1);
+    dm_mesh_destroy(m);
+    /* a mesh without dp/tp: the Optimus accessors' size 1 / rank 0 is no failure */
+    {
+        dm_mesh_desc d;
+        memset(&d, 0, sizeof(d));
+        d.world = c;
+        d.ndims = 1;
+        d.dim_names[0] = "ep";
+        assert_int_equal(dm_mesh_create(&d, &m), DM_OK);
+        before = g_nlogged;
+        assert_int_equal(dm_mesh_dp_rank(m), 0);
+        assert_int_equal(dm_mesh_dp_world_size(m), 1);
+        assert_int_equal(dm_mesh_tp_rank(m), 0);
+        assert_int_equal(dm_mesh_tp_world_size(m), 1);
+        assert_string_equal(dm_mesh_last_error(m), "");
+        assert_int_equal(g_nlogged, before);
+        assert_null(dm_mesh_tp_world(m));                /* no group to hand out: a failure */
+        assert_string_equal(dm_mesh_last_error(m), "mesh: no dim named \"tp\" (dims: ep)");
+        dm_mesh_destroy(m);
+    }
+    /* a failed create is logged through the world's logger when the desc has none */
+    before = g_nlogged;
+    assert_int_equal(dm_mesh_create_dp_tp(c, 3, &m), DM_ERR_INVALID_ARG);
+    assert_logged(before, DM_ERR_INVALID_ARG, dm_last_error(c));
+    before = g_nlogged;
+    assert_int_equal(dm_mesh_create_dp_tp(c, 4, NULL), DM_ERR_INVALID_ARG);
+    assert_string_equal(dm_last_error(c), "mesh: out is NULL");
+    assert_logged(before, DM_ERR_INVALID_ARG, "mesh: out is NULL");
+    assert_int_equal(dm_mesh_dp_rank(NULL), -1);
+    assert_int_equal(dm_mesh_tp_world_size(NULL), -1);
+    assert_null(dm_mesh_dim_name(NULL, 0));
+    assert_int_equal(dm_mesh_dim_index(NULL, "dp"), -1);
+    assert_string_equal(dm_mesh_last_error(NULL), "no mesh (NULL)");
     dm_destroy(c);
 }
 
@@ -437,6 +784,11 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_strategy_defaults_and_seed_messages),
         cmocka_unit_test(test_strategy_on_8_ranks),
         cmocka_unit_test(test_strategy_world1_forces_sizes_to_1),
+        cmocka_unit_test(test_strategy_dim_must_be_specified),
+        cmocka_unit_test(test_strategy_create_failures_reported),
+        cmocka_unit_test(test_strategy_create_out_of_memory),
+        cmocka_unit_test(test_strategy_validate_failure_messages),
+        cmocka_unit_test(test_mesh_bad_dim_messages),
         cmocka_unit_test(test_split_like_mpi_comm_split),
         cmocka_unit_test(test_local_group_and_main_process_first),
     };
