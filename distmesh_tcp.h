@@ -47,7 +47,11 @@
    starts with a 32-byte fingerprint (op, dtype, count, root, reduce op, sequence) compared with
    the neighbour's: DM_ERR_MISMATCH with both descriptions. After any communication failure the
    collective is broken and every later call fails at once -- DM_ERR_PEER_LOST after a peer was
-   lost, DM_ERR_ABORTED after anything else; destroy it.
+   lost, DM_ERR_ABORTED after anything else; destroy it. Create and split fail the same way:
+   their store requests end by their deadline (desc.timeout_ms; a split runs on the parent's
+   dm_set_timeout), a member that dies meanwhile gives DM_ERR_PEER_LOST (>>tcp watch), and a
+   failed split breaks the parent. A data listener serves every pending hello at once, each
+   connection with its own 5 s, at most 64 at a time (>>tcp hello).
    SIGPIPE is never raised (MSG_NOSIGNAL).
 
    SECURITY (README "Threat model"): with DISTMESH_TOKEN set, every store and data connection
