@@ -3642,7 +3642,8 @@ static int _dm_tcp_hs_step(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
                         "%d, this rank %d)", p, (int)_dm_tcp_get32(h->hello + 12), t->base.size);
             } else if (_dm_tcp_get64(h->hello + 16) != group) {
                 h->status = _DM_TCP_ACK_GROUP;
-                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (other group)", p);
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (other "
+                        "group)", p);
             } else if (p <= t->base.rank || p >= t->base.size || t->fds[p] >= 0)
                 h->status = _DM_TCP_ACK_RANK;
             memset(h->chal, 0, sizeof(h->chal));
@@ -3702,7 +3703,8 @@ _DM_PRIVATE int _dm_tcp_hello_accept(_dm_tcp* t, int fd, uint64_t group, int64_t
 /* Connects to rank j at its published address, retrying until the deadline while nothing
    answers; then the hello. A published address that refuses connections is a listener that
    is gone (it listens before it publishes and until every higher rank has said hello), so a
-   few refusals in a row mean the peer died: DM_ERR_PEER_LOST, not a wait for the deadline. A
+   few refusals in a row mean the peer died or gave up: DM_ERR_PEER_LOST, not a wait for the
+   deadline. A
    connection dropped before the challenge is tried again a few times (the listener may have
    dropped it to bound its handshakes; a dead one then refuses). */
 static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t deadline) {
@@ -3736,7 +3738,8 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
             close(fd);
             if (err == ECONNREFUSED && ++refused >= 3)
                 return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: setup: rank %d at %s refuses connections (%s): "
-                                "its listener is gone, so is the process", j, t->addrs[j], strerror(err));
+                                "its listener is gone (the process died, or its setup failed: see its log)", j,
+                                t->addrs[j], strerror(err));
             if (err != ECONNREFUSED) refused = 0;
         }
         if (_dm_now_ms() >= deadline)
@@ -3824,8 +3827,9 @@ static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64
         int rc, nw, dropped = 0;
         for (i = 0; i < n; i++)
             if (now >= hs[i].deadline) {
-                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that had not finished its "
-                        "hello after %d ms (silent or too slow)", _DM_TCP_HS_MS);
+                if (hs[i].deadline < deadline)  /* not just the end of the whole wait */
+                    _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that had not finished "
+                            "its hello after %d ms (silent or too slow)", _DM_TCP_HS_MS);
                 _dm_tcp_hs_drop(t, &hs[i]);
             }
         _dm_tcp_hs_compact(hs, &n);
