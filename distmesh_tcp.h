@@ -4263,7 +4263,7 @@ static void _dm_tcp_host_identity(char* name, size_t name_cap, char* id, size_t 
         fclose(f);
         boot[strcspn(boot, "\n")] = 0;
     }
-    snprintf(id, id_cap, "%.*s/%s", (int)(id_cap / 2), name, boot);
+    snprintf(id, id_cap, "%.54s/%.39s", name, boot);     /* id_cap >= 96; a boot id is 36 bytes */
 }
 
 static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
