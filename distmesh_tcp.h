@@ -47,7 +47,11 @@
    starts with a 32-byte fingerprint (op, dtype, count, root, reduce op, sequence) compared with
    the neighbour's: DM_ERR_MISMATCH with both descriptions. After any communication failure the
    collective is broken and every later call fails at once -- DM_ERR_PEER_LOST after a peer was
-   lost, DM_ERR_ABORTED after anything else; destroy it.
+   lost, DM_ERR_ABORTED after anything else; destroy it. Create and split fail the same way:
+   their store requests end by their deadline (desc.timeout_ms; a split runs on the parent's
+   dm_set_timeout), a member that dies meanwhile gives DM_ERR_PEER_LOST (>>tcp watch), and a
+   failed split breaks the parent. A data listener serves every pending hello at once, each
+   connection with its own 5 s, at most 64 at a time (>>tcp hello).
    SIGPIPE is never raised (MSG_NOSIGNAL).
 
    SECURITY (README "Threat model"): with DISTMESH_TOKEN set, every store and data connection
@@ -2930,6 +2934,11 @@ typedef struct _dm_tcp {
     unsigned char* shm;         /* the same-host segment (see >>tcp shm), or NULL */
     size_t shm_size;
     char transport_name[16];
+    /* only while create / split builds this group (see >>tcp watch) */
+    struct dm_store* rdv;       /* a clone of store whose requests end by rdv_deadline */
+    int64_t rdv_deadline;
+    const struct _dm_tcp* parent; /* split: the group being split */
+    const int* members;         /* split: the parent rank of each rank of this group */
 #if defined(DISTMESH_CUDA)
     void* cuda_pinned;          /* pinned staging segments for device buffers (see >>tcp cuda) */
     size_t cuda_pinned_bytes;
@@ -3433,32 +3442,115 @@ static int _dm_tcp_wait_fd(int fd, short events, int64_t deadline) {
         if (rc < 0 && errno != EINTR) return -1;
     }
 }
-/* Blocking-style exact read/write on a nonblocking fd with a deadline: 1 ok, 0 timeout, -1 EOF
-   or error (errno; 0 for EOF). */
-static int _dm_tcp_read_full(int fd, void* buf, size_t n, int64_t deadline) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t k = recv(fd, (char*)buf + got, n - got, MSG_DONTWAIT);
-        if (k > 0) { got += (size_t)k; continue; }
-        if (k == 0) { errno = 0; return -1; }
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-        k = _dm_tcp_wait_fd(fd, POLLIN, deadline);
-        if (k <= 0) return (int)k;
+
+/* >>tcp watch  While create or split waits (for addresses, connections, hellos, acks), the end
+   of a connection it already has means a peer is gone: this group's own connections made so
+   far and, in split, the parent's connection to every member of the new group (the parent's
+   connections to ranks of other colors are not watched: those may finish and destroy the
+   parent). Only the end of stream is asked for (POLLRDHUP), never data: a peer that is done
+   may already send the first collective's bytes. A member cannot close a watched connection
+   by finishing: its own setup ends with a collective of the new group, which needs this rank.
+   So an end is a death or a failed setup, and the rendezvous fails at once with
+   DM_ERR_PEER_LOST naming the rank, instead of waiting for its deadline. */
+#define _DM_TCP_WATCH_END (POLLHUP | POLLERR | _DM_POLLRDHUP)
+/* Fills p (room for 2 x size) with the watched connections; returns how many. */
+static int _dm_tcp_watch_fill(const _dm_tcp* t, struct pollfd* p) {
+    int n = 0, j;
+    if (!t->fds) return 0;
+    for (j = 0; j < t->base.size; j++) {
+        int fd = t->fds[j];
+        if (j == t->base.rank || fd < 0) continue;
+        p[n].fd = fd; p[n].events = _DM_POLLRDHUP; p[n].revents = 0; n++;
+    }
+    if (t->parent && t->members)
+        for (j = 0; j < t->base.size; j++) {
+            int fd = j == t->base.rank ? -1 : t->parent->fds[t->members[j]];
+            if (fd < 0) continue;
+            p[n].fd = fd; p[n].events = _DM_POLLRDHUP; p[n].revents = 0; n++;
+        }
+    return n;
+}
+/* DM_ERR_PEER_LOST naming the rank if one of p[0..n) (filled above, then polled) ended. */
+static dm_status _dm_tcp_watch_check(_dm_tcp* t, const struct pollfd* p, int n) {
+    int k, j;
+    for (k = 0; k < n; k++) {
+        if (!(p[k].revents & _DM_TCP_WATCH_END)) continue;
+        for (j = 0; j < t->base.size; j++)
+            if (j != t->base.rank && t->fds[j] == p[k].fd)
+                return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: setup: rank %d (%s) closed its connection "
+                                "before the group was built (it died, or its setup failed: see its log)", j,
+                                t->addrs[j]);
+        for (j = 0; t->parent && t->members && j < t->base.size; j++)
+            if (j != t->base.rank && t->parent->fds[t->members[j]] == p[k].fd)
+                return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: split: rank %d of the parent group (%s), "
+                                "rank %d of the new one, is gone: its parent connection closed during the "
+                                "split (it died, or its split failed: see its log)", t->members[j],
+                                t->parent->addrs[t->members[j]], j);
+    }
+    return DM_OK;
+}
+/* Checks the watched connections now, without waiting. */
+static dm_status _dm_tcp_watch_now(_dm_tcp* t) {
+    struct pollfd small[16];
+    struct pollfd* p = small;
+    int n;
+    dm_status st;
+    if (2 * t->base.size > 16) {
+        p = (struct pollfd*)_dm_malloc(&t->base.allocator, sizeof(struct pollfd) * 2 * (size_t)t->base.size);
+        if (!p) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+    }
+    n = _dm_tcp_watch_fill(t, p);
+    st = n > 0 && poll(p, (nfds_t)n, 0) > 0 ? _dm_tcp_watch_check(t, p, n) : DM_OK;
+    if (p != small) _dm_free(&t->base.allocator, p);
+    return st;
+}
+/* _dm_tcp_wait_fd that also watches (t may be NULL: nothing watched): 1 ready, 0 timeout,
+   -1 error, -2 a watched peer is gone (DM_ERR_PEER_LOST is recorded on t). */
+static int _dm_tcp_wait_fd_w(_dm_tcp* t, int fd, short events, int64_t deadline) {
+    struct pollfd small[17];
+    struct pollfd* p = small;
+    int n = 0, rc = 0;
+    if (!t || !t->fds) return _dm_tcp_wait_fd(fd, events, deadline);
+    if (2 * t->base.size + 1 > 17) {
+        p = (struct pollfd*)_dm_malloc(&t->base.allocator, sizeof(struct pollfd) * (2 * (size_t)t->base.size + 1));
+        if (!p) return _dm_tcp_wait_fd(fd, events, deadline);
+    }
+    for (;;) {
+        int64_t left = deadline - _dm_now_ms();
+        if (left <= 0) { rc = 0; break; }
+        p[0].fd = fd; p[0].events = events; p[0].revents = 0;
+        n = _dm_tcp_watch_fill(t, p + 1);
+        rc = poll(p, (nfds_t)n + 1, left > 1000 ? 1000 : (int)left);
+        if (rc < 0 && errno != EINTR) { rc = -1; break; }
+        if (rc <= 0) continue;
+        if (p[0].revents) { rc = 1; break; }       /* what was waited for first (an ack, then EOF) */
+        if (_dm_tcp_watch_check(t, p + 1, n) != DM_OK) { rc = -2; break; }
+    }
+    if (p != small) _dm_free(&t->base.allocator, p);
+    return rc;
+}
+/* Exact read (out false) or write on a nonblocking fd with a deadline, watching through t
+   when given: 1 ok, 0 timeout, -1 EOF or error (errno; 0 for EOF), -2 a watched peer is gone. */
+static int _dm_tcp_io_full(_dm_tcp* t, int fd, void* buf, size_t n, bool out, int64_t deadline) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = out ? send(fd, (const char*)buf + done, n - done, MSG_DONTWAIT | MSG_NOSIGNAL)
+                        : recv(fd, (char*)buf + done, n - done, MSG_DONTWAIT);
+        if (k > 0) { done += (size_t)k; continue; }
+        if (k == 0 && !out) { errno = 0; return -1; }
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+        k = _dm_tcp_wait_fd_w(t, fd, out ? POLLOUT : POLLIN, deadline);
+        if (k != 1) return (int)k;
     }
     return 1;
 }
-static int _dm_tcp_write_full(int fd, const void* buf, size_t n, int64_t deadline) {
-    size_t put = 0;
-    while (put < n) {
-        ssize_t k = send(fd, (const char*)buf + put, n - put, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (k > 0) { put += (size_t)k; continue; }
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-        k = _dm_tcp_wait_fd(fd, POLLOUT, deadline);
-        if (k <= 0) return (int)k;
-    }
-    return 1;
+/* The same without watching: 1 ok, 0 timeout, -1 EOF or error (errno; 0 for EOF). */
+_DM_PRIVATE int _dm_tcp_read_full(int fd, void* buf, size_t n, int64_t deadline) {
+    return _dm_tcp_io_full(NULL, fd, buf, n, false, deadline);
+}
+_DM_PRIVATE int _dm_tcp_write_full(int fd, const void* buf, size_t n, int64_t deadline) {
+    return _dm_tcp_io_full(NULL, fd, (void*)(uintptr_t)buf, n, true, deadline);
 }
 
 /* >>tcp hello  Every data connection: the higher rank (connector) connects to the lower
@@ -3505,21 +3597,31 @@ _DM_PRIVATE void _dm_tcp_hello_mac(const _dm_tcp* t, bool acceptor, const char* 
 }
 
 /* The connector's side on a connected socket to rank j: hello, check the challenge, proof. The
-   ack is read later (_dm_tcp_read_ack), once this rank has accepted its own peers. */
-static dm_status _dm_tcp_hello_connect(_dm_tcp* t, int fd, int j, uint64_t group, int64_t deadline) {
+   ack is read later (_dm_tcp_read_ack), once this rank has accepted its own peers. Waits watch
+   the rendezvous's connections (>>tcp watch). *dropped (may be NULL) tells a connection that
+   ended before any byte of the challenge: the listener may have dropped it from a full
+   handshake table (_dm_tcp_accept_peers), so the caller may connect again. */
+static dm_status _dm_tcp_hello_connect_ex(_dm_tcp* t, int fd, int j, uint64_t group, int64_t deadline,
+                                          bool* dropped) {
     unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE], mac[32];
     int rc;
     uint32_t status;
+    if (dropped) *dropped = false;
     _dm_tcp_put32(hello, _DM_TCP_HELLO_MAGIC);
     _dm_tcp_put32(hello + 4, _DM_TCP_VERSION);
     _dm_tcp_put32(hello + 8, (uint32_t)t->base.rank);
     _dm_tcp_put32(hello + 12, (uint32_t)t->base.size);
     _dm_tcp_put64(hello + 16, group);
     _dm_st_random(hello + 24, 32);
-    if (_dm_tcp_write_full(fd, hello, sizeof(hello), deadline) != 1)
-        return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: sending the hello to rank %d at %s failed",
-                        j, t->addrs[j]);
-    rc = _dm_tcp_read_full(fd, chal, sizeof(chal), deadline);
+    rc = _dm_tcp_io_full(t, fd, hello, sizeof(hello), true, deadline);
+    if (rc == 1) {
+        rc = _dm_tcp_io_full(t, fd, chal, 1, false, deadline);
+        if (rc == 1) rc = _dm_tcp_io_full(t, fd, chal + 1, sizeof(chal) - 1, false, deadline);
+        else if (rc == -1 && dropped) *dropped = true;
+    } else if (rc == -1 && dropped) {
+        *dropped = true;
+    }
+    if (rc == -2) return DM_ERR_PEER_LOST;      /* a watched peer is gone: recorded */
     if (rc == 0)
         return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out waiting for rank %d (%s) to answer the hello",
                         j, t->addrs[j]);
@@ -3538,138 +3640,345 @@ static dm_status _dm_tcp_hello_connect(_dm_tcp* t, int fd, int j, uint64_t group
         return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: the listener at %s could not prove the token of "
                         "rank %d (a different DISTMESH_TOKEN, or not rank %d)", t->addrs[j], j, j);
     _dm_tcp_hello_mac(t, false, t->addrs[j], t->base.rank, j, hello + 24, chal + 8, mac);
-    if (_dm_tcp_write_full(fd, mac, sizeof(mac), deadline) != 1)
-        return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: sending the proof to rank %d at %s failed",
-                        j, t->addrs[j]);
+    rc = _dm_tcp_io_full(t, fd, mac, sizeof(mac), true, deadline);
+    if (rc == -2) return DM_ERR_PEER_LOST;
+    if (rc == 0)
+        return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out sending the proof to rank %d (%s)", j,
+                        t->addrs[j]);
+    if (rc < 0)     /* rank j proved the token: it is gone, not a stranger */
+        return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: setup: rank %d (%s) closed the connection during the "
+                        "hello (%s)", j, t->addrs[j], errno ? strerror(errno) : "EOF");
     return DM_OK;
 }
-
-/* The acceptor's side on an accepted socket: reads the hello, sends the challenge, checks the
-   proof, sends the ack. Returns the ack status (_DM_TCP_ACK_OK: *peer is a verified rank), or
-   -1 for a connection that went silent or sent bad bytes; the caller closes every refusal. */
-static int _dm_tcp_hello_accept(_dm_tcp* t, int fd, uint64_t group, int64_t deadline, int* peer) {
-    unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE], mac[32], proof[32], ack[8];
-    uint32_t status = _DM_TCP_ACK_OK;
-    int p;
-    *peer = -1;
-    if (_dm_tcp_read_full(fd, hello, sizeof(hello), deadline) != 1) return -1;
-    if (_dm_tcp_get32(hello) != _DM_TCP_HELLO_MAGIC || _dm_tcp_get32(hello + 4) != _DM_TCP_VERSION) return -1;
-    p = (int)_dm_tcp_get32(hello + 8);
-    *peer = p;
-    if ((int)_dm_tcp_get32(hello + 12) != t->base.size) {
-        status = _DM_TCP_ACK_GROUP;
-        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused rank %d: world size disagreement (it has %d, "
-                "this rank %d)", p, (int)_dm_tcp_get32(hello + 12), t->base.size);
-    } else if (_dm_tcp_get64(hello + 16) != group) {
-        status = _DM_TCP_ACK_GROUP;
-        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (other group)", p);
-    } else if (p <= t->base.rank || p >= t->base.size || t->fds[p] >= 0)
-        status = _DM_TCP_ACK_RANK;
-    memset(chal, 0, sizeof(chal));
-    _dm_tcp_put32(chal, _DM_TCP_CHAL_MAGIC);
-    _dm_tcp_put32(chal + 4, status);
-    if (status == _DM_TCP_ACK_OK) {
-        _dm_st_random(chal + 8, 32);
-        _dm_tcp_hello_mac(t, true, t->addrs[t->base.rank], p, t->base.rank, hello + 24, chal + 8, chal + 40);
-    }
-    if (_dm_tcp_write_full(fd, chal, sizeof(chal), deadline) != 1) return -1;
-    if (status != _DM_TCP_ACK_OK) return (int)status;
-    if (_dm_tcp_read_full(fd, proof, sizeof(proof), deadline) != 1) return -1;
-    _dm_tcp_hello_mac(t, false, t->addrs[t->base.rank], p, t->base.rank, hello + 24, chal + 8, mac);
-    if (!_dm_st_ct_equal(mac, proof, 32)) status = _DM_TCP_ACK_TOKEN;
-    _dm_tcp_put32(ack, _DM_TCP_ACK_MAGIC);
-    _dm_tcp_put32(ack + 4, status);
-    if (_dm_tcp_write_full(fd, ack, sizeof(ack), deadline) != 1) return -1;
-    return (int)status;
+_DM_PRIVATE dm_status _dm_tcp_hello_connect(_dm_tcp* t, int fd, int j, uint64_t group, int64_t deadline) {
+    return _dm_tcp_hello_connect_ex(t, fd, j, group, deadline, NULL);
 }
 
-/* Connects to rank j at addr with retries until the deadline; sends the hello. */
+/* The acceptor's side, a state machine on a nonblocking socket so that one listener drives
+   every pending handshake at once (_dm_tcp_accept_peers): read hello -> write challenge ->
+   read proof -> write ack, each step moving what the socket takes now. */
+enum { _DM_TCP_HS_HELLO = 0, _DM_TCP_HS_CHAL, _DM_TCP_HS_PROOF, _DM_TCP_HS_ACK, _DM_TCP_HS_DONE };
+#define _DM_TCP_HS_MORE (-2)        /* would block: poll for _dm_tcp_hs_events, then step again */
+typedef struct _dm_tcp_hs {
+    int fd, state, peer;            /* peer: the rank the hello claims, -1 before */
+    uint32_t status;                /* the answer decided so far (_DM_TCP_ACK_*) */
+    size_t off;                     /* bytes of the current message moved */
+    int64_t deadline;               /* this connection's own */
+    bool claimed;                   /* the listener holds t->fds[peer] for it (proof verified) */
+    unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE], proof[32], ack[8];
+} _dm_tcp_hs;
+
+static void _dm_tcp_hs_init(_dm_tcp_hs* h, int fd, int64_t deadline) {
+    memset(h, 0, sizeof(*h));
+    h->fd = fd;
+    h->peer = -1;
+    h->deadline = deadline;
+    h->status = _DM_TCP_ACK_OK;
+}
+static short _dm_tcp_hs_events(const _dm_tcp_hs* h) {
+    return (short)(h->state == _DM_TCP_HS_CHAL || h->state == _DM_TCP_HS_ACK ? POLLOUT : POLLIN);
+}
+/* Moves bytes [*off, n) of buf now: 1 all moved, 0 would block, -1 EOF or error. */
+static int _dm_tcp_hs_io(int fd, unsigned char* buf, size_t n, size_t* off, bool out) {
+    while (*off < n) {
+        ssize_t k = out ? send(fd, buf + *off, n - *off, MSG_DONTWAIT | MSG_NOSIGNAL)
+                        : recv(fd, buf + *off, n - *off, MSG_DONTWAIT);
+        if (k > 0) { *off += (size_t)k; continue; }
+        if (k == 0) return out ? 0 : -1;
+        if (errno == EINTR) continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+    }
+    return 1;
+}
+/* One step: _DM_TCP_HS_MORE, -1 for EOF, an error or bad bytes (the caller closes it), or the
+   ack status once the answer is out (_DM_TCP_ACK_OK: h->peer is a verified rank). After a
+   valid proof it returns _DM_TCP_HS_MORE once, in state _DM_TCP_HS_ACK with status OK, before
+   the ack goes out, so a listener can claim the rank first. Deadlines are the caller's. */
+static int _dm_tcp_hs_step(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
+    for (;;) {
+        int rc, p;
+        unsigned char mac[32];
+        switch (h->state) {
+        case _DM_TCP_HS_HELLO:
+            if ((rc = _dm_tcp_hs_io(h->fd, h->hello, sizeof(h->hello), &h->off, false)) <= 0)
+                return rc < 0 ? -1 : _DM_TCP_HS_MORE;
+            h->state = _DM_TCP_HS_DONE;
+            if (_dm_tcp_get32(h->hello) != _DM_TCP_HELLO_MAGIC || _dm_tcp_get32(h->hello + 4) != _DM_TCP_VERSION)
+                return -1;
+            p = h->peer = (int)_dm_tcp_get32(h->hello + 8);
+            if ((int)_dm_tcp_get32(h->hello + 12) != t->base.size) {
+                h->status = _DM_TCP_ACK_GROUP;
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused rank %d: world size disagreement (it has "
+                        "%d, this rank %d)", p, (int)_dm_tcp_get32(h->hello + 12), t->base.size);
+            } else if (_dm_tcp_get64(h->hello + 16) != group) {
+                h->status = _DM_TCP_ACK_GROUP;
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (other "
+                        "group)", p);
+            } else if (p <= t->base.rank || p >= t->base.size || t->fds[p] >= 0)
+                h->status = _DM_TCP_ACK_RANK;
+            memset(h->chal, 0, sizeof(h->chal));
+            _dm_tcp_put32(h->chal, _DM_TCP_CHAL_MAGIC);
+            _dm_tcp_put32(h->chal + 4, h->status);
+            if (h->status == _DM_TCP_ACK_OK) {
+                _dm_st_random(h->chal + 8, 32);
+                _dm_tcp_hello_mac(t, true, t->addrs[t->base.rank], p, t->base.rank, h->hello + 24, h->chal + 8,
+                                  h->chal + 40);
+            }
+            h->state = _DM_TCP_HS_CHAL;
+            h->off = 0;
+            break;
+        case _DM_TCP_HS_CHAL:
+            if ((rc = _dm_tcp_hs_io(h->fd, h->chal, sizeof(h->chal), &h->off, true)) <= 0)
+                return rc < 0 ? -1 : _DM_TCP_HS_MORE;
+            if (h->status != _DM_TCP_ACK_OK) { h->state = _DM_TCP_HS_DONE; return (int)h->status; }
+            h->state = _DM_TCP_HS_PROOF;
+            h->off = 0;
+            break;
+        case _DM_TCP_HS_PROOF:
+            if ((rc = _dm_tcp_hs_io(h->fd, h->proof, sizeof(h->proof), &h->off, false)) <= 0)
+                return rc < 0 ? -1 : _DM_TCP_HS_MORE;
+            _dm_tcp_hello_mac(t, false, t->addrs[t->base.rank], h->peer, t->base.rank, h->hello + 24, h->chal + 8, mac);
+            if (!_dm_st_ct_equal(mac, h->proof, 32)) h->status = _DM_TCP_ACK_TOKEN;
+            else if (t->fds[h->peer] >= 0) h->status = _DM_TCP_ACK_RANK;     /* another one proved it first */
+            _dm_tcp_put32(h->ack, _DM_TCP_ACK_MAGIC);
+            _dm_tcp_put32(h->ack + 4, h->status);
+            h->state = _DM_TCP_HS_ACK;
+            h->off = 0;
+            if (h->status == _DM_TCP_ACK_OK) return _DM_TCP_HS_MORE;
+            break;
+        case _DM_TCP_HS_ACK:
+            if ((rc = _dm_tcp_hs_io(h->fd, h->ack, sizeof(h->ack), &h->off, true)) <= 0)
+                return rc < 0 ? -1 : _DM_TCP_HS_MORE;
+            h->state = _DM_TCP_HS_DONE;
+            return (int)h->status;
+        default:
+            return -1;
+        }
+    }
+}
+
+/* The acceptor's side on one accepted socket, blocking until the deadline (the state machine
+   above, driven alone). Returns the ack status (_DM_TCP_ACK_OK: *peer is a verified rank), or
+   -1 for a connection that went silent or sent bad bytes; the caller closes every refusal. */
+_DM_PRIVATE int _dm_tcp_hello_accept(_dm_tcp* t, int fd, uint64_t group, int64_t deadline, int* peer) {
+    _dm_tcp_hs h;
+    int rc;
+    _dm_tcp_hs_init(&h, fd, deadline);
+    while ((rc = _dm_tcp_hs_step(t, &h, group)) == _DM_TCP_HS_MORE)
+        if (_dm_tcp_wait_fd(fd, _dm_tcp_hs_events(&h), deadline) != 1) { rc = -1; break; }
+    *peer = h.peer;
+    return rc;
+}
+
+/* Connects to rank j at its published address, retrying until the deadline while nothing
+   answers; then the hello. A published address that refuses connections is a listener that
+   is gone (it listens before it publishes and until every higher rank has said hello), so a
+   few refusals in a row mean the peer died or gave up: DM_ERR_PEER_LOST, not a wait for the
+   deadline. A
+   connection dropped before the challenge is tried again a few times (the listener may have
+   dropped it to bound its handshakes; a dead one then refuses). */
 static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t deadline) {
     struct sockaddr_storage sa;
-    int fd = -1, rc, err;
+    int fd = -1, rc, err, refused = 0, redials = 0;
     dm_status st;
     if (!_dm_tcp_parse_addr(t->addrs[j], &sa))
         return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: rank %d published a malformed address \"%s\"", j, t->addrs[j]);
     for (;;) {
         socklen_t len = sizeof(err);
+        bool dropped = false;
         fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: socket() failed (%s)", strerror(errno));
         rc = connect(fd, (struct sockaddr*)&sa, sa.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
                                                                           : sizeof(struct sockaddr_in));
         err = rc == 0 ? 0 : errno;
         if (err == EINPROGRESS) {
-            rc = _dm_tcp_wait_fd(fd, POLLOUT, deadline);
+            rc = _dm_tcp_wait_fd_w(t, fd, POLLOUT, deadline);
+            if (rc == -2) { close(fd); return DM_ERR_PEER_LOST; }
             err = rc == 1 ? 0 : ETIMEDOUT;
             if (rc == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
         }
-        if (err == 0) break;
-        close(fd);
-        fd = -1;
+        if (err == 0) {
+            _dm_tcp_tune(fd);
+            st = _dm_tcp_hello_connect_ex(t, fd, j, group, deadline, &dropped);
+            if (st == DM_OK) { t->fds[j] = fd; return DM_OK; }
+            close(fd);
+            if (!dropped || ++redials > 3) return st;
+            refused = 0;
+        } else {
+            close(fd);
+            if (err == ECONNREFUSED && ++refused >= 3)
+                return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: setup: rank %d at %s refuses connections (%s): "
+                                "its listener is gone (the process died, or its setup failed: see its log)", j,
+                                t->addrs[j], strerror(err));
+            if (err != ECONNREFUSED) refused = 0;
+        }
         if (_dm_now_ms() >= deadline)
             return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out connecting to rank %d at %s (%s)",
-                            j, t->addrs[j], strerror(err));
+                            j, t->addrs[j], strerror(err ? err : ETIMEDOUT));
+        if ((st = _dm_tcp_watch_now(t)) != DM_OK) return st;
         usleep(20000);
     }
-    _dm_tcp_tune(fd);
-    if ((st = _dm_tcp_hello_connect(t, fd, j, group, deadline)) != DM_OK) {
-        close(fd);
-        return st;
-    }
-    t->fds[j] = fd;
-    return DM_OK;
 }
 
-/* Accepts connections until every higher rank has said hello. Strangers (bad magic, group,
-   rank or token) get a refusal ack and are closed; they do not count. */
+/* Handshakes in progress at once on one listener, and each one's time to finish. */
+#define _DM_TCP_HS_MAX 64
+#define _DM_TCP_HS_MS 5000
+
+/* A handshake the listener gives up: its claim on a rank goes, its socket is closed. */
+static void _dm_tcp_hs_drop(_dm_tcp* t, _dm_tcp_hs* h) {
+    if (h->claimed && t->fds[h->peer] == h->fd) t->fds[h->peer] = -1;
+    h->claimed = false;
+    close(h->fd);
+    h->fd = -1;
+}
+/* Steps one of the listener's handshakes; 1 when it completed a verified peer (its socket is
+   now t->fds[peer]), else 0. A finished one is left with fd -1, closed unless a peer's. */
+static int _dm_tcp_hs_drive(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
+    int rc = _dm_tcp_hs_step(t, h, group);
+    if (rc == _DM_TCP_HS_MORE && h->state == _DM_TCP_HS_ACK && h->status == _DM_TCP_ACK_OK && !h->claimed) {
+        t->fds[h->peer] = h->fd;    /* the rank is this connection's before the ack says so */
+        h->claimed = true;
+        rc = _dm_tcp_hs_step(t, h, group);
+    }
+    if (rc == _DM_TCP_HS_MORE) return 0;
+    if (rc == _DM_TCP_ACK_OK) {
+        _dm_tcp_tune(h->fd);
+        h->fd = -1;
+        return 1;
+    }
+    if (rc < 0)
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that closed or sent a bad hello");
+    else if (rc != _DM_TCP_ACK_GROUP)   /* a world-size disagreement was named by the hello */
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (%s)", h->peer,
+                rc == _DM_TCP_ACK_TOKEN ? "wrong token proof: another token, or a replayed or relayed hello"
+                                        : "bad rank");
+    _dm_tcp_hs_drop(t, h);
+    return 0;
+}
+/* The one to drop from a full table: the oldest that has not sent a whole hello, else the
+   oldest (never one whose rank is claimed); -1 if none. */
+static int _dm_tcp_hs_victim(const _dm_tcp_hs* hs, int n) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (hs[i].fd >= 0 && !hs[i].claimed && hs[i].state == _DM_TCP_HS_HELLO) return i;
+    for (i = 0; i < n; i++)
+        if (hs[i].fd >= 0 && !hs[i].claimed) return i;
+    return -1;
+}
+static void _dm_tcp_hs_compact(_dm_tcp_hs* hs, int* n) {
+    int i, k = 0;
+    for (i = 0; i < *n; i++)
+        if (hs[i].fd >= 0) {
+            if (k != i) hs[k] = hs[i];
+            k++;
+        }
+    *n = k;
+}
+
+/* Accepts until every higher rank has said hello, driving every pending handshake at once
+   with poll(): each connection has its own deadline (_DM_TCP_HS_MS from its accept), so
+   silent or slow connections cost the others nothing. Beyond _DM_TCP_HS_MAX handshakes the
+   oldest connection that has not sent a whole hello goes first (else the oldest), logged.
+   Strangers (bad magic, group, rank or token) get a refusal and are closed; they do not count.
+   The rendezvous's connections are watched meanwhile (>>tcp watch). */
 static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64_t deadline) {
-    int missing = t->base.size - 1 - t->base.rank;
+    int missing = t->base.size - 1 - t->base.rank, n = 0, i;
+    int64_t lfd_rest = 0;           /* after accept ran out of descriptors: leave the listener a while */
+    _dm_tcp_hs* hs;
+    struct pollfd* p;
+    dm_status st = DM_OK;
+    if (missing <= 0) return DM_OK;
+    hs = (_dm_tcp_hs*)_dm_malloc(&t->base.allocator, sizeof(_dm_tcp_hs) * _DM_TCP_HS_MAX);
+    p = (struct pollfd*)_dm_malloc(&t->base.allocator, sizeof(struct pollfd) *
+                                   (1 + _DM_TCP_HS_MAX + 2 * (size_t)t->base.size));
+    if (!hs || !p) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
     while (missing > 0) {
-        int status, fd, rc, peer;
-        int64_t hello_deadline;
-        rc = _dm_tcp_wait_fd(lfd, POLLIN, deadline);
-        if (rc == 0) {
+        int64_t now = _dm_now_ms(), wake = deadline;
+        int rc, nw, dropped = 0;
+        for (i = 0; i < n; i++)
+            if (now >= hs[i].deadline) {
+                if (hs[i].deadline < deadline)  /* not just the end of the whole wait */
+                    _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that had not finished "
+                            "its hello after %d ms (silent or too slow)", _DM_TCP_HS_MS);
+                _dm_tcp_hs_drop(t, &hs[i]);
+            }
+        _dm_tcp_hs_compact(hs, &n);
+        if (now >= deadline) {
             int j;
             for (j = t->base.rank + 1; j < t->base.size && t->fds[j] >= 0; j++) {}
-            return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %d ms waiting for rank %d "
-                            "to connect (%d of %d peers missing)", t->base.timeout_ms, j, missing,
-                            t->base.size - 1 - t->base.rank);
+            st = _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %d ms waiting for rank %d to "
+                          "connect (%d of %d peers missing)", t->base.timeout_ms, j, missing,
+                          t->base.size - 1 - t->base.rank);
+            goto done;
         }
-        if (rc < 0) return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: poll on the listener failed (%s)", strerror(errno));
-        fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) continue;
-        /* a silent stranger cannot hold the rendezvous for more than a few seconds */
-        hello_deadline = _dm_now_ms() + 5000 < deadline ? _dm_now_ms() + 5000 : deadline;
-        status = _dm_tcp_hello_accept(t, fd, group, hello_deadline, &peer);
-        if (status < 0) {
-            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that was silent or sent a bad hello");
-            close(fd);
-            continue;
+        p[0].fd = now >= lfd_rest ? lfd : -1;
+        p[0].events = POLLIN;
+        p[0].revents = 0;
+        for (i = 0; i < n; i++) {
+            p[1 + i].fd = hs[i].fd;
+            p[1 + i].events = _dm_tcp_hs_events(&hs[i]);
+            p[1 + i].revents = 0;
+            if (hs[i].deadline < wake) wake = hs[i].deadline;
         }
-        if (status != _DM_TCP_ACK_OK) {
-            if (status != _DM_TCP_ACK_GROUP)    /* a world-size disagreement was named by the hello */
-                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (%s)", peer,
-                        status == _DM_TCP_ACK_TOKEN ? "wrong token proof: another token, or a replayed or relayed hello"
-                                                    : "bad rank");
-            close(fd);
-            continue;
+        if (p[0].fd < 0 && lfd_rest < wake) wake = lfd_rest;
+        nw = _dm_tcp_watch_fill(t, p + 1 + n);
+        rc = poll(p, (nfds_t)(1 + n + nw), wake - now > 1000 ? 1000 : (int)(wake - now));
+        if (rc < 0 && errno != EINTR) {
+            st = _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: poll on the listener failed (%s)", strerror(errno));
+            goto done;
         }
-        _dm_tcp_tune(fd);
-        t->fds[peer] = fd;
-        missing--;
+        if (rc <= 0) continue;
+        if ((st = _dm_tcp_watch_check(t, p + 1 + n, nw)) != DM_OK) goto done;
+        for (i = 0; i < n; i++)
+            if (p[1 + i].revents) missing -= _dm_tcp_hs_drive(t, &hs[i], group);
+        _dm_tcp_hs_compact(hs, &n);
+        while (missing > 0 && (p[0].revents & POLLIN)) {
+            int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd < 0) {
+                if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                    _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: accept failed (%s)", strerror(errno));
+                    lfd_rest = now + 20;
+                }
+                break;
+            }
+            if (n == _DM_TCP_HS_MAX) {
+                int v = _dm_tcp_hs_victim(hs, n);
+                if (v < 0) { close(fd); continue; }
+                _dm_tcp_hs_drop(t, &hs[v]);
+                _dm_tcp_hs_compact(hs, &n);
+                dropped++;
+            }
+            _dm_tcp_hs_init(&hs[n], fd, now + _DM_TCP_HS_MS < deadline ? now + _DM_TCP_HS_MS : deadline);
+            missing -= _dm_tcp_hs_drive(t, &hs[n], group);   /* its hello may be here already */
+            n++;
+            _dm_tcp_hs_compact(hs, &n);
+        }
+        if (dropped)
+            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped %d unauthenticated connection%s, the oldest, "
+                    "to keep at most %d handshakes at once", dropped, dropped == 1 ? "" : "s", _DM_TCP_HS_MAX);
     }
-    return DM_OK;
+done:
+    for (i = 0; hs && i < n; i++)
+        if (hs[i].fd >= 0) _dm_tcp_hs_drop(t, &hs[i]);
+    _dm_free(&t->base.allocator, hs);
+    _dm_free(&t->base.allocator, p);
+    return st;
 }
 
+/* The ack of rank j (a connection this rank made), watching the others meanwhile. Rank j has
+   proved the token in its challenge, so a connection that ends here is a peer gone. */
 static dm_status _dm_tcp_read_ack(_dm_tcp* t, int j, int64_t deadline) {
     unsigned char ack[8];
-    int rc = _dm_tcp_read_full(t->fds[j], ack, sizeof(ack), deadline);
+    int rc = _dm_tcp_io_full(t, t->fds[j], ack, sizeof(ack), false, deadline);
     uint32_t status;
+    if (rc == -2) return DM_ERR_PEER_LOST;
     if (rc == 0)
         return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out waiting for rank %d (%s) to accept",
                         j, t->addrs[j]);
     if (rc < 0)
-        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) closed the connection during the "
-                        "hello (%s)", j, t->addrs[j], errno ? strerror(errno) : "EOF");
+        return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: setup: rank %d (%s) closed the connection during the "
+                        "hello (%s): it died, or dropped the connection", j, t->addrs[j],
+                        errno ? strerror(errno) : "EOF");
     if (_dm_tcp_get32(ack) != _DM_TCP_ACK_MAGIC)
         return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: setup: rank %d (%s) answered with malformed bytes", j, t->addrs[j]);
     status = _dm_tcp_get32(ack + 4);
@@ -3682,19 +3991,31 @@ static dm_status _dm_tcp_read_ack(_dm_tcp* t, int j, int64_t deadline) {
     return DM_OK;
 }
 
-/* >>tcp store access (the store API above) */
+/* >>tcp store access (the store API above). While a group is built every request goes
+   through t->rdv, a clone of the store whose timeout is what is left of the rendezvous
+   deadline: the desc's timeout for create, the parent's current one (dm_set_timeout) for
+   split, whatever timeout the store itself was made with. */
+static dm_store* _dm_tcp_st(_dm_tcp* t) {
+    int64_t left;
+    if (!t->rdv) return t->store;
+    left = t->rdv_deadline == INT64_MAX ? -1 : t->rdv_deadline - _dm_now_ms();
+    t->rdv->timeout_ms = t->rdv_deadline == INT64_MAX ? -1 : left < 1 ? 1 : left > INT_MAX ? INT_MAX : (int)left;
+    return t->rdv;
+}
 static dm_status _dm_tcp_store_fail(_dm_tcp* t, dm_status st, const char* what, const char* key) {
-    return _DM_FAIL(&t->base, st, "tcp: store %s \"%s\" failed: %s", what, key, dm_store_last_error(t->store));
+    return _DM_FAIL(&t->base, st, "tcp: store %s \"%s\" failed: %s", what, key,
+                    dm_store_last_error(t->rdv ? t->rdv : t->store));
 }
 static dm_status _dm_tcp_store_get_str(_dm_tcp* t, const char* key, char* out, size_t cap) {
     void* v = NULL;
     size_t n = 0;
-    dm_status st = dm_store_get(t->store, key, &v, &n);
+    dm_store* s = _dm_tcp_st(t);
+    dm_status st = dm_store_get(s, key, &v, &n);
     if (st != DM_OK) return _dm_tcp_store_fail(t, st, "get", key);
     if (n >= cap) n = cap - 1;
     memcpy(out, v, n);
     out[n] = 0;
-    dm_store_free(t->store, v);
+    dm_store_free(s, v);
     return DM_OK;
 }
 
@@ -3704,10 +4025,11 @@ static dm_status _dm_tcp_store_get_str(_dm_tcp* t, const char* key, char* out, s
    whose prefixes are used once), so the key count is flat over create/split/destroy cycles. */
 static void _dm_tcp_forget_key(_dm_tcp* t, const char* name) {
     char key[600];
+    dm_store* s = _dm_tcp_st(t);
     snprintf(key, sizeof(key), "%s%s", t->prefix, name);
-    if (dm_store_delete(t->store, key, NULL) != DM_OK)
+    if (dm_store_delete(s, key, NULL) != DM_OK)
         _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: could not delete the store key \"%s\" (%s)", key,
-                dm_store_last_error(t->store));
+                dm_store_last_error(s));
 }
 /* Rank 0 also drops the world-size key: every other rank checked it before connecting. */
 static void _dm_tcp_forget_addr(_dm_tcp* t) {
@@ -3725,6 +4047,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
     if (t->fds)
         for (r = 0; r < t->base.size; r++)
             if (t->fds[r] >= 0) close(t->fds[r]);
+    dm_store_destroy(t->rdv);
     if (t->own_store) dm_store_destroy(t->store);
 #if defined(DISTMESH_CUDA)
     _dm_tcp_cuda_release(t);
@@ -3970,6 +4293,10 @@ typedef struct _dm_tcp_setup {
     dm_allocator allocator;
     bool env_local;             /* the launcher gave env_local_rank / env_local_size (they win) */
     int env_local_rank, env_local_size;
+    const struct _dm_tcp* parent; /* split: the group being split (its connections are watched) */
+    const int* members;         /* split: the parent rank of each new rank */
+    char* err;                  /* split: gets the failure's message (err_cap bytes), or NULL */
+    size_t err_cap;
 } _dm_tcp_setup;
 
 /* The launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win over the host-name grouping; a disagreement
@@ -4049,10 +4376,11 @@ done:
 }
 
 /* >>tcp arrival  Before connecting, each rank waits until every rank of its group has
-   published its address, in slices (1 s, then 10 s); a slice that ends with ranks missing logs
-   which ones and for how long. The first rank here sets "<prefix>world_size"; a rank that holds
-   a different world size fails at once, naming both values. The waits use a silent clone of
-   the store: a slice that times out is not an error. */
+   published its address, in short slices (200 ms) so that a split also watches the parent's
+   connections to the members meanwhile (>>tcp watch); after 1 s, then every 10 s, a log line
+   names the ranks still missing and for how long. The first rank here sets
+   "<prefix>world_size"; a rank that holds a different world size fails at once, naming both
+   values. The waits use a silent clone of the store: a slice that times out is not an error. */
 static void _dm_tcp_rank_list(const int* ranks, int n, char* out, size_t cap) {
     int i = 0;
     size_t len = 0;
@@ -4074,21 +4402,21 @@ static dm_status _dm_tcp_await_ranks(_dm_tcp* t, int64_t deadline) {
     size_t held_n = 0;
     char** keys = NULL;
     int* missing = NULL;
-    int64_t start = _dm_now_ms(), slice = 1000;
+    int64_t start = _dm_now_ms(), next_log = start + 1000;
     dm_store* w = NULL;
     dm_status st;
     snprintf(mine, sizeof(mine), "%d", W);
     snprintf(key, sizeof(key), "%sworld_size", t->prefix);
-    st = dm_store_compare_set(t->store, key, "", 0, mine, strlen(mine), &held, &held_n);
+    st = dm_store_compare_set(_dm_tcp_st(t), key, "", 0, mine, strlen(mine), &held, &held_n);
     if (st != DM_OK) return _dm_tcp_store_fail(t, st, "compare_set", key);
     snprintf(other, sizeof(other), "%.*s", (int)(held_n < 20 ? held_n : 20), (const char*)held);
-    dm_store_free(t->store, held);
+    dm_store_free(t->rdv ? t->rdv : t->store, held);
     if (strcmp(other, mine) != 0)
         return _DM_FAIL(&t->base, DM_ERR_INVALID_ARG, "tcp: world size disagreement: this rank (rank %d) has "
                         "world size %d, another rank of the group has %s (every rank must be given the same "
                         "WORLD_SIZE / launcher size)", t->base.rank, W, other);
     if (W == 1) return DM_OK;
-    st = dm_store_clone_prefixed(t->store, "", &w);
+    st = dm_store_clone_prefixed(_dm_tcp_st(t), "", &w);
     keys = (char**)_dm_calloc(&t->base.allocator, (size_t)W * sizeof(char*));
     missing = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)W);
     if (st != DM_OK || !keys || !missing) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
@@ -4099,13 +4427,23 @@ static dm_status _dm_tcp_await_ranks(_dm_tcp* t, int64_t deadline) {
         sprintf(keys[j], "%saddr/%d", t->prefix, j);
     }
     for (;;) {
-        int64_t left = deadline - _dm_now_ms();
-        int ms = (int)(left < slice ? (left < 1 ? 1 : left) : slice);
+        int64_t now = _dm_now_ms(), left = deadline - now;
+        int ms = (int)(left < 200 ? (left < 1 ? 1 : left) : 200);
+        /* the slice bounds the wait; the deadline bounds the requests (WAIT, CANCEL_WAIT) */
+        w->timeout_ms = deadline == INT64_MAX ? -1 : (int)(left < 1 ? 1 : left > INT_MAX ? INT_MAX : left);
         st = dm_store_wait(w, (const char* const*)keys, (size_t)W, ms);
+        if (st == DM_ERR_TIMEOUT && w->sh->broken) {    /* the store itself did not answer */
+            st = _DM_FAIL(&t->base, st, "tcp: setup: store wait failed: %s", dm_store_last_error(w));
+            goto done;
+        }
         if (st != DM_ERR_TIMEOUT) {
             if (st != DM_OK) st = _DM_FAIL(&t->base, st, "tcp: setup: store wait failed: %s", dm_store_last_error(w));
             goto done;
         }
+        if ((st = _dm_tcp_watch_now(t)) != DM_OK) goto done;
+        now = _dm_now_ms();
+        if (now < deadline && now < next_log) continue;
+        w->timeout_ms = 1000;
         for (nmissing = 0, j = 0; j < W; j++) {
             bool there = true;
             const char* k1 = keys[j];
@@ -4123,7 +4461,7 @@ static dm_status _dm_tcp_await_ranks(_dm_tcp* t, int64_t deadline) {
             _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: rank %d has waited %lld s for rank%s %s of %d to join "
                     "(deadline in %lld s)", t->base.rank, (long long)((_dm_now_ms() - start + 500) / 1000),
                     nmissing == 1 ? "" : "s", list, W, (long long)((deadline - _dm_now_ms()) / 1000));
-        slice = 10000;
+        next_log = _dm_now_ms() + 10000;
     }
 done:
     if (keys)
@@ -4168,6 +4506,14 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     t->lk.notice_read = _dm_tcp_notice_read;
     for (j = 0; j < s->size; j++) t->fds[j] = -1;
     deadline = _dm_deadline(t->base.timeout_ms);
+    /* the rendezvous: store requests end by the deadline, the parent's connections are watched */
+    if (dm_store_clone_prefixed(t->store, "", &t->rdv) != DM_OK) {
+        st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+        goto fail;
+    }
+    t->rdv_deadline = deadline;
+    t->parent = s->parent;
+    t->members = s->members;
 
     /* generation: create/destroy cycles under one prefix get fresh keys. No rank can start the
        next cycle's add before every rank did this one's (connecting needs everyone's address). */
@@ -4175,7 +4521,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
         gen = 1;
     } else {
         snprintf(key, sizeof(key), "%sgen", t->user_prefix);
-        st = dm_store_add(t->store, key, 1, &gen);
+        st = dm_store_add(_dm_tcp_st(t), key, 1, &gen);
         if (st != DM_OK) { _dm_tcp_store_fail(t, st, "add", key); goto fail; }
     }
     snprintf(t->prefix, sizeof(t->prefix), "%.480sg%lld/", t->user_prefix, (long long)((gen - 1) / s->size));
@@ -4202,7 +4548,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     _dm_tcp_format_addr((struct sockaddr*)&sa, self_addr, sizeof(self_addr));
     _dm_copy_name(t->addrs[s->rank], 64, self_addr);
     snprintf(key, sizeof(key), "%saddr/%d", t->prefix, s->rank);
-    st = dm_store_set(t->store, key, self_addr, strlen(self_addr));
+    st = dm_store_set(_dm_tcp_st(t), key, self_addr, strlen(self_addr));
     if (st != DM_OK) { _dm_tcp_store_fail(t, st, "set", key); goto fail; }
     if ((st = _dm_tcp_await_ranks(t, deadline)) != DM_OK) goto fail;
 
@@ -4238,10 +4584,15 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     if ((st = _dm_tcp_socket_links(t)) != DM_OK) goto fail;
     if ((st = _dm_tcp_hosts(t, s)) != DM_OK) goto fail;
     /* the store stays only where split may need it again */
+    dm_store_destroy(t->rdv);
+    t->rdv = NULL;
+    t->parent = NULL;
+    t->members = NULL;
     *out = &t->base;
     return DM_OK;
 fail:
     if (lfd >= 0) close(lfd);
+    if (s->err) _dm_copy_name(s->err, s->err_cap, t->base.last_error);
     _dm_tcp_free(t);
     return st;
 }
@@ -4558,13 +4909,18 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
 }
 
 /* >>tcp split  (color, key) from every rank, then the members rendezvous again through the
-   same store under "<prefix>split<seq>/<color>/", ordered by (key, old rank). */
+   same store under "<prefix>split<seq>/<color>/", ordered by (key, old rank). The rendezvous
+   runs on the parent's current timeout (dm_set_timeout) and watches the parent's connections
+   to the members: one that dies fails the split on every member with DM_ERR_PEER_LOST at once.
+   A split that fails after the (color, key) exchange breaks the parent like a failed
+   collective: its later calls fail at once with the cause. */
 static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collective** out) {
     _dm_tcp* t = (_dm_tcp*)c;
     int32_t mine[2];
     int32_t* all;
-    int W = c->size, j, new_rank = 0, new_size = 0;
-    char prefix[512];
+    int* members = NULL;
+    int W = c->size, j, k, new_rank = 0, new_size = 0;
+    char prefix[512], why[DM_LAST_ERROR_SIZE];
     dm_status st;
     void* small[16];
     void** ptrs = small;
@@ -4589,10 +4945,28 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
         new_size++;
         if (all[2 * j + 1] < key || (all[2 * j + 1] == key && j < c->rank)) new_rank++;
     }
-    _dm_free(&c->allocator, all);
-    if (strlen(t->prefix) + 40 > sizeof(t->user_prefix))
+    if (strlen(t->prefix) + 40 > sizeof(t->user_prefix)) {   /* the same on every rank: nothing breaks */
+        _dm_free(&c->allocator, all);
         return _DM_FAIL(c, DM_ERR_INVALID_ARG, "tcp: split: groups nested too deeply (store prefix \"%s\")", t->prefix);
+    }
+    /* the parent rank of each new rank, in (key, parent rank) order */
+    members = (int*)_dm_malloc(&c->allocator, sizeof(int) * (size_t)new_size);
+    if (!members) {
+        _dm_free(&c->allocator, all);
+        _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: split: out of memory");
+        return _dm_lk_break(&t->lk, DM_ERR_OUT_OF_MEMORY);
+    }
+    for (j = 0; j < W; j++) {
+        int r = 0;
+        if (all[2 * j] != color) continue;
+        for (k = 0; k < W; k++)
+            if (all[2 * k] == color && (all[2 * k + 1] < all[2 * j + 1] || (all[2 * k + 1] == all[2 * j + 1] && k < j)))
+                r++;
+        members[r] = j;
+    }
+    _dm_free(&c->allocator, all);
     snprintf(prefix, sizeof(prefix), "%.470ssplit%llu/%d/", t->prefix, (unsigned long long)c->seq, color);
+    why[0] = 0;
     s.rank = new_rank;
     s.size = new_size;
     s.timeout_ms = c->timeout_ms;
@@ -4608,8 +4982,17 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     s.transport = t->transport;
     s.logger = c->logger;
     s.allocator = c->allocator;
+    s.parent = t;
+    s.members = members;
+    s.err = why;
+    s.err_cap = sizeof(why);
     st = _dm_tcp_build(&s, out);
-    if (st != DM_OK) return _DM_FAIL(c, st, "tcp: split (color %d) failed to connect its %d members", color, new_size);
+    _dm_free(&c->allocator, members);
+    if (st != DM_OK) {
+        _DM_FAIL(c, st, "tcp: split #%llu (color %d, %d members) failed: %s", (unsigned long long)c->seq, color,
+                 new_size, why[0] ? why : dm_status_name(st));
+        return _dm_lk_break(&t->lk, st);
+    }
     (*out)->timeout_ms = c->timeout_ms;
     return DM_OK;
 }

@@ -6,7 +6,12 @@
      slow connections against a server in its own process keep its RSS bounded while a
      legitimate client keeps working; MULTI_GET of 0 keys;
    - data connections: the hello is a challenge-response (a replayed or relayed one is refused),
-     a world with a token works, different tokens are refused.
+     a world with a token works, different tokens are refused, a verified peer that drops the
+     connection before its ack is a peer lost;
+   - the data listener: silent and slow-loris connections cost a world's creation nothing, the
+     handshake table is bounded (oldest dropped) and each connection has its own deadline;
+   - create and split: their store requests end by the create / split deadline (desc timeout,
+     dm_set_timeout on the parent) even when the store itself stops answering.
    This program compiles the implementation itself (DISTMESH_IMPLEMENTATION) so the hello
    functions can be driven directly over socket pairs. */
 #define _GNU_SOURCE
@@ -15,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "test_filter.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -664,6 +670,346 @@ static void test_hello_relay_refused(void** state) {
     fake_rank_free(con);
 }
 
+/* A verified peer (its challenge proved the token) that drops the connection before the ack
+   is a peer lost, not a refusal. */
+typedef struct ack_job { _dm_tcp* t; int fd; dm_status hello, ack; pthread_t th; } ack_job;
+static void* ack_main(void* p) {
+    ack_job* a = (ack_job*)p;
+    int64_t dl = _dm_deadline(5000);
+    a->hello = _dm_tcp_hello_connect(a->t, a->fd, 0, _dm_tcp_hash(1, a->t->prefix, NULL), dl);
+    a->ack = DM_OK;
+    if (a->hello == DM_OK) {
+        a->t->fds[0] = a->fd;
+        a->ack = _dm_tcp_read_ack(a->t, 0, dl);
+        a->t->fds[0] = -1;
+    }
+    return NULL;
+}
+static void test_hello_peer_gone_is_peer_lost(void** state) {
+    _dm_tcp* acc = fake_rank(0, 2, k_token, "127.0.0.1:1000");
+    _dm_tcp* con = fake_rank(1, 2, k_token, "127.0.0.1:1001");
+    _dm_tcp_hs h;
+    ack_job a;
+    int sv[2], rc;
+    int64_t dl = _dm_deadline(5000);
+    (void)state;
+    snprintf(con->addrs[0], 64, "127.0.0.1:1000");
+    sockpair(sv);
+    fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL, 0) | O_NONBLOCK);
+    memset(&a, 0, sizeof(a));
+    a.t = con;
+    a.fd = sv[0];
+    CHECK(pthread_create(&a.th, NULL, ack_main, &a) == 0);
+    /* rank 0's side, up to a verified proof; then it dies instead of sending the ack */
+    _dm_tcp_hs_init(&h, sv[1], dl);
+    while ((rc = _dm_tcp_hs_step(acc, &h, _dm_tcp_hash(1, acc->prefix, NULL))) == _DM_TCP_HS_MORE &&
+           !(h.state == _DM_TCP_HS_ACK && h.status == _DM_TCP_ACK_OK))
+        CHECK(_dm_tcp_wait_fd(sv[1], _dm_tcp_hs_events(&h), dl) == 1);
+    CHECK(rc == _DM_TCP_HS_MORE && h.peer == 1);
+    close(sv[1]);
+    pthread_join(a.th, NULL);
+    print_message("ack from a peer gone: %s: %s\n", dm_status_name(a.ack), con->base.last_error);
+    CHECK(a.hello == DM_OK);
+    CHECK(a.ack == DM_ERR_PEER_LOST);
+    close(sv[0]);
+    fake_rank_free(acc);
+    fake_rank_free(con);
+}
+
+/* ---- a listener that cannot be stalled (issue 9, item 3) ---- */
+static int wait_children(pid_t* pids, int n, int limit_ms);
+static int g_drops;
+static void count_drops(dm_log_level level, dm_status status, const char* message, const char* file, int line,
+                        void* user_data) {
+    (void)level; (void)status; (void)file; (void)line; (void)user_data;
+    if (strstr(message, "dropped")) __atomic_fetch_add(&g_drops, 1, __ATOMIC_SEQ_CST);
+}
+typedef struct accept_job { _dm_tcp* t; int lfd; dm_status st; pthread_t th; } accept_job;
+static void* accept_main(void* p) {
+    accept_job* a = (accept_job*)p;
+    a->st = _dm_tcp_accept_peers(a->t, a->lfd, _dm_tcp_hash(1, a->t->prefix, NULL), _dm_deadline(20000));
+    return NULL;
+}
+/* Whether the far end closed fd within ms (EOF or reset). */
+static bool closed_within(int fd, int ms) {
+    int64_t end = now_ms() + ms;
+    for (;;) {
+        struct pollfd pf;
+        unsigned char b[64];
+        int64_t left = end - now_ms();
+        pf.fd = fd; pf.events = POLLIN; pf.revents = 0;
+        if (poll(&pf, 1, left > 0 ? (int)left : 0) > 0) {
+            ssize_t r = recv(fd, b, sizeof(b), MSG_DONTWAIT);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) return true;
+        }
+        if (now_ms() >= end) return false;
+    }
+}
+/* A legitimate rank's whole hello (connect, hello, proof, ack) against the listener at port;
+   the connection is left open in *fd (the listener watches it: closing it is leaving). */
+static bool legit_hello(int rank, int world, int port, const char* acc_addr, int* fd) {
+    _dm_tcp* con = fake_rank(rank, world, k_token, "127.0.0.1:1001");
+    unsigned char ack[8];
+    bool ok;
+    *fd = raw_connect(port);
+    fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL, 0) | O_NONBLOCK);
+    snprintf(con->addrs[0], 64, "%s", acc_addr);
+    ok = _dm_tcp_hello_connect(con, *fd, 0, _dm_tcp_hash(1, con->prefix, NULL), _dm_deadline(3000)) == DM_OK &&
+         _dm_tcp_read_full(*fd, ack, 8, _dm_deadline(3000)) == 1 && get_u32(ack + 4) == _DM_TCP_ACK_OK;
+    fake_rank_free(con);
+    return ok;
+}
+/* The listener's bounds, in process: beyond 64 handshakes the oldest silent connections go at
+   once; the rest go 5 s after their accept; a legitimate peer gets through meanwhile. */
+static void test_listener_handshake_bounds(void** state) {
+    struct sockaddr_in a;
+    socklen_t al = sizeof(a);
+    char addr[64];
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), port, i, early = 0;
+    int fds[70], legit[2], drops;
+    int64_t t0, t_closed = -1;
+    accept_job job;
+    _dm_tcp* acc;
+    (void)state;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(bind(lfd, (struct sockaddr*)&a, sizeof(a)) == 0 && listen(lfd, 512) == 0);
+    getsockname(lfd, (struct sockaddr*)&a, &al);
+    port = ntohs(a.sin_port);
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    acc = fake_rank(0, 3, k_token, addr);
+    acc->base.logger.func = count_drops;
+    g_drops = 0;
+    memset(&job, 0, sizeof(job));
+    job.t = acc;
+    job.lfd = lfd;
+    job.st = DM_ERR_INTERNAL;
+    CHECK(pthread_create(&job.th, NULL, accept_main, &job) == 0);
+    t0 = now_ms();
+    for (i = 0; i < 70; i++) fds[i] = raw_connect(port);
+    /* the 6 oldest beyond the table's 64 are dropped at once, the newest are kept */
+    for (i = 0; i < 6; i++) early += closed_within(fds[i], 1000);
+    CHECK(!closed_within(fds[69], 200));
+    drops = __atomic_load_n(&g_drops, __ATOMIC_SEQ_CST);
+    /* a legitimate rank 1 meanwhile */
+    CHECK(legit_hello(1, 3, port, addr, &legit[0]));
+    /* the silent rest go at their own deadline, 5 s after their accept */
+    for (;;) {
+        if (closed_within(fds[69], 100)) { t_closed = now_ms() - t0; break; }
+        if (now_ms() - t0 > 8000) break;
+    }
+    print_message("70 silent connections: %d of the 6 oldest dropped at once (%d drop line(s) logged); the newest "
+                  "closed after %lld ms\n", early, drops, (long long)t_closed);
+    CHECK(early == 6 && drops >= 1);
+    CHECK(t_closed >= 4500 && t_closed <= 6500);
+    CHECK(legit_hello(2, 3, port, addr, &legit[1]));
+    pthread_join(job.th, NULL);
+    CHECK(job.st == DM_OK && acc->fds[1] >= 0 && acc->fds[2] >= 0);
+    for (i = 0; i < 70; i++) close(fds[i]);
+    close(legit[0]);
+    close(legit[1]);
+    close(acc->fds[1]);
+    close(acc->fds[2]);
+    close(lfd);
+    fake_rank_free(acc);
+}
+
+/* A real 4-rank world over a file store; strangers connect to rank 0's data listener (its
+   address read from the store) before ranks 1..3 start: 20 silent ones and 5 that send one
+   byte a second. Returns ms from starting ranks 1..3 until the last rank had its world. */
+static int stall_rank(int rank, const char* url, const char* prefix, int report) {
+    dm_tcp_desc d;
+    dm_collective* c = NULL;
+    float x = 1;
+    char line[96];
+    dm_status st;
+    memset(&d, 0, sizeof(d));
+    d.rank = rank;
+    d.world_size = 4;
+    d.store_url = url;
+    d.prefix = prefix;
+    d.ifname = "lo";
+    d.token = "";
+    d.timeout_ms = 10000;
+    st = dm_tcp_create(&d, &c);
+    if (st == DM_OK) st = dm_all_reduce(c, NULL, &x, 1, DM_FLOAT32, DM_SUM);
+    if (st == DM_OK && x != 4) st = DM_ERR_INTERNAL;
+    snprintf(line, sizeof(line), "%d %d %lld\n", rank, (int)st, (long long)now_ms());
+    if (write(report, line, strlen(line)) < 0) return 2;
+    sleep_ms(1500);             /* strangers must be closed by the rank, not by its exit */
+    dm_destroy(c);
+    return st == DM_OK ? 0 : 1;
+}
+static int64_t stall_world(const char* dir, const char* prefix, bool strangers) {
+    char url[300], key[128], addr[64];
+    int pfd[2], r, reports = 0, port, i, nstr = strangers ? 25 : 0, closed = 0;
+    int fds[25];
+    pid_t pids[4];
+    int64_t t_start, last = 0, next_byte;
+    dm_store_desc sd;
+    dm_store* st = NULL;
+    void* v = NULL;
+    size_t vn = 0;
+    char buf[512];
+    size_t used = 0;
+    static const unsigned char loris[] = "DMTH\x02\x00\x00\x00 slowly, one byte a second ...";
+    snprintf(url, sizeof(url), "file://%s", dir);
+    CHECK(pipe(pfd) == 0);
+    pids[0] = fork();
+    if (pids[0] == 0) { close(pfd[0]); _exit(stall_rank(0, url, prefix, pfd[1])); }
+    memset(&sd, 0, sizeof(sd));
+    sd.url = url;
+    sd.timeout_ms = 10000;
+    sd.token = "";
+    CHECK_OK(dm_store_create(&sd, &st));
+    snprintf(key, sizeof(key), "%sg0/addr/0", prefix);
+    CHECK_OK(dm_store_get(st, key, &v, &vn));
+    snprintf(addr, sizeof(addr), "%.*s", (int)(vn < 63 ? vn : 63), (const char*)v);
+    dm_store_free(st, v);
+    dm_store_destroy(st);
+    CHECK(strncmp(addr, "127.0.0.1:", 10) == 0);
+    port = atoi(addr + 10);
+    for (i = 0; i < nstr; i++) {
+        fds[i] = raw_connect(port);
+        if (i >= 20) CHECK(send(fds[i], loris, 1, MSG_NOSIGNAL) == 1);
+    }
+    next_byte = now_ms() + 1000;
+    t_start = now_ms();
+    for (r = 1; r < 4; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) { close(pfd[0]); _exit(stall_rank(r, url, prefix, pfd[1])); }
+    }
+    close(pfd[1]);
+    while (reports < 4 && now_ms() - t_start < 20000) {
+        struct pollfd pf;
+        ssize_t k;
+        if (now_ms() >= next_byte) {
+            int b = (int)((next_byte - t_start) / 1000) % (int)(sizeof(loris) - 1);
+            for (i = 20; i < nstr; i++) send(fds[i], loris + b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            next_byte += 1000;
+        }
+        pf.fd = pfd[0]; pf.events = POLLIN; pf.revents = 0;
+        if (poll(&pf, 1, 50) <= 0) continue;
+        k = read(pfd[0], buf + used, sizeof(buf) - 1 - used);
+        if (k <= 0) break;
+        used += (size_t)k;
+        buf[used] = 0;
+        for (;;) {
+            char* nl = strchr(buf, '\n');
+            int rk, code;
+            long long done;
+            if (!nl) break;
+            if (sscanf(buf, "%d %d %lld", &rk, &code, &done) == 3) {
+                if (code != DM_OK) print_message("rank %d: %s\n", rk, dm_status_name((dm_status)code));
+                CHECK(code == DM_OK);
+                if (done - t_start > last) last = done - t_start;
+                reports++;
+            }
+            used -= (size_t)(nl + 1 - buf);
+            memmove(buf, nl + 1, used + 1);
+        }
+    }
+    CHECK(reports == 4);
+    /* every stranger was closed by rank 0 (its process lives on for 1.5 s) */
+    for (i = 0; i < nstr; i++) closed += closed_within(fds[i], i == 0 ? 500 : 50);
+    for (i = 0; i < nstr; i++) close(fds[i]);
+    close(pfd[0]);
+    CHECK(wait_children(pids, 4, 20000) == 0);
+    CHECK(closed == nstr);
+    return last;
+}
+static void test_listener_not_stalled(void** state) {
+    char dir[] = "/tmp/dm_stall_XXXXXX", cmd[64];
+    int64_t alone, besieged;
+    (void)state;
+    CHECK(mkdtemp(dir) != NULL);
+    alone = stall_world(dir, "alone/", false);
+    besieged = stall_world(dir, "besieged/", true);
+    print_message("4-rank world: created in %lld ms alone, in %lld ms with 20 silent and 5 slow-loris connections "
+                  "on rank 0's listener\n", (long long)alone, (long long)besieged);
+    CHECK(alone < 3000);
+    CHECK(besieged < 3000);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+}
+
+/* ---- store waits inside create and split end by the deadline (issue 9, item 5) ---- */
+/* Ranks whose store (a separate process) stops answering once they are ready: create with
+   desc.timeout_ms 1500, or split after dm_set_timeout(parent, 1500), must fail with
+   DM_ERR_TIMEOUT after about 1.5 s, not after the store client's own 20 s. */
+static int stalled_store_rank(int rank, int port, bool split, int ready, int go) {
+    dm_store_desc sd;
+    dm_store* s = NULL;
+    dm_tcp_desc d;
+    dm_collective *c = NULL, *sub = NULL;
+    char url[64], b;
+    dm_status st;
+    int64_t t0, took;
+    memset(&sd, 0, sizeof(sd));
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    sd.url = url;
+    sd.timeout_ms = 20000;
+    sd.token = "";
+    if (dm_store_create(&sd, &s) != DM_OK) return 2;
+    memset(&d, 0, sizeof(d));
+    d.rank = rank;
+    d.world_size = 2;
+    d.store = s;
+    d.ifname = "lo";
+    d.token = "";
+    d.prefix = split ? "split/" : "create/";
+    d.timeout_ms = split ? 20000 : 1500;
+    if (split) {
+        if (dm_tcp_create(&d, &c) != DM_OK) return 3;
+        dm_set_timeout(c, 1500);
+        if (dm_barrier(c) != DM_OK) return 4;
+    }
+    if (write(ready, "R", 1) != 1 || read(go, &b, 1) != 1) return 5;
+    t0 = now_ms();
+    st = split ? dm_split(c, 0, rank, &sub) : dm_tcp_create(&d, &c);
+    took = now_ms() - t0;
+    fprintf(stderr, "rank %d: %s %s after %lld ms: %s\n", rank, split ? "split" : "create", dm_status_name(st),
+            (long long)took, split ? dm_last_error(c) : "");
+    if (st != DM_ERR_TIMEOUT || took < 1200 || took > 3500) return 6;
+    if (split) {
+        t0 = now_ms();
+        if (dm_barrier(c) != DM_ERR_ABORTED || now_ms() - t0 > 50) return 7;    /* the parent is broken */
+        dm_destroy(c);
+    }
+    dm_store_destroy(s);
+    return 0;
+}
+static void test_rendezvous_store_waits_end_by_the_deadline(void** state) {
+    int k;
+    (void)state;
+    for (k = 0; k < 2; k++) {
+        child_server cs = spawn_server(NULL, 0, 0, 0, 0);
+        int ready[2], go[2], r;
+        pid_t pids[2];
+        char b;
+        CHECK(pipe(ready) == 0 && pipe(go) == 0);
+        for (r = 0; r < 2; r++) {
+            pids[r] = fork();
+            if (pids[r] == 0) {
+                close(ready[0]);
+                close(go[1]);
+                _exit(stalled_store_rank(r, cs.port, k == 1, ready[1], go[0]));
+            }
+        }
+        close(ready[1]);
+        close(go[0]);
+        for (r = 0; r < 2; r++) CHECK(read(ready[0], &b, 1) == 1);
+        kill(cs.pid, SIGSTOP);
+        CHECK(write(go[1], "gg", 2) == 2);
+        CHECK(wait_children(pids, 2, 30000) == 0);
+        kill(cs.pid, SIGCONT);
+        close(ready[0]);
+        close(go[1]);
+        stop_server(&cs);
+    }
+}
+
 /* A real two-process world over a tcp store, both with the token (rank 0 hosts the store);
    then a third process with another token is refused at the store. */
 static int free_port(void) {
@@ -921,7 +1267,7 @@ static void test_store_port_taken_explained(void** state) {
     dm_store_destroy(a);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_stranger_cannot_touch_keys),
         cmocka_unit_test(test_store_clients_without_the_token_fail_fast),
@@ -932,6 +1278,10 @@ int main(void) {
         cmocka_unit_test(test_store_many_slow_connections),
         cmocka_unit_test(test_hello_replay_refused),
         cmocka_unit_test(test_hello_relay_refused),
+        cmocka_unit_test(test_hello_peer_gone_is_peer_lost),
+        cmocka_unit_test(test_listener_handshake_bounds),
+        cmocka_unit_test(test_listener_not_stalled),
+        cmocka_unit_test(test_rendezvous_store_waits_end_by_the_deadline),
         cmocka_unit_test(test_world_with_token),
         cmocka_unit_test(test_object_sizes_bounded),
         cmocka_unit_test(test_store_keys_flat_over_cycles),
@@ -944,5 +1294,6 @@ int main(void) {
         rl.rlim_cur = rl.rlim_max < 4096 ? rl.rlim_max : 4096;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+    dm_test_filter(argc, argv);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -879,6 +879,158 @@ static void test_fault_kill_small(void** s) { (void)s; fault_kill_trials(NULL, 2
 static void test_fault_kill_tcp(void** s) { (void)s; fault_kill_trials("tcp", 0, 2); }
 static void test_fault_stop(void** s) { (void)s; (void)test_fault(1); }
 
+/* ---- split under failure ------------------------------------------------------------------ */
+/* Every rank splits the world again and again (all in one group, then even / odd ranks),
+   destroying each new group, until a split fails; it reports "rank status splits next_status
+   next_ms": the failed split, how many went before, and the parent's next call, which must fail
+   at once (the failed split broke it). */
+static int body_split_loop(dm_collective* c, int rank) {
+    dm_status st = DM_OK, next;
+    int i;
+    char line[128];
+    double t0;
+    if (dm_barrier(c) != DM_OK) return 1;
+    if (write(g_report_fd, "R", 1) != 1) return 1;
+    for (i = 0; st == DM_OK; i++) {
+        dm_collective* sub = NULL;
+        st = dm_split(c, i % 2 ? rank % 2 : 0, rank, &sub);
+        if (st == DM_OK) dm_destroy(sub);
+    }
+    if (st != DM_ERR_PEER_LOST) fprintf(stderr, "rank %d: split: %s: %s\n", rank, dm_status_name(st), dm_last_error(c));
+    t0 = now_s();
+    next = dm_barrier(c);
+    snprintf(line, sizeof(line), "%d %d %d %d %.4f\n", rank, (int)st, i - 1, (int)next, now_s() - t0);
+    if (write(g_report_fd, line, strlen(line)) < 0) return 1;
+    sleep(1);
+    return 0;
+}
+/* One trial: 4 ranks split in a loop, `victim` gets kill -9 delay_ms after all are ready.
+   Returns the seconds from the kill to the last survivor's report; checks every survivor. */
+static double split_kill_trial(int victim, int delay_ms) {
+    int pfd[2], r, ready = 0, reports = 0, world = 4;
+    int status_of[4] = {1, 1, 1, 1}, next_of[4] = {1, 1, 1, 1}, splits_of[4] = {0, 0, 0, 0};
+    double t_kill = 0, deadline, next_ms[4] = {9, 9, 9, 9}, last = 0;
+    char buf[1024];
+    size_t used = 0;
+    assert_int_equal(pipe(pfd), 0);
+    g_run_id++;
+    fflush(stdout); fflush(stderr);
+    for (r = 0; r < world; r++) {
+        pid_t p = fork();
+        if (p == 0) {
+            dm_collective* c = NULL;
+            dm_tcp_desc d;
+            char url[300], prefix[64];
+            int rc;
+            g_rank = r;
+            close(pfd[0]);
+            g_report_fd = pfd[1];
+            alarm(40);
+            make_desc(&d, r, world, url, sizeof(url), prefix, sizeof(prefix));
+            d.timeout_ms = 10000;       /* a survivor left waiting would take 10 s */
+            if (dm_tcp_create(&d, &c) != DM_OK) _exit(1);
+            rc = body_split_loop(c, r);
+            dm_destroy(c);
+            _exit(rc);
+        }
+        g_pids[r] = p;
+    }
+    close(pfd[1]);
+    deadline = now_s() + 30;
+    while (now_s() < deadline && reports < world - 1) {
+        ssize_t k;
+        struct timeval tv = {0, 2000};
+        fd_set fs;
+        FD_ZERO(&fs);
+        FD_SET(pfd[0], &fs);
+        if (ready == world && t_kill == 0) {
+            usleep((useconds_t)delay_ms * 1000);
+            kill(g_pids[victim], SIGKILL);
+            t_kill = now_s();
+        }
+        if (select(pfd[0] + 1, &fs, NULL, NULL, &tv) <= 0) continue;
+        k = read(pfd[0], buf + used, sizeof(buf) - 1 - used);
+        if (k <= 0) break;
+        used += (size_t)k;
+        buf[used] = 0;
+        for (;;) {
+            char* nl;
+            if (buf[0] == 'R') { ready++; memmove(buf, buf + 1, used); used--; continue; }
+            nl = strchr(buf, '\n');
+            if (!nl) break;
+            {
+                int rk = -1, st = 0, n = 0, nx = 0;
+                double ms = 0;
+                if (sscanf(buf, "%d %d %d %d %lf", &rk, &st, &n, &nx, &ms) == 5 && rk >= 0 && rk < world &&
+                    rk != victim) {
+                    status_of[rk] = st;
+                    splits_of[rk] = n;
+                    next_of[rk] = nx;
+                    next_ms[rk] = ms;
+                    reports++;
+                    if (t_kill > 0 && now_s() - t_kill > last) last = now_s() - t_kill;
+                }
+            }
+            used -= (size_t)(nl + 1 - buf);
+            memmove(buf, nl + 1, used + 1);
+        }
+    }
+    for (r = 0; r < world; r++) kill(g_pids[r], r == victim ? SIGKILL : SIGCONT);
+    for (r = 0; r < world; r++) waitpid(g_pids[r], NULL, 0);
+    close(pfd[0]);
+    printf("  kill -9 of rank %d %3d ms into the splits:", victim, delay_ms);
+    for (r = 0; r < world; r++)
+        if (r != victim) printf(" rank %d %s after %d splits;", r, dm_status_name((dm_status)status_of[r]), splits_of[r]);
+    printf(" last report %.3f s after the kill\n", last);
+    assert_true(t_kill > 0);
+    assert_int_equal(reports, world - 1);
+    for (r = 0; r < world; r++) {
+        if (r == victim) continue;
+        assert_int_equal(status_of[r], DM_ERR_PEER_LOST);
+        assert_int_equal(next_of[r], DM_ERR_PEER_LOST);   /* the parent is broken ... */
+        assert_true(next_ms[r] < 0.05);                   /* ... and says so at once */
+    }
+    return last;
+}
+/* kill -9 of one of 4 ranks at a random moment while they split: every survivor's split fails
+   with DM_ERR_PEER_LOST within 1 s (the world's timeout is 10 s), and the parent is broken. */
+static void test_split_kill(void** s) {
+    unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
+    double worst = 0;
+    int k;
+    (void)s;
+    printf("  seed %u\n", seed);
+    srand(seed);
+    for (k = 0; k < 10; k++) {
+        double took = split_kill_trial(rand() % 4, 10 + rand() % 300);
+        if (took > worst) worst = took;
+    }
+    printf("  10 trials: slowest survivor reported %.3f s after the kill\n", worst);
+    assert_true(worst < 1.0);
+}
+
+/* dm_set_timeout on the parent bounds the split: rank 3 never calls it, the others fail with
+   DM_ERR_TIMEOUT after about 1.5 s (not the world's 30 s) and the parent is broken. */
+static int body_split_timeout(dm_collective* c, int rank, int world, void* arg) {
+    dm_collective* sub = NULL;
+    dm_status st;
+    double t0, took;
+    (void)world; (void)arg;
+    dm_set_timeout(c, 1500);
+    RST(dm_barrier(c));
+    if (rank == 3) { sleep(4); return 0; }
+    t0 = now_s();
+    st = dm_split(c, 0, rank, &sub);
+    took = now_s() - t0;
+    printf("  rank %d: split %s after %.2f s: %s\n", rank, dm_status_name(st), took, dm_last_error(c));
+    RCHECK(st == DM_ERR_TIMEOUT && sub == NULL);
+    RCHECK(took > 1.2 && took < 3.0);
+    t0 = now_s();
+    RCHECK(dm_barrier(c) == DM_ERR_ABORTED && now_s() - t0 < 0.05);
+    return 0;
+}
+static void test_split_timeout(void** s) { (void)s; assert_int_equal(run_world(4, body_split_timeout, NULL, 30), 0); }
+
 /* dm_init builds a TCP world from torchrun-style variables and DISTMESH_STORE. */
 static int body_init(dm_collective* c, int rank, int world, void* arg) {
     char v[300];
@@ -1085,6 +1237,8 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_fault_kill_small),
         cmocka_unit_test(test_fault_kill_tcp),
         cmocka_unit_test(test_fault_stop),
+        cmocka_unit_test(test_split_kill),
+        cmocka_unit_test(test_split_timeout),
         cmocka_unit_test(test_dm_init),
         cmocka_unit_test(test_ipv6),
         cmocka_unit_test(test_tcp_store_clients),
