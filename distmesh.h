@@ -2513,10 +2513,14 @@ _DM_PRIVATE void _dm_fp_steps(_dm_fpbufs* b, const _dm_fp* fp, _dm_sstep* s, _dm
     if (r) { memset(r, 0, sizeof(*r)); r->buf = b->in; r->len = 32; r->after_send = -1; }
 }
 
-/* Exchange with one peer (or two): send sbuf to speer and receive rlen bytes from rpeer into
-   rbuf, each preceded by the fingerprint. speer/rpeer -1 = that direction is idle. */
-_DM_PRIVATE dm_status _dm_lk_sendrecv(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
-                                      size_t slen, int rpeer, void* rbuf, size_t rlen) {
+/* Exchange with one peer (or two): send slen bytes of sbuf to speer and receive rlen bytes from
+   rpeer into rbuf, each preceded by the fingerprint. speer/rpeer -1 = that direction is idle.
+   With reduce, what arrives is reduced into rbuf instead (rbuf = rbuf op received, read in
+   place from links that can peek: one copy less than receiving into scratch); rbuf may then
+   also be what is sent, and is written only behind the bytes already sent. */
+_DM_PRIVATE dm_status _dm_lk_exchange(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
+                                      size_t slen, int rpeer, void* rbuf, size_t rlen, bool reduce, dm_dtype dtype,
+                                      dm_reduce_op rop) {
     _dm_sstep ss[2];
     _dm_rstep rs[2];
     _dm_fpbufs b;
@@ -2524,31 +2528,22 @@ _DM_PRIVATE dm_status _dm_lk_sendrecv(_dm_lk* lk, const char* op, const _dm_fp* 
     _dm_fp_steps(&b, fp, &ss[0], &rs[0]);
     ss[1].buf = (const unsigned char*)sbuf; ss[1].len = slen; ss[1].gate = -1; ss[1].after_recvs = 0;
     memset(&rs[1], 0, sizeof(rs[1]));
-    rs[1].buf = (unsigned char*)rbuf; rs[1].len = rlen; rs[1].after_send = -1;
+    rs[1].buf = (unsigned char*)rbuf; rs[1].len = rlen;
+    rs[1].own = reduce ? (const unsigned char*)rbuf : NULL;
+    rs[1].after_send = reduce && speer >= 0 && sbuf == rbuf ? 1 : -1;
     x.op = op; x.speer = speer; x.rpeer = rpeer; x.ss = ss; x.rs = rs;
     x.ns = speer >= 0 ? 2 : 0; x.nr = rpeer >= 0 ? 2 : 0;
-    x.dtype = DM_UINT8; x.rop = DM_SUM; x.expect = fp;
+    x.dtype = reduce ? dtype : DM_UINT8; x.rop = reduce ? rop : DM_SUM; x.expect = fp;
     return _dm_lk_run(lk, &x);
 }
-/* The same, but what arrives is reduced into buf (buf = buf op received, read in place from
-   links that can peek: one copy less than receiving into scratch); buf may also be what is
-   sent, and is then written only behind the bytes already sent. */
+_DM_PRIVATE dm_status _dm_lk_sendrecv(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
+                                      size_t slen, int rpeer, void* rbuf, size_t rlen) {
+    return _dm_lk_exchange(lk, op, fp, speer, sbuf, slen, rpeer, rbuf, rlen, false, DM_UINT8, DM_SUM);
+}
 _DM_PRIVATE dm_status _dm_lk_sendrecv_reduce(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
                                              int rpeer, void* buf, size_t count, dm_dtype dtype, dm_reduce_op rop) {
     size_t bytes = count * dm_dtype_size(dtype);
-    _dm_sstep ss[2];
-    _dm_rstep rs[2];
-    _dm_fpbufs b;
-    _DM_ZERO(_dm_xfer, x);
-    _dm_fp_steps(&b, fp, &ss[0], &rs[0]);
-    ss[1].buf = (const unsigned char*)sbuf; ss[1].len = bytes; ss[1].gate = -1; ss[1].after_recvs = 0;
-    memset(&rs[1], 0, sizeof(rs[1]));
-    rs[1].buf = (unsigned char*)buf; rs[1].len = bytes; rs[1].own = (const unsigned char*)buf;
-    rs[1].after_send = speer >= 0 && sbuf == buf ? 1 : -1;
-    x.op = op; x.speer = speer; x.rpeer = rpeer; x.ss = ss; x.rs = rs;
-    x.ns = speer >= 0 ? 2 : 0; x.nr = rpeer >= 0 ? 2 : 0;
-    x.dtype = dtype; x.rop = rop; x.expect = fp;
-    return _dm_lk_run(lk, &x);
+    return _dm_lk_exchange(lk, op, fp, speer, sbuf, bytes, rpeer, buf, bytes, true, dtype, rop);
 }
 
 /* Step arrays for a ring transfer of n steps each way, with the fingerprint in step 0. */

@@ -2950,21 +2950,11 @@ typedef struct _dm_tcp {
 static void _dm_tcp_cuda_release(_dm_tcp* t);
 #endif
 
-/* >>tcp little helpers */
-_DM_PRIVATE void _dm_tcp_put32(unsigned char* p, uint32_t v) {
-    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8); p[2] = (unsigned char)(v >> 16);
-    p[3] = (unsigned char)(v >> 24);
-}
-_DM_PRIVATE uint32_t _dm_tcp_get32(const unsigned char* p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-_DM_PRIVATE void _dm_tcp_put64(unsigned char* p, uint64_t v) {
-    _dm_tcp_put32(p, (uint32_t)v);
-    _dm_tcp_put32(p + 4, (uint32_t)(v >> 32));
-}
-_DM_PRIVATE uint64_t _dm_tcp_get64(const unsigned char* p) {
-    return (uint64_t)_dm_tcp_get32(p) | ((uint64_t)_dm_tcp_get32(p + 4) << 32);
-}
+/* >>tcp little helpers  Little-endian integers on the wire: the core's (>>fingerprint). */
+#define _dm_tcp_put32 _dm_put32
+#define _dm_tcp_get32 _dm_get32
+#define _dm_tcp_put64 _dm_put64
+#define _dm_tcp_get64 _dm_get64
 /* FNV-1a with a splitmix64 finish, seeded: the token digest and the group id. */
 _DM_PRIVATE uint64_t _dm_tcp_hash(uint64_t seed, const char* a, const char* b) {
     uint64_t h = 0xcbf29ce484222325ull ^ (seed * 0x9e3779b97f4a7c15ull);
