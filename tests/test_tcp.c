@@ -768,14 +768,11 @@ static int body_fault(dm_collective* c, int rank, int world, void* arg) {
     return 0;
 }
 static pid_t g_pids[8];
-/* mode 0: kill -9 during 64 MiB all_reduces, 1: SIGSTOP, 2: kill -9 during 8-byte all_reduces.
-   Returns the seconds from the fault to the last survivor's report. */
-static double test_fault(int mode) {
-    int pfd[2], r, ready = 0, reports = 0, world = 4, victim = 2;
-    int status_of[4] = {1, 1, 1, 1};
-    double t_fault = 0, deadline;
-    char buf[512];
-    size_t used = 0;
+/* Forks world ranks into g_pids that report through a pipe (g_report_fd in the child): each
+   creates its collective with timeout_ms, runs body and exits with its result (40 s alarm).
+   pfd[0] is left open for the parent to read. */
+static void fork_reporting_world(int world, int timeout_ms, rank_body body, void* arg, int pfd[2]) {
+    int r;
     assert_int_equal(pipe(pfd), 0);
     g_run_id++;
     fflush(stdout); fflush(stderr);
@@ -791,15 +788,25 @@ static double test_fault(int mode) {
             g_report_fd = pfd[1];
             alarm(40);
             make_desc(&d, r, world, url, sizeof(url), prefix, sizeof(prefix));
-            d.timeout_ms = 60000;
+            d.timeout_ms = timeout_ms;
             if (dm_tcp_create(&d, &c) != DM_OK) _exit(1);
-            rc = body_fault(c, r, world, &mode);
+            rc = body(c, r, world, arg);
             dm_destroy(c);
             _exit(rc);
         }
         g_pids[r] = p;
     }
     close(pfd[1]);
+}
+/* mode 0: kill -9 during 64 MiB all_reduces, 1: SIGSTOP, 2: kill -9 during 8-byte all_reduces.
+   Returns the seconds from the fault to the last survivor's report. */
+static double test_fault(int mode) {
+    int pfd[2], r, ready = 0, reports = 0, world = 4, victim = 2;
+    int status_of[4] = {1, 1, 1, 1};
+    double t_fault = 0, deadline;
+    char buf[512];
+    size_t used = 0;
+    fork_reporting_world(world, 60000, body_fault, &mode, pfd);
     deadline = now_s() + 30;
     while (now_s() < deadline && reports < world - 1) {
         ssize_t k;
@@ -904,6 +911,10 @@ static int body_split_loop(dm_collective* c, int rank) {
     sleep(1);
     return 0;
 }
+static int body_split_rank(dm_collective* c, int rank, int world, void* arg) {
+    (void)world; (void)arg;
+    return body_split_loop(c, rank);
+}
 /* One trial: 4 ranks split in a loop, `victim` gets kill -9 delay_ms after all are ready.
    Returns the seconds from the kill to the last survivor's report; checks every survivor. */
 static double split_kill_trial(int victim, int delay_ms) {
@@ -912,30 +923,7 @@ static double split_kill_trial(int victim, int delay_ms) {
     double t_kill = 0, deadline, next_ms[4] = {9, 9, 9, 9}, last = 0;
     char buf[1024];
     size_t used = 0;
-    assert_int_equal(pipe(pfd), 0);
-    g_run_id++;
-    fflush(stdout); fflush(stderr);
-    for (r = 0; r < world; r++) {
-        pid_t p = fork();
-        if (p == 0) {
-            dm_collective* c = NULL;
-            dm_tcp_desc d;
-            char url[300], prefix[64];
-            int rc;
-            g_rank = r;
-            close(pfd[0]);
-            g_report_fd = pfd[1];
-            alarm(40);
-            make_desc(&d, r, world, url, sizeof(url), prefix, sizeof(prefix));
-            d.timeout_ms = 10000;       /* a survivor left waiting would take 10 s */
-            if (dm_tcp_create(&d, &c) != DM_OK) _exit(1);
-            rc = body_split_loop(c, r);
-            dm_destroy(c);
-            _exit(rc);
-        }
-        g_pids[r] = p;
-    }
-    close(pfd[1]);
+    fork_reporting_world(world, 10000, body_split_rank, NULL, pfd);  /* a survivor left waiting: 10 s */
     deadline = now_s() + 30;
     while (now_s() < deadline && reports < world - 1) {
         ssize_t k;
