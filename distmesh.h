@@ -119,7 +119,8 @@ enum {
     X(ERR_CUDA,         -13, "CUDA error")                                                  \
     X(ERR_NCCL,         -14, "NCCL error")                                                  \
     X(ERR_ABORTED,      -15, "the collective was aborted by an earlier failure")            \
-    X(ERR_IO,           -16, "file system error")
+    X(ERR_IO,           -16, "file system error")                                           \
+    X(ERR_BUSY,         -17, "the collective is in use by another thread")
 
 typedef enum dm_status {
 #define _DM_X(name, val, text) DM_##name = val,
@@ -387,6 +388,112 @@ DM_API void dm_blob_list_free(dm_collective* c, dm_blob_list* list);
 /* Waits for the backend's queued work (NCCL's stream); DM_OK at once where nothing is queued. */
 DM_API dm_status dm_synchronize(dm_collective* c);
 
+/* >>functions: rooted collectives. Like MPI: recv (reduce, gather) and send (scatter) are read
+   only at the root and may be NULL elsewhere. In place: reduce send NULL (or == recv) at the
+   root; gather send NULL (or == recv + root*count) at the root; scatter recv NULL (or == send +
+   root*count) at the root. reduce folds in the order dm_all_reduce documents, so the root gets
+   the same bits dm_all_reduce would give. */
+DM_API dm_status dm_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                           dm_dtype dtype, dm_reduce_op op, int root);
+/* recv (root only) holds world_size * count elements, rank r's block at recv + r*count. */
+DM_API dm_status dm_gather(dm_collective* c, const void* send, void* recv, size_t count,
+                           dm_dtype dtype, int root);
+/* send (root only) holds world_size * count elements; rank r receives block r. */
+DM_API dm_status dm_scatter(dm_collective* c, const void* send, void* recv, size_t count,
+                            dm_dtype dtype, int root);
+
+/* >>functions: all-to-all. send and recv hold world_size blocks of count elements: block j of
+   send goes to rank j, block i of recv comes from rank i. send NULL (or == recv): in place. */
+DM_API dm_status dm_all_to_all(dm_collective* c, const void* send, void* recv, size_t count,
+                               dm_dtype dtype);
+/* The same with per-rank counts and offsets (size_t arrays of world_size, in elements): rank i
+   sends send_counts[j] elements from send + send_offsets[j] to rank j, which receives
+   recv_counts[i] of them at recv + recv_offsets[i]. Zero counts are allowed; every pair's
+   counts must agree (send_counts[j] on i == recv_counts[i] on j), else DM_ERR_MISMATCH on
+   both ranks. Blocks of one buffer must not overlap; send NULL means in place (recv's blocks
+   are sent, then overwritten). */
+DM_API dm_status dm_all_to_all_v(dm_collective* c, const void* send, const size_t* send_counts,
+                                 const size_t* send_offsets, void* recv, const size_t* recv_counts,
+                                 const size_t* recv_offsets, dm_dtype dtype);
+
+/* >>functions: point-to-point. Not collective calls: only the two ranks take part, and they do
+   not count in dm_sequence. Messages from one rank to another with the same tag are received
+   in the order they were sent; messages with different tags may be received in any order.
+   tag >= 0; peer != own rank (like torch.distributed).
+   - dm_send returns once the message is handed to the link: it does not wait for the matching
+     dm_recv (a receiver that has not posted it yet keeps the message until it does, up to
+     DISTMESH_MAX_OBJECT_BYTES buffered per collective), so two ranks may both send first.
+   - dtype and count must match: a dm_recv given another count or dtype than the message's
+     fails with DM_ERR_MISMATCH naming both, and breaks the collective, so the sender's
+     pending or next call fails with DM_ERR_MISMATCH too (the error reaches both sides).
+   - Deadlines and peer loss as for collectives (DM_ERR_TIMEOUT, DM_ERR_PEER_LOST).
+   - A rank waiting in dm_recv on a peer that has already started a collective this rank has
+     not called would wait forever: it fails at once with DM_ERR_MISMATCH naming both calls.
+   - NCCL matches messages between a pair in issue order; tags are not sent there. */
+DM_API dm_status dm_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype,
+                         int peer, int tag);
+DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer,
+                         int tag);
+
+/* >>functions: non-blocking calls. Every call above has an _async twin taking a trailing
+   dm_request** out: it checks its arguments (a failure returns at once, *out = NULL), queues
+   the operation and returns DM_OK with *out set. Rules:
+   - Progress needs no polling: a progress thread of the collective (started by the first
+     _async call) runs queued operations one at a time in issue order, while the caller
+     computes. NCCL queues them on its stream instead (the request wraps a CUDA event).
+   - Requests complete in issue order: when one is done, every earlier one on the same
+     collective is done too. A blocking call made while requests are in flight queues behind
+     them and waits.
+   - The buffers (and the arrays of pointers, counts and offsets) belong to the library until
+     the request is complete: do not read or write them before dm_wait / dm_test says done.
+   - dm_wait(req) waits, frees the request and returns the operation's status (its message in
+     dm_last_error(c)). dm_test(req, &done) never blocks: done false and DM_OK while it runs;
+     once done it returns the status and frees the request like dm_wait. dm_wait_all waits
+     for all n (NULL entries skipped), frees them, sets each entry NULL and returns the first
+     failure in array order, else DM_OK.
+   - A failure that breaks the collective (a lost peer, a passed deadline, a mismatch) completes
+     every request already queued behind it with the same status, without running it.
+   - Threads: a collective with requests in flight belongs to the thread that issued them;
+     another thread's call on it (blocking or not) returns DM_ERR_BUSY and changes nothing.
+     Two threads calling at once without requests also get DM_ERR_BUSY for one of them. Wait
+     on the issuing thread. dm_destroy waits for the queued requests and frees them. */
+typedef struct dm_request dm_request;
+DM_API dm_status dm_wait(dm_request* req);
+DM_API dm_status dm_test(dm_request* req, bool* done);
+DM_API dm_status dm_wait_all(dm_request** reqs, size_t n);
+DM_API dm_status dm_barrier_async(dm_collective* c, dm_request** out);
+DM_API dm_status dm_all_reduce_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                     dm_dtype dtype, dm_reduce_op op, dm_request** out);
+DM_API dm_status dm_all_gather_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                     dm_dtype dtype, dm_request** out);
+DM_API dm_status dm_all_gather_to_list_async(dm_collective* c, const void* send, void* const* recvs,
+                                             size_t count, dm_dtype dtype, dm_request** out);
+DM_API dm_status dm_reduce_scatter_async(dm_collective* c, const void* send, void* recv,
+                                         size_t recv_count, dm_dtype dtype, dm_reduce_op op,
+                                         dm_request** out);
+DM_API dm_status dm_broadcast_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype,
+                                    int root, dm_request** out);
+DM_API dm_status dm_all_gather_objects_async(dm_collective* c, const void* data, size_t size,
+                                             dm_blob_list* out_list, dm_request** out);
+DM_API dm_status dm_broadcast_objects_async(dm_collective* c, const dm_blob* objects, size_t count,
+                                            int root, dm_blob_list* out_list, dm_request** out);
+DM_API dm_status dm_reduce_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                 dm_dtype dtype, dm_reduce_op op, int root, dm_request** out);
+DM_API dm_status dm_gather_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                 dm_dtype dtype, int root, dm_request** out);
+DM_API dm_status dm_scatter_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                  dm_dtype dtype, int root, dm_request** out);
+DM_API dm_status dm_all_to_all_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                     dm_dtype dtype, dm_request** out);
+DM_API dm_status dm_all_to_all_v_async(dm_collective* c, const void* send, const size_t* send_counts,
+                                       const size_t* send_offsets, void* recv,
+                                       const size_t* recv_counts, const size_t* recv_offsets,
+                                       dm_dtype dtype, dm_request** out);
+DM_API dm_status dm_send_async(dm_collective* c, const void* buf, size_t count, dm_dtype dtype,
+                               int peer, int tag, dm_request** out);
+DM_API dm_status dm_recv_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer,
+                               int tag, dm_request** out);
+
 /* >>functions: groups */
 #define DM_SPLIT_NONE (-1)
 /* Like MPI_Comm_split: ranks passing the same color >= 0 form a new collective, ordered by
@@ -453,7 +560,32 @@ DM_API const char* dm_strategy_last_error(const dm_strategy* s);   /* never NULL
    Slots are appended only; each version's end is marked. The public wrappers validate every
    argument (NULL buffers, dtype, op, root, overflow of count * dtype size, in-place layout)
    before dispatch, so slots receive clean arguments and send != NULL. */
-#define DM_COLLECTIVE_VTABLE_VERSION 2
+
+/* One call, as the core queues it and as a backend's start slot receives it. Fields a kind
+   does not use are zero. */
+typedef enum dm_op_kind {
+    DM_OP_BARRIER = 0, DM_OP_ALL_REDUCE, DM_OP_ALL_GATHER, DM_OP_ALL_GATHER_TO_LIST,
+    DM_OP_REDUCE_SCATTER, DM_OP_BROADCAST, DM_OP_ALL_GATHER_OBJECTS, DM_OP_BROADCAST_OBJECTS,
+    DM_OP_REDUCE, DM_OP_GATHER, DM_OP_SCATTER, DM_OP_ALL_TO_ALL, DM_OP_ALL_TO_ALL_V, DM_OP_SEND,
+    DM_OP_RECV, DM_OP_SPLIT
+} dm_op_kind;
+typedef struct dm_op {
+    dm_op_kind kind;
+    const void* send;           /* send buffer; the buffer of send and broadcast */
+    void* recv;                 /* recv buffer; the buffer of recv */
+    void* const* recvs;         /* all_gather_to_list */
+    size_t count;               /* elements (all_to_all_v: unused; objects: bytes or objects) */
+    dm_dtype dtype;
+    dm_reduce_op op;
+    int root;                   /* root; the peer of send and recv */
+    int tag;                    /* send, recv */
+    const size_t *send_counts, *send_offsets, *recv_counts, *recv_offsets;  /* all_to_all(_v) */
+    const dm_blob* objects;     /* broadcast_objects (count objects) */
+    dm_blob_list* out_list;     /* object collectives */
+    int color, key;             /* split */
+    dm_collective** split_out;  /* split */
+} dm_op;
+#define DM_COLLECTIVE_VTABLE_VERSION 3
 typedef struct dm_collective_vtable {
     uint32_t struct_size;       /* sizeof(dm_collective_vtable) as the backend was compiled */
     uint32_t version;           /* DM_COLLECTIVE_VTABLE_VERSION the backend targets */
@@ -474,7 +606,30 @@ typedef struct dm_collective_vtable {
     dm_status (*synchronize)(dm_collective* self);      /* optional: DM_OK */
     /* ---- end of version 1 ---- */
     const char* (*transport)(const dm_collective* self); /* optional: the backend's name */
-    /* ---- end of version 2: append below, never reorder ---- */
+    /* ---- end of version 2 ---- */
+    /* Optional: the core builds reduce on all_reduce, gather on all_gather and scatter on
+       broadcast (through temporaries), and all_to_all on all_to_all_v. Send buffers reach
+       all_to_all_v disjoint from recv (the core copies them out first for in place). */
+    dm_status (*reduce)(dm_collective* self, const void* send, void* recv, size_t count,
+                        dm_dtype dtype, dm_reduce_op op, int root);
+    dm_status (*gather)(dm_collective* self, const void* send, void* recv, size_t count,
+                        dm_dtype dtype, int root);
+    dm_status (*scatter)(dm_collective* self, const void* send, void* recv, size_t count,
+                         dm_dtype dtype, int root);
+    dm_status (*all_to_all_v)(dm_collective* self, const void* send, const size_t* send_counts,
+                              const size_t* send_offsets, void* recv, const size_t* recv_counts,
+                              const size_t* recv_offsets, dm_dtype dtype);
+    dm_status (*send)(dm_collective* self, const void* buf, size_t count, dm_dtype dtype, int peer,
+                      int tag);
+    dm_status (*recv)(dm_collective* self, void* buf, size_t count, dm_dtype dtype, int peer,
+                      int tag);
+    /* Optional, for backends that queue work on a device (NCCL): start issues op without
+       waiting for it and returns a token; finish waits for it (block) or asks (done), and
+       releases the token once done. Without them the core's progress thread runs the
+       blocking slots. */
+    dm_status (*start)(dm_collective* self, const dm_op* op, void** token);
+    dm_status (*finish)(dm_collective* self, void* token, bool block, bool* done);
+    /* ---- end of version 3: append below, never reorder ---- */
 } dm_collective_vtable;
 
 /* Every backend's struct begins with `struct dm_collective base;`. The core owns `local`. */
@@ -490,6 +645,8 @@ struct dm_collective {
     dm_collective* local;       /* cached dm_local() result, destroyed with this object */
     char node_name[64];         /* what dm_local groups by: the host name unless a backend sets it */
     char last_error[DM_LAST_ERROR_SIZE];
+    struct _dm_async* async;    /* the core's: requests and their progress thread, or NULL */
+    int busy;                   /* the core's: a blocking call runs on the caller's thread */
 };
 
 #ifdef __cplusplus
@@ -1776,6 +1933,14 @@ static const dm_collective_vtable _dm_fake_vtable = {
     NULL,                            /* native_handle */
     NULL,                            /* synchronize */
     NULL,                            /* transport: the backend's name */
+    NULL,                            /* reduce */
+    NULL,                            /* gather */
+    NULL,                            /* scatter */
+    NULL,                            /* all_to_all_v */
+    NULL,                            /* send */
+    NULL,                            /* recv */
+    NULL,                            /* start */
+    NULL,                            /* finish */
 };
 
 /* Checks the desc shared by dm_fake_create and dm_thread_world_create. err gets the reason. */
@@ -3175,6 +3340,14 @@ static const dm_collective_vtable _dm_thread_vtable = {
     NULL,                            /* native_handle */
     NULL,                            /* synchronize */
     NULL,                            /* transport: "thread" */
+    NULL,                            /* reduce */
+    NULL,                            /* gather */
+    NULL,                            /* scatter */
+    NULL,                            /* all_to_all_v */
+    NULL,                            /* send */
+    NULL,                            /* recv */
+    NULL,                            /* start */
+    NULL,                            /* finish */
 };
 
 /* A member of a shared world. like: copy logger, allocator, timeout and node name from it

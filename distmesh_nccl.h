@@ -329,6 +329,14 @@ static const dm_collective_vtable _dm_nccl_vtable = {
     _dm_nccl_native,                 /* native_handle: ncclComm_t */
     _dm_nccl_synchronize,            /* synchronize */
     NULL,                            /* transport */
+    NULL,                            /* reduce */
+    NULL,                            /* gather */
+    NULL,                            /* scatter */
+    NULL,                            /* all_to_all_v */
+    NULL,                            /* send */
+    NULL,                            /* recv */
+    NULL,                            /* start */
+    NULL,                            /* finish */
 };
 
 /* >>nccl lifetime */

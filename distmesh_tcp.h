@@ -4264,6 +4264,14 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     NULL,                            /* native_handle: none */
     NULL,                            /* synchronize: nothing queued */
     _dm_tcp_transport,               /* transport */
+    NULL,                            /* reduce */
+    NULL,                            /* gather */
+    NULL,                            /* scatter */
+    NULL,                            /* all_to_all_v */
+    NULL,                            /* send */
+    NULL,                            /* recv */
+    NULL,                            /* start */
+    NULL,                            /* finish */
 };
 
 /* Everything the rendezvous needs, resolved from the desc and the environment. */
