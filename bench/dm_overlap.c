@@ -431,7 +431,7 @@ int main(int argc, char** argv) {
     memset(&a, 0, sizeof(a));
     a.np = 2; a.reps = 20; a.warmup = 3; a.kernel = K_SPIN;
     a.bytes = 16u << 20; a.ratio = 1.0; a.timeout_s = 300;
-    for (i = 1; i < argc; i++) {
+    for (i = 1; i < argc; i += 2) {       /* every option takes a value */
         const char* o = argv[i];
         const char* v = i + 1 < argc ? argv[i + 1] : NULL;
         double d = 0;
@@ -452,7 +452,6 @@ int main(int argc, char** argv) {
             else if (strcmp(v, "sleep") == 0) a.kernel = K_SLEEP;
             else goto bad;
         } else goto bad;
-        i++;
     }
     return launch(&a);
 bad:
