@@ -225,12 +225,17 @@ done:
     return st;
 }
 
+/* The 1-minute load average when the run started: other work on the machine takes cores the
+   progress threads need, so it goes with the figures. */
+static double g_load1 = -1;
+
 static int write_json(FILE* f, const args* a, dm_collective* c, const double* med, double hidden, long cpus) {
     int k;
     fprintf(f, "{\"bench\":\"dm_overlap\",\"np\":%d,\"bytes\":%zu,\"dtype\":\"float32\",\"op\":\"sum\","
             "\"backend\":\"%s\",\"transport\":\"%s\",\"compute\":\"%s\",\"ratio\":%g,\"reps\":%d,\"cpus\":%ld",
             dm_world_size(c), a->bytes, dm_backend_name(c), dm_transport_name(c), k_kernel_names[a->kernel],
             a->ratio, a->reps, cpus);
+    fprintf(f, ",\"loadavg1\":%.2f", g_load1);
     for (k = 0; k < NCASES; k++) fprintf(f, ",\"%s_ms\":%.4f", k_case_names[k], med[k] * 1e3);
     fprintf(f, ",\"hidden_fraction\":%.4f,\"target\":0.5}\n", hidden);
     return ferror(f) ? -1 : 0;
@@ -295,8 +300,9 @@ static int rank_main(dm_collective* c, const args* a) {
     if (rank == 0) {
         printf("# dm_overlap: all_reduce float32 sum, %zu bytes, %d ranks (%s backend, %s transport)\n",
                a->bytes, world, dm_backend_name(c), dm_transport_name(c));
-        printf("# compute=%s calibrated to %.2f x t_comm (%.3f ms), %d repetitions, %ld CPUs online\n",
-               k_kernel_names[a->kernel], a->ratio, t_comm * 1e3, a->reps, cpus);
+        printf("# compute=%s calibrated to %.2f x t_comm (%.3f ms), %d repetitions, %ld CPUs online, "
+               "load average %.2f at start\n", k_kernel_names[a->kernel], a->ratio, t_comm * 1e3, a->reps,
+               cpus, g_load1);
         printf("# times: the slowest rank's, per repetition; median [min, max] over repetitions\n");
         printf("#%-10s %-42s %10s %10s %10s\n", "case", "what", "median_ms", "min_ms", "max_ms");
         for (k = 0; k < NCASES; k++)
@@ -360,6 +366,7 @@ static int launch(const args* a) {
     int r, n = a->np, rc = 0, alive;
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 2; }
     snprintf(url, sizeof(url), "file://%s", dir);
+    if (getloadavg(&g_load1, 1) != 1) g_load1 = -1;
     fflush(stdout);
     for (r = 0; r < n; r++) {
         pids[r] = fork();
