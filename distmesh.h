@@ -216,7 +216,10 @@ typedef struct dm_env {
      reduced as above; broadcast from any root leaves the data; all_gather_objects returns N
      copies of this rank's object; broadcast_objects from a root other than desc.rank returns an
      empty list (a simulated rank holds no other rank's objects); split and the mesh give
-     simulated groups of the expected size.
+     simulated groups of the expected size. reduce gives the root what all_reduce gives;
+     gather N copies; scatter gives the root its own block and leaves other ranks' recv as it
+     is; all_to_all gives every block of recv this rank's own send block (all_to_all_v: counts
+     must then all equal send_counts[rank]); send and recv are DM_ERR_UNSUPPORTED (no peers).
    - dm_thread_world_create / _run: N real ranks on N threads that exchange data through
      shared memory, with fingerprint checks (mismatched collectives -> DM_ERR_MISMATCH on every
      rank) and deadlines. Results are reduced in rank order 0..N-1 (a serial reference computed
@@ -2692,6 +2695,37 @@ static dm_status _dm_fake_broadcast(dm_collective* c, void* buf, size_t count, d
     return DM_OK; /* every rank already holds the root's data */
 }
 static dm_status _dm_fake_barrier(dm_collective* c) { (void)c; return DM_OK; }
+/* The root's block for this rank; a simulated non-root holds no other rank's data, so its recv
+   is left as it is. */
+static dm_status _dm_fake_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                  int root) {
+    size_t bytes = count * dm_dtype_size(dtype);
+    const unsigned char* mine = (const unsigned char*)send + (size_t)root * bytes;
+    if (c->rank == root && mine != recv && bytes) memmove(recv, mine, bytes);
+    return DM_OK;
+}
+/* Every rank i is a copy of this one, so what it sends here is this rank's block for itself:
+   recv block i = send block rank (in place: recv's own block, saved first). */
+static dm_status _dm_fake_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
+                                       void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    size_t esize = dm_dtype_size(dtype), bytes = sc[c->rank] * esize;
+    const unsigned char* src = (const unsigned char*)(send ? send : recv) + so[c->rank] * esize;
+    unsigned char* saved = NULL;
+    int i;
+    for (i = 0; i < c->size; i++)
+        if (rc[i] != sc[c->rank])
+            return _DM_FAIL(c, DM_ERR_MISMATCH, "fake: all_to_all_v: rank %d (a copy of rank %d) sends %zu "
+                            "elements here, recv_counts[%d] is %zu", i, c->rank, sc[c->rank], i, rc[i]);
+    if (!send && bytes) {
+        saved = (unsigned char*)_dm_malloc(&c->allocator, bytes);
+        if (!saved) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "fake: all_to_all: no memory for %zu bytes", bytes);
+        memcpy(saved, src, bytes);
+        src = saved;
+    }
+    for (i = 0; i < c->size && bytes; i++) memmove((unsigned char*)recv + ro[i] * esize, src, bytes);
+    _dm_free(&c->allocator, saved);
+    return DM_OK;
+}
 /* A simulated rank cannot see the others' colors: the group is taken to be the whole world
    (every rank passed this color), with this rank's position kept. */
 static dm_status _dm_fake_split(dm_collective* c, int color, int key, dm_collective** out) {
@@ -2725,10 +2759,10 @@ static const dm_collective_vtable _dm_fake_vtable = {
     NULL,                            /* native_handle */
     NULL,                            /* synchronize */
     NULL,                            /* transport: the backend's name */
-    NULL,                            /* reduce */
-    NULL,                            /* gather */
-    NULL,                            /* scatter */
-    NULL,                            /* all_to_all_v */
+    NULL,                            /* reduce: core fallback through all_reduce */
+    NULL,                            /* gather: core fallback through all_gather */
+    _dm_fake_scatter,                /* scatter */
+    _dm_fake_all_to_all_v,           /* all_to_all_v */
     NULL,                            /* send */
     NULL,                            /* recv */
     NULL,                            /* start */
