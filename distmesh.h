@@ -347,8 +347,9 @@ DM_API const char* dm_transport_name(const dm_collective* c);
 /* The native handle (the seeds' process_group): ncclComm_t for NCCL, NULL where none. */
 DM_API void* dm_native_handle(dm_collective* c);
 DM_API const char* dm_last_error(const dm_collective* c);  /* "" after success; never NULL */
-DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives issued so far */
-/* Deadline of each later blocking call; < 0 waits forever, 0 restores the default. */
+DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives started so far */
+/* Deadline of each later blocking call; < 0 waits forever, 0 restores the default.
+   DM_ERR_BUSY while requests are in flight. */
 DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
 
 /* >>functions: collectives */
@@ -1466,7 +1467,7 @@ _DM_PRIVATE bool _dm_layout_ok(const void* big, size_t big_bytes, const void* sm
 _DM_PRIVATE dm_status _dm_begin(dm_collective* c, const char* op_name) {
     (void)op_name;
     _dm_errbuf(c)[0] = 0;
-    c->seq++;
+    __atomic_add_fetch(&c->seq, 1, __ATOMIC_RELAXED);  /* dm_sequence may read it on another thread */
     return DM_OK;
 }
 #define _DM_TRY(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) return st_; } while (0)
@@ -2301,7 +2302,7 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
         }
         r->token = NULL;
         if (st != DM_ERR_UNSUPPORTED) { pthread_mutex_unlock(&a->mu); _dm_request_free(r); return st; }
-        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) c->seq--;   /* the progress thread counts it */
+        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) __atomic_sub_fetch(&c->seq, 1, __ATOMIC_RELAXED);  /* the progress thread counts it */
     }
     st = _dm_async_enqueue(c, a, r);
     pthread_mutex_unlock(&a->mu);
@@ -2596,9 +2597,19 @@ DM_API_IMPL void* dm_native_handle(dm_collective* c) {
 DM_API_IMPL const char* dm_last_error(const dm_collective* c) {
     return c ? c->last_error : "no collective (NULL)";
 }
-DM_API_IMPL uint64_t dm_sequence(const dm_collective* c) { return c ? c->seq : 0; }
+DM_API_IMPL uint64_t dm_sequence(const dm_collective* c) { return c ? __atomic_load_n(&c->seq, __ATOMIC_RELAXED) : 0; }
+/* The deadline is read by queued requests as they run: it changes only with none in flight. */
 DM_API_IMPL dm_status dm_set_timeout(dm_collective* c, int timeout_ms) {
+    _dm_async* a;
+    bool busy = false;
     if (!c) return DM_ERR_INVALID_ARG;
+    a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    if (a) {
+        pthread_mutex_lock(&a->mu);
+        busy = a->inflight > 0;
+        pthread_mutex_unlock(&a->mu);
+    }
+    if (busy) return _DM_FAIL(c, DM_ERR_BUSY, "set_timeout: requests are in flight; wait for them first");
     c->timeout_ms = _dm_resolve_timeout(timeout_ms);
     return DM_OK;
 }
