@@ -400,6 +400,7 @@ static dm_status _dm_nccl_tmp_alloc(_dm_nccl* n, size_t bytes, void** p, const c
         e = cudaMalloc(p, bytes ? bytes : 1);
     if (e == cudaSuccess) return DM_OK;
     *p = NULL;
+    cudaGetLastError();         /* not sticky: clear it for the next call */
     return _DM_FAIL(&n->base, DM_ERR_CUDA, "nccl: %s: no device memory for %zu bytes of scratch (cuda: %s)",
                     what, bytes, cudaGetErrorString(e));
 }
