@@ -433,7 +433,11 @@ DM_API dm_status dm_all_to_all_v(dm_collective* c, const void* send, const size_
    - Deadlines and peer loss as for collectives (DM_ERR_TIMEOUT, DM_ERR_PEER_LOST).
    - A rank waiting in dm_recv on a peer that has already started a collective this rank has
      not called would wait forever: it fails at once with DM_ERR_MISMATCH naming both calls.
-   - NCCL matches messages between a pair in issue order; tags are not sent there. */
+   - NCCL: ncclSend/ncclRecv. Messages between a pair match in issue order (tags are not
+     sent); a send waits on the GPU for its receive, so two ranks that both send first hang
+     until the deadline (order them: one sends first, the other receives); counts and dtypes are
+     not compared (a mismatch corrupts data or hangs instead of DM_ERR_MISMATCH), nor are
+     all_to_all_v's counts. */
 DM_API dm_status dm_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype,
                          int peer, int tag);
 DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer,
@@ -2252,9 +2256,10 @@ _DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) 
     _dm_async* a = c->async;
     bool mine;
     dm_status st;
-    if (r->token) {
+    if (r->token) {             /* a backend stream request: finish writes last_error on failure */
         st = c->vt->finish(c, r->token, block, done);
         if (!*done) return DM_OK;
+        if (st == DM_OK) c->last_error[0] = 0;
         pthread_mutex_lock(&a->mu);
         _dm_async_unlink(a, r);
         pthread_mutex_unlock(&a->mu);
@@ -2275,8 +2280,11 @@ _DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) 
     return st;
 }
 
+_DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o);
 /* An _async call: a backend stream request where the backend has one for this kind, else a
-   request for the progress thread. */
+   request for the progress thread. A stream backend never shares its communicator with the
+   progress thread: the kinds it cannot start (object collectives) run here, and the request
+   is done when the call returns. */
 _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_request** out) {
     _dm_async* a = _dm_async_get(c);
     dm_request* r;
@@ -2301,8 +2309,19 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
             return DM_OK;
         }
         r->token = NULL;
-        if (st != DM_ERR_UNSUPPORTED) { pthread_mutex_unlock(&a->mu); _dm_request_free(r); return st; }
-        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) __atomic_sub_fetch(&c->seq, 1, __ATOMIC_RELAXED);  /* the progress thread counts it */
+        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) __atomic_sub_fetch(&c->seq, 1, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&a->mu);
+        if (st != DM_ERR_UNSUPPORTED) { _dm_request_free(r); return st; }
+        st = _dm_submit(c, o);  /* counts the sequence number itself */
+        pthread_mutex_lock(&a->mu);
+        r->status = st;
+        r->done = true;
+        _dm_copy_name(r->msg, sizeof(r->msg), c->last_error);
+        r->live = a->live;
+        a->live = r;
+        pthread_mutex_unlock(&a->mu);
+        *out = r;
+        return DM_OK;
     }
     st = _dm_async_enqueue(c, a, r);
     pthread_mutex_unlock(&a->mu);
