@@ -1645,54 +1645,36 @@ _DM_PRIVATE dm_status _dm_prep_reduce(dm_collective* c, const void* send, void* 
     return DM_OK;
 }
 
-/* gather: send (count) everywhere, recv (size * count) at the root only. */
-_DM_PRIVATE dm_status _dm_prep_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                      int root, dm_op* o) {
-    static const char* name = "gather";
+/* gather (send: count everywhere, recv: size * count at the root) and scatter (the mirror):
+   the root's whole buffer and everyone's part; in place, the part is the root's own block. */
+_DM_PRIVATE dm_status _dm_prep_rooted(dm_collective* c, bool gather, const void* send, void* recv, size_t count,
+                                      dm_dtype dtype, int root, dm_op* o) {
+    const char* name = gather ? "gather" : "scatter";
+    const char *whole_name = gather ? "recv" : "send", *part_name = gather ? "send" : "recv";
+    unsigned char* whole = (unsigned char*)(uintptr_t)(gather ? recv : send);
+    const void* part = gather ? send : recv;
     size_t bytes = 0, total = 0;
-    bool at_root;
+    bool at_root = c->rank == root;
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_root(c, name, root));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
-    at_root = c->rank == root;
     if (at_root) {
-        _DM_TRY(_dm_check_buffer(c, name, "recv (at the root)", recv, total));
-        if (!send) send = (unsigned char*)recv + (size_t)root * bytes;
-        if (!_dm_layout_ok(recv, total, send, bytes, (size_t)root * bytes))
-            return _DM_FAIL(c, DM_ERR_INVALID_ARG,
-                            "%s: send overlaps recv but is not at recv + root * count (in-place layout)", name);
+        if (!whole && total)
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s buffer is NULL at the root", name, whole_name);
+        if (!part) part = whole + (size_t)root * bytes;
+        if (!_dm_layout_ok(whole, total, part, bytes, (size_t)root * bytes))
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s overlaps %s but is not at %s + root * count (in-place "
+                            "layout)", name, part_name, whole_name, whole_name);
     }
-    _DM_TRY(_dm_check_buffer(c, name, "send", send, bytes));
-    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, gather) || _DM_VT_HAS(c->vt, all_gather) ||
-                                    _DM_VT_HAS(c->vt, all_gather_to_list)));
-    _dm_op_init(o, DM_OP_GATHER, dtype);
-    o->send = send; o->recv = at_root ? recv : NULL; o->count = count; o->root = root;
-    return DM_OK;
-}
-
-/* scatter: send (size * count) at the root only, recv (count) everywhere. */
-_DM_PRIVATE dm_status _dm_prep_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                       int root, dm_op* o) {
-    static const char* name = "scatter";
-    size_t bytes = 0, total = 0;
-    bool at_root;
-    _DM_TRY(_dm_check_type(c, name, dtype));
-    _DM_TRY(_dm_check_root(c, name, root));
-    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
-    _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
-    at_root = c->rank == root;
-    if (at_root) {
-        _DM_TRY(_dm_check_buffer(c, name, "send (at the root)", send, total));
-        if (!recv) recv = (unsigned char*)(uintptr_t)send + (size_t)root * bytes;
-        if (!_dm_layout_ok(send, total, recv, bytes, (size_t)root * bytes))
-            return _DM_FAIL(c, DM_ERR_INVALID_ARG,
-                            "%s: recv overlaps send but is not at send + root * count (in-place layout)", name);
-    }
-    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, bytes));
-    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, scatter) || _DM_VT_HAS(c->vt, broadcast)));
-    _dm_op_init(o, DM_OP_SCATTER, dtype);
-    o->send = at_root ? send : NULL; o->recv = recv; o->count = count; o->root = root;
+    _DM_TRY(_dm_check_buffer(c, name, part_name, part, bytes));
+    _DM_TRY(_dm_check_slot(c, name, gather ? _DM_VT_HAS(c->vt, gather) || _DM_VT_HAS(c->vt, all_gather) ||
+                                                 _DM_VT_HAS(c->vt, all_gather_to_list)
+                                           : _DM_VT_HAS(c->vt, scatter) || _DM_VT_HAS(c->vt, broadcast)));
+    _dm_op_init(o, gather ? DM_OP_GATHER : DM_OP_SCATTER, dtype);
+    o->send = gather ? part : (at_root ? whole : NULL);
+    o->recv = gather ? (at_root ? whole : NULL) : (void*)(uintptr_t)part;
+    o->count = count; o->root = root;
     return DM_OK;
 }
 
@@ -2507,19 +2489,19 @@ DM_API_IMPL dm_status dm_reduce_async(dm_collective* c, const void* send, void* 
 }
 DM_API_IMPL dm_status dm_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                 int root) {
-    _DM_BLOCKING(c, _dm_prep_gather(c, send, recv, count, dtype, root, &o_));
+    _DM_BLOCKING(c, _dm_prep_rooted(c, true, send, recv, count, dtype, root, &o_));
 }
 DM_API_IMPL dm_status dm_gather_async(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                       int root, dm_request** out) {
-    _DM_ASYNC(c, out, _dm_prep_gather(c, send, recv, count, dtype, root, &o_));
+    _DM_ASYNC(c, out, _dm_prep_rooted(c, true, send, recv, count, dtype, root, &o_));
 }
 DM_API_IMPL dm_status dm_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                  int root) {
-    _DM_BLOCKING(c, _dm_prep_scatter(c, send, recv, count, dtype, root, &o_));
+    _DM_BLOCKING(c, _dm_prep_rooted(c, false, send, recv, count, dtype, root, &o_));
 }
 DM_API_IMPL dm_status dm_scatter_async(dm_collective* c, const void* send, void* recv, size_t count,
                                        dm_dtype dtype, int root, dm_request** out) {
-    _DM_ASYNC(c, out, _dm_prep_scatter(c, send, recv, count, dtype, root, &o_));
+    _DM_ASYNC(c, out, _dm_prep_rooted(c, false, send, recv, count, dtype, root, &o_));
 }
 DM_API_IMPL dm_status dm_all_to_all(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype) {
     _DM_BLOCKING(c, _dm_prep_all_to_all(c, send, recv, count, dtype, &o_));
