@@ -216,7 +216,10 @@ typedef struct dm_env {
      reduced as above; broadcast from any root leaves the data; all_gather_objects returns N
      copies of this rank's object; broadcast_objects from a root other than desc.rank returns an
      empty list (a simulated rank holds no other rank's objects); split and the mesh give
-     simulated groups of the expected size.
+     simulated groups of the expected size. reduce gives the root what all_reduce gives;
+     gather N copies; scatter gives the root its own block and leaves other ranks' recv as it
+     is; all_to_all gives every block of recv this rank's own send block (all_to_all_v: counts
+     must then all equal send_counts[rank]); send and recv are DM_ERR_UNSUPPORTED (no peers).
    - dm_thread_world_create / _run: N real ranks on N threads that exchange data through
      shared memory, with fingerprint checks (mismatched collectives -> DM_ERR_MISMATCH on every
      rank) and deadlines. Results are reduced in rank order 0..N-1 (a serial reference computed
@@ -344,8 +347,9 @@ DM_API const char* dm_transport_name(const dm_collective* c);
 /* The native handle (the seeds' process_group): ncclComm_t for NCCL, NULL where none. */
 DM_API void* dm_native_handle(dm_collective* c);
 DM_API const char* dm_last_error(const dm_collective* c);  /* "" after success; never NULL */
-DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives issued so far */
-/* Deadline of each later blocking call; < 0 waits forever, 0 restores the default. */
+DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives started so far */
+/* Deadline of each later blocking call; < 0 waits forever, 0 restores the default.
+   DM_ERR_BUSY while requests are in flight. */
 DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
 
 /* >>functions: collectives */
@@ -429,7 +433,11 @@ DM_API dm_status dm_all_to_all_v(dm_collective* c, const void* send, const size_
    - Deadlines and peer loss as for collectives (DM_ERR_TIMEOUT, DM_ERR_PEER_LOST).
    - A rank waiting in dm_recv on a peer that has already started a collective this rank has
      not called would wait forever: it fails at once with DM_ERR_MISMATCH naming both calls.
-   - NCCL matches messages between a pair in issue order; tags are not sent there. */
+   - NCCL: ncclSend/ncclRecv. Messages between a pair match in issue order (tags are not
+     sent); a send waits on the GPU for its receive, so two ranks that both send first hang
+     until the deadline (order them: one sends first, the other receives); counts and dtypes are
+     not compared (a mismatch corrupts data or hangs instead of DM_ERR_MISMATCH), nor are
+     all_to_all_v's counts. */
 DM_API dm_status dm_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype,
                          int peer, int tag);
 DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer,
@@ -608,8 +616,9 @@ typedef struct dm_collective_vtable {
     const char* (*transport)(const dm_collective* self); /* optional: the backend's name */
     /* ---- end of version 2 ---- */
     /* Optional: the core builds reduce on all_reduce, gather on all_gather and scatter on
-       broadcast (through temporaries), and all_to_all on all_to_all_v. Send buffers reach
-       all_to_all_v disjoint from recv (the core copies them out first for in place). */
+       broadcast (through temporaries), and all_to_all(_v) on send and recv. all_to_all also
+       arrives here, with uniform counts; send NULL means in place, and the slot copies this
+       rank's own block (the core has checked that its two counts agree). */
     dm_status (*reduce)(dm_collective* self, const void* send, void* recv, size_t count,
                         dm_dtype dtype, dm_reduce_op op, int root);
     dm_status (*gather)(dm_collective* self, const void* send, void* recv, size_t count,
@@ -758,12 +767,27 @@ _DM_PRIVATE _DM_PRINTF(7, 8) dm_status _dm_report(const dm_logger* lg, char* err
     va_end(ap);
     return st;
 }
-/* Records fmt in c->last_error, logs it, returns st. */
+/* The operation this thread is running, if any: a collective's progress thread runs requests
+   and writes their messages into the request (err), not into c->last_error, which belongs to
+   the thread that issued them; an operation's own nested calls (object collectives, the
+   core's fallbacks) run at once instead of queueing behind it. */
+#if defined(__cplusplus)
+#define _DM_THREAD_LOCAL thread_local
+#else
+#define _DM_THREAD_LOCAL _Thread_local
+#endif
+typedef struct _dm_running { dm_collective* c; char* err; } _dm_running;
+static _DM_THREAD_LOCAL _dm_running _dm_tls_running;
+/* Where this thread's failures on c go (DM_LAST_ERROR_SIZE bytes). */
+_DM_PRIVATE char* _dm_errbuf(dm_collective* c) {
+    return _dm_tls_running.c == c && _dm_tls_running.err ? _dm_tls_running.err : c->last_error;
+}
+/* Records fmt in c's error buffer (last_error), logs it, returns st. */
 _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, const char* file,
                                                 int line, const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    _dm_vreport(&c->logger, c->last_error, sizeof(c->last_error), st, file, line, fmt, ap);
+    _dm_vreport(&c->logger, _dm_errbuf(c), DM_LAST_ERROR_SIZE, st, file, line, fmt, ap);
     va_end(ap);
     return st;
 }
@@ -1375,6 +1399,8 @@ _DM_PRIVATE void _dm_collective_init(dm_collective* c, const dm_collective_vtabl
     if (gethostname(c->node_name, sizeof(c->node_name) - 1) != 0) _dm_copy_name(c->node_name, 64, "localhost");
     c->node_name[sizeof(c->node_name) - 1] = 0;
     c->last_error[0] = 0;
+    c->async = NULL;
+    c->busy = 0;
 }
 
 /* One block: the item array, then the bytes of every item back to back (so the bytes of a
@@ -1444,41 +1470,11 @@ _DM_PRIVATE bool _dm_layout_ok(const void* big, size_t big_bytes, const void* sm
 }
 _DM_PRIVATE dm_status _dm_begin(dm_collective* c, const char* op_name) {
     (void)op_name;
-    c->last_error[0] = 0;
-    c->seq++;
+    _dm_errbuf(c)[0] = 0;
+    __atomic_add_fetch(&c->seq, 1, __ATOMIC_RELAXED);  /* dm_sequence may read it on another thread */
     return DM_OK;
 }
 #define _DM_TRY(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) return st_; } while (0)
-
-/* >>public collectives */
-DM_API_IMPL dm_status dm_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
-                                    dm_dtype dtype, dm_reduce_op op) {
-    static const char* name = "all_reduce";
-    size_t bytes = 0;
-    if (!c) return DM_ERR_INVALID_ARG;
-    _DM_TRY(_dm_check_type(c, name, dtype));
-    _DM_TRY(_dm_check_op(c, name, op));
-    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
-    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, bytes));
-    if (!send) send = recv;
-    if (!_dm_layout_ok(recv, bytes, send, bytes, 0))
-        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send and recv overlap partially", name);
-    if (!_DM_VT_HAS(c->vt, all_reduce))
-        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no %s", name, c->vt->name, name);
-    _dm_begin(c, name);
-    return c->vt->all_reduce(c, send, recv, count, dtype, op);
-}
-
-DM_API_IMPL dm_status dm_barrier(dm_collective* c) {
-    uint8_t token = 0;
-    if (!c) return DM_ERR_INVALID_ARG;
-    if (_DM_VT_HAS(c->vt, barrier)) {
-        _dm_begin(c, "barrier");
-        return c->vt->barrier(c);
-    }
-    /* Fallback: a one-byte all-reduce cannot complete before every rank has entered it. */
-    return dm_all_reduce(c, NULL, &token, 1, DM_UINT8, DM_MAX);
-}
 
 /* all_gather through all_gather_to_list: one pointer per rank into recv. */
 _DM_PRIVATE dm_status _dm_all_gather_via_list(dm_collective* c, const void* send, void* recv,
@@ -1510,11 +1506,46 @@ _DM_PRIVATE dm_status _dm_all_gather_list_via_block(dm_collective* c, const void
     return st;
 }
 
-DM_API_IMPL dm_status dm_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
-                                    dm_dtype dtype) {
+/* >>public collectives  Each call is checked (_dm_prep_*: arguments into a dm_op, failures
+   before anything is queued or sent), then submitted (>>requests): run on the caller's thread,
+   or queued for the progress thread by the _async twins. */
+_DM_PRIVATE dm_status _dm_check_root(dm_collective* c, const char* name, int root) {
+    if (root < 0 || root >= c->size)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: root %d is not a rank of this %d-rank collective%s",
+                        name, root, c->size, c->size == 1 ? " (only rank 0 exists)" : "");
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_check_slot(dm_collective* c, const char* name, bool has) {
+    if (!has) return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no %s", name, c->vt->name, name);
+    return DM_OK;
+}
+_DM_PRIVATE void _dm_op_init(dm_op* o, dm_op_kind kind, dm_dtype dtype) {
+    memset(o, 0, sizeof(*o));
+    o->kind = kind;
+    o->dtype = dtype;
+}
+
+_DM_PRIVATE dm_status _dm_prep_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_reduce_op op, dm_op* o) {
+    static const char* name = "all_reduce";
+    size_t bytes = 0;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_op(c, name, op));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, bytes));
+    if (!send) send = recv;
+    if (!_dm_layout_ok(recv, bytes, send, bytes, 0))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send and recv overlap partially", name);
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, all_reduce)));
+    _dm_op_init(o, DM_OP_ALL_REDUCE, dtype);
+    o->send = send; o->recv = recv; o->count = count; o->op = op;
+    return DM_OK;
+}
+
+_DM_PRIVATE dm_status _dm_prep_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_op* o) {
     static const char* name = "all_gather";
     size_t bytes = 0, total = 0;
-    if (!c) return DM_ERR_INVALID_ARG;
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
@@ -1523,23 +1554,17 @@ DM_API_IMPL dm_status dm_all_gather(dm_collective* c, const void* send, void* re
     if (!_dm_layout_ok(recv, total, send, bytes, (size_t)c->rank * bytes))
         return _DM_FAIL(c, DM_ERR_INVALID_ARG,
                         "%s: send overlaps recv but is not at recv + rank * count (in-place layout)", name);
-    if (_DM_VT_HAS(c->vt, all_gather)) {
-        _dm_begin(c, name);
-        return c->vt->all_gather(c, send, recv, count, dtype);
-    }
-    if (_DM_VT_HAS(c->vt, all_gather_to_list)) {
-        _dm_begin(c, name);
-        return _dm_all_gather_via_list(c, send, recv, count, dtype);
-    }
-    return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no all_gather", name, c->vt->name);
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, all_gather) || _DM_VT_HAS(c->vt, all_gather_to_list)));
+    _dm_op_init(o, DM_OP_ALL_GATHER, dtype);
+    o->send = send; o->recv = recv; o->count = count;
+    return DM_OK;
 }
 
-DM_API_IMPL dm_status dm_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
-                                            size_t count, dm_dtype dtype) {
+_DM_PRIVATE dm_status _dm_prep_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
+                                                  size_t count, dm_dtype dtype, dm_op* o) {
     static const char* name = "all_gather_to_list";
     size_t bytes = 0;
     int r, q;
-    if (!c) return DM_ERR_INVALID_ARG;
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &bytes));
     bytes /= (size_t)c->size;
@@ -1555,22 +1580,16 @@ DM_API_IMPL dm_status dm_all_gather_to_list(dm_collective* c, const void* send, 
     for (r = 0; r < c->size; r++)
         if (!_dm_layout_ok(recvs[r], bytes, send, bytes, r == c->rank ? 0 : SIZE_MAX))
             return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send overlaps recvs[%d]", name, r);
-    if (_DM_VT_HAS(c->vt, all_gather_to_list)) {
-        _dm_begin(c, name);
-        return c->vt->all_gather_to_list(c, send, recvs, count, dtype);
-    }
-    if (_DM_VT_HAS(c->vt, all_gather)) {
-        _dm_begin(c, name);
-        return _dm_all_gather_list_via_block(c, send, recvs, count, dtype);
-    }
-    return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no all_gather", name, c->vt->name);
+    _DM_TRY(_dm_check_slot(c, "all_gather", _DM_VT_HAS(c->vt, all_gather) || _DM_VT_HAS(c->vt, all_gather_to_list)));
+    _dm_op_init(o, DM_OP_ALL_GATHER_TO_LIST, dtype);
+    o->send = send; o->recvs = recvs; o->count = count;
+    return DM_OK;
 }
 
-DM_API_IMPL dm_status dm_reduce_scatter(dm_collective* c, const void* send, void* recv,
-                                        size_t recv_count, dm_dtype dtype, dm_reduce_op op) {
+_DM_PRIVATE dm_status _dm_prep_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t recv_count,
+                                              dm_dtype dtype, dm_reduce_op op, dm_op* o) {
     static const char* name = "reduce_scatter";
     size_t bytes = 0, total = 0;
-    if (!c) return DM_ERR_INVALID_ARG;
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_op(c, name, op));
     _DM_TRY(_dm_check_bytes(c, name, recv_count, dtype, 1, &bytes));
@@ -1581,28 +1600,200 @@ DM_API_IMPL dm_status dm_reduce_scatter(dm_collective* c, const void* send, void
     if (!_dm_layout_ok(send, total, recv, bytes, (size_t)c->rank * bytes))
         return _DM_FAIL(c, DM_ERR_INVALID_ARG,
                         "%s: recv overlaps send but is not at send + rank * recv_count (in-place layout)", name);
-    if (!_DM_VT_HAS(c->vt, reduce_scatter))
-        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no %s", name, c->vt->name, name);
-    _dm_begin(c, name);
-    return c->vt->reduce_scatter(c, send, recv, recv_count, dtype, op);
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, reduce_scatter)));
+    _dm_op_init(o, DM_OP_REDUCE_SCATTER, dtype);
+    o->send = send; o->recv = recv; o->count = recv_count; o->op = op;
+    return DM_OK;
 }
 
-DM_API_IMPL dm_status dm_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+_DM_PRIVATE dm_status _dm_prep_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root,
+                                         dm_op* o) {
     static const char* name = "broadcast";
     size_t bytes = 0;
-    if (!c) return DM_ERR_INVALID_ARG;
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
     _DM_TRY(_dm_check_buffer(c, name, "buf", buf, bytes));
-    if (root < 0 || root >= c->size)
-        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: root %d is not a rank of this %d-rank collective%s",
-                        name, root, c->size, c->size == 1 ? " (only rank 0 exists)" : "");
-    if (!_DM_VT_HAS(c->vt, broadcast))
-        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no %s", name, c->vt->name, name);
-    _dm_begin(c, name);
-    return c->vt->broadcast(c, buf, count, dtype, root);
+    _DM_TRY(_dm_check_root(c, name, root));
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, broadcast)));
+    _dm_op_init(o, DM_OP_BROADCAST, dtype);
+    o->recv = buf; o->send = buf; o->count = count; o->root = root;
+    return DM_OK;
 }
 
+/* reduce: send (count) everywhere, recv (count) at the root only. */
+_DM_PRIVATE dm_status _dm_prep_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                      dm_reduce_op op, int root, dm_op* o) {
+    static const char* name = "reduce";
+    size_t bytes = 0;
+    bool at_root;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_op(c, name, op));
+    _DM_TRY(_dm_check_root(c, name, root));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    at_root = c->rank == root;
+    if (at_root) _DM_TRY(_dm_check_buffer(c, name, "recv (at the root)", recv, bytes));
+    if (!send) {
+        if (!at_root) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send is NULL on rank %d (in place only at the root)", name, c->rank);
+        send = recv;
+    }
+    _DM_TRY(_dm_check_buffer(c, name, "send", send, bytes));
+    if (at_root && !_dm_layout_ok(recv, bytes, send, bytes, 0))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send and recv overlap partially", name);
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, reduce) || _DM_VT_HAS(c->vt, all_reduce)));
+    _dm_op_init(o, DM_OP_REDUCE, dtype);
+    o->send = send; o->recv = at_root ? recv : NULL; o->count = count; o->op = op; o->root = root;
+    return DM_OK;
+}
+
+/* gather (send: count everywhere, recv: size * count at the root) and scatter (the mirror):
+   the root's whole buffer and everyone's part; in place, the part is the root's own block. */
+_DM_PRIVATE dm_status _dm_prep_rooted(dm_collective* c, bool gather, const void* send, void* recv, size_t count,
+                                      dm_dtype dtype, int root, dm_op* o) {
+    const char* name = gather ? "gather" : "scatter";
+    const char *whole_name = gather ? "recv" : "send", *part_name = gather ? "send" : "recv";
+    unsigned char* whole = (unsigned char*)(uintptr_t)(gather ? recv : send);
+    const void* part = gather ? send : recv;
+    size_t bytes = 0, total = 0;
+    bool at_root = c->rank == root;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_root(c, name, root));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
+    if (at_root) {
+        if (!whole && total)
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s buffer is NULL at the root", name, whole_name);
+        if (!part) part = whole + (size_t)root * bytes;
+        if (!_dm_layout_ok(whole, total, part, bytes, (size_t)root * bytes))
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s overlaps %s but is not at %s + root * count (in-place "
+                            "layout)", name, part_name, whole_name, whole_name);
+    }
+    _DM_TRY(_dm_check_buffer(c, name, part_name, part, bytes));
+    _DM_TRY(_dm_check_slot(c, name, gather ? _DM_VT_HAS(c->vt, gather) || _DM_VT_HAS(c->vt, all_gather) ||
+                                                 _DM_VT_HAS(c->vt, all_gather_to_list)
+                                           : _DM_VT_HAS(c->vt, scatter) || _DM_VT_HAS(c->vt, broadcast)));
+    _dm_op_init(o, gather ? DM_OP_GATHER : DM_OP_SCATTER, dtype);
+    o->send = gather ? part : (at_root ? whole : NULL);
+    o->recv = gather ? (at_root ? whole : NULL) : (void*)(uintptr_t)part;
+    o->count = count; o->root = root;
+    return DM_OK;
+}
+
+/* The bytes one side of all_to_all_v spans (the largest offset + count), checking that the
+   blocks do not overlap each other and that nothing overflows. */
+_DM_PRIVATE dm_status _dm_a2a_span(dm_collective* c, const char* side, const size_t* counts, const size_t* offs,
+                                   size_t esize, size_t* span) {
+    static const char* name = "all_to_all_v";
+    int i, j, W = c->size;
+    *span = 0;
+    if (!counts || !offs) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s counts or offsets are NULL", name, side);
+    for (i = 0; i < W; i++) {
+        if (counts[i] > SIZE_MAX / esize || offs[i] > SIZE_MAX / esize - counts[i])
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s block %d (offset %zu, count %zu) overflows size_t",
+                            name, side, i, offs[i], counts[i]);
+        if ((offs[i] + counts[i]) * esize > *span) *span = (offs[i] + counts[i]) * esize;
+        for (j = 0; j < i; j++)
+            if (counts[i] && counts[j] && offs[i] < offs[j] + counts[j] && offs[j] < offs[i] + counts[i])
+                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s blocks %d and %d overlap", name, side, j, i);
+    }
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_prep_all_to_all_v(dm_collective* c, const void* send, const size_t* send_counts,
+                                            const size_t* send_offsets, void* recv, const size_t* recv_counts,
+                                            const size_t* recv_offsets, dm_dtype dtype, dm_op* o) {
+    static const char* name = "all_to_all_v";
+    size_t sspan = 0, rspan = 0;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_a2a_span(c, "recv", recv_counts, recv_offsets, dm_dtype_size(dtype), &rspan));
+    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, rspan));
+    if (send) {
+        _DM_TRY(_dm_a2a_span(c, "send", send_counts, send_offsets, dm_dtype_size(dtype), &sspan));
+        _DM_TRY(_dm_check_buffer(c, name, "send", send, sspan));
+        if (send != recv && !_dm_layout_ok(recv, rspan, send, sspan, SIZE_MAX))
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send and recv overlap (pass send NULL for in place)", name);
+    } else {
+        send_counts = send_counts ? send_counts : recv_counts;      /* in place: recv's blocks go out */
+        send_offsets = send_offsets ? send_offsets : recv_offsets;
+        _DM_TRY(_dm_a2a_span(c, "send", send_counts, send_offsets, dm_dtype_size(dtype), &sspan));
+        if (sspan > rspan) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: in place, the send blocks reach beyond recv", name);
+    }
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, all_to_all_v) || _DM_VT_HAS(c->vt, send)));
+    _dm_op_init(o, DM_OP_ALL_TO_ALL_V, dtype);
+    o->send = send; o->recv = recv;
+    o->send_counts = send_counts; o->send_offsets = send_offsets;
+    o->recv_counts = recv_counts; o->recv_offsets = recv_offsets;
+    return DM_OK;
+}
+/* all_to_all: the uniform case (counts and offsets made at run time). */
+_DM_PRIVATE dm_status _dm_prep_all_to_all(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_op* o) {
+    static const char* name = "all_to_all";
+    size_t total = 0;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
+    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, total));
+    if (send == recv) send = NULL;
+    if (send) _DM_TRY(_dm_check_buffer(c, name, "send", send, total));
+    if (send && !_dm_layout_ok(recv, total, send, total, SIZE_MAX))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send and recv overlap partially", name);
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, all_to_all_v) || _DM_VT_HAS(c->vt, send)));
+    _dm_op_init(o, DM_OP_ALL_TO_ALL, dtype);
+    o->send = send; o->recv = recv; o->count = count;
+    return DM_OK;
+}
+
+_DM_PRIVATE dm_status _dm_prep_p2p(dm_collective* c, bool sending, const void* buf, size_t count, dm_dtype dtype,
+                                   int peer, int tag, dm_op* o) {
+    const char* name = sending ? "send" : "recv";
+    size_t bytes = 0;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    _DM_TRY(_dm_check_buffer(c, name, "buf", buf, bytes));
+    if (peer < 0 || peer >= c->size)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: peer %d is not a rank of this %d-rank collective", name, peer, c->size);
+    if (peer == c->rank)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: peer %d is this rank (a rank cannot %s itself)", name, peer,
+                        sending ? "send to" : "receive from");
+    if (tag < 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: tag %d is negative", name, tag);
+    _DM_TRY(_dm_check_slot(c, name, sending ? _DM_VT_HAS(c->vt, send) : _DM_VT_HAS(c->vt, recv)));
+    _dm_op_init(o, sending ? DM_OP_SEND : DM_OP_RECV, dtype);
+    if (sending) o->send = buf; else o->recv = (void*)(uintptr_t)buf;
+    o->count = count; o->root = peer; o->tag = tag;
+    return DM_OK;
+}
+
+_DM_PRIVATE dm_status _dm_prep_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out,
+                                              dm_op* o) {
+    static const char* name = "all_gather_objects";
+    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: out is NULL", name);
+    out->items = NULL;
+    out->count = 0;
+    if (size == 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object size is 0 (objects must hold bytes)", name);
+    if (!data) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: data is NULL", name);
+    _dm_op_init(o, DM_OP_ALL_GATHER_OBJECTS, DM_UINT8);
+    o->send = data; o->count = size; o->out_list = out;
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_prep_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count, int root,
+                                                 dm_blob_list* out, dm_op* o) {
+    static const char* name = "broadcast_objects";
+    size_t i;
+    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: out is NULL", name);
+    out->items = NULL;
+    out->count = 0;
+    _DM_TRY(_dm_check_root(c, name, root));
+    if (c->rank == root) {
+        if (!objects && count > 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: objects is NULL", name);
+        for (i = 0; i < count; i++) {
+            if (objects[i].size == 0)
+                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object %zu has size 0", name, i);
+            if (!objects[i].data)
+                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object %zu has NULL data", name, i);
+        }
+    }
+    _dm_op_init(o, DM_OP_BROADCAST_OBJECTS, DM_UINT8);
+    o->objects = objects; o->count = count; o->root = root; o->out_list = out;
+    return DM_OK;
+}
 /* >>objects  Sizes first (uint64 per rank), then the bytes padded to the largest object. */
 /* The most bytes one object collective takes from its peers' word: DISTMESH_MAX_OBJECT_BYTES,
    else 1 GiB (a malformed value counts as unset). */
@@ -1619,20 +1810,13 @@ _DM_PRIVATE uint64_t _dm_object_limit(void) {
     if (errno || end == v || *end || n == 0) return (uint64_t)1 << 30;
     return (uint64_t)n;
 }
-DM_API_IMPL dm_status dm_all_gather_objects(dm_collective* c, const void* data, size_t size,
-                                            dm_blob_list* out) {
+_DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out) {
     static const char* name = "all_gather_objects";
     uint64_t* sizes64 = NULL;
     size_t* sizes = NULL;
     unsigned char *mine = NULL, *all = NULL;
     size_t max = 0, n, i;
     dm_status st;
-    if (!c) return DM_ERR_INVALID_ARG;
-    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: out is NULL", name);
-    out->items = NULL;
-    out->count = 0;
-    if (size == 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object size is 0 (objects must hold bytes)", name);
-    if (!data) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: data is NULL", name);
     n = (size_t)c->size;
     sizes64 = (uint64_t*)_dm_malloc(&c->allocator, n * sizeof(uint64_t));
     sizes = (size_t*)_dm_malloc(&c->allocator, n * sizeof(size_t));
@@ -1677,31 +1861,15 @@ done:
 
 /* Root announces the count, then the sizes; every rank allocates the result and the bytes
    travel in one broadcast straight into it. */
-DM_API_IMPL dm_status dm_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count,
-                                           int root, dm_blob_list* out) {
+_DM_PRIVATE dm_status _dm_run_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count, int root,
+                                                dm_blob_list* out) {
     static const char* name = "broadcast_objects";
     uint64_t n64 = 0;
     uint64_t* sizes64 = NULL;
     size_t* sizes = NULL;
     size_t i, n, total = 0;
     dm_status st;
-    if (!c) return DM_ERR_INVALID_ARG;
-    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: out is NULL", name);
-    out->items = NULL;
-    out->count = 0;
-    if (root < 0 || root >= c->size)
-        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: root %d is not a rank of this %d-rank collective",
-                        name, root, c->size);
-    if (c->rank == root) {
-        if (!objects && count > 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: objects is NULL", name);
-        for (i = 0; i < count; i++) {
-            if (objects[i].size == 0)
-                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object %zu has size 0", name, i);
-            if (!objects[i].data)
-                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object %zu has NULL data", name, i);
-        }
-        n64 = (uint64_t)count;
-    }
+    if (c->rank == root) n64 = (uint64_t)count;
     _DM_TRY(dm_broadcast(c, &n64, 1, DM_UINT64, root));
     /* every object costs its bytes plus 16 + sizeof(dm_blob) of bookkeeping: bound the count
        by the limit before the size arrays are allocated */
@@ -1743,6 +1911,646 @@ done:
     return st;
 }
 
+
+/* >>run  One checked operation, on whichever thread runs it: the sequence number (collectives
+   only: point-to-point calls do not count), then the backend's slot or the core's fallback. */
+_DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out);
+_DM_PRIVATE dm_status _dm_run_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count, int root,
+                                                dm_blob_list* out);
+
+_DM_PRIVATE dm_status _dm_run_barrier(dm_collective* c) {
+    uint8_t token = 0;
+    _dm_begin(c, "barrier");
+    if (_DM_VT_HAS(c->vt, barrier)) return c->vt->barrier(c);
+    /* a one-byte all-reduce cannot complete before every rank has entered it */
+    return c->vt->all_reduce(c, &token, &token, 1, DM_UINT8, DM_MAX);
+}
+
+/* Fallbacks through the collectives every backend has, with temporaries where a rank's
+   buffer is not significant (MPI's rule: recv at the root only). */
+_DM_PRIVATE dm_status _dm_reduce_via_all_reduce(dm_collective* c, const dm_op* o) {
+    size_t bytes = o->count * dm_dtype_size(o->dtype);
+    void* out = o->recv ? o->recv : _dm_malloc(&c->allocator, bytes);
+    dm_status st;
+    if (!out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "reduce: no memory for %zu bytes", bytes);
+    st = c->vt->all_reduce(c, o->send, out, o->count, o->dtype, o->op);
+    if (out != o->recv) _dm_free(&c->allocator, out);
+    return st;
+}
+_DM_PRIVATE dm_status _dm_gather_via_all_gather(dm_collective* c, const dm_op* o) {
+    size_t bytes = o->count * dm_dtype_size(o->dtype), total = bytes * (size_t)c->size;
+    unsigned char* out = o->recv ? (unsigned char*)o->recv : (unsigned char*)_dm_malloc(&c->allocator, total);
+    dm_status st;
+    if (!out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "gather: no memory for %zu bytes", total);
+    st = _DM_VT_HAS(c->vt, all_gather) ? c->vt->all_gather(c, o->send, out, o->count, o->dtype)
+                                        : _dm_all_gather_via_list(c, o->send, out, o->count, o->dtype);
+    if (out != o->recv) _dm_free(&c->allocator, out);
+    return st;
+}
+_DM_PRIVATE dm_status _dm_scatter_via_broadcast(dm_collective* c, const dm_op* o) {
+    size_t bytes = o->count * dm_dtype_size(o->dtype), total = bytes * (size_t)c->size;
+    unsigned char* all = o->send ? (unsigned char*)(uintptr_t)o->send : (unsigned char*)_dm_malloc(&c->allocator, total);
+    dm_status st;
+    if (!all) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "scatter: no memory for %zu bytes", total);
+    st = c->vt->broadcast(c, all, o->count * (size_t)c->size, o->dtype, o->root);  /* the root's bytes are only read */
+    if (st == DM_OK && all + (size_t)c->rank * bytes != o->recv) memmove(o->recv, all + (size_t)c->rank * bytes, bytes);
+    if (all != o->send) _dm_free(&c->allocator, all);
+    return st;
+}
+/* all_to_all_v through send and recv: step k sends to rank + k and receives from rank - k
+   (sends do not wait for their receiver, so no step can deadlock). Tag -1: never a user's. */
+_DM_PRIVATE dm_status _dm_a2a_via_p2p(dm_collective* c, const unsigned char* send, const size_t* sc, const size_t* so,
+                                      unsigned char* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    size_t esize = dm_dtype_size(dtype);
+    int k, W = c->size, r = c->rank;
+    for (k = 1; k < W; k++) {
+        int to = (r + k) % W, from = (r - k + W) % W;
+        _DM_TRY(c->vt->send(c, send + so[to] * esize, sc[to], dtype, to, -1));
+        _DM_TRY(c->vt->recv(c, recv + ro[from] * esize, rc[from], dtype, from, -1));
+    }
+    return DM_OK;
+}
+/* A backend's slot gets send NULL for in place and copies this rank's own block itself (it
+   may be device memory); the fallback through send and recv copies the outgoing blocks out of
+   recv first. */
+_DM_PRIVATE dm_status _dm_run_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
+                                           void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    size_t esize = dm_dtype_size(dtype), span = 0;
+    unsigned char* copy = NULL;
+    dm_status st;
+    int j;
+    if (sc[c->rank] != rc[c->rank])
+        return _DM_FAIL(c, DM_ERR_MISMATCH, "all_to_all_v: rank %d sends itself %zu elements but expects %zu",
+                        c->rank, sc[c->rank], rc[c->rank]);
+    if (_DM_VT_HAS(c->vt, all_to_all_v)) return c->vt->all_to_all_v(c, send, sc, so, recv, rc, ro, dtype);
+    if (!send) {
+        for (j = 0; j < c->size; j++)
+            if ((so[j] + sc[j]) * esize > span) span = (so[j] + sc[j]) * esize;
+        copy = (unsigned char*)_dm_malloc(&c->allocator, span);
+        if (!copy) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "all_to_all: no memory for %zu bytes", span);
+        if (span) memcpy(copy, recv, span);
+        send = copy;
+    }
+    st = _dm_a2a_via_p2p(c, (const unsigned char*)send, sc, so, (unsigned char*)recv, rc, ro, dtype);
+    if (st == DM_OK && sc[c->rank])
+        memcpy((unsigned char*)recv + ro[c->rank] * esize, (const unsigned char*)send + so[c->rank] * esize,
+               sc[c->rank] * esize);
+    _dm_free(&c->allocator, copy);
+    return st;
+}
+_DM_PRIVATE dm_status _dm_run_all_to_all(dm_collective* c, const dm_op* o) {
+    size_t W = (size_t)c->size, j;
+    size_t* a = (size_t*)_dm_malloc(&c->allocator, 2 * W * sizeof(size_t));
+    dm_status st;
+    if (!a) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "all_to_all: out of memory");
+    for (j = 0; j < W; j++) { a[j] = o->count; a[W + j] = j * o->count; }
+    st = _dm_run_all_to_all_v(c, o->send, a, a + W, o->recv, a, a + W, o->dtype);
+    _dm_free(&c->allocator, a);
+    return st;
+}
+
+_DM_PRIVATE dm_status _dm_op_run(dm_collective* c, const dm_op* o) {
+    const dm_collective_vtable* vt = c->vt;
+    switch (o->kind) {
+        case DM_OP_BARRIER: return _dm_run_barrier(c);
+        case DM_OP_ALL_REDUCE:
+            _dm_begin(c, "all_reduce");
+            return vt->all_reduce(c, o->send, o->recv, o->count, o->dtype, o->op);
+        case DM_OP_ALL_GATHER:
+            _dm_begin(c, "all_gather");
+            if (_DM_VT_HAS(vt, all_gather)) return vt->all_gather(c, o->send, o->recv, o->count, o->dtype);
+            return _dm_all_gather_via_list(c, o->send, o->recv, o->count, o->dtype);
+        case DM_OP_ALL_GATHER_TO_LIST:
+            _dm_begin(c, "all_gather_to_list");
+            if (_DM_VT_HAS(vt, all_gather_to_list)) return vt->all_gather_to_list(c, o->send, o->recvs, o->count, o->dtype);
+            return _dm_all_gather_list_via_block(c, o->send, o->recvs, o->count, o->dtype);
+        case DM_OP_REDUCE_SCATTER:
+            _dm_begin(c, "reduce_scatter");
+            return vt->reduce_scatter(c, o->send, o->recv, o->count, o->dtype, o->op);
+        case DM_OP_BROADCAST:
+            _dm_begin(c, "broadcast");
+            return vt->broadcast(c, o->recv, o->count, o->dtype, o->root);
+        case DM_OP_ALL_GATHER_OBJECTS: return _dm_run_gather_objects(c, o->send, o->count, o->out_list);
+        case DM_OP_BROADCAST_OBJECTS: return _dm_run_broadcast_objects(c, o->objects, o->count, o->root, o->out_list);
+        case DM_OP_REDUCE:
+            _dm_begin(c, "reduce");
+            if (_DM_VT_HAS(vt, reduce)) return vt->reduce(c, o->send, o->recv, o->count, o->dtype, o->op, o->root);
+            return _dm_reduce_via_all_reduce(c, o);
+        case DM_OP_GATHER:
+            _dm_begin(c, "gather");
+            if (_DM_VT_HAS(vt, gather)) return vt->gather(c, o->send, o->recv, o->count, o->dtype, o->root);
+            return _dm_gather_via_all_gather(c, o);
+        case DM_OP_SCATTER:
+            _dm_begin(c, "scatter");
+            if (_DM_VT_HAS(vt, scatter)) return vt->scatter(c, o->send, o->recv, o->count, o->dtype, o->root);
+            return _dm_scatter_via_broadcast(c, o);
+        case DM_OP_ALL_TO_ALL:
+            _dm_begin(c, "all_to_all");
+            return _dm_run_all_to_all(c, o);
+        case DM_OP_ALL_TO_ALL_V:
+            _dm_begin(c, "all_to_all_v");
+            return _dm_run_all_to_all_v(c, o->send, o->send_counts, o->send_offsets, o->recv, o->recv_counts,
+                                        o->recv_offsets, o->dtype);
+        case DM_OP_SEND:
+            _dm_errbuf(c)[0] = 0;
+            return vt->send(c, o->send, o->count, o->dtype, o->root, o->tag);
+        case DM_OP_RECV:
+            _dm_errbuf(c)[0] = 0;
+            return vt->recv(c, o->recv, o->count, o->dtype, o->root, o->tag);
+        case DM_OP_SPLIT:
+            _dm_begin(c, "split");
+            return vt->split(c, o->color, o->key, o->split_out);
+    }
+    return _DM_FAIL(c, DM_ERR_INTERNAL, "unknown operation kind %d", (int)o->kind);
+}
+
+/* >>requests  Non-blocking calls. A request is one queued dm_op. The collective's progress
+   thread (started by the first _async call) takes requests from the queue one at a time, in
+   issue order, and runs them like blocking calls; backends with a device stream (start and
+   finish slots) queue them there instead. Ownership: the queue, `inflight`, `owner` and each
+   request's done/status are guarded by mu; a running request's message is written by the
+   progress thread into the request (_dm_errbuf), never into c->last_error, which only the
+   owning thread writes. */
+struct dm_request {
+    dm_collective* c;
+    dm_op op;
+    size_t* arrays;             /* all_to_all_v: copies of the counts and offsets (4 x size) */
+    void* token;                /* backend stream request (start/finish), or NULL */
+    bool done;
+    dm_status status;
+    struct dm_request* next;    /* the queue */
+    struct dm_request* live;    /* every request not yet freed, for dm_destroy */
+    char msg[DM_LAST_ERROR_SIZE];
+};
+typedef struct _dm_async {
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;  /* work: the progress thread's; done: the waiters' */
+    pthread_t thread, owner;    /* owner: the thread that issued the requests in flight */
+    bool started, stop;
+    int inflight;               /* queued or running, not yet done */
+    dm_request *head, *tail;    /* not started yet */
+    dm_request* live;
+} _dm_async;
+
+/* Failures after which the collective cannot go on: the requests queued behind get them too. */
+_DM_PRIVATE bool _dm_status_breaks(dm_status st) {
+    return st == DM_ERR_TIMEOUT || st == DM_ERR_PEER_LOST || st == DM_ERR_MISMATCH || st == DM_ERR_NETWORK ||
+           st == DM_ERR_PROTOCOL || st == DM_ERR_ABORTED || st == DM_ERR_NCCL || st == DM_ERR_CUDA ||
+           st == DM_ERR_INTERNAL;
+}
+_DM_PRIVATE const char* _dm_op_name(dm_op_kind k) {
+    static const char* names[] = { "barrier", "all_reduce", "all_gather", "all_gather_to_list", "reduce_scatter",
+                                   "broadcast", "all_gather_objects", "broadcast_objects", "reduce", "gather",
+                                   "scatter", "all_to_all", "all_to_all_v", "send", "recv", "split" };
+    return (unsigned)k < sizeof(names) / sizeof(names[0]) ? names[k] : "operation";
+}
+
+/* The request at the head of the queue failed with st: every request queued behind it is done
+   with the same status, unrun. Caller holds mu. */
+_DM_PRIVATE void _dm_async_fail_queue(_dm_async* a, const dm_request* failed) {
+    while (a->head) {
+        dm_request* r = a->head;
+        a->head = r->next;
+        r->status = failed->status;
+        snprintf(r->msg, sizeof(r->msg), "%s was not run: the %s queued before it failed: %.400s",
+                 _dm_op_name(r->op.kind), _dm_op_name(failed->op.kind), failed->msg);
+        r->done = true;
+        a->inflight--;
+    }
+    a->tail = NULL;
+}
+
+static void* _dm_async_main(void* arg) {
+    dm_collective* c = (dm_collective*)arg;
+    _dm_async* a = c->async;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        dm_request* r;
+        _dm_running saved;
+        dm_status st;
+        while (!a->head && !a->stop) pthread_cond_wait(&a->work, &a->mu);
+        if (!a->head) break;
+        r = a->head;
+        a->head = r->next;
+        if (!a->head) a->tail = NULL;
+        pthread_mutex_unlock(&a->mu);
+        saved = _dm_tls_running;
+        _dm_tls_running.c = c;
+        _dm_tls_running.err = r->msg;
+        st = _dm_op_run(c, &r->op);
+        _dm_tls_running = saved;
+        pthread_mutex_lock(&a->mu);
+        r->status = st;
+        r->done = true;
+        a->inflight--;
+        if (_dm_status_breaks(st)) _dm_async_fail_queue(a, r);
+        pthread_cond_broadcast(&a->done);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+/* The collective's async state, made on first use (two threads racing: one wins). */
+_DM_PRIVATE _dm_async* _dm_async_get(dm_collective* c) {
+    _dm_async* a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    _dm_async* none = NULL;
+    pthread_condattr_t attr;
+    if (a) return a;
+    a = (_dm_async*)_dm_calloc(&c->allocator, sizeof(_dm_async));
+    if (!a) return NULL;
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->work, NULL);
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->done, &attr);
+    pthread_condattr_destroy(&attr);
+    if (__atomic_compare_exchange_n(&c->async, &none, a, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return a;
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->work);
+    pthread_cond_destroy(&a->done);
+    _dm_free(&c->allocator, a);
+    return none;
+}
+
+/* Another thread owns this collective right now: say so without touching last_error (the
+   owner's), through the logger. */
+_DM_PRIVATE dm_status _dm_busy(dm_collective* c, const dm_op* o) {
+    _DM_LOG(&c->logger, DM_LOG_ERROR, "%s on rank %d: the collective is in use by another thread (%s); "
+            "a collective belongs to one thread at a time", _dm_op_name(o->kind), c->rank,
+            __atomic_load_n(&c->async, __ATOMIC_ACQUIRE) ? "it has requests in flight" : "a call is running");
+    return DM_ERR_BUSY;
+}
+
+/* A request holding a copy of o; all_to_all_v's arrays are copied too (the caller may reuse
+   them at once). */
+_DM_PRIVATE dm_request* _dm_request_new(dm_collective* c, const dm_op* o) {
+    dm_request* r = (dm_request*)_dm_calloc(&c->allocator, sizeof(dm_request));
+    size_t W = (size_t)c->size;
+    if (!r) return NULL;
+    r->c = c;
+    r->op = *o;
+    if (o->kind == DM_OP_ALL_TO_ALL_V) {
+        r->arrays = (size_t*)_dm_malloc(&c->allocator, 4 * W * sizeof(size_t));
+        if (!r->arrays) { _dm_free(&c->allocator, r); return NULL; }
+        memcpy(r->arrays, o->send_counts, W * sizeof(size_t));
+        memcpy(r->arrays + W, o->send_offsets, W * sizeof(size_t));
+        memcpy(r->arrays + 2 * W, o->recv_counts, W * sizeof(size_t));
+        memcpy(r->arrays + 3 * W, o->recv_offsets, W * sizeof(size_t));
+        r->op.send_counts = r->arrays; r->op.send_offsets = r->arrays + W;
+        r->op.recv_counts = r->arrays + 2 * W; r->op.recv_offsets = r->arrays + 3 * W;
+    }
+    return r;
+}
+_DM_PRIVATE void _dm_request_free(dm_request* r) {
+    dm_collective* c = r->c;
+    _dm_free(&c->allocator, r->arrays);
+    _dm_free(&c->allocator, r);
+}
+/* Unlinks r from the live list. Caller holds mu. */
+_DM_PRIVATE void _dm_async_unlink(_dm_async* a, dm_request* r) {
+    dm_request** p = &a->live;
+    while (*p && *p != r) p = &(*p)->live;
+    if (*p) *p = r->live;
+}
+
+/* Queues r for the progress thread (started here the first time). Caller holds mu. */
+_DM_PRIVATE dm_status _dm_async_enqueue(dm_collective* c, _dm_async* a, dm_request* r) {
+    if (!a->started) {
+        if (pthread_create(&a->thread, NULL, _dm_async_main, c) != 0)
+            return _DM_FAIL(c, DM_ERR_INTERNAL, "%s: could not start the progress thread (%s)",
+                            _dm_op_name(r->op.kind), strerror(errno));
+        a->started = true;
+    }
+    r->live = a->live;
+    a->live = r;
+    if (a->tail) a->tail->next = r; else a->head = r;
+    a->tail = r;
+    a->inflight++;
+    a->owner = pthread_self();
+    pthread_cond_signal(&a->work);
+    return DM_OK;
+}
+
+/* Waits for r (block) or looks (done), then frees it and hands its message to the issuing
+   thread's last_error. */
+_DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) {
+    dm_collective* c = r->c;
+    _dm_async* a = c->async;
+    bool mine;
+    dm_status st;
+    if (r->token) {             /* a backend stream request: finish writes last_error on failure */
+        st = c->vt->finish(c, r->token, block, done);
+        if (!*done) return DM_OK;
+        if (st == DM_OK) c->last_error[0] = 0;
+        pthread_mutex_lock(&a->mu);
+        _dm_async_unlink(a, r);
+        pthread_mutex_unlock(&a->mu);
+        _dm_request_free(r);
+        return st;
+    }
+    pthread_mutex_lock(&a->mu);
+    while (block && !r->done) pthread_cond_wait(&a->done, &a->mu);
+    *done = r->done;
+    if (!r->done) { pthread_mutex_unlock(&a->mu); return DM_OK; }
+    st = r->status;
+    mine = a->inflight == 0 || pthread_equal(a->owner, pthread_self());
+    _dm_async_unlink(a, r);
+    pthread_mutex_unlock(&a->mu);
+    if (mine && st != DM_OK) _dm_copy_name(c->last_error, sizeof(c->last_error), r->msg);
+    else if (mine) c->last_error[0] = 0;
+    _dm_request_free(r);
+    return st;
+}
+
+_DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o);
+/* An _async call: a backend stream request where the backend has one for this kind, else a
+   request for the progress thread. A stream backend never shares its communicator with the
+   progress thread: the kinds it cannot start (object collectives) run here, and the request
+   is done when the call returns. */
+_DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_request** out) {
+    _dm_async* a = _dm_async_get(c);
+    dm_request* r;
+    dm_status st;
+    if (!a) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", _dm_op_name(o->kind));
+    pthread_mutex_lock(&a->mu);
+    if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE) ||
+        (a->inflight > 0 && !pthread_equal(a->owner, pthread_self()))) {
+        pthread_mutex_unlock(&a->mu);
+        return _dm_busy(c, o);
+    }
+    r = _dm_request_new(c, o);
+    if (!r) { pthread_mutex_unlock(&a->mu); return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", _dm_op_name(o->kind)); }
+    if (_DM_VT_HAS(c->vt, start) && _DM_VT_HAS(c->vt, finish) && a->inflight == 0) {
+        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) _dm_begin(c, _dm_op_name(o->kind));
+        st = c->vt->start(c, &r->op, &r->token);
+        if (st == DM_OK) {
+            r->live = a->live;
+            a->live = r;
+            pthread_mutex_unlock(&a->mu);
+            *out = r;
+            return DM_OK;
+        }
+        r->token = NULL;
+        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) __atomic_sub_fetch(&c->seq, 1, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&a->mu);
+        if (st != DM_ERR_UNSUPPORTED) { _dm_request_free(r); return st; }
+        st = _dm_submit(c, o);  /* counts the sequence number itself */
+        pthread_mutex_lock(&a->mu);
+        r->status = st;
+        r->done = true;
+        _dm_copy_name(r->msg, sizeof(r->msg), c->last_error);
+        r->live = a->live;
+        a->live = r;
+        pthread_mutex_unlock(&a->mu);
+        *out = r;
+        return DM_OK;
+    }
+    st = _dm_async_enqueue(c, a, r);
+    pthread_mutex_unlock(&a->mu);
+    if (st != DM_OK) { _dm_request_free(r); return st; }
+    *out = r;
+    return DM_OK;
+}
+
+/* A blocking call: on this thread, unless requests are in flight (then queued behind them and
+   waited for), or another thread is using the collective (DM_ERR_BUSY). Calls made by an
+   operation that is running (object collectives, fallbacks) run at once. */
+_DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o) {
+    _dm_async* a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    _dm_running saved;
+    int idle = 0;
+    dm_status st;
+    if (_dm_tls_running.c == c) return _dm_op_run(c, o);
+    if (!__atomic_compare_exchange_n(&c->busy, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return _dm_busy(c, o);
+    if (a) {
+        pthread_mutex_lock(&a->mu);
+        if (a->inflight > 0) {
+            dm_request* r = NULL;
+            bool done = false;
+            if (pthread_equal(a->owner, pthread_self()) && (r = _dm_request_new(c, o)) != NULL &&
+                _dm_async_enqueue(c, a, r) != DM_OK) { _dm_request_free(r); r = NULL; }
+            pthread_mutex_unlock(&a->mu);
+            __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+            if (!r) return _dm_busy(c, o);
+            return _dm_request_finish(r, true, &done);
+        }
+        pthread_mutex_unlock(&a->mu);
+    }
+    saved = _dm_tls_running;
+    _dm_tls_running.c = c;
+    _dm_tls_running.err = NULL;
+    st = _dm_op_run(c, o);
+    _dm_tls_running = saved;
+    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    return st;
+}
+
+/* dm_destroy's part: the queued requests run to the end (each under its deadline), the
+   progress thread stops, and requests never waited for are freed. */
+_DM_PRIVATE void _dm_async_destroy(dm_collective* c) {
+    _dm_async* a = c->async;
+    if (!a) return;
+    pthread_mutex_lock(&a->mu);
+    a->stop = true;
+    pthread_cond_signal(&a->work);
+    pthread_mutex_unlock(&a->mu);
+    if (a->started) pthread_join(a->thread, NULL);
+    while (a->live) {
+        dm_request* r = a->live;
+        bool done = true;
+        a->live = r->live;
+        if (r->token) c->vt->finish(c, r->token, true, &done);
+        _dm_request_free(r);
+    }
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->work);
+    pthread_cond_destroy(&a->done);
+    _dm_free(&c->allocator, a);
+    c->async = NULL;
+}
+
+DM_API_IMPL dm_status dm_wait(dm_request* req) {
+    bool done = false;
+    if (!req) return DM_ERR_INVALID_ARG;
+    return _dm_request_finish(req, true, &done);
+}
+DM_API_IMPL dm_status dm_test(dm_request* req, bool* done) {
+    bool d = false;
+    dm_status st;
+    if (!req || !done) return DM_ERR_INVALID_ARG;
+    st = _dm_request_finish(req, false, &d);
+    *done = d;
+    return st;
+}
+DM_API_IMPL dm_status dm_wait_all(dm_request** reqs, size_t n) {
+    dm_status first = DM_OK;
+    size_t i;
+    if (!reqs && n) return DM_ERR_INVALID_ARG;
+    for (i = 0; i < n; i++) {
+        dm_status st;
+        if (!reqs[i]) continue;
+        st = dm_wait(reqs[i]);
+        reqs[i] = NULL;
+        if (first == DM_OK) first = st;
+    }
+    return first;
+}
+
+/* >>public calls  Blocking: check, then run (or queue behind requests in flight). _async:
+   check, then queue. */
+#define _DM_BLOCKING(c, prep)                                                                 \
+    do {                                                                                      \
+        dm_op o_;                                                                             \
+        if (!(c)) return DM_ERR_INVALID_ARG;                                                  \
+        _DM_TRY(prep);                                                                        \
+        return _dm_submit((c), &o_);                                                          \
+    } while (0)
+#define _DM_ASYNC(c, out, prep)                                                               \
+    do {                                                                                      \
+        dm_op o_;                                                                             \
+        if (out) *(out) = NULL;                                                               \
+        if (!(c)) return DM_ERR_INVALID_ARG;                                                  \
+        if (!(out)) return _DM_FAIL((c), DM_ERR_INVALID_ARG, "request out is NULL");          \
+        _DM_TRY(prep);                                                                        \
+        return _dm_submit_async((c), &o_, (out));                                             \
+    } while (0)
+_DM_PRIVATE dm_status _dm_prep_barrier(dm_collective* c, dm_op* o) {
+    _DM_TRY(_dm_check_slot(c, "barrier", _DM_VT_HAS(c->vt, barrier) || _DM_VT_HAS(c->vt, all_reduce)));
+    _dm_op_init(o, DM_OP_BARRIER, DM_UINT8);
+    return DM_OK;
+}
+
+DM_API_IMPL dm_status dm_barrier(dm_collective* c) { _DM_BLOCKING(c, _dm_prep_barrier(c, &o_)); }
+DM_API_IMPL dm_status dm_barrier_async(dm_collective* c, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_barrier(c, &o_));
+}
+DM_API_IMPL dm_status dm_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                    dm_dtype dtype, dm_reduce_op op) {
+    _DM_BLOCKING(c, _dm_prep_all_reduce(c, send, recv, count, dtype, op, &o_));
+}
+DM_API_IMPL dm_status dm_all_reduce_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_reduce_op op, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_all_reduce(c, send, recv, count, dtype, op, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
+                                    dm_dtype dtype) {
+    _DM_BLOCKING(c, _dm_prep_all_gather(c, send, recv, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_all_gather(c, send, recv, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
+                                            size_t count, dm_dtype dtype) {
+    _DM_BLOCKING(c, _dm_prep_all_gather_to_list(c, send, recvs, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather_to_list_async(dm_collective* c, const void* send, void* const* recvs,
+                                                  size_t count, dm_dtype dtype, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_all_gather_to_list(c, send, recvs, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_reduce_scatter(dm_collective* c, const void* send, void* recv,
+                                        size_t recv_count, dm_dtype dtype, dm_reduce_op op) {
+    _DM_BLOCKING(c, _dm_prep_reduce_scatter(c, send, recv, recv_count, dtype, op, &o_));
+}
+DM_API_IMPL dm_status dm_reduce_scatter_async(dm_collective* c, const void* send, void* recv, size_t recv_count,
+                                              dm_dtype dtype, dm_reduce_op op, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_reduce_scatter(c, send, recv, recv_count, dtype, op, &o_));
+}
+DM_API_IMPL dm_status dm_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+    _DM_BLOCKING(c, _dm_prep_broadcast(c, buf, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_broadcast_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root,
+                                         dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_broadcast(c, buf, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out) {
+    _DM_BLOCKING(c, _dm_prep_gather_objects(c, data, size, out, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather_objects_async(dm_collective* c, const void* data, size_t size,
+                                                  dm_blob_list* out_list, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_gather_objects(c, data, size, out_list, &o_));
+}
+DM_API_IMPL dm_status dm_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count, int root,
+                                           dm_blob_list* out) {
+    _DM_BLOCKING(c, _dm_prep_broadcast_objects(c, objects, count, root, out, &o_));
+}
+DM_API_IMPL dm_status dm_broadcast_objects_async(dm_collective* c, const dm_blob* objects, size_t count, int root,
+                                                 dm_blob_list* out_list, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_broadcast_objects(c, objects, count, root, out_list, &o_));
+}
+DM_API_IMPL dm_status dm_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                dm_reduce_op op, int root) {
+    _DM_BLOCKING(c, _dm_prep_reduce(c, send, recv, count, dtype, op, root, &o_));
+}
+DM_API_IMPL dm_status dm_reduce_async(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                      dm_reduce_op op, int root, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_reduce(c, send, recv, count, dtype, op, root, &o_));
+}
+DM_API_IMPL dm_status dm_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                int root) {
+    _DM_BLOCKING(c, _dm_prep_rooted(c, true, send, recv, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_gather_async(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                      int root, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_rooted(c, true, send, recv, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                 int root) {
+    _DM_BLOCKING(c, _dm_prep_rooted(c, false, send, recv, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_scatter_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                       dm_dtype dtype, int root, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_rooted(c, false, send, recv, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_all_to_all(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype) {
+    _DM_BLOCKING(c, _dm_prep_all_to_all(c, send, recv, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_to_all_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_all_to_all(c, send, recv, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_to_all_v(dm_collective* c, const void* send, const size_t* send_counts,
+                                      const size_t* send_offsets, void* recv, const size_t* recv_counts,
+                                      const size_t* recv_offsets, dm_dtype dtype) {
+    _DM_BLOCKING(c, _dm_prep_all_to_all_v(c, send, send_counts, send_offsets, recv, recv_counts, recv_offsets,
+                                          dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_to_all_v_async(dm_collective* c, const void* send, const size_t* send_counts,
+                                            const size_t* send_offsets, void* recv, const size_t* recv_counts,
+                                            const size_t* recv_offsets, dm_dtype dtype, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_all_to_all_v(c, send, send_counts, send_offsets, recv, recv_counts, recv_offsets,
+                                            dtype, &o_));
+}
+DM_API_IMPL dm_status dm_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _DM_BLOCKING(c, _dm_prep_p2p(c, true, buf, count, dtype, peer, tag, &o_));
+}
+DM_API_IMPL dm_status dm_send_async(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer,
+                                    int tag, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_p2p(c, true, buf, count, dtype, peer, tag, &o_));
+}
+DM_API_IMPL dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _DM_BLOCKING(c, _dm_prep_p2p(c, false, buf, count, dtype, peer, tag, &o_));
+}
+DM_API_IMPL dm_status dm_recv_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag,
+                                    dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_p2p(c, false, buf, count, dtype, peer, tag, &o_));
+}
+
+_DM_PRIVATE dm_status _dm_prep_split(dm_collective* c, int color, int key, dm_collective** out, dm_op* o) {
+    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: out is NULL");
+    *out = NULL;
+    if (color < DM_SPLIT_NONE)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: color %d is negative (use DM_SPLIT_NONE to opt out)", color);
+    _DM_TRY(_dm_check_slot(c, "split", _DM_VT_HAS(c->vt, split)));
+    _dm_op_init(o, DM_OP_SPLIT, DM_UINT8);
+    o->color = color; o->key = key; o->split_out = out;
+    return DM_OK;
+}
+DM_API_IMPL dm_status dm_split(dm_collective* c, int color, int key, dm_collective** out) {
+    _DM_BLOCKING(c, _dm_prep_split(c, color, key, out, &o_));
+}
+
 DM_API_IMPL void dm_blob_list_free(dm_collective* c, dm_blob_list* list) {
     if (!list) return;
     _dm_free(c ? &c->allocator : NULL, list->items);
@@ -1756,21 +2564,10 @@ DM_API_IMPL dm_status dm_synchronize(dm_collective* c) {
     return c->vt->synchronize(c);
 }
 
-DM_API_IMPL dm_status dm_split(dm_collective* c, int color, int key, dm_collective** out) {
-    if (!c) return DM_ERR_INVALID_ARG;
-    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: out is NULL");
-    *out = NULL;
-    if (color < DM_SPLIT_NONE)
-        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: color %d is negative (use DM_SPLIT_NONE to opt out)", color);
-    if (!_DM_VT_HAS(c->vt, split))
-        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "split: backend %s has no split", c->vt->name);
-    _dm_begin(c, "split");
-    return c->vt->split(c, color, key, out);
-}
-
 /* >>accessors */
 DM_API_IMPL void dm_destroy(dm_collective* c) {
     if (!c) return;
+    _dm_async_destroy(c);
     if (c->local) dm_destroy(c->local);
     c->local = NULL;
     if (c->vt && c->vt->destroy) c->vt->destroy(c);
@@ -1801,9 +2598,19 @@ DM_API_IMPL void* dm_native_handle(dm_collective* c) {
 DM_API_IMPL const char* dm_last_error(const dm_collective* c) {
     return c ? c->last_error : "no collective (NULL)";
 }
-DM_API_IMPL uint64_t dm_sequence(const dm_collective* c) { return c ? c->seq : 0; }
+DM_API_IMPL uint64_t dm_sequence(const dm_collective* c) { return c ? __atomic_load_n(&c->seq, __ATOMIC_RELAXED) : 0; }
+/* The deadline is read by queued requests as they run: it changes only with none in flight. */
 DM_API_IMPL dm_status dm_set_timeout(dm_collective* c, int timeout_ms) {
+    _dm_async* a;
+    bool busy = false;
     if (!c) return DM_ERR_INVALID_ARG;
+    a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    if (a) {
+        pthread_mutex_lock(&a->mu);
+        busy = a->inflight > 0;
+        pthread_mutex_unlock(&a->mu);
+    }
+    if (busy) return _DM_FAIL(c, DM_ERR_BUSY, "set_timeout: requests are in flight; wait for them first");
     c->timeout_ms = _dm_resolve_timeout(timeout_ms);
     return DM_OK;
 }
@@ -1900,6 +2707,37 @@ static dm_status _dm_fake_broadcast(dm_collective* c, void* buf, size_t count, d
     return DM_OK; /* every rank already holds the root's data */
 }
 static dm_status _dm_fake_barrier(dm_collective* c) { (void)c; return DM_OK; }
+/* The root's block for this rank; a simulated non-root holds no other rank's data, so its recv
+   is left as it is. */
+static dm_status _dm_fake_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                  int root) {
+    size_t bytes = count * dm_dtype_size(dtype);
+    const unsigned char* mine = (const unsigned char*)send + (size_t)root * bytes;
+    if (c->rank == root && mine != recv && bytes) memmove(recv, mine, bytes);
+    return DM_OK;
+}
+/* Every rank i is a copy of this one, so what it sends here is this rank's block for itself:
+   recv block i = send block rank (in place: recv's own block, saved first). */
+static dm_status _dm_fake_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
+                                       void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    size_t esize = dm_dtype_size(dtype), bytes = sc[c->rank] * esize;
+    const unsigned char* src = (const unsigned char*)(send ? send : recv) + so[c->rank] * esize;
+    unsigned char* saved = NULL;
+    int i;
+    for (i = 0; i < c->size; i++)
+        if (rc[i] != sc[c->rank])
+            return _DM_FAIL(c, DM_ERR_MISMATCH, "fake: all_to_all_v: rank %d (a copy of rank %d) sends %zu "
+                            "elements here, recv_counts[%d] is %zu", i, c->rank, sc[c->rank], i, rc[i]);
+    if (!send && bytes) {
+        saved = (unsigned char*)_dm_malloc(&c->allocator, bytes);
+        if (!saved) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "fake: all_to_all: no memory for %zu bytes", bytes);
+        memcpy(saved, src, bytes);
+        src = saved;
+    }
+    for (i = 0; i < c->size && bytes; i++) memmove((unsigned char*)recv + ro[i] * esize, src, bytes);
+    _dm_free(&c->allocator, saved);
+    return DM_OK;
+}
 /* A simulated rank cannot see the others' colors: the group is taken to be the whole world
    (every rank passed this color), with this rank's position kept. */
 static dm_status _dm_fake_split(dm_collective* c, int color, int key, dm_collective** out) {
@@ -1933,10 +2771,10 @@ static const dm_collective_vtable _dm_fake_vtable = {
     NULL,                            /* native_handle */
     NULL,                            /* synchronize */
     NULL,                            /* transport: the backend's name */
-    NULL,                            /* reduce */
-    NULL,                            /* gather */
-    NULL,                            /* scatter */
-    NULL,                            /* all_to_all_v */
+    NULL,                            /* reduce: core fallback through all_reduce */
+    NULL,                            /* gather: core fallback through all_gather */
+    _dm_fake_scatter,                /* scatter */
+    _dm_fake_all_to_all_v,           /* all_to_all_v */
     NULL,                            /* send */
     NULL,                            /* recv */
     NULL,                            /* start */
@@ -2122,7 +2960,11 @@ _DM_PRIVATE _dm_link* _dm_memlink_new(const dm_allocator* a, const _dm_link_vt* 
    seq u64, little-endian. One format and one message for every backend. */
 #define _DM_FP_MAGIC 0x46544d44u
 enum { _DM_K_ALL_REDUCE = 1, _DM_K_ALL_GATHER, _DM_K_REDUCE_SCATTER, _DM_K_BROADCAST, _DM_K_BARRIER,
-       _DM_K_SETUP, _DM_K_SPLIT };
+       _DM_K_SETUP, _DM_K_SPLIT, _DM_K_ALL_TO_ALL, _DM_K_REDUCE, _DM_K_GATHER, _DM_K_SCATTER,
+       _DM_K_SEND, _DM_K_RECV };
+/* A point-to-point message is a fingerprint of kind _DM_K_SEND (root = the tag, seq = the
+   sender's message number to this peer) followed by count elements; _DM_K_RECV only names
+   what a receiver expected, in messages. */
 typedef struct _dm_fp {
     int kind, dtype, op, root;  /* dtype, op, root: -1 when the kind has none */
     uint64_t count, seq;
@@ -2144,8 +2986,9 @@ _DM_PRIVATE uint64_t _dm_get64(const unsigned char* p) {
 }
 _DM_PRIVATE const char* _dm_kind_name(int kind) {
     static const char* names[] = { "unknown collective", "all_reduce", "all_gather", "reduce_scatter",
-                                   "broadcast", "barrier", "setup", "split" };
-    return (kind > 0 && kind <= _DM_K_SPLIT) ? names[kind] : names[0];
+                                   "broadcast", "barrier", "setup", "split", "all_to_all", "reduce", "gather",
+                                   "scatter", "send", "recv" };
+    return (kind > 0 && kind <= _DM_K_RECV) ? names[kind] : names[0];
 }
 _DM_PRIVATE void _dm_fp_make(_dm_fp* f, const dm_collective* c, int kind, int dtype, int op, int root,
                              size_t count) {
@@ -2182,8 +3025,13 @@ _DM_PRIVATE void _dm_fp_text(const _dm_fp* f, char* buf, size_t cap) {
                   (unsigned long long)f->count);
     if ((size_t)n < cap && f->op >= 0 && (f->kind == _DM_K_ALL_REDUCE || f->kind == _DM_K_REDUCE_SCATTER))
         n += snprintf(buf + n, cap - (size_t)n, ", %s", dm_reduce_op_name((dm_reduce_op)f->op));
-    if ((size_t)n < cap && f->kind == _DM_K_BROADCAST)
+    if ((size_t)n < cap && f->op >= 0 && f->kind == _DM_K_REDUCE)
+        n += snprintf(buf + n, cap - (size_t)n, ", %s", dm_reduce_op_name((dm_reduce_op)f->op));
+    if ((size_t)n < cap && (f->kind == _DM_K_BROADCAST || f->kind == _DM_K_REDUCE || f->kind == _DM_K_GATHER ||
+                            f->kind == _DM_K_SCATTER))
         n += snprintf(buf + n, cap - (size_t)n, ", root %d", f->root);
+    if ((size_t)n < cap && (f->kind == _DM_K_SEND || f->kind == _DM_K_RECV))
+        n += snprintf(buf + n, cap - (size_t)n, ", tag %d", f->root);
     if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
 }
 _DM_PRIVATE dm_status _dm_fp_mismatch(dm_collective* c, const char* tag, int me, const _dm_fp* mine,
@@ -2207,6 +3055,27 @@ _DM_PRIVATE int _dm_mod(int a, int n) { return ((a % n) + n) % n; }
 /* >>engine  The state one group's schedules run on, and the failure rule: every failure while
    communicating breaks the group; later calls fail at once. */
 #define _DM_LK_IO_MAX      ((size_t)1 << 30)   /* bytes per link call (2 GiB+ messages) */
+/* A point-to-point message that arrived before the dm_recv asking for it (see >>p2p). */
+typedef struct _dm_umsg {
+    struct _dm_umsg* next;
+    int peer;
+    _dm_fp fp;                  /* its header: dtype, count, tag (root), number (seq) */
+    size_t bytes;
+    unsigned char* data;
+} _dm_umsg;
+/* What a peer sends between collectives, read at the boundaries: a point-to-point message
+   (header, payload, padding) or the next collective's fingerprint, which stays in hdr until
+   that collective's first recv step takes it (fp_ready). State survives between calls: a send
+   that reads while it waits may stop anywhere in a message. */
+typedef struct _dm_inbox {
+    unsigned char hdr[32];
+    size_t hfill;               /* header bytes read */
+    bool fp_ready;              /* hdr is a collective's fingerprint, not yet taken */
+    bool payload;               /* reading a payload (into msg->data, or a dm_recv's buffer) */
+    _dm_umsg* msg;              /* the unexpected message being filled, or NULL */
+    unsigned char* dst;
+    size_t len, fill, pad, padfill;
+} _dm_inbox;
 typedef struct _dm_lk {
     dm_collective* c;
     const char* tag;            /* message prefix: the backend */
@@ -2230,6 +3099,10 @@ typedef struct _dm_lk {
     void (*notice_post)(struct _dm_lk* lk, dm_status st, const char* msg);
     dm_status (*notice_read)(struct _dm_lk* lk, int* rank, char* msg, size_t cap);
     bool adopting;              /* breaking because of another rank's notice: do not re-post */
+    _dm_inbox* inbox;           /* per rank (>>p2p) */
+    _dm_umsg *uhead, *utail;    /* unexpected messages in arrival order */
+    size_t ubytes;              /* their bytes, bounded by DISTMESH_MAX_OBJECT_BYTES */
+    uint64_t* sent;             /* per rank: point-to-point messages sent to it (their number) */
 } _dm_lk;
 
 /* Scratch, ring order (identity) and the wait policy; links are the backend's to fill. */
@@ -2244,7 +3117,9 @@ _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag,
     lk->tmp = (unsigned char*)_dm_malloc(&c->allocator, lk->tmp_size);
     lk->links = (_dm_link**)_dm_calloc(&c->allocator, sizeof(_dm_link*) * (size_t)W);
     lk->order = (int*)_dm_malloc(&c->allocator, sizeof(int) * 2 * (size_t)W);
-    if (!lk->tmp || !lk->links || !lk->order) return DM_ERR_OUT_OF_MEMORY;
+    lk->inbox = (_dm_inbox*)_dm_calloc(&c->allocator, sizeof(_dm_inbox) * (size_t)W);
+    lk->sent = (uint64_t*)_dm_calloc(&c->allocator, sizeof(uint64_t) * (size_t)W);
+    if (!lk->tmp || !lk->links || !lk->order || !lk->inbox || !lk->sent) return DM_ERR_OUT_OF_MEMORY;
     lk->slot = lk->order + W;
     for (r = 0; r < W; r++) lk->order[r] = lk->slot[r] = r;
     memset(lk->tmp, 0, lk->tmp_size);   /* fault the scratch in now, not in the first collectives */
@@ -2263,7 +3138,16 @@ _DM_PRIVATE void _dm_lk_release(_dm_lk* lk) {
     _dm_free(a, lk->links);
     _dm_free(a, lk->order);
     _dm_free(a, lk->tmp);
-    lk->links = NULL; lk->order = NULL; lk->tmp = NULL;
+    while (lk->uhead) {
+        _dm_umsg* m = lk->uhead;
+        lk->uhead = m->next;
+        _dm_free(a, m);
+    }
+    if (lk->inbox)
+        for (r = 0; r < lk->c->size; r++) _dm_free(a, lk->inbox[r].msg);
+    _dm_free(a, lk->inbox);
+    _dm_free(a, lk->sent);
+    lk->links = NULL; lk->order = NULL; lk->tmp = NULL; lk->inbox = NULL; lk->sent = NULL;
 }
 /* Waiting policy for `local` ranks of a group on this host: spin only while every rank can
    have a core of its own; with more ranks than cores a spinning rank would steal the time of
@@ -2293,7 +3177,7 @@ _DM_PRIVATE void _dm_lk_post_abort(_dm_lk* lk, dm_status st) {
     if (!__atomic_compare_exchange_n(&lk->abort->status, &none, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return;
     lk->abort->rank = lk->c->rank;
-    _dm_copy_name(lk->abort->msg, sizeof(lk->abort->msg), lk->c->last_error);
+    _dm_copy_name(lk->abort->msg, sizeof(lk->abort->msg), _dm_errbuf(lk->c));
     __atomic_store_n(&lk->abort->status, (int32_t)st, __ATOMIC_RELEASE);
     for (r = 0; r < lk->nbells; r++) _dm_bell_ring(&lk->bells[r], lk->bell_ops);
 }
@@ -2305,9 +3189,9 @@ _DM_PRIVATE dm_status _dm_lk_break(_dm_lk* lk, dm_status st) {
     int r;
     if (lk->broken != DM_OK) return st;
     lk->broken = st;
-    _dm_copy_name(lk->broken_msg, sizeof(lk->broken_msg), lk->c->last_error);
+    _dm_copy_name(lk->broken_msg, sizeof(lk->broken_msg), _dm_errbuf(lk->c));
     _dm_lk_post_abort(lk, st);
-    if (!lk->adopting && lk->notice_post) lk->notice_post(lk, st, lk->c->last_error);
+    if (!lk->adopting && lk->notice_post) lk->notice_post(lk, st, _dm_errbuf(lk->c));
     for (r = 0; r < lk->c->size; r++)
         if (lk->links[r] && lk->links[r]->vt->shutdown) lk->links[r]->vt->shutdown(lk->links[r]);
     return st;
@@ -2374,7 +3258,16 @@ typedef struct _dm_xfer {
     dm_dtype dtype;
     dm_reduce_op rop;
     const _dm_fp* expect;       /* when set, recv step 0 is a fingerprint to compare with it */
+    bool inbox;                 /* also read rpeer's inbox (>>p2p): into want, else unexpected */
+    struct _dm_want* want;      /* a dm_recv: done once its message is in place */
 } _dm_xfer;
+typedef struct _dm_want {
+    int tag;
+    dm_dtype dtype;
+    size_t count;
+    unsigned char* buf;
+    bool done;
+} _dm_want;
 
 /* Where the two streams stand. */
 typedef struct _dm_xstate {
@@ -2422,6 +3315,139 @@ _DM_PRIVATE dm_status _dm_lk_check_fp(_dm_lk* lk, const _dm_xfer* x, const unsig
 _DM_PRIVATE size_t _dm_lk_pad(const _dm_link* l, size_t len) {
     size_t a = l->vt->align;
     return a ? (a - len % a) % a : 0;
+}
+
+/* >>p2p  Point-to-point messages share each link's stream with the collectives, between them:
+   a sender is never inside a collective on that link when it sends one. Receivers read them
+   at boundaries through the inbox, match them to a dm_recv (x->want) by tag, in arrival order,
+   or keep them as unexpected until one asks. */
+
+/* want got message fp from peer: same dtype and count, or DM_ERR_MISMATCH naming both. */
+_DM_PRIVATE dm_status _dm_lk_want_check(_dm_lk* lk, const _dm_xfer* x, int peer, const _dm_fp* got) {
+    _dm_fp mine;
+    const _dm_want* w = x->want;
+    if (got->dtype == (int)w->dtype && got->count == (uint64_t)w->count) return DM_OK;
+    _dm_fp_make(&mine, lk->c, _DM_K_RECV, (int)w->dtype, -1, w->tag, w->count);
+    mine.seq = got->seq;
+    _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, &mine, peer, got);
+    return _dm_lk_break(lk, DM_ERR_MISMATCH);
+}
+/* The first unexpected message from peer with want's tag, copied into its buffer and freed:
+   DM_OK with want->done set, DM_OK without it when there is none, or the mismatch. */
+_DM_PRIVATE dm_status _dm_lk_take_unexpected(_dm_lk* lk, const _dm_xfer* x, int peer) {
+    _dm_umsg **p = &lk->uhead, *m = NULL, *prev = NULL;
+    for (; *p; prev = *p, p = &(*p)->next)
+        if ((*p)->peer == peer && (*p)->fp.root == x->want->tag) { m = *p; break; }
+    if (!m) return DM_OK;
+    _DM_TRY(_dm_lk_want_check(lk, x, peer, &m->fp));
+    *p = m->next;
+    if (lk->utail == m) lk->utail = prev;
+    lk->ubytes -= m->bytes;
+    if (m->bytes) memcpy(x->want->buf, m->data, m->bytes);
+    _dm_free(&lk->c->allocator, m);
+    x->want->done = true;
+    return DM_OK;
+}
+/* A whole header is in: a collective's fingerprint waits for its collective; a message's
+   payload goes to the dm_recv waiting for its tag, else into a new unexpected message. */
+_DM_PRIVATE dm_status _dm_lk_inbox_header(_dm_lk* lk, const _dm_xfer* x, int peer) {
+    _dm_inbox* in = &lk->inbox[peer];
+    _dm_fp fp;
+    size_t bytes;
+    in->hfill = 0;
+    if (_dm_get32(in->hdr) != _DM_FP_MAGIC) {
+        _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s: rank %d (%s) sent malformed bytes (bad header magic 0x%08x)",
+                 lk->tag, x->op, peer, lk->links[peer]->where, (unsigned)_dm_get32(in->hdr));
+        return _dm_lk_break(lk, DM_ERR_PROTOCOL);
+    }
+    _dm_fp_decode(in->hdr, &fp);
+    if (fp.kind != _DM_K_SEND) { in->fp_ready = true; return DM_OK; }
+    if (fp.dtype < 0 || fp.dtype >= DM_DTYPE_COUNT || fp.count > SIZE_MAX / 8) {
+        _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s: rank %d (%s) sent a message header with dtype %d, count %llu",
+                 lk->tag, x->op, peer, lk->links[peer]->where, fp.dtype, (unsigned long long)fp.count);
+        return _dm_lk_break(lk, DM_ERR_PROTOCOL);
+    }
+    bytes = (size_t)fp.count * dm_dtype_size((dm_dtype)fp.dtype);
+    in->payload = true;
+    in->len = bytes;
+    in->fill = in->padfill = 0;
+    in->pad = _dm_lk_pad(lk->links[peer], bytes);
+    if (x->want && !x->want->done && x->rpeer == peer && fp.root == x->want->tag) {
+        _DM_TRY(_dm_lk_want_check(lk, x, peer, &fp));
+        in->msg = NULL;
+        in->dst = x->want->buf;
+        return DM_OK;
+    }
+    if (bytes > _dm_object_limit() - (lk->ubytes < _dm_object_limit() ? lk->ubytes : _dm_object_limit())) {
+        _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s: rank %d sent a message of %zu bytes (tag %d) that no recv has "
+                 "asked for yet, beyond the %llu bytes kept waiting (DISTMESH_MAX_OBJECT_BYTES)", lk->tag, x->op,
+                 peer, bytes, fp.root, (unsigned long long)_dm_object_limit());
+        return _dm_lk_break(lk, DM_ERR_PROTOCOL);
+    }
+    in->msg = (_dm_umsg*)_dm_malloc(&lk->c->allocator, sizeof(_dm_umsg) + bytes);
+    if (!in->msg) {
+        _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: no memory to keep a message of %zu bytes from rank %d",
+                 lk->tag, x->op, bytes, peer);
+        return _dm_lk_break(lk, DM_ERR_OUT_OF_MEMORY);
+    }
+    in->msg->next = NULL;
+    in->msg->peer = peer;
+    in->msg->fp = fp;
+    in->msg->bytes = bytes;
+    in->msg->data = (unsigned char*)(in->msg + 1);
+    in->dst = in->msg->data;
+    lk->ubytes += bytes;
+    return DM_OK;
+}
+/* A whole payload is in: the dm_recv is done, or the message joins the unexpected ones (and
+   is taken at once if the waiting dm_recv wants its tag: nothing older with it can wait). */
+_DM_PRIVATE dm_status _dm_lk_inbox_message(_dm_lk* lk, const _dm_xfer* x, int peer) {
+    _dm_inbox* in = &lk->inbox[peer];
+    _dm_umsg* m = in->msg;
+    in->payload = false;
+    in->msg = NULL;
+    if (!m) { x->want->done = true; return DM_OK; }
+    if (lk->utail) lk->utail->next = m; else lk->uhead = m;
+    lk->utail = m;
+    if (x->want && !x->want->done && x->rpeer == peer && m->fp.root == x->want->tag)
+        return _dm_lk_take_unexpected(lk, x, peer);
+    return DM_OK;
+}
+/* Reads peer's inbox as far as it can: until x->want is done, the link is empty, or the next
+   collective's fingerprint is in (which a dm_recv cannot wait past: that peer will send
+   nothing more before this rank joins the collective, so it fails with DM_ERR_MISMATCH). */
+_DM_PRIVATE dm_status _dm_lk_pump_inbox(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, int peer, bool* progress) {
+    _dm_inbox* in = &lk->inbox[peer];
+    _dm_link* l = lk->links[peer];
+    for (;;) {
+        unsigned char sink[8];
+        ptrdiff_t k;
+        int err = 0;
+        if (x->want && x->want->done) return DM_OK;
+        if (in->fp_ready) {
+            _dm_fp theirs, mine;
+            if (!x->want) return DM_OK;
+            _dm_fp_decode(in->hdr, &theirs);
+            _dm_fp_make(&mine, lk->c, _DM_K_RECV, (int)x->want->dtype, -1, x->want->tag, x->want->count);
+            mine.seq = lk->c->seq;
+            _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, &mine, peer, &theirs);
+            return _dm_lk_break(lk, DM_ERR_MISMATCH);
+        }
+        if (!in->payload) k = l->vt->recv(l, in->hdr + in->hfill, 32 - in->hfill, &err);
+        else if (in->fill < in->len) {
+            size_t n = in->len - in->fill < _DM_LK_IO_MAX ? in->len - in->fill : _DM_LK_IO_MAX;
+            k = l->vt->recv(l, in->dst + in->fill, n, &err);
+        } else if (in->padfill < in->pad) k = l->vt->recv(l, sink, in->pad - in->padfill, &err);
+        else { _DM_TRY(_dm_lk_inbox_message(lk, x, peer)); *progress = true; continue; }
+        if (k == 0) { s->want_in = true; return DM_OK; }
+        if (k < 0) return _dm_lk_io_fail(lk, x, peer, false, err);
+        *progress = true;
+        if (!in->payload) {
+            in->hfill += (size_t)k;
+            if (in->hfill == 32) _DM_TRY(_dm_lk_inbox_header(lk, x, peer));
+        } else if (in->fill < in->len) in->fill += (size_t)k;
+        else in->padfill += (size_t)k;
+    }
 }
 
 /* Sends as far as the gates allow, until the link is full. */
@@ -2518,6 +3544,16 @@ _DM_PRIVATE dm_status _dm_lk_pump_recv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate
             s->ri++; s->rdone = s->tfill = s->rpad = 0; *progress = true;
             continue;
         }
+        if (s->ri == 0 && x->expect && s->rdone == 0) {   /* the fingerprint comes through the inbox */
+            _dm_inbox* in = &lk->inbox[x->rpeer];
+            if (!in->fp_ready) _DM_TRY(_dm_lk_pump_inbox(lk, x, s, x->rpeer, progress));
+            if (!in->fp_ready) break;
+            memcpy(r->buf, in->hdr, 32);
+            in->fp_ready = false;
+            s->rdone = 32;
+            *progress = true;
+            continue;
+        }
         if (!r->own) {
             dst = r->buf + s->rdone; want = r->len - s->rdone;
         } else {
@@ -2571,7 +3607,7 @@ _DM_PRIVATE void _dm_cpu_relax(void) {
 _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xstate* s, uint32_t seen,
                                    int64_t deadline, int* dead) {
     _dm_link* sl = x->speer >= 0 && s->si < x->ns ? lk->links[x->speer] : NULL;
-    _dm_link* rl = x->rpeer >= 0 && s->ri < x->nr ? lk->links[x->rpeer] : NULL;
+    _dm_link* rl = x->rpeer >= 0 && (s->ri < x->nr || x->inbox) ? lk->links[x->rpeer] : NULL;
     struct pollfd p[2];
     int np = 0, hup = -1, rc, err = 0, k;
     bool memory = (sl && sl->fd < 0) || (rl && rl->fd < 0);
@@ -2632,11 +3668,13 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
         }
         st = _dm_lk_pump_send(lk, x, &s, &progress);
         if (st == DM_OK) st = _dm_lk_pump_recv(lk, x, &s, &progress);
+        if (st == DM_OK && x->inbox && (x->want || s.si < x->ns))
+            st = _dm_lk_pump_inbox(lk, x, &s, x->rpeer, &progress);
         /* stay announced through the sleep: a peer that writes after the last look must ring */
         if (blocking && lk->bell && (st != DM_OK || progress))
             __atomic_store_n(&lk->bell->sleeping, 0u, __ATOMIC_SEQ_CST);
         if (st != DM_OK) return st;
-        if (s.si == x->ns && s.ri == x->nr) return DM_OK;
+        if (s.si == x->ns && s.ri == x->nr && (!x->want || x->want->done)) return DM_OK;
         if (progress) { idle_since = 0; blocking = false; dead = 0; continue; }
         if (!s.want_in && !s.want_out) {
             _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: %s #%llu: transfer stalled (send step %d, recv step %d)",
@@ -2650,7 +3688,7 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
             if (idle < lk->spin_us) { _dm_cpu_relax(); continue; }
             st = _dm_lk_adopt_abort(lk, x->op);
             if (st == DM_OK && now / 1000 >= deadline) {
-                bool recv_wait = s.ri < x->nr;
+                bool recv_wait = s.ri < x->nr || (x->want && !x->want->done);
                 int peer = recv_wait ? x->rpeer : x->speer;
                 _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
                          lk->tag, x->op, (unsigned long long)lk->c->seq, lk->c->timeout_ms,
@@ -2787,10 +3825,11 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_rd(_dm_lk* lk, void* recv, size_t count, 
 /* Ring all-reduce over ring positions: W-1 reduce-scatter steps (step g sends the block of
    position p-g-1, receives and reduces that of p-g-2, so each rank ends holding its own block)
    then W-1 all-gather steps (step g sends the block of p-g, receives that of p-g-1), all in
-   one pipelined stream. Block b is reduced in ring order starting after position b. */
+   one pipelined stream. Block b is reduced in ring order starting after position b.
+   scatter_only: the first W-1 steps alone (dm_reduce), leaving rank r with block r. */
 _DM_PRIVATE dm_status _dm_lk_allreduce_ring(_dm_lk* lk, const void* send, void* recv, size_t count,
-                                            dm_dtype dtype, dm_reduce_op op, const _dm_fp* fp) {
-    int W = lk->c->size, g, n = 2 * (W - 1) + 1;
+                                            dm_dtype dtype, dm_reduce_op op, const _dm_fp* fp, bool scatter_only) {
+    int W = lk->c->size, g, n = (scatter_only ? 1 : 2) * (W - 1) + 1;
     size_t esize = dm_dtype_size(dtype), off, len;
     const unsigned char* in = (const unsigned char*)send;
     unsigned char* out = (unsigned char*)recv;
@@ -2808,7 +3847,7 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_ring(_dm_lk* lk, const void* send, void* 
         st.rs[1 + g].after_send = -1;
         st.rs[1 + g].divide = (op == DM_MEAN && g == W - 2) ? W : 0;
     }
-    for (g = 0; g < W - 1; g++) {
+    for (g = 0; g < W - 1 && !scatter_only; g++) {
         int k = W + g;
         _dm_segment(count, W, _dm_lk_at(lk, -g), &off, &len);
         st.ss[k].buf = out + off * esize; st.ss[k].len = len * esize; st.ss[k].gate = k - 1;
@@ -2833,7 +3872,7 @@ _DM_PRIVATE dm_status _dm_lk_all_reduce(_dm_lk* lk, const void* send, void* recv
         if (send != recv) memcpy(recv, send, bytes);
         return _dm_lk_allreduce_rd(lk, recv, count, dtype, op, &fp);
     }
-    return _dm_lk_allreduce_ring(lk, send, recv, count, dtype, op, &fp);
+    return _dm_lk_allreduce_ring(lk, send, recv, count, dtype, op, &fp, false);
 }
 
 /* Ring all-gather into per-rank buffers: step g sends the block of position p-g (own input
@@ -2990,6 +4029,152 @@ _DM_PRIVATE dm_status _dm_lk_barrier(_dm_lk* lk) {
     for (k = 1; k < W; k <<= 1, round++) {
         _dm_fp_make(&fp, c, _DM_K_BARRIER, -1, -1, round, 0);
         _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &fp, (c->rank + k) % W, NULL, 0, (c->rank - k + W) % W, NULL, 0));
+    }
+    return DM_OK;
+}
+
+
+/* A point-to-point message: its header (a fingerprint of kind send), then the payload. While
+   the link to peer is full, what peer sends this way is read (into the inbox), so two ranks
+   sending each other large messages at once both finish. */
+_DM_PRIVATE dm_status _dm_lk_send(_dm_lk* lk, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _dm_sstep ss[2];
+    unsigned char hdr[32];
+    _dm_fp fp;
+    _DM_ZERO(_dm_xfer, x);
+    _DM_TRY(_dm_lk_check_broken(lk, "send"));
+    _dm_fp_make(&fp, lk->c, _DM_K_SEND, (int)dtype, -1, tag, count);
+    fp.seq = lk->sent[peer]++;
+    _dm_fp_encode(&fp, hdr);
+    memset(ss, 0, sizeof(ss));
+    ss[0].buf = hdr; ss[0].len = 32; ss[0].gate = -1;
+    ss[1].buf = (const unsigned char*)buf; ss[1].len = count * dm_dtype_size(dtype); ss[1].gate = -1;
+    x.op = "send"; x.speer = peer; x.rpeer = peer; x.ss = ss; x.ns = 2; x.nr = 0;
+    x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true;
+    return _dm_lk_run(lk, &x);
+}
+/* The first message from peer with this tag: already kept (unexpected), or read as it comes. */
+_DM_PRIVATE dm_status _dm_lk_recv(_dm_lk* lk, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _dm_want w;
+    _DM_ZERO(_dm_xfer, x);
+    _DM_TRY(_dm_lk_check_broken(lk, "recv"));
+    w.tag = tag; w.dtype = dtype; w.count = count; w.buf = (unsigned char*)buf; w.done = false;
+    x.op = "recv"; x.speer = -1; x.rpeer = peer; x.ns = 0; x.nr = 0;
+    x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true; x.want = &w;
+    _DM_TRY(_dm_lk_take_unexpected(lk, &x, peer));
+    if (w.done) return DM_OK;
+    return _dm_lk_run(lk, &x);
+}
+
+/* All-to-all, pairwise: step k sends the block for rank + k and receives the block of rank - k
+   (every pair meets once, both directions in one step). Each block's fingerprint carries its
+   count, so the receiver checks it against its own recv count for that sender. In place
+   (send NULL), the outgoing blocks are copied out of recv first. */
+_DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const size_t* sc, const size_t* so, void* recv,
+                                          const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    dm_collective* c = lk->c;
+    int W = c->size, r = c->rank, k;
+    size_t esize = dm_dtype_size(dtype), span = 0;
+    const unsigned char* in = (const unsigned char*)send;
+    unsigned char *out = (unsigned char*)recv, *copy = NULL;
+    dm_status st = DM_OK;
+    _DM_TRY(_dm_lk_check_broken(lk, "all_to_all"));
+    if (!in) {
+        for (k = 0; k < W; k++)
+            if ((so[k] + sc[k]) * esize > span) span = (so[k] + sc[k]) * esize;
+        copy = (unsigned char*)_dm_malloc(&c->allocator, span);
+        if (!copy) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: all_to_all: no memory for %zu bytes", lk->tag, span);
+        if (span) memcpy(copy, out, span);
+        in = copy;
+    }
+    if (sc[r]) memcpy(out + ro[r] * esize, in + so[r] * esize, sc[r] * esize);
+    for (k = 1; k < W && st == DM_OK; k++) {
+        int to = (r + k) % W, from = (r - k + W) % W;
+        _dm_sstep ss[2];
+        _dm_rstep rs[2];
+        _dm_fpbufs b;
+        _dm_fp mine, expect;
+        _DM_ZERO(_dm_xfer, x);
+        _dm_fp_make(&mine, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, 0, sc[to]);
+        _dm_fp_make(&expect, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, 0, rc[from]);
+        _dm_fp_steps(&b, &mine, &ss[0], &rs[0]);
+        memset(&ss[1], 0, sizeof(ss[1]));
+        memset(&rs[1], 0, sizeof(rs[1]));
+        ss[1].buf = in + so[to] * esize; ss[1].len = sc[to] * esize; ss[1].gate = -1;
+        rs[1].buf = out + ro[from] * esize; rs[1].len = rc[from] * esize; rs[1].after_send = -1;
+        x.op = "all_to_all"; x.speer = to; x.rpeer = from; x.ss = ss; x.ns = 2; x.rs = rs; x.nr = 2;
+        x.dtype = DM_UINT8; x.rop = DM_SUM; x.expect = &expect;
+        st = _dm_lk_run(lk, &x);
+    }
+    _dm_free(&c->allocator, copy);
+    return st;
+}
+
+/* Reduce to root. Small: recursive doubling, as all_reduce (a temporary where this rank's recv
+   is not significant). Large: the ring's reduce-scatter steps leave each rank r holding block
+   r fully reduced, which it then sends to the root. Either way the root gets the bits
+   dm_all_reduce would give. */
+_DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                    dm_reduce_op op, int root) {
+    dm_collective* c = lk->c;
+    int W = c->size, r = c->rank, q;
+    size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
+    unsigned char* out = (unsigned char*)recv;
+    _dm_fp fp;
+    dm_status st;
+    _DM_TRY(_dm_lk_check_broken(lk, "reduce"));
+    if (W == 1) {
+        if (send != recv && bytes) memcpy(recv, send, bytes);
+        return DM_OK;
+    }
+    _dm_fp_make(&fp, c, _DM_K_REDUCE, (int)dtype, (int)op, root, count);
+    if (count == 0) return _dm_lk_fp_only(lk, "reduce", &fp);
+    if (r != root) {
+        out = (unsigned char*)_dm_malloc(&c->allocator, bytes);
+        if (!out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce: no memory for %zu bytes", lk->tag, bytes);
+    }
+    if (bytes <= _DM_LK_SMALL_BYTES || count < (size_t)W) {
+        if (send != out) memcpy(out, send, bytes);
+        st = _dm_lk_allreduce_rd(lk, out, count, dtype, op, &fp);
+    } else {
+        st = _dm_lk_allreduce_ring(lk, send, out, count, dtype, op, &fp, true);
+        for (q = 0; q < W && st == DM_OK; q++) {
+            if (q == root || (r != root && q != r)) continue;
+            _dm_segment(count, W, q, &off, &len);
+            if (r == root) st = _dm_lk_sendrecv(lk, "reduce", &fp, q, NULL, 0, q, out + off * esize, len * esize);
+            else st = _dm_lk_sendrecv(lk, "reduce", &fp, root, out + off * esize, len * esize, root, NULL, 0);
+        }
+    }
+    if (out != recv) _dm_free(&c->allocator, out);
+    return st;
+}
+
+/* Gather and scatter: the root meets every other rank in turn, rank order; each pair trades
+   fingerprints both ways, so both sides check the other's arguments. */
+_DM_PRIVATE dm_status _dm_lk_rooted(_dm_lk* lk, int kind, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                    int root) {
+    dm_collective* c = lk->c;
+    int W = c->size, r = c->rank, q;
+    size_t bytes = count * dm_dtype_size(dtype);
+    const char* name = _dm_kind_name(kind);
+    bool gather = kind == _DM_K_GATHER;
+    _dm_fp fp;
+    _DM_TRY(_dm_lk_check_broken(lk, name));
+    if (r == root) {
+        unsigned char* mine = gather ? (unsigned char*)recv + (size_t)r * bytes : (unsigned char*)recv;
+        const unsigned char* src = gather ? (const unsigned char*)send : (const unsigned char*)send + (size_t)r * bytes;
+        if (mine != src && bytes) memcpy(mine, src, bytes);
+    }
+    if (W == 1) return DM_OK;
+    _dm_fp_make(&fp, c, kind, (int)dtype, -1, root, count);
+    if (r != root) {
+        if (gather) return _dm_lk_sendrecv(lk, name, &fp, root, send, bytes, root, NULL, 0);
+        return _dm_lk_sendrecv(lk, name, &fp, root, NULL, 0, root, recv, bytes);
+    }
+    for (q = 0; q < W; q++) {
+        if (q == root) continue;
+        if (gather) _DM_TRY(_dm_lk_sendrecv(lk, name, &fp, q, NULL, 0, q, (unsigned char*)recv + (size_t)q * bytes, bytes));
+        else _DM_TRY(_dm_lk_sendrecv(lk, name, &fp, q, (const unsigned char*)send + (size_t)q * bytes, bytes, q, NULL, 0));
     }
     return DM_OK;
 }
@@ -3236,6 +4421,39 @@ static dm_status _dm_tw_broadcast(dm_collective* c, void* buf, size_t count, dm_
     return _dm_lk_broadcast(&t->lk, buf, count, dtype, root);
 }
 
+static dm_status _dm_tw_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                               dm_reduce_op op, int root) {
+    _dm_thread* t = (_dm_thread*)c;
+    _DM_TRY(_dm_tw_enter(t, _DM_K_REDUCE, count, (int)dtype, (int)op, root));
+    return _dm_lk_reduce(&t->lk, send, recv, count, dtype, op, root);
+}
+static dm_status _dm_tw_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                               int root) {
+    _dm_thread* t = (_dm_thread*)c;
+    _DM_TRY(_dm_tw_enter(t, _DM_K_GATHER, count, (int)dtype, -1, root));
+    return _dm_lk_rooted(&t->lk, _DM_K_GATHER, send, recv, count, dtype, root);
+}
+static dm_status _dm_tw_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                int root) {
+    _dm_thread* t = (_dm_thread*)c;
+    _DM_TRY(_dm_tw_enter(t, _DM_K_SCATTER, count, (int)dtype, -1, root));
+    return _dm_lk_rooted(&t->lk, _DM_K_SCATTER, send, recv, count, dtype, root);
+}
+/* Counts differ per pair: the meeting compares kind and dtype; the pairs check counts. */
+static dm_status _dm_tw_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
+                                     void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    _dm_thread* t = (_dm_thread*)c;
+    _DM_TRY(_dm_tw_enter(t, _DM_K_ALL_TO_ALL, 0, (int)dtype, -1, 0));
+    return _dm_lk_all_to_all_v(&t->lk, send, sc, so, recv, rc, ro, dtype);
+}
+/* Point-to-point: the two ranks only, no meeting. */
+static dm_status _dm_tw_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    return _dm_lk_send(&((_dm_thread*)c)->lk, buf, count, dtype, peer, tag);
+}
+static dm_status _dm_tw_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    return _dm_lk_recv(&((_dm_thread*)c)->lk, buf, count, dtype, peer, tag);
+}
+
 static dm_status _dm_tw_barrier_slot(dm_collective* c) {
     _dm_thread* t = (_dm_thread*)c;
     _DM_TRY(_dm_lk_check_broken(&t->lk, "barrier"));
@@ -3340,12 +4558,12 @@ static const dm_collective_vtable _dm_thread_vtable = {
     NULL,                            /* native_handle */
     NULL,                            /* synchronize */
     NULL,                            /* transport: "thread" */
-    NULL,                            /* reduce */
-    NULL,                            /* gather */
-    NULL,                            /* scatter */
-    NULL,                            /* all_to_all_v */
-    NULL,                            /* send */
-    NULL,                            /* recv */
+    _dm_tw_reduce,                   /* reduce */
+    _dm_tw_gather,                   /* gather */
+    _dm_tw_scatter,                  /* scatter */
+    _dm_tw_all_to_all_v,             /* all_to_all_v */
+    _dm_tw_send,                     /* send */
+    _dm_tw_recv,                     /* recv */
     NULL,                            /* start */
     NULL,                            /* finish */
 };
