@@ -100,7 +100,7 @@ static double now_s(void) {
 
 /* ---- the data: y = sum_j v_j tanh(u_j . x), the same teacher everywhere, x per rank ---- */
 static void make_shard(int rank, float* x, float* y) {
-    static float u[TEACHER_HIDDEN][IN_DIM], v[TEACHER_HIDDEN];
+    float u[TEACHER_HIDDEN][IN_DIM], v[TEACHER_HIDDEN];   /* 4 KiB: on each rank's own stack */
     uint64_t teacher = 7, mine = 1000 + (uint64_t)rank;   /* a different shard on every rank */
     int j, i, n;
     for (j = 0; j < TEACHER_HIDDEN; j++) {
