@@ -207,19 +207,26 @@ static dm_status calibrate(dm_collective* c, int kernel, double target, double* 
     return dm_all_reduce(c, NULL, units, 1, DM_FLOAT64, DM_MEAN);
 }
 
-/* Calibration alone runs one loop per rank; the timed case runs them after a barrier, all at
-   once, on cores that may be shared (SMT siblings, a VM's vCPUs): two rounds of correction
-   against the slowest rank's median of that case. */
-static dm_status refine(dm_collective* c, const args* a, double target, double* units) {
-    double t[5], m;
+/* Calibration alone runs one loop per rank, and t_comm was measured once; the timed cases run
+   after a barrier, all ranks at once, on cores that may be shared (SMT siblings, a VM's vCPUs,
+   other jobs). So three rounds of correction, each timing the blocking all-reduce and the
+   compute loop alternately, as the timed cases will, and scaling the compute to ratio x the
+   all-reduce's median (the slowest rank's times). */
+static dm_status refine(dm_collective* c, const args* a, const float* send, float* recv, size_t count,
+                        double* units) {
+    double t[10], m_comm, m_comp;
     int round, i, rank = dm_rank(c);
     dm_status st = DM_OK;
-    if (a->kernel == K_SLEEP || target <= 0) return DM_OK;
-    for (round = 0; round < 2; round++) {
-        for (i = 0; i < 5; i++) TRY(run_case(c, a, C_COMP, NULL, NULL, 0, *units, &t[i]));
-        TRY(dm_all_reduce(c, NULL, t, 5, DM_FLOAT64, DM_MAX));
-        m = median(t, 5);
-        if (m > 0) *units *= target / m;
+    if (a->ratio <= 0) return DM_OK;
+    for (round = 0; round < 3; round++) {
+        for (i = 0; i < 5; i++) {
+            TRY(run_case(c, a, C_COMM, send, recv, count, 0, &t[i]));
+            TRY(run_case(c, a, C_COMP, send, recv, count, *units, &t[5 + i]));
+        }
+        TRY(dm_all_reduce(c, NULL, t, 10, DM_FLOAT64, DM_MAX));
+        m_comm = median(t, 5);
+        m_comp = median(t + 5, 5);
+        if (m_comp > 0) *units *= a->ratio * m_comm / m_comp;
     }
 done:
     return st;
@@ -279,7 +286,7 @@ static int rank_main(dm_collective* c, const args* a) {
     }
     TRY(time_comm(c, a, send, recv, count, &t_comm));
     TRY(calibrate(c, a->kernel, a->ratio * t_comm, &units));
-    TRY(refine(c, a, a->ratio * t_comm, &units));
+    TRY(refine(c, a, send, recv, count, &units));
 
     /* The cases rotate from one repetition to the next so slow drifts (frequency, page cache)
        do not favour any of them. */
@@ -307,7 +314,7 @@ static int rank_main(dm_collective* c, const args* a) {
     if (rank == 0) {
         printf("# dm_overlap: all_reduce float32 sum, %zu bytes, %d ranks (%s backend, %s transport)\n",
                a->bytes, world, dm_backend_name(c), dm_transport_name(c));
-        printf("# compute=%s calibrated to %.2f x t_comm (%.3f ms), %d repetitions, %ld CPUs online, "
+        printf("# compute=%s calibrated to %.2f x t_comm (first estimate %.3f ms), %d repetitions, %ld CPUs online, "
                "load average %.2f at start\n", k_kernel_names[a->kernel], a->ratio, t_comm * 1e3, a->reps,
                cpus, g_load1);
         printf("# times: the slowest rank's, per repetition; median [min, max] over repetitions\n");
