@@ -13,8 +13,10 @@
                   and the backward pass goes on with the earlier layers while the library's
                   progress thread reduces it; dm_wait_all at the end of backward, SGD step
 
-   so with overlap a step costs about max(backward, communication) instead of their sum (as far
-   as free CPU cores allow: the progress thread needs one of its own to run truly alongside).
+   so with overlap a step costs about max(backward, communication) instead of their sum -- as
+   far as free CPU cores allow: the progress thread copies and reduces, so it needs a core of its
+   own to run truly alongside the backward loop (R ranks on one host: 2R cores). With fewer, the
+   two take turns and overlap gains little; `make bench-overlap` measures it (bench/dm_overlap.c).
 
    Run (two ranks on two threads of this process when no launcher placed it; prints the loss,
    the time per step, how much of it was spent waiting for gradients, and a final check that
@@ -25,7 +27,8 @@
      examples/launch_by_hand.sh build/plain/examples/ddp_overlap   4 processes (NPROC=4)
      torchrun --nproc_per_node 2 --master_port 29500 --no_python build/plain/examples/ddp_overlap
 
-   Options: --steps N (default 60), --bucket-mb MiB (default 1; DDP's bucket_cap_mb, 25 there),
+   Options: --steps N (default 60), --bucket-mb MiB (default 1: DDP's bucket_cap_mb, 25 there,
+   would put this 3 MiB model in one bucket, sent after backward with nothing left to overlap),
    --hidden N (width, default 512), --layers N (hidden layers, default 4), --batch N (samples per
    rank per step, default 32), --lr X (default 0.05), --threads N (ranks when no launcher placed
    this process, default 2), --no-overlap.
