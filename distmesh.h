@@ -222,8 +222,8 @@ typedef struct dm_env {
      must then all equal send_counts[rank]); send and recv are DM_ERR_UNSUPPORTED (no peers).
    - dm_thread_world_create / _run: N real ranks on N threads that exchange data through
      shared memory, with fingerprint checks (mismatched collectives -> DM_ERR_MISMATCH on every
-     rank) and deadlines. Results are reduced in rank order 0..N-1 (a serial reference computed
-     in that order matches bit for bit). */
+     rank) and deadlines. Results are reduced in the order documented above dm_all_reduce, the
+     same bits as shared memory and TCP. */
 typedef struct dm_fake_desc {
     int world_size;             /* 0 -> 1 */
     int rank;                   /* 0 -> 0; dm_fake_create only, < world_size */
@@ -431,8 +431,10 @@ DM_API dm_status dm_all_to_all_v(dm_collective* c, const void* send, const size_
      fails with DM_ERR_MISMATCH naming both, and breaks the collective, so the sender's
      pending or next call fails with DM_ERR_MISMATCH too (the error reaches both sides).
    - Deadlines and peer loss as for collectives (DM_ERR_TIMEOUT, DM_ERR_PEER_LOST).
-   - A rank waiting in dm_recv on a peer that has already started a collective this rank has
-     not called would wait forever: it fails at once with DM_ERR_MISMATCH naming both calls.
+   - A dm_recv whose peer has moved on to a collective that sent this rank its first bytes
+     could never be matched: it fails at once with DM_ERR_MISMATCH naming both calls. Where the
+     peer's collective has not sent to this rank (it waits on others first), the two wait for
+     each other until the deadline (DM_ERR_TIMEOUT), as in MPI.
    - NCCL: ncclSend/ncclRecv. Messages between a pair match in issue order (tags are not
      sent); a send waits on the GPU for its receive, so two ranks that both send first hang
      until the deadline (order them: one sends first, the other receives); counts and dtypes are
@@ -3032,6 +3034,8 @@ _DM_PRIVATE void _dm_fp_text(const _dm_fp* f, char* buf, size_t cap) {
     if ((size_t)n < cap && (f->kind == _DM_K_BROADCAST || f->kind == _DM_K_REDUCE || f->kind == _DM_K_GATHER ||
                             f->kind == _DM_K_SCATTER))
         n += snprintf(buf + n, cap - (size_t)n, ", root %d", f->root);
+    if ((size_t)n < cap && f->kind == _DM_K_ALL_TO_ALL)
+        n += snprintf(buf + n, cap - (size_t)n, " from the sender, %d back", f->root);
     if ((size_t)n < cap && (f->kind == _DM_K_SEND || f->kind == _DM_K_RECV))
         n += snprintf(buf + n, cap - (size_t)n, ", tag %d", f->root);
     if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
@@ -3105,6 +3109,7 @@ typedef struct _dm_lk {
     _dm_umsg *uhead, *utail;    /* unexpected messages in arrival order */
     size_t ubytes;              /* their bytes, bounded by DISTMESH_MAX_OBJECT_BYTES */
     uint64_t* sent;             /* per rank: point-to-point messages sent to it (their number) */
+    struct pollfd* pfds;        /* size + 2 entries for _dm_lk_block */
 } _dm_lk;
 
 /* Scratch, ring order (identity) and the wait policy; links are the backend's to fill. */
@@ -3121,7 +3126,8 @@ _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag,
     lk->order = (int*)_dm_malloc(&c->allocator, sizeof(int) * 2 * (size_t)W);
     lk->inbox = (_dm_inbox*)_dm_calloc(&c->allocator, sizeof(_dm_inbox) * (size_t)W);
     lk->sent = (uint64_t*)_dm_calloc(&c->allocator, sizeof(uint64_t) * (size_t)W);
-    if (!lk->tmp || !lk->links || !lk->order || !lk->inbox || !lk->sent) return DM_ERR_OUT_OF_MEMORY;
+    lk->pfds = (struct pollfd*)_dm_calloc(&c->allocator, sizeof(struct pollfd) * ((size_t)W + 2));
+    if (!lk->tmp || !lk->links || !lk->order || !lk->inbox || !lk->sent || !lk->pfds) return DM_ERR_OUT_OF_MEMORY;
     lk->slot = lk->order + W;
     for (r = 0; r < W; r++) lk->order[r] = lk->slot[r] = r;
     memset(lk->tmp, 0, lk->tmp_size);   /* fault the scratch in now, not in the first collectives */
@@ -3149,6 +3155,8 @@ _DM_PRIVATE void _dm_lk_release(_dm_lk* lk) {
         for (r = 0; r < lk->c->size; r++) _dm_free(a, lk->inbox[r].msg);
     _dm_free(a, lk->inbox);
     _dm_free(a, lk->sent);
+    _dm_free(a, lk->pfds);
+    lk->pfds = NULL;
     lk->links = NULL; lk->order = NULL; lk->tmp = NULL; lk->inbox = NULL; lk->sent = NULL;
 }
 /* Waiting policy for `local` ranks of a group on this host: spin only while every rank can
@@ -3452,6 +3460,16 @@ _DM_PRIVATE dm_status _dm_lk_pump_inbox(_dm_lk* lk, const _dm_xfer* x, _dm_xstat
     }
 }
 
+/* A send that cannot move reads what every other peer sent too: in a ring of large sends
+   (each rank sending to the next before receiving from the previous) every rank's link fills,
+   and only the receivers' reading frees them. */
+_DM_PRIVATE dm_status _dm_lk_drain_others(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
+    int p;
+    for (p = 0; p < lk->c->size; p++)
+        if (p != x->rpeer && lk->links[p]) _DM_TRY(_dm_lk_pump_inbox(lk, x, s, p, progress));
+    return DM_OK;
+}
+
 /* Sends as far as the gates allow, until the link is full. */
 _DM_PRIVATE dm_status _dm_lk_pump_send(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
     _dm_link* l = x->speer >= 0 ? lk->links[x->speer] : NULL;
@@ -3610,7 +3628,7 @@ _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xsta
                                    int64_t deadline, int* dead) {
     _dm_link* sl = x->speer >= 0 && s->si < x->ns ? lk->links[x->speer] : NULL;
     _dm_link* rl = x->rpeer >= 0 && (s->ri < x->nr || x->inbox) ? lk->links[x->rpeer] : NULL;
-    struct pollfd p[2];
+    struct pollfd* p = lk->pfds;
     int np = 0, hup = -1, rc, err = 0, k;
     bool memory = (sl && sl->fd < 0) || (rl && rl->fd < 0);
     int64_t left = deadline - _dm_now_ms();
@@ -3626,6 +3644,13 @@ _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xsta
         }
         if (rl && rl->fd >= 0 && s->want_in) { p[np].fd = rl->fd; p[np].events = POLLIN; np++; }
     }
+    if (x->inbox && !x->want && sl)         /* a blocked send also waits for the other peers' bytes */
+        for (k = 0; k < lk->c->size; k++) {
+            _dm_link* o = lk->links[k];
+            if (!o || k == x->rpeer || lk->inbox[k].fp_ready) continue;
+            if (o->fd >= 0) { p[np].fd = o->fd; p[np].events = POLLIN; np++; }
+            else memory = true;
+        }
     if (memory && np == 0 && lk->bell) lk->bell_ops->wait(lk->bell_ops->ctx, lk->bell, seen, slice < 50 ? slice : 50);
     else {
         rc = poll(p, (nfds_t)np, memory ? (slice < 1 ? slice : 1) : slice);
@@ -3672,6 +3697,8 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
         if (st == DM_OK) st = _dm_lk_pump_recv(lk, x, &s, &progress);
         if (st == DM_OK && x->inbox && (x->want || s.si < x->ns))
             st = _dm_lk_pump_inbox(lk, x, &s, x->rpeer, &progress);
+        if (st == DM_OK && x->inbox && !x->want && !progress && s.si < x->ns)
+            st = _dm_lk_drain_others(lk, x, &s, &progress);
         /* stay announced through the sleep: a peer that writes after the last look must ring */
         if (blocking && lk->bell && (st != DM_OK || progress))
             __atomic_store_n(&lk->bell->sleeping, 0u, __ATOMIC_SEQ_CST);
@@ -4068,10 +4095,12 @@ _DM_PRIVATE dm_status _dm_lk_recv(_dm_lk* lk, void* buf, size_t count, dm_dtype 
     return _dm_lk_run(lk, &x);
 }
 
-/* All-to-all, pairwise: step k sends the block for rank + k and receives the block of rank - k
-   (every pair meets once, both directions in one step). Each block's fingerprint carries its
-   count, so the receiver checks it against its own recv count for that sender. In place
-   (send NULL), the outgoing blocks are copied out of recv first. */
+/* All-to-all, pairwise: step k sends the block for rank + k and receives the block of rank - k.
+   Each block's fingerprint describes its pair both ways: count = the elements sent, root = the
+   elements the sender expects back (folded to 32 bits), so the receiver compares both with its
+   own counts and either direction's disagreement fails both ranks of the pair. In place (send
+   NULL), the outgoing blocks are copied out of recv first. */
+_DM_PRIVATE int _dm_fold32(size_t v) { return (int)(uint32_t)((uint64_t)v ^ ((uint64_t)v >> 32)); }
 _DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const size_t* sc, const size_t* so, void* recv,
                                           const size_t* rc, const size_t* ro, dm_dtype dtype) {
     dm_collective* c = lk->c;
@@ -4097,8 +4126,8 @@ _DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const si
         _dm_fpbufs b;
         _dm_fp mine, expect;
         _DM_ZERO(_dm_xfer, x);
-        _dm_fp_make(&mine, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, 0, sc[to]);
-        _dm_fp_make(&expect, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, 0, rc[from]);
+        _dm_fp_make(&mine, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(rc[to]), sc[to]);
+        _dm_fp_make(&expect, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(sc[from]), rc[from]);
         _dm_fp_steps(&b, &mine, &ss[0], &rs[0]);
         memset(&ss[1], 0, sizeof(ss[1]));
         memset(&rs[1], 0, sizeof(rs[1]));
@@ -4219,6 +4248,7 @@ typedef struct _dm_tw_shared {
     int arrived;
     uint64_t generation;
     dm_status broken;           /* DM_OK, or why the world can no longer be used */
+    int broken_rank;            /* the rank whose failure broke it (its notice), or -1 */
     char broken_msg[256];
     dm_allocator allocator;
     _dm_tw_slot* slots;
@@ -4290,6 +4320,7 @@ static _dm_tw_shared* _dm_tw_shared_new(const dm_allocator* a, int size) {
     sh->allocator = *a;
     sh->size = size;
     sh->refs = size;
+    sh->broken_rank = -1;
     pthread_mutex_init(&sh->mu, NULL);
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -4374,6 +4405,12 @@ static dm_status _dm_tw_barrier(_dm_thread* t, int kind) {
 broken:
     st = sh->broken == DM_ERR_TIMEOUT ? DM_ERR_TIMEOUT : DM_ERR_ABORTED;
     snprintf(msg, sizeof(msg), "%s", sh->broken_msg);
+    if (sh->broken_rank >= 0 && sh->broken_rank != c->rank) {   /* another rank's failure: its cause */
+        int rank = sh->broken_rank;
+        st = sh->broken;
+        pthread_mutex_unlock(&sh->mu);
+        return _dm_lk_adopt(&t->lk, _dm_tw_kind_name(kind), st, rank, msg);
+    }
     pthread_mutex_unlock(&sh->mu);
     return _DM_FAIL(c, st, "thread: %s #%llu failed: the world is broken (%s)",
                     _dm_tw_kind_name(kind), (unsigned long long)c->seq, msg);
@@ -4391,7 +4428,7 @@ static dm_status _dm_tw_enter(_dm_thread* t, int kind, size_t count, int dtype, 
         const _dm_fp* o = &t->sh->slots[r].fp[par];
         if (_dm_fp_equal(o, ref)) continue;
         _DM_TRY(_dm_tw_barrier(t, kind));
-        return _dm_fp_mismatch(&t->base, "thread", 0, ref, r, o);
+        return _dm_lk_break(&t->lk, _dm_fp_mismatch(&t->base, "thread", 0, ref, r, o));
     }
     return DM_OK;
 }
@@ -4516,6 +4553,17 @@ static dm_status _dm_tw_split(dm_collective* c, int color, int key, dm_collectiv
     return DM_OK;
 }
 
+/* A failure on this member's links (a mismatch found by a dm_recv, say) breaks the whole
+   world, so ranks waiting in the shared barrier fail with its cause instead of waiting for a
+   rank that will not come. */
+static void _dm_tw_notice_post(_dm_lk* lk, dm_status st, const char* msg) {
+    _dm_tw_shared* sh = ((_dm_thread*)lk->c)->sh;
+    pthread_mutex_lock(&sh->mu);
+    if (sh->broken == DM_OK) sh->broken_rank = lk->c->rank;
+    _dm_tw_break_locked(sh, st, msg);
+    pthread_mutex_unlock(&sh->mu);
+}
+
 /* This member's end of every ring; its waits spin only while the world's threads fit the cores. */
 static dm_status _dm_tw_links(_dm_thread* t) {
     _dm_tw_shared* sh = t->sh;
@@ -4533,6 +4581,7 @@ static dm_status _dm_tw_links(_dm_thread* t) {
     t->lk.nbells = W;
     t->lk.bell_ops = &sh->bell_ops;
     t->lk.abort = &sh->abort;
+    t->lk.notice_post = _dm_tw_notice_post;
     _dm_lk_set_policy(&t->lk, W);
     return DM_OK;
 }
