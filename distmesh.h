@@ -608,8 +608,9 @@ typedef struct dm_collective_vtable {
     const char* (*transport)(const dm_collective* self); /* optional: the backend's name */
     /* ---- end of version 2 ---- */
     /* Optional: the core builds reduce on all_reduce, gather on all_gather and scatter on
-       broadcast (through temporaries), and all_to_all on all_to_all_v. Send buffers reach
-       all_to_all_v disjoint from recv (the core copies them out first for in place). */
+       broadcast (through temporaries), and all_to_all(_v) on send and recv. all_to_all also
+       arrives here, with uniform counts; send NULL means in place, and the slot copies this
+       rank's own block (the core has checked that its two counts agree). */
     dm_status (*reduce)(dm_collective* self, const void* send, void* recv, size_t count,
                         dm_dtype dtype, dm_reduce_op op, int root);
     dm_status (*gather)(dm_collective* self, const void* send, void* recv, size_t count,
@@ -758,12 +759,27 @@ _DM_PRIVATE _DM_PRINTF(7, 8) dm_status _dm_report(const dm_logger* lg, char* err
     va_end(ap);
     return st;
 }
-/* Records fmt in c->last_error, logs it, returns st. */
+/* The operation this thread is running, if any: a collective's progress thread runs requests
+   and writes their messages into the request (err), not into c->last_error, which belongs to
+   the thread that issued them; an operation's own nested calls (object collectives, the
+   core's fallbacks) run at once instead of queueing behind it. */
+#if defined(__cplusplus)
+#define _DM_THREAD_LOCAL thread_local
+#else
+#define _DM_THREAD_LOCAL _Thread_local
+#endif
+typedef struct _dm_running { dm_collective* c; char* err; } _dm_running;
+static _DM_THREAD_LOCAL _dm_running _dm_tls_running;
+/* Where this thread's failures on c go (DM_LAST_ERROR_SIZE bytes). */
+_DM_PRIVATE char* _dm_errbuf(dm_collective* c) {
+    return _dm_tls_running.c == c && _dm_tls_running.err ? _dm_tls_running.err : c->last_error;
+}
+/* Records fmt in c's error buffer (last_error), logs it, returns st. */
 _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, const char* file,
                                                 int line, const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    _dm_vreport(&c->logger, c->last_error, sizeof(c->last_error), st, file, line, fmt, ap);
+    _dm_vreport(&c->logger, _dm_errbuf(c), DM_LAST_ERROR_SIZE, st, file, line, fmt, ap);
     va_end(ap);
     return st;
 }
@@ -1375,6 +1391,8 @@ _DM_PRIVATE void _dm_collective_init(dm_collective* c, const dm_collective_vtabl
     if (gethostname(c->node_name, sizeof(c->node_name) - 1) != 0) _dm_copy_name(c->node_name, 64, "localhost");
     c->node_name[sizeof(c->node_name) - 1] = 0;
     c->last_error[0] = 0;
+    c->async = NULL;
+    c->busy = 0;
 }
 
 /* One block: the item array, then the bytes of every item back to back (so the bytes of a
@@ -1444,41 +1462,11 @@ _DM_PRIVATE bool _dm_layout_ok(const void* big, size_t big_bytes, const void* sm
 }
 _DM_PRIVATE dm_status _dm_begin(dm_collective* c, const char* op_name) {
     (void)op_name;
-    c->last_error[0] = 0;
+    _dm_errbuf(c)[0] = 0;
     c->seq++;
     return DM_OK;
 }
 #define _DM_TRY(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) return st_; } while (0)
-
-/* >>public collectives */
-DM_API_IMPL dm_status dm_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
-                                    dm_dtype dtype, dm_reduce_op op) {
-    static const char* name = "all_reduce";
-    size_t bytes = 0;
-    if (!c) return DM_ERR_INVALID_ARG;
-    _DM_TRY(_dm_check_type(c, name, dtype));
-    _DM_TRY(_dm_check_op(c, name, op));
-    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
-    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, bytes));
-    if (!send) send = recv;
-    if (!_dm_layout_ok(recv, bytes, send, bytes, 0))
-        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send and recv overlap partially", name);
-    if (!_DM_VT_HAS(c->vt, all_reduce))
-        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no %s", name, c->vt->name, name);
-    _dm_begin(c, name);
-    return c->vt->all_reduce(c, send, recv, count, dtype, op);
-}
-
-DM_API_IMPL dm_status dm_barrier(dm_collective* c) {
-    uint8_t token = 0;
-    if (!c) return DM_ERR_INVALID_ARG;
-    if (_DM_VT_HAS(c->vt, barrier)) {
-        _dm_begin(c, "barrier");
-        return c->vt->barrier(c);
-    }
-    /* Fallback: a one-byte all-reduce cannot complete before every rank has entered it. */
-    return dm_all_reduce(c, NULL, &token, 1, DM_UINT8, DM_MAX);
-}
 
 /* all_gather through all_gather_to_list: one pointer per rank into recv. */
 _DM_PRIVATE dm_status _dm_all_gather_via_list(dm_collective* c, const void* send, void* recv,
@@ -1510,11 +1498,46 @@ _DM_PRIVATE dm_status _dm_all_gather_list_via_block(dm_collective* c, const void
     return st;
 }
 
-DM_API_IMPL dm_status dm_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
-                                    dm_dtype dtype) {
+/* >>public collectives  Each call is checked (_dm_prep_*: arguments into a dm_op, failures
+   before anything is queued or sent), then submitted (>>requests): run on the caller's thread,
+   or queued for the progress thread by the _async twins. */
+_DM_PRIVATE dm_status _dm_check_root(dm_collective* c, const char* name, int root) {
+    if (root < 0 || root >= c->size)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: root %d is not a rank of this %d-rank collective%s",
+                        name, root, c->size, c->size == 1 ? " (only rank 0 exists)" : "");
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_check_slot(dm_collective* c, const char* name, bool has) {
+    if (!has) return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no %s", name, c->vt->name, name);
+    return DM_OK;
+}
+_DM_PRIVATE void _dm_op_init(dm_op* o, dm_op_kind kind, dm_dtype dtype) {
+    memset(o, 0, sizeof(*o));
+    o->kind = kind;
+    o->dtype = dtype;
+}
+
+_DM_PRIVATE dm_status _dm_prep_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_reduce_op op, dm_op* o) {
+    static const char* name = "all_reduce";
+    size_t bytes = 0;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_op(c, name, op));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, bytes));
+    if (!send) send = recv;
+    if (!_dm_layout_ok(recv, bytes, send, bytes, 0))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send and recv overlap partially", name);
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, all_reduce)));
+    _dm_op_init(o, DM_OP_ALL_REDUCE, dtype);
+    o->send = send; o->recv = recv; o->count = count; o->op = op;
+    return DM_OK;
+}
+
+_DM_PRIVATE dm_status _dm_prep_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_op* o) {
     static const char* name = "all_gather";
     size_t bytes = 0, total = 0;
-    if (!c) return DM_ERR_INVALID_ARG;
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
@@ -1523,23 +1546,17 @@ DM_API_IMPL dm_status dm_all_gather(dm_collective* c, const void* send, void* re
     if (!_dm_layout_ok(recv, total, send, bytes, (size_t)c->rank * bytes))
         return _DM_FAIL(c, DM_ERR_INVALID_ARG,
                         "%s: send overlaps recv but is not at recv + rank * count (in-place layout)", name);
-    if (_DM_VT_HAS(c->vt, all_gather)) {
-        _dm_begin(c, name);
-        return c->vt->all_gather(c, send, recv, count, dtype);
-    }
-    if (_DM_VT_HAS(c->vt, all_gather_to_list)) {
-        _dm_begin(c, name);
-        return _dm_all_gather_via_list(c, send, recv, count, dtype);
-    }
-    return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no all_gather", name, c->vt->name);
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, all_gather) || _DM_VT_HAS(c->vt, all_gather_to_list)));
+    _dm_op_init(o, DM_OP_ALL_GATHER, dtype);
+    o->send = send; o->recv = recv; o->count = count;
+    return DM_OK;
 }
 
-DM_API_IMPL dm_status dm_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
-                                            size_t count, dm_dtype dtype) {
+_DM_PRIVATE dm_status _dm_prep_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
+                                                  size_t count, dm_dtype dtype, dm_op* o) {
     static const char* name = "all_gather_to_list";
     size_t bytes = 0;
     int r, q;
-    if (!c) return DM_ERR_INVALID_ARG;
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &bytes));
     bytes /= (size_t)c->size;
@@ -1555,22 +1572,16 @@ DM_API_IMPL dm_status dm_all_gather_to_list(dm_collective* c, const void* send, 
     for (r = 0; r < c->size; r++)
         if (!_dm_layout_ok(recvs[r], bytes, send, bytes, r == c->rank ? 0 : SIZE_MAX))
             return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send overlaps recvs[%d]", name, r);
-    if (_DM_VT_HAS(c->vt, all_gather_to_list)) {
-        _dm_begin(c, name);
-        return c->vt->all_gather_to_list(c, send, recvs, count, dtype);
-    }
-    if (_DM_VT_HAS(c->vt, all_gather)) {
-        _dm_begin(c, name);
-        return _dm_all_gather_list_via_block(c, send, recvs, count, dtype);
-    }
-    return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no all_gather", name, c->vt->name);
+    _DM_TRY(_dm_check_slot(c, "all_gather", _DM_VT_HAS(c->vt, all_gather) || _DM_VT_HAS(c->vt, all_gather_to_list)));
+    _dm_op_init(o, DM_OP_ALL_GATHER_TO_LIST, dtype);
+    o->send = send; o->recvs = recvs; o->count = count;
+    return DM_OK;
 }
 
-DM_API_IMPL dm_status dm_reduce_scatter(dm_collective* c, const void* send, void* recv,
-                                        size_t recv_count, dm_dtype dtype, dm_reduce_op op) {
+_DM_PRIVATE dm_status _dm_prep_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t recv_count,
+                                              dm_dtype dtype, dm_reduce_op op, dm_op* o) {
     static const char* name = "reduce_scatter";
     size_t bytes = 0, total = 0;
-    if (!c) return DM_ERR_INVALID_ARG;
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_op(c, name, op));
     _DM_TRY(_dm_check_bytes(c, name, recv_count, dtype, 1, &bytes));
@@ -1581,28 +1592,218 @@ DM_API_IMPL dm_status dm_reduce_scatter(dm_collective* c, const void* send, void
     if (!_dm_layout_ok(send, total, recv, bytes, (size_t)c->rank * bytes))
         return _DM_FAIL(c, DM_ERR_INVALID_ARG,
                         "%s: recv overlaps send but is not at send + rank * recv_count (in-place layout)", name);
-    if (!_DM_VT_HAS(c->vt, reduce_scatter))
-        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no %s", name, c->vt->name, name);
-    _dm_begin(c, name);
-    return c->vt->reduce_scatter(c, send, recv, recv_count, dtype, op);
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, reduce_scatter)));
+    _dm_op_init(o, DM_OP_REDUCE_SCATTER, dtype);
+    o->send = send; o->recv = recv; o->count = recv_count; o->op = op;
+    return DM_OK;
 }
 
-DM_API_IMPL dm_status dm_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+_DM_PRIVATE dm_status _dm_prep_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root,
+                                         dm_op* o) {
     static const char* name = "broadcast";
     size_t bytes = 0;
-    if (!c) return DM_ERR_INVALID_ARG;
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
     _DM_TRY(_dm_check_buffer(c, name, "buf", buf, bytes));
-    if (root < 0 || root >= c->size)
-        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: root %d is not a rank of this %d-rank collective%s",
-                        name, root, c->size, c->size == 1 ? " (only rank 0 exists)" : "");
-    if (!_DM_VT_HAS(c->vt, broadcast))
-        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: backend %s has no %s", name, c->vt->name, name);
-    _dm_begin(c, name);
-    return c->vt->broadcast(c, buf, count, dtype, root);
+    _DM_TRY(_dm_check_root(c, name, root));
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, broadcast)));
+    _dm_op_init(o, DM_OP_BROADCAST, dtype);
+    o->recv = buf; o->send = buf; o->count = count; o->root = root;
+    return DM_OK;
 }
 
+/* reduce: send (count) everywhere, recv (count) at the root only. */
+_DM_PRIVATE dm_status _dm_prep_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                      dm_reduce_op op, int root, dm_op* o) {
+    static const char* name = "reduce";
+    size_t bytes = 0;
+    bool at_root;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_op(c, name, op));
+    _DM_TRY(_dm_check_root(c, name, root));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    at_root = c->rank == root;
+    if (at_root) _DM_TRY(_dm_check_buffer(c, name, "recv (at the root)", recv, bytes));
+    if (!send) {
+        if (!at_root) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send is NULL on rank %d (in place only at the root)", name, c->rank);
+        send = recv;
+    }
+    _DM_TRY(_dm_check_buffer(c, name, "send", send, bytes));
+    if (at_root && !_dm_layout_ok(recv, bytes, send, bytes, 0))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send and recv overlap partially", name);
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, reduce) || _DM_VT_HAS(c->vt, all_reduce)));
+    _dm_op_init(o, DM_OP_REDUCE, dtype);
+    o->send = send; o->recv = at_root ? recv : NULL; o->count = count; o->op = op; o->root = root;
+    return DM_OK;
+}
+
+/* gather: send (count) everywhere, recv (size * count) at the root only. */
+_DM_PRIVATE dm_status _dm_prep_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                      int root, dm_op* o) {
+    static const char* name = "gather";
+    size_t bytes = 0, total = 0;
+    bool at_root;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_root(c, name, root));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
+    at_root = c->rank == root;
+    if (at_root) {
+        _DM_TRY(_dm_check_buffer(c, name, "recv (at the root)", recv, total));
+        if (!send) send = (unsigned char*)recv + (size_t)root * bytes;
+        if (!_dm_layout_ok(recv, total, send, bytes, (size_t)root * bytes))
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG,
+                            "%s: send overlaps recv but is not at recv + root * count (in-place layout)", name);
+    }
+    _DM_TRY(_dm_check_buffer(c, name, "send", send, bytes));
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, gather) || _DM_VT_HAS(c->vt, all_gather) ||
+                                    _DM_VT_HAS(c->vt, all_gather_to_list)));
+    _dm_op_init(o, DM_OP_GATHER, dtype);
+    o->send = send; o->recv = at_root ? recv : NULL; o->count = count; o->root = root;
+    return DM_OK;
+}
+
+/* scatter: send (size * count) at the root only, recv (count) everywhere. */
+_DM_PRIVATE dm_status _dm_prep_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                       int root, dm_op* o) {
+    static const char* name = "scatter";
+    size_t bytes = 0, total = 0;
+    bool at_root;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_root(c, name, root));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
+    at_root = c->rank == root;
+    if (at_root) {
+        _DM_TRY(_dm_check_buffer(c, name, "send (at the root)", send, total));
+        if (!recv) recv = (unsigned char*)(uintptr_t)send + (size_t)root * bytes;
+        if (!_dm_layout_ok(send, total, recv, bytes, (size_t)root * bytes))
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG,
+                            "%s: recv overlaps send but is not at send + root * count (in-place layout)", name);
+    }
+    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, bytes));
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, scatter) || _DM_VT_HAS(c->vt, broadcast)));
+    _dm_op_init(o, DM_OP_SCATTER, dtype);
+    o->send = at_root ? send : NULL; o->recv = recv; o->count = count; o->root = root;
+    return DM_OK;
+}
+
+/* The bytes one side of all_to_all_v spans (the largest offset + count), checking that the
+   blocks do not overlap each other and that nothing overflows. */
+_DM_PRIVATE dm_status _dm_a2a_span(dm_collective* c, const char* side, const size_t* counts, const size_t* offs,
+                                   size_t esize, size_t* span) {
+    static const char* name = "all_to_all_v";
+    int i, j, W = c->size;
+    *span = 0;
+    if (!counts || !offs) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s counts or offsets are NULL", name, side);
+    for (i = 0; i < W; i++) {
+        if (counts[i] > SIZE_MAX / esize || offs[i] > SIZE_MAX / esize - counts[i])
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s block %d (offset %zu, count %zu) overflows size_t",
+                            name, side, i, offs[i], counts[i]);
+        if ((offs[i] + counts[i]) * esize > *span) *span = (offs[i] + counts[i]) * esize;
+        for (j = 0; j < i; j++)
+            if (counts[i] && counts[j] && offs[i] < offs[j] + counts[j] && offs[j] < offs[i] + counts[i])
+                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s blocks %d and %d overlap", name, side, j, i);
+    }
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_prep_all_to_all_v(dm_collective* c, const void* send, const size_t* send_counts,
+                                            const size_t* send_offsets, void* recv, const size_t* recv_counts,
+                                            const size_t* recv_offsets, dm_dtype dtype, dm_op* o) {
+    static const char* name = "all_to_all_v";
+    size_t sspan = 0, rspan = 0;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_a2a_span(c, "recv", recv_counts, recv_offsets, dm_dtype_size(dtype), &rspan));
+    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, rspan));
+    if (send) {
+        _DM_TRY(_dm_a2a_span(c, "send", send_counts, send_offsets, dm_dtype_size(dtype), &sspan));
+        _DM_TRY(_dm_check_buffer(c, name, "send", send, sspan));
+        if (send != recv && !_dm_layout_ok(recv, rspan, send, sspan, SIZE_MAX))
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send and recv overlap (pass send NULL for in place)", name);
+    } else {
+        send_counts = send_counts ? send_counts : recv_counts;      /* in place: recv's blocks go out */
+        send_offsets = send_offsets ? send_offsets : recv_offsets;
+        _DM_TRY(_dm_a2a_span(c, "send", send_counts, send_offsets, dm_dtype_size(dtype), &sspan));
+        if (sspan > rspan) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: in place, the send blocks reach beyond recv", name);
+    }
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, all_to_all_v) || _DM_VT_HAS(c->vt, send)));
+    _dm_op_init(o, DM_OP_ALL_TO_ALL_V, dtype);
+    o->send = send; o->recv = recv;
+    o->send_counts = send_counts; o->send_offsets = send_offsets;
+    o->recv_counts = recv_counts; o->recv_offsets = recv_offsets;
+    return DM_OK;
+}
+/* all_to_all: the uniform case (counts and offsets made at run time). */
+_DM_PRIVATE dm_status _dm_prep_all_to_all(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_op* o) {
+    static const char* name = "all_to_all";
+    size_t total = 0;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
+    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, total));
+    if (send == recv) send = NULL;
+    if (send) _DM_TRY(_dm_check_buffer(c, name, "send", send, total));
+    if (send && !_dm_layout_ok(recv, total, send, total, SIZE_MAX))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: send and recv overlap partially", name);
+    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, all_to_all_v) || _DM_VT_HAS(c->vt, send)));
+    _dm_op_init(o, DM_OP_ALL_TO_ALL, dtype);
+    o->send = send; o->recv = recv; o->count = count;
+    return DM_OK;
+}
+
+_DM_PRIVATE dm_status _dm_prep_p2p(dm_collective* c, bool sending, const void* buf, size_t count, dm_dtype dtype,
+                                   int peer, int tag, dm_op* o) {
+    const char* name = sending ? "send" : "recv";
+    size_t bytes = 0;
+    _DM_TRY(_dm_check_type(c, name, dtype));
+    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
+    _DM_TRY(_dm_check_buffer(c, name, "buf", buf, bytes));
+    if (peer < 0 || peer >= c->size)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: peer %d is not a rank of this %d-rank collective", name, peer, c->size);
+    if (peer == c->rank)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: peer %d is this rank (a rank cannot %s itself)", name, peer,
+                        sending ? "send to" : "receive from");
+    if (tag < 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: tag %d is negative", name, tag);
+    _DM_TRY(_dm_check_slot(c, name, sending ? _DM_VT_HAS(c->vt, send) : _DM_VT_HAS(c->vt, recv)));
+    _dm_op_init(o, sending ? DM_OP_SEND : DM_OP_RECV, dtype);
+    if (sending) o->send = buf; else o->recv = (void*)(uintptr_t)buf;
+    o->count = count; o->root = peer; o->tag = tag;
+    return DM_OK;
+}
+
+_DM_PRIVATE dm_status _dm_prep_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out,
+                                              dm_op* o) {
+    static const char* name = "all_gather_objects";
+    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: out is NULL", name);
+    out->items = NULL;
+    out->count = 0;
+    if (size == 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object size is 0 (objects must hold bytes)", name);
+    if (!data) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: data is NULL", name);
+    _dm_op_init(o, DM_OP_ALL_GATHER_OBJECTS, DM_UINT8);
+    o->send = data; o->count = size; o->out_list = out;
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_prep_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count, int root,
+                                                 dm_blob_list* out, dm_op* o) {
+    static const char* name = "broadcast_objects";
+    size_t i;
+    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: out is NULL", name);
+    out->items = NULL;
+    out->count = 0;
+    _DM_TRY(_dm_check_root(c, name, root));
+    if (c->rank == root) {
+        if (!objects && count > 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: objects is NULL", name);
+        for (i = 0; i < count; i++) {
+            if (objects[i].size == 0)
+                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object %zu has size 0", name, i);
+            if (!objects[i].data)
+                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object %zu has NULL data", name, i);
+        }
+    }
+    _dm_op_init(o, DM_OP_BROADCAST_OBJECTS, DM_UINT8);
+    o->objects = objects; o->count = count; o->root = root; o->out_list = out;
+    return DM_OK;
+}
 /* >>objects  Sizes first (uint64 per rank), then the bytes padded to the largest object. */
 /* The most bytes one object collective takes from its peers' word: DISTMESH_MAX_OBJECT_BYTES,
    else 1 GiB (a malformed value counts as unset). */
@@ -1619,20 +1820,13 @@ _DM_PRIVATE uint64_t _dm_object_limit(void) {
     if (errno || end == v || *end || n == 0) return (uint64_t)1 << 30;
     return (uint64_t)n;
 }
-DM_API_IMPL dm_status dm_all_gather_objects(dm_collective* c, const void* data, size_t size,
-                                            dm_blob_list* out) {
+_DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out) {
     static const char* name = "all_gather_objects";
     uint64_t* sizes64 = NULL;
     size_t* sizes = NULL;
     unsigned char *mine = NULL, *all = NULL;
     size_t max = 0, n, i;
     dm_status st;
-    if (!c) return DM_ERR_INVALID_ARG;
-    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: out is NULL", name);
-    out->items = NULL;
-    out->count = 0;
-    if (size == 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object size is 0 (objects must hold bytes)", name);
-    if (!data) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: data is NULL", name);
     n = (size_t)c->size;
     sizes64 = (uint64_t*)_dm_malloc(&c->allocator, n * sizeof(uint64_t));
     sizes = (size_t*)_dm_malloc(&c->allocator, n * sizeof(size_t));
@@ -1677,31 +1871,15 @@ done:
 
 /* Root announces the count, then the sizes; every rank allocates the result and the bytes
    travel in one broadcast straight into it. */
-DM_API_IMPL dm_status dm_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count,
-                                           int root, dm_blob_list* out) {
+_DM_PRIVATE dm_status _dm_run_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count, int root,
+                                                dm_blob_list* out) {
     static const char* name = "broadcast_objects";
     uint64_t n64 = 0;
     uint64_t* sizes64 = NULL;
     size_t* sizes = NULL;
     size_t i, n, total = 0;
     dm_status st;
-    if (!c) return DM_ERR_INVALID_ARG;
-    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: out is NULL", name);
-    out->items = NULL;
-    out->count = 0;
-    if (root < 0 || root >= c->size)
-        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: root %d is not a rank of this %d-rank collective",
-                        name, root, c->size);
-    if (c->rank == root) {
-        if (!objects && count > 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: objects is NULL", name);
-        for (i = 0; i < count; i++) {
-            if (objects[i].size == 0)
-                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object %zu has size 0", name, i);
-            if (!objects[i].data)
-                return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: object %zu has NULL data", name, i);
-        }
-        n64 = (uint64_t)count;
-    }
+    if (c->rank == root) n64 = (uint64_t)count;
     _DM_TRY(dm_broadcast(c, &n64, 1, DM_UINT64, root));
     /* every object costs its bytes plus 16 + sizeof(dm_blob) of bookkeeping: bound the count
        by the limit before the size arrays are allocated */
@@ -1743,6 +1921,631 @@ done:
     return st;
 }
 
+
+/* >>run  One checked operation, on whichever thread runs it: the sequence number (collectives
+   only: point-to-point calls do not count), then the backend's slot or the core's fallback. */
+_DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out);
+_DM_PRIVATE dm_status _dm_run_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count, int root,
+                                                dm_blob_list* out);
+
+_DM_PRIVATE dm_status _dm_run_barrier(dm_collective* c) {
+    uint8_t token = 0;
+    _dm_begin(c, "barrier");
+    if (_DM_VT_HAS(c->vt, barrier)) return c->vt->barrier(c);
+    /* a one-byte all-reduce cannot complete before every rank has entered it */
+    return c->vt->all_reduce(c, &token, &token, 1, DM_UINT8, DM_MAX);
+}
+
+/* Fallbacks through the collectives every backend has, with temporaries where a rank's
+   buffer is not significant (MPI's rule: recv at the root only). */
+_DM_PRIVATE dm_status _dm_reduce_via_all_reduce(dm_collective* c, const dm_op* o) {
+    size_t bytes = o->count * dm_dtype_size(o->dtype);
+    void* out = o->recv ? o->recv : _dm_malloc(&c->allocator, bytes);
+    dm_status st;
+    if (!out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "reduce: no memory for %zu bytes", bytes);
+    st = c->vt->all_reduce(c, o->send, out, o->count, o->dtype, o->op);
+    if (out != o->recv) _dm_free(&c->allocator, out);
+    return st;
+}
+_DM_PRIVATE dm_status _dm_gather_via_all_gather(dm_collective* c, const dm_op* o) {
+    size_t bytes = o->count * dm_dtype_size(o->dtype), total = bytes * (size_t)c->size;
+    unsigned char* out = o->recv ? (unsigned char*)o->recv : (unsigned char*)_dm_malloc(&c->allocator, total);
+    dm_status st;
+    if (!out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "gather: no memory for %zu bytes", total);
+    st = _DM_VT_HAS(c->vt, all_gather) ? c->vt->all_gather(c, o->send, out, o->count, o->dtype)
+                                        : _dm_all_gather_via_list(c, o->send, out, o->count, o->dtype);
+    if (out != o->recv) _dm_free(&c->allocator, out);
+    return st;
+}
+_DM_PRIVATE dm_status _dm_scatter_via_broadcast(dm_collective* c, const dm_op* o) {
+    size_t bytes = o->count * dm_dtype_size(o->dtype), total = bytes * (size_t)c->size;
+    unsigned char* all = o->send ? (unsigned char*)(uintptr_t)o->send : (unsigned char*)_dm_malloc(&c->allocator, total);
+    dm_status st;
+    if (!all) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "scatter: no memory for %zu bytes", total);
+    st = c->vt->broadcast(c, all, o->count * (size_t)c->size, o->dtype, o->root);  /* the root's bytes are only read */
+    if (st == DM_OK && all + (size_t)c->rank * bytes != o->recv) memmove(o->recv, all + (size_t)c->rank * bytes, bytes);
+    if (all != o->send) _dm_free(&c->allocator, all);
+    return st;
+}
+/* all_to_all_v through send and recv: step k sends to rank + k and receives from rank - k
+   (sends do not wait for their receiver, so no step can deadlock). Tag -1: never a user's. */
+_DM_PRIVATE dm_status _dm_a2a_via_p2p(dm_collective* c, const unsigned char* send, const size_t* sc, const size_t* so,
+                                      unsigned char* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    size_t esize = dm_dtype_size(dtype);
+    int k, W = c->size, r = c->rank;
+    for (k = 1; k < W; k++) {
+        int to = (r + k) % W, from = (r - k + W) % W;
+        _DM_TRY(c->vt->send(c, send + so[to] * esize, sc[to], dtype, to, -1));
+        _DM_TRY(c->vt->recv(c, recv + ro[from] * esize, rc[from], dtype, from, -1));
+    }
+    return DM_OK;
+}
+/* A backend's slot gets send NULL for in place and copies this rank's own block itself (it
+   may be device memory); the fallback through send and recv copies the outgoing blocks out of
+   recv first. */
+_DM_PRIVATE dm_status _dm_run_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
+                                           void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    size_t esize = dm_dtype_size(dtype), span = 0;
+    unsigned char* copy = NULL;
+    dm_status st;
+    int j;
+    if (sc[c->rank] != rc[c->rank])
+        return _DM_FAIL(c, DM_ERR_MISMATCH, "all_to_all_v: rank %d sends itself %zu elements but expects %zu",
+                        c->rank, sc[c->rank], rc[c->rank]);
+    if (_DM_VT_HAS(c->vt, all_to_all_v)) return c->vt->all_to_all_v(c, send, sc, so, recv, rc, ro, dtype);
+    if (!send) {
+        for (j = 0; j < c->size; j++)
+            if ((so[j] + sc[j]) * esize > span) span = (so[j] + sc[j]) * esize;
+        copy = (unsigned char*)_dm_malloc(&c->allocator, span);
+        if (!copy) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "all_to_all: no memory for %zu bytes", span);
+        if (span) memcpy(copy, recv, span);
+        send = copy;
+    }
+    st = _dm_a2a_via_p2p(c, (const unsigned char*)send, sc, so, (unsigned char*)recv, rc, ro, dtype);
+    if (st == DM_OK && sc[c->rank])
+        memcpy((unsigned char*)recv + ro[c->rank] * esize, (const unsigned char*)send + so[c->rank] * esize,
+               sc[c->rank] * esize);
+    _dm_free(&c->allocator, copy);
+    return st;
+}
+_DM_PRIVATE dm_status _dm_run_all_to_all(dm_collective* c, const dm_op* o) {
+    size_t W = (size_t)c->size, j;
+    size_t* a = (size_t*)_dm_malloc(&c->allocator, 2 * W * sizeof(size_t));
+    dm_status st;
+    if (!a) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "all_to_all: out of memory");
+    for (j = 0; j < W; j++) { a[j] = o->count; a[W + j] = j * o->count; }
+    st = _dm_run_all_to_all_v(c, o->send, a, a + W, o->recv, a, a + W, o->dtype);
+    _dm_free(&c->allocator, a);
+    return st;
+}
+
+_DM_PRIVATE dm_status _dm_op_run(dm_collective* c, const dm_op* o) {
+    const dm_collective_vtable* vt = c->vt;
+    switch (o->kind) {
+        case DM_OP_BARRIER: return _dm_run_barrier(c);
+        case DM_OP_ALL_REDUCE:
+            _dm_begin(c, "all_reduce");
+            return vt->all_reduce(c, o->send, o->recv, o->count, o->dtype, o->op);
+        case DM_OP_ALL_GATHER:
+            _dm_begin(c, "all_gather");
+            if (_DM_VT_HAS(vt, all_gather)) return vt->all_gather(c, o->send, o->recv, o->count, o->dtype);
+            return _dm_all_gather_via_list(c, o->send, o->recv, o->count, o->dtype);
+        case DM_OP_ALL_GATHER_TO_LIST:
+            _dm_begin(c, "all_gather_to_list");
+            if (_DM_VT_HAS(vt, all_gather_to_list)) return vt->all_gather_to_list(c, o->send, o->recvs, o->count, o->dtype);
+            return _dm_all_gather_list_via_block(c, o->send, o->recvs, o->count, o->dtype);
+        case DM_OP_REDUCE_SCATTER:
+            _dm_begin(c, "reduce_scatter");
+            return vt->reduce_scatter(c, o->send, o->recv, o->count, o->dtype, o->op);
+        case DM_OP_BROADCAST:
+            _dm_begin(c, "broadcast");
+            return vt->broadcast(c, o->recv, o->count, o->dtype, o->root);
+        case DM_OP_ALL_GATHER_OBJECTS: return _dm_run_gather_objects(c, o->send, o->count, o->out_list);
+        case DM_OP_BROADCAST_OBJECTS: return _dm_run_broadcast_objects(c, o->objects, o->count, o->root, o->out_list);
+        case DM_OP_REDUCE:
+            _dm_begin(c, "reduce");
+            if (_DM_VT_HAS(vt, reduce)) return vt->reduce(c, o->send, o->recv, o->count, o->dtype, o->op, o->root);
+            return _dm_reduce_via_all_reduce(c, o);
+        case DM_OP_GATHER:
+            _dm_begin(c, "gather");
+            if (_DM_VT_HAS(vt, gather)) return vt->gather(c, o->send, o->recv, o->count, o->dtype, o->root);
+            return _dm_gather_via_all_gather(c, o);
+        case DM_OP_SCATTER:
+            _dm_begin(c, "scatter");
+            if (_DM_VT_HAS(vt, scatter)) return vt->scatter(c, o->send, o->recv, o->count, o->dtype, o->root);
+            return _dm_scatter_via_broadcast(c, o);
+        case DM_OP_ALL_TO_ALL:
+            _dm_begin(c, "all_to_all");
+            return _dm_run_all_to_all(c, o);
+        case DM_OP_ALL_TO_ALL_V:
+            _dm_begin(c, "all_to_all_v");
+            return _dm_run_all_to_all_v(c, o->send, o->send_counts, o->send_offsets, o->recv, o->recv_counts,
+                                        o->recv_offsets, o->dtype);
+        case DM_OP_SEND:
+            _dm_errbuf(c)[0] = 0;
+            return vt->send(c, o->send, o->count, o->dtype, o->root, o->tag);
+        case DM_OP_RECV:
+            _dm_errbuf(c)[0] = 0;
+            return vt->recv(c, o->recv, o->count, o->dtype, o->root, o->tag);
+        case DM_OP_SPLIT:
+            _dm_begin(c, "split");
+            return vt->split(c, o->color, o->key, o->split_out);
+    }
+    return _DM_FAIL(c, DM_ERR_INTERNAL, "unknown operation kind %d", (int)o->kind);
+}
+
+/* >>requests  Non-blocking calls. A request is one queued dm_op. The collective's progress
+   thread (started by the first _async call) takes requests from the queue one at a time, in
+   issue order, and runs them like blocking calls; backends with a device stream (start and
+   finish slots) queue them there instead. Ownership: the queue, `inflight`, `owner` and each
+   request's done/status are guarded by mu; a running request's message is written by the
+   progress thread into the request (_dm_errbuf), never into c->last_error, which only the
+   owning thread writes. */
+struct dm_request {
+    dm_collective* c;
+    dm_op op;
+    size_t* arrays;             /* all_to_all_v: copies of the counts and offsets (4 x size) */
+    void* token;                /* backend stream request (start/finish), or NULL */
+    bool done;
+    dm_status status;
+    struct dm_request* next;    /* the queue */
+    struct dm_request* live;    /* every request not yet freed, for dm_destroy */
+    char msg[DM_LAST_ERROR_SIZE];
+};
+typedef struct _dm_async {
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;  /* work: the progress thread's; done: the waiters' */
+    pthread_t thread, owner;    /* owner: the thread that issued the requests in flight */
+    bool started, stop;
+    int inflight;               /* queued or running, not yet done */
+    dm_request *head, *tail;    /* not started yet */
+    dm_request* live;
+} _dm_async;
+
+/* Failures after which the collective cannot go on: the requests queued behind get them too. */
+_DM_PRIVATE bool _dm_status_breaks(dm_status st) {
+    return st == DM_ERR_TIMEOUT || st == DM_ERR_PEER_LOST || st == DM_ERR_MISMATCH || st == DM_ERR_NETWORK ||
+           st == DM_ERR_PROTOCOL || st == DM_ERR_ABORTED || st == DM_ERR_NCCL || st == DM_ERR_CUDA ||
+           st == DM_ERR_INTERNAL;
+}
+_DM_PRIVATE const char* _dm_op_name(dm_op_kind k) {
+    static const char* names[] = { "barrier", "all_reduce", "all_gather", "all_gather_to_list", "reduce_scatter",
+                                   "broadcast", "all_gather_objects", "broadcast_objects", "reduce", "gather",
+                                   "scatter", "all_to_all", "all_to_all_v", "send", "recv", "split" };
+    return (unsigned)k < sizeof(names) / sizeof(names[0]) ? names[k] : "operation";
+}
+
+/* The request at the head of the queue failed with st: every request queued behind it is done
+   with the same status, unrun. Caller holds mu. */
+_DM_PRIVATE void _dm_async_fail_queue(_dm_async* a, const dm_request* failed) {
+    while (a->head) {
+        dm_request* r = a->head;
+        a->head = r->next;
+        r->status = failed->status;
+        snprintf(r->msg, sizeof(r->msg), "%s was not run: the %s queued before it failed: %.400s",
+                 _dm_op_name(r->op.kind), _dm_op_name(failed->op.kind), failed->msg);
+        r->done = true;
+        a->inflight--;
+    }
+    a->tail = NULL;
+}
+
+static void* _dm_async_main(void* arg) {
+    dm_collective* c = (dm_collective*)arg;
+    _dm_async* a = c->async;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        dm_request* r;
+        _dm_running saved;
+        dm_status st;
+        while (!a->head && !a->stop) pthread_cond_wait(&a->work, &a->mu);
+        if (!a->head) break;
+        r = a->head;
+        a->head = r->next;
+        if (!a->head) a->tail = NULL;
+        pthread_mutex_unlock(&a->mu);
+        saved = _dm_tls_running;
+        _dm_tls_running.c = c;
+        _dm_tls_running.err = r->msg;
+        st = _dm_op_run(c, &r->op);
+        _dm_tls_running = saved;
+        pthread_mutex_lock(&a->mu);
+        r->status = st;
+        r->done = true;
+        a->inflight--;
+        if (_dm_status_breaks(st)) _dm_async_fail_queue(a, r);
+        pthread_cond_broadcast(&a->done);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+/* The collective's async state, made on first use (two threads racing: one wins). */
+_DM_PRIVATE _dm_async* _dm_async_get(dm_collective* c) {
+    _dm_async* a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    _dm_async* none = NULL;
+    pthread_condattr_t attr;
+    if (a) return a;
+    a = (_dm_async*)_dm_calloc(&c->allocator, sizeof(_dm_async));
+    if (!a) return NULL;
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->work, NULL);
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->done, &attr);
+    pthread_condattr_destroy(&attr);
+    if (__atomic_compare_exchange_n(&c->async, &none, a, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return a;
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->work);
+    pthread_cond_destroy(&a->done);
+    _dm_free(&c->allocator, a);
+    return none;
+}
+
+/* Another thread owns this collective right now: say so without touching last_error (the
+   owner's), through the logger. */
+_DM_PRIVATE dm_status _dm_busy(dm_collective* c, const dm_op* o) {
+    _DM_LOG(&c->logger, DM_LOG_ERROR, "%s on rank %d: the collective is in use by another thread (%s); "
+            "a collective belongs to one thread at a time", _dm_op_name(o->kind), c->rank,
+            __atomic_load_n(&c->async, __ATOMIC_ACQUIRE) ? "it has requests in flight" : "a call is running");
+    return DM_ERR_BUSY;
+}
+
+/* A request holding a copy of o; all_to_all_v's arrays are copied too (the caller may reuse
+   them at once). */
+_DM_PRIVATE dm_request* _dm_request_new(dm_collective* c, const dm_op* o) {
+    dm_request* r = (dm_request*)_dm_calloc(&c->allocator, sizeof(dm_request));
+    size_t W = (size_t)c->size;
+    if (!r) return NULL;
+    r->c = c;
+    r->op = *o;
+    if (o->kind == DM_OP_ALL_TO_ALL_V) {
+        r->arrays = (size_t*)_dm_malloc(&c->allocator, 4 * W * sizeof(size_t));
+        if (!r->arrays) { _dm_free(&c->allocator, r); return NULL; }
+        memcpy(r->arrays, o->send_counts, W * sizeof(size_t));
+        memcpy(r->arrays + W, o->send_offsets, W * sizeof(size_t));
+        memcpy(r->arrays + 2 * W, o->recv_counts, W * sizeof(size_t));
+        memcpy(r->arrays + 3 * W, o->recv_offsets, W * sizeof(size_t));
+        r->op.send_counts = r->arrays; r->op.send_offsets = r->arrays + W;
+        r->op.recv_counts = r->arrays + 2 * W; r->op.recv_offsets = r->arrays + 3 * W;
+    }
+    return r;
+}
+_DM_PRIVATE void _dm_request_free(dm_request* r) {
+    dm_collective* c = r->c;
+    _dm_free(&c->allocator, r->arrays);
+    _dm_free(&c->allocator, r);
+}
+/* Unlinks r from the live list. Caller holds mu. */
+_DM_PRIVATE void _dm_async_unlink(_dm_async* a, dm_request* r) {
+    dm_request** p = &a->live;
+    while (*p && *p != r) p = &(*p)->live;
+    if (*p) *p = r->live;
+}
+
+/* Queues r for the progress thread (started here the first time). Caller holds mu. */
+_DM_PRIVATE dm_status _dm_async_enqueue(dm_collective* c, _dm_async* a, dm_request* r) {
+    if (!a->started) {
+        if (pthread_create(&a->thread, NULL, _dm_async_main, c) != 0)
+            return _DM_FAIL(c, DM_ERR_INTERNAL, "%s: could not start the progress thread (%s)",
+                            _dm_op_name(r->op.kind), strerror(errno));
+        a->started = true;
+    }
+    r->live = a->live;
+    a->live = r;
+    if (a->tail) a->tail->next = r; else a->head = r;
+    a->tail = r;
+    a->inflight++;
+    a->owner = pthread_self();
+    pthread_cond_signal(&a->work);
+    return DM_OK;
+}
+
+/* Waits for r (block) or looks (done), then frees it and hands its message to the issuing
+   thread's last_error. */
+_DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) {
+    dm_collective* c = r->c;
+    _dm_async* a = c->async;
+    bool mine;
+    dm_status st;
+    if (r->token) {
+        st = c->vt->finish(c, r->token, block, done);
+        if (!*done) return DM_OK;
+        pthread_mutex_lock(&a->mu);
+        _dm_async_unlink(a, r);
+        pthread_mutex_unlock(&a->mu);
+        _dm_request_free(r);
+        return st;
+    }
+    pthread_mutex_lock(&a->mu);
+    while (block && !r->done) pthread_cond_wait(&a->done, &a->mu);
+    *done = r->done;
+    if (!r->done) { pthread_mutex_unlock(&a->mu); return DM_OK; }
+    st = r->status;
+    mine = a->inflight == 0 || pthread_equal(a->owner, pthread_self());
+    _dm_async_unlink(a, r);
+    pthread_mutex_unlock(&a->mu);
+    if (mine && st != DM_OK) _dm_copy_name(c->last_error, sizeof(c->last_error), r->msg);
+    else if (mine) c->last_error[0] = 0;
+    _dm_request_free(r);
+    return st;
+}
+
+/* An _async call: a backend stream request where the backend has one for this kind, else a
+   request for the progress thread. */
+_DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_request** out) {
+    _dm_async* a = _dm_async_get(c);
+    dm_request* r;
+    dm_status st;
+    if (!a) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", _dm_op_name(o->kind));
+    pthread_mutex_lock(&a->mu);
+    if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE) ||
+        (a->inflight > 0 && !pthread_equal(a->owner, pthread_self()))) {
+        pthread_mutex_unlock(&a->mu);
+        return _dm_busy(c, o);
+    }
+    r = _dm_request_new(c, o);
+    if (!r) { pthread_mutex_unlock(&a->mu); return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", _dm_op_name(o->kind)); }
+    if (_DM_VT_HAS(c->vt, start) && _DM_VT_HAS(c->vt, finish) && a->inflight == 0) {
+        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) _dm_begin(c, _dm_op_name(o->kind));
+        st = c->vt->start(c, &r->op, &r->token);
+        if (st == DM_OK) {
+            r->live = a->live;
+            a->live = r;
+            pthread_mutex_unlock(&a->mu);
+            *out = r;
+            return DM_OK;
+        }
+        r->token = NULL;
+        if (st != DM_ERR_UNSUPPORTED) { pthread_mutex_unlock(&a->mu); _dm_request_free(r); return st; }
+        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) c->seq--;   /* the progress thread counts it */
+    }
+    st = _dm_async_enqueue(c, a, r);
+    pthread_mutex_unlock(&a->mu);
+    if (st != DM_OK) { _dm_request_free(r); return st; }
+    *out = r;
+    return DM_OK;
+}
+
+/* A blocking call: on this thread, unless requests are in flight (then queued behind them and
+   waited for), or another thread is using the collective (DM_ERR_BUSY). Calls made by an
+   operation that is running (object collectives, fallbacks) run at once. */
+_DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o) {
+    _dm_async* a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    _dm_running saved;
+    int idle = 0;
+    dm_status st;
+    if (_dm_tls_running.c == c) return _dm_op_run(c, o);
+    if (!__atomic_compare_exchange_n(&c->busy, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return _dm_busy(c, o);
+    if (a) {
+        pthread_mutex_lock(&a->mu);
+        if (a->inflight > 0) {
+            dm_request* r = NULL;
+            bool done = false;
+            if (pthread_equal(a->owner, pthread_self()) && (r = _dm_request_new(c, o)) != NULL &&
+                _dm_async_enqueue(c, a, r) != DM_OK) { _dm_request_free(r); r = NULL; }
+            pthread_mutex_unlock(&a->mu);
+            __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+            if (!r) return _dm_busy(c, o);
+            return _dm_request_finish(r, true, &done);
+        }
+        pthread_mutex_unlock(&a->mu);
+    }
+    saved = _dm_tls_running;
+    _dm_tls_running.c = c;
+    _dm_tls_running.err = NULL;
+    st = _dm_op_run(c, o);
+    _dm_tls_running = saved;
+    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    return st;
+}
+
+/* dm_destroy's part: the queued requests run to the end (each under its deadline), the
+   progress thread stops, and requests never waited for are freed. */
+_DM_PRIVATE void _dm_async_destroy(dm_collective* c) {
+    _dm_async* a = c->async;
+    if (!a) return;
+    pthread_mutex_lock(&a->mu);
+    a->stop = true;
+    pthread_cond_signal(&a->work);
+    pthread_mutex_unlock(&a->mu);
+    if (a->started) pthread_join(a->thread, NULL);
+    while (a->live) {
+        dm_request* r = a->live;
+        bool done = true;
+        a->live = r->live;
+        if (r->token) c->vt->finish(c, r->token, true, &done);
+        _dm_request_free(r);
+    }
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->work);
+    pthread_cond_destroy(&a->done);
+    _dm_free(&c->allocator, a);
+    c->async = NULL;
+}
+
+DM_API_IMPL dm_status dm_wait(dm_request* req) {
+    bool done = false;
+    if (!req) return DM_ERR_INVALID_ARG;
+    return _dm_request_finish(req, true, &done);
+}
+DM_API_IMPL dm_status dm_test(dm_request* req, bool* done) {
+    bool d = false;
+    dm_status st;
+    if (!req || !done) return DM_ERR_INVALID_ARG;
+    st = _dm_request_finish(req, false, &d);
+    *done = d;
+    return st;
+}
+DM_API_IMPL dm_status dm_wait_all(dm_request** reqs, size_t n) {
+    dm_status first = DM_OK;
+    size_t i;
+    if (!reqs && n) return DM_ERR_INVALID_ARG;
+    for (i = 0; i < n; i++) {
+        dm_status st;
+        if (!reqs[i]) continue;
+        st = dm_wait(reqs[i]);
+        reqs[i] = NULL;
+        if (first == DM_OK) first = st;
+    }
+    return first;
+}
+
+/* >>public calls  Blocking: check, then run (or queue behind requests in flight). _async:
+   check, then queue. */
+#define _DM_BLOCKING(c, prep)                                                                 \
+    do {                                                                                      \
+        dm_op o_;                                                                             \
+        if (!(c)) return DM_ERR_INVALID_ARG;                                                  \
+        _DM_TRY(prep);                                                                        \
+        return _dm_submit((c), &o_);                                                          \
+    } while (0)
+#define _DM_ASYNC(c, out, prep)                                                               \
+    do {                                                                                      \
+        dm_op o_;                                                                             \
+        if (out) *(out) = NULL;                                                               \
+        if (!(c)) return DM_ERR_INVALID_ARG;                                                  \
+        if (!(out)) return _DM_FAIL((c), DM_ERR_INVALID_ARG, "request out is NULL");          \
+        _DM_TRY(prep);                                                                        \
+        return _dm_submit_async((c), &o_, (out));                                             \
+    } while (0)
+_DM_PRIVATE dm_status _dm_prep_barrier(dm_collective* c, dm_op* o) {
+    _DM_TRY(_dm_check_slot(c, "barrier", _DM_VT_HAS(c->vt, barrier) || _DM_VT_HAS(c->vt, all_reduce)));
+    _dm_op_init(o, DM_OP_BARRIER, DM_UINT8);
+    return DM_OK;
+}
+
+DM_API_IMPL dm_status dm_barrier(dm_collective* c) { _DM_BLOCKING(c, _dm_prep_barrier(c, &o_)); }
+DM_API_IMPL dm_status dm_barrier_async(dm_collective* c, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_barrier(c, &o_));
+}
+DM_API_IMPL dm_status dm_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                    dm_dtype dtype, dm_reduce_op op) {
+    _DM_BLOCKING(c, _dm_prep_all_reduce(c, send, recv, count, dtype, op, &o_));
+}
+DM_API_IMPL dm_status dm_all_reduce_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_reduce_op op, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_all_reduce(c, send, recv, count, dtype, op, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
+                                    dm_dtype dtype) {
+    _DM_BLOCKING(c, _dm_prep_all_gather(c, send, recv, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_all_gather(c, send, recv, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
+                                            size_t count, dm_dtype dtype) {
+    _DM_BLOCKING(c, _dm_prep_all_gather_to_list(c, send, recvs, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather_to_list_async(dm_collective* c, const void* send, void* const* recvs,
+                                                  size_t count, dm_dtype dtype, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_all_gather_to_list(c, send, recvs, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_reduce_scatter(dm_collective* c, const void* send, void* recv,
+                                        size_t recv_count, dm_dtype dtype, dm_reduce_op op) {
+    _DM_BLOCKING(c, _dm_prep_reduce_scatter(c, send, recv, recv_count, dtype, op, &o_));
+}
+DM_API_IMPL dm_status dm_reduce_scatter_async(dm_collective* c, const void* send, void* recv, size_t recv_count,
+                                              dm_dtype dtype, dm_reduce_op op, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_reduce_scatter(c, send, recv, recv_count, dtype, op, &o_));
+}
+DM_API_IMPL dm_status dm_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+    _DM_BLOCKING(c, _dm_prep_broadcast(c, buf, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_broadcast_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root,
+                                         dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_broadcast(c, buf, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out) {
+    _DM_BLOCKING(c, _dm_prep_gather_objects(c, data, size, out, &o_));
+}
+DM_API_IMPL dm_status dm_all_gather_objects_async(dm_collective* c, const void* data, size_t size,
+                                                  dm_blob_list* out_list, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_gather_objects(c, data, size, out_list, &o_));
+}
+DM_API_IMPL dm_status dm_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count, int root,
+                                           dm_blob_list* out) {
+    _DM_BLOCKING(c, _dm_prep_broadcast_objects(c, objects, count, root, out, &o_));
+}
+DM_API_IMPL dm_status dm_broadcast_objects_async(dm_collective* c, const dm_blob* objects, size_t count, int root,
+                                                 dm_blob_list* out_list, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_broadcast_objects(c, objects, count, root, out_list, &o_));
+}
+DM_API_IMPL dm_status dm_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                dm_reduce_op op, int root) {
+    _DM_BLOCKING(c, _dm_prep_reduce(c, send, recv, count, dtype, op, root, &o_));
+}
+DM_API_IMPL dm_status dm_reduce_async(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                      dm_reduce_op op, int root, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_reduce(c, send, recv, count, dtype, op, root, &o_));
+}
+DM_API_IMPL dm_status dm_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                int root) {
+    _DM_BLOCKING(c, _dm_prep_gather(c, send, recv, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_gather_async(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                      int root, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_gather(c, send, recv, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                 int root) {
+    _DM_BLOCKING(c, _dm_prep_scatter(c, send, recv, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_scatter_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                       dm_dtype dtype, int root, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_scatter(c, send, recv, count, dtype, root, &o_));
+}
+DM_API_IMPL dm_status dm_all_to_all(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype) {
+    _DM_BLOCKING(c, _dm_prep_all_to_all(c, send, recv, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_to_all_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_all_to_all(c, send, recv, count, dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_to_all_v(dm_collective* c, const void* send, const size_t* send_counts,
+                                      const size_t* send_offsets, void* recv, const size_t* recv_counts,
+                                      const size_t* recv_offsets, dm_dtype dtype) {
+    _DM_BLOCKING(c, _dm_prep_all_to_all_v(c, send, send_counts, send_offsets, recv, recv_counts, recv_offsets,
+                                          dtype, &o_));
+}
+DM_API_IMPL dm_status dm_all_to_all_v_async(dm_collective* c, const void* send, const size_t* send_counts,
+                                            const size_t* send_offsets, void* recv, const size_t* recv_counts,
+                                            const size_t* recv_offsets, dm_dtype dtype, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_all_to_all_v(c, send, send_counts, send_offsets, recv, recv_counts, recv_offsets,
+                                            dtype, &o_));
+}
+DM_API_IMPL dm_status dm_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _DM_BLOCKING(c, _dm_prep_p2p(c, true, buf, count, dtype, peer, tag, &o_));
+}
+DM_API_IMPL dm_status dm_send_async(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer,
+                                    int tag, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_p2p(c, true, buf, count, dtype, peer, tag, &o_));
+}
+DM_API_IMPL dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _DM_BLOCKING(c, _dm_prep_p2p(c, false, buf, count, dtype, peer, tag, &o_));
+}
+DM_API_IMPL dm_status dm_recv_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag,
+                                    dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_p2p(c, false, buf, count, dtype, peer, tag, &o_));
+}
+
+_DM_PRIVATE dm_status _dm_prep_split(dm_collective* c, int color, int key, dm_collective** out, dm_op* o) {
+    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: out is NULL");
+    *out = NULL;
+    if (color < DM_SPLIT_NONE)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: color %d is negative (use DM_SPLIT_NONE to opt out)", color);
+    _DM_TRY(_dm_check_slot(c, "split", _DM_VT_HAS(c->vt, split)));
+    _dm_op_init(o, DM_OP_SPLIT, DM_UINT8);
+    o->color = color; o->key = key; o->split_out = out;
+    return DM_OK;
+}
+DM_API_IMPL dm_status dm_split(dm_collective* c, int color, int key, dm_collective** out) {
+    _DM_BLOCKING(c, _dm_prep_split(c, color, key, out, &o_));
+}
+
 DM_API_IMPL void dm_blob_list_free(dm_collective* c, dm_blob_list* list) {
     if (!list) return;
     _dm_free(c ? &c->allocator : NULL, list->items);
@@ -1756,21 +2559,10 @@ DM_API_IMPL dm_status dm_synchronize(dm_collective* c) {
     return c->vt->synchronize(c);
 }
 
-DM_API_IMPL dm_status dm_split(dm_collective* c, int color, int key, dm_collective** out) {
-    if (!c) return DM_ERR_INVALID_ARG;
-    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: out is NULL");
-    *out = NULL;
-    if (color < DM_SPLIT_NONE)
-        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: color %d is negative (use DM_SPLIT_NONE to opt out)", color);
-    if (!_DM_VT_HAS(c->vt, split))
-        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "split: backend %s has no split", c->vt->name);
-    _dm_begin(c, "split");
-    return c->vt->split(c, color, key, out);
-}
-
 /* >>accessors */
 DM_API_IMPL void dm_destroy(dm_collective* c) {
     if (!c) return;
+    _dm_async_destroy(c);
     if (c->local) dm_destroy(c->local);
     c->local = NULL;
     if (c->vt && c->vt->destroy) c->vt->destroy(c);
@@ -2293,7 +3085,7 @@ _DM_PRIVATE void _dm_lk_post_abort(_dm_lk* lk, dm_status st) {
     if (!__atomic_compare_exchange_n(&lk->abort->status, &none, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return;
     lk->abort->rank = lk->c->rank;
-    _dm_copy_name(lk->abort->msg, sizeof(lk->abort->msg), lk->c->last_error);
+    _dm_copy_name(lk->abort->msg, sizeof(lk->abort->msg), _dm_errbuf(lk->c));
     __atomic_store_n(&lk->abort->status, (int32_t)st, __ATOMIC_RELEASE);
     for (r = 0; r < lk->nbells; r++) _dm_bell_ring(&lk->bells[r], lk->bell_ops);
 }
@@ -2305,9 +3097,9 @@ _DM_PRIVATE dm_status _dm_lk_break(_dm_lk* lk, dm_status st) {
     int r;
     if (lk->broken != DM_OK) return st;
     lk->broken = st;
-    _dm_copy_name(lk->broken_msg, sizeof(lk->broken_msg), lk->c->last_error);
+    _dm_copy_name(lk->broken_msg, sizeof(lk->broken_msg), _dm_errbuf(lk->c));
     _dm_lk_post_abort(lk, st);
-    if (!lk->adopting && lk->notice_post) lk->notice_post(lk, st, lk->c->last_error);
+    if (!lk->adopting && lk->notice_post) lk->notice_post(lk, st, _dm_errbuf(lk->c));
     for (r = 0; r < lk->c->size; r++)
         if (lk->links[r] && lk->links[r]->vt->shutdown) lk->links[r]->vt->shutdown(lk->links[r]);
     return st;

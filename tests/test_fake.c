@@ -440,7 +440,7 @@ static void test_status_names_and_texts(void** state) {
         DM_STATUS_LIST(X)
 #undef X
     };
-    static const int unknown[] = { 1, 2, -17, -100, 12345, INT_MIN, INT_MAX, -1000000 };
+    static const int unknown[] = { 1, 2, -99, -100, 12345, INT_MIN, INT_MAX, -1000000 };
     size_t i, j;
     (void)state;
     assert_true(sizeof(all) / sizeof(all[0]) >= 17);
