@@ -490,7 +490,8 @@ static int body_p2p(dm_collective* c, void* arg) {
     return bad;
 }
 
-/* Errors between ranks 0 and 1; the other ranks stay out (kind 2: they call dm_barrier too).
+/* Errors between ranks 0 and 1; the other ranks call dm_barrier, which must fail (the group is
+   broken) with any status.
    kind 0: count 10 sent, 12 received; 1: int32 sent, float32 received (the same bytes);
    2: rank 0 waits in dm_recv while rank 1 calls dm_barrier. */
 static int body_p2p_mismatch(dm_collective* c, void* arg) {
@@ -510,6 +511,7 @@ static int body_p2p_mismatch(dm_collective* c, void* arg) {
             if (st == DM_OK) { report(c, __LINE__, "dm_barrier succeeded while rank 0 waits in dm_recv"); bad = 1; }
             EXPECT(c, now_s() - t0 < 5.0);
         }
+        sleep_ms(300);
         return bad;
     }
     if (r == 0) {
@@ -531,7 +533,10 @@ static int body_p2p_mismatch(dm_collective* c, void* arg) {
             bad = 1;
         }
         EXPECT(c, dm_barrier(c) != DM_OK);   /* broken */
+    } else {
+        EXPECT(c, dm_barrier(c) != DM_OK);   /* a bystander: the group is broken, whatever the status */
     }
+    sleep_ms(300);   /* stay connected: the others must see the mismatch, not our exit */
     return bad;
 }
 
@@ -645,6 +650,7 @@ static int body_a2av_mismatch(dm_collective* c, void* arg) {
         bad = 1;
     }
     if (r > 1) printf("  [%s world %d rank %d] bystander of the count disagreement: %s\n", g_kind, W, r, dm_status_name(st));
+    sleep_ms(300);   /* stay connected: the others must see the mismatch, not our exit */
     return bad;
 }
 
