@@ -216,7 +216,10 @@ typedef struct dm_env {
      reduced as above; broadcast from any root leaves the data; all_gather_objects returns N
      copies of this rank's object; broadcast_objects from a root other than desc.rank returns an
      empty list (a simulated rank holds no other rank's objects); split and the mesh give
-     simulated groups of the expected size.
+     simulated groups of the expected size. reduce gives the root what all_reduce gives;
+     gather N copies; scatter gives the root its own block and leaves other ranks' recv as it
+     is; all_to_all gives every block of recv this rank's own send block (all_to_all_v: counts
+     must then all equal send_counts[rank]); send and recv are DM_ERR_UNSUPPORTED (no peers).
    - dm_thread_world_create / _run: N real ranks on N threads that exchange data through
      shared memory, with fingerprint checks (mismatched collectives -> DM_ERR_MISMATCH on every
      rank) and deadlines. Results are reduced in rank order 0..N-1 (a serial reference computed
@@ -2692,6 +2695,37 @@ static dm_status _dm_fake_broadcast(dm_collective* c, void* buf, size_t count, d
     return DM_OK; /* every rank already holds the root's data */
 }
 static dm_status _dm_fake_barrier(dm_collective* c) { (void)c; return DM_OK; }
+/* The root's block for this rank; a simulated non-root holds no other rank's data, so its recv
+   is left as it is. */
+static dm_status _dm_fake_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                  int root) {
+    size_t bytes = count * dm_dtype_size(dtype);
+    const unsigned char* mine = (const unsigned char*)send + (size_t)root * bytes;
+    if (c->rank == root && mine != recv && bytes) memmove(recv, mine, bytes);
+    return DM_OK;
+}
+/* Every rank i is a copy of this one, so what it sends here is this rank's block for itself:
+   recv block i = send block rank (in place: recv's own block, saved first). */
+static dm_status _dm_fake_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
+                                       void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    size_t esize = dm_dtype_size(dtype), bytes = sc[c->rank] * esize;
+    const unsigned char* src = (const unsigned char*)(send ? send : recv) + so[c->rank] * esize;
+    unsigned char* saved = NULL;
+    int i;
+    for (i = 0; i < c->size; i++)
+        if (rc[i] != sc[c->rank])
+            return _DM_FAIL(c, DM_ERR_MISMATCH, "fake: all_to_all_v: rank %d (a copy of rank %d) sends %zu "
+                            "elements here, recv_counts[%d] is %zu", i, c->rank, sc[c->rank], i, rc[i]);
+    if (!send && bytes) {
+        saved = (unsigned char*)_dm_malloc(&c->allocator, bytes);
+        if (!saved) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "fake: all_to_all: no memory for %zu bytes", bytes);
+        memcpy(saved, src, bytes);
+        src = saved;
+    }
+    for (i = 0; i < c->size && bytes; i++) memmove((unsigned char*)recv + ro[i] * esize, src, bytes);
+    _dm_free(&c->allocator, saved);
+    return DM_OK;
+}
 /* A simulated rank cannot see the others' colors: the group is taken to be the whole world
    (every rank passed this color), with this rank's position kept. */
 static dm_status _dm_fake_split(dm_collective* c, int color, int key, dm_collective** out) {
@@ -2725,10 +2759,10 @@ static const dm_collective_vtable _dm_fake_vtable = {
     NULL,                            /* native_handle */
     NULL,                            /* synchronize */
     NULL,                            /* transport: the backend's name */
-    NULL,                            /* reduce */
-    NULL,                            /* gather */
-    NULL,                            /* scatter */
-    NULL,                            /* all_to_all_v */
+    NULL,                            /* reduce: core fallback through all_reduce */
+    NULL,                            /* gather: core fallback through all_gather */
+    _dm_fake_scatter,                /* scatter */
+    _dm_fake_all_to_all_v,           /* all_to_all_v */
     NULL,                            /* send */
     NULL,                            /* recv */
     NULL,                            /* start */
@@ -2914,7 +2948,11 @@ _DM_PRIVATE _dm_link* _dm_memlink_new(const dm_allocator* a, const _dm_link_vt* 
    seq u64, little-endian. One format and one message for every backend. */
 #define _DM_FP_MAGIC 0x46544d44u
 enum { _DM_K_ALL_REDUCE = 1, _DM_K_ALL_GATHER, _DM_K_REDUCE_SCATTER, _DM_K_BROADCAST, _DM_K_BARRIER,
-       _DM_K_SETUP, _DM_K_SPLIT };
+       _DM_K_SETUP, _DM_K_SPLIT, _DM_K_ALL_TO_ALL, _DM_K_REDUCE, _DM_K_GATHER, _DM_K_SCATTER,
+       _DM_K_SEND, _DM_K_RECV };
+/* A point-to-point message is a fingerprint of kind _DM_K_SEND (root = the tag, seq = the
+   sender's message number to this peer) followed by count elements; _DM_K_RECV only names
+   what a receiver expected, in messages. */
 typedef struct _dm_fp {
     int kind, dtype, op, root;  /* dtype, op, root: -1 when the kind has none */
     uint64_t count, seq;
@@ -2936,8 +2974,9 @@ _DM_PRIVATE uint64_t _dm_get64(const unsigned char* p) {
 }
 _DM_PRIVATE const char* _dm_kind_name(int kind) {
     static const char* names[] = { "unknown collective", "all_reduce", "all_gather", "reduce_scatter",
-                                   "broadcast", "barrier", "setup", "split" };
-    return (kind > 0 && kind <= _DM_K_SPLIT) ? names[kind] : names[0];
+                                   "broadcast", "barrier", "setup", "split", "all_to_all", "reduce", "gather",
+                                   "scatter", "send", "recv" };
+    return (kind > 0 && kind <= _DM_K_RECV) ? names[kind] : names[0];
 }
 _DM_PRIVATE void _dm_fp_make(_dm_fp* f, const dm_collective* c, int kind, int dtype, int op, int root,
                              size_t count) {
@@ -2974,8 +3013,13 @@ _DM_PRIVATE void _dm_fp_text(const _dm_fp* f, char* buf, size_t cap) {
                   (unsigned long long)f->count);
     if ((size_t)n < cap && f->op >= 0 && (f->kind == _DM_K_ALL_REDUCE || f->kind == _DM_K_REDUCE_SCATTER))
         n += snprintf(buf + n, cap - (size_t)n, ", %s", dm_reduce_op_name((dm_reduce_op)f->op));
-    if ((size_t)n < cap && f->kind == _DM_K_BROADCAST)
+    if ((size_t)n < cap && f->op >= 0 && f->kind == _DM_K_REDUCE)
+        n += snprintf(buf + n, cap - (size_t)n, ", %s", dm_reduce_op_name((dm_reduce_op)f->op));
+    if ((size_t)n < cap && (f->kind == _DM_K_BROADCAST || f->kind == _DM_K_REDUCE || f->kind == _DM_K_GATHER ||
+                            f->kind == _DM_K_SCATTER))
         n += snprintf(buf + n, cap - (size_t)n, ", root %d", f->root);
+    if ((size_t)n < cap && (f->kind == _DM_K_SEND || f->kind == _DM_K_RECV))
+        n += snprintf(buf + n, cap - (size_t)n, ", tag %d", f->root);
     if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
 }
 _DM_PRIVATE dm_status _dm_fp_mismatch(dm_collective* c, const char* tag, int me, const _dm_fp* mine,
@@ -2999,6 +3043,27 @@ _DM_PRIVATE int _dm_mod(int a, int n) { return ((a % n) + n) % n; }
 /* >>engine  The state one group's schedules run on, and the failure rule: every failure while
    communicating breaks the group; later calls fail at once. */
 #define _DM_LK_IO_MAX      ((size_t)1 << 30)   /* bytes per link call (2 GiB+ messages) */
+/* A point-to-point message that arrived before the dm_recv asking for it (see >>p2p). */
+typedef struct _dm_umsg {
+    struct _dm_umsg* next;
+    int peer;
+    _dm_fp fp;                  /* its header: dtype, count, tag (root), number (seq) */
+    size_t bytes;
+    unsigned char* data;
+} _dm_umsg;
+/* What a peer sends between collectives, read at the boundaries: a point-to-point message
+   (header, payload, padding) or the next collective's fingerprint, which stays in hdr until
+   that collective's first recv step takes it (fp_ready). State survives between calls: a send
+   that reads while it waits may stop anywhere in a message. */
+typedef struct _dm_inbox {
+    unsigned char hdr[32];
+    size_t hfill;               /* header bytes read */
+    bool fp_ready;              /* hdr is a collective's fingerprint, not yet taken */
+    bool payload;               /* reading a payload (into msg->data, or a dm_recv's buffer) */
+    _dm_umsg* msg;              /* the unexpected message being filled, or NULL */
+    unsigned char* dst;
+    size_t len, fill, pad, padfill;
+} _dm_inbox;
 typedef struct _dm_lk {
     dm_collective* c;
     const char* tag;            /* message prefix: the backend */
@@ -3022,6 +3087,10 @@ typedef struct _dm_lk {
     void (*notice_post)(struct _dm_lk* lk, dm_status st, const char* msg);
     dm_status (*notice_read)(struct _dm_lk* lk, int* rank, char* msg, size_t cap);
     bool adopting;              /* breaking because of another rank's notice: do not re-post */
+    _dm_inbox* inbox;           /* per rank (>>p2p) */
+    _dm_umsg *uhead, *utail;    /* unexpected messages in arrival order */
+    size_t ubytes;              /* their bytes, bounded by DISTMESH_MAX_OBJECT_BYTES */
+    uint64_t* sent;             /* per rank: point-to-point messages sent to it (their number) */
 } _dm_lk;
 
 /* Scratch, ring order (identity) and the wait policy; links are the backend's to fill. */
@@ -3036,7 +3105,9 @@ _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag,
     lk->tmp = (unsigned char*)_dm_malloc(&c->allocator, lk->tmp_size);
     lk->links = (_dm_link**)_dm_calloc(&c->allocator, sizeof(_dm_link*) * (size_t)W);
     lk->order = (int*)_dm_malloc(&c->allocator, sizeof(int) * 2 * (size_t)W);
-    if (!lk->tmp || !lk->links || !lk->order) return DM_ERR_OUT_OF_MEMORY;
+    lk->inbox = (_dm_inbox*)_dm_calloc(&c->allocator, sizeof(_dm_inbox) * (size_t)W);
+    lk->sent = (uint64_t*)_dm_calloc(&c->allocator, sizeof(uint64_t) * (size_t)W);
+    if (!lk->tmp || !lk->links || !lk->order || !lk->inbox || !lk->sent) return DM_ERR_OUT_OF_MEMORY;
     lk->slot = lk->order + W;
     for (r = 0; r < W; r++) lk->order[r] = lk->slot[r] = r;
     memset(lk->tmp, 0, lk->tmp_size);   /* fault the scratch in now, not in the first collectives */
@@ -3055,7 +3126,16 @@ _DM_PRIVATE void _dm_lk_release(_dm_lk* lk) {
     _dm_free(a, lk->links);
     _dm_free(a, lk->order);
     _dm_free(a, lk->tmp);
-    lk->links = NULL; lk->order = NULL; lk->tmp = NULL;
+    while (lk->uhead) {
+        _dm_umsg* m = lk->uhead;
+        lk->uhead = m->next;
+        _dm_free(a, m);
+    }
+    if (lk->inbox)
+        for (r = 0; r < lk->c->size; r++) _dm_free(a, lk->inbox[r].msg);
+    _dm_free(a, lk->inbox);
+    _dm_free(a, lk->sent);
+    lk->links = NULL; lk->order = NULL; lk->tmp = NULL; lk->inbox = NULL; lk->sent = NULL;
 }
 /* Waiting policy for `local` ranks of a group on this host: spin only while every rank can
    have a core of its own; with more ranks than cores a spinning rank would steal the time of
@@ -3166,7 +3246,16 @@ typedef struct _dm_xfer {
     dm_dtype dtype;
     dm_reduce_op rop;
     const _dm_fp* expect;       /* when set, recv step 0 is a fingerprint to compare with it */
+    bool inbox;                 /* also read rpeer's inbox (>>p2p): into want, else unexpected */
+    struct _dm_want* want;      /* a dm_recv: done once its message is in place */
 } _dm_xfer;
+typedef struct _dm_want {
+    int tag;
+    dm_dtype dtype;
+    size_t count;
+    unsigned char* buf;
+    bool done;
+} _dm_want;
 
 /* Where the two streams stand. */
 typedef struct _dm_xstate {
@@ -3214,6 +3303,139 @@ _DM_PRIVATE dm_status _dm_lk_check_fp(_dm_lk* lk, const _dm_xfer* x, const unsig
 _DM_PRIVATE size_t _dm_lk_pad(const _dm_link* l, size_t len) {
     size_t a = l->vt->align;
     return a ? (a - len % a) % a : 0;
+}
+
+/* >>p2p  Point-to-point messages share each link's stream with the collectives, between them:
+   a sender is never inside a collective on that link when it sends one. Receivers read them
+   at boundaries through the inbox, match them to a dm_recv (x->want) by tag, in arrival order,
+   or keep them as unexpected until one asks. */
+
+/* want got message fp from peer: same dtype and count, or DM_ERR_MISMATCH naming both. */
+_DM_PRIVATE dm_status _dm_lk_want_check(_dm_lk* lk, const _dm_xfer* x, int peer, const _dm_fp* got) {
+    _dm_fp mine;
+    const _dm_want* w = x->want;
+    if (got->dtype == (int)w->dtype && got->count == (uint64_t)w->count) return DM_OK;
+    _dm_fp_make(&mine, lk->c, _DM_K_RECV, (int)w->dtype, -1, w->tag, w->count);
+    mine.seq = got->seq;
+    _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, &mine, peer, got);
+    return _dm_lk_break(lk, DM_ERR_MISMATCH);
+}
+/* The first unexpected message from peer with want's tag, copied into its buffer and freed:
+   DM_OK with want->done set, DM_OK without it when there is none, or the mismatch. */
+_DM_PRIVATE dm_status _dm_lk_take_unexpected(_dm_lk* lk, const _dm_xfer* x, int peer) {
+    _dm_umsg **p = &lk->uhead, *m = NULL, *prev = NULL;
+    for (; *p; prev = *p, p = &(*p)->next)
+        if ((*p)->peer == peer && (*p)->fp.root == x->want->tag) { m = *p; break; }
+    if (!m) return DM_OK;
+    _DM_TRY(_dm_lk_want_check(lk, x, peer, &m->fp));
+    *p = m->next;
+    if (lk->utail == m) lk->utail = prev;
+    lk->ubytes -= m->bytes;
+    if (m->bytes) memcpy(x->want->buf, m->data, m->bytes);
+    _dm_free(&lk->c->allocator, m);
+    x->want->done = true;
+    return DM_OK;
+}
+/* A whole header is in: a collective's fingerprint waits for its collective; a message's
+   payload goes to the dm_recv waiting for its tag, else into a new unexpected message. */
+_DM_PRIVATE dm_status _dm_lk_inbox_header(_dm_lk* lk, const _dm_xfer* x, int peer) {
+    _dm_inbox* in = &lk->inbox[peer];
+    _dm_fp fp;
+    size_t bytes;
+    in->hfill = 0;
+    if (_dm_get32(in->hdr) != _DM_FP_MAGIC) {
+        _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s: rank %d (%s) sent malformed bytes (bad header magic 0x%08x)",
+                 lk->tag, x->op, peer, lk->links[peer]->where, (unsigned)_dm_get32(in->hdr));
+        return _dm_lk_break(lk, DM_ERR_PROTOCOL);
+    }
+    _dm_fp_decode(in->hdr, &fp);
+    if (fp.kind != _DM_K_SEND) { in->fp_ready = true; return DM_OK; }
+    if (fp.dtype < 0 || fp.dtype >= DM_DTYPE_COUNT || fp.count > SIZE_MAX / 8) {
+        _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s: rank %d (%s) sent a message header with dtype %d, count %llu",
+                 lk->tag, x->op, peer, lk->links[peer]->where, fp.dtype, (unsigned long long)fp.count);
+        return _dm_lk_break(lk, DM_ERR_PROTOCOL);
+    }
+    bytes = (size_t)fp.count * dm_dtype_size((dm_dtype)fp.dtype);
+    in->payload = true;
+    in->len = bytes;
+    in->fill = in->padfill = 0;
+    in->pad = _dm_lk_pad(lk->links[peer], bytes);
+    if (x->want && !x->want->done && x->rpeer == peer && fp.root == x->want->tag) {
+        _DM_TRY(_dm_lk_want_check(lk, x, peer, &fp));
+        in->msg = NULL;
+        in->dst = x->want->buf;
+        return DM_OK;
+    }
+    if (bytes > _dm_object_limit() - (lk->ubytes < _dm_object_limit() ? lk->ubytes : _dm_object_limit())) {
+        _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s: rank %d sent a message of %zu bytes (tag %d) that no recv has "
+                 "asked for yet, beyond the %llu bytes kept waiting (DISTMESH_MAX_OBJECT_BYTES)", lk->tag, x->op,
+                 peer, bytes, fp.root, (unsigned long long)_dm_object_limit());
+        return _dm_lk_break(lk, DM_ERR_PROTOCOL);
+    }
+    in->msg = (_dm_umsg*)_dm_malloc(&lk->c->allocator, sizeof(_dm_umsg) + bytes);
+    if (!in->msg) {
+        _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: no memory to keep a message of %zu bytes from rank %d",
+                 lk->tag, x->op, bytes, peer);
+        return _dm_lk_break(lk, DM_ERR_OUT_OF_MEMORY);
+    }
+    in->msg->next = NULL;
+    in->msg->peer = peer;
+    in->msg->fp = fp;
+    in->msg->bytes = bytes;
+    in->msg->data = (unsigned char*)(in->msg + 1);
+    in->dst = in->msg->data;
+    lk->ubytes += bytes;
+    return DM_OK;
+}
+/* A whole payload is in: the dm_recv is done, or the message joins the unexpected ones (and
+   is taken at once if the waiting dm_recv wants its tag: nothing older with it can wait). */
+_DM_PRIVATE dm_status _dm_lk_inbox_message(_dm_lk* lk, const _dm_xfer* x, int peer) {
+    _dm_inbox* in = &lk->inbox[peer];
+    _dm_umsg* m = in->msg;
+    in->payload = false;
+    in->msg = NULL;
+    if (!m) { x->want->done = true; return DM_OK; }
+    if (lk->utail) lk->utail->next = m; else lk->uhead = m;
+    lk->utail = m;
+    if (x->want && !x->want->done && x->rpeer == peer && m->fp.root == x->want->tag)
+        return _dm_lk_take_unexpected(lk, x, peer);
+    return DM_OK;
+}
+/* Reads peer's inbox as far as it can: until x->want is done, the link is empty, or the next
+   collective's fingerprint is in (which a dm_recv cannot wait past: that peer will send
+   nothing more before this rank joins the collective, so it fails with DM_ERR_MISMATCH). */
+_DM_PRIVATE dm_status _dm_lk_pump_inbox(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, int peer, bool* progress) {
+    _dm_inbox* in = &lk->inbox[peer];
+    _dm_link* l = lk->links[peer];
+    for (;;) {
+        unsigned char sink[8];
+        ptrdiff_t k;
+        int err = 0;
+        if (x->want && x->want->done) return DM_OK;
+        if (in->fp_ready) {
+            _dm_fp theirs, mine;
+            if (!x->want) return DM_OK;
+            _dm_fp_decode(in->hdr, &theirs);
+            _dm_fp_make(&mine, lk->c, _DM_K_RECV, (int)x->want->dtype, -1, x->want->tag, x->want->count);
+            mine.seq = lk->c->seq;
+            _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, &mine, peer, &theirs);
+            return _dm_lk_break(lk, DM_ERR_MISMATCH);
+        }
+        if (!in->payload) k = l->vt->recv(l, in->hdr + in->hfill, 32 - in->hfill, &err);
+        else if (in->fill < in->len) {
+            size_t n = in->len - in->fill < _DM_LK_IO_MAX ? in->len - in->fill : _DM_LK_IO_MAX;
+            k = l->vt->recv(l, in->dst + in->fill, n, &err);
+        } else if (in->padfill < in->pad) k = l->vt->recv(l, sink, in->pad - in->padfill, &err);
+        else { _DM_TRY(_dm_lk_inbox_message(lk, x, peer)); *progress = true; continue; }
+        if (k == 0) { s->want_in = true; return DM_OK; }
+        if (k < 0) return _dm_lk_io_fail(lk, x, peer, false, err);
+        *progress = true;
+        if (!in->payload) {
+            in->hfill += (size_t)k;
+            if (in->hfill == 32) _DM_TRY(_dm_lk_inbox_header(lk, x, peer));
+        } else if (in->fill < in->len) in->fill += (size_t)k;
+        else in->padfill += (size_t)k;
+    }
 }
 
 /* Sends as far as the gates allow, until the link is full. */
@@ -3310,6 +3532,16 @@ _DM_PRIVATE dm_status _dm_lk_pump_recv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate
             s->ri++; s->rdone = s->tfill = s->rpad = 0; *progress = true;
             continue;
         }
+        if (s->ri == 0 && x->expect && s->rdone == 0) {   /* the fingerprint comes through the inbox */
+            _dm_inbox* in = &lk->inbox[x->rpeer];
+            if (!in->fp_ready) _DM_TRY(_dm_lk_pump_inbox(lk, x, s, x->rpeer, progress));
+            if (!in->fp_ready) break;
+            memcpy(r->buf, in->hdr, 32);
+            in->fp_ready = false;
+            s->rdone = 32;
+            *progress = true;
+            continue;
+        }
         if (!r->own) {
             dst = r->buf + s->rdone; want = r->len - s->rdone;
         } else {
@@ -3363,7 +3595,7 @@ _DM_PRIVATE void _dm_cpu_relax(void) {
 _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xstate* s, uint32_t seen,
                                    int64_t deadline, int* dead) {
     _dm_link* sl = x->speer >= 0 && s->si < x->ns ? lk->links[x->speer] : NULL;
-    _dm_link* rl = x->rpeer >= 0 && s->ri < x->nr ? lk->links[x->rpeer] : NULL;
+    _dm_link* rl = x->rpeer >= 0 && (s->ri < x->nr || x->inbox) ? lk->links[x->rpeer] : NULL;
     struct pollfd p[2];
     int np = 0, hup = -1, rc, err = 0, k;
     bool memory = (sl && sl->fd < 0) || (rl && rl->fd < 0);
@@ -3424,11 +3656,13 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
         }
         st = _dm_lk_pump_send(lk, x, &s, &progress);
         if (st == DM_OK) st = _dm_lk_pump_recv(lk, x, &s, &progress);
+        if (st == DM_OK && x->inbox && (x->want || s.si < x->ns))
+            st = _dm_lk_pump_inbox(lk, x, &s, x->rpeer, &progress);
         /* stay announced through the sleep: a peer that writes after the last look must ring */
         if (blocking && lk->bell && (st != DM_OK || progress))
             __atomic_store_n(&lk->bell->sleeping, 0u, __ATOMIC_SEQ_CST);
         if (st != DM_OK) return st;
-        if (s.si == x->ns && s.ri == x->nr) return DM_OK;
+        if (s.si == x->ns && s.ri == x->nr && (!x->want || x->want->done)) return DM_OK;
         if (progress) { idle_since = 0; blocking = false; dead = 0; continue; }
         if (!s.want_in && !s.want_out) {
             _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: %s #%llu: transfer stalled (send step %d, recv step %d)",
@@ -3442,7 +3676,7 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
             if (idle < lk->spin_us) { _dm_cpu_relax(); continue; }
             st = _dm_lk_adopt_abort(lk, x->op);
             if (st == DM_OK && now / 1000 >= deadline) {
-                bool recv_wait = s.ri < x->nr;
+                bool recv_wait = s.ri < x->nr || (x->want && !x->want->done);
                 int peer = recv_wait ? x->rpeer : x->speer;
                 _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
                          lk->tag, x->op, (unsigned long long)lk->c->seq, lk->c->timeout_ms,
@@ -3579,10 +3813,11 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_rd(_dm_lk* lk, void* recv, size_t count, 
 /* Ring all-reduce over ring positions: W-1 reduce-scatter steps (step g sends the block of
    position p-g-1, receives and reduces that of p-g-2, so each rank ends holding its own block)
    then W-1 all-gather steps (step g sends the block of p-g, receives that of p-g-1), all in
-   one pipelined stream. Block b is reduced in ring order starting after position b. */
+   one pipelined stream. Block b is reduced in ring order starting after position b.
+   scatter_only: the first W-1 steps alone (dm_reduce), leaving rank r with block r. */
 _DM_PRIVATE dm_status _dm_lk_allreduce_ring(_dm_lk* lk, const void* send, void* recv, size_t count,
-                                            dm_dtype dtype, dm_reduce_op op, const _dm_fp* fp) {
-    int W = lk->c->size, g, n = 2 * (W - 1) + 1;
+                                            dm_dtype dtype, dm_reduce_op op, const _dm_fp* fp, bool scatter_only) {
+    int W = lk->c->size, g, n = (scatter_only ? 1 : 2) * (W - 1) + 1;
     size_t esize = dm_dtype_size(dtype), off, len;
     const unsigned char* in = (const unsigned char*)send;
     unsigned char* out = (unsigned char*)recv;
@@ -3600,7 +3835,7 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_ring(_dm_lk* lk, const void* send, void* 
         st.rs[1 + g].after_send = -1;
         st.rs[1 + g].divide = (op == DM_MEAN && g == W - 2) ? W : 0;
     }
-    for (g = 0; g < W - 1; g++) {
+    for (g = 0; g < W - 1 && !scatter_only; g++) {
         int k = W + g;
         _dm_segment(count, W, _dm_lk_at(lk, -g), &off, &len);
         st.ss[k].buf = out + off * esize; st.ss[k].len = len * esize; st.ss[k].gate = k - 1;
@@ -3625,7 +3860,7 @@ _DM_PRIVATE dm_status _dm_lk_all_reduce(_dm_lk* lk, const void* send, void* recv
         if (send != recv) memcpy(recv, send, bytes);
         return _dm_lk_allreduce_rd(lk, recv, count, dtype, op, &fp);
     }
-    return _dm_lk_allreduce_ring(lk, send, recv, count, dtype, op, &fp);
+    return _dm_lk_allreduce_ring(lk, send, recv, count, dtype, op, &fp, false);
 }
 
 /* Ring all-gather into per-rank buffers: step g sends the block of position p-g (own input
@@ -3782,6 +4017,152 @@ _DM_PRIVATE dm_status _dm_lk_barrier(_dm_lk* lk) {
     for (k = 1; k < W; k <<= 1, round++) {
         _dm_fp_make(&fp, c, _DM_K_BARRIER, -1, -1, round, 0);
         _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &fp, (c->rank + k) % W, NULL, 0, (c->rank - k + W) % W, NULL, 0));
+    }
+    return DM_OK;
+}
+
+
+/* A point-to-point message: its header (a fingerprint of kind send), then the payload. While
+   the link to peer is full, what peer sends this way is read (into the inbox), so two ranks
+   sending each other large messages at once both finish. */
+_DM_PRIVATE dm_status _dm_lk_send(_dm_lk* lk, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _dm_sstep ss[2];
+    unsigned char hdr[32];
+    _dm_fp fp;
+    _DM_ZERO(_dm_xfer, x);
+    _DM_TRY(_dm_lk_check_broken(lk, "send"));
+    _dm_fp_make(&fp, lk->c, _DM_K_SEND, (int)dtype, -1, tag, count);
+    fp.seq = lk->sent[peer]++;
+    _dm_fp_encode(&fp, hdr);
+    memset(ss, 0, sizeof(ss));
+    ss[0].buf = hdr; ss[0].len = 32; ss[0].gate = -1;
+    ss[1].buf = (const unsigned char*)buf; ss[1].len = count * dm_dtype_size(dtype); ss[1].gate = -1;
+    x.op = "send"; x.speer = peer; x.rpeer = peer; x.ss = ss; x.ns = 2; x.nr = 0;
+    x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true;
+    return _dm_lk_run(lk, &x);
+}
+/* The first message from peer with this tag: already kept (unexpected), or read as it comes. */
+_DM_PRIVATE dm_status _dm_lk_recv(_dm_lk* lk, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _dm_want w;
+    _DM_ZERO(_dm_xfer, x);
+    _DM_TRY(_dm_lk_check_broken(lk, "recv"));
+    w.tag = tag; w.dtype = dtype; w.count = count; w.buf = (unsigned char*)buf; w.done = false;
+    x.op = "recv"; x.speer = -1; x.rpeer = peer; x.ns = 0; x.nr = 0;
+    x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true; x.want = &w;
+    _DM_TRY(_dm_lk_take_unexpected(lk, &x, peer));
+    if (w.done) return DM_OK;
+    return _dm_lk_run(lk, &x);
+}
+
+/* All-to-all, pairwise: step k sends the block for rank + k and receives the block of rank - k
+   (every pair meets once, both directions in one step). Each block's fingerprint carries its
+   count, so the receiver checks it against its own recv count for that sender. In place
+   (send NULL), the outgoing blocks are copied out of recv first. */
+_DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const size_t* sc, const size_t* so, void* recv,
+                                          const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    dm_collective* c = lk->c;
+    int W = c->size, r = c->rank, k;
+    size_t esize = dm_dtype_size(dtype), span = 0;
+    const unsigned char* in = (const unsigned char*)send;
+    unsigned char *out = (unsigned char*)recv, *copy = NULL;
+    dm_status st = DM_OK;
+    _DM_TRY(_dm_lk_check_broken(lk, "all_to_all"));
+    if (!in) {
+        for (k = 0; k < W; k++)
+            if ((so[k] + sc[k]) * esize > span) span = (so[k] + sc[k]) * esize;
+        copy = (unsigned char*)_dm_malloc(&c->allocator, span);
+        if (!copy) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: all_to_all: no memory for %zu bytes", lk->tag, span);
+        if (span) memcpy(copy, out, span);
+        in = copy;
+    }
+    if (sc[r]) memcpy(out + ro[r] * esize, in + so[r] * esize, sc[r] * esize);
+    for (k = 1; k < W && st == DM_OK; k++) {
+        int to = (r + k) % W, from = (r - k + W) % W;
+        _dm_sstep ss[2];
+        _dm_rstep rs[2];
+        _dm_fpbufs b;
+        _dm_fp mine, expect;
+        _DM_ZERO(_dm_xfer, x);
+        _dm_fp_make(&mine, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, 0, sc[to]);
+        _dm_fp_make(&expect, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, 0, rc[from]);
+        _dm_fp_steps(&b, &mine, &ss[0], &rs[0]);
+        memset(&ss[1], 0, sizeof(ss[1]));
+        memset(&rs[1], 0, sizeof(rs[1]));
+        ss[1].buf = in + so[to] * esize; ss[1].len = sc[to] * esize; ss[1].gate = -1;
+        rs[1].buf = out + ro[from] * esize; rs[1].len = rc[from] * esize; rs[1].after_send = -1;
+        x.op = "all_to_all"; x.speer = to; x.rpeer = from; x.ss = ss; x.ns = 2; x.rs = rs; x.nr = 2;
+        x.dtype = DM_UINT8; x.rop = DM_SUM; x.expect = &expect;
+        st = _dm_lk_run(lk, &x);
+    }
+    _dm_free(&c->allocator, copy);
+    return st;
+}
+
+/* Reduce to root. Small: recursive doubling, as all_reduce (a temporary where this rank's recv
+   is not significant). Large: the ring's reduce-scatter steps leave each rank r holding block
+   r fully reduced, which it then sends to the root. Either way the root gets the bits
+   dm_all_reduce would give. */
+_DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                    dm_reduce_op op, int root) {
+    dm_collective* c = lk->c;
+    int W = c->size, r = c->rank, q;
+    size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
+    unsigned char* out = (unsigned char*)recv;
+    _dm_fp fp;
+    dm_status st;
+    _DM_TRY(_dm_lk_check_broken(lk, "reduce"));
+    if (W == 1) {
+        if (send != recv && bytes) memcpy(recv, send, bytes);
+        return DM_OK;
+    }
+    _dm_fp_make(&fp, c, _DM_K_REDUCE, (int)dtype, (int)op, root, count);
+    if (count == 0) return _dm_lk_fp_only(lk, "reduce", &fp);
+    if (r != root) {
+        out = (unsigned char*)_dm_malloc(&c->allocator, bytes);
+        if (!out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce: no memory for %zu bytes", lk->tag, bytes);
+    }
+    if (bytes <= _DM_LK_SMALL_BYTES || count < (size_t)W) {
+        if (send != out) memcpy(out, send, bytes);
+        st = _dm_lk_allreduce_rd(lk, out, count, dtype, op, &fp);
+    } else {
+        st = _dm_lk_allreduce_ring(lk, send, out, count, dtype, op, &fp, true);
+        for (q = 0; q < W && st == DM_OK; q++) {
+            if (q == root || (r != root && q != r)) continue;
+            _dm_segment(count, W, q, &off, &len);
+            if (r == root) st = _dm_lk_sendrecv(lk, "reduce", &fp, q, NULL, 0, q, out + off * esize, len * esize);
+            else st = _dm_lk_sendrecv(lk, "reduce", &fp, root, out + off * esize, len * esize, root, NULL, 0);
+        }
+    }
+    if (out != recv) _dm_free(&c->allocator, out);
+    return st;
+}
+
+/* Gather and scatter: the root meets every other rank in turn, rank order; each pair trades
+   fingerprints both ways, so both sides check the other's arguments. */
+_DM_PRIVATE dm_status _dm_lk_rooted(_dm_lk* lk, int kind, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                    int root) {
+    dm_collective* c = lk->c;
+    int W = c->size, r = c->rank, q;
+    size_t bytes = count * dm_dtype_size(dtype);
+    const char* name = _dm_kind_name(kind);
+    bool gather = kind == _DM_K_GATHER;
+    _dm_fp fp;
+    _DM_TRY(_dm_lk_check_broken(lk, name));
+    if (r == root) {
+        unsigned char* mine = gather ? (unsigned char*)recv + (size_t)r * bytes : (unsigned char*)recv;
+        const unsigned char* src = gather ? (const unsigned char*)send : (const unsigned char*)send + (size_t)r * bytes;
+        if (mine != src && bytes) memcpy(mine, src, bytes);
+    }
+    if (W == 1) return DM_OK;
+    _dm_fp_make(&fp, c, kind, (int)dtype, -1, root, count);
+    if (r != root) {
+        if (gather) return _dm_lk_sendrecv(lk, name, &fp, root, send, bytes, root, NULL, 0);
+        return _dm_lk_sendrecv(lk, name, &fp, root, NULL, 0, root, recv, bytes);
+    }
+    for (q = 0; q < W; q++) {
+        if (q == root) continue;
+        if (gather) _DM_TRY(_dm_lk_sendrecv(lk, name, &fp, q, NULL, 0, q, (unsigned char*)recv + (size_t)q * bytes, bytes));
+        else _DM_TRY(_dm_lk_sendrecv(lk, name, &fp, q, (const unsigned char*)send + (size_t)q * bytes, bytes, q, NULL, 0));
     }
     return DM_OK;
 }
@@ -4028,6 +4409,39 @@ static dm_status _dm_tw_broadcast(dm_collective* c, void* buf, size_t count, dm_
     return _dm_lk_broadcast(&t->lk, buf, count, dtype, root);
 }
 
+static dm_status _dm_tw_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                               dm_reduce_op op, int root) {
+    _dm_thread* t = (_dm_thread*)c;
+    _DM_TRY(_dm_tw_enter(t, _DM_K_REDUCE, count, (int)dtype, (int)op, root));
+    return _dm_lk_reduce(&t->lk, send, recv, count, dtype, op, root);
+}
+static dm_status _dm_tw_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                               int root) {
+    _dm_thread* t = (_dm_thread*)c;
+    _DM_TRY(_dm_tw_enter(t, _DM_K_GATHER, count, (int)dtype, -1, root));
+    return _dm_lk_rooted(&t->lk, _DM_K_GATHER, send, recv, count, dtype, root);
+}
+static dm_status _dm_tw_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                int root) {
+    _dm_thread* t = (_dm_thread*)c;
+    _DM_TRY(_dm_tw_enter(t, _DM_K_SCATTER, count, (int)dtype, -1, root));
+    return _dm_lk_rooted(&t->lk, _DM_K_SCATTER, send, recv, count, dtype, root);
+}
+/* Counts differ per pair: the meeting compares kind and dtype; the pairs check counts. */
+static dm_status _dm_tw_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
+                                     void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    _dm_thread* t = (_dm_thread*)c;
+    _DM_TRY(_dm_tw_enter(t, _DM_K_ALL_TO_ALL, 0, (int)dtype, -1, 0));
+    return _dm_lk_all_to_all_v(&t->lk, send, sc, so, recv, rc, ro, dtype);
+}
+/* Point-to-point: the two ranks only, no meeting. */
+static dm_status _dm_tw_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    return _dm_lk_send(&((_dm_thread*)c)->lk, buf, count, dtype, peer, tag);
+}
+static dm_status _dm_tw_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    return _dm_lk_recv(&((_dm_thread*)c)->lk, buf, count, dtype, peer, tag);
+}
+
 static dm_status _dm_tw_barrier_slot(dm_collective* c) {
     _dm_thread* t = (_dm_thread*)c;
     _DM_TRY(_dm_lk_check_broken(&t->lk, "barrier"));
@@ -4132,12 +4546,12 @@ static const dm_collective_vtable _dm_thread_vtable = {
     NULL,                            /* native_handle */
     NULL,                            /* synchronize */
     NULL,                            /* transport: "thread" */
-    NULL,                            /* reduce */
-    NULL,                            /* gather */
-    NULL,                            /* scatter */
-    NULL,                            /* all_to_all_v */
-    NULL,                            /* send */
-    NULL,                            /* recv */
+    _dm_tw_reduce,                   /* reduce */
+    _dm_tw_gather,                   /* gather */
+    _dm_tw_scatter,                  /* scatter */
+    _dm_tw_all_to_all_v,             /* all_to_all_v */
+    _dm_tw_send,                     /* send */
+    _dm_tw_recv,                     /* recv */
     NULL,                            /* start */
     NULL,                            /* finish */
 };

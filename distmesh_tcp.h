@@ -3082,6 +3082,43 @@ static dm_status _dm_tcp_broadcast(dm_collective* c, void* buf, size_t count, dm
     return _dm_lk_broadcast(&((_dm_tcp*)c)->lk, buf, count, dtype, root);
 }
 static dm_status _dm_tcp_barrier(dm_collective* c) { return _dm_lk_barrier(&((_dm_tcp*)c)->lk); }
+/* The calls without a CUDA staging path take host memory only. */
+static dm_status _dm_tcp_host_only(dm_collective* c, const char* op, const void* a, const void* b) {
+#if defined(DISTMESH_CUDA)
+    if (_dm_cuda_is_device(a) || _dm_cuda_is_device(b))
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "tcp: %s takes host buffers only (device buffers: the NCCL backend)", op);
+#else
+    (void)c; (void)op; (void)a; (void)b;
+#endif
+    return DM_OK;
+}
+static dm_status _dm_tcp_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                dm_reduce_op op, int root) {
+    _DM_TRY(_dm_tcp_host_only(c, "reduce", send, recv));
+    return _dm_lk_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op, root);
+}
+static dm_status _dm_tcp_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype, int root) {
+    _DM_TRY(_dm_tcp_host_only(c, "gather", send, recv));
+    return _dm_lk_rooted(&((_dm_tcp*)c)->lk, _DM_K_GATHER, send, recv, count, dtype, root);
+}
+static dm_status _dm_tcp_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                 int root) {
+    _DM_TRY(_dm_tcp_host_only(c, "scatter", send, recv));
+    return _dm_lk_rooted(&((_dm_tcp*)c)->lk, _DM_K_SCATTER, send, recv, count, dtype, root);
+}
+static dm_status _dm_tcp_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
+                                      void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    _DM_TRY(_dm_tcp_host_only(c, "all_to_all", send, recv));
+    return _dm_lk_all_to_all_v(&((_dm_tcp*)c)->lk, send, sc, so, recv, rc, ro, dtype);
+}
+static dm_status _dm_tcp_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _DM_TRY(_dm_tcp_host_only(c, "send", buf, NULL));
+    return _dm_lk_send(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
+}
+static dm_status _dm_tcp_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _DM_TRY(_dm_tcp_host_only(c, "recv", buf, NULL));
+    return _dm_lk_recv(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
+}
 static const char* _dm_tcp_transport(const dm_collective* c) {
     _dm_tcp* t = (_dm_tcp*)(uintptr_t)c;
     return _dm_lk_transport(&t->lk, t->transport_name, sizeof(t->transport_name));
@@ -4264,12 +4301,12 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     NULL,                            /* native_handle: none */
     NULL,                            /* synchronize: nothing queued */
     _dm_tcp_transport,               /* transport */
-    NULL,                            /* reduce */
-    NULL,                            /* gather */
-    NULL,                            /* scatter */
-    NULL,                            /* all_to_all_v */
-    NULL,                            /* send */
-    NULL,                            /* recv */
+    _dm_tcp_reduce,                  /* reduce: recursive doubling / ring reduce-scatter + blocks to root */
+    _dm_tcp_gather,                  /* gather: root meets each rank */
+    _dm_tcp_scatter,                 /* scatter: root meets each rank */
+    _dm_tcp_all_to_all_v,            /* all_to_all_v: pairwise exchange */
+    _dm_tcp_send,                    /* send: eager, read by the receiver's inbox */
+    _dm_tcp_recv,                    /* recv */
     NULL,                            /* start */
     NULL,                            /* finish */
 };
