@@ -347,8 +347,9 @@ DM_API const char* dm_transport_name(const dm_collective* c);
 /* The native handle (the seeds' process_group): ncclComm_t for NCCL, NULL where none. */
 DM_API void* dm_native_handle(dm_collective* c);
 DM_API const char* dm_last_error(const dm_collective* c);  /* "" after success; never NULL */
-DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives issued so far */
-/* Deadline of each later blocking call; < 0 waits forever, 0 restores the default. */
+DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives started so far */
+/* Deadline of each later blocking call; < 0 waits forever, 0 restores the default.
+   DM_ERR_BUSY while requests are in flight. */
 DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
 
 /* >>functions: collectives */
@@ -432,7 +433,11 @@ DM_API dm_status dm_all_to_all_v(dm_collective* c, const void* send, const size_
    - Deadlines and peer loss as for collectives (DM_ERR_TIMEOUT, DM_ERR_PEER_LOST).
    - A rank waiting in dm_recv on a peer that has already started a collective this rank has
      not called would wait forever: it fails at once with DM_ERR_MISMATCH naming both calls.
-   - NCCL matches messages between a pair in issue order; tags are not sent there. */
+   - NCCL: ncclSend/ncclRecv. Messages between a pair match in issue order (tags are not
+     sent); a send waits on the GPU for its receive, so two ranks that both send first hang
+     until the deadline (order them: one sends first, the other receives); counts and dtypes are
+     not compared (a mismatch corrupts data or hangs instead of DM_ERR_MISMATCH), nor are
+     all_to_all_v's counts. */
 DM_API dm_status dm_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype,
                          int peer, int tag);
 DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer,
@@ -1466,7 +1471,7 @@ _DM_PRIVATE bool _dm_layout_ok(const void* big, size_t big_bytes, const void* sm
 _DM_PRIVATE dm_status _dm_begin(dm_collective* c, const char* op_name) {
     (void)op_name;
     _dm_errbuf(c)[0] = 0;
-    c->seq++;
+    __atomic_add_fetch(&c->seq, 1, __ATOMIC_RELAXED);  /* dm_sequence may read it on another thread */
     return DM_OK;
 }
 #define _DM_TRY(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) return st_; } while (0)
@@ -1640,54 +1645,36 @@ _DM_PRIVATE dm_status _dm_prep_reduce(dm_collective* c, const void* send, void* 
     return DM_OK;
 }
 
-/* gather: send (count) everywhere, recv (size * count) at the root only. */
-_DM_PRIVATE dm_status _dm_prep_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                      int root, dm_op* o) {
-    static const char* name = "gather";
+/* gather (send: count everywhere, recv: size * count at the root) and scatter (the mirror):
+   the root's whole buffer and everyone's part; in place, the part is the root's own block. */
+_DM_PRIVATE dm_status _dm_prep_rooted(dm_collective* c, bool gather, const void* send, void* recv, size_t count,
+                                      dm_dtype dtype, int root, dm_op* o) {
+    const char* name = gather ? "gather" : "scatter";
+    const char *whole_name = gather ? "recv" : "send", *part_name = gather ? "send" : "recv";
+    unsigned char* whole = (unsigned char*)(uintptr_t)(gather ? recv : send);
+    const void* part = gather ? send : recv;
     size_t bytes = 0, total = 0;
-    bool at_root;
+    bool at_root = c->rank == root;
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_root(c, name, root));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
-    at_root = c->rank == root;
     if (at_root) {
-        _DM_TRY(_dm_check_buffer(c, name, "recv (at the root)", recv, total));
-        if (!send) send = (unsigned char*)recv + (size_t)root * bytes;
-        if (!_dm_layout_ok(recv, total, send, bytes, (size_t)root * bytes))
-            return _DM_FAIL(c, DM_ERR_INVALID_ARG,
-                            "%s: send overlaps recv but is not at recv + root * count (in-place layout)", name);
+        if (!whole && total)
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s buffer is NULL at the root", name, whole_name);
+        if (!part) part = whole + (size_t)root * bytes;
+        if (!_dm_layout_ok(whole, total, part, bytes, (size_t)root * bytes))
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: %s overlaps %s but is not at %s + root * count (in-place "
+                            "layout)", name, part_name, whole_name, whole_name);
     }
-    _DM_TRY(_dm_check_buffer(c, name, "send", send, bytes));
-    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, gather) || _DM_VT_HAS(c->vt, all_gather) ||
-                                    _DM_VT_HAS(c->vt, all_gather_to_list)));
-    _dm_op_init(o, DM_OP_GATHER, dtype);
-    o->send = send; o->recv = at_root ? recv : NULL; o->count = count; o->root = root;
-    return DM_OK;
-}
-
-/* scatter: send (size * count) at the root only, recv (count) everywhere. */
-_DM_PRIVATE dm_status _dm_prep_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                       int root, dm_op* o) {
-    static const char* name = "scatter";
-    size_t bytes = 0, total = 0;
-    bool at_root;
-    _DM_TRY(_dm_check_type(c, name, dtype));
-    _DM_TRY(_dm_check_root(c, name, root));
-    _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
-    _DM_TRY(_dm_check_bytes(c, name, count, dtype, (size_t)c->size, &total));
-    at_root = c->rank == root;
-    if (at_root) {
-        _DM_TRY(_dm_check_buffer(c, name, "send (at the root)", send, total));
-        if (!recv) recv = (unsigned char*)(uintptr_t)send + (size_t)root * bytes;
-        if (!_dm_layout_ok(send, total, recv, bytes, (size_t)root * bytes))
-            return _DM_FAIL(c, DM_ERR_INVALID_ARG,
-                            "%s: recv overlaps send but is not at send + root * count (in-place layout)", name);
-    }
-    _DM_TRY(_dm_check_buffer(c, name, "recv", recv, bytes));
-    _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, scatter) || _DM_VT_HAS(c->vt, broadcast)));
-    _dm_op_init(o, DM_OP_SCATTER, dtype);
-    o->send = at_root ? send : NULL; o->recv = recv; o->count = count; o->root = root;
+    _DM_TRY(_dm_check_buffer(c, name, part_name, part, bytes));
+    _DM_TRY(_dm_check_slot(c, name, gather ? _DM_VT_HAS(c->vt, gather) || _DM_VT_HAS(c->vt, all_gather) ||
+                                                 _DM_VT_HAS(c->vt, all_gather_to_list)
+                                           : _DM_VT_HAS(c->vt, scatter) || _DM_VT_HAS(c->vt, broadcast)));
+    _dm_op_init(o, gather ? DM_OP_GATHER : DM_OP_SCATTER, dtype);
+    o->send = gather ? part : (at_root ? whole : NULL);
+    o->recv = gather ? (at_root ? whole : NULL) : (void*)(uintptr_t)part;
+    o->count = count; o->root = root;
     return DM_OK;
 }
 
@@ -2251,9 +2238,10 @@ _DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) 
     _dm_async* a = c->async;
     bool mine;
     dm_status st;
-    if (r->token) {
+    if (r->token) {             /* a backend stream request: finish writes last_error on failure */
         st = c->vt->finish(c, r->token, block, done);
         if (!*done) return DM_OK;
+        if (st == DM_OK) c->last_error[0] = 0;
         pthread_mutex_lock(&a->mu);
         _dm_async_unlink(a, r);
         pthread_mutex_unlock(&a->mu);
@@ -2274,8 +2262,11 @@ _DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) 
     return st;
 }
 
+_DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o);
 /* An _async call: a backend stream request where the backend has one for this kind, else a
-   request for the progress thread. */
+   request for the progress thread. A stream backend never shares its communicator with the
+   progress thread: the kinds it cannot start (object collectives) run here, and the request
+   is done when the call returns. */
 _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_request** out) {
     _dm_async* a = _dm_async_get(c);
     dm_request* r;
@@ -2300,8 +2291,19 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
             return DM_OK;
         }
         r->token = NULL;
-        if (st != DM_ERR_UNSUPPORTED) { pthread_mutex_unlock(&a->mu); _dm_request_free(r); return st; }
-        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) c->seq--;   /* the progress thread counts it */
+        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) __atomic_sub_fetch(&c->seq, 1, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&a->mu);
+        if (st != DM_ERR_UNSUPPORTED) { _dm_request_free(r); return st; }
+        st = _dm_submit(c, o);  /* counts the sequence number itself */
+        pthread_mutex_lock(&a->mu);
+        r->status = st;
+        r->done = true;
+        _dm_copy_name(r->msg, sizeof(r->msg), c->last_error);
+        r->live = a->live;
+        a->live = r;
+        pthread_mutex_unlock(&a->mu);
+        *out = r;
+        return DM_OK;
     }
     st = _dm_async_enqueue(c, a, r);
     pthread_mutex_unlock(&a->mu);
@@ -2487,19 +2489,19 @@ DM_API_IMPL dm_status dm_reduce_async(dm_collective* c, const void* send, void* 
 }
 DM_API_IMPL dm_status dm_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                 int root) {
-    _DM_BLOCKING(c, _dm_prep_gather(c, send, recv, count, dtype, root, &o_));
+    _DM_BLOCKING(c, _dm_prep_rooted(c, true, send, recv, count, dtype, root, &o_));
 }
 DM_API_IMPL dm_status dm_gather_async(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                       int root, dm_request** out) {
-    _DM_ASYNC(c, out, _dm_prep_gather(c, send, recv, count, dtype, root, &o_));
+    _DM_ASYNC(c, out, _dm_prep_rooted(c, true, send, recv, count, dtype, root, &o_));
 }
 DM_API_IMPL dm_status dm_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                  int root) {
-    _DM_BLOCKING(c, _dm_prep_scatter(c, send, recv, count, dtype, root, &o_));
+    _DM_BLOCKING(c, _dm_prep_rooted(c, false, send, recv, count, dtype, root, &o_));
 }
 DM_API_IMPL dm_status dm_scatter_async(dm_collective* c, const void* send, void* recv, size_t count,
                                        dm_dtype dtype, int root, dm_request** out) {
-    _DM_ASYNC(c, out, _dm_prep_scatter(c, send, recv, count, dtype, root, &o_));
+    _DM_ASYNC(c, out, _dm_prep_rooted(c, false, send, recv, count, dtype, root, &o_));
 }
 DM_API_IMPL dm_status dm_all_to_all(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype) {
     _DM_BLOCKING(c, _dm_prep_all_to_all(c, send, recv, count, dtype, &o_));
@@ -2596,9 +2598,19 @@ DM_API_IMPL void* dm_native_handle(dm_collective* c) {
 DM_API_IMPL const char* dm_last_error(const dm_collective* c) {
     return c ? c->last_error : "no collective (NULL)";
 }
-DM_API_IMPL uint64_t dm_sequence(const dm_collective* c) { return c ? c->seq : 0; }
+DM_API_IMPL uint64_t dm_sequence(const dm_collective* c) { return c ? __atomic_load_n(&c->seq, __ATOMIC_RELAXED) : 0; }
+/* The deadline is read by queued requests as they run: it changes only with none in flight. */
 DM_API_IMPL dm_status dm_set_timeout(dm_collective* c, int timeout_ms) {
+    _dm_async* a;
+    bool busy = false;
     if (!c) return DM_ERR_INVALID_ARG;
+    a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    if (a) {
+        pthread_mutex_lock(&a->mu);
+        busy = a->inflight > 0;
+        pthread_mutex_unlock(&a->mu);
+    }
+    if (busy) return _DM_FAIL(c, DM_ERR_BUSY, "set_timeout: requests are in flight; wait for them first");
     c->timeout_ms = _dm_resolve_timeout(timeout_ms);
     return DM_OK;
 }

@@ -1,8 +1,11 @@
 /* NCCL backend tests. Without a GPU every test reports a cmocka skip ("no GPU"); `make test-gpu`
    on a GPU machine runs them: world-1 collectives for every dtype and op, split, mesh, object
    collectives through host staging, host pointers refused, and the timeout paths (an init whose
-   second rank never arrives, through the store and through a caller-provided unique id), and
-   CUDA device buffers on the TCP backend with 4 processes sharing the one GPU. */
+   second rank never arrives, through the store and through a caller-provided unique id),
+   reduce / gather / scatter / all_to_all(_v) / all_gather_to_list and _async requests on one
+   GPU (a request behind blocked stream work: dm_test does not block, the deadline aborts),
+   the same with send/recv on two ranks where there are two GPUs, and CUDA device buffers on
+   the TCP backend with 4 processes sharing the one GPU. */
 #define _GNU_SOURCE  /* mkdtemp, usleep, kill under -std=c11 */
 #include "distmesh.h"
 
@@ -209,6 +212,418 @@ static void run_child_alone(int via_store) {
 static void test_nccl_init_timeout_unique_id(void** state) { (void)state; NEED_GPU(); run_child_alone(0); }
 static void test_nccl_init_timeout_store(void** state) { (void)state; NEED_GPU(); run_child_alone(1); }
 
+/* ---- rooted collectives, all-to-all, point-to-point, requests (vtable v3) ----------------- */
+static float fval(int rank, size_t i) { return (float)(rank * 1000 + (int)(i % 997)); }
+static float* dev_floats(size_t n, int rank) {     /* device buffer of fval(rank, 0..n-1) */
+    float* h = (float*)malloc(n * sizeof(float));
+    void* d;
+    size_t i;
+    assert_non_null(h);
+    for (i = 0; i < n; i++) h[i] = fval(rank, i);
+    d = to_device(h, n * sizeof(float));
+    free(h);
+    return (float*)d;
+}
+static void dev_fill(float* d, size_t n, float v) {
+    float* h = (float*)malloc(n * sizeof(float));
+    size_t i;
+    assert_non_null(h);
+    for (i = 0; i < n; i++) h[i] = v;
+    assert_int_equal(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    free(h);
+}
+/* Element i of device buffer d. */
+static float dev_at(const float* d, size_t i) {
+    float v = 0;
+    from_device(&v, d + i, sizeof(float));
+    return v;
+}
+
+/* World 1: reduce (every op, in and out of place), gather, scatter, all_to_all(_v) and
+   all_gather_to_list leave the data where the documented layout puts it; host pointers are
+   refused; the communicator stays usable. */
+static void test_nccl_rooted_all_to_all_world1(void** state) {
+    enum { N = 256 };
+    dm_collective* c;
+    float *src, *dst, *list_dev, host_list[N];
+    void* recvs[1];
+    size_t sc[1] = { 5 }, so[1] = { 3 }, rc[1] = { 5 }, ro[1] = { 10 }, bad[1] = { 4 }, zero[1] = { 0 };
+    float host[N];
+    int op;
+    size_t i;
+    (void)state;
+    NEED_GPU();
+    c = world1();
+    src = dev_floats(N, 0);
+    assert_int_equal(cudaMalloc((void**)&dst, N * sizeof(float)), cudaSuccess);
+    for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
+        dev_fill(dst, N, -1.0f);
+        CHECK_OK(c, dm_reduce(c, src, dst, N, DM_FLOAT32, (dm_reduce_op)op, 0));
+        CHECK_OK(c, dm_synchronize(c));
+        for (i = 0; i < N; i += 17) assert_true(dev_at(dst, i) == fval(0, i));
+        CHECK_OK(c, dm_reduce(c, NULL, dst, N, DM_FLOAT32, (dm_reduce_op)op, 0));   /* in place */
+        CHECK_OK(c, dm_synchronize(c));
+        assert_true(dev_at(dst, N - 1) == fval(0, N - 1));
+    }
+    dev_fill(dst, N, -1.0f);
+    CHECK_OK(c, dm_gather(c, src, dst, N, DM_FLOAT32, 0));
+    CHECK_OK(c, dm_synchronize(c));
+    assert_true(dev_at(dst, 7) == fval(0, 7));
+    CHECK_OK(c, dm_gather(c, NULL, dst, N, DM_FLOAT32, 0));    /* in place */
+    dev_fill(dst, N, -1.0f);
+    CHECK_OK(c, dm_scatter(c, src, dst, N, DM_FLOAT32, 0));
+    CHECK_OK(c, dm_synchronize(c));
+    assert_true(dev_at(dst, N - 2) == fval(0, N - 2));
+    CHECK_OK(c, dm_scatter(c, src, NULL, N, DM_FLOAT32, 0));   /* in place */
+    dev_fill(dst, N, -1.0f);
+    CHECK_OK(c, dm_all_to_all(c, src, dst, N, DM_FLOAT32));
+    CHECK_OK(c, dm_synchronize(c));
+    assert_true(dev_at(dst, 100) == fval(0, 100));
+    CHECK_OK(c, dm_all_to_all(c, NULL, dst, N, DM_FLOAT32));   /* in place, through scratch */
+    CHECK_OK(c, dm_synchronize(c));
+    assert_true(dev_at(dst, 100) == fval(0, 100));
+    /* all_to_all_v: 5 elements from src + 3 to dst + 10, nothing else written */
+    dev_fill(dst, N, -1.0f);
+    CHECK_OK(c, dm_all_to_all_v(c, src, sc, so, dst, rc, ro, DM_FLOAT32));
+    CHECK_OK(c, dm_synchronize(c));
+    assert_true(dev_at(dst, 9) == -1.0f);
+    for (i = 0; i < 5; i++) assert_true(dev_at(dst, 10 + i) == fval(0, 3 + i));
+    assert_true(dev_at(dst, 15) == -1.0f);
+    /* in place: dst[3..8) goes to dst[10..15) */
+    assert_int_equal(cudaMemcpy(dst, src, N * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
+    CHECK_OK(c, dm_all_to_all_v(c, NULL, sc, so, dst, rc, ro, DM_FLOAT32));
+    CHECK_OK(c, dm_synchronize(c));
+    for (i = 0; i < 5; i++) assert_true(dev_at(dst, 10 + i) == fval(0, 3 + i));
+    assert_int_equal(dm_all_to_all_v(c, src, sc, so, dst, bad, ro, DM_FLOAT32), DM_ERR_MISMATCH);
+    CHECK_OK(c, dm_all_to_all_v(c, src, zero, so, dst, zero, ro, DM_FLOAT32));
+    /* all_gather_to_list: a device and a host destination */
+    assert_int_equal(cudaMalloc((void**)&list_dev, N * sizeof(float)), cudaSuccess);
+    recvs[0] = list_dev;
+    CHECK_OK(c, dm_all_gather_to_list(c, src, (void* const*)recvs, N, DM_FLOAT32));
+    CHECK_OK(c, dm_synchronize(c));
+    assert_true(dev_at(list_dev, 50) == fval(0, 50));
+    memset(host_list, 0, sizeof(host_list));
+    recvs[0] = host_list;
+    CHECK_OK(c, dm_all_gather_to_list(c, src, (void* const*)recvs, N, DM_FLOAT32));
+    assert_true(host_list[N - 1] == fval(0, N - 1));        /* host-staged: synchronized */
+    /* host memory is refused where NCCL would read it */
+    for (i = 0; i < N; i++) host[i] = 1.0f;
+    assert_int_equal(dm_reduce(c, host, dst, N, DM_FLOAT32, DM_SUM, 0), DM_ERR_INVALID_ARG);
+    assert_non_null(strstr(dm_last_error(c), "host memory"));
+    assert_int_equal(dm_gather(c, host, dst, N, DM_FLOAT32, 0), DM_ERR_INVALID_ARG);
+    assert_int_equal(dm_scatter(c, host, dst, N, DM_FLOAT32, 0), DM_ERR_INVALID_ARG);
+    assert_int_equal(dm_all_to_all(c, host, dst, N, DM_FLOAT32), DM_ERR_INVALID_ARG);
+    assert_int_equal(dm_all_to_all(c, NULL, host, N, DM_FLOAT32), DM_ERR_INVALID_ARG);
+    /* a rank cannot send to itself (the core says so before NCCL is asked) */
+    assert_int_equal(dm_send(c, src, N, DM_FLOAT32, 0, 0), DM_ERR_INVALID_ARG);
+    CHECK_OK(c, dm_barrier(c));
+    cudaFree(src);
+    cudaFree(dst);
+    cudaFree(list_dev);
+    dm_destroy(c);
+}
+
+/* Blocks the stream for *ms milliseconds: a request behind it cannot be done before. */
+static void CUDART_CB stream_sleep(void* ms) { usleep((useconds_t)(*(int*)ms) * 1000u); }
+
+/* World 1: every _async kind the backend starts on the stream, then objects (the core's
+   progress thread), waited with dm_wait_all and checked; dm_test does not block on a request
+   queued behind 300 ms of other stream work. */
+static void test_nccl_async_world1(void** state) {
+    enum { N = 1024, R = 12 };
+    dm_collective* c;
+    dm_request* reqs[R];
+    dm_blob_list objs;
+    float *src, *ar, *red, *gat, *sca, *a2a, *a2av, *bc, *agl, host_in[N], host_out[N];
+    void* recvs[1];
+    size_t sc[1] = { 8 }, so[1] = { 0 }, rc[1] = { 8 }, ro[1] = { 100 };
+    int sleep_ms = 300, k;
+    bool done = true;
+    double t0;
+    size_t i;
+    (void)state;
+    NEED_GPU();
+    c = world1();
+    src = dev_floats(N, 0);
+    assert_int_equal(cudaMalloc((void**)&ar, N * 4), cudaSuccess);
+    assert_int_equal(cudaMalloc((void**)&red, N * 4), cudaSuccess);
+    assert_int_equal(cudaMalloc((void**)&gat, N * 4), cudaSuccess);
+    assert_int_equal(cudaMalloc((void**)&sca, N * 4), cudaSuccess);
+    assert_int_equal(cudaMalloc((void**)&a2a, N * 4), cudaSuccess);
+    assert_int_equal(cudaMalloc((void**)&a2av, N * 4), cudaSuccess);
+    assert_int_equal(cudaMalloc((void**)&agl, N * 4), cudaSuccess);
+    bc = dev_floats(N, 0);
+    for (i = 0; i < N; i++) host_in[i] = (float)i;
+    memset(host_out, 0, sizeof(host_out));
+    recvs[0] = agl;
+    memset(reqs, 0, sizeof(reqs));
+    k = 0;
+    CHECK_OK(c, dm_all_reduce_async(c, src, ar, N, DM_FLOAT32, DM_SUM, &reqs[k++]));
+    CHECK_OK(c, dm_reduce_async(c, src, red, N, DM_FLOAT32, DM_MAX, 0, &reqs[k++]));
+    CHECK_OK(c, dm_gather_async(c, src, gat, N, DM_FLOAT32, 0, &reqs[k++]));
+    CHECK_OK(c, dm_scatter_async(c, src, sca, N, DM_FLOAT32, 0, &reqs[k++]));
+    CHECK_OK(c, dm_all_to_all_async(c, src, a2a, N, DM_FLOAT32, &reqs[k++]));
+    CHECK_OK(c, dm_all_to_all_v_async(c, src, sc, so, a2av, rc, ro, DM_FLOAT32, &reqs[k++]));
+    CHECK_OK(c, dm_broadcast_async(c, bc, N, DM_FLOAT32, 0, &reqs[k++]));
+    CHECK_OK(c, dm_all_gather_to_list_async(c, src, (void* const*)recvs, N, DM_FLOAT32, &reqs[k++]));
+    CHECK_OK(c, dm_all_gather_async(c, host_in, host_out, N, DM_FLOAT32, &reqs[k++]));  /* host-staged */
+    CHECK_OK(c, dm_barrier_async(c, &reqs[k++]));
+    CHECK_OK(c, dm_all_gather_objects_async(c, "obj", 4, &objs, &reqs[k++]));          /* the core's */
+    assert_int_equal(k, R - 1);
+    CHECK_OK(c, dm_wait_all(reqs, (size_t)k));
+    for (i = 0; i < (size_t)k; i++) assert_null(reqs[i]);
+    for (i = 0; i < N; i += 31) {
+        assert_true(dev_at(ar, i) == fval(0, i));
+        assert_true(dev_at(red, i) == fval(0, i));
+        assert_true(dev_at(gat, i) == fval(0, i));
+        assert_true(dev_at(sca, i) == fval(0, i));
+        assert_true(dev_at(a2a, i) == fval(0, i));
+        assert_true(dev_at(bc, i) == fval(0, i));
+        assert_true(dev_at(agl, i) == fval(0, i));
+        assert_true(host_out[i] == (float)i);
+    }
+    for (i = 0; i < 8; i++) assert_true(dev_at(a2av, 100 + i) == fval(0, i));
+    assert_int_equal(objs.count, 1);
+    assert_string_equal((const char*)objs.items[0].data, "obj");
+    dm_blob_list_free(c, &objs);
+    /* dm_test answers at once while the stream is busy; the request is done after the sleep */
+    assert_int_equal(cudaLaunchHostFunc((cudaStream_t)dm_nccl_stream(c), stream_sleep, &sleep_ms), cudaSuccess);
+    t0 = now_s();
+    CHECK_OK(c, dm_all_reduce_async(c, NULL, ar, N, DM_FLOAT32, DM_SUM, &reqs[0]));
+    CHECK_OK(c, dm_test(reqs[0], &done));
+    assert_false(done);
+    assert_true(now_s() - t0 < 0.2);
+    while (!done) CHECK_OK(c, dm_test(reqs[0], &done));
+    assert_true(now_s() - t0 >= 0.25);
+    /* blocking calls queue behind requests in flight on the same stream */
+    assert_int_equal(cudaLaunchHostFunc((cudaStream_t)dm_nccl_stream(c), stream_sleep, &sleep_ms), cudaSuccess);
+    CHECK_OK(c, dm_reduce_async(c, src, red, N, DM_FLOAT32, DM_SUM, 0, &reqs[0]));
+    CHECK_OK(c, dm_barrier(c));
+    CHECK_OK(c, dm_test(reqs[0], &done));
+    assert_true(done);
+    /* an argument failure returns at once, with no request */
+    reqs[0] = (dm_request*)(void*)&k;
+    assert_int_equal(dm_reduce_async(c, host_in, red, N, DM_FLOAT32, DM_SUM, 0, &reqs[0]), DM_ERR_INVALID_ARG);
+    assert_null(reqs[0]);
+    cudaFree(src); cudaFree(ar); cudaFree(red); cudaFree(gat); cudaFree(sca); cudaFree(a2a); cudaFree(a2av);
+    cudaFree(bc); cudaFree(agl);
+    dm_destroy(c);
+}
+
+/* In a child (it aborts its communicator): a request queued behind 2 s of stream work with a
+   500 ms timeout -- dm_test reports DM_ERR_TIMEOUT once the deadline (counted from the _async
+   call) passes, the communicator is aborted, the request queued after it fails with it
+   ("did not complete"), the one done before the abort is DM_OK, later calls DM_ERR_ABORTED. */
+static int async_timeout_child(void) {
+    dm_nccl_desc d;
+    dm_collective* c = NULL;
+    unsigned char id[DM_NCCL_UNIQUE_ID_BYTES];
+    dm_request *before = NULL, *late = NULL, *behind = NULL;
+    float* buf = NULL;
+    int sleep_ms = 2000;
+    bool done = false;
+    dm_status st = DM_OK;
+    double t0, took;
+    memset(&d, 0, sizeof(d));
+    if (ncclGetUniqueId((ncclUniqueId*)(void*)id) != ncclSuccess) return 10;
+    d.rank = 0; d.world_size = 1; d.unique_id = id; d.timeout_ms = 30000;
+    if (dm_nccl_create(&d, &c) != DM_OK) return 11;
+    if (cudaMalloc((void**)&buf, 4096) != cudaSuccess) return 12;
+    if (dm_set_timeout(c, 500) != DM_OK) return 13;
+    if (dm_all_reduce_async(c, NULL, buf, 1024, DM_FLOAT32, DM_SUM, &before) != DM_OK) return 14;
+    if (dm_synchronize(c) != DM_OK) return 15;    /* `before` is done, not yet waited for */
+    if (cudaLaunchHostFunc((cudaStream_t)dm_nccl_stream(c), stream_sleep, &sleep_ms) != cudaSuccess) return 16;
+    t0 = now_s();
+    if (dm_all_reduce_async(c, NULL, buf, 1024, DM_FLOAT32, DM_SUM, &late) != DM_OK) return 17;
+    if (dm_broadcast_async(c, buf, 1024, DM_FLOAT32, 0, &behind) != DM_OK) return 18;
+    while (!done && now_s() - t0 < 20) {
+        st = dm_test(late, &done);
+        if (!done) usleep(1000);
+    }
+    took = now_s() - t0;
+    printf("request behind 2 s of stream work, 500 ms timeout: %s after %.2f s (%s)\n", dm_status_name(st), took,
+           dm_last_error(c));
+    if (!done || st != DM_ERR_TIMEOUT) return 19;
+    if (took < 0.45 || took > 10) return 20;
+    if (!strstr(dm_last_error(c), "timed out")) return 21;
+    st = dm_wait(behind);
+    printf("the request queued behind it: %s (%s)\n", dm_status_name(st), dm_last_error(c));
+    if (st != DM_ERR_TIMEOUT || !strstr(dm_last_error(c), "did not complete")) return 22;
+    if (dm_wait(before) != DM_OK) return 23;
+    if (dm_barrier(c) != DM_ERR_ABORTED) return 24;
+    if (dm_all_reduce_async(c, NULL, buf, 1024, DM_FLOAT32, DM_SUM, &late) != DM_ERR_ABORTED || late) return 25;
+    dm_destroy(c);
+    cudaFree(buf);
+    return 0;
+}
+
+/* Runs this program again with args (CUDA state does not survive fork) in n children, each
+   given its index; all must exit 0 within limit_s. */
+static void run_children(const char* flag, int n, int limit_s) {
+    char dir[] = "/tmp/dm_nccl_XXXXXX", idx[16];
+    pid_t pids[8];
+    int r, status, failed = 0, waited = 0, alive = n;
+    assert_true(n <= 8);
+    assert_non_null(mkdtemp(dir));
+    fflush(stdout);
+    for (r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            snprintf(idx, sizeof(idx), "%d", r);
+            execl("/proc/self/exe", "test_nccl", flag, idx, dir, (char*)NULL);
+            _exit(127);
+        }
+    }
+    while (alive > 0 && waited < limit_s * 10) {
+        pid_t p = waitpid(-1, &status, WNOHANG);
+        if (p > 0) {
+            alive--;
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                printf("child %d: %s %d\n", (int)p, WIFEXITED(status) ? "exit" : "signal",
+                       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+                failed = 1;
+            }
+            continue;
+        }
+        usleep(100000);
+        waited++;
+    }
+    if (alive > 0) {
+        printf("children still running after %d s\n", limit_s);
+        for (r = 0; r < n; r++) kill(pids[r], SIGKILL);
+        while (waitpid(-1, NULL, 0) > 0) {}
+        failed = 1;
+    }
+    { char cmd[64]; snprintf(cmd, sizeof(cmd), "rm -rf %s", dir); assert_int_equal(system(cmd), 0); }
+    assert_int_equal(failed, 0);
+}
+static void test_nccl_async_timeout_aborts(void** state) {
+    (void)state;
+    NEED_GPU();
+    run_children("--async-timeout", 1, 60);
+}
+
+/* ---- two ranks on two GPUs (NCCL refuses two ranks on one GPU) ---------------------------- */
+#define TR_CHECK(code, expr) do { dm_status s_ = (expr);                                          \
+        if (s_ != DM_OK) { fprintf(stderr, "rank %d: %s -> %s: %s\n", rank, #expr, dm_status_name(s_), \
+                                   dm_last_error(c)); return (code); } } while (0)
+#define TR_EXPECT(code, cond) do { if (!(cond)) { fprintf(stderr, "rank %d: %s is false\n", rank, #cond); \
+        return (code); } } while (0)
+
+static int two_ranks(int rank, const char* dir) {
+    enum { N = 4096 };
+    dm_nccl_desc d;
+    dm_collective* c = NULL;
+    char url[300];
+    float *a = NULL, *b = NULL, *h = (float*)malloc(2 * N * sizeof(float));
+    int32_t hi[4], *di = NULL;
+    size_t i, sc[2], so[2], rc[2], ro[2];
+    dm_request* reqs[4];
+    int peer = 1 - rank;
+    memset(&d, 0, sizeof(d));
+    snprintf(url, sizeof(url), "file://%s", dir);
+    d.rank = rank; d.world_size = 2; d.local_rank = rank; d.store_url = url; d.timeout_ms = 60000;
+    d.cuda_device = rank + 1;
+    if (!h || dm_nccl_create(&d, &c) != DM_OK) return 30;
+    if (cudaMalloc((void**)&a, 2 * N * 4) != cudaSuccess || cudaMalloc((void**)&b, 2 * N * 4) != cudaSuccess ||
+        cudaMalloc((void**)&di, sizeof(hi)) != cudaSuccess) return 31;
+#define TO_DEV(dst, src, bytes) cudaMemcpy((dst), (src), (bytes), cudaMemcpyHostToDevice)
+#define TO_HOST(dst, src, bytes) cudaMemcpy((dst), (src), (bytes), cudaMemcpyDeviceToHost)
+    /* reduce to root 1: SUM of fval(0, i) + fval(1, i); int32 MEAN truncates like ncclAvg */
+    for (i = 0; i < N; i++) h[i] = fval(rank, i);
+    TO_DEV(a, h, N * 4);
+    TR_CHECK(32, dm_reduce(c, a, rank == 1 ? b : NULL, N, DM_FLOAT32, DM_SUM, 1));
+    for (i = 0; i < 4; i++) hi[i] = rank * 3 + (int32_t)i;          /* sums 3, 5, 7, 9 */
+    TO_DEV(di, hi, sizeof(hi));
+    TR_CHECK(33, dm_reduce(c, rank == 1 ? NULL : di, rank == 1 ? di : NULL, 4, DM_INT32, DM_MEAN, 1)); /* in place at the root */
+    TR_CHECK(34, dm_synchronize(c));
+    if (rank == 1) {
+        TO_HOST(h, b, N * 4);
+        for (i = 0; i < N; i++) TR_EXPECT(35, h[i] == fval(0, i) + fval(1, i));
+        TO_HOST(hi, di, sizeof(hi));
+        for (i = 0; i < 4; i++) TR_EXPECT(35, hi[i] == (int32_t)(3 + 2 * i) / 2);   /* truncated: 1, 2, 3, 4 */
+    }
+    /* gather at root 1, scatter from root 0 */
+    for (i = 0; i < N; i++) h[i] = fval(rank, i);
+    TO_DEV(a, h, N * 4);
+    TR_CHECK(36, dm_gather(c, a, rank == 1 ? b : NULL, N, DM_FLOAT32, 1));
+    TR_CHECK(36, dm_synchronize(c));
+    if (rank == 1) {
+        TO_HOST(h, b, 2 * N * 4);
+        for (i = 0; i < N; i++) TR_EXPECT(37, h[i] == fval(0, i) && h[N + i] == fval(1, i));
+    }
+    for (i = 0; i < 2 * N; i++) h[i] = fval(7, i);
+    TO_DEV(a, h, 2 * N * 4);
+    TR_CHECK(38, dm_scatter(c, rank == 0 ? a : NULL, b, N, DM_FLOAT32, 0));
+    TR_CHECK(38, dm_synchronize(c));
+    TO_HOST(h, b, N * 4);
+    for (i = 0; i < N; i++) TR_EXPECT(39, h[i] == fval(7, (size_t)rank * N + i));
+    /* all_to_all: block j of rank r holds fval(r, j*N + i); recv block i comes from rank i */
+    for (i = 0; i < 2 * N; i++) h[i] = fval(rank, i);
+    TO_DEV(a, h, 2 * N * 4);
+    TR_CHECK(40, dm_all_to_all(c, a, b, N, DM_FLOAT32));
+    TR_CHECK(40, dm_all_to_all(c, NULL, a, N, DM_FLOAT32));          /* in place gives the same */
+    TR_CHECK(40, dm_synchronize(c));
+    TO_HOST(h, b, 2 * N * 4);
+    for (i = 0; i < N; i++) TR_EXPECT(41, h[i] == fval(0, (size_t)rank * N + i) && h[N + i] == fval(1, (size_t)rank * N + i));
+    TO_HOST(h, a, 2 * N * 4);
+    for (i = 0; i < N; i++) TR_EXPECT(42, h[i] == fval(0, (size_t)rank * N + i) && h[N + i] == fval(1, (size_t)rank * N + i));
+    /* all_to_all_v: rank 0 sends 3 to rank 1, rank 1 sends 5 to rank 0, each keeps 2 */
+    for (i = 0; i < 2 * N; i++) h[i] = fval(rank, i);
+    TO_DEV(a, h, 2 * N * 4);
+    if (rank == 0) { sc[0] = 2; sc[1] = 3; rc[0] = 2; rc[1] = 5; }
+    else { sc[0] = 5; sc[1] = 2; rc[0] = 3; rc[1] = 2; }
+    so[0] = 0; so[1] = sc[0]; ro[0] = 0; ro[1] = rc[0];
+    TR_CHECK(43, dm_all_to_all_v(c, a, sc, so, b, rc, ro, DM_FLOAT32));
+    TR_CHECK(43, dm_synchronize(c));
+    TO_HOST(h, b, 7 * 4);
+    for (i = 0; i < rc[0]; i++) TR_EXPECT(44, h[i] == fval(0, (rank == 0 ? 0 : 2) + i));
+    for (i = 0; i < rc[1]; i++) TR_EXPECT(44, h[rc[0] + i] == fval(1, (rank == 0 ? 0 : 5) + i));
+    /* send / recv: 0 -> 1, then 1 -> 0 (one side receives while the other sends) */
+    for (i = 0; i < N; i++) h[i] = fval(rank, i);
+    TO_DEV(a, h, N * 4);
+    if (rank == 0) { TR_CHECK(45, dm_send(c, a, N, DM_FLOAT32, peer, 7)); TR_CHECK(45, dm_recv(c, b, N, DM_FLOAT32, peer, 8)); }
+    else { TR_CHECK(45, dm_recv(c, b, N, DM_FLOAT32, peer, 7)); TR_CHECK(45, dm_send(c, a, N, DM_FLOAT32, peer, 8)); }
+    TR_CHECK(45, dm_synchronize(c));
+    TO_HOST(h, b, N * 4);
+    for (i = 0; i < N; i++) TR_EXPECT(46, h[i] == fval(peer, i));
+    /* requests: two messages 0 -> 1 with tags 1 and 2; rank 1 posts tag 2 first and still gets
+       the first message (NCCL matches in issue order, tags are not sent) */
+    for (i = 0; i < 2 * N; i++) h[i] = fval(rank, i);
+    TO_DEV(a, h, 2 * N * 4);
+    if (rank == 0) {
+        TR_CHECK(47, dm_send_async(c, a, N, DM_FLOAT32, 1, 1, &reqs[0]));
+        TR_CHECK(47, dm_send_async(c, a + N, N, DM_FLOAT32, 1, 2, &reqs[1]));
+    } else {
+        TR_CHECK(47, dm_recv_async(c, b, N, DM_FLOAT32, 0, 2, &reqs[0]));
+        TR_CHECK(47, dm_recv_async(c, b + N, N, DM_FLOAT32, 0, 1, &reqs[1]));
+    }
+    TR_CHECK(47, dm_all_reduce_async(c, NULL, a, 2 * N, DM_FLOAT32, DM_SUM, &reqs[2]));
+    TR_CHECK(47, dm_all_to_all_async(c, NULL, a, N, DM_FLOAT32, &reqs[3]));
+    TR_CHECK(48, dm_wait_all(reqs, 4));
+    if (rank == 1) {
+        TO_HOST(h, b, 2 * N * 4);
+        for (i = 0; i < 2 * N; i++) TR_EXPECT(49, h[i] == fval(0, i));
+    }
+    /* after the sum, block j of every rank holds s(j*N+i); all_to_all gives block i = rank i's
+       block `rank`, the same values */
+    TO_HOST(h, a, 2 * N * 4);
+    for (i = 0; i < 2 * N; i++) TR_EXPECT(50, h[i] == fval(0, (size_t)rank * N + i % N) + fval(1, (size_t)rank * N + i % N));
+    TR_CHECK(51, dm_barrier(c));
+    cudaFree(a); cudaFree(b); cudaFree(di);
+    free(h);
+    dm_destroy(c);
+    if (rank == 0) printf("two ranks: reduce, gather, scatter, all_to_all(_v), send/recv and requests correct\n");
+    return 0;
+#undef TO_DEV
+#undef TO_HOST
+}
+static void test_nccl_two_ranks_rooted_p2p_async(void** state) {
+    (void)state;
+    if (dm_device_count() < 2) { printf("skipped: needs 2 GPUs (found %d)\n", dm_device_count()); skip(); }
+    run_children("--two-ranks", 2, 120);
+}
+
 
 /* ---- CUDA device buffers on the TCP backend: 4 processes sharing one GPU ------------------ */
 static float tc_value(int rank, size_t i) { return (float)((rank * 7 + (int)(i % 13)) % 16); }
@@ -312,6 +727,16 @@ int main(int argc, char** argv) {
         fflush(NULL);
         return rc;
     }
+    if (argc == 4 && strcmp(argv[1], "--async-timeout") == 0) {
+        int rc = async_timeout_child();
+        fflush(NULL);
+        return rc;
+    }
+    if (argc == 4 && strcmp(argv[1], "--two-ranks") == 0) {
+        int rc = two_ranks(atoi(argv[2]), argv[3]);
+        fflush(NULL);
+        return rc;
+    }
     if (argc == 4 && strcmp(argv[1], "--init-alone") == 0) {
         int rc = init_alone(strcmp(argv[2], "store") == 0, argv[3]);
         fflush(NULL);
@@ -324,6 +749,10 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_nccl_host_staged_objects_local_split_mesh),
         cmocka_unit_test(test_nccl_init_timeout_unique_id),
         cmocka_unit_test(test_nccl_init_timeout_store),
+        cmocka_unit_test(test_nccl_rooted_all_to_all_world1),
+        cmocka_unit_test(test_nccl_async_world1),
+        cmocka_unit_test(test_nccl_async_timeout_aborts),
+        cmocka_unit_test(test_nccl_two_ranks_rooted_p2p_async),
         cmocka_unit_test(test_tcp_cuda_four_processes_one_gpu),
     };
     dm_test_filter(argc, argv);
