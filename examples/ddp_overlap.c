@@ -1,0 +1,452 @@
+/* Data-parallel training with communication hidden behind the backward pass, the way PyTorch's
+   DistributedDataParallel (DDP) does it, in plain C.
+
+   Every rank holds the same small MLP (tanh hidden layers, a linear output) and trains it by
+   SGD on its own shard of a synthetic regression problem. After each backward pass the ranks
+   average their gradients with an all-reduce, so every rank applies the same update and the
+   weights stay the same bytes everywhere. The point of the example is *when* that all-reduce
+   runs:
+
+     no overlap   forward, backward (all layers), all-reduce every gradient, SGD step
+     overlap      forward, backward with the gradients cut into buckets: as soon as the last
+                  layer of a bucket has its gradient, dm_all_reduce_async sends the bucket off
+                  and the backward pass goes on with the earlier layers while the library's
+                  progress thread reduces it; dm_wait_all at the end of backward, SGD step
+
+   so with overlap a step costs about max(backward, communication) instead of their sum -- as
+   far as free CPU cores allow: the progress thread copies and reduces, so it needs a core of its
+   own to run truly alongside the backward loop (R ranks on one host: 2R cores). With fewer, the
+   two take turns and overlap gains little; `make bench-overlap` measures it (bench/dm_overlap.c).
+
+   Run (two ranks on two threads of this process when no launcher placed it; prints the loss,
+   the time per step, how much of it was spent waiting for gradients, and a final check that
+   all ranks hold identical weights):
+
+     build/plain/examples/ddp_overlap                      overlap, 2 ranks on threads
+     build/plain/examples/ddp_overlap --no-overlap         the same without overlap, to compare
+     examples/launch_by_hand.sh build/plain/examples/ddp_overlap   4 processes (NPROC=4)
+     torchrun --nproc_per_node 2 --master_port 29500 --no_python build/plain/examples/ddp_overlap
+
+   Options: --steps N (default 60), --bucket-mb MiB (default 1: DDP's bucket_cap_mb, 25 there,
+   would put this 3 MiB model in one bucket, sent after backward with nothing left to overlap),
+   --hidden N (width, default 512), --layers N (hidden layers, default 4), --batch N (samples per
+   rank per step, default 32), --lr X (default 0.05), --threads N (ranks when no launcher placed
+   this process, default 2), --no-overlap.
+   Build: cc -std=c11 -DDISTMESH_TCP -I. examples/ddp_overlap.c distmesh.c -luv -pthread -lm
+   (or `make`: build/plain/examples/ddp_overlap). Without -DDISTMESH_TCP it still builds and
+   runs on threads, but a launcher's processes could not reach each other. */
+#define _POSIX_C_SOURCE 200809L
+#include "distmesh.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define IN_DIM 64          /* input features */
+#define TEACHER_HIDDEN 16  /* the hidden function the model learns */
+#define SHARD 2048         /* samples per rank */
+#define MAX_LAYERS 16
+
+typedef struct options {
+    int steps, hidden, layers, batch, threads, overlap;
+    double bucket_mb;
+    float lr;
+} options;
+
+/* One fully connected layer: out x in weights (row-major), then out biases, stored at `off` in
+   the flat parameter array and at the same place in the flat gradient array. Keeping all
+   gradients in one array is what makes buckets cheap: a bucket is a contiguous slice of it, so
+   one all-reduce call covers several layers without copying them together first (DDP copies
+   gradients into bucket buffers; here they already live there). */
+typedef struct layer {
+    int in, out;
+    size_t off, count;
+} layer;
+
+/* A bucket: layers first..last (first <= last), a contiguous slice of the gradients. */
+typedef struct bucket {
+    int first, last;
+    size_t off, count;
+    dm_request* req;     /* in flight between dm_all_reduce_async and dm_wait_all, else NULL */
+} bucket;
+
+typedef struct model {
+    int nlayers, nbuckets;
+    layer L[MAX_LAYERS];
+    bucket B[MAX_LAYERS];
+    int bucket_of[MAX_LAYERS];
+    size_t nparams;
+    float* params;
+    float* grads;
+    float* act[MAX_LAYERS + 1];   /* act[0] = input batch, act[l+1] = output of layer l */
+    float* delta[2];              /* backward scratch: d loss / d (pre-activation), ping-pong */
+} model;
+
+/* ---- small deterministic random numbers (splitmix64): the same stream on every platform ---- */
+static uint64_t next_u64(uint64_t* s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static float uniform(uint64_t* s, float a) {   /* uniform in [-a, a) */
+    return a * (2.0f * (float)(next_u64(s) >> 40) / (float)(1ULL << 24) - 1.0f);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- the data: y = sum_j v_j tanh(u_j . x), the same teacher everywhere, x per rank ---- */
+static void make_shard(int rank, float* x, float* y) {
+    float u[TEACHER_HIDDEN][IN_DIM], v[TEACHER_HIDDEN];   /* 4 KiB: on each rank's own stack */
+    uint64_t teacher = 7, mine = 1000 + (uint64_t)rank;   /* a different shard on every rank */
+    int j, i, n;
+    for (j = 0; j < TEACHER_HIDDEN; j++) {
+        for (i = 0; i < IN_DIM; i++) u[j][i] = uniform(&teacher, 0.3f);
+        v[j] = uniform(&teacher, 1.0f);
+    }
+    for (n = 0; n < SHARD; n++) {
+        float t = 0;
+        for (i = 0; i < IN_DIM; i++) x[(size_t)n * IN_DIM + i] = uniform(&mine, 1.0f);
+        for (j = 0; j < TEACHER_HIDDEN; j++) {
+            float z = 0;
+            for (i = 0; i < IN_DIM; i++) z += u[j][i] * x[(size_t)n * IN_DIM + i];
+            t += v[j] * tanhf(z);
+        }
+        y[n] = t;
+    }
+}
+
+/* ---- the model ---- */
+static int model_init(model* m, const options* o) {
+    uint64_t seed = 42;   /* the same seed on every rank: the same initial weights */
+    size_t off = 0, maxw = IN_DIM;
+    int l, k;
+    memset(m, 0, sizeof(*m));
+    m->nlayers = o->layers + 1;
+    for (l = 0; l < m->nlayers; l++) {
+        layer* ly = &m->L[l];
+        ly->in = l == 0 ? IN_DIM : o->hidden;
+        ly->out = l == m->nlayers - 1 ? 1 : o->hidden;
+        ly->off = off;
+        ly->count = (size_t)ly->out * (size_t)ly->in + (size_t)ly->out;
+        off += ly->count;
+    }
+    m->nparams = off;
+    if (maxw < (size_t)o->hidden) maxw = (size_t)o->hidden;
+    m->params = (float*)malloc(off * sizeof(float));
+    m->grads = (float*)calloc(off, sizeof(float));
+    m->delta[0] = (float*)malloc((size_t)o->batch * maxw * sizeof(float));
+    m->delta[1] = (float*)malloc((size_t)o->batch * maxw * sizeof(float));
+    if (!m->params || !m->grads || !m->delta[0] || !m->delta[1]) return -1;
+    for (l = 0; l <= m->nlayers; l++) {
+        size_t w = l == 0 ? IN_DIM : (size_t)m->L[l - 1].out;
+        if (!(m->act[l] = (float*)malloc((size_t)o->batch * w * sizeof(float)))) return -1;
+    }
+    for (l = 0; l < m->nlayers; l++) {   /* Xavier-uniform weights, zero biases */
+        layer* ly = &m->L[l];
+        float a = sqrtf(6.0f / (float)(ly->in + ly->out));
+        size_t i, nw = (size_t)ly->out * (size_t)ly->in;
+        for (i = 0; i < nw; i++) m->params[ly->off + i] = uniform(&seed, a);
+        for (i = 0; i < (size_t)ly->out; i++) m->params[ly->off + nw + i] = 0.0f;
+    }
+
+    /* Buckets, built the way DDP builds them: walk the layers in the order backward produces
+       their gradients (last layer first) and close a bucket once it holds at least
+       bucket_mb. Why buckets at all: one all-reduce per layer would pay the per-call latency
+       (a round trip, a handshake) once per tensor, and one all-reduce of everything could only
+       start after the whole backward pass -- nothing left to overlap it with. A few MiB per
+       call is large enough to run at full bandwidth and small enough that the first bucket is
+       ready early. Why in backward order: the first bucket to be ready is then the first one
+       sent, so each bucket starts as soon as its own gradients exist, and every rank issues
+       the buckets in the same order (collective calls are matched by their order, so all
+       ranks must agree on it; here the layer structure fixes it). */
+    k = -1;
+    {
+        size_t bytes = 0, cap = (size_t)(o->bucket_mb * 1024.0 * 1024.0);
+        for (l = m->nlayers - 1; l >= 0; l--) {
+            if (k < 0 || bytes >= cap) {              /* open a new bucket */
+                k++;
+                m->B[k].last = l;
+                bytes = 0;
+            }
+            m->B[k].first = l;
+            bytes += m->L[l].count * sizeof(float);
+            m->bucket_of[l] = k;
+        }
+    }
+    m->nbuckets = k + 1;
+    for (k = 0; k < m->nbuckets; k++) {       /* layers first..last are adjacent in memory */
+        bucket* b = &m->B[k];
+        b->off = m->L[b->first].off;
+        b->count = m->L[b->last].off + m->L[b->last].count - b->off;
+    }
+    return 0;
+}
+
+static void model_free(model* m) {
+    int l;
+    free(m->params);
+    free(m->grads);
+    free(m->delta[0]);
+    free(m->delta[1]);
+    for (l = 0; l <= m->nlayers; l++) free(m->act[l]);
+}
+
+/* Forward pass over a batch; returns the batch's mean squared error / 2 and leaves
+   d loss / d output in delta[0] for backward. */
+static float forward(model* m, int batch, const float* x, const float* y) {
+    int l, b, o, i;
+    float loss = 0;
+    memcpy(m->act[0], x, (size_t)batch * IN_DIM * sizeof(float));
+    for (l = 0; l < m->nlayers; l++) {
+        const layer* ly = &m->L[l];
+        const float* W = m->params + ly->off;
+        const float* bias = W + (size_t)ly->out * ly->in;
+        int last = l == m->nlayers - 1;
+        for (b = 0; b < batch; b++) {
+            const float* a = m->act[l] + (size_t)b * ly->in;
+            float* z = m->act[l + 1] + (size_t)b * ly->out;
+            for (o = 0; o < ly->out; o++) {
+                const float* w = W + (size_t)o * ly->in;
+                float s = bias[o];
+                for (i = 0; i < ly->in; i++) s += w[i] * a[i];
+                z[o] = last ? s : tanhf(s);
+            }
+        }
+    }
+    for (b = 0; b < batch; b++) {
+        float e = m->act[m->nlayers][b] - y[b];
+        loss += 0.5f * e * e;
+        m->delta[0][b] = e / (float)batch;
+    }
+    return loss / (float)batch;
+}
+
+/* Gradients of layer l from delta_in (d loss / d its pre-activation); when l > 0 also
+   delta_out for layer l-1. Writes only layer l's slice of m->grads. */
+static void backward_layer(model* m, int l, int batch, const float* delta_in, float* delta_out) {
+    const layer* ly = &m->L[l];
+    const float* W = m->params + ly->off;
+    float* dW = m->grads + ly->off;
+    float* db = dW + (size_t)ly->out * ly->in;
+    int b, o, i;
+    memset(dW, 0, ly->count * sizeof(float));
+    for (b = 0; b < batch; b++) {
+        const float* a = m->act[l] + (size_t)b * ly->in;
+        for (o = 0; o < ly->out; o++) {
+            float d = delta_in[(size_t)b * ly->out + o];
+            float* row = dW + (size_t)o * ly->in;
+            for (i = 0; i < ly->in; i++) row[i] += d * a[i];
+            db[o] += d;
+        }
+    }
+    if (l == 0) return;
+    for (b = 0; b < batch; b++) {
+        const float* a = m->act[l] + (size_t)b * ly->in;    /* tanh outputs of layer l-1 */
+        float* dz = delta_out + (size_t)b * ly->in;
+        memset(dz, 0, (size_t)ly->in * sizeof(float));
+        for (o = 0; o < ly->out; o++) {
+            float d = delta_in[(size_t)b * ly->out + o];
+            const float* w = W + (size_t)o * ly->in;
+            for (i = 0; i < ly->in; i++) dz[i] += d * w[i];
+        }
+        for (i = 0; i < ly->in; i++) dz[i] *= 1.0f - a[i] * a[i];   /* tanh' */
+    }
+}
+
+/* FNV-1a over the parameters' bytes: equal hashes on all ranks = (almost surely) equal bytes. */
+static uint64_t params_hash(const model* m) {
+    const unsigned char* p = (const unsigned char*)m->params;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    size_t i;
+    for (i = 0; i < m->nparams * sizeof(float); i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+#define CHECK(call)                                                                          \
+    do {                                                                                     \
+        st = (call);                                                                         \
+        if (st != DM_OK) {                                                                   \
+            fprintf(stderr, "rank %d: %s failed: %s: %s\n", dm_rank(c), #call,               \
+                    dm_status_name(st), dm_last_error(c));                                   \
+            goto done;                                                                       \
+        }                                                                                    \
+    } while (0)
+
+static int train(dm_collective* c, void* user_data) {
+    const options* o = (const options*)user_data;
+    int rank = dm_rank(c), world = dm_world_size(c), step, l, k;
+    float* x = (float*)malloc((size_t)SHARD * IN_DIM * sizeof(float));
+    float* y = (float*)malloc((size_t)SHARD * sizeof(float));
+    float loss_first = 0, loss = 0;
+    double t_steps = 0, t_wait = 0;
+    uint64_t hash[2];
+    dm_request* reqs[MAX_LAYERS];
+    model m;
+    dm_status st = DM_OK;
+
+    if (model_init(&m, o) != 0 || !x || !y) {
+        fprintf(stderr, "rank %d: out of memory\n", rank);
+        st = DM_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    make_shard(rank, x, y);
+    /* Same starting point everywhere. The seed already gives it; DDP broadcasts rank 0's
+       parameters anyway at construction, so a rank that was initialised differently cannot
+       silently train another model. */
+    CHECK(dm_broadcast(c, m.params, m.nparams, DM_FLOAT32, 0));
+    if (rank == 0) {
+        printf("%d ranks (%s backend, %s transport), %zu parameters (%.2f MiB), %d buckets "
+               "(backward order):", world, dm_backend_name(c), dm_transport_name(c), m.nparams,
+               (double)m.nparams * 4 / 1048576.0, m.nbuckets);
+        for (k = 0; k < m.nbuckets; k++)
+            printf(" [layers %d..%d: %.2f MiB]", m.B[k].last, m.B[k].first,
+                   (double)m.B[k].count * 4 / 1048576.0);
+        printf("\n%s\n", o->overlap ? "overlap: buckets all-reduced during backward"
+                                    : "no overlap: one all-reduce per bucket after backward");
+    }
+
+    for (step = 0; step < o->steps; step++) {
+        size_t first = (size_t)step * (size_t)o->batch % (SHARD - (size_t)o->batch + 1);
+        double t0 = now_s(), tw;
+        int cur = 0;
+
+        loss = forward(&m, o->batch, x + first * IN_DIM, y + first);
+
+        /* Backward, last layer first. */
+        for (l = m.nlayers - 1; l >= 0; l--) {
+            backward_layer(&m, l, o->batch, m.delta[cur], m.delta[cur ^ 1]);
+            cur ^= 1;
+            k = m.bucket_of[l];
+            if (o->overlap && l == m.B[k].first) {
+                /* Layer l was the bucket's last gradient to be computed: send it now. From here
+                   until dm_wait_all says it is done, the slice grads[off, off+count) belongs
+                   to the library -- its progress thread reads it, sends it and writes the
+                   average back in place (send NULL = in place). The backward pass must not
+                   touch it, and does not: the layers still to come write their own slices,
+                   and they read the *parameters*, which nobody is changing. DM_MEAN: every
+                   rank gets the same bytes (sum in a fixed order, divided once), so the
+                   weights stay identical after the step. */
+                CHECK(dm_all_reduce_async(c, NULL, m.grads + m.B[k].off, m.B[k].count,
+                                          DM_FLOAT32, DM_MEAN, &m.B[k].req));
+            }
+        }
+
+        /* End of backward: everything still in flight must finish before the optimizer reads
+           the gradients. With overlap only the tail is left (typically the last bucket, sent
+           just now); without it, this is where all the communication happens. */
+        tw = now_s();
+        if (o->overlap) {
+            for (k = 0; k < m.nbuckets; k++) reqs[k] = m.B[k].req;
+            st = dm_wait_all(reqs, (size_t)m.nbuckets);   /* frees them, sets reqs[k] NULL */
+            for (k = 0; k < m.nbuckets; k++) m.B[k].req = NULL;
+            CHECK(st);
+        } else {
+            for (k = 0; k < m.nbuckets; k++)
+                CHECK(dm_all_reduce(c, NULL, m.grads + m.B[k].off, m.B[k].count, DM_FLOAT32, DM_MEAN));
+        }
+        t_wait += now_s() - tw;
+
+        /* SGD step: the gradients are ours again, and the same on every rank. */
+        {
+            size_t i;
+            for (i = 0; i < m.nparams; i++) m.params[i] -= o->lr * m.grads[i];
+        }
+        t_steps += now_s() - t0;
+
+        /* The average loss over ranks, now and then (a blocking all-reduce of one float). */
+        if (step == 0 || step == o->steps - 1 || (step + 1) % 10 == 0) {
+            float avg = loss;
+            CHECK(dm_all_reduce(c, NULL, &avg, 1, DM_FLOAT32, DM_MEAN));
+            if (step == 0) loss_first = avg;
+            loss = avg;
+            if (rank == 0) printf("step %3d  loss %.5f\n", step + 1, (double)avg);
+        }
+    }
+
+    /* Did every rank end with the same weights? MIN and MAX of the hash agree only if so. */
+    hash[0] = hash[1] = params_hash(&m);
+    CHECK(dm_all_reduce(c, NULL, &hash[0], 1, DM_UINT64, DM_MIN));
+    CHECK(dm_all_reduce(c, NULL, &hash[1], 1, DM_UINT64, DM_MAX));
+    if (rank == 0) {
+        printf("%.2f ms per step, of which %.2f ms waiting for gradients (%s)\n",
+               1e3 * t_steps / o->steps, 1e3 * t_wait / o->steps,
+               o->overlap ? "dm_wait_all" : "blocking all-reduces");
+        printf("weights %s on all %d ranks (hash min %016llx max %016llx)\n",
+               hash[0] == hash[1] ? "identical" : "DIFFER", world, (unsigned long long)hash[0],
+               (unsigned long long)hash[1]);
+        printf("loss %.5f -> %.5f: %s\n", (double)loss_first, (double)loss,
+               loss < 0.5f * loss_first ? "down" : "NOT DOWN ENOUGH");
+    }
+    if (hash[0] != hash[1] || !(loss < 0.5f * loss_first)) st = DM_ERR_INTERNAL;
+done:
+    model_free(&m);
+    free(x);
+    free(y);
+    return st;
+}
+
+static int parse(int argc, char** argv, options* o) {
+    int i;
+    o->steps = 60; o->hidden = 512; o->layers = 4; o->batch = 32; o->threads = 2;
+    o->overlap = 1; o->bucket_mb = 1.0; o->lr = 0.05f;
+    for (i = 1; i < argc; i++) {
+        const char* a = argv[i];
+        const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--no-overlap") == 0) { o->overlap = 0; continue; }
+        if (!v) goto bad;
+        if (strcmp(a, "--steps") == 0) o->steps = atoi(v);
+        else if (strcmp(a, "--hidden") == 0) o->hidden = atoi(v);
+        else if (strcmp(a, "--layers") == 0) o->layers = atoi(v);
+        else if (strcmp(a, "--batch") == 0) o->batch = atoi(v);
+        else if (strcmp(a, "--threads") == 0) o->threads = atoi(v);
+        else if (strcmp(a, "--bucket-mb") == 0) o->bucket_mb = atof(v);
+        else if (strcmp(a, "--lr") == 0) o->lr = (float)atof(v);
+        else goto bad;
+        i++;
+    }
+    if (o->steps >= 1 && o->hidden >= 1 && o->layers >= 1 && o->layers < MAX_LAYERS &&
+        o->batch >= 1 && o->batch <= SHARD && o->threads >= 1 && o->bucket_mb >= 0)
+        return 0;
+bad:
+    fprintf(stderr, "usage: %s [--steps N] [--bucket-mb MiB] [--hidden N] [--layers N<%d] "
+            "[--batch N<=%d] [--lr X] [--threads N] [--no-overlap]\n", argv[0], MAX_LAYERS, SHARD);
+    return -1;
+}
+
+int main(int argc, char** argv) {
+    options o;
+    dm_env env;
+    dm_status st;
+    if (parse(argc, argv, &o) != 0) return 2;
+    st = dm_env_detect(&env);
+    if (st != DM_OK) {
+        fprintf(stderr, "%s\n", env.error);
+        return 1;
+    }
+    if (env.is_distributed) {          /* a launcher started us: one rank per process */
+        dm_init_desc desc = {0};
+        dm_collective* c = NULL;
+        desc.timeout_ms = 60000;
+        desc.logger.func = dm_log_stderr;
+        st = dm_init(&desc, &c);
+        if (st != DM_OK) {
+            fprintf(stderr, "init failed: %s\n", dm_strerror(st));
+            return 1;
+        }
+        st = (dm_status)train(c, &o);
+        dm_destroy(c);
+    } else {                           /* no launcher: o.threads ranks on threads */
+        dm_fake_desc desc = {0};
+        desc.world_size = o.threads;
+        desc.timeout_ms = 60000;
+        st = dm_thread_world_run(&desc, train, &o);
+    }
+    return st == DM_OK ? 0 : 1;
+}
