@@ -1057,6 +1057,49 @@ static int body_async(dm_collective* c, void* arg) {
     return bad;
 }
 
+/* A mismatch completes the requests queued behind the failed one with the same status, unrun.
+   Ranks 0 and 1 disagree on an all_reduce's count; rank 1 comes 300 ms late, so rank 0's other
+   three requests are queued behind its all_reduce when it fails (rank 1's may be issued after
+   the failure: DM_ERR_ABORTED is right for those). Other ranks (world 3) agree with rank 0; they
+   fail with some status. dm_wait_all clears every entry. */
+static int body_async_mismatch(dm_collective* c, void* arg) {
+    int r = dm_rank(c), bad = 0, k;
+    float x[16] = { 0 }, g[16 * 8];
+    dm_request* rq[4];
+    dm_status st;
+    (void)arg;
+    if (r == 1) sleep_ms(300);
+    OK(c, dm_all_reduce_async(c, NULL, x, r == 1 ? 11 : 10, DM_FLOAT32, DM_SUM, &rq[0]));
+    OK(c, dm_barrier_async(c, &rq[1]));
+    OK(c, dm_all_gather_async(c, x, g, 16, DM_FLOAT32, &rq[2]));
+    OK(c, dm_broadcast_async(c, x, 16, DM_FLOAT32, 0, &rq[3]));
+    if (r == 0) {
+        for (k = 3; k >= 1; k--) EXPECT_ST(c, dm_wait(rq[k]), DM_ERR_MISMATCH);
+        EXPECT_ST(c, dm_wait(rq[0]), DM_ERR_MISMATCH);
+        EXPECT(c, strstr(dm_last_error(c), "count 10") != NULL && strstr(dm_last_error(c), "count 11") != NULL);
+    } else if (r == 1) {
+        EXPECT_ST(c, dm_wait(rq[0]), DM_ERR_MISMATCH);
+        for (k = 1; k < 4; k++) {
+            st = dm_wait(rq[k]);
+            if (st != DM_ERR_MISMATCH && st != DM_ERR_ABORTED) { report(c, __LINE__, "request %d -> %s", k, dm_status_name(st)); bad = 1; }
+        }
+    } else {
+        st = dm_wait_all(rq, 4);
+        EXPECT(c, st != DM_OK);
+        for (k = 0; k < 4; k++) EXPECT(c, rq[k] == NULL);
+    }
+    sleep_ms(300);   /* stay connected: the others must see the mismatch, not our exit */
+    return bad;
+}
+/* Requests never waited for: dm_destroy (the harness's, after the body) waits for them and frees them. */
+static int body_destroy_with_requests(dm_collective* c, void* arg) {
+    dm_request* rq;
+    int k;
+    (void)arg;
+    for (k = 0; k < 3; k++) OK(c, dm_barrier_async(c, &rq));
+    return 0;
+}
+
 /* ---- 5. kill -9 with requests in flight ------------------------------------------------------ */
 /* Rank 2 of 4 is the victim: after the first barrier it reports ready and waits to be killed.
    The survivors queue requests that need it, report ready, and poll them with dm_test; each
@@ -1526,6 +1569,13 @@ static void all_to_all_v_mismatch(int kind) {
 }
 static void rooted(int kind) { run_worlds(kind, body_rooted, NULL, 90); }
 static void async(int kind) { run_worlds(kind, body_async, NULL, 60); }
+static void async_mismatch(int kind) {
+    int failed = run_on(kind, 2, body_async_mismatch, NULL, 30);
+    failed += run_on(kind, 3, body_async_mismatch, NULL, 30);
+    g_kind = "parent";
+    assert_int_equal(failed, 0);
+}
+static void destroy_with_requests(int kind) { run_worlds(kind, body_destroy_with_requests, NULL, 30); }
 static void busy(int kind) { run_worlds(kind, body_busy, NULL, 30); }
 static void fake_same(int kind) { run_worlds(kind, body_fake_same, NULL, 60); }
 
@@ -1539,6 +1589,8 @@ ON_EVERY_TRANSPORT(all_to_all)
 ON_EVERY_TRANSPORT(all_to_all_v_mismatch)
 ON_EVERY_TRANSPORT(rooted)
 ON_EVERY_TRANSPORT(async)
+ON_EVERY_TRANSPORT(async_mismatch)
+ON_EVERY_TRANSPORT(destroy_with_requests)
 ON_EVERY_TRANSPORT(busy)
 ON_EVERY_TRANSPORT(fake_same)
 #define TESTS_OF(name) cmocka_unit_test(test_##name##_thread), cmocka_unit_test(test_##name##_shm), \
@@ -1564,6 +1616,8 @@ int main(int argc, char** argv) {
         TESTS_OF(all_to_all_v_mismatch),
         TESTS_OF(rooted),
         TESTS_OF(async),
+        TESTS_OF(async_mismatch),
+        TESTS_OF(destroy_with_requests),
         TESTS_OF(busy),
         cmocka_unit_test(test_kill_requests_shm),
         cmocka_unit_test(test_kill_requests_tcp),
