@@ -459,8 +459,10 @@ DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dty
      once done it returns the status and frees the request like dm_wait. dm_wait_all waits
      for all n (NULL entries skipped), frees them, sets each entry NULL and returns the first
      failure in array order, else DM_OK.
-   - A failure that breaks the collective (a lost peer, a passed deadline, a mismatch) completes
-     every request already queued behind it with the same status, without running it.
+   - Deadlines: a request's (dm_set_timeout) counts from when the progress thread starts it
+     (NCCL: from the _async call). A failure that breaks the collective (a lost peer, a passed
+     deadline, a mismatch) completes every request already queued behind it with the same
+     status, without running it.
    - Threads: a collective with requests in flight belongs to the thread that issued them;
      another thread's call on it (blocking or not) returns DM_ERR_BUSY and changes nothing.
      Two threads calling at once without requests also get DM_ERR_BUSY for one of them. Wait
