@@ -33,6 +33,7 @@
 #include <cmocka.h>
 #include "test_filter.h"
 #include "test_util.h"
+#include "test_tmpdir.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define TEST_SANITIZED 1
@@ -1609,17 +1610,8 @@ ON_EVERY_TRANSPORT(fake_same)
 #define TESTS_OF(name) cmocka_unit_test(test_##name##_thread), cmocka_unit_test(test_##name##_shm), \
     cmocka_unit_test(test_##name##_tcp)
 
-static int setup_store(void** s) {
-    (void)s;
-    snprintf(g_store_dir, sizeof(g_store_dir), "/tmp/dm_api_test_XXXXXX");
-    return mkdtemp(g_store_dir) ? 0 : -1;
-}
-static int teardown_store(void** s) {
-    char cmd[300];
-    (void)s;
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_store_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
+static int setup_store(void** s) { (void)s; return tmpdir_make(g_store_dir, sizeof(g_store_dir), "dm_api_test"); }
+static int teardown_store(void** s) { (void)s; return tmpdir_remove(g_store_dir); }
 
 int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {

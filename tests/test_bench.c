@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "test_filter.h"
+#include "test_tmpdir.h"
 
 #ifndef DM_BENCH
 #define DM_BENCH "build/plain/bench/dm_bench"
@@ -55,17 +56,8 @@ static int bench(const char* fmt, ...) {
     return rc;
 }
 
-static int setup(void** state) {
-    (void)state;
-    snprintf(g_dir, sizeof(g_dir), "/tmp/dm_benchtest_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-static int teardown(void** state) {
-    char cmd[128];
-    (void)state;
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
+static int setup(void** state) { (void)state; return tmpdir_make(g_dir, sizeof(g_dir), "dm_benchtest"); }
+static int teardown(void** state) { (void)state; return tmpdir_remove(g_dir); }
 
 /* One table row, the 13 columns of nccl-tests' table. */
 typedef struct row {

@@ -25,6 +25,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "test_filter.h"
+#include "test_tmpdir.h"
 
 #ifndef DM_EXAMPLE
 #define DM_EXAMPLE "build/plain/examples/tcp_all_reduce"
@@ -64,17 +65,8 @@ static void put_env(const char* spec) {
     }
 }
 
-static int setup(void** state) {
-    (void)state;
-    snprintf(g_tmp, sizeof(g_tmp), "/tmp/dm_launch_XXXXXX");
-    return mkdtemp(g_tmp) ? 0 : -1;
-}
-static int teardown(void** state) {
-    char cmd[128];
-    (void)state;
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_tmp);
-    return system(cmd) == 0 ? 0 : -1;
-}
+static int setup(void** state) { (void)state; return tmpdir_make(g_tmp, sizeof(g_tmp), "dm_launch"); }
+static int teardown(void** state) { (void)state; return tmpdir_remove(g_tmp); }
 
 static void expect_host(const char* list, long index, long count, const char* host) {
     char out[64];

@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "test_filter.h"
+#include "test_tmpdir.h"
 
 #ifndef DM_DDP
 #define DM_DDP "build/plain/examples/ddp_overlap"
@@ -59,17 +60,8 @@ static int sh(const char* fmt, ...) {
     return rc;
 }
 
-static int setup(void** state) {
-    (void)state;
-    snprintf(g_dir, sizeof(g_dir), "/tmp/dm_overlaptest_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-static int teardown(void** state) {
-    char cmd[128];
-    (void)state;
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
+static int setup(void** state) { (void)state; return tmpdir_make(g_dir, sizeof(g_dir), "dm_overlaptest"); }
+static int teardown(void** state) { (void)state; return tmpdir_remove(g_dir); }
 
 #define SMALL "--steps 20 --hidden 96 --layers 3 --bucket-mb 0.03"
 

@@ -28,6 +28,7 @@
 #include <sys/select.h>
 #include <cmocka.h>
 #include "test_filter.h"
+#include "test_tmpdir.h"
 
 static char g_store_dir[256];
 static char g_store_url[300];   /* "" = the file store in g_store_dir */
@@ -1189,17 +1190,8 @@ static int rank_main(void) {
     return bad;
 }
 
-static int setup_store(void** s) {
-    (void)s;
-    snprintf(g_store_dir, sizeof(g_store_dir), "/tmp/dm_tcp_test_XXXXXX");
-    return mkdtemp(g_store_dir) ? 0 : -1;
-}
-static int teardown_store(void** s) {
-    char cmd[300];
-    (void)s;
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_store_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
+static int setup_store(void** s) { (void)s; return tmpdir_make(g_store_dir, sizeof(g_store_dir), "dm_tcp_test"); }
+static int teardown_store(void** s) { (void)s; return tmpdir_remove(g_store_dir); }
 
 int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {

@@ -1,0 +1,18 @@
+/* A test program's private directory under /tmp: made by its cmocka group setup, removed (with
+   everything in it) by the teardown. */
+#ifndef DM_TEST_TMPDIR_H
+#define DM_TEST_TMPDIR_H
+#include <stdio.h>
+#include <stdlib.h>
+
+/* dir (cap bytes) becomes "/tmp/<prefix>_XXXXXX", made with mkdtemp: 0, or -1. */
+static int tmpdir_make(char* dir, size_t cap, const char* prefix) {
+    snprintf(dir, cap, "/tmp/%s_XXXXXX", prefix);
+    return mkdtemp(dir) ? 0 : -1;
+}
+static int tmpdir_remove(const char* dir) {
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+#endif
