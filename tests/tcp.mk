@@ -9,6 +9,6 @@ $(BUILD)/tcp/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 
-$(BUILD)/tcp/test_tcp: tests/test_tcp.c tests/test_tmpdir.h $(BUILD)/tcp/impl.o
+$(BUILD)/tcp/test_tcp: tests/test_tcp.c tests/test_tmpdir.h tests/test_util.h $(BUILD)/tcp/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)

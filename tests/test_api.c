@@ -35,16 +35,6 @@
 #include "test_util.h"
 #include "test_tmpdir.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define TEST_SANITIZED 1
-#endif
-#endif
-#ifndef TEST_SANITIZED
-#define TEST_SANITIZED 0
-#endif
 
 /* ---- where we are, and failures ------------------------------------------------------------ */
 enum { TR_THREAD = 0, TR_SHM, TR_TCP, TR_COUNT };
@@ -106,21 +96,6 @@ static void* xmalloc(size_t n) {
 }
 
 /* ---- values ------------------------------------------------------------------------------- */
-static void set_val(dm_dtype t, void* buf, size_t i, int v) {
-    switch (t) {
-        case DM_INT8: ((int8_t*)buf)[i] = (int8_t)v; break;
-        case DM_UINT8: ((uint8_t*)buf)[i] = (uint8_t)v; break;
-        case DM_INT32: ((int32_t*)buf)[i] = v; break;
-        case DM_UINT32: ((uint32_t*)buf)[i] = (uint32_t)v; break;
-        case DM_INT64: ((int64_t*)buf)[i] = v; break;
-        case DM_UINT64: ((uint64_t*)buf)[i] = (uint64_t)v; break;
-        case DM_FLOAT16: ((uint16_t*)buf)[i] = dm_float_to_half((float)v); break;
-        case DM_BFLOAT16: ((uint16_t*)buf)[i] = dm_float_to_bfloat16((float)v); break;
-        case DM_FLOAT32: ((float*)buf)[i] = (float)v; break;
-        case DM_FLOAT64: ((double*)buf)[i] = (double)v; break;
-        default: break;
-    }
-}
 /* Moved data: element k of what src sends to dst, 0..100 (exact in every dtype). */
 static int mv_val(int src, int dst, size_t k, int salt) {
     return (int)(((size_t)src * 37 + (size_t)dst * 11 + k * 5 + (size_t)salt * 3) % 101);
@@ -149,13 +124,6 @@ static long diff_mv(dm_dtype t, const void* buf, size_t count, int src, int dst,
         }                                                                                 \
     } while (0)
 
-static bool is_unsigned(dm_dtype t) { return t == DM_UINT8 || t == DM_UINT32 || t == DM_UINT64; }
-/* Reduced data: rank r's element i, small integers (any order of reduction gives the same bits). */
-static int gen(dm_dtype t, dm_reduce_op op, int r, size_t i, int salt) {
-    unsigned h = (unsigned)(r * 131 + (int)(i % 100003) * 7 + salt * 17);
-    if (op == DM_PROD) return is_unsigned(t) ? (int)(h % 3) : (int)(h % 5) - 2;
-    return is_unsigned(t) ? (int)(h % 5) : (int)(h % 9) - 4;
-}
 static void fill_gen(dm_dtype t, dm_reduce_op op, int r, void* buf, size_t count, int salt) {
     size_t i;
     for (i = 0; i < count; i++) set_val(t, buf, i, gen(t, op, r, i, salt));

@@ -41,16 +41,6 @@
 #include <string.h>
 #include <time.h>
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define TEST_SANITIZED 1
-#endif
-#endif
-#ifndef TEST_SANITIZED
-#define TEST_SANITIZED 0
-#endif
 
 #define P 65521u
 #define OFF 7919u

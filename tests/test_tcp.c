@@ -10,6 +10,7 @@
    netns test starts it inside network namespaces. */
 #define _GNU_SOURCE
 #include "distmesh.h"
+#include "test_util.h"
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -51,6 +52,8 @@ static int count_fds(void) {
     closedir(d);
     return n - 1; /* the DIR's own fd */
 }
+/* A forked rank returns 1 on a failed check (test_util.h's RCHECK records for rank threads). */
+#undef RCHECK
 #define RCHECK(cond)                                                                      \
     do {                                                                                  \
         if (!(cond)) {                                                                    \
@@ -70,28 +73,6 @@ static int count_fds(void) {
     } while (0)
 static int g_rank = -1;
 
-static void set_val(dm_dtype t, void* buf, size_t i, int v) {
-    switch (t) {
-        case DM_INT8: ((int8_t*)buf)[i] = (int8_t)v; break;
-        case DM_UINT8: ((uint8_t*)buf)[i] = (uint8_t)v; break;
-        case DM_INT32: ((int32_t*)buf)[i] = v; break;
-        case DM_UINT32: ((uint32_t*)buf)[i] = (uint32_t)v; break;
-        case DM_INT64: ((int64_t*)buf)[i] = v; break;
-        case DM_UINT64: ((uint64_t*)buf)[i] = (uint64_t)v; break;
-        case DM_FLOAT16: ((uint16_t*)buf)[i] = dm_float_to_half((float)v); break;
-        case DM_BFLOAT16: ((uint16_t*)buf)[i] = dm_float_to_bfloat16((float)v); break;
-        case DM_FLOAT32: ((float*)buf)[i] = (float)v; break;
-        case DM_FLOAT64: ((double*)buf)[i] = (double)v; break;
-        default: break;
-    }
-}
-static bool is_unsigned(dm_dtype t) { return t == DM_UINT8 || t == DM_UINT32 || t == DM_UINT64; }
-/* Rank r's element i for a case: small integers, non-negative for unsigned types. */
-static int gen(dm_dtype t, dm_reduce_op op, int r, size_t i, int salt) {
-    unsigned h = (unsigned)(r * 131 + (int)(i % 100003) * 7 + salt * 17);
-    if (op == DM_PROD) return is_unsigned(t) ? (int)(h % 3) : (int)(h % 5) - 2;
-    return is_unsigned(t) ? (int)(h % 5) : (int)(h % 9) - 4;
-}
 static void fill(dm_dtype t, dm_reduce_op op, int r, void* buf, size_t count, int salt) {
     size_t i;
     for (i = 0; i < count; i++) set_val(t, buf, i, gen(t, op, r, i, salt));

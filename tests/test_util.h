@@ -65,6 +65,43 @@ static uint16_t ref_float_to_bf16(float f) {
     return (uint16_t)(f32_bits((float)v) >> 16);
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TEST_SANITIZED 1
+#endif
+#endif
+#ifndef TEST_SANITIZED
+#define TEST_SANITIZED 0
+#endif
+
+/* ---- test data ---- */
+/* buf[i] = v in dtype t (v small: exact in every dtype). */
+static void set_val(dm_dtype t, void* buf, size_t i, int v) {
+    switch (t) {
+        case DM_INT8: ((int8_t*)buf)[i] = (int8_t)v; break;
+        case DM_UINT8: ((uint8_t*)buf)[i] = (uint8_t)v; break;
+        case DM_INT32: ((int32_t*)buf)[i] = v; break;
+        case DM_UINT32: ((uint32_t*)buf)[i] = (uint32_t)v; break;
+        case DM_INT64: ((int64_t*)buf)[i] = v; break;
+        case DM_UINT64: ((uint64_t*)buf)[i] = (uint64_t)v; break;
+        case DM_FLOAT16: ((uint16_t*)buf)[i] = dm_float_to_half((float)v); break;
+        case DM_BFLOAT16: ((uint16_t*)buf)[i] = dm_float_to_bfloat16((float)v); break;
+        case DM_FLOAT32: ((float*)buf)[i] = (float)v; break;
+        case DM_FLOAT64: ((double*)buf)[i] = (double)v; break;
+        default: break;
+    }
+}
+static bool is_unsigned(dm_dtype t) { return t == DM_UINT8 || t == DM_UINT32 || t == DM_UINT64; }
+/* Rank r's element i of a reduction case: small integers, non-negative for unsigned types, so
+   every order of reduction gives the same bits. */
+static int gen(dm_dtype t, dm_reduce_op op, int r, size_t i, int salt) {
+    unsigned h = (unsigned)(r * 131 + (int)(i % 100003) * 7 + salt * 17);
+    if (op == DM_PROD) return is_unsigned(t) ? (int)(h % 3) : (int)(h % 5) - 2;
+    return is_unsigned(t) ? (int)(h % 5) : (int)(h % 9) - 4;
+}
+
 /* ---- elements ---- */
 static bool is_signed_int(dm_dtype t) { return t == DM_INT8 || t == DM_INT32 || t == DM_INT64; }
 static bool is_float(dm_dtype t) { return t >= DM_FLOAT16; }
