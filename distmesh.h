@@ -1922,9 +1922,23 @@ _DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data,
 _DM_PRIVATE dm_status _dm_run_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count, int root,
                                                 dm_blob_list* out);
 
+_DM_PRIVATE const char* _dm_op_name(dm_op_kind k) {
+    static const char* names[] = { "barrier", "all_reduce", "all_gather", "all_gather_to_list", "reduce_scatter",
+                                   "broadcast", "all_gather_objects", "broadcast_objects", "reduce", "gather",
+                                   "scatter", "all_to_all", "all_to_all_v", "send", "recv", "split" };
+    return (unsigned)k < sizeof(names) / sizeof(names[0]) ? names[k] : "operation";
+}
+/* As an operation starts: a collective counts in dm_sequence and clears the error buffer; a
+   point-to-point call only clears it; an object collective counts through the collectives it
+   makes. */
+_DM_PRIVATE void _dm_op_begin(dm_collective* c, const dm_op* o) {
+    if (o->kind == DM_OP_ALL_GATHER_OBJECTS || o->kind == DM_OP_BROADCAST_OBJECTS) return;
+    if (o->kind == DM_OP_SEND || o->kind == DM_OP_RECV) _dm_errbuf(c)[0] = 0;
+    else _dm_begin(c, _dm_op_name(o->kind));
+}
+
 _DM_PRIVATE dm_status _dm_run_barrier(dm_collective* c) {
     uint8_t token = 0;
-    _dm_begin(c, "barrier");
     if (_DM_VT_HAS(c->vt, barrier)) return c->vt->barrier(c);
     /* a one-byte all-reduce cannot complete before every rank has entered it */
     return c->vt->all_reduce(c, &token, &token, 1, DM_UINT8, DM_MAX);
@@ -1974,25 +1988,33 @@ _DM_PRIVATE dm_status _dm_a2a_via_p2p(dm_collective* c, const unsigned char* sen
     }
     return DM_OK;
 }
+/* In place: the outgoing blocks (the span of sc/so in recv) copied out before recv is
+   written. *copy is the caller's to free. */
+_DM_PRIVATE dm_status _dm_a2a_copy_out(dm_collective* c, const void* recv, const size_t* sc, const size_t* so,
+                                       size_t esize, unsigned char** copy) {
+    size_t span = 0;
+    int j;
+    for (j = 0; j < c->size; j++)
+        if ((so[j] + sc[j]) * esize > span) span = (so[j] + sc[j]) * esize;
+    *copy = (unsigned char*)_dm_malloc(&c->allocator, span);
+    if (!*copy) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "all_to_all: no memory for %zu bytes", span);
+    if (span) memcpy(*copy, recv, span);
+    return DM_OK;
+}
 /* A backend's slot gets send NULL for in place and copies this rank's own block itself (it
    may be device memory); the fallback through send and recv copies the outgoing blocks out of
    recv first. */
 _DM_PRIVATE dm_status _dm_run_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
                                            void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
-    size_t esize = dm_dtype_size(dtype), span = 0;
+    size_t esize = dm_dtype_size(dtype);
     unsigned char* copy = NULL;
     dm_status st;
-    int j;
     if (sc[c->rank] != rc[c->rank])
         return _DM_FAIL(c, DM_ERR_MISMATCH, "all_to_all_v: rank %d sends itself %zu elements but expects %zu",
                         c->rank, sc[c->rank], rc[c->rank]);
     if (_DM_VT_HAS(c->vt, all_to_all_v)) return c->vt->all_to_all_v(c, send, sc, so, recv, rc, ro, dtype);
     if (!send) {
-        for (j = 0; j < c->size; j++)
-            if ((so[j] + sc[j]) * esize > span) span = (so[j] + sc[j]) * esize;
-        copy = (unsigned char*)_dm_malloc(&c->allocator, span);
-        if (!copy) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "all_to_all: no memory for %zu bytes", span);
-        if (span) memcpy(copy, recv, span);
+        _DM_TRY(_dm_a2a_copy_out(c, recv, sc, so, esize, &copy));
         send = copy;
     }
     st = _dm_a2a_via_p2p(c, (const unsigned char*)send, sc, so, (unsigned char*)recv, rc, ro, dtype);
@@ -2015,55 +2037,36 @@ _DM_PRIVATE dm_status _dm_run_all_to_all(dm_collective* c, const dm_op* o) {
 
 _DM_PRIVATE dm_status _dm_op_run(dm_collective* c, const dm_op* o) {
     const dm_collective_vtable* vt = c->vt;
+    _dm_op_begin(c, o);
     switch (o->kind) {
         case DM_OP_BARRIER: return _dm_run_barrier(c);
-        case DM_OP_ALL_REDUCE:
-            _dm_begin(c, "all_reduce");
-            return vt->all_reduce(c, o->send, o->recv, o->count, o->dtype, o->op);
+        case DM_OP_ALL_REDUCE: return vt->all_reduce(c, o->send, o->recv, o->count, o->dtype, o->op);
         case DM_OP_ALL_GATHER:
-            _dm_begin(c, "all_gather");
             if (_DM_VT_HAS(vt, all_gather)) return vt->all_gather(c, o->send, o->recv, o->count, o->dtype);
             return _dm_all_gather_via_list(c, o->send, o->recv, o->count, o->dtype);
         case DM_OP_ALL_GATHER_TO_LIST:
-            _dm_begin(c, "all_gather_to_list");
             if (_DM_VT_HAS(vt, all_gather_to_list)) return vt->all_gather_to_list(c, o->send, o->recvs, o->count, o->dtype);
             return _dm_all_gather_list_via_block(c, o->send, o->recvs, o->count, o->dtype);
-        case DM_OP_REDUCE_SCATTER:
-            _dm_begin(c, "reduce_scatter");
-            return vt->reduce_scatter(c, o->send, o->recv, o->count, o->dtype, o->op);
-        case DM_OP_BROADCAST:
-            _dm_begin(c, "broadcast");
-            return vt->broadcast(c, o->recv, o->count, o->dtype, o->root);
+        case DM_OP_REDUCE_SCATTER: return vt->reduce_scatter(c, o->send, o->recv, o->count, o->dtype, o->op);
+        case DM_OP_BROADCAST: return vt->broadcast(c, o->recv, o->count, o->dtype, o->root);
         case DM_OP_ALL_GATHER_OBJECTS: return _dm_run_gather_objects(c, o->send, o->count, o->out_list);
         case DM_OP_BROADCAST_OBJECTS: return _dm_run_broadcast_objects(c, o->objects, o->count, o->root, o->out_list);
         case DM_OP_REDUCE:
-            _dm_begin(c, "reduce");
             if (_DM_VT_HAS(vt, reduce)) return vt->reduce(c, o->send, o->recv, o->count, o->dtype, o->op, o->root);
             return _dm_reduce_via_all_reduce(c, o);
         case DM_OP_GATHER:
-            _dm_begin(c, "gather");
             if (_DM_VT_HAS(vt, gather)) return vt->gather(c, o->send, o->recv, o->count, o->dtype, o->root);
             return _dm_gather_via_all_gather(c, o);
         case DM_OP_SCATTER:
-            _dm_begin(c, "scatter");
             if (_DM_VT_HAS(vt, scatter)) return vt->scatter(c, o->send, o->recv, o->count, o->dtype, o->root);
             return _dm_scatter_via_broadcast(c, o);
-        case DM_OP_ALL_TO_ALL:
-            _dm_begin(c, "all_to_all");
-            return _dm_run_all_to_all(c, o);
+        case DM_OP_ALL_TO_ALL: return _dm_run_all_to_all(c, o);
         case DM_OP_ALL_TO_ALL_V:
-            _dm_begin(c, "all_to_all_v");
             return _dm_run_all_to_all_v(c, o->send, o->send_counts, o->send_offsets, o->recv, o->recv_counts,
                                         o->recv_offsets, o->dtype);
-        case DM_OP_SEND:
-            _dm_errbuf(c)[0] = 0;
-            return vt->send(c, o->send, o->count, o->dtype, o->root, o->tag);
-        case DM_OP_RECV:
-            _dm_errbuf(c)[0] = 0;
-            return vt->recv(c, o->recv, o->count, o->dtype, o->root, o->tag);
-        case DM_OP_SPLIT:
-            _dm_begin(c, "split");
-            return vt->split(c, o->color, o->key, o->split_out);
+        case DM_OP_SEND: return vt->send(c, o->send, o->count, o->dtype, o->root, o->tag);
+        case DM_OP_RECV: return vt->recv(c, o->recv, o->count, o->dtype, o->root, o->tag);
+        case DM_OP_SPLIT: return vt->split(c, o->color, o->key, o->split_out);
     }
     return _DM_FAIL(c, DM_ERR_INTERNAL, "unknown operation kind %d", (int)o->kind);
 }
@@ -2101,12 +2104,6 @@ _DM_PRIVATE bool _dm_status_breaks(dm_status st) {
     return st == DM_ERR_TIMEOUT || st == DM_ERR_PEER_LOST || st == DM_ERR_MISMATCH || st == DM_ERR_NETWORK ||
            st == DM_ERR_PROTOCOL || st == DM_ERR_ABORTED || st == DM_ERR_NCCL || st == DM_ERR_CUDA ||
            st == DM_ERR_INTERNAL;
-}
-_DM_PRIVATE const char* _dm_op_name(dm_op_kind k) {
-    static const char* names[] = { "barrier", "all_reduce", "all_gather", "all_gather_to_list", "reduce_scatter",
-                                   "broadcast", "all_gather_objects", "broadcast_objects", "reduce", "gather",
-                                   "scatter", "all_to_all", "all_to_all_v", "send", "recv", "split" };
-    return (unsigned)k < sizeof(names) / sizeof(names[0]) ? names[k] : "operation";
 }
 
 /* The request at the head of the queue failed with st: every request queued behind it is done
@@ -2217,6 +2214,11 @@ _DM_PRIVATE void _dm_async_unlink(_dm_async* a, dm_request* r) {
     if (*p) *p = r->live;
 }
 
+/* r joins the requests dm_destroy frees if nobody waits for them. Caller holds mu. */
+_DM_PRIVATE void _dm_async_track(_dm_async* a, dm_request* r) {
+    r->live = a->live;
+    a->live = r;
+}
 /* Queues r for the progress thread (started here the first time). Caller holds mu. */
 _DM_PRIVATE dm_status _dm_async_enqueue(dm_collective* c, _dm_async* a, dm_request* r) {
     if (!a->started) {
@@ -2225,8 +2227,7 @@ _DM_PRIVATE dm_status _dm_async_enqueue(dm_collective* c, _dm_async* a, dm_reque
                             _dm_op_name(r->op.kind), strerror(errno));
         a->started = true;
     }
-    r->live = a->live;
-    a->live = r;
+    _dm_async_track(a, r);
     if (a->tail) a->tail->next = r; else a->head = r;
     a->tail = r;
     a->inflight++;
@@ -2285,17 +2286,17 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
     r = _dm_request_new(c, o);
     if (!r) { pthread_mutex_unlock(&a->mu); return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", _dm_op_name(o->kind)); }
     if (_DM_VT_HAS(c->vt, start) && _DM_VT_HAS(c->vt, finish) && a->inflight == 0) {
-        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) _dm_begin(c, _dm_op_name(o->kind));
+        uint64_t seq = __atomic_load_n(&c->seq, __ATOMIC_RELAXED);
+        _dm_op_begin(c, o);
         st = c->vt->start(c, &r->op, &r->token);
         if (st == DM_OK) {
-            r->live = a->live;
-            a->live = r;
+            _dm_async_track(a, r);
             pthread_mutex_unlock(&a->mu);
             *out = r;
             return DM_OK;
         }
         r->token = NULL;
-        if (o->kind != DM_OP_SEND && o->kind != DM_OP_RECV) __atomic_sub_fetch(&c->seq, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&c->seq, seq, __ATOMIC_RELAXED);   /* not started: the run below counts it */
         pthread_mutex_unlock(&a->mu);
         if (st != DM_ERR_UNSUPPORTED) { _dm_request_free(r); return st; }
         st = _dm_submit(c, o);  /* counts the sequence number itself */
@@ -2303,8 +2304,7 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
         r->status = st;
         r->done = true;
         _dm_copy_name(r->msg, sizeof(r->msg), c->last_error);
-        r->live = a->live;
-        a->live = r;
+        _dm_async_track(a, r);
         pthread_mutex_unlock(&a->mu);
         *out = r;
         return DM_OK;
@@ -3027,9 +3027,8 @@ _DM_PRIVATE void _dm_fp_text(const _dm_fp* f, char* buf, size_t cap) {
     if (f->dtype < 0) return;
     n += snprintf(buf + n, cap - (size_t)n, " (%s, count %llu", dm_dtype_name((dm_dtype)f->dtype),
                   (unsigned long long)f->count);
-    if ((size_t)n < cap && f->op >= 0 && (f->kind == _DM_K_ALL_REDUCE || f->kind == _DM_K_REDUCE_SCATTER))
-        n += snprintf(buf + n, cap - (size_t)n, ", %s", dm_reduce_op_name((dm_reduce_op)f->op));
-    if ((size_t)n < cap && f->op >= 0 && f->kind == _DM_K_REDUCE)
+    if ((size_t)n < cap && f->op >= 0 &&
+        (f->kind == _DM_K_ALL_REDUCE || f->kind == _DM_K_REDUCE_SCATTER || f->kind == _DM_K_REDUCE))
         n += snprintf(buf + n, cap - (size_t)n, ", %s", dm_reduce_op_name((dm_reduce_op)f->op));
     if ((size_t)n < cap && (f->kind == _DM_K_BROADCAST || f->kind == _DM_K_REDUCE || f->kind == _DM_K_GATHER ||
                             f->kind == _DM_K_SCATTER))
@@ -3746,13 +3745,15 @@ _DM_PRIVATE void _dm_fp_steps(_dm_fpbufs* b, const _dm_fp* fp, _dm_sstep* s, _dm
 }
 
 /* Exchange with one peer (or two): send slen bytes of sbuf to speer and receive rlen bytes from
-   rpeer into rbuf, each preceded by the fingerprint. speer/rpeer -1 = that direction is idle.
-   With reduce, what arrives is reduced into rbuf instead (rbuf = rbuf op received, read in
-   place from links that can peek: one copy less than receiving into scratch); rbuf may then
-   also be what is sent, and is written only behind the bytes already sent. */
-_DM_PRIVATE dm_status _dm_lk_exchange(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
-                                      size_t slen, int rpeer, void* rbuf, size_t rlen, bool reduce, dm_dtype dtype,
-                                      dm_reduce_op rop) {
+   rpeer into rbuf, each preceded by a fingerprint: fp goes out, and what arrives must equal
+   expect (the same as fp, except where the two sides of a pair describe it from their ends:
+   all_to_all). speer/rpeer -1 = that direction is idle. With reduce, what arrives is reduced
+   into rbuf instead (rbuf = rbuf op received, read in place from links that can peek: one copy
+   less than receiving into scratch); rbuf may then also be what is sent, and is written only
+   behind the bytes already sent. */
+_DM_PRIVATE dm_status _dm_lk_exchange(_dm_lk* lk, const char* op, const _dm_fp* fp, const _dm_fp* expect, int speer,
+                                      const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen, bool reduce,
+                                      dm_dtype dtype, dm_reduce_op rop) {
     _dm_sstep ss[2];
     _dm_rstep rs[2];
     _dm_fpbufs b;
@@ -3765,17 +3766,17 @@ _DM_PRIVATE dm_status _dm_lk_exchange(_dm_lk* lk, const char* op, const _dm_fp* 
     rs[1].after_send = reduce && speer >= 0 && sbuf == rbuf ? 1 : -1;
     x.op = op; x.speer = speer; x.rpeer = rpeer; x.ss = ss; x.rs = rs;
     x.ns = speer >= 0 ? 2 : 0; x.nr = rpeer >= 0 ? 2 : 0;
-    x.dtype = reduce ? dtype : DM_UINT8; x.rop = reduce ? rop : DM_SUM; x.expect = fp;
+    x.dtype = reduce ? dtype : DM_UINT8; x.rop = reduce ? rop : DM_SUM; x.expect = expect;
     return _dm_lk_run(lk, &x);
 }
 _DM_PRIVATE dm_status _dm_lk_sendrecv(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
                                       size_t slen, int rpeer, void* rbuf, size_t rlen) {
-    return _dm_lk_exchange(lk, op, fp, speer, sbuf, slen, rpeer, rbuf, rlen, false, DM_UINT8, DM_SUM);
+    return _dm_lk_exchange(lk, op, fp, fp, speer, sbuf, slen, rpeer, rbuf, rlen, false, DM_UINT8, DM_SUM);
 }
 _DM_PRIVATE dm_status _dm_lk_sendrecv_reduce(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
                                              int rpeer, void* buf, size_t count, dm_dtype dtype, dm_reduce_op rop) {
     size_t bytes = count * dm_dtype_size(dtype);
-    return _dm_lk_exchange(lk, op, fp, speer, sbuf, bytes, rpeer, buf, bytes, true, dtype, rop);
+    return _dm_lk_exchange(lk, op, fp, fp, speer, sbuf, bytes, rpeer, buf, bytes, true, dtype, rop);
 }
 
 /* Step arrays for a ring transfer of n steps each way, with the fingerprint in step 0. */
@@ -4114,37 +4115,23 @@ _DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const si
                                           const size_t* rc, const size_t* ro, dm_dtype dtype) {
     dm_collective* c = lk->c;
     int W = c->size, r = c->rank, k;
-    size_t esize = dm_dtype_size(dtype), span = 0;
+    size_t esize = dm_dtype_size(dtype);
     const unsigned char* in = (const unsigned char*)send;
     unsigned char *out = (unsigned char*)recv, *copy = NULL;
     dm_status st = DM_OK;
     _DM_TRY(_dm_lk_check_broken(lk, "all_to_all"));
     if (!in) {
-        for (k = 0; k < W; k++)
-            if ((so[k] + sc[k]) * esize > span) span = (so[k] + sc[k]) * esize;
-        copy = (unsigned char*)_dm_malloc(&c->allocator, span);
-        if (!copy) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: all_to_all: no memory for %zu bytes", lk->tag, span);
-        if (span) memcpy(copy, out, span);
+        _DM_TRY(_dm_a2a_copy_out(c, out, sc, so, esize, &copy));
         in = copy;
     }
     if (sc[r]) memcpy(out + ro[r] * esize, in + so[r] * esize, sc[r] * esize);
     for (k = 1; k < W && st == DM_OK; k++) {
         int to = (r + k) % W, from = (r - k + W) % W;
-        _dm_sstep ss[2];
-        _dm_rstep rs[2];
-        _dm_fpbufs b;
         _dm_fp mine, expect;
-        _DM_ZERO(_dm_xfer, x);
         _dm_fp_make(&mine, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(rc[to]), sc[to]);
         _dm_fp_make(&expect, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(sc[from]), rc[from]);
-        _dm_fp_steps(&b, &mine, &ss[0], &rs[0]);
-        memset(&ss[1], 0, sizeof(ss[1]));
-        memset(&rs[1], 0, sizeof(rs[1]));
-        ss[1].buf = in + so[to] * esize; ss[1].len = sc[to] * esize; ss[1].gate = -1;
-        rs[1].buf = out + ro[from] * esize; rs[1].len = rc[from] * esize; rs[1].after_send = -1;
-        x.op = "all_to_all"; x.speer = to; x.rpeer = from; x.ss = ss; x.ns = 2; x.rs = rs; x.nr = 2;
-        x.dtype = DM_UINT8; x.rop = DM_SUM; x.expect = &expect;
-        st = _dm_lk_run(lk, &x);
+        st = _dm_lk_exchange(lk, "all_to_all", &mine, &expect, to, in + so[to] * esize, sc[to] * esize, from,
+                             out + ro[from] * esize, rc[from] * esize, false, DM_UINT8, DM_SUM);
     }
     _dm_free(&c->allocator, copy);
     return st;
@@ -4178,11 +4165,14 @@ _DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, si
         st = _dm_lk_allreduce_rd(lk, out, count, dtype, op, &fp);
     } else {
         st = _dm_lk_allreduce_ring(lk, send, out, count, dtype, op, &fp, true);
-        for (q = 0; q < W && st == DM_OK; q++) {
-            if (q == root || (r != root && q != r)) continue;
+        if (st == DM_OK && r != root) {        /* this rank's block to the root */
+            _dm_segment(count, W, r, &off, &len);
+            st = _dm_lk_sendrecv(lk, "reduce", &fp, root, out + off * esize, len * esize, root, NULL, 0);
+        }
+        for (q = 0; q < W && st == DM_OK && r == root; q++) {   /* the root takes every other block */
+            if (q == root) continue;
             _dm_segment(count, W, q, &off, &len);
-            if (r == root) st = _dm_lk_sendrecv(lk, "reduce", &fp, q, NULL, 0, q, out + off * esize, len * esize);
-            else st = _dm_lk_sendrecv(lk, "reduce", &fp, root, out + off * esize, len * esize, root, NULL, 0);
+            st = _dm_lk_sendrecv(lk, "reduce", &fp, q, NULL, 0, q, out + off * esize, len * esize);
         }
     }
     if (out != recv) _dm_free(&c->allocator, out);
