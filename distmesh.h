@@ -231,6 +231,11 @@ typedef struct dm_fake_desc {
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever */
     dm_logger logger;           /* 0 -> silent */
     dm_allocator allocator;     /* 0 -> malloc/free */
+    /* NULL -> nodes from local_world_size; else world_size entries >= 0: rank r lives on
+       simulated host host_of[r] (any layout: uneven, interleaved). The threaded world's
+       schedules then run as on that many hosts (README "Across hosts"), with the bits TCP
+       gives on the same layout (DISTMESH_TEST_HOST_ID). */
+    const int* host_of;
 } dm_fake_desc;
 
 /* One rank's body for dm_thread_world_run; returns DM_OK or a failure status. */
@@ -344,6 +349,12 @@ DM_API const char* dm_backend_name(const dm_collective* c); /* "fake", "thread",
    TCP group), "thread", "fake", "nccl". Chosen per group at create and split
    (DISTMESH_TRANSPORT, dm_tcp_desc.transport). */
 DM_API const char* dm_transport_name(const dm_collective* c);
+/* The algorithm the last collective on c ran (README "Across hosts"): "flat_ring", "flat_rd",
+   "two_level_ring", "two_level_rd" (all_reduce, reduce), "flat_ring" / "two_level_ring"
+   (all_gather, reduce_scatter), "flat_chain" / "two_level_chain" (broadcast),
+   "flat_dissemination" / "two_level_dissemination" (barrier); "" before the first and on
+   backends that do not say (fake, nccl). Read it with nothing in flight. */
+DM_API const char* dm_last_algorithm(const dm_collective* c);
 /* The native handle (the seeds' process_group): ncclComm_t for NCCL, NULL where none. */
 DM_API void* dm_native_handle(dm_collective* c);
 DM_API const char* dm_last_error(const dm_collective* c);  /* "" after success; never NULL */
@@ -660,6 +671,7 @@ struct dm_collective {
     char last_error[DM_LAST_ERROR_SIZE];
     struct _dm_async* async;    /* the core's: requests and their progress thread, or NULL */
     int busy;                   /* the core's: a blocking call runs on the caller's thread */
+    const char* algorithm;      /* the last collective's algorithm (a static string), or NULL */
 };
 
 #ifdef __cplusplus
@@ -2595,6 +2607,9 @@ DM_API_IMPL const char* dm_transport_name(const dm_collective* c) {
     if (c && c->vt && _DM_VT_HAS(c->vt, transport)) return c->vt->transport(c);
     return dm_backend_name(c);
 }
+DM_API_IMPL const char* dm_last_algorithm(const dm_collective* c) {
+    return c && c->algorithm ? c->algorithm : "";
+}
 DM_API_IMPL void* dm_native_handle(dm_collective* c) {
     if (!c || !_DM_VT_HAS(c->vt, native_handle)) return NULL;
     return c->vt->native_handle(c);
@@ -2643,7 +2658,7 @@ static void _dm_fake_fold(const dm_collective* c, void* dst, const void* src, si
         if (op == DM_MEAN) dm_divide_local(dtype, d, m, c->size);
     }
 }
-/* The value recursive doubling (>>schedules, _dm_lk_allreduce_rd) computes when every rank holds
+/* The value recursive doubling (>>schedules, _dm_lk_rd) computes when every rank holds
    x, per block of m elements: ranks folded into pairs hold A = x op x, the others B = x; each
    round combines aligned groups of newranks two halves at a time. A group wholly below rem
    holds A_k, wholly above B_k, and at most one group per level straddles rem: S. */
@@ -2797,7 +2812,26 @@ static dm_status _dm_fake_desc_check(const dm_fake_desc* d, bool check_rank, cha
     if (check_rank && (d->rank < 0 || d->rank >= _dm_def(d->world_size, 1)))
         return _DM_REPORT(&d->logger, err, cap, DM_ERR_INVALID_ARG,
                           "fake: rank %d is not below world_size %d", d->rank, _dm_def(d->world_size, 1));
+    if (d->host_of) {
+        int r;
+        for (r = 0; r < _dm_def(d->world_size, 1); r++)
+            if (d->host_of[r] < 0)
+                return _DM_REPORT(&d->logger, err, cap, DM_ERR_INVALID_ARG,
+                                  "fake: host_of[%d] is %d; hosts are numbers >= 0", r, d->host_of[r]);
+    }
     return DM_OK;
+}
+/* Rank c->rank on host host_of[rank]: its local rank and size, and the node name dm_local
+   groups by. */
+static void _dm_fake_set_host(dm_collective* c, const int* host_of) {
+    int r;
+    c->local_rank = c->local_size = 0;
+    for (r = 0; r < c->size; r++) {
+        if (host_of[r] != host_of[c->rank]) continue;
+        if (r < c->rank) c->local_rank++;
+        c->local_size++;
+    }
+    snprintf(c->node_name, sizeof(c->node_name), "%s-node-%d", c->vt->name, host_of[c->rank]);
 }
 /* Node k holds ranks [k*L, (k+1)*L): the local rank and the node's size for rank r. */
 static void _dm_fake_set_local(dm_collective* c, int local_world_size) {
@@ -2812,7 +2846,8 @@ static dm_status _dm_fake_create_with(const dm_fake_desc* d, dm_collective** out
     if (!f) return DM_ERR_OUT_OF_MEMORY;
     _dm_collective_init(&f->base, &_dm_fake_vtable, d->rank, _dm_def(d->world_size, 1), d->timeout_ms,
                         &d->logger, &d->allocator);
-    _dm_fake_set_local(&f->base, d->local_world_size);
+    if (d->host_of) _dm_fake_set_host(&f->base, d->host_of);
+    else _dm_fake_set_local(&f->base, d->local_world_size);
     *out = &f->base;
     return DM_OK;
 }
@@ -3081,6 +3116,45 @@ typedef struct _dm_inbox {
     unsigned char* dst;
     size_t len, fill, pad, padfill;
 } _dm_inbox;
+/* >>layout  Which ranks share a host, as the schedules see it: hosts numbered by first
+   appearance, each host's ranks in rank order. One host (every rank) unless the backend says
+   otherwise (_dm_lk_set_hosts). All arrays live in one allocation owned by the _dm_lk. */
+/* The algorithms a group may run, and DISTMESH_ALGO's names for them. A family (flat,
+   two_level) forces the level and leaves ring or recursive doubling to the cost model; an
+   algorithm forces both where it can run (a ring needs at least one element per rank of its
+   ring; else its family's other form runs). Collectives without a ring and an rd form
+   (broadcast, barrier, all_gather, reduce_scatter) follow the family. */
+enum {
+    _DM_ALGO_AUTO = 0, _DM_ALGO_FLAT, _DM_ALGO_TWO_LEVEL,
+    _DM_ALGO_FLAT_RING, _DM_ALGO_FLAT_RD, _DM_ALGO_TWO_LEVEL_RING, _DM_ALGO_TWO_LEVEL_RD, _DM_ALGO_COUNT
+};
+static const char* const _dm_algo_names[_DM_ALGO_COUNT] = {
+    "auto", "flat", "two_level", "flat_ring", "flat_rd", "two_level_ring", "two_level_rd"
+};
+/* DISTMESH_ALGO (unset or empty: auto). An unknown name is DM_ERR_ENV naming what is accepted. */
+_DM_PRIVATE dm_status _dm_algo_from_env(int* out, char* err, size_t cap) {
+    const char* v = getenv("DISTMESH_ALGO");
+    int k;
+    *out = _DM_ALGO_AUTO;
+    if (!v || !*v) return DM_OK;
+    for (k = 0; k < _DM_ALGO_COUNT; k++)
+        if (strcmp(v, _dm_algo_names[k]) == 0) { *out = k; return DM_OK; }
+    snprintf(err, cap, "DISTMESH_ALGO=\"%.64s\" is not an algorithm; use auto, flat, two_level, flat_ring, "
+             "flat_rd, two_level_ring or two_level_rd", v);
+    return DM_ERR_ENV;
+}
+
+typedef struct _dm_layout {
+    int H;                      /* hosts */
+    int Lmin, Lmax;             /* fewest and most ranks on one host */
+    int* host_of;               /* rank -> host */
+    int* local;                 /* rank -> its index among its host's ranks */
+    int* members;               /* ranks host by host: host h's are members[start[h] .. start[h+1]) */
+    int* start;                 /* H + 1 entries */
+    int* team;                  /* scratch for one team's ranks (rails, chains): size entries */
+    bool contiguous;            /* every host's ranks are consecutive numbers */
+} _dm_layout;
+
 typedef struct _dm_lk {
     dm_collective* c;
     const char* tag;            /* message prefix: the backend */
@@ -3109,14 +3183,56 @@ typedef struct _dm_lk {
     size_t ubytes;              /* their bytes, bounded by DISTMESH_MAX_OBJECT_BYTES */
     uint64_t* sent;             /* per rank: point-to-point messages sent to it (their number) */
     struct pollfd* pfds;        /* size + 2 entries for _dm_lk_block */
+    _dm_layout lay;             /* which ranks share a host (>>layout) */
+    int algo;                   /* DISTMESH_ALGO: _DM_ALGO_AUTO or the family / algorithm forced */
 } _dm_lk;
 
-/* Scratch, ring order (identity) and the wait policy; links are the backend's to fill. */
+/* Tells the group which ranks share a host: host_of[r] is any number naming rank r's host
+   (equal numbers, same host; may alias lk->lay.host_of). Renumbers the hosts by first
+   appearance, lists each host's ranks, and puts the flat ring in host order (ranks sorted by
+   host, then by rank, as NCCL orders rings), so a ring crosses hosts once per host instead of
+   at every hop. Every rank of the group must be given the same layout. */
+_DM_PRIVATE void _dm_lk_set_hosts(_dm_lk* lk, const int* host_of) {
+    _dm_layout* y = &lk->lay;
+    int W = lk->c->size, r, q, h, p = 0;
+    for (r = 0; r < W; r++) y->team[r] = host_of[r];     /* host_of may be y->host_of */
+    y->H = 0;
+    for (r = 0; r < W; r++) {
+        for (q = 0; q < r && y->team[q] != y->team[r]; q++) {}
+        y->host_of[r] = q < r ? y->host_of[q] : y->H++;
+    }
+    y->Lmin = W;
+    y->Lmax = 0;
+    y->contiguous = true;
+    for (h = 0; h < y->H; h++) {
+        y->start[h] = p;
+        for (r = 0; r < W; r++)
+            if (y->host_of[r] == h) {
+                if (p > y->start[h] && y->members[p - 1] != r - 1) y->contiguous = false;
+                y->local[r] = p - y->start[h];
+                y->members[p] = r;
+                lk->order[p] = r;
+                lk->slot[r] = p;
+                p++;
+            }
+        if (p - y->start[h] < y->Lmin) y->Lmin = p - y->start[h];
+        if (p - y->start[h] > y->Lmax) y->Lmax = p - y->start[h];
+    }
+    y->start[y->H] = p;
+}
+
+/* Scratch, ring order (identity), one host, DISTMESH_ALGO and the wait policy; links are the
+   backend's to fill. A bad DISTMESH_ALGO is DM_ERR_ENV with its message in last_error. */
 _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag, size_t chunk) {
     int r, W = c->size;
     memset(lk, 0, sizeof(*lk));
     lk->c = c;
     lk->tag = tag;
+    {
+        char err[200];
+        if (_dm_algo_from_env(&lk->algo, err, sizeof(err)) != DM_OK)
+            return _DM_FAIL(c, DM_ERR_ENV, "%s: %s", tag, err);
+    }
     chunk = chunk ? chunk : ((size_t)512 << 10);
     lk->chunk = (chunk + 7) / 8 * 8;    /* a whole number of elements of every dtype */
     lk->tmp_size = lk->chunk > _DM_LK_SMALL_BYTES ? lk->chunk : _DM_LK_SMALL_BYTES;
@@ -3126,9 +3242,16 @@ _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag,
     lk->inbox = (_dm_inbox*)_dm_calloc(&c->allocator, sizeof(_dm_inbox) * (size_t)W);
     lk->sent = (uint64_t*)_dm_calloc(&c->allocator, sizeof(uint64_t) * (size_t)W);
     lk->pfds = (struct pollfd*)_dm_calloc(&c->allocator, sizeof(struct pollfd) * ((size_t)W + 2));
-    if (!lk->tmp || !lk->links || !lk->order || !lk->inbox || !lk->sent || !lk->pfds) return DM_ERR_OUT_OF_MEMORY;
+    lk->lay.host_of = (int*)_dm_calloc(&c->allocator, sizeof(int) * (5 * (size_t)W + 1));
+    if (!lk->tmp || !lk->links || !lk->order || !lk->inbox || !lk->sent || !lk->pfds || !lk->lay.host_of)
+        return DM_ERR_OUT_OF_MEMORY;
     lk->slot = lk->order + W;
     for (r = 0; r < W; r++) lk->order[r] = lk->slot[r] = r;
+    lk->lay.local = lk->lay.host_of + W;
+    lk->lay.members = lk->lay.local + W;
+    lk->lay.team = lk->lay.members + W;
+    lk->lay.start = lk->lay.team + W;
+    _dm_lk_set_hosts(lk, lk->lay.host_of);     /* all zeros: one host */
     memset(lk->tmp, 0, lk->tmp_size);   /* fault the scratch in now, not in the first collectives */
     lk->spin_us = 50;
     lk->yield_us = 1000;
@@ -3155,7 +3278,9 @@ _DM_PRIVATE void _dm_lk_release(_dm_lk* lk) {
     _dm_free(a, lk->inbox);
     _dm_free(a, lk->sent);
     _dm_free(a, lk->pfds);
+    _dm_free(a, lk->lay.host_of);
     lk->pfds = NULL;
+    lk->lay.host_of = NULL;
     lk->links = NULL; lk->order = NULL; lk->tmp = NULL; lk->inbox = NULL; lk->sent = NULL;
 }
 /* Waiting policy for `local` ranks of a group on this host: spin only while every rank can
@@ -3168,15 +3293,6 @@ _DM_PRIVATE void _dm_lk_set_policy(_dm_lk* lk, int local) {
     lk->yield_us = local <= cores ? 1000 : 200;
 }
 
-/* Puts this rank's ring in host order: ranks sorted by the first appearance of their host key
-   (host_of[r], an index), then by rank, as NCCL orders rings, so a ring crosses hosts once
-   per host instead of at every hop. */
-_DM_PRIVATE void _dm_lk_order_by_host(_dm_lk* lk, const int* host_of) {
-    int W = lk->c->size, p = 0, h, r;
-    for (h = 0; h < W; h++)
-        for (r = 0; r < W; r++)
-            if (host_of[r] == h) { lk->order[p] = r; lk->slot[r] = p; p++; }
-}
 
 /* Posts the first failure into the shared abort word and wakes every same-host rank. */
 _DM_PRIVATE void _dm_lk_post_abort(_dm_lk* lk, dm_status st) {
@@ -3792,46 +3908,72 @@ _DM_PRIVATE dm_status _dm_steps_alloc(_dm_lk* lk, _dm_steps* st, int n, const _d
     _dm_fp_steps(&st->b, fp, &st->ss[0], &st->rs[0]);
     return DM_OK;
 }
-/* Runs n ring steps each way: send to the next rank in ring order, receive from the previous. */
-_DM_PRIVATE dm_status _dm_steps_run(_dm_lk* lk, _dm_steps* st, int n, const char* op, dm_dtype dtype,
-                                    dm_reduce_op rop, const _dm_fp* fp) {
-    int W = lk->c->size, p = lk->slot[lk->c->rank];
+
+/* >>teams  A team is the ranks one phase of a schedule runs among, in the phase's order (a
+   ring's positions); me is this rank's index in it. ranks NULL means rank i at index i. The
+   flat ring is the whole group in host order; the two-level schedules run on one host's ranks
+   (a slice of the layout's members), on a rail (local rank i of every host, host order, built
+   in the layout's team scratch) or on a chain that starts at a root. */
+typedef struct _dm_team { const int* ranks; int n, me; } _dm_team;
+_DM_PRIVATE int _dm_team_rank(const _dm_team* t, int i) { return t->ranks ? t->ranks[i] : i; }
+_DM_PRIVATE int _dm_team_at(const _dm_team* t, int k) { return _dm_team_rank(t, _dm_mod(t->me + k, t->n)); }
+_DM_PRIVATE _dm_team _dm_team_of(const int* ranks, int n, int me) {
+    _dm_team t;
+    t.ranks = ranks; t.n = n; t.me = me;
+    return t;
+}
+_DM_PRIVATE _dm_team _dm_lk_flat(const _dm_lk* lk) { return _dm_team_of(lk->order, lk->c->size, lk->slot[lk->c->rank]); }
+_DM_PRIVATE _dm_team _dm_lk_identity(const _dm_lk* lk) { return _dm_team_of(NULL, lk->c->size, lk->c->rank); }
+/* This rank's host: its first n ranks (n <= the host's size) in local order. */
+_DM_PRIVATE _dm_team _dm_lk_host(const _dm_lk* lk, int n) {
+    const _dm_layout* y = &lk->lay;
+    return _dm_team_of(y->members + y->start[y->host_of[lk->c->rank]], n, y->local[lk->c->rank]);
+}
+_DM_PRIVATE int _dm_lk_host_size(const _dm_lk* lk, int h) { return lk->lay.start[h + 1] - lk->lay.start[h]; }
+/* Rail i: local rank i of every host (each has one), in host order. Uses the team scratch. */
+_DM_PRIVATE _dm_team _dm_lk_rail(_dm_lk* lk, int i) {
+    _dm_layout* y = &lk->lay;
+    int h;
+    for (h = 0; h < y->H; h++) y->team[h] = y->members[y->start[h] + i];
+    return _dm_team_of(y->team, y->H, y->host_of[lk->c->rank]);
+}
+
+/* Runs n ring steps each way over team t: send to the next position, receive from the previous. */
+_DM_PRIVATE dm_status _dm_steps_run(_dm_lk* lk, const _dm_team* t, _dm_steps* st, int n, const char* op,
+                                    dm_dtype dtype, dm_reduce_op rop, const _dm_fp* fp) {
     dm_status rc;
     _DM_ZERO(_dm_xfer, x);
-    x.op = op; x.speer = lk->order[(p + 1) % W]; x.rpeer = lk->order[(p - 1 + W) % W];
+    x.op = op; x.speer = _dm_team_at(t, 1); x.rpeer = _dm_team_at(t, -1);
     x.ss = st->ss; x.ns = n; x.rs = st->rs; x.nr = n; x.dtype = dtype; x.rop = rop; x.expect = fp;
     rc = _dm_lk_run(lk, &x);
     _dm_free(&lk->c->allocator, st->ss);
     _dm_free(&lk->c->allocator, st->rs);
     return rc;
 }
-/* The rank whose block sits at ring position p + k (blocks belong to ranks, rings to positions). */
-_DM_PRIVATE int _dm_lk_at(const _dm_lk* lk, int k) {
-    int W = lk->c->size;
-    return lk->order[_dm_mod(lk->slot[lk->c->rank] + k, W)];
-}
 
 /* Only the fingerprints around the ring (count 0: the arguments still have to agree). */
 _DM_PRIVATE dm_status _dm_lk_fp_only(_dm_lk* lk, const char* op, const _dm_fp* fp) {
-    return _dm_lk_sendrecv(lk, op, fp, _dm_lk_at(lk, 1), NULL, 0, _dm_lk_at(lk, -1), NULL, 0);
+    _dm_team t = _dm_lk_flat(lk);
+    return _dm_lk_sendrecv(lk, op, fp, _dm_team_at(&t, 1), NULL, 0, _dm_team_at(&t, -1), NULL, 0);
 }
 
-/* Recursive doubling on recv (already holding this rank's data). Worlds that are not a power of
-   two first fold rank 2i into 2i+1 for i < rem, and hand the result back at the end. The
-   order of reduction is fixed by the ranks alone: the same bits on every transport. */
-_DM_PRIVATE dm_status _dm_lk_allreduce_rd(_dm_lk* lk, void* recv, size_t count, dm_dtype dtype, dm_reduce_op op,
-                                          const _dm_fp* fp) {
+/* Recursive doubling over team t on recv (already holding this rank's data). Teams that are
+   not a power of two first fold index 2i into 2i+1 for i < rem, and hand the result back at
+   the end. The order of reduction is fixed by the team alone: the same bits on every
+   transport. divide > 0: MEAN, the result is divided by it. */
+_DM_PRIVATE dm_status _dm_lk_rd(_dm_lk* lk, const _dm_team* t, void* recv, size_t count, dm_dtype dtype,
+                                dm_reduce_op op, int divide, const _dm_fp* fp) {
     static const char* name = "all_reduce";
-    int W = lk->c->size, r = lk->c->rank, p = 1, rem, newrank, mask;
+    int W = t->n, r = t->me, p = 1, rem, newrank, mask;
     size_t bytes = count * dm_dtype_size(dtype);
     while (p * 2 <= W) p *= 2;
     rem = W - p;
     if (r < 2 * rem) {
         if (r % 2 == 0) {
-            _DM_TRY(_dm_lk_sendrecv(lk, name, fp, r + 1, recv, bytes, -1, NULL, 0));
+            _DM_TRY(_dm_lk_sendrecv(lk, name, fp, _dm_team_rank(t, r + 1), recv, bytes, -1, NULL, 0));
             newrank = -1;
         } else {
-            _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, -1, NULL, r - 1, recv, count, dtype, op));
+            _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, -1, NULL, _dm_team_rank(t, r - 1), recv, count, dtype, op));
             newrank = r / 2;
         }
     } else {
@@ -3839,57 +3981,242 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_rd(_dm_lk* lk, void* recv, size_t count, 
     }
     if (newrank >= 0) {
         for (mask = 1; mask < p; mask <<= 1) {
-            int pn = newrank ^ mask, peer = pn < rem ? pn * 2 + 1 : pn + rem;
+            int pn = newrank ^ mask, peer = _dm_team_rank(t, pn < rem ? pn * 2 + 1 : pn + rem);
             /* IEEE +, *, max, min are commutative, so both partners compute the same bits */
             _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, peer, recv, peer, recv, count, dtype, op));
         }
     }
     if (r < 2 * rem) {
-        if (r % 2) _DM_TRY(_dm_lk_sendrecv(lk, name, fp, r - 1, recv, bytes, -1, NULL, 0));
-        else _DM_TRY(_dm_lk_sendrecv(lk, name, fp, -1, NULL, 0, r + 1, recv, bytes));
+        if (r % 2) _DM_TRY(_dm_lk_sendrecv(lk, name, fp, _dm_team_rank(t, r - 1), recv, bytes, -1, NULL, 0));
+        else _DM_TRY(_dm_lk_sendrecv(lk, name, fp, -1, NULL, 0, _dm_team_rank(t, r + 1), recv, bytes));
     }
-    if (op == DM_MEAN) dm_divide_local(dtype, recv, count, W);
+    if (divide) dm_divide_local(dtype, recv, count, divide);
     return DM_OK;
 }
 
-/* Ring all-reduce over ring positions: W-1 reduce-scatter steps (step g sends the block of
-   position p-g-1, receives and reduces that of p-g-2, so each rank ends holding its own block)
-   then W-1 all-gather steps (step g sends the block of p-g, receives that of p-g-1), all in
-   one pipelined stream. Block b is reduced in ring order starting after position b.
-   scatter_only: the first W-1 steps alone (dm_reduce), leaving rank r with block r. */
-_DM_PRIVATE dm_status _dm_lk_allreduce_ring(_dm_lk* lk, const void* send, void* recv, size_t count,
-                                            dm_dtype dtype, dm_reduce_op op, const _dm_fp* fp, bool scatter_only) {
-    int W = lk->c->size, g, n = (scatter_only ? 1 : 2) * (W - 1) + 1;
+/* Ring all-reduce over team t, blocks by position: _dm_segment(count, n, p) is position p's.
+   Its reduce-scatter steps (_DM_RING_RS: step g sends the block of position me-g-1 and
+   receives and reduces that of me-g-2, so each position ends holding its own block, reduced
+   in ring order starting after it) and its all-gather steps (_DM_RING_AG: step g sends the
+   block of me-g, receives that of me-g-1) run as one pipelined stream. The all-gather alone
+   starts from each position holding its own block in recv. divide > 0: MEAN's division, done
+   on the last reduction of each block. */
+#define _DM_RING_RS 1
+#define _DM_RING_AG 2
+_DM_PRIVATE dm_status _dm_lk_ring(_dm_lk* lk, const _dm_team* t, const void* send, void* recv, size_t count,
+                                  dm_dtype dtype, dm_reduce_op op, int divide, const _dm_fp* fp, int phases) {
+    int W = t->n, g, k = 1, nrs = (phases & _DM_RING_RS) ? W - 1 : 0, nag = (phases & _DM_RING_AG) ? W - 1 : 0;
     size_t esize = dm_dtype_size(dtype), off, len;
     const unsigned char* in = (const unsigned char*)send;
     unsigned char* out = (unsigned char*)recv;
     _dm_steps st;
-    _DM_TRY(_dm_steps_alloc(lk, &st, n, fp, "all_reduce"));
-    for (g = 0; g < W - 1; g++) {
-        _dm_segment(count, W, _dm_lk_at(lk, -g - 1), &off, &len);
-        st.ss[1 + g].buf = (g == 0 ? in : out) + off * esize;
-        st.ss[1 + g].len = len * esize;
-        st.ss[1 + g].gate = g == 0 ? -1 : g;
-        _dm_segment(count, W, _dm_lk_at(lk, -g - 2), &off, &len);
-        st.rs[1 + g].buf = out + off * esize;
-        st.rs[1 + g].len = len * esize;
-        st.rs[1 + g].own = in + off * esize;
-        st.rs[1 + g].after_send = -1;
-        st.rs[1 + g].divide = (op == DM_MEAN && g == W - 2) ? W : 0;
+    _DM_TRY(_dm_steps_alloc(lk, &st, 1 + nrs + nag, fp, "all_reduce"));
+    for (g = 0; g < nrs; g++, k++) {
+        _dm_segment(count, W, _dm_mod(t->me - g - 1, W), &off, &len);
+        st.ss[k].buf = (g == 0 ? in : out) + off * esize;
+        st.ss[k].len = len * esize;
+        st.ss[k].gate = g == 0 ? -1 : k - 1;
+        _dm_segment(count, W, _dm_mod(t->me - g - 2, W), &off, &len);
+        st.rs[k].buf = out + off * esize;
+        st.rs[k].len = len * esize;
+        st.rs[k].own = in + off * esize;
+        st.rs[k].after_send = -1;
+        st.rs[k].divide = g == W - 2 ? divide : 0;
     }
-    for (g = 0; g < W - 1 && !scatter_only; g++) {
-        int k = W + g;
-        _dm_segment(count, W, _dm_lk_at(lk, -g), &off, &len);
-        st.ss[k].buf = out + off * esize; st.ss[k].len = len * esize; st.ss[k].gate = k - 1;
-        _dm_segment(count, W, _dm_lk_at(lk, -g - 1), &off, &len);
+    for (g = 0; g < nag; g++, k++) {
+        _dm_segment(count, W, _dm_mod(t->me - g, W), &off, &len);
+        st.ss[k].buf = out + off * esize; st.ss[k].len = len * esize; st.ss[k].gate = k - 1 >= 1 ? k - 1 : -1;
+        _dm_segment(count, W, _dm_mod(t->me - g - 1, W), &off, &len);
         st.rs[k].buf = out + off * esize; st.rs[k].len = len * esize; st.rs[k].after_send = -1;
     }
-    return _dm_steps_run(lk, &st, n, "all_reduce", dtype, op, fp);
+    return _dm_steps_run(lk, t, &st, k, "all_reduce", dtype, op, fp);
 }
+
+/* Two-level all-reduce on recv (holding this rank's data) with R rails, R at most the
+   smallest host's size:
+     1. fold: on every host, local rank e >= R sends its data to local rank e mod R, which
+        reduces what it gets in local order;
+     2. the host's first R ranks reduce-scatter (ring): local rank i ends with block i of R;
+     3. rail i (local rank i of every host) all-reduces block i across hosts: a ring when the
+        block has an element per host and rail_ring is set, else recursive doubling;
+     4. the first R ranks all-gather (ring); 5. each sends the result to the ranks it folded.
+   R = 1 is the small-message form: reduce to a host leader, recursive doubling among the
+   leaders, broadcast inside the host. Every step's order is fixed by the layout, so the bits
+   are the same on every transport. */
+_DM_PRIVATE dm_status _dm_lk_allreduce_2l(_dm_lk* lk, void* recv, size_t count, dm_dtype dtype, dm_reduce_op op,
+                                          int divide, const _dm_fp* fp, int R, bool rail_ring) {
+    static const char* name = "all_reduce";
+    const _dm_layout* y = &lk->lay;
+    int me = lk->c->rank, i = y->local[me], L = _dm_lk_host_size(lk, y->host_of[me]), e;
+    size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
+    _dm_team host = _dm_lk_host(lk, R), rail;
+    unsigned char* block;
+    if (i >= R) {                               /* folded: data to the core rank, result back */
+        int core = host.ranks[i % R];
+        _DM_TRY(_dm_lk_sendrecv(lk, name, fp, core, recv, bytes, -1, NULL, 0));
+        return _dm_lk_sendrecv(lk, name, fp, -1, NULL, 0, core, recv, bytes);
+    }
+    for (e = i + R; e < L; e += R)
+        _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, -1, NULL, host.ranks[e], recv, count, dtype, op));
+    if (R > 1) _DM_TRY(_dm_lk_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_RING_RS));
+    _dm_segment(count, R, i, &off, &len);
+    block = (unsigned char*)recv + off * esize;
+    rail = _dm_lk_rail(lk, i);
+    if (rail.n == 1) {
+        if (divide) dm_divide_local(dtype, block, len, divide);
+    } else if (rail_ring && len >= (size_t)rail.n) {
+        _DM_TRY(_dm_lk_ring(lk, &rail, block, block, len, dtype, op, divide, fp, _DM_RING_RS | _DM_RING_AG));
+    } else {
+        _DM_TRY(_dm_lk_rd(lk, &rail, block, len, dtype, op, divide, fp));
+    }
+    if (R > 1) _DM_TRY(_dm_lk_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_RING_AG));
+    for (e = i + R; e < L; e += R)
+        _DM_TRY(_dm_lk_sendrecv(lk, name, fp, host.ranks[e], recv, bytes, -1, NULL, 0));
+    return DM_OK;
+}
+
+/* >>choice  Which algorithm a collective runs: a fixed function of the group's size, its host
+   layout, the count and the dtype, so every rank of a group picks the same one, and the same
+   inputs on the same layout give the same bits on every transport (the threaded world given
+   that layout, shared memory + sockets, sockets alone). Nothing is measured at run time.
+
+   The model (Hockney: a message of b bytes over a link of class c costs alpha_c + b * beta_c;
+   the steps of one phase run on all links at once, so a phase costs its slowest link's steps)
+   has three link classes, written here:
+     shared memory         alpha 1 us,  beta 0.125 ns/B (8 GB/s, one core's memcpy)
+     same-host socket      alpha 10 us, beta 0.6 ns/B   (1.6 GB/s, loopback TCP)
+     cross-host socket     alpha 25 us, beta 0.8 ns/B   (10 Gbit/s, shared by a host's flows)
+   Ranks of one host are costed as shared memory whatever carries them, so that the choice
+   never depends on the transport (DISTMESH_TRANSPORT=tcp gives the same bits); the same-host
+   socket class is there for the README's predictions.
+
+   all_reduce (and reduce, which gives the root all_reduce's bits):
+     flat: recursive doubling at or below 64 KiB or with fewer elements than ranks, else the
+       ring (measured on one host, unchanged by this model);
+     one host, or one rank per host: flat;
+     else the cheapest by the model of: the flat choice; two-level with R = the smallest
+       host's size rails (rails ring, or rd when a block has fewer elements than hosts); two-
+       level with one rail (host leaders, recursive doubling among them).
+   all_gather, reduce_scatter: two-level (rails, then the host) when every host has the same
+     number L > 1 of ranks, there are H > 1 hosts and the model says it is cheaper.
+   broadcast: a chain from the root through its host, then host by host (two-level) whenever
+     H > 1: it crosses each host boundary once.
+   barrier: two-level (host leaders, dissemination among them) when the model says so.
+   DISTMESH_ALGO forces the family (flat, two_level) or the all_reduce algorithm. */
+typedef struct _dm_link_cost { double alpha_us, beta_ns; } _dm_link_cost;
+static const _dm_link_cost _dm_cost_shm = { 1.0, 0.125 };
+static const _dm_link_cost _dm_cost_same_host_socket = { 10.0, 0.6 };
+static const _dm_link_cost _dm_cost_cross_host = { 25.0, 0.8 };
+/* steps messages of b bytes each, in microseconds. */
+_DM_PRIVATE double _dm_cost(const _dm_link_cost* k, double steps, double b) {
+    return steps * (k->alpha_us + b * k->beta_ns * 1e-3);
+}
+_DM_PRIVATE const _dm_link_cost* _dm_lk_class(const _dm_lk* lk, int a, int b) {
+    return lk->lay.host_of[a] == lk->lay.host_of[b] ? &_dm_cost_shm : &_dm_cost_cross_host;
+}
+_DM_PRIVATE int _dm_ceil_log2(int n) { int k = 0; while ((1 << k) < n) k++; return k; }
+/* Recursive doubling over every rank (identity order) with b bytes: each round costs its
+   slowest pair. */
+_DM_PRIVATE double _dm_cost_flat_rd(const _dm_lk* lk, double b) {
+    int W = lk->c->size, p = 1, rem, mask, q;
+    double t = 0;
+    while (p * 2 <= W) p *= 2;
+    rem = W - p;
+    if (rem) {
+        const _dm_link_cost* k = &_dm_cost_shm;
+        for (q = 0; q < rem; q++)
+            if (_dm_lk_class(lk, 2 * q, 2 * q + 1) == &_dm_cost_cross_host) k = &_dm_cost_cross_host;
+        t += _dm_cost(k, 2, b);
+    }
+    for (mask = 1; mask < p; mask <<= 1) {
+        const _dm_link_cost* k = &_dm_cost_shm;
+        for (q = 0; q < p; q++) {
+            int a = q < rem ? 2 * q + 1 : q + rem, pn = q ^ mask, o = pn < rem ? 2 * pn + 1 : pn + rem;
+            if (_dm_lk_class(lk, a, o) == &_dm_cost_cross_host) k = &_dm_cost_cross_host;
+        }
+        t += _dm_cost(k, 1, b);
+    }
+    return t;
+}
+_DM_PRIVATE double _dm_cost_flat_ring(const _dm_lk* lk, double b) {
+    int W = lk->c->size;
+    return _dm_cost(lk->lay.H > 1 ? &_dm_cost_cross_host : &_dm_cost_shm, 2.0 * (W - 1), b / W);
+}
+/* Two-level with R rails: the fold and its return, the host's ring, the rails. A host's R
+   rails share its link, so a rail step of b/R/H bytes costs the host b/H. */
+_DM_PRIVATE double _dm_cost_two_level(const _dm_lk* lk, double b, int R, bool rail_ring) {
+    const _dm_layout* y = &lk->lay;
+    int H = y->H, extras = (y->Lmax - 1) / R;
+    double t = _dm_cost(&_dm_cost_shm, 2.0 * extras, b) + _dm_cost(&_dm_cost_shm, 2.0 * (R - 1), b / R);
+    if (rail_ring) return t + _dm_cost(&_dm_cost_cross_host, 2.0 * (H - 1), b / H);
+    return t + _dm_cost(&_dm_cost_cross_host, _dm_ceil_log2(H) + ((H & (H - 1)) ? 2 : 0), b);
+}
+_DM_PRIVATE bool _dm_lk_forced_flat(const _dm_lk* lk) {
+    return lk->algo == _DM_ALGO_FLAT || lk->algo == _DM_ALGO_FLAT_RING || lk->algo == _DM_ALGO_FLAT_RD;
+}
+_DM_PRIVATE bool _dm_lk_forced_two_level(const _dm_lk* lk) {
+    return lk->algo == _DM_ALGO_TWO_LEVEL || lk->algo == _DM_ALGO_TWO_LEVEL_RING || lk->algo == _DM_ALGO_TWO_LEVEL_RD;
+}
+/* True when the hosts matter: more than one, and one with more than a rank. */
+_DM_PRIVATE bool _dm_lk_multi_host(const _dm_lk* lk) { return lk->lay.H > 1 && lk->lay.Lmax > 1; }
+
+/* all_reduce's algorithm for count elements of dtype: one of the four _DM_ALGO_*_RING / _RD. */
+_DM_PRIVATE int _dm_lk_choose_all_reduce(const _dm_lk* lk, size_t count, dm_dtype dtype) {
+    const _dm_layout* y = &lk->lay;
+    int W = lk->c->size, H = y->H, R = y->Lmin;
+    double b = (double)count * (double)dm_dtype_size(dtype);
+    bool ring_fits = count >= (size_t)W, rails_fit = count >= (size_t)R * (size_t)H;
+    int flat = (b <= (double)_DM_LK_SMALL_BYTES || !ring_fits) ? _DM_ALGO_FLAT_RD : _DM_ALGO_FLAT_RING;
+    double cost_flat, cost_rails, cost_leaders;
+    switch (lk->algo) {
+    case _DM_ALGO_FLAT_RING: return ring_fits ? _DM_ALGO_FLAT_RING : _DM_ALGO_FLAT_RD;
+    case _DM_ALGO_FLAT_RD: return _DM_ALGO_FLAT_RD;
+    case _DM_ALGO_TWO_LEVEL_RING: return rails_fit ? _DM_ALGO_TWO_LEVEL_RING : _DM_ALGO_TWO_LEVEL_RD;
+    case _DM_ALGO_TWO_LEVEL_RD: return _DM_ALGO_TWO_LEVEL_RD;
+    case _DM_ALGO_FLAT: return flat;
+    default: break;
+    }
+    if (lk->algo == _DM_ALGO_AUTO && !_dm_lk_multi_host(lk)) return flat;
+    cost_flat = flat == _DM_ALGO_FLAT_RD ? _dm_cost_flat_rd(lk, b) : _dm_cost_flat_ring(lk, b);
+    cost_rails = rails_fit ? _dm_cost_two_level(lk, b, R, count / (size_t)R >= (size_t)H) : 1e300;
+    cost_leaders = _dm_cost_two_level(lk, b, 1, false);
+    if (lk->algo == _DM_ALGO_AUTO && cost_flat <= cost_rails && cost_flat <= cost_leaders) return flat;
+    return cost_rails < cost_leaders ? _DM_ALGO_TWO_LEVEL_RING : _DM_ALGO_TWO_LEVEL_RD;
+}
+/* all_gather / reduce_scatter with blocks of b bytes: two-level (rails, then the host)? Only
+   on even layouts (every host L ranks). */
+_DM_PRIVATE bool _dm_lk_gather_two_level(const _dm_lk* lk, double b) {
+    const _dm_layout* y = &lk->lay;
+    double flat, two;
+    if (_dm_lk_forced_flat(lk) || y->H < 2 || y->Lmin != y->Lmax || y->Lmax < 2) return false;
+    if (_dm_lk_forced_two_level(lk)) return true;
+    flat = _dm_cost(&_dm_cost_cross_host, lk->c->size - 1, b);
+    two = _dm_cost(&_dm_cost_cross_host, y->H - 1, b * y->Lmax) + _dm_cost(&_dm_cost_shm, y->Lmax - 1, b * y->H);
+    return two < flat;
+}
+_DM_PRIVATE bool _dm_lk_barrier_two_level(const _dm_lk* lk) {
+    const _dm_layout* y = &lk->lay;
+    int W = lk->c->size, k;
+    double flat = 0;
+    if (_dm_lk_forced_flat(lk) || y->H < 2) return false;
+    if (_dm_lk_forced_two_level(lk)) return true;
+    if (!_dm_lk_multi_host(lk)) return false;
+    for (k = 1; k < W; k <<= 1) {       /* a dissemination round costs its slowest pair */
+        const _dm_link_cost* c = &_dm_cost_shm;
+        int r;
+        for (r = 0; r < W; r++)
+            if (_dm_lk_class(lk, r, (r + k) % W) == &_dm_cost_cross_host) c = &_dm_cost_cross_host;
+        flat += _dm_cost(c, 1, 0);
+    }
+    return _dm_cost(&_dm_cost_shm, 2.0 * (y->Lmax - 1), 0) + _dm_cost(&_dm_cost_cross_host, _dm_ceil_log2(y->H), 0) < flat;
+}
+_DM_PRIVATE void _dm_lk_ran(_dm_lk* lk, const char* algorithm) { lk->c->algorithm = algorithm; }
 
 _DM_PRIVATE dm_status _dm_lk_all_reduce(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
                                         dm_reduce_op op) {
     size_t bytes = count * dm_dtype_size(dtype);
+    int algo, divide = op == DM_MEAN ? lk->c->size : 0;
+    _dm_team t;
     _dm_fp fp;
     _DM_TRY(_dm_lk_check_broken(lk, "all_reduce"));
     if (lk->c->size == 1) {
@@ -3898,37 +4225,81 @@ _DM_PRIVATE dm_status _dm_lk_all_reduce(_dm_lk* lk, const void* send, void* recv
     }
     _dm_fp_make(&fp, lk->c, _DM_K_ALL_REDUCE, (int)dtype, (int)op, 0, count);
     if (count == 0) return _dm_lk_fp_only(lk, "all_reduce", &fp);
-    if (bytes <= _DM_LK_SMALL_BYTES || count < (size_t)lk->c->size) {
-        if (send != recv) memcpy(recv, send, bytes);
-        return _dm_lk_allreduce_rd(lk, recv, count, dtype, op, &fp);
+    algo = _dm_lk_choose_all_reduce(lk, count, dtype);
+    _dm_lk_ran(lk, _dm_algo_names[algo]);
+    if (algo == _DM_ALGO_FLAT_RING) {
+        t = _dm_lk_flat(lk);
+        return _dm_lk_ring(lk, &t, send, recv, count, dtype, op, divide, &fp, _DM_RING_RS | _DM_RING_AG);
     }
-    return _dm_lk_allreduce_ring(lk, send, recv, count, dtype, op, &fp, false);
+    if (send != recv) memcpy(recv, send, bytes);
+    if (algo == _DM_ALGO_FLAT_RD) {
+        t = _dm_lk_identity(lk);
+        return _dm_lk_rd(lk, &t, recv, count, dtype, op, divide, &fp);
+    }
+    if (algo == _DM_ALGO_TWO_LEVEL_RING)
+        return _dm_lk_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, lk->lay.Lmin, true);
+    return _dm_lk_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, 1, false);
 }
 
-/* Ring all-gather into per-rank buffers: step g sends the block of position p-g (own input
-   first), receives that of p-g-1 straight into place and forwards it the next step as it
-   arrives. */
+/* Ring all-gather over team t of K pieces per position: pieces[p * K + k] is piece k of
+   position p, bytes each, this position's already in place. Step g sends the pieces of
+   position me-g and receives those of me-g-1 straight into place, each forwarded the next
+   step as it arrives. */
+_DM_PRIVATE dm_status _dm_lk_ring_gather(_dm_lk* lk, const _dm_team* t, void* const* pieces, int K, size_t bytes,
+                                         int kind, dm_dtype dtype, const _dm_fp* fp) {
+    int W = t->n, g, k, i = 1;
+    _dm_steps st;
+    if (W == 1) return DM_OK;
+    _DM_TRY(_dm_steps_alloc(lk, &st, 1 + (W - 1) * K, fp, _dm_kind_name(kind)));
+    for (g = 0; g < W - 1; g++)
+        for (k = 0; k < K; k++, i++) {
+            st.ss[i].buf = (const unsigned char*)pieces[_dm_mod(t->me - g, W) * K + k];
+            st.ss[i].len = bytes;
+            st.ss[i].gate = g == 0 ? -1 : i - K;
+            st.rs[i].buf = (unsigned char*)pieces[_dm_mod(t->me - g - 1, W) * K + k];
+            st.rs[i].len = bytes;
+            st.rs[i].after_send = -1;
+        }
+    return _dm_steps_run(lk, t, &st, i, _dm_kind_name(kind), dtype, DM_SUM, fp);
+}
+
+/* All-gather into per-rank buffers. Flat: one ring in host order. Two-level (even layouts):
+   rail i gathers its members' blocks across hosts, then each host's ring gathers the rails'
+   H blocks per rank. */
 _DM_PRIVATE dm_status _dm_lk_all_gather_list(_dm_lk* lk, int kind, const void* send, void* const* recvs,
                                              size_t count, dm_dtype dtype) {
-    int W = lk->c->size, r = lk->c->rank, g;
+    const _dm_layout* y = &lk->lay;
+    int W = lk->c->size, r = lk->c->rank, p, q;
     size_t bytes = count * dm_dtype_size(dtype);
-    _dm_steps st;
+    void* small[16];
+    void** pieces = small;
+    _dm_team t;
+    dm_status st;
     _dm_fp fp;
     _DM_TRY(_dm_lk_check_broken(lk, _dm_kind_name(kind)));
     if (recvs[r] != send && bytes) memcpy(recvs[r], send, bytes);
     if (W == 1) return DM_OK;
     _dm_fp_make(&fp, lk->c, kind, (int)dtype, -1, 0, count);
     if (count == 0) return _dm_lk_fp_only(lk, _dm_kind_name(kind), &fp);
-    _DM_TRY(_dm_steps_alloc(lk, &st, W, &fp, _dm_kind_name(kind)));
-    for (g = 0; g < W - 1; g++) {
-        st.ss[1 + g].buf = (const unsigned char*)(g == 0 ? send : recvs[_dm_lk_at(lk, -g)]);
-        st.ss[1 + g].len = bytes;
-        st.ss[1 + g].gate = g == 0 ? -1 : g;
-        st.rs[1 + g].buf = (unsigned char*)recvs[_dm_lk_at(lk, -g - 1)];
-        st.rs[1 + g].len = bytes;
-        st.rs[1 + g].after_send = -1;
+    if (W > 16 && !(pieces = (void**)_dm_malloc(&lk->c->allocator, sizeof(void*) * (size_t)W)))
+        return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, _dm_kind_name(kind));
+    if (!_dm_lk_gather_two_level(lk, (double)bytes)) {
+        _dm_lk_ran(lk, "flat_ring");
+        t = _dm_lk_flat(lk);
+        for (p = 0; p < W; p++) pieces[p] = recvs[lk->order[p]];
+        st = _dm_lk_ring_gather(lk, &t, pieces, 1, bytes, kind, dtype, &fp);
+    } else {
+        _dm_lk_ran(lk, "two_level_ring");
+        t = _dm_lk_rail(lk, y->local[r]);
+        for (q = 0; q < y->H; q++) pieces[q] = recvs[t.ranks[q]];
+        st = _dm_lk_ring_gather(lk, &t, pieces, 1, bytes, kind, dtype, &fp);
+        t = _dm_lk_host(lk, y->Lmax);
+        for (p = 0; p < y->Lmax; p++)           /* position p's pieces: its rail's blocks, host order */
+            for (q = 0; q < y->H; q++) pieces[p * y->H + q] = recvs[y->members[y->start[q] + p]];
+        if (st == DM_OK) st = _dm_lk_ring_gather(lk, &t, pieces, y->H, bytes, kind, dtype, &fp);
     }
-    return _dm_steps_run(lk, &st, W, _dm_kind_name(kind), dtype, DM_SUM, &fp);
+    if (pieces != small) _dm_free(&lk->c->allocator, pieces);
+    return st;
 }
 
 /* The same into one buffer of size blocks. */
@@ -3948,80 +4319,103 @@ _DM_PRIVATE dm_status _dm_lk_all_gather(_dm_lk* lk, const void* send, void* recv
     return st;
 }
 
-/* Ring reduce-scatter: step g sends the partial block of position p-g-1 and reduces the
-   received one of p-g-2 into a scratch block (recv when out of place) that must first have been
-   sent on; the last step (this rank's own block) lands in recv. */
+/* Ring reduce-scatter over team t of K pieces per position, bytes each: in[p * K + k] is
+   piece k of position p's block. Step g sends the partial pieces of position me-g-1 (this
+   rank's input first, then scratch) and reduces the received ones of me-g-2 into scratch (K
+   pieces), which must first have been sent on; the last step (this position's own pieces)
+   lands in out (K pieces; out may be scratch). divide > 0: MEAN's division, on the last. */
+_DM_PRIVATE dm_status _dm_lk_ring_rs(_dm_lk* lk, const _dm_team* t, const unsigned char* const* in, unsigned char* out,
+                                     unsigned char* scratch, int K, size_t bytes, dm_dtype dtype, dm_reduce_op op,
+                                     int divide, const _dm_fp* fp) {
+    int W = t->n, g, k, i = 1;
+    _dm_steps st;
+    _DM_TRY(_dm_steps_alloc(lk, &st, 1 + (W - 1) * K, fp, "reduce_scatter"));
+    for (g = 0; g < W - 1; g++)
+        for (k = 0; k < K; k++, i++) {
+            _dm_rstep* s = &st.rs[i];
+            st.ss[i].buf = g == 0 ? in[_dm_mod(t->me - 1, W) * K + k] : scratch + (size_t)k * bytes;
+            st.ss[i].len = bytes;
+            st.ss[i].gate = g == 0 ? -1 : i - K;
+            s->buf = (g == W - 2 ? out : scratch) + (size_t)k * bytes;
+            s->len = bytes;
+            s->own = in[_dm_mod(t->me - g - 2, W) * K + k];
+            s->divide = g == W - 2 ? divide : 0;
+            /* rs[i] overwrites scratch, which ss[i] (sent in the same step) still reads */
+            s->after_send = g >= 1 && st.ss[i].buf == s->buf ? i : -1;
+        }
+    return _dm_steps_run(lk, t, &st, i, "reduce_scatter", dtype, op, fp);
+}
+
+/* Reduce-scatter. Flat: one ring in host order. Two-level (even layouts): each host's ring
+   reduces, for local rank i, the blocks of rail i (H pieces), then rail i's ring reduces
+   those across hosts, each rank ending with its own block. In place (recv is input block r),
+   the flat ring's intermediate sums need a block of their own. */
 _DM_PRIVATE dm_status _dm_lk_reduce_scatter(_dm_lk* lk, const void* send, void* recv, size_t n_elems,
                                             dm_dtype dtype, dm_reduce_op op) {
     dm_collective* c = lk->c;
-    int W = c->size, r = c->rank, g;
+    const _dm_layout* y = &lk->lay;
+    int W = c->size, r = c->rank, p, q, H = y->H, divide = op == DM_MEAN ? W : 0;
     size_t bytes = n_elems * dm_dtype_size(dtype);
     const unsigned char* in = (const unsigned char*)send;
-    unsigned char *out = (unsigned char*)recv, *scratch = out, *own_scratch = NULL;
-    _dm_steps st;
+    unsigned char *out = (unsigned char*)recv, *tmp = NULL;
+    const unsigned char* small[16];
+    const unsigned char** pieces = small;
+    bool two = false;
+    _dm_team t;
     _dm_fp fp;
-    dm_status rc;
+    dm_status rc = DM_OK;
     _DM_TRY(_dm_lk_check_broken(lk, "reduce_scatter"));
     if (W == 1) {
         if (out != in && bytes) memcpy(out, in, bytes);
         return DM_OK;
     }
-    if (n_elems == 0) {
-        _dm_fp_make(&fp, c, _DM_K_REDUCE_SCATTER, (int)dtype, (int)op, 0, 0);
-        return _dm_lk_fp_only(lk, "reduce_scatter", &fp);
-    }
-    /* in place, recv is input block r: intermediate sums need a block of their own */
-    if (out == in + (size_t)r * bytes && W > 2) {
-        own_scratch = (unsigned char*)_dm_malloc(&c->allocator, bytes);
-        if (!own_scratch)
-            return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce_scatter: no memory for %zu bytes", lk->tag, bytes);
-        scratch = own_scratch;
-    }
     _dm_fp_make(&fp, c, _DM_K_REDUCE_SCATTER, (int)dtype, (int)op, 0, n_elems);
-    if ((rc = _dm_steps_alloc(lk, &st, W, &fp, "reduce_scatter")) != DM_OK) {
-        _dm_free(&c->allocator, own_scratch);
-        return rc;
+    if (n_elems == 0) return _dm_lk_fp_only(lk, "reduce_scatter", &fp);
+    two = _dm_lk_gather_two_level(lk, (double)bytes);
+    if (W > 16) pieces = (const unsigned char**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)W);
+    if (two || (out == in + (size_t)r * bytes && W > 2)) tmp = (unsigned char*)_dm_malloc(&c->allocator, two ? bytes * (size_t)H : bytes);
+    if (!pieces || ((two || (out == in + (size_t)r * bytes && W > 2)) && !tmp)) {
+        rc = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce_scatter: no memory for %zu bytes", lk->tag, bytes);
+        goto done;
     }
-    for (g = 0; g < W - 1; g++) {
-        _dm_rstep* s = &st.rs[1 + g];
-        st.ss[1 + g].buf = g == 0 ? in + (size_t)_dm_lk_at(lk, -1) * bytes : scratch;
-        st.ss[1 + g].len = bytes;
-        st.ss[1 + g].gate = g == 0 ? -1 : g;
-        s->buf = g == W - 2 ? out : scratch;
-        s->len = bytes;
-        s->own = in + (size_t)_dm_lk_at(lk, -g - 2) * bytes;
-        s->divide = (op == DM_MEAN && g == W - 2) ? W : 0;
-        /* rs[g+1] overwrites scratch, which ss[g+1] (sent in the same step) still reads */
-        s->after_send = g >= 1 && st.ss[1 + g].buf == s->buf ? 1 + g : -1;
+    _dm_lk_ran(lk, two ? "two_level_ring" : "flat_ring");
+    if (!two) {
+        t = _dm_lk_flat(lk);
+        for (p = 0; p < W; p++) pieces[p] = in + (size_t)lk->order[p] * bytes;
+        rc = _dm_lk_ring_rs(lk, &t, pieces, out, tmp ? tmp : out, 1, bytes, dtype, op, divide, &fp);
+    } else {
+        t = _dm_lk_host(lk, y->Lmax);           /* position p's pieces: its rail's blocks, host order */
+        for (p = 0; p < y->Lmax; p++)
+            for (q = 0; q < H; q++) pieces[p * H + q] = in + (size_t)y->members[y->start[q] + p] * bytes;
+        rc = _dm_lk_ring_rs(lk, &t, pieces, tmp, tmp, H, bytes, dtype, op, 0, &fp);
+        t = _dm_lk_rail(lk, y->local[r]);
+        for (q = 0; q < H; q++) pieces[q] = tmp + (size_t)q * bytes;
+        if (rc == DM_OK) rc = _dm_lk_ring_rs(lk, &t, pieces, out, out, 1, bytes, dtype, op, divide, &fp);
     }
-    rc = _dm_steps_run(lk, &st, W, "reduce_scatter", dtype, op, &fp);
-    _dm_free(&c->allocator, own_scratch);
+done:
+    if (pieces != small) _dm_free(&c->allocator, (void*)pieces);
+    _dm_free(&c->allocator, tmp);
     return rc;
 }
 
-/* Pipelined chain from root along ring positions; each rank forwards bytes to the next as they
-   arrive from the previous. Every rank (the root too) compares a fingerprint from its ring
-   predecessor, whatever root it was given: the last rank closes the ring with its own, and
-   the root sends data only once that one agreed. Then the last rank, holding all the data,
-   sends a done token to the root, which passes it down the chain; a rank returns once it has
-   it. So no rank returns DM_OK unless every rank's arguments agreed (the token costs one
+/* Pipelined chain over team t from the rank at position root_pos; each rank forwards bytes to
+   the next as they arrive from the previous. Every rank (the root too) compares a fingerprint
+   from its predecessor, whatever root it was given: the last rank closes the ring with its
+   own, and the root sends data only once that one agreed. Then the last rank, holding all the
+   data, sends a done token to the root, which passes it down the chain; a rank returns once it
+   has it. So no rank returns DM_OK unless every rank's arguments agreed (the token costs one
    more pass of a byte around the ring). */
-_DM_PRIVATE dm_status _dm_lk_broadcast(_dm_lk* lk, void* buf, size_t count, dm_dtype dtype, int root) {
-    dm_collective* c = lk->c;
-    int W = c->size, pos = _dm_mod(lk->slot[c->rank] - lk->slot[root], W), ns, nr;
-    size_t bytes = count * dm_dtype_size(dtype);
+_DM_PRIVATE dm_status _dm_lk_chain(_dm_lk* lk, const _dm_team* t, int root_pos, void* buf, size_t bytes,
+                                   dm_dtype dtype, const _dm_fp* fp) {
+    int W = t->n, pos = _dm_mod(t->me - root_pos, W), ns, nr;
     unsigned char token_out = 1, token_in = 0;
     _dm_sstep ss[3];
     _dm_rstep rs[3];
     _dm_fpbufs b;
-    _dm_fp fp;
     _DM_ZERO(_dm_xfer, x);
-    _DM_TRY(_dm_lk_check_broken(lk, "broadcast"));
-    if (W == 1) return DM_OK;
-    _dm_fp_make(&fp, c, _DM_K_BROADCAST, (int)dtype, -1, root, count);
     memset(ss, 0, sizeof(ss));
     memset(rs, 0, sizeof(rs));
-    _dm_fp_steps(&b, &fp, &ss[0], &rs[0]);
+    _dm_fp_steps(&b, fp, &ss[0], &rs[0]);
     ns = nr = 1;
     if (pos < W - 1) {                      /* data on to the next rank */
         ss[ns].buf = (const unsigned char*)buf; ss[ns].len = bytes;
@@ -4043,23 +4437,83 @@ _DM_PRIVATE dm_status _dm_lk_broadcast(_dm_lk* lk, void* buf, size_t count, dm_d
         ns++;
     }
     x.op = "broadcast";
-    x.speer = _dm_lk_at(lk, 1);
-    x.rpeer = _dm_lk_at(lk, -1);
+    x.speer = _dm_team_at(t, 1);
+    x.rpeer = _dm_team_at(t, -1);
     x.ss = ss; x.ns = ns; x.rs = rs; x.nr = nr;
-    x.dtype = dtype; x.rop = DM_SUM; x.expect = &fp;
+    x.dtype = dtype; x.rop = DM_SUM; x.expect = fp;
     return _dm_lk_run(lk, &x);
 }
 
-/* Dissemination barrier: round k sends to rank + 2^k and waits for rank - 2^k. */
+/* Broadcast: a chain. Flat: along the host-ordered ring from the root. Two-level (several
+   hosts): the root, the rest of its host, then every other host in turn, so the data crosses
+   each host boundary once, whatever the root. */
+_DM_PRIVATE dm_status _dm_lk_broadcast(_dm_lk* lk, void* buf, size_t count, dm_dtype dtype, int root) {
+    dm_collective* c = lk->c;
+    _dm_layout* y = &lk->lay;
+    int W = c->size, n = 0, h, j, rh = y->host_of[root];
+    _dm_team t;
+    _dm_fp fp;
+    _DM_TRY(_dm_lk_check_broken(lk, "broadcast"));
+    if (W == 1) return DM_OK;
+    _dm_fp_make(&fp, c, _DM_K_BROADCAST, (int)dtype, -1, root, count);
+    if (_dm_lk_forced_flat(lk) || y->H < 2) {
+        _dm_lk_ran(lk, "flat_chain");
+        t = _dm_lk_flat(lk);
+        return _dm_lk_chain(lk, &t, lk->slot[root], buf, count * dm_dtype_size(dtype), dtype, &fp);
+    }
+    _dm_lk_ran(lk, "two_level_chain");
+    y->team[n++] = root;
+    for (h = 0; h < y->H; h++) {
+        int hh = (rh + h) % y->H;
+        for (j = y->start[hh]; j < y->start[hh + 1]; j++)
+            if (y->members[j] != root) y->team[n++] = y->members[j];
+    }
+    for (j = 0; j < W && y->team[j] != c->rank; j++) {}
+    t = _dm_team_of(y->team, W, j);
+    return _dm_lk_chain(lk, &t, 0, buf, count * dm_dtype_size(dtype), dtype, &fp);
+}
+
+/* Dissemination barrier over team t: round k sends to index me + 2^k and waits for me - 2^k.
+   The fingerprint carries the round (first + k) in its root field. */
+_DM_PRIVATE dm_status _dm_lk_dissemination(_dm_lk* lk, const _dm_team* t, int first) {
+    int k, round = first;
+    _dm_fp fp;
+    for (k = 1; k < t->n; k <<= 1, round++) {
+        _dm_fp_make(&fp, lk->c, _DM_K_BARRIER, -1, -1, round, 0);
+        _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &fp, _dm_team_at(t, k), NULL, 0, _dm_team_at(t, -k), NULL, 0));
+    }
+    return DM_OK;
+}
+/* Barrier. Flat: dissemination over every rank. Two-level: every rank tells its host's
+   leader, the leaders disseminate, each leader releases its host. */
+#define _DM_BARRIER_ROUND_ARRIVE 1000
+#define _DM_BARRIER_ROUND_RELEASE 1001
 _DM_PRIVATE dm_status _dm_lk_barrier(_dm_lk* lk) {
     dm_collective* c = lk->c;
-    int W = c->size, k, round = 0;
-    _dm_fp fp;
+    const _dm_layout* y = &lk->lay;
+    int i = y->local[c->rank], L = _dm_lk_host_size(lk, y->host_of[c->rank]), e, h;
+    _dm_team t;
+    _dm_fp arrive, release;
     _DM_TRY(_dm_lk_check_broken(lk, "barrier"));
-    for (k = 1; k < W; k <<= 1, round++) {
-        _dm_fp_make(&fp, c, _DM_K_BARRIER, -1, -1, round, 0);
-        _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &fp, (c->rank + k) % W, NULL, 0, (c->rank - k + W) % W, NULL, 0));
+    if (!_dm_lk_barrier_two_level(lk)) {
+        _dm_lk_ran(lk, "flat_dissemination");
+        t = _dm_lk_identity(lk);
+        return _dm_lk_dissemination(lk, &t, 0);
     }
+    _dm_lk_ran(lk, "two_level_dissemination");
+    _dm_fp_make(&arrive, c, _DM_K_BARRIER, -1, -1, _DM_BARRIER_ROUND_ARRIVE, 0);
+    _dm_fp_make(&release, c, _DM_K_BARRIER, -1, -1, _DM_BARRIER_ROUND_RELEASE, 0);
+    t = _dm_lk_host(lk, L);
+    if (i > 0) {
+        _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &arrive, t.ranks[0], NULL, 0, -1, NULL, 0));
+        return _dm_lk_sendrecv(lk, "barrier", &release, -1, NULL, 0, t.ranks[0], NULL, 0);
+    }
+    for (e = 1; e < L; e++) _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &arrive, -1, NULL, 0, t.ranks[e], NULL, 0));
+    for (h = 0; h < y->H; h++) lk->lay.team[h] = y->members[y->start[h]];
+    t = _dm_team_of(lk->lay.team, y->H, y->host_of[c->rank]);
+    _DM_TRY(_dm_lk_dissemination(lk, &t, 0));
+    t = _dm_lk_host(lk, L);
+    for (e = 1; e < L; e++) _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &release, t.ranks[e], NULL, 0, -1, NULL, 0));
     return DM_OK;
 }
 
@@ -4137,16 +4591,17 @@ _DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const si
     return st;
 }
 
-/* Reduce to root. Small: recursive doubling, as all_reduce (a temporary where this rank's recv
-   is not significant). Large: the ring's reduce-scatter steps leave each rank r holding block
-   r fully reduced, which it then sends to the root. Either way the root gets the bits
-   dm_all_reduce would give. */
+/* Reduce to root: the root gets the bits dm_all_reduce would give, by the same algorithm.
+   Flat ring: its reduce-scatter steps leave the rank at ring position p holding block p fully
+   reduced, which it then sends to the root. The others run the whole all-reduce (into a
+   temporary where this rank's recv is not significant). */
 _DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
                                     dm_reduce_op op, int root) {
     dm_collective* c = lk->c;
-    int W = c->size, r = c->rank, q;
+    int W = c->size, r = c->rank, q, algo, divide = op == DM_MEAN ? W : 0;
     size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
     unsigned char* out = (unsigned char*)recv;
+    _dm_team t;
     _dm_fp fp;
     dm_status st;
     _DM_TRY(_dm_lk_check_broken(lk, "reduce"));
@@ -4160,18 +4615,24 @@ _DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, si
         out = (unsigned char*)_dm_malloc(&c->allocator, bytes);
         if (!out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce: no memory for %zu bytes", lk->tag, bytes);
     }
-    if (bytes <= _DM_LK_SMALL_BYTES || count < (size_t)W) {
+    algo = _dm_lk_choose_all_reduce(lk, count, dtype);
+    _dm_lk_ran(lk, _dm_algo_names[algo]);
+    if (algo != _DM_ALGO_FLAT_RING) {
         if (send != out) memcpy(out, send, bytes);
-        st = _dm_lk_allreduce_rd(lk, out, count, dtype, op, &fp);
+        t = _dm_lk_identity(lk);
+        if (algo == _DM_ALGO_FLAT_RD) st = _dm_lk_rd(lk, &t, out, count, dtype, op, divide, &fp);
+        else if (algo == _DM_ALGO_TWO_LEVEL_RING) st = _dm_lk_allreduce_2l(lk, out, count, dtype, op, divide, &fp, lk->lay.Lmin, true);
+        else st = _dm_lk_allreduce_2l(lk, out, count, dtype, op, divide, &fp, 1, false);
     } else {
-        st = _dm_lk_allreduce_ring(lk, send, out, count, dtype, op, &fp, true);
+        t = _dm_lk_flat(lk);
+        st = _dm_lk_ring(lk, &t, send, out, count, dtype, op, divide, &fp, _DM_RING_RS);
         if (st == DM_OK && r != root) {        /* this rank's block to the root */
-            _dm_segment(count, W, r, &off, &len);
+            _dm_segment(count, W, lk->slot[r], &off, &len);
             st = _dm_lk_sendrecv(lk, "reduce", &fp, root, out + off * esize, len * esize, root, NULL, 0);
         }
         for (q = 0; q < W && st == DM_OK && r == root; q++) {   /* the root takes every other block */
             if (q == root) continue;
-            _dm_segment(count, W, q, &off, &len);
+            _dm_segment(count, W, lk->slot[q], &off, &len);
             st = _dm_lk_sendrecv(lk, "reduce", &fp, q, NULL, 0, q, out + off * esize, len * esize);
         }
     }
@@ -4499,7 +4960,7 @@ static dm_status _dm_tw_barrier_slot(dm_collective* c) {
     return _dm_tw_barrier(t, _DM_K_BARRIER);
 }
 
-static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, int local_world_size,
+static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, const dm_fake_desc* d,
                                         const dm_collective* like);
 
 /* The new member's local rank and size: members of its group on the same node, in new-rank order. */
@@ -4513,6 +4974,35 @@ static void _dm_tw_split_set_local(const _dm_tw_slot* slots, int n, int color, i
     }
     out->local_rank = lrank;
     out->local_size = lsize;
+}
+
+/* The member's host layout: members whose nodes have the same name share a host. names[i]
+   is the node of the member of rank i. */
+static void _dm_tw_set_layout(_dm_thread* t, const char* const* names) {
+    int* hosts = t->lk.lay.host_of;     /* _dm_lk_set_hosts may be given its own array */
+    int r, q;
+    for (r = 0; r < t->base.size; r++) {
+        for (q = 0; q < r && strcmp(names[q], names[r]) != 0; q++) {}
+        hosts[r] = q;
+    }
+    _dm_lk_set_hosts(&t->lk, hosts);
+}
+/* A split member's layout: the nodes of its group's members, in new-rank order. */
+static dm_status _dm_tw_split_layout(_dm_thread* nt, const _dm_tw_slot* slots, int n, int color) {
+    const char** names = (const char**)_dm_calloc(&nt->base.allocator, sizeof(char*) * (size_t)nt->base.size);
+    int r, q;
+    if (!names) return DM_ERR_OUT_OF_MEMORY;
+    for (r = 0; r < n; r++) {
+        int pos = 0;
+        if (slots[r].color != color) continue;
+        for (q = 0; q < n; q++)
+            if (slots[q].color == color && (slots[q].key < slots[r].key || (slots[q].key == slots[r].key && q < r)))
+                pos++;
+        names[pos] = slots[r].node;
+    }
+    _dm_tw_set_layout(nt, names);
+    _dm_free(&nt->base.allocator, names);
+    return DM_OK;
 }
 
 /* split: post (color, key); each group's leader (first by (key, rank)) makes the shared state
@@ -4539,8 +5029,12 @@ static dm_status _dm_tw_split(dm_collective* c, int color, int key, dm_collectiv
     _DM_TRY(_dm_tw_barrier(t, _DM_K_SPLIT));
     if (color != DM_SPLIT_NONE) {
         _dm_tw_shared* nsh = (_dm_tw_shared*)slots[leader].ptr;
-        if (nsh) *out = _dm_tw_member_new(nsh, my_pos, 0, c);
+        if (nsh) *out = _dm_tw_member_new(nsh, my_pos, NULL, c);
         if (*out) _dm_tw_split_set_local(slots, c->size, color, key, c->rank, *out);
+        if (*out && _dm_tw_split_layout((_dm_thread*)*out, slots, c->size, color) != DM_OK) {
+            dm_destroy(*out);
+            *out = NULL;
+        }
     }
     st = _dm_tw_barrier(t, _DM_K_SPLIT);
     if (st != DM_OK) { dm_destroy(*out); *out = NULL; return st; }
@@ -4619,16 +5113,17 @@ static const dm_collective_vtable _dm_thread_vtable = {
 };
 
 /* A member of a shared world. like: copy logger, allocator, timeout and node name from it
-   (split), or NULL with local_world_size to derive the node layout (world creation). A failed
-   allocation drops this member's reference so the shared state is still freed. */
-static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, int local_world_size,
+   (split), or NULL with d to derive the node layout (world creation). A failed allocation
+   drops this member's reference so the shared state is still freed. */
+static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, const dm_fake_desc* d,
                                         const dm_collective* like) {
     _dm_thread* t = (_dm_thread*)_dm_calloc(&sh->allocator, sizeof(_dm_thread));
     if (!t) { _dm_tw_shared_release(sh); return NULL; }
     t->sh = sh;
     _dm_collective_init(&t->base, &_dm_thread_vtable, rank, sh->size,
                         like ? like->timeout_ms : 0, like ? &like->logger : NULL, &sh->allocator);
-    if (!like) _dm_fake_set_local(&t->base, local_world_size);
+    if (!like && d->host_of) _dm_fake_set_host(&t->base, d->host_of);
+    else if (!like) _dm_fake_set_local(&t->base, d->local_world_size);
     else _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), like->node_name);
     if (_dm_tw_links(t) != DM_OK) { _dm_tw_destroy(&t->base); return NULL; }
     return &t->base;
@@ -4644,15 +5139,31 @@ DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collec
     n = _dm_def(d.world_size, 1);
     _DM_TRY(_dm_fake_desc_check(&d, false, err, sizeof(err)));
     for (r = 0; r < n; r++) out[r] = NULL;
+    {
+        int algo;
+        char why[200];
+        if (_dm_algo_from_env(&algo, why, sizeof(why)) != DM_OK)
+            return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_ENV, "thread: %s", why);
+    }
     sh = _dm_tw_shared_new(&d.allocator, n);
     if (!sh) return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "thread: out of memory");
     for (r = 0; r < n; r++) {
-        out[r] = _dm_tw_member_new(sh, r, d.local_world_size, NULL);
+        out[r] = _dm_tw_member_new(sh, r, &d, NULL);
         if (!out[r]) break;
         out[r]->timeout_ms = _dm_resolve_timeout(d.timeout_ms);
         out[r]->logger = d.logger;
     }
-    if (r == n) return DM_OK;
+    if (r == n) {
+        const char** names = (const char**)_dm_calloc(&d.allocator, sizeof(char*) * (size_t)n);
+        if (names) {
+            for (r = 0; r < n; r++) names[r] = out[r]->node_name;
+            for (r = 0; r < n; r++) _dm_tw_set_layout((_dm_thread*)out[r], names);
+            _dm_free(&d.allocator, names);
+            return DM_OK;
+        }
+        for (r = 0; r < n; r++) { dm_destroy(out[r]); out[r] = NULL; }
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "thread: out of memory");
+    }
     /* Member r failed (and released its reference); drop the references never handed out. */
     { int k; for (k = r + 1; k < n; k++) _dm_tw_shared_release(sh); }
     for (r = 0; r < n; r++) { dm_destroy(out[r]); out[r] = NULL; }

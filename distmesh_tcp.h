@@ -4401,7 +4401,7 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
     t->base.local_rank = me;
     t->base.local_size = L;
     _dm_tcp_local_from_launcher(t, s);
-    _dm_lk_order_by_host(&t->lk, host_of);
+    _dm_lk_set_hosts(&t->lk, host_of);
     _dm_lk_set_policy(&t->lk, L);
     st = _dm_tcp_shm_setup(t, local, L, me);
 done:
@@ -4533,7 +4533,9 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     t->transport = s->transport;
     t->fds = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)s->size);
     t->addrs = (char(*)[64])_dm_calloc(&t->base.allocator, 64 * (size_t)s->size);
-    if (_dm_lk_init(&t->lk, &t->base, "tcp", s->chunk_bytes) != DM_OK || !t->fds || !t->addrs) {
+    st = _dm_lk_init(&t->lk, &t->base, "tcp", s->chunk_bytes);
+    if (st == DM_ERR_ENV) goto fail;            /* DISTMESH_ALGO: its message is in last_error */
+    if (st != DM_OK || !t->fds || !t->addrs) {
         st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
         goto fail;
     }
