@@ -750,6 +750,8 @@ static int body_fault(dm_collective* c, int rank, int world, void* arg) {
     return 0;
 }
 static pid_t g_pids[8];
+static int g_fault_hosts;       /* > 0: ranks r / g_fault_hosts share a simulated host */
+static int g_victim = 2;
 /* Forks world ranks into g_pids that report through a pipe (g_report_fd in the child): each
    creates its collective with timeout_ms, runs body and exits with its result (40 s alarm).
    pfd[0] is left open for the parent to read. */
@@ -769,6 +771,11 @@ static void fork_reporting_world(int world, int timeout_ms, rank_body body, void
             close(pfd[0]);
             g_report_fd = pfd[1];
             alarm(40);
+            if (g_fault_hosts > 0) {
+                char host[16];
+                snprintf(host, sizeof(host), "h%d", r / g_fault_hosts);
+                setenv("DISTMESH_TEST_HOST_ID", host, 1);
+            }
             make_desc(&d, r, world, url, sizeof(url), prefix, sizeof(prefix));
             d.timeout_ms = timeout_ms;
             if (dm_tcp_create(&d, &c) != DM_OK) _exit(1);
@@ -783,7 +790,7 @@ static void fork_reporting_world(int world, int timeout_ms, rank_body body, void
 /* mode 0: kill -9 during 64 MiB all_reduces, 1: SIGSTOP, 2: kill -9 during 8-byte all_reduces.
    Returns the seconds from the fault to the last survivor's report. */
 static double test_fault(int mode) {
-    int pfd[2], r, ready = 0, reports = 0, world = 4, victim = 2;
+    int pfd[2], r, ready = 0, reports = 0, world = 4, victim = g_victim;
     int status_of[4] = {1, 1, 1, 1};
     double t_fault = 0, deadline;
     char buf[512];
@@ -867,6 +874,246 @@ static void test_fault_kill(void** s) { (void)s; fault_kill_trials(NULL, 0, 3); 
 static void test_fault_kill_small(void** s) { (void)s; fault_kill_trials(NULL, 2, 5); }
 static void test_fault_kill_tcp(void** s) { (void)s; fault_kill_trials("tcp", 0, 2); }
 static void test_fault_stop(void** s) { (void)s; (void)test_fault(1); }
+
+/* ---- across hosts: simulated layouts and the two-level schedules --------------------------- */
+/* A layout: hosts[r] is rank r's simulated host (DISTMESH_TEST_HOST_ID "h<n>" on TCP,
+   dm_fake_desc.host_of on the threaded world). */
+typedef struct layout { const char* name; int world; int hosts[8]; } layout;
+static const layout g_layouts[] = {
+    { "2x2", 4, { 0, 0, 1, 1 } },          { "2x3", 6, { 0, 0, 0, 1, 1, 1 } },
+    { "3x2", 6, { 0, 0, 1, 1, 2, 2 } },    { "4x1", 4, { 0, 1, 2, 3 } },
+    { "1x4", 4, { 0, 0, 0, 0 } },          { "3+1", 4, { 0, 0, 0, 1 } },
+    { "2+1+1", 4, { 0, 0, 1, 2 } },        { "interleaved 2x2", 4, { 0, 1, 0, 1 } },
+    { "interleaved 3+2", 5, { 1, 0, 1, 1, 0 } },
+};
+#define N_LAYOUTS ((int)(sizeof(g_layouts) / sizeof(g_layouts[0])))
+static const layout* g_layout;            /* the layout run_world's bodies take */
+
+/* Creates this forked rank's collective on g_layout's host for it. */
+static int layout_create(int rank, int world, dm_collective** c) {
+    char host[16], url[300], prefix[64];
+    dm_tcp_desc d;
+    snprintf(host, sizeof(host), "h%d", g_layout->hosts[rank]);
+    setenv("DISTMESH_TEST_HOST_ID", host, 1);
+    make_desc(&d, rank, world, url, sizeof(url), prefix, sizeof(prefix));
+    return dm_tcp_create(&d, c) == DM_OK ? 0 : 1;
+}
+
+/* The threaded world on a layout: every collective x dtype x op (the suite), under auto and
+   two_level on every layout, and under each forced algorithm on the uneven 3+1 and the
+   interleaved 3+2. The suite's data are exact in every dtype, so any order of reduction must
+   give the reference's bits. */
+static int layout_thread_rank(dm_collective* c, void* user) { (void)user; return suite(c, false); }
+static void test_layouts_thread(void** s) {
+    static const char* algos[] = { "auto", "two_level", "flat", "two_level_ring", "two_level_rd" };
+    int k, a;
+    (void)s;
+    for (k = 0; k < N_LAYOUTS; k++)
+        for (a = 0; a < 5; a++) {
+            dm_fake_desc fd;
+            if (a >= 2 && strcmp(g_layouts[k].name, "3+1") != 0 && strcmp(g_layouts[k].name, "interleaved 3+2") != 0)
+                continue;
+            memset(&fd, 0, sizeof(fd));
+            fd.world_size = g_layouts[k].world;
+            fd.host_of = g_layouts[k].hosts;
+            fd.timeout_ms = 60000;
+            setenv("DISTMESH_ALGO", algos[a], 1);
+            if (dm_thread_world_run(&fd, layout_thread_rank, NULL) != DM_OK)
+                fail_msg("threaded world, layout %s, DISTMESH_ALGO=%s: the suite failed", g_layouts[k].name, algos[a]);
+        }
+    unsetenv("DISTMESH_ALGO");
+}
+
+/* The same suite over processes: shm + sockets (auto) on every layout, sockets forced on the
+   uneven ones and one even one. */
+static int body_layout_suite(dm_collective* c, int rank, int world, void* arg) {
+    int bad;
+    (void)arg;
+    RCHECK(layout_create(rank, world, &c) == 0);
+    bad = suite(c, false);
+    dm_destroy(c);
+    return bad;
+}
+static void test_layouts_tcp(void** s) {
+    int k;
+    (void)s;
+    for (k = 0; k < N_LAYOUTS; k++) {
+        bool forced = strcmp(g_layouts[k].name, "2x2") == 0 || strcmp(g_layouts[k].name, "2+1+1") == 0 ||
+                      strcmp(g_layouts[k].name, "interleaved 3+2") == 0;
+        g_layout = &g_layouts[k];
+        if (run_world_ex(g_layout->world, body_layout_suite, NULL, 120, false) != 0)
+            fail_msg("layout %s (auto): the suite failed", g_layout->name);
+        if (!forced) continue;
+        g_transport = "tcp";
+        if (run_world_ex(g_layout->world, body_layout_suite, NULL, 120, false) != 0) {
+            g_transport = NULL;
+            fail_msg("layout %s (tcp forced): the suite failed", g_layout->name);
+        }
+        g_transport = NULL;
+    }
+}
+
+/* Float data with real rounding: the threaded world (given the layout), shm + sockets and
+   sockets alone give the same bytes for all_reduce, reduce_scatter and reduce. */
+static int lb_run(dm_collective* c, const char* who) {
+    static const size_t counts[3] = { 1000, 70001, ((size_t)1 << 20) + 3 };
+    int k, r = dm_rank(c), W = dm_world_size(c);
+    for (k = 0; k < 9; k++) {
+        size_t n = counts[k % 3], rs = n / (size_t)W + 1;
+        float* buf = (float*)malloc((n + rs * (size_t)W) * sizeof(float));
+        char path[400];
+        FILE* f;
+        bw_fill(DM_FLOAT32, r, buf, n + rs * (size_t)W);
+        if (k < 3) RST(dm_all_reduce(c, NULL, buf, n, DM_FLOAT32, DM_SUM));
+        else if (k < 6) RST(dm_reduce_scatter(c, buf + n, buf, rs, DM_FLOAT32, DM_MEAN));
+        else RST(dm_reduce(c, r == W - 1 ? NULL : buf, buf, n, DM_FLOAT32, DM_SUM, W - 1));
+        bw_path(path, sizeof(path), who, W, k, r);
+        f = fopen(path, "wb");
+        if (k < 3) RCHECK(f && fwrite(buf, sizeof(float), n, f) == n);
+        else if (k < 6) RCHECK(f && fwrite(buf, sizeof(float), rs, f) == rs);
+        else RCHECK(f && fwrite(buf, sizeof(float), r == W - 1 ? n : 1, f) == (r == W - 1 ? n : 1));
+        fclose(f);
+        free(buf);
+    }
+    return 0;
+}
+static int lb_thread_rank(dm_collective* c, void* user) { (void)user; return lb_run(c, "lthread"); }
+static int body_layout_bitwise(dm_collective* c, int rank, int world, void* arg) {
+    int bad;
+    RCHECK(layout_create(rank, world, &c) == 0);
+    bad = lb_run(c, (const char*)arg);
+    dm_destroy(c);
+    return bad;
+}
+static void test_layouts_bitwise(void** s) {
+    static const char* names[] = { "2x2", "2x3", "3+1", "interleaved 3+2" };
+    int i, k, r;
+    (void)s;
+    for (i = 0; i < 4; i++) {
+        dm_fake_desc fd;
+        for (k = 0; strcmp(g_layouts[k].name, names[i]) != 0; k++) {}
+        g_layout = &g_layouts[k];
+        memset(&fd, 0, sizeof(fd));
+        fd.world_size = g_layout->world;
+        fd.host_of = g_layout->hosts;
+        fd.timeout_ms = 60000;
+        assert_int_equal(dm_thread_world_run(&fd, lb_thread_rank, NULL), DM_OK);
+        assert_int_equal(run_world_ex(g_layout->world, body_layout_bitwise, (void*)"lauto", 60, false), 0);
+        g_transport = "tcp";
+        k = run_world_ex(g_layout->world, body_layout_bitwise, (void*)"ltcp", 60, false);
+        g_transport = NULL;
+        assert_int_equal(k, 0);
+        for (k = 0; k < 9; k++)
+            for (r = 0; r < g_layout->world; r++) {
+                char a[400], b[400], c[400];
+                bw_path(a, sizeof(a), "lthread", g_layout->world, k, r);
+                bw_path(b, sizeof(b), "lauto", g_layout->world, k, r);
+                bw_path(c, sizeof(c), "ltcp", g_layout->world, k, r);
+                if (!bw_same(a, b) || !bw_same(a, c))
+                    fail_msg("layout %s, case %d: rank %d's bytes differ between thread, shm+tcp and tcp",
+                             g_layout->name, k, r);
+            }
+    }
+}
+
+/* The choice is the documented function: on 2 hosts x 2 ranks a 16 MiB all_reduce runs the
+   two-level rails and a 4-byte one the flat recursive doubling; broadcast chains host by host;
+   DISTMESH_ALGO forces; an unknown name is refused with the accepted ones named. */
+static int algo_rank(dm_collective* c, void* user) {
+    const char* want_big = (const char*)user;
+    size_t n = (size_t)4 << 20;
+    float* x = (float*)calloc(n, sizeof(float));
+    int bad = 0;
+    if (!x) return 1;
+    if (dm_all_reduce(c, NULL, x, n, DM_FLOAT32, DM_SUM) != DM_OK || strcmp(dm_last_algorithm(c), want_big) != 0) {
+        fprintf(stderr, "rank %d: 16 MiB all_reduce ran %s, expected %s\n", dm_rank(c), dm_last_algorithm(c), want_big);
+        bad = 1;
+    }
+    if (dm_broadcast(c, x, 10, DM_FLOAT32, 1) != DM_OK) bad = 1;
+    if (strncmp(dm_last_algorithm(c), want_big, 4) != 0) bad = 1;      /* the same family */
+    free(x);
+    return bad;
+}
+static void test_algo_choice(void** s) {
+    static const int hosts[4] = { 0, 0, 1, 1 };
+    dm_fake_desc fd;
+    dm_collective* c = NULL;
+    (void)s;
+    memset(&fd, 0, sizeof(fd));
+    fd.world_size = 4;
+    fd.host_of = hosts;
+    assert_int_equal(dm_thread_world_run(&fd, algo_rank, (void*)"two_level_ring"), DM_OK);
+    setenv("DISTMESH_ALGO", "flat_ring", 1);
+    assert_int_equal(dm_thread_world_run(&fd, algo_rank, (void*)"flat_ring"), DM_OK);
+    setenv("DISTMESH_ALGO", "two_level_rd", 1);
+    assert_int_equal(dm_thread_world_run(&fd, algo_rank, (void*)"two_level_rd"), DM_OK);
+    setenv("DISTMESH_ALGO", "hierarchical", 1);
+    fd.logger.func = capture_log;
+    {
+        dm_collective* cs[4];
+        assert_int_equal(dm_thread_world_create(&fd, cs), DM_ERR_ENV);
+        assert_non_null(strstr(g_logged, "DISTMESH_ALGO=\"hierarchical\" is not an algorithm"));
+    }
+    {
+        dm_tcp_desc d;
+        char url[300], prefix[64];
+        make_desc(&d, 0, 1, url, sizeof(url), prefix, sizeof(prefix));
+        d.logger.func = capture_log;
+        g_logged[0] = 0;
+        assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_ENV);
+        assert_null(c);
+        assert_non_null(strstr(g_logged, "use auto, flat, two_level, flat_ring, flat_rd, two_level_ring or two_level_rd"));
+    }
+    unsetenv("DISTMESH_ALGO");
+}
+
+/* Mesh dp x tp = 2 x 4 over 2 hosts placed so that both dims span hosts (hosts alternate by
+   rank), and split groups: each group chooses for its own layout, results exact. */
+static int body_mesh_hosts(dm_collective* c, int rank, int world, void* arg) {
+    dm_mesh* m = NULL;
+    dm_mesh_desc md;
+    dm_collective* half = NULL;
+    (void)arg;
+    RCHECK(layout_create(rank, world, &c) == 0);
+    memset(&md, 0, sizeof(md));
+    md.world = c;
+    md.ndims = 2;
+    md.dim_names[0] = "dp"; md.dim_sizes[0] = 2;
+    md.dim_names[1] = "tp"; md.dim_sizes[1] = 4;
+    RST(dm_mesh_create(&md, &m));
+    RCHECK(suite_all_reduce(dm_mesh_group(m, "tp"), 70001, DM_FLOAT32, DM_SUM, false, 3) == 0);
+    RCHECK(suite_all_reduce(dm_mesh_group(m, "tp"), 3, DM_INT32, DM_MAX, true, 4) == 0);
+    RCHECK(suite_all_reduce(dm_mesh_group(m, "dp"), 70001, DM_BFLOAT16, DM_MEAN, true, 5) == 0);
+    RCHECK(suite_reduce_scatter(dm_mesh_group(m, "tp"), 40001, DM_FLOAT32, DM_SUM, false, 6) == 0);
+    RCHECK(suite_all_reduce(c, 300001, DM_FLOAT32, DM_SUM, true, 7) == 0);
+    RST(dm_split(c, rank < 6 ? 0 : 1, -rank, &half));       /* 6 ranks (3+3 hosts), reversed, and 2 */
+    RCHECK(suite_all_reduce(half, 70001, DM_INT64, DM_SUM, true, 8) == 0);
+    RCHECK(suite_broadcast(half, 1237, DM_FLOAT16, 0, 9) == 0);
+    dm_destroy(half);
+    dm_mesh_destroy(m);
+    dm_destroy(c);
+    return 0;
+}
+static void test_mesh_across_hosts(void** s) {
+    static const layout alt = { "alternating 2x4", 8, { 0, 1, 0, 1, 0, 1, 0, 1 } };
+    (void)s;
+    g_layout = &alt;
+    assert_int_equal(run_world_ex(8, body_mesh_hosts, NULL, 120, false), 0);
+}
+
+/* kill -9 during two-level all_reduces (2 hosts x 2 ranks, 64 MiB: the rails) of a host
+   leader (rank 2, local rank 0 of host 1) and of a non-leader (rank 3): every survivor fails
+   within 1 s. */
+static void test_fault_kill_two_level(void** s) {
+    (void)s;
+    g_fault_hosts = 2;
+    g_victim = 2;
+    fault_kill_trials(NULL, 0, 2);
+    g_victim = 3;
+    fault_kill_trials(NULL, 0, 2);
+    g_victim = 2;
+    g_fault_hosts = 0;
+}
 
 /* ---- split under failure ------------------------------------------------------------------ */
 /* Every rank splits the world again and again (all in one group, then even / odd ranks),
@@ -1198,6 +1445,12 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_fault_kill_small),
         cmocka_unit_test(test_fault_kill_tcp),
         cmocka_unit_test(test_fault_stop),
+        cmocka_unit_test(test_algo_choice),
+        cmocka_unit_test(test_layouts_thread),
+        cmocka_unit_test(test_layouts_tcp),
+        cmocka_unit_test(test_layouts_bitwise),
+        cmocka_unit_test(test_mesh_across_hosts),
+        cmocka_unit_test(test_fault_kill_two_level),
         cmocka_unit_test(test_split_kill),
         cmocka_unit_test(test_split_timeout),
         cmocka_unit_test(test_dm_init),
