@@ -91,6 +91,7 @@ typedef struct bench_row {
     double us_rank0[2], us_min[2], us_mean[2], us_max[2];   /* each rank's time, aggregated */
     unsigned long long calls[2];                             /* collectives in the timed loop */
     long long wrong[2];
+    char algo[2][32];           /* dm_last_algorithm after the timed calls */
 } bench_row;
 
 static const char* type_name(dm_dtype t) {
@@ -561,6 +562,7 @@ static dm_status run_size(const bench_args* a, dm_collective* c, const bench_buf
             }
         t = (now_s() - t0) / ((double)a->iters * a->agg_iters);
         row->calls[ip] = (unsigned long long)(dm_sequence(c) - seq0);
+        snprintf(row->algo[ip], sizeof(row->algo[ip]), "%s", dm_last_algorithm(c)[0] ? dm_last_algorithm(c) : "-");
         if ((st = aggregate_time(c, t, &agg[AVG_RANK0], &agg[AVG_MEAN], &agg[AVG_MIN], &agg[AVG_MAX])) != DM_OK) return st;
         row->us_rank0[ip] = agg[AVG_RANK0] * 1e6;
         row->us_mean[ip] = agg[AVG_MEAN] * 1e6;
@@ -604,8 +606,8 @@ static void print_rank_lines(dm_collective* c) {
 static void print_header(void) {
     printf("#\n");
     printf("#                                                              out-of-place                       in-place          \n");
-    printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
-    printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       \n");
+    printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong  algo\n");
+    printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)              \n");
 }
 static int has_redop(const bench_args* a) { return a->op == OP_ALL_REDUCE || a->op == OP_REDUCE_SCATTER; }
 static void print_row(const bench_args* a, const bench_row* row) {
@@ -621,7 +623,7 @@ static void print_row(const bench_args* a, const bench_row* row) {
         printf(us >= 10000 ? "  %7.0f" : us >= 100 ? "  %7.1f" : "  %7.2f", us);
         printf("  %6.2f  %6.2f  %5s", row->algbw[ip], row->busbw[ip], wrong);
     }
-    printf("\n");
+    printf("  %s\n", row->algo[1]);      /* the in-place run's; both runs choose alike */
     fflush(stdout);
 }
 static void write_json(const bench_args* a, dm_collective* c, const bench_row* rows, int nrows, const double* rss_mib) {
@@ -637,8 +639,8 @@ static void write_json(const bench_args* a, dm_collective* c, const bench_row* r
             a->report_cputime, a->iters, a->agg_iters);
     for (i = 0; i < nrows; i++) {
         const bench_row* w = &rows[i];
-        fprintf(f, "  {\"bytes\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\"", w->bytes, w->count,
-                type_name(w->dtype), has_redop(a) ? k_redop_names[w->redop] : "none");
+        fprintf(f, "  {\"bytes\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", \"algo\": \"%s\"", w->bytes,
+                w->count, type_name(w->dtype), has_redop(a) ? k_redop_names[w->redop] : "none", w->algo[1]);
         for (ip = 0; ip < 2; ip++)
             fprintf(f, ", \"%s_us\": %.3f, \"%s_algbw\": %.9g, \"%s_busbw\": %.9g, \"%s_wrong\": %lld, \"%s_us_rank0\": %.3f, "
                        "\"%s_us_mean\": %.3f, \"%s_us_min\": %.3f, \"%s_us_max\": %.3f, \"%s_calls\": %llu",

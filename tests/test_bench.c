@@ -59,16 +59,18 @@ static int bench(const char* fmt, ...) {
 static int setup(void** state) { (void)state; return tmpdir_make(g_dir, sizeof(g_dir), "dm_benchtest"); }
 static int teardown(void** state) { (void)state; return tmpdir_remove(g_dir); }
 
-/* One table row, the 13 columns of nccl-tests' table. */
+/* One table row: the 13 columns of nccl-tests' table, then the algorithm distmesh chose. */
 typedef struct row {
     unsigned long long size, count;
     char type[16], redop[16];
     int root;
     double us[2], algbw[2], busbw[2];
     char wrong[2][16];
+    char algo[32];
 } row;
 
-/* The table's rows (lines not starting with '#'); fails on a line without 13 columns. */
+/* The table's rows (lines not starting with '#'); fails on a line without those 14 columns or
+   with an algorithm dm_last_algorithm does not name. */
 static int table(row* rows, int cap) {
     char* save = NULL;
     char* copy = strdup(g_out);
@@ -78,11 +80,15 @@ static int table(row* rows, int cap) {
         row r;
         char extra[8];
         if (line[0] == '#') continue;
-        if (sscanf(line, "%llu %llu %15s %15s %d %lf %lf %lf %15s %lf %lf %lf %15s %7s", &r.size, &r.count, r.type,
+        if (sscanf(line, "%llu %llu %15s %15s %d %lf %lf %lf %15s %lf %lf %lf %15s %31s %7s", &r.size, &r.count, r.type,
                    r.redop, &r.root, &r.us[0], &r.algbw[0], &r.busbw[0], r.wrong[0], &r.us[1], &r.algbw[1], &r.busbw[1],
-                   r.wrong[1], extra) != 13) {
+                   r.wrong[1], r.algo, extra) != 14) {
             free(copy);
-            fail_msg("not a table row of 13 columns: \"%s\"\n%s", line, g_out);
+            fail_msg("not a table row of 14 columns: \"%s\"\n%s", line, g_out);
+        }
+        if (strncmp(r.algo, "flat_", 5) != 0 && strncmp(r.algo, "two_level_", 10) != 0 && strcmp(r.algo, "-") != 0) {
+            free(copy);
+            fail_msg("row without an algorithm: \"%s\"", line);
         }
         if (n < cap) rows[n] = r;
         n++;
@@ -151,6 +157,7 @@ static void test_bench_nccl_flags_all_types(void** state) {
     for (i = 0; i < nj; i++) {
         assert_int_equal((int)json_num(jr[i], "oop_calls"), 4 * 2);
         assert_int_equal((int)json_num(jr[i], "ip_calls"), 4 * 2);
+        assert_non_null(strstr(jr[i], "\"algo\": \"flat_rd\""));    /* small, one host */
     }
 }
 
