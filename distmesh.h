@@ -3182,10 +3182,28 @@ typedef struct _dm_lk {
     _dm_umsg *uhead, *utail;    /* unexpected messages in arrival order */
     size_t ubytes;              /* their bytes, bounded by DISTMESH_MAX_OBJECT_BYTES */
     uint64_t* sent;             /* per rank: point-to-point messages sent to it (their number) */
-    struct pollfd* pfds;        /* size + 2 entries for _dm_lk_block */
+    struct pollfd* pfds;        /* size + 2 + _DM_LK_SERVICE_FDS entries for _dm_lk_block */
     _dm_layout lay;             /* which ranks share a host (>>layout) */
     int algo;                   /* DISTMESH_ALGO: _DM_ALGO_AUTO or the family / algorithm forced */
+    /* >>peers bookkeeping. dry: transfers record their peers in `used` and move nothing.
+       peers (optional): P, the peers of this rank's fixed-peer schedules; a transfer of such a
+       schedule (not on_demand) with a peer outside it is DM_ERR_INTERNAL, so a schedule that
+       changes without _dm_lk_peers is caught by the tests. */
+    bool dry, on_demand;
+    bool* used;
+    bool* peers;
+    /* Optional (TCP: connections only where the schedules need them): links may be NULL until
+       a transfer needs them. connect makes the link to peer by the deadline, or fails with its
+       message recorded; poll_fill puts up to cap descriptors that need service while this rank
+       blocks (a listener, handshakes in progress) into p; service moves them on without
+       blocking, so a rank that connects to this one is answered from any wait; hangup (on
+       break) stops answering. */
+    dm_status (*connect)(struct _dm_lk* lk, int peer, int64_t deadline);
+    int (*poll_fill)(struct _dm_lk* lk, struct pollfd* p, int cap);
+    void (*service)(struct _dm_lk* lk);
+    void (*hangup)(struct _dm_lk* lk);
 } _dm_lk;
+#define _DM_LK_SERVICE_FDS 80       /* pfds entries kept for poll_fill */
 
 /* Tells the group which ranks share a host: host_of[r] is any number naming rank r's host
    (equal numbers, same host; may alias lk->lay.host_of). Renumbers the hosts by first
@@ -3241,7 +3259,7 @@ _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag,
     lk->order = (int*)_dm_malloc(&c->allocator, sizeof(int) * 2 * (size_t)W);
     lk->inbox = (_dm_inbox*)_dm_calloc(&c->allocator, sizeof(_dm_inbox) * (size_t)W);
     lk->sent = (uint64_t*)_dm_calloc(&c->allocator, sizeof(uint64_t) * (size_t)W);
-    lk->pfds = (struct pollfd*)_dm_calloc(&c->allocator, sizeof(struct pollfd) * ((size_t)W + 2));
+    lk->pfds = (struct pollfd*)_dm_calloc(&c->allocator, sizeof(struct pollfd) * ((size_t)W + 2 + _DM_LK_SERVICE_FDS));
     lk->lay.host_of = (int*)_dm_calloc(&c->allocator, sizeof(int) * (5 * (size_t)W + 1));
     if (!lk->tmp || !lk->links || !lk->order || !lk->inbox || !lk->sent || !lk->pfds || !lk->lay.host_of)
         return DM_ERR_OUT_OF_MEMORY;
@@ -3279,6 +3297,8 @@ _DM_PRIVATE void _dm_lk_release(_dm_lk* lk) {
     _dm_free(a, lk->sent);
     _dm_free(a, lk->pfds);
     _dm_free(a, lk->lay.host_of);
+    _dm_free(a, lk->peers);
+    lk->peers = NULL;
     lk->pfds = NULL;
     lk->lay.host_of = NULL;
     lk->links = NULL; lk->order = NULL; lk->tmp = NULL; lk->inbox = NULL; lk->sent = NULL;
@@ -3317,6 +3337,7 @@ _DM_PRIVATE dm_status _dm_lk_break(_dm_lk* lk, dm_status st) {
     _dm_copy_name(lk->broken_msg, sizeof(lk->broken_msg), _dm_errbuf(lk->c));
     _dm_lk_post_abort(lk, st);
     if (!lk->adopting && lk->notice_post) lk->notice_post(lk, st, _dm_errbuf(lk->c));
+    if (lk->hangup) lk->hangup(lk);
     for (r = 0; r < lk->c->size; r++)
         if (lk->links[r] && lk->links[r]->vt->shutdown) lk->links[r]->vt->shutdown(lk->links[r]);
     return st;
@@ -3768,6 +3789,7 @@ _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xsta
         }
     if (memory && np == 0 && lk->bell) lk->bell_ops->wait(lk->bell_ops->ctx, lk->bell, seen, slice < 50 ? slice : 50);
     else {
+        if (lk->poll_fill) np += lk->poll_fill(lk, p + np, _DM_LK_SERVICE_FDS);
         rc = poll(p, (nfds_t)np, memory ? (slice < 1 ? slice : 1) : slice);
         if (rc < 0 && errno != EINTR) {
             _DM_FAIL(lk->c, DM_ERR_NETWORK, "%s: %s #%llu: poll failed (%s)", lk->tag, x->op,
@@ -3780,6 +3802,7 @@ _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xsta
             return _dm_lk_io_fail(lk, x, x->speer, true, err);
         }
     }
+    if (lk->service) lk->service(lk);   /* a rank connecting to this one is answered from here */
     /* memory links: a peer that died cannot ring; ask its side channel. Seen twice in a row
        with no progress between (bytes it wrote before dying are taken first) means lost. */
     for (k = 0; k < 2; k++) {
@@ -3791,6 +3814,34 @@ _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xsta
     return DM_OK;
 }
 
+/* The link to peer before a transfer uses it: there, or made now by the backend (connect). */
+_DM_PRIVATE dm_status _dm_lk_ensure(_dm_lk* lk, const _dm_xfer* x, int peer, int64_t deadline) {
+    char why[DM_LAST_ERROR_SIZE];
+    dm_status st;
+    if (peer < 0 || lk->links[peer]) return DM_OK;
+    if (!lk->connect) {
+        _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: %s #%llu: no link to rank %d", lk->tag, x->op,
+                 (unsigned long long)lk->c->seq, peer);
+        return _dm_lk_break(lk, DM_ERR_INTERNAL);
+    }
+    st = lk->connect(lk, peer, deadline);
+    if (st == DM_OK && lk->links[peer]) return DM_OK;
+    if (_dm_lk_adopt_abort(lk, x->op) != DM_OK) return lk->broken;
+    if (st == DM_ERR_PEER_LOST && _dm_lk_adopt_notice(lk, x->op) != DM_OK) return lk->broken;
+    if (st == DM_OK) st = DM_ERR_INTERNAL;
+    _dm_copy_name(why, sizeof(why), _dm_errbuf(lk->c));
+    _DM_FAIL(lk->c, st, "%s: %s #%llu: connecting to rank %d failed: %s", lk->tag, x->op,
+             (unsigned long long)lk->c->seq, peer, why);
+    return _dm_lk_break(lk, st);
+}
+/* A fixed-peer schedule's transfer with a peer outside P (>>peers): P is out of date. */
+_DM_PRIVATE dm_status _dm_lk_check_peer(_dm_lk* lk, const _dm_xfer* x, int peer) {
+    if (peer < 0 || !lk->peers || lk->on_demand || lk->peers[peer]) return DM_OK;
+    _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: %s #%llu: rank %d is not among the peers this rank's schedules use "
+             "(_dm_lk_peers is out of date with the schedules)", lk->tag, x->op, (unsigned long long)lk->c->seq, peer);
+    return _dm_lk_break(lk, DM_ERR_INTERNAL);
+}
+
 /* Drives one transfer to the end: each round moves what it can; with nothing to move it waits,
    spinning first, then yielding, then blocking, all under the collective's deadline. */
 _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
@@ -3800,6 +3851,15 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
     uint32_t seen = 0;
     bool blocking = false;
     dm_status st;
+    if (lk->used) {
+        if (x->speer >= 0) lk->used[x->speer] = true;
+        if (x->rpeer >= 0) lk->used[x->rpeer] = true;
+    }
+    if (lk->dry) return DM_OK;
+    _DM_TRY(_dm_lk_check_peer(lk, x, x->speer));
+    _DM_TRY(_dm_lk_check_peer(lk, x, x->rpeer));
+    _DM_TRY(_dm_lk_ensure(lk, x, x->speer, deadline));
+    _DM_TRY(_dm_lk_ensure(lk, x, x->rpeer, deadline));
     memset(&s, 0, sizeof(s));
     for (;;) {
         bool progress = false;
@@ -4518,6 +4578,24 @@ _DM_PRIVATE dm_status _dm_lk_barrier(_dm_lk* lk) {
 }
 
 
+/* A transfer whose peer the caller's arguments choose (point-to-point, all_to_all, the rooted
+   collectives' meetings with the root): outside P (>>peers), connected on demand. */
+_DM_PRIVATE dm_status _dm_lk_run_on_demand(_dm_lk* lk, const _dm_xfer* x) {
+    dm_status st;
+    lk->on_demand = true;
+    st = _dm_lk_run(lk, x);
+    lk->on_demand = false;
+    return st;
+}
+_DM_PRIVATE dm_status _dm_lk_sendrecv_on_demand(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer,
+                                                const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen) {
+    dm_status st;
+    lk->on_demand = true;
+    st = _dm_lk_sendrecv(lk, op, fp, speer, sbuf, slen, rpeer, rbuf, rlen);
+    lk->on_demand = false;
+    return st;
+}
+
 /* A point-to-point message: its header (a fingerprint of kind send), then the payload. While
    the link to peer is full, what peer sends this way is read (into the inbox), so two ranks
    sending each other large messages at once both finish. */
@@ -4544,7 +4622,7 @@ _DM_PRIVATE dm_status _dm_lk_send(_dm_lk* lk, const void* buf, size_t count, dm_
     }
     x.op = "send"; x.speer = peer; x.rpeer = peer; x.ss = ss; x.ns = 2; x.nr = 0;
     x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true;
-    return _dm_lk_run(lk, &x);
+    return _dm_lk_run_on_demand(lk, &x);
 }
 /* The first message from peer with this tag: already kept (unexpected), or read as it comes. */
 _DM_PRIVATE dm_status _dm_lk_recv(_dm_lk* lk, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
@@ -4556,7 +4634,7 @@ _DM_PRIVATE dm_status _dm_lk_recv(_dm_lk* lk, void* buf, size_t count, dm_dtype 
     x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true; x.want = &w;
     _DM_TRY(_dm_lk_take_unexpected(lk, &x, peer));
     if (w.done) return DM_OK;
-    return _dm_lk_run(lk, &x);
+    return _dm_lk_run_on_demand(lk, &x);
 }
 
 /* All-to-all, pairwise: step k sends the block for rank + k and receives the block of rank - k.
@@ -4584,8 +4662,10 @@ _DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const si
         _dm_fp mine, expect;
         _dm_fp_make(&mine, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(rc[to]), sc[to]);
         _dm_fp_make(&expect, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(sc[from]), rc[from]);
+        lk->on_demand = true;
         st = _dm_lk_exchange(lk, "all_to_all", &mine, &expect, to, in + so[to] * esize, sc[to] * esize, from,
                              out + ro[from] * esize, rc[from] * esize, false, DM_UINT8, DM_SUM);
+        lk->on_demand = false;
     }
     _dm_free(&c->allocator, copy);
     return st;
@@ -4628,12 +4708,12 @@ _DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, si
         st = _dm_lk_ring(lk, &t, send, out, count, dtype, op, divide, &fp, _DM_RING_RS);
         if (st == DM_OK && r != root) {        /* this rank's block to the root */
             _dm_segment(count, W, lk->slot[r], &off, &len);
-            st = _dm_lk_sendrecv(lk, "reduce", &fp, root, out + off * esize, len * esize, root, NULL, 0);
+            st = _dm_lk_sendrecv_on_demand(lk, "reduce", &fp, root, out + off * esize, len * esize, root, NULL, 0);
         }
         for (q = 0; q < W && st == DM_OK && r == root; q++) {   /* the root takes every other block */
             if (q == root) continue;
             _dm_segment(count, W, lk->slot[q], &off, &len);
-            st = _dm_lk_sendrecv(lk, "reduce", &fp, q, NULL, 0, q, out + off * esize, len * esize);
+            st = _dm_lk_sendrecv_on_demand(lk, "reduce", &fp, q, NULL, 0, q, out + off * esize, len * esize);
         }
     }
     if (out != recv) _dm_free(&c->allocator, out);
@@ -4659,15 +4739,69 @@ _DM_PRIVATE dm_status _dm_lk_rooted(_dm_lk* lk, int kind, const void* send, void
     if (W == 1) return DM_OK;
     _dm_fp_make(&fp, c, kind, (int)dtype, -1, root, count);
     if (r != root) {
-        if (gather) return _dm_lk_sendrecv(lk, name, &fp, root, send, bytes, root, NULL, 0);
-        return _dm_lk_sendrecv(lk, name, &fp, root, NULL, 0, root, recv, bytes);
+        if (gather) return _dm_lk_sendrecv_on_demand(lk, name, &fp, root, send, bytes, root, NULL, 0);
+        return _dm_lk_sendrecv_on_demand(lk, name, &fp, root, NULL, 0, root, recv, bytes);
     }
     for (q = 0; q < W; q++) {
         if (q == root) continue;
-        if (gather) _DM_TRY(_dm_lk_sendrecv(lk, name, &fp, q, NULL, 0, q, (unsigned char*)recv + (size_t)q * bytes, bytes));
-        else _DM_TRY(_dm_lk_sendrecv(lk, name, &fp, q, (const unsigned char*)send + (size_t)q * bytes, bytes, q, NULL, 0));
+        if (gather)
+            _DM_TRY(_dm_lk_sendrecv_on_demand(lk, name, &fp, q, NULL, 0, q, (unsigned char*)recv + (size_t)q * bytes,
+                                              bytes));
+        else
+            _DM_TRY(_dm_lk_sendrecv_on_demand(lk, name, &fp, q, (const unsigned char*)send + (size_t)q * bytes, bytes,
+                                              q, NULL, 0));
     }
     return DM_OK;
+}
+
+/* >>peers  P, the peers this rank's fixed-peer schedules use on the group's layout: every
+   all_reduce algorithm (flat ring and rd, two-level with Lmin rails and with the leaders'
+   rail), all_gather, reduce_scatter and barrier in both families, broadcast from every root,
+   each run dry (_dm_lk_run records the peers of each transfer and moves nothing), so P
+   follows the schedules as they are written. Every rank runs the same schedules, so P is
+   symmetric: q is in P(r) exactly when r is in P(q). Not in it: what the caller's arguments
+   choose (point-to-point, all_to_all, gather, scatter, reduce's blocks to the root): a backend
+   connects those on demand (_dm_lk.connect). A new schedule, or a new way of choosing one,
+   must be run here too; the threaded world checks every transfer against P (_dm_lk_check_peer),
+   so the layout tests fail if it is not. in: size entries, set for the peers (never self). */
+_DM_PRIVATE dm_status _dm_lk_peers(_dm_lk* lk, bool* in) {
+    static const int ar[4] = { _DM_ALGO_FLAT_RING, _DM_ALGO_FLAT_RD, _DM_ALGO_TWO_LEVEL_RING, _DM_ALGO_TWO_LEVEL_RD };
+    static const int fam[2] = { _DM_ALGO_FLAT, _DM_ALGO_TWO_LEVEL };
+    dm_collective* c = lk->c;
+    int W = c->size, saved_algo = lk->algo, k, root;
+    const char* saved_name = c->algorithm;
+    unsigned char* buf = (unsigned char*)_dm_calloc(&c->allocator, 4 * (size_t)W);
+    dm_status st = DM_OK;
+    memset(in, 0, sizeof(bool) * (size_t)W);
+    if (W == 1 || lk->broken != DM_OK) { _dm_free(&c->allocator, buf); return DM_OK; }
+    if (!buf) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", lk->tag);
+    lk->dry = true;
+    lk->used = in;
+    for (k = 0; k < 4 && st == DM_OK; k++) {        /* W elements: every ring and rail fits */
+        lk->algo = ar[k];
+        st = _dm_lk_all_reduce(lk, buf, buf, (size_t)W, DM_UINT8, DM_SUM);
+    }
+    for (k = 0; k < 2 && st == DM_OK; k++) {
+        lk->algo = fam[k];
+        st = _dm_lk_all_gather(lk, buf, buf + W, 1, DM_UINT8);
+        if (st == DM_OK) st = _dm_lk_reduce_scatter(lk, buf, buf + 2 * W, 1, DM_UINT8, DM_SUM);
+        if (st == DM_OK) st = _dm_lk_barrier(lk);
+        for (root = 0; root < W && st == DM_OK; root++) st = _dm_lk_broadcast(lk, buf, 1, DM_UINT8, root);
+    }
+    lk->dry = false;
+    lk->used = NULL;
+    lk->algo = saved_algo;
+    c->algorithm = saved_name;
+    in[c->rank] = false;
+    _dm_free(&c->allocator, buf);
+    return st;
+}
+/* Computes P into lk->peers: from then on a fixed-peer transfer outside it fails (the
+   threaded world's check). */
+_DM_PRIVATE dm_status _dm_lk_keep_peers(_dm_lk* lk) {
+    if (!lk->peers) lk->peers = (bool*)_dm_calloc(&lk->c->allocator, sizeof(bool) * (size_t)lk->c->size);
+    if (!lk->peers) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", lk->tag);
+    return _dm_lk_peers(lk, lk->peers);
 }
 
 /* The transport a group uses: the name shared by all its links, or "a+b" for a mix. */
@@ -4986,6 +5120,10 @@ static void _dm_tw_set_layout(_dm_thread* t, const char* const* names) {
         hosts[r] = q;
     }
     _dm_lk_set_hosts(&t->lk, hosts);
+    if (_dm_lk_keep_peers(&t->lk) != DM_OK) {   /* no check then, nothing else lost */
+        _dm_free(&t->base.allocator, t->lk.peers);
+        t->lk.peers = NULL;
+    }
 }
 /* A split member's layout: the nodes of its group's members, in new-rank order. */
 static dm_status _dm_tw_split_layout(_dm_thread* nt, const _dm_tw_slot* slots, int n, int color) {
