@@ -3193,12 +3193,12 @@ typedef struct _dm_lk {
     bool* used;
     bool* peers;
     /* Optional (TCP: connections only where the schedules need them): links may be NULL until
-       a transfer needs them. connect makes the link to peer by the deadline, or fails with its
-       message recorded; poll_fill puts up to cap descriptors that need service while this rank
+       a transfer needs them. connect makes the links to peers[0..n) by the deadline, or fails
+       with its message recorded; poll_fill puts up to cap descriptors that need service while this rank
        blocks (a listener, handshakes in progress) into p; service moves them on without
        blocking, so a rank that connects to this one is answered from any wait; hangup (on
        break) stops answering. */
-    dm_status (*connect)(struct _dm_lk* lk, int peer, int64_t deadline);
+    dm_status (*connect)(struct _dm_lk* lk, const int* peers, int n, int64_t deadline);
     int (*poll_fill)(struct _dm_lk* lk, struct pollfd* p, int cap);
     void (*service)(struct _dm_lk* lk);
     void (*hangup)(struct _dm_lk* lk);
@@ -3327,16 +3327,18 @@ _DM_PRIVATE void _dm_lk_post_abort(_dm_lk* lk, dm_status st) {
     for (r = 0; r < lk->nbells; r++) _dm_bell_ring(&lk->bells[r], lk->bell_ops);
 }
 /* Marks the group broken with st (the message is already in last_error) and tells the others:
-   the abort word and the backend's notice first, then every link is shut down, so a peer
+   the backend's notice first, then the abort word, then every link is shut down, so a peer
    blocked on this rank fails at once and finds the cause waiting (timeouts included: the
-   group is broken either way, and the others learn why now, not at their own deadlines). */
+   group is broken either way, and the others learn why now, not at their own deadlines). The
+   order matters where links are sparse: a rank that learns of the failure second-hand (the
+   abort word, a link closed by a rank that adopted it) must find the notice already there. */
 _DM_PRIVATE dm_status _dm_lk_break(_dm_lk* lk, dm_status st) {
     int r;
     if (lk->broken != DM_OK) return st;
     lk->broken = st;
     _dm_copy_name(lk->broken_msg, sizeof(lk->broken_msg), _dm_errbuf(lk->c));
-    _dm_lk_post_abort(lk, st);
     if (!lk->adopting && lk->notice_post) lk->notice_post(lk, st, _dm_errbuf(lk->c));
+    _dm_lk_post_abort(lk, st);
     if (lk->hangup) lk->hangup(lk);
     for (r = 0; r < lk->c->size; r++)
         if (lk->links[r] && lk->links[r]->vt->shutdown) lk->links[r]->vt->shutdown(lk->links[r]);
@@ -3814,24 +3816,28 @@ _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xsta
     return DM_OK;
 }
 
-/* The link to peer before a transfer uses it: there, or made now by the backend (connect). */
-_DM_PRIVATE dm_status _dm_lk_ensure(_dm_lk* lk, const _dm_xfer* x, int peer, int64_t deadline) {
+/* The links to a transfer's peers before it starts: there, or made now by the backend
+   (connect, given both missing peers at once so it can make them in the order that cannot
+   deadlock). */
+_DM_PRIVATE dm_status _dm_lk_ensure(_dm_lk* lk, const _dm_xfer* x, int64_t deadline) {
     char why[DM_LAST_ERROR_SIZE];
+    int need[2], n = 0;
     dm_status st;
-    if (peer < 0 || lk->links[peer]) return DM_OK;
+    if (x->speer >= 0 && !lk->links[x->speer]) need[n++] = x->speer;
+    if (x->rpeer >= 0 && x->rpeer != x->speer && !lk->links[x->rpeer]) need[n++] = x->rpeer;
+    if (n == 0) return DM_OK;
     if (!lk->connect) {
         _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: %s #%llu: no link to rank %d", lk->tag, x->op,
-                 (unsigned long long)lk->c->seq, peer);
+                 (unsigned long long)lk->c->seq, need[0]);
         return _dm_lk_break(lk, DM_ERR_INTERNAL);
     }
-    st = lk->connect(lk, peer, deadline);
-    if (st == DM_OK && lk->links[peer]) return DM_OK;
+    st = lk->connect(lk, need, n, deadline);
+    if (st == DM_OK && (x->speer < 0 || lk->links[x->speer]) && (x->rpeer < 0 || lk->links[x->rpeer])) return DM_OK;
     if (_dm_lk_adopt_abort(lk, x->op) != DM_OK) return lk->broken;
     if (st == DM_ERR_PEER_LOST && _dm_lk_adopt_notice(lk, x->op) != DM_OK) return lk->broken;
     if (st == DM_OK) st = DM_ERR_INTERNAL;
     _dm_copy_name(why, sizeof(why), _dm_errbuf(lk->c));
-    _DM_FAIL(lk->c, st, "%s: %s #%llu: connecting to rank %d failed: %s", lk->tag, x->op,
-             (unsigned long long)lk->c->seq, peer, why);
+    _DM_FAIL(lk->c, st, "%s: %s #%llu: %s", lk->tag, x->op, (unsigned long long)lk->c->seq, why);
     return _dm_lk_break(lk, st);
 }
 /* A fixed-peer schedule's transfer with a peer outside P (>>peers): P is out of date. */
@@ -3858,8 +3864,7 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
     if (lk->dry) return DM_OK;
     _DM_TRY(_dm_lk_check_peer(lk, x, x->speer));
     _DM_TRY(_dm_lk_check_peer(lk, x, x->rpeer));
-    _DM_TRY(_dm_lk_ensure(lk, x, x->speer, deadline));
-    _DM_TRY(_dm_lk_ensure(lk, x, x->rpeer, deadline));
+    _DM_TRY(_dm_lk_ensure(lk, x, deadline));
     memset(&s, 0, sizeof(s));
     for (;;) {
         bool progress = false;
@@ -4513,6 +4518,7 @@ _DM_PRIVATE dm_status _dm_lk_broadcast(_dm_lk* lk, void* buf, size_t count, dm_d
     int W = c->size, n = 0, h, j, rh = y->host_of[root];
     _dm_team t;
     _dm_fp fp;
+    dm_status st;
     _DM_TRY(_dm_lk_check_broken(lk, "broadcast"));
     if (W == 1) return DM_OK;
     _dm_fp_make(&fp, c, _DM_K_BROADCAST, (int)dtype, -1, root, count);
@@ -4530,7 +4536,12 @@ _DM_PRIVATE dm_status _dm_lk_broadcast(_dm_lk* lk, void* buf, size_t count, dm_d
     }
     for (j = 0; j < W && y->team[j] != c->rank; j++) {}
     t = _dm_team_of(y->team, W, j);
-    return _dm_lk_chain(lk, &t, 0, buf, count * dm_dtype_size(dtype), dtype, &fp);
+    /* where the chain enters and leaves the root's host depends on the root: only root 0's
+       chain is in P (>>peers); another root's extra pairs connect on demand */
+    lk->on_demand = root != 0;
+    st = _dm_lk_chain(lk, &t, 0, buf, count * dm_dtype_size(dtype), dtype, &fp);
+    lk->on_demand = false;
+    return st;
 }
 
 /* Dissemination barrier over team t: round k sends to index me + 2^k and waits for me - 2^k.
@@ -4755,25 +4766,30 @@ _DM_PRIVATE dm_status _dm_lk_rooted(_dm_lk* lk, int kind, const void* send, void
 }
 
 /* >>peers  P, the peers this rank's fixed-peer schedules use on the group's layout: every
-   all_reduce algorithm (flat ring and rd, two-level with Lmin rails and with the leaders'
-   rail), all_gather, reduce_scatter and barrier in both families, broadcast from every root,
-   each run dry (_dm_lk_run records the peers of each transfer and moves nothing), so P
-   follows the schedules as they are written. Every rank runs the same schedules, so P is
-   symmetric: q is in P(r) exactly when r is in P(q). Not in it: what the caller's arguments
-   choose (point-to-point, all_to_all, gather, scatter, reduce's blocks to the root): a backend
-   connects those on demand (_dm_lk.connect). A new schedule, or a new way of choosing one,
-   must be run here too; the threaded world checks every transfer against P (_dm_lk_check_peer),
-   so the layout tests fail if it is not. in: size entries, set for the peers (never self). */
+   rank of its host (shared memory), then what every all_reduce algorithm (flat ring and rd,
+   two-level with Lmin rails and with the leaders' rail), all_gather, reduce_scatter and
+   barrier in both families and broadcast from root 0 touch, each run dry (_dm_lk_run records
+   the peers of each transfer and moves nothing), so P follows the schedules as they are
+   written. Every rank runs the same schedules, so P is symmetric: q is in P(r) exactly when r
+   is in P(q). Not in it: what the caller's arguments choose (point-to-point, all_to_all,
+   gather, scatter, reduce's blocks to the root, and where a two-level broadcast chain from
+   another root enters and leaves its host: one host's last rank would otherwise pair with
+   every rank of the next host): a backend connects those on demand (_dm_lk.connect). A new
+   schedule, or a new way of choosing one, must be run here too; the threaded world checks
+   every transfer outside on_demand against P (_dm_lk_check_peer), so the layout tests fail
+   if it is not. in: size entries, set for the peers (never self). */
 _DM_PRIVATE dm_status _dm_lk_peers(_dm_lk* lk, bool* in) {
     static const int ar[4] = { _DM_ALGO_FLAT_RING, _DM_ALGO_FLAT_RD, _DM_ALGO_TWO_LEVEL_RING, _DM_ALGO_TWO_LEVEL_RD };
     static const int fam[2] = { _DM_ALGO_FLAT, _DM_ALGO_TWO_LEVEL };
     dm_collective* c = lk->c;
-    int W = c->size, saved_algo = lk->algo, k, root;
+    const _dm_layout* y = &lk->lay;
+    int W = c->size, saved_algo = lk->algo, k;
     const char* saved_name = c->algorithm;
     unsigned char* buf = (unsigned char*)_dm_calloc(&c->allocator, 4 * (size_t)W);
     dm_status st = DM_OK;
     memset(in, 0, sizeof(bool) * (size_t)W);
-    if (W == 1 || lk->broken != DM_OK) { _dm_free(&c->allocator, buf); return DM_OK; }
+    for (k = y->start[y->host_of[c->rank]]; k < y->start[y->host_of[c->rank] + 1]; k++) in[y->members[k]] = true;
+    if (W == 1 || lk->broken != DM_OK) { _dm_free(&c->allocator, buf); in[c->rank] = false; return DM_OK; }
     if (!buf) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", lk->tag);
     lk->dry = true;
     lk->used = in;
@@ -4786,7 +4802,7 @@ _DM_PRIVATE dm_status _dm_lk_peers(_dm_lk* lk, bool* in) {
         st = _dm_lk_all_gather(lk, buf, buf + W, 1, DM_UINT8);
         if (st == DM_OK) st = _dm_lk_reduce_scatter(lk, buf, buf + 2 * W, 1, DM_UINT8, DM_SUM);
         if (st == DM_OK) st = _dm_lk_barrier(lk);
-        for (root = 0; root < W && st == DM_OK; root++) st = _dm_lk_broadcast(lk, buf, 1, DM_UINT8, root);
+        if (st == DM_OK) st = _dm_lk_broadcast(lk, buf, 1, DM_UINT8, 0);
     }
     lk->dry = false;
     lk->used = NULL;

@@ -6,9 +6,10 @@
    WHAT IT IS
    Gloo-style collectives between processes and hosts over TCP. Ranks meet through a key-value
    store (c10d TCPStore protocol or a shared directory, see the store section), each rank
-   listens on an ephemeral port of the chosen interface, publishes "host:port", and the ranks
-   connect as a full mesh (rank j connects to every lower rank; both sides of each connection
-   prove the token by HMAC-SHA256 challenge-response, see >>tcp hello). Algorithms:
+   listens on an ephemeral port of the chosen interface, publishes "host:port", and each rank
+   connects only to the peers its schedules use (the higher rank of a pair connects; both sides
+   prove the token by HMAC-SHA256 challenge-response, see >>tcp hello), the others on demand
+   (see >>tcp sparse, >>tcp lazy). Algorithms:
        all_reduce      <= 64 KiB: recursive doubling (non-power-of-two worlds fold the extra
                        ranks in and out); larger: ring reduce-scatter + all-gather, chunked and
                        pipelined (Gloo's allreduce_ring_chunked) -- received chunks are reduced
@@ -2918,6 +2919,23 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 
 enum { _DM_TCP_ACK_OK = 0, _DM_TCP_ACK_TOKEN = 1, _DM_TCP_ACK_GROUP = 2, _DM_TCP_ACK_RANK = 3 };
 
+/* One handshake on the listener, the acceptor's side (see >>tcp hello). */
+#define _DM_TCP_HELLO_SIZE 56
+#define _DM_TCP_CHAL_SIZE 72
+enum { _DM_TCP_HS_HELLO = 0, _DM_TCP_HS_CHAL, _DM_TCP_HS_PROOF, _DM_TCP_HS_ACK, _DM_TCP_HS_DONE };
+#define _DM_TCP_HS_MORE (-2)        /* would block: poll for _dm_tcp_hs_events, then step again */
+typedef struct _dm_tcp_hs {
+    int fd, state, peer;            /* peer: the rank the hello claims, -1 before */
+    uint32_t status;                /* the answer decided so far (_DM_TCP_ACK_*) */
+    size_t off;                     /* bytes of the current message moved */
+    int64_t deadline;               /* this connection's own */
+    bool claimed;                   /* the listener holds t->fds[peer] for it (proof verified) */
+    unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE], proof[32], ack[8];
+} _dm_tcp_hs;
+/* Handshakes in progress at once on one listener, and each one's time to finish. */
+#define _DM_TCP_HS_MAX 64
+#define _DM_TCP_HS_MS 5000
+
 typedef struct _dm_tcp {
     dm_collective base;
     struct dm_store* store;     /* used by create and split; owned when own_store */
@@ -2939,6 +2957,16 @@ typedef struct _dm_tcp {
     int64_t rdv_deadline;
     const struct _dm_tcp* parent; /* split: the group being split */
     const int* members;         /* split: the parent rank of each rank of this group */
+    /* the listener, open for the group's life: peers outside P connect on demand (>>tcp lazy) */
+    int lfd;
+    bool serving;               /* waits answer connectors (lfd and hs are live) */
+    bool built;                 /* create / split is over: waits no longer watch (>>tcp watch) */
+    uint64_t group;             /* the hello's group id */
+    int64_t lfd_rest;           /* after accept ran out of descriptors: leave the listener until then */
+    const bool* expect;         /* the higher ranks _dm_tcp_accept_peers waits for; NULL: all */
+    bool* want;                 /* create: the ring, then P and the host (what expect points at) */
+    int nhs;
+    _dm_tcp_hs hs[_DM_TCP_HS_MAX]; /* handshakes in progress on lfd */
 #if defined(DISTMESH_CUDA)
     void* cuda_pinned;          /* pinned staging segments for device buffers (see >>tcp cuda) */
     size_t cuda_pinned_bytes;
@@ -2991,22 +3019,6 @@ static void _dm_sock_destroy(_dm_link* l, const dm_allocator* a) { _dm_free(a, l
 static const _dm_link_vt _dm_sock_vt = {
     "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy, 0
 };
-
-/* A socket link per connected peer, named by its address. */
-static dm_status _dm_tcp_socket_links(_dm_tcp* t) {
-    int r;
-    for (r = 0; r < t->base.size; r++) {
-        _dm_link* l;
-        if (t->fds[r] < 0) continue;
-        l = (_dm_link*)_dm_calloc(&t->base.allocator, sizeof(_dm_link));
-        if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
-        l->vt = &_dm_sock_vt;
-        l->fd = t->fds[r];
-        _dm_copy_name(l->where, sizeof(l->where), t->addrs[r]);
-        t->lk.links[r] = l;
-    }
-    return DM_OK;
-}
 
 /* >>tcp notices  The first failure a rank sees itself goes into the store as "<prefix>abort"
    (compare-set: the first poster wins), value: status i32, rank i32, message; a rank whose
@@ -3483,7 +3495,7 @@ static int _dm_tcp_wait_fd(int fd, short events, int64_t deadline) {
 /* Fills p (room for 2 x size) with the watched connections; returns how many. */
 static int _dm_tcp_watch_fill(const _dm_tcp* t, struct pollfd* p) {
     int n = 0, j;
-    if (!t->fds) return 0;
+    if (!t->fds || t->built) return 0;      /* a built group's peers may leave when done */
     for (j = 0; j < t->base.size; j++) {
         int fd = t->fds[j];
         if (j == t->base.rank || fd < 0) continue;
@@ -3531,27 +3543,34 @@ static dm_status _dm_tcp_watch_now(_dm_tcp* t) {
     if (p != small) _dm_free(&t->base.allocator, p);
     return st;
 }
-/* _dm_tcp_wait_fd that also watches (t may be NULL: nothing watched): 1 ready, 0 timeout,
-   -1 error, -2 a watched peer is gone (DM_ERR_PEER_LOST is recorded on t). */
+static int _dm_tcp_serve(_dm_tcp* t, int64_t deadline);
+static int _dm_tcp_serve_fill(const _dm_tcp* t, struct pollfd* p, int cap, int64_t* wake);
+/* _dm_tcp_wait_fd that also watches (t may be NULL: nothing watched) and, while the group
+   serves, answers connectors meanwhile (so two ranks that connect to each other's listeners
+   never wait on each other): 1 ready, 0 timeout, -1 error, -2 a watched peer is gone
+   (DM_ERR_PEER_LOST is recorded on t). */
 static int _dm_tcp_wait_fd_w(_dm_tcp* t, int fd, short events, int64_t deadline) {
     struct pollfd small[17];
     struct pollfd* p = small;
-    int n = 0, rc = 0;
+    size_t cap = 2 * (size_t)(t ? t->base.size : 0) + 2 + _DM_TCP_HS_MAX;
+    int n = 0, ns = 0, rc = 0;
     if (!t || !t->fds) return _dm_tcp_wait_fd(fd, events, deadline);
-    if (2 * t->base.size + 1 > 17) {
-        p = (struct pollfd*)_dm_malloc(&t->base.allocator, sizeof(struct pollfd) * (2 * (size_t)t->base.size + 1));
+    if (cap > 17) {
+        p = (struct pollfd*)_dm_malloc(&t->base.allocator, sizeof(struct pollfd) * cap);
         if (!p) return _dm_tcp_wait_fd(fd, events, deadline);
     }
     for (;;) {
         int64_t left = deadline - _dm_now_ms();
         if (left <= 0) { rc = 0; break; }
         p[0].fd = fd; p[0].events = events; p[0].revents = 0;
-        n = _dm_tcp_watch_fill(t, p + 1);
-        rc = poll(p, (nfds_t)n + 1, left > 1000 ? 1000 : (int)left);
+        ns = t->serving ? _dm_tcp_serve_fill(t, p + 1, 1 + _DM_TCP_HS_MAX, NULL) : 0;
+        n = _dm_tcp_watch_fill(t, p + 1 + ns);
+        rc = poll(p, (nfds_t)(n + ns) + 1, left > 1000 ? 1000 : (int)left);
         if (rc < 0 && errno != EINTR) { rc = -1; break; }
+        if (t->serving) _dm_tcp_serve(t, INT64_MAX);
         if (rc <= 0) continue;
         if (p[0].revents) { rc = 1; break; }       /* what was waited for first (an ack, then EOF) */
-        if (_dm_tcp_watch_check(t, p + 1, n) != DM_OK) { rc = -2; break; }
+        if (_dm_tcp_watch_check(t, p + 1 + ns, n) != DM_OK) { rc = -2; break; }
     }
     if (p != small) _dm_free(&t->base.allocator, p);
     return rc;
@@ -3594,8 +3613,6 @@ _DM_PRIVATE int _dm_tcp_write_full(int fd, const void* buf, size_t n, int64_t de
    other's, and a stranger relaying a connector that was sent to its own address fails, since
    the connector signs the address it connected to. Without a token the key is empty: the same
    exchange still catches stray connections from other groups. */
-#define _DM_TCP_HELLO_SIZE 56
-#define _DM_TCP_CHAL_SIZE 72
 _DM_PRIVATE void _dm_tcp_hello_mac(const _dm_tcp* t, bool acceptor, const char* acceptor_addr, int connector,
                                    int acceptor_rank, const unsigned char* nonce_c, const unsigned char* nonce_a,
                                    unsigned char out[32]) {
@@ -3624,7 +3641,7 @@ _DM_PRIVATE void _dm_tcp_hello_mac(const _dm_tcp* t, bool acceptor, const char* 
 }
 
 /* The connector's side on a connected socket to rank j: hello, check the challenge, proof. The
-   ack is read later (_dm_tcp_read_ack), once this rank has accepted its own peers. Waits watch
+   ack is read next (_dm_tcp_read_ack; its waits answer this rank's own connectors). Waits watch
    the rendezvous's connections (>>tcp watch). *dropped (may be NULL) tells a connection that
    ended before any byte of the challenge: the listener may have dropped it from a full
    handshake table (_dm_tcp_accept_peers), so the caller may connect again. */
@@ -3684,16 +3701,6 @@ _DM_PRIVATE dm_status _dm_tcp_hello_connect(_dm_tcp* t, int fd, int j, uint64_t 
 /* The acceptor's side, a state machine on a nonblocking socket so that one listener drives
    every pending handshake at once (_dm_tcp_accept_peers): read hello -> write challenge ->
    read proof -> write ack, each step moving what the socket takes now. */
-enum { _DM_TCP_HS_HELLO = 0, _DM_TCP_HS_CHAL, _DM_TCP_HS_PROOF, _DM_TCP_HS_ACK, _DM_TCP_HS_DONE };
-#define _DM_TCP_HS_MORE (-2)        /* would block: poll for _dm_tcp_hs_events, then step again */
-typedef struct _dm_tcp_hs {
-    int fd, state, peer;            /* peer: the rank the hello claims, -1 before */
-    uint32_t status;                /* the answer decided so far (_DM_TCP_ACK_*) */
-    size_t off;                     /* bytes of the current message moved */
-    int64_t deadline;               /* this connection's own */
-    bool claimed;                   /* the listener holds t->fds[peer] for it (proof verified) */
-    unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE], proof[32], ack[8];
-} _dm_tcp_hs;
 
 static void _dm_tcp_hs_init(_dm_tcp_hs* h, int fd, int64_t deadline) {
     memset(h, 0, sizeof(*h));
@@ -3799,10 +3806,9 @@ _DM_PRIVATE int _dm_tcp_hello_accept(_dm_tcp* t, int fd, uint64_t group, int64_t
 
 /* Connects to rank j at its published address, retrying until the deadline while nothing
    answers; then the hello. A published address that refuses connections is a listener that
-   is gone (it listens before it publishes and until every higher rank has said hello), so a
+   is gone (it listens from before it publishes until its group is destroyed or broken), so a
    few refusals in a row mean the peer died or gave up: DM_ERR_PEER_LOST, not a wait for the
-   deadline. A
-   connection dropped before the challenge is tried again a few times (the listener may have
+   deadline. A connection dropped before the challenge is tried again a few times (the listener may have
    dropped it to bound its handshakes; a dead one then refuses). */
 static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t deadline) {
     struct sockaddr_storage sa;
@@ -3847,9 +3853,6 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
     }
 }
 
-/* Handshakes in progress at once on one listener, and each one's time to finish. */
-#define _DM_TCP_HS_MAX 64
-#define _DM_TCP_HS_MS 5000
 
 /* A handshake the listener gives up: its claim on a rank goes, its socket is closed. */
 static void _dm_tcp_hs_drop(_dm_tcp* t, _dm_tcp_hs* h) {
@@ -3902,92 +3905,151 @@ static void _dm_tcp_hs_compact(_dm_tcp_hs* hs, int* n) {
     *n = k;
 }
 
-/* Accepts until every higher rank has said hello, driving every pending handshake at once
-   with poll(): each connection has its own deadline (_DM_TCP_HS_MS from its accept), so
-   silent or slow connections cost the others nothing. Beyond _DM_TCP_HS_MAX handshakes the
-   oldest connection that has not sent a whole hello goes first (else the oldest), logged.
-   Strangers (bad magic, group, rank or token) get a refusal and are closed; they do not count.
-   The rendezvous's connections are watched meanwhile (>>tcp watch). */
+/* The socket link to rank j once its connection is verified (a no-op before the group has
+   its links, and for a peer that has one). */
+static dm_status _dm_tcp_add_link(_dm_tcp* t, int j) {
+    _dm_link* l;
+    if (!t->lk.links || t->lk.links[j] || t->fds[j] < 0) return DM_OK;
+    l = (_dm_link*)_dm_calloc(&t->base.allocator, sizeof(_dm_link));
+    if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+    l->vt = &_dm_sock_vt;
+    l->fd = t->fds[j];
+    _dm_copy_name(l->where, sizeof(l->where), t->addrs[j]);
+    t->lk.links[j] = l;
+    return DM_OK;
+}
+/* Steps one handshake; 1 when it completed a verified peer (now its socket and link). */
+static int _dm_tcp_hs_finish(_dm_tcp* t, _dm_tcp_hs* h) {
+    if (!_dm_tcp_hs_drive(t, h, t->group)) return 0;
+    h->claimed = false;         /* done: the socket is the peer's (t->fds) */
+    _dm_tcp_add_link(t, h->peer);
+    return 1;
+}
+/* The listener's work, never blocking: handshakes past their own deadline go (logged unless it
+   is the end of the whole wait, deadline), what the listener holds is accepted, every
+   handshake is stepped. Beyond _DM_TCP_HS_MAX handshakes the oldest connection that has not
+   sent a whole hello goes first (else the oldest), logged. Strangers (bad magic, group, rank
+   or token) get a refusal and are closed. Returns how many peers it completed. */
+static int _dm_tcp_serve(_dm_tcp* t, int64_t deadline) {
+    int64_t now = _dm_now_ms();
+    int i, done = 0, dropped = 0;
+    for (i = 0; i < t->nhs; i++)
+        if (now >= t->hs[i].deadline) {
+            if (t->hs[i].deadline < deadline)
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that had not finished "
+                        "its hello after %d ms (silent or too slow)", _DM_TCP_HS_MS);
+            _dm_tcp_hs_drop(t, &t->hs[i]);
+        }
+    _dm_tcp_hs_compact(t->hs, &t->nhs);
+    for (i = 0; i < t->nhs; i++) done += _dm_tcp_hs_finish(t, &t->hs[i]);
+    _dm_tcp_hs_compact(t->hs, &t->nhs);
+    while (t->lfd >= 0 && now >= t->lfd_rest) {
+        int fd = accept4(t->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: accept failed (%s)", strerror(errno));
+                t->lfd_rest = now + 20;
+            }
+            break;
+        }
+        if (t->nhs == _DM_TCP_HS_MAX) {
+            int v = _dm_tcp_hs_victim(t->hs, t->nhs);
+            if (v < 0) { close(fd); continue; }
+            _dm_tcp_hs_drop(t, &t->hs[v]);
+            _dm_tcp_hs_compact(t->hs, &t->nhs);
+            dropped++;
+        }
+        _dm_tcp_hs_init(&t->hs[t->nhs], fd, now + _DM_TCP_HS_MS < deadline ? now + _DM_TCP_HS_MS : deadline);
+        done += _dm_tcp_hs_finish(t, &t->hs[t->nhs]);   /* its hello may be here already */
+        t->nhs++;
+        _dm_tcp_hs_compact(t->hs, &t->nhs);
+    }
+    if (dropped)
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped %d unauthenticated connection%s, the oldest, "
+                "to keep at most %d handshakes at once", dropped, dropped == 1 ? "" : "s", _DM_TCP_HS_MAX);
+    return done;
+}
+/* The listener and its handshakes as poll entries (at most cap); *wake (may be NULL) comes
+   down to the nearest handshake deadline. */
+static int _dm_tcp_serve_fill(const _dm_tcp* t, struct pollfd* p, int cap, int64_t* wake) {
+    int n = 0, i;
+    if (t->lfd < 0) return 0;
+    if (_dm_now_ms() >= t->lfd_rest) {
+        p[n].fd = t->lfd; p[n].events = POLLIN; p[n].revents = 0; n++;
+    } else if (wake && t->lfd_rest < *wake) {
+        *wake = t->lfd_rest;
+    }
+    for (i = 0; i < t->nhs && n < cap; i++) {
+        p[n].fd = t->hs[i].fd; p[n].events = _dm_tcp_hs_events(&t->hs[i]); p[n].revents = 0; n++;
+        if (wake && t->hs[i].deadline < *wake) *wake = t->hs[i].deadline;
+    }
+    return n;
+}
+/* Every handshake in progress is dropped (the listener stops, or a wait gave up). */
+static void _dm_tcp_serve_stop(_dm_tcp* t) {
+    int i;
+    for (i = 0; i < t->nhs; i++)
+        if (t->hs[i].fd >= 0) _dm_tcp_hs_drop(t, &t->hs[i]);
+    t->nhs = 0;
+}
+/* At the end of create: the handshakes that have not said a whole hello of this group go
+   (strangers, or too slow), so none waits for the next call; a peer's that has stays. */
+static void _dm_tcp_serve_trim(_dm_tcp* t) {
+    int i;
+    for (i = 0; i < t->nhs; i++)
+        if (!t->hs[i].claimed && (t->hs[i].state == _DM_TCP_HS_HELLO || t->hs[i].status != _DM_TCP_ACK_OK))
+            _dm_tcp_hs_drop(t, &t->hs[i]);
+    _dm_tcp_hs_compact(t->hs, &t->nhs);
+}
+/* Rank j's connection is here and verified: its socket is set and no handshake still owes it
+   the ack (the listener claims the rank before the ack goes out). */
+static bool _dm_tcp_has_peer(const _dm_tcp* t, int j) {
+    int i;
+    if (t->fds[j] < 0) return false;
+    for (i = 0; i < t->nhs; i++)
+        if (t->hs[i].claimed && t->hs[i].peer == j) return false;
+    return true;
+}
+static bool _dm_tcp_expected(const _dm_tcp* t, int j) { return j > t->base.rank && (!t->expect || t->expect[j]); }
+
+/* Accepts on lfd until every expected higher rank (t->expect, else all) has said hello, each
+   handshake with its own deadline (_DM_TCP_HS_MS from its accept), so silent or slow
+   connections cost the others nothing (_dm_tcp_serve). Other higher ranks that connect
+   meanwhile (on demand) are accepted too. The rendezvous's connections are watched meanwhile
+   (>>tcp watch). */
 static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64_t deadline) {
-    int missing = t->base.size - 1 - t->base.rank, n = 0, i;
-    int64_t lfd_rest = 0;           /* after accept ran out of descriptors: leave the listener a while */
-    _dm_tcp_hs* hs;
+    int W = t->base.size, j;
     struct pollfd* p;
     dm_status st = DM_OK;
-    if (missing <= 0) return DM_OK;
-    hs = (_dm_tcp_hs*)_dm_malloc(&t->base.allocator, sizeof(_dm_tcp_hs) * _DM_TCP_HS_MAX);
-    p = (struct pollfd*)_dm_malloc(&t->base.allocator, sizeof(struct pollfd) *
-                                   (1 + _DM_TCP_HS_MAX + 2 * (size_t)t->base.size));
-    if (!hs || !p) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
-    while (missing > 0) {
+    t->lfd = lfd;
+    t->group = group;
+    p = (struct pollfd*)_dm_malloc(&t->base.allocator, sizeof(struct pollfd) * (1 + _DM_TCP_HS_MAX + 2 * (size_t)W));
+    if (!p) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+    for (;;) {
         int64_t now = _dm_now_ms(), wake = deadline;
-        int rc, nw, dropped = 0;
-        for (i = 0; i < n; i++)
-            if (now >= hs[i].deadline) {
-                if (hs[i].deadline < deadline)  /* not just the end of the whole wait */
-                    _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that had not finished "
-                            "its hello after %d ms (silent or too slow)", _DM_TCP_HS_MS);
-                _dm_tcp_hs_drop(t, &hs[i]);
-            }
-        _dm_tcp_hs_compact(hs, &n);
+        int missing = 0, expected = 0, first = -1, n, nw, rc;
+        for (j = t->base.rank + 1; j < W; j++) {
+            if (!_dm_tcp_expected(t, j)) continue;
+            expected++;
+            if (!_dm_tcp_has_peer(t, j) && missing++ == 0) first = j;
+        }
+        if (missing == 0) break;
         if (now >= deadline) {
-            int j;
-            for (j = t->base.rank + 1; j < t->base.size && t->fds[j] >= 0; j++) {}
             st = _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %d ms waiting for rank %d to "
-                          "connect (%d of %d peers missing)", t->base.timeout_ms, j, missing,
-                          t->base.size - 1 - t->base.rank);
-            goto done;
+                          "connect (%d of %d peers missing)", t->base.timeout_ms, first, missing, expected);
+            break;
         }
-        p[0].fd = now >= lfd_rest ? lfd : -1;
-        p[0].events = POLLIN;
-        p[0].revents = 0;
-        for (i = 0; i < n; i++) {
-            p[1 + i].fd = hs[i].fd;
-            p[1 + i].events = _dm_tcp_hs_events(&hs[i]);
-            p[1 + i].revents = 0;
-            if (hs[i].deadline < wake) wake = hs[i].deadline;
-        }
-        if (p[0].fd < 0 && lfd_rest < wake) wake = lfd_rest;
-        nw = _dm_tcp_watch_fill(t, p + 1 + n);
-        rc = poll(p, (nfds_t)(1 + n + nw), wake - now > 1000 ? 1000 : (int)(wake - now));
+        n = _dm_tcp_serve_fill(t, p, 1 + _DM_TCP_HS_MAX, &wake);
+        nw = _dm_tcp_watch_fill(t, p + n);
+        rc = poll(p, (nfds_t)(n + nw), wake - now > 1000 ? 1000 : wake - now < 0 ? 0 : (int)(wake - now));
         if (rc < 0 && errno != EINTR) {
             st = _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: poll on the listener failed (%s)", strerror(errno));
-            goto done;
+            break;
         }
-        if (rc <= 0) continue;
-        if ((st = _dm_tcp_watch_check(t, p + 1 + n, nw)) != DM_OK) goto done;
-        for (i = 0; i < n; i++)
-            if (p[1 + i].revents) missing -= _dm_tcp_hs_drive(t, &hs[i], group);
-        _dm_tcp_hs_compact(hs, &n);
-        while (missing > 0 && (p[0].revents & POLLIN)) {
-            int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-            if (fd < 0) {
-                if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                    _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: accept failed (%s)", strerror(errno));
-                    lfd_rest = now + 20;
-                }
-                break;
-            }
-            if (n == _DM_TCP_HS_MAX) {
-                int v = _dm_tcp_hs_victim(hs, n);
-                if (v < 0) { close(fd); continue; }
-                _dm_tcp_hs_drop(t, &hs[v]);
-                _dm_tcp_hs_compact(hs, &n);
-                dropped++;
-            }
-            _dm_tcp_hs_init(&hs[n], fd, now + _DM_TCP_HS_MS < deadline ? now + _DM_TCP_HS_MS : deadline);
-            missing -= _dm_tcp_hs_drive(t, &hs[n], group);   /* its hello may be here already */
-            n++;
-            _dm_tcp_hs_compact(hs, &n);
-        }
-        if (dropped)
-            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped %d unauthenticated connection%s, the oldest, "
-                    "to keep at most %d handshakes at once", dropped, dropped == 1 ? "" : "s", _DM_TCP_HS_MAX);
+        if (rc > 0 && (st = _dm_tcp_watch_check(t, p + n, nw)) != DM_OK) break;
+        _dm_tcp_serve(t, deadline);
     }
-done:
-    for (i = 0; hs && i < n; i++)
-        if (hs[i].fd >= 0) _dm_tcp_hs_drop(t, &hs[i]);
-    _dm_free(&t->base.allocator, hs);
+    if (!t->serving) _dm_tcp_serve_stop(t);
     _dm_free(&t->base.allocator, p);
     return st;
 }
@@ -4016,6 +4078,92 @@ static dm_status _dm_tcp_read_ack(_dm_tcp* t, int j, int64_t deadline) {
         return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) refused the connection (%s)", j,
                         t->addrs[j], status == _DM_TCP_ACK_GROUP ? "different group or world size" : "rank taken");
     return DM_OK;
+}
+
+/* Connects to lower rank j: connect, hello, proof, ack, link. */
+static dm_status _dm_tcp_link_down(_dm_tcp* t, int j, int64_t deadline) {
+    dm_status st;
+    if (t->fds[j] < 0) {
+        _DM_TRY(_dm_tcp_connect_peer(t, j, t->group, deadline));
+        if ((st = _dm_tcp_read_ack(t, j, deadline)) != DM_OK) {
+            close(t->fds[j]);
+            t->fds[j] = -1;
+            return st;
+        }
+    }
+    return _dm_tcp_add_link(t, j);
+}
+
+/* >>tcp lazy  After create, a peer outside P (what the caller's arguments choose: send/recv,
+   all_to_all, gather, scatter, reduce to a root) is connected when a transfer first needs it,
+   with the same hello and token check: the higher rank connects, the lower one waits for it
+   and answers from any wait, since every blocking wait of this group serves the listener
+   (the engine's poll_fill / service, and _dm_tcp_wait_fd_w). A rank that waits for a
+   connector asks the store's abort notice every 250 ms, so a failure elsewhere ends the wait
+   with its cause; a broken group closes its listener (hangup), so a connector is refused at
+   once instead of waiting for its deadline. A connection reaches a rank only while it is in
+   a call of this group (or its create): one that computes meanwhile answers when it returns. */
+#define _DM_TCP_LAZY_NOTICE_MS 250
+static dm_status _dm_tcp_await_peer(_dm_tcp* t, int j, int64_t deadline) {
+    int64_t next_notice = _dm_now_ms() + _DM_TCP_LAZY_NOTICE_MS;
+    struct pollfd* p = t->lk.pfds;
+    while (!t->lk.links[j]) {
+        int64_t now = _dm_now_ms();
+        int n;
+        if (_dm_tcp_has_peer(t, j)) return _dm_tcp_add_link(t, j);
+        if (now >= deadline)
+            return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "timed out after %d ms waiting for rank %d (%s) to connect",
+                            t->base.timeout_ms, j, t->addrs[j]);
+        if (!t->serving)
+            return _DM_FAIL(&t->base, DM_ERR_ABORTED, "waiting for rank %d to connect, but this group stopped", j);
+        n = _dm_tcp_serve_fill(t, p, _DM_LK_SERVICE_FDS, NULL);
+        if (poll(p, (nfds_t)n, deadline - now > 100 ? 100 : (int)(deadline - now)) < 0 && errno != EINTR)
+            return _DM_FAIL(&t->base, DM_ERR_NETWORK, "poll on the listener failed (%s)", strerror(errno));
+        _dm_tcp_serve(t, INT64_MAX);
+        if (t->lk.abort && __atomic_load_n(&t->lk.abort->status, __ATOMIC_ACQUIRE) < 0)
+            return _DM_FAIL(&t->base, DM_ERR_ABORTED, "a rank of this host failed while this rank waited for rank %d", j);
+        if (now >= next_notice && t->lk.notice_read) {
+            char msg[DM_LAST_ERROR_SIZE];
+            int rank = -1;
+            next_notice = _dm_now_ms() + _DM_TCP_LAZY_NOTICE_MS;
+            if (t->lk.notice_read(&t->lk, &rank, msg, sizeof(msg)) != DM_OK && rank != t->base.rank)
+                return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "rank %d failed while this rank waited for rank %d to "
+                                "connect", rank, j);
+        }
+    }
+    return DM_OK;
+}
+/* The engine's connect hook: lower peers first (this rank connects to them; they answer from
+   their waits), then the higher ones (they connect here), so no two ranks wait on each other. */
+static dm_status _dm_tcp_lk_connect(_dm_lk* lk, const int* peers, int n, int64_t deadline) {
+    _dm_tcp* t = (_dm_tcp*)lk->c;
+    int i, pass;
+    for (pass = 0; pass < 2; pass++)
+        for (i = 0; i < n; i++) {
+            int j = peers[i];
+            if (t->lk.links[j] || (pass == 0) != (j < t->base.rank)) continue;
+            if (!t->serving)
+                return _DM_FAIL(&t->base, DM_ERR_ABORTED, "connecting to rank %d, but this group stopped", j);
+            _DM_TRY(pass == 0 ? _dm_tcp_link_down(t, j, deadline) : _dm_tcp_await_peer(t, j, deadline));
+        }
+    return DM_OK;
+}
+static int _dm_tcp_lk_poll_fill(_dm_lk* lk, struct pollfd* p, int cap) {
+    _dm_tcp* t = (_dm_tcp*)lk->c;
+    return t->serving ? _dm_tcp_serve_fill(t, p, cap, NULL) : 0;
+}
+static void _dm_tcp_lk_service(_dm_lk* lk) {
+    _dm_tcp* t = (_dm_tcp*)lk->c;
+    if (t->serving) _dm_tcp_serve(t, INT64_MAX);
+}
+/* A broken group answers nobody: connectors are refused at once. */
+static void _dm_tcp_lk_hangup(_dm_lk* lk) {
+    _dm_tcp* t = (_dm_tcp*)lk->c;
+    if (!t->serving) return;
+    t->serving = false;
+    _dm_tcp_serve_stop(t);
+    if (t->lfd >= 0) close(t->lfd);
+    t->lfd = -1;
 }
 
 /* >>tcp store access (the store API above). While a group is built every request goes
@@ -4071,6 +4219,9 @@ static void _dm_tcp_free(_dm_tcp* t) {
     dm_allocator a = t->base.allocator;
     int r;
     _dm_lk_release(&t->lk);     /* links first: they borrow the sockets */
+    _dm_tcp_serve_stop(t);
+    if (t->lfd >= 0) close(t->lfd);
+    _dm_free(&a, t->want);
     if (t->fds)
         for (r = 0; r < t->base.size; r++)
             if (t->fds[r] >= 0) close(t->fds[r]);
@@ -4371,43 +4522,103 @@ static void _dm_tcp_host_identity(char* name, size_t name_cap, char* id, size_t 
     snprintf(id, id_cap, "%.54s/%.39s", name, boot);     /* id_cap >= 96; a boot id is 36 bytes */
 }
 
+/* One record per rank over the bootstrap ring (the flat ring's all-gather, which needs only
+   the ring neighbours while the layout is still one host): its published address and its host
+   identity. Fills every rank's address (lazy connections dial them), the node name, local rank
+   and the layout. */
 static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
-    enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, REC = NAME + ID };
+    enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, ADDR = 64, REC = ADDR + NAME + ID };
     int W = t->base.size, j, k, L = 0, me = 0;
     unsigned char mine[REC];
     unsigned char* all = (unsigned char*)_dm_calloc(&t->base.allocator, (size_t)W * REC);
-    int* host_of = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * 2 * (size_t)W);
-    int* local = host_of ? host_of + W : NULL;
+    int* host_of = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)W);
     dm_status st;
     if (!all || !host_of) {
         st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
         goto done;
     }
-    _dm_tcp_host_identity((char*)mine, NAME, (char*)mine + NAME, ID);
+    memset(mine, 0, sizeof(mine));
+    _dm_copy_name((char*)mine, ADDR, t->addrs[t->base.rank]);
+    _dm_tcp_host_identity((char*)mine + ADDR, NAME, (char*)mine + ADDR + NAME, ID);
     st = _dm_lk_all_gather(&t->lk, mine, all, REC, DM_UINT8);
     if (st != DM_OK) goto done;
     for (j = 0; j < W; j++) {
-        const char* id = (const char*)all + (size_t)j * REC + NAME;
-        all[(size_t)j * REC + REC - 1] = 0;
-        for (k = 0; strcmp((const char*)all + (size_t)k * REC + NAME, id) != 0; k++) {}
+        unsigned char* rec = all + (size_t)j * REC;
+        rec[ADDR - 1] = 0;
+        rec[ADDR + NAME - 1] = 0;
+        rec[REC - 1] = 0;
+        if (j != t->base.rank) _dm_copy_name(t->addrs[j], 64, (const char*)rec);
+        if (t->lk.links[j]) _dm_copy_name(t->lk.links[j]->where, sizeof(t->lk.links[j]->where), t->addrs[j]);
+        for (k = 0; strcmp((const char*)all + (size_t)k * REC + ADDR + NAME, (const char*)rec + ADDR + NAME) != 0; k++) {}
         host_of[j] = k;
     }
     for (j = 0; j < W; j++) {
         if (host_of[j] != host_of[t->base.rank]) continue;
         if (j == t->base.rank) me = L;
-        local[L++] = j;
+        L++;
     }
-    _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), (const char*)mine);
+    _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), (const char*)mine + ADDR);
     t->base.local_rank = me;
     t->base.local_size = L;
     _dm_tcp_local_from_launcher(t, s);
     _dm_lk_set_hosts(&t->lk, host_of);
     _dm_lk_set_policy(&t->lk, L);
-    st = _dm_tcp_shm_setup(t, local, L, me);
 done:
     _dm_free(&t->base.allocator, all);
     _dm_free(&t->base.allocator, host_of);
     return st;
+}
+
+/* Shared memory among this rank's host (the layout's members of its host, in rank order). */
+static dm_status _dm_tcp_shm_for_host(_dm_tcp* t) {
+    const _dm_layout* y = &t->lk.lay;
+    int h = y->host_of[t->base.rank];
+    return _dm_tcp_shm_setup(t, y->members + y->start[h], y->start[h + 1] - y->start[h], y->local[t->base.rank]);
+}
+
+/* Connects this rank to the peers in t->want: down to the lower ones, then waits until the
+   higher ones are in (they connect here), serving the listener all the while. */
+static dm_status _dm_tcp_connect_wanted(_dm_tcp* t, int64_t deadline) {
+    int j;
+    for (j = 0; j < t->base.rank; j++)
+        if (t->want[j]) _DM_TRY(_dm_tcp_link_down(t, j, deadline));
+    t->expect = t->want;
+    return _dm_tcp_accept_peers(t, t->lfd, t->group, deadline);
+}
+
+/* >>tcp sparse  A rank connects to the peers its schedules use, not to the world (Gloo's full
+   mesh is why torch grew lazy init): first the rank-order ring (r - 1 and r + 1), over which
+   every rank's address and host identity are gathered; then P (_dm_lk_peers on the layout:
+   every same-host peer (shared memory and its side channel), host-order ring neighbours,
+   recursive-doubling and dissemination partners, rails, root 0's broadcast chain); anything
+   else on demand (>>tcp lazy). Both ends of a pair compute the same sets, so the acceptor knows
+   whom to wait for. */
+static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int64_t deadline) {
+    int W = t->base.size, r = t->base.rank, j, n = 0;
+    char key[600];
+    t->want = (bool*)_dm_calloc(&t->base.allocator, sizeof(bool) * (size_t)W);
+    if (!t->want) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+    if (W > 1) {
+        t->want[(r + 1) % W] = true;
+        t->want[(r + W - 1) % W] = true;
+        t->want[r] = false;
+        for (j = 0; j < r; j++) {
+            if (!t->want[j]) continue;
+            snprintf(key, sizeof(key), "%saddr/%d", t->prefix, j);
+            _DM_TRY(_dm_tcp_store_get_str(t, key, t->addrs[j], 64));
+        }
+        _DM_TRY(_dm_tcp_connect_wanted(t, deadline));
+    }
+    _DM_TRY(_dm_tcp_hosts(t, s));
+    /* every reader of this rank's address key has connected: a ring neighbour (the gather
+       above needed every rank, so every rank is past its own reads) */
+    _dm_tcp_forget_addr(t);
+    _DM_TRY(_dm_lk_peers(&t->lk, t->want));
+    for (j = 0; j < W; j++) n += t->want[j];
+    _DM_TRY(_dm_tcp_connect_wanted(t, deadline));
+    _DM_LOG(&t->base.logger, DM_LOG_INFO, "tcp: rank %d of %d: %d peers connected for the schedules (P), the rest "
+            "on demand", r, W, n);
+    return DM_OK;
 }
 
 /* >>tcp arrival  Before connecting, each rank waits until every rank of its group has
@@ -4524,6 +4735,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
         if (s->own_store) dm_store_destroy(s->store);
         return DM_ERR_OUT_OF_MEMORY;
     }
+    t->lfd = -1;
     _dm_collective_init(&t->base, &_dm_tcp_vtable, s->rank, s->size, s->timeout_ms, &s->logger, &s->allocator);
     t->store = s->store;
     t->own_store = s->own_store;
@@ -4589,37 +4801,19 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     if (st != DM_OK) { _dm_tcp_store_fail(t, st, "set", key); goto fail; }
     if ((st = _dm_tcp_await_ranks(t, deadline)) != DM_OK) goto fail;
 
-    /* every address first (so rank j is done with the store once rank 0 has its connection),
-       then connect to each lower rank */
-    for (j = 0; j < s->rank; j++) {
-        snprintf(key, sizeof(key), "%saddr/%d", t->prefix, j);
-        st = _dm_tcp_store_get_str(t, key, t->addrs[j], 64);
-        if (st != DM_OK) goto fail;
-    }
-    for (j = 0; j < s->rank; j++) {
-        st = _dm_tcp_connect_peer(t, j, group, deadline);
-        if (st != DM_OK) goto fail;
-    }
-    st = _dm_tcp_accept_peers(t, lfd, group, deadline);
-    if (st != DM_OK) goto fail;
-    _dm_tcp_forget_addr(t);
-    for (j = 0; j < s->rank; j++) {
-        st = _dm_tcp_read_ack(t, j, deadline);
-        if (st != DM_OK) goto fail;
-    }
-    close(lfd);
+    /* the listener stays for the group's life (>>tcp lazy) */
+    t->lfd = lfd;
     lfd = -1;
-    for (j = 0; j < s->size; j++)
-        if (t->fds[j] >= 0) {
-            struct sockaddr_storage peer;
-            socklen_t plen = sizeof(peer);
-            if (getpeername(t->fds[j], (struct sockaddr*)&peer, &plen) == 0 && j > s->rank)
-                _dm_tcp_format_addr((struct sockaddr*)&peer, t->addrs[j], 64);
-        }
-
-    /* links: sockets, then shared memory between same-host ranks */
-    if ((st = _dm_tcp_socket_links(t)) != DM_OK) goto fail;
-    if ((st = _dm_tcp_hosts(t, s)) != DM_OK) goto fail;
+    t->group = group;
+    t->serving = true;
+    t->lk.connect = _dm_tcp_lk_connect;
+    t->lk.poll_fill = _dm_tcp_lk_poll_fill;
+    t->lk.service = _dm_tcp_lk_service;
+    t->lk.hangup = _dm_tcp_lk_hangup;
+    if ((st = _dm_tcp_connect_sparse(t, s, deadline)) != DM_OK) goto fail;
+    if ((st = _dm_tcp_shm_for_host(t)) != DM_OK) goto fail;
+    _dm_tcp_serve_trim(t);
+    t->built = true;
     /* the store stays only where split may need it again */
     dm_store_destroy(t->rdv);
     t->rdv = NULL;

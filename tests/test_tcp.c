@@ -1115,6 +1115,279 @@ static void test_fault_kill_two_level(void** s) {
     g_fault_hosts = 0;
 }
 
+/* ---- sparse connections: many ranks on simulated hosts --------------------------------------- */
+/* A world of up to BIG_MAX forked ranks, rank r on simulated host "h<r / per_host>", over a
+   TCP store this process hosts (the ranks' fds count only their own client). Each rank runs
+   a body and reports one line through a pipe; "R" says it is ready. */
+#define BIG_MAX 512
+static pid_t g_big_pids[BIG_MAX];
+static int g_big_per_host = 8;
+static int g_peers_logged = -1;     /* the create's "N peers connected" (INFO), in a rank */
+static char g_big_error[512];
+static void capture_peers(dm_log_level level, dm_status st, const char* msg, const char* file, int line, void* user) {
+    int r, w, n;
+    (void)st; (void)file; (void)line; (void)user;
+    if (level == DM_LOG_INFO && sscanf(msg, "tcp: rank %d of %d: %d peers connected", &r, &w, &n) == 3)
+        g_peers_logged = n;
+    if (level == DM_LOG_ERROR) snprintf(g_big_error, sizeof(g_big_error), "%s", msg);
+}
+typedef int (*big_body)(dm_collective* c, int rank, int world, double t_start, int fds_before, void* arg);
+/* Forks the world; returns the read end of the report pipe. t_start: when the forks began. */
+static int big_fork(int world, int timeout_ms, big_body body, void* arg, dm_store** server) {
+    int pfd[2], r;
+    double t_start;
+    dm_store_desc sd;
+    memset(&sd, 0, sizeof(sd));
+    sd.url = "tcp://127.0.0.1:0";
+    sd.is_server = true;
+    if (dm_store_create(&sd, server) != DM_OK || pipe(pfd) != 0) return -1;
+    snprintf(g_store_url, sizeof(g_store_url), "tcp://127.0.0.1:%d", dm_store_port(*server));
+    g_run_id++;
+    fflush(stdout); fflush(stderr);
+    t_start = now_s();
+    for (r = 0; r < world; r++) {
+        pid_t p = fork();
+        if (p == 0) {
+            dm_collective* c = NULL;
+            dm_tcp_desc d;
+            char url[300], prefix[64], host[16];
+            int rc, fds_before;
+            g_rank = r;
+            close(pfd[0]);
+            g_report_fd = pfd[1];
+            alarm(120);
+            snprintf(host, sizeof(host), "h%d", r / g_big_per_host);
+            setenv("DISTMESH_TEST_HOST_ID", host, 1);
+            make_desc(&d, r, world, url, sizeof(url), prefix, sizeof(prefix));
+            d.timeout_ms = timeout_ms;
+            d.logger.func = capture_peers;
+            fds_before = count_fds();
+            if (dm_tcp_create(&d, &c) != DM_OK) {
+                fprintf(stderr, "rank %d: create failed: %s\n", r, g_big_error);
+                _exit(1);
+            }
+            rc = body(c, r, world, t_start, fds_before, arg);
+            dm_destroy(c);
+            _exit(rc);
+        }
+        g_big_pids[r] = p;
+    }
+    close(pfd[1]);
+    return pfd[0];
+}
+/* Reads report lines (and "R"s) from fd until `lines` lines came or limit_s passed; each line
+   goes to on_line. Returns the lines read; *ready counts the "R"s. kill_at_ready: > 0: once
+   every rank is ready, wait that many ms and kill -9 rank kill_victim (*t_kill: when). */
+static int big_collect(int fd, int world, int lines, double limit_s, void (*on_line)(const char* line, void* u), void* u,
+                       int kill_ms, int kill_victim, double* t_kill) {
+    char buf[8192];
+    size_t used = 0;
+    int got = 0, ready = 0;
+    double end = now_s() + limit_s;
+    while (now_s() < end && got < lines) {
+        struct timeval tv = {0, 2000};
+        fd_set fs;
+        ssize_t k;
+        if (kill_ms > 0 && ready == world && *t_kill == 0) {
+            usleep((useconds_t)kill_ms * 1000);
+            kill(g_big_pids[kill_victim], SIGKILL);
+            *t_kill = now_s();
+        }
+        FD_ZERO(&fs);
+        FD_SET(fd, &fs);
+        if (select(fd + 1, &fs, NULL, NULL, &tv) <= 0) continue;
+        k = read(fd, buf + used, sizeof(buf) - 1 - used);
+        if (k <= 0) break;
+        used += (size_t)k;
+        buf[used] = 0;
+        for (;;) {
+            char* nl;
+            if (buf[0] == 'R') { ready++; memmove(buf, buf + 1, used); used--; continue; }
+            nl = strchr(buf, '\n');
+            if (!nl) break;
+            *nl = 0;
+            on_line(buf, u);
+            got++;
+            used -= (size_t)(nl + 1 - buf);
+            memmove(buf, nl + 1, used + 1);
+        }
+    }
+    return got;
+}
+static void big_reap(int world, int fd, dm_store* server) {
+    int r;
+    for (r = 0; r < world; r++) { kill(g_big_pids[r], SIGCONT); }
+    for (r = 0; r < world; r++) waitpid(g_big_pids[r], NULL, 0);
+    close(fd);
+    dm_store_destroy(server);
+    g_store_url[0] = 0;
+}
+
+/* Every rank: its create time and fds before and after, the fixed-peer collectives (no new
+   fds), then all_to_all and point-to-point across the world (connected on demand), checked. */
+typedef struct big_stats {
+    int world, lines, bad, peers_max, peers_min, extra_max, fds_max, lazy_bad;
+    double create_end_max, create_ms[BIG_MAX], t_start;
+    int fds[BIG_MAX];
+} big_stats;
+static int body_sparse(dm_collective* c, int rank, int world, double t_start, int fds_before, void* arg) {
+    bool lazy = arg != NULL;
+    int fds_created = count_fds(), fds_fixed, fds_lazy = -1, j, bad = 0;
+    double t_created = now_s();
+    float* x = (float*)calloc((size_t)1 << 18, sizeof(float));
+    int32_t* a2a_in = (int32_t*)malloc(sizeof(int32_t) * (size_t)world);
+    int32_t* a2a_out = (int32_t*)malloc(sizeof(int32_t) * (size_t)world);
+    int32_t v = rank, w = -1;
+    char line[160];
+    (void)t_start;
+    if (!x || !a2a_in || !a2a_out) return 1;
+    for (j = 0; j < 4 && !bad; j++) {       /* every fixed-peer schedule: rd, two-level, chain, barrier */
+        x[0] = (float)rank;
+        bad |= dm_all_reduce(c, NULL, x, j % 2 ? 2 : (size_t)1 << 18, DM_FLOAT32, DM_SUM) != DM_OK;
+        bad |= x[0] != (float)world * (float)(world - 1) / 2.0f;
+        bad |= dm_broadcast(c, x, 16, DM_FLOAT32, 0) != DM_OK;
+        bad |= dm_barrier(c) != DM_OK;
+        bad |= dm_all_gather(c, &v, a2a_out, 1, DM_INT32) != DM_OK || a2a_out[world - 1] != world - 1;
+    }
+    fds_fixed = count_fds();
+    if (lazy && !bad) {
+        for (j = 0; j < world; j++) a2a_in[j] = rank * 1000 + j;
+        bad |= dm_all_to_all(c, a2a_in, a2a_out, 1, DM_INT32) != DM_OK;
+        for (j = 0; j < world && !bad; j++) bad |= a2a_out[j] != j * 1000 + rank;
+        bad |= dm_send(c, &v, 1, DM_INT32, (rank + world / 2) % world, 5) != DM_OK;
+        bad |= dm_recv(c, &w, 1, DM_INT32, (rank + world - world / 2) % world, 5) != DM_OK;
+        bad |= w != (rank + world - world / 2) % world;
+        bad |= dm_broadcast(c, x, 16, DM_FLOAT32, world - 3) != DM_OK;    /* another root's chain */
+        bad |= dm_barrier(c) != DM_OK;
+        fds_lazy = count_fds();
+    }
+    if (bad) fprintf(stderr, "rank %d: %s\n", rank, dm_last_error(c));
+    snprintf(line, sizeof(line), "%d %d %.6f %d %d %d %d %d\n", rank, bad, t_created, fds_before, fds_created,
+             fds_fixed, fds_lazy, g_peers_logged);
+    if (write(g_report_fd, line, strlen(line)) < 0) return 1;
+    free(x); free(a2a_in); free(a2a_out);
+    return bad;
+}
+static void sparse_line(const char* line, void* u) {
+    big_stats* b = (big_stats*)u;
+    int r, bad, f0, f1, f2, f3, n;
+    double t;
+    if (sscanf(line, "%d %d %lf %d %d %d %d %d", &r, &bad, &t, &f0, &f1, &f2, &f3, &n) != 8 || r < 0 || r >= b->world)
+        return;
+    b->lines++;
+    b->bad += bad;
+    if (t > b->create_end_max) b->create_end_max = t;
+    b->fds[r] = f1 - f0;
+    if (f1 - f0 > b->fds_max) b->fds_max = f1 - f0;
+    if (n > b->peers_max) b->peers_max = n;
+    if (n < b->peers_min) b->peers_min = n;
+    /* beyond P and the host: the listener and the store's client, nothing else */
+    if (f1 - f0 - n > b->extra_max) b->extra_max = f1 - f0 - n;
+    if (f2 != f1) { b->lazy_bad++; fprintf(stderr, "rank %d: the fixed-peer collectives opened %d fds\n", r, f2 - f1); }
+    if (f3 >= 0 && f3 < f2) b->lazy_bad++;
+}
+static int cmp_int(const void* a, const void* b) { return *(const int*)a - *(const int*)b; }
+static void big_sparse_run(int world, int per_host, bool lazy, big_stats* b) {
+    dm_store* server = NULL;
+    int fd, sorted[BIG_MAX];
+    memset(b, 0, sizeof(*b));
+    b->world = world;
+    b->peers_min = 1 << 30;
+    g_big_per_host = per_host;
+    b->t_start = now_s();
+    fd = big_fork(world, 60000, body_sparse, lazy ? (void*)1 : NULL, &server);
+    assert_true(fd >= 0);
+    big_collect(fd, world, world, 150, sparse_line, b, 0, 0, NULL);
+    big_reap(world, fd, server);
+    memcpy(sorted, b->fds, sizeof(int) * (size_t)world);
+    qsort(sorted, (size_t)world, sizeof(int), cmp_int);
+    printf("  %d ranks on %d simulated hosts: world created %.2f s after the forks; fds per rank opened by create: "
+           "median %d, max %d; peers connected: %d-%d of %d\n", world, (world + per_host - 1) / per_host,
+           b->create_end_max - b->t_start, sorted[world / 2], b->fds_max, b->peers_min, b->peers_max, world - 1);
+}
+/* 64 ranks on 8 hosts: a rank's create opens no more fds than its schedules' peers (P, which
+   create logs) plus the listener and the store's client; the fixed-peer collectives (root 0's
+   broadcast among them) open none; all_to_all and send/recv across the world connect on
+   demand. */
+static void test_sparse_fds(void** s) {
+    big_stats b;
+    (void)s;
+    big_sparse_run(64, 8, true, &b);
+    assert_int_equal(b.lines, 64);
+    assert_int_equal(b.bad, 0);
+    assert_int_equal(b.lazy_bad, 0);
+    assert_true(b.peers_min >= 7 && b.peers_max < 63 / 2);  /* the host, and far from the world */
+    assert_true(b.extra_max <= 2);
+}
+
+/* kill -9 of one of 64 ranks (8 hosts) during small all_reduces: every survivor, most of them
+   never connected to it, fails with DM_ERR_PEER_LOST within 1 s, and its message names the
+   victim (the first cause, spread by the abort notice and the links). */
+typedef struct big_kill { int world, victim, lines, lost, named; double t_kill, last; } big_kill;
+static int body_sparse_kill(dm_collective* c, int rank, int world, double t_start, int fds_before, void* arg) {
+    int victim = *(int*)arg, i;
+    float x[2] = { 1, 2 };
+    dm_status st = DM_OK;
+    char line[64], needle[32];
+    (void)world; (void)t_start; (void)fds_before;
+    if (dm_barrier(c) != DM_OK) return 1;
+    if (write(g_report_fd, "R", 1) != 1) return 1;
+    for (i = 0; i < 100000000 && st == DM_OK; i++) st = dm_all_reduce(c, NULL, x, 2, DM_FLOAT32, DM_SUM);
+    snprintf(needle, sizeof(needle), "rank %d ", victim);
+    snprintf(line, sizeof(line), "%d %d %d\n", rank, (int)st, strstr(dm_last_error(c), needle) != NULL);
+    if (st != DM_ERR_PEER_LOST || !strstr(dm_last_error(c), needle))
+        fprintf(stderr, "rank %d: %s: %s\n", rank, dm_status_name(st), dm_last_error(c));
+    if (write(g_report_fd, line, strlen(line)) < 0) return 1;
+    sleep(2);   /* stay, so slower survivors see their own failure, not this exit */
+    return 0;
+}
+static void sparse_kill_line(const char* line, void* u) {
+    big_kill* k = (big_kill*)u;
+    int r, st, named;
+    if (sscanf(line, "%d %d %d", &r, &st, &named) != 3 || r == k->victim) return;
+    k->lines++;
+    k->lost += st == DM_ERR_PEER_LOST;
+    k->named += named;
+    if (k->t_kill > 0 && now_s() - k->t_kill > k->last) k->last = now_s() - k->t_kill;
+}
+static void sparse_kill_trial(int victim) {
+    big_kill k;
+    dm_store* server = NULL;
+    int fd;
+    memset(&k, 0, sizeof(k));
+    k.world = 64;
+    k.victim = victim;
+    g_big_per_host = 8;
+    fd = big_fork(k.world, 30000, body_sparse_kill, &k.victim, &server);
+    assert_true(fd >= 0);
+    big_collect(fd, k.world, k.world - 1, 60, sparse_kill_line, &k, 300, k.victim, &k.t_kill);
+    big_reap(k.world, fd, server);
+    printf("  64 ranks, kill -9 of rank %d: %d of 63 survivors reported (%d DM_ERR_PEER_LOST, %d naming rank %d), "
+           "the last %.3f s after the kill\n", k.victim, k.lines, k.lost, k.named, k.victim, k.last);
+    assert_true(k.t_kill > 0);
+    assert_int_equal(k.lines, 63);
+    assert_int_equal(k.lost, 63);
+    assert_int_equal(k.named, 63);
+    assert_true(k.last < 1.0);
+}
+/* a non-leader (rank 27: host 3, local rank 3) and a host leader (rank 40: host 5) */
+static void test_sparse_kill(void** s) {
+    (void)s;
+    sparse_kill_trial(27);
+    sparse_kill_trial(40);
+}
+
+/* By hand (not in CI): test_tcp --scale N [per_host]: create time and fds per rank of N ranks on
+   simulated hosts of per_host ranks (default 32: 256 ranks on 8 hosts). */
+static int scale_main(int world, int per_host) {
+    big_stats b;
+    if (world < 2 || world > BIG_MAX || per_host < 1) { fprintf(stderr, "--scale N [per_host]: 2 <= N <= %d\n", BIG_MAX); return 2; }
+    if (tmpdir_make(g_store_dir, sizeof(g_store_dir), "dm_tcp_scale") != 0) return 1;
+    big_sparse_run(world, per_host, false, &b);
+    tmpdir_remove(g_store_dir);
+    return b.lines == world && b.bad == 0 ? 0 : 1;
+}
+
 /* ---- split under failure ------------------------------------------------------------------ */
 /* Every rank splits the world again and again (all in one group, then even / odd ranks),
    destroying each new group, until a split fails; it reports "rank status splits next_status
@@ -1451,6 +1724,8 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_layouts_bitwise),
         cmocka_unit_test(test_mesh_across_hosts),
         cmocka_unit_test(test_fault_kill_two_level),
+        cmocka_unit_test(test_sparse_fds),
+        cmocka_unit_test(test_sparse_kill),
         cmocka_unit_test(test_split_kill),
         cmocka_unit_test(test_split_timeout),
         cmocka_unit_test(test_dm_init),
@@ -1461,6 +1736,7 @@ int main(int argc, char** argv) {
     };
     signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
     if (argc > 1 && strcmp(argv[1], "--rank") == 0) return rank_main();
+    if (argc > 2 && strcmp(argv[1], "--scale") == 0) return scale_main(atoi(argv[2]), argc > 3 ? atoi(argv[3]) : 32);
     dm_test_filter(argc, argv);
     return cmocka_run_group_tests(tests, setup_store, teardown_store);
 }
