@@ -17,3 +17,10 @@ bench: deps
 compare: deps
 	@$(MAKE) --no-print-directory $(DM_BENCH)
 	@bash scripts/compare.sh $(DM_BENCH)
+
+# Scale on simulated hosts (not CI): setup time, fds per rank, 8 B / 64 KiB all_reduce at
+# 16..256 ranks on 8 simulated hosts (scripts/scale.sh; RANKS, HOSTS, ITERS override).
+.PHONY: test-scale
+test-scale: deps
+	@$(MAKE) --no-print-directory $(DM_BENCH)
+	@bash scripts/scale.sh $(DM_BENCH)
