@@ -3151,7 +3151,8 @@ typedef struct _dm_layout {
     int* local;                 /* rank -> its index among its host's ranks */
     int* members;               /* ranks host by host: host h's are members[start[h] .. start[h+1]) */
     int* start;                 /* H + 1 entries */
-    int* team;                  /* scratch for one team's ranks (rails, chains): size entries */
+    int* team;                  /* scratch: one team's ranks (rails, chains), the cost model's
+                                   rounds: 3 x size entries */
     bool contiguous;            /* every host's ranks are consecutive numbers */
 } _dm_layout;
 
@@ -3242,15 +3243,15 @@ _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag,
     lk->inbox = (_dm_inbox*)_dm_calloc(&c->allocator, sizeof(_dm_inbox) * (size_t)W);
     lk->sent = (uint64_t*)_dm_calloc(&c->allocator, sizeof(uint64_t) * (size_t)W);
     lk->pfds = (struct pollfd*)_dm_calloc(&c->allocator, sizeof(struct pollfd) * ((size_t)W + 2));
-    lk->lay.host_of = (int*)_dm_calloc(&c->allocator, sizeof(int) * (5 * (size_t)W + 1));
+    lk->lay.host_of = (int*)_dm_calloc(&c->allocator, sizeof(int) * (7 * (size_t)W + 1));
     if (!lk->tmp || !lk->links || !lk->order || !lk->inbox || !lk->sent || !lk->pfds || !lk->lay.host_of)
         return DM_ERR_OUT_OF_MEMORY;
     lk->slot = lk->order + W;
     for (r = 0; r < W; r++) lk->order[r] = lk->slot[r] = r;
     lk->lay.local = lk->lay.host_of + W;
     lk->lay.members = lk->lay.local + W;
-    lk->lay.team = lk->lay.members + W;
-    lk->lay.start = lk->lay.team + W;
+    lk->lay.start = lk->lay.members + W;
+    lk->lay.team = lk->lay.start + W + 1;
     _dm_lk_set_hosts(lk, lk->lay.host_of);     /* all zeros: one host */
     memset(lk->tmp, 0, lk->tmp_size);   /* fault the scratch in now, not in the first collectives */
     lk->spin_us = 50;
@@ -4091,12 +4092,11 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_2l(_dm_lk* lk, void* recv, size_t count, 
    socket class is there for the README's predictions.
 
    all_reduce (and reduce, which gives the root all_reduce's bits):
-     flat: recursive doubling at or below 64 KiB or with fewer elements than ranks, else the
-       ring (measured on one host, unchanged by this model);
-     one host, or one rank per host: flat;
-     else the cheapest by the model of: the flat choice; two-level with R = the smallest
-       host's size rails (rails ring, or rd when a block has fewer elements than hosts); two-
-       level with one rail (host leaders, recursive doubling among them).
+     one host, or one rank per host: recursive doubling at or below 64 KiB or with fewer
+       elements than ranks, else the ring (measured on one host, not from this model);
+     else the cheapest by the model of: the flat ring, flat recursive doubling, two-level with
+       R = the smallest host's size rails (each rail a ring or recursive doubling, the cheaper)
+       and two-level with one rail (host leaders, recursive doubling among them).
    all_gather, reduce_scatter: two-level (rails, then the host) when every host has the same
      number L > 1 of ranks, there are H > 1 hosts and the model says it is cheaper.
    broadcast: a chain from the root through its host, then host by host (two-level) whenever
@@ -4115,26 +4115,33 @@ _DM_PRIVATE const _dm_link_cost* _dm_lk_class(const _dm_lk* lk, int a, int b) {
     return lk->lay.host_of[a] == lk->lay.host_of[b] ? &_dm_cost_shm : &_dm_cost_cross_host;
 }
 _DM_PRIVATE int _dm_ceil_log2(int n) { int k = 0; while ((1 << k) < n) k++; return k; }
-/* Recursive doubling over every rank (identity order) with b bytes: each round costs its
-   slowest pair. */
+/* One round of pairs (rank a[i] sends b bytes to o[i], i < n): its slowest link. A host's
+   flows across share its link, so a round costs alpha + (the most ranks of one host sending
+   across) * b * beta; a round inside the hosts costs shared memory's. */
+_DM_PRIVATE double _dm_cost_round(const _dm_lk* lk, const int* a, const int* o, int n, double b, int* per_host) {
+    int i, most = 0;
+    for (i = 0; i < lk->lay.H; i++) per_host[i] = 0;
+    for (i = 0; i < n; i++)
+        if (lk->lay.host_of[a[i]] != lk->lay.host_of[o[i]] && ++per_host[lk->lay.host_of[a[i]]] > most)
+            most = per_host[lk->lay.host_of[a[i]]];
+    return most ? _dm_cost(&_dm_cost_cross_host, 1, b * most) : _dm_cost(&_dm_cost_shm, 1, b);
+}
+/* Recursive doubling over every rank (identity order) with b bytes, round by round. */
 _DM_PRIVATE double _dm_cost_flat_rd(const _dm_lk* lk, double b) {
-    int W = lk->c->size, p = 1, rem, mask, q;
+    int W = lk->c->size, p = 1, rem, mask, q, n;
+    int *a = lk->lay.team, *o = a + W, *per_host = o + W;     /* senders, partners, counts */
     double t = 0;
     while (p * 2 <= W) p *= 2;
     rem = W - p;
-    if (rem) {
-        const _dm_link_cost* k = &_dm_cost_shm;
-        for (q = 0; q < rem; q++)
-            if (_dm_lk_class(lk, 2 * q, 2 * q + 1) == &_dm_cost_cross_host) k = &_dm_cost_cross_host;
-        t += _dm_cost(k, 2, b);
-    }
+    for (q = 0, n = 0; q < rem; q++) { a[n] = 2 * q; o[n++] = 2 * q + 1; }
+    if (rem) t += 2 * _dm_cost_round(lk, a, o, n, b, per_host);
     for (mask = 1; mask < p; mask <<= 1) {
-        const _dm_link_cost* k = &_dm_cost_shm;
-        for (q = 0; q < p; q++) {
-            int a = q < rem ? 2 * q + 1 : q + rem, pn = q ^ mask, o = pn < rem ? 2 * pn + 1 : pn + rem;
-            if (_dm_lk_class(lk, a, o) == &_dm_cost_cross_host) k = &_dm_cost_cross_host;
+        for (q = 0, n = 0; q < p; q++) {
+            int pn = q ^ mask;
+            a[n] = q < rem ? 2 * q + 1 : q + rem;
+            o[n++] = pn < rem ? 2 * pn + 1 : pn + rem;
         }
-        t += _dm_cost(k, 1, b);
+        t += _dm_cost_round(lk, a, o, n, b, per_host);
     }
     return t;
 }
@@ -4160,28 +4167,42 @@ _DM_PRIVATE bool _dm_lk_forced_two_level(const _dm_lk* lk) {
 /* True when the hosts matter: more than one, and one with more than a rank. */
 _DM_PRIVATE bool _dm_lk_multi_host(const _dm_lk* lk) { return lk->lay.H > 1 && lk->lay.Lmax > 1; }
 
-/* all_reduce's algorithm for count elements of dtype: one of the four _DM_ALGO_*_RING / _RD. */
+/* Two-level with R = the smallest host's size rails: whether the rails all-reduce their blocks
+   with a ring (else recursive doubling): the cheaper by the model, a ring only where a block
+   has an element per host. */
+_DM_PRIVATE bool _dm_lk_rails_ring(const _dm_lk* lk, size_t count, dm_dtype dtype) {
+    const _dm_layout* y = &lk->lay;
+    double b = (double)count * (double)dm_dtype_size(dtype);
+    if (count / (size_t)y->Lmin < (size_t)y->H) return false;
+    return _dm_cost_two_level(lk, b, y->Lmin, true) <= _dm_cost_two_level(lk, b, y->Lmin, false);
+}
+/* all_reduce's algorithm for count elements of dtype: one of the four _DM_ALGO_*_RING / _RD.
+   two_level_ring: the host's ring with R = the smallest host's size rails (each rail a ring or
+   recursive doubling, _dm_lk_rails_ring); two_level_rd: one rail of host leaders. */
 _DM_PRIVATE int _dm_lk_choose_all_reduce(const _dm_lk* lk, size_t count, dm_dtype dtype) {
     const _dm_layout* y = &lk->lay;
-    int W = lk->c->size, H = y->H, R = y->Lmin;
-    double b = (double)count * (double)dm_dtype_size(dtype);
+    int W = lk->c->size, H = y->H, R = y->Lmin, k, best = -1;
+    double b = (double)count * (double)dm_dtype_size(dtype), cost[_DM_ALGO_COUNT];
     bool ring_fits = count >= (size_t)W, rails_fit = count >= (size_t)R * (size_t)H;
-    int flat = (b <= (double)_DM_LK_SMALL_BYTES || !ring_fits) ? _DM_ALGO_FLAT_RD : _DM_ALGO_FLAT_RING;
-    double cost_flat, cost_rails, cost_leaders;
+    bool flat_ok = lk->algo != _DM_ALGO_TWO_LEVEL, two_ok = lk->algo != _DM_ALGO_FLAT;
     switch (lk->algo) {
     case _DM_ALGO_FLAT_RING: return ring_fits ? _DM_ALGO_FLAT_RING : _DM_ALGO_FLAT_RD;
     case _DM_ALGO_FLAT_RD: return _DM_ALGO_FLAT_RD;
     case _DM_ALGO_TWO_LEVEL_RING: return rails_fit ? _DM_ALGO_TWO_LEVEL_RING : _DM_ALGO_TWO_LEVEL_RD;
     case _DM_ALGO_TWO_LEVEL_RD: return _DM_ALGO_TWO_LEVEL_RD;
-    case _DM_ALGO_FLAT: return flat;
     default: break;
     }
-    if (lk->algo == _DM_ALGO_AUTO && !_dm_lk_multi_host(lk)) return flat;
-    cost_flat = flat == _DM_ALGO_FLAT_RD ? _dm_cost_flat_rd(lk, b) : _dm_cost_flat_ring(lk, b);
-    cost_rails = rails_fit ? _dm_cost_two_level(lk, b, R, count / (size_t)R >= (size_t)H) : 1e300;
-    cost_leaders = _dm_cost_two_level(lk, b, 1, false);
-    if (lk->algo == _DM_ALGO_AUTO && cost_flat <= cost_rails && cost_flat <= cost_leaders) return flat;
-    return cost_rails < cost_leaders ? _DM_ALGO_TWO_LEVEL_RING : _DM_ALGO_TWO_LEVEL_RD;
+    if (!_dm_lk_multi_host(lk) && lk->algo != _DM_ALGO_TWO_LEVEL)      /* measured on one host */
+        return (b <= (double)_DM_LK_SMALL_BYTES || !ring_fits) ? _DM_ALGO_FLAT_RD : _DM_ALGO_FLAT_RING;
+    for (k = 0; k < _DM_ALGO_COUNT; k++) cost[k] = 1e300;
+    if (flat_ok && ring_fits) cost[_DM_ALGO_FLAT_RING] = _dm_cost_flat_ring(lk, b);
+    if (flat_ok) cost[_DM_ALGO_FLAT_RD] = _dm_cost_flat_rd(lk, b);
+    if (two_ok && rails_fit && (R > 1 || _dm_lk_rails_ring(lk, count, dtype)))    /* R = 1 with rd: two_level_rd */
+        cost[_DM_ALGO_TWO_LEVEL_RING] = _dm_cost_two_level(lk, b, R, _dm_lk_rails_ring(lk, count, dtype));
+    if (two_ok) cost[_DM_ALGO_TWO_LEVEL_RD] = _dm_cost_two_level(lk, b, 1, false);
+    for (k = _DM_ALGO_FLAT_RING; k < _DM_ALGO_COUNT; k++)     /* ties: the first in this order */
+        if (best < 0 || cost[k] < cost[best]) best = k;
+    return best;
 }
 /* all_gather / reduce_scatter with blocks of b bytes: two-level (rails, then the host)? Only
    on even layouts (every host L ranks). */
@@ -4237,7 +4258,8 @@ _DM_PRIVATE dm_status _dm_lk_all_reduce(_dm_lk* lk, const void* send, void* recv
         return _dm_lk_rd(lk, &t, recv, count, dtype, op, divide, &fp);
     }
     if (algo == _DM_ALGO_TWO_LEVEL_RING)
-        return _dm_lk_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, lk->lay.Lmin, true);
+        return _dm_lk_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, lk->lay.Lmin,
+                                   _dm_lk_rails_ring(lk, count, dtype));
     return _dm_lk_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, 1, false);
 }
 
@@ -4621,7 +4643,8 @@ _DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, si
         if (send != out) memcpy(out, send, bytes);
         t = _dm_lk_identity(lk);
         if (algo == _DM_ALGO_FLAT_RD) st = _dm_lk_rd(lk, &t, out, count, dtype, op, divide, &fp);
-        else if (algo == _DM_ALGO_TWO_LEVEL_RING) st = _dm_lk_allreduce_2l(lk, out, count, dtype, op, divide, &fp, lk->lay.Lmin, true);
+        else if (algo == _DM_ALGO_TWO_LEVEL_RING)
+            st = _dm_lk_allreduce_2l(lk, out, count, dtype, op, divide, &fp, lk->lay.Lmin, _dm_lk_rails_ring(lk, count, dtype));
         else st = _dm_lk_allreduce_2l(lk, out, count, dtype, op, divide, &fp, 1, false);
     } else {
         t = _dm_lk_flat(lk);
