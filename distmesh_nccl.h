@@ -32,10 +32,10 @@
    core sums (float16/bfloat16 accumulating in float32) and divides once. Where n is not a
    power of two the results differ by the rounding of 1/n: for bfloat16 on 3 ranks 1/3 rounds
    to 0.333984375, 0.2% high; float16 to 0.33325, 0.02% low; float32 and float64 differ only in
-   the last bits (each product also rounds to the dtype before the sum). Doing
-   the core's MEAN here would need a kernel to divide on the stream, which a header built by a
-   C compiler cannot ship (and ncclRedOpCreatePreMulSum is the same pre-multiply): where the
-   bias matters, all-reduce with DM_SUM and divide in your own kernel.
+   the last bits (each product also rounds to the dtype before the sum). Doing the core's
+   MEAN here would need a kernel to divide on the stream, which a header built by a C compiler
+   cannot ship (and ncclRedOpCreatePreMulSum is the same pre-multiply): where the bias
+   matters, all-reduce with DM_SUM and divide in your own kernel.
 
    FAILURES
    Once an operation has begun to queue work, every NCCL result other than success and
@@ -43,8 +43,8 @@
    failure (a sticky one such as an illegal address seen by the stream or an event) and every
    deadline aborts the communicator (ncclCommAbort): started requests that had not completed
    finish with that status, and every later call returns DM_ERR_ABORTED quoting the first
-   failure's message. Arguments refused before anything is queued (host pointers, dtypes,
-   in-place counts) and device memory too short for scratch leave it usable. Every call runs on
+   failure's message. Arguments refused before anything is queued (host pointers, dtypes, a
+   rank's own all_to_all_v counts) and device memory too short for scratch leave it usable. Every call runs on
    the communicator's GPU (cudaSetDevice, checked) and gives the caller's current device back.
 
    ROOTED, ALL-TO-ALL, POINT-TO-POINT
@@ -231,8 +231,11 @@ static dm_status _dm_nccl_cuda_broke(_dm_nccl* n, cudaError_t e, const char* wha
 static dm_status _dm_nccl_cuda_alloc_fail(_dm_nccl* n, cudaError_t e, const char* what, size_t bytes) {
     if (e != cudaErrorMemoryAllocation) return _dm_nccl_cuda_broke(n, e, what);
     cudaGetLastError();         /* not sticky: clear it for the next call */
-    return _DM_FAIL(&n->base, DM_ERR_CUDA, "nccl: %s: no device memory for %zu bytes (cuda: %s)", what,
-                    bytes, cudaGetErrorString(e));
+    if (!bytes)
+        return _DM_FAIL(&n->base, DM_ERR_CUDA, "nccl: %s: out of device memory (cuda: %s)", what,
+                        cudaGetErrorString(e));
+    return _DM_FAIL(&n->base, DM_ERR_CUDA, "nccl: %s: no device memory for %zu bytes of scratch (cuda: %s)",
+                    what, bytes, cudaGetErrorString(e));
 }
 static dm_status _dm_nccl_timed_out(_dm_nccl* n, const char* what, uint64_t seq, int timeout_ms) {
     dm_status st = _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the "
@@ -856,7 +859,7 @@ static _dm_nccl_token* _dm_nccl_token_get(_dm_nccl* n, const char* what) {
         e = cudaEventCreateWithFlags(&t->event, cudaEventDisableTiming);
         if (e != cudaSuccess) {
             _dm_free(&n->base.allocator, t);
-            _dm_nccl_cuda_alloc_fail(n, e, "creating a request's event", sizeof(cudaEvent_t));
+            _dm_nccl_cuda_alloc_fail(n, e, "creating a request's event", 0);
             return NULL;
         }
     }
