@@ -15,13 +15,16 @@
 # there). Each point is the median over REPS launches of the slowest rank's mean time.
 #   scripts/bench_hosts.sh path/to/dm_bench [path/to/gloo_bench]
 #   HOSTS=2 RANKS_PER_HOST=2 RATE=2gbit FLOW_RATE= SIZES="1M 16M 64M" REPS=3 ITERS=5 WARMUP=1
-#   IPERF=1 (a 2 s iperf3 check of the shaping, when iperf3 is there) OUT=build/bench-hosts
+#   IPERF=1 (a 2 s iperf3 check of the shaping, when iperf3 is there) BURST=64k (htb burst and
+#   cburst of every class: tc's default, about 1.2 KB at these rates, holds one TCP flow ~6%
+#   below the rate) OUT=build/bench-hosts (under build/, relative to the repository's root)
 # Writes $OUT/table.txt, $OUT/results.csv, $OUT/results.json and raw logs under $OUT/raw.
 # Exit 0 ok, 77 skipped (reason printed), else failed. Everything it creates is removed on every
 # exit path; every process runs under timeout.
 set -u
-DM_BENCH=${1:?usage: bench_hosts.sh path/to/dm_bench [path/to/gloo_bench]}
-GLOO_BENCH=${2:-}
+DM_BENCH=$(realpath -e "${1:?usage: bench_hosts.sh path/to/dm_bench [path/to/gloo_bench]}") || exit 1
+GLOO_BENCH=${2:+$(realpath -m "$2")}
+cd "$(dirname "$0")/.." || exit 1
 HOSTS=${HOSTS:-2}; RANKS_PER_HOST=${RANKS_PER_HOST:-2}; RATE=${RATE:-2gbit}; FLOW_RATE=${FLOW_RATE:-}
 SIZES=${SIZES:-"1M 16M 64M"}; REPS=${REPS:-3}; ITERS=${ITERS:-5}; WARMUP=${WARMUP:-1}
 IPERF=${IPERF:-1}; OUT=${OUT:-build/bench-hosts}; BURST=${BURST:-64k}
@@ -35,7 +38,10 @@ is_count "$RANKS_PER_HOST" && [ "$RANKS_PER_HOST" -le 64 ] || die "RANKS_PER_HOS
 is_count "$REPS" || die "REPS=$REPS: need a count >= 1"
 is_count "$ITERS" || die "ITERS=$ITERS: need a count >= 1"
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "WARMUP=$WARMUP: need a count >= 0"
+[[ $OUT =~ ^build/[A-Za-z0-9._/-]+$ && ! $OUT =~ \.\. ]] || die "OUT=$OUT: must be a folder under build/"
+[[ $BURST =~ ^[0-9]+[kKmM]?b?$ ]] || die "BURST=$BURST: not a tc size (e.g. 64k)"
 [ -x "$DM_BENCH" ] || die "$DM_BENCH: not an executable"
+command -v python3 >/dev/null 2>&1 || skip "no python3 (the report needs it)"
 # tc rates: a number and bit, kbit, mbit or gbit (tc's own units; bits per second)
 rate_bps() {
     local v=${1,,}
@@ -59,7 +65,6 @@ for s in $SIZES; do b=$(size_bytes "$s") || die "SIZES: $s is not a size (bytes 
 [ "$(id -u)" = 0 ] || skip "not root (network namespaces and tc need root)"
 command -v ip >/dev/null 2>&1 || skip "no ip command"
 command -v tc >/dev/null 2>&1 || skip "no tc command"
-command -v python3 >/dev/null 2>&1 || skip "no python3 (the report needs it)"
 ip netns list >/dev/null 2>&1 || skip "ip netns unavailable"
 
 N=$((HOSTS * RANKS_PER_HOST))
@@ -141,7 +146,7 @@ s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((sys.argv[1], 29399)); s.listen(64); print("up", flush=True)
 for _ in range(int(sys.argv[2])): s.accept()[0].close()' "$(addr_of 0)" $((HOSTS - 1)) > "$tmp/reach" 2>&1 &
     srv=$!; pids+=("$srv")
-    for _ in $(seq 50); do grep -q up "$tmp/reach" && break; sleep 0.1; done
+    for _ in $(seq 50); do grep -qs up "$tmp/reach" && break; sleep 0.1; done
     for h in $(seq 1 $((HOSTS - 1))); do
         ip netns exec "${hostns[$h]}" timeout -k 2 5 python3 -c '
 import socket, sys
@@ -209,11 +214,14 @@ run_dm() {  # system algo(empty: unset) rep
         return 1
     fi
     cat "$log".* > "$log"; rm -f "$log".*
+    # the algorithm, where dm_bench's rows name it ("algo"), and the transport from its JSON
     python3 - "$sys" "$rep" "$json" >> "$RAW" <<'PY' || return 1
 import json, sys
 d = json.load(open(sys.argv[3]))
 for row in d["rows"]:
-    print(f"{sys.argv[1]} rep={sys.argv[2]} bytes={row['bytes']} us={row['ip_us']} wrong={row['ip_wrong']}")
+    algo = row.get("algo", row.get("algorithm", "-")) or "-"
+    print(f"{sys.argv[1]} rep={sys.argv[2]} bytes={row['bytes']} us={row['ip_us']} wrong={row['ip_wrong']} "
+          f"transport={d.get('transport', '-')} algo={algo}")
 PY
 }
 run_gloo() {  # rep
@@ -232,7 +240,8 @@ run_gloo() {  # rep
         return 1
     fi
     cat "$log".* > "$log"; rm -f "$log".*
-    sed -n "s/^gloo_ring_chunked ranks=$N \(bytes=[0-9]*\) \(us=[0-9.]*\)$/gloo rep=$rep \1 \2 wrong=-1/p" "$log" >> "$RAW"
+    sed -n "s/^gloo_ring_chunked ranks=$N \(bytes=[0-9]*\) \(us=[0-9.]*\)$/gloo rep=$rep \1 \2 wrong=-1 transport=tcp algo=ring_chunked/p" \
+        "$log" >> "$RAW"
 }
 
 SYSTEMS="distmesh_auto distmesh_flat"
