@@ -4,8 +4,8 @@
 # addresses 10.78.0.1..HOSTS/24 exist only inside the namespaces. Each host's link is shaped to
 # RATE with tc htb on both directions (egress of the host's veth: what it sends; egress of the
 # bridge's port to it: what it receives). FLOW_RATE, when set, also caps every TCP flow: u32
-# filters hash the low 4 bits of the source and of the destination port (256 buckets) into 256 htb
-# classes whose ceil is FLOW_RATE, under the host's class at RATE.
+# filters hash bits 1-8 of the source and of the destination port into 256 htb classes whose
+# ceil is FLOW_RATE, under the host's class at RATE.
 # Systems, interleaved in each repetition (so load from elsewhere hits them alike):
 #   distmesh_auto   dm_bench with DISTMESH_ALGO unset (the library chooses)
 #   distmesh_flat   dm_bench with DISTMESH_ALGO=flat_ring
@@ -99,12 +99,31 @@ if ip -o addr show | grep -q '10\.78\.0\.'; then die "10.78.0.x leaked into the 
 
 # >>shaping  One device: root htb, class 1:1 at RATE (the host's link in that direction). Without
 # FLOW_RATE everything goes to leaf 1:2 at RATE. With it, TCP over IPv4 without options (the TCP
-# header at byte 20) is hashed: table 1: on the source port's low 4 bits links to one of 16
-# tables (0x10..0x1f:) keyed on the destination port's low 4 bits, whose buckets send the flow to
-# leaf 1:(0x100 + 16 src + dst), ceil FLOW_RATE; anything else (ARP, ping) goes to 1:2. quantum is
-# set because htb's default (rate / r2q) is out of range at Gbit rates.
+# header at byte 20) goes to one of 256 leaves 1:100..1:1ff, ceil FLOW_RATE each, by bits 1-8
+# of its ports: u32 hashes one masked field per table (the kernel shifts it down), so table 1:
+# hashes the source port's bits and links to one of 256 tables (0x100..0x1ff:) that hash the
+# destination port's, whose buckets name the leaf 0x100 + (src bits XOR dst bits). Eight bits
+# of each port, so flows that share one port (K sockets to one listener) still spread over 256
+# leaves; bit 0 is left out because Linux gives connect() even ports and bind(0) odd ones. Two
+# flows share a leaf (and its cap) with probability 1/256. Anything else (ARP, ...) goes to
+# 1:2. quantum is set because htb's default (rate / r2q) is out of range at Gbit rates.
+flow_filters() {  # device: the 65536 + 257 u32 filters (tc -batch lines)
+    python3 - "$1" <<'PY'
+import sys
+dev = sys.argv[1]
+out = [f"filter add dev {dev} parent 1: prio 1 handle 1: protocol ip u32 divisor 256"]
+out += [f"filter add dev {dev} parent 1: prio 1 handle {0x100 + s:x}: protocol ip u32 divisor 256" for s in range(256)]
+out += [f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht {0x100 + s:x}:{d:x}: match u32 0 0 flowid 1:{0x100 + (s ^ d):x}"
+        for s in range(256) for d in range(256)]
+out += [f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 1:{s:x}: match u32 0 0 link {0x100 + s:x}: "
+        "hashkey mask 0x000001fe at 20" for s in range(256)]
+out.append(f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 800:: match ip protocol 6 0xff "
+           "match u8 0x05 0x0f at 0 link 1: hashkey mask 0x01fe0000 at 20")
+print("\n".join(out))
+PY
+}
 shape_dev() {  # namespace device
-    local ns=$1 dev=$2 f=$tmp/tc-$1-$2 s d burst=" burst $BURST cburst $BURST"
+    local ns=$1 dev=$2 f=$tmp/tc-$1-$2 s burst=" burst $BURST cburst $BURST"
     {
         echo "qdisc add dev $dev root handle 1: htb default 2"
         echo "class add dev $dev parent 1: classid 1:1 htb rate $RATE ceil $RATE quantum 60000$burst"
@@ -116,19 +135,7 @@ shape_dev() {  # namespace device
                 printf 'class add dev %s parent 1:1 classid 1:%x htb rate %dbit ceil %s quantum 60000%s\n' \
                     "$dev" $((0x100 + s)) $((RATE_BPS / 512)) "$FLOW_RATE" "$burst"
             done
-            echo "filter add dev $dev parent 1: prio 1 handle 1: protocol ip u32 divisor 16"
-            for s in $(seq 0 15); do
-                printf 'filter add dev %s parent 1: prio 1 handle %x: protocol ip u32 divisor 16\n' "$dev" $((0x10 + s))
-            done
-            for s in $(seq 0 15); do for d in $(seq 0 15); do
-                printf 'filter add dev %s parent 1: prio 1 protocol ip u32 ht %x:%x: match u32 0 0 flowid 1:%x\n' \
-                    "$dev" $((0x10 + s)) "$d" $((0x100 + 16 * s + d))
-            done; done
-            for s in $(seq 0 15); do
-                printf 'filter add dev %s parent 1: prio 1 protocol ip u32 ht 1:%x: match u32 0 0 link %x: hashkey mask 0x0000000f at 20\n' \
-                    "$dev" "$s" $((0x10 + s))
-            done
-            echo "filter add dev $dev parent 1: prio 1 protocol ip u32 ht 800:: match ip protocol 6 0xff match u8 0x05 0x0f at 0 link 1: hashkey mask 0x000f0000 at 20"
+            flow_filters "$dev"
         fi
     } > "$f"
     ip netns exec "$ns" tc -batch "$f" > "$tmp/tc.log" 2>&1
