@@ -73,8 +73,21 @@ brns=${tag}br
 hostns=(); for h in $(seq 0 $((HOSTS - 1))); do hostns+=("${tag}h$h"); done
 tmp=$(mktemp -d /tmp/dm_bench_hosts_XXXXXX)
 pids=()
-cleanup() {
+# pids are timeout's (ip netns exec execs env, which execs timeout): SIGTERM, which timeout passes
+# on to its command, then SIGKILL for whatever is left after 3 s.
+stop_all() {
+    local p i
+    for p in "${pids[@]+"${pids[@]}"}"; do kill -TERM "$p" 2>/dev/null; done
+    for i in $(seq 30); do
+        for p in "${pids[@]+"${pids[@]}"}"; do kill -0 "$p" 2>/dev/null && break; p=; done
+        [ -z "${p:-}" ] && break
+        sleep 0.1
+    done
     for p in "${pids[@]+"${pids[@]}"}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    pids=()
+}
+cleanup() {
+    stop_all
     for n in "${hostns[@]}" "$brns"; do ip netns del "$n" 2>/dev/null; done
     rm -rf "$tmp"
 }
@@ -256,7 +269,7 @@ if [ -n "$GLOO_BENCH" ] && [ -x "$GLOO_BENCH" ]; then SYSTEMS="$SYSTEMS gloo"
 else echo "bench-hosts: Gloo not run (no gloo_bench built: needs libgloo-dev)"; fi
 echo "bench-hosts: $HOSTS hosts x $RANKS_PER_HOST ranks, link $RATE${FLOW_RATE:+, $FLOW_RATE per flow}," \
      "sizes ${SIZES}, $REPS repetitions of $ITERS iterations (+$WARMUP warmup)"
-printf '  %s\n' "${IPERF_LINES[@]+"${IPERF_LINES[@]}"}"
+[ ${#IPERF_LINES[@]} -eq 0 ] || printf '  %s\n' "${IPERF_LINES[@]}"
 for rep in $(seq 1 "$REPS"); do
     for sys in $SYSTEMS; do
         echo "bench-hosts: repetition $rep/$REPS: $sys" >&2

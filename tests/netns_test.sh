@@ -21,7 +21,9 @@ br=${tag}br
 ns=("${tag}a" "${tag}b" "${tag}c")
 dir=$(mktemp -d /tmp/dm_netns_XXXXXX)
 pids=()
-cleanup() {
+cleanup() {  # pids are timeout's: SIGTERM reaches the rank through it; SIGKILL after 1 s
+    for p in "${pids[@]+"${pids[@]}"}"; do kill -TERM "$p" 2>/dev/null; done
+    [ ${#pids[@]} -eq 0 ] || sleep 1
     for p in "${pids[@]+"${pids[@]}"}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
     for n in "${ns[@]}" "$br"; do ip netns del "$n" 2>/dev/null; done
     rm -rf "$dir"
