@@ -75,12 +75,14 @@ tmp=$(mktemp -d /tmp/dm_bench_hosts_XXXXXX)
 pids=()
 # pids are timeout's (ip netns exec execs env, which execs timeout): SIGTERM, which timeout passes
 # on to its command, then SIGKILL for whatever is left after 3 s.
+running() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) && [[ $st != Z* ]]; }  # not a zombie
 stop_all() {
-    local p i
+    local p i left
     for p in "${pids[@]+"${pids[@]}"}"; do kill -TERM "$p" 2>/dev/null; done
     for i in $(seq 30); do
-        for p in "${pids[@]+"${pids[@]}"}"; do kill -0 "$p" 2>/dev/null && break; p=; done
-        [ -z "${p:-}" ] && break
+        left=0
+        for p in "${pids[@]+"${pids[@]}"}"; do running "$p" && left=1; done
+        [ $left -eq 0 ] && break
         sleep 0.1
     done
     for p in "${pids[@]+"${pids[@]}"}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
