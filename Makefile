@@ -9,6 +9,8 @@
 #   make compare    distmesh against Gloo and OpenMPI (see bench/)
 #   make bench-overlap  communication hidden by dm_all_reduce_async: 2 local ranks, shm and tcp
 #   make test-scale setup time, fds and small all_reduces at 16..256 ranks on 8 simulated hosts
+#   make bench-hosts    all-reduce across simulated hosts (root: network namespaces, tc-shaped links;
+#                   HOSTS RANKS_PER_HOST RATE FLOW_RATE SIZES REPS), distmesh auto / flat ring / Gloo
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
 #   make install    headers, pkg-config and CMake files (PREFIX=/usr/local, DESTDIR=)
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.

@@ -1386,7 +1386,7 @@ static void test_dm_init_hosted_store(void** s) {
     assert_int_equal(run_world_ex(3, body_init_hosted, NULL, 60, false), 0);
 }
 
-/* ---- netns: 3 namespaces on a bridge, one rank each (tests/netns_test.sh) ------------------ */
+/* ---- netns: namespaces on a bridge: 3 x 1 rank, then 2 x 2 simulated hosts (netns_test.sh) - */
 static void test_netns(void** s) {
     char cmd[1024], self[512];
     ssize_t n;
@@ -1403,7 +1403,21 @@ static void test_netns(void** s) {
     assert_int_equal(rc, 0);
 }
 
-/* One rank from the environment (used by netns_test.sh). */
+/* One rank from the environment (used by netns_test.sh). DM_TEST_EXPECT_TRANSPORT and
+   DM_TEST_EXPECT_LOCAL_SIZE, when set, are what the group must have found (simulated hosts). */
+static int rank_expectations(dm_collective* c) {
+    const char* transport = getenv("DM_TEST_EXPECT_TRANSPORT");
+    const char* local = getenv("DM_TEST_EXPECT_LOCAL_SIZE");
+    if (transport && strcmp(dm_transport_name(c), transport) != 0) {
+        fprintf(stderr, "rank %d: transport %s, expected %s\n", dm_rank(c), dm_transport_name(c), transport);
+        return 1;
+    }
+    if (local && dm_local_world_size(c) != atoi(local)) {
+        fprintf(stderr, "rank %d: local world size %d, expected %s\n", dm_rank(c), dm_local_world_size(c), local);
+        return 1;
+    }
+    return 0;
+}
 static int rank_main(void) {
     dm_collective* c = NULL;
     dm_status st;
@@ -1411,9 +1425,10 @@ static int rank_main(void) {
     st = dm_init(NULL, &c);
     if (st != DM_OK) { fprintf(stderr, "dm_init: %s\n", dm_status_name(st)); return 1; }
     g_rank = dm_rank(c);
-    bad = suite(c, false);
-    if (!bad) printf("rank %d of %d (%s, local %d/%d): all collectives correct\n", dm_rank(c), dm_world_size(c),
-                     c->node_name, dm_local_rank(c), dm_local_world_size(c));
+    bad = rank_expectations(c);
+    bad |= suite(c, false);
+    if (!bad) printf("rank %d of %d (%s, local %d/%d, %s): all collectives correct\n", dm_rank(c), dm_world_size(c),
+                     c->node_name, dm_local_rank(c), dm_local_world_size(c), dm_transport_name(c));
     dm_destroy(c);
     return bad;
 }
