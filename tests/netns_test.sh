@@ -72,6 +72,6 @@ wait_ranks "3 ranks in 3 namespaces"
 for r in 0 1 2 3; do
     h=$((r / 2))
     start_rank $r 4 $((r % 2)) 2 "${ns[$h]}" "$dir/hosts" DISTMESH_TEST_HOST_ID="netns-host$h" \
-        DM_TEST_EXPECT_TRANSPORT=shm+tcp DM_TEST_EXPECT_LOCAL_SIZE=2
+        DISTMESH_ALGO=two_level DM_TEST_EXPECT_TRANSPORT=shm+tcp DM_TEST_EXPECT_LOCAL_SIZE=2
 done
-wait_ranks "2 namespaces x 2 ranks (simulated hosts, shm+tcp)"
+wait_ranks "2 namespaces x 2 ranks (simulated hosts, shm+tcp, two-level schedules, token)"
