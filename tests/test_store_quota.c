@@ -1,0 +1,307 @@
+/* The store server's memory quota (issue 18, item 4): it charges what it holds (keys, values,
+   bounded per-connection buffers), refuses the client that would go over it with a reason that
+   client reads (a notice, distmesh_tcp.h >>store wire), and keeps serving everyone else.
+   - the reproduction from the issue: DISTMESH_STORE_MAX_TOTAL=128 MiB, SET of a 64 MiB value
+     (it was refused for a 128 MiB buffer, then the server thread called a NULL function);
+   - many clients against a 1 MiB quota: the writers that fill it are refused one by one with
+     DM_ERR_OUT_OF_MEMORY and the quota named, readers never notice.
+   In-process server (its own thread), loopback only; every wait has a deadline. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include "test_filter.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "distmesh.h"
+#ifndef DISTMESH_TCP_STORE_DECL
+#error "build with -DDISTMESH_TCP: distmesh.h includes distmesh_tcp.h, which has the store section"
+#endif
+
+#define CHECK(c) assert_true(c)
+#define CHECK_OK(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) print_message("%s -> %s\n", #expr, dm_status_name(st_)); assert_int_equal(st_, DM_OK); } while (0)
+#define MiB ((size_t)1 << 20)
+#define KiB ((size_t)1 << 10)
+
+/* Server log lines that say a client was closed for the quota. */
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_quota_closes;
+static void capture_log(dm_log_level level, dm_status status, const char* msg, const char* file, int line, void* ud) {
+    (void)level; (void)file; (void)line; (void)ud;
+    pthread_mutex_lock(&g_log_mu);
+    if (status == DM_ERR_OUT_OF_MEMORY && strstr(msg, "server closed client") && strstr(msg, "DISTMESH_STORE_MAX_TOTAL"))
+        g_quota_closes++;
+    pthread_mutex_unlock(&g_log_mu);
+}
+static int quota_closes(void) {
+    int n;
+    pthread_mutex_lock(&g_log_mu);
+    n = g_quota_closes;
+    pthread_mutex_unlock(&g_log_mu);
+    return n;
+}
+
+/* max_total 0: from DISTMESH_STORE_MAX_TOTAL. */
+static dm_store* make_server(size_t max_total, size_t max_value, size_t max_conn) {
+    dm_store_desc d;
+    dm_store* s = NULL;
+    memset(&d, 0, sizeof(d));
+    d.url = "tcp://127.0.0.1:0";
+    d.is_server = true;
+    d.timeout_ms = 20000;
+    d.token = "";
+    d.logger.func = capture_log;
+    d.max_total_bytes = max_total;
+    d.max_value = max_value;
+    d.max_conn_bytes = max_conn;
+    CHECK_OK(dm_store_create(&d, &s));
+    return s;
+}
+static dm_store* make_client(int port) {
+    char url[64];
+    dm_store_desc d;
+    dm_store* s = NULL;
+    memset(&d, 0, sizeof(d));
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    d.url = url;
+    d.timeout_ms = 20000;
+    d.token = "";
+    CHECK_OK(dm_store_create(&d, &s));
+    return s;
+}
+static void fill(unsigned char* p, size_t n, unsigned seed) {
+    size_t i;
+    for (i = 0; i < n; i++) p[i] = (unsigned char)(i * 131 + seed);
+}
+/* A refusal as the client sees it: the quota's status, and the server's reason naming it. */
+static bool is_quota_refusal(dm_store* s, dm_status st) {
+    const char* e = dm_store_last_error(s);
+    if (st != DM_ERR_OUT_OF_MEMORY || !strstr(e, "closed this client") || !strstr(e, "DISTMESH_STORE_MAX_TOTAL")) {
+        print_message("not a quota refusal: %s: %s\n", dm_status_name(st), e);
+        return false;
+    }
+    return true;
+}
+static void small_roundtrip(dm_store* s, const char* key) {
+    void* v = NULL;
+    size_t n = 0;
+    CHECK_OK(dm_store_set(s, key, "value", 5));
+    CHECK_OK(dm_store_get(s, key, &v, &n));
+    CHECK(n == 5 && memcmp(v, "value", 5) == 0);
+    dm_store_free(s, v);
+}
+
+/* The issue's reproduction: under a 128 MiB quota a 64 MiB value is stored (its request buffer
+   becomes the value: 64 MiB held, not 128 + 64); a second one is refused with the quota named,
+   to that client only; the server goes on serving. */
+static void test_quota_64mib_set(void** state) {
+    const size_t big = 64 * MiB;
+    unsigned char* v = (unsigned char*)malloc(big);
+    void* got = NULL;
+    size_t n = 0;
+    int64_t keys = 0;
+    dm_store *srv, *a, *b, *c;
+    dm_status st;
+    bool present = false;
+    const char* k_big[1] = {"big"};
+    (void)state;
+    CHECK(v != NULL);
+    fill(v, big, 7);
+    setenv("DISTMESH_STORE_MAX_TOTAL", "134217728", 1);
+    srv = make_server(0, 0, 0);
+    unsetenv("DISTMESH_STORE_MAX_TOTAL");
+    a = make_client(dm_store_port(srv));
+    b = make_client(dm_store_port(srv));
+    CHECK_OK(dm_store_set(a, "big", v, big));
+    CHECK_OK(dm_store_num_keys(a, &keys));        /* a round trip: the SET was served */
+    CHECK(keys >= 1);
+    CHECK_OK(dm_store_check(b, k_big, 1, &present));
+    CHECK(present);
+    small_roundtrip(b, "small");
+    /* a second 64 MiB value does not fit: a learns why, by its next call at the latest */
+    fill(v, big, 9);
+    st = dm_store_set(a, "big2", v, big);
+    if (st == DM_OK) st = dm_store_num_keys(a, &keys);
+    CHECK(is_quota_refusal(a, st));
+    CHECK(quota_closes() >= 1);
+    /* everyone else goes on; the first value is intact */
+    small_roundtrip(b, "small2");
+    c = make_client(dm_store_port(srv));
+    small_roundtrip(c, "small3");
+    CHECK_OK(dm_store_check(c, k_big, 1, &present));
+    CHECK(present);
+    /* reading it back needs a 64 MiB reply copy, which this quota cannot hold next to the value:
+       refused as cleanly (the reply is not copied-free yet); with room it comes back whole */
+    st = dm_store_get(c, "big", &got, &n);
+    if (st == DM_OK) {
+        fill(v, big, 7);
+        CHECK(n == big && memcmp(got, v, big) == 0);
+        dm_store_free(c, got);
+    } else {
+        CHECK(is_quota_refusal(c, st));
+    }
+    small_roundtrip(b, "small4");
+    dm_store_destroy(c);
+    dm_store_destroy(b);
+    dm_store_destroy(a);
+    dm_store_destroy(srv);
+    free(v);
+}
+
+/* With room for it (the default-sized quota) the same value goes in and comes back whole. */
+static void test_quota_64mib_roundtrip_with_room(void** state) {
+    const size_t big = 64 * MiB;
+    unsigned char* v = (unsigned char*)malloc(big);
+    void* got = NULL;
+    size_t n = 0;
+    dm_store *srv, *a;
+    (void)state;
+    CHECK(v != NULL);
+    fill(v, big, 3);
+    srv = make_server(256 * MiB, 0, 0);
+    a = make_client(dm_store_port(srv));
+    CHECK_OK(dm_store_set(a, "big", v, big));
+    CHECK_OK(dm_store_get(a, "big", &got, &n));
+    CHECK(n == big && memcmp(got, v, big) == 0);
+    dm_store_free(a, got);
+    CHECK_OK(dm_store_set(a, "big", v, big));    /* replacing it: 64 MiB held before and after */
+    small_roundtrip(a, "small");
+    dm_store_destroy(a);
+    dm_store_destroy(srv);
+    free(v);
+}
+
+/* ---- many clients against a small quota ---- */
+#define N_WRITERS 12
+#define N_READERS 4
+#define WRITER_VALUE (100 * KiB)
+typedef struct worker {
+    int port, id;
+    dm_status refused;          /* writers: the failure they got (DM_OK: none) */
+    bool refusal_clear;         /* ... with the quota's status and the reason */
+    int failures;               /* readers: operations that failed */
+    pthread_t th;
+} worker;
+
+/* Stores 100 KiB values until the server refuses: the refusal must be the quota's. */
+static void* writer_main(void* p) {
+    worker* w = (worker*)p;
+    dm_store* s = make_client(w->port);
+    unsigned char* v = (unsigned char*)malloc(WRITER_VALUE);
+    int i;
+    fill(v, WRITER_VALUE, (unsigned)w->id);
+    w->refused = DM_OK;
+    for (i = 0; i < 64 && w->refused == DM_OK; i++) {
+        char key[32];
+        const char* k[1];
+        bool present = false;
+        dm_status st;
+        snprintf(key, sizeof(key), "w%d/%d", w->id, i);
+        k[0] = key;
+        st = dm_store_set(s, key, v, WRITER_VALUE);
+        if (st == DM_OK) st = dm_store_check(s, k, 1, &present);     /* served, or why not */
+        if (st != DM_OK) {
+            w->refused = st;
+            w->refusal_clear = st == DM_ERR_OUT_OF_MEMORY && strstr(dm_store_last_error(s), "closed this client") &&
+                               strstr(dm_store_last_error(s), "DISTMESH_STORE_MAX_TOTAL");
+            if (!w->refusal_clear) print_message("writer %d: %s\n", w->id, dm_store_last_error(s));
+        }
+    }
+    free(v);
+    dm_store_destroy(s);
+    return NULL;
+}
+/* Reads its own key and waits on it over and over while the writers fill the store. */
+static void* reader_main(void* p) {
+    worker* w = (worker*)p;
+    dm_store* s = make_client(w->port);
+    char key[32], want[32];
+    const char* k[1];
+    int i;
+    snprintf(key, sizeof(key), "r%d", w->id);
+    snprintf(want, sizeof(want), "reader %d", w->id);
+    k[0] = key;
+    for (i = 0; i < 400; i++) {
+        void* v = NULL;
+        size_t n = 0;
+        bool present = false;
+        int64_t keys = 0;
+        if (dm_store_get(s, key, &v, &n) != DM_OK || n != strlen(want) || memcmp(v, want, n) != 0) w->failures++;
+        if (v) dm_store_free(s, v);
+        if (dm_store_check(s, k, 1, &present) != DM_OK || !present) w->failures++;
+        if (dm_store_wait(s, k, 1, 5000) != DM_OK) w->failures++;
+        if (dm_store_num_keys(s, &keys) != DM_OK || keys < N_READERS) w->failures++;
+        if (w->failures) {
+            print_message("reader %d: %s\n", w->id, dm_store_last_error(s));
+            break;
+        }
+    }
+    dm_store_destroy(s);
+    return NULL;
+}
+
+/* 12 writers fill a 1 MiB quota (its data share is 896 KiB: about eight 100 KiB values) while 4
+   readers read: every writer is refused with the quota named, every reader succeeds throughout,
+   and a new client is served afterwards. */
+static void test_quota_many_clients(void** state) {
+    worker wr[N_WRITERS], rd[N_READERS];
+    dm_store *srv, *setup, *late;
+    int i, refused_clear = 0, closes0 = quota_closes();
+    (void)state;
+    srv = make_server(1 * MiB, 256 * KiB, 600 * KiB);
+    setup = make_client(dm_store_port(srv));
+    for (i = 0; i < N_READERS; i++) {
+        char key[32], val[32];
+        snprintf(key, sizeof(key), "r%d", i);
+        snprintf(val, sizeof(val), "reader %d", i);
+        CHECK_OK(dm_store_set(setup, key, val, strlen(val)));
+    }
+    memset(wr, 0, sizeof(wr));
+    memset(rd, 0, sizeof(rd));
+    for (i = 0; i < N_READERS; i++) {
+        rd[i].port = dm_store_port(srv);
+        rd[i].id = i;
+        CHECK(pthread_create(&rd[i].th, NULL, reader_main, &rd[i]) == 0);
+    }
+    for (i = 0; i < N_WRITERS; i++) {
+        wr[i].port = dm_store_port(srv);
+        wr[i].id = i;
+        CHECK(pthread_create(&wr[i].th, NULL, writer_main, &wr[i]) == 0);
+    }
+    for (i = 0; i < N_WRITERS; i++) pthread_join(wr[i].th, NULL);
+    for (i = 0; i < N_READERS; i++) pthread_join(rd[i].th, NULL);
+    for (i = 0; i < N_WRITERS; i++) refused_clear += wr[i].refusal_clear;
+    for (i = 0; i < N_READERS; i++) CHECK(rd[i].failures == 0);
+    print_message("quota: %d of %d writers refused with the quota named; %d closes logged\n", refused_clear,
+                  N_WRITERS, quota_closes() - closes0);
+    CHECK(refused_clear == N_WRITERS);
+    CHECK(quota_closes() - closes0 >= N_WRITERS);
+    /* the store is full of data, yet a new client is served */
+    late = make_client(dm_store_port(srv));
+    {
+        void* v = NULL;
+        size_t n = 0;
+        CHECK_OK(dm_store_get(late, "r0", &v, &n));
+        CHECK(n == strlen("reader 0") && memcmp(v, "reader 0", n) == 0);
+        dm_store_free(late, v);
+    }
+    dm_store_destroy(late);
+    dm_store_destroy(setup);
+    dm_store_destroy(srv);
+}
+
+int main(int argc, char** argv) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quota_64mib_set),
+        cmocka_unit_test(test_quota_64mib_roundtrip_with_room),
+        cmocka_unit_test(test_quota_many_clients),
+    };
+    dm_test_filter(argc, argv);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
