@@ -3125,6 +3125,7 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/eventfd.h>
 #include <linux/futex.h>
 #include <limits.h>
 #include <stdio.h>
@@ -3159,6 +3160,7 @@ typedef struct _dm_tcp {
     int transport;              /* _DM_TCP_AUTO, _SHM or _SOCKETS: what the desc asked for */
     unsigned char* shm;         /* the same-host segment (see >>tcp shm), or NULL */
     size_t shm_size;
+    struct _dm_shm_watch* watch; /* wakes this rank when a same-host peer dies (>>tcp loss) */
     char transport_name[16];
     /* only while create / split builds this group (see >>tcp watch) */
     struct dm_store* rdv;       /* a clone of store whose requests end by rdv_deadline */
@@ -3501,6 +3503,76 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
     return DM_OK;
 }
 
+/* >>tcp loss  A rank asleep on its bell learns of a same-host peer's death at once. A dead
+   process rings no bell, and the sleeper used to find out at its next look, up to 50 ms later
+   (twice: a death is confirmed by a second look). So each group with shm links has a watcher
+   thread, blocked in poll() on the side sockets of those links: the kernel closes a dead
+   process's sockets, kill -9 included, and the watcher rings this rank's bell when one ends;
+   the sleeper wakes, asks the link (_dm_shm_alive) and, seeing the peer gone, looks again at
+   once (_dm_lk_block). Idle, the watcher costs nothing: it sleeps in poll until a socket ends
+   or destroy stops it. (A pidfd would say the same thing; the side socket is what
+   _dm_shm_alive already trusts, and it needs no newer kernel.) */
+typedef struct _dm_shm_watch {
+    pthread_t thread;
+    _dm_bell* bell;             /* this rank's */
+    int n;                      /* pfd[0] is the stop eventfd, pfd[1..n] the side sockets */
+    struct pollfd pfd[1];       /* n + 1 of them, allocated with the struct */
+} _dm_shm_watch;
+static void* _dm_shm_watch_main(void* arg) {
+    _dm_shm_watch* w = (_dm_shm_watch*)arg;
+    for (;;) {
+        int i, rc = poll(w->pfd, (nfds_t)w->n + 1, -1);
+        if (rc < 0 && errno != EINTR) return NULL;     /* the 50 ms look remains */
+        if (rc <= 0) continue;
+        if (w->pfd[0].revents) return NULL;            /* destroy */
+        for (i = 1; i <= w->n; i++) {
+            if (!(w->pfd[i].revents & (POLLHUP | POLLERR | POLLNVAL | _DM_POLLRDHUP))) continue;
+            w->pfd[i].fd = -1;                         /* told once; poll skips it from now on */
+            _dm_bell_ring(w->bell, &_dm_futex_bell);
+        }
+    }
+}
+/* Starts the watcher over the group's shm links; without it (no thread, no eventfd) a death is
+   still seen, only later. */
+static void _dm_shm_watch_start(_dm_tcp* t) {
+    _dm_shm_watch* w;
+    int r, n = 0;
+    for (r = 0; r < t->base.size; r++)
+        if (t->lk.links[r] && t->lk.links[r]->vt == &_dm_shm_vt) n++;
+    if (n == 0) return;
+    w = (_dm_shm_watch*)_dm_calloc(&t->base.allocator, sizeof(*w) + (size_t)n * sizeof(struct pollfd));
+    if (!w) return;
+    w->bell = t->lk.bell;
+    w->pfd[0].fd = eventfd(0, EFD_CLOEXEC);
+    w->pfd[0].events = POLLIN;
+    for (r = 0; r < t->base.size; r++) {
+        _dm_link* l = t->lk.links[r];
+        if (!l || l->vt != &_dm_shm_vt) continue;
+        w->n++;
+        w->pfd[w->n].fd = ((_dm_memlink*)l)->side_fd;
+        w->pfd[w->n].events = _DM_POLLRDHUP;
+    }
+    if (w->pfd[0].fd < 0 || pthread_create(&w->thread, NULL, _dm_shm_watch_main, w) != 0) {
+        if (w->pfd[0].fd >= 0) close(w->pfd[0].fd);
+        _dm_free(&t->base.allocator, w);
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: shm: no watcher thread (%s); a same-host peer's death is "
+                "noticed within about 100 ms instead of at once", strerror(errno));
+        return;
+    }
+    t->watch = w;
+}
+/* Before the links and their sockets go. */
+static void _dm_shm_watch_stop(_dm_tcp* t) {
+    _dm_shm_watch* w = t->watch;
+    uint64_t one = 1;
+    if (!w) return;
+    while (write(w->pfd[0].fd, &one, sizeof(one)) < 0 && errno == EINTR) {}
+    pthread_join(w->thread, NULL);
+    close(w->pfd[0].fd);
+    _dm_free(&t->base.allocator, w);
+    t->watch = NULL;
+}
+
 /* Sets up shared memory among this rank's same-host group members (local[0..L), this rank at
    index me), then every rank of the group votes (MIN of 2 shm ready, 1 asked for sockets, 0
    failed), so all agree: shm links only where every rank could and wanted; with auto a
@@ -3539,7 +3611,11 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
     if (st == DM_OK) st = _dm_lk_all_reduce(&t->lk, &vote, &vote, 1, DM_INT32, DM_MIN);
     if (fd >= 0) close(fd);
     if (st != DM_OK) return st;
-    if (vote == 2 && L >= 2) return _dm_shm_links(t, local, L, me);
+    if (vote == 2 && L >= 2) {
+        st = _dm_shm_links(t, local, L, me);
+        if (st == DM_OK) _dm_shm_watch_start(t);
+        return st;
+    }
     if (t->shm) { munmap(t->shm, t->shm_size); t->shm = NULL; }
     if (t->transport == _DM_TCP_SHM && vote < 2)
         return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: DISTMESH_TRANSPORT=shm, but %s", vote == 1 ?
@@ -4296,6 +4372,7 @@ static void _dm_tcp_forget_addr(_dm_tcp* t) {
 static void _dm_tcp_free(_dm_tcp* t) {
     dm_allocator a = t->base.allocator;
     int r;
+    _dm_shm_watch_stop(t);      /* it polls the links' sockets */
     _dm_lk_release(&t->lk);     /* links first: they borrow the sockets */
     if (t->fds)
         for (r = 0; r < t->base.size; r++)
