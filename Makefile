@@ -8,6 +8,7 @@
 #   make bench      the README's main job: all-reduce on 4 local ranks (shared memory; DISTMESH_TRANSPORT=tcp: loopback TCP)
 #   make compare    distmesh against Gloo and OpenMPI (see bench/)
 #   make bench-overlap  communication hidden by dm_all_reduce_async: 2 local ranks, shm and tcp
+#   make bench-loss     time from kill -9 of a rank to every survivor's DM_ERR_PEER_LOST (shm, tcp)
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
 #   make install    headers, pkg-config and CMake files (PREFIX=/usr/local, DESTDIR=)
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.
