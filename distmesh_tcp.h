@@ -292,9 +292,10 @@ static const unsigned char _dm_st_notice_magic[8] = { 0xFF, 'D', 'M', 'N', 'O', 
 /* Stored keys and values may fill the quota but for this share (1/8) of it, which is kept for
    connection buffers: a store full of data still answers every client. */
 #define _DM_ST_BUFFER_SHARE 8
-/* A SET of at least this many bytes that fills the client's input buffer keeps that buffer as
-   the value (no second copy: storing V bytes never needs 2V). */
-#define _DM_ST_ADOPT_MIN ((size_t)64 << 10)
+/* Values of at least this many bytes are not copied: a SET that fills the client's input buffer
+   keeps that buffer as the value, and a GET's reply is written from the value itself (storing V
+   bytes never needs 2V, nor does reading them back). */
+#define _DM_ST_INPLACE_MIN ((size_t)64 << 10)
 #define _DM_ST_NOTICE_MS 1000             /* to deliver a notice before the close */
 /* The default quota. distmesh's own rendezvous holds little: measured, 34 keys and 3 KiB of keys
    and values at 32 ranks (about 100 B a rank), plus a 4 KiB buffer per connected rank. 256 MiB
@@ -480,7 +481,17 @@ typedef struct _dm_kv {
     size_t key_len;
     unsigned char* val;         /* allocated with at least 1 byte */
     size_t val_len, val_cap;
+    struct _dm_srv_pin* pin;    /* while replies are written straight from val */
 } _dm_kv;
+/* A value being written to clients from the entry itself (a large GET reply, not copied). While
+   refs > 0 its bytes stay: an entry that replaces or drops its value meanwhile hands them over
+   (owner NULL), and the last write frees them and their charge. */
+typedef struct _dm_srv_pin {
+    _dm_kv* owner;              /* the entry whose value this is; NULL once it let go */
+    unsigned char* val;
+    size_t cap;
+    unsigned refs;
+} _dm_srv_pin;
 
 struct _dm_srv_client;
 typedef struct _dm_srv_wkey {
@@ -534,6 +545,7 @@ typedef struct _dm_srv_client {
     size_t need;                /* don't parse again before in_len reaches this */
     size_t charged;             /* input buffer bytes charged to srv->held */
     size_t queued;              /* reply bytes handed to libuv, not yet written */
+    size_t uncharged;           /* the part of queued written from pinned values (not copies) */
     int64_t since;              /* accept time while authenticating; last write progress */
     unsigned char auth;         /* 0 admitted, 1 hello expected, 2 proof expected */
     bool reading, flush_close;  /* flush_close: close once the queued replies are written */
@@ -553,7 +565,9 @@ typedef struct _dm_srv_client {
 typedef struct _dm_srv_write {
     uv_write_t req;
     const dm_allocator* a;      /* the bytes follow the struct in the same allocation */
-    size_t n;
+    size_t n;                   /* bytes written, */
+    size_t charged;             /* of which charged to the quota (all but a pinned value's) */
+    _dm_srv_pin* pin;           /* the value written after the bytes, or NULL */
 } _dm_srv_write;
 
 /* -- the map -- */
@@ -572,10 +586,34 @@ _DM_PRIVATE void _dm_srv_uncharge_data(_dm_srv* s, size_t b) {
     s->held = s->held > b ? s->held - b : 0;
     s->data = s->data > b ? s->data - b : 0;
 }
+/* e lets go of its value: freed now, or by the last write still sending it (see _dm_srv_pin). */
+_DM_PRIVATE void _dm_srv_release_val(_dm_srv* s, _dm_kv* e) {
+    if (e->pin) {
+        e->pin->owner = NULL;
+        e->pin = NULL;
+    } else {
+        _dm_free(&s->allocator, e->val);
+        _dm_srv_uncharge_data(s, e->val_cap);
+    }
+    e->val = NULL;
+    e->val_len = e->val_cap = 0;
+}
+/* The bytes a new value may count on being freed now: none while replies are written from it. */
+_DM_PRIVATE size_t _dm_srv_freeable(const _dm_kv* e) { return e->pin ? 0 : e->val_cap; }
+_DM_PRIVATE void _dm_srv_unpin(_dm_srv* s, _dm_srv_pin* p) {
+    if (--p->refs) return;
+    if (p->owner) {
+        p->owner->pin = NULL;
+    } else {
+        _dm_free(&s->allocator, p->val);
+        _dm_srv_uncharge_data(s, p->cap);
+    }
+    _dm_free(&s->allocator, p);
+}
 _DM_PRIVATE void _dm_srv_kv_free(_dm_srv* s, _dm_kv* e) {
+    _dm_srv_release_val(s, e);
     _dm_srv_uncharge_data(s, _dm_srv_kv_bytes(e));
     _dm_free(&s->allocator, e->key);
-    _dm_free(&s->allocator, e->val);
     _dm_free(&s->allocator, e);
 }
 _DM_PRIVATE void _dm_srv_grow(_dm_srv* s) {
@@ -645,13 +683,12 @@ _DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
         size_t keep = append ? e->val_len : 0, cap = keep + vn;
         unsigned char* nv;
         if (append && cap < 2 * e->val_cap) cap = 2 * e->val_cap;
-        if (!_dm_srv_fits(s, cap, cap, e->val_cap)) { *over_quota = true; return NULL; }
+        if (!_dm_srv_fits(s, cap, cap, _dm_srv_freeable(e))) { *over_quota = true; return NULL; }
         nv = (unsigned char*)_dm_malloc(&s->allocator, cap);
         if (!nv) return NULL;
         if (keep) memcpy(nv, e->val, keep);
         if (vn) memcpy(nv + keep, val, vn);
-        _dm_free(&s->allocator, e->val);
-        _dm_srv_uncharge_data(s, e->val_cap);
+        _dm_srv_release_val(s, e);
         s->held += cap;
         s->data += cap;
         e->val = nv;
@@ -673,12 +710,12 @@ _DM_PRIVATE _dm_kv* _dm_srv_put_adopt(_dm_srv_client* c, const unsigned char* ke
     _dm_kv* e = *pp;
     size_t record = e ? 0 : sizeof(*e) + kn, cap = c->in_cap;
     *adopted = *over_quota = false;
-    if (vn < _DM_ST_ADOPT_MIN || c->view_off != 0 || c->in_len != request_len || cap > vn + vn / 4 + 4096 ||
+    if (vn < _DM_ST_INPLACE_MIN || c->view_off != 0 || c->in_len != request_len || cap > vn + vn / 4 + 4096 ||
         c->charged != cap)
         return NULL;
     *adopted = true;
     /* the buffer is already in held: data grows by all of it, held only by the record */
-    if (!_dm_srv_fits(s, record + cap, record, e ? e->val_cap : 0)) {
+    if (!_dm_srv_fits(s, record + cap, record, e ? _dm_srv_freeable(e) : 0)) {
         *over_quota = true;
         return NULL;
     }
@@ -694,8 +731,7 @@ _DM_PRIVATE _dm_kv* _dm_srv_put_adopt(_dm_srv_client* c, const unsigned char* ke
         s->data += record;
         if (++s->nkeys > s->nbuckets) _dm_srv_grow(s);
     } else {
-        _dm_free(&s->allocator, e->val);
-        _dm_srv_uncharge_data(s, e->val_cap);
+        _dm_srv_release_val(s, e);
     }
     memmove(c->in, val, vn);
     e->val = c->in;
@@ -729,7 +765,7 @@ _DM_PRIVATE _DM_PRINTF(3, 4) void _dm_srv_drop(_dm_srv_client* c, dm_status st, 
    client's input buffer (capacity, bounded by max_conn) and its queued replies (bounded by
    max_conn). Buffers that would go over the quota make room by dropping the client holding the
    most buffered bytes, unless that is the client asking, which is refused then. */
-_DM_PRIVATE size_t _dm_srv_buffered(const _dm_srv_client* c) { return c->charged + c->queued; }
+_DM_PRIVATE size_t _dm_srv_buffered(const _dm_srv_client* c) { return c->charged + c->queued - c->uncharged; }
 /* Charges `extra` buffer bytes for c. False when c is the one to refuse; the caller refuses it
    (never from libuv's alloc callback: closing the handle there makes libuv call the read
    callback it has just cleared, a NULL pointer). */
@@ -773,7 +809,9 @@ _DM_PRIVATE void _dm_srv_on_written(uv_write_t* req, int status) {
     _dm_srv_client* c = (_dm_srv_client*)req->handle;
     _dm_srv* s = c->srv;
     c->queued -= w->n;
-    if (!c->released) s->held -= w->n;
+    c->uncharged -= w->n - w->charged;
+    if (!c->released) s->held -= w->charged;
+    if (w->pin) _dm_srv_unpin(s, w->pin);
     if (!c->auth) c->since = _dm_now_ms();   /* progress (authenticating: the deadline stays) */
     _dm_free(w->a, w);
     if (c->closing) return;
@@ -806,7 +844,8 @@ _DM_PRIVATE void _dm_srv_queue(_dm_srv_client* c, const void* d, size_t n, bool 
         return;
     }
     w->a = &c->srv->allocator;
-    w->n = n;
+    w->n = w->charged = n;
+    w->pin = NULL;
     memcpy((unsigned char*)(w + 1), d, n);
     buf.base = (char*)(w + 1);
     buf.len = n;
@@ -825,6 +864,62 @@ _DM_PRIVATE void _dm_srv_send_stbuf(_dm_srv_client* c, _dm_stbuf* b) {
     if (b->oom) _dm_srv_close_client(c);
     else _dm_srv_send(c, b->p, b->len);
     _dm_stbuf_free(b);
+}
+/* A value as a reply (u64 length + bytes) written from the entry, pinned until written: only
+   the 8-byte length is a copy, and only it is charged; the value's bytes already are. */
+_DM_PRIVATE void _dm_srv_send_value(_dm_srv_client* c, _dm_kv* e) {
+    _dm_srv* s = c->srv;
+    _dm_srv_write* w;
+    _dm_srv_pin* p = e->pin;
+    uv_buf_t bufs[2];
+    size_t n = 8 + e->val_len;
+    int i, rc;
+    if (c->closing) return;
+    if (n > s->lim.max_conn || c->queued > s->lim.max_conn - n) {
+        _dm_srv_drop(c, DM_ERR_PROTOCOL, "does not read its replies (%zu bytes queued, %zu more above the "
+                     "per-connection limit DISTMESH_STORE_MAX_CONN of %zu)", c->queued, n, s->lim.max_conn);
+        return;
+    }
+    if (!p && (p = (_dm_srv_pin*)_dm_calloc(&s->allocator, sizeof(*p))) != NULL) {
+        p->owner = e;
+        p->val = e->val;
+        p->cap = e->val_cap;
+        e->pin = p;
+    }
+    w = p ? (_dm_srv_write*)_dm_malloc(&s->allocator, sizeof(*w) + 8) : NULL;
+    if (!w) {
+        if (p && p->refs == 0) { p->refs = 1; _dm_srv_unpin(s, p); }
+        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory queueing a reply of %zu bytes", n);
+        return;
+    }
+    p->refs++;
+    if (!_dm_srv_make_room(c, 8)) {
+        _dm_free(&s->allocator, w);
+        _dm_srv_unpin(s, p);
+        _dm_srv_refuse_quota(c, 8);
+        return;
+    }
+    for (i = 0; i < 8; i++) ((unsigned char*)(w + 1))[i] = (unsigned char)((uint64_t)e->val_len >> (8 * i));
+    w->a = &s->allocator;
+    w->n = n;
+    w->charged = 8;
+    w->pin = p;
+    w->req.data = w;
+    bufs[0].base = (char*)(w + 1);
+    bufs[0].len = 8;
+    bufs[1].base = (char*)p->val;
+    bufs[1].len = e->val_len;
+    c->queued += n;
+    c->uncharged += n - 8;
+    rc = uv_write(&w->req, (uv_stream_t*)&c->tcp, bufs, 2, _dm_srv_on_written);
+    if (rc < 0) {
+        c->queued -= n;
+        c->uncharged -= n - 8;
+        s->held -= 8;
+        _dm_free(w->a, w);
+        _dm_srv_unpin(s, p);
+        _dm_srv_close_client(c);
+    }
 }
 
 _DM_PRIVATE void _dm_srv_waiter_drop(_dm_srv* s, _dm_srv_waiter* w) {
@@ -885,7 +980,7 @@ _DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c) {
     if (c->closing) return;
     c->closing = true;
     c->srv->closes++;
-    c->srv->held -= c->charged + c->queued;  /* freed in the close and write callbacks */
+    c->srv->held -= _dm_srv_buffered(c);      /* freed in the close and write callbacks */
     c->charged = 0;
     c->released = true;
     if (c->waiter) _dm_srv_waiter_drop(c->srv, c->waiter);
@@ -1165,6 +1260,10 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
         _dm_kv* e;
         if (!_DM_SRV_KEY(&k, &key, &kn)) break;
         e = _dm_srv_find(s, key, kn);
+        if (e && e->val_len >= _DM_ST_INPLACE_MIN) {
+            _dm_srv_send_value(c, e);
+            return k.off;
+        }
         if (e) _dm_stbuf_str(&out, e->val, e->val_len);
         else _dm_stbuf_str(&out, NULL, 0);
         _dm_srv_send_stbuf(c, &out);
@@ -1321,7 +1420,7 @@ oom:
    (_DM_ST_AUTH_BUF before authenticating). */
 _DM_PRIVATE size_t _dm_srv_next_cap(const _dm_srv_client* c, size_t limit) {
     size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
-    if (c->need >= _DM_ST_ADOPT_MIN && c->need > c->in_cap && c->need - c->in_cap >= c->in_cap / 2 &&
+    if (c->need >= _DM_ST_INPLACE_MIN && c->need > c->in_cap && c->need - c->in_cap >= c->in_cap / 2 &&
         c->need / 2 <= cap)
         cap = c->need;
     return cap > limit ? limit : cap;

@@ -14,10 +14,15 @@
 #include <cmocka.h>
 #include "test_filter.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "distmesh.h"
 #ifndef DISTMESH_TCP_STORE_DECL
@@ -136,16 +141,11 @@ static void test_quota_64mib_set(void** state) {
     small_roundtrip(c, "small3");
     CHECK_OK(dm_store_check(c, k_big, 1, &present));
     CHECK(present);
-    /* reading it back needs a 64 MiB reply copy, which this quota cannot hold next to the value:
-       refused as cleanly (the reply is not copied-free yet); with room it comes back whole */
-    st = dm_store_get(c, "big", &got, &n);
-    if (st == DM_OK) {
-        fill(v, big, 7);
-        CHECK(n == big && memcmp(got, v, big) == 0);
-        dm_store_free(c, got);
-    } else {
-        CHECK(is_quota_refusal(c, st));
-    }
+    /* and it comes back whole: the reply is written from the value, not from a 64 MiB copy */
+    CHECK_OK(dm_store_get(c, "big", &got, &n));
+    fill(v, big, 7);
+    CHECK(n == big && memcmp(got, v, big) == 0);
+    dm_store_free(c, got);
     small_roundtrip(b, "small4");
     dm_store_destroy(c);
     dm_store_destroy(b);
@@ -175,6 +175,92 @@ static void test_quota_64mib_roundtrip_with_room(void** state) {
     dm_store_destroy(a);
     dm_store_destroy(srv);
     free(v);
+}
+
+/* ---- a reply written from the value while the value changes ---- */
+static void put_u64(unsigned char* p, uint64_t v) {
+    int i;
+    for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+/* A c10d client on a raw socket (torch's way: VALIDATE, PING with its pid), 10 s timeouts. */
+static int raw_client(int port) {
+    struct sockaddr_in a;
+    struct timeval tv = {10, 0};
+    unsigned char req[10], rep[4];
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(fd >= 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(connect(fd, (struct sockaddr*)&a, sizeof(a)) == 0);
+    req[0] = 0x00; req[1] = 0xce; req[2] = 0xf7; req[3] = 0x85; req[4] = 0x3c;   /* VALIDATE magic */
+    req[5] = 0x0d; req[6] = 1; req[7] = 2; req[8] = 3; req[9] = 4;              /* PING 0x04030201 */
+    CHECK(send(fd, req, sizeof(req), 0) == (ssize_t)sizeof(req));
+    CHECK(recv(fd, rep, 4, MSG_WAITALL) == 4 && rep[0] == 1 && rep[3] == 4);
+    return fd;
+}
+static bool recv_all(int fd, unsigned char* p, size_t n) {
+    while (n) {
+        ssize_t k = recv(fd, p, n, 0);
+        if (k <= 0) return false;
+        p += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+/* A GET of a 16 MiB value that its client does not read yet stays in flight, written from the
+   value; meanwhile the value is replaced, appended to and deleted. The reply still carries the
+   old bytes whole (the replaced buffer lives until the write is done; ASan checks the rest),
+   and the quota gets all of it back afterwards: the same SET fits again. */
+static void test_quota_reply_from_value(void** state) {
+    const size_t big = 16 * MiB;
+    unsigned char* v = (unsigned char*)malloc(big);
+    unsigned char* got = (unsigned char*)malloc(big);
+    unsigned char req[32], len8[8];
+    dm_store *srv, *a;
+    bool deleted = false;
+    int fd, i;
+    (void)state;
+    CHECK(v && got);
+    srv = make_server(40 * MiB, 16 * MiB, 33 * MiB);   /* data share 35 MiB: two 16 MiB values */
+    a = make_client(dm_store_port(srv));
+    fill(v, big, 1);
+    CHECK_OK(dm_store_set(a, "big", v, big));
+    fd = raw_client(dm_store_port(srv));
+    req[0] = 0x03;                                      /* GET "big", not read yet */
+    put_u64(req + 1, 3);
+    memcpy(req + 9, "big", 3);
+    CHECK(send(fd, req, 12, 0) == 12);
+    {
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);                           /* the server has queued the reply */
+    }
+    fill(v, big, 2);
+    CHECK_OK(dm_store_set(a, "big", v, big));            /* the old value is still being written */
+    CHECK_OK(dm_store_append(a, "big", "tail", 4));
+    CHECK_OK(dm_store_delete(a, "big", &deleted));
+    CHECK(deleted);
+    small_roundtrip(a, "small");
+    CHECK(recv_all(fd, len8, 8));
+    CHECK(len8[0] == 0 && len8[3] == 1 && len8[4] == 0);  /* 16 MiB */
+    CHECK(recv_all(fd, got, big));
+    fill(v, big, 1);
+    CHECK(memcmp(got, v, big) == 0);
+    close(fd);
+    for (i = 0; i < 2; i++) {                          /* all of it came back to the quota */
+        int64_t keys = 0;
+        char key[8];
+        snprintf(key, sizeof(key), "b%d", i);
+        CHECK_OK(dm_store_set(a, key, v, big));
+        CHECK_OK(dm_store_num_keys(a, &keys));
+    }
+    dm_store_destroy(a);
+    dm_store_destroy(srv);
+    free(v);
+    free(got);
 }
 
 /* ---- many clients against a small quota ---- */
@@ -300,6 +386,7 @@ int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quota_64mib_set),
         cmocka_unit_test(test_quota_64mib_roundtrip_with_room),
+        cmocka_unit_test(test_quota_reply_from_value),
         cmocka_unit_test(test_quota_many_clients),
     };
     dm_test_filter(argc, argv);
