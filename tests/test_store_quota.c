@@ -252,7 +252,7 @@ static void test_quota_reply_from_value(void** state) {
     close(fd);
     for (i = 0; i < 2; i++) {                          /* all of it came back to the quota */
         int64_t keys = 0;
-        char key[8];
+        char key[16];
         snprintf(key, sizeof(key), "b%d", i);
         CHECK_OK(dm_store_set(a, key, v, big));
         CHECK_OK(dm_store_num_keys(a, &keys));
