@@ -965,13 +965,13 @@ _DM_PRIVATE void _dm_srv_on_client_closed(uv_handle_t* h) {
     _dm_free(&s->allocator, c->in);
     _dm_free(&s->allocator, c);
 }
-/* The input buffer goes (a client that is closing or being told why reads nothing more), unless
-   _dm_srv_process is parsing a view of it: it calls this again when it is done. */
+/* The input buffer goes (a client that is closing or being told why reads nothing more): its
+   charge at once, so the quota can count on it, its memory unless _dm_srv_process is parsing a
+   view of it (it calls this again when it is done) or the close callback will. */
 _DM_PRIVATE void _dm_srv_release_input(_dm_srv_client* c) {
-    if (c->in_process) return;
     c->srv->held -= c->charged;
     c->charged = 0;
-    if (c->closing) return;     /* the close callback frees it */
+    if (c->in_process || c->closing) return;
     _dm_free(&c->srv->allocator, c->in);
     c->in = NULL;
     c->in_len = c->in_cap = 0;
