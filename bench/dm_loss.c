@@ -10,7 +10,9 @@
    are well past spinning and yielding, asleep in their blocking wait) the parent sends the
    victim kill -9. Each survivor writes the CLOCK_MONOTONIC time at which its all-reduce
    returned, and its status, to a pipe; latency = that time - the time just before kill().
-   The victim goes round the ranks (trial % np), so rank 0 dies too.
+   The victim goes round the ranks (trial % np), so rank 0 dies too. While they settle, the
+   survivors' CPU time (every thread, from /proc) says what a blocked wait costs when idle
+   (use a --settle of a second or more: the kernel counts in 10 ms ticks).
    A trial's figure is its slowest survivor (when every survivor knew); printed per trial, then
    the median and worst over the trials, and the median over every survivor's own latency.
 
@@ -43,6 +45,23 @@ static int64_t mono_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+/* utime + stime of a process, every thread, in clock ticks; -1 when unreadable. */
+static long long cpu_ticks(pid_t pid) {
+    char path[64], buf[1024], *p;
+    long long ut = 0, st = 0;
+    FILE* f;
+    size_t n;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    if (!(f = fopen(path, "r"))) return -1;
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    if (!(p = strrchr(buf, ')'))) return -1;    /* fields 14 and 15 after the command name */
+    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &ut, &st) != 2) return -1;
+    return ut + st;
+}
+static double g_idle_ticks, g_idle_s;           /* survivors' CPU while settling, and for how long */
+
 static int cmp_double(const void* a, const void* b) {
     double x = *(const double*)a, y = *(const double*)b;
     return x < y ? -1 : x > y;
@@ -121,9 +140,17 @@ static int trial(const loss_args* a, int victim, double* lat) {
     }
     if (!failed) {
         struct timespec ts;
+        long long t0[64], t1;
+        int64_t s0 = mono_ns();
+        for (r = 0; r < a->np; r++) t0[r] = cpu_ticks(pids[r]);
         ts.tv_sec = a->settle_ms / 1000;
         ts.tv_nsec = (long)(a->settle_ms % 1000) * 1000000L;
         nanosleep(&ts, NULL);
+        for (r = 0; r < a->np; r++)
+            if (r != victim && t0[r] >= 0 && (t1 = cpu_ticks(pids[r])) >= 0) {
+                g_idle_ticks += (double)(t1 - t0[r]);
+                g_idle_s += (double)(mono_ns() - s0) / 1e9;
+            }
         t_kill = mono_ns();
         kill(pids[victim], SIGKILL);
         for (i = 0; i < a->np - 1; i++) {
@@ -202,6 +229,9 @@ int main(int argc, char** argv) {
         double w_max = worst[a.trials - 1];    /* sorted by median() */
         printf("# slowest survivor per trial: median %.2f ms, worst %.2f ms (%d trials)\n", w_med, w_max, a.trials);
         printf("# every survivor: median %.2f ms, worst %.2f ms (%d reports)\n", all_med, all[n - 1], n);
+        if (g_idle_s > 0)
+            printf("# blocked survivors while settling: %.2f%% of a core each (%.0f ticks over %.1f rank-seconds)\n",
+                   100.0 * g_idle_ticks / (double)sysconf(_SC_CLK_TCK) / g_idle_s, g_idle_ticks, g_idle_s);
         printf("{\"bench\":\"loss\",\"transport\":\"%s\",\"np\":%d,\"trials\":%d,\"slowest_median_ms\":%.3f,"
                "\"slowest_worst_ms\":%.3f,\"all_median_ms\":%.3f}\n", a.transport, a.np, a.trials, w_med, w_max, all_med);
     }
