@@ -3,6 +3,8 @@
    client reads (a notice, distmesh_tcp.h >>store wire), and keeps serving everyone else.
    - the reproduction from the issue: DISTMESH_STORE_MAX_TOTAL=128 MiB, SET of a 64 MiB value
      (it was refused for a 128 MiB buffer, then the server thread called a NULL function);
+   - a large GET's reply written from the value while the value is replaced and deleted;
+   - the notice on the wire (distmesh clients get it, torch's see only the close);
    - many clients against a 1 MiB quota: the writers that fill it are refused one by one with
      DM_ERR_OUT_OF_MEMORY and the quota named, readers never notice.
    In-process server (its own thread), loopback only; every wait has a deadline. */
@@ -68,7 +70,8 @@ static dm_store* make_server(size_t max_total, size_t max_value, size_t max_conn
     CHECK_OK(dm_store_create(&d, &s));
     return s;
 }
-static dm_store* make_client(int port) {
+/* NULL on failure (for worker threads, which must not assert). */
+static dm_store* try_client(int port) {
     char url[64];
     dm_store_desc d;
     dm_store* s = NULL;
@@ -77,7 +80,12 @@ static dm_store* make_client(int port) {
     d.url = url;
     d.timeout_ms = 20000;
     d.token = "";
-    CHECK_OK(dm_store_create(&d, &s));
+    if (dm_store_create(&d, &s) != DM_OK) return NULL;
+    return s;
+}
+static dm_store* make_client(int port) {
+    dm_store* s = try_client(port);
+    CHECK(s != NULL);
     return s;
 }
 static void fill(unsigned char* p, size_t n, unsigned seed) {
@@ -263,6 +271,60 @@ static void test_quota_reply_from_value(void** state) {
     free(got);
 }
 
+/* The notice on the wire: a client that marked its PING nonce as a distmesh client's ('D' in
+   the top byte) gets FF "DMNOTE" 7F, the status, the reason, then the close; one with torch's
+   nonce (its pid) just sees the close (no error reply in c10d). */
+static void notice_after_bad_add(int port, uint32_t nonce, bool expect_notice) {
+    struct sockaddr_in a;
+    struct timeval tv = {10, 0};
+    unsigned char req[32], head[14], rest[400];
+    static const unsigned char magic[8] = {0xFF, 'D', 'M', 'N', 'O', 'T', 'E', 0x7F};
+    int fd = socket(AF_INET, SOCK_STREAM, 0), i;
+    CHECK(fd >= 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(connect(fd, (struct sockaddr*)&a, sizeof(a)) == 0);
+    req[0] = 0x00; req[1] = 0xce; req[2] = 0xf7; req[3] = 0x85; req[4] = 0x3c;   /* VALIDATE */
+    req[5] = 0x0d;                                                              /* PING */
+    for (i = 0; i < 4; i++) req[6 + i] = (unsigned char)(nonce >> (8 * i));
+    CHECK(send(fd, req, 10, 0) == 10);
+    CHECK(recv_all(fd, head, 4) && memcmp(head, req + 6, 4) == 0);
+    req[0] = 0x04;                                      /* ADD "text" 1: not a number */
+    put_u64(req + 1, 4);
+    memcpy(req + 9, "text", 4);
+    put_u64(req + 13, 1);
+    CHECK(send(fd, req, 21, 0) == 21);
+    if (expect_notice) {
+        int32_t st;
+        size_t len;
+        CHECK(recv_all(fd, head, 14) && memcmp(head, magic, 8) == 0);
+        st = (int32_t)((uint32_t)head[8] | ((uint32_t)head[9] << 8) | ((uint32_t)head[10] << 16) |
+                       ((uint32_t)head[11] << 24));
+        len = (size_t)head[12] | ((size_t)head[13] << 8);
+        CHECK(st == DM_ERR_PROTOCOL && len > 0 && len < sizeof(rest));
+        CHECK(recv_all(fd, rest, len));
+        rest[len] = 0;
+        CHECK(strstr((const char*)rest, "decimal int64") != NULL);
+    }
+    CHECK(recv(fd, rest, sizeof(rest), 0) <= 0);    /* then the close, and nothing else */
+    close(fd);
+}
+static void test_quota_notice_wire(void** state) {
+    dm_store *srv, *a;
+    (void)state;
+    srv = make_server(0, 0, 0);
+    a = make_client(dm_store_port(srv));
+    CHECK_OK(dm_store_set(a, "text", "abc", 3));
+    notice_after_bad_add(dm_store_port(srv), 0x44000000u | 4242u, true);
+    notice_after_bad_add(dm_store_port(srv), 4242u, false);
+    small_roundtrip(a, "still");
+    dm_store_destroy(a);
+    dm_store_destroy(srv);
+}
+
 /* ---- many clients against a small quota ---- */
 #define N_WRITERS 12
 #define N_READERS 4
@@ -278,11 +340,17 @@ typedef struct worker {
 /* Stores 100 KiB values until the server refuses: the refusal must be the quota's. */
 static void* writer_main(void* p) {
     worker* w = (worker*)p;
-    dm_store* s = make_client(w->port);
+    dm_store* s = try_client(w->port);
     unsigned char* v = (unsigned char*)malloc(WRITER_VALUE);
     int i;
-    fill(v, WRITER_VALUE, (unsigned)w->id);
     w->refused = DM_OK;
+    if (!s || !v) {             /* counted as a writer that was not refused clearly */
+        w->refused = DM_ERR_INTERNAL;
+        dm_store_destroy(s);
+        free(v);
+        return NULL;
+    }
+    fill(v, WRITER_VALUE, (unsigned)w->id);
     for (i = 0; i < 64 && w->refused == DM_OK; i++) {
         char key[32];
         const char* k[1];
@@ -306,10 +374,14 @@ static void* writer_main(void* p) {
 /* Reads its own key and waits on it over and over while the writers fill the store. */
 static void* reader_main(void* p) {
     worker* w = (worker*)p;
-    dm_store* s = make_client(w->port);
+    dm_store* s = try_client(w->port);
     char key[32], want[32];
     const char* k[1];
     int i;
+    if (!s) {
+        w->failures = 1;
+        return NULL;
+    }
     snprintf(key, sizeof(key), "r%d", w->id);
     snprintf(want, sizeof(want), "reader %d", w->id);
     k[0] = key;
@@ -387,6 +459,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_quota_64mib_set),
         cmocka_unit_test(test_quota_64mib_roundtrip_with_room),
         cmocka_unit_test(test_quota_reply_from_value),
+        cmocka_unit_test(test_quota_notice_wire),
         cmocka_unit_test(test_quota_many_clients),
     };
     dm_test_filter(argc, argv);
