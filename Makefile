@@ -11,6 +11,7 @@
 #   make test-scale setup time, fds and small all_reduces at 16..256 ranks on 8 simulated hosts
 #   make bench-hosts    all-reduce across simulated hosts (root: network namespaces, tc-shaped links;
 #                   HOSTS RANKS_PER_HOST RATE FLOW_RATE SIZES REPS), distmesh auto / flat ring / Gloo
+#   make bench-loss     time from kill -9 of a rank to every survivor's DM_ERR_PEER_LOST (shm, tcp)
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
 #   make install    headers, pkg-config and CMake files (PREFIX=/usr/local, DESTDIR=)
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.

@@ -3739,7 +3739,9 @@ _DM_PRIVATE void _dm_cpu_relax(void) {
 #endif
 /* The blocking phase of a wait: sleep until a link may move, a slice passes, or the deadline.
    Sockets sleep in poll(); memory links on this rank's bell, waking every 50 ms to ask whether
-   their peers still live; a mix polls the sockets briefly and goes round again. */
+   their peers still live (a backend may ring the bell when one dies: the TCP backend's shm
+   watcher does); a mix polls the sockets briefly and goes round again. Once a peer was seen
+   gone, the next look comes at once, without sleeping. */
 _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xstate* s, uint32_t seen,
                                    int64_t deadline, int* dead) {
     _dm_link* sl = x->speer >= 0 && s->si < x->ns ? lk->links[x->speer] : NULL;
@@ -3767,8 +3769,9 @@ _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xsta
             if (o->fd >= 0) { p[np].fd = o->fd; p[np].events = POLLIN; np++; }
             else memory = true;
         }
-    if (memory && np == 0 && lk->bell) lk->bell_ops->wait(lk->bell_ops->ctx, lk->bell, seen, slice < 50 ? slice : 50);
-    else {
+    if (memory && np == 0 && lk->bell) {
+        if (*dead == 0) lk->bell_ops->wait(lk->bell_ops->ctx, lk->bell, seen, slice < 50 ? slice : 50);
+    } else {
         rc = poll(p, (nfds_t)np, memory ? (slice < 1 ? slice : 1) : slice);
         if (rc < 0 && errno != EINTR) {
             _DM_FAIL(lk->c, DM_ERR_NETWORK, "%s: %s #%llu: poll failed (%s)", lk->tag, x->op,

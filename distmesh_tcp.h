@@ -132,8 +132,11 @@ typedef struct dm_store_desc {
     size_t max_value;       /* DISTMESH_STORE_MAX_VALUE, DM_STORE_MAX_VALUE: bytes of one value */
     size_t max_conn_bytes;  /* DISTMESH_STORE_MAX_CONN, 2 x max_value + 1 MiB: one client's
                                request being received, and separately its unread replies */
-    size_t max_total_bytes; /* DISTMESH_STORE_MAX_TOTAL, 1 GiB: keys, values and every buffer;
-                               at the quota the client holding the most buffered bytes is closed */
+    size_t max_total_bytes; /* DISTMESH_STORE_MAX_TOTAL, 256 MiB: everything the server holds --
+                               keys and values (at most 7/8 of it) and every client's buffers. A
+                               write that does not fit closes its client; buffers that do not fit
+                               close the client holding the most buffered bytes. A distmesh
+                               client reads why (DM_ERR_OUT_OF_MEMORY) at its next call */
     int stall_ms;           /* DISTMESH_STORE_STALL_MS, 30000: a client that does not read its
                                replies is no longer read from; after this long without progress
                                it is closed */
@@ -273,6 +276,32 @@ static const unsigned char _dm_st_v2_from_v1[] = { _DM_STQ_SET, _DM_STQ_COMPARE_
 #define _DM_ST_HIGH_WATER ((size_t)1 << 20) /* unread reply bytes above which a client is not read */
 #define _DM_ST_TOKEN_MAX 255
 enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NEEDTOKEN };
+/* Why the server closed a client (distmesh only): c10d has no error reply (SET has no reply at
+   all), so a client the server closes for a bound or a malformed request would only see EOF. A
+   distmesh client marks its PING nonce (top byte 'D': torch's nonce is its pid, below 2^22),
+   and an authenticated client is a distmesh client too; such a client gets, in place of its
+   next reply, and then the connection closes:
+     notice      8 bytes FF "DMNOTE" 7F, i32 status, u16 length, that many bytes of reason
+   The magic is no reply a client can expect: a 1-byte reply is 0 or 1, and as a u64 length it
+   is above DM_STORE_MAX_VALUE (an ADD whose result is exactly that value, one in 2^64, would
+   read as a notice). */
+#define _DM_ST_NONCE_MARK 0x44000000u
+#define _DM_ST_NOTICE_HEAD 14
+#define _DM_ST_NOTICE_TEXT 300
+static const unsigned char _dm_st_notice_magic[8] = { 0xFF, 'D', 'M', 'N', 'O', 'T', 'E', 0x7F };
+/* Stored keys and values may fill the quota but for this share (1/8) of it, which is kept for
+   connection buffers: a store full of data still answers every client. */
+#define _DM_ST_BUFFER_SHARE 8
+/* Values of at least this many bytes are not copied: a SET that fills the client's input buffer
+   keeps that buffer as the value, and a GET's reply is written from the value itself (storing V
+   bytes never needs 2V, nor does reading them back). */
+#define _DM_ST_INPLACE_MIN ((size_t)64 << 10)
+#define _DM_ST_NOTICE_MS 1000             /* to deliver a notice before the close */
+/* The default quota. distmesh's own rendezvous holds little: measured, 34 keys and 3 KiB of keys
+   and values at 32 ranks (about 100 B a rank), plus a 4 KiB buffer per connected rank. 256 MiB
+   is room for that at any scale, and still for one value of the default largest size (64 MiB)
+   stored, read back and a second being received at once. */
+#define _DM_ST_MAX_TOTAL ((size_t)256 << 20)
 
 /* >>store errors  Every foreign code goes through here: libuv codes directly, errno values via
    uv_translate_sys_error. */
@@ -452,7 +481,17 @@ typedef struct _dm_kv {
     size_t key_len;
     unsigned char* val;         /* allocated with at least 1 byte */
     size_t val_len, val_cap;
+    struct _dm_srv_pin* pin;    /* while replies are written straight from val */
 } _dm_kv;
+/* A value being written to clients from the entry itself (a large GET reply, not copied). While
+   refs > 0 its bytes stay: an entry that replaces or drops its value meanwhile hands them over
+   (owner NULL), and the last write frees them and their charge. */
+typedef struct _dm_srv_pin {
+    _dm_kv* owner;              /* the entry whose value this is; NULL once it let go */
+    unsigned char* val;
+    size_t cap;
+    unsigned refs;
+} _dm_srv_pin;
 
 struct _dm_srv_client;
 typedef struct _dm_srv_wkey {
@@ -486,6 +525,7 @@ typedef struct _dm_srv {
     bool thread_started, listener_open, stop_open, tick_open;
     _dm_srv_limits lim;
     size_t held;                /* bytes charged to lim.max_total: entries, input buffers, replies */
+    size_t data;                /* the entries' part of held: keys, values and their records */
     unsigned closes;            /* clients closed so far (a close may free waiters mid-scan) */
     _dm_kv** buckets;
     size_t nbuckets, nkeys;
@@ -505,6 +545,7 @@ typedef struct _dm_srv_client {
     size_t need;                /* don't parse again before in_len reaches this */
     size_t charged;             /* input buffer bytes charged to srv->held */
     size_t queued;              /* reply bytes handed to libuv, not yet written */
+    size_t uncharged;           /* the part of queued written from pinned values (not copies) */
     int64_t since;              /* accept time while authenticating; last write progress */
     unsigned char auth;         /* 0 admitted, 1 hello expected, 2 proof expected */
     bool reading, flush_close;  /* flush_close: close once the queued replies are written */
@@ -512,6 +553,11 @@ typedef struct _dm_srv_client {
     unsigned char nonce_c[32], nonce_s[32];
     bool validated, closing;
     unsigned char proto;        /* _DM_ST_PROTO_2, or _DM_ST_PROTO_1 for a torch < 2.2 client */
+    bool notices;               /* a distmesh client: told why before it is closed (>>store wire) */
+    bool in_process;            /* inside _dm_srv_process: `in` is a view, not to be freed here */
+    bool adopted;               /* the request just served took `in` over as a value */
+    size_t view_off;            /* where the view _dm_srv_process parses starts in the buffer */
+    size_t refused;             /* growth the quota refused in the alloc callback (0: none) */
     _dm_srv_waiter* waiter;
     char peer[64];
 } _dm_srv_client;
@@ -519,7 +565,9 @@ typedef struct _dm_srv_client {
 typedef struct _dm_srv_write {
     uv_write_t req;
     const dm_allocator* a;      /* the bytes follow the struct in the same allocation */
-    size_t n;
+    size_t n;                   /* bytes written, */
+    size_t charged;             /* of which charged to the quota (all but a pinned value's) */
+    _dm_srv_pin* pin;           /* the value written after the bytes, or NULL */
 } _dm_srv_write;
 
 /* -- the map -- */
@@ -532,11 +580,40 @@ _DM_PRIVATE _dm_kv** _dm_srv_slot(_dm_srv* s, const void* key, size_t n, uint64_
 _DM_PRIVATE _dm_kv* _dm_srv_find(_dm_srv* s, const void* key, size_t n) {
     return *_dm_srv_slot(s, key, n, _dm_st_hash(key, n));
 }
-_DM_PRIVATE void _dm_srv_kv_free(_dm_srv* s, _dm_kv* e) {
-    size_t b = e->key_len + e->val_cap + sizeof(*e);
+/* An entry's charge: its record, key and value capacity, in both held and data. */
+_DM_PRIVATE size_t _dm_srv_kv_bytes(const _dm_kv* e) { return sizeof(*e) + e->key_len + e->val_cap; }
+_DM_PRIVATE void _dm_srv_uncharge_data(_dm_srv* s, size_t b) {
     s->held = s->held > b ? s->held - b : 0;
+    s->data = s->data > b ? s->data - b : 0;
+}
+/* e lets go of its value: freed now, or by the last write still sending it (see _dm_srv_pin). */
+_DM_PRIVATE void _dm_srv_release_val(_dm_srv* s, _dm_kv* e) {
+    if (e->pin) {
+        e->pin->owner = NULL;
+        e->pin = NULL;
+    } else {
+        _dm_free(&s->allocator, e->val);
+        _dm_srv_uncharge_data(s, e->val_cap);
+    }
+    e->val = NULL;
+    e->val_len = e->val_cap = 0;
+}
+/* The bytes a new value may count on being freed now: none while replies are written from it. */
+_DM_PRIVATE size_t _dm_srv_freeable(const _dm_kv* e) { return e->pin ? 0 : e->val_cap; }
+_DM_PRIVATE void _dm_srv_unpin(_dm_srv* s, _dm_srv_pin* p) {
+    if (--p->refs) return;
+    if (p->owner) {
+        p->owner->pin = NULL;
+    } else {
+        _dm_free(&s->allocator, p->val);
+        _dm_srv_uncharge_data(s, p->cap);
+    }
+    _dm_free(&s->allocator, p);
+}
+_DM_PRIVATE void _dm_srv_kv_free(_dm_srv* s, _dm_kv* e) {
+    _dm_srv_release_val(s, e);
+    _dm_srv_uncharge_data(s, _dm_srv_kv_bytes(e));
     _dm_free(&s->allocator, e->key);
-    _dm_free(&s->allocator, e->val);
     _dm_free(&s->allocator, e);
 }
 _DM_PRIVATE void _dm_srv_grow(_dm_srv* s) {
@@ -556,26 +633,43 @@ _DM_PRIVATE void _dm_srv_grow(_dm_srv* s) {
     s->buckets = b;
     s->nbuckets = nb;
 }
-/* Replaces (append false) or extends (append true) the value; NULL when out of memory. */
+/* Whether keys and values may grow by data_more bytes, and everything held by held_more, while
+   `less` bytes of theirs go (a replaced value): within the data share (the quota less
+   1/_DM_ST_BUFFER_SHARE) and within the quota. The moment a value and its replacement coexist
+   is not charged: the charge is what is held once the request is served. */
+_DM_PRIVATE bool _dm_srv_fits(const _dm_srv* s, size_t data_more, size_t held_more, size_t less) {
+    size_t cap = s->lim.max_total - s->lim.max_total / _DM_ST_BUFFER_SHARE;
+    size_t data = s->data - (less < s->data ? less : s->data), held = s->held - (less < s->held ? less : s->held);
+    return data <= cap && data_more <= cap - data && held <= s->lim.max_total &&
+           held_more <= s->lim.max_total - held;
+}
+/* Replaces (append false) or extends (append true) the value; NULL when out of memory, or over
+   the quota (*over_quota set). */
 _DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
-                                const unsigned char* val, size_t vn, bool append) {
+                                const unsigned char* val, size_t vn, bool append, bool* over_quota) {
     uint64_t h = _dm_st_hash(key, kn);
     _dm_kv** pp = _dm_srv_slot(s, key, kn, h);
     _dm_kv* e = *pp;
-    size_t grow = !e ? kn + vn + sizeof(*e) : append ? e->val_len + vn + e->val_cap : vn; /* at most */
-    if (grow > s->lim.max_total || s->held > s->lim.max_total - grow) return NULL;   /* over the quota */
+    *over_quota = false;
     if (!e) {
+        if (!_dm_srv_fits(s, sizeof(*e) + kn + vn, sizeof(*e) + kn + vn, 0)) { *over_quota = true; return NULL; }
         e = (_dm_kv*)_dm_calloc(&s->allocator, sizeof(*e));
         if (!e) return NULL;
         e->key = (unsigned char*)_dm_malloc(&s->allocator, kn);
         e->val = (unsigned char*)_dm_malloc(&s->allocator, vn);
-        if (!e->key || !e->val) { _dm_srv_kv_free(s, e); return NULL; }
+        if (!e->key || !e->val) {
+            _dm_free(&s->allocator, e->key);
+            _dm_free(&s->allocator, e->val);
+            _dm_free(&s->allocator, e);
+            return NULL;
+        }
         if (kn) memcpy(e->key, key, kn);
         if (vn) memcpy(e->val, val, vn);
         e->key_len = kn;
         e->val_len = e->val_cap = vn;
         e->hash = h;
-        s->held += kn + vn + sizeof(*e);
+        s->held += _dm_srv_kv_bytes(e);
+        s->data += _dm_srv_kv_bytes(e);
         *pp = e;
         if (++s->nkeys > s->nbuckets) _dm_srv_grow(s);
         return e;
@@ -589,16 +683,64 @@ _DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
         size_t keep = append ? e->val_len : 0, cap = keep + vn;
         unsigned char* nv;
         if (append && cap < 2 * e->val_cap) cap = 2 * e->val_cap;
+        if (!_dm_srv_fits(s, cap, cap, _dm_srv_freeable(e))) { *over_quota = true; return NULL; }
         nv = (unsigned char*)_dm_malloc(&s->allocator, cap);
         if (!nv) return NULL;
         if (keep) memcpy(nv, e->val, keep);
         if (vn) memcpy(nv + keep, val, vn);
-        _dm_free(&s->allocator, e->val);
-        s->held = s->held - e->val_cap + cap;
+        _dm_srv_release_val(s, e);
+        s->held += cap;
+        s->data += cap;
         e->val = nv;
         e->val_len = keep + vn;
         e->val_cap = cap;
     }
+    return e;
+}
+/* SET whose request is the whole of c's input buffer (request_len bytes at its start, nothing
+   after it) and mostly value: the buffer becomes the value, moved to its start, and its bytes go
+   from c's buffer charge to the data charge. NULL (*over_quota as for put) when it cannot;
+   *adopted tells whether this path applied at all (else the caller copies with put). */
+_DM_PRIVATE _dm_kv* _dm_srv_put_adopt(_dm_srv_client* c, const unsigned char* key, size_t kn,
+                                      const unsigned char* val, size_t vn, size_t request_len,
+                                      bool* adopted, bool* over_quota) {
+    _dm_srv* s = c->srv;
+    uint64_t h = _dm_st_hash(key, kn);
+    _dm_kv** pp = _dm_srv_slot(s, key, kn, h);
+    _dm_kv* e = *pp;
+    size_t record = e ? 0 : sizeof(*e) + kn, cap = c->in_cap;
+    *adopted = *over_quota = false;
+    if (vn < _DM_ST_INPLACE_MIN || c->view_off != 0 || c->in_len != request_len || cap > vn + vn / 4 + 4096 ||
+        c->charged != cap)
+        return NULL;
+    *adopted = true;
+    /* the buffer is already in held: data grows by all of it, held only by the record */
+    if (!_dm_srv_fits(s, record + cap, record, e ? _dm_srv_freeable(e) : 0)) {
+        *over_quota = true;
+        return NULL;
+    }
+    if (!e) {
+        e = (_dm_kv*)_dm_calloc(&s->allocator, sizeof(*e));
+        if (e) e->key = (unsigned char*)_dm_malloc(&s->allocator, kn ? kn : 1);
+        if (!e || !e->key) { _dm_free(&s->allocator, e); return NULL; }
+        if (kn) memcpy(e->key, key, kn);
+        e->key_len = kn;
+        e->hash = h;
+        *pp = e;
+        s->held += record;
+        s->data += record;
+        if (++s->nkeys > s->nbuckets) _dm_srv_grow(s);
+    } else {
+        _dm_srv_release_val(s, e);
+    }
+    memmove(c->in, val, vn);
+    e->val = c->in;
+    e->val_len = vn;
+    e->val_cap = cap;
+    s->data += cap;             /* held already counts it, as c's buffer */
+    c->in = NULL;
+    c->in_len = c->in_cap = c->charged = 0;
+    c->adopted = true;
     return e;
 }
 _DM_PRIVATE bool _dm_srv_erase(_dm_srv* s, const unsigned char* key, size_t kn) {
@@ -618,26 +760,33 @@ _DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
 _DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t* buf);
 _DM_PRIVATE _DM_PRINTF(3, 4) void _dm_srv_drop(_dm_srv_client* c, dm_status st, const char* fmt, ...);
 
-/* >>store server bounds  Every byte a client makes the server hold is charged to the total
-   quota first. At the quota the client holding the most buffered bytes goes (c itself when that
-   is c): false when c may not go on. */
-_DM_PRIVATE bool _dm_srv_charge(_dm_srv_client* c, size_t extra) {
+/* >>store server bounds  Every byte the server holds is charged to the total quota first:
+   entries (keys, values, records; at most the data share of it, see _dm_srv_fits), each
+   client's input buffer (capacity, bounded by max_conn) and its queued replies (bounded by
+   max_conn). Buffers that would go over the quota make room by dropping the client holding the
+   most buffered bytes, unless that is the client asking, which is refused then. */
+_DM_PRIVATE size_t _dm_srv_buffered(const _dm_srv_client* c) { return c->charged + c->queued - c->uncharged; }
+/* Charges `extra` buffer bytes for c. False when c is the one to refuse; the caller refuses it
+   (never from libuv's alloc callback: closing the handle there makes libuv call the read
+   callback it has just cleared, a NULL pointer). */
+_DM_PRIVATE bool _dm_srv_make_room(_dm_srv_client* c, size_t extra) {
     _dm_srv* s = c->srv;
     while (extra > s->lim.max_total || s->held > s->lim.max_total - extra) {
         _dm_srv_client *big = NULL, *x;
         for (x = s->clients; x; x = x->next)
-            if (!x->closing && (!big || x->charged + x->queued > big->charged + big->queued)) big = x;
-        if (!big || big == c || big->charged + big->queued == 0) {
-            _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "the store is at its memory quota of %zu bytes "
-                         "(DISTMESH_STORE_MAX_TOTAL) and this client needs %zu more", s->lim.max_total, extra);
-            return false;
-        }
+            if (!x->closing && !x->flush_close && (!big || _dm_srv_buffered(x) > _dm_srv_buffered(big))) big = x;
+        if (!big || big == c || _dm_srv_buffered(big) == 0) return false;
         _dm_srv_drop(big, DM_ERR_OUT_OF_MEMORY, "the store is at its memory quota of %zu bytes "
-                     "(DISTMESH_STORE_MAX_TOTAL); this client holds the most buffered bytes (%zu)",
-                     s->lim.max_total, big->charged + big->queued);
+                     "(DISTMESH_STORE_MAX_TOTAL) and this client holds the most buffered bytes (%zu)",
+                     s->lim.max_total, _dm_srv_buffered(big));
     }
     s->held += extra;
     return true;
+}
+_DM_PRIVATE void _dm_srv_refuse_quota(_dm_srv_client* c, size_t extra) {
+    _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "the store is at its memory quota of %zu bytes (DISTMESH_STORE_MAX_TOTAL; "
+                 "%zu held, %zu of them keys and values) and this client needs %zu more for its buffers",
+                 c->srv->lim.max_total, c->srv->held, c->srv->data, extra);
 }
 /* Reading follows the reply backlog: a client that does not read its replies is not read from
    (its requests wait in the kernel), so it cannot make the server queue more. */
@@ -660,7 +809,9 @@ _DM_PRIVATE void _dm_srv_on_written(uv_write_t* req, int status) {
     _dm_srv_client* c = (_dm_srv_client*)req->handle;
     _dm_srv* s = c->srv;
     c->queued -= w->n;
-    if (!c->released) s->held -= w->n;
+    c->uncharged -= w->n - w->charged;
+    if (!c->released) s->held -= w->charged;
+    if (w->pin) _dm_srv_unpin(s, w->pin);
     if (!c->auth) c->since = _dm_now_ms();   /* progress (authenticating: the deadline stays) */
     _dm_free(w->a, w);
     if (c->closing) return;
@@ -671,26 +822,30 @@ _DM_PRIVATE void _dm_srv_on_written(uv_write_t* req, int status) {
     }
     if (!c->reading && c->queued <= _DM_ST_HIGH_WATER) _dm_srv_process(c);   /* parse what waits */
 }
-/* Queues bytes for the client (copied); a failure closes the client. */
-_DM_PRIVATE void _dm_srv_send(_dm_srv_client* c, const void* d, size_t n) {
+/* Queues bytes for the client (copied); a failure closes the client. A notice (metered false:
+   a few hundred bytes, once per client) is charged without asking the quota. */
+_DM_PRIVATE void _dm_srv_queue(_dm_srv_client* c, const void* d, size_t n, bool metered) {
     _dm_srv_write* w;
     uv_buf_t buf;
     int rc;
     if (c->closing || n == 0) return;
-    if (n > c->srv->lim.max_conn || c->queued > c->srv->lim.max_conn - n) {
+    if (metered && (n > c->srv->lim.max_conn || c->queued > c->srv->lim.max_conn - n)) {
         _dm_srv_drop(c, DM_ERR_PROTOCOL, "does not read its replies (%zu bytes queued, %zu more above the "
                      "per-connection limit DISTMESH_STORE_MAX_CONN of %zu)", c->queued, n, c->srv->lim.max_conn);
         return;
     }
-    if (!_dm_srv_charge(c, n)) return;
+    if (!metered) c->srv->held += n;
+    else if (!_dm_srv_make_room(c, n)) { _dm_srv_refuse_quota(c, n); return; }
     w = (_dm_srv_write*)_dm_malloc(&c->srv->allocator, sizeof(*w) + n);
     if (!w) {
         c->srv->held -= n;
-        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory queueing a reply of %zu bytes", n);
+        if (metered) _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory queueing a reply of %zu bytes", n);
+        else _dm_srv_close_client(c);
         return;
     }
     w->a = &c->srv->allocator;
-    w->n = n;
+    w->n = w->charged = n;
+    w->pin = NULL;
     memcpy((unsigned char*)(w + 1), d, n);
     buf.base = (char*)(w + 1);
     buf.len = n;
@@ -704,10 +859,67 @@ _DM_PRIVATE void _dm_srv_send(_dm_srv_client* c, const void* d, size_t n) {
         _dm_srv_close_client(c);
     }
 }
+_DM_PRIVATE void _dm_srv_send(_dm_srv_client* c, const void* d, size_t n) { _dm_srv_queue(c, d, n, true); }
 _DM_PRIVATE void _dm_srv_send_stbuf(_dm_srv_client* c, _dm_stbuf* b) {
     if (b->oom) _dm_srv_close_client(c);
     else _dm_srv_send(c, b->p, b->len);
     _dm_stbuf_free(b);
+}
+/* A value as a reply (u64 length + bytes) written from the entry, pinned until written: only
+   the 8-byte length is a copy, and only it is charged; the value's bytes already are. */
+_DM_PRIVATE void _dm_srv_send_value(_dm_srv_client* c, _dm_kv* e) {
+    _dm_srv* s = c->srv;
+    _dm_srv_write* w;
+    _dm_srv_pin* p = e->pin;
+    uv_buf_t bufs[2];
+    size_t n = 8 + e->val_len;
+    int i, rc;
+    if (c->closing) return;
+    if (n > s->lim.max_conn || c->queued > s->lim.max_conn - n) {
+        _dm_srv_drop(c, DM_ERR_PROTOCOL, "does not read its replies (%zu bytes queued, %zu more above the "
+                     "per-connection limit DISTMESH_STORE_MAX_CONN of %zu)", c->queued, n, s->lim.max_conn);
+        return;
+    }
+    if (!p && (p = (_dm_srv_pin*)_dm_calloc(&s->allocator, sizeof(*p))) != NULL) {
+        p->owner = e;
+        p->val = e->val;
+        p->cap = e->val_cap;
+        e->pin = p;
+    }
+    w = p ? (_dm_srv_write*)_dm_malloc(&s->allocator, sizeof(*w) + 8) : NULL;
+    if (!w) {
+        if (p && p->refs == 0) { p->refs = 1; _dm_srv_unpin(s, p); }
+        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory queueing a reply of %zu bytes", n);
+        return;
+    }
+    p->refs++;
+    if (!_dm_srv_make_room(c, 8)) {
+        _dm_free(&s->allocator, w);
+        _dm_srv_unpin(s, p);
+        _dm_srv_refuse_quota(c, 8);
+        return;
+    }
+    for (i = 0; i < 8; i++) ((unsigned char*)(w + 1))[i] = (unsigned char)((uint64_t)e->val_len >> (8 * i));
+    w->a = &s->allocator;
+    w->n = n;
+    w->charged = 8;
+    w->pin = p;
+    w->req.data = w;
+    bufs[0].base = (char*)(w + 1);
+    bufs[0].len = 8;
+    bufs[1].base = (char*)p->val;
+    bufs[1].len = e->val_len;
+    c->queued += n;
+    c->uncharged += n - 8;
+    rc = uv_write(&w->req, (uv_stream_t*)&c->tcp, bufs, 2, _dm_srv_on_written);
+    if (rc < 0) {
+        c->queued -= n;
+        c->uncharged -= n - 8;
+        s->held -= 8;
+        _dm_free(w->a, w);
+        _dm_srv_unpin(s, p);
+        _dm_srv_close_client(c);
+    }
 }
 
 _DM_PRIVATE void _dm_srv_waiter_drop(_dm_srv* s, _dm_srv_waiter* w) {
@@ -753,36 +965,67 @@ _DM_PRIVATE void _dm_srv_on_client_closed(uv_handle_t* h) {
     _dm_free(&s->allocator, c->in);
     _dm_free(&s->allocator, c);
 }
+/* The input buffer goes (a client that is closing or being told why reads nothing more): its
+   charge at once, so the quota can count on it, its memory unless _dm_srv_process is parsing a
+   view of it (it calls this again when it is done) or the close callback will. */
+_DM_PRIVATE void _dm_srv_release_input(_dm_srv_client* c) {
+    c->srv->held -= c->charged;
+    c->charged = 0;
+    if (c->in_process || c->closing) return;
+    _dm_free(&c->srv->allocator, c->in);
+    c->in = NULL;
+    c->in_len = c->in_cap = 0;
+}
 _DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c) {
     if (c->closing) return;
     c->closing = true;
     c->srv->closes++;
-    c->srv->held -= c->charged + c->queued;  /* freed in the close and write callbacks */
+    c->srv->held -= _dm_srv_buffered(c);      /* freed in the close and write callbacks */
     c->charged = 0;
     c->released = true;
     if (c->waiter) _dm_srv_waiter_drop(c->srv, c->waiter);
     uv_close((uv_handle_t*)&c->tcp, _dm_srv_on_client_closed);
 }
-_DM_PRIVATE _DM_PRINTF(2, 3) void _dm_srv_protocol_error(_dm_srv_client* c, const char* fmt, ...) {
-    char what[256], msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
-    va_end(ap);
-    _DM_REPORT(&c->srv->logger, msg, sizeof(msg), DM_ERR_PROTOCOL,
-               "tcp-store: server closed client %s (%s)", c->peer, what);
-    _dm_srv_close_client(c);
+/* Stops reading c, queues its last bytes (unmetered) and closes it once they are written (the
+   tick closes it if they do not move for _DM_ST_NOTICE_MS). */
+_DM_PRIVATE void _dm_srv_last_words(_dm_srv_client* c, const void* d, size_t n) {
+    if (c->reading) uv_read_stop((uv_stream_t*)&c->tcp);
+    c->reading = false;
+    c->flush_close = true;
+    c->since = _dm_now_ms();
+    if (c->waiter) _dm_srv_waiter_drop(c->srv, c->waiter);
+    _dm_srv_release_input(c);
+    _dm_srv_queue(c, d, n, false);
+    if (!c->closing && c->queued == 0) _dm_srv_close_client(c);
 }
-/* Closes a client that broke a bound or failed to authenticate, logging the reason. */
+/* Closes a client that broke a bound, failed to authenticate or sent a malformed request,
+   logging the reason; a distmesh client gets the reason first (a notice, see >>store wire). */
 _DM_PRIVATE _DM_PRINTF(3, 4) void _dm_srv_drop(_dm_srv_client* c, dm_status st, const char* fmt, ...) {
-    char what[300], msg[420];
+    char what[_DM_ST_NOTICE_TEXT], msg[420];
+    unsigned char note[_DM_ST_NOTICE_HEAD + _DM_ST_NOTICE_TEXT];
+    size_t n;
     va_list ap;
-    if (c->closing) return;
+    if (c->closing || c->flush_close) return;
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
     _DM_REPORT(&c->srv->logger, msg, sizeof(msg), st, "tcp-store: server closed client %s (%s)", c->peer, what);
-    _dm_srv_close_client(c);
+    if (!c->notices) { _dm_srv_close_client(c); return; }
+    n = strlen(what);
+    memcpy(note, _dm_st_notice_magic, 8);
+    note[8] = (unsigned char)((uint32_t)st); note[9] = (unsigned char)((uint32_t)st >> 8);
+    note[10] = (unsigned char)((uint32_t)st >> 16); note[11] = (unsigned char)((uint32_t)st >> 24);
+    note[12] = (unsigned char)n; note[13] = (unsigned char)(n >> 8);
+    memcpy(note + _DM_ST_NOTICE_HEAD, what, n);
+    _dm_srv_last_words(c, note, _DM_ST_NOTICE_HEAD + n);
+}
+_DM_PRIVATE _DM_PRINTF(2, 3) void _dm_srv_protocol_error(_dm_srv_client* c, const char* fmt, ...) {
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    _dm_srv_drop(c, DM_ERR_PROTOCOL, "%s", what);
 }
 /* Answers a client that may not go on with one u32 (status or "DMAU"), logs why, and closes it
    once that is written; nothing it sent later is read. */
@@ -791,13 +1034,9 @@ _DM_PRIVATE void _dm_srv_refuse(_dm_srv_client* c, uint32_t code, const char* wh
     char msg[420];
     _DM_REPORT(&c->srv->logger, msg, sizeof(msg), DM_ERR_REFUSED, "tcp-store: server refused client %s (%s)",
                c->peer, why);
-    if (c->reading) uv_read_stop((uv_stream_t*)&c->tcp);
-    c->reading = false;
-    c->flush_close = true;
     b[0] = (unsigned char)code; b[1] = (unsigned char)(code >> 8);
     b[2] = (unsigned char)(code >> 16); b[3] = (unsigned char)(code >> 24);
-    _dm_srv_send(c, b, 4);
-    if (!c->closing && c->queued == 0) _dm_srv_close_client(c);
+    _dm_srv_last_words(c, b, 4);
 }
 
 /* >>store server auth  One step of the handshake on the bytes at the start of the buffer, like
@@ -835,6 +1074,7 @@ _DM_PRIVATE size_t _dm_srv_auth_step(_dm_srv_client* c) {
         return 0;
     }
     c->auth = 0;
+    c->notices = true;          /* only a distmesh client authenticates */
     memset(mac, 0, 4);
     _dm_srv_send(c, mac, 4);    /* u32 0: admitted */
     return c->closing ? 0 : 32;
@@ -958,6 +1198,7 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     const unsigned char *key = NULL, *v1 = NULL, *v2 = NULL;
     size_t kn = 0, n1 = 0, n2 = 0;
     uint64_t cnt = 0;
+    bool over = false;
     _dm_stbuf out;
     memset(&k, 0, sizeof(k));
     memset(&out, 0, sizeof(out));
@@ -983,24 +1224,31 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     case _DM_STQ_PING: {
         uint32_t nonce;
         if (!_dm_srv_rd_u32(&k, &nonce)) break;
+        if ((nonce & 0xFF000000u) == _DM_ST_NONCE_MARK) c->notices = true;
         _dm_stbuf_u32(&out, nonce);
         _dm_srv_send_stbuf(c, &out);
         return k.off;
     }
     case _DM_STQ_SET:
-    case _DM_STQ_APPEND:
+    case _DM_STQ_APPEND: {
+        bool adopted = false;
+        _dm_kv* e = NULL;
         if (!_DM_SRV_KEY(&k, &key, &kn) || !_DM_SRV_VAL(&k, &v1, &n1)) break;
-        if (!_dm_srv_put(s, key, kn, v1, n1, op == _DM_STQ_APPEND)) goto oom;
+        if (op == _DM_STQ_SET) e = _dm_srv_put_adopt(c, key, kn, v1, n1, k.off, &adopted, &over);
+        if (!adopted) e = _dm_srv_put(s, key, kn, v1, n1, op == _DM_STQ_APPEND, &over);
+        if (!e) goto oom;
+        if (adopted) { key = e->key; kn = e->key_len; }   /* the request's bytes moved */
         _dm_srv_wake(s, key, kn);
         return k.off;
+    }
     case _DM_STQ_COMPARE_SET: {
         _dm_kv* e;
         if (!_DM_SRV_KEY(&k, &key, &kn) || !_DM_SRV_VAL(&k, &v1, &n1) || !_DM_SRV_VAL(&k, &v2, &n2)) break;
         e = _dm_srv_find(s, key, kn);
         if (!e && n1 == 0) {
-            if (!(e = _dm_srv_put(s, key, kn, v2, n2, false))) goto oom;
+            if (!(e = _dm_srv_put(s, key, kn, v2, n2, false, &over))) goto oom;
         } else if (e && e->val_len == n1 && (n1 == 0 || memcmp(e->val, v1, n1) == 0)) {
-            if (!(e = _dm_srv_put(s, key, kn, v2, n2, false))) goto oom;
+            if (!(e = _dm_srv_put(s, key, kn, v2, n2, false, &over))) goto oom;
         }
         if (e) _dm_stbuf_str(&out, e->val, e->val_len);
         else _dm_stbuf_str(&out, v1, n1);   /* missing and not set: c10d answers `expected` */
@@ -1012,6 +1260,10 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
         _dm_kv* e;
         if (!_DM_SRV_KEY(&k, &key, &kn)) break;
         e = _dm_srv_find(s, key, kn);
+        if (e && e->val_len >= _DM_ST_INPLACE_MIN) {
+            _dm_srv_send_value(c, e);
+            return k.off;
+        }
         if (e) _dm_stbuf_str(&out, e->val, e->val_len);
         else _dm_stbuf_str(&out, NULL, 0);
         _dm_srv_send_stbuf(c, &out);
@@ -1030,7 +1282,7 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
         }
         cur = (int64_t)((uint64_t)cur + delta); /* wraps like two's complement */
         snprintf(txt, sizeof(txt), "%lld", (long long)cur);
-        if (!_dm_srv_put(s, key, kn, (const unsigned char*)txt, strlen(txt), false)) goto oom;
+        if (!_dm_srv_put(s, key, kn, (const unsigned char*)txt, strlen(txt), false, &over)) goto oom;
         _dm_stbuf_u64(&out, (uint64_t)cur);
         _dm_srv_send_stbuf(c, &out);
         _dm_srv_wake(s, key, kn);
@@ -1125,7 +1377,7 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
         for (i = 0; i < cnt; i++) {
             _DM_SRV_KEY(&k, &key, &kn);
             _DM_SRV_VAL(&k, &v1, &n1);
-            if (!_dm_srv_put(s, key, kn, v1, n1, false)) goto oom;
+            if (!_dm_srv_put(s, key, kn, v1, n1, false, &over)) goto oom;
             _dm_srv_wake(s, key, kn);
         }
         return k.off;
@@ -1149,25 +1401,46 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     return 0;
 oom:
     _dm_stbuf_free(&out);
-    _dm_srv_protocol_error(c, "out of memory or over the store's quota (DISTMESH_STORE_MAX_TOTAL) serving opcode %u", op);
+    if (over)
+        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "opcode %u: storing a key of %zu bytes and a value of %zu bytes would take "
+                     "the store's keys and values over %zu bytes, 7/8 of its memory quota of %zu bytes "
+                     "(DISTMESH_STORE_MAX_TOTAL); it holds %zu bytes of them", op, kn, op == _DM_STQ_COMPARE_SET ? n2 : n1,
+                     s->lim.max_total - s->lim.max_total / _DM_ST_BUFFER_SHARE, s->lim.max_total, s->data);
+    else
+        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory serving opcode %u", op);
     return 0;
 }
 
 /* The input buffer grows as bytes arrive (doubling from 4 KiB), never by what a request
-   announces: a client that announces 64 MiB and sends 10 bytes costs 4 KiB. Up to
-   max_conn bytes (_DM_ST_AUTH_BUF before authenticating); every byte charged to the quota. */
+   announces: a client that announces 64 MiB and sends 10 bytes costs 4 KiB. When the parser
+   knows that the bytes it waits for end well beyond the buffer (need: a large value) and
+   within twice the doubling, the buffer takes exactly that size instead of doubling past it:
+   a 64 MiB value costs 64 MiB, not 128, and the copy that grows it holds at most 1.5x. (A
+   request of many small fields moves need a little at a time: it just doubles.) Up to max_conn
+   (_DM_ST_AUTH_BUF before authenticating). */
+_DM_PRIVATE size_t _dm_srv_next_cap(const _dm_srv_client* c, size_t limit) {
+    size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
+    if (c->need >= _DM_ST_INPLACE_MIN && c->need > c->in_cap && c->need - c->in_cap >= c->in_cap / 2 &&
+        c->need / 2 <= cap)
+        cap = c->need;
+    return cap > limit ? limit : cap;
+}
+/* Every byte of the buffer is charged to the quota; a refusal is carried to the read callback
+   (see _dm_srv_make_room). */
 _DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf) {
     _dm_srv_client* c = (_dm_srv_client*)h;
     size_t limit = c->auth ? _DM_ST_AUTH_BUF : c->srv->lim.max_conn;
     (void)suggested;
     buf->base = NULL;
     buf->len = 0;
-    if (c->closing) return;
+    if (c->closing || c->flush_close) return;
     if (c->in_cap - c->in_len < 4096 && c->in_cap < limit) {
-        size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
+        size_t cap = _dm_srv_next_cap(c, limit);
         unsigned char* np;
-        if (cap > limit) cap = limit;
-        if (!_dm_srv_charge(c, cap - c->in_cap)) return;
+        if (!_dm_srv_make_room(c, cap - c->in_cap)) {
+            c->refused = cap - c->in_cap;
+            return;                 /* read_cb gets UV_ENOBUFS */
+        }
         np = (unsigned char*)_dm_malloc(&c->srv->allocator, cap);
         if (!np) {
             c->srv->held -= cap - c->in_cap;
@@ -1193,6 +1466,7 @@ _DM_PRIVATE size_t _dm_srv_next(_dm_srv_client* c) {
 _DM_PRIVATE void _dm_srv_process(_dm_srv_client* c) {
     size_t off = 0;
     c->need = 0;
+    c->in_process = true;
     while (off < c->in_len && !c->closing && !c->flush_close && c->queued <= _DM_ST_HIGH_WATER) {
         size_t used;
         /* parse on a view that starts at off */
@@ -1200,13 +1474,21 @@ _DM_PRIVATE void _dm_srv_process(_dm_srv_client* c) {
         size_t total = c->in_len;
         c->in = base + off;
         c->in_len = total - off;
+        c->view_off = off;
         used = _dm_srv_next(c);
+        if (c->adopted) {       /* the buffer became a value: it held that request only */
+            c->adopted = false;
+            off = 0;
+            break;
+        }
         c->in = base;
         c->in_len = total;
         if (!used) break;
         off += used;
     }
+    c->in_process = false;
     if (c->closing) return;
+    if (c->flush_close) { _dm_srv_release_input(c); return; }
     /* need was computed on the view that started at off, which now moves to 0 */
     if (off) {
         memmove(c->in, c->in + off, c->in_len - off);
@@ -1227,7 +1509,8 @@ _DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t*
     (void)buf;
     if (c->closing || c->flush_close) return;
     if (nread == UV_ENOBUFS) {
-        if (c->auth) _dm_srv_refuse(c, 1, "sent more than a handshake before authenticating");
+        if (c->refused) _dm_srv_refuse_quota(c, c->refused);
+        else if (c->auth) _dm_srv_refuse(c, 1, "sent more than a handshake before authenticating");
         else _dm_srv_drop(c, DM_ERR_PROTOCOL, "request larger than %zu bytes (DISTMESH_STORE_MAX_CONN), "
                           "or out of memory", c->srv->lim.max_conn);
         return;
@@ -1249,7 +1532,9 @@ _DM_PRIVATE void _dm_srv_on_tick(uv_timer_t* tm) {
     int64_t now = _dm_now_ms();
     while (c) {
         _dm_srv_client* nx = c->next;
-        if (!c->closing && c->auth && now - c->since > _DM_ST_AUTH_MS)
+        if (!c->closing && c->flush_close && now - c->since > _DM_ST_NOTICE_MS)
+            _dm_srv_close_client(c);    /* its last words did not go out */
+        else if (!c->closing && c->auth && now - c->since > _DM_ST_AUTH_MS)
             _dm_srv_drop(c, DM_ERR_TIMEOUT, "did not authenticate within %d ms", _DM_ST_AUTH_MS);
         else if (!c->closing && !c->reading && c->queued && now - c->since > s->lim.stall_ms)
             _dm_srv_drop(c, DM_ERR_TIMEOUT, "does not read its replies: %zu bytes unread for %d ms "
@@ -1581,10 +1866,45 @@ _DM_PRIVATE void _dm_stbuf_request(_dm_stbuf* b, dm_store* s, unsigned opcode) {
     if (s->sh->proto == _DM_ST_PROTO_1) opcode = _dm_st_v1_from_v2[opcode];
     _dm_stbuf_u8(b, opcode);
 }
+/* Why the server closed this client, when it said (a notice, see >>store wire). got: the n <= 8
+   bytes of a reply already read that cannot be a reply (none after a failed send). DM_OK when
+   there is no notice; else the connection is broken and the call fails with the server's
+   status and reason. */
+_DM_PRIVATE dm_status _dm_store_notice(dm_store* s, const unsigned char* got, size_t n, const char* what) {
+    _dm_store_shared* sh = s->sh;
+    unsigned char b[_DM_ST_NOTICE_HEAD + _DM_ST_NOTICE_TEXT + 1];
+    int64_t deadline = _dm_now_ms() + _DM_ST_NOTICE_MS;
+    size_t len;
+    int32_t code;
+    dm_status st;
+    if (sh->fd < 0 || n > 8) return DM_OK;
+    if (n) memcpy(b, got, n);
+    if (memcmp(b, _dm_st_notice_magic, n) != 0) return DM_OK;
+    if (_dm_store_recv_all(sh->fd, b + n, _DM_ST_NOTICE_HEAD - n, deadline) != 0 ||
+        memcmp(b, _dm_st_notice_magic, 8) != 0)
+        return DM_OK;
+    len = (size_t)b[12] | ((size_t)b[13] << 8);
+    if (len > _DM_ST_NOTICE_TEXT || _dm_store_recv_all(sh->fd, b + _DM_ST_NOTICE_HEAD, len, deadline) != 0)
+        return DM_OK;
+    b[_DM_ST_NOTICE_HEAD + len] = 0;
+    code = (int32_t)_dm_st_get_u32(b + 8);
+    st = code < 0 && strcmp(dm_status_name((dm_status)code), "DM_UNKNOWN_STATUS") != 0 ? (dm_status)code
+                                                                                      : DM_ERR_PROTOCOL;
+    close(sh->fd);
+    sh->fd = -1;
+    sh->broken = true;
+    snprintf(sh->broken_why, sizeof(sh->broken_why), "the server closed it: %.120s", (const char*)b + _DM_ST_NOTICE_HEAD);
+    return _DM_STORE_FAIL(s, st, "tcp-store: %s: the server %s:%d closed this client (%s)", what, sh->host, sh->port,
+                          (const char*)b + _DM_ST_NOTICE_HEAD);
+}
 _DM_PRIVATE dm_status _dm_store_send(dm_store* s, _dm_stbuf* b, const char* what) {
     int rc;
     if (b->oom) return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: %s (out of memory)", what);
     rc = _dm_store_send_all(s->sh->fd, b->p, b->len, _dm_deadline(s->timeout_ms));
+    if (rc == UV_EPIPE || rc == UV_ECONNRESET) {    /* closed by the server: maybe it said why */
+        dm_status st = _dm_store_notice(s, NULL, 0, what);
+        if (st != DM_OK) return st;
+    }
     if (rc) return _dm_store_io_fail(s, rc, what);
     return DM_OK;
 }
@@ -1596,6 +1916,8 @@ _DM_PRIVATE dm_status _dm_store_recv(dm_store* s, void* p, size_t n, int64_t dea
 _DM_PRIVATE dm_status _dm_store_recv_u64(dm_store* s, uint64_t* v, const char* what) {
     unsigned char b[8];
     dm_status st = _dm_store_recv(s, b, 8, _dm_deadline(s->timeout_ms), what);
+    if (st == DM_OK && memcmp(b, _dm_st_notice_magic, 8) == 0 && (st = _dm_store_notice(s, b, 8, what)) != DM_OK)
+        return st;
     if (st == DM_OK) *v = _dm_st_get_u64(b);
     return st;
 }
@@ -1622,6 +1944,9 @@ _DM_PRIVATE dm_status _dm_store_recv_value(dm_store* s, void** out, size_t* out_
 }
 /* Protocol violation in a reply: the stream can't be trusted any more. */
 _DM_PRIVATE dm_status _dm_store_bad_reply(dm_store* s, const char* what, unsigned got) {
+    unsigned char first = (unsigned char)got;
+    dm_status st = got == _dm_st_notice_magic[0] ? _dm_store_notice(s, &first, 1, what) : DM_OK;
+    if (st != DM_OK) return st;
     if (s->sh->fd >= 0) { close(s->sh->fd); s->sh->fd = -1; }
     s->sh->broken = true;
     snprintf(s->sh->broken_why, sizeof(s->sh->broken_why), "%s: unexpected reply byte %u", what, got);
@@ -1736,7 +2061,7 @@ _DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, const _dm_store
                                       int64_t deadline, int* out_fd, int* refused) {
     int fd, rc, fl;
     unsigned char req[16], rep[4];
-    uint32_t nonce = (uint32_t)getpid();
+    uint32_t nonce = _DM_ST_NONCE_MARK | ((uint32_t)getpid() & 0xFFFFFFu);   /* see >>store wire */
     _dm_stbuf b;
     fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) return _dm_store_uv_errno(errno);
@@ -2108,7 +2433,7 @@ _DM_PRIVATE dm_status _dm_store_limits(const dm_store_desc* d, _dm_srv_limits* L
     if (!_dm_store_size_opt(d->max_value, "DISTMESH_STORE_MAX_VALUE", DM_STORE_MAX_VALUE, &L->max_value, err, cap) ||
         !_dm_store_size_opt(d->max_conn_bytes, "DISTMESH_STORE_MAX_CONN", 2 * L->max_value + ((size_t)1 << 20),
                             &L->max_conn, err, cap) ||
-        !_dm_store_size_opt(d->max_total_bytes, "DISTMESH_STORE_MAX_TOTAL", (size_t)1 << 30, &L->max_total, err, cap) ||
+        !_dm_store_size_opt(d->max_total_bytes, "DISTMESH_STORE_MAX_TOTAL", _DM_ST_MAX_TOTAL, &L->max_total, err, cap) ||
         !_dm_store_size_opt(d->stall_ms > 0 ? (size_t)d->stall_ms : 0, "DISTMESH_STORE_STALL_MS", 30000, &stall, err, cap))
         return DM_ERR_ENV;
     L->stall_ms = stall > INT32_MAX ? INT32_MAX : (int)stall;
@@ -2899,6 +3224,7 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/eventfd.h>
 #include <linux/futex.h>
 #include <limits.h>
 #include <stdio.h>
@@ -2933,6 +3259,7 @@ typedef struct _dm_tcp {
     int transport;              /* _DM_TCP_AUTO, _SHM or _SOCKETS: what the desc asked for */
     unsigned char* shm;         /* the same-host segment (see >>tcp shm), or NULL */
     size_t shm_size;
+    struct _dm_shm_watch* watch; /* wakes this rank when a same-host peer dies (>>tcp loss) */
     char transport_name[16];
     /* only while create / split builds this group (see >>tcp watch) */
     struct dm_store* rdv;       /* a clone of store whose requests end by rdv_deadline */
@@ -3275,6 +3602,76 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
     return DM_OK;
 }
 
+/* >>tcp loss  A rank asleep on its bell learns of a same-host peer's death at once. A dead
+   process rings no bell, and the sleeper used to find out at its next look, up to 50 ms later
+   (twice: a death is confirmed by a second look). So each group with shm links has a watcher
+   thread, blocked in poll() on the side sockets of those links: the kernel closes a dead
+   process's sockets, kill -9 included, and the watcher rings this rank's bell when one ends;
+   the sleeper wakes, asks the link (_dm_shm_alive) and, seeing the peer gone, looks again at
+   once (_dm_lk_block). Idle, the watcher costs nothing: it sleeps in poll until a socket ends
+   or destroy stops it. (A pidfd would say the same thing; the side socket is what
+   _dm_shm_alive already trusts, and it needs no newer kernel.) */
+typedef struct _dm_shm_watch {
+    pthread_t thread;
+    _dm_bell* bell;             /* this rank's */
+    int n;                      /* pfd[0] is the stop eventfd, pfd[1..n] the side sockets */
+    struct pollfd pfd[1];       /* n + 1 of them, allocated with the struct */
+} _dm_shm_watch;
+static void* _dm_shm_watch_main(void* arg) {
+    _dm_shm_watch* w = (_dm_shm_watch*)arg;
+    for (;;) {
+        int i, rc = poll(w->pfd, (nfds_t)w->n + 1, -1);
+        if (rc < 0 && errno != EINTR) return NULL;     /* the 50 ms look remains */
+        if (rc <= 0) continue;
+        if (w->pfd[0].revents) return NULL;            /* destroy */
+        for (i = 1; i <= w->n; i++) {
+            if (!(w->pfd[i].revents & (POLLHUP | POLLERR | POLLNVAL | _DM_POLLRDHUP))) continue;
+            w->pfd[i].fd = -1;                         /* told once; poll skips it from now on */
+            _dm_bell_ring(w->bell, &_dm_futex_bell);
+        }
+    }
+}
+/* Starts the watcher over the group's shm links; without it (no thread, no eventfd) a death is
+   still seen, only later. */
+static void _dm_shm_watch_start(_dm_tcp* t) {
+    _dm_shm_watch* w;
+    int r, n = 0;
+    for (r = 0; r < t->base.size; r++)
+        if (t->lk.links[r] && t->lk.links[r]->vt == &_dm_shm_vt) n++;
+    if (n == 0) return;
+    w = (_dm_shm_watch*)_dm_calloc(&t->base.allocator, sizeof(*w) + (size_t)n * sizeof(struct pollfd));
+    if (!w) return;
+    w->bell = t->lk.bell;
+    w->pfd[0].fd = eventfd(0, EFD_CLOEXEC);
+    w->pfd[0].events = POLLIN;
+    for (r = 0; r < t->base.size; r++) {
+        _dm_link* l = t->lk.links[r];
+        if (!l || l->vt != &_dm_shm_vt) continue;
+        w->n++;
+        w->pfd[w->n].fd = ((_dm_memlink*)l)->side_fd;
+        w->pfd[w->n].events = _DM_POLLRDHUP;
+    }
+    if (w->pfd[0].fd < 0 || pthread_create(&w->thread, NULL, _dm_shm_watch_main, w) != 0) {
+        if (w->pfd[0].fd >= 0) close(w->pfd[0].fd);
+        _dm_free(&t->base.allocator, w);
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: shm: no watcher thread (%s); a same-host peer's death is "
+                "noticed within about 100 ms instead of at once", strerror(errno));
+        return;
+    }
+    t->watch = w;
+}
+/* Before the links and their sockets go. */
+static void _dm_shm_watch_stop(_dm_tcp* t) {
+    _dm_shm_watch* w = t->watch;
+    uint64_t one = 1;
+    if (!w) return;
+    while (write(w->pfd[0].fd, &one, sizeof(one)) < 0 && errno == EINTR) {}
+    pthread_join(w->thread, NULL);
+    close(w->pfd[0].fd);
+    _dm_free(&t->base.allocator, w);
+    t->watch = NULL;
+}
+
 /* Sets up shared memory among this rank's same-host group members (local[0..L), this rank at
    index me), then every rank of the group votes (MIN of 2 shm ready, 1 asked for sockets, 0
    failed), so all agree: shm links only where every rank could and wanted; with auto a
@@ -3313,7 +3710,11 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
     if (st == DM_OK) st = _dm_lk_all_reduce(&t->lk, &vote, &vote, 1, DM_INT32, DM_MIN);
     if (fd >= 0) close(fd);
     if (st != DM_OK) return st;
-    if (vote == 2 && L >= 2) return _dm_shm_links(t, local, L, me);
+    if (vote == 2 && L >= 2) {
+        st = _dm_shm_links(t, local, L, me);
+        if (st == DM_OK) _dm_shm_watch_start(t);
+        return st;
+    }
     if (t->shm) { munmap(t->shm, t->shm_size); t->shm = NULL; }
     if (t->transport == _DM_TCP_SHM && vote < 2)
         return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: DISTMESH_TRANSPORT=shm, but %s", vote == 1 ?
@@ -4070,6 +4471,7 @@ static void _dm_tcp_forget_addr(_dm_tcp* t) {
 static void _dm_tcp_free(_dm_tcp* t) {
     dm_allocator a = t->base.allocator;
     int r;
+    _dm_shm_watch_stop(t);      /* it polls the links' sockets */
     _dm_lk_release(&t->lk);     /* links first: they borrow the sockets */
     if (t->fds)
         for (r = 0; r < t->base.size; r++)
