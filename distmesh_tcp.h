@@ -2897,6 +2897,7 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <uv.h>
 #include <sys/types.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <linux/futex.h>
@@ -2970,26 +2971,70 @@ _DM_PRIVATE uint64_t _dm_tcp_hash(uint64_t seed, const char* a, const char* b) {
 }
 
 /* >>tcp links  Each peer's socket is a link (distmesh.h, >>links): the schedules and the engine
-   are the core's. Sockets stay nonblocking; every call moves what the kernel takes now. */
-static ptrdiff_t _dm_sock_send(_dm_link* l, const void* buf, size_t n, int* err) {
-    ssize_t k = send(l->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+   are the core's. Sockets stay nonblocking; every call moves what the kernel takes now.
+   System calls are what small messages cost, so a send gathers every ready step (sendmsg of
+   fingerprint and payload together), and a small receive reads ahead: whatever else has
+   arrived lands in the link's buffer with it (one recvmsg for a fingerprint and its payload)
+   and later receives take it from there. The engine asks the kernel (poll) only after a
+   receive found the buffer empty, so nothing waits there unseen. */
+#define _DM_SOCK_READAHEAD ((size_t)16 << 10)  /* receives below this read ahead into the buffer */
+typedef struct _dm_socklink {
+    _dm_link base;
+    size_t rpos, rend;          /* buffered bytes not yet taken: rbuf[rpos, rend) */
+    unsigned char rbuf[_DM_SOCK_READAHEAD];
+} _dm_socklink;
+static ptrdiff_t _dm_sock_result(ssize_t k, int* err) {
     if (k >= 0) return (ptrdiff_t)k;
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
     *err = errno;
     return -1;
 }
+static ptrdiff_t _dm_sock_sendv(_dm_link* l, const _dm_iov* iov, int n, int* err) {
+    struct iovec v[_DM_LK_IOV_MAX];
+    struct msghdr mh;
+    int i;
+    for (i = 0; i < n; i++) { v[i].iov_base = (void*)(uintptr_t)iov[i].buf; v[i].iov_len = iov[i].len; }
+    memset(&mh, 0, sizeof(mh));
+    mh.msg_iov = v;
+    mh.msg_iovlen = (size_t)n;
+    return _dm_sock_result(sendmsg(l->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL), err);
+}
+static ptrdiff_t _dm_sock_send(_dm_link* l, const void* buf, size_t n, int* err) {
+    return _dm_sock_result(send(l->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL), err);
+}
 static ptrdiff_t _dm_sock_recv(_dm_link* l, void* buf, size_t n, int* err) {
-    ssize_t k = recv(l->fd, buf, n, MSG_DONTWAIT);
-    if (k > 0) return (ptrdiff_t)k;
+    _dm_socklink* s = (_dm_socklink*)l;
+    struct iovec v[2];
+    struct msghdr mh;
+    ssize_t k;
+    if (s->rpos < s->rend) {            /* read ahead earlier */
+        size_t m = s->rend - s->rpos < n ? s->rend - s->rpos : n;
+        memcpy(buf, s->rbuf + s->rpos, m);
+        s->rpos += m;
+        return (ptrdiff_t)m;
+    }
+    if (n >= _DM_SOCK_READAHEAD) k = recv(l->fd, buf, n, MSG_DONTWAIT);
+    else {
+        v[0].iov_base = buf; v[0].iov_len = n;
+        v[1].iov_base = s->rbuf; v[1].iov_len = sizeof(s->rbuf);
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = v;
+        mh.msg_iovlen = 2;
+        k = recvmsg(l->fd, &mh, MSG_DONTWAIT);
+        if (k > (ssize_t)n) { s->rpos = 0; s->rend = (size_t)k - n; k = (ssize_t)n; }
+    }
     if (k == 0) { *err = 0; return -1; }        /* end of stream: the peer is gone */
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-    *err = errno;
-    return -1;
+    return _dm_sock_result(k, err);
+}
+/* Bytes read ahead and not yet taken (none may be left when a link is swapped for shm). */
+static size_t _dm_sock_pending(const _dm_link* l) {
+    const _dm_socklink* s = (const _dm_socklink*)l;
+    return s->rend - s->rpos;
 }
 static void _dm_sock_shutdown(_dm_link* l) { shutdown(l->fd, SHUT_RDWR); }
 static void _dm_sock_destroy(_dm_link* l, const dm_allocator* a) { _dm_free(a, l); }   /* fds[] owns the fd */
 static const _dm_link_vt _dm_sock_vt = {
-    "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy, 0
+    "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy, 0, _dm_sock_sendv
 };
 
 /* A socket link per connected peer, named by its address. */
@@ -2998,7 +3043,7 @@ static dm_status _dm_tcp_socket_links(_dm_tcp* t) {
     for (r = 0; r < t->base.size; r++) {
         _dm_link* l;
         if (t->fds[r] < 0) continue;
-        l = (_dm_link*)_dm_calloc(&t->base.allocator, sizeof(_dm_link));
+        l = (_dm_link*)_dm_calloc(&t->base.allocator, sizeof(_dm_socklink));
         if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
         l->vt = &_dm_sock_vt;
         l->fd = t->fds[r];
@@ -3171,7 +3216,7 @@ static int _dm_shm_alive(_dm_link* l, int* err) {
 static void _dm_shm_shutdown(_dm_link* l) { shutdown(((_dm_memlink*)l)->side_fd, SHUT_RDWR); }
 static const _dm_link_vt _dm_shm_vt = {
     "shm", _dm_mem_send, _dm_mem_recv, _dm_mem_peek, _dm_mem_consume, _dm_shm_alive, _dm_shm_shutdown, _dm_mem_destroy,
-    8
+    8, _dm_mem_sendv
 };
 
 /* Ring capacity per direction: 1 MiB while the L*L rings stay small, less for big hosts. */
@@ -3258,6 +3303,8 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
         int r = local[i];
         _dm_link* l;
         if (i == me) continue;
+        if (_dm_sock_pending(t->lk.links[r]))     /* the setup's last bytes from r were its vote */
+            return _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: shm: rank %d sent more than the setup", r);
         l = _dm_memlink_new(&t->base.allocator, &_dm_shm_vt, rings, stride, cap, L, me, i, bells, &_dm_futex_bell,
                             t->fds[r]);
         if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
