@@ -2856,6 +2856,9 @@ typedef struct _dm_link_vt {
        The engine then sends every step that is ready in one call: a fingerprint and its payload
        are one system call on a socket, one publish and one bell on a ring. */
     ptrdiff_t (*sendv)(_dm_link* l, const _dm_iov* iov, int n, int* err);
+    /* Optional: the socket to poll for the next send (out) or receive, where a link has several
+       (striped sockets); else fd. */
+    int (*pollfd)(_dm_link* l, bool out);
 } _dm_link_vt;
 struct _dm_link {
     const _dm_link_vt* vt;
@@ -3728,6 +3731,7 @@ _DM_PRIVATE bool _dm_lk_peer_here(_dm_lk* lk, const _dm_xfer* x) {
 #endif
     return false;
 }
+_DM_PRIVATE int _dm_lk_fd(_dm_link* l, bool out) { return l->vt->pollfd ? l->vt->pollfd(l, out) : l->fd; }
 /* The blocking phase of a wait: sleep until a link may move, a slice passes, or the deadline.
    Sockets sleep in poll(); memory links on this rank's bell, waking every 50 ms to ask whether
    their peers still live; a mix polls the sockets briefly and goes round again. */
@@ -3740,22 +3744,23 @@ _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xsta
     bool memory = (sl && sl->fd < 0) || (rl && rl->fd < 0);
     int64_t left = deadline - _dm_now_ms();
     int slice = left > 1000 ? 1000 : (int)left;
-    if (sl && rl && sl == rl && sl->fd >= 0) {
-        p[np].fd = sl->fd; p[np].events = (short)((s->want_out ? POLLOUT : 0) | (s->want_in ? POLLIN : 0)); np++;
+    if (sl && rl && sl == rl && sl->fd >= 0 && _dm_lk_fd(sl, true) == _dm_lk_fd(rl, false)) {
+        p[np].fd = _dm_lk_fd(sl, true);
+        p[np].events = (short)((s->want_out ? POLLOUT : 0) | (s->want_in ? POLLIN : 0)); np++;
     } else {
-        /* the send peer never writes to us here: readable means it hung up (while we still owe
-           it bytes; once done it may leave) */
+        /* the send peer's hang-up (while we still owe it bytes; once done it may leave): RDHUP,
+           which bytes it sends us do not raise */
         if (sl && sl->fd >= 0) {
             hup = np;
-            p[np].fd = sl->fd; p[np].events = (short)(_DM_POLLRDHUP | (s->want_out ? POLLOUT : 0)); np++;
+            p[np].fd = _dm_lk_fd(sl, true); p[np].events = (short)(_DM_POLLRDHUP | (s->want_out ? POLLOUT : 0)); np++;
         }
-        if (rl && rl->fd >= 0 && s->want_in) { p[np].fd = rl->fd; p[np].events = POLLIN; np++; }
+        if (rl && rl->fd >= 0 && s->want_in) { p[np].fd = _dm_lk_fd(rl, false); p[np].events = POLLIN; np++; }
     }
     if (x->inbox && !x->want && sl)         /* a blocked send also waits for the other peers' bytes */
         for (k = 0; k < lk->c->size; k++) {
             _dm_link* o = lk->links[k];
             if (!o || k == x->rpeer || lk->inbox[k].fp_ready) continue;
-            if (o->fd >= 0) { p[np].fd = o->fd; p[np].events = POLLIN; np++; }
+            if (o->fd >= 0) { p[np].fd = _dm_lk_fd(o, false); p[np].events = POLLIN; np++; }
             else memory = true;
         }
     if (memory && np == 0 && lk->bell) lk->bell_ops->wait(lk->bell_ops->ctx, lk->bell, seen, slice < 50 ? slice : 50);
@@ -3768,7 +3773,7 @@ _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xsta
         }
         if (rc > 0 && hup >= 0 && (p[hup].revents & (_DM_POLLRDHUP | POLLHUP | POLLERR))) {
             socklen_t len = sizeof(err);
-            getsockopt(sl->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+            getsockopt(p[hup].fd, SOL_SOCKET, SO_ERROR, &err, &len);
             return _dm_lk_io_fail(lk, x, x->speer, true, err);
         }
     }
@@ -4404,7 +4409,7 @@ static void _dm_tw_bell_wake(void* ctx, _dm_bell* b) {
 }
 static const _dm_link_vt _dm_tw_link_vt = {
     "thread", _dm_mem_send, _dm_mem_recv, _dm_mem_peek, _dm_mem_consume, NULL, NULL, _dm_mem_destroy, 8,
-    _dm_mem_sendv
+    _dm_mem_sendv, NULL
 };
 
 /* Rings of 256 KiB for up to 8 ranks, smaller for larger worlds (16 MiB in all at most; the
