@@ -39,6 +39,8 @@
        DISTMESH_STORE_MAX_VALUE, _MAX_CONN, _MAX_TOTAL, _STALL_MS   store server bounds
                                  (see dm_store_desc; README "TCP backend")
        DISTMESH_TIMEOUT          seconds; the deadline of every blocking call
+       DISTMESH_SOCKETS_PER_PEER sockets to each peer on another host, 1..16 (default 1), the
+                                 stream striped over them in 256 KiB pieces (>>tcp more sockets)
 
    FAILURES
    Every wait has a deadline (base.timeout_ms, dm_set_timeout). A peer's EOF or reset gives
