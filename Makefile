@@ -7,6 +7,7 @@
 #   make tsan       the same under ThreadSanitizer
 #   make bench      the README's main job: all-reduce on 4 local ranks (shared memory; DISTMESH_TRANSPORT=tcp: loopback TCP)
 #   make compare    distmesh against Gloo and OpenMPI (see bench/)
+#   make parity     distmesh against OpenMPI, one harness for both under mpirun (bench/parity_bench.c)
 #   make bench-overlap  communication hidden by dm_all_reduce_async: 2 local ranks, shm and tcp
 #   make test-scale setup time, fds and small all_reduces at 16..256 ranks on 8 simulated hosts
 #   make bench-hosts    all-reduce across simulated hosts (root: network namespaces, tc-shaped links;
@@ -33,7 +34,7 @@ TEST_TIMEOUT ?= 600
 
 TEST_BINS :=
 
-.PHONY: all deps test asan tsan bench compare test-gpu clean
+.PHONY: all deps test asan tsan bench compare parity test-gpu clean
 all: deps
 	@$(MAKE) --no-print-directory build-all
 

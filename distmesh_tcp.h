@@ -39,6 +39,8 @@
        DISTMESH_STORE_MAX_VALUE, _MAX_CONN, _MAX_TOTAL, _STALL_MS   store server bounds
                                  (see dm_store_desc; README "TCP backend")
        DISTMESH_TIMEOUT          seconds; the deadline of every blocking call
+       DISTMESH_SOCKETS_PER_PEER sockets to each peer on another host, 1..16 (default 1), the
+                                 stream striped over them in 256 KiB pieces (>>tcp more sockets)
 
    FAILURES
    Every wait has a deadline (base.timeout_ms, dm_set_timeout). A peer's EOF or reset gives
@@ -3177,6 +3179,11 @@ typedef struct dm_tcp_desc {
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever */
     dm_logger logger;           /* 0 -> silent */
     dm_allocator allocator;     /* 0 -> malloc/free (libuv allocates on its own) */
+    int sockets_per_peer;       /* 0 -> DISTMESH_SOCKETS_PER_PEER, else 1: sockets to each peer on
+                                   another host, 1..16 (same-host peers: shared memory, or one
+                                   socket). Messages are striped over them in 256 KiB pieces, for
+                                   networks that cap each flow (README "Several sockets per peer").
+                                   Every rank must be given the same. */
 } dm_tcp_desc;
 
 /* Collective call over all world_size ranks. Fails with *out == NULL. */
@@ -3222,6 +3229,7 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <uv.h>
 #include <sys/types.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/eventfd.h>
@@ -3241,6 +3249,7 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #define _DM_TCP_CHAL_MAGIC  0x43544d44u   /* "DMTC": the acceptor's challenge */
 #define _DM_TCP_VERSION     2u            /* 2: challenge-response hello */
 #define _DM_TCP_SOCKBUF     (4 << 20)           /* SO_SNDBUF / SO_RCVBUF when the kernel allows */
+#define _DM_TCP_MAX_SOCKETS 16                  /* sockets per peer at most */
 
 enum { _DM_TCP_ACK_OK = 0, _DM_TCP_ACK_TOKEN = 1, _DM_TCP_ACK_GROUP = 2, _DM_TCP_ACK_RANK = 3 };
 
@@ -3252,7 +3261,12 @@ typedef struct _dm_tcp {
     char user_prefix[480];      /* the prefix as given (split builds on it) */
     char ifname[128];           /* the interface spec as resolved ("" = by route) */
     char token[_DM_ST_TOKEN_MAX + 1]; /* "" = none */
-    int* fds;                   /* socket per rank, -1 for self (the side channel of shm links) */
+    int* fds;                   /* socket k to rank r at [k * size + r], -1 for none (self); k = 0:
+                                   every peer (the side channel of shm links) */
+    int* claims;                /* the row of fds the handshakes fill now (>>tcp hello) */
+    int hs_index;               /* the socket index k those handshakes are for (in their MACs) */
+    int nsock;                  /* sockets per peer on another host */
+    int* host_of;               /* per rank: the lowest rank on its host (>>tcp hosts) */
     char (*addrs)[64];          /* "host:port" per rank, for messages */
     struct sockaddr_storage self_sa; /* where this rank listened (split listens there again) */
     _dm_lk lk;                  /* links, scratch, broken state: the core's engine (distmesh.h) */
@@ -3297,40 +3311,136 @@ _DM_PRIVATE uint64_t _dm_tcp_hash(uint64_t seed, const char* a, const char* b) {
 }
 
 /* >>tcp links  Each peer's socket is a link (distmesh.h, >>links): the schedules and the engine
-   are the core's. Sockets stay nonblocking; every call moves what the kernel takes now. */
-static ptrdiff_t _dm_sock_send(_dm_link* l, const void* buf, size_t n, int* err) {
-    ssize_t k = send(l->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+   are the core's. Sockets stay nonblocking; every call moves what the kernel takes now.
+   System calls are what small messages cost, so a send gathers every ready step (sendmsg of
+   fingerprint and payload together), and a small receive reads ahead: whatever else has
+   arrived lands in the link's buffer with it (one recvmsg for a fingerprint and its payload)
+   and later receives take it from there. The engine asks the kernel (poll) only after a
+   receive found the buffer empty, so nothing waits there unseen. */
+#define _DM_SOCK_READAHEAD ((size_t)16 << 10)  /* receives below this read ahead into the buffer */
+/* Several sockets per peer (DISTMESH_SOCKETS_PER_PEER): from the offset where both ends took
+   the extra sockets on (base, the same at both ends), the stream is cut into stripes of
+   _DM_SOCK_STRIPE bytes that go to the sockets in turn, stripe i on socket i % nsock, so both
+   ends know where any byte travels from its offset alone and the order is kept; a large
+   message keeps every socket's flow busy at once, a small one costs one socket. Stripe 0 is
+   on the first socket, so bytes read ahead there before the switch are already in place. */
+#define _DM_SOCK_STRIPE ((uint64_t)256 << 10)
+typedef struct _dm_socklink {
+    _dm_link base;              /* base.fd: fds[0] */
+    int nsock;
+    int fds[_DM_TCP_MAX_SOCKETS]; /* borrowed from _dm_tcp.fds */
+    uint64_t sent, taken;       /* stream bytes sent, and handed to the engine */
+    uint64_t sbase, tbase;      /* where the stripes start in each direction */
+    size_t rpos, rend;          /* buffered bytes not yet taken: rbuf[rpos, rend) */
+    unsigned char rbuf[_DM_SOCK_READAHEAD];
+} _dm_socklink;
+/* The socket that carries stream offset pos (stripes from base), and how many bytes from pos
+   stay on it. */
+static int _dm_sock_at(const _dm_socklink* s, uint64_t pos, uint64_t base, size_t* room) {
+    uint64_t at = pos - base;
+    if (s->nsock == 1) { *room = SIZE_MAX; return s->fds[0]; }
+    *room = (size_t)(_DM_SOCK_STRIPE - at % _DM_SOCK_STRIPE);
+    return s->fds[(at / _DM_SOCK_STRIPE) % (uint64_t)s->nsock];
+}
+static ptrdiff_t _dm_sock_result(ssize_t k, int* err) {
     if (k >= 0) return (ptrdiff_t)k;
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
     *err = errno;
     return -1;
 }
-static ptrdiff_t _dm_sock_recv(_dm_link* l, void* buf, size_t n, int* err) {
-    ssize_t k = recv(l->fd, buf, n, MSG_DONTWAIT);
-    if (k > 0) return (ptrdiff_t)k;
-    if (k == 0) { *err = 0; return -1; }        /* end of stream: the peer is gone */
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-    *err = errno;
-    return -1;
+static ptrdiff_t _dm_sock_sendv(_dm_link* l, const _dm_iov* iov, int n, int* err) {
+    _dm_socklink* s = (_dm_socklink*)l;
+    struct iovec v[_DM_LK_IOV_MAX];
+    struct msghdr mh;
+    size_t room;
+    int fd = _dm_sock_at(s, s->sent, s->sbase, &room), i, m = 0;
+    ptrdiff_t k;
+    for (i = 0; i < n && room > 0; i++) {      /* no further than the stripe's end */
+        size_t len = iov[i].len < room ? iov[i].len : room;
+        if (len == 0) continue;
+        v[m].iov_base = (void*)(uintptr_t)iov[i].buf; v[m].iov_len = len; m++;
+        room -= len;
+    }
+    memset(&mh, 0, sizeof(mh));
+    mh.msg_iov = v;
+    mh.msg_iovlen = (size_t)m;
+    k = _dm_sock_result(sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL), err);
+    if (k > 0) s->sent += (uint64_t)k;
+    return k;
 }
-static void _dm_sock_shutdown(_dm_link* l) { shutdown(l->fd, SHUT_RDWR); }
-static void _dm_sock_destroy(_dm_link* l, const dm_allocator* a) { _dm_free(a, l); }   /* fds[] owns the fd */
+static ptrdiff_t _dm_sock_send(_dm_link* l, const void* buf, size_t n, int* err) {
+    _dm_iov one;
+    one.buf = buf;
+    one.len = n;
+    return _dm_sock_sendv(l, &one, 1, err);
+}
+static ptrdiff_t _dm_sock_recv(_dm_link* l, void* buf, size_t n, int* err) {
+    _dm_socklink* s = (_dm_socklink*)l;
+    struct iovec v[2];
+    struct msghdr mh;
+    size_t room, ahead;
+    int fd;
+    ssize_t k;
+    if (s->rpos < s->rend) {            /* read ahead earlier (never past the stripe it came from) */
+        size_t m = s->rend - s->rpos < n ? s->rend - s->rpos : n;
+        memcpy(buf, s->rbuf + s->rpos, m);
+        s->rpos += m;
+        s->taken += m;
+        return (ptrdiff_t)m;
+    }
+    fd = _dm_sock_at(s, s->taken, s->tbase, &room);
+    if (n > room) n = room;
+    ahead = room - n < sizeof(s->rbuf) ? room - n : sizeof(s->rbuf);
+    if (n >= _DM_SOCK_READAHEAD || ahead == 0) k = recv(fd, buf, n, MSG_DONTWAIT);
+    else {
+        v[0].iov_base = buf; v[0].iov_len = n;
+        v[1].iov_base = s->rbuf; v[1].iov_len = ahead;
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = v;
+        mh.msg_iovlen = 2;
+        k = recvmsg(fd, &mh, MSG_DONTWAIT);
+        if (k > (ssize_t)n) { s->rpos = 0; s->rend = (size_t)k - n; k = (ssize_t)n; }
+    }
+    if (k == 0) { *err = 0; return -1; }        /* end of stream: the peer is gone */
+    if (k > 0) s->taken += (uint64_t)k;
+    return _dm_sock_result(k, err);
+}
+/* Bytes read ahead and not yet taken (none may be left when a link is swapped for shm). */
+static size_t _dm_sock_pending(const _dm_link* l) {
+    const _dm_socklink* s = (const _dm_socklink*)l;
+    return s->rend - s->rpos;
+}
+/* The engine polls for a receive only once the buffer is empty: the next byte is at taken. */
+static int _dm_sock_pollfd(_dm_link* l, bool out) {
+    _dm_socklink* s = (_dm_socklink*)l;
+    size_t room;
+    return out ? _dm_sock_at(s, s->sent, s->sbase, &room) : _dm_sock_at(s, s->taken + _dm_sock_pending(l), s->tbase, &room);
+}
+static void _dm_sock_shutdown(_dm_link* l) {
+    _dm_socklink* s = (_dm_socklink*)l;
+    int i;
+    for (i = 0; i < s->nsock; i++) shutdown(s->fds[i], SHUT_RDWR);
+}
+static void _dm_sock_destroy(_dm_link* l, const dm_allocator* a) { _dm_free(a, l); }   /* fds[] owns the fds */
 static const _dm_link_vt _dm_sock_vt = {
-    "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy, 0
+    "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy, 0, _dm_sock_sendv,
+    _dm_sock_pollfd
 };
 
-/* A socket link per connected peer, named by its address. */
+/* A socket link per connected peer, named by its address, on one socket for now (its others,
+   if any, come later: _dm_tcp_more_sockets). */
 static dm_status _dm_tcp_socket_links(_dm_tcp* t) {
     int r;
     for (r = 0; r < t->base.size; r++) {
-        _dm_link* l;
+        _dm_socklink* l;
         if (t->fds[r] < 0) continue;
-        l = (_dm_link*)_dm_calloc(&t->base.allocator, sizeof(_dm_link));
+        l = (_dm_socklink*)_dm_calloc(&t->base.allocator, sizeof(_dm_socklink));
         if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
-        l->vt = &_dm_sock_vt;
-        l->fd = t->fds[r];
-        _dm_copy_name(l->where, sizeof(l->where), t->addrs[r]);
-        t->lk.links[r] = l;
+        l->base.vt = &_dm_sock_vt;
+        l->base.fd = l->fds[0] = t->fds[r];
+        l->nsock = 1;
+        _dm_copy_name(l->base.where, sizeof(l->base.where), t->addrs[r]);
+        t->lk.links[r] = &l->base;
     }
     return DM_OK;
 }
@@ -3498,7 +3608,7 @@ static int _dm_shm_alive(_dm_link* l, int* err) {
 static void _dm_shm_shutdown(_dm_link* l) { shutdown(((_dm_memlink*)l)->side_fd, SHUT_RDWR); }
 static const _dm_link_vt _dm_shm_vt = {
     "shm", _dm_mem_send, _dm_mem_recv, _dm_mem_peek, _dm_mem_consume, _dm_shm_alive, _dm_shm_shutdown, _dm_mem_destroy,
-    8
+    8, _dm_mem_sendv, NULL
 };
 
 /* Ring capacity per direction: 1 MiB while the L*L rings stay small, less for big hosts. */
@@ -3585,6 +3695,8 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
         int r = local[i];
         _dm_link* l;
         if (i == me) continue;
+        if (_dm_sock_pending(t->lk.links[r]))     /* the setup's last bytes from r were its vote */
+            return _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: shm: rank %d sent more than the setup", r);
         l = _dm_memlink_new(&t->base.allocator, &_dm_shm_vt, rings, stride, cap, L, me, i, bells, &_dm_futex_bell,
                             t->fds[r]);
         if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
@@ -4003,6 +4115,11 @@ _DM_PRIVATE void _dm_tcp_hello_mac(const _dm_tcp* t, bool acceptor, const char* 
     unsigned char msg[64 + sizeof(t->prefix) + 64 + 12 + 64];
     size_t n = 0, k;
     const char* label = acceptor ? "distmesh hello v2 acceptor" : "distmesh hello v2 connector";
+    char indexed[64];
+    if (t->hs_index > 0) {      /* an extra socket: its index is signed too */
+        snprintf(indexed, sizeof(indexed), "%s socket %d", label, t->hs_index);
+        label = indexed;
+    }
     k = strlen(label) + 1;
     memcpy(msg, label, k);
     n += k;
@@ -4092,7 +4209,7 @@ typedef struct _dm_tcp_hs {
     uint32_t status;                /* the answer decided so far (_DM_TCP_ACK_*) */
     size_t off;                     /* bytes of the current message moved */
     int64_t deadline;               /* this connection's own */
-    bool claimed;                   /* the listener holds t->fds[peer] for it (proof verified) */
+    bool claimed;                   /* the listener holds t->claims[peer] for it (proof verified) */
     unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE], proof[32], ack[8];
 } _dm_tcp_hs;
 
@@ -4142,7 +4259,7 @@ static int _dm_tcp_hs_step(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
                 h->status = _DM_TCP_ACK_GROUP;
                 _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (other "
                         "group)", p);
-            } else if (p <= t->base.rank || p >= t->base.size || t->fds[p] >= 0)
+            } else if (p <= t->base.rank || p >= t->base.size || t->claims[p] >= 0)
                 h->status = _DM_TCP_ACK_RANK;
             memset(h->chal, 0, sizeof(h->chal));
             _dm_tcp_put32(h->chal, _DM_TCP_CHAL_MAGIC);
@@ -4167,7 +4284,7 @@ static int _dm_tcp_hs_step(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
                 return rc < 0 ? -1 : _DM_TCP_HS_MORE;
             _dm_tcp_hello_mac(t, false, t->addrs[t->base.rank], h->peer, t->base.rank, h->hello + 24, h->chal + 8, mac);
             if (!_dm_st_ct_equal(mac, h->proof, 32)) h->status = _DM_TCP_ACK_TOKEN;
-            else if (t->fds[h->peer] >= 0) h->status = _DM_TCP_ACK_RANK;     /* another one proved it first */
+            else if (t->claims[h->peer] >= 0) h->status = _DM_TCP_ACK_RANK;     /* another one proved it first */
             _dm_tcp_put32(h->ack, _DM_TCP_ACK_MAGIC);
             _dm_tcp_put32(h->ack + 4, h->status);
             h->state = _DM_TCP_HS_ACK;
@@ -4228,7 +4345,7 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
         if (err == 0) {
             _dm_tcp_tune(fd);
             st = _dm_tcp_hello_connect_ex(t, fd, j, group, deadline, &dropped);
-            if (st == DM_OK) { t->fds[j] = fd; return DM_OK; }
+            if (st == DM_OK) { t->claims[j] = fd; return DM_OK; }
             close(fd);
             if (!dropped || ++redials > 3) return st;
             refused = 0;
@@ -4254,17 +4371,17 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
 
 /* A handshake the listener gives up: its claim on a rank goes, its socket is closed. */
 static void _dm_tcp_hs_drop(_dm_tcp* t, _dm_tcp_hs* h) {
-    if (h->claimed && t->fds[h->peer] == h->fd) t->fds[h->peer] = -1;
+    if (h->claimed && t->claims[h->peer] == h->fd) t->claims[h->peer] = -1;
     h->claimed = false;
     close(h->fd);
     h->fd = -1;
 }
 /* Steps one of the listener's handshakes; 1 when it completed a verified peer (its socket is
-   now t->fds[peer]), else 0. A finished one is left with fd -1, closed unless a peer's. */
+   now t->claims[peer]), else 0. A finished one is left with fd -1, closed unless a peer's. */
 static int _dm_tcp_hs_drive(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
     int rc = _dm_tcp_hs_step(t, h, group);
     if (rc == _DM_TCP_HS_MORE && h->state == _DM_TCP_HS_ACK && h->status == _DM_TCP_ACK_OK && !h->claimed) {
-        t->fds[h->peer] = h->fd;    /* the rank is this connection's before the ack says so */
+        t->claims[h->peer] = h->fd;    /* the rank is this connection's before the ack says so */
         h->claimed = true;
         rc = _dm_tcp_hs_step(t, h, group);
     }
@@ -4309,8 +4426,8 @@ static void _dm_tcp_hs_compact(_dm_tcp_hs* hs, int* n) {
    oldest connection that has not sent a whole hello goes first (else the oldest), logged.
    Strangers (bad magic, group, rank or token) get a refusal and are closed; they do not count.
    The rendezvous's connections are watched meanwhile (>>tcp watch). */
-static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64_t deadline) {
-    int missing = t->base.size - 1 - t->base.rank, n = 0, i;
+static dm_status _dm_tcp_accept_some(_dm_tcp* t, int lfd, uint64_t group, int missing, int64_t deadline) {
+    int n = 0, i, expected = missing;
     int64_t lfd_rest = 0;           /* after accept ran out of descriptors: leave the listener a while */
     _dm_tcp_hs* hs;
     struct pollfd* p;
@@ -4333,10 +4450,9 @@ static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64
         _dm_tcp_hs_compact(hs, &n);
         if (now >= deadline) {
             int j;
-            for (j = t->base.rank + 1; j < t->base.size && t->fds[j] >= 0; j++) {}
+            for (j = t->base.rank + 1; j < t->base.size && t->claims[j] >= 0; j++) {}
             st = _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %d ms waiting for rank %d to "
-                          "connect (%d of %d peers missing)", t->base.timeout_ms, j, missing,
-                          t->base.size - 1 - t->base.rank);
+                          "connect (%d of %d peers missing)", t->base.timeout_ms, j, missing, expected);
             goto done;
         }
         p[0].fd = now >= lfd_rest ? lfd : -1;
@@ -4393,11 +4509,15 @@ done:
     return st;
 }
 
+static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64_t deadline) {
+    return _dm_tcp_accept_some(t, lfd, group, t->base.size - 1 - t->base.rank, deadline);
+}
+
 /* The ack of rank j (a connection this rank made), watching the others meanwhile. Rank j has
    proved the token in its challenge, so a connection that ends here is a peer gone. */
 static dm_status _dm_tcp_read_ack(_dm_tcp* t, int j, int64_t deadline) {
     unsigned char ack[8];
-    int rc = _dm_tcp_io_full(t, t->fds[j], ack, sizeof(ack), false, deadline);
+    int rc = _dm_tcp_io_full(t, t->claims[j], ack, sizeof(ack), false, deadline);
     uint32_t status;
     if (rc == -2) return DM_ERR_PEER_LOST;
     if (rc == 0)
@@ -4416,6 +4536,51 @@ static dm_status _dm_tcp_read_ack(_dm_tcp* t, int j, int64_t deadline) {
     if (status != _DM_TCP_ACK_OK)
         return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) refused the connection (%s)", j,
                         t->addrs[j], status == _DM_TCP_ACK_GROUP ? "different group or world size" : "rank taken");
+    return DM_OK;
+}
+
+/* >>tcp more sockets  With n sockets per peer (desc.sockets_per_peer, DISTMESH_SOCKETS_PER_PEER)
+   each pair of ranks on different hosts opens n - 1 more connections once the hosts are known:
+   round k = 1..n-1, each the first connections' exchange again (lower ranks connect first,
+   then accept) through the same listener with the same hello, so every socket proves the
+   token and has the setup's deadline; the MACs sign k and the group id differs per round, so
+   no connection can pass for another round's (that every rank was given the same n was
+   checked with the host identities, _dm_tcp_hosts). A barrier closes each round. The links then stripe over their sockets from the
+   next byte on, the same offset at both ends (the last barrier's end, base in _dm_socklink);
+   whatever this rank read ahead from the first socket past it (under 16 KiB, a peer may
+   already be sending) is the start of stripe 0, which that socket carries. */
+static dm_status _dm_tcp_more_rounds(_dm_tcp* t, int lfd, uint64_t group, int64_t deadline) {
+    int W = t->base.size, me = t->base.rank, k, j, missing;
+    dm_status st = DM_OK;
+    for (k = 1; k < t->nsock && st == DM_OK; k++) {
+        uint64_t gk = group ^ _dm_tcp_hash((uint64_t)k, "socket", NULL);
+        t->claims = t->fds + (size_t)k * (size_t)W;
+        t->hs_index = k;
+        for (j = 0; j < me && st == DM_OK; j++)
+            if (t->host_of[j] != t->host_of[me]) st = _dm_tcp_connect_peer(t, j, gk, deadline);
+        for (missing = 0, j = me + 1; j < W; j++) missing += t->host_of[j] != t->host_of[me];
+        if (st == DM_OK) st = _dm_tcp_accept_some(t, lfd, gk, missing, deadline);
+        for (j = 0; j < me && st == DM_OK; j++)
+            if (t->host_of[j] != t->host_of[me]) st = _dm_tcp_read_ack(t, j, deadline);
+        /* nobody dials round k + 1 while a listener still takes round k's (it would refuse) */
+        if (st == DM_OK) st = _dm_lk_barrier(&t->lk);
+    }
+    t->claims = t->fds;
+    t->hs_index = 0;
+    return st;
+}
+static dm_status _dm_tcp_more_sockets(_dm_tcp* t, int lfd, uint64_t group, int64_t deadline) {
+    int W = t->base.size, me = t->base.rank, k, j;
+    if (t->nsock == 1) return DM_OK;    /* every rank's count was checked with the hosts */
+    _DM_TRY(_dm_tcp_more_rounds(t, lfd, group, deadline));
+    for (j = 0; j < W; j++) {
+        _dm_socklink* l = (_dm_socklink*)t->lk.links[j];
+        if (j == me || t->host_of[j] == t->host_of[me]) continue;
+        for (k = 1; k < t->nsock; k++) l->fds[k] = t->fds[(size_t)k * (size_t)W + (size_t)j];
+        l->sbase = l->sent;     /* the last barrier's end, as at the peer */
+        l->tbase = l->taken;
+        l->nsock = t->nsock;
+    }
     return DM_OK;
 }
 
@@ -4474,7 +4639,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
     _dm_shm_watch_stop(t);      /* it polls the links' sockets */
     _dm_lk_release(&t->lk);     /* links first: they borrow the sockets */
     if (t->fds)
-        for (r = 0; r < t->base.size; r++)
+        for (r = 0; r < t->base.size * t->nsock; r++)
             if (t->fds[r] >= 0) close(t->fds[r]);
     dm_store_destroy(t->rdv);
     if (t->own_store) dm_store_destroy(t->store);
@@ -4482,6 +4647,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
     _dm_tcp_cuda_release(t);
 #endif
     _dm_free(&a, t->fds);
+    _dm_free(&a, t->host_of);
     _dm_free(&a, t->addrs);
     if (t->shm) munmap(t->shm, t->shm_size);
     _dm_free(&a, t);
@@ -4725,6 +4891,7 @@ typedef struct _dm_tcp_setup {
     const struct sockaddr_storage* bind_sa; /* listen here (split), else pick by ifname/route */
     bool once;                  /* the prefix is never used again (split): no generation key */
     size_t chunk_bytes;
+    int nsock;                  /* sockets per peer on another host, 1.._DM_TCP_MAX_SOCKETS */
     int transport;              /* _DM_TCP_AUTO, _DM_TCP_SHM, _DM_TCP_SOCKETS */
     dm_logger logger;
     dm_allocator allocator;
@@ -4773,8 +4940,23 @@ static void _dm_tcp_host_identity(char* name, size_t name_cap, char* id, size_t 
     snprintf(id, id_cap, "%.54s/%.39s", name, boot);     /* id_cap >= 96; a boot id is 36 bytes */
 }
 
+/* Every rank must have been given the same sockets per peer (at `at` in each gathered record);
+   all ranks see the same records, so all fail alike. */
+static dm_status _dm_tcp_same_sockets(_dm_tcp* t, const unsigned char* all, size_t rec, size_t at) {
+    int j, lo = t->nsock, hi = t->nsock;
+    for (j = 0; j < t->base.size; j++) {
+        int n = (int)_dm_tcp_get32(all + (size_t)j * rec + at);
+        if (n < lo) lo = n;
+        if (n > hi) hi = n;
+    }
+    if (lo == hi) return DM_OK;
+    return _DM_FAIL(&t->base, DM_ERR_INVALID_ARG, "tcp: the ranks were given different socket counts per peer (%d to "
+                    "%d; this rank %d): give every rank the same DISTMESH_SOCKETS_PER_PEER or desc.sockets_per_peer",
+                    lo, hi, t->nsock);
+}
+
 static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
-    enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, REC = NAME + ID };
+    enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, REC = NAME + ID + 4 };  /* + sockets per peer */
     int W = t->base.size, j, k, L = 0, me = 0;
     unsigned char mine[REC];
     unsigned char* all = (unsigned char*)_dm_calloc(&t->base.allocator, (size_t)W * REC);
@@ -4786,11 +4968,13 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
         goto done;
     }
     _dm_tcp_host_identity((char*)mine, NAME, (char*)mine + NAME, ID);
+    _dm_tcp_put32(mine + NAME + ID, (uint32_t)t->nsock);
     st = _dm_lk_all_gather(&t->lk, mine, all, REC, DM_UINT8);
     if (st != DM_OK) goto done;
+    if ((st = _dm_tcp_same_sockets(t, all, REC, NAME + ID)) != DM_OK) goto done;
     for (j = 0; j < W; j++) {
         const char* id = (const char*)all + (size_t)j * REC + NAME;
-        all[(size_t)j * REC + REC - 1] = 0;
+        all[(size_t)j * REC + NAME + ID - 1] = 0;
         for (k = 0; strcmp((const char*)all + (size_t)k * REC + NAME, id) != 0; k++) {}
         host_of[j] = k;
     }
@@ -4806,6 +4990,8 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
     _dm_lk_set_hosts(&t->lk, host_of);
     _dm_lk_set_policy(&t->lk, L);
     st = _dm_tcp_shm_setup(t, local, L, me);
+    t->host_of = host_of;       /* kept: _dm_tcp_more_sockets; local (its second half) is not */
+    host_of = NULL;
 done:
     _dm_free(&t->base.allocator, all);
     _dm_free(&t->base.allocator, host_of);
@@ -4933,7 +5119,9 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     _dm_copy_name(t->ifname, sizeof(t->ifname), s->ifname ? s->ifname : "");
     _dm_copy_name(t->token, sizeof(t->token), s->token ? s->token : "");
     t->transport = s->transport;
-    t->fds = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)s->size);
+    t->nsock = s->nsock > 0 ? s->nsock : 1;
+    t->fds = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)s->size * (size_t)t->nsock);
+    t->claims = t->fds;
     t->addrs = (char(*)[64])_dm_calloc(&t->base.allocator, 64 * (size_t)s->size);
     st = _dm_lk_init(&t->lk, &t->base, "tcp", s->chunk_bytes);
     if (st == DM_ERR_ENV) goto fail;            /* DISTMESH_ALGO: its message is in last_error */
@@ -4943,7 +5131,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     }
     t->lk.notice_post = _dm_tcp_notice_post;
     t->lk.notice_read = _dm_tcp_notice_read;
-    for (j = 0; j < s->size; j++) t->fds[j] = -1;
+    for (j = 0; j < s->size * t->nsock; j++) t->fds[j] = -1;
     deadline = _dm_deadline(t->base.timeout_ms);
     /* the rendezvous: store requests end by the deadline, the parent's connections are watched */
     if (dm_store_clone_prefixed(t->store, "", &t->rdv) != DM_OK) {
@@ -5004,13 +5192,12 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     }
     st = _dm_tcp_accept_peers(t, lfd, group, deadline);
     if (st != DM_OK) goto fail;
-    _dm_tcp_forget_addr(t);
+    if (t->nsock == 1) _dm_tcp_forget_addr(t);   /* else after the other sockets */
     for (j = 0; j < s->rank; j++) {
         st = _dm_tcp_read_ack(t, j, deadline);
         if (st != DM_OK) goto fail;
     }
-    close(lfd);
-    lfd = -1;
+    if (t->nsock == 1) { close(lfd); lfd = -1; }
     for (j = 0; j < s->size; j++)
         if (t->fds[j] >= 0) {
             struct sockaddr_storage peer;
@@ -5022,6 +5209,12 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     /* links: sockets, then shared memory between same-host ranks */
     if ((st = _dm_tcp_socket_links(t)) != DM_OK) goto fail;
     if ((st = _dm_tcp_hosts(t, s)) != DM_OK) goto fail;
+    if ((st = _dm_tcp_more_sockets(t, lfd, group, deadline)) != DM_OK) goto fail;
+    if (lfd >= 0) {
+        _dm_tcp_forget_addr(t);
+        close(lfd);
+        lfd = -1;
+    }
     /* the store stays only where split may need it again */
     dm_store_destroy(t->rdv);
     t->rdv = NULL;
@@ -5265,6 +5458,27 @@ static dm_status _dm_tcp_parse_transport(const char* given, int* out, char* err,
     return given ? DM_ERR_INVALID_ARG : DM_ERR_ENV;
 }
 
+/* desc.sockets_per_peer, else DISTMESH_SOCKETS_PER_PEER, else 1; bad values as for transport. */
+static dm_status _dm_tcp_parse_sockets(int given, int* out, char* err, size_t cap) {
+    const char* v = getenv("DISTMESH_SOCKETS_PER_PEER");
+    char* end = NULL;
+    long n;
+    *out = 1;
+    if (given != 0) {
+        if (given >= 1 && given <= _DM_TCP_MAX_SOCKETS) { *out = given; return DM_OK; }
+        snprintf(err, cap, "tcp: desc.sockets_per_peer is %d; expected 1..%d (0: the default)", given,
+                 _DM_TCP_MAX_SOCKETS);
+        return DM_ERR_INVALID_ARG;
+    }
+    if (!v || !*v) return DM_OK;
+    errno = 0;
+    n = strtol(v, &end, 10);
+    if (errno == 0 && end != v && *end == 0 && n >= 1 && n <= _DM_TCP_MAX_SOCKETS) { *out = (int)n; return DM_OK; }
+    snprintf(err, cap, "tcp: DISTMESH_SOCKETS_PER_PEER is \"%.40s\"; expected a whole number 1..%d", v,
+             _DM_TCP_MAX_SOCKETS);
+    return DM_ERR_ENV;
+}
+
 DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_tcp_desc, d);
     _DM_ZERO(_dm_tcp_setup, s);
@@ -5296,6 +5510,8 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: token longer than %d bytes",
                           _DM_ST_TOKEN_MAX);
     s.chunk_bytes = d.chunk_bytes;
+    st = _dm_tcp_parse_sockets(d.sockets_per_peer, &s.nsock, err, sizeof(err));
+    if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
     st = _dm_tcp_parse_transport(d.transport, &s.transport, err, sizeof(err));
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
     s.logger = d.logger;
@@ -5418,6 +5634,7 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     s.bind_sa = &t->self_sa;    /* the parent's interface and address family */
     s.once = true;              /* "<parent prefix>split<seq>/<color>/" is unique */
     s.chunk_bytes = t->lk.chunk;
+    s.nsock = t->nsock;
     s.transport = t->transport;
     s.logger = c->logger;
     s.allocator = c->allocator;
