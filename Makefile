@@ -7,7 +7,12 @@
 #   make tsan       the same under ThreadSanitizer
 #   make bench      the README's main job: all-reduce on 4 local ranks (shared memory; DISTMESH_TRANSPORT=tcp: loopback TCP)
 #   make compare    distmesh against Gloo and OpenMPI (see bench/)
+#   make parity     distmesh against OpenMPI, one harness for both under mpirun (bench/parity_bench.c)
 #   make bench-overlap  communication hidden by dm_all_reduce_async: 2 local ranks, shm and tcp
+#   make test-scale setup time, fds and small all_reduces at 16..256 ranks on 8 simulated hosts
+#   make bench-hosts    all-reduce across simulated hosts (root: network namespaces, tc-shaped links;
+#                   HOSTS RANKS_PER_HOST RATE FLOW_RATE SIZES REPS), distmesh auto / flat ring / Gloo
+#   make bench-loss     time from kill -9 of a rank to every survivor's DM_ERR_PEER_LOST (shm, tcp)
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
 #   make install    headers, pkg-config and CMake files (PREFIX=/usr/local, DESTDIR=)
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.
@@ -29,7 +34,7 @@ TEST_TIMEOUT ?= 600
 
 TEST_BINS :=
 
-.PHONY: all deps test asan tsan bench compare test-gpu clean
+.PHONY: all deps test asan tsan bench compare parity test-gpu clean
 all: deps
 	@$(MAKE) --no-print-directory build-all
 

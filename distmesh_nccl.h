@@ -22,10 +22,30 @@
    all_reduce, reduce_scatter and the calls below take device (or managed) memory only: a host
    pointer is DM_ERR_INVALID_ARG with a message (checked with cudaPointerGetAttributes).
    all_gather, all_gather_to_list and broadcast also accept host buffers, staged through a
-   temporary device buffer and synchronized (waiting for the stream with the deadline first),
-   so the core's object collectives, dm_local and main_process_first work on NCCL (slowly: they
-   are for small control data). MEAN is ncclAvg (NCCL >= 2.10); bfloat16 needs NCCL >= 2.10;
-   older NCCL gives DM_ERR_UNSUPPORTED. MAX/MIN follow NCCL's NaN behaviour, not the core's.
+   stream-ordered device buffer and synchronized (every copy from or to the host waits for the
+   stream with the deadline first), so the core's object collectives, dm_local and
+   main_process_first work on NCCL (slowly: they are for small control data). bfloat16 and MEAN
+   need NCCL >= 2.10; older NCCL gives DM_ERR_UNSUPPORTED. MAX/MIN follow NCCL's NaN behaviour,
+   not the core's.
+   MEAN is ncclAvg, which is not the core's MEAN for floats: NCCL multiplies each rank's input
+   by 1/n rounded to the dtype, then sums (integers: sums, then divides, like the core). The
+   core sums (float16/bfloat16 accumulating in float32) and divides once. Where n is not a
+   power of two the results differ by the rounding of 1/n: for bfloat16 on 3 ranks 1/3 rounds
+   to 0.333984375, 0.2% high; float16 to 0.33325, 0.02% low; float32 and float64 differ only in
+   the last bits (each product also rounds to the dtype before the sum). Doing the core's
+   MEAN here would need a kernel to divide on the stream, which a header built by a C compiler
+   cannot ship (and ncclRedOpCreatePreMulSum is the same pre-multiply): where the bias
+   matters, all-reduce with DM_SUM and divide in your own kernel.
+
+   FAILURES
+   Once an operation has begun to queue work, every NCCL result other than success and
+   ncclInProgress (a dead peer shows up as ncclRemoteError on the next call), every CUDA
+   failure (a sticky one such as an illegal address seen by the stream or an event) and every
+   deadline aborts the communicator (ncclCommAbort): started requests that had not completed
+   finish with that status, and every later call returns DM_ERR_ABORTED quoting the first
+   failure's message. Arguments refused before anything is queued (host pointers, dtypes, a
+   rank's own all_to_all_v counts) and device memory too short for scratch leave it usable. Every call runs on
+   the communicator's GPU (cudaSetDevice, checked) and gives the caller's current device back.
 
    ROOTED, ALL-TO-ALL, POINT-TO-POINT
    reduce is ncclReduce (MEAN as ncclAvg, as for all_reduce; recv is passed to NCCL at the root
@@ -124,6 +144,7 @@ typedef struct _dm_nccl {
     int device;
     void* scratch;              /* 16 device bytes for barrier */
     dm_status broken;           /* DM_OK, or why the communicator was aborted */
+    char cause[DM_LAST_ERROR_SIZE]; /* the message of that first failure, quoted by later calls */
     _dm_nccl_token* live;       /* started requests not finished yet (>>nccl requests) */
     _dm_nccl_token* spare;      /* finished ones, kept with their events for the next start */
     int spare_count;
@@ -142,7 +163,16 @@ struct _dm_nccl_token {
 };
 enum { _DM_NCCL_SPARE_MAX = 64 };
 
-/* >>nccl errors  Foreign codes are translated here only. */
+/* >>nccl errors  Foreign codes are translated here only.
+   The rule: once an operation has begun to queue work, any NCCL result other than ncclSuccess
+   and ncclInProgress, and any CUDA failure, aborts the communicator (_dm_nccl_broke,
+   _dm_nccl_cuda_broke); every later call answers DM_ERR_ABORTED quoting that first failure. A
+   non-blocking communicator keeps an NCCL error (a peer that died shows up as ncclRemoteError
+   on the next call), kernels already queued may wait on the GPU for a peer that is gone (the
+   next device-wide CUDA call would hang), and a rank that skipped part of a collective is out
+   of step with its peers: ncclCommAbort ends all three. Arguments refused before anything is
+   queued (host pointers, dtypes, counts) and device memory too short for scratch leave the
+   communicator usable. */
 static dm_status _dm_status_from_nccl(ncclResult_t r) {
     switch (r) {
         case ncclSuccess: return DM_OK;
@@ -152,56 +182,94 @@ static dm_status _dm_status_from_nccl(ncclResult_t r) {
         default: return DM_ERR_NCCL;
     }
 }
-static dm_status _dm_nccl_fail_at(_dm_nccl* n, ncclResult_t r, const char* what, uint64_t seq) {
-    const char* last = n->comm ? ncclGetLastError(n->comm) : ncclGetLastError(NULL);
+/* Records r with NCCL's last error text, which must be read before any abort discards it. */
+static dm_status _dm_nccl_fail_on(_dm_nccl* n, ncclComm_t comm, ncclResult_t r, const char* what,
+                                  uint64_t seq) {
+    const char* last = ncclGetLastError(comm);
     return _DM_FAIL(&n->base, _dm_status_from_nccl(r), "nccl: %s #%llu failed (%s: %s)", what,
                     (unsigned long long)seq, ncclGetErrorString(r), last ? last : "");
-}
-static dm_status _dm_nccl_fail(_dm_nccl* n, ncclResult_t r, const char* what) {
-    return _dm_nccl_fail_at(n, r, what, n->base.seq);
 }
 static dm_status _dm_nccl_cuda_fail(dm_collective* c, cudaError_t e, const char* what) {
     return _DM_FAIL(c, DM_ERR_CUDA, "nccl: %s (cuda: %s)", what, cudaGetErrorString(e));
 }
 
-/* Aborts the communicator for st (a failure or a deadline). Started requests are decided
-   first: those whose event has completed finished before the failure and stay DM_OK (NCCL's
-   kernels end early only once ncclCommAbort runs), the others complete with st. */
+/* Aborts the communicator for st, whose message the caller has just recorded (it becomes the
+   cause later calls quote). Only the first failure aborts. Started requests are decided first:
+   those whose event has completed finished before the failure and stay DM_OK (NCCL's kernels
+   end early only once ncclCommAbort runs), the others complete with st. */
 static void _dm_nccl_abort(_dm_nccl* n, dm_status st) {
     _dm_nccl_token* t;
+    if (n->broken != DM_OK) return;
     for (t = n->live; t; t = t->next)
         if (!t->settled) {
             t->settled = true;
             t->status = cudaEventQuery(t->event) == cudaSuccess ? DM_OK : st;
         }
+    _dm_copy_name(n->cause, sizeof(n->cause), _dm_errbuf(&n->base));
     if (n->comm) ncclCommAbort(n->comm);
     n->comm = NULL;
     n->broken = st;
+}
+static dm_status _dm_nccl_broke_at(_dm_nccl* n, ncclResult_t r, const char* what, uint64_t seq) {
+    dm_status st = _dm_nccl_fail_on(n, n->comm, r, what, seq);
+    _dm_nccl_abort(n, st);
+    return st;
+}
+static dm_status _dm_nccl_broke(_dm_nccl* n, ncclResult_t r, const char* what) {
+    return _dm_nccl_broke_at(n, r, what, n->base.seq);
+}
+/* A CUDA failure while an operation runs. What the stream or an event reports (an illegal
+   address, a failed launch) is sticky: the context is lost for every request, so it aborts. */
+static dm_status _dm_nccl_cuda_broke(_dm_nccl* n, cudaError_t e, const char* what) {
+    dm_status st = _dm_nccl_cuda_fail(&n->base, e, what);
+    cudaGetLastError();         /* clears a non-sticky error; a sticky one stays regardless */
+    _dm_nccl_abort(n, st);
+    return st;
+}
+/* An allocation before anything is queued: out of memory is the caller's to handle (the
+   communicator stays usable); any other failure is the context's, and aborts. */
+static dm_status _dm_nccl_cuda_alloc_fail(_dm_nccl* n, cudaError_t e, const char* what, size_t bytes) {
+    if (e != cudaErrorMemoryAllocation) return _dm_nccl_cuda_broke(n, e, what);
+    cudaGetLastError();         /* not sticky: clear it for the next call */
+    if (!bytes)
+        return _DM_FAIL(&n->base, DM_ERR_CUDA, "nccl: %s: out of device memory (cuda: %s)", what,
+                        cudaGetErrorString(e));
+    return _DM_FAIL(&n->base, DM_ERR_CUDA, "nccl: %s: no device memory for %zu bytes of scratch (cuda: %s)",
+                    what, bytes, cudaGetErrorString(e));
+}
+static dm_status _dm_nccl_timed_out(_dm_nccl* n, const char* what, uint64_t seq, int timeout_ms) {
+    dm_status st = _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the "
+                            "communicator was aborted", what, (unsigned long long)seq, timeout_ms);
+    _dm_nccl_abort(n, st);
+    return st;
+}
+/* NCCL's asynchronous state of comm. A query that fails itself (a NULL or stale handle) counts
+   as that failure, so no loop polls it forever. */
+static ncclResult_t _dm_nccl_async_error(ncclComm_t comm) {
+    ncclResult_t async = ncclSuccess, r = ncclCommGetAsyncError(comm, &async);
+    return r != ncclSuccess ? r : async;
+}
+static dm_status _dm_nccl_usable(_dm_nccl* n, const char* what) {
+    if (n->broken == DM_OK && n->comm) return DM_OK;
+    return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu: the communicator was aborted by an "
+                    "earlier failure (%s: %s)", what, (unsigned long long)n->base.seq,
+                    dm_status_name(n->broken), n->cause[0] ? n->cause : "no message");
 }
 
 /* Polls until the communicator's pending work is accepted (and, with stream_too, the stream has
    drained), an asynchronous error shows up, or the deadline passes (then abort). */
 static dm_status _dm_nccl_wait(_dm_nccl* n, const char* what, bool stream_too) {
     int64_t deadline = _dm_deadline(n->base.timeout_ms);
+    if (!n->comm) return _dm_nccl_usable(n, what);
     for (;;) {
-        ncclResult_t async = ncclSuccess;
-        ncclCommGetAsyncError(n->comm, &async);
-        if (async != ncclSuccess && async != ncclInProgress) {
-            dm_status st = _dm_nccl_fail(n, async, what);
-            _dm_nccl_abort(n, st);
-            return st;
-        }
+        ncclResult_t async = _dm_nccl_async_error(n->comm);
+        if (async != ncclSuccess && async != ncclInProgress) return _dm_nccl_broke(n, async, what);
         if (async == ncclSuccess) {
             cudaError_t e = stream_too ? cudaStreamQuery(n->stream) : cudaSuccess;
             if (e == cudaSuccess) return DM_OK;
-            if (e != cudaErrorNotReady) return _dm_nccl_cuda_fail(&n->base, e, what);
+            if (e != cudaErrorNotReady) return _dm_nccl_cuda_broke(n, e, what);
         }
-        if (_dm_now_ms() >= deadline) {
-            _dm_nccl_abort(n, DM_ERR_TIMEOUT);
-            return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the "
-                            "communicator was aborted", what, (unsigned long long)n->base.seq,
-                            n->base.timeout_ms);
-        }
+        if (_dm_now_ms() >= deadline) return _dm_nccl_timed_out(n, what, n->base.seq, n->base.timeout_ms);
         sched_yield();
     }
 }
@@ -209,25 +277,44 @@ static dm_status _dm_nccl_wait(_dm_nccl* n, const char* what, bool stream_too) {
 static dm_status _dm_nccl_enqueued(_dm_nccl* n, ncclResult_t r, const char* what) {
     if (r == ncclSuccess) return DM_OK;
     if (r == ncclInProgress) return _dm_nccl_wait(n, what, false);
-    return _dm_nccl_fail(n, r, what);
-}
-static dm_status _dm_nccl_usable(_dm_nccl* n, const char* what) {
-    if (n->broken == DM_OK && n->comm) return DM_OK;
-    return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu: the communicator was aborted by an "
-                    "earlier failure (%s)", what, (unsigned long long)n->base.seq, dm_status_name(n->broken));
+    return _dm_nccl_broke(n, r, what);
 }
 
 /* >>nccl device  Slots may run on a thread whose current device is another one (the core's
-   progress thread, a caller driving several GPUs): calls that allocate, copy or record events
-   do so on the communicator's device and give the caller's back afterwards. */
-static int _dm_nccl_enter(_dm_nccl* n) {
-    int prev = -1;
-    if (cudaGetDevice(&prev) != cudaSuccess) { cudaGetLastError(); prev = -1; }
-    if (prev != n->device) cudaSetDevice(n->device);
-    return prev;
+   progress thread, a caller driving several GPUs), and NCCL launches a one-rank communicator's
+   kernels from the calling thread: every slot runs on the communicator's device
+   (_dm_nccl_enter) and gives the caller's back afterwards (_dm_nccl_leave). A cudaSetDevice
+   that fails there means the context is lost: it aborts like any CUDA failure. */
+static dm_status _dm_nccl_set_device(_dm_nccl* n, int device, const char* what) {
+    cudaError_t e = cudaSetDevice(device);
+    dm_status st;
+    if (e == cudaSuccess) return DM_OK;
+    st = _DM_FAIL(&n->base, DM_ERR_CUDA, "nccl: %s #%llu: cudaSetDevice(%d) failed (cuda: %s)", what,
+                  (unsigned long long)n->base.seq, device, cudaGetErrorString(e));
+    cudaGetLastError();
+    _dm_nccl_abort(n, st);
+    return st;
 }
-static void _dm_nccl_leave(_dm_nccl* n, int prev) {
-    if (prev >= 0 && prev != n->device) cudaSetDevice(prev);
+/* To the communicator's device; *prev is the caller's (-1: unknown, nothing to give back). */
+static dm_status _dm_nccl_switch(_dm_nccl* n, const char* what, int* prev) {
+    if (cudaGetDevice(prev) != cudaSuccess) {
+        cudaGetLastError();
+        *prev = -1;
+    }
+    return *prev == n->device ? DM_OK : _dm_nccl_set_device(n, n->device, what);
+}
+static dm_status _dm_nccl_enter(_dm_nccl* n, const char* what, int* prev) {
+    *prev = -1;
+    _DM_TRY(_dm_nccl_usable(n, what));
+    return _dm_nccl_switch(n, what, prev);
+}
+/* Gives the caller's device back; st is the slot's status, returned unless it is DM_OK and this
+   fails. */
+static dm_status _dm_nccl_leave(_dm_nccl* n, int prev, dm_status st, const char* what) {
+    if (prev < 0 || prev == n->device) return st;
+    if (st == DM_OK) return _dm_nccl_set_device(n, prev, what);
+    if (cudaSetDevice(prev) != cudaSuccess) cudaGetLastError();   /* st's message is the one kept */
+    return st;
 }
 
 /* >>nccl types */
@@ -280,116 +367,13 @@ static dm_status _dm_nccl_need_device(_dm_nccl* n, const char* what, const void*
                     what, _dm_nccl_is_device(a) ? b : a);
 }
 
-/* >>nccl collectives */
-static dm_status _dm_nccl_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
-                                     dm_dtype dtype, dm_reduce_op op) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    ncclDataType_t nt;
-    ncclRedOp_t no;
-    _DM_TRY(_dm_nccl_usable(n, "all_reduce"));
-    _DM_TRY(_dm_nccl_types(n, "all_reduce", dtype, &nt, 1, op, &no));
-    _DM_TRY(_dm_nccl_need_device(n, "all_reduce", send, recv));
-    return _dm_nccl_enqueued(n, ncclAllReduce(send, recv, count, nt, no, n->comm, n->stream), "all_reduce");
-}
-static dm_status _dm_nccl_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t count,
-                                         dm_dtype dtype, dm_reduce_op op) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    ncclDataType_t nt;
-    ncclRedOp_t no;
-    _DM_TRY(_dm_nccl_usable(n, "reduce_scatter"));
-    _DM_TRY(_dm_nccl_types(n, "reduce_scatter", dtype, &nt, 1, op, &no));
-    _DM_TRY(_dm_nccl_need_device(n, "reduce_scatter", send, recv));
-    return _dm_nccl_enqueued(n, ncclReduceScatter(send, recv, count, nt, no, n->comm, n->stream),
-                             "reduce_scatter");
-}
 
-/* Host buffers for the data-movement collectives: copied into device memory, run, copied back,
-   synchronized. The copy back waits for the stream first (with the deadline): a copy into
-   pageable host memory would otherwise block until the collective is done, with no deadline. */
-typedef struct _dm_nccl_stage { void* dev; size_t bytes; } _dm_nccl_stage;
-static dm_status _dm_nccl_stage_alloc(_dm_nccl* n, _dm_nccl_stage* s, size_t bytes, const char* what) {
-    cudaError_t e;
-    s->bytes = bytes;
-    s->dev = NULL;
-    e = cudaMalloc(&s->dev, bytes ? bytes : 1);
-    return e == cudaSuccess ? DM_OK : _dm_nccl_cuda_fail(&n->base, e, what);
-}
-
-static dm_status _dm_nccl_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
-                                     dm_dtype dtype) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    ncclDataType_t nt;
-    size_t block = count * dm_dtype_size(dtype), total = block * (size_t)c->size;
-    _dm_nccl_stage st_buf;
-    dm_status st;
-    int prev;
-    _DM_TRY(_dm_nccl_usable(n, "all_gather"));
-    _DM_TRY(_dm_nccl_types(n, "all_gather", dtype, &nt, 0, DM_SUM, NULL));
-    if (_dm_nccl_is_device(send) && _dm_nccl_is_device(recv))
-        return _dm_nccl_enqueued(n, ncclAllGather(send, recv, count, nt, n->comm, n->stream), "all_gather");
-    /* Host buffers: one device block of world x count, our block copied to its slot first. */
-    prev = _dm_nccl_enter(n);
-    st = _dm_nccl_stage_alloc(n, &st_buf, total, "all_gather (host staging)");
-    if (st == DM_OK) {
-        unsigned char* dev = (unsigned char*)st_buf.dev;
-        cudaMemcpyAsync(dev + (size_t)c->rank * block, send, block, cudaMemcpyDefault, n->stream);
-        st = _dm_nccl_enqueued(n, ncclAllGather(dev + (size_t)c->rank * block, dev, count, nt, n->comm, n->stream),
-                               "all_gather");
-        if (st == DM_OK) st = _dm_nccl_wait(n, "all_gather", true);
-        if (st == DM_OK) cudaMemcpyAsync(recv, dev, total, cudaMemcpyDefault, n->stream);
-        if (st == DM_OK) st = _dm_nccl_wait(n, "all_gather", true);
-        cudaFree(st_buf.dev);
-    }
-    _dm_nccl_leave(n, prev);
-    return st;
-}
-
-static dm_status _dm_nccl_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    ncclDataType_t nt;
-    size_t bytes = count * dm_dtype_size(dtype);
-    _dm_nccl_stage st_buf;
-    dm_status st;
-    int prev;
-    _DM_TRY(_dm_nccl_usable(n, "broadcast"));
-    _DM_TRY(_dm_nccl_types(n, "broadcast", dtype, &nt, 0, DM_SUM, NULL));
-    if (_dm_nccl_is_device(buf))
-        return _dm_nccl_enqueued(n, ncclBroadcast(buf, buf, count, nt, root, n->comm, n->stream), "broadcast");
-    prev = _dm_nccl_enter(n);
-    st = _dm_nccl_stage_alloc(n, &st_buf, bytes, "broadcast (host staging)");
-    if (st != DM_OK) {
-        _dm_nccl_leave(n, prev);
-        return st;
-    }
-    if (c->rank == root) cudaMemcpyAsync(st_buf.dev, buf, bytes, cudaMemcpyDefault, n->stream);
-    st = _dm_nccl_enqueued(n, ncclBroadcast(st_buf.dev, st_buf.dev, count, nt, root, n->comm, n->stream),
-                           "broadcast");
-    if (st == DM_OK) st = _dm_nccl_wait(n, "broadcast", true);
-    if (st == DM_OK) cudaMemcpyAsync(buf, st_buf.dev, bytes, cudaMemcpyDefault, n->stream);
-    if (st == DM_OK) st = _dm_nccl_wait(n, "broadcast", true);
-    cudaFree(st_buf.dev);
-    _dm_nccl_leave(n, prev);
-    return st;
-}
-
-static dm_status _dm_nccl_barrier(dm_collective* c) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    _DM_TRY(_dm_nccl_usable(n, "barrier"));
-    _DM_TRY(_dm_nccl_enqueued(n, ncclAllReduce(n->scratch, n->scratch, 1, ncclFloat32, ncclSum, n->comm,
-                                               n->stream), "barrier"));
-    return _dm_nccl_wait(n, "barrier", true);
-}
-static dm_status _dm_nccl_synchronize(dm_collective* c) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    _DM_TRY(_dm_nccl_usable(n, "synchronize"));
-    return _dm_nccl_wait(n, "synchronize", true);
-}
-static void* _dm_nccl_native(dm_collective* c) { return ((_dm_nccl*)c)->comm; }
-
-/* >>nccl temporaries  Device scratch of all_gather_to_list and in-place all_to_all(_v):
-   stream-ordered (cudaMallocAsync, cudaFreeAsync after the work that uses it), so nothing
-   waits. A device without memory pools gets cudaMalloc, and the call then waits for its stream
-   (with the deadline) before cudaFree. */
+/* >>nccl temporaries  Device scratch (host staging, all_gather_to_list's block, in-place
+   all_to_all(_v)'s copy, barrier's 16 bytes): stream-ordered (cudaMallocAsync, cudaFreeAsync
+   after the work that uses it), so nothing waits for the whole device -- cudaFree does, and
+   would hang behind another communicator's kernels waiting on a dead peer. A device without
+   memory pools gets cudaMalloc, and the call then waits for its stream (with the deadline)
+   before cudaFree. */
 static dm_status _dm_nccl_tmp_alloc(_dm_nccl* n, size_t bytes, void** p, const char* what) {
     cudaError_t e;
     *p = NULL;
@@ -400,25 +384,111 @@ static dm_status _dm_nccl_tmp_alloc(_dm_nccl* n, size_t bytes, void** p, const c
         e = cudaMalloc(p, bytes ? bytes : 1);
     if (e == cudaSuccess) return DM_OK;
     *p = NULL;
-    cudaGetLastError();         /* not sticky: clear it for the next call */
-    return _DM_FAIL(&n->base, DM_ERR_CUDA, "nccl: %s: no device memory for %zu bytes of scratch (cuda: %s)",
-                    what, bytes, cudaGetErrorString(e));
+    return _dm_nccl_cuda_alloc_fail(n, e, what, bytes);
 }
 /* Releases p once the work queued so far is done with it; returns st, the call's status so far,
-   or the wait's failure. */
+   or the release's failure. */
 static dm_status _dm_nccl_tmp_free(_dm_nccl* n, void* p, dm_status st, const char* what) {
     dm_status w = DM_OK;
+    cudaError_t e;
     if (!p) return st;
 #if CUDART_VERSION >= 11020
-    if (n->pools) {
-        cudaFreeAsync(p, n->stream);
-        return st;
-    }
+    if (n->pools) e = cudaFreeAsync(p, n->stream);
+    else
 #endif
-    if (n->comm) w = _dm_nccl_wait(n, what, true);
-    cudaFree(p);
+    {
+        if (n->comm) w = _dm_nccl_wait(n, what, true);
+        e = cudaFree(p);
+    }
+    if (e != cudaSuccess && st == DM_OK && w == DM_OK) return _dm_nccl_cuda_broke(n, e, what);
+    if (e != cudaSuccess) cudaGetLastError();
     return st != DM_OK ? st : w;
 }
+
+/* A copy on the stream. host: src or dst is host memory; the stream is drained first, with the
+   deadline, because CUDA may wait for the stream inside cudaMemcpyAsync (pageable memory either
+   way), where no deadline reaches. */
+static dm_status _dm_nccl_copy(_dm_nccl* n, void* dst, const void* src, size_t bytes, bool host,
+                               const char* what) {
+    cudaError_t e;
+    if (!bytes || dst == src) return DM_OK;
+    if (host) _DM_TRY(_dm_nccl_wait(n, what, true));
+    e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, n->stream);
+    return e == cudaSuccess ? DM_OK : _dm_nccl_cuda_broke(n, e, what);
+}
+
+/* >>nccl collectives  The _on functions run on the communicator's device (their slots, in
+   >>nccl slots, switch to it). */
+static dm_status _dm_nccl_all_reduce_on(_dm_nccl* n, const void* send, void* recv, size_t count,
+                                        dm_dtype dtype, dm_reduce_op op) {
+    ncclDataType_t nt;
+    ncclRedOp_t no;
+    _DM_TRY(_dm_nccl_usable(n, "all_reduce"));
+    _DM_TRY(_dm_nccl_types(n, "all_reduce", dtype, &nt, 1, op, &no));
+    _DM_TRY(_dm_nccl_need_device(n, "all_reduce", send, recv));
+    return _dm_nccl_enqueued(n, ncclAllReduce(send, recv, count, nt, no, n->comm, n->stream), "all_reduce");
+}
+static dm_status _dm_nccl_reduce_scatter_on(_dm_nccl* n, const void* send, void* recv, size_t count,
+                                            dm_dtype dtype, dm_reduce_op op) {
+    ncclDataType_t nt;
+    ncclRedOp_t no;
+    _DM_TRY(_dm_nccl_usable(n, "reduce_scatter"));
+    _DM_TRY(_dm_nccl_types(n, "reduce_scatter", dtype, &nt, 1, op, &no));
+    _DM_TRY(_dm_nccl_need_device(n, "reduce_scatter", send, recv));
+    return _dm_nccl_enqueued(n, ncclReduceScatter(send, recv, count, nt, no, n->comm, n->stream),
+                             "reduce_scatter");
+}
+
+/* Host buffers for the data-movement collectives: copied into stream-ordered device scratch,
+   run, copied back, synchronized; every copy from or to the host drains the stream first. */
+static dm_status _dm_nccl_all_gather_on(_dm_nccl* n, const void* send, void* recv, size_t count,
+                                        dm_dtype dtype) {
+    ncclDataType_t nt;
+    size_t block = count * dm_dtype_size(dtype), total = block * (size_t)n->base.size;
+    bool host_send = !_dm_nccl_is_device(send), host_recv = !_dm_nccl_is_device(recv);
+    unsigned char* own;
+    void* tmp = NULL;
+    dm_status st;
+    _DM_TRY(_dm_nccl_usable(n, "all_gather"));
+    _DM_TRY(_dm_nccl_types(n, "all_gather", dtype, &nt, 0, DM_SUM, NULL));
+    if (!host_send && !host_recv)
+        return _dm_nccl_enqueued(n, ncclAllGather(send, recv, count, nt, n->comm, n->stream), "all_gather");
+    /* One device block of world x count, our block copied to its slot first. */
+    _DM_TRY(_dm_nccl_tmp_alloc(n, total, &tmp, "all_gather (host staging)"));
+    own = (unsigned char*)tmp + (size_t)n->base.rank * block;
+    st = _dm_nccl_copy(n, own, send, block, host_send, "all_gather (host staging)");
+    if (st == DM_OK)
+        st = _dm_nccl_enqueued(n, ncclAllGather(own, tmp, count, nt, n->comm, n->stream), "all_gather");
+    if (st == DM_OK) st = _dm_nccl_copy(n, recv, tmp, total, true, "all_gather (host staging)");
+    if (st == DM_OK) st = _dm_nccl_wait(n, "all_gather", true);
+    return _dm_nccl_tmp_free(n, tmp, st, "all_gather");
+}
+
+static dm_status _dm_nccl_broadcast_on(_dm_nccl* n, void* buf, size_t count, dm_dtype dtype, int root) {
+    ncclDataType_t nt;
+    size_t bytes = count * dm_dtype_size(dtype);
+    void* tmp = NULL;
+    dm_status st = DM_OK;
+    _DM_TRY(_dm_nccl_usable(n, "broadcast"));
+    _DM_TRY(_dm_nccl_types(n, "broadcast", dtype, &nt, 0, DM_SUM, NULL));
+    if (_dm_nccl_is_device(buf))
+        return _dm_nccl_enqueued(n, ncclBroadcast(buf, buf, count, nt, root, n->comm, n->stream), "broadcast");
+    _DM_TRY(_dm_nccl_tmp_alloc(n, bytes, &tmp, "broadcast (host staging)"));
+    if (n->base.rank == root) st = _dm_nccl_copy(n, tmp, buf, bytes, true, "broadcast (host staging)");
+    if (st == DM_OK)
+        st = _dm_nccl_enqueued(n, ncclBroadcast(tmp, tmp, count, nt, root, n->comm, n->stream), "broadcast");
+    if (st == DM_OK) st = _dm_nccl_copy(n, buf, tmp, bytes, true, "broadcast (host staging)");
+    if (st == DM_OK) st = _dm_nccl_wait(n, "broadcast", true);
+    return _dm_nccl_tmp_free(n, tmp, st, "broadcast");
+}
+
+static dm_status _dm_nccl_barrier_on(_dm_nccl* n, bool wait) {
+    _DM_TRY(_dm_nccl_usable(n, "barrier"));
+    _DM_TRY(_dm_nccl_enqueued(n, ncclAllReduce(n->scratch, n->scratch, 1, ncclFloat32, ncclSum, n->comm,
+                                               n->stream), "barrier"));
+    return wait ? _dm_nccl_wait(n, "barrier", true) : DM_OK;
+}
+static void* _dm_nccl_native(dm_collective* c) { return ((_dm_nccl*)c)->comm; }
 
 /* >>nccl groups  ncclSend/ncclRecv inside ncclGroupStart/End. Calls inside a group only queue
    (a failure may show at once or at ncclGroupEnd); the group is always ended, or every later
@@ -428,19 +498,10 @@ static void _dm_nccl_note(ncclResult_t* first, ncclResult_t r) {
 }
 static dm_status _dm_nccl_group_end(_dm_nccl* n, ncclResult_t first, const char* what) {
     ncclResult_t r = ncclGroupEnd();
-    if (r == ncclInProgress) {      /* non-blocking communicator: wait until it is queued */
-        dm_status st = _dm_nccl_wait(n, what, false);
-        if (st != DM_OK || first == ncclSuccess) return st;
-    } else if (first == ncclSuccess) {
-        first = r;
-    }
-    return first == ncclSuccess ? DM_OK : _dm_nccl_fail(n, first, what);
-}
-static dm_status _dm_nccl_copy(_dm_nccl* n, void* dst, const void* src, size_t bytes, const char* what) {
-    cudaError_t e;
-    if (!bytes || dst == src) return DM_OK;
-    e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, n->stream);
-    return e == cudaSuccess ? DM_OK : _dm_nccl_cuda_fail(&n->base, e, what);
+    if (first == ncclSuccess && r != ncclInProgress) first = r;
+    if (first != ncclSuccess) return _dm_nccl_broke(n, first, what);
+    /* non-blocking communicator: wait until the group is queued */
+    return r == ncclInProgress ? _dm_nccl_wait(n, what, false) : DM_OK;
 }
 
 /* >>nccl rooted and point-to-point  Like the collectives above: queued on the stream, device
@@ -472,7 +533,7 @@ static dm_status _dm_nccl_gather_on(_dm_nccl* n, const void* send, void* recv, s
     own = (unsigned char*)recv + (size_t)root * bytes;
     if (!send) send = own;
     _DM_TRY(_dm_nccl_need_device(n, "gather", send, recv));
-    _DM_TRY(_dm_nccl_copy(n, own, send, bytes, "gather: copying the root's block"));
+    _DM_TRY(_dm_nccl_copy(n, own, send, bytes, false, "gather: copying the root's block"));
     _dm_nccl_note(&first, ncclGroupStart());
     for (r = 0; r < n->base.size; r++)
         if (r != root)
@@ -496,7 +557,7 @@ static dm_status _dm_nccl_scatter_on(_dm_nccl* n, const void* send, void* recv, 
     own = (const unsigned char*)send + (size_t)root * bytes;
     if (!recv) recv = (void*)own;
     _DM_TRY(_dm_nccl_need_device(n, "scatter", send, recv));
-    _DM_TRY(_dm_nccl_copy(n, recv, own, bytes, "scatter: copying the root's block"));
+    _DM_TRY(_dm_nccl_copy(n, recv, own, bytes, false, "scatter: copying the root's block"));
     _dm_nccl_note(&first, ncclGroupStart());
     for (r = 0; r < n->base.size; r++)
         if (r != root)
@@ -537,7 +598,7 @@ static dm_status _dm_nccl_exchange(_dm_nccl* n, const char* what, const void* se
             return _dm_nccl_need_device(n, what, recv, NULL);
         if (send_end) {
             _DM_TRY(_dm_nccl_tmp_alloc(n, send_end * es, &tmp, what));
-            st = _dm_nccl_copy(n, tmp, recv, send_end * es, what);
+            st = _dm_nccl_copy(n, tmp, recv, send_end * es, false, what);
             if (st != DM_OK) return _dm_nccl_tmp_free(n, tmp, st, what);
         }
         src = (const unsigned char*)tmp;
@@ -547,7 +608,7 @@ static dm_status _dm_nccl_exchange(_dm_nccl* n, const char* what, const void* se
     if (st == DM_OK && recv_end && !_dm_nccl_is_device(dst)) st = _dm_nccl_need_device(n, what, dst, NULL);
     if (st == DM_OK)
         st = _dm_nccl_copy(n, dst + _dm_nccl_off(ro, me, count) * es, src + _dm_nccl_off(so, me, count) * es,
-                           _dm_nccl_cnt(sc, me, count) * es, what);
+                           _dm_nccl_cnt(sc, me, count) * es, false, what);
     if (st == DM_OK) {
         _dm_nccl_note(&first, ncclGroupStart());
         for (j = 0; j < n->base.size; j++) {
@@ -577,110 +638,155 @@ static dm_status _dm_nccl_recv_on(_dm_nccl* n, void* buf, size_t count, dm_dtype
                              "recv");
 }
 
+
 /* all_gather_to_list: all_gather into a device block, then one copy per rank. Host buffers
    (send or any recvs[r]) are staged and synchronized like all_gather's. */
 static dm_status _dm_nccl_all_gather_to_list_on(_dm_nccl* n, const void* send, void* const* recvs,
                                                 size_t count, dm_dtype dtype) {
     size_t bytes = count * dm_dtype_size(dtype), total = bytes * (size_t)n->base.size;
-    bool host = !_dm_nccl_is_device(send);
-    unsigned char* block = NULL;
+    bool host_send = !_dm_nccl_is_device(send), host = host_send;
+    unsigned char* block;
     void* tmp = NULL;
-    dm_status st;
+    dm_status st = DM_OK;
     int r;
     _DM_TRY(_dm_nccl_usable(n, "all_gather_to_list"));
     if (!bytes) return DM_OK;   /* every rank skips it alike */
-    for (r = 0; r < n->base.size && !host; r++) host = !_dm_nccl_is_device(recvs[r]);
     _DM_TRY(_dm_nccl_tmp_alloc(n, total, &tmp, "all_gather_to_list"));
     block = (unsigned char*)tmp;
-    st = DM_OK;
-    if (!_dm_nccl_is_device(send)) {    /* host send: into our slot of the block first */
-        cudaError_t e = cudaMemcpyAsync(block + (size_t)n->base.rank * bytes, send, bytes, cudaMemcpyDefault,
-                                        n->stream);
-        if (e != cudaSuccess) st = _dm_nccl_cuda_fail(&n->base, e, "all_gather_to_list (host staging)");
+    if (host_send) {            /* into our slot of the block first */
+        st = _dm_nccl_copy(n, block + (size_t)n->base.rank * bytes, send, bytes, true,
+                           "all_gather_to_list (host staging)");
         send = block + (size_t)n->base.rank * bytes;
     }
     if (st == DM_OK)
         st = _dm_nccl_enqueued(n, ncclAllGather(send, block, bytes, ncclUint8, n->comm, n->stream),
                                "all_gather_to_list");
-    if (st == DM_OK && host) st = _dm_nccl_wait(n, "all_gather_to_list", true);
     for (r = 0; r < n->base.size && st == DM_OK; r++) {
-        cudaError_t e = bytes ? cudaMemcpyAsync(recvs[r], block + (size_t)r * bytes, bytes, cudaMemcpyDefault,
-                                                n->stream) : cudaSuccess;
-        if (e != cudaSuccess) st = _dm_nccl_cuda_fail(&n->base, e, "all_gather_to_list: copying a block out");
+        bool host_recv = !_dm_nccl_is_device(recvs[r]);
+        host = host || host_recv;
+        st = _dm_nccl_copy(n, recvs[r], block + (size_t)r * bytes, bytes, host_recv,
+                           "all_gather_to_list: copying a block out");
     }
     if (st == DM_OK && host) st = _dm_nccl_wait(n, "all_gather_to_list", true);
     return _dm_nccl_tmp_free(n, tmp, st, "all_gather_to_list");
 }
 
-/* The vtable's entries for the calls above: on the communicator's device. */
+/* >>nccl slots  The vtable's entries: each runs its _on function on the communicator's device. */
+static dm_status _dm_nccl_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                     dm_dtype dtype, dm_reduce_op op) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "all_reduce", &prev);
+    if (st == DM_OK) st = _dm_nccl_all_reduce_on(n, send, recv, count, dtype, op);
+    return _dm_nccl_leave(n, prev, st, "all_reduce");
+}
+static dm_status _dm_nccl_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t count,
+                                         dm_dtype dtype, dm_reduce_op op) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "reduce_scatter", &prev);
+    if (st == DM_OK) st = _dm_nccl_reduce_scatter_on(n, send, recv, count, dtype, op);
+    return _dm_nccl_leave(n, prev, st, "reduce_scatter");
+}
+static dm_status _dm_nccl_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
+                                     dm_dtype dtype) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "all_gather", &prev);
+    if (st == DM_OK) st = _dm_nccl_all_gather_on(n, send, recv, count, dtype);
+    return _dm_nccl_leave(n, prev, st, "all_gather");
+}
+static dm_status _dm_nccl_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "broadcast", &prev);
+    if (st == DM_OK) st = _dm_nccl_broadcast_on(n, buf, count, dtype, root);
+    return _dm_nccl_leave(n, prev, st, "broadcast");
+}
+static dm_status _dm_nccl_barrier(dm_collective* c) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "barrier", &prev);
+    if (st == DM_OK) st = _dm_nccl_barrier_on(n, true);
+    return _dm_nccl_leave(n, prev, st, "barrier");
+}
+static dm_status _dm_nccl_synchronize(dm_collective* c) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "synchronize", &prev);
+    if (st == DM_OK) st = _dm_nccl_wait(n, "synchronize", true);
+    return _dm_nccl_leave(n, prev, st, "synchronize");
+}
 static dm_status _dm_nccl_reduce(dm_collective* c, const void* send, void* recv, size_t count,
                                  dm_dtype dtype, dm_reduce_op op, int root) {
     _dm_nccl* n = (_dm_nccl*)c;
-    int prev = _dm_nccl_enter(n);
-    dm_status st = _dm_nccl_reduce_on(n, send, recv, count, dtype, op, root);
-    _dm_nccl_leave(n, prev);
-    return st;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "reduce", &prev);
+    if (st == DM_OK) st = _dm_nccl_reduce_on(n, send, recv, count, dtype, op, root);
+    return _dm_nccl_leave(n, prev, st, "reduce");
 }
 static dm_status _dm_nccl_gather(dm_collective* c, const void* send, void* recv, size_t count,
                                  dm_dtype dtype, int root) {
     _dm_nccl* n = (_dm_nccl*)c;
-    int prev = _dm_nccl_enter(n);
-    dm_status st = _dm_nccl_gather_on(n, send, recv, count, dtype, root);
-    _dm_nccl_leave(n, prev);
-    return st;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "gather", &prev);
+    if (st == DM_OK) st = _dm_nccl_gather_on(n, send, recv, count, dtype, root);
+    return _dm_nccl_leave(n, prev, st, "gather");
 }
 static dm_status _dm_nccl_scatter(dm_collective* c, const void* send, void* recv, size_t count,
                                   dm_dtype dtype, int root) {
     _dm_nccl* n = (_dm_nccl*)c;
-    int prev = _dm_nccl_enter(n);
-    dm_status st = _dm_nccl_scatter_on(n, send, recv, count, dtype, root);
-    _dm_nccl_leave(n, prev);
-    return st;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "scatter", &prev);
+    if (st == DM_OK) st = _dm_nccl_scatter_on(n, send, recv, count, dtype, root);
+    return _dm_nccl_leave(n, prev, st, "scatter");
 }
 static dm_status _dm_nccl_all_to_all_v(dm_collective* c, const void* send, const size_t* send_counts,
                                        const size_t* send_offsets, void* recv, const size_t* recv_counts,
                                        const size_t* recv_offsets, dm_dtype dtype) {
     _dm_nccl* n = (_dm_nccl*)c;
-    int prev = _dm_nccl_enter(n);
-    dm_status st = _dm_nccl_exchange(n, "all_to_all_v", send, send_counts, send_offsets, recv, recv_counts,
-                                     recv_offsets, 0, dtype);
-    _dm_nccl_leave(n, prev);
-    return st;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "all_to_all_v", &prev);
+    if (st == DM_OK)
+        st = _dm_nccl_exchange(n, "all_to_all_v", send, send_counts, send_offsets, recv, recv_counts,
+                               recv_offsets, 0, dtype);
+    return _dm_nccl_leave(n, prev, st, "all_to_all_v");
 }
 static dm_status _dm_nccl_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer,
                                int tag) {
     _dm_nccl* n = (_dm_nccl*)c;
-    int prev = _dm_nccl_enter(n);
-    dm_status st = _dm_nccl_send_on(n, buf, count, dtype, peer);
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "send", &prev);
     (void)tag;
-    _dm_nccl_leave(n, prev);
-    return st;
+    if (st == DM_OK) st = _dm_nccl_send_on(n, buf, count, dtype, peer);
+    return _dm_nccl_leave(n, prev, st, "send");
 }
 static dm_status _dm_nccl_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
     _dm_nccl* n = (_dm_nccl*)c;
-    int prev = _dm_nccl_enter(n);
-    dm_status st = _dm_nccl_recv_on(n, buf, count, dtype, peer);
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "recv", &prev);
     (void)tag;
-    _dm_nccl_leave(n, prev);
-    return st;
+    if (st == DM_OK) st = _dm_nccl_recv_on(n, buf, count, dtype, peer);
+    return _dm_nccl_leave(n, prev, st, "recv");
 }
 static dm_status _dm_nccl_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
                                              size_t count, dm_dtype dtype) {
     _dm_nccl* n = (_dm_nccl*)c;
-    int prev = _dm_nccl_enter(n);
-    dm_status st = _dm_nccl_all_gather_to_list_on(n, send, recvs, count, dtype);
-    _dm_nccl_leave(n, prev);
-    return st;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "all_gather_to_list", &prev);
+    if (st == DM_OK) st = _dm_nccl_all_gather_to_list_on(n, send, recvs, count, dtype);
+    return _dm_nccl_leave(n, prev, st, "all_gather_to_list");
 }
 
 /* >>nccl requests  start queues the operation on the stream as the blocking slot does (those
    on device memory do not wait; host-staged ones and, without memory pools, the ones needing
    scratch complete before start returns), records an event after it and returns a token
    holding the event. finish polls the event, NCCL's asynchronous error and the request's
-   deadline (the collective's timeout counted from start); a failure or the deadline aborts
-   the communicator (ncclCommAbort) like a blocking wait. It polls instead of
-   cudaEventSynchronize so that a peer's failure or the deadline ends the wait. Object
-   collectives and split return DM_ERR_UNSUPPORTED, recording nothing: the core runs them. */
+   deadline (the collective's timeout counted from start); a failure (a sticky CUDA error from
+   the event included) or the deadline aborts the communicator (ncclCommAbort) like a blocking
+   wait. It polls instead of cudaEventSynchronize so that a peer's failure or the deadline ends
+   the wait. Object collectives and split return DM_ERR_UNSUPPORTED, recording nothing: the core
+   runs them. */
 static const char* _dm_nccl_op_name(dm_op_kind k) {
     switch (k) {
         case DM_OP_BARRIER: return "barrier";
@@ -700,25 +806,23 @@ static const char* _dm_nccl_op_name(dm_op_kind k) {
     }
 }
 static dm_status _dm_nccl_issue(_dm_nccl* n, const dm_op* op) {
-    dm_collective* c = &n->base;
     size_t bytes = op->count * dm_dtype_size(op->dtype);
+    int me = n->base.rank;
     switch (op->kind) {
         case DM_OP_BARRIER:
-            _DM_TRY(_dm_nccl_usable(n, "barrier"));
-            return _dm_nccl_enqueued(n, ncclAllReduce(n->scratch, n->scratch, 1, ncclFloat32, ncclSum, n->comm,
-                                                      n->stream), "barrier");
+            return _dm_nccl_barrier_on(n, false);
         case DM_OP_ALL_REDUCE:
-            return _dm_nccl_all_reduce(c, op->send ? op->send : op->recv, op->recv, op->count, op->dtype, op->op);
+            return _dm_nccl_all_reduce_on(n, op->send ? op->send : op->recv, op->recv, op->count, op->dtype, op->op);
         case DM_OP_ALL_GATHER:
-            return _dm_nccl_all_gather(c, op->send ? op->send : (unsigned char*)op->recv + (size_t)c->rank * bytes,
-                                       op->recv, op->count, op->dtype);
+            return _dm_nccl_all_gather_on(n, op->send ? op->send : (unsigned char*)op->recv + (size_t)me * bytes,
+                                          op->recv, op->count, op->dtype);
         case DM_OP_ALL_GATHER_TO_LIST:
-            return _dm_nccl_all_gather_to_list_on(n, op->send ? op->send : op->recvs[c->rank], op->recvs,
+            return _dm_nccl_all_gather_to_list_on(n, op->send ? op->send : op->recvs[me], op->recvs,
                                                   op->count, op->dtype);
         case DM_OP_REDUCE_SCATTER:
-            return _dm_nccl_reduce_scatter(c, op->send, op->recv, op->count, op->dtype, op->op);
+            return _dm_nccl_reduce_scatter_on(n, op->send, op->recv, op->count, op->dtype, op->op);
         case DM_OP_BROADCAST:   /* the buffer travels in send (recv accepted too) */
-            return _dm_nccl_broadcast(c, op->send ? (void*)op->send : op->recv, op->count, op->dtype, op->root);
+            return _dm_nccl_broadcast_on(n, op->send ? (void*)op->send : op->recv, op->count, op->dtype, op->root);
         case DM_OP_REDUCE:
             return _dm_nccl_reduce_on(n, op->send, op->recv, op->count, op->dtype, op->op, op->root);
         case DM_OP_GATHER:
@@ -755,7 +859,7 @@ static _dm_nccl_token* _dm_nccl_token_get(_dm_nccl* n, const char* what) {
         e = cudaEventCreateWithFlags(&t->event, cudaEventDisableTiming);
         if (e != cudaSuccess) {
             _dm_free(&n->base.allocator, t);
-            _dm_nccl_cuda_fail(&n->base, e, "creating a request's event");
+            _dm_nccl_cuda_alloc_fail(n, e, "creating a request's event", 0);
             return NULL;
         }
     }
@@ -784,18 +888,16 @@ static dm_status _dm_nccl_start(dm_collective* c, const dm_op* op, void** token)
     int prev;
     *token = NULL;
     if (!what) return DM_ERR_UNSUPPORTED;
-    _DM_TRY(_dm_nccl_usable(n, what));
-    prev = _dm_nccl_enter(n);
+    _DM_TRY(_dm_nccl_enter(n, what, &prev));
     t = _dm_nccl_token_get(n, what);
     st = t ? _dm_nccl_issue(n, op) : DM_ERR_OUT_OF_MEMORY;
     if (st == DM_OK) {
         cudaError_t e = cudaEventRecord(t->event, n->stream);
-        if (e != cudaSuccess) st = _dm_nccl_cuda_fail(c, e, "recording a request's event");
+        if (e != cudaSuccess) st = _dm_nccl_cuda_broke(n, e, "recording a request's event");
     }
     if (st != DM_OK) {
         if (t) _dm_nccl_token_release(n, t);
-        _dm_nccl_leave(n, prev);
-        return st;
+        return _dm_nccl_leave(n, prev, st, what);
     }
     t->deadline = deadline;
     t->timeout_ms = c->timeout_ms;
@@ -804,7 +906,8 @@ static dm_status _dm_nccl_start(dm_collective* c, const dm_op* op, void** token)
     t->next = n->live;
     if (n->live) n->live->prev = t;
     n->live = t;
-    _dm_nccl_leave(n, prev);
+    /* Queued: a failure giving the device back aborts, which settles t; finish reports it. */
+    (void)_dm_nccl_leave(n, prev, DM_OK, what);
     *token = t;
     return DM_OK;
 }
@@ -812,21 +915,27 @@ static dm_status _dm_nccl_start(dm_collective* c, const dm_op* op, void** token)
 static dm_status _dm_nccl_finish(dm_collective* c, void* token, bool block, bool* done) {
     _dm_nccl* n = (_dm_nccl*)c;
     _dm_nccl_token* t = (_dm_nccl_token*)token;
-    int prev = _dm_nccl_enter(n);
+    const char* what = t->what;
     bool reported = false;      /* this call recorded the failure's message */
     dm_status st;
+    int prev;
     if (done) *done = false;
+    /* A failed switch aborts, which settles t; the message below then quotes the first cause. */
+    (void)_dm_nccl_switch(n, what, &prev);
     while (!t->settled) {
-        ncclResult_t async = ncclSuccess;
         cudaError_t e = cudaEventQuery(t->event);
+        ncclResult_t async;
         if (e == cudaSuccess) {
             t->settled = true;
             t->status = DM_OK;
             break;
         }
-        if (e != cudaErrorNotReady) {
+        if (e != cudaErrorNotReady) {   /* sticky (an illegal address, a failed kernel): abort */
+            char msg[96];
+            snprintf(msg, sizeof(msg), "%s #%llu", what, (unsigned long long)t->seq);
             t->settled = true;
-            t->status = _dm_nccl_cuda_fail(c, e, t->what);
+            t->status = DM_ERR_CUDA;
+            _dm_nccl_cuda_broke(n, e, msg);
             reported = true;
             break;
         }
@@ -835,51 +944,45 @@ static dm_status _dm_nccl_finish(dm_collective* c, void* token, bool block, bool
             t->status = n->broken != DM_OK ? n->broken : DM_ERR_ABORTED;
             break;
         }
-        ncclCommGetAsyncError(n->comm, &async);
+        async = _dm_nccl_async_error(n->comm);
         if (async != ncclSuccess && async != ncclInProgress) {
-            st = _dm_nccl_fail_at(n, async, t->what, t->seq);
-            _dm_nccl_abort(n, st);
+            st = _dm_nccl_broke_at(n, async, what, t->seq);
+            t->settled = true;
             t->status = st;     /* even if its event completed in between: reported as failed */
             reported = true;
             break;
         }
         if (_dm_now_ms() >= t->deadline) {
-            _dm_nccl_abort(n, DM_ERR_TIMEOUT);
-            if (t->status != DM_OK) {
-                _DM_FAIL(c, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the communicator was "
-                         "aborted", t->what, (unsigned long long)t->seq, t->timeout_ms);
-                reported = true;
-            }
+            /* the abort decides t: DM_OK if its event completed in the meantime */
+            _dm_nccl_timed_out(n, what, t->seq, t->timeout_ms);
+            reported = true;
             break;
         }
-        if (!block) {
-            _dm_nccl_leave(n, prev);
-            return DM_OK;
-        }
+        if (!block) return _dm_nccl_leave(n, prev, DM_OK, what);
         sched_yield();
     }
     st = t->status;
     if (st != DM_OK && !reported)
-        _DM_FAIL(c, st, "nccl: %s #%llu did not complete: the communicator was aborted by a failure (%s)",
-                 t->what, (unsigned long long)t->seq, dm_status_name(st));
+        _DM_FAIL(c, st, "nccl: %s #%llu did not complete: the communicator was aborted by a failure (%s: %s)",
+                 what, (unsigned long long)t->seq, dm_status_name(st), n->cause);
     if (t->prev) t->prev->next = t->next;
     else n->live = t->next;
     if (t->next) t->next->prev = t->prev;
     _dm_nccl_token_release(n, t);
-    _dm_nccl_leave(n, prev);
     if (done) *done = true;
-    return st;
+    return _dm_nccl_leave(n, prev, st, what);
 }
 
 static void _dm_nccl_destroy(dm_collective* c) {
     _dm_nccl* n = (_dm_nccl*)c;
     dm_allocator a = c->allocator;
-    int prev = _dm_nccl_enter(n), device = n->device;
-    if (n->comm) {
-        /* Let queued work finish (within the deadline) before the communicator goes. */
-        if (_dm_nccl_wait(n, "destroy", true) == DM_OK && n->comm) ncclCommDestroy(n->comm);
-        else if (n->comm) ncclCommAbort(n->comm);
-    }
+    int prev = -1, device = n->device;
+    /* Let queued work finish (within the deadline) before the communicator goes; a wait that
+       fails aborts it, as does a failed switch to its device. */
+    bool on_device = _dm_nccl_switch(n, "destroy", &prev) == DM_OK;
+    if (n->comm && on_device && _dm_nccl_wait(n, "destroy", true) == DM_OK) ncclCommDestroy(n->comm);
+    else if (n->comm) ncclCommAbort(n->comm);     /* not reached: both failures abort */
+    n->comm = NULL;
     while (n->live) {           /* requests the core did not finish (it finishes them first) */
         _dm_nccl_token* t = n->live;
         n->live = t->next;
@@ -892,10 +995,19 @@ static void _dm_nccl_destroy(dm_collective* c) {
         cudaEventDestroy(t->event);
         _dm_free(&a, t);
     }
-    if (n->scratch) cudaFree(n->scratch);
+    /* Return codes are not acted on below: there is nothing left to abort, and after a sticky
+       error the context itself holds what could not be released. */
+    if (n->scratch) {
+#if CUDART_VERSION >= 11020
+        if (n->pools) cudaFreeAsync(n->scratch, n->stream);
+        else
+#endif
+            cudaFree(n->scratch);
+    }
     if (n->owns_stream && n->stream) cudaStreamDestroy(n->stream);
+    cudaGetLastError();
     _dm_free(&a, n);
-    if (prev >= 0 && prev != device) cudaSetDevice(prev);
+    if (prev >= 0 && prev != device && cudaSetDevice(prev) != cudaSuccess) cudaGetLastError();
 }
 
 static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collective** out);
@@ -937,7 +1049,7 @@ static _dm_nccl* _dm_nccl_new(const dm_allocator* a, const dm_logger* lg, int ra
     n->stream = stream;
     return n;
 }
-/* Stream and scratch for a new object; the communicator comes after. */
+/* Stream and scratch for a new object (on its device); the communicator comes after. */
 static dm_status _dm_nccl_resources(_dm_nccl* n) {
     cudaError_t e;
     if (!n->stream) {
@@ -957,48 +1069,69 @@ static dm_status _dm_nccl_resources(_dm_nccl* n) {
         n->pools = pools != 0;
     }
 #endif
-    e = cudaMalloc(&n->scratch, 16);
-    if (e != cudaSuccess) return _dm_nccl_cuda_fail(&n->base, e, "allocating scratch");
-    cudaMemset(n->scratch, 0, 16);
-    return DM_OK;
+    _DM_TRY(_dm_nccl_tmp_alloc(n, 16, &n->scratch, "allocating scratch"));
+    /* on the stream: cudaMemset would queue on the legacy default stream, behind every other
+       blocking stream of the device */
+    e = cudaMemsetAsync(n->scratch, 0, 16, n->stream);
+    return e == cudaSuccess ? DM_OK : _dm_nccl_cuda_fail(&n->base, e, "clearing scratch");
 }
 
-static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collective** out) {
-    _dm_nccl* n = (_dm_nccl*)c;
+/* The child of a split finishes its own initialisation under the deadline. On a failure or at
+   the deadline it is aborted, after NCCL's error text has been read (the abort discards it);
+   the parent stays usable: its part of the split completed. */
+static dm_status _dm_nccl_child_ready(_dm_nccl* n, ncclComm_t child) {
+    int64_t deadline = _dm_deadline(n->base.timeout_ms);
+    ncclResult_t r;
+    dm_status st;
+    while ((r = _dm_nccl_async_error(child)) == ncclInProgress && _dm_now_ms() < deadline) sched_yield();
+    if (r == ncclSuccess) return DM_OK;
+    if (r == ncclInProgress)
+        st = _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: split #%llu timed out after %d ms; the new "
+                      "communicator was aborted", (unsigned long long)n->base.seq, n->base.timeout_ms);
+    else
+        st = _dm_nccl_fail_on(n, child, r, "split: initialising the new communicator", n->base.seq);
+    ncclCommAbort(child);
+    return st;
+}
+
+/* NCCL writes *newcomm even when ncclCommSplit fails: a child that exists is aborted on every
+   failure path below, and a failure of the parent's part aborts the parent too. */
+static dm_status _dm_nccl_split_on(_dm_nccl* n, int color, int key, dm_collective** out) {
+    dm_collective* c = &n->base;
     _dm_nccl* m;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclComm_t comm = NULL;
     int rank = 0, size = 0;
+    ncclResult_t r;
     dm_status st;
     _DM_TRY(_dm_nccl_usable(n, "split"));
     config.blocking = 0;
-    {   /* The parent stays "in progress" after a non-blocking split even when the call itself
-           returned ncclSuccess (seen with NCCL_SPLIT_NOCOLOR on 2.28): wait for it either way, or
-           NCCL refuses the next call on the parent. */
-        ncclResult_t r = ncclCommSplit(n->comm, color == DM_SPLIT_NONE ? NCCL_SPLIT_NOCOLOR : color, key,
-                                       &comm, &config);
-        if (r != ncclSuccess && r != ncclInProgress) return _dm_nccl_fail(n, r, "split");
-        st = _dm_nccl_wait(n, "split", false);
+    r = ncclCommSplit(n->comm, color == DM_SPLIT_NONE ? NCCL_SPLIT_NOCOLOR : color, key, &comm, &config);
+    /* The parent stays "in progress" after a non-blocking split even when the call itself
+       returned ncclSuccess (seen with NCCL_SPLIT_NOCOLOR on 2.28): wait for it either way, or
+       NCCL refuses the next call on the parent. */
+    st = r == ncclSuccess || r == ncclInProgress ? _dm_nccl_wait(n, "split", false) : _dm_nccl_broke(n, r, "split");
+    if (st != DM_OK) {
+        if (comm) ncclCommAbort(comm);
+        return st;
     }
-    if (st != DM_OK || color == DM_SPLIT_NONE) return st;
-    {   /* the new communicator finishes its own initialisation */
-        int64_t deadline = _dm_deadline(c->timeout_ms);
-        ncclResult_t r = ncclInProgress;
-        while (r == ncclInProgress && _dm_now_ms() < deadline) {
-            ncclCommGetAsyncError(comm, &r);
-            if (r == ncclInProgress) sched_yield();
-        }
-        if (r != ncclSuccess) {
-            ncclCommAbort(comm);
-            return r == ncclInProgress
-                ? _DM_FAIL(c, DM_ERR_TIMEOUT, "nccl: split #%llu timed out after %d ms", (unsigned long long)c->seq, c->timeout_ms)
-                : _dm_nccl_fail(n, r, "split");
-        }
+    if (color == DM_SPLIT_NONE) return DM_OK;
+    if (!comm)
+        return _DM_FAIL(c, DM_ERR_NCCL, "nccl: split #%llu: ncclCommSplit returned no communicator for "
+                        "color %d", (unsigned long long)c->seq, color);
+    _DM_TRY(_dm_nccl_child_ready(n, comm));
+    r = ncclCommUserRank(comm, &rank);
+    if (r == ncclSuccess) r = ncclCommCount(comm, &size);
+    if (r != ncclSuccess) {
+        st = _dm_nccl_fail_on(n, comm, r, "split: the new communicator's rank and size", c->seq);
+        ncclCommAbort(comm);
+        return st;
     }
-    ncclCommUserRank(comm, &rank);
-    ncclCommCount(comm, &size);
     m = _dm_nccl_new(&c->allocator, &c->logger, rank, size, c->timeout_ms, n->device, NULL);
-    if (!m) { ncclCommDestroy(comm); return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "nccl: split: out of memory"); }
+    if (!m) {
+        ncclCommAbort(comm);
+        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "nccl: split: out of memory");
+    }
     m->comm = comm;
     _dm_copy_name(m->base.node_name, sizeof(m->base.node_name), c->node_name);
     st = _dm_nccl_resources(m);
@@ -1008,6 +1141,15 @@ static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collect
         return st;
     }
     *out = &m->base;
+    return DM_OK;
+}
+static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collective** out) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    int prev;
+    dm_status st = _dm_nccl_enter(n, "split", &prev);
+    if (st == DM_OK) st = _dm_nccl_split_on(n, color, key, out);
+    if (st != DM_OK) return _dm_nccl_leave(n, prev, st, "split");
+    (void)_dm_nccl_leave(n, prev, DM_OK, "split");   /* the child exists: *out is the caller's now */
     return DM_OK;
 }
 
@@ -1039,7 +1181,7 @@ static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniq
         }
         if (n->base.rank == 0) {
             r = ncclGetUniqueId(id);
-            if (r != ncclSuccess) st = _dm_nccl_fail(n, r, "ncclGetUniqueId");
+            if (r != ncclSuccess) st = _dm_nccl_fail_on(n, NULL, r, "ncclGetUniqueId", n->base.seq);
             else if (dm_store_set(store, key, id, sizeof(*id)) != DM_OK)
                 st = _DM_FAIL(&n->base, DM_ERR_NETWORK, "nccl: publishing the unique id: %s", dm_store_last_error(store));
         } else if (dm_store_get(store, key, &value, &size) != DM_OK) {

@@ -40,6 +40,8 @@
        DISTMESH_STORE_MAX_VALUE, _MAX_CONN, _MAX_TOTAL, _STALL_MS   store server bounds
                                  (see dm_store_desc; README "TCP backend")
        DISTMESH_TIMEOUT          seconds; the deadline of every blocking call
+       DISTMESH_SOCKETS_PER_PEER sockets to each peer on another host, 1..16 (default 1), the
+                                 stream striped over them in 256 KiB pieces (>>tcp more sockets)
 
    FAILURES
    Every wait has a deadline (base.timeout_ms, dm_set_timeout). A peer's EOF or reset gives
@@ -133,8 +135,11 @@ typedef struct dm_store_desc {
     size_t max_value;       /* DISTMESH_STORE_MAX_VALUE, DM_STORE_MAX_VALUE: bytes of one value */
     size_t max_conn_bytes;  /* DISTMESH_STORE_MAX_CONN, 2 x max_value + 1 MiB: one client's
                                request being received, and separately its unread replies */
-    size_t max_total_bytes; /* DISTMESH_STORE_MAX_TOTAL, 1 GiB: keys, values and every buffer;
-                               at the quota the client holding the most buffered bytes is closed */
+    size_t max_total_bytes; /* DISTMESH_STORE_MAX_TOTAL, 256 MiB: everything the server holds --
+                               keys and values (at most 7/8 of it) and every client's buffers. A
+                               write that does not fit closes its client; buffers that do not fit
+                               close the client holding the most buffered bytes. A distmesh
+                               client reads why (DM_ERR_OUT_OF_MEMORY) at its next call */
     int stall_ms;           /* DISTMESH_STORE_STALL_MS, 30000: a client that does not read its
                                replies is no longer read from; after this long without progress
                                it is closed */
@@ -274,6 +279,32 @@ static const unsigned char _dm_st_v2_from_v1[] = { _DM_STQ_SET, _DM_STQ_COMPARE_
 #define _DM_ST_HIGH_WATER ((size_t)1 << 20) /* unread reply bytes above which a client is not read */
 #define _DM_ST_TOKEN_MAX 255
 enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NEEDTOKEN };
+/* Why the server closed a client (distmesh only): c10d has no error reply (SET has no reply at
+   all), so a client the server closes for a bound or a malformed request would only see EOF. A
+   distmesh client marks its PING nonce (top byte 'D': torch's nonce is its pid, below 2^22),
+   and an authenticated client is a distmesh client too; such a client gets, in place of its
+   next reply, and then the connection closes:
+     notice      8 bytes FF "DMNOTE" 7F, i32 status, u16 length, that many bytes of reason
+   The magic is no reply a client can expect: a 1-byte reply is 0 or 1, and as a u64 length it
+   is above DM_STORE_MAX_VALUE (an ADD whose result is exactly that value, one in 2^64, would
+   read as a notice). */
+#define _DM_ST_NONCE_MARK 0x44000000u
+#define _DM_ST_NOTICE_HEAD 14
+#define _DM_ST_NOTICE_TEXT 300
+static const unsigned char _dm_st_notice_magic[8] = { 0xFF, 'D', 'M', 'N', 'O', 'T', 'E', 0x7F };
+/* Stored keys and values may fill the quota but for this share (1/8) of it, which is kept for
+   connection buffers: a store full of data still answers every client. */
+#define _DM_ST_BUFFER_SHARE 8
+/* Values of at least this many bytes are not copied: a SET that fills the client's input buffer
+   keeps that buffer as the value, and a GET's reply is written from the value itself (storing V
+   bytes never needs 2V, nor does reading them back). */
+#define _DM_ST_INPLACE_MIN ((size_t)64 << 10)
+#define _DM_ST_NOTICE_MS 1000             /* to deliver a notice before the close */
+/* The default quota. distmesh's own rendezvous holds little: measured, 34 keys and 3 KiB of keys
+   and values at 32 ranks (about 100 B a rank), plus a 4 KiB buffer per connected rank. 256 MiB
+   is room for that at any scale, and still for one value of the default largest size (64 MiB)
+   stored, read back and a second being received at once. */
+#define _DM_ST_MAX_TOTAL ((size_t)256 << 20)
 
 /* >>store errors  Every foreign code goes through here: libuv codes directly, errno values via
    uv_translate_sys_error. */
@@ -453,7 +484,17 @@ typedef struct _dm_kv {
     size_t key_len;
     unsigned char* val;         /* allocated with at least 1 byte */
     size_t val_len, val_cap;
+    struct _dm_srv_pin* pin;    /* while replies are written straight from val */
 } _dm_kv;
+/* A value being written to clients from the entry itself (a large GET reply, not copied). While
+   refs > 0 its bytes stay: an entry that replaces or drops its value meanwhile hands them over
+   (owner NULL), and the last write frees them and their charge. */
+typedef struct _dm_srv_pin {
+    _dm_kv* owner;              /* the entry whose value this is; NULL once it let go */
+    unsigned char* val;
+    size_t cap;
+    unsigned refs;
+} _dm_srv_pin;
 
 struct _dm_srv_client;
 typedef struct _dm_srv_wkey {
@@ -487,6 +528,7 @@ typedef struct _dm_srv {
     bool thread_started, listener_open, stop_open, tick_open;
     _dm_srv_limits lim;
     size_t held;                /* bytes charged to lim.max_total: entries, input buffers, replies */
+    size_t data;                /* the entries' part of held: keys, values and their records */
     unsigned closes;            /* clients closed so far (a close may free waiters mid-scan) */
     _dm_kv** buckets;
     size_t nbuckets, nkeys;
@@ -506,6 +548,7 @@ typedef struct _dm_srv_client {
     size_t need;                /* don't parse again before in_len reaches this */
     size_t charged;             /* input buffer bytes charged to srv->held */
     size_t queued;              /* reply bytes handed to libuv, not yet written */
+    size_t uncharged;           /* the part of queued written from pinned values (not copies) */
     int64_t since;              /* accept time while authenticating; last write progress */
     unsigned char auth;         /* 0 admitted, 1 hello expected, 2 proof expected */
     bool reading, flush_close;  /* flush_close: close once the queued replies are written */
@@ -513,6 +556,11 @@ typedef struct _dm_srv_client {
     unsigned char nonce_c[32], nonce_s[32];
     bool validated, closing;
     unsigned char proto;        /* _DM_ST_PROTO_2, or _DM_ST_PROTO_1 for a torch < 2.2 client */
+    bool notices;               /* a distmesh client: told why before it is closed (>>store wire) */
+    bool in_process;            /* inside _dm_srv_process: `in` is a view, not to be freed here */
+    bool adopted;               /* the request just served took `in` over as a value */
+    size_t view_off;            /* where the view _dm_srv_process parses starts in the buffer */
+    size_t refused;             /* growth the quota refused in the alloc callback (0: none) */
     _dm_srv_waiter* waiter;
     char peer[64];
 } _dm_srv_client;
@@ -520,7 +568,9 @@ typedef struct _dm_srv_client {
 typedef struct _dm_srv_write {
     uv_write_t req;
     const dm_allocator* a;      /* the bytes follow the struct in the same allocation */
-    size_t n;
+    size_t n;                   /* bytes written, */
+    size_t charged;             /* of which charged to the quota (all but a pinned value's) */
+    _dm_srv_pin* pin;           /* the value written after the bytes, or NULL */
 } _dm_srv_write;
 
 /* -- the map -- */
@@ -533,11 +583,40 @@ _DM_PRIVATE _dm_kv** _dm_srv_slot(_dm_srv* s, const void* key, size_t n, uint64_
 _DM_PRIVATE _dm_kv* _dm_srv_find(_dm_srv* s, const void* key, size_t n) {
     return *_dm_srv_slot(s, key, n, _dm_st_hash(key, n));
 }
-_DM_PRIVATE void _dm_srv_kv_free(_dm_srv* s, _dm_kv* e) {
-    size_t b = e->key_len + e->val_cap + sizeof(*e);
+/* An entry's charge: its record, key and value capacity, in both held and data. */
+_DM_PRIVATE size_t _dm_srv_kv_bytes(const _dm_kv* e) { return sizeof(*e) + e->key_len + e->val_cap; }
+_DM_PRIVATE void _dm_srv_uncharge_data(_dm_srv* s, size_t b) {
     s->held = s->held > b ? s->held - b : 0;
+    s->data = s->data > b ? s->data - b : 0;
+}
+/* e lets go of its value: freed now, or by the last write still sending it (see _dm_srv_pin). */
+_DM_PRIVATE void _dm_srv_release_val(_dm_srv* s, _dm_kv* e) {
+    if (e->pin) {
+        e->pin->owner = NULL;
+        e->pin = NULL;
+    } else {
+        _dm_free(&s->allocator, e->val);
+        _dm_srv_uncharge_data(s, e->val_cap);
+    }
+    e->val = NULL;
+    e->val_len = e->val_cap = 0;
+}
+/* The bytes a new value may count on being freed now: none while replies are written from it. */
+_DM_PRIVATE size_t _dm_srv_freeable(const _dm_kv* e) { return e->pin ? 0 : e->val_cap; }
+_DM_PRIVATE void _dm_srv_unpin(_dm_srv* s, _dm_srv_pin* p) {
+    if (--p->refs) return;
+    if (p->owner) {
+        p->owner->pin = NULL;
+    } else {
+        _dm_free(&s->allocator, p->val);
+        _dm_srv_uncharge_data(s, p->cap);
+    }
+    _dm_free(&s->allocator, p);
+}
+_DM_PRIVATE void _dm_srv_kv_free(_dm_srv* s, _dm_kv* e) {
+    _dm_srv_release_val(s, e);
+    _dm_srv_uncharge_data(s, _dm_srv_kv_bytes(e));
     _dm_free(&s->allocator, e->key);
-    _dm_free(&s->allocator, e->val);
     _dm_free(&s->allocator, e);
 }
 _DM_PRIVATE void _dm_srv_grow(_dm_srv* s) {
@@ -557,26 +636,43 @@ _DM_PRIVATE void _dm_srv_grow(_dm_srv* s) {
     s->buckets = b;
     s->nbuckets = nb;
 }
-/* Replaces (append false) or extends (append true) the value; NULL when out of memory. */
+/* Whether keys and values may grow by data_more bytes, and everything held by held_more, while
+   `less` bytes of theirs go (a replaced value): within the data share (the quota less
+   1/_DM_ST_BUFFER_SHARE) and within the quota. The moment a value and its replacement coexist
+   is not charged: the charge is what is held once the request is served. */
+_DM_PRIVATE bool _dm_srv_fits(const _dm_srv* s, size_t data_more, size_t held_more, size_t less) {
+    size_t cap = s->lim.max_total - s->lim.max_total / _DM_ST_BUFFER_SHARE;
+    size_t data = s->data - (less < s->data ? less : s->data), held = s->held - (less < s->held ? less : s->held);
+    return data <= cap && data_more <= cap - data && held <= s->lim.max_total &&
+           held_more <= s->lim.max_total - held;
+}
+/* Replaces (append false) or extends (append true) the value; NULL when out of memory, or over
+   the quota (*over_quota set). */
 _DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
-                                const unsigned char* val, size_t vn, bool append) {
+                                const unsigned char* val, size_t vn, bool append, bool* over_quota) {
     uint64_t h = _dm_st_hash(key, kn);
     _dm_kv** pp = _dm_srv_slot(s, key, kn, h);
     _dm_kv* e = *pp;
-    size_t grow = !e ? kn + vn + sizeof(*e) : append ? e->val_len + vn + e->val_cap : vn; /* at most */
-    if (grow > s->lim.max_total || s->held > s->lim.max_total - grow) return NULL;   /* over the quota */
+    *over_quota = false;
     if (!e) {
+        if (!_dm_srv_fits(s, sizeof(*e) + kn + vn, sizeof(*e) + kn + vn, 0)) { *over_quota = true; return NULL; }
         e = (_dm_kv*)_dm_calloc(&s->allocator, sizeof(*e));
         if (!e) return NULL;
         e->key = (unsigned char*)_dm_malloc(&s->allocator, kn);
         e->val = (unsigned char*)_dm_malloc(&s->allocator, vn);
-        if (!e->key || !e->val) { _dm_srv_kv_free(s, e); return NULL; }
+        if (!e->key || !e->val) {
+            _dm_free(&s->allocator, e->key);
+            _dm_free(&s->allocator, e->val);
+            _dm_free(&s->allocator, e);
+            return NULL;
+        }
         if (kn) memcpy(e->key, key, kn);
         if (vn) memcpy(e->val, val, vn);
         e->key_len = kn;
         e->val_len = e->val_cap = vn;
         e->hash = h;
-        s->held += kn + vn + sizeof(*e);
+        s->held += _dm_srv_kv_bytes(e);
+        s->data += _dm_srv_kv_bytes(e);
         *pp = e;
         if (++s->nkeys > s->nbuckets) _dm_srv_grow(s);
         return e;
@@ -590,16 +686,64 @@ _DM_PRIVATE _dm_kv* _dm_srv_put(_dm_srv* s, const unsigned char* key, size_t kn,
         size_t keep = append ? e->val_len : 0, cap = keep + vn;
         unsigned char* nv;
         if (append && cap < 2 * e->val_cap) cap = 2 * e->val_cap;
+        if (!_dm_srv_fits(s, cap, cap, _dm_srv_freeable(e))) { *over_quota = true; return NULL; }
         nv = (unsigned char*)_dm_malloc(&s->allocator, cap);
         if (!nv) return NULL;
         if (keep) memcpy(nv, e->val, keep);
         if (vn) memcpy(nv + keep, val, vn);
-        _dm_free(&s->allocator, e->val);
-        s->held = s->held - e->val_cap + cap;
+        _dm_srv_release_val(s, e);
+        s->held += cap;
+        s->data += cap;
         e->val = nv;
         e->val_len = keep + vn;
         e->val_cap = cap;
     }
+    return e;
+}
+/* SET whose request is the whole of c's input buffer (request_len bytes at its start, nothing
+   after it) and mostly value: the buffer becomes the value, moved to its start, and its bytes go
+   from c's buffer charge to the data charge. NULL (*over_quota as for put) when it cannot;
+   *adopted tells whether this path applied at all (else the caller copies with put). */
+_DM_PRIVATE _dm_kv* _dm_srv_put_adopt(_dm_srv_client* c, const unsigned char* key, size_t kn,
+                                      const unsigned char* val, size_t vn, size_t request_len,
+                                      bool* adopted, bool* over_quota) {
+    _dm_srv* s = c->srv;
+    uint64_t h = _dm_st_hash(key, kn);
+    _dm_kv** pp = _dm_srv_slot(s, key, kn, h);
+    _dm_kv* e = *pp;
+    size_t record = e ? 0 : sizeof(*e) + kn, cap = c->in_cap;
+    *adopted = *over_quota = false;
+    if (vn < _DM_ST_INPLACE_MIN || c->view_off != 0 || c->in_len != request_len || cap > vn + vn / 4 + 4096 ||
+        c->charged != cap)
+        return NULL;
+    *adopted = true;
+    /* the buffer is already in held: data grows by all of it, held only by the record */
+    if (!_dm_srv_fits(s, record + cap, record, e ? _dm_srv_freeable(e) : 0)) {
+        *over_quota = true;
+        return NULL;
+    }
+    if (!e) {
+        e = (_dm_kv*)_dm_calloc(&s->allocator, sizeof(*e));
+        if (e) e->key = (unsigned char*)_dm_malloc(&s->allocator, kn ? kn : 1);
+        if (!e || !e->key) { _dm_free(&s->allocator, e); return NULL; }
+        if (kn) memcpy(e->key, key, kn);
+        e->key_len = kn;
+        e->hash = h;
+        *pp = e;
+        s->held += record;
+        s->data += record;
+        if (++s->nkeys > s->nbuckets) _dm_srv_grow(s);
+    } else {
+        _dm_srv_release_val(s, e);
+    }
+    memmove(c->in, val, vn);
+    e->val = c->in;
+    e->val_len = vn;
+    e->val_cap = cap;
+    s->data += cap;             /* held already counts it, as c's buffer */
+    c->in = NULL;
+    c->in_len = c->in_cap = c->charged = 0;
+    c->adopted = true;
     return e;
 }
 _DM_PRIVATE bool _dm_srv_erase(_dm_srv* s, const unsigned char* key, size_t kn) {
@@ -619,26 +763,33 @@ _DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
 _DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t* buf);
 _DM_PRIVATE _DM_PRINTF(3, 4) void _dm_srv_drop(_dm_srv_client* c, dm_status st, const char* fmt, ...);
 
-/* >>store server bounds  Every byte a client makes the server hold is charged to the total
-   quota first. At the quota the client holding the most buffered bytes goes (c itself when that
-   is c): false when c may not go on. */
-_DM_PRIVATE bool _dm_srv_charge(_dm_srv_client* c, size_t extra) {
+/* >>store server bounds  Every byte the server holds is charged to the total quota first:
+   entries (keys, values, records; at most the data share of it, see _dm_srv_fits), each
+   client's input buffer (capacity, bounded by max_conn) and its queued replies (bounded by
+   max_conn). Buffers that would go over the quota make room by dropping the client holding the
+   most buffered bytes, unless that is the client asking, which is refused then. */
+_DM_PRIVATE size_t _dm_srv_buffered(const _dm_srv_client* c) { return c->charged + c->queued - c->uncharged; }
+/* Charges `extra` buffer bytes for c. False when c is the one to refuse; the caller refuses it
+   (never from libuv's alloc callback: closing the handle there makes libuv call the read
+   callback it has just cleared, a NULL pointer). */
+_DM_PRIVATE bool _dm_srv_make_room(_dm_srv_client* c, size_t extra) {
     _dm_srv* s = c->srv;
     while (extra > s->lim.max_total || s->held > s->lim.max_total - extra) {
         _dm_srv_client *big = NULL, *x;
         for (x = s->clients; x; x = x->next)
-            if (!x->closing && (!big || x->charged + x->queued > big->charged + big->queued)) big = x;
-        if (!big || big == c || big->charged + big->queued == 0) {
-            _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "the store is at its memory quota of %zu bytes "
-                         "(DISTMESH_STORE_MAX_TOTAL) and this client needs %zu more", s->lim.max_total, extra);
-            return false;
-        }
+            if (!x->closing && !x->flush_close && (!big || _dm_srv_buffered(x) > _dm_srv_buffered(big))) big = x;
+        if (!big || big == c || _dm_srv_buffered(big) == 0) return false;
         _dm_srv_drop(big, DM_ERR_OUT_OF_MEMORY, "the store is at its memory quota of %zu bytes "
-                     "(DISTMESH_STORE_MAX_TOTAL); this client holds the most buffered bytes (%zu)",
-                     s->lim.max_total, big->charged + big->queued);
+                     "(DISTMESH_STORE_MAX_TOTAL) and this client holds the most buffered bytes (%zu)",
+                     s->lim.max_total, _dm_srv_buffered(big));
     }
     s->held += extra;
     return true;
+}
+_DM_PRIVATE void _dm_srv_refuse_quota(_dm_srv_client* c, size_t extra) {
+    _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "the store is at its memory quota of %zu bytes (DISTMESH_STORE_MAX_TOTAL; "
+                 "%zu held, %zu of them keys and values) and this client needs %zu more for its buffers",
+                 c->srv->lim.max_total, c->srv->held, c->srv->data, extra);
 }
 /* Reading follows the reply backlog: a client that does not read its replies is not read from
    (its requests wait in the kernel), so it cannot make the server queue more. */
@@ -661,7 +812,9 @@ _DM_PRIVATE void _dm_srv_on_written(uv_write_t* req, int status) {
     _dm_srv_client* c = (_dm_srv_client*)req->handle;
     _dm_srv* s = c->srv;
     c->queued -= w->n;
-    if (!c->released) s->held -= w->n;
+    c->uncharged -= w->n - w->charged;
+    if (!c->released) s->held -= w->charged;
+    if (w->pin) _dm_srv_unpin(s, w->pin);
     if (!c->auth) c->since = _dm_now_ms();   /* progress (authenticating: the deadline stays) */
     _dm_free(w->a, w);
     if (c->closing) return;
@@ -672,26 +825,30 @@ _DM_PRIVATE void _dm_srv_on_written(uv_write_t* req, int status) {
     }
     if (!c->reading && c->queued <= _DM_ST_HIGH_WATER) _dm_srv_process(c);   /* parse what waits */
 }
-/* Queues bytes for the client (copied); a failure closes the client. */
-_DM_PRIVATE void _dm_srv_send(_dm_srv_client* c, const void* d, size_t n) {
+/* Queues bytes for the client (copied); a failure closes the client. A notice (metered false:
+   a few hundred bytes, once per client) is charged without asking the quota. */
+_DM_PRIVATE void _dm_srv_queue(_dm_srv_client* c, const void* d, size_t n, bool metered) {
     _dm_srv_write* w;
     uv_buf_t buf;
     int rc;
     if (c->closing || n == 0) return;
-    if (n > c->srv->lim.max_conn || c->queued > c->srv->lim.max_conn - n) {
+    if (metered && (n > c->srv->lim.max_conn || c->queued > c->srv->lim.max_conn - n)) {
         _dm_srv_drop(c, DM_ERR_PROTOCOL, "does not read its replies (%zu bytes queued, %zu more above the "
                      "per-connection limit DISTMESH_STORE_MAX_CONN of %zu)", c->queued, n, c->srv->lim.max_conn);
         return;
     }
-    if (!_dm_srv_charge(c, n)) return;
+    if (!metered) c->srv->held += n;
+    else if (!_dm_srv_make_room(c, n)) { _dm_srv_refuse_quota(c, n); return; }
     w = (_dm_srv_write*)_dm_malloc(&c->srv->allocator, sizeof(*w) + n);
     if (!w) {
         c->srv->held -= n;
-        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory queueing a reply of %zu bytes", n);
+        if (metered) _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory queueing a reply of %zu bytes", n);
+        else _dm_srv_close_client(c);
         return;
     }
     w->a = &c->srv->allocator;
-    w->n = n;
+    w->n = w->charged = n;
+    w->pin = NULL;
     memcpy((unsigned char*)(w + 1), d, n);
     buf.base = (char*)(w + 1);
     buf.len = n;
@@ -705,10 +862,67 @@ _DM_PRIVATE void _dm_srv_send(_dm_srv_client* c, const void* d, size_t n) {
         _dm_srv_close_client(c);
     }
 }
+_DM_PRIVATE void _dm_srv_send(_dm_srv_client* c, const void* d, size_t n) { _dm_srv_queue(c, d, n, true); }
 _DM_PRIVATE void _dm_srv_send_stbuf(_dm_srv_client* c, _dm_stbuf* b) {
     if (b->oom) _dm_srv_close_client(c);
     else _dm_srv_send(c, b->p, b->len);
     _dm_stbuf_free(b);
+}
+/* A value as a reply (u64 length + bytes) written from the entry, pinned until written: only
+   the 8-byte length is a copy, and only it is charged; the value's bytes already are. */
+_DM_PRIVATE void _dm_srv_send_value(_dm_srv_client* c, _dm_kv* e) {
+    _dm_srv* s = c->srv;
+    _dm_srv_write* w;
+    _dm_srv_pin* p = e->pin;
+    uv_buf_t bufs[2];
+    size_t n = 8 + e->val_len;
+    int i, rc;
+    if (c->closing) return;
+    if (n > s->lim.max_conn || c->queued > s->lim.max_conn - n) {
+        _dm_srv_drop(c, DM_ERR_PROTOCOL, "does not read its replies (%zu bytes queued, %zu more above the "
+                     "per-connection limit DISTMESH_STORE_MAX_CONN of %zu)", c->queued, n, s->lim.max_conn);
+        return;
+    }
+    if (!p && (p = (_dm_srv_pin*)_dm_calloc(&s->allocator, sizeof(*p))) != NULL) {
+        p->owner = e;
+        p->val = e->val;
+        p->cap = e->val_cap;
+        e->pin = p;
+    }
+    w = p ? (_dm_srv_write*)_dm_malloc(&s->allocator, sizeof(*w) + 8) : NULL;
+    if (!w) {
+        if (p && p->refs == 0) { p->refs = 1; _dm_srv_unpin(s, p); }
+        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory queueing a reply of %zu bytes", n);
+        return;
+    }
+    p->refs++;
+    if (!_dm_srv_make_room(c, 8)) {
+        _dm_free(&s->allocator, w);
+        _dm_srv_unpin(s, p);
+        _dm_srv_refuse_quota(c, 8);
+        return;
+    }
+    for (i = 0; i < 8; i++) ((unsigned char*)(w + 1))[i] = (unsigned char)((uint64_t)e->val_len >> (8 * i));
+    w->a = &s->allocator;
+    w->n = n;
+    w->charged = 8;
+    w->pin = p;
+    w->req.data = w;
+    bufs[0].base = (char*)(w + 1);
+    bufs[0].len = 8;
+    bufs[1].base = (char*)p->val;
+    bufs[1].len = e->val_len;
+    c->queued += n;
+    c->uncharged += n - 8;
+    rc = uv_write(&w->req, (uv_stream_t*)&c->tcp, bufs, 2, _dm_srv_on_written);
+    if (rc < 0) {
+        c->queued -= n;
+        c->uncharged -= n - 8;
+        s->held -= 8;
+        _dm_free(w->a, w);
+        _dm_srv_unpin(s, p);
+        _dm_srv_close_client(c);
+    }
 }
 
 _DM_PRIVATE void _dm_srv_waiter_drop(_dm_srv* s, _dm_srv_waiter* w) {
@@ -754,36 +968,67 @@ _DM_PRIVATE void _dm_srv_on_client_closed(uv_handle_t* h) {
     _dm_free(&s->allocator, c->in);
     _dm_free(&s->allocator, c);
 }
+/* The input buffer goes (a client that is closing or being told why reads nothing more): its
+   charge at once, so the quota can count on it, its memory unless _dm_srv_process is parsing a
+   view of it (it calls this again when it is done) or the close callback will. */
+_DM_PRIVATE void _dm_srv_release_input(_dm_srv_client* c) {
+    c->srv->held -= c->charged;
+    c->charged = 0;
+    if (c->in_process || c->closing) return;
+    _dm_free(&c->srv->allocator, c->in);
+    c->in = NULL;
+    c->in_len = c->in_cap = 0;
+}
 _DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c) {
     if (c->closing) return;
     c->closing = true;
     c->srv->closes++;
-    c->srv->held -= c->charged + c->queued;  /* freed in the close and write callbacks */
+    c->srv->held -= _dm_srv_buffered(c);      /* freed in the close and write callbacks */
     c->charged = 0;
     c->released = true;
     if (c->waiter) _dm_srv_waiter_drop(c->srv, c->waiter);
     uv_close((uv_handle_t*)&c->tcp, _dm_srv_on_client_closed);
 }
-_DM_PRIVATE _DM_PRINTF(2, 3) void _dm_srv_protocol_error(_dm_srv_client* c, const char* fmt, ...) {
-    char what[256], msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
-    va_end(ap);
-    _DM_REPORT(&c->srv->logger, msg, sizeof(msg), DM_ERR_PROTOCOL,
-               "tcp-store: server closed client %s (%s)", c->peer, what);
-    _dm_srv_close_client(c);
+/* Stops reading c, queues its last bytes (unmetered) and closes it once they are written (the
+   tick closes it if they do not move for _DM_ST_NOTICE_MS). */
+_DM_PRIVATE void _dm_srv_last_words(_dm_srv_client* c, const void* d, size_t n) {
+    if (c->reading) uv_read_stop((uv_stream_t*)&c->tcp);
+    c->reading = false;
+    c->flush_close = true;
+    c->since = _dm_now_ms();
+    if (c->waiter) _dm_srv_waiter_drop(c->srv, c->waiter);
+    _dm_srv_release_input(c);
+    _dm_srv_queue(c, d, n, false);
+    if (!c->closing && c->queued == 0) _dm_srv_close_client(c);
 }
-/* Closes a client that broke a bound or failed to authenticate, logging the reason. */
+/* Closes a client that broke a bound, failed to authenticate or sent a malformed request,
+   logging the reason; a distmesh client gets the reason first (a notice, see >>store wire). */
 _DM_PRIVATE _DM_PRINTF(3, 4) void _dm_srv_drop(_dm_srv_client* c, dm_status st, const char* fmt, ...) {
-    char what[300], msg[420];
+    char what[_DM_ST_NOTICE_TEXT], msg[420];
+    unsigned char note[_DM_ST_NOTICE_HEAD + _DM_ST_NOTICE_TEXT];
+    size_t n;
     va_list ap;
-    if (c->closing) return;
+    if (c->closing || c->flush_close) return;
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
     _DM_REPORT(&c->srv->logger, msg, sizeof(msg), st, "tcp-store: server closed client %s (%s)", c->peer, what);
-    _dm_srv_close_client(c);
+    if (!c->notices) { _dm_srv_close_client(c); return; }
+    n = strlen(what);
+    memcpy(note, _dm_st_notice_magic, 8);
+    note[8] = (unsigned char)((uint32_t)st); note[9] = (unsigned char)((uint32_t)st >> 8);
+    note[10] = (unsigned char)((uint32_t)st >> 16); note[11] = (unsigned char)((uint32_t)st >> 24);
+    note[12] = (unsigned char)n; note[13] = (unsigned char)(n >> 8);
+    memcpy(note + _DM_ST_NOTICE_HEAD, what, n);
+    _dm_srv_last_words(c, note, _DM_ST_NOTICE_HEAD + n);
+}
+_DM_PRIVATE _DM_PRINTF(2, 3) void _dm_srv_protocol_error(_dm_srv_client* c, const char* fmt, ...) {
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    _dm_srv_drop(c, DM_ERR_PROTOCOL, "%s", what);
 }
 /* Answers a client that may not go on with one u32 (status or "DMAU"), logs why, and closes it
    once that is written; nothing it sent later is read. */
@@ -792,13 +1037,9 @@ _DM_PRIVATE void _dm_srv_refuse(_dm_srv_client* c, uint32_t code, const char* wh
     char msg[420];
     _DM_REPORT(&c->srv->logger, msg, sizeof(msg), DM_ERR_REFUSED, "tcp-store: server refused client %s (%s)",
                c->peer, why);
-    if (c->reading) uv_read_stop((uv_stream_t*)&c->tcp);
-    c->reading = false;
-    c->flush_close = true;
     b[0] = (unsigned char)code; b[1] = (unsigned char)(code >> 8);
     b[2] = (unsigned char)(code >> 16); b[3] = (unsigned char)(code >> 24);
-    _dm_srv_send(c, b, 4);
-    if (!c->closing && c->queued == 0) _dm_srv_close_client(c);
+    _dm_srv_last_words(c, b, 4);
 }
 
 /* >>store server auth  One step of the handshake on the bytes at the start of the buffer, like
@@ -836,6 +1077,7 @@ _DM_PRIVATE size_t _dm_srv_auth_step(_dm_srv_client* c) {
         return 0;
     }
     c->auth = 0;
+    c->notices = true;          /* only a distmesh client authenticates */
     memset(mac, 0, 4);
     _dm_srv_send(c, mac, 4);    /* u32 0: admitted */
     return c->closing ? 0 : 32;
@@ -959,6 +1201,7 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     const unsigned char *key = NULL, *v1 = NULL, *v2 = NULL;
     size_t kn = 0, n1 = 0, n2 = 0;
     uint64_t cnt = 0;
+    bool over = false;
     _dm_stbuf out;
     memset(&k, 0, sizeof(k));
     memset(&out, 0, sizeof(out));
@@ -984,24 +1227,31 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     case _DM_STQ_PING: {
         uint32_t nonce;
         if (!_dm_srv_rd_u32(&k, &nonce)) break;
+        if ((nonce & 0xFF000000u) == _DM_ST_NONCE_MARK) c->notices = true;
         _dm_stbuf_u32(&out, nonce);
         _dm_srv_send_stbuf(c, &out);
         return k.off;
     }
     case _DM_STQ_SET:
-    case _DM_STQ_APPEND:
+    case _DM_STQ_APPEND: {
+        bool adopted = false;
+        _dm_kv* e = NULL;
         if (!_DM_SRV_KEY(&k, &key, &kn) || !_DM_SRV_VAL(&k, &v1, &n1)) break;
-        if (!_dm_srv_put(s, key, kn, v1, n1, op == _DM_STQ_APPEND)) goto oom;
+        if (op == _DM_STQ_SET) e = _dm_srv_put_adopt(c, key, kn, v1, n1, k.off, &adopted, &over);
+        if (!adopted) e = _dm_srv_put(s, key, kn, v1, n1, op == _DM_STQ_APPEND, &over);
+        if (!e) goto oom;
+        if (adopted) { key = e->key; kn = e->key_len; }   /* the request's bytes moved */
         _dm_srv_wake(s, key, kn);
         return k.off;
+    }
     case _DM_STQ_COMPARE_SET: {
         _dm_kv* e;
         if (!_DM_SRV_KEY(&k, &key, &kn) || !_DM_SRV_VAL(&k, &v1, &n1) || !_DM_SRV_VAL(&k, &v2, &n2)) break;
         e = _dm_srv_find(s, key, kn);
         if (!e && n1 == 0) {
-            if (!(e = _dm_srv_put(s, key, kn, v2, n2, false))) goto oom;
+            if (!(e = _dm_srv_put(s, key, kn, v2, n2, false, &over))) goto oom;
         } else if (e && e->val_len == n1 && (n1 == 0 || memcmp(e->val, v1, n1) == 0)) {
-            if (!(e = _dm_srv_put(s, key, kn, v2, n2, false))) goto oom;
+            if (!(e = _dm_srv_put(s, key, kn, v2, n2, false, &over))) goto oom;
         }
         if (e) _dm_stbuf_str(&out, e->val, e->val_len);
         else _dm_stbuf_str(&out, v1, n1);   /* missing and not set: c10d answers `expected` */
@@ -1013,6 +1263,10 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
         _dm_kv* e;
         if (!_DM_SRV_KEY(&k, &key, &kn)) break;
         e = _dm_srv_find(s, key, kn);
+        if (e && e->val_len >= _DM_ST_INPLACE_MIN) {
+            _dm_srv_send_value(c, e);
+            return k.off;
+        }
         if (e) _dm_stbuf_str(&out, e->val, e->val_len);
         else _dm_stbuf_str(&out, NULL, 0);
         _dm_srv_send_stbuf(c, &out);
@@ -1031,7 +1285,7 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
         }
         cur = (int64_t)((uint64_t)cur + delta); /* wraps like two's complement */
         snprintf(txt, sizeof(txt), "%lld", (long long)cur);
-        if (!_dm_srv_put(s, key, kn, (const unsigned char*)txt, strlen(txt), false)) goto oom;
+        if (!_dm_srv_put(s, key, kn, (const unsigned char*)txt, strlen(txt), false, &over)) goto oom;
         _dm_stbuf_u64(&out, (uint64_t)cur);
         _dm_srv_send_stbuf(c, &out);
         _dm_srv_wake(s, key, kn);
@@ -1126,7 +1380,7 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
         for (i = 0; i < cnt; i++) {
             _DM_SRV_KEY(&k, &key, &kn);
             _DM_SRV_VAL(&k, &v1, &n1);
-            if (!_dm_srv_put(s, key, kn, v1, n1, false)) goto oom;
+            if (!_dm_srv_put(s, key, kn, v1, n1, false, &over)) goto oom;
             _dm_srv_wake(s, key, kn);
         }
         return k.off;
@@ -1150,25 +1404,46 @@ _DM_PRIVATE size_t _dm_srv_one(_dm_srv_client* c) {
     return 0;
 oom:
     _dm_stbuf_free(&out);
-    _dm_srv_protocol_error(c, "out of memory or over the store's quota (DISTMESH_STORE_MAX_TOTAL) serving opcode %u", op);
+    if (over)
+        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "opcode %u: storing a key of %zu bytes and a value of %zu bytes would take "
+                     "the store's keys and values over %zu bytes, 7/8 of its memory quota of %zu bytes "
+                     "(DISTMESH_STORE_MAX_TOTAL); it holds %zu bytes of them", op, kn, op == _DM_STQ_COMPARE_SET ? n2 : n1,
+                     s->lim.max_total - s->lim.max_total / _DM_ST_BUFFER_SHARE, s->lim.max_total, s->data);
+    else
+        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory serving opcode %u", op);
     return 0;
 }
 
 /* The input buffer grows as bytes arrive (doubling from 4 KiB), never by what a request
-   announces: a client that announces 64 MiB and sends 10 bytes costs 4 KiB. Up to
-   max_conn bytes (_DM_ST_AUTH_BUF before authenticating); every byte charged to the quota. */
+   announces: a client that announces 64 MiB and sends 10 bytes costs 4 KiB. When the parser
+   knows that the bytes it waits for end well beyond the buffer (need: a large value) and
+   within twice the doubling, the buffer takes exactly that size instead of doubling past it:
+   a 64 MiB value costs 64 MiB, not 128, and the copy that grows it holds at most 1.5x. (A
+   request of many small fields moves need a little at a time: it just doubles.) Up to max_conn
+   (_DM_ST_AUTH_BUF before authenticating). */
+_DM_PRIVATE size_t _dm_srv_next_cap(const _dm_srv_client* c, size_t limit) {
+    size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
+    if (c->need >= _DM_ST_INPLACE_MIN && c->need > c->in_cap && c->need - c->in_cap >= c->in_cap / 2 &&
+        c->need / 2 <= cap)
+        cap = c->need;
+    return cap > limit ? limit : cap;
+}
+/* Every byte of the buffer is charged to the quota; a refusal is carried to the read callback
+   (see _dm_srv_make_room). */
 _DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf) {
     _dm_srv_client* c = (_dm_srv_client*)h;
     size_t limit = c->auth ? _DM_ST_AUTH_BUF : c->srv->lim.max_conn;
     (void)suggested;
     buf->base = NULL;
     buf->len = 0;
-    if (c->closing) return;
+    if (c->closing || c->flush_close) return;
     if (c->in_cap - c->in_len < 4096 && c->in_cap < limit) {
-        size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
+        size_t cap = _dm_srv_next_cap(c, limit);
         unsigned char* np;
-        if (cap > limit) cap = limit;
-        if (!_dm_srv_charge(c, cap - c->in_cap)) return;
+        if (!_dm_srv_make_room(c, cap - c->in_cap)) {
+            c->refused = cap - c->in_cap;
+            return;                 /* read_cb gets UV_ENOBUFS */
+        }
         np = (unsigned char*)_dm_malloc(&c->srv->allocator, cap);
         if (!np) {
             c->srv->held -= cap - c->in_cap;
@@ -1194,6 +1469,7 @@ _DM_PRIVATE size_t _dm_srv_next(_dm_srv_client* c) {
 _DM_PRIVATE void _dm_srv_process(_dm_srv_client* c) {
     size_t off = 0;
     c->need = 0;
+    c->in_process = true;
     while (off < c->in_len && !c->closing && !c->flush_close && c->queued <= _DM_ST_HIGH_WATER) {
         size_t used;
         /* parse on a view that starts at off */
@@ -1201,13 +1477,21 @@ _DM_PRIVATE void _dm_srv_process(_dm_srv_client* c) {
         size_t total = c->in_len;
         c->in = base + off;
         c->in_len = total - off;
+        c->view_off = off;
         used = _dm_srv_next(c);
+        if (c->adopted) {       /* the buffer became a value: it held that request only */
+            c->adopted = false;
+            off = 0;
+            break;
+        }
         c->in = base;
         c->in_len = total;
         if (!used) break;
         off += used;
     }
+    c->in_process = false;
     if (c->closing) return;
+    if (c->flush_close) { _dm_srv_release_input(c); return; }
     /* need was computed on the view that started at off, which now moves to 0 */
     if (off) {
         memmove(c->in, c->in + off, c->in_len - off);
@@ -1228,7 +1512,8 @@ _DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t*
     (void)buf;
     if (c->closing || c->flush_close) return;
     if (nread == UV_ENOBUFS) {
-        if (c->auth) _dm_srv_refuse(c, 1, "sent more than a handshake before authenticating");
+        if (c->refused) _dm_srv_refuse_quota(c, c->refused);
+        else if (c->auth) _dm_srv_refuse(c, 1, "sent more than a handshake before authenticating");
         else _dm_srv_drop(c, DM_ERR_PROTOCOL, "request larger than %zu bytes (DISTMESH_STORE_MAX_CONN), "
                           "or out of memory", c->srv->lim.max_conn);
         return;
@@ -1250,7 +1535,9 @@ _DM_PRIVATE void _dm_srv_on_tick(uv_timer_t* tm) {
     int64_t now = _dm_now_ms();
     while (c) {
         _dm_srv_client* nx = c->next;
-        if (!c->closing && c->auth && now - c->since > _DM_ST_AUTH_MS)
+        if (!c->closing && c->flush_close && now - c->since > _DM_ST_NOTICE_MS)
+            _dm_srv_close_client(c);    /* its last words did not go out */
+        else if (!c->closing && c->auth && now - c->since > _DM_ST_AUTH_MS)
             _dm_srv_drop(c, DM_ERR_TIMEOUT, "did not authenticate within %d ms", _DM_ST_AUTH_MS);
         else if (!c->closing && !c->reading && c->queued && now - c->since > s->lim.stall_ms)
             _dm_srv_drop(c, DM_ERR_TIMEOUT, "does not read its replies: %zu bytes unread for %d ms "
@@ -1582,10 +1869,45 @@ _DM_PRIVATE void _dm_stbuf_request(_dm_stbuf* b, dm_store* s, unsigned opcode) {
     if (s->sh->proto == _DM_ST_PROTO_1) opcode = _dm_st_v1_from_v2[opcode];
     _dm_stbuf_u8(b, opcode);
 }
+/* Why the server closed this client, when it said (a notice, see >>store wire). got: the n <= 8
+   bytes of a reply already read that cannot be a reply (none after a failed send). DM_OK when
+   there is no notice; else the connection is broken and the call fails with the server's
+   status and reason. */
+_DM_PRIVATE dm_status _dm_store_notice(dm_store* s, const unsigned char* got, size_t n, const char* what) {
+    _dm_store_shared* sh = s->sh;
+    unsigned char b[_DM_ST_NOTICE_HEAD + _DM_ST_NOTICE_TEXT + 1];
+    int64_t deadline = _dm_now_ms() + _DM_ST_NOTICE_MS;
+    size_t len;
+    int32_t code;
+    dm_status st;
+    if (sh->fd < 0 || n > 8) return DM_OK;
+    if (n) memcpy(b, got, n);
+    if (memcmp(b, _dm_st_notice_magic, n) != 0) return DM_OK;
+    if (_dm_store_recv_all(sh->fd, b + n, _DM_ST_NOTICE_HEAD - n, deadline) != 0 ||
+        memcmp(b, _dm_st_notice_magic, 8) != 0)
+        return DM_OK;
+    len = (size_t)b[12] | ((size_t)b[13] << 8);
+    if (len > _DM_ST_NOTICE_TEXT || _dm_store_recv_all(sh->fd, b + _DM_ST_NOTICE_HEAD, len, deadline) != 0)
+        return DM_OK;
+    b[_DM_ST_NOTICE_HEAD + len] = 0;
+    code = (int32_t)_dm_st_get_u32(b + 8);
+    st = code < 0 && strcmp(dm_status_name((dm_status)code), "DM_UNKNOWN_STATUS") != 0 ? (dm_status)code
+                                                                                      : DM_ERR_PROTOCOL;
+    close(sh->fd);
+    sh->fd = -1;
+    sh->broken = true;
+    snprintf(sh->broken_why, sizeof(sh->broken_why), "the server closed it: %.120s", (const char*)b + _DM_ST_NOTICE_HEAD);
+    return _DM_STORE_FAIL(s, st, "tcp-store: %s: the server %s:%d closed this client (%s)", what, sh->host, sh->port,
+                          (const char*)b + _DM_ST_NOTICE_HEAD);
+}
 _DM_PRIVATE dm_status _dm_store_send(dm_store* s, _dm_stbuf* b, const char* what) {
     int rc;
     if (b->oom) return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: %s (out of memory)", what);
     rc = _dm_store_send_all(s->sh->fd, b->p, b->len, _dm_deadline(s->timeout_ms));
+    if (rc == UV_EPIPE || rc == UV_ECONNRESET) {    /* closed by the server: maybe it said why */
+        dm_status st = _dm_store_notice(s, NULL, 0, what);
+        if (st != DM_OK) return st;
+    }
     if (rc) return _dm_store_io_fail(s, rc, what);
     return DM_OK;
 }
@@ -1597,6 +1919,8 @@ _DM_PRIVATE dm_status _dm_store_recv(dm_store* s, void* p, size_t n, int64_t dea
 _DM_PRIVATE dm_status _dm_store_recv_u64(dm_store* s, uint64_t* v, const char* what) {
     unsigned char b[8];
     dm_status st = _dm_store_recv(s, b, 8, _dm_deadline(s->timeout_ms), what);
+    if (st == DM_OK && memcmp(b, _dm_st_notice_magic, 8) == 0 && (st = _dm_store_notice(s, b, 8, what)) != DM_OK)
+        return st;
     if (st == DM_OK) *v = _dm_st_get_u64(b);
     return st;
 }
@@ -1623,6 +1947,9 @@ _DM_PRIVATE dm_status _dm_store_recv_value(dm_store* s, void** out, size_t* out_
 }
 /* Protocol violation in a reply: the stream can't be trusted any more. */
 _DM_PRIVATE dm_status _dm_store_bad_reply(dm_store* s, const char* what, unsigned got) {
+    unsigned char first = (unsigned char)got;
+    dm_status st = got == _dm_st_notice_magic[0] ? _dm_store_notice(s, &first, 1, what) : DM_OK;
+    if (st != DM_OK) return st;
     if (s->sh->fd >= 0) { close(s->sh->fd); s->sh->fd = -1; }
     s->sh->broken = true;
     snprintf(s->sh->broken_why, sizeof(s->sh->broken_why), "%s: unexpected reply byte %u", what, got);
@@ -1737,7 +2064,7 @@ _DM_PRIVATE int _dm_store_try_connect(const struct addrinfo* ai, const _dm_store
                                       int64_t deadline, int* out_fd, int* refused) {
     int fd, rc, fl;
     unsigned char req[16], rep[4];
-    uint32_t nonce = (uint32_t)getpid();
+    uint32_t nonce = _DM_ST_NONCE_MARK | ((uint32_t)getpid() & 0xFFFFFFu);   /* see >>store wire */
     _dm_stbuf b;
     fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) return _dm_store_uv_errno(errno);
@@ -2109,7 +2436,7 @@ _DM_PRIVATE dm_status _dm_store_limits(const dm_store_desc* d, _dm_srv_limits* L
     if (!_dm_store_size_opt(d->max_value, "DISTMESH_STORE_MAX_VALUE", DM_STORE_MAX_VALUE, &L->max_value, err, cap) ||
         !_dm_store_size_opt(d->max_conn_bytes, "DISTMESH_STORE_MAX_CONN", 2 * L->max_value + ((size_t)1 << 20),
                             &L->max_conn, err, cap) ||
-        !_dm_store_size_opt(d->max_total_bytes, "DISTMESH_STORE_MAX_TOTAL", (size_t)1 << 30, &L->max_total, err, cap) ||
+        !_dm_store_size_opt(d->max_total_bytes, "DISTMESH_STORE_MAX_TOTAL", _DM_ST_MAX_TOTAL, &L->max_total, err, cap) ||
         !_dm_store_size_opt(d->stall_ms > 0 ? (size_t)d->stall_ms : 0, "DISTMESH_STORE_STALL_MS", 30000, &stall, err, cap))
         return DM_ERR_ENV;
     L->stall_ms = stall > INT32_MAX ? INT32_MAX : (int)stall;
@@ -2853,6 +3180,11 @@ typedef struct dm_tcp_desc {
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever */
     dm_logger logger;           /* 0 -> silent */
     dm_allocator allocator;     /* 0 -> malloc/free (libuv allocates on its own) */
+    int sockets_per_peer;       /* 0 -> DISTMESH_SOCKETS_PER_PEER, else 1: sockets to each peer on
+                                   another host, 1..16 (same-host peers: shared memory, or one
+                                   socket). Messages are striped over them in 256 KiB pieces, for
+                                   networks that cap each flow (README "Several sockets per peer").
+                                   Every rank must be given the same. */
 } dm_tcp_desc;
 
 /* Collective call over all world_size ranks. Fails with *out == NULL. */
@@ -2898,8 +3230,10 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <uv.h>
 #include <sys/types.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/eventfd.h>
 #include <linux/futex.h>
 #include <limits.h>
 #include <stdio.h>
@@ -2916,6 +3250,7 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #define _DM_TCP_CHAL_MAGIC  0x43544d44u   /* "DMTC": the acceptor's challenge */
 #define _DM_TCP_VERSION     2u            /* 2: challenge-response hello */
 #define _DM_TCP_SOCKBUF     (4 << 20)           /* SO_SNDBUF / SO_RCVBUF when the kernel allows */
+#define _DM_TCP_MAX_SOCKETS 16                  /* sockets per peer at most */
 
 enum { _DM_TCP_ACK_OK = 0, _DM_TCP_ACK_TOKEN = 1, _DM_TCP_ACK_GROUP = 2, _DM_TCP_ACK_RANK = 3 };
 
@@ -2929,7 +3264,7 @@ typedef struct _dm_tcp_hs {
     uint32_t status;                /* the answer decided so far (_DM_TCP_ACK_*) */
     size_t off;                     /* bytes of the current message moved */
     int64_t deadline;               /* this connection's own */
-    bool claimed;                   /* the listener holds t->fds[peer] for it (proof verified) */
+    bool claimed;                   /* the listener holds t->claims[peer] for it (proof verified) */
     unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE], proof[32], ack[8];
 } _dm_tcp_hs;
 /* Handshakes in progress at once on one listener, and each one's time to finish. */
@@ -2944,13 +3279,19 @@ typedef struct _dm_tcp {
     char user_prefix[480];      /* the prefix as given (split builds on it) */
     char ifname[128];           /* the interface spec as resolved ("" = by route) */
     char token[_DM_ST_TOKEN_MAX + 1]; /* "" = none */
-    int* fds;                   /* socket per rank, -1 for self (the side channel of shm links) */
+    int* fds;                   /* socket k to rank r at [k * size + r], -1 for none (self); k = 0:
+                                   every peer (the side channel of shm links) */
+    int* claims;                /* the row of fds the handshakes fill now (>>tcp hello) */
+    int hs_index;               /* the socket index k those handshakes are for (in their MACs) */
+    int nsock;                  /* sockets per peer on another host */
+    int* host_of;               /* per rank: the lowest rank on its host (>>tcp hosts) */
     char (*addrs)[64];          /* "host:port" per rank, for messages */
     struct sockaddr_storage self_sa; /* where this rank listened (split listens there again) */
     _dm_lk lk;                  /* links, scratch, broken state: the core's engine (distmesh.h) */
     int transport;              /* _DM_TCP_AUTO, _SHM or _SOCKETS: what the desc asked for */
     unsigned char* shm;         /* the same-host segment (see >>tcp shm), or NULL */
     size_t shm_size;
+    struct _dm_shm_watch* watch; /* wakes this rank when a same-host peer dies (>>tcp loss) */
     char transport_name[16];
     /* only while create / split builds this group (see >>tcp watch) */
     struct dm_store* rdv;       /* a clone of store whose requests end by rdv_deadline */
@@ -2998,26 +3339,120 @@ _DM_PRIVATE uint64_t _dm_tcp_hash(uint64_t seed, const char* a, const char* b) {
 }
 
 /* >>tcp links  Each peer's socket is a link (distmesh.h, >>links): the schedules and the engine
-   are the core's. Sockets stay nonblocking; every call moves what the kernel takes now. */
-static ptrdiff_t _dm_sock_send(_dm_link* l, const void* buf, size_t n, int* err) {
-    ssize_t k = send(l->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+   are the core's. Sockets stay nonblocking; every call moves what the kernel takes now.
+   System calls are what small messages cost, so a send gathers every ready step (sendmsg of
+   fingerprint and payload together), and a small receive reads ahead: whatever else has
+   arrived lands in the link's buffer with it (one recvmsg for a fingerprint and its payload)
+   and later receives take it from there. The engine asks the kernel (poll) only after a
+   receive found the buffer empty, so nothing waits there unseen. */
+#define _DM_SOCK_READAHEAD ((size_t)16 << 10)  /* receives below this read ahead into the buffer */
+/* Several sockets per peer (DISTMESH_SOCKETS_PER_PEER): from the offset where both ends took
+   the extra sockets on (base, the same at both ends), the stream is cut into stripes of
+   _DM_SOCK_STRIPE bytes that go to the sockets in turn, stripe i on socket i % nsock, so both
+   ends know where any byte travels from its offset alone and the order is kept; a large
+   message keeps every socket's flow busy at once, a small one costs one socket. Stripe 0 is
+   on the first socket, so bytes read ahead there before the switch are already in place. */
+#define _DM_SOCK_STRIPE ((uint64_t)256 << 10)
+typedef struct _dm_socklink {
+    _dm_link base;              /* base.fd: fds[0] */
+    int nsock;
+    int fds[_DM_TCP_MAX_SOCKETS]; /* borrowed from _dm_tcp.fds */
+    uint64_t sent, taken;       /* stream bytes sent, and handed to the engine */
+    uint64_t sbase, tbase;      /* where the stripes start in each direction */
+    size_t rpos, rend;          /* buffered bytes not yet taken: rbuf[rpos, rend) */
+    unsigned char rbuf[_DM_SOCK_READAHEAD];
+} _dm_socklink;
+/* The socket that carries stream offset pos (stripes from base), and how many bytes from pos
+   stay on it. */
+static int _dm_sock_at(const _dm_socklink* s, uint64_t pos, uint64_t base, size_t* room) {
+    uint64_t at = pos - base;
+    if (s->nsock == 1) { *room = SIZE_MAX; return s->fds[0]; }
+    *room = (size_t)(_DM_SOCK_STRIPE - at % _DM_SOCK_STRIPE);
+    return s->fds[(at / _DM_SOCK_STRIPE) % (uint64_t)s->nsock];
+}
+static ptrdiff_t _dm_sock_result(ssize_t k, int* err) {
     if (k >= 0) return (ptrdiff_t)k;
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
     *err = errno;
     return -1;
 }
-static ptrdiff_t _dm_sock_recv(_dm_link* l, void* buf, size_t n, int* err) {
-    ssize_t k = recv(l->fd, buf, n, MSG_DONTWAIT);
-    if (k > 0) return (ptrdiff_t)k;
-    if (k == 0) { *err = 0; return -1; }        /* end of stream: the peer is gone */
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-    *err = errno;
-    return -1;
+static ptrdiff_t _dm_sock_sendv(_dm_link* l, const _dm_iov* iov, int n, int* err) {
+    _dm_socklink* s = (_dm_socklink*)l;
+    struct iovec v[_DM_LK_IOV_MAX];
+    struct msghdr mh;
+    size_t room;
+    int fd = _dm_sock_at(s, s->sent, s->sbase, &room), i, m = 0;
+    ptrdiff_t k;
+    for (i = 0; i < n && room > 0; i++) {      /* no further than the stripe's end */
+        size_t len = iov[i].len < room ? iov[i].len : room;
+        if (len == 0) continue;
+        v[m].iov_base = (void*)(uintptr_t)iov[i].buf; v[m].iov_len = len; m++;
+        room -= len;
+    }
+    memset(&mh, 0, sizeof(mh));
+    mh.msg_iov = v;
+    mh.msg_iovlen = (size_t)m;
+    k = _dm_sock_result(sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL), err);
+    if (k > 0) s->sent += (uint64_t)k;
+    return k;
 }
-static void _dm_sock_shutdown(_dm_link* l) { shutdown(l->fd, SHUT_RDWR); }
-static void _dm_sock_destroy(_dm_link* l, const dm_allocator* a) { _dm_free(a, l); }   /* fds[] owns the fd */
+static ptrdiff_t _dm_sock_send(_dm_link* l, const void* buf, size_t n, int* err) {
+    _dm_iov one;
+    one.buf = buf;
+    one.len = n;
+    return _dm_sock_sendv(l, &one, 1, err);
+}
+static ptrdiff_t _dm_sock_recv(_dm_link* l, void* buf, size_t n, int* err) {
+    _dm_socklink* s = (_dm_socklink*)l;
+    struct iovec v[2];
+    struct msghdr mh;
+    size_t room, ahead;
+    int fd;
+    ssize_t k;
+    if (s->rpos < s->rend) {            /* read ahead earlier (never past the stripe it came from) */
+        size_t m = s->rend - s->rpos < n ? s->rend - s->rpos : n;
+        memcpy(buf, s->rbuf + s->rpos, m);
+        s->rpos += m;
+        s->taken += m;
+        return (ptrdiff_t)m;
+    }
+    fd = _dm_sock_at(s, s->taken, s->tbase, &room);
+    if (n > room) n = room;
+    ahead = room - n < sizeof(s->rbuf) ? room - n : sizeof(s->rbuf);
+    if (n >= _DM_SOCK_READAHEAD || ahead == 0) k = recv(fd, buf, n, MSG_DONTWAIT);
+    else {
+        v[0].iov_base = buf; v[0].iov_len = n;
+        v[1].iov_base = s->rbuf; v[1].iov_len = ahead;
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = v;
+        mh.msg_iovlen = 2;
+        k = recvmsg(fd, &mh, MSG_DONTWAIT);
+        if (k > (ssize_t)n) { s->rpos = 0; s->rend = (size_t)k - n; k = (ssize_t)n; }
+    }
+    if (k == 0) { *err = 0; return -1; }        /* end of stream: the peer is gone */
+    if (k > 0) s->taken += (uint64_t)k;
+    return _dm_sock_result(k, err);
+}
+/* Bytes read ahead and not yet taken (none may be left when a link is swapped for shm). */
+static size_t _dm_sock_pending(const _dm_link* l) {
+    const _dm_socklink* s = (const _dm_socklink*)l;
+    return s->rend - s->rpos;
+}
+/* The engine polls for a receive only once the buffer is empty: the next byte is at taken. */
+static int _dm_sock_pollfd(_dm_link* l, bool out) {
+    _dm_socklink* s = (_dm_socklink*)l;
+    size_t room;
+    return out ? _dm_sock_at(s, s->sent, s->sbase, &room) : _dm_sock_at(s, s->taken + _dm_sock_pending(l), s->tbase, &room);
+}
+static void _dm_sock_shutdown(_dm_link* l) {
+    _dm_socklink* s = (_dm_socklink*)l;
+    int i;
+    for (i = 0; i < s->nsock; i++) shutdown(s->fds[i], SHUT_RDWR);
+}
+static void _dm_sock_destroy(_dm_link* l, const dm_allocator* a) { _dm_free(a, l); }   /* fds[] owns the fds */
 static const _dm_link_vt _dm_sock_vt = {
-    "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy, 0
+    "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy, 0, _dm_sock_sendv,
+    _dm_sock_pollfd
 };
 
 /* >>tcp notices  The first failure a rank sees itself goes into the store as "<prefix>abort"
@@ -3183,7 +3618,7 @@ static int _dm_shm_alive(_dm_link* l, int* err) {
 static void _dm_shm_shutdown(_dm_link* l) { shutdown(((_dm_memlink*)l)->side_fd, SHUT_RDWR); }
 static const _dm_link_vt _dm_shm_vt = {
     "shm", _dm_mem_send, _dm_mem_recv, _dm_mem_peek, _dm_mem_consume, _dm_shm_alive, _dm_shm_shutdown, _dm_mem_destroy,
-    8
+    8, _dm_mem_sendv, NULL
 };
 
 /* Ring capacity per direction: 1 MiB while the L*L rings stay small, less for big hosts. */
@@ -3270,6 +3705,8 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
         int r = local[i];
         _dm_link* l;
         if (i == me) continue;
+        if (_dm_sock_pending(t->lk.links[r]))     /* the setup's last bytes from r were its vote */
+            return _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: shm: rank %d sent more than the setup", r);
         l = _dm_memlink_new(&t->base.allocator, &_dm_shm_vt, rings, stride, cap, L, me, i, bells, &_dm_futex_bell,
                             t->fds[r]);
         if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
@@ -3285,6 +3722,76 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
     t->lk.bell_ops = &_dm_futex_bell;
     t->lk.abort = ab;
     return DM_OK;
+}
+
+/* >>tcp loss  A rank asleep on its bell learns of a same-host peer's death at once. A dead
+   process rings no bell, and the sleeper used to find out at its next look, up to 50 ms later
+   (twice: a death is confirmed by a second look). So each group with shm links has a watcher
+   thread, blocked in poll() on the side sockets of those links: the kernel closes a dead
+   process's sockets, kill -9 included, and the watcher rings this rank's bell when one ends;
+   the sleeper wakes, asks the link (_dm_shm_alive) and, seeing the peer gone, looks again at
+   once (_dm_lk_block). Idle, the watcher costs nothing: it sleeps in poll until a socket ends
+   or destroy stops it. (A pidfd would say the same thing; the side socket is what
+   _dm_shm_alive already trusts, and it needs no newer kernel.) */
+typedef struct _dm_shm_watch {
+    pthread_t thread;
+    _dm_bell* bell;             /* this rank's */
+    int n;                      /* pfd[0] is the stop eventfd, pfd[1..n] the side sockets */
+    struct pollfd pfd[1];       /* n + 1 of them, allocated with the struct */
+} _dm_shm_watch;
+static void* _dm_shm_watch_main(void* arg) {
+    _dm_shm_watch* w = (_dm_shm_watch*)arg;
+    for (;;) {
+        int i, rc = poll(w->pfd, (nfds_t)w->n + 1, -1);
+        if (rc < 0 && errno != EINTR) return NULL;     /* the 50 ms look remains */
+        if (rc <= 0) continue;
+        if (w->pfd[0].revents) return NULL;            /* destroy */
+        for (i = 1; i <= w->n; i++) {
+            if (!(w->pfd[i].revents & (POLLHUP | POLLERR | POLLNVAL | _DM_POLLRDHUP))) continue;
+            w->pfd[i].fd = -1;                         /* told once; poll skips it from now on */
+            _dm_bell_ring(w->bell, &_dm_futex_bell);
+        }
+    }
+}
+/* Starts the watcher over the group's shm links; without it (no thread, no eventfd) a death is
+   still seen, only later. */
+static void _dm_shm_watch_start(_dm_tcp* t) {
+    _dm_shm_watch* w;
+    int r, n = 0;
+    for (r = 0; r < t->base.size; r++)
+        if (t->lk.links[r] && t->lk.links[r]->vt == &_dm_shm_vt) n++;
+    if (n == 0) return;
+    w = (_dm_shm_watch*)_dm_calloc(&t->base.allocator, sizeof(*w) + (size_t)n * sizeof(struct pollfd));
+    if (!w) return;
+    w->bell = t->lk.bell;
+    w->pfd[0].fd = eventfd(0, EFD_CLOEXEC);
+    w->pfd[0].events = POLLIN;
+    for (r = 0; r < t->base.size; r++) {
+        _dm_link* l = t->lk.links[r];
+        if (!l || l->vt != &_dm_shm_vt) continue;
+        w->n++;
+        w->pfd[w->n].fd = ((_dm_memlink*)l)->side_fd;
+        w->pfd[w->n].events = _DM_POLLRDHUP;
+    }
+    if (w->pfd[0].fd < 0 || pthread_create(&w->thread, NULL, _dm_shm_watch_main, w) != 0) {
+        if (w->pfd[0].fd >= 0) close(w->pfd[0].fd);
+        _dm_free(&t->base.allocator, w);
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: shm: no watcher thread (%s); a same-host peer's death is "
+                "noticed within about 100 ms instead of at once", strerror(errno));
+        return;
+    }
+    t->watch = w;
+}
+/* Before the links and their sockets go. */
+static void _dm_shm_watch_stop(_dm_tcp* t) {
+    _dm_shm_watch* w = t->watch;
+    uint64_t one = 1;
+    if (!w) return;
+    while (write(w->pfd[0].fd, &one, sizeof(one)) < 0 && errno == EINTR) {}
+    pthread_join(w->thread, NULL);
+    close(w->pfd[0].fd);
+    _dm_free(&t->base.allocator, w);
+    t->watch = NULL;
 }
 
 /* Sets up shared memory among this rank's same-host group members (local[0..L), this rank at
@@ -3325,7 +3832,11 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
     if (st == DM_OK) st = _dm_lk_all_reduce(&t->lk, &vote, &vote, 1, DM_INT32, DM_MIN);
     if (fd >= 0) close(fd);
     if (st != DM_OK) return st;
-    if (vote == 2 && L >= 2) return _dm_shm_links(t, local, L, me);
+    if (vote == 2 && L >= 2) {
+        st = _dm_shm_links(t, local, L, me);
+        if (st == DM_OK) _dm_shm_watch_start(t);
+        return st;
+    }
     if (t->shm) { munmap(t->shm, t->shm_size); t->shm = NULL; }
     if (t->transport == _DM_TCP_SHM && vote < 2)
         return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: DISTMESH_TRANSPORT=shm, but %s", vote == 1 ?
@@ -3619,6 +4130,11 @@ _DM_PRIVATE void _dm_tcp_hello_mac(const _dm_tcp* t, bool acceptor, const char* 
     unsigned char msg[64 + sizeof(t->prefix) + 64 + 12 + 64];
     size_t n = 0, k;
     const char* label = acceptor ? "distmesh hello v2 acceptor" : "distmesh hello v2 connector";
+    char indexed[64];
+    if (t->hs_index > 0) {      /* an extra socket: its index is signed too */
+        snprintf(indexed, sizeof(indexed), "%s socket %d", label, t->hs_index);
+        label = indexed;
+    }
     k = strlen(label) + 1;
     memcpy(msg, label, k);
     n += k;
@@ -3748,7 +4264,7 @@ static int _dm_tcp_hs_step(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
                 h->status = _DM_TCP_ACK_GROUP;
                 _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (other "
                         "group)", p);
-            } else if (p <= t->base.rank || p >= t->base.size || t->fds[p] >= 0)
+            } else if (p <= t->base.rank || p >= t->base.size || t->claims[p] >= 0)
                 h->status = _DM_TCP_ACK_RANK;
             memset(h->chal, 0, sizeof(h->chal));
             _dm_tcp_put32(h->chal, _DM_TCP_CHAL_MAGIC);
@@ -3773,7 +4289,7 @@ static int _dm_tcp_hs_step(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
                 return rc < 0 ? -1 : _DM_TCP_HS_MORE;
             _dm_tcp_hello_mac(t, false, t->addrs[t->base.rank], h->peer, t->base.rank, h->hello + 24, h->chal + 8, mac);
             if (!_dm_st_ct_equal(mac, h->proof, 32)) h->status = _DM_TCP_ACK_TOKEN;
-            else if (t->fds[h->peer] >= 0) h->status = _DM_TCP_ACK_RANK;     /* another one proved it first */
+            else if (t->claims[h->peer] >= 0) h->status = _DM_TCP_ACK_RANK;     /* another one proved it first */
             _dm_tcp_put32(h->ack, _DM_TCP_ACK_MAGIC);
             _dm_tcp_put32(h->ack + 4, h->status);
             h->state = _DM_TCP_HS_ACK;
@@ -3833,7 +4349,7 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
         if (err == 0) {
             _dm_tcp_tune(fd);
             st = _dm_tcp_hello_connect_ex(t, fd, j, group, deadline, &dropped);
-            if (st == DM_OK) { t->fds[j] = fd; return DM_OK; }
+            if (st == DM_OK) { t->claims[j] = fd; return DM_OK; }
             close(fd);
             if (!dropped || ++redials > 3) return st;
             refused = 0;
@@ -3856,17 +4372,17 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
 
 /* A handshake the listener gives up: its claim on a rank goes, its socket is closed. */
 static void _dm_tcp_hs_drop(_dm_tcp* t, _dm_tcp_hs* h) {
-    if (h->claimed && t->fds[h->peer] == h->fd) t->fds[h->peer] = -1;
+    if (h->claimed && t->claims[h->peer] == h->fd) t->claims[h->peer] = -1;
     h->claimed = false;
     close(h->fd);
     h->fd = -1;
 }
 /* Steps one of the listener's handshakes; 1 when it completed a verified peer (its socket is
-   now t->fds[peer]), else 0. A finished one is left with fd -1, closed unless a peer's. */
+   now t->claims[peer]), else 0. A finished one is left with fd -1, closed unless a peer's. */
 static int _dm_tcp_hs_drive(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
     int rc = _dm_tcp_hs_step(t, h, group);
     if (rc == _DM_TCP_HS_MORE && h->state == _DM_TCP_HS_ACK && h->status == _DM_TCP_ACK_OK && !h->claimed) {
-        t->fds[h->peer] = h->fd;    /* the rank is this connection's before the ack says so */
+        t->claims[h->peer] = h->fd;    /* the rank is this connection's before the ack says so */
         h->claimed = true;
         rc = _dm_tcp_hs_step(t, h, group);
     }
@@ -3908,21 +4424,22 @@ static void _dm_tcp_hs_compact(_dm_tcp_hs* hs, int* n) {
 /* The socket link to rank j once its connection is verified (a no-op before the group has
    its links, and for a peer that has one). */
 static dm_status _dm_tcp_add_link(_dm_tcp* t, int j) {
-    _dm_link* l;
+    _dm_socklink* l;
     if (!t->lk.links || t->lk.links[j] || t->fds[j] < 0) return DM_OK;
-    l = (_dm_link*)_dm_calloc(&t->base.allocator, sizeof(_dm_link));
+    l = (_dm_socklink*)_dm_calloc(&t->base.allocator, sizeof(_dm_socklink));
     if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
-    l->vt = &_dm_sock_vt;
-    l->fd = t->fds[j];
-    _dm_copy_name(l->where, sizeof(l->where), t->addrs[j]);
-    t->lk.links[j] = l;
+    l->base.vt = &_dm_sock_vt;
+    l->base.fd = l->fds[0] = t->fds[j];
+    l->nsock = 1;               /* its others, if any, come later (_dm_tcp_more_sockets) */
+    _dm_copy_name(l->base.where, sizeof(l->base.where), t->addrs[j]);
+    t->lk.links[j] = &l->base;
     return DM_OK;
 }
 /* Steps one handshake; 1 when it completed a verified peer (now its socket and link). */
 static int _dm_tcp_hs_finish(_dm_tcp* t, _dm_tcp_hs* h) {
     if (!_dm_tcp_hs_drive(t, h, t->group)) return 0;
-    h->claimed = false;         /* done: the socket is the peer's (t->fds) */
-    _dm_tcp_add_link(t, h->peer);
+    h->claimed = false;         /* done: the socket is the peer's (t->claims) */
+    if (t->hs_index == 0) _dm_tcp_add_link(t, h->peer);    /* an extra socket joins its link later */
     return 1;
 }
 /* The listener's work, never blocking: handshakes past their own deadline go (logged unless it
@@ -4001,11 +4518,12 @@ static void _dm_tcp_serve_trim(_dm_tcp* t) {
             _dm_tcp_hs_drop(t, &t->hs[i]);
     _dm_tcp_hs_compact(t->hs, &t->nhs);
 }
-/* Rank j's connection is here and verified: its socket is set and no handshake still owes it
-   the ack (the listener claims the rank before the ack goes out). */
+/* Rank j's connection (of the socket index the handshakes are for now) is here and verified:
+   its socket is set and no handshake still owes it the ack (the listener claims the rank
+   before the ack goes out). */
 static bool _dm_tcp_has_peer(const _dm_tcp* t, int j) {
     int i;
-    if (t->fds[j] < 0) return false;
+    if (t->claims[j] < 0) return false;
     for (i = 0; i < t->nhs; i++)
         if (t->hs[i].claimed && t->hs[i].peer == j) return false;
     return true;
@@ -4058,7 +4576,7 @@ static dm_status _dm_tcp_accept_peers(_dm_tcp* t, int lfd, uint64_t group, int64
    proved the token in its challenge, so a connection that ends here is a peer gone. */
 static dm_status _dm_tcp_read_ack(_dm_tcp* t, int j, int64_t deadline) {
     unsigned char ack[8];
-    int rc = _dm_tcp_io_full(t, t->fds[j], ack, sizeof(ack), false, deadline);
+    int rc = _dm_tcp_io_full(t, t->claims[j], ack, sizeof(ack), false, deadline);
     uint32_t status;
     if (rc == -2) return DM_ERR_PEER_LOST;
     if (rc == 0)
@@ -4166,6 +4684,62 @@ static void _dm_tcp_lk_hangup(_dm_lk* lk) {
     t->lfd = -1;
 }
 
+/* >>tcp more sockets  With n sockets per peer (desc.sockets_per_peer, DISTMESH_SOCKETS_PER_PEER)
+   each pair of P (>>tcp sparse) on different hosts opens n - 1 more connections once P is
+   connected: round k = 1..n-1, each P's exchange again (lower ranks connect first, the higher
+   ones are accepted) through the group's listener with the same hello, so every socket proves
+   the token and has the setup's deadline; the MACs sign k and the group id differs per round,
+   so no connection can pass for another round's (that every rank was given the same n was
+   checked with the host identities, _dm_tcp_hosts). Every wait serves the listener, so each
+   round starts with a barrier once every rank has switched its listener to that round (group
+   id, row of fds, index), and a last barrier follows the switch back to the group's own
+   hello: no connection of one round, and no on-demand one, meets a listener still in another.
+   A peer connected on demand (>>tcp lazy) keeps one socket. The links then stripe over their
+   sockets from the next byte on, the same offset at both ends (the last barrier's end, base
+   in _dm_socklink); whatever this rank read ahead from the first socket past it (under
+   16 KiB, a peer may already be sending) is the start of stripe 0, which that socket carries. */
+static void _dm_tcp_round_set(_dm_tcp* t, uint64_t group, int k) {
+    t->group = k ? group ^ _dm_tcp_hash((uint64_t)k, "socket", NULL) : group;
+    t->claims = t->fds + (size_t)k * (size_t)t->base.size;
+    t->hs_index = k;
+    _dm_tcp_serve_trim(t);      /* no half-done hello of the round before carries over */
+}
+static dm_status _dm_tcp_more_rounds(_dm_tcp* t, const bool* extra, int64_t deadline) {
+    int me = t->base.rank, k, j;
+    uint64_t group = t->group;
+    dm_status st = DM_OK;
+    t->expect = extra;
+    for (k = 1; k < t->nsock && st == DM_OK; k++) {
+        _dm_tcp_round_set(t, group, k);
+        st = _dm_lk_barrier(&t->lk);
+        for (j = 0; j < me && st == DM_OK; j++)
+            if (extra[j]) st = _dm_tcp_connect_peer(t, j, t->group, deadline);
+        if (st == DM_OK) st = _dm_tcp_accept_peers(t, t->lfd, t->group, deadline);
+        for (j = 0; j < me && st == DM_OK; j++)
+            if (extra[j]) st = _dm_tcp_read_ack(t, j, deadline);
+    }
+    _dm_tcp_round_set(t, group, 0);
+    if (st == DM_OK) st = _dm_lk_barrier(&t->lk);
+    return st;
+}
+static dm_status _dm_tcp_more_sockets(_dm_tcp* t, int64_t deadline) {
+    int W = t->base.size, me = t->base.rank, k, j;
+    bool* extra = t->want;      /* P (_dm_tcp_connect_sparse), now only its peers on other hosts */
+    if (t->nsock == 1) return DM_OK;    /* every rank's count was checked with the hosts */
+    for (j = 0; j < W; j++)
+        extra[j] = extra[j] && j != me && t->lk.links[j] && t->host_of[j] != t->host_of[me];
+    _DM_TRY(_dm_tcp_more_rounds(t, extra, deadline));
+    for (j = 0; j < W; j++) {
+        _dm_socklink* l = (_dm_socklink*)t->lk.links[j];
+        if (!extra[j]) continue;
+        for (k = 1; k < t->nsock; k++) l->fds[k] = t->fds[(size_t)k * (size_t)W + (size_t)j];
+        l->sbase = l->sent;     /* the last barrier's end, as at the peer */
+        l->tbase = l->taken;
+        l->nsock = t->nsock;
+    }
+    return DM_OK;
+}
+
 /* >>tcp store access (the store API above). While a group is built every request goes
    through t->rdv, a clone of the store whose timeout is what is left of the rendezvous
    deadline: the desc's timeout for create, the parent's current one (dm_set_timeout) for
@@ -4218,12 +4792,13 @@ static void _dm_tcp_forget_addr(_dm_tcp* t) {
 static void _dm_tcp_free(_dm_tcp* t) {
     dm_allocator a = t->base.allocator;
     int r;
+    _dm_shm_watch_stop(t);      /* it polls the links' sockets */
     _dm_lk_release(&t->lk);     /* links first: they borrow the sockets */
     _dm_tcp_serve_stop(t);
     if (t->lfd >= 0) close(t->lfd);
     _dm_free(&a, t->want);
     if (t->fds)
-        for (r = 0; r < t->base.size; r++)
+        for (r = 0; r < t->base.size * t->nsock; r++)
             if (t->fds[r] >= 0) close(t->fds[r]);
     dm_store_destroy(t->rdv);
     if (t->own_store) dm_store_destroy(t->store);
@@ -4231,6 +4806,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
     _dm_tcp_cuda_release(t);
 #endif
     _dm_free(&a, t->fds);
+    _dm_free(&a, t->host_of);
     _dm_free(&a, t->addrs);
     if (t->shm) munmap(t->shm, t->shm_size);
     _dm_free(&a, t);
@@ -4474,6 +5050,7 @@ typedef struct _dm_tcp_setup {
     const struct sockaddr_storage* bind_sa; /* listen here (split), else pick by ifname/route */
     bool once;                  /* the prefix is never used again (split): no generation key */
     size_t chunk_bytes;
+    int nsock;                  /* sockets per peer on another host, 1.._DM_TCP_MAX_SOCKETS */
     int transport;              /* _DM_TCP_AUTO, _DM_TCP_SHM, _DM_TCP_SOCKETS */
     dm_logger logger;
     dm_allocator allocator;
@@ -4522,12 +5099,27 @@ static void _dm_tcp_host_identity(char* name, size_t name_cap, char* id, size_t 
     snprintf(id, id_cap, "%.54s/%.39s", name, boot);     /* id_cap >= 96; a boot id is 36 bytes */
 }
 
+/* Every rank must have been given the same sockets per peer (at `at` in each gathered record);
+   all ranks see the same records, so all fail alike. */
+static dm_status _dm_tcp_same_sockets(_dm_tcp* t, const unsigned char* all, size_t rec, size_t at) {
+    int j, lo = t->nsock, hi = t->nsock;
+    for (j = 0; j < t->base.size; j++) {
+        int n = (int)_dm_tcp_get32(all + (size_t)j * rec + at);
+        if (n < lo) lo = n;
+        if (n > hi) hi = n;
+    }
+    if (lo == hi) return DM_OK;
+    return _DM_FAIL(&t->base, DM_ERR_INVALID_ARG, "tcp: the ranks were given different socket counts per peer (%d to "
+                    "%d; this rank %d): give every rank the same DISTMESH_SOCKETS_PER_PEER or desc.sockets_per_peer",
+                    lo, hi, t->nsock);
+}
+
 /* One record per rank over the bootstrap ring (the flat ring's all-gather, which needs only
    the ring neighbours while the layout is still one host): its published address and its host
-   identity. Fills every rank's address (lazy connections dial them), the node name, local rank
+   identity and sockets per peer. Fills every rank's address (lazy connections dial them), the node name, local rank
    and the layout. */
 static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
-    enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, ADDR = 64, REC = ADDR + NAME + ID };
+    enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, ADDR = 64, REC = ADDR + NAME + ID + 4 };  /* + sockets per peer */
     int W = t->base.size, j, k, L = 0, me = 0;
     unsigned char mine[REC];
     unsigned char* all = (unsigned char*)_dm_calloc(&t->base.allocator, (size_t)W * REC);
@@ -4540,13 +5132,15 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
     memset(mine, 0, sizeof(mine));
     _dm_copy_name((char*)mine, ADDR, t->addrs[t->base.rank]);
     _dm_tcp_host_identity((char*)mine + ADDR, NAME, (char*)mine + ADDR + NAME, ID);
+    _dm_tcp_put32(mine + ADDR + NAME + ID, (uint32_t)t->nsock);
     st = _dm_lk_all_gather(&t->lk, mine, all, REC, DM_UINT8);
     if (st != DM_OK) goto done;
+    if ((st = _dm_tcp_same_sockets(t, all, REC, ADDR + NAME + ID)) != DM_OK) goto done;
     for (j = 0; j < W; j++) {
         unsigned char* rec = all + (size_t)j * REC;
         rec[ADDR - 1] = 0;
         rec[ADDR + NAME - 1] = 0;
-        rec[REC - 1] = 0;
+        rec[ADDR + NAME + ID - 1] = 0;
         if (j != t->base.rank) _dm_copy_name(t->addrs[j], 64, (const char*)rec);
         if (t->lk.links[j]) _dm_copy_name(t->lk.links[j]->where, sizeof(t->lk.links[j]->where), t->addrs[j]);
         for (k = 0; strcmp((const char*)all + (size_t)k * REC + ADDR + NAME, (const char*)rec + ADDR + NAME) != 0; k++) {}
@@ -4563,6 +5157,9 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
     _dm_tcp_local_from_launcher(t, s);
     _dm_lk_set_hosts(&t->lk, host_of);
     _dm_lk_set_policy(&t->lk, L);
+    _dm_free(&t->base.allocator, t->host_of);
+    t->host_of = host_of;       /* kept: _dm_tcp_more_sockets */
+    host_of = NULL;
 done:
     _dm_free(&t->base.allocator, all);
     _dm_free(&t->base.allocator, host_of);
@@ -4743,7 +5340,9 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     _dm_copy_name(t->ifname, sizeof(t->ifname), s->ifname ? s->ifname : "");
     _dm_copy_name(t->token, sizeof(t->token), s->token ? s->token : "");
     t->transport = s->transport;
-    t->fds = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)s->size);
+    t->nsock = s->nsock > 0 ? s->nsock : 1;
+    t->fds = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)s->size * (size_t)t->nsock);
+    t->claims = t->fds;
     t->addrs = (char(*)[64])_dm_calloc(&t->base.allocator, 64 * (size_t)s->size);
     st = _dm_lk_init(&t->lk, &t->base, "tcp", s->chunk_bytes);
     if (st == DM_ERR_ENV) goto fail;            /* DISTMESH_ALGO: its message is in last_error */
@@ -4753,7 +5352,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     }
     t->lk.notice_post = _dm_tcp_notice_post;
     t->lk.notice_read = _dm_tcp_notice_read;
-    for (j = 0; j < s->size; j++) t->fds[j] = -1;
+    for (j = 0; j < s->size * t->nsock; j++) t->fds[j] = -1;
     deadline = _dm_deadline(t->base.timeout_ms);
     /* the rendezvous: store requests end by the deadline, the parent's connections are watched */
     if (dm_store_clone_prefixed(t->store, "", &t->rdv) != DM_OK) {
@@ -4812,6 +5411,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     t->lk.hangup = _dm_tcp_lk_hangup;
     if ((st = _dm_tcp_connect_sparse(t, s, deadline)) != DM_OK) goto fail;
     if ((st = _dm_tcp_shm_for_host(t)) != DM_OK) goto fail;
+    if ((st = _dm_tcp_more_sockets(t, deadline)) != DM_OK) goto fail;
     _dm_tcp_serve_trim(t);
     t->built = true;
     /* the store stays only where split may need it again */
@@ -5057,6 +5657,27 @@ static dm_status _dm_tcp_parse_transport(const char* given, int* out, char* err,
     return given ? DM_ERR_INVALID_ARG : DM_ERR_ENV;
 }
 
+/* desc.sockets_per_peer, else DISTMESH_SOCKETS_PER_PEER, else 1; bad values as for transport. */
+static dm_status _dm_tcp_parse_sockets(int given, int* out, char* err, size_t cap) {
+    const char* v = getenv("DISTMESH_SOCKETS_PER_PEER");
+    char* end = NULL;
+    long n;
+    *out = 1;
+    if (given != 0) {
+        if (given >= 1 && given <= _DM_TCP_MAX_SOCKETS) { *out = given; return DM_OK; }
+        snprintf(err, cap, "tcp: desc.sockets_per_peer is %d; expected 1..%d (0: the default)", given,
+                 _DM_TCP_MAX_SOCKETS);
+        return DM_ERR_INVALID_ARG;
+    }
+    if (!v || !*v) return DM_OK;
+    errno = 0;
+    n = strtol(v, &end, 10);
+    if (errno == 0 && end != v && *end == 0 && n >= 1 && n <= _DM_TCP_MAX_SOCKETS) { *out = (int)n; return DM_OK; }
+    snprintf(err, cap, "tcp: DISTMESH_SOCKETS_PER_PEER is \"%.40s\"; expected a whole number 1..%d", v,
+             _DM_TCP_MAX_SOCKETS);
+    return DM_ERR_ENV;
+}
+
 DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_tcp_desc, d);
     _DM_ZERO(_dm_tcp_setup, s);
@@ -5088,6 +5709,8 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: token longer than %d bytes",
                           _DM_ST_TOKEN_MAX);
     s.chunk_bytes = d.chunk_bytes;
+    st = _dm_tcp_parse_sockets(d.sockets_per_peer, &s.nsock, err, sizeof(err));
+    if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
     st = _dm_tcp_parse_transport(d.transport, &s.transport, err, sizeof(err));
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
     s.logger = d.logger;
@@ -5210,6 +5833,7 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     s.bind_sa = &t->self_sa;    /* the parent's interface and address family */
     s.once = true;              /* "<parent prefix>split<seq>/<color>/" is unique */
     s.chunk_bytes = t->lk.chunk;
+    s.nsock = t->nsock;
     s.transport = t->transport;
     s.logger = c->logger;
     s.allocator = c->allocator;

@@ -17,3 +17,28 @@ bench: deps
 compare: deps
 	@$(MAKE) --no-print-directory $(DM_BENCH)
 	@bash scripts/compare.sh $(DM_BENCH)
+
+# Scale on simulated hosts (not CI): setup time, fds per rank, 8 B / 64 KiB all_reduce at
+# 16..256 ranks on 8 simulated hosts (scripts/scale.sh; RANKS, HOSTS, ITERS override).
+.PHONY: test-scale
+test-scale: deps
+	@$(MAKE) --no-print-directory $(DM_BENCH)
+	@bash scripts/scale.sh $(DM_BENCH)
+
+# `make parity`: distmesh against OpenMPI like for like (issue 17, item 4): bench/parity_bench.c
+# built for both, both launched by mpirun, tcp (DISTMESH_TRANSPORT=tcp / --mca btl tcp,self) and
+# shared memory (auto / vader), 2 and 4 ranks, 8 B .. 64 MiB; table on stdout, raw lines in
+# $(BUILD)/parity/raw.txt. PARITY_ARGS: environment for scripts/parity.sh (e.g. REPS=5 RANKS=2).
+PARITY_DIR := $(BUILD)/parity
+PARITY_ARGS ?=
+.PHONY: parity
+$(PARITY_DIR)/parity_bench_dm: bench/parity_bench.c distmesh.h distmesh_tcp.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+$(PARITY_DIR)/parity_bench_mpi: bench/parity_bench.c
+	@mkdir -p $(dir $@)
+	mpicc -std=c11 -O2 -Wall -Wextra -DPARITY_MPI $< -o $@
+parity: deps
+	@bash scripts/deps.sh openmpi-bin libopenmpi-dev
+	@$(MAKE) --no-print-directory $(PARITY_DIR)/parity_bench_dm $(PARITY_DIR)/parity_bench_mpi
+	@env OUT=$(PARITY_DIR) $(PARITY_ARGS) bash scripts/parity.sh $(PARITY_DIR)/parity_bench_dm $(PARITY_DIR)/parity_bench_mpi

@@ -29,6 +29,10 @@
      -S, --sizes LIST  sizes ("8,4K,64M") instead of the -b/-e sweep
      -R, --rss         report each rank's peak RSS
      -I, --inplace-only  in place only: one buffer, for memory measurements
+     --hosts H         with --np or --backend thread: H simulated hosts, ranks in contiguous
+                       blocks (DISTMESH_TEST_HOST_ID / dm_fake_desc.host_of)
+     --setup           report the setup: seconds from launch until the last rank's create
+                       returned, the slowest create call, and open fds per rank after create
    Sizes follow nccl-tests: all_reduce/broadcast size = bytes per rank; all_gather size = bytes
    received (world x count); reduce_scatter size = bytes sent (world x count). algbw = size /
    time; busbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for
@@ -67,6 +71,7 @@ typedef struct bench_args {
     size_t min_bytes, max_bytes, step_bytes;
     double step_factor;
     int iters, warmup, agg_iters, check, root, nprocs, report_rss, inplace_only;
+    int hosts, report_setup;    /* --hosts: simulated hosts for --np / thread; --setup */
     int average, blocking, report_cputime;
     dm_dtype dtypes[NTYPES];
     int ndtypes;
@@ -188,7 +193,7 @@ static void usage(FILE* f) {
 enum opt_id {
     O_MINB, O_MAXB, O_STEPB, O_STEPF, O_ITERS, O_WARMUP, O_AGG, O_CHECK, O_REDOP, O_DTYPE, O_ROOT, O_THREADS,
     O_GPUS, O_AVERAGE, O_BLOCKING, O_CPUTIME, O_GRAPH, O_PINIT, O_COLL, O_NP, O_BACKEND, O_JSON, O_TIMEOUT,
-    O_CHUNK, O_SIZES, O_RSS, O_INPLACE, O_HELP
+    O_CHUNK, O_SIZES, O_RSS, O_INPLACE, O_HOSTS, O_SETUP, O_HELP
 };
 static const struct { const char* sh; const char* lg; int has_value; int id; } k_opts[] = {
     { "-b", "--minbytes", 1, O_MINB },      { "-e", "--maxbytes", 1, O_MAXB },
@@ -204,7 +209,8 @@ static const struct { const char* sh; const char* lg; int has_value; int id; } k
     { "-B", "--backend", 1, O_BACKEND },    { "-J", "--json", 1, O_JSON },
     { NULL, "--timeout", 1, O_TIMEOUT },    { NULL, "--chunk", 1, O_CHUNK },
     { "-S", "--sizes", 1, O_SIZES },        { "-R", "--rss", 0, O_RSS },
-    { "-I", "--inplace-only", 0, O_INPLACE }, { "-h", "--help", 0, O_HELP },
+    { "-I", "--inplace-only", 0, O_INPLACE }, { NULL, "--hosts", 1, O_HOSTS },
+    { NULL, "--setup", 0, O_SETUP },        { "-h", "--help", 0, O_HELP },
 };
 #define NOPTS ((int)(sizeof(k_opts) / sizeof(k_opts[0])))
 
@@ -278,6 +284,8 @@ static int parse_args(int argc, char** argv, bench_args* a) {
             case O_CHUNK: rc = parse_size(f, v, &a->chunk_bytes); break;
             case O_RSS: a->report_rss = 1; break;
             case O_INPLACE: a->inplace_only = 1; break;
+            case O_HOSTS: rc = parse_int(f, v, &a->hosts); break;
+            case O_SETUP: a->report_setup = 1; break;
             case O_HELP: usage(stdout); return 1;
             case O_COLL: {
                 int c, found = 0;
@@ -725,23 +733,80 @@ static int rank_main(dm_collective* c, void* user) {
     return oob ? DM_ERR_INTERNAL : DM_OK;
 }
 
+/* >>setup  --setup: how long creating took and what it holds, over every rank. */
+static double g_launch_s;       /* CLOCK_MONOTONIC when the launch began (inherited by forks) */
+static int count_open_fds(void) {
+    char path[64];
+    int fd, n = 0;
+    for (fd = 0; fd < 65536; fd++) {
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        if (access(path, F_OK) == 0) n++;
+        else if (fd > 4096) break;
+    }
+    return n;
+}
+static dm_status report_setup(dm_collective* c, double call_s) {
+    double mine[3], *all;
+    int world = dm_world_size(c), r;
+    dm_status st;
+    mine[0] = now_s() - g_launch_s;
+    mine[1] = call_s;
+    mine[2] = (double)count_open_fds();
+    all = (double*)calloc((size_t)world * 3, sizeof(double));
+    if (!all) return DM_ERR_OUT_OF_MEMORY;
+    st = dm_all_gather(c, mine, all, 3, DM_FLOAT64);
+    if (st == DM_OK && dm_rank(c) == 0) {
+        double launch = 0, call = 0, fds = 0, fsum = 0;
+        for (r = 0; r < world; r++) {
+            launch = all[3 * r] > launch ? all[3 * r] : launch;
+            call = all[3 * r + 1] > call ? all[3 * r + 1] : call;
+            fds = all[3 * r + 2] > fds ? all[3 * r + 2] : fds;
+            fsum += all[3 * r + 2];
+        }
+        printf("# Setup: %d ranks, %d hosts, launch to last create %.3f s, slowest create call %.3f s, "
+               "fds per rank max %.0f mean %.1f\n", world, dm_local_world_size(c) ? world / dm_local_world_size(c) : 0,
+               launch, call, fds, fsum / world);
+    }
+    free(all);
+    return st;
+}
+
 /* >>launch  --np N: fork N ranks that meet through a file store in a fresh directory. */
 static volatile sig_atomic_t g_alarm;
 static void on_alarm(int sig) { (void)sig; g_alarm = 1; }
 
+/* A failed create has no object to hold its message: errors go to stderr. */
+static void log_errors(dm_log_level level, dm_status st, const char* msg, const char* file, int line, void* user) {
+    (void)st; (void)file; (void)line;
+    if (level == DM_LOG_ERROR) fprintf(stderr, "rank %d: %s\n", (int)(intptr_t)user, msg);
+}
 static int run_tcp_rank(const bench_args* a, int rank, int world, const char* url) {
     dm_tcp_desc d;
     dm_collective* c = NULL;
     dm_status st;
+    double t0;
     memset(&d, 0, sizeof(d));
     d.rank = rank;
     d.world_size = world;
     d.store_url = url;
     d.ifname = "lo";
+    d.logger.func = log_errors;
+    d.logger.user_data = (void*)(intptr_t)rank;
     d.chunk_bytes = a->chunk_bytes;
     d.timeout_ms = a->deadline_s > 0 ? (int)(a->deadline_s * 1000) : 0;
+    if (a->hosts > 0) {
+        char host[32];
+        snprintf(host, sizeof(host), "h%d", (int)((long long)rank * a->hosts / world));
+        setenv("DISTMESH_TEST_HOST_ID", host, 1);
+    }
+    t0 = now_s();
     st = dm_tcp_create(&d, &c);
     if (st != DM_OK) { fprintf(stderr, "rank %d: create failed: %s\n", rank, dm_strerror(st)); return 1; }
+    if (a->report_setup && (st = report_setup(c, now_s() - t0)) != DM_OK) {
+        fprintf(stderr, "rank %d: setup report: %s\n", rank, dm_last_error(c));
+        dm_destroy(c);
+        return 1;
+    }
     st = (dm_status)rank_main(c, (void*)a);
     dm_destroy(c);
     return st == DM_OK ? 0 : 1;
@@ -749,9 +814,11 @@ static int run_tcp_rank(const bench_args* a, int rank, int world, const char* ur
 
 static int launch_local(const bench_args* a) {
     char dir[] = "/tmp/dm_bench_XXXXXX", url[128], cmd[160];
-    pid_t pids[256];
+    pid_t pids[1024];
     int r, n = a->nprocs, failed = 0, alive;
-    if (n < 1 || n > 256) { fprintf(stderr, "dm_bench: --np must be 1..256\n"); return 2; }
+    if (n < 1 || n > 1024) { fprintf(stderr, "dm_bench: --np must be 1..1024\n"); return 2; }
+    if (a->hosts < 0 || a->hosts > n) { fprintf(stderr, "dm_bench: --hosts must be 1..%d\n", n); return 2; }
+    g_launch_s = now_s();
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 2; }
     snprintf(url, sizeof(url), "file://%s", dir);
     fflush(stdout);
@@ -780,6 +847,10 @@ static int launch_local(const bench_args* a) {
             continue;
         }
         alive--;
+        if (WIFSIGNALED(status)) {
+            for (r = 0; r < n && pids[r] != p; r++) {}
+            fprintf(stderr, "dm_bench: rank %d was killed by signal %d\n", r, WTERMSIG(status));
+        }
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
             if (!failed) failed = 1;
             /* One rank failed: the others fail by themselves (peer lost) or by their deadline. */
@@ -796,10 +867,19 @@ int main(int argc, char** argv) {
     if (rc) return rc > 0 ? 0 : 2;
     if (strcmp(a.backend, "thread") == 0) {
         dm_fake_desc d;
+        int* host_of = NULL, r;
+        dm_status st;
         memset(&d, 0, sizeof(d));
         d.world_size = a.nprocs > 0 ? a.nprocs : 1;
         d.timeout_ms = a.deadline_s > 0 ? (int)(a.deadline_s * 1000) : 0;
-        return dm_thread_world_run(&d, rank_main, &a) == DM_OK ? 0 : 1;
+        if (a.hosts > 0) {
+            if (!(host_of = (int*)calloc((size_t)d.world_size, sizeof(int)))) return 2;
+            for (r = 0; r < d.world_size; r++) host_of[r] = (int)((long long)r * a.hosts / d.world_size);
+            d.host_of = host_of;
+        }
+        st = dm_thread_world_run(&d, rank_main, &a);
+        free(host_of);
+        return st == DM_OK ? 0 : 1;
     }
     if (a.nprocs > 0) return launch_local(&a);
     {   /* under a launcher */

@@ -1,6 +1,9 @@
-// gloo_bench: Gloo's all-reduce on loopback, for scripts/compare.sh (written against Debian's
-// libgloo-dev, the 2022 snapshot with the classic algorithm classes).
+// gloo_bench: Gloo's all-reduce, for scripts/compare.sh (loopback) and scripts/bench_hosts.sh
+// (network namespaces), written against Debian's libgloo-dev, the 2022 snapshot with the classic
+// algorithm classes.
 //   gloo_bench ALGO RANK WORLD STORE_DIR ITERS WARMUP BYTES...
+// The ranks meet through a FileStore in STORE_DIR; each listens on GLOO_BENCH_HOSTNAME (an
+// address of this host; default 127.0.0.1).
 // ALGO: ring_chunked | halving_doubling. Prints one line per size:
 //   gloo_<algo> ranks=N bytes=B us=T     (T: mean microseconds per all-reduce, slowest rank)
 #include <gloo/allreduce_halving_doubling.h>
@@ -49,7 +52,8 @@ int main(int argc, char** argv) {
     std::string dir = argv[4];
     int iters = std::atoi(argv[5]), warmup = std::atoi(argv[6]);
     gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";
+    const char* host = std::getenv("GLOO_BENCH_HOSTNAME");
+    attr.hostname = host && *host ? host : "127.0.0.1";
     auto dev = gloo::transport::tcp::CreateDevice(attr);
     gloo::rendezvous::FileStore file_store(dir);
     gloo::rendezvous::PrefixStore store("gloo_bench", file_store);

@@ -546,6 +546,8 @@ static _dm_tcp* fake_rank(int rank, int size, const char* token, const char* sel
     t->fds = (int*)malloc(sizeof(int) * (size_t)size);
     t->addrs = (char(*)[64])calloc((size_t)size, 64);
     for (j = 0; j < size; j++) t->fds[j] = -1;
+    t->claims = t->fds;     /* the handshakes fill the first sockets (one per peer) */
+    t->nsock = 1;
     snprintf(t->addrs[rank], 64, "%s", self_addr);
     return t;
 }

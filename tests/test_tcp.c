@@ -727,6 +727,110 @@ static void test_transport_choice(void** s) {
     assert_int_equal(run_world_ex(2, body_disagree, NULL, 30, false), 0);
 }
 
+/* Sockets open in this process ("socket:[...]" in /proc/self/fd). */
+static int count_sockets(void) {
+    DIR* d = opendir("/proc/self/fd");
+    struct dirent* e;
+    int n = 0;
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL) {
+        char path[300], link[64];
+        ssize_t k;
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        k = readlink(path, link, sizeof(link) - 1);
+        if (k > 0) { link[k] = 0; n += strncmp(link, "socket:", 7) == 0; }
+    }
+    closedir(d);
+    return n;
+}
+/* Several sockets per peer: 4 ranks on 2 simulated hosts (0 and 2 on h0, 1 and 3 on h1), the
+   count from the desc or, with *arg < 0, from DISTMESH_SOCKETS_PER_PEER. Each rank holds one
+   shm side socket to its host mate and n sockets to each rank of the other host; all-reduces
+   that span many stripes (and a ring all-gather and a broadcast) come out right, and so do
+   the groups split from it (the count is inherited). */
+static int body_sockets(dm_collective* c, int rank, int world, void* arg) {
+    int n = *(int*)arg < 0 ? -*(int*)arg : *(int*)arg, before = count_sockets(), after;
+    char host[16];
+    dm_collective* cross = NULL;
+    dm_tcp_desc d;
+    char url[300], prefix[64];
+    (void)c;
+    snprintf(host, sizeof(host), "h%d", rank % 2);
+    setenv("DISTMESH_TEST_HOST_ID", host, 1);
+    make_desc(&d, rank, world, url, sizeof(url), prefix, sizeof(prefix));
+    if (*(int*)arg > 0) d.sockets_per_peer = n;
+    RCHECK(dm_tcp_create(&d, &c) == DM_OK);
+    after = count_sockets();
+    if (after - before != 1 + 2 * n) {
+        fprintf(stderr, "rank %d: %d sockets per peer: %d sockets opened, expected %d\n", rank, n, after - before,
+                1 + 2 * n);
+        return 1;
+    }
+    RCHECK(strcmp(dm_transport_name(c), "shm+tcp") == 0);
+    RCHECK(suite_all_reduce(c, 1, DM_FLOAT32, DM_SUM, true, 31) == 0);
+    RCHECK(suite_all_reduce(c, 70001, DM_INT32, DM_MAX, false, 32) == 0);
+    RCHECK(suite_all_reduce(c, (size_t)3 << 20, DM_FLOAT32, DM_SUM, true, 33) == 0);   /* 12 MiB */
+    RCHECK(suite_all_gather(c, 300001, DM_FLOAT64, 0, 34) == 0);
+    RCHECK(suite_broadcast(c, 1000003, DM_UINT8, 3, 35) == 0);
+    RST(dm_split(c, rank / 2, rank, &cross));     /* {0,1} and {2,3}: across the hosts */
+    RCHECK(strcmp(dm_transport_name(cross), "tcp") == 0);
+    RCHECK(suite_all_reduce(cross, (size_t)1 << 20, DM_FLOAT32, DM_SUM, false, 36) == 0);
+    dm_destroy(cross);
+    dm_destroy(c);
+    return 0;
+}
+/* Each rank of a pair given a different count: both fail, saying so. */
+static int body_sockets_disagree(dm_collective* c, int rank, int world, void* arg) {
+    dm_tcp_desc d;
+    char url[300], prefix[64];
+    char host[16];
+    (void)c; (void)arg;
+    snprintf(host, sizeof(host), "h%d", rank);
+    setenv("DISTMESH_TEST_HOST_ID", host, 1);
+    make_desc(&d, rank, world, url, sizeof(url), prefix, sizeof(prefix));
+    d.sockets_per_peer = rank + 1;
+    d.logger.func = capture_log;
+    c = NULL;
+    RCHECK(dm_tcp_create(&d, &c) == DM_ERR_INVALID_ARG && c == NULL);
+    RCHECK(strstr(g_logged, "different socket counts per peer (1 to 2") != NULL);
+    return 0;
+}
+static void test_sockets_per_peer(void** s) {
+    static const int counts[] = { 1, 2, 4, -3 };
+    dm_tcp_desc d;
+    char url[300], prefix[64];
+    dm_collective* c = NULL;
+    int k;
+    (void)s;
+    make_desc(&d, 0, 1, url, sizeof(url), prefix, sizeof(prefix));
+    d.logger.func = capture_log;
+    d.sockets_per_peer = -1;
+    assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_INVALID_ARG);
+    assert_non_null(strstr(g_logged, "desc.sockets_per_peer is -1; expected 1..16"));
+    d.sockets_per_peer = 17;
+    assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_INVALID_ARG);
+    d.sockets_per_peer = 0;
+    setenv("DISTMESH_SOCKETS_PER_PEER", "4x", 1);
+    assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_ENV);
+    assert_non_null(strstr(g_logged, "DISTMESH_SOCKETS_PER_PEER is \"4x\"; expected a whole number 1..16"));
+    setenv("DISTMESH_SOCKETS_PER_PEER", "0", 1);
+    assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_ENV);
+    assert_null(c);
+    unsetenv("DISTMESH_SOCKETS_PER_PEER");
+    for (k = 0; k < 4; k++) {
+        int n = counts[k];
+        if (n < 0) {
+            char v[16];
+            snprintf(v, sizeof(v), "%d", -n);
+            setenv("DISTMESH_SOCKETS_PER_PEER", v, 1);
+        }
+        assert_int_equal(run_world_ex(4, body_sockets, &n, 90, false), 0);
+        unsetenv("DISTMESH_SOCKETS_PER_PEER");
+    }
+    assert_int_equal(run_world_ex(2, body_sockets_disagree, NULL, 30, false), 0);
+    unsetenv("DISTMESH_TEST_HOST_ID");
+}
+
 /* ---- fault tests: 4 ranks, one killed or stopped, survivors report through a pipe ---------- */
 static int g_report_fd = -1;
 static int body_fault(dm_collective* c, int rank, int world, void* arg) {
@@ -1659,7 +1763,7 @@ static void test_dm_init_hosted_store(void** s) {
     assert_int_equal(run_world_ex(3, body_init_hosted, NULL, 60, false), 0);
 }
 
-/* ---- netns: 3 namespaces on a bridge, one rank each (tests/netns_test.sh) ------------------ */
+/* ---- netns: namespaces on a bridge: 3 x 1 rank, then 2 x 2 simulated hosts (netns_test.sh) - */
 static void test_netns(void** s) {
     char cmd[1024], self[512];
     ssize_t n;
@@ -1676,7 +1780,21 @@ static void test_netns(void** s) {
     assert_int_equal(rc, 0);
 }
 
-/* One rank from the environment (used by netns_test.sh). */
+/* One rank from the environment (used by netns_test.sh). DM_TEST_EXPECT_TRANSPORT and
+   DM_TEST_EXPECT_LOCAL_SIZE, when set, are what the group must have found (simulated hosts). */
+static int rank_expectations(dm_collective* c) {
+    const char* transport = getenv("DM_TEST_EXPECT_TRANSPORT");
+    const char* local = getenv("DM_TEST_EXPECT_LOCAL_SIZE");
+    if (transport && strcmp(dm_transport_name(c), transport) != 0) {
+        fprintf(stderr, "rank %d: transport %s, expected %s\n", dm_rank(c), dm_transport_name(c), transport);
+        return 1;
+    }
+    if (local && dm_local_world_size(c) != atoi(local)) {
+        fprintf(stderr, "rank %d: local world size %d, expected %s\n", dm_rank(c), dm_local_world_size(c), local);
+        return 1;
+    }
+    return 0;
+}
 static int rank_main(void) {
     dm_collective* c = NULL;
     dm_status st;
@@ -1684,9 +1802,20 @@ static int rank_main(void) {
     st = dm_init(NULL, &c);
     if (st != DM_OK) { fprintf(stderr, "dm_init: %s\n", dm_status_name(st)); return 1; }
     g_rank = dm_rank(c);
-    bad = suite(c, false);
-    if (!bad) printf("rank %d of %d (%s, local %d/%d): all collectives correct\n", dm_rank(c), dm_world_size(c),
-                     c->node_name, dm_local_rank(c), dm_local_world_size(c));
+    bad = rank_expectations(c);
+    bad |= suite(c, false);
+    if (!bad && getenv("DISTMESH_ALGO") && strncmp(getenv("DISTMESH_ALGO"), "two_level", 9) == 0) {
+        size_t n = (size_t)1 << 18;             /* the schedules the run was asked for did run */
+        float* x = (float*)calloc(n, sizeof(float));
+        if (!x || dm_all_reduce(c, NULL, x, n, DM_FLOAT32, DM_SUM) != DM_OK ||
+            strncmp(dm_last_algorithm(c), "two_level_", 10) != 0) {
+            fprintf(stderr, "rank %d: DISTMESH_ALGO=%s ran %s\n", dm_rank(c), getenv("DISTMESH_ALGO"), dm_last_algorithm(c));
+            bad = 1;
+        }
+        free(x);
+    }
+    if (!bad) printf("rank %d of %d (%s, local %d/%d, %s, %s): all collectives correct\n", dm_rank(c), dm_world_size(c),
+                     c->node_name, dm_local_rank(c), dm_local_world_size(c), dm_transport_name(c), dm_last_algorithm(c));
     dm_destroy(c);
     return bad;
 }
@@ -1733,6 +1862,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_tcp_store_clients),
         cmocka_unit_test(test_dm_init_hosted_store),
         cmocka_unit_test(test_netns),
+        cmocka_unit_test(test_sockets_per_peer),
     };
     signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
     if (argc > 1 && strcmp(argv[1], "--rank") == 0) return rank_main();

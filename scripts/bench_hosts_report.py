@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Report of scripts/bench_hosts.sh: per system an nccl-tests style table (medians over the
+repetitions), the bounds of the shaped link, and the ratios between the systems.
+   bench_hosts_report.py RAW OUT HOSTS RANKS_PER_HOST RATE_BPS FLOW_BPS TC_CLASSES SYSTEM...
+RAW lines: "<system> rep=<r> bytes=<B> us=<time> wrong=<n, -1: not checked> transport=<t> algo=<a or ->".
+Writes OUT/table.txt (what it prints), OUT/results.csv (every launch) and OUT/results.json."""
+import json
+import re
+import statistics
+import sys
+
+DESCRIPTION = {
+    "distmesh_auto": "distmesh, DISTMESH_ALGO unset (auto)",
+    "distmesh_flat": "distmesh, DISTMESH_ALGO=flat_ring",
+    "gloo": "Gloo allreduce_ring_chunked (Debian libgloo), one process per rank",
+}
+
+
+def load(path):
+    """(system, bytes) -> [(rep, us, wrong)]; labels: (system, bytes) -> algorithms, system -> transports."""
+    runs, labels = {}, {}
+    for line in open(path):
+        m = re.match(r"(\S+) rep=(\d+) bytes=(\d+) us=([0-9.]+) wrong=(-?\d+) transport=(\S+) algo=(\S+)$",
+                     line.strip())
+        if m:
+            runs.setdefault((m[1], int(m[3])), []).append((int(m[2]), float(m[4]), int(m[5])))
+            labels.setdefault((m[1], int(m[3])), set()).add(m[7])
+            labels.setdefault(m[1], set()).add(m[6])
+    return runs, labels
+
+
+def fmt_us(us):
+    return f"{us:9.0f}" if us >= 10000 else f"{us:9.1f}" if us >= 100 else f"{us:9.2f}"
+
+
+def fmt_ms(us):
+    return f"{us / 1000:.1f} ms" if us >= 1000 else f"{us:.0f} us"
+
+
+def flow_classes(path):
+    """Leaf flow classes (1:100..1:1ff) that carried more than 1 MB, per device section."""
+    used, section = {}, None
+    try:
+        text = open(path).read().splitlines()
+    except OSError:
+        return used
+    cls = None
+    for line in text:
+        if line.startswith("== "):
+            section = line[3:].split(" (")[0]
+            used[section] = 0
+        m = re.match(r"class htb 1:([0-9a-f]+) ", line)
+        if m:
+            cls = int(m[1], 16)
+        m = re.match(r"\s*Sent (\d+) bytes", line)
+        if m and section and cls is not None and 0x100 <= cls <= 0x1FF and int(m[1]) > 1_000_000:
+            used[section] += 1
+    return used
+
+
+def main():
+    raw, out, hosts, per_host, rate, flow = sys.argv[1:7]
+    tc_classes, systems = sys.argv[7], sys.argv[8:]
+    hosts, per_host, rate, flow = int(hosts), int(per_host), float(rate), float(flow)
+    n = hosts * per_host
+    runs, labels = load(raw)
+    sizes = sorted({b for (_, b) in runs})
+    med = {k: statistics.median(t for _, t, _ in v) for k, v in runs.items()}
+    lines = []
+    say = lines.append
+    try:
+        for line in open(f"{out}/raw/iperf.txt"):
+            if line.strip():
+                say(f"# {line.strip()}")
+    except OSError:
+        pass
+    for s in systems:
+        say(f"# {DESCRIPTION.get(s, s)}: {n} ranks on {hosts} hosts x {per_host}, link {rate / 1e9:g} Gbit/s"
+            + (f", {flow / 1e6:g} Mbit/s per flow" if flow else "")
+            + f"; transport {'/'.join(sorted(labels.get(s, {'-'})))}")
+        say("# float32 sum in place; time: median over the launches of the slowest rank's mean; busbw = algbw x 2(n-1)/n")
+        say("#       size         count      type   redop    root      time   algbw   busbw #wrong  launches  min(us)  max(us)"
+            "  algorithm")
+        say("#        (B)    (elements)                                (us)  (GB/s)  (GB/s)")
+        for b in sizes:
+            v = runs.get((s, b))
+            if not v:
+                continue
+            us = med[(s, b)]
+            algbw = b / (us * 1e-6) / 1e9
+            wrong = max(w for _, _, w in v)
+            wtxt = "N/A" if wrong < 0 else str(sum(max(w, 0) for _, _, w in v))
+            ts = [t for _, t, _ in v]
+            say(f"{b:12d}  {b // 4:12d}  {'float':>8s}  {'sum':>6s}  {-1:6d} {fmt_us(us)}  {algbw:6.3f}  "
+                f"{algbw * 2 * (n - 1) / n:6.3f}  {wtxt:>5s}  {len(v):8d} {min(ts):8.0f} {max(ts):8.0f}"
+                f"  {'/'.join(sorted(labels.get((s, b), {'-'})))}")
+        say("#")
+    # bounds: bytes each host's link carries in one direction, over its rate
+    say(f"# Bounds at R = {rate / 1e9:g} Gbit/s per host link and direction (S = size):")
+    say(f"#   flat ring (host by host) 2(N-1)/N x S / R, N = {n};  two-level 2(H-1)/H x S / R, H = {hosts}"
+        + (f";  single flow 2(N-1)/N x S / F, F = {flow / 1e6:g} Mbit/s (flat ring, one socket per peer)" if flow else ""))
+    head = "#       size   flat bound  2-level bound" + ("  1-flow bound" if flow else "")
+    cols = list(systems)
+    head += "".join(f"  {c:>14s}" for c in cols)
+    ratio_names = []
+    if "distmesh_auto" in systems and "distmesh_flat" in systems:
+        ratio_names.append(("auto/flat", "distmesh_auto", "distmesh_flat"))
+    if "distmesh_auto" in systems and "gloo" in systems:
+        ratio_names.append(("auto/gloo", "distmesh_auto", "gloo"))
+    head += "".join(f"  {r[0]:>9s}" for r in ratio_names) + "  auto/2-level  flat/bound"
+    say(head)
+    summary = []
+    for b in sizes:
+        bits = b * 8.0
+        flat_b = 2.0 * (n - 1) / n * bits / rate * 1e6
+        two_b = 2.0 * (hosts - 1) / hosts * bits / rate * 1e6
+        one_b = 2.0 * (n - 1) / n * bits / flow * 1e6 if flow else None
+        row = f"{b:12d}  {fmt_ms(flat_b):>11s}  {fmt_ms(two_b):>13s}" + (f"  {fmt_ms(one_b):>12s}" if flow else "")
+        entry = {"bytes": b, "algorithms": {c: sorted(labels.get((c, b), [])) for c in cols}, "flat_bound_us": flat_b, "two_level_bound_us": two_b, "single_flow_bound_us": one_b,
+                 "median_us": {}, "ratios": {}}
+        for c in cols:
+            us = med.get((c, b))
+            row += f"  {fmt_ms(us) if us else '-':>14s}"
+            if us:
+                entry["median_us"][c] = us
+        for name, a, z in ratio_names:
+            if (a, b) in med and (z, b) in med:
+                r = med[(a, b)] / med[(z, b)]
+                entry["ratios"][name] = r
+                row += f"  {r:9.2f}"
+            else:
+                row += f"  {'-':>9s}"
+        auto, flat = med.get(("distmesh_auto", b)), med.get(("distmesh_flat", b))
+        row += f"  {auto / two_b:11.2f}" if auto else f"  {'-':>11s}"
+        row += f"  {flat / max(flat_b, one_b or 0):10.2f}" if flat else f"  {'-':>10s}"
+        say(row)
+        summary.append(entry)
+    say("# ratios below 1: the first system is faster; auto/2-level: auto over the two-level bound; flat/bound: the"
+        " flat ring over its bound" + (" (the single-flow one, the larger)" if flow else ""))
+    say("# The bounds count wire bytes; TCP's payload is at most 1448 of each 1514-byte frame (MTU 1500, timestamps),"
+        " so a perfect run sits at 1.05x its bound.")
+    used = flow_classes(tc_classes)
+    if flow and used:
+        say("# flow classes that carried > 1 MB over the whole run (all launches and iperf3), per device: "
+            + ", ".join(f"{k}: {v}" for k, v in used.items()))
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    with open(f"{out}/table.txt", "w") as f:
+        f.write(text)
+    with open(f"{out}/results.csv", "w") as f:
+        f.write("system,bytes,rep,us,wrong\n")
+        for (s, b), v in sorted(runs.items()):
+            for rep, t, w in v:
+                f.write(f"{s},{b},{rep},{t:.3f},{w}\n")
+    with open(f"{out}/results.json", "w") as f:
+        json.dump({"hosts": hosts, "ranks_per_host": per_host, "ranks": n, "rate_bps": rate,
+                   "flow_rate_bps": flow or None, "systems": systems, "sizes": summary}, f, indent=1)
+    print(f"bench-hosts: wrote {out}/table.txt, {out}/results.csv, {out}/results.json and {out}/raw/")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,470 @@
+/* The NCCL backend's reactions to failures, run without a GPU: distmesh_nccl.h compiled with
+   the real CUDA and NCCL headers, linked against tests/stand_in_cuda_nccl.c (a scripted
+   STAND-IN for libcudart and libnccl) instead of the real libraries. These tests say nothing
+   about NCCL's or CUDA's own behaviour -- tests/test_nccl.c does, on a GPU -- only about what
+   distmesh does with the results the stand-in is scripted to give (issue 20):
+   - every NCCL error once work is queued aborts the communicator, once; started requests are
+     settled; later calls are DM_ERR_ABORTED quoting the first cause (enqueue, group end,
+     split's parent, an asynchronous error after ncclInProgress);
+   - every call runs on the communicator's device and gives the caller's back;
+   - host copies never queue behind unfinished work; staging is stream-ordered;
+   - cudaMemcpyAsync, cudaSetDevice, cudaMemsetAsync, cudaFreeAsync and ncclCommGetAsyncError
+     results are checked (no endless poll with an infinite timeout);
+   - a failed or timed-out split aborts the child, keeping NCCL's error text;
+   - a sticky CUDA error from an event or the stream aborts and settles every request;
+   - nothing leaks (the stand-in counts what is live; ASan/LSan under `make asan`). */
+#include "distmesh.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include "test_filter.h"
+#include "stand_in_cuda_nccl.h"
+
+enum { CALLER_DEVICE = 0, N = 16 };
+
+static int g_device = -1;       /* the communicator's device, while one is checked */
+
+/* Asserts st and shows the collective's last error when it is not. */
+#define CHECK_ST(c, want, expr) do { dm_status s_ = (expr);                                   \
+        if (s_ != (want)) fail_msg("%s -> %s (want %s): %s", #expr, dm_status_name(s_),          \
+                                   dm_status_name(want), dm_last_error(c));                      \
+    } while (0)
+#define CHECK_OK(c, expr) CHECK_ST(c, DM_OK, expr)
+#define CHECK_MSG(c, text) do { if (!strstr(dm_last_error(c), (text)))                          \
+        fail_msg("last error \"%s\" lacks \"%s\"", dm_last_error(c), (text)); } while (0)
+
+/* A communicator of world ranks on `device` (this is rank 0), made from a caller whose current
+   device is CALLER_DEVICE; from then on every device-bound call must be on `device`. */
+static dm_collective* make(int world, int device, int timeout_ms) {
+    dm_nccl_desc d;
+    dm_collective* c = NULL;
+    static const unsigned char id[DM_NCCL_UNIQUE_ID_BYTES];
+    memset(&d, 0, sizeof(d));
+    d.rank = 0;
+    d.world_size = world;
+    d.cuda_device = device + 1;
+    d.unique_id = id;
+    d.timeout_ms = timeout_ms;
+    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    assert_int_equal(dm_nccl_create(&d, &c), DM_OK);
+    /* create leaves the communicator's device current (documented); the caller goes back */
+    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    g_device = device;
+    si_expect_device(device);
+    return c;
+}
+/* Device memory of the communicator's device, allocated outside the device check. */
+static float* dev(size_t count) {
+    void* p = NULL;
+    si_expect_device(-1);
+    assert_int_equal(cudaSetDevice(g_device), cudaSuccess);
+    assert_int_equal(cudaMalloc(&p, count * sizeof(float)), cudaSuccess);
+    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    si_expect_device(g_device);
+    return (float*)p;
+}
+static void dev_free(void* p) {
+    si_expect_device(-1);
+    cudaFree(p);                /* may answer a sticky error; the stand-in releases it anyway */
+}
+static void caller_device_is_back(void) {
+    int d = -1;
+    if (cudaGetDevice(&d) == cudaSuccess) assert_int_equal(d, CALLER_DEVICE);
+}
+/* After dm_destroy and the test's own frees: nothing left, nothing misused. */
+static void nothing_left(void) {
+    const si_stats* s = si_get();
+    assert_int_equal(s->live_comms, 0);
+    assert_int_equal(s->live_streams, 0);
+    assert_int_equal(s->live_events, 0);
+    assert_int_equal(s->live_allocs, 0);
+    assert_int_equal(s->stale_comm_calls, 0);
+    assert_int_equal(s->bad_frees, 0);
+    assert_int_equal(s->group_depth, 0);
+}
+static void no_wrong_device(void) {
+    if (si_get()->wrong_device_calls)
+        fail_msg("%d calls on the wrong device, the first: %s", si_get()->wrong_device_calls,
+                 si_get()->first_wrong_device_call);
+}
+
+/* Point 2 (and 3, 4): every slot, blocking and _async, on a world of 2 on device 2 while the
+   caller's device is 0. The stream stays busy for 2 polls after each operation, so a host copy
+   queued without draining it first would be counted. */
+static void test_standin_every_slot_runs_on_the_communicators_device(void** state) {
+    dm_collective *c, *child = NULL;
+    float *a, *b, host_src[N], host_dst[2 * N], host_buf[N];
+    void* recvs[2];
+    dm_request* req = NULL;
+    bool done = false;
+    int i, mallocs, frees, async_mallocs, async_frees;
+    (void)state;
+    si_reset();
+    si_set_busy_polls(2);
+    c = make(2, 2, 5000);
+    a = dev(4 * N);
+    b = dev(4 * N);
+    for (i = 0; i < N; i++) host_src[i] = (float)i + 0.5f;
+    memcpy(host_buf, host_src, sizeof(host_buf));
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
+    CHECK_OK(c, dm_reduce_scatter(c, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
+    CHECK_OK(c, dm_all_gather(c, a, b, N, DM_FLOAT32)); caller_device_is_back();
+    CHECK_OK(c, dm_broadcast(c, a, N, DM_FLOAT32, 0)); caller_device_is_back();
+    CHECK_OK(c, dm_barrier(c)); caller_device_is_back();
+    CHECK_OK(c, dm_synchronize(c)); caller_device_is_back();
+    CHECK_OK(c, dm_reduce(c, a, b, N, DM_FLOAT32, DM_SUM, 0)); caller_device_is_back();
+    CHECK_OK(c, dm_gather(c, a, b, N, DM_FLOAT32, 0)); caller_device_is_back();
+    CHECK_OK(c, dm_scatter(c, b, a, N, DM_FLOAT32, 0)); caller_device_is_back();
+    CHECK_OK(c, dm_all_to_all(c, a, b, N, DM_FLOAT32)); caller_device_is_back();
+    CHECK_OK(c, dm_all_to_all(c, NULL, b, N, DM_FLOAT32)); caller_device_is_back();
+    CHECK_OK(c, dm_send(c, a, N, DM_FLOAT32, 1, 7)); caller_device_is_back();
+    CHECK_OK(c, dm_recv(c, a, N, DM_FLOAT32, 1, 7)); caller_device_is_back();
+    recvs[0] = b; recvs[1] = b + N;
+    CHECK_OK(c, dm_all_gather_to_list(c, a, recvs, N, DM_FLOAT32)); caller_device_is_back();
+
+    /* Host staging: stream-ordered scratch only (no cudaMalloc / cudaFree, which wait for the
+       whole device), and no host copy behind unfinished work. */
+    mallocs = si_count("cudaMalloc"); frees = si_count("cudaFree");
+    async_mallocs = si_count("cudaMallocAsync"); async_frees = si_count("cudaFreeAsync");
+    memset(host_dst, 0, sizeof(host_dst));
+    CHECK_OK(c, dm_all_gather(c, host_src, host_dst, N, DM_FLOAT32)); caller_device_is_back();
+    assert_memory_equal(host_dst, host_src, sizeof(host_src));    /* our block, rank 0's */
+    CHECK_OK(c, dm_broadcast(c, host_buf, N, DM_FLOAT32, 0)); caller_device_is_back();
+    assert_memory_equal(host_buf, host_src, sizeof(host_src));
+    recvs[0] = host_dst; recvs[1] = host_dst + N;
+    CHECK_OK(c, dm_all_gather_to_list(c, host_src, recvs, N, DM_FLOAT32)); caller_device_is_back();
+    assert_memory_equal(host_dst, host_src, sizeof(host_src));
+    assert_int_equal(si_count("cudaMalloc"), mallocs);
+    assert_int_equal(si_count("cudaFree"), frees);
+    assert_int_equal(si_count("cudaMallocAsync") - async_mallocs, 3);
+    assert_int_equal(si_count("cudaFreeAsync") - async_frees, 3);
+    assert_int_equal(si_get()->host_copies_on_busy_stream, 0);
+
+    /* Requests: start and finish switch too. */
+    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req)); caller_device_is_back();
+    CHECK_OK(c, dm_test(req, &done)); caller_device_is_back();
+    if (!done) CHECK_OK(c, dm_wait(req));
+    caller_device_is_back();
+    CHECK_OK(c, dm_scatter_async(c, b, a, N, DM_FLOAT32, 0, &req)); caller_device_is_back();
+    CHECK_OK(c, dm_wait(req)); caller_device_is_back();
+
+    /* split: the child's stream, scratch and events on the parent's device. */
+    CHECK_OK(c, dm_split(c, 0, 0, &child)); caller_device_is_back();
+    assert_non_null(child);
+    CHECK_OK(child, dm_all_reduce(child, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
+    CHECK_OK(child, dm_synchronize(child));
+    dm_destroy(child); caller_device_is_back();
+    dm_destroy(c); caller_device_is_back();
+    no_wrong_device();
+    assert_int_equal(si_get()->aborts, 0);
+    assert_int_equal(si_get()->destroys, 2);
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Point 1: ncclRemoteError on the 3rd enqueue (a peer died between calls), with two requests
+   still running on the GPU. */
+static void test_standin_nccl_error_on_enqueue_aborts_once(void** state) {
+    dm_collective* c;
+    dm_request *r1 = NULL, *r2 = NULL, *r3 = NULL;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make(2, 1, 5000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    si_fail("enqueue", 3, ncclRemoteError, false);
+    si_hold_streams(true);      /* the two requests' kernels wait for the dead peer */
+    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r1));
+    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r2));
+    CHECK_ST(c, DM_ERR_NETWORK, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_MSG(c, "scripted for ncclAllReduce");     /* NCCL's text, read before the abort */
+    assert_int_equal(si_get()->aborts, 1);
+    assert_int_equal(si_get()->live_comms, 0);
+    /* settled by the abort, with the cause */
+    CHECK_ST(c, DM_ERR_NETWORK, dm_wait(r1));
+    CHECK_MSG(c, "did not complete");
+    CHECK_MSG(c, "scripted for ncclAllReduce");
+    CHECK_ST(c, DM_ERR_NETWORK, dm_wait(r2));
+    /* later calls, blocking and not */
+    CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
+    CHECK_MSG(c, "scripted for ncclAllReduce");
+    CHECK_ST(c, DM_ERR_ABORTED, dm_all_gather(c, a, b, N, DM_FLOAT32));
+    CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r3));
+    CHECK_MSG(c, "scripted for ncclAllReduce");
+    CHECK_ST(c, DM_ERR_ABORTED, dm_synchronize(c));
+    si_hold_streams(false);
+    dm_destroy(c);
+    assert_int_equal(si_get()->aborts, 1);          /* once */
+    assert_int_equal(si_get()->destroys, 0);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Point 1 in groups: an error at ncclGroupEnd, a failing ncclSend inside a group (the group is
+   still ended), and ncclInProgress followed by an asynchronous error. */
+static void test_standin_group_and_async_errors_abort(void** state) {
+    dm_collective* c;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make(3, 1, 5000);
+    a = dev(3 * N);
+    b = dev(3 * N);
+    si_fail("ncclGroupEnd", 1, ncclSystemError, false);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_gather(c, a, b, N, DM_FLOAT32, 0));
+    CHECK_MSG(c, "gather");
+    CHECK_MSG(c, "scripted for ncclGroupEnd");
+    assert_int_equal(si_get()->aborts, 1);
+    CHECK_ST(c, DM_ERR_ABORTED, dm_gather(c, a, b, N, DM_FLOAT32, 0));
+    dm_destroy(c);
+
+    c = make(3, 1, 5000);
+    si_fail("ncclSend", 2, ncclInternalError, false);
+    CHECK_ST(c, DM_ERR_NCCL, dm_scatter(c, a, b, N, DM_FLOAT32, 0));
+    assert_int_equal(si_get()->group_depth, 0);
+    assert_int_equal(si_get()->aborts, 2);
+    CHECK_ST(c, DM_ERR_ABORTED, dm_all_to_all(c, a, b, N, DM_FLOAT32));
+    dm_destroy(c);
+
+    c = make(3, 1, 5000);
+    si_fail("enqueue", 1, ncclInProgress, false);
+    si_set_async_error(ncclRemoteError);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_send(c, a, N, DM_FLOAT32, 2, 0));
+    CHECK_MSG(c, "a peer died");
+    assert_int_equal(si_get()->aborts, 3);
+    CHECK_ST(c, DM_ERR_ABORTED, dm_recv(c, a, N, DM_FLOAT32, 2, 0));
+    dm_destroy(c);
+    assert_int_equal(si_get()->aborts, 3);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Points 1 and 6: split. The parent's part fails (NCCL wrote a child anyway: both aborted);
+   the child's initialisation fails or never ends (the child aborted, its text kept, the
+   parent usable); NCCL gives no child; polling the child fails with an infinite timeout. */
+static void test_standin_split_failures_abort_the_child(void** state) {
+    dm_collective *c, *child = NULL;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make(2, 3, 5000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    si_fail("ncclCommSplit", 1, ncclRemoteError, false);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_split(c, 0, 0, &child));
+    assert_null(child);
+    CHECK_MSG(c, "scripted for ncclCommSplit");
+    assert_int_equal(si_get()->aborts, 2);          /* the parent and the child NCCL wrote */
+    assert_int_equal(si_get()->live_comms, 0);
+    CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    dm_destroy(c);
+
+    c = make(2, 3, 5000);
+    si_split_child_fails(ncclSystemError);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_split(c, 0, 0, &child));
+    assert_null(child);
+    CHECK_MSG(c, "the new communicator failed");    /* read before the child's abort */
+    assert_int_equal(si_get()->aborts, 3);
+    assert_int_equal(si_get()->live_comms, 1);      /* the parent, usable */
+    si_split_child_fails(ncclSuccess);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    dm_destroy(c);
+
+    c = make(2, 3, 200);
+    si_set_init_polls(0, true);                     /* children never finish initialising */
+    CHECK_ST(c, DM_ERR_TIMEOUT, dm_split(c, 1, 0, &child));
+    assert_null(child);
+    CHECK_MSG(c, "timed out");
+    assert_int_equal(si_get()->aborts, 4);
+    assert_int_equal(si_get()->live_comms, 1);
+    si_set_init_polls(2, false);
+    CHECK_OK(c, dm_barrier(c));
+    dm_destroy(c);
+
+    c = make(2, 3, -1);                             /* no deadline: nothing may poll forever */
+    si_split_gives_null(true);
+    CHECK_ST(c, DM_ERR_NCCL, dm_split(c, 0, 0, &child));
+    assert_null(child);
+    CHECK_MSG(c, "no communicator");
+    si_split_gives_null(false);
+    /* the parent's wait polls once, the child's first poll fails itself */
+    si_fail("ncclCommGetAsyncError", 2, ncclInvalidArgument, false);
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_split(c, 0, 0, &child));
+    assert_null(child);
+    assert_int_equal(si_get()->aborts, 5);
+    assert_int_equal(si_get()->live_comms, 1);
+    CHECK_OK(c, dm_barrier(c));
+    dm_destroy(c);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Point 5: results that were not checked. */
+static void test_standin_cuda_and_poll_results_are_checked(void** state) {
+    dm_collective* c = NULL;
+    dm_nccl_desc d;
+    static const unsigned char id[DM_NCCL_UNIQUE_ID_BYTES];
+    float host_src[N], host_dst[2 * N], *a, *b;
+    int live;
+    (void)state;
+    si_reset();
+    memset(host_src, 0, sizeof(host_src));
+    /* cudaMemsetAsync of create's scratch: create fails, leaving nothing behind */
+    memset(&d, 0, sizeof(d));
+    d.world_size = 2;
+    d.unique_id = id;
+    si_fail("cudaMemsetAsync", 1, cudaErrorLaunchFailure, false);
+    assert_int_equal(dm_nccl_create(&d, &c), DM_ERR_CUDA);
+    assert_null(c);
+    nothing_left();
+
+    /* cudaMemcpyAsync of host staging: aborts, and the staging buffer is released */
+    c = make(2, 1, 5000);
+    live = si_get()->live_allocs;
+    si_fail("cudaMemcpyAsync", 1, cudaErrorInvalidValue, false);
+    CHECK_ST(c, DM_ERR_CUDA, dm_all_gather(c, host_src, host_dst, N, DM_FLOAT32));
+    CHECK_MSG(c, "host staging");
+    assert_int_equal(si_get()->live_allocs, live);
+    assert_int_equal(si_get()->aborts, 1);
+    CHECK_ST(c, DM_ERR_ABORTED, dm_all_gather(c, host_src, host_dst, N, DM_FLOAT32));
+    dm_destroy(c);
+
+    /* cudaFreeAsync of the staging buffer */
+    c = make(2, 1, 5000);
+    si_fail("cudaFreeAsync", 1, cudaErrorInvalidValue, false);
+    CHECK_ST(c, DM_ERR_CUDA, dm_broadcast(c, host_dst, N, DM_FLOAT32, 0));
+    assert_int_equal(si_get()->aborts, 2);
+    dm_destroy(c);
+
+    /* cudaSetDevice: nothing is queued on the wrong device */
+    c = make(2, 1, 5000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    si_fail("cudaSetDevice", 1, cudaErrorInvalidDevice, false);
+    CHECK_ST(c, DM_ERR_CUDA, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_MSG(c, "cudaSetDevice");
+    assert_int_equal(si_count("ncclAllReduce"), 0);
+    assert_int_equal(si_get()->aborts, 3);
+    dm_destroy(c);
+
+    /* ncclCommGetAsyncError failing with an infinite timeout: a status, not an endless loop */
+    c = make(2, 1, -1);
+    si_set_busy_polls(1000000);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    si_fail("ncclCommGetAsyncError", 3, ncclInternalError, false);
+    CHECK_ST(c, DM_ERR_NCCL, dm_synchronize(c));
+    assert_int_equal(si_get()->aborts, 4);
+    si_set_busy_polls(0);
+    dm_destroy(c);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Point 3: with work that never finishes on the stream, a host-staged call waits under the
+   deadline instead of inside cudaMemcpyAsync. */
+static void test_standin_host_copy_waits_with_the_deadline(void** state) {
+    dm_collective* c;
+    float host_src[N], host_dst[2 * N], *a, *b;
+    (void)state;
+    si_reset();
+    memset(host_src, 0, sizeof(host_src));
+    c = make(2, 1, 150);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    si_hold_streams(true);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_ST(c, DM_ERR_TIMEOUT, dm_all_gather(c, host_src, host_dst, N, DM_FLOAT32));
+    CHECK_MSG(c, "timed out");
+    assert_int_equal(si_get()->host_copies_on_busy_stream, 0);
+    assert_int_equal(si_count("cudaMemcpyAsync"), 0);
+    assert_int_equal(si_get()->aborts, 1);
+    si_hold_streams(false);
+    dm_destroy(c);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Point 7: a sticky cudaErrorIllegalAddress from cudaEventQuery, then from cudaStreamQuery. */
+static void test_standin_sticky_cuda_error_aborts_and_settles(void** state) {
+    dm_collective* c;
+    dm_request *r0 = NULL, *r1 = NULL, *r2 = NULL;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make(2, 2, 5000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r0));
+    CHECK_OK(c, dm_wait(r0));
+    si_hold_streams(true);
+    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r1));
+    CHECK_OK(c, dm_all_gather_async(c, a, b, N, DM_FLOAT32, &r2));
+    si_fail("cudaEventQuery", 1, cudaErrorIllegalAddress, true);
+    CHECK_ST(c, DM_ERR_CUDA, dm_wait(r1));
+    CHECK_MSG(c, "illegal memory access");
+    assert_int_equal(si_get()->aborts, 1);
+    CHECK_ST(c, DM_ERR_CUDA, dm_wait(r2));
+    CHECK_MSG(c, "did not complete");
+    CHECK_MSG(c, "illegal memory access");
+    CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_MSG(c, "illegal memory access");
+    si_hold_streams(false);
+    dm_destroy(c);                                  /* with every CUDA call failing */
+    assert_int_equal(si_get()->aborts, 1);
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+
+    si_reset();
+    c = make(2, 2, 5000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    si_fail("cudaStreamQuery", 1, cudaErrorIllegalAddress, true);
+    CHECK_ST(c, DM_ERR_CUDA, dm_synchronize(c));
+    assert_int_equal(si_get()->aborts, 1);
+    CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
+    CHECK_MSG(c, "illegal memory access");
+    dm_destroy(c);
+    assert_int_equal(si_get()->aborts, 1);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+int main(int argc, char** argv) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_standin_every_slot_runs_on_the_communicators_device),
+        cmocka_unit_test(test_standin_nccl_error_on_enqueue_aborts_once),
+        cmocka_unit_test(test_standin_group_and_async_errors_abort),
+        cmocka_unit_test(test_standin_split_failures_abort_the_child),
+        cmocka_unit_test(test_standin_cuda_and_poll_results_are_checked),
+        cmocka_unit_test(test_standin_host_copy_waits_with_the_deadline),
+        cmocka_unit_test(test_standin_sticky_cuda_error_aborts_and_settles),
+    };
+    dm_test_filter(argc, argv);
+    printf("NCCL backend against a scripted stand-in for libcudart/libnccl (no GPU involved)\n");
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
