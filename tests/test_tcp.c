@@ -744,8 +744,9 @@ static int count_sockets(void) {
     return n;
 }
 /* Several sockets per peer: 4 ranks on 2 simulated hosts (0 and 2 on h0, 1 and 3 on h1), the
-   count from the desc or, with *arg < 0, from DISTMESH_SOCKETS_PER_PEER. Each rank holds one
-   shm side socket to its host mate and n sockets to each rank of the other host; all-reduces
+   count from the desc or, with *arg < 0, from DISTMESH_SOCKETS_PER_PEER. Each rank holds its
+   listener (open for the group's life), one shm side socket to its host mate and n sockets to
+   each rank of the other host (both are in P: ring neighbours); all-reduces
    that span many stripes (and a ring all-gather and a broadcast) come out right, and so do
    the groups split from it (the count is inherited). */
 static int body_sockets(dm_collective* c, int rank, int world, void* arg) {
@@ -761,9 +762,9 @@ static int body_sockets(dm_collective* c, int rank, int world, void* arg) {
     if (*(int*)arg > 0) d.sockets_per_peer = n;
     RCHECK(dm_tcp_create(&d, &c) == DM_OK);
     after = count_sockets();
-    if (after - before != 1 + 2 * n) {
+    if (after - before != 2 + 2 * n) {
         fprintf(stderr, "rank %d: %d sockets per peer: %d sockets opened, expected %d\n", rank, n, after - before,
-                1 + 2 * n);
+                2 + 2 * n);
         return 1;
     }
     RCHECK(strcmp(dm_transport_name(c), "shm+tcp") == 0);
@@ -1410,7 +1411,7 @@ static void big_sparse_run(int world, int per_host, bool lazy, big_stats* b) {
            b->create_end_max - b->t_start, sorted[world / 2], b->fds_max, b->peers_min, b->peers_max, world - 1);
 }
 /* 64 ranks on 8 hosts: a rank's create opens no more fds than its schedules' peers (P, which
-   create logs) plus the listener and the store's client; the fixed-peer collectives (root 0's
+   create logs) plus the listener, the store's client and the shm watcher's eventfd; the fixed-peer collectives (root 0's
    broadcast among them) open none; all_to_all and send/recv across the world connect on
    demand. */
 static void test_sparse_fds(void** s) {
@@ -1421,7 +1422,8 @@ static void test_sparse_fds(void** s) {
     assert_int_equal(b.bad, 0);
     assert_int_equal(b.lazy_bad, 0);
     assert_true(b.peers_min >= 7 && b.peers_max < 63 / 2);  /* the host, and far from the world */
-    assert_true(b.extra_max <= 2);
+    if (b.extra_max > 3) fprintf(stderr, "  a rank's create opened %d fds beyond its peers\n", b.extra_max);
+    assert_true(b.extra_max <= 3);
 }
 
 /* kill -9 of one of 64 ranks (8 hosts) during small all_reduces: every survivor, most of them
