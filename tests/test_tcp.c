@@ -1029,6 +1029,51 @@ static void test_layouts_thread(void** s) {
     unsetenv("DISTMESH_ALGO");
 }
 
+/* P covers two_level_ring's rails both ways (_dm_lk_peers): the rails all-reduce their blocks
+   with a ring for large counts and with recursive doubling for small ones (5 hosts: rd by the
+   model), and the threaded world fails a fixed-peer transfer outside P. On hosts of 4, 3, 3,
+   3 and 3 ranks rail 1 is ranks 1, 5, 8, 11, 14, and its ring pairs 8-11 and 14-1 are peers
+   through no other schedule (the uneven hosts keep all_gather flat), so a P computed with
+   the small count's rails alone fails the large count. */
+static const int g_rails_43333[] = { 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4 };
+static int rails_rank(dm_collective* c, void* user) {
+    static const size_t counts[] = { 64, (size_t)1 << 20 };
+    int k;
+    (void)user;
+    for (k = 0; k < 2; k++) {
+        size_t n = counts[k], i;
+        int W = dm_world_size(c), r = dm_rank(c), bad = 0;
+        float* v = (float*)malloc(n * sizeof(float));
+        dm_status st;
+        if (!v) return DM_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < n; i++) v[i] = (float)(r + (int)(i % 7));
+        st = dm_all_reduce(c, v, v, n, DM_FLOAT32, DM_SUM);
+        for (i = 0; st == DM_OK && i < n; i++)
+            if (v[i] != (float)(W * (W - 1) / 2 + W * (int)(i % 7))) bad = 1;
+        if (st == DM_OK && strcmp(dm_last_algorithm(c), "two_level_ring") != 0) bad = 1;
+        free(v);
+        if (st != DM_OK || bad) {
+            fprintf(stderr, "rank %d: two_level_ring all_reduce of %zu: %s %s (%s)\n", r, n, dm_status_name(st),
+                    dm_last_error(c), dm_last_algorithm(c));
+            return st != DM_OK ? (int)st : DM_ERR_INTERNAL;
+        }
+    }
+    return DM_OK;
+}
+static void test_peers_rails(void** s) {
+    dm_fake_desc fd;
+    dm_status st;
+    (void)s;
+    memset(&fd, 0, sizeof(fd));
+    fd.world_size = 16;
+    fd.host_of = g_rails_43333;
+    fd.timeout_ms = 60000;
+    setenv("DISTMESH_ALGO", "two_level_ring", 1);
+    st = dm_thread_world_run(&fd, rails_rank, NULL);
+    unsetenv("DISTMESH_ALGO");
+    assert_int_equal(st, DM_OK);
+}
+
 /* The same suite over processes: shm + sockets (auto) on every layout, sockets forced on the
    uneven ones and one even one. */
 static int body_layout_suite(dm_collective* c, int rank, int world, void* arg) {
@@ -1851,6 +1896,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_fault_stop),
         cmocka_unit_test(test_algo_choice),
         cmocka_unit_test(test_layouts_thread),
+        cmocka_unit_test(test_peers_rails),
         cmocka_unit_test(test_layouts_tcp),
         cmocka_unit_test(test_layouts_bitwise),
         cmocka_unit_test(test_mesh_across_hosts),
