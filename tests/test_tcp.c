@@ -1471,6 +1471,21 @@ static void test_sparse_fds(void** s) {
     assert_true(b.extra_max <= 3);
 }
 
+/* Two sockets per cross-host peer with connections only where the schedules need them: 32
+   ranks on 8 hosts; P's cross-host peers get their second socket at create, so the fixed-peer
+   collectives (large all-reduces striped over both) open none; the peers connected on demand
+   (all_to_all, send / recv, another root's broadcast) keep one socket and work. */
+static void test_sparse_sockets(void** s) {
+    big_stats b;
+    (void)s;
+    setenv("DISTMESH_SOCKETS_PER_PEER", "2", 1);
+    big_sparse_run(32, 4, true, &b);
+    unsetenv("DISTMESH_SOCKETS_PER_PEER");
+    assert_int_equal(b.lines, 32);
+    assert_int_equal(b.bad, 0);
+    assert_int_equal(b.lazy_bad, 0);
+}
+
 /* kill -9 of one of 64 ranks (8 hosts) during small all_reduces: every survivor, most of them
    never connected to it, fails with DM_ERR_PEER_LOST within 1 s, and its message names the
    victim (the first cause, spread by the abort notice and the links). */
@@ -1902,6 +1917,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_mesh_across_hosts),
         cmocka_unit_test(test_fault_kill_two_level),
         cmocka_unit_test(test_sparse_fds),
+        cmocka_unit_test(test_sparse_sockets),
         cmocka_unit_test(test_sparse_kill),
         cmocka_unit_test(test_split_kill),
         cmocka_unit_test(test_split_timeout),
