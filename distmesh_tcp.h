@@ -4392,12 +4392,14 @@ static int _dm_tcp_hs_drive(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
         h->fd = -1;
         return 1;
     }
-    if (rc < 0)
-        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that closed or sent a bad hello");
-    else if (rc != _DM_TCP_ACK_GROUP)   /* a world-size disagreement was named by the hello */
+    if (rc < 0) {
+        if (h->state != _DM_TCP_HS_HELLO || h->off != 0)    /* closed before a byte: a probe (>>tcp lazy) */
+            _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that closed or sent a bad hello");
+    } else if (rc != _DM_TCP_ACK_GROUP) {   /* a world-size disagreement was named by the hello */
         _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (%s)", h->peer,
                 rc == _DM_TCP_ACK_TOKEN ? "wrong token proof: another token, or a replayed or relayed hello"
                                         : "bad rank");
+    }
     _dm_tcp_hs_drop(t, h);
     return 0;
 }
@@ -4620,8 +4622,32 @@ static dm_status _dm_tcp_link_down(_dm_tcp* t, int j, int64_t deadline) {
    connector asks the store's abort notice every 250 ms, so a failure elsewhere ends the wait
    with its cause; a broken group closes its listener (hangup), so a connector is refused at
    once instead of waiting for its deadline. A connection reaches a rank only while it is in
-   a call of this group (or its create): one that computes meanwhile answers when it returns. */
+   a call of this group (or its create): one that computes meanwhile answers when it returns.
+   The waiting rank also probes the connector's listener every 250 ms: a refusal means the
+   connector died before it could dial (no one else may notice: every other rank may be
+   waiting for it too). */
 #define _DM_TCP_LAZY_NOTICE_MS 250
+/* Whether rank j's listener still exists: a connection it refuses means its process (or its
+   group) is gone. A connection that opens is closed at once, before any byte (the listener
+   drops it silently). -1 refused, else 0. */
+static int _dm_tcp_probe(_dm_tcp* t, int j) {
+    struct sockaddr_storage sa;
+    int fd, rc = 0, err = 0;
+    socklen_t len = sizeof(err);
+    if (!_dm_tcp_parse_addr(t->addrs[j], &sa)) return 0;
+    fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return 0;
+    if (connect(fd, (struct sockaddr*)&sa, sa.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                                    : sizeof(struct sockaddr_in)) != 0) {
+        err = errno;
+        if (err == EINPROGRESS && _dm_tcp_wait_fd(fd, POLLOUT, _dm_now_ms() + 50) == 1 &&
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+            err = 0;
+        if (err == ECONNREFUSED) rc = -1;
+    }
+    close(fd);
+    return rc;
+}
 static dm_status _dm_tcp_await_peer(_dm_tcp* t, int j, int64_t deadline) {
     int64_t next_notice = _dm_now_ms() + _DM_TCP_LAZY_NOTICE_MS;
     struct pollfd* p = t->lk.pfds;
@@ -4647,6 +4673,9 @@ static dm_status _dm_tcp_await_peer(_dm_tcp* t, int j, int64_t deadline) {
             if (t->lk.notice_read(&t->lk, &rank, msg, sizeof(msg)) != DM_OK && rank != t->base.rank)
                 return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "rank %d failed while this rank waited for rank %d to "
                                 "connect", rank, j);
+            if (_dm_tcp_probe(t, j) < 0)
+                return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "rank %d (%s) never connected and its listener refuses "
+                                "connections: it died, or its group broke", j, t->addrs[j]);
         }
     }
     return DM_OK;

@@ -1543,6 +1543,87 @@ static void test_sparse_kill(void** s) {
     sparse_kill_trial(40);
 }
 
+/* kill -9 of a rank before anyone connected to it on demand: 8 ranks on 8 simulated hosts
+   (ranks 2 and 4 have no link to rank 7: P there is ring, rd and dissemination partners),
+   rank 7 is killed, then (mode 0) every survivor calls all_to_all, or (mode 1) rank 2 alone
+   calls dm_recv from rank 7 while the others idle: nobody else can tell it, so it must find
+   out itself (it waits for 7 to dial, and probes 7's listener meanwhile). Every reporting
+   survivor fails with DM_ERR_PEER_LOST within 1 s of starting its call. */
+static int body_lazy_kill(dm_collective* c, int rank, int world, void* arg) {
+    int mode = *(int*)arg, j;
+    int32_t in[8], out[8];
+    double t0;
+    dm_status st;
+    char line[64];
+    if (dm_barrier(c) != DM_OK) return 1;
+    if (write(g_report_fd, "R", 1) != 1) return 1;
+    usleep(500000);                     /* the victim is killed meanwhile */
+    if (mode == 1 && rank != 2) { sleep(3); return 0; }
+    for (j = 0; j < world; j++) in[j] = rank;
+    t0 = now_s();
+    st = mode == 0 ? dm_all_to_all(c, in, out, 1, DM_INT32) : dm_recv(c, out, 1, DM_INT32, 7, 0);
+    snprintf(line, sizeof(line), "%d %d %.4f\n", rank, (int)st, now_s() - t0);
+    if (st != DM_ERR_PEER_LOST) fprintf(stderr, "rank %d: %s: %s\n", rank, dm_status_name(st), dm_last_error(c));
+    else printf("  rank %d: %s\n", rank, dm_last_error(c));
+    if (write(g_report_fd, line, strlen(line)) < 0) return 1;
+    sleep(2);
+    return 0;
+}
+static void lazy_kill_trial(int mode) {
+    int pfd[2], r, ready = 0, reports = 0, world = 8, victim = 7, lost = 0, want = mode == 0 ? 7 : 1;
+    double worst = 0, deadline = now_s() + 30;
+    char buf[1024];
+    size_t used = 0;
+    g_fault_hosts = 1;
+    fork_reporting_world(world, 30000, body_lazy_kill, &mode, pfd);
+    g_fault_hosts = 0;
+    while (now_s() < deadline && reports < want) {
+        struct timeval tv = {0, 2000};
+        fd_set fs;
+        ssize_t k;
+        FD_ZERO(&fs);
+        FD_SET(pfd[0], &fs);
+        if (select(pfd[0] + 1, &fs, NULL, NULL, &tv) <= 0) continue;
+        k = read(pfd[0], buf + used, sizeof(buf) - 1 - used);
+        if (k <= 0) break;
+        used += (size_t)k;
+        buf[used] = 0;
+        for (;;) {
+            char* nl;
+            int rk, st;
+            double took;
+            if (buf[0] == 'R') {
+                memmove(buf, buf + 1, used);
+                used--;
+                if (++ready == world) kill(g_pids[victim], SIGKILL);
+                continue;
+            }
+            nl = strchr(buf, '\n');
+            if (!nl) break;
+            if (sscanf(buf, "%d %d %lf", &rk, &st, &took) == 3 && rk != victim) {
+                reports++;
+                lost += st == DM_ERR_PEER_LOST;
+                if (took > worst) worst = took;
+            }
+            used -= (size_t)(nl + 1 - buf);
+            memmove(buf, nl + 1, used + 1);
+        }
+    }
+    for (r = 0; r < world; r++) kill(g_pids[r], SIGCONT);
+    for (r = 0; r < world; r++) waitpid(g_pids[r], NULL, 0);
+    close(pfd[0]);
+    printf("  %s after kill -9 of rank %d: %d of %d DM_ERR_PEER_LOST, the slowest after %.3f s\n",
+           mode == 0 ? "all_to_all" : "rank 2's recv from it", victim, lost, want, worst);
+    assert_int_equal(reports, want);
+    assert_int_equal(lost, want);
+    assert_true(worst < 1.0);
+}
+static void test_lazy_kill(void** s) {
+    (void)s;
+    lazy_kill_trial(0);
+    lazy_kill_trial(1);
+}
+
 /* By hand (not in CI): test_tcp --scale N [per_host]: create time and fds per rank of N ranks on
    simulated hosts of per_host ranks (default 32: 256 ranks on 8 hosts). */
 static int scale_main(int world, int per_host) {
@@ -1552,6 +1633,82 @@ static int scale_main(int world, int per_host) {
     big_sparse_run(world, per_host, false, &b);
     tmpdir_remove(g_store_dir);
     return b.lines == world && b.bad == 0 ? 0 : 1;
+}
+
+/* The threaded world checks every transfer of a fixed-peer schedule against P (distmesh.h,
+   >>peers: DM_ERR_INTERNAL outside it), so P must cover what each schedule touches. Small
+   worlds hide a gap (P is nearly everyone there), so this runs 24 ranks on layouts where P is
+   sparse: every collective at sizes that pick each algorithm, under auto and forced
+   families, plus the calls connected on demand (reduce's blocks to the root, gather,
+   scatter, all_to_all, send/recv, broadcast from other roots). */
+#define PEERS_W 24
+#define PCHECK(cond)                                                                      \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "rank %d: %s failed: %s\n", r, #cond, dm_last_error(c));      \
+            bad = 1;                                                                      \
+        }                                                                                 \
+    } while (0)
+static int peers_rank(dm_collective* c, void* user) {
+    static const size_t counts[4] = { 1, 7, 5000, 300001 };
+    int r = dm_rank(c), W = dm_world_size(c), k, j, bad = 0;
+    float* x = (float*)malloc(sizeof(float) * (300001 + PEERS_W * 1000));
+    float* y = (float*)malloc(sizeof(float) * PEERS_W * 1000);
+    float v = (float)r, got = -1, sum = (float)(W * (W - 1) / 2);
+    (void)user;
+    if (!x || !y) return 1;
+    for (k = 0; k < 4; k++) {
+        for (j = 0; j < (int)counts[k]; j++) x[j] = (float)r;
+        PCHECK(dm_all_reduce(c, NULL, x, counts[k], DM_FLOAT32, DM_SUM) == DM_OK && x[counts[k] - 1] == sum);
+        for (j = 0; j < (int)counts[k]; j++) x[j] = (float)r;
+        PCHECK(dm_reduce(c, r == 7 ? NULL : x, x, counts[k], DM_FLOAT32, DM_SUM, 7) == DM_OK && (r != 7 || x[0] == sum));
+    }
+    for (k = 0; k < 2; k++) {
+        size_t n = k ? 1000 : 1;
+        for (j = 0; j < (int)n; j++) x[j] = (float)r;
+        PCHECK(dm_all_gather(c, x, y, n, DM_FLOAT32) == DM_OK && y[(size_t)(W - 1) * n] == (float)(W - 1));
+        for (j = 0; j < (int)n * W; j++) x[j] = 1.0f;
+        PCHECK(dm_reduce_scatter(c, x, y, n, DM_FLOAT32, DM_SUM) == DM_OK && y[n - 1] == (float)W);
+    }
+    for (k = 0; k < 3; k++) {
+        int root = k == 0 ? 0 : k == 1 ? 5 : W - 1;
+        x[0] = (float)(r == root ? 42 : 0);
+        PCHECK(dm_broadcast(c, x, 3, DM_FLOAT32, root) == DM_OK && x[0] == 42.0f);
+    }
+    PCHECK(dm_barrier(c) == DM_OK);
+    PCHECK(dm_gather(c, &v, y, 1, DM_FLOAT32, 3) == DM_OK && (r != 3 || y[W - 1] == (float)(W - 1)));
+    PCHECK(dm_scatter(c, y, &got, 1, DM_FLOAT32, 3) == DM_OK && (r != 3 || got == (float)r));
+    for (j = 0; j < W; j++) x[j] = (float)(r * 100 + j);
+    PCHECK(dm_all_to_all(c, x, y, 1, DM_FLOAT32) == DM_OK && y[W - 1] == (float)((W - 1) * 100 + r));
+    PCHECK(dm_send(c, &v, 1, DM_FLOAT32, (r + 11) % W, 9) == DM_OK);
+    PCHECK(dm_recv(c, &got, 1, DM_FLOAT32, (r + W - 11) % W, 9) == DM_OK && got == (float)((r + W - 11) % W));
+    free(x);
+    free(y);
+    return bad;
+}
+#undef PCHECK
+static void test_peers_thread(void** s) {
+    static const char* algos[] = { "auto", "flat", "two_level", "flat_rd", "two_level_rd", "two_level_ring" };
+    int hosts[3][PEERS_W], k, a, r;
+    (void)s;
+    for (r = 0; r < PEERS_W; r++) {
+        hosts[0][r] = r / 6;                                    /* 4 hosts x 6 */
+        hosts[1][r] = r % 3;                                    /* 3 x 8, interleaved */
+        hosts[2][r] = r < 10 ? 0 : r < 17 ? 1 : r < 22 ? 2 : 3; /* 10 + 7 + 5 + 2 */
+    }
+    for (k = 0; k < 3; k++)
+        for (a = 0; a < 6; a++) {
+            dm_fake_desc fd;
+            memset(&fd, 0, sizeof(fd));
+            fd.world_size = PEERS_W;
+            fd.host_of = hosts[k];
+            fd.timeout_ms = 60000;
+            setenv("DISTMESH_ALGO", algos[a], 1);
+            if (dm_thread_world_run(&fd, peers_rank, NULL) != DM_OK)
+                fail_msg("threaded world of %d, layout %d, DISTMESH_ALGO=%s: a transfer left P or a result is wrong",
+                         PEERS_W, k, algos[a]);
+        }
+    unsetenv("DISTMESH_ALGO");
 }
 
 /* ---- split under failure ------------------------------------------------------------------ */
@@ -1916,9 +2073,11 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_layouts_bitwise),
         cmocka_unit_test(test_mesh_across_hosts),
         cmocka_unit_test(test_fault_kill_two_level),
+        cmocka_unit_test(test_peers_thread),
         cmocka_unit_test(test_sparse_fds),
         cmocka_unit_test(test_sparse_sockets),
         cmocka_unit_test(test_sparse_kill),
+        cmocka_unit_test(test_lazy_kill),
         cmocka_unit_test(test_split_kill),
         cmocka_unit_test(test_split_timeout),
         cmocka_unit_test(test_dm_init),
