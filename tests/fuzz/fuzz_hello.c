@@ -25,6 +25,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     snprintf(t.prefix, sizeof(t.prefix), "distmesh/g0/");
     snprintf(t.token, sizeof(t.token), "fuzz");
     t.fds = fds;
+    t.claims = fds;             /* the handshakes fill the first sockets (one per peer) */
+    t.nsock = 1;
     t.addrs = addrs;
     snprintf(addrs[0], 64, "127.0.0.1:1000");
     snprintf(addrs[1], 64, "127.0.0.1:1001");
