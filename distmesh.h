@@ -522,6 +522,27 @@ DM_API dm_status dm_recv_async(dm_collective* c, void* buf, size_t count, dm_dty
 /* Like MPI_Comm_split: ranks passing the same color >= 0 form a new collective, ordered by
    (key, old rank). color DM_SPLIT_NONE: *out = NULL and DM_OK. Collective call. */
 DM_API dm_status dm_split(dm_collective* c, int color, int key, dm_collective** out);
+
+/* >>functions: shrink and grow  A group goes on without ranks that died or leave, and takes
+   newcomers, without a new rendezvous of the survivors (README "Survive a lost rank").
+   dm_shrink: every rank that stays calls it (the excluded and the dead do not); *out is a new
+   collective of the ranks that stay, renumbered in their old order, with the same transports,
+   timeout and logger. c can then only be destroyed (its calls fail with DM_ERR_ABORTED).
+   - DM_SHRINK_DEFAULT: a planned removal; nothing may be in flight on c (DM_ERR_BUSY). The
+     ranks left out are the union of every caller's exclude list.
+   - DM_SHRINK_ABORT: after a failure. Requests in flight are aborted and complete first, each
+     with its error; then the survivors agree, over their own connections and without the
+     store, on who is gone: the excluded ranks, the dead ones, and any that die meanwhile. A
+     failure during the agreement gives every survivor the same group or an error by the
+     deadline (c's timeout), never two different groups.
+   exclude: n_exclude ranks of c (never the caller's own). */
+#define DM_SHRINK_DEFAULT 0
+#define DM_SHRINK_ABORT 1
+DM_API dm_status dm_shrink(dm_collective* c, const int* exclude, int n_exclude, int flags, dm_collective** out);
+/* Every member calls it at a step boundary, with nothing in flight; n_new newcomers join (how,
+   per backend: README "Survive a lost rank") and take ranks size .. size + n_new - 1 of *out,
+   the members keeping theirs. c stays usable; destroy it when done. */
+DM_API dm_status dm_grow(dm_collective* c, int n_new, dm_collective** out);
 /* The node-local sub-collective (ranks on this host), made on first use: a collective call the
    first time, owned by c afterwards (do not destroy it). NULL on failure, see dm_last_error(c). */
 DM_API dm_collective* dm_local(dm_collective* c);
@@ -608,7 +629,7 @@ typedef struct dm_op {
     int color, key;             /* split */
     dm_collective** split_out;  /* split */
 } dm_op;
-#define DM_COLLECTIVE_VTABLE_VERSION 3
+#define DM_COLLECTIVE_VTABLE_VERSION 4
 typedef struct dm_collective_vtable {
     uint32_t struct_size;       /* sizeof(dm_collective_vtable) as the backend was compiled */
     uint32_t version;           /* DM_COLLECTIVE_VTABLE_VERSION the backend targets */
@@ -653,7 +674,15 @@ typedef struct dm_collective_vtable {
        blocking slots. */
     dm_status (*start)(dm_collective* self, const dm_op* op, void** token);
     dm_status (*finish)(dm_collective* self, void* token, bool block, bool* done);
-    /* ---- end of version 3: append below, never reorder ---- */
+    /* ---- end of version 3 ---- */
+    /* Optional: dm_shrink and dm_grow. shrink gets gone[size] (the union of the excluded on
+       this rank) and runs on the caller's thread with nothing in flight. */
+    dm_status (*shrink)(dm_collective* self, const bool* gone, int flags, dm_collective** out);
+    dm_status (*grow)(dm_collective* self, int n_new, dm_collective** out);
+    /* Optional, called from another thread than the one running an operation: make it fail
+       soon (DM_SHRINK_ABORT). */
+    void (*interrupt)(dm_collective* self);
+    /* ---- end of version 4: append below, never reorder ---- */
 } dm_collective_vtable;
 
 /* Every backend's struct begins with `struct dm_collective base;`. The core owns `local`. */
@@ -2567,6 +2596,114 @@ DM_API_IMPL dm_status dm_split(dm_collective* c, int color, int key, dm_collecti
     _DM_BLOCKING(c, _dm_prep_split(c, color, key, out, &o_));
 }
 
+/* DM_SHRINK_ABORT's first step: requests not started yet complete with DM_ERR_ABORTED, the
+   running one is interrupted (where the backend can) and finishes with its error. A blocking
+   call on another thread is interrupted too. Returns once nothing runs (each operation ends by
+   its own deadline at the latest). */
+_DM_PRIVATE void _dm_abort_in_flight(dm_collective* c) {
+    _dm_async* a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    bool can = _DM_VT_HAS(c->vt, interrupt);
+    if (a) {
+        pthread_mutex_lock(&a->mu);
+        while (a->head) {
+            dm_request* r = a->head;
+            a->head = r->next;
+            r->status = DM_ERR_ABORTED;
+            snprintf(r->msg, sizeof(r->msg), "%s was not run: aborted by dm_shrink(DM_SHRINK_ABORT)",
+                     _dm_op_name(r->op.kind));
+            r->done = true;
+            a->inflight--;
+        }
+        a->tail = NULL;
+        if (a->inflight > 0 && can) c->vt->interrupt(c);
+        while (a->inflight > 0) pthread_cond_wait(&a->done, &a->mu);
+        pthread_cond_broadcast(&a->done);
+        pthread_mutex_unlock(&a->mu);
+    }
+    if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE) && can) c->vt->interrupt(c);
+}
+/* Takes c for this thread (c->busy), or DM_ERR_BUSY naming the call. */
+_DM_PRIVATE dm_status _dm_take(dm_collective* c, const char* name, int64_t deadline) {
+    int idle = 0;
+    while (!__atomic_compare_exchange_n(&c->busy, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        if (_dm_now_ms() >= deadline)
+            return _DM_FAIL(c, DM_ERR_BUSY, "%s: the collective is in use by another thread", name);
+        idle = 0;
+        usleep(1000);
+    }
+    return DM_OK;
+}
+DM_API_IMPL dm_status dm_shrink(dm_collective* c, const int* exclude, int n_exclude, int flags, dm_collective** out) {
+    _dm_async* a;
+    bool* gone;
+    int i;
+    dm_status st;
+    if (!c) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "shrink: out is NULL");
+    *out = NULL;
+    if (flags != DM_SHRINK_DEFAULT && flags != DM_SHRINK_ABORT)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "shrink: flags %d is neither DM_SHRINK_DEFAULT nor DM_SHRINK_ABORT", flags);
+    if (n_exclude < 0 || (n_exclude > 0 && !exclude))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "shrink: %d excluded ranks at %p", n_exclude, (const void*)exclude);
+    for (i = 0; i < n_exclude; i++) {
+        if (exclude[i] < 0 || exclude[i] >= c->size)
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "shrink: excluded rank %d is not a rank of this %d-rank collective",
+                            exclude[i], c->size);
+        if (exclude[i] == c->rank)
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "shrink: rank %d excludes itself (an excluded rank does not call "
+                            "dm_shrink; it destroys the collective)", c->rank);
+    }
+    _DM_TRY(_dm_check_slot(c, "shrink", _DM_VT_HAS(c->vt, shrink)));
+    a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    if (flags == DM_SHRINK_ABORT) {
+        _dm_abort_in_flight(c);
+    } else if (a) {
+        int inflight;
+        pthread_mutex_lock(&a->mu);
+        inflight = a->inflight;
+        pthread_mutex_unlock(&a->mu);
+        if (inflight > 0)
+            return _DM_FAIL(c, DM_ERR_BUSY, "shrink: %d requests in flight (wait for them, or use "
+                            "DM_SHRINK_ABORT)", inflight);
+    }
+    _DM_TRY(_dm_take(c, "shrink", _dm_deadline(c->timeout_ms)));
+    gone = (bool*)_dm_calloc(&c->allocator, sizeof(bool) * (size_t)c->size);
+    if (!gone) {
+        __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "shrink: out of memory");
+    }
+    for (i = 0; i < n_exclude; i++) gone[exclude[i]] = true;
+    st = c->vt->shrink(c, gone, flags, out);
+    _dm_free(&c->allocator, gone);
+    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    if (st != DM_OK && *out) { dm_destroy(*out); *out = NULL; }
+    return st;
+}
+DM_API_IMPL dm_status dm_grow(dm_collective* c, int n_new, dm_collective** out) {
+    _dm_async* a;
+    dm_status st;
+    if (!c) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "grow: out is NULL");
+    *out = NULL;
+    if (n_new < 1 || n_new > (1 << 20) - c->size)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "grow: %d newcomers for a %d-rank collective (1 .. %d)", n_new,
+                        c->size, (1 << 20) - c->size);
+    _DM_TRY(_dm_check_slot(c, "grow", _DM_VT_HAS(c->vt, grow)));
+    a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    if (a) {
+        int inflight;
+        pthread_mutex_lock(&a->mu);
+        inflight = a->inflight;
+        pthread_mutex_unlock(&a->mu);
+        if (inflight > 0) return _DM_FAIL(c, DM_ERR_BUSY, "grow: %d requests in flight (wait for them first)", inflight);
+    }
+    _DM_TRY(_dm_take(c, "grow", _dm_deadline(c->timeout_ms)));
+    st = c->vt->grow(c, n_new, out);
+    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    if (st != DM_OK && *out) { dm_destroy(*out); *out = NULL; }
+    return st;
+}
+
 DM_API_IMPL void dm_blob_list_free(dm_collective* c, dm_blob_list* list) {
     if (!list) return;
     _dm_free(c ? &c->allocator : NULL, list->items);
@@ -2798,6 +2935,9 @@ static const dm_collective_vtable _dm_fake_vtable = {
     NULL,                            /* recv */
     NULL,                            /* start */
     NULL,                            /* finish */
+    NULL,                            /* shrink */
+    NULL,                            /* grow */
+    NULL,                            /* interrupt */
 };
 
 /* Checks the desc shared by dm_fake_create and dm_thread_world_create. err gets the reason. */
@@ -5421,6 +5561,9 @@ static const dm_collective_vtable _dm_thread_vtable = {
     _dm_tw_recv,                     /* recv */
     NULL,                            /* start */
     NULL,                            /* finish */
+    NULL,                            /* shrink */
+    NULL,                            /* grow */
+    NULL,                            /* interrupt */
 };
 
 /* A member of a shared world. like: copy logger, allocator, timeout and node name from it

@@ -1035,6 +1035,9 @@ static const dm_collective_vtable _dm_nccl_vtable = {
     _dm_nccl_recv,                   /* recv: ncclRecv (tag not sent) */
     _dm_nccl_start,                  /* start: queued on the stream, an event recorded after */
     _dm_nccl_finish,                 /* finish: the event, async errors and the deadline */
+    NULL,                            /* shrink */
+    NULL,                            /* grow */
+    NULL,                            /* interrupt */
 };
 
 /* >>nccl lifetime */

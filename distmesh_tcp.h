@@ -5065,6 +5065,9 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     _dm_tcp_recv,                    /* recv */
     NULL,                            /* start */
     NULL,                            /* finish */
+    NULL,                            /* shrink */
+    NULL,                            /* grow */
+    NULL,                            /* interrupt */
 };
 
 /* Everything the rendezvous needs, resolved from the desc and the environment. */
