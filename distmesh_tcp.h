@@ -5961,7 +5961,7 @@ static dm_status _dm_tcp_shrink_start(_dm_tcp* p, _dm_tcp** out) {
     memcpy(&n->self_sa, &p->self_sa, sizeof(n->self_sa));
     if (strlen(p->prefix) + 8 >= sizeof(n->prefix))
         return _DM_FAIL(c, DM_ERR_INVALID_ARG, "tcp: shrink: groups nested too deeply (store prefix \"%s\")", p->prefix);
-    snprintf(n->prefix, sizeof(n->prefix), "%sshrink/", p->prefix);
+    snprintf(n->prefix, sizeof(n->prefix), "%.500sshrink/", p->prefix);
     n->group = _dm_tcp_hash(1, n->prefix, NULL);
     n->fds = (int*)_dm_malloc(&c->allocator, sizeof(int) * (size_t)W * (size_t)n->nsock);
     n->addrs = (char(*)[64])_dm_calloc(&c->allocator, 64 * (size_t)W);
