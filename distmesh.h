@@ -3074,7 +3074,10 @@ typedef struct _dm_abort { int32_t status, rank; char msg[248]; } _dm_abort;
 /* >>rings  One direction between two ranks: bytes [tail, head) of the stream sit in
    data[pos & (cap - 1)]. Only the sender moves head, only the receiver moves tail. */
 typedef struct _dm_ring {
-    uint64_t head; unsigned char pad0[56];
+    uint64_t head;
+    uint64_t stop;              /* dm_shrink: head when the sender stopped the old group's stream, */
+    uint32_t stop_epoch;        /* published with the new group's epoch (distmesh_tcp.h, >>tcp shrink) */
+    unsigned char pad0[44];
     uint64_t tail; unsigned char pad1[56];
 } _dm_ring;
 #define _DM_RING_GRAIN ((size_t)64 << 10)   /* bytes per publish: the reader starts early */

@@ -3291,6 +3291,8 @@ typedef struct _dm_tcp {
     int transport;              /* _DM_TCP_AUTO, _SHM or _SOCKETS: what the desc asked for */
     unsigned char* shm;         /* the same-host segment (see >>tcp shm), or NULL */
     size_t shm_size;
+    int shm_vote;               /* the group's: 2 when every host with 2+ ranks has a segment */
+    int shm_slot;               /* which of the segment's abort words is this group's */
     struct _dm_shm_watch* watch; /* wakes this rank when a same-host peer dies (>>tcp loss) */
     char transport_name[16];
     /* only while create / split builds this group (see >>tcp watch) */
@@ -3582,13 +3584,15 @@ static const char* _dm_tcp_transport(const dm_collective* c) {
    pid namespace, another host with the same name) is refused, not trusted. Layout:
      header       64 B   magic u64, nonce[16], local size u32, 0 u32, ring cap u64, stride u64,
                          total bytes u64
-     abort       256 B   the first failure (_dm_abort)
+     abort   8 x 256 B   the first failure (_dm_abort): the group's, then one per dm_shrink that
+                         keeps the segment (>>tcp shrink)
      bells     L x 64 B  one per local rank (_dm_bell)
      rings   L*L x stride, stride = sizeof(_dm_ring) + cap: ring [i*L + j] carries i -> j
    The socket to each same-host peer stays open as the side channel: its end of stream is how a
    waiter learns that a peer died (a dead process rings no bell). */
 #define _DM_SHM_MAGIC 0x314d48534d44ull        /* "DMSHM1" */
 #define _DM_SHM_HEADER 64
+#define _DM_SHM_ABORTS 8
 typedef struct _dm_shm_msg {                    /* leader -> member over the socket, 40 bytes */
     unsigned char pid[4], fd[4], size[8], nonce[16], pad[8];
 } _dm_shm_msg;
@@ -3635,7 +3639,8 @@ static size_t _dm_shm_ring_cap(int L) {
 /* The leader's segment: created, sized, mapped and stamped. */
 static dm_status _dm_shm_create(_dm_tcp* t, int L, int* fd_out, unsigned char nonce[16]) {
     size_t cap = _dm_shm_ring_cap(L), stride = sizeof(_dm_ring) + cap;
-    size_t size = _DM_SHM_HEADER + sizeof(_dm_abort) + (size_t)L * sizeof(_dm_bell) + (size_t)L * (size_t)L * stride;
+    size_t size = _DM_SHM_HEADER + _DM_SHM_ABORTS * sizeof(_dm_abort) + (size_t)L * sizeof(_dm_bell) +
+                  (size_t)L * (size_t)L * stride;
     unsigned char* p;
     int fd = memfd_create("distmesh", MFD_CLOEXEC);
     if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: memfd_create failed (%s)", strerror(errno));
@@ -3702,7 +3707,7 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
     unsigned char* p = t->shm;
     size_t cap = (size_t)_dm_tcp_get64(p + 32), stride = (size_t)_dm_tcp_get64(p + 40);
     _dm_abort* ab = (_dm_abort*)(void*)(p + _DM_SHM_HEADER);
-    _dm_bell* bells = (_dm_bell*)(void*)(p + _DM_SHM_HEADER + sizeof(_dm_abort));
+    _dm_bell* bells = (_dm_bell*)(void*)(p + _DM_SHM_HEADER + _DM_SHM_ABORTS * sizeof(_dm_abort));
     unsigned char* rings = (unsigned char*)(bells + L);
     int i;
     for (i = 0; i < L; i++) {
@@ -3836,6 +3841,7 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
     if (st == DM_OK) st = _dm_lk_all_reduce(&t->lk, &vote, &vote, 1, DM_INT32, DM_MIN);
     if (fd >= 0) close(fd);
     if (st != DM_OK) return st;
+    t->shm_vote = vote;
     if (vote == 2 && L >= 2) {
         st = _dm_shm_links(t, local, L, me);
         if (st == DM_OK) _dm_shm_watch_start(t);
@@ -5927,12 +5933,79 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
         call fails with DM_ERR_PEER_LOST on every survivor, and a second shrink removes it.
    Frames (little-endian): magic "DMSK", kind u32 (1 set, 2 coordinator's set), from u32,
    world u32, then the set as a bitmap of world bits. The new group keeps these connections
-   (the parent's sockets may hold half an aborted message), serves the parent's recovery
-   listener as its own listener, opens a new recovery listener (announced with the host
-   identities, _dm_tcp_hosts, which also re-forms shared memory among same-host members), and
-   takes over the parent's store. The parent can only be destroyed afterwards. */
+   (a break ends the parent's sockets, and they may hold half an aborted message), serves the
+   parent's recovery listener as its own listener, opens a new recovery listener (announced
+   with the host identities, _dm_tcp_hosts) and takes over the parent's store. Shared memory
+   keeps the parent's segment, already mapped and faulted in: before the agreement each rank
+   publishes, on every ring it writes, where the old stream stopped (_dm_ring.stop, with the new
+   group's epoch); after it, each reader skips to that point, so whatever an aborted call left
+   in a ring is dropped and the new stream starts clean, and the group takes the segment's next
+   abort word (8 in all; past them, and where the parent had no segment, it sets up a new one).
+   The parent can only be destroyed afterwards. */
 #define _DM_SHRINK_MAGIC 0x4b534d44u    /* "DMSK" */
 #define _DM_SHRINK_PROBE_MS 50
+
+/* Where this rank's streams into the parent's rings stopped, for the readers (see above). The
+   parent makes no more calls, so head no longer moves. */
+static void _dm_tcp_shrink_stop_rings(_dm_tcp* p, uint32_t epoch) {
+    int r;
+    for (r = 0; r < p->base.size && p->lk.links; r++) {
+        _dm_link* l = p->lk.links[r];
+        _dm_memlink* m;
+        if (!l || l->vt != &_dm_shm_vt) continue;
+        m = (_dm_memlink*)l;
+        __atomic_store_n(&m->out->stop, m->out->head, __ATOMIC_RELAXED);
+        __atomic_store_n(&m->out->stop_epoch, epoch, __ATOMIC_RELEASE);
+    }
+}
+static uint32_t _dm_tcp_shrink_epoch(const _dm_tcp* n) { return (uint32_t)_dm_tcp_hash(7, n->prefix, NULL) | 1u; }
+
+/* The parent's segment for the new group (see above); old_of[j]: the parent rank of new rank j.
+   Each same-host member's memory link is the parent's (its rings, its bell) with the new side
+   socket; the segment's layout is the first group's, whatever the numbering now. */
+static dm_status _dm_tcp_shrink_shm(_dm_tcp* n, _dm_tcp* p, const int* old_of, int64_t deadline) {
+    const _dm_layout* ny = &n->lk.lay;
+    int me = n->base.rank, j;
+    uint32_t epoch = _dm_tcp_shrink_epoch(n);
+    n->shm_vote = p->shm_vote;
+    n->shm_slot = p->shm_slot + 1;
+    if (!p->shm) return DM_OK;              /* this rank was alone on its host */
+    _dm_shm_watch_stop(p);
+    for (j = 0; j < n->base.size; j++) {
+        _dm_link* old = p->lk.links[old_of[j]];
+        _dm_memlink *pm, *m;
+        if (j == me || ny->host_of[j] != ny->host_of[me]) continue;
+        if (!old || old->vt != &_dm_shm_vt)
+            return _DM_FAIL(&n->base, DM_ERR_INTERNAL, "tcp: shrink: rank %d shares the host but had no "
+                            "shared-memory link", j);
+        pm = (_dm_memlink*)old;
+        while (__atomic_load_n(&pm->in->stop_epoch, __ATOMIC_ACQUIRE) != epoch) {   /* set before the agreement */
+            if (_dm_now_ms() >= deadline)
+                return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "tcp: shrink: rank %d never marked its shared-memory "
+                                "ring", j);
+            sched_yield();
+        }
+        __atomic_store_n(&pm->in->tail, __atomic_load_n(&pm->in->stop, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
+        m = (_dm_memlink*)_dm_calloc(&n->base.allocator, sizeof(_dm_memlink));
+        if (!m) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+        *m = *pm;
+        m->side_fd = n->fds[j];
+        snprintf(m->base.where, sizeof(m->base.where), "%.40s, shm", n->addrs[j]);
+        n->lk.links[j]->vt->destroy(n->lk.links[j], &n->base.allocator);
+        n->lk.links[j] = &m->base;
+        _dm_bell_ring(m->peer_bell, m->bell_ops);   /* room for a writer that waits */
+    }
+    n->lk.bell = p->lk.bell;
+    n->lk.bells = p->lk.bells;
+    n->lk.nbells = p->lk.nbells;
+    n->lk.bell_ops = p->lk.bell_ops;
+    n->lk.abort = (_dm_abort*)(void*)(p->shm + _DM_SHM_HEADER) + n->shm_slot;
+    n->shm = p->shm;                        /* the mapping moves to the new group */
+    n->shm_size = p->shm_size;
+    p->shm = NULL;
+    _dm_shm_watch_start(n);
+    return DM_OK;
+}
 
 /* The parent gives way: later calls fail with DM_ERR_ABORTED naming dm_shrink. */
 static void _dm_tcp_retire(_dm_tcp* t) {
@@ -6080,14 +6153,15 @@ static dm_status _dm_tcp_shrink_agree(_dm_tcp* n, bool* gone, int64_t deadline) 
     return DM_OK;
 }
 
+static dm_status _dm_tcp_shrink_build(_dm_tcp* n, _dm_tcp* p, const int* old_of, int64_t deadline);
 /* Renumbers the agreement's group to the members (gone[] false) and makes it a working group:
    links, a new recovery listener, hosts and shared memory, P, extra sockets. */
-static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, const _dm_tcp* p, const bool* gone, int64_t deadline) {
+static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, _dm_tcp* p, const bool* gone, int64_t deadline) {
     dm_allocator* a = &n->base.allocator;
     int W = n->base.size, me = n->base.rank, j, k = 0, N = 0;
-    int* fds;
+    int *fds, *old_of;
+    dm_status st;
     char(*addrs)[64];
-    _DM_ZERO(_dm_tcp_setup, s);
     if (gone[me])
         return _DM_FAIL(&n->base, DM_ERR_ABORTED, "tcp: shrink: the survivors left rank %d out (it was excluded, "
                         "or seen as dead by the others)", me);
@@ -6095,9 +6169,11 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, const _dm_tcp* p, const bool*
     fds = (int*)_dm_malloc(a, sizeof(int) * (size_t)N * (size_t)n->nsock);
     addrs = (char(*)[64])_dm_calloc(a, 64 * (size_t)N);
     n->raddrs = (char(*)[64])_dm_calloc(a, 64 * (size_t)N);
-    if (!fds || !addrs || !n->raddrs) {
+    old_of = (int*)_dm_malloc(a, sizeof(int) * (size_t)N);
+    if (!fds || !addrs || !n->raddrs || !old_of) {
         _dm_free(a, fds);
         _dm_free(a, addrs);
+        _dm_free(a, old_of);
         return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: shrink: out of memory");
     }
     for (j = 0; j < N * n->nsock; j++) fds[j] = -1;
@@ -6107,6 +6183,7 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, const _dm_tcp* p, const bool*
             continue;
         }
         if (j == me) n->base.rank = k;
+        old_of[k] = j;
         fds[k] = n->fds[j];
         memcpy(addrs[k], n->addrs[j], 64);
         k++;
@@ -6117,6 +6194,15 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, const _dm_tcp* p, const bool*
     n->addrs = addrs;
     n->base.size = N;
     me = n->base.rank;
+    st = _dm_tcp_shrink_build(n, p, old_of, deadline);
+    _dm_free(a, old_of);
+    return st;
+}
+/* The renumbered group's links, listener, layout, shared memory and extra sockets. */
+static dm_status _dm_tcp_shrink_build(_dm_tcp* n, _dm_tcp* p, const int* old_of, int64_t deadline) {
+    dm_allocator* a = &n->base.allocator;
+    int N = n->base.size, me = n->base.rank, j;
+    _DM_ZERO(_dm_tcp_setup, s);
     _DM_TRY(_dm_lk_init(&n->lk, &n->base, "tcp", p->lk.chunk));
     n->lk.notice_post = _dm_tcp_notice_post;
     n->lk.notice_read = _dm_tcp_notice_read;
@@ -6131,7 +6217,9 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, const _dm_tcp* p, const bool*
     n->want = (bool*)_dm_calloc(a, sizeof(bool) * (size_t)N);
     if (!n->want) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
     _DM_TRY(_dm_lk_peers(&n->lk, n->want));
-    _DM_TRY(_dm_tcp_shm_for_host(n));
+    /* the same choice on every rank: the vote and the slot are the parent group's */
+    if (p->shm_vote == 2 && p->shm_slot + 1 < _DM_SHM_ABORTS) _DM_TRY(_dm_tcp_shrink_shm(n, p, old_of, deadline));
+    else _DM_TRY(_dm_tcp_shm_for_host(n));
     _DM_TRY(_dm_tcp_more_sockets(n, deadline));
     _dm_tcp_serve_trim(n);
     return DM_OK;
@@ -6156,6 +6244,7 @@ static dm_status _dm_tcp_shrink(dm_collective* c, const bool* excluded, int flag
         _dm_lk_break(&p->lk, DM_ERR_ABORTED);
     }
     st = _dm_tcp_shrink_start(p, &n);
+    if (st == DM_OK) _dm_tcp_shrink_stop_rings(p, _dm_tcp_shrink_epoch(n));
     if (st == DM_OK) st = _dm_tcp_shrink_connect(n, gone, deadline);
     if (st == DM_OK) st = _dm_tcp_shrink_agree(n, gone, deadline);
     for (j = 0; j < W; j++) N += !gone[j];

@@ -5,7 +5,8 @@
      dm_shrink_bench --np 4 --hosts 2     2 simulated hosts x 2 ranks (DISTMESH_TEST_HOST_ID)
      dm_shrink_bench --transport tcp
 
-   Per trial: --np ranks are forked (file store in a fresh directory, dm_tcp_create on
+   Per trial: --np ranks are forked (a TCP store served by this process, as a launcher's agent
+   store is, or with --store file a file store in a fresh directory; dm_tcp_create on
    127.0.0.1) and pass a barrier; every rank but the victim then blocks in an 8-byte all-reduce
    and the parent sends the victim kill -9 (the victim goes round the ranks, rank 0 included).
    Each survivor notes when its all-reduce returned DM_ERR_PEER_LOST, calls
@@ -27,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct shrink_args { int np, hosts, trials, timeout_s; const char* transport; } shrink_args;
+typedef struct shrink_args { int np, hosts, trials, timeout_s; const char* transport; bool file_store; } shrink_args;
 /* A survivor's times (ns, CLOCK_MONOTONIC): error, shrunk + first all-reduce, re-create start, end. */
 typedef struct report { int32_t rank, status; int64_t t_err, t_shrunk, t_rc0, t_rc1; } report;
 
@@ -119,8 +120,17 @@ static int trial(const shrink_args* a, int victim, double* shrink_ms, double* re
     pid_t pids[64];
     int pfd[2], r, i, failed = 0;
     int64_t deadline, err = 0, shrunk = 0, rc0 = 0, rc1 = 0;
+    dm_store* server = NULL;
     if (!mkdtemp(dir) || pipe(pfd) != 0) { perror("dm_shrink_bench"); return 1; }
     snprintf(url, sizeof(url), "file://%s", dir);
+    if (!a->file_store) {       /* the agent's store: outlives every rank */
+        dm_store_desc sd;
+        memset(&sd, 0, sizeof(sd));
+        sd.url = "tcp://127.0.0.1:0";
+        sd.is_server = true;
+        if (dm_store_create(&sd, &server) != DM_OK) { fprintf(stderr, "dm_shrink_bench: no store\n"); return 1; }
+        snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dm_store_port(server));
+    }
     fflush(stdout);
     for (r = 0; r < a->np; r++) {
         pids[r] = fork();
@@ -151,6 +161,7 @@ static int trial(const shrink_args* a, int victim, double* shrink_ms, double* re
     for (r = 0; r < a->np; r++) kill(pids[r], SIGKILL);
     for (r = 0; r < a->np; r++) waitpid(pids[r], NULL, 0);
     close(pfd[0]);
+    dm_store_destroy(server);
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "dm_shrink_bench: could not remove %s\n", dir);
     *shrink_ms = (double)(shrunk - err) / 1e6;
@@ -165,6 +176,7 @@ static int parse(int argc, char** argv, shrink_args* a) {
     a->trials = 20;
     a->timeout_s = 10;
     a->transport = "shm";
+    a->file_store = false;
     for (i = 1; i < argc; i++) {
         const char* v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(argv[i], "--np") == 0 && v) a->np = atoi(argv[++i]);
@@ -172,9 +184,10 @@ static int parse(int argc, char** argv, shrink_args* a) {
         else if (strcmp(argv[i], "--trials") == 0 && v) a->trials = atoi(argv[++i]);
         else if (strcmp(argv[i], "--timeout") == 0 && v) a->timeout_s = atoi(argv[++i]);
         else if (strcmp(argv[i], "--transport") == 0 && v) a->transport = argv[++i];
+        else if (strcmp(argv[i], "--store") == 0 && v) a->file_store = strcmp(argv[++i], "file") == 0;
         else {
             fprintf(stderr, "usage: dm_shrink_bench [--np N] [--hosts H] [--trials N] [--transport auto|shm|tcp] "
-                            "[--timeout S]\n");
+                            "[--store tcp|file] [--timeout S]\n");
             return 2;
         }
     }
@@ -194,8 +207,8 @@ int main(int argc, char** argv) {
     sh = (double*)calloc((size_t)a.trials, sizeof(double));
     rc = (double*)calloc((size_t)a.trials, sizeof(double));
     if (!sh || !rc) return 1;
-    printf("# dm_shrink_bench: kill -9 of 1 of %d ranks (%s), transport %s, %d trials\n", a.np,
-           a.hosts ? "simulated hosts" : "one host", a.transport, a.trials);
+    printf("# dm_shrink_bench: kill -9 of 1 of %d ranks (%s), transport %s, %s store, %d trials\n", a.np,
+           a.hosts ? "simulated hosts" : "one host", a.transport, a.file_store ? "file" : "tcp", a.trials);
     for (t = 0; t < a.trials; t++) {
         if (trial(&a, t % a.np, &sh[n], &rc[n])) { failed = 1; continue; }
         printf("trial %2d  victim %d  shrink %8.2f ms   destroy + re-create %8.2f ms\n", t, t % a.np, sh[n], rc[n]);
@@ -205,8 +218,8 @@ int main(int argc, char** argv) {
         double ms = median(sh, n), mr = median(rc, n);
         printf("# median over %d trials: shrink %.2f ms (worst %.2f), destroy + re-create %.2f ms: ratio %.3f\n", n,
                ms, sh[n - 1], mr, ms / mr);
-        printf("{\"bench\":\"shrink\",\"transport\":\"%s\",\"np\":%d,\"hosts\":%d,\"trials\":%d,\"shrink_median_ms\":%.3f,"
-               "\"recreate_median_ms\":%.3f}\n", a.transport, a.np, a.hosts, n, ms, mr);
+        printf("{\"bench\":\"shrink\",\"transport\":\"%s\",\"np\":%d,\"hosts\":%d,\"store\":\"%s\",\"trials\":%d,\"shrink_median_ms\":%.3f,"
+               "\"recreate_median_ms\":%.3f}\n", a.transport, a.np, a.hosts, a.file_store ? "file" : "tcp", n, ms, mr);
     }
     free(sh);
     free(rc);

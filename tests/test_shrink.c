@@ -243,6 +243,7 @@ static int kill_body(const kcase* k, dm_collective* c, int r, int fd) {
     if (st == DM_OK && k->victim2 >= 0 && dm_world_size(g) > k->world - 2) {
         dm_collective* h = NULL;
         st = dm_shrink(g, NULL, 0, DM_SHRINK_ABORT, &h);
+        if (st != DM_OK) fprintf(stderr, "rank %d: second shrink: %s\n", r, dm_last_error(g));
         {
             char lead[16];
             snprintf(lead, sizeof(lead), "%d T ", r);
