@@ -18,8 +18,10 @@
        reduce_scatter  ring (in place: one extra block of recv_count elements)
        broadcast       pipelined chain from any root, forwarding bytes as they arrive
        barrier         dissemination
-       split           all_gather of (color, key), then a new TCP collective over the members
-                       through the same store under "<prefix>split<seq>/<color>/"
+       split           all_gather of (color, key, listener addresses), then the members
+                       connect to each other directly: no store (>>tcp split)
+       shrink          the survivors connect at their recovery listeners, agree on who is
+                       gone, keep the shared-memory segment: no store (>>tcp shrink)
    MEAN is SUM followed by dm_divide_local on the reduced block before it is gathered.
 
    QUICK START (every rank; RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT as torchrun sets them)
@@ -50,10 +52,10 @@
    starts with a 32-byte fingerprint (op, dtype, count, root, reduce op, sequence) compared with
    the neighbour's: DM_ERR_MISMATCH with both descriptions. After any communication failure the
    collective is broken and every later call fails at once -- DM_ERR_PEER_LOST after a peer was
-   lost, DM_ERR_ABORTED after anything else; destroy it. Create and split fail the same way:
-   their store requests end by their deadline (desc.timeout_ms; a split runs on the parent's
-   dm_set_timeout), a member that dies meanwhile gives DM_ERR_PEER_LOST (>>tcp watch), and a
-   failed split breaks the parent. A data listener serves every pending hello at once, each
+   lost, DM_ERR_ABORTED after anything else; destroy it, or go on without the lost ranks with
+   dm_shrink (>>tcp shrink). Create and split fail the same way: their waits end by their
+   deadline (desc.timeout_ms; a split runs on the parent's dm_set_timeout), a member that dies
+   meanwhile gives DM_ERR_PEER_LOST (>>tcp watch), and a failed split breaks the parent. A data listener serves every pending hello at once, each
    connection with its own 5 s, at most 64 at a time (>>tcp hello).
    SIGPIPE is never raised (MSG_NOSIGNAL).
 
