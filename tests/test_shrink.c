@@ -439,9 +439,7 @@ static void run_kill_case(const kcase* k) {
                 err++;
             }
         }
-        if (ok && err) {
-            /* the one allowed mix: the group kept the dead victim2, whose death fails the check
-               of some survivors; the sizes above agree, and the second shrink must be clean */
+        if (ok && err) {            /* never: a shrink succeeds everywhere or nowhere */
             for (r = 0; r < k->world; r++)
                 if (alive[r] && first[r].st != DM_OK) fail_msg("%s: rank %d's shrink failed (%d) while others "
                                                                "succeeded", k->name, r, first[r].st);
