@@ -23,6 +23,7 @@
    machine are noisy; `make bench-loss` runs it (not part of `make test`). */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
+#include "kill_util.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -40,11 +41,6 @@ typedef struct loss_args {
 
 typedef struct report { int32_t rank, status; int64_t t_ns; } report;
 
-static int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 /* utime + stime of a process, every thread, in clock ticks; -1 when unreadable. */
 static long long cpu_ticks(pid_t pid) {
     char path[64], buf[1024], *p;
@@ -62,14 +58,6 @@ static long long cpu_ticks(pid_t pid) {
 }
 static double g_idle_ticks, g_idle_s;           /* survivors' CPU while settling, and for how long */
 
-static int cmp_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double* v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* One rank: create, barrier, "R" on the pipe; the victim then sleeps until killed, the others
    block in an all-reduce and report when and how it ended. */
@@ -99,22 +87,6 @@ static int rank_main(const loss_args* a, int rank, int victim, const char* url, 
     return 0;
 }
 
-/* Reads exactly n bytes from fd before deadline_ns; false otherwise. */
-static bool read_full(int fd, void* p, size_t n, int64_t deadline_ns) {
-    size_t got = 0;
-    while (got < n) {
-        struct pollfd pf;
-        int64_t left_ms = (deadline_ns - mono_ns()) / 1000000;
-        ssize_t k;
-        if (left_ms <= 0) return false;
-        pf.fd = fd; pf.events = POLLIN; pf.revents = 0;
-        if (poll(&pf, 1, (int)(left_ms > 1000 ? 1000 : left_ms)) <= 0) continue;
-        k = read(fd, (char*)p + got, n - got);
-        if (k <= 0) return false;
-        got += (size_t)k;
-    }
-    return true;
-}
 
 /* One trial; lat gets each survivor's latency in ms (np - 1 of them). 0, or 1 on a failure. */
 static int trial(const loss_args* a, int victim, double* lat) {

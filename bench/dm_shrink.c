@@ -18,6 +18,7 @@
    A benchmark, not a test: `make bench-shrink` runs it (not part of `make test`). */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
+#include "kill_util.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -32,19 +33,6 @@ typedef struct shrink_args { int np, hosts, trials, timeout_s; const char* trans
 /* A survivor's times (ns, CLOCK_MONOTONIC): error, shrunk + first all-reduce, re-create start, end. */
 typedef struct report { int32_t rank, status; int64_t t_err, t_shrunk, t_rc0, t_rc1; } report;
 
-static int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-static int cmp_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double* v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static void make_desc(const shrink_args* a, dm_tcp_desc* d, int rank, int size, const char* url, const char* prefix) {
     memset(d, 0, sizeof(*d));
@@ -98,21 +86,6 @@ static int rank_main(const shrink_args* a, int rank, int victim, const char* url
     return 0;
 }
 
-static bool read_full(int fd, void* p, size_t n, int64_t deadline_ns) {
-    size_t got = 0;
-    while (got < n) {
-        struct pollfd pf;
-        int64_t left_ms = (deadline_ns - mono_ns()) / 1000000;
-        ssize_t k;
-        if (left_ms <= 0) return false;
-        pf.fd = fd; pf.events = POLLIN; pf.revents = 0;
-        if (poll(&pf, 1, (int)(left_ms > 1000 ? 1000 : left_ms)) <= 0) continue;
-        k = read(fd, (char*)p + got, n - got);
-        if (k <= 0) return false;
-        got += (size_t)k;
-    }
-    return true;
-}
 
 /* One trial: *shrink_ms and *recreate_ms as described above. 0, or 1 on a failure. */
 static int trial(const shrink_args* a, int victim, double* shrink_ms, double* recreate_ms) {
