@@ -5992,15 +5992,15 @@ done:
    connections (a break ends the parent's sockets, and they may hold half an aborted message),
    serves the parent's recovery listener as its own listener, knows the members' new recovery
    listeners from their frames and takes over the parent's store. So every survivor that
-   finishes the agreement returns the same group, even when a rank dies right after it. Shared memory
-   keeps the parent's segment, already mapped and faulted in: before the agreement each rank
-   publishes, on every ring it writes, where the old stream stopped (_dm_ring.stop, with the new
-   group's epoch); after it, each reader skips to that point, so whatever an aborted call left
-   in a ring is dropped and the new stream starts clean, and the group takes the segment's next
-   abort word (8 in all; past them, and where the parent had no segment, it sets up a new one,
-   which talks: a death during that setup fails it on some ranks only, as does one during the
-   extra sockets' setup with several sockets per peer).
-   The parent can only be destroyed afterwards. */
+   finishes the agreement returns the same group, even when a rank dies right after it.
+   Shared memory keeps the parent's segment, already mapped and faulted in: before the
+   agreement each rank publishes, on every ring it writes, where the old stream stopped
+   (_dm_ring.stop, with the new group's epoch); after it, each reader skips to that point, so
+   whatever an aborted call left in a ring is dropped and the new stream starts clean, and the
+   group takes the segment's next abort word. A segment has 8; past them a new segment is set
+   up, which talks, as the extra sockets' setup does with several sockets per peer: a death
+   during either fails the shrink on some ranks only. A parent on sockets alone gives a group
+   on sockets alone. The parent can only be destroyed afterwards. */
 #define _DM_SHRINK_MAGIC 0x4b534d44u    /* "DMSK" */
 #define _DM_SHRINK_PROBE_MS 50
 
