@@ -170,6 +170,7 @@ typedef struct kcase {
     int victim, victim2;        /* victim2 >= 0: killed as the survivors enter dm_shrink */
     int op;                     /* 0 idle, 1 all_reduce, 2 all_gather, 3 reduce_scatter, 4 broadcast,
                                    5 barrier, 6 planned removal (DM_SHRINK_DEFAULT) */
+    int nsock;                  /* sockets per peer across hosts (0: 1) */
 } kcase;
 static pid_t g_pids[MAXW];
 static int g_port;
@@ -217,6 +218,19 @@ static int split_check(dm_collective* n) {
     dm_destroy(half);
     return bad;
 }
+/* 4 MiB across the new group (striped where there are several sockets per peer): every
+   element the sum of (old rank + 1), sum. */
+static int big_check(dm_collective* n, int old_rank, int32_t sum) {
+    size_t count = (size_t)1 << 20, i;
+    float* x = (float*)malloc(count * sizeof(float));
+    int bad;
+    if (!x) return 1;
+    for (i = 0; i < count; i++) x[i] = (float)(old_rank + 1);
+    bad = dm_all_reduce(n, NULL, x, count, DM_FLOAT32, DM_SUM) != DM_OK;
+    for (i = 0; !bad && i < count; i += 4099) bad = x[i] != (float)sum;
+    free(x);
+    return bad;
+}
 /* After the shrink: the group's sum of (old rank + 1) and its members, gathered. Reports
    "<old rank> S <status> <size> <new rank> <sum or -check> <members...>" in one write (the
    ranks share the pipe; a write of at most PIPE_BUF bytes is never interleaved). */
@@ -229,6 +243,7 @@ static void report_group(int fd, const char* lead, dm_collective* n, int r, dm_s
         check = dm_all_reduce(n, &v, &v, 1, DM_INT32, DM_SUM) == DM_OK ? 0 : 2;
         if (check == 0 && members_of(n, r, members)) check = 3;
         if (check == 0 && split_check(n)) check = 4;
+        if (check == 0 && big_check(n, r, v)) check = 5;
     }
     len = (size_t)snprintf(line, sizeof(line), "%s%d S %d %d %d %d", lead, r, (int)st, st == DM_OK ? dm_world_size(n) : 0,
                            st == DM_OK ? dm_rank(n) : -1, check ? -check : (int)v);
@@ -309,6 +324,7 @@ static void fork_world(const kcase* k, int fd_write, int fd_read) {
             d.ifname = "lo";
             d.timeout_ms = 10000;
             d.transport = k->transport;
+            d.sockets_per_peer = k->nsock;
             if (dm_tcp_create(&d, &c) != DM_OK) _exit(1);
             kill_body(k, c, r, fd_write);
             dm_destroy(c);
@@ -451,6 +467,7 @@ static void run_kill_case(const kcase* k) {
     }
 }
 
+static int g_nsock;             /* kill_cases' sockets per peer */
 static void kill_cases(const char* name, int world, const char* transport, int hosts, bool rank0_store, int n) {
     static const char* ops[] = { "idle", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier" };
     int t, victims[3] = { 0, world / 2, world - 1 };
@@ -465,6 +482,7 @@ static void kill_cases(const char* name, int world, const char* transport, int h
         k.victim = victims[t % 3];
         k.victim2 = -1;
         k.op = t % 6;
+        k.nsock = g_nsock;
         snprintf(label, sizeof(label), "%s, kill -9 rank %d, %s", name, k.victim, ops[k.op]);
         k.name = label;
         run_kill_case(&k);
@@ -473,6 +491,12 @@ static void kill_cases(const char* name, int world, const char* transport, int h
 static void test_kill_shm(void** s) { (void)s; kill_cases("shm 4 ranks, rank 0 hosts the store", 4, NULL, 0, true, 6 * trials(1)); }
 static void test_kill_tcp(void** s) { (void)s; kill_cases("tcp 4 ranks", 4, "tcp", 0, false, 6 * trials(1)); }
 static void test_kill_hosts(void** s) { (void)s; kill_cases("2 hosts x 2 ranks", 4, NULL, 2, true, 3 * trials(1)); }
+static void test_kill_sockets(void** s) {
+    (void)s;
+    g_nsock = 3;
+    kill_cases("2 hosts x 3 ranks, 3 sockets per peer", 6, NULL, 3, false, 3 * trials(1));
+    g_nsock = 0;
+}
 static void test_kill_8(void** s) { (void)s; kill_cases("shm 8 ranks", 8, NULL, 0, false, 3 * trials(1)); }
 static void test_planned_removal(void** s) {
     kcase k;
@@ -572,6 +596,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_kill_tcp),
         cmocka_unit_test(test_kill_hosts),
         cmocka_unit_test(test_kill_8),
+        cmocka_unit_test(test_kill_sockets),
         cmocka_unit_test(test_second_death),
     };
     signal(SIGPIPE, SIG_IGN);
