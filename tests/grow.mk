@@ -1,0 +1,10 @@
+# dm_grow on the TCP backend (README "Survive a lost rank"): members and newcomer processes on
+# loopback through a TCP store, and the elastic example (examples/ddp_overlap.c --elastic / --rejoin).
+ifneq ($(wildcard distmesh_tcp.h),)
+GROW_TEST_BINS := $(BUILD)/grow/test_grow
+TEST_BINS += $(GROW_TEST_BINS)
+endif
+
+$(BUILD)/grow/test_grow: tests/test_grow.c tests/test_util.h $(BUILD)/tcp/impl.o
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
