@@ -269,6 +269,59 @@ static uint64_t params_hash(const model* m) {
     return h;
 }
 
+/* One step's forward, backward and gradient all-reduce (buckets, overlapped or not); the
+   caller applies the SGD step. *t_wait gets the seconds spent waiting for gradients. On a
+   failure no request is left in flight. */
+static dm_status forward_backward_reduce(dm_collective* c, model* m, const options* o, const float* x,
+                                         const float* y, float* loss, double* t_wait) {
+    dm_request* reqs[MAX_LAYERS];
+    dm_status st = DM_OK;
+    double tw;
+    int cur = 0, l, k;
+
+    *loss = forward(m, o->batch, x, y);
+
+    /* Backward, last layer first. */
+    for (l = m->nlayers - 1; l >= 0; l--) {
+        backward_layer(m, l, o->batch, m->delta[cur], m->delta[cur ^ 1]);
+        cur ^= 1;
+        k = m->bucket_of[l];
+        if (o->overlap && l == m->B[k].first) {
+            /* Layer l was the bucket's last gradient to be computed: send it now. From here
+               until dm_wait_all says it is done, the slice grads[off, off+count) belongs
+               to the library -- its progress thread reads it, sends it and writes the
+               average back in place (send NULL = in place). The backward pass must not
+               touch it, and does not: the layers still to come write their own slices,
+               and they read the *parameters*, which nobody is changing. DM_MEAN: every
+               rank gets the same bytes (sum in a fixed order, divided once), so the
+               weights stay identical after the step. */
+            st = dm_all_reduce_async(c, NULL, m->grads + m->B[k].off, m->B[k].count, DM_FLOAT32, DM_MEAN,
+                                     &m->B[k].req);
+            if (st != DM_OK) break;     /* the buckets sent so far are waited for below */
+        }
+    }
+
+    /* End of backward: everything still in flight must finish before the optimizer reads
+       the gradients. With overlap only the tail is left (typically the last bucket, sent
+       just now); without it, this is where all the communication happens. */
+    tw = now_s();
+    if (o->overlap) {
+        dm_status sw;
+        int n = 0;
+        for (k = 0; k < m->nbuckets; k++)
+            if (m->B[k].req) reqs[n++] = m->B[k].req;
+        sw = dm_wait_all(reqs, (size_t)n);   /* frees them */
+        for (k = 0; k < m->nbuckets; k++) m->B[k].req = NULL;
+        if (st == DM_OK) st = sw;
+    } else {
+        for (k = 0; k < m->nbuckets && st == DM_OK; k++)
+            st = dm_all_reduce(c, NULL, m->grads + m->B[k].off, m->B[k].count, DM_FLOAT32, DM_MEAN);
+    }
+    *t_wait = now_s() - tw;
+    return st;
+}
+
+
 #define CHECK(call)                                                                          \
     do {                                                                                     \
         st = (call);                                                                         \
@@ -281,13 +334,12 @@ static uint64_t params_hash(const model* m) {
 
 static int train(dm_collective* c, void* user_data) {
     const options* o = (const options*)user_data;
-    int rank = dm_rank(c), world = dm_world_size(c), step, l, k;
+    int rank = dm_rank(c), world = dm_world_size(c), step, k;
     float* x = (float*)malloc((size_t)SHARD * IN_DIM * sizeof(float));
     float* y = (float*)malloc((size_t)SHARD * sizeof(float));
     float loss_first = 0, loss = 0;
     double t_steps = 0, t_wait = 0;
     uint64_t hash[2];
-    dm_request* reqs[MAX_LAYERS];
     model m;
     dm_status st = DM_OK;
 
@@ -315,43 +367,13 @@ static int train(dm_collective* c, void* user_data) {
     for (step = 0; step < o->steps; step++) {
         size_t first = (size_t)step * (size_t)o->batch % (SHARD - (size_t)o->batch + 1);
         double t0 = now_s(), tw;
-        int cur = 0;
 
-        loss = forward(&m, o->batch, x + first * IN_DIM, y + first);
-
-        /* Backward, last layer first. */
-        for (l = m.nlayers - 1; l >= 0; l--) {
-            backward_layer(&m, l, o->batch, m.delta[cur], m.delta[cur ^ 1]);
-            cur ^= 1;
-            k = m.bucket_of[l];
-            if (o->overlap && l == m.B[k].first) {
-                /* Layer l was the bucket's last gradient to be computed: send it now. From here
-                   until dm_wait_all says it is done, the slice grads[off, off+count) belongs
-                   to the library -- its progress thread reads it, sends it and writes the
-                   average back in place (send NULL = in place). The backward pass must not
-                   touch it, and does not: the layers still to come write their own slices,
-                   and they read the *parameters*, which nobody is changing. DM_MEAN: every
-                   rank gets the same bytes (sum in a fixed order, divided once), so the
-                   weights stay identical after the step. */
-                CHECK(dm_all_reduce_async(c, NULL, m.grads + m.B[k].off, m.B[k].count,
-                                          DM_FLOAT32, DM_MEAN, &m.B[k].req));
-            }
+        st = forward_backward_reduce(c, &m, o, x + first * IN_DIM, y + first, &loss, &tw);
+        t_wait += tw;
+        if (st != DM_OK) {
+            fprintf(stderr, "rank %d: step %d: %s: %s\n", rank, step + 1, dm_status_name(st), dm_last_error(c));
+            goto done;
         }
-
-        /* End of backward: everything still in flight must finish before the optimizer reads
-           the gradients. With overlap only the tail is left (typically the last bucket, sent
-           just now); without it, this is where all the communication happens. */
-        tw = now_s();
-        if (o->overlap) {
-            for (k = 0; k < m.nbuckets; k++) reqs[k] = m.B[k].req;
-            st = dm_wait_all(reqs, (size_t)m.nbuckets);   /* frees them, sets reqs[k] NULL */
-            for (k = 0; k < m.nbuckets; k++) m.B[k].req = NULL;
-            CHECK(st);
-        } else {
-            for (k = 0; k < m.nbuckets; k++)
-                CHECK(dm_all_reduce(c, NULL, m.grads + m.B[k].off, m.B[k].count, DM_FLOAT32, DM_MEAN));
-        }
-        t_wait += now_s() - tw;
 
         /* SGD step: the gradients are ours again, and the same on every rank. */
         {
