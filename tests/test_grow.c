@@ -403,6 +403,43 @@ static void test_grow_bad_args(void** s) {
     assert_int_equal(reap(30), 0);
 }
 
+/* ---- the example: examples/ddp_overlap.c --elastic / --rejoin ------------------------------- */
+#ifndef DM_DDP
+#define DM_DDP "build/plain/examples/ddp_overlap"
+#endif
+static char g_out[1 << 16];
+/* Runs the example with args under a 90 s timeout; its stdout+stderr land in g_out. Returns its
+   exit status. */
+static int run_example(const char* args) {
+    char cmd[1024];
+    FILE* f;
+    size_t n = 0;
+    int rc;
+    snprintf(cmd, sizeof(cmd), "env -u RANK -u WORLD_SIZE -u DISTMESH_STORE timeout -k 5 90 %s %s 2>&1", DM_DDP, args);
+    fflush(stdout);
+    f = popen(cmd, "r");
+    if (!f) return -1;
+    while (n + 1 < sizeof(g_out) && !feof(f)) {
+        size_t k = fread(g_out + n, 1, sizeof(g_out) - 1 - n, f);
+        if (k == 0) break;
+        n += k;
+    }
+    g_out[n] = 0;
+    rc = pclose(f);
+    printf("%s", g_out);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+/* 3 ranks train; a newcomer process joins through dm_grow at step 21 and gets the weights by
+   broadcast; all 4 end with identical weights and a lower loss. */
+static void test_example_grow(void** s) {
+    (void)s;
+    assert_int_equal(run_example("--rejoin --kill-at 0 --rejoin-at 20 --steps 40 --hidden 64"), 0);
+    assert_non_null(strstr(g_out, "newcomer: joined as rank 3 of 4 at step 21, weights received"));
+    assert_non_null(strstr(g_out, "grew to 4 ranks at step 21"));
+    assert_non_null(strstr(g_out, "weights identical on all 4 ranks"));
+    assert_non_null(strstr(g_out, ": down"));
+}
+
 static int setup_store(void** s) { (void)s; return tmpdir_make(g_store_dir, sizeof(g_store_dir), "dm_grow_test"); }
 static int teardown_store(void** s) { (void)s; return tmpdir_remove(g_store_dir); }
 
@@ -414,6 +451,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_grow_wrong_token),
         cmocka_unit_test(test_join_without_grow),
         cmocka_unit_test(test_grow_bad_args),
+        cmocka_unit_test(test_example_grow),
     };
     signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
     dm_test_filter(argc, argv);
