@@ -6055,8 +6055,14 @@ static dm_status _dm_tcp_grow(dm_collective* c, int n_new, dm_collective** out) 
     s.rank = c->rank;
     s.size = W + n_new;
     s.timeout_ms = c->timeout_ms;
-    s.store = t->store;
-    s.own_store = false;
+    /* the new group holds its own handle on the store (reference counted): c is usually
+       destroyed right after, and the new group grows again through the same store */
+    if (dm_store_clone_prefixed(t->store, "", &s.store) != DM_OK) {
+        if (c->rank == 0) _dm_tcp_grow_revoke(t, g, seats, n_new, round, n_new);
+        st = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: grow: out of memory");
+        goto done;
+    }
+    s.own_store = true;         /* _dm_tcp_build owns it from here, also when it fails */
     s.prefix = prefix;
     s.ifname = t->ifname;
     s.token = t->token;
