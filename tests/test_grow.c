@@ -334,6 +334,47 @@ static void test_grow_wrong_token(void** s) {
     assert_int_equal(reap(30), 0);
 }
 
+/* ---- a launched newcomer: dm_init with DISTMESH_JOIN=1, DISTMESH_STORE, the default prefix -- */
+static int member_env(int rank, void* arg) {
+    dm_collective *c = NULL, *g = NULL;
+    dm_tcp_desc d;
+    int bad;
+    (void)arg;
+    make_desc(&d, rank, 2);
+    d.prefix = NULL;                    /* "distmesh/", what dm_init uses */
+    PST(c, dm_tcp_create(&d, &c));
+    bad = grow_checked(c, 1, &g) || move_state(g, 5) || check_all_reduce(g);
+    dm_destroy(g);
+    dm_destroy(c);
+    return bad;
+}
+static int newcomer_env(int index, void* arg) {
+    dm_collective* g = NULL;
+    dm_init_desc d;
+    int bad;
+    (void)index; (void)arg;
+    memset(&d, 0, sizeof(d));
+    d.timeout_ms = 20000;
+    setenv("DISTMESH_JOIN", "1", 1);
+    setenv("DISTMESH_STORE", g_url, 1);
+    setenv("DISTMESH_SOCKET_IFNAME", "lo", 1);
+    setenv("RANK", "0", 1);             /* a launcher's leftovers are ignored: the rank is assigned */
+    setenv("WORLD_SIZE", "1", 1);
+    PST(g, dm_init(&d, &g));
+    PCHECK(strcmp(dm_backend_name(g), "tcp") == 0 && dm_rank(g) == 2 && dm_world_size(g) == 3);
+    bad = move_state(g, 5) || check_all_reduce(g);
+    dm_destroy(g);
+    return bad;
+}
+static void test_grow_join_env(void** s) {
+    (void)s;
+    new_run();
+    spawn("member", 0, member_env, NULL, 60);
+    spawn("member", 1, member_env, NULL, 60);
+    spawn("newcomer", 0, newcomer_env, NULL, 60);
+    assert_int_equal(reap(60), 0);
+}
+
 /* ---- a newcomer with no grow open fails at its deadline, with a message ------------------- */
 typedef struct { char msg[DM_LAST_ERROR_SIZE]; } log_capture;
 static void capture(dm_log_level level, dm_status st, const char* msg, const char* file, int line, void* user) {
@@ -451,6 +492,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_grow_two_at_once),
         cmocka_unit_test(test_grow_newcomer_never_comes),
         cmocka_unit_test(test_grow_wrong_token),
+        cmocka_unit_test(test_grow_join_env),
         cmocka_unit_test(test_join_without_grow),
         cmocka_unit_test(test_grow_bad_args),
         cmocka_unit_test(test_example_grow),
