@@ -3074,7 +3074,10 @@ typedef struct _dm_abort { int32_t status, rank; char msg[248]; } _dm_abort;
 /* >>rings  One direction between two ranks: bytes [tail, head) of the stream sit in
    data[pos & (cap - 1)]. Only the sender moves head, only the receiver moves tail. */
 typedef struct _dm_ring {
-    uint64_t head; unsigned char pad0[56];
+    uint64_t head;
+    uint64_t stop;              /* dm_shrink: head when the sender stopped the old group's stream, */
+    uint32_t stop_epoch;        /* published with the new group's epoch (distmesh_tcp.h, >>tcp shrink) */
+    unsigned char pad0[44];
     uint64_t tail; unsigned char pad1[56];
 } _dm_ring;
 #define _DM_RING_GRAIN ((size_t)64 << 10)   /* bytes per publish: the reader starts early */
@@ -5165,6 +5168,11 @@ typedef struct _dm_tw_shared {
     _dm_bell* bells;
     _dm_bell_ops bell_ops;
     _dm_abort abort;
+    /* dm_shrink (>>thread shrink): who arrived, the union of the excluded, the outcome */
+    bool *shrink_in, *shrink_gone;
+    struct _dm_tw_shared* shrink_next;
+    dm_status shrink_failed;
+    char shrink_msg[256];
 } _dm_tw_shared;
 
 typedef struct _dm_thread {
@@ -5246,6 +5254,8 @@ static void _dm_tw_shared_release(_dm_tw_shared* sh) {
     _dm_free(&sh->allocator, sh->slots);
     _dm_free(&sh->allocator, sh->bells);
     _dm_free(&sh->allocator, sh->rings);
+    _dm_free(&sh->allocator, sh->shrink_in);
+    _dm_free(&sh->allocator, sh->shrink_gone);
     _dm_free(&sh->allocator, sh);
 }
 
@@ -5497,6 +5507,118 @@ static dm_status _dm_tw_split(dm_collective* c, int color, int key, dm_collectiv
     return DM_OK;
 }
 
+/* >>thread shrink  The ranks that stay meet under the world's lock: each adds its excluded
+   ranks to the union and waits until every rank outside the union has arrived; the one that
+   completes the meeting makes the new world's shared state. Threads cannot die here, so the
+   union is the whole answer; a rank that never comes is a timeout on every waiting rank. */
+static bool _dm_tw_shrink_complete(const _dm_tw_shared* sh) {
+    int r;
+    for (r = 0; r < sh->size; r++)
+        if (!sh->shrink_gone[r] && !sh->shrink_in[r]) return false;
+    return true;
+}
+/* Waits (holding sh->mu) until the meeting is complete or failed; DM_OK or the failure. */
+static dm_status _dm_tw_shrink_meet(_dm_thread* t, int64_t deadline) {
+    _dm_tw_shared* sh = t->sh;
+    int r, n = 0;
+    while (!sh->shrink_next && sh->shrink_failed == DM_OK) {
+        struct timespec ts;
+        int64_t now = _dm_now_ms();
+        if (_dm_tw_shrink_complete(sh)) {
+            for (r = 0; r < sh->size; r++) n += !sh->shrink_gone[r];
+            sh->shrink_next = _dm_tw_shared_new(&sh->allocator, n);
+            if (!sh->shrink_next) {
+                sh->shrink_failed = DM_ERR_OUT_OF_MEMORY;
+                snprintf(sh->shrink_msg, sizeof(sh->shrink_msg), "thread: shrink: out of memory");
+            }
+            pthread_cond_broadcast(&sh->cv);
+            break;
+        }
+        if (now >= deadline) {
+            size_t used = 0;
+            sh->shrink_failed = DM_ERR_TIMEOUT;
+            used += (size_t)snprintf(sh->shrink_msg, sizeof(sh->shrink_msg), "thread: shrink timed out after %d ms "
+                                     "waiting for rank(s)", t->base.timeout_ms);
+            for (r = 0; r < sh->size && used + 12 < sizeof(sh->shrink_msg); r++)
+                if (!sh->shrink_gone[r] && !sh->shrink_in[r])
+                    used += (size_t)snprintf(sh->shrink_msg + used, sizeof(sh->shrink_msg) - used, " %d", r);
+            pthread_cond_broadcast(&sh->cv);
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 20 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&sh->cv, &sh->mu, &ts);
+    }
+    return sh->shrink_failed;
+}
+static dm_status _dm_tw_shrink(dm_collective* c, const bool* excluded, int flags, dm_collective** out) {
+    _dm_thread* t = (_dm_thread*)c;
+    _dm_tw_shared* sh = t->sh;
+    _dm_tw_shared* nsh;
+    const char** names;
+    int r, rank = 0, n = 0;
+    dm_status st;
+    char msg[256];
+    if (flags == DM_SHRINK_ABORT && t->lk.broken == DM_OK) {
+        _DM_FAIL(c, DM_ERR_ABORTED, "thread: rank %d aborted the world (dm_shrink with DM_SHRINK_ABORT)", c->rank);
+        _dm_lk_break(&t->lk, DM_ERR_ABORTED);
+    }
+    pthread_mutex_lock(&sh->mu);
+    if (!sh->shrink_in) sh->shrink_in = (bool*)_dm_calloc(&sh->allocator, sizeof(bool) * (size_t)sh->size);
+    if (!sh->shrink_gone) sh->shrink_gone = (bool*)_dm_calloc(&sh->allocator, sizeof(bool) * (size_t)sh->size);
+    if (!sh->shrink_in || !sh->shrink_gone) {
+        pthread_mutex_unlock(&sh->mu);
+        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "thread: shrink: out of memory");
+    }
+    if (sh->shrink_in[c->rank]) {
+        pthread_mutex_unlock(&sh->mu);
+        return _DM_FAIL(c, DM_ERR_ABORTED, "thread: shrink: this world was already shrunk; destroy it");
+    }
+    sh->shrink_in[c->rank] = true;
+    sh->slots[c->rank].node = c->node_name;
+    for (r = 0; r < sh->size; r++) sh->shrink_gone[r] = sh->shrink_gone[r] || excluded[r];
+    pthread_cond_broadcast(&sh->cv);
+    st = _dm_tw_shrink_meet(t, _dm_deadline(c->timeout_ms));
+    snprintf(msg, sizeof(msg), "%s", sh->shrink_msg);
+    nsh = sh->shrink_next;
+    if (st == DM_OK && sh->shrink_gone[c->rank]) st = DM_ERR_ABORTED;
+    names = (const char**)_dm_calloc(&c->allocator, sizeof(char*) * (size_t)sh->size);
+    for (r = 0; r < sh->size && names; r++) {
+        if (sh->shrink_gone[r]) continue;
+        if (r < c->rank) rank++;
+        names[n++] = sh->slots[r].node;
+    }
+    pthread_mutex_unlock(&sh->mu);
+    if (t->lk.broken == DM_OK) {
+        t->lk.broken = DM_ERR_ABORTED;
+        _dm_copy_name(t->lk.broken_msg, sizeof(t->lk.broken_msg),
+                      "this collective was shrunk into a new one by dm_shrink; destroy it");
+    }
+    if (st != DM_OK || !names) {
+        _dm_free(&c->allocator, names);
+        if (st == DM_OK) _dm_tw_shared_release(nsh);   /* this member's reference, never taken */
+        if (st == DM_ERR_ABORTED)   /* not a member of the new world: it holds no reference for this rank */
+            return _DM_FAIL(c, st, "thread: shrink: rank %d was left out by the other ranks", c->rank);
+        return _DM_FAIL(c, st ? st : DM_ERR_OUT_OF_MEMORY, "%s", st ? msg : "thread: shrink: out of memory");
+    }
+    *out = _dm_tw_member_new(nsh, rank, NULL, c);
+    if (*out) {
+        _dm_thread* nt = (_dm_thread*)*out;
+        (*out)->local_rank = 0;
+        (*out)->local_size = 0;
+        for (r = 0; r < n; r++) {
+            if (strcmp(names[r], c->node_name) != 0) continue;
+            if (r < rank) (*out)->local_rank++;
+            (*out)->local_size++;
+        }
+        _dm_tw_set_layout(nt, names);
+    }
+    _dm_free(&c->allocator, names);
+    if (!*out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "thread: shrink: out of memory");
+    return DM_OK;
+}
+
 /* A failure on this member's links (a mismatch found by a dm_recv, say) breaks the whole
    world, so ranks waiting in the shared barrier fail with its cause instead of waiting for a
    rank that will not come. */
@@ -5561,7 +5683,7 @@ static const dm_collective_vtable _dm_thread_vtable = {
     _dm_tw_recv,                     /* recv */
     NULL,                            /* start */
     NULL,                            /* finish */
-    NULL,                            /* shrink */
+    _dm_tw_shrink,                   /* shrink */
     NULL,                            /* grow */
     NULL,                            /* interrupt */
 };

@@ -3296,6 +3296,8 @@ typedef struct _dm_tcp {
     int transport;              /* _DM_TCP_AUTO, _SHM or _SOCKETS: what the desc asked for */
     unsigned char* shm;         /* the same-host segment (see >>tcp shm), or NULL */
     size_t shm_size;
+    int shm_vote;               /* the group's: 2 when every host with 2+ ranks has a segment */
+    int shm_slot;               /* which of the segment's abort words is this group's */
     struct _dm_shm_watch* watch; /* wakes this rank when a same-host peer dies (>>tcp loss) */
     char transport_name[16];
     /* only while create / split builds this group (see >>tcp watch) */
@@ -3306,6 +3308,10 @@ typedef struct _dm_tcp {
                                    for a newcomer) */
     /* the listener, open for the group's life: peers outside P connect on demand (>>tcp lazy) */
     int lfd;
+    /* the recovery listener, never served by collectives and never closed by a break, only by
+       destroy: a refused connection means the rank is gone (>>tcp shrink) */
+    int rfd;
+    char (*raddrs)[64];         /* every rank's recovery listener */
     bool serving;               /* waits answer connectors (lfd and hs are live) */
     bool built;                 /* create / split is over: waits no longer watch (>>tcp watch) */
     uint64_t group;             /* the hello's group id */
@@ -3584,13 +3590,15 @@ static const char* _dm_tcp_transport(const dm_collective* c) {
    pid namespace, another host with the same name) is refused, not trusted. Layout:
      header       64 B   magic u64, nonce[16], local size u32, 0 u32, ring cap u64, stride u64,
                          total bytes u64
-     abort       256 B   the first failure (_dm_abort)
+     abort   8 x 256 B   the first failure (_dm_abort): the group's, then one per dm_shrink that
+                         keeps the segment (>>tcp shrink)
      bells     L x 64 B  one per local rank (_dm_bell)
      rings   L*L x stride, stride = sizeof(_dm_ring) + cap: ring [i*L + j] carries i -> j
    The socket to each same-host peer stays open as the side channel: its end of stream is how a
    waiter learns that a peer died (a dead process rings no bell). */
 #define _DM_SHM_MAGIC 0x314d48534d44ull        /* "DMSHM1" */
 #define _DM_SHM_HEADER 64
+#define _DM_SHM_ABORTS 8
 typedef struct _dm_shm_msg {                    /* leader -> member over the socket, 40 bytes */
     unsigned char pid[4], fd[4], size[8], nonce[16], pad[8];
 } _dm_shm_msg;
@@ -3637,7 +3645,8 @@ static size_t _dm_shm_ring_cap(int L) {
 /* The leader's segment: created, sized, mapped and stamped. */
 static dm_status _dm_shm_create(_dm_tcp* t, int L, int* fd_out, unsigned char nonce[16]) {
     size_t cap = _dm_shm_ring_cap(L), stride = sizeof(_dm_ring) + cap;
-    size_t size = _DM_SHM_HEADER + sizeof(_dm_abort) + (size_t)L * sizeof(_dm_bell) + (size_t)L * (size_t)L * stride;
+    size_t size = _DM_SHM_HEADER + _DM_SHM_ABORTS * sizeof(_dm_abort) + (size_t)L * sizeof(_dm_bell) +
+                  (size_t)L * (size_t)L * stride;
     unsigned char* p;
     int fd = memfd_create("distmesh", MFD_CLOEXEC);
     if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: memfd_create failed (%s)", strerror(errno));
@@ -3704,7 +3713,7 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
     unsigned char* p = t->shm;
     size_t cap = (size_t)_dm_tcp_get64(p + 32), stride = (size_t)_dm_tcp_get64(p + 40);
     _dm_abort* ab = (_dm_abort*)(void*)(p + _DM_SHM_HEADER);
-    _dm_bell* bells = (_dm_bell*)(void*)(p + _DM_SHM_HEADER + sizeof(_dm_abort));
+    _dm_bell* bells = (_dm_bell*)(void*)(p + _DM_SHM_HEADER + _DM_SHM_ABORTS * sizeof(_dm_abort));
     unsigned char* rings = (unsigned char*)(bells + L);
     int i;
     for (i = 0; i < L; i++) {
@@ -3838,6 +3847,7 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
     if (st == DM_OK) st = _dm_lk_all_reduce(&t->lk, &vote, &vote, 1, DM_INT32, DM_MIN);
     if (fd >= 0) close(fd);
     if (st != DM_OK) return st;
+    t->shm_vote = vote;
     if (vote == 2 && L >= 2) {
         st = _dm_shm_links(t, local, L, me);
         if (st == DM_OK) _dm_shm_watch_start(t);
@@ -4831,6 +4841,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
     _dm_lk_release(&t->lk);     /* links first: they borrow the sockets */
     _dm_tcp_serve_stop(t);
     if (t->lfd >= 0) close(t->lfd);
+    if (t->rfd >= 0) close(t->rfd);
     _dm_free(&a, t->want);
     if (t->fds)
         for (r = 0; r < t->base.size * t->nsock; r++)
@@ -4843,6 +4854,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
     _dm_free(&a, t->fds);
     _dm_free(&a, t->host_of);
     _dm_free(&a, t->addrs);
+    _dm_free(&a, t->raddrs);
     if (t->shm) munmap(t->shm, t->shm_size);
     _dm_free(&a, t);
 }
@@ -4850,6 +4862,8 @@ static void _dm_tcp_destroy(dm_collective* c) { _dm_tcp_free((_dm_tcp*)c); }
 
 static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collective** out);
 static dm_status _dm_tcp_grow(dm_collective* c, int n_new, dm_collective** out);
+static dm_status _dm_tcp_shrink(dm_collective* c, const bool* excluded, int flags, dm_collective** out);
+static void _dm_tcp_interrupt(dm_collective* c);
 
 /* >>tcp cuda  CUDA device buffers on the TCP backend (DISTMESH_CUDA, implied by DISTMESH_NCCL):
    several processes sharing one GPU can all-reduce device memory (NCCL refuses two ranks on one
@@ -5072,9 +5086,9 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     _dm_tcp_recv,                    /* recv */
     NULL,                            /* start */
     NULL,                            /* finish */
-    NULL,                            /* shrink */
+    _dm_tcp_shrink,                  /* shrink */
     _dm_tcp_grow,                    /* grow: newcomers join through the store (>>tcp grow) */
-    NULL,                            /* interrupt */
+    _dm_tcp_interrupt,               /* interrupt */
 };
 
 /* Everything the rendezvous needs, resolved from the desc and the environment. */
@@ -5158,7 +5172,8 @@ static dm_status _dm_tcp_same_sockets(_dm_tcp* t, const unsigned char* all, size
    identity and sockets per peer. Fills every rank's address (lazy connections dial them), the node name, local rank
    and the layout. */
 static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
-    enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, ADDR = 64, REC = ADDR + NAME + ID + 4 };  /* + sockets per peer */
+    /* + sockets per peer, + the recovery listener (>>tcp shrink) */
+    enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, ADDR = 64, REC = ADDR + NAME + ID + 4 + ADDR };
     int W = t->base.size, j, k, L = 0, me = 0;
     unsigned char mine[REC];
     unsigned char* all = (unsigned char*)_dm_calloc(&t->base.allocator, (size_t)W * REC);
@@ -5172,6 +5187,7 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
     _dm_copy_name((char*)mine, ADDR, t->addrs[t->base.rank]);
     _dm_tcp_host_identity((char*)mine + ADDR, NAME, (char*)mine + ADDR + NAME, ID);
     _dm_tcp_put32(mine + ADDR + NAME + ID, (uint32_t)t->nsock);
+    _dm_copy_name((char*)mine + ADDR + NAME + ID + 4, ADDR, t->raddrs[t->base.rank]);
     st = _dm_lk_all_gather(&t->lk, mine, all, REC, DM_UINT8);
     if (st != DM_OK) goto done;
     if ((st = _dm_tcp_same_sockets(t, all, REC, ADDR + NAME + ID)) != DM_OK) goto done;
@@ -5180,7 +5196,9 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
         rec[ADDR - 1] = 0;
         rec[ADDR + NAME - 1] = 0;
         rec[ADDR + NAME + ID - 1] = 0;
+        rec[REC - 1] = 0;
         if (j != t->base.rank) _dm_copy_name(t->addrs[j], 64, (const char*)rec);
+        if (j != t->base.rank) _dm_copy_name(t->raddrs[j], 64, (const char*)rec + ADDR + NAME + ID + 4);
         if (t->lk.links[j]) _dm_copy_name(t->lk.links[j]->where, sizeof(t->lk.links[j]->where), t->addrs[j]);
         for (k = 0; strcmp((const char*)all + (size_t)k * REC + ADDR + NAME, (const char*)rec + ADDR + NAME) != 0; k++) {}
         host_of[j] = k;
@@ -5355,15 +5373,39 @@ done:
 }
 
 
+/* A listener on at's address, ephemeral port: *fd and its "host:port" (64 bytes). */
+static dm_status _dm_tcp_listen(_dm_tcp* t, const struct sockaddr_storage* at, int* fd, char* addr) {
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    int one = 1;
+    memcpy(&sa, at, sizeof(sa));
+    salen = sa.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    if (sa.ss_family == AF_INET6) ((struct sockaddr_in6*)&sa)->sin6_port = 0;
+    else ((struct sockaddr_in*)&sa)->sin_port = 0;
+    *fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (*fd < 0) return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: socket() failed (%s)", strerror(errno));
+    setsockopt(*fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(*fd, (struct sockaddr*)&sa, salen) != 0 || listen(*fd, 512) != 0) {
+        char where[64];
+        _dm_tcp_format_addr((struct sockaddr*)&sa, where, sizeof(where));
+        close(*fd);
+        *fd = -1;
+        return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: cannot listen on %s (%s)", where, strerror(errno));
+    }
+    salen = sizeof(sa);
+    getsockname(*fd, (struct sockaddr*)&sa, &salen);
+    _dm_tcp_format_addr((struct sockaddr*)&sa, addr, 64);
+    return DM_OK;
+}
+
 /* The rendezvous: generation, listen, publish, connect down / accept up, acks, host names. */
 static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     _dm_tcp* t;
     struct sockaddr_storage sa;
-    socklen_t salen;
     char key[600], self_addr[64];
     int64_t gen = 0, deadline;
     uint64_t group;
-    int lfd = -1, j, one = 1;
+    int lfd = -1, j;
     dm_status st;
 
     t = (_dm_tcp*)_dm_calloc(&s->allocator, sizeof(_dm_tcp));
@@ -5371,7 +5413,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
         if (s->own_store) dm_store_destroy(s->store);
         return DM_ERR_OUT_OF_MEMORY;
     }
-    t->lfd = -1;
+    t->lfd = t->rfd = -1;
     _dm_collective_init(&t->base, &_dm_tcp_vtable, s->rank, s->size, s->timeout_ms, &s->logger, &s->allocator);
     t->store = s->store;
     t->own_store = s->own_store;
@@ -5383,9 +5425,10 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     t->fds = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)s->size * (size_t)t->nsock);
     t->claims = t->fds;
     t->addrs = (char(*)[64])_dm_calloc(&t->base.allocator, 64 * (size_t)s->size);
+    t->raddrs = (char(*)[64])_dm_calloc(&t->base.allocator, 64 * (size_t)s->size);
     st = _dm_lk_init(&t->lk, &t->base, "tcp", s->chunk_bytes);
     if (st == DM_ERR_ENV) goto fail;            /* DISTMESH_ALGO: its message is in last_error */
-    if (st != DM_OK || !t->fds || !t->addrs) {
+    if (st != DM_OK || !t->fds || !t->addrs || !t->raddrs) {
         st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
         goto fail;
     }
@@ -5414,25 +5457,12 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     snprintf(t->prefix, sizeof(t->prefix), "%.480sg%lld/", t->user_prefix, (long long)((gen - 1) / s->size));
     group = _dm_tcp_hash(1, t->prefix, NULL);
 
-    /* listen on the chosen interface, ephemeral port */
+    /* listen on the chosen interface, ephemeral port; the recovery listener beside it */
     if (s->bind_sa) memcpy(&sa, s->bind_sa, sizeof(sa));
     else if ((st = _dm_tcp_pick_addr(t, t->ifname, s->route_host, &sa)) != DM_OK) goto fail;
-    salen = sa.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-    if (sa.ss_family == AF_INET6) ((struct sockaddr_in6*)&sa)->sin6_port = 0;
-    else ((struct sockaddr_in*)&sa)->sin_port = 0;
-    lfd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (lfd < 0) { st = _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: socket() failed (%s)", strerror(errno)); goto fail; }
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(lfd, (struct sockaddr*)&sa, salen) != 0 || listen(lfd, 512) != 0) {
-        char where[64];
-        _dm_tcp_format_addr((struct sockaddr*)&sa, where, sizeof(where));
-        st = _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: cannot listen on %s (%s)", where, strerror(errno));
-        goto fail;
-    }
-    salen = sizeof(sa);
-    getsockname(lfd, (struct sockaddr*)&sa, &salen);
+    if ((st = _dm_tcp_listen(t, &sa, &lfd, self_addr)) != DM_OK) goto fail;
     memcpy(&t->self_sa, &sa, sizeof(sa));
-    _dm_tcp_format_addr((struct sockaddr*)&sa, self_addr, sizeof(self_addr));
+    if ((st = _dm_tcp_listen(t, &sa, &t->rfd, t->raddrs[s->rank])) != DM_OK) goto fail;
     _dm_copy_name(t->addrs[s->rank], 64, self_addr);
     snprintf(key, sizeof(key), "%saddr/%d", t->prefix, s->rank);
     st = dm_store_set(_dm_tcp_st(t), key, self_addr, strlen(self_addr));
@@ -6214,6 +6244,373 @@ fail:
     dm_store_destroy(w);
     if (s->own_store) dm_store_destroy(s->store);
     return _dm_tcp_report(&s->logger, st, err);
+}
+
+/* >>tcp shrink  dm_shrink without the store (its host may be the rank that died) and without a
+   rendezvous. Every rank has a second listener, the recovery listener (rfd), that no
+   collective serves and no break closes, only destroy: a connection it refuses means the rank
+   is gone. The survivors (the parent's ranks not excluded) connect to each other there, a
+   full mesh among themselves, with the usual hello and token check under the group id of
+   "<prefix>shrink/" (the higher rank connects; a lower rank whose recovery listener refuses
+   is dead, and so is a higher rank that never connects while its listener refuses probes).
+   Over these connections they agree on who is gone, with the end of a connection as a
+   perfect failure detector (a rank's sockets end only when it dies or gives up):
+     1. each sends every other its set (excluded or dead so far) and merges what it receives;
+        a connection that ends marks its rank dead;
+     2. rotating coordinator: for each rank c in order, c sends its set to every survivor it
+        is connected to and each adopts what it receives; a rank whose coordinator died keeps
+        its own. After the first coordinator that lives through its round every survivor
+        holds that set, and the later rounds only pass it on, so all survivors end with the
+        same set. A rank that dies after the agreement stays a member: the new group's first
+        call fails with DM_ERR_PEER_LOST on every survivor, and a second shrink removes it.
+   Frames (little-endian): magic "DMSK", kind u32 (1 set, 2 coordinator's set), from u32,
+   world u32, then the set as a bitmap of world bits. The new group keeps these connections
+   (a break ends the parent's sockets, and they may hold half an aborted message), serves the
+   parent's recovery listener as its own listener, opens a new recovery listener (announced
+   with the host identities, _dm_tcp_hosts) and takes over the parent's store. Shared memory
+   keeps the parent's segment, already mapped and faulted in: before the agreement each rank
+   publishes, on every ring it writes, where the old stream stopped (_dm_ring.stop, with the new
+   group's epoch); after it, each reader skips to that point, so whatever an aborted call left
+   in a ring is dropped and the new stream starts clean, and the group takes the segment's next
+   abort word (8 in all; past them, and where the parent had no segment, it sets up a new one).
+   The parent can only be destroyed afterwards. */
+#define _DM_SHRINK_MAGIC 0x4b534d44u    /* "DMSK" */
+#define _DM_SHRINK_PROBE_MS 50
+
+/* Where this rank's streams into the parent's rings stopped, for the readers (see above). The
+   parent makes no more calls, so head no longer moves. */
+static void _dm_tcp_shrink_stop_rings(_dm_tcp* p, uint32_t epoch) {
+    int r;
+    for (r = 0; r < p->base.size && p->lk.links; r++) {
+        _dm_link* l = p->lk.links[r];
+        _dm_memlink* m;
+        if (!l || l->vt != &_dm_shm_vt) continue;
+        m = (_dm_memlink*)l;
+        __atomic_store_n(&m->out->stop, m->out->head, __ATOMIC_RELAXED);
+        __atomic_store_n(&m->out->stop_epoch, epoch, __ATOMIC_RELEASE);
+    }
+}
+static uint32_t _dm_tcp_shrink_epoch(const _dm_tcp* n) { return (uint32_t)_dm_tcp_hash(7, n->prefix, NULL) | 1u; }
+
+/* The parent's segment for the new group (see above); old_of[j]: the parent rank of new rank j.
+   Each same-host member's memory link is the parent's (its rings, its bell) with the new side
+   socket; the segment's layout is the first group's, whatever the numbering now. */
+static dm_status _dm_tcp_shrink_shm(_dm_tcp* n, _dm_tcp* p, const int* old_of, int64_t deadline) {
+    const _dm_layout* ny = &n->lk.lay;
+    int me = n->base.rank, j;
+    uint32_t epoch = _dm_tcp_shrink_epoch(n);
+    n->shm_vote = p->shm_vote;
+    n->shm_slot = p->shm_slot + 1;
+    if (!p->shm) return DM_OK;              /* this rank was alone on its host */
+    _dm_shm_watch_stop(p);
+    for (j = 0; j < n->base.size; j++) {
+        _dm_link* old = p->lk.links[old_of[j]];
+        _dm_memlink *pm, *m;
+        if (j == me || ny->host_of[j] != ny->host_of[me]) continue;
+        if (!old || old->vt != &_dm_shm_vt)
+            return _DM_FAIL(&n->base, DM_ERR_INTERNAL, "tcp: shrink: rank %d shares the host but had no "
+                            "shared-memory link", j);
+        pm = (_dm_memlink*)old;
+        while (__atomic_load_n(&pm->in->stop_epoch, __ATOMIC_ACQUIRE) != epoch) {   /* set before the agreement */
+            if (_dm_now_ms() >= deadline)
+                return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "tcp: shrink: rank %d never marked its shared-memory "
+                                "ring", j);
+            sched_yield();
+        }
+        __atomic_store_n(&pm->in->tail, __atomic_load_n(&pm->in->stop, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
+        m = (_dm_memlink*)_dm_calloc(&n->base.allocator, sizeof(_dm_memlink));
+        if (!m) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+        *m = *pm;
+        m->side_fd = n->fds[j];
+        snprintf(m->base.where, sizeof(m->base.where), "%.40s, shm", n->addrs[j]);
+        n->lk.links[j]->vt->destroy(n->lk.links[j], &n->base.allocator);
+        n->lk.links[j] = &m->base;
+        _dm_bell_ring(m->peer_bell, m->bell_ops);   /* room for a writer that waits */
+    }
+    n->lk.bell = p->lk.bell;
+    n->lk.bells = p->lk.bells;
+    n->lk.nbells = p->lk.nbells;
+    n->lk.bell_ops = p->lk.bell_ops;
+    n->lk.abort = (_dm_abort*)(void*)(p->shm + _DM_SHM_HEADER) + n->shm_slot;
+    n->shm = p->shm;                        /* the mapping moves to the new group */
+    n->shm_size = p->shm_size;
+    p->shm = NULL;
+    _dm_shm_watch_start(n);
+    return DM_OK;
+}
+
+/* The parent gives way: later calls fail with DM_ERR_ABORTED naming dm_shrink. */
+static void _dm_tcp_retire(_dm_tcp* t) {
+    if (t->lk.broken != DM_OK) return;
+    t->lk.broken = DM_ERR_ABORTED;
+    _dm_copy_name(t->lk.broken_msg, sizeof(t->lk.broken_msg),
+                  "this collective was shrunk into a new one by dm_shrink; destroy it");
+}
+
+/* The agreement's group, still numbered like the parent: its recovery addresses, its recovery
+   listener (moved), the same token and transports. */
+static dm_status _dm_tcp_shrink_start(_dm_tcp* p, _dm_tcp** out) {
+    dm_collective* c = &p->base;
+    int W = c->size, j;
+    _dm_tcp* n = (_dm_tcp*)_dm_calloc(&c->allocator, sizeof(_dm_tcp));
+    *out = n;
+    if (!n) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: shrink: out of memory");
+    n->lfd = n->rfd = -1;
+    _dm_collective_init(&n->base, &_dm_tcp_vtable, c->rank, W, c->timeout_ms, &c->logger, &c->allocator);
+    n->base.timeout_ms = c->timeout_ms;
+    n->nsock = p->nsock;
+    n->transport = p->transport;
+    _dm_copy_name(n->token, sizeof(n->token), p->token);
+    _dm_copy_name(n->ifname, sizeof(n->ifname), p->ifname);
+    _dm_copy_name(n->user_prefix, sizeof(n->user_prefix), p->user_prefix);
+    memcpy(&n->self_sa, &p->self_sa, sizeof(n->self_sa));
+    if (strlen(p->prefix) + 8 >= sizeof(n->prefix))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "tcp: shrink: groups nested too deeply (store prefix \"%s\")", p->prefix);
+    snprintf(n->prefix, sizeof(n->prefix), "%.500sshrink/", p->prefix);
+    n->group = _dm_tcp_hash(1, n->prefix, NULL);
+    n->fds = (int*)_dm_malloc(&c->allocator, sizeof(int) * (size_t)W * (size_t)n->nsock);
+    n->addrs = (char(*)[64])_dm_calloc(&c->allocator, 64 * (size_t)W);
+    if (!n->fds || !n->addrs) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: shrink: out of memory");
+    for (j = 0; j < W * n->nsock; j++) n->fds[j] = -1;
+    n->claims = n->fds;
+    memcpy(n->addrs, p->raddrs, 64 * (size_t)W);
+    n->lfd = p->rfd;
+    p->rfd = -1;
+    n->serving = true;
+    n->built = true;            /* no watching: an ending connection is a death, not a failure */
+    return DM_OK;
+}
+
+/* Connects the survivors: down to the lower ones, then accepts the higher ones while probing
+   those missing. dead[] grows with every rank found gone. */
+static dm_status _dm_tcp_shrink_connect(_dm_tcp* n, bool* dead, int64_t deadline) {
+    int W = n->base.size, me = n->base.rank, j;
+    int64_t next_probe = _dm_now_ms();
+    struct pollfd p[1 + _DM_TCP_HS_MAX];
+    dm_status st;
+    for (j = 0; j < me; j++) {
+        if (dead[j]) continue;
+        if (_dm_tcp_probe(n, j) < 0) { dead[j] = true; continue; }  /* a recovery listener is never late */
+        st = _dm_tcp_connect_peer(n, j, n->group, deadline);
+        if (st == DM_OK && (st = _dm_tcp_read_ack(n, j, deadline)) != DM_OK) {
+            close(n->fds[j]);
+            n->fds[j] = -1;
+        }
+        if (st == DM_ERR_PEER_LOST) dead[j] = true;
+        else if (st != DM_OK) return st;
+    }
+    for (;;) {
+        int64_t now = _dm_now_ms();
+        int missing = 0, first = -1, np;
+        for (j = me + 1; j < W; j++)
+            if (!dead[j] && !_dm_tcp_has_peer(n, j) && missing++ == 0) first = j;
+        if (missing == 0) return DM_OK;
+        if (now >= deadline)
+            return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "tcp: shrink timed out after %d ms waiting for rank %d (%d "
+                            "ranks missing): alive but not in dm_shrink (give every survivor the same exclude list)",
+                            n->base.timeout_ms, first, missing);
+        np = _dm_tcp_serve_fill(n, p, 1 + _DM_TCP_HS_MAX, NULL);
+        if (poll(p, (nfds_t)np, 20) < 0 && errno != EINTR)
+            return _DM_FAIL(&n->base, DM_ERR_NETWORK, "tcp: shrink: poll failed (%s)", strerror(errno));
+        _dm_tcp_serve(n, deadline);
+        if (_dm_now_ms() < next_probe) continue;
+        for (j = me + 1; j < W; j++)
+            if (!dead[j] && !_dm_tcp_has_peer(n, j) && _dm_tcp_probe(n, j) < 0) dead[j] = true;
+        next_probe = _dm_now_ms() + _DM_SHRINK_PROBE_MS;
+    }
+}
+
+/* One agreement frame to or from rank j; false when the connection ended or sent garbage
+   (the rank is then dead to this one). A timeout is the caller's failure (*timed_out). */
+static bool _dm_tcp_shrink_io(_dm_tcp* n, int j, unsigned char* f, size_t len, bool out, uint32_t kind,
+                              int64_t deadline, bool* timed_out) {
+    int rc = _dm_tcp_io_full(NULL, n->fds[j], f, len, out, deadline);
+    if (rc == 0) *timed_out = true;
+    if (rc != 1) return false;
+    return out || (_dm_tcp_get32(f) == _DM_SHRINK_MAGIC && _dm_tcp_get32(f + 4) == kind &&
+                   _dm_tcp_get32(f + 8) == (uint32_t)j && _dm_tcp_get32(f + 12) == (uint32_t)n->base.size);
+}
+static void _dm_tcp_shrink_frame(const _dm_tcp* n, unsigned char* f, uint32_t kind, const bool* set) {
+    int W = n->base.size, j;
+    _dm_tcp_put32(f, _DM_SHRINK_MAGIC);
+    _dm_tcp_put32(f + 4, kind);
+    _dm_tcp_put32(f + 8, (uint32_t)n->base.rank);
+    _dm_tcp_put32(f + 12, (uint32_t)W);
+    memset(f + 16, 0, ((size_t)W + 7) / 8);
+    for (j = 0; j < W; j++)
+        if (set[j]) f[16 + j / 8] |= (unsigned char)(1u << (j % 8));
+}
+static bool _dm_tcp_shrink_bit(const unsigned char* f, int j) { return (f[16 + j / 8] >> (j % 8)) & 1u; }
+
+/* The agreement (see above): on return gone[] is the set every survivor holds. up[j]: this
+   rank's connection to j still works. */
+static dm_status _dm_tcp_shrink_agree(_dm_tcp* n, bool* gone, int64_t deadline) {
+    int W = n->base.size, me = n->base.rank, j, k;
+    size_t len = 16 + ((size_t)W + 7) / 8;
+    unsigned char* f = (unsigned char*)_dm_malloc(&n->base.allocator, len);
+    bool* up = (bool*)_dm_calloc(&n->base.allocator, sizeof(bool) * (size_t)W);
+    bool timed_out = false;
+    if (!f || !up) {
+        _dm_free(&n->base.allocator, f);
+        _dm_free(&n->base.allocator, up);
+        return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: shrink: out of memory");
+    }
+    for (j = 0; j < W; j++) up[j] = j != me && !gone[j] && n->fds[j] >= 0;
+    /* 1: every survivor's set to every survivor */
+    _dm_tcp_shrink_frame(n, f, 1, gone);
+    for (j = 0; j < W; j++)
+        if (up[j] && !_dm_tcp_shrink_io(n, j, f, len, true, 1, deadline, &timed_out)) up[j] = false;
+    for (j = 0; j < W && !timed_out; j++) {
+        if (!up[j]) continue;
+        if (!_dm_tcp_shrink_io(n, j, f, len, false, 1, deadline, &timed_out)) { up[j] = false; continue; }
+        for (k = 0; k < W; k++) gone[k] = gone[k] || _dm_tcp_shrink_bit(f, k);
+    }
+    for (j = 0; j < W; j++) gone[j] = gone[j] || (j != me && !up[j]);
+    /* 2: rotating coordinator */
+    for (k = 0; k < W && !timed_out; k++) {
+        if (k == me) {
+            _dm_tcp_shrink_frame(n, f, 2, gone);
+            for (j = 0; j < W; j++)
+                if (up[j] && !_dm_tcp_shrink_io(n, j, f, len, true, 2, deadline, &timed_out)) up[j] = false;
+        } else if (up[k]) {
+            if (!_dm_tcp_shrink_io(n, k, f, len, false, 2, deadline, &timed_out)) { up[k] = false; continue; }
+            for (j = 0; j < W; j++) gone[j] = _dm_tcp_shrink_bit(f, j);
+        }
+    }
+    _dm_free(&n->base.allocator, f);
+    _dm_free(&n->base.allocator, up);
+    if (timed_out)
+        return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "tcp: shrink timed out after %d ms agreeing on who is gone",
+                        n->base.timeout_ms);
+    return DM_OK;
+}
+
+static dm_status _dm_tcp_shrink_build(_dm_tcp* n, _dm_tcp* p, const int* old_of, int64_t deadline);
+/* Renumbers the agreement's group to the members (gone[] false) and makes it a working group:
+   links, a new recovery listener, hosts and shared memory, P, extra sockets. */
+static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, _dm_tcp* p, const bool* gone, int64_t deadline) {
+    dm_allocator* a = &n->base.allocator;
+    int W = n->base.size, me = n->base.rank, j, k = 0, N = 0;
+    int *fds, *old_of;
+    dm_status st;
+    char(*addrs)[64];
+    if (gone[me])
+        return _DM_FAIL(&n->base, DM_ERR_ABORTED, "tcp: shrink: the survivors left rank %d out (it was excluded, "
+                        "or seen as dead by the others)", me);
+    for (j = 0; j < W; j++) N += !gone[j];
+    fds = (int*)_dm_malloc(a, sizeof(int) * (size_t)N * (size_t)n->nsock);
+    addrs = (char(*)[64])_dm_calloc(a, 64 * (size_t)N);
+    n->raddrs = (char(*)[64])_dm_calloc(a, 64 * (size_t)N);
+    old_of = (int*)_dm_malloc(a, sizeof(int) * (size_t)N);
+    if (!fds || !addrs || !n->raddrs || !old_of) {
+        _dm_free(a, fds);
+        _dm_free(a, addrs);
+        _dm_free(a, old_of);
+        return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: shrink: out of memory");
+    }
+    for (j = 0; j < N * n->nsock; j++) fds[j] = -1;
+    for (j = 0; j < W; j++) {
+        if (gone[j]) {
+            if (n->fds[j] >= 0) close(n->fds[j]);
+            continue;
+        }
+        if (j == me) n->base.rank = k;
+        old_of[k] = j;
+        fds[k] = n->fds[j];
+        memcpy(addrs[k], n->addrs[j], 64);
+        k++;
+    }
+    _dm_free(a, n->fds);
+    _dm_free(a, n->addrs);
+    n->fds = n->claims = fds;
+    n->addrs = addrs;
+    n->base.size = N;
+    me = n->base.rank;
+    st = _dm_tcp_shrink_build(n, p, old_of, deadline);
+    _dm_free(a, old_of);
+    return st;
+}
+/* The renumbered group's links, listener, layout, shared memory and extra sockets. */
+static dm_status _dm_tcp_shrink_build(_dm_tcp* n, _dm_tcp* p, const int* old_of, int64_t deadline) {
+    dm_allocator* a = &n->base.allocator;
+    int N = n->base.size, me = n->base.rank, j;
+    _DM_ZERO(_dm_tcp_setup, s);
+    _DM_TRY(_dm_lk_init(&n->lk, &n->base, "tcp", p->lk.chunk));
+    n->lk.notice_post = _dm_tcp_notice_post;
+    n->lk.notice_read = _dm_tcp_notice_read;
+    n->lk.connect = _dm_tcp_lk_connect;
+    n->lk.poll_fill = _dm_tcp_lk_poll_fill;
+    n->lk.service = _dm_tcp_lk_service;
+    n->lk.hangup = _dm_tcp_lk_hangup;
+    for (j = 0; j < N; j++)
+        if (j != me) _DM_TRY(_dm_tcp_add_link(n, j));
+    _DM_TRY(_dm_tcp_listen(n, &n->self_sa, &n->rfd, n->raddrs[me]));
+    _DM_TRY(_dm_tcp_hosts(n, &s));
+    n->want = (bool*)_dm_calloc(a, sizeof(bool) * (size_t)N);
+    if (!n->want) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+    _DM_TRY(_dm_lk_peers(&n->lk, n->want));
+    /* the same choice on every rank: the vote and the slot are the parent group's */
+    if (p->shm_vote == 2 && p->shm_slot + 1 < _DM_SHM_ABORTS) _DM_TRY(_dm_tcp_shrink_shm(n, p, old_of, deadline));
+    else _DM_TRY(_dm_tcp_shm_for_host(n));
+    _DM_TRY(_dm_tcp_more_sockets(n, deadline));
+    _dm_tcp_serve_trim(n);
+    return DM_OK;
+}
+
+static dm_status _dm_tcp_shrink(dm_collective* c, const bool* excluded, int flags, dm_collective** out) {
+    _dm_tcp* p = (_dm_tcp*)c;
+    _dm_tcp* n = NULL;
+    int W = c->size, j, N = 0;
+    int64_t start = _dm_now_ms(), deadline = _dm_deadline(c->timeout_ms);
+    bool* gone = (bool*)_dm_malloc(&c->allocator, sizeof(bool) * (size_t)W);
+    dm_status st;
+    if (!gone) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: shrink: out of memory");
+    memcpy(gone, excluded, sizeof(bool) * (size_t)W);
+    if (p->rfd < 0) {
+        _dm_free(&c->allocator, gone);
+        return _DM_FAIL(c, DM_ERR_ABORTED, "tcp: shrink: this collective was already shrunk (or its shrink "
+                        "failed); destroy it");
+    }
+    if (flags == DM_SHRINK_ABORT && p->lk.broken == DM_OK) {    /* the others fail fast and shrink too */
+        _DM_FAIL(c, DM_ERR_ABORTED, "tcp: rank %d aborted the collective (dm_shrink with DM_SHRINK_ABORT)", c->rank);
+        _dm_lk_break(&p->lk, DM_ERR_ABORTED);
+    }
+    st = _dm_tcp_shrink_start(p, &n);
+    if (st == DM_OK) _dm_tcp_shrink_stop_rings(p, _dm_tcp_shrink_epoch(n));
+    if (st == DM_OK) st = _dm_tcp_shrink_connect(n, gone, deadline);
+    if (st == DM_OK) st = _dm_tcp_shrink_agree(n, gone, deadline);
+    for (j = 0; j < W; j++) N += !gone[j];
+    if (st == DM_OK) {
+        n->store = p->store;                    /* the store moves, if it is still there */
+        n->own_store = p->own_store;
+        p->store = NULL;
+        p->own_store = false;
+        st = _dm_tcp_shrink_finish(n, p, gone, deadline);
+    }
+    _dm_tcp_retire(p);
+    _dm_free(&c->allocator, gone);
+    if (st != DM_OK) {
+        _DM_FAIL(c, st, "tcp: shrink of rank %d (%d of %d ranks staying) failed: %s", c->rank, N, W,
+                 n ? n->base.last_error : dm_status_name(st));
+        if (n) _dm_tcp_free(n);
+        return st;
+    }
+    _DM_LOG(&c->logger, DM_LOG_INFO, "tcp: rank %d of %d is rank %d of %d after dm_shrink (%lld ms)", c->rank, W,
+            n->base.rank, N, (long long)(_dm_now_ms() - start));
+    *out = &n->base;
+    return DM_OK;
+}
+
+/* DM_SHRINK_ABORT from another thread than the one in a call: every socket (the shm links'
+   side channels included) ends, so the call fails at once and the peers fail fast. */
+static void _dm_tcp_interrupt(dm_collective* c) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    int j;
+    if (!t->fds) return;
+    for (j = 0; j < c->size * t->nsock; j++) {
+        int fd = __atomic_load_n(&t->fds[j], __ATOMIC_ACQUIRE);
+        if (fd >= 0) shutdown(fd, SHUT_RDWR);
+    }
 }
 
 /* >>tcp init */

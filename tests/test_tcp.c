@@ -745,7 +745,7 @@ static int count_sockets(void) {
 }
 /* Several sockets per peer: 4 ranks on 2 simulated hosts (0 and 2 on h0, 1 and 3 on h1), the
    count from the desc or, with *arg < 0, from DISTMESH_SOCKETS_PER_PEER. Each rank holds its
-   listener (open for the group's life), one shm side socket to its host mate and n sockets to
+   listener and its recovery listener (both open for the group's life), one shm side socket to its host mate and n sockets to
    each rank of the other host (both are in P: ring neighbours); all-reduces
    that span many stripes (and a ring all-gather and a broadcast) come out right, and so do
    the groups split from it (the count is inherited). */
@@ -762,9 +762,9 @@ static int body_sockets(dm_collective* c, int rank, int world, void* arg) {
     if (*(int*)arg > 0) d.sockets_per_peer = n;
     RCHECK(dm_tcp_create(&d, &c) == DM_OK);
     after = count_sockets();
-    if (after - before != 2 + 2 * n) {
+    if (after - before != 3 + 2 * n) {
         fprintf(stderr, "rank %d: %d sockets per peer: %d sockets opened, expected %d\n", rank, n, after - before,
-                2 + 2 * n);
+                3 + 2 * n);
         return 1;
     }
     RCHECK(strcmp(dm_transport_name(c), "shm+tcp") == 0);
@@ -1376,7 +1376,7 @@ static void big_reap(int world, int fd, dm_store* server) {
 /* Every rank: its create time and fds before and after, the fixed-peer collectives (no new
    fds), then all_to_all and point-to-point across the world (connected on demand), checked. */
 typedef struct big_stats {
-    int world, lines, bad, peers_max, peers_min, extra_max, fds_max, lazy_bad, lazy_one;
+    int world, lines, bad, peers_max, peers_min, extra_max, fds_max, lazy_bad;
     double create_end_max, create_ms[BIG_MAX], t_start;
     int fds[BIG_MAX];
 } big_stats;
@@ -1400,6 +1400,9 @@ static int body_sparse(dm_collective* c, int rank, int world, double t_start, in
         bad |= dm_all_gather(c, &v, a2a_out, 1, DM_INT32) != DM_OK || a2a_out[world - 1] != world - 1;
     }
     fds_fixed = count_fds();
+    /* every rank has counted before any dials on demand: a rank still in the last all_gather
+       serves its listener and would accept a faster rank's all_to_all connection */
+    if (lazy && !bad) bad |= dm_barrier(c) != DM_OK;
     if (lazy && !bad) {
         for (j = 0; j < world; j++) a2a_in[j] = rank * 1000 + j;
         bad |= dm_all_to_all(c, a2a_in, a2a_out, 1, DM_INT32) != DM_OK;
@@ -1431,14 +1434,13 @@ static void sparse_line(const char* line, void* u) {
     if (f1 - f0 > b->fds_max) b->fds_max = f1 - f0;
     if (n > b->peers_max) b->peers_max = n;
     if (n < b->peers_min) b->peers_min = n;
-    /* beyond P and the host: the listener and the store's client, nothing else */
+    /* beyond P and the host: the listener, the recovery listener (dm_shrink), the store's client
+       and the shm watcher's eventfd, nothing else */
     if (f1 - f0 - n > b->extra_max) b->extra_max = f1 - f0 - n;
-    /* One fd on one rank is tolerated: a clean CI run once saw rank 0 hold one more after the
-       fixed-peer collectives (not reproduced; a handshake or probe caught mid-flight is the
-       suspect). More than that, or on two ranks, fails. */
+    /* none: the fixed-peer collectives stay inside P (body_sparse counts before any rank may
+       dial on demand) */
     if (f2 != f1) fprintf(stderr, "rank %d: the fixed-peer collectives opened %d fds\n", r, f2 - f1);
-    if (f2 - f1 == 1) b->lazy_one++;
-    else if (f2 != f1) b->lazy_bad++;
+    if (f2 != f1) b->lazy_bad++;
     if (f3 >= 0 && f3 < f2) b->lazy_bad++;
 }
 static int cmp_int(const void* a, const void* b) { return *(const int*)a - *(const int*)b; }
@@ -1476,10 +1478,9 @@ static void test_sparse_fds(void** s) {
     assert_int_equal(b.lines, W);
     assert_int_equal(b.bad, 0);
     assert_int_equal(b.lazy_bad, 0);
-    assert_true(b.lazy_one <= 1);
     assert_true(b.peers_min >= L - 1 && b.peers_max < (W - 1) / 2);  /* the host, and far from the world */
-    if (b.extra_max > 3) fprintf(stderr, "  a rank's create opened %d fds beyond its peers\n", b.extra_max);
-    assert_true(b.extra_max <= 3);
+    if (b.extra_max > 4) fprintf(stderr, "  a rank's create opened %d fds beyond its peers\n", b.extra_max);
+    assert_true(b.extra_max <= 4);
 }
 
 /* Two sockets per cross-host peer with connections only where the schedules need them: 32
@@ -1499,7 +1500,6 @@ static void test_sparse_sockets(void** s) {
     assert_int_equal(b.lines, 32);
     assert_int_equal(b.bad, 0);
     assert_int_equal(b.lazy_bad, 0);
-    assert_true(b.lazy_one <= 1);
 }
 
 /* kill -9 of one of 64 ranks (8 hosts) during small all_reduces: every survivor, most of them

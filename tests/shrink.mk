@@ -1,0 +1,19 @@
+# dm_shrink (issue 18): the threaded world and forked ranks over shm, tcp and two simulated
+# hosts, kill -9 of a rank and a second death during the shrink. `make test-shrink-trials`
+# runs every kill case 20 times (by hand: about 3 minutes).
+ifneq ($(wildcard distmesh_tcp.h),)
+SHRINK_TEST_BINS := $(BUILD)/shrink/test_shrink
+TEST_BINS += $(SHRINK_TEST_BINS)
+endif
+
+$(BUILD)/shrink/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
+
+$(BUILD)/shrink/test_shrink: tests/test_shrink.c tests/test_tmpdir.h tests/test_filter.h $(BUILD)/shrink/impl.o
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/shrink/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
+
+.PHONY: test-shrink-trials
+test-shrink-trials: deps $(BUILD)/shrink/test_shrink
+	DM_SHRINK_TRIALS=20 timeout -k 10 1800 $(BUILD)/shrink/test_shrink

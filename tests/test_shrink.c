@@ -1,0 +1,514 @@
+/* dm_shrink (issue 18): planned removal and shrink after kill -9, on the threaded world, shared
+   memory, sockets and a group spanning two simulated hosts. Forked ranks report to the test
+   over a pipe; the test kills the victims and checks that every survivor holds the same group
+   (size, renumbering in old order) and that the new group computes correctly.
+   DM_SHRINK_TRIALS=N repeats each kill case N times (make test-shrink-trials: 20). */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "distmesh.h"
+#include "distmesh_tcp.h"
+#include "test_tmpdir.h"
+#include "test_filter.h"
+
+#define MAXW 8
+static char g_store_dir[256];
+static int g_run_id;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+static int trials(int dflt) {
+    const char* v = getenv("DM_SHRINK_TRIALS");
+    return v && atoi(v) > 0 ? atoi(v) : dflt;
+}
+
+/* ---- the threaded world ------------------------------------------------------------------ */
+/* Every rank's value is old_rank + 1; the sum over the members is checked. */
+static int check_sum(dm_collective* c, int expect) {
+    int32_t v[3];
+    int k;
+    for (k = 0; k < 3; k++) v[k] = (int32_t)(dm_rank(c) * 0 + 1 + k);
+    if (dm_all_reduce(c, v, v, 3, DM_INT32, DM_SUM) != DM_OK) return 1;
+    for (k = 0; k < 3; k++)
+        if (v[k] != (int32_t)(dm_world_size(c) * (1 + k))) return 1;
+    (void)expect;
+    return 0;
+}
+/* The old ranks of the new group, in new-rank order, gathered over it. */
+static int members_of(dm_collective* c, int old_rank, int32_t* out) {
+    int32_t mine = old_rank;
+    return dm_all_gather(c, &mine, out, 1, DM_INT32) == DM_OK ? 0 : 1;
+}
+
+typedef struct tw_case { int flags; int world; int drop1; int drop2; } tw_case;
+static int tw_body(dm_collective* c, void* user) {
+    const tw_case* k = (const tw_case*)user;
+    int r = dm_rank(c), bad = 0, i;
+    dm_collective *n = NULL, *m = NULL;
+    int32_t members[MAXW];
+    if (r == k->drop1) return 0;                  /* leaves: destroyed by the runner */
+    if (dm_shrink(c, &k->drop1, 1, k->flags, &n) != DM_OK) return 1;
+    if (dm_world_size(n) != k->world - 1) bad = 1;
+    if (dm_rank(n) != r - (r > k->drop1)) bad = 1;
+    if (members_of(n, r, members) || check_sum(n, 0)) bad = 1;
+    for (i = 0, r = 0; i < k->world; i++)
+        if (i != k->drop1 && members[r++] != i) bad = 1;
+    /* the parent gives way */
+    if (dm_barrier(c) != DM_ERR_ABORTED) bad = 1;
+    /* shrinking twice: drop2 is a rank of n */
+    if (dm_rank(n) == k->drop2) { dm_destroy(n); return bad; }
+    if (dm_shrink(n, &k->drop2, 1, DM_SHRINK_DEFAULT, &m) != DM_OK) bad = 1;
+    else {
+        if (dm_world_size(m) != k->world - 2 || check_sum(m, 0)) bad = 1;
+        dm_destroy(m);
+    }
+    dm_destroy(n);
+    return bad;
+}
+static void test_thread_shrink_default(void** s) {
+    tw_case k = { DM_SHRINK_DEFAULT, 5, 2, 0 };
+    dm_fake_desc d;
+    (void)s;
+    memset(&d, 0, sizeof(d));
+    d.world_size = k.world;
+    d.timeout_ms = 10000;
+    assert_int_equal(dm_thread_world_run(&d, tw_body, &k), DM_OK);
+}
+static void test_thread_shrink_abort(void** s) {
+    tw_case k = { DM_SHRINK_ABORT, 4, 0, 2 };
+    int hosts[4] = { 0, 1, 0, 1 };
+    dm_fake_desc d;
+    (void)s;
+    memset(&d, 0, sizeof(d));
+    d.world_size = k.world;
+    d.timeout_ms = 10000;
+    d.host_of = hosts;
+    assert_int_equal(dm_thread_world_run(&d, tw_body, &k), DM_OK);
+}
+/* A rank that is neither excluded nor arrives: every survivor times out, none hangs. */
+static int tw_missing_body(dm_collective* c, void* user) {
+    int drop = 3, r = dm_rank(c);
+    dm_collective* n = NULL;
+    dm_status st;
+    (void)user;
+    if (r == 2) { usleep(1500000); return 0; }   /* never calls dm_shrink */
+    if (r == drop) return 0;
+    st = dm_shrink(c, &drop, 1, DM_SHRINK_DEFAULT, &n);
+    return st == DM_ERR_TIMEOUT && n == NULL && strstr(dm_last_error(c), "2") ? 0 : 1;
+}
+static void test_thread_shrink_timeout(void** s) {
+    dm_fake_desc d;
+    (void)s;
+    memset(&d, 0, sizeof(d));
+    d.world_size = 4;
+    d.timeout_ms = 500;
+    assert_int_equal(dm_thread_world_run(&d, tw_missing_body, NULL), DM_OK);
+}
+static int tw_args_body(dm_collective* c, void* user) {
+    dm_collective* n = (dm_collective*)1;
+    int self = dm_rank(c), out_of_range = 9, ok = 0;
+    (void)user;
+    ok += dm_shrink(c, &self, 1, DM_SHRINK_DEFAULT, &n) == DM_ERR_INVALID_ARG && n == NULL;
+    ok += dm_shrink(c, &out_of_range, 1, DM_SHRINK_DEFAULT, &n) == DM_ERR_INVALID_ARG;
+    ok += dm_shrink(c, NULL, 1, DM_SHRINK_DEFAULT, &n) == DM_ERR_INVALID_ARG;
+    ok += dm_shrink(c, NULL, 0, 7, &n) == DM_ERR_INVALID_ARG;
+    ok += dm_shrink(c, NULL, 0, DM_SHRINK_DEFAULT, NULL) == DM_ERR_INVALID_ARG;
+    ok += dm_shrink(NULL, NULL, 0, DM_SHRINK_DEFAULT, &n) == DM_ERR_INVALID_ARG;
+    ok += dm_grow(c, 0, &n) == DM_ERR_INVALID_ARG;
+    return ok == 7 && dm_barrier(c) == DM_OK ? 0 : 1;
+}
+static void test_shrink_bad_args(void** s) {
+    dm_fake_desc d;
+    dm_collective* f = NULL;
+    dm_collective* n = NULL;
+    (void)s;
+    memset(&d, 0, sizeof(d));
+    d.world_size = 3;
+    d.timeout_ms = 5000;
+    assert_int_equal(dm_thread_world_run(&d, tw_args_body, NULL), DM_OK);
+    memset(&d, 0, sizeof(d));
+    assert_int_equal(dm_fake_create(&d, &f), DM_OK);        /* a backend without shrink */
+    assert_int_equal(dm_shrink(f, NULL, 0, DM_SHRINK_DEFAULT, &n), DM_ERR_UNSUPPORTED);
+    dm_destroy(f);
+}
+
+/* ---- forked ranks ------------------------------------------------------------------------ */
+/* How a kill case runs: the world, its store, who dies and when. */
+typedef struct kcase {
+    const char* name;
+    int world;
+    const char* transport;      /* "tcp", or NULL: shared memory */
+    int hosts;                  /* 0: one host; else ranks per simulated host */
+    bool rank0_store;           /* MASTER_ADDR/PORT: rank 0 hosts the store */
+    int victim, victim2;        /* victim2 >= 0: killed as the survivors enter dm_shrink */
+    int op;                     /* 0 idle, 1 all_reduce, 2 all_gather, 3 reduce_scatter, 4 broadcast,
+                                   5 barrier, 6 planned removal (DM_SHRINK_DEFAULT) */
+} kcase;
+static pid_t g_pids[MAXW];
+static int g_port;
+
+static int free_port(void) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || bind(fd, (struct sockaddr*)&a, sizeof(a)) != 0 || getsockname(fd, (struct sockaddr*)&a, &len) != 0)
+        return 0;
+    port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+static void say(int fd, const char* fmt, ...) {
+    char line[256];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (write(fd, line, (size_t)n) != n) _exit(3);
+}
+/* One operation of the kind the case names, on c (every rank the same). */
+static dm_status one_op(dm_collective* c, int op, float* buf, size_t n) {
+    switch (op) {
+    case 2: return dm_all_gather(c, buf, buf + n, n / (size_t)dm_world_size(c) / 2, DM_FLOAT32);
+    case 3: return dm_reduce_scatter(c, buf, buf + n, n / (size_t)dm_world_size(c) / 2, DM_FLOAT32, DM_SUM);
+    case 4: return dm_broadcast(c, buf, n, DM_FLOAT32, 1);
+    case 5: return dm_barrier(c);
+    default: return dm_all_reduce(c, buf, buf, n, DM_FLOAT32, DM_SUM);
+    }
+}
+/* After the shrink: the group's sum of (old rank + 1) and its members, gathered. Reports
+   "<old rank> S <status> <size> <new rank> <sum or -check> <members...>" in one write (the
+   ranks share the pipe; a write of at most PIPE_BUF bytes is never interleaved). */
+static void report_group(int fd, const char* lead, dm_collective* n, int r, dm_status st) {
+    int32_t v = r + 1, members[MAXW];
+    int i, check = 1;
+    char line[256];
+    size_t len;
+    if (st == DM_OK) {
+        check = dm_all_reduce(n, &v, &v, 1, DM_INT32, DM_SUM) == DM_OK ? 0 : 2;
+        if (check == 0 && members_of(n, r, members)) check = 3;
+    }
+    len = (size_t)snprintf(line, sizeof(line), "%s%d S %d %d %d %d", lead, r, (int)st, st == DM_OK ? dm_world_size(n) : 0,
+                           st == DM_OK ? dm_rank(n) : -1, check ? -check : (int)v);
+    for (i = 0; st == DM_OK && check == 0 && i < dm_world_size(n); i++)
+        len += (size_t)snprintf(line + len, sizeof(line) - len, " %d", (int)members[i]);
+    say(fd, "%s\n", line);
+}
+static int kill_body(const kcase* k, dm_collective* c, int r, int fd) {
+    size_t n = 16384;
+    float* buf = (float*)calloc(2 * n, sizeof(float));
+    dm_collective* g = NULL;
+    dm_status st;
+    int rounds = 0;
+    say(fd, "R");
+    if (k->op == 6) {                           /* planned: the victim leaves, the others exclude it */
+        if (r == k->victim) { free(buf); return 0; }
+        st = dm_shrink(c, &k->victim, 1, DM_SHRINK_DEFAULT, &g);
+    } else {
+        if (k->op == 0) usleep(600000);         /* idle while the victim dies */
+        do {
+            st = one_op(c, k->op, buf, n);
+            rounds++;
+        } while (st == DM_OK && rounds < 100000);
+        if (st != DM_ERR_PEER_LOST && st != DM_ERR_ABORTED)
+            say(fd, "%d E %d\n", r, (int)st);
+        say(fd, "%d X\n", r);                     /* entering dm_shrink */
+        st = dm_shrink(c, NULL, 0, DM_SHRINK_ABORT, &g);
+        if (st != DM_OK) fprintf(stderr, "rank %d: shrink: %s\n", r, dm_last_error(c));
+    }
+    report_group(fd, "", g, r, st);
+    /* a second death left a dead member: shrink again, the ranks that remain agree */
+    if (st == DM_OK && k->victim2 >= 0 && dm_world_size(g) > k->world - 2) {
+        dm_collective* h = NULL;
+        st = dm_shrink(g, NULL, 0, DM_SHRINK_ABORT, &h);
+        if (st != DM_OK) fprintf(stderr, "rank %d: second shrink: %s\n", r, dm_last_error(g));
+        {
+            char lead[16];
+            snprintf(lead, sizeof(lead), "%d T ", r);
+            report_group(fd, lead, h, r, st);
+        }
+        dm_destroy(h);
+    }
+    dm_destroy(g);
+    free(buf);
+    return 0;
+}
+static void fork_world(const kcase* k, int fd_write, int fd_read) {
+    int r;
+    g_run_id++;
+    g_port = k->rank0_store ? free_port() : 0;
+    fflush(stdout);
+    fflush(stderr);
+    for (r = 0; r < k->world; r++) {
+        pid_t p = fork();
+        if (p == 0) {
+            dm_collective* c = NULL;
+            dm_tcp_desc d;
+            char url[300], prefix[64], port[16], host[16];
+            close(fd_read);
+            alarm(60);
+            memset(&d, 0, sizeof(d));
+            snprintf(prefix, sizeof(prefix), "shrink%d/", g_run_id);
+            if (k->rank0_store) {
+                snprintf(port, sizeof(port), "%d", g_port);
+                setenv("MASTER_ADDR", "127.0.0.1", 1);
+                setenv("MASTER_PORT", port, 1);
+            } else {
+                snprintf(url, sizeof(url), "file://%s", g_store_dir);
+                d.store_url = url;
+            }
+            if (k->hosts) {
+                snprintf(host, sizeof(host), "h%d", r / k->hosts);
+                setenv("DISTMESH_TEST_HOST_ID", host, 1);
+            }
+            d.rank = r;
+            d.world_size = k->world;
+            d.prefix = prefix;
+            d.ifname = "lo";
+            d.timeout_ms = 10000;
+            d.transport = k->transport;
+            if (dm_tcp_create(&d, &c) != DM_OK) _exit(1);
+            kill_body(k, c, r, fd_write);
+            dm_destroy(c);
+            exit(0);            /* exit, not _exit: LeakSanitizer runs at exit */
+        }
+        g_pids[r] = p;
+    }
+    close(fd_write);
+}
+
+/* What the survivors said after their (first, T: second) shrink. */
+typedef struct report { bool got; int st, size, rank, sum, members[MAXW]; } report;
+static void parse_report(const char* line, report* first, report* second) {
+    int r = -1, st, size, rank, sum, off = 0, i;
+    report* out;
+    const char* p = line;
+    bool again = false;
+    if (sscanf(p, "%d T %n", &r, &off) == 1 && off > 0) { again = true; p += off; }
+    if (sscanf(p, "%d S %d %d %d %d%n", &r, &st, &size, &rank, &sum, &off) != 5 || r < 0 || r >= MAXW) return;
+    out = again ? &second[r] : &first[r];
+    out->got = true;
+    out->st = st; out->size = size; out->rank = rank; out->sum = sum;
+    p += off;
+    for (i = 0; i < size && i < MAXW; i++) {
+        int m = -1, used = 0;
+        if (sscanf(p, " %d%n", &m, &used) != 1) break;
+        out->members[i] = m;
+        p += used;
+    }
+}
+/* Every rank in alive[] reported the same group: DM_OK, the expected size, ranks renumbered in
+   old order, members = alive, sum of old rank + 1 over them. */
+static void check_group(const char* what, const report* rep, const bool* alive, int world) {
+    int r, n = 0, sum = 0, i;
+    for (r = 0; r < world; r++)
+        if (alive[r]) { n++; sum += r + 1; }
+    for (r = 0, i = 0; r < world; r++) {
+        if (!alive[r]) continue;
+        if (!rep[r].got || rep[r].st != DM_OK || rep[r].size != n || rep[r].rank != i || rep[r].sum != sum) {
+            fail_msg("%s: rank %d reported status %d, size %d, rank %d, sum %d (expected 0, %d, %d, %d)", what, r,
+                     rep[r].st, rep[r].size, rep[r].rank, rep[r].sum, n, i, sum);
+        }
+        i++;
+    }
+}
+/* Runs one case: kills the victim once every rank is ready (and victim2 as the first survivor
+   enters dm_shrink), collects the reports, checks them. */
+static void run_kill_case(const kcase* k) {
+    int pfd[2], ready = 0, r, expect_first, entered = 0;
+    report first[MAXW], second[MAXW];
+    bool alive[MAXW], after_first[MAXW];
+    char buf[4096];
+    size_t used = 0;
+    double t_kill = 0, t_end, deadline;
+    memset(first, 0, sizeof(first));
+    memset(second, 0, sizeof(second));
+    assert_int_equal(pipe(pfd), 0);
+    fork_world(k, pfd[1], pfd[0]);
+    for (r = 0; r < k->world; r++) alive[r] = after_first[r] = r != k->victim;
+    if (k->victim2 >= 0) alive[k->victim2] = false;
+    expect_first = k->world - 1 - (k->victim2 >= 0);
+    deadline = now_s() + 40;
+    for (;;) {
+        int got = 0;
+        for (r = 0; r < k->world; r++) got += alive[r] && first[r].got && (k->victim2 < 0 || first[r].st != DM_OK ||
+                                                                            first[r].size == k->world - 2 || second[r].got);
+        if (got >= expect_first || now_s() > deadline) break;
+        if (ready == k->world && t_kill == 0) {
+            if (k->op != 6) usleep(150000 + (unsigned)(rand() % 100000));
+            if (k->op != 6) kill(g_pids[k->victim], SIGKILL);
+            t_kill = now_s();       /* planned removal: the ranks shrink at once, timed from here */
+        }
+        {
+            struct timeval tv = { 0, 20000 };
+            fd_set fs;
+            ssize_t n;
+            FD_ZERO(&fs);
+            FD_SET(pfd[0], &fs);
+            if (select(pfd[0] + 1, &fs, NULL, NULL, &tv) <= 0) continue;
+            n = read(pfd[0], buf + used, sizeof(buf) - 1 - used);
+            if (n <= 0) break;
+            used += (size_t)n;
+            buf[used] = 0;
+        }
+        for (;;) {
+            char* nl;
+            while (buf[0] == 'R') { ready++; memmove(buf, buf + 1, used); used--; }
+            nl = strchr(buf, '\n');
+            if (!nl) break;
+            *nl = 0;
+            if (strstr(buf, " X")) {
+                if (k->victim2 >= 0 && entered++ == 0) {
+                    usleep((unsigned)(rand() % 4000));
+                    kill(g_pids[k->victim2], SIGKILL);
+                }
+            } else if (strstr(buf, " E ")) {
+                fail_msg("%s: a survivor failed with another status than PEER_LOST / ABORTED: %s", k->name, buf);
+            } else {
+                parse_report(buf, first, second);
+            }
+            used -= (size_t)(nl + 1 - buf);
+            memmove(buf, nl + 1, used + 1);
+        }
+    }
+    t_end = now_s();
+    for (r = 0; r < k->world; r++) kill(g_pids[r], SIGKILL);
+    for (r = 0; r < k->world; r++) waitpid(g_pids[r], NULL, 0);
+    close(pfd[0]);
+    if (k->victim2 < 0) {
+        check_group(k->name, first, after_first, k->world);
+        printf("  %s: %d survivors agreed, %.0f ms from the kill to the last report\n", k->name, k->world - 1,
+               (t_end - t_kill) * 1000);
+        return;
+    }
+    /* a second death: the first shrink gave every remaining survivor one group, or every one an
+       error; a group that kept the second victim shrinks again to the true survivors */
+    {
+        int ok = 0, err = 0, size = -1;
+        for (r = 0; r < k->world; r++) {
+            if (!alive[r]) continue;
+            if (!first[r].got) fail_msg("%s: rank %d never reported (a hang)", k->name, r);
+            if (first[r].st == DM_OK) {
+                ok++;
+                if (size >= 0 && first[r].size != size)
+                    fail_msg("%s: two different groups: sizes %d and %d", k->name, size, first[r].size);
+                size = first[r].size;
+            } else {
+                err++;
+            }
+        }
+        if (ok && err) {
+            /* the one allowed mix: the group kept the dead victim2, whose death fails the check
+               of some survivors; the sizes above agree, and the second shrink must be clean */
+            for (r = 0; r < k->world; r++)
+                if (alive[r] && first[r].st != DM_OK) fail_msg("%s: rank %d's shrink failed (%d) while others "
+                                                               "succeeded", k->name, r, first[r].st);
+        }
+        if (ok && size == k->world - 1) check_group(k->name, second, alive, k->world);
+        else if (ok) check_group(k->name, first, alive, k->world);
+        printf("  %s: %s (%s)\n", k->name, ok ? "one group on every survivor" : "an error on every survivor",
+               ok && size == k->world - 1 ? "the second victim was a member: shrunk again" : "direct");
+    }
+}
+
+static void kill_cases(const char* name, int world, const char* transport, int hosts, bool rank0_store, int n) {
+    static const char* ops[] = { "idle", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier" };
+    int t, victims[3] = { 0, world / 2, world - 1 };
+    for (t = 0; t < n; t++) {
+        kcase k;
+        char label[128];
+        memset(&k, 0, sizeof(k));
+        k.world = world;
+        k.transport = transport;
+        k.hosts = hosts;
+        k.rank0_store = rank0_store;
+        k.victim = victims[t % 3];
+        k.victim2 = -1;
+        k.op = t % 6;
+        snprintf(label, sizeof(label), "%s, kill -9 rank %d, %s", name, k.victim, ops[k.op]);
+        k.name = label;
+        run_kill_case(&k);
+    }
+}
+static void test_kill_shm(void** s) { (void)s; kill_cases("shm 4 ranks, rank 0 hosts the store", 4, NULL, 0, true, 6 * trials(1)); }
+static void test_kill_tcp(void** s) { (void)s; kill_cases("tcp 4 ranks", 4, "tcp", 0, false, 6 * trials(1)); }
+static void test_kill_hosts(void** s) { (void)s; kill_cases("2 hosts x 2 ranks", 4, NULL, 2, true, 3 * trials(1)); }
+static void test_kill_8(void** s) { (void)s; kill_cases("shm 8 ranks", 8, NULL, 0, false, 3 * trials(1)); }
+static void test_planned_removal(void** s) {
+    kcase k;
+    (void)s;
+    memset(&k, 0, sizeof(k));
+    k.name = "planned removal of rank 1 of 4 (tcp)";
+    k.world = 4;
+    k.transport = "tcp";
+    k.victim = 1;
+    k.victim2 = -1;
+    k.op = 6;
+    run_kill_case(&k);
+    k.name = "planned removal of rank 0 of 3 (shm, rank 0 hosts the store)";
+    k.world = 3;
+    k.transport = NULL;
+    k.rank0_store = true;
+    k.victim = 0;
+    run_kill_case(&k);
+}
+static void test_second_death(void** s) {
+    int t;
+    (void)s;
+    for (t = 0; t < 2 * trials(1); t++) {
+        kcase k;
+        memset(&k, 0, sizeof(k));
+        k.name = t % 2 ? "second death during shrink (tcp)" : "second death during shrink (shm)";
+        k.world = 5;
+        k.transport = t % 2 ? "tcp" : NULL;
+        k.victim = 1;
+        k.victim2 = 3;
+        k.op = 1;
+        run_kill_case(&k);
+    }
+}
+
+int main(int argc, char** argv) {
+    int rc;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shrink_bad_args),
+        cmocka_unit_test(test_thread_shrink_default),
+        cmocka_unit_test(test_thread_shrink_abort),
+        cmocka_unit_test(test_thread_shrink_timeout),
+        cmocka_unit_test(test_planned_removal),
+        cmocka_unit_test(test_kill_shm),
+        cmocka_unit_test(test_kill_tcp),
+        cmocka_unit_test(test_kill_hosts),
+        cmocka_unit_test(test_kill_8),
+        cmocka_unit_test(test_second_death),
+    };
+    signal(SIGPIPE, SIG_IGN);
+    srand((unsigned)getpid());
+    dm_test_filter(argc, argv);
+    if (tmpdir_make(g_store_dir, sizeof(g_store_dir), "dm_shrink_test") != 0) return 1;
+    rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tmpdir_remove(g_store_dir);
+    return rc;
+}
