@@ -433,8 +433,8 @@ done:
    This process becomes a supervisor: it forks --ranks rank processes (default 3) that meet
    through a file store in a private temporary directory (a file store survives any rank's
    death; a TCP store would die with the rank that hosts it). When rank --victim (default 1)
-   reaches step --kill-at (default steps / 3) it tells the supervisor, which kill -9's it while
-   it trains on. The survivors' next collective fails (DM_ERR_PEER_LOST); each then:
+   reaches step --kill-at (default steps / 3) it tells the supervisor and stalls; the supervisor
+   kill -9's it while the others wait in that step's all-reduce. The survivors' next collective fails (DM_ERR_PEER_LOST); each then:
      - shrinks: dm_shrink(c, NULL, 0, DM_SHRINK_ABORT, &c2) (the requests in flight complete
        with their errors first; the survivors agree on who is gone);
      - agrees on the step to resume from: the last step every survivor finished (one may have
@@ -578,7 +578,13 @@ static int elastic_train(elastic* e, const options* o, int victim_fd) {
         double tw;
         if (victim_fd >= 0 && e->done == o->kill_at) {
             char k = 'k';
-            if (write(victim_fd, &k, 1) != 1) return 1;     /* the supervisor kill -9's us meanwhile */
+            if (write(victim_fd, &k, 1) != 1) return 1;
+            /* the supervisor kill -9's us now; meanwhile the others wait in this step's
+               all-reduce, so the death lands mid-step on every survivor */
+            {
+                struct timespec two = {2, 0};
+                nanosleep(&two, NULL);
+            }
             victim_fd = -1;
         }
         if (o->rejoin && !e->grown && e->done == o->rejoin_at && (st = elastic_grow(e, o)) != DM_OK) return 1;

@@ -22,6 +22,9 @@
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <cmocka.h>
 #include "test_filter.h"
 #include "test_tmpdir.h"
@@ -334,6 +337,80 @@ static void test_grow_wrong_token(void** s) {
     assert_int_equal(reap(30), 0);
 }
 
+/* ---- shrink, then grow back to the original size with a new process: member rank 0 hosts a
+   TCP store with a token (it stays); rank 2 leaves (DM_SHRINK_DEFAULT), a newcomer takes its
+   place. The store moves to the shrunk group, the grown group takes a handle on it. */
+static int g_port;
+static int free_port(void) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || bind(fd, (struct sockaddr*)&a, sizeof(a)) != 0 || getsockname(fd, (struct sockaddr*)&a, &len) != 0)
+        port = 0;
+    else
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+static int member_shrink_grow(int rank, void* arg) {
+    dm_collective *c = NULL, *sh = NULL, *g = NULL;
+    dm_tcp_desc d;
+    char url[64];
+    int gone = 2, bad;
+    (void)arg;
+    make_desc(&d, rank, 3);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", g_port);
+    d.store_url = url;                  /* rank 0 hosts it */
+    d.token = "secret";
+    PST(c, dm_tcp_create(&d, &c));
+    PCHECK(check_all_reduce(c) == 0);
+    if (rank == gone) {                 /* leaves: the others exclude it */
+        dm_destroy(c);
+        return 0;
+    }
+    PST(c, dm_shrink(c, &gone, 1, DM_SHRINK_DEFAULT, &sh));
+    dm_destroy(c);
+    PCHECK(dm_rank(sh) == rank && dm_world_size(sh) == 2);
+    bad = check_all_reduce(sh) || grow_checked(sh, 1, &g) || move_state(g, 9) || check_all_reduce(g);
+    dm_destroy(sh);
+    if (!bad && rank == 0) printf("  3 ranks, rank 2 left (dm_shrink), a new process took rank 2 (dm_grow): correct\n");
+    if (!bad) bad = dm_barrier(g) != DM_OK;     /* rank 0's store serves until everyone is done */
+    dm_destroy(g);
+    return bad;
+}
+static int newcomer_shrink_grow(int index, void* arg) {
+    dm_collective* g = NULL;
+    dm_tcp_desc d;
+    char url[64];
+    int bad;
+    (void)index; (void)arg;
+    make_desc(&d, 0, 0);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", g_port);
+    d.store_url = url;
+    d.token = "secret";
+    d.join = 1;
+    PST(g, dm_tcp_create(&d, &g));
+    PCHECK(dm_rank(g) == 2 && dm_world_size(g) == 3);
+    bad = move_state(g, 9) || check_all_reduce(g) || dm_barrier(g) != DM_OK;
+    dm_destroy(g);
+    return bad;
+}
+static void test_grow_after_shrink(void** s) {
+    (void)s;
+    new_run();
+    g_port = free_port();
+    assert_true(g_port > 0);
+    spawn("member", 0, member_shrink_grow, NULL, 60);
+    spawn("member", 1, member_shrink_grow, NULL, 60);
+    spawn("member", 2, member_shrink_grow, NULL, 60);
+    usleep(200000);                     /* after rank 0's store is up (it would be waited for anyway) */
+    spawn("newcomer", 0, newcomer_shrink_grow, NULL, 60);
+    assert_int_equal(reap(60), 0);
+}
+
 /* ---- a launched newcomer: dm_init with DISTMESH_JOIN=1, DISTMESH_STORE, the default prefix -- */
 static int member_env(int rank, void* arg) {
     dm_collective *c = NULL, *g = NULL;
@@ -483,6 +560,30 @@ static void test_example_grow(void** s) {
     assert_non_null(strstr(g_out, ": down"));
 }
 
+/* 3 ranks train; rank 1 is kill -9'd at step 11; the survivors shrink, check identical weights,
+   re-shard and go on; a restarted process joins at step 21 (dm_grow) and gets the weights; all 3
+   end with identical weights and a lower loss. */
+static void test_example_elastic_rejoin(void** s) {
+    (void)s;
+    assert_int_equal(run_example("--rejoin --kill-at 10 --rejoin-at 20 --steps 40 --hidden 64"), 0);
+    assert_non_null(strstr(g_out, "supervisor: kill -9 of rank 1"));
+    assert_non_null(strstr(g_out, "rank 0 -> 0: DM_ERR_PEER_LOST at step 11; shrunk from 3 to 2 ranks"));
+    assert_non_null(strstr(g_out, "rank 2 -> 1: DM_ERR_PEER_LOST at step 11; shrunk from 3 to 2 ranks"));
+    assert_non_null(strstr(g_out, "resuming at step 11"));
+    assert_non_null(strstr(g_out, "newcomer: joined as rank 2 of 3 at step 21, weights received"));
+    assert_non_null(strstr(g_out, "weights identical on all 3 ranks"));
+    assert_non_null(strstr(g_out, ": down"));
+}
+/* --elastic alone: the two survivors finish. */
+static void test_example_elastic(void** s) {
+    (void)s;
+    assert_int_equal(run_example("--elastic --kill-at 10 --steps 30 --hidden 64 --victim 0"), 0);
+    assert_non_null(strstr(g_out, "supervisor: kill -9 of rank 0"));
+    assert_non_null(strstr(g_out, "shrunk from 3 to 2 ranks"));
+    assert_non_null(strstr(g_out, "weights identical on all 2 ranks"));
+    assert_non_null(strstr(g_out, ": down"));
+}
+
 static int setup_store(void** s) { (void)s; return tmpdir_make(g_store_dir, sizeof(g_store_dir), "dm_grow_test"); }
 static int teardown_store(void** s) { (void)s; return tmpdir_remove(g_store_dir); }
 
@@ -492,10 +593,13 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_grow_two_at_once),
         cmocka_unit_test(test_grow_newcomer_never_comes),
         cmocka_unit_test(test_grow_wrong_token),
+        cmocka_unit_test(test_grow_after_shrink),
         cmocka_unit_test(test_grow_join_env),
         cmocka_unit_test(test_join_without_grow),
         cmocka_unit_test(test_grow_bad_args),
         cmocka_unit_test(test_example_grow),
+        cmocka_unit_test(test_example_elastic),
+        cmocka_unit_test(test_example_elastic_rejoin),
     };
     signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
     dm_test_filter(argc, argv);
