@@ -528,14 +528,16 @@ DM_API dm_status dm_split(dm_collective* c, int color, int key, dm_collective** 
    dm_shrink: every rank that stays calls it (the excluded and the dead do not); *out is a new
    collective of the ranks that stay, renumbered in their old order, with the same transports,
    timeout and logger. c can then only be destroyed (its calls fail with DM_ERR_ABORTED).
-   - DM_SHRINK_DEFAULT: a planned removal; nothing may be in flight on c (DM_ERR_BUSY). The
-     ranks left out are the union of every caller's exclude list.
+   - DM_SHRINK_DEFAULT: a planned removal; nothing may be in flight on c (DM_ERR_BUSY).
    - DM_SHRINK_ABORT: after a failure. Requests in flight are aborted and complete first, each
      with its error; then the survivors agree, over their own connections and without the
      store, on who is gone: the excluded ranks, the dead ones, and any that die meanwhile. A
      failure during the agreement gives every survivor the same group or an error by the
-     deadline (c's timeout), never two different groups.
-   exclude: n_exclude ranks of c (never the caller's own). */
+     deadline (c's timeout), never two different groups; a rank that dies after it stays a
+     member, and the new group's first call reports it (shrink again).
+   exclude: n_exclude ranks of c (never the caller's own); give every caller the same list (a
+   rank that is alive, listed by some callers only, is waited for by the others until their
+   deadline). On the threaded world the excluded ranks are the ones gone (threads cannot die). */
 #define DM_SHRINK_DEFAULT 0
 #define DM_SHRINK_ABORT 1
 DM_API dm_status dm_shrink(dm_collective* c, const int* exclude, int n_exclude, int flags, dm_collective** out);

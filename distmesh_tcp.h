@@ -3314,6 +3314,7 @@ typedef struct _dm_tcp {
     char (*raddrs)[64];         /* every rank's recovery listener */
     bool serving;               /* waits answer connectors (lfd and hs are live) */
     bool built;                 /* create / split is over: waits no longer watch (>>tcp watch) */
+    bool addrs_known;           /* split: the addresses came over the parent, not the store */
     uint64_t group;             /* the hello's group id */
     int64_t lfd_rest;           /* after accept ran out of descriptors: leave the listener until then */
     const bool* expect;         /* the higher ranks _dm_tcp_accept_peers waits for; NULL: all */
@@ -5113,6 +5114,10 @@ typedef struct _dm_tcp_setup {
     const int* members;         /* split: the parent rank of each new rank */
     char* err;                  /* split: gets the failure's message (err_cap bytes), or NULL */
     size_t err_cap;
+    /* split: the members' addresses, exchanged over the parent (no store needed), and this
+       rank's listeners already open on them (owned by the build from its start) */
+    const char (*addrs)[64], (*raddrs)[64];
+    int lfd, rfd;
 } _dm_tcp_setup;
 
 /* The launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win over the host-name grouping; a disagreement
@@ -5256,7 +5261,7 @@ static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int6
         t->want[(r + 1) % W] = true;
         t->want[(r + W - 1) % W] = true;
         t->want[r] = false;
-        for (j = 0; j < r; j++) {
+        for (j = 0; j < r && !t->addrs_known; j++) {
             if (!t->want[j]) continue;
             snprintf(key, sizeof(key), "%saddr/%d", t->prefix, j);
             _DM_TRY(_dm_tcp_store_get_str(t, key, t->addrs[j], 64));
@@ -5266,7 +5271,7 @@ static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int6
     _DM_TRY(_dm_tcp_hosts(t, s));
     /* every reader of this rank's address key has connected: a ring neighbour (the gather
        above needed every rank, so every rank is past its own reads) */
-    _dm_tcp_forget_addr(t);
+    if (!t->addrs_known) _dm_tcp_forget_addr(t);
     _DM_TRY(_dm_lk_peers(&t->lk, t->want));
     for (j = 0; j < W; j++) n += t->want[j];
     _DM_TRY(_dm_tcp_connect_wanted(t, deadline));
@@ -5411,9 +5416,15 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     t = (_dm_tcp*)_dm_calloc(&s->allocator, sizeof(_dm_tcp));
     if (!t) {
         if (s->own_store) dm_store_destroy(s->store);
+        if (s->addrs) { close(s->lfd); close(s->rfd); }
         return DM_ERR_OUT_OF_MEMORY;
     }
     t->lfd = t->rfd = -1;
+    if (s->addrs) {             /* split: the listeners are this build's from here on */
+        lfd = s->lfd;
+        t->rfd = s->rfd;
+        t->addrs_known = true;
+    }
     _dm_collective_init(&t->base, &_dm_tcp_vtable, s->rank, s->size, s->timeout_ms, &s->logger, &s->allocator);
     t->store = s->store;
     t->own_store = s->own_store;
@@ -5437,7 +5448,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     for (j = 0; j < s->size * t->nsock; j++) t->fds[j] = -1;
     deadline = _dm_deadline(t->base.timeout_ms);
     /* the rendezvous: store requests end by the deadline, the parent's connections are watched */
-    if (dm_store_clone_prefixed(t->store, "", &t->rdv) != DM_OK) {
+    if (t->store && dm_store_clone_prefixed(t->store, "", &t->rdv) != DM_OK) {
         st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
         goto fail;
     }
@@ -5457,17 +5468,23 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     snprintf(t->prefix, sizeof(t->prefix), "%.480sg%lld/", t->user_prefix, (long long)((gen - 1) / s->size));
     group = _dm_tcp_hash(1, t->prefix, NULL);
 
-    /* listen on the chosen interface, ephemeral port; the recovery listener beside it */
-    if (s->bind_sa) memcpy(&sa, s->bind_sa, sizeof(sa));
-    else if ((st = _dm_tcp_pick_addr(t, t->ifname, s->route_host, &sa)) != DM_OK) goto fail;
-    if ((st = _dm_tcp_listen(t, &sa, &lfd, self_addr)) != DM_OK) goto fail;
-    memcpy(&t->self_sa, &sa, sizeof(sa));
-    if ((st = _dm_tcp_listen(t, &sa, &t->rfd, t->raddrs[s->rank])) != DM_OK) goto fail;
-    _dm_copy_name(t->addrs[s->rank], 64, self_addr);
-    snprintf(key, sizeof(key), "%saddr/%d", t->prefix, s->rank);
-    st = dm_store_set(_dm_tcp_st(t), key, self_addr, strlen(self_addr));
-    if (st != DM_OK) { _dm_tcp_store_fail(t, st, "set", key); goto fail; }
-    if ((st = _dm_tcp_await_ranks(t, deadline)) != DM_OK) goto fail;
+    if (s->addrs) {             /* split: every member's listeners are known already */
+        memcpy(t->addrs, s->addrs, 64 * (size_t)s->size);
+        memcpy(t->raddrs, s->raddrs, 64 * (size_t)s->size);
+        memcpy(&t->self_sa, s->bind_sa, sizeof(t->self_sa));
+    } else {
+        /* listen on the chosen interface, ephemeral port; the recovery listener beside it */
+        if (s->bind_sa) memcpy(&sa, s->bind_sa, sizeof(sa));
+        else if ((st = _dm_tcp_pick_addr(t, t->ifname, s->route_host, &sa)) != DM_OK) goto fail;
+        if ((st = _dm_tcp_listen(t, &sa, &lfd, self_addr)) != DM_OK) goto fail;
+        memcpy(&t->self_sa, &sa, sizeof(sa));
+        if ((st = _dm_tcp_listen(t, &sa, &t->rfd, t->raddrs[s->rank])) != DM_OK) goto fail;
+        _dm_copy_name(t->addrs[s->rank], 64, self_addr);
+        snprintf(key, sizeof(key), "%saddr/%d", t->prefix, s->rank);
+        st = dm_store_set(_dm_tcp_st(t), key, self_addr, strlen(self_addr));
+        if (st != DM_OK) { _dm_tcp_store_fail(t, st, "set", key); goto fail; }
+        if ((st = _dm_tcp_await_ranks(t, deadline)) != DM_OK) goto fail;
+    }
 
     /* the listener stays for the group's life (>>tcp lazy) */
     t->lfd = lfd;
@@ -5838,18 +5855,22 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     return join ? _dm_tcp_join(&s, out) : _dm_tcp_build(&s, out);
 }
 
-/* >>tcp split  (color, key) from every rank, then the members rendezvous again through the
-   same store under "<prefix>split<seq>/<color>/", ordered by (key, old rank). The rendezvous
-   runs on the parent's current timeout (dm_set_timeout) and watches the parent's connections
-   to the members: one that dies fails the split on every member with DM_ERR_PEER_LOST at once.
-   A split that fails after the (color, key) exchange breaks the parent like a failed
-   collective: its later calls fail at once with the cause. */
+/* >>tcp split  Each member opens its listeners first (on the parent's address), then every rank
+   gives (color, key, both listener addresses) to every other over the parent, so the members
+   connect to each other without the store (whose host may be gone after a dm_shrink). They
+   rendezvous like create, ordered by (key, old rank), under the group prefix
+   "<prefix>split<seq>/<color>/" (the hello's group id). The parent's connections to the members
+   are watched meanwhile: one that dies fails the split on every member with DM_ERR_PEER_LOST
+   at once. A split that fails after the exchange breaks the parent like a failed collective. */
+#define _DM_SPLIT_REC (8 + 2 * 64)     /* color i32, key i32, listener, recovery listener */
 static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collective** out) {
     _dm_tcp* t = (_dm_tcp*)c;
-    int32_t mine[2];
-    int32_t* all;
+    unsigned char mine[_DM_SPLIT_REC];
+    unsigned char* all;
     int* members = NULL;
-    int W = c->size, j, k, new_rank = 0, new_size = 0;
+    char(*addrs)[64] = NULL;
+    char(*raddrs)[64] = NULL;
+    int W = c->size, j, k, new_rank = 0, new_size = 0, lfd = -1, rfd = -1, missing = -1;
     char prefix[512], why[DM_LAST_ERROR_SIZE];
     dm_status st;
     void* small[16];
@@ -5857,50 +5878,69 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     _DM_ZERO(_dm_tcp_setup, s);
     *out = NULL;
     _DM_TRY(_dm_tcp_check_broken(t, "split"));
-    if (!t->store) return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "tcp: split needs the store, which is gone");
-    all = (int32_t*)_dm_malloc(&c->allocator, sizeof(int32_t) * 2 * (size_t)W);
+    all = (unsigned char*)_dm_malloc(&c->allocator, _DM_SPLIT_REC * (size_t)W);
     if (W > 16) ptrs = (void**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)W);
     if (!all || !ptrs) {
         _dm_free(&c->allocator, all);
         if (ptrs != small) _dm_free(&c->allocator, ptrs);
         return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: split: out of memory");
     }
-    mine[0] = color; mine[1] = key;
-    for (j = 0; j < W; j++) ptrs[j] = all + 2 * j;
-    st = _dm_lk_all_gather_list(&t->lk, _DM_K_SPLIT, mine, (void* const*)ptrs, 2, DM_INT32);
+    memset(mine, 0, sizeof(mine));
+    _dm_tcp_put32(mine, (uint32_t)color);
+    _dm_tcp_put32(mine + 4, (uint32_t)key);
+    /* a listener that cannot open leaves its address empty: every member sees that below */
+    if (color >= 0 && _dm_tcp_listen(t, &t->self_sa, &lfd, (char*)mine + 8) == DM_OK &&
+        _dm_tcp_listen(t, &t->self_sa, &rfd, (char*)mine + 8 + 64) != DM_OK)
+        mine[8] = 0;
+    for (j = 0; j < W; j++) ptrs[j] = all + (size_t)j * _DM_SPLIT_REC;
+    st = _dm_lk_all_gather_list(&t->lk, _DM_K_SPLIT, mine, (void* const*)ptrs, _DM_SPLIT_REC, DM_UINT8);
     if (ptrs != small) _dm_free(&c->allocator, ptrs);
-    if (st != DM_OK || color < 0) { _dm_free(&c->allocator, all); return st; }
+    if (st != DM_OK || color < 0) goto done;
     for (j = 0; j < W; j++) {
-        if (all[2 * j] != color) continue;
+        int cj = (int)_dm_tcp_get32(all + (size_t)j * _DM_SPLIT_REC), kj = (int)_dm_tcp_get32(all + (size_t)j * _DM_SPLIT_REC + 4);
+        if (cj != color) continue;
         new_size++;
-        if (all[2 * j + 1] < key || (all[2 * j + 1] == key && j < c->rank)) new_rank++;
+        if (kj < key || (kj == key && j < c->rank)) new_rank++;
     }
     if (strlen(t->prefix) + 40 > sizeof(t->user_prefix)) {   /* the same on every rank: nothing breaks */
-        _dm_free(&c->allocator, all);
-        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "tcp: split: groups nested too deeply (store prefix \"%s\")", t->prefix);
+        st = _DM_FAIL(c, DM_ERR_INVALID_ARG, "tcp: split: groups nested too deeply (store prefix \"%s\")", t->prefix);
+        goto done;
     }
-    /* the parent rank of each new rank, in (key, parent rank) order */
+    /* the parent rank of each new rank, in (key, parent rank) order, and its addresses */
     members = (int*)_dm_malloc(&c->allocator, sizeof(int) * (size_t)new_size);
-    if (!members) {
-        _dm_free(&c->allocator, all);
+    addrs = (char(*)[64])_dm_calloc(&c->allocator, 64 * (size_t)new_size);
+    raddrs = (char(*)[64])_dm_calloc(&c->allocator, 64 * (size_t)new_size);
+    if (!members || !addrs || !raddrs) {
         _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: split: out of memory");
-        return _dm_lk_break(&t->lk, DM_ERR_OUT_OF_MEMORY);
+        st = _dm_lk_break(&t->lk, DM_ERR_OUT_OF_MEMORY);
+        goto done;
     }
     for (j = 0; j < W; j++) {
-        int r = 0;
-        if (all[2 * j] != color) continue;
-        for (k = 0; k < W; k++)
-            if (all[2 * k] == color && (all[2 * k + 1] < all[2 * j + 1] || (all[2 * k + 1] == all[2 * j + 1] && k < j)))
-                r++;
+        const unsigned char* rj = all + (size_t)j * _DM_SPLIT_REC;
+        int r = 0, kj = (int)_dm_tcp_get32(rj + 4);
+        if ((int)_dm_tcp_get32(rj) != color) continue;
+        for (k = 0; k < W; k++) {
+            const unsigned char* rk = all + (size_t)k * _DM_SPLIT_REC;
+            int kk = (int)_dm_tcp_get32(rk + 4);
+            if ((int)_dm_tcp_get32(rk) == color && (kk < kj || (kk == kj && k < j))) r++;
+        }
         members[r] = j;
+        memcpy(addrs[r], rj + 8, 63);
+        memcpy(raddrs[r], rj + 8 + 64, 63);
+        if (!addrs[r][0] && missing < 0) missing = j;
     }
-    _dm_free(&c->allocator, all);
+    if (missing >= 0) {
+        _DM_FAIL(c, DM_ERR_NETWORK, "tcp: split #%llu (color %d): rank %d could not open its listeners (see its log)",
+                 (unsigned long long)c->seq, color, missing);
+        st = _dm_lk_break(&t->lk, DM_ERR_NETWORK);
+        goto done;
+    }
     snprintf(prefix, sizeof(prefix), "%.470ssplit%llu/%d/", t->prefix, (unsigned long long)c->seq, color);
     why[0] = 0;
     s.rank = new_rank;
     s.size = new_size;
     s.timeout_ms = c->timeout_ms;
-    s.store = t->store;
+    s.store = t->store;         /* borrowed, may be NULL: notices only */
     s.own_store = false;
     s.prefix = prefix;
     s.ifname = t->ifname;
@@ -5917,15 +5957,27 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     s.members = members;
     s.err = why;
     s.err_cap = sizeof(why);
+    s.addrs = (const char(*)[64])addrs;
+    s.raddrs = (const char(*)[64])raddrs;
+    s.lfd = lfd;
+    s.rfd = rfd;
+    lfd = rfd = -1;             /* the build's now, whatever happens */
     st = _dm_tcp_build(&s, out);
-    _dm_free(&c->allocator, members);
     if (st != DM_OK) {
         _DM_FAIL(c, st, "tcp: split #%llu (color %d, %d members) failed: %s", (unsigned long long)c->seq, color,
                  new_size, why[0] ? why : dm_status_name(st));
-        return _dm_lk_break(&t->lk, st);
+        st = _dm_lk_break(&t->lk, st);
+        goto done;
     }
     (*out)->timeout_ms = c->timeout_ms;
-    return DM_OK;
+done:
+    if (lfd >= 0) close(lfd);
+    if (rfd >= 0) close(rfd);
+    _dm_free(&c->allocator, all);
+    _dm_free(&c->allocator, members);
+    _dm_free(&c->allocator, addrs);
+    _dm_free(&c->allocator, raddrs);
+    return st;
 }
 
 /* >>tcp grow  The members call dm_grow(c, n_new, &out) at a step boundary; each newcomer calls

@@ -198,6 +198,17 @@ static dm_status one_op(dm_collective* c, int op, float* buf, size_t n) {
     default: return dm_all_reduce(c, buf, buf, n, DM_FLOAT32, DM_SUM);
     }
 }
+/* Groups still split from the shrunk one, the store host dead or not (a mesh is splits): the
+   halves by new rank parity each count their members. */
+static int split_check(dm_collective* n) {
+    dm_collective* half = NULL;
+    int32_t one = 1;
+    int bad, expect = (dm_world_size(n) + (dm_rank(n) % 2 == 0)) / 2;
+    if (dm_split(n, dm_rank(n) % 2, 0, &half) != DM_OK) return 1;
+    bad = dm_all_reduce(half, &one, &one, 1, DM_INT32, DM_SUM) != DM_OK || one != expect;
+    dm_destroy(half);
+    return bad;
+}
 /* After the shrink: the group's sum of (old rank + 1) and its members, gathered. Reports
    "<old rank> S <status> <size> <new rank> <sum or -check> <members...>" in one write (the
    ranks share the pipe; a write of at most PIPE_BUF bytes is never interleaved). */
@@ -209,6 +220,7 @@ static void report_group(int fd, const char* lead, dm_collective* n, int r, dm_s
     if (st == DM_OK) {
         check = dm_all_reduce(n, &v, &v, 1, DM_INT32, DM_SUM) == DM_OK ? 0 : 2;
         if (check == 0 && members_of(n, r, members)) check = 3;
+        if (check == 0 && split_check(n)) check = 4;
     }
     len = (size_t)snprintf(line, sizeof(line), "%s%d S %d %d %d %d", lead, r, (int)st, st == DM_OK ? dm_world_size(n) : 0,
                            st == DM_OK ? dm_rank(n) : -1, check ? -check : (int)v);
