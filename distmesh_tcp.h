@@ -3189,7 +3189,7 @@ typedef struct dm_tcp_desc {
                                    running group under prefix through the store as a newcomer of
                                    the members' next dm_grow, in arrival order (rank and
                                    world_size are ignored and assigned; transport, sockets and
-                                   chunk size are the group's). README "Survive a lost rank". */
+                                   chunk size are the group's). README "Grow back". */
 } dm_tcp_desc;
 
 /* Collective call over all world_size ranks. Fails with *out == NULL. */
