@@ -376,9 +376,18 @@ static int member_shrink_grow(int rank, void* arg) {
     PCHECK(dm_rank(sh) == rank && dm_world_size(sh) == 2);
     bad = check_all_reduce(sh) || grow_checked(sh, 1, &g) || move_state(g, 9) || check_all_reduce(g);
     dm_destroy(sh);
-    if (!bad && rank == 0) printf("  3 ranks, rank 2 left (dm_shrink), a new process took rank 2 (dm_grow): correct\n");
-    if (!bad) bad = dm_barrier(g) != DM_OK;     /* rank 0's store serves until everyone is done */
+    if (bad) { dm_destroy(g); return 1; }
+    /* the grown group shrinks too: rank 1 leaves, rank 0 and the newcomer stay */
+    gone = 1;
+    if (rank == 1) { dm_destroy(g); return 0; }
+    PST(g, dm_shrink(g, &gone, 1, DM_SHRINK_DEFAULT, &sh));
     dm_destroy(g);
+    PCHECK(dm_rank(sh) == 0 && dm_world_size(sh) == 2);
+    bad = check_all_reduce(sh) || move_state(sh, 10);
+    if (!bad && rank == 0) printf("  3 ranks, rank 2 left (dm_shrink), a new process took rank 2 (dm_grow), then rank 1 "
+                                  "left (dm_shrink of the grown group): correct\n");
+    if (!bad) bad = dm_barrier(sh) != DM_OK;    /* rank 0's store serves until everyone is done */
+    dm_destroy(sh);
     return bad;
 }
 static int newcomer_shrink_grow(int index, void* arg) {
@@ -394,7 +403,15 @@ static int newcomer_shrink_grow(int index, void* arg) {
     d.join = 1;
     PST(g, dm_tcp_create(&d, &g));
     PCHECK(dm_rank(g) == 2 && dm_world_size(g) == 3);
-    bad = move_state(g, 9) || check_all_reduce(g) || dm_barrier(g) != DM_OK;
+    bad = move_state(g, 9) || check_all_reduce(g);
+    if (!bad) {
+        dm_collective* sh = NULL;
+        int gone = 1;
+        PST(g, dm_shrink(g, &gone, 1, DM_SHRINK_DEFAULT, &sh));
+        PCHECK(dm_rank(sh) == 1 && dm_world_size(sh) == 2);
+        bad = check_all_reduce(sh) || move_state(sh, 10) || dm_barrier(sh) != DM_OK;
+        dm_destroy(sh);
+    }
     dm_destroy(g);
     return bad;
 }
