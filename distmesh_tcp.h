@@ -5940,8 +5940,11 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     s.rank = new_rank;
     s.size = new_size;
     s.timeout_ms = c->timeout_ms;
-    s.store = t->store;         /* borrowed, may be NULL: notices only */
-    s.own_store = false;
+    /* may be NULL: notices and dm_grow only. A handle of its own (reference counted): the new
+       group may outlive this one */
+    s.store = NULL;
+    if (t->store && dm_store_clone_prefixed(t->store, "", &s.store) != DM_OK) s.store = NULL;
+    s.own_store = s.store != NULL;
     s.prefix = prefix;
     s.ifname = t->ifname;
     s.token = t->token;

@@ -428,6 +428,33 @@ static void test_grow_after_shrink(void** s) {
     assert_int_equal(reap(60), 0);
 }
 
+/* ---- a split group outlives its parent and still reaches the store: dm_grow on it after the
+   parent is destroyed fails cleanly by its deadline (no newcomer), then the group works -------- */
+static int member_split_orphan(int rank, void* arg) {
+    dm_collective *c = NULL, *sub = NULL, *g = NULL;
+    dm_tcp_desc d;
+    dm_status st;
+    (void)arg;
+    make_desc(&d, rank, 2);
+    PST(c, dm_tcp_create(&d, &c));
+    PST(c, dm_split(c, 0, rank, &sub));
+    dm_destroy(c);                      /* the world owned the store; sub has its own handle */
+    PST(sub, dm_set_timeout(sub, 800));
+    st = dm_grow(sub, 1, &g);
+    PCHECK(st == DM_ERR_TIMEOUT && g == NULL);
+    PST(sub, dm_set_timeout(sub, 20000));
+    PCHECK(check_all_reduce(sub) == 0);
+    dm_destroy(sub);
+    return 0;
+}
+static void test_grow_split_after_parent_destroyed(void** s) {
+    (void)s;
+    new_run();
+    spawn("member", 0, member_split_orphan, NULL, 30);
+    spawn("member", 1, member_split_orphan, NULL, 30);
+    assert_int_equal(reap(30), 0);
+}
+
 /* ---- a launched newcomer: dm_init with DISTMESH_JOIN=1, DISTMESH_STORE, the default prefix -- */
 static int member_env(int rank, void* arg) {
     dm_collective *c = NULL, *g = NULL;
@@ -611,6 +638,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_grow_newcomer_never_comes),
         cmocka_unit_test(test_grow_wrong_token),
         cmocka_unit_test(test_grow_after_shrink),
+        cmocka_unit_test(test_grow_split_after_parent_destroyed),
         cmocka_unit_test(test_grow_join_env),
         cmocka_unit_test(test_join_without_grow),
         cmocka_unit_test(test_grow_bad_args),
