@@ -1,4 +1,4 @@
-# dm_grow on the TCP backend (README "Survive a lost rank"): members and newcomer processes on
+# dm_grow on the TCP backend (README "Grow back: dm_grow"): members and newcomer processes on
 # loopback through a TCP store, and the elastic example (examples/ddp_overlap.c --elastic / --rejoin).
 ifneq ($(wildcard distmesh_tcp.h),)
 GROW_TEST_BINS := $(BUILD)/grow/test_grow
