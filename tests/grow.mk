@@ -1,5 +1,6 @@
 # dm_grow on the TCP backend (README "Grow back: dm_grow"): members and newcomer processes on
-# loopback through a TCP store, and the elastic example (examples/ddp_overlap.c --elastic / --rejoin).
+# loopback through a file store (one test: a TCP store hosted by member rank 0), and the elastic
+# example (examples/ddp_overlap.c --elastic / --rejoin).
 ifneq ($(wildcard distmesh_tcp.h),)
 GROW_TEST_BINS := $(BUILD)/grow/test_grow
 TEST_BINS += $(GROW_TEST_BINS)
