@@ -18,8 +18,10 @@
        reduce_scatter  ring (in place: one extra block of recv_count elements)
        broadcast       pipelined chain from any root, forwarding bytes as they arrive
        barrier         dissemination
-       split           all_gather of (color, key), then a new TCP collective over the members
-                       through the same store under "<prefix>split<seq>/<color>/"
+       split           all_gather of (color, key, listener addresses), then the members
+                       connect to each other directly: no store (>>tcp split)
+       shrink          the survivors connect at their recovery listeners, agree on who is
+                       gone, keep the shared-memory segment: no store (>>tcp shrink)
    MEAN is SUM followed by dm_divide_local on the reduced block before it is gathered.
 
    QUICK START (every rank; RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT as torchrun sets them)
@@ -50,10 +52,10 @@
    starts with a 32-byte fingerprint (op, dtype, count, root, reduce op, sequence) compared with
    the neighbour's: DM_ERR_MISMATCH with both descriptions. After any communication failure the
    collective is broken and every later call fails at once -- DM_ERR_PEER_LOST after a peer was
-   lost, DM_ERR_ABORTED after anything else; destroy it. Create and split fail the same way:
-   their store requests end by their deadline (desc.timeout_ms; a split runs on the parent's
-   dm_set_timeout), a member that dies meanwhile gives DM_ERR_PEER_LOST (>>tcp watch), and a
-   failed split breaks the parent. A data listener serves every pending hello at once, each
+   lost, DM_ERR_ABORTED after anything else; destroy it, or go on without the lost ranks with
+   dm_shrink (>>tcp shrink). Create and split fail the same way: their waits end by their
+   deadline (desc.timeout_ms; a split runs on the parent's dm_set_timeout), a member that dies
+   meanwhile gives DM_ERR_PEER_LOST (>>tcp watch), and a failed split breaks the parent. A data listener serves every pending hello at once, each
    connection with its own 5 s, at most 64 at a time (>>tcp hello).
    SIGPIPE is never raised (MSG_NOSIGNAL).
 
@@ -6319,15 +6321,20 @@ fail:
         same set. A rank that dies after the agreement stays a member: the new group's first
         call fails with DM_ERR_PEER_LOST on every survivor, and a second shrink removes it.
    Frames (little-endian): magic "DMSK", kind u32 (1 set, 2 coordinator's set), from u32,
-   world u32, then the set as a bitmap of world bits. The new group keeps these connections
-   (a break ends the parent's sockets, and they may hold half an aborted message), serves the
-   parent's recovery listener as its own listener, opens a new recovery listener (announced
-   with the host identities, _dm_tcp_hosts) and takes over the parent's store. Shared memory
+   world u32, the sender's new recovery listener (64 bytes, opened before the agreement), then
+   the set as a bitmap of world bits. Nothing after the agreement talks: the new group is the
+   parent's layout without the gone ranks (host identities do not change), keeps these
+   connections (a break ends the parent's sockets, and they may hold half an aborted message),
+   serves the parent's recovery listener as its own listener, knows the members' new recovery
+   listeners from their frames and takes over the parent's store. So every survivor that
+   finishes the agreement returns the same group, even when a rank dies right after it. Shared memory
    keeps the parent's segment, already mapped and faulted in: before the agreement each rank
    publishes, on every ring it writes, where the old stream stopped (_dm_ring.stop, with the new
    group's epoch); after it, each reader skips to that point, so whatever an aborted call left
    in a ring is dropped and the new stream starts clean, and the group takes the segment's next
-   abort word (8 in all; past them, and where the parent had no segment, it sets up a new one).
+   abort word (8 in all; past them, and where the parent had no segment, it sets up a new one,
+   which talks: a death during that setup fails it on some ranks only, as does one during the
+   extra sockets' setup with several sockets per peer).
    The parent can only be destroyed afterwards. */
 #define _DM_SHRINK_MAGIC 0x4b534d44u    /* "DMSK" */
 #define _DM_SHRINK_PROBE_MS 50
@@ -6425,10 +6432,12 @@ static dm_status _dm_tcp_shrink_start(_dm_tcp* p, _dm_tcp** out) {
     n->group = _dm_tcp_hash(1, n->prefix, NULL);
     n->fds = (int*)_dm_malloc(&c->allocator, sizeof(int) * (size_t)W * (size_t)n->nsock);
     n->addrs = (char(*)[64])_dm_calloc(&c->allocator, 64 * (size_t)W);
-    if (!n->fds || !n->addrs) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: shrink: out of memory");
+    n->raddrs = (char(*)[64])_dm_calloc(&c->allocator, 64 * (size_t)W);
+    if (!n->fds || !n->addrs || !n->raddrs) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: shrink: out of memory");
     for (j = 0; j < W * n->nsock; j++) n->fds[j] = -1;
     n->claims = n->fds;
     memcpy(n->addrs, p->raddrs, 64 * (size_t)W);
+    _DM_TRY(_dm_tcp_listen(n, &n->self_sa, &n->rfd, n->raddrs[c->rank]));   /* the new group's */
     n->lfd = p->rfd;
     p->rfd = -1;
     n->serving = true;
@@ -6443,6 +6452,8 @@ static dm_status _dm_tcp_shrink_connect(_dm_tcp* n, bool* dead, int64_t deadline
     int64_t next_probe = _dm_now_ms();
     struct pollfd p[1 + _DM_TCP_HS_MAX];
     dm_status st;
+    for (j = 0; j < W; j++)         /* a member that died before it announced one (see the agreement) */
+        if (!n->addrs[j][0]) dead[j] = true;
     for (j = 0; j < me; j++) {
         if (dead[j]) continue;
         if (_dm_tcp_probe(n, j) < 0) { dead[j] = true; continue; }  /* a recovery listener is never late */
@@ -6485,23 +6496,27 @@ static bool _dm_tcp_shrink_io(_dm_tcp* n, int j, unsigned char* f, size_t len, b
     return out || (_dm_tcp_get32(f) == _DM_SHRINK_MAGIC && _dm_tcp_get32(f + 4) == kind &&
                    _dm_tcp_get32(f + 8) == (uint32_t)j && _dm_tcp_get32(f + 12) == (uint32_t)n->base.size);
 }
+#define _DM_SHRINK_SET 80            /* the bitmap's offset in a frame */
 static void _dm_tcp_shrink_frame(const _dm_tcp* n, unsigned char* f, uint32_t kind, const bool* set) {
     int W = n->base.size, j;
     _dm_tcp_put32(f, _DM_SHRINK_MAGIC);
     _dm_tcp_put32(f + 4, kind);
     _dm_tcp_put32(f + 8, (uint32_t)n->base.rank);
     _dm_tcp_put32(f + 12, (uint32_t)W);
-    memset(f + 16, 0, ((size_t)W + 7) / 8);
+    memcpy(f + 16, n->raddrs[n->base.rank], 64);
+    memset(f + _DM_SHRINK_SET, 0, ((size_t)W + 7) / 8);
     for (j = 0; j < W; j++)
-        if (set[j]) f[16 + j / 8] |= (unsigned char)(1u << (j % 8));
+        if (set[j]) f[_DM_SHRINK_SET + j / 8] |= (unsigned char)(1u << (j % 8));
 }
-static bool _dm_tcp_shrink_bit(const unsigned char* f, int j) { return (f[16 + j / 8] >> (j % 8)) & 1u; }
+static bool _dm_tcp_shrink_bit(const unsigned char* f, int j) {
+    return (f[_DM_SHRINK_SET + j / 8] >> (j % 8)) & 1u;
+}
 
 /* The agreement (see above): on return gone[] is the set every survivor holds. up[j]: this
    rank's connection to j still works. */
 static dm_status _dm_tcp_shrink_agree(_dm_tcp* n, bool* gone, int64_t deadline) {
     int W = n->base.size, me = n->base.rank, j, k;
-    size_t len = 16 + ((size_t)W + 7) / 8;
+    size_t len = _DM_SHRINK_SET + ((size_t)W + 7) / 8;
     unsigned char* f = (unsigned char*)_dm_malloc(&n->base.allocator, len);
     bool* up = (bool*)_dm_calloc(&n->base.allocator, sizeof(bool) * (size_t)W);
     bool timed_out = false;
@@ -6518,6 +6533,7 @@ static dm_status _dm_tcp_shrink_agree(_dm_tcp* n, bool* gone, int64_t deadline) 
     for (j = 0; j < W && !timed_out; j++) {
         if (!up[j]) continue;
         if (!_dm_tcp_shrink_io(n, j, f, len, false, 1, deadline, &timed_out)) { up[j] = false; continue; }
+        memcpy(n->raddrs[j], f + 16, 63);
         for (k = 0; k < W; k++) gone[k] = gone[k] || _dm_tcp_shrink_bit(f, k);
     }
     for (j = 0; j < W; j++) gone[j] = gone[j] || (j != me && !up[j]);
@@ -6549,17 +6565,19 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, _dm_tcp* p, const bool* gone,
     int *fds, *old_of;
     dm_status st;
     char(*addrs)[64];
+    char(*raddrs)[64];
     if (gone[me])
         return _DM_FAIL(&n->base, DM_ERR_ABORTED, "tcp: shrink: the survivors left rank %d out (it was excluded, "
                         "or seen as dead by the others)", me);
     for (j = 0; j < W; j++) N += !gone[j];
     fds = (int*)_dm_malloc(a, sizeof(int) * (size_t)N * (size_t)n->nsock);
     addrs = (char(*)[64])_dm_calloc(a, 64 * (size_t)N);
-    n->raddrs = (char(*)[64])_dm_calloc(a, 64 * (size_t)N);
+    raddrs = (char(*)[64])_dm_calloc(a, 64 * (size_t)N);
     old_of = (int*)_dm_malloc(a, sizeof(int) * (size_t)N);
-    if (!fds || !addrs || !n->raddrs || !old_of) {
+    if (!fds || !addrs || !raddrs || !old_of) {
         _dm_free(a, fds);
         _dm_free(a, addrs);
+        _dm_free(a, raddrs);
         _dm_free(a, old_of);
         return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: shrink: out of memory");
     }
@@ -6573,23 +6591,48 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, _dm_tcp* p, const bool* gone,
         old_of[k] = j;
         fds[k] = n->fds[j];
         memcpy(addrs[k], n->addrs[j], 64);
+        memcpy(raddrs[k], n->raddrs[j], 64);
         k++;
     }
     _dm_free(a, n->fds);
     _dm_free(a, n->addrs);
+    _dm_free(a, n->raddrs);
     n->fds = n->claims = fds;
     n->addrs = addrs;
+    n->raddrs = raddrs;
     n->base.size = N;
     me = n->base.rank;
     st = _dm_tcp_shrink_build(n, p, old_of, deadline);
     _dm_free(a, old_of);
     return st;
 }
+/* The parent's layout without the gone ranks: host_of (the lowest member on each host), the
+   layout, local rank and size, the node name. */
+static dm_status _dm_tcp_shrink_hosts(_dm_tcp* n, const _dm_tcp* p, const int* old_of) {
+    int N = n->base.size, me = n->base.rank, j, k;
+    n->host_of = (int*)_dm_malloc(&n->base.allocator, sizeof(int) * (size_t)N);
+    if (!n->host_of) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+    n->base.local_rank = 0;
+    n->base.local_size = 0;
+    for (j = 0; j < N; j++) {
+        int h = p->lk.lay.host_of[old_of[j]];
+        for (k = 0; p->lk.lay.host_of[old_of[k]] != h; k++) {}
+        n->host_of[j] = k;
+    }
+    for (j = 0; j < N; j++) {
+        if (n->host_of[j] != n->host_of[me]) continue;
+        if (j < me) n->base.local_rank++;
+        n->base.local_size++;
+    }
+    _dm_copy_name(n->base.node_name, sizeof(n->base.node_name), p->base.node_name);
+    _dm_lk_set_hosts(&n->lk, n->host_of);
+    _dm_lk_set_policy(&n->lk, n->base.local_size);
+    return DM_OK;
+}
 /* The renumbered group's links, listener, layout, shared memory and extra sockets. */
 static dm_status _dm_tcp_shrink_build(_dm_tcp* n, _dm_tcp* p, const int* old_of, int64_t deadline) {
     dm_allocator* a = &n->base.allocator;
     int N = n->base.size, me = n->base.rank, j;
-    _DM_ZERO(_dm_tcp_setup, s);
     _DM_TRY(_dm_lk_init(&n->lk, &n->base, "tcp", p->lk.chunk));
     n->lk.notice_post = _dm_tcp_notice_post;
     n->lk.notice_read = _dm_tcp_notice_read;
@@ -6599,14 +6642,14 @@ static dm_status _dm_tcp_shrink_build(_dm_tcp* n, _dm_tcp* p, const int* old_of,
     n->lk.hangup = _dm_tcp_lk_hangup;
     for (j = 0; j < N; j++)
         if (j != me) _DM_TRY(_dm_tcp_add_link(n, j));
-    _DM_TRY(_dm_tcp_listen(n, &n->self_sa, &n->rfd, n->raddrs[me]));
-    _DM_TRY(_dm_tcp_hosts(n, &s));
+    _DM_TRY(_dm_tcp_shrink_hosts(n, p, old_of));
     n->want = (bool*)_dm_calloc(a, sizeof(bool) * (size_t)N);
     if (!n->want) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
     _DM_TRY(_dm_lk_peers(&n->lk, n->want));
     /* the same choice on every rank: the vote and the slot are the parent group's */
     if (p->shm_vote == 2 && p->shm_slot + 1 < _DM_SHM_ABORTS) _DM_TRY(_dm_tcp_shrink_shm(n, p, old_of, deadline));
-    else _DM_TRY(_dm_tcp_shm_for_host(n));
+    else if (p->shm_vote == 2) _DM_TRY(_dm_tcp_shm_for_host(n));   /* a new segment (this talks) */
+    else n->shm_vote = p->shm_vote;     /* sockets, as in the parent */
     _DM_TRY(_dm_tcp_more_sockets(n, deadline));
     _dm_tcp_serve_trim(n);
     return DM_OK;
