@@ -3187,6 +3187,11 @@ typedef struct dm_tcp_desc {
                                    socket). Messages are striped over them in 256 KiB pieces, for
                                    networks that cap each flow (README "Several sockets per peer").
                                    Every rank must be given the same. */
+    int join;                   /* 0 -> DISTMESH_JOIN (1: join), else create: nonzero joins the
+                                   running group under prefix through the store as a newcomer of
+                                   the members' next dm_grow, in arrival order (rank and
+                                   world_size are ignored and assigned; transport, sockets and
+                                   chunk size are the group's). README "Grow back". */
 } dm_tcp_desc;
 
 /* Collective call over all world_size ranks. Fails with *out == NULL. */
@@ -3301,7 +3306,8 @@ typedef struct _dm_tcp {
     struct dm_store* rdv;       /* a clone of store whose requests end by rdv_deadline */
     int64_t rdv_deadline;
     const struct _dm_tcp* parent; /* split: the group being split */
-    const int* members;         /* split: the parent rank of each rank of this group */
+    const int* members;         /* split: the parent rank of each rank of this group (grow: -1
+                                   for a newcomer) */
     /* the listener, open for the group's life: peers outside P connect on demand (>>tcp lazy) */
     int lfd;
     /* the recovery listener, never served by collectives and never closed by a break, only by
@@ -4027,7 +4033,7 @@ static int _dm_tcp_watch_fill(const _dm_tcp* t, struct pollfd* p) {
     }
     if (t->parent && t->members)
         for (j = 0; j < t->base.size; j++) {
-            int fd = j == t->base.rank ? -1 : t->parent->fds[t->members[j]];
+            int fd = j == t->base.rank || t->members[j] < 0 ? -1 : t->parent->fds[t->members[j]];
             if (fd < 0) continue;
             p[n].fd = fd; p[n].events = _DM_POLLRDHUP; p[n].revents = 0; n++;
         }
@@ -4044,7 +4050,7 @@ static dm_status _dm_tcp_watch_check(_dm_tcp* t, const struct pollfd* p, int n) 
                                 "before the group was built (it died, or its setup failed: see its log)", j,
                                 t->addrs[j]);
         for (j = 0; t->parent && t->members && j < t->base.size; j++)
-            if (j != t->base.rank && t->parent->fds[t->members[j]] == p[k].fd)
+            if (j != t->base.rank && t->members[j] >= 0 && t->parent->fds[t->members[j]] == p[k].fd)
                 return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: split: rank %d of the parent group (%s), "
                                 "rank %d of the new one, is gone: its parent connection closed during the "
                                 "split (it died, or its split failed: see its log)", t->members[j],
@@ -4858,6 +4864,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
 static void _dm_tcp_destroy(dm_collective* c) { _dm_tcp_free((_dm_tcp*)c); }
 
 static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collective** out);
+static dm_status _dm_tcp_grow(dm_collective* c, int n_new, dm_collective** out);
 static dm_status _dm_tcp_shrink(dm_collective* c, const bool* excluded, int flags, dm_collective** out);
 static void _dm_tcp_interrupt(dm_collective* c);
 
@@ -5083,7 +5090,7 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     NULL,                            /* start */
     NULL,                            /* finish */
     _dm_tcp_shrink,                  /* shrink */
-    NULL,                            /* grow */
+    _dm_tcp_grow,                    /* grow: newcomers join through the store (>>tcp grow) */
     _dm_tcp_interrupt,               /* interrupt */
 };
 
@@ -5759,20 +5766,27 @@ static dm_status _dm_tcp_parse_sockets(int given, int* out, char* err, size_t ca
     return DM_ERR_ENV;
 }
 
+static dm_status _dm_tcp_join(_dm_tcp_setup* s, dm_collective** out);
+static dm_status _dm_tcp_join_flag(int given, bool* out, char* err, size_t cap);
+
 DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_tcp_desc, d);
     _DM_ZERO(_dm_tcp_setup, s);
     char err[DM_LAST_ERROR_SIZE], url[320], host[256];
     dm_env env;
     dm_status st;
+    bool join = false;
     if (!out) return DM_ERR_INVALID_ARG;
     *out = NULL;
     if (desc) d = *desc;
     if (!_dm_allocator_valid(&d.allocator))
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG,
                           "tcp: allocator needs both alloc_fn and free_fn, or neither");
+    st = _dm_tcp_join_flag(d.join, &join, err, sizeof(err));
+    if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
     st = dm_env_detect(&env);
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, env.error);
+    if (join) { d.world_size = 1; d.rank = 0; }    /* assigned by the grow (>>tcp grow) */
     if (d.world_size == 0) { d.world_size = env.world_size; d.rank = env.rank; }
     if (d.world_size < 1 || d.rank < 0 || d.rank >= d.world_size)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG,
@@ -5798,7 +5812,7 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     s.allocator = d.allocator;
     s.route_host = env.master_addr[0] ? env.master_addr : NULL;
     /* the launcher's local rank and size, when the desc's rank is the launcher's */
-    s.env_local = env.local_from_launcher && d.rank == env.rank && d.world_size == env.world_size;
+    s.env_local = !join && env.local_from_launcher && d.rank == env.rank && d.world_size == env.world_size;
     s.env_local_rank = env.local_rank;
     s.env_local_size = env.local_world_size;
     s.store = d.store;
@@ -5829,7 +5843,7 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
             s.route_host = host;
         }
         sd.url = url;
-        sd.is_server = strncmp(url, "tcp://", 6) == 0 &&
+        sd.is_server = !join && strncmp(url, "tcp://", 6) == 0 &&
                        (from_launch ? launch_server : d.rank == 0 && !(agent && strcmp(agent, "True") == 0));
         sd.timeout_ms = s.timeout_ms;
         sd.token = s.token ? s.token : "";    /* the same token guards the store */
@@ -5840,7 +5854,7 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
             return _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp: cannot open the store %s", url);
         s.own_store = true;
     }
-    return _dm_tcp_build(&s, out);
+    return join ? _dm_tcp_join(&s, out) : _dm_tcp_build(&s, out);
 }
 
 /* >>tcp split  Each member opens its listeners first (on the parent's address), then every rank
@@ -5928,8 +5942,11 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     s.rank = new_rank;
     s.size = new_size;
     s.timeout_ms = c->timeout_ms;
-    s.store = t->store;         /* borrowed, may be NULL: notices only */
-    s.own_store = false;
+    /* may be NULL: notices and dm_grow only. A handle of its own (reference counted): the new
+       group may outlive this one */
+    s.store = NULL;
+    if (t->store && dm_store_clone_prefixed(t->store, "", &s.store) != DM_OK) s.store = NULL;
+    s.own_store = s.store != NULL;
     s.prefix = prefix;
     s.ifname = t->ifname;
     s.token = t->token;
@@ -5966,6 +5983,324 @@ done:
     _dm_free(&c->allocator, addrs);
     _dm_free(&c->allocator, raddrs);
     return st;
+}
+
+/* >>tcp grow  The members call dm_grow(c, n_new, &out) at a step boundary; each newcomer calls
+   dm_tcp_create with desc.join (or DISTMESH_JOIN=1) and desc.prefix the group's user prefix
+   (the world's desc.prefix; a grown or shrunk group keeps its parent's). They meet in the
+   group's store under "<prefix>grow/":
+     ticket    a counter the newcomers take in arrival order: newcomer k holds ticket k
+     seated    a counter member rank 0 takes one number of per seat it places
+     seat/<k>  placed by member rank 0 for ticket k: "<round> <size> <rank> <transport>
+               <sockets> <chunk>"; the newcomer holding ticket k reads it, deletes it and joins.
+               "void" marks a ticket given up (a newcomer whose deadline passed, or a seat the
+               members took back after a failed grow): both sides skip it.
+   The round is the number of the first seat tried: unique under the prefix, so each grow's
+   rendezvous, under "<prefix>grow<round>/" (used once, like split), is fresh however often the
+   group grows. Member rank 0 places the seats, then an all-gather over c gives every member the
+   round and checks that all asked for the same n_new. Then members and newcomers build the new
+   group: a full rendezvous (new connections, the hello's token check for everyone); members
+   keep their ranks, newcomers take size .. size + n_new - 1 in ticket order. Deadlines: the
+   members' is c's timeout (a newcomer that never comes: DM_ERR_TIMEOUT naming its rank), a
+   newcomer's is desc.timeout_ms for its seat and again for the rendezvous. A failed grow
+   leaves c usable; member rank 0 takes back the seats not read yet. What stays in the store:
+   the two counters per prefix, and a "void" key per ticket given up. */
+#define _DM_TCP_GROW_MAGIC 0x57524744   /* "DGRW": the members' all-gather of a grow */
+#define _DM_TCP_GROW_FIELDS 5           /* magic, n_new, rank 0's status, round low, round high */
+
+static void _dm_tcp_grow_key(char* key, size_t cap, const char* user_prefix, const char* name, long long k) {
+    if (k < 0) snprintf(key, cap, "%.480sgrow/%s", user_prefix, name);
+    else snprintf(key, cap, "%.480sgrow/%s/%lld", user_prefix, name, k);
+}
+static void _dm_tcp_seat_value(const _dm_tcp* t, long long round, int size, int rank, char* out, size_t cap) {
+    snprintf(out, cap, "%lld %d %d %d %d %llu", round, size, rank, t->transport, t->nsock,
+             (unsigned long long)t->lk.chunk);
+}
+
+static void _dm_tcp_grow_revoke(_dm_tcp* t, dm_store* g, const int64_t* seats, int n_placed, int64_t round,
+                                int n_new);
+/* Member rank 0: places n_new seats on the next tickets (seats[i] for rank size + i) and
+   returns the round. A ticket already "void" is skipped. A failure takes back what it placed. */
+static dm_status _dm_tcp_grow_place(_dm_tcp* t, dm_store* g, int n_new, int64_t* seats, int64_t* round, int* placed_n);
+static dm_status _dm_tcp_grow_open(_dm_tcp* t, dm_store* g, int n_new, int64_t* seats, int64_t* round) {
+    int placed = 0;
+    dm_status st = _dm_tcp_grow_place(t, g, n_new, seats, round, &placed);
+    if (st != DM_OK) _dm_tcp_grow_revoke(t, g, seats, placed, *round, n_new);
+    return st;
+}
+static dm_status _dm_tcp_grow_place(_dm_tcp* t, dm_store* g, int n_new, int64_t* seats, int64_t* round, int* placed_n) {
+    char key[600], val[128];
+    int i = 0;
+    *round = -1;
+    while (i < n_new) {
+        int64_t k = 0;
+        void* held = NULL;
+        size_t held_n = 0, n;
+        bool placed;
+        dm_status st;
+        _dm_tcp_grow_key(key, sizeof(key), t->user_prefix, "seated", -1);
+        if ((st = dm_store_add(g, key, 1, &k)) != DM_OK)
+            return _DM_FAIL(&t->base, st, "tcp: grow: store add \"%s\" failed: %s", key, dm_store_last_error(g));
+        if (*round < 0) *round = k - 1;
+        _dm_tcp_seat_value(t, (long long)*round, t->base.size + n_new, t->base.size + i, val, sizeof(val));
+        _dm_tcp_grow_key(key, sizeof(key), t->user_prefix, "seat", (long long)(k - 1));
+        n = strlen(val);
+        if ((st = dm_store_compare_set(g, key, "", 0, val, n, &held, &held_n)) != DM_OK)
+            return _DM_FAIL(&t->base, st, "tcp: grow: store compare_set \"%s\" failed: %s", key, dm_store_last_error(g));
+        placed = held_n == n && memcmp(held, val, n) == 0;
+        dm_store_free(g, held);
+        if (placed) *placed_n = ++i, seats[i - 1] = k - 1;
+    }
+    return DM_OK;
+}
+
+/* Member rank 0 after a failed grow: seats nobody read become "void" (a seat already read is
+   gone from the store, and compare_set then writes nothing). */
+static void _dm_tcp_grow_revoke(_dm_tcp* t, dm_store* g, const int64_t* seats, int n_placed, int64_t round,
+                                int n_new) {
+    char key[600], val[128];
+    int i;
+    g->timeout_ms = _DM_TCP_NOTICE_MS;      /* bounded: the store may be what failed */
+    for (i = 0; i < n_placed; i++) {
+        void* held = NULL;
+        size_t held_n = 0;
+        _dm_tcp_seat_value(t, (long long)round, t->base.size + n_new, t->base.size + i, val, sizeof(val));
+        _dm_tcp_grow_key(key, sizeof(key), t->user_prefix, "seat", (long long)seats[i]);
+        if (dm_store_compare_set(g, key, val, strlen(val), "void", 4, &held, &held_n) == DM_OK) dm_store_free(g, held);
+    }
+}
+
+/* The members' all-gather: every member's n_new, and rank 0's status and round. */
+static dm_status _dm_tcp_grow_agree(_dm_tcp* t, int n_new, dm_status opened, int64_t* round) {
+    dm_collective* c = &t->base;
+    int32_t mine[_DM_TCP_GROW_FIELDS];
+    int32_t* all;
+    void* small[16];
+    void** ptrs = small;
+    int W = c->size, j;
+    dm_status st;
+    all = (int32_t*)_dm_malloc(&c->allocator, sizeof(int32_t) * _DM_TCP_GROW_FIELDS * (size_t)W);
+    if (W > 16) ptrs = (void**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)W);
+    if (!all || !ptrs) {
+        _dm_free(&c->allocator, all);
+        if (ptrs != small) _dm_free(&c->allocator, ptrs);
+        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: grow: out of memory");
+    }
+    mine[0] = (int32_t)_DM_TCP_GROW_MAGIC;
+    mine[1] = n_new;
+    mine[2] = (int32_t)opened;
+    mine[3] = (int32_t)(uint32_t)((uint64_t)*round & 0xffffffffu);
+    mine[4] = (int32_t)(uint32_t)((uint64_t)*round >> 32);
+    for (j = 0; j < W; j++) ptrs[j] = all + _DM_TCP_GROW_FIELDS * j;
+    /* the split kind with another count: a grow that meets a split is a mismatch on both */
+    st = _dm_lk_all_gather_list(&t->lk, _DM_K_SPLIT, mine, (void* const*)ptrs, _DM_TCP_GROW_FIELDS, DM_INT32);
+    if (ptrs != small) _dm_free(&c->allocator, ptrs);
+    for (j = 0; st == DM_OK && j < W; j++) {
+        const int32_t* a = all + _DM_TCP_GROW_FIELDS * j;
+        if (a[0] != (int32_t)_DM_TCP_GROW_MAGIC || a[1] != n_new)
+            st = _DM_FAIL(c, DM_ERR_INVALID_ARG, "tcp: grow: rank %d asked for %d newcomers, rank %d for %d (every "
+                          "member must pass the same n_new)", c->rank, n_new, j, a[0] == (int32_t)_DM_TCP_GROW_MAGIC ?
+                          a[1] : -1);
+    }
+    if (st == DM_OK && all[2] != DM_OK)
+        st = c->rank == 0 ? opened : _DM_FAIL(c, (dm_status)all[2], "tcp: grow: member rank 0 could not place the "
+                                              "newcomers' seats in the store (%s; see rank 0's log)",
+                                              dm_status_name((dm_status)all[2]));
+    if (st == DM_OK) *round = (int64_t)(((uint64_t)(uint32_t)all[4] << 32) | (uint64_t)(uint32_t)all[3]);
+    _dm_free(&c->allocator, all);
+    return st;
+}
+
+static dm_status _dm_tcp_grow(dm_collective* c, int n_new, dm_collective** out) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    int W = c->size, j;
+    int64_t round = -1;
+    int64_t* seats = NULL;
+    int* members = NULL;
+    dm_store* g = NULL;
+    char prefix[512], why[DM_LAST_ERROR_SIZE];
+    dm_status st, opened = DM_OK;
+    _DM_ZERO(_dm_tcp_setup, s);
+    *out = NULL;
+    _DM_TRY(_dm_tcp_check_broken(t, "grow"));
+    if (!t->store) return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "tcp: grow needs the group's store, which is gone");
+    seats = (int64_t*)_dm_calloc(&c->allocator, sizeof(int64_t) * (size_t)n_new);
+    members = (int*)_dm_malloc(&c->allocator, sizeof(int) * (size_t)(W + n_new));
+    if (!seats || !members || dm_store_clone_prefixed(t->store, "", &g) != DM_OK) {
+        st = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: grow: out of memory");
+        goto done;
+    }
+    g->timeout_ms = c->timeout_ms;          /* the members' deadline, not the store's own */
+    if (c->rank == 0) opened = _dm_tcp_grow_open(t, g, n_new, seats, &round);
+    if ((st = _dm_tcp_grow_agree(t, n_new, opened, &round)) != DM_OK) {
+        if (c->rank == 0 && opened == DM_OK) _dm_tcp_grow_revoke(t, g, seats, n_new, round, n_new);
+        goto done;
+    }
+    for (j = 0; j < W + n_new; j++) members[j] = j < W ? j : -1;
+    snprintf(prefix, sizeof(prefix), "%.470sgrow%lld/", t->user_prefix, (long long)round);
+    why[0] = 0;
+    s.rank = c->rank;
+    s.size = W + n_new;
+    s.timeout_ms = c->timeout_ms;
+    /* the new group holds its own handle on the store (reference counted): c is usually
+       destroyed right after, and the new group grows again through the same store */
+    if (dm_store_clone_prefixed(t->store, "", &s.store) != DM_OK) {
+        if (c->rank == 0) _dm_tcp_grow_revoke(t, g, seats, n_new, round, n_new);
+        st = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: grow: out of memory");
+        goto done;
+    }
+    s.own_store = true;         /* _dm_tcp_build owns it from here, also when it fails */
+    s.prefix = prefix;
+    s.ifname = t->ifname;
+    s.token = t->token;
+    s.bind_sa = &t->self_sa;    /* the group's interface and address family */
+    s.once = true;              /* "<prefix>grow<round>/" is unique */
+    s.chunk_bytes = t->lk.chunk;
+    s.nsock = t->nsock;
+    s.transport = t->transport;
+    s.logger = c->logger;
+    s.allocator = c->allocator;
+    s.parent = t;               /* a member that dies meanwhile fails the grow at once */
+    s.members = members;
+    s.err = why;
+    s.err_cap = sizeof(why);
+    st = _dm_tcp_build(&s, out);
+    if (st != DM_OK) {
+        if (c->rank == 0) _dm_tcp_grow_revoke(t, g, seats, n_new, round, n_new);
+        _DM_FAIL(c, st, "tcp: grow from %d to %d ranks (round %lld under \"%s\") failed: %s", W, W + n_new,
+                 (long long)round, t->user_prefix, why[0] ? why : dm_status_name(st));
+        goto done;
+    }
+    /* newcomers find the next grow under the same prefix */
+    _dm_copy_name(((_dm_tcp*)*out)->user_prefix, sizeof(t->user_prefix), t->user_prefix);
+    (*out)->timeout_ms = c->timeout_ms;
+done:
+    dm_store_destroy(g);
+    _dm_free(&c->allocator, seats);
+    _dm_free(&c->allocator, members);
+    return st;
+}
+
+/* desc.join, else DISTMESH_JOIN ("0" or "1"; anything else is DM_ERR_ENV). */
+static dm_status _dm_tcp_join_flag(int given, bool* out, char* err, size_t cap) {
+    const char* v = getenv("DISTMESH_JOIN");
+    *out = given != 0;
+    if (given != 0 || !v || !*v || strcmp(v, "0") == 0) return DM_OK;
+    if (strcmp(v, "1") == 0) { *out = true; return DM_OK; }
+    snprintf(err, cap, "tcp: DISTMESH_JOIN is \"%.40s\"; expected 1 (join a running group as a newcomer) or 0",
+             v);
+    return DM_ERR_ENV;
+}
+
+/* A newcomer's seat: parsed from its value, checked. */
+typedef struct _dm_tcp_seat { long long round; int size, rank, transport, nsock; unsigned long long chunk; } _dm_tcp_seat;
+static bool _dm_tcp_seat_parse(const void* v, size_t n, _dm_tcp_seat* out) {
+    char text[128];
+    int used = 0;
+    if (n == 0 || n >= sizeof(text)) return false;
+    memcpy(text, v, n);
+    text[n] = 0;
+    if (sscanf(text, "%lld %d %d %d %d %llu%n", &out->round, &out->size, &out->rank, &out->transport, &out->nsock,
+               &out->chunk, &used) != 6 || (size_t)used != n)
+        return false;
+    return out->round >= 0 && out->size >= 2 && out->rank >= 1 && out->rank < out->size && out->transport >= 0 &&
+           out->transport <= 2 && out->nsock >= 1 && out->nsock <= _DM_TCP_MAX_SOCKETS && out->chunk > 0;
+}
+
+/* Waits for the seat of ticket k until deadline: 1 got it (in v, n), 0 "void" (skip the
+   ticket), or a failure recorded in err. A seat that never comes is given up ("void") with a
+   compare_set, which also catches one placed in the last moment. */
+static int _dm_tcp_join_wait_seat(dm_store* w, const char* key, int64_t deadline, void** v, size_t* n, dm_status* st,
+                                  char* err, size_t cap) {
+    int64_t left = deadline == INT64_MAX ? -1 : deadline - _dm_now_ms();
+    const char* k1 = key;
+    w->timeout_ms = left < 0 ? -1 : left < 1 ? 1 : left > INT_MAX ? INT_MAX : (int)left;
+    *st = dm_store_wait(w, &k1, 1, w->timeout_ms);
+    if (*st == DM_OK) *st = dm_store_get(w, key, v, n);
+    else if (*st == DM_ERR_TIMEOUT && !w->sh->broken) {
+        w->timeout_ms = _DM_TCP_NOTICE_MS;
+        *st = dm_store_compare_set(w, key, "", 0, "void", 4, v, n);
+        if (*st == DM_OK && *n == 4 && memcmp(*v, "void", 4) == 0) {
+            dm_store_free(w, *v);
+            *v = NULL;
+            *st = DM_ERR_TIMEOUT;
+            snprintf(err, cap, "tcp: join: no group opened a grow for this newcomer within its deadline (ticket "
+                     "\"%.200s\"; the members call dm_grow(c, n_new, &out), and the newcomer's prefix and store must "
+                     "be the group's)", key);
+            return -1;
+        }
+    }
+    if (*st != DM_OK) {
+        snprintf(err, cap, "tcp: join: waiting for a seat under \"%.200s\" failed: %.200s", key, dm_store_last_error(w));
+        return -1;
+    }
+    if (*n == 4 && memcmp(*v, "void", 4) == 0) {
+        dm_store_free(w, *v);
+        *v = NULL;
+        return 0;
+    }
+    return 1;
+}
+
+/* The newcomer's side: take a ticket, wait for its seat, build the group it names. */
+static dm_status _dm_tcp_join(_dm_tcp_setup* s, dm_collective** out) {
+    char key[600], prefix[512], err[DM_LAST_ERROR_SIZE], user_prefix[480];
+    int64_t deadline = _dm_deadline(s->timeout_ms);
+    _dm_tcp_seat seat;
+    dm_store* w = NULL;
+    dm_status st = DM_OK;
+    int got = 0;
+    err[0] = 0;
+    if (dm_store_clone_prefixed(s->store, "", &w) != DM_OK) {
+        st = DM_ERR_OUT_OF_MEMORY;
+        snprintf(err, sizeof(err), "tcp: join: out of memory");
+        goto fail;
+    }
+    memset(&w->logger, 0, sizeof(w->logger));   /* a wait that times out is reported once, below */
+    while (got == 0) {
+        int64_t ticket = 0, left = deadline == INT64_MAX ? -1 : deadline - _dm_now_ms();
+        void* v = NULL;
+        size_t n = 0;
+        w->timeout_ms = left < 0 ? -1 : left < 1 ? 1 : left > INT_MAX ? INT_MAX : (int)left;
+        _dm_tcp_grow_key(key, sizeof(key), s->prefix, "ticket", -1);
+        if ((st = dm_store_add(w, key, 1, &ticket)) != DM_OK) {
+            snprintf(err, sizeof(err), "tcp: join: store add \"%.200s\" failed: %.200s", key, dm_store_last_error(w));
+            goto fail;
+        }
+        _dm_tcp_grow_key(key, sizeof(key), s->prefix, "seat", (long long)(ticket - 1));
+        _DM_LOG(&s->logger, DM_LOG_INFO, "tcp: join: newcomer waits for its seat \"%s\"", key);
+        got = _dm_tcp_join_wait_seat(w, key, deadline, &v, &n, &st, err, sizeof(err));
+        if (got < 0) goto fail;
+        if (got == 1) {
+            bool ok = _dm_tcp_seat_parse(v, n, &seat);
+            dm_store_free(w, v);
+            if (!ok) {
+                st = DM_ERR_PROTOCOL;
+                snprintf(err, sizeof(err), "tcp: join: the seat \"%.200s\" holds no valid seat (another program "
+                         "uses this prefix?)", key);
+                goto fail;
+            }
+            dm_store_delete(w, key, NULL);      /* read: the members take back nothing */
+        }
+    }
+    dm_store_destroy(w);
+    w = NULL;
+    _dm_copy_name(user_prefix, sizeof(user_prefix), s->prefix);
+    snprintf(prefix, sizeof(prefix), "%.470sgrow%lld/", s->prefix, seat.round);
+    s->rank = seat.rank;
+    s->size = seat.size;
+    s->prefix = prefix;
+    s->once = true;
+    s->transport = seat.transport;
+    s->nsock = seat.nsock;
+    s->chunk_bytes = (size_t)seat.chunk;
+    st = _dm_tcp_build(s, out);     /* owns the store from here, also on failure */
+    if (st == DM_OK) _dm_copy_name(((_dm_tcp*)*out)->user_prefix, sizeof(user_prefix), user_prefix);
+    return st;
+fail:
+    dm_store_destroy(w);
+    if (s->own_store) dm_store_destroy(s->store);
+    return _dm_tcp_report(&s->logger, st, err);
 }
 
 /* >>tcp shrink  dm_shrink without the store (its host may be the rank that died) and without a
@@ -6388,7 +6723,7 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
     if (desc) d = *desc;
     st = dm_env_detect(&env);
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, env.error);
-    if (env.world_size > 1) {
+    if (env.world_size > 1 || (getenv("DISTMESH_JOIN") && strcmp(getenv("DISTMESH_JOIN"), "1") == 0)) {
         td.rank = env.rank;
         td.world_size = env.world_size;
         td.timeout_ms = d.timeout_ms;
