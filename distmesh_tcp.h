@@ -6321,8 +6321,8 @@ fail:
         same set. A rank that dies after the agreement stays a member: the new group's first
         call fails with DM_ERR_PEER_LOST on every survivor, and a second shrink removes it.
    Frames (little-endian): magic "DMSK", kind u32 (1 set, 2 coordinator's set), from u32,
-   world u32, the sender's new recovery listener (64 bytes, opened before the agreement), then
-   the set as a bitmap of world bits. Nothing after the agreement talks: the new group is the
+   world u32, the sender's new recovery listener (64 bytes; empty in step 1, before it opens),
+   then the set as a bitmap of world bits. Nothing after the agreement talks: the new group is the
    parent's layout without the gone ranks (host identities do not change), keeps these
    connections (a break ends the parent's sockets, and they may hold half an aborted message),
    serves the parent's recovery listener as its own listener, knows the members' new recovery
@@ -6437,7 +6437,6 @@ static dm_status _dm_tcp_shrink_start(_dm_tcp* p, _dm_tcp** out) {
     for (j = 0; j < W * n->nsock; j++) n->fds[j] = -1;
     n->claims = n->fds;
     memcpy(n->addrs, p->raddrs, 64 * (size_t)W);
-    _DM_TRY(_dm_tcp_listen(n, &n->self_sa, &n->rfd, n->raddrs[c->rank]));   /* the new group's */
     n->lfd = p->rfd;
     p->rfd = -1;
     n->serving = true;
@@ -6533,10 +6532,17 @@ static dm_status _dm_tcp_shrink_agree(_dm_tcp* n, bool* gone, int64_t deadline) 
     for (j = 0; j < W && !timed_out; j++) {
         if (!up[j]) continue;
         if (!_dm_tcp_shrink_io(n, j, f, len, false, 1, deadline, &timed_out)) { up[j] = false; continue; }
-        memcpy(n->raddrs[j], f + 16, 63);
         for (k = 0; k < W; k++) gone[k] = gone[k] || _dm_tcp_shrink_bit(f, k);
     }
     for (j = 0; j < W; j++) gone[j] = gone[j] || (j != me && !up[j]);
+    /* The new group's recovery listener, announced in this rank's round below. Not earlier: a
+       port a dead rank's listener had may come back here, and every survivor has stopped
+       probing once this rank has everyone's set (probes belong to the connections). */
+    if (!timed_out && _dm_tcp_listen(n, &n->self_sa, &n->rfd, n->raddrs[me]) != DM_OK) {
+        _dm_free(&n->base.allocator, f);
+        _dm_free(&n->base.allocator, up);
+        return DM_ERR_NETWORK;
+    }
     /* 2: rotating coordinator */
     for (k = 0; k < W && !timed_out; k++) {
         if (k == me) {
@@ -6545,6 +6551,7 @@ static dm_status _dm_tcp_shrink_agree(_dm_tcp* n, bool* gone, int64_t deadline) 
                 if (up[j] && !_dm_tcp_shrink_io(n, j, f, len, true, 2, deadline, &timed_out)) up[j] = false;
         } else if (up[k]) {
             if (!_dm_tcp_shrink_io(n, k, f, len, false, 2, deadline, &timed_out)) { up[k] = false; continue; }
+            memcpy(n->raddrs[k], f + 16, 63);
             for (j = 0; j < W; j++) gone[j] = _dm_tcp_shrink_bit(f, j);
         }
     }
