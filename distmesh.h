@@ -2675,6 +2675,7 @@ DM_API_IMPL dm_status dm_shrink(dm_collective* c, const int* exclude, int n_excl
         return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "shrink: out of memory");
     }
     for (i = 0; i < n_exclude; i++) gone[exclude[i]] = true;
+    _dm_errbuf(c)[0] = 0;
     st = c->vt->shrink(c, gone, flags, out);
     _dm_free(&c->allocator, gone);
     __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
@@ -2700,6 +2701,7 @@ DM_API_IMPL dm_status dm_grow(dm_collective* c, int n_new, dm_collective** out) 
         if (inflight > 0) return _DM_FAIL(c, DM_ERR_BUSY, "grow: %d requests in flight (wait for them first)", inflight);
     }
     _DM_TRY(_dm_take(c, "grow", _dm_deadline(c->timeout_ms)));
+    _dm_begin(c, "grow");       /* a collective call: counts in dm_sequence, clears the error */
     st = c->vt->grow(c, n_new, out);
     __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
     if (st != DM_OK && *out) { dm_destroy(*out); *out = NULL; }
