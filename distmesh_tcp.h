@@ -3317,6 +3317,8 @@ typedef struct _dm_tcp {
     bool serving;               /* waits answer connectors (lfd and hs are live) */
     bool built;                 /* create / split is over: waits no longer watch (>>tcp watch) */
     bool addrs_known;           /* split: the addresses came over the parent, not the store */
+    bool refusal_final;         /* shrink: the peers' recovery listeners never come back once
+                                   closed, so one refusal means the rank is gone */
     uint64_t group;             /* the hello's group id */
     int64_t lfd_rest;           /* after accept ran out of descriptors: leave the listener until then */
     const bool* expect;         /* the higher ranks _dm_tcp_accept_peers waits for; NULL: all */
@@ -4374,7 +4376,7 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
             refused = 0;
         } else {
             close(fd);
-            if (err == ECONNREFUSED && ++refused >= 3)
+            if (err == ECONNREFUSED && (++refused >= 3 || t->refusal_final))
                 return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: setup: rank %d at %s refuses connections (%s): "
                                 "its listener is gone (the process died, or its setup failed: see its log)", j,
                                 t->addrs[j], strerror(err));
@@ -4384,7 +4386,7 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
             return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out connecting to rank %d at %s (%s)",
                             j, t->addrs[j], strerror(err ? err : ETIMEDOUT));
         if ((st = _dm_tcp_watch_now(t)) != DM_OK) return st;
-        usleep(20000);
+        usleep(t->refusal_final ? 1000 : 20000);
     }
 }
 
@@ -6337,7 +6339,10 @@ fail:
    during either fails the shrink on some ranks only. A parent on sockets alone gives a group
    on sockets alone. The parent can only be destroyed afterwards. */
 #define _DM_SHRINK_MAGIC 0x4b534d44u    /* "DMSK" */
-#define _DM_SHRINK_PROBE_MS 50
+/* Probes of the higher ranks still missing: at once, then soon (a dying rank closes its sockets
+   one by one, its listener maybe a moment after the socket that told this rank), then seldom
+   (a live rank answers each probe, which costs it time). */
+static int _dm_shrink_probe_gap_ms(int probes) { return probes < 2 ? 5 : probes < 4 ? 15 : 50; }
 
 /* Where this rank's streams into the parent's rings stopped, for the readers (see above). The
    parent makes no more calls, so head no longer moves. */
@@ -6441,6 +6446,7 @@ static dm_status _dm_tcp_shrink_start(_dm_tcp* p, _dm_tcp** out) {
     p->rfd = -1;
     n->serving = true;
     n->built = true;            /* no watching: an ending connection is a death, not a failure */
+    n->refusal_final = true;
     return DM_OK;
 }
 
@@ -6449,6 +6455,7 @@ static dm_status _dm_tcp_shrink_start(_dm_tcp* p, _dm_tcp** out) {
 static dm_status _dm_tcp_shrink_connect(_dm_tcp* n, bool* dead, int64_t deadline) {
     int W = n->base.size, me = n->base.rank, j;
     int64_t next_probe = _dm_now_ms();
+    int probes = 0;
     struct pollfd p[1 + _DM_TCP_HS_MAX];
     dm_status st;
     for (j = 0; j < W; j++)         /* a member that died before it announced one (see the agreement) */
@@ -6475,13 +6482,13 @@ static dm_status _dm_tcp_shrink_connect(_dm_tcp* n, bool* dead, int64_t deadline
                             "ranks missing): alive but not in dm_shrink (give every survivor the same exclude list)",
                             n->base.timeout_ms, first, missing);
         np = _dm_tcp_serve_fill(n, p, 1 + _DM_TCP_HS_MAX, NULL);
-        if (poll(p, (nfds_t)np, 20) < 0 && errno != EINTR)
+        if (poll(p, (nfds_t)np, 5) < 0 && errno != EINTR)
             return _DM_FAIL(&n->base, DM_ERR_NETWORK, "tcp: shrink: poll failed (%s)", strerror(errno));
         _dm_tcp_serve(n, deadline);
         if (_dm_now_ms() < next_probe) continue;
         for (j = me + 1; j < W; j++)
             if (!dead[j] && !_dm_tcp_has_peer(n, j) && _dm_tcp_probe(n, j) < 0) dead[j] = true;
-        next_probe = _dm_now_ms() + _DM_SHRINK_PROBE_MS;
+        next_probe = _dm_now_ms() + _dm_shrink_probe_gap_ms(probes++);
     }
 }
 
