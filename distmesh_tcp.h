@@ -6643,6 +6643,19 @@ static dm_status _dm_tcp_shrink_hosts(_dm_tcp* n, const _dm_tcp* p, const int* o
     _dm_lk_set_policy(&n->lk, n->base.local_size);
     return DM_OK;
 }
+/* Connections only where the schedules need them (>>tcp sparse): the agreement's full mesh
+   keeps P; both ends of a pair compute the same P, so both close the rest before either could
+   use it, and a call that needs such a peer later connects on demand (>>tcp lazy). */
+static void _dm_tcp_shrink_trim(_dm_tcp* n) {
+    int j;
+    for (j = 0; j < n->base.size; j++) {
+        if (j == n->base.rank || n->want[j] || !n->lk.links[j]) continue;
+        n->lk.links[j]->vt->destroy(n->lk.links[j], &n->base.allocator);
+        n->lk.links[j] = NULL;
+        close(n->fds[j]);
+        n->fds[j] = -1;
+    }
+}
 /* The renumbered group's links, listener, layout, shared memory and extra sockets. */
 static dm_status _dm_tcp_shrink_build(_dm_tcp* n, _dm_tcp* p, const int* old_of, int64_t deadline) {
     dm_allocator* a = &n->base.allocator;
@@ -6660,6 +6673,7 @@ static dm_status _dm_tcp_shrink_build(_dm_tcp* n, _dm_tcp* p, const int* old_of,
     n->want = (bool*)_dm_calloc(a, sizeof(bool) * (size_t)N);
     if (!n->want) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
     _DM_TRY(_dm_lk_peers(&n->lk, n->want));
+    _dm_tcp_shrink_trim(n);
     /* the same choice on every rank: the vote and the slot are the parent group's */
     if (p->shm_vote == 2 && p->shm_slot + 1 < _DM_SHM_ABORTS) _DM_TRY(_dm_tcp_shrink_shm(n, p, old_of, deadline));
     else if (p->shm_vote == 2) _DM_TRY(_dm_tcp_shm_for_host(n));   /* a new segment (this talks) */

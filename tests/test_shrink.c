@@ -27,7 +27,7 @@
 #include "test_tmpdir.h"
 #include "test_filter.h"
 
-#define MAXW 8
+#define MAXW 16
 static char g_store_dir[256];
 static int g_run_id;
 
@@ -231,6 +231,15 @@ static int big_check(dm_collective* n, int old_rank, int32_t sum) {
     free(x);
     return bad;
 }
+/* Every pair talks, also those outside the new group's schedules (connected on demand). */
+static int a2a_check(dm_collective* n, int old_rank) {
+    int32_t in[MAXW], out[MAXW];
+    int j, W = dm_world_size(n), bad;
+    for (j = 0; j < W; j++) in[j] = old_rank * 100 + j;
+    bad = dm_all_to_all(n, in, out, 1, DM_INT32) != DM_OK;
+    for (j = 0; !bad && j < W; j++) bad = out[j] % 100 != dm_rank(n);
+    return bad;
+}
 /* After the shrink: the group's sum of (old rank + 1) and its members, gathered. Reports
    "<old rank> S <status> <size> <new rank> <sum or -check> <members...>" in one write (the
    ranks share the pipe; a write of at most PIPE_BUF bytes is never interleaved). */
@@ -244,6 +253,7 @@ static void report_group(int fd, const char* lead, dm_collective* n, int r, dm_s
         if (check == 0 && members_of(n, r, members)) check = 3;
         if (check == 0 && split_check(n)) check = 4;
         if (check == 0 && big_check(n, r, v)) check = 5;
+        if (check == 0 && a2a_check(n, r)) check = 6;
     }
     len = (size_t)snprintf(line, sizeof(line), "%s%d S %d %d %d %d", lead, r, (int)st, st == DM_OK ? dm_world_size(n) : 0,
                            st == DM_OK ? dm_rank(n) : -1, check ? -check : (int)v);
@@ -497,6 +507,10 @@ static void test_kill_sockets(void** s) {
     kill_cases("2 hosts x 3 ranks, 3 sockets per peer", 6, NULL, 3, false, 3 * trials(1));
     g_nsock = 0;
 }
+static void test_kill_16_hosts(void** s) {
+    (void)s;
+    kill_cases("16 ranks on 8 simulated hosts", 16, NULL, 2, false, 2 * trials(1));
+}
 static void test_kill_8(void** s) { (void)s; kill_cases("shm 8 ranks", 8, NULL, 0, false, 3 * trials(1)); }
 static void test_planned_removal(void** s) {
     kcase k;
@@ -596,6 +610,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_kill_tcp),
         cmocka_unit_test(test_kill_hosts),
         cmocka_unit_test(test_kill_8),
+        cmocka_unit_test(test_kill_16_hosts),
         cmocka_unit_test(test_kill_sockets),
         cmocka_unit_test(test_second_death),
     };
