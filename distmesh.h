@@ -368,7 +368,7 @@ DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
    parent's file and dump.
      DISTMESH_TRACE=DIR          timeline: each rank writes Chrome trace-event JSON (Perfetto,
                                  chrome://tracing) to DIR/dm_trace.rank<R>.pid<P>.json, one
-                                 event per operation, flushed every 100 ms, 32 KiB and on failure
+                                 event per operation, flushed every 100 ms, 128 KiB and on failure
      DISTMESH_FLIGHT_RECORDER=N  the last N operations of each collective kept in memory with
                                  their state (queued, running, done, failed); default 64, 0 off
      DISTMESH_DUMP_DIR=DIR       where the flight recorder is dumped as JSON
@@ -1465,8 +1465,8 @@ DM_API_IMPL int dm_device_count(void) { return 0; }
 #include <sys/stat.h>
 
 #define _DM_TR_DEFAULT_N 64             /* DISTMESH_FLIGHT_RECORDER unset */
-#define _DM_TR_FLUSH_BYTES ((size_t)32 << 10)
-#define _DM_TR_BUF_BYTES ((size_t)64 << 10)
+#define _DM_TR_FLUSH_BYTES ((size_t)128 << 10)
+#define _DM_TR_BUF_BYTES ((size_t)256 << 10)
 #define _DM_TR_FLUSH_NS ((int64_t)100 * 1000000)
 enum { _DM_TR_QUEUED = 0, _DM_TR_RUNNING, _DM_TR_DONE, _DM_TR_FAILED };
 static const char* const _dm_tr_state_names[] = { "queued", "running", "done", "failed" };
@@ -1492,6 +1492,7 @@ typedef struct _dm_trace {
     int tid;                    /* the group's track in the timeline (queue times: tid + 1) */
     int children;               /* sub-collectives made from this one, for their names */
     int rank, size;
+    uint64_t ops;               /* operations ended (the running thread's) */
     pthread_mutex_t mu;         /* ring, count, transport, error */
     _dm_tr_entry* ring;
     uint32_t cap;
@@ -1543,6 +1544,17 @@ _DM_PRIVATE int64_t _dm_trace_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+/* The flight recorder alone needs times good for "who was late by how much" in a hang: the
+   coarse clock (a few ms of resolution, a few ns to read). The timeline wants the exact ones. */
+_DM_PRIVATE int64_t _dm_trace_now_coarse(void) {
+#if defined(CLOCK_REALTIME_COARSE)
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+#else
+    return _dm_trace_now();
+#endif
 }
 /* DISTMESH_FLIGHT_RECORDER: entries per collective; unset or malformed: the default. */
 _DM_PRIVATE uint32_t _dm_trace_fr_cap(void) {
@@ -1850,6 +1862,14 @@ _DM_PRIVATE void _dm_trace_wait(dm_collective* c, int peer, int64_t wait_us) {
     if (t->wait_ns[peer] == 0) t->touched[t->ntouched++] = peer;
     t->wait_ns[peer] += wait_us * 1000;
 }
+/* An idle spell of the running operation that began at since_us (_dm_now_us) just ended:
+   timed for the timeline only (the flight recorder keeps no waits, so it pays no clock). */
+_DM_PRIVATE int64_t _dm_now_us(void);
+_DM_PRIVATE void _dm_trace_waited(dm_collective* c, int peer, int64_t since_us) {
+    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    if (!t || t == _dm_trace_pending || !t->rk->trace_dir[0]) return;
+    _dm_trace_wait(c, peer, _dm_now_us() - since_us);
+}
 /* A collective's fingerprint arrived from peer: the peer has entered collective #seq. */
 _DM_PRIVATE void _dm_trace_peer_seen(dm_collective* c, int peer, int kind, uint64_t seq) {
     _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
@@ -1889,64 +1909,111 @@ _DM_PRIVATE void _dm_trace_record(_dm_trace* t, const _dm_tr_entry* e, uint64_t*
     if (*index + t->cap >= t->count) t->ring[*index % t->cap] = *e;   /* else overwritten since */
     pthread_mutex_unlock(&t->mu);
 }
-/* The operation's end as seen by dumps: transport and failure message, on the running thread. */
-_DM_PRIVATE void _dm_trace_note_end(dm_collective* c, _dm_trace* t, dm_status st) {
-    const char* tr = dm_transport_name(c);
-    bool same = strncmp(t->transport, tr, sizeof(t->transport) - 1) == 0;
-    if (same && st == DM_OK) return;
+/* The operation's end as seen by dumps, on the running thread: the failure message, and the
+   transport (asked every 64 operations: a backend may add links as it goes, and asking walks
+   them all). */
+_DM_PRIVATE void _dm_trace_note_end(dm_collective* c, _dm_trace* t, dm_status st, bool first) {
+    const char* tr;
+    if (st == DM_OK && !first && (t->ops & 63) != 0) return;
+    tr = dm_transport_name(c);
+    if (st == DM_OK && strncmp(t->transport, tr, sizeof(t->transport) - 1) == 0) return;
     pthread_mutex_lock(&t->mu);
-    if (!same) _dm_copy_name(t->transport, sizeof(t->transport), tr);
+    _dm_copy_name(t->transport, sizeof(t->transport), tr);
     if (st != DM_OK) _dm_copy_name(t->error, sizeof(t->error), _dm_errbuf(c));
     pthread_mutex_unlock(&t->mu);
 }
-/* One trace event: the operation on the group's track, its queue time on the next track. */
+/* One event line, written straight into a buffer known to be large enough (_DM_TR_LINE): the
+   hot path of the timeline, so no bounds checks per piece and no escaping (every string here
+   is ours: op and dtype names, the group names made in _dm_trace_adopt, the backend's
+   algorithm and transport names). */
+#define _DM_TR_LINE 2048
+#define _DM_TR_WAITS 32                 /* peers listed per event: the first 32 waited on */
+#define _DM_TB_LIT(p, lit) (memcpy((p), (lit), sizeof(lit) - 1), (p) += sizeof(lit) - 1)
+static const char _dm_tb_d2[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
+_DM_PRIVATE char* _dm_tb_pstr(char* p, const char* s, size_t max) {
+    size_t n = strlen(s);
+    if (n > max) n = max;
+    memcpy(p, s, n);
+    return p + n;
+}
+_DM_PRIVATE char* _dm_tb_pu(char* p, uint64_t v) {
+    char d[20];
+    int n = 20;
+    while (v >= 100) {
+        unsigned k = (unsigned)(v % 100) * 2;
+        v /= 100;
+        d[--n] = _dm_tb_d2[k + 1];
+        d[--n] = _dm_tb_d2[k];
+    }
+    if (v >= 10) { d[--n] = _dm_tb_d2[v * 2 + 1]; d[--n] = _dm_tb_d2[v * 2]; }
+    else d[--n] = (char)('0' + v);
+    memcpy(p, d + n, (size_t)(20 - n));
+    return p + 20 - n;
+}
+/* ns as microseconds with three decimals (trace-event "ts" and "dur"). */
+_DM_PRIVATE char* _dm_tb_pus(char* p, int64_t ns) {
+    uint64_t u, frac;
+    if (ns < 0) { *p++ = '-'; ns = -ns; }
+    u = (uint64_t)ns;
+    frac = u % 1000;
+    p = _dm_tb_pu(p, u / 1000);
+    p[0] = '.'; p[1] = (char)('0' + frac / 100); p[2] = _dm_tb_d2[(frac % 100) * 2]; p[3] = _dm_tb_d2[(frac % 100) * 2 + 1];
+    return p + 4;
+}
+/* One trace event: the operation on the group's track, its queue time on the next track.
+   Collectives carry no "cat" (the common case, kept short); the others say p2p, objects, queue. */
 _DM_PRIVATE void _dm_trace_event(_dm_trace* t, const _dm_tr_entry* e, bool flush) {
-    char line[1024 + 40 * 16];
-    _DM_ZERO(_dm_tbuf, b);
-    int pid = t->rk->rank, k;
-    b.p = line; b.cap = sizeof(line);
+    char line[_DM_TR_LINE];
+    char* p = line;
+    const char* name = _dm_op_name((dm_op_kind)e->kind);
+    int k;
     if (e->async && e->t_queued) {
-        _dm_tb_s(&b, ",\n{\"name\":\""); _dm_tb_s(&b, _dm_op_name((dm_op_kind)e->kind));
-        _dm_tb_s(&b, "\",\"cat\":\"queue\",\"ph\":\"X\",\"pid\":"); _dm_tb_i(&b, pid);
-        _dm_tb_s(&b, ",\"tid\":"); _dm_tb_i(&b, t->tid + 1);
-        _dm_tb_s(&b, ",\"ts\":"); _dm_tb_us(&b, e->t_queued);
-        _dm_tb_s(&b, ",\"dur\":"); _dm_tb_us(&b, e->t_start - e->t_queued);
-        _dm_tb_s(&b, ",\"args\":{\"seq\":"); _dm_tb_u(&b, e->seq);
-        _dm_tb_s(&b, ",\"group\":"); _dm_tb_str(&b, t->group);
-        _dm_tb_s(&b, "}}");
+        _DM_TB_LIT(p, ",\n{\"name\":\""); p = _dm_tb_pstr(p, name, 32);
+        _DM_TB_LIT(p, "\",\"cat\":\"queue\",\"ph\":\"X\",\"pid\":"); p = _dm_tb_pu(p, (uint64_t)t->rk->rank);
+        _DM_TB_LIT(p, ",\"tid\":"); p = _dm_tb_pu(p, (uint64_t)t->tid + 1);
+        _DM_TB_LIT(p, ",\"ts\":"); p = _dm_tb_pus(p, e->t_queued);
+        _DM_TB_LIT(p, ",\"dur\":"); p = _dm_tb_pus(p, e->t_start - e->t_queued);
+        _DM_TB_LIT(p, ",\"args\":{\"seq\":"); p = _dm_tb_pu(p, e->seq);
+        _DM_TB_LIT(p, ",\"group\":\""); p = _dm_tb_pstr(p, t->group, sizeof(t->group));
+        _DM_TB_LIT(p, "\"}}");
     }
-    _dm_tb_s(&b, ",\n{\"name\":\""); _dm_tb_s(&b, _dm_op_name((dm_op_kind)e->kind));
-    _dm_tb_s(&b, "\",\"cat\":\""); _dm_tb_s(&b, e->composite ? "objects" : e->kind == DM_OP_SEND || e->kind == DM_OP_RECV ? "p2p" : "collective");
-    _dm_tb_s(&b, "\",\"ph\":\"X\",\"pid\":"); _dm_tb_i(&b, pid);
-    _dm_tb_s(&b, ",\"tid\":"); _dm_tb_i(&b, t->tid);
-    _dm_tb_s(&b, ",\"ts\":"); _dm_tb_us(&b, e->t_start);
-    _dm_tb_s(&b, ",\"dur\":"); _dm_tb_us(&b, e->t_end - e->t_start);
-    _dm_tb_s(&b, ",\"args\":{\"seq\":"); _dm_tb_u(&b, e->seq);
-    _dm_tb_s(&b, ",\"group\":"); _dm_tb_str(&b, t->group);
-    _dm_tb_s(&b, ",\"rank\":"); _dm_tb_i(&b, t->rank);
-    _dm_tb_s(&b, ",\"size\":"); _dm_tb_i(&b, t->size);
-    _dm_tb_s(&b, ",\"bytes\":"); _dm_tb_u(&b, e->bytes);
-    _dm_tb_s(&b, ",\"dtype\":\""); _dm_tb_s(&b, dm_dtype_name((dm_dtype)e->dtype));
-    _dm_tb_s(&b, "\",\"algorithm\":"); _dm_tb_str(&b, e->algorithm ? e->algorithm : "");
-    _dm_tb_s(&b, ",\"transport\":"); _dm_tb_str(&b, t->transport);
-    if (e->root >= 0) { _dm_tb_s(&b, ",\"root\":"); _dm_tb_i(&b, e->root); }
-    _dm_tb_s(&b, ",\"async\":"); _dm_tb_s(&b, e->async ? "true" : "false");
-    if (e->t_queued) { _dm_tb_s(&b, ",\"queued\":"); _dm_tb_us(&b, e->t_queued); }
-    _dm_tb_s(&b, ",\"started\":"); _dm_tb_us(&b, e->t_start);
-    _dm_tb_s(&b, ",\"ended\":"); _dm_tb_us(&b, e->t_end);
-    _dm_tb_s(&b, ",\"state\":\""); _dm_tb_s(&b, _dm_tr_state_names[e->state & 3]);
-    if (e->status != DM_OK) { _dm_tb_s(&b, "\",\"status\":\""); _dm_tb_s(&b, dm_status_name((dm_status)e->status)); }
-    _dm_tb_s(&b, "\",\"wait_us\":{");
-    for (k = 0; k < t->ntouched && k < 40; k++) {
-        int p = t->touched[k];
-        if (k) _dm_tb_mem(&b, ",", 1);
-        _dm_tb_mem(&b, "\"", 1); _dm_tb_i(&b, p); _dm_tb_mem(&b, "\":", 2);
-        _dm_tb_us(&b, t->wait_ns[p]);
+    _DM_TB_LIT(p, ",\n{\"name\":\""); p = _dm_tb_pstr(p, name, 32);
+    if (e->composite) _DM_TB_LIT(p, "\",\"cat\":\"objects");
+    else if (e->kind == DM_OP_SEND || e->kind == DM_OP_RECV) _DM_TB_LIT(p, "\",\"cat\":\"p2p");
+    _DM_TB_LIT(p, "\",\"ph\":\"X\",\"pid\":"); p = _dm_tb_pu(p, (uint64_t)t->rk->rank);
+    _DM_TB_LIT(p, ",\"tid\":"); p = _dm_tb_pu(p, (uint64_t)t->tid);
+    _DM_TB_LIT(p, ",\"ts\":"); p = _dm_tb_pus(p, e->t_start);
+    _DM_TB_LIT(p, ",\"dur\":"); p = _dm_tb_pus(p, e->t_end - e->t_start);
+    _DM_TB_LIT(p, ",\"args\":{\"seq\":"); p = _dm_tb_pu(p, e->seq);
+    _DM_TB_LIT(p, ",\"group\":\""); p = _dm_tb_pstr(p, t->group, sizeof(t->group));
+    _DM_TB_LIT(p, "\",\"bytes\":"); p = _dm_tb_pu(p, e->bytes);
+    _DM_TB_LIT(p, ",\"dtype\":\""); p = _dm_tb_pstr(p, dm_dtype_name((dm_dtype)e->dtype), 16);
+    _DM_TB_LIT(p, "\",\"algorithm\":\""); p = _dm_tb_pstr(p, e->algorithm ? e->algorithm : "", 48);
+    _DM_TB_LIT(p, "\",\"transport\":\""); p = _dm_tb_pstr(p, t->transport, sizeof(t->transport));
+    *p++ = '"';
+    if (e->root >= 0) { _DM_TB_LIT(p, ",\"root\":"); p = _dm_tb_pu(p, (uint64_t)e->root); }
+    if (e->t_queued) { _DM_TB_LIT(p, ",\"queued\":"); p = _dm_tb_pus(p, e->t_queued); }
+    if (e->status != DM_OK) {
+        _DM_TB_LIT(p, ",\"status\":\""); p = _dm_tb_pstr(p, dm_status_name((dm_status)e->status), 40);
+        *p++ = '"';
     }
-    _dm_tb_s(&b, "}}}");
+    if (t->ntouched) {
+        _DM_TB_LIT(p, ",\"wait_us\":{");
+        for (k = 0; k < t->ntouched && k < _DM_TR_WAITS; k++) {
+            int peer = t->touched[k];
+            if (k) *p++ = ',';
+            *p++ = '"'; p = _dm_tb_pu(p, (uint64_t)peer); *p++ = '"'; *p++ = ':';
+            p = _dm_tb_pus(p, t->wait_ns[peer]);
+        }
+        *p++ = '}';
+    }
+    _DM_TB_LIT(p, "}}");
     pthread_mutex_lock(&t->rk->mu);
-    if (!b.bad) _dm_trace_append_locked(t->rk, line, b.len, e->t_end, flush);
+    _dm_trace_append_locked(t->rk, line, (size_t)(p - line), e->t_end, flush);
     pthread_mutex_unlock(&t->rk->mu);
+}
+_DM_PRIVATE int64_t _dm_trace_clock(const _dm_trace* t) {
+    return t->rk->trace_dir[0] ? _dm_trace_now() : _dm_trace_now_coarse();
 }
 _DM_PRIVATE void _dm_trace_clear_waits(_dm_trace* t) {
     int k;
@@ -1961,11 +2028,11 @@ _DM_PRIVATE bool _dm_trace_dumps_on(dm_status st) {
 }
 /* The end of an operation recorded in e (started, and entry *index): ring, timeline, dump. */
 _DM_PRIVATE void _dm_trace_finish(dm_collective* c, _dm_trace* t, _dm_tr_entry* e, uint64_t* index, dm_status st) {
-    e->t_end = _dm_trace_now();
+    e->t_end = _dm_trace_clock(t);
     e->status = (int32_t)st;
     e->state = st == DM_OK ? _DM_TR_DONE : _DM_TR_FAILED;
     e->algorithm = c->algorithm;
-    _dm_trace_note_end(c, t, st);
+    _dm_trace_note_end(c, t, st, t->ops++ == 0);
     _dm_trace_record(t, e, index);
     if (t->rk->trace_dir[0]) _dm_trace_event(t, e, st != DM_OK);
     _dm_trace_clear_waits(t);
@@ -1990,7 +2057,7 @@ _DM_PRIVATE dm_status _dm_trace_op_run(dm_collective* c, const dm_op* o) {
     _dm_trace_describe(c, o, &e);
     e.async = queued != 0;
     e.t_queued = queued;
-    e.t_start = _dm_trace_now();
+    e.t_start = _dm_trace_clock(t);
     e.state = _DM_TR_RUNNING;
     _dm_trace_clear_waits(t);
     _dm_trace_record(t, &e, &index);
@@ -4958,7 +5025,7 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
         if (blocking && lk->bell && (st != DM_OK || progress))
             __atomic_store_n(&lk->bell->sleeping, 0u, __ATOMIC_SEQ_CST);
         if (st != DM_OK) return st;
-        if (progress && idle_since && lk->c->trace) _dm_trace_wait(lk->c, wait_peer, _dm_now_us() - idle_since);
+        if (progress && idle_since && lk->c->trace) _dm_trace_waited(lk->c, wait_peer, idle_since);
         if (s.si == x->ns && s.ri == x->nr && (!x->want || x->want->done)) return DM_OK;
         if (progress) { idle_since = 0; quiet = 0; blocking = spinning = false; dead = 0; continue; }
         if (!s.want_in && !s.want_out) {

@@ -306,7 +306,8 @@ static void count_events(const char* text, tl_counts* n) {
         memcpy(buf, line, len);
         buf[len] = 0;
         n->lines++;
-        if (strstr(buf, "\"cat\":\"collective\"") && strstr(buf, "\"group\":\"world\"")) {
+        bool collective = strstr(buf, "\"ph\":\"X\"") && !strstr(buf, "\"cat\":");  /* written without one */
+        if (collective && strstr(buf, "\"group\":\"world\"")) {
             const char* s = strstr(buf, "\"seq\":");
             int k, seq = s ? atoi(s + 6) : -1;
             if (seq >= 0 && seq < 256) n->by_seq[seq]++;
@@ -315,7 +316,7 @@ static void count_events(const char* text, tl_counts* n) {
                 snprintf(want, sizeof(want), "{\"name\":\"%s\",", g_collectives[k]);
                 if (strstr(buf, want)) n->named[k]++;
             }
-        } else if (strstr(buf, "\"cat\":\"collective\"")) n->sub++;
+        } else if (collective) n->sub++;
         if (strstr(buf, "\"cat\":\"p2p\"") && strstr(buf, "{\"name\":\"send\"")) n->p2p_send++;
         if (strstr(buf, "\"cat\":\"p2p\"") && strstr(buf, "{\"name\":\"recv\"")) n->p2p_recv++;
         if (strstr(buf, "\"cat\":\"objects\"")) n->objects++;
