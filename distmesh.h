@@ -380,8 +380,10 @@ DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
    scripts/dm_trace DIR reads every rank's files: who never arrived, who is late. */
 /* Writes the flight recorder of this rank (every collective sharing c's rank state) to path,
    or with path NULL to DISTMESH_DUMP_DIR (else DISTMESH_TRACE's DIR), and flushes the
-   timeline. Callable from any thread. DM_ERR_UNSUPPORTED when both are off
-   (DISTMESH_FLIGHT_RECORDER=0, no DISTMESH_TRACE); DM_ERR_INVALID_ARG with no place to write. */
+   timeline. Callable from any thread, a watchdog's while c's own thread is stuck in a call
+   included (its failure message then goes to the logger only, last_error being that thread's).
+   DM_ERR_UNSUPPORTED when both are off (DISTMESH_FLIGHT_RECORDER=0, no DISTMESH_TRACE);
+   DM_ERR_INVALID_ARG with no place to write. */
 DM_API dm_status dm_flight_recorder_dump(dm_collective* c, const char* path);
 
 /* >>functions: collectives */
@@ -3307,11 +3309,16 @@ DM_API_IMPL dm_status dm_flight_recorder_dump(dm_collective* c, const char* path
     t = _dm_trace_get(c);
     if (!t) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "flight_recorder_dump: out of memory");
     st = _dm_trace_dump_rank(t->rk, path, "dm_flight_recorder_dump");
+    if (st == DM_OK) return DM_OK;
+    /* a watchdog thread may call this while c's own thread is inside a call: last_error is that
+       thread's then, and the message only goes to the logger */
+    if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE)) {
+        _DM_LOG(&c->logger, DM_LOG_ERROR, "flight_recorder_dump: %s", !path ? "no path, no directory" : path);
+        return st;
+    }
     if (st == DM_ERR_INVALID_ARG && !path)
         return _DM_FAIL(c, st, "flight_recorder_dump: no path given and neither DISTMESH_DUMP_DIR nor DISTMESH_TRACE is set");
-    if (st != DM_OK)
-        return _DM_FAIL(c, st, "flight_recorder_dump: could not write %s (%s)", path ? path : "the dump", strerror(errno));
-    return DM_OK;
+    return _DM_FAIL(c, st, "flight_recorder_dump: could not write %s (%s)", path ? path : "the dump", strerror(errno));
 }
 
 /* >>public calls  Blocking: check, then run (or queue behind requests in flight). _async:

@@ -16,7 +16,8 @@
    trace/off (the issue's bound: trace/off <= 1.03 at 8 B).
 
    Options: --np N (2), --bytes B (8), --iters N (2000), --blocks N (15), --transport shm|tcp
-   (shm), --dir DIR (build/bench/trace: the timeline files, and the store), --timeout S (120).
+   (shm), --dir DIR (build/bench/trace: the timeline files, and the store), --timeout S (120),
+   --control (all three worlds "off": how far apart identical worlds measure, the noise floor).
    Prints one key=value line per configuration and one with the ratios. Exit status 0, 1 (a
    failed call), 2 (bad arguments or the deadline). */
 #define DISTMESH_IMPLEMENTATION
@@ -63,7 +64,10 @@ static double median(double* v, int n) {
     qsort(v, (size_t)n, sizeof(double), cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+/* --control: every world made "off", to see how far apart three identical worlds measure. */
+static int g_control;
 static void set_cfg_env(int cfg, const char* trace_dir) {
+    if (g_control) cfg = CFG_OFF;
     setenv("DISTMESH_FLIGHT_RECORDER", cfg == CFG_OFF ? "0" : "64", 1);
     unsetenv("DISTMESH_DUMP_DIR");
     if (cfg == CFG_TRACE) setenv("DISTMESH_TRACE", trace_dir, 1);
@@ -126,6 +130,7 @@ static int overhead_rank(const args* a, int rank, const char* store_dir, const c
             printf("config=%s np=%d transport=%s bytes=%zu iters=%d blocks=%d median_us_per_op=%.3f\n", k_cfg[k], a->np,
                    dm_transport_name(w[k]), count * 4, a->iters, a->blocks, med[k]);
         }
+        if (g_control) printf("control: all three worlds are \"off\"\n");
         printf("ratio fr/off=%.4f trace/off=%.4f trace/fr=%.4f\n", med[CFG_FR] / med[CFG_OFF], med[CFG_TRACE] / med[CFG_OFF],
                med[CFG_TRACE] / med[CFG_FR]);
     }
@@ -169,6 +174,7 @@ static int parse(int argc, char** argv, args* a) {
     a->transport = "shm"; a->dir = "build/bench/trace"; a->demo = NULL;
     for (i = 1; i < argc; i++) {
         const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--control") == 0) { g_control = 1; continue; }
         if (!v) { fprintf(stderr, "dm_trace_bench: %s needs a value\n", argv[i]); return 2; }
         if (strcmp(argv[i], "--np") == 0) a->np = atoi(v);
         else if (strcmp(argv[i], "--iters") == 0) a->iters = atoi(v);
