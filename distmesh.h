@@ -1457,11 +1457,12 @@ DM_API_IMPL int dm_device_count(void) { return 0; }
    by a collective and every sub-collective made from it, so a rank writes one file whatever
    groups it is in. c->trace is _dm_trace_pending (on, not made yet: made at the first
    operation, or handed down by the parent at split / shrink / grow) or NULL (off: the one test
-   in _dm_op_run). Threads: a group's ring is written by the thread running its operation and
+   in _dm_op_run, plus one per fingerprint received and per idle spell in the engine). Threads: a group's ring is written by the thread running its operation and
    read by dumps from any thread, under the group's mutex; peers' fingerprints are atomics; the
    waits belong to the running thread. Lock order: the process registry (SIGUSR1 only), then a
    rank's mutex, then a group's, then a collective's request queue (dumps list what is
-   queued). Times are CLOCK_REALTIME nanoseconds, so files from several hosts line up. */
+   queued). Times are CLOCK_REALTIME nanoseconds, so files from several hosts line up (read on
+   the coarse clock, a few ns instead of tens, when only the flight recorder is on). */
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -1658,7 +1659,8 @@ _DM_PRIVATE void _dm_trace_flush_locked(_dm_trace_rank* rk, int64_t now) {
     rk->len = 0;
     rk->last_flush = now;
 }
-_DM_PRIVATE void _dm_trace_file_name(const _dm_trace_rank* rk, const char* dir, const char* what, char* out, size_t cap) {
+_DM_PRIVATE void _dm_trace_file_name(const _dm_trace_rank* rk, const char* dir, const char* what, char* out,
+                                     size_t cap) {
     if (rk->instance > 0)
         snprintf(out, cap, "%s/%s.rank%d.pid%ld.%d.json", dir, what, rk->rank, rk->pid, rk->instance);
     else
@@ -1931,7 +1933,12 @@ _DM_PRIVATE void _dm_trace_note_end(dm_collective* c, _dm_trace* t, dm_status st
 #define _DM_TR_LINE 2048
 #define _DM_TR_WAITS 32                 /* peers listed per event: the first 32 waited on */
 #define _DM_TB_LIT(p, lit) (memcpy((p), (lit), sizeof(lit) - 1), (p) += sizeof(lit) - 1)
-static const char _dm_tb_d2[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
+static const char _dm_tb_d2[] =         /* "00" "01" ... "99": two digits per division */
+    "0001020304050607080910111213141516171819"
+    "2021222324252627282930313233343536373839"
+    "4041424344454647484950515253545556575859"
+    "6061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
 _DM_PRIVATE char* _dm_tb_pstr(char* p, const char* s, size_t max) {
     size_t n = strlen(s);
     if (n > max) n = max;
@@ -1959,7 +1966,10 @@ _DM_PRIVATE char* _dm_tb_pus(char* p, int64_t ns) {
     u = (uint64_t)ns;
     frac = u % 1000;
     p = _dm_tb_pu(p, u / 1000);
-    p[0] = '.'; p[1] = (char)('0' + frac / 100); p[2] = _dm_tb_d2[(frac % 100) * 2]; p[3] = _dm_tb_d2[(frac % 100) * 2 + 1];
+    p[0] = '.';
+    p[1] = (char)('0' + frac / 100);
+    p[2] = _dm_tb_d2[(frac % 100) * 2];
+    p[3] = _dm_tb_d2[(frac % 100) * 2 + 1];
     return p + 4;
 }
 /* One trace event: the operation on the group's track, its queue time on the next track.
@@ -3317,7 +3327,8 @@ DM_API_IMPL dm_status dm_flight_recorder_dump(dm_collective* c, const char* path
         return st;
     }
     if (st == DM_ERR_INVALID_ARG && !path)
-        return _DM_FAIL(c, st, "flight_recorder_dump: no path given and neither DISTMESH_DUMP_DIR nor DISTMESH_TRACE is set");
+        return _DM_FAIL(c, st, "flight_recorder_dump: no path given and neither DISTMESH_DUMP_DIR nor "
+                        "DISTMESH_TRACE is set");
     return _DM_FAIL(c, st, "flight_recorder_dump: could not write %s (%s)", path ? path : "the dump", strerror(errno));
 }
 
@@ -4515,7 +4526,7 @@ _DM_PRIVATE dm_status _dm_lk_check_fp(_dm_lk* lk, const _dm_xfer* x, const unsig
         return _dm_lk_break(lk, DM_ERR_PROTOCOL);
     }
     _dm_fp_decode(wire, &got);
-    if (lk->c->trace) _dm_trace_peer_seen(lk->c, x->rpeer, got.kind, got.seq);
+    if (__atomic_load_n(&lk->c->trace, __ATOMIC_RELAXED)) _dm_trace_peer_seen(lk->c, x->rpeer, got.kind, got.seq);
     if (_dm_fp_equal(&got, x->expect)) return DM_OK;
     _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, x->expect, x->rpeer, &got);
     return _dm_lk_break(lk, DM_ERR_MISMATCH);
@@ -5032,7 +5043,8 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
         if (blocking && lk->bell && (st != DM_OK || progress))
             __atomic_store_n(&lk->bell->sleeping, 0u, __ATOMIC_SEQ_CST);
         if (st != DM_OK) return st;
-        if (progress && idle_since && lk->c->trace) _dm_trace_waited(lk->c, wait_peer, idle_since);
+        if (progress && idle_since && __atomic_load_n(&lk->c->trace, __ATOMIC_RELAXED))
+            _dm_trace_waited(lk->c, wait_peer, idle_since);
         if (s.si == x->ns && s.ri == x->nr && (!x->want || x->want->done)) return DM_OK;
         if (progress) { idle_since = 0; quiet = 0; blocking = spinning = false; dead = 0; continue; }
         if (!s.want_in && !s.want_out) {
@@ -5055,7 +5067,7 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
             if (st == DM_OK && now / 1000 >= deadline) {
                 bool recv_wait = s.ri < x->nr || (x->want && !x->want->done);
                 int peer = recv_wait ? x->rpeer : x->speer;
-                if (lk->c->trace) _dm_trace_wait(lk->c, peer, now - idle_since);
+                if (__atomic_load_n(&lk->c->trace, __ATOMIC_RELAXED)) _dm_trace_wait(lk->c, peer, now - idle_since);
                 _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
                          lk->tag, x->op, (unsigned long long)lk->c->seq, lk->c->timeout_ms,
                          recv_wait ? "receive from" : "send to", peer, lk->links[peer]->where);
