@@ -1506,6 +1506,11 @@ typedef struct _dm_trace {
     int* touched;
     int ntouched;
     bool dumped;                /* dumped since the last success: one dump per failure */
+    /* The operation running now, for dumps, without a lock: the ring gets it when it ends (as
+       entry number cur_index). Atomics, written by the running thread. */
+    int cur_running, cur_kind, cur_dtype, cur_root;
+    uint64_t cur_seq, cur_index, cur_bytes;
+    int64_t cur_start, cur_queued;
 } _dm_trace;
 
 struct _dm_trace_rank {
@@ -1913,6 +1918,18 @@ _DM_PRIVATE void _dm_trace_record(_dm_trace* t, const _dm_tr_entry* e, uint64_t*
     if (*index + t->cap >= t->count) t->ring[*index % t->cap] = *e;   /* else overwritten since */
     pthread_mutex_unlock(&t->mu);
 }
+/* The operation e starts: the running slot (one lock less per operation than a ring entry). */
+_DM_PRIVATE void _dm_trace_running(_dm_trace* t, const _dm_tr_entry* e) {
+    __atomic_store_n(&t->cur_index, t->count, __ATOMIC_RELAXED);  /* count: this thread's to change */
+    __atomic_store_n(&t->cur_seq, e->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_kind, (int)e->kind, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_dtype, (int)e->dtype, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_root, (int)e->root, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_bytes, e->bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_start, e->t_start, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_queued, e->t_queued, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_running, 1, __ATOMIC_RELEASE);
+}
 /* The operation's end as seen by dumps, on the running thread: the failure message, and the
    transport (asked every 64 operations: a backend may add links as it goes, and asking walks
    them all). */
@@ -2046,6 +2063,7 @@ _DM_PRIVATE void _dm_trace_finish(dm_collective* c, _dm_trace* t, _dm_tr_entry* 
     e->algorithm = c->algorithm;
     _dm_trace_note_end(c, t, st, t->ops++ == 0);
     _dm_trace_record(t, e, index);
+    if (!e->composite) __atomic_store_n(&t->cur_running, 0, __ATOMIC_RELEASE);
     if (t->rk->trace_dir[0]) _dm_trace_event(t, e, st != DM_OK);
     _dm_trace_clear_waits(t);
     if (st == DM_OK) { t->dumped = false; return; }
@@ -2072,7 +2090,8 @@ _DM_PRIVATE dm_status _dm_trace_op_run(dm_collective* c, const dm_op* o) {
     e.t_start = _dm_trace_clock(t);
     e.state = _DM_TR_RUNNING;
     _dm_trace_clear_waits(t);
-    _dm_trace_record(t, &e, &index);
+    if (e.composite) _dm_trace_record(t, &e, &index);   /* its parts take the running slot */
+    else _dm_trace_running(t, &e);
     st = _dm_op_dispatch(c, o);
     _dm_trace_finish(c, t, &e, &index, st);
     if (o->kind == DM_OP_SPLIT && st == DM_OK && o->split_out && *o->split_out)
@@ -3244,6 +3263,21 @@ _DM_PRIVATE void _dm_trace_dump_group(_dm_tbuf* b, _dm_trace* t) {
     for (i = from; i < t->count; i++) {
         _dm_tb_s(b, i == from ? "\n      " : ",\n      ");
         _dm_trace_dump_entry(b, &t->ring[i % t->cap]);
+    }
+    if (__atomic_load_n(&t->cur_running, __ATOMIC_ACQUIRE) &&
+        __atomic_load_n(&t->cur_index, __ATOMIC_RELAXED) >= t->count) {
+        _DM_ZERO(_dm_tr_entry, e);      /* the running one, not in the ring yet */
+        e.seq = __atomic_load_n(&t->cur_seq, __ATOMIC_RELAXED);
+        e.kind = (uint8_t)__atomic_load_n(&t->cur_kind, __ATOMIC_RELAXED);
+        e.t_start = __atomic_load_n(&t->cur_start, __ATOMIC_RELAXED);
+        e.t_queued = __atomic_load_n(&t->cur_queued, __ATOMIC_RELAXED);
+        e.async = e.t_queued != 0;
+        e.state = _DM_TR_RUNNING;
+        e.root = __atomic_load_n(&t->cur_root, __ATOMIC_RELAXED);
+        e.dtype = (int8_t)__atomic_load_n(&t->cur_dtype, __ATOMIC_RELAXED);
+        e.bytes = __atomic_load_n(&t->cur_bytes, __ATOMIC_RELAXED);
+        _dm_tb_s(b, t->count > from ? ",\n      " : "\n      ");
+        _dm_trace_dump_entry(b, &e);
     }
     pthread_mutex_unlock(&t->mu);
     _dm_tb_s(b, "],\n    \"queued\":[");

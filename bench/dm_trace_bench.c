@@ -17,7 +17,8 @@
 
    Options: --np N (2), --bytes B (8), --iters N (2000), --blocks N (15), --transport shm|tcp
    (shm), --dir DIR (build/bench/trace: the timeline files, and the store), --timeout S (120),
-   --control (all three worlds "off": how far apart identical worlds measure, the noise floor).
+   --control (all three worlds "off": how far apart identical worlds measure, the noise floor),
+   --only off|fr|trace (all three worlds that one: to profile it alone).
    Prints one key=value line per configuration and one with the ratios. Exit status 0, 1 (a
    failed call), 2 (bad arguments or the deadline). */
 #define DISTMESH_IMPLEMENTATION
@@ -64,10 +65,12 @@ static double median(double* v, int n) {
     qsort(v, (size_t)n, sizeof(double), cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
-/* --control: every world made "off", to see how far apart three identical worlds measure. */
-static int g_control;
+/* --control: every world made "off", to see how far apart three identical worlds measure.
+   --only CFG: every world made CFG (one configuration to profile alone). */
+static int g_control, g_only = -1;
 static void set_cfg_env(int cfg, const char* trace_dir) {
     if (g_control) cfg = CFG_OFF;
+    if (g_only >= 0) cfg = g_only;
     setenv("DISTMESH_FLIGHT_RECORDER", cfg == CFG_OFF ? "0" : "64", 1);
     unsetenv("DISTMESH_DUMP_DIR");
     if (cfg == CFG_TRACE) setenv("DISTMESH_TRACE", trace_dir, 1);
@@ -184,6 +187,10 @@ static int parse(int argc, char** argv, args* a) {
         else if (strcmp(argv[i], "--dir") == 0) a->dir = v;
         else if (strcmp(argv[i], "--timeout") == 0) a->timeout_s = atoi(v);
         else if (strcmp(argv[i], "--demo") == 0) a->demo = v;
+        else if (strcmp(argv[i], "--only") == 0) {
+            for (g_only = NCFG - 1; g_only >= 0 && strcmp(v, k_cfg[g_only]) != 0; g_only--) {}
+            if (g_only < 0) { fprintf(stderr, "dm_trace_bench: --only off|fr|trace\n"); return 2; }
+        }
         else { fprintf(stderr, "dm_trace_bench: unknown option %s\n", argv[i]); return 2; }
         i++;
     }
