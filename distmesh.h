@@ -1798,10 +1798,10 @@ _DM_PRIVATE _dm_trace* _dm_trace_get(dm_collective* c) {
     t = rk ? _dm_trace_group_new(c, rk, "world") : NULL;
     if (!t && rk) { pthread_mutex_destroy(&rk->mu); _dm_free(&c->allocator, rk); }
     if (t && rk->fr_cap > 0 && rk->dump_dir[0] && _dm_trace_env_set("DISTMESH_DUMP_ON_SIGUSR1")) {
+        _dm_trace_sig_start();
         rk->registered = true;
         rk->next = _dm_tr_reg;
         _dm_tr_reg = rk;
-        _dm_trace_sig_start();
     }
     __atomic_store_n(&c->trace, t, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&_dm_tr_reg_mu);
@@ -2150,8 +2150,8 @@ static void* _dm_trace_sig_main(void* arg) {
         pthread_mutex_unlock(&_dm_tr_reg_mu);
     }
 }
-/* Once per process: the pipe, the dumping thread, then the handler (SA_RESTART: the
-   application's interrupted system calls go on). */
+/* The pipe, the dumping thread, then the handler (SA_RESTART: the application's interrupted
+   system calls go on). */
 static void _dm_trace_sig_once(void) {
     struct sigaction sa;
     pthread_t th;
@@ -2170,9 +2170,19 @@ static void _dm_trace_sig_once(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
 }
+/* Once per process, under the registry's lock. A child forked after the parent started has the
+   parent's pipe (read by the parent's thread) and copies of its ranks: it starts its own. */
+static long _dm_tr_sig_pid;
 _DM_PRIVATE void _dm_trace_sig_start(void) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, _dm_trace_sig_once);
+    if (_dm_tr_sig_pid == (long)getpid()) return;
+    if (_dm_tr_sig_pid != 0) {
+        close(_dm_tr_sigpipe[0]);
+        close(_dm_tr_sigpipe[1]);
+        _dm_tr_sigpipe[0] = _dm_tr_sigpipe[1] = -1;
+        _dm_tr_reg = NULL;
+    }
+    _dm_tr_sig_pid = (long)getpid();
+    _dm_trace_sig_once();
 }
 
 /* >>collective base */
