@@ -156,7 +156,7 @@ static int demo_rank(const args* a, int rank, const char* store_dir) {
     TRY(c, dm_broadcast(c, grads, BUCKET, DM_FLOAT32, 0));      /* the initial weights */
     for (s = 0; s < STEPS; s++) {
         dm_request* q[BUCKETS];
-        sleep_us(rank == 3 ? 3000 : 1500);                      /* forward; rank 3 is slow */
+        sleep_us(rank == 3 ? 5000 : 1500);                      /* forward; rank 3 is slow */
         for (k = BUCKETS - 1; k >= 0; k--) {                    /* backward, last layers first */
             sleep_us(400);
             TRY(c, dm_all_reduce_async(c, NULL, grads + (size_t)k * BUCKET, BUCKET, DM_FLOAT32, DM_MEAN, &q[k]));

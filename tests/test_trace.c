@@ -328,7 +328,7 @@ static void timeline(int kind) {
     enum { W = 3 };
     pid_t pids[W];
     world_env env = { true, false, false, NULL };
-    char out[8192], cmd[700];
+    char out[8192], cmd[2000];
     int n, r, k;
     fresh_dirs(g_tr_name[kind]);
     n = spawn(kind, W, &env, g_timeout_ms, timeline_body, NULL, 60, pids);
@@ -371,6 +371,16 @@ static void timeline(int kind) {
     CHECK_HAS(out, "3 timeline(s) (ranks 0,1,2)");
     CHECK_HAS(out, "== run report");
     CHECK_HAS(out, "all_to_all_v");
+    /* one merged timeline, and the picture where gnuplot is installed */
+    snprintf(cmd, sizeof(cmd), "python3 %s/scripts/dm_trace %s --merge %s/merged.json 2>&1 && python3 -c 'import json,sys\n"
+             "print(len(json.load(open(sys.argv[1]))[\"traceEvents\"]))' %s/merged.json", DM_SRCDIR, g_dir, g_dir, g_dir);
+    assert_int_equal(run_cmd(cmd, out, sizeof(out)), 0);
+    CHECK_HAS(out, "merged");
+    if (system("command -v gnuplot >/dev/null 2>&1") == 0) {
+        snprintf(cmd, sizeof(cmd), "python3 %s/scripts/dm_trace %s --png %s/t.png 2>&1 && test -s %s/t.png", DM_SRCDIR, g_dir,
+                 g_dir, g_dir);
+        if (run_cmd(cmd, out, sizeof(out)) != 0) fail_msg("--png: %s", out);
+    }
 }
 static void test_timeline_thread(void** s) { (void)s; timeline(TR_THREAD); }
 static void test_timeline_shm(void** s) { (void)s; timeline(TR_SHM); }
