@@ -13,6 +13,8 @@
 #   make bench-hosts    all-reduce across simulated hosts (root: network namespaces, tc-shaped links;
 #                   HOSTS RANKS_PER_HOST RATE FLOW_RATE SIZES REPS), distmesh auto / flat ring / Gloo
 #   make bench-loss     time from kill -9 of a rank to every survivor's DM_ERR_PEER_LOST (shm, tcp)
+#   make bench-trace    what the flight recorder and DISTMESH_TRACE cost at 8 B (bench/dm_trace_bench.c)
+#   make trace-demo     a traced 4-rank run, scripts/dm_trace's report and the README's timeline picture
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
 #   make install    headers, pkg-config and CMake files (PREFIX=/usr/local, DESTDIR=)
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.

@@ -363,6 +363,29 @@ DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives started s
    DM_ERR_BUSY while requests are in flight. */
 DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
 
+/* >>functions: seeing inside (README "See inside"). Read from the environment when a collective
+   is made; a sub-collective (dm_split, dm_local, mesh dims, dm_shrink, dm_grow) shares its
+   parent's file and dump.
+     DISTMESH_TRACE=DIR          timeline: each rank writes Chrome trace-event JSON (Perfetto,
+                                 chrome://tracing) to DIR/dm_trace.rank<R>.pid<P>.json, one
+                                 event per operation, flushed every 100 ms, 128 KiB and on failure
+     DISTMESH_FLIGHT_RECORDER=N  the last N operations of each collective kept in memory with
+                                 their state (queued, running, done, failed); default 64, 0 off
+     DISTMESH_DUMP_DIR=DIR       where the flight recorder is dumped as JSON
+                                 (DIR/dm_fr.rank<R>.pid<P>.json) when an operation times out,
+                                 aborts, loses a peer or sees a mismatch; unset: no automatic dump
+     DISTMESH_DUMP_ON_SIGUSR1=1  also dump on SIGUSR1 (a handler that writes to a pipe and a
+                                 thread that dumps; installed only with the recorder on and
+                                 DISTMESH_DUMP_DIR set)
+   scripts/dm_trace DIR reads every rank's files: who never arrived, who is late. */
+/* Writes the flight recorder of this rank (every collective sharing c's rank state) to path,
+   or with path NULL to DISTMESH_DUMP_DIR (else DISTMESH_TRACE's DIR), and flushes the
+   timeline. Callable from any thread, a watchdog's while c's own thread is stuck in a call
+   included (its failure message then goes to the logger only, last_error being that thread's).
+   DM_ERR_UNSUPPORTED when both are off (DISTMESH_FLIGHT_RECORDER=0, no DISTMESH_TRACE);
+   DM_ERR_INVALID_ARG with no place to write. */
+DM_API dm_status dm_flight_recorder_dump(dm_collective* c, const char* path);
+
 /* >>functions: collectives */
 DM_API dm_status dm_barrier(dm_collective* c);
 /* Reduction order. For a given world size the threaded world, shared memory and TCP reduce in
@@ -703,6 +726,7 @@ struct dm_collective {
     struct _dm_async* async;    /* the core's: requests and their progress thread, or NULL */
     int busy;                   /* the core's: a blocking call runs on the caller's thread */
     const char* algorithm;      /* the last collective's algorithm (a static string), or NULL */
+    struct _dm_trace* trace;    /* the core's: flight recorder and timeline (>>trace), NULL: off */
 };
 
 #ifdef __cplusplus
@@ -1427,6 +1451,742 @@ DM_API_IMPL dm_status dm_env_detect(dm_env* out) {
 DM_API_IMPL int dm_device_count(void) { return 0; }
 #endif
 
+/* >>trace  See inside: the flight recorder (the last N operations of each collective, in memory,
+   dumped as JSON on failure, on request and on SIGUSR1) and the timeline (DISTMESH_TRACE: Chrome
+   trace-event JSON, one file per rank). Names: _dm_trace is one collective's part (its group
+   name, ring, peers' last fingerprints, the running operation's waits), _dm_trace_rank one
+   rank's (the timeline file and its buffer, the dump's name, the list of its groups), shared
+   by a collective and every sub-collective made from it, so a rank writes one file whatever
+   groups it is in. c->trace is _dm_trace_pending (on, not made yet: made at the first
+   operation, or handed down by the parent at split / shrink / grow) or NULL (off: the one test
+   in _dm_op_run, plus one per fingerprint received and per idle spell in the engine). Threads: a group's ring is written by the thread running its operation and
+   read by dumps from any thread, under the group's mutex; peers' fingerprints are atomics; the
+   waits belong to the running thread. Lock order: the process registry (SIGUSR1 only), then a
+   rank's mutex, then a group's, then a collective's request queue (dumps list what is
+   queued). Times are CLOCK_REALTIME nanoseconds, so files from several hosts line up (read on
+   the coarse clock, a few ns instead of tens, when only the flight recorder is on). */
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#define _DM_TR_DEFAULT_N 64             /* DISTMESH_FLIGHT_RECORDER unset */
+#define _DM_TR_FLUSH_BYTES ((size_t)128 << 10)
+#define _DM_TR_BUF_BYTES ((size_t)256 << 10)
+#define _DM_TR_FLUSH_NS ((int64_t)100 * 1000000)
+enum { _DM_TR_QUEUED = 0, _DM_TR_RUNNING, _DM_TR_DONE, _DM_TR_FAILED };
+static const char* const _dm_tr_state_names[] = { "queued", "running", "done", "failed" };
+
+typedef struct _dm_tr_entry {
+    uint64_t seq;               /* the collective's sequence number (point-to-point: the last one) */
+    uint64_t bytes;             /* count x dtype size as passed (all_to_all_v: sent) */
+    int64_t t_queued, t_start, t_end;   /* ns; t_queued 0 for blocking calls, t_end 0 until done */
+    const char* algorithm;      /* c->algorithm after the run (static), or NULL */
+    int32_t status, root;
+    uint8_t kind, state, async, composite;  /* composite: object collectives (run as several) */
+    int8_t dtype;
+} _dm_tr_entry;
+
+typedef struct _dm_trace_rank _dm_trace_rank;
+typedef struct _dm_trace {
+    _dm_trace_rank* rk;
+    struct _dm_trace* next;     /* the rank's groups */
+    dm_collective* c;           /* NULL once dm_destroy began (dumps no longer look at c) */
+    char group[96];             /* "world", "world/s1c0" (first split, color 0), "world/shrink1" */
+    char transport[32];         /* as of the last operation (dumps run on other threads) */
+    char error[DM_LAST_ERROR_SIZE];     /* the last failure's message */
+    int tid;                    /* the group's track in the timeline (queue times: tid + 1) */
+    int children;               /* sub-collectives made from this one, for their names */
+    int rank, size;
+    uint64_t ops;               /* operations ended (the running thread's) */
+    pthread_mutex_t mu;         /* ring, count, transport, error */
+    _dm_tr_entry* ring;
+    uint32_t cap;
+    uint64_t count;             /* entries ever written: the newest is ring[(count - 1) % cap] */
+    uint64_t* peer_seq;         /* per rank of the group: the last collective fingerprint seen */
+    int* peer_kind;             /* ... and its kind (_DM_K_*), 0: none yet */
+    int64_t* wait_ns;           /* per rank: the running operation's waits, its thread's */
+    int* touched;
+    int ntouched;
+    bool dumped;                /* dumped since the last success: one dump per failure */
+    /* The operation running now, for dumps, without a lock: the ring gets it when it ends (as
+       entry number cur_index). Atomics, written by the running thread. */
+    int cur_running, cur_kind, cur_dtype, cur_root;
+    uint64_t cur_seq, cur_index, cur_bytes;
+    int64_t cur_start, cur_queued;
+} _dm_trace;
+
+struct _dm_trace_rank {
+    pthread_mutex_t mu;         /* everything below but the constants */
+    int refs;                   /* groups sharing it */
+    int rank, size, instance;   /* instance: roots of this rank made before in this process */
+    long pid;
+    dm_allocator allocator;
+    dm_logger logger;
+    uint32_t fr_cap;            /* DISTMESH_FLIGHT_RECORDER */
+    char trace_dir[256], dump_dir[256];
+    int fd;                     /* the timeline, -1: none (yet, or failed) */
+    bool opened;                /* an open was tried */
+    char* buf;                  /* events not written yet */
+    size_t len;
+    int64_t last_flush;
+    int ntids;
+    _dm_trace* groups;
+    bool registered;
+    _dm_trace_rank* next;       /* the process registry (SIGUSR1) */
+};
+
+/* c->trace before the first operation: on, state not made yet. Never dereferenced. */
+static char _dm_trace_pending_mark;
+#define _dm_trace_pending ((struct _dm_trace*)(void*)&_dm_trace_pending_mark)
+/* The thread running a request's operation: when it was queued (ns, 0: a blocking call). */
+static _DM_THREAD_LOCAL int64_t _dm_tls_trace_queued;
+/* The process's part, for SIGUSR1 only: the ranks to dump and the pipe the handler writes. */
+static pthread_mutex_t _dm_tr_reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static _dm_trace_rank* _dm_tr_reg;
+static int _dm_tr_sigpipe[2] = { -1, -1 };
+static int _dm_tr_instances[1024];      /* roots of rank r % 1024 made in this process: unique names */
+
+_DM_PRIVATE const char* _dm_op_name(dm_op_kind k);
+_DM_PRIVATE const char* _dm_kind_name(int kind);
+_DM_PRIVATE dm_status _dm_op_dispatch(dm_collective* c, const dm_op* o);
+
+_DM_PRIVATE int64_t _dm_trace_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+/* The flight recorder alone needs times good for "who was late by how much" in a hang: the
+   coarse clock (a few ms of resolution, a few ns to read). The timeline wants the exact ones. */
+_DM_PRIVATE int64_t _dm_trace_now_coarse(void) {
+#if defined(CLOCK_REALTIME_COARSE)
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+#else
+    return _dm_trace_now();
+#endif
+}
+/* DISTMESH_FLIGHT_RECORDER: entries per collective; unset or malformed: the default. */
+_DM_PRIVATE uint32_t _dm_trace_fr_cap(void) {
+    int n = _DM_TR_DEFAULT_N;
+    const char* s = getenv("DISTMESH_FLIGHT_RECORDER");
+    if (s && !_dm_parse_int(s, 0, 1 << 20, &n)) n = _DM_TR_DEFAULT_N;
+    return (uint32_t)n;
+}
+_DM_PRIVATE bool _dm_trace_env_set(const char* name) {
+    const char* s = getenv(name);
+    return s && *s;
+}
+/* At every collective's init: pending when the recorder or the timeline is on. */
+_DM_PRIVATE struct _dm_trace* _dm_trace_wanted(void) {
+    return _dm_trace_fr_cap() > 0 || _dm_trace_env_set("DISTMESH_TRACE") ? _dm_trace_pending : NULL;
+}
+
+/* ---- text: a bounded buffer that grows (dumps) or stays fixed (one event line) ---- */
+typedef struct _dm_tbuf {
+    char* p;
+    size_t len, cap;
+    const dm_allocator* grow;   /* NULL: fixed, excess is dropped (bad is set) */
+    bool bad;
+} _dm_tbuf;
+_DM_PRIVATE bool _dm_tb_room(_dm_tbuf* b, size_t n) {
+    size_t cap;
+    char* q;
+    if (b->len + n < b->cap) return true;
+    if (!b->grow || b->bad) { b->bad = true; return false; }
+    cap = b->cap * 2 + n + 256;
+    q = (char*)_dm_malloc(b->grow, cap);
+    if (!q) { b->bad = true; return false; }
+    memcpy(q, b->p, b->len);
+    _dm_free(b->grow, b->p);
+    b->p = q;
+    b->cap = cap;
+    return true;
+}
+_DM_PRIVATE void _dm_tb_mem(_dm_tbuf* b, const char* s, size_t n) {
+    if (!_dm_tb_room(b, n)) return;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+_DM_PRIVATE void _dm_tb_s(_dm_tbuf* b, const char* s) { _dm_tb_mem(b, s, strlen(s)); }
+_DM_PRIVATE void _dm_tb_u(_dm_tbuf* b, uint64_t v) {
+    char d[24];
+    int n = 0;
+    do { d[23 - n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    _dm_tb_mem(b, d + 24 - n, (size_t)n);
+}
+_DM_PRIVATE void _dm_tb_i(_dm_tbuf* b, int64_t v) {
+    if (v < 0) { _dm_tb_mem(b, "-", 1); _dm_tb_u(b, (uint64_t)0 - (uint64_t)v); }
+    else _dm_tb_u(b, (uint64_t)v);
+}
+/* Nanoseconds as microseconds with three decimals: trace-event "ts" and "dur". */
+_DM_PRIVATE void _dm_tb_us(_dm_tbuf* b, int64_t ns) {
+    char f[4];
+    uint64_t frac;
+    if (ns < 0) { _dm_tb_mem(b, "-", 1); ns = -ns; }
+    _dm_tb_u(b, (uint64_t)ns / 1000);
+    frac = (uint64_t)ns % 1000;
+    f[0] = '.'; f[1] = (char)('0' + frac / 100); f[2] = (char)('0' + frac / 10 % 10); f[3] = (char)('0' + frac % 10);
+    _dm_tb_mem(b, f, 4);
+}
+/* A JSON string: quotes, backslashes and control bytes escaped. */
+_DM_PRIVATE void _dm_tb_str(_dm_tbuf* b, const char* s) {
+    static const char hex[] = "0123456789abcdef";
+    _dm_tb_mem(b, "\"", 1);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        char e[6];
+        if (ch == '"' || ch == '\\') { e[0] = '\\'; e[1] = (char)ch; _dm_tb_mem(b, e, 2); }
+        else if (ch < 0x20) {
+            e[0] = '\\'; e[1] = 'u'; e[2] = '0'; e[3] = '0'; e[4] = hex[ch >> 4]; e[5] = hex[ch & 15];
+            _dm_tb_mem(b, e, 6);
+        } else _dm_tb_mem(b, s, 1);
+    }
+    _dm_tb_mem(b, "\"", 1);
+}
+_DM_PRIVATE void _dm_trace_dump_queued(dm_collective* c, _dm_tbuf* b);
+/* "key": with the comma before it unless first. */
+_DM_PRIVATE void _dm_tb_key(_dm_tbuf* b, const char* key, bool first) {
+    if (!first) _dm_tb_mem(b, ",", 1);
+    _dm_tb_str(b, key);
+    _dm_tb_mem(b, ":", 1);
+}
+
+/* ---- the rank's timeline file ---- */
+/* Writes the buffer out (caller holds rk->mu). A short write drops the rest: the timeline
+   must never stop the job. */
+_DM_PRIVATE void _dm_trace_flush_locked(_dm_trace_rank* rk, int64_t now) {
+    size_t off = 0;
+    while (rk->fd >= 0 && off < rk->len) {
+        ssize_t n = write(rk->fd, rk->buf + off, rk->len - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        off += (size_t)n;
+    }
+    rk->len = 0;
+    rk->last_flush = now;
+}
+_DM_PRIVATE void _dm_trace_file_name(const _dm_trace_rank* rk, const char* dir, const char* what, char* out,
+                                     size_t cap) {
+    if (rk->instance > 0)
+        snprintf(out, cap, "%s/%s.rank%d.pid%ld.%d.json", dir, what, rk->rank, rk->pid, rk->instance);
+    else
+        snprintf(out, cap, "%s/%s.rank%d.pid%ld.json", dir, what, rk->rank, rk->pid);
+}
+/* Appends text to the timeline (opened on first use: "[" then one event per line, each after a
+   comma, so a killed process leaves everything up to its last flush, less the closing "]").
+   Caller holds rk->mu. */
+_DM_PRIVATE void _dm_trace_append_locked(_dm_trace_rank* rk, const char* text, size_t n, int64_t now, bool flush) {
+    if (!rk->trace_dir[0]) return;
+    if (!rk->opened) {
+        char path[400], host[64];
+        _DM_ZERO(_dm_tbuf, h);
+        rk->opened = true;
+        _dm_trace_file_name(rk, rk->trace_dir, "dm_trace", path, sizeof(path));
+        mkdir(rk->trace_dir, 0777);
+        rk->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        rk->buf = (char*)_dm_malloc(&rk->allocator, _DM_TR_BUF_BYTES);
+        if (rk->fd < 0 || !rk->buf) {
+            _DM_LOG(&rk->logger, DM_LOG_WARN, "trace: rank %d writes no timeline: %s: %s", rk->rank, path,
+                    rk->fd < 0 ? strerror(errno) : "out of memory");
+            if (rk->fd >= 0) close(rk->fd);
+            rk->fd = -1;
+            return;
+        }
+        if (gethostname(host, sizeof(host) - 1) != 0) _dm_copy_name(host, sizeof(host), "localhost");
+        host[sizeof(host) - 1] = 0;
+        h.p = rk->buf; h.cap = _DM_TR_BUF_BYTES;
+        _dm_tb_s(&h, "[{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":"); _dm_tb_i(&h, rk->rank);
+        _dm_tb_s(&h, ",\"tid\":0,\"args\":{\"name\":\"rank "); _dm_tb_i(&h, rk->rank);
+        _dm_tb_s(&h, "\"}},\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":"); _dm_tb_i(&h, rk->rank);
+        _dm_tb_s(&h, ",\"tid\":0,\"args\":{\"sort_index\":"); _dm_tb_i(&h, rk->rank);
+        _dm_tb_s(&h, "}},\n{\"name\":\"distmesh_rank\",\"ph\":\"M\",\"pid\":"); _dm_tb_i(&h, rk->rank);
+        _dm_tb_s(&h, ",\"tid\":0,\"args\":{\"rank\":"); _dm_tb_i(&h, rk->rank);
+        _dm_tb_s(&h, ",\"world_size\":"); _dm_tb_i(&h, rk->size);
+        _dm_tb_s(&h, ",\"os_pid\":"); _dm_tb_i(&h, rk->pid);
+        _dm_tb_s(&h, ",\"host\":"); _dm_tb_str(&h, host);
+        _dm_tb_s(&h, ",\"version\":\"" DISTMESH_VERSION "\"}}");
+        rk->len = h.len;
+        _dm_trace_flush_locked(rk, now);
+    }
+    if (rk->fd < 0) return;
+    if (rk->len + n > _DM_TR_BUF_BYTES) _dm_trace_flush_locked(rk, now);
+    if (n <= _DM_TR_BUF_BYTES) { memcpy(rk->buf + rk->len, text, n); rk->len += n; }
+    if (flush || rk->len >= _DM_TR_FLUSH_BYTES || now - rk->last_flush >= _DM_TR_FLUSH_NS)
+        _dm_trace_flush_locked(rk, now);
+}
+/* A group's two tracks, named: its operations, and the queue times of its _async calls. */
+_DM_PRIVATE void _dm_trace_name_tracks(_dm_trace* t, const char* backend) {
+    char line[512];
+    _DM_ZERO(_dm_tbuf, b);
+    int k;
+    b.p = line; b.cap = sizeof(line);
+    for (k = 0; k < 2; k++) {
+        _dm_tb_s(&b, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":"); _dm_tb_i(&b, t->rk->rank);
+        _dm_tb_s(&b, ",\"tid\":"); _dm_tb_i(&b, t->tid + k);
+        _dm_tb_s(&b, ",\"args\":{\"name\":"); _dm_tb_str(&b, k ? "queued" : t->group);
+        _dm_tb_s(&b, ",\"group\":"); _dm_tb_str(&b, t->group);
+        _dm_tb_s(&b, ",\"rank\":"); _dm_tb_i(&b, t->rank);
+        _dm_tb_s(&b, ",\"size\":"); _dm_tb_i(&b, t->size);
+        _dm_tb_s(&b, ",\"backend\":"); _dm_tb_str(&b, backend);
+        _dm_tb_s(&b, "}}");
+    }
+    pthread_mutex_lock(&t->rk->mu);
+    _dm_trace_append_locked(t->rk, line, b.len, _dm_trace_now(), false);
+    pthread_mutex_unlock(&t->rk->mu);
+}
+
+/* ---- making and releasing ---- */
+_DM_PRIVATE void _dm_trace_sig_start(void);
+_DM_PRIVATE _dm_trace_rank* _dm_trace_rank_new(dm_collective* c) {
+    _dm_trace_rank* rk = (_dm_trace_rank*)_dm_calloc(&c->allocator, sizeof(_dm_trace_rank));
+    const char* s;
+    if (!rk) return NULL;
+    pthread_mutex_init(&rk->mu, NULL);
+    rk->rank = c->rank;
+    rk->size = c->size;
+    rk->pid = (long)getpid();
+    rk->allocator = c->allocator;
+    rk->logger = c->logger;
+    rk->fr_cap = _dm_trace_fr_cap();
+    rk->fd = -1;
+    if ((s = getenv("DISTMESH_TRACE")) != NULL) _dm_copy_name(rk->trace_dir, sizeof(rk->trace_dir), s);
+    if ((s = getenv("DISTMESH_DUMP_DIR")) != NULL) _dm_copy_name(rk->dump_dir, sizeof(rk->dump_dir), s);
+    rk->last_flush = _dm_trace_now();
+    return rk;
+}
+/* A group's part of rank rk, linked into it; NULL when out of memory. */
+_DM_PRIVATE _dm_trace* _dm_trace_group_new(dm_collective* c, _dm_trace_rank* rk, const char* group) {
+    _dm_trace* t = (_dm_trace*)_dm_calloc(&c->allocator, sizeof(_dm_trace));
+    size_t W = (size_t)(c->size > 0 ? c->size : 1);
+    if (!t) return NULL;
+    t->cap = rk->fr_cap;
+    t->ring = t->cap ? (_dm_tr_entry*)_dm_calloc(&c->allocator, sizeof(_dm_tr_entry) * t->cap) : NULL;
+    t->peer_seq = (uint64_t*)_dm_calloc(&c->allocator, sizeof(uint64_t) * W);
+    t->peer_kind = (int*)_dm_calloc(&c->allocator, sizeof(int) * W);
+    t->wait_ns = (int64_t*)_dm_calloc(&c->allocator, sizeof(int64_t) * W);
+    t->touched = (int*)_dm_calloc(&c->allocator, sizeof(int) * W);
+    if ((t->cap && !t->ring) || !t->peer_seq || !t->peer_kind || !t->wait_ns || !t->touched) {
+        _dm_free(&c->allocator, t->ring); _dm_free(&c->allocator, t->peer_seq); _dm_free(&c->allocator, t->peer_kind);
+        _dm_free(&c->allocator, t->wait_ns); _dm_free(&c->allocator, t->touched); _dm_free(&c->allocator, t);
+        return NULL;
+    }
+    pthread_mutex_init(&t->mu, NULL);
+    t->rk = rk;
+    t->c = c;
+    t->rank = c->rank;
+    t->size = c->size;
+    _dm_copy_name(t->group, sizeof(t->group), group);
+    pthread_mutex_lock(&rk->mu);
+    rk->refs++;
+    t->tid = 2 * rk->ntids++;
+    t->next = rk->groups;
+    rk->groups = t;
+    pthread_mutex_unlock(&rk->mu);
+    _dm_trace_name_tracks(t, c->vt && c->vt->name ? c->vt->name : "none");
+    return t;
+}
+/* c's state, made at its first operation as the root of a new rank ("world"). NULL: out of
+   memory (c then runs untraced). */
+_DM_PRIVATE _dm_trace* _dm_trace_get(dm_collective* c) {
+    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    _dm_trace_rank* rk;
+    if (t != _dm_trace_pending) return t;
+    pthread_mutex_lock(&_dm_tr_reg_mu);    /* a dump on another thread may be making it too */
+    t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    if (t != _dm_trace_pending) { pthread_mutex_unlock(&_dm_tr_reg_mu); return t; }
+    rk = _dm_trace_rank_new(c);
+    if (rk) rk->instance = __atomic_fetch_add(&_dm_tr_instances[(unsigned)c->rank % 1024u], 1, __ATOMIC_RELAXED);
+    t = rk ? _dm_trace_group_new(c, rk, "world") : NULL;
+    if (!t && rk) { pthread_mutex_destroy(&rk->mu); _dm_free(&c->allocator, rk); }
+    if (t && rk->fr_cap > 0 && rk->dump_dir[0] && _dm_trace_env_set("DISTMESH_DUMP_ON_SIGUSR1")) {
+        _dm_trace_sig_start();
+        rk->registered = true;
+        rk->next = _dm_tr_reg;
+        _dm_tr_reg = rk;
+    }
+    __atomic_store_n(&c->trace, t, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&_dm_tr_reg_mu);
+    return t;
+}
+/* child, just made from c (split, shrink, grow), joins c's rank as group "<c's>/<what><k>". */
+_DM_PRIVATE void _dm_trace_adopt(dm_collective* c, dm_collective* child, const char* what, int color) {
+    _dm_trace* t = _dm_trace_get(c);
+    _dm_trace* old = __atomic_load_n(&child->trace, __ATOMIC_ACQUIRE);
+    char name[96];
+    if (!t || (old && old != _dm_trace_pending)) return;
+    t->children++;
+    if (color >= 0) snprintf(name, sizeof(name), "%.60s/%s%dc%d", t->group, what, t->children, color);
+    else snprintf(name, sizeof(name), "%.60s/%s%d", t->group, what, t->children);
+    __atomic_store_n(&child->trace, _dm_trace_group_new(child, t->rk, name), __ATOMIC_RELEASE);
+}
+/* dm_destroy's first step: dumps stop looking at c (its requests and fields go away next). */
+_DM_PRIVATE void _dm_trace_closing(dm_collective* c) {
+    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    if (!t || t == _dm_trace_pending) return;
+    pthread_mutex_lock(&t->rk->mu);
+    t->c = NULL;
+    pthread_mutex_unlock(&t->rk->mu);
+}
+/* dm_destroy's last step before the backend's: the group leaves its rank; the last one out
+   flushes and closes the timeline (with its closing bracket). */
+_DM_PRIVATE void _dm_trace_release(dm_collective* c) {
+    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    _dm_trace_rank* rk;
+    _dm_trace** p;
+    bool last;
+    __atomic_store_n(&c->trace, (_dm_trace*)NULL, __ATOMIC_RELEASE);
+    if (!t || t == _dm_trace_pending) return;
+    rk = t->rk;
+    pthread_mutex_lock(&_dm_tr_reg_mu);
+    pthread_mutex_lock(&rk->mu);
+    for (p = &rk->groups; *p && *p != t; p = &(*p)->next) {}
+    if (*p) *p = t->next;
+    last = --rk->refs == 0;
+    if (last && rk->registered) {
+        _dm_trace_rank** q;
+        for (q = &_dm_tr_reg; *q && *q != rk; q = &(*q)->next) {}
+        if (*q) *q = rk->next;
+    }
+    if (last && rk->fd >= 0) {
+        static const char tail[] = "\n]\n";
+        _dm_trace_append_locked(rk, tail, sizeof(tail) - 1, _dm_trace_now(), true);
+        close(rk->fd);
+        rk->fd = -1;
+    }
+    pthread_mutex_unlock(&rk->mu);
+    pthread_mutex_unlock(&_dm_tr_reg_mu);
+    pthread_mutex_destroy(&t->mu);
+    _dm_free(&c->allocator, t->ring); _dm_free(&c->allocator, t->peer_seq); _dm_free(&c->allocator, t->peer_kind);
+    _dm_free(&c->allocator, t->wait_ns); _dm_free(&c->allocator, t->touched); _dm_free(&c->allocator, t);
+    if (!last) return;
+    pthread_mutex_destroy(&rk->mu);
+    _dm_free(&rk->allocator, rk->buf);
+    _dm_free(&rk->allocator, rk);
+}
+
+/* ---- hooks in the engine ---- */
+/* The running operation waited wait_us on peer (the thread running it calls this). */
+_DM_PRIVATE void _dm_trace_wait(dm_collective* c, int peer, int64_t wait_us) {
+    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    if (!t || t == _dm_trace_pending || peer < 0 || peer >= t->size || wait_us <= 0) return;
+    if (t->wait_ns[peer] == 0) t->touched[t->ntouched++] = peer;
+    t->wait_ns[peer] += wait_us * 1000;
+}
+/* An idle spell of the running operation that began at since_us (_dm_now_us) just ended:
+   timed for the timeline only (the flight recorder keeps no waits, so it pays no clock). */
+_DM_PRIVATE int64_t _dm_now_us(void);
+_DM_PRIVATE void _dm_trace_waited(dm_collective* c, int peer, int64_t since_us) {
+    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    if (!t || t == _dm_trace_pending || !t->rk->trace_dir[0]) return;
+    _dm_trace_wait(c, peer, _dm_now_us() - since_us);
+}
+/* A collective's fingerprint arrived from peer: the peer has entered collective #seq. */
+_DM_PRIVATE void _dm_trace_peer_seen(dm_collective* c, int peer, int kind, uint64_t seq) {
+    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    if (!t || t == _dm_trace_pending || peer < 0 || peer >= t->size || kind == 6 /* _DM_K_SETUP */) return;
+    __atomic_store_n(&t->peer_seq[peer], seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->peer_kind[peer], kind, __ATOMIC_RELAXED);
+}
+
+/* ---- one operation ---- */
+_DM_PRIVATE bool _dm_trace_counts(dm_op_kind k) {
+    return k != DM_OP_SEND && k != DM_OP_RECV && k != DM_OP_ALL_GATHER_OBJECTS && k != DM_OP_BROADCAST_OBJECTS;
+}
+_DM_PRIVATE void _dm_trace_describe(dm_collective* c, const dm_op* o, _dm_tr_entry* e) {
+    size_t esize = (unsigned)o->dtype < DM_DTYPE_COUNT ? dm_dtype_size(o->dtype) : 1, i;
+    memset(e, 0, sizeof(*e));
+    e->kind = (uint8_t)o->kind;
+    e->dtype = (int8_t)o->dtype;
+    e->root = o->root;
+    e->composite = o->kind == DM_OP_ALL_GATHER_OBJECTS || o->kind == DM_OP_BROADCAST_OBJECTS;
+    e->bytes = (uint64_t)o->count * esize;
+    if (o->kind == DM_OP_ALL_TO_ALL_V && o->send_counts)
+        for (e->bytes = 0, i = 0; i < (size_t)c->size; i++) e->bytes += (uint64_t)o->send_counts[i] * esize;
+    if (o->kind == DM_OP_BROADCAST_OBJECTS && o->objects)
+        for (e->bytes = 0, i = 0; i < o->count; i++) e->bytes += o->objects[i].size;
+    if (o->kind == DM_OP_BARRIER || o->kind == DM_OP_SPLIT) e->bytes = 0;
+    if (o->kind != DM_OP_BROADCAST && o->kind != DM_OP_REDUCE && o->kind != DM_OP_GATHER && o->kind != DM_OP_SCATTER &&
+        o->kind != DM_OP_BROADCAST_OBJECTS && o->kind != DM_OP_SEND && o->kind != DM_OP_RECV)
+        e->root = -1;
+    /* the number _dm_op_begin is about to give it (object collectives: their first part's) */
+    e->seq = __atomic_load_n(&c->seq, __ATOMIC_RELAXED) + (o->kind == DM_OP_SEND || o->kind == DM_OP_RECV ? 0 : 1);
+}
+/* Records e as entry number *index (a new one when *index is UINT64_MAX). */
+_DM_PRIVATE void _dm_trace_record(_dm_trace* t, const _dm_tr_entry* e, uint64_t* index) {
+    if (!t->cap) return;
+    pthread_mutex_lock(&t->mu);
+    if (*index == UINT64_MAX) *index = t->count++;
+    if (*index + t->cap >= t->count) t->ring[*index % t->cap] = *e;   /* else overwritten since */
+    pthread_mutex_unlock(&t->mu);
+}
+/* The operation e starts: the running slot (one lock less per operation than a ring entry). */
+_DM_PRIVATE void _dm_trace_running(_dm_trace* t, const _dm_tr_entry* e) {
+    __atomic_store_n(&t->cur_index, t->count, __ATOMIC_RELAXED);  /* count: this thread's to change */
+    __atomic_store_n(&t->cur_seq, e->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_kind, (int)e->kind, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_dtype, (int)e->dtype, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_root, (int)e->root, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_bytes, e->bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_start, e->t_start, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_queued, e->t_queued, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->cur_running, 1, __ATOMIC_RELEASE);
+}
+/* The operation's end as seen by dumps, on the running thread: the failure message, and the
+   transport (asked every 64 operations: a backend may add links as it goes, and asking walks
+   them all). */
+_DM_PRIVATE void _dm_trace_note_end(dm_collective* c, _dm_trace* t, dm_status st, bool first) {
+    const char* tr;
+    if (st == DM_OK && !first && (t->ops & 63) != 0) return;
+    tr = dm_transport_name(c);
+    if (st == DM_OK && strncmp(t->transport, tr, sizeof(t->transport) - 1) == 0) return;
+    pthread_mutex_lock(&t->mu);
+    _dm_copy_name(t->transport, sizeof(t->transport), tr);
+    if (st != DM_OK) _dm_copy_name(t->error, sizeof(t->error), _dm_errbuf(c));
+    pthread_mutex_unlock(&t->mu);
+}
+/* One event line, written straight into a buffer known to be large enough (_DM_TR_LINE): the
+   hot path of the timeline, so no bounds checks per piece and no escaping (every string here
+   is ours: op and dtype names, the group names made in _dm_trace_adopt, the backend's
+   algorithm and transport names). */
+#define _DM_TR_LINE 2048
+#define _DM_TR_WAITS 32                 /* peers listed per event: the first 32 waited on */
+#define _DM_TB_LIT(p, lit) (memcpy((p), (lit), sizeof(lit) - 1), (p) += sizeof(lit) - 1)
+static const char _dm_tb_d2[] =         /* "00" "01" ... "99": two digits per division */
+    "0001020304050607080910111213141516171819"
+    "2021222324252627282930313233343536373839"
+    "4041424344454647484950515253545556575859"
+    "6061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+_DM_PRIVATE char* _dm_tb_pstr(char* p, const char* s, size_t max) {
+    size_t n = strlen(s);
+    if (n > max) n = max;
+    memcpy(p, s, n);
+    return p + n;
+}
+_DM_PRIVATE char* _dm_tb_pu(char* p, uint64_t v) {
+    char d[20];
+    int n = 20;
+    while (v >= 100) {
+        unsigned k = (unsigned)(v % 100) * 2;
+        v /= 100;
+        d[--n] = _dm_tb_d2[k + 1];
+        d[--n] = _dm_tb_d2[k];
+    }
+    if (v >= 10) { d[--n] = _dm_tb_d2[v * 2 + 1]; d[--n] = _dm_tb_d2[v * 2]; }
+    else d[--n] = (char)('0' + v);
+    memcpy(p, d + n, (size_t)(20 - n));
+    return p + 20 - n;
+}
+/* ns as microseconds with three decimals (trace-event "ts" and "dur"). */
+_DM_PRIVATE char* _dm_tb_pus(char* p, int64_t ns) {
+    uint64_t u, frac;
+    if (ns < 0) { *p++ = '-'; ns = -ns; }
+    u = (uint64_t)ns;
+    frac = u % 1000;
+    p = _dm_tb_pu(p, u / 1000);
+    p[0] = '.';
+    p[1] = (char)('0' + frac / 100);
+    p[2] = _dm_tb_d2[(frac % 100) * 2];
+    p[3] = _dm_tb_d2[(frac % 100) * 2 + 1];
+    return p + 4;
+}
+/* One trace event: the operation on the group's track, its queue time on the next track.
+   Collectives carry no "cat" (the common case, kept short); the others say p2p, objects, queue. */
+_DM_PRIVATE void _dm_trace_event(_dm_trace* t, const _dm_tr_entry* e, bool flush) {
+    char line[_DM_TR_LINE];
+    char* p = line;
+    const char* name = _dm_op_name((dm_op_kind)e->kind);
+    int k;
+    if (e->async && e->t_queued) {
+        _DM_TB_LIT(p, ",\n{\"name\":\""); p = _dm_tb_pstr(p, name, 32);
+        _DM_TB_LIT(p, "\",\"cat\":\"queue\",\"ph\":\"X\",\"pid\":"); p = _dm_tb_pu(p, (uint64_t)t->rk->rank);
+        _DM_TB_LIT(p, ",\"tid\":"); p = _dm_tb_pu(p, (uint64_t)t->tid + 1);
+        _DM_TB_LIT(p, ",\"ts\":"); p = _dm_tb_pus(p, e->t_queued);
+        _DM_TB_LIT(p, ",\"dur\":"); p = _dm_tb_pus(p, e->t_start - e->t_queued);
+        _DM_TB_LIT(p, ",\"args\":{\"seq\":"); p = _dm_tb_pu(p, e->seq);
+        _DM_TB_LIT(p, ",\"group\":\""); p = _dm_tb_pstr(p, t->group, sizeof(t->group));
+        _DM_TB_LIT(p, "\"}}");
+    }
+    _DM_TB_LIT(p, ",\n{\"name\":\""); p = _dm_tb_pstr(p, name, 32);
+    if (e->composite) _DM_TB_LIT(p, "\",\"cat\":\"objects");
+    else if (e->kind == DM_OP_SEND || e->kind == DM_OP_RECV) _DM_TB_LIT(p, "\",\"cat\":\"p2p");
+    _DM_TB_LIT(p, "\",\"ph\":\"X\",\"pid\":"); p = _dm_tb_pu(p, (uint64_t)t->rk->rank);
+    _DM_TB_LIT(p, ",\"tid\":"); p = _dm_tb_pu(p, (uint64_t)t->tid);
+    _DM_TB_LIT(p, ",\"ts\":"); p = _dm_tb_pus(p, e->t_start);
+    _DM_TB_LIT(p, ",\"dur\":"); p = _dm_tb_pus(p, e->t_end - e->t_start);
+    _DM_TB_LIT(p, ",\"args\":{\"seq\":"); p = _dm_tb_pu(p, e->seq);
+    _DM_TB_LIT(p, ",\"group\":\""); p = _dm_tb_pstr(p, t->group, sizeof(t->group));
+    _DM_TB_LIT(p, "\",\"bytes\":"); p = _dm_tb_pu(p, e->bytes);
+    _DM_TB_LIT(p, ",\"dtype\":\""); p = _dm_tb_pstr(p, dm_dtype_name((dm_dtype)e->dtype), 16);
+    _DM_TB_LIT(p, "\",\"algorithm\":\""); p = _dm_tb_pstr(p, e->algorithm ? e->algorithm : "", 48);
+    _DM_TB_LIT(p, "\",\"transport\":\""); p = _dm_tb_pstr(p, t->transport, sizeof(t->transport));
+    *p++ = '"';
+    if (e->root >= 0) { _DM_TB_LIT(p, ",\"root\":"); p = _dm_tb_pu(p, (uint64_t)e->root); }
+    if (e->t_queued) { _DM_TB_LIT(p, ",\"queued\":"); p = _dm_tb_pus(p, e->t_queued); }
+    if (e->status != DM_OK) {
+        _DM_TB_LIT(p, ",\"status\":\""); p = _dm_tb_pstr(p, dm_status_name((dm_status)e->status), 40);
+        *p++ = '"';
+    }
+    if (t->ntouched) {
+        _DM_TB_LIT(p, ",\"wait_us\":{");
+        for (k = 0; k < t->ntouched && k < _DM_TR_WAITS; k++) {
+            int peer = t->touched[k];
+            if (k) *p++ = ',';
+            *p++ = '"'; p = _dm_tb_pu(p, (uint64_t)peer); *p++ = '"'; *p++ = ':';
+            p = _dm_tb_pus(p, t->wait_ns[peer]);
+        }
+        *p++ = '}';
+    }
+    _DM_TB_LIT(p, "}}");
+    pthread_mutex_lock(&t->rk->mu);
+    _dm_trace_append_locked(t->rk, line, (size_t)(p - line), e->t_end, flush);
+    pthread_mutex_unlock(&t->rk->mu);
+}
+_DM_PRIVATE int64_t _dm_trace_clock(const _dm_trace* t) {
+    return t->rk->trace_dir[0] ? _dm_trace_now() : _dm_trace_now_coarse();
+}
+_DM_PRIVATE void _dm_trace_clear_waits(_dm_trace* t) {
+    int k;
+    for (k = 0; k < t->ntouched; k++) t->wait_ns[t->touched[k]] = 0;
+    t->ntouched = 0;
+}
+_DM_PRIVATE dm_status _dm_trace_dump_rank(_dm_trace_rank* rk, const char* path, const char* reason);
+/* A failure that breaks the group: the ones the flight recorder is dumped for. */
+_DM_PRIVATE bool _dm_trace_dumps_on(dm_status st) {
+    return st == DM_ERR_TIMEOUT || st == DM_ERR_PEER_LOST || st == DM_ERR_MISMATCH || st == DM_ERR_ABORTED ||
+           st == DM_ERR_NETWORK || st == DM_ERR_PROTOCOL;
+}
+/* The end of an operation recorded in e (started, and entry *index): ring, timeline, dump. */
+_DM_PRIVATE void _dm_trace_finish(dm_collective* c, _dm_trace* t, _dm_tr_entry* e, uint64_t* index, dm_status st) {
+    e->t_end = _dm_trace_clock(t);
+    e->status = (int32_t)st;
+    e->state = st == DM_OK ? _DM_TR_DONE : _DM_TR_FAILED;
+    e->algorithm = c->algorithm;
+    _dm_trace_note_end(c, t, st, t->ops++ == 0);
+    _dm_trace_record(t, e, index);
+    if (!e->composite) __atomic_store_n(&t->cur_running, 0, __ATOMIC_RELEASE);
+    if (t->rk->trace_dir[0]) _dm_trace_event(t, e, st != DM_OK);
+    _dm_trace_clear_waits(t);
+    if (st == DM_OK) { t->dumped = false; return; }
+    if (_dm_trace_dumps_on(st) && !t->dumped && t->rk->dump_dir[0] && t->cap) {
+        char reason[DM_LAST_ERROR_SIZE + 256];
+        t->dumped = true;
+        snprintf(reason, sizeof(reason), "%s in %s #%llu of group %.96s: %.511s", dm_status_name(st),
+                 _dm_op_name((dm_op_kind)e->kind), (unsigned long long)e->seq, t->group, t->error);
+        _dm_trace_dump_rank(t->rk, NULL, reason);
+    }
+}
+/* _dm_op_run with the recorder or the timeline on. */
+_DM_PRIVATE dm_status _dm_trace_op_run(dm_collective* c, const dm_op* o) {
+    _dm_trace* t = _dm_trace_get(c);
+    _dm_tr_entry e;
+    uint64_t index = UINT64_MAX;
+    int64_t queued = _dm_tls_trace_queued;
+    dm_status st;
+    if (!t) return _dm_op_dispatch(c, o);
+    _dm_tls_trace_queued = 0;       /* an operation's own parts were not queued */
+    _dm_trace_describe(c, o, &e);
+    e.async = queued != 0;
+    e.t_queued = queued;
+    e.t_start = _dm_trace_clock(t);
+    e.state = _DM_TR_RUNNING;
+    _dm_trace_clear_waits(t);
+    if (e.composite) _dm_trace_record(t, &e, &index);   /* its parts take the running slot */
+    else _dm_trace_running(t, &e);
+    st = _dm_op_dispatch(c, o);
+    _dm_trace_finish(c, t, &e, &index, st);
+    if (o->kind == DM_OP_SPLIT && st == DM_OK && o->split_out && *o->split_out)
+        _dm_trace_adopt(c, *o->split_out, "s", o->color);
+    return st;
+}
+/* A backend stream request (start / finish slots) as the core sees it: started, then found done. */
+_DM_PRIVATE uint64_t _dm_trace_stream_start(dm_collective* c, const dm_op* o, int64_t t_start) {
+    _dm_trace* t = _dm_trace_get(c);
+    _dm_tr_entry e;
+    uint64_t index = UINT64_MAX;
+    if (!t) return index;
+    _dm_trace_describe(c, o, &e);
+    e.seq = __atomic_load_n(&c->seq, __ATOMIC_RELAXED);    /* _dm_op_begin has counted it */
+    e.async = 1;
+    e.t_queued = t_start;
+    e.t_start = t_start;
+    e.state = _DM_TR_RUNNING;
+    _dm_trace_record(t, &e, &index);
+    return index;
+}
+_DM_PRIVATE void _dm_trace_stream_end(dm_collective* c, const dm_op* o, uint64_t index, int64_t t_start, dm_status st) {
+    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    _dm_tr_entry e;
+    if (!t || t == _dm_trace_pending) return;
+    _dm_trace_describe(c, o, &e);
+    if (t->cap && index != UINT64_MAX) {
+        pthread_mutex_lock(&t->mu);
+        if (index + t->cap >= t->count) e.seq = t->ring[index % t->cap].seq;
+        pthread_mutex_unlock(&t->mu);
+    }
+    e.async = 1;
+    e.t_queued = t_start;
+    e.t_start = t_start;
+    _dm_trace_finish(c, t, &e, &index, st);
+}
+
+/* ---- SIGUSR1: the handler only writes a byte; a thread does the dumping ---- */
+static void _dm_trace_on_signal(int sig) {
+    int saved = errno;
+    char one = 1;
+    (void)sig;
+    if (write(_dm_tr_sigpipe[1], &one, 1) < 0) {}
+    errno = saved;
+}
+static void* _dm_trace_sig_main(void* arg) {
+    char b[16];
+    (void)arg;
+    for (;;) {
+        _dm_trace_rank* rk;
+        ssize_t n = read(_dm_tr_sigpipe[0], b, sizeof(b));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return NULL;
+        pthread_mutex_lock(&_dm_tr_reg_mu);
+        for (rk = _dm_tr_reg; rk; rk = rk->next) _dm_trace_dump_rank(rk, NULL, "SIGUSR1");
+        pthread_mutex_unlock(&_dm_tr_reg_mu);
+    }
+}
+/* The pipe, the dumping thread, then the handler (SA_RESTART: the application's interrupted
+   system calls go on). */
+static void _dm_trace_sig_once(void) {
+    struct sigaction sa;
+    pthread_t th;
+    pthread_attr_t attr;
+    if (pipe(_dm_tr_sigpipe) != 0) return;
+    fcntl(_dm_tr_sigpipe[0], F_SETFD, FD_CLOEXEC);
+    fcntl(_dm_tr_sigpipe[1], F_SETFD, FD_CLOEXEC);
+    fcntl(_dm_tr_sigpipe[1], F_SETFL, O_NONBLOCK);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &attr, _dm_trace_sig_main, NULL) != 0) { pthread_attr_destroy(&attr); return; }
+    pthread_attr_destroy(&attr);
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = _dm_trace_on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+/* Once per process, under the registry's lock. A child forked after the parent started has the
+   parent's pipe (read by the parent's thread) and copies of its ranks: it starts its own. */
+static long _dm_tr_sig_pid;
+_DM_PRIVATE void _dm_trace_sig_start(void) {
+    if (_dm_tr_sig_pid == (long)getpid()) return;
+    if (_dm_tr_sig_pid != 0) {
+        close(_dm_tr_sigpipe[0]);
+        close(_dm_tr_sigpipe[1]);
+        _dm_tr_sigpipe[0] = _dm_tr_sigpipe[1] = -1;
+        _dm_tr_reg = NULL;
+    }
+    _dm_tr_sig_pid = (long)getpid();
+    _dm_trace_sig_once();
+}
+
 /* >>collective base */
 _DM_PRIVATE void _dm_collective_init(dm_collective* c, const dm_collective_vtable* vt, int rank,
                                      int size, int timeout_ms, const dm_logger* logger,
@@ -1448,6 +2208,7 @@ _DM_PRIVATE void _dm_collective_init(dm_collective* c, const dm_collective_vtabl
     c->last_error[0] = 0;
     c->async = NULL;
     c->busy = 0;
+    c->trace = _dm_trace_wanted();
 }
 
 /* One block: the item array, then the bytes of every item back to back (so the bytes of a
@@ -2078,7 +2839,8 @@ _DM_PRIVATE dm_status _dm_run_all_to_all(dm_collective* c, const dm_op* o) {
     return st;
 }
 
-_DM_PRIVATE dm_status _dm_op_run(dm_collective* c, const dm_op* o) {
+/* The operation itself; _dm_op_run below adds the flight recorder and timeline when on. */
+_DM_PRIVATE dm_status _dm_op_dispatch(dm_collective* c, const dm_op* o) {
     const dm_collective_vtable* vt = c->vt;
     _dm_op_begin(c, o);
     switch (o->kind) {
@@ -2113,6 +2875,10 @@ _DM_PRIVATE dm_status _dm_op_run(dm_collective* c, const dm_op* o) {
     }
     return _DM_FAIL(c, DM_ERR_INTERNAL, "unknown operation kind %d", (int)o->kind);
 }
+_DM_PRIVATE dm_status _dm_op_run(dm_collective* c, const dm_op* o) {
+    if (__builtin_expect(__atomic_load_n(&c->trace, __ATOMIC_RELAXED) != NULL, 0)) return _dm_trace_op_run(c, o);
+    return _dm_op_dispatch(c, o);
+}
 
 /* >>requests  Non-blocking calls. A request is one queued dm_op. The collective's progress
    thread (started by the first _async call) takes requests from the queue one at a time, in
@@ -2131,6 +2897,8 @@ struct dm_request {
     struct dm_request* next;    /* the queue */
     struct dm_request* live;    /* every request not yet freed, for dm_destroy */
     char msg[DM_LAST_ERROR_SIZE];
+    int64_t tr_queued;          /* >>trace: when it was queued (ns), 0 when off */
+    uint64_t tr_index;          /* >>trace: a stream request's flight recorder entry */
 };
 typedef struct _dm_async {
     pthread_mutex_t mu;
@@ -2181,6 +2949,7 @@ static void* _dm_async_main(void* arg) {
         saved = _dm_tls_running;
         _dm_tls_running.c = c;
         _dm_tls_running.err = r->msg;
+        _dm_tls_trace_queued = r->tr_queued;
         st = _dm_op_run(c, &r->op);
         _dm_tls_running = saved;
         pthread_mutex_lock(&a->mu);
@@ -2271,6 +3040,7 @@ _DM_PRIVATE dm_status _dm_async_enqueue(dm_collective* c, _dm_async* a, dm_reque
         a->started = true;
     }
     _dm_async_track(a, r);
+    if (__atomic_load_n(&c->trace, __ATOMIC_RELAXED)) r->tr_queued = _dm_trace_now();
     if (a->tail) a->tail->next = r; else a->head = r;
     a->tail = r;
     a->inflight++;
@@ -2289,6 +3059,7 @@ _DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) 
     if (r->token) {             /* a backend stream request: finish writes last_error on failure */
         st = c->vt->finish(c, r->token, block, done);
         if (!*done) return DM_OK;
+        if (r->tr_queued) _dm_trace_stream_end(c, &r->op, r->tr_index, r->tr_queued, st);
         if (st == DM_OK) c->last_error[0] = 0;
         pthread_mutex_lock(&a->mu);
         _dm_async_unlink(a, r);
@@ -2335,6 +3106,8 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
         if (st == DM_OK) {
             _dm_async_track(a, r);
             pthread_mutex_unlock(&a->mu);
+            if (__atomic_load_n(&c->trace, __ATOMIC_RELAXED))
+                r->tr_index = _dm_trace_stream_start(c, &r->op, r->tr_queued = _dm_trace_now());
             *out = r;
             return DM_OK;
         }
@@ -2442,6 +3215,167 @@ DM_API_IMPL dm_status dm_wait_all(dm_request** reqs, size_t n) {
         if (first == DM_OK) first = st;
     }
     return first;
+}
+
+/* >>trace dump  The flight recorder as JSON: the rank, why, and per group its last operations
+   (oldest first), the requests still queued, and its view of its peers (the last collective
+   each was seen entering: its fingerprint arrived). Written to a temporary name and renamed,
+   so a reader never sees half a dump. Caller holds nothing; takes rk->mu, then each group's. */
+_DM_PRIVATE void _dm_trace_dump_queued(dm_collective* c, _dm_tbuf* b) {
+    _dm_async* a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    dm_request* r;
+    bool first = true;
+    if (!a) return;
+    pthread_mutex_lock(&a->mu);
+    for (r = a->head; r; r = r->next) {
+        _dm_tb_s(b, first ? "\n      {\"op\":" : ",\n      {\"op\":");
+        _dm_tb_str(b, _dm_op_name(r->op.kind));
+        _dm_tb_s(b, ",\"state\":\"queued\",\"dtype\":"); _dm_tb_str(b, dm_dtype_name(r->op.dtype));
+        _dm_tb_s(b, ",\"count\":"); _dm_tb_u(b, (uint64_t)r->op.count);
+        _dm_tb_s(b, ",\"t_queued\":"); _dm_tb_us(b, r->tr_queued);
+        _dm_tb_s(b, "}");
+        first = false;
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+_DM_PRIVATE void _dm_trace_dump_entry(_dm_tbuf* b, const _dm_tr_entry* e) {
+    _dm_tb_s(b, "{\"seq\":"); _dm_tb_u(b, e->seq);
+    _dm_tb_s(b, ",\"op\":"); _dm_tb_str(b, _dm_op_name((dm_op_kind)e->kind));
+    _dm_tb_s(b, ",\"state\":"); _dm_tb_str(b, _dm_tr_state_names[e->state & 3]);
+    if (e->status != DM_OK) { _dm_tb_s(b, ",\"status\":"); _dm_tb_str(b, dm_status_name((dm_status)e->status)); }
+    _dm_tb_s(b, ",\"bytes\":"); _dm_tb_u(b, e->bytes);
+    _dm_tb_s(b, ",\"dtype\":"); _dm_tb_str(b, dm_dtype_name((dm_dtype)e->dtype));
+    if (e->root >= 0) { _dm_tb_s(b, ",\"root\":"); _dm_tb_i(b, e->root); }
+    _dm_tb_s(b, ",\"algorithm\":"); _dm_tb_str(b, e->algorithm ? e->algorithm : "");
+    _dm_tb_s(b, ",\"async\":"); _dm_tb_s(b, e->async ? "true" : "false");
+    if (e->composite) _dm_tb_s(b, ",\"composite\":true");
+    if (e->kind == DM_OP_SEND || e->kind == DM_OP_RECV) _dm_tb_s(b, ",\"p2p\":true");
+    if (e->t_queued) { _dm_tb_s(b, ",\"t_queued\":"); _dm_tb_us(b, e->t_queued); }
+    _dm_tb_s(b, ",\"t_start\":"); _dm_tb_us(b, e->t_start);
+    if (e->t_end) { _dm_tb_s(b, ",\"t_end\":"); _dm_tb_us(b, e->t_end); }
+    _dm_tb_s(b, "}");
+}
+_DM_PRIVATE void _dm_trace_dump_group(_dm_tbuf* b, _dm_trace* t) {
+    uint64_t i, from;
+    int p;
+    bool first = true;
+    dm_collective* c = t->c;
+    pthread_mutex_lock(&t->mu);
+    _dm_tb_s(b, "\n  {\"group\":"); _dm_tb_str(b, t->group);
+    _dm_tb_s(b, ",\"rank\":"); _dm_tb_i(b, t->rank);
+    _dm_tb_s(b, ",\"size\":"); _dm_tb_i(b, t->size);
+    _dm_tb_s(b, ",\"backend\":"); _dm_tb_str(b, c && c->vt && c->vt->name ? c->vt->name : "");
+    _dm_tb_s(b, ",\"transport\":"); _dm_tb_str(b, t->transport);
+    _dm_tb_s(b, ",\"seq\":"); _dm_tb_u(b, c ? __atomic_load_n(&c->seq, __ATOMIC_RELAXED) : 0);
+    _dm_tb_s(b, ",\"capacity\":"); _dm_tb_u(b, t->cap);
+    _dm_tb_s(b, ",\"recorded\":"); _dm_tb_u(b, t->count);
+    _dm_tb_s(b, ",\"last_error\":"); _dm_tb_str(b, t->error);
+    _dm_tb_s(b, ",\n    \"ops\":[");
+    from = t->count > t->cap ? t->count - t->cap : 0;
+    for (i = from; i < t->count; i++) {
+        _dm_tb_s(b, i == from ? "\n      " : ",\n      ");
+        _dm_trace_dump_entry(b, &t->ring[i % t->cap]);
+    }
+    if (__atomic_load_n(&t->cur_running, __ATOMIC_ACQUIRE) &&
+        __atomic_load_n(&t->cur_index, __ATOMIC_RELAXED) >= t->count) {
+        _DM_ZERO(_dm_tr_entry, e);      /* the running one, not in the ring yet */
+        e.seq = __atomic_load_n(&t->cur_seq, __ATOMIC_RELAXED);
+        e.kind = (uint8_t)__atomic_load_n(&t->cur_kind, __ATOMIC_RELAXED);
+        e.t_start = __atomic_load_n(&t->cur_start, __ATOMIC_RELAXED);
+        e.t_queued = __atomic_load_n(&t->cur_queued, __ATOMIC_RELAXED);
+        e.async = e.t_queued != 0;
+        e.state = _DM_TR_RUNNING;
+        e.root = __atomic_load_n(&t->cur_root, __ATOMIC_RELAXED);
+        e.dtype = (int8_t)__atomic_load_n(&t->cur_dtype, __ATOMIC_RELAXED);
+        e.bytes = __atomic_load_n(&t->cur_bytes, __ATOMIC_RELAXED);
+        _dm_tb_s(b, t->count > from ? ",\n      " : "\n      ");
+        _dm_trace_dump_entry(b, &e);
+    }
+    pthread_mutex_unlock(&t->mu);
+    _dm_tb_s(b, "],\n    \"queued\":[");
+    if (c) _dm_trace_dump_queued(c, b);
+    _dm_tb_s(b, "],\n    \"peers\":[");
+    for (p = 0; p < t->size; p++) {
+        int kind = __atomic_load_n(&t->peer_kind[p], __ATOMIC_RELAXED);
+        if (p == t->rank || kind == 0) continue;
+        _dm_tb_s(b, first ? "\n      {\"rank\":" : ",\n      {\"rank\":"); _dm_tb_i(b, p);
+        _dm_tb_s(b, ",\"last_seq\":"); _dm_tb_u(b, __atomic_load_n(&t->peer_seq[p], __ATOMIC_RELAXED));
+        _dm_tb_s(b, ",\"last_op\":"); _dm_tb_str(b, _dm_kind_name(kind));
+        _dm_tb_s(b, "}");
+        first = false;
+    }
+    _dm_tb_s(b, "]}");
+}
+_DM_PRIVATE dm_status _dm_trace_dump_rank(_dm_trace_rank* rk, const char* path, const char* reason) {
+    char name[400], tmp[420], host[64];
+    _DM_ZERO(_dm_tbuf, b);
+    _dm_trace* t;
+    const char* dir = rk->dump_dir[0] ? rk->dump_dir : rk->trace_dir;
+    int fd;
+    size_t off = 0;
+    if (!path) {
+        if (!dir[0]) return DM_ERR_INVALID_ARG;
+        mkdir(dir, 0777);
+        _dm_trace_file_name(rk, dir, "dm_fr", name, sizeof(name));
+        path = name;
+    }
+    if (gethostname(host, sizeof(host) - 1) != 0) _dm_copy_name(host, sizeof(host), "localhost");
+    host[sizeof(host) - 1] = 0;
+    b.grow = &rk->allocator;
+    b.cap = 4096;
+    b.p = (char*)_dm_malloc(&rk->allocator, b.cap);
+    if (!b.p) return DM_ERR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&rk->mu);
+    _dm_tb_s(&b, "{\"distmesh_flight_recorder\":1,\"rank\":"); _dm_tb_i(&b, rk->rank);
+    _dm_tb_s(&b, ",\"world_size\":"); _dm_tb_i(&b, rk->size);
+    _dm_tb_s(&b, ",\"pid\":"); _dm_tb_i(&b, rk->pid);
+    _dm_tb_s(&b, ",\"host\":"); _dm_tb_str(&b, host);
+    _dm_tb_s(&b, ",\"reason\":"); _dm_tb_str(&b, reason);
+    _dm_tb_s(&b, ",\"time_us\":"); _dm_tb_us(&b, _dm_trace_now());
+    _dm_tb_s(&b, ",\"groups\":[");
+    for (t = rk->groups; t; t = t->next) {
+        _dm_trace_dump_group(&b, t);
+        if (t->next) _dm_tb_s(&b, ",");
+    }
+    _dm_tb_s(&b, "]}\n");
+    if (rk->fd >= 0) _dm_trace_flush_locked(rk, _dm_trace_now());
+    pthread_mutex_unlock(&rk->mu);
+    if (b.bad) { _dm_free(&rk->allocator, b.p); return DM_ERR_OUT_OF_MEMORY; }
+    snprintf(tmp, sizeof(tmp), "%s.tmp%ld", path, (long)getpid());
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    while (fd >= 0 && off < b.len) {
+        ssize_t n = write(fd, b.p + off, b.len - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        off += (size_t)n;
+    }
+    _dm_free(&rk->allocator, b.p);
+    if (fd < 0) return DM_ERR_INVALID_ARG;
+    close(fd);
+    if (off < b.len || rename(tmp, path) != 0) { unlink(tmp); return DM_ERR_INTERNAL; }
+    return DM_OK;
+}
+DM_API_IMPL dm_status dm_flight_recorder_dump(dm_collective* c, const char* path) {
+    _dm_trace* t;
+    dm_status st;
+    if (!c) return DM_ERR_INVALID_ARG;
+    if (!__atomic_load_n(&c->trace, __ATOMIC_ACQUIRE))
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "flight_recorder_dump: the flight recorder and the timeline are off "
+                        "(DISTMESH_FLIGHT_RECORDER=0, DISTMESH_TRACE unset)");
+    t = _dm_trace_get(c);
+    if (!t) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "flight_recorder_dump: out of memory");
+    st = _dm_trace_dump_rank(t->rk, path, "dm_flight_recorder_dump");
+    if (st == DM_OK) return DM_OK;
+    /* a watchdog thread may call this while c's own thread is inside a call: last_error is that
+       thread's then, and the message only goes to the logger */
+    if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE)) {
+        _DM_LOG(&c->logger, DM_LOG_ERROR, "flight_recorder_dump: %s", !path ? "no path, no directory" : path);
+        return st;
+    }
+    if (st == DM_ERR_INVALID_ARG && !path)
+        return _DM_FAIL(c, st, "flight_recorder_dump: no path given and neither DISTMESH_DUMP_DIR nor "
+                        "DISTMESH_TRACE is set");
+    return _DM_FAIL(c, st, "flight_recorder_dump: could not write %s (%s)", path ? path : "the dump", strerror(errno));
 }
 
 /* >>public calls  Blocking: check, then run (or queue behind requests in flight). _async:
@@ -2677,6 +3611,7 @@ DM_API_IMPL dm_status dm_shrink(dm_collective* c, const int* exclude, int n_excl
     for (i = 0; i < n_exclude; i++) gone[exclude[i]] = true;
     _dm_errbuf(c)[0] = 0;
     st = c->vt->shrink(c, gone, flags, out);
+    if (st == DM_OK && *out && c->trace) _dm_trace_adopt(c, *out, "shrink", -1);
     _dm_free(&c->allocator, gone);
     __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
     if (st != DM_OK && *out) { dm_destroy(*out); *out = NULL; }
@@ -2703,6 +3638,7 @@ DM_API_IMPL dm_status dm_grow(dm_collective* c, int n_new, dm_collective** out) 
     _DM_TRY(_dm_take(c, "grow", _dm_deadline(c->timeout_ms)));
     _dm_begin(c, "grow");       /* a collective call: counts in dm_sequence, clears the error */
     st = c->vt->grow(c, n_new, out);
+    if (st == DM_OK && *out && c->trace) _dm_trace_adopt(c, *out, "grow", -1);
     __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
     if (st != DM_OK && *out) { dm_destroy(*out); *out = NULL; }
     return st;
@@ -2724,9 +3660,11 @@ DM_API_IMPL dm_status dm_synchronize(dm_collective* c) {
 /* >>accessors */
 DM_API_IMPL void dm_destroy(dm_collective* c) {
     if (!c) return;
+    if (c->trace) _dm_trace_closing(c);
     _dm_async_destroy(c);
     if (c->local) dm_destroy(c->local);
     c->local = NULL;
+    if (c->trace) _dm_trace_release(c);
     if (c->vt && c->vt->destroy) c->vt->destroy(c);
 }
 DM_API_IMPL int dm_rank(const dm_collective* c) { return c ? c->rank : -1; }
@@ -3639,6 +4577,7 @@ _DM_PRIVATE dm_status _dm_lk_check_fp(_dm_lk* lk, const _dm_xfer* x, const unsig
         return _dm_lk_break(lk, DM_ERR_PROTOCOL);
     }
     _dm_fp_decode(wire, &got);
+    if (__atomic_load_n(&lk->c->trace, __ATOMIC_RELAXED)) _dm_trace_peer_seen(lk->c, x->rpeer, got.kind, got.seq);
     if (_dm_fp_equal(&got, x->expect)) return DM_OK;
     _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, x->expect, x->rpeer, &got);
     return _dm_lk_break(lk, DM_ERR_MISMATCH);
@@ -4126,6 +5065,7 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
     unsigned quiet = 0;             /* idle rounds since the last progress */
     uint32_t seen = 0;
     bool blocking = false, spinning = false;
+    int wait_peer = -1;             /* >>trace: the peer an idle spell waits on */
     dm_status st;
     if (lk->used) {
         if (x->speer >= 0) lk->used[x->speer] = true;
@@ -4154,6 +5094,8 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
         if (blocking && lk->bell && (st != DM_OK || progress))
             __atomic_store_n(&lk->bell->sleeping, 0u, __ATOMIC_SEQ_CST);
         if (st != DM_OK) return st;
+        if (progress && idle_since && __atomic_load_n(&lk->c->trace, __ATOMIC_RELAXED))
+            _dm_trace_waited(lk->c, wait_peer, idle_since);
         if (s.si == x->ns && s.ri == x->nr && (!x->want || x->want->done)) return DM_OK;
         if (progress) { idle_since = 0; quiet = 0; blocking = spinning = false; dead = 0; continue; }
         if (!s.want_in && !s.want_out) {
@@ -4166,6 +5108,7 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
             int64_t now = _dm_now_us(), idle;
             if (idle_since == 0) {
                 idle_since = now;
+                wait_peer = s.ri < x->nr || (x->want && !x->want->done) ? x->rpeer : x->speer;
                 if (deadline == 0) deadline = lk->c->timeout_ms < 0 ? INT64_MAX : now / 1000 + lk->c->timeout_ms;
             }
             idle = now - idle_since;
@@ -4175,6 +5118,7 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
             if (st == DM_OK && now / 1000 >= deadline) {
                 bool recv_wait = s.ri < x->nr || (x->want && !x->want->done);
                 int peer = recv_wait ? x->rpeer : x->speer;
+                if (__atomic_load_n(&lk->c->trace, __ATOMIC_RELAXED)) _dm_trace_wait(lk->c, peer, now - idle_since);
                 _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
                          lk->tag, x->op, (unsigned long long)lk->c->seq, lk->c->timeout_ms,
                          recv_wait ? "receive from" : "send to", peer, lk->links[peer]->where);

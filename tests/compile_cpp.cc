@@ -18,7 +18,7 @@ static const any_fn public_functions[] = {
     FN(dm_fake_create) FN(dm_thread_world_create) FN(dm_thread_world_run) FN(dm_init) FN(dm_destroy)
     FN(dm_rank) FN(dm_world_size) FN(dm_local_rank) FN(dm_local_world_size) FN(dm_is_master)
     FN(dm_is_local_master) FN(dm_default_device) FN(dm_backend_name) FN(dm_native_handle)
-    FN(dm_last_error) FN(dm_sequence) FN(dm_set_timeout) FN(dm_barrier) FN(dm_all_reduce)
+    FN(dm_last_error) FN(dm_sequence) FN(dm_set_timeout) FN(dm_flight_recorder_dump) FN(dm_barrier) FN(dm_all_reduce)
     FN(dm_all_gather) FN(dm_all_gather_to_list) FN(dm_reduce_scatter) FN(dm_broadcast)
     FN(dm_all_gather_objects) FN(dm_broadcast_objects) FN(dm_blob_list_free) FN(dm_synchronize)
     FN(dm_split) FN(dm_local) FN(dm_main_process_first_begin) FN(dm_main_process_first_end)
