@@ -13,8 +13,3 @@ $(BUILD)/tcp/test_tcp: tests/test_tcp.c tests/test_tmpdir.h tests/test_util.h $(
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
-# The layout suite (every collective x dtype x op) with sockets forced on all nine simulated
-# layouts, not only the three `make test` runs: by hand, a few minutes.
-.PHONY: test-layouts-tcp
-test-layouts-tcp: deps $(BUILD)/tcp/test_tcp
-	DM_TEST_ALL_LAYOUTS_TCP=1 timeout -k 10 1800 $(BUILD)/tcp/test_tcp test_layouts_tcp

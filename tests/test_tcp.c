@@ -1074,9 +1074,7 @@ static void test_peers_rails(void** s) {
     assert_int_equal(st, DM_OK);
 }
 
-/* The same suite over processes: shm + sockets (auto) on every layout, sockets forced on the
-   uneven ones and one even one (on all of them with DM_TEST_ALL_LAYOUTS_TCP=1: make
-   test-layouts-tcp, by hand). */
+/* The same suite over processes on every layout: shm + sockets (auto), then sockets forced. */
 static int body_layout_suite(dm_collective* c, int rank, int world, void* arg) {
     int bad;
     (void)arg;
@@ -1089,12 +1087,9 @@ static void test_layouts_tcp(void** s) {
     int k;
     (void)s;
     for (k = 0; k < N_LAYOUTS; k++) {
-        bool forced = strcmp(g_layouts[k].name, "2x2") == 0 || strcmp(g_layouts[k].name, "2+1+1") == 0 ||
-                      strcmp(g_layouts[k].name, "interleaved 3+2") == 0 || getenv("DM_TEST_ALL_LAYOUTS_TCP");
         g_layout = &g_layouts[k];
         if (run_world_ex(g_layout->world, body_layout_suite, NULL, 120, false) != 0)
             fail_msg("layout %s (auto): the suite failed", g_layout->name);
-        if (!forced) continue;
         g_transport = "tcp";
         if (run_world_ex(g_layout->world, body_layout_suite, NULL, 120, false) != 0) {
             g_transport = NULL;
