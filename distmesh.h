@@ -1741,6 +1741,7 @@ _DM_PRIVATE void _dm_trace_sig_start(void);
 _DM_PRIVATE _dm_trace_rank* _dm_trace_rank_new(dm_collective* c) {
     _dm_trace_rank* rk = (_dm_trace_rank*)_dm_calloc(&c->allocator, sizeof(_dm_trace_rank));
     const char* s;
+    int n;
     if (!rk) return NULL;
     pthread_mutex_init(&rk->mu, NULL);
     rk->rank = c->rank;
@@ -1749,6 +1750,9 @@ _DM_PRIVATE _dm_trace_rank* _dm_trace_rank_new(dm_collective* c) {
     rk->allocator = c->allocator;
     rk->logger = c->logger;
     rk->fr_cap = _dm_trace_fr_cap();
+    if ((s = getenv("DISTMESH_FLIGHT_RECORDER")) != NULL && *s && !_dm_parse_int(s, 0, 1 << 20, &n))
+        _DM_LOG(&c->logger, DM_LOG_WARN, "DISTMESH_FLIGHT_RECORDER=\"%.32s\" is not a count 0..1048576: "
+                "keeping the default of %d operations", s, _DM_TR_DEFAULT_N);
     rk->fd = -1;
     if ((s = getenv("DISTMESH_TRACE")) != NULL) _dm_copy_name(rk->trace_dir, sizeof(rk->trace_dir), s);
     if ((s = getenv("DISTMESH_DUMP_DIR")) != NULL) _dm_copy_name(rk->dump_dir, sizeof(rk->dump_dir), s);
