@@ -55,7 +55,19 @@ void si_set_init_polls(int polls, bool forever);
 void si_set_async_error(int nccl_result);
 /* ncclCommSplit with a color returns ncclSuccess and writes NULL into *newcomm. */
 void si_split_gives_null(bool on);
-/* Split children made from now on fail their initialisation with this ncclResult_t. */
+/* Split and shrink children made from now on fail their initialisation with this ncclResult_t. */
 void si_split_child_fails(int nccl_result);
+/* What ncclGetVersion reports (default: the headers' NCCL_VERSION_CODE). */
+void si_set_version(int version);
+/* The arguments of the last ncclCommShrink call since si_reset. */
+enum { SI_SHRINK_MAX = 16 };
+typedef struct si_shrink_call {
+    int calls, flags, blocking, count;
+    int exclude[SI_SHRINK_MAX];
+} si_shrink_call;
+const si_shrink_call* si_last_shrink(void);
+/* A live communicator's rank and size (-1 if comm is not live) and the first byte of the
+   unique id it was initialised with (ncclGetUniqueId writes its call count there). */
+void si_comm_info(void* comm, int* rank, int* nranks, unsigned char* id_byte);
 
 #endif
