@@ -75,6 +75,11 @@
    call returns. Object collectives and split are left to the core (start answers
    DM_ERR_UNSUPPORTED for them).
 
+   SHRINK
+   dm_shrink uses ncclCommShrink (NCCL 2.27+) while the communicator is alive, else aborts it
+   and re-initialises the survivors through desc.store (>>nccl shrink). NCCL has no agreement:
+   every survivor must pass the same excluded ranks.
+
    One create per store prefix: a second dm_nccl_create with the same store and prefix would read
    the first one's unique id; use dm_split for sub-groups (ncclCommSplit, no store needed).
 */
@@ -97,7 +102,9 @@ typedef struct dm_nccl_desc {
     int world_size;             /* 0 -> rank, world and local rank from dm_env_detect */
     int local_rank;             /* with world_size given: this process's rank on its node */
     int cuda_device;            /* 0 -> local_rank % device count; d + 1 -> CUDA device d */
-    struct dm_store* store;     /* borrowed: where the unique id travels; 0 -> store_url */
+    struct dm_store* store;     /* borrowed: where the unique id travels; 0 -> store_url. Also
+                                   dm_shrink's fallback rendezvous: keep it alive as long as the
+                                   collective and the ones shrunk from it */
     const char* store_url;      /* 0 -> DISTMESH_STORE, else tcp://MASTER_ADDR:MASTER_PORT (rank 0
                                    hosts it); needs DISTMESH_TCP */
     const char* prefix;         /* 0 -> "distmesh_nccl/" */
