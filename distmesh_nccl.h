@@ -721,111 +721,69 @@ static dm_status _dm_nccl_all_gather_to_list_on(_dm_nccl* n, const void* send, v
 }
 
 /* >>nccl slots  The vtable's entries: each runs its _on function on the communicator's device. */
+/* A slot's body: call (an _on function of n, the slot's object) runs on the communicator's
+   device, between _dm_nccl_enter and _dm_nccl_leave; its status is returned. */
+#define _DM_NCCL_ON_DEVICE(c, what, call)                               \
+    do {                                                                \
+        _dm_nccl* n = (_dm_nccl*)(c);                                   \
+        int prev_;                                                      \
+        dm_status st_ = _dm_nccl_enter(n, (what), &prev_);              \
+        if (st_ == DM_OK) st_ = (call);                                 \
+        return _dm_nccl_leave(n, prev_, st_, (what));                   \
+    } while (0)
 static dm_status _dm_nccl_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
                                      dm_dtype dtype, dm_reduce_op op) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "all_reduce", &prev);
-    if (st == DM_OK) st = _dm_nccl_all_reduce_on(n, send, recv, count, dtype, op);
-    return _dm_nccl_leave(n, prev, st, "all_reduce");
+    _DM_NCCL_ON_DEVICE(c, "all_reduce", _dm_nccl_all_reduce_on(n, send, recv, count, dtype, op));
 }
 static dm_status _dm_nccl_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t count,
                                          dm_dtype dtype, dm_reduce_op op) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "reduce_scatter", &prev);
-    if (st == DM_OK) st = _dm_nccl_reduce_scatter_on(n, send, recv, count, dtype, op);
-    return _dm_nccl_leave(n, prev, st, "reduce_scatter");
+    _DM_NCCL_ON_DEVICE(c, "reduce_scatter", _dm_nccl_reduce_scatter_on(n, send, recv, count, dtype, op));
 }
 static dm_status _dm_nccl_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
                                      dm_dtype dtype) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "all_gather", &prev);
-    if (st == DM_OK) st = _dm_nccl_all_gather_on(n, send, recv, count, dtype);
-    return _dm_nccl_leave(n, prev, st, "all_gather");
+    _DM_NCCL_ON_DEVICE(c, "all_gather", _dm_nccl_all_gather_on(n, send, recv, count, dtype));
 }
 static dm_status _dm_nccl_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "broadcast", &prev);
-    if (st == DM_OK) st = _dm_nccl_broadcast_on(n, buf, count, dtype, root);
-    return _dm_nccl_leave(n, prev, st, "broadcast");
+    _DM_NCCL_ON_DEVICE(c, "broadcast", _dm_nccl_broadcast_on(n, buf, count, dtype, root));
 }
 static dm_status _dm_nccl_barrier(dm_collective* c) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "barrier", &prev);
-    if (st == DM_OK) st = _dm_nccl_barrier_on(n, true);
-    return _dm_nccl_leave(n, prev, st, "barrier");
+    _DM_NCCL_ON_DEVICE(c, "barrier", _dm_nccl_barrier_on(n, true));
 }
 static dm_status _dm_nccl_synchronize(dm_collective* c) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "synchronize", &prev);
-    if (st == DM_OK) st = _dm_nccl_wait(n, "synchronize", true);
-    return _dm_nccl_leave(n, prev, st, "synchronize");
+    _DM_NCCL_ON_DEVICE(c, "synchronize", _dm_nccl_wait(n, "synchronize", true));
 }
 static dm_status _dm_nccl_reduce(dm_collective* c, const void* send, void* recv, size_t count,
                                  dm_dtype dtype, dm_reduce_op op, int root) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "reduce", &prev);
-    if (st == DM_OK) st = _dm_nccl_reduce_on(n, send, recv, count, dtype, op, root);
-    return _dm_nccl_leave(n, prev, st, "reduce");
+    _DM_NCCL_ON_DEVICE(c, "reduce", _dm_nccl_reduce_on(n, send, recv, count, dtype, op, root));
 }
 static dm_status _dm_nccl_gather(dm_collective* c, const void* send, void* recv, size_t count,
                                  dm_dtype dtype, int root) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "gather", &prev);
-    if (st == DM_OK) st = _dm_nccl_gather_on(n, send, recv, count, dtype, root);
-    return _dm_nccl_leave(n, prev, st, "gather");
+    _DM_NCCL_ON_DEVICE(c, "gather", _dm_nccl_gather_on(n, send, recv, count, dtype, root));
 }
 static dm_status _dm_nccl_scatter(dm_collective* c, const void* send, void* recv, size_t count,
                                   dm_dtype dtype, int root) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "scatter", &prev);
-    if (st == DM_OK) st = _dm_nccl_scatter_on(n, send, recv, count, dtype, root);
-    return _dm_nccl_leave(n, prev, st, "scatter");
+    _DM_NCCL_ON_DEVICE(c, "scatter", _dm_nccl_scatter_on(n, send, recv, count, dtype, root));
 }
 static dm_status _dm_nccl_all_to_all_v(dm_collective* c, const void* send, const size_t* send_counts,
                                        const size_t* send_offsets, void* recv, const size_t* recv_counts,
                                        const size_t* recv_offsets, dm_dtype dtype) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "all_to_all_v", &prev);
-    if (st == DM_OK)
-        st = _dm_nccl_exchange(n, "all_to_all_v", send, send_counts, send_offsets, recv, recv_counts,
-                               recv_offsets, 0, dtype);
-    return _dm_nccl_leave(n, prev, st, "all_to_all_v");
+    _DM_NCCL_ON_DEVICE(c, "all_to_all_v", _dm_nccl_exchange(n, "all_to_all_v", send, send_counts, send_offsets, recv,
+                                                            recv_counts, recv_offsets, 0, dtype));
 }
 static dm_status _dm_nccl_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer,
                                int tag) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "send", &prev);
     (void)tag;
-    if (st == DM_OK) st = _dm_nccl_send_on(n, buf, count, dtype, peer);
-    return _dm_nccl_leave(n, prev, st, "send");
+    _DM_NCCL_ON_DEVICE(c, "send", _dm_nccl_send_on(n, buf, count, dtype, peer));
 }
 static dm_status _dm_nccl_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "recv", &prev);
     (void)tag;
-    if (st == DM_OK) st = _dm_nccl_recv_on(n, buf, count, dtype, peer);
-    return _dm_nccl_leave(n, prev, st, "recv");
+    _DM_NCCL_ON_DEVICE(c, "recv", _dm_nccl_recv_on(n, buf, count, dtype, peer));
 }
 static dm_status _dm_nccl_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
                                              size_t count, dm_dtype dtype) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "all_gather_to_list", &prev);
-    if (st == DM_OK) st = _dm_nccl_all_gather_to_list_on(n, send, recvs, count, dtype);
-    return _dm_nccl_leave(n, prev, st, "all_gather_to_list");
+    _DM_NCCL_ON_DEVICE(c, "all_gather_to_list", _dm_nccl_all_gather_to_list_on(n, send, recvs, count, dtype));
 }
+#undef _DM_NCCL_ON_DEVICE
 
 /* >>nccl requests  start queues the operation on the stream as the blocking slot does (those
    on device memory do not wait; host-staged ones and, without memory pools, the ones needing
