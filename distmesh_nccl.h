@@ -1218,6 +1218,8 @@ static dm_status _dm_nccl_shrink_native(_dm_nccl* n, int* exclude, int n_exclude
     bool stop = flags == DM_SHRINK_ABORT || n->parked;
     ncclResult_t r;
     dm_status st;
+    /* NCCL_SHRINK_DEFAULT wants a quiet parent: the blocking calls' work may still be queued */
+    if (!stop) _DM_TRY(_dm_nccl_wait(n, "shrink", true));
     config.blocking = 0;
     r = ncclCommShrink(n->comm, exclude, n_exclude, comm, &config, stop ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
     if (r != ncclSuccess && r != ncclInProgress) {

@@ -623,7 +623,7 @@ static void test_standin_shrink_falls_back_to_reinit_through_the_store(void** st
 static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
     dm_collective *c, *s = NULL;
     dm_store* store;
-    int gone[1] = { 1 };
+    int gone[1] = { 1 }, calls;
     float *a, *b;
     (void)state;
     si_reset();
@@ -645,6 +645,20 @@ static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
     CHECK_MSG(c, "the new communicator failed");
     assert_int_equal(si_get()->live_comms, 0);
     si_split_child_fails(ncclSuccess);
+    dm_destroy(c);
+
+    /* DEFAULT waits for the parent's queued work first (NCCL wants it quiet), under the
+       deadline: work that never ends is a timeout, and ncclCommShrink is not called */
+    c = make(3, 2, 150);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    si_hold_streams(true);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    calls = si_last_shrink()->calls;
+    CHECK_ST(c, DM_ERR_TIMEOUT, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
+    assert_null(s);
+    assert_int_equal(si_last_shrink()->calls, calls);
+    CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
+    si_hold_streams(false);
     dm_destroy(c);
 
     /* fallback: the new rank 0's id never arrives */
