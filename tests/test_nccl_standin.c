@@ -686,7 +686,9 @@ static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
 
 /* DM_SHRINK_ABORT while another thread waits on work that never finishes (a dead peer): the
    interrupt slot makes that wait end with DM_ERR_ABORTED at once (not at its 20 s deadline),
-   and the parked communicator is shrunk with NCCL_SHRINK_ABORT. */
+   and the parked communicator is shrunk with NCCL_SHRINK_ABORT. The stand-in takes no locks:
+   only the barrier's thread calls it until that thread has left (the core's dm_shrink waits
+   for it); the main thread only reads a call count meanwhile. */
 typedef struct { dm_collective* c; dm_status st; } sync_job;
 static int64_t now_ms(void) {
     struct timespec ts;
