@@ -59,6 +59,7 @@ static struct {
     char nccl_last[160];
 } si = { .expect_device = -1, .device_count = 4, .init_polls = 2, .pools = true, .version = NCCL_VERSION_CODE };
 static _Thread_local int si_current;
+static int si_stream_query_calls;   /* atomic: read by another thread (si_stream_queries) */
 
 /* >>script */
 void si_reset(void) {
@@ -83,7 +84,9 @@ void si_reset(void) {
     si.sticky = si.last = cudaSuccess;
     si.nccl_last[0] = 0;
     si_current = 0;
+    __atomic_store_n(&si_stream_query_calls, 0, __ATOMIC_RELEASE);
 }
+int si_stream_queries(void) { return __atomic_load_n(&si_stream_query_calls, __ATOMIC_ACQUIRE); }
 const si_stats* si_get(void) { return &si.stats; }
 int si_count(const char* fn) {
     int i;
@@ -371,6 +374,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
     cudaError_t e = si_cuda("cudaStreamQuery", true);
     int i = si_find((void* const*)si.streams, stream);
+    __atomic_add_fetch(&si_stream_query_calls, 1, __ATOMIC_ACQ_REL);
     if (e != cudaSuccess) return e;
     if (i < 0) return cudaErrorInvalidResourceHandle;
     return si_stream_done(si.streams[i]) ? cudaSuccess : cudaErrorNotReady;

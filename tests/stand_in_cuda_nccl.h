@@ -5,7 +5,7 @@
    A test scripts results ("ncclRemoteError on the 3rd enqueue", "a sticky
    cudaErrorIllegalAddress from cudaEventQuery") and reads what the backend did: how often it
    aborted, which device was current at each call, what is still allocated. Single-threaded:
-   the stand-in takes no locks. */
+   the stand-in takes no locks (one thread at a time may call it; si_stream_queries excepted). */
 #ifndef STAND_IN_CUDA_NCCL_H
 #define STAND_IN_CUDA_NCCL_H
 
@@ -28,6 +28,9 @@ void si_reset(void);
 const si_stats* si_get(void);
 /* Calls of fn (a CUDA or NCCL function name) since si_reset. */
 int si_count(const char* fn);
+/* cudaStreamQuery calls since si_reset; the one thing another thread may read while a call
+   of the stand-in runs. */
+int si_stream_queries(void);
 
 /* The nth call of fn from now on returns code: an ncclResult_t for "nccl..." names and for
    "enqueue" (any collective, ncclSend or ncclRecv), a cudaError_t for "cuda..." names. A

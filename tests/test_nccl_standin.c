@@ -688,7 +688,7 @@ static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
    interrupt slot makes that wait end with DM_ERR_ABORTED at once (not at its 20 s deadline),
    and the parked communicator is shrunk with NCCL_SHRINK_ABORT. The stand-in takes no locks:
    only the barrier's thread calls it until that thread has left (the core's dm_shrink waits
-   for it); the main thread only reads a call count meanwhile. */
+   for it); the main thread only reads si_stream_queries meanwhile. */
 typedef struct { dm_collective* c; dm_status st; } sync_job;
 static int64_t now_ms(void) {
     struct timespec ts;
@@ -718,7 +718,7 @@ static void test_standin_shrink_abort_interrupts_a_running_wait(void** state) {
     job.st = DM_OK;
     t0 = now_ms();
     assert_int_equal(pthread_create(&th, NULL, barrier_on_thread, &job), 0);
-    while (si_count("cudaStreamQuery") < 3) sched_yield();     /* the wait is running */
+    while (si_stream_queries() < 3) sched_yield();     /* the wait is running */
     CHECK_OK(c, dm_shrink(c, gone, 1, DM_SHRINK_ABORT, &s));
     assert_int_equal(pthread_join(th, NULL), 0);
     assert_true(now_ms() - t0 < 5000);
