@@ -5399,9 +5399,6 @@ static const _dm_link_cost _dm_cost_cross_host = { 25.0, 0.8 };
 _DM_PRIVATE double _dm_cost(const _dm_link_cost* k, double steps, double b) {
     return steps * (k->alpha_us + b * k->beta_ns * 1e-3);
 }
-_DM_PRIVATE const _dm_link_cost* _dm_lk_class(const _dm_lk* lk, int a, int b) {
-    return lk->lay.host_of[a] == lk->lay.host_of[b] ? &_dm_cost_shm : &_dm_cost_cross_host;
-}
 _DM_PRIVATE int _dm_ceil_log2(int n) { int k = 0; while ((1 << k) < n) k++; return k; }
 /* One round of pairs (rank a[i] sends b bytes to o[i], i < n): its slowest link. A host's
    flows across share its link, so a round costs alpha + (the most ranks of one host sending
@@ -5504,21 +5501,25 @@ _DM_PRIVATE bool _dm_lk_gather_two_level(const _dm_lk* lk, double b) {
     two = _dm_cost(&_dm_cost_cross_host, y->H - 1, b * y->Lmax) + _dm_cost(&_dm_cost_shm, y->Lmax - 1, b * y->H);
     return two < flat;
 }
+/* Dissemination over every rank: in round k each rank r signals r + k (mod size); zero bytes,
+   so a round costs the latency of its slowest class of link. */
+_DM_PRIVATE double _dm_cost_flat_dissemination(const _dm_lk* lk) {
+    int W = lk->c->size, k, r;
+    int *a = lk->lay.team, *o = a + W, *per_host = o + W;     /* senders, partners, counts */
+    double t = 0;
+    for (k = 1; k < W; k <<= 1) {
+        for (r = 0; r < W; r++) { a[r] = r; o[r] = (r + k) % W; }
+        t += _dm_cost_round(lk, a, o, W, 0, per_host);
+    }
+    return t;
+}
 _DM_PRIVATE bool _dm_lk_barrier_two_level(const _dm_lk* lk) {
     const _dm_layout* y = &lk->lay;
-    int W = lk->c->size, k;
-    double flat = 0;
     if (_dm_lk_forced_flat(lk) || y->H < 2) return false;
     if (_dm_lk_forced_two_level(lk)) return true;
     if (!_dm_lk_multi_host(lk)) return false;
-    for (k = 1; k < W; k <<= 1) {       /* a dissemination round costs its slowest pair */
-        const _dm_link_cost* c = &_dm_cost_shm;
-        int r;
-        for (r = 0; r < W; r++)
-            if (_dm_lk_class(lk, r, (r + k) % W) == &_dm_cost_cross_host) c = &_dm_cost_cross_host;
-        flat += _dm_cost(c, 1, 0);
-    }
-    return _dm_cost(&_dm_cost_shm, 2.0 * (y->Lmax - 1), 0) + _dm_cost(&_dm_cost_cross_host, _dm_ceil_log2(y->H), 0) < flat;
+    return _dm_cost(&_dm_cost_shm, 2.0 * (y->Lmax - 1), 0) + _dm_cost(&_dm_cost_cross_host, _dm_ceil_log2(y->H), 0) <
+           _dm_cost_flat_dissemination(lk);
 }
 _DM_PRIVATE void _dm_lk_ran(_dm_lk* lk, const char* algorithm) { lk->c->algorithm = algorithm; }
 

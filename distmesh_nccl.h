@@ -75,6 +75,11 @@
    call returns. Object collectives and split are left to the core (start answers
    DM_ERR_UNSUPPORTED for them).
 
+   SHRINK
+   dm_shrink uses ncclCommShrink (NCCL 2.27+) while the communicator is alive, else aborts it
+   and re-initialises the survivors through desc.store (>>nccl shrink). NCCL has no agreement:
+   every survivor must pass the same excluded ranks.
+
    One create per store prefix: a second dm_nccl_create with the same store and prefix would read
    the first one's unique id; use dm_split for sub-groups (ncclCommSplit, no store needed).
 */
@@ -97,7 +102,9 @@ typedef struct dm_nccl_desc {
     int world_size;             /* 0 -> rank, world and local rank from dm_env_detect */
     int local_rank;             /* with world_size given: this process's rank on its node */
     int cuda_device;            /* 0 -> local_rank % device count; d + 1 -> CUDA device d */
-    struct dm_store* store;     /* borrowed: where the unique id travels; 0 -> store_url */
+    struct dm_store* store;     /* borrowed: where the unique id travels; 0 -> store_url. Also
+                                   dm_shrink's fallback rendezvous: keep it alive as long as the
+                                   collective and the ones shrunk from it */
     const char* store_url;      /* 0 -> DISTMESH_STORE, else tcp://MASTER_ADDR:MASTER_PORT (rank 0
                                    hosts it); needs DISTMESH_TCP */
     const char* prefix;         /* 0 -> "distmesh_nccl/" */
@@ -133,6 +140,7 @@ DM_API dm_status dm_cuda_synchronize(void);         /* the whole device */
 
 #define _DM_NCCL_HAS_AVG (NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0))
 #define _DM_NCCL_HAS_BF16 (NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0))
+#define _DM_NCCL_HAS_SHRINK (NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0))
 
 typedef struct _dm_nccl_token _dm_nccl_token;
 typedef struct _dm_nccl {
@@ -148,6 +156,11 @@ typedef struct _dm_nccl {
     _dm_nccl_token* live;       /* started requests not finished yet (>>nccl requests) */
     _dm_nccl_token* spare;      /* finished ones, kept with their events for the next start */
     int spare_count;
+    int interrupt;              /* atomic; set by the interrupt slot on another thread (>>nccl shrink) */
+    bool parked;                /* interrupted: comm kept only for ncclCommShrink(NCCL_SHRINK_ABORT) */
+    struct dm_store* store;     /* borrowed from the desc: the fallback shrink's rendezvous, or 0 */
+    char prefix[128];           /* the desc's key prefix in that store */
+    unsigned shrinks;           /* shrinks since create: the fallback's key generation */
 } _dm_nccl;
 
 /* One started request: the event recorded on the stream right after its operation. */
@@ -197,18 +210,21 @@ static dm_status _dm_nccl_cuda_fail(dm_collective* c, cudaError_t e, const char*
    cause later calls quote). Only the first failure aborts. Started requests are decided first:
    those whose event has completed finished before the failure and stay DM_OK (NCCL's kernels
    end early only once ncclCommAbort runs), the others complete with st. */
-static void _dm_nccl_abort(_dm_nccl* n, dm_status st) {
+static void _dm_nccl_settle(_dm_nccl* n, dm_status st) {
     _dm_nccl_token* t;
-    if (n->broken != DM_OK) return;
     for (t = n->live; t; t = t->next)
         if (!t->settled) {
             t->settled = true;
             t->status = cudaEventQuery(t->event) == cudaSuccess ? DM_OK : st;
         }
     _dm_copy_name(n->cause, sizeof(n->cause), _dm_errbuf(&n->base));
+    n->broken = st;
+}
+static void _dm_nccl_abort(_dm_nccl* n, dm_status st) {
+    if (n->broken != DM_OK) return;
+    _dm_nccl_settle(n, st);
     if (n->comm) ncclCommAbort(n->comm);
     n->comm = NULL;
-    n->broken = st;
 }
 static dm_status _dm_nccl_broke_at(_dm_nccl* n, ncclResult_t r, const char* what, uint64_t seq) {
     dm_status st = _dm_nccl_fail_on(n, n->comm, r, what, seq);
@@ -249,7 +265,38 @@ static ncclResult_t _dm_nccl_async_error(ncclComm_t comm) {
     ncclResult_t async = ncclSuccess, r = ncclCommGetAsyncError(comm, &async);
     return r != ncclSuccess ? r : async;
 }
+/* Whether this NCCL has ncclCommShrink: at compile time, and in the library loaded (distmesh
+   links libnccl.so.2, whose soname every 2.x shares: headers of 2.27+ may run on an older
+   library, where calling the missing symbol would end the process). */
+static bool _dm_nccl_can_shrink(void) {
+#if _DM_NCCL_HAS_SHRINK
+    int v = 0;
+    return ncclGetVersion(&v) == ncclSuccess && v >= NCCL_VERSION(2, 27, 0);
+#else
+    return false;
+#endif
+}
+/* An operation saw the interrupt slot's flag (dm_shrink with DM_SHRINK_ABORT on another
+   thread): it ends with DM_ERR_ABORTED, started requests are settled as by an abort. Where
+   ncclCommShrink exists the communicator is parked, not aborted: NCCL_SHRINK_ABORT stops its
+   operations and builds the survivors' communicator from it; else it is aborted. */
+static dm_status _dm_nccl_interrupted(_dm_nccl* n, const char* what, uint64_t seq) {
+    dm_status st = _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted by "
+                            "dm_shrink(DM_SHRINK_ABORT)", what, (unsigned long long)seq);
+    if (n->broken != DM_OK) return st;
+    if (n->comm && _dm_nccl_can_shrink()) {
+        _dm_nccl_settle(n, st);
+        n->parked = true;
+    } else {
+        _dm_nccl_abort(n, st);
+    }
+    return st;
+}
+static bool _dm_nccl_interrupt_seen(_dm_nccl* n) {
+    return n->broken == DM_OK && __atomic_load_n(&n->interrupt, __ATOMIC_ACQUIRE) != 0;
+}
 static dm_status _dm_nccl_usable(_dm_nccl* n, const char* what) {
+    if (_dm_nccl_interrupt_seen(n)) return _dm_nccl_interrupted(n, what, n->base.seq);
     if (n->broken == DM_OK && n->comm) return DM_OK;
     return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu: the communicator was aborted by an "
                     "earlier failure (%s: %s)", what, (unsigned long long)n->base.seq,
@@ -260,9 +307,11 @@ static dm_status _dm_nccl_usable(_dm_nccl* n, const char* what) {
    drained), an asynchronous error shows up, or the deadline passes (then abort). */
 static dm_status _dm_nccl_wait(_dm_nccl* n, const char* what, bool stream_too) {
     int64_t deadline = _dm_deadline(n->base.timeout_ms);
-    if (!n->comm) return _dm_nccl_usable(n, what);
+    if (!n->comm || n->broken != DM_OK) return _dm_nccl_usable(n, what);
     for (;;) {
-        ncclResult_t async = _dm_nccl_async_error(n->comm);
+        ncclResult_t async;
+        if (_dm_nccl_interrupt_seen(n)) return _dm_nccl_interrupted(n, what, n->base.seq);
+        async = _dm_nccl_async_error(n->comm);
         if (async != ncclSuccess && async != ncclInProgress) return _dm_nccl_broke(n, async, what);
         if (async == ncclSuccess) {
             cudaError_t e = stream_too ? cudaStreamQuery(n->stream) : cudaSuccess;
@@ -672,111 +721,69 @@ static dm_status _dm_nccl_all_gather_to_list_on(_dm_nccl* n, const void* send, v
 }
 
 /* >>nccl slots  The vtable's entries: each runs its _on function on the communicator's device. */
+/* A slot's body: call (an _on function of n, the slot's object) runs on the communicator's
+   device, between _dm_nccl_enter and _dm_nccl_leave; its status is returned. */
+#define _DM_NCCL_ON_DEVICE(c, what, call)                               \
+    do {                                                                \
+        _dm_nccl* n = (_dm_nccl*)(c);                                   \
+        int prev_;                                                      \
+        dm_status st_ = _dm_nccl_enter(n, (what), &prev_);              \
+        if (st_ == DM_OK) st_ = (call);                                 \
+        return _dm_nccl_leave(n, prev_, st_, (what));                   \
+    } while (0)
 static dm_status _dm_nccl_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
                                      dm_dtype dtype, dm_reduce_op op) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "all_reduce", &prev);
-    if (st == DM_OK) st = _dm_nccl_all_reduce_on(n, send, recv, count, dtype, op);
-    return _dm_nccl_leave(n, prev, st, "all_reduce");
+    _DM_NCCL_ON_DEVICE(c, "all_reduce", _dm_nccl_all_reduce_on(n, send, recv, count, dtype, op));
 }
 static dm_status _dm_nccl_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t count,
                                          dm_dtype dtype, dm_reduce_op op) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "reduce_scatter", &prev);
-    if (st == DM_OK) st = _dm_nccl_reduce_scatter_on(n, send, recv, count, dtype, op);
-    return _dm_nccl_leave(n, prev, st, "reduce_scatter");
+    _DM_NCCL_ON_DEVICE(c, "reduce_scatter", _dm_nccl_reduce_scatter_on(n, send, recv, count, dtype, op));
 }
 static dm_status _dm_nccl_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
                                      dm_dtype dtype) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "all_gather", &prev);
-    if (st == DM_OK) st = _dm_nccl_all_gather_on(n, send, recv, count, dtype);
-    return _dm_nccl_leave(n, prev, st, "all_gather");
+    _DM_NCCL_ON_DEVICE(c, "all_gather", _dm_nccl_all_gather_on(n, send, recv, count, dtype));
 }
 static dm_status _dm_nccl_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "broadcast", &prev);
-    if (st == DM_OK) st = _dm_nccl_broadcast_on(n, buf, count, dtype, root);
-    return _dm_nccl_leave(n, prev, st, "broadcast");
+    _DM_NCCL_ON_DEVICE(c, "broadcast", _dm_nccl_broadcast_on(n, buf, count, dtype, root));
 }
 static dm_status _dm_nccl_barrier(dm_collective* c) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "barrier", &prev);
-    if (st == DM_OK) st = _dm_nccl_barrier_on(n, true);
-    return _dm_nccl_leave(n, prev, st, "barrier");
+    _DM_NCCL_ON_DEVICE(c, "barrier", _dm_nccl_barrier_on(n, true));
 }
 static dm_status _dm_nccl_synchronize(dm_collective* c) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "synchronize", &prev);
-    if (st == DM_OK) st = _dm_nccl_wait(n, "synchronize", true);
-    return _dm_nccl_leave(n, prev, st, "synchronize");
+    _DM_NCCL_ON_DEVICE(c, "synchronize", _dm_nccl_wait(n, "synchronize", true));
 }
 static dm_status _dm_nccl_reduce(dm_collective* c, const void* send, void* recv, size_t count,
                                  dm_dtype dtype, dm_reduce_op op, int root) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "reduce", &prev);
-    if (st == DM_OK) st = _dm_nccl_reduce_on(n, send, recv, count, dtype, op, root);
-    return _dm_nccl_leave(n, prev, st, "reduce");
+    _DM_NCCL_ON_DEVICE(c, "reduce", _dm_nccl_reduce_on(n, send, recv, count, dtype, op, root));
 }
 static dm_status _dm_nccl_gather(dm_collective* c, const void* send, void* recv, size_t count,
                                  dm_dtype dtype, int root) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "gather", &prev);
-    if (st == DM_OK) st = _dm_nccl_gather_on(n, send, recv, count, dtype, root);
-    return _dm_nccl_leave(n, prev, st, "gather");
+    _DM_NCCL_ON_DEVICE(c, "gather", _dm_nccl_gather_on(n, send, recv, count, dtype, root));
 }
 static dm_status _dm_nccl_scatter(dm_collective* c, const void* send, void* recv, size_t count,
                                   dm_dtype dtype, int root) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "scatter", &prev);
-    if (st == DM_OK) st = _dm_nccl_scatter_on(n, send, recv, count, dtype, root);
-    return _dm_nccl_leave(n, prev, st, "scatter");
+    _DM_NCCL_ON_DEVICE(c, "scatter", _dm_nccl_scatter_on(n, send, recv, count, dtype, root));
 }
 static dm_status _dm_nccl_all_to_all_v(dm_collective* c, const void* send, const size_t* send_counts,
                                        const size_t* send_offsets, void* recv, const size_t* recv_counts,
                                        const size_t* recv_offsets, dm_dtype dtype) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "all_to_all_v", &prev);
-    if (st == DM_OK)
-        st = _dm_nccl_exchange(n, "all_to_all_v", send, send_counts, send_offsets, recv, recv_counts,
-                               recv_offsets, 0, dtype);
-    return _dm_nccl_leave(n, prev, st, "all_to_all_v");
+    _DM_NCCL_ON_DEVICE(c, "all_to_all_v", _dm_nccl_exchange(n, "all_to_all_v", send, send_counts, send_offsets, recv,
+                                                            recv_counts, recv_offsets, 0, dtype));
 }
 static dm_status _dm_nccl_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer,
                                int tag) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "send", &prev);
     (void)tag;
-    if (st == DM_OK) st = _dm_nccl_send_on(n, buf, count, dtype, peer);
-    return _dm_nccl_leave(n, prev, st, "send");
+    _DM_NCCL_ON_DEVICE(c, "send", _dm_nccl_send_on(n, buf, count, dtype, peer));
 }
 static dm_status _dm_nccl_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "recv", &prev);
     (void)tag;
-    if (st == DM_OK) st = _dm_nccl_recv_on(n, buf, count, dtype, peer);
-    return _dm_nccl_leave(n, prev, st, "recv");
+    _DM_NCCL_ON_DEVICE(c, "recv", _dm_nccl_recv_on(n, buf, count, dtype, peer));
 }
 static dm_status _dm_nccl_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs,
                                              size_t count, dm_dtype dtype) {
-    _dm_nccl* n = (_dm_nccl*)c;
-    int prev;
-    dm_status st = _dm_nccl_enter(n, "all_gather_to_list", &prev);
-    if (st == DM_OK) st = _dm_nccl_all_gather_to_list_on(n, send, recvs, count, dtype);
-    return _dm_nccl_leave(n, prev, st, "all_gather_to_list");
+    _DM_NCCL_ON_DEVICE(c, "all_gather_to_list", _dm_nccl_all_gather_to_list_on(n, send, recvs, count, dtype));
 }
+#undef _DM_NCCL_ON_DEVICE
 
 /* >>nccl requests  start queues the operation on the stream as the blocking slot does (those
    on device memory do not wait; host-staged ones and, without memory pools, the ones needing
@@ -939,9 +946,14 @@ static dm_status _dm_nccl_finish(dm_collective* c, void* token, bool block, bool
             reported = true;
             break;
         }
-        if (!n->comm) {         /* not reached: an abort settles every live token */
+        if (!n->comm || n->broken != DM_OK) {   /* not reached: an abort settles every live token */
             t->settled = true;
             t->status = n->broken != DM_OK ? n->broken : DM_ERR_ABORTED;
+            break;
+        }
+        if (_dm_nccl_interrupt_seen(n)) {       /* settles t: DM_OK if its event completed */
+            _dm_nccl_interrupted(n, what, t->seq);
+            reported = true;
             break;
         }
         async = _dm_nccl_async_error(n->comm);
@@ -980,7 +992,8 @@ static void _dm_nccl_destroy(dm_collective* c) {
     /* Let queued work finish (within the deadline) before the communicator goes; a wait that
        fails aborts it, as does a failed switch to its device. */
     bool on_device = _dm_nccl_switch(n, "destroy", &prev) == DM_OK;
-    if (n->comm && on_device && _dm_nccl_wait(n, "destroy", true) == DM_OK) ncclCommDestroy(n->comm);
+    if (n->comm && n->broken != DM_OK) ncclCommAbort(n->comm);   /* parked by an interrupt */
+    else if (n->comm && on_device && _dm_nccl_wait(n, "destroy", true) == DM_OK) ncclCommDestroy(n->comm);
     else if (n->comm) ncclCommAbort(n->comm);     /* not reached: both failures abort */
     n->comm = NULL;
     while (n->live) {           /* requests the core did not finish (it finishes them first) */
@@ -1011,6 +1024,8 @@ static void _dm_nccl_destroy(dm_collective* c) {
 }
 
 static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collective** out);
+static dm_status _dm_nccl_shrink(dm_collective* c, const bool* gone, int flags, dm_collective** out);
+static void _dm_nccl_interrupt(dm_collective* c);
 
 static const dm_collective_vtable _dm_nccl_vtable = {
     sizeof(dm_collective_vtable),    /* struct_size */
@@ -1035,9 +1050,9 @@ static const dm_collective_vtable _dm_nccl_vtable = {
     _dm_nccl_recv,                   /* recv: ncclRecv (tag not sent) */
     _dm_nccl_start,                  /* start: queued on the stream, an event recorded after */
     _dm_nccl_finish,                 /* finish: the event, async errors and the deadline */
-    NULL,                            /* shrink */
+    _dm_nccl_shrink,                 /* shrink: ncclCommShrink (2.27+), else re-init via the store */
     NULL,                            /* grow */
-    NULL,                            /* interrupt */
+    _dm_nccl_interrupt,              /* interrupt: a flag the running wait polls */
 };
 
 /* >>nccl lifetime */
@@ -1079,29 +1094,55 @@ static dm_status _dm_nccl_resources(_dm_nccl* n) {
     return e == cudaSuccess ? DM_OK : _dm_nccl_cuda_fail(&n->base, e, "clearing scratch");
 }
 
-/* The child of a split finishes its own initialisation under the deadline. On a failure or at
-   the deadline it is aborted, after NCCL's error text has been read (the abort discards it);
-   the parent stays usable: its part of the split completed. */
-static dm_status _dm_nccl_child_ready(_dm_nccl* n, ncclComm_t child) {
+/* A new communicator (a split's child, a shrink's) finishes its own initialisation under the
+   deadline. On a failure or at the deadline it is aborted, after NCCL's error text has been
+   read (the abort discards it); the parent is not touched. */
+static dm_status _dm_nccl_child_ready(_dm_nccl* n, ncclComm_t child, const char* what) {
     int64_t deadline = _dm_deadline(n->base.timeout_ms);
     ncclResult_t r;
     dm_status st;
+    char msg[96];
     while ((r = _dm_nccl_async_error(child)) == ncclInProgress && _dm_now_ms() < deadline) sched_yield();
     if (r == ncclSuccess) return DM_OK;
-    if (r == ncclInProgress)
-        st = _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: split #%llu timed out after %d ms; the new "
-                      "communicator was aborted", (unsigned long long)n->base.seq, n->base.timeout_ms);
-    else
-        st = _dm_nccl_fail_on(n, child, r, "split: initialising the new communicator", n->base.seq);
+    if (r == ncclInProgress) {
+        st = _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the new "
+                      "communicator was aborted", what, (unsigned long long)n->base.seq, n->base.timeout_ms);
+    } else {
+        snprintf(msg, sizeof(msg), "%s: initialising the new communicator", what);
+        st = _dm_nccl_fail_on(n, child, r, msg, n->base.seq);
+    }
     ncclCommAbort(child);
     return st;
+}
+
+/* A new object around comm (ready), rank of size, on n's device, with n's timeout, logger,
+   allocator and node name; stream 0 -> an owned one. On failure comm is released and n's last
+   error says why. */
+static dm_status _dm_nccl_adopt(_dm_nccl* n, ncclComm_t comm, int rank, int size, cudaStream_t stream,
+                                const char* what, dm_collective** out) {
+    dm_collective* c = &n->base;
+    dm_status st;
+    _dm_nccl* m = _dm_nccl_new(&c->allocator, &c->logger, rank, size, c->timeout_ms, n->device, stream);
+    if (!m) {
+        ncclCommAbort(comm);
+        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "nccl: %s: out of memory", what);
+    }
+    m->comm = comm;
+    _dm_copy_name(m->base.node_name, sizeof(m->base.node_name), c->node_name);
+    st = _dm_nccl_resources(m);
+    if (st != DM_OK) {
+        _dm_copy_name(c->last_error, sizeof(c->last_error), m->base.last_error);
+        _dm_nccl_destroy(&m->base);
+        return st;
+    }
+    *out = &m->base;
+    return DM_OK;
 }
 
 /* NCCL writes *newcomm even when ncclCommSplit fails: a child that exists is aborted on every
    failure path below, and a failure of the parent's part aborts the parent too. */
 static dm_status _dm_nccl_split_on(_dm_nccl* n, int color, int key, dm_collective** out) {
     dm_collective* c = &n->base;
-    _dm_nccl* m;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclComm_t comm = NULL;
     int rank = 0, size = 0;
@@ -1122,7 +1163,7 @@ static dm_status _dm_nccl_split_on(_dm_nccl* n, int color, int key, dm_collectiv
     if (!comm)
         return _DM_FAIL(c, DM_ERR_NCCL, "nccl: split #%llu: ncclCommSplit returned no communicator for "
                         "color %d", (unsigned long long)c->seq, color);
-    _DM_TRY(_dm_nccl_child_ready(n, comm));
+    _DM_TRY(_dm_nccl_child_ready(n, comm, "split"));
     r = ncclCommUserRank(comm, &rank);
     if (r == ncclSuccess) r = ncclCommCount(comm, &size);
     if (r != ncclSuccess) {
@@ -1130,21 +1171,7 @@ static dm_status _dm_nccl_split_on(_dm_nccl* n, int color, int key, dm_collectiv
         ncclCommAbort(comm);
         return st;
     }
-    m = _dm_nccl_new(&c->allocator, &c->logger, rank, size, c->timeout_ms, n->device, NULL);
-    if (!m) {
-        ncclCommAbort(comm);
-        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "nccl: split: out of memory");
-    }
-    m->comm = comm;
-    _dm_copy_name(m->base.node_name, sizeof(m->base.node_name), c->node_name);
-    st = _dm_nccl_resources(m);
-    if (st != DM_OK) {
-        _dm_copy_name(c->last_error, sizeof(c->last_error), m->base.last_error);
-        _dm_nccl_destroy(&m->base);
-        return st;
-    }
-    *out = &m->base;
-    return DM_OK;
+    return _dm_nccl_adopt(n, comm, rank, size, NULL, "split", out);
 }
 static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collective** out) {
     _dm_nccl* n = (_dm_nccl*)c;
@@ -1153,6 +1180,158 @@ static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collect
     if (st == DM_OK) st = _dm_nccl_split_on(n, color, key, out);
     if (st != DM_OK) return _dm_nccl_leave(n, prev, st, "split");
     (void)_dm_nccl_leave(n, prev, DM_OK, "split");   /* the child exists: *out is the caller's now */
+    return DM_OK;
+}
+
+/* >>nccl shrink  The survivors' communicator comes from ncclCommShrink where this NCCL has it
+   (2.27+, also checked in the library loaded) and the parent's communicator is still alive:
+   NCCL_SHRINK_DEFAULT for a planned removal, NCCL_SHRINK_ABORT after an interrupt or with
+   DM_SHRINK_ABORT. Otherwise -- an older NCCL, or a parent a failure has already aborted (every
+   failure does, >>nccl errors) -- the parent is aborted and the survivors initialise a new
+   communicator with a unique id that the lowest surviving rank publishes in the desc's store
+   under "<prefix>shrink/<k>/nccl_unique_id" (k: the shrink's number since create, the same
+   on every survivor). NCCL has no agreement: gone[] is this rank's list, and every survivor
+   must pass the same one (as ncclCommShrink requires), else NCCL hangs until the deadline or
+   builds different groups. After success the parent's communicator is released and the
+   parent answers DM_ERR_ABORTED. */
+static void _dm_nccl_interrupt(dm_collective* c) {
+    __atomic_store_n(&((_dm_nccl*)c)->interrupt, 1, __ATOMIC_RELEASE);
+}
+/* The parent after a shrink: requests still on its stream settled (DM_OK if their event had
+   completed, else DM_ERR_ABORTED), its communicator released, every later call DM_ERR_ABORTED. */
+static void _dm_nccl_retire(_dm_nccl* n, const char* why) {
+    _dm_nccl_token* t;
+    for (t = n->live; t; t = t->next)
+        if (!t->settled) {
+            t->settled = true;
+            t->status = cudaEventQuery(t->event) == cudaSuccess ? DM_OK : DM_ERR_ABORTED;
+        }
+    if (n->comm) ncclCommAbort(n->comm);
+    n->comm = NULL;
+    n->parked = false;
+    n->broken = DM_ERR_ABORTED;
+    _dm_copy_name(n->cause, sizeof(n->cause), why);
+}
+static dm_status _dm_nccl_shrink_native(_dm_nccl* n, int* exclude, int n_exclude, int flags, ncclComm_t* comm) {
+#if _DM_NCCL_HAS_SHRINK
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    bool stop = flags == DM_SHRINK_ABORT || n->parked;
+    ncclResult_t r;
+    dm_status st;
+    /* NCCL_SHRINK_DEFAULT wants a quiet parent: the blocking calls' work may still be queued */
+    if (!stop) _DM_TRY(_dm_nccl_wait(n, "shrink", true));
+    config.blocking = 0;
+    r = ncclCommShrink(n->comm, exclude, n_exclude, comm, &config, stop ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        st = _dm_nccl_fail_on(n, n->comm, r, "shrink: ncclCommShrink", n->base.seq);
+        if (*comm) ncclCommAbort(*comm);    /* NCCL may write it even then */
+        *comm = NULL;
+        return st;
+    }
+    if (!*comm)
+        return _DM_FAIL(&n->base, DM_ERR_NCCL, "nccl: shrink #%llu: ncclCommShrink returned no communicator",
+                        (unsigned long long)n->base.seq);
+    st = _dm_nccl_child_ready(n, *comm, "shrink");
+    if (st != DM_OK) *comm = NULL;
+    return st;
+#else
+    (void)exclude; (void)n_exclude; (void)flags; (void)comm;
+    return _DM_FAIL(&n->base, DM_ERR_UNSUPPORTED, "nccl: shrink: built with NCCL %d, without ncclCommShrink",
+                    NCCL_VERSION_CODE);
+#endif
+}
+/* The fallback: a new communicator of size ranks through the store (see above). */
+static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclComm_t* comm) {
+#if defined(DISTMESH_TCP)
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ncclUniqueId id;
+    char key[200];
+    void* value = NULL;
+    size_t len = 0;
+    ncclResult_t r;
+    dm_status st = DM_OK;
+    if (!n->store)
+        return _DM_FAIL(&n->base, DM_ERR_UNSUPPORTED, "nccl: shrink #%llu needs %s and a store to re-initialise "
+                        "through (desc.store, kept alive by the caller; not for split children)",
+                        (unsigned long long)n->base.seq, n->comm ? "ncclCommShrink (NCCL 2.27+)" :
+                        "a communicator that no failure aborted for ncclCommShrink, or");
+    snprintf(key, sizeof(key), "%sshrink/%u/nccl_unique_id", n->prefix, n->shrinks + 1);
+    _dm_nccl_retire(n, "nccl: this communicator was aborted by dm_shrink; destroy it");
+    if (rank == 0) {
+        r = ncclGetUniqueId(&id);
+        if (r != ncclSuccess) return _dm_nccl_fail_on(n, NULL, r, "shrink: ncclGetUniqueId", n->base.seq);
+        if (dm_store_set(n->store, key, &id, sizeof(id)) != DM_OK)
+            return _DM_FAIL(&n->base, DM_ERR_NETWORK, "nccl: shrink: publishing the unique id: %s",
+                            dm_store_last_error(n->store));
+    } else if (dm_store_get(n->store, key, &value, &len) != DM_OK) {
+        return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: shrink: waiting for the new rank 0's unique id (%s): %s",
+                        key, dm_store_last_error(n->store));
+    } else {
+        if (len == sizeof(id)) memcpy(&id, value, sizeof(id));
+        dm_store_free(n->store, value);
+        if (len != sizeof(id))
+            return _DM_FAIL(&n->base, DM_ERR_PROTOCOL, "nccl: shrink: unique id of %zu bytes in the store", len);
+    }
+    config.blocking = 0;
+    r = ncclCommInitRankConfig(comm, size, id, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) st = _dm_nccl_fail_on(n, *comm, r, "shrink: ncclCommInitRankConfig", n->base.seq);
+    if (st == DM_OK && !*comm)
+        st = _DM_FAIL(&n->base, DM_ERR_NCCL, "nccl: shrink: ncclCommInitRankConfig returned no communicator");
+    else if (st == DM_OK) st = _dm_nccl_child_ready(n, *comm, "shrink");
+    else if (*comm) ncclCommAbort(*comm);
+    if (st != DM_OK) *comm = NULL;
+    return st;
+#else
+    (void)rank; (void)size; (void)comm;
+    return _DM_FAIL(&n->base, DM_ERR_UNSUPPORTED, "nccl: shrink #%llu needs %s, or a build with DISTMESH_TCP and "
+                    "desc.store to re-initialise through", (unsigned long long)n->base.seq,
+                    n->comm ? "ncclCommShrink (NCCL 2.27+)" : "a communicator that no failure aborted");
+#endif
+}
+static dm_status _dm_nccl_shrink_on(_dm_nccl* n, const bool* gone, int flags, dm_collective** out) {
+    dm_collective* c = &n->base;
+    int i, k = 0, rank = 0, size = 0;
+    int* exclude = (int*)_dm_malloc(&c->allocator, sizeof(int) * (size_t)c->size);
+    ncclComm_t comm = NULL;
+    dm_status st;
+    char why[DM_LAST_ERROR_SIZE];
+    if (!exclude) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "nccl: shrink: out of memory");
+    for (i = 0; i < c->size; i++) {     /* survivors keep their order: the new rank counts them */
+        if (gone[i]) exclude[k++] = i;
+        else if (i < c->rank) rank++;
+    }
+    size = c->size - k;
+    if (n->comm && _dm_nccl_can_shrink()) {
+        st = _dm_nccl_shrink_native(n, exclude, k, flags, &comm);
+        if (st != DM_OK) _dm_nccl_retire(n, _dm_errbuf(c));    /* its part of the shrink failed */
+    } else {
+        st = _dm_nccl_shrink_reinit(n, rank, size, &comm);
+    }
+    _dm_free(&c->allocator, exclude);
+    if (st != DM_OK) return st;
+    snprintf(why, sizeof(why), "nccl: shrink #%llu replaced this communicator by one of %d ranks; destroy it",
+             (unsigned long long)c->seq, size);
+    _dm_nccl_retire(n, why);
+    st = _dm_nccl_adopt(n, comm, rank, size, n->owns_stream ? NULL : n->stream, "shrink", out);
+    if (st == DM_OK) {
+        _dm_nccl* m = (_dm_nccl*)*out;
+        m->store = n->store;
+        memcpy(m->prefix, n->prefix, sizeof(m->prefix));
+        m->shrinks = n->shrinks + 1;
+    }
+    return st;
+}
+static dm_status _dm_nccl_shrink(dm_collective* c, const bool* gone, int flags, dm_collective** out) {
+    _dm_nccl* n = (_dm_nccl*)c;
+    int prev = -1;
+    dm_status st;
+    if (flags == DM_SHRINK_DEFAULT && n->live)    /* stream requests: the core does not count them */
+        return _DM_FAIL(c, DM_ERR_BUSY, "nccl: shrink: requests started with an _async call are not "
+                        "finished (dm_wait for them, or use DM_SHRINK_ABORT)");
+    st = _dm_nccl_switch(n, "shrink", &prev);
+    if (st == DM_OK) st = _dm_nccl_shrink_on(n, gone, flags, out);
+    if (st != DM_OK) return _dm_nccl_leave(n, prev, st, "shrink");
+    (void)_dm_nccl_leave(n, prev, DM_OK, "shrink");   /* *out exists: the caller's now */
     return DM_OK;
 }
 
@@ -1270,6 +1449,8 @@ DM_API_IMPL dm_status dm_nccl_create(const dm_nccl_desc* desc, dm_collective** o
     if (!n) return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "nccl: out of memory");
     n->base.local_rank = local_rank;
     n->base.local_size = local_size;
+    n->store = d.store;
+    _dm_copy_name(n->prefix, sizeof(n->prefix), d.prefix ? d.prefix : "distmesh_nccl/");
     st = _dm_nccl_resources(n);
     if (st == DM_OK) st = _dm_nccl_unique_id(n, &d, &id);
     if (st == DM_OK) {

@@ -9,19 +9,21 @@ SI_NCCL_INC  := $(firstword $(wildcard $(SI_NCCL_HOME)/include/nccl.h /usr/inclu
 SI_DIR       := $(BUILD)/nccl_standin
 ifneq ($(and $(SI_NCCL_INC),$(wildcard $(CUDA_HOME)/include/cuda_runtime.h)),)
 SI_CFLAGS := -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(SI_NCCL_INC))
+# The test binary has the TCP backend too: dm_shrink's fallback re-initialises through a store.
+SI_TEST_CFLAGS := $(SI_CFLAGS) -DDISTMESH_TCP $(UV_CFLAGS)
 TEST_BINS += $(SI_DIR)/test_nccl_standin
 
-$(SI_DIR)/impl.o: tests/impl.c distmesh.h distmesh_nccl.h
+$(SI_DIR)/impl.o: tests/impl.c distmesh.h distmesh_tcp.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(SI_CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(SI_TEST_CFLAGS) -c $< -o $@
 $(SI_DIR)/stand_in_cuda_nccl.o: tests/stand_in_cuda_nccl.c tests/stand_in_cuda_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(SI_CFLAGS) -c $< -o $@
 # No -lcudart, no -lnccl: the stand-in defines every CUDA and NCCL symbol impl.o uses.
 $(SI_DIR)/test_nccl_standin: tests/test_nccl_standin.c tests/stand_in_cuda_nccl.h tests/test_filter.h \
                              $(SI_DIR)/impl.o $(SI_DIR)/stand_in_cuda_nccl.o
-	$(CC) $(CFLAGS_ALL) $(SI_CFLAGS) $< $(SI_DIR)/impl.o $(SI_DIR)/stand_in_cuda_nccl.o -o $@ \
-	    $(CMOCKA_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(SI_TEST_CFLAGS) $< $(SI_DIR)/impl.o $(SI_DIR)/stand_in_cuda_nccl.o -o $@ \
+	    $(CMOCKA_LIBS) $(UV_LIBS) $(LDLIBS_ALL)
 
 ifneq ($(shell command -v clang 2>/dev/null),)
 EXTRA_BINS += $(SI_DIR)/compile_nccl_clang

@@ -33,6 +33,7 @@ typedef struct si_comm {
     int device, rank, nranks;
     ncclResult_t async;
     int polls_left;             /* ncclInProgress polls before ncclSuccess; -1: forever */
+    unsigned char id_byte;      /* the unique id's first byte it was made with (init only) */
 } si_comm;
 typedef struct si_alloc { unsigned char* p; size_t bytes; int device; } si_alloc;
 typedef struct si_rule { char fn[40]; int left; int code; bool sticky; } si_rule;
@@ -49,12 +50,16 @@ static struct {
     int expect_device, device_count, busy_polls, init_polls;
     bool pools, held, init_forever, split_null;
     ncclResult_t child_fails;   /* what a split child's initialisation ends in, if not success */
+    int version;                /* what ncclGetVersion reports */
+    si_shrink_call shrink;      /* the last ncclCommShrink's arguments */
+    unsigned ids;               /* ncclGetUniqueId calls, written into each id */
     unsigned epoch;
     ncclResult_t peer_died;     /* ncclSuccess, or what every communicator reports */
     cudaError_t sticky, last;
     char nccl_last[160];
-} si = { .expect_device = -1, .device_count = 4, .init_polls = 2, .pools = true };
+} si = { .expect_device = -1, .device_count = 4, .init_polls = 2, .pools = true, .version = NCCL_VERSION_CODE };
 static _Thread_local int si_current;
+static int si_stream_query_calls;   /* atomic: read by another thread (si_stream_queries) */
 
 /* >>script */
 void si_reset(void) {
@@ -74,10 +79,14 @@ void si_reset(void) {
     si.pools = true;
     si.held = si.init_forever = si.split_null = false;
     si.peer_died = si.child_fails = ncclSuccess;
+    si.version = NCCL_VERSION_CODE;
+    memset(&si.shrink, 0, sizeof(si.shrink));
     si.sticky = si.last = cudaSuccess;
     si.nccl_last[0] = 0;
     si_current = 0;
+    __atomic_store_n(&si_stream_query_calls, 0, __ATOMIC_RELEASE);
 }
+int si_stream_queries(void) { return __atomic_load_n(&si_stream_query_calls, __ATOMIC_ACQUIRE); }
 const si_stats* si_get(void) { return &si.stats; }
 int si_count(const char* fn) {
     int i;
@@ -110,6 +119,8 @@ void si_set_init_polls(int polls, bool forever) { si.init_polls = polls; si.init
 void si_set_async_error(int nccl_result) { si.peer_died = (ncclResult_t)nccl_result; }
 void si_split_gives_null(bool on) { si.split_null = on; }
 void si_split_child_fails(int nccl_result) { si.child_fails = (ncclResult_t)nccl_result; }
+void si_set_version(int version) { si.version = version; }
+const si_shrink_call* si_last_shrink(void) { return &si.shrink; }
 
 /* >>calls  Counting, the device check and the scripted result of one call. */
 static void si_note(const char* fn) {
@@ -363,6 +374,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
     cudaError_t e = si_cuda("cudaStreamQuery", true);
     int i = si_find((void* const*)si.streams, stream);
+    __atomic_add_fetch(&si_stream_query_calls, 1, __ATOMIC_ACQ_REL);
     if (e != cudaSuccess) return e;
     if (i < 0) return cudaErrorInvalidResourceHandle;
     return si_stream_done(si.streams[i]) ? cudaSuccess : cudaErrorNotReady;
@@ -480,7 +492,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
                                     ncclConfig_t* config) {
     si_comm* c = si_comm_new(si_current, rank, nranks);
     ncclResult_t r = si_nccl("ncclCommInitRankConfig", c, true);
-    (void)commId;
+    c->id_byte = (unsigned char)commId.internal[0];
     *comm = (ncclComm_t)(void*)c;       /* written even on failure, as NCCL does */
     if (r != ncclSuccess) return r;
     return config && !config->blocking && c->async == ncclInProgress ? ncclInProgress : ncclSuccess;
@@ -640,4 +652,94 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
                       cudaStream_t stream) {
     (void)recvbuff; (void)count; (void)datatype; (void)peer;
     return si_op("ncclRecv", comm, stream);
+}
+
+/* >>version, unique ids, shrink */
+void si_comm_info(void* comm, int* rank, int* nranks, unsigned char* id_byte) {
+    int i = si_find((void* const*)si.comms, comm);
+    *rank = i < 0 ? -1 : si.comms[i]->rank;
+    *nranks = i < 0 ? -1 : si.comms[i]->nranks;
+    *id_byte = i < 0 ? 0 : si.comms[i]->id_byte;
+}
+ncclResult_t ncclGetVersion(int* version) {
+    ncclResult_t r = si_nccl("ncclGetVersion", NULL, false);
+    if (r == ncclSuccess) *version = si.version;
+    return r;
+}
+/* Each id carries the number of the call in its first byte, for the test to follow it. */
+ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
+    ncclResult_t r = si_nccl("ncclGetUniqueId", NULL, false);
+    if (r != ncclSuccess) return r;
+    memset(uniqueId, 0, sizeof(*uniqueId));
+    uniqueId->internal[0] = (char)++si.ids;
+    return ncclSuccess;
+}
+/* The child has the parent's rank less the excluded ranks below it; the arguments are kept
+   for si_last_shrink. A failure writes a child anyway, as ncclCommSplit's does. */
+ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
+                            ncclConfig_t* config, int shrinkFlags) {
+    si_comm* parent = si_comm_of(comm);
+    si_comm* child;
+    ncclResult_t r;
+    int i, below = 0;
+    if (!parent) return ncclInvalidArgument;
+    r = si_nccl("ncclCommShrink", parent, true);
+    si.shrink.calls++;
+    si.shrink.flags = shrinkFlags;
+    si.shrink.blocking = config ? config->blocking : -1;
+    si.shrink.count = excludeRanksCount;
+    for (i = 0; i < excludeRanksCount && i < SI_SHRINK_MAX; i++) {
+        si.shrink.exclude[i] = excludeRanksList[i];
+        if (excludeRanksList[i] < parent->rank) below++;
+    }
+    *newcomm = NULL;
+    child = si_comm_new(parent->device, parent->rank - below, parent->nranks - excludeRanksCount);
+    *newcomm = (ncclComm_t)(void*)child;
+    if (r != ncclSuccess && r != ncclInProgress) child->async = r;
+    else if (si.child_fails != ncclSuccess) {
+        child->async = si.child_fails;
+        snprintf(si.nccl_last, sizeof(si.nccl_last), "stand-in: the new communicator failed (%s)",
+                 ncclGetErrorString(si.child_fails));
+    }
+    return r;
+}
+
+/* >>tcp staging  The TCP backend's CUDA staging (linked in since the test binary has
+   DISTMESH_TCP for dm_shrink's store); the NCCL tests do not reach it. Waiting for work that
+   is held would hang on a GPU, so it ends the test. */
+static void si_no_wait_on_held(const char* fn, const si_stream* s) {
+    if (s && si.held && s->held_epoch == si.epoch) {
+        fprintf(stderr, "stand-in: %s behind held work would hang on a GPU\n", fn);
+        abort();
+    }
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    cudaError_t e = si_cuda("cudaStreamSynchronize", true);
+    int i = si_find((void* const*)si.streams, stream);
+    if (e != cudaSuccess) return e;
+    if (i < 0) return cudaErrorInvalidResourceHandle;
+    si_no_wait_on_held("cudaStreamSynchronize", si.streams[i]);
+    si.streams[i]->busy = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    cudaError_t e = si_cuda("cudaEventSynchronize", true);
+    int i = si_find((void* const*)si.events, event);
+    if (e != cudaSuccess) return e;
+    if (i < 0) return cudaErrorInvalidResourceHandle;
+    si_no_wait_on_held("cudaEventSynchronize", si.events[i]->stream);
+    si.events[i]->pending = false;
+    return cudaSuccess;
+}
+/* Pinned host memory is plain host memory here (not registered as device memory). */
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+    cudaError_t e = si_cuda("cudaMallocHost", false);
+    if (e != cudaSuccess) return e;
+    *ptr = malloc(size ? size : 1);
+    return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void* ptr) {
+    cudaError_t e = si_cuda("cudaFreeHost", false);
+    free(ptr);
+    return e;
 }

@@ -5,7 +5,7 @@
    A test scripts results ("ncclRemoteError on the 3rd enqueue", "a sticky
    cudaErrorIllegalAddress from cudaEventQuery") and reads what the backend did: how often it
    aborted, which device was current at each call, what is still allocated. Single-threaded:
-   the stand-in takes no locks. */
+   the stand-in takes no locks (one thread at a time may call it; si_stream_queries excepted). */
 #ifndef STAND_IN_CUDA_NCCL_H
 #define STAND_IN_CUDA_NCCL_H
 
@@ -28,6 +28,9 @@ void si_reset(void);
 const si_stats* si_get(void);
 /* Calls of fn (a CUDA or NCCL function name) since si_reset. */
 int si_count(const char* fn);
+/* cudaStreamQuery calls since si_reset; the one thing another thread may read while a call
+   of the stand-in runs. */
+int si_stream_queries(void);
 
 /* The nth call of fn from now on returns code: an ncclResult_t for "nccl..." names and for
    "enqueue" (any collective, ncclSend or ncclRecv), a cudaError_t for "cuda..." names. A
@@ -55,7 +58,19 @@ void si_set_init_polls(int polls, bool forever);
 void si_set_async_error(int nccl_result);
 /* ncclCommSplit with a color returns ncclSuccess and writes NULL into *newcomm. */
 void si_split_gives_null(bool on);
-/* Split children made from now on fail their initialisation with this ncclResult_t. */
+/* Split and shrink children made from now on fail their initialisation with this ncclResult_t. */
 void si_split_child_fails(int nccl_result);
+/* What ncclGetVersion reports (default: the headers' NCCL_VERSION_CODE). */
+void si_set_version(int version);
+/* The arguments of the last ncclCommShrink call since si_reset. */
+enum { SI_SHRINK_MAX = 16 };
+typedef struct si_shrink_call {
+    int calls, flags, blocking, count;
+    int exclude[SI_SHRINK_MAX];
+} si_shrink_call;
+const si_shrink_call* si_last_shrink(void);
+/* A live communicator's rank and size (-1 if comm is not live) and the first byte of the
+   unique id it was initialised with (ncclGetUniqueId writes its call count there). */
+void si_comm_info(void* comm, int* rank, int* nranks, unsigned char* id_byte);
 
 #endif

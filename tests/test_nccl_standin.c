@@ -12,18 +12,25 @@
      results are checked (no endless poll with an infinite timeout);
    - a failed or timed-out split aborts the child, keeping NCCL's error text;
    - a sticky CUDA error from an event or the stream aborts and settles every request;
-   - nothing leaks (the stand-in counts what is live; ASan/LSan under `make asan`). */
+   - nothing leaks (the stand-in counts what is live; ASan/LSan under `make asan`);
+   - dm_shrink (issue 18): ncclCommShrink with the excluded ranks and the flag mapped, the
+     fallback re-initialisation through the store (an NCCL reported older than 2.27, or a
+     communicator a failure already aborted), the parent left only destroyable, failures with a
+     status and message, and an operation on another thread interrupted by DM_SHRINK_ABORT. */
 #include "distmesh.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sched.h>
 
 #include <cmocka.h>
 #include "test_filter.h"
@@ -42,15 +49,18 @@ static int g_device = -1;       /* the communicator's device, while one is check
 #define CHECK_MSG(c, text) do { if (!strstr(dm_last_error(c), (text)))                          \
         fail_msg("last error \"%s\" lacks \"%s\"", dm_last_error(c), (text)); } while (0)
 
-/* A communicator of world ranks on `device` (this is rank 0), made from a caller whose current
-   device is CALLER_DEVICE; from then on every device-bound call must be on `device`. */
-static dm_collective* make(int world, int device, int timeout_ms) {
+/* A communicator of world ranks on `device` (this is `rank`), made from a caller whose current
+   device is CALLER_DEVICE; from then on every device-bound call must be on `device`. store and
+   prefix: kept for dm_shrink's fallback (the unique id itself comes from the desc). */
+static dm_collective* make_on(int world, int rank, int device, int timeout_ms, dm_store* store, const char* prefix) {
     dm_nccl_desc d;
     dm_collective* c = NULL;
     static const unsigned char id[DM_NCCL_UNIQUE_ID_BYTES];
     memset(&d, 0, sizeof(d));
-    d.rank = 0;
+    d.rank = rank;
     d.world_size = world;
+    d.store = store;
+    d.prefix = prefix;
     d.cuda_device = device + 1;
     d.unique_id = id;
     d.timeout_ms = timeout_ms;
@@ -61,6 +71,9 @@ static dm_collective* make(int world, int device, int timeout_ms) {
     g_device = device;
     si_expect_device(device);
     return c;
+}
+static dm_collective* make(int world, int device, int timeout_ms) {
+    return make_on(world, 0, device, timeout_ms, NULL, NULL);
 }
 /* Device memory of the communicator's device, allocated outside the device check. */
 static float* dev(size_t count) {
@@ -454,6 +467,273 @@ static void test_standin_sticky_cuda_error_aborts_and_settles(void** state) {
     nothing_left();
 }
 
+/* >>shrink */
+static dm_store* loopback_store(int timeout_ms) {
+    dm_store_desc sd;
+    dm_store* st = NULL;
+    memset(&sd, 0, sizeof(sd));
+    sd.url = "tcp://127.0.0.1:0";
+    sd.is_server = true;
+    sd.timeout_ms = timeout_ms;
+    assert_int_equal(dm_store_create(&sd, &st), DM_OK);
+    return st;
+}
+static void comm_is(dm_collective* c, int rank, int size) {
+    int r = -2, n = -2;
+    unsigned char id = 0;
+    si_comm_info(dm_native_handle(c), &r, &n, &id);
+    assert_int_equal(r, rank);
+    assert_int_equal(n, size);
+    assert_int_equal(dm_rank(c), rank);
+    assert_int_equal(dm_world_size(c), size);
+}
+
+/* ncclCommShrink where NCCL has it: the excluded ranks in order, the flag mapped, a
+   non-blocking config; the survivor renumbered in old order on the same device and timeout;
+   the parent answers DM_ERR_ABORTED until destroyed. */
+static void test_standin_shrink_uses_ncclCommShrink(void** state) {
+    dm_collective *c, *s = NULL, *s2 = NULL;
+    dm_request* req = NULL;
+    int gone[2] = { 3, 0 }, gone2[1] = { 0 };
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make_on(4, 2, 1, 4321, NULL, NULL);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    /* DEFAULT with a stream request not waited for: busy, nothing touched */
+    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+    CHECK_ST(c, DM_ERR_BUSY, dm_shrink(c, gone, 2, DM_SHRINK_DEFAULT, &s));
+    assert_null(s);
+    CHECK_OK(c, dm_wait(req));
+    assert_int_equal(si_last_shrink()->calls, 0);
+
+    CHECK_OK(c, dm_shrink(c, gone, 2, DM_SHRINK_DEFAULT, &s)); caller_device_is_back();
+    assert_non_null(s);
+    assert_int_equal(si_last_shrink()->calls, 1);
+    assert_int_equal(si_last_shrink()->flags, NCCL_SHRINK_DEFAULT);
+    assert_int_equal(si_last_shrink()->blocking, 0);
+    assert_int_equal(si_last_shrink()->count, 2);
+    assert_int_equal(si_last_shrink()->exclude[0], 0);
+    assert_int_equal(si_last_shrink()->exclude[1], 3);
+    comm_is(s, 1, 2);                               /* old ranks 1, 2 -> 0, 1 */
+    assert_int_equal(s->timeout_ms, 4321);
+    assert_int_equal(si_count("ncclCommInitRankConfig"), 1);    /* no re-init */
+    CHECK_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
+    CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_MSG(c, "shrink");
+    CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
+    assert_int_equal(si_get()->live_comms, 1);      /* the parent's was released */
+
+    /* DM_SHRINK_ABORT maps to NCCL_SHRINK_ABORT; shrinking twice */
+    CHECK_OK(s, dm_shrink(s, gone2, 1, DM_SHRINK_ABORT, &s2));
+    assert_int_equal(si_last_shrink()->flags, NCCL_SHRINK_ABORT);
+    assert_int_equal(si_last_shrink()->count, 1);
+    assert_int_equal(si_last_shrink()->exclude[0], 0);
+    comm_is(s2, 0, 1);
+    CHECK_OK(s2, dm_all_reduce(s2, a, b, N, DM_FLOAT32, DM_SUM));
+    dm_destroy(s2);
+    dm_destroy(s);
+    dm_destroy(c);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Without ncclCommShrink (NCCL reported as 2.26.5) and after a failure that aborted the
+   communicator: the parent is aborted and the survivors re-initialise with a unique id the
+   new rank 0 publishes under "<prefix>shrink/<k>/nccl_unique_id". No store: a status, the
+   parent untouched. */
+static void test_standin_shrink_falls_back_to_reinit_through_the_store(void** state) {
+    dm_collective *c, *s = NULL, *s2 = NULL;
+    dm_store* store;
+    int gone0[1] = { 0 }, gone1[1] = { 1 };
+    void* value = NULL;
+    size_t len = 0;
+    unsigned char id[DM_NCCL_UNIQUE_ID_BYTES];
+    float *a, *b;
+    (void)state;
+    si_reset();
+    store = loopback_store(2000);
+    si_set_version(NCCL_VERSION(2, 26, 5));
+
+    c = make_on(3, 1, 1, 5000, NULL, NULL);         /* no store */
+    a = dev(2 * N);
+    b = dev(2 * N);
+    CHECK_ST(c, DM_ERR_UNSUPPORTED, dm_shrink(c, gone0, 1, DM_SHRINK_DEFAULT, &s));
+    assert_null(s);
+    CHECK_MSG(c, "desc.store");
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));     /* still usable */
+    dm_destroy(c);
+
+    /* old rank 1 of 3 without rank 0: the new rank 0 publishes the id */
+    c = make_on(3, 1, 1, 5000, store, "job/");
+    CHECK_OK(c, dm_shrink(c, gone0, 1, DM_SHRINK_DEFAULT, &s)); caller_device_is_back();
+    assert_int_equal(si_last_shrink()->calls, 0);
+    assert_int_equal(si_count("ncclGetUniqueId"), 1);
+    comm_is(s, 0, 2);
+    CHECK_OK(NULL, dm_store_get(store, "job/shrink/1/nccl_unique_id", &value, &len));
+    assert_int_equal(len, DM_NCCL_UNIQUE_ID_BYTES);
+    assert_int_equal(((unsigned char*)value)[0], 1);   /* the stand-in's first id */
+    dm_store_free(store, value);
+    CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
+    dm_destroy(c);
+    dm_destroy(s);
+    s = NULL;
+
+    /* old rank 2 of 3 without rank 1, after a failure aborted the communicator (ncclCommShrink
+       exists again, but there is no communicator left to shrink): it reads the id old rank 0
+       published (here: the test) and becomes rank 1 of 2 */
+    si_set_version(NCCL_VERSION_CODE);
+    c = make_on(3, 2, 1, 5000, store, "job2/");
+    si_fail("enqueue", 1, ncclRemoteError, false);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    memset(id, 0, sizeof(id));
+    id[0] = 77;
+    CHECK_OK(NULL, dm_store_set(store, "job2/shrink/1/nccl_unique_id", id, sizeof(id)));
+    CHECK_OK(c, dm_shrink(c, gone1, 1, DM_SHRINK_ABORT, &s));
+    assert_int_equal(si_last_shrink()->calls, 0);
+    comm_is(s, 1, 2);
+    {
+        int r, n;
+        unsigned char first = 0;
+        si_comm_info(dm_native_handle(s), &r, &n, &first);
+        assert_int_equal(first, 77);
+    }
+    /* the next fallback shrink of this lineage uses generation 2 */
+    si_set_version(NCCL_VERSION(2, 18, 1));
+    id[0] = 78;
+    CHECK_OK(NULL, dm_store_set(store, "job2/shrink/2/nccl_unique_id", id, sizeof(id)));
+    CHECK_OK(s, dm_shrink(s, gone0, 1, DM_SHRINK_DEFAULT, &s2));
+    comm_is(s2, 0, 1);
+    dm_destroy(s2);
+    dm_destroy(s);
+    dm_destroy(c);
+    dm_store_destroy(store);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Failing shrinks: a status and NCCL's message, *out NULL, nothing leaked, the parent aborted
+   once its part has begun. */
+static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
+    dm_collective *c, *s = NULL;
+    dm_store* store;
+    int gone[1] = { 1 }, calls;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make(3, 2, 5000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    si_fail("ncclCommShrink", 1, ncclRemoteError, false);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_shrink(c, gone, 1, DM_SHRINK_ABORT, &s));
+    assert_null(s);
+    CHECK_MSG(c, "scripted for ncclCommShrink");
+    CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    assert_int_equal(si_get()->live_comms, 0);
+    dm_destroy(c);
+
+    c = make(3, 2, 5000);
+    si_split_child_fails(ncclSystemError);          /* the new communicator's init fails */
+    CHECK_ST(c, DM_ERR_NETWORK, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
+    assert_null(s);
+    CHECK_MSG(c, "the new communicator failed");
+    assert_int_equal(si_get()->live_comms, 0);
+    si_split_child_fails(ncclSuccess);
+    dm_destroy(c);
+
+    /* DEFAULT waits for the parent's queued work first (NCCL wants it quiet), under the
+       deadline: work that never ends is a timeout, and ncclCommShrink is not called */
+    c = make(3, 2, 150);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    si_hold_streams(true);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    calls = si_last_shrink()->calls;
+    CHECK_ST(c, DM_ERR_TIMEOUT, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
+    assert_null(s);
+    assert_int_equal(si_last_shrink()->calls, calls);
+    CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
+    si_hold_streams(false);
+    dm_destroy(c);
+
+    /* fallback: the new rank 0's id never arrives */
+    store = loopback_store(200);
+    si_set_version(NCCL_VERSION(2, 20, 0));
+    c = make_on(3, 2, 2, 5000, store, "late/");
+    CHECK_ST(c, DM_ERR_TIMEOUT, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
+    assert_null(s);
+    CHECK_MSG(c, "late/shrink/1/nccl_unique_id");
+    CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
+    dm_destroy(c);
+    dm_store_destroy(store);
+    /* arguments the core refuses before the backend runs */
+    c = make(3, 2, 5000);
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, gone, 1, 7, &s));
+    gone[0] = 0;
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));   /* itself */
+    CHECK_OK(c, dm_barrier(c));
+    dm_destroy(c);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* DM_SHRINK_ABORT while another thread waits on work that never finishes (a dead peer): the
+   interrupt slot makes that wait end with DM_ERR_ABORTED at once (not at its 20 s deadline),
+   and the parked communicator is shrunk with NCCL_SHRINK_ABORT. The stand-in takes no locks:
+   only the barrier's thread calls it until that thread has left (the core's dm_shrink waits
+   for it); the main thread only reads si_stream_queries meanwhile. */
+typedef struct { dm_collective* c; dm_status st; } sync_job;
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+/* A barrier: a blocking call the core marks as running (dm_synchronize is not one). */
+static void* barrier_on_thread(void* arg) {
+    sync_job* j = (sync_job*)arg;
+    j->st = dm_barrier(j->c);
+    return NULL;
+}
+static void test_standin_shrink_abort_interrupts_a_running_wait(void** state) {
+    dm_collective *c, *s = NULL;
+    sync_job job;
+    pthread_t th;
+    int gone[1] = { 1 };
+    int64_t t0;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make(2, 1, 20000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    si_hold_streams(true);
+    job.c = c;
+    job.st = DM_OK;
+    t0 = now_ms();
+    assert_int_equal(pthread_create(&th, NULL, barrier_on_thread, &job), 0);
+    while (si_stream_queries() < 3) sched_yield();     /* the wait is running */
+    CHECK_OK(c, dm_shrink(c, gone, 1, DM_SHRINK_ABORT, &s));
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_true(now_ms() - t0 < 5000);
+    assert_int_equal(job.st, DM_ERR_ABORTED);
+    assert_int_equal(si_last_shrink()->flags, NCCL_SHRINK_ABORT);
+    comm_is(s, 0, 1);
+    si_hold_streams(false);
+    dm_destroy(s);
+    dm_destroy(c);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
 int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_standin_every_slot_runs_on_the_communicators_device),
@@ -463,6 +743,10 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_standin_cuda_and_poll_results_are_checked),
         cmocka_unit_test(test_standin_host_copy_waits_with_the_deadline),
         cmocka_unit_test(test_standin_sticky_cuda_error_aborts_and_settles),
+        cmocka_unit_test(test_standin_shrink_uses_ncclCommShrink),
+        cmocka_unit_test(test_standin_shrink_falls_back_to_reinit_through_the_store),
+        cmocka_unit_test(test_standin_failed_shrink_reports_and_leaks_nothing),
+        cmocka_unit_test(test_standin_shrink_abort_interrupts_a_running_wait),
     };
     dm_test_filter(argc, argv);
     printf("NCCL backend against a scripted stand-in for libcudart/libnccl (no GPU involved)\n");

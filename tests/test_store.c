@@ -102,6 +102,17 @@ static dm_store* make_client(const char* host, int port, const char* prefix, int
 /* The PING nonce of our client: the pid, top byte 'D' (a distmesh client). */
 static uint32_t client_nonce(void) { return 0x44000000u | ((uint32_t)getpid() & 0xFFFFFFu); }
 
+static void tohex(const unsigned char* p, size_t n, char* out);
+/* What our client sends on connect (VALIDATE, then PING with client_nonce()), into c2s, and
+   the nonce alone, little-endian in hex, into ping (9 bytes): what a store echoes back. */
+static void our_connect_hex(char* c2s, size_t cap, char* ping) {
+    uint32_t pid = client_nonce();
+    unsigned char le[4];
+    le[0] = (unsigned char)pid; le[1] = (unsigned char)(pid >> 8);
+    le[2] = (unsigned char)(pid >> 16); le[3] = (unsigned char)(pid >> 24);
+    tohex(le, 4, ping);
+    snprintf(c2s, cap, "00cef7853c0d%s", ping);
+}
 static size_t unhex(const char* h, unsigned char* out, size_t cap) {
     size_t n = 0;
     while (h[0] && h[1] && n < cap) {
@@ -342,8 +353,6 @@ static void test_client_wire_matches_torch(void** state) {
        distmesh client's in its top byte (distmesh_tcp.h, >>store wire) */
     static wire_step steps[sizeof(k_torch_wire) / sizeof(k_torch_wire[0])];
     char connect_c2s[64], connect_s2c[16];
-    uint32_t pid = client_nonce();
-    unsigned char le[4];
     fake_server f;
     dm_store* c;
     void* v = NULL;
@@ -351,10 +360,7 @@ static void test_client_wire_matches_torch(void** state) {
     int64_t x = 0;
     bool b = false;
     (void)state;
-    le[0] = (unsigned char)pid; le[1] = (unsigned char)(pid >> 8);
-    le[2] = (unsigned char)(pid >> 16); le[3] = (unsigned char)(pid >> 24);
-    tohex(le, 4, connect_s2c);
-    snprintf(connect_c2s, sizeof(connect_c2s), "00cef7853c0d%s", connect_s2c);
+    our_connect_hex(connect_c2s, sizeof(connect_c2s), connect_s2c);
     memcpy(steps, k_torch_wire, sizeof(steps));
     steps[0].c2s = connect_c2s;
     steps[0].s2c = connect_s2c;
@@ -438,16 +444,11 @@ static void test_client_wire_matches_torch(void** state) {
 static void test_client_cancel_race(void** state) {
     static wire_step steps[3];
     char c2s[64], s2c[16];
-    uint32_t pid = client_nonce();
-    unsigned char le[4];
     fake_server f;
     dm_store* c;
     const char* k[1] = {"x"};
     (void)state;
-    le[0] = (unsigned char)pid; le[1] = (unsigned char)(pid >> 8);
-    le[2] = (unsigned char)(pid >> 16); le[3] = (unsigned char)(pid >> 24);
-    tohex(le, 4, s2c);
-    snprintf(c2s, sizeof(c2s), "00cef7853c0d%s", s2c);
+    our_connect_hex(c2s, sizeof(c2s), s2c);
     steps[0].what = "connect"; steps[0].c2s = c2s; steps[0].s2c = s2c;
     steps[1].what = "wait [x]"; steps[1].c2s = "060100000000000000010000000000000078"; steps[1].s2c = "";
     steps[2].what = "cancel"; steps[2].c2s = "0c"; steps[2].s2c = "0001";
@@ -463,16 +464,11 @@ static void test_client_cancel_race(void** state) {
 static void test_client_peer_lost(void** state) {
     static wire_step steps[1];
     char c2s[64], s2c[16];
-    uint32_t pid = client_nonce();
-    unsigned char le[4];
     fake_server f;
     dm_store* c;
     int64_t x;
     (void)state;
-    le[0] = (unsigned char)pid; le[1] = (unsigned char)(pid >> 8);
-    le[2] = (unsigned char)(pid >> 16); le[3] = (unsigned char)(pid >> 24);
-    tohex(le, 4, s2c);
-    snprintf(c2s, sizeof(c2s), "00cef7853c0d%s", s2c);
+    our_connect_hex(c2s, sizeof(c2s), s2c);
     steps[0].what = "connect"; steps[0].c2s = c2s; steps[0].s2c = s2c;
     fake_server_start(&f, steps, 1, true);
     c = make_client("127.0.0.1", f.port, NULL, 3000);
@@ -488,18 +484,13 @@ static void test_client_peer_lost(void** state) {
 static void test_client_rejects_bad_ping(void** state) {
     static wire_step steps[1];
     char c2s[64];
-    uint32_t pid = client_nonce();
-    unsigned char le[4];
     char h[16];
     fake_server f;
     dm_store_desc d;
     dm_store* c = NULL;
     char url[64];
     (void)state;
-    le[0] = (unsigned char)pid; le[1] = (unsigned char)(pid >> 8);
-    le[2] = (unsigned char)(pid >> 16); le[3] = (unsigned char)(pid >> 24);
-    tohex(le, 4, h);
-    snprintf(c2s, sizeof(c2s), "00cef7853c0d%s", h);
+    our_connect_hex(c2s, sizeof(c2s), h);
     steps[0].what = "connect"; steps[0].c2s = c2s; steps[0].s2c = "deadbeef";
     fake_server_start(&f, steps, 1, true);
     memset(&d, 0, sizeof(d));

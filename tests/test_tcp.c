@@ -857,6 +857,54 @@ static int body_fault(dm_collective* c, int rank, int world, void* arg) {
 static pid_t g_pids[8];
 static int g_fault_hosts;       /* > 0: ranks r / g_fault_hosts share a simulated host */
 static int g_victim = 2;
+/* The report pipe of a forked world: each rank writes "R" once it is ready, then lines ending
+   in '\n'. Reads until `want` lines have counted (on_line returns 1 for a line that counts),
+   the deadline passes or the pipe ends, and returns the lines counted. on_tick (optional) runs
+   before each wait of poll_us for data, with the ranks ready so far (to kill a rank once all
+   are); on_ready (optional) runs at each "R". */
+typedef struct report_reader {
+    int fd, want, poll_us;
+    double deadline;
+    int (*on_line)(const char* line, void* u);
+    void (*on_tick)(int ready, void* u);
+    void (*on_ready)(int ready, void* u);
+    void* u;
+} report_reader;
+static int read_reports(const report_reader* rr) {
+    char buf[8192];
+    size_t used = 0;
+    int counted = 0, ready = 0;
+    while (now_s() < rr->deadline && counted < rr->want) {
+        struct timeval tv = {0, rr->poll_us};
+        fd_set fs;
+        ssize_t k;
+        if (rr->on_tick) rr->on_tick(ready, rr->u);
+        FD_ZERO(&fs);
+        FD_SET(rr->fd, &fs);
+        if (select(rr->fd + 1, &fs, NULL, NULL, &tv) <= 0) continue;
+        k = read(rr->fd, buf + used, sizeof(buf) - 1 - used);
+        if (k <= 0) break;
+        used += (size_t)k;
+        buf[used] = 0;
+        for (;;) {
+            char* nl;
+            if (buf[0] == 'R') {
+                memmove(buf, buf + 1, used);
+                used--;
+                ready++;
+                if (rr->on_ready) rr->on_ready(ready, rr->u);
+                continue;
+            }
+            nl = strchr(buf, '\n');
+            if (!nl) break;
+            *nl = 0;
+            counted += rr->on_line(buf, rr->u);
+            used -= (size_t)(nl + 1 - buf);
+            memmove(buf, nl + 1, used + 1);
+        }
+    }
+    return counted;
+}
 /* Forks world ranks into g_pids that report through a pipe (g_report_fd in the child): each
    creates its collective with timeout_ms, runs body and exits with its result (40 s alarm).
    pfd[0] is left open for the parent to read. */
@@ -892,49 +940,52 @@ static void fork_reporting_world(int world, int timeout_ms, rank_body body, void
     }
     close(pfd[1]);
 }
+/* test_fault's view of the report pipe: kill (or stop) the victim 300 ms after every rank is
+   ready; each survivor's line is "rank status". */
+typedef struct fault_watch {
+    int world, victim, mode;
+    int* status_of;
+    double t_fault;
+} fault_watch;
+static void fault_tick(int ready, void* u) {
+    fault_watch* w = (fault_watch*)u;
+    if (ready != w->world || w->t_fault != 0) return;
+    usleep(300000);
+    kill(g_pids[w->victim], w->mode == 1 ? SIGSTOP : SIGKILL);
+    w->t_fault = now_s();
+}
+static int fault_line(const char* line, void* u) {
+    fault_watch* w = (fault_watch*)u;
+    int rk = -1, st = 0;
+    if (sscanf(line, "%d %d", &rk, &st) != 2 || rk < 0 || rk >= w->world) return 0;
+    w->status_of[rk] = st;
+    printf("  rank %d: %s after %.2f s\n", rk, dm_status_name((dm_status)st), now_s() - w->t_fault);
+    return 1;
+}
 /* mode 0: kill -9 during 64 MiB all_reduces, 1: SIGSTOP, 2: kill -9 during 8-byte all_reduces.
    Returns the seconds from the fault to the last survivor's report. */
 static double test_fault(int mode) {
-    int pfd[2], r, ready = 0, reports = 0, world = 4, victim = g_victim;
+    int pfd[2], r, reports, world = 4, victim = g_victim;
     int status_of[4] = {1, 1, 1, 1};
-    double t_fault = 0, deadline;
-    char buf[512];
-    size_t used = 0;
+    double t_fault;
+    fault_watch w;
+    report_reader rr;
     fork_reporting_world(world, 60000, body_fault, &mode, pfd);
-    deadline = now_s() + 30;
-    while (now_s() < deadline && reports < world - 1) {
-        ssize_t k;
-        struct timeval tv = {0, 20000};
-        fd_set fs;
-        FD_ZERO(&fs);
-        FD_SET(pfd[0], &fs);
-        if (ready == world && t_fault == 0) {
-            usleep(300000);
-            kill(g_pids[victim], mode == 1 ? SIGSTOP : SIGKILL);
-            t_fault = now_s();
-        }
-        if (select(pfd[0] + 1, &fs, NULL, NULL, &tv) <= 0) continue;
-        k = read(pfd[0], buf + used, sizeof(buf) - 1 - used);
-        if (k <= 0) break;
-        used += (size_t)k;
-        buf[used] = 0;
-        for (;;) {
-            char* nl;
-            if (buf[0] == 'R') { ready++; memmove(buf, buf + 1, used); used--; continue; }
-            nl = strchr(buf, '\n');
-            if (!nl) break;
-            {
-                int rk = -1, st = 0;
-                if (sscanf(buf, "%d %d", &rk, &st) == 2 && rk >= 0 && rk < world) {
-                    status_of[rk] = st;
-                    reports++;
-                    printf("  rank %d: %s after %.2f s\n", rk, dm_status_name((dm_status)st), now_s() - t_fault);
-                }
-            }
-            used -= (size_t)(nl + 1 - buf);
-            memmove(buf, nl + 1, used + 1);
-        }
-    }
+    memset(&w, 0, sizeof(w));
+    w.world = world;
+    w.victim = victim;
+    w.mode = mode;
+    w.status_of = status_of;
+    memset(&rr, 0, sizeof(rr));
+    rr.fd = pfd[0];
+    rr.want = world - 1;
+    rr.poll_us = 20000;
+    rr.deadline = now_s() + 30;
+    rr.on_line = fault_line;
+    rr.on_tick = fault_tick;
+    rr.u = &w;
+    reports = read_reports(&rr);
+    t_fault = w.t_fault;
     {
         double took = now_s() - t_fault;
         for (r = 0; r < world; r++) { kill(g_pids[r], SIGCONT); if (r == victim) kill(g_pids[r], SIGKILL); }
@@ -1322,43 +1373,45 @@ static int big_fork(int world, int timeout_ms, big_body body, void* arg, dm_stor
     return pfd[0];
 }
 /* Reads report lines (and "R"s) from fd until `lines` lines came or limit_s passed; each line
-   goes to on_line. Returns the lines read; *ready counts the "R"s. kill_at_ready: > 0: once
-   every rank is ready, wait that many ms and kill -9 rank kill_victim (*t_kill: when). */
+   goes to on_line. Returns the lines read. kill_ms: > 0: once every rank is ready, wait that
+   many ms and kill -9 rank kill_victim (*t_kill: when). */
+typedef struct big_watch {
+    int world, kill_ms, victim;
+    double* t_kill;
+    void (*on_line)(const char* line, void* u);
+    void* u;
+} big_watch;
+static void big_tick(int ready, void* u) {
+    big_watch* w = (big_watch*)u;
+    if (w->kill_ms <= 0 || ready != w->world || *w->t_kill != 0) return;
+    usleep((useconds_t)w->kill_ms * 1000);
+    kill(g_big_pids[w->victim], SIGKILL);
+    *w->t_kill = now_s();
+}
+static int big_line(const char* line, void* u) {
+    big_watch* w = (big_watch*)u;
+    w->on_line(line, w->u);
+    return 1;
+}
 static int big_collect(int fd, int world, int lines, double limit_s, void (*on_line)(const char* line, void* u), void* u,
                        int kill_ms, int kill_victim, double* t_kill) {
-    char buf[8192];
-    size_t used = 0;
-    int got = 0, ready = 0;
-    double end = now_s() + limit_s;
-    while (now_s() < end && got < lines) {
-        struct timeval tv = {0, 2000};
-        fd_set fs;
-        ssize_t k;
-        if (kill_ms > 0 && ready == world && *t_kill == 0) {
-            usleep((useconds_t)kill_ms * 1000);
-            kill(g_big_pids[kill_victim], SIGKILL);
-            *t_kill = now_s();
-        }
-        FD_ZERO(&fs);
-        FD_SET(fd, &fs);
-        if (select(fd + 1, &fs, NULL, NULL, &tv) <= 0) continue;
-        k = read(fd, buf + used, sizeof(buf) - 1 - used);
-        if (k <= 0) break;
-        used += (size_t)k;
-        buf[used] = 0;
-        for (;;) {
-            char* nl;
-            if (buf[0] == 'R') { ready++; memmove(buf, buf + 1, used); used--; continue; }
-            nl = strchr(buf, '\n');
-            if (!nl) break;
-            *nl = 0;
-            on_line(buf, u);
-            got++;
-            used -= (size_t)(nl + 1 - buf);
-            memmove(buf, nl + 1, used + 1);
-        }
-    }
-    return got;
+    big_watch w;
+    report_reader rr;
+    w.world = world;
+    w.kill_ms = kill_ms;
+    w.victim = kill_victim;
+    w.t_kill = t_kill;
+    w.on_line = on_line;
+    w.u = u;
+    memset(&rr, 0, sizeof(rr));
+    rr.fd = fd;
+    rr.want = lines;
+    rr.poll_us = 2000;
+    rr.deadline = now_s() + limit_s;
+    rr.on_line = big_line;
+    rr.on_tick = big_tick;
+    rr.u = &w;
+    return read_reports(&rr);
 }
 static void big_reap(int world, int fd, dm_store* server) {
     int r;
@@ -1396,8 +1449,13 @@ static int body_sparse(dm_collective* c, int rank, int world, double t_start, in
         bad |= dm_all_gather(c, &v, a2a_out, 1, DM_INT32) != DM_OK || a2a_out[world - 1] != world - 1;
     }
     fds_fixed = count_fds();
-    /* every rank has counted before any dials on demand: a rank still in the last all_gather
-       serves its listener and would accept a faster rank's all_to_all connection */
+    /* A fence between the count above and the first on-demand connection: ranks leave a
+       collective at different times, and one that has left the last fixed-peer collective
+       dials its lower peers for all_to_all at once (rank 0 first: every rank's lowest) while
+       a slower rank may still be inside that collective, whose waits serve the listener and
+       accept the dial -- an fd counted as opened by the fixed-peer collectives (seen once in
+       CI on rank 0). No rank leaves this barrier before every rank has entered it, so every
+       count above is taken before any dial. The barrier's own peers are connected already. */
     if (lazy && !bad) bad |= dm_barrier(c) != DM_OK;
     if (lazy && !bad) {
         for (j = 0; j < world; j++) a2a_in[j] = rank * 1000 + j;
@@ -1433,8 +1491,7 @@ static void sparse_line(const char* line, void* u) {
     /* beyond P and the host: the listener, the recovery listener (dm_shrink), the store's client
        and the shm watcher's eventfd, nothing else */
     if (f1 - f0 - n > b->extra_max) b->extra_max = f1 - f0 - n;
-    /* none: the fixed-peer collectives stay inside P (body_sparse counts before any rank may
-       dial on demand) */
+    /* exact: body_sparse counts before a barrier that fences off the on-demand dials */
     if (f2 != f1) fprintf(stderr, "rank %d: the fixed-peer collectives opened %d fds\n", r, f2 - f1);
     if (f2 != f1) b->lazy_bad++;
     if (f3 >= 0 && f3 < f2) b->lazy_bad++;
@@ -1581,46 +1638,47 @@ static int body_lazy_kill(dm_collective* c, int rank, int world, void* arg) {
     sleep(2);
     return 0;
 }
+/* lazy_kill_trial's view of the report pipe: kill -9 the victim as soon as every rank is
+   ready; each survivor's line is "rank status seconds". */
+typedef struct lazy_watch {
+    int world, victim, lost;
+    double worst;
+} lazy_watch;
+static void lazy_ready(int ready, void* u) {
+    lazy_watch* w = (lazy_watch*)u;
+    if (ready == w->world) kill(g_pids[w->victim], SIGKILL);
+}
+static int lazy_line(const char* line, void* u) {
+    lazy_watch* w = (lazy_watch*)u;
+    int rk, st;
+    double took;
+    if (sscanf(line, "%d %d %lf", &rk, &st, &took) != 3 || rk == w->victim) return 0;
+    w->lost += st == DM_ERR_PEER_LOST;
+    if (took > w->worst) w->worst = took;
+    return 1;
+}
 static void lazy_kill_trial(int mode) {
-    int pfd[2], r, ready = 0, reports = 0, world = 8, victim = 7, lost = 0, want = mode == 0 ? 7 : 1;
-    double worst = 0, deadline = now_s() + 30;
-    char buf[1024];
-    size_t used = 0;
+    int pfd[2], r, reports, world = 8, victim = 7, lost, want = mode == 0 ? 7 : 1;
+    double worst;
+    lazy_watch w;
+    report_reader rr;
+    memset(&w, 0, sizeof(w));
+    w.world = world;
+    w.victim = victim;
+    memset(&rr, 0, sizeof(rr));
+    rr.want = want;
+    rr.poll_us = 2000;
+    rr.deadline = now_s() + 30;
+    rr.on_line = lazy_line;
+    rr.on_ready = lazy_ready;
+    rr.u = &w;
     g_fault_hosts = 1;
     fork_reporting_world(world, 30000, body_lazy_kill, &mode, pfd);
     g_fault_hosts = 0;
-    while (now_s() < deadline && reports < want) {
-        struct timeval tv = {0, 2000};
-        fd_set fs;
-        ssize_t k;
-        FD_ZERO(&fs);
-        FD_SET(pfd[0], &fs);
-        if (select(pfd[0] + 1, &fs, NULL, NULL, &tv) <= 0) continue;
-        k = read(pfd[0], buf + used, sizeof(buf) - 1 - used);
-        if (k <= 0) break;
-        used += (size_t)k;
-        buf[used] = 0;
-        for (;;) {
-            char* nl;
-            int rk, st;
-            double took;
-            if (buf[0] == 'R') {
-                memmove(buf, buf + 1, used);
-                used--;
-                if (++ready == world) kill(g_pids[victim], SIGKILL);
-                continue;
-            }
-            nl = strchr(buf, '\n');
-            if (!nl) break;
-            if (sscanf(buf, "%d %d %lf", &rk, &st, &took) == 3 && rk != victim) {
-                reports++;
-                lost += st == DM_ERR_PEER_LOST;
-                if (took > worst) worst = took;
-            }
-            used -= (size_t)(nl + 1 - buf);
-            memmove(buf, nl + 1, used + 1);
-        }
-    }
+    rr.fd = pfd[0];
+    reports = read_reports(&rr);
+    lost = w.lost;
+    worst = w.worst;
     for (r = 0; r < world; r++) kill(g_pids[r], SIGCONT);
     for (r = 0; r < world; r++) waitpid(g_pids[r], NULL, 0);
     close(pfd[0]);
@@ -1754,52 +1812,58 @@ static int body_split_rank(dm_collective* c, int rank, int world, void* arg) {
 }
 /* One trial: 4 ranks split in a loop, `victim` gets kill -9 delay_ms after all are ready.
    Returns the seconds from the kill to the last survivor's report; checks every survivor. */
+typedef struct split_watch {
+    int world, victim, delay_ms;
+    int *status_of, *next_of, *splits_of;
+    double *next_ms, t_kill, last;
+} split_watch;
+static void split_tick(int ready, void* u) {
+    split_watch* w = (split_watch*)u;
+    if (ready != w->world || w->t_kill != 0) return;
+    usleep((useconds_t)w->delay_ms * 1000);
+    kill(g_pids[w->victim], SIGKILL);
+    w->t_kill = now_s();
+}
+/* "rank status splits next_status next_seconds" from each survivor */
+static int split_line(const char* line, void* u) {
+    split_watch* w = (split_watch*)u;
+    int rk = -1, st = 0, n = 0, nx = 0;
+    double ms = 0;
+    if (sscanf(line, "%d %d %d %d %lf", &rk, &st, &n, &nx, &ms) != 5 || rk < 0 || rk >= w->world || rk == w->victim)
+        return 0;
+    w->status_of[rk] = st;
+    w->splits_of[rk] = n;
+    w->next_of[rk] = nx;
+    w->next_ms[rk] = ms;
+    if (w->t_kill > 0 && now_s() - w->t_kill > w->last) w->last = now_s() - w->t_kill;
+    return 1;
+}
 static double split_kill_trial(int victim, int delay_ms) {
-    int pfd[2], r, ready = 0, reports = 0, world = 4;
+    int pfd[2], r, reports, world = 4;
     int status_of[4] = {1, 1, 1, 1}, next_of[4] = {1, 1, 1, 1}, splits_of[4] = {0, 0, 0, 0};
-    double t_kill = 0, deadline, next_ms[4] = {9, 9, 9, 9}, last = 0;
-    char buf[1024];
-    size_t used = 0;
+    double t_kill, next_ms[4] = {9, 9, 9, 9}, last;
+    split_watch w;
+    report_reader rr;
     fork_reporting_world(world, 10000, body_split_rank, NULL, pfd);  /* a survivor left waiting: 10 s */
-    deadline = now_s() + 30;
-    while (now_s() < deadline && reports < world - 1) {
-        ssize_t k;
-        struct timeval tv = {0, 2000};
-        fd_set fs;
-        FD_ZERO(&fs);
-        FD_SET(pfd[0], &fs);
-        if (ready == world && t_kill == 0) {
-            usleep((useconds_t)delay_ms * 1000);
-            kill(g_pids[victim], SIGKILL);
-            t_kill = now_s();
-        }
-        if (select(pfd[0] + 1, &fs, NULL, NULL, &tv) <= 0) continue;
-        k = read(pfd[0], buf + used, sizeof(buf) - 1 - used);
-        if (k <= 0) break;
-        used += (size_t)k;
-        buf[used] = 0;
-        for (;;) {
-            char* nl;
-            if (buf[0] == 'R') { ready++; memmove(buf, buf + 1, used); used--; continue; }
-            nl = strchr(buf, '\n');
-            if (!nl) break;
-            {
-                int rk = -1, st = 0, n = 0, nx = 0;
-                double ms = 0;
-                if (sscanf(buf, "%d %d %d %d %lf", &rk, &st, &n, &nx, &ms) == 5 && rk >= 0 && rk < world &&
-                    rk != victim) {
-                    status_of[rk] = st;
-                    splits_of[rk] = n;
-                    next_of[rk] = nx;
-                    next_ms[rk] = ms;
-                    reports++;
-                    if (t_kill > 0 && now_s() - t_kill > last) last = now_s() - t_kill;
-                }
-            }
-            used -= (size_t)(nl + 1 - buf);
-            memmove(buf, nl + 1, used + 1);
-        }
-    }
+    memset(&w, 0, sizeof(w));
+    w.world = world;
+    w.victim = victim;
+    w.delay_ms = delay_ms;
+    w.status_of = status_of;
+    w.next_of = next_of;
+    w.splits_of = splits_of;
+    w.next_ms = next_ms;
+    memset(&rr, 0, sizeof(rr));
+    rr.fd = pfd[0];
+    rr.want = world - 1;
+    rr.poll_us = 2000;
+    rr.deadline = now_s() + 30;
+    rr.on_line = split_line;
+    rr.on_tick = split_tick;
+    rr.u = &w;
+    reports = read_reports(&rr);
+    t_kill = w.t_kill;
+    last = w.last;
     for (r = 0; r < world; r++) kill(g_pids[r], r == victim ? SIGKILL : SIGCONT);
     for (r = 0; r < world; r++) waitpid(g_pids[r], NULL, 0);
     close(pfd[0]);
