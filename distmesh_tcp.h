@@ -5859,6 +5859,32 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     return join ? _dm_tcp_join(&s, out) : _dm_tcp_build(&s, out);
 }
 
+/* The rendezvous of a group made from t (split, grow): t's interface, token, transports and
+   sizes, under prefix (used once), watching t's connections to the members (a member that dies
+   meanwhile fails it at once); why gets the failure's message. The store is the caller's. */
+static void _dm_tcp_child_setup(const _dm_tcp* t, _dm_tcp_setup* s, const char* prefix, int rank, int size,
+                                const int* members, char* why, size_t why_cap) {
+    why[0] = 0;
+    s->rank = rank;
+    s->size = size;
+    s->timeout_ms = t->base.timeout_ms;
+    s->prefix = prefix;
+    s->ifname = t->ifname;
+    s->token = t->token;
+    s->route_host = NULL;
+    s->bind_sa = &t->self_sa;   /* t's interface and address family */
+    s->once = true;
+    s->chunk_bytes = t->lk.chunk;
+    s->nsock = t->nsock;
+    s->transport = t->transport;
+    s->logger = t->base.logger;
+    s->allocator = t->base.allocator;
+    s->parent = t;
+    s->members = members;
+    s->err = why;
+    s->err_cap = why_cap;
+}
+
 /* >>tcp split  Each member opens its listeners first (on the parent's address), then every rank
    gives (color, key, both listener addresses) to every other over the parent, so the members
    connect to each other without the store (whose host may be gone after a dm_shrink). They
@@ -5940,30 +5966,12 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
         goto done;
     }
     snprintf(prefix, sizeof(prefix), "%.470ssplit%llu/%d/", t->prefix, (unsigned long long)c->seq, color);
-    why[0] = 0;
-    s.rank = new_rank;
-    s.size = new_size;
-    s.timeout_ms = c->timeout_ms;
+    _dm_tcp_child_setup(t, &s, prefix, new_rank, new_size, members, why, sizeof(why));
     /* may be NULL: notices and dm_grow only. A handle of its own (reference counted): the new
        group may outlive this one */
     s.store = NULL;
     if (t->store && dm_store_clone_prefixed(t->store, "", &s.store) != DM_OK) s.store = NULL;
     s.own_store = s.store != NULL;
-    s.prefix = prefix;
-    s.ifname = t->ifname;
-    s.token = t->token;
-    s.route_host = NULL;
-    s.bind_sa = &t->self_sa;    /* the parent's interface and address family */
-    s.once = true;              /* "<parent prefix>split<seq>/<color>/" is unique */
-    s.chunk_bytes = t->lk.chunk;
-    s.nsock = t->nsock;
-    s.transport = t->transport;
-    s.logger = c->logger;
-    s.allocator = c->allocator;
-    s.parent = t;
-    s.members = members;
-    s.err = why;
-    s.err_cap = sizeof(why);
     s.addrs = (const char(*)[64])addrs;
     s.raddrs = (const char(*)[64])raddrs;
     s.lfd = lfd;
@@ -6140,10 +6148,7 @@ static dm_status _dm_tcp_grow(dm_collective* c, int n_new, dm_collective** out) 
     }
     for (j = 0; j < W + n_new; j++) members[j] = j < W ? j : -1;
     snprintf(prefix, sizeof(prefix), "%.470sgrow%lld/", t->user_prefix, (long long)round);
-    why[0] = 0;
-    s.rank = c->rank;
-    s.size = W + n_new;
-    s.timeout_ms = c->timeout_ms;
+    _dm_tcp_child_setup(t, &s, prefix, c->rank, W + n_new, members, why, sizeof(why));
     /* the new group holds its own handle on the store (reference counted): c is usually
        destroyed right after, and the new group grows again through the same store */
     if (dm_store_clone_prefixed(t->store, "", &s.store) != DM_OK) {
@@ -6152,20 +6157,6 @@ static dm_status _dm_tcp_grow(dm_collective* c, int n_new, dm_collective** out) 
         goto done;
     }
     s.own_store = true;         /* _dm_tcp_build owns it from here, also when it fails */
-    s.prefix = prefix;
-    s.ifname = t->ifname;
-    s.token = t->token;
-    s.bind_sa = &t->self_sa;    /* the group's interface and address family */
-    s.once = true;              /* "<prefix>grow<round>/" is unique */
-    s.chunk_bytes = t->lk.chunk;
-    s.nsock = t->nsock;
-    s.transport = t->transport;
-    s.logger = c->logger;
-    s.allocator = c->allocator;
-    s.parent = t;               /* a member that dies meanwhile fails the grow at once */
-    s.members = members;
-    s.err = why;
-    s.err_cap = sizeof(why);
     st = _dm_tcp_build(&s, out);
     if (st != DM_OK) {
         if (c->rank == 0) _dm_tcp_grow_revoke(t, g, seats, n_new, round, n_new);
