@@ -4283,6 +4283,8 @@ typedef struct _dm_lk {
     int* order;                 /* ring position -> rank: same-host ranks adjacent */
     int* slot;                  /* rank -> ring position */
     unsigned char* tmp;         /* scratch: max(chunk, _DM_LK_SMALL_BYTES) bytes */
+    unsigned char* tmp2;        /* a second one, tmp_size bytes, made when first needed: for the
+                                   host ring that runs beside a rail (_dm_lk_2l_stage) */
     size_t tmp_size, chunk;     /* chunk: pipelining unit of reductions through scratch */
     dm_status broken;           /* DM_OK, or the failure that broke the group */
     char broken_msg[256];
@@ -4303,7 +4305,7 @@ typedef struct _dm_lk {
     _dm_umsg *uhead, *utail;    /* unexpected messages in arrival order */
     size_t ubytes;              /* their bytes, bounded by DISTMESH_MAX_OBJECT_BYTES */
     uint64_t* sent;             /* per rank: point-to-point messages sent to it (their number) */
-    struct pollfd* pfds;        /* size + 2 + _DM_LK_SERVICE_FDS entries for _dm_lk_block */
+    struct pollfd* pfds;        /* size + 2 x _DM_LK_XFER_MAX + _DM_LK_SERVICE_FDS entries for _dm_lk_block */
     _dm_layout lay;             /* which ranks share a host (>>layout) */
     int algo;                   /* DISTMESH_ALGO: _DM_ALGO_AUTO or the family / algorithm forced */
     /* >>peers bookkeeping. dry: transfers record their peers in `used` and move nothing.
@@ -4327,6 +4329,7 @@ typedef struct _dm_lk {
     void (*hangup)(struct _dm_lk* lk);
 } _dm_lk;
 #define _DM_LK_SERVICE_FDS 80       /* pfds entries kept for poll_fill */
+#define _DM_LK_XFER_MAX 2           /* transfers run together (_dm_lk_run_n) */
 
 /* Tells the group which ranks share a host: host_of[r] is any number naming rank r's host
    (equal numbers, same host; may alias lk->lay.host_of). Renumbers the hosts by first
@@ -4382,7 +4385,7 @@ _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag,
     lk->order = (int*)_dm_malloc(&c->allocator, sizeof(int) * 2 * (size_t)W);
     lk->inbox = (_dm_inbox*)_dm_calloc(&c->allocator, sizeof(_dm_inbox) * (size_t)W);
     lk->sent = (uint64_t*)_dm_calloc(&c->allocator, sizeof(uint64_t) * (size_t)W);
-    lk->pfds = (struct pollfd*)_dm_calloc(&c->allocator, sizeof(struct pollfd) * ((size_t)W + 2 + _DM_LK_SERVICE_FDS));
+    lk->pfds = (struct pollfd*)_dm_calloc(&c->allocator, sizeof(struct pollfd) * ((size_t)W + 2 * _DM_LK_XFER_MAX + _DM_LK_SERVICE_FDS));
     lk->lay.host_of = (int*)_dm_calloc(&c->allocator, sizeof(int) * (7 * (size_t)W + 1));
     if (!lk->tmp || !lk->links || !lk->order || !lk->inbox || !lk->sent || !lk->pfds || !lk->lay.host_of)
         return DM_ERR_OUT_OF_MEMORY;
@@ -4409,6 +4412,8 @@ _DM_PRIVATE void _dm_lk_release(_dm_lk* lk) {
     _dm_free(a, lk->links);
     _dm_free(a, lk->order);
     _dm_free(a, lk->tmp);
+    _dm_free(a, lk->tmp2);
+    lk->tmp2 = NULL;
     while (lk->uhead) {
         _dm_umsg* m = lk->uhead;
         lk->uhead = m->next;
@@ -4535,6 +4540,8 @@ typedef struct _dm_xfer {
     const _dm_fp* expect;       /* when set, recv step 0 is a fingerprint to compare with it */
     bool inbox;                 /* also read rpeer's inbox (>>p2p): into want, else unexpected */
     struct _dm_want* want;      /* a dm_recv: done once its message is in place */
+    unsigned char* tmp;         /* scratch for reductions through it (chunk bytes), NULL: lk->tmp;
+                                   transfers run together (_dm_lk_run_n) each need their own */
 } _dm_xfer;
 typedef struct _dm_want {
     int tag;
@@ -4868,6 +4875,7 @@ _DM_PRIVATE bool _dm_lk_reduce_in_place(const _dm_xfer* x, _dm_xstate* s, _dm_li
 /* Receives: straight into place, or reduced as it arrives. */
 _DM_PRIVATE dm_status _dm_lk_pump_recv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
     _dm_link* l = x->rpeer >= 0 ? lk->links[x->rpeer] : NULL;
+    unsigned char* tmp = x->tmp ? x->tmp : lk->tmp;
     size_t esize = dm_dtype_size(x->dtype);
     while (s->ri < x->nr) {
         const _dm_rstep* r = &x->rs[s->ri];
@@ -4908,11 +4916,11 @@ _DM_PRIVATE dm_status _dm_lk_pump_recv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate
             if (clen > r->len - s->rdone) clen = r->len - s->rdone;
             if (s->tfill == clen) {
                 if (_dm_lk_writable(s, r, s->rdone) < clen) break;
-                _dm_lk_reduce_piece(x, r, s->rdone, lk->tmp, clen);
+                _dm_lk_reduce_piece(x, r, s->rdone, tmp, clen);
                 s->rdone += clen; s->tfill = 0; *progress = true;
                 continue;
             }
-            dst = lk->tmp + s->tfill; want = clen - s->tfill;
+            dst = tmp + s->tfill; want = clen - s->tfill;
         }
         if (want > _DM_LK_IO_MAX) want = _DM_LK_IO_MAX;
         k = l->vt->recv(l, dst, want, &err);
@@ -4945,82 +4953,103 @@ _DM_PRIVATE void _dm_cpu_relax(void) {
 #else
 #define _DM_POLLRDHUP 0
 #endif
-/* Whether a rank this transfer waits on over memory last waited on this rank's core. A busy
+/* Whether a rank these transfers wait on over memory last waited on this rank's core. A busy
    host now and then runs two ranks of one group on one core; a spin there only keeps the peer
    off the core, so the wait goes straight on to yielding it. */
-_DM_PRIVATE bool _dm_lk_peer_here(_dm_lk* lk, const _dm_xfer* x) {
+_DM_PRIVATE bool _dm_lk_peer_here(_dm_lk* lk, const _dm_xfer* xs, int n) {
 #if defined(__linux__) && defined(_GNU_SOURCE)
-    int cpu = sched_getcpu() + 1, k;
+    int cpu = sched_getcpu() + 1, j, k;
     if (!lk->bell || cpu <= 0) return false;
     if (__atomic_load_n(&lk->bell->cpu, __ATOMIC_RELAXED) != cpu) __atomic_store_n(&lk->bell->cpu, cpu, __ATOMIC_RELAXED);
-    for (k = 0; k < 2; k++) {
-        int peer = k ? x->speer : x->rpeer;
-        _dm_link* l = peer >= 0 ? lk->links[peer] : NULL;
-        if (l && l->fd < 0 && __atomic_load_n(&((_dm_memlink*)l)->peer_bell->cpu, __ATOMIC_RELAXED) == cpu) return true;
-    }
+    for (j = 0; j < n; j++)
+        for (k = 0; k < 2; k++) {
+            int peer = k ? xs[j].speer : xs[j].rpeer;
+            _dm_link* l = peer >= 0 ? lk->links[peer] : NULL;
+            if (l && l->fd < 0 && __atomic_load_n(&((_dm_memlink*)l)->peer_bell->cpu, __ATOMIC_RELAXED) == cpu) return true;
+        }
 #else
-    (void)lk; (void)x;
+    (void)lk; (void)xs; (void)n;
 #endif
     return false;
 }
 _DM_PRIVATE int _dm_lk_fd(_dm_link* l, bool out) { return l->vt->pollfd ? l->vt->pollfd(l, out) : l->fd; }
-/* The blocking phase of a wait: sleep until a link may move, a slice passes, or the deadline.
-   Sockets sleep in poll(); memory links on this rank's bell, waking every 50 ms to ask whether
-   their peers still live (a backend may ring the bell when one dies: the TCP backend's shm
-   watcher does); a mix polls the sockets briefly and goes round again. Once a peer was seen
-   gone, the next look comes at once, without sleeping. */
-_DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* x, const _dm_xstate* s, uint32_t seen,
-                                   int64_t deadline, int* dead) {
+/* Whether transfer x has moved everything (and, for a dm_recv, has its message). */
+_DM_PRIVATE bool _dm_lk_xfer_done(const _dm_xfer* x, const _dm_xstate* s) {
+    return s->si == x->ns && s->ri == x->nr && (!x->want || x->want->done);
+}
+/* The pollfds one waiting transfer needs, appended at p[*np]; *memory is set when it waits on
+   a memory link. Returns the index of its send peer's hang-up entry, or -1. */
+_DM_PRIVATE int _dm_lk_poll_xfer(_dm_lk* lk, const _dm_xfer* x, const _dm_xstate* s, struct pollfd* p, int* np,
+                                 bool* memory) {
     _dm_link* sl = x->speer >= 0 && s->si < x->ns ? lk->links[x->speer] : NULL;
     _dm_link* rl = x->rpeer >= 0 && (s->ri < x->nr || x->inbox) ? lk->links[x->rpeer] : NULL;
-    struct pollfd* p = lk->pfds;
-    int np = 0, hup = -1, rc, err = 0, k;
-    bool memory = (sl && sl->fd < 0) || (rl && rl->fd < 0);
-    int64_t left = deadline - _dm_now_ms();
-    int slice = left > 1000 ? 1000 : (int)left;
+    int hup = -1, k;
+    if ((sl && sl->fd < 0) || (rl && rl->fd < 0)) *memory = true;
     if (sl && rl && sl == rl && sl->fd >= 0 && _dm_lk_fd(sl, true) == _dm_lk_fd(rl, false)) {
-        p[np].fd = _dm_lk_fd(sl, true);
-        p[np].events = (short)((s->want_out ? POLLOUT : 0) | (s->want_in ? POLLIN : 0)); np++;
+        p[*np].fd = _dm_lk_fd(sl, true);
+        p[*np].events = (short)((s->want_out ? POLLOUT : 0) | (s->want_in ? POLLIN : 0)); (*np)++;
     } else {
         /* the send peer's hang-up (while we still owe it bytes; once done it may leave): RDHUP,
            which bytes it sends us do not raise */
         if (sl && sl->fd >= 0) {
-            hup = np;
-            p[np].fd = _dm_lk_fd(sl, true); p[np].events = (short)(_DM_POLLRDHUP | (s->want_out ? POLLOUT : 0)); np++;
+            hup = *np;
+            p[*np].fd = _dm_lk_fd(sl, true); p[*np].events = (short)(_DM_POLLRDHUP | (s->want_out ? POLLOUT : 0)); (*np)++;
         }
-        if (rl && rl->fd >= 0 && s->want_in) { p[np].fd = _dm_lk_fd(rl, false); p[np].events = POLLIN; np++; }
+        if (rl && rl->fd >= 0 && s->want_in) { p[*np].fd = _dm_lk_fd(rl, false); p[*np].events = POLLIN; (*np)++; }
     }
     if (x->inbox && !x->want && sl)         /* a blocked send also waits for the other peers' bytes */
         for (k = 0; k < lk->c->size; k++) {
             _dm_link* o = lk->links[k];
             if (!o || k == x->rpeer || lk->inbox[k].fp_ready) continue;
-            if (o->fd >= 0) { p[np].fd = _dm_lk_fd(o, false); p[np].events = POLLIN; np++; }
-            else memory = true;
+            if (o->fd >= 0) { p[*np].fd = _dm_lk_fd(o, false); p[*np].events = POLLIN; (*np)++; }
+            else *memory = true;
         }
+    return hup;
+}
+/* The blocking phase of a wait on n transfers: sleep until a link may move, a slice passes, or
+   the deadline. Sockets sleep in poll(); memory links on this rank's bell, waking every 50 ms
+   to ask whether their peers still live (a backend may ring the bell when one dies: the TCP
+   backend's shm watcher does); a mix polls the sockets briefly and goes round again. Once a
+   peer was seen gone, the next look comes at once, without sleeping. */
+_DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* xs, const _dm_xstate* s, int n, uint32_t seen,
+                                   int64_t deadline, int* dead) {
+    struct pollfd* p = lk->pfds;
+    int np = 0, hup[_DM_LK_XFER_MAX], rc, err = 0, j, k;
+    bool memory = false;
+    int64_t left = deadline - _dm_now_ms();
+    int slice = left > 1000 ? 1000 : (int)left;
+    for (j = 0; j < n; j++)
+        hup[j] = _dm_lk_xfer_done(&xs[j], &s[j]) ? -1 : _dm_lk_poll_xfer(lk, &xs[j], &s[j], p, &np, &memory);
     if (memory && np == 0 && lk->bell) {
         if (*dead == 0) lk->bell_ops->wait(lk->bell_ops->ctx, lk->bell, seen, slice < 50 ? slice : 50);
     } else {
         if (lk->poll_fill) np += lk->poll_fill(lk, p + np, _DM_LK_SERVICE_FDS);
         rc = poll(p, (nfds_t)np, memory ? (slice < 1 ? slice : 1) : slice);
         if (rc < 0 && errno != EINTR) {
-            _DM_FAIL(lk->c, DM_ERR_NETWORK, "%s: %s #%llu: poll failed (%s)", lk->tag, x->op,
+            _DM_FAIL(lk->c, DM_ERR_NETWORK, "%s: %s #%llu: poll failed (%s)", lk->tag, xs[0].op,
                      (unsigned long long)lk->c->seq, strerror(errno));
             return _dm_lk_break(lk, DM_ERR_NETWORK);
         }
-        if (rc > 0 && hup >= 0 && (p[hup].revents & (_DM_POLLRDHUP | POLLHUP | POLLERR))) {
-            socklen_t len = sizeof(err);
-            getsockopt(p[hup].fd, SOL_SOCKET, SO_ERROR, &err, &len);
-            return _dm_lk_io_fail(lk, x, x->speer, true, err);
-        }
+        for (j = 0; rc > 0 && j < n; j++)
+            if (hup[j] >= 0 && (p[hup[j]].revents & (_DM_POLLRDHUP | POLLHUP | POLLERR))) {
+                socklen_t len = sizeof(err);
+                getsockopt(p[hup[j]].fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                return _dm_lk_io_fail(lk, &xs[j], xs[j].speer, true, err);
+            }
     }
     if (lk->service) lk->service(lk);   /* a rank connecting to this one is answered from here */
     /* memory links: a peer that died cannot ring; ask its side channel. Seen twice in a row
        with no progress between (bytes it wrote before dying are taken first) means lost. */
-    for (k = 0; k < 2; k++) {
-        _dm_link* l = k == 0 ? rl : sl;
-        if (!l || l->fd >= 0 || !l->vt->alive || l->vt->alive(l, &err) == 0) continue;
-        if (++*dead < 2) return DM_OK;
-        return _dm_lk_io_fail(lk, x, k == 0 ? x->rpeer : x->speer, k != 0, err);
+    for (j = 0; j < n; j++) {
+        const _dm_xfer* x = &xs[j];
+        if (_dm_lk_xfer_done(x, &s[j])) continue;
+        for (k = 0; k < 2; k++) {
+            int peer = k == 0 ? (s[j].ri < x->nr || x->inbox ? x->rpeer : -1) : (s[j].si < x->ns ? x->speer : -1);
+            _dm_link* l = peer >= 0 ? lk->links[peer] : NULL;
+            if (!l || l->fd >= 0 || !l->vt->alive || l->vt->alive(l, &err) == 0) continue;
+            if (++*dead < 2) return DM_OK;
+            return _dm_lk_io_fail(lk, x, peer, k != 0, err);
+        }
     }
     return DM_OK;
 }
@@ -5058,69 +5087,87 @@ _DM_PRIVATE dm_status _dm_lk_check_peer(_dm_lk* lk, const _dm_xfer* x, int peer)
     return _dm_lk_break(lk, DM_ERR_INTERNAL);
 }
 
-/* Drives one transfer to the end: each round moves what it can; with nothing to move it waits,
-   spinning first, then yielding, then blocking, all under the collective's deadline (counted
-   from the transfer's first wait: one that never waits needs no clock). While spinning the
-   clock is read every 16th round only, so bytes that land are seen a clock read sooner. */
-_DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
-    _dm_xstate s;
+/* Whether an unfinished transfer waits to receive (bytes, or a dm_recv's message), else to send. */
+_DM_PRIVATE bool _dm_lk_recv_wait(const _dm_xfer* x, const _dm_xstate* s) {
+    return s->ri < x->nr || (x->want && !x->want->done);
+}
+/* Drives n transfers (at most _DM_LK_XFER_MAX, on links to different peers) to the end
+   together: each round moves what it can on each; with nothing to move it waits, spinning
+   first, then yielding, then blocking, all under the collective's deadline (counted from the
+   first wait: one that never waits needs no clock). While spinning the clock is read every
+   16th round only, so bytes that land are seen a clock read sooner. Running two at once is
+   how a schedule overlaps phases on different links (the two-level all-reduce's host ring on
+   shared memory and its rail across hosts); each needs its own scratch (_dm_xfer.tmp). */
+_DM_PRIVATE dm_status _dm_lk_run_n(_dm_lk* lk, const _dm_xfer* xs, int n) {
+    _dm_xstate s[_DM_LK_XFER_MAX];
     int64_t deadline = 0, idle_since = 0;
-    int dead = 0;
+    int dead = 0, j, first = 0;     /* first: the first transfer not done */
     unsigned quiet = 0;             /* idle rounds since the last progress */
     uint32_t seen = 0;
     bool blocking = false, spinning = false;
     int wait_peer = -1;             /* >>trace: the peer an idle spell waits on */
-    dm_status st;
-    if (lk->used) {
-        if (x->speer >= 0) lk->used[x->speer] = true;
-        if (x->rpeer >= 0) lk->used[x->rpeer] = true;
+    dm_status st = DM_OK;
+    for (j = 0; j < n && lk->used; j++) {
+        if (xs[j].speer >= 0) lk->used[xs[j].speer] = true;
+        if (xs[j].rpeer >= 0) lk->used[xs[j].rpeer] = true;
     }
     if (lk->dry) return DM_OK;
-    _DM_TRY(_dm_lk_check_peer(lk, x, x->speer));
-    _DM_TRY(_dm_lk_check_peer(lk, x, x->rpeer));
-    _DM_TRY(_dm_lk_ensure(lk, x, deadline));
-    memset(&s, 0, sizeof(s));
+    for (j = 0; j < n; j++) {
+        _DM_TRY(_dm_lk_check_peer(lk, &xs[j], xs[j].speer));
+        _DM_TRY(_dm_lk_check_peer(lk, &xs[j], xs[j].rpeer));
+        _DM_TRY(_dm_lk_ensure(lk, &xs[j], deadline));
+    }
+    memset(s, 0, sizeof(s[0]) * (size_t)n);
     for (;;) {
-        bool progress = false;
-        s.want_in = s.want_out = false;
+        bool progress = false, done = true;
         if (blocking && lk->bell) {     /* announce the sleep before the last look (see _dm_bell) */
             __atomic_store_n(&lk->bell->sleeping, 1u, __ATOMIC_SEQ_CST);
             seen = __atomic_load_n(&lk->bell->seq, __ATOMIC_SEQ_CST);
             __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* the last look comes after both */
         }
-        st = _dm_lk_pump_send(lk, x, &s, &progress);
-        if (st == DM_OK) st = _dm_lk_pump_recv(lk, x, &s, &progress);
-        if (st == DM_OK && x->inbox && (x->want || s.si < x->ns))
-            st = _dm_lk_pump_inbox(lk, x, &s, x->rpeer, &progress);
-        if (st == DM_OK && x->inbox && !x->want && !progress && s.si < x->ns)
-            st = _dm_lk_drain_others(lk, x, &s, &progress);
+        for (j = first; j < n && st == DM_OK; j++) {
+            const _dm_xfer* x = &xs[j];
+            _dm_xstate* sj = &s[j];
+            sj->want_in = sj->want_out = false;
+            if (_dm_lk_xfer_done(x, sj)) continue;
+            st = _dm_lk_pump_send(lk, x, sj, &progress);
+            if (st == DM_OK) st = _dm_lk_pump_recv(lk, x, sj, &progress);
+            if (st == DM_OK && x->inbox && (x->want || sj->si < x->ns))
+                st = _dm_lk_pump_inbox(lk, x, sj, x->rpeer, &progress);
+            if (st == DM_OK && x->inbox && !x->want && !progress && sj->si < x->ns)
+                st = _dm_lk_drain_others(lk, x, sj, &progress);
+            if (!_dm_lk_xfer_done(x, sj)) done = false;
+        }
         /* stay announced through the sleep: a peer that writes after the last look must ring */
         if (blocking && lk->bell && (st != DM_OK || progress))
             __atomic_store_n(&lk->bell->sleeping, 0u, __ATOMIC_SEQ_CST);
         if (st != DM_OK) return st;
         if (progress && idle_since && __atomic_load_n(&lk->c->trace, __ATOMIC_RELAXED))
             _dm_trace_waited(lk->c, wait_peer, idle_since);
-        if (s.si == x->ns && s.ri == x->nr && (!x->want || x->want->done)) return DM_OK;
+        if (done) return DM_OK;
+        while (_dm_lk_xfer_done(&xs[first], &s[first])) first++;
         if (progress) { idle_since = 0; quiet = 0; blocking = spinning = false; dead = 0; continue; }
-        if (!s.want_in && !s.want_out) {
-            _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: %s #%llu: transfer stalled (send step %d, recv step %d)",
-                     lk->tag, x->op, (unsigned long long)lk->c->seq, s.si, s.ri);
-            return _dm_lk_break(lk, DM_ERR_INTERNAL);
-        }
+        for (j = first; j < n; j++)
+            if (!_dm_lk_xfer_done(&xs[j], &s[j]) && !s[j].want_in && !s[j].want_out) {
+                _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: %s #%llu: transfer stalled (send step %d, recv step %d)",
+                         lk->tag, xs[j].op, (unsigned long long)lk->c->seq, s[j].si, s[j].ri);
+                return _dm_lk_break(lk, DM_ERR_INTERNAL);
+            }
         if (spinning && (++quiet & 15) != 0) continue;
         {
             int64_t now = _dm_now_us(), idle;
+            const _dm_xfer* x = &xs[first];
             if (idle_since == 0) {
                 idle_since = now;
-                wait_peer = s.ri < x->nr || (x->want && !x->want->done) ? x->rpeer : x->speer;
+                wait_peer = _dm_lk_recv_wait(x, &s[first]) ? x->rpeer : x->speer;
                 if (deadline == 0) deadline = lk->c->timeout_ms < 0 ? INT64_MAX : now / 1000 + lk->c->timeout_ms;
             }
             idle = now - idle_since;
-            spinning = idle < lk->spin_us && !_dm_lk_peer_here(lk, x);
+            spinning = idle < lk->spin_us && !_dm_lk_peer_here(lk, xs + first, n - first);
             if (spinning) { _dm_cpu_relax(); continue; }
             st = _dm_lk_adopt_abort(lk, x->op);
             if (st == DM_OK && now / 1000 >= deadline) {
-                bool recv_wait = s.ri < x->nr || (x->want && !x->want->done);
+                bool recv_wait = _dm_lk_recv_wait(x, &s[first]);
                 int peer = recv_wait ? x->rpeer : x->speer;
                 if (__atomic_load_n(&lk->c->trace, __ATOMIC_RELAXED)) _dm_trace_wait(lk->c, peer, now - idle_since);
                 _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
@@ -5131,13 +5178,14 @@ _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) {
             if (st != DM_OK) break;
             if (idle < lk->yield_us) { sched_yield(); continue; }
             if (!blocking && lk->bell) { blocking = true; continue; }  /* one more look, announced */
-            st = _dm_lk_block(lk, x, &s, seen, deadline, &dead);
+            st = _dm_lk_block(lk, xs + first, s + first, n - first, seen, deadline, &dead);
             if (st != DM_OK) break;
         }
     }
     if (lk->bell) __atomic_store_n(&lk->bell->sleeping, 0u, __ATOMIC_SEQ_CST);
     return st;
 }
+_DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) { return _dm_lk_run_n(lk, x, 1); }
 
 /* >>schedules  Fingerprint buffers live on the caller's stack; step 0 of both streams carries
    them. */
@@ -5292,33 +5340,123 @@ _DM_PRIVATE dm_status _dm_lk_rd(_dm_lk* lk, const _dm_team* t, void* recv, size_
    on the last reduction of each block. */
 #define _DM_RING_RS 1
 #define _DM_RING_AG 2
-_DM_PRIVATE dm_status _dm_lk_ring(_dm_lk* lk, const _dm_team* t, const void* send, void* recv, size_t count,
-                                  dm_dtype dtype, dm_reduce_op op, int divide, const _dm_fp* fp, int phases) {
-    int W = t->n, g, k = 1, nrs = (phases & _DM_RING_RS) ? W - 1 : 0, nag = (phases & _DM_RING_AG) ? W - 1 : 0;
-    size_t esize = dm_dtype_size(dtype), off, len;
-    const unsigned char* in = (const unsigned char*)send;
-    unsigned char* out = (unsigned char*)recv;
-    _dm_steps st;
-    _DM_TRY(_dm_steps_alloc(lk, &st, 1 + nrs + nag, fp, "all_reduce"));
+/* Appends the steps of a ring over team t on count elements (in, out as for _dm_lk_ring) to st
+   from step k on, and returns the next step. An all-gather after a reduce-scatter in the same
+   call waits for it (its first block is the one the reduce-scatter finished last); an
+   all-gather alone waits for nothing. */
+_DM_PRIVATE int _dm_ring_steps(_dm_steps* st, int k, const _dm_team* t, const unsigned char* in, unsigned char* out,
+                               size_t count, size_t esize, int divide, int phases) {
+    int W = t->n, g, nrs = (phases & _DM_RING_RS) ? W - 1 : 0, nag = (phases & _DM_RING_AG) ? W - 1 : 0;
+    size_t off, len;
     for (g = 0; g < nrs; g++, k++) {
         _dm_segment(count, W, _dm_mod(t->me - g - 1, W), &off, &len);
-        st.ss[k].buf = (g == 0 ? in : out) + off * esize;
-        st.ss[k].len = len * esize;
-        st.ss[k].gate = g == 0 ? -1 : k - 1;
+        st->ss[k].buf = (g == 0 ? in : out) + off * esize;
+        st->ss[k].len = len * esize;
+        st->ss[k].gate = g == 0 ? -1 : k - 1;
         _dm_segment(count, W, _dm_mod(t->me - g - 2, W), &off, &len);
-        st.rs[k].buf = out + off * esize;
-        st.rs[k].len = len * esize;
-        st.rs[k].own = in + off * esize;
-        st.rs[k].after_send = -1;
-        st.rs[k].divide = g == W - 2 ? divide : 0;
+        st->rs[k].buf = out + off * esize;
+        st->rs[k].len = len * esize;
+        st->rs[k].own = in + off * esize;
+        st->rs[k].after_send = -1;
+        st->rs[k].divide = g == W - 2 ? divide : 0;
     }
     for (g = 0; g < nag; g++, k++) {
         _dm_segment(count, W, _dm_mod(t->me - g, W), &off, &len);
-        st.ss[k].buf = out + off * esize; st.ss[k].len = len * esize; st.ss[k].gate = k - 1 >= 1 ? k - 1 : -1;
+        st->ss[k].buf = out + off * esize; st->ss[k].len = len * esize;
+        st->ss[k].gate = g > 0 || nrs > 0 ? k - 1 : -1;
         _dm_segment(count, W, _dm_mod(t->me - g - 1, W), &off, &len);
-        st.rs[k].buf = out + off * esize; st.rs[k].len = len * esize; st.rs[k].after_send = -1;
+        st->rs[k].buf = out + off * esize; st->rs[k].len = len * esize; st->rs[k].after_send = -1;
     }
-    return _dm_steps_run(lk, t, &st, k, "all_reduce", dtype, op, fp);
+    return k;
+}
+_DM_PRIVATE dm_status _dm_lk_ring(_dm_lk* lk, const _dm_team* t, const void* send, void* recv, size_t count,
+                                  dm_dtype dtype, dm_reduce_op op, int divide, const _dm_fp* fp, int phases) {
+    int W = t->n, n = 1 + ((phases & _DM_RING_RS) ? W - 1 : 0) + ((phases & _DM_RING_AG) ? W - 1 : 0);
+    _dm_steps st;
+    _DM_TRY(_dm_steps_alloc(lk, &st, n, fp, "all_reduce"));
+    n = _dm_ring_steps(&st, 1, t, (const unsigned char*)send, (unsigned char*)recv, count, dm_dtype_size(dtype),
+                       divide, phases);
+    return _dm_steps_run(lk, t, &st, n, "all_reduce", dtype, op, fp);
+}
+
+/* The pipelined middle of the two-level all-reduce (_dm_lk_allreduce_2l with ring rails): the
+   buffer is cut into S segments (_dm_segment), and in stage s the host's ring reduce-scatters
+   segment s and all-gathers segment s - 2 (one transfer, both on the host's links) while rail
+   i all-reduces block i of segment s - 1 across the hosts (a ring, or between two hosts one
+   exchange), the two transfers at once
+   (_dm_lk_run_n): a host's shared-memory work hides behind its network link's, and the link
+   stays busy. S depends on the bytes alone (segments of _DM_LK_2L_SEGMENT, at most
+   _DM_LK_2L_SEGMENTS_MAX), so every rank and every transport cuts alike; each segment is cut
+   into R blocks as the whole buffer is when S = 1, and every segment's block has an element
+   per host (S shrinks until it does). */
+#define _DM_LK_2L_SEGMENT ((size_t)1 << 20)
+#define _DM_LK_2L_SEGMENTS_MAX 64
+_DM_PRIVATE int _dm_lk_2l_segments(size_t count, size_t esize, int R, int H) {
+    size_t S = count * esize / _DM_LK_2L_SEGMENT;
+    if (S > _DM_LK_2L_SEGMENTS_MAX) S = _DM_LK_2L_SEGMENTS_MAX;
+    while (S > 1 && count / S < (size_t)R * (size_t)H) S--;
+    return S < 1 ? 1 : (int)S;
+}
+/* One ring transfer over team t on the steps st holds (k of them), reducing through scratch tmp. */
+_DM_PRIVATE void _dm_ring_xfer(_dm_xfer* x, const _dm_team* t, const _dm_steps* st, int k, dm_dtype dtype,
+                               dm_reduce_op op, const _dm_fp* fp, unsigned char* tmp) {
+    memset(x, 0, sizeof(*x));
+    x->op = "all_reduce"; x->speer = _dm_team_at(t, 1); x->rpeer = _dm_team_at(t, -1);
+    x->ss = st->ss; x->ns = k; x->rs = st->rs; x->nr = k;
+    x->dtype = dtype; x->rop = op; x->expect = fp; x->tmp = tmp;
+}
+/* Stage s of S (see above): the host's transfer and the rail's, together. The rail is a ring
+   (rail_ring), or recursive doubling between two hosts: one exchange of the block, each side
+   reducing what arrives into its own (after sending it), so both get a op b. */
+_DM_PRIVATE dm_status _dm_lk_2l_stage(_dm_lk* lk, const _dm_team* host, const _dm_team* rail, bool rail_ring,
+                                      unsigned char* buf, size_t count, dm_dtype dtype, dm_reduce_op op, int divide,
+                                      const _dm_fp* fp, int S, int s) {
+    size_t esize = dm_dtype_size(dtype), off, len, boff, blen;
+    int R = host->n, n = 0, k;
+    _dm_steps hs, rs;
+    _dm_xfer x[2];
+    dm_status st = DM_OK;
+    memset(&hs, 0, sizeof(hs));
+    memset(&rs, 0, sizeof(rs));
+    if (s < S || s >= 2) {
+        _DM_TRY(_dm_steps_alloc(lk, &hs, 1 + 2 * (R - 1), fp, "all_reduce"));
+        k = 1;
+        if (s < S) {
+            _dm_segment(count, S, s, &off, &len);
+            k = _dm_ring_steps(&hs, k, host, buf + off * esize, buf + off * esize, len, esize, 0, _DM_RING_RS);
+        }
+        if (s >= 2) {
+            _dm_segment(count, S, s - 2, &off, &len);
+            k = _dm_ring_steps(&hs, k, host, buf + off * esize, buf + off * esize, len, esize, 0, _DM_RING_AG);
+        }
+        _dm_ring_xfer(&x[n++], host, &hs, k, dtype, op, fp, lk->tmp2);
+    }
+    if (s >= 1 && s <= S) {
+        unsigned char* block;
+        _dm_segment(count, S, s - 1, &off, &len);
+        _dm_segment(len, R, host->me, &boff, &blen);
+        block = buf + (off + boff) * esize;
+        if (rail->n == 1) {
+            if (divide) dm_divide_local(dtype, block, blen, divide);
+        } else {
+            st = _dm_steps_alloc(lk, &rs, 1 + 2 * (rail->n - 1), fp, "all_reduce");
+            if (st == DM_OK && rail_ring) {
+                k = _dm_ring_steps(&rs, 1, rail, block, block, blen, esize, divide, _DM_RING_RS | _DM_RING_AG);
+                _dm_ring_xfer(&x[n++], rail, &rs, k, dtype, op, fp, NULL);
+            } else if (st == DM_OK) {       /* two hosts: the exchange */
+                rs.ss[1].buf = block; rs.ss[1].len = blen * esize; rs.ss[1].gate = -1;
+                rs.rs[1].buf = block; rs.rs[1].len = blen * esize; rs.rs[1].own = block;
+                rs.rs[1].after_send = 1; rs.rs[1].divide = divide;
+                _dm_ring_xfer(&x[n++], rail, &rs, 2, dtype, op, fp, NULL);
+            }
+        }
+    }
+    if (st == DM_OK && n > 0) st = _dm_lk_run_n(lk, x, n);
+    _dm_free(&lk->c->allocator, hs.ss);
+    _dm_free(&lk->c->allocator, hs.rs);
+    _dm_free(&lk->c->allocator, rs.ss);
+    _dm_free(&lk->c->allocator, rs.rs);
+    return st;
 }
 
 /* Two-level all-reduce on recv (holding this rank's data) with R rails, R at most the
@@ -5329,14 +5467,15 @@ _DM_PRIVATE dm_status _dm_lk_ring(_dm_lk* lk, const _dm_team* t, const void* sen
      3. rail i (local rank i of every host) all-reduces block i across hosts: a ring when the
         block has an element per host and rail_ring is set, else recursive doubling;
      4. the first R ranks all-gather (ring); 5. each sends the result to the ranks it folded.
-   R = 1 is the small-message form: reduce to a host leader, recursive doubling among the
-   leaders, broadcast inside the host. Every step's order is fixed by the layout, so the bits
-   are the same on every transport. */
+   With R > 1, and ring rails or two hosts, 2-4 run pipelined by segment (_dm_lk_2l_stage):
+   block i is then block i of each segment. R = 1 is the small-message form: reduce to a host leader,
+   recursive doubling among the leaders, broadcast inside the host. Every step's order is
+   fixed by the layout and the count, so the bits are the same on every transport. */
 _DM_PRIVATE dm_status _dm_lk_allreduce_2l(_dm_lk* lk, void* recv, size_t count, dm_dtype dtype, dm_reduce_op op,
                                           int divide, const _dm_fp* fp, int R, bool rail_ring) {
     static const char* name = "all_reduce";
     const _dm_layout* y = &lk->lay;
-    int me = lk->c->rank, i = y->local[me], L = _dm_lk_host_size(lk, y->host_of[me]), e;
+    int me = lk->c->rank, i = y->local[me], L = _dm_lk_host_size(lk, y->host_of[me]), e, S, s;
     size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
     _dm_team host = _dm_lk_host(lk, R), rail;
     unsigned char* block;
@@ -5347,18 +5486,27 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_2l(_dm_lk* lk, void* recv, size_t count, 
     }
     for (e = i + R; e < L; e += R)
         _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, -1, NULL, host.ranks[e], recv, count, dtype, op));
-    if (R > 1) _DM_TRY(_dm_lk_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_RING_RS));
-    _dm_segment(count, R, i, &off, &len);
-    block = (unsigned char*)recv + off * esize;
     rail = _dm_lk_rail(lk, i);
-    if (rail.n == 1) {
-        if (divide) dm_divide_local(dtype, block, len, divide);
-    } else if (rail_ring && len >= (size_t)rail.n) {
-        _DM_TRY(_dm_lk_ring(lk, &rail, block, block, len, dtype, op, divide, fp, _DM_RING_RS | _DM_RING_AG));
+    if (R > 1 && (rail_ring || rail.n <= 2) && count / (size_t)R >= (size_t)rail.n) {
+        S = _dm_lk_2l_segments(count, esize, R, y->H);
+        if (!lk->tmp2) lk->tmp2 = (unsigned char*)_dm_malloc(&lk->c->allocator, lk->tmp_size);
+        if (!lk->tmp2) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, name);
+        for (s = 0; s < S + 2; s++)
+            _DM_TRY(_dm_lk_2l_stage(lk, &host, &rail, rail_ring, (unsigned char*)recv, count, dtype, op, divide, fp,
+                                    S, s));
     } else {
-        _DM_TRY(_dm_lk_rd(lk, &rail, block, len, dtype, op, divide, fp));
+        if (R > 1) _DM_TRY(_dm_lk_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_RING_RS));
+        _dm_segment(count, R, i, &off, &len);
+        block = (unsigned char*)recv + off * esize;
+        if (rail.n == 1) {
+            if (divide) dm_divide_local(dtype, block, len, divide);
+        } else if (rail_ring && len >= (size_t)rail.n) {
+            _DM_TRY(_dm_lk_ring(lk, &rail, block, block, len, dtype, op, divide, fp, _DM_RING_RS | _DM_RING_AG));
+        } else {
+            _DM_TRY(_dm_lk_rd(lk, &rail, block, len, dtype, op, divide, fp));
+        }
+        if (R > 1) _DM_TRY(_dm_lk_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_RING_AG));
     }
-    if (R > 1) _DM_TRY(_dm_lk_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_RING_AG));
     for (e = i + R; e < L; e += R)
         _DM_TRY(_dm_lk_sendrecv(lk, name, fp, host.ranks[e], recv, bytes, -1, NULL, 0));
     return DM_OK;

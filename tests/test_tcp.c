@@ -1080,6 +1080,44 @@ static void test_layouts_thread(void** s) {
     unsetenv("DISTMESH_ALGO");
 }
 
+/* The pipelined two-level all-reduce (distmesh.h, _dm_lk_2l_stage): counts of several 1 MiB
+   segments, so stages run a host reduce-scatter, a host all-gather and a rail at once, on even
+   (ring rails on 3 hosts, one exchange on 2), uneven and interleaved layouts, every op on exact int32 data and MEAN on float32, in and out
+   of place, against the reference; and the algorithm that ran is the two-level ring. */
+static int pipelined_rank(dm_collective* c, void* user) {
+    static const size_t counts[2] = { ((size_t)3 << 20) + 7, ((size_t)1 << 20) + 3 };
+    int op, k, bad = 0, salt = 900;
+    (void)user;
+    for (k = 0; k < 2; k++)
+        for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
+            dm_dtype t = op == DM_MEAN ? DM_FLOAT32 : DM_INT32;
+            if (k == 1 && op != DM_SUM) continue;
+            bad |= suite_all_reduce(c, counts[k], t, (dm_reduce_op)op, (op + k) % 2 == 0, ++salt);
+            if (strcmp(dm_last_algorithm(c), "two_level_ring") != 0) {
+                fprintf(stderr, "rank %d: %zu elements ran %s\n", dm_rank(c), counts[k], dm_last_algorithm(c));
+                bad = 1;
+            }
+        }
+    return bad;
+}
+static void test_layouts_pipelined(void** s) {
+    static const char* names[] = { "2x2", "3x2", "2x3", "3+1", "interleaved 3+2" };
+    int i, k;
+    (void)s;
+    setenv("DISTMESH_ALGO", "two_level_ring", 1);
+    for (i = 0; i < 5; i++) {
+        dm_fake_desc fd;
+        for (k = 0; strcmp(g_layouts[k].name, names[i]) != 0; k++) {}
+        memset(&fd, 0, sizeof(fd));
+        fd.world_size = g_layouts[k].world;
+        fd.host_of = g_layouts[k].hosts;
+        fd.timeout_ms = 60000;
+        if (dm_thread_world_run(&fd, pipelined_rank, NULL) != DM_OK)
+            fail_msg("threaded world, layout %s: the pipelined two-level all_reduce failed", names[i]);
+    }
+    unsetenv("DISTMESH_ALGO");
+}
+
 /* P covers two_level_ring's rails both ways (_dm_lk_peers): the rails all-reduce their blocks
    with a ring for large counts and with recursive doubling for small ones (5 hosts: rd by the
    model), and the threaded world fails a fixed-peer transfer outside P. On hosts of 4, 3, 3,
@@ -2144,6 +2182,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_fault_stop),
         cmocka_unit_test(test_algo_choice),
         cmocka_unit_test(test_layouts_thread),
+        cmocka_unit_test(test_layouts_pipelined),
         cmocka_unit_test(test_peers_rails),
         cmocka_unit_test(test_layouts_tcp),
         cmocka_unit_test(test_layouts_bitwise),
