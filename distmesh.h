@@ -5385,14 +5385,14 @@ _DM_PRIVATE dm_status _dm_lk_ring(_dm_lk* lk, const _dm_team* t, const void* sen
    i all-reduces block i of segment s - 1 across the hosts (a ring, or between two hosts one
    exchange), the two transfers at once
    (_dm_lk_run_n): a host's shared-memory work hides behind its network link's, and the link
-   stays busy. S depends on the bytes alone (segments of _DM_LK_2L_SEGMENT, at most
-   _DM_LK_2L_SEGMENTS_MAX), so every rank and every transport cuts alike; each segment is cut
-   into R blocks as the whole buffer is when S = 1, and every segment's block has an element
-   per host (S shrinks until it does). */
-#define _DM_LK_2L_SEGMENT ((size_t)1 << 20)
+   stays busy. S depends on the bytes and R alone (a rail's block of a segment is about
+   _DM_LK_2L_BLOCK bytes; at most _DM_LK_2L_SEGMENTS_MAX segments), so every rank and every
+   transport cuts alike; each segment is cut into R blocks as the whole buffer is when S = 1,
+   and every segment's block has an element per host (S shrinks until it does). */
+#define _DM_LK_2L_BLOCK ((size_t)512 << 10)
 #define _DM_LK_2L_SEGMENTS_MAX 64
 _DM_PRIVATE int _dm_lk_2l_segments(size_t count, size_t esize, int R, int H) {
-    size_t S = count * esize / _DM_LK_2L_SEGMENT;
+    size_t S = count * esize / (_DM_LK_2L_BLOCK * (size_t)R);
     if (S > _DM_LK_2L_SEGMENTS_MAX) S = _DM_LK_2L_SEGMENTS_MAX;
     while (S > 1 && count / S < (size_t)R * (size_t)H) S--;
     return S < 1 ? 1 : (int)S;

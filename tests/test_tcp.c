@@ -1080,10 +1080,11 @@ static void test_layouts_thread(void** s) {
     unsetenv("DISTMESH_ALGO");
 }
 
-/* The pipelined two-level all-reduce (distmesh.h, _dm_lk_2l_stage): counts of several 1 MiB
+/* The pipelined two-level all-reduce (distmesh.h, _dm_lk_2l_stage): counts of several
    segments, so stages run a host reduce-scatter, a host all-gather and a rail at once, on even
-   (ring rails on 3 hosts, one exchange on 2), uneven and interleaved layouts, every op on exact int32 data and MEAN on float32, in and out
-   of place, against the reference; and the algorithm that ran is the two-level ring. */
+   (ring rails on 3 hosts, one exchange on 2), uneven and interleaved layouts, every op on exact
+   int32 data and MEAN on float32, in and out of place, against the reference; and the
+   algorithm that ran is the two-level ring. */
 static int pipelined_rank(dm_collective* c, void* user) {
     static const size_t counts[2] = { ((size_t)3 << 20) + 7, ((size_t)1 << 20) + 3 };
     int op, k, bad = 0, salt = 900;
