@@ -3369,7 +3369,7 @@ _DM_PRIVATE uint64_t _dm_tcp_hash(uint64_t seed, const char* a, const char* b) {
    ends know where any byte travels from its offset alone and the order is kept; a large
    message keeps every socket's flow busy at once, a small one costs one socket. Stripe 0 is
    on the first socket, so bytes read ahead there before the switch are already in place. */
-#define _DM_SOCK_STRIPE ((uint64_t)256 << 10)
+#define _DM_SOCK_STRIPE ((uint64_t)64 << 10)
 typedef struct _dm_socklink {
     _dm_link base;              /* base.fd: fds[0] */
     int nsock;
