@@ -5385,13 +5385,16 @@ _DM_PRIVATE dm_status _dm_lk_ring(_dm_lk* lk, const _dm_team* t, const void* sen
    i all-reduces block i of segment s - 1 across the hosts (a ring, or between two hosts one
    exchange), the two transfers at once
    (_dm_lk_run_n): a host's shared-memory work hides behind its network link's, and the link
-   stays busy. S depends on the bytes and R alone (a rail's block of a segment is about
-   _DM_LK_2L_BLOCK bytes; at most _DM_LK_2L_SEGMENTS_MAX segments), so every rank and every
-   transport cuts alike; each segment is cut into R blocks as the whole buffer is when S = 1,
-   and every segment's block has an element per host (S shrinks until it does). */
+   stays busy. S is the model's choice (>>choice, _dm_lk_2l_segments: more segments hide more
+   of the host's work, each costs the rail's steps' latency once more), a function of the
+   layout, the count and the dtype, so every rank and every transport cuts alike; each segment
+   is cut into R blocks as the whole buffer is when S = 1. At most _dm_lk_2l_max_segments: a
+   rail's block of a segment of about _DM_LK_2L_BLOCK bytes or more, at most
+   _DM_LK_2L_SEGMENTS_MAX segments, and an element per host in every segment's block. */
 #define _DM_LK_2L_BLOCK ((size_t)512 << 10)
 #define _DM_LK_2L_SEGMENTS_MAX 64
-_DM_PRIVATE int _dm_lk_2l_segments(size_t count, size_t esize, int R, int H) {
+_DM_PRIVATE int _dm_lk_2l_segments(const _dm_lk* lk, size_t count, size_t esize, int R, bool rail_ring);
+_DM_PRIVATE int _dm_lk_2l_max_segments(size_t count, size_t esize, int R, int H) {
     size_t S = count * esize / (_DM_LK_2L_BLOCK * (size_t)R);
     if (S > _DM_LK_2L_SEGMENTS_MAX) S = _DM_LK_2L_SEGMENTS_MAX;
     while (S > 1 && count / S < (size_t)R * (size_t)H) S--;
@@ -5488,7 +5491,7 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_2l(_dm_lk* lk, void* recv, size_t count, 
         _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, -1, NULL, host.ranks[e], recv, count, dtype, op));
     rail = _dm_lk_rail(lk, i);
     if (R > 1 && (rail_ring || rail.n <= 2) && count / (size_t)R >= (size_t)rail.n) {
-        S = _dm_lk_2l_segments(count, esize, R, y->H);
+        S = _dm_lk_2l_segments(lk, count, esize, R, rail_ring);
         if (!lk->tmp2) lk->tmp2 = (unsigned char*)_dm_malloc(&lk->c->allocator, lk->tmp_size);
         if (!lk->tmp2) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, name);
         for (s = 0; s < S + 2; s++)
@@ -5582,14 +5585,40 @@ _DM_PRIVATE double _dm_cost_flat_ring(const _dm_lk* lk, double b) {
     int W = lk->c->size;
     return _dm_cost(lk->lay.H > 1 ? &_dm_cost_cross_host : &_dm_cost_shm, 2.0 * (W - 1), b / W);
 }
-/* Two-level with R rails: the fold and its return, the host's ring, the rails. A host's R
-   rails share its link, so a rail step of b/R/H bytes costs the host b/H. */
-_DM_PRIVATE double _dm_cost_two_level(const _dm_lk* lk, double b, int R, bool rail_ring) {
+/* The host's ring (R ranks) and the rails of the two-level all-reduce on b bytes, run over S
+   segments: one after the other when S = 1, else pipelined (_dm_lk_2l_stage), the larger of
+   the two (each S times as many steps of 1/S the bytes) plus the host's share of one segment
+   (the reduce-scatter of the first, the all-gather of the last). A host's R rails share its
+   link, so a rail step of b/R/H bytes costs the host b/H. */
+_DM_PRIVATE double _dm_cost_2l_middle(const _dm_lk* lk, double b, int R, bool rail_ring, int S) {
+    int H = lk->lay.H;
+    double host = _dm_cost(&_dm_cost_shm, 2.0 * (R - 1) * S, b / R / S), rails;
+    if (rail_ring) rails = _dm_cost(&_dm_cost_cross_host, 2.0 * (H - 1) * S, b / H / S);
+    else rails = _dm_cost(&_dm_cost_cross_host, (double)(_dm_ceil_log2(H) + ((H & (H - 1)) ? 2 : 0)) * S, b / S);
+    if (S == 1) return host + rails;
+    return (host > rails ? host : rails) + host / S;
+}
+/* The segments of the pipelined two-level all-reduce (R > 1, and ring rails or two hosts):
+   of 1, 2, 4, ... and the most allowed (_dm_lk_2l_max_segments), the cheapest by the model
+   (ties: the fewer). Else 1. */
+_DM_PRIVATE int _dm_lk_2l_segments(const _dm_lk* lk, size_t count, size_t esize, int R, bool rail_ring) {
+    int most = R > 1 && (rail_ring || lk->lay.H == 2) ? _dm_lk_2l_max_segments(count, esize, R, lk->lay.H) : 1;
+    int S, best = 1;
+    double b = (double)count * (double)esize, least = _dm_cost_2l_middle(lk, b, R, rail_ring, 1);
+    for (S = 2; most > 1; S *= 2) {
+        int k = S < most ? S : most;
+        double t = _dm_cost_2l_middle(lk, b, R, rail_ring, k);
+        if (t < least) { least = t; best = k; }
+        if (S >= most) break;
+    }
+    return best;
+}
+/* Two-level with R rails: the fold and its return, then the host's ring and the rails. */
+_DM_PRIVATE double _dm_cost_two_level(const _dm_lk* lk, size_t count, size_t esize, int R, bool rail_ring) {
     const _dm_layout* y = &lk->lay;
-    int H = y->H, extras = (y->Lmax - 1) / R;
-    double t = _dm_cost(&_dm_cost_shm, 2.0 * extras, b) + _dm_cost(&_dm_cost_shm, 2.0 * (R - 1), b / R);
-    if (rail_ring) return t + _dm_cost(&_dm_cost_cross_host, 2.0 * (H - 1), b / H);
-    return t + _dm_cost(&_dm_cost_cross_host, _dm_ceil_log2(H) + ((H & (H - 1)) ? 2 : 0), b);
+    double b = (double)count * (double)esize;
+    return _dm_cost(&_dm_cost_shm, 2.0 * ((y->Lmax - 1) / R), b) +
+           _dm_cost_2l_middle(lk, b, R, rail_ring, _dm_lk_2l_segments(lk, count, esize, R, rail_ring));
 }
 _DM_PRIVATE bool _dm_lk_forced_flat(const _dm_lk* lk) {
     return lk->algo == _DM_ALGO_FLAT || lk->algo == _DM_ALGO_FLAT_RING || lk->algo == _DM_ALGO_FLAT_RD;
@@ -5605,10 +5634,10 @@ _DM_PRIVATE bool _dm_lk_multi_host(const _dm_lk* lk) { return lk->lay.H > 1 && l
    has an element per host. */
 _DM_PRIVATE bool _dm_lk_rails_ring(const _dm_lk* lk, size_t count, dm_dtype dtype) {
     const _dm_layout* y = &lk->lay;
-    double b = (double)count * (double)dm_dtype_size(dtype);
+    size_t esize = dm_dtype_size(dtype);
     if (count / (size_t)y->Lmin < (size_t)y->H) return false;
     if (lk->rails_force) return lk->rails_force == 1;
-    return _dm_cost_two_level(lk, b, y->Lmin, true) <= _dm_cost_two_level(lk, b, y->Lmin, false);
+    return _dm_cost_two_level(lk, count, esize, y->Lmin, true) <= _dm_cost_two_level(lk, count, esize, y->Lmin, false);
 }
 /* all_reduce's algorithm for count elements of dtype: one of the four _DM_ALGO_*_RING / _RD.
    two_level_ring: the host's ring with R = the smallest host's size rails (each rail a ring or
@@ -5616,7 +5645,8 @@ _DM_PRIVATE bool _dm_lk_rails_ring(const _dm_lk* lk, size_t count, dm_dtype dtyp
 _DM_PRIVATE int _dm_lk_choose_all_reduce(const _dm_lk* lk, size_t count, dm_dtype dtype) {
     const _dm_layout* y = &lk->lay;
     int W = lk->c->size, H = y->H, R = y->Lmin, k, best = -1;
-    double b = (double)count * (double)dm_dtype_size(dtype), cost[_DM_ALGO_COUNT];
+    size_t esize = dm_dtype_size(dtype);
+    double b = (double)count * (double)esize, cost[_DM_ALGO_COUNT];
     bool ring_fits = count >= (size_t)W, rails_fit = count >= (size_t)R * (size_t)H;
     bool flat_ok = lk->algo != _DM_ALGO_TWO_LEVEL, two_ok = lk->algo != _DM_ALGO_FLAT;
     switch (lk->algo) {
@@ -5632,8 +5662,8 @@ _DM_PRIVATE int _dm_lk_choose_all_reduce(const _dm_lk* lk, size_t count, dm_dtyp
     if (flat_ok && ring_fits) cost[_DM_ALGO_FLAT_RING] = _dm_cost_flat_ring(lk, b);
     if (flat_ok) cost[_DM_ALGO_FLAT_RD] = _dm_cost_flat_rd(lk, b);
     if (two_ok && rails_fit && (R > 1 || _dm_lk_rails_ring(lk, count, dtype)))    /* R = 1 with rd: two_level_rd */
-        cost[_DM_ALGO_TWO_LEVEL_RING] = _dm_cost_two_level(lk, b, R, _dm_lk_rails_ring(lk, count, dtype));
-    if (two_ok) cost[_DM_ALGO_TWO_LEVEL_RD] = _dm_cost_two_level(lk, b, 1, false);
+        cost[_DM_ALGO_TWO_LEVEL_RING] = _dm_cost_two_level(lk, count, esize, R, _dm_lk_rails_ring(lk, count, dtype));
+    if (two_ok) cost[_DM_ALGO_TWO_LEVEL_RD] = _dm_cost_two_level(lk, count, esize, 1, false);
     for (k = _DM_ALGO_FLAT_RING; k < _DM_ALGO_COUNT; k++)     /* ties: the first in this order */
         if (best < 0 || cost[k] < cost[best]) best = k;
     return best;

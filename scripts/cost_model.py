@@ -20,16 +20,46 @@ def cost(link, steps, b):
     return steps * (link[0] + b * link[1] * 1e-3)
 
 
+def max_segments(s, l, h):
+    """distmesh.h _dm_lk_2l_max_segments: a rail's block of a segment about 512 KiB or more, at
+    most 64 segments."""
+    k = max(1, min(64, int(s) // ((512 << 10) * l)))
+    while k > 1 and s // k < l * h:
+        k -= 1
+    return k
+
+
+def middle(l, h, net, s, ring, k):
+    """distmesh.h _dm_cost_2l_middle: the host's ring and the l rails (ring or recursive
+    doubling) over k segments: one after the other when k = 1, else pipelined, the larger of the
+    two plus the host's share of one segment."""
+    host = cost(SHM, 2 * (l - 1) * k, s / l / k)          # the host's reduce-scatter + all-gather
+    # l rails of s/l bytes: a rail step moves s/(l h), l of them share the host's link
+    rails = cost(net, 2 * (h - 1) * k, s / h / k) if ring else cost(net, math.log2(h) * k, s / k)
+    return host + rails if k == 1 else max(host, rails) + host / k
+
+
+def two_level_rails(l, h, net, s):
+    """Rails as rings or by recursive doubling, the cheaper, each with the segment count the
+    code picks (distmesh.h _dm_lk_2l_segments: of 1, 2, 4, ... and the most, the cheapest)."""
+    best = None
+    for ring in (True, False):
+        most = max_segments(s, l, h) if l > 1 and (ring or h == 2) else 1
+        ks = sorted({1, most} | {k for k in (2 ** i for i in range(1, 7)) if k < most})
+        t = min(middle(l, h, net, s, ring, k) for k in ks)
+        best = t if best is None else min(best, t)
+    return best
+
+
 def algorithms(n, l, net, s):
     """Microseconds per all_reduce of s bytes on n ranks, l per host (contiguous, powers of 2)."""
     h = n // l
-    host = cost(SHM, 2 * (l - 1), s / l)                  # the host's reduce-scatter + all-gather
     return {
         "flat ring": cost(net, 2 * (n - 1), s / n),
         # rounds inside the host, then rounds where all l ranks of a host send across at once
         "flat rd": cost(SHM, math.log2(l), s) + cost(net, math.log2(h), s * l),
         # l rails of s/l bytes: a rail step moves s/(l h), l of them share the host's link
-        "two-level ring": host + min(cost(net, 2 * (h - 1), s / h), cost(net, math.log2(h), s)),
+        "two-level ring": two_level_rails(l, h, net, s),
         "two-level rd": cost(SHM, 2 * (l - 1), s) + cost(net, math.log2(h), s),
     }
 
