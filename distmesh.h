@@ -1459,9 +1459,11 @@ DM_API_IMPL int dm_device_count(void) { return 0; }
    by a collective and every sub-collective made from it, so a rank writes one file whatever
    groups it is in. c->trace is _dm_trace_pending (on, not made yet: made at the first
    operation, or handed down by the parent at split / shrink / grow) or NULL (off: the one test
-   in _dm_op_run, plus one per fingerprint received and per idle spell in the engine). Threads: a group's ring is written by the thread running its operation and
-   read by dumps from any thread, under the group's mutex; peers' fingerprints are atomics; the
-   waits belong to the running thread. Lock order: the process registry (SIGUSR1 only), then a
+   in _dm_op_run, plus one per fingerprint received and per idle spell in the engine). Threads: a
+   group's ring is written by the thread running its operation (one at a time) without a lock,
+   and read by dumps from any thread through each slot's sequence word (_dm_tr_slot: a seqlock);
+   peers' fingerprints are atomics; the waits belong to the running thread; the group's mutex
+   covers its transport and last error. Lock order: the process registry (SIGUSR1 only), then a
    rank's mutex, then a group's, then a collective's request queue (dumps list what is
    queued). Times are CLOCK_REALTIME nanoseconds, so files from several hosts line up (read on
    the coarse clock, a few ns instead of tens, when only the flight recorder is on). */
@@ -1485,6 +1487,13 @@ typedef struct _dm_tr_entry {
     uint8_t kind, state, async, composite;  /* composite: object collectives (run as several) */
     int8_t dtype;
 } _dm_tr_entry;
+/* One ring slot: entry number i as words, ver 2i + 2 once written, 2i + 1 while being written
+   (by the group's one writer; readers copy the words and retry when ver moved). */
+#define _DM_TR_WORDS ((sizeof(_dm_tr_entry) + 7) / 8)
+typedef struct _dm_tr_slot {
+    uint64_t ver;
+    uint64_t w[_DM_TR_WORDS];
+} _dm_tr_slot;
 
 typedef struct _dm_trace_rank _dm_trace_rank;
 typedef struct _dm_trace {
@@ -1498,10 +1507,10 @@ typedef struct _dm_trace {
     int children;               /* sub-collectives made from this one, for their names */
     int rank, size;
     uint64_t ops;               /* operations ended (the running thread's) */
-    pthread_mutex_t mu;         /* ring, count, transport, error */
-    _dm_tr_entry* ring;
+    pthread_mutex_t mu;         /* transport, error */
+    _dm_tr_slot* ring;
     uint32_t cap;
-    uint64_t count;             /* entries ever written: the newest is ring[(count - 1) % cap] */
+    uint64_t count;             /* entries ever written (atomic, the writer's): the newest is ring[(count - 1) % cap] */
     uint64_t* peer_seq;         /* per rank of the group: the last collective fingerprint seen */
     int* peer_kind;             /* ... and its kind (_DM_K_*), 0: none yet */
     int64_t* wait_ns;           /* per rank: the running operation's waits, its thread's */
@@ -1765,7 +1774,7 @@ _DM_PRIVATE _dm_trace* _dm_trace_group_new(dm_collective* c, _dm_trace_rank* rk,
     size_t W = (size_t)(c->size > 0 ? c->size : 1);
     if (!t) return NULL;
     t->cap = rk->fr_cap;
-    t->ring = t->cap ? (_dm_tr_entry*)_dm_calloc(&c->allocator, sizeof(_dm_tr_entry) * t->cap) : NULL;
+    t->ring = t->cap ? (_dm_tr_slot*)_dm_calloc(&c->allocator, sizeof(_dm_tr_slot) * t->cap) : NULL;
     t->peer_seq = (uint64_t*)_dm_calloc(&c->allocator, sizeof(uint64_t) * W);
     t->peer_kind = (int*)_dm_calloc(&c->allocator, sizeof(int) * W);
     t->wait_ns = (int64_t*)_dm_calloc(&c->allocator, sizeof(int64_t) * W);
@@ -1916,13 +1925,51 @@ _DM_PRIVATE void _dm_trace_describe(dm_collective* c, const dm_op* o, _dm_tr_ent
     /* the number _dm_op_begin is about to give it (object collectives: their first part's) */
     e->seq = __atomic_load_n(&c->seq, __ATOMIC_RELAXED) + (o->kind == DM_OP_SEND || o->kind == DM_OP_RECV ? 0 : 1);
 }
-/* Records e as entry number *index (a new one when *index is UINT64_MAX). */
+/* The ring without a lock (Boehm's seqlock, "Can seqlocks get along with programming language
+   memory models?", 2012): the writer marks the slot odd, stores the words, marks it even; a
+   reader copies the words between two reads of ver and keeps them when both say entry i. */
+_DM_PRIVATE void _dm_tr_slot_put(_dm_tr_slot* s, uint64_t i, const _dm_tr_entry* e) {
+    uint64_t w[_DM_TR_WORDS];
+    size_t k;
+    w[_DM_TR_WORDS - 1] = 0;
+    memcpy(w, e, sizeof(*e));
+    __atomic_store_n(&s->ver, 2 * i + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    for (k = 0; k < _DM_TR_WORDS; k++) __atomic_store_n(&s->w[k], w[k], __ATOMIC_RELAXED);
+    __atomic_store_n(&s->ver, 2 * i + 2, __ATOMIC_RELEASE);
+}
+/* Entry number i into e: false when the slot holds a newer entry (overwritten) or stayed
+   mid-write through every retry (a writer descheduled there). */
+_DM_PRIVATE bool _dm_tr_slot_get(const _dm_tr_slot* s, uint64_t i, _dm_tr_entry* e) {
+    uint64_t w[_DM_TR_WORDS], v1, v2;
+    size_t k;
+    int tries;
+    for (tries = 0; tries < 1000; tries++) {
+        v1 = __atomic_load_n(&s->ver, __ATOMIC_ACQUIRE);
+        if (v1 > 2 * i + 2) return false;
+        if (v1 == 2 * i + 2) {
+            for (k = 0; k < _DM_TR_WORDS; k++) w[k] = __atomic_load_n(&s->w[k], __ATOMIC_RELAXED);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            v2 = __atomic_load_n(&s->ver, __ATOMIC_RELAXED);
+            if (v1 == v2) { memcpy(e, w, sizeof(*e)); return true; }
+        }
+        if (tries >= 16) sched_yield();
+    }
+    return false;
+}
+/* Records e as entry number *index (a new one when *index is UINT64_MAX), on the group's
+   writing thread: count is published after the slot. */
 _DM_PRIVATE void _dm_trace_record(_dm_trace* t, const _dm_tr_entry* e, uint64_t* index) {
+    uint64_t n;
     if (!t->cap) return;
-    pthread_mutex_lock(&t->mu);
-    if (*index == UINT64_MAX) *index = t->count++;
-    if (*index + t->cap >= t->count) t->ring[*index % t->cap] = *e;   /* else overwritten since */
-    pthread_mutex_unlock(&t->mu);
+    n = t->count;
+    if (*index == UINT64_MAX) {
+        *index = n;
+        _dm_tr_slot_put(&t->ring[n % t->cap], n, e);
+        __atomic_store_n(&t->count, n + 1, __ATOMIC_RELEASE);
+    } else if (*index + t->cap >= n) {
+        _dm_tr_slot_put(&t->ring[*index % t->cap], *index, e);    /* else overwritten since */
+    }
 }
 /* The operation e starts: the running slot (one lock less per operation than a ring entry). */
 _DM_PRIVATE void _dm_trace_running(_dm_trace* t, const _dm_tr_entry* e) {
@@ -2124,10 +2171,9 @@ _DM_PRIVATE void _dm_trace_stream_end(dm_collective* c, const dm_op* o, uint64_t
     _dm_tr_entry e;
     if (!t || t == _dm_trace_pending) return;
     _dm_trace_describe(c, o, &e);
-    if (t->cap && index != UINT64_MAX) {
-        pthread_mutex_lock(&t->mu);
-        if (index + t->cap >= t->count) e.seq = t->ring[index % t->cap].seq;
-        pthread_mutex_unlock(&t->mu);
+    if (t->cap && index != UINT64_MAX && index + t->cap >= t->count) {
+        _dm_tr_entry was;
+        if (_dm_tr_slot_get(&t->ring[index % t->cap], index, &was)) e.seq = was.seq;
     }
     e.async = 1;
     e.t_queued = t_start;
@@ -3260,11 +3306,12 @@ _DM_PRIVATE void _dm_trace_dump_entry(_dm_tbuf* b, const _dm_tr_entry* e) {
     _dm_tb_s(b, "}");
 }
 _DM_PRIVATE void _dm_trace_dump_group(_dm_tbuf* b, _dm_trace* t) {
-    uint64_t i, from;
+    uint64_t i, from, n;
     int p;
-    bool first = true;
+    bool first = true, any = false;
     dm_collective* c = t->c;
     pthread_mutex_lock(&t->mu);
+    n = __atomic_load_n(&t->count, __ATOMIC_ACQUIRE);
     _dm_tb_s(b, "\n  {\"group\":"); _dm_tb_str(b, t->group);
     _dm_tb_s(b, ",\"rank\":"); _dm_tb_i(b, t->rank);
     _dm_tb_s(b, ",\"size\":"); _dm_tb_i(b, t->size);
@@ -3272,16 +3319,19 @@ _DM_PRIVATE void _dm_trace_dump_group(_dm_tbuf* b, _dm_trace* t) {
     _dm_tb_s(b, ",\"transport\":"); _dm_tb_str(b, t->transport);
     _dm_tb_s(b, ",\"seq\":"); _dm_tb_u(b, c ? __atomic_load_n(&c->seq, __ATOMIC_RELAXED) : 0);
     _dm_tb_s(b, ",\"capacity\":"); _dm_tb_u(b, t->cap);
-    _dm_tb_s(b, ",\"recorded\":"); _dm_tb_u(b, t->count);
+    _dm_tb_s(b, ",\"recorded\":"); _dm_tb_u(b, n);
     _dm_tb_s(b, ",\"last_error\":"); _dm_tb_str(b, t->error);
     _dm_tb_s(b, ",\n    \"ops\":[");
-    from = t->count > t->cap ? t->count - t->cap : 0;
-    for (i = from; i < t->count; i++) {
-        _dm_tb_s(b, i == from ? "\n      " : ",\n      ");
-        _dm_trace_dump_entry(b, &t->ring[i % t->cap]);
+    from = n > t->cap ? n - t->cap : 0;
+    for (i = from; i < n; i++) {
+        _dm_tr_entry e;
+        if (!_dm_tr_slot_get(&t->ring[i % t->cap], i, &e)) continue;   /* overwritten while we read */
+        _dm_tb_s(b, any ? ",\n      " : "\n      ");
+        _dm_trace_dump_entry(b, &e);
+        any = true;
     }
     if (__atomic_load_n(&t->cur_running, __ATOMIC_ACQUIRE) &&
-        __atomic_load_n(&t->cur_index, __ATOMIC_RELAXED) >= t->count) {
+        __atomic_load_n(&t->cur_index, __ATOMIC_RELAXED) >= n) {
         _DM_ZERO(_dm_tr_entry, e);      /* the running one, not in the ring yet */
         e.seq = __atomic_load_n(&t->cur_seq, __ATOMIC_RELAXED);
         e.kind = (uint8_t)__atomic_load_n(&t->cur_kind, __ATOMIC_RELAXED);
@@ -3292,7 +3342,7 @@ _DM_PRIVATE void _dm_trace_dump_group(_dm_tbuf* b, _dm_trace* t) {
         e.root = __atomic_load_n(&t->cur_root, __ATOMIC_RELAXED);
         e.dtype = (int8_t)__atomic_load_n(&t->cur_dtype, __ATOMIC_RELAXED);
         e.bytes = __atomic_load_n(&t->cur_bytes, __ATOMIC_RELAXED);
-        _dm_tb_s(b, t->count > from ? ",\n      " : "\n      ");
+        _dm_tb_s(b, any ? ",\n      " : "\n      ");
         _dm_trace_dump_entry(b, &e);
     }
     pthread_mutex_unlock(&t->mu);
