@@ -1487,12 +1487,12 @@ typedef struct _dm_tr_entry {
     uint8_t kind, state, async, composite;  /* composite: object collectives (run as several) */
     int8_t dtype;
 } _dm_tr_entry;
-/* One ring slot: entry number i as words, ver 2i + 2 once written, 2i + 1 while being written
-   (by the group's one writer; readers copy the words and retry when ver moved). */
-#define _DM_TR_WORDS ((sizeof(_dm_tr_entry) + 7) / 8)
+/* One ring slot: entry number i packed into words (_dm_tr_slot_put), ver 2i + 2 once written,
+   2i + 1 while being written (by the group's one writer; readers copy the words and retry when
+   ver moved). */
 typedef struct _dm_tr_slot {
     uint64_t ver;
-    uint64_t w[_DM_TR_WORDS];
+    uint64_t w[8];
 } _dm_tr_slot;
 
 typedef struct _dm_trace_rank _dm_trace_rank;
@@ -1514,6 +1514,9 @@ typedef struct _dm_trace {
     uint64_t* peer_seq;         /* per rank of the group: the last collective fingerprint seen */
     int* peer_kind;             /* ... and its kind (_DM_K_*), 0: none yet */
     int64_t* wait_ns;           /* per rank: the running operation's waits, its thread's */
+    int64_t ts_sec;             /* the timeline's "ts" seconds, formatted once a second (_dm_tb_pts) */
+    char ts_digits[24];
+    size_t ts_len;
     int* touched;
     int ntouched;
     bool dumped;                /* dumped since the last success: one dump per failure */
@@ -1927,31 +1930,53 @@ _DM_PRIVATE void _dm_trace_describe(dm_collective* c, const dm_op* o, _dm_tr_ent
 }
 /* The ring without a lock (Boehm's seqlock, "Can seqlocks get along with programming language
    memory models?", 2012): the writer marks the slot odd, stores the words, marks it even; a
-   reader copies the words between two reads of ver and keeps them when both say entry i. */
+   reader copies the words between two reads of ver and keeps them when both say entry i.
+   The words are packed field by field (not the struct's bytes copied: no wide load of fields
+   just stored narrow, which the CPU would stall on). */
 _DM_PRIVATE void _dm_tr_slot_put(_dm_tr_slot* s, uint64_t i, const _dm_tr_entry* e) {
-    uint64_t w[_DM_TR_WORDS];
-    size_t k;
-    w[_DM_TR_WORDS - 1] = 0;
-    memcpy(w, e, sizeof(*e));
     __atomic_store_n(&s->ver, 2 * i + 1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);
-    for (k = 0; k < _DM_TR_WORDS; k++) __atomic_store_n(&s->w[k], w[k], __ATOMIC_RELAXED);
+    __atomic_store_n(&s->w[0], e->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->w[1], e->bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->w[2], (uint64_t)e->t_queued, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->w[3], (uint64_t)e->t_start, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->w[4], (uint64_t)e->t_end, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->w[5], (uint64_t)(uintptr_t)e->algorithm, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->w[6], (uint64_t)(uint32_t)e->status | (uint64_t)(uint32_t)e->root << 32, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->w[7], (uint64_t)e->kind | (uint64_t)e->state << 8 | (uint64_t)e->async << 16 |
+                     (uint64_t)e->composite << 24 | (uint64_t)(uint8_t)e->dtype << 32, __ATOMIC_RELAXED);
     __atomic_store_n(&s->ver, 2 * i + 2, __ATOMIC_RELEASE);
 }
 /* Entry number i into e: false when the slot holds a newer entry (overwritten) or stayed
    mid-write through every retry (a writer descheduled there). */
 _DM_PRIVATE bool _dm_tr_slot_get(const _dm_tr_slot* s, uint64_t i, _dm_tr_entry* e) {
-    uint64_t w[_DM_TR_WORDS], v1, v2;
+    uint64_t w[8], v1, v2;
     size_t k;
     int tries;
     for (tries = 0; tries < 1000; tries++) {
         v1 = __atomic_load_n(&s->ver, __ATOMIC_ACQUIRE);
         if (v1 > 2 * i + 2) return false;
         if (v1 == 2 * i + 2) {
-            for (k = 0; k < _DM_TR_WORDS; k++) w[k] = __atomic_load_n(&s->w[k], __ATOMIC_RELAXED);
+            for (k = 0; k < 8; k++) w[k] = __atomic_load_n(&s->w[k], __ATOMIC_RELAXED);
             __atomic_thread_fence(__ATOMIC_ACQUIRE);
             v2 = __atomic_load_n(&s->ver, __ATOMIC_RELAXED);
-            if (v1 == v2) { memcpy(e, w, sizeof(*e)); return true; }
+            if (v1 == v2) {
+                memset(e, 0, sizeof(*e));
+                e->seq = w[0];
+                e->bytes = w[1];
+                e->t_queued = (int64_t)w[2];
+                e->t_start = (int64_t)w[3];
+                e->t_end = (int64_t)w[4];
+                e->algorithm = (const char*)(uintptr_t)w[5];
+                e->status = (int32_t)(uint32_t)w[6];
+                e->root = (int32_t)(uint32_t)(w[6] >> 32);
+                e->kind = (uint8_t)w[7];
+                e->state = (uint8_t)(w[7] >> 8);
+                e->async = (uint8_t)(w[7] >> 16);
+                e->composite = (uint8_t)(w[7] >> 24);
+                e->dtype = (int8_t)(uint8_t)(w[7] >> 32);
+                return true;
+            }
         }
         if (tries >= 16) sched_yield();
     }
@@ -2042,6 +2067,29 @@ _DM_PRIVATE char* _dm_tb_pus(char* p, int64_t ns) {
     p[3] = _dm_tb_d2[(frac % 100) * 2 + 1];
     return p + 4;
 }
+/* A time stamp as _dm_tb_pus writes it, with the seconds' digits written once a second
+   (t->ts_*, the running thread's): only the 6 + 3 digits below them are formatted per event. */
+_DM_PRIVATE char* _dm_tb_pts(char* p, _dm_trace* t, int64_t ns) {
+    int64_t sec = ns / 1000000000;
+    uint32_t rem, us, frac;
+    if (sec <= 0) return _dm_tb_pus(p, ns);
+    if (sec != t->ts_sec) {
+        t->ts_len = (size_t)(_dm_tb_pu(t->ts_digits, (uint64_t)sec) - t->ts_digits);
+        t->ts_sec = sec;
+    }
+    rem = (uint32_t)(ns - sec * 1000000000);
+    us = rem / 1000;
+    frac = rem % 1000;
+    memcpy(p, t->ts_digits, t->ts_len);
+    p += t->ts_len;
+    memcpy(p, _dm_tb_d2 + (us / 10000) * 2, 2);
+    memcpy(p + 2, _dm_tb_d2 + (us / 100 % 100) * 2, 2);
+    memcpy(p + 4, _dm_tb_d2 + (us % 100) * 2, 2);
+    p[6] = '.';
+    p[7] = (char)('0' + frac / 100);
+    memcpy(p + 8, _dm_tb_d2 + (frac % 100) * 2, 2);
+    return p + 10;
+}
 /* One trace event: the operation on the group's track, its queue time on the next track.
    Collectives carry no "cat" (the common case, kept short); the others say p2p, objects, queue. */
 _DM_PRIVATE void _dm_trace_event(_dm_trace* t, const _dm_tr_entry* e, bool flush) {
@@ -2053,7 +2101,7 @@ _DM_PRIVATE void _dm_trace_event(_dm_trace* t, const _dm_tr_entry* e, bool flush
         _DM_TB_LIT(p, ",\n{\"name\":\""); p = _dm_tb_pstr(p, name, 32);
         _DM_TB_LIT(p, "\",\"cat\":\"queue\",\"ph\":\"X\",\"pid\":"); p = _dm_tb_pu(p, (uint64_t)t->rk->rank);
         _DM_TB_LIT(p, ",\"tid\":"); p = _dm_tb_pu(p, (uint64_t)t->tid + 1);
-        _DM_TB_LIT(p, ",\"ts\":"); p = _dm_tb_pus(p, e->t_queued);
+        _DM_TB_LIT(p, ",\"ts\":"); p = _dm_tb_pts(p, t, e->t_queued);
         _DM_TB_LIT(p, ",\"dur\":"); p = _dm_tb_pus(p, e->t_start - e->t_queued);
         _DM_TB_LIT(p, ",\"args\":{\"seq\":"); p = _dm_tb_pu(p, e->seq);
         _DM_TB_LIT(p, ",\"group\":\""); p = _dm_tb_pstr(p, t->group, sizeof(t->group));
@@ -2064,7 +2112,7 @@ _DM_PRIVATE void _dm_trace_event(_dm_trace* t, const _dm_tr_entry* e, bool flush
     else if (e->kind == DM_OP_SEND || e->kind == DM_OP_RECV) _DM_TB_LIT(p, "\",\"cat\":\"p2p");
     _DM_TB_LIT(p, "\",\"ph\":\"X\",\"pid\":"); p = _dm_tb_pu(p, (uint64_t)t->rk->rank);
     _DM_TB_LIT(p, ",\"tid\":"); p = _dm_tb_pu(p, (uint64_t)t->tid);
-    _DM_TB_LIT(p, ",\"ts\":"); p = _dm_tb_pus(p, e->t_start);
+    _DM_TB_LIT(p, ",\"ts\":"); p = _dm_tb_pts(p, t, e->t_start);
     _DM_TB_LIT(p, ",\"dur\":"); p = _dm_tb_pus(p, e->t_end - e->t_start);
     _DM_TB_LIT(p, ",\"args\":{\"seq\":"); p = _dm_tb_pu(p, e->seq);
     _DM_TB_LIT(p, ",\"group\":\""); p = _dm_tb_pstr(p, t->group, sizeof(t->group));
@@ -2074,7 +2122,7 @@ _DM_PRIVATE void _dm_trace_event(_dm_trace* t, const _dm_tr_entry* e, bool flush
     _DM_TB_LIT(p, "\",\"transport\":\""); p = _dm_tb_pstr(p, t->transport, sizeof(t->transport));
     *p++ = '"';
     if (e->root >= 0) { _DM_TB_LIT(p, ",\"root\":"); p = _dm_tb_pu(p, (uint64_t)e->root); }
-    if (e->t_queued) { _DM_TB_LIT(p, ",\"queued\":"); p = _dm_tb_pus(p, e->t_queued); }
+    if (e->t_queued) { _DM_TB_LIT(p, ",\"queued\":"); p = _dm_tb_pts(p, t, e->t_queued); }
     if (e->status != DM_OK) {
         _DM_TB_LIT(p, ",\"status\":\""); p = _dm_tb_pstr(p, dm_status_name((dm_status)e->status), 40);
         *p++ = '"';
