@@ -1724,11 +1724,12 @@ _DM_PRIVATE void _dm_trace_file_name(const _dm_trace_rank* rk, const char* dir, 
     else
         snprintf(out, cap, "%s/%s.rank%d.pid%ld.json", dir, what, rk->rank, rk->pid);
 }
-/* Appends text to the timeline (opened on first use: "[" then one event per line, each after a
-   comma, so a killed process leaves everything up to its last flush, less the closing "]").
-   Caller holds rk->mu. */
-_DM_PRIVATE void _dm_trace_append_locked(_dm_trace_rank* rk, const char* text, size_t n, int64_t now, bool flush) {
-    if (!rk->trace_dir[0]) return;
+/* Room for n bytes at the end of the timeline's buffer, where the caller writes them and then
+   calls _dm_trace_commit_locked; NULL: no timeline. The file is opened on first use: "[" then
+   one event per line, each after a comma, so a killed process leaves everything up to its last
+   flush, less the closing "]". Caller holds rk->mu. */
+_DM_PRIVATE char* _dm_trace_room_locked(_dm_trace_rank* rk, size_t n, int64_t now) {
+    if (!rk->trace_dir[0]) return NULL;
     if (!rk->opened) {
         char path[400], host[64];
         _DM_ZERO(_dm_tbuf, h);
@@ -1742,7 +1743,7 @@ _DM_PRIVATE void _dm_trace_append_locked(_dm_trace_rank* rk, const char* text, s
                     rk->fd < 0 ? strerror(errno) : "out of memory");
             if (rk->fd >= 0) close(rk->fd);
             rk->fd = -1;
-            return;
+            return NULL;
         }
         if (gethostname(host, sizeof(host) - 1) != 0) _dm_copy_name(host, sizeof(host), "localhost");
         host[sizeof(host) - 1] = 0;
@@ -1760,11 +1761,21 @@ _DM_PRIVATE void _dm_trace_append_locked(_dm_trace_rank* rk, const char* text, s
         rk->len = h.len;
         _dm_trace_flush_locked(rk, now);
     }
-    if (rk->fd < 0) return;
+    if (rk->fd < 0 || n > _DM_TR_BUF_BYTES) return NULL;
     if (rk->len + n > _DM_TR_BUF_BYTES) _dm_trace_flush_locked(rk, now);
-    if (n <= _DM_TR_BUF_BYTES) { memcpy(rk->buf + rk->len, text, n); rk->len += n; }
+    return rk->buf + rk->len;
+}
+/* n bytes written at _dm_trace_room_locked's room: kept, and flushed when due. */
+_DM_PRIVATE void _dm_trace_commit_locked(_dm_trace_rank* rk, size_t n, int64_t now, bool flush) {
+    rk->len += n;
     if (flush || rk->len >= _DM_TR_FLUSH_BYTES || now - rk->last_flush >= _DM_TR_FLUSH_NS)
         _dm_trace_flush_locked(rk, now);
+}
+_DM_PRIVATE void _dm_trace_append_locked(_dm_trace_rank* rk, const char* text, size_t n, int64_t now, bool flush) {
+    char* p = _dm_trace_room_locked(rk, n, now);
+    if (!p) return;
+    memcpy(p, text, n);
+    _dm_trace_commit_locked(rk, n, now, flush);
 }
 /* A group's two tracks, named: its operations, and the queue times of its _async calls. */
 _DM_PRIVATE void _dm_trace_name_tracks(_dm_trace* t, const char* backend) {
@@ -2065,7 +2076,7 @@ _DM_PRIVATE void _dm_trace_note_end(dm_collective* c, _dm_trace* t, dm_status st
     if (st != DM_OK) _dm_copy_name(t->error, sizeof(t->error), _dm_errbuf(c));
     pthread_mutex_unlock(&t->mu);
 }
-/* One event line, written straight into a buffer known to be large enough (_DM_TR_LINE): the
+/* One event line, written straight into the timeline's buffer with room for _DM_TR_LINE: the
    hot path of the timeline, so no bounds checks per piece and no escaping (every string here
    is ours: op and dtype names, the group names made in _dm_trace_adopt, the backend's
    algorithm and transport names). */
@@ -2137,10 +2148,12 @@ _DM_PRIVATE char* _dm_tb_pts(char* p, _dm_trace* t, int64_t ns) {
 /* One trace event: the operation on the group's track, its queue time on the next track.
    Collectives carry no "cat" (the common case, kept short); the others say p2p, objects, queue. */
 _DM_PRIVATE void _dm_trace_event(_dm_trace* t, const _dm_tr_entry* e, bool flush) {
-    char line[_DM_TR_LINE];
-    char* p = line;
+    char *line, *p;
     const char* name = _dm_op_name((dm_op_kind)e->kind);
     int k;
+    pthread_mutex_lock(&t->rk->mu);
+    line = p = _dm_trace_room_locked(t->rk, _DM_TR_LINE, e->t_end);
+    if (!p) { pthread_mutex_unlock(&t->rk->mu); return; }
     if (e->async && e->t_queued) {
         _DM_TB_LIT(p, ",\n{\"name\":\""); p = _dm_tb_pstr(p, name, 32);
         _DM_TB_LIT(p, "\",\"cat\":\"queue\",\"ph\":\"X\",\"pid\":"); p = _dm_tb_pu(p, (uint64_t)t->rk->rank);
@@ -2182,8 +2195,7 @@ _DM_PRIVATE void _dm_trace_event(_dm_trace* t, const _dm_tr_entry* e, bool flush
         *p++ = '}';
     }
     _DM_TB_LIT(p, "}}");
-    pthread_mutex_lock(&t->rk->mu);
-    _dm_trace_append_locked(t->rk, line, (size_t)(p - line), e->t_end, flush);
+    _dm_trace_commit_locked(t->rk, (size_t)(p - line), e->t_end, flush);
     pthread_mutex_unlock(&t->rk->mu);
 }
 /* The timeline through the TSC (rk->tsc): an operation's start reads clock_gettime and the TSC
