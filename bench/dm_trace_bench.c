@@ -25,13 +25,16 @@
    Options: --np N (2), --bytes B (8), --iters N (2000), --blocks N (15), --transport shm|tcp
    (shm), --dir DIR (build/bench/trace: the timeline files, and the store), --timeout S (120),
    --control (all three worlds "off": how far apart identical worlds measure, the noise floor),
-   --only off|fr|trace (all three worlds that one: to profile it alone), --cpu.
+   --only off|fr|trace (all three worlds that one: to profile it alone), --cpu, --pin (rank r
+   on CPU r mod the CPUs there are, Linux: unpinned, two ranks on a 2-core machine share a core
+   now and then, and an 8 B all_reduce then takes ~4x as long, a second regime in the numbers).
    Prints one key=value line per configuration and one with the ratios. Exit status 0, 1 (a
    failed call), 2 (bad arguments or the deadline). */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -74,7 +77,7 @@ static double median(double* v, int n) {
 }
 /* --control: every world made "off", to see how far apart three identical worlds measure.
    --only CFG: every world made CFG (one configuration to profile alone). */
-static int g_control, g_only = -1, g_cpu;
+static int g_control, g_only = -1, g_cpu, g_pin;
 static void set_cfg_env(int cfg, const char* trace_dir) {
     if (g_control) cfg = CFG_OFF;
     if (g_only >= 0) cfg = g_only;
@@ -222,6 +225,7 @@ static int parse(int argc, char** argv, args* a) {
         const char* v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(argv[i], "--control") == 0) { g_control = 1; continue; }
         if (strcmp(argv[i], "--cpu") == 0) { g_cpu = 1; continue; }
+        if (strcmp(argv[i], "--pin") == 0) { g_pin = 1; continue; }
         if (!v) { fprintf(stderr, "dm_trace_bench: %s needs a value\n", argv[i]); return 2; }
         if (strcmp(argv[i], "--np") == 0) a->np = atoi(v);
         else if (strcmp(argv[i], "--iters") == 0) a->iters = atoi(v);
@@ -275,6 +279,15 @@ int main(int argc, char** argv) {
         pids[r] = fork();
         if (pids[r] == 0) {
             alarm((unsigned)a.timeout_s + 10);
+#if defined(__linux__)
+            if (g_pin) {
+                cpu_set_t set;
+                long n = sysconf(_SC_NPROCESSORS_ONLN);
+                CPU_ZERO(&set);
+                CPU_SET((int)(r % (n > 0 ? n : 1)), &set);
+                if (sched_setaffinity(0, sizeof(set), &set) != 0) perror("sched_setaffinity");
+            }
+#endif
             exit(a.demo ? demo_rank(&a, r, store) : overhead_rank(&a, r, store, trace_dir));
         }
     }
