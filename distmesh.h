@@ -3443,13 +3443,20 @@ _DM_PRIVATE void _dm_trace_dump_entry(_dm_tbuf* b, const _dm_tr_entry* e) {
     if (e->t_end) { _dm_tb_s(b, ",\"t_end\":"); _dm_tb_us(b, e->t_end); }
     _dm_tb_s(b, "}");
 }
+/* The ring is copied first, newest entry first, and only then formatted: a group still running
+   operations overwrites its oldest entries meanwhile, and what the copy keeps is the newest ones
+   without a gap (it stops at the first entry overwritten). */
 _DM_PRIVATE void _dm_trace_dump_group(_dm_tbuf* b, _dm_trace* t) {
-    uint64_t i, from, n;
+    uint64_t i, from, n, got = 0;
     int p;
-    bool first = true, any = false;
+    bool first = true;
     dm_collective* c = t->c;
+    _dm_tr_entry* snap = t->cap ? (_dm_tr_entry*)_dm_malloc(b->grow, sizeof(_dm_tr_entry) * t->cap) : NULL;
     pthread_mutex_lock(&t->mu);
     n = __atomic_load_n(&t->count, __ATOMIC_ACQUIRE);
+    from = n > t->cap ? n - t->cap : 0;
+    for (i = n; snap && i > from && _dm_tr_slot_get(&t->ring[(i - 1) % t->cap], i - 1, &snap[got]); i--) got++;
+    if (t->cap && !snap) b->bad = true;
     _dm_tb_s(b, "\n  {\"group\":"); _dm_tb_str(b, t->group);
     _dm_tb_s(b, ",\"rank\":"); _dm_tb_i(b, t->rank);
     _dm_tb_s(b, ",\"size\":"); _dm_tb_i(b, t->size);
@@ -3460,14 +3467,11 @@ _DM_PRIVATE void _dm_trace_dump_group(_dm_tbuf* b, _dm_trace* t) {
     _dm_tb_s(b, ",\"recorded\":"); _dm_tb_u(b, n);
     _dm_tb_s(b, ",\"last_error\":"); _dm_tb_str(b, t->error);
     _dm_tb_s(b, ",\n    \"ops\":[");
-    from = n > t->cap ? n - t->cap : 0;
-    for (i = from; i < n; i++) {
-        _dm_tr_entry e;
-        if (!_dm_tr_slot_get(&t->ring[i % t->cap], i, &e)) continue;   /* overwritten while we read */
-        _dm_tb_s(b, any ? ",\n      " : "\n      ");
-        _dm_trace_dump_entry(b, &e);
-        any = true;
+    for (i = got; i > 0; i--) {
+        _dm_tb_s(b, i < got ? ",\n      " : "\n      ");
+        _dm_trace_dump_entry(b, &snap[i - 1]);
     }
+    _dm_free(b->grow, snap);
     if (__atomic_load_n(&t->cur_running, __ATOMIC_ACQUIRE) &&
         __atomic_load_n(&t->cur_index, __ATOMIC_RELAXED) >= n) {
         _DM_ZERO(_dm_tr_entry, e);      /* the running one, not in the ring yet */
@@ -3480,7 +3484,7 @@ _DM_PRIVATE void _dm_trace_dump_group(_dm_tbuf* b, _dm_trace* t) {
         e.root = __atomic_load_n(&t->cur_root, __ATOMIC_RELAXED);
         e.dtype = (int8_t)__atomic_load_n(&t->cur_dtype, __ATOMIC_RELAXED);
         e.bytes = __atomic_load_n(&t->cur_bytes, __ATOMIC_RELAXED);
-        _dm_tb_s(b, any ? ",\n      " : "\n      ");
+        _dm_tb_s(b, got ? ",\n      " : "\n      ");
         _dm_trace_dump_entry(b, &e);
     }
     pthread_mutex_unlock(&t->mu);
