@@ -1466,7 +1466,9 @@ DM_API_IMPL int dm_device_count(void) { return 0; }
    covers its transport and last error. Lock order: the process registry (SIGUSR1 only), then a
    rank's mutex, then a group's, then a collective's request queue (dumps list what is
    queued). Times are CLOCK_REALTIME nanoseconds, so files from several hosts line up (read on
-   the coarse clock, a few ns instead of tens, when only the flight recorder is on). */
+   the coarse clock, a few ns instead of tens, when only the flight recorder is on; through the
+   TSC for the timeline where the kernel keeps time with it: _dm_trace_clock; its anchor and the
+   formatted seconds, t->clk_* and t->ts_*, belong to the running thread like the waits). */
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
