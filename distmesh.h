@@ -2215,6 +2215,7 @@ _DM_PRIVATE int64_t _dm_trace_clock_tsc(_dm_trace* t, bool start) {
     ns = _dm_trace_now();
     if (!start) return ns;
     c1 = __builtin_ia32_rdtsc();
+    if (c1 - c0 > 20000) return ns;     /* preempted between the reads (~10 us): no anchor there */
     mid = c0 + (c1 - c0) / 2;
     dn = ns - t->clk_ns;
     if (t->clk_ns && dn < _DM_TR_CLK_NS / 2 && t->clk_mult == 0) return ns;     /* measuring: too soon */
