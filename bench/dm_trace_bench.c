@@ -3,6 +3,7 @@
 
      dm_trace_bench                   overhead: 8 B float32 all_reduce on 2 local ranks (shm)
      dm_trace_bench --demo DIR        a few training-like steps on 4 ranks, rank 3 slow, timeline in DIR
+     dm_trace_bench --cpu             the CPU per operation alone: one process, world-1 Fake collectives
 
    Overhead: every rank makes three worlds at once, one per configuration, each with its own
    environment when it is made (the core reads it then):
@@ -15,16 +16,25 @@
    result: per configuration the median over --blocks blocks, and the ratios fr/off and
    trace/off (the issue's bound: trace/off <= 1.03 at 8 B).
 
+   --cpu: the same three configurations on Fake collectives of world 1 in this one process (an
+   operation that does next to nothing: no peers, no waits, no spinning), blocks in turn; prints
+   per configuration the median ns per operation and fr-off, trace-off: what the recorder and the
+   timeline add to every operation's CPU, the part of the ratio above that machine noise and the
+   peers' waiting do not blur.
+
    Options: --np N (2), --bytes B (8), --iters N (2000), --blocks N (15), --transport shm|tcp
    (shm), --dir DIR (build/bench/trace: the timeline files, and the store), --timeout S (120),
    --control (all three worlds "off": how far apart identical worlds measure, the noise floor),
-   --only off|fr|trace (all three worlds that one: to profile it alone).
+   --only off|fr|trace (all three worlds that one: to profile it alone), --cpu, --pin (rank r
+   on CPU r mod the CPUs there are, Linux: unpinned, two ranks on a 2-core machine share a core
+   now and then, and an 8 B all_reduce then takes ~4x as long, a second regime in the numbers).
    Prints one key=value line per configuration and one with the ratios. Exit status 0, 1 (a
    failed call), 2 (bad arguments or the deadline). */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -67,7 +77,7 @@ static double median(double* v, int n) {
 }
 /* --control: every world made "off", to see how far apart three identical worlds measure.
    --only CFG: every world made CFG (one configuration to profile alone). */
-static int g_control, g_only = -1;
+static int g_control, g_only = -1, g_cpu, g_pin;
 static void set_cfg_env(int cfg, const char* trace_dir) {
     if (g_control) cfg = CFG_OFF;
     if (g_only >= 0) cfg = g_only;
@@ -143,6 +153,42 @@ static int overhead_rank(const args* a, int rank, const char* store_dir, const c
     return rc;
 }
 
+/* ---- --cpu: one process, world-1 Fake collectives ---- */
+static int cpu_overhead(const args* a, const char* trace_dir) {
+    dm_collective* w[NCFG] = { NULL, NULL, NULL };
+    double* per_op = (double*)calloc((size_t)(NCFG * a->blocks), sizeof(double));
+    size_t count = a->bytes / 4 ? a->bytes / 4 : 1;
+    float* x = (float*)calloc(count, sizeof(float));
+    int k, b, i, rank = 0, rc = 0;
+    dm_fake_desc d;
+    memset(&d, 0, sizeof(d));
+    if (!per_op || !x) return 1;
+    for (k = 0; k < NCFG; k++) {
+        set_cfg_env(k, trace_dir);
+        TRY(w[k], dm_fake_create(&d, &w[k]));
+        for (i = 0; i < 1000; i++) TRY(w[k], dm_all_reduce(w[k], NULL, x, count, DM_FLOAT32, DM_SUM));
+    }
+    for (b = 0; b < a->blocks; b++)
+        for (k = 0; k < NCFG; k++) {
+            double t0 = now_s();
+            for (i = 0; i < a->iters; i++) TRY(w[k], dm_all_reduce(w[k], NULL, x, count, DM_FLOAT32, DM_SUM));
+            per_op[k * a->blocks + b] = (now_s() - t0) / a->iters * 1e9;
+        }
+    {
+        double med[NCFG];
+        for (k = 0; k < NCFG; k++) {
+            med[k] = median(per_op + k * a->blocks, a->blocks);
+            printf("config=%s np=1 backend=fake bytes=%zu iters=%d blocks=%d median_ns_per_op=%.1f\n", k_cfg[k],
+                   count * 4, a->iters, a->blocks, med[k]);
+        }
+        printf("cpu_ns fr-off=%.1f trace-off=%.1f\n", med[CFG_FR] - med[CFG_OFF], med[CFG_TRACE] - med[CFG_OFF]);
+    }
+    for (k = 0; k < NCFG; k++) dm_destroy(w[k]);
+    free(per_op);
+    free(x);
+    return rc;
+}
+
 /* ---- demo: a data-parallel step, gradients all-reduced in buckets behind "backward" ---- */
 static int demo_rank(const args* a, int rank, const char* store_dir) {
     enum { STEPS = 6, BUCKETS = 4, BUCKET = 256 << 10 };
@@ -178,6 +224,8 @@ static int parse(int argc, char** argv, args* a) {
     for (i = 1; i < argc; i++) {
         const char* v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(argv[i], "--control") == 0) { g_control = 1; continue; }
+        if (strcmp(argv[i], "--cpu") == 0) { g_cpu = 1; continue; }
+        if (strcmp(argv[i], "--pin") == 0) { g_pin = 1; continue; }
         if (!v) { fprintf(stderr, "dm_trace_bench: %s needs a value\n", argv[i]); return 2; }
         if (strcmp(argv[i], "--np") == 0) a->np = atoi(v);
         else if (strcmp(argv[i], "--iters") == 0) a->iters = atoi(v);
@@ -221,10 +269,25 @@ int main(int argc, char** argv) {
         snprintf(store, sizeof(store), "%s", abs);
     }
     fflush(stdout);
+    if (g_cpu) {
+        rc = cpu_overhead(&a, trace_dir);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", store, trace_dir);
+        if (system(cmd) != 0) {}
+        return rc;
+    }
     for (r = 0; r < a.np; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
             alarm((unsigned)a.timeout_s + 10);
+#if defined(__linux__)
+            if (g_pin) {
+                cpu_set_t set;
+                long n = sysconf(_SC_NPROCESSORS_ONLN);
+                CPU_ZERO(&set);
+                CPU_SET((int)(r % (n > 0 ? n : 1)), &set);
+                if (sched_setaffinity(0, sizeof(set), &set) != 0) perror("sched_setaffinity");
+            }
+#endif
             exit(a.demo ? demo_rank(&a, r, store) : overhead_rank(&a, r, store, trace_dir));
         }
     }
