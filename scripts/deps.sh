@@ -13,6 +13,8 @@ command -v ip >/dev/null  || need+=(iproute2)
 command -v cmake >/dev/null || need+=(cmake)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
 dpkg -s python3-torch >/dev/null 2>&1 || need+=(python3-torch)
+command -v srun >/dev/null || need+=(slurm-wlm)     # test_launch's srun in a private Slurm
+[ -x /usr/sbin/munged ] || command -v munged >/dev/null || need+=(munge)
 for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "deps: installing ${need[*]}"
