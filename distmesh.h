@@ -2112,17 +2112,19 @@ _DM_PRIVATE char* _dm_tb_pu(char* p, uint64_t v) {
     return p + 20 - n;
 }
 /* ns as microseconds with three decimals (trace-event "ts" and "dur"). */
-_DM_PRIVATE char* _dm_tb_pus(char* p, int64_t ns) {
-    uint64_t u, frac;
-    if (ns < 0) { *p++ = '-'; ns = -ns; }
-    u = (uint64_t)ns;
-    frac = u % 1000;
-    p = _dm_tb_pu(p, u / 1000);
+/* ".ddd": the nanoseconds below a microsecond (frac < 1000). */
+_DM_PRIVATE char* _dm_tb_pfrac(char* p, uint32_t frac) {
     p[0] = '.';
     p[1] = (char)('0' + frac / 100);
-    p[2] = _dm_tb_d2[(frac % 100) * 2];
-    p[3] = _dm_tb_d2[(frac % 100) * 2 + 1];
+    memcpy(p + 2, _dm_tb_d2 + (frac % 100) * 2, 2);
     return p + 4;
+}
+_DM_PRIVATE char* _dm_tb_pus(char* p, int64_t ns) {
+    uint64_t u;
+    if (ns < 0) { *p++ = '-'; ns = -ns; }
+    u = (uint64_t)ns;
+    p = _dm_tb_pu(p, u / 1000);
+    return _dm_tb_pfrac(p, (uint32_t)(u % 1000));
 }
 /* A time stamp as _dm_tb_pus writes it, with the seconds' digits written once a second
    (t->ts_*, the running thread's): only the 6 + 3 digits below them are formatted per event. */
@@ -2142,10 +2144,7 @@ _DM_PRIVATE char* _dm_tb_pts(char* p, _dm_trace* t, int64_t ns) {
     memcpy(p, _dm_tb_d2 + (us / 10000) * 2, 2);
     memcpy(p + 2, _dm_tb_d2 + (us / 100 % 100) * 2, 2);
     memcpy(p + 4, _dm_tb_d2 + (us % 100) * 2, 2);
-    p[6] = '.';
-    p[7] = (char)('0' + frac / 100);
-    memcpy(p + 8, _dm_tb_d2 + (frac % 100) * 2, 2);
-    return p + 10;
+    return _dm_tb_pfrac(p + 6, frac);
 }
 /* One trace event: the operation on the group's track, its queue time on the next track.
    Collectives carry no "cat" (the common case, kept short); the others say p2p, objects, queue. */
@@ -5589,6 +5588,14 @@ _DM_PRIVATE dm_status _dm_lk_ring(_dm_lk* lk, const _dm_team* t, const void* sen
 #define _DM_LK_2L_BLOCK ((size_t)512 << 10)
 #define _DM_LK_2L_SEGMENTS_MAX 64
 _DM_PRIVATE int _dm_lk_2l_segments(const _dm_lk* lk, size_t count, size_t esize, int R, bool rail_ring);
+/* Whether the two-level all-reduce with R rails runs pipelined: R > 1, each rail one transfer
+   (a ring, or one exchange between two hosts; one host has no rail), and every rail's block
+   of the whole buffer an element per host. The choice (_dm_lk_2l_segments) and the schedule
+   (_dm_lk_allreduce_2l) both ask here. */
+_DM_PRIVATE bool _dm_lk_2l_pipelined(const _dm_lk* lk, size_t count, int R, bool rail_ring) {
+    int H = lk->lay.H;
+    return R > 1 && (rail_ring || H <= 2) && count / (size_t)R >= (size_t)H;
+}
 _DM_PRIVATE int _dm_lk_2l_max_segments(size_t count, size_t esize, int R, int H) {
     size_t S = count * esize / (_DM_LK_2L_BLOCK * (size_t)R);
     if (S > _DM_LK_2L_SEGMENTS_MAX) S = _DM_LK_2L_SEGMENTS_MAX;
@@ -5685,7 +5692,7 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_2l(_dm_lk* lk, void* recv, size_t count, 
     for (e = i + R; e < L; e += R)
         _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, -1, NULL, host.ranks[e], recv, count, dtype, op));
     rail = _dm_lk_rail(lk, i);
-    if (R > 1 && (rail_ring || rail.n <= 2) && count / (size_t)R >= (size_t)rail.n) {
+    if (_dm_lk_2l_pipelined(lk, count, R, rail_ring)) {
         S = _dm_lk_2l_segments(lk, count, esize, R, rail_ring);
         if (!lk->tmp2) lk->tmp2 = (unsigned char*)_dm_malloc(&lk->c->allocator, lk->tmp_size);
         if (!lk->tmp2) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, name);
@@ -5797,7 +5804,7 @@ _DM_PRIVATE double _dm_cost_2l_middle(const _dm_lk* lk, double b, int R, bool ra
    of 1, 2, 4, ... and the most allowed (_dm_lk_2l_max_segments), the cheapest by the model
    (ties: the fewer). Else 1. */
 _DM_PRIVATE int _dm_lk_2l_segments(const _dm_lk* lk, size_t count, size_t esize, int R, bool rail_ring) {
-    int most = R > 1 && (rail_ring || lk->lay.H == 2) ? _dm_lk_2l_max_segments(count, esize, R, lk->lay.H) : 1;
+    int most = _dm_lk_2l_pipelined(lk, count, R, rail_ring) ? _dm_lk_2l_max_segments(count, esize, R, lk->lay.H) : 1;
     int S, best = 1;
     double b = (double)count * (double)esize, least = _dm_cost_2l_middle(lk, b, R, rail_ring, 1);
     for (S = 2; most > 1; S *= 2) {
