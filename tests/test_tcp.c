@@ -1060,21 +1060,31 @@ static int layout_create(int rank, int world, dm_collective** c) {
    interleaved 3+2. The suite's data are exact in every dtype, so any order of reduction must
    give the reference's bits. */
 static int layout_thread_rank(dm_collective* c, void* user) { (void)user; return suite(c, false); }
+/* The layout called name (one of g_layouts). */
+static const layout* layout_named(const char* name) {
+    int k;
+    for (k = 0; strcmp(g_layouts[k].name, name) != 0; k++) {}
+    return &g_layouts[k];
+}
+/* fn on every rank of the threaded world on layout l (60 s deadline). */
+static dm_status run_thread_layout(const layout* l, dm_rank_fn fn) {
+    dm_fake_desc fd;
+    memset(&fd, 0, sizeof(fd));
+    fd.world_size = l->world;
+    fd.host_of = l->hosts;
+    fd.timeout_ms = 60000;
+    return dm_thread_world_run(&fd, fn, NULL);
+}
 static void test_layouts_thread(void** s) {
     static const char* algos[] = { "auto", "two_level", "flat", "two_level_ring", "two_level_rd" };
     int k, a;
     (void)s;
     for (k = 0; k < N_LAYOUTS; k++)
         for (a = 0; a < 5; a++) {
-            dm_fake_desc fd;
             if (a >= 2 && strcmp(g_layouts[k].name, "3+1") != 0 && strcmp(g_layouts[k].name, "interleaved 3+2") != 0)
                 continue;
-            memset(&fd, 0, sizeof(fd));
-            fd.world_size = g_layouts[k].world;
-            fd.host_of = g_layouts[k].hosts;
-            fd.timeout_ms = 60000;
             setenv("DISTMESH_ALGO", algos[a], 1);
-            if (dm_thread_world_run(&fd, layout_thread_rank, NULL) != DM_OK)
+            if (run_thread_layout(&g_layouts[k], layout_thread_rank) != DM_OK)
                 fail_msg("threaded world, layout %s, DISTMESH_ALGO=%s: the suite failed", g_layouts[k].name, algos[a]);
         }
     unsetenv("DISTMESH_ALGO");
@@ -1103,17 +1113,11 @@ static int pipelined_rank(dm_collective* c, void* user) {
 }
 static void test_layouts_pipelined(void** s) {
     static const char* names[] = { "2x2", "3x2", "2x3", "3+1", "interleaved 3+2" };
-    int i, k;
+    int i;
     (void)s;
     setenv("DISTMESH_ALGO", "two_level_ring", 1);
     for (i = 0; i < 5; i++) {
-        dm_fake_desc fd;
-        for (k = 0; strcmp(g_layouts[k].name, names[i]) != 0; k++) {}
-        memset(&fd, 0, sizeof(fd));
-        fd.world_size = g_layouts[k].world;
-        fd.host_of = g_layouts[k].hosts;
-        fd.timeout_ms = 60000;
-        if (dm_thread_world_run(&fd, pipelined_rank, NULL) != DM_OK)
+        if (run_thread_layout(layout_named(names[i]), pipelined_rank) != DM_OK)
             fail_msg("threaded world, layout %s: the pipelined two-level all_reduce failed", names[i]);
     }
     unsetenv("DISTMESH_ALGO");
@@ -1226,14 +1230,8 @@ static void test_layouts_bitwise(void** s) {
     int i, k, r;
     (void)s;
     for (i = 0; i < 4; i++) {
-        dm_fake_desc fd;
-        for (k = 0; strcmp(g_layouts[k].name, names[i]) != 0; k++) {}
-        g_layout = &g_layouts[k];
-        memset(&fd, 0, sizeof(fd));
-        fd.world_size = g_layout->world;
-        fd.host_of = g_layout->hosts;
-        fd.timeout_ms = 60000;
-        assert_int_equal(dm_thread_world_run(&fd, lb_thread_rank, NULL), DM_OK);
+        g_layout = layout_named(names[i]);
+        assert_int_equal(run_thread_layout(g_layout, lb_thread_rank), DM_OK);
         assert_int_equal(run_world_ex(g_layout->world, body_layout_bitwise, (void*)"lauto", 60, false), 0);
         g_transport = "tcp";
         k = run_world_ex(g_layout->world, body_layout_bitwise, (void*)"ltcp", 60, false);
