@@ -44,7 +44,8 @@ def two_level_rails(l, h, net, s):
     code picks (distmesh.h _dm_lk_2l_segments: of 1, 2, 4, ... and the most, the cheapest)."""
     best = None
     for ring in (True, False):
-        most = max_segments(s, l, h) if l > 1 and (ring or h == 2) else 1
+        # distmesh.h _dm_lk_2l_pipelined: R > 1 and each rail one transfer (a ring, or two hosts)
+        most = max_segments(s, l, h) if l > 1 and (ring or h <= 2) and s // l >= h else 1
         ks = sorted({1, most} | {k for k in (2 ** i for i in range(1, 7)) if k < most})
         t = min(middle(l, h, net, s, ring, k) for k in ks)
         best = t if best is None else min(best, t)
