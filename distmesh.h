@@ -4184,10 +4184,14 @@ struct _dm_link {
 /* A bell wakes a rank asleep on memory links. A rank about to sleep sets `sleeping`, reads
    seq, tries once more, and sleeps only while seq is unchanged (a futex between processes, a
    condition variable between threads). Every write into one of its rings and every read that
-   frees space in one is followed by a full fence and a look at `sleeping`: only a sleeper's
-   bell is bumped and woken. Either the waker sees `sleeping`, or the sleeper's last try sees
-   the bytes (both sides fence between their store and their load), so no wake-up is lost, and
-   while nobody sleeps the line holding seq does not bounce between cores. One cache line each. */
+   frees space in one is followed by a look at `sleeping`: only a sleeper's bell is bumped and
+   woken. Either the waker sees `sleeping`, or the sleeper's last try sees the bytes, so no
+   wake-up is lost, and while nobody sleeps the line holding seq does not bounce between cores.
+   That needs a store-load barrier on both sides, between each one's store and its load. It is
+   a full fence on both, unless the ops have a heavy `barrier`: then wakers (the hot path, every
+   message) only stop the compiler, and the sleeper (after 200 us to 1 ms idle) calls barrier(),
+   which runs a full fence on every core running a waker (Linux membarrier, every process of
+   the host's group registered), so the asymmetric pair orders like two fences. One cache line. */
 typedef struct _dm_bell {
     uint32_t seq, sleeping;
     int32_t cpu;                /* the core its rank last waited on, plus 1 (0: not known) */
@@ -4197,13 +4201,20 @@ typedef struct _dm_bell_ops {
     void (*wait)(void* ctx, _dm_bell* b, uint32_t seen, int ms);
     void (*wake)(void* ctx, _dm_bell* b);
     void* ctx;
+    void (*barrier)(void);      /* NULL: full fences on both sides */
 } _dm_bell_ops;
 
 _DM_PRIVATE void _dm_bell_ring(_dm_bell* b, const _dm_bell_ops* ops) {
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (ops->barrier) __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    else __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (!__atomic_load_n(&b->sleeping, __ATOMIC_SEQ_CST)) return;
     __atomic_fetch_add(&b->seq, 1u, __ATOMIC_SEQ_CST);
     ops->wake(ops->ctx, b);
+}
+/* The sleeper's half: after announcing (sleeping, seq), before its last look. */
+_DM_PRIVATE void _dm_bell_announced(const _dm_bell_ops* ops) {
+    if (ops->barrier) ops->barrier();
+    else __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
 /* The first failure of a group whose ranks share memory, for all of them: its status, the rank
@@ -4225,6 +4236,13 @@ typedef struct _dm_ring {
 typedef struct _dm_memlink {
     _dm_link base;
     _dm_ring *out, *in;         /* this rank -> peer, peer -> this rank */
+    /* Copies of the two positions this side alone moves (out->head, in->tail), so the hot
+       path reads no line the peer also reads: a line a peer keeps reading can migrate to its
+       core, and reading it back costs a transfer between cores on every message. */
+    uint64_t out_head, in_tail;
+    uint64_t out_tail;          /* out->tail as last read: the peer only moves it forward, so room
+                                   counted from it is never too much, and the line holding the
+                                   peer's tail is read only when that room is short */
     unsigned char *out_data, *in_data;
     size_t cap;                 /* bytes per ring, a power of two */
     _dm_bell* peer_bell;        /* rung after writing (data for it) and reading (space for it) */
@@ -4235,10 +4253,15 @@ typedef struct _dm_memlink {
 /* Copies the pieces into the ring as far as space (and one grain) allows; one publish, one bell. */
 _DM_PRIVATE ptrdiff_t _dm_mem_sendv(_dm_link* l, const _dm_iov* iov, int niov, int* err) {
     _dm_memlink* m = (_dm_memlink*)l;
-    uint64_t head = m->out->head, tail = __atomic_load_n(&m->out->tail, __ATOMIC_ACQUIRE);
-    size_t room = m->cap - (size_t)(head - tail), done = 0;
+    uint64_t head = m->out_head;
+    size_t want = 0, room = m->cap - (size_t)(head - m->out_tail), done = 0;
     int i;
     (void)err;
+    for (i = 0; i < niov; i++) want += iov[i].len;
+    if (room < want && room < _DM_RING_GRAIN) {
+        m->out_tail = __atomic_load_n(&m->out->tail, __ATOMIC_ACQUIRE);
+        room = m->cap - (size_t)(head - m->out_tail);
+    }
     if (room > _DM_RING_GRAIN) room = _DM_RING_GRAIN;
     for (i = 0; i < niov && done < room; i++) {
         size_t n = iov[i].len < room - done ? iov[i].len : room - done;
@@ -4249,7 +4272,8 @@ _DM_PRIVATE ptrdiff_t _dm_mem_sendv(_dm_link* l, const _dm_iov* iov, int niov, i
         done += n;
     }
     if (done == 0) return 0;
-    __atomic_store_n(&m->out->head, head + done, __ATOMIC_RELEASE);
+    m->out_head = head + done;
+    __atomic_store_n(&m->out->head, m->out_head, __ATOMIC_RELEASE);
     _dm_bell_ring(m->peer_bell, m->bell_ops);
     return (ptrdiff_t)done;
 }
@@ -4261,7 +4285,7 @@ _DM_PRIVATE ptrdiff_t _dm_mem_send(_dm_link* l, const void* buf, size_t n, int* 
 }
 _DM_PRIVATE const unsigned char* _dm_mem_peek(_dm_link* l, size_t* n) {
     _dm_memlink* m = (_dm_memlink*)l;
-    uint64_t tail = m->in->tail, head = __atomic_load_n(&m->in->head, __ATOMIC_ACQUIRE);
+    uint64_t tail = m->in_tail, head = __atomic_load_n(&m->in->head, __ATOMIC_ACQUIRE);
     size_t avail = (size_t)(head - tail), at = (size_t)tail & (m->cap - 1);
     if (avail > m->cap - at) avail = m->cap - at;
     *n = avail < _DM_RING_GRAIN ? avail : _DM_RING_GRAIN;
@@ -4269,7 +4293,8 @@ _DM_PRIVATE const unsigned char* _dm_mem_peek(_dm_link* l, size_t* n) {
 }
 _DM_PRIVATE void _dm_mem_consume(_dm_link* l, size_t n) {
     _dm_memlink* m = (_dm_memlink*)l;
-    __atomic_store_n(&m->in->tail, m->in->tail + n, __ATOMIC_RELEASE);
+    m->in_tail += n;
+    __atomic_store_n(&m->in->tail, m->in_tail, __ATOMIC_RELEASE);
     _dm_bell_ring(m->peer_bell, m->bell_ops);
 }
 _DM_PRIVATE ptrdiff_t _dm_mem_recv(_dm_link* l, void* buf, size_t n, int* err) {
@@ -4300,6 +4325,9 @@ _DM_PRIVATE _dm_link* _dm_memlink_new(const dm_allocator* a, const _dm_link_vt* 
     m->in = (_dm_ring*)(void*)(rings + ((size_t)peer * (size_t)size + (size_t)me) * stride);
     m->out_data = (unsigned char*)(m->out + 1);
     m->in_data = (unsigned char*)(m->in + 1);
+    m->out_head = __atomic_load_n(&m->out->head, __ATOMIC_RELAXED);
+    m->in_tail = __atomic_load_n(&m->in->tail, __ATOMIC_RELAXED);
+    m->out_tail = __atomic_load_n(&m->out->tail, __ATOMIC_ACQUIRE);
     m->cap = cap;
     m->peer_bell = &bells[peer];
     m->bell_ops = ops;
@@ -5288,8 +5316,9 @@ _DM_PRIVATE bool _dm_lk_recv_wait(const _dm_xfer* x, const _dm_xstate* s) {
 /* Drives n transfers (at most _DM_LK_XFER_MAX, on links to different peers) to the end
    together: each round moves what it can on each; with nothing to move it waits, spinning
    first, then yielding, then blocking, all under the collective's deadline (counted from the
-   first wait: one that never waits needs no clock). While spinning the clock is read every
-   16th round only, so bytes that land are seen a clock read sooner. Running two at once is
+   first clock read: one that never waits needs no clock). While spinning, and in the first
+   idle rounds, the clock is read every 16th round only, so bytes that land are seen a clock
+   read sooner. Running two at once is
    how a schedule overlaps phases on different links (the two-level all-reduce's host ring on
    shared memory and its rail across hosts); each needs its own scratch (_dm_xfer.tmp). */
 _DM_PRIVATE dm_status _dm_lk_run_n(_dm_lk* lk, const _dm_xfer* xs, int n) {
@@ -5317,7 +5346,7 @@ _DM_PRIVATE dm_status _dm_lk_run_n(_dm_lk* lk, const _dm_xfer* xs, int n) {
         if (blocking && lk->bell) {     /* announce the sleep before the last look (see _dm_bell) */
             __atomic_store_n(&lk->bell->sleeping, 1u, __ATOMIC_SEQ_CST);
             seen = __atomic_load_n(&lk->bell->seq, __ATOMIC_SEQ_CST);
-            __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* the last look comes after both */
+            _dm_bell_announced(lk->bell_ops);           /* the last look comes after both */
         }
         for (j = first; j < n && st == DM_OK; j++) {
             const _dm_xfer* x = &xs[j];
@@ -5347,7 +5376,8 @@ _DM_PRIVATE dm_status _dm_lk_run_n(_dm_lk* lk, const _dm_xfer* xs, int n) {
                          lk->tag, xs[j].op, (unsigned long long)lk->c->seq, s[j].si, s[j].ri);
                 return _dm_lk_break(lk, DM_ERR_INTERNAL);
             }
-        if (spinning && (++quiet & 15) != 0) continue;
+        /* the first 15 idle rounds spin too, unclocked: a small message is often there by then */
+        if ((spinning || (idle_since == 0 && lk->spin_us > 0)) && (++quiet & 15) != 0) continue;
         {
             int64_t now = _dm_now_us(), idle;
             const _dm_xfer* x = &xs[first];

@@ -3619,7 +3619,33 @@ static void _dm_futex_wake(void* ctx, _dm_bell* b) {
     (void)ctx;
     syscall(SYS_futex, &b->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
-static const _dm_bell_ops _dm_futex_bell = { _dm_futex_wait, _dm_futex_wake, NULL };
+static const _dm_bell_ops _dm_futex_bell = { _dm_futex_wait, _dm_futex_wake, NULL, NULL };
+
+/* The heavy side of the bell's asymmetric barrier (see _dm_bell): a full fence on every core
+   that runs a thread of a registered process. Registering is once per process; a host's group
+   uses it only when every one of its ranks registered (the setup's vote), else full fences. */
+#if defined(SYS_membarrier)
+/* the kernel ABI's values (linux/membarrier.h has them as enum constants, since Linux 4.16) */
+#define _DM_MEMBARRIER_GLOBAL_EXPEDITED 2
+#define _DM_MEMBARRIER_REGISTER_GLOBAL_EXPEDITED 4
+static bool _dm_membarrier_register(void) {
+    static int state;           /* 0 not tried, 1 registered, 2 unavailable */
+    int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (s == 0) {
+        s = syscall(SYS_membarrier, _DM_MEMBARRIER_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0 ? 1 : 2;
+        __atomic_store_n(&state, s, __ATOMIC_RELEASE);
+    }
+    return s == 1;
+}
+static void _dm_membarrier(void) {
+    if (syscall(SYS_membarrier, _DM_MEMBARRIER_GLOBAL_EXPEDITED, 0, 0) != 0)
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);   /* cannot fail once registered; a lost wake-up costs a slice */
+}
+static const _dm_bell_ops _dm_futex_bell_light = { _dm_futex_wait, _dm_futex_wake, NULL, _dm_membarrier };
+#else
+static bool _dm_membarrier_register(void) { return false; }
+static const _dm_bell_ops _dm_futex_bell_light = { _dm_futex_wait, _dm_futex_wake, NULL, NULL };
+#endif
 
 /* The peer of a shm link is alive while its side socket has not ended. */
 static int _dm_shm_alive(_dm_link* l, int* err) {
@@ -3714,7 +3740,7 @@ static void _dm_shm_prefault(unsigned char* p, size_t n) {
 }
 
 /* Swaps the socket links of same-host peers for shm links and wires bells and abort word. */
-static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
+static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, const _dm_bell_ops* ops) {
     unsigned char* p = t->shm;
     size_t cap = (size_t)_dm_tcp_get64(p + 32), stride = (size_t)_dm_tcp_get64(p + 40);
     _dm_abort* ab = (_dm_abort*)(void*)(p + _DM_SHM_HEADER);
@@ -3727,8 +3753,7 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
         if (i == me) continue;
         if (_dm_sock_pending(t->lk.links[r]))     /* the setup's last bytes from r were its vote */
             return _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: shm: rank %d sent more than the setup", r);
-        l = _dm_memlink_new(&t->base.allocator, &_dm_shm_vt, rings, stride, cap, L, me, i, bells, &_dm_futex_bell,
-                            t->fds[r]);
+        l = _dm_memlink_new(&t->base.allocator, &_dm_shm_vt, rings, stride, cap, L, me, i, bells, ops, t->fds[r]);
         if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
         snprintf(l->where, sizeof(l->where), "%.40s, shm", t->addrs[r]);
         _dm_shm_prefault(rings + ((size_t)me * (size_t)L + (size_t)i) * stride, stride);
@@ -3739,7 +3764,7 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me) {
     t->lk.bell = &bells[me];
     t->lk.bells = bells;
     t->lk.nbells = L;
-    t->lk.bell_ops = &_dm_futex_bell;
+    t->lk.bell_ops = ops;
     t->lk.abort = ab;
     return DM_OK;
 }
@@ -3823,7 +3848,7 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
     _dm_fp fp;
     _dm_shm_msg m;
     dm_status st = DM_OK;
-    int32_t vote = t->transport == _DM_TCP_SOCKETS ? 1 : 2;
+    int32_t vote = t->transport == _DM_TCP_SOCKETS ? 1 : 2, votes[2];
     int fd = -1, i;
     char why[DM_LAST_ERROR_SIZE] = "";
     _dm_fp_make(&fp, &t->base, _DM_K_SETUP, -1, -1, 0, sizeof(m));
@@ -3848,13 +3873,17 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
             _dm_copy_name(why, sizeof(why), t->base.last_error);
         }
     }
-    /* the leader keeps its fd open until every member has mapped: the vote comes after */
-    if (st == DM_OK) st = _dm_lk_all_reduce(&t->lk, &vote, &vote, 1, DM_INT32, DM_MIN);
+    /* the leader keeps its fd open until every member has mapped: the vote comes after; with
+       it, whether every rank registered for the bells' asymmetric barrier */
+    votes[0] = vote;
+    votes[1] = L < 2 || _dm_membarrier_register() ? 1 : 0;     /* a lone rank rings nobody */
+    if (st == DM_OK) st = _dm_lk_all_reduce(&t->lk, votes, votes, 2, DM_INT32, DM_MIN);
     if (fd >= 0) close(fd);
     if (st != DM_OK) return st;
+    vote = votes[0];
     t->shm_vote = vote;
     if (vote == 2 && L >= 2) {
-        st = _dm_shm_links(t, local, L, me);
+        st = _dm_shm_links(t, local, L, me, votes[1] ? &_dm_futex_bell_light : &_dm_futex_bell);
         if (st == DM_OK) _dm_shm_watch_start(t);
         return st;
     }
@@ -6375,7 +6404,8 @@ static dm_status _dm_tcp_shrink_shm(_dm_tcp* n, _dm_tcp* p, const int* old_of, i
                                 "ring", j);
             sched_yield();
         }
-        __atomic_store_n(&pm->in->tail, __atomic_load_n(&pm->in->stop, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
+        pm->in_tail = __atomic_load_n(&pm->in->stop, __ATOMIC_RELAXED);
+        __atomic_store_n(&pm->in->tail, pm->in_tail, __ATOMIC_RELEASE);
         m = (_dm_memlink*)_dm_calloc(&n->base.allocator, sizeof(_dm_memlink));
         if (!m) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
         *m = *pm;
