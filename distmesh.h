@@ -2469,7 +2469,10 @@ _DM_PRIVATE bool _dm_layout_ok(const void* big, size_t big_bytes, const void* sm
 _DM_PRIVATE dm_status _dm_begin(dm_collective* c, const char* op_name) {
     (void)op_name;
     _dm_errbuf(c)[0] = 0;
-    __atomic_add_fetch(&c->seq, 1, __ATOMIC_RELAXED);  /* dm_sequence may read it on another thread */
+    /* atomic because dm_sequence may read it on another thread; a load and a store, not a
+       locked add (a full barrier on x86), because one thread at a time runs an operation
+       (_dm_submit's busy flag, the async queue) and only that thread counts */
+    __atomic_store_n(&c->seq, __atomic_load_n(&c->seq, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
     return DM_OK;
 }
 #define _DM_TRY(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) return st_; } while (0)

@@ -4013,11 +4013,38 @@ static dm_status _dm_tcp_pick_addr(_dm_tcp* t, const char* spec, const char* rou
 }
 
 /* >>tcp sockets */
+/* Whether both ends of a connected socket are this machine: a loopback address, or the same
+   address at both ends (the kernel routes it over loopback). */
+static bool _dm_tcp_same_machine(int fd) {
+    struct sockaddr_storage a, b;
+    socklen_t la = sizeof(a), lb = sizeof(b);
+    if (getsockname(fd, (struct sockaddr*)&a, &la) != 0 || getpeername(fd, (struct sockaddr*)&b, &lb) != 0 ||
+        a.ss_family != b.ss_family)
+        return false;
+    if (a.ss_family == AF_INET) {
+        uint32_t x = ntohl(((struct sockaddr_in*)&a)->sin_addr.s_addr), y = ntohl(((struct sockaddr_in*)&b)->sin_addr.s_addr);
+        return x == y || (x >> 24 == 127 && y >> 24 == 127);
+    }
+    if (a.ss_family == AF_INET6) {
+        const struct in6_addr *x = &((struct sockaddr_in6*)&a)->sin6_addr, *y = &((struct sockaddr_in6*)&b)->sin6_addr;
+        return memcmp(x, y, sizeof(*x)) == 0 || (IN6_IS_ADDR_LOOPBACK(x) && IN6_IS_ADDR_LOOPBACK(y));
+    }
+    return false;
+}
+/* TCP_NODELAY; the socket buffers; and on a connection within this machine, Reno congestion
+   control. A kernel whose default is BBR paces every flow, and over loopback, where nothing is
+   lost, pacing only caps the rate: measured on a 2-core VM with BBR as default, 2 ranks with
+   sockets, a 4 MiB all-reduce took 1.15 ms with BBR and 0.50 ms with Reno or CUBIC. Reno is
+   the one every kernel allows an unprivileged process to choose. Between hosts the system's
+   choice stays. */
 static void _dm_tcp_tune(int fd) {
     static int sockbuf = -1;    /* set buffers only where the kernel allows the full size, so
                                    loopback keeps its autotuning otherwise */
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+#if defined(TCP_CONGESTION)
+    if (_dm_tcp_same_machine(fd)) setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4);
+#endif
     if (sockbuf < 0) {
         FILE* f = fopen("/proc/sys/net/core/wmem_max", "r");
         long v = 0;
