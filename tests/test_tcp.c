@@ -27,6 +27,10 @@
 #include <sys/wait.h>
 #include <sys/stat.h>
 #include <sys/select.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
 #include <cmocka.h>
 #include "test_filter.h"
 #include "test_tmpdir.h"
@@ -426,6 +430,45 @@ static int body_sleep_wake(dm_collective* c, int rank, int world, void* arg) {
     return 0;
 }
 static void test_shm_sleep_wake(void** s) { (void)s; assert_int_equal(run_world(2, body_sleep_wake, NULL, 60), 0); }
+
+/* Sockets between ranks of one machine use Reno (distmesh_tcp.h, _dm_tcp_tune: BBR's pacing
+   caps loopback). Seen from inside a rank: every connected TCP socket of the process whose
+   two ends are loopback addresses (the data connections; the file store has none) says reno. */
+static int body_reno(dm_collective* c, int rank, int world, void* arg) {
+    int32_t v = rank;
+    int fd, seen = 0;
+    (void)world; (void)arg;
+    RCHECK(strcmp(dm_transport_name(c), "tcp") == 0);
+    RST(dm_all_reduce(c, NULL, &v, 1, DM_INT32, DM_SUM));   /* the links are made by now */
+    for (fd = 0; fd < 1024; fd++) {
+        struct sockaddr_in a, b;
+        socklen_t la = sizeof(a), lb = sizeof(b), lc;
+        char cc[32] = "";
+        int type = 0;
+        socklen_t lt = sizeof(type);
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &lt) != 0 || type != SOCK_STREAM) continue;
+        if (getsockname(fd, (struct sockaddr*)&a, &la) != 0 || a.sin_family != AF_INET) continue;
+        if (getpeername(fd, (struct sockaddr*)&b, &lb) != 0) continue;
+        if (ntohl(a.sin_addr.s_addr) >> 24 != 127 || ntohl(b.sin_addr.s_addr) >> 24 != 127) continue;
+        lc = sizeof(cc) - 1;
+        RCHECK(getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, &lc) == 0);
+        if (strcmp(cc, "reno") != 0) {
+            fprintf(stderr, "rank %d: fd %d (a loopback connection) uses %s, not reno\n", rank, fd, cc);
+            return 1;
+        }
+        seen++;
+    }
+    RCHECK(seen >= 1);
+    return 0;
+}
+static void test_same_machine_sockets_reno(void** s) {
+    int failed;
+    (void)s;
+    g_transport = "tcp";
+    failed = run_world(2, body_reno, NULL, 60);
+    g_transport = NULL;
+    assert_int_equal(failed, 0);
+}
 
 static void test_world_1(void** s) { (void)s; assert_int_equal(run_world(1, body_suite, NULL, 60), 0); }
 static void test_world_2(void** s) { (void)s; assert_int_equal(run_world(2, body_suite, NULL, 60), 0); }
@@ -2199,6 +2242,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_world_1),
         cmocka_unit_test(test_world_2),
         cmocka_unit_test(test_shm_sleep_wake),
+        cmocka_unit_test(test_same_machine_sockets_reno),
         cmocka_unit_test(test_world_3),
         cmocka_unit_test(test_world_4),
         cmocka_unit_test(test_world_8),
