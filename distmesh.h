@@ -2111,7 +2111,6 @@ _DM_PRIVATE char* _dm_tb_pu(char* p, uint64_t v) {
     memcpy(p, d + n, (size_t)(20 - n));
     return p + 20 - n;
 }
-/* ns as microseconds with three decimals (trace-event "ts" and "dur"). */
 /* ".ddd": the nanoseconds below a microsecond (frac < 1000). */
 _DM_PRIVATE char* _dm_tb_pfrac(char* p, uint32_t frac) {
     p[0] = '.';
@@ -2119,6 +2118,7 @@ _DM_PRIVATE char* _dm_tb_pfrac(char* p, uint32_t frac) {
     memcpy(p + 2, _dm_tb_d2 + (frac % 100) * 2, 2);
     return p + 4;
 }
+/* ns as microseconds with three decimals (trace-event "ts" and "dur"). */
 _DM_PRIVATE char* _dm_tb_pus(char* p, int64_t ns) {
     uint64_t u;
     if (ns < 0) { *p++ = '-'; ns = -ns; }
@@ -4663,11 +4663,16 @@ _DM_PRIVATE void _dm_lk_release(_dm_lk* lk) {
    lasts the whole spin before the peer runs (measured on 2 loaded cores, 8-byte all-reduce
    between 2 ranks: ~103 us per call with a 50 us spin, ~13 us with 5 us); a reply that comes
    quickly at all comes within a few microseconds, over shared memory and loopback sockets. */
-_DM_PRIVATE void _dm_lk_set_policy(_dm_lk* lk, int local) {
+/* Whether local ranks sharing this host have a core each (online cores; else they take turns
+   on them, and a waiting rank should give its core up soon). */
+_DM_PRIVATE bool _dm_lk_core_per_rank(int local) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cores < 1) cores = 1;
-    lk->spin_us = local <= cores ? _DM_LK_SPIN_US : 0;
-    lk->yield_us = local <= cores ? 1000 : 200;
+    return local <= (cores < 1 ? 1 : cores);
+}
+_DM_PRIVATE void _dm_lk_set_policy(_dm_lk* lk, int local) {
+    bool own_core = _dm_lk_core_per_rank(local);
+    lk->spin_us = own_core ? _DM_LK_SPIN_US : 0;
+    lk->yield_us = own_core ? 1000 : 200;
 }
 
 

@@ -3879,7 +3879,7 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
        the other cores (256 ranks on 8 simulated hosts, 2 cores: 8 B all-reduce 7.4 ms with
        fences, 17 ms with the barrier). A lone rank rings nobody. */
     votes[0] = vote;
-    votes[1] = L < 2 || (L <= sysconf(_SC_NPROCESSORS_ONLN) && _dm_membarrier_register()) ? 1 : 0;
+    votes[1] = L < 2 || (_dm_lk_core_per_rank(L) && _dm_membarrier_register()) ? 1 : 0;
     if (st == DM_OK) st = _dm_lk_all_reduce(&t->lk, votes, votes, 2, DM_INT32, DM_MIN);
     if (fd >= 0) close(fd);
     if (st != DM_OK) return st;
