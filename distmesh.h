@@ -1514,6 +1514,7 @@ typedef struct _dm_trace {
     _dm_tr_slot* ring;
     uint32_t cap;
     uint64_t count;             /* entries ever written (atomic, the writer's): the newest is ring[(count - 1) % cap] */
+    uint32_t next_slot;         /* count % cap, kept by the writer: no division per operation */
     uint64_t* peer_seq;         /* per rank of the group: the last collective fingerprint seen */
     int* peer_kind;             /* ... and its kind (_DM_K_*), 0: none yet */
     int64_t* wait_ns;           /* per rank: the running operation's waits, its thread's */
@@ -2047,7 +2048,8 @@ _DM_PRIVATE void _dm_trace_record(_dm_trace* t, const _dm_tr_entry* e, uint64_t*
     n = t->count;
     if (*index == UINT64_MAX) {
         *index = n;
-        _dm_tr_slot_put(&t->ring[n % t->cap], n, e);
+        _dm_tr_slot_put(&t->ring[t->next_slot], n, e);
+        t->next_slot = t->next_slot + 1 == t->cap ? 0 : t->next_slot + 1;
         __atomic_store_n(&t->count, n + 1, __ATOMIC_RELEASE);
     } else if (*index + t->cap >= n) {
         _dm_tr_slot_put(&t->ring[*index % t->cap], *index, e);    /* else overwritten since */
@@ -4243,9 +4245,12 @@ typedef struct _dm_memlink {
        path reads no line the peer also reads: a line a peer keeps reading can migrate to its
        core, and reading it back costs a transfer between cores on every message. */
     uint64_t out_head, in_tail;
-    uint64_t out_tail;          /* out->tail as last read: the peer only moves it forward, so room
-                                   counted from it is never too much, and the line holding the
-                                   peer's tail is read only when that room is short */
+    /* The peer's positions as last read; each only moves forward, so what is counted from them
+       is never too much, and their lines are read again only when that runs out. A reader that
+       looked again on every peek would pay a transfer between cores per message whenever the
+       peer had moved on to its next send (it writes head then, taking the line back). */
+    uint64_t out_tail;          /* out->tail: room, read again only when short */
+    uint64_t in_head;           /* in->head: bytes to read, read again only when none are left */
     unsigned char *out_data, *in_data;
     size_t cap;                 /* bytes per ring, a power of two */
     _dm_bell* peer_bell;        /* rung after writing (data for it) and reading (space for it) */
@@ -4280,6 +4285,13 @@ _DM_PRIVATE ptrdiff_t _dm_mem_sendv(_dm_link* l, const _dm_iov* iov, int niov, i
     _dm_bell_ring(m->peer_bell, m->bell_ops);
     return (ptrdiff_t)done;
 }
+/* Whether n more bytes fit in l's ring now (the peer's tail read again only when they seem not to). */
+_DM_PRIVATE bool _dm_mem_fits(_dm_link* l, size_t n) {
+    _dm_memlink* m = (_dm_memlink*)l;
+    if (m->cap - (size_t)(m->out_head - m->out_tail) >= n) return true;
+    m->out_tail = __atomic_load_n(&m->out->tail, __ATOMIC_ACQUIRE);
+    return m->cap - (size_t)(m->out_head - m->out_tail) >= n;
+}
 _DM_PRIVATE ptrdiff_t _dm_mem_send(_dm_link* l, const void* buf, size_t n, int* err) {
     _dm_iov one;
     one.buf = buf;
@@ -4288,8 +4300,10 @@ _DM_PRIVATE ptrdiff_t _dm_mem_send(_dm_link* l, const void* buf, size_t n, int* 
 }
 _DM_PRIVATE const unsigned char* _dm_mem_peek(_dm_link* l, size_t* n) {
     _dm_memlink* m = (_dm_memlink*)l;
-    uint64_t tail = m->in_tail, head = __atomic_load_n(&m->in->head, __ATOMIC_ACQUIRE);
-    size_t avail = (size_t)(head - tail), at = (size_t)tail & (m->cap - 1);
+    uint64_t tail = m->in_tail, head = m->in_head;
+    size_t avail, at = (size_t)tail & (m->cap - 1);
+    if (head == tail) head = m->in_head = __atomic_load_n(&m->in->head, __ATOMIC_ACQUIRE);
+    avail = (size_t)(head - tail);
     if (avail > m->cap - at) avail = m->cap - at;
     *n = avail < _DM_RING_GRAIN ? avail : _DM_RING_GRAIN;
     return m->in_data + at;
@@ -4329,7 +4343,7 @@ _DM_PRIVATE _dm_link* _dm_memlink_new(const dm_allocator* a, const _dm_link_vt* 
     m->out_data = (unsigned char*)(m->out + 1);
     m->in_data = (unsigned char*)(m->in + 1);
     m->out_head = __atomic_load_n(&m->out->head, __ATOMIC_RELAXED);
-    m->in_tail = __atomic_load_n(&m->in->tail, __ATOMIC_RELAXED);
+    m->in_tail = m->in_head = __atomic_load_n(&m->in->tail, __ATOMIC_RELAXED);
     m->out_tail = __atomic_load_n(&m->out->tail, __ATOMIC_ACQUIRE);
     m->cap = cap;
     m->peer_bell = &bells[peer];
@@ -5429,6 +5443,60 @@ _DM_PRIVATE void _dm_fp_steps(_dm_fpbufs* b, const _dm_fp* fp, _dm_sstep* s, _dm
     if (r) { memset(r, 0, sizeof(*r)); r->buf = b->in; r->len = 32; r->after_send = -1; }
 }
 
+/* >>eager  A small exchange over memory links, mostly without the engine: the fingerprint and
+   payload go in one publish when they fit, and the peer's, when they land within a few looks,
+   are checked and taken straight from its ring. Anything else (no room, the peer's bytes not
+   there yet or split at the ring's end, a point-to-point message first in line, an inbox
+   mid-message, a dry run) leaves what is left to _dm_lk_run, with the same checks and waits.
+   The wire bytes are the engine's; it only saves the bookkeeping, which is most of an 8-byte
+   all-reduce between two cores. */
+#define _DM_EAGER_MAX ((size_t)256)     /* payload bytes each way */
+#define _DM_EAGER_LOOKS 64
+
+_DM_PRIVATE bool _dm_lk_eager_ok(const _dm_lk* lk, const _dm_xfer* x) {
+    const _dm_link *sl, *rl;
+    const _dm_inbox* in;
+    if (lk->dry || x->speer < 0 || x->rpeer < 0 || x->ss[1].len > _DM_EAGER_MAX || x->rs[1].len > _DM_EAGER_MAX)
+        return false;
+    if (lk->peers && !lk->on_demand && (!lk->peers[x->speer] || !lk->peers[x->rpeer])) return false;
+    sl = lk->links[x->speer]; rl = lk->links[x->rpeer]; in = &lk->inbox[x->rpeer];
+    return sl && rl && sl->vt->peek == _dm_mem_peek && rl->vt->peek == _dm_mem_peek && in->hfill == 0 &&
+           !in->fp_ready && !in->payload;
+}
+/* Step 0 (the fingerprint) and step 1 with its padding in one publish, or nothing. */
+_DM_PRIVATE bool _dm_lk_eager_send(_dm_lk* lk, const _dm_xfer* x) {
+    static const unsigned char zeros[8] = { 0 };
+    _dm_link* l = lk->links[x->speer];
+    size_t len = x->ss[1].len, pad = _dm_lk_pad(l, len), total = 32 + len + pad;
+    _dm_iov iov[3];
+    int n = 0, err = 0;
+    if (!_dm_mem_fits(l, total)) return false;
+    iov[n].buf = x->ss[0].buf; iov[n++].len = 32;
+    if (len) { iov[n].buf = x->ss[1].buf; iov[n++].len = len; }
+    if (pad) { iov[n].buf = zeros; iov[n++].len = pad; }
+    if (lk->used) lk->used[x->speer] = true;
+    return _dm_mem_sendv(l, iov, n, &err) == (ptrdiff_t)total;
+}
+/* The peer's fingerprint and step 1, when whole and contiguous in its ring within a few looks:
+   true with *st set (the fingerprint's verdict), else false with nothing taken. */
+_DM_PRIVATE bool _dm_lk_eager_recv(_dm_lk* lk, const _dm_xfer* x, dm_status* st) {
+    _dm_link* l = lk->links[x->rpeer];
+    const _dm_rstep* r = &x->rs[1];
+    size_t len = r->len, total = 32 + len + _dm_lk_pad(l, len), n = 0;
+    const unsigned char* p = NULL;
+    int look;
+    for (look = 0; look < _DM_EAGER_LOOKS && n < total; look++) p = _dm_mem_peek(l, &n);
+    if (n < total || _dm_get32(p) != _DM_FP_MAGIC || p[4] == _DM_K_SEND) return false;
+    if (r->own && ((uintptr_t)(p + 32) & (dm_dtype_size(x->dtype) - 1)) != 0) return false;
+    if (lk->used) lk->used[x->rpeer] = true;
+    *st = _dm_lk_check_fp(lk, x, p);
+    if (*st != DM_OK) return true;
+    if (r->own) _dm_lk_reduce_piece(x, r, 0, p + 32, len);
+    else if (len) memcpy(r->buf, p + 32, len);
+    _dm_mem_consume(l, total);
+    return true;
+}
+
 /* Exchange with one peer (or two): send slen bytes of sbuf to speer and receive rlen bytes from
    rpeer into rbuf, each preceded by a fingerprint: fp goes out, and what arrives must equal
    expect (the same as fp, except where the two sides of a pair describe it from their ends:
@@ -5452,6 +5520,12 @@ _DM_PRIVATE dm_status _dm_lk_exchange(_dm_lk* lk, const char* op, const _dm_fp* 
     x.op = op; x.speer = speer; x.rpeer = rpeer; x.ss = ss; x.rs = rs;
     x.ns = speer >= 0 ? 2 : 0; x.nr = rpeer >= 0 ? 2 : 0;
     x.dtype = reduce ? dtype : DM_UINT8; x.rop = reduce ? rop : DM_SUM; x.expect = expect;
+    if (_dm_lk_eager_ok(lk, &x) && _dm_lk_eager_send(lk, &x)) {
+        dm_status st;
+        if (_dm_lk_eager_recv(lk, &x, &st)) return st;
+        x.speer = -1; x.ns = 0;             /* sent: the engine only receives */
+        rs[1].after_send = -1;
+    }
     return _dm_lk_run(lk, &x);
 }
 _DM_PRIVATE dm_status _dm_lk_sendrecv(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,

@@ -431,6 +431,52 @@ static int body_sleep_wake(dm_collective* c, int rank, int world, void* arg) {
 }
 static void test_shm_sleep_wake(void** s) { (void)s; assert_int_equal(run_world(2, body_sleep_wake, NULL, 60), 0); }
 
+/* Small exchanges over shared memory take the eager path (distmesh.h, >>eager) and fall back to
+   the engine when they cannot: the peer late (every 13th call), a point-to-point message first
+   in line (every 97th: rank 0 sends one to rank 1 before the all-reduce, rank 1 takes it after),
+   a message split at the ring's end (12000 calls of 4-256 bytes wrap each 1 MiB ring a few
+   times), odd sizes with padding (int8). Every value is checked, so a byte taken too many or
+   too few desynchronises the stream and fails the next fingerprint. */
+static int body_eager_stream(dm_collective* c, int rank, int world, void* arg) {
+    enum { CALLS = 12000 };
+    int32_t v[64];
+    int8_t b[61];
+    int k, i, q;
+    (void)arg;
+    RCHECK(strcmp(dm_transport_name(c), "shm") == 0);
+    for (k = 0; k < CALLS; k++) {
+        int n = 1 + (k * 7) % 64;
+        int32_t note = k, got = -1;
+        if (k % 97 == 0 && rank == 0) RST(dm_send(c, &note, 1, DM_INT32, 1, k));
+        if (k % 13 == 0 && rank == k % world) usleep(200);
+        if (k % 5 == 0) {
+            int m = 1 + k % 61;
+            for (i = 0; i < m; i++) b[i] = (int8_t)((rank + i + k) % 3);
+            RST(dm_all_reduce(c, NULL, b, (size_t)m, DM_INT8, DM_MAX));
+            for (i = 0; i < m; i++) {
+                int want = 0;
+                for (q = 0; q < world; q++) if ((q + i + k) % 3 > want) want = (q + i + k) % 3;
+                RCHECK(b[i] == want);
+            }
+        } else {
+            for (i = 0; i < n; i++) v[i] = (rank + 1) * (k + i);
+            RST(dm_all_reduce(c, NULL, v, (size_t)n, DM_INT32, DM_SUM));
+            for (i = 0; i < n; i++) RCHECK(v[i] == world * (world + 1) / 2 * (k + i));
+        }
+        if (k % 97 == 0 && rank == 1) {
+            RST(dm_recv(c, &got, 1, DM_INT32, 0, k));
+            RCHECK(got == k);
+        }
+        if (k % 1000 == 999) RST(dm_barrier(c));
+    }
+    return 0;
+}
+static void test_shm_eager_stream(void** s) {
+    (void)s;
+    assert_int_equal(run_world(2, body_eager_stream, NULL, 60), 0);
+    assert_int_equal(run_world(4, body_eager_stream, NULL, 90), 0);
+}
+
 /* Sockets between ranks of one machine use Reno (distmesh_tcp.h, _dm_tcp_tune: BBR's pacing
    caps loopback). Seen from inside a rank: every connected TCP socket of the process whose
    two ends are loopback addresses (the data connections; the file store has none) says reno. */
@@ -2242,6 +2288,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_world_1),
         cmocka_unit_test(test_world_2),
         cmocka_unit_test(test_shm_sleep_wake),
+        cmocka_unit_test(test_shm_eager_stream),
         cmocka_unit_test(test_same_machine_sockets_reno),
         cmocka_unit_test(test_world_3),
         cmocka_unit_test(test_world_4),
