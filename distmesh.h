@@ -4228,13 +4228,22 @@ _DM_PRIVATE void _dm_bell_announced(const _dm_bell_ops* ops) {
 typedef struct _dm_abort { int32_t status, rank; char msg[248]; } _dm_abort;
 
 /* >>rings  One direction between two ranks: bytes [tail, head) of the stream sit in
-   data[pos & (cap - 1)]. Only the sender moves head, only the receiver moves tail. */
+   data[pos & (cap - 1)]. Only the sender moves head, only the receiver moves tail.
+   A small publish (at most _DM_RING_INLINE bytes, a multiple of 8) is also copied into head's
+   cache line (inl, tagged with its stream position and length), so a reader that finds it at
+   its tail takes the bytes with head: one transfer between cores instead of two (head's line,
+   then the data's). The copy is a seqlock (Boehm's, as the flight recorder's ring): a reader
+   keeps what it copied only when the tag read before and after is the same. Bytes at a stream
+   position never change, so a tag, however old, is right about the bytes it names. */
+#define _DM_RING_INLINE 48
 typedef struct _dm_ring {
     uint64_t head;
+    uint64_t inl_tag;           /* position << 6 | length of the bytes in inl; UINT64_MAX while written */
+    uint64_t inl[_DM_RING_INLINE / 8];
+    uint64_t tail;
     uint64_t stop;              /* dm_shrink: head when the sender stopped the old group's stream, */
     uint32_t stop_epoch;        /* published with the new group's epoch (distmesh_tcp.h, >>tcp shrink) */
-    unsigned char pad0[44];
-    uint64_t tail; unsigned char pad1[56];
+    unsigned char pad[44];
 } _dm_ring;
 #define _DM_RING_GRAIN ((size_t)64 << 10)   /* bytes per publish: the reader starts early */
 
@@ -4251,12 +4260,38 @@ typedef struct _dm_memlink {
        peer had moved on to its next send (it writes head then, taking the line back). */
     uint64_t out_tail;          /* out->tail: room, read again only when short */
     uint64_t in_head;           /* in->head: bytes to read, read again only when none are left */
+    uint64_t inl_buf[_DM_RING_INLINE / 8];      /* the peer's small publish at inl_from, from in->inl */
+    uint64_t inl_from;
+    size_t inl_len;             /* 0: none */
     unsigned char *out_data, *in_data;
     size_t cap;                 /* bytes per ring, a power of two */
     _dm_bell* peer_bell;        /* rung after writing (data for it) and reading (space for it) */
     const _dm_bell_ops* bell_ops;
     int side_fd;                /* shm: a socket to the peer whose end says it died; else -1 */
 } _dm_memlink;
+
+/* The n bytes just written at stream position pos, again into head's line (see >>rings). */
+_DM_PRIVATE void _dm_ring_put_inline(_dm_memlink* m, uint64_t pos, size_t n) {
+    uint64_t w[_DM_RING_INLINE / 8];
+    size_t at = (size_t)pos & (m->cap - 1), first = m->cap - at < n ? m->cap - at : n, i;
+    memcpy(w, m->out_data + at, first);
+    if (n > first) memcpy((unsigned char*)w + first, m->out_data, n - first);
+    __atomic_store_n(&m->out->inl_tag, UINT64_MAX, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    for (i = 0; i < n / 8; i++) __atomic_store_n(&m->out->inl[i], w[i], __ATOMIC_RELAXED);
+    __atomic_store_n(&m->out->inl_tag, pos << 6 | n, __ATOMIC_RELEASE);
+}
+/* The peer's small publish that starts at pos, into m->inl_buf: its length, or 0 when the copy
+   in head's line holds another (or was being rewritten while read). */
+_DM_PRIVATE size_t _dm_ring_get_inline(_dm_memlink* m, uint64_t pos) {
+    uint64_t t1 = __atomic_load_n(&m->in->inl_tag, __ATOMIC_ACQUIRE), t2;
+    size_t n = (size_t)(t1 & 63), i;
+    if (t1 == UINT64_MAX || t1 >> 6 != pos || n == 0) return 0;
+    for (i = 0; i < n / 8; i++) m->inl_buf[i] = __atomic_load_n(&m->in->inl[i], __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    t2 = __atomic_load_n(&m->in->inl_tag, __ATOMIC_RELAXED);
+    return t1 == t2 ? n : 0;
+}
 
 /* Copies the pieces into the ring as far as space (and one grain) allows; one publish, one bell. */
 _DM_PRIVATE ptrdiff_t _dm_mem_sendv(_dm_link* l, const _dm_iov* iov, int niov, int* err) {
@@ -4280,6 +4315,7 @@ _DM_PRIVATE ptrdiff_t _dm_mem_sendv(_dm_link* l, const _dm_iov* iov, int niov, i
         done += n;
     }
     if (done == 0) return 0;
+    if (done <= _DM_RING_INLINE && done % 8 == 0) _dm_ring_put_inline(m, head, done);
     m->out_head = head + done;
     __atomic_store_n(&m->out->head, m->out_head, __ATOMIC_RELEASE);
     _dm_bell_ring(m->peer_bell, m->bell_ops);
@@ -4302,7 +4338,18 @@ _DM_PRIVATE const unsigned char* _dm_mem_peek(_dm_link* l, size_t* n) {
     _dm_memlink* m = (_dm_memlink*)l;
     uint64_t tail = m->in_tail, head = m->in_head;
     size_t avail, at = (size_t)tail & (m->cap - 1);
-    if (head == tail) head = m->in_head = __atomic_load_n(&m->in->head, __ATOMIC_ACQUIRE);
+    if (tail - m->inl_from < m->inl_len) {          /* inside the small publish taken with head */
+        *n = m->inl_len - (size_t)(tail - m->inl_from);
+        return (const unsigned char*)m->inl_buf + (tail - m->inl_from);
+    }
+    if (head == tail) {
+        head = m->in_head = __atomic_load_n(&m->in->head, __ATOMIC_ACQUIRE);
+        if (head != tail && (m->inl_len = _dm_ring_get_inline(m, tail)) > 0) {
+            m->inl_from = tail;
+            *n = m->inl_len;
+            return (const unsigned char*)m->inl_buf;
+        }
+    }
     avail = (size_t)(head - tail);
     if (avail > m->cap - at) avail = m->cap - at;
     *n = avail < _DM_RING_GRAIN ? avail : _DM_RING_GRAIN;

@@ -6435,6 +6435,7 @@ static dm_status _dm_tcp_shrink_shm(_dm_tcp* n, _dm_tcp* p, const int* old_of, i
             sched_yield();
         }
         pm->in_tail = pm->in_head = __atomic_load_n(&pm->in->stop, __ATOMIC_RELAXED);
+        pm->inl_len = 0;
         __atomic_store_n(&pm->in->tail, pm->in_tail, __ATOMIC_RELEASE);
         m = (_dm_memlink*)_dm_calloc(&n->base.allocator, sizeof(_dm_memlink));
         if (!m) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
