@@ -3863,11 +3863,11 @@ DM_API_IMPL dm_status dm_synchronize(dm_collective* c) {
 /* >>accessors */
 DM_API_IMPL void dm_destroy(dm_collective* c) {
     if (!c) return;
-    if (c->trace) _dm_trace_closing(c);
-    _dm_async_destroy(c);
+    _dm_trace_closing(c);           /* both read c->trace atomically: the progress thread may be */
+    _dm_async_destroy(c);           /* making it (the recorder starts with the first operation) */
     if (c->local) dm_destroy(c->local);
     c->local = NULL;
-    if (c->trace) _dm_trace_release(c);
+    _dm_trace_release(c);
     if (c->vt && c->vt->destroy) c->vt->destroy(c);
 }
 DM_API_IMPL int dm_rank(const dm_collective* c) { return c ? c->rank : -1; }
