@@ -5531,8 +5531,8 @@ _DM_PRIVATE bool _dm_lk_eager_recv(_dm_lk* lk, const _dm_xfer* x, dm_status* st)
     const _dm_rstep* r = &x->rs[1];
     size_t len = r->len, total = 32 + len + _dm_lk_pad(l, len), n = 0;
     const unsigned char* p = NULL;
-    int look;
-    for (look = 0; look < _DM_EAGER_LOOKS && n < total; look++) p = _dm_mem_peek(l, &n);
+    int look, looks = lk->spin_us > 0 ? _DM_EAGER_LOOKS : 1;     /* without a core each, no spin */
+    for (look = 0; look < looks && n < total; look++) p = _dm_mem_peek(l, &n);
     if (n < total || _dm_get32(p) != _DM_FP_MAGIC || p[4] == _DM_K_SEND) return false;
     if (r->own && ((uintptr_t)(p + 32) & (dm_dtype_size(x->dtype) - 1)) != 0) return false;
     if (lk->used) lk->used[x->rpeer] = true;
