@@ -4293,18 +4293,23 @@ _DM_PRIVATE size_t _dm_ring_get_inline(_dm_memlink* m, uint64_t pos) {
     return t1 == t2 ? n : 0;
 }
 
+/* Free bytes in the out ring, counted from the peer's tail as last read, which is read again
+   only when that count is under need. */
+_DM_PRIVATE size_t _dm_mem_room(_dm_memlink* m, size_t need) {
+    size_t room = m->cap - (size_t)(m->out_head - m->out_tail);
+    if (room >= need) return room;
+    m->out_tail = __atomic_load_n(&m->out->tail, __ATOMIC_ACQUIRE);
+    return m->cap - (size_t)(m->out_head - m->out_tail);
+}
 /* Copies the pieces into the ring as far as space (and one grain) allows; one publish, one bell. */
 _DM_PRIVATE ptrdiff_t _dm_mem_sendv(_dm_link* l, const _dm_iov* iov, int niov, int* err) {
     _dm_memlink* m = (_dm_memlink*)l;
     uint64_t head = m->out_head;
-    size_t want = 0, room = m->cap - (size_t)(head - m->out_tail), done = 0;
+    size_t want = 0, room, done = 0;
     int i;
     (void)err;
     for (i = 0; i < niov; i++) want += iov[i].len;
-    if (room < want && room < _DM_RING_GRAIN) {
-        m->out_tail = __atomic_load_n(&m->out->tail, __ATOMIC_ACQUIRE);
-        room = m->cap - (size_t)(head - m->out_tail);
-    }
+    room = _dm_mem_room(m, want < _DM_RING_GRAIN ? want : _DM_RING_GRAIN);
     if (room > _DM_RING_GRAIN) room = _DM_RING_GRAIN;
     for (i = 0; i < niov && done < room; i++) {
         size_t n = iov[i].len < room - done ? iov[i].len : room - done;
@@ -4320,13 +4325,6 @@ _DM_PRIVATE ptrdiff_t _dm_mem_sendv(_dm_link* l, const _dm_iov* iov, int niov, i
     __atomic_store_n(&m->out->head, m->out_head, __ATOMIC_RELEASE);
     _dm_bell_ring(m->peer_bell, m->bell_ops);
     return (ptrdiff_t)done;
-}
-/* Whether n more bytes fit in l's ring now (the peer's tail read again only when they seem not to). */
-_DM_PRIVATE bool _dm_mem_fits(_dm_link* l, size_t n) {
-    _dm_memlink* m = (_dm_memlink*)l;
-    if (m->cap - (size_t)(m->out_head - m->out_tail) >= n) return true;
-    m->out_tail = __atomic_load_n(&m->out->tail, __ATOMIC_ACQUIRE);
-    return m->cap - (size_t)(m->out_head - m->out_tail) >= n;
 }
 _DM_PRIVATE ptrdiff_t _dm_mem_send(_dm_link* l, const void* buf, size_t n, int* err) {
     _dm_iov one;
@@ -5510,17 +5508,16 @@ _DM_PRIVATE bool _dm_lk_eager_ok(const _dm_lk* lk, const _dm_xfer* x) {
     return sl && rl && sl->vt->peek == _dm_mem_peek && rl->vt->peek == _dm_mem_peek && in->hfill == 0 &&
            !in->fp_ready && !in->payload;
 }
-/* Step 0 (the fingerprint) and step 1 with its padding in one publish, or nothing. */
+/* Both send steps (fingerprint, then step 1 with its padding) in one publish, or nothing. */
 _DM_PRIVATE bool _dm_lk_eager_send(_dm_lk* lk, const _dm_xfer* x) {
-    static const unsigned char zeros[8] = { 0 };
     _dm_link* l = lk->links[x->speer];
-    size_t len = x->ss[1].len, pad = _dm_lk_pad(l, len), total = 32 + len + pad;
-    _dm_iov iov[3];
-    int n = 0, err = 0;
-    if (!_dm_mem_fits(l, total)) return false;
-    iov[n].buf = x->ss[0].buf; iov[n++].len = 32;
-    if (len) { iov[n].buf = x->ss[1].buf; iov[n++].len = len; }
-    if (pad) { iov[n].buf = zeros; iov[n++].len = pad; }
+    size_t total = 32 + x->ss[1].len + _dm_lk_pad(l, x->ss[1].len);
+    _dm_iov iov[_DM_LK_IOV_MAX];
+    _dm_xstate start;
+    int n, err = 0;
+    if (_dm_mem_room((_dm_memlink*)l, total) < total) return false;
+    memset(&start, 0, sizeof(start));
+    n = _dm_lk_gather(x, &start, l, iov);
     if (lk->used) lk->used[x->speer] = true;
     return _dm_mem_sendv(l, iov, n, &err) == (ptrdiff_t)total;
 }
