@@ -872,10 +872,11 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
    reads it and its one-line meaning (NCCL's NCCL_PARAM: one entry per variable). README's table
    of variables is printed from this list (`make config-table`) and tests/test_config.c fails when
    the two differ. One parser per type and one rule:
-   - unset and empty are the same: the default;
-   - a value that does not parse or is out of range is DM_ERR_ENV with a message naming the
-     variable and the value, `env: DISTMESH_SOCKETS_PER_PEER="abc" is not an integer in 1..16`,
-     from the create (or first call) that reads it, never a silent default. What a collective
+   - unset: the default; a string variable set to "" is unset too (no directory, no token);
+   - any other value must parse, the empty string included, and be in range; else the create
+     (or first call) that reads it fails with DM_ERR_ENV and a message naming the variable and
+     the value, `env: DISTMESH_SOCKETS_PER_PEER="abc" is not an integer in 1..16`, never a
+     silent default (env detection treats the launchers' empty values the same way). What a collective
      reads after it is made (the "every collective" rows) is checked by every create first
      (_dm_cfg_check in dm_fake_create, dm_thread_world_create, dm_tcp_create, dm_nccl_create).
    Reading one, from any backend (out gets the default when unset; err is the message):
@@ -994,10 +995,10 @@ static const _dm_cfg_var _dm_cfg_vars[_DM_CFG_COUNT] = {
 #undef _DM_X
 };
 
-/* The variable's text; NULL when unset or empty. */
+/* The variable's text; NULL when unset, or empty for a string variable. */
 _DM_PRIVATE const char* _dm_cfg_raw(_dm_cfg_id id) {
     const char* s = getenv(_dm_cfg_vars[id].name);
-    return s && *s ? s : NULL;
+    return s && (*s || _dm_cfg_vars[id].type != _DM_CFG_T_STR) ? s : NULL;
 }
 /* "a|b|c" -> "a, b, c" into out. */
 _DM_PRIVATE void _dm_cfg_choices_text(const char* choices, char* out, size_t cap) {
@@ -1094,7 +1095,7 @@ _DM_PRIVATE void _dm_cfg_expected(const _dm_cfg_var* v, char* out, size_t cap) {
     default: snprintf(out, cap, "at most %lld bytes long", v->max); break;
     }
 }
-/* The one parser: s (not NULL, not empty) as v's type into *num (INT, BOOL, MS, SECONDS in ms,
+/* The one parser: s (not NULL) as v's type into *num (INT, BOOL, MS, SECONDS in ms,
    ENUM's index, BYTES) or checked as text (STR). false: err holds the message. */
 _DM_PRIVATE bool _dm_cfg_parse(const _dm_cfg_var* v, const char* s, long long* num, char* err, size_t cap) {
     char want[200];
@@ -4861,7 +4862,7 @@ enum {
 static const char* const _dm_algo_names[_DM_ALGO_COUNT] = {
     "auto", "flat", "two_level", "flat_ring", "flat_rd", "two_level_ring", "two_level_rd"
 };
-/* DISTMESH_ALGO (unset or empty: auto; its choices are _dm_algo_names in order, >>config
+/* DISTMESH_ALGO (unset: auto; its choices are _dm_algo_names in order, >>config
    registry). An unknown name is DM_ERR_ENV naming what is accepted. */
 _DM_PRIVATE dm_status _dm_algo_from_env(int* out, char* err, size_t cap) {
     return _dm_cfg_int(_DM_CFG_ALGO, out, err, cap);
