@@ -895,76 +895,81 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
    Launcher variables (RANK, OMPI_*, SLURM_*, ...) are another program's: env detection reads
    them with their own rules (pairs, precedence, Slurm's task lists); _DM_CFG_LAUNCHER_LIST only
    documents them for the README. */
-#define _DM_CFG_LIST(X)                                                                                          \
-    X(RANK,             INT,     "",      0, INT_MAX, NULL, ENV,                                                 \
-      "this process's rank; overrides the launcher's (one field each, see the launcher variables)")              \
-    X(WORLD_SIZE,       INT,     "",      1, INT_MAX, NULL, ENV, "the number of ranks; overrides the launcher's")\
-    X(LOCAL_RANK,       INT,     "",      0, INT_MAX, NULL, ENV, "this process's rank on its host; overrides the launcher's") \
-    X(LOCAL_WORLD_SIZE, INT,     "",      1, INT_MAX, NULL, ENV, "the ranks on this host; overrides the launcher's") \
-    X(TIMEOUT,          SECONDS, "300",  -1, 2000000, NULL, ENV,                                                 \
-      "deadline of every blocking call in seconds (decimals allowed, negative: forever); a desc's timeout_ms wins") \
-    X(TRACE,            STR,     "",      0, 255,     NULL, CORE,                                                \
-      "the timeline: each rank writes DIR/dm_trace.rank<R>.pid<P>.json, Chrome trace-event JSON (See inside)")  \
-    X(FLIGHT_RECORDER,  INT,     "64",    0, 1048576, NULL, CORE,                                                \
-      "the last N operations of each collective kept in memory with their state; 0 turns it off (See inside)")  \
-    X(DUMP_DIR,         STR,     "",      0, 255,     NULL, CORE,                                                \
-      "where the flight recorder is dumped (DIR/dm_fr.rank<R>.pid<P>.json) when an operation times out, "        \
-      "aborts, loses a peer or sees a mismatch; unset: no automatic dump")                                      \
-    X(DUMP_ON_SIGUSR1,  BOOL,    "0",     0, 1,       NULL, CORE,                                                \
-      "1: also dump on SIGUSR1 (needs the recorder on and DISTMESH_DUMP_DIR)")                                   \
-    X(MAX_OBJECT_BYTES, BYTES,   "1G",    1, _DM_CFG_BYTES_MAX, NULL, CORE,                                      \
-      "most bytes one all_gather_objects / broadcast_objects accepts from peers' announced sizes, and most "     \
-      "bytes of point-to-point messages kept for dm_recvs not yet posted")                                      \
-    X(ALGO,             ENUM,    "auto",  0, 0, "auto|flat|two_level|flat_ring|flat_rd|two_level_ring|two_level_rd", \
-      ENGINE, "the algorithms across hosts: a family (the model picks within it) or one algorithm (Across hosts)") \
-    X(STORE,            STR,     "",      0, 319,     NULL, TCP_STORE,                                           \
-      "the rendezvous store, tcp://host:port, tcp://[::1]:port or file:///dir; unset: "                          \
-      "tcp://MASTER_ADDR:MASTER_PORT, else what the launcher implies (dm_tcp_launch_detect)")                    \
-    X(TOKEN,            STR,     "",      0, 0,       NULL, TCP_STORE,                                           \
-      "shared secret every store and data connection proves (Threat model); with it the store serves "           \
-      "distmesh clients only")                                                                                  \
-    X(SOCKET_IFNAME,    STR,     "",      0, 127,     NULL, TCP,                                                 \
-      "interface: eth0 (prefix), =eth0 (exact), ^lo,docker (none of these); unset: GLOO_SOCKET_IFNAME, else "     \
-      "the interface that routes to the store host")                                                            \
-    X(TRANSPORT,        ENUM,    "auto",  0, 0, "auto|shm|tcp", TCP,                                             \
-      "auto: shared memory between ranks on one host, sockets across hosts; shm: the same, but a failed "        \
-      "shared-memory setup fails the create; tcp: sockets only. The same on every rank")                        \
-    X(SOCKETS_PER_PEER, INT,     "1",     1, 16,      NULL, TCP,                                                 \
-      "sockets to each peer on another host, the stream striped over them (Several sockets per peer); the "      \
-      "same on every rank")                                                                                     \
-    X(JOIN,             BOOL,    "0",     0, 1,       NULL, TCP,                                                 \
-      "1: dm_tcp_create / dm_init join a running group as a newcomer of its next dm_grow (Grow back)")          \
-    X(TEST_HOST_ID,     STR,     "",      0, 0,       NULL, TCP,                                                 \
-      "for tests and benchmarks: this process's host identity, to simulate several hosts on one machine")        \
-    X(STORE_MAX_VALUE,  BYTES,   "64M",   1, _DM_CFG_BYTES_MAX, NULL, STORE, "store server: bytes of one value") \
-    X(STORE_MAX_CONN,   BYTES,   "",      1, _DM_CFG_BYTES_MAX, NULL, STORE,                                     \
-      "store server: bytes of one client's request being received, and of its unread replies; unset: "           \
-      "2 x max value + 1 MiB")                                                                                  \
-    X(STORE_MAX_TOTAL,  BYTES,   "256M",  1, _DM_CFG_BYTES_MAX, NULL, STORE,                                     \
-      "store server: everything it holds, keys, values and every client's buffers (keys and values may fill "    \
-      "7/8 of it)")                                                                                             \
-    X(STORE_STALL_MS,   MS,      "30000", 1, INT_MAX, NULL, STORE,                                               \
+#define _DM_CFG_LIST(X)                                                                                               \
+    X(RANK,             INT,     "",      0, INT_MAX, NULL, ENV,                                                      \
+      "this process's rank; overrides the launcher's")                                                                \
+    X(WORLD_SIZE,       INT,     "",      1, INT_MAX, NULL, ENV, "the number of ranks; overrides the launcher's")     \
+    X(LOCAL_RANK,       INT,     "",      0, INT_MAX, NULL, ENV,                                                      \
+      "this process's rank on its host; overrides the launcher's")                                                    \
+    X(LOCAL_WORLD_SIZE, INT,     "",      1, INT_MAX, NULL, ENV, "the ranks on this host; overrides the launcher's")  \
+    X(TIMEOUT,          SECONDS, "300",  -1, 2000000, NULL, ENV,                                                      \
+      "the deadline of every blocking call; a desc's `timeout_ms` wins")                                              \
+    X(TRACE,            STR,     "",      0, 255,     NULL, CORE,                                                     \
+      "the timeline: each rank writes `DIR/dm_trace.rank<R>.pid<P>.json`, Chrome trace-event JSON "                   \
+      "(see \"See inside\")")                                                                                         \
+    X(FLIGHT_RECORDER,  INT,     "64",    0, 1048576, NULL, CORE,                                                     \
+      "the flight recorder: the last N operations of each collective kept in memory with their state; "               \
+      "`0` turns it off")                                                                                             \
+    X(DUMP_DIR,         STR,     "",      0, 255,     NULL, CORE,                                                     \
+      "where the flight recorder is dumped (`DIR/dm_fr.rank<R>.pid<P>.json`) when an operation times out, "           \
+      "aborts, loses a peer or sees a mismatch; unset: no automatic dump")                                            \
+    X(DUMP_ON_SIGUSR1,  BOOL,    "0",     0, 1,       NULL, CORE,                                                     \
+      "`1`: also dump on `SIGUSR1` (with the recorder on and `DISTMESH_DUMP_DIR` set)")                               \
+    X(MAX_OBJECT_BYTES, BYTES,   "1G",    1, _DM_CFG_BYTES_MAX, NULL, CORE,                                           \
+      "most bytes one `all_gather_objects` / `broadcast_objects` accepts from peers' announced sizes, and "           \
+      "most bytes of point-to-point messages kept for `dm_recv`s not yet posted")                                     \
+    X(ALGO,             ENUM,    "auto",  0, 0, "auto|flat|two_level|flat_ring|flat_rd|two_level_ring|two_level_rd",  \
+      ENGINE, "the algorithms across hosts: a family (the model picks within it) or one algorithm "                   \
+      "(see \"Across hosts\")")                                                                                       \
+    X(STORE,            STR,     "",      0, 319,     NULL, TCP_STORE,                                                \
+      "the rendezvous store, `tcp://host:port`, `tcp://[::1]:port` or `file:///dir`; unset: "                         \
+      "`tcp://MASTER_ADDR:MASTER_PORT`, else what the launcher implies (`dm_tcp_launch_detect`)")                     \
+    X(TOKEN,            STR,     "",      0, 0,       NULL, TCP_STORE,                                                \
+      "shared secret every store and data connection proves (see \"Threat model\"); with it the store "               \
+      "serves distmesh clients only")                                                                                 \
+    X(SOCKET_IFNAME,    STR,     "",      0, 127,     NULL, TCP,                                                      \
+      "interface: `eth0` (prefix), `=eth0` (exact), `^lo,docker` (none of these); unset: "                            \
+      "`GLOO_SOCKET_IFNAME`, else the interface that routes to the store host")                                       \
+    X(TRANSPORT,        ENUM,    "auto",  0, 0, "auto|shm|tcp", TCP,                                                  \
+      "`auto`: shared memory between ranks on one host, sockets across hosts; `shm`: the same, but a "                \
+      "failed shared-memory setup fails the create; `tcp`: sockets only. The same on every rank")                     \
+    X(SOCKETS_PER_PEER, INT,     "1",     1, 16,      NULL, TCP,                                                      \
+      "sockets to each peer on another host, the stream striped over them (see \"Several sockets per "                \
+      "peer\"); the same on every rank")                                                                              \
+    X(JOIN,             BOOL,    "0",     0, 1,       NULL, TCP,                                                      \
+      "`1`: `dm_tcp_create` / `dm_init` join a running group as a newcomer of its next `dm_grow` "                    \
+      "(see \"Grow back\")")                                                                                          \
+    X(TEST_HOST_ID,     STR,     "",      0, 0,       NULL, TCP,                                                      \
+      "for tests and benchmarks: this process's host identity, to simulate several hosts on one machine")             \
+    X(STORE_MAX_VALUE,  BYTES,   "64M",   1, _DM_CFG_BYTES_MAX, NULL, STORE, "store server: bytes of one value")      \
+    X(STORE_MAX_CONN,   BYTES,   "",      1, _DM_CFG_BYTES_MAX, NULL, STORE,                                          \
+      "store server: bytes of one client's request being received, and of its unread replies; unset: "                \
+      "2 x its max value + 1 MiB")                                                                                    \
+    X(STORE_MAX_TOTAL,  BYTES,   "256M",  1, _DM_CFG_BYTES_MAX, NULL, STORE,                                          \
+      "store server: everything it holds, keys, values and every client's buffers (keys and values may fill "         \
+      "7/8 of it)")                                                                                                   \
+    X(STORE_STALL_MS,   MS,      "30000", 1, INT_MAX, NULL, STORE,                                                    \
       "store server: a client that does not read its replies is closed after this many ms without progress")
 
 /* Variables of other programs that distmesh reads (env detection, dm_tcp_launch_detect, the
    TCP backend), for the README's table: X(names, read by, meaning). */
-#define _DM_CFG_LAUNCHER_LIST(X)                                                                                  \
-    X("RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE", "dm_env_detect", "torchrun's placement")                 \
-    X("OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE",       \
-      "dm_env_detect", "OpenMPI's placement")                                                                   \
-    X("PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS", "dm_env_detect", "PMI / MPICH placement")          \
-    X("SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE, SLURM_TASKS_PER_NODE, SLURM_NODEID",    \
-      "dm_env_detect", "Slurm's placement (the first launcher whose rank variables are set wins: torchrun, "      \
-      "OpenMPI, PMI, Slurm)")                                                                                   \
-    X("MASTER_ADDR, MASTER_PORT", "dm_env_detect, store", "where rank 0 hosts the TCP store")                    \
-    X("TORCHELASTIC_USE_AGENT_STORE", "tcp, store", "True: the store already runs (torchrun's agent); rank 0 "     \
-      "does not host it")                                                                                       \
-    X("GLOO_SOCKET_IFNAME", "tcp", "the interface, when DISTMESH_SOCKET_IFNAME is unset")                        \
-    X("OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE, OMPI_MCA_orte_ess_jobid", "dm_tcp_launch_detect",                \
-      "mpirun's job id: the private file store of a one-host job")                                              \
-    X("SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST, SLURM_NODELIST, SLURM_JOB_NODELIST, "                   \
-      "SLURM_STEP_NUM_NODES, SLURM_NNODES, SLURM_JOB_NUM_NODES", "dm_tcp_launch_detect",                        \
-      "srun's job, step and nodes: the store of a Slurm job")                                                   \
+#define _DM_CFG_LAUNCHER_LIST(X)                                                                                      \
+    X("RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE", "dm_env_detect", "torchrun's placement")                      \
+    X("OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE",           \
+      "dm_env_detect", "OpenMPI's placement")                                                                         \
+    X("PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS", "dm_env_detect", "PMI / MPICH placement")               \
+    X("SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE, SLURM_TASKS_PER_NODE, SLURM_NODEID",         \
+      "dm_env_detect", "Slurm's placement (the first launcher whose rank variables are set wins: torchrun, "          \
+      "OpenMPI, PMI, Slurm)")                                                                                         \
+    X("MASTER_ADDR, MASTER_PORT", "dm_env_detect, store", "where rank 0 hosts the TCP store")                         \
+    X("TORCHELASTIC_USE_AGENT_STORE", "tcp, store", "`True`: the store already runs (torchrun's agent); rank 0 "      \
+      "does not host it")                                                                                             \
+    X("GLOO_SOCKET_IFNAME", "tcp", "the interface, when `DISTMESH_SOCKET_IFNAME` is unset")                           \
+    X("OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE, OMPI_MCA_orte_ess_jobid", "dm_tcp_launch_detect",                     \
+      "mpirun's job id: the private file store of a one-host job")                                                    \
+    X("SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST, SLURM_NODELIST, SLURM_JOB_NODELIST, "                        \
+      "SLURM_STEP_NUM_NODES, SLURM_NNODES, SLURM_JOB_NUM_NODES", "dm_tcp_launch_detect",                              \
+      "srun's job, step and nodes: the store of a Slurm job")                                                         \
     X("XDG_RUNTIME_DIR, TMPDIR", "dm_tcp_launch_detect", "where the private rendezvous directory is made")
 
 #define _DM_CFG_BYTES_MAX ((long long)1 << 62)
