@@ -109,7 +109,7 @@ static void test_config_bool_parser(void** state) {
 
 static void test_config_bytes_parser(void** state) {
     static const char* const bad[] = { "", "abc", "-1", "-1K", "1T", "K", "1KB", "1.5M", "99999999999999999999",
-                                       "17179869184G", "0", "-18446744073709551615" };
+                                       "17179869184G", "17179869185G", "0", "-18446744073709551615" };
     _dm_cfg_var v = test_var(_DM_CFG_T_BYTES, 1, _DM_CFG_BYTES_MAX, NULL), w = test_var(_DM_CFG_T_BYTES, 1024, 4096, NULL);
     size_t i;
     (void)state;
