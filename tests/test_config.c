@@ -427,7 +427,7 @@ static void trim(const char** b, const char** e) {
 static void test_config_readme_table(void** state) {
     static char table[1 << 16];
     char* doc = slurp("README.md");
-    const char *b, *e, *tb = table, *te;
+    const char *b, *e, *tb = table, *te, *rl, *gl;
     size_t line = 1;
     (void)state;
     assert_non_null(doc);
@@ -437,16 +437,17 @@ static void test_config_readme_table(void** state) {
     te = table + strlen(table);
     trim(&b, &e);
     trim(&tb, &te);
+    rl = b;
+    gl = tb;
     while (b < e && tb < te && *b == *tb) {
-        if (*b == '\n') line++;
+        if (*b == '\n') { line++; rl = b + 1; gl = tb + 1; }
         b++;
         tb++;
     }
-    if (b != e || tb != te) {
-        const char* nl = strchr(tb, '\n');
-        fail_msg("README.md's table of variables differs from distmesh.h's registry at its line %zu (the "
-                 "registry has \"%.*s\"); run `make config-table`", line, nl ? (int)(nl - tb) : 80, tb);
-    }
+    if (b != e || tb != te)
+        fail_msg("README.md's table of variables differs from distmesh.h's registry at its line %zu:\n"
+                 "  README:   %.*s\n  registry: %.*s\nrun `make config-table`", line,
+                 (int)strcspn(rl, "\n"), rl, (int)strcspn(gl, "\n"), gl);
     free(doc);
 }
 
