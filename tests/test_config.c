@@ -13,7 +13,7 @@
    so the private parsers can be called directly. */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
-#ifndef DISTMESH_TCP_STORE_DECL
+#if !defined(DISTMESH_TCP)
 #error "build with -DDISTMESH_TCP"
 #endif
 #include <setjmp.h>
