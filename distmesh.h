@@ -359,8 +359,9 @@ DM_API const char* dm_last_algorithm(const dm_collective* c);
 DM_API void* dm_native_handle(dm_collective* c);
 DM_API const char* dm_last_error(const dm_collective* c);  /* "" after success; never NULL */
 DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives started so far */
-/* Deadline of each later blocking call; < 0 waits forever, 0 restores the default.
-   DM_ERR_BUSY while requests are in flight. */
+/* Deadline of each later blocking call; < 0 waits forever, 0 restores the default
+   (DISTMESH_TIMEOUT, else DM_DEFAULT_TIMEOUT_MS). DM_ERR_BUSY while requests are in flight;
+   DM_ERR_ENV with 0 and a malformed DISTMESH_TIMEOUT. */
 DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
 
 /* >>functions: seeing inside (README "See inside"). Read from the environment when a collective

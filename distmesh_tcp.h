@@ -32,7 +32,8 @@
        dm_all_reduce(c, NULL, grads, n, DM_FLOAT32, DM_MEAN);
        dm_destroy(c);
 
-   ENVIRONMENT
+   ENVIRONMENT (each declared once, with its type and default, in distmesh.h >>config registry;
+   README "Environment variables" is printed from there)
        DISTMESH_STORE            tcp://host:port or file:///dir (else tcp://MASTER_ADDR:MASTER_PORT)
        TORCHELASTIC_USE_AGENT_STORE=True   the store already runs; rank 0 does not host it
        DISTMESH_SOCKET_IFNAME, GLOO_SOCKET_IFNAME   interface: "eth0", "eth" (prefix), "=eth0"
