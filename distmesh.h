@@ -877,9 +877,11 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
    - any other value must parse, the empty string included, and be in range; else the create
      (or first call) that reads it fails with DM_ERR_ENV and a message naming the variable and
      the value, `env: DISTMESH_SOCKETS_PER_PEER="abc" is not an integer in 1..16`, never a
-     silent default (env detection treats the launchers' empty values the same way). What a collective
-     reads after it is made (the "every collective" rows) is checked by every create first
-     (_dm_cfg_check in dm_fake_create, dm_thread_world_create, dm_tcp_create, dm_nccl_create).
+     silent default (env detection treats the launchers' empty values the same way). What a
+     collective reads after it is made (the CORE rows) is checked by every create first
+     (_dm_cfg_check_create, >>env: dm_fake_create, dm_thread_world_create, dm_tcp_create,
+     dm_nccl_create; dm_init goes through them).
+   A new variable is one X line here (then `make config-table`) and its read where it is used.
    Reading one, from any backend (out gets the default when unset; err is the message):
        int n;       st = _dm_cfg_int(_DM_CFG_SOCKETS_PER_PEER, &n, err, cap);     INT BOOL MS SECONDS ENUM
        uint64_t b;  st = _dm_cfg_bytes(_DM_CFG_STORE_MAX_VALUE, &b, err, cap);    BYTES
