@@ -19,6 +19,7 @@
 #   make trace-demo     a traced 4-rank run, scripts/dm_trace's report and the README's timeline picture
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
 #   make install    headers, pkg-config and CMake files (PREFIX=/usr/local, DESTDIR=)
+#   make config-table  README's table of environment variables, rewritten from distmesh.h's registry
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.
 
 CC      ?= cc

@@ -359,8 +359,9 @@ DM_API const char* dm_last_algorithm(const dm_collective* c);
 DM_API void* dm_native_handle(dm_collective* c);
 DM_API const char* dm_last_error(const dm_collective* c);  /* "" after success; never NULL */
 DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives started so far */
-/* Deadline of each later blocking call; < 0 waits forever, 0 restores the default.
-   DM_ERR_BUSY while requests are in flight. */
+/* Deadline of each later blocking call; < 0 waits forever, 0 restores the default
+   (DISTMESH_TIMEOUT, else DM_DEFAULT_TIMEOUT_MS). DM_ERR_BUSY while requests are in flight;
+   DM_ERR_ENV with 0 and a malformed DISTMESH_TIMEOUT. */
 DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
 
 /* >>functions: seeing inside (README "See inside"). Read from the environment when a collective
@@ -727,6 +728,7 @@ struct dm_collective {
     int busy;                   /* the core's: a blocking call runs on the caller's thread */
     const char* algorithm;      /* the last collective's algorithm (a static string), or NULL */
     struct _dm_trace* trace;    /* the core's: flight recorder and timeline (>>trace), NULL: off */
+    uint64_t max_object_bytes;  /* the core's: DISTMESH_MAX_OBJECT_BYTES, read when it was made */
 };
 
 #ifdef __cplusplus
@@ -866,6 +868,342 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
 #define _DM_REPORT(lg, err, err_size, st, ...) \
     _dm_report((lg), (err), (err_size), (st), __FILE__, __LINE__, __VA_ARGS__)
 #define _DM_LOG(lg, level, ...) _dm_log((lg), (level), __FILE__, __LINE__, __VA_ARGS__)
+
+/* >>config registry  Every DISTMESH_* variable, declared once: name, type, default, range, who
+   reads it and its one-line meaning (NCCL's NCCL_PARAM: one entry per variable). README's table
+   of variables is printed from this list (`make config-table`) and tests/test_config.c fails when
+   the two differ. One parser per type and one rule:
+   - unset: the default; a string variable set to "" is unset too (no directory, no token);
+   - any other value must parse, the empty string included, and be in range; else the create
+     (or first call) that reads it fails with DM_ERR_ENV and a message naming the variable and
+     the value, `env: DISTMESH_SOCKETS_PER_PEER="abc" is not an integer in 1..16`, never a
+     silent default (env detection treats the launchers' empty values the same way). What a
+     collective reads after it is made (the CORE rows) is checked by every create first
+     (_dm_cfg_check_create, >>env: dm_fake_create, dm_thread_world_create, dm_tcp_create,
+     dm_nccl_create; dm_init goes through them).
+   A new variable is one X line here (then `make config-table`) and its read where it is used.
+   Reading one, from any backend (out gets the default when unset; err is the message):
+       int n;       st = _dm_cfg_int(_DM_CFG_SOCKETS_PER_PEER, &n, err, cap);     INT BOOL MS SECONDS ENUM
+       uint64_t b;  st = _dm_cfg_bytes(_DM_CFG_STORE_MAX_VALUE, &b, err, cap);    BYTES
+       const char* s; st = _dm_cfg_str(_DM_CFG_STORE, &s, err, cap);             STR (NULL when unset)
+   A read that cannot fail (a collective's init, the trace's first operation) uses the _logged
+   twins: a bad value there (the program changed its environment after the create checked it)
+   is logged as a warning and the default used.
+   Columns: X(name after DISTMESH_, type, default ("": none, the reader gives 0 / NULL), min,
+   max, choices, read by, meaning). min..max: INT, MS, BYTES the range; SECONDS at most max s,
+   min < 0: a negative value is "forever" (-1 ms); STR: max is the longest value, 0 any.
+   choices: ENUM only, "a|b|c", the value read is the index. Read by: CORE every collective
+   (checked by every create), ENV dm_env_detect, ENGINE the backends on the links engine at
+   create (TCP, the threaded world), TCP dm_tcp_create, STORE the store, TCP_STORE both.
+   Launcher variables (RANK, OMPI_*, SLURM_*, ...) are another program's: env detection reads
+   them with their own rules (pairs, precedence, Slurm's task lists); _DM_CFG_LAUNCHER_LIST only
+   documents them for the README. */
+#define _DM_CFG_LIST(X)                                                                                               \
+    X(RANK,             INT,     "",      0, INT_MAX, NULL, ENV,                                                      \
+      "this process's rank; overrides the launcher's")                                                                \
+    X(WORLD_SIZE,       INT,     "",      1, INT_MAX, NULL, ENV, "the number of ranks; overrides the launcher's")     \
+    X(LOCAL_RANK,       INT,     "",      0, INT_MAX, NULL, ENV,                                                      \
+      "this process's rank on its host; overrides the launcher's")                                                    \
+    X(LOCAL_WORLD_SIZE, INT,     "",      1, INT_MAX, NULL, ENV, "the ranks on this host; overrides the launcher's")  \
+    X(TIMEOUT,          SECONDS, "300",  -1, 2000000, NULL, ENV,                                                      \
+      "the deadline of every blocking call; a desc's `timeout_ms` wins")                                              \
+    X(TRACE,            STR,     "",      0, 255,     NULL, CORE,                                                     \
+      "the timeline: each rank writes `DIR/dm_trace.rank<R>.pid<P>.json`, Chrome trace-event JSON "                   \
+      "(see \"See inside\")")                                                                                         \
+    X(FLIGHT_RECORDER,  INT,     "64",    0, 1048576, NULL, CORE,                                                     \
+      "the flight recorder: the last N operations of each collective kept in memory with their state; "               \
+      "`0` turns it off")                                                                                             \
+    X(DUMP_DIR,         STR,     "",      0, 255,     NULL, CORE,                                                     \
+      "where the flight recorder is dumped (`DIR/dm_fr.rank<R>.pid<P>.json`) when an operation times out, "           \
+      "aborts, loses a peer or sees a mismatch; unset: no automatic dump")                                            \
+    X(DUMP_ON_SIGUSR1,  BOOL,    "0",     0, 1,       NULL, CORE,                                                     \
+      "`1`: also dump on `SIGUSR1` (with the recorder on and `DISTMESH_DUMP_DIR` set)")                               \
+    X(MAX_OBJECT_BYTES, BYTES,   "1G",    1, _DM_CFG_BYTES_MAX, NULL, CORE,                                           \
+      "most bytes one `all_gather_objects` / `broadcast_objects` accepts from peers' announced sizes, and "           \
+      "most bytes of point-to-point messages kept for `dm_recv`s not yet posted")                                     \
+    X(ALGO,             ENUM,    "auto",  0, 0, "auto|flat|two_level|flat_ring|flat_rd|two_level_ring|two_level_rd",  \
+      ENGINE, "the algorithms across hosts: a family (the model picks within it) or one algorithm "                   \
+      "(see \"Across hosts\")")                                                                                       \
+    X(STORE,            STR,     "",      0, 319,     NULL, TCP_STORE,                                                \
+      "the rendezvous store, `tcp://host:port`, `tcp://[::1]:port` or `file:///dir`; unset: "                         \
+      "`tcp://MASTER_ADDR:MASTER_PORT`, else what the launcher implies (`dm_tcp_launch_detect`)")                     \
+    X(TOKEN,            STR,     "",      0, 0,       NULL, TCP_STORE,                                                \
+      "shared secret every store and data connection proves (see \"Threat model\"); with it the store "               \
+      "serves distmesh clients only")                                                                                 \
+    X(SOCKET_IFNAME,    STR,     "",      0, 127,     NULL, TCP,                                                      \
+      "interface: `eth0` (prefix), `=eth0` (exact), `^lo,docker` (none of these); unset: "                            \
+      "`GLOO_SOCKET_IFNAME`, else the interface that routes to the store host")                                       \
+    X(TRANSPORT,        ENUM,    "auto",  0, 0, "auto|shm|tcp", TCP,                                                  \
+      "`auto`: shared memory between ranks on one host, sockets across hosts; `shm`: the same, but a "                \
+      "failed shared-memory setup fails the create; `tcp`: sockets only. The same on every rank")                     \
+    X(SOCKETS_PER_PEER, INT,     "1",     1, 16,      NULL, TCP,                                                      \
+      "sockets to each peer on another host, the stream striped over them (see \"Several sockets per "                \
+      "peer\"); the same on every rank")                                                                              \
+    X(JOIN,             BOOL,    "0",     0, 1,       NULL, TCP,                                                      \
+      "`1`: `dm_tcp_create` / `dm_init` join a running group as a newcomer of its next `dm_grow` "                    \
+      "(see \"Grow back\")")                                                                                          \
+    X(TEST_HOST_ID,     STR,     "",      0, 0,       NULL, TCP,                                                      \
+      "for tests and benchmarks: this process's host identity, to simulate several hosts on one machine")             \
+    X(STORE_MAX_VALUE,  BYTES,   "64M",   1, _DM_CFG_BYTES_MAX, NULL, STORE, "store server: bytes of one value")      \
+    X(STORE_MAX_CONN,   BYTES,   "",      1, _DM_CFG_BYTES_MAX, NULL, STORE,                                          \
+      "store server: bytes of one client's request being received, and of its unread replies; unset: "                \
+      "2 x its max value + 1 MiB")                                                                                    \
+    X(STORE_MAX_TOTAL,  BYTES,   "256M",  1, _DM_CFG_BYTES_MAX, NULL, STORE,                                          \
+      "store server: everything it holds, keys, values and every client's buffers (keys and values may fill "         \
+      "7/8 of it)")                                                                                                   \
+    X(STORE_STALL_MS,   MS,      "30000", 1, INT_MAX, NULL, STORE,                                                    \
+      "store server: a client that does not read its replies is closed after this many ms without progress")
+
+/* Variables of other programs that distmesh reads (env detection, dm_tcp_launch_detect, the
+   TCP backend), for the README's table: X(names, read by, meaning). */
+#define _DM_CFG_LAUNCHER_LIST(X)                                                                                      \
+    X("RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE", "dm_env_detect", "torchrun's placement")                      \
+    X("OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE",           \
+      "dm_env_detect", "OpenMPI's placement")                                                                         \
+    X("PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS", "dm_env_detect", "PMI / MPICH placement")               \
+    X("SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE, SLURM_TASKS_PER_NODE, SLURM_NODEID",         \
+      "dm_env_detect", "Slurm's placement (the first launcher whose rank variables are set wins: torchrun, "          \
+      "OpenMPI, PMI, Slurm)")                                                                                         \
+    X("MASTER_ADDR, MASTER_PORT", "dm_env_detect, store", "where rank 0 hosts the TCP store")                         \
+    X("TORCHELASTIC_USE_AGENT_STORE", "tcp, store", "`True`: the store already runs (torchrun's agent); rank 0 "      \
+      "does not host it")                                                                                             \
+    X("GLOO_SOCKET_IFNAME", "tcp", "the interface, when `DISTMESH_SOCKET_IFNAME` is unset")                           \
+    X("OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE, OMPI_MCA_orte_ess_jobid", "dm_tcp_launch_detect",                     \
+      "mpirun's job id: the private file store of a one-host job")                                                    \
+    X("SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST, SLURM_NODELIST, SLURM_JOB_NODELIST, "                        \
+      "SLURM_STEP_NUM_NODES, SLURM_NNODES, SLURM_JOB_NUM_NODES", "dm_tcp_launch_detect",                              \
+      "srun's job, step and nodes: the store of a Slurm job")                                                         \
+    X("XDG_RUNTIME_DIR, TMPDIR", "dm_tcp_launch_detect", "where the private rendezvous directory is made")
+
+#define _DM_CFG_BYTES_MAX ((long long)1 << 62)
+enum { _DM_CFG_T_INT, _DM_CFG_T_BOOL, _DM_CFG_T_BYTES, _DM_CFG_T_MS, _DM_CFG_T_SECONDS, _DM_CFG_T_STR, _DM_CFG_T_ENUM };
+enum {
+    _DM_CFG_B_CORE = 1, _DM_CFG_B_ENV = 2, _DM_CFG_B_ENGINE = 4, _DM_CFG_B_TCP = 8, _DM_CFG_B_STORE = 16,
+    _DM_CFG_B_TCP_STORE = _DM_CFG_B_TCP | _DM_CFG_B_STORE
+};
+typedef enum _dm_cfg_id {
+#define _DM_X(id, type, dflt, lo, hi, choices, by, meaning) _DM_CFG_##id,
+    _DM_CFG_LIST(_DM_X)
+#undef _DM_X
+    _DM_CFG_COUNT
+} _dm_cfg_id;
+typedef struct _dm_cfg_var {
+    const char* name;           /* "DISTMESH_..." */
+    int type;                   /* _DM_CFG_T_* */
+    const char* dflt;           /* the value when unset or empty; "": none */
+    long long min, max;         /* see the columns above */
+    const char* choices;        /* ENUM: "a|b|c"; else NULL */
+    unsigned by;                /* _DM_CFG_B_*: who reads it */
+    const char* meaning;
+} _dm_cfg_var;
+static const _dm_cfg_var _dm_cfg_vars[_DM_CFG_COUNT] = {
+#define _DM_X(id, type, dflt, lo, hi, choices, by, meaning) \
+    { "DISTMESH_" #id, _DM_CFG_T_##type, dflt, lo, hi, choices, _DM_CFG_B_##by, meaning },
+    _DM_CFG_LIST(_DM_X)
+#undef _DM_X
+};
+
+/* The variable's text; NULL when unset, or empty for a string variable. */
+_DM_PRIVATE const char* _dm_cfg_raw(_dm_cfg_id id) {
+    const char* s = getenv(_dm_cfg_vars[id].name);
+    return s && (*s || _dm_cfg_vars[id].type != _DM_CFG_T_STR) ? s : NULL;
+}
+/* "a|b|c" -> "a, b, c" into out. */
+_DM_PRIVATE void _dm_cfg_choices_text(const char* choices, char* out, size_t cap) {
+    size_t n = 0;
+    for (; *choices && n + 3 < cap; choices++) {
+        if (*choices == '|') { out[n++] = ','; out[n++] = ' '; }
+        else out[n++] = *choices;
+    }
+    out[n] = 0;
+}
+/* ENUM: the index of s among the choices, or -1. */
+_DM_PRIVATE int _dm_cfg_choice(const char* choices, const char* s) {
+    size_t len = strlen(s);
+    int k = 0;
+    const char* p = choices;
+    for (;;) {
+        const char* bar = strchr(p, '|');
+        size_t n = bar ? (size_t)(bar - p) : strlen(p);
+        if (n == len && strncmp(p, s, n) == 0) return k;
+        if (!bar) return -1;
+        p = bar + 1;
+        k++;
+    }
+}
+/* INT, MS: the whole string a decimal integer in min..max. */
+_DM_PRIVATE bool _dm_cfg_parse_int(const _dm_cfg_var* v, const char* s, long long* out) {
+    char* end = NULL;
+    long long n;
+    errno = 0;
+    n = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != 0 || n < v->min || n > v->max) return false;
+    *out = n;
+    return true;
+}
+/* BYTES: decimal digits, then at most one of K, M, G (KiB, MiB, GiB; either case), in min..max. */
+_DM_PRIVATE bool _dm_cfg_parse_bytes(const _dm_cfg_var* v, const char* s, long long* out) {
+    char* end = NULL;
+    unsigned long long n;
+    int shift = 0;
+    if (strchr(s, '-')) return false;         /* strtoull would wrap a negative number around */
+    errno = 0;
+    n = strtoull(s, &end, 10);
+    if (errno != 0 || end == s) return false;
+    if (*end == 'K' || *end == 'k') shift = 10;
+    else if (*end == 'M' || *end == 'm') shift = 20;
+    else if (*end == 'G' || *end == 'g') shift = 30;
+    if (shift) end++;
+    if (*end != 0 || n > (ULLONG_MAX >> shift)) return false;
+    n <<= shift;
+    if (n < (unsigned long long)v->min || n > (unsigned long long)v->max) return false;
+    *out = (long long)n;
+    return true;
+}
+/* SECONDS: a decimal number of seconds (strtod's syntax) at most max, into milliseconds: 0 stays
+   0 (the default, as in every desc), a negative value is -1 (forever) where min < 0, anything
+   else at least 1 ms. */
+_DM_PRIVATE bool _dm_cfg_parse_seconds(const _dm_cfg_var* v, const char* s, long long* out) {
+    char* end = NULL;
+    double sec;
+    errno = 0;
+    sec = strtod(s, &end);
+    if (errno != 0 || end == s || *end != 0 || sec != sec || sec > (double)v->max) return false;
+    if (sec < 0 && v->min >= 0) return false;
+    if (sec < 0) *out = -1;
+    else if (sec == 0) *out = 0;
+    else *out = sec * 1000.0 < 1.0 ? 1 : (long long)(sec * 1000.0);
+    return true;
+}
+/* What a bad value of v should have been, for its message. */
+_DM_PRIVATE void _dm_cfg_expected(const _dm_cfg_var* v, char* out, size_t cap) {
+    char list[160];
+    switch (v->type) {
+    case _DM_CFG_T_INT:
+    case _DM_CFG_T_MS:
+        if (v->max >= INT_MAX)
+            snprintf(out, cap, "%s >= %lld", v->type == _DM_CFG_T_MS ? "a number of milliseconds" : "an integer", v->min);
+        else
+            snprintf(out, cap, "%s in %lld..%lld", v->type == _DM_CFG_T_MS ? "a number of milliseconds" : "an integer",
+                     v->min, v->max);
+        break;
+    case _DM_CFG_T_BOOL: snprintf(out, cap, "0 or 1"); break;
+    case _DM_CFG_T_BYTES:
+        if (v->max >= _DM_CFG_BYTES_MAX) snprintf(out, cap, "a number of bytes >= %lld (K, M, G suffixes allowed)", v->min);
+        else snprintf(out, cap, "a number of bytes in %lld..%lld (K, M, G suffixes allowed)", v->min, v->max);
+        break;
+    case _DM_CFG_T_SECONDS:
+        snprintf(out, cap, "a number of seconds up to %lld (decimals allowed%s)", v->max,
+                 v->min < 0 ? ", negative: forever" : "");
+        break;
+    case _DM_CFG_T_ENUM:
+        _dm_cfg_choices_text(v->choices, list, sizeof(list));
+        snprintf(out, cap, "one of %s", list);
+        break;
+    default: snprintf(out, cap, "at most %lld bytes long", v->max); break;
+    }
+}
+/* The one parser: s (not NULL) as v's type into *num (INT, BOOL, MS, SECONDS in ms,
+   ENUM's index, BYTES) or checked as text (STR). false: err holds the message. */
+_DM_PRIVATE bool _dm_cfg_parse(const _dm_cfg_var* v, const char* s, long long* num, char* err, size_t cap) {
+    char want[200];
+    bool ok;
+    *num = 0;
+    switch (v->type) {
+    case _DM_CFG_T_INT:
+    case _DM_CFG_T_MS: ok = _dm_cfg_parse_int(v, s, num); break;
+    case _DM_CFG_T_BOOL: ok = (s[0] == '0' || s[0] == '1') && s[1] == 0; *num = s[0] == '1'; break;
+    case _DM_CFG_T_BYTES: ok = _dm_cfg_parse_bytes(v, s, num); break;
+    case _DM_CFG_T_SECONDS: ok = _dm_cfg_parse_seconds(v, s, num); break;
+    case _DM_CFG_T_ENUM: *num = _dm_cfg_choice(v->choices, s); ok = *num >= 0; break;
+    default:    /* STR: a length is all that can be wrong, and the value is not repeated (a secret) */
+        if (v->max <= 0 || strlen(s) <= (size_t)v->max) return true;
+        if (err && cap) snprintf(err, cap, "env: %s is %lu bytes long; at most %lld", v->name,
+                                 (unsigned long)strlen(s), v->max);
+        return false;
+    }
+    if (!ok && err && cap) {
+        _dm_cfg_expected(v, want, sizeof(want));
+        snprintf(err, cap, "env: %s=\"%.64s\" is not %s", v->name, s, want);
+    }
+    return ok;
+}
+/* Variable id: its value, else its default. num for the numeric types, *str for STR (NULL: none). */
+_DM_PRIVATE dm_status _dm_cfg_get(_dm_cfg_id id, long long* num, const char** str, char* err, size_t cap) {
+    const _dm_cfg_var* v = &_dm_cfg_vars[id];
+    const char* s = _dm_cfg_raw(id);
+    if (!s) s = v->dflt[0] ? v->dflt : NULL;
+    *num = 0;
+    if (str) *str = s;
+    if (!s) return DM_OK;
+    return _dm_cfg_parse(v, s, num, err, cap) ? DM_OK : DM_ERR_ENV;
+}
+/* INT, BOOL, MS, SECONDS (in ms), ENUM (the index). */
+_DM_PRIVATE dm_status _dm_cfg_int(_dm_cfg_id id, int* out, char* err, size_t cap) {
+    long long n = 0;
+    dm_status st;
+    DM_ASSERT(_dm_cfg_vars[id].type != _DM_CFG_T_BYTES && _dm_cfg_vars[id].type != _DM_CFG_T_STR);
+    st = _dm_cfg_get(id, &n, NULL, err, cap);
+    if (st == DM_OK) *out = (int)n;
+    return st;
+}
+_DM_PRIVATE dm_status _dm_cfg_bytes(_dm_cfg_id id, uint64_t* out, char* err, size_t cap) {
+    long long n = 0;
+    dm_status st;
+    DM_ASSERT(_dm_cfg_vars[id].type == _DM_CFG_T_BYTES);
+    st = _dm_cfg_get(id, &n, NULL, err, cap);
+    if (st == DM_OK) *out = (uint64_t)n;
+    return st;
+}
+/* STR: the value, or NULL when unset or empty. */
+_DM_PRIVATE dm_status _dm_cfg_str(_dm_cfg_id id, const char** out, char* err, size_t cap) {
+    long long n = 0;
+    const char* s = NULL;
+    dm_status st;
+    DM_ASSERT(_dm_cfg_vars[id].type == _DM_CFG_T_STR);
+    st = _dm_cfg_get(id, &n, &s, err, cap);
+    if (st == DM_OK) *out = s;
+    return st;
+}
+/* The _logged twins, for reads that cannot fail: a bad value logs a warning and gives the
+   default (every default parses: tests/test_config.c). */
+_DM_PRIVATE long long _dm_cfg_num_logged(_dm_cfg_id id, const dm_logger* lg) {
+    char err[DM_LAST_ERROR_SIZE];
+    long long n = 0;
+    if (_dm_cfg_get(id, &n, NULL, err, sizeof(err)) == DM_OK) return n;
+    _DM_LOG(lg, DM_LOG_WARN, "%s: keeping the default (%s)", err,
+            _dm_cfg_vars[id].dflt[0] ? _dm_cfg_vars[id].dflt : "none");
+    if (_dm_cfg_vars[id].dflt[0]) _dm_cfg_parse(&_dm_cfg_vars[id], _dm_cfg_vars[id].dflt, &n, NULL, 0);
+    return n;
+}
+_DM_PRIVATE int _dm_cfg_int_logged(_dm_cfg_id id, const dm_logger* lg) {
+    DM_ASSERT(_dm_cfg_vars[id].type != _DM_CFG_T_BYTES && _dm_cfg_vars[id].type != _DM_CFG_T_STR);
+    return (int)_dm_cfg_num_logged(id, lg);
+}
+_DM_PRIVATE uint64_t _dm_cfg_bytes_logged(_dm_cfg_id id, const dm_logger* lg) {
+    DM_ASSERT(_dm_cfg_vars[id].type == _DM_CFG_T_BYTES);
+    return (uint64_t)_dm_cfg_num_logged(id, lg);
+}
+_DM_PRIVATE const char* _dm_cfg_str_logged(_dm_cfg_id id, const dm_logger* lg) {
+    char err[DM_LAST_ERROR_SIZE];
+    const char* s = NULL;
+    long long n;
+    DM_ASSERT(_dm_cfg_vars[id].type == _DM_CFG_T_STR);
+    if (_dm_cfg_get(id, &n, &s, err, sizeof(err)) == DM_OK) return s;
+    _DM_LOG(lg, DM_LOG_WARN, "%s: ignoring it", err);
+    return _dm_cfg_vars[id].dflt[0] ? _dm_cfg_vars[id].dflt : NULL;
+}
+/* Every variable read by one of `by` (_DM_CFG_B_* bits): DM_OK, or DM_ERR_ENV with the first bad
+   one's message in err. */
+_DM_PRIVATE dm_status _dm_cfg_check(unsigned by, char* err, size_t cap) {
+    int id;
+    for (id = 0; id < _DM_CFG_COUNT; id++) {
+        long long n;
+        const char* s;
+        if ((_dm_cfg_vars[id].by & by) && _dm_cfg_get((_dm_cfg_id)id, &n, &s, err, cap) != DM_OK) return DM_ERR_ENV;
+    }
+    return DM_OK;
+}
 
 /* >>cuda  The one check of "is this device memory" that the backends share. */
 #if defined(DISTMESH_CUDA)
@@ -1231,7 +1569,9 @@ DM_API_IMPL void dm_log_stderr(dm_log_level level, dm_status status, const char*
             file, line);
 }
 
-/* >>env  Strict parsing: the whole string must be a number in range, never atoi's garbage. */
+/* >>env  The launchers' variables, each launcher's own rules; the DISTMESH_* overrides and
+   DISTMESH_TIMEOUT through >>config registry. Strict parsing: the whole string must be a number
+   in range, never atoi's garbage. */
 _DM_PRIVATE bool _dm_parse_int(const char* s, long min, long max, int* out) {
     char* end = NULL;
     long v;
@@ -1252,26 +1592,35 @@ _DM_PRIVATE bool _dm_env_int(dm_env* env, const char* name, long min, int* out, 
              "env: %s=\"%.64s\" is not an integer >= %ld", name, s, min);
     return false;
 }
-/* Milliseconds from DISTMESH_TIMEOUT (seconds, decimals allowed; negative = forever). */
-_DM_PRIVATE bool _dm_env_timeout(int* out_ms) {
-    const char* s = getenv("DISTMESH_TIMEOUT");
-    char* end = NULL;
-    double sec;
-    *out_ms = 0;
-    if (!s) return true;
-    errno = 0;
-    sec = strtod(s, &end);
-    if (!*s || errno != 0 || *end != 0 || sec != sec || sec > 2000000.0) return false;
-    if (sec < 0) *out_ms = -1;
-    else if (sec == 0) *out_ms = 0;                 /* 0 means the default, as in every desc */
-    else *out_ms = sec * 1000.0 < 1.0 ? 1 : (int)(sec * 1000.0);
-    return true;
+/* A collective's deadline: desc_timeout_ms, else DISTMESH_TIMEOUT (0 there is the default too),
+   else DM_DEFAULT_TIMEOUT_MS. DM_ERR_ENV (err) for a bad DISTMESH_TIMEOUT. */
+_DM_PRIVATE dm_status _dm_cfg_timeout(int desc_timeout_ms, int* out, char* err, size_t cap) {
+    int ms = 0;
+    *out = desc_timeout_ms;
+    if (desc_timeout_ms != 0) return DM_OK;
+    if (_dm_cfg_int(_DM_CFG_TIMEOUT, &ms, err, cap) != DM_OK) return DM_ERR_ENV;
+    *out = ms != 0 ? ms : DM_DEFAULT_TIMEOUT_MS;
+    return DM_OK;
 }
-_DM_PRIVATE int _dm_resolve_timeout(int desc_timeout_ms) {
-    int env_ms = 0;
+/* The same where nothing can fail (a collective's init, after its create checked the variable). */
+_DM_PRIVATE int _dm_timeout_logged(int desc_timeout_ms, const dm_logger* lg) {
+    int ms;
     if (desc_timeout_ms != 0) return desc_timeout_ms;
-    if (_dm_env_timeout(&env_ms) && env_ms != 0) return env_ms;
-    return DM_DEFAULT_TIMEOUT_MS;
+    ms = _dm_cfg_int_logged(_DM_CFG_TIMEOUT, lg);
+    return ms != 0 ? ms : DM_DEFAULT_TIMEOUT_MS;
+}
+/* The store's (distmesh_tcp.h) until it reads through _dm_cfg_timeout. */
+_DM_PRIVATE int _dm_resolve_timeout(int desc_timeout_ms) { return _dm_timeout_logged(desc_timeout_ms, NULL); }
+/* What every create checks first: the variables a collective reads after it is made (trace,
+   flight recorder, object limit: >>config registry's CORE rows), and DISTMESH_TIMEOUT when the
+   desc leaves the deadline to it. DM_ERR_ENV, recorded in err and logged. */
+_DM_PRIVATE dm_status _dm_cfg_check_create(const dm_logger* lg, int desc_timeout_ms, char* err, size_t cap) {
+    char why[DM_LAST_ERROR_SIZE];
+    int ms;
+    if (_dm_cfg_check(_DM_CFG_B_CORE, why, sizeof(why)) != DM_OK ||
+        _dm_cfg_timeout(desc_timeout_ms, &ms, why, sizeof(why)) != DM_OK)
+        return _DM_REPORT(lg, err, cap, DM_ERR_ENV, "%s", why);
+    return DM_OK;
 }
 
 /* One launcher's variables. local_* may be NULL where the launcher has none. */
@@ -1365,19 +1714,24 @@ _DM_PRIVATE bool _dm_env_read_source(dm_env* env, const _dm_env_source* src, _dm
     return true;
 }
 
+/* One DISTMESH_* override (>>config registry); *found when set. false: env->error says why. */
+_DM_PRIVATE bool _dm_env_cfg(dm_env* env, _dm_cfg_id id, int* out, bool* found) {
+    *found = _dm_cfg_raw(id) != NULL;
+    return !*found || _dm_cfg_int(id, out, env->error, sizeof(env->error)) == DM_OK;
+}
 /* DISTMESH_* variables override single fields of whatever the launcher said. */
 _DM_PRIVATE bool _dm_env_overrides(dm_env* env, _dm_env_vars* vars) {
     int v = 0;
     bool found = false;
-    if (!_dm_env_int(env, "DISTMESH_RANK", 0, &v, &found)) return false;
+    if (!_dm_env_cfg(env, _DM_CFG_RANK, &v, &found)) return false;
     if (found) { env->rank = v; env->source = "distmesh"; vars->rank = "DISTMESH_RANK"; }
-    if (!_dm_env_int(env, "DISTMESH_WORLD_SIZE", 1, &v, &found)) return false;
+    if (!_dm_env_cfg(env, _DM_CFG_WORLD_SIZE, &v, &found)) return false;
     if (found) { env->world_size = v; env->source = "distmesh"; vars->world = "DISTMESH_WORLD_SIZE"; }
-    if (!_dm_env_int(env, "DISTMESH_LOCAL_RANK", 0, &v, &found)) return false;
+    if (!_dm_env_cfg(env, _DM_CFG_LOCAL_RANK, &v, &found)) return false;
     if (found) { env->local_rank = v; vars->local_rank = "DISTMESH_LOCAL_RANK"; }
-    if (!_dm_env_int(env, "DISTMESH_LOCAL_WORLD_SIZE", 1, &v, &found)) return false;
+    if (!_dm_env_cfg(env, _DM_CFG_LOCAL_WORLD_SIZE, &v, &found)) return false;
     if (found) { env->local_world_size = v; vars->local_world = "DISTMESH_LOCAL_WORLD_SIZE"; }
-    if (getenv("DISTMESH_LOCAL_RANK") && getenv("DISTMESH_LOCAL_WORLD_SIZE")) env->local_from_launcher = true;
+    if (_dm_cfg_raw(_DM_CFG_LOCAL_RANK) && _dm_cfg_raw(_DM_CFG_LOCAL_WORLD_SIZE)) env->local_from_launcher = true;
     return true;
 }
 
@@ -1437,11 +1791,9 @@ DM_API_IMPL dm_status dm_env_detect(dm_env* out) {
     for (i = 0; i < sizeof(sources) / sizeof(sources[0]) && !used; i++)
         if (!_dm_env_read_source(out, &sources[i], &vars, &used)) return DM_ERR_ENV;
     if (!_dm_env_overrides(out, &vars) || !_dm_env_master(out)) return DM_ERR_ENV;
-    if (!_dm_env_timeout(&out->timeout_ms)) {
-        snprintf(out->error, sizeof(out->error),
-                 "env: DISTMESH_TIMEOUT=\"%.64s\" is not a number of seconds", getenv("DISTMESH_TIMEOUT"));
+    if (_dm_cfg_raw(_DM_CFG_TIMEOUT) &&         /* unset: 0, the desc's or the default */
+        _dm_cfg_int(_DM_CFG_TIMEOUT, &out->timeout_ms, out->error, sizeof(out->error)) != DM_OK)
         return DM_ERR_ENV;
-    }
     if (!_dm_env_check(out, &vars)) return DM_ERR_ENV;
     out->is_distributed = out->world_size > 1;
     return DM_OK;
@@ -1473,7 +1825,6 @@ DM_API_IMPL int dm_device_count(void) { return 0; }
 #include <signal.h>
 #include <sys/stat.h>
 
-#define _DM_TR_DEFAULT_N 64             /* DISTMESH_FLIGHT_RECORDER unset */
 #define _DM_TR_FLUSH_BYTES ((size_t)128 << 10)
 #define _DM_TR_BUF_BYTES ((size_t)256 << 10)
 #define _DM_TR_FLUSH_NS ((int64_t)100 * 1000000)
@@ -1607,20 +1958,14 @@ _DM_PRIVATE bool _dm_trace_tsc_usable(void) {
     return false;
 #endif
 }
-/* DISTMESH_FLIGHT_RECORDER: entries per collective; unset or malformed: the default. */
-_DM_PRIVATE uint32_t _dm_trace_fr_cap(void) {
-    int n = _DM_TR_DEFAULT_N;
-    const char* s = getenv("DISTMESH_FLIGHT_RECORDER");
-    if (s && !_dm_parse_int(s, 0, 1 << 20, &n)) n = _DM_TR_DEFAULT_N;
-    return (uint32_t)n;
-}
-_DM_PRIVATE bool _dm_trace_env_set(const char* name) {
-    const char* s = getenv(name);
-    return s && *s;
+/* DISTMESH_FLIGHT_RECORDER: entries per collective. The variables are checked by every create
+   (_dm_cfg_check); read again here, a bad value is logged and the default kept. */
+_DM_PRIVATE uint32_t _dm_trace_fr_cap(const dm_logger* lg) {
+    return (uint32_t)_dm_cfg_int_logged(_DM_CFG_FLIGHT_RECORDER, lg);
 }
 /* At every collective's init: pending when the recorder or the timeline is on. */
-_DM_PRIVATE struct _dm_trace* _dm_trace_wanted(void) {
-    return _dm_trace_fr_cap() > 0 || _dm_trace_env_set("DISTMESH_TRACE") ? _dm_trace_pending : NULL;
+_DM_PRIVATE struct _dm_trace* _dm_trace_wanted(const dm_logger* lg) {
+    return _dm_trace_fr_cap(lg) > 0 || _dm_cfg_str_logged(_DM_CFG_TRACE, lg) ? _dm_trace_pending : NULL;
 }
 
 /* ---- text: a bounded buffer that grows (dumps) or stays fixed (one event line) ---- */
@@ -1806,7 +2151,6 @@ _DM_PRIVATE void _dm_trace_sig_start(void);
 _DM_PRIVATE _dm_trace_rank* _dm_trace_rank_new(dm_collective* c) {
     _dm_trace_rank* rk = (_dm_trace_rank*)_dm_calloc(&c->allocator, sizeof(_dm_trace_rank));
     const char* s;
-    int n;
     if (!rk) return NULL;
     pthread_mutex_init(&rk->mu, NULL);
     rk->rank = c->rank;
@@ -1814,13 +2158,10 @@ _DM_PRIVATE _dm_trace_rank* _dm_trace_rank_new(dm_collective* c) {
     rk->pid = (long)getpid();
     rk->allocator = c->allocator;
     rk->logger = c->logger;
-    rk->fr_cap = _dm_trace_fr_cap();
-    if ((s = getenv("DISTMESH_FLIGHT_RECORDER")) != NULL && *s && !_dm_parse_int(s, 0, 1 << 20, &n))
-        _DM_LOG(&c->logger, DM_LOG_WARN, "DISTMESH_FLIGHT_RECORDER=\"%.32s\" is not a count 0..1048576: "
-                "keeping the default of %d operations", s, _DM_TR_DEFAULT_N);
+    rk->fr_cap = _dm_trace_fr_cap(&c->logger);
     rk->fd = -1;
-    if ((s = getenv("DISTMESH_TRACE")) != NULL) _dm_copy_name(rk->trace_dir, sizeof(rk->trace_dir), s);
-    if ((s = getenv("DISTMESH_DUMP_DIR")) != NULL) _dm_copy_name(rk->dump_dir, sizeof(rk->dump_dir), s);
+    if ((s = _dm_cfg_str_logged(_DM_CFG_TRACE, &c->logger)) != NULL) _dm_copy_name(rk->trace_dir, sizeof(rk->trace_dir), s);
+    if ((s = _dm_cfg_str_logged(_DM_CFG_DUMP_DIR, &c->logger)) != NULL) _dm_copy_name(rk->dump_dir, sizeof(rk->dump_dir), s);
     rk->last_flush = _dm_trace_now();
     rk->tsc = rk->trace_dir[0] && _dm_trace_tsc_usable();
     return rk;
@@ -1869,7 +2210,7 @@ _DM_PRIVATE _dm_trace* _dm_trace_get(dm_collective* c) {
     if (rk) rk->instance = __atomic_fetch_add(&_dm_tr_instances[(unsigned)c->rank % 1024u], 1, __ATOMIC_RELAXED);
     t = rk ? _dm_trace_group_new(c, rk, "world") : NULL;
     if (!t && rk) { pthread_mutex_destroy(&rk->mu); _dm_free(&c->allocator, rk); }
-    if (t && rk->fr_cap > 0 && rk->dump_dir[0] && _dm_trace_env_set("DISTMESH_DUMP_ON_SIGUSR1")) {
+    if (t && rk->fr_cap > 0 && rk->dump_dir[0] && _dm_cfg_int_logged(_DM_CFG_DUMP_ON_SIGUSR1, &c->logger)) {
         _dm_trace_sig_start();
         rk->registered = true;
         rk->next = _dm_tr_reg;
@@ -2390,7 +2731,7 @@ _DM_PRIVATE void _dm_collective_init(dm_collective* c, const dm_collective_vtabl
     c->local_size = size;
     c->device.type = DM_DEVICE_CPU;
     c->device.index = 0;
-    c->timeout_ms = _dm_resolve_timeout(timeout_ms);
+    c->timeout_ms = _dm_timeout_logged(timeout_ms, logger);
     c->seq = 0;
     if (logger) c->logger = *logger;
     if (allocator) c->allocator = *allocator;
@@ -2400,7 +2741,8 @@ _DM_PRIVATE void _dm_collective_init(dm_collective* c, const dm_collective_vtabl
     c->last_error[0] = 0;
     c->async = NULL;
     c->busy = 0;
-    c->trace = _dm_trace_wanted();
+    c->trace = _dm_trace_wanted(logger);
+    c->max_object_bytes = _dm_cfg_bytes_logged(_DM_CFG_MAX_OBJECT_BYTES, logger);
 }
 
 /* One block: the item array, then the bytes of every item back to back (so the bytes of a
@@ -2799,20 +3141,8 @@ _DM_PRIVATE dm_status _dm_prep_broadcast_objects(dm_collective* c, const dm_blob
 }
 /* >>objects  Sizes first (uint64 per rank), then the bytes padded to the largest object. */
 /* The most bytes one object collective takes from its peers' word: DISTMESH_MAX_OBJECT_BYTES,
-   else 1 GiB (a malformed value counts as unset). */
-_DM_PRIVATE uint64_t _dm_object_limit(void) {
-    const char* v = getenv("DISTMESH_MAX_OBJECT_BYTES");
-    char* end = NULL;
-    unsigned long long n;
-    if (!v || !*v || *v == '-') return (uint64_t)1 << 30;
-    errno = 0;
-    n = strtoull(v, &end, 10);
-    if (*end == 'K' || *end == 'k') { n <<= 10; end++; }
-    else if (*end == 'M' || *end == 'm') { n <<= 20; end++; }
-    else if (*end == 'G' || *end == 'g') { n <<= 30; end++; }
-    if (errno || end == v || *end || n == 0) return (uint64_t)1 << 30;
-    return (uint64_t)n;
-}
+   read when c was made (>>config registry). */
+_DM_PRIVATE uint64_t _dm_object_limit(const dm_collective* c) { return c->max_object_bytes; }
 _DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out) {
     static const char* name = "all_gather_objects";
     uint64_t* sizes64 = NULL;
@@ -2833,7 +3163,7 @@ _DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data,
         goto done;
     }
     for (i = 0; i < n; i++) {   /* checked before any allocation: the padded total is max * n */
-        uint64_t limit = _dm_object_limit();
+        uint64_t limit = _dm_object_limit(c);
         if (sizes64[i] == 0 || sizes64[i] > limit / n || sizes64[i] > (uint64_t)(SIZE_MAX / 2 / n)) {
             st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: rank %zu announced an object of %llu bytes (0, or %d "
                           "objects of that size exceed DISTMESH_MAX_OBJECT_BYTES = %llu)", name, i,
@@ -2876,11 +3206,11 @@ _DM_PRIVATE dm_status _dm_run_broadcast_objects(dm_collective* c, const dm_blob*
     _DM_TRY(dm_broadcast(c, &n64, 1, DM_UINT64, root));
     /* every object costs its bytes plus 16 + sizeof(dm_blob) of bookkeeping: bound the count
        by the limit before the size arrays are allocated */
-    if (n64 > _dm_object_limit() / (16 + sizeof(dm_blob) + 1) || n64 > (uint64_t)(SIZE_MAX / 16) ||
+    if (n64 > _dm_object_limit(c) / (16 + sizeof(dm_blob) + 1) || n64 > (uint64_t)(SIZE_MAX / 16) ||
         (c->rank == root && n64 != (uint64_t)count))
         return _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced %llu objects (above what "
                         "DISTMESH_MAX_OBJECT_BYTES = %llu allows)", name, (unsigned long long)n64,
-                        (unsigned long long)_dm_object_limit());
+                        (unsigned long long)_dm_object_limit(c));
     n = (size_t)n64;
     sizes64 = (uint64_t*)_dm_calloc(&c->allocator, (n ? n : 1) * sizeof(uint64_t));
     sizes = (size_t*)_dm_calloc(&c->allocator, (n ? n : 1) * sizeof(size_t));
@@ -2889,7 +3219,7 @@ _DM_PRIVATE dm_status _dm_run_broadcast_objects(dm_collective* c, const dm_blob*
     st = dm_broadcast(c, sizes64, n, DM_UINT64, root);
     if (st != DM_OK) goto done;
     for (i = 0; i < n; i++) {
-        uint64_t limit = _dm_object_limit();
+        uint64_t limit = _dm_object_limit(c);
         if (sizes64[i] == 0 || sizes64[i] > (uint64_t)(SIZE_MAX / 2) - total || sizes64[i] > limit - total ||
             (c->rank == root && sizes64[i] != (uint64_t)objects[i].size)) {
             st = _DM_FAIL(c, DM_ERR_PROTOCOL, "%s: root announced object %zu of %llu bytes (0, or "
@@ -3912,7 +4242,11 @@ DM_API_IMPL dm_status dm_set_timeout(dm_collective* c, int timeout_ms) {
         pthread_mutex_unlock(&a->mu);
     }
     if (busy) return _DM_FAIL(c, DM_ERR_BUSY, "set_timeout: requests are in flight; wait for them first");
-    c->timeout_ms = _dm_resolve_timeout(timeout_ms);
+    {
+        char err[DM_LAST_ERROR_SIZE];
+        if (_dm_cfg_timeout(timeout_ms, &c->timeout_ms, err, sizeof(err)) != DM_OK)
+            return _DM_FAIL(c, DM_ERR_ENV, "set_timeout: %s", err);
+    }
     return DM_OK;
 }
 
@@ -4143,6 +4477,7 @@ DM_API_IMPL dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** o
     *out = NULL;
     if (desc) d = *desc;
     _DM_TRY(_dm_fake_desc_check(&d, true, err, sizeof(err)));
+    _DM_TRY(_dm_cfg_check_create(&d.logger, d.timeout_ms, err, sizeof(err)));
     return _dm_fake_create_with(&d, out);
 }
 
@@ -4535,17 +4870,10 @@ enum {
 static const char* const _dm_algo_names[_DM_ALGO_COUNT] = {
     "auto", "flat", "two_level", "flat_ring", "flat_rd", "two_level_ring", "two_level_rd"
 };
-/* DISTMESH_ALGO (unset or empty: auto). An unknown name is DM_ERR_ENV naming what is accepted. */
+/* DISTMESH_ALGO (unset: auto; its choices are _dm_algo_names in order, >>config
+   registry). An unknown name is DM_ERR_ENV naming what is accepted. */
 _DM_PRIVATE dm_status _dm_algo_from_env(int* out, char* err, size_t cap) {
-    const char* v = getenv("DISTMESH_ALGO");
-    int k;
-    *out = _DM_ALGO_AUTO;
-    if (!v || !*v) return DM_OK;
-    for (k = 0; k < _DM_ALGO_COUNT; k++)
-        if (strcmp(v, _dm_algo_names[k]) == 0) { *out = k; return DM_OK; }
-    snprintf(err, cap, "DISTMESH_ALGO=\"%.64s\" is not an algorithm; use auto, flat, two_level, flat_ring, "
-             "flat_rd, two_level_ring or two_level_rd", v);
-    return DM_ERR_ENV;
+    return _dm_cfg_int(_DM_CFG_ALGO, out, err, cap);
 }
 
 typedef struct _dm_layout {
@@ -4950,10 +5278,10 @@ _DM_PRIVATE dm_status _dm_lk_inbox_header(_dm_lk* lk, const _dm_xfer* x, int pee
         in->dst = x->want->buf;
         return DM_OK;
     }
-    if (bytes > _dm_object_limit() - (lk->ubytes < _dm_object_limit() ? lk->ubytes : _dm_object_limit())) {
+    if (bytes > _dm_object_limit(lk->c) - (lk->ubytes < _dm_object_limit(lk->c) ? lk->ubytes : _dm_object_limit(lk->c))) {
         _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s: rank %d sent a message of %zu bytes (tag %d) that no recv has "
                  "asked for yet, beyond the %llu bytes kept waiting (DISTMESH_MAX_OBJECT_BYTES)", lk->tag, x->op,
-                 peer, bytes, fp.root, (unsigned long long)_dm_object_limit());
+                 peer, bytes, fp.root, (unsigned long long)_dm_object_limit(lk->c));
         return _dm_lk_break(lk, DM_ERR_PROTOCOL);
     }
     in->msg = (_dm_umsg*)_dm_malloc(&lk->c->allocator, sizeof(_dm_umsg) + bytes);
@@ -7204,6 +7532,7 @@ DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collec
     n = _dm_def(d.world_size, 1);
     _DM_TRY(_dm_fake_desc_check(&d, false, err, sizeof(err)));
     for (r = 0; r < n; r++) out[r] = NULL;
+    _DM_TRY(_dm_cfg_check_create(&d.logger, d.timeout_ms, err, sizeof(err)));
     {
         int algo;
         char why[200];
@@ -7215,7 +7544,7 @@ DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collec
     for (r = 0; r < n; r++) {
         out[r] = _dm_tw_member_new(sh, r, &d, NULL);
         if (!out[r]) break;
-        out[r]->timeout_ms = _dm_resolve_timeout(d.timeout_ms);
+        out[r]->timeout_ms = _dm_timeout_logged(d.timeout_ms, &d.logger);
         out[r]->logger = d.logger;
     }
     if (r == n) {

@@ -1434,6 +1434,7 @@ DM_API_IMPL dm_status dm_nccl_create(const dm_nccl_desc* desc, dm_collective** o
     if (desc) d = *desc;
     if (!_dm_allocator_valid(&d.allocator))
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "nccl: allocator needs both functions or neither");
+    _DM_TRY(_dm_cfg_check_create(&d.logger, d.timeout_ms, err, sizeof(err)));   /* >>config registry */
     _DM_TRY(_dm_nccl_placement(&d, &rank, &world, &local_rank, &local_size, err, sizeof(err)));
     e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev < 1)

@@ -32,7 +32,8 @@
        dm_all_reduce(c, NULL, grads, n, DM_FLOAT32, DM_MEAN);
        dm_destroy(c);
 
-   ENVIRONMENT
+   ENVIRONMENT (each declared once, with its type and default, in distmesh.h >>config registry;
+   README "Environment variables" is printed from there)
        DISTMESH_STORE            tcp://host:port or file:///dir (else tcp://MASTER_ADDR:MASTER_PORT)
        TORCHELASTIC_USE_AGENT_STORE=True   the store already runs; rank 0 does not host it
        DISTMESH_SOCKET_IFNAME, GLOO_SOCKET_IFNAME   interface: "eth0", "eth" (prefix), "=eth0"
@@ -5200,13 +5201,13 @@ static void _dm_tcp_local_from_launcher(_dm_tcp* t, const _dm_tcp_setup* s) {
    group, never the launcher's LOCAL_WORLD_SIZE: a sub-group decides per pair. The ring visits
    host by host, as NCCL orders its rings. */
 static void _dm_tcp_host_identity(char* name, size_t name_cap, char* id, size_t id_cap) {
-    const char* test = getenv("DISTMESH_TEST_HOST_ID");
+    const char* test = _dm_cfg_raw(_DM_CFG_TEST_HOST_ID);
     char boot[64] = "";
     size_t hn = name_cap;
     FILE* f;
     memset(name, 0, name_cap);
     memset(id, 0, id_cap);
-    if (test && *test) {
+    if (test) {
         _dm_copy_name(name, name_cap, test);
         snprintf(id, id_cap, "test:%s", test);
         return;
@@ -5792,25 +5793,22 @@ DM_API_IMPL dm_status dm_tcp_launch_detect(dm_tcp_launch* out) {
 }
 
 /* desc.transport, else DISTMESH_TRANSPORT, else auto. A bad desc value is DM_ERR_INVALID_ARG, a
-   bad environment value DM_ERR_ENV; both name what is accepted. */
+   bad environment value DM_ERR_ENV (>>config registry; its choices are _DM_TCP_AUTO, _SHM,
+   _SOCKETS in order); both name what is accepted. */
 static dm_status _dm_tcp_parse_transport(const char* given, int* out, char* err, size_t cap) {
     static const char* const names[] = { "auto", "shm", "tcp" };
-    const char* v = given ? given : getenv("DISTMESH_TRANSPORT");
     int k;
     *out = _DM_TCP_AUTO;
-    if (!v || (!given && !*v)) return DM_OK;
+    if (!given) return _dm_cfg_int(_DM_CFG_TRANSPORT, out, err, cap);
     for (k = 0; k < 3; k++)
-        if (strcmp(v, names[k]) == 0) { *out = k; return DM_OK; }
-    snprintf(err, cap, "tcp: %s is \"%.40s\"; expected auto, shm or tcp", given ? "desc.transport" :
-             "DISTMESH_TRANSPORT", v);
-    return given ? DM_ERR_INVALID_ARG : DM_ERR_ENV;
+        if (strcmp(given, names[k]) == 0) { *out = k; return DM_OK; }
+    snprintf(err, cap, "tcp: desc.transport is \"%.40s\"; expected auto, shm or tcp", given);
+    return DM_ERR_INVALID_ARG;
 }
 
-/* desc.sockets_per_peer, else DISTMESH_SOCKETS_PER_PEER, else 1; bad values as for transport. */
+/* desc.sockets_per_peer, else DISTMESH_SOCKETS_PER_PEER (whose range is 1.._DM_TCP_MAX_SOCKETS),
+   else 1; bad values as for transport. */
 static dm_status _dm_tcp_parse_sockets(int given, int* out, char* err, size_t cap) {
-    const char* v = getenv("DISTMESH_SOCKETS_PER_PEER");
-    char* end = NULL;
-    long n;
     *out = 1;
     if (given != 0) {
         if (given >= 1 && given <= _DM_TCP_MAX_SOCKETS) { *out = given; return DM_OK; }
@@ -5818,13 +5816,7 @@ static dm_status _dm_tcp_parse_sockets(int given, int* out, char* err, size_t ca
                  _DM_TCP_MAX_SOCKETS);
         return DM_ERR_INVALID_ARG;
     }
-    if (!v || !*v) return DM_OK;
-    errno = 0;
-    n = strtol(v, &end, 10);
-    if (errno == 0 && end != v && *end == 0 && n >= 1 && n <= _DM_TCP_MAX_SOCKETS) { *out = (int)n; return DM_OK; }
-    snprintf(err, cap, "tcp: DISTMESH_SOCKETS_PER_PEER is \"%.40s\"; expected a whole number 1..%d", v,
-             _DM_TCP_MAX_SOCKETS);
-    return DM_ERR_ENV;
+    return _dm_cfg_int(_DM_CFG_SOCKETS_PER_PEER, out, err, cap);
 }
 
 static dm_status _dm_tcp_join(_dm_tcp_setup* s, dm_collective** out);
@@ -5843,6 +5835,7 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     if (!_dm_allocator_valid(&d.allocator))
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG,
                           "tcp: allocator needs both alloc_fn and free_fn, or neither");
+    _DM_TRY(_dm_cfg_check_create(&d.logger, d.timeout_ms, err, sizeof(err)));
     st = _dm_tcp_join_flag(d.join, &join, err, sizeof(err));
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
     st = dm_env_detect(&env);
@@ -5858,9 +5851,13 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     s.prefix = d.prefix ? d.prefix : "distmesh/";
     if (strlen(s.prefix) > 150)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: prefix longer than 150 bytes");
-    s.ifname = d.ifname ? d.ifname : getenv("DISTMESH_SOCKET_IFNAME");
+    s.ifname = d.ifname;
+    if (!d.ifname && (st = _dm_cfg_str(_DM_CFG_SOCKET_IFNAME, &s.ifname, err, sizeof(err))) != DM_OK)
+        return _dm_tcp_report(&d.logger, st, err);
     if (!s.ifname || !*s.ifname) s.ifname = getenv("GLOO_SOCKET_IFNAME");
-    s.token = d.token ? d.token : getenv("DISTMESH_TOKEN");
+    s.token = d.token;
+    if (!d.token && (st = _dm_cfg_str(_DM_CFG_TOKEN, &s.token, err, sizeof(err))) != DM_OK)
+        return _dm_tcp_report(&d.logger, st, err);
     if (s.token && strlen(s.token) > _DM_ST_TOKEN_MAX)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: token longer than %d bytes",
                           _DM_ST_TOKEN_MAX);
@@ -5881,8 +5878,10 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     if (!s.store) {
         _DM_ZERO(dm_store_desc, sd);
         const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
-        const char* u = d.store_url ? d.store_url : getenv("DISTMESH_STORE");
+        const char* u = d.store_url;
         bool from_launch = false, launch_server = false;
+        if (!u && (st = _dm_cfg_str(_DM_CFG_STORE, &u, err, sizeof(err))) != DM_OK)
+            return _dm_tcp_report(&d.logger, st, err);
         if ((!u || !*u) && (!env.master_addr[0] || env.master_port <= 0)) {
             dm_tcp_launch l;
             if (dm_tcp_launch_detect(&l) != DM_OK)
@@ -6235,13 +6234,12 @@ done:
 
 /* desc.join, else DISTMESH_JOIN ("0" or "1"; anything else is DM_ERR_ENV). */
 static dm_status _dm_tcp_join_flag(int given, bool* out, char* err, size_t cap) {
-    const char* v = getenv("DISTMESH_JOIN");
+    int v = 0;
     *out = given != 0;
-    if (given != 0 || !v || !*v || strcmp(v, "0") == 0) return DM_OK;
-    if (strcmp(v, "1") == 0) { *out = true; return DM_OK; }
-    snprintf(err, cap, "tcp: DISTMESH_JOIN is \"%.40s\"; expected 1 (join a running group as a newcomer) or 0",
-             v);
-    return DM_ERR_ENV;
+    if (given != 0) return DM_OK;
+    if (_dm_cfg_int(_DM_CFG_JOIN, &v, err, cap) != DM_OK) return DM_ERR_ENV;
+    *out = v != 0;
+    return DM_OK;
 }
 
 /* A newcomer's seat: parsed from its value, checked. */
@@ -6798,12 +6796,15 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_tcp_desc, td);
     dm_env env;
     dm_status st;
+    char err[DM_LAST_ERROR_SIZE];
+    int join = 0;
     if (!out) return DM_ERR_INVALID_ARG;
     *out = NULL;
     if (desc) d = *desc;
     st = dm_env_detect(&env);
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, env.error);
-    if (env.world_size > 1 || (getenv("DISTMESH_JOIN") && strcmp(getenv("DISTMESH_JOIN"), "1") == 0)) {
+    if ((st = _dm_cfg_int(_DM_CFG_JOIN, &join, err, sizeof(err))) != DM_OK) return _dm_tcp_report(&d.logger, st, err);
+    if (env.world_size > 1 || join) {
         td.rank = env.rank;
         td.world_size = env.world_size;
         td.timeout_ms = d.timeout_ms;
