@@ -51,10 +51,10 @@ CORE_COMPILE_TCP := $(CORE_DIR)/compile_c_gcc_tcp $(CORE_DIR)/compile_cpp_gxx_tc
 CORE_COMPILE_CHECKS += $(CORE_COMPILE_TCP)
 .PHONY: core-compile-tcp
 core-compile-tcp: $(CORE_COMPILE_TCP)
-$(CORE_DIR)/compile_c_gcc_tcp: tests/compile_c.c distmesh.h distmesh_tcp.h
+$(CORE_DIR)/compile_c_gcc_tcp: tests/compile_c.c distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	gcc $(CORE_C_STRICT) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
-$(CORE_DIR)/compile_cpp_gxx_tcp: tests/compile_cpp.cc distmesh.h distmesh_tcp.h
+$(CORE_DIR)/compile_cpp_gxx_tcp: tests/compile_cpp.cc distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	g++ $(CORE_CXX_STRICT) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 

@@ -13,7 +13,7 @@ SI_CFLAGS := -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(SI_NCCL_INC))
 SI_TEST_CFLAGS := $(SI_CFLAGS) -DDISTMESH_TCP $(UV_CFLAGS)
 TEST_BINS += $(SI_DIR)/test_nccl_standin
 
-$(SI_DIR)/impl.o: tests/impl.c distmesh.h distmesh_tcp.h distmesh_nccl.h
+$(SI_DIR)/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(SI_TEST_CFLAGS) -c $< -o $@
 $(SI_DIR)/stand_in_cuda_nccl.o: tests/stand_in_cuda_nccl.c tests/stand_in_cuda_nccl.h
@@ -27,7 +27,7 @@ $(SI_DIR)/test_nccl_standin: tests/test_nccl_standin.c tests/stand_in_cuda_nccl.
 
 ifneq ($(shell command -v clang 2>/dev/null),)
 EXTRA_BINS += $(SI_DIR)/compile_nccl_clang
-$(SI_DIR)/compile_nccl_clang: tests/impl.c distmesh.h distmesh_tcp.h distmesh_nccl.h
+$(SI_DIR)/compile_nccl_clang: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
 	clang -std=c11 $(WARN) $(OPT) -I. -pthread $(SI_CFLAGS) -c $< -o $@.c.o
 	clang -std=c11 $(WARN) $(OPT) -I. -pthread $(SI_CFLAGS) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@.tcp.o

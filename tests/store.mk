@@ -1,13 +1,13 @@
-# tcp-store fragment: the rendezvous stores (TCP server + client, file store) of distmesh_tcp.h.
+# store fragment: the rendezvous stores of distmesh_store.h (TCP server + client, file store).
 # tests/impl.c again with DISTMESH_TCP into $(BUILD)/store/, plus tests/test_store.c (cmocka) and
-# tests/test_store_quota.c (the server's memory quota, issue 18).
-# Registered once distmesh_tcp.h exists (it includes the store section).
+# tests/test_store_quota.c (the server's memory quota, issue 18). The server needs DISTMESH_TCP:
+# registered once distmesh_tcp.h exists.
 ifneq ($(wildcard distmesh_tcp.h),)
 STORE_TEST_BINS := $(BUILD)/store/test_store $(BUILD)/store/test_store_quota
 TEST_BINS += $(STORE_TEST_BINS)
 endif
 
-$(BUILD)/store/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
+$(BUILD)/store/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 
