@@ -401,6 +401,7 @@ _DM_PRIVATE const char* _dm_st_cause(int code, char* buf, size_t cap) {
     snprintf(buf, cap, "Unknown system error %d: Unknown system error %d", code, code);
     return buf;
 }
+
 /* >>store bytes  A growable byte buffer on an allocator (oom sticks until reset), little-endian
    integers, a hash, and c10d's decimal integers. */
 typedef struct _dm_stbuf {
