@@ -27,12 +27,13 @@ $(BUILD)/nccl/compile_cpp: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp
 	@mkdir -p $(dir $@)
 	$(CXX) -x c++ $(CXXFLAGS_ALL) $(NCCL_CFLAGS) -c $< -o $@.o && touch $@
 
-# The other two CUDA configurations, C and C++: NCCL alone (unique id from the caller, e.g. an
-# MPI bootstrap; no libuv) and the TCP backend taking device buffers without NCCL.
-$(BUILD)/nccl/compile_nccl_only: tests/impl.c distmesh.h distmesh_store.h distmesh_nccl.h
+# The other two CUDA configurations, C and C++: NCCL alone (the store's client and file store,
+# or a unique id from the caller, e.g. an MPI bootstrap; no libuv: tests/no_libuv/uv.h stops any
+# include of uv.h) and the TCP backend taking device buffers without NCCL.
+$(BUILD)/nccl/compile_nccl_only: tests/impl.c distmesh.h distmesh_store.h distmesh_nccl.h tests/no_libuv/uv.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(NCCL_INC)) -c $< -o $@.c.o
-	$(CXX) -x c++ $(CXXFLAGS_ALL) -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(NCCL_INC)) -c $< -o $@.cc.o
+	$(CC) -Itests/no_libuv $(CFLAGS_ALL) -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(NCCL_INC)) -c $< -o $@.c.o
+	$(CXX) -x c++ -Itests/no_libuv $(CXXFLAGS_ALL) -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(NCCL_INC)) -c $< -o $@.cc.o
 	@touch $@
 $(BUILD)/nccl/compile_tcp_cuda: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
