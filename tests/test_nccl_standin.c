@@ -749,7 +749,7 @@ static void test_standin_shrink_abort_interrupts_a_running_wait(void** state) {
     nothing_left();
 }
 
-/* >>store rendezvous  No unique id in the desc: rank 0 publishes its ncclGetUniqueId through the
+/* >>rendezvous  No unique id in the desc: rank 0 publishes its ncclGetUniqueId through the
    store under "<prefix>nccl_unique_id", every other rank reads it -- in a build without
    DISTMESH_TCP too. */
 static dm_collective* make_through(int world, int rank, dm_store* store, const char* prefix) {
