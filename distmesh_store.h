@@ -58,12 +58,15 @@
    released with dm_store_free. libuv allocates on its own.
 
    ADDING A STORE KIND
-   A kind is one operations table (_dm_store_ops, >>store object: open, close and one slot per
-   operation) and its functions, plus one line in _dm_store_kinds (>>store kinds) giving its URL
-   scheme and the url forms that messages list. The public functions (>>store public) do the
-   common work once -- argument and key checks, the prefix, the lock, the last error, a broken
-   connection -- and call the slot; nothing else changes. The tcp client (>>store tcp client,
-   >>store tcp ops) and the file store (>>store file io, >>store file ops) are the two kinds.
+   Write one table and its functions, and register its URL scheme: a `static const
+   _dm_store_ops` (>>store object: open, close and one slot per operation, initialised by
+   position) with the functions it names, in a section of its own; and one line in
+   _dm_store_kinds (>>store kinds): the scheme, the url forms that messages list, the table.
+   Nothing else changes: the public functions (>>store public) do the common work once --
+   argument and key checks, the prefix, the lock, the last error, a broken connection -- and
+   call the slot. The tcp client (>>store tcp client, >>store tcp ops) and the file store
+   (>>store file io, >>store file ops) are the two kinds to copy from; tests/test_store_kinds.c
+   runs every operation on each (add the new kind there too).
 
    PRIVATE PREFIXES
        _dm_store_  _DM_STORE_   the store object, the operations table, create, the public layer
