@@ -5,6 +5,8 @@
    a simulated world of N, or a real in-process world of N threads), a Mesh layer of named
    parallel dims, environment detection, and reduction kernels. Transports are opt-in:
 
+       distmesh_store.h  rendezvous store: c10d TCPStore client and server, file store (any of
+                         DISTMESH_TCP, DISTMESH_NCCL, DISTMESH_STORE; the server needs the first)
        distmesh_tcp.h    TCP ring backend on libuv, Gloo-style rendezvous      (DISTMESH_TCP)
        distmesh_nccl.h   NCCL backend, CUDA device buffers                      (DISTMESH_NCCL)
 
@@ -23,6 +25,8 @@
        DISTMESH_IMPLEMENTATION   emit the implementation in this TU               (off)
        DISTMESH_TCP              include distmesh_tcp.h (needs libuv)             (off)
        DISTMESH_NCCL             include distmesh_nccl.h (needs CUDA, NCCL)       (off)
+       DISTMESH_STORE            include distmesh_store.h alone: store client and
+                                 file store on libc (implied by the two above)   (off)
        DISTMESH_CUDA             TCP backend takes CUDA device buffers (cudart)   (on with NCCL)
        DM_API / DM_API_IMPL      decoration of declarations / definitions (extern / empty)
        DM_ASSERT(c)              our own invariants                               (assert)
@@ -8105,7 +8109,11 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
 
 #endif /* DISTMESH_IMPLEMENTATION */
 
-/* >>backends  Last, outside both guards: each sees the whole core and emits its own parts. */
+/* >>backends  Last, outside both guards: each sees the whole core and emits its own parts. The
+   store comes first: both backends rendezvous through it. */
+#if defined(DISTMESH_TCP) || defined(DISTMESH_NCCL) || defined(DISTMESH_STORE)
+#include "distmesh_store.h"
+#endif
 #if defined(DISTMESH_TCP)
 #include "distmesh_tcp.h"
 #endif

@@ -2,7 +2,9 @@
 
    Do not include this file directly: define DISTMESH_NCCL (as a -D flag, in every TU) and include
    distmesh.h, which includes this header last. Compile with CUDA's include directory and link
-   -lcudart -lnccl. Store rendezvous needs DISTMESH_TCP too (libuv); without it pass the unique id.
+   -lcudart -lnccl. The store (distmesh_store.h) comes with it for rendezvous; hosting the store
+   on rank 0 needs DISTMESH_TCP too (libuv), else use a store hosted elsewhere, a file store, or
+   pass the unique id.
 
    WHAT IT IS
    dm_nccl_create makes a communicator on this process's GPU (device = local rank % device count
@@ -106,7 +108,7 @@ typedef struct dm_nccl_desc {
                                    dm_shrink's fallback rendezvous: keep it alive as long as the
                                    collective and the ones shrunk from it */
     const char* store_url;      /* 0 -> DISTMESH_STORE, else tcp://MASTER_ADDR:MASTER_PORT (rank 0
-                                   hosts it); needs DISTMESH_TCP */
+                                   hosts it: needs DISTMESH_TCP, else DM_ERR_UNSUPPORTED) */
     const char* prefix;         /* 0 -> "distmesh_nccl/" */
     const void* unique_id;      /* DM_NCCL_UNIQUE_ID_BYTES from ncclGetUniqueId on rank 0, shared
                                    by the caller; 0 -> through the store */
@@ -1242,7 +1244,6 @@ static dm_status _dm_nccl_shrink_native(_dm_nccl* n, int* exclude, int n_exclude
 }
 /* The fallback: a new communicator of size ranks through the store (see above). */
 static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclComm_t* comm) {
-#if defined(DISTMESH_TCP)
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclUniqueId id;
     char key[200];
@@ -1281,12 +1282,6 @@ static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclCom
     else if (*comm) ncclCommAbort(*comm);
     if (st != DM_OK) *comm = NULL;
     return st;
-#else
-    (void)rank; (void)size; (void)comm;
-    return _DM_FAIL(&n->base, DM_ERR_UNSUPPORTED, "nccl: shrink #%llu needs %s, or a build with DISTMESH_TCP and "
-                    "desc.store to re-initialise through", (unsigned long long)n->base.seq,
-                    n->comm ? "ncclCommShrink (NCCL 2.27+)" : "a communicator that no failure aborted");
-#endif
 }
 static dm_status _dm_nccl_shrink_on(_dm_nccl* n, const bool* gone, int flags, dm_collective** out) {
     dm_collective* c = &n->base;
@@ -1341,11 +1336,10 @@ static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniq
         memcpy(id, d->unique_id, sizeof(*id));
         return DM_OK;
     }
-#if defined(DISTMESH_TCP)
     {
         dm_store* store = d->store;
         dm_store_desc sd;
-        char key[256];
+        char key[256], why[DM_LAST_ERROR_SIZE];
         void* value = NULL;
         size_t size = 0;
         dm_status st = DM_OK;
@@ -1358,8 +1352,8 @@ static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniq
             sd.timeout_ms = n->base.timeout_ms;
             sd.logger = n->base.logger;
             sd.allocator = n->base.allocator;
-            st = dm_store_create(&sd, &store);
-            if (st != DM_OK) return _DM_FAIL(&n->base, st, "nccl: store: %s", "could not reach the rendezvous store");
+            st = _dm_store_create_err(&sd, false, &store, why, sizeof(why));
+            if (st != DM_OK) return _DM_FAIL(&n->base, st, "nccl: store: %s", why);
         }
         if (n->base.rank == 0) {
             r = ncclGetUniqueId(id);
@@ -1396,11 +1390,6 @@ static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniq
         if (!d->store) dm_store_destroy(store);
         return st;
     }
-#else
-    (void)id;
-    return _DM_FAIL(&n->base, DM_ERR_INVALID_ARG,
-                    "nccl: no unique_id in the desc and no store (build with DISTMESH_TCP for store rendezvous)");
-#endif
 }
 
 /* Rank, world and local rank from the desc or the environment. */

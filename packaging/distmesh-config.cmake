@@ -1,6 +1,8 @@
 # distmesh CMake package (header-only). find_package(distmesh [COMPONENTS tcp nccl]) gives
 # INTERFACE targets; link one and every translation unit gets the include path and defines:
 #   distmesh::distmesh   the core: headers, pthreads, libm (Fake backend, Mesh, env detection)
+#   distmesh::store      + DISTMESH_STORE: the rendezvous store's client and file store, libc only
+#                        (tcp and nccl have the store too; hosting its server needs tcp)
 #   distmesh::tcp        + DISTMESH_TCP and libuv (pkg-config libuv, else libuv's own CMake
 #                        package, else find_library(uv))
 #   distmesh::nccl       + DISTMESH_NCCL, the CUDA runtime and NCCL (CUDAToolkit; NCCL from
@@ -19,6 +21,15 @@ if(NOT TARGET distmesh::distmesh)
     INTERFACE_INCLUDE_DIRECTORIES "${_dm_prefix}/include"
     INTERFACE_LINK_LIBRARIES "Threads::Threads;m")
 endif()
+
+# >>store: nothing beyond the core
+if(NOT TARGET distmesh::store)
+  add_library(distmesh::store INTERFACE IMPORTED)
+  set_target_properties(distmesh::store PROPERTIES
+    INTERFACE_COMPILE_DEFINITIONS "DISTMESH_STORE"
+    INTERFACE_LINK_LIBRARIES "distmesh::distmesh")
+endif()
+set(distmesh_store_FOUND TRUE)
 
 # >>tcp: libuv
 if(NOT TARGET distmesh::tcp)
@@ -88,9 +99,9 @@ else()
 endif()
 
 foreach(_dm_comp IN LISTS distmesh_FIND_COMPONENTS)
-  if(NOT _dm_comp MATCHES "^(tcp|nccl)$")
+  if(NOT _dm_comp MATCHES "^(store|tcp|nccl)$")
     set(distmesh_FOUND FALSE)
-    set(distmesh_NOT_FOUND_MESSAGE "unknown component \"${_dm_comp}\" (distmesh has tcp and nccl)")
+    set(distmesh_NOT_FOUND_MESSAGE "unknown component \"${_dm_comp}\" (distmesh has store, tcp and nccl)")
   elseif(NOT distmesh_${_dm_comp}_FOUND AND distmesh_FIND_REQUIRED_${_dm_comp})
     set(distmesh_FOUND FALSE)
     set(distmesh_NOT_FOUND_MESSAGE "component ${_dm_comp}: ${_dm_${_dm_comp}_why}")

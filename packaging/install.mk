@@ -1,6 +1,6 @@
 # `make install PREFIX=/usr/local DESTDIR=`: the headers, pkg-config files (distmesh.pc, and
-# distmesh-tcp.pc which adds -DDISTMESH_TCP) and a CMake package (distmesh::distmesh, ::tcp,
-# ::nccl). Header-only: nothing is compiled. `make uninstall` removes the same files.
+# distmesh-tcp.pc which adds -DDISTMESH_TCP) and a CMake package (distmesh::distmesh, ::store,
+# ::tcp, ::nccl). Header-only: nothing is compiled. `make uninstall` removes the same files.
 PREFIX  ?= /usr/local
 DESTDIR ?=
 INCLUDEDIR ?= $(PREFIX)/include
@@ -8,7 +8,7 @@ LIBDIR  ?= $(PREFIX)/lib
 DM_VERSION := $(shell sed -n 's/^\#define DISTMESH_VERSION "\(.*\)"/\1/p' distmesh.h)
 DM_VMAJOR  := $(word 1,$(subst ., ,$(DM_VERSION)))
 DM_VMINOR  := $(word 2,$(subst ., ,$(DM_VERSION)))
-DM_HEADERS := distmesh.h distmesh_tcp.h distmesh_nccl.h
+DM_HEADERS := distmesh.h distmesh_store.h distmesh_tcp.h distmesh_nccl.h
 DM_SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(DM_VERSION)|g' \
                -e 's|@MAJOR@|$(DM_VMAJOR)|g' -e 's|@MINOR@|$(DM_VMINOR)|g'
 

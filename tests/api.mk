@@ -6,7 +6,7 @@ API_TEST_BINS := $(BUILD)/api/test_api
 TEST_BINS += $(API_TEST_BINS)
 endif
 
-$(BUILD)/api/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
+$(BUILD)/api/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 

@@ -2,7 +2,8 @@
    DISTMESH_IMPLEMENTATION first in the TU (as distmesh.h asks: its POSIX feature macro must precede
    every system header), a stray second plain include that must emit nothing, and
    the address of every public function taken so a declaration without a definition fails to
-   link. Backends follow the -D flags of the build rule (tests/coretests.mk). */
+   link. Backends follow the -D flags of the build rule (tests/coretests.mk): none, DISTMESH_TCP,
+   or DISTMESH_STORE alone (the store without libuv). */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
 #include "distmesh.h" /* a stray second include emits nothing */
@@ -30,6 +31,12 @@ static const any_fn public_functions[] = {
     FN(dm_strategy_group) FN(dm_strategy_model_mesh) FN(dm_strategy_data_mesh)
     FN(dm_strategy_validate) FN(dm_strategy_last_error) FN(dm_sha256_init) FN(dm_sha256_update)
     FN(dm_sha256_final) FN(dm_sha256) FN(dm_hmac_sha256)
+#if defined(DISTMESH_STORE_H)   /* with DISTMESH_TCP, DISTMESH_NCCL or DISTMESH_STORE */
+    FN(dm_store_create) FN(dm_store_clone_prefixed) FN(dm_store_destroy) FN(dm_store_set) FN(dm_store_get)
+    FN(dm_store_free) FN(dm_store_wait) FN(dm_store_add) FN(dm_store_compare_set) FN(dm_store_delete)
+    FN(dm_store_check) FN(dm_store_num_keys) FN(dm_store_last_error) FN(dm_store_port) FN(dm_store_append)
+    FN(dm_store_multi_set) FN(dm_store_multi_get)
+#endif
 };
 #undef FN
 

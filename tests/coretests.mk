@@ -51,12 +51,36 @@ CORE_COMPILE_TCP := $(CORE_DIR)/compile_c_gcc_tcp $(CORE_DIR)/compile_cpp_gxx_tc
 CORE_COMPILE_CHECKS += $(CORE_COMPILE_TCP)
 .PHONY: core-compile-tcp
 core-compile-tcp: $(CORE_COMPILE_TCP)
-$(CORE_DIR)/compile_c_gcc_tcp: tests/compile_c.c distmesh.h distmesh_tcp.h
+$(CORE_DIR)/compile_c_gcc_tcp: tests/compile_c.c distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	gcc $(CORE_C_STRICT) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
-$(CORE_DIR)/compile_cpp_gxx_tcp: tests/compile_cpp.cc distmesh.h distmesh_tcp.h
+$(CORE_DIR)/compile_cpp_gxx_tcp: tests/compile_cpp.cc distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	g++ $(CORE_CXX_STRICT) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+
+# The store alone (DISTMESH_STORE: its client and file store on libc), with neither libuv's
+# flags nor its library; tests/no_libuv/uv.h first on the include path stops any include of uv.h.
+CORE_COMPILE_STORE := $(CORE_DIR)/compile_c_gcc_store $(CORE_DIR)/compile_cpp_gxx_store
+ifneq ($(CORE_CLANG),)
+CORE_COMPILE_STORE += $(CORE_DIR)/compile_c_clang_store
+endif
+ifneq ($(CORE_CLANGXX),)
+CORE_COMPILE_STORE += $(CORE_DIR)/compile_cpp_clangxx_store
+endif
+CORE_COMPILE_CHECKS += $(CORE_COMPILE_STORE)
+CORE_NO_UV := -Itests/no_libuv -DDISTMESH_STORE
+$(CORE_DIR)/compile_c_gcc_store: tests/compile_c.c distmesh.h distmesh_store.h tests/no_libuv/uv.h
+	@mkdir -p $(dir $@)
+	gcc $(CORE_NO_UV) $(CORE_C_STRICT) $< -o $@ $(LDLIBS_ALL)
+$(CORE_DIR)/compile_cpp_gxx_store: tests/compile_cpp.cc distmesh.h distmesh_store.h tests/no_libuv/uv.h
+	@mkdir -p $(dir $@)
+	g++ $(CORE_NO_UV) $(CORE_CXX_STRICT) $< -o $@ $(LDLIBS_ALL)
+$(CORE_DIR)/compile_c_clang_store: tests/compile_c.c distmesh.h distmesh_store.h tests/no_libuv/uv.h
+	@mkdir -p $(dir $@)
+	clang $(CORE_NO_UV) $(CORE_C_STRICT) $< -o $@ $(LDLIBS_ALL)
+$(CORE_DIR)/compile_cpp_clangxx_store: tests/compile_cpp.cc distmesh.h distmesh_store.h tests/no_libuv/uv.h
+	@mkdir -p $(dir $@)
+	clang++ $(CORE_NO_UV) $(CORE_CXX_STRICT) $< -o $@ $(LDLIBS_ALL)
 
 # Two TUs that include distmesh.h plainly, linked with impl.o into one cmocka program.
 $(CORE_DIR)/test_compile: $(CORE_DIR)/test_compile_a.o $(CORE_DIR)/test_compile_b.o \

@@ -6,7 +6,7 @@ SHRINK_TEST_BINS := $(BUILD)/shrink/test_shrink
 TEST_BINS += $(SHRINK_TEST_BINS)
 endif
 
-$(BUILD)/shrink/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
+$(BUILD)/shrink/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 

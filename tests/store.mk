@@ -1,13 +1,17 @@
-# tcp-store fragment: the rendezvous stores (TCP server + client, file store) of distmesh_tcp.h.
+# store fragment: the rendezvous stores of distmesh_store.h (TCP server + client, file store).
 # tests/impl.c again with DISTMESH_TCP into $(BUILD)/store/, plus tests/test_store.c (cmocka) and
-# tests/test_store_quota.c (the server's memory quota, issue 18).
-# Registered once distmesh_tcp.h exists (it includes the store section).
+# tests/test_store_quota.c (the server's memory quota, issue 18). The server needs DISTMESH_TCP:
+# registered once distmesh_tcp.h exists.
+# tests/test_store_kinds.c: every operation through each kind's table, built twice: with
+# DISTMESH_TCP, and with DISTMESH_STORE alone (no libuv flags nor library; tests/no_libuv/uv.h
+# first on the include path stops any include of uv.h), its server then store_tool in a child.
 ifneq ($(wildcard distmesh_tcp.h),)
-STORE_TEST_BINS := $(BUILD)/store/test_store $(BUILD)/store/test_store_quota
+STORE_TEST_BINS := $(BUILD)/store/test_store $(BUILD)/store/test_store_quota $(BUILD)/store/test_store_kinds \
+                   $(BUILD)/store/test_store_kinds_nouv
 TEST_BINS += $(STORE_TEST_BINS)
 endif
 
-$(BUILD)/store/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
+$(BUILD)/store/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 
@@ -18,6 +22,17 @@ $(BUILD)/store/test_store: tests/test_store.c $(BUILD)/store/impl.o
 $(BUILD)/store/test_store_quota: tests/test_store_quota.c tests/test_filter.h $(BUILD)/store/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/store/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
+
+$(BUILD)/store/test_store_kinds: tests/test_store_kinds.c tests/test_filter.h tests/test_tmpdir.h distmesh.h \
+                                 distmesh_store.h distmesh_tcp.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
+
+$(BUILD)/store/test_store_kinds_nouv: tests/test_store_kinds.c tests/test_filter.h tests/test_tmpdir.h distmesh.h \
+                                      distmesh_store.h tests/no_libuv/uv.h | $(BUILD)/fixtures/store_tool
+	@mkdir -p $(dir $@)
+	$(CC) -Itests/no_libuv $(CFLAGS_ALL) -DDISTMESH_STORE -DDM_STORE_TOOL='"$(CURDIR)/$(BUILD)/fixtures/store_tool"' \
+	    $< -o $@ $(LDLIBS_ALL) $(CMOCKA_LIBS)
 
 .PHONY: test-store
 test-store: $(STORE_TEST_BINS)

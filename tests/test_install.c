@@ -56,6 +56,7 @@ static int teardown(void** state) {
 static void test_install_layout(void** state) {
     (void)state;
     assert_int_equal(sh("test -f root/usr/include/distmesh.h && test -f root/usr/include/distmesh_tcp.h && "
+                        "test -f root/usr/include/distmesh_store.h && "
                         "test -f root/usr/include/distmesh_nccl.h && test -f root/usr/lib/pkgconfig/distmesh.pc && "
                         "test -f root/usr/lib/pkgconfig/distmesh-tcp.pc && "
                         "test -f root/usr/lib/cmake/distmesh/distmesh-config.cmake && "
@@ -88,7 +89,8 @@ static void test_install_cmake_consumer(void** state) {
     }
     assert_int_equal(sh("cmake -S %s/tests/consumer -B cm -DCMAKE_PREFIX_PATH=$PWD/root/usr "
                         "-DCMAKE_BUILD_TYPE=Release && cmake --build cm", DM_SRCDIR), 0);
-    assert_int_equal(sh("cm/consumer_core | grep -q \"core only\" && cm/consumer_tcp | grep -q \"tcp backend\""), 0);
+    assert_int_equal(sh("cm/consumer_core | grep -q \"core only\" && cm/consumer_tcp | grep -q \"tcp backend\" && "
+                        "cm/consumer_store | grep -q \"store compiled in\""), 0);
     /* asking for a component that does not exist fails with a message naming it */
     assert_int_equal(sh("mkdir -p bad && printf \"cmake_minimum_required(VERSION 3.14)\\nproject(x C)\\n"
                         "find_package(distmesh REQUIRED COMPONENTS nope)\\n\" > bad/CMakeLists.txt && "

@@ -16,7 +16,12 @@
    - dm_shrink (issue 18): ncclCommShrink with the excluded ranks and the flag mapped, the
      fallback re-initialisation through the store (an NCCL reported older than 2.27, or a
      communicator a failure already aborted), the parent left only destroyable, failures with a
-     status and message, and an operation on another thread interrupted by DM_SHRINK_ABORT. */
+     status and message, and an operation on another thread interrupted by DM_SHRINK_ABORT;
+   - the unique id through the store (rank 0 publishes it, the others read it).
+   Built twice (tests/nccl_standin.mk): with DISTMESH_TCP, the store a server hosted here; and
+   with DISTMESH_NCCL alone, no libuv flags nor library, the store a file store (the store comes
+   with the NCCL backend; only hosting one needs libuv, refused there with a message). */
+#define _GNU_SOURCE             /* mkdtemp, setenv */
 #include "distmesh.h"
 
 #include <cuda_runtime.h>
@@ -34,6 +39,7 @@
 
 #include <cmocka.h>
 #include "test_filter.h"
+#include "test_tmpdir.h"
 #include "stand_in_cuda_nccl.h"
 
 enum { CALLER_DEVICE = 0, N = 16 };
@@ -468,12 +474,21 @@ static void test_standin_sticky_cuda_error_aborts_and_settles(void** state) {
 }
 
 /* >>shrink */
-static dm_store* loopback_store(int timeout_ms) {
+static char g_dir[256];         /* the program's directory: file stores live in it */
+/* An empty store: hosted here with DISTMESH_TCP, else a file store in a new directory. */
+static dm_store* rendezvous_store(int timeout_ms) {
     dm_store_desc sd;
     dm_store* st = NULL;
     memset(&sd, 0, sizeof(sd));
+#if defined(DISTMESH_TCP)
     sd.url = "tcp://127.0.0.1:0";
     sd.is_server = true;
+#else
+    static int made;
+    char url[320];
+    snprintf(url, sizeof(url), "file://%s/store%d", g_dir, ++made);
+    sd.url = url;
+#endif
     sd.timeout_ms = timeout_ms;
     assert_int_equal(dm_store_create(&sd, &st), DM_OK);
     return st;
@@ -555,7 +570,7 @@ static void test_standin_shrink_falls_back_to_reinit_through_the_store(void** st
     float *a, *b;
     (void)state;
     si_reset();
-    store = loopback_store(2000);
+    store = rendezvous_store(2000);
     si_set_version(NCCL_VERSION(2, 26, 5));
 
     c = make_on(3, 1, 1, 5000, NULL, NULL);         /* no store */
@@ -662,7 +677,7 @@ static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
     dm_destroy(c);
 
     /* fallback: the new rank 0's id never arrives */
-    store = loopback_store(200);
+    store = rendezvous_store(200);
     si_set_version(NCCL_VERSION(2, 20, 0));
     c = make_on(3, 2, 2, 5000, store, "late/");
     CHECK_ST(c, DM_ERR_TIMEOUT, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
@@ -734,6 +749,102 @@ static void test_standin_shrink_abort_interrupts_a_running_wait(void** state) {
     nothing_left();
 }
 
+/* >>rendezvous  No unique id in the desc: rank 0 publishes its ncclGetUniqueId through the
+   store under "<prefix>nccl_unique_id", every other rank reads it -- in a build without
+   DISTMESH_TCP too. */
+static dm_collective* make_through(int world, int rank, dm_store* store, const char* prefix) {
+    dm_nccl_desc d;
+    dm_collective* c = NULL;
+    memset(&d, 0, sizeof(d));
+    d.rank = rank;
+    d.world_size = world;
+    d.store = store;
+    d.prefix = prefix;
+    d.cuda_device = 2;
+    d.timeout_ms = 5000;
+    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    if (dm_nccl_create(&d, &c) != DM_OK) fail_msg("dm_nccl_create through the store failed");
+    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    return c;
+}
+static void test_standin_unique_id_through_the_store(void** state) {
+    dm_collective* c;
+    dm_store* store;
+    unsigned char id[DM_NCCL_UNIQUE_ID_BYTES], first = 0;
+    void* value = NULL;
+    size_t len = 0;
+    int r = -1, n = -1;
+    (void)state;
+    si_reset();
+    store = rendezvous_store(2000);
+    /* rank 0 of 1 publishes the id it got from ncclGetUniqueId, and initialises with it */
+    c = make_through(1, 0, store, "rv0/");
+    assert_int_equal(si_count("ncclGetUniqueId"), 1);
+    CHECK_OK(NULL, dm_store_get(store, "rv0/nccl_unique_id", &value, &len));
+    assert_int_equal(len, DM_NCCL_UNIQUE_ID_BYTES);
+    si_comm_info(dm_native_handle(c), &r, &n, &first);
+    assert_int_equal(first, ((unsigned char*)value)[0]);
+    assert_int_not_equal(first, 0);
+    dm_store_free(store, value);
+    dm_destroy(c);
+    /* rank 1 of 2 reads what rank 0 published (here: the test) */
+    memset(id, 0, sizeof(id));
+    id[0] = 55;
+    CHECK_OK(NULL, dm_store_set(store, "rv1/nccl_unique_id", id, sizeof(id)));
+    c = make_through(2, 1, store, "rv1/");
+    si_comm_info(dm_native_handle(c), &r, &n, &first);
+    assert_int_equal(r, 1);
+    assert_int_equal(n, 2);
+    assert_int_equal(first, 55);
+    assert_int_equal(si_count("ncclGetUniqueId"), 1);
+    dm_destroy(c);
+    dm_store_destroy(store);
+    nothing_left();
+}
+
+#if !defined(DISTMESH_TCP)
+/* Without libuv, rank 0 cannot host the store its desc names: DM_ERR_UNSUPPORTED, and the
+   store's reason reaches the logger (not "could not reach the rendezvous store"). */
+static char g_log[1024];
+static dm_status g_log_status;
+static void capture_log(dm_log_level level, dm_status status, const char* msg, const char* file, int line, void* ud) {
+    (void)level; (void)file; (void)line; (void)ud;
+    g_log_status = status;
+    snprintf(g_log, sizeof(g_log), "%s", msg);
+}
+static void test_standin_hosting_the_store_needs_libuv(void** state) {
+    dm_nccl_desc d;
+    dm_collective* c = NULL;
+    (void)state;
+    si_reset();
+    unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+    memset(&d, 0, sizeof(d));
+    d.rank = 0;
+    d.world_size = 2;
+    d.store_url = "tcp://127.0.0.1:0";
+    d.cuda_device = 2;
+    d.timeout_ms = 2000;
+    d.logger.func = capture_log;
+    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    assert_int_equal(dm_nccl_create(&d, &c), DM_ERR_UNSUPPORTED);
+    assert_null(c);
+    assert_int_equal(g_log_status, DM_ERR_UNSUPPORTED);
+    if (!strstr(g_log, "nccl: store: tcp-store: server tcp://127.0.0.1:0: this build cannot host a store"))
+        fail_msg("log: %s", g_log);
+    assert_int_equal(si_count("ncclGetUniqueId"), 0);
+    nothing_left();
+}
+#endif
+
+static int group_setup(void** state) {
+    (void)state;
+    return tmpdir_make(g_dir, sizeof(g_dir), "dm_nccl_standin");
+}
+static int group_teardown(void** state) {
+    (void)state;
+    return tmpdir_remove(g_dir);
+}
+
 int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_standin_every_slot_runs_on_the_communicators_device),
@@ -747,8 +858,17 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_standin_shrink_falls_back_to_reinit_through_the_store),
         cmocka_unit_test(test_standin_failed_shrink_reports_and_leaks_nothing),
         cmocka_unit_test(test_standin_shrink_abort_interrupts_a_running_wait),
+        cmocka_unit_test(test_standin_unique_id_through_the_store),
+#if !defined(DISTMESH_TCP)
+        cmocka_unit_test(test_standin_hosting_the_store_needs_libuv),
+#endif
     };
     dm_test_filter(argc, argv);
-    printf("NCCL backend against a scripted stand-in for libcudart/libnccl (no GPU involved)\n");
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    printf("NCCL backend against a scripted stand-in for libcudart/libnccl (no GPU involved)%s\n",
+#if defined(DISTMESH_TCP)
+           ", with DISTMESH_TCP");
+#else
+           ", without DISTMESH_TCP (store: file, no libuv)");
+#endif
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

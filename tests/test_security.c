@@ -41,7 +41,7 @@
 
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
-#ifndef DISTMESH_TCP_STORE_DECL
+#if !defined(DISTMESH_STORE_H) || !defined(DISTMESH_TCP)
 #error "build with -DDISTMESH_TCP"
 #endif
 

@@ -1,4 +1,4 @@
-/* Tests of the rendezvous stores (the store section of distmesh_tcp.h): the c10d
+/* Tests of the rendezvous stores (distmesh_store.h): the c10d
    TCPStore wire protocol byte for byte (server against a raw socket, client against a scripted
    fake server, both from bytes recorded from torch 2.11, tests/fixtures/torch-2.11-wire.jsonl),
    every operation, concurrency (threads and forked processes), timeouts, malformed input, port 0,
@@ -30,8 +30,8 @@
 #include <unistd.h>
 
 #include "distmesh.h"
-#ifndef DISTMESH_TCP_STORE_DECL
-#error "build with -DDISTMESH_TCP: distmesh.h includes distmesh_tcp.h, which has the store section"
+#if !defined(DISTMESH_STORE_H) || !defined(DISTMESH_TCP)
+#error "build with -DDISTMESH_TCP: distmesh.h then includes distmesh_store.h with its server"
 #endif
 
 #define CHECK(c) assert_true(c)
@@ -350,7 +350,7 @@ static void fake_server_join(fake_server* f) {
 
 static void test_client_wire_matches_torch(void** state) {
     /* the same fixtures, with our PING nonce: our pid (torch uses getpid() too), marked as a
-       distmesh client's in its top byte (distmesh_tcp.h, >>store wire) */
+       distmesh client's in its top byte (distmesh_store.h, >>store wire) */
     static wire_step steps[sizeof(k_torch_wire) / sizeof(k_torch_wire[0])];
     char connect_c2s[64], connect_s2c[16];
     fake_server f;

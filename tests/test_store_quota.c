@@ -1,6 +1,6 @@
 /* The store server's memory quota (issue 18, item 4): it charges what it holds (keys, values,
    bounded per-connection buffers), refuses the client that would go over it with a reason that
-   client reads (a notice, distmesh_tcp.h >>store wire), and keeps serving everyone else.
+   client reads (a notice, distmesh_store.h >>store wire), and keeps serving everyone else.
    - the reproduction from the issue: DISTMESH_STORE_MAX_TOTAL=128 MiB, SET of a 64 MiB value
      (it was refused for a 128 MiB buffer, then the server thread called a NULL function);
    - a large GET's reply written from the value while the value is replaced and deleted;
@@ -27,8 +27,8 @@
 #include <unistd.h>
 
 #include "distmesh.h"
-#ifndef DISTMESH_TCP_STORE_DECL
-#error "build with -DDISTMESH_TCP: distmesh.h includes distmesh_tcp.h, which has the store section"
+#if !defined(DISTMESH_STORE_H) || !defined(DISTMESH_TCP)
+#error "build with -DDISTMESH_TCP: distmesh.h then includes distmesh_store.h with its server"
 #endif
 
 #define CHECK(c) assert_true(c)

@@ -6,7 +6,7 @@ TRACE_TEST_BINS := $(BUILD)/trace/test_trace
 TEST_BINS += $(TRACE_TEST_BINS)
 endif
 
-$(BUILD)/trace/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
+$(BUILD)/trace/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 

@@ -19,8 +19,20 @@ int main(void) {
         dm_destroy(c);
         return 1;
     }
-#ifdef DISTMESH_TCP
+#if defined(DISTMESH_TCP)
     printf("consumer ok: distmesh %s, tcp backend compiled in\n", DISTMESH_VERSION);
+#elif defined(DISTMESH_STORE_H)
+    {   /* the store alone: linked, and refusing a url no store kind takes */
+        dm_store* s = NULL;
+        dm_store_desc d = {0};
+        d.url = "nostore://here";
+        if (dm_store_create(&d, &s) != DM_ERR_INVALID_ARG || s != NULL || dm_store_port(s) != 0) {
+            fprintf(stderr, "consumer: store: an unknown url was not refused\n");
+            dm_destroy(c);
+            return 1;
+        }
+    }
+    printf("consumer ok: distmesh %s, store compiled in\n", DISTMESH_VERSION);
 #else
     printf("consumer ok: distmesh %s, core only\n", DISTMESH_VERSION);
 #endif
