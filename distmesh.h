@@ -1613,8 +1613,6 @@ _DM_PRIVATE int _dm_timeout_logged(int desc_timeout_ms, const dm_logger* lg) {
     ms = _dm_cfg_int_logged(_DM_CFG_TIMEOUT, lg);
     return ms != 0 ? ms : DM_DEFAULT_TIMEOUT_MS;
 }
-/* The store's (distmesh_tcp.h) until it reads through _dm_cfg_timeout. */
-_DM_PRIVATE int _dm_resolve_timeout(int desc_timeout_ms) { return _dm_timeout_logged(desc_timeout_ms, NULL); }
 /* What every create checks first: the variables a collective reads after it is made (trace,
    flight recorder, object limit: >>config registry's CORE rows), and DISTMESH_TIMEOUT when the
    desc leaves the deadline to it. DM_ERR_ENV, recorded in err and logged. */

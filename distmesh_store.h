@@ -3033,44 +3033,34 @@ _DM_PRIVATE dm_status _dm_store_bad_url(dm_store* s, const char* url) {
 /* >>store create  The desc and the environment resolved (url, timeout, token, the server's
    bounds), then the kind's open. */
 
-/* A size in bytes from the desc, else the environment (decimal bytes, optional K/M/G suffix),
-   else the default. false with a message for a malformed variable. */
-_DM_PRIVATE bool _dm_store_size_opt(size_t desc_v, const char* env, size_t dflt, size_t* out,
-                                    char* err, size_t cap) {
-    const char* v = getenv(env);
-    char* end = NULL;
-    unsigned long long n;
-    if (desc_v) { *out = desc_v; return true; }
-    if (!v || !*v) { *out = dflt; return true; }
-    errno = 0;
-    n = strtoull(v, &end, 10);
-    if (end && (*end == 'K' || *end == 'k')) { n <<= 10; end++; }
-    else if (end && (*end == 'M' || *end == 'm')) { n <<= 20; end++; }
-    else if (end && (*end == 'G' || *end == 'g')) { n <<= 30; end++; }
-    if (errno || end == v || *end || n == 0 || n > (unsigned long long)(SIZE_MAX / 4) || v[0] == '-') {
-        snprintf(err, cap, "%s=\"%.40s\" is not a positive number of bytes (K, M, G suffixes allowed)", env, v);
-        return false;
-    }
-    *out = (size_t)n;
-    return true;
+/* A size in bytes from the desc, else its variable (>>config registry, distmesh.h: bytes with
+   optional K/M/G suffixes), else dflt (for a variable whose registry default is none). */
+_DM_PRIVATE dm_status _dm_store_size_opt(size_t desc_v, _dm_cfg_id id, size_t dflt, size_t* out,
+                                         char* err, size_t cap) {
+    uint64_t v = 0;
+    if (desc_v) { *out = desc_v; return DM_OK; }
+    if (_dm_cfg_bytes(id, &v, err, cap) != DM_OK) return DM_ERR_ENV;
+    *out = v ? (size_t)v : dflt;
+    return DM_OK;
 }
 /* The server's bounds and the token, from the desc and the environment. */
 _DM_PRIVATE dm_status _dm_store_limits_resolve(const dm_store_desc* d, _dm_store_limits* L, char* err, size_t cap) {
-    const char* tok = d->token ? d->token : getenv("DISTMESH_TOKEN");
-    size_t stall = 0;
+    const char* tok = d->token;
+    int stall = d->stall_ms;
     memset(L, 0, sizeof(*L));
+    if (!tok && _dm_cfg_str(_DM_CFG_TOKEN, &tok, err, cap) != DM_OK) return DM_ERR_ENV;
     if (tok && strlen(tok) > _DM_ST_TOKEN_MAX) {
         snprintf(err, cap, "token longer than %d bytes", _DM_ST_TOKEN_MAX);
         return DM_ERR_INVALID_ARG;
     }
     if (tok) { L->token_len = strlen(tok); memcpy(L->token, tok, L->token_len); }
-    if (!_dm_store_size_opt(d->max_value, "DISTMESH_STORE_MAX_VALUE", DM_STORE_MAX_VALUE, &L->max_value, err, cap) ||
-        !_dm_store_size_opt(d->max_conn_bytes, "DISTMESH_STORE_MAX_CONN", 2 * L->max_value + ((size_t)1 << 20),
-                            &L->max_conn, err, cap) ||
-        !_dm_store_size_opt(d->max_total_bytes, "DISTMESH_STORE_MAX_TOTAL", _DM_ST_MAX_TOTAL, &L->max_total, err, cap) ||
-        !_dm_store_size_opt(d->stall_ms > 0 ? (size_t)d->stall_ms : 0, "DISTMESH_STORE_STALL_MS", 30000, &stall, err, cap))
+    if (_dm_store_size_opt(d->max_value, _DM_CFG_STORE_MAX_VALUE, DM_STORE_MAX_VALUE, &L->max_value, err, cap) ||
+        _dm_store_size_opt(d->max_conn_bytes, _DM_CFG_STORE_MAX_CONN, 2 * L->max_value + ((size_t)1 << 20),
+                           &L->max_conn, err, cap) ||
+        _dm_store_size_opt(d->max_total_bytes, _DM_CFG_STORE_MAX_TOTAL, _DM_ST_MAX_TOTAL, &L->max_total, err, cap) ||
+        (stall <= 0 && _dm_cfg_int(_DM_CFG_STORE_STALL_MS, &stall, err, cap) != DM_OK))
         return DM_ERR_ENV;
-    L->stall_ms = stall > INT32_MAX ? INT32_MAX : (int)stall;
+    L->stall_ms = stall;
     return DM_OK;
 }
 
@@ -3093,7 +3083,9 @@ _DM_PRIVATE dm_status _dm_store_create_err(const dm_store_desc* desc, bool share
     if (desc) d = *desc;
     if (!_dm_allocator_valid(&d.allocator))
         return _DM_REPORT(&d.logger, err, cap, DM_ERR_INVALID_ARG, "tcp-store: allocator needs both functions or neither");
-    u = d.url ? d.url : getenv("DISTMESH_STORE");
+    u = d.url;
+    if (!u && _dm_cfg_str(_DM_CFG_STORE, &u, msg, sizeof(msg)) != DM_OK)
+        return _DM_REPORT(&d.logger, err, cap, DM_ERR_ENV, "tcp-store: %s", msg);
     if (u && *u) {
         snprintf(url, sizeof(url), "%s", u);
     } else {
@@ -3115,13 +3107,13 @@ _DM_PRIVATE dm_status _dm_store_create_err(const dm_store_desc* desc, bool share
     s->sh = sh;
     s->logger = d.logger;
     s->allocator = d.allocator;
-    s->timeout_ms = _dm_resolve_timeout(d.timeout_ms);
     sh->allocator = d.allocator;
     sh->refs = 1;
     pthread_mutex_init(&sh->mu, NULL);
     {
         char what[200];
-        if ((st = _dm_store_limits_resolve(&d, &lim, what, sizeof(what))) != DM_OK) {
+        if ((st = _dm_cfg_timeout(d.timeout_ms, &s->timeout_ms, what, sizeof(what))) != DM_OK ||
+            (st = _dm_store_limits_resolve(&d, &lim, what, sizeof(what))) != DM_OK) {
             _DM_REPORT(&d.logger, err, cap, st, "tcp-store: %s", what);
             goto fail;
         }

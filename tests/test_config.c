@@ -403,6 +403,35 @@ static void test_config_tcp_creates_fail(void** state) {
     tmpdir_remove(dir);
 }
 
+/* The store's own variables, read by dm_store_create (a file store: no server, no process). */
+static void store_create_fails(const char* var, const char* value, const char* want) {
+    dm_store_desc d;
+    dm_store* s = NULL;
+    char dir[200], url[260];
+    assert_int_equal(tmpdir_make(dir, sizeof(dir), "dm_config_store"), 0);
+    snprintf(url, sizeof(url), "file://%s", dir);
+    memset(&d, 0, sizeof(d));
+    d.url = url;
+    d.logger.func = capture_log;
+    g_logged[0] = 0;
+    set(var, value);
+    assert_int_equal(dm_store_create(&d, &s), DM_ERR_ENV);
+    assert_null(s);
+    must_contain(g_logged, want);
+    unsetenv(var);
+    if (dm_store_create(&d, &s) != DM_OK) fail_msg("store create: %s", g_logged);
+    dm_store_destroy(s);
+    tmpdir_remove(dir);
+}
+static void test_config_store_creates_fail(void** state) {
+    (void)state;
+    store_create_fails("DISTMESH_STORE_MAX_VALUE", "12Q", "env: DISTMESH_STORE_MAX_VALUE=\"12Q\"");
+    store_create_fails("DISTMESH_STORE_MAX_CONN", "0", "env: DISTMESH_STORE_MAX_CONN=\"0\"");
+    store_create_fails("DISTMESH_STORE_MAX_TOTAL", "-5", "env: DISTMESH_STORE_MAX_TOTAL=\"-5\"");
+    store_create_fails("DISTMESH_STORE_STALL_MS", "30K", "env: DISTMESH_STORE_STALL_MS=\"30K\"");
+    store_create_fails("DISTMESH_TIMEOUT", "soon", "env: DISTMESH_TIMEOUT=\"soon\"");
+}
+
 /* ---- README's table, the headers' getenv sites ---- */
 static char* slurp(const char* name) {
     char path[600];
@@ -529,9 +558,9 @@ static void check_header(const char* file, const char* checked_from, bool must_e
 static void test_config_headers_read_through_registry(void** state) {
     (void)state;
     check_header("distmesh.h", NULL, true);
-    check_header("distmesh_tcp.h", "/* >>tcp desc", true);
+    check_header("distmesh_tcp.h", NULL, true);
     check_header("distmesh_nccl.h", NULL, true);
-    check_header("distmesh_store.h", "", false);    /* until the store reads through the registry */
+    check_header("distmesh_store.h", NULL, true);
 }
 
 #define T(f) cmocka_unit_test_setup(f, clean_env)
@@ -548,6 +577,7 @@ int main(int argc, char** argv) {
         T(test_config_reads_the_environment),
         T(test_config_fake_creates_fail),
         T(test_config_tcp_creates_fail),
+        T(test_config_store_creates_fail),
         T(test_config_readme_table),
         T(test_config_headers_read_through_registry),
     };
