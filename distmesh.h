@@ -3940,7 +3940,7 @@ static void _dm_fake_fold(const dm_collective* c, void* dst, const void* src, si
         if (op == DM_MEAN) dm_divide_local(dtype, d, m, c->size);
     }
 }
-/* The value recursive doubling (>>schedules, _dm_lk_rd) computes when every rank holds
+/* The value recursive doubling (>>recursive doubling, _dm_lk_rd) computes when every rank holds
    x, per block of m elements: ranks folded into pairs hold A = x op x, the others B = x; each
    round combines aligned groups of newranks two halves at a time. A group wholly below rem
    holds A_k, wholly above B_k, and at most one group per level straddles rem: S. */
@@ -4150,7 +4150,9 @@ DM_API_IMPL dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** o
    schedule below (recursive doubling, rings, chain broadcast, dissemination barrier) is written
    once over links and driven by one engine, so whatever carries the bytes (sockets, rings in
    shared memory between processes, rings in the heap between threads) the steps and the order
-   in which values are reduced are the same, and so are the results, bit for bit. */
+   in which values are reduced are the same, and so are the results, bit for bit.
+   Here: the ops table every transport fills (_dm_link_vt), the bell that wakes a rank asleep
+   on memory links, and the abort word the ranks of one host share. */
 typedef struct _dm_link _dm_link;
 /* One piece of a gathered send (_dm_link_vt.sendv). */
 typedef struct _dm_iov { const void* buf; size_t len; } _dm_iov;
@@ -4227,14 +4229,15 @@ _DM_PRIVATE void _dm_bell_announced(const _dm_bell_ops* ops) {
    status: 0 none yet, 1 while the message is being written, else the dm_status. */
 typedef struct _dm_abort { int32_t status, rank; char msg[248]; } _dm_abort;
 
-/* >>rings  One direction between two ranks: bytes [tail, head) of the stream sit in
-   data[pos & (cap - 1)]. Only the sender moves head, only the receiver moves tail.
-   A small publish (at most _DM_RING_INLINE bytes, a multiple of 8) is also copied into head's
-   cache line (inl, tagged with its stream position and length), so a reader that finds it at
-   its tail takes the bytes with head: one transfer between cores instead of two (head's line,
-   then the data's). The copy is a seqlock (Boehm's, as the flight recorder's ring): a reader
-   keeps what it copied only when the tag read before and after is the same. Bytes at a stream
-   position never change, so a tag, however old, is right about the bytes it names. */
+/* >>memory rings  The link between two ranks that share memory (shared memory between processes,
+   the heap between threads): one ring per direction. A ring holds bytes [tail, head) of the stream
+   in data[pos & (cap - 1)]. Only the sender moves head, only the receiver moves tail. A small
+   publish (at most _DM_RING_INLINE bytes, a multiple of 8) is also copied into head's cache line
+   (inl, tagged with its stream position and length), so a reader that finds it at its tail takes
+   the bytes with head: one transfer between cores instead of two (head's line, then the data's).
+   The copy is a seqlock (Boehm's, as the flight recorder's ring): a reader keeps what it copied
+   only when the tag read before and after is the same. Bytes at a stream position never change, so
+   a tag, however old, is right about the bytes it names. */
 #define _DM_RING_INLINE 48
 typedef struct _dm_ring {
     uint64_t head;
@@ -4270,7 +4273,7 @@ typedef struct _dm_memlink {
     int side_fd;                /* shm: a socket to the peer whose end says it died; else -1 */
 } _dm_memlink;
 
-/* The n bytes just written at stream position pos, again into head's line (see >>rings). */
+/* The n bytes just written at stream position pos, again into head's line (see >>memory rings). */
 _DM_PRIVATE void _dm_ring_put_inline(_dm_memlink* m, uint64_t pos, size_t n) {
     uint64_t w[_DM_RING_INLINE / 8];
     size_t at = (size_t)pos & (m->cap - 1), first = m->cap - at < n ? m->cap - at : n, i;
@@ -4486,48 +4489,12 @@ _DM_PRIVATE dm_status _dm_fp_mismatch(dm_collective* c, const char* tag, int me,
                     tag, me, a, peer, b);
 }
 
-/* Segment s of count elements split in parts near-equal parts: the first count % parts get one
-   more. Ring blocks and the threaded world's shares. */
-_DM_PRIVATE void _dm_segment(size_t count, int parts, int s, size_t* off, size_t* len) {
-    size_t base = count / (size_t)parts, extra = count % (size_t)parts, si = (size_t)s;
-    *off = si * base + (si < extra ? si : extra);
-    *len = base + (si < extra ? 1 : 0);
-}
-_DM_PRIVATE int _dm_mod(int a, int n) { return ((a % n) + n) % n; }
-
-/* >>engine  The state one group's schedules run on, and the failure rule: every failure while
-   communicating breaks the group; later calls fail at once. */
-#define _DM_LK_IO_MAX      ((size_t)1 << 30)   /* bytes per link call (2 GiB+ messages) */
-#define _DM_LK_SPIN_US     5                   /* see _dm_lk_set_policy */
-/* A point-to-point message that arrived before the dm_recv asking for it (see >>p2p). */
-typedef struct _dm_umsg {
-    struct _dm_umsg* next;
-    int peer;
-    _dm_fp fp;                  /* its header: dtype, count, tag (root), number (seq) */
-    size_t bytes;
-    unsigned char* data;
-} _dm_umsg;
-/* What a peer sends between collectives, read at the boundaries: a point-to-point message
-   (header, payload, padding) or the next collective's fingerprint, which stays in hdr until
-   that collective's first recv step takes it (fp_ready). State survives between calls: a send
-   that reads while it waits may stop anywhere in a message. */
-typedef struct _dm_inbox {
-    unsigned char hdr[32];
-    size_t hfill;               /* header bytes read */
-    bool fp_ready;              /* hdr is a collective's fingerprint, not yet taken */
-    bool payload;               /* reading a payload (into msg->data, or a dm_recv's buffer) */
-    _dm_umsg* msg;              /* the unexpected message being filled, or NULL */
-    unsigned char* dst;
-    size_t len, fill, pad, padfill;
-} _dm_inbox;
-/* >>layout  Which ranks share a host, as the schedules see it: hosts numbered by first
-   appearance, each host's ranks in rank order. One host (every rank) unless the backend says
-   otherwise (_dm_lk_set_hosts). All arrays live in one allocation owned by the _dm_lk. */
-/* The algorithms a group may run, and DISTMESH_ALGO's names for them. A family (flat,
-   two_level) forces the level and leaves ring or recursive doubling to the cost model; an
-   algorithm forces both where it can run (a ring needs at least one element per rank of its
+/* >>algorithms  The algorithms a group may run, and DISTMESH_ALGO's names for them. A family
+   (flat, two_level) forces the level and leaves ring or recursive doubling to the cost model;
+   an algorithm forces both where it can run (a ring needs at least one element per rank of its
    ring; else its family's other form runs). Collectives without a ring and an rd form
-   (broadcast, barrier, all_gather, reduce_scatter) follow the family. */
+   (broadcast, barrier, all_gather, reduce_scatter) follow the family. Read once when a group's
+   engine is made (_dm_lk_init); the choice (>>choice) honours it. */
 enum {
     _DM_ALGO_AUTO = 0, _DM_ALGO_FLAT, _DM_ALGO_TWO_LEVEL,
     _DM_ALGO_FLAT_RING, _DM_ALGO_FLAT_RD, _DM_ALGO_TWO_LEVEL_RING, _DM_ALGO_TWO_LEVEL_RD, _DM_ALGO_COUNT
@@ -4548,6 +4515,37 @@ _DM_PRIVATE dm_status _dm_algo_from_env(int* out, char* err, size_t cap) {
     return DM_ERR_ENV;
 }
 
+/* >>engine  The state one group's schedules run on (_dm_lk: its links, scratch, host layout,
+   broken state and the backend's hooks), made and released here, the wait policy, and the
+   transfer a schedule hands the engine (_dm_xfer: a stream of send steps and one of recv
+   steps). The failure rule, the inbox, the pump and the loop follow in their own sections. */
+
+#define _DM_LK_IO_MAX      ((size_t)1 << 30)   /* bytes per link call (2 GiB+ messages) */
+#define _DM_LK_SPIN_US     5                   /* see _dm_lk_set_policy */
+/* A point-to-point message that arrived before the dm_recv asking for it (see >>engine inbox). */
+typedef struct _dm_umsg {
+    struct _dm_umsg* next;
+    int peer;
+    _dm_fp fp;                  /* its header: dtype, count, tag (root), number (seq) */
+    size_t bytes;
+    unsigned char* data;
+} _dm_umsg;
+/* What a peer sends between collectives, read at the boundaries: a point-to-point message
+   (header, payload, padding) or the next collective's fingerprint, which stays in hdr until
+   that collective's first recv step takes it (fp_ready). State survives between calls: a send
+   that reads while it waits may stop anywhere in a message. */
+typedef struct _dm_inbox {
+    unsigned char hdr[32];
+    size_t hfill;               /* header bytes read */
+    bool fp_ready;              /* hdr is a collective's fingerprint, not yet taken */
+    bool payload;               /* reading a payload (into msg->data, or a dm_recv's buffer) */
+    _dm_umsg* msg;              /* the unexpected message being filled, or NULL */
+    unsigned char* dst;
+    size_t len, fill, pad, padfill;
+} _dm_inbox;
+/* Which ranks share a host, as the schedules see it: hosts numbered by first
+   appearance, each host's ranks in rank order. One host (every rank) unless the backend says
+   otherwise (_dm_lk_set_hosts). All arrays live in one allocation owned by the _dm_lk. */
 typedef struct _dm_layout {
     int H;                      /* hosts */
     int Lmin, Lmax;             /* fewest and most ranks on one host */
@@ -4585,14 +4583,14 @@ typedef struct _dm_lk {
     void (*notice_post)(struct _dm_lk* lk, dm_status st, const char* msg);
     dm_status (*notice_read)(struct _dm_lk* lk, int* rank, char* msg, size_t cap);
     bool adopting;              /* breaking because of another rank's notice: do not re-post */
-    _dm_inbox* inbox;           /* per rank (>>p2p) */
+    _dm_inbox* inbox;           /* per rank (>>engine inbox) */
     _dm_umsg *uhead, *utail;    /* unexpected messages in arrival order */
     size_t ubytes;              /* their bytes, bounded by DISTMESH_MAX_OBJECT_BYTES */
     uint64_t* sent;             /* per rank: point-to-point messages sent to it (their number) */
     struct pollfd* pfds;        /* size + 2 x _DM_LK_XFER_MAX + _DM_LK_SERVICE_FDS entries for _dm_lk_block */
-    _dm_layout lay;             /* which ranks share a host (>>layout) */
+    _dm_layout lay;             /* which ranks share a host */
     int algo;                   /* DISTMESH_ALGO: _DM_ALGO_AUTO or the family / algorithm forced */
-    /* >>peers bookkeeping. dry: transfers record their peers in `used` and move nothing.
+    /* P's bookkeeping (>>peers). dry: transfers record their peers in `used` and move nothing.
        peers (optional): P, the peers of this rank's fixed-peer schedules; a transfer of such a
        schedule (not on_demand) with a peer outside it is DM_ERR_INTERNAL, so a schedule that
        changes without _dm_lk_peers is caught by the tests. */
@@ -4734,6 +4732,85 @@ _DM_PRIVATE void _dm_lk_set_policy(_dm_lk* lk, int local) {
     lk->yield_us = own_core ? 1000 : 200;
 }
 
+/* The transport a group uses: the name shared by all its links, or "a+b" for a mix. */
+_DM_PRIVATE const char* _dm_lk_transport(const _dm_lk* lk, char* buf, size_t cap) {
+    const char* first = NULL;
+    int r;
+    for (r = 0; r < lk->c->size; r++) {
+        const char* n;
+        if (!lk->links || !lk->links[r]) continue;
+        n = lk->links[r]->vt->name;
+        if (!first) first = n;
+        else if (strcmp(first, n) != 0) {
+            snprintf(buf, cap, "%s+%s", strcmp(first, "shm") == 0 ? first : n, strcmp(first, "shm") == 0 ? n : first);
+            return buf;
+        }
+    }
+    return first ? first : "self";
+}
+
+/* A transfer: a stream of send steps to one peer and a stream of recv steps from another (or
+   the same) peer. A send step may be gated by a recv step: it sends only the bytes of that
+   step already final, which is how ring steps forward data the moment it is reduced (chunked
+   pipelining across steps). A recv step either lands straight in its buffer or, with `own`
+   set, is reduced as it arrives: buf = own op received, read in place from links that can
+   peek, else through one chunk of scratch. */
+typedef struct _dm_sstep {
+    const unsigned char* buf;
+    size_t len;
+    int gate;                   /* recv step whose final bytes bound this step's, or -1 */
+    int after_recvs;            /* > 0: starts only once recv steps 0..after_recvs-1 are done */
+} _dm_sstep;
+typedef struct _dm_rstep {
+    unsigned char* buf;
+    size_t len;
+    const unsigned char* own;   /* reduce mode: buf = own op received (own may equal buf) */
+    int after_send;             /* send step that must have sent bytes before buf is written, or -1 */
+    int divide;                 /* > 0: dm_divide_local each reduced piece by this (MEAN) */
+} _dm_rstep;
+typedef struct _dm_xfer {
+    const char* op;             /* for messages */
+    int speer, rpeer;           /* ranks, -1 for none */
+    _dm_sstep* ss;
+    int ns;
+    _dm_rstep* rs;
+    int nr;
+    dm_dtype dtype;
+    dm_reduce_op rop;
+    const _dm_fp* expect;       /* when set, recv step 0 is a fingerprint to compare with it */
+    bool inbox;                 /* also read rpeer's inbox (>>engine inbox): into want, else unexpected */
+    struct _dm_want* want;      /* a dm_recv: done once its message is in place */
+    unsigned char* tmp;         /* scratch for reductions through it (chunk bytes), NULL: lk->tmp;
+                                   transfers run together (_dm_lk_run_n) each need their own */
+} _dm_xfer;
+typedef struct _dm_want {
+    int tag;
+    dm_dtype dtype;
+    size_t count;
+    unsigned char* buf;
+    bool done;
+} _dm_want;
+
+/* Where the two streams stand. */
+typedef struct _dm_xstate {
+    int si, ri;                 /* current send / recv step */
+    size_t so;                  /* bytes of send step si sent */
+    size_t rdone;               /* bytes of recv step ri final */
+    size_t tfill;               /* bytes of the current scratch piece received */
+    size_t spad, rpad;          /* padding bytes sent / skipped after the current steps */
+    bool want_out, want_in;     /* the last attempt would have blocked */
+} _dm_xstate;
+/* Padding after a step of len bytes on link l (see _dm_link_vt.align). */
+_DM_PRIVATE size_t _dm_lk_pad(const _dm_link* l, size_t len) {
+    size_t a = l->vt->align;
+    return a ? (a - len % a) % a : 0;
+}
+
+/* >>engine failure  Every failure while communicating breaks the group, and later calls fail at
+   once. The rank that sees a failure first tells the others (the backend's notice, the abort
+   word of its host, its links shut down); a rank that learns of it from them adopts its status
+   and message, so every rank reports the cause. A failed link call and a fingerprint that does
+   not match break the group here too. */
 
 /* Posts the first failure into the shared abort word and wakes every same-host rank. */
 _DM_PRIVATE void _dm_lk_post_abort(_dm_lk* lk, dm_status st) {
@@ -4798,58 +4875,6 @@ _DM_PRIVATE dm_status _dm_lk_check_broken(_dm_lk* lk, const char* op) {
                     lk->tag, op, (unsigned long long)lk->c->seq, dm_status_name(lk->broken), lk->broken_msg);
 }
 
-/* A transfer: a stream of send steps to one peer and a stream of recv steps from another (or
-   the same) peer. A send step may be gated by a recv step: it sends only the bytes of that
-   step already final, which is how ring steps forward data the moment it is reduced (chunked
-   pipelining across steps). A recv step either lands straight in its buffer or, with `own`
-   set, is reduced as it arrives: buf = own op received, read in place from links that can
-   peek, else through one chunk of scratch. */
-typedef struct _dm_sstep {
-    const unsigned char* buf;
-    size_t len;
-    int gate;                   /* recv step whose final bytes bound this step's, or -1 */
-    int after_recvs;            /* > 0: starts only once recv steps 0..after_recvs-1 are done */
-} _dm_sstep;
-typedef struct _dm_rstep {
-    unsigned char* buf;
-    size_t len;
-    const unsigned char* own;   /* reduce mode: buf = own op received (own may equal buf) */
-    int after_send;             /* send step that must have sent bytes before buf is written, or -1 */
-    int divide;                 /* > 0: dm_divide_local each reduced piece by this (MEAN) */
-} _dm_rstep;
-typedef struct _dm_xfer {
-    const char* op;             /* for messages */
-    int speer, rpeer;           /* ranks, -1 for none */
-    _dm_sstep* ss;
-    int ns;
-    _dm_rstep* rs;
-    int nr;
-    dm_dtype dtype;
-    dm_reduce_op rop;
-    const _dm_fp* expect;       /* when set, recv step 0 is a fingerprint to compare with it */
-    bool inbox;                 /* also read rpeer's inbox (>>p2p): into want, else unexpected */
-    struct _dm_want* want;      /* a dm_recv: done once its message is in place */
-    unsigned char* tmp;         /* scratch for reductions through it (chunk bytes), NULL: lk->tmp;
-                                   transfers run together (_dm_lk_run_n) each need their own */
-} _dm_xfer;
-typedef struct _dm_want {
-    int tag;
-    dm_dtype dtype;
-    size_t count;
-    unsigned char* buf;
-    bool done;
-} _dm_want;
-
-/* Where the two streams stand. */
-typedef struct _dm_xstate {
-    int si, ri;                 /* current send / recv step */
-    size_t so;                  /* bytes of send step si sent */
-    size_t rdone;               /* bytes of recv step ri final */
-    size_t tfill;               /* bytes of the current scratch piece received */
-    size_t spad, rpad;          /* padding bytes sent / skipped after the current steps */
-    bool want_out, want_in;     /* the last attempt would have blocked */
-} _dm_xstate;
-
 _DM_PRIVATE dm_status _dm_lk_io_fail(_dm_lk* lk, const _dm_xfer* x, int peer, bool sending, int err) {
     bool lost = (err == 0 || err == EPIPE || err == ECONNRESET || err == ECONNABORTED || err == ENOTCONN ||
                  err == ESHUTDOWN);
@@ -4883,16 +4908,10 @@ _DM_PRIVATE dm_status _dm_lk_check_fp(_dm_lk* lk, const _dm_xfer* x, const unsig
     return _dm_lk_break(lk, DM_ERR_MISMATCH);
 }
 
-/* Padding after a step of len bytes on link l (see _dm_link_vt.align). */
-_DM_PRIVATE size_t _dm_lk_pad(const _dm_link* l, size_t len) {
-    size_t a = l->vt->align;
-    return a ? (a - len % a) % a : 0;
-}
-
-/* >>p2p  Point-to-point messages share each link's stream with the collectives, between them:
-   a sender is never inside a collective on that link when it sends one. Receivers read them
-   at boundaries through the inbox, match them to a dm_recv (x->want) by tag, in arrival order,
-   or keep them as unexpected until one asks. */
+/* >>engine inbox  Point-to-point messages share each link's stream with the collectives,
+   between them: a sender is never inside a collective on that link when it sends one.
+   Receivers read them at boundaries through the inbox, match them to a dm_recv (x->want) by
+   tag, in arrival order, or keep them as unexpected until one asks. */
 
 /* want got message fp from peer: same dtype and count, or DM_ERR_MISMATCH naming both. */
 _DM_PRIVATE dm_status _dm_lk_want_check(_dm_lk* lk, const _dm_xfer* x, int peer, const _dm_fp* got) {
@@ -5031,6 +5050,11 @@ _DM_PRIVATE dm_status _dm_lk_drain_others(_dm_lk* lk, const _dm_xfer* x, _dm_xst
         if (p != x->rpeer && lk->links[p]) _DM_TRY(_dm_lk_pump_inbox(lk, x, s, p, progress));
     return DM_OK;
 }
+
+/* >>engine pump  Moving one transfer's bytes without blocking: send steps as far as their
+   gates allow (every ready step in one call on links with sendv), recv steps straight into
+   place or reduced as they arrive (in place from links that can peek, else through scratch),
+   and the padding after each step (_dm_lk_pad). */
 
 /* How many bytes of send step i (at or after the current one) may go now: none before its
    after_recvs are in, and no more of a gated step than its recv step has made final. */
@@ -5223,6 +5247,11 @@ _DM_PRIVATE dm_status _dm_lk_pump_recv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate
     }
     return DM_OK;
 }
+
+/* >>engine loop  Driving transfers to the end (_dm_lk_run_n): each round pumps every transfer;
+   with nothing to move, a wait spins, then yields, then blocks (poll on sockets, the bell on
+   memory links) under the collective's deadline. Before a transfer starts, its peers are
+   checked against P (>>peers) and their links made where missing (the backend's connect). */
 
 _DM_PRIVATE int64_t _dm_now_us(void) {
     struct timespec ts;
@@ -5478,14 +5507,14 @@ _DM_PRIVATE dm_status _dm_lk_run_n(_dm_lk* lk, const _dm_xfer* xs, int n) {
 }
 _DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) { return _dm_lk_run_n(lk, x, 1); }
 
-/* >>schedules  Fingerprint buffers live on the caller's stack; step 0 of both streams carries
-   them. */
-typedef struct _dm_fpbufs { unsigned char out[32], in[32]; } _dm_fpbufs;
-
-_DM_PRIVATE void _dm_fp_steps(_dm_fpbufs* b, const _dm_fp* fp, _dm_sstep* s, _dm_rstep* r) {
-    _dm_fp_encode(fp, b->out);
-    if (s) { s->buf = b->out; s->len = 32; s->gate = -1; s->after_recvs = 0; }
-    if (r) { memset(r, 0, sizeof(*r)); r->buf = b->in; r->len = 32; r->after_send = -1; }
+/* A transfer whose peer the caller's arguments choose (point-to-point, all_to_all, the rooted
+   collectives' meetings with the root): outside P (>>peers), connected on demand. */
+_DM_PRIVATE dm_status _dm_lk_run_on_demand(_dm_lk* lk, const _dm_xfer* x) {
+    dm_status st;
+    lk->on_demand = true;
+    st = _dm_lk_run(lk, x);
+    lk->on_demand = false;
+    return st;
 }
 
 /* >>eager  A small exchange over memory links, mostly without the engine: the fingerprint and
@@ -5541,6 +5570,19 @@ _DM_PRIVATE bool _dm_lk_eager_recv(_dm_lk* lk, const _dm_xfer* x, dm_status* st)
     return true;
 }
 
+/* >>exchange  One step with one peer each way (or two): a fingerprint, then the payload,
+   received straight or reduced as it arrives (_dm_lk_exchange); most schedules are made of
+   these (_dm_lk_sendrecv, _dm_lk_sendrecv_reduce). Small ones over memory links go the eager
+   way when they can (>>eager). Fingerprint buffers live on the caller's stack; step 0 of both
+   streams carries them. */
+typedef struct _dm_fpbufs { unsigned char out[32], in[32]; } _dm_fpbufs;
+
+_DM_PRIVATE void _dm_fp_steps(_dm_fpbufs* b, const _dm_fp* fp, _dm_sstep* s, _dm_rstep* r) {
+    _dm_fp_encode(fp, b->out);
+    if (s) { s->buf = b->out; s->len = 32; s->gate = -1; s->after_recvs = 0; }
+    if (r) { memset(r, 0, sizeof(*r)); r->buf = b->in; r->len = 32; r->after_send = -1; }
+}
+
 /* Exchange with one peer (or two): send slen bytes of sbuf to speer and receive rlen bytes from
    rpeer into rbuf, each preceded by a fingerprint: fp goes out, and what arrives must equal
    expect (the same as fp, except where the two sides of a pair describe it from their ends:
@@ -5582,25 +5624,31 @@ _DM_PRIVATE dm_status _dm_lk_sendrecv_reduce(_dm_lk* lk, const char* op, const _
     return _dm_lk_exchange(lk, op, fp, fp, speer, sbuf, bytes, rpeer, buf, bytes, true, dtype, rop);
 }
 
-/* Step arrays for a ring transfer of n steps each way, with the fingerprint in step 0. */
-typedef struct _dm_steps { _dm_sstep* ss; _dm_rstep* rs; _dm_fpbufs b; } _dm_steps;
-_DM_PRIVATE dm_status _dm_steps_alloc(_dm_lk* lk, _dm_steps* st, int n, const _dm_fp* fp, const char* op) {
-    st->ss = (_dm_sstep*)_dm_calloc(&lk->c->allocator, sizeof(_dm_sstep) * (size_t)n);
-    st->rs = (_dm_rstep*)_dm_calloc(&lk->c->allocator, sizeof(_dm_rstep) * (size_t)n);
-    if (!st->ss || !st->rs) {
-        _dm_free(&lk->c->allocator, st->ss);
-        _dm_free(&lk->c->allocator, st->rs);
-        return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, op);
-    }
-    _dm_fp_steps(&st->b, fp, &st->ss[0], &st->rs[0]);
-    return DM_OK;
+_DM_PRIVATE dm_status _dm_lk_sendrecv_on_demand(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer,
+                                                const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen) {
+    dm_status st;
+    lk->on_demand = true;
+    st = _dm_lk_sendrecv(lk, op, fp, speer, sbuf, slen, rpeer, rbuf, rlen);
+    lk->on_demand = false;
+    return st;
 }
 
 /* >>teams  A team is the ranks one phase of a schedule runs among, in the phase's order (a
    ring's positions); me is this rank's index in it. ranks NULL means rank i at index i. The
    flat ring is the whole group in host order; the two-level schedules run on one host's ranks
    (a slice of the layout's members), on a rail (local rank i of every host, host order, built
-   in the layout's team scratch) or on a chain that starts at a root. */
+   in the layout's team scratch) or on a chain that starts at a root.
+   Also here, what every schedule is written with: segments of a count (_dm_segment), step
+   arrays and the ring transfer that runs them (_dm_steps), and the smallest schedule, the
+   fingerprints alone (count 0). */
+/* Segment s of count elements split in parts near-equal parts: the first count % parts get one
+   more. Ring blocks and the threaded world's shares. */
+_DM_PRIVATE void _dm_segment(size_t count, int parts, int s, size_t* off, size_t* len) {
+    size_t base = count / (size_t)parts, extra = count % (size_t)parts, si = (size_t)s;
+    *off = si * base + (si < extra ? si : extra);
+    *len = base + (si < extra ? 1 : 0);
+}
+_DM_PRIVATE int _dm_mod(int a, int n) { return ((a % n) + n) % n; }
 typedef struct _dm_team { const int* ranks; int n, me; } _dm_team;
 _DM_PRIVATE int _dm_team_rank(const _dm_team* t, int i) { return t->ranks ? t->ranks[i] : i; }
 _DM_PRIVATE int _dm_team_at(const _dm_team* t, int k) { return _dm_team_rank(t, _dm_mod(t->me + k, t->n)); }
@@ -5625,6 +5673,20 @@ _DM_PRIVATE _dm_team _dm_lk_rail(_dm_lk* lk, int i) {
     return _dm_team_of(y->team, y->H, y->host_of[lk->c->rank]);
 }
 
+/* Step arrays for a ring transfer of n steps each way, with the fingerprint in step 0. */
+typedef struct _dm_steps { _dm_sstep* ss; _dm_rstep* rs; _dm_fpbufs b; } _dm_steps;
+_DM_PRIVATE dm_status _dm_steps_alloc(_dm_lk* lk, _dm_steps* st, int n, const _dm_fp* fp, const char* op) {
+    st->ss = (_dm_sstep*)_dm_calloc(&lk->c->allocator, sizeof(_dm_sstep) * (size_t)n);
+    st->rs = (_dm_rstep*)_dm_calloc(&lk->c->allocator, sizeof(_dm_rstep) * (size_t)n);
+    if (!st->ss || !st->rs) {
+        _dm_free(&lk->c->allocator, st->ss);
+        _dm_free(&lk->c->allocator, st->rs);
+        return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, op);
+    }
+    _dm_fp_steps(&st->b, fp, &st->ss[0], &st->rs[0]);
+    return DM_OK;
+}
+
 /* Runs n ring steps each way over team t: send to the next position, receive from the previous. */
 _DM_PRIVATE dm_status _dm_steps_run(_dm_lk* lk, const _dm_team* t, _dm_steps* st, int n, const char* op,
                                     dm_dtype dtype, dm_reduce_op rop, const _dm_fp* fp) {
@@ -5643,6 +5705,9 @@ _DM_PRIVATE dm_status _dm_lk_fp_only(_dm_lk* lk, const char* op, const _dm_fp* f
     _dm_team t = _dm_lk_flat(lk);
     return _dm_lk_sendrecv(lk, op, fp, _dm_team_at(&t, 1), NULL, 0, _dm_team_at(&t, -1), NULL, 0);
 }
+
+/* >>recursive doubling  All-reduce over a team in log2(n) exchanges (a fold first where n is not
+   a power of two): the flat all_reduce of small messages, and the rails of the two-level one. */
 
 /* Recursive doubling over team t on recv (already holding this rank's data). Teams that are
    not a power of two first fold index 2i into 2i+1 for i < rem, and hand the result back at
@@ -5680,6 +5745,11 @@ _DM_PRIVATE dm_status _dm_lk_rd(_dm_lk* lk, const _dm_team* t, void* recv, size_
     if (divide) dm_divide_local(dtype, recv, count, divide);
     return DM_OK;
 }
+
+/* >>ring  Rings over a team: the all-reduce (reduce-scatter and all-gather steps as one
+   pipelined stream, also the two-level all-reduce's host ring and ring rails), and the
+   all-gather and reduce-scatter of K pieces per position that all_gather and reduce_scatter,
+   flat and two-level, are built of. */
 
 /* Ring all-reduce over team t, blocks by position: _dm_segment(count, n, p) is position p's.
    Its reduce-scatter steps (_DM_RING_RS: step g sends the block of position me-g-1 and
@@ -5728,6 +5798,59 @@ _DM_PRIVATE dm_status _dm_lk_ring(_dm_lk* lk, const _dm_team* t, const void* sen
                        divide, phases);
     return _dm_steps_run(lk, t, &st, n, "all_reduce", dtype, op, fp);
 }
+
+/* Ring all-gather over team t of K pieces per position: pieces[p * K + k] is piece k of
+   position p, bytes each, this position's already in place. Step g sends the pieces of
+   position me-g and receives those of me-g-1 straight into place, each forwarded the next
+   step as it arrives. */
+_DM_PRIVATE dm_status _dm_lk_ring_gather(_dm_lk* lk, const _dm_team* t, void* const* pieces, int K, size_t bytes,
+                                         int kind, dm_dtype dtype, const _dm_fp* fp) {
+    int W = t->n, g, k, i = 1;
+    _dm_steps st;
+    if (W == 1) return DM_OK;
+    _DM_TRY(_dm_steps_alloc(lk, &st, 1 + (W - 1) * K, fp, _dm_kind_name(kind)));
+    for (g = 0; g < W - 1; g++)
+        for (k = 0; k < K; k++, i++) {
+            st.ss[i].buf = (const unsigned char*)pieces[_dm_mod(t->me - g, W) * K + k];
+            st.ss[i].len = bytes;
+            st.ss[i].gate = g == 0 ? -1 : i - K;
+            st.rs[i].buf = (unsigned char*)pieces[_dm_mod(t->me - g - 1, W) * K + k];
+            st.rs[i].len = bytes;
+            st.rs[i].after_send = -1;
+        }
+    return _dm_steps_run(lk, t, &st, i, _dm_kind_name(kind), dtype, DM_SUM, fp);
+}
+
+/* Ring reduce-scatter over team t of K pieces per position, bytes each: in[p * K + k] is
+   piece k of position p's block. Step g sends the partial pieces of position me-g-1 (this
+   rank's input first, then scratch) and reduces the received ones of me-g-2 into scratch (K
+   pieces), which must first have been sent on; the last step (this position's own pieces)
+   lands in out (K pieces; out may be scratch). divide > 0: MEAN's division, on the last. */
+_DM_PRIVATE dm_status _dm_lk_ring_rs(_dm_lk* lk, const _dm_team* t, const unsigned char* const* in, unsigned char* out,
+                                     unsigned char* scratch, int K, size_t bytes, dm_dtype dtype, dm_reduce_op op,
+                                     int divide, const _dm_fp* fp) {
+    int W = t->n, g, k, i = 1;
+    _dm_steps st;
+    _DM_TRY(_dm_steps_alloc(lk, &st, 1 + (W - 1) * K, fp, "reduce_scatter"));
+    for (g = 0; g < W - 1; g++)
+        for (k = 0; k < K; k++, i++) {
+            _dm_rstep* s = &st.rs[i];
+            st.ss[i].buf = g == 0 ? in[_dm_mod(t->me - 1, W) * K + k] : scratch + (size_t)k * bytes;
+            st.ss[i].len = bytes;
+            st.ss[i].gate = g == 0 ? -1 : i - K;
+            s->buf = (g == W - 2 ? out : scratch) + (size_t)k * bytes;
+            s->len = bytes;
+            s->own = in[_dm_mod(t->me - g - 2, W) * K + k];
+            s->divide = g == W - 2 ? divide : 0;
+            /* rs[i] overwrites scratch, which ss[i] (sent in the same step) still reads */
+            s->after_send = g >= 1 && st.ss[i].buf == s->buf ? i : -1;
+        }
+    return _dm_steps_run(lk, t, &st, i, "reduce_scatter", dtype, op, fp);
+}
+
+/* >>two-level  The two-level all-reduce: a fold onto R ranks of each host, the host's ring,
+   R rails across the hosts, and the way back (_dm_lk_allreduce_2l); with R > 1 the middle runs
+   pipelined by segment (_dm_lk_2l_stage). */
 
 /* The pipelined middle of the two-level all-reduce (_dm_lk_allreduce_2l with ring rails): the
    buffer is cut into S segments (_dm_segment), and in stage s the host's ring reduce-scatters
@@ -5870,6 +5993,70 @@ _DM_PRIVATE dm_status _dm_lk_allreduce_2l(_dm_lk* lk, void* recv, size_t count, 
     }
     for (e = i + R; e < L; e += R)
         _DM_TRY(_dm_lk_sendrecv(lk, name, fp, host.ranks[e], recv, bytes, -1, NULL, 0));
+    return DM_OK;
+}
+
+/* >>chain  The pipelined chain broadcast runs on: along the flat ring from the root, or host by
+   host (two-level, >>entry points). */
+
+/* Pipelined chain over team t from the rank at position root_pos; each rank forwards bytes to
+   the next as they arrive from the previous. Every rank (the root too) compares a fingerprint
+   from its predecessor, whatever root it was given: the last rank closes the ring with its
+   own, and the root sends data only once that one agreed. Then the last rank, holding all the
+   data, sends a done token to the root, which passes it down the chain; a rank returns once it
+   has it. So no rank returns DM_OK unless every rank's arguments agreed (the token costs one
+   more pass of a byte around the ring). */
+_DM_PRIVATE dm_status _dm_lk_chain(_dm_lk* lk, const _dm_team* t, int root_pos, void* buf, size_t bytes,
+                                   dm_dtype dtype, const _dm_fp* fp) {
+    int W = t->n, pos = _dm_mod(t->me - root_pos, W), ns, nr;
+    unsigned char token_out = 1, token_in = 0;
+    _dm_sstep ss[3];
+    _dm_rstep rs[3];
+    _dm_fpbufs b;
+    _DM_ZERO(_dm_xfer, x);
+    memset(ss, 0, sizeof(ss));
+    memset(rs, 0, sizeof(rs));
+    _dm_fp_steps(&b, fp, &ss[0], &rs[0]);
+    ns = nr = 1;
+    if (pos < W - 1) {                      /* data on to the next rank */
+        ss[ns].buf = (const unsigned char*)buf; ss[ns].len = bytes;
+        ss[ns].gate = pos == 0 ? -1 : 1;
+        ss[ns].after_recvs = pos == 0 ? 1 : 0;
+        ns++;
+    }
+    if (pos > 0) {                          /* data from the previous rank */
+        rs[nr].buf = (unsigned char*)buf; rs[nr].len = bytes; rs[nr].after_send = -1;
+        nr++;
+    }
+    if (pos < W - 1) {                      /* the token: from the last rank (root) or the previous */
+        rs[nr].buf = &token_in; rs[nr].len = 1; rs[nr].after_send = -1;
+        nr++;
+    }
+    if (pos == W - 1 || pos < W - 2) {      /* the token on: the last starts it, W-2 ends it */
+        ss[ns].buf = &token_out; ss[ns].len = 1; ss[ns].gate = -1;
+        ss[ns].after_recvs = nr;
+        ns++;
+    }
+    x.op = "broadcast";
+    x.speer = _dm_team_at(t, 1);
+    x.rpeer = _dm_team_at(t, -1);
+    x.ss = ss; x.ns = ns; x.rs = rs; x.nr = nr;
+    x.dtype = dtype; x.rop = DM_SUM; x.expect = fp;
+    return _dm_lk_run(lk, &x);
+}
+
+/* >>dissemination  The barrier's rounds over a team: over every rank (flat), or among the host
+   leaders (two-level, >>entry points). */
+
+/* Dissemination barrier over team t: round k sends to index me + 2^k and waits for me - 2^k.
+   The fingerprint carries the round (first + k) in its root field. */
+_DM_PRIVATE dm_status _dm_lk_dissemination(_dm_lk* lk, const _dm_team* t, int first) {
+    int k, round = first;
+    _dm_fp fp;
+    for (k = 1; k < t->n; k <<= 1, round++) {
+        _dm_fp_make(&fp, lk->c, _DM_K_BARRIER, -1, -1, round, 0);
+        _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &fp, _dm_team_at(t, k), NULL, 0, _dm_team_at(t, -k), NULL, 0));
+    }
     return DM_OK;
 }
 
@@ -6057,6 +6244,13 @@ _DM_PRIVATE bool _dm_lk_barrier_two_level(const _dm_lk* lk) {
     return _dm_cost(&_dm_cost_shm, 2.0 * (y->Lmax - 1), 0) + _dm_cost(&_dm_cost_cross_host, _dm_ceil_log2(y->H), 0) <
            _dm_cost_flat_dissemination(lk);
 }
+
+/* >>entry points  What the backends' vtable slots call (TCP, the threaded world): each checks
+   that the group is not broken, settles a world of one and a count of 0, makes the fingerprint,
+   asks the choice (>>choice), runs the schedules and records what ran (dm_last_algorithm).
+   all_to_all, reduce's blocks to the root, gather, scatter and point-to-point meet the peers
+   the caller's arguments choose, outside P (connected on demand, >>peers). */
+
 _DM_PRIVATE void _dm_lk_ran(_dm_lk* lk, const char* algorithm) { lk->c->algorithm = algorithm; }
 
 _DM_PRIVATE dm_status _dm_lk_all_reduce(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
@@ -6089,26 +6283,54 @@ _DM_PRIVATE dm_status _dm_lk_all_reduce(_dm_lk* lk, const void* send, void* recv
     return _dm_lk_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, 1, false);
 }
 
-/* Ring all-gather over team t of K pieces per position: pieces[p * K + k] is piece k of
-   position p, bytes each, this position's already in place. Step g sends the pieces of
-   position me-g and receives those of me-g-1 straight into place, each forwarded the next
-   step as it arrives. */
-_DM_PRIVATE dm_status _dm_lk_ring_gather(_dm_lk* lk, const _dm_team* t, void* const* pieces, int K, size_t bytes,
-                                         int kind, dm_dtype dtype, const _dm_fp* fp) {
-    int W = t->n, g, k, i = 1;
-    _dm_steps st;
-    if (W == 1) return DM_OK;
-    _DM_TRY(_dm_steps_alloc(lk, &st, 1 + (W - 1) * K, fp, _dm_kind_name(kind)));
-    for (g = 0; g < W - 1; g++)
-        for (k = 0; k < K; k++, i++) {
-            st.ss[i].buf = (const unsigned char*)pieces[_dm_mod(t->me - g, W) * K + k];
-            st.ss[i].len = bytes;
-            st.ss[i].gate = g == 0 ? -1 : i - K;
-            st.rs[i].buf = (unsigned char*)pieces[_dm_mod(t->me - g - 1, W) * K + k];
-            st.rs[i].len = bytes;
-            st.rs[i].after_send = -1;
+/* Reduce to root: the root gets the bits dm_all_reduce would give, by the same algorithm.
+   Flat ring: its reduce-scatter steps leave the rank at ring position p holding block p fully
+   reduced, which it then sends to the root. The others run the whole all-reduce (into a
+   temporary where this rank's recv is not significant). */
+_DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                    dm_reduce_op op, int root) {
+    dm_collective* c = lk->c;
+    int W = c->size, r = c->rank, q, algo, divide = op == DM_MEAN ? W : 0;
+    size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
+    unsigned char* out = (unsigned char*)recv;
+    _dm_team t;
+    _dm_fp fp;
+    dm_status st;
+    _DM_TRY(_dm_lk_check_broken(lk, "reduce"));
+    if (W == 1) {
+        if (send != recv && bytes) memcpy(recv, send, bytes);
+        return DM_OK;
+    }
+    _dm_fp_make(&fp, c, _DM_K_REDUCE, (int)dtype, (int)op, root, count);
+    if (count == 0) return _dm_lk_fp_only(lk, "reduce", &fp);
+    if (r != root) {
+        out = (unsigned char*)_dm_malloc(&c->allocator, bytes);
+        if (!out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce: no memory for %zu bytes", lk->tag, bytes);
+    }
+    algo = _dm_lk_choose_all_reduce(lk, count, dtype);
+    _dm_lk_ran(lk, _dm_algo_names[algo]);
+    if (algo != _DM_ALGO_FLAT_RING) {
+        if (send != out) memcpy(out, send, bytes);
+        t = _dm_lk_identity(lk);
+        if (algo == _DM_ALGO_FLAT_RD) st = _dm_lk_rd(lk, &t, out, count, dtype, op, divide, &fp);
+        else if (algo == _DM_ALGO_TWO_LEVEL_RING)
+            st = _dm_lk_allreduce_2l(lk, out, count, dtype, op, divide, &fp, lk->lay.Lmin, _dm_lk_rails_ring(lk, count, dtype));
+        else st = _dm_lk_allreduce_2l(lk, out, count, dtype, op, divide, &fp, 1, false);
+    } else {
+        t = _dm_lk_flat(lk);
+        st = _dm_lk_ring(lk, &t, send, out, count, dtype, op, divide, &fp, _DM_RING_RS);
+        if (st == DM_OK && r != root) {        /* this rank's block to the root */
+            _dm_segment(count, W, lk->slot[r], &off, &len);
+            st = _dm_lk_sendrecv_on_demand(lk, "reduce", &fp, root, out + off * esize, len * esize, root, NULL, 0);
         }
-    return _dm_steps_run(lk, t, &st, i, _dm_kind_name(kind), dtype, DM_SUM, fp);
+        for (q = 0; q < W && st == DM_OK && r == root; q++) {   /* the root takes every other block */
+            if (q == root) continue;
+            _dm_segment(count, W, lk->slot[q], &off, &len);
+            st = _dm_lk_sendrecv_on_demand(lk, "reduce", &fp, q, NULL, 0, q, out + off * esize, len * esize);
+        }
+    }
+    if (out != recv) _dm_free(&c->allocator, out);
+    return st;
 }
 
 /* All-gather into per-rank buffers. Flat: one ring in host order. Two-level (even layouts):
@@ -6167,33 +6389,6 @@ _DM_PRIVATE dm_status _dm_lk_all_gather(_dm_lk* lk, const void* send, void* recv
     return st;
 }
 
-/* Ring reduce-scatter over team t of K pieces per position, bytes each: in[p * K + k] is
-   piece k of position p's block. Step g sends the partial pieces of position me-g-1 (this
-   rank's input first, then scratch) and reduces the received ones of me-g-2 into scratch (K
-   pieces), which must first have been sent on; the last step (this position's own pieces)
-   lands in out (K pieces; out may be scratch). divide > 0: MEAN's division, on the last. */
-_DM_PRIVATE dm_status _dm_lk_ring_rs(_dm_lk* lk, const _dm_team* t, const unsigned char* const* in, unsigned char* out,
-                                     unsigned char* scratch, int K, size_t bytes, dm_dtype dtype, dm_reduce_op op,
-                                     int divide, const _dm_fp* fp) {
-    int W = t->n, g, k, i = 1;
-    _dm_steps st;
-    _DM_TRY(_dm_steps_alloc(lk, &st, 1 + (W - 1) * K, fp, "reduce_scatter"));
-    for (g = 0; g < W - 1; g++)
-        for (k = 0; k < K; k++, i++) {
-            _dm_rstep* s = &st.rs[i];
-            st.ss[i].buf = g == 0 ? in[_dm_mod(t->me - 1, W) * K + k] : scratch + (size_t)k * bytes;
-            st.ss[i].len = bytes;
-            st.ss[i].gate = g == 0 ? -1 : i - K;
-            s->buf = (g == W - 2 ? out : scratch) + (size_t)k * bytes;
-            s->len = bytes;
-            s->own = in[_dm_mod(t->me - g - 2, W) * K + k];
-            s->divide = g == W - 2 ? divide : 0;
-            /* rs[i] overwrites scratch, which ss[i] (sent in the same step) still reads */
-            s->after_send = g >= 1 && st.ss[i].buf == s->buf ? i : -1;
-        }
-    return _dm_steps_run(lk, t, &st, i, "reduce_scatter", dtype, op, fp);
-}
-
 /* Reduce-scatter. Flat: one ring in host order. Two-level (even layouts): each host's ring
    reduces, for local rank i, the blocks of rail i (H pieces), then rail i's ring reduces
    those across hosts, each rank ending with its own block. In place (recv is input block r),
@@ -6246,52 +6441,6 @@ done:
     return rc;
 }
 
-/* Pipelined chain over team t from the rank at position root_pos; each rank forwards bytes to
-   the next as they arrive from the previous. Every rank (the root too) compares a fingerprint
-   from its predecessor, whatever root it was given: the last rank closes the ring with its
-   own, and the root sends data only once that one agreed. Then the last rank, holding all the
-   data, sends a done token to the root, which passes it down the chain; a rank returns once it
-   has it. So no rank returns DM_OK unless every rank's arguments agreed (the token costs one
-   more pass of a byte around the ring). */
-_DM_PRIVATE dm_status _dm_lk_chain(_dm_lk* lk, const _dm_team* t, int root_pos, void* buf, size_t bytes,
-                                   dm_dtype dtype, const _dm_fp* fp) {
-    int W = t->n, pos = _dm_mod(t->me - root_pos, W), ns, nr;
-    unsigned char token_out = 1, token_in = 0;
-    _dm_sstep ss[3];
-    _dm_rstep rs[3];
-    _dm_fpbufs b;
-    _DM_ZERO(_dm_xfer, x);
-    memset(ss, 0, sizeof(ss));
-    memset(rs, 0, sizeof(rs));
-    _dm_fp_steps(&b, fp, &ss[0], &rs[0]);
-    ns = nr = 1;
-    if (pos < W - 1) {                      /* data on to the next rank */
-        ss[ns].buf = (const unsigned char*)buf; ss[ns].len = bytes;
-        ss[ns].gate = pos == 0 ? -1 : 1;
-        ss[ns].after_recvs = pos == 0 ? 1 : 0;
-        ns++;
-    }
-    if (pos > 0) {                          /* data from the previous rank */
-        rs[nr].buf = (unsigned char*)buf; rs[nr].len = bytes; rs[nr].after_send = -1;
-        nr++;
-    }
-    if (pos < W - 1) {                      /* the token: from the last rank (root) or the previous */
-        rs[nr].buf = &token_in; rs[nr].len = 1; rs[nr].after_send = -1;
-        nr++;
-    }
-    if (pos == W - 1 || pos < W - 2) {      /* the token on: the last starts it, W-2 ends it */
-        ss[ns].buf = &token_out; ss[ns].len = 1; ss[ns].gate = -1;
-        ss[ns].after_recvs = nr;
-        ns++;
-    }
-    x.op = "broadcast";
-    x.speer = _dm_team_at(t, 1);
-    x.rpeer = _dm_team_at(t, -1);
-    x.ss = ss; x.ns = ns; x.rs = rs; x.nr = nr;
-    x.dtype = dtype; x.rop = DM_SUM; x.expect = fp;
-    return _dm_lk_run(lk, &x);
-}
-
 /* Broadcast: a chain. Flat: along the host-ordered ring from the root. Two-level (several
    hosts): the root, the rest of its host, then every other host in turn, so the data crosses
    each host boundary once, whatever the root. */
@@ -6327,17 +6476,6 @@ _DM_PRIVATE dm_status _dm_lk_broadcast(_dm_lk* lk, void* buf, size_t count, dm_d
     return st;
 }
 
-/* Dissemination barrier over team t: round k sends to index me + 2^k and waits for me - 2^k.
-   The fingerprint carries the round (first + k) in its root field. */
-_DM_PRIVATE dm_status _dm_lk_dissemination(_dm_lk* lk, const _dm_team* t, int first) {
-    int k, round = first;
-    _dm_fp fp;
-    for (k = 1; k < t->n; k <<= 1, round++) {
-        _dm_fp_make(&fp, lk->c, _DM_K_BARRIER, -1, -1, round, 0);
-        _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &fp, _dm_team_at(t, k), NULL, 0, _dm_team_at(t, -k), NULL, 0));
-    }
-    return DM_OK;
-}
 /* Barrier. Flat: dissemination over every rank. Two-level: every rank tells its host's
    leader, the leaders disseminate, each leader releases its host. */
 #define _DM_BARRIER_ROUND_ARRIVE 1000
@@ -6371,23 +6509,72 @@ _DM_PRIVATE dm_status _dm_lk_barrier(_dm_lk* lk) {
     return DM_OK;
 }
 
-
-/* A transfer whose peer the caller's arguments choose (point-to-point, all_to_all, the rooted
-   collectives' meetings with the root): outside P (>>peers), connected on demand. */
-_DM_PRIVATE dm_status _dm_lk_run_on_demand(_dm_lk* lk, const _dm_xfer* x) {
-    dm_status st;
-    lk->on_demand = true;
-    st = _dm_lk_run(lk, x);
-    lk->on_demand = false;
+/* All-to-all, pairwise: step k sends the block for rank + k and receives the block of rank - k.
+   Each block's fingerprint describes its pair both ways: count = the elements sent, root = the
+   elements the sender expects back (folded to 32 bits), so the receiver compares both with its
+   own counts and either direction's disagreement fails both ranks of the pair. In place (send
+   NULL), the outgoing blocks are copied out of recv first. */
+_DM_PRIVATE int _dm_fold32(size_t v) { return (int)(uint32_t)((uint64_t)v ^ ((uint64_t)v >> 32)); }
+_DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const size_t* sc, const size_t* so, void* recv,
+                                          const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    dm_collective* c = lk->c;
+    int W = c->size, r = c->rank, k;
+    size_t esize = dm_dtype_size(dtype);
+    const unsigned char* in = (const unsigned char*)send;
+    unsigned char *out = (unsigned char*)recv, *copy = NULL;
+    dm_status st = DM_OK;
+    _DM_TRY(_dm_lk_check_broken(lk, "all_to_all"));
+    if (!in) {
+        _DM_TRY(_dm_a2a_copy_out(c, out, sc, so, esize, &copy));
+        in = copy;
+    }
+    if (sc[r]) memcpy(out + ro[r] * esize, in + so[r] * esize, sc[r] * esize);
+    for (k = 1; k < W && st == DM_OK; k++) {
+        int to = (r + k) % W, from = (r - k + W) % W;
+        _dm_fp mine, expect;
+        _dm_fp_make(&mine, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(rc[to]), sc[to]);
+        _dm_fp_make(&expect, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(sc[from]), rc[from]);
+        lk->on_demand = true;
+        st = _dm_lk_exchange(lk, "all_to_all", &mine, &expect, to, in + so[to] * esize, sc[to] * esize, from,
+                             out + ro[from] * esize, rc[from] * esize, false, DM_UINT8, DM_SUM);
+        lk->on_demand = false;
+    }
+    _dm_free(&c->allocator, copy);
     return st;
 }
-_DM_PRIVATE dm_status _dm_lk_sendrecv_on_demand(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer,
-                                                const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen) {
-    dm_status st;
-    lk->on_demand = true;
-    st = _dm_lk_sendrecv(lk, op, fp, speer, sbuf, slen, rpeer, rbuf, rlen);
-    lk->on_demand = false;
-    return st;
+
+/* Gather and scatter: the root meets every other rank in turn, rank order; each pair trades
+   fingerprints both ways, so both sides check the other's arguments. */
+_DM_PRIVATE dm_status _dm_lk_rooted(_dm_lk* lk, int kind, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                    int root) {
+    dm_collective* c = lk->c;
+    int W = c->size, r = c->rank, q;
+    size_t bytes = count * dm_dtype_size(dtype);
+    const char* name = _dm_kind_name(kind);
+    bool gather = kind == _DM_K_GATHER;
+    _dm_fp fp;
+    _DM_TRY(_dm_lk_check_broken(lk, name));
+    if (r == root) {
+        unsigned char* mine = gather ? (unsigned char*)recv + (size_t)r * bytes : (unsigned char*)recv;
+        const unsigned char* src = gather ? (const unsigned char*)send : (const unsigned char*)send + (size_t)r * bytes;
+        if (mine != src && bytes) memcpy(mine, src, bytes);
+    }
+    if (W == 1) return DM_OK;
+    _dm_fp_make(&fp, c, kind, (int)dtype, -1, root, count);
+    if (r != root) {
+        if (gather) return _dm_lk_sendrecv_on_demand(lk, name, &fp, root, send, bytes, root, NULL, 0);
+        return _dm_lk_sendrecv_on_demand(lk, name, &fp, root, NULL, 0, root, recv, bytes);
+    }
+    for (q = 0; q < W; q++) {
+        if (q == root) continue;
+        if (gather)
+            _DM_TRY(_dm_lk_sendrecv_on_demand(lk, name, &fp, q, NULL, 0, q, (unsigned char*)recv + (size_t)q * bytes,
+                                              bytes));
+        else
+            _DM_TRY(_dm_lk_sendrecv_on_demand(lk, name, &fp, q, (const unsigned char*)send + (size_t)q * bytes, bytes,
+                                              q, NULL, 0));
+    }
+    return DM_OK;
 }
 
 /* A point-to-point message: its header (a fingerprint of kind send), then the payload. While
@@ -6429,124 +6616,6 @@ _DM_PRIVATE dm_status _dm_lk_recv(_dm_lk* lk, void* buf, size_t count, dm_dtype 
     _DM_TRY(_dm_lk_take_unexpected(lk, &x, peer));
     if (w.done) return DM_OK;
     return _dm_lk_run_on_demand(lk, &x);
-}
-
-/* All-to-all, pairwise: step k sends the block for rank + k and receives the block of rank - k.
-   Each block's fingerprint describes its pair both ways: count = the elements sent, root = the
-   elements the sender expects back (folded to 32 bits), so the receiver compares both with its
-   own counts and either direction's disagreement fails both ranks of the pair. In place (send
-   NULL), the outgoing blocks are copied out of recv first. */
-_DM_PRIVATE int _dm_fold32(size_t v) { return (int)(uint32_t)((uint64_t)v ^ ((uint64_t)v >> 32)); }
-_DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const size_t* sc, const size_t* so, void* recv,
-                                          const size_t* rc, const size_t* ro, dm_dtype dtype) {
-    dm_collective* c = lk->c;
-    int W = c->size, r = c->rank, k;
-    size_t esize = dm_dtype_size(dtype);
-    const unsigned char* in = (const unsigned char*)send;
-    unsigned char *out = (unsigned char*)recv, *copy = NULL;
-    dm_status st = DM_OK;
-    _DM_TRY(_dm_lk_check_broken(lk, "all_to_all"));
-    if (!in) {
-        _DM_TRY(_dm_a2a_copy_out(c, out, sc, so, esize, &copy));
-        in = copy;
-    }
-    if (sc[r]) memcpy(out + ro[r] * esize, in + so[r] * esize, sc[r] * esize);
-    for (k = 1; k < W && st == DM_OK; k++) {
-        int to = (r + k) % W, from = (r - k + W) % W;
-        _dm_fp mine, expect;
-        _dm_fp_make(&mine, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(rc[to]), sc[to]);
-        _dm_fp_make(&expect, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(sc[from]), rc[from]);
-        lk->on_demand = true;
-        st = _dm_lk_exchange(lk, "all_to_all", &mine, &expect, to, in + so[to] * esize, sc[to] * esize, from,
-                             out + ro[from] * esize, rc[from] * esize, false, DM_UINT8, DM_SUM);
-        lk->on_demand = false;
-    }
-    _dm_free(&c->allocator, copy);
-    return st;
-}
-
-/* Reduce to root: the root gets the bits dm_all_reduce would give, by the same algorithm.
-   Flat ring: its reduce-scatter steps leave the rank at ring position p holding block p fully
-   reduced, which it then sends to the root. The others run the whole all-reduce (into a
-   temporary where this rank's recv is not significant). */
-_DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                    dm_reduce_op op, int root) {
-    dm_collective* c = lk->c;
-    int W = c->size, r = c->rank, q, algo, divide = op == DM_MEAN ? W : 0;
-    size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
-    unsigned char* out = (unsigned char*)recv;
-    _dm_team t;
-    _dm_fp fp;
-    dm_status st;
-    _DM_TRY(_dm_lk_check_broken(lk, "reduce"));
-    if (W == 1) {
-        if (send != recv && bytes) memcpy(recv, send, bytes);
-        return DM_OK;
-    }
-    _dm_fp_make(&fp, c, _DM_K_REDUCE, (int)dtype, (int)op, root, count);
-    if (count == 0) return _dm_lk_fp_only(lk, "reduce", &fp);
-    if (r != root) {
-        out = (unsigned char*)_dm_malloc(&c->allocator, bytes);
-        if (!out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce: no memory for %zu bytes", lk->tag, bytes);
-    }
-    algo = _dm_lk_choose_all_reduce(lk, count, dtype);
-    _dm_lk_ran(lk, _dm_algo_names[algo]);
-    if (algo != _DM_ALGO_FLAT_RING) {
-        if (send != out) memcpy(out, send, bytes);
-        t = _dm_lk_identity(lk);
-        if (algo == _DM_ALGO_FLAT_RD) st = _dm_lk_rd(lk, &t, out, count, dtype, op, divide, &fp);
-        else if (algo == _DM_ALGO_TWO_LEVEL_RING)
-            st = _dm_lk_allreduce_2l(lk, out, count, dtype, op, divide, &fp, lk->lay.Lmin, _dm_lk_rails_ring(lk, count, dtype));
-        else st = _dm_lk_allreduce_2l(lk, out, count, dtype, op, divide, &fp, 1, false);
-    } else {
-        t = _dm_lk_flat(lk);
-        st = _dm_lk_ring(lk, &t, send, out, count, dtype, op, divide, &fp, _DM_RING_RS);
-        if (st == DM_OK && r != root) {        /* this rank's block to the root */
-            _dm_segment(count, W, lk->slot[r], &off, &len);
-            st = _dm_lk_sendrecv_on_demand(lk, "reduce", &fp, root, out + off * esize, len * esize, root, NULL, 0);
-        }
-        for (q = 0; q < W && st == DM_OK && r == root; q++) {   /* the root takes every other block */
-            if (q == root) continue;
-            _dm_segment(count, W, lk->slot[q], &off, &len);
-            st = _dm_lk_sendrecv_on_demand(lk, "reduce", &fp, q, NULL, 0, q, out + off * esize, len * esize);
-        }
-    }
-    if (out != recv) _dm_free(&c->allocator, out);
-    return st;
-}
-
-/* Gather and scatter: the root meets every other rank in turn, rank order; each pair trades
-   fingerprints both ways, so both sides check the other's arguments. */
-_DM_PRIVATE dm_status _dm_lk_rooted(_dm_lk* lk, int kind, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                    int root) {
-    dm_collective* c = lk->c;
-    int W = c->size, r = c->rank, q;
-    size_t bytes = count * dm_dtype_size(dtype);
-    const char* name = _dm_kind_name(kind);
-    bool gather = kind == _DM_K_GATHER;
-    _dm_fp fp;
-    _DM_TRY(_dm_lk_check_broken(lk, name));
-    if (r == root) {
-        unsigned char* mine = gather ? (unsigned char*)recv + (size_t)r * bytes : (unsigned char*)recv;
-        const unsigned char* src = gather ? (const unsigned char*)send : (const unsigned char*)send + (size_t)r * bytes;
-        if (mine != src && bytes) memcpy(mine, src, bytes);
-    }
-    if (W == 1) return DM_OK;
-    _dm_fp_make(&fp, c, kind, (int)dtype, -1, root, count);
-    if (r != root) {
-        if (gather) return _dm_lk_sendrecv_on_demand(lk, name, &fp, root, send, bytes, root, NULL, 0);
-        return _dm_lk_sendrecv_on_demand(lk, name, &fp, root, NULL, 0, root, recv, bytes);
-    }
-    for (q = 0; q < W; q++) {
-        if (q == root) continue;
-        if (gather)
-            _DM_TRY(_dm_lk_sendrecv_on_demand(lk, name, &fp, q, NULL, 0, q, (unsigned char*)recv + (size_t)q * bytes,
-                                              bytes));
-        else
-            _DM_TRY(_dm_lk_sendrecv_on_demand(lk, name, &fp, q, (const unsigned char*)send + (size_t)q * bytes, bytes,
-                                              q, NULL, 0));
-    }
-    return DM_OK;
 }
 
 /* >>peers  P, the peers this rank's fixed-peer schedules use on the group's layout: every
@@ -6606,23 +6675,6 @@ _DM_PRIVATE dm_status _dm_lk_keep_peers(_dm_lk* lk) {
     if (!lk->peers) lk->peers = (bool*)_dm_calloc(&lk->c->allocator, sizeof(bool) * (size_t)lk->c->size);
     if (!lk->peers) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", lk->tag);
     return _dm_lk_peers(lk, lk->peers);
-}
-
-/* The transport a group uses: the name shared by all its links, or "a+b" for a mix. */
-_DM_PRIVATE const char* _dm_lk_transport(const _dm_lk* lk, char* buf, size_t cap) {
-    const char* first = NULL;
-    int r;
-    for (r = 0; r < lk->c->size; r++) {
-        const char* n;
-        if (!lk->links || !lk->links[r]) continue;
-        n = lk->links[r]->vt->name;
-        if (!first) first = n;
-        else if (strcmp(first, n) != 0) {
-            snprintf(buf, cap, "%s+%s", strcmp(first, "shm") == 0 ? first : n, strcmp(first, "shm") == 0 ? n : first);
-            return buf;
-        }
-    }
-    return first ? first : "self";
 }
 
 /* >>thread  N ranks on N threads of one process. Every collective first meets on a shared
