@@ -185,7 +185,7 @@ typedef struct dm_collective dm_collective;
 typedef struct dm_mesh dm_mesh;
 typedef struct dm_strategy dm_strategy;
 
-/* >>env  Where this process sits, read from launcher variables. Precedence, first match wins:
+/* >>env types  Where this process sits, read from launcher variables. Precedence, first match wins:
    DISTMESH_RANK / DISTMESH_WORLD_SIZE / DISTMESH_LOCAL_RANK / DISTMESH_LOCAL_WORLD_SIZE;
    torchrun RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE; OpenMPI OMPI_COMM_WORLD_RANK /
    _SIZE / _LOCAL_RANK / _LOCAL_SIZE; PMI PMI_RANK / PMI_SIZE (MPI_LOCALRANKID, MPI_LOCALNRANKS);
@@ -205,7 +205,7 @@ typedef struct dm_env {
     char error[DM_LAST_ERROR_SIZE]; /* why dm_env_detect failed */
 } dm_env;
 
-/* >>fake  The Fake backend. Three shapes:
+/* >>fake desc  The Fake backend. Three shapes:
    - world_size 0 or 1: exactly Optimus-DL's FakeCollective: barrier does nothing, all_reduce
      leaves the data (MEAN divides by 1), all_gather copies the input, broadcast needs root 0.
    - world_size N > 1 with dm_fake_create: one simulated member (desc.rank) of N ranks that
@@ -241,7 +241,7 @@ typedef struct dm_fake_desc {
 /* One rank's body for dm_thread_world_run; returns DM_OK or a failure status. */
 typedef int (*dm_rank_fn)(dm_collective* c, void* user_data);
 
-/* >>mesh  Named dims over a world collective, row-major (the last dim innermost: ranks that
+/* >>mesh desc  Named dims over a world collective, row-major (the last dim innermost: ranks that
    differ by 1 differ in the last coordinate). One sub-collective per dim: the ranks that share
    every other coordinate. Sizes: at most one 0 ("infer from world size"). A failed create
    leaves its message in dm_last_error(world); every later failure on a mesh (an unknown, empty
@@ -273,7 +273,7 @@ typedef struct dm_strategy_desc {
     dm_allocator allocator;     /* 0 -> the world's allocator; set both or neither */
 } dm_strategy_desc;
 
-/* >>functions: status, dtypes, conversions */
+/* >>functions status  Status codes, dtypes, conversions. */
 DM_API const char* dm_status_name(dm_status status);  /* "DM_ERR_TIMEOUT"; static, never NULL */
 DM_API const char* dm_strerror(dm_status status);     /* "timed out waiting for peers" */
 DM_API size_t dm_dtype_size(dm_dtype dtype);          /* 0 for an invalid dtype */
@@ -290,11 +290,11 @@ DM_API dm_status dm_reduce_local(dm_dtype dtype, dm_reduce_op op, void* dst, con
 /* buf[i] /= divisor, the final step of MEAN (integer: truncating). */
 DM_API dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, int divisor);
 
-/* >>functions: logging */
+/* >>functions logging */
 DM_API void dm_log_stderr(dm_log_level level, dm_status status, const char* message,
                           const char* file, int line, void* user_data);
 
-/* >>functions: hashing  SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), libc only: what the
+/* >>functions hashing  SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), libc only: what the
    TCP backend's token handshakes are built on; exposed for tests and for users' own checks. */
 typedef struct dm_sha256_ctx {
     uint32_t h[8];
@@ -310,12 +310,12 @@ DM_API void dm_sha256(const void* data, size_t size, unsigned char out[32]);
 DM_API void dm_hmac_sha256(const void* key, size_t key_size, const void* msg, size_t msg_size,
                            unsigned char out[32]);
 
-/* >>functions: environment */
+/* >>functions environment */
 DM_API dm_status dm_env_detect(dm_env* out);
 /* 0 CUDA devices without CUDA support; with DISTMESH_NCCL the CUDA runtime's count. */
 DM_API int dm_device_count(void);
 
-/* >>functions: create / destroy */
+/* >>functions create  Create and destroy. */
 DM_API dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** out);
 /* out must hold desc->world_size pointers; each is destroyed with dm_destroy, by its own thread
    or after every rank thread has finished. */
@@ -335,7 +335,7 @@ DM_API dm_status dm_init(const dm_init_desc* desc, dm_collective** out);
    Accepts NULL. Sub-collectives made by dm_split are independent objects: destroy them too. */
 DM_API void dm_destroy(dm_collective* c);
 
-/* >>functions: accessors (no communication) */
+/* >>functions accessors  No communication. */
 DM_API int dm_rank(const dm_collective* c);
 DM_API int dm_world_size(const dm_collective* c);
 DM_API int dm_local_rank(const dm_collective* c);
@@ -363,7 +363,7 @@ DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives started s
    DM_ERR_BUSY while requests are in flight. */
 DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
 
-/* >>functions: seeing inside (README "See inside"). Read from the environment when a collective
+/* >>functions inside  Seeing inside (README "See inside"). Read from the environment when a collective
    is made; a sub-collective (dm_split, dm_local, mesh dims, dm_shrink, dm_grow) shares its
    parent's file and dump.
      DISTMESH_TRACE=DIR          timeline: each rank writes Chrome trace-event JSON (Perfetto,
@@ -386,7 +386,7 @@ DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
    DM_ERR_INVALID_ARG with no place to write. */
 DM_API dm_status dm_flight_recorder_dump(dm_collective* c, const char* path);
 
-/* >>functions: collectives */
+/* >>functions collectives */
 DM_API dm_status dm_barrier(dm_collective* c);
 /* Reduction order. For a given world size the threaded world, shared memory and TCP reduce in
    the same order, so floating-point results are the same bytes on all three (the fake world
@@ -426,7 +426,7 @@ DM_API void dm_blob_list_free(dm_collective* c, dm_blob_list* list);
 /* Waits for the backend's queued work (NCCL's stream); DM_OK at once where nothing is queued. */
 DM_API dm_status dm_synchronize(dm_collective* c);
 
-/* >>functions: rooted collectives. Like MPI: recv (reduce, gather) and send (scatter) are read
+/* >>functions rooted  Rooted collectives. Like MPI: recv (reduce, gather) and send (scatter) are read
    only at the root and may be NULL elsewhere. In place: reduce send NULL (or == recv) at the
    root; gather send NULL (or == recv + root*count) at the root; scatter recv NULL (or == send +
    root*count) at the root. reduce folds in the order dm_all_reduce documents, so the root gets
@@ -440,7 +440,7 @@ DM_API dm_status dm_gather(dm_collective* c, const void* send, void* recv, size_
 DM_API dm_status dm_scatter(dm_collective* c, const void* send, void* recv, size_t count,
                             dm_dtype dtype, int root);
 
-/* >>functions: all-to-all. send and recv hold world_size blocks of count elements: block j of
+/* >>functions all-to-all  send and recv hold world_size blocks of count elements: block j of
    send goes to rank j, block i of recv comes from rank i. send NULL (or == recv): in place. */
 DM_API dm_status dm_all_to_all(dm_collective* c, const void* send, void* recv, size_t count,
                                dm_dtype dtype);
@@ -454,7 +454,7 @@ DM_API dm_status dm_all_to_all_v(dm_collective* c, const void* send, const size_
                                  const size_t* send_offsets, void* recv, const size_t* recv_counts,
                                  const size_t* recv_offsets, dm_dtype dtype);
 
-/* >>functions: point-to-point. Not collective calls: only the two ranks take part, and they do
+/* >>functions point-to-point  Not collective calls: only the two ranks take part, and they do
    not count in dm_sequence. Messages from one rank to another with the same tag are received
    in the order they were sent; messages with different tags may be received in any order.
    tag >= 0; peer != own rank (like torch.distributed).
@@ -479,7 +479,7 @@ DM_API dm_status dm_send(dm_collective* c, const void* buf, size_t count, dm_dty
 DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer,
                          int tag);
 
-/* >>functions: non-blocking calls. Every call above has an _async twin taking a trailing
+/* >>functions async  Non-blocking calls. Every call above has an _async twin taking a trailing
    dm_request** out: it checks its arguments (a failure returns at once, *out = NULL), queues
    the operation and returns DM_OK with *out set. Rules:
    - Progress needs no polling: a progress thread of the collective (started by the first
@@ -540,13 +540,13 @@ DM_API dm_status dm_send_async(dm_collective* c, const void* buf, size_t count, 
 DM_API dm_status dm_recv_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer,
                                int tag, dm_request** out);
 
-/* >>functions: groups */
+/* >>functions groups */
 #define DM_SPLIT_NONE (-1)
 /* Like MPI_Comm_split: ranks passing the same color >= 0 form a new collective, ordered by
    (key, old rank). color DM_SPLIT_NONE: *out = NULL and DM_OK. Collective call. */
 DM_API dm_status dm_split(dm_collective* c, int color, int key, dm_collective** out);
 
-/* >>functions: shrink and grow  A group goes on without ranks that died or leave, and takes
+/* >>functions shrink and grow  A group goes on without ranks that died or leave, and takes
    newcomers, without a new rendezvous of the survivors (README "Survive a lost rank").
    dm_shrink: every rank that stays calls it (the excluded and the dead do not); *out is a new
    collective of the ranks that stay, renumbered in their old order, with the same transports,
@@ -576,7 +576,7 @@ DM_API dm_collective* dm_local(dm_collective* c);
 DM_API dm_status dm_main_process_first_begin(dm_collective* c, bool local_only);
 DM_API dm_status dm_main_process_first_end(dm_collective* c, bool local_only);
 
-/* >>functions: mesh */
+/* >>functions mesh */
 DM_API dm_status dm_mesh_create(const dm_mesh_desc* desc, dm_mesh** out);
 /* dp x tp mesh of Optimus-DL (TP innermost: dp_rank = rank / tp, tp_rank = rank % tp). */
 DM_API dm_status dm_mesh_create_dp_tp(dm_collective* world, int tp_size, dm_mesh** out);
@@ -599,8 +599,8 @@ DM_API int dm_mesh_tp_rank(const dm_mesh* m);
 DM_API int dm_mesh_tp_world_size(const dm_mesh* m);
 DM_API dm_collective* dm_mesh_tp_world(dm_mesh* m);
 
-/* >>functions: strategy (LLaMA-Factory). Errors carry the seed's messages, e.g.
-   "mp_replicate_size * mp_shard_size must equal to world_size, got 3 * 3 != 8.".
+/* >>functions strategy  LLaMA-Factory's DistributedStrategy. Errors carry the seed's
+   messages, e.g. "mp_replicate_size * mp_shard_size must equal to world_size, got 3 * 3 != 8.".
    - dm_strategy_create fails with a status, *out == NULL and the message in
      dm_last_error(desc->world) (there is no strategy to hold it), logged as below; a NULL desc
      or world has nowhere to hold it (status only, plus the desc's logger for a NULL world).
@@ -1220,7 +1220,7 @@ DM_API_IMPL dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, i
 }
 #undef _DM_DIVIDE
 
-/* >>logging */
+/* >>log stderr  The logger users may pass (dm_log_stderr). */
 DM_API_IMPL void dm_log_stderr(dm_log_level level, dm_status status, const char* message,
                                const char* file, int line, void* user_data) {
     static const char* levels[] = { "error", "warn", "info", "debug" };
@@ -3092,8 +3092,8 @@ struct dm_request {
     struct dm_request* next;    /* the queue */
     struct dm_request* live;    /* every request not yet freed, for dm_destroy */
     char msg[DM_LAST_ERROR_SIZE];
-    int64_t tr_queued;          /* >>trace: when it was queued (ns), 0 when off */
-    uint64_t tr_index;          /* >>trace: a stream request's flight recorder entry */
+    int64_t tr_queued;          /* when it was queued (ns), 0 when off (>>trace) */
+    uint64_t tr_index;          /* a stream request's flight recorder entry (>>trace) */
 };
 typedef struct _dm_async {
     pthread_mutex_t mu;
@@ -3860,7 +3860,7 @@ DM_API_IMPL dm_status dm_synchronize(dm_collective* c) {
     return c->vt->synchronize(c);
 }
 
-/* >>accessors */
+/* >>destroy and accessors */
 DM_API_IMPL void dm_destroy(dm_collective* c) {
     if (!c) return;
     _dm_trace_closing(c);           /* both read c->trace atomically: the progress thread may be */
@@ -3917,7 +3917,7 @@ DM_API_IMPL dm_status dm_set_timeout(dm_collective* c, int timeout_ms) {
 }
 
 /* >>fake  World 1, or one simulated member of an N-rank world where every rank holds the same
-   data (see the >>fake comment in the declarations for each collective's result). */
+   data (see >>fake desc for each collective's result). */
 typedef struct _dm_fake {
     dm_collective base;
 } _dm_fake;
@@ -5424,7 +5424,7 @@ _DM_PRIVATE dm_status _dm_lk_run_n(_dm_lk* lk, const _dm_xfer* xs, int n) {
     unsigned quiet = 0;             /* idle rounds since the last progress */
     uint32_t seen = 0;
     bool blocking = false, spinning = false;
-    int wait_peer = -1;             /* >>trace: the peer an idle spell waits on */
+    int wait_peer = -1;             /* the peer an idle spell waits on (>>trace) */
     dm_status st = DM_OK;
     for (j = 0; j < n && lk->used; j++) {
         if (xs[j].speer >= 0) lk->used[xs[j].speer] = true;
@@ -7159,6 +7159,8 @@ static dm_status _dm_tw_shrink(dm_collective* c, const bool* excluded, int flags
     if (!*out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "thread: shrink: out of memory");
     return DM_OK;
 }
+
+/* >>thread create  A member's links, its vtable, and the world made and run on threads. */
 
 /* A failure on this member's links (a mismatch found by a dm_recv, say) breaks the whole
    world, so ranks waiting in the shared barrier fail with its cause instead of waiting for a
