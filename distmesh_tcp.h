@@ -56,7 +56,7 @@
    dm_shrink (>>tcp shrink). Create and split fail the same way: their waits end by their
    deadline (desc.timeout_ms; a split runs on the parent's dm_set_timeout), a member that dies
    meanwhile gives DM_ERR_PEER_LOST (>>tcp watch), and a failed split breaks the parent. A data listener serves every pending hello at once, each
-   connection with its own 5 s, at most 64 at a time (>>tcp hello).
+   connection with its own 5 s, at most 64 at a time (>>tcp accept).
    SIGPIPE is never raised (MSG_NOSIGNAL).
 
    SECURITY (README "Threat model"): with DISTMESH_TOKEN set, every store and data connection
@@ -3197,7 +3197,7 @@ typedef struct dm_tcp_desc {
 /* Collective call over all world_size ranks. Fails with *out == NULL. */
 DM_API dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out);
 
-/* >>tcp launch  The rendezvous a launcher implies when no store is named (no desc.store /
+/* >>tcp launch desc  The rendezvous a launcher implies when no store is named (no desc.store /
    store_url, no DISTMESH_STORE, no MASTER_ADDR + MASTER_PORT):
      mpirun (OpenMPI), every rank on one host (OMPI_COMM_WORLD_LOCAL_SIZE == _SIZE):
          file store in a private directory keyed by the job id (OMPI_MCA_ess_base_jobid, else
@@ -3251,7 +3251,7 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <poll.h>
 #include <fcntl.h>
 
-/* >>tcp constants */
+/* >>tcp state  The backend's constants, the hello's handshake state and the group (_dm_tcp). */
 #define _DM_TCP_HELLO_MAGIC 0x48544d44u   /* "DMTH" little-endian: connection hello */
 #define _DM_TCP_ACK_MAGIC   0x41544d44u   /* "DMTA": hello answer */
 #define _DM_TCP_CHAL_MAGIC  0x43544d44u   /* "DMTC": the acceptor's challenge */
@@ -3523,69 +3523,6 @@ static dm_status _dm_tcp_notice_read(_dm_lk* lk, int* rank, char* msg, size_t ca
     }
     t->store->timeout_ms = saved;
     return st;
-}
-
-/* The collectives: the core's schedules over this group's links. */
-static dm_status _dm_tcp_check_broken(_dm_tcp* t, const char* op) { return _dm_lk_check_broken(&t->lk, op); }
-static dm_status _dm_tcp_all_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                    dm_reduce_op op) {
-    return _dm_lk_all_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
-}
-static dm_status _dm_tcp_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs, size_t count,
-                                            dm_dtype dtype) {
-    return _dm_lk_all_gather_list(&((_dm_tcp*)c)->lk, _DM_K_ALL_GATHER, send, recvs, count, dtype);
-}
-static dm_status _dm_tcp_all_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype) {
-    return _dm_lk_all_gather(&((_dm_tcp*)c)->lk, send, recv, count, dtype);
-}
-static dm_status _dm_tcp_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t count,
-                                        dm_dtype dtype, dm_reduce_op op) {
-    return _dm_lk_reduce_scatter(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
-}
-static dm_status _dm_tcp_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
-    return _dm_lk_broadcast(&((_dm_tcp*)c)->lk, buf, count, dtype, root);
-}
-static dm_status _dm_tcp_barrier(dm_collective* c) { return _dm_lk_barrier(&((_dm_tcp*)c)->lk); }
-/* The calls without a CUDA staging path take host memory only. */
-static dm_status _dm_tcp_host_only(dm_collective* c, const char* op, const void* a, const void* b) {
-#if defined(DISTMESH_CUDA)
-    if (_dm_cuda_is_device(a) || _dm_cuda_is_device(b))
-        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "tcp: %s takes host buffers only (device buffers: the NCCL backend)", op);
-#else
-    (void)c; (void)op; (void)a; (void)b;
-#endif
-    return DM_OK;
-}
-static dm_status _dm_tcp_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                dm_reduce_op op, int root) {
-    _DM_TRY(_dm_tcp_host_only(c, "reduce", send, recv));
-    return _dm_lk_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op, root);
-}
-static dm_status _dm_tcp_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype, int root) {
-    _DM_TRY(_dm_tcp_host_only(c, "gather", send, recv));
-    return _dm_lk_rooted(&((_dm_tcp*)c)->lk, _DM_K_GATHER, send, recv, count, dtype, root);
-}
-static dm_status _dm_tcp_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                 int root) {
-    _DM_TRY(_dm_tcp_host_only(c, "scatter", send, recv));
-    return _dm_lk_rooted(&((_dm_tcp*)c)->lk, _DM_K_SCATTER, send, recv, count, dtype, root);
-}
-static dm_status _dm_tcp_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
-                                      void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
-    _DM_TRY(_dm_tcp_host_only(c, "all_to_all", send, recv));
-    return _dm_lk_all_to_all_v(&((_dm_tcp*)c)->lk, send, sc, so, recv, rc, ro, dtype);
-}
-static dm_status _dm_tcp_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
-    _DM_TRY(_dm_tcp_host_only(c, "send", buf, NULL));
-    return _dm_lk_send(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
-}
-static dm_status _dm_tcp_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
-    _DM_TRY(_dm_tcp_host_only(c, "recv", buf, NULL));
-    return _dm_lk_recv(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
-}
-static const char* _dm_tcp_transport(const dm_collective* c) {
-    _dm_tcp* t = (_dm_tcp*)(uintptr_t)c;
-    return _dm_lk_transport(&t->lk, t->transport_name, sizeof(t->transport_name));
 }
 
 /* >>tcp shm  Ranks of one group on one host talk through a shared segment: a memfd the group's
@@ -4449,7 +4386,9 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
     }
 }
 
-
+/* >>tcp accept  The listener's side of the hello: handshakes stepped from any wait of this rank
+   (_dm_tcp_serve), the expected higher ranks accepted; then the connector's side completed
+   (the ack, the link). */
 /* A handshake the listener gives up: its claim on a rank goes, its socket is closed. */
 static void _dm_tcp_hs_drop(_dm_tcp* t, _dm_tcp_hs* h) {
     if (h->claimed && t->claims[h->peer] == h->fd) t->claims[h->peer] = -1;
@@ -4849,7 +4788,7 @@ static dm_status _dm_tcp_more_sockets(_dm_tcp* t, int64_t deadline) {
     return DM_OK;
 }
 
-/* >>tcp store access (the store API above). While a group is built every request goes
+/* >>tcp store access  How a group reaches the store. While a group is built every request goes
    through t->rdv, a clone of the store whose timeout is what is left of the rendezvous
    deadline: the desc's timeout for create, the parent's current one (dm_set_timeout) for
    split, whatever timeout the store itself was made with. */
@@ -4924,6 +4863,71 @@ static void _dm_tcp_free(_dm_tcp* t) {
 }
 static void _dm_tcp_destroy(dm_collective* c) { _dm_tcp_free((_dm_tcp*)c); }
 
+/* >>tcp slots  The vtable's entries for host buffers: the core's entry points (distmesh.h,
+   >>entry points) over this group's engine. The CUDA forms wrap them (>>tcp cuda); the table
+   follows that (>>tcp vtable). */
+static dm_status _dm_tcp_check_broken(_dm_tcp* t, const char* op) { return _dm_lk_check_broken(&t->lk, op); }
+static dm_status _dm_tcp_all_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                    dm_reduce_op op) {
+    return _dm_lk_all_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
+}
+static dm_status _dm_tcp_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs, size_t count,
+                                            dm_dtype dtype) {
+    return _dm_lk_all_gather_list(&((_dm_tcp*)c)->lk, _DM_K_ALL_GATHER, send, recvs, count, dtype);
+}
+static dm_status _dm_tcp_all_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype) {
+    return _dm_lk_all_gather(&((_dm_tcp*)c)->lk, send, recv, count, dtype);
+}
+static dm_status _dm_tcp_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t count,
+                                        dm_dtype dtype, dm_reduce_op op) {
+    return _dm_lk_reduce_scatter(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
+}
+static dm_status _dm_tcp_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+    return _dm_lk_broadcast(&((_dm_tcp*)c)->lk, buf, count, dtype, root);
+}
+static dm_status _dm_tcp_barrier(dm_collective* c) { return _dm_lk_barrier(&((_dm_tcp*)c)->lk); }
+/* The calls without a CUDA staging path take host memory only. */
+static dm_status _dm_tcp_host_only(dm_collective* c, const char* op, const void* a, const void* b) {
+#if defined(DISTMESH_CUDA)
+    if (_dm_cuda_is_device(a) || _dm_cuda_is_device(b))
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "tcp: %s takes host buffers only (device buffers: the NCCL backend)", op);
+#else
+    (void)c; (void)op; (void)a; (void)b;
+#endif
+    return DM_OK;
+}
+static dm_status _dm_tcp_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                dm_reduce_op op, int root) {
+    _DM_TRY(_dm_tcp_host_only(c, "reduce", send, recv));
+    return _dm_lk_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op, root);
+}
+static dm_status _dm_tcp_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype, int root) {
+    _DM_TRY(_dm_tcp_host_only(c, "gather", send, recv));
+    return _dm_lk_rooted(&((_dm_tcp*)c)->lk, _DM_K_GATHER, send, recv, count, dtype, root);
+}
+static dm_status _dm_tcp_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                 int root) {
+    _DM_TRY(_dm_tcp_host_only(c, "scatter", send, recv));
+    return _dm_lk_rooted(&((_dm_tcp*)c)->lk, _DM_K_SCATTER, send, recv, count, dtype, root);
+}
+static dm_status _dm_tcp_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
+                                      void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    _DM_TRY(_dm_tcp_host_only(c, "all_to_all", send, recv));
+    return _dm_lk_all_to_all_v(&((_dm_tcp*)c)->lk, send, sc, so, recv, rc, ro, dtype);
+}
+static dm_status _dm_tcp_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _DM_TRY(_dm_tcp_host_only(c, "send", buf, NULL));
+    return _dm_lk_send(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
+}
+static dm_status _dm_tcp_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _DM_TRY(_dm_tcp_host_only(c, "recv", buf, NULL));
+    return _dm_lk_recv(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
+}
+static const char* _dm_tcp_transport(const dm_collective* c) {
+    _dm_tcp* t = (_dm_tcp*)(uintptr_t)c;
+    return _dm_lk_transport(&t->lk, t->transport_name, sizeof(t->transport_name));
+}
+/* Slots defined in their own sections (>>tcp split, >>tcp grow; shrink and interrupt: >>tcp shrink). */
 static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collective** out);
 static dm_status _dm_tcp_grow(dm_collective* c, int n_new, dm_collective** out);
 static dm_status _dm_tcp_shrink(dm_collective* c, const bool* excluded, int flags, dm_collective** out);
@@ -5127,6 +5131,7 @@ static dm_status _dm_tcp_cuda_broadcast(dm_collective* c, void* buf, size_t coun
 #define _DM_TCP_SLOT(name) _dm_tcp_##name
 #endif
 
+/* >>tcp vtable  The table this backend fills (distmesh.h, >>backend-authors). */
 static const dm_collective_vtable _dm_tcp_vtable = {
     sizeof(dm_collective_vtable),    /* struct_size */
     DM_COLLECTIVE_VTABLE_VERSION,    /* version */
@@ -5155,7 +5160,8 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     _dm_tcp_interrupt,               /* interrupt */
 };
 
-/* Everything the rendezvous needs, resolved from the desc and the environment. */
+/* >>tcp setup  Everything the rendezvous needs, resolved from the desc and the environment:
+   what a create, split or join hands the build. */
 typedef struct _dm_tcp_setup {
     int rank, size, timeout_ms;
     struct dm_store* store;
@@ -5440,7 +5446,8 @@ done:
     return st;
 }
 
-
+/* >>tcp build  A group from a resolved setup: listeners, addresses through the store, hosts,
+   shared memory, connections to P, the engine (_dm_tcp_build). */
 /* A listener on at's address, ephemeral port: *fd and its "host:port" (64 bytes). */
 static dm_status _dm_tcp_listen(_dm_tcp* t, const struct sockaddr_storage* at, int* fd, char* addr) {
     struct sockaddr_storage sa;
@@ -5791,6 +5798,7 @@ DM_API_IMPL dm_status dm_tcp_launch_detect(dm_tcp_launch* out) {
     return ok ? DM_OK : DM_ERR_ENV;
 }
 
+/* >>tcp create  dm_tcp_create: the desc and the environment checked and resolved, then built. */
 /* desc.transport, else DISTMESH_TRANSPORT, else auto. A bad desc value is DM_ERR_INVALID_ARG, a
    bad environment value DM_ERR_ENV; both name what is accepted. */
 static dm_status _dm_tcp_parse_transport(const char* given, int* out, char* err, size_t cap) {
@@ -6233,6 +6241,7 @@ done:
     return st;
 }
 
+/* >>tcp join  A newcomer's side of dm_grow (DISTMESH_JOIN): it waits for its seat, then builds. */
 /* desc.join, else DISTMESH_JOIN ("0" or "1"; anything else is DM_ERR_ENV). */
 static dm_status _dm_tcp_join_flag(int given, bool* out, char* err, size_t cap) {
     const char* v = getenv("DISTMESH_JOIN");
