@@ -4156,7 +4156,7 @@ DM_API_IMPL dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** o
 typedef struct _dm_link _dm_link;
 /* One piece of a gathered send (_dm_link_vt.sendv). */
 typedef struct _dm_iov { const void* buf; size_t len; } _dm_iov;
-#define _DM_LINK_IOV_MAX 8            /* pieces per gathered send */
+#define _DM_LINK_IOV_MAX 8          /* pieces per gathered send */
 typedef struct _dm_link_vt {
     const char* name;           /* the transport: "tcp", "shm", "thread" */
     /* Nonblocking: move up to n bytes and return how many (0: would block), or -1 with *err set
@@ -4520,8 +4520,8 @@ _DM_PRIVATE dm_status _dm_algo_from_env(int* out, char* err, size_t cap) {
    transfer a schedule hands the engine (_dm_xfer: a stream of send steps and one of recv
    steps). The failure rule, the inbox, the pump and the loop follow in their own sections. */
 
-#define _DM_ENG_IO_MAX      ((size_t)1 << 30)   /* bytes per link call (2 GiB+ messages) */
-#define _DM_ENG_SPIN_US     5                   /* see _dm_eng_set_policy */
+#define _DM_ENG_IO_MAX      ((size_t)1 << 30)  /* bytes per link call (2 GiB+ messages) */
+#define _DM_ENG_SPIN_US     5                  /* see _dm_eng_set_policy */
 /* A point-to-point message that arrived before the dm_recv asking for it (see >>engine inbox). */
 typedef struct _dm_umsg {
     struct _dm_umsg* next;
@@ -4610,8 +4610,8 @@ typedef struct _dm_eng {
     void (*service)(struct _dm_eng* lk);
     void (*hangup)(struct _dm_eng* lk);
 } _dm_eng;
-#define _DM_ENG_SERVICE_FDS 80       /* pfds entries kept for poll_fill */
-#define _DM_ENG_XFER_MAX 2           /* transfers run together (_dm_eng_run_n) */
+#define _DM_ENG_SERVICE_FDS 80      /* pfds entries kept for poll_fill */
+#define _DM_ENG_XFER_MAX 2          /* transfers run together (_dm_eng_run_n) */
 
 /* Tells the group which ranks share a host: host_of[r] is any number naming rank r's host
    (equal numbers, same host; may alias lk->lay.host_of). Renumbers the hosts by first
@@ -4677,7 +4677,7 @@ _DM_PRIVATE dm_status _dm_eng_init(_dm_eng* lk, dm_collective* c, const char* ta
     lk->lay.members = lk->lay.local + W;
     lk->lay.start = lk->lay.members + W;
     lk->lay.team = lk->lay.start + W + 1;
-    _dm_eng_set_hosts(lk, lk->lay.host_of);     /* all zeros: one host */
+    _dm_eng_set_hosts(lk, lk->lay.host_of);    /* all zeros: one host */
     memset(lk->tmp, 0, lk->tmp_size);   /* fault the scratch in now, not in the first collectives */
     lk->spin_us = _DM_ENG_SPIN_US;
     lk->yield_us = 1000;
@@ -4869,7 +4869,7 @@ _DM_PRIVATE dm_status _dm_eng_adopt_notice(_dm_eng* lk, const char* op) {
    my job still whole?"), else DM_ERR_ABORTED. */
 _DM_PRIVATE dm_status _dm_eng_check_broken(_dm_eng* lk, const char* op) {
     dm_status st;
-    if (lk->broken == DM_OK) return _dm_eng_adopt_abort(lk, op);    /* this call fails with the cause */
+    if (lk->broken == DM_OK) return _dm_eng_adopt_abort(lk, op);   /* this call fails with the cause */
     st = lk->broken == DM_ERR_PEER_LOST ? DM_ERR_PEER_LOST : DM_ERR_ABORTED;
     return _DM_FAIL(lk->c, st, "%s: %s #%llu: the collective is broken by an earlier failure (%s): %s",
                     lk->tag, op, (unsigned long long)lk->c->seq, dm_status_name(lk->broken), lk->broken_msg);
@@ -5159,7 +5159,7 @@ _DM_PRIVATE size_t _dm_eng_writable(const _dm_xstate* s, const _dm_rstep* r, siz
 }
 /* One reduced piece of recv step r landed: out = own op piece (then / divide for MEAN). */
 _DM_PRIVATE void _dm_eng_reduce_piece(const _dm_xfer* x, const _dm_rstep* r, size_t at, const unsigned char* piece,
-                                     size_t bytes) {
+                                      size_t bytes) {
     size_t esize = dm_dtype_size(x->dtype);
     unsigned char* out = r->buf + at;
     if (r->own + at != out) memcpy(out, r->own + at, bytes);
@@ -5169,7 +5169,7 @@ _DM_PRIVATE void _dm_eng_reduce_piece(const _dm_xfer* x, const _dm_rstep* r, siz
 /* Reduces straight from a link that can peek. Returns false when the link has fewer readable
    contiguous bytes than one element (an element split at the ring's end goes through scratch). */
 _DM_PRIVATE bool _dm_eng_reduce_in_place(const _dm_xfer* x, _dm_xstate* s, _dm_link* l, const _dm_rstep* r,
-                                        bool* progress) {
+                                         bool* progress) {
     size_t esize = dm_dtype_size(x->dtype), n, room;
     const unsigned char* p = l->vt->peek(l, &n);
     if (((uintptr_t)p & (esize - 1)) != 0) return false;   /* links that peek pad to 8 (align) */
@@ -5298,7 +5298,7 @@ _DM_PRIVATE bool _dm_eng_xfer_done(const _dm_xfer* x, const _dm_xstate* s) {
 /* The pollfds one waiting transfer needs, appended at p[*np]; *memory is set when it waits on
    a memory link. Returns the index of its send peer's hang-up entry, or -1. */
 _DM_PRIVATE int _dm_eng_poll_xfer(_dm_eng* lk, const _dm_xfer* x, const _dm_xstate* s, struct pollfd* p, int* np,
-                                 bool* memory) {
+                                  bool* memory) {
     _dm_link* sl = x->speer >= 0 && s->si < x->ns ? lk->links[x->speer] : NULL;
     _dm_link* rl = x->rpeer >= 0 && (s->ri < x->nr || x->inbox) ? lk->links[x->rpeer] : NULL;
     int hup = -1, k;
@@ -5330,7 +5330,7 @@ _DM_PRIVATE int _dm_eng_poll_xfer(_dm_eng* lk, const _dm_xfer* x, const _dm_xsta
    backend's shm watcher does); a mix polls the sockets briefly and goes round again. Once a
    peer was seen gone, the next look comes at once, without sleeping. */
 _DM_PRIVATE dm_status _dm_eng_block(_dm_eng* lk, const _dm_xfer* xs, const _dm_xstate* s, int n, uint32_t seen,
-                                   int64_t deadline, int* dead) {
+                                    int64_t deadline, int* dead) {
     struct pollfd* p = lk->pfds;
     int np = 0, hup[_DM_ENG_XFER_MAX], rc, err = 0, j, k;
     bool memory = false;
@@ -5591,8 +5591,8 @@ _DM_PRIVATE void _dm_fp_steps(_dm_fpbufs* b, const _dm_fp* fp, _dm_sstep* s, _dm
    less than receiving into scratch); rbuf may then also be what is sent, and is written only
    behind the bytes already sent. */
 _DM_PRIVATE dm_status _dm_eng_exchange(_dm_eng* lk, const char* op, const _dm_fp* fp, const _dm_fp* expect, int speer,
-                                      const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen, bool reduce,
-                                      dm_dtype dtype, dm_reduce_op rop) {
+                                       const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen, bool reduce,
+                                       dm_dtype dtype, dm_reduce_op rop) {
     _dm_sstep ss[2];
     _dm_rstep rs[2];
     _dm_fpbufs b;
@@ -5615,17 +5615,17 @@ _DM_PRIVATE dm_status _dm_eng_exchange(_dm_eng* lk, const char* op, const _dm_fp
     return _dm_eng_run(lk, &x);
 }
 _DM_PRIVATE dm_status _dm_eng_sendrecv(_dm_eng* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
-                                      size_t slen, int rpeer, void* rbuf, size_t rlen) {
+                                       size_t slen, int rpeer, void* rbuf, size_t rlen) {
     return _dm_eng_exchange(lk, op, fp, fp, speer, sbuf, slen, rpeer, rbuf, rlen, false, DM_UINT8, DM_SUM);
 }
 _DM_PRIVATE dm_status _dm_eng_sendrecv_reduce(_dm_eng* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
-                                             int rpeer, void* buf, size_t count, dm_dtype dtype, dm_reduce_op rop) {
+                                              int rpeer, void* buf, size_t count, dm_dtype dtype, dm_reduce_op rop) {
     size_t bytes = count * dm_dtype_size(dtype);
     return _dm_eng_exchange(lk, op, fp, fp, speer, sbuf, bytes, rpeer, buf, bytes, true, dtype, rop);
 }
 
 _DM_PRIVATE dm_status _dm_eng_sendrecv_on_demand(_dm_eng* lk, const char* op, const _dm_fp* fp, int speer,
-                                                const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen) {
+                                                 const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen) {
     dm_status st;
     lk->on_demand = true;
     st = _dm_eng_sendrecv(lk, op, fp, speer, sbuf, slen, rpeer, rbuf, rlen);
@@ -5714,7 +5714,7 @@ _DM_PRIVATE dm_status _dm_sch_fp_only(_dm_eng* lk, const char* op, const _dm_fp*
    the end. The order of reduction is fixed by the team alone: the same bits on every
    transport. divide > 0: MEAN, the result is divided by it. */
 _DM_PRIVATE dm_status _dm_sch_rd(_dm_eng* lk, const _dm_team* t, void* recv, size_t count, dm_dtype dtype,
-                                dm_reduce_op op, int divide, const _dm_fp* fp) {
+                                 dm_reduce_op op, int divide, const _dm_fp* fp) {
     static const char* name = "all_reduce";
     int W = t->n, r = t->me, p = 1, rem, newrank, mask;
     size_t bytes = count * dm_dtype_size(dtype);
@@ -5765,7 +5765,7 @@ _DM_PRIVATE dm_status _dm_sch_rd(_dm_eng* lk, const _dm_team* t, void* recv, siz
    call waits for it (its first block is the one the reduce-scatter finished last); an
    all-gather alone waits for nothing. */
 _DM_PRIVATE int _dm_sch_ring_steps(_dm_steps* st, int k, const _dm_team* t, const unsigned char* in, unsigned char* out,
-                               size_t count, size_t esize, int divide, int phases) {
+                                   size_t count, size_t esize, int divide, int phases) {
     int W = t->n, g, nrs = (phases & _DM_SCH_RING_RS) ? W - 1 : 0, nag = (phases & _DM_SCH_RING_AG) ? W - 1 : 0;
     size_t off, len;
     for (g = 0; g < nrs; g++, k++) {
@@ -5790,12 +5790,12 @@ _DM_PRIVATE int _dm_sch_ring_steps(_dm_steps* st, int k, const _dm_team* t, cons
     return k;
 }
 _DM_PRIVATE dm_status _dm_sch_ring(_dm_eng* lk, const _dm_team* t, const void* send, void* recv, size_t count,
-                                  dm_dtype dtype, dm_reduce_op op, int divide, const _dm_fp* fp, int phases) {
+                                   dm_dtype dtype, dm_reduce_op op, int divide, const _dm_fp* fp, int phases) {
     int W = t->n, n = 1 + ((phases & _DM_SCH_RING_RS) ? W - 1 : 0) + ((phases & _DM_SCH_RING_AG) ? W - 1 : 0);
     _dm_steps st;
     _DM_TRY(_dm_steps_alloc(lk, &st, n, fp, "all_reduce"));
     n = _dm_sch_ring_steps(&st, 1, t, (const unsigned char*)send, (unsigned char*)recv, count, dm_dtype_size(dtype),
-                       divide, phases);
+                           divide, phases);
     return _dm_steps_run(lk, t, &st, n, "all_reduce", dtype, op, fp);
 }
 
@@ -5804,7 +5804,7 @@ _DM_PRIVATE dm_status _dm_sch_ring(_dm_eng* lk, const _dm_team* t, const void* s
    position me-g and receives those of me-g-1 straight into place, each forwarded the next
    step as it arrives. */
 _DM_PRIVATE dm_status _dm_sch_ring_gather(_dm_eng* lk, const _dm_team* t, void* const* pieces, int K, size_t bytes,
-                                         int kind, dm_dtype dtype, const _dm_fp* fp) {
+                                          int kind, dm_dtype dtype, const _dm_fp* fp) {
     int W = t->n, g, k, i = 1;
     _dm_steps st;
     if (W == 1) return DM_OK;
@@ -5827,8 +5827,8 @@ _DM_PRIVATE dm_status _dm_sch_ring_gather(_dm_eng* lk, const _dm_team* t, void* 
    pieces), which must first have been sent on; the last step (this position's own pieces)
    lands in out (K pieces; out may be scratch). divide > 0: MEAN's division, on the last. */
 _DM_PRIVATE dm_status _dm_sch_ring_rs(_dm_eng* lk, const _dm_team* t, const unsigned char* const* in, unsigned char* out,
-                                     unsigned char* scratch, int K, size_t bytes, dm_dtype dtype, dm_reduce_op op,
-                                     int divide, const _dm_fp* fp) {
+                                      unsigned char* scratch, int K, size_t bytes, dm_dtype dtype, dm_reduce_op op,
+                                      int divide, const _dm_fp* fp) {
     int W = t->n, g, k, i = 1;
     _dm_steps st;
     _DM_TRY(_dm_steps_alloc(lk, &st, 1 + (W - 1) * K, fp, "reduce_scatter"));
@@ -5883,7 +5883,7 @@ _DM_PRIVATE int _dm_sch_2l_max_segments(size_t count, size_t esize, int R, int H
 }
 /* One ring transfer over team t on the steps st holds (k of them), reducing through scratch tmp. */
 _DM_PRIVATE void _dm_sch_ring_xfer(_dm_xfer* x, const _dm_team* t, const _dm_steps* st, int k, dm_dtype dtype,
-                               dm_reduce_op op, const _dm_fp* fp, unsigned char* tmp) {
+                                   dm_reduce_op op, const _dm_fp* fp, unsigned char* tmp) {
     memset(x, 0, sizeof(*x));
     x->op = "all_reduce"; x->speer = _dm_team_at(t, 1); x->rpeer = _dm_team_at(t, -1);
     x->ss = st->ss; x->ns = k; x->rs = st->rs; x->nr = k;
@@ -5893,8 +5893,8 @@ _DM_PRIVATE void _dm_sch_ring_xfer(_dm_xfer* x, const _dm_team* t, const _dm_ste
    (rail_ring), or recursive doubling between two hosts: one exchange of the block, each side
    reducing what arrives into its own (after sending it), so both get a op b. */
 _DM_PRIVATE dm_status _dm_sch_2l_stage(_dm_eng* lk, const _dm_team* host, const _dm_team* rail, bool rail_ring,
-                                      unsigned char* buf, size_t count, dm_dtype dtype, dm_reduce_op op, int divide,
-                                      const _dm_fp* fp, int S, int s) {
+                                       unsigned char* buf, size_t count, dm_dtype dtype, dm_reduce_op op, int divide,
+                                       const _dm_fp* fp, int S, int s) {
     size_t esize = dm_dtype_size(dtype), off, len, boff, blen;
     int R = host->n, n = 0, k;
     _dm_steps hs, rs;
@@ -5956,7 +5956,7 @@ _DM_PRIVATE dm_status _dm_sch_2l_stage(_dm_eng* lk, const _dm_team* host, const 
    recursive doubling among the leaders, broadcast inside the host. Every step's order is
    fixed by the layout and the count, so the bits are the same on every transport. */
 _DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count, dm_dtype dtype, dm_reduce_op op,
-                                          int divide, const _dm_fp* fp, int R, bool rail_ring) {
+                                           int divide, const _dm_fp* fp, int R, bool rail_ring) {
     static const char* name = "all_reduce";
     const _dm_layout* y = &lk->lay;
     int me = lk->c->rank, i = y->local[me], L = _dm_sch_host_size(lk, y->host_of[me]), e, S, s;
@@ -5977,7 +5977,7 @@ _DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count
         if (!lk->tmp2) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, name);
         for (s = 0; s < S + 2; s++)
             _DM_TRY(_dm_sch_2l_stage(lk, &host, &rail, rail_ring, (unsigned char*)recv, count, dtype, op, divide, fp,
-                                    S, s));
+                                     S, s));
     } else {
         if (R > 1) _DM_TRY(_dm_sch_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_SCH_RING_RS));
         _dm_segment(count, R, i, &off, &len);
@@ -6007,7 +6007,7 @@ _DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count
    has it. So no rank returns DM_OK unless every rank's arguments agreed (the token costs one
    more pass of a byte around the ring). */
 _DM_PRIVATE dm_status _dm_sch_chain(_dm_eng* lk, const _dm_team* t, int root_pos, void* buf, size_t bytes,
-                                   dm_dtype dtype, const _dm_fp* fp) {
+                                    dm_dtype dtype, const _dm_fp* fp) {
     int W = t->n, pos = _dm_mod(t->me - root_pos, W), ns, nr;
     unsigned char token_out = 1, token_in = 0;
     _dm_sstep ss[3];
@@ -6201,12 +6201,12 @@ _DM_PRIVATE int _dm_pick_all_reduce(const _dm_eng* lk, size_t count, dm_dtype dt
     case _DM_ALGO_TWO_LEVEL_RD: return _DM_ALGO_TWO_LEVEL_RD;
     default: break;
     }
-    if (!_dm_pick_multi_host(lk) && lk->algo != _DM_ALGO_TWO_LEVEL)      /* measured on one host */
+    if (!_dm_pick_multi_host(lk) && lk->algo != _DM_ALGO_TWO_LEVEL)    /* measured on one host */
         return (b <= (double)_DM_PICK_SMALL_BYTES || !ring_fits) ? _DM_ALGO_FLAT_RD : _DM_ALGO_FLAT_RING;
     for (k = 0; k < _DM_ALGO_COUNT; k++) cost[k] = 1e300;
     if (flat_ok && ring_fits) cost[_DM_ALGO_FLAT_RING] = _dm_cost_flat_ring(lk, b);
     if (flat_ok) cost[_DM_ALGO_FLAT_RD] = _dm_cost_flat_rd(lk, b);
-    if (two_ok && rails_fit && (R > 1 || _dm_pick_rails_ring(lk, count, dtype)))    /* R = 1 with rd: two_level_rd */
+    if (two_ok && rails_fit && (R > 1 || _dm_pick_rails_ring(lk, count, dtype)))  /* R = 1 with rd: two_level_rd */
         cost[_DM_ALGO_TWO_LEVEL_RING] = _dm_cost_two_level(lk, count, esize, R, _dm_pick_rails_ring(lk, count, dtype));
     if (two_ok) cost[_DM_ALGO_TWO_LEVEL_RD] = _dm_cost_two_level(lk, count, esize, 1, false);
     for (k = _DM_ALGO_FLAT_RING; k < _DM_ALGO_COUNT; k++)     /* ties: the first in this order */
@@ -6254,7 +6254,7 @@ _DM_PRIVATE bool _dm_pick_barrier_two_level(const _dm_eng* lk) {
 _DM_PRIVATE void _dm_coll_ran(_dm_eng* lk, const char* algorithm) { lk->c->algorithm = algorithm; }
 
 _DM_PRIVATE dm_status _dm_coll_all_reduce(_dm_eng* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                        dm_reduce_op op) {
+                                          dm_reduce_op op) {
     size_t bytes = count * dm_dtype_size(dtype);
     int algo, divide = op == DM_MEAN ? lk->c->size : 0;
     _dm_team t;
@@ -6279,7 +6279,7 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce(_dm_eng* lk, const void* send, void* r
     }
     if (algo == _DM_ALGO_TWO_LEVEL_RING)
         return _dm_sch_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, lk->lay.Lmin,
-                                   _dm_pick_rails_ring(lk, count, dtype));
+                                    _dm_pick_rails_ring(lk, count, dtype));
     return _dm_sch_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, 1, false);
 }
 
@@ -6288,7 +6288,7 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce(_dm_eng* lk, const void* send, void* r
    reduced, which it then sends to the root. The others run the whole all-reduce (into a
    temporary where this rank's recv is not significant). */
 _DM_PRIVATE dm_status _dm_coll_reduce(_dm_eng* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                    dm_reduce_op op, int root) {
+                                      dm_reduce_op op, int root) {
     dm_collective* c = lk->c;
     int W = c->size, r = c->rank, q, algo, divide = op == DM_MEAN ? W : 0;
     size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
@@ -6337,7 +6337,7 @@ _DM_PRIVATE dm_status _dm_coll_reduce(_dm_eng* lk, const void* send, void* recv,
    rail i gathers its members' blocks across hosts, then each host's ring gathers the rails'
    H blocks per rank. */
 _DM_PRIVATE dm_status _dm_coll_all_gather_list(_dm_eng* lk, int kind, const void* send, void* const* recvs,
-                                             size_t count, dm_dtype dtype) {
+                                               size_t count, dm_dtype dtype) {
     const _dm_layout* y = &lk->lay;
     int W = lk->c->size, r = lk->c->rank, p, q;
     size_t bytes = count * dm_dtype_size(dtype);
@@ -6394,7 +6394,7 @@ _DM_PRIVATE dm_status _dm_coll_all_gather(_dm_eng* lk, const void* send, void* r
    those across hosts, each rank ending with its own block. In place (recv is input block r),
    the flat ring's intermediate sums need a block of their own. */
 _DM_PRIVATE dm_status _dm_coll_reduce_scatter(_dm_eng* lk, const void* send, void* recv, size_t n_elems,
-                                            dm_dtype dtype, dm_reduce_op op) {
+                                              dm_dtype dtype, dm_reduce_op op) {
     dm_collective* c = lk->c;
     const _dm_layout* y = &lk->lay;
     int W = c->size, r = c->rank, p, q, H = y->H, divide = op == DM_MEAN ? W : 0;
@@ -6427,7 +6427,7 @@ _DM_PRIVATE dm_status _dm_coll_reduce_scatter(_dm_eng* lk, const void* send, voi
         for (p = 0; p < W; p++) pieces[p] = in + (size_t)lk->order[p] * bytes;
         rc = _dm_sch_ring_rs(lk, &t, pieces, out, tmp ? tmp : out, 1, bytes, dtype, op, divide, &fp);
     } else {
-        t = _dm_sch_host(lk, y->Lmax);           /* position p's pieces: its rail's blocks, host order */
+        t = _dm_sch_host(lk, y->Lmax);          /* position p's pieces: its rail's blocks, host order */
         for (p = 0; p < y->Lmax; p++)
             for (q = 0; q < H; q++) pieces[p * H + q] = in + (size_t)y->members[y->start[q] + p] * bytes;
         rc = _dm_sch_ring_rs(lk, &t, pieces, tmp, tmp, H, bytes, dtype, op, 0, &fp);
@@ -6516,7 +6516,7 @@ _DM_PRIVATE dm_status _dm_coll_barrier(_dm_eng* lk) {
    NULL), the outgoing blocks are copied out of recv first. */
 _DM_PRIVATE int _dm_fold32(size_t v) { return (int)(uint32_t)((uint64_t)v ^ ((uint64_t)v >> 32)); }
 _DM_PRIVATE dm_status _dm_coll_all_to_all_v(_dm_eng* lk, const void* send, const size_t* sc, const size_t* so, void* recv,
-                                          const size_t* rc, const size_t* ro, dm_dtype dtype) {
+                                            const size_t* rc, const size_t* ro, dm_dtype dtype) {
     dm_collective* c = lk->c;
     int W = c->size, r = c->rank, k;
     size_t esize = dm_dtype_size(dtype);
@@ -6536,7 +6536,7 @@ _DM_PRIVATE dm_status _dm_coll_all_to_all_v(_dm_eng* lk, const void* send, const
         _dm_fp_make(&expect, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(sc[from]), rc[from]);
         lk->on_demand = true;
         st = _dm_eng_exchange(lk, "all_to_all", &mine, &expect, to, in + so[to] * esize, sc[to] * esize, from,
-                             out + ro[from] * esize, rc[from] * esize, false, DM_UINT8, DM_SUM);
+                              out + ro[from] * esize, rc[from] * esize, false, DM_UINT8, DM_SUM);
         lk->on_demand = false;
     }
     _dm_free(&c->allocator, copy);
@@ -6546,7 +6546,7 @@ _DM_PRIVATE dm_status _dm_coll_all_to_all_v(_dm_eng* lk, const void* send, const
 /* Gather and scatter: the root meets every other rank in turn, rank order; each pair trades
    fingerprints both ways, so both sides check the other's arguments. */
 _DM_PRIVATE dm_status _dm_coll_rooted(_dm_eng* lk, int kind, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                    int root) {
+                                      int root) {
     dm_collective* c = lk->c;
     int W = c->size, r = c->rank, q;
     size_t bytes = count * dm_dtype_size(dtype);
@@ -6569,10 +6569,10 @@ _DM_PRIVATE dm_status _dm_coll_rooted(_dm_eng* lk, int kind, const void* send, v
         if (q == root) continue;
         if (gather)
             _DM_TRY(_dm_eng_sendrecv_on_demand(lk, name, &fp, q, NULL, 0, q, (unsigned char*)recv + (size_t)q * bytes,
-                                              bytes));
+                                               bytes));
         else
             _DM_TRY(_dm_eng_sendrecv_on_demand(lk, name, &fp, q, (const unsigned char*)send + (size_t)q * bytes, bytes,
-                                              q, NULL, 0));
+                                               q, NULL, 0));
     }
     return DM_OK;
 }

@@ -3294,7 +3294,7 @@ typedef struct _dm_tcp {
     int* host_of;               /* per rank: the lowest rank on its host (>>tcp hosts) */
     char (*addrs)[64];          /* "host:port" per rank, for messages */
     struct sockaddr_storage self_sa; /* where this rank listened (split listens there again) */
-    _dm_eng lk;                  /* links, scratch, broken state: the core's engine (distmesh.h) */
+    _dm_eng lk;                 /* links, scratch, broken state: the core's engine (distmesh.h) */
     int transport;              /* _DM_TCP_AUTO, _SHM or _SOCKETS: what the desc asked for */
     unsigned char* shm;         /* the same-host segment (see >>tcp shm), or NULL */
     size_t shm_size;
@@ -4841,7 +4841,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
     dm_allocator a = t->base.allocator;
     int r;
     _dm_shm_watch_stop(t);      /* it polls the links' sockets */
-    _dm_eng_release(&t->lk);     /* links first: they borrow the sockets */
+    _dm_eng_release(&t->lk);    /* links first: they borrow the sockets */
     _dm_tcp_serve_stop(t);
     if (t->lfd >= 0) close(t->lfd);
     if (t->rfd >= 0) close(t->rfd);
