@@ -51,6 +51,106 @@
    - Buffers: counts are size_t elements; send == NULL or send == recv means in place. In-place
      all_gather: send == recv + rank*count; in-place reduce_scatter: recv == send + rank*count
      (NCCL's conventions).
+
+   SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
+     declarations
+       >>limits                  DM_MAX_DIMS, DM_LAST_ERROR_SIZE, the default timeout
+       >>status                  DM_STATUS_LIST: each status's name, value and text
+       >>types                   dtypes, reduce ops, devices, logger, allocator, blobs, opaque types
+       >>env types               dm_env: where this process sits, from launcher variables
+       >>fake desc               dm_fake_desc; what each collective of a Fake world returns
+       >>mesh desc               dm_mesh_desc, dm_dim, dm_strategy_desc
+       >>functions status        status and dtype names, half/bfloat16, local reduce and divide
+       >>functions logging       dm_log_stderr
+       >>functions hashing       SHA-256, HMAC-SHA256
+       >>functions environment   dm_env_detect, dm_device_count
+       >>functions create        Fake, thread world, dm_init, dm_destroy
+       >>functions accessors     rank, sizes, backend, transport, last algorithm and error, timeout
+       >>functions inside        the flight recorder and the timeline (DISTMESH_TRACE)
+       >>functions collectives   barrier, all_reduce, all_gather(_to_list), reduce_scatter,
+                                 broadcast, the object collectives
+       >>functions rooted        reduce, gather, scatter
+       >>functions all-to-all    dm_all_to_all, dm_all_to_all_v
+       >>functions point-to-point  dm_send, dm_recv
+       >>functions async         the _async twins, dm_wait, dm_test, dm_wait_all
+       >>functions groups        dm_split
+       >>functions shrink and grow  dm_shrink, dm_grow, dm_local, main_process_first
+       >>functions mesh          dm_mesh_*
+       >>functions strategy      dm_strategy_* (LLaMA-Factory's messages)
+       >>backend-authors         dm_op, the vtable and the base struct a backend embeds
+     implementation: helpers
+       >>implementation          where the implementation starts (its once-guard)
+       >>config                  system headers, _DM_PRIVATE, _DM_ZERO, the small-message bound
+       >>memory                  the object's allocator
+       >>log                     recording (dm_last_error) and logging failures
+       >>cuda                    "is this device memory" for the backends
+       >>time                    clocks, deadlines, bounded copies of names
+       >>sha256                  SHA-256 and HMAC
+       >>names                   status, dtype and op names
+       >>half                    float16 / bfloat16 conversions
+       >>kernels                 dm_reduce_local, dm_divide_local
+       >>log stderr              dm_log_stderr
+       >>env                     strict parsing of variables, dm_env_detect
+       >>trace                   the flight recorder and the timeline (DISTMESH_TRACE)
+     implementation: the object and its calls
+       >>collective base         the base struct's init, blob lists
+       >>validation              the wrappers' checks, fallbacks of missing slots
+       >>public collectives      arguments into a dm_op (_dm_prep_*)
+       >>objects                 the object collectives over the vtable
+       >>run                     one checked operation: sequence number, slot or fallback
+       >>requests                _async calls, the progress thread, dm_wait / dm_test
+       >>trace dump              the flight recorder as JSON
+       >>public calls            dm_barrier ... dm_recv, dm_split, dm_shrink, dm_grow
+       >>destroy and accessors   dm_destroy, dm_rank ... dm_set_timeout
+       >>fake                    the Fake backend (world of one, simulated world of N)
+     implementation: the link engine (links, engine, schedules, choice, entry points)
+       >>links                   the link ops table, the bell, the abort word
+       >>memory rings            the link between two ranks that share memory
+       >>fingerprint             the 32 bytes that open every collective, the mismatch message
+       >>algorithms              the all_reduce algorithms, DISTMESH_ALGO's names
+       >>engine                  a group's state (_dm_eng), layout, init, release, transfers
+       >>engine failure          the failure rule: break, abort word, notices, adopt
+       >>engine inbox            point-to-point messages between collectives
+       >>engine pump             moving one transfer's send and recv steps
+       >>engine loop             driving transfers: spin, yield, block, deadline, connect
+       >>eager                   small exchanges over memory links (an exception to the layers)
+       >>exchange                one step with one or two peers: sendrecv, sendrecv_reduce
+       >>teams                   teams, segments, step arrays: what schedules are written with
+       >>recursive doubling      schedule: recursive doubling all-reduce
+       >>ring                    schedules: ring all-reduce, ring all-gather, ring reduce-scatter
+       >>two-level               schedule: two-level all-reduce (fold, host ring, rails, pipeline)
+       >>chain                   schedule: pipelined chain (broadcast)
+       >>dissemination           schedule: dissemination rounds (barrier)
+       >>choice                  the cost model and the fixed choice of algorithm
+       >>entry points            what the vtable slots call: check, choose, run, record
+       >>peers                   P: the peers a rank's fixed-peer schedules use
+     implementation: worlds and layers on top
+       >>thread                  the threaded world: members, the shared barrier, slots, split
+       >>thread shrink           dm_shrink on the threaded world
+       >>thread create           its links, vtable, dm_thread_world_create / _run
+       >>groups                  dm_local, sub-collectives of a known size, main_process_first
+       >>mesh                    dm_mesh
+       >>strategy                dm_strategy
+       >>init                    dm_init without the TCP backend
+       >>backends                the backend headers, included last
+
+   PRIVATE NAMES  _dm_ / _DM_ for every private function, type and macro, then the part:
+       _dm_link _dm_iov          the link ops table (>>links)
+       _dm_bell_ _dm_abort       waking sleepers, the shared failure word (>>links)
+       _dm_ring _dm_memlink _dm_mem_   the memory link (>>memory rings)
+       _dm_fp_                   fingerprints (>>fingerprint)
+       _dm_algo_                 algorithm names (>>algorithms)
+       _dm_eng_ _DM_ENG_         the engine: state, failure, inbox, pump, loop, eager, exchange
+       _dm_sch_ _DM_SCH_         the schedules, with their vocabulary _dm_team_, _dm_steps_,
+                                 _dm_segment (>>teams .. >>dissemination)
+       _dm_cost_ _dm_pick_       the cost model and the choice (>>choice)
+       _dm_coll_                 entry points: one per collective the vtable slots call
+       _dm_peers_                P (>>peers)
+       _dm_tw_                   the threaded world; _dm_fake_ the Fake backend
+       _dm_prep_ _dm_check_      the public wrappers' checks; _dm_run_ _dm_op_ one operation run
+       _dm_async_ _dm_request_   non-blocking calls
+       _dm_trace_ _dm_tr_ _dm_tb_  the flight recorder, its entries, its text buffers
+       _dm_env_ _dm_mesh_ _dm_strategy_ _dm_sha256_   as named
 */
 #ifndef DISTMESH_H
 #define DISTMESH_H
@@ -5523,7 +5623,26 @@ _DM_PRIVATE dm_status _dm_eng_run_on_demand(_dm_eng* lk, const _dm_xfer* x) {
    there yet or split at the ring's end, a point-to-point message first in line, an inbox
    mid-message, a dry run) leaves what is left to _dm_eng_run, with the same checks and waits.
    The wire bytes are the engine's; it only saves the bookkeeping, which is most of an 8-byte
-   all-reduce between two cores. */
+   all-reduce between two cores.
+
+   The one exception to the layers. Everywhere else the engine knows a link by its ops table
+   alone; here it (1) tells a memory link by its ops (peek == _dm_mem_peek: the shared-memory
+   links and the threaded world's, which _dm_memlink_new alone makes, base first, so the cast
+   to _dm_memlink holds), (2) calls the ring's functions directly (the room left, one gathered
+   publish, bytes read in place) and (3) reads the per-peer state the loop would have kept (the
+   inbox, P's bookkeeping). Allowed because it is the whole cost of the smallest collectives on
+   one host, and the layered way (ops for "room for n bytes" and "n whole bytes in place" on
+   every link) would serve this transport only: a socket can promise neither.
+   What it may assume: the exchange's steps are the fingerprint and one payload each way
+   (_dm_eng_exchange builds nothing else); between engine calls every link is at a message
+   boundary both ways (a transfer returns only when done, and after a failure the group is
+   broken and no exchange runs), except the receiving inbox, which it checks.
+   What keeps it correct: the same bytes (the engine's gather, padding included, so a peer on
+   the engine's path reads them alike); all or nothing on each side (the whole message is
+   published or none; the peer's is taken only whole and contiguous, never a point-to-point
+   header); the engine's checks and reduction (_dm_eng_check_fp, _dm_eng_reduce_piece: the same
+   order, the same bits); P recorded as the loop records it, and left to the loop where a peer
+   is outside P; and test_shm_eager_stream (tests/test_tcp.c), which drives every fallback. */
 #define _DM_EAGER_MAX ((size_t)256)     /* payload bytes each way */
 #define _DM_EAGER_LOOKS 64
 

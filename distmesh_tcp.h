@@ -64,6 +64,66 @@
    the ports can neither use the store nor join, replay or relay a connection. The traffic is
    neither encrypted nor authenticated after the handshake: an attacker on the path who can
    rewrite packets is out of scope (that would take TLS).
+
+   SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
+     the rendezvous store
+       >>store                   dm_store's declarations: URLs, quotas, the operations
+       >>store wire              c10d TCPStore's wire format, both ends
+       >>store errors            libuv and errno codes into statuses
+       >>store buffers           the growable byte buffer
+       >>store auth              nonces, proofs, constant-time comparison
+       >>store server            the server: one libuv thread, its loop and clients
+       >>store server bounds     the server's quotas: every byte held is charged first
+       >>store server auth       the server's requests: handshake, then each command
+       >>store object            dm_store itself
+       >>store hosted            the servers this process hosts
+       >>store public            dm_store_* for TCP and file stores
+     the TCP backend's declarations
+       >>tcp desc                dm_tcp_desc, dm_tcp_create
+       >>tcp launch desc         dm_tcp_launch: the rendezvous a launcher implies
+     the TCP backend
+       >>tcp implementation      system headers
+       >>tcp state               constants, the hello's handshake state, the group (_dm_tcp)
+       >>tcp little helpers      wire integers, a hash
+       >>tcp links               the socket link (distmesh.h >>links)
+       >>tcp notices             the first failure, posted to the store and read back
+       >>tcp shm                 the shared segment of a host: rings, bells, futexes
+       >>tcp loss                the watcher that wakes sleepers when a same-host peer dies
+       >>tcp addresses           "host:port" and sockaddr, the interface choice
+       >>tcp sockets             same machine?, socket options, waits on one socket
+       >>tcp watch               ending create or split when a member dies
+       >>tcp hello               the connector's side of the token handshake
+       >>tcp accept              the listener's side: handshakes from any wait, accepting
+       >>tcp lazy                peers outside P connected when first needed
+       >>tcp more sockets        several sockets per peer on another host
+       >>tcp store access        how a group reaches the store while it is built
+       >>tcp keys                what a group leaves in the store: nothing
+       >>tcp lifetime            freeing a group
+       >>tcp slots               the vtable's entries for host buffers
+       >>tcp cuda                the same for CUDA device buffers (staged)
+       >>tcp vtable              the table
+       >>tcp setup               the resolved setup a create, split or join builds from
+       >>tcp hosts               which ranks share a host (host identity), shared memory
+       >>tcp sparse              connecting to P, not to the world
+       >>tcp arrival             waiting until every rank of the group has arrived
+       >>tcp build               listeners, addresses, hosts, links, the engine: a group
+       >>tcp hostlist            Slurm's hostlist syntax
+       >>tcp launch              a private rendezvous from the launcher's job identity
+       >>tcp create              dm_tcp_create
+       >>tcp split               dm_split without the store
+       >>tcp grow                dm_grow: the members' side
+       >>tcp join                dm_grow: the newcomer's side
+       >>tcp shrink              dm_shrink without the store, interrupt
+       >>tcp init                dm_init with the TCP backend
+
+   PRIVATE NAMES  _dm_ / _DM_ for every private function, type and macro, then the part:
+       _dm_store_ _dm_st_ _dm_stbuf_ _dm_srv_ _dm_fstore_ _DM_STQ_   the store: its object and
+                                 operations, their buffers, the server, the file store, the wire
+       _dm_tcp_ _DM_TCP_         the TCP backend (_dm_tcp_eng_: its hooks in the core's engine)
+       _dm_sock_                 the socket link; _dm_shm_ _dm_futex_ _dm_membarrier_ the shared
+                                 segment, its bells and fences
+       _dm_hl_                   Slurm hostlists
+       _dm_eng_ _dm_coll_ _dm_peers_ ...   the core's (distmesh.h, PRIVATE NAMES)
 */
 #ifndef DISTMESH_H
 #error "include distmesh.h with DISTMESH_TCP defined instead"
