@@ -4658,6 +4658,7 @@ typedef struct _dm_layout {
     bool contiguous;            /* every host's ranks are consecutive numbers */
 } _dm_layout;
 
+typedef struct _dm_link_cost _dm_link_cost;     /* a link class of the cost model (>>choice) */
 typedef struct _dm_eng {
     dm_collective* c;
     const char* tag;            /* message prefix: the backend */
@@ -4690,6 +4691,8 @@ typedef struct _dm_eng {
     struct pollfd* pfds;        /* size + 2 x _DM_ENG_XFER_MAX + _DM_ENG_SERVICE_FDS entries for _dm_eng_block */
     _dm_layout lay;             /* which ranks share a host */
     int algo;                   /* DISTMESH_ALGO: _DM_ALGO_AUTO or the family / algorithm forced */
+    const _dm_link_cost* cost;  /* NULL: the model's link classes (>>choice); the model's front
+                                   end gives others, to predict other networks */
     /* P's bookkeeping (>>peers). dry: transfers record their peers in `used` and move nothing.
        peers (optional): P, the peers of this rank's fixed-peer schedules; a transfer of such a
        schedule (not on_demand) with a peer outside it is DM_ERR_INTERNAL, so a schedule that
@@ -6186,13 +6189,18 @@ _DM_PRIVATE dm_status _dm_sch_dissemination(_dm_eng* lk, const _dm_team* t, int 
 
    The model (Hockney: a message of b bytes over a link of class c costs alpha_c + b * beta_c;
    the steps of one phase run on all links at once, so a phase costs its slowest link's steps)
-   has three link classes, written here:
-     shared memory         alpha 1 us,  beta 0.125 ns/B (8 GB/s, one core's memcpy)
-     same-host socket      alpha 10 us, beta 0.6 ns/B   (1.6 GB/s, loopback TCP)
-     cross-host socket     alpha 25 us, beta 0.8 ns/B   (10 Gbit/s, shared by a host's flows)
-   Ranks of one host are costed as shared memory whatever carries them, so that the choice
+   has three link classes, listed once below (_DM_COST_CLASSES): shared memory, same-host
+   socket, cross-host socket. Ranks of one host are costed as shared memory whatever carries them, so that the choice
    never depends on the transport (DISTMESH_TRANSPORT=tcp gives the same bits); the same-host
    socket class is there for the README's predictions.
+
+   One model, on paper too: scripts/cost_model.py does not copy it. It asks the model's front
+   end (scripts/cost_model.c, this section's functions on a layout it is given, with other
+   link classes where it predicts other networks through _dm_eng.cost), and tests/test_maps.c
+   holds the script's answers against what the collectives run on the threaded world
+   (dm_last_algorithm). A new all_reduce algorithm enters the model in two
+   places here: its cost in _dm_cost_all_reduce, and when it may run in _dm_pick_all_reduce;
+   the front end, the script's table and P (>>peers) then take it from _dm_algo_names.
 
    all_reduce (and reduce, which gives the root all_reduce's bits):
      one host, or one rank per host: recursive doubling at or below 64 KiB or with fewer
@@ -6206,10 +6214,27 @@ _DM_PRIVATE dm_status _dm_sch_dissemination(_dm_eng* lk, const _dm_team* t, int 
      H > 1: it crosses each host boundary once.
    barrier: two-level (host leaders, dissemination among them) when the model says so.
    DISTMESH_ALGO forces the family (flat, two_level) or the all_reduce algorithm. */
-typedef struct _dm_link_cost { double alpha_us, beta_ns; } _dm_link_cost;
-static const _dm_link_cost _dm_cost_shm = { 1.0, 0.125 };
-static const _dm_link_cost _dm_cost_same_host_socket = { 10.0, 0.6 };
-static const _dm_link_cost _dm_cost_cross_host = { 25.0, 0.8 };
+/* The link classes: name, alpha (us), beta (ns per byte), what they stand for. */
+#define _DM_COST_CLASSES(X)                                                                    \
+    X(SHM, 1.0, 0.125, "shared memory: 8 GB/s, one core's memcpy")                             \
+    X(SAME_HOST_SOCKET, 10.0, 0.6, "same-host socket: 1.6 GB/s, loopback TCP")                 \
+    X(CROSS_HOST, 25.0, 0.8, "cross-host socket: 10 Gbit/s, shared by a host's flows")
+enum {
+#define _DM_X(name, alpha, beta, text) _DM_COST_##name,
+    _DM_COST_CLASSES(_DM_X)
+#undef _DM_X
+    _DM_COST_NCLASSES
+};
+struct _dm_link_cost { double alpha_us, beta_ns; };
+static const _dm_link_cost _dm_cost_classes[_DM_COST_NCLASSES] = {
+#define _DM_X(name, alpha, beta, text) { alpha, beta },
+    _DM_COST_CLASSES(_DM_X)
+#undef _DM_X
+};
+/* Class k as this group's model sees it: the classes above, unless given others (lk->cost). */
+_DM_PRIVATE const _dm_link_cost* _dm_cost_class(const _dm_eng* lk, int k) {
+    return lk->cost ? &lk->cost[k] : &_dm_cost_classes[k];
+}
 /* steps messages of b bytes each, in microseconds. */
 _DM_PRIVATE double _dm_cost(const _dm_link_cost* k, double steps, double b) {
     return steps * (k->alpha_us + b * k->beta_ns * 1e-3);
@@ -6224,7 +6249,8 @@ _DM_PRIVATE double _dm_cost_round(const _dm_eng* lk, const int* a, const int* o,
     for (i = 0; i < n; i++)
         if (lk->lay.host_of[a[i]] != lk->lay.host_of[o[i]] && ++per_host[lk->lay.host_of[a[i]]] > most)
             most = per_host[lk->lay.host_of[a[i]]];
-    return most ? _dm_cost(&_dm_cost_cross_host, 1, b * most) : _dm_cost(&_dm_cost_shm, 1, b);
+    return most ? _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), 1, b * most)
+                : _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 1, b);
 }
 /* Recursive doubling over every rank (identity order) with b bytes, round by round. */
 _DM_PRIVATE double _dm_cost_flat_rd(const _dm_eng* lk, double b) {
@@ -6247,7 +6273,7 @@ _DM_PRIVATE double _dm_cost_flat_rd(const _dm_eng* lk, double b) {
 }
 _DM_PRIVATE double _dm_cost_flat_ring(const _dm_eng* lk, double b) {
     int W = lk->c->size;
-    return _dm_cost(lk->lay.H > 1 ? &_dm_cost_cross_host : &_dm_cost_shm, 2.0 * (W - 1), b / W);
+    return _dm_cost(_dm_cost_class(lk, lk->lay.H > 1 ? _DM_COST_CROSS_HOST : _DM_COST_SHM), 2.0 * (W - 1), b / W);
 }
 /* The host's ring (R ranks) and the rails of the two-level all-reduce on b bytes, run over S
    segments: one after the other when S = 1, else pipelined (_dm_sch_2l_stage), the larger of
@@ -6255,10 +6281,11 @@ _DM_PRIVATE double _dm_cost_flat_ring(const _dm_eng* lk, double b) {
    (the reduce-scatter of the first, the all-gather of the last). A host's R rails share its
    link, so a rail step of b/R/H bytes costs the host b/H. */
 _DM_PRIVATE double _dm_cost_2l_middle(const _dm_eng* lk, double b, int R, bool rail_ring, int S) {
+    const _dm_link_cost* cross = _dm_cost_class(lk, _DM_COST_CROSS_HOST);
     int H = lk->lay.H;
-    double host = _dm_cost(&_dm_cost_shm, 2.0 * (R - 1) * S, b / R / S), rails;
-    if (rail_ring) rails = _dm_cost(&_dm_cost_cross_host, 2.0 * (H - 1) * S, b / H / S);
-    else rails = _dm_cost(&_dm_cost_cross_host, (double)(_dm_ceil_log2(H) + ((H & (H - 1)) ? 2 : 0)) * S, b / S);
+    double host = _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 2.0 * (R - 1) * S, b / R / S), rails;
+    if (rail_ring) rails = _dm_cost(cross, 2.0 * (H - 1) * S, b / H / S);
+    else rails = _dm_cost(cross, (double)(_dm_ceil_log2(H) + ((H & (H - 1)) ? 2 : 0)) * S, b / S);
     if (S == 1) return host + rails;
     return (host > rails ? host : rails) + host / S;
 }
@@ -6281,7 +6308,7 @@ _DM_PRIVATE int _dm_pick_2l_segments(const _dm_eng* lk, size_t count, size_t esi
 _DM_PRIVATE double _dm_cost_two_level(const _dm_eng* lk, size_t count, size_t esize, int R, bool rail_ring) {
     const _dm_layout* y = &lk->lay;
     double b = (double)count * (double)esize;
-    return _dm_cost(&_dm_cost_shm, 2.0 * ((y->Lmax - 1) / R), b) +
+    return _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 2.0 * ((y->Lmax - 1) / R), b) +
            _dm_cost_2l_middle(lk, b, R, rail_ring, _dm_pick_2l_segments(lk, count, esize, R, rail_ring));
 }
 _DM_PRIVATE bool _dm_pick_forced_flat(const _dm_eng* lk) {
@@ -6303,14 +6330,26 @@ _DM_PRIVATE bool _dm_pick_rails_ring(const _dm_eng* lk, size_t count, dm_dtype d
     if (lk->rails_force) return lk->rails_force == 1;
     return _dm_cost_two_level(lk, count, esize, y->Lmin, true) <= _dm_cost_two_level(lk, count, esize, y->Lmin, false);
 }
+/* The model's cost of all_reduce algorithm algo (one of _DM_ALGO_FLAT_RING .. _DM_ALGO_COUNT - 1)
+   on count elements of dtype, in microseconds, whether or not it could run (see below). */
+_DM_PRIVATE double _dm_cost_all_reduce(const _dm_eng* lk, int algo, size_t count, dm_dtype dtype) {
+    size_t esize = dm_dtype_size(dtype);
+    double b = (double)count * (double)esize;
+    switch (algo) {
+    case _DM_ALGO_FLAT_RING: return _dm_cost_flat_ring(lk, b);
+    case _DM_ALGO_FLAT_RD: return _dm_cost_flat_rd(lk, b);
+    case _DM_ALGO_TWO_LEVEL_RING:
+        return _dm_cost_two_level(lk, count, esize, lk->lay.Lmin, _dm_pick_rails_ring(lk, count, dtype));
+    default: return _dm_cost_two_level(lk, count, esize, 1, false);     /* _DM_ALGO_TWO_LEVEL_RD */
+    }
+}
 /* all_reduce's algorithm for count elements of dtype: one of the four _DM_ALGO_*_RING / _RD.
    two_level_ring: the host's ring with R = the smallest host's size rails (each rail a ring or
    recursive doubling, _dm_pick_rails_ring); two_level_rd: one rail of host leaders. */
 _DM_PRIVATE int _dm_pick_all_reduce(const _dm_eng* lk, size_t count, dm_dtype dtype) {
     const _dm_layout* y = &lk->lay;
     int W = lk->c->size, H = y->H, R = y->Lmin, k, best = -1;
-    size_t esize = dm_dtype_size(dtype);
-    double b = (double)count * (double)esize, cost[_DM_ALGO_COUNT];
+    double b = (double)count * (double)dm_dtype_size(dtype), cost[_DM_ALGO_COUNT];
     bool ring_fits = count >= (size_t)W, rails_fit = count >= (size_t)R * (size_t)H;
     bool flat_ok = lk->algo != _DM_ALGO_TWO_LEVEL, two_ok = lk->algo != _DM_ALGO_FLAT;
     switch (lk->algo) {
@@ -6323,11 +6362,11 @@ _DM_PRIVATE int _dm_pick_all_reduce(const _dm_eng* lk, size_t count, dm_dtype dt
     if (!_dm_pick_multi_host(lk) && lk->algo != _DM_ALGO_TWO_LEVEL)    /* measured on one host */
         return (b <= (double)_DM_PICK_SMALL_BYTES || !ring_fits) ? _DM_ALGO_FLAT_RD : _DM_ALGO_FLAT_RING;
     for (k = 0; k < _DM_ALGO_COUNT; k++) cost[k] = 1e300;
-    if (flat_ok && ring_fits) cost[_DM_ALGO_FLAT_RING] = _dm_cost_flat_ring(lk, b);
-    if (flat_ok) cost[_DM_ALGO_FLAT_RD] = _dm_cost_flat_rd(lk, b);
+    if (flat_ok && ring_fits) cost[_DM_ALGO_FLAT_RING] = _dm_cost_all_reduce(lk, _DM_ALGO_FLAT_RING, count, dtype);
+    if (flat_ok) cost[_DM_ALGO_FLAT_RD] = _dm_cost_all_reduce(lk, _DM_ALGO_FLAT_RD, count, dtype);
     if (two_ok && rails_fit && (R > 1 || _dm_pick_rails_ring(lk, count, dtype)))  /* R = 1 with rd: two_level_rd */
-        cost[_DM_ALGO_TWO_LEVEL_RING] = _dm_cost_two_level(lk, count, esize, R, _dm_pick_rails_ring(lk, count, dtype));
-    if (two_ok) cost[_DM_ALGO_TWO_LEVEL_RD] = _dm_cost_two_level(lk, count, esize, 1, false);
+        cost[_DM_ALGO_TWO_LEVEL_RING] = _dm_cost_all_reduce(lk, _DM_ALGO_TWO_LEVEL_RING, count, dtype);
+    if (two_ok) cost[_DM_ALGO_TWO_LEVEL_RD] = _dm_cost_all_reduce(lk, _DM_ALGO_TWO_LEVEL_RD, count, dtype);
     for (k = _DM_ALGO_FLAT_RING; k < _DM_ALGO_COUNT; k++)     /* ties: the first in this order */
         if (best < 0 || cost[k] < cost[best]) best = k;
     return best;
@@ -6336,11 +6375,12 @@ _DM_PRIVATE int _dm_pick_all_reduce(const _dm_eng* lk, size_t count, dm_dtype dt
    on even layouts (every host L ranks). */
 _DM_PRIVATE bool _dm_pick_gather_two_level(const _dm_eng* lk, double b) {
     const _dm_layout* y = &lk->lay;
+    const _dm_link_cost *cross = _dm_cost_class(lk, _DM_COST_CROSS_HOST), *shm = _dm_cost_class(lk, _DM_COST_SHM);
     double flat, two;
     if (_dm_pick_forced_flat(lk) || y->H < 2 || y->Lmin != y->Lmax || y->Lmax < 2) return false;
     if (_dm_pick_forced_two_level(lk)) return true;
-    flat = _dm_cost(&_dm_cost_cross_host, lk->c->size - 1, b);
-    two = _dm_cost(&_dm_cost_cross_host, y->H - 1, b * y->Lmax) + _dm_cost(&_dm_cost_shm, y->Lmax - 1, b * y->H);
+    flat = _dm_cost(cross, lk->c->size - 1, b);
+    two = _dm_cost(cross, y->H - 1, b * y->Lmax) + _dm_cost(shm, y->Lmax - 1, b * y->H);
     return two < flat;
 }
 /* Dissemination over every rank: in round k each rank r signals r + k (mod size); zero bytes,
@@ -6355,13 +6395,15 @@ _DM_PRIVATE double _dm_cost_flat_dissemination(const _dm_eng* lk) {
     }
     return t;
 }
+/* broadcast: the two-level chain (host by host) whenever there are several hosts. */
+_DM_PRIVATE bool _dm_pick_broadcast_two_level(const _dm_eng* lk) { return !_dm_pick_forced_flat(lk) && lk->lay.H >= 2; }
 _DM_PRIVATE bool _dm_pick_barrier_two_level(const _dm_eng* lk) {
     const _dm_layout* y = &lk->lay;
     if (_dm_pick_forced_flat(lk) || y->H < 2) return false;
     if (_dm_pick_forced_two_level(lk)) return true;
     if (!_dm_pick_multi_host(lk)) return false;
-    return _dm_cost(&_dm_cost_shm, 2.0 * (y->Lmax - 1), 0) + _dm_cost(&_dm_cost_cross_host, _dm_ceil_log2(y->H), 0) <
-           _dm_cost_flat_dissemination(lk);
+    return _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 2.0 * (y->Lmax - 1), 0) +
+           _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), _dm_ceil_log2(y->H), 0) < _dm_cost_flat_dissemination(lk);
 }
 
 /* >>entry points  What the backends' vtable slots call (TCP, the threaded world): each checks
@@ -6372,6 +6414,23 @@ _DM_PRIVATE bool _dm_pick_barrier_two_level(const _dm_eng* lk) {
 
 _DM_PRIVATE void _dm_coll_ran(_dm_eng* lk, const char* algorithm) { lk->c->algorithm = algorithm; }
 
+/* all_reduce algorithm algo on buf (this rank's data in, the result out), for every algorithm
+   but the flat ring (which reads send and writes recv, and whose reduce form stops halfway):
+   all_reduce and reduce run them alike. A new algorithm is one more case here. */
+_DM_PRIVATE dm_status _dm_coll_all_reduce_in_place(_dm_eng* lk, int algo, void* buf, size_t count, dm_dtype dtype,
+                                                   dm_reduce_op op, int divide, const _dm_fp* fp) {
+    _dm_team t;
+    switch (algo) {
+    case _DM_ALGO_FLAT_RD:
+        t = _dm_sch_identity(lk);
+        return _dm_sch_rd(lk, &t, buf, count, dtype, op, divide, fp);
+    case _DM_ALGO_TWO_LEVEL_RING:
+        return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, lk->lay.Lmin,
+                                    _dm_pick_rails_ring(lk, count, dtype));
+    default:                                    /* _DM_ALGO_TWO_LEVEL_RD */
+        return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, 1, false);
+    }
+}
 _DM_PRIVATE dm_status _dm_coll_all_reduce(_dm_eng* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
                                           dm_reduce_op op) {
     size_t bytes = count * dm_dtype_size(dtype);
@@ -6392,14 +6451,7 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce(_dm_eng* lk, const void* send, void* r
         return _dm_sch_ring(lk, &t, send, recv, count, dtype, op, divide, &fp, _DM_SCH_RING_RS | _DM_SCH_RING_AG);
     }
     if (send != recv) memcpy(recv, send, bytes);
-    if (algo == _DM_ALGO_FLAT_RD) {
-        t = _dm_sch_identity(lk);
-        return _dm_sch_rd(lk, &t, recv, count, dtype, op, divide, &fp);
-    }
-    if (algo == _DM_ALGO_TWO_LEVEL_RING)
-        return _dm_sch_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, lk->lay.Lmin,
-                                    _dm_pick_rails_ring(lk, count, dtype));
-    return _dm_sch_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, 1, false);
+    return _dm_coll_all_reduce_in_place(lk, algo, recv, count, dtype, op, divide, &fp);
 }
 
 /* Reduce to root: the root gets the bits dm_all_reduce would give, by the same algorithm.
@@ -6430,11 +6482,7 @@ _DM_PRIVATE dm_status _dm_coll_reduce(_dm_eng* lk, const void* send, void* recv,
     _dm_coll_ran(lk, _dm_algo_names[algo]);
     if (algo != _DM_ALGO_FLAT_RING) {
         if (send != out) memcpy(out, send, bytes);
-        t = _dm_sch_identity(lk);
-        if (algo == _DM_ALGO_FLAT_RD) st = _dm_sch_rd(lk, &t, out, count, dtype, op, divide, &fp);
-        else if (algo == _DM_ALGO_TWO_LEVEL_RING)
-            st = _dm_sch_allreduce_2l(lk, out, count, dtype, op, divide, &fp, lk->lay.Lmin, _dm_pick_rails_ring(lk, count, dtype));
-        else st = _dm_sch_allreduce_2l(lk, out, count, dtype, op, divide, &fp, 1, false);
+        st = _dm_coll_all_reduce_in_place(lk, algo, out, count, dtype, op, divide, &fp);
     } else {
         t = _dm_sch_flat(lk);
         st = _dm_sch_ring(lk, &t, send, out, count, dtype, op, divide, &fp, _DM_SCH_RING_RS);
@@ -6573,7 +6621,7 @@ _DM_PRIVATE dm_status _dm_coll_broadcast(_dm_eng* lk, void* buf, size_t count, d
     _DM_TRY(_dm_eng_check_broken(lk, "broadcast"));
     if (W == 1) return DM_OK;
     _dm_fp_make(&fp, c, _DM_K_BROADCAST, (int)dtype, -1, root, count);
-    if (_dm_pick_forced_flat(lk) || y->H < 2) {
+    if (!_dm_pick_broadcast_two_level(lk)) {
         _dm_coll_ran(lk, "flat_chain");
         t = _dm_sch_flat(lk);
         return _dm_sch_chain(lk, &t, lk->slot[root], buf, count * dm_dtype_size(dtype), dtype, &fp);
@@ -6749,11 +6797,12 @@ _DM_PRIVATE dm_status _dm_coll_recv(_dm_eng* lk, void* buf, size_t count, dm_dty
    gather, scatter, reduce's blocks to the root, and where a two-level broadcast chain from
    another root enters and leaves its host: one host's last rank would otherwise pair with
    every rank of the next host): a backend connects those on demand (_dm_eng.connect). A new
-   schedule, or a new way of choosing one, must be run here too; the threaded world checks
-   every transfer outside on_demand against P (_dm_eng_check_peer), so the layout tests fail
-   if it is not. in: size entries, set for the peers (never self). */
+   all_reduce algorithm is run here as it is (every _DM_ALGO_* from _DM_ALGO_FLAT_RING on); a
+   schedule of another collective, or a choice inside one that its algorithm does not fix (as
+   the rails' above), must be run here by hand; the threaded world checks every transfer
+   outside on_demand against P (_dm_eng_check_peer), so the layout tests fail if it is not.
+   in: size entries, set for the peers (never self). */
 _DM_PRIVATE dm_status _dm_peers_find(_dm_eng* lk, bool* in) {
-    static const int ar[4] = { _DM_ALGO_FLAT_RING, _DM_ALGO_FLAT_RD, _DM_ALGO_TWO_LEVEL_RING, _DM_ALGO_TWO_LEVEL_RD };
     static const int fam[2] = { _DM_ALGO_FLAT, _DM_ALGO_TWO_LEVEL };
     dm_collective* c = lk->c;
     const _dm_layout* y = &lk->lay;
@@ -6767,9 +6816,11 @@ _DM_PRIVATE dm_status _dm_peers_find(_dm_eng* lk, bool* in) {
     if (!buf) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", lk->tag);
     lk->dry = true;
     lk->used = in;
-    for (k = 0; k < 5 && st == DM_OK; k++) {        /* W elements: every ring and rail fits */
-        lk->algo = ar[k < 4 ? k : 2];
-        lk->rails_force = k == 2 ? 1 : k == 4 ? 2 : 0;   /* two_level_ring's rails: ring, then rd */
+    /* every all_reduce algorithm (W elements: every ring and rail fits), then two_level_ring
+       again with its rails forced each way (ring, then rd: the count decides at run time) */
+    for (k = _DM_ALGO_FLAT_RING; k < _DM_ALGO_COUNT + 2 && st == DM_OK; k++) {
+        lk->algo = k < _DM_ALGO_COUNT ? k : _DM_ALGO_TWO_LEVEL_RING;
+        lk->rails_force = k < _DM_ALGO_COUNT ? 0 : k - _DM_ALGO_COUNT + 1;
         st = _dm_coll_all_reduce(lk, buf, buf, (size_t)W, DM_UINT8, DM_SUM);
     }
     lk->rails_force = 0;
