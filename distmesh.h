@@ -6200,7 +6200,7 @@ _DM_PRIVATE dm_status _dm_sch_dissemination(_dm_eng* lk, const _dm_team* t, int 
    holds the script's answers against what the collectives run on the threaded world
    (dm_last_algorithm). A new all_reduce algorithm enters the model in two
    places here: its cost in _dm_cost_all_reduce, and when it may run in _dm_pick_all_reduce;
-   the front end, the script's table and P (>>peers) then take it from _dm_algo_names.
+   the front end, the script's table and P (>>peers) take it from the list (>>algorithms).
 
    all_reduce (and reduce, which gives the root all_reduce's bits):
      one host, or one rank per host: recursive doubling at or below 64 KiB or with fewer
