@@ -84,6 +84,23 @@
 
    One create per store prefix: a second dm_nccl_create with the same store and prefix would read
    the first one's unique id; use dm_split for sub-groups (ncclCommSplit, no store needed).
+   SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
+       >>nccl desc               dm_nccl_desc, dm_nccl_create, the CUDA device calls; the
+                                 group (_dm_nccl)
+       >>nccl errors             NCCL and CUDA codes into statuses, the abort rule, waits
+       >>nccl device             running on the communicator's device
+       >>nccl types              dtypes and ops into NCCL's, device pointer checks
+       >>nccl temporaries        device scratch, stream-ordered; copies
+       >>nccl collectives        the collectives on the stream (_on functions)
+       >>nccl groups             ncclSend/ncclRecv inside a group
+       >>nccl rooted and point-to-point  reduce, gather, scatter, all_to_all, send, recv
+       >>nccl slots              the vtable's entries
+       >>nccl requests           _async (start; finish on CUDA events), destroy, the vtable
+       >>nccl lifetime           a communicator's object, split
+       >>nccl shrink             dm_shrink, interrupt; the unique id, dm_nccl_create, devices
+
+   PRIVATE NAMES  _dm_nccl_ / _DM_NCCL_ for everything of this backend; the rest is the core's
+   (distmesh.h, PRIVATE NAMES).
 */
 #ifndef DISTMESH_H
 #error "include distmesh.h with DISTMESH_NCCL defined instead"

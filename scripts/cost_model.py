@@ -1,72 +1,71 @@
 #!/usr/bin/env python3
 """The all_reduce cost model distmesh chooses algorithms by (distmesh.h, >>choice), run on paper.
 
-Hockney: a message of b bytes over a link of class c costs alpha_c + b * beta_c; a phase's steps
-run on every link at once and cost the slowest; flows that leave one host share its link.
-Ranks contiguous by host, counts powers of two (the code's model also handles the rest). Classes as written in distmesh.h (shared memory
-1 us / 8 GB/s); the cross-host class is given on the command line (alpha, Gbit/s per host).
+There is no second copy of the model here: every figure comes from the model's front end
+(scripts/cost_model.c), which runs distmesh.h's own cost and choice functions on the layout it is
+given. Its link classes are distmesh.h's (`scripts/cost_model.py classes` prints them); the
+cross-host class may be given on the command line (alpha, Gbit/s per host) to predict another
+network. A new all_reduce algorithm shows up here as a column by itself (the front end lists
+every algorithm distmesh.h names).
 
   scripts/cost_model.py                       the README's table: 1k, 4k, 16k ranks, 8 per host,
-                                              25 and 100 Gbit/s, alpha 10 us
+                                              25 and 100 Gbit/s, alpha 10 us, float32
   scripts/cost_model.py N L GBIT ALPHA_US S   one layout (N ranks, L per host), one size (bytes)
+  scripts/cost_model.py classes               the model's link classes and bounds
+  scripts/cost_model.py --query               queries on stdin (see scripts/cost_model.c), one
+                                              parsed answer per line (tests/test_cost_model.c)
+
+The front end is built with make (build/plain/tools/cost_model), or named by DM_COST_MODEL.
 """
-import math
+import os
+import subprocess
 import sys
 
-SHM = (1.0, 0.125)          # alpha us, beta ns/B (distmesh.h: _dm_cost_shm)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = "build/plain/tools/cost_model"
+FIELDS = ("all_gather", "reduce_scatter", "broadcast", "barrier")  # families, besides all_reduce
 
 
-def cost(link, steps, b):
-    return steps * (link[0] + b * link[1] * 1e-3)
+def tool():
+    """The front end's path: DM_COST_MODEL, else built (or brought up to date) by make."""
+    path = os.environ.get("DM_COST_MODEL")
+    if path:
+        return path
+    r = subprocess.run(["make", "-s", "--no-print-directory", "-C", ROOT, TOOL],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        sys.exit(f"cost_model.py: could not build {TOOL}:\n{r.stdout}")
+    return os.path.join(ROOT, TOOL)
 
 
-def max_segments(s, l, h):
-    """distmesh.h _dm_lk_2l_max_segments: a rail's block of a segment about 512 KiB or more, at
-    most 64 segments."""
-    k = max(1, min(64, int(s) // ((512 << 10) * l)))
-    while k > 1 and s // k < l * h:
-        k -= 1
-    return k
+def ask(lines):
+    """The front end's answers to query lines: one dict per line (strings as printed)."""
+    r = subprocess.run([tool()], input="".join(line + "\n" for line in lines),
+                       stdout=subprocess.PIPE, text=True)
+    out = []
+    for text in r.stdout.splitlines():
+        fields = dict(tok.split("=", 1) for tok in text.split())
+        if "error" in fields:
+            sys.exit(f"cost_model.py: the model refused \"{text}\"")
+        out.append(fields)
+    if len(out) != len(lines):
+        sys.exit(f"cost_model.py: {len(lines)} queries, {len(out)} answers (front end exit {r.returncode})")
+    return out
 
 
-def middle(l, h, net, s, ring, k):
-    """distmesh.h _dm_cost_2l_middle: the host's ring and the l rails (ring or recursive
-    doubling) over k segments: one after the other when k = 1, else pipelined, the larger of the
-    two plus the host's share of one segment."""
-    host = cost(SHM, 2 * (l - 1) * k, s / l / k)          # the host's reduce-scatter + all-gather
-    # l rails of s/l bytes: a rail step moves s/(l h), l of them share the host's link
-    rails = cost(net, 2 * (h - 1) * k, s / h / k) if ring else cost(net, math.log2(h) * k, s / k)
-    return host + rails if k == 1 else max(host, rails) + host / k
+def algorithms(answer):
+    """The all_reduce algorithms in the answer (us.NAME), in distmesh.h's order, with their cost (us)."""
+    return {k[3:]: float(v) for k, v in answer.items() if k.startswith("us.")}
 
 
-def two_level_rails(l, h, net, s):
-    """Rails as rings or by recursive doubling, the cheaper, each with the segment count the
-    code picks (distmesh.h _dm_lk_2l_segments: of 1, 2, 4, ... and the most, the cheapest)."""
-    best = None
-    for ring in (True, False):
-        # distmesh.h _dm_lk_2l_pipelined: R > 1 and each rail one transfer (a ring, or two hosts)
-        most = max_segments(s, l, h) if l > 1 and (ring or h <= 2) and s // l >= h else 1
-        ks = sorted({1, most} | {k for k in (2 ** i for i in range(1, 7)) if k < most})
-        t = min(middle(l, h, net, s, ring, k) for k in ks)
-        best = t if best is None else min(best, t)
-    return best
+def label(name):
+    """flat_rd -> "flat rd", two_level_ring -> "two-level ring" (the README's words)."""
+    return name.replace("two_level", "two-level").replace("_", " ")
 
 
-def algorithms(n, l, net, s):
-    """Microseconds per all_reduce of s bytes on n ranks, l per host (contiguous, powers of 2)."""
-    h = n // l
-    return {
-        "flat ring": cost(net, 2 * (n - 1), s / n),
-        # rounds inside the host, then rounds where all l ranks of a host send across at once
-        "flat rd": cost(SHM, math.log2(l), s) + cost(net, math.log2(h), s * l),
-        # l rails of s/l bytes: a rail step moves s/(l h), l of them share the host's link
-        "two-level ring": two_level_rails(l, h, net, s),
-        "two-level rd": cost(SHM, 2 * (l - 1), s) + cost(net, math.log2(h), s),
-    }
-
-
-def net_class(gbit, alpha_us):
-    return (alpha_us, 8.0 / gbit)      # ns per byte at gbit Gbit/s
+def net_query(n, l, gbit, alpha_us, s):
+    """A query for s bytes of float32 on n ranks, l per host, cross-host class (alpha, Gbit/s)."""
+    return f"ranks={n} per_host={l} count={max(1, int(s) // 4)} dtype=float32 cross={alpha_us},{8.0 / gbit}"
 
 
 def human(us):
@@ -75,21 +74,43 @@ def human(us):
 
 def table():
     sizes = [("8 B", 8), ("1 MiB", 1 << 20), ("64 MiB", 64 << 20)]
-    print("| ranks | link | size | flat ring | flat rd | two-level ring | two-level rd | chosen |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-    for n in (1024, 4096, 16384):
-        for gbit in (25, 100):
-            for name, s in sizes:
-                a = algorithms(n, 8, net_class(gbit, 10.0), s)
-                best = min(a, key=a.get)
-                cells = " | ".join(human(a[k]) for k in ("flat ring", "flat rd", "two-level ring", "two-level rd"))
-                print(f"| {n} | {gbit} Gbit/s | {name} | {cells} | {best} |")
+    rows = [(n, gbit, name, s) for n in (1024, 4096, 16384) for gbit in (25, 100) for name, s in sizes]
+    answers = ask([net_query(n, 8, gbit, 10.0, s) for n, gbit, _, s in rows])
+    names = list(algorithms(answers[0]))
+    print("| ranks | link | size | " + " | ".join(label(k) for k in names) + " | chosen |")
+    print("| ---: | ---: | ---: | " + " | ".join("---:" for _ in names) + " | --- |")
+    for (n, gbit, name, _), a in zip(rows, answers):
+        costs = algorithms(a)
+        cells = " | ".join(human(costs[k]) for k in names)
+        print(f"| {n} | {gbit} Gbit/s | {name} | {cells} | {label(a['all_reduce'])} |")
+
+
+def query():
+    """stdin queries -> one line per answer: all_reduce and the families, as the collectives
+    record them (dm_last_algorithm: all_reduce's name; the others' family prefix)."""
+    lines = [line.strip() for line in sys.stdin if line.strip()]
+    for a in ask(lines):
+        print(" ".join(f"{k}={a[k]}" for k in ("ranks", "count", "dtype")),
+              f"host_of={a.get('host_of', a.get('per_host'))}",
+              f"all_reduce={a['all_reduce']}", " ".join(f"{k}={a[k]}" for k in FIELDS))
+
+
+def main(argv):
+    if len(argv) == 6:
+        n, l, gbit, alpha, s = int(argv[1]), int(argv[2]), float(argv[3]), float(argv[4]), float(argv[5])
+        a = ask([net_query(n, l, gbit, alpha, s)])[0]
+        for k, v in algorithms(a).items():
+            print(f"{label(k):15s} {human(v)}")
+        print(f"{'chosen':15s} {label(a['all_reduce'])}")
+    elif argv[1:] == ["classes"]:
+        sys.stdout.write(subprocess.run([tool()], input="classes\n", stdout=subprocess.PIPE, text=True).stdout)
+    elif argv[1:] == ["--query"]:
+        query()
+    elif len(argv) == 1:
+        table()
+    else:
+        sys.exit(__doc__)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6:
-        n, l, gbit, alpha, s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
-        for k, v in algorithms(n, l, net_class(gbit, alpha), s).items():
-            print(f"{k:15s} {human(v)}")
-    else:
-        table()
+    main(sys.argv)
