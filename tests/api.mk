@@ -10,6 +10,6 @@ $(BUILD)/api/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 
-$(BUILD)/api/test_api: tests/test_api.c tests/test_util.h tests/test_filter.h tests/test_tmpdir.h $(BUILD)/api/impl.o
+$(BUILD)/api/test_api: tests/test_api.c tests/test_util.h tests/test_filter.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/api/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/api/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)

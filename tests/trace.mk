@@ -10,6 +10,6 @@ $(BUILD)/trace/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 
-$(BUILD)/trace/test_trace: tests/test_trace.c tests/test_filter.h tests/test_tmpdir.h $(BUILD)/trace/impl.o
+$(BUILD)/trace/test_trace: tests/test_trace.c tests/test_filter.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/trace/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/trace/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
