@@ -10,7 +10,7 @@ $(BUILD)/shrink/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 
-$(BUILD)/shrink/test_shrink: tests/test_shrink.c tests/test_tmpdir.h tests/test_filter.h $(BUILD)/shrink/impl.o
+$(BUILD)/shrink/test_shrink: tests/test_shrink.c tests/test_world.h tests/test_tmpdir.h tests/test_filter.h $(BUILD)/shrink/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/shrink/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 

@@ -11,7 +11,7 @@ $(BUILD)/store/impl.o: tests/impl.c distmesh.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 
-$(BUILD)/store/test_store: tests/test_store.c $(BUILD)/store/impl.o
+$(BUILD)/store/test_store: tests/test_store.c tests/test_world.h tests/test_tmpdir.h $(BUILD)/store/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/store/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
