@@ -19,8 +19,8 @@ $(BUILD)/nccl/impl.o: tests/impl.c distmesh.h distmesh_tcp.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) -c $< -o $@
 
-$(BUILD)/nccl/test_nccl: tests/test_nccl.c $(BUILD)/nccl/impl.o
-	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) $^ -o $@ $(NCCL_LIBS) $(CMOCKA_LIBS) $(LDLIBS_ALL)
+$(BUILD)/nccl/test_nccl: tests/test_nccl.c tests/test_world.h tests/test_tmpdir.h $(BUILD)/nccl/impl.o
+	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) $< $(BUILD)/nccl/impl.o -o $@ $(NCCL_LIBS) $(CMOCKA_LIBS) $(LDLIBS_ALL)
 
 # Every header with every backend, as C++ (the C build is impl.o above).
 $(BUILD)/nccl/compile_cpp: tests/impl.c distmesh.h distmesh_tcp.h distmesh_nccl.h
