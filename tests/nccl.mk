@@ -41,7 +41,7 @@ $(BUILD)/nccl/compile_tcp_cuda: tests/impl.c distmesh.h distmesh_tcp.h
 	@touch $@
 
 # distmesh's per-call overhead over raw ncclAllReduce (NCCL world 1, 8 B); `make bench-gpu` runs it.
-$(BUILD)/nccl/nccl_overhead: bench/nccl_overhead.c distmesh.h distmesh_nccl.h
+$(BUILD)/nccl/nccl_overhead: bench/nccl_overhead.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(NCCL_INC)) $< -o $@ \
 	    -L$(CUDA_HOME)/lib64 -L$(NCCL_LIBDIR) -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_LIBDIR) \

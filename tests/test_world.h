@@ -15,7 +15,8 @@
    file needs POSIX 2008 (_GNU_SOURCE or _POSIX_C_SOURCE 200809L before its first header).
 
    Sections (search the tag):
-     >>clock   tw_now_s / tw_now_ms / tw_now_ns (CLOCK_MONOTONIC), tw_sleep_ms, tw_sort, tw_median
+     >>clock   tw_now_s / tw_now_ms / tw_now_ns (CLOCK_MONOTONIC), tw_sleep_ms / tw_sleep_us, tw_sort,
+               tw_median
      >>host    tw_free_port, tw_count_fds (and test_tmpdir.h's tmpdir_make / tmpdir_remove)
      >>procs   tw_world: tw_spawn, tw_fork, tw_signal, tw_kill, tw_reap, tw_reap_some,
                tw_kill_all, tw_exit_code; tw_me: who this process is
@@ -44,7 +45,6 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include "test_tmpdir.h"
 #if defined(DISTMESH_TCP)
 #include "distmesh.h"
 #endif
@@ -60,6 +60,7 @@
 #else
 #define _TW_PRINTF(f, a)
 #endif
+#include "test_tmpdir.h"        /* tmpdir_make, tmpdir_remove (inside the pragma: a program may use neither) */
 
 /* >>clock -------------------------------------------------------------------------------------- */
 static double tw_now_s(void) {
@@ -73,13 +74,14 @@ static int64_t tw_now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 static int64_t tw_now_ms(void) { return tw_now_ns() / 1000000; }
-/* Sleeps ms milliseconds, signals or not. */
-static void tw_sleep_ms(int ms) {
+/* Sleeps us microseconds (ms milliseconds), signals or not. */
+static void tw_sleep_us(long us) {
     struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    ts.tv_sec = us / 1000000;
+    ts.tv_nsec = (us % 1000000) * 1000L;
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
+static void tw_sleep_ms(int ms) { tw_sleep_us((long)ms * 1000); }
 static int _tw_cmp_double(const void* a, const void* b) {
     double x = *(const double*)a, y = *(const double*)b;
     return x < y ? -1 : x > y;
