@@ -97,10 +97,7 @@ static int trial(const loss_args* a, int victim, double* lat) {
     w.arg = &victim;
     if (tw_dm_fork(&p, &w) != 0) { perror("dm_loss: fork"); failed = 1; }
     deadline = tw_now_s() + a->timeout_s + 20;
-    for (i = 0; i < a->np && !failed; i++) {
-        char c;
-        if (!tw_read_exact(&p, &c, 1, deadline) || c != 'R') failed = 1;
-    }
+    if (!failed && !tw_read_ready(&p, a->np, deadline)) failed = 1;
     if (!failed) {
         long long t0[64], t1;
         int64_t s0 = tw_now_ns();

@@ -109,10 +109,7 @@ static int trial(const shrink_args* a, int victim, double* shrink_ms, double* re
     w.arg = &t;
     if (tw_dm_fork(&p, &w) != 0) { perror("dm_shrink_bench: fork"); failed = 1; }
     deadline = tw_now_s() + 3 * a->timeout_s + 20;
-    for (i = 0; i < a->np && !failed; i++) {
-        char ch;
-        if (!tw_read_exact(&p, &ch, 1, deadline) || ch != 'R') failed = 1;
-    }
+    if (!failed && !tw_read_ready(&p, a->np, deadline)) failed = 1;
     if (!failed) {
         tw_sleep_ms(50);
         tw_signal(&p, victim, SIGKILL);

@@ -191,32 +191,23 @@ static void describe(dm_dtype t, const void* p, char* buf, size_t cap) {
 
 /* ---- worlds ----------------------------------------------------------------------------------- */
 typedef int (*body_fn)(dm_collective* c, void* arg);   /* 0: every check passed */
-typedef struct api_call { body_fn body; void* arg; } api_call;
-static int api_body(dm_collective* c, int rank, int world, void* arg) {
-    const api_call* a = (const api_call*)arg;
-    (void)rank; (void)world;
-    return a->body(c, a->arg);
-}
 /* A world of `world` ranks running body over transport kind (g_tr_name: "thread" is one process
    running the threaded world), each call's deadline timeout_ms. */
-static void api_world(tw_dm_world* w, api_call* call, int kind, int world, int timeout_ms, body_fn body, void* arg) {
-    call->body = body;
-    call->arg = arg;
+static void api_world(tw_dm_world* w, int kind, int world, int timeout_ms, body_fn body, void* arg) {
     memset(w, 0, sizeof(*w));
     w->world = world;
     w->store = &g_store;
     w->transport = g_tr_name[kind];
     w->timeout_ms = timeout_ms;
-    w->body = api_body;
-    w->arg = call;
+    w->body_c = body;
+    w->arg = arg;
 }
 /* Runs body on every rank of a world of `world` ranks over transport kind; the number of ranks
    (processes for the threaded world) that failed, were killed at limit_s or did not start. */
 static int run_on(int kind, int world, body_fn body, void* arg, double limit_s) {
     tw_dm_world w;
-    api_call call;
     g_kind = g_tr_name[kind];
-    api_world(&w, &call, kind, world, g_timeout_ms, body, arg);
+    api_world(&w, kind, world, g_timeout_ms, body, arg);
     return tw_dm_run(&w, limit_s);
 }
 /* The body at 1, 2, 3, 4 and 7 ranks on one transport; fails the test naming the worlds. */
@@ -1082,7 +1073,6 @@ static double kill_trial(int kind) {
     double t_done[4] = { 0 }, worst = 0;
     tw_world p;
     tw_dm_world w;
-    api_call call;
     tw_reader rr;
     kill_watch kw;
     memset(status_of, 0, sizeof(status_of));
@@ -1091,21 +1081,14 @@ static double kill_trial(int kind) {
     p.reports = true;
     p.quick_exit = true;
     g_kind = g_tr_name[kind];
-    api_world(&w, &call, kind, world, 60000, body_kill, NULL);
+    api_world(&w, kind, world, 60000, body_kill, NULL);
     assert_int_equal(tw_dm_fork(&p, &w), 0);
     kw.world = world;
     kw.status_of = status_of;
     kw.ndone = ndone;
     kw.t_done = t_done;
-    memset(&rr, 0, sizeof(rr));
-    rr.want = world - 1;
-    rr.poll_ms = 20;
-    rr.deadline = tw_now_s() + 30;
-    rr.fault = true;                 /* once all are ready: the survivors wait inside their requests */
-    rr.fault_rank = KILL_VICTIM;
-    rr.fault_delay_ms = 300;
-    rr.on_line = kill_line;
-    rr.u = &kw;
+    tw_reader_init(&rr, world - 1, 30, kill_line, &kw);
+    tw_reader_fault(&rr, KILL_VICTIM, SIGKILL, 300);   /* the survivors wait inside their requests */
     reports = tw_read_reports(&p, &rr);
     tw_kill(&p, KILL_VICTIM);
     failed = tw_reap(&p, 10);

@@ -503,22 +503,11 @@ static char g_out[1 << 16];
    exit status. */
 static int run_example(const char* args) {
     char cmd[1024];
-    FILE* f;
-    size_t n = 0;
     int rc;
-    snprintf(cmd, sizeof(cmd), "env -u RANK -u WORLD_SIZE -u DISTMESH_STORE timeout -k 5 90 %s %s 2>&1", DM_DDP, args);
-    fflush(stdout);
-    f = popen(cmd, "r");
-    if (!f) return -1;
-    while (n + 1 < sizeof(g_out) && !feof(f)) {
-        size_t k = fread(g_out + n, 1, sizeof(g_out) - 1 - n, f);
-        if (k == 0) break;
-        n += k;
-    }
-    g_out[n] = 0;
-    rc = pclose(f);
+    snprintf(cmd, sizeof(cmd), "env -u RANK -u WORLD_SIZE -u DISTMESH_STORE %s %s", DM_DDP, args);
+    rc = tw_run_cmd(90, g_out, sizeof(g_out), cmd);
     printf("%s", g_out);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    return rc;
 }
 /* 3 ranks train; a newcomer process joins through dm_grow at step 21 and gets the weights by
    broadcast; all 4 end with identical weights and a lower loss. */

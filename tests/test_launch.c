@@ -310,20 +310,9 @@ static void test_launch_missing_store_message(void** state) {
    timeout, output in OUT. Returns the exit status. */
 static int run_example(const char* env, const char* script, char* out, size_t cap) {
     char cmd[2048];
-    FILE* f;
-    size_t n;
-    int rc;
-    snprintf(cmd, sizeof(cmd), "env -u MAKEFLAGS -u MAKELEVEL DISTMESH_TIMEOUT=60 %s timeout -k 5 120 %s/examples/%s "
-             "%s > %s/example.out 2>&1", env, DM_SRCDIR, script, DM_EXAMPLE, g_tmp);
-    rc = system(cmd);
-    rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    snprintf(cmd, sizeof(cmd), "%s/example.out", g_tmp);
-    f = fopen(cmd, "r");
-    assert_non_null(f);
-    n = fread(out, 1, cap - 1, f);
-    out[n] = 0;
-    fclose(f);
-    return rc;
+    snprintf(cmd, sizeof(cmd), "env -u MAKEFLAGS -u MAKELEVEL DISTMESH_TIMEOUT=60 %s %s/examples/%s %s", env, DM_SRCDIR,
+             script, DM_EXAMPLE);
+    return tw_run_cmd(120, out, cap, cmd);
 }
 static int count_of(const char* out, const char* needle) {
     const char* p;
@@ -379,23 +368,14 @@ static void test_launch_torchrun_example(void** state) {
    cannot run (not root, slurm-wlm or munge missing). */
 static void test_launch_srun_example(void** state) {
     char cmd[2048], out[16384];
-    FILE* f;
-    size_t n;
     int rc, ctld = free_port(), slurmd = free_port();
     (void)state;
     while (slurmd == ctld) slurmd = free_port();
     clear_env();
-    snprintf(cmd, sizeof(cmd), "env -u MAKEFLAGS -u MAKELEVEL DISTMESH_TIMEOUT=60 NPROC=4 timeout -k 5 120 "
-             "%s/tests/slurm_single_node.sh %s/slurm %d %d %s/examples/launch_srun.sh %s > %s/srun.out 2>&1",
-             DM_SRCDIR, g_tmp, ctld, slurmd, DM_SRCDIR, DM_EXAMPLE, g_tmp);
-    rc = system(cmd);
-    rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    snprintf(cmd, sizeof(cmd), "%s/srun.out", g_tmp);
-    f = fopen(cmd, "r");
-    assert_non_null(f);
-    n = fread(out, 1, sizeof(out) - 1, f);
-    out[n] = 0;
-    fclose(f);
+    snprintf(cmd, sizeof(cmd), "env -u MAKEFLAGS -u MAKELEVEL DISTMESH_TIMEOUT=60 NPROC=4 "
+             "%s/tests/slurm_single_node.sh %s/slurm %d %d %s/examples/launch_srun.sh %s",
+             DM_SRCDIR, g_tmp, ctld, slurmd, DM_SRCDIR, DM_EXAMPLE);
+    rc = tw_run_cmd(120, out, sizeof(out), cmd);
     if (rc == 77) {
         fprintf(stderr, "SKIP: %s", out);
         skip();

@@ -876,13 +876,9 @@ static int64_t stall_world(const char* dir, const char* prefix, bool strangers) 
     w.fds = fds;
     w.nstr = nstr;
     for (r = 1; r < 4; r++) CHECK(tw_spawn(&p, NULL, r, stall_rank, &x) == r);
-    memset(&rr, 0, sizeof(rr));
-    rr.want = 4;
-    rr.deadline = tw_now_s() + 20;
+    tw_reader_init(&rr, 4, 20, stall_line, &w);
     rr.poll_ms = 50;
     rr.on_tick = stall_tick;
-    rr.on_line = stall_line;
-    rr.u = &w;
     reports = tw_read_reports(&p, &rr);
     CHECK(w.bad == 0);
     CHECK(reports == 4);
@@ -969,8 +965,6 @@ static void test_rendezvous_store_waits_end_by_the_deadline(void** state) {
         tw_store cs = spawn_server(NULL, 0, 0, 0, 0);
         stalled_ctx x;
         tw_world p;
-        int r;
-        char b;
         memset(&p, 0, sizeof(p));
         p.alarm_s = 35;
         p.reports = true;       /* each rank's "R": ready, the store about to stall */
@@ -980,7 +974,7 @@ static void test_rendezvous_store_waits_end_by_the_deadline(void** state) {
         CHECK(pipe(x.go) == 0);
         CHECK(tw_fork(&p, 2, stalled_proc, &x) == 0);
         close(x.go[0]);
-        for (r = 0; r < 2; r++) CHECK(tw_read_exact(&p, &b, 1, tw_now_s() + 30) && b == 'R');
+        CHECK(tw_read_ready(&p, 2, tw_now_s() + 30));
         kill(cs.agent, SIGSTOP);
         CHECK(write(x.go[1], "gg", 2) == 2);
         CHECK(reap_printed(&p, 30) == 0);

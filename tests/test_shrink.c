@@ -160,15 +160,9 @@ typedef struct kcase {
 } kcase;
 static int g_port;              /* rank0_store: the port rank 0 serves the store on */
 
-/* One report to the test (at most PIPE_BUF bytes: never interleaved with another rank's). */
-static void say(const char* fmt, ...) {
-    va_list ap;
-    int rc;
-    va_start(ap, fmt);
-    rc = tw_vreport(fmt, ap);
-    va_end(ap);
-    if (rc != 0) _exit(3);
-}
+/* One report to the test (at most PIPE_BUF bytes: never interleaved with another rank's); a
+   rank that cannot report ends (exit status 3). */
+#define say(...) do { if (tw_report(__VA_ARGS__) != 0) _exit(3); } while (0)
 /* One operation of the kind the case names, on c (every rank the same). */
 static dm_status one_op(dm_collective* c, int op, float* buf, size_t n) {
     switch (op) {
@@ -404,16 +398,11 @@ static void run_kill_case(const kcase* k) {
     w.second = second;
     w.alive = alive;
     w.expect_first = k->world - 1 - (k->victim2 >= 0);
-    memset(&rr, 0, sizeof(rr));
-    rr.deadline = tw_now_s() + 40;
-    rr.poll_ms = 20;
-    rr.fault = k->op != 6;      /* planned removal: the ranks shrink at once, timed from "ready" */
-    rr.fault_rank = k->victim;
-    rr.fault_delay_ms = 150 + rand() % 100;
-    rr.on_line = kill_case_line;
+    tw_reader_init(&rr, 0, 40, kill_case_line, &w);
     rr.on_ready = kill_case_ready;
     rr.finished = kill_case_done;
-    rr.u = &w;
+    if (k->op != 6) tw_reader_fault(&rr, k->victim, SIGKILL, 150 + rand() % 100);
+    /* planned removal: the ranks shrink at once, timed from "ready" */
     tw_read_reports(&p, &rr);
     t_kill = k->op != 6 ? rr.t_fault : w.t_planned;
     t_end = tw_now_s();

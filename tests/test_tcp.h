@@ -335,6 +335,11 @@ static void fork_reporting_world(tw_world* p, int world, int timeout_ms, int per
 
 static int setup_store(void** s) { (void)s; return tw_store_file(&g_store, "dm_tcp_test"); }
 static int teardown_store(void** s) { (void)s; return tw_store_close(&g_store); }
+/* A program's run of its tests: SIGPIPE left fatal (the library must never raise it), the
+   name filter (test_filter.h), the tests as one group on the program's store. */
+#define TCP_RUN_TESTS(tests, argc, argv)                                                   \
+    (signal(SIGPIPE, SIG_DFL), dm_test_filter(argc, argv),                                \
+     cmocka_run_group_tests(tests, setup_store, teardown_store))
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop

@@ -338,7 +338,5 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_mismatch_every_rank_tcp),
         cmocka_unit_test(test_token_refused),
     };
-    signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup_store, teardown_store);
+    return TCP_RUN_TESTS(tests, argc, argv);
 }

@@ -60,16 +60,8 @@ static double test_fault(int mode) {
     w.world = world;
     w.status_of = status_of;
     w.rr = &rr;
-    memset(&rr, 0, sizeof(rr));
-    rr.want = world - 1;
-    rr.poll_ms = 20;
-    rr.deadline = tw_now_s() + 30;
-    rr.fault = true;
-    rr.fault_rank = victim;
-    rr.fault_sig = mode == 1 ? SIGSTOP : SIGKILL;
-    rr.fault_delay_ms = 300;
-    rr.on_line = fault_line;
-    rr.u = &w;
+    tw_reader_init(&rr, world - 1, 30, fault_line, &w);
+    tw_reader_fault(&rr, victim, mode == 1 ? SIGSTOP : SIGKILL, 300);
     reports = tw_read_reports(&p, &rr);
     took = tw_now_s() - rr.t_fault;
     tw_kill(&p, victim);
@@ -193,15 +185,9 @@ static double split_kill_trial(int victim, int delay_ms) {
     w.splits_of = splits_of;
     w.next_ms = next_ms;
     w.rr = &rr;
-    memset(&rr, 0, sizeof(rr));
-    rr.want = world - 1;
+    tw_reader_init(&rr, world - 1, 30, split_line, &w);
     rr.poll_ms = 2;
-    rr.deadline = tw_now_s() + 30;
-    rr.fault = true;
-    rr.fault_rank = victim;
-    rr.fault_delay_ms = delay_ms;
-    rr.on_line = split_line;
-    rr.u = &w;
+    tw_reader_fault(&rr, victim, SIGKILL, delay_ms);
     reports = tw_read_reports(&p, &rr);
     tw_kill(&p, victim);
     tw_reap(&p, 45);            /* the survivors leave 1 s after their report */
@@ -269,7 +255,5 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_split_kill),
         cmocka_unit_test(test_split_timeout),
     };
-    signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup_store, teardown_store);
+    return TCP_RUN_TESTS(tests, argc, argv);
 }

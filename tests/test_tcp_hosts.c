@@ -60,7 +60,7 @@ static int bw_run(dm_collective* c, const char* who) {
         dm_dtype t = g_bw_types[k / 2];
         size_t n = g_bw_counts[k % 2], es = dm_dtype_size(t);
         unsigned char* buf = (unsigned char*)malloc(n * es);
-        char path[400];
+        char path[512];
         FILE* f;
         bw_fill(t, r, buf, n);
         RST(dm_all_reduce(c, NULL, buf, n, t, DM_SUM));
@@ -106,7 +106,7 @@ static void test_bitwise_across_transports(void** s) {
         assert_int_equal(k, 0);
         for (k = 0; k < 6; k++)
             for (r = 0; r < world; r++) {
-                char a[400], b[400], c[400];
+                char a[512], b[512], c[512];
                 bw_path(a, sizeof(a), "thread", world, k, 0);
                 bw_path(b, sizeof(b), "shm", world, k, r);
                 bw_path(c, sizeof(c), "tcp", world, k, r);
@@ -438,7 +438,7 @@ static int lb_run(dm_collective* c, const char* who) {
     for (k = 0; k < 9; k++) {
         size_t n = counts[k % 3], rs = n / (size_t)W + 1;
         float* buf = (float*)malloc((n + rs * (size_t)W) * sizeof(float));
-        char path[400];
+        char path[512];
         FILE* f;
         bw_fill(DM_FLOAT32, r, buf, n + rs * (size_t)W);
         if (k < 3) RST(dm_all_reduce(c, NULL, buf, n, DM_FLOAT32, DM_SUM));
@@ -476,7 +476,7 @@ static void test_layouts_bitwise(void** s) {
         assert_int_equal(k, 0);
         for (k = 0; k < 9; k++)
             for (r = 0; r < g_layout->world; r++) {
-                char a[400], b[400], c[400];
+                char a[512], b[512], c[512];
                 bw_path(a, sizeof(a), "lthread", g_layout->world, k, r);
                 bw_path(b, sizeof(b), "lauto", g_layout->world, k, r);
                 bw_path(c, sizeof(c), "ltcp", g_layout->world, k, r);
@@ -585,7 +585,5 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_mesh_across_hosts),
         cmocka_unit_test(test_sockets_per_peer),
     };
-    signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup_store, teardown_store);
+    return TCP_RUN_TESTS(tests, argc, argv);
 }

@@ -12,7 +12,7 @@
 
 /* dm_init builds a TCP world from torchrun-style variables and DISTMESH_STORE. */
 static int body_init(dm_collective* c, int rank, int world, void* arg) {
-    char v[300];
+    char v[512];
     dm_collective* x = NULL;
     float f = 2.0f;
     (void)c; (void)arg;
@@ -28,7 +28,7 @@ static int body_init(dm_collective* c, int rank, int world, void* arg) {
     return 0;
 }
 static void test_dm_init(void** s) {
-    char dir[400];
+    char dir[512];
     (void)s;
     snprintf(dir, sizeof(dir), "%s/init", g_store.dir);     /* DISTMESH_STORE's own directory */
     assert_int_equal(mkdir(dir, 0700), 0);
@@ -193,6 +193,5 @@ int main(int argc, char** argv) {
     };
     signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
     if (argc > 1 && strcmp(argv[1], "--rank") == 0) return rank_main();
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup_store, teardown_store);
+    return TCP_RUN_TESTS(tests, argc, argv);
 }

@@ -71,15 +71,9 @@ static int big_fork(tw_world* p, tw_store* s, int world, int timeout_ms, big_bod
    (rr->t_fault: when). Returns the lines counted. */
 static int big_collect(tw_world* p, tw_reader* rr, int lines, double limit_s, int (*on_line)(char* line, void* u),
                        void* u, int kill_ms, int kill_victim) {
-    memset(rr, 0, sizeof(*rr));
-    rr->want = lines;
+    tw_reader_init(rr, lines, limit_s, on_line, u);
     rr->poll_ms = 2;
-    rr->deadline = tw_now_s() + limit_s;
-    rr->fault = kill_ms > 0;
-    rr->fault_rank = kill_victim;
-    rr->fault_delay_ms = kill_ms;
-    rr->on_line = on_line;
-    rr->u = u;
+    if (kill_ms > 0) tw_reader_fault(rr, kill_victim, SIGKILL, kill_ms);
     return tw_read_reports(p, rr);
 }
 /* The ranks leave by themselves (their report is written); the store goes after them. */
@@ -334,14 +328,9 @@ static void lazy_kill_trial(int mode) {
     tw_reader rr;
     memset(&w, 0, sizeof(w));
     w.victim = victim;
-    memset(&rr, 0, sizeof(rr));
-    rr.want = want;
+    tw_reader_init(&rr, want, 30, lazy_line, &w);
     rr.poll_ms = 2;
-    rr.deadline = tw_now_s() + 30;
-    rr.fault = true;            /* kill -9 of the victim as soon as every rank is ready */
-    rr.fault_rank = victim;
-    rr.on_line = lazy_line;
-    rr.u = &w;
+    tw_reader_fault(&rr, victim, SIGKILL, 0);     /* as soon as every rank is ready */
     fork_reporting_world(&p, world, 30000, 1, body_lazy_kill, &mode);
     reports = tw_read_reports(&p, &rr);
     lost = w.lost;
@@ -454,6 +443,5 @@ int main(int argc, char** argv) {
     };
     signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
     if (argc > 2 && strcmp(argv[1], "--scale") == 0) return scale_main(atoi(argv[2]), argc > 3 ? atoi(argv[3]) : 32);
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup_store, teardown_store);
+    return TCP_RUN_TESTS(tests, argc, argv);
 }

@@ -82,23 +82,11 @@ static char* rank_file(const char* what, int r) {
     path[strcspn(path, "\n")] = 0;
     return slurp(path);
 }
-/* Runs a shell command; its output (up to cap bytes) in out; its exit status. */
-static int run_cmd(const char* cmd, char* out, size_t cap) {
-    FILE* p = popen(cmd, "r");
-    size_t n = 0;
-    if (!p) return -1;
-    while (n + 1 < cap) {
-        size_t got = fread(out + n, 1, cap - 1 - n, p);
-        if (got == 0) break;
-        n += got;
-    }
-    out[n] = 0;
-    return pclose(p);
-}
+/* scripts/dm_trace's report on dir (60 s at most) into out: its exit status. */
 static int report(const char* dir, char* out, size_t cap) {
     char cmd[700];
     snprintf(cmd, sizeof(cmd), "python3 %s/scripts/dm_trace %s 2>&1", DM_SRCDIR, dir);
-    return run_cmd(cmd, out, cap);
+    return tw_run_cmd(60, out, cap, cmd);
 }
 #define CHECK_HAS(text, needle)                                                               \
     do {                                                                                      \
@@ -107,12 +95,6 @@ static int report(const char* dir, char* out, size_t cap) {
 
 /* ---- worlds ------------------------------------------------------------------------------------ */
 typedef int (*body_fn)(dm_collective* c, void* arg);   /* 0: every check passed */
-typedef struct trace_call { body_fn body; void* arg; } trace_call;
-static int trace_body(dm_collective* c, int rank, int world, void* arg) {
-    const trace_call* t = (const trace_call*)arg;
-    (void)rank; (void)world;
-    return t->body(c, t->arg);
-}
 /* The environment every rank of a test sees (set in the child, before anything is made). */
 typedef struct world_env { bool trace, dump, signal; const char* fr; } world_env;
 static const world_env* g_env;  /* the world being forked's (the children inherit it) */
@@ -129,17 +111,14 @@ static void apply_env(int rank, void* arg) {
 static void spawn(tw_world* p, int kind, int world, const world_env* env, int timeout_ms, body_fn body, void* arg,
                   double limit_s) {
     tw_dm_world w;
-    trace_call t;
-    t.body = body;
-    t.arg = arg;
     memset(&w, 0, sizeof(w));
     w.world = world;
     w.store = &g_store;
     w.transport = g_tr_name[kind];
     w.timeout_ms = timeout_ms;
     w.before = apply_env;
-    w.body = trace_body;
-    w.arg = &t;
+    w.body_c = body;
+    w.arg = arg;
     g_env = env;
     memset(p, 0, sizeof(*p));
     p->alarm_s = (int)limit_s + 5;
@@ -295,7 +274,7 @@ static void timeline(int kind) {
     /* valid JSON for a real parser, and a report across the ranks */
     snprintf(cmd, sizeof(cmd), "python3 -c 'import json,glob,sys\nfor f in glob.glob(sys.argv[1]+\"/dm_trace.*.json\"): "
              "json.load(open(f))\nprint(\"valid\")' %s 2>&1", g_dir);
-    assert_int_equal(run_cmd(cmd, out, sizeof(out)), 0);
+    assert_int_equal(tw_run_cmd(60, out, sizeof(out), cmd), 0);
     CHECK_HAS(out, "valid");
     assert_int_equal(report(g_dir, out, sizeof(out)), 0);
     CHECK_HAS(out, "3 timeline(s) (ranks 0,1,2)");
@@ -304,12 +283,12 @@ static void timeline(int kind) {
     /* one merged timeline, and the picture where gnuplot is installed */
     snprintf(cmd, sizeof(cmd), "python3 %s/scripts/dm_trace %s --merge %s/merged.json 2>&1 && python3 -c 'import json,sys\n"
              "print(len(json.load(open(sys.argv[1]))[\"traceEvents\"]))' %s/merged.json", DM_SRCDIR, g_dir, g_dir, g_dir);
-    assert_int_equal(run_cmd(cmd, out, sizeof(out)), 0);
+    assert_int_equal(tw_run_cmd(60, out, sizeof(out), cmd), 0);
     CHECK_HAS(out, "merged");
     if (system("command -v gnuplot >/dev/null 2>&1") == 0) {
         snprintf(cmd, sizeof(cmd), "python3 %s/scripts/dm_trace %s --png %s/t.png 2>&1 && test -s %s/t.png", DM_SRCDIR, g_dir,
                  g_dir, g_dir);
-        if (run_cmd(cmd, out, sizeof(out)) != 0) fail_msg("--png: %s", out);
+        if (tw_run_cmd(60, out, sizeof(out), cmd) != 0) fail_msg("--png: %s", out);
     }
 }
 static void test_timeline_thread(void** s) { (void)s; timeline(TR_THREAD); }
@@ -442,7 +421,7 @@ static void test_killed(void** s) {
     /* JSON once the bracket is added, and the report reads it as it is */
     snprintf(cmd, sizeof(cmd), "python3 -c 'import json,glob,sys\nf=glob.glob(sys.argv[1]+\"/dm_trace.rank1.*.json\")[0]\n"
              "print(len(json.loads(open(f).read()+\"]\")))' %s 2>&1", g_dir);
-    assert_int_equal(run_cmd(cmd, out, sizeof(out)), 0);
+    assert_int_equal(tw_run_cmd(60, out, sizeof(out), cmd), 0);
     assert_true(atoi(out) >= KILL_OPS + 1);
     assert_int_equal(report(g_dir, out, sizeof(out)), 0);
     CHECK_HAS(out, "2 timeline(s) (ranks 0,1)");

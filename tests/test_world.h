@@ -17,12 +17,13 @@
    Sections (search the tag):
      >>clock   tw_now_s / tw_now_ms / tw_now_ns (CLOCK_MONOTONIC), tw_sleep_ms / tw_sleep_us, tw_sort,
                tw_median
-     >>host    tw_free_port, tw_count_fds (and test_tmpdir.h's tmpdir_make / tmpdir_remove)
+     >>host    tw_free_port, tw_count_fds, tw_read_file, tw_run_cmd (a shell command under
+               `timeout`, its output captured); test_tmpdir.h's tmpdir_make / tmpdir_remove
      >>procs   tw_world: tw_spawn, tw_fork, tw_signal, tw_kill, tw_reap, tw_reap_some,
                tw_kill_all, tw_exit_code; tw_me: who this process is
-     >>report  in a child: tw_ready, tw_report, tw_report_bytes; in the parent: tw_reader and
-               tw_read_reports (lines and "R" marks, optionally a fault once all are ready),
-               tw_read_exact (fixed-size structs)
+     >>report  in a child: tw_ready, tw_report, tw_report_bytes; in the parent: tw_reader
+               (tw_reader_init, tw_reader_fault) and tw_read_reports (lines and "R" marks,
+               optionally a fault once all are ready), tw_read_ready, tw_read_exact (structs)
      >>store   (DISTMESH_TCP) tw_store: tw_store_file, tw_store_dir, tw_store_serve,
                tw_store_agent, tw_store_rank0, tw_store_next, tw_store_close
      >>dm      (DISTMESH_TCP) tw_tcp_desc, tw_sim_host, tw_dm_world: tw_dm_fork, tw_dm_run */
@@ -119,6 +120,46 @@ static int tw_count_fds(void) {
         if (e->d_name[0] != '.') n++;
     closedir(d);
     return n - 1;
+}
+
+/* The file at path into buf (at most cap - 1 bytes, NUL-terminated; "" when unreadable).
+   Returns the bytes read. */
+static size_t tw_read_file(const char* path, char* buf, size_t cap) {
+    FILE* f = fopen(path, "r");
+    size_t n = 0;
+    if (f) {
+        n = fread(buf, 1, cap - 1, f);
+        fclose(f);
+    }
+    buf[n] = 0;
+    return n;
+}
+/* Runs the shell command cmd under `timeout -k 5 limit_s` (its whole process group is killed at
+   the limit), its stdout and stderr into out (at most cap - 1 bytes, NUL-terminated). The
+   output goes through a temporary file, not a pipe, so a daemon the command leaves behind
+   cannot hold the reading open. Returns its exit status (124: timed out), or -1. */
+static int tw_run_cmd(int limit_s, char* out, size_t cap, const char* cmd) {
+    char path[] = "/tmp/tw_out_XXXXXX";
+    size_t len = strlen(cmd), i, k;
+    char* line = (char*)malloc(4 * len + 128);
+    int fd = mkstemp(path), rc = -1;
+    out[0] = 0;
+    if (fd >= 0) close(fd);
+    if (line && fd >= 0) {
+        k = (size_t)snprintf(line, 64, "timeout -k 5 %d sh -c '", limit_s);
+        for (i = 0; i < len; i++) {         /* ' becomes '\'' inside the single quotes */
+            if (cmd[i] == '\'') { memcpy(line + k, "'\\''", 4); k += 4; }
+            else line[k++] = cmd[i];
+        }
+        snprintf(line + k, 64, "' > %s 2>&1", path);
+        fflush(NULL);
+        rc = system(line);
+        rc = rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+        tw_read_file(path, out, cap);
+    }
+    if (fd >= 0) unlink(path);
+    free(line);
+    return rc;
 }
 
 /* >>procs -------------------------------------------------------------------------------------- */
@@ -326,6 +367,21 @@ typedef struct tw_reader {
     int ready;                               /* out: "R" marks read */
     double t_fault;                          /* out: when the fault was sent (0: never) */
 } tw_reader;
+/* r zeroed, then: stop at want lines (0: no count) or limit_s from now; each line to on_line(u). */
+static void tw_reader_init(tw_reader* r, int want, double limit_s, int (*on_line)(char* line, void* u), void* u) {
+    memset(r, 0, sizeof(*r));
+    r->want = want;
+    r->deadline = tw_now_s() + limit_s;
+    r->on_line = on_line;
+    r->u = u;
+}
+/* ... and once every child is ready: wait delay_ms, send sig (0: SIGKILL) to slot. */
+static void tw_reader_fault(tw_reader* r, int slot, int sig, int delay_ms) {
+    r->fault = true;
+    r->fault_rank = slot;
+    r->fault_sig = sig;
+    r->fault_delay_ms = delay_ms;
+}
 static void _tw_maybe_fault(tw_world* w, tw_reader* r) {
     if (!r->fault || r->t_fault != 0 || r->ready < w->n) return;
     if (r->fault_delay_ms > 0) tw_sleep_ms(r->fault_delay_ms);
@@ -375,6 +431,15 @@ static int tw_read_reports(tw_world* w, tw_reader* r) {
         }
     }
     return counted;
+}
+static bool tw_read_exact(tw_world* w, void* p, size_t n, double deadline_s);
+/* Reads n "R" marks (nothing else may come first) before deadline_s: true, or false. */
+static bool tw_read_ready(tw_world* w, int n, double deadline_s) {
+    char c;
+    int i;
+    for (i = 0; i < n; i++)
+        if (!tw_read_exact(w, &c, 1, deadline_s) || c != 'R') return false;
+    return true;
 }
 /* Reads exactly n bytes (a child's fixed-size report, or its "R") before deadline_s
    (tw_now_s() time): true, or false at the deadline or the pipe's end. */
@@ -557,13 +622,17 @@ typedef struct tw_dm_world {
     bool no_create;                                /* 0 -> made before body; true: body gets NULL */
     void (*before)(int rank, void* arg);           /* 0 -> none; in the child, before anything is made */
     void (*edit)(dm_tcp_desc* d, int rank, void* arg);  /* 0 -> none; the last word on the desc */
-    tw_body body;                                  /* required */
-    void* arg;                                     /* handed to body, before and edit */
+    tw_body body;                                  /* required, unless body_c */
+    int (*body_c)(dm_collective* c, void* arg);    /* 0 -> body; else run instead (rank and world from c) */
+    void* arg;                                     /* handed to body (body_c), before and edit */
 } tw_dm_world;
 
+static int _tw_dm_body(const tw_dm_world* w, dm_collective* c, int rank) {
+    return w->body_c ? w->body_c(c, w->arg) : w->body(c, rank, w->world, w->arg);
+}
 static int _tw_dm_thread_rank(dm_collective* c, void* user) {
     const tw_dm_world* w = (const tw_dm_world*)user;
-    return w->body(c, dm_rank(c), dm_world_size(c), w->arg) ? DM_ERR_INTERNAL : DM_OK;
+    return _tw_dm_body(w, c, dm_rank(c)) ? DM_ERR_INTERNAL : DM_OK;
 }
 static int _tw_dm_rank(int rank, void* ctx) {
     const tw_dm_world* w = (const tw_dm_world*)ctx;
@@ -593,7 +662,7 @@ static int _tw_dm_rank(int rank, void* ctx) {
             return 1;
         }
     }
-    rc = w->body(c, rank, w->world, w->arg);
+    rc = _tw_dm_body(w, c, rank);
     dm_destroy(c);
     return rc;
 }
