@@ -40,6 +40,7 @@
    arguments or the deadline passed. */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
+#include "../tests/test_world.h"
 
 #include <errno.h>
 #include <math.h>
@@ -48,7 +49,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -426,12 +426,6 @@ static int close_enough(const bench_args* a, double got, double want) {
 /* >>run one size */
 typedef struct bench_bufs { void* send; void* recv; size_t send_bytes, recv_bytes; } bench_bufs;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Elements per rank for a size. */
 static size_t count_for(const bench_args* a, size_t bytes, int world) {
     size_t esize = dm_dtype_size(a->dtype);
@@ -562,13 +556,13 @@ static dm_status run_size(const bench_args* a, dm_collective* c, const bench_buf
             if ((st = run_once(a, c, b, count, ip)) != DM_OK) return st;
         if ((st = dm_barrier(c)) != DM_OK) return st;
         seq0 = dm_sequence(c);
-        t0 = now_s();
+        t0 = tw_now_s();
         for (k = 0; k < a->iters; k++)
             for (j = 0; j < a->agg_iters; j++) {
                 if ((st = run_once(a, c, b, count, ip)) != DM_OK) return st;
                 if (a->blocking && (st = dm_barrier(c)) != DM_OK) return st;
             }
-        t = (now_s() - t0) / ((double)a->iters * a->agg_iters);
+        t = (tw_now_s() - t0) / ((double)a->iters * a->agg_iters);
         row->calls[ip] = (unsigned long long)(dm_sequence(c) - seq0);
         snprintf(row->algo[ip], sizeof(row->algo[ip]), "%s", dm_last_algorithm(c)[0] ? dm_last_algorithm(c) : "-");
         if ((st = aggregate_time(c, t, &agg[AVG_RANK0], &agg[AVG_MEAN], &agg[AVG_MIN], &agg[AVG_MAX])) != DM_OK) return st;
@@ -735,23 +729,13 @@ static int rank_main(dm_collective* c, void* user) {
 
 /* >>setup  --setup: how long creating took and what it holds, over every rank. */
 static double g_launch_s;       /* CLOCK_MONOTONIC when the launch began (inherited by forks) */
-static int count_open_fds(void) {
-    char path[64];
-    int fd, n = 0;
-    for (fd = 0; fd < 65536; fd++) {
-        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-        if (access(path, F_OK) == 0) n++;
-        else if (fd > 4096) break;
-    }
-    return n;
-}
 static dm_status report_setup(dm_collective* c, double call_s) {
     double mine[3], *all;
     int world = dm_world_size(c), r;
     dm_status st;
-    mine[0] = now_s() - g_launch_s;
+    mine[0] = tw_now_s() - g_launch_s;
     mine[1] = call_s;
-    mine[2] = (double)count_open_fds();
+    mine[2] = (double)tw_count_fds();
     all = (double*)calloc((size_t)world * 3, sizeof(double));
     if (!all) return DM_ERR_OUT_OF_MEMORY;
     st = dm_all_gather(c, mine, all, 3, DM_FLOAT64);
@@ -771,38 +755,30 @@ static dm_status report_setup(dm_collective* c, double call_s) {
     return st;
 }
 
-/* >>launch  --np N: fork N ranks that meet through a file store in a fresh directory. */
-static volatile sig_atomic_t g_alarm;
-static void on_alarm(int sig) { (void)sig; g_alarm = 1; }
-
+/* >>launch  --np N: fork N ranks (tests/test_world.h) that meet through a file store in a fresh
+   directory. */
 /* A failed create has no object to hold its message: errors go to stderr. */
 static void log_errors(dm_log_level level, dm_status st, const char* msg, const char* file, int line, void* user) {
     (void)st; (void)file; (void)line;
     if (level == DM_LOG_ERROR) fprintf(stderr, "rank %d: %s\n", (int)(intptr_t)user, msg);
 }
-static int run_tcp_rank(const bench_args* a, int rank, int world, const char* url) {
+typedef struct launch_ctx { const bench_args* a; const tw_store* store; } launch_ctx;
+static int run_tcp_rank(int rank, void* ctx) {
+    const bench_args* a = ((const launch_ctx*)ctx)->a;
+    int world = a->nprocs;
     dm_tcp_desc d;
     dm_collective* c = NULL;
     dm_status st;
     double t0;
-    memset(&d, 0, sizeof(d));
-    d.rank = rank;
-    d.world_size = world;
-    d.store_url = url;
-    d.ifname = "lo";
+    tw_tcp_desc(&d, ((const launch_ctx*)ctx)->store, rank, world, a->deadline_s > 0 ? (int)(a->deadline_s * 1000) : 0);
     d.logger.func = log_errors;
     d.logger.user_data = (void*)(intptr_t)rank;
     d.chunk_bytes = a->chunk_bytes;
-    d.timeout_ms = a->deadline_s > 0 ? (int)(a->deadline_s * 1000) : 0;
-    if (a->hosts > 0) {
-        char host[32];
-        snprintf(host, sizeof(host), "h%d", (int)((long long)rank * a->hosts / world));
-        setenv("DISTMESH_TEST_HOST_ID", host, 1);
-    }
-    t0 = now_s();
+    if (a->hosts > 0) tw_sim_host((int)((long long)rank * a->hosts / world));
+    t0 = tw_now_s();
     st = dm_tcp_create(&d, &c);
     if (st != DM_OK) { fprintf(stderr, "rank %d: create failed: %s\n", rank, dm_strerror(st)); return 1; }
-    if (a->report_setup && (st = report_setup(c, now_s() - t0)) != DM_OK) {
+    if (a->report_setup && (st = report_setup(c, tw_now_s() - t0)) != DM_OK) {
         fprintf(stderr, "rank %d: setup report: %s\n", rank, dm_last_error(c));
         dm_destroy(c);
         return 1;
@@ -813,51 +789,33 @@ static int run_tcp_rank(const bench_args* a, int rank, int world, const char* ur
 }
 
 static int launch_local(const bench_args* a) {
-    char dir[] = "/tmp/dm_bench_XXXXXX", url[128], cmd[160];
-    pid_t pids[1024];
-    int r, n = a->nprocs, failed = 0, alive;
+    tw_store store;
+    tw_world p;
+    launch_ctx ctx;
+    int r, n = a->nprocs, failed = 0;
     if (n < 1 || n > 1024) { fprintf(stderr, "dm_bench: --np must be 1..1024\n"); return 2; }
     if (a->hosts < 0 || a->hosts > n) { fprintf(stderr, "dm_bench: --hosts must be 1..%d\n", n); return 2; }
-    g_launch_s = now_s();
-    if (!mkdtemp(dir)) { perror("mkdtemp"); return 2; }
-    snprintf(url, sizeof(url), "file://%s", dir);
-    fflush(stdout);
-    for (r = 0; r < n; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            int rc = run_tcp_rank(a, r, n, url);
-            fflush(NULL);               /* _exit skips stdio: the footer must reach the terminal */
-            _exit(rc);
-        }
-        if (pids[r] < 0) { perror("fork"); n = r; failed = 1; break; }
+    g_launch_s = tw_now_s();
+    if (tw_store_file(&store, "dm_bench") != 0) { perror("mkdtemp"); return 2; }
+    ctx.a = a;
+    ctx.store = &store;
+    memset(&p, 0, sizeof(p));
+    p.alarm_s = a->deadline_s > 0 ? (int)ceil(a->deadline_s) + 10 : -1;  /* the parent kills them first */
+    p.quick_exit = true;                /* fflush + _exit: the footer reaches the terminal */
+    if (tw_fork(&p, n, run_tcp_rank, &ctx) != 0) { perror("fork"); failed = 1; }
+    /* no --timeout: no limit (a year), as a launcher would wait */
+    tw_reap(&p, a->deadline_s > 0 ? ceil(a->deadline_s) : 365 * 86400.0);
+    if (p.timed_out) {
+        fprintf(stderr, "dm_bench: deadline of %g s passed: killed the ranks\n", a->deadline_s);
+        failed = 2;
     }
-    signal(SIGALRM, on_alarm);
-    if (a->deadline_s > 0) alarm((unsigned)ceil(a->deadline_s));
-    for (alive = n; alive > 0;) {
-        int status;
-        pid_t p = waitpid(-1, &status, 0);
-        if (p < 0) {
-            if (g_alarm) {
-                fprintf(stderr, "dm_bench: deadline of %g s passed: killing the ranks\n", a->deadline_s);
-                for (r = 0; r < n; r++) kill(pids[r], SIGKILL);
-                while (waitpid(-1, NULL, 0) > 0) {}
-                failed = 2;
-                break;
-            }
-            continue;
-        }
-        alive--;
-        if (WIFSIGNALED(status)) {
-            for (r = 0; r < n && pids[r] != p; r++) {}
-            fprintf(stderr, "dm_bench: rank %d was killed by signal %d\n", r, WTERMSIG(status));
-        }
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            if (!failed) failed = 1;
-            /* One rank failed: the others fail by themselves (peer lost) or by their deadline. */
-        }
+    for (r = 0; r < p.n && failed != 2; r++) {
+        int st = p.status[r];
+        if (st != -1 && WIFSIGNALED(st)) fprintf(stderr, "dm_bench: rank %d was killed by signal %d\n", r, WTERMSIG(st));
+        /* One rank failed: the others fail by themselves (peer lost) or by their deadline. */
+        if (tw_exit_code(&p, r) != 0 && !failed) failed = 1;
     }
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "dm_bench: could not remove %s\n", dir);
+    if (tw_store_close(&store) != 0) fprintf(stderr, "dm_bench: could not remove %s\n", store.dir);
     return failed;
 }
 

@@ -4,8 +4,8 @@
      dm_loss --transport tcp          the same over loopback sockets
      dm_loss --np 8 --trials 50
 
-   Per trial: --np ranks are forked (file store in a fresh directory, dm_tcp_create on
-   127.0.0.1) and pass a barrier; every rank but the victim then enters an 8-byte float32 sum
+   Per trial: --np ranks are forked (tests/test_world.h: file store in a fresh directory,
+   dm_tcp_create on 127.0.0.1) and pass a barrier; every rank but the victim then enters an 8-byte float32 sum
    all-reduce, which blocks because the victim never joins. After --settle ms (so the survivors
    are well past spinning and yielding, asleep in their blocking wait) the parent sends the
    victim kill -9. Each survivor writes the CLOCK_MONOTONIC time at which its all-reduce
@@ -23,15 +23,12 @@
    machine are noisy; `make bench-loss` runs it (not part of `make test`). */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
-#include "kill_util.h"
+#include "../tests/test_world.h"
 
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 typedef struct loss_args {
@@ -59,75 +56,63 @@ static long long cpu_ticks(pid_t pid) {
 static double g_idle_ticks, g_idle_s;           /* survivors' CPU while settling, and for how long */
 
 
-/* One rank: create, barrier, "R" on the pipe; the victim then sleeps until killed, the others
-   block in an all-reduce and report when and how it ended. */
-static int rank_main(const loss_args* a, int rank, int victim, const char* url, int wfd) {
-    dm_tcp_desc d;
-    dm_collective* c = NULL;
+/* One rank (its collective made by the harness): barrier, "R" on the pipe; the victim then
+   sleeps until killed, the others block in an all-reduce and report when and how it ended. */
+static int rank_body(dm_collective* c, int rank, int world, void* arg) {
+    int victim = *(const int*)arg;
     float x = 1.0f;
     report rep;
-    memset(&d, 0, sizeof(d));
-    d.rank = rank;
-    d.world_size = a->np;
-    d.store_url = url;
-    d.ifname = "lo";
-    d.transport = a->transport;
-    d.timeout_ms = a->timeout_s * 1000;
-    if (dm_tcp_create(&d, &c) != DM_OK) { fprintf(stderr, "rank %d: create failed\n", rank); return 1; }
+    (void)world;
     if (dm_barrier(c) != DM_OK) { fprintf(stderr, "rank %d: barrier: %s\n", rank, dm_last_error(c)); return 1; }
-    if (write(wfd, "R", 1) != 1) return 1;
+    if (tw_ready() != 0) return 1;
     if (rank == victim) {
         for (;;) pause();
     }
     rep.status = (int32_t)dm_all_reduce(c, NULL, &x, 1, DM_FLOAT32, DM_SUM);
-    rep.t_ns = mono_ns();
+    rep.t_ns = tw_now_ns();
     rep.rank = rank;
-    if (write(wfd, &rep, sizeof(rep)) != (ssize_t)sizeof(rep)) return 1;
-    dm_destroy(c);
-    return 0;
+    return tw_report_bytes(&rep, sizeof(rep)) == 0 ? 0 : 1;
 }
 
 
 /* One trial; lat gets each survivor's latency in ms (np - 1 of them). 0, or 1 on a failure. */
 static int trial(const loss_args* a, int victim, double* lat) {
-    char dir[] = "/tmp/dm_loss_XXXXXX", url[128], cmd[160];
-    pid_t pids[64];
-    int pfd[2], r, i, failed = 0;
-    int64_t t_kill, deadline;
-    if (!mkdtemp(dir) || pipe(pfd) != 0) { perror("dm_loss"); return 1; }
-    snprintf(url, sizeof(url), "file://%s", dir);
-    fflush(stdout);
-    for (r = 0; r < a->np; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            close(pfd[0]);
-            _exit(rank_main(a, r, victim, url, pfd[1]));
-        }
-    }
-    close(pfd[1]);
-    deadline = mono_ns() + (int64_t)(a->timeout_s + 20) * 1000000000;
-    for (i = 0; i < a->np && !failed; i++) {
-        char c;
-        if (!read_full(pfd[0], &c, 1, deadline) || c != 'R') failed = 1;
-    }
+    tw_store store;
+    tw_world p;
+    tw_dm_world w;
+    int r, i, failed = 0;
+    int64_t t_kill;
+    double deadline;
+    if (tw_store_file(&store, "dm_loss") != 0) { perror("dm_loss"); return 1; }
+    memset(&p, 0, sizeof(p));
+    p.alarm_s = a->timeout_s + 30 + a->settle_ms / 1000;    /* past the reads' deadline */
+    p.reports = true;
+    p.quick_exit = true;
+    memset(&w, 0, sizeof(w));
+    w.world = a->np;
+    w.store = &store;
+    w.transport = a->transport;
+    w.timeout_ms = a->timeout_s * 1000;
+    w.body = rank_body;
+    w.arg = &victim;
+    if (tw_dm_fork(&p, &w) != 0) { perror("dm_loss: fork"); failed = 1; }
+    deadline = tw_now_s() + a->timeout_s + 20;
+    if (!failed && !tw_read_ready(&p, a->np, deadline)) failed = 1;
     if (!failed) {
-        struct timespec ts;
         long long t0[64], t1;
-        int64_t s0 = mono_ns();
-        for (r = 0; r < a->np; r++) t0[r] = cpu_ticks(pids[r]);
-        ts.tv_sec = a->settle_ms / 1000;
-        ts.tv_nsec = (long)(a->settle_ms % 1000) * 1000000L;
-        nanosleep(&ts, NULL);
+        int64_t s0 = tw_now_ns();
+        for (r = 0; r < a->np; r++) t0[r] = cpu_ticks(p.pid[r]);
+        tw_sleep_ms(a->settle_ms);
         for (r = 0; r < a->np; r++)
-            if (r != victim && t0[r] >= 0 && (t1 = cpu_ticks(pids[r])) >= 0) {
+            if (r != victim && t0[r] >= 0 && (t1 = cpu_ticks(p.pid[r])) >= 0) {
                 g_idle_ticks += (double)(t1 - t0[r]);
-                g_idle_s += (double)(mono_ns() - s0) / 1e9;
+                g_idle_s += (double)(tw_now_ns() - s0) / 1e9;
             }
-        t_kill = mono_ns();
-        kill(pids[victim], SIGKILL);
+        t_kill = tw_now_ns();
+        tw_signal(&p, victim, SIGKILL);
         for (i = 0; i < a->np - 1; i++) {
             report rep;
-            if (!read_full(pfd[0], &rep, sizeof(rep), deadline)) { failed = 1; break; }
+            if (!tw_read_exact(&p, &rep, sizeof(rep), deadline)) { failed = 1; break; }
             lat[i] = (double)(rep.t_ns - t_kill) / 1e6;
             if (rep.status != DM_ERR_PEER_LOST) {
                 fprintf(stderr, "rank %d: all_reduce ended with %s, not DM_ERR_PEER_LOST\n", rep.rank,
@@ -137,11 +122,8 @@ static int trial(const loss_args* a, int victim, double* lat) {
         }
     }
     if (failed) fprintf(stderr, "trial with victim %d failed\n", victim);
-    for (r = 0; r < a->np; r++) kill(pids[r], SIGKILL);
-    for (r = 0; r < a->np; r++) waitpid(pids[r], NULL, 0);
-    close(pfd[0]);
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "dm_loss: could not remove %s\n", dir);
+    tw_kill_all(&p);
+    if (tw_store_close(&store) != 0) fprintf(stderr, "dm_loss: could not remove %s\n", store.dir);
     return failed;
 }
 
@@ -197,8 +179,8 @@ int main(int argc, char** argv) {
     }
     if (failed) { printf("# some trials failed (see stderr)\n"); return 1; }
     {
-        double all_med = median(all, n), w_med = median(worst, a.trials);
-        double w_max = worst[a.trials - 1];    /* sorted by median() */
+        double all_med = tw_median(all, n), w_med = tw_median(worst, a.trials);
+        double w_max = worst[a.trials - 1];    /* sorted by tw_median() */
         printf("# slowest survivor per trial: median %.2f ms, worst %.2f ms (%d trials)\n", w_med, w_max, a.trials);
         printf("# every survivor: median %.2f ms, worst %.2f ms (%d reports)\n", all_med, all[n - 1], n);
         if (g_idle_s > 0)

@@ -33,6 +33,7 @@
    3 (--require not met). */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
+#include "../tests/test_world.h"
 
 #include <errno.h>
 #include <math.h>
@@ -40,7 +41,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -63,12 +63,6 @@ typedef struct args {
     const char* transport;
     const char* json_path;
 } args;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* >>compute  One unit of work per kernel; compute(units) runs `units` of them. */
 #define STREAM_FLOATS (8u << 20)          /* 32 MiB per array */
@@ -143,7 +137,7 @@ static dm_status run_case(dm_collective* c, const args* a, int k, const float* s
     int rank = dm_rank(c);
     double t0;
     TRY(dm_barrier(c));
-    t0 = now_s();
+    t0 = tw_now_s();
     switch (k) {
         case C_COMM:
             TRY(dm_all_reduce(c, send, recv, count, DM_FLOAT32, DM_SUM));
@@ -167,7 +161,7 @@ static dm_status run_case(dm_collective* c, const args* a, int k, const float* s
             TRY(dm_wait(req));
             break;
     }
-    *out_s = now_s() - t0;
+    *out_s = tw_now_s() - t0;
 done:
     return st;
 }
@@ -194,14 +188,14 @@ static dm_status calibrate(dm_collective* c, int kernel, double target, double* 
     }
     while (t < 0.02 && u < 1e12) {        /* grow until one run takes >= 20 ms */
         u *= 2;
-        t0 = now_s();
+        t0 = tw_now_s();
         compute(kernel, u);
-        t = now_s() - t0;
+        t = tw_now_s() - t0;
     }
     for (i = 0; i < 5; i++) {
-        t0 = now_s();
+        t0 = tw_now_s();
         compute(kernel, u);
-        samples[i] = now_s() - t0;
+        samples[i] = tw_now_s() - t0;
     }
     *units = u * target / median(samples, 5);
     return dm_all_reduce(c, NULL, units, 1, DM_FLOAT64, DM_MEAN);
@@ -349,19 +343,17 @@ done:
     return (int)st;
 }
 
-/* >>launch  fork --np ranks meeting through a file store in a fresh directory. */
-static int run_rank(const args* a, int rank, const char* url) {
+/* >>launch  fork --np ranks (tests/test_world.h) meeting through a file store in a fresh
+   directory. */
+typedef struct launch_ctx { const args* a; const tw_store* store; } launch_ctx;
+static int run_rank(int rank, void* ctx) {
+    const args* a = ((const launch_ctx*)ctx)->a;
     dm_tcp_desc d;
     dm_collective* c = NULL;
     dm_status st;
     int rc;
-    memset(&d, 0, sizeof(d));
-    d.rank = rank;
-    d.world_size = a->np;
-    d.store_url = url;
-    d.ifname = "lo";
+    tw_tcp_desc(&d, ((const launch_ctx*)ctx)->store, rank, a->np, (int)(a->timeout_s * 1000));
     d.transport = a->transport;        /* NULL: DISTMESH_TRANSPORT, else auto */
-    d.timeout_ms = (int)(a->timeout_s * 1000);
     d.logger.func = dm_log_stderr;
     st = dm_tcp_create(&d, &c);
     if (st != DM_OK) {
@@ -373,47 +365,31 @@ static int run_rank(const args* a, int rank, const char* url) {
     return rc == 3 ? 3 : rc != 0 ? 1 : 0;
 }
 
-static volatile sig_atomic_t g_alarm;
-static void on_alarm(int sig) { (void)sig; g_alarm = 1; }
-
+/* Exit status: 0, 1 (a rank failed), 2 (the deadline passed), 3 (--require not met). */
 static int launch(const args* a) {
-    char dir[] = "/tmp/dm_overlap_XXXXXX", url[128], cmd[160];
-    pid_t pids[64];
-    int r, n = a->np, rc = 0, alive;
-    if (!mkdtemp(dir)) { perror("mkdtemp"); return 2; }
-    snprintf(url, sizeof(url), "file://%s", dir);
+    tw_store store;
+    tw_world p;
+    launch_ctx ctx;
+    int r, rc = 0;
+    if (tw_store_file(&store, "dm_overlap") != 0) { perror("mkdtemp"); return 2; }
     if (getloadavg(&g_load1, 1) != 1) g_load1 = -1;
-    fflush(stdout);
-    for (r = 0; r < n; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            int code = run_rank(a, r, url);
-            fflush(NULL);
-            _exit(code);
-        }
-        if (pids[r] < 0) { perror("fork"); n = r; rc = 1; break; }
+    ctx.a = a;
+    ctx.store = &store;
+    memset(&p, 0, sizeof(p));
+    p.alarm_s = (int)ceil(a->timeout_s) + 10;   /* the parent kills them first */
+    p.quick_exit = true;
+    if (tw_fork(&p, a->np, run_rank, &ctx) != 0) { perror("fork"); rc = 1; }
+    tw_reap(&p, ceil(a->timeout_s));
+    if (p.timed_out) {
+        fprintf(stderr, "dm_overlap: deadline of %g s passed: killed the ranks\n", a->timeout_s);
+        rc = 2;
     }
-    signal(SIGALRM, on_alarm);
-    alarm((unsigned)ceil(a->timeout_s));
-    for (alive = n; alive > 0;) {
-        int status;
-        pid_t p = waitpid(-1, &status, 0);
-        if (p < 0) {
-            if (g_alarm) {
-                fprintf(stderr, "dm_overlap: deadline of %g s passed: killing the ranks\n", a->timeout_s);
-                for (r = 0; r < n; r++) kill(pids[r], SIGKILL);
-                while (waitpid(-1, NULL, 0) > 0) {}
-                rc = 2;
-                break;
-            }
-            continue;
-        }
-        alive--;
-        if (!WIFEXITED(status)) { if (!rc) rc = 1; }
-        else if (WEXITSTATUS(status) != 0 && rc != 1) rc = WEXITSTATUS(status);
+    for (r = 0; r < p.n && rc != 2; r++) {
+        int code = tw_exit_code(&p, r);
+        if (code < 0 || code >= 128) { if (!rc) rc = 1; }
+        else if (code != 0 && rc != 1) rc = code;
     }
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "dm_overlap: could not remove %s\n", dir);
+    if (tw_store_close(&store) != 0) fprintf(stderr, "dm_overlap: could not remove %s\n", store.dir);
     return rc;
 }
 

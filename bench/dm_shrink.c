@@ -5,9 +5,9 @@
      dm_shrink_bench --np 4 --hosts 2     2 simulated hosts x 2 ranks (DISTMESH_TEST_HOST_ID)
      dm_shrink_bench --transport tcp
 
-   Per trial: --np ranks are forked (a TCP store served by this process, as a launcher's agent
-   store is, or with --store file a file store in a fresh directory; dm_tcp_create on
-   127.0.0.1) and pass a barrier; every rank but the victim then blocks in an 8-byte all-reduce
+   Per trial: --np ranks are forked (tests/test_world.h: a TCP store served by this process, as a
+   launcher's agent store is, or with --store file a file store in a fresh directory;
+   dm_tcp_create on 127.0.0.1) and pass a barrier; every rank but the victim then blocks in an 8-byte all-reduce
    and the parent sends the victim kill -9 (the victim goes round the ranks, rank 0 included).
    Each survivor notes when its all-reduce returned DM_ERR_PEER_LOST, calls
    dm_shrink(DM_SHRINK_ABORT) and runs an 8-byte all-reduce on the new collective, and notes
@@ -18,15 +18,12 @@
    A benchmark, not a test: `make bench-shrink` runs it (not part of `make test`). */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
-#include "kill_util.h"
+#include "../tests/test_world.h"
 
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 typedef struct shrink_args { int np, hosts, trials, timeout_s; const char* transport; bool file_store; } shrink_args;
@@ -34,52 +31,47 @@ typedef struct shrink_args { int np, hosts, trials, timeout_s; const char* trans
 typedef struct report { int32_t rank, status; int64_t t_err, t_shrunk, t_rc0, t_rc1; } report;
 
 
-static void make_desc(const shrink_args* a, dm_tcp_desc* d, int rank, int size, const char* url, const char* prefix) {
-    memset(d, 0, sizeof(*d));
-    d->rank = rank;
-    d->world_size = size;
-    d->store_url = url;
-    d->prefix = prefix;
-    d->ifname = "lo";
-    d->transport = a->transport;
-    d->timeout_ms = a->timeout_s * 1000;
+/* What every rank knows: the options, the victim, the store. */
+typedef struct trial_ctx { const shrink_args* a; int victim; const tw_store* store; } trial_ctx;
+static void make_desc(const trial_ctx* t, dm_tcp_desc* d, int rank, int size) {
+    tw_tcp_desc(d, t->store, rank, size, t->a->timeout_s * 1000);
+    d->transport = t->a->transport;
 }
-static int rank_main(const shrink_args* a, int rank, int victim, const char* url, int wfd) {
+/* One rank (on its simulated host, if any): create, barrier, "R"; the victim then sleeps until
+   killed, the others time the error, the shrink and the re-create, and report them. */
+static int rank_main(dm_collective* c, int rank, int world, void* arg) {
+    const trial_ctx* t = (const trial_ctx*)arg;
     dm_tcp_desc d;
-    dm_collective *c = NULL, *n = NULL, *again = NULL;
+    dm_collective *n = NULL, *again = NULL;
     float x = 1.0f;
     report rep;
-    char host[16];
-    if (a->hosts > 0) {
-        snprintf(host, sizeof(host), "h%d", rank / (a->np / a->hosts));
-        setenv("DISTMESH_TEST_HOST_ID", host, 1);
-    }
-    make_desc(a, &d, rank, a->np, url, "world/");
+    make_desc(t, &d, rank, world);
     if (dm_tcp_create(&d, &c) != DM_OK || dm_barrier(c) != DM_OK) { fprintf(stderr, "rank %d: create failed\n", rank); return 1; }
-    if (write(wfd, "R", 1) != 1) return 1;
-    if (rank == victim) for (;;) pause();
+    if (tw_ready() != 0) return 1;
+    if (rank == t->victim) for (;;) pause();
     memset(&rep, 0, sizeof(rep));
     rep.rank = rank;
     rep.status = (int32_t)dm_all_reduce(c, NULL, &x, 1, DM_FLOAT32, DM_SUM);
-    rep.t_err = mono_ns();
+    rep.t_err = tw_now_ns();
     if (rep.status == DM_ERR_PEER_LOST) {
         rep.status = (int32_t)dm_shrink(c, NULL, 0, DM_SHRINK_ABORT, &n);
         if (rep.status == DM_OK) rep.status = (int32_t)dm_all_reduce(n, NULL, &x, 1, DM_FLOAT32, DM_SUM);
-        rep.t_shrunk = mono_ns();
+        rep.t_shrunk = tw_now_ns();
         if (rep.status != DM_OK) fprintf(stderr, "rank %d: %s\n", rank, dm_last_error(n ? n : c));
     }
     if (rep.status == DM_OK && (rep.status = (int32_t)dm_barrier(n)) == DM_OK) {
         int nr = dm_rank(n), ns = dm_world_size(n);
-        rep.t_rc0 = mono_ns();
+        rep.t_rc0 = tw_now_ns();
         dm_destroy(n);
         dm_destroy(c);
         n = c = NULL;
-        make_desc(a, &d, nr, ns, url, "again/");
+        make_desc(t, &d, nr, ns);
+        d.prefix = "again/";
         rep.status = (int32_t)dm_tcp_create(&d, &again);
         if (rep.status == DM_OK) rep.status = (int32_t)dm_all_reduce(again, NULL, &x, 1, DM_FLOAT32, DM_SUM);
-        rep.t_rc1 = mono_ns();
+        rep.t_rc1 = tw_now_ns();
     }
-    if (write(wfd, &rep, sizeof(rep)) != (ssize_t)sizeof(rep)) return 1;
+    if (tw_report_bytes(&rep, sizeof(rep)) != 0) return 1;
     dm_destroy(again);
     dm_destroy(n);
     dm_destroy(c);
@@ -89,41 +81,41 @@ static int rank_main(const shrink_args* a, int rank, int victim, const char* url
 
 /* One trial: *shrink_ms and *recreate_ms as described above. 0, or 1 on a failure. */
 static int trial(const shrink_args* a, int victim, double* shrink_ms, double* recreate_ms) {
-    char dir[] = "/tmp/dm_shrink_XXXXXX", url[128], cmd[160];
-    pid_t pids[64];
-    int pfd[2], r, i, failed = 0;
-    int64_t deadline, err = 0, shrunk = 0, rc0 = 0, rc1 = 0;
-    dm_store* server = NULL;
-    if (!mkdtemp(dir) || pipe(pfd) != 0) { perror("dm_shrink_bench"); return 1; }
-    snprintf(url, sizeof(url), "file://%s", dir);
-    if (!a->file_store) {       /* the agent's store: outlives every rank */
-        dm_store_desc sd;
-        memset(&sd, 0, sizeof(sd));
-        sd.url = "tcp://127.0.0.1:0";
-        sd.is_server = true;
-        if (dm_store_create(&sd, &server) != DM_OK) { fprintf(stderr, "dm_shrink_bench: no store\n"); return 1; }
-        snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dm_store_port(server));
+    tw_store store;
+    tw_world p;
+    tw_dm_world w;
+    trial_ctx t;
+    int i, failed = 0;
+    int64_t err = 0, shrunk = 0, rc0 = 0, rc1 = 0;
+    double deadline;
+    /* the agent's store (outlives every rank), or a file store */
+    if ((a->file_store ? tw_store_file(&store, "dm_shrink") : tw_store_serve(&store)) != 0) {
+        fprintf(stderr, "dm_shrink_bench: no store\n");
+        return 1;
     }
-    fflush(stdout);
-    for (r = 0; r < a->np; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            close(pfd[0]);
-            _exit(rank_main(a, r, victim, url, pfd[1]));
-        }
-    }
-    close(pfd[1]);
-    deadline = mono_ns() + (int64_t)(3 * a->timeout_s + 20) * 1000000000;
-    for (i = 0; i < a->np && !failed; i++) {
-        char ch;
-        if (!read_full(pfd[0], &ch, 1, deadline) || ch != 'R') failed = 1;
-    }
+    t.a = a;
+    t.victim = victim;
+    t.store = &store;
+    memset(&p, 0, sizeof(p));
+    p.alarm_s = 3 * a->timeout_s + 30;        /* past the reads' deadline */
+    p.reports = true;
+    p.quick_exit = true;
+    memset(&w, 0, sizeof(w));
+    w.world = a->np;
+    w.store = &store;
+    w.per_host = a->hosts > 0 ? a->np / a->hosts : 0;
+    w.no_create = true;                       /* the rank destroys and re-creates its own */
+    w.body = rank_main;
+    w.arg = &t;
+    if (tw_dm_fork(&p, &w) != 0) { perror("dm_shrink_bench: fork"); failed = 1; }
+    deadline = tw_now_s() + 3 * a->timeout_s + 20;
+    if (!failed && !tw_read_ready(&p, a->np, deadline)) failed = 1;
     if (!failed) {
-        usleep(50000);
-        kill(pids[victim], SIGKILL);
+        tw_sleep_ms(50);
+        tw_signal(&p, victim, SIGKILL);
         for (i = 0; i < a->np - 1; i++) {
             report rep;
-            if (!read_full(pfd[0], &rep, sizeof(rep), deadline) || rep.status != DM_OK) { failed = 1; break; }
+            if (!tw_read_exact(&p, &rep, sizeof(rep), deadline) || rep.status != DM_OK) { failed = 1; break; }
             if (rep.t_err > err) err = rep.t_err;
             if (rep.t_shrunk > shrunk) shrunk = rep.t_shrunk;
             if (rep.t_rc0 > rc0) rc0 = rep.t_rc0;
@@ -131,12 +123,8 @@ static int trial(const shrink_args* a, int victim, double* shrink_ms, double* re
         }
     }
     if (failed) fprintf(stderr, "trial with victim %d failed\n", victim);
-    for (r = 0; r < a->np; r++) kill(pids[r], SIGKILL);
-    for (r = 0; r < a->np; r++) waitpid(pids[r], NULL, 0);
-    close(pfd[0]);
-    dm_store_destroy(server);
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "dm_shrink_bench: could not remove %s\n", dir);
+    tw_kill_all(&p);
+    if (tw_store_close(&store) != 0) fprintf(stderr, "dm_shrink_bench: could not remove %s\n", store.dir);
     *shrink_ms = (double)(shrunk - err) / 1e6;
     *recreate_ms = (double)(rc1 - rc0) / 1e6;
     return failed;
@@ -188,7 +176,7 @@ int main(int argc, char** argv) {
         n++;
     }
     if (n > 0) {
-        double ms = median(sh, n), mr = median(rc, n);
+        double ms = tw_median(sh, n), mr = tw_median(rc, n);
         printf("# median over %d trials: shrink %.2f ms (worst %.2f), destroy + re-create %.2f ms: ratio %.3f\n", n,
                ms, sh[n - 1], mr, ms / mr);
         printf("{\"bench\":\"shrink\",\"transport\":\"%s\",\"np\":%d,\"hosts\":%d,\"store\":\"%s\",\"trials\":%d,\"shrink_median_ms\":%.3f,"

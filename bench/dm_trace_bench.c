@@ -32,6 +32,7 @@
    failed call), 2 (bad arguments or the deadline). */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
+#include "../tests/test_world.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -41,7 +42,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,25 +56,6 @@ typedef struct args {
     const char* demo;
 } args;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static void sleep_us(long us) {
-    struct timespec ts;
-    ts.tv_sec = us / 1000000;
-    ts.tv_nsec = (us % 1000000) * 1000L;
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-static int cmp_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double* v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 /* --control: every world made "off", to see how far apart three identical worlds measure.
    --only CFG: every world made CFG (one configuration to profile alone). */
 static int g_control, g_only = -1, g_cpu, g_pin;
@@ -89,17 +70,13 @@ static void set_cfg_env(int cfg, const char* trace_dir) {
 /* World `name` of this rank over the file store in store_dir. */
 static dm_status make_world(const args* a, int rank, const char* store_dir, const char* name, dm_collective** out) {
     dm_tcp_desc d;
-    char url[600], prefix[64];
-    memset(&d, 0, sizeof(d));
+    char url[PATH_MAX + 16], prefix[64];
     snprintf(url, sizeof(url), "file://%s", store_dir);
     snprintf(prefix, sizeof(prefix), "%s/", name);
-    d.rank = rank;
-    d.world_size = a->np;
+    tw_tcp_desc(&d, NULL, rank, a->np, a->timeout_s * 1000);
     d.store_url = url;
     d.prefix = prefix;
-    d.ifname = "lo";
     d.transport = a->transport;
-    d.timeout_ms = a->timeout_s * 1000;
     return dm_tcp_create(&d, out);
 }
 #define TRY(c, expr)                                                                              \
@@ -130,16 +107,16 @@ static int overhead_rank(const args* a, int rank, const char* store_dir, const c
         for (k = 0; k < NCFG; k++) {
             double t0, t;
             TRY(w[k], dm_barrier(w[k]));
-            t0 = now_s();
+            t0 = tw_now_s();
             for (i = 0; i < a->iters; i++) TRY(w[k], dm_all_reduce(w[k], NULL, x, count, DM_FLOAT32, DM_SUM));
-            t = (now_s() - t0) / a->iters * 1e6;
+            t = (tw_now_s() - t0) / a->iters * 1e6;
             TRY(w[k], dm_all_reduce(w[k], NULL, &t, 1, DM_FLOAT64, DM_MAX));   /* the slowest rank's */
             per_op[k * a->blocks + b] = t;
         }
     if (rank == 0 && rc == 0) {
         double med[NCFG];
         for (k = 0; k < NCFG; k++) {
-            med[k] = median(per_op + k * a->blocks, a->blocks);
+            med[k] = tw_median(per_op + k * a->blocks, a->blocks);
             printf("config=%s np=%d transport=%s bytes=%zu iters=%d blocks=%d median_us_per_op=%.3f\n", k_cfg[k], a->np,
                    dm_transport_name(w[k]), count * 4, a->iters, a->blocks, med[k]);
         }
@@ -170,14 +147,14 @@ static int cpu_overhead(const args* a, const char* trace_dir) {
     }
     for (b = 0; b < a->blocks; b++)
         for (k = 0; k < NCFG; k++) {
-            double t0 = now_s();
+            double t0 = tw_now_s();
             for (i = 0; i < a->iters; i++) TRY(w[k], dm_all_reduce(w[k], NULL, x, count, DM_FLOAT32, DM_SUM));
-            per_op[k * a->blocks + b] = (now_s() - t0) / a->iters * 1e9;
+            per_op[k * a->blocks + b] = (tw_now_s() - t0) / a->iters * 1e9;
         }
     {
         double med[NCFG];
         for (k = 0; k < NCFG; k++) {
-            med[k] = median(per_op + k * a->blocks, a->blocks);
+            med[k] = tw_median(per_op + k * a->blocks, a->blocks);
             printf("config=%s np=1 backend=fake bytes=%zu iters=%d blocks=%d median_ns_per_op=%.1f\n", k_cfg[k],
                    count * 4, a->iters, a->blocks, med[k]);
         }
@@ -202,9 +179,9 @@ static int demo_rank(const args* a, int rank, const char* store_dir) {
     TRY(c, dm_broadcast(c, grads, BUCKET, DM_FLOAT32, 0));      /* the initial weights */
     for (s = 0; s < STEPS; s++) {
         dm_request* q[BUCKETS];
-        sleep_us(rank == 3 ? 5000 : 1500);                      /* forward; rank 3 is slow */
+        tw_sleep_us(rank == 3 ? 5000 : 1500);                      /* forward; rank 3 is slow */
         for (k = BUCKETS - 1; k >= 0; k--) {                    /* backward, last layers first */
-            sleep_us(400);
+            tw_sleep_us(400);
             TRY(c, dm_all_reduce_async(c, NULL, grads + (size_t)k * BUCKET, BUCKET, DM_FLOAT32, DM_MEAN, &q[k]));
         }
         TRY(c, dm_wait_all(q, BUCKETS));
@@ -249,12 +226,27 @@ static int parse(int argc, char** argv, args* a) {
     }
     return 0;
 }
+/* One forked rank (tests/test_world.h), pinned to a core with --pin. */
+typedef struct rank_ctx { const args* a; const char *store, *trace_dir; } rank_ctx;
+static int trace_rank(int rank, void* ctx) {
+    const rank_ctx* x = (const rank_ctx*)ctx;
+#if defined(__linux__)
+    if (g_pin) {
+        cpu_set_t set;
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        CPU_ZERO(&set);
+        CPU_SET((int)(rank % (n > 0 ? n : 1)), &set);
+        if (sched_setaffinity(0, sizeof(set), &set) != 0) perror("sched_setaffinity");
+    }
+#endif
+    return x->a->demo ? demo_rank(x->a, rank, x->store) : overhead_rank(x->a, rank, x->store, x->trace_dir);
+}
 int main(int argc, char** argv) {
     args a;
     char store[PATH_MAX], trace_dir[600], cmd[PATH_MAX + 700];
-    pid_t pids[64];
-    int r, rc = 0, left;
-    double end;
+    int rc = 0;
+    rank_ctx x;
+    tw_world p;
     if (parse(argc, argv, &a)) return 2;
     mkdir("build", 0777);
     mkdir("build/bench", 0777);
@@ -275,34 +267,16 @@ int main(int argc, char** argv) {
         if (system(cmd) != 0) {}
         return rc;
     }
-    for (r = 0; r < a.np; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            alarm((unsigned)a.timeout_s + 10);
-#if defined(__linux__)
-            if (g_pin) {
-                cpu_set_t set;
-                long n = sysconf(_SC_NPROCESSORS_ONLN);
-                CPU_ZERO(&set);
-                CPU_SET((int)(r % (n > 0 ? n : 1)), &set);
-                if (sched_setaffinity(0, sizeof(set), &set) != 0) perror("sched_setaffinity");
-            }
-#endif
-            exit(a.demo ? demo_rank(&a, r, store) : overhead_rank(&a, r, store, trace_dir));
-        }
-    }
-    end = now_s() + a.timeout_s;
-    for (left = a.np; left > 0;) {
-        int st;
-        pid_t p = waitpid(-1, &st, WNOHANG);
-        if (p > 0) { left--; if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = 1; continue; }
-        if (now_s() > end) {
-            for (r = 0; r < a.np; r++) kill(pids[r], SIGKILL);
-            fprintf(stderr, "dm_trace_bench: deadline of %d s passed\n", a.timeout_s);
-            rc = 2;
-            break;
-        }
-        sleep_us(2000);
+    x.a = &a;
+    x.store = store;
+    x.trace_dir = trace_dir;
+    memset(&p, 0, sizeof(p));
+    p.alarm_s = a.timeout_s + 10;
+    if (tw_fork(&p, a.np, trace_rank, &x) != 0) rc = 1;
+    if (tw_reap(&p, a.timeout_s) != 0) rc = 1;
+    if (p.timed_out) {
+        fprintf(stderr, "dm_trace_bench: deadline of %d s passed\n", a.timeout_s);
+        rc = 2;
     }
     snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", store, trace_dir);   /* the timelines can be large */
     if (system(cmd) != 0) {}

@@ -5,17 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static int by_value(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return (x > y) - (x < y);
-}
+#include "../tests/test_world.h"
 
 int main(void) {
     enum { RUNS = 10 };
@@ -28,13 +18,12 @@ int main(void) {
     memset(dst, 2, n);
     memcpy(dst, src, n);
     for (k = 0; k < RUNS; k++) {
-        double t0 = now_s();
+        double t0 = tw_now_s();
         memcpy(dst, src, n);
-        gbs[k] = (double)n / (now_s() - t0) / 1e9;
+        gbs[k] = (double)n / (tw_now_s() - t0) / 1e9;
         src[k] = dst[n - 1 - (size_t)k];   /* keep the copies observable */
     }
-    qsort(gbs, RUNS, sizeof(gbs[0]), by_value);
-    printf("memcpy GB/s=%.3f\n", (gbs[RUNS / 2 - 1] + gbs[RUNS / 2]) / 2);
+    printf("memcpy GB/s=%.3f\n", tw_median(gbs, RUNS));
     free(src);
     free(dst);
     return 0;

@@ -9,18 +9,9 @@
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+#include "../tests/test_world.h"
 
 enum { BATCH = 500 };
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static int cmp(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return x < y ? -1 : x > y;
-}
 int main(int argc, char** argv) {
     int calls = argc > 1 ? atoi(argv[1]) : 20000, reps = argc > 2 ? atoi(argv[2]) : 7, i, k;
     double raw[64], dm[64];
@@ -40,23 +31,23 @@ int main(int argc, char** argv) {
     cudaMalloc((void**)&buf, 8);
     cudaMemset(buf, 0, 8);
     for (k = 0; k < reps; k++) {
-        double t0 = now_s();
+        double t0 = tw_now_s();
         for (i = 0; i < calls; i++) {
             ncclAllReduce(buf, buf, 2, ncclFloat32, ncclSum, comm, s);
             if (i % BATCH == BATCH - 1) cudaStreamSynchronize(s);
         }
         cudaStreamSynchronize(s);
-        raw[k] = (now_s() - t0) / calls * 1e6;
-        t0 = now_s();
+        raw[k] = (tw_now_s() - t0) / calls * 1e6;
+        t0 = tw_now_s();
         for (i = 0; i < calls; i++) {
             if (dm_all_reduce(c, NULL, buf, 2, DM_FLOAT32, DM_SUM) != DM_OK) { fprintf(stderr, "%s\n", dm_last_error(c)); return 1; }
             if (i % BATCH == BATCH - 1) cudaStreamSynchronize(s);
         }
         dm_synchronize(c);
-        dm[k] = (now_s() - t0) / calls * 1e6;
+        dm[k] = (tw_now_s() - t0) / calls * 1e6;
     }
-    qsort(raw, (size_t)reps, sizeof(double), cmp);
-    qsort(dm, (size_t)reps, sizeof(double), cmp);
+    tw_sort(raw, reps);
+    tw_sort(dm, reps);
     printf("nccl world 1, 8 B all_reduce, median of %d x %d calls: raw ncclAllReduce %.3f us/call, "
            "dm_all_reduce %.3f us/call, distmesh overhead %.3f us/call\n",
            reps, calls, raw[reps / 2], dm[reps / 2], dm[reps / 2] - raw[reps / 2]);

@@ -14,7 +14,7 @@ EXTRA_BINS += $(OVERLAP_BENCH)
 
 .PHONY: bench-overlap
 
-$(OVERLAP_BENCH): bench/dm_overlap.c distmesh.h distmesh_store.h distmesh_tcp.h
+$(OVERLAP_BENCH): bench/dm_overlap.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 

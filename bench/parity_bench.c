@@ -54,17 +54,9 @@ static int comm_max(comm_t c, double* v) { return report(c, dm_all_reduce(c, NUL
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include "../tests/test_world.h"
 
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-static int cmp_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return (x > y) - (x < y);
-}
+static double now_us(void) { return (double)tw_now_ns() / 1e3; }
 
 /* The slowest rank's median per call and mean per call back to back, in microseconds. */
 static int run_size(comm_t c, size_t bytes, double* med, double* b2b) {
@@ -87,8 +79,7 @@ static int run_size(comm_t c, size_t bytes, double* med, double* b2b) {
         if (comm_sum(c, buf, count)) goto done;
         t[k] = now_us() - t0;
     }
-    qsort(t, (size_t)iters, sizeof(double), cmp_double);
-    *med = iters % 2 ? t[iters / 2] : (t[iters / 2 - 1] + t[iters / 2]) / 2;
+    *med = tw_median(t, (int)iters);
     if (comm_barrier(c)) goto done;
     t0 = now_us();
     for (k = 0; k < iters; k++)

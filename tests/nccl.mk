@@ -19,8 +19,8 @@ $(BUILD)/nccl/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h di
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) -c $< -o $@
 
-$(BUILD)/nccl/test_nccl: tests/test_nccl.c $(BUILD)/nccl/impl.o
-	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) $^ -o $@ $(NCCL_LIBS) $(CMOCKA_LIBS) $(LDLIBS_ALL)
+$(BUILD)/nccl/test_nccl: tests/test_nccl.c tests/test_world.h tests/test_tmpdir.h $(BUILD)/nccl/impl.o
+	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) $< $(BUILD)/nccl/impl.o -o $@ $(NCCL_LIBS) $(CMOCKA_LIBS) $(LDLIBS_ALL)
 
 # Every header with every backend, as C++ (the C build is impl.o above).
 $(BUILD)/nccl/compile_cpp: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h distmesh_nccl.h
@@ -42,7 +42,7 @@ $(BUILD)/nccl/compile_tcp_cuda: tests/impl.c distmesh.h distmesh_store.h distmes
 	@touch $@
 
 # distmesh's per-call overhead over raw ncclAllReduce (NCCL world 1, 8 B); `make bench-gpu` runs it.
-$(BUILD)/nccl/nccl_overhead: bench/nccl_overhead.c distmesh.h distmesh_store.h distmesh_nccl.h
+$(BUILD)/nccl/nccl_overhead: bench/nccl_overhead.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_store.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(NCCL_INC)) $< -o $@ \
 	    -L$(CUDA_HOME)/lib64 -L$(NCCL_LIBDIR) -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_LIBDIR) \

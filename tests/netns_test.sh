@@ -7,10 +7,10 @@
 #   2. 2 namespaces x 2 ranks, the ranks of a namespace sharing DISTMESH_TEST_HOST_ID (a simulated
 #      host: shared memory inside it, sockets between them; each rank checks it got "shm+tcp"
 #      and a local size of 2), so the schedules that know hosts run across real sockets.
-# Usage: netns_test.sh <path to test_tcp>. Exit 0 ok, 77 skipped (reason printed), else failed.
+# Usage: netns_test.sh <path to test_tcp_rendezvous>. Exit 0 ok, 77 skipped (reason printed), else failed.
 # Everything it creates is removed on every exit path.
 set -u
-bin=${1:?usage: netns_test.sh path/to/test_tcp}
+bin=${1:?usage: netns_test.sh path/to/test_tcp_rendezvous}
 skip() { echo "netns: skipped: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "not root"
 command -v ip >/dev/null 2>&1 || skip "no ip command"

@@ -6,13 +6,9 @@ SHRINK_TEST_BINS := $(BUILD)/shrink/test_shrink
 TEST_BINS += $(SHRINK_TEST_BINS)
 endif
 
-$(BUILD)/shrink/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h
+$(BUILD)/shrink/test_shrink: tests/test_shrink.c tests/test_world.h tests/test_tmpdir.h tests/test_filter.h $(BUILD)/tcp/impl.o
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
-
-$(BUILD)/shrink/test_shrink: tests/test_shrink.c tests/test_tmpdir.h tests/test_filter.h $(BUILD)/shrink/impl.o
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/shrink/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
 .PHONY: test-shrink-trials
 test-shrink-trials: deps $(BUILD)/shrink/test_shrink

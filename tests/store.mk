@@ -1,7 +1,6 @@
-# store fragment: the rendezvous stores of distmesh_store.h (TCP server + client, file store).
-# tests/impl.c again with DISTMESH_TCP into $(BUILD)/store/, plus tests/test_store.c (cmocka) and
-# tests/test_store_quota.c (the server's memory quota, issue 18). The server needs DISTMESH_TCP:
-# registered once distmesh_tcp.h exists.
+# store fragment: the rendezvous stores of distmesh_store.h (TCP server + client, file store):
+# tests/test_store.c (cmocka) and tests/test_store_quota.c (the server's memory quota, issue 18),
+# both linked with tests/tcp.mk's impl.o (the server needs DISTMESH_TCP).
 # tests/test_store_kinds.c: every operation through each kind's table, built twice: with
 # DISTMESH_TCP, and with DISTMESH_STORE alone (no libuv flags nor library; tests/no_libuv/uv.h
 # first on the include path stops any include of uv.h), its server then store_tool in a child.
@@ -11,17 +10,13 @@ STORE_TEST_BINS := $(BUILD)/store/test_store $(BUILD)/store/test_store_quota $(B
 TEST_BINS += $(STORE_TEST_BINS)
 endif
 
-$(BUILD)/store/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h
+$(BUILD)/store/test_store: tests/test_store.c tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
-$(BUILD)/store/test_store: tests/test_store.c $(BUILD)/store/impl.o
+$(BUILD)/store/test_store_quota: tests/test_store_quota.c tests/test_filter.h $(BUILD)/tcp/impl.o
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/store/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
-
-$(BUILD)/store/test_store_quota: tests/test_store_quota.c tests/test_filter.h $(BUILD)/store/impl.o
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/store/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
 $(BUILD)/store/test_store_kinds: tests/test_store_kinds.c tests/test_filter.h tests/test_tmpdir.h distmesh.h \
                                  distmesh_store.h distmesh_tcp.h

@@ -1,7 +1,10 @@
-# TCP backend tests (the tcp-ring area): tests/impl.c again with DISTMESH_TCP, plus the
-# multi-process test program. The netns test inside it runs tests/netns_test.sh as root.
+# TCP backend tests (the tcp-ring area): tests/impl.c again with DISTMESH_TCP, compiled once into
+# $(BUILD)/tcp/impl.o and linked by each test_tcp_* program (tests/test_tcp.h lists what each
+# holds; each runs under tests/run.sh's per-program timeout). The netns test in
+# test_tcp_rendezvous runs tests/netns_test.sh as root.
 ifneq ($(wildcard distmesh_tcp.h),)
-TCP_TEST_BINS := $(BUILD)/tcp/test_tcp
+TCP_TESTS := test_tcp_collectives test_tcp_hosts test_tcp_failures test_tcp_sparse test_tcp_rendezvous
+TCP_TEST_BINS := $(addprefix $(BUILD)/tcp/,$(TCP_TESTS))
 TEST_BINS += $(TCP_TEST_BINS)
 endif
 
@@ -9,7 +12,7 @@ $(BUILD)/tcp/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 
-$(BUILD)/tcp/test_tcp: tests/test_tcp.c tests/test_tmpdir.h tests/test_util.h $(BUILD)/tcp/impl.o
+$(TCP_TEST_BINS): $(BUILD)/tcp/%: tests/%.c tests/test_tcp.h tests/test_world.h tests/test_tmpdir.h \
+                  tests/test_util.h tests/test_filter.h $(BUILD)/tcp/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
-

@@ -4,9 +4,9 @@
 
    Every scenario runs on three transports -- the threaded world (dm_thread_world_run, in a forked
    child so a hang cannot stop the program), shared memory (forked ranks, transport "shm") and
-   TCP (forked ranks, transport "tcp") -- at 1, 2, 3, 4 and 7 ranks. Forked ranks meet through a
-   file store in a mkdtemp directory, as in test_tcp.c. Every world has a hard limit in seconds:
-   the parent kills what is left and counts it as a failure.
+   TCP (forked ranks, transport "tcp") -- at 1, 2, 3, 4 and 7 ranks, forked by tests/test_world.h.
+   Forked ranks meet through a file store in a mkdtemp directory. Every world has a hard limit in
+   seconds: the parent kills what is left and counts it as a failure.
 
    References: data moved (all_to_all, gather, scatter, send) are small integers that every dtype
    represents exactly, different per (source, destination, element), compared with memcmp.
@@ -29,11 +29,10 @@
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <sys/select.h>
 #include <cmocka.h>
 #include "test_filter.h"
 #include "test_util.h"
-#include "test_tmpdir.h"
+#include "test_world.h"
 
 
 /* ---- where we are, and failures ------------------------------------------------------------ */
@@ -43,20 +42,8 @@ static const int g_worlds[] = { 1, 2, 3, 4, 7 };
 #define NWORLDS ((int)(sizeof(g_worlds) / sizeof(g_worlds[0])))
 static const char* g_kind = "parent";    /* the transport of the world being run (for messages) */
 static int g_timeout_ms = 5000;          /* every world's collective deadline (no call here needs 1 s) */
-static char g_store_dir[256];
-static int g_run_id;
+static tw_store g_store;                 /* the program's file store (setup_store) */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static void sleep_ms(int ms) {
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
 static void report(const dm_collective* c, int line, const char* fmt, ...) {
     char msg[768];
     va_list ap;
@@ -204,102 +191,33 @@ static void describe(dm_dtype t, const void* p, char* buf, size_t cap) {
 
 /* ---- worlds ----------------------------------------------------------------------------------- */
 typedef int (*body_fn)(dm_collective* c, void* arg);   /* 0: every check passed */
-typedef struct thread_ctx { body_fn body; void* arg; } thread_ctx;
-static int thread_rank(dm_collective* c, void* user) {
-    const thread_ctx* t = (const thread_ctx*)user;
-    return t->body(c, t->arg) ? DM_ERR_INTERNAL : DM_OK;
-}
-static int g_report_fd = -1;   /* fork_reporting_world's children: the pipe to the parent */
-
-static dm_status tcp_world(int rank, int world, int kind, int timeout_ms, dm_collective** out) {
-    dm_tcp_desc d;
-    char url[300], prefix[64];
-    memset(&d, 0, sizeof(d));
-    snprintf(url, sizeof(url), "file://%s", g_store_dir);
-    snprintf(prefix, sizeof(prefix), "api%d/", g_run_id);
-    d.rank = rank;
-    d.world_size = world;
-    d.store_url = url;
-    d.prefix = prefix;
-    d.ifname = "lo";
-    d.timeout_ms = timeout_ms;
-    d.transport = kind == TR_TCP ? "tcp" : "shm";
-    return dm_tcp_create(&d, out);
-}
-/* Waits for the pids (0 entries are done); kills what is left after limit_s. Failed count. */
-static int reap(pid_t* pids, int n, double limit_s) {
-    double end = now_s() + limit_s;
-    int failed = 0, left = 0, r;
-    for (r = 0; r < n; r++) left += pids[r] > 0;
-    while (left > 0) {
-        int status;
-        pid_t p = waitpid(-1, &status, WNOHANG);
-        if (p > 0) {
-            for (r = 0; r < n; r++)
-                if (pids[r] == p) {
-                    pids[r] = 0;
-                    left--;
-                    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
-                }
-            continue;
-        }
-        if (now_s() > end) {
-            fprintf(stderr, "[%s] time limit %.0f s reached, killing %d process(es)\n", g_kind, limit_s, left);
-            for (r = 0; r < n; r++)
-                if (pids[r] > 0) { kill(pids[r], SIGKILL); waitpid(pids[r], NULL, 0); pids[r] = 0; failed++; }
-            return failed;
-        }
-        sleep_ms(2);
-    }
-    return failed;
+/* A world of `world` ranks running body over transport kind (g_tr_name: "thread" is one process
+   running the threaded world), each call's deadline timeout_ms. */
+static void api_world(tw_dm_world* w, int kind, int world, int timeout_ms, body_fn body, void* arg) {
+    memset(w, 0, sizeof(*w));
+    w->world = world;
+    w->store = &g_store;
+    w->transport = g_tr_name[kind];
+    w->timeout_ms = timeout_ms;
+    w->body_c = body;
+    w->arg = arg;
 }
 /* Runs body on every rank of a world of `world` ranks over transport kind; the number of ranks
    (processes for the threaded world) that failed, were killed at limit_s or did not start. */
 static int run_on(int kind, int world, body_fn body, void* arg, double limit_s) {
-    pid_t pids[16];
-    int r, nproc = kind == TR_THREAD ? 1 : world;
-    g_run_id++;
+    tw_dm_world w;
     g_kind = g_tr_name[kind];
-    fflush(stdout);
-    fflush(stderr);
-    for (r = 0; r < nproc; r++) {
-        pid_t p = fork();
-        if (p == 0) {
-            int rc;
-            alarm((unsigned)limit_s + 5);
-            if (kind == TR_THREAD) {
-                dm_fake_desc d;
-                thread_ctx t;
-                memset(&d, 0, sizeof(d));
-                d.world_size = world;
-                d.timeout_ms = g_timeout_ms;
-                t.body = body;
-                t.arg = arg;
-                rc = dm_thread_world_run(&d, thread_rank, &t) != DM_OK;
-            } else {
-                dm_collective* c = NULL;
-                dm_status st = tcp_world(r, world, kind, g_timeout_ms, &c);
-                if (st != DM_OK) {
-                    fprintf(stderr, "[%s world %d rank %d] dm_tcp_create: %s\n", g_kind, world, r, dm_status_name(st));
-                    exit(1);
-                }
-                rc = body(c, arg);
-                dm_destroy(c);
-            }
-            exit(rc ? 1 : 0);   /* exit, not _exit: LeakSanitizer runs at exit */
-        }
-        pids[r] = p;
-    }
-    return reap(pids, nproc, limit_s);
+    api_world(&w, kind, world, g_timeout_ms, body, arg);
+    return tw_dm_run(&w, limit_s);
 }
 /* The body at 1, 2, 3, 4 and 7 ranks on one transport; fails the test naming the worlds. */
 static void run_worlds(int kind, body_fn body, void* arg, double limit_s) {
     char failed_worlds[128] = "";
     int w, any = 0;
     for (w = 0; w < NWORLDS; w++) {
-        double t0 = now_s();
+        double t0 = tw_now_s();
         int f = run_on(kind, g_worlds[w], body, arg, limit_s);
-        printf("  %s, %d rank(s): %s (%.2f s)\n", g_tr_name[kind], g_worlds[w], f ? "FAILED" : "ok", now_s() - t0);
+        printf("  %s, %d rank(s): %s (%.2f s)\n", g_tr_name[kind], g_worlds[w], f ? "FAILED" : "ok", tw_now_s() - t0);
         if (f) {
             size_t used = strlen(failed_worlds);
             snprintf(failed_worlds + used, sizeof(failed_worlds) - used, " %d", g_worlds[w]);
@@ -476,18 +394,18 @@ static int body_p2p_mismatch(dm_collective* c, void* arg) {
     dm_status st;
     double t0;
     if (kind == 2) {
-        t0 = now_s();
+        t0 = tw_now_s();
         if (r == 0) {
             EXPECT_ST(c, dm_recv(c, buf, 4, DM_FLOAT32, 1, 0), DM_ERR_MISMATCH);
             EXPECT(c, strstr(dm_last_error(c), "recv") != NULL && strstr(dm_last_error(c), "barrier") != NULL);
-            EXPECT(c, now_s() - t0 < 2.5);   /* at once, not at the deadline (5 s) */
+            EXPECT(c, tw_now_s() - t0 < 2.5);   /* at once, not at the deadline (5 s) */
             EXPECT(c, dm_barrier(c) != DM_OK);
         } else {
             st = dm_barrier(c);
             if (st == DM_OK) { report(c, __LINE__, "dm_barrier succeeded while rank 0 waits in dm_recv"); bad = 1; }
-            EXPECT(c, now_s() - t0 < 2.5);
+            EXPECT(c, tw_now_s() - t0 < 2.5);
         }
-        sleep_ms(300);
+        tw_sleep_ms(300);
         return bad;
     }
     if (r == 0) {
@@ -512,7 +430,7 @@ static int body_p2p_mismatch(dm_collective* c, void* arg) {
     } else {
         EXPECT(c, dm_barrier(c) != DM_OK);   /* a bystander: the group is broken, whatever the status */
     }
-    sleep_ms(300);   /* stay connected: the others must see the mismatch, not our exit */
+    tw_sleep_ms(300);   /* stay connected: the others must see the mismatch, not our exit */
     return bad;
 }
 
@@ -626,7 +544,7 @@ static int body_a2av_mismatch(dm_collective* c, void* arg) {
         bad = 1;
     }
     if (r > 1) printf("  [%s world %d rank %d] bystander of the count disagreement: %s\n", g_kind, W, r, dm_status_name(st));
-    sleep_ms(300);   /* stay connected: the others must see the mismatch, not our exit */
+    tw_sleep_ms(300);   /* stay connected: the others must see the mismatch, not our exit */
     return bad;
 }
 
@@ -938,7 +856,7 @@ static int body_async(dm_collective* c, void* arg) {
     if (mix_issue(c, m, 3, rq)) return 1;
     memset(done, 0, sizeof(done));
     left = MIXN;
-    deadline = now_s() + 15;
+    deadline = tw_now_s() + 15;
     while (left > 0) {
         for (k = MIXN - 1; k >= 0; k--) {
             bool d = false;
@@ -959,11 +877,11 @@ static int body_async(dm_collective* c, void* arg) {
                 left--;
             }
         }
-        if (left > 0 && now_s() > deadline) {
+        if (left > 0 && tw_now_s() > deadline) {
             report(c, __LINE__, "dm_test loop: %d request(s) still running after 15 s", left);
             return 1;
         }
-        sleep_ms(0);
+        tw_sleep_ms(0);
     }
     bad |= mix_check(c, m, "dm_test loop");
 
@@ -1044,7 +962,7 @@ static int body_async_mismatch(dm_collective* c, void* arg) {
     dm_request* rq[4];
     dm_status st;
     (void)arg;
-    if (r == 1) sleep_ms(300);
+    if (r == 1) tw_sleep_ms(300);
     OK(c, dm_all_reduce_async(c, NULL, x, r == 1 ? 11 : 10, DM_FLOAT32, DM_SUM, &rq[0]));
     OK(c, dm_barrier_async(c, &rq[1]));
     OK(c, dm_all_gather_async(c, x, g, 16, DM_FLOAT32, &rq[2]));
@@ -1064,7 +982,7 @@ static int body_async_mismatch(dm_collective* c, void* arg) {
         EXPECT(c, st != DM_OK);
         for (k = 0; k < 4; k++) EXPECT(c, rq[k] == NULL);
     }
-    sleep_ms(300);   /* stay connected: the others must see the mismatch, not our exit */
+    tw_sleep_ms(300);   /* stay connected: the others must see the mismatch, not our exit */
     return bad;
 }
 /* Requests never waited for: dm_destroy (the harness's, after the body) waits for them and frees them. */
@@ -1097,7 +1015,7 @@ static int body_kill(dm_collective* c, void* arg) {
     (void)arg;
     if (dm_barrier(c) != DM_OK) return 1;
     if (r == KILL_VICTIM) {
-        if (write(g_report_fd, "R", 1) != 1) return 1;
+        if (tw_ready() != 0) return 1;
         for (;;) pause();
     }
     OK(c, dm_all_reduce_async(c, NULL, x, n, DM_FLOAT32, DM_SUM, &rq[0]));
@@ -1107,123 +1025,88 @@ static int body_kill(dm_collective* c, void* arg) {
     OK(c, dm_all_gather_async(c, x, g, n, DM_FLOAT32, &rq[4]));
     OK(c, dm_reduce_async(c, bc, r == KILL_VICTIM ? bc : NULL, 16, DM_INT32, DM_SUM, KILL_VICTIM, &rq[5]));
     OK(c, dm_all_to_all_async(c, a2a_s, a2a_r, 8, DM_INT32, &rq[6]));
-    if (write(g_report_fd, "R", 1) != 1) return 1;
-    deadline = now_s() + 30;
-    while (left > 0 && now_s() < deadline) {
+    if (tw_ready() != 0) return 1;
+    deadline = tw_now_s() + 30;
+    while (left > 0 && tw_now_s() < deadline) {
         for (k = 0; k < KILL_NREQ; k++) {
             bool d = false;
             dm_status s;
             if (done[k]) continue;
             s = dm_test(rq[k], &d);
-            if (d) { st[k] = s; done[k] = true; left--; t_last = now_s(); }
+            if (d) { st[k] = s; done[k] = true; left--; t_last = tw_now_s(); }
         }
-        sleep_ms(1);
+        tw_sleep_ms(1);
     }
     used = (size_t)snprintf(line, sizeof(line), "%d %d", r, KILL_NREQ - left);
     for (k = 0; k < KILL_NREQ; k++) used += (size_t)snprintf(line + used, sizeof(line) - used, " %d", done[k] ? (int)st[k] : 1);
     snprintf(line + used, sizeof(line) - used, " %.6f\n", t_last);
-    if (write(g_report_fd, line, strlen(line)) < 0) return 1;
+    if (tw_report("%s", line) != 0) return 1;
     if (left > 0) return 1;   /* the rest cannot be freed; exit through the time limit's report */
     /* the next call fails at once */
     if (dm_barrier(c) != DM_ERR_PEER_LOST) return 1;
     free(x);
     free(g);
-    sleep_ms(1000);   /* stay connected so slower survivors see the victim's death, not our exit */
+    tw_sleep_ms(1000);   /* stay connected so slower survivors see the victim's death, not our exit */
     return 0;
 }
-static pid_t g_pids[8];
-/* Forks world ranks into g_pids that report through a pipe (g_report_fd in the child); pfd[0]
-   is left open for the parent. Each creates its collective (timeout_ms), runs body and exits. */
-static void fork_reporting_world(int kind, int world, int timeout_ms, body_fn body, void* arg, int pfd[2]) {
-    int r;
-    assert_int_equal(pipe(pfd), 0);
-    g_run_id++;
-    g_kind = g_tr_name[kind];
-    fflush(stdout);
-    fflush(stderr);
-    for (r = 0; r < world; r++) {
-        pid_t p = fork();
-        if (p == 0) {
-            dm_collective* c = NULL;
-            int rc;
-            close(pfd[0]);
-            g_report_fd = pfd[1];
-            alarm(40);
-            if (tcp_world(r, world, kind, timeout_ms, &c) != DM_OK) _exit(1);
-            rc = body(c, arg);
-            dm_destroy(c);
-            _exit(rc);
-        }
-        g_pids[r] = p;
-    }
-    close(pfd[1]);
+/* kill_trial's view of the report pipe: each survivor's line is "rank n status... t_last". */
+typedef struct kill_watch {
+    int world, reports;
+    int (*status_of)[KILL_NREQ], *ndone;
+    double* t_done;
+} kill_watch;
+static int kill_line(char* line, void* u) {
+    kill_watch* w = (kill_watch*)u;
+    int rk = -1, n = 0, off = 0, s, k;
+    const char* p = line;
+    if (sscanf(p, "%d %d%n", &rk, &n, &off) != 2 || rk < 0 || rk >= w->world) return 0;
+    p += off;
+    for (k = 0; k < KILL_NREQ && sscanf(p, "%d%n", &s, &off) == 1; k++, p += off) w->status_of[rk][k] = s;
+    sscanf(p, "%lf", &w->t_done[rk]);
+    w->ndone[rk] = n;
+    return 1;
 }
 /* Seconds from the kill to the last survivor's last completion. */
 static double kill_trial(int kind) {
-    int pfd[2], r, ready = 0, reports = 0, world = 4, k;
+    int r, reports, world = 4, k, failed;
     int status_of[4][KILL_NREQ], ndone[4] = { 0 };
-    double t_kill = 0, t_done[4] = { 0 }, deadline, worst = 0;
-    char buf[2048];
-    size_t used = 0;
+    double t_done[4] = { 0 }, worst = 0;
+    tw_world p;
+    tw_dm_world w;
+    tw_reader rr;
+    kill_watch kw;
     memset(status_of, 0, sizeof(status_of));
-    fork_reporting_world(kind, world, 60000, body_kill, NULL, pfd);
-    deadline = now_s() + 30;
-    while (now_s() < deadline && reports < world - 1) {
-        ssize_t got;
-        struct timeval tv = { 0, 20000 };
-        fd_set fs;
-        FD_ZERO(&fs);
-        FD_SET(pfd[0], &fs);
-        if (ready == world && t_kill == 0) {
-            sleep_ms(300);   /* the survivors are waiting inside their requests */
-            kill(g_pids[KILL_VICTIM], SIGKILL);
-            t_kill = now_s();
-        }
-        if (select(pfd[0] + 1, &fs, NULL, NULL, &tv) <= 0) continue;
-        got = read(pfd[0], buf + used, sizeof(buf) - 1 - used);
-        if (got <= 0) break;
-        used += (size_t)got;
-        buf[used] = 0;
-        for (;;) {
-            char* nl;
-            if (buf[0] == 'R') { ready++; memmove(buf, buf + 1, used); used--; continue; }
-            nl = strchr(buf, '\n');
-            if (!nl) break;
-            {
-                int rk = -1, n = 0, off = 0, s;
-                const char* p = buf;
-                if (sscanf(p, "%d %d%n", &rk, &n, &off) == 2 && rk >= 0 && rk < world) {
-                    p += off;
-                    for (k = 0; k < KILL_NREQ && sscanf(p, "%d%n", &s, &off) == 1; k++, p += off) status_of[rk][k] = s;
-                    sscanf(p, "%lf", &t_done[rk]);
-                    ndone[rk] = n;
-                    reports++;
-                }
-            }
-            used -= (size_t)(nl + 1 - buf);
-            memmove(buf, nl + 1, used + 1);
-        }
+    memset(&p, 0, sizeof(p));
+    p.alarm_s = 40;
+    p.reports = true;
+    p.quick_exit = true;
+    g_kind = g_tr_name[kind];
+    api_world(&w, kind, world, 60000, body_kill, NULL);
+    assert_int_equal(tw_dm_fork(&p, &w), 0);
+    kw.world = world;
+    kw.status_of = status_of;
+    kw.ndone = ndone;
+    kw.t_done = t_done;
+    tw_reader_init(&rr, world - 1, 30, kill_line, &kw);
+    tw_reader_fault(&rr, KILL_VICTIM, SIGKILL, 300);   /* the survivors wait inside their requests */
+    reports = tw_read_reports(&p, &rr);
+    tw_kill(&p, KILL_VICTIM);
+    failed = tw_reap(&p, 10);
+    g_kind = "parent";
+    assert_true(rr.t_fault > 0);
+    assert_int_equal(reports, world - 1);
+    for (r = 0; r < world; r++) {
+        if (r == KILL_VICTIM) continue;
+        printf("  %s rank %d: %d of %d requests completed, last %.3f s after the kill\n", g_tr_name[kind], r, ndone[r],
+               KILL_NREQ, t_done[r] - rr.t_fault);
+        assert_int_equal(ndone[r], KILL_NREQ);
+        for (k = 0; k < KILL_NREQ; k++)
+            if (status_of[r][k] != DM_ERR_PEER_LOST)
+                fail_msg("%s rank %d request %d: %s, want DM_ERR_PEER_LOST", g_tr_name[kind], r, k,
+                         dm_status_name((dm_status)status_of[r][k]));
+        if (t_done[r] - rr.t_fault > worst) worst = t_done[r] - rr.t_fault;
     }
-    for (r = 0; r < world; r++) kill(g_pids[r], r == KILL_VICTIM ? SIGKILL : SIGCONT);
-    {
-        int failed = reap(g_pids, world, 10);
-        close(pfd[0]);
-        g_kind = "parent";
-        assert_true(t_kill > 0);
-        assert_int_equal(reports, world - 1);
-        for (r = 0; r < world; r++) {
-            if (r == KILL_VICTIM) continue;
-            printf("  %s rank %d: %d of %d requests completed, last %.3f s after the kill\n", g_tr_name[kind], r, ndone[r],
-                   KILL_NREQ, t_done[r] - t_kill);
-            assert_int_equal(ndone[r], KILL_NREQ);
-            for (k = 0; k < KILL_NREQ; k++)
-                if (status_of[r][k] != DM_ERR_PEER_LOST)
-                    fail_msg("%s rank %d request %d: %s, want DM_ERR_PEER_LOST", g_tr_name[kind], r, k,
-                             dm_status_name((dm_status)status_of[r][k]));
-            if (t_done[r] - t_kill > worst) worst = t_done[r] - t_kill;
-        }
-        assert_int_equal(failed, 1);   /* the victim (killed); the survivors exit 0 */
-    }
+    assert_int_equal(failed, 1);   /* the victim (killed); the survivors exit 0 */
     return worst;
 }
 static void kill_trials(int kind, int trials) {
@@ -1261,8 +1144,8 @@ static void* busy_probe(void* p) {
 typedef struct probe1 { dm_collective* c; int delay_ms; dm_status st; double at; } probe1;
 static void* barrier_probe(void* p) {
     probe1* b = (probe1*)p;
-    sleep_ms(b->delay_ms);
-    b->at = now_s();
+    tw_sleep_ms(b->delay_ms);
+    b->at = tw_now_s();
     b->st = dm_barrier(b->c);
     return NULL;
 }
@@ -1279,9 +1162,9 @@ static int body_busy(dm_collective* c, void* arg) {
     for (k = 0; k < 32; k++) bc[k] = r == 0 ? 5 * k : -1;
     for (k = 0; k < 16; k++) sv[k] = 3 * k + 1;
     OK(c, dm_barrier(c));
-    t0 = now_s();
+    t0 = tw_now_s();
     if (r == late) {
-        sleep_ms(1000);
+        tw_sleep_ms(1000);
         OK(c, dm_all_reduce(c, NULL, ar, 64, DM_INT32, DM_SUM));
         for (k = 0; k < W; k++)
             if (k != late) OK(c, dm_send(c, sv, 16, DM_INT32, k, 3));
@@ -1301,7 +1184,7 @@ static int body_busy(dm_collective* c, void* arg) {
         OK(c, dm_barrier_async(c, &rq[3]));
         if (pthread_create(&th, NULL, busy_probe, &b) != 0) return 1;
         pthread_join(th, NULL);
-        if (now_s() - t0 > 0.9) { report(c, __LINE__, "probe took %.2f s: the late rank may have come", now_s() - t0); bad = 1; }
+        if (tw_now_s() - t0 > 0.9) { report(c, __LINE__, "probe took %.2f s: the late rank may have come", tw_now_s() - t0); bad = 1; }
         for (k = 0; k < 8; k++)
             if (b.st[k] != DM_ERR_BUSY) { report(c, __LINE__, "second thread's call %d -> %s, want DM_ERR_BUSY", k, dm_status_name(b.st[k])); bad = 1; }
         EXPECT(c, b.async_out_null);
@@ -1320,10 +1203,10 @@ static int body_busy(dm_collective* c, void* arg) {
     /* two threads without requests: the main thread waits in dm_all_reduce for the late rank;
        a second thread's dm_barrier meanwhile is DM_ERR_BUSY */
     OK(c, dm_barrier(c));
-    t0 = now_s();
+    t0 = tw_now_s();
     for (k = 0; k < 64; k++) ar[k] = r * k;
     if (r == late) {
-        sleep_ms(1000);
+        tw_sleep_ms(1000);
         OK(c, dm_all_reduce(c, NULL, ar, 64, DM_INT32, DM_SUM));
     } else {
         probe1 b;
@@ -1578,8 +1461,8 @@ ON_EVERY_TRANSPORT(fake_same)
 #define TESTS_OF(name) cmocka_unit_test(test_##name##_thread), cmocka_unit_test(test_##name##_shm), \
     cmocka_unit_test(test_##name##_tcp)
 
-static int setup_store(void** s) { (void)s; return tmpdir_make(g_store_dir, sizeof(g_store_dir), "dm_api_test"); }
-static int teardown_store(void** s) { (void)s; return tmpdir_remove(g_store_dir); }
+static int setup_store(void** s) { (void)s; return tw_store_file(&g_store, "dm_api_test"); }
+static int teardown_store(void** s) { (void)s; return tw_store_close(&g_store); }
 
 int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {

@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "test_filter.h"
-#include "test_tmpdir.h"
+#include "test_world.h"
 
 #ifndef DM_BENCH
 #define DM_BENCH "build/plain/bench/dm_bench"
@@ -23,17 +23,11 @@
 static char g_dir[64];
 static char g_out[1 << 16], g_err[8192], g_json[1 << 16];
 
+/* The file g_dir/name into buf. */
 static void slurp(const char* name, char* buf, size_t cap) {
     char path[128];
-    FILE* f;
-    size_t n = 0;
     snprintf(path, sizeof(path), "%s/%s", g_dir, name);
-    f = fopen(path, "r");
-    if (f) {
-        n = fread(buf, 1, cap - 1, f);
-        fclose(f);
-    }
-    buf[n] = 0;
+    tw_read_file(path, buf, cap);
 }
 
 /* Runs dm_bench with ARGS (printf-style) under a 120 s timeout; its stdout, stderr and the JSON

@@ -1,7 +1,8 @@
 /* dm_grow on the TCP backend (README "Survive a lost rank"): member processes forked on
    127.0.0.1 create a world through a file store in a mkdtemp directory, then grow it with
    newcomer processes that join through the same store (dm_tcp_desc.join). Every process is a
-   fork with its own alarm; the parent kills whatever is left after the test's limit.
+   fork with its own alarm (tests/test_world.h); the parent kills whatever is left after the
+   test's limit.
 
    Checks: ranks (members keep theirs, newcomers take the next in arrival order), the new
    group's size, an all-reduce whose exact sum is known, state moved by a broadcast from a
@@ -22,28 +23,17 @@
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <cmocka.h>
 #include "test_filter.h"
-#include "test_tmpdir.h"
+#include "test_world.h"
 
-static char g_store_dir[256];
-static int g_run_id;
-static const char* g_who = "parent";
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+static tw_store g_store;        /* the program's file store; tw_store_next: a fresh prefix per test */
 
 /* A forked process returns 1 on a failed check. */
 #define PCHECK(cond)                                                                      \
     do {                                                                                  \
         if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s: check failed at %s:%d: %s\n", g_who, __FILE__, __LINE__, \
+            fprintf(stderr, "%s: check failed at %s:%d: %s\n", tw_me.who, __FILE__, __LINE__, \
                     #cond);                                                               \
             return 1;                                                                     \
         }                                                                                 \
@@ -52,78 +42,29 @@ static double now_s(void) {
     do {                                                                                  \
         dm_status st_ = (expr);                                                           \
         if (st_ != DM_OK) {                                                               \
-            fprintf(stderr, "%s: %s failed at %s:%d: %s: %s\n", g_who, #expr, __FILE__,   \
+            fprintf(stderr, "%s: %s failed at %s:%d: %s: %s\n", tw_me.who, #expr, __FILE__,   \
                     __LINE__, dm_status_name(st_), (c) ? dm_last_error(c) : "");          \
             return 1;                                                                     \
         }                                                                                 \
     } while (0)
 
 /* ---- processes ------------------------------------------------------------------------------ */
-typedef int (*proc_fn)(int index, void* arg);
-#define MAX_PROCS 8
-static pid_t g_pids[MAX_PROCS];
-static int g_nprocs;
-
-static void spawn(const char* who, int index, proc_fn fn, void* arg, double limit_s) {
-    pid_t p;
-    fflush(stdout);
-    fflush(stderr);
-    p = fork();
-    if (p == 0) {
-        static char name[32];
-        int rc;
-        snprintf(name, sizeof(name), "%s %d", who, index);
-        g_who = name;
-        alarm((unsigned)limit_s + 5);
-        rc = fn(index, arg);
-        exit(rc ? 1 : 0);   /* exit, not _exit: LeakSanitizer runs at exit */
-    }
-    g_pids[g_nprocs++] = p;
+static tw_world g_procs;        /* the running test's processes */
+/* Forks fn(index, arg), named "<who> <index>", with its own alarm at limit_s + 5. */
+static void spawn(const char* who, int index, tw_fn fn, void* arg, double limit_s) {
+    g_procs.alarm_s = (int)limit_s + 5;
+    assert_true(tw_spawn(&g_procs, who, index, fn, arg) >= 0);
 }
 /* Waits for every spawned process; kills what is left after limit_s. Returns how many failed. */
 static int reap(double limit_s) {
-    double end = now_s() + limit_s;
-    int left = g_nprocs, failed = 0, k;
-    while (left > 0) {
-        int status;
-        pid_t p = waitpid(-1, &status, WNOHANG);
-        if (p > 0) {
-            for (k = 0; k < g_nprocs; k++)
-                if (g_pids[k] == p) {
-                    g_pids[k] = 0;
-                    left--;
-                    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
-                }
-            continue;
-        }
-        if (now_s() > end) {
-            fprintf(stderr, "time limit %.0f s reached, killing %d processes\n", limit_s, left);
-            for (k = 0; k < g_nprocs; k++)
-                if (g_pids[k] > 0) { kill(g_pids[k], SIGKILL); waitpid(g_pids[k], NULL, 0); failed++; }
-            break;
-        }
-        usleep(2000);
-    }
-    g_nprocs = 0;
+    int failed = tw_reap(&g_procs, limit_s);
+    memset(&g_procs, 0, sizeof(g_procs));
     return failed;
 }
 
 /* ---- the group ------------------------------------------------------------------------------ */
-static char g_url[300], g_prefix[64];
-static void new_run(void) {
-    g_run_id++;
-    snprintf(g_url, sizeof(g_url), "file://%s", g_store_dir);
-    snprintf(g_prefix, sizeof(g_prefix), "grow%d/", g_run_id);
-}
-static void make_desc(dm_tcp_desc* d, int rank, int world) {
-    memset(d, 0, sizeof(*d));
-    d->rank = rank;
-    d->world_size = world;
-    d->store_url = g_url;
-    d->prefix = g_prefix;
-    d->ifname = "lo";
-    d->timeout_ms = 20000;
-}
+static void new_run(void) { tw_store_next(&g_store); }
+static void make_desc(dm_tcp_desc* d, int rank, int world) { tw_tcp_desc(d, &g_store, rank, world, 20000); }
 static dm_status join(dm_collective** out, const char* token, int timeout_ms) {
     dm_tcp_desc d;
     make_desc(&d, 0, 0);
@@ -252,11 +193,11 @@ static int member_never(int rank, void* arg) {
     make_desc(&d, rank, 2);
     PST(c, dm_tcp_create(&d, &c));
     PST(c, dm_set_timeout(c, NEVER_MS));
-    t0 = now_s();
+    t0 = tw_now_s();
     st = dm_grow(c, 1, &g);
-    took = now_s() - t0;
+    took = tw_now_s() - t0;
     if (st != DM_ERR_TIMEOUT || g || !strstr(dm_last_error(c), "rank 2 of 3 never joined") || took > NEVER_MS / 1e3 + 2) {
-        fprintf(stderr, "%s: grow without a newcomer: %s after %.2f s (%s)\n", g_who, dm_status_name(st), took,
+        fprintf(stderr, "%s: grow without a newcomer: %s after %.2f s (%s)\n", tw_me.who, dm_status_name(st), took,
                 dm_last_error(c));
         return 1;
     }
@@ -302,11 +243,11 @@ static int member_token(int rank, void* arg) {
     d.token = "secret";
     PST(c, dm_tcp_create(&d, &c));
     PST(c, dm_set_timeout(c, TOKEN_MS));
-    t0 = now_s();
+    t0 = tw_now_s();
     st = dm_grow(c, 1, &g);
-    took = now_s() - t0;
+    took = tw_now_s() - t0;
     if (st == DM_OK || g || took > TOKEN_MS / 1e3 + 2) {
-        fprintf(stderr, "%s: grow with a wrong-token newcomer: %s after %.2f s\n", g_who, dm_status_name(st), took);
+        fprintf(stderr, "%s: grow with a wrong-token newcomer: %s after %.2f s\n", tw_me.who, dm_status_name(st), took);
         dm_destroy(g);
         return 1;
     }
@@ -323,7 +264,7 @@ static int newcomer_wrong_token(int index, void* arg) {
     st = join(&g, "wrong", TOKEN_MS);
     dm_destroy(g);
     if (st != DM_ERR_REFUSED) {
-        fprintf(stderr, "%s: join with the wrong token: %s, expected DM_ERR_REFUSED\n", g_who, dm_status_name(st));
+        fprintf(stderr, "%s: join with the wrong token: %s, expected DM_ERR_REFUSED\n", tw_me.who, dm_status_name(st));
         return 1;
     }
     return 0;
@@ -341,20 +282,6 @@ static void test_grow_wrong_token(void** s) {
    TCP store with a token (it stays); rank 2 leaves (DM_SHRINK_DEFAULT), a newcomer takes its
    place. The store moves to the shrunk group, the grown group takes a handle on it. */
 static int g_port;
-static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t len = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || bind(fd, (struct sockaddr*)&a, sizeof(a)) != 0 || getsockname(fd, (struct sockaddr*)&a, &len) != 0)
-        port = 0;
-    else
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
 static int member_shrink_grow(int rank, void* arg) {
     dm_collective *c = NULL, *sh = NULL, *g = NULL;
     dm_tcp_desc d;
@@ -418,7 +345,7 @@ static int newcomer_shrink_grow(int index, void* arg) {
 static void test_grow_after_shrink(void** s) {
     (void)s;
     new_run();
-    g_port = free_port();
+    g_port = tw_free_port();
     assert_true(g_port > 0);
     spawn("member", 0, member_shrink_grow, NULL, 60);
     spawn("member", 1, member_shrink_grow, NULL, 60);
@@ -477,7 +404,7 @@ static int newcomer_env(int index, void* arg) {
     memset(&d, 0, sizeof(d));
     d.timeout_ms = 20000;
     setenv("DISTMESH_JOIN", "1", 1);
-    setenv("DISTMESH_STORE", g_url, 1);
+    setenv("DISTMESH_STORE", g_store.url, 1);
     setenv("DISTMESH_SOCKET_IFNAME", "lo", 1);
     setenv("RANK", "0", 1);             /* a launcher's leftovers are ignored: the rank is assigned */
     setenv("WORLD_SIZE", "1", 1);
@@ -516,9 +443,9 @@ static void test_join_without_grow(void** s) {
     d.logger.func = capture;
     d.logger.user_data = &cap;
     cap.msg[0] = 0;
-    t0 = now_s();
+    t0 = tw_now_s();
     st = dm_tcp_create(&d, &g);
-    took = now_s() - t0;
+    took = tw_now_s() - t0;
     printf("  join with no grow open: %s after %.2f s: %s\n", dm_status_name(st), took, cap.msg);
     assert_int_equal(st, DM_ERR_TIMEOUT);
     assert_null(g);
@@ -576,22 +503,11 @@ static char g_out[1 << 16];
    exit status. */
 static int run_example(const char* args) {
     char cmd[1024];
-    FILE* f;
-    size_t n = 0;
     int rc;
-    snprintf(cmd, sizeof(cmd), "env -u RANK -u WORLD_SIZE -u DISTMESH_STORE timeout -k 5 90 %s %s 2>&1", DM_DDP, args);
-    fflush(stdout);
-    f = popen(cmd, "r");
-    if (!f) return -1;
-    while (n + 1 < sizeof(g_out) && !feof(f)) {
-        size_t k = fread(g_out + n, 1, sizeof(g_out) - 1 - n, f);
-        if (k == 0) break;
-        n += k;
-    }
-    g_out[n] = 0;
-    rc = pclose(f);
+    snprintf(cmd, sizeof(cmd), "env -u RANK -u WORLD_SIZE -u DISTMESH_STORE %s %s", DM_DDP, args);
+    rc = tw_run_cmd(90, g_out, sizeof(g_out), cmd);
     printf("%s", g_out);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    return rc;
 }
 /* 3 ranks train; a newcomer process joins through dm_grow at step 21 and gets the weights by
    broadcast; all 4 end with identical weights and a lower loss. */
@@ -628,8 +544,8 @@ static void test_example_elastic(void** s) {
     assert_non_null(strstr(g_out, ": down"));
 }
 
-static int setup_store(void** s) { (void)s; return tmpdir_make(g_store_dir, sizeof(g_store_dir), "dm_grow_test"); }
-static int teardown_store(void** s) { (void)s; return tmpdir_remove(g_store_dir); }
+static int setup_store(void** s) { (void)s; return tw_store_file(&g_store, "dm_grow_test"); }
+static int teardown_store(void** s) { (void)s; return tw_store_close(&g_store); }
 
 int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {

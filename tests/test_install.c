@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "test_filter.h"
+#include "test_world.h"
 
 #ifndef DM_SRCDIR
 #define DM_SRCDIR "."
@@ -19,8 +20,9 @@
 
 static char g_dir[64];
 
-/* Runs a shell command with its output in g_dir/log; prints the log when it fails. */
+/* Runs a shell command in g_dir (300 s at most); prints its output when it fails. */
 static int sh(const char* fmt, ...) {
+    static char log[1 << 16];
     char cmd[4096], full[4400];
     va_list ap;
     int rc;
@@ -28,15 +30,9 @@ static int sh(const char* fmt, ...) {
     vsnprintf(cmd, sizeof(cmd), fmt, ap);
     va_end(ap);
     /* a make started from `make test` must not inherit the parent's jobserver */
-    snprintf(full, sizeof(full), "cd %s && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL sh -c '%s' > log 2>&1",
-             g_dir, cmd);
-    rc = system(full);
-    if (rc != 0) {
-        char show[128];
-        fprintf(stderr, "command failed (%d): %s\n", rc, cmd);
-        snprintf(show, sizeof(show), "cat %s/log >&2", g_dir);
-        if (system(show) != 0) fprintf(stderr, "(no log)\n");
-    }
+    snprintf(full, sizeof(full), "cd %s && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL sh -c '%s'", g_dir, cmd);
+    rc = tw_run_cmd(300, log, sizeof(log), full);
+    if (rc != 0) fprintf(stderr, "command failed (%d): %s\n%s", rc, cmd, log);
     return rc;
 }
 

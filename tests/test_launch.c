@@ -4,14 +4,13 @@
    size disagreement named as such, waiters naming missing ranks, and the launcher examples
    (examples/launch_*.sh) for real: `mpirun -np 4` (skipped where openmpi-bin is missing),
    Debian's torchrun (skipped where torch does not import), srun in a private single-node Slurm
-   (skipped where slurm-wlm, munge or root is missing) and by hand. Ranks are forked
-   children or the launchers' processes; every rank has a hard deadline (DISTMESH_TIMEOUT), every
-   launcher runs under `timeout`, and the program under tests/run.sh's timeout. */
+   (skipped where slurm-wlm, munge or root is missing) and by hand. Ranks are forked children
+   (tests/test_world.h: reaped within 60 s) or the launchers' processes; every rank has a hard
+   deadline (DISTMESH_TIMEOUT), every launcher runs under `timeout`, and the program under
+   tests/run.sh's timeout. */
 #define _GNU_SOURCE
 #include "distmesh.h"
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -19,13 +18,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 #include "test_filter.h"
-#include "test_tmpdir.h"
+#include "test_world.h"
 
 #ifndef DM_EXAMPLE
 #define DM_EXAMPLE "build/plain/examples/tcp_all_reduce"
@@ -35,6 +33,7 @@
 #endif
 
 static char g_tmp[64];
+static tw_world g_ranks;        /* the running test's forked ranks */
 
 static const char* const g_launch_vars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -49,6 +48,8 @@ static const char* const g_launch_vars[] = {
 
 static void clear_env(void) {
     size_t i;
+    tw_kill_all(&g_ranks);      /* a failed test's ranks, if any */
+    memset(&g_ranks, 0, sizeof(g_ranks));
     for (i = 0; i < sizeof(g_launch_vars) / sizeof(g_launch_vars[0]); i++) unsetenv(g_launch_vars[i]);
     setenv("TMPDIR", g_tmp, 1);
 }
@@ -184,29 +185,37 @@ static void capture(dm_log_level lvl, dm_status st, const char* msg, const char*
     snprintf(g_log + n, sizeof(g_log) - n, "%s[%d] %s\n", lvl == DM_LOG_WARN ? "W" : "E", (int)st, msg);
 }
 
-/* Child: env spec, dm_init, writes its log and local rank/size to <g_tmp>/out.<tag>. */
-static pid_t spawn_rank(const char* spec, const char* tag) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        dm_init_desc d = {0};
-        dm_collective* c = NULL;
-        dm_status st;
-        char path[160];
-        FILE* f;
-        put_env(spec);
-        d.logger.func = capture;
-        st = dm_init(&d, &c);
-        snprintf(path, sizeof(path), "%s/out.%s", g_tmp, tag);
-        f = fopen(path, "w");
-        if (f) {
-            fprintf(f, "status %d local %d/%d\n%s", (int)st, c ? dm_local_rank(c) : -1,
-                    c ? dm_local_world_size(c) : -1, g_log);
-            fclose(f);
-        }
-        dm_destroy(c);
-        _exit(st == DM_OK ? 0 : 1);
+/* A forked rank: env spec, dm_init, writes its log and local rank/size to <g_tmp>/out.<tag>. */
+typedef struct rank_spec { const char* spec; const char* tag; } rank_spec;
+static int launch_rank(int index, void* ctx) {
+    const rank_spec* x = (const rank_spec*)ctx;
+    dm_init_desc d = {0};
+    dm_collective* c = NULL;
+    dm_status st;
+    char path[160];
+    FILE* f;
+    (void)index;
+    put_env(x->spec);
+    d.logger.func = capture;
+    st = dm_init(&d, &c);
+    snprintf(path, sizeof(path), "%s/out.%s", g_tmp, x->tag);
+    f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "status %d local %d/%d\n%s", (int)st, c ? dm_local_rank(c) : -1,
+                c ? dm_local_world_size(c) : -1, g_log);
+        fclose(f);
     }
-    return pid;
+    dm_destroy(c);
+    return st == DM_OK ? 0 : 1;
+}
+/* Forks a rank (65 s alarm) into g_ranks; its slot there. */
+static int spawn_rank(const char* spec, const char* tag) {
+    rank_spec x;
+    x.spec = spec;
+    x.tag = tag;
+    g_ranks.alarm_s = 65;
+    g_ranks.quick_exit = true;
+    return tw_spawn(&g_ranks, NULL, g_ranks.n, launch_rank, &x);
 }
 static void read_out(const char* tag, char* buf, size_t cap) {
     char path[160];
@@ -220,14 +229,16 @@ static void read_out(const char* tag, char* buf, size_t cap) {
     buf[n] = 0;
     fclose(f);
 }
-static int wait_child(pid_t pid) {
-    int status = 0;
-    if (waitpid(pid, &status, 0) != pid) return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+/* The rank's exit status once it ended (60 s at most: then it is killed, 128 + 9). */
+static int wait_child(int slot) {
+    bool which[TW_MAX_PROCS] = { false };
+    which[slot] = true;
+    tw_reap_some(&g_ranks, which, 60);
+    return tw_exit_code(&g_ranks, slot);
 }
 
 static void test_launch_local_rank_from_launcher_wins(void** state) {
-    pid_t pids[4];
+    int pids[4];
     int r;
     char spec[512], tag[16], out[4096], want[64];
     (void)state;
@@ -250,7 +261,7 @@ static void test_launch_local_rank_from_launcher_wins(void** state) {
 }
 
 static void test_launch_world_size_disagreement_named(void** state) {
-    pid_t a, b;
+    int a, b;
     char spec[512], o1[4096], o2[4096];
     (void)state;
     clear_env();
@@ -268,7 +279,7 @@ static void test_launch_world_size_disagreement_named(void** state) {
 }
 
 static void test_launch_waiters_name_missing_ranks(void** state) {
-    pid_t a;
+    int a;
     char spec[512], out[4096];
     (void)state;
     clear_env();
@@ -283,7 +294,7 @@ static void test_launch_waiters_name_missing_ranks(void** state) {
 }
 
 static void test_launch_missing_store_message(void** state) {
-    pid_t a;
+    int a;
     char out[4096];
     (void)state;
     clear_env();
@@ -299,20 +310,9 @@ static void test_launch_missing_store_message(void** state) {
    timeout, output in OUT. Returns the exit status. */
 static int run_example(const char* env, const char* script, char* out, size_t cap) {
     char cmd[2048];
-    FILE* f;
-    size_t n;
-    int rc;
-    snprintf(cmd, sizeof(cmd), "env -u MAKEFLAGS -u MAKELEVEL DISTMESH_TIMEOUT=60 %s timeout -k 5 120 %s/examples/%s "
-             "%s > %s/example.out 2>&1", env, DM_SRCDIR, script, DM_EXAMPLE, g_tmp);
-    rc = system(cmd);
-    rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    snprintf(cmd, sizeof(cmd), "%s/example.out", g_tmp);
-    f = fopen(cmd, "r");
-    assert_non_null(f);
-    n = fread(out, 1, cap - 1, f);
-    out[n] = 0;
-    fclose(f);
-    return rc;
+    snprintf(cmd, sizeof(cmd), "env -u MAKEFLAGS -u MAKELEVEL DISTMESH_TIMEOUT=60 %s %s/examples/%s %s", env, DM_SRCDIR,
+             script, DM_EXAMPLE);
+    return tw_run_cmd(120, out, cap, cmd);
 }
 static int count_of(const char* out, const char* needle) {
     const char* p;
@@ -321,15 +321,7 @@ static int count_of(const char* out, const char* needle) {
     return n;
 }
 static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t al = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && bind(fd, (struct sockaddr*)&a, sizeof(a)) == 0 && getsockname(fd, (struct sockaddr*)&a, &al) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
+    int port = tw_free_port();
     assert_true(port > 0);
     return port;
 }
@@ -376,23 +368,14 @@ static void test_launch_torchrun_example(void** state) {
    cannot run (not root, slurm-wlm or munge missing). */
 static void test_launch_srun_example(void** state) {
     char cmd[2048], out[16384];
-    FILE* f;
-    size_t n;
     int rc, ctld = free_port(), slurmd = free_port();
     (void)state;
     while (slurmd == ctld) slurmd = free_port();
     clear_env();
-    snprintf(cmd, sizeof(cmd), "env -u MAKEFLAGS -u MAKELEVEL DISTMESH_TIMEOUT=60 NPROC=4 timeout -k 5 120 "
-             "%s/tests/slurm_single_node.sh %s/slurm %d %d %s/examples/launch_srun.sh %s > %s/srun.out 2>&1",
-             DM_SRCDIR, g_tmp, ctld, slurmd, DM_SRCDIR, DM_EXAMPLE, g_tmp);
-    rc = system(cmd);
-    rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    snprintf(cmd, sizeof(cmd), "%s/srun.out", g_tmp);
-    f = fopen(cmd, "r");
-    assert_non_null(f);
-    n = fread(out, 1, sizeof(out) - 1, f);
-    out[n] = 0;
-    fclose(f);
+    snprintf(cmd, sizeof(cmd), "env -u MAKEFLAGS -u MAKELEVEL DISTMESH_TIMEOUT=60 NPROC=4 "
+             "%s/tests/slurm_single_node.sh %s/slurm %d %d %s/examples/launch_srun.sh %s",
+             DM_SRCDIR, g_tmp, ctld, slurmd, DM_SRCDIR, DM_EXAMPLE);
+    rc = tw_run_cmd(120, out, sizeof(out), cmd);
     if (rc == 77) {
         fprintf(stderr, "SKIP: %s", out);
         skip();

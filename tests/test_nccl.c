@@ -25,6 +25,7 @@
 
 #include <cmocka.h>
 #include "test_filter.h"
+#include "test_world.h"
 
 /* Asserts DM_OK and shows the collective's last error when it is not. */
 #define CHECK_OK(c, expr) do { dm_status s_ = (expr);                                           \
@@ -157,10 +158,33 @@ static void test_nccl_host_staged_objects_local_split_mesh(void** state) {
     dm_destroy(c);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+/* Runs this program again as `test_nccl flag <arg, or the child's index> dir` (CUDA state does
+   not survive fork, and the parent has already initialised CUDA) in n children
+   (tests/test_world.h); all must exit 0 within limit_s, what is left is killed. Returns how
+   many failed, each named on stdout. */
+typedef struct self_args { const char *flag, *arg, *dir; } self_args;
+static int exec_self(int index, void* ctx) {
+    const self_args* a = (const self_args*)ctx;
+    char idx[16];
+    snprintf(idx, sizeof(idx), "%d", index);
+    execl("/proc/self/exe", "test_nccl", a->flag, a->arg ? a->arg : idx, a->dir, (char*)NULL);
+    return 127;
+}
+static int run_self(const char* flag, const char* arg, int n, const char* dir, double limit_s) {
+    self_args a;
+    tw_world p;
+    int failed, r;
+    a.flag = flag;
+    a.arg = arg;
+    a.dir = dir;
+    memset(&p, 0, sizeof(p));
+    p.alarm_s = (int)limit_s + 5;
+    p.quick_exit = true;
+    failed = tw_fork(&p, n, exec_self, &a) != 0;
+    failed += tw_reap(&p, limit_s);
+    for (r = 0; r < p.n; r++)
+        if (tw_exit_code(&p, r) != 0) printf("child %d: exit code %d\n", r, tw_exit_code(&p, r));
+    return failed;
 }
 
 /* A 2-rank communicator whose second rank never arrives: init returns DM_ERR_TIMEOUT near the
@@ -183,30 +207,18 @@ static int init_alone(int via_store, const char* dir) {
         if (ncclGetUniqueId((ncclUniqueId*)(void*)id) != ncclSuccess) return 10;
         d.unique_id = id;
     }
-    t0 = now_s();
+    t0 = tw_now_s();
     st = dm_nccl_create(&d, &c);
-    printf("init alone (%s): %s after %.2f s\n", via_store ? "store" : "unique id", dm_status_name(st), now_s() - t0);
+    printf("init alone (%s): %s after %.2f s\n", via_store ? "store" : "unique id", dm_status_name(st), tw_now_s() - t0);
     if (st != DM_ERR_TIMEOUT || c) return 11;
-    if (now_s() - t0 > 3.0 + 5.0) return 12;
+    if (tw_now_s() - t0 > 3.0 + 5.0) return 12;
     return 0;
 }
-/* The child is a fresh exec of this program: CUDA state does not survive fork(), and the parent
-   has already initialised CUDA. */
+/* The child is a fresh exec of this program (run_self). */
 static void run_child_alone(int via_store) {
     char dir[] = "/tmp/dm_nccl_XXXXXX";
-    pid_t p;
-    int status = 0, waited = 0;
     assert_non_null(mkdtemp(dir));
-    fflush(stdout);
-    p = fork();
-    if (p == 0) {
-        execl("/proc/self/exe", "test_nccl", "--init-alone", via_store ? "store" : "id", dir, (char*)NULL);
-        _exit(127);
-    }
-    while (waitpid(p, &status, WNOHANG) == 0 && waited < 300) { usleep(100000); waited++; }
-    if (waited >= 300) { kill(p, SIGKILL); waitpid(p, &status, 0); fail_msg("%s", "child still running after 30 s"); }
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(run_self("--init-alone", via_store ? "store" : "id", 1, dir, 30), 0);
     { char cmd[64]; snprintf(cmd, sizeof(cmd), "rm -rf %s", dir); assert_int_equal(system(cmd), 0); }
 }
 static void test_nccl_init_timeout_unique_id(void** state) { (void)state; NEED_GPU(); run_child_alone(0); }
@@ -388,13 +400,13 @@ static void test_nccl_async_world1(void** state) {
     dm_blob_list_free(c, &objs);
     /* dm_test answers at once while the stream is busy; the request is done after the sleep */
     assert_int_equal(cudaLaunchHostFunc((cudaStream_t)dm_nccl_stream(c), stream_sleep, &sleep_ms), cudaSuccess);
-    t0 = now_s();
+    t0 = tw_now_s();
     CHECK_OK(c, dm_all_reduce_async(c, NULL, ar, N, DM_FLOAT32, DM_SUM, &reqs[0]));
     CHECK_OK(c, dm_test(reqs[0], &done));
     assert_false(done);
-    assert_true(now_s() - t0 < 0.2);
+    assert_true(tw_now_s() - t0 < 0.2);
     while (!done) CHECK_OK(c, dm_test(reqs[0], &done));
-    assert_true(now_s() - t0 >= 0.25);
+    assert_true(tw_now_s() - t0 >= 0.25);
     /* blocking calls queue behind requests in flight on the same stream */
     assert_int_equal(cudaLaunchHostFunc((cudaStream_t)dm_nccl_stream(c), stream_sleep, &sleep_ms), cudaSuccess);
     CHECK_OK(c, dm_reduce_async(c, src, red, N, DM_FLOAT32, DM_SUM, 0, &reqs[0]));
@@ -433,14 +445,14 @@ static int async_timeout_child(void) {
     if (dm_all_reduce_async(c, NULL, buf, 1024, DM_FLOAT32, DM_SUM, &before) != DM_OK) return 14;
     if (dm_synchronize(c) != DM_OK) return 15;    /* `before` is done, not yet waited for */
     if (cudaLaunchHostFunc((cudaStream_t)dm_nccl_stream(c), stream_sleep, &sleep_ms) != cudaSuccess) return 16;
-    t0 = now_s();
+    t0 = tw_now_s();
     if (dm_all_reduce_async(c, NULL, buf, 1024, DM_FLOAT32, DM_SUM, &late) != DM_OK) return 17;
     if (dm_broadcast_async(c, buf, 1024, DM_FLOAT32, 0, &behind) != DM_OK) return 18;
-    while (!done && now_s() - t0 < 20) {
+    while (!done && tw_now_s() - t0 < 20) {
         st = dm_test(late, &done);
         if (!done) usleep(1000);
     }
-    took = now_s() - t0;
+    took = tw_now_s() - t0;
     printf("request behind 2 s of stream work, 500 ms timeout: %s after %.2f s (%s)\n", dm_status_name(st), took,
            dm_last_error(c));
     if (!done || st != DM_ERR_TIMEOUT) return 19;
@@ -457,43 +469,14 @@ static int async_timeout_child(void) {
     return 0;
 }
 
-/* Runs this program again with args (CUDA state does not survive fork) in n children, each
-   given its index; all must exit 0 within limit_s. */
+/* Runs this program again with flag in n children, each given its index; all must exit 0
+   within limit_s. */
 static void run_children(const char* flag, int n, int limit_s) {
-    char dir[] = "/tmp/dm_nccl_XXXXXX", idx[16];
-    pid_t pids[8];
-    int r, status, failed = 0, waited = 0, alive = n;
+    char dir[] = "/tmp/dm_nccl_XXXXXX";
+    int failed;
     assert_true(n <= 8);
     assert_non_null(mkdtemp(dir));
-    fflush(stdout);
-    for (r = 0; r < n; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            snprintf(idx, sizeof(idx), "%d", r);
-            execl("/proc/self/exe", "test_nccl", flag, idx, dir, (char*)NULL);
-            _exit(127);
-        }
-    }
-    while (alive > 0 && waited < limit_s * 10) {
-        pid_t p = waitpid(-1, &status, WNOHANG);
-        if (p > 0) {
-            alive--;
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-                printf("child %d: %s %d\n", (int)p, WIFEXITED(status) ? "exit" : "signal",
-                       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-                failed = 1;
-            }
-            continue;
-        }
-        usleep(100000);
-        waited++;
-    }
-    if (alive > 0) {
-        printf("children still running after %d s\n", limit_s);
-        for (r = 0; r < n; r++) kill(pids[r], SIGKILL);
-        while (waitpid(-1, NULL, 0) > 0) {}
-        failed = 1;
-    }
+    failed = run_self(flag, NULL, n, dir, limit_s);
     { char cmd[64]; snprintf(cmd, sizeof(cmd), "rm -rf %s", dir); assert_int_equal(system(cmd), 0); }
     assert_int_equal(failed, 0);
 }
@@ -695,28 +678,12 @@ static int tcp_cuda_rank(int rank, int world, const char* dir) {
 }
 
 static void test_tcp_cuda_four_processes_one_gpu(void** state) {
-    char dir[] = "/tmp/dm_tcpcuda_XXXXXX", rank_s[16];
-    pid_t pids[4];
-    int r, status, failed = 0, waited = 0, alive = 4;
+    char dir[] = "/tmp/dm_tcpcuda_XXXXXX";
+    int failed;
     (void)state;
     NEED_GPU();
     assert_non_null(mkdtemp(dir));
-    fflush(stdout);
-    for (r = 0; r < 4; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            snprintf(rank_s, sizeof(rank_s), "%d", r);
-            execl("/proc/self/exe", "test_nccl", "--tcp-cuda", rank_s, dir, (char*)NULL);
-            _exit(127);
-        }
-    }
-    while (alive > 0 && waited < 1800) {
-        pid_t p = waitpid(-1, &status, WNOHANG);
-        if (p > 0) { alive--; if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1; continue; }
-        usleep(100000);
-        waited++;
-    }
-    if (alive > 0) { for (r = 0; r < 4; r++) kill(pids[r], SIGKILL); while (waitpid(-1, NULL, 0) > 0) {} failed = 1; }
+    failed = run_self("--tcp-cuda", NULL, 4, dir, 180);
     { char cmd[64]; snprintf(cmd, sizeof(cmd), "rm -rf %s", dir); assert_int_equal(system(cmd), 0); }
     assert_int_equal(failed, 0);
 }

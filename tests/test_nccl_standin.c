@@ -21,7 +21,7 @@
    Built twice (tests/nccl_standin.mk): with DISTMESH_TCP, the store a server hosted here; and
    with DISTMESH_NCCL alone, no libuv flags nor library, the store a file store (the store comes
    with the NCCL backend; only hosting one needs libuv, refused there with a message). */
-#define _GNU_SOURCE             /* mkdtemp, setenv */
+#define _GNU_SOURCE     /* POSIX 2008 for tests/test_world.h under -std=c11; mkdtemp, setenv */
 #include "distmesh.h"
 
 #include <cuda_runtime.h>
@@ -39,7 +39,7 @@
 
 #include <cmocka.h>
 #include "test_filter.h"
-#include "test_tmpdir.h"
+#include "test_world.h"
 #include "stand_in_cuda_nccl.h"
 
 enum { CALLER_DEVICE = 0, N = 16 };
@@ -705,11 +705,6 @@ static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
    only the barrier's thread calls it until that thread has left (the core's dm_shrink waits
    for it); the main thread only reads si_stream_queries meanwhile. */
 typedef struct { dm_collective* c; dm_status st; } sync_job;
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 /* A barrier: a blocking call the core marks as running (dm_synchronize is not one). */
 static void* barrier_on_thread(void* arg) {
     sync_job* j = (sync_job*)arg;
@@ -731,12 +726,12 @@ static void test_standin_shrink_abort_interrupts_a_running_wait(void** state) {
     si_hold_streams(true);
     job.c = c;
     job.st = DM_OK;
-    t0 = now_ms();
+    t0 = tw_now_ms();
     assert_int_equal(pthread_create(&th, NULL, barrier_on_thread, &job), 0);
     while (si_stream_queries() < 3) sched_yield();     /* the wait is running */
     CHECK_OK(c, dm_shrink(c, gone, 1, DM_SHRINK_ABORT, &s));
     assert_int_equal(pthread_join(th, NULL), 0);
-    assert_true(now_ms() - t0 < 5000);
+    assert_true(tw_now_ms() - t0 < 5000);
     assert_int_equal(job.st, DM_ERR_ABORTED);
     assert_int_equal(si_last_shrink()->flags, NCCL_SHRINK_ABORT);
     comm_is(s, 0, 1);

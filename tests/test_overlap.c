@@ -19,7 +19,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "test_filter.h"
-#include "test_tmpdir.h"
+#include "test_world.h"
 
 #ifndef DM_DDP
 #define DM_DDP "build/plain/examples/ddp_overlap"
@@ -31,33 +31,22 @@
 static char g_dir[64];
 static char g_out[1 << 16], g_out1[1 << 16];
 
+/* The file g_dir/name into buf. */
 static void slurp(const char* name, char* buf, size_t cap) {
     char path[128];
-    FILE* f;
-    size_t n = 0;
     snprintf(path, sizeof(path), "%s/%s", g_dir, name);
-    f = fopen(path, "r");
-    if (f) {
-        n = fread(buf, 1, cap - 1, f);
-        fclose(f);
-    }
-    buf[n] = 0;
+    tw_read_file(path, buf, cap);
 }
 
 /* Runs a shell command (printf-style) under a 60 s timeout; its stdout+stderr land in g_out.
    Returns the exit status. */
 static int sh(const char* fmt, ...) {
-    char line[1024], cmd[2048];
+    char line[1024];
     va_list ap;
-    int rc;
     va_start(ap, fmt);
     vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
-    snprintf(cmd, sizeof(cmd), "timeout -k 5 60 %s > %s/out 2>&1", line, g_dir);
-    rc = system(cmd);
-    rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    slurp("out", g_out, sizeof(g_out));
-    return rc;
+    return tw_run_cmd(60, g_out, sizeof(g_out), line);
 }
 
 static int setup(void** state) { (void)state; return tmpdir_make(g_dir, sizeof(g_dir), "dm_overlaptest"); }

@@ -44,6 +44,7 @@
 #if !defined(DISTMESH_STORE_H) || !defined(DISTMESH_TCP)
 #error "build with -DDISTMESH_TCP"
 #endif
+#include "test_world.h"
 
 /* Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default), which would
    make the RSS bounds below measure ASan, not the store: no quarantine in this program. */
@@ -69,17 +70,6 @@ const char* __asan_default_options(void) { return "quarantine_size_mb=0:thread_l
 #define MiB ((size_t)1 << 20)
 
 /* ---- helpers ---- */
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-static void sleep_ms(int ms) {
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&ts, NULL);
-}
 static void put_u64(unsigned char* p, uint64_t v) { int i; for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
 static void put_u32(unsigned char* p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
 static uint32_t get_u32(const unsigned char* p) {
@@ -109,8 +99,8 @@ static int raw_connect(int port) {
 static size_t send_some(int fd, const void* p, size_t n, int ms) {
     const unsigned char* b = (const unsigned char*)p;
     size_t done = 0;
-    int64_t end = now_ms() + ms;
-    while (done < n && now_ms() < end) {
+    int64_t end = tw_now_ms() + ms;
+    while (done < n && tw_now_ms() < end) {
         ssize_t w = send(fd, b + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w > 0) { done += (size_t)w; continue; }
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
@@ -136,9 +126,9 @@ static size_t recv_n(int fd, unsigned char* p, size_t n) {
 static size_t drain(int fd, int ms, bool* closed) {
     static unsigned char b[1 << 16];
     size_t total = 0;
-    int64_t end = now_ms() + ms;
+    int64_t end = tw_now_ms() + ms;
     *closed = false;
-    while (now_ms() < end) {
+    while (tw_now_ms() < end) {
         struct pollfd pf;
         ssize_t r;
         pf.fd = fd; pf.events = POLLIN; pf.revents = 0;
@@ -168,54 +158,33 @@ static long rss_kib(pid_t pid) {
     return kib;
 }
 
-/* A store server in its own process (so its RSS can be measured): the child serves until the
-   parent closes the pipe. */
-typedef struct child_server { pid_t pid; int ctl; int port; } child_server;
-static child_server spawn_server(const char* token, size_t max_value, size_t max_conn, size_t max_total, int stall_ms) {
-    child_server cs;
-    int up[2], ctl[2];
-    CHECK(pipe(up) == 0 && pipe(ctl) == 0);
-    cs.pid = fork();
-    CHECK(cs.pid >= 0);
-    if (cs.pid == 0) {
-        dm_store_desc d;
-        dm_store* s = NULL;
-        char b;
-        int port = -1;
-        close(up[0]);
-        close(ctl[1]);
-        memset(&d, 0, sizeof(d));
-        d.url = "tcp://127.0.0.1:0";
-        d.is_server = true;
-        d.timeout_ms = 5000;
-        d.token = token ? token : "";
-        d.max_value = max_value;
-        d.max_conn_bytes = max_conn;
-        d.max_total_bytes = max_total;
-        d.stall_ms = stall_ms;
-        if (dm_store_create(&d, &s) == DM_OK) port = dm_store_port(s);
-        if (write(up[1], &port, sizeof(port)) != (ssize_t)sizeof(port)) _exit(2);
-        while (read(ctl[0], &b, 1) > 0) {}
-        dm_store_destroy(s);
-        _exit(0);
-    }
-    close(up[1]);
-    close(ctl[0]);
-    cs.ctl = ctl[1];
-    CHECK(read(up[0], &cs.port, sizeof(cs.port)) == (ssize_t)sizeof(cs.port));
-    close(up[0]);
-    CHECK(cs.port > 0);
+/* A store server in its own process (so its RSS can be measured; tests/test_world.h's agent):
+   it serves until stop_server. */
+static tw_store spawn_server(const char* token, size_t max_value, size_t max_conn, size_t max_total, int stall_ms) {
+    tw_store cs;
+    dm_store_desc d;
+    memset(&d, 0, sizeof(d));
+    d.timeout_ms = 5000;
+    d.token = token ? token : "";
+    d.max_value = max_value;
+    d.max_conn_bytes = max_conn;
+    d.max_total_bytes = max_total;
+    d.stall_ms = stall_ms;
+    CHECK(tw_store_agent(&cs, &d, 0) == 0);
     return cs;
 }
-static void stop_server(child_server* cs) {
-    int status = 0, i;
-    close(cs->ctl);
-    for (i = 0; i < 100; i++) {
-        if (waitpid(cs->pid, &status, WNOHANG) == cs->pid) break;
-        sleep_ms(50);
+/* Asks the server to stop (kill -9 after 5 s); it must have exited 0. */
+static void stop_server(tw_store* cs) { CHECK(tw_store_close(cs) == 0); }
+/* Reaps p by limit_s (kill -9 of what is left), each failed child named: how many failed. */
+static int reap_printed(tw_world* p, double limit_s) {
+    int bad = tw_reap(p, limit_s), r;
+    for (r = 0; r < p->n; r++) {
+        int st = p->status[r];
+        if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            print_message("child %d: %s %d\n", r, st != -1 && WIFEXITED(st) ? "exit" : "signal",
+                          st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : st != -1 ? WTERMSIG(st) : -1);
     }
-    if (i == 100) { kill(cs->pid, SIGKILL); waitpid(cs->pid, &status, 0); }
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    return bad;
 }
 static dm_store* client(int port, const char* token, dm_status* st_out) {
     char url[64];
@@ -248,7 +217,7 @@ static void legit_roundtrip(dm_store* s, const char* key, size_t n) {
 static const char k_token[] = "correct horse battery staple";
 
 static void test_store_stranger_cannot_touch_keys(void** state) {
-    child_server cs = spawn_server(k_token, 0, 0, 0, 0);
+    tw_store cs = spawn_server(k_token, 0, 0, 0, 0);
     dm_store* s = client(cs.port, k_token, NULL);
     unsigned char req[512], rep[128];
     size_t n;
@@ -296,7 +265,7 @@ static void test_store_stranger_cannot_touch_keys(void** state) {
     drain(fd, 3000, &closed);
     CHECK(closed);
     close(fd);
-    sleep_ms(50);
+    tw_sleep_ms(50);
     CHECK_OK(dm_store_get(s, "distmesh/g0/addr/0", &v, &vn));
     CHECK(vn == 13 && memcmp(v, "10.0.0.1:1234", 13) == 0);
     dm_store_free(s, v);
@@ -312,16 +281,16 @@ static void test_store_stranger_cannot_touch_keys(void** state) {
 }
 
 static void test_store_clients_without_the_token_fail_fast(void** state) {
-    child_server cs = spawn_server(k_token, 0, 0, 0, 0), plain;
+    tw_store cs = spawn_server(k_token, 0, 0, 0, 0), plain;
     dm_status st;
     dm_store* s;
-    int64_t t0 = now_ms();
+    int64_t t0 = tw_now_ms();
     (void)state;
     s = client(cs.port, NULL, &st);
     CHECK(s == NULL && st == DM_ERR_REFUSED);
     s = client(cs.port, "another token", &st);
     CHECK(s == NULL && st == DM_ERR_REFUSED);
-    CHECK(now_ms() - t0 < 2000);                /* no retrying until the timeout */
+    CHECK(tw_now_ms() - t0 < 2000);                /* no retrying until the timeout */
     s = client(cs.port, k_token, &st);
     CHECK(s != NULL);
     legit_roundtrip(s, "ok", 100);
@@ -329,9 +298,9 @@ static void test_store_clients_without_the_token_fail_fast(void** state) {
     stop_server(&cs);
     /* a token against a store without one */
     plain = spawn_server(NULL, 0, 0, 0, 0);
-    t0 = now_ms();
+    t0 = tw_now_ms();
     s = client(plain.port, k_token, &st);
-    CHECK(s == NULL && st == DM_ERR_REFUSED && now_ms() - t0 < 2000);
+    CHECK(s == NULL && st == DM_ERR_REFUSED && tw_now_ms() - t0 < 2000);
     stop_server(&plain);
 }
 
@@ -351,7 +320,7 @@ static bool handshake(int fd, const char* token, unsigned char hello[41], unsign
 }
 
 static void test_store_replayed_handshake_refused(void** state) {
-    child_server cs = spawn_server(k_token, 0, 0, 0, 0);
+    tw_store cs = spawn_server(k_token, 0, 0, 0, 0);
     unsigned char hello[41], proof[32], rep[72], req[64];
     uint32_t status = 99;
     size_t n;
@@ -387,7 +356,7 @@ static void test_store_replayed_handshake_refused(void** state) {
 #define LIM_TOTAL (64 * MiB)
 
 static void test_store_withheld_uploads_bounded(void** state) {
-    child_server cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
+    tw_store cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
     dm_store* s = client(cs.port, NULL, NULL);
     static unsigned char chunk[8 * MiB];
     long base, peak = 0;
@@ -395,7 +364,7 @@ static void test_store_withheld_uploads_bounded(void** state) {
     (void)state;
     CHECK(s != NULL);
     legit_roundtrip(s, "legit", MiB);
-    base = rss_kib(cs.pid);
+    base = rss_kib(cs.agent);
     memset(chunk, 0x41, sizeof(chunk));
     for (i = 0; i < 20; i++) {
         unsigned char req[64];
@@ -406,10 +375,10 @@ static void test_store_withheld_uploads_bounded(void** state) {
         fds[i] = raw_connect(cs.port);
         send_some(fds[i], req, n, 1000);
         send_some(fds[i], chunk, sizeof(chunk), 1000);     /* ... send half, withhold the rest */
-        if (rss_kib(cs.pid) > peak) peak = rss_kib(cs.pid);
+        if (rss_kib(cs.agent) > peak) peak = rss_kib(cs.agent);
     }
-    sleep_ms(200);
-    if (rss_kib(cs.pid) > peak) peak = rss_kib(cs.pid);
+    tw_sleep_ms(200);
+    if (rss_kib(cs.agent) > peak) peak = rss_kib(cs.agent);
     print_message("withheld uploads: server RSS %ld KiB before, peak %ld KiB\n", base, peak);
     CHECK(peak - base < RSS_SLACK * (long)((LIM_TOTAL + 32 * MiB) / 1024));
     legit_roundtrip(s, "legit2", MiB);
@@ -425,7 +394,7 @@ static void test_store_withheld_uploads_bounded(void** state) {
 }
 
 static void test_store_unread_replies_bounded(void** state) {
-    child_server cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
+    tw_store cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
     dm_store* s = client(cs.port, NULL, NULL);
     static unsigned char req[200 * 64];
     long base, peak;
@@ -435,18 +404,18 @@ static void test_store_unread_replies_bounded(void** state) {
     (void)state;
     CHECK(s != NULL);
     legit_roundtrip(s, "big", 4 * MiB);
-    base = rss_kib(cs.pid);
+    base = rss_kib(cs.agent);
     fd = raw_connect(cs.port);
     n = req_validate(req);
     for (i = 0; i < 200; i++) n += req_key(req + n, 3, "big");   /* 200 GETs of 4 MiB, never read */
     CHECK(send_some(fd, req, n, 2000) == n);
-    sleep_ms(500);
-    peak = rss_kib(cs.pid);
+    tw_sleep_ms(500);
+    peak = rss_kib(cs.agent);
     legit_roundtrip(s, "during", 1000);
     print_message("unread GETs: server RSS %ld KiB before, %ld KiB after\n", base, peak);
     CHECK(peak - base < RSS_SLACK * (long)(32 * MiB / 1024));
     /* stop reading, then drop: after the stall time the connection is closed */
-    sleep_ms(2500);
+    tw_sleep_ms(2500);
     got = drain(fd, 5000, &closed);
     CHECK(closed);
     CHECK(got < 40 * MiB);                      /* far from 200 x 4 MiB */
@@ -457,7 +426,7 @@ static void test_store_unread_replies_bounded(void** state) {
 }
 
 static void test_store_multi_get_bounded(void** state) {
-    child_server cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
+    tw_store cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
     dm_store* s = client(cs.port, NULL, NULL);
     size_t nkeys = 100000, n, i;
     unsigned char* req = (unsigned char*)malloc(16 + nkeys * 11);
@@ -467,7 +436,7 @@ static void test_store_multi_get_bounded(void** state) {
     (void)state;
     CHECK(s != NULL && req != NULL);
     legit_roundtrip(s, "big", 4 * MiB);
-    base = rss_kib(cs.pid);
+    base = rss_kib(cs.agent);
     /* one 1.1 MB request naming the 4 MiB value 100000 times: a 400 GB reply */
     fd = raw_connect(cs.port);
     n = req_validate(req);
@@ -478,7 +447,7 @@ static void test_store_multi_get_bounded(void** state) {
     send_some(fd, req, n, 3000);
     CHECK(drain(fd, 5000, &closed) == 0 && closed);
     close(fd);
-    peak = rss_kib(cs.pid);
+    peak = rss_kib(cs.agent);
     print_message("MULTI_GET amplification: server RSS %ld KiB before, %ld KiB after\n", base, peak);
     CHECK(peak - base < RSS_SLACK * (long)(32 * MiB / 1024));
     /* MULTI_GET of 0 keys: an empty reply (nothing copied from NULL), the connection goes on */
@@ -503,7 +472,7 @@ static void test_store_multi_get_bounded(void** state) {
 
 static void test_store_many_slow_connections(void** state) {
     enum { N = 1000 };
-    child_server cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
+    tw_store cs = spawn_server(NULL, LIM_VALUE, LIM_CONN, LIM_TOTAL, 1500);
     dm_store* s = client(cs.port, NULL, NULL);
     static int fds[N];
     long base, after;
@@ -511,7 +480,7 @@ static void test_store_many_slow_connections(void** state) {
     (void)state;
     CHECK(s != NULL);
     legit_roundtrip(s, "k", 1000);
-    base = rss_kib(cs.pid);
+    base = rss_kib(cs.agent);
     for (i = 0; i < N; i++) {
         unsigned char req[32];
         size_t n = req_validate(req);
@@ -522,8 +491,8 @@ static void test_store_many_slow_connections(void** state) {
         fds[i] = raw_connect(cs.port);
         send_some(fds[i], req, n, 1000);
     }
-    sleep_ms(300);
-    after = rss_kib(cs.pid);
+    tw_sleep_ms(300);
+    after = rss_kib(cs.agent);
     print_message("%d slow connections: server RSS %ld KiB before, %ld KiB after\n", N, base, after);
     CHECK(after - base < RSS_SLACK * (long)(64 * MiB / 1024));
     legit_roundtrip(s, "k2", 1000);
@@ -719,7 +688,6 @@ static void test_hello_peer_gone_is_peer_lost(void** state) {
 }
 
 /* ---- a listener that cannot be stalled (issue 9, item 3) ---- */
-static int wait_children(pid_t* pids, int n, int limit_ms);
 static int g_drops;
 static void count_drops(dm_log_level level, dm_status status, const char* message, const char* file, int line,
                         void* user_data) {
@@ -734,17 +702,17 @@ static void* accept_main(void* p) {
 }
 /* Whether the far end closed fd within ms (EOF or reset). */
 static bool closed_within(int fd, int ms) {
-    int64_t end = now_ms() + ms;
+    int64_t end = tw_now_ms() + ms;
     for (;;) {
         struct pollfd pf;
         unsigned char b[64];
-        int64_t left = end - now_ms();
+        int64_t left = end - tw_now_ms();
         pf.fd = fd; pf.events = POLLIN; pf.revents = 0;
         if (poll(&pf, 1, left > 0 ? (int)left : 0) > 0) {
             ssize_t r = recv(fd, b, sizeof(b), MSG_DONTWAIT);
             if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) return true;
         }
-        if (now_ms() >= end) return false;
+        if (tw_now_ms() >= end) return false;
     }
 }
 /* A legitimate rank's whole hello (connect, hello, proof, ack) against the listener at port;
@@ -788,7 +756,7 @@ static void test_listener_handshake_bounds(void** state) {
     job.lfd = lfd;
     job.st = DM_ERR_INTERNAL;
     CHECK(pthread_create(&job.th, NULL, accept_main, &job) == 0);
-    t0 = now_ms();
+    t0 = tw_now_ms();
     for (i = 0; i < 70; i++) fds[i] = raw_connect(port);
     /* the 6 oldest beyond the table's 64 are dropped at once, the newest are kept */
     for (i = 0; i < 6; i++) early += closed_within(fds[i], 1000);
@@ -798,8 +766,8 @@ static void test_listener_handshake_bounds(void** state) {
     CHECK(legit_hello(1, 3, port, addr, &legit[0]));
     /* the silent rest go at their own deadline, 5 s after their accept */
     for (;;) {
-        if (closed_within(fds[69], 100)) { t_closed = now_ms() - t0; break; }
-        if (now_ms() - t0 > 8000) break;
+        if (closed_within(fds[69], 100)) { t_closed = tw_now_ms() - t0; break; }
+        if (tw_now_ms() - t0 > 8000) break;
     }
     print_message("70 silent connections: %d of the 6 oldest dropped at once (%d drop line(s) logged); the newest "
                   "closed after %lld ms\n", early, drops, (long long)t_closed);
@@ -820,46 +788,72 @@ static void test_listener_handshake_bounds(void** state) {
 /* A real 4-rank world over a file store; strangers connect to rank 0's data listener (its
    address read from the store) before ranks 1..3 start: 20 silent ones and 5 that send one
    byte a second. Returns ms from starting ranks 1..3 until the last rank had its world. */
-static int stall_rank(int rank, const char* url, const char* prefix, int report) {
+typedef struct stall_ctx { const char* url; const char* prefix; } stall_ctx;
+static int stall_rank(int rank, void* ctx) {
+    const stall_ctx* x = (const stall_ctx*)ctx;
     dm_tcp_desc d;
     dm_collective* c = NULL;
-    float x = 1;
-    char line[96];
+    float v = 1;
     dm_status st;
-    memset(&d, 0, sizeof(d));
-    d.rank = rank;
-    d.world_size = 4;
-    d.store_url = url;
-    d.prefix = prefix;
-    d.ifname = "lo";
+    tw_tcp_desc(&d, NULL, rank, 4, 10000);
+    d.store_url = x->url;
+    d.prefix = x->prefix;
     d.token = "";
-    d.timeout_ms = 10000;
     st = dm_tcp_create(&d, &c);
-    if (st == DM_OK) st = dm_all_reduce(c, NULL, &x, 1, DM_FLOAT32, DM_SUM);
-    if (st == DM_OK && x != 4) st = DM_ERR_INTERNAL;
-    snprintf(line, sizeof(line), "%d %d %lld\n", rank, (int)st, (long long)now_ms());
-    if (write(report, line, strlen(line)) < 0) return 2;
-    sleep_ms(1500);             /* strangers must be closed by the rank, not by its exit */
+    if (st == DM_OK) st = dm_all_reduce(c, NULL, &v, 1, DM_FLOAT32, DM_SUM);
+    if (st == DM_OK && v != 4) st = DM_ERR_INTERNAL;
+    if (tw_report("%d %d %lld\n", rank, (int)st, (long long)tw_now_ms()) != 0) return 2;
+    tw_sleep_ms(1500);             /* strangers must be closed by the rank, not by its exit */
     dm_destroy(c);
     return st == DM_OK ? 0 : 1;
 }
+/* stall_world's view of the pipe: one byte a second to the slow-loris strangers; each rank's
+   line is "rank status done_ms". */
+static const unsigned char k_loris[] = "DMTH\x02\x00\x00\x00 slowly, one byte a second ...";
+typedef struct stall_watch { int64_t t_start, next_byte, last; int* fds; int nstr, bad; } stall_watch;
+static void stall_tick(int ready, void* u) {
+    stall_watch* w = (stall_watch*)u;
+    int i;
+    (void)ready;
+    if (tw_now_ms() < w->next_byte) return;
+    for (i = 20; i < w->nstr; i++) {
+        int b = (int)((w->next_byte - w->t_start) / 1000) % (int)(sizeof(k_loris) - 1);
+        send(w->fds[i], k_loris + b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    w->next_byte += 1000;
+}
+static int stall_line(char* line, void* u) {
+    stall_watch* w = (stall_watch*)u;
+    int rk, code;
+    long long done;
+    if (sscanf(line, "%d %d %lld", &rk, &code, &done) != 3) return 0;
+    if (code != DM_OK) {
+        print_message("rank %d: %s\n", rk, dm_status_name((dm_status)code));
+        w->bad++;
+    }
+    if (done - w->t_start > w->last) w->last = done - w->t_start;
+    return 1;
+}
 static int64_t stall_world(const char* dir, const char* prefix, bool strangers) {
     char url[300], key[128], addr[64];
-    int pfd[2], r, reports = 0, port, i, nstr = strangers ? 25 : 0, closed = 0;
+    int r, reports, port, i, nstr = strangers ? 25 : 0, closed = 0;
     int fds[25];
-    pid_t pids[4];
-    int64_t t_start, last = 0, next_byte;
     dm_store_desc sd;
     dm_store* st = NULL;
     void* v = NULL;
     size_t vn = 0;
-    char buf[512];
-    size_t used = 0;
-    static const unsigned char loris[] = "DMTH\x02\x00\x00\x00 slowly, one byte a second ...";
+    stall_ctx x;
+    stall_watch w;
+    tw_world p;
+    tw_reader rr;
     snprintf(url, sizeof(url), "file://%s", dir);
-    CHECK(pipe(pfd) == 0);
-    pids[0] = fork();
-    if (pids[0] == 0) { close(pfd[0]); _exit(stall_rank(0, url, prefix, pfd[1])); }
+    x.url = url;
+    x.prefix = prefix;
+    memset(&p, 0, sizeof(p));
+    p.alarm_s = 25;
+    p.reports = true;
+    p.quick_exit = true;
+    CHECK(tw_spawn(&p, NULL, 0, stall_rank, &x) == 0);
     memset(&sd, 0, sizeof(sd));
     sd.url = url;
     sd.timeout_ms = 10000;
@@ -874,52 +868,26 @@ static int64_t stall_world(const char* dir, const char* prefix, bool strangers) 
     port = atoi(addr + 10);
     for (i = 0; i < nstr; i++) {
         fds[i] = raw_connect(port);
-        if (i >= 20) CHECK(send(fds[i], loris, 1, MSG_NOSIGNAL) == 1);
+        if (i >= 20) CHECK(send(fds[i], k_loris, 1, MSG_NOSIGNAL) == 1);
     }
-    next_byte = now_ms() + 1000;
-    t_start = now_ms();
-    for (r = 1; r < 4; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) { close(pfd[0]); _exit(stall_rank(r, url, prefix, pfd[1])); }
-    }
-    close(pfd[1]);
-    while (reports < 4 && now_ms() - t_start < 20000) {
-        struct pollfd pf;
-        ssize_t k;
-        if (now_ms() >= next_byte) {
-            int b = (int)((next_byte - t_start) / 1000) % (int)(sizeof(loris) - 1);
-            for (i = 20; i < nstr; i++) send(fds[i], loris + b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-            next_byte += 1000;
-        }
-        pf.fd = pfd[0]; pf.events = POLLIN; pf.revents = 0;
-        if (poll(&pf, 1, 50) <= 0) continue;
-        k = read(pfd[0], buf + used, sizeof(buf) - 1 - used);
-        if (k <= 0) break;
-        used += (size_t)k;
-        buf[used] = 0;
-        for (;;) {
-            char* nl = strchr(buf, '\n');
-            int rk, code;
-            long long done;
-            if (!nl) break;
-            if (sscanf(buf, "%d %d %lld", &rk, &code, &done) == 3) {
-                if (code != DM_OK) print_message("rank %d: %s\n", rk, dm_status_name((dm_status)code));
-                CHECK(code == DM_OK);
-                if (done - t_start > last) last = done - t_start;
-                reports++;
-            }
-            used -= (size_t)(nl + 1 - buf);
-            memmove(buf, nl + 1, used + 1);
-        }
-    }
+    memset(&w, 0, sizeof(w));
+    w.next_byte = tw_now_ms() + 1000;
+    w.t_start = tw_now_ms();
+    w.fds = fds;
+    w.nstr = nstr;
+    for (r = 1; r < 4; r++) CHECK(tw_spawn(&p, NULL, r, stall_rank, &x) == r);
+    tw_reader_init(&rr, 4, 20, stall_line, &w);
+    rr.poll_ms = 50;
+    rr.on_tick = stall_tick;
+    reports = tw_read_reports(&p, &rr);
+    CHECK(w.bad == 0);
     CHECK(reports == 4);
     /* every stranger was closed by rank 0 (its process lives on for 1.5 s) */
     for (i = 0; i < nstr; i++) closed += closed_within(fds[i], i == 0 ? 500 : 50);
     for (i = 0; i < nstr; i++) close(fds[i]);
-    close(pfd[0]);
-    CHECK(wait_children(pids, 4, 20000) == 0);
+    CHECK(reap_printed(&p, 20) == 0);
     CHECK(closed == nstr);
-    return last;
+    return w.last;
 }
 static void test_listener_not_stalled(void** state) {
     char dir[] = "/tmp/dm_stall_XXXXXX", cmd[64];
@@ -941,7 +909,7 @@ static void test_listener_not_stalled(void** state) {
    desc.timeout_ms 1500 must fail with DM_ERR_TIMEOUT after about 1.5 s, not after the store
    client's own 20 s. A split needs no store (the members exchange addresses over the parent):
    it succeeds at once, and the new group works. */
-static int stalled_store_rank(int rank, int port, bool split, int ready, int go) {
+static int stalled_store_rank(int rank, int port, bool split, int go) {
     dm_store_desc sd;
     dm_store* s = NULL;
     dm_tcp_desc d;
@@ -968,10 +936,10 @@ static int stalled_store_rank(int rank, int port, bool split, int ready, int go)
         dm_set_timeout(c, 1500);
         if (dm_barrier(c) != DM_OK) return 4;
     }
-    if (write(ready, "R", 1) != 1 || read(go, &b, 1) != 1) return 5;
-    t0 = now_ms();
+    if (tw_ready() != 0 || read(go, &b, 1) != 1) return 5;
+    t0 = tw_now_ms();
     st = split ? dm_split(c, 0, rank, &sub) : dm_tcp_create(&d, &c);
-    took = now_ms() - t0;
+    took = tw_now_ms() - t0;
     fprintf(stderr, "rank %d: %s %s after %lld ms: %s\n", rank, split ? "split" : "create", dm_status_name(st),
             (long long)took, split ? dm_last_error(c) : "");
     if (split) {
@@ -984,51 +952,40 @@ static int stalled_store_rank(int rank, int port, bool split, int ready, int go)
     dm_store_destroy(s);
     return 0;
 }
+typedef struct stalled_ctx { int port, go[2]; bool split; } stalled_ctx;
+static int stalled_proc(int rank, void* ctx) {
+    const stalled_ctx* x = (const stalled_ctx*)ctx;
+    close(x->go[1]);
+    return stalled_store_rank(rank, x->port, x->split, x->go[0]);
+}
 static void test_rendezvous_store_waits_end_by_the_deadline(void** state) {
     int k;
     (void)state;
     for (k = 0; k < 2; k++) {
-        child_server cs = spawn_server(NULL, 0, 0, 0, 0);
-        int ready[2], go[2], r;
-        pid_t pids[2];
-        char b;
-        CHECK(pipe(ready) == 0 && pipe(go) == 0);
-        for (r = 0; r < 2; r++) {
-            pids[r] = fork();
-            if (pids[r] == 0) {
-                close(ready[0]);
-                close(go[1]);
-                _exit(stalled_store_rank(r, cs.port, k == 1, ready[1], go[0]));
-            }
-        }
-        close(ready[1]);
-        close(go[0]);
-        for (r = 0; r < 2; r++) CHECK(read(ready[0], &b, 1) == 1);
-        kill(cs.pid, SIGSTOP);
-        CHECK(write(go[1], "gg", 2) == 2);
-        CHECK(wait_children(pids, 2, 30000) == 0);
-        kill(cs.pid, SIGCONT);
-        close(ready[0]);
-        close(go[1]);
+        tw_store cs = spawn_server(NULL, 0, 0, 0, 0);
+        stalled_ctx x;
+        tw_world p;
+        memset(&p, 0, sizeof(p));
+        p.alarm_s = 35;
+        p.reports = true;       /* each rank's "R": ready, the store about to stall */
+        p.quick_exit = true;
+        x.port = cs.port;
+        x.split = k == 1;
+        CHECK(pipe(x.go) == 0);
+        CHECK(tw_fork(&p, 2, stalled_proc, &x) == 0);
+        close(x.go[0]);
+        CHECK(tw_read_ready(&p, 2, tw_now_s() + 30));
+        kill(cs.agent, SIGSTOP);
+        CHECK(write(x.go[1], "gg", 2) == 2);
+        CHECK(reap_printed(&p, 30) == 0);
+        kill(cs.agent, SIGCONT);
+        close(x.go[1]);
         stop_server(&cs);
     }
 }
 
 /* A real two-process world over a tcp store, both with the token (rank 0 hosts the store);
    then a third process with another token is refused at the store. */
-static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t al = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(bind(fd, (struct sockaddr*)&a, sizeof(a)) == 0);
-    getsockname(fd, (struct sockaddr*)&a, &al);
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
 static int world_rank(int rank, int port, const char* token, int hold_ms) {
     dm_tcp_desc d;
     dm_collective* c = NULL;
@@ -1047,19 +1004,25 @@ static int world_rank(int rank, int port, const char* token, int hold_ms) {
     if (st != DM_OK) return 100 + (int)-st;
     st = dm_all_reduce(c, NULL, x, 4, DM_FLOAT32, DM_SUM);
     if (st != DM_OK || x[0] != 2 || x[3] != 8) return 2;
-    sleep_ms(hold_ms);
+    tw_sleep_ms(hold_ms);
     dm_destroy(c);
     return 0;
 }
+static int token_rank(int rank, void* port) { return world_rank(rank, *(int*)port, k_token, rank == 0 ? 1500 : 0); }
+/* Two ranks on a free port (rank 0 serves the store), each with its alarm at limit_s + 5. */
+static void fork_pair(tw_world* p, tw_fn fn, int* port, double limit_s) {
+    memset(p, 0, sizeof(*p));
+    p->alarm_s = (int)limit_s + 5;
+    p->quick_exit = true;
+    CHECK(tw_fork(p, 2, fn, port) == 0);
+}
 static void test_world_with_token(void** state) {
-    int port = free_port(), r, codes[2];
-    pid_t pids[2];
+    int port = tw_free_port(), r, codes[2];
+    tw_world p;
     (void)state;
-    for (r = 0; r < 2; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) _exit(world_rank(r, port, k_token, r == 0 ? 1500 : 0));
-    }
-    sleep_ms(300);
+    CHECK(port > 0);
+    fork_pair(&p, token_rank, &port, 15);
+    tw_sleep_ms(300);
     {   /* meanwhile a process with another token: refused by the store, not by a timeout */
         dm_store* s = NULL;
         dm_status st;
@@ -1073,12 +1036,8 @@ static void test_world_with_token(void** state) {
         st = dm_store_create(&d, &s);
         CHECK(st == DM_ERR_REFUSED && s == NULL);
     }
-    for (r = 0; r < 2; r++) {
-        int status = 0, i;
-        for (i = 0; i < 300 && waitpid(pids[r], &status, WNOHANG) != pids[r]; i++) sleep_ms(50);
-        if (i == 300) { kill(pids[r], SIGKILL); waitpid(pids[r], &status, 0); }
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    }
+    tw_reap(&p, 15);
+    for (r = 0; r < 2; r++) codes[r] = tw_exit_code(&p, r);
     if (codes[0] || codes[1]) print_message("rank exit codes %d %d\n", codes[0], codes[1]);
     CHECK(codes[0] == 0 && codes[1] == 0);
 }
@@ -1120,23 +1079,6 @@ static void test_object_sizes_bounded(void** state) {
 }
 
 /* ---- store keys of destroyed groups, and a second world on the same url ---- */
-static int wait_children(pid_t* pids, int n, int limit_ms) {
-    int bad = 0, r;
-    int64_t end = now_ms() + limit_ms;
-    for (r = 0; r < n; r++) {
-        int status = 0;
-        while (waitpid(pids[r], &status, WNOHANG) != pids[r]) {
-            if (now_ms() > end) { kill(pids[r], SIGKILL); waitpid(pids[r], &status, 0); break; }
-            sleep_ms(20);
-        }
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            print_message("child %d: %s %d\n", r, WIFEXITED(status) ? "exit" : "signal",
-                          WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-            bad++;
-        }
-    }
-    return bad;
-}
 static int cycles_rank(int rank, int port, int cycles) {
     dm_store* st = client(port, NULL, NULL);
     int i;
@@ -1162,15 +1104,22 @@ static int cycles_rank(int rank, int port, int cycles) {
     dm_store_destroy(st);
     return 0;
 }
+typedef struct cycles_ctx { int port, cycles; } cycles_ctx;
+static int cycles_proc(int rank, void* ctx) {
+    const cycles_ctx* x = (const cycles_ctx*)ctx;
+    return cycles_rank(rank, x->port, x->cycles);
+}
 static int64_t run_cycles(dm_store* srv, int cycles) {
-    pid_t pids[2];
+    tw_world p;
+    cycles_ctx x;
     int64_t keys = -1;
-    int r;
-    for (r = 0; r < 2; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) _exit(cycles_rank(r, dm_store_port(srv), cycles));
-    }
-    CHECK(wait_children(pids, 2, 120000) == 0);
+    x.port = dm_store_port(srv);
+    x.cycles = cycles;
+    memset(&p, 0, sizeof(p));
+    p.alarm_s = 125;
+    p.quick_exit = true;
+    CHECK(tw_fork(&p, 2, cycles_proc, &x) == 0);
+    CHECK(reap_printed(&p, 120) == 0);
     CHECK_OK(dm_store_num_keys(srv, &keys));
     return keys;
 }
@@ -1191,10 +1140,10 @@ static void test_store_keys_flat_over_cycles(void** state) {
     d.token = "";
     CHECK_OK(dm_store_create(&d, &srv));
     k1 = run_cycles(srv, 2);
-    t0 = now_ms();
+    t0 = tw_now_ms();
     k2 = run_cycles(srv, 200);
     print_message("store keys after 2 cycles: %lld, after 200 more: %lld (%lld ms)\n", (long long)k1,
-                  (long long)k2, (long long)(now_ms() - t0));
+                  (long long)k2, (long long)(tw_now_ms() - t0));
     CHECK(k1 <= 1);                             /* the world prefix's generation counter */
     CHECK(k2 == k1);
     dm_store_destroy(srv);
@@ -1229,15 +1178,14 @@ static int two_worlds_rank(int rank, int port) {
     dm_destroy(b);
     return 0;
 }
+static int two_worlds_proc(int rank, void* port) { return two_worlds_rank(rank, *(int*)port); }
 static void test_second_world_same_url(void** state) {
-    int port = free_port(), r;
-    pid_t pids[2];
+    int port = tw_free_port();
+    tw_world p;
     (void)state;
-    for (r = 0; r < 2; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) _exit(two_worlds_rank(r, port));
-    }
-    CHECK(wait_children(pids, 2, 60000) == 0);
+    CHECK(port > 0);
+    fork_pair(&p, two_worlds_proc, &port, 60);
+    CHECK(reap_printed(&p, 60) == 0);
 }
 
 static void test_store_port_taken_explained(void** state) {

@@ -1,6 +1,6 @@
 /* dm_shrink (issue 18): planned removal and shrink after kill -9, on the threaded world, shared
-   memory, sockets and a group spanning two simulated hosts. Forked ranks report to the test
-   over a pipe; the test kills the victims and checks that every survivor holds the same group
+   memory, sockets and a group spanning two simulated hosts. Forked ranks (tests/test_world.h)
+   report to the test over a pipe; the test kills the victims and checks that every survivor holds the same group
    (size, renumbering in old order) and that the new group computes correctly.
    DM_SHRINK_TRIALS=N repeats each kill case N times (make test-shrink-trials: 20). */
 #define _GNU_SOURCE
@@ -9,33 +9,19 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/select.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "distmesh.h"
 #include "distmesh_tcp.h"
-#include "test_tmpdir.h"
+#include "test_world.h"
 #include "test_filter.h"
 
 #define MAXW 16
-static char g_store_dir[256];
-static int g_run_id;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static tw_store g_store;        /* the program's file store; a fresh prefix per world */
 static int trials(int dflt) {
     const char* v = getenv("DM_SHRINK_TRIALS");
     return v && atoi(v) > 0 ? atoi(v) : dflt;
@@ -59,9 +45,9 @@ static int members_of(dm_collective* c, int old_rank, int32_t* out) {
     return dm_all_gather(c, &mine, out, 1, DM_INT32) == DM_OK ? 0 : 1;
 }
 
-typedef struct tw_case { int flags; int world; int drop1; int drop2; } tw_case;
-static int tw_body(dm_collective* c, void* user) {
-    const tw_case* k = (const tw_case*)user;
+typedef struct th_case { int flags; int world; int drop1; int drop2; } th_case;
+static int th_body(dm_collective* c, void* user) {
+    const th_case* k = (const th_case*)user;
     int r = dm_rank(c), bad = 0, i;
     dm_collective *n = NULL, *m = NULL;
     int32_t members[MAXW];
@@ -93,16 +79,16 @@ static int tw_body(dm_collective* c, void* user) {
     return bad;
 }
 static void test_thread_shrink_default(void** s) {
-    tw_case k = { DM_SHRINK_DEFAULT, 5, 2, 0 };
+    th_case k = { DM_SHRINK_DEFAULT, 5, 2, 0 };
     dm_fake_desc d;
     (void)s;
     memset(&d, 0, sizeof(d));
     d.world_size = k.world;
     d.timeout_ms = 10000;
-    assert_int_equal(dm_thread_world_run(&d, tw_body, &k), DM_OK);
+    assert_int_equal(dm_thread_world_run(&d, th_body, &k), DM_OK);
 }
 static void test_thread_shrink_abort(void** s) {
-    tw_case k = { DM_SHRINK_ABORT, 4, 0, 2 };
+    th_case k = { DM_SHRINK_ABORT, 4, 0, 2 };
     int hosts[4] = { 0, 1, 0, 1 };
     dm_fake_desc d;
     (void)s;
@@ -110,10 +96,10 @@ static void test_thread_shrink_abort(void** s) {
     d.world_size = k.world;
     d.timeout_ms = 10000;
     d.host_of = hosts;
-    assert_int_equal(dm_thread_world_run(&d, tw_body, &k), DM_OK);
+    assert_int_equal(dm_thread_world_run(&d, th_body, &k), DM_OK);
 }
 /* A rank that is neither excluded nor arrives: every survivor times out, none hangs. */
-static int tw_missing_body(dm_collective* c, void* user) {
+static int th_missing_body(dm_collective* c, void* user) {
     int drop = 3, r = dm_rank(c);
     dm_collective* n = NULL;
     dm_status st;
@@ -129,9 +115,9 @@ static void test_thread_shrink_timeout(void** s) {
     memset(&d, 0, sizeof(d));
     d.world_size = 4;
     d.timeout_ms = 500;
-    assert_int_equal(dm_thread_world_run(&d, tw_missing_body, NULL), DM_OK);
+    assert_int_equal(dm_thread_world_run(&d, th_missing_body, NULL), DM_OK);
 }
-static int tw_args_body(dm_collective* c, void* user) {
+static int th_args_body(dm_collective* c, void* user) {
     dm_collective* n = (dm_collective*)1;
     int self = dm_rank(c), out_of_range = 9, ok = 0;
     (void)user;
@@ -152,7 +138,7 @@ static void test_shrink_bad_args(void** s) {
     memset(&d, 0, sizeof(d));
     d.world_size = 3;
     d.timeout_ms = 5000;
-    assert_int_equal(dm_thread_world_run(&d, tw_args_body, NULL), DM_OK);
+    assert_int_equal(dm_thread_world_run(&d, th_args_body, NULL), DM_OK);
     memset(&d, 0, sizeof(d));
     assert_int_equal(dm_fake_create(&d, &f), DM_OK);        /* a backend without shrink */
     assert_int_equal(dm_shrink(f, NULL, 0, DM_SHRINK_DEFAULT, &n), DM_ERR_UNSUPPORTED);
@@ -172,31 +158,11 @@ typedef struct kcase {
                                    5 barrier, 6 planned removal (DM_SHRINK_DEFAULT) */
     int nsock;                  /* sockets per peer across hosts (0: 1) */
 } kcase;
-static pid_t g_pids[MAXW];
-static int g_port;
+static int g_port;              /* rank0_store: the port rank 0 serves the store on */
 
-static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t len = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || bind(fd, (struct sockaddr*)&a, sizeof(a)) != 0 || getsockname(fd, (struct sockaddr*)&a, &len) != 0)
-        return 0;
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-static void say(int fd, const char* fmt, ...) {
-    char line[256];
-    va_list ap;
-    int n;
-    va_start(ap, fmt);
-    n = vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    if (write(fd, line, (size_t)n) != n) _exit(3);
-}
+/* One report to the test (at most PIPE_BUF bytes: never interleaved with another rank's); a
+   rank that cannot report ends (exit status 3). */
+#define say(...) do { if (tw_report(__VA_ARGS__) != 0) _exit(3); } while (0)
 /* One operation of the kind the case names, on c (every rank the same). */
 static dm_status one_op(dm_collective* c, int op, float* buf, size_t n) {
     switch (op) {
@@ -243,7 +209,7 @@ static int a2a_check(dm_collective* n, int old_rank) {
 /* After the shrink: the group's sum of (old rank + 1) and its members, gathered. Reports
    "<old rank> S <status> <size> <new rank> <sum or -check> <members...>" in one write (the
    ranks share the pipe; a write of at most PIPE_BUF bytes is never interleaved). */
-static void report_group(int fd, const char* lead, dm_collective* n, int r, dm_status st) {
+static void report_group(const char* lead, dm_collective* n, int r, dm_status st) {
     int32_t v = r + 1, members[MAXW];
     int i, check = 1;
     char line[256];
@@ -259,15 +225,15 @@ static void report_group(int fd, const char* lead, dm_collective* n, int r, dm_s
                            st == DM_OK ? dm_rank(n) : -1, check ? -check : (int)v);
     for (i = 0; st == DM_OK && check == 0 && i < dm_world_size(n); i++)
         len += (size_t)snprintf(line + len, sizeof(line) - len, " %d", (int)members[i]);
-    say(fd, "%s\n", line);
+    say("%s\n", line);
 }
-static int kill_body(const kcase* k, dm_collective* c, int r, int fd) {
+static int kill_body(const kcase* k, dm_collective* c, int r) {
     size_t n = 16384;
     float* buf = (float*)calloc(2 * n, sizeof(float));
     dm_collective* g = NULL;
     dm_status st;
     int rounds = 0;
-    say(fd, "R");
+    say("R");
     if (k->op == 6) {                           /* planned: the victim leaves, the others exclude it */
         if (r == k->victim) { free(buf); return 0; }
         st = dm_shrink(c, &k->victim, 1, DM_SHRINK_DEFAULT, &g);
@@ -278,12 +244,12 @@ static int kill_body(const kcase* k, dm_collective* c, int r, int fd) {
             rounds++;
         } while (st == DM_OK && rounds < 100000);
         if (st != DM_ERR_PEER_LOST && st != DM_ERR_ABORTED)
-            say(fd, "%d E %d\n", r, (int)st);
-        say(fd, "%d X\n", r);                     /* entering dm_shrink */
+            say("%d E %d\n", r, (int)st);
+        say("%d X\n", r);                     /* entering dm_shrink */
         st = dm_shrink(c, NULL, 0, DM_SHRINK_ABORT, &g);
         if (st != DM_OK) fprintf(stderr, "rank %d: shrink: %s\n", r, dm_last_error(c));
     }
-    report_group(fd, "", g, r, st);
+    report_group("", g, r, st);
     /* a second death left a dead member: shrink again, the ranks that remain agree */
     if (st == DM_OK && k->victim2 >= 0 && dm_world_size(g) > k->world - 2) {
         dm_collective* h = NULL;
@@ -292,7 +258,7 @@ static int kill_body(const kcase* k, dm_collective* c, int r, int fd) {
         {
             char lead[16];
             snprintf(lead, sizeof(lead), "%d T ", r);
-            report_group(fd, lead, h, r, st);
+            report_group(lead, h, r, st);
         }
         dm_destroy(h);
     }
@@ -300,49 +266,41 @@ static int kill_body(const kcase* k, dm_collective* c, int r, int fd) {
     free(buf);
     return 0;
 }
-static void fork_world(const kcase* k, int fd_write, int fd_read) {
-    int r;
-    g_run_id++;
-    g_port = k->rank0_store ? free_port() : 0;
-    fflush(stdout);
-    fflush(stderr);
-    for (r = 0; r < k->world; r++) {
-        pid_t p = fork();
-        if (p == 0) {
-            dm_collective* c = NULL;
-            dm_tcp_desc d;
-            char url[300], prefix[64], port[16], host[16];
-            close(fd_read);
-            alarm(60);
-            memset(&d, 0, sizeof(d));
-            snprintf(prefix, sizeof(prefix), "shrink%d/", g_run_id);
-            if (k->rank0_store) {
-                snprintf(port, sizeof(port), "%d", g_port);
-                setenv("MASTER_ADDR", "127.0.0.1", 1);
-                setenv("MASTER_PORT", port, 1);
-            } else {
-                snprintf(url, sizeof(url), "file://%s", g_store_dir);
-                d.store_url = url;
-            }
-            if (k->hosts) {
-                snprintf(host, sizeof(host), "h%d", r / k->hosts);
-                setenv("DISTMESH_TEST_HOST_ID", host, 1);
-            }
-            d.rank = r;
-            d.world_size = k->world;
-            d.prefix = prefix;
-            d.ifname = "lo";
-            d.timeout_ms = 10000;
-            d.transport = k->transport;
-            d.sockets_per_peer = k->nsock;
-            if (dm_tcp_create(&d, &c) != DM_OK) _exit(1);
-            kill_body(k, c, r, fd_write);
-            dm_destroy(c);
-            exit(0);            /* exit, not _exit: LeakSanitizer runs at exit */
-        }
-        g_pids[r] = p;
+/* The case's desc: rank 0 serving the store (MASTER_ADDR / MASTER_PORT) or the file store,
+   sockets per peer. */
+static void kcase_edit(dm_tcp_desc* d, int rank, void* arg) {
+    const kcase* k = (const kcase*)arg;
+    (void)rank;
+    if (k->rank0_store) {
+        char port[16];
+        snprintf(port, sizeof(port), "%d", g_port);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", port, 1);
+        d->store_url = NULL;
     }
-    close(fd_write);
+    d->sockets_per_peer = k->nsock;
+}
+static int kcase_body(dm_collective* c, int rank, int world, void* arg) {
+    (void)world;
+    return kill_body((const kcase*)arg, c, rank);
+}
+/* The case's world forked into p: a report pipe, 60 s alarms, 10 s deadlines. */
+static void fork_world(tw_world* p, const kcase* k) {
+    tw_dm_world w;
+    g_port = k->rank0_store ? tw_free_port() : 0;
+    memset(p, 0, sizeof(*p));
+    p->alarm_s = 60;
+    p->reports = true;
+    memset(&w, 0, sizeof(w));
+    w.world = k->world;
+    w.store = &g_store;
+    w.transport = k->transport;
+    w.timeout_ms = 10000;
+    w.per_host = k->hosts;
+    w.edit = kcase_edit;
+    w.body = kcase_body;
+    w.arg = (void*)k;
+    assert_int_equal(tw_dm_fork(p, &w), 0);
 }
 
 /* What the survivors said after their (first, T: second) shrink. */
@@ -380,69 +338,77 @@ static void check_group(const char* what, const report* rep, const bool* alive, 
         i++;
     }
 }
+/* What run_kill_case reads from the pipe. */
+typedef struct kwatch {
+    const kcase* k;
+    tw_world* p;
+    report *first, *second;
+    const bool* alive;
+    int expect_first, entered;
+    double t_planned;           /* planned removal: when every rank was ready */
+    char bad_line[256];         /* a survivor's other status than PEER_LOST / ABORTED */
+} kwatch;
+static void kill_case_ready(int ready, void* u) {
+    kwatch* w = (kwatch*)u;
+    if (ready == w->k->world && w->t_planned == 0) w->t_planned = tw_now_s();
+}
+static int kill_case_line(char* line, void* u) {
+    kwatch* w = (kwatch*)u;
+    if (strstr(line, " X")) {
+        if (w->k->victim2 >= 0 && w->entered++ == 0) {
+            usleep((unsigned)(rand() % 4000));
+            tw_signal(w->p, w->k->victim2, SIGKILL);
+        }
+    } else if (strstr(line, " E ")) {
+        if (!w->bad_line[0]) snprintf(w->bad_line, sizeof(w->bad_line), "%s", line);
+    } else {
+        parse_report(line, w->first, w->second);
+    }
+    return 0;
+}
+/* Every expected survivor reported (a group that kept the second victim: its second report). */
+static bool kill_case_done(void* u) {
+    const kwatch* w = (const kwatch*)u;
+    const kcase* k = w->k;
+    int r, got = 0;
+    for (r = 0; r < k->world; r++)
+        got += w->alive[r] && w->first[r].got &&
+               (k->victim2 < 0 || w->first[r].st != DM_OK || w->first[r].size == k->world - 2 || w->second[r].got);
+    return got >= w->expect_first;
+}
 /* Runs one case: kills the victim once every rank is ready (and victim2 as the first survivor
    enters dm_shrink), collects the reports, checks them. */
 static void run_kill_case(const kcase* k) {
-    int pfd[2], ready = 0, r, expect_first, entered = 0;
+    int r;
     report first[MAXW], second[MAXW];
     bool alive[MAXW], after_first[MAXW];
-    char buf[4096];
-    size_t used = 0;
-    double t_kill = 0, t_end, deadline;
+    double t_kill, t_end;
+    tw_world p;
+    tw_reader rr;
+    kwatch w;
     memset(first, 0, sizeof(first));
     memset(second, 0, sizeof(second));
-    assert_int_equal(pipe(pfd), 0);
-    fork_world(k, pfd[1], pfd[0]);
+    fork_world(&p, k);
     for (r = 0; r < k->world; r++) alive[r] = after_first[r] = r != k->victim;
     if (k->victim2 >= 0) alive[k->victim2] = false;
-    expect_first = k->world - 1 - (k->victim2 >= 0);
-    deadline = now_s() + 40;
-    for (;;) {
-        int got = 0;
-        for (r = 0; r < k->world; r++) got += alive[r] && first[r].got && (k->victim2 < 0 || first[r].st != DM_OK ||
-                                                                            first[r].size == k->world - 2 || second[r].got);
-        if (got >= expect_first || now_s() > deadline) break;
-        if (ready == k->world && t_kill == 0) {
-            if (k->op != 6) usleep(150000 + (unsigned)(rand() % 100000));
-            if (k->op != 6) kill(g_pids[k->victim], SIGKILL);
-            t_kill = now_s();       /* planned removal: the ranks shrink at once, timed from here */
-        }
-        {
-            struct timeval tv = { 0, 20000 };
-            fd_set fs;
-            ssize_t n;
-            FD_ZERO(&fs);
-            FD_SET(pfd[0], &fs);
-            if (select(pfd[0] + 1, &fs, NULL, NULL, &tv) <= 0) continue;
-            n = read(pfd[0], buf + used, sizeof(buf) - 1 - used);
-            if (n <= 0) break;
-            used += (size_t)n;
-            buf[used] = 0;
-        }
-        for (;;) {
-            char* nl;
-            while (buf[0] == 'R') { ready++; memmove(buf, buf + 1, used); used--; }
-            nl = strchr(buf, '\n');
-            if (!nl) break;
-            *nl = 0;
-            if (strstr(buf, " X")) {
-                if (k->victim2 >= 0 && entered++ == 0) {
-                    usleep((unsigned)(rand() % 4000));
-                    kill(g_pids[k->victim2], SIGKILL);
-                }
-            } else if (strstr(buf, " E ")) {
-                fail_msg("%s: a survivor failed with another status than PEER_LOST / ABORTED: %s", k->name, buf);
-            } else {
-                parse_report(buf, first, second);
-            }
-            used -= (size_t)(nl + 1 - buf);
-            memmove(buf, nl + 1, used + 1);
-        }
-    }
-    t_end = now_s();
-    for (r = 0; r < k->world; r++) kill(g_pids[r], SIGKILL);
-    for (r = 0; r < k->world; r++) waitpid(g_pids[r], NULL, 0);
-    close(pfd[0]);
+    memset(&w, 0, sizeof(w));
+    w.k = k;
+    w.p = &p;
+    w.first = first;
+    w.second = second;
+    w.alive = alive;
+    w.expect_first = k->world - 1 - (k->victim2 >= 0);
+    tw_reader_init(&rr, 0, 40, kill_case_line, &w);
+    rr.on_ready = kill_case_ready;
+    rr.finished = kill_case_done;
+    if (k->op != 6) tw_reader_fault(&rr, k->victim, SIGKILL, 150 + rand() % 100);
+    /* planned removal: the ranks shrink at once, timed from "ready" */
+    tw_read_reports(&p, &rr);
+    t_kill = k->op != 6 ? rr.t_fault : w.t_planned;
+    t_end = tw_now_s();
+    tw_kill_all(&p);
+    if (w.bad_line[0])
+        fail_msg("%s: a survivor failed with another status than PEER_LOST / ABORTED: %s", k->name, w.bad_line);
     if (k->victim2 < 0) {
         check_group(k->name, first, after_first, k->world);
         printf("  %s: %d survivors agreed, %.0f ms from the kill to the last report\n", k->name, k->world - 1,
@@ -553,23 +519,19 @@ static int inflight_body(const char* transport, int r) {
     dm_collective *c = NULL, *n = NULL;
     dm_tcp_desc d;
     dm_request* req = NULL;
-    char url[300], prefix[64];
     float x[1024];
     int drop = 2, bad = 0;
     double t0;
-    memset(&d, 0, sizeof(d));
     memset(x, 0, sizeof(x));
-    snprintf(url, sizeof(url), "file://%s", g_store_dir);
-    snprintf(prefix, sizeof(prefix), "inflight%d/", g_run_id);
-    d.rank = r; d.world_size = 3; d.store_url = url; d.prefix = prefix; d.ifname = "lo"; d.transport = transport;
-    d.timeout_ms = 20000;
+    tw_tcp_desc(&d, &g_store, r, 3, 20000);
+    d.transport = transport;
     if (dm_tcp_create(&d, &c) != DM_OK) return 1;
     if (r == 2) { usleep(1500000); dm_destroy(c); return 0; }
     bad |= dm_all_reduce_async(c, x, x, 1024, DM_FLOAT32, DM_SUM, &req) != DM_OK;
     usleep(200000);
-    t0 = now_s();
+    t0 = tw_now_s();
     bad |= dm_shrink(c, &drop, 1, DM_SHRINK_ABORT, &n) != DM_OK;
-    bad |= now_s() - t0 > 5.0;                  /* not the request's 20 s deadline */
+    bad |= tw_now_s() - t0 > 5.0;                  /* not the request's 20 s deadline */
     bad |= req == NULL || dm_wait(req) == DM_OK;  /* it completed, with its error */
     bad |= n == NULL || dm_world_size(n) != 2 || check_sum(n, 0);
     if (bad) fprintf(stderr, "rank %d: in-flight shrink: %s\n", r, dm_last_error(n ? n : c));
@@ -577,23 +539,14 @@ static int inflight_body(const char* transport, int r) {
     dm_destroy(c);
     return bad;
 }
+static int inflight_proc(int r, void* transport) { return inflight_body((const char*)transport, r); }
 static void run_inflight(const char* transport) {
-    int r, status, failed = 0;
-    pid_t pids[3];
-    g_run_id++;
-    fflush(stdout);
-    for (r = 0; r < 3; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            alarm(40);
-            exit(inflight_body(transport, r));
-        }
-    }
-    for (r = 0; r < 3; r++) {
-        waitpid(pids[r], &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
-    }
-    assert_int_equal(failed, 0);
+    tw_world p;
+    memset(&p, 0, sizeof(p));
+    p.alarm_s = 40;
+    tw_store_next(&g_store);
+    assert_int_equal(tw_fork(&p, 3, inflight_proc, (void*)transport), 0);
+    assert_int_equal(tw_reap(&p, 45), 0);
 }
 static void test_abort_in_flight(void** s) { (void)s; run_inflight("tcp"); run_inflight(NULL); }
 
@@ -617,8 +570,8 @@ int main(int argc, char** argv) {
     signal(SIGPIPE, SIG_IGN);
     srand((unsigned)getpid());
     dm_test_filter(argc, argv);
-    if (tmpdir_make(g_store_dir, sizeof(g_store_dir), "dm_shrink_test") != 0) return 1;
+    if (tw_store_file(&g_store, "dm_shrink_test") != 0) return 1;
     rc = cmocka_run_group_tests(tests, NULL, NULL);
-    tmpdir_remove(g_store_dir);
+    tw_store_close(&g_store);
     return rc;
 }

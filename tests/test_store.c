@@ -33,6 +33,7 @@
 #if !defined(DISTMESH_STORE_H) || !defined(DISTMESH_TCP)
 #error "build with -DDISTMESH_TCP: distmesh.h then includes distmesh_store.h with its server"
 #endif
+#include "test_world.h"
 
 #define CHECK(c) assert_true(c)
 #define CHECK_OK(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) print_message("%s -> %s\n", #expr, dm_status_name(st_)); assert_int_equal(st_, DM_OK); } while (0)
@@ -55,18 +56,6 @@ static int protocol_errors(void) {
     n = g_protocol_errors;
     pthread_mutex_unlock(&g_log_mu);
     return n;
-}
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-static void sleep_ms(int ms) {
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&ts, NULL);
 }
 
 static dm_store* make_server(const char* host, int timeout_ms) {
@@ -199,11 +188,11 @@ static void expect_silence(int fd, int ms) {
 /* The peer closes the connection (EOF or reset) within 5 s. */
 static void expect_closed(int fd) {
     unsigned char b[256];
-    int64_t end = now_ms() + 5000;
+    int64_t end = tw_now_ms() + 5000;
     for (;;) {
         ssize_t r = recv(fd, b, sizeof(b), 0);
         if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) return;
-        CHECK(now_ms() < end);
+        CHECK(tw_now_ms() < end);
     }
 }
 
@@ -605,9 +594,9 @@ typedef struct waiter_arg {
 } waiter_arg;
 static void* waiter_main(void* p) {
     waiter_arg* w = (waiter_arg*)p;
-    int64_t t0 = now_ms();
+    int64_t t0 = tw_now_ms();
     w->st = dm_store_wait(w->s, w->keys, w->n, w->timeout_ms);
-    w->took_ms = now_ms() - t0;
+    w->took_ms = tw_now_ms() - t0;
     return NULL;
 }
 
@@ -628,9 +617,9 @@ static void test_wait_wakes_and_times_out(void** state) {
     w.n = 3;
     w.timeout_ms = 5000;
     pthread_create(&th, NULL, waiter_main, &w);
-    sleep_ms(100);
+    tw_sleep_ms(100);
     CHECK_OK(dm_store_set(c, "x", "1", 1));
-    sleep_ms(50);
+    tw_sleep_ms(50);
     CHECK_OK(dm_store_set(c, "y", "2", 1));
     pthread_join(th, NULL);
     assert_int_equal(w.st, DM_OK);
@@ -638,9 +627,9 @@ static void test_wait_wakes_and_times_out(void** state) {
     /* timeout names the key; the server and the connection survive */
     {
         const char* k[2] = {"never", "x"};
-        t0 = now_ms();
+        t0 = tw_now_ms();
         assert_int_equal(dm_store_wait(a, k, 2, 200), DM_ERR_TIMEOUT);
-        CHECK(now_ms() - t0 >= 190);
+        CHECK(tw_now_ms() - t0 >= 190);
         CHECK(strstr(dm_store_last_error(a), "\"never\"") != NULL);
         CHECK(strstr(dm_store_last_error(a), "timed out") != NULL);
     }
@@ -656,9 +645,9 @@ static void test_wait_wakes_and_times_out(void** state) {
         d.url = url;
         d.timeout_ms = 250;
         CHECK_OK(dm_store_create(&d, &quick));
-        t0 = now_ms();
+        t0 = tw_now_ms();
         assert_int_equal(dm_store_get(quick, "nothing", &v, &n), DM_ERR_TIMEOUT);
-        CHECK(v == NULL && now_ms() - t0 >= 240);
+        CHECK(v == NULL && tw_now_ms() - t0 >= 240);
         CHECK(strstr(dm_store_last_error(quick), "nothing") != NULL);
         CHECK_OK(dm_store_set(quick, "nothing", "now", 3));
         CHECK_OK(dm_store_get(quick, "nothing", &v, &n));
@@ -670,9 +659,9 @@ static void test_wait_wakes_and_times_out(void** state) {
         int fd = raw_connect(AF_INET, dm_store_port(srv));
         send_hex(fd, "00cef7853c");
         send_hex(fd, "0601000000000000000300000000000000717171");   /* wait [qqq] */
-        sleep_ms(50);
+        tw_sleep_ms(50);
         close(fd);
-        sleep_ms(50);
+        tw_sleep_ms(50);
         CHECK_OK(dm_store_set(c, "qqq", "v", 1));   /* wakes nobody, crashes nothing */
     }
     dm_store_destroy(a);
@@ -751,46 +740,34 @@ static void test_many_clients_threads(void** state) {
     dm_store_destroy(srv);
 }
 
-/* Children are killed if the test fails; each child has an alarm as its own deadline. */
-static int wait_children(pid_t* pids, int n, int timeout_ms) {
-    int i, bad = 0;
-    int64_t end = now_ms() + timeout_ms;
-    for (i = 0; i < n; i++) {
-        int status = 0;
-        for (;;) {
-            pid_t r = waitpid(pids[i], &status, WNOHANG);
-            if (r == pids[i]) break;
-            if (now_ms() > end) { kill(pids[i], SIGKILL); waitpid(pids[i], &status, 0); bad++; break; }
-            sleep_ms(5);
-        }
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) bad++;
-    }
-    return bad;
+/* Forked worker processes (tests/test_world.h): each has an alarm of 20 s as its own deadline,
+   and the parent kills what is left after 25 s. */
+typedef struct proc_workers { int port, n; } proc_workers;
+static int worker_proc(int i, void* ctx) {
+    const proc_workers* pw = (const proc_workers*)ctx;
+    worker_arg w;
+    memset(&w, 0, sizeof(w));
+    w.port = pw->port;
+    w.id = i;
+    w.n = pw->n;
+    w.n_own = pw->n;
+    worker_main(&w);
+    return w.st == DM_OK ? 0 : 1;
 }
-
 static void test_many_clients_processes(void** state) {
     enum { P = 8 };
     dm_store* srv = make_server("127.0.0.1", 10000);
-    pid_t pids[P];
-    int i;
+    proc_workers pw;
+    tw_world procs;
     int64_t x;
     (void)state;
-    for (i = 0; i < P; i++) {
-        pids[i] = fork();
-        CHECK(pids[i] >= 0);
-        if (pids[i] == 0) {
-            worker_arg w;
-            alarm(20);
-            memset(&w, 0, sizeof(w));
-            w.port = dm_store_port(srv);
-            w.id = i;
-            w.n = P;
-            w.n_own = P;
-            worker_main(&w);
-            _exit(w.st == DM_OK ? 0 : 1);
-        }
-    }
-    assert_int_equal(wait_children(pids, P, 25000), 0);
+    pw.port = dm_store_port(srv);
+    pw.n = P;
+    memset(&procs, 0, sizeof(procs));
+    procs.alarm_s = 20;
+    procs.quick_exit = true;
+    CHECK(tw_fork(&procs, P, worker_proc, &pw) == 0);
+    assert_int_equal(tw_reap(&procs, 25), 0);
     CHECK_OK(dm_store_add(srv, "conc/counter", 0, &x));
     assert_int_equal(x, P * 20);
     dm_store_destroy(srv);
@@ -820,7 +797,7 @@ static void test_malformed_input(void** state) {
         expect_closed(fd);
         close(fd);
     }
-    sleep_ms(20);
+    tw_sleep_ms(20);
     CHECK(protocol_errors() >= before + 8);
     pthread_mutex_lock(&g_log_mu);
     CHECK(strstr(g_last_log, "tcp-store: server closed client 127.0.0.1:") != NULL);
@@ -831,7 +808,7 @@ static void test_malformed_input(void** state) {
         unsigned char req[64];
         size_t rn = unhex("00cef7853c" "0103000000000000006b3131020000000000000076310d" "01020304", req, sizeof(req));
         size_t j;
-        for (j = 0; j < rn; j++) { send_raw(fd, &req[j], 1); if (j % 7 == 0) sleep_ms(1); }
+        for (j = 0; j < rn; j++) { send_raw(fd, &req[j], 1); if (j % 7 == 0) tw_sleep_ms(1); }
         expect_hex(fd, "01020304", "ping after a byte-by-byte set");
     }
     close(fd);
@@ -849,7 +826,7 @@ static void test_malformed_input(void** state) {
         send_raw(fd, junk, jn);
         close(fd);
     }
-    sleep_ms(50);
+    tw_sleep_ms(50);
     CHECK_OK(dm_store_set(srv, "alive", "yes", 3));
     CHECK_OK(dm_store_get(srv, "alive", &v, &n));
     dm_store_free(srv, v);
@@ -857,26 +834,13 @@ static void test_malformed_input(void** state) {
 }
 
 /* ---- connect: port 0, retry until the server appears, timeout, IPv6 ---- */
-static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t al = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, (struct sockaddr*)&a, sizeof(a));
-    getsockname(fd, (struct sockaddr*)&a, &al);
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
 static void half_free(void* p, void* ud) { (void)ud; free(p); }
 typedef struct late_server { int port; dm_store* s; } late_server;
 static void* late_server_main(void* p) {
     late_server* l = (late_server*)p;
     char url[64];
     dm_store_desc d;
-    sleep_ms(300);
+    tw_sleep_ms(300);
     memset(&d, 0, sizeof(d));
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", l->port);
     d.url = url;
@@ -893,15 +857,15 @@ static void test_connect_retry_and_timeout(void** state) {
     char url[64];
     int64_t t0;
     (void)state;
-    l.port = free_port();
+    l.port = tw_free_port();
     l.s = NULL;
     pthread_create(&th, NULL, late_server_main, &l);
-    t0 = now_ms();
+    t0 = tw_now_ms();
     c = make_client("127.0.0.1", l.port, NULL, 5000);     /* refused until the server is up */
     pthread_join(th, NULL);
     CHECK(l.s != NULL);
     CHECK(c != NULL);
-    CHECK(now_ms() - t0 >= 250);
+    CHECK(tw_now_ms() - t0 >= 250);
     assert_int_equal(dm_store_port(l.s), l.port);
     CHECK_OK(dm_store_set(c, "k", "v", 1));
     dm_store_destroy(c);
@@ -919,9 +883,9 @@ static void test_connect_retry_and_timeout(void** state) {
     d.url = url;
     d.timeout_ms = 300;
     d.logger.func = capture_log;
-    t0 = now_ms();
+    t0 = tw_now_ms();
     assert_int_equal(dm_store_create(&d, &c), DM_ERR_TIMEOUT);
-    CHECK(now_ms() - t0 >= 250 && now_ms() - t0 < 3000);
+    CHECK(tw_now_ms() - t0 >= 250 && tw_now_ms() - t0 < 3000);
     pthread_mutex_lock(&g_log_mu);
     if (!strstr(g_last_log, "ECONNREFUSED")) print_message("log: %s\n", g_last_log);
     CHECK(strstr(g_last_log, "ECONNREFUSED") != NULL);
@@ -1098,9 +1062,9 @@ static void test_file_store_ops(void** state) {
         CHECK(b);
         CHECK_OK(dm_store_check(s, k, 2, &b));
         CHECK(!b);
-        t0 = now_ms();
+        t0 = tw_now_ms();
         assert_int_equal(dm_store_wait(s, k, 2, 200), DM_ERR_TIMEOUT);
-        CHECK(now_ms() - t0 >= 190);
+        CHECK(tw_now_ms() - t0 >= 190);
         CHECK(strstr(dm_store_last_error(s), "zz") != NULL);
     }
     CHECK_OK(dm_store_num_keys(s, &x));
@@ -1150,69 +1114,60 @@ static void test_file_store_ops(void** state) {
     rm_tree(dir);
 }
 
+enum { FS_PROCS = 6, FS_ADDS = 40 };
+/* One of FS_PROCS processes on the file store in dir: adds, concurrent writes of one key,
+   its own key and its neighbour's. */
+static int file_store_proc(int i, void* dir) {
+    dm_store* c;
+    char key[16], want[16];
+    int j, ok = 1;
+    c = make_file_store((const char*)dir, NULL, 15000);
+    if (!c) return 2;
+    for (j = 0; j < FS_ADDS && ok; j++) ok = dm_store_add(c, "ctr", 1, NULL) == DM_OK;
+    for (j = 0; j < 10 && ok; j++) {           /* concurrent writers of one key: never torn */
+        char val[64];
+        memset(val, 'a' + i, sizeof(val));
+        ok = dm_store_set(c, "shared", val, sizeof(val)) == DM_OK;
+    }
+    snprintf(key, sizeof(key), "r%d", i);
+    snprintf(want, sizeof(want), "r%d", (i + 1) % FS_PROCS);
+    if (ok) ok = dm_store_set(c, key, "x", 1) == DM_OK;
+    if (ok) {
+        void* v = NULL;
+        size_t n = 0;
+        ok = dm_store_get(c, want, &v, &n) == DM_OK && n == 1;
+        dm_store_free(c, v);
+        ok = ok && dm_store_get(c, "shared", &v, &n) == DM_OK && n == 64;
+        if (ok) { for (j = 1; j < 64; j++) if (((char*)v)[j] != ((char*)v)[0]) ok = 0; }
+        dm_store_free(c, v);
+    }
+    dm_store_destroy(c);
+    return ok ? 0 : 1;
+}
 static void test_file_store_processes(void** state) {
-    enum { P = 6, ADDS = 40 };
     char tmpl[] = "/tmp/dm_store_XXXXXX";
     char* dir = mkdtemp(tmpl);
-    pid_t pids[P];
     dm_store* s;
-    int i;
     int64_t x;
+    tw_world procs;
     (void)state;
     CHECK(dir);
-    for (i = 0; i < P; i++) {
-        pids[i] = fork();
-        CHECK(pids[i] >= 0);
-        if (pids[i] == 0) {
-            dm_store* c;
-            char key[16], want[16];
-            int j, ok = 1;
-            alarm(20);
-            c = make_file_store(dir, NULL, 15000);
-            if (!c) _exit(2);
-            for (j = 0; j < ADDS && ok; j++) ok = dm_store_add(c, "ctr", 1, NULL) == DM_OK;
-            for (j = 0; j < 10 && ok; j++) {           /* concurrent writers of one key: never torn */
-                char val[64];
-                memset(val, 'a' + i, sizeof(val));
-                ok = dm_store_set(c, "shared", val, sizeof(val)) == DM_OK;
-            }
-            snprintf(key, sizeof(key), "r%d", i);
-            snprintf(want, sizeof(want), "r%d", (i + 1) % P);
-            if (ok) ok = dm_store_set(c, key, "x", 1) == DM_OK;
-            if (ok) {
-                void* v = NULL;
-                size_t n = 0;
-                ok = dm_store_get(c, want, &v, &n) == DM_OK && n == 1;
-                dm_store_free(c, v);
-                ok = ok && dm_store_get(c, "shared", &v, &n) == DM_OK && n == 64;
-                if (ok) { for (j = 1; j < 64; j++) if (((char*)v)[j] != ((char*)v)[0]) ok = 0; }
-                dm_store_free(c, v);
-            }
-            dm_store_destroy(c);
-            _exit(ok ? 0 : 1);
-        }
-    }
-    assert_int_equal(wait_children(pids, P, 25000), 0);
+    memset(&procs, 0, sizeof(procs));
+    procs.alarm_s = 20;
+    procs.quick_exit = true;
+    CHECK(tw_fork(&procs, FS_PROCS, file_store_proc, dir) == 0);
+    assert_int_equal(tw_reap(&procs, 25), 0);
     s = make_file_store(dir, NULL, 3000);
     CHECK(s);
     CHECK_OK(dm_store_add(s, "ctr", 0, &x));
-    assert_int_equal(x, P * ADDS);
+    assert_int_equal(x, FS_PROCS * FS_ADDS);
     dm_store_destroy(s);
     rm_tree(dir);
 }
 
 /* ---- nothing leaks: descriptors back to where they were ---- */
-static int count_fds(void) {
-    DIR* d = opendir("/proc/self/fd");
-    struct dirent* e;
-    int n = 0;
-    if (!d) return -1;
-    while ((e = readdir(d)) != NULL) if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n;
-}
 static void test_no_fd_leak(void** state) {
-    int before = count_fds(), k;
+    int before = tw_count_fds(), k;
     (void)state;
     for (k = 0; k < 3; k++) {
         dm_store* srv = make_server("127.0.0.1", 5000);
@@ -1226,7 +1181,7 @@ static void test_no_fd_leak(void** state) {
         dm_store_destroy(srv);
         dm_store_destroy(b);
     }
-    assert_int_equal(count_fds(), before);
+    assert_int_equal(tw_count_fds(), before);
 }
 
 int main(int argc, char** argv) {

@@ -11,7 +11,7 @@ static int tmpdir_make(char* dir, size_t cap, const char* prefix) {
     return mkdtemp(dir) ? 0 : -1;
 }
 static int tmpdir_remove(const char* dir) {
-    char cmd[400];
+    char cmd[1100];   /* dir up to 1 KiB */
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     return system(cmd) == 0 ? 0 : -1;
 }

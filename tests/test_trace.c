@@ -13,8 +13,8 @@
    - sigusr1: a rank blocked in an all_reduce dumps on SIGUSR1 (state "running").
    - dump_call: dm_flight_recorder_dump with a path, without one, and with everything off.
 
-   Every world runs in forked children under a hard limit (the parent kills what is left). Each
-   test has its own directory under the program's mkdtemp directory. */
+   Every world runs in forked children (tests/test_world.h) under a hard limit (the parent kills
+   what is left). Each test has its own directory under the program's mkdtemp directory. */
 #define _GNU_SOURCE
 #include "distmesh.h"
 #include <stdarg.h>
@@ -32,7 +32,7 @@
 #include <sys/wait.h>
 #include <cmocka.h>
 #include "test_filter.h"
-#include "test_tmpdir.h"
+#include "test_world.h"
 
 #ifndef DM_SRCDIR
 #define DM_SRCDIR "."
@@ -42,28 +42,19 @@ enum { TR_THREAD = 0, TR_SHM, TR_TCP };
 static const char* const g_tr_name[] = { "thread", "shm", "tcp" };
 static char g_root[256];        /* the program's directory */
 static char g_dir[400];         /* the running test's: traces and dumps */
-static char g_store[400];       /* the running test's file store */
+static tw_store g_store;         /* the running test's file store */
 static int g_timeout_ms = 5000;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static void sleep_ms(int ms) {
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-/* A fresh directory pair for one test: g_dir (files the ranks write) and g_store. */
+/* A fresh directory pair for one test: g_dir (files the ranks write) and g_store's. */
 static void fresh_dirs(const char* name) {
+    char store[400];
     snprintf(g_dir, sizeof(g_dir), "%s/%s", g_root, name);
-    snprintf(g_store, sizeof(g_store), "%s/%s.store", g_root, name);
+    snprintf(store, sizeof(store), "%s/%s.store", g_root, name);
     tmpdir_remove(g_dir);
-    tmpdir_remove(g_store);
+    tmpdir_remove(store);
     assert_int_equal(mkdir(g_dir, 0700), 0);
-    assert_int_equal(mkdir(g_store, 0700), 0);
+    assert_int_equal(mkdir(store, 0700), 0);
+    tw_store_dir(&g_store, store);
 }
 static char* slurp(const char* path) {
     FILE* f = fopen(path, "rb");
@@ -91,23 +82,11 @@ static char* rank_file(const char* what, int r) {
     path[strcspn(path, "\n")] = 0;
     return slurp(path);
 }
-/* Runs a shell command; its output (up to cap bytes) in out; its exit status. */
-static int run_cmd(const char* cmd, char* out, size_t cap) {
-    FILE* p = popen(cmd, "r");
-    size_t n = 0;
-    if (!p) return -1;
-    while (n + 1 < cap) {
-        size_t got = fread(out + n, 1, cap - 1 - n, p);
-        if (got == 0) break;
-        n += got;
-    }
-    out[n] = 0;
-    return pclose(p);
-}
+/* scripts/dm_trace's report on dir (60 s at most) into out: its exit status. */
 static int report(const char* dir, char* out, size_t cap) {
     char cmd[700];
     snprintf(cmd, sizeof(cmd), "python3 %s/scripts/dm_trace %s 2>&1", DM_SRCDIR, dir);
-    return run_cmd(cmd, out, cap);
+    return tw_run_cmd(60, out, cap, cmd);
 }
 #define CHECK_HAS(text, needle)                                                               \
     do {                                                                                      \
@@ -116,104 +95,34 @@ static int report(const char* dir, char* out, size_t cap) {
 
 /* ---- worlds ------------------------------------------------------------------------------------ */
 typedef int (*body_fn)(dm_collective* c, void* arg);   /* 0: every check passed */
-typedef struct thread_ctx { body_fn body; void* arg; } thread_ctx;
-static int thread_rank(dm_collective* c, void* user) {
-    const thread_ctx* t = (const thread_ctx*)user;
-    return t->body(c, t->arg) ? DM_ERR_INTERNAL : DM_OK;
-}
-static dm_status tcp_world(int rank, int world, int kind, int timeout_ms, dm_collective** out) {
-    dm_tcp_desc d;
-    char url[500];
-    memset(&d, 0, sizeof(d));
-    snprintf(url, sizeof(url), "file://%s", g_store);
-    d.rank = rank;
-    d.world_size = world;
-    d.store_url = url;
-    d.prefix = "trace/";
-    d.ifname = "lo";
-    d.timeout_ms = timeout_ms;
-    d.transport = kind == TR_TCP ? "tcp" : "shm";
-    return dm_tcp_create(&d, out);
-}
 /* The environment every rank of a test sees (set in the child, before anything is made). */
 typedef struct world_env { bool trace, dump, signal; const char* fr; } world_env;
-static void apply_env(const world_env* e) {
+static const world_env* g_env;  /* the world being forked's (the children inherit it) */
+static void apply_env(int rank, void* arg) {
+    const world_env* e = g_env;
+    (void)rank; (void)arg;
     if (e->trace) setenv("DISTMESH_TRACE", g_dir, 1); else unsetenv("DISTMESH_TRACE");
     if (e->dump) setenv("DISTMESH_DUMP_DIR", g_dir, 1); else unsetenv("DISTMESH_DUMP_DIR");
     if (e->signal) setenv("DISTMESH_DUMP_ON_SIGUSR1", "1", 1); else unsetenv("DISTMESH_DUMP_ON_SIGUSR1");
     if (e->fr) setenv("DISTMESH_FLIGHT_RECORDER", e->fr, 1); else unsetenv("DISTMESH_FLIGHT_RECORDER");
 }
-/* Forks the world (one process per rank; one for the threaded world): pids[0 .. n). */
-static int spawn(int kind, int world, const world_env* env, int timeout_ms, body_fn body, void* arg, double limit_s,
-                 pid_t* pids) {
-    int r, nproc = kind == TR_THREAD ? 1 : world;
-    fflush(stdout);
-    fflush(stderr);
-    for (r = 0; r < nproc; r++) {
-        pid_t p = fork();
-        if (p == 0) {
-            int rc;
-            alarm((unsigned)limit_s + 5);
-            apply_env(env);
-            if (kind == TR_THREAD) {
-                dm_fake_desc d;
-                thread_ctx t;
-                memset(&d, 0, sizeof(d));
-                d.world_size = world;
-                d.timeout_ms = timeout_ms;
-                t.body = body;
-                t.arg = arg;
-                rc = dm_thread_world_run(&d, thread_rank, &t) != DM_OK;
-            } else {
-                dm_collective* c = NULL;
-                dm_status st = tcp_world(r, world, kind, timeout_ms, &c);
-                if (st != DM_OK) {
-                    fprintf(stderr, "[%s rank %d] dm_tcp_create: %s\n", g_tr_name[kind], r, dm_status_name(st));
-                    exit(1);
-                }
-                rc = body(c, arg);
-                dm_destroy(c);
-            }
-            exit(rc ? 1 : 0);   /* exit, not _exit: LeakSanitizer runs at exit */
-        }
-        pids[r] = p;
-    }
-    return nproc;
-}
-/* Waits for pids[i] where want[i] (NULL: all); kills everything left after limit_s. Returns the
-   number that failed or were killed; status[i] gets each wait status. */
-static int reap_some(pid_t* pids, int n, const bool* want, double limit_s, int* status) {
-    double end = now_s() + limit_s;
-    int failed = 0, left = 0, r;
-    for (r = 0; r < n; r++) left += pids[r] > 0 && (!want || want[r]);
-    while (left > 0) {
-        int st;
-        bool found = false;
-        for (r = 0; r < n; r++) {
-            if (pids[r] <= 0 || (want && !want[r])) continue;
-            if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-                if (status) status[r] = st;
-                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed++;
-                pids[r] = 0;
-                left--;
-                found = true;
-            }
-        }
-        if (found) continue;
-        if (now_s() > end) {
-            fprintf(stderr, "time limit %.0f s reached, killing %d process(es)\n", limit_s, left);
-            for (r = 0; r < n; r++)
-                if (pids[r] > 0) { kill(pids[r], SIGKILL); waitpid(pids[r], NULL, 0); pids[r] = 0; failed++; }
-            return failed;
-        }
-        sleep_ms(2);
-    }
-    return failed;
-}
-static void kill_all(pid_t* pids, int n) {
-    int r;
-    for (r = 0; r < n; r++)
-        if (pids[r] > 0) { kill(pids[r], SIGKILL); waitpid(pids[r], NULL, 0); pids[r] = 0; }
+/* Forks the world into p (one process per rank; one for the threaded world), each with env,
+   calls' deadline timeout_ms, its own alarm at limit_s + 5. */
+static void spawn(tw_world* p, int kind, int world, const world_env* env, int timeout_ms, body_fn body, void* arg,
+                  double limit_s) {
+    tw_dm_world w;
+    memset(&w, 0, sizeof(w));
+    w.world = world;
+    w.store = &g_store;
+    w.transport = g_tr_name[kind];
+    w.timeout_ms = timeout_ms;
+    w.before = apply_env;
+    w.body_c = body;
+    w.arg = arg;
+    g_env = env;
+    memset(p, 0, sizeof(*p));
+    p->alarm_s = (int)limit_s + 5;
+    assert_int_equal(tw_dm_fork(p, &w), 0);
 }
 #define RANK_CHECK(c, cond)                                                                       \
     do {                                                                                          \
@@ -326,13 +235,13 @@ static void count_events(const char* text, tl_counts* n) {
 }
 static void timeline(int kind) {
     enum { W = 3 };
-    pid_t pids[W];
+    tw_world p;
     world_env env = { true, false, false, NULL };
     char out[8192], cmd[2000];
-    int n, r, k;
+    int r, k;
     fresh_dirs(g_tr_name[kind]);
-    n = spawn(kind, W, &env, g_timeout_ms, timeline_body, NULL, 60, pids);
-    assert_int_equal(reap_some(pids, n, NULL, 60, NULL), 0);
+    spawn(&p, kind, W, &env, g_timeout_ms, timeline_body, NULL, 60);
+    assert_int_equal(tw_reap(&p, 60), 0);
     for (r = 0; r < W; r++) {
         char* text = rank_file("dm_trace", r);
         char* exp;
@@ -365,7 +274,7 @@ static void timeline(int kind) {
     /* valid JSON for a real parser, and a report across the ranks */
     snprintf(cmd, sizeof(cmd), "python3 -c 'import json,glob,sys\nfor f in glob.glob(sys.argv[1]+\"/dm_trace.*.json\"): "
              "json.load(open(f))\nprint(\"valid\")' %s 2>&1", g_dir);
-    assert_int_equal(run_cmd(cmd, out, sizeof(out)), 0);
+    assert_int_equal(tw_run_cmd(60, out, sizeof(out), cmd), 0);
     CHECK_HAS(out, "valid");
     assert_int_equal(report(g_dir, out, sizeof(out)), 0);
     CHECK_HAS(out, "3 timeline(s) (ranks 0,1,2)");
@@ -374,12 +283,12 @@ static void timeline(int kind) {
     /* one merged timeline, and the picture where gnuplot is installed */
     snprintf(cmd, sizeof(cmd), "python3 %s/scripts/dm_trace %s --merge %s/merged.json 2>&1 && python3 -c 'import json,sys\n"
              "print(len(json.load(open(sys.argv[1]))[\"traceEvents\"]))' %s/merged.json", DM_SRCDIR, g_dir, g_dir, g_dir);
-    assert_int_equal(run_cmd(cmd, out, sizeof(out)), 0);
+    assert_int_equal(tw_run_cmd(60, out, sizeof(out), cmd), 0);
     CHECK_HAS(out, "merged");
     if (system("command -v gnuplot >/dev/null 2>&1") == 0) {
         snprintf(cmd, sizeof(cmd), "python3 %s/scripts/dm_trace %s --png %s/t.png 2>&1 && test -s %s/t.png", DM_SRCDIR, g_dir,
                  g_dir, g_dir);
-        if (run_cmd(cmd, out, sizeof(out)) != 0) fail_msg("--png: %s", out);
+        if (tw_run_cmd(60, out, sizeof(out), cmd) != 0) fail_msg("--png: %s", out);
     }
 }
 static void test_timeline_thread(void** s) { (void)s; timeline(TR_THREAD); }
@@ -398,7 +307,7 @@ static int sleeper_body(dm_collective* c, void* arg) {
         RANK_CHECK(c, dm_all_reduce(c, NULL, x, 2, DM_FLOAT32, DM_SUM) != DM_OK);
         return 0;
     }
-    sleep_ms(SLEEP_MS);
+    tw_sleep_ms(SLEEP_MS);
     /* late: it fails, or (TCP) completes from the bytes its peers sent before they gave up;
        either way its own dump shows where it was */
     st = dm_all_reduce(c, NULL, x, 2, DM_FLOAT32, DM_SUM);
@@ -408,23 +317,23 @@ static int sleeper_body(dm_collective* c, void* arg) {
 }
 static void sleeper(int kind) {
     enum { W = 4 };
-    pid_t pids[W];
+    tw_world p;
     bool survivors[W] = { true, true, false, true }, sleeper_only[W] = { false, false, true, false };
     world_env env = { false, true, false, NULL };
     char out[8192];
     int r;
     fresh_dirs(kind == TR_SHM ? "sleeper_shm" : "sleeper_tcp");
-    spawn(kind, W, &env, SLEEP_TIMEOUT_MS, sleeper_body, NULL, 30, pids);
-    if (reap_some(pids, W, survivors, 20, NULL) != 0) { kill_all(pids, W); fail_msg("a survivor failed"); }
+    spawn(&p, kind, W, &env, SLEEP_TIMEOUT_MS, sleeper_body, NULL, 30);
+    if (tw_reap_some(&p, survivors, 20) != 0) { tw_kill_all(&p); fail_msg("a survivor failed"); }
     for (r = 0; r < W; r++) {
         char* d = rank_file("dm_fr", r);
         if (r == 2) {
-            if (d) { free(d); kill_all(pids, W); fail_msg("the sleeping rank dumped before it woke up"); }
+            if (d) { free(d); tw_kill_all(&p); fail_msg("the sleeping rank dumped before it woke up"); }
             continue;
         }
-        if (!d) { kill_all(pids, W); fail_msg("survivor rank %d wrote no dump", r); }
+        if (!d) { tw_kill_all(&p); fail_msg("survivor rank %d wrote no dump", r); }
         if (!strstr(d, "\"op\":\"all_reduce\",\"state\":\"failed\"")) {
-            kill_all(pids, W);
+            tw_kill_all(&p);
             fail_msg("rank %d's dump has no failed all_reduce:\n%s", r, d);
         }
         free(d);
@@ -432,11 +341,11 @@ static void sleeper(int kind) {
     report(g_dir, out, sizeof(out));
     printf("%s", out);
     if (!strstr(out, "all_reduce #3: ranks 0,1,3 entered") || !strstr(out, "rank 2's last op is barrier #2")) {
-        kill_all(pids, W);
+        tw_kill_all(&p);
         fail_msg("the report does not name rank 2 and all_reduce #3:\n%s", out);
     }
     /* rank 2 wakes, arrives late, fails and dumps too */
-    assert_int_equal(reap_some(pids, W, sleeper_only, 20, NULL), 0);
+    assert_int_equal(tw_reap_some(&p, sleeper_only, 20), 0);
     report(g_dir, out, sizeof(out));
     printf("%s", out);
     CHECK_HAS(out, "all_reduce #3: ranks 0,1,3 entered");
@@ -456,14 +365,14 @@ static int skip_body(dm_collective* c, void* arg) {
 }
 static void test_mismatch(void** s) {
     enum { W = 4 };
-    pid_t pids[W];
+    tw_world p;
     world_env env = { false, true, false, NULL };
     char out[8192];
     int r;
     (void)s;
     fresh_dirs("mismatch");
-    spawn(TR_TCP, W, &env, 3000, skip_body, NULL, 30, pids);
-    assert_int_equal(reap_some(pids, W, NULL, 30, NULL), 0);
+    spawn(&p, TR_TCP, W, &env, 3000, skip_body, NULL, 30);
+    assert_int_equal(tw_reap(&p, 30), 0);
     for (r = 0; r < W; r++) {
         char* d = rank_file("dm_fr", r);
         if (!d) fail_msg("rank %d wrote no dump", r);
@@ -482,7 +391,7 @@ static int killed_body(dm_collective* c, void* arg) {
     int i;
     (void)arg;
     for (i = 0; i < KILL_OPS; i++) RANK_CHECK(c, dm_all_reduce(c, NULL, x, 2, DM_FLOAT32, DM_SUM) == DM_OK);
-    sleep_ms(250);              /* past the flush interval: the next event flushes everything */
+    tw_sleep_ms(250);              /* past the flush interval: the next event flushes everything */
     RANK_CHECK(c, dm_all_reduce(c, NULL, x, 2, DM_FLOAT32, DM_SUM) == DM_OK);
     if (dm_rank(c) == 1) raise(SIGKILL);
     RANK_CHECK(c, dm_all_reduce(c, NULL, x, 2, DM_FLOAT32, DM_SUM) != DM_OK);
@@ -490,18 +399,18 @@ static int killed_body(dm_collective* c, void* arg) {
 }
 static void test_killed(void** s) {
     enum { W = 2 };
-    pid_t pids[W];
-    int status[W] = { 0, 0 }, k;
+    tw_world p;
+    int k;
     world_env env = { true, false, false, NULL };
     char out[8192], cmd[800];
     char* text;
     tl_counts cnt;
     (void)s;
     fresh_dirs("killed");
-    spawn(TR_SHM, W, &env, 5000, killed_body, NULL, 30, pids);
-    reap_some(pids, W, NULL, 30, status);
-    assert_true(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0);
-    assert_true(WIFSIGNALED(status[1]) && WTERMSIG(status[1]) == SIGKILL);
+    spawn(&p, TR_SHM, W, &env, 5000, killed_body, NULL, 30);
+    tw_reap(&p, 30);
+    assert_true(WIFEXITED(p.status[0]) && WEXITSTATUS(p.status[0]) == 0);
+    assert_true(WIFSIGNALED(p.status[1]) && WTERMSIG(p.status[1]) == SIGKILL);
     text = rank_file("dm_trace", 1);
     assert_non_null(text);
     count_events(text, &cnt);
@@ -512,7 +421,7 @@ static void test_killed(void** s) {
     /* JSON once the bracket is added, and the report reads it as it is */
     snprintf(cmd, sizeof(cmd), "python3 -c 'import json,glob,sys\nf=glob.glob(sys.argv[1]+\"/dm_trace.rank1.*.json\")[0]\n"
              "print(len(json.loads(open(f).read()+\"]\")))' %s 2>&1", g_dir);
-    assert_int_equal(run_cmd(cmd, out, sizeof(out)), 0);
+    assert_int_equal(tw_run_cmd(60, out, sizeof(out), cmd), 0);
     assert_true(atoi(out) >= KILL_OPS + 1);
     assert_int_equal(report(g_dir, out, sizeof(out)), 0);
     CHECK_HAS(out, "2 timeline(s) (ranks 0,1)");
@@ -530,37 +439,37 @@ static int sig_body(dm_collective* c, void* arg) {
     f = fopen(path, "w");
     RANK_CHECK(c, f != NULL);
     fclose(f);
-    if (dm_rank(c) == 1) sleep_ms(2500);   /* rank 0 waits in the all_reduce meanwhile */
+    if (dm_rank(c) == 1) tw_sleep_ms(2500);   /* rank 0 waits in the all_reduce meanwhile */
     RANK_CHECK(c, dm_all_reduce(c, NULL, x, 2, DM_FLOAT32, DM_SUM) == DM_OK);
     return 0;
 }
 static bool file_exists(const char* path) { return access(path, F_OK) == 0; }
 static void test_sigusr1(void** s) {
     enum { W = 2 };
-    pid_t pids[W];
+    tw_world p;
     world_env env = { false, true, true, NULL };
     char r0[600], r1[600];
     char *d0 = NULL, *d1 = NULL;
     double end;
     (void)s;
     fresh_dirs("sigusr1");
-    spawn(TR_SHM, W, &env, 10000, sig_body, NULL, 30, pids);
+    spawn(&p, TR_SHM, W, &env, 10000, sig_body, NULL, 30);
     snprintf(r0, sizeof(r0), "%s/ready.0", g_dir);
     snprintf(r1, sizeof(r1), "%s/ready.1", g_dir);
-    end = now_s() + 15;
-    while ((!file_exists(r0) || !file_exists(r1)) && now_s() < end) sleep_ms(5);
-    if (!file_exists(r0) || !file_exists(r1)) { kill_all(pids, W); fail_msg("the ranks never got ready"); }
+    end = tw_now_s() + 15;
+    while ((!file_exists(r0) || !file_exists(r1)) && tw_now_s() < end) tw_sleep_ms(5);
+    if (!file_exists(r0) || !file_exists(r1)) { tw_kill_all(&p); fail_msg("the ranks never got ready"); }
     /* until rank 0's dump shows its all_reduce running (it may not have entered it yet) */
-    while (now_s() < end) {
-        kill(pids[0], SIGUSR1);
-        kill(pids[1], SIGUSR1);
-        sleep_ms(100);
+    while (tw_now_s() < end) {
+        tw_signal(&p, 0, SIGUSR1);
+        tw_signal(&p, 1, SIGUSR1);
+        tw_sleep_ms(100);
         free(d0);
         d0 = rank_file("dm_fr", 0);
         if (d0 && strstr(d0, "\"op\":\"all_reduce\",\"state\":\"running\"")) break;
     }
     d1 = rank_file("dm_fr", 1);
-    assert_int_equal(reap_some(pids, W, NULL, 20, NULL), 0);
+    assert_int_equal(tw_reap(&p, 20), 0);
     if (!d0 || !strstr(d0, "\"op\":\"all_reduce\",\"state\":\"running\"")) fail_msg("rank 0's dump: %s", d0 ? d0 : "none");
     CHECK_HAS(d0, "\"reason\":\"SIGUSR1\"");
     if (!d1) fail_msg("rank 1 wrote no dump on SIGUSR1");
@@ -591,14 +500,14 @@ static int dump_call_body(dm_collective* c, void* arg) {
     return 0;
 }
 static void test_dump_call(void** s) {
-    pid_t pids[1];
+    tw_world p;
     world_env on = { false, false, false, "8" }, off = { false, false, false, "0" };
     (void)s;
     fresh_dirs("dump_call");
-    spawn(TR_THREAD, 2, &on, 5000, dump_call_body, (void*)"on", 20, pids);
-    assert_int_equal(reap_some(pids, 1, NULL, 20, NULL), 0);
-    spawn(TR_THREAD, 2, &off, 5000, dump_call_body, (void*)"off", 20, pids);
-    assert_int_equal(reap_some(pids, 1, NULL, 20, NULL), 0);
+    spawn(&p, TR_THREAD, 2, &on, 5000, dump_call_body, (void*)"on", 20);
+    assert_int_equal(tw_reap(&p, 20), 0);
+    spawn(&p, TR_THREAD, 2, &off, 5000, dump_call_body, (void*)"off", 20);
+    assert_int_equal(tw_reap(&p, 20), 0);
 }
 
 static int setup(void** s) { (void)s; return tmpdir_make(g_root, sizeof(g_root), "dm_trace_test"); }

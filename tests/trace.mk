@@ -1,15 +1,11 @@
 # Issue 19 "See inside": the timeline, the flight recorder and scripts/dm_trace's report, on the
-# threaded world, shared memory and TCP (forked ranks on loopback): tests/impl.c with DISTMESH_TCP
-# and one cmocka program. DM_SRCDIR lets it run scripts/dm_trace from the source tree.
+# threaded world, shared memory and TCP (forked ranks on loopback): one cmocka program linked with
+# tests/tcp.mk's impl.o. DM_SRCDIR lets it run scripts/dm_trace from the source tree.
 ifneq ($(wildcard distmesh_tcp.h),)
 TRACE_TEST_BINS := $(BUILD)/trace/test_trace
 TEST_BINS += $(TRACE_TEST_BINS)
 endif
 
-$(BUILD)/trace/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h
+$(BUILD)/trace/test_trace: tests/test_trace.c tests/test_filter.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
-
-$(BUILD)/trace/test_trace: tests/test_trace.c tests/test_filter.h tests/test_tmpdir.h $(BUILD)/trace/impl.o
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/trace/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
