@@ -4830,7 +4830,10 @@ _DM_PRIVATE dm_status _dm_lk_adopt_abort(_dm_lk* lk, const char* op) {
     if (__builtin_expect(__atomic_load_n(&lk->c->aborted, __ATOMIC_ACQUIRE) == 2, 0) && lk->broken == DM_OK) {
         _DM_FAIL(lk->c, DM_ERR_ABORTED, "%s: %s #%llu: %s", lk->tag, op, (unsigned long long)lk->c->seq,
                  lk->c->abort_msg);
-        return _dm_lk_break(lk, DM_ERR_ABORTED);
+        lk->adopting = true;    /* dm_abort's thread posted the notice (_dm_lk_abort_notify) */
+        _dm_lk_break(lk, DM_ERR_ABORTED);
+        lk->adopting = false;
+        return DM_ERR_ABORTED;
     }
     st = lk->abort ? __atomic_load_n(&lk->abort->status, __ATOMIC_ACQUIRE) : 0;
     if (st >= 0) return DM_OK;
