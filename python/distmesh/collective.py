@@ -13,7 +13,7 @@ import threading
 
 from . import _C
 
-__all__ = ["ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "init", "thread_world"]
+__all__ = ["ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "init", "connect", "thread_world", "env"]
 
 
 class ReduceOp(enum.IntEnum):
@@ -264,6 +264,21 @@ def init(timeout=None, tp_size=1):
     (default DISTMESH_TIMEOUT, else 300). tp_size > 1 builds Optimus-DL's dp x tp mesh (TP
     innermost), for tp_world / dp_rank / tp_rank (a collective call)."""
     c = _C.init(_ms(timeout), cls=Collective)
+    try:
+        return c._set_tp(tp_size)
+    except BaseException:
+        c.close()
+        raise
+
+
+def connect(rank, world_size, store=None, prefix=None, transport=None, timeout=None, ifname=None, tp_size=1):
+    """A world of world_size processes met through a store (C: dm_tcp_create), for launches
+    by hand and for several worlds in one job. store: "tcp://host:port" (rank 0 serves it
+    unless TORCHELASTIC_USE_AGENT_STORE=True) or "file:///shared/dir"; None: DISTMESH_STORE,
+    else MASTER_ADDR / MASTER_PORT. prefix: this world's keys in the store (default
+    "distmesh/"; give each world of a job its own). transport: "auto" (shared memory on one
+    host, sockets across), "shm" or "tcp"; None: DISTMESH_TRANSPORT, else auto."""
+    c = _C.tcp(rank, world_size, None, store, prefix, transport, _ms(timeout), ifname, cls=Collective)
     try:
         return c._set_tp(tp_size)
     except BaseException:
