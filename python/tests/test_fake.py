@@ -8,9 +8,14 @@ import pytest
 
 import distmesh
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:         # ASan builds leave torch out (run_pytest.sh): its parts are skipped
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch does not import")
 
 
+@needs_torch
 def test_fake_world1_is_optimus_fake():
     """Optimus-DL's FakeCollective(0, 1): identities and no-ops, ValueError on a foreign root."""
     c = distmesh.FakeCollective(0, 1)
@@ -74,14 +79,15 @@ def test_buffer_kinds_without_copies():
     assert info(memoryview(np.zeros(2, np.int64)))[0] == "int64"
     assert info(np.zeros(2, np.uint32))[0] == "uint32"
     assert info(np.zeros(4, np.float16))[0] == "float16"
-    assert info(torch.zeros(4, dtype=torch.bfloat16)) == ("bfloat16", 4, 8, False)
-    assert info(torch.zeros(4, dtype=torch.float16))[0] == "float16"
-    assert info(torch.zeros(2, 3, requires_grad=True))[:2] == ("float32", 6)
     assert info(np.zeros(3, bool))[0] == "bool"
     c = distmesh.FakeCollective(0, 2)
-    t = torch.ones(4, dtype=torch.bfloat16)
-    c.all_reduce(t, "sum")                      # written through the tensor's own memory
-    assert t.tolist() == [2.0] * 4
+    if torch is not None:
+        assert info(torch.zeros(4, dtype=torch.bfloat16)) == ("bfloat16", 4, 8, False)
+        assert info(torch.zeros(4, dtype=torch.float16))[0] == "float16"
+        assert info(torch.zeros(2, 3, requires_grad=True))[:2] == ("float32", 6)
+        t = torch.ones(4, dtype=torch.bfloat16)
+        c.all_reduce(t, "sum")                  # written through the tensor's own memory
+        assert t.tolist() == [2.0] * 4
     n = np.ones(4, np.float32)
     v = n[1:3]                                  # a contiguous view: in place in n
     c.all_reduce(v, "sum")
@@ -106,8 +112,9 @@ def test_bad_buffers_raise_before_the_call():
         c.all_reduce(b"abcd", "sum")
     with pytest.raises(ValueError, match="not contiguous"):
         c.all_reduce(np.ones((3, 3))[:, 0], "sum")
-    with pytest.raises(ValueError, match="not contiguous"):
-        c.all_reduce(torch.ones(3, 3).t(), "sum")
+    if torch is not None:
+        with pytest.raises(ValueError, match="not contiguous"):
+            c.all_reduce(torch.ones(3, 3).t(), "sum")
     with pytest.raises(ValueError, match="needs"):
         c.all_gather(np.zeros(5, np.float32), np.zeros(4, np.float32))
     with pytest.raises(TypeError, match="holds"):
@@ -117,7 +124,7 @@ def test_bad_buffers_raise_before_the_call():
     with pytest.raises(TypeError, match="expected a buffer"):
         c.all_reduce([1, 2], "sum")
     with pytest.raises(ValueError, match="unsupported reduce op"):
-        c.all_reduce(np.zeros(3, np.float32), torch.distributed.ReduceOp.BAND)
+        c.all_reduce(np.zeros(3, np.float32), "band")
     with pytest.raises(ValueError):
         c.all_reduce(np.zeros(3, np.float32), 9)
     assert c.sequence == seq                    # nothing reached the library's collectives
@@ -126,6 +133,7 @@ def test_bad_buffers_raise_before_the_call():
     c.close()
 
 
+@needs_torch
 def test_reduce_ops_by_every_name():
     c = distmesh.FakeCollective(0, 3)
     for op in (distmesh.ReduceOp.SUM, "sum", torch.distributed.ReduceOp.SUM, 0):
@@ -185,6 +193,6 @@ def test_strategy_messages_are_the_seed_s():
         di.get_rank(None)
     x = np.array([3.0, 4.0])
     assert di.all_reduce(x, distmesh.ReduceOp.MEAN, distmesh.Dim.DP) is x and x.tolist() == [3.0, 4.0]
-    g = di.all_gather(torch.tensor([1, 2]), distmesh.Dim.DP)
+    g = di.all_gather(np.array([1, 2]), distmesh.Dim.DP)
     assert g.shape == (1, 2) and g.tolist() == [[1, 2]]
     di.destroy()
