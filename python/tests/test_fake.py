@@ -196,3 +196,17 @@ def test_strategy_messages_are_the_seed_s():
     g = di.all_gather(np.array([1, 2]), distmesh.Dim.DP)
     assert g.shape == (1, 2) and g.tolist() == [[1, 2]]
     di.destroy()
+
+
+@needs_torch
+def test_process_group_of_a_collective_trains_ddp():
+    """Collective.process_group is a torch ProcessGroup over the same collective: DDP takes it
+    without init_process_group (world 1 here; the process tests train at 2 and 4 ranks)."""
+    c = distmesh.init()
+    pg = c.process_group
+    assert pg.collective is c and pg.size() == 1 and pg.rank() == 0
+    model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    ddp(torch.randn(3, 4)).sum().backward()
+    assert model.weight.grad is not None
+    c.close()
