@@ -799,7 +799,7 @@ struct dm_collective {
 #endif
 #define _DM_ZERO(type, name) type name; memset(&name, 0, sizeof(name))
 #define _dm_def(v, dflt) ((v) ? (v) : (dflt))
-#define _DM_LK_SMALL_BYTES ((size_t)64 << 10)  /* all_reduce at or below: recursive doubling */
+#define _DM_PICK_SMALL_BYTES ((size_t)64 << 10)  /* all_reduce at or below: recursive doubling */
 
 /* >>memory  Every byte distmesh allocates goes through the object's allocator. */
 _DM_PRIVATE bool _dm_allocator_valid(const dm_allocator* a) {
@@ -3294,7 +3294,7 @@ _DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) 
 
 _DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o);
 /* After dm_abort every call fails at once with its message (a call already running is stopped
-   by the backend, see _dm_lk_adopt_abort). */
+   by the backend, see _dm_eng_adopt_abort). */
 _DM_PRIVATE dm_status _dm_check_aborted(dm_collective* c, const dm_op* o) {
     if (__builtin_expect(__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE) != 2, 1)) return DM_OK;
     return _DM_FAIL(c, DM_ERR_ABORTED, "%s #%llu: %s", _dm_op_name(o->kind),
@@ -3978,7 +3978,7 @@ static void _dm_fake_fold(const dm_collective* c, void* dst, const void* src, si
         if (op == DM_MEAN) dm_divide_local(dtype, d, m, c->size);
     }
 }
-/* The value recursive doubling (>>schedules, _dm_lk_rd) computes when every rank holds
+/* The value recursive doubling (>>schedules, _dm_sch_rd) computes when every rank holds
    x, per block of m elements: ranks folded into pairs hold A = x op x, the others B = x; each
    round combines aligned groups of newranks two halves at a time. A group wholly below rem
    holds A_k, wholly above B_k, and at most one group per level straddles rem: S. */
@@ -4013,7 +4013,7 @@ static void _dm_fake_rd_block(int W, unsigned char* d, size_t m, dm_dtype dtype,
 static dm_status _dm_fake_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
                                      dm_dtype dtype, dm_reduce_op op) {
     size_t esize = dm_dtype_size(dtype), per = 4096 / esize, done, m;
-    if (c->size == 1 || (count * esize > _DM_LK_SMALL_BYTES && count >= (size_t)c->size)) {
+    if (c->size == 1 || (count * esize > _DM_PICK_SMALL_BYTES && count >= (size_t)c->size)) {
         _dm_fake_fold(c, recv, send, count, dtype, op);    /* the ring's order: serial */
         return DM_OK;
     }
@@ -4192,7 +4192,7 @@ DM_API_IMPL dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** o
 typedef struct _dm_link _dm_link;
 /* One piece of a gathered send (_dm_link_vt.sendv). */
 typedef struct _dm_iov { const void* buf; size_t len; } _dm_iov;
-#define _DM_LK_IOV_MAX 8            /* pieces per gathered send */
+#define _DM_LINK_IOV_MAX 8            /* pieces per gathered send */
 typedef struct _dm_link_vt {
     const char* name;           /* the transport: "tcp", "shm", "thread" */
     /* Nonblocking: move up to n bytes and return how many (0: would block), or -1 with *err set
@@ -4535,8 +4535,8 @@ _DM_PRIVATE int _dm_mod(int a, int n) { return ((a % n) + n) % n; }
 
 /* >>engine  The state one group's schedules run on, and the failure rule: every failure while
    communicating breaks the group; later calls fail at once. */
-#define _DM_LK_IO_MAX      ((size_t)1 << 30)   /* bytes per link call (2 GiB+ messages) */
-#define _DM_LK_SPIN_US     5                   /* see _dm_lk_set_policy */
+#define _DM_ENG_IO_MAX      ((size_t)1 << 30)   /* bytes per link call (2 GiB+ messages) */
+#define _DM_ENG_SPIN_US     5                   /* see _dm_eng_set_policy */
 /* A point-to-point message that arrived before the dm_recv asking for it (see >>p2p). */
 typedef struct _dm_umsg {
     struct _dm_umsg* next;
@@ -4560,7 +4560,7 @@ typedef struct _dm_inbox {
 } _dm_inbox;
 /* >>layout  Which ranks share a host, as the schedules see it: hosts numbered by first
    appearance, each host's ranks in rank order. One host (every rank) unless the backend says
-   otherwise (_dm_lk_set_hosts). All arrays live in one allocation owned by the _dm_lk. */
+   otherwise (_dm_eng_set_hosts). All arrays live in one allocation owned by the _dm_eng. */
 /* The algorithms a group may run, and DISTMESH_ALGO's names for them. A family (flat,
    two_level) forces the level and leaves ring or recursive doubling to the cost model; an
    algorithm forces both where it can run (a ring needs at least one element per rank of its
@@ -4598,15 +4598,15 @@ typedef struct _dm_layout {
     bool contiguous;            /* every host's ranks are consecutive numbers */
 } _dm_layout;
 
-typedef struct _dm_lk {
+typedef struct _dm_eng {
     dm_collective* c;
     const char* tag;            /* message prefix: the backend */
     _dm_link** links;           /* per rank, NULL for this rank */
     int* order;                 /* ring position -> rank: same-host ranks adjacent */
     int* slot;                  /* rank -> ring position */
-    unsigned char* tmp;         /* scratch: max(chunk, _DM_LK_SMALL_BYTES) bytes */
+    unsigned char* tmp;         /* scratch: max(chunk, _DM_PICK_SMALL_BYTES) bytes */
     unsigned char* tmp2;        /* a second one, tmp_size bytes, made when first needed: for the
-                                   host ring that runs beside a rail (_dm_lk_2l_stage) */
+                                   host ring that runs beside a rail (_dm_sch_2l_stage) */
     size_t tmp_size, chunk;     /* chunk: pipelining unit of reductions through scratch */
     dm_status broken;           /* DM_OK, or the failure that broke the group */
     char broken_msg[256];
@@ -4620,23 +4620,23 @@ typedef struct _dm_lk {
        neighbours of a failure (TCP: a key in the store). post is called once, with the status
        and message of the first failure this rank saw itself; read returns such a notice (its
        status, DM_OK for none) when a peer hangs up, so the cause is reported, not "EOF". */
-    void (*notice_post)(struct _dm_lk* lk, dm_status st, const char* msg);
-    dm_status (*notice_read)(struct _dm_lk* lk, int* rank, char* msg, size_t cap);
+    void (*notice_post)(struct _dm_eng* lk, dm_status st, const char* msg);
+    dm_status (*notice_read)(struct _dm_eng* lk, int* rank, char* msg, size_t cap);
     bool adopting;              /* breaking because of another rank's notice: do not re-post */
     _dm_inbox* inbox;           /* per rank (>>p2p) */
     _dm_umsg *uhead, *utail;    /* unexpected messages in arrival order */
     size_t ubytes;              /* their bytes, bounded by DISTMESH_MAX_OBJECT_BYTES */
     uint64_t* sent;             /* per rank: point-to-point messages sent to it (their number) */
-    struct pollfd* pfds;        /* size + 2 x _DM_LK_XFER_MAX + _DM_LK_SERVICE_FDS entries for _dm_lk_block */
+    struct pollfd* pfds;        /* size + 2 x _DM_ENG_XFER_MAX + _DM_ENG_SERVICE_FDS entries for _dm_eng_block */
     _dm_layout lay;             /* which ranks share a host (>>layout) */
     int algo;                   /* DISTMESH_ALGO: _DM_ALGO_AUTO or the family / algorithm forced */
     /* >>peers bookkeeping. dry: transfers record their peers in `used` and move nothing.
        peers (optional): P, the peers of this rank's fixed-peer schedules; a transfer of such a
        schedule (not on_demand) with a peer outside it is DM_ERR_INTERNAL, so a schedule that
-       changes without _dm_lk_peers is caught by the tests. */
+       changes without _dm_peers_find is caught by the tests. */
     bool dry, on_demand;
-    int rails_force;            /* 0: the model decides the rails (_dm_lk_rails_ring), 1: ring,
-                                   2: recursive doubling; set by _dm_lk_peers only */
+    int rails_force;            /* 0: the model decides the rails (_dm_pick_rails_ring), 1: ring,
+                                   2: recursive doubling; set by _dm_peers_find only */
     bool* used;
     bool* peers;
     /* Optional (TCP: connections only where the schedules need them): links may be NULL until
@@ -4645,20 +4645,20 @@ typedef struct _dm_lk {
        blocks (a listener, handshakes in progress) into p; service moves them on without
        blocking, so a rank that connects to this one is answered from any wait; hangup (on
        break) stops answering. */
-    dm_status (*connect)(struct _dm_lk* lk, const int* peers, int n, int64_t deadline);
-    int (*poll_fill)(struct _dm_lk* lk, struct pollfd* p, int cap);
-    void (*service)(struct _dm_lk* lk);
-    void (*hangup)(struct _dm_lk* lk);
-} _dm_lk;
-#define _DM_LK_SERVICE_FDS 80       /* pfds entries kept for poll_fill */
-#define _DM_LK_XFER_MAX 2           /* transfers run together (_dm_lk_run_n) */
+    dm_status (*connect)(struct _dm_eng* lk, const int* peers, int n, int64_t deadline);
+    int (*poll_fill)(struct _dm_eng* lk, struct pollfd* p, int cap);
+    void (*service)(struct _dm_eng* lk);
+    void (*hangup)(struct _dm_eng* lk);
+} _dm_eng;
+#define _DM_ENG_SERVICE_FDS 80       /* pfds entries kept for poll_fill */
+#define _DM_ENG_XFER_MAX 2           /* transfers run together (_dm_eng_run_n) */
 
 /* Tells the group which ranks share a host: host_of[r] is any number naming rank r's host
    (equal numbers, same host; may alias lk->lay.host_of). Renumbers the hosts by first
    appearance, lists each host's ranks, and puts the flat ring in host order (ranks sorted by
    host, then by rank, as NCCL orders rings), so a ring crosses hosts once per host instead of
    at every hop. Every rank of the group must be given the same layout. */
-_DM_PRIVATE void _dm_lk_set_hosts(_dm_lk* lk, const int* host_of) {
+_DM_PRIVATE void _dm_eng_set_hosts(_dm_eng* lk, const int* host_of) {
     _dm_layout* y = &lk->lay;
     int W = lk->c->size, r, q, h, p = 0;
     for (r = 0; r < W; r++) y->team[r] = host_of[r];     /* host_of may be y->host_of */
@@ -4689,7 +4689,7 @@ _DM_PRIVATE void _dm_lk_set_hosts(_dm_lk* lk, const int* host_of) {
 
 /* Scratch, ring order (identity), one host, DISTMESH_ALGO and the wait policy; links are the
    backend's to fill. A bad DISTMESH_ALGO is DM_ERR_ENV with its message in last_error. */
-_DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag, size_t chunk) {
+_DM_PRIVATE dm_status _dm_eng_init(_dm_eng* lk, dm_collective* c, const char* tag, size_t chunk) {
     int r, W = c->size;
     memset(lk, 0, sizeof(*lk));
     lk->c = c;
@@ -4701,13 +4701,13 @@ _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag,
     }
     chunk = chunk ? chunk : ((size_t)512 << 10);
     lk->chunk = (chunk + 7) / 8 * 8;    /* a whole number of elements of every dtype */
-    lk->tmp_size = lk->chunk > _DM_LK_SMALL_BYTES ? lk->chunk : _DM_LK_SMALL_BYTES;
+    lk->tmp_size = lk->chunk > _DM_PICK_SMALL_BYTES ? lk->chunk : _DM_PICK_SMALL_BYTES;
     lk->tmp = (unsigned char*)_dm_malloc(&c->allocator, lk->tmp_size);
     lk->links = (_dm_link**)_dm_calloc(&c->allocator, sizeof(_dm_link*) * (size_t)W);
     lk->order = (int*)_dm_malloc(&c->allocator, sizeof(int) * 2 * (size_t)W);
     lk->inbox = (_dm_inbox*)_dm_calloc(&c->allocator, sizeof(_dm_inbox) * (size_t)W);
     lk->sent = (uint64_t*)_dm_calloc(&c->allocator, sizeof(uint64_t) * (size_t)W);
-    lk->pfds = (struct pollfd*)_dm_calloc(&c->allocator, sizeof(struct pollfd) * ((size_t)W + 2 * _DM_LK_XFER_MAX + _DM_LK_SERVICE_FDS));
+    lk->pfds = (struct pollfd*)_dm_calloc(&c->allocator, sizeof(struct pollfd) * ((size_t)W + 2 * _DM_ENG_XFER_MAX + _DM_ENG_SERVICE_FDS));
     lk->lay.host_of = (int*)_dm_calloc(&c->allocator, sizeof(int) * (7 * (size_t)W + 1));
     if (!lk->tmp || !lk->links || !lk->order || !lk->inbox || !lk->sent || !lk->pfds || !lk->lay.host_of)
         return DM_ERR_OUT_OF_MEMORY;
@@ -4717,13 +4717,13 @@ _DM_PRIVATE dm_status _dm_lk_init(_dm_lk* lk, dm_collective* c, const char* tag,
     lk->lay.members = lk->lay.local + W;
     lk->lay.start = lk->lay.members + W;
     lk->lay.team = lk->lay.start + W + 1;
-    _dm_lk_set_hosts(lk, lk->lay.host_of);     /* all zeros: one host */
+    _dm_eng_set_hosts(lk, lk->lay.host_of);     /* all zeros: one host */
     memset(lk->tmp, 0, lk->tmp_size);   /* fault the scratch in now, not in the first collectives */
-    lk->spin_us = _DM_LK_SPIN_US;
+    lk->spin_us = _DM_ENG_SPIN_US;
     lk->yield_us = 1000;
     return DM_OK;
 }
-_DM_PRIVATE void _dm_lk_release(_dm_lk* lk) {
+_DM_PRIVATE void _dm_eng_release(_dm_eng* lk) {
     const dm_allocator* a;
     int r;
     if (!lk->c) return;         /* never initialised (a create that failed early) */
@@ -4762,19 +4762,19 @@ _DM_PRIVATE void _dm_lk_release(_dm_lk* lk) {
    quickly at all comes within a few microseconds, over shared memory and loopback sockets. */
 /* Whether local ranks sharing this host have a core each (online cores; else they take turns
    on them, and a waiting rank should give its core up soon). */
-_DM_PRIVATE bool _dm_lk_core_per_rank(int local) {
+_DM_PRIVATE bool _dm_eng_core_per_rank(int local) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     return local <= (cores < 1 ? 1 : cores);
 }
-_DM_PRIVATE void _dm_lk_set_policy(_dm_lk* lk, int local) {
-    bool own_core = _dm_lk_core_per_rank(local);
-    lk->spin_us = own_core ? _DM_LK_SPIN_US : 0;
+_DM_PRIVATE void _dm_eng_set_policy(_dm_eng* lk, int local) {
+    bool own_core = _dm_eng_core_per_rank(local);
+    lk->spin_us = own_core ? _DM_ENG_SPIN_US : 0;
     lk->yield_us = own_core ? 1000 : 200;
 }
 
 
 /* Posts the first failure into the shared abort word and wakes every same-host rank. */
-_DM_PRIVATE void _dm_lk_post_abort_msg(_dm_lk* lk, dm_status st, const char* msg) {
+_DM_PRIVATE void _dm_lk_post_abort_msg(_dm_eng* lk, dm_status st, const char* msg) {
     int32_t none = 0;
     int r;
     if (!lk->abort) return;
@@ -4785,12 +4785,12 @@ _DM_PRIVATE void _dm_lk_post_abort_msg(_dm_lk* lk, dm_status st, const char* msg
     __atomic_store_n(&lk->abort->status, (int32_t)st, __ATOMIC_RELEASE);
     for (r = 0; r < lk->nbells; r++) _dm_bell_ring(&lk->bells[r], lk->bell_ops);
 }
-_DM_PRIVATE void _dm_lk_post_abort(_dm_lk* lk, dm_status st) { _dm_lk_post_abort_msg(lk, st, _dm_errbuf(lk->c)); }
+_DM_PRIVATE void _dm_eng_post_abort(_dm_eng* lk, dm_status st) { _dm_lk_post_abort_msg(lk, st, _dm_errbuf(lk->c)); }
 /* dm_abort's part on the aborting thread (a backend's interrupt slot calls it): the notice and
    the abort word go out before the backend hangs up, so a peer that finds this rank gone reads
    why. Both are safe beside the owner's thread (the notice channel locks; the word is CAS'd);
-   the owner breaks the group itself when it wakes (_dm_lk_adopt_abort). */
-_DM_PRIVATE void _dm_lk_abort_notify(_dm_lk* lk) {
+   the owner breaks the group itself when it wakes (_dm_eng_adopt_abort). */
+_DM_PRIVATE void _dm_lk_abort_notify(_dm_eng* lk) {
     if (__atomic_load_n(&lk->c->aborted, __ATOMIC_ACQUIRE) != 2) return;
     if (lk->notice_post) lk->notice_post(lk, DM_ERR_ABORTED, lk->c->abort_msg);
     _dm_lk_post_abort_msg(lk, DM_ERR_ABORTED, lk->c->abort_msg);
@@ -4802,56 +4802,56 @@ _DM_PRIVATE void _dm_lk_abort_notify(_dm_lk* lk) {
    group is broken either way, and the others learn why now, not at their own deadlines). The
    order matters where links are sparse: a rank that learns of the failure second-hand (the
    abort word, a link closed by a rank that adopted it) must find the notice already there. */
-_DM_PRIVATE dm_status _dm_lk_break(_dm_lk* lk, dm_status st) {
+_DM_PRIVATE dm_status _dm_eng_break(_dm_eng* lk, dm_status st) {
     int r;
     if (lk->broken != DM_OK) return st;
     lk->broken = st;
     _dm_copy_name(lk->broken_msg, sizeof(lk->broken_msg), _dm_errbuf(lk->c));
     if (!lk->adopting && lk->notice_post) lk->notice_post(lk, st, _dm_errbuf(lk->c));
-    _dm_lk_post_abort(lk, st);
+    _dm_eng_post_abort(lk, st);
     if (lk->hangup) lk->hangup(lk);
     for (r = 0; r < lk->c->size; r++)
         if (lk->links[r] && lk->links[r]->vt->shutdown) lk->links[r]->vt->shutdown(lk->links[r]);
     return st;
 }
 /* This rank fails with another rank's status and message. */
-_DM_PRIVATE dm_status _dm_lk_adopt(_dm_lk* lk, const char* op, dm_status st, int rank, const char* msg) {
+_DM_PRIVATE dm_status _dm_eng_adopt(_dm_eng* lk, const char* op, dm_status st, int rank, const char* msg) {
     _DM_FAIL(lk->c, st, "%s: %s #%llu failed because rank %d failed: %s", lk->tag, op,
              (unsigned long long)lk->c->seq, rank, msg);
     lk->adopting = true;
-    _dm_lk_break(lk, st);
+    _dm_eng_break(lk, st);
     lk->adopting = false;
     return st;
 }
 /* dm_abort was called on this rank (the group breaks with its message), or another same-host
    rank failed first (the shared abort word). */
-_DM_PRIVATE dm_status _dm_lk_adopt_abort(_dm_lk* lk, const char* op) {
+_DM_PRIVATE dm_status _dm_eng_adopt_abort(_dm_eng* lk, const char* op) {
     int32_t st;
     if (__builtin_expect(__atomic_load_n(&lk->c->aborted, __ATOMIC_ACQUIRE) == 2, 0) && lk->broken == DM_OK) {
         _DM_FAIL(lk->c, DM_ERR_ABORTED, "%s: %s #%llu: %s", lk->tag, op, (unsigned long long)lk->c->seq,
                  lk->c->abort_msg);
         lk->adopting = true;    /* dm_abort's thread posted the notice (_dm_lk_abort_notify) */
-        _dm_lk_break(lk, DM_ERR_ABORTED);
+        _dm_eng_break(lk, DM_ERR_ABORTED);
         lk->adopting = false;
         return DM_ERR_ABORTED;
     }
     st = lk->abort ? __atomic_load_n(&lk->abort->status, __ATOMIC_ACQUIRE) : 0;
     if (st >= 0) return DM_OK;
-    return _dm_lk_adopt(lk, op, (dm_status)st, lk->abort->rank, lk->abort->msg);
+    return _dm_eng_adopt(lk, op, (dm_status)st, lk->abort->rank, lk->abort->msg);
 }
 /* A peer hung up: if some rank posted a notice, its cause is this rank's too. */
-_DM_PRIVATE dm_status _dm_lk_adopt_notice(_dm_lk* lk, const char* op) {
+_DM_PRIVATE dm_status _dm_eng_adopt_notice(_dm_eng* lk, const char* op) {
     char msg[DM_LAST_ERROR_SIZE];
     int rank = -1;
     dm_status st = lk->notice_read ? lk->notice_read(lk, &rank, msg, sizeof(msg)) : DM_OK;
     if (st == DM_OK || rank == lk->c->rank) return DM_OK;
-    return _dm_lk_adopt(lk, op, st, rank, msg);
+    return _dm_eng_adopt(lk, op, st, rank, msg);
 }
 /* Later calls fail at once: DM_ERR_PEER_LOST when a peer is gone (the caller's question is "is
    my job still whole?"), else DM_ERR_ABORTED. */
-_DM_PRIVATE dm_status _dm_lk_check_broken(_dm_lk* lk, const char* op) {
+_DM_PRIVATE dm_status _dm_eng_check_broken(_dm_eng* lk, const char* op) {
     dm_status st;
-    if (lk->broken == DM_OK) return _dm_lk_adopt_abort(lk, op);    /* this call fails with the cause */
+    if (lk->broken == DM_OK) return _dm_eng_adopt_abort(lk, op);    /* this call fails with the cause */
     st = lk->broken == DM_ERR_PEER_LOST ? DM_ERR_PEER_LOST : DM_ERR_ABORTED;
     return _DM_FAIL(lk->c, st, "%s: %s #%llu: the collective is broken by an earlier failure (%s): %s",
                     lk->tag, op, (unsigned long long)lk->c->seq, dm_status_name(lk->broken), lk->broken_msg);
@@ -4889,7 +4889,7 @@ typedef struct _dm_xfer {
     bool inbox;                 /* also read rpeer's inbox (>>p2p): into want, else unexpected */
     struct _dm_want* want;      /* a dm_recv: done once its message is in place */
     unsigned char* tmp;         /* scratch for reductions through it (chunk bytes), NULL: lk->tmp;
-                                   transfers run together (_dm_lk_run_n) each need their own */
+                                   transfers run together (_dm_eng_run_n) each need their own */
 } _dm_xfer;
 typedef struct _dm_want {
     int tag;
@@ -4909,12 +4909,12 @@ typedef struct _dm_xstate {
     bool want_out, want_in;     /* the last attempt would have blocked */
 } _dm_xstate;
 
-_DM_PRIVATE dm_status _dm_lk_io_fail(_dm_lk* lk, const _dm_xfer* x, int peer, bool sending, int err) {
+_DM_PRIVATE dm_status _dm_eng_io_fail(_dm_eng* lk, const _dm_xfer* x, int peer, bool sending, int err) {
     bool lost = (err == 0 || err == EPIPE || err == ECONNRESET || err == ECONNABORTED || err == ENOTCONN ||
                  err == ESHUTDOWN);
     dm_status st;
-    if (_dm_lk_adopt_abort(lk, x->op) != DM_OK) return lk->broken;
-    if (lost && _dm_lk_adopt_notice(lk, x->op) != DM_OK) return lk->broken;
+    if (_dm_eng_adopt_abort(lk, x->op) != DM_OK) return lk->broken;
+    if (lost && _dm_eng_adopt_notice(lk, x->op) != DM_OK) return lk->broken;
     if (lost)
         st = _DM_FAIL(lk->c, DM_ERR_PEER_LOST, "%s: %s #%llu: rank %d (%s) %s while %s", lk->tag, x->op,
                       (unsigned long long)lk->c->seq, peer, lk->links[peer]->where,
@@ -4924,26 +4924,26 @@ _DM_PRIVATE dm_status _dm_lk_io_fail(_dm_lk* lk, const _dm_xfer* x, int peer, bo
         st = _DM_FAIL(lk->c, DM_ERR_NETWORK, "%s: %s #%llu: %s rank %d (%s) failed (%s)", lk->tag, x->op,
                       (unsigned long long)lk->c->seq, sending ? "send to" : "recv from", peer,
                       lk->links[peer]->where, strerror(err));
-    return _dm_lk_break(lk, st);
+    return _dm_eng_break(lk, st);
 }
 
-_DM_PRIVATE dm_status _dm_lk_check_fp(_dm_lk* lk, const _dm_xfer* x, const unsigned char* wire) {
+_DM_PRIVATE dm_status _dm_eng_check_fp(_dm_eng* lk, const _dm_xfer* x, const unsigned char* wire) {
     _dm_fp got;
     if (_dm_get32(wire) != _DM_FP_MAGIC) {
         _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s #%llu: rank %d (%s) sent malformed bytes (bad "
                  "fingerprint magic 0x%08x)", lk->tag, x->op, (unsigned long long)lk->c->seq, x->rpeer,
                  lk->links[x->rpeer]->where, (unsigned)_dm_get32(wire));
-        return _dm_lk_break(lk, DM_ERR_PROTOCOL);
+        return _dm_eng_break(lk, DM_ERR_PROTOCOL);
     }
     _dm_fp_decode(wire, &got);
     if (__atomic_load_n(&lk->c->trace, __ATOMIC_RELAXED)) _dm_trace_peer_seen(lk->c, x->rpeer, got.kind, got.seq);
     if (_dm_fp_equal(&got, x->expect)) return DM_OK;
     _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, x->expect, x->rpeer, &got);
-    return _dm_lk_break(lk, DM_ERR_MISMATCH);
+    return _dm_eng_break(lk, DM_ERR_MISMATCH);
 }
 
 /* Padding after a step of len bytes on link l (see _dm_link_vt.align). */
-_DM_PRIVATE size_t _dm_lk_pad(const _dm_link* l, size_t len) {
+_DM_PRIVATE size_t _dm_eng_pad(const _dm_link* l, size_t len) {
     size_t a = l->vt->align;
     return a ? (a - len % a) % a : 0;
 }
@@ -4954,23 +4954,23 @@ _DM_PRIVATE size_t _dm_lk_pad(const _dm_link* l, size_t len) {
    or keep them as unexpected until one asks. */
 
 /* want got message fp from peer: same dtype and count, or DM_ERR_MISMATCH naming both. */
-_DM_PRIVATE dm_status _dm_lk_want_check(_dm_lk* lk, const _dm_xfer* x, int peer, const _dm_fp* got) {
+_DM_PRIVATE dm_status _dm_eng_want_check(_dm_eng* lk, const _dm_xfer* x, int peer, const _dm_fp* got) {
     _dm_fp mine;
     const _dm_want* w = x->want;
     if (got->dtype == (int)w->dtype && got->count == (uint64_t)w->count) return DM_OK;
     _dm_fp_make(&mine, lk->c, _DM_K_RECV, (int)w->dtype, -1, w->tag, w->count);
     mine.seq = got->seq;
     _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, &mine, peer, got);
-    return _dm_lk_break(lk, DM_ERR_MISMATCH);
+    return _dm_eng_break(lk, DM_ERR_MISMATCH);
 }
 /* The first unexpected message from peer with want's tag, copied into its buffer and freed:
    DM_OK with want->done set, DM_OK without it when there is none, or the mismatch. */
-_DM_PRIVATE dm_status _dm_lk_take_unexpected(_dm_lk* lk, const _dm_xfer* x, int peer) {
+_DM_PRIVATE dm_status _dm_eng_take_unexpected(_dm_eng* lk, const _dm_xfer* x, int peer) {
     _dm_umsg **p = &lk->uhead, *m = NULL, *prev = NULL;
     for (; *p; prev = *p, p = &(*p)->next)
         if ((*p)->peer == peer && (*p)->fp.root == x->want->tag) { m = *p; break; }
     if (!m) return DM_OK;
-    _DM_TRY(_dm_lk_want_check(lk, x, peer, &m->fp));
+    _DM_TRY(_dm_eng_want_check(lk, x, peer, &m->fp));
     *p = m->next;
     if (lk->utail == m) lk->utail = prev;
     lk->ubytes -= m->bytes;
@@ -4981,7 +4981,7 @@ _DM_PRIVATE dm_status _dm_lk_take_unexpected(_dm_lk* lk, const _dm_xfer* x, int 
 }
 /* A whole header is in: a collective's fingerprint waits for its collective; a message's
    payload goes to the dm_recv waiting for its tag, else into a new unexpected message. */
-_DM_PRIVATE dm_status _dm_lk_inbox_header(_dm_lk* lk, const _dm_xfer* x, int peer) {
+_DM_PRIVATE dm_status _dm_eng_inbox_header(_dm_eng* lk, const _dm_xfer* x, int peer) {
     _dm_inbox* in = &lk->inbox[peer];
     _dm_fp fp;
     size_t bytes;
@@ -4989,22 +4989,22 @@ _DM_PRIVATE dm_status _dm_lk_inbox_header(_dm_lk* lk, const _dm_xfer* x, int pee
     if (_dm_get32(in->hdr) != _DM_FP_MAGIC) {
         _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s: rank %d (%s) sent malformed bytes (bad header magic 0x%08x)",
                  lk->tag, x->op, peer, lk->links[peer]->where, (unsigned)_dm_get32(in->hdr));
-        return _dm_lk_break(lk, DM_ERR_PROTOCOL);
+        return _dm_eng_break(lk, DM_ERR_PROTOCOL);
     }
     _dm_fp_decode(in->hdr, &fp);
     if (fp.kind != _DM_K_SEND) { in->fp_ready = true; return DM_OK; }
     if (fp.dtype < 0 || fp.dtype >= DM_DTYPE_COUNT || fp.count > SIZE_MAX / 8) {
         _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s: rank %d (%s) sent a message header with dtype %d, count %llu",
                  lk->tag, x->op, peer, lk->links[peer]->where, fp.dtype, (unsigned long long)fp.count);
-        return _dm_lk_break(lk, DM_ERR_PROTOCOL);
+        return _dm_eng_break(lk, DM_ERR_PROTOCOL);
     }
     bytes = (size_t)fp.count * dm_dtype_size((dm_dtype)fp.dtype);
     in->payload = true;
     in->len = bytes;
     in->fill = in->padfill = 0;
-    in->pad = _dm_lk_pad(lk->links[peer], bytes);
+    in->pad = _dm_eng_pad(lk->links[peer], bytes);
     if (x->want && !x->want->done && x->rpeer == peer && fp.root == x->want->tag) {
-        _DM_TRY(_dm_lk_want_check(lk, x, peer, &fp));
+        _DM_TRY(_dm_eng_want_check(lk, x, peer, &fp));
         in->msg = NULL;
         in->dst = x->want->buf;
         return DM_OK;
@@ -5013,13 +5013,13 @@ _DM_PRIVATE dm_status _dm_lk_inbox_header(_dm_lk* lk, const _dm_xfer* x, int pee
         _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s: rank %d sent a message of %zu bytes (tag %d) that no recv has "
                  "asked for yet, beyond the %llu bytes kept waiting (DISTMESH_MAX_OBJECT_BYTES)", lk->tag, x->op,
                  peer, bytes, fp.root, (unsigned long long)_dm_object_limit());
-        return _dm_lk_break(lk, DM_ERR_PROTOCOL);
+        return _dm_eng_break(lk, DM_ERR_PROTOCOL);
     }
     in->msg = (_dm_umsg*)_dm_malloc(&lk->c->allocator, sizeof(_dm_umsg) + bytes);
     if (!in->msg) {
         _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: no memory to keep a message of %zu bytes from rank %d",
                  lk->tag, x->op, bytes, peer);
-        return _dm_lk_break(lk, DM_ERR_OUT_OF_MEMORY);
+        return _dm_eng_break(lk, DM_ERR_OUT_OF_MEMORY);
     }
     in->msg->next = NULL;
     in->msg->peer = peer;
@@ -5032,7 +5032,7 @@ _DM_PRIVATE dm_status _dm_lk_inbox_header(_dm_lk* lk, const _dm_xfer* x, int pee
 }
 /* A whole payload is in: the dm_recv is done, or the message joins the unexpected ones (and
    is taken at once if the waiting dm_recv wants its tag: nothing older with it can wait). */
-_DM_PRIVATE dm_status _dm_lk_inbox_message(_dm_lk* lk, const _dm_xfer* x, int peer) {
+_DM_PRIVATE dm_status _dm_eng_inbox_message(_dm_eng* lk, const _dm_xfer* x, int peer) {
     _dm_inbox* in = &lk->inbox[peer];
     _dm_umsg* m = in->msg;
     in->payload = false;
@@ -5041,13 +5041,13 @@ _DM_PRIVATE dm_status _dm_lk_inbox_message(_dm_lk* lk, const _dm_xfer* x, int pe
     if (lk->utail) lk->utail->next = m; else lk->uhead = m;
     lk->utail = m;
     if (x->want && !x->want->done && x->rpeer == peer && m->fp.root == x->want->tag)
-        return _dm_lk_take_unexpected(lk, x, peer);
+        return _dm_eng_take_unexpected(lk, x, peer);
     return DM_OK;
 }
 /* Reads peer's inbox as far as it can: until x->want is done, the link is empty, or the next
    collective's fingerprint is in (which a dm_recv cannot wait past: that peer will send
    nothing more before this rank joins the collective, so it fails with DM_ERR_MISMATCH). */
-_DM_PRIVATE dm_status _dm_lk_pump_inbox(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, int peer, bool* progress) {
+_DM_PRIVATE dm_status _dm_eng_pump_inbox(_dm_eng* lk, const _dm_xfer* x, _dm_xstate* s, int peer, bool* progress) {
     _dm_inbox* in = &lk->inbox[peer];
     _dm_link* l = lk->links[peer];
     for (;;) {
@@ -5062,20 +5062,20 @@ _DM_PRIVATE dm_status _dm_lk_pump_inbox(_dm_lk* lk, const _dm_xfer* x, _dm_xstat
             _dm_fp_make(&mine, lk->c, _DM_K_RECV, (int)x->want->dtype, -1, x->want->tag, x->want->count);
             mine.seq = lk->c->seq;
             _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, &mine, peer, &theirs);
-            return _dm_lk_break(lk, DM_ERR_MISMATCH);
+            return _dm_eng_break(lk, DM_ERR_MISMATCH);
         }
         if (!in->payload) k = l->vt->recv(l, in->hdr + in->hfill, 32 - in->hfill, &err);
         else if (in->fill < in->len) {
-            size_t n = in->len - in->fill < _DM_LK_IO_MAX ? in->len - in->fill : _DM_LK_IO_MAX;
+            size_t n = in->len - in->fill < _DM_ENG_IO_MAX ? in->len - in->fill : _DM_ENG_IO_MAX;
             k = l->vt->recv(l, in->dst + in->fill, n, &err);
         } else if (in->padfill < in->pad) k = l->vt->recv(l, sink, in->pad - in->padfill, &err);
-        else { _DM_TRY(_dm_lk_inbox_message(lk, x, peer)); *progress = true; continue; }
+        else { _DM_TRY(_dm_eng_inbox_message(lk, x, peer)); *progress = true; continue; }
         if (k == 0) { s->want_in = true; return DM_OK; }
-        if (k < 0) return _dm_lk_io_fail(lk, x, peer, false, err);
+        if (k < 0) return _dm_eng_io_fail(lk, x, peer, false, err);
         *progress = true;
         if (!in->payload) {
             in->hfill += (size_t)k;
-            if (in->hfill == 32) _DM_TRY(_dm_lk_inbox_header(lk, x, peer));
+            if (in->hfill == 32) _DM_TRY(_dm_eng_inbox_header(lk, x, peer));
         } else if (in->fill < in->len) in->fill += (size_t)k;
         else in->padfill += (size_t)k;
     }
@@ -5084,16 +5084,16 @@ _DM_PRIVATE dm_status _dm_lk_pump_inbox(_dm_lk* lk, const _dm_xfer* x, _dm_xstat
 /* A send that cannot move reads what every other peer sent too: in a ring of large sends
    (each rank sending to the next before receiving from the previous) every rank's link fills,
    and only the receivers' reading frees them. */
-_DM_PRIVATE dm_status _dm_lk_drain_others(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
+_DM_PRIVATE dm_status _dm_eng_drain_others(_dm_eng* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
     int p;
     for (p = 0; p < lk->c->size; p++)
-        if (p != x->rpeer && lk->links[p]) _DM_TRY(_dm_lk_pump_inbox(lk, x, s, p, progress));
+        if (p != x->rpeer && lk->links[p]) _DM_TRY(_dm_eng_pump_inbox(lk, x, s, p, progress));
     return DM_OK;
 }
 
 /* How many bytes of send step i (at or after the current one) may go now: none before its
    after_recvs are in, and no more of a gated step than its recv step has made final. */
-_DM_PRIVATE size_t _dm_lk_send_limit(const _dm_xfer* x, const _dm_xstate* s, int i) {
+_DM_PRIVATE size_t _dm_eng_send_limit(const _dm_xfer* x, const _dm_xstate* s, int i) {
     const _dm_sstep* st = &x->ss[i];
     size_t limit = st->len;
     if (s->ri < st->after_recvs) return 0;
@@ -5104,18 +5104,18 @@ _DM_PRIVATE size_t _dm_lk_send_limit(const _dm_xfer* x, const _dm_xstate* s, int
     return limit;
 }
 /* The pieces that may go now, from the current send step on: each step's ready bytes and its
-   padding, up to the first step not wholly ready, _DM_LK_IOV_MAX pieces, or 64 KiB gathered
+   padding, up to the first step not wholly ready, _DM_LINK_IOV_MAX pieces, or 64 KiB gathered
    (beyond that a system call per step costs nothing worth saving). */
-_DM_PRIVATE int _dm_lk_gather(const _dm_xfer* x, const _dm_xstate* s, const _dm_link* l, _dm_iov* iov) {
+_DM_PRIVATE int _dm_eng_gather(const _dm_xfer* x, const _dm_xstate* s, const _dm_link* l, _dm_iov* iov) {
     static const unsigned char zeros[8] = { 0 };
     size_t total = 0;
     int n = 0, i;
-    for (i = s->si; i < x->ns && n < _DM_LK_IOV_MAX - 1 && total < ((size_t)64 << 10); i++) {
+    for (i = s->si; i < x->ns && n < _DM_LINK_IOV_MAX - 1 && total < ((size_t)64 << 10); i++) {
         const _dm_sstep* st = &x->ss[i];
-        size_t from = i == s->si ? s->so : 0, limit = _dm_lk_send_limit(x, s, i);
-        size_t pad = _dm_lk_pad(l, st->len) - (i == s->si ? s->spad : 0);
+        size_t from = i == s->si ? s->so : 0, limit = _dm_eng_send_limit(x, s, i);
+        size_t pad = _dm_eng_pad(l, st->len) - (i == s->si ? s->spad : 0);
         if (from < limit) {
-            size_t len = limit - from < _DM_LK_IO_MAX ? limit - from : _DM_LK_IO_MAX;
+            size_t len = limit - from < _DM_ENG_IO_MAX ? limit - from : _DM_ENG_IO_MAX;
             iov[n].buf = st->buf + from; iov[n].len = len; n++;
             total += len;
             if (from + len < st->len) break;
@@ -5125,75 +5125,75 @@ _DM_PRIVATE int _dm_lk_gather(const _dm_xfer* x, const _dm_xstate* s, const _dm_
     return n;
 }
 /* k bytes of the gathered pieces went: the send state moves past them. */
-_DM_PRIVATE void _dm_lk_sent(const _dm_xfer* x, _dm_xstate* s, const _dm_link* l, size_t k) {
+_DM_PRIVATE void _dm_eng_sent(const _dm_xfer* x, _dm_xstate* s, const _dm_link* l, size_t k) {
     while (k > 0) {
         const _dm_sstep* st = &x->ss[s->si];
-        size_t pad = _dm_lk_pad(l, st->len), d;
+        size_t pad = _dm_eng_pad(l, st->len), d;
         if (s->so < st->len) { d = st->len - s->so < k ? st->len - s->so : k; s->so += d; k -= d; }
         else if (s->spad < pad) { d = pad - s->spad < k ? pad - s->spad : k; s->spad += d; k -= d; }
         else { s->si++; s->so = s->spad = 0; }
     }
 }
 /* Links with sendv: every ready step in one call. */
-_DM_PRIVATE dm_status _dm_lk_pump_sendv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, _dm_link* l, bool* progress) {
+_DM_PRIVATE dm_status _dm_eng_pump_sendv(_dm_eng* lk, const _dm_xfer* x, _dm_xstate* s, _dm_link* l, bool* progress) {
     for (;;) {
-        _dm_iov iov[_DM_LK_IOV_MAX];
+        _dm_iov iov[_DM_LINK_IOV_MAX];
         ptrdiff_t k;
         int n, err = 0;
-        while (s->si < x->ns && s->so == x->ss[s->si].len && s->spad == _dm_lk_pad(l, x->ss[s->si].len)) {
+        while (s->si < x->ns && s->so == x->ss[s->si].len && s->spad == _dm_eng_pad(l, x->ss[s->si].len)) {
             s->si++; s->so = s->spad = 0; *progress = true;
         }
-        if (s->si == x->ns || (n = _dm_lk_gather(x, s, l, iov)) == 0) return DM_OK;
+        if (s->si == x->ns || (n = _dm_eng_gather(x, s, l, iov)) == 0) return DM_OK;
         k = l->vt->sendv(l, iov, n, &err);
-        if (k > 0) { _dm_lk_sent(x, s, l, (size_t)k); *progress = true; continue; }
+        if (k > 0) { _dm_eng_sent(x, s, l, (size_t)k); *progress = true; continue; }
         if (k == 0) { s->want_out = true; return DM_OK; }
-        return _dm_lk_io_fail(lk, x, x->speer, true, err);
+        return _dm_eng_io_fail(lk, x, x->speer, true, err);
     }
 }
 
 /* Sends as far as the gates allow, until the link is full. */
-_DM_PRIVATE dm_status _dm_lk_pump_send(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
+_DM_PRIVATE dm_status _dm_eng_pump_send(_dm_eng* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
     _dm_link* l = x->speer >= 0 ? lk->links[x->speer] : NULL;
     static const unsigned char zeros[8] = { 0 };
-    if (l && l->vt->sendv) return _dm_lk_pump_sendv(lk, x, s, l, progress);
+    if (l && l->vt->sendv) return _dm_eng_pump_sendv(lk, x, s, l, progress);
     while (s->si < x->ns) {
         const _dm_sstep* st = &x->ss[s->si];
         size_t limit, n;
         ptrdiff_t k;
         int err = 0;
         if (s->so == st->len) {
-            size_t pad = _dm_lk_pad(l, st->len);
+            size_t pad = _dm_eng_pad(l, st->len);
             if (s->spad < pad) {
                 k = l->vt->send(l, zeros, pad - s->spad, &err);
                 if (k > 0) { s->spad += (size_t)k; *progress = true; continue; }
                 if (k == 0) { s->want_out = true; break; }
-                return _dm_lk_io_fail(lk, x, x->speer, true, err);
+                return _dm_eng_io_fail(lk, x, x->speer, true, err);
             }
             s->si++; s->so = s->spad = 0; *progress = true;
             continue;
         }
         if (s->ri < st->after_recvs) break;
-        limit = _dm_lk_send_limit(x, s, s->si);
+        limit = _dm_eng_send_limit(x, s, s->si);
         if (s->so >= limit) break;
-        n = limit - s->so < _DM_LK_IO_MAX ? limit - s->so : _DM_LK_IO_MAX;
+        n = limit - s->so < _DM_ENG_IO_MAX ? limit - s->so : _DM_ENG_IO_MAX;
         k = l->vt->send(l, st->buf + s->so, n, &err);
         if (k > 0) { s->so += (size_t)k; *progress = true; continue; }
         if (k == 0) { s->want_out = true; break; }
-        return _dm_lk_io_fail(lk, x, x->speer, true, err);
+        return _dm_eng_io_fail(lk, x, x->speer, true, err);
     }
     return DM_OK;
 }
 
 /* How many bytes of recv step r may be written at offset `from`: all, unless its after_send
    step has not sent them yet (it reads the same buffer). */
-_DM_PRIVATE size_t _dm_lk_writable(const _dm_xstate* s, const _dm_rstep* r, size_t from) {
+_DM_PRIVATE size_t _dm_eng_writable(const _dm_xstate* s, const _dm_rstep* r, size_t from) {
     size_t sent;
     if (r->after_send < 0 || r->after_send < s->si) return r->len - from;
     sent = r->after_send == s->si ? s->so : 0;
     return sent > from ? sent - from : 0;
 }
 /* One reduced piece of recv step r landed: out = own op piece (then / divide for MEAN). */
-_DM_PRIVATE void _dm_lk_reduce_piece(const _dm_xfer* x, const _dm_rstep* r, size_t at, const unsigned char* piece,
+_DM_PRIVATE void _dm_eng_reduce_piece(const _dm_xfer* x, const _dm_rstep* r, size_t at, const unsigned char* piece,
                                      size_t bytes) {
     size_t esize = dm_dtype_size(x->dtype);
     unsigned char* out = r->buf + at;
@@ -5203,17 +5203,17 @@ _DM_PRIVATE void _dm_lk_reduce_piece(const _dm_xfer* x, const _dm_rstep* r, size
 }
 /* Reduces straight from a link that can peek. Returns false when the link has fewer readable
    contiguous bytes than one element (an element split at the ring's end goes through scratch). */
-_DM_PRIVATE bool _dm_lk_reduce_in_place(const _dm_xfer* x, _dm_xstate* s, _dm_link* l, const _dm_rstep* r,
+_DM_PRIVATE bool _dm_eng_reduce_in_place(const _dm_xfer* x, _dm_xstate* s, _dm_link* l, const _dm_rstep* r,
                                         bool* progress) {
     size_t esize = dm_dtype_size(x->dtype), n, room;
     const unsigned char* p = l->vt->peek(l, &n);
     if (((uintptr_t)p & (esize - 1)) != 0) return false;   /* links that peek pad to 8 (align) */
     if (n > r->len - s->rdone) n = r->len - s->rdone;
-    room = _dm_lk_writable(s, r, s->rdone);
+    room = _dm_eng_writable(s, r, s->rdone);
     if (n > room) n = room;
     n -= n % esize;
     if (n == 0) return false;
-    _dm_lk_reduce_piece(x, r, s->rdone, p, n);
+    _dm_eng_reduce_piece(x, r, s->rdone, p, n);
     l->vt->consume(l, n);
     s->rdone += n;
     *progress = true;
@@ -5221,7 +5221,7 @@ _DM_PRIVATE bool _dm_lk_reduce_in_place(const _dm_xfer* x, _dm_xstate* s, _dm_li
 }
 
 /* Receives: straight into place, or reduced as it arrives. */
-_DM_PRIVATE dm_status _dm_lk_pump_recv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
+_DM_PRIVATE dm_status _dm_eng_pump_recv(_dm_eng* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
     _dm_link* l = x->rpeer >= 0 ? lk->links[x->rpeer] : NULL;
     unsigned char* tmp = x->tmp ? x->tmp : lk->tmp;
     size_t esize = dm_dtype_size(x->dtype);
@@ -5232,21 +5232,21 @@ _DM_PRIVATE dm_status _dm_lk_pump_recv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate
         ptrdiff_t k;
         int err = 0;
         if (s->rdone == r->len) {
-            size_t pad = _dm_lk_pad(l, r->len);
+            size_t pad = _dm_eng_pad(l, r->len);
             if (s->rpad < pad) {
                 unsigned char sink[8];
                 k = l->vt->recv(l, sink, pad - s->rpad, &err);
                 if (k > 0) { s->rpad += (size_t)k; *progress = true; continue; }
                 if (k == 0) { s->want_in = true; break; }
-                return _dm_lk_io_fail(lk, x, x->rpeer, false, err);
+                return _dm_eng_io_fail(lk, x, x->rpeer, false, err);
             }
-            if (s->ri == 0 && x->expect) _DM_TRY(_dm_lk_check_fp(lk, x, r->buf));
+            if (s->ri == 0 && x->expect) _DM_TRY(_dm_eng_check_fp(lk, x, r->buf));
             s->ri++; s->rdone = s->tfill = s->rpad = 0; *progress = true;
             continue;
         }
         if (s->ri == 0 && x->expect && s->rdone == 0) {   /* the fingerprint comes through the inbox */
             _dm_inbox* in = &lk->inbox[x->rpeer];
-            if (!in->fp_ready) _DM_TRY(_dm_lk_pump_inbox(lk, x, s, x->rpeer, progress));
+            if (!in->fp_ready) _DM_TRY(_dm_eng_pump_inbox(lk, x, s, x->rpeer, progress));
             if (!in->fp_ready) break;
             memcpy(r->buf, in->hdr, 32);
             in->fp_ready = false;
@@ -5258,19 +5258,19 @@ _DM_PRIVATE dm_status _dm_lk_pump_recv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate
             dst = r->buf + s->rdone; want = r->len - s->rdone;
         } else {
             size_t clen;
-            if (l->vt->peek && s->tfill == 0 && _dm_lk_reduce_in_place(x, s, l, r, progress)) continue;
+            if (l->vt->peek && s->tfill == 0 && _dm_eng_reduce_in_place(x, s, l, r, progress)) continue;
             /* through scratch: a chunk, or one element where peeking cannot serve it */
             clen = l->vt->peek ? esize : lk->chunk;
             if (clen > r->len - s->rdone) clen = r->len - s->rdone;
             if (s->tfill == clen) {
-                if (_dm_lk_writable(s, r, s->rdone) < clen) break;
-                _dm_lk_reduce_piece(x, r, s->rdone, tmp, clen);
+                if (_dm_eng_writable(s, r, s->rdone) < clen) break;
+                _dm_eng_reduce_piece(x, r, s->rdone, tmp, clen);
                 s->rdone += clen; s->tfill = 0; *progress = true;
                 continue;
             }
             dst = tmp + s->tfill; want = clen - s->tfill;
         }
-        if (want > _DM_LK_IO_MAX) want = _DM_LK_IO_MAX;
+        if (want > _DM_ENG_IO_MAX) want = _DM_ENG_IO_MAX;
         k = l->vt->recv(l, dst, want, &err);
         if (k > 0) {
             if (r->own) s->tfill += (size_t)k; else s->rdone += (size_t)k;
@@ -5278,7 +5278,7 @@ _DM_PRIVATE dm_status _dm_lk_pump_recv(_dm_lk* lk, const _dm_xfer* x, _dm_xstate
             continue;
         }
         if (k == 0) { s->want_in = true; break; }
-        return _dm_lk_io_fail(lk, x, x->rpeer, false, err);
+        return _dm_eng_io_fail(lk, x, x->rpeer, false, err);
     }
     return DM_OK;
 }
@@ -5304,7 +5304,7 @@ _DM_PRIVATE void _dm_cpu_relax(void) {
 /* Whether a rank these transfers wait on over memory last waited on this rank's core. A busy
    host now and then runs two ranks of one group on one core; a spin there only keeps the peer
    off the core, so the wait goes straight on to yielding it. */
-_DM_PRIVATE bool _dm_lk_peer_here(_dm_lk* lk, const _dm_xfer* xs, int n) {
+_DM_PRIVATE bool _dm_eng_peer_here(_dm_eng* lk, const _dm_xfer* xs, int n) {
 #if defined(__linux__) && defined(_GNU_SOURCE)
     int cpu = sched_getcpu() + 1, j, k;
     if (!lk->bell || cpu <= 0) return false;
@@ -5320,36 +5320,36 @@ _DM_PRIVATE bool _dm_lk_peer_here(_dm_lk* lk, const _dm_xfer* xs, int n) {
 #endif
     return false;
 }
-_DM_PRIVATE int _dm_lk_fd(_dm_link* l, bool out) { return l->vt->pollfd ? l->vt->pollfd(l, out) : l->fd; }
+_DM_PRIVATE int _dm_eng_fd(_dm_link* l, bool out) { return l->vt->pollfd ? l->vt->pollfd(l, out) : l->fd; }
 /* Whether transfer x has moved everything (and, for a dm_recv, has its message). */
-_DM_PRIVATE bool _dm_lk_xfer_done(const _dm_xfer* x, const _dm_xstate* s) {
+_DM_PRIVATE bool _dm_eng_xfer_done(const _dm_xfer* x, const _dm_xstate* s) {
     return s->si == x->ns && s->ri == x->nr && (!x->want || x->want->done);
 }
 /* The pollfds one waiting transfer needs, appended at p[*np]; *memory is set when it waits on
    a memory link. Returns the index of its send peer's hang-up entry, or -1. */
-_DM_PRIVATE int _dm_lk_poll_xfer(_dm_lk* lk, const _dm_xfer* x, const _dm_xstate* s, struct pollfd* p, int* np,
+_DM_PRIVATE int _dm_eng_poll_xfer(_dm_eng* lk, const _dm_xfer* x, const _dm_xstate* s, struct pollfd* p, int* np,
                                  bool* memory) {
     _dm_link* sl = x->speer >= 0 && s->si < x->ns ? lk->links[x->speer] : NULL;
     _dm_link* rl = x->rpeer >= 0 && (s->ri < x->nr || x->inbox) ? lk->links[x->rpeer] : NULL;
     int hup = -1, k;
     if ((sl && sl->fd < 0) || (rl && rl->fd < 0)) *memory = true;
-    if (sl && rl && sl == rl && sl->fd >= 0 && _dm_lk_fd(sl, true) == _dm_lk_fd(rl, false)) {
-        p[*np].fd = _dm_lk_fd(sl, true);
+    if (sl && rl && sl == rl && sl->fd >= 0 && _dm_eng_fd(sl, true) == _dm_eng_fd(rl, false)) {
+        p[*np].fd = _dm_eng_fd(sl, true);
         p[*np].events = (short)((s->want_out ? POLLOUT : 0) | (s->want_in ? POLLIN : 0)); (*np)++;
     } else {
         /* the send peer's hang-up (while we still owe it bytes; once done it may leave): RDHUP,
            which bytes it sends us do not raise */
         if (sl && sl->fd >= 0) {
             hup = *np;
-            p[*np].fd = _dm_lk_fd(sl, true); p[*np].events = (short)(_DM_POLLRDHUP | (s->want_out ? POLLOUT : 0)); (*np)++;
+            p[*np].fd = _dm_eng_fd(sl, true); p[*np].events = (short)(_DM_POLLRDHUP | (s->want_out ? POLLOUT : 0)); (*np)++;
         }
-        if (rl && rl->fd >= 0 && s->want_in) { p[*np].fd = _dm_lk_fd(rl, false); p[*np].events = POLLIN; (*np)++; }
+        if (rl && rl->fd >= 0 && s->want_in) { p[*np].fd = _dm_eng_fd(rl, false); p[*np].events = POLLIN; (*np)++; }
     }
     if (x->inbox && !x->want && sl)         /* a blocked send also waits for the other peers' bytes */
         for (k = 0; k < lk->c->size; k++) {
             _dm_link* o = lk->links[k];
             if (!o || k == x->rpeer || lk->inbox[k].fp_ready) continue;
-            if (o->fd >= 0) { p[*np].fd = _dm_lk_fd(o, false); p[*np].events = POLLIN; (*np)++; }
+            if (o->fd >= 0) { p[*np].fd = _dm_eng_fd(o, false); p[*np].events = POLLIN; (*np)++; }
             else *memory = true;
         }
     return hup;
@@ -5359,30 +5359,30 @@ _DM_PRIVATE int _dm_lk_poll_xfer(_dm_lk* lk, const _dm_xfer* x, const _dm_xstate
    to ask whether their peers still live (a backend may ring the bell when one dies: the TCP
    backend's shm watcher does); a mix polls the sockets briefly and goes round again. Once a
    peer was seen gone, the next look comes at once, without sleeping. */
-_DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* xs, const _dm_xstate* s, int n, uint32_t seen,
+_DM_PRIVATE dm_status _dm_eng_block(_dm_eng* lk, const _dm_xfer* xs, const _dm_xstate* s, int n, uint32_t seen,
                                    int64_t deadline, int* dead) {
     struct pollfd* p = lk->pfds;
-    int np = 0, hup[_DM_LK_XFER_MAX], rc, err = 0, j, k;
+    int np = 0, hup[_DM_ENG_XFER_MAX], rc, err = 0, j, k;
     bool memory = false;
     int64_t left = deadline - _dm_now_ms();
     int slice = left > 1000 ? 1000 : (int)left;
     for (j = 0; j < n; j++)
-        hup[j] = _dm_lk_xfer_done(&xs[j], &s[j]) ? -1 : _dm_lk_poll_xfer(lk, &xs[j], &s[j], p, &np, &memory);
+        hup[j] = _dm_eng_xfer_done(&xs[j], &s[j]) ? -1 : _dm_eng_poll_xfer(lk, &xs[j], &s[j], p, &np, &memory);
     if (memory && np == 0 && lk->bell) {
         if (*dead == 0) lk->bell_ops->wait(lk->bell_ops->ctx, lk->bell, seen, slice < 50 ? slice : 50);
     } else {
-        if (lk->poll_fill) np += lk->poll_fill(lk, p + np, _DM_LK_SERVICE_FDS);
+        if (lk->poll_fill) np += lk->poll_fill(lk, p + np, _DM_ENG_SERVICE_FDS);
         rc = poll(p, (nfds_t)np, memory ? (slice < 1 ? slice : 1) : slice);
         if (rc < 0 && errno != EINTR) {
             _DM_FAIL(lk->c, DM_ERR_NETWORK, "%s: %s #%llu: poll failed (%s)", lk->tag, xs[0].op,
                      (unsigned long long)lk->c->seq, strerror(errno));
-            return _dm_lk_break(lk, DM_ERR_NETWORK);
+            return _dm_eng_break(lk, DM_ERR_NETWORK);
         }
         for (j = 0; rc > 0 && j < n; j++)
             if (hup[j] >= 0 && (p[hup[j]].revents & (_DM_POLLRDHUP | POLLHUP | POLLERR))) {
                 socklen_t len = sizeof(err);
                 getsockopt(p[hup[j]].fd, SOL_SOCKET, SO_ERROR, &err, &len);
-                return _dm_lk_io_fail(lk, &xs[j], xs[j].speer, true, err);
+                return _dm_eng_io_fail(lk, &xs[j], xs[j].speer, true, err);
             }
     }
     if (lk->service) lk->service(lk);   /* a rank connecting to this one is answered from here */
@@ -5390,13 +5390,13 @@ _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* xs, const _dm_xst
        with no progress between (bytes it wrote before dying are taken first) means lost. */
     for (j = 0; j < n; j++) {
         const _dm_xfer* x = &xs[j];
-        if (_dm_lk_xfer_done(x, &s[j])) continue;
+        if (_dm_eng_xfer_done(x, &s[j])) continue;
         for (k = 0; k < 2; k++) {
             int peer = k == 0 ? (s[j].ri < x->nr || x->inbox ? x->rpeer : -1) : (s[j].si < x->ns ? x->speer : -1);
             _dm_link* l = peer >= 0 ? lk->links[peer] : NULL;
             if (!l || l->fd >= 0 || !l->vt->alive || l->vt->alive(l, &err) == 0) continue;
             if (++*dead < 2) return DM_OK;
-            return _dm_lk_io_fail(lk, x, peer, k != 0, err);
+            return _dm_eng_io_fail(lk, x, peer, k != 0, err);
         }
     }
     return DM_OK;
@@ -5405,7 +5405,7 @@ _DM_PRIVATE dm_status _dm_lk_block(_dm_lk* lk, const _dm_xfer* xs, const _dm_xst
 /* The links to a transfer's peers before it starts: there, or made now by the backend
    (connect, given both missing peers at once so it can make them in the order that cannot
    deadlock). */
-_DM_PRIVATE dm_status _dm_lk_ensure(_dm_lk* lk, const _dm_xfer* x, int64_t deadline) {
+_DM_PRIVATE dm_status _dm_eng_ensure(_dm_eng* lk, const _dm_xfer* x, int64_t deadline) {
     char why[DM_LAST_ERROR_SIZE];
     int need[2], n = 0;
     dm_status st;
@@ -5415,31 +5415,31 @@ _DM_PRIVATE dm_status _dm_lk_ensure(_dm_lk* lk, const _dm_xfer* x, int64_t deadl
     if (!lk->connect) {
         _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: %s #%llu: no link to rank %d", lk->tag, x->op,
                  (unsigned long long)lk->c->seq, need[0]);
-        return _dm_lk_break(lk, DM_ERR_INTERNAL);
+        return _dm_eng_break(lk, DM_ERR_INTERNAL);
     }
-    if (deadline == 0) deadline = _dm_deadline(lk->c->timeout_ms);    /* _dm_lk_run sets its own at the first wait */
+    if (deadline == 0) deadline = _dm_deadline(lk->c->timeout_ms);    /* _dm_eng_run sets its own at the first wait */
     st = lk->connect(lk, need, n, deadline);
     if (st == DM_OK && (x->speer < 0 || lk->links[x->speer]) && (x->rpeer < 0 || lk->links[x->rpeer])) return DM_OK;
-    if (_dm_lk_adopt_abort(lk, x->op) != DM_OK) return lk->broken;
-    if (st == DM_ERR_PEER_LOST && _dm_lk_adopt_notice(lk, x->op) != DM_OK) return lk->broken;
+    if (_dm_eng_adopt_abort(lk, x->op) != DM_OK) return lk->broken;
+    if (st == DM_ERR_PEER_LOST && _dm_eng_adopt_notice(lk, x->op) != DM_OK) return lk->broken;
     if (st == DM_OK) st = DM_ERR_INTERNAL;
     _dm_copy_name(why, sizeof(why), _dm_errbuf(lk->c));
     _DM_FAIL(lk->c, st, "%s: %s #%llu: %s", lk->tag, x->op, (unsigned long long)lk->c->seq, why);
-    return _dm_lk_break(lk, st);
+    return _dm_eng_break(lk, st);
 }
 /* A fixed-peer schedule's transfer with a peer outside P (>>peers): P is out of date. */
-_DM_PRIVATE dm_status _dm_lk_check_peer(_dm_lk* lk, const _dm_xfer* x, int peer) {
+_DM_PRIVATE dm_status _dm_eng_check_peer(_dm_eng* lk, const _dm_xfer* x, int peer) {
     if (peer < 0 || !lk->peers || lk->on_demand || lk->peers[peer]) return DM_OK;
     _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: %s #%llu: rank %d is not among the peers this rank's schedules use "
-             "(_dm_lk_peers is out of date with the schedules)", lk->tag, x->op, (unsigned long long)lk->c->seq, peer);
-    return _dm_lk_break(lk, DM_ERR_INTERNAL);
+             "(_dm_peers_find is out of date with the schedules)", lk->tag, x->op, (unsigned long long)lk->c->seq, peer);
+    return _dm_eng_break(lk, DM_ERR_INTERNAL);
 }
 
 /* Whether an unfinished transfer waits to receive (bytes, or a dm_recv's message), else to send. */
-_DM_PRIVATE bool _dm_lk_recv_wait(const _dm_xfer* x, const _dm_xstate* s) {
+_DM_PRIVATE bool _dm_eng_recv_wait(const _dm_xfer* x, const _dm_xstate* s) {
     return s->ri < x->nr || (x->want && !x->want->done);
 }
-/* Drives n transfers (at most _DM_LK_XFER_MAX, on links to different peers) to the end
+/* Drives n transfers (at most _DM_ENG_XFER_MAX, on links to different peers) to the end
    together: each round moves what it can on each; with nothing to move it waits, spinning
    first, then yielding, then blocking, all under the collective's deadline (counted from the
    first clock read: one that never waits needs no clock). While spinning, and in the first
@@ -5447,8 +5447,8 @@ _DM_PRIVATE bool _dm_lk_recv_wait(const _dm_xfer* x, const _dm_xstate* s) {
    read sooner. Running two at once is
    how a schedule overlaps phases on different links (the two-level all-reduce's host ring on
    shared memory and its rail across hosts); each needs its own scratch (_dm_xfer.tmp). */
-_DM_PRIVATE dm_status _dm_lk_run_n(_dm_lk* lk, const _dm_xfer* xs, int n) {
-    _dm_xstate s[_DM_LK_XFER_MAX];
+_DM_PRIVATE dm_status _dm_eng_run_n(_dm_eng* lk, const _dm_xfer* xs, int n) {
+    _dm_xstate s[_DM_ENG_XFER_MAX];
     int64_t deadline = 0, idle_since = 0;
     int dead = 0, j, first = 0;     /* first: the first transfer not done */
     unsigned quiet = 0;             /* idle rounds since the last progress */
@@ -5462,9 +5462,9 @@ _DM_PRIVATE dm_status _dm_lk_run_n(_dm_lk* lk, const _dm_xfer* xs, int n) {
     }
     if (lk->dry) return DM_OK;
     for (j = 0; j < n; j++) {
-        _DM_TRY(_dm_lk_check_peer(lk, &xs[j], xs[j].speer));
-        _DM_TRY(_dm_lk_check_peer(lk, &xs[j], xs[j].rpeer));
-        _DM_TRY(_dm_lk_ensure(lk, &xs[j], deadline));
+        _DM_TRY(_dm_eng_check_peer(lk, &xs[j], xs[j].speer));
+        _DM_TRY(_dm_eng_check_peer(lk, &xs[j], xs[j].rpeer));
+        _DM_TRY(_dm_eng_ensure(lk, &xs[j], deadline));
     }
     memset(s, 0, sizeof(s[0]) * (size_t)n);
     for (;;) {
@@ -5478,14 +5478,14 @@ _DM_PRIVATE dm_status _dm_lk_run_n(_dm_lk* lk, const _dm_xfer* xs, int n) {
             const _dm_xfer* x = &xs[j];
             _dm_xstate* sj = &s[j];
             sj->want_in = sj->want_out = false;
-            if (_dm_lk_xfer_done(x, sj)) continue;
-            st = _dm_lk_pump_send(lk, x, sj, &progress);
-            if (st == DM_OK) st = _dm_lk_pump_recv(lk, x, sj, &progress);
+            if (_dm_eng_xfer_done(x, sj)) continue;
+            st = _dm_eng_pump_send(lk, x, sj, &progress);
+            if (st == DM_OK) st = _dm_eng_pump_recv(lk, x, sj, &progress);
             if (st == DM_OK && x->inbox && (x->want || sj->si < x->ns))
-                st = _dm_lk_pump_inbox(lk, x, sj, x->rpeer, &progress);
+                st = _dm_eng_pump_inbox(lk, x, sj, x->rpeer, &progress);
             if (st == DM_OK && x->inbox && !x->want && !progress && sj->si < x->ns)
-                st = _dm_lk_drain_others(lk, x, sj, &progress);
-            if (!_dm_lk_xfer_done(x, sj)) done = false;
+                st = _dm_eng_drain_others(lk, x, sj, &progress);
+            if (!_dm_eng_xfer_done(x, sj)) done = false;
         }
         /* stay announced through the sleep: a peer that writes after the last look must ring */
         if (blocking && lk->bell && (st != DM_OK || progress))
@@ -5494,13 +5494,13 @@ _DM_PRIVATE dm_status _dm_lk_run_n(_dm_lk* lk, const _dm_xfer* xs, int n) {
         if (progress && idle_since && __atomic_load_n(&lk->c->trace, __ATOMIC_RELAXED))
             _dm_trace_waited(lk->c, wait_peer, idle_since);
         if (done) return DM_OK;
-        while (_dm_lk_xfer_done(&xs[first], &s[first])) first++;
+        while (_dm_eng_xfer_done(&xs[first], &s[first])) first++;
         if (progress) { idle_since = 0; quiet = 0; blocking = spinning = false; dead = 0; continue; }
         for (j = first; j < n; j++)
-            if (!_dm_lk_xfer_done(&xs[j], &s[j]) && !s[j].want_in && !s[j].want_out) {
+            if (!_dm_eng_xfer_done(&xs[j], &s[j]) && !s[j].want_in && !s[j].want_out) {
                 _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: %s #%llu: transfer stalled (send step %d, recv step %d)",
                          lk->tag, xs[j].op, (unsigned long long)lk->c->seq, s[j].si, s[j].ri);
-                return _dm_lk_break(lk, DM_ERR_INTERNAL);
+                return _dm_eng_break(lk, DM_ERR_INTERNAL);
             }
         /* the first 15 idle rounds spin too, unclocked: a small message is often there by then */
         if ((spinning || (idle_since == 0 && lk->spin_us > 0)) && (++quiet & 15) != 0) continue;
@@ -5509,33 +5509,33 @@ _DM_PRIVATE dm_status _dm_lk_run_n(_dm_lk* lk, const _dm_xfer* xs, int n) {
             const _dm_xfer* x = &xs[first];
             if (idle_since == 0) {
                 idle_since = now;
-                wait_peer = _dm_lk_recv_wait(x, &s[first]) ? x->rpeer : x->speer;
+                wait_peer = _dm_eng_recv_wait(x, &s[first]) ? x->rpeer : x->speer;
                 if (deadline == 0) deadline = lk->c->timeout_ms < 0 ? INT64_MAX : now / 1000 + lk->c->timeout_ms;
             }
             idle = now - idle_since;
-            spinning = idle < lk->spin_us && !_dm_lk_peer_here(lk, xs + first, n - first);
+            spinning = idle < lk->spin_us && !_dm_eng_peer_here(lk, xs + first, n - first);
             if (spinning) { _dm_cpu_relax(); continue; }
-            st = _dm_lk_adopt_abort(lk, x->op);
+            st = _dm_eng_adopt_abort(lk, x->op);
             if (st == DM_OK && now / 1000 >= deadline) {
-                bool recv_wait = _dm_lk_recv_wait(x, &s[first]);
+                bool recv_wait = _dm_eng_recv_wait(x, &s[first]);
                 int peer = recv_wait ? x->rpeer : x->speer;
                 if (__atomic_load_n(&lk->c->trace, __ATOMIC_RELAXED)) _dm_trace_wait(lk->c, peer, now - idle_since);
                 _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
                          lk->tag, x->op, (unsigned long long)lk->c->seq, lk->c->timeout_ms,
                          recv_wait ? "receive from" : "send to", peer, lk->links[peer]->where);
-                st = _dm_lk_break(lk, DM_ERR_TIMEOUT);
+                st = _dm_eng_break(lk, DM_ERR_TIMEOUT);
             }
             if (st != DM_OK) break;
             if (idle < lk->yield_us) { sched_yield(); continue; }
             if (!blocking && lk->bell) { blocking = true; continue; }  /* one more look, announced */
-            st = _dm_lk_block(lk, xs + first, s + first, n - first, seen, deadline, &dead);
+            st = _dm_eng_block(lk, xs + first, s + first, n - first, seen, deadline, &dead);
             if (st != DM_OK) break;
         }
     }
     if (lk->bell) __atomic_store_n(&lk->bell->sleeping, 0u, __ATOMIC_SEQ_CST);
     return st;
 }
-_DM_PRIVATE dm_status _dm_lk_run(_dm_lk* lk, const _dm_xfer* x) { return _dm_lk_run_n(lk, x, 1); }
+_DM_PRIVATE dm_status _dm_eng_run(_dm_eng* lk, const _dm_xfer* x) { return _dm_eng_run_n(lk, x, 1); }
 
 /* >>schedules  Fingerprint buffers live on the caller's stack; step 0 of both streams carries
    them. */
@@ -5551,13 +5551,13 @@ _DM_PRIVATE void _dm_fp_steps(_dm_fpbufs* b, const _dm_fp* fp, _dm_sstep* s, _dm
    payload go in one publish when they fit, and the peer's, when they land within a few looks,
    are checked and taken straight from its ring. Anything else (no room, the peer's bytes not
    there yet or split at the ring's end, a point-to-point message first in line, an inbox
-   mid-message, a dry run) leaves what is left to _dm_lk_run, with the same checks and waits.
+   mid-message, a dry run) leaves what is left to _dm_eng_run, with the same checks and waits.
    The wire bytes are the engine's; it only saves the bookkeeping, which is most of an 8-byte
    all-reduce between two cores. */
 #define _DM_EAGER_MAX ((size_t)256)     /* payload bytes each way */
 #define _DM_EAGER_LOOKS 64
 
-_DM_PRIVATE bool _dm_lk_eager_ok(const _dm_lk* lk, const _dm_xfer* x) {
+_DM_PRIVATE bool _dm_eng_eager_ok(const _dm_eng* lk, const _dm_xfer* x) {
     const _dm_link *sl, *rl;
     const _dm_inbox* in;
     if (lk->dry || x->speer < 0 || x->rpeer < 0 || x->ss[1].len > _DM_EAGER_MAX || x->rs[1].len > _DM_EAGER_MAX)
@@ -5568,33 +5568,33 @@ _DM_PRIVATE bool _dm_lk_eager_ok(const _dm_lk* lk, const _dm_xfer* x) {
            !in->fp_ready && !in->payload;
 }
 /* Both send steps (fingerprint, then step 1 with its padding) in one publish, or nothing. */
-_DM_PRIVATE bool _dm_lk_eager_send(_dm_lk* lk, const _dm_xfer* x) {
+_DM_PRIVATE bool _dm_eng_eager_send(_dm_eng* lk, const _dm_xfer* x) {
     _dm_link* l = lk->links[x->speer];
-    size_t total = 32 + x->ss[1].len + _dm_lk_pad(l, x->ss[1].len);
-    _dm_iov iov[_DM_LK_IOV_MAX];
+    size_t total = 32 + x->ss[1].len + _dm_eng_pad(l, x->ss[1].len);
+    _dm_iov iov[_DM_LINK_IOV_MAX];
     _dm_xstate start;
     int n, err = 0;
     if (_dm_mem_room((_dm_memlink*)l, total) < total) return false;
     memset(&start, 0, sizeof(start));
-    n = _dm_lk_gather(x, &start, l, iov);
+    n = _dm_eng_gather(x, &start, l, iov);
     if (lk->used) lk->used[x->speer] = true;
     return _dm_mem_sendv(l, iov, n, &err) == (ptrdiff_t)total;
 }
 /* The peer's fingerprint and step 1, when whole and contiguous in its ring within a few looks:
    true with *st set (the fingerprint's verdict), else false with nothing taken. */
-_DM_PRIVATE bool _dm_lk_eager_recv(_dm_lk* lk, const _dm_xfer* x, dm_status* st) {
+_DM_PRIVATE bool _dm_eng_eager_recv(_dm_eng* lk, const _dm_xfer* x, dm_status* st) {
     _dm_link* l = lk->links[x->rpeer];
     const _dm_rstep* r = &x->rs[1];
-    size_t len = r->len, total = 32 + len + _dm_lk_pad(l, len), n = 0;
+    size_t len = r->len, total = 32 + len + _dm_eng_pad(l, len), n = 0;
     const unsigned char* p = NULL;
     int look, looks = lk->spin_us > 0 ? _DM_EAGER_LOOKS : 1;     /* without a core each, no spin */
     for (look = 0; look < looks && n < total; look++) p = _dm_mem_peek(l, &n);
     if (n < total || _dm_get32(p) != _DM_FP_MAGIC || p[4] == _DM_K_SEND) return false;
     if (r->own && ((uintptr_t)(p + 32) & (dm_dtype_size(x->dtype) - 1)) != 0) return false;
     if (lk->used) lk->used[x->rpeer] = true;
-    *st = _dm_lk_check_fp(lk, x, p);
+    *st = _dm_eng_check_fp(lk, x, p);
     if (*st != DM_OK) return true;
-    if (r->own) _dm_lk_reduce_piece(x, r, 0, p + 32, len);
+    if (r->own) _dm_eng_reduce_piece(x, r, 0, p + 32, len);
     else if (len) memcpy(r->buf, p + 32, len);
     _dm_mem_consume(l, total);
     return true;
@@ -5607,7 +5607,7 @@ _DM_PRIVATE bool _dm_lk_eager_recv(_dm_lk* lk, const _dm_xfer* x, dm_status* st)
    into rbuf instead (rbuf = rbuf op received, read in place from links that can peek: one copy
    less than receiving into scratch); rbuf may then also be what is sent, and is written only
    behind the bytes already sent. */
-_DM_PRIVATE dm_status _dm_lk_exchange(_dm_lk* lk, const char* op, const _dm_fp* fp, const _dm_fp* expect, int speer,
+_DM_PRIVATE dm_status _dm_eng_exchange(_dm_eng* lk, const char* op, const _dm_fp* fp, const _dm_fp* expect, int speer,
                                       const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen, bool reduce,
                                       dm_dtype dtype, dm_reduce_op rop) {
     _dm_sstep ss[2];
@@ -5623,27 +5623,27 @@ _DM_PRIVATE dm_status _dm_lk_exchange(_dm_lk* lk, const char* op, const _dm_fp* 
     x.op = op; x.speer = speer; x.rpeer = rpeer; x.ss = ss; x.rs = rs;
     x.ns = speer >= 0 ? 2 : 0; x.nr = rpeer >= 0 ? 2 : 0;
     x.dtype = reduce ? dtype : DM_UINT8; x.rop = reduce ? rop : DM_SUM; x.expect = expect;
-    if (_dm_lk_eager_ok(lk, &x) && _dm_lk_eager_send(lk, &x)) {
+    if (_dm_eng_eager_ok(lk, &x) && _dm_eng_eager_send(lk, &x)) {
         dm_status st;
-        if (_dm_lk_eager_recv(lk, &x, &st)) return st;
+        if (_dm_eng_eager_recv(lk, &x, &st)) return st;
         x.speer = -1; x.ns = 0;             /* sent: the engine only receives */
         rs[1].after_send = -1;
     }
-    return _dm_lk_run(lk, &x);
+    return _dm_eng_run(lk, &x);
 }
-_DM_PRIVATE dm_status _dm_lk_sendrecv(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
+_DM_PRIVATE dm_status _dm_eng_sendrecv(_dm_eng* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
                                       size_t slen, int rpeer, void* rbuf, size_t rlen) {
-    return _dm_lk_exchange(lk, op, fp, fp, speer, sbuf, slen, rpeer, rbuf, rlen, false, DM_UINT8, DM_SUM);
+    return _dm_eng_exchange(lk, op, fp, fp, speer, sbuf, slen, rpeer, rbuf, rlen, false, DM_UINT8, DM_SUM);
 }
-_DM_PRIVATE dm_status _dm_lk_sendrecv_reduce(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
+_DM_PRIVATE dm_status _dm_eng_sendrecv_reduce(_dm_eng* lk, const char* op, const _dm_fp* fp, int speer, const void* sbuf,
                                              int rpeer, void* buf, size_t count, dm_dtype dtype, dm_reduce_op rop) {
     size_t bytes = count * dm_dtype_size(dtype);
-    return _dm_lk_exchange(lk, op, fp, fp, speer, sbuf, bytes, rpeer, buf, bytes, true, dtype, rop);
+    return _dm_eng_exchange(lk, op, fp, fp, speer, sbuf, bytes, rpeer, buf, bytes, true, dtype, rop);
 }
 
 /* Step arrays for a ring transfer of n steps each way, with the fingerprint in step 0. */
 typedef struct _dm_steps { _dm_sstep* ss; _dm_rstep* rs; _dm_fpbufs b; } _dm_steps;
-_DM_PRIVATE dm_status _dm_steps_alloc(_dm_lk* lk, _dm_steps* st, int n, const _dm_fp* fp, const char* op) {
+_DM_PRIVATE dm_status _dm_steps_alloc(_dm_eng* lk, _dm_steps* st, int n, const _dm_fp* fp, const char* op) {
     st->ss = (_dm_sstep*)_dm_calloc(&lk->c->allocator, sizeof(_dm_sstep) * (size_t)n);
     st->rs = (_dm_rstep*)_dm_calloc(&lk->c->allocator, sizeof(_dm_rstep) * (size_t)n);
     if (!st->ss || !st->rs) {
@@ -5668,16 +5668,16 @@ _DM_PRIVATE _dm_team _dm_team_of(const int* ranks, int n, int me) {
     t.ranks = ranks; t.n = n; t.me = me;
     return t;
 }
-_DM_PRIVATE _dm_team _dm_lk_flat(const _dm_lk* lk) { return _dm_team_of(lk->order, lk->c->size, lk->slot[lk->c->rank]); }
-_DM_PRIVATE _dm_team _dm_lk_identity(const _dm_lk* lk) { return _dm_team_of(NULL, lk->c->size, lk->c->rank); }
+_DM_PRIVATE _dm_team _dm_sch_flat(const _dm_eng* lk) { return _dm_team_of(lk->order, lk->c->size, lk->slot[lk->c->rank]); }
+_DM_PRIVATE _dm_team _dm_sch_identity(const _dm_eng* lk) { return _dm_team_of(NULL, lk->c->size, lk->c->rank); }
 /* This rank's host: its first n ranks (n <= the host's size) in local order. */
-_DM_PRIVATE _dm_team _dm_lk_host(const _dm_lk* lk, int n) {
+_DM_PRIVATE _dm_team _dm_sch_host(const _dm_eng* lk, int n) {
     const _dm_layout* y = &lk->lay;
     return _dm_team_of(y->members + y->start[y->host_of[lk->c->rank]], n, y->local[lk->c->rank]);
 }
-_DM_PRIVATE int _dm_lk_host_size(const _dm_lk* lk, int h) { return lk->lay.start[h + 1] - lk->lay.start[h]; }
+_DM_PRIVATE int _dm_sch_host_size(const _dm_eng* lk, int h) { return lk->lay.start[h + 1] - lk->lay.start[h]; }
 /* Rail i: local rank i of every host (each has one), in host order. Uses the team scratch. */
-_DM_PRIVATE _dm_team _dm_lk_rail(_dm_lk* lk, int i) {
+_DM_PRIVATE _dm_team _dm_sch_rail(_dm_eng* lk, int i) {
     _dm_layout* y = &lk->lay;
     int h;
     for (h = 0; h < y->H; h++) y->team[h] = y->members[y->start[h] + i];
@@ -5685,29 +5685,29 @@ _DM_PRIVATE _dm_team _dm_lk_rail(_dm_lk* lk, int i) {
 }
 
 /* Runs n ring steps each way over team t: send to the next position, receive from the previous. */
-_DM_PRIVATE dm_status _dm_steps_run(_dm_lk* lk, const _dm_team* t, _dm_steps* st, int n, const char* op,
+_DM_PRIVATE dm_status _dm_steps_run(_dm_eng* lk, const _dm_team* t, _dm_steps* st, int n, const char* op,
                                     dm_dtype dtype, dm_reduce_op rop, const _dm_fp* fp) {
     dm_status rc;
     _DM_ZERO(_dm_xfer, x);
     x.op = op; x.speer = _dm_team_at(t, 1); x.rpeer = _dm_team_at(t, -1);
     x.ss = st->ss; x.ns = n; x.rs = st->rs; x.nr = n; x.dtype = dtype; x.rop = rop; x.expect = fp;
-    rc = _dm_lk_run(lk, &x);
+    rc = _dm_eng_run(lk, &x);
     _dm_free(&lk->c->allocator, st->ss);
     _dm_free(&lk->c->allocator, st->rs);
     return rc;
 }
 
 /* Only the fingerprints around the ring (count 0: the arguments still have to agree). */
-_DM_PRIVATE dm_status _dm_lk_fp_only(_dm_lk* lk, const char* op, const _dm_fp* fp) {
-    _dm_team t = _dm_lk_flat(lk);
-    return _dm_lk_sendrecv(lk, op, fp, _dm_team_at(&t, 1), NULL, 0, _dm_team_at(&t, -1), NULL, 0);
+_DM_PRIVATE dm_status _dm_sch_fp_only(_dm_eng* lk, const char* op, const _dm_fp* fp) {
+    _dm_team t = _dm_sch_flat(lk);
+    return _dm_eng_sendrecv(lk, op, fp, _dm_team_at(&t, 1), NULL, 0, _dm_team_at(&t, -1), NULL, 0);
 }
 
 /* Recursive doubling over team t on recv (already holding this rank's data). Teams that are
    not a power of two first fold index 2i into 2i+1 for i < rem, and hand the result back at
    the end. The order of reduction is fixed by the team alone: the same bits on every
    transport. divide > 0: MEAN, the result is divided by it. */
-_DM_PRIVATE dm_status _dm_lk_rd(_dm_lk* lk, const _dm_team* t, void* recv, size_t count, dm_dtype dtype,
+_DM_PRIVATE dm_status _dm_sch_rd(_dm_eng* lk, const _dm_team* t, void* recv, size_t count, dm_dtype dtype,
                                 dm_reduce_op op, int divide, const _dm_fp* fp) {
     static const char* name = "all_reduce";
     int W = t->n, r = t->me, p = 1, rem, newrank, mask;
@@ -5716,10 +5716,10 @@ _DM_PRIVATE dm_status _dm_lk_rd(_dm_lk* lk, const _dm_team* t, void* recv, size_
     rem = W - p;
     if (r < 2 * rem) {
         if (r % 2 == 0) {
-            _DM_TRY(_dm_lk_sendrecv(lk, name, fp, _dm_team_rank(t, r + 1), recv, bytes, -1, NULL, 0));
+            _DM_TRY(_dm_eng_sendrecv(lk, name, fp, _dm_team_rank(t, r + 1), recv, bytes, -1, NULL, 0));
             newrank = -1;
         } else {
-            _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, -1, NULL, _dm_team_rank(t, r - 1), recv, count, dtype, op));
+            _DM_TRY(_dm_eng_sendrecv_reduce(lk, name, fp, -1, NULL, _dm_team_rank(t, r - 1), recv, count, dtype, op));
             newrank = r / 2;
         }
     } else {
@@ -5729,33 +5729,33 @@ _DM_PRIVATE dm_status _dm_lk_rd(_dm_lk* lk, const _dm_team* t, void* recv, size_
         for (mask = 1; mask < p; mask <<= 1) {
             int pn = newrank ^ mask, peer = _dm_team_rank(t, pn < rem ? pn * 2 + 1 : pn + rem);
             /* IEEE +, *, max, min are commutative, so both partners compute the same bits */
-            _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, peer, recv, peer, recv, count, dtype, op));
+            _DM_TRY(_dm_eng_sendrecv_reduce(lk, name, fp, peer, recv, peer, recv, count, dtype, op));
         }
     }
     if (r < 2 * rem) {
-        if (r % 2) _DM_TRY(_dm_lk_sendrecv(lk, name, fp, _dm_team_rank(t, r - 1), recv, bytes, -1, NULL, 0));
-        else _DM_TRY(_dm_lk_sendrecv(lk, name, fp, -1, NULL, 0, _dm_team_rank(t, r + 1), recv, bytes));
+        if (r % 2) _DM_TRY(_dm_eng_sendrecv(lk, name, fp, _dm_team_rank(t, r - 1), recv, bytes, -1, NULL, 0));
+        else _DM_TRY(_dm_eng_sendrecv(lk, name, fp, -1, NULL, 0, _dm_team_rank(t, r + 1), recv, bytes));
     }
     if (divide) dm_divide_local(dtype, recv, count, divide);
     return DM_OK;
 }
 
 /* Ring all-reduce over team t, blocks by position: _dm_segment(count, n, p) is position p's.
-   Its reduce-scatter steps (_DM_RING_RS: step g sends the block of position me-g-1 and
+   Its reduce-scatter steps (_DM_SCH_RING_RS: step g sends the block of position me-g-1 and
    receives and reduces that of me-g-2, so each position ends holding its own block, reduced
-   in ring order starting after it) and its all-gather steps (_DM_RING_AG: step g sends the
+   in ring order starting after it) and its all-gather steps (_DM_SCH_RING_AG: step g sends the
    block of me-g, receives that of me-g-1) run as one pipelined stream. The all-gather alone
    starts from each position holding its own block in recv. divide > 0: MEAN's division, done
    on the last reduction of each block. */
-#define _DM_RING_RS 1
-#define _DM_RING_AG 2
-/* Appends the steps of a ring over team t on count elements (in, out as for _dm_lk_ring) to st
+#define _DM_SCH_RING_RS 1
+#define _DM_SCH_RING_AG 2
+/* Appends the steps of a ring over team t on count elements (in, out as for _dm_sch_ring) to st
    from step k on, and returns the next step. An all-gather after a reduce-scatter in the same
    call waits for it (its first block is the one the reduce-scatter finished last); an
    all-gather alone waits for nothing. */
-_DM_PRIVATE int _dm_ring_steps(_dm_steps* st, int k, const _dm_team* t, const unsigned char* in, unsigned char* out,
+_DM_PRIVATE int _dm_sch_ring_steps(_dm_steps* st, int k, const _dm_team* t, const unsigned char* in, unsigned char* out,
                                size_t count, size_t esize, int divide, int phases) {
-    int W = t->n, g, nrs = (phases & _DM_RING_RS) ? W - 1 : 0, nag = (phases & _DM_RING_AG) ? W - 1 : 0;
+    int W = t->n, g, nrs = (phases & _DM_SCH_RING_RS) ? W - 1 : 0, nag = (phases & _DM_SCH_RING_AG) ? W - 1 : 0;
     size_t off, len;
     for (g = 0; g < nrs; g++, k++) {
         _dm_segment(count, W, _dm_mod(t->me - g - 1, W), &off, &len);
@@ -5778,47 +5778,47 @@ _DM_PRIVATE int _dm_ring_steps(_dm_steps* st, int k, const _dm_team* t, const un
     }
     return k;
 }
-_DM_PRIVATE dm_status _dm_lk_ring(_dm_lk* lk, const _dm_team* t, const void* send, void* recv, size_t count,
+_DM_PRIVATE dm_status _dm_sch_ring(_dm_eng* lk, const _dm_team* t, const void* send, void* recv, size_t count,
                                   dm_dtype dtype, dm_reduce_op op, int divide, const _dm_fp* fp, int phases) {
-    int W = t->n, n = 1 + ((phases & _DM_RING_RS) ? W - 1 : 0) + ((phases & _DM_RING_AG) ? W - 1 : 0);
+    int W = t->n, n = 1 + ((phases & _DM_SCH_RING_RS) ? W - 1 : 0) + ((phases & _DM_SCH_RING_AG) ? W - 1 : 0);
     _dm_steps st;
     _DM_TRY(_dm_steps_alloc(lk, &st, n, fp, "all_reduce"));
-    n = _dm_ring_steps(&st, 1, t, (const unsigned char*)send, (unsigned char*)recv, count, dm_dtype_size(dtype),
+    n = _dm_sch_ring_steps(&st, 1, t, (const unsigned char*)send, (unsigned char*)recv, count, dm_dtype_size(dtype),
                        divide, phases);
     return _dm_steps_run(lk, t, &st, n, "all_reduce", dtype, op, fp);
 }
 
-/* The pipelined middle of the two-level all-reduce (_dm_lk_allreduce_2l with ring rails): the
+/* The pipelined middle of the two-level all-reduce (_dm_sch_allreduce_2l with ring rails): the
    buffer is cut into S segments (_dm_segment), and in stage s the host's ring reduce-scatters
    segment s and all-gathers segment s - 2 (one transfer, both on the host's links) while rail
    i all-reduces block i of segment s - 1 across the hosts (a ring, or between two hosts one
    exchange), the two transfers at once
-   (_dm_lk_run_n): a host's shared-memory work hides behind its network link's, and the link
-   stays busy. S is the model's choice (>>choice, _dm_lk_2l_segments: more segments hide more
+   (_dm_eng_run_n): a host's shared-memory work hides behind its network link's, and the link
+   stays busy. S is the model's choice (>>choice, _dm_pick_2l_segments: more segments hide more
    of the host's work, each costs the rail's steps' latency once more), a function of the
    layout, the count and the dtype, so every rank and every transport cuts alike; each segment
-   is cut into R blocks as the whole buffer is when S = 1. At most _dm_lk_2l_max_segments: a
-   rail's block of a segment of about _DM_LK_2L_BLOCK bytes or more, at most
-   _DM_LK_2L_SEGMENTS_MAX segments, and an element per host in every segment's block. */
-#define _DM_LK_2L_BLOCK ((size_t)512 << 10)
-#define _DM_LK_2L_SEGMENTS_MAX 64
-_DM_PRIVATE int _dm_lk_2l_segments(const _dm_lk* lk, size_t count, size_t esize, int R, bool rail_ring);
+   is cut into R blocks as the whole buffer is when S = 1. At most _dm_sch_2l_max_segments: a
+   rail's block of a segment of about _DM_SCH_2L_BLOCK bytes or more, at most
+   _DM_SCH_2L_SEGMENTS_MAX segments, and an element per host in every segment's block. */
+#define _DM_SCH_2L_BLOCK ((size_t)512 << 10)
+#define _DM_SCH_2L_SEGMENTS_MAX 64
+_DM_PRIVATE int _dm_pick_2l_segments(const _dm_eng* lk, size_t count, size_t esize, int R, bool rail_ring);
 /* Whether the two-level all-reduce with R rails runs pipelined: R > 1, each rail one transfer
    (a ring, or one exchange between two hosts; one host has no rail), and every rail's block
-   of the whole buffer an element per host. The choice (_dm_lk_2l_segments) and the schedule
-   (_dm_lk_allreduce_2l) both ask here. */
-_DM_PRIVATE bool _dm_lk_2l_pipelined(const _dm_lk* lk, size_t count, int R, bool rail_ring) {
+   of the whole buffer an element per host. The choice (_dm_pick_2l_segments) and the schedule
+   (_dm_sch_allreduce_2l) both ask here. */
+_DM_PRIVATE bool _dm_sch_2l_pipelined(const _dm_eng* lk, size_t count, int R, bool rail_ring) {
     int H = lk->lay.H;
     return R > 1 && (rail_ring || H <= 2) && count / (size_t)R >= (size_t)H;
 }
-_DM_PRIVATE int _dm_lk_2l_max_segments(size_t count, size_t esize, int R, int H) {
-    size_t S = count * esize / (_DM_LK_2L_BLOCK * (size_t)R);
-    if (S > _DM_LK_2L_SEGMENTS_MAX) S = _DM_LK_2L_SEGMENTS_MAX;
+_DM_PRIVATE int _dm_sch_2l_max_segments(size_t count, size_t esize, int R, int H) {
+    size_t S = count * esize / (_DM_SCH_2L_BLOCK * (size_t)R);
+    if (S > _DM_SCH_2L_SEGMENTS_MAX) S = _DM_SCH_2L_SEGMENTS_MAX;
     while (S > 1 && count / S < (size_t)R * (size_t)H) S--;
     return S < 1 ? 1 : (int)S;
 }
 /* One ring transfer over team t on the steps st holds (k of them), reducing through scratch tmp. */
-_DM_PRIVATE void _dm_ring_xfer(_dm_xfer* x, const _dm_team* t, const _dm_steps* st, int k, dm_dtype dtype,
+_DM_PRIVATE void _dm_sch_ring_xfer(_dm_xfer* x, const _dm_team* t, const _dm_steps* st, int k, dm_dtype dtype,
                                dm_reduce_op op, const _dm_fp* fp, unsigned char* tmp) {
     memset(x, 0, sizeof(*x));
     x->op = "all_reduce"; x->speer = _dm_team_at(t, 1); x->rpeer = _dm_team_at(t, -1);
@@ -5828,7 +5828,7 @@ _DM_PRIVATE void _dm_ring_xfer(_dm_xfer* x, const _dm_team* t, const _dm_steps* 
 /* Stage s of S (see above): the host's transfer and the rail's, together. The rail is a ring
    (rail_ring), or recursive doubling between two hosts: one exchange of the block, each side
    reducing what arrives into its own (after sending it), so both get a op b. */
-_DM_PRIVATE dm_status _dm_lk_2l_stage(_dm_lk* lk, const _dm_team* host, const _dm_team* rail, bool rail_ring,
+_DM_PRIVATE dm_status _dm_sch_2l_stage(_dm_eng* lk, const _dm_team* host, const _dm_team* rail, bool rail_ring,
                                       unsigned char* buf, size_t count, dm_dtype dtype, dm_reduce_op op, int divide,
                                       const _dm_fp* fp, int S, int s) {
     size_t esize = dm_dtype_size(dtype), off, len, boff, blen;
@@ -5843,13 +5843,13 @@ _DM_PRIVATE dm_status _dm_lk_2l_stage(_dm_lk* lk, const _dm_team* host, const _d
         k = 1;
         if (s < S) {
             _dm_segment(count, S, s, &off, &len);
-            k = _dm_ring_steps(&hs, k, host, buf + off * esize, buf + off * esize, len, esize, 0, _DM_RING_RS);
+            k = _dm_sch_ring_steps(&hs, k, host, buf + off * esize, buf + off * esize, len, esize, 0, _DM_SCH_RING_RS);
         }
         if (s >= 2) {
             _dm_segment(count, S, s - 2, &off, &len);
-            k = _dm_ring_steps(&hs, k, host, buf + off * esize, buf + off * esize, len, esize, 0, _DM_RING_AG);
+            k = _dm_sch_ring_steps(&hs, k, host, buf + off * esize, buf + off * esize, len, esize, 0, _DM_SCH_RING_AG);
         }
-        _dm_ring_xfer(&x[n++], host, &hs, k, dtype, op, fp, lk->tmp2);
+        _dm_sch_ring_xfer(&x[n++], host, &hs, k, dtype, op, fp, lk->tmp2);
     }
     if (s >= 1 && s <= S) {
         unsigned char* block;
@@ -5861,17 +5861,17 @@ _DM_PRIVATE dm_status _dm_lk_2l_stage(_dm_lk* lk, const _dm_team* host, const _d
         } else {
             st = _dm_steps_alloc(lk, &rs, 1 + 2 * (rail->n - 1), fp, "all_reduce");
             if (st == DM_OK && rail_ring) {
-                k = _dm_ring_steps(&rs, 1, rail, block, block, blen, esize, divide, _DM_RING_RS | _DM_RING_AG);
-                _dm_ring_xfer(&x[n++], rail, &rs, k, dtype, op, fp, NULL);
+                k = _dm_sch_ring_steps(&rs, 1, rail, block, block, blen, esize, divide, _DM_SCH_RING_RS | _DM_SCH_RING_AG);
+                _dm_sch_ring_xfer(&x[n++], rail, &rs, k, dtype, op, fp, NULL);
             } else if (st == DM_OK) {       /* two hosts: the exchange */
                 rs.ss[1].buf = block; rs.ss[1].len = blen * esize; rs.ss[1].gate = -1;
                 rs.rs[1].buf = block; rs.rs[1].len = blen * esize; rs.rs[1].own = block;
                 rs.rs[1].after_send = 1; rs.rs[1].divide = divide;
-                _dm_ring_xfer(&x[n++], rail, &rs, 2, dtype, op, fp, NULL);
+                _dm_sch_ring_xfer(&x[n++], rail, &rs, 2, dtype, op, fp, NULL);
             }
         }
     }
-    if (st == DM_OK && n > 0) st = _dm_lk_run_n(lk, x, n);
+    if (st == DM_OK && n > 0) st = _dm_eng_run_n(lk, x, n);
     _dm_free(&lk->c->allocator, hs.ss);
     _dm_free(&lk->c->allocator, hs.rs);
     _dm_free(&lk->c->allocator, rs.ss);
@@ -5887,48 +5887,48 @@ _DM_PRIVATE dm_status _dm_lk_2l_stage(_dm_lk* lk, const _dm_team* host, const _d
      3. rail i (local rank i of every host) all-reduces block i across hosts: a ring when the
         block has an element per host and rail_ring is set, else recursive doubling;
      4. the first R ranks all-gather (ring); 5. each sends the result to the ranks it folded.
-   With R > 1, and ring rails or two hosts, 2-4 run pipelined by segment (_dm_lk_2l_stage):
+   With R > 1, and ring rails or two hosts, 2-4 run pipelined by segment (_dm_sch_2l_stage):
    block i is then block i of each segment. R = 1 is the small-message form: reduce to a host leader,
    recursive doubling among the leaders, broadcast inside the host. Every step's order is
    fixed by the layout and the count, so the bits are the same on every transport. */
-_DM_PRIVATE dm_status _dm_lk_allreduce_2l(_dm_lk* lk, void* recv, size_t count, dm_dtype dtype, dm_reduce_op op,
+_DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count, dm_dtype dtype, dm_reduce_op op,
                                           int divide, const _dm_fp* fp, int R, bool rail_ring) {
     static const char* name = "all_reduce";
     const _dm_layout* y = &lk->lay;
-    int me = lk->c->rank, i = y->local[me], L = _dm_lk_host_size(lk, y->host_of[me]), e, S, s;
+    int me = lk->c->rank, i = y->local[me], L = _dm_sch_host_size(lk, y->host_of[me]), e, S, s;
     size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
-    _dm_team host = _dm_lk_host(lk, R), rail;
+    _dm_team host = _dm_sch_host(lk, R), rail;
     unsigned char* block;
     if (i >= R) {                               /* folded: data to the core rank, result back */
         int core = host.ranks[i % R];
-        _DM_TRY(_dm_lk_sendrecv(lk, name, fp, core, recv, bytes, -1, NULL, 0));
-        return _dm_lk_sendrecv(lk, name, fp, -1, NULL, 0, core, recv, bytes);
+        _DM_TRY(_dm_eng_sendrecv(lk, name, fp, core, recv, bytes, -1, NULL, 0));
+        return _dm_eng_sendrecv(lk, name, fp, -1, NULL, 0, core, recv, bytes);
     }
     for (e = i + R; e < L; e += R)
-        _DM_TRY(_dm_lk_sendrecv_reduce(lk, name, fp, -1, NULL, host.ranks[e], recv, count, dtype, op));
-    rail = _dm_lk_rail(lk, i);
-    if (_dm_lk_2l_pipelined(lk, count, R, rail_ring)) {
-        S = _dm_lk_2l_segments(lk, count, esize, R, rail_ring);
+        _DM_TRY(_dm_eng_sendrecv_reduce(lk, name, fp, -1, NULL, host.ranks[e], recv, count, dtype, op));
+    rail = _dm_sch_rail(lk, i);
+    if (_dm_sch_2l_pipelined(lk, count, R, rail_ring)) {
+        S = _dm_pick_2l_segments(lk, count, esize, R, rail_ring);
         if (!lk->tmp2) lk->tmp2 = (unsigned char*)_dm_malloc(&lk->c->allocator, lk->tmp_size);
         if (!lk->tmp2) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, name);
         for (s = 0; s < S + 2; s++)
-            _DM_TRY(_dm_lk_2l_stage(lk, &host, &rail, rail_ring, (unsigned char*)recv, count, dtype, op, divide, fp,
+            _DM_TRY(_dm_sch_2l_stage(lk, &host, &rail, rail_ring, (unsigned char*)recv, count, dtype, op, divide, fp,
                                     S, s));
     } else {
-        if (R > 1) _DM_TRY(_dm_lk_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_RING_RS));
+        if (R > 1) _DM_TRY(_dm_sch_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_SCH_RING_RS));
         _dm_segment(count, R, i, &off, &len);
         block = (unsigned char*)recv + off * esize;
         if (rail.n == 1) {
             if (divide) dm_divide_local(dtype, block, len, divide);
         } else if (rail_ring && len >= (size_t)rail.n) {
-            _DM_TRY(_dm_lk_ring(lk, &rail, block, block, len, dtype, op, divide, fp, _DM_RING_RS | _DM_RING_AG));
+            _DM_TRY(_dm_sch_ring(lk, &rail, block, block, len, dtype, op, divide, fp, _DM_SCH_RING_RS | _DM_SCH_RING_AG));
         } else {
-            _DM_TRY(_dm_lk_rd(lk, &rail, block, len, dtype, op, divide, fp));
+            _DM_TRY(_dm_sch_rd(lk, &rail, block, len, dtype, op, divide, fp));
         }
-        if (R > 1) _DM_TRY(_dm_lk_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_RING_AG));
+        if (R > 1) _DM_TRY(_dm_sch_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_SCH_RING_AG));
     }
     for (e = i + R; e < L; e += R)
-        _DM_TRY(_dm_lk_sendrecv(lk, name, fp, host.ranks[e], recv, bytes, -1, NULL, 0));
+        _DM_TRY(_dm_eng_sendrecv(lk, name, fp, host.ranks[e], recv, bytes, -1, NULL, 0));
     return DM_OK;
 }
 
@@ -5971,7 +5971,7 @@ _DM_PRIVATE int _dm_ceil_log2(int n) { int k = 0; while ((1 << k) < n) k++; retu
 /* One round of pairs (rank a[i] sends b bytes to o[i], i < n): its slowest link. A host's
    flows across share its link, so a round costs alpha + (the most ranks of one host sending
    across) * b * beta; a round inside the hosts costs shared memory's. */
-_DM_PRIVATE double _dm_cost_round(const _dm_lk* lk, const int* a, const int* o, int n, double b, int* per_host) {
+_DM_PRIVATE double _dm_cost_round(const _dm_eng* lk, const int* a, const int* o, int n, double b, int* per_host) {
     int i, most = 0;
     for (i = 0; i < lk->lay.H; i++) per_host[i] = 0;
     for (i = 0; i < n; i++)
@@ -5980,7 +5980,7 @@ _DM_PRIVATE double _dm_cost_round(const _dm_lk* lk, const int* a, const int* o, 
     return most ? _dm_cost(&_dm_cost_cross_host, 1, b * most) : _dm_cost(&_dm_cost_shm, 1, b);
 }
 /* Recursive doubling over every rank (identity order) with b bytes, round by round. */
-_DM_PRIVATE double _dm_cost_flat_rd(const _dm_lk* lk, double b) {
+_DM_PRIVATE double _dm_cost_flat_rd(const _dm_eng* lk, double b) {
     int W = lk->c->size, p = 1, rem, mask, q, n;
     int *a = lk->lay.team, *o = a + W, *per_host = o + W;     /* senders, partners, counts */
     double t = 0;
@@ -5998,16 +5998,16 @@ _DM_PRIVATE double _dm_cost_flat_rd(const _dm_lk* lk, double b) {
     }
     return t;
 }
-_DM_PRIVATE double _dm_cost_flat_ring(const _dm_lk* lk, double b) {
+_DM_PRIVATE double _dm_cost_flat_ring(const _dm_eng* lk, double b) {
     int W = lk->c->size;
     return _dm_cost(lk->lay.H > 1 ? &_dm_cost_cross_host : &_dm_cost_shm, 2.0 * (W - 1), b / W);
 }
 /* The host's ring (R ranks) and the rails of the two-level all-reduce on b bytes, run over S
-   segments: one after the other when S = 1, else pipelined (_dm_lk_2l_stage), the larger of
+   segments: one after the other when S = 1, else pipelined (_dm_sch_2l_stage), the larger of
    the two (each S times as many steps of 1/S the bytes) plus the host's share of one segment
    (the reduce-scatter of the first, the all-gather of the last). A host's R rails share its
    link, so a rail step of b/R/H bytes costs the host b/H. */
-_DM_PRIVATE double _dm_cost_2l_middle(const _dm_lk* lk, double b, int R, bool rail_ring, int S) {
+_DM_PRIVATE double _dm_cost_2l_middle(const _dm_eng* lk, double b, int R, bool rail_ring, int S) {
     int H = lk->lay.H;
     double host = _dm_cost(&_dm_cost_shm, 2.0 * (R - 1) * S, b / R / S), rails;
     if (rail_ring) rails = _dm_cost(&_dm_cost_cross_host, 2.0 * (H - 1) * S, b / H / S);
@@ -6016,10 +6016,10 @@ _DM_PRIVATE double _dm_cost_2l_middle(const _dm_lk* lk, double b, int R, bool ra
     return (host > rails ? host : rails) + host / S;
 }
 /* The segments of the pipelined two-level all-reduce (R > 1, and ring rails or two hosts):
-   of 1, 2, 4, ... and the most allowed (_dm_lk_2l_max_segments), the cheapest by the model
+   of 1, 2, 4, ... and the most allowed (_dm_sch_2l_max_segments), the cheapest by the model
    (ties: the fewer). Else 1. */
-_DM_PRIVATE int _dm_lk_2l_segments(const _dm_lk* lk, size_t count, size_t esize, int R, bool rail_ring) {
-    int most = _dm_lk_2l_pipelined(lk, count, R, rail_ring) ? _dm_lk_2l_max_segments(count, esize, R, lk->lay.H) : 1;
+_DM_PRIVATE int _dm_pick_2l_segments(const _dm_eng* lk, size_t count, size_t esize, int R, bool rail_ring) {
+    int most = _dm_sch_2l_pipelined(lk, count, R, rail_ring) ? _dm_sch_2l_max_segments(count, esize, R, lk->lay.H) : 1;
     int S, best = 1;
     double b = (double)count * (double)esize, least = _dm_cost_2l_middle(lk, b, R, rail_ring, 1);
     for (S = 2; most > 1; S *= 2) {
@@ -6031,25 +6031,25 @@ _DM_PRIVATE int _dm_lk_2l_segments(const _dm_lk* lk, size_t count, size_t esize,
     return best;
 }
 /* Two-level with R rails: the fold and its return, then the host's ring and the rails. */
-_DM_PRIVATE double _dm_cost_two_level(const _dm_lk* lk, size_t count, size_t esize, int R, bool rail_ring) {
+_DM_PRIVATE double _dm_cost_two_level(const _dm_eng* lk, size_t count, size_t esize, int R, bool rail_ring) {
     const _dm_layout* y = &lk->lay;
     double b = (double)count * (double)esize;
     return _dm_cost(&_dm_cost_shm, 2.0 * ((y->Lmax - 1) / R), b) +
-           _dm_cost_2l_middle(lk, b, R, rail_ring, _dm_lk_2l_segments(lk, count, esize, R, rail_ring));
+           _dm_cost_2l_middle(lk, b, R, rail_ring, _dm_pick_2l_segments(lk, count, esize, R, rail_ring));
 }
-_DM_PRIVATE bool _dm_lk_forced_flat(const _dm_lk* lk) {
+_DM_PRIVATE bool _dm_pick_forced_flat(const _dm_eng* lk) {
     return lk->algo == _DM_ALGO_FLAT || lk->algo == _DM_ALGO_FLAT_RING || lk->algo == _DM_ALGO_FLAT_RD;
 }
-_DM_PRIVATE bool _dm_lk_forced_two_level(const _dm_lk* lk) {
+_DM_PRIVATE bool _dm_pick_forced_two_level(const _dm_eng* lk) {
     return lk->algo == _DM_ALGO_TWO_LEVEL || lk->algo == _DM_ALGO_TWO_LEVEL_RING || lk->algo == _DM_ALGO_TWO_LEVEL_RD;
 }
 /* True when the hosts matter: more than one, and one with more than a rank. */
-_DM_PRIVATE bool _dm_lk_multi_host(const _dm_lk* lk) { return lk->lay.H > 1 && lk->lay.Lmax > 1; }
+_DM_PRIVATE bool _dm_pick_multi_host(const _dm_eng* lk) { return lk->lay.H > 1 && lk->lay.Lmax > 1; }
 
 /* Two-level with R = the smallest host's size rails: whether the rails all-reduce their blocks
    with a ring (else recursive doubling): the cheaper by the model, a ring only where a block
    has an element per host. */
-_DM_PRIVATE bool _dm_lk_rails_ring(const _dm_lk* lk, size_t count, dm_dtype dtype) {
+_DM_PRIVATE bool _dm_pick_rails_ring(const _dm_eng* lk, size_t count, dm_dtype dtype) {
     const _dm_layout* y = &lk->lay;
     size_t esize = dm_dtype_size(dtype);
     if (count / (size_t)y->Lmin < (size_t)y->H) return false;
@@ -6058,8 +6058,8 @@ _DM_PRIVATE bool _dm_lk_rails_ring(const _dm_lk* lk, size_t count, dm_dtype dtyp
 }
 /* all_reduce's algorithm for count elements of dtype: one of the four _DM_ALGO_*_RING / _RD.
    two_level_ring: the host's ring with R = the smallest host's size rails (each rail a ring or
-   recursive doubling, _dm_lk_rails_ring); two_level_rd: one rail of host leaders. */
-_DM_PRIVATE int _dm_lk_choose_all_reduce(const _dm_lk* lk, size_t count, dm_dtype dtype) {
+   recursive doubling, _dm_pick_rails_ring); two_level_rd: one rail of host leaders. */
+_DM_PRIVATE int _dm_pick_all_reduce(const _dm_eng* lk, size_t count, dm_dtype dtype) {
     const _dm_layout* y = &lk->lay;
     int W = lk->c->size, H = y->H, R = y->Lmin, k, best = -1;
     size_t esize = dm_dtype_size(dtype);
@@ -6073,13 +6073,13 @@ _DM_PRIVATE int _dm_lk_choose_all_reduce(const _dm_lk* lk, size_t count, dm_dtyp
     case _DM_ALGO_TWO_LEVEL_RD: return _DM_ALGO_TWO_LEVEL_RD;
     default: break;
     }
-    if (!_dm_lk_multi_host(lk) && lk->algo != _DM_ALGO_TWO_LEVEL)      /* measured on one host */
-        return (b <= (double)_DM_LK_SMALL_BYTES || !ring_fits) ? _DM_ALGO_FLAT_RD : _DM_ALGO_FLAT_RING;
+    if (!_dm_pick_multi_host(lk) && lk->algo != _DM_ALGO_TWO_LEVEL)      /* measured on one host */
+        return (b <= (double)_DM_PICK_SMALL_BYTES || !ring_fits) ? _DM_ALGO_FLAT_RD : _DM_ALGO_FLAT_RING;
     for (k = 0; k < _DM_ALGO_COUNT; k++) cost[k] = 1e300;
     if (flat_ok && ring_fits) cost[_DM_ALGO_FLAT_RING] = _dm_cost_flat_ring(lk, b);
     if (flat_ok) cost[_DM_ALGO_FLAT_RD] = _dm_cost_flat_rd(lk, b);
-    if (two_ok && rails_fit && (R > 1 || _dm_lk_rails_ring(lk, count, dtype)))    /* R = 1 with rd: two_level_rd */
-        cost[_DM_ALGO_TWO_LEVEL_RING] = _dm_cost_two_level(lk, count, esize, R, _dm_lk_rails_ring(lk, count, dtype));
+    if (two_ok && rails_fit && (R > 1 || _dm_pick_rails_ring(lk, count, dtype)))    /* R = 1 with rd: two_level_rd */
+        cost[_DM_ALGO_TWO_LEVEL_RING] = _dm_cost_two_level(lk, count, esize, R, _dm_pick_rails_ring(lk, count, dtype));
     if (two_ok) cost[_DM_ALGO_TWO_LEVEL_RD] = _dm_cost_two_level(lk, count, esize, 1, false);
     for (k = _DM_ALGO_FLAT_RING; k < _DM_ALGO_COUNT; k++)     /* ties: the first in this order */
         if (best < 0 || cost[k] < cost[best]) best = k;
@@ -6087,18 +6087,18 @@ _DM_PRIVATE int _dm_lk_choose_all_reduce(const _dm_lk* lk, size_t count, dm_dtyp
 }
 /* all_gather / reduce_scatter with blocks of b bytes: two-level (rails, then the host)? Only
    on even layouts (every host L ranks). */
-_DM_PRIVATE bool _dm_lk_gather_two_level(const _dm_lk* lk, double b) {
+_DM_PRIVATE bool _dm_pick_gather_two_level(const _dm_eng* lk, double b) {
     const _dm_layout* y = &lk->lay;
     double flat, two;
-    if (_dm_lk_forced_flat(lk) || y->H < 2 || y->Lmin != y->Lmax || y->Lmax < 2) return false;
-    if (_dm_lk_forced_two_level(lk)) return true;
+    if (_dm_pick_forced_flat(lk) || y->H < 2 || y->Lmin != y->Lmax || y->Lmax < 2) return false;
+    if (_dm_pick_forced_two_level(lk)) return true;
     flat = _dm_cost(&_dm_cost_cross_host, lk->c->size - 1, b);
     two = _dm_cost(&_dm_cost_cross_host, y->H - 1, b * y->Lmax) + _dm_cost(&_dm_cost_shm, y->Lmax - 1, b * y->H);
     return two < flat;
 }
 /* Dissemination over every rank: in round k each rank r signals r + k (mod size); zero bytes,
    so a round costs the latency of its slowest class of link. */
-_DM_PRIVATE double _dm_cost_flat_dissemination(const _dm_lk* lk) {
+_DM_PRIVATE double _dm_cost_flat_dissemination(const _dm_eng* lk) {
     int W = lk->c->size, k, r;
     int *a = lk->lay.team, *o = a + W, *per_host = o + W;     /* senders, partners, counts */
     double t = 0;
@@ -6108,51 +6108,51 @@ _DM_PRIVATE double _dm_cost_flat_dissemination(const _dm_lk* lk) {
     }
     return t;
 }
-_DM_PRIVATE bool _dm_lk_barrier_two_level(const _dm_lk* lk) {
+_DM_PRIVATE bool _dm_pick_barrier_two_level(const _dm_eng* lk) {
     const _dm_layout* y = &lk->lay;
-    if (_dm_lk_forced_flat(lk) || y->H < 2) return false;
-    if (_dm_lk_forced_two_level(lk)) return true;
-    if (!_dm_lk_multi_host(lk)) return false;
+    if (_dm_pick_forced_flat(lk) || y->H < 2) return false;
+    if (_dm_pick_forced_two_level(lk)) return true;
+    if (!_dm_pick_multi_host(lk)) return false;
     return _dm_cost(&_dm_cost_shm, 2.0 * (y->Lmax - 1), 0) + _dm_cost(&_dm_cost_cross_host, _dm_ceil_log2(y->H), 0) <
            _dm_cost_flat_dissemination(lk);
 }
-_DM_PRIVATE void _dm_lk_ran(_dm_lk* lk, const char* algorithm) { lk->c->algorithm = algorithm; }
+_DM_PRIVATE void _dm_coll_ran(_dm_eng* lk, const char* algorithm) { lk->c->algorithm = algorithm; }
 
-_DM_PRIVATE dm_status _dm_lk_all_reduce(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
+_DM_PRIVATE dm_status _dm_coll_all_reduce(_dm_eng* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
                                         dm_reduce_op op) {
     size_t bytes = count * dm_dtype_size(dtype);
     int algo, divide = op == DM_MEAN ? lk->c->size : 0;
     _dm_team t;
     _dm_fp fp;
-    _DM_TRY(_dm_lk_check_broken(lk, "all_reduce"));
+    _DM_TRY(_dm_eng_check_broken(lk, "all_reduce"));
     if (lk->c->size == 1) {
         if (send != recv && bytes) memcpy(recv, send, bytes);
         return DM_OK;
     }
     _dm_fp_make(&fp, lk->c, _DM_K_ALL_REDUCE, (int)dtype, (int)op, 0, count);
-    if (count == 0) return _dm_lk_fp_only(lk, "all_reduce", &fp);
-    algo = _dm_lk_choose_all_reduce(lk, count, dtype);
-    _dm_lk_ran(lk, _dm_algo_names[algo]);
+    if (count == 0) return _dm_sch_fp_only(lk, "all_reduce", &fp);
+    algo = _dm_pick_all_reduce(lk, count, dtype);
+    _dm_coll_ran(lk, _dm_algo_names[algo]);
     if (algo == _DM_ALGO_FLAT_RING) {
-        t = _dm_lk_flat(lk);
-        return _dm_lk_ring(lk, &t, send, recv, count, dtype, op, divide, &fp, _DM_RING_RS | _DM_RING_AG);
+        t = _dm_sch_flat(lk);
+        return _dm_sch_ring(lk, &t, send, recv, count, dtype, op, divide, &fp, _DM_SCH_RING_RS | _DM_SCH_RING_AG);
     }
     if (send != recv) memcpy(recv, send, bytes);
     if (algo == _DM_ALGO_FLAT_RD) {
-        t = _dm_lk_identity(lk);
-        return _dm_lk_rd(lk, &t, recv, count, dtype, op, divide, &fp);
+        t = _dm_sch_identity(lk);
+        return _dm_sch_rd(lk, &t, recv, count, dtype, op, divide, &fp);
     }
     if (algo == _DM_ALGO_TWO_LEVEL_RING)
-        return _dm_lk_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, lk->lay.Lmin,
-                                   _dm_lk_rails_ring(lk, count, dtype));
-    return _dm_lk_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, 1, false);
+        return _dm_sch_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, lk->lay.Lmin,
+                                   _dm_pick_rails_ring(lk, count, dtype));
+    return _dm_sch_allreduce_2l(lk, recv, count, dtype, op, divide, &fp, 1, false);
 }
 
 /* Ring all-gather over team t of K pieces per position: pieces[p * K + k] is piece k of
    position p, bytes each, this position's already in place. Step g sends the pieces of
    position me-g and receives those of me-g-1 straight into place, each forwarded the next
    step as it arrives. */
-_DM_PRIVATE dm_status _dm_lk_ring_gather(_dm_lk* lk, const _dm_team* t, void* const* pieces, int K, size_t bytes,
+_DM_PRIVATE dm_status _dm_sch_ring_gather(_dm_eng* lk, const _dm_team* t, void* const* pieces, int K, size_t bytes,
                                          int kind, dm_dtype dtype, const _dm_fp* fp) {
     int W = t->n, g, k, i = 1;
     _dm_steps st;
@@ -6173,7 +6173,7 @@ _DM_PRIVATE dm_status _dm_lk_ring_gather(_dm_lk* lk, const _dm_team* t, void* co
 /* All-gather into per-rank buffers. Flat: one ring in host order. Two-level (even layouts):
    rail i gathers its members' blocks across hosts, then each host's ring gathers the rails'
    H blocks per rank. */
-_DM_PRIVATE dm_status _dm_lk_all_gather_list(_dm_lk* lk, int kind, const void* send, void* const* recvs,
+_DM_PRIVATE dm_status _dm_coll_all_gather_list(_dm_eng* lk, int kind, const void* send, void* const* recvs,
                                              size_t count, dm_dtype dtype) {
     const _dm_layout* y = &lk->lay;
     int W = lk->c->size, r = lk->c->rank, p, q;
@@ -6183,34 +6183,34 @@ _DM_PRIVATE dm_status _dm_lk_all_gather_list(_dm_lk* lk, int kind, const void* s
     _dm_team t;
     dm_status st;
     _dm_fp fp;
-    _DM_TRY(_dm_lk_check_broken(lk, _dm_kind_name(kind)));
+    _DM_TRY(_dm_eng_check_broken(lk, _dm_kind_name(kind)));
     if (recvs[r] != send && bytes) memcpy(recvs[r], send, bytes);
     if (W == 1) return DM_OK;
     _dm_fp_make(&fp, lk->c, kind, (int)dtype, -1, 0, count);
-    if (count == 0) return _dm_lk_fp_only(lk, _dm_kind_name(kind), &fp);
+    if (count == 0) return _dm_sch_fp_only(lk, _dm_kind_name(kind), &fp);
     if (W > 16 && !(pieces = (void**)_dm_malloc(&lk->c->allocator, sizeof(void*) * (size_t)W)))
         return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, _dm_kind_name(kind));
-    if (!_dm_lk_gather_two_level(lk, (double)bytes)) {
-        _dm_lk_ran(lk, "flat_ring");
-        t = _dm_lk_flat(lk);
+    if (!_dm_pick_gather_two_level(lk, (double)bytes)) {
+        _dm_coll_ran(lk, "flat_ring");
+        t = _dm_sch_flat(lk);
         for (p = 0; p < W; p++) pieces[p] = recvs[lk->order[p]];
-        st = _dm_lk_ring_gather(lk, &t, pieces, 1, bytes, kind, dtype, &fp);
+        st = _dm_sch_ring_gather(lk, &t, pieces, 1, bytes, kind, dtype, &fp);
     } else {
-        _dm_lk_ran(lk, "two_level_ring");
-        t = _dm_lk_rail(lk, y->local[r]);
+        _dm_coll_ran(lk, "two_level_ring");
+        t = _dm_sch_rail(lk, y->local[r]);
         for (q = 0; q < y->H; q++) pieces[q] = recvs[t.ranks[q]];
-        st = _dm_lk_ring_gather(lk, &t, pieces, 1, bytes, kind, dtype, &fp);
-        t = _dm_lk_host(lk, y->Lmax);
+        st = _dm_sch_ring_gather(lk, &t, pieces, 1, bytes, kind, dtype, &fp);
+        t = _dm_sch_host(lk, y->Lmax);
         for (p = 0; p < y->Lmax; p++)           /* position p's pieces: its rail's blocks, host order */
             for (q = 0; q < y->H; q++) pieces[p * y->H + q] = recvs[y->members[y->start[q] + p]];
-        if (st == DM_OK) st = _dm_lk_ring_gather(lk, &t, pieces, y->H, bytes, kind, dtype, &fp);
+        if (st == DM_OK) st = _dm_sch_ring_gather(lk, &t, pieces, y->H, bytes, kind, dtype, &fp);
     }
     if (pieces != small) _dm_free(&lk->c->allocator, pieces);
     return st;
 }
 
 /* The same into one buffer of size blocks. */
-_DM_PRIVATE dm_status _dm_lk_all_gather(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype) {
+_DM_PRIVATE dm_status _dm_coll_all_gather(_dm_eng* lk, const void* send, void* recv, size_t count, dm_dtype dtype) {
     size_t bytes = count * dm_dtype_size(dtype);
     void* small[16] = { NULL };
     void** ptrs = small;
@@ -6221,7 +6221,7 @@ _DM_PRIVATE dm_status _dm_lk_all_gather(_dm_lk* lk, const void* send, void* recv
         if (!ptrs) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: all_gather: out of memory", lk->tag);
     }
     for (j = 0; j < W; j++) ptrs[j] = (unsigned char*)recv + (size_t)j * bytes;
-    st = _dm_lk_all_gather_list(lk, _DM_K_ALL_GATHER, send, (void* const*)ptrs, count, dtype);
+    st = _dm_coll_all_gather_list(lk, _DM_K_ALL_GATHER, send, (void* const*)ptrs, count, dtype);
     if (ptrs != small) _dm_free(&lk->c->allocator, ptrs);
     return st;
 }
@@ -6231,7 +6231,7 @@ _DM_PRIVATE dm_status _dm_lk_all_gather(_dm_lk* lk, const void* send, void* recv
    rank's input first, then scratch) and reduces the received ones of me-g-2 into scratch (K
    pieces), which must first have been sent on; the last step (this position's own pieces)
    lands in out (K pieces; out may be scratch). divide > 0: MEAN's division, on the last. */
-_DM_PRIVATE dm_status _dm_lk_ring_rs(_dm_lk* lk, const _dm_team* t, const unsigned char* const* in, unsigned char* out,
+_DM_PRIVATE dm_status _dm_sch_ring_rs(_dm_eng* lk, const _dm_team* t, const unsigned char* const* in, unsigned char* out,
                                      unsigned char* scratch, int K, size_t bytes, dm_dtype dtype, dm_reduce_op op,
                                      int divide, const _dm_fp* fp) {
     int W = t->n, g, k, i = 1;
@@ -6257,7 +6257,7 @@ _DM_PRIVATE dm_status _dm_lk_ring_rs(_dm_lk* lk, const _dm_team* t, const unsign
    reduces, for local rank i, the blocks of rail i (H pieces), then rail i's ring reduces
    those across hosts, each rank ending with its own block. In place (recv is input block r),
    the flat ring's intermediate sums need a block of their own. */
-_DM_PRIVATE dm_status _dm_lk_reduce_scatter(_dm_lk* lk, const void* send, void* recv, size_t n_elems,
+_DM_PRIVATE dm_status _dm_coll_reduce_scatter(_dm_eng* lk, const void* send, void* recv, size_t n_elems,
                                             dm_dtype dtype, dm_reduce_op op) {
     dm_collective* c = lk->c;
     const _dm_layout* y = &lk->lay;
@@ -6271,33 +6271,33 @@ _DM_PRIVATE dm_status _dm_lk_reduce_scatter(_dm_lk* lk, const void* send, void* 
     _dm_team t;
     _dm_fp fp;
     dm_status rc = DM_OK;
-    _DM_TRY(_dm_lk_check_broken(lk, "reduce_scatter"));
+    _DM_TRY(_dm_eng_check_broken(lk, "reduce_scatter"));
     if (W == 1) {
         if (out != in && bytes) memcpy(out, in, bytes);
         return DM_OK;
     }
     _dm_fp_make(&fp, c, _DM_K_REDUCE_SCATTER, (int)dtype, (int)op, 0, n_elems);
-    if (n_elems == 0) return _dm_lk_fp_only(lk, "reduce_scatter", &fp);
-    two = _dm_lk_gather_two_level(lk, (double)bytes);
+    if (n_elems == 0) return _dm_sch_fp_only(lk, "reduce_scatter", &fp);
+    two = _dm_pick_gather_two_level(lk, (double)bytes);
     if (W > 16) pieces = (const unsigned char**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)W);
     if (two || (out == in + (size_t)r * bytes && W > 2)) tmp = (unsigned char*)_dm_malloc(&c->allocator, two ? bytes * (size_t)H : bytes);
     if (!pieces || ((two || (out == in + (size_t)r * bytes && W > 2)) && !tmp)) {
         rc = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce_scatter: no memory for %zu bytes", lk->tag, bytes);
         goto done;
     }
-    _dm_lk_ran(lk, two ? "two_level_ring" : "flat_ring");
+    _dm_coll_ran(lk, two ? "two_level_ring" : "flat_ring");
     if (!two) {
-        t = _dm_lk_flat(lk);
+        t = _dm_sch_flat(lk);
         for (p = 0; p < W; p++) pieces[p] = in + (size_t)lk->order[p] * bytes;
-        rc = _dm_lk_ring_rs(lk, &t, pieces, out, tmp ? tmp : out, 1, bytes, dtype, op, divide, &fp);
+        rc = _dm_sch_ring_rs(lk, &t, pieces, out, tmp ? tmp : out, 1, bytes, dtype, op, divide, &fp);
     } else {
-        t = _dm_lk_host(lk, y->Lmax);           /* position p's pieces: its rail's blocks, host order */
+        t = _dm_sch_host(lk, y->Lmax);           /* position p's pieces: its rail's blocks, host order */
         for (p = 0; p < y->Lmax; p++)
             for (q = 0; q < H; q++) pieces[p * H + q] = in + (size_t)y->members[y->start[q] + p] * bytes;
-        rc = _dm_lk_ring_rs(lk, &t, pieces, tmp, tmp, H, bytes, dtype, op, 0, &fp);
-        t = _dm_lk_rail(lk, y->local[r]);
+        rc = _dm_sch_ring_rs(lk, &t, pieces, tmp, tmp, H, bytes, dtype, op, 0, &fp);
+        t = _dm_sch_rail(lk, y->local[r]);
         for (q = 0; q < H; q++) pieces[q] = tmp + (size_t)q * bytes;
-        if (rc == DM_OK) rc = _dm_lk_ring_rs(lk, &t, pieces, out, out, 1, bytes, dtype, op, divide, &fp);
+        if (rc == DM_OK) rc = _dm_sch_ring_rs(lk, &t, pieces, out, out, 1, bytes, dtype, op, divide, &fp);
     }
 done:
     if (pieces != small) _dm_free(&c->allocator, (void*)pieces);
@@ -6312,7 +6312,7 @@ done:
    data, sends a done token to the root, which passes it down the chain; a rank returns once it
    has it. So no rank returns DM_OK unless every rank's arguments agreed (the token costs one
    more pass of a byte around the ring). */
-_DM_PRIVATE dm_status _dm_lk_chain(_dm_lk* lk, const _dm_team* t, int root_pos, void* buf, size_t bytes,
+_DM_PRIVATE dm_status _dm_sch_chain(_dm_eng* lk, const _dm_team* t, int root_pos, void* buf, size_t bytes,
                                    dm_dtype dtype, const _dm_fp* fp) {
     int W = t->n, pos = _dm_mod(t->me - root_pos, W), ns, nr;
     unsigned char token_out = 1, token_in = 0;
@@ -6348,28 +6348,28 @@ _DM_PRIVATE dm_status _dm_lk_chain(_dm_lk* lk, const _dm_team* t, int root_pos, 
     x.rpeer = _dm_team_at(t, -1);
     x.ss = ss; x.ns = ns; x.rs = rs; x.nr = nr;
     x.dtype = dtype; x.rop = DM_SUM; x.expect = fp;
-    return _dm_lk_run(lk, &x);
+    return _dm_eng_run(lk, &x);
 }
 
 /* Broadcast: a chain. Flat: along the host-ordered ring from the root. Two-level (several
    hosts): the root, the rest of its host, then every other host in turn, so the data crosses
    each host boundary once, whatever the root. */
-_DM_PRIVATE dm_status _dm_lk_broadcast(_dm_lk* lk, void* buf, size_t count, dm_dtype dtype, int root) {
+_DM_PRIVATE dm_status _dm_coll_broadcast(_dm_eng* lk, void* buf, size_t count, dm_dtype dtype, int root) {
     dm_collective* c = lk->c;
     _dm_layout* y = &lk->lay;
     int W = c->size, n = 0, h, j, rh = y->host_of[root];
     _dm_team t;
     _dm_fp fp;
     dm_status st;
-    _DM_TRY(_dm_lk_check_broken(lk, "broadcast"));
+    _DM_TRY(_dm_eng_check_broken(lk, "broadcast"));
     if (W == 1) return DM_OK;
     _dm_fp_make(&fp, c, _DM_K_BROADCAST, (int)dtype, -1, root, count);
-    if (_dm_lk_forced_flat(lk) || y->H < 2) {
-        _dm_lk_ran(lk, "flat_chain");
-        t = _dm_lk_flat(lk);
-        return _dm_lk_chain(lk, &t, lk->slot[root], buf, count * dm_dtype_size(dtype), dtype, &fp);
+    if (_dm_pick_forced_flat(lk) || y->H < 2) {
+        _dm_coll_ran(lk, "flat_chain");
+        t = _dm_sch_flat(lk);
+        return _dm_sch_chain(lk, &t, lk->slot[root], buf, count * dm_dtype_size(dtype), dtype, &fp);
     }
-    _dm_lk_ran(lk, "two_level_chain");
+    _dm_coll_ran(lk, "two_level_chain");
     y->team[n++] = root;
     for (h = 0; h < y->H; h++) {
         int hh = (rh + h) % y->H;
@@ -6381,19 +6381,19 @@ _DM_PRIVATE dm_status _dm_lk_broadcast(_dm_lk* lk, void* buf, size_t count, dm_d
     /* where the chain enters and leaves the root's host depends on the root: only root 0's
        chain is in P (>>peers); another root's extra pairs connect on demand */
     lk->on_demand = root != 0;
-    st = _dm_lk_chain(lk, &t, 0, buf, count * dm_dtype_size(dtype), dtype, &fp);
+    st = _dm_sch_chain(lk, &t, 0, buf, count * dm_dtype_size(dtype), dtype, &fp);
     lk->on_demand = false;
     return st;
 }
 
 /* Dissemination barrier over team t: round k sends to index me + 2^k and waits for me - 2^k.
    The fingerprint carries the round (first + k) in its root field. */
-_DM_PRIVATE dm_status _dm_lk_dissemination(_dm_lk* lk, const _dm_team* t, int first) {
+_DM_PRIVATE dm_status _dm_sch_dissemination(_dm_eng* lk, const _dm_team* t, int first) {
     int k, round = first;
     _dm_fp fp;
     for (k = 1; k < t->n; k <<= 1, round++) {
         _dm_fp_make(&fp, lk->c, _DM_K_BARRIER, -1, -1, round, 0);
-        _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &fp, _dm_team_at(t, k), NULL, 0, _dm_team_at(t, -k), NULL, 0));
+        _DM_TRY(_dm_eng_sendrecv(lk, "barrier", &fp, _dm_team_at(t, k), NULL, 0, _dm_team_at(t, -k), NULL, 0));
     }
     return DM_OK;
 }
@@ -6401,50 +6401,50 @@ _DM_PRIVATE dm_status _dm_lk_dissemination(_dm_lk* lk, const _dm_team* t, int fi
    leader, the leaders disseminate, each leader releases its host. */
 #define _DM_BARRIER_ROUND_ARRIVE 1000
 #define _DM_BARRIER_ROUND_RELEASE 1001
-_DM_PRIVATE dm_status _dm_lk_barrier(_dm_lk* lk) {
+_DM_PRIVATE dm_status _dm_coll_barrier(_dm_eng* lk) {
     dm_collective* c = lk->c;
     const _dm_layout* y = &lk->lay;
-    int i = y->local[c->rank], L = _dm_lk_host_size(lk, y->host_of[c->rank]), e, h;
+    int i = y->local[c->rank], L = _dm_sch_host_size(lk, y->host_of[c->rank]), e, h;
     _dm_team t;
     _dm_fp arrive, release;
-    _DM_TRY(_dm_lk_check_broken(lk, "barrier"));
-    if (!_dm_lk_barrier_two_level(lk)) {
-        _dm_lk_ran(lk, "flat_dissemination");
-        t = _dm_lk_identity(lk);
-        return _dm_lk_dissemination(lk, &t, 0);
+    _DM_TRY(_dm_eng_check_broken(lk, "barrier"));
+    if (!_dm_pick_barrier_two_level(lk)) {
+        _dm_coll_ran(lk, "flat_dissemination");
+        t = _dm_sch_identity(lk);
+        return _dm_sch_dissemination(lk, &t, 0);
     }
-    _dm_lk_ran(lk, "two_level_dissemination");
+    _dm_coll_ran(lk, "two_level_dissemination");
     _dm_fp_make(&arrive, c, _DM_K_BARRIER, -1, -1, _DM_BARRIER_ROUND_ARRIVE, 0);
     _dm_fp_make(&release, c, _DM_K_BARRIER, -1, -1, _DM_BARRIER_ROUND_RELEASE, 0);
-    t = _dm_lk_host(lk, L);
+    t = _dm_sch_host(lk, L);
     if (i > 0) {
-        _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &arrive, t.ranks[0], NULL, 0, -1, NULL, 0));
-        return _dm_lk_sendrecv(lk, "barrier", &release, -1, NULL, 0, t.ranks[0], NULL, 0);
+        _DM_TRY(_dm_eng_sendrecv(lk, "barrier", &arrive, t.ranks[0], NULL, 0, -1, NULL, 0));
+        return _dm_eng_sendrecv(lk, "barrier", &release, -1, NULL, 0, t.ranks[0], NULL, 0);
     }
-    for (e = 1; e < L; e++) _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &arrive, -1, NULL, 0, t.ranks[e], NULL, 0));
+    for (e = 1; e < L; e++) _DM_TRY(_dm_eng_sendrecv(lk, "barrier", &arrive, -1, NULL, 0, t.ranks[e], NULL, 0));
     for (h = 0; h < y->H; h++) lk->lay.team[h] = y->members[y->start[h]];
     t = _dm_team_of(lk->lay.team, y->H, y->host_of[c->rank]);
-    _DM_TRY(_dm_lk_dissemination(lk, &t, 0));
-    t = _dm_lk_host(lk, L);
-    for (e = 1; e < L; e++) _DM_TRY(_dm_lk_sendrecv(lk, "barrier", &release, t.ranks[e], NULL, 0, -1, NULL, 0));
+    _DM_TRY(_dm_sch_dissemination(lk, &t, 0));
+    t = _dm_sch_host(lk, L);
+    for (e = 1; e < L; e++) _DM_TRY(_dm_eng_sendrecv(lk, "barrier", &release, t.ranks[e], NULL, 0, -1, NULL, 0));
     return DM_OK;
 }
 
 
 /* A transfer whose peer the caller's arguments choose (point-to-point, all_to_all, the rooted
    collectives' meetings with the root): outside P (>>peers), connected on demand. */
-_DM_PRIVATE dm_status _dm_lk_run_on_demand(_dm_lk* lk, const _dm_xfer* x) {
+_DM_PRIVATE dm_status _dm_eng_run_on_demand(_dm_eng* lk, const _dm_xfer* x) {
     dm_status st;
     lk->on_demand = true;
-    st = _dm_lk_run(lk, x);
+    st = _dm_eng_run(lk, x);
     lk->on_demand = false;
     return st;
 }
-_DM_PRIVATE dm_status _dm_lk_sendrecv_on_demand(_dm_lk* lk, const char* op, const _dm_fp* fp, int speer,
+_DM_PRIVATE dm_status _dm_eng_sendrecv_on_demand(_dm_eng* lk, const char* op, const _dm_fp* fp, int speer,
                                                 const void* sbuf, size_t slen, int rpeer, void* rbuf, size_t rlen) {
     dm_status st;
     lk->on_demand = true;
-    st = _dm_lk_sendrecv(lk, op, fp, speer, sbuf, slen, rpeer, rbuf, rlen);
+    st = _dm_eng_sendrecv(lk, op, fp, speer, sbuf, slen, rpeer, rbuf, rlen);
     lk->on_demand = false;
     return st;
 }
@@ -6453,13 +6453,13 @@ _DM_PRIVATE dm_status _dm_lk_sendrecv_on_demand(_dm_lk* lk, const char* op, cons
    the link to peer is full, what peer sends this way is read (into the inbox), so two ranks
    sending each other large messages at once both finish. */
 #define _DM_P2P_SMALL 1024     /* payloads up to this travel in one step with their header */
-_DM_PRIVATE dm_status _dm_lk_send(_dm_lk* lk, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+_DM_PRIVATE dm_status _dm_coll_send(_dm_eng* lk, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
     _dm_sstep ss[2];
     unsigned char hdr[32 + _DM_P2P_SMALL];
     size_t bytes = count * dm_dtype_size(dtype);
     _dm_fp fp;
     _DM_ZERO(_dm_xfer, x);
-    _DM_TRY(_dm_lk_check_broken(lk, "send"));
+    _DM_TRY(_dm_eng_check_broken(lk, "send"));
     _dm_fp_make(&fp, lk->c, _DM_K_SEND, (int)dtype, -1, tag, count);
     fp.seq = lk->sent[peer]++;
     _dm_fp_encode(&fp, hdr);
@@ -6475,19 +6475,19 @@ _DM_PRIVATE dm_status _dm_lk_send(_dm_lk* lk, const void* buf, size_t count, dm_
     }
     x.op = "send"; x.speer = peer; x.rpeer = peer; x.ss = ss; x.ns = 2; x.nr = 0;
     x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true;
-    return _dm_lk_run_on_demand(lk, &x);
+    return _dm_eng_run_on_demand(lk, &x);
 }
 /* The first message from peer with this tag: already kept (unexpected), or read as it comes. */
-_DM_PRIVATE dm_status _dm_lk_recv(_dm_lk* lk, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+_DM_PRIVATE dm_status _dm_coll_recv(_dm_eng* lk, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
     _dm_want w;
     _DM_ZERO(_dm_xfer, x);
-    _DM_TRY(_dm_lk_check_broken(lk, "recv"));
+    _DM_TRY(_dm_eng_check_broken(lk, "recv"));
     w.tag = tag; w.dtype = dtype; w.count = count; w.buf = (unsigned char*)buf; w.done = false;
     x.op = "recv"; x.speer = -1; x.rpeer = peer; x.ns = 0; x.nr = 0;
     x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true; x.want = &w;
-    _DM_TRY(_dm_lk_take_unexpected(lk, &x, peer));
+    _DM_TRY(_dm_eng_take_unexpected(lk, &x, peer));
     if (w.done) return DM_OK;
-    return _dm_lk_run_on_demand(lk, &x);
+    return _dm_eng_run_on_demand(lk, &x);
 }
 
 /* All-to-all, pairwise: step k sends the block for rank + k and receives the block of rank - k.
@@ -6496,7 +6496,7 @@ _DM_PRIVATE dm_status _dm_lk_recv(_dm_lk* lk, void* buf, size_t count, dm_dtype 
    own counts and either direction's disagreement fails both ranks of the pair. In place (send
    NULL), the outgoing blocks are copied out of recv first. */
 _DM_PRIVATE int _dm_fold32(size_t v) { return (int)(uint32_t)((uint64_t)v ^ ((uint64_t)v >> 32)); }
-_DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const size_t* sc, const size_t* so, void* recv,
+_DM_PRIVATE dm_status _dm_coll_all_to_all_v(_dm_eng* lk, const void* send, const size_t* sc, const size_t* so, void* recv,
                                           const size_t* rc, const size_t* ro, dm_dtype dtype) {
     dm_collective* c = lk->c;
     int W = c->size, r = c->rank, k;
@@ -6504,7 +6504,7 @@ _DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const si
     const unsigned char* in = (const unsigned char*)send;
     unsigned char *out = (unsigned char*)recv, *copy = NULL;
     dm_status st = DM_OK;
-    _DM_TRY(_dm_lk_check_broken(lk, "all_to_all"));
+    _DM_TRY(_dm_eng_check_broken(lk, "all_to_all"));
     if (!in) {
         _DM_TRY(_dm_a2a_copy_out(c, out, sc, so, esize, &copy));
         in = copy;
@@ -6516,7 +6516,7 @@ _DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const si
         _dm_fp_make(&mine, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(rc[to]), sc[to]);
         _dm_fp_make(&expect, c, _DM_K_ALL_TO_ALL, (int)dtype, -1, _dm_fold32(sc[from]), rc[from]);
         lk->on_demand = true;
-        st = _dm_lk_exchange(lk, "all_to_all", &mine, &expect, to, in + so[to] * esize, sc[to] * esize, from,
+        st = _dm_eng_exchange(lk, "all_to_all", &mine, &expect, to, in + so[to] * esize, sc[to] * esize, from,
                              out + ro[from] * esize, rc[from] * esize, false, DM_UINT8, DM_SUM);
         lk->on_demand = false;
     }
@@ -6528,7 +6528,7 @@ _DM_PRIVATE dm_status _dm_lk_all_to_all_v(_dm_lk* lk, const void* send, const si
    Flat ring: its reduce-scatter steps leave the rank at ring position p holding block p fully
    reduced, which it then sends to the root. The others run the whole all-reduce (into a
    temporary where this rank's recv is not significant). */
-_DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
+_DM_PRIVATE dm_status _dm_coll_reduce(_dm_eng* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
                                     dm_reduce_op op, int root) {
     dm_collective* c = lk->c;
     int W = c->size, r = c->rank, q, algo, divide = op == DM_MEAN ? W : 0;
@@ -6537,37 +6537,37 @@ _DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, si
     _dm_team t;
     _dm_fp fp;
     dm_status st;
-    _DM_TRY(_dm_lk_check_broken(lk, "reduce"));
+    _DM_TRY(_dm_eng_check_broken(lk, "reduce"));
     if (W == 1) {
         if (send != recv && bytes) memcpy(recv, send, bytes);
         return DM_OK;
     }
     _dm_fp_make(&fp, c, _DM_K_REDUCE, (int)dtype, (int)op, root, count);
-    if (count == 0) return _dm_lk_fp_only(lk, "reduce", &fp);
+    if (count == 0) return _dm_sch_fp_only(lk, "reduce", &fp);
     if (r != root) {
         out = (unsigned char*)_dm_malloc(&c->allocator, bytes);
         if (!out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce: no memory for %zu bytes", lk->tag, bytes);
     }
-    algo = _dm_lk_choose_all_reduce(lk, count, dtype);
-    _dm_lk_ran(lk, _dm_algo_names[algo]);
+    algo = _dm_pick_all_reduce(lk, count, dtype);
+    _dm_coll_ran(lk, _dm_algo_names[algo]);
     if (algo != _DM_ALGO_FLAT_RING) {
         if (send != out) memcpy(out, send, bytes);
-        t = _dm_lk_identity(lk);
-        if (algo == _DM_ALGO_FLAT_RD) st = _dm_lk_rd(lk, &t, out, count, dtype, op, divide, &fp);
+        t = _dm_sch_identity(lk);
+        if (algo == _DM_ALGO_FLAT_RD) st = _dm_sch_rd(lk, &t, out, count, dtype, op, divide, &fp);
         else if (algo == _DM_ALGO_TWO_LEVEL_RING)
-            st = _dm_lk_allreduce_2l(lk, out, count, dtype, op, divide, &fp, lk->lay.Lmin, _dm_lk_rails_ring(lk, count, dtype));
-        else st = _dm_lk_allreduce_2l(lk, out, count, dtype, op, divide, &fp, 1, false);
+            st = _dm_sch_allreduce_2l(lk, out, count, dtype, op, divide, &fp, lk->lay.Lmin, _dm_pick_rails_ring(lk, count, dtype));
+        else st = _dm_sch_allreduce_2l(lk, out, count, dtype, op, divide, &fp, 1, false);
     } else {
-        t = _dm_lk_flat(lk);
-        st = _dm_lk_ring(lk, &t, send, out, count, dtype, op, divide, &fp, _DM_RING_RS);
+        t = _dm_sch_flat(lk);
+        st = _dm_sch_ring(lk, &t, send, out, count, dtype, op, divide, &fp, _DM_SCH_RING_RS);
         if (st == DM_OK && r != root) {        /* this rank's block to the root */
             _dm_segment(count, W, lk->slot[r], &off, &len);
-            st = _dm_lk_sendrecv_on_demand(lk, "reduce", &fp, root, out + off * esize, len * esize, root, NULL, 0);
+            st = _dm_eng_sendrecv_on_demand(lk, "reduce", &fp, root, out + off * esize, len * esize, root, NULL, 0);
         }
         for (q = 0; q < W && st == DM_OK && r == root; q++) {   /* the root takes every other block */
             if (q == root) continue;
             _dm_segment(count, W, lk->slot[q], &off, &len);
-            st = _dm_lk_sendrecv_on_demand(lk, "reduce", &fp, q, NULL, 0, q, out + off * esize, len * esize);
+            st = _dm_eng_sendrecv_on_demand(lk, "reduce", &fp, q, NULL, 0, q, out + off * esize, len * esize);
         }
     }
     if (out != recv) _dm_free(&c->allocator, out);
@@ -6576,7 +6576,7 @@ _DM_PRIVATE dm_status _dm_lk_reduce(_dm_lk* lk, const void* send, void* recv, si
 
 /* Gather and scatter: the root meets every other rank in turn, rank order; each pair trades
    fingerprints both ways, so both sides check the other's arguments. */
-_DM_PRIVATE dm_status _dm_lk_rooted(_dm_lk* lk, int kind, const void* send, void* recv, size_t count, dm_dtype dtype,
+_DM_PRIVATE dm_status _dm_coll_rooted(_dm_eng* lk, int kind, const void* send, void* recv, size_t count, dm_dtype dtype,
                                     int root) {
     dm_collective* c = lk->c;
     int W = c->size, r = c->rank, q;
@@ -6584,7 +6584,7 @@ _DM_PRIVATE dm_status _dm_lk_rooted(_dm_lk* lk, int kind, const void* send, void
     const char* name = _dm_kind_name(kind);
     bool gather = kind == _DM_K_GATHER;
     _dm_fp fp;
-    _DM_TRY(_dm_lk_check_broken(lk, name));
+    _DM_TRY(_dm_eng_check_broken(lk, name));
     if (r == root) {
         unsigned char* mine = gather ? (unsigned char*)recv + (size_t)r * bytes : (unsigned char*)recv;
         const unsigned char* src = gather ? (const unsigned char*)send : (const unsigned char*)send + (size_t)r * bytes;
@@ -6593,16 +6593,16 @@ _DM_PRIVATE dm_status _dm_lk_rooted(_dm_lk* lk, int kind, const void* send, void
     if (W == 1) return DM_OK;
     _dm_fp_make(&fp, c, kind, (int)dtype, -1, root, count);
     if (r != root) {
-        if (gather) return _dm_lk_sendrecv_on_demand(lk, name, &fp, root, send, bytes, root, NULL, 0);
-        return _dm_lk_sendrecv_on_demand(lk, name, &fp, root, NULL, 0, root, recv, bytes);
+        if (gather) return _dm_eng_sendrecv_on_demand(lk, name, &fp, root, send, bytes, root, NULL, 0);
+        return _dm_eng_sendrecv_on_demand(lk, name, &fp, root, NULL, 0, root, recv, bytes);
     }
     for (q = 0; q < W; q++) {
         if (q == root) continue;
         if (gather)
-            _DM_TRY(_dm_lk_sendrecv_on_demand(lk, name, &fp, q, NULL, 0, q, (unsigned char*)recv + (size_t)q * bytes,
+            _DM_TRY(_dm_eng_sendrecv_on_demand(lk, name, &fp, q, NULL, 0, q, (unsigned char*)recv + (size_t)q * bytes,
                                               bytes));
         else
-            _DM_TRY(_dm_lk_sendrecv_on_demand(lk, name, &fp, q, (const unsigned char*)send + (size_t)q * bytes, bytes,
+            _DM_TRY(_dm_eng_sendrecv_on_demand(lk, name, &fp, q, (const unsigned char*)send + (size_t)q * bytes, bytes,
                                               q, NULL, 0));
     }
     return DM_OK;
@@ -6613,17 +6613,17 @@ _DM_PRIVATE dm_status _dm_lk_rooted(_dm_lk* lk, int kind, const void* send, void
    two-level with Lmin rails, their rails once as rings and once as recursive doubling
    (rails_force: the count decides between them at run time), and with the leaders' rail;
    flat rd's and the rings' partners do not depend on the count), all_gather, reduce_scatter and
-   barrier in both families and broadcast from root 0 touch, each run dry (_dm_lk_run records
+   barrier in both families and broadcast from root 0 touch, each run dry (_dm_eng_run records
    the peers of each transfer and moves nothing), so P follows the schedules as they are
    written. Every rank runs the same schedules, so P is symmetric: q is in P(r) exactly when r
    is in P(q). Not in it: what the caller's arguments choose (point-to-point, all_to_all,
    gather, scatter, reduce's blocks to the root, and where a two-level broadcast chain from
    another root enters and leaves its host: one host's last rank would otherwise pair with
-   every rank of the next host): a backend connects those on demand (_dm_lk.connect). A new
+   every rank of the next host): a backend connects those on demand (_dm_eng.connect). A new
    schedule, or a new way of choosing one, must be run here too; the threaded world checks
-   every transfer outside on_demand against P (_dm_lk_check_peer), so the layout tests fail
+   every transfer outside on_demand against P (_dm_eng_check_peer), so the layout tests fail
    if it is not. in: size entries, set for the peers (never self). */
-_DM_PRIVATE dm_status _dm_lk_peers(_dm_lk* lk, bool* in) {
+_DM_PRIVATE dm_status _dm_peers_find(_dm_eng* lk, bool* in) {
     static const int ar[4] = { _DM_ALGO_FLAT_RING, _DM_ALGO_FLAT_RD, _DM_ALGO_TWO_LEVEL_RING, _DM_ALGO_TWO_LEVEL_RD };
     static const int fam[2] = { _DM_ALGO_FLAT, _DM_ALGO_TWO_LEVEL };
     dm_collective* c = lk->c;
@@ -6641,15 +6641,15 @@ _DM_PRIVATE dm_status _dm_lk_peers(_dm_lk* lk, bool* in) {
     for (k = 0; k < 5 && st == DM_OK; k++) {        /* W elements: every ring and rail fits */
         lk->algo = ar[k < 4 ? k : 2];
         lk->rails_force = k == 2 ? 1 : k == 4 ? 2 : 0;   /* two_level_ring's rails: ring, then rd */
-        st = _dm_lk_all_reduce(lk, buf, buf, (size_t)W, DM_UINT8, DM_SUM);
+        st = _dm_coll_all_reduce(lk, buf, buf, (size_t)W, DM_UINT8, DM_SUM);
     }
     lk->rails_force = 0;
     for (k = 0; k < 2 && st == DM_OK; k++) {
         lk->algo = fam[k];
-        st = _dm_lk_all_gather(lk, buf, buf + W, 1, DM_UINT8);
-        if (st == DM_OK) st = _dm_lk_reduce_scatter(lk, buf, buf + 2 * W, 1, DM_UINT8, DM_SUM);
-        if (st == DM_OK) st = _dm_lk_barrier(lk);
-        if (st == DM_OK) st = _dm_lk_broadcast(lk, buf, 1, DM_UINT8, 0);
+        st = _dm_coll_all_gather(lk, buf, buf + W, 1, DM_UINT8);
+        if (st == DM_OK) st = _dm_coll_reduce_scatter(lk, buf, buf + 2 * W, 1, DM_UINT8, DM_SUM);
+        if (st == DM_OK) st = _dm_coll_barrier(lk);
+        if (st == DM_OK) st = _dm_coll_broadcast(lk, buf, 1, DM_UINT8, 0);
     }
     lk->dry = false;
     lk->used = NULL;
@@ -6661,14 +6661,14 @@ _DM_PRIVATE dm_status _dm_lk_peers(_dm_lk* lk, bool* in) {
 }
 /* Computes P into lk->peers: from then on a fixed-peer transfer outside it fails (the
    threaded world's check). */
-_DM_PRIVATE dm_status _dm_lk_keep_peers(_dm_lk* lk) {
+_DM_PRIVATE dm_status _dm_peers_keep(_dm_eng* lk) {
     if (!lk->peers) lk->peers = (bool*)_dm_calloc(&lk->c->allocator, sizeof(bool) * (size_t)lk->c->size);
     if (!lk->peers) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", lk->tag);
-    return _dm_lk_peers(lk, lk->peers);
+    return _dm_peers_find(lk, lk->peers);
 }
 
 /* The transport a group uses: the name shared by all its links, or "a+b" for a mix. */
-_DM_PRIVATE const char* _dm_lk_transport(const _dm_lk* lk, char* buf, size_t cap) {
+_DM_PRIVATE const char* _dm_eng_transport(const _dm_eng* lk, char* buf, size_t cap) {
     const char* first = NULL;
     int r;
     for (r = 0; r < lk->c->size; r++) {
@@ -6726,7 +6726,7 @@ typedef struct _dm_tw_shared {
 typedef struct _dm_thread {
     dm_collective base;
     _dm_tw_shared* sh;
-    _dm_lk lk;
+    _dm_eng lk;
 } _dm_thread;
 
 #define _dm_tw_kind_name _dm_kind_name
@@ -6874,7 +6874,7 @@ broken:
         int rank = sh->broken_rank;
         st = sh->broken;
         pthread_mutex_unlock(&sh->mu);
-        return _dm_lk_adopt(&t->lk, _dm_tw_kind_name(kind), st, rank, msg);
+        return _dm_eng_adopt(&t->lk, _dm_tw_kind_name(kind), st, rank, msg);
     }
     pthread_mutex_unlock(&sh->mu);
     return _DM_FAIL(c, st, "thread: %s #%llu failed: the world is broken (%s)",
@@ -6893,7 +6893,7 @@ static dm_status _dm_tw_enter(_dm_thread* t, int kind, size_t count, int dtype, 
         const _dm_fp* o = &t->sh->slots[r].fp[par];
         if (_dm_fp_equal(o, ref)) continue;
         _DM_TRY(_dm_tw_barrier(t, kind));
-        return _dm_lk_break(&t->lk, _dm_fp_mismatch(&t->base, "thread", 0, ref, r, o));
+        return _dm_eng_break(&t->lk, _dm_fp_mismatch(&t->base, "thread", 0, ref, r, o));
     }
     return DM_OK;
 }
@@ -6902,65 +6902,65 @@ static dm_status _dm_tw_all_reduce(dm_collective* c, const void* send, void* rec
                                    dm_dtype dtype, dm_reduce_op op) {
     _dm_thread* t = (_dm_thread*)c;
     _DM_TRY(_dm_tw_enter(t, _DM_K_ALL_REDUCE, count, (int)dtype, (int)op, 0));
-    return _dm_lk_all_reduce(&t->lk, send, recv, count, dtype, op);
+    return _dm_coll_all_reduce(&t->lk, send, recv, count, dtype, op);
 }
 
 static dm_status _dm_tw_all_gather_list(dm_collective* c, const void* send, void* const* recvs,
                                         size_t count, dm_dtype dtype) {
     _dm_thread* t = (_dm_thread*)c;
     _DM_TRY(_dm_tw_enter(t, _DM_K_ALL_GATHER, count, (int)dtype, -1, 0));
-    return _dm_lk_all_gather_list(&t->lk, _DM_K_ALL_GATHER, send, recvs, count, dtype);
+    return _dm_coll_all_gather_list(&t->lk, _DM_K_ALL_GATHER, send, recvs, count, dtype);
 }
 
 static dm_status _dm_tw_reduce_scatter(dm_collective* c, const void* send, void* recv,
                                        size_t recv_count, dm_dtype dtype, dm_reduce_op op) {
     _dm_thread* t = (_dm_thread*)c;
     _DM_TRY(_dm_tw_enter(t, _DM_K_REDUCE_SCATTER, recv_count, (int)dtype, (int)op, 0));
-    return _dm_lk_reduce_scatter(&t->lk, send, recv, recv_count, dtype, op);
+    return _dm_coll_reduce_scatter(&t->lk, send, recv, recv_count, dtype, op);
 }
 
 static dm_status _dm_tw_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
     _dm_thread* t = (_dm_thread*)c;
     _DM_TRY(_dm_tw_enter(t, _DM_K_BROADCAST, count, (int)dtype, -1, root));
-    return _dm_lk_broadcast(&t->lk, buf, count, dtype, root);
+    return _dm_coll_broadcast(&t->lk, buf, count, dtype, root);
 }
 
 static dm_status _dm_tw_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                dm_reduce_op op, int root) {
     _dm_thread* t = (_dm_thread*)c;
     _DM_TRY(_dm_tw_enter(t, _DM_K_REDUCE, count, (int)dtype, (int)op, root));
-    return _dm_lk_reduce(&t->lk, send, recv, count, dtype, op, root);
+    return _dm_coll_reduce(&t->lk, send, recv, count, dtype, op, root);
 }
 static dm_status _dm_tw_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                int root) {
     _dm_thread* t = (_dm_thread*)c;
     _DM_TRY(_dm_tw_enter(t, _DM_K_GATHER, count, (int)dtype, -1, root));
-    return _dm_lk_rooted(&t->lk, _DM_K_GATHER, send, recv, count, dtype, root);
+    return _dm_coll_rooted(&t->lk, _DM_K_GATHER, send, recv, count, dtype, root);
 }
 static dm_status _dm_tw_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                 int root) {
     _dm_thread* t = (_dm_thread*)c;
     _DM_TRY(_dm_tw_enter(t, _DM_K_SCATTER, count, (int)dtype, -1, root));
-    return _dm_lk_rooted(&t->lk, _DM_K_SCATTER, send, recv, count, dtype, root);
+    return _dm_coll_rooted(&t->lk, _DM_K_SCATTER, send, recv, count, dtype, root);
 }
 /* Counts differ per pair: the meeting compares kind and dtype; the pairs check counts. */
 static dm_status _dm_tw_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
                                      void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
     _dm_thread* t = (_dm_thread*)c;
     _DM_TRY(_dm_tw_enter(t, _DM_K_ALL_TO_ALL, 0, (int)dtype, -1, 0));
-    return _dm_lk_all_to_all_v(&t->lk, send, sc, so, recv, rc, ro, dtype);
+    return _dm_coll_all_to_all_v(&t->lk, send, sc, so, recv, rc, ro, dtype);
 }
 /* Point-to-point: the two ranks only, no meeting. */
 static dm_status _dm_tw_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
-    return _dm_lk_send(&((_dm_thread*)c)->lk, buf, count, dtype, peer, tag);
+    return _dm_coll_send(&((_dm_thread*)c)->lk, buf, count, dtype, peer, tag);
 }
 static dm_status _dm_tw_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
-    return _dm_lk_recv(&((_dm_thread*)c)->lk, buf, count, dtype, peer, tag);
+    return _dm_coll_recv(&((_dm_thread*)c)->lk, buf, count, dtype, peer, tag);
 }
 
 static dm_status _dm_tw_barrier_slot(dm_collective* c) {
     _dm_thread* t = (_dm_thread*)c;
-    _DM_TRY(_dm_lk_check_broken(&t->lk, "barrier"));
+    _DM_TRY(_dm_eng_check_broken(&t->lk, "barrier"));
     _DM_TRY(_dm_tw_enter(t, _DM_K_BARRIER, 0, -1, -1, -1));
     return _dm_tw_barrier(t, _DM_K_BARRIER);
 }
@@ -6984,14 +6984,14 @@ static void _dm_tw_split_set_local(const _dm_tw_slot* slots, int n, int color, i
 /* The member's host layout: members whose nodes have the same name share a host. names[i]
    is the node of the member of rank i. */
 static void _dm_tw_set_layout(_dm_thread* t, const char* const* names) {
-    int* hosts = t->lk.lay.host_of;     /* _dm_lk_set_hosts may be given its own array */
+    int* hosts = t->lk.lay.host_of;     /* _dm_eng_set_hosts may be given its own array */
     int r, q;
     for (r = 0; r < t->base.size; r++) {
         for (q = 0; q < r && strcmp(names[q], names[r]) != 0; q++) {}
         hosts[r] = q;
     }
-    _dm_lk_set_hosts(&t->lk, hosts);
-    if (_dm_lk_keep_peers(&t->lk) != DM_OK) {   /* no check then, nothing else lost */
+    _dm_eng_set_hosts(&t->lk, hosts);
+    if (_dm_peers_keep(&t->lk) != DM_OK) {   /* no check then, nothing else lost */
         _dm_free(&t->base.allocator, t->lk.peers);
         t->lk.peers = NULL;
     }
@@ -7110,7 +7110,7 @@ static dm_status _dm_tw_shrink(dm_collective* c, const bool* excluded, int flags
     char msg[256];
     if (flags == DM_SHRINK_ABORT && t->lk.broken == DM_OK) {
         _DM_FAIL(c, DM_ERR_ABORTED, "thread: rank %d aborted the world (dm_shrink with DM_SHRINK_ABORT)", c->rank);
-        _dm_lk_break(&t->lk, DM_ERR_ABORTED);
+        _dm_eng_break(&t->lk, DM_ERR_ABORTED);
     }
     pthread_mutex_lock(&sh->mu);
     if (!sh->shrink_in) sh->shrink_in = (bool*)_dm_calloc(&sh->allocator, sizeof(bool) * (size_t)sh->size);
@@ -7170,7 +7170,7 @@ static dm_status _dm_tw_shrink(dm_collective* c, const bool* excluded, int flags
 /* A failure on this member's links (a mismatch found by a dm_recv, say) breaks the whole
    world, so ranks waiting in the shared barrier fail with its cause instead of waiting for a
    rank that will not come. */
-static void _dm_tw_notice_post(_dm_lk* lk, dm_status st, const char* msg) {
+static void _dm_tw_notice_post(_dm_eng* lk, dm_status st, const char* msg) {
     _dm_tw_shared* sh = ((_dm_thread*)lk->c)->sh;
     pthread_mutex_lock(&sh->mu);
     if (sh->broken == DM_OK) sh->broken_rank = lk->c->rank;
@@ -7182,7 +7182,7 @@ static void _dm_tw_notice_post(_dm_lk* lk, dm_status st, const char* msg) {
 static dm_status _dm_tw_links(_dm_thread* t) {
     _dm_tw_shared* sh = t->sh;
     int r, W = sh->size, me = t->base.rank;
-    _DM_TRY(_dm_lk_init(&t->lk, &t->base, "thread", 0));
+    _DM_TRY(_dm_eng_init(&t->lk, &t->base, "thread", 0));
     for (r = 0; r < W; r++) {
         if (r == me) continue;
         t->lk.links[r] = _dm_memlink_new(&sh->allocator, &_dm_tw_link_vt, sh->rings, sh->ring_stride,
@@ -7196,7 +7196,7 @@ static dm_status _dm_tw_links(_dm_thread* t) {
     t->lk.bell_ops = &sh->bell_ops;
     t->lk.abort = &sh->abort;
     t->lk.notice_post = _dm_tw_notice_post;
-    _dm_lk_set_policy(&t->lk, W);
+    _dm_eng_set_policy(&t->lk, W);
     return DM_OK;
 }
 
@@ -7208,7 +7208,7 @@ static void _dm_tw_interrupt(dm_collective* c) { _dm_lk_abort_notify(&((_dm_thre
 static void _dm_tw_destroy(dm_collective* c) {
     _dm_thread* t = (_dm_thread*)c;
     dm_allocator a = c->allocator;
-    _dm_lk_release(&t->lk);
+    _dm_eng_release(&t->lk);
     if (t->sh) _dm_tw_shared_release(t->sh);
     _dm_free(&a, t);
 }

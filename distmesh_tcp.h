@@ -3294,7 +3294,7 @@ typedef struct _dm_tcp {
     int* host_of;               /* per rank: the lowest rank on its host (>>tcp hosts) */
     char (*addrs)[64];          /* "host:port" per rank, for messages */
     struct sockaddr_storage self_sa; /* where this rank listened (split listens there again) */
-    _dm_lk lk;                  /* links, scratch, broken state: the core's engine (distmesh.h) */
+    _dm_eng lk;                  /* links, scratch, broken state: the core's engine (distmesh.h) */
     int transport;              /* _DM_TCP_AUTO, _SHM or _SOCKETS: what the desc asked for */
     unsigned char* shm;         /* the same-host segment (see >>tcp shm), or NULL */
     size_t shm_size;
@@ -3395,7 +3395,7 @@ static ptrdiff_t _dm_sock_result(ssize_t k, int* err) {
 }
 static ptrdiff_t _dm_sock_sendv(_dm_link* l, const _dm_iov* iov, int n, int* err) {
     _dm_socklink* s = (_dm_socklink*)l;
-    struct iovec v[_DM_LK_IOV_MAX];
+    struct iovec v[_DM_LINK_IOV_MAX];
     struct msghdr mh;
     size_t room;
     int fd = _dm_sock_at(s, s->sent, s->sbase, &room), i, m = 0;
@@ -3478,7 +3478,7 @@ static const _dm_link_vt _dm_sock_vt = {
    (the store may be the thing that died). A failed group leaves this one key behind. */
 #define _DM_TCP_NOTICE_MS 1000
 static void _dm_tcp_notice_key(const _dm_tcp* t, char* key, size_t cap) { snprintf(key, cap, "%sabort", t->prefix); }
-static void _dm_tcp_notice_post(_dm_lk* lk, dm_status st, const char* msg) {
+static void _dm_tcp_notice_post(_dm_eng* lk, dm_status st, const char* msg) {
     _dm_tcp* t = (_dm_tcp*)lk->c;
     unsigned char v[8 + DM_LAST_ERROR_SIZE];
     char key[600];
@@ -3495,7 +3495,7 @@ static void _dm_tcp_notice_post(_dm_lk* lk, dm_status st, const char* msg) {
     if (dm_store_compare_set(t->store, key, "", 0, v, 8 + n, &held, &held_n) == DM_OK) dm_store_free(t->store, held);
     t->store->timeout_ms = saved;
 }
-static dm_status _dm_tcp_notice_read(_dm_lk* lk, int* rank, char* msg, size_t cap) {
+static dm_status _dm_tcp_notice_read(_dm_eng* lk, int* rank, char* msg, size_t cap) {
     _dm_tcp* t = (_dm_tcp*)lk->c;
     char key[600];
     const char* k = key;
@@ -3526,26 +3526,26 @@ static dm_status _dm_tcp_notice_read(_dm_lk* lk, int* rank, char* msg, size_t ca
 }
 
 /* The collectives: the core's schedules over this group's links. */
-static dm_status _dm_tcp_check_broken(_dm_tcp* t, const char* op) { return _dm_lk_check_broken(&t->lk, op); }
+static dm_status _dm_tcp_check_broken(_dm_tcp* t, const char* op) { return _dm_eng_check_broken(&t->lk, op); }
 static dm_status _dm_tcp_all_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                     dm_reduce_op op) {
-    return _dm_lk_all_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
+    return _dm_coll_all_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
 }
 static dm_status _dm_tcp_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs, size_t count,
                                             dm_dtype dtype) {
-    return _dm_lk_all_gather_list(&((_dm_tcp*)c)->lk, _DM_K_ALL_GATHER, send, recvs, count, dtype);
+    return _dm_coll_all_gather_list(&((_dm_tcp*)c)->lk, _DM_K_ALL_GATHER, send, recvs, count, dtype);
 }
 static dm_status _dm_tcp_all_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype) {
-    return _dm_lk_all_gather(&((_dm_tcp*)c)->lk, send, recv, count, dtype);
+    return _dm_coll_all_gather(&((_dm_tcp*)c)->lk, send, recv, count, dtype);
 }
 static dm_status _dm_tcp_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t count,
                                         dm_dtype dtype, dm_reduce_op op) {
-    return _dm_lk_reduce_scatter(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
+    return _dm_coll_reduce_scatter(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
 }
 static dm_status _dm_tcp_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
-    return _dm_lk_broadcast(&((_dm_tcp*)c)->lk, buf, count, dtype, root);
+    return _dm_coll_broadcast(&((_dm_tcp*)c)->lk, buf, count, dtype, root);
 }
-static dm_status _dm_tcp_barrier(dm_collective* c) { return _dm_lk_barrier(&((_dm_tcp*)c)->lk); }
+static dm_status _dm_tcp_barrier(dm_collective* c) { return _dm_coll_barrier(&((_dm_tcp*)c)->lk); }
 /* The calls without a CUDA staging path take host memory only. */
 static dm_status _dm_tcp_host_only(dm_collective* c, const char* op, const void* a, const void* b) {
 #if defined(DISTMESH_CUDA)
@@ -3559,33 +3559,33 @@ static dm_status _dm_tcp_host_only(dm_collective* c, const char* op, const void*
 static dm_status _dm_tcp_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                 dm_reduce_op op, int root) {
     _DM_TRY(_dm_tcp_host_only(c, "reduce", send, recv));
-    return _dm_lk_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op, root);
+    return _dm_coll_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op, root);
 }
 static dm_status _dm_tcp_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype, int root) {
     _DM_TRY(_dm_tcp_host_only(c, "gather", send, recv));
-    return _dm_lk_rooted(&((_dm_tcp*)c)->lk, _DM_K_GATHER, send, recv, count, dtype, root);
+    return _dm_coll_rooted(&((_dm_tcp*)c)->lk, _DM_K_GATHER, send, recv, count, dtype, root);
 }
 static dm_status _dm_tcp_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                  int root) {
     _DM_TRY(_dm_tcp_host_only(c, "scatter", send, recv));
-    return _dm_lk_rooted(&((_dm_tcp*)c)->lk, _DM_K_SCATTER, send, recv, count, dtype, root);
+    return _dm_coll_rooted(&((_dm_tcp*)c)->lk, _DM_K_SCATTER, send, recv, count, dtype, root);
 }
 static dm_status _dm_tcp_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
                                       void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
     _DM_TRY(_dm_tcp_host_only(c, "all_to_all", send, recv));
-    return _dm_lk_all_to_all_v(&((_dm_tcp*)c)->lk, send, sc, so, recv, rc, ro, dtype);
+    return _dm_coll_all_to_all_v(&((_dm_tcp*)c)->lk, send, sc, so, recv, rc, ro, dtype);
 }
 static dm_status _dm_tcp_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
     _DM_TRY(_dm_tcp_host_only(c, "send", buf, NULL));
-    return _dm_lk_send(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
+    return _dm_coll_send(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
 }
 static dm_status _dm_tcp_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
     _DM_TRY(_dm_tcp_host_only(c, "recv", buf, NULL));
-    return _dm_lk_recv(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
+    return _dm_coll_recv(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
 }
 static const char* _dm_tcp_transport(const dm_collective* c) {
     _dm_tcp* t = (_dm_tcp*)(uintptr_t)c;
-    return _dm_lk_transport(&t->lk, t->transport_name, sizeof(t->transport_name));
+    return _dm_eng_transport(&t->lk, t->transport_name, sizeof(t->transport_name));
 }
 
 /* >>tcp shm  Ranks of one group on one host talk through a shared segment: a memfd the group's
@@ -3775,7 +3775,7 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, cons
    thread, blocked in poll() on the side sockets of those links: the kernel closes a dead
    process's sockets, kill -9 included, and the watcher rings this rank's bell when one ends;
    the sleeper wakes, asks the link (_dm_shm_alive) and, seeing the peer gone, looks again at
-   once (_dm_lk_block). Idle, the watcher costs nothing: it sleeps in poll until a socket ends
+   once (_dm_eng_block). Idle, the watcher costs nothing: it sleeps in poll until a socket ends
    or destroy stops it. (A pidfd would say the same thing; the side socket is what
    _dm_shm_alive already trusts, and it needs no newer kernel.) */
 typedef struct _dm_shm_watch {
@@ -3865,9 +3865,9 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
             memcpy(m.nonce, nonce, 16);
         }
         for (i = 1; i < L && st == DM_OK; i++)     /* size 0: no segment, the vote says why */
-            st = _dm_lk_sendrecv(&t->lk, "setup", &fp, local[i], &m, sizeof(m), -1, NULL, 0);
+            st = _dm_eng_sendrecv(&t->lk, "setup", &fp, local[i], &m, sizeof(m), -1, NULL, 0);
     } else if (L >= 2) {
-        st = _dm_lk_sendrecv(&t->lk, "setup", &fp, -1, NULL, 0, local[0], &m, sizeof(m));
+        st = _dm_eng_sendrecv(&t->lk, "setup", &fp, -1, NULL, 0, local[0], &m, sizeof(m));
         if (st == DM_OK && vote == 2 && _dm_tcp_get64(m.size) != 0 && _dm_shm_attach(t, &m, L) != DM_OK) {
             vote = 0;
             _dm_copy_name(why, sizeof(why), t->base.last_error);
@@ -3879,8 +3879,8 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
        the other cores (256 ranks on 8 simulated hosts, 2 cores: 8 B all-reduce 7.4 ms with
        fences, 17 ms with the barrier). A lone rank rings nobody. */
     votes[0] = vote;
-    votes[1] = L < 2 || (_dm_lk_core_per_rank(L) && _dm_membarrier_register()) ? 1 : 0;
-    if (st == DM_OK) st = _dm_lk_all_reduce(&t->lk, votes, votes, 2, DM_INT32, DM_MIN);
+    votes[1] = L < 2 || (_dm_eng_core_per_rank(L) && _dm_membarrier_register()) ? 1 : 0;
+    if (st == DM_OK) st = _dm_coll_all_reduce(&t->lk, votes, votes, 2, DM_INT32, DM_MIN);
     if (fd >= 0) close(fd);
     if (st != DM_OK) return st;
     vote = votes[0];
@@ -4740,7 +4740,7 @@ static dm_status _dm_tcp_await_peer(_dm_tcp* t, int j, int64_t deadline) {
                             t->base.timeout_ms, j, t->addrs[j]);
         if (!t->serving)
             return _DM_FAIL(&t->base, DM_ERR_ABORTED, "waiting for rank %d to connect, but this group stopped", j);
-        n = _dm_tcp_serve_fill(t, p, _DM_LK_SERVICE_FDS, NULL);
+        n = _dm_tcp_serve_fill(t, p, _DM_ENG_SERVICE_FDS, NULL);
         if (poll(p, (nfds_t)n, deadline - now > 100 ? 100 : (int)(deadline - now)) < 0 && errno != EINTR)
             return _DM_FAIL(&t->base, DM_ERR_NETWORK, "poll on the listener failed (%s)", strerror(errno));
         _dm_tcp_serve(t, INT64_MAX);
@@ -4762,7 +4762,7 @@ static dm_status _dm_tcp_await_peer(_dm_tcp* t, int j, int64_t deadline) {
 }
 /* The engine's connect hook: lower peers first (this rank connects to them; they answer from
    their waits), then the higher ones (they connect here), so no two ranks wait on each other. */
-static dm_status _dm_tcp_lk_connect(_dm_lk* lk, const int* peers, int n, int64_t deadline) {
+static dm_status _dm_tcp_eng_connect(_dm_eng* lk, const int* peers, int n, int64_t deadline) {
     _dm_tcp* t = (_dm_tcp*)lk->c;
     int i, pass;
     for (pass = 0; pass < 2; pass++)
@@ -4775,16 +4775,16 @@ static dm_status _dm_tcp_lk_connect(_dm_lk* lk, const int* peers, int n, int64_t
         }
     return DM_OK;
 }
-static int _dm_tcp_lk_poll_fill(_dm_lk* lk, struct pollfd* p, int cap) {
+static int _dm_tcp_eng_poll_fill(_dm_eng* lk, struct pollfd* p, int cap) {
     _dm_tcp* t = (_dm_tcp*)lk->c;
     return t->serving ? _dm_tcp_serve_fill(t, p, cap, NULL) : 0;
 }
-static void _dm_tcp_lk_service(_dm_lk* lk) {
+static void _dm_tcp_eng_service(_dm_eng* lk) {
     _dm_tcp* t = (_dm_tcp*)lk->c;
     if (t->serving) _dm_tcp_serve(t, INT64_MAX);
 }
 /* A broken group answers nobody: connectors are refused at once. */
-static void _dm_tcp_lk_hangup(_dm_lk* lk) {
+static void _dm_tcp_eng_hangup(_dm_eng* lk) {
     _dm_tcp* t = (_dm_tcp*)lk->c;
     if (!t->serving) return;
     t->serving = false;
@@ -4820,7 +4820,7 @@ static dm_status _dm_tcp_more_rounds(_dm_tcp* t, const bool* extra, int64_t dead
     t->expect = extra;
     for (k = 1; k < t->nsock && st == DM_OK; k++) {
         _dm_tcp_round_set(t, group, k);
-        st = _dm_lk_barrier(&t->lk);
+        st = _dm_coll_barrier(&t->lk);
         for (j = 0; j < me && st == DM_OK; j++)
             if (extra[j]) st = _dm_tcp_connect_peer(t, j, t->group, deadline);
         if (st == DM_OK) st = _dm_tcp_accept_peers(t, t->lfd, t->group, deadline);
@@ -4828,7 +4828,7 @@ static dm_status _dm_tcp_more_rounds(_dm_tcp* t, const bool* extra, int64_t dead
             if (extra[j]) st = _dm_tcp_read_ack(t, j, deadline);
     }
     _dm_tcp_round_set(t, group, 0);
-    if (st == DM_OK) st = _dm_lk_barrier(&t->lk);
+    if (st == DM_OK) st = _dm_coll_barrier(&t->lk);
     return st;
 }
 static dm_status _dm_tcp_more_sockets(_dm_tcp* t, int64_t deadline) {
@@ -4902,7 +4902,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
     dm_allocator a = t->base.allocator;
     int r;
     _dm_shm_watch_stop(t);      /* it polls the links' sockets */
-    _dm_lk_release(&t->lk);     /* links first: they borrow the sockets */
+    _dm_eng_release(&t->lk);     /* links first: they borrow the sockets */
     _dm_tcp_serve_stop(t);
     if (t->lfd >= 0) close(t->lfd);
     if (t->rfd >= 0) close(t->rfd);
@@ -5256,7 +5256,7 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
     _dm_tcp_host_identity((char*)mine + ADDR, NAME, (char*)mine + ADDR + NAME, ID);
     _dm_tcp_put32(mine + ADDR + NAME + ID, (uint32_t)t->nsock);
     _dm_copy_name((char*)mine + ADDR + NAME + ID + 4, ADDR, t->raddrs[t->base.rank]);
-    st = _dm_lk_all_gather(&t->lk, mine, all, REC, DM_UINT8);
+    st = _dm_coll_all_gather(&t->lk, mine, all, REC, DM_UINT8);
     if (st != DM_OK) goto done;
     if ((st = _dm_tcp_same_sockets(t, all, REC, ADDR + NAME + ID)) != DM_OK) goto done;
     for (j = 0; j < W; j++) {
@@ -5280,8 +5280,8 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
     t->base.local_rank = me;
     t->base.local_size = L;
     _dm_tcp_local_from_launcher(t, s);
-    _dm_lk_set_hosts(&t->lk, host_of);
-    _dm_lk_set_policy(&t->lk, L);
+    _dm_eng_set_hosts(&t->lk, host_of);
+    _dm_eng_set_policy(&t->lk, L);
     _dm_free(&t->base.allocator, t->host_of);
     t->host_of = host_of;       /* kept: _dm_tcp_more_sockets */
     host_of = NULL;
@@ -5310,7 +5310,7 @@ static dm_status _dm_tcp_connect_wanted(_dm_tcp* t, int64_t deadline) {
 
 /* >>tcp sparse  A rank connects to the peers its schedules use, not to the world (Gloo's full
    mesh is why torch grew lazy init): first the rank-order ring (r - 1 and r + 1), over which
-   every rank's address and host identity are gathered; then P (_dm_lk_peers on the layout:
+   every rank's address and host identity are gathered; then P (_dm_peers_find on the layout:
    every same-host peer (shared memory and its side channel), host-order ring neighbours,
    recursive-doubling and dissemination partners, rails, root 0's broadcast chain); anything
    else on demand (>>tcp lazy). Both ends of a pair compute the same sets, so the acceptor knows
@@ -5335,7 +5335,7 @@ static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int6
     /* every reader of this rank's address key has connected: a ring neighbour (the gather
        above needed every rank, so every rank is past its own reads) */
     if (!t->addrs_known) _dm_tcp_forget_addr(t);
-    _DM_TRY(_dm_lk_peers(&t->lk, t->want));
+    _DM_TRY(_dm_peers_find(&t->lk, t->want));
     for (j = 0; j < W; j++) n += t->want[j];
     _DM_TRY(_dm_tcp_connect_wanted(t, deadline));
     _DM_LOG(&t->base.logger, DM_LOG_INFO, "tcp: rank %d of %d: %d peers connected for the schedules (P), the rest "
@@ -5500,7 +5500,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     t->claims = t->fds;
     t->addrs = (char(*)[64])_dm_calloc(&t->base.allocator, 64 * (size_t)s->size);
     t->raddrs = (char(*)[64])_dm_calloc(&t->base.allocator, 64 * (size_t)s->size);
-    st = _dm_lk_init(&t->lk, &t->base, "tcp", s->chunk_bytes);
+    st = _dm_eng_init(&t->lk, &t->base, "tcp", s->chunk_bytes);
     if (st == DM_ERR_ENV) goto fail;            /* DISTMESH_ALGO: its message is in last_error */
     if (st != DM_OK || !t->fds || !t->addrs || !t->raddrs) {
         st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
@@ -5554,10 +5554,10 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     lfd = -1;
     t->group = group;
     t->serving = true;
-    t->lk.connect = _dm_tcp_lk_connect;
-    t->lk.poll_fill = _dm_tcp_lk_poll_fill;
-    t->lk.service = _dm_tcp_lk_service;
-    t->lk.hangup = _dm_tcp_lk_hangup;
+    t->lk.connect = _dm_tcp_eng_connect;
+    t->lk.poll_fill = _dm_tcp_eng_poll_fill;
+    t->lk.service = _dm_tcp_eng_service;
+    t->lk.hangup = _dm_tcp_eng_hangup;
     if ((st = _dm_tcp_connect_sparse(t, s, deadline)) != DM_OK) goto fail;
     if ((st = _dm_tcp_shm_for_host(t)) != DM_OK) goto fail;
     if ((st = _dm_tcp_more_sockets(t, deadline)) != DM_OK) goto fail;
@@ -5982,7 +5982,7 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
         _dm_tcp_listen(t, &t->self_sa, &rfd, (char*)mine + 8 + 64) != DM_OK)
         mine[8] = 0;
     for (j = 0; j < W; j++) ptrs[j] = all + (size_t)j * _DM_SPLIT_REC;
-    st = _dm_lk_all_gather_list(&t->lk, _DM_K_SPLIT, mine, (void* const*)ptrs, _DM_SPLIT_REC, DM_UINT8);
+    st = _dm_coll_all_gather_list(&t->lk, _DM_K_SPLIT, mine, (void* const*)ptrs, _DM_SPLIT_REC, DM_UINT8);
     if (ptrs != small) _dm_free(&c->allocator, ptrs);
     if (st != DM_OK || color < 0) goto done;
     for (j = 0; j < W; j++) {
@@ -6001,7 +6001,7 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     raddrs = (char(*)[64])_dm_calloc(&c->allocator, 64 * (size_t)new_size);
     if (!members || !addrs || !raddrs) {
         _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: split: out of memory");
-        st = _dm_lk_break(&t->lk, DM_ERR_OUT_OF_MEMORY);
+        st = _dm_eng_break(&t->lk, DM_ERR_OUT_OF_MEMORY);
         goto done;
     }
     for (j = 0; j < W; j++) {
@@ -6021,7 +6021,7 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     if (missing >= 0) {
         _DM_FAIL(c, DM_ERR_NETWORK, "tcp: split #%llu (color %d): rank %d could not open its listeners (see its log)",
                  (unsigned long long)c->seq, color, missing);
-        st = _dm_lk_break(&t->lk, DM_ERR_NETWORK);
+        st = _dm_eng_break(&t->lk, DM_ERR_NETWORK);
         goto done;
     }
     snprintf(prefix, sizeof(prefix), "%.470ssplit%llu/%d/", t->prefix, (unsigned long long)c->seq, color);
@@ -6040,7 +6040,7 @@ static dm_status _dm_tcp_split(dm_collective* c, int color, int key, dm_collecti
     if (st != DM_OK) {
         _DM_FAIL(c, st, "tcp: split #%llu (color %d, %d members) failed: %s", (unsigned long long)c->seq, color,
                  new_size, why[0] ? why : dm_status_name(st));
-        st = _dm_lk_break(&t->lk, st);
+        st = _dm_eng_break(&t->lk, st);
         goto done;
     }
     (*out)->timeout_ms = c->timeout_ms;
@@ -6162,7 +6162,7 @@ static dm_status _dm_tcp_grow_agree(_dm_tcp* t, int n_new, dm_status opened, int
     mine[4] = (int32_t)(uint32_t)((uint64_t)*round >> 32);
     for (j = 0; j < W; j++) ptrs[j] = all + _DM_TCP_GROW_FIELDS * j;
     /* the split kind with another count: a grow that meets a split is a mismatch on both */
-    st = _dm_lk_all_gather_list(&t->lk, _DM_K_SPLIT, mine, (void* const*)ptrs, _DM_TCP_GROW_FIELDS, DM_INT32);
+    st = _dm_coll_all_gather_list(&t->lk, _DM_K_SPLIT, mine, (void* const*)ptrs, _DM_TCP_GROW_FIELDS, DM_INT32);
     if (ptrs != small) _dm_free(&c->allocator, ptrs);
     for (j = 0; st == DM_OK && j < W; j++) {
         const int32_t* a = all + _DM_TCP_GROW_FIELDS * j;
@@ -6691,8 +6691,8 @@ static dm_status _dm_tcp_shrink_hosts(_dm_tcp* n, const _dm_tcp* p, const int* o
         n->base.local_size++;
     }
     _dm_copy_name(n->base.node_name, sizeof(n->base.node_name), p->base.node_name);
-    _dm_lk_set_hosts(&n->lk, n->host_of);
-    _dm_lk_set_policy(&n->lk, n->base.local_size);
+    _dm_eng_set_hosts(&n->lk, n->host_of);
+    _dm_eng_set_policy(&n->lk, n->base.local_size);
     return DM_OK;
 }
 /* Connections only where the schedules need them (>>tcp sparse): the agreement's full mesh
@@ -6712,19 +6712,19 @@ static void _dm_tcp_shrink_trim(_dm_tcp* n) {
 static dm_status _dm_tcp_shrink_build(_dm_tcp* n, _dm_tcp* p, const int* old_of, int64_t deadline) {
     dm_allocator* a = &n->base.allocator;
     int N = n->base.size, me = n->base.rank, j;
-    _DM_TRY(_dm_lk_init(&n->lk, &n->base, "tcp", p->lk.chunk));
+    _DM_TRY(_dm_eng_init(&n->lk, &n->base, "tcp", p->lk.chunk));
     n->lk.notice_post = _dm_tcp_notice_post;
     n->lk.notice_read = _dm_tcp_notice_read;
-    n->lk.connect = _dm_tcp_lk_connect;
-    n->lk.poll_fill = _dm_tcp_lk_poll_fill;
-    n->lk.service = _dm_tcp_lk_service;
-    n->lk.hangup = _dm_tcp_lk_hangup;
+    n->lk.connect = _dm_tcp_eng_connect;
+    n->lk.poll_fill = _dm_tcp_eng_poll_fill;
+    n->lk.service = _dm_tcp_eng_service;
+    n->lk.hangup = _dm_tcp_eng_hangup;
     for (j = 0; j < N; j++)
         if (j != me) _DM_TRY(_dm_tcp_add_link(n, j));
     _DM_TRY(_dm_tcp_shrink_hosts(n, p, old_of));
     n->want = (bool*)_dm_calloc(a, sizeof(bool) * (size_t)N);
     if (!n->want) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
-    _DM_TRY(_dm_lk_peers(&n->lk, n->want));
+    _DM_TRY(_dm_peers_find(&n->lk, n->want));
     _dm_tcp_shrink_trim(n);
     /* the same choice on every rank: the vote and the slot are the parent group's */
     if (p->shm_vote == 2 && p->shm_slot + 1 < _DM_SHM_ABORTS) _DM_TRY(_dm_tcp_shrink_shm(n, p, old_of, deadline));
@@ -6751,7 +6751,7 @@ static dm_status _dm_tcp_shrink(dm_collective* c, const bool* excluded, int flag
     }
     if (flags == DM_SHRINK_ABORT && p->lk.broken == DM_OK) {    /* the others fail fast and shrink too */
         _DM_FAIL(c, DM_ERR_ABORTED, "tcp: rank %d aborted the collective (dm_shrink with DM_SHRINK_ABORT)", c->rank);
-        _dm_lk_break(&p->lk, DM_ERR_ABORTED);
+        _dm_eng_break(&p->lk, DM_ERR_ABORTED);
     }
     st = _dm_tcp_shrink_start(p, &n);
     if (st == DM_OK) _dm_tcp_shrink_stop_rings(p, _dm_tcp_shrink_epoch(n));

@@ -21,7 +21,7 @@ def cost(link, steps, b):
 
 
 def max_segments(s, l, h):
-    """distmesh.h _dm_lk_2l_max_segments: a rail's block of a segment about 512 KiB or more, at
+    """distmesh.h _dm_sch_2l_max_segments: a rail's block of a segment about 512 KiB or more, at
     most 64 segments."""
     k = max(1, min(64, int(s) // ((512 << 10) * l)))
     while k > 1 and s // k < l * h:
@@ -41,10 +41,10 @@ def middle(l, h, net, s, ring, k):
 
 def two_level_rails(l, h, net, s):
     """Rails as rings or by recursive doubling, the cheaper, each with the segment count the
-    code picks (distmesh.h _dm_lk_2l_segments: of 1, 2, 4, ... and the most, the cheapest)."""
+    code picks (distmesh.h _dm_pick_2l_segments: of 1, 2, 4, ... and the most, the cheapest)."""
     best = None
     for ring in (True, False):
-        # distmesh.h _dm_lk_2l_pipelined: R > 1 and each rail one transfer (a ring, or two hosts)
+        # distmesh.h _dm_sch_2l_pipelined: R > 1 and each rail one transfer (a ring, or two hosts)
         most = max_segments(s, l, h) if l > 1 and (ring or h <= 2) and s // l >= h else 1
         ks = sorted({1, most} | {k for k in (2 ** i for i in range(1, 7)) if k < most})
         t = min(middle(l, h, net, s, ring, k) for k in ks)

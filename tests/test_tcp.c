@@ -1218,7 +1218,7 @@ static void test_layouts_thread(void** s) {
     unsetenv("DISTMESH_ALGO");
 }
 
-/* The pipelined two-level all-reduce (distmesh.h, _dm_lk_2l_stage): counts of several
+/* The pipelined two-level all-reduce (distmesh.h, _dm_sch_2l_stage): counts of several
    segments, so stages run a host reduce-scatter, a host all-gather and a rail at once, on even
    (ring rails on 3 hosts, one exchange on 2), uneven and interleaved layouts, every op on exact
    int32 data and MEAN on float32, in and out of place, against the reference; and the
@@ -1251,7 +1251,7 @@ static void test_layouts_pipelined(void** s) {
     unsetenv("DISTMESH_ALGO");
 }
 
-/* P covers two_level_ring's rails both ways (_dm_lk_peers): the rails all-reduce their blocks
+/* P covers two_level_ring's rails both ways (_dm_peers_find): the rails all-reduce their blocks
    with a ring for large counts and with recursive doubling for small ones (5 hosts: rd by the
    model), and the threaded world fails a fixed-peer transfer outside P. On hosts of 4, 3, 3,
    3 and 3 ranks rail 1 is ranks 1, 5, 8, 11, 14, and its ring pairs 8-11 and 14-1 are peers
