@@ -4774,7 +4774,7 @@ _DM_PRIVATE void _dm_eng_set_policy(_dm_eng* lk, int local) {
 
 
 /* Posts the first failure into the shared abort word and wakes every same-host rank. */
-_DM_PRIVATE void _dm_lk_post_abort_msg(_dm_eng* lk, dm_status st, const char* msg) {
+_DM_PRIVATE void _dm_eng_post_abort_msg(_dm_eng* lk, dm_status st, const char* msg) {
     int32_t none = 0;
     int r;
     if (!lk->abort) return;
@@ -4785,15 +4785,15 @@ _DM_PRIVATE void _dm_lk_post_abort_msg(_dm_eng* lk, dm_status st, const char* ms
     __atomic_store_n(&lk->abort->status, (int32_t)st, __ATOMIC_RELEASE);
     for (r = 0; r < lk->nbells; r++) _dm_bell_ring(&lk->bells[r], lk->bell_ops);
 }
-_DM_PRIVATE void _dm_eng_post_abort(_dm_eng* lk, dm_status st) { _dm_lk_post_abort_msg(lk, st, _dm_errbuf(lk->c)); }
+_DM_PRIVATE void _dm_eng_post_abort(_dm_eng* lk, dm_status st) { _dm_eng_post_abort_msg(lk, st, _dm_errbuf(lk->c)); }
 /* dm_abort's part on the aborting thread (a backend's interrupt slot calls it): the notice and
    the abort word go out before the backend hangs up, so a peer that finds this rank gone reads
    why. Both are safe beside the owner's thread (the notice channel locks; the word is CAS'd);
    the owner breaks the group itself when it wakes (_dm_eng_adopt_abort). */
-_DM_PRIVATE void _dm_lk_abort_notify(_dm_eng* lk) {
+_DM_PRIVATE void _dm_eng_abort_notify(_dm_eng* lk) {
     if (__atomic_load_n(&lk->c->aborted, __ATOMIC_ACQUIRE) != 2) return;
     if (lk->notice_post) lk->notice_post(lk, DM_ERR_ABORTED, lk->c->abort_msg);
-    _dm_lk_post_abort_msg(lk, DM_ERR_ABORTED, lk->c->abort_msg);
+    _dm_eng_post_abort_msg(lk, DM_ERR_ABORTED, lk->c->abort_msg);
     if (lk->bell) _dm_bell_ring(lk->bell, lk->bell_ops);     /* the owner may sleep on its bell */
 }
 /* Marks the group broken with st (the message is already in last_error) and tells the others:
@@ -4830,7 +4830,7 @@ _DM_PRIVATE dm_status _dm_eng_adopt_abort(_dm_eng* lk, const char* op) {
     if (__builtin_expect(__atomic_load_n(&lk->c->aborted, __ATOMIC_ACQUIRE) == 2, 0) && lk->broken == DM_OK) {
         _DM_FAIL(lk->c, DM_ERR_ABORTED, "%s: %s #%llu: %s", lk->tag, op, (unsigned long long)lk->c->seq,
                  lk->c->abort_msg);
-        lk->adopting = true;    /* dm_abort's thread posted the notice (_dm_lk_abort_notify) */
+        lk->adopting = true;    /* dm_abort's thread posted the notice (_dm_eng_abort_notify) */
         _dm_eng_break(lk, DM_ERR_ABORTED);
         lk->adopting = false;
         return DM_ERR_ABORTED;
@@ -7203,7 +7203,7 @@ static dm_status _dm_tw_links(_dm_thread* t) {
 /* dm_abort from another thread: the notice breaks the shared world (ranks in its barrier
    fail with the message) and the abort word wakes the rings' waiters, this rank's owner
    included. Nothing without dm_abort (dm_shrink's abort breaks the world on its own). */
-static void _dm_tw_interrupt(dm_collective* c) { _dm_lk_abort_notify(&((_dm_thread*)c)->lk); }
+static void _dm_tw_interrupt(dm_collective* c) { _dm_eng_abort_notify(&((_dm_thread*)c)->lk); }
 
 static void _dm_tw_destroy(dm_collective* c) {
     _dm_thread* t = (_dm_thread*)c;

@@ -6785,7 +6785,7 @@ static dm_status _dm_tcp_shrink(dm_collective* c, const bool* excluded, int flag
 static void _dm_tcp_interrupt(dm_collective* c) {
     _dm_tcp* t = (_dm_tcp*)c;
     int j;
-    _dm_lk_abort_notify(&t->lk);
+    _dm_eng_abort_notify(&t->lk);
     if (!t->fds) return;
     for (j = 0; j < c->size * t->nsock; j++) {
         int fd = __atomic_load_n(&t->fds[j], __ATOMIC_ACQUIRE);
