@@ -18,7 +18,8 @@
 #   make bench-trace    what the flight recorder and DISTMESH_TRACE cost at 8 B (bench/dm_trace_bench.c)
 #   make trace-demo     a traced 4-rank run, scripts/dm_trace's report and the README's timeline picture
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
-#   make install    headers, pkg-config and CMake files (PREFIX=/usr/local, DESTDIR=)
+#   make install    headers, pkg-config and CMake files, the Python package (PREFIX=/usr/local, DESTDIR=)
+#   make bench-python   the Python package against mpi4py and torch's Gloo (bench/py_bench.py)
 #   make config-table  README's table of environment variables, rewritten from distmesh.h's registry
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.
 

@@ -78,6 +78,7 @@
        >>functions point-to-point  dm_send, dm_recv
        >>functions async         the _async twins, dm_wait, dm_test, dm_wait_all
        >>functions groups        dm_split
+       >>functions abort         dm_abort: stop a collective from another thread
        >>functions shrink and grow  dm_shrink, dm_grow, dm_local, main_process_first
        >>functions mesh          dm_mesh_*
        >>functions strategy      dm_strategy_* (LLaMA-Factory's messages)
@@ -652,6 +653,18 @@ DM_API dm_status dm_recv_async(dm_collective* c, void* buf, size_t count, dm_dty
    (key, old rank). color DM_SPLIT_NONE: *out = NULL and DM_OK. Collective call. */
 DM_API dm_status dm_split(dm_collective* c, int color, int key, dm_collective** out);
 
+/* >>functions abort  Stops c from any thread (a watchdog; the thread a signal handler wakes):
+   the call running on c (blocking, or a request on its progress thread) fails soon with
+   DM_ERR_ABORTED and "<backend>: rank R aborted: <reason>", requests queued behind it complete
+   with the same status unrun, and every later call on c fails with it. The peers learn at
+   once (the TCP backend and the threaded world post the abort where every rank finds it, then
+   hang up), so their calls fail with DM_ERR_ABORTED and a message naming this rank instead of
+   waiting for their deadlines. Returns without waiting for the running call; a second call
+   changes nothing. reason NULL -> "dm_abort". Not async-signal-safe: a signal handler wakes a
+   thread that calls it. A backend that cannot interrupt a running call (NCCL) fails the next
+   one. Afterwards c can only be destroyed. */
+DM_API dm_status dm_abort(dm_collective* c, const char* reason);
+
 /* >>functions shrink and grow  A group goes on without ranks that died or leave, and takes
    newcomers, without a new rendezvous of the survivors (README "Survive a lost rank").
    dm_shrink: every rank that stays calls it (the excluded and the dead do not); *out is a new
@@ -811,7 +824,7 @@ typedef struct dm_collective_vtable {
     dm_status (*shrink)(dm_collective* self, const bool* gone, int flags, dm_collective** out);
     dm_status (*grow)(dm_collective* self, int n_new, dm_collective** out);
     /* Optional, called from another thread than the one running an operation: make it fail
-       soon (DM_SHRINK_ABORT). */
+       soon (DM_SHRINK_ABORT; dm_abort, which sets aborted / abort_msg first). */
     void (*interrupt)(dm_collective* self);
     /* ---- end of version 4: append below, never reorder ---- */
 } dm_collective_vtable;
@@ -833,6 +846,8 @@ struct dm_collective {
     int busy;                   /* the core's: a blocking call runs on the caller's thread */
     const char* algorithm;      /* the last collective's algorithm (a static string), or NULL */
     struct _dm_trace* trace;    /* the core's: flight recorder and timeline (>>trace), NULL: off */
+    int aborted;                /* the core's (dm_abort): 0; 1 while abort_msg is written; 2 set */
+    char abort_msg[256];        /* dm_abort's message, read once aborted is 2 */
     uint64_t max_object_bytes;  /* the core's: DISTMESH_MAX_OBJECT_BYTES, read when it was made */
 };
 
@@ -2846,6 +2861,8 @@ _DM_PRIVATE void _dm_collective_init(dm_collective* c, const dm_collective_vtabl
     c->busy = 0;
     c->trace = _dm_trace_wanted(logger);
     c->max_object_bytes = _dm_cfg_bytes_logged(_DM_CFG_MAX_OBJECT_BYTES, logger);
+    c->aborted = 0;
+    c->abort_msg[0] = 0;
 }
 
 /* One block: the item array, then the bytes of every item back to back (so the bytes of a
@@ -3710,6 +3727,13 @@ _DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) 
 }
 
 _DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o);
+/* After dm_abort every call fails at once with its message (a call already running is stopped
+   by the backend, see _dm_eng_adopt_abort). */
+_DM_PRIVATE dm_status _dm_check_aborted(dm_collective* c, const dm_op* o) {
+    if (__builtin_expect(__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE) != 2, 1)) return DM_OK;
+    return _DM_FAIL(c, DM_ERR_ABORTED, "%s #%llu: %s", _dm_op_name(o->kind),
+                    (unsigned long long)__atomic_load_n(&c->seq, __ATOMIC_RELAXED), c->abort_msg);
+}
 /* An _async call: a backend stream request where the backend has one for this kind, else a
    request for the progress thread. A stream backend never shares its communicator with the
    progress thread: the kinds it cannot start (object collectives) run here, and the request
@@ -3719,6 +3743,7 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
     dm_request* r;
     dm_status st;
     if (!a) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", _dm_op_name(o->kind));
+    _DM_TRY(_dm_check_aborted(c, o));
     pthread_mutex_lock(&a->mu);
     if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE) ||
         (a->inflight > 0 && !pthread_equal(a->owner, pthread_self()))) {
@@ -3769,6 +3794,7 @@ _DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o) {
     int idle = 0;
     dm_status st;
     if (_dm_tls_running.c == c) return _dm_op_run(c, o);
+    _DM_TRY(_dm_check_aborted(c, o));
     if (!__atomic_compare_exchange_n(&c->busy, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return _dm_busy(c, o);
     if (a) {
@@ -4194,6 +4220,19 @@ _DM_PRIVATE void _dm_abort_in_flight(dm_collective* c) {
     }
     if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE) && can) c->vt->interrupt(c);
 }
+DM_API_IMPL dm_status dm_abort(dm_collective* c, const char* reason) {
+    int none = 0;
+    if (!c) return DM_ERR_INVALID_ARG;
+    if (!__atomic_compare_exchange_n(&c->aborted, &none, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return DM_OK;                           /* aborted already */
+    snprintf(c->abort_msg, sizeof(c->abort_msg), "%s: rank %d aborted: %s", c->vt->name, c->rank,
+             reason && reason[0] ? reason : "dm_abort");
+    __atomic_store_n(&c->aborted, 2, __ATOMIC_RELEASE);
+    _DM_LOG(&c->logger, DM_LOG_WARN, "%s", c->abort_msg);
+    if (_DM_VT_HAS(c->vt, interrupt)) c->vt->interrupt(c);
+    return DM_OK;
+}
+
 /* Takes c for this thread (c->busy), or DM_ERR_BUSY naming the call. */
 _DM_PRIVATE dm_status _dm_take(dm_collective* c, const char* name, int64_t deadline) {
     int idle = 0;
@@ -5247,16 +5286,27 @@ _DM_PRIVATE size_t _dm_eng_pad(const _dm_link* l, size_t len) {
    not match break the group here too. */
 
 /* Posts the first failure into the shared abort word and wakes every same-host rank. */
-_DM_PRIVATE void _dm_eng_post_abort(_dm_eng* lk, dm_status st) {
+_DM_PRIVATE void _dm_eng_post_abort_msg(_dm_eng* lk, dm_status st, const char* msg) {
     int32_t none = 0;
     int r;
     if (!lk->abort) return;
     if (!__atomic_compare_exchange_n(&lk->abort->status, &none, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return;
     lk->abort->rank = lk->c->rank;
-    _dm_copy_name(lk->abort->msg, sizeof(lk->abort->msg), _dm_errbuf(lk->c));
+    _dm_copy_name(lk->abort->msg, sizeof(lk->abort->msg), msg);
     __atomic_store_n(&lk->abort->status, (int32_t)st, __ATOMIC_RELEASE);
     for (r = 0; r < lk->nbells; r++) _dm_bell_ring(&lk->bells[r], lk->bell_ops);
+}
+_DM_PRIVATE void _dm_eng_post_abort(_dm_eng* lk, dm_status st) { _dm_eng_post_abort_msg(lk, st, _dm_errbuf(lk->c)); }
+/* dm_abort's part on the aborting thread (a backend's interrupt slot calls it): the notice and
+   the abort word go out before the backend hangs up, so a peer that finds this rank gone reads
+   why. Both are safe beside the owner's thread (the notice channel locks; the word is CAS'd);
+   the owner breaks the group itself when it wakes (_dm_eng_adopt_abort). */
+_DM_PRIVATE void _dm_eng_abort_notify(_dm_eng* lk) {
+    if (__atomic_load_n(&lk->c->aborted, __ATOMIC_ACQUIRE) != 2) return;
+    if (lk->notice_post) lk->notice_post(lk, DM_ERR_ABORTED, lk->c->abort_msg);
+    _dm_eng_post_abort_msg(lk, DM_ERR_ABORTED, lk->c->abort_msg);
+    if (lk->bell) _dm_bell_ring(lk->bell, lk->bell_ops);     /* the owner may sleep on its bell */
 }
 /* Marks the group broken with st (the message is already in last_error) and tells the others:
    the backend's notice first, then the abort word, then every link is shut down, so a peer
@@ -5285,9 +5335,19 @@ _DM_PRIVATE dm_status _dm_eng_adopt(_dm_eng* lk, const char* op, dm_status st, i
     lk->adopting = false;
     return st;
 }
-/* Another same-host rank failed first (the shared abort word). */
+/* dm_abort was called on this rank (the group breaks with its message), or another same-host
+   rank failed first (the shared abort word). */
 _DM_PRIVATE dm_status _dm_eng_adopt_abort(_dm_eng* lk, const char* op) {
-    int32_t st = lk->abort ? __atomic_load_n(&lk->abort->status, __ATOMIC_ACQUIRE) : 0;
+    int32_t st;
+    if (__builtin_expect(__atomic_load_n(&lk->c->aborted, __ATOMIC_ACQUIRE) == 2, 0) && lk->broken == DM_OK) {
+        _DM_FAIL(lk->c, DM_ERR_ABORTED, "%s: %s #%llu: %s", lk->tag, op, (unsigned long long)lk->c->seq,
+                 lk->c->abort_msg);
+        lk->adopting = true;    /* dm_abort's thread posted the notice (_dm_eng_abort_notify) */
+        _dm_eng_break(lk, DM_ERR_ABORTED);
+        lk->adopting = false;
+        return DM_ERR_ABORTED;
+    }
+    st = lk->abort ? __atomic_load_n(&lk->abort->status, __ATOMIC_ACQUIRE) : 0;
     if (st >= 0) return DM_OK;
     return _dm_eng_adopt(lk, op, (dm_status)st, lk->abort->rank, lk->abort->msg);
 }
@@ -7696,6 +7756,11 @@ static dm_status _dm_tw_links(_dm_thread* t) {
     return DM_OK;
 }
 
+/* dm_abort from another thread: the notice breaks the shared world (ranks in its barrier
+   fail with the message) and the abort word wakes the rings' waiters, this rank's owner
+   included. Nothing without dm_abort (dm_shrink's abort breaks the world on its own). */
+static void _dm_tw_interrupt(dm_collective* c) { _dm_eng_abort_notify(&((_dm_thread*)c)->lk); }
+
 static void _dm_tw_destroy(dm_collective* c) {
     _dm_thread* t = (_dm_thread*)c;
     dm_allocator a = c->allocator;
@@ -7729,7 +7794,7 @@ static const dm_collective_vtable _dm_thread_vtable = {
     NULL,                            /* finish */
     _dm_tw_shrink,                   /* shrink */
     NULL,                            /* grow */
-    NULL,                            /* interrupt */
+    _dm_tw_interrupt,                /* interrupt: dm_abort */
 };
 
 /* A member of a shared world. like: copy logger, allocator, timeout and node name from it

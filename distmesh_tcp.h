@@ -3746,11 +3746,13 @@ static dm_status _dm_tcp_shrink(dm_collective* c, const bool* excluded, int flag
     return DM_OK;
 }
 
-/* DM_SHRINK_ABORT from another thread than the one in a call: every socket (the shm links'
-   side channels included) ends, so the call fails at once and the peers fail fast. */
+/* DM_SHRINK_ABORT or dm_abort from another thread than the one in a call: every socket (the
+   shm links' side channels included) ends, so the call fails at once and the peers fail fast.
+   After dm_abort the notice and the abort word go out first, so the peers read why. */
 static void _dm_tcp_interrupt(dm_collective* c) {
     _dm_tcp* t = (_dm_tcp*)c;
     int j;
+    _dm_eng_abort_notify(&t->lk);
     if (!t->fds) return;
     for (j = 0; j < c->size * t->nsock; j++) {
         int fd = __atomic_load_n(&t->fds[j], __ATOMIC_ACQUIRE);

@@ -13,6 +13,10 @@ command -v ip >/dev/null  || need+=(iproute2)
 command -v cmake >/dev/null || need+=(cmake)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
 dpkg -s python3-torch >/dev/null 2>&1 || need+=(python3-torch)
+# the Python package (python/): its extension, tests, install and bench-python's mpi4py
+for p in python3-dev python3-setuptools python3-pip python3-numpy python3-pytest python3-mpi4py; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
 command -v srun >/dev/null || need+=(slurm-wlm)     # test_launch's srun in a private Slurm
 [ -x /usr/sbin/munged ] || command -v munged >/dev/null || need+=(munge)
 for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done

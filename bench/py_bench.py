@@ -1,0 +1,309 @@
+"""make bench-python: distmesh's Python package against mpi4py and torch.distributed's Gloo,
+one harness for all, every system launched the same way (mpirun --oversubscribe on this host)
+and timed the same way (bench/parity_bench.c's shapes):
+
+    med   a barrier, then one timed call, `iters` times: each rank's median per call; the
+          slowest rank's median is reported
+    b2b   a barrier, then `iters` calls back to back: each rank's mean per call; the slowest
+          rank's mean is reported
+    iters = 64 MiB / size, clamped to [10, ITERS_MAX (2000)]
+
+Systems (float32 sum in place, 8 B .. 64 MiB, 2 and 4 ranks):
+    dm        distmesh: Collective.all_reduce(numpy array, SUM)
+    mpi4py    comm.Allreduce(MPI.IN_PLACE, numpy array, op=MPI.SUM)
+    gloo      torch.distributed's Gloo: dist.all_reduce(torch.from_numpy(array)) (the same memory;
+              also the reference of tdm)
+    tdm       torch.distributed through the "distmesh" backend: dist.all_reduce(tensor)
+    dm_c      the C library's own harness (parity_bench_dm) at the same sizes: Python's cost
+              over the C call is dm - dm_c
+DDP: the mean step (forward, backward, SGD step) of a model with DDP_MB MiB of gradients
+(default 16), `--ddp-steps` steps after 3 warm-up steps, slowest rank, distmesh backend
+against Gloo.
+
+Each repetition runs every system in turn; the tables show the median over REPS repetitions
+and the ratios. Machines here are shared: compare ratios from one run, not lone numbers.
+
+    python3 bench/py_bench.py [--ranks 2 4] [--sizes 8 ...] [--reps 3] [--iters-max 2000]
+                              [--ddp-steps 20] [--ddp-mb 16] [--quick] [--c-bench PATH]
+    (make bench-python PYBENCH_ARGS="--quick" to check it runs)
+"""
+import argparse
+import collections
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_SIZES = [8, 64, 1024, 4096, 65536, 262144, 1048576, 4194304, 16777216, 67108864]
+
+
+# ---- the worker: one rank of one system -----------------------------------------------------
+def iters_for(nbytes, cap):
+    return max(10, min(cap, (64 << 20) // max(nbytes, 1)))
+
+
+def time_calls(call, barrier, iters):
+    """(median per call, mean back to back) on this rank, in microseconds."""
+    for _ in range(iters // 10 + 2):
+        call()
+    t = []
+    for _ in range(iters):
+        barrier()
+        t0 = time.perf_counter()
+        call()
+        t.append(time.perf_counter() - t0)
+    barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    b2b = (time.perf_counter() - t0) / iters
+    return statistics.median(t) * 1e6, b2b * 1e6
+
+
+class Env:
+    """rank, world, barrier(), slowest(x) and the all-reduce under test, per system."""
+
+    def __init__(self, system):
+        import numpy as np
+        self.np = np
+        self.system = system
+        if system == "dm":
+            import distmesh
+            self.c = distmesh.init(timeout=600)
+            self.rank, self.world = self.c.rank, self.c.world_size
+            self.barrier = self.c.barrier
+            self._sum = distmesh.ReduceOp.SUM
+        elif system == "mpi4py":
+            from mpi4py import MPI
+            self.MPI, self.comm = MPI, MPI.COMM_WORLD
+            self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
+            self.barrier = self.comm.Barrier
+        else:
+            import datetime
+            import torch
+            import torch.distributed as dist
+            self.torch, self.dist = torch, dist
+            backend = "gloo"
+            if system in ("tdm", "ddp_dm"):
+                import distmesh.torch  # noqa: F401  (registers the backend)
+                backend = "distmesh"
+            self.rank, self.world = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+            dist.init_process_group(backend, init_method=os.environ["PYBENCH_INIT"], rank=self.rank,
+                                    world_size=self.world, timeout=datetime.timedelta(seconds=600))
+            self.barrier = dist.barrier
+
+    def slowest(self, x):
+        np = self.np
+        if self.system == "dm":
+            v = np.array([x])
+            self.c.all_reduce(v, "max")
+            return float(v[0])
+        if self.system == "mpi4py":
+            return self.comm.allreduce(x, op=self.MPI.MAX)
+        v = self.torch.tensor([x], dtype=self.torch.float64)
+        self.dist.all_reduce(v, op=self.dist.ReduceOp.MAX)
+        return float(v.item())
+
+    def allreduce(self, nbytes):
+        np = self.np
+        buf = np.full(max(1, nbytes // 4), 1.0 / 1024, np.float32)
+        if self.system == "dm":
+            c, op = self.c, self._sum
+            return lambda: c.all_reduce(buf, op)
+        if self.system == "mpi4py":
+            comm, MPI = self.comm, self.MPI
+            return lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        t = self.torch.from_numpy(buf)
+        dist = self.dist
+        return lambda: dist.all_reduce(t)
+
+    def close(self):
+        if self.system == "dm":
+            self.c.close()
+        elif self.system not in ("mpi4py",):
+            self.dist.destroy_process_group()
+
+
+def worker(args):
+    env = Env(args.system)
+    if args.system.startswith("ddp_"):
+        return ddp_worker(env, args)
+    for nbytes in args.sizes:
+        med, b2b = time_calls(env.allreduce(nbytes), env.barrier, iters_for(nbytes, args.iters_max))
+        med, b2b = env.slowest(med), env.slowest(b2b)
+        if env.rank == 0:
+            print("RESULT %s ranks=%d bytes=%d med_us=%.3f b2b_us=%.3f" % (args.system, env.world, nbytes, med, b2b),
+                  flush=True)
+    env.close()
+
+
+def ddp_worker(env, args):
+    torch = env.torch
+    width = 1024
+    layers = max(1, (args.ddp_mb << 20) // (4 * width * width))
+    torch.manual_seed(0)
+    mods = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*mods)
+    grad_mb = sum(p.numel() for p in model.parameters()) * 4 / (1 << 20)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+    x = torch.randn(32, width)
+
+    def step():
+        opt.zero_grad()
+        ddp(x).pow(2).mean().backward()
+        opt.step()
+    for _ in range(3):
+        step()
+    env.barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.ddp_steps):
+        step()
+    ms = env.slowest((time.perf_counter() - t0) / args.ddp_steps * 1e3)
+    if env.rank == 0:
+        print("RESULT %s ranks=%d grad_mb=%.1f step_ms=%.3f" % (args.system, env.world, grad_mb, ms), flush=True)
+    env.close()
+
+
+# ---- the driver -------------------------------------------------------------------------------
+def mpirun():
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "pml", "ob1"]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    return cmd
+
+
+def launch(system, ranks, args, tmp, raw):
+    env = dict(os.environ)
+    env["PYBENCH_INIT"] = "file://%s/%s-%d-%f" % (tmp, system, ranks, time.time())
+    if system == "dm_c":
+        cmd = mpirun() + ["-np", str(ranks), args.c_bench, "dm_c"] + [str(s) for s in args.sizes]
+    else:
+        cmd = mpirun() + ["-x", "PYTHONPATH", "-np", str(ranks), sys.executable, os.path.abspath(__file__), "worker",
+                          system, "--sizes"] + [str(s) for s in args.sizes] + [
+            "--iters-max", str(args.iters_max), "--ddp-steps", str(args.ddp_steps), "--ddp-mb", str(args.ddp_mb)]
+    env.setdefault("PYTHONPATH", "")
+    try:
+        out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        print("py_bench: %s on %d ranks ran past %d s" % (system, ranks, args.timeout), file=sys.stderr)
+        return []
+    lines = [l for l in out.stdout.decode().splitlines() if l.startswith("RESULT ") or l.startswith("dm_c ")]
+    if out.returncode != 0 or not lines:
+        print("py_bench: %s on %d ranks failed (%d):\n%s" % (system, ranks, out.returncode,
+                                                               out.stderr.decode()[-2000:]), file=sys.stderr)
+    for l in lines:
+        raw.write(l + "\n")
+    return lines
+
+
+def parse(line):
+    parts = line.split()
+    name = parts[1] if parts[0] == "RESULT" else parts[0]
+    f = dict(kv.split("=") for kv in parts[(2 if parts[0] == "RESULT" else 1):])
+    return name, f
+
+
+def table(rows, title, cols, ref_pairs, fmt):
+    print("\n" + title)
+    head = ["ranks", "bytes"] + cols + ["%s/%s" % p for p in ref_pairs]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for (n, b) in sorted(rows):
+        v = rows[(n, b)]
+        cells = [str(n), str(b)] + [fmt(v[c]) if c in v else "-" for c in cols]
+        for a, r in ref_pairs:
+            cells.append("%.2f" % (v[a] / v[r]) if a in v and r in v and v[r] > 0 else "-")
+        print("| " + " | ".join(cells) + " |")
+
+
+def report(raw_path):
+    vals = collections.defaultdict(list)
+    ddp = collections.defaultdict(list)
+    for line in open(raw_path):
+        name, f = parse(line.strip())
+        if "step_ms" in f:
+            ddp[(int(f["ranks"]), name)].append((float(f["step_ms"]), float(f["grad_mb"])))
+        else:
+            vals[(int(f["ranks"]), int(f["bytes"]), name)].append((float(f["med_us"]), float(f["b2b_us"])))
+    for shape, k in (("med", 0), ("b2b", 1)):
+        rows = collections.defaultdict(dict)
+        for (n, b, name), v in vals.items():
+            rows[(n, b)][name] = statistics.median(x[k] for x in v)
+        table(rows, "numpy float32 in-place all-reduce, %s us (median over repetitions)" % shape,
+              ["dm", "mpi4py", "gloo"], [("dm", "mpi4py"), ("dm", "gloo")], lambda x: "%.2f" % x)
+        table(rows, "torch.distributed all_reduce on CPU tensors, distmesh backend against Gloo, %s us" % shape,
+              ["tdm", "gloo"], [("tdm", "gloo")], lambda x: "%.2f" % x)
+        small = {key: r for key, r in rows.items() if key[1] <= 64 and ("dm_c" in r or "dm" in r)}
+        for r in small.values():
+            if "dm" in r and "dm_c" in r:
+                r["python_cost"] = r["dm"] - r["dm_c"]
+        table(small, "Python's cost over the C call (dm - dm_c), %s us" % shape,
+              ["dm", "dm_c", "python_cost"], [("dm", "dm_c")], lambda x: "%.3f" % x)
+    if ddp:
+        print("\nDDP step (forward, backward, SGD step), ms (median over repetitions)")
+        print("| ranks | grad MiB | distmesh | gloo | distmesh/gloo |")
+        print("|---|---|---|---|---|")
+        for n in sorted({k[0] for k in ddp}):
+            dm = ddp.get((n, "ddp_dm"))
+            gl = ddp.get((n, "ddp_gloo"))
+            mb = (dm or gl)[0][1]
+            a = statistics.median(x[0] for x in dm) if dm else None
+            b = statistics.median(x[0] for x in gl) if gl else None
+            print("| %d | %.1f | %s | %s | %s |" % (n, mb, "%.2f" % a if a else "-", "%.2f" % b if b else "-",
+                                                   "%.2f" % (a / b) if a and b else "-"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", nargs="?", default="run", choices=["run", "worker", "report"])
+    ap.add_argument("system", nargs="?")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--iters-max", type=int, default=2000)
+    ap.add_argument("--ddp-steps", type=int, default=20)
+    ap.add_argument("--ddp-mb", type=int, default=16)
+    ap.add_argument("--systems", nargs="+", default=["dm", "dm_c", "mpi4py", "gloo", "tdm", "ddp_dm", "ddp_gloo"])
+    ap.add_argument("--c-bench", default=os.environ.get("PYBENCH_C", ""))
+    ap.add_argument("--out", default=os.environ.get("PYBENCH_OUT", "build/bench-python"))
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per launch (a stuck system is reported, not waited for)")
+    ap.add_argument("--quick", action="store_true", help="sizes 8 64K 1M, 50 iterations, 1 repetition, 4 DDP steps, "
+                    "300 s per launch")
+    args = ap.parse_args()
+    if args.mode == "worker":
+        return worker(args)
+    if args.quick:
+        args.sizes, args.iters_max, args.reps, args.ddp_steps = [8, 65536, 1048576], 50, 1, 4
+        args.timeout = min(args.timeout, 300)
+    os.makedirs(args.out, exist_ok=True)
+    raw_path = os.path.join(args.out, "raw.txt")
+    if args.mode == "report":
+        return report(raw_path)
+    systems = [s for s in args.systems if s != "dm_c" or args.c_bench]
+    if "dm_c" in args.systems and not args.c_bench:
+        print("py_bench: no --c-bench (parity_bench_dm): Python's cost over C is left out", file=sys.stderr)
+    tmp = tempfile.mkdtemp(prefix="pybench")
+    try:
+        with open(raw_path, "w") as raw:
+            for rep in range(args.reps):
+                for n in args.ranks:
+                    for system in systems:
+                        print("py_bench: repetition %d/%d, %d ranks, %s" % (rep + 1, args.reps, n, system),
+                              file=sys.stderr, flush=True)
+                        launch(system, n, args, tmp, raw)
+                        raw.flush()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("py_bench: raw lines in %s; %s" % (raw_path, time.strftime("%Y-%m-%d %H:%M")))
+    report(raw_path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,384 @@
+"""The seeds' collectives on distmesh: Optimus-DL's ``Collective`` and ``FakeCollective``,
+a threaded world for tests, named meshes, and mpi4py's upper-case (buffer) / lower-case
+(object) spellings beside the seeds' names.
+
+Buffers are used in place, without copies: numpy arrays, bytearray, memoryview, array.array,
+CPU torch tensors (bfloat16 and float16 included). Every collective call releases the GIL;
+every failure is a ``distmesh.Error`` subclass. See docs/python.md.
+"""
+import contextlib
+import enum
+import pickle
+import threading
+
+from . import _C
+
+__all__ = ["ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "init", "connect", "thread_world", "env"]
+
+
+class ReduceOp(enum.IntEnum):
+    """distmesh's reductions (C: DM_SUM ... DM_MEAN). MEAN on integers truncates toward zero.
+    Calls also take torch.distributed.ReduceOp (SUM, PRODUCT, MAX, MIN, AVG) and the names
+    "sum", "prod", "max", "min", "mean" / "avg"."""
+    SUM = 0
+    PROD = 1
+    MAX = 2
+    MIN = 3
+    MEAN = 4
+    AVG = 4          # torch's name for MEAN
+
+
+_OP_NAMES = {"sum": 0, "prod": 1, "product": 1, "max": 2, "min": 3, "mean": 4, "avg": 4}
+
+
+def _op_code(op):
+    """op -> distmesh's number, for anything that is not an int (the C side takes ints)."""
+    if isinstance(op, str):
+        name = op.lower()
+    else:   # torch.distributed.ReduceOp: 1.13 wraps a RedOpType (.op), 2.x passes RedOpType itself
+        name = getattr(getattr(op, "op", op), "name", None)
+        name = name.lower() if isinstance(name, str) else None
+    if name in _OP_NAMES:
+        return _OP_NAMES[name]
+    raise ValueError("unsupported reduce op %r (distmesh reduces with SUM, PROD, MAX, MIN, MEAN/AVG)" % (op,))
+
+
+_C._set_op_converter(_op_code)
+
+
+class _InPlace:
+    def __repr__(self):
+        return "distmesh.IN_PLACE"
+
+
+IN_PLACE = _InPlace()
+"""mpi4py's MPI.IN_PLACE for the upper-case methods: Allreduce(IN_PLACE, buf)."""
+
+
+def _ms(timeout):
+    """seconds (None: the default, from DISTMESH_TIMEOUT or 300 s; negative: forever) -> ms."""
+    if timeout is None:
+        return 0
+    if hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    if timeout < 0:
+        return -1
+    return max(1, int(round(timeout * 1000)))
+
+
+class Collective(_C.Comm):
+    """A group of ranks (Optimus-DL's ``Collective``; C: ``dm_collective``).
+
+    Made by ``distmesh.init()`` (the environment's world: torchrun, mpirun, srun, by hand),
+    ``FakeCollective(rank, world_size)``, ``thread_world(n, fn)``, a ``Mesh``'s ``group(dim)``
+    or a ``DistributedInterface``. Tensor methods work in place on the caller's buffers.
+
+    From the C type: rank, world_size, local_rank, local_world_size, is_master,
+    is_local_master, backend, transport, sequence, last_error; barrier, all_reduce(tensor, op),
+    all_gather(output, input), all_gather_to_list(outputs, input), reduce_scatter,
+    broadcast(tensor, source_rank=0), reduce, gather, scatter, all_to_all, all_to_all_v, send,
+    recv (each with async_op=False; True returns a Request), split, abort, close."""
+
+    _tp_size = 1
+    _tp_mesh = None
+    _tp_one = None
+    _pg = None
+
+    # ---- the seeds' topology (Optimus-DL) ---------------------------------------------------
+    @property
+    def local(self):
+        """The ranks on this host (dm_local). Its first use is a collective call: make it on
+        every rank at the same point. Optimus-DL's FakeCollective returns itself."""
+        if self.world_size == 1:
+            return self
+        return self._local()
+
+    @property
+    def tp_size(self):
+        return self._tp_size
+
+    @property
+    def dp_rank(self):
+        """rank // tp_size (TP innermost, as Optimus-DL's MeshCollective)."""
+        return self.rank // self._tp_size
+
+    @property
+    def dp_world_size(self):
+        return self.world_size // self._tp_size
+
+    @property
+    def tp_rank(self):
+        return self.rank % self._tp_size
+
+    @property
+    def tp_world_size(self):
+        return self._tp_size
+
+    @property
+    def tp_world(self):
+        """This rank's tensor-parallel group: the mesh's "tp" group (init(tp_size=...)); with
+        tp_size 1 a one-rank collective (itself at world size 1, as Optimus-DL's Fake)."""
+        if self._tp_mesh is not None:
+            return self._tp_mesh.group("tp")
+        if self.world_size == 1:
+            return self
+        if self._tp_one is None:
+            self._tp_one = _C.fake(0, 1, cls=Collective)
+        return self._tp_one
+
+    def _set_tp(self, tp_size):
+        """dp x tp over this world (a collective call): dm_mesh_create_dp_tp."""
+        if tp_size < 1 or self.world_size % tp_size != 0:
+            raise ValueError("World size (%d) must be divisible by tp_size (%d)" % (self.world_size, tp_size))
+        if tp_size > 1:
+            self._tp_mesh = _C.mesh_dp_tp(self, tp_size)
+        self._tp_size = tp_size
+        return self
+
+    @property
+    def default_device(self):
+        """torch.device("cpu") when torch imports, else "cpu" (this build moves host memory)."""
+        try:
+            import torch
+        except ImportError:
+            return "cpu"
+        return torch.device("cpu")
+
+    @property
+    def process_group(self):
+        """A torch.distributed ProcessGroup over this collective (distmesh.torch; imports
+        torch): usable as DDP(model, process_group=...) and with the group's own methods."""
+        if self._pg is None:
+            from . import torch as _dmtorch
+            self._pg = _dmtorch.ProcessGroup.from_collective(self)
+        return self._pg
+
+    # ---- objects (pickled) --------------------------------------------------------------------
+    def all_gather_objects(self, object):
+        """Every rank's object, in rank order (pickled; unpickle only data you trust)."""
+        data = pickle.dumps(object, protocol=pickle.HIGHEST_PROTOCOL)
+        return [pickle.loads(b) for b in self._all_gather_bytes(data)]
+
+    def broadcast_objects(self, objects, source_rank=0):
+        """The source rank's list of objects replaces the contents of ``objects`` everywhere."""
+        items = None
+        if self.rank == source_rank:
+            items = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in objects]
+        got = self._broadcast_bytes(items, source_rank)
+        if self.rank != source_rank:
+            objects[:] = [pickle.loads(b) for b in got]
+
+    # ---- helpers --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def main_process_first(self, local_only):
+        """The seed's main_process_first: the (local) master runs the block first, the others
+        after it (C: dm_main_process_first_begin/_end; local_only is explicit, as in C)."""
+        self.main_process_first_begin(local_only)
+        try:
+            yield
+        finally:
+            self.main_process_first_end(local_only)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self.closed:
+            return "<%s closed>" % type(self).__name__
+        return "<%s rank %d of %d, backend %s, transport %s>" % (
+            type(self).__name__, self.rank, self.world_size, self.backend, self.transport)
+
+    # ---- mpi4py's spellings: upper case takes buffers, lower case pickles objects ------------
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.world_size
+
+    def Barrier(self):
+        self.barrier()
+
+    def Allreduce(self, sendbuf, recvbuf, op=ReduceOp.SUM):
+        if sendbuf is IN_PLACE:
+            self.all_reduce(recvbuf, op)
+        else:
+            self.all_reduce(recvbuf, op, send=sendbuf)
+
+    def Bcast(self, buf, root=0):
+        self.broadcast(buf, root)
+
+    def Allgather(self, sendbuf, recvbuf):
+        self.all_gather(recvbuf, sendbuf)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=ReduceOp.SUM):
+        self.reduce_scatter(recvbuf, sendbuf, op)
+
+    def Alltoall(self, sendbuf, recvbuf):
+        self.all_to_all(recvbuf, None if sendbuf is IN_PLACE else sendbuf)
+
+    def Send(self, buf, dest, tag=0):
+        self.send(buf, dest, tag)
+
+    def Recv(self, buf, source, tag=0):
+        self.recv(buf, source, tag)
+
+    def allgather(self, obj):
+        return self.all_gather_objects(obj)
+
+    def bcast(self, obj, root=0):
+        box = [obj]
+        self.broadcast_objects(box, root)
+        return box[0]
+
+
+_C._set_comm_class(Collective)
+
+
+class FakeCollective(Collective):
+    """Optimus-DL's FakeCollective: one process, no network (C: dm_fake_create).
+
+    World size 1 is exactly Optimus-DL's: barrier and all_reduce do nothing, all_gather copies
+    the input into every slot, broadcast from a source other than this rank raises ValueError,
+    process_group is None. world_size > 1 simulates one member of a world whose ranks all hold
+    the same data (all_reduce SUM multiplies by world_size, ...: distmesh.h >>fake); a rank not
+    below world_size raises InvalidArgument (a ValueError) instead of the seed's assert."""
+
+    def __new__(cls, rank=0, world_size=1, local_world_size=0, timeout=None):
+        return _C.fake(rank, world_size, local_world_size, _ms(timeout), cls=cls)
+
+    def __init__(self, rank=0, world_size=1, local_world_size=0, timeout=None):
+        pass
+
+    @property
+    def process_group(self):
+        return None
+
+
+def init(timeout=None, tp_size=1):
+    """The world the environment asks for (C: dm_init): torchrun's, mpirun's or srun's
+    variables, or RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT by hand; a world-1
+    FakeCollective when nothing says otherwise. timeout: seconds for every blocking call
+    (default DISTMESH_TIMEOUT, else 300). tp_size > 1 builds Optimus-DL's dp x tp mesh (TP
+    innermost), for tp_world / dp_rank / tp_rank (a collective call)."""
+    c = _C.init(_ms(timeout), cls=Collective)
+    try:
+        return c._set_tp(tp_size)
+    except BaseException:
+        c.close()
+        raise
+
+
+def connect(rank, world_size, store=None, prefix=None, transport=None, timeout=None, ifname=None, tp_size=1):
+    """A world of world_size processes met through a store (C: dm_tcp_create), for launches
+    by hand and for several worlds in one job. store: "tcp://host:port" (rank 0 serves it
+    unless TORCHELASTIC_USE_AGENT_STORE=True) or "file:///shared/dir"; None: DISTMESH_STORE,
+    else MASTER_ADDR / MASTER_PORT. prefix: this world's keys in the store (default
+    "distmesh/"; give each world of a job its own). transport: "auto" (shared memory on one
+    host, sockets across), "shm" or "tcp"; None: DISTMESH_TRANSPORT, else auto."""
+    c = _C.tcp(rank, world_size, None, store, prefix, transport, _ms(timeout), ifname, cls=Collective)
+    try:
+        return c._set_tp(tp_size)
+    except BaseException:
+        c.close()
+        raise
+
+
+def thread_world(n, fn, *args, timeout=None, local_world_size=0, tp_size=1):
+    """Runs fn(collective, *args) for n ranks on n threads of this process that really
+    exchange data (C: dm_thread_world_create), and returns the results in rank order.
+
+    If a rank raises, the others' collectives are aborted (they fail at once with Aborted
+    instead of waiting for it) and the first rank's exception is raised once every thread has
+    ended. Ctrl-C aborts every rank the same way. The collectives are closed at the end."""
+    comms = _C.thread_world(n, local_world_size, _ms(timeout), cls=Collective)
+    results = [None] * n
+    errors = [None] * n
+    first = []
+    lock = threading.Lock()
+
+    def run(r):
+        try:
+            if tp_size != 1:
+                comms[r]._set_tp(tp_size)
+            results[r] = fn(comms[r], *args)
+        except BaseException as e:          # noqa: BLE001 -- reported to the caller below
+            errors[r] = e
+            with lock:
+                if not first:
+                    first.append(r)
+                    for c in comms:
+                        if c is not comms[r]:
+                            c.abort("rank %d raised %s" % (r, type(e).__name__))
+
+    threads = [threading.Thread(target=run, args=(r,), name="distmesh-rank-%d" % r, daemon=True) for r in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.05)
+    except BaseException:                   # Ctrl-C in the main thread: stop every rank
+        for c in comms:
+            c.abort("KeyboardInterrupt in thread_world")
+        for t in threads:
+            t.join()
+        for c in comms:
+            c.close()
+        raise
+    for c in comms:
+        c.close()
+    if first:
+        raise errors[first[0]]
+    return results
+
+
+class Mesh:
+    """Named dims over a world collective, row-major, the last dim innermost (C: dm_mesh).
+
+    ``Mesh(world, {"dp": 2, "tp": 0})`` (0: inferred from the world size) or a sequence of
+    (name, size) pairs. Every rank makes it (a collective call). rank(dim) / size(dim) /
+    group(dim); dim None means the whole world. The groups belong to the mesh: close() (or the
+    world's) closes them."""
+
+    def __init__(self, world, dims):
+        items = list(dims.items()) if hasattr(dims, "items") else [tuple(d) for d in dims]
+        self._world = world
+        self._m = _C.mesh(world, [n for n, _ in items], [s for _, s in items])
+
+    @property
+    def world(self):
+        return self._world
+
+    @property
+    def dim_names(self):
+        return self._m.dim_names()
+
+    @property
+    def shape(self):
+        return tuple(self._m.size(n) for n in self._m.dim_names())
+
+    def rank(self, dim=None):
+        return self._m.rank(dim)
+
+    def size(self, dim=None):
+        return self._m.size(dim)
+
+    def group(self, dim):
+        return self._m.group(dim)
+
+    def __getitem__(self, dim):
+        return self._m.group(dim)
+
+    def close(self):
+        self._m.close()
+
+    def __repr__(self):
+        return "<distmesh.Mesh %s>" % ", ".join("%s=%d" % (n, s) for n, s in zip(self.dim_names, self.shape))
+
+
+def env():
+    """Where this process sits, from the launcher's variables (C: dm_env_detect)."""
+    return _C.env_detect()

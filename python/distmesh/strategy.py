@@ -1,0 +1,186 @@
+"""LLaMA-Factory v1's DistributedInterface on distmesh: the dims mp_replicate, mp_shard, dp,
+cp; DistributedStrategy with the seed's validation messages; per-dim rank, size, group and
+collectives (C: dm_strategy). The README's "From the seeds" departures hold here too: an
+inferred size must divide the world, every size is 1 at world size 1, no singleton, no dim
+means an error in per-dim calls, op and dim are explicit, a broadcast source is a rank of the
+dim's group, results are written into the caller's buffers (all_gather returns a new one of
+the input's kind: (world, *shape))."""
+import dataclasses
+import enum
+
+from . import _C
+from .collective import init
+
+__all__ = ["Dim", "DistributedStrategy", "DistributedInterface"]
+
+
+class Dim(str, enum.Enum):
+    """The seed's dims; the values are the mesh dims' names."""
+    MP_REPLICATE = "mp_replicate"
+    MP_SHARD = "mp_shard"
+    DP = "dp"
+    CP = "cp"
+
+
+_DIM_INDEX = {Dim.MP_REPLICATE: 0, Dim.MP_SHARD: 1, Dim.DP: 2, Dim.CP: 3}
+
+
+def _dim_index(dim):
+    if dim is None:
+        raise ValueError("dim must be specified.")
+    return _DIM_INDEX[Dim(dim)]
+
+
+@dataclasses.dataclass
+class DistributedStrategy:
+    """The seed's sizes; None (or 0) means the seed's default. resolve(world_size) checks them
+    with the seed's messages (C: dm_strategy_validate) and returns the resolved strategy."""
+    mp_replicate_size: int = 1
+    mp_shard_size: "int | None" = None
+    dp_size: "int | None" = None
+    cp_size: int = 1
+
+    def resolve(self, world_size):
+        sizes = _C.strategy_validate(world_size, self.mp_replicate_size or 0, self.mp_shard_size or 0,
+                                     self.dp_size or 0, self.cp_size or 0)
+        return DistributedStrategy(*sizes)
+
+    @property
+    def model_mesh_shape(self):
+        return (self.mp_replicate_size, self.mp_shard_size)
+
+    @property
+    def model_mesh_dim_names(self):
+        return (Dim.MP_REPLICATE.value, Dim.MP_SHARD.value)
+
+    @property
+    def data_mesh_shape(self):
+        return (self.dp_size, self.cp_size)
+
+    @property
+    def data_mesh_dim_names(self):
+        return (Dim.DP.value, Dim.CP.value)
+
+
+class _MeshView:
+    """The model or data mesh of a strategy (owned by it)."""
+
+    def __init__(self, m):
+        self._m = m
+
+    @property
+    def dim_names(self):
+        return self._m.dim_names()
+
+    def rank(self, dim=None):
+        return self._m.rank(dim)
+
+    def size(self, dim=None):
+        return self._m.size(dim)
+
+    def group(self, dim):
+        return self._m.group(dim)
+
+    def __getitem__(self, dim):
+        return self._m.group(Dim(dim).value if isinstance(dim, Dim) else dim)
+
+
+class DistributedInterface:
+    """LLaMA-Factory's interface over a distmesh world.
+
+    ``DistributedInterface(config)``: the world from the environment (distmesh.init, with
+    config["timeout"] in seconds), then the strategy from config's mp_replicate_size,
+    mp_shard_size, dp_size, cp_size. ``world=`` uses a collective you made instead (a
+    thread_world rank, say); destroy() then leaves it open. Every rank constructs it (a
+    collective call). Not a singleton (README "From the seeds", 9)."""
+
+    def __init__(self, config=None, *, world=None):
+        config = dict(config or {})
+        self._own_world = world is None
+        self._world = init(timeout=config.get("timeout")) if world is None else world
+        want = DistributedStrategy(config.get("mp_replicate_size", 1), config.get("mp_shard_size"),
+                                   config.get("dp_size"), config.get("cp_size", 1))
+        try:
+            self.strategy = want.resolve(self._world.world_size)
+            s = self.strategy
+            self._s = _C.strategy(self._world, s.mp_replicate_size, s.mp_shard_size, s.dp_size, s.cp_size)
+        except BaseException:
+            if self._own_world:
+                self._world.close()
+            raise
+
+    @property
+    def world(self):
+        return self._world
+
+    @property
+    def model_mesh(self):
+        return _MeshView(self._s.model_mesh())
+
+    @property
+    def data_mesh(self):
+        return _MeshView(self._s.data_mesh())
+
+    def get_device_mesh(self, dim):
+        """The dim's group (a Collective; the seed's one-dimensional DeviceMesh)."""
+        return self._s.group(_dim_index(dim))
+
+    def get_group(self, dim):
+        return self._s.group(_dim_index(dim))
+
+    def get_rank(self, dim):
+        return self._s.rank(_dim_index(dim))
+
+    def get_world_size(self, dim):
+        return self._s.size(_dim_index(dim))
+
+    def get_local_rank(self):
+        return self._world.local_rank
+
+    def get_local_world_size(self):
+        return self._world.local_world_size
+
+    def all_gather(self, data, dim):
+        """A new array or tensor of shape (dim's size, *data.shape) holding every member's data."""
+        g = self.get_group(dim)
+        out = _empty_like_stacked(data, g.world_size)
+        g.all_gather(out, data)
+        return out
+
+    def all_reduce(self, data, op, dim):
+        """data reduced over the dim's group, in place; returns data."""
+        self.get_group(dim).all_reduce(data, op)
+        return data
+
+    def broadcast(self, data, src, dim):
+        """data from the group's rank src, in place; returns data."""
+        self.get_group(dim).broadcast(data, src)
+        return data
+
+    def sync(self):
+        self._world.synchronize()
+
+    def barrier(self):
+        self._world.barrier()
+
+    def destroy(self):
+        self._s.close()
+        if self._own_world:
+            self._world.close()
+
+    def __str__(self):
+        return "DistributedInterface(strategy=%s, rank=%d, world_size=%d, backend=%s)" % (
+            self.strategy, self._world.rank, self._world.world_size, self._world.backend)
+
+
+def _empty_like_stacked(data, n):
+    shape = tuple(getattr(data, "shape", ()))
+    mod = type(data).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+        return torch.empty((n,) + shape, dtype=data.dtype, device=data.device)
+    if mod == "numpy":
+        import numpy
+        return numpy.empty((n,) + shape, dtype=data.dtype)
+    raise TypeError("all_gather takes a numpy array or a torch tensor (distmesh writes into buffers, "
+                    "README 'From the seeds' 12), got %s" % type(data).__name__)

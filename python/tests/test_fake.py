@@ -1,0 +1,212 @@
+"""FakeCollective (Optimus-DL's, world 1, and a simulated member of a larger world), the
+buffer kinds the package takes, and its refusals: no processes, no threads."""
+import array
+import gc
+
+import numpy as np
+import pytest
+
+import distmesh
+
+try:
+    import torch
+except ImportError:         # ASan builds leave torch out (run_pytest.sh): its parts are skipped
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch does not import")
+
+
+@needs_torch
+def test_fake_world1_is_optimus_fake():
+    """Optimus-DL's FakeCollective(0, 1): identities and no-ops, ValueError on a foreign root."""
+    c = distmesh.FakeCollective(0, 1)
+    assert (c.rank, c.world_size, c.local_rank, c.is_master, c.is_local_master) == (0, 1, 0, True, True)
+    assert c.local is c and c.tp_world is c
+    assert (c.dp_rank, c.dp_world_size, c.tp_rank, c.tp_world_size) == (0, 1, 0, 1)
+    assert c.process_group is None
+    assert c.default_device == torch.device("cpu")
+    c.barrier()
+    t = torch.arange(6, dtype=torch.float32)
+    c.all_reduce(t, torch.distributed.ReduceOp.SUM)
+    assert t.tolist() == list(range(6))
+    out = torch.zeros(1, 6)
+    c.all_gather(out, t)
+    assert out[0].tolist() == t.tolist()
+    outs = [torch.zeros(6)]
+    c.all_gather_to_list(outs, t)
+    assert outs[0].tolist() == t.tolist()
+    with pytest.raises(ValueError):
+        c.all_gather_to_list([torch.zeros(6), torch.zeros(6)], t)    # not world_size outputs
+    with pytest.raises(ValueError):
+        c.all_gather(torch.zeros(4, 6)[:, 1], t)                      # non-contiguous output
+    assert c.all_gather_objects({"a": 1}) == [{"a": 1}]
+    c.broadcast(t, 0)
+    with pytest.raises(ValueError):
+        c.broadcast(t, source_rank=1)
+    objs = ["x"]
+    c.broadcast_objects(objs, 0)
+    assert objs == ["x"]
+    with pytest.raises(ValueError):
+        c.broadcast_objects(objs, source_rank=1)
+    c.close()
+    c.close()                                   # idempotent
+    with pytest.raises(ValueError):
+        c.barrier()
+
+
+def test_fake_simulated_member_and_bad_rank():
+    """world_size > 1: one member of a world whose ranks all hold the same data (C >>fake)."""
+    c = distmesh.FakeCollective(rank=2, world_size=4)
+    x = np.full(3, 1.5, np.float32)
+    c.all_reduce(x, distmesh.ReduceOp.SUM)
+    assert x.tolist() == [6.0] * 3
+    c.all_reduce(x, "mean")
+    assert x.tolist() == [6.0] * 3
+    assert (c.dp_rank, c.dp_world_size, c.tp_world.world_size) == (2, 4, 1)
+    assert c.all_gather_objects("o") == ["o"] * 4
+    with pytest.raises(distmesh.InvalidArgument) as e:
+        distmesh.FakeCollective(rank=4, world_size=4)
+    assert isinstance(e.value, ValueError) and e.value.status == -1 and e.value.status_name == "DM_ERR_INVALID_ARG"
+
+
+def test_buffer_kinds_without_copies():
+    """numpy, bytearray, memoryview, array.array and torch (bfloat16, float16, requires_grad)
+    are used in place; their dtype is read from the buffer."""
+    info = distmesh._C.buffer_info
+    assert info(np.zeros(3, np.float32)) == ("float32", 3, 12, False)
+    assert info(bytearray(5)) == ("uint8", 5, 5, False)
+    assert info(b"ab")[3] is True
+    assert info(array.array("d", [1.0, 2.0]))[:2] == ("float64", 2)
+    assert info(memoryview(np.zeros(2, np.int64)))[0] == "int64"
+    assert info(np.zeros(2, np.uint32))[0] == "uint32"
+    assert info(np.zeros(4, np.float16))[0] == "float16"
+    assert info(np.zeros(3, bool))[0] == "bool"
+    c = distmesh.FakeCollective(0, 2)
+    if torch is not None:
+        assert info(torch.zeros(4, dtype=torch.bfloat16)) == ("bfloat16", 4, 8, False)
+        assert info(torch.zeros(4, dtype=torch.float16))[0] == "float16"
+        assert info(torch.zeros(2, 3, requires_grad=True))[:2] == ("float32", 6)
+        t = torch.ones(4, dtype=torch.bfloat16)
+        c.all_reduce(t, "sum")                  # written through the tensor's own memory
+        assert t.tolist() == [2.0] * 4
+    n = np.ones(4, np.float32)
+    v = n[1:3]                                  # a contiguous view: in place in n
+    c.all_reduce(v, "sum")
+    assert n.tolist() == [1.0, 2.0, 2.0, 1.0]
+    b = bytearray(b"\x01\x02")
+    c.all_reduce(b, "sum")
+    assert bytes(b) == b"\x02\x04"
+    a = array.array("i", [3, 4])
+    c.all_reduce(a, "max")
+    assert list(a) == [3, 4]
+    c.close()
+
+
+def test_bad_buffers_raise_before_the_call():
+    c = distmesh.FakeCollective(0, 1)
+    seq = c.sequence
+    ro = np.ones(4, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(TypeError, match="read-only"):
+        c.all_reduce(ro, "sum")
+    with pytest.raises(TypeError, match="read-only"):
+        c.all_reduce(b"abcd", "sum")
+    with pytest.raises(ValueError, match="not contiguous"):
+        c.all_reduce(np.ones((3, 3))[:, 0], "sum")
+    if torch is not None:
+        with pytest.raises(ValueError, match="not contiguous"):
+            c.all_reduce(torch.ones(3, 3).t(), "sum")
+    with pytest.raises(ValueError, match="needs"):
+        c.all_gather(np.zeros(5, np.float32), np.zeros(4, np.float32))
+    with pytest.raises(TypeError, match="holds"):
+        c.all_gather(np.zeros(4, np.float64), np.zeros(4, np.float32))
+    with pytest.raises(TypeError, match="cannot reduce"):
+        c.all_reduce(np.zeros(3, np.int16), "sum")
+    with pytest.raises(TypeError, match="expected a buffer"):
+        c.all_reduce([1, 2], "sum")
+    with pytest.raises(ValueError, match="unsupported reduce op"):
+        c.all_reduce(np.zeros(3, np.float32), "band")
+    with pytest.raises(ValueError):
+        c.all_reduce(np.zeros(3, np.float32), 9)
+    assert c.sequence == seq                    # nothing reached the library's collectives
+    x = np.ones(2, np.int16)
+    c.broadcast(x, 0)                           # moving any dtype is fine: raw bytes
+    c.close()
+
+
+@needs_torch
+def test_reduce_ops_by_every_name():
+    c = distmesh.FakeCollective(0, 3)
+    for op in (distmesh.ReduceOp.SUM, "sum", torch.distributed.ReduceOp.SUM, 0):
+        x = np.array([2.0])
+        c.all_reduce(x, op)
+        assert x[0] == 6.0
+    for op in (torch.distributed.ReduceOp.PRODUCT, "prod", distmesh.ReduceOp.PROD):
+        x = np.array([2.0])
+        c.all_reduce(x, op)
+        assert x[0] == 8.0
+    x = np.array([7], np.int32)
+    c.all_reduce(x, torch.distributed.ReduceOp.AVG)     # MEAN: (7 * 3) / 3
+    assert x[0] == 7
+    c.close()
+
+
+def test_errors_are_typed():
+    names = ["InvalidArgument", "OutOfMemory", "Unsupported", "InternalError", "Timeout", "PeerLost", "Mismatch",
+             "NetworkError", "ProtocolError", "NotFound", "Refused", "EnvError", "CudaError", "NcclError",
+             "Aborted", "FileSystemError", "Busy"]
+    for n in names:
+        assert issubclass(getattr(distmesh, n), distmesh.Error)
+    assert issubclass(distmesh.Error, RuntimeError) and issubclass(distmesh.InvalidArgument, ValueError)
+    c = distmesh.FakeCollective(0, 1)
+    c.abort("stop")
+    with pytest.raises(distmesh.Aborted) as e:
+        c.barrier()
+    assert "rank 0 aborted: stop" in e.value.message and e.value.status_name == "DM_ERR_ABORTED"
+    c.close()
+
+
+def test_close_closes_dependents_first():
+    gc.collect()                                # earlier tests' garbage closes now, not midway
+    c = distmesh.FakeCollective(0, 1)
+    before = distmesh._C._open_handles()
+    m = distmesh.Mesh(c, {"dp": 1, "tp": 1})
+    g = m.group("tp")
+    assert g.world_size == 1 and not g.closed
+    r = c.barrier(async_op=True)
+    c.close()                                   # the mesh and its group first, the request waited
+    assert g.closed and c.closed and r.is_completed()
+    with pytest.raises(ValueError, match="closed"):
+        g.barrier()
+    assert distmesh._C._open_handles() == before - 1
+
+
+def test_strategy_messages_are_the_seed_s():
+    s = distmesh.DistributedStrategy(mp_replicate_size=3, mp_shard_size=3)
+    with pytest.raises(ValueError, match=r"mp_replicate_size \* mp_shard_size must equal to world_size, got 3 \* 3 != 8"):
+        s.resolve(8)
+    assert distmesh.DistributedStrategy(mp_replicate_size=2).resolve(8) == distmesh.DistributedStrategy(2, 4, 8, 1)
+    with pytest.raises(ValueError, match="not divisible"):
+        distmesh.DistributedStrategy(mp_replicate_size=3).resolve(8)
+    di = distmesh.DistributedInterface(world=distmesh.FakeCollective())
+    assert [di.get_world_size(d) for d in distmesh.Dim] == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="dim must be specified"):
+        di.get_rank(None)
+    x = np.array([3.0, 4.0])
+    assert di.all_reduce(x, distmesh.ReduceOp.MEAN, distmesh.Dim.DP) is x and x.tolist() == [3.0, 4.0]
+    g = di.all_gather(np.array([1, 2]), distmesh.Dim.DP)
+    assert g.shape == (1, 2) and g.tolist() == [[1, 2]]
+    di.destroy()
+
+
+@needs_torch
+def test_process_group_of_a_collective_trains_ddp():
+    """Collective.process_group is a torch ProcessGroup over the same collective: DDP takes it
+    without init_process_group (world 1 here; the process tests train at 2 and 4 ranks)."""
+    c = distmesh.init()
+    pg = c.process_group
+    assert pg.collective is c and pg.size() == 1 and pg.rank() == 0
+    model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    ddp(torch.randn(3, 4)).sum().backward()
+    assert model.weight.grad is not None
+    c.close()

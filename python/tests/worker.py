@@ -1,0 +1,458 @@
+"""One rank of a process world of the Python tests (conftest.World starts it with RANK and
+WORLD_SIZE). Scenarios:
+    cases REF         every collective against the C library's bytes, bad buffers, async,
+                      objects, groups; one RESULT line
+    failures          Ctrl-C of rank 1 in a blocking collective, then kill -9 of rank 2 in a
+                      second world, driven by the test over stdin / stdout
+    torch INIT        every dist.* call of the "distmesh" backend against Gloo, blocking and
+                      async, and DDP for 20 steps under both; one RESULT line
+Lines: "<WORD> <payload>"; the test reads the ones it waits for."""
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+if os.environ.get("DM_PY_NO_TORCH") == "1":    # ASan builds: no torch (conftest.py)
+    sys.modules["torch"] = None
+
+import distmesh  # noqa: E402
+
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+
+
+def say(word, payload=""):
+    sys.stdout.write("%s %s\n" % (word, payload if isinstance(payload, str) else json.dumps(payload)))
+    sys.stdout.flush()
+
+
+def wait_line(word):
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            raise SystemExit("stdin closed waiting for %r" % word)
+        if line.strip() == word:
+            return
+
+
+# ---- cases ---------------------------------------------------------------------------------
+def bad_buffers(c):
+    """Rank 0 passes buffers that must be refused before anything is sent; returns what went
+    wrong (empty: every call raised the right error and nothing moved)."""
+    bad = []
+    seq = c.sequence
+    ro = np.ones(4, np.float32)
+    ro.flags.writeable = False
+    trials = [
+        ("read-only all_reduce", TypeError, lambda: c.all_reduce(ro, "sum")),
+        ("bytes all_reduce", TypeError, lambda: c.all_reduce(b"abcdefgh", "sum")),
+        ("non-contiguous all_reduce", ValueError, lambda: c.all_reduce(np.ones((4, 4), np.float32)[:, 0], "sum")),
+        ("all_gather wrong size", ValueError, lambda: c.all_gather(np.zeros(4 * WORLD + 1, np.float32),
+                                                                   np.zeros(4, np.float32))),
+        ("all_gather dtype mismatch", TypeError, lambda: c.all_gather(np.zeros(4 * WORLD, np.float64),
+                                                                      np.zeros(4, np.float32))),
+        ("to_list wrong count", ValueError, lambda: c.all_gather_to_list([np.zeros(4, np.float32)],
+                                                                         np.zeros(4, np.float32))),
+        ("reduce_scatter wrong size", ValueError, lambda: c.reduce_scatter(np.zeros(3, np.float32),
+                                                                           np.zeros(3 * WORLD + 1, np.float32), "sum")),
+        ("bool reduce", TypeError, lambda: c.all_reduce(np.zeros(4, bool), "sum")),
+        ("not a buffer", TypeError, lambda: c.all_reduce([1.0, 2.0], "sum")),
+        ("bad op", ValueError, lambda: c.all_reduce(np.zeros(4, np.float32), "xor")),
+        ("send read-only recv", TypeError, lambda: c.recv(ro, 1)),
+        ("a2a_v counts", ValueError, lambda: c.all_to_all_v(np.zeros(2, np.float32), [5] * WORLD,
+                                                            np.zeros(2, np.float32), [0] * WORLD)),
+    ]
+    try:
+        import torch
+        trials.append(("non-contiguous torch", ValueError, lambda: c.all_reduce(torch.ones(4, 4)[:, 1], "sum")))
+    except ImportError:
+        pass
+    for name, exc, call in trials:
+        try:
+            call()
+            bad.append("%s: no error" % name)
+        except exc:
+            pass
+        except Exception as e:      # noqa: BLE001
+            bad.append("%s: %s instead of %s" % (name, type(e).__name__, exc.__name__))
+    if c.sequence != seq:
+        bad.append("the refused calls counted as collectives (sequence %d -> %d)" % (seq, c.sequence))
+    return bad
+
+
+def scenario_cases(ref):
+    import cases
+    out = {"rank": RANK}
+    c = distmesh.init(timeout=30)
+    out["backend"], out["transport"] = c.backend, c.transport
+    out["bad_buffers"] = bad_buffers(c) if RANK == 0 else []
+    one = np.ones(3, np.int32)                          # the world is whole after rank 0's refusals
+    c.all_reduce(one, distmesh.ReduceOp.SUM)
+    out["after_bad"] = one.tolist()
+    t0 = time.monotonic()
+    out["cases"] = cases.run(c, cases.load(ref))
+    out["cases_s"] = time.monotonic() - t0
+    # objects (pickled), the seeds' and mpi4py's spellings
+    out["objects"] = c.all_gather_objects({"rank": RANK, "x": [RANK] * RANK})
+    box = [None, None]
+    if RANK == 1:
+        box = ["from 1", {"k": (1, 2)}]
+    c.broadcast_objects(box, source_rank=1)
+    out["broadcast_objects"] = box
+    out["bcast"] = c.bcast({"r": RANK} if RANK == 2 else None, root=2)
+    buf = np.full(5, RANK + 1.0, np.float64)
+    c.Allreduce(distmesh.IN_PLACE, buf, distmesh.ReduceOp.SUM)
+    out["Allreduce"] = buf.tolist()
+    # several requests in flight, completed in order
+    a = np.full(1000, float(RANK), np.float32)
+    b = np.arange(10, dtype=np.int64) * (RANK == 0)
+    r1 = c.all_reduce(a, distmesh.ReduceOp.MAX, async_op=True)
+    r2 = c.broadcast(b, 0, async_op=True)
+    r3 = c.barrier(async_op=True)
+    r3.wait()
+    out["async"] = [r1.is_completed(), r2.is_completed(), float(a[0]), b.tolist()]
+    r1.wait()
+    # groups: the host's ranks, a split, a dp x tp mesh, LLaMA-Factory's dims
+    out["local"] = [c.local.world_size, c.local.rank]
+    half = c.split(RANK % 2)
+    out["split"] = [half.world_size, half.rank]
+    half.close()
+    m = distmesh.Mesh(c, {"dp": 0, "tp": 2})
+    tpv = np.array([RANK], np.int32)
+    m.group("tp").all_reduce(tpv, "sum")
+    out["mesh"] = [m.shape, m.rank("dp"), m.rank("tp"), int(tpv[0])]
+    di = distmesh.DistributedInterface({"dp_size": 2, "cp_size": 2, "mp_replicate_size": 2}, world=c)
+    g = di.all_gather(np.array([RANK], np.int16), distmesh.Dim.DP)
+    x = np.array([float(RANK)], np.float32)
+    di.all_reduce(x, distmesh.ReduceOp.MEAN, distmesh.Dim.CP)
+    out["interface"] = [di.get_rank(distmesh.Dim.DP), di.get_world_size(distmesh.Dim.CP), g.ravel().tolist(),
+                        float(x[0]), di.get_rank(distmesh.Dim.MP_SHARD)]
+    try:
+        di.get_rank(None)
+        out["interface"].append("no error")
+    except ValueError as e:
+        out["interface"].append(str(e))
+    di.destroy()
+    c.barrier()
+    c.close()
+    out["open_handles"] = distmesh._C._open_handles()
+    say("RESULT", out)
+
+
+# ---- failures ----------------------------------------------------------------------------------
+def scenario_failures():
+    store = os.environ["DISTMESH_STORE"]
+    # A: Ctrl-C of rank 1 while it waits in an all_reduce the others have not entered
+    c = distmesh.connect(RANK, WORLD, store=store, prefix="a/", timeout=30)
+    c.barrier()
+    x = np.zeros(256, np.float32)
+    if RANK == 1:
+        say("BLOCKING", str(os.getpid()))
+        try:
+            c.all_reduce(x, "sum")
+            say("A", {"error": "the all_reduce returned"})
+        except KeyboardInterrupt as e:
+            t = time.monotonic()
+            ctx = e.__context__
+            say("A", {"ki_at": t, "context": type(ctx).__name__ if ctx else None,
+                      "context_msg": str(ctx) if ctx else ""})
+        try:
+            c.barrier()
+            say("A2", {"error": "barrier after the abort returned"})
+        except distmesh.Aborted as e:
+            say("A2", {"later": "Aborted", "msg": str(e)})
+    else:
+        wait_line("go")
+        t0 = time.monotonic()
+        got = None
+        try:
+            for _ in range(2):          # over sockets the first call may complete (see test_abort.c)
+                c.all_reduce(x, "sum")
+        except distmesh.Error as e:
+            got = {"type": type(e).__name__, "msg": str(e), "s": time.monotonic() - t0}
+        say("A", got or {"error": "no error"})
+    c.close()
+    # B: kill -9 of rank 2 while the ranks run all_reduces in a second world
+    c = distmesh.connect(RANK, WORLD, store=store, prefix="b/", timeout=30)
+    y = np.ones(1024, np.float32)
+    c.all_reduce(y, "sum")
+    say("READY")
+    try:
+        while True:
+            c.all_reduce(y, "sum")
+            y[:] = 1
+    except distmesh.Error as e:
+        say("B", {"type": type(e).__name__, "at": time.monotonic(), "msg": str(e)})
+    c.close()
+
+
+# ---- torch -------------------------------------------------------------------------------------
+def scenario_torch(init):
+    import torch
+    import torch.distributed as dist
+    import distmesh.torch  # noqa: F401  (registers the backend)
+    limit = datetime.timedelta(seconds=60)
+    dist.init_process_group("distmesh", init_method=init, rank=RANK, world_size=WORLD, timeout=limit)
+    gloo = dist.new_group(backend="gloo", timeout=limit)
+    out = {"rank": RANK, "backend": dist.get_backend(), "transport": distmesh.torch.collective().transport}
+    bad = []
+    out["bad"] = bad
+
+    def same(name, a, b, scale=None):
+        """Integers bitwise; floats within one ulp per rank of the magnitude the sums went
+        through (scale: the sum of |x| over ranks; None: |result|, exact for MAX / MIN)."""
+        a, b = [a] if torch.is_tensor(a) else list(a), [b] if torch.is_tensor(b) else list(b)
+        scales = [None] * len(b) if scale is None else ([scale] if torch.is_tensor(scale) else list(scale))
+        for x, y, sc in zip(a, b, scales):
+            if x.dtype.is_floating_point:
+                mag = (torch.abs(y) if sc is None else sc).double().numpy()
+                eps = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24,
+                       torch.float64: 2.0 ** -53}[x.dtype]
+                tol = 2 * WORLD * eps * np.maximum(mag, 1e-30)
+                diff = np.abs(x.double().numpy() - y.double().numpy())
+                if not np.all(diff <= tol):
+                    k = int(np.argmax(diff - tol))
+                    bad.append("%s: element %d: %r vs gloo %r (tolerance %g)" % (name, k, float(x.reshape(-1)[k]),
+                                                                                 float(y.reshape(-1)[k]), tol.reshape(-1)[k]))
+                    return
+            elif not torch.equal(x, y):
+                bad.append("%s: %s vs gloo %s" % (name, x[:4].tolist(), y[:4].tolist()))
+                return
+
+    def data(seed, n=1000, dtype=torch.float32):
+        g = torch.Generator().manual_seed(seed * 100 + RANK)
+        if dtype.is_floating_point:
+            return (torch.randn(n, generator=g) * 10).to(dtype)
+        return torch.randint(-1000, 1000, (n,), generator=g).to(dtype)
+
+    def both(name, fn, scale=None):
+        """fn(group, async_op) -> output tensors; distmesh (default group) against gloo."""
+        for aop in (False, True):
+            got = fn(None, aop)
+            want = fn(gloo, False)
+            same("%s%s" % (name, " async" if aop else ""), got, want, scale() if scale else None)
+
+    def run(work, aop):
+        if aop:
+            assert work is not None, "async_op=True returned no work"
+            work.wait()
+            done = work.is_completed if hasattr(work, "is_completed") else work.done   # a Future (coalesced)
+            assert done()
+
+    ops = [(dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.PRODUCT, "prod"), (dist.ReduceOp.MAX, "max"),
+           (dist.ReduceOp.MIN, "min")]
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16, torch.float16, torch.uint8):
+        for op, opn in ops:
+            if opn == "prod" and dtype in (torch.bfloat16, torch.float16, torch.uint8):
+                continue
+            for n in (7, 70000):
+                def inputs(dtype=dtype, n=n):
+                    return data(n + 3, n, dtype) if opn != "prod" else (1 + data(n, n, torch.float64) / 1000).to(dtype)
+
+                def magnitude(inputs=inputs):       # what the sums went through: sum over ranks of |x|
+                    m = inputs().double().abs()
+                    dist.all_reduce(m, group=gloo)
+                    return m
+
+                def f(g, aop, dtype=dtype, op=op, n=n, inputs=inputs):
+                    t = inputs()
+                    if g is gloo and dtype == torch.bfloat16:   # Gloo 1.13 has no bfloat16: in float32
+                        t32 = t.float()
+                        dist.all_reduce(t32, op=op, group=g)
+                        return t32.to(dtype)
+                    run(dist.all_reduce(t, op=op, group=g, async_op=aop), aop)
+                    return t
+                both("all_reduce %s %s %d" % (dtype, opn, n), f,
+                     magnitude if opn == "sum" and dtype.is_floating_point else None)
+
+    def bcast(g, aop):
+        t = data(5, 3000)
+        run(dist.broadcast(t, WORLD - 1, group=g, async_op=aop), aop)
+        return t
+    both("broadcast", bcast)
+
+    def allgather(g, aop):
+        outs = [torch.empty(600) for _ in range(WORLD)]
+        run(dist.all_gather(outs, data(6, 600), group=g, async_op=aop), aop)
+        return outs
+    both("all_gather", allgather)
+
+    def allgather_t(g, aop):
+        out = torch.empty(WORLD * 300, dtype=torch.int64)
+        run(dist.all_gather_into_tensor(out, data(7, 300, torch.int64), group=g, async_op=aop), aop)
+        return out
+    if hasattr(dist, "all_gather_into_tensor"):
+        for aop in (False, True):       # gloo 1.13 lacks _allgather_base: against all_gather's list
+            got = allgather_t(None, aop)
+            outs = [torch.empty(300, dtype=torch.int64) for _ in range(WORLD)]
+            dist.all_gather(outs, data(7, 300, torch.int64), group=gloo)
+            same("all_gather_into_tensor%s" % (" async" if aop else ""), got, torch.cat(outs))
+
+    def reduce(g, aop):
+        t = data(8, 2000)
+        run(dist.reduce(t, 1, group=g, async_op=aop), aop)
+        return t if RANK == 1 else torch.zeros(1)
+    def reduce_mag():
+        m = data(8, 2000).double().abs()
+        dist.all_reduce(m, group=gloo)
+        return m if RANK == 1 else torch.zeros(1, dtype=torch.float64)
+    both("reduce", reduce, reduce_mag)
+
+    def gather(g, aop):
+        outs = [torch.empty(40) for _ in range(WORLD)] if RANK == 0 else None
+        run(dist.gather(data(9, 40), outs, 0, group=g, async_op=aop), aop)
+        return outs if RANK == 0 else [torch.zeros(1)]
+    both("gather", gather)
+
+    def scatter(g, aop):
+        out = torch.empty(50)
+        ins = [data(10 + k, 50) for k in range(WORLD)] if RANK == 1 else None
+        run(dist.scatter(out, ins, 1, group=g, async_op=aop), aop)
+        return out
+    both("scatter", scatter)
+
+    def a2a_single(g, aop):
+        out = torch.empty(WORLD * 30)
+        run(dist.all_to_all_single(out, data(11, WORLD * 30), group=g, async_op=aop), aop)
+        return out
+    both("all_to_all_single", a2a_single)
+
+    def a2a_split(g, aop):
+        ins = [1 + (RANK + j) % 3 for j in range(WORLD)]           # rows to rank j
+        outs = [1 + (j + RANK) % 3 for j in range(WORLD)]          # rows from rank j
+        inp = data(12, sum(ins) * 4).view(-1, 4)
+        out = torch.empty(sum(outs), 4)
+        run(dist.all_to_all_single(out, inp, outs, ins, group=g, async_op=aop), aop)
+        return out
+    both("all_to_all_single split", a2a_split)
+
+    # ops Gloo 1.13 does not provide: against what they must give
+    for aop in (False, True):
+        blocks = [data(20 + k, 64) for k in range(WORLD)]
+        rs = torch.empty(64)
+        run(dist.reduce_scatter(rs, [b.clone() for b in blocks], group=None, async_op=aop), aop)
+        whole = torch.cat(blocks)
+        dist.all_reduce(whole, group=gloo)
+        mag = torch.cat(blocks).double().abs()
+        dist.all_reduce(mag, group=gloo)
+        mag = mag[RANK * 64:(RANK + 1) * 64]
+        same("reduce_scatter list%s" % (" async" if aop else ""), rs, whole[RANK * 64:(RANK + 1) * 64], mag)
+        if hasattr(dist, "reduce_scatter_tensor"):
+            out2 = torch.empty(64)
+            run(dist.reduce_scatter_tensor(out2, torch.cat(blocks).clone(), async_op=aop), aop)
+            same("reduce_scatter_tensor%s" % (" async" if aop else ""), out2, whole[RANK * 64:(RANK + 1) * 64], mag)
+        ins = [torch.full((2 + j,), float(RANK * 10 + j)) for j in range(WORLD)]
+        outs = [torch.empty(2 + RANK) for _ in range(WORLD)]
+        run(dist.all_to_all(outs, ins, async_op=aop), aop)
+        same("all_to_all list%s" % (" async" if aop else ""), outs,
+             [torch.full((2 + RANK,), float(j * 10 + RANK)) for j in range(WORLD)])
+        coal = [data(30, 10), data(31, 20)]
+        ref = [t.clone() for t in coal]
+        run(dist.all_reduce_coalesced(coal, async_op=aop), aop)
+        mags = [t.double().abs() for t in ref]
+        for t in ref + mags:
+            dist.all_reduce(t, group=gloo)
+        same("all_reduce_coalesced%s" % (" async" if aop else ""), coal, ref, mags)
+        # send / recv around the ring
+        s = data(40, 33)
+        r = torch.empty(33)
+        if aop:
+            ws = dist.isend(s, (RANK + 1) % WORLD)
+            wr = dist.irecv(r, (RANK - 1) % WORLD)
+            ws.wait()
+            wr.wait()
+        else:
+            if RANK % 2 == 0:
+                dist.send(s, (RANK + 1) % WORLD)
+                dist.recv(r, (RANK - 1) % WORLD)
+            else:
+                dist.recv(r, (RANK - 1) % WORLD)
+                dist.send(s, (RANK + 1) % WORLD)
+        want = torch.empty(33)
+        src = (RANK - 1) % WORLD
+        want.copy_((torch.randn(33, generator=torch.Generator().manual_seed(40 * 100 + src)) * 10))
+        same("send/recv%s" % (" async" if aop else ""), r, want)
+        run(dist.barrier(async_op=aop), aop)
+
+    # torch's object collectives, on top of the above
+    ol = [None] * WORLD
+    dist.all_gather_object(ol, {"rank": RANK, "pad": "x" * RANK * 100})
+    if [o["rank"] for o in ol] != list(range(WORLD)):
+        bad.append("all_gather_object: %s" % ol)
+    bl = [RANK, "b"] if RANK == 0 else [None, None]
+    dist.broadcast_object_list(bl, 0)
+    if bl != [0, "b"]:
+        bad.append("broadcast_object_list: %s" % bl)
+    go = [None] * WORLD if RANK == 0 else None
+    dist.gather_object(("g", RANK), go, dst=0)
+    if RANK == 0 and go != [("g", k) for k in range(WORLD)]:
+        bad.append("gather_object: %s" % go)
+    so = [None]
+    dist.scatter_object_list(so, [("s", k) for k in range(WORLD)] if RANK == 0 else None, src=0)
+    if so != [("s", RANK)]:
+        bad.append("scatter_object_list: %s" % so)
+    # a failure reaches work.wait() as an exception
+    try:
+        dist.send(torch.zeros(2), RANK)                 # to itself: refused by distmesh
+        bad.append("send to self: no error")
+    except (RuntimeError, ValueError):
+        pass
+
+    # DDP: 20 steps, the same parameters under distmesh and under gloo
+    def train(group):
+        torch.manual_seed(1234)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.01)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(99 + RANK)
+        for _ in range(20):
+            x = torch.randn(16, 32, generator=g)
+            loss = ddp(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+    t0 = time.monotonic()
+    mine = train(None)
+    theirs = train(gloo)
+    out["ddp_s"] = time.monotonic() - t0
+    out["ddp_max_diff"] = max(float((a - b).abs().max()) for a, b in zip(mine, theirs))
+    moved = max(float((a - b).abs().max()) for a, b in zip(mine, train_init()))
+    out["ddp_moved"] = moved
+    dist.barrier()
+    dist.destroy_process_group()
+    say("RESULT", out)
+
+
+def train_init():
+    import torch
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def main():
+    try:
+        scenario = sys.argv[1]
+        if scenario == "cases":
+            scenario_cases(sys.argv[2])
+        elif scenario == "failures":
+            scenario_failures()
+        elif scenario == "torch":
+            scenario_torch(sys.argv[2])
+        else:
+            raise SystemExit("unknown scenario %s" % scenario)
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        say("ERROR", traceback.format_exc().replace("\n", " | "))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+/* dm_abort: a collective stopped from another thread (what the Python package's Ctrl-C does).
+   The aborted rank's running call fails at once with DM_ERR_ABORTED and the reason; its peers,
+   blocked in the same call or arriving later, fail with DM_ERR_ABORTED naming that rank, long
+   before their deadline; later calls fail at once. On the Fake backend, the threaded world,
+   and forked ranks over sockets and over shared memory. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "distmesh.h"
+#include "test_tmpdir.h"
+#include "test_filter.h"
+
+#define W 3
+#define VICTIM 1
+#define DEADLINE_MS 20000
+static char g_store_dir[256];
+static int g_run_id;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- Fake: the flag alone --------------------------------------------------------------- */
+static void test_abort_fake(void** s) {
+    dm_fake_desc d;
+    dm_collective* c = NULL;
+    dm_request* req = (dm_request*)&d;
+    float x[2] = { 1, 2 };
+    (void)s;
+    assert_int_equal(dm_abort(NULL, "x"), DM_ERR_INVALID_ARG);
+    memset(&d, 0, sizeof(d));
+    assert_int_equal(dm_fake_create(&d, &c), DM_OK);
+    assert_int_equal(dm_all_reduce(c, NULL, x, 2, DM_FLOAT32, DM_SUM), DM_OK);
+    assert_int_equal(dm_abort(c, "stop here"), DM_OK);
+    assert_int_equal(dm_all_reduce(c, NULL, x, 2, DM_FLOAT32, DM_SUM), DM_ERR_ABORTED);
+    assert_non_null(strstr(dm_last_error(c), "rank 0 aborted: stop here"));
+    assert_int_equal(dm_abort(c, "again"), DM_OK);        /* the first reason stays */
+    assert_int_equal(dm_barrier_async(c, &req), DM_ERR_ABORTED);
+    assert_null(req);
+    assert_non_null(strstr(dm_last_error(c), "stop here"));
+    assert_null(strstr(dm_last_error(c), "again"));
+    dm_destroy(c);
+    memset(&d, 0, sizeof(d));
+    assert_int_equal(dm_fake_create(&d, &c), DM_OK);
+    assert_int_equal(dm_abort(c, NULL), DM_OK);
+    assert_int_equal(dm_barrier(c), DM_ERR_ABORTED);
+    assert_non_null(strstr(dm_last_error(c), "rank 0 aborted: dm_abort"));
+    dm_destroy(c);
+}
+
+/* ---- one scenario for every backend ------------------------------------------------------ */
+/* Rank VICTIM enters an all_reduce that cannot finish (rank 2 is late) and a second thread
+   aborts it after 200 ms. Rank 0 waits in the same all_reduce; rank 2 calls it after 700 ms.
+   Each rank checks its own outcome and returns 0, or a code saying what went wrong. */
+typedef struct aborter { dm_collective* c; double at; } aborter;
+static void* abort_later(void* p) {
+    aborter* a = (aborter*)p;
+    usleep(200000);
+    a->at = now_s();
+    dm_abort(a->c, "the test says stop");
+    return NULL;
+}
+static int scenario(dm_collective* c) {
+    float x[256];
+    int r = dm_rank(c);
+    double t0 = now_s(), t;
+    dm_status st;
+    const char* e;
+    memset(x, 0, sizeof(x));
+    if (r == VICTIM) {
+        pthread_t th;
+        aborter a;
+        a.c = c;
+        a.at = 0;
+        if (pthread_create(&th, NULL, abort_later, &a) != 0) return 10;
+        st = dm_all_reduce(c, NULL, x, 256, DM_FLOAT32, DM_SUM);
+        t = now_s();
+        pthread_join(th, NULL);
+        e = dm_last_error(c);
+        if (st != DM_ERR_ABORTED) { fprintf(stderr, "victim: %s: %s\n", dm_status_name(st), e); return 11; }
+        if (!strstr(e, "rank 1 aborted: the test says stop")) { fprintf(stderr, "victim: %s\n", e); return 12; }
+        if (t - a.at > 0.5) { fprintf(stderr, "victim: %.3f s after dm_abort\n", t - a.at); return 13; }
+        if (dm_barrier(c) != DM_ERR_ABORTED) return 14;           /* later calls fail at once */
+        return 0;
+    }
+    if (r == 2) usleep(700000);
+    /* Over sockets rank 2 may finish its first call: all it needs from rank 1 can be on its
+       way before the abort (rank 1 waits for rank 2, not the reverse). Its next call fails. */
+    st = dm_all_reduce(c, NULL, x, 256, DM_FLOAT32, DM_SUM);
+    if (st == DM_OK && r == 2) st = dm_all_reduce(c, NULL, x, 256, DM_FLOAT32, DM_SUM);
+    t = now_s() - t0;
+    e = dm_last_error(c);
+    if (st != DM_ERR_ABORTED) { fprintf(stderr, "rank %d: %s: %s\n", r, dm_status_name(st), e); return 21; }
+    if (!strstr(e, "rank 1") || !strstr(e, "the test says stop")) {
+        fprintf(stderr, "rank %d: %s\n", r, e);
+        return 22;
+    }
+    if (t > 3.0) { fprintf(stderr, "rank %d: failed after %.3f s\n", r, t); return 23; }
+    return 0;
+}
+
+static int g_tw_codes[W];
+static int tw_body(dm_collective* c, void* u) {
+    (void)u;
+    g_tw_codes[dm_rank(c)] = scenario(c);
+    return DM_OK;
+}
+static void test_abort_thread_world(void** s) {
+    dm_fake_desc d;
+    int r;
+    (void)s;
+    memset(&d, 0, sizeof(d));
+    d.world_size = W;
+    d.timeout_ms = DEADLINE_MS;
+    assert_int_equal(dm_thread_world_run(&d, tw_body, NULL), DM_OK);
+    for (r = 0; r < W; r++) assert_int_equal(g_tw_codes[r], 0);
+}
+
+/* Forked ranks meeting through a file store; transport "tcp" or NULL (shared memory). */
+static int proc_body(const char* transport, int r) {
+    dm_collective* c = NULL;
+    dm_tcp_desc d;
+    char url[300], prefix[64];
+    int code;
+    memset(&d, 0, sizeof(d));
+    snprintf(url, sizeof(url), "file://%s", g_store_dir);
+    snprintf(prefix, sizeof(prefix), "abort%d/", g_run_id);
+    d.rank = r; d.world_size = W; d.store_url = url; d.prefix = prefix; d.ifname = "lo";
+    d.transport = transport;
+    d.timeout_ms = DEADLINE_MS;
+    if (dm_tcp_create(&d, &c) != DM_OK) return 1;
+    code = scenario(c);
+    dm_destroy(c);
+    return code;
+}
+static void run_procs(const char* transport) {
+    int r, status, codes[W];
+    pid_t pids[W];
+    g_run_id++;
+    fflush(stdout);
+    fflush(stderr);
+    for (r = 0; r < W; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            alarm(40);
+            _exit(proc_body(transport, r));
+        }
+    }
+    for (r = 0; r < W; r++) {
+        waitpid(pids[r], &status, 0);
+        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 100 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    }
+    for (r = 0; r < W; r++) {
+        if (codes[r] != 0) fprintf(stderr, "%s: rank %d exited with %d\n", transport ? transport : "shm", r, codes[r]);
+        assert_int_equal(codes[r], 0);
+    }
+}
+static void test_abort_tcp(void** s) { (void)s; run_procs("tcp"); }
+static void test_abort_shm(void** s) { (void)s; run_procs(NULL); }
+
+int main(int argc, char** argv) {
+    int rc;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_abort_fake),
+        cmocka_unit_test(test_abort_thread_world),
+        cmocka_unit_test(test_abort_tcp),
+        cmocka_unit_test(test_abort_shm),
+    };
+    signal(SIGPIPE, SIG_IGN);
+    dm_test_filter(argc, argv);
+    if (tmpdir_make(g_store_dir, sizeof(g_store_dir), "dm_abort_test") != 0) return 1;
+    rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tmpdir_remove(g_store_dir);
+    return rc;
+}
