@@ -3,7 +3,7 @@
    blocked in the same call or arriving later, fail with DM_ERR_ABORTED naming that rank, long
    before their deadline; later calls fail at once. On the Fake backend, the threaded world,
    and forked ranks over sockets and over shared memory. */
-#define _GNU_SOURCE
+#define _GNU_SOURCE     /* POSIX 2008 for tests/test_world.h under -std=c11 */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,25 +14,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "distmesh.h"
-#include "test_tmpdir.h"
+#include "test_world.h"
 #include "test_filter.h"
 
 #define W 3
 #define VICTIM 1
 #define DEADLINE_MS 20000
-static char g_store_dir[256];
-static int g_run_id;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static tw_store g_store;
 
 /* ---- Fake: the flag alone --------------------------------------------------------------- */
 static void test_abort_fake(void** s) {
@@ -70,14 +61,14 @@ typedef struct aborter { dm_collective* c; double at; } aborter;
 static void* abort_later(void* p) {
     aborter* a = (aborter*)p;
     usleep(200000);
-    a->at = now_s();
+    a->at = tw_now_s();
     dm_abort(a->c, "the test says stop");
     return NULL;
 }
 static int scenario(dm_collective* c) {
     float x[256];
     int r = dm_rank(c);
-    double t0 = now_s(), t;
+    double t0 = tw_now_s(), t;
     dm_status st;
     const char* e;
     memset(x, 0, sizeof(x));
@@ -88,7 +79,7 @@ static int scenario(dm_collective* c) {
         a.at = 0;
         if (pthread_create(&th, NULL, abort_later, &a) != 0) return 10;
         st = dm_all_reduce(c, NULL, x, 256, DM_FLOAT32, DM_SUM);
-        t = now_s();
+        t = tw_now_s();
         pthread_join(th, NULL);
         e = dm_last_error(c);
         if (st != DM_ERR_ABORTED) { fprintf(stderr, "victim: %s: %s\n", dm_status_name(st), e); return 11; }
@@ -102,7 +93,7 @@ static int scenario(dm_collective* c) {
        way before the abort (rank 1 waits for rank 2, not the reverse). Its next call fails. */
     st = dm_all_reduce(c, NULL, x, 256, DM_FLOAT32, DM_SUM);
     if (st == DM_OK && r == 2) st = dm_all_reduce(c, NULL, x, 256, DM_FLOAT32, DM_SUM);
-    t = now_s() - t0;
+    t = tw_now_s() - t0;
     e = dm_last_error(c);
     if (st != DM_ERR_ABORTED) { fprintf(stderr, "rank %d: %s: %s\n", r, dm_status_name(st), e); return 21; }
     if (!strstr(e, "rank 1") || !strstr(e, "the test says stop")) {
@@ -113,10 +104,11 @@ static int scenario(dm_collective* c) {
     return 0;
 }
 
-static int g_tw_codes[W];
-static int tw_body(dm_collective* c, void* u) {
+static int scenario_c(dm_collective* c, void* u) { (void)u; return scenario(c); }
+static int g_thread_codes[W];
+static int thread_rank_body(dm_collective* c, void* u) {
     (void)u;
-    g_tw_codes[dm_rank(c)] = scenario(c);
+    g_thread_codes[dm_rank(c)] = scenario(c);
     return DM_OK;
 }
 static void test_abort_thread_world(void** s) {
@@ -126,48 +118,20 @@ static void test_abort_thread_world(void** s) {
     memset(&d, 0, sizeof(d));
     d.world_size = W;
     d.timeout_ms = DEADLINE_MS;
-    assert_int_equal(dm_thread_world_run(&d, tw_body, NULL), DM_OK);
-    for (r = 0; r < W; r++) assert_int_equal(g_tw_codes[r], 0);
+    assert_int_equal(dm_thread_world_run(&d, thread_rank_body, NULL), DM_OK);
+    for (r = 0; r < W; r++) assert_int_equal(g_thread_codes[r], 0);
 }
 
 /* Forked ranks meeting through a file store; transport "tcp" or NULL (shared memory). */
-static int proc_body(const char* transport, int r) {
-    dm_collective* c = NULL;
-    dm_tcp_desc d;
-    char url[300], prefix[64];
-    int code;
-    memset(&d, 0, sizeof(d));
-    snprintf(url, sizeof(url), "file://%s", g_store_dir);
-    snprintf(prefix, sizeof(prefix), "abort%d/", g_run_id);
-    d.rank = r; d.world_size = W; d.store_url = url; d.prefix = prefix; d.ifname = "lo";
-    d.transport = transport;
-    d.timeout_ms = DEADLINE_MS;
-    if (dm_tcp_create(&d, &c) != DM_OK) return 1;
-    code = scenario(c);
-    dm_destroy(c);
-    return code;
-}
 static void run_procs(const char* transport) {
-    int r, status, codes[W];
-    pid_t pids[W];
-    g_run_id++;
-    fflush(stdout);
-    fflush(stderr);
-    for (r = 0; r < W; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            alarm(40);
-            _exit(proc_body(transport, r));
-        }
-    }
-    for (r = 0; r < W; r++) {
-        waitpid(pids[r], &status, 0);
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 100 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    }
-    for (r = 0; r < W; r++) {
-        if (codes[r] != 0) fprintf(stderr, "%s: rank %d exited with %d\n", transport ? transport : "shm", r, codes[r]);
-        assert_int_equal(codes[r], 0);
-    }
+    tw_dm_world w;
+    memset(&w, 0, sizeof(w));
+    w.world = W;
+    w.store = &g_store;
+    w.transport = transport;
+    w.timeout_ms = DEADLINE_MS;
+    w.body_c = scenario_c;
+    assert_int_equal(tw_dm_run(&w, 40), 0);
 }
 static void test_abort_tcp(void** s) { (void)s; run_procs("tcp"); }
 static void test_abort_shm(void** s) { (void)s; run_procs(NULL); }
@@ -182,8 +146,8 @@ int main(int argc, char** argv) {
     };
     signal(SIGPIPE, SIG_IGN);
     dm_test_filter(argc, argv);
-    if (tmpdir_make(g_store_dir, sizeof(g_store_dir), "dm_abort_test") != 0) return 1;
+    if (tw_store_file(&g_store, "dm_abort_test") != 0) return 1;
     rc = cmocka_run_group_tests(tests, NULL, NULL);
-    tmpdir_remove(g_store_dir);
+    if (tw_store_close(&g_store) != 0) rc = 1;
     return rc;
 }
