@@ -1121,9 +1121,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     if (!parent) SI_RETURN(ncclInvalidArgument);
     si_bound("ncclCommSplit");
     r = (ncclResult_t)si_scripted("ncclCommSplit", NULL);
-    if (r == ncclSuccess) r = si_ensure_ready(parent);
+    if (r != ncclSuccess) si_nccl_text("stand-in: %s scripted for %s", "ncclCommSplit", r);
+    else r = si_ensure_ready(parent);
     if (r != ncclSuccess) {
-        si_nccl_text("stand-in: %s scripted for %s", "ncclCommSplit", r);
         *newcomm = NULL;
         SI_RETURN(r);
     }
@@ -1152,20 +1152,25 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
     if (shrinkFlags & NCCL_SHRINK_ABORT)    /* abort flags set, device stream synchronized, cleared */
         si_flag_stops_kernels(parent->abort_flag);
     r = (ncclResult_t)si_scripted("ncclCommShrink", NULL);
-    if (r == ncclSuccess && (!excludeRanksList || excludeRanksCount <= 0)) r = ncclInvalidArgument;
+    if (r != ncclSuccess) si_nccl_text("stand-in: %s scripted for %s", "ncclCommShrink", r);
+    if (r == ncclSuccess && (!excludeRanksList || excludeRanksCount <= 0)) {
+        snprintf(si.nccl_last, sizeof(si.nccl_last), "stand-in: ncclCommShrink: no ranks to exclude");
+        r = ncclInvalidArgument;
+    }
     if (r == ncclSuccess) {
         qsort(excludeRanksList, (size_t)excludeRanksCount, sizeof(int), si_compare_ints);
         for (i = 0; i < excludeRanksCount; i++) {
             if (i < SI_SHRINK_MAX) si.shrink.exclude[i] = excludeRanksList[i];
-            if (excludeRanksList[i] == parent->rank) r = ncclInvalidArgument;
+            if (excludeRanksList[i] == parent->rank) {
+                snprintf(si.nccl_last, sizeof(si.nccl_last), "stand-in: ncclCommShrink: rank %d excludes itself",
+                         parent->rank);
+                r = ncclInvalidArgument;
+            }
             if (excludeRanksList[i] < parent->rank) below++;
         }
     }
     if (r == ncclSuccess) r = si_ensure_ready(parent);
-    if (r != ncclSuccess) {
-        si_nccl_text("stand-in: %s scripted for %s", "ncclCommShrink", r);
-        SI_RETURN(r);
-    }
+    if (r != ncclSuccess) SI_RETURN(r);
     SI_RETURN(si_child_job(parent, newcomm, true, parent->rank - below, parent->nranks - excludeRanksCount, config,
                            !(shrinkFlags & NCCL_SHRINK_ABORT) && parent->shrink_share == 1));
 }
