@@ -11,9 +11,16 @@
    unless the desc names one, set with cudaSetDevice before init). The ncclUniqueId travels
    through the distmesh store (rank 0 publishes "<prefix>nccl_unique_id", the others wait for it)
    or is handed in by the caller (desc.unique_id, e.g. after MPI_Bcast). Communicators are
-   non-blocking (ncclConfig_t.blocking = 0): init, split and every wait poll
+   non-blocking (ncclConfig_t.blocking = 0): init, split, shrink and every wait poll
    ncclCommGetAsyncError against the deadline, and on expiry the communicator is aborted
-   (ncclCommAbort) and DM_ERR_TIMEOUT returned -- nothing hangs.
+   (ncclCommAbort) and DM_ERR_TIMEOUT returned. What distmesh waits for has the deadline;
+   ncclCommAbort and ncclCommDestroy themselves have none in NCCL (they join NCCL's threads and
+   wait for the device), so a call that ends in one can outlast it. With NCCL_COMM_BLOCKING=1 in
+   the environment NCCL makes the communicators blocking whatever the config says, and no
+   deadline reaches into NCCL's calls.
+   dm_local_rank, dm_local_world_size and dm_local come from the members' host identities (host
+   name and boot id, or DISTMESH_TEST_HOST_ID), gathered at create and split (>>nccl hosts),
+   as on the TCP backend; at create the launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win.
 
    STREAM SEMANTICS
    Collectives enqueue on the object's CUDA stream (owned, or desc.stream) and return; the data
@@ -22,7 +29,9 @@
 
    BUFFERS
    all_reduce, reduce_scatter and the calls below take device (or managed) memory only: a host
-   pointer is DM_ERR_INVALID_ARG with a message (checked with cudaPointerGetAttributes).
+   pointer, or device memory of another GPU than the communicator's (NCCL's kernels would fault
+   on it: a sticky illegal address), is DM_ERR_INVALID_ARG with a message, before anything is
+   queued (checked with cudaPointerGetAttributes).
    all_gather, all_gather_to_list and broadcast also accept host buffers, staged through a
    stream-ordered device buffer and synchronized (every copy from or to the host waits for the
    stream with the deadline first), so the core's object collectives, dm_local and
@@ -76,11 +85,27 @@
    failure. Host-staged all_gather / broadcast / all_gather_to_list complete before their _async
    call returns. Object collectives and split are left to the core (start answers
    DM_ERR_UNSUPPORTED for them).
+   At world >= 2 every NCCL call of a non-blocking communicator returns ncclInProgress (NCCL
+   2.27, 2.28: a group thread launches the work) and distmesh polls ncclCommGetAsyncError until
+   it is accepted; at world 1 NCCL runs the work at once.
+
+   THREADS
+   A collective belongs to one thread at a time (distmesh.h's rule): its blocking calls, its
+   _async calls, dm_wait / dm_test on its requests and dm_synchronize all take it, and another
+   thread's call gets DM_ERR_BUSY (with requests in flight, from any thread but the issuer's).
+   So no two NCCL calls on one communicator ever overlap. The one call made from another thread
+   is dm_shrink(DM_SHRINK_ABORT), a watchdog's: it sets the interrupt flag, whatever holds the
+   collective ends at its next poll with DM_ERR_ABORTED, and only then does the shrink run.
 
    SHRINK
    dm_shrink uses ncclCommShrink (NCCL 2.27+) while the communicator is alive, else aborts it
-   and re-initialises the survivors through desc.store (>>nccl shrink). NCCL has no agreement:
-   every survivor must pass the same excluded ranks.
+   and re-initialises the survivors through desc.store (>>nccl shrink). NCCL has no agreement
+   and cannot find dead ranks itself: every survivor must pass the same excluded ranks, and
+   n_exclude 0 is DM_ERR_INVALID_ARG with the collective untouched (ncclCommShrink refuses an
+   empty list). After NCCL_SHRINK_DEFAULT the old communicator is destroyed, not aborted: a
+   child made with NCCL_COMM_SHRINK_SHARE_RESOURCES=1 shares its abort flag. With
+   NCCL_COMM_SPLIT_SHARE_RESOURCES=1 a split child and its parent share one abort flag (the
+   variable overrides the config): a failure that aborts either stops the other's kernels.
 
    One create per store prefix: a second dm_nccl_create with the same store and prefix would read
    the first one's unique id; use dm_split for sub-groups (ncclCommSplit, no store needed).
@@ -96,7 +121,8 @@
        >>nccl rooted and point-to-point  reduce, gather, scatter, all_to_all, send, recv
        >>nccl slots              the vtable's entries
        >>nccl requests           _async (start; finish on CUDA events), destroy, the vtable
-       >>nccl lifetime           a communicator's object, split
+       >>nccl lifetime           a communicator's object, the config, NCCL's jobs, split
+       >>nccl hosts              local rank and size from host identities
        >>nccl shrink             dm_shrink, interrupt; the unique id, dm_nccl_create, devices
 
    PRIVATE NAMES  _dm_nccl_ / _DM_NCCL_ for everything of this backend; the rest is the core's
@@ -1144,8 +1170,7 @@ static const dm_collective_vtable _dm_nccl_vtable = {
     _dm_nccl_interrupt,              /* interrupt: a flag the running wait polls */
 };
 
-/* >>nccl lifetime  A communicator's object; the config, NCCL's background jobs, host
-   identities, split. */
+/* >>nccl lifetime  A communicator's object; the config, NCCL's background jobs, split. */
 static _dm_nccl* _dm_nccl_new(const dm_allocator* a, const dm_logger* lg, int rank, int size,
                               int timeout_ms, int device, cudaStream_t stream) {
     _dm_nccl* n = (_dm_nccl*)_dm_calloc(a, sizeof(_dm_nccl));
@@ -1251,55 +1276,8 @@ static dm_status _dm_nccl_child_ready(_dm_nccl* n, ncclComm_t child, const char*
     return st;
 }
 
-/* >>nccl hosts  dm_local_rank, dm_local_world_size and dm_local come from the members' host
-   identities (the core's _dm_host_identity: host name and boot id, or DISTMESH_TEST_HOST_ID),
-   as on the TCP backend, never from the group's size or the launcher's LOCAL_WORLD_SIZE. create
-   and split gather them over the new communicator (one host-staged all_gather); a shrink's
-   survivors take theirs from the parent's table (host_of), without communication. The
-   launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win at create, as on TCP. */
-static dm_status _dm_nccl_hosts(_dm_nccl* n) {
-    enum { ID = 96, NAME = sizeof(((dm_collective*)0)->node_name), REC = ID + NAME };
-    int W = n->base.size;
-    unsigned char mine[REC];
-    unsigned char* all = (unsigned char*)_dm_calloc(&n->base.allocator, (size_t)W * REC);
-    int* host_of = (int*)_dm_malloc(&n->base.allocator, sizeof(int) * (size_t)W);
-    dm_status st = DM_OK;
-    int j;
-    if (!all || !host_of) st = _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "nccl: hosts: out of memory");
-    memset(mine, 0, sizeof(mine));
-    _dm_host_identity((char*)mine + ID, NAME, (char*)mine, ID);
-    if (st == DM_OK && W == 1) memcpy(all, mine, REC);
-    else if (st == DM_OK) st = _dm_nccl_all_gather_on(n, mine, all, REC, DM_UINT8);
-    if (st == DM_OK) {
-        for (j = 0; j < W; j++) all[(size_t)j * REC + ID - 1] = 0;
-        _dm_hosts_from_ids(all, REC, W, n->base.rank, host_of, &n->base.local_rank, &n->base.local_size);
-        _dm_copy_name(n->base.node_name, sizeof(n->base.node_name), (const char*)mine + ID);
-        _dm_free(&n->base.allocator, n->host_of);
-        n->host_of = host_of;
-        host_of = NULL;
-    }
-    _dm_free(&n->base.allocator, all);
-    _dm_free(&n->base.allocator, host_of);
-    return st;
-}
-/* m, a shrink's survivor, from its parent n: members[i] is new rank i's rank in n. */
-static dm_status _dm_nccl_hosts_of_members(_dm_nccl* m, const _dm_nccl* n, const int* members) {
-    int W = m->base.size, i, k;
-    m->host_of = (int*)_dm_malloc(&m->base.allocator, sizeof(int) * (size_t)W);
-    if (!m->host_of) return _DM_FAIL(&m->base, DM_ERR_OUT_OF_MEMORY, "nccl: shrink: out of memory");
-    m->base.local_rank = m->base.local_size = 0;
-    for (i = 0; i < W; i++) {
-        int host = n->host_of ? n->host_of[members[i]] : members[i];
-        for (k = 0; (n->host_of ? n->host_of[members[k]] : members[k]) != host; k++) {}
-        m->host_of[i] = k;
-    }
-    for (i = 0; i < W; i++) {
-        if (m->host_of[i] != m->host_of[m->base.rank]) continue;
-        if (i < m->base.rank) m->base.local_rank++;
-        m->base.local_size++;
-    }
-    return DM_OK;
-}
+static dm_status _dm_nccl_hosts(_dm_nccl* n);
+static dm_status _dm_nccl_hosts_of_members(_dm_nccl* m, const _dm_nccl* n, const int* members);
 
 /* A new object around comm (ready), rank of size, on n's device, with n's timeout, logger,
    allocator and node name; stream 0 -> an owned one. On failure comm is released and n's last
@@ -1374,6 +1352,56 @@ static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collect
     if (st == DM_OK) st = _dm_nccl_split_on(n, color, key, out);
     if (st != DM_OK) return _dm_nccl_leave(n, prev, st, "split");
     (void)_dm_nccl_leave(n, prev, DM_OK, "split");   /* the child exists: *out is the caller's now */
+    return DM_OK;
+}
+
+/* >>nccl hosts  dm_local_rank, dm_local_world_size and dm_local come from the members' host
+   identities (the core's _dm_host_identity: host name and boot id, or DISTMESH_TEST_HOST_ID),
+   as on the TCP backend, never from the group's size or the launcher's LOCAL_WORLD_SIZE. create
+   and split gather them over the new communicator (one host-staged all_gather); a shrink's
+   survivors take theirs from the parent's table (host_of), without communication. The
+   launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win at create, as on TCP. */
+static dm_status _dm_nccl_hosts(_dm_nccl* n) {
+    enum { ID = 96, NAME = sizeof(((dm_collective*)0)->node_name), REC = ID + NAME };
+    int W = n->base.size;
+    unsigned char mine[REC];
+    unsigned char* all = (unsigned char*)_dm_calloc(&n->base.allocator, (size_t)W * REC);
+    int* host_of = (int*)_dm_malloc(&n->base.allocator, sizeof(int) * (size_t)W);
+    dm_status st = DM_OK;
+    int j;
+    if (!all || !host_of) st = _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "nccl: hosts: out of memory");
+    memset(mine, 0, sizeof(mine));
+    _dm_host_identity((char*)mine + ID, NAME, (char*)mine, ID);
+    if (st == DM_OK && W == 1) memcpy(all, mine, REC);
+    else if (st == DM_OK) st = _dm_nccl_all_gather_on(n, mine, all, REC, DM_UINT8);
+    if (st == DM_OK) {
+        for (j = 0; j < W; j++) all[(size_t)j * REC + ID - 1] = 0;
+        _dm_hosts_from_ids(all, REC, W, n->base.rank, host_of, &n->base.local_rank, &n->base.local_size);
+        _dm_copy_name(n->base.node_name, sizeof(n->base.node_name), (const char*)mine + ID);
+        _dm_free(&n->base.allocator, n->host_of);
+        n->host_of = host_of;
+        host_of = NULL;
+    }
+    _dm_free(&n->base.allocator, all);
+    _dm_free(&n->base.allocator, host_of);
+    return st;
+}
+/* m, a shrink's survivor, from its parent n: members[i] is new rank i's rank in n. */
+static dm_status _dm_nccl_hosts_of_members(_dm_nccl* m, const _dm_nccl* n, const int* members) {
+    int W = m->base.size, i, k;
+    m->host_of = (int*)_dm_malloc(&m->base.allocator, sizeof(int) * (size_t)W);
+    if (!m->host_of) return _DM_FAIL(&m->base, DM_ERR_OUT_OF_MEMORY, "nccl: shrink: out of memory");
+    m->base.local_rank = m->base.local_size = 0;
+    for (i = 0; i < W; i++) {
+        int host = n->host_of ? n->host_of[members[i]] : members[i];
+        for (k = 0; (n->host_of ? n->host_of[members[k]] : members[k]) != host; k++) {}
+        m->host_of[i] = k;
+    }
+    for (i = 0; i < W; i++) {
+        if (m->host_of[i] != m->host_of[m->base.rank]) continue;
+        if (i < m->base.rank) m->base.local_rank++;
+        m->base.local_size++;
+    }
     return DM_OK;
 }
 

@@ -17,7 +17,16 @@
      fallback re-initialisation through the store (an NCCL reported older than 2.27, or a
      communicator a failure already aborted), the parent left only destroyable, failures with a
      status and message, and an operation on another thread interrupted by DM_SHRINK_ABORT;
-   - the unique id through the store (rank 0 publishes it, the others read it).
+   - the unique id through the store (rank 0 publishes it, the others read it);
+   - issue 30, against a stand-in that behaves like NCCL 2.27/2.28 (jobs, ncclInProgress at
+     world >= 2, shared abort flags, use after free): split and shrink wait for NCCL's job on the
+     parent and abort the parent before the child (points 1, 3); the watchdog's
+     dm_shrink(DM_SHRINK_ABORT) interrupts a blocking call, dm_synchronize, dm_wait and a staged
+     _async start on another thread, reaches NCCL only after them, and the survivors work;
+     another thread is DM_ERR_BUSY while requests run (2); n_exclude 0 refused untouched (4); a
+     failed ncclCommDestroy closes its group and aborts (5); another GPU's memory refused (6); a
+     shared abort flag spares the shrunk child (7); local facts from host identities (8); a
+     parked communicator's scratch waits for its abort (9).
    Built twice (tests/nccl_standin.mk): with DISTMESH_TCP, the store a server hosted here; and
    with DISTMESH_NCCL alone, no libuv flags nor library, the store a file store (the store comes
    with the NCCL backend; only hosting one needs libuv, refused there with a message). */
