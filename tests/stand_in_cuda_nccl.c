@@ -16,7 +16,7 @@
      ncclGroupEndInternal, 705-738, marks it ncclInProgress and starts a thread) and return
      ncclSuccess (NCCLCHECK lets ncclInProgress through). The job stores the child into
      *newcomm when it ends, also when it failed (ncclCommInitRankFunc's exit, 1612 / 1483), and a
-     failed job leaves its error on the parent (group.cc groupCleanup, 390). Here a job ends on
+     failed job leaves its error on the parent (group.cc groupCleanup, 391). Here a job ends on
      the Nth poll of ncclCommGetAsyncError on the communicator running it (si_set_init_polls),
      which is when the child is written.
    - ncclCommGetAsyncError returns the communicator's state; ncclSuccess also joins its group
@@ -33,7 +33,7 @@
      ncclGroupEnd the calls only queue; ncclGroupEnd returns ncclInProgress, or the first error
      of the group (ncclGroupErrCheck). Group depth is per thread (group.cc ncclGroupDepth); an
      ncclGroupEnd outside a group is ncclInvalidUsage (656).
-   - ncclCommShrink (2645 / 2343): NCCL_SHRINK_ABORT first sets the parent's abort flags and
+   - ncclCommShrink (2645 / 2344): NCCL_SHRINK_ABORT first sets the parent's abort flags and
      waits for its device stream (its kernels stop), then clears them; a NULL or empty exclude
      list is ncclInvalidArgument (2562 / 2262), the list is sorted in place, the caller's own
      rank in it is ncclInvalidArgument, and ncclCommEnsureReady runs on the parent.
