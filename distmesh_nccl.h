@@ -85,9 +85,9 @@
    failure. Host-staged all_gather / broadcast / all_gather_to_list complete before their _async
    call returns. Object collectives and split are left to the core (start answers
    DM_ERR_UNSUPPORTED for them).
-   At world >= 2 every NCCL call of a non-blocking communicator returns ncclInProgress (NCCL
-   2.27, 2.28: a group thread launches the work) and distmesh polls ncclCommGetAsyncError until
-   it is accepted; at world 1 NCCL runs the work at once.
+   At world >= 2 every collective, ncclSend / ncclRecv and group of a non-blocking communicator
+   returns ncclInProgress (NCCL 2.27, 2.28: a group thread launches the work) and distmesh polls
+   ncclCommGetAsyncError until it is accepted; at world 1 NCCL runs a collective at once.
 
    THREADS
    A collective belongs to one thread at a time (distmesh.h's rule): its blocking calls, its
@@ -145,7 +145,8 @@ enum { DM_NCCL_UNIQUE_ID_BYTES = 128 };   /* sizeof(ncclUniqueId) */
 typedef struct dm_nccl_desc {
     int rank;                   /* with world_size 0: from dm_env_detect; else required */
     int world_size;             /* 0 -> rank, world and local rank from dm_env_detect */
-    int local_rank;             /* with world_size given: this process's rank on its node */
+    int local_rank;             /* with world_size given: this process's rank on its node, which
+                                   picks the device (dm_local_rank comes from host identities) */
     int cuda_device;            /* 0 -> local_rank % device count; d + 1 -> CUDA device d */
     struct dm_store* store;     /* borrowed: where the unique id travels; 0 -> store_url. Also
                                    dm_shrink's fallback rendezvous: keep it alive as long as the
