@@ -99,7 +99,7 @@
        >>env                     strict parsing of variables, dm_env_detect
        >>trace                   the flight recorder and the timeline (DISTMESH_TRACE)
      implementation: the object and its calls
-       >>collective base         the base struct's init, blob lists
+       >>collective base         the base struct's init, host identities (TCP, NCCL), blob lists
        >>validation              the wrappers' checks, fallbacks of missing slots
        >>public collectives      arguments into a dm_op (_dm_prep_*)
        >>objects                 the object collectives over the vtable
@@ -530,7 +530,9 @@ DM_API dm_status dm_all_gather_objects(dm_collective* c, const void* data, size_
 DM_API dm_status dm_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count,
                                       int root, dm_blob_list* out);
 DM_API void dm_blob_list_free(dm_collective* c, dm_blob_list* list);
-/* Waits for the backend's queued work (NCCL's stream); DM_OK at once where nothing is queued. */
+/* Waits for the backend's queued work (NCCL's stream); DM_OK at once where nothing is queued.
+   Like a blocking call it belongs to the collective's thread (DM_ERR_BUSY from another one), and
+   dm_shrink(DM_SHRINK_ABORT) on another thread interrupts it (DM_ERR_ABORTED). */
 DM_API dm_status dm_synchronize(dm_collective* c);
 
 /* >>functions rooted  Rooted collectives. Like MPI: recv (reduce, gather) and send (scatter) are read
@@ -679,7 +681,8 @@ DM_API dm_status dm_abort(dm_collective* c, const char* reason);
      member, and the new group's first call reports it (shrink again).
    exclude: n_exclude ranks of c (never the caller's own); give every caller the same list (a
    rank that is alive, listed by some callers only, is waited for by the others until their
-   deadline). On the threaded world the excluded ranks are the ones gone (threads cannot die). */
+   deadline). On the threaded world the excluded ranks are the ones gone (threads cannot die).
+   NCCL cannot find dead ranks itself: there n_exclude 0 is DM_ERR_INVALID_ARG, c untouched. */
 #define DM_SHRINK_DEFAULT 0
 #define DM_SHRINK_ABORT 1
 DM_API dm_status dm_shrink(dm_collective* c, const int* exclude, int n_exclude, int flags, dm_collective** out);
@@ -849,6 +852,8 @@ struct dm_collective {
     int aborted;                /* the core's (dm_abort): 0; 1 while abort_msg is written; 2 set */
     char abort_msg[256];        /* dm_abort's message, read once aborted is 2 */
     uint64_t max_object_bytes;  /* the core's: DISTMESH_MAX_OBJECT_BYTES, read when it was made */
+    bool shrink_needs_exclude;  /* set by a backend whose shrink cannot find dead ranks itself
+                                   (NCCL): dm_shrink refuses n_exclude 0 before touching c */
 };
 
 #ifdef __cplusplus
@@ -2863,6 +2868,52 @@ _DM_PRIVATE void _dm_collective_init(dm_collective* c, const dm_collective_vtabl
     c->max_object_bytes = _dm_cfg_bytes_logged(_DM_CFG_MAX_OBJECT_BYTES, logger);
     c->aborted = 0;
     c->abort_msg[0] = 0;
+    c->shrink_needs_exclude = false;
+}
+
+/* Which ranks share a host, for the backends that gather every member's host identity (TCP,
+   NCCL): the host name and the kernel's boot id, or DISTMESH_TEST_HOST_ID (tests and benchmarks
+   simulate hosts with it) -- never the launcher's LOCAL_WORLD_SIZE, which sub-groups break.
+   name gets what dm_local groups by (node_name); id the identity (id_cap >= 96). */
+_DM_PRIVATE void _dm_host_identity(char* name, size_t name_cap, char* id, size_t id_cap) {
+    const char* test = _dm_cfg_raw(_DM_CFG_TEST_HOST_ID);
+    char boot[64] = "";
+    FILE* f;
+    memset(name, 0, name_cap);
+    memset(id, 0, id_cap);
+    if (test) {
+        _dm_copy_name(name, name_cap, test);
+        snprintf(id, id_cap, "test:%s", test);
+        return;
+    }
+    if (gethostname(name, name_cap - 1) != 0) _dm_copy_name(name, name_cap, "localhost");
+    name[name_cap - 1] = 0;
+    if ((f = fopen("/proc/sys/kernel/random/boot_id", "r")) != NULL) {
+        if (!fgets(boot, sizeof(boot), f)) boot[0] = 0;
+        fclose(f);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    snprintf(id, id_cap, "%.54s/%.39s", name, boot);     /* a boot id is 36 bytes */
+}
+/* W records of `stride` bytes, each holding a NUL-terminated host identity at its start: host_of[j]
+   (if not NULL) is the lowest rank on rank j's host, and *local_rank / *local_size are rank me's
+   place on its host (ranks in order). */
+_DM_PRIVATE void _dm_hosts_from_ids(const unsigned char* ids, size_t stride, int W, int me, int* host_of,
+                                    int* local_rank, int* local_size) {
+    const char* mine = (const char*)ids + (size_t)me * stride;
+    int j;
+    *local_rank = *local_size = 0;
+    for (j = 0; j < W; j++) {
+        const char* id = (const char*)ids + (size_t)j * stride;
+        if (host_of) {
+            int k = 0;
+            while (strcmp((const char*)ids + (size_t)k * stride, id) != 0) k++;
+            host_of[j] = k;
+        }
+        if (strcmp(id, mine) != 0) continue;
+        if (j < me) (*local_rank)++;
+        (*local_size)++;
+    }
 }
 
 /* One block: the item array, then the bytes of every item back to back (so the bytes of a
@@ -3551,6 +3602,8 @@ typedef struct _dm_async {
     pthread_t thread, owner;    /* owner: the thread that issued the requests in flight */
     bool started, stop;
     int inflight;               /* queued or running, not yet done */
+    int streams;                /* backend stream requests (start slot) not finished yet: they
+                                   belong to owner too */
     dm_request *head, *tail;    /* not started yet */
     dm_request* live;
 } _dm_async;
@@ -3632,11 +3685,16 @@ _DM_PRIVATE _dm_async* _dm_async_get(dm_collective* c) {
 
 /* Another thread owns this collective right now: say so without touching last_error (the
    owner's), through the logger. */
-_DM_PRIVATE dm_status _dm_busy(dm_collective* c, const dm_op* o) {
+_DM_PRIVATE dm_status _dm_busy_named(dm_collective* c, const char* what) {
     _DM_LOG(&c->logger, DM_LOG_ERROR, "%s on rank %d: the collective is in use by another thread (%s); "
-            "a collective belongs to one thread at a time", _dm_op_name(o->kind), c->rank,
+            "a collective belongs to one thread at a time", what, c->rank,
             __atomic_load_n(&c->async, __ATOMIC_ACQUIRE) ? "it has requests in flight" : "a call is running");
     return DM_ERR_BUSY;
+}
+_DM_PRIVATE dm_status _dm_busy(dm_collective* c, const dm_op* o) { return _dm_busy_named(c, _dm_op_name(o->kind)); }
+/* Requests in flight that another thread issued (progress-thread or stream ones). Caller holds mu. */
+_DM_PRIVATE bool _dm_async_foreign(const _dm_async* a) {
+    return (a->inflight > 0 || a->streams > 0) && !pthread_equal(a->owner, pthread_self());
 }
 
 /* A request holding a copy of o; all_to_all_v's arrays are copied too (the caller may reuse
@@ -3694,21 +3752,45 @@ _DM_PRIVATE dm_status _dm_async_enqueue(dm_collective* c, _dm_async* a, dm_reque
     return DM_OK;
 }
 
+_DM_PRIVATE bool _dm_take_now(dm_collective* c) {
+    int idle = 0;
+    return __atomic_compare_exchange_n(&c->busy, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+/* Takes c for this thread (c->busy) by the deadline, or DM_ERR_BUSY naming the call. interrupt
+   (dm_shrink with DM_SHRINK_ABORT): while another thread holds c, its operation is interrupted
+   again at every try, so one that began after _dm_abort_in_flight looked ends too. */
+_DM_PRIVATE dm_status _dm_take(dm_collective* c, const char* name, int64_t deadline, bool interrupt) {
+    while (!_dm_take_now(c)) {
+        if (_dm_now_ms() >= deadline)
+            return _DM_FAIL(c, DM_ERR_BUSY, "%s: the collective is in use by another thread", name);
+        if (interrupt && _DM_VT_HAS(c->vt, interrupt)) c->vt->interrupt(c);
+        usleep(1000);
+    }
+    return DM_OK;
+}
+
 /* Waits for r (block) or looks (done), then frees it and hands its message to the issuing
-   thread's last_error. */
+   thread's last_error. A stream request's finish runs with c taken (c->busy), like a blocking
+   call: it polls the backend's communicator, which nothing else may use meanwhile, and a
+   dm_shrink(DM_SHRINK_ABORT) on another thread interrupts it (>>public calls). dm_wait waits
+   for c (a shrink holding it) by the deadline; dm_test looks again later. */
 _DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) {
     dm_collective* c = r->c;
     _dm_async* a = c->async;
     bool mine;
     dm_status st;
     if (r->token) {             /* a backend stream request: finish writes last_error on failure */
+        if (!block && !_dm_take_now(c)) { *done = false; return DM_OK; }
+        if (block) _DM_TRY(_dm_take(c, "wait", _dm_deadline(c->timeout_ms), false));
         st = c->vt->finish(c, r->token, block, done);
-        if (!*done) return DM_OK;
+        if (!*done) { __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE); return DM_OK; }
         if (r->tr_queued) _dm_trace_stream_end(c, &r->op, r->tr_index, r->tr_queued, st);
         if (st == DM_OK) c->last_error[0] = 0;
         pthread_mutex_lock(&a->mu);
         _dm_async_unlink(a, r);
+        a->streams--;
         pthread_mutex_unlock(&a->mu);
+        __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
         _dm_request_free(r);
         return st;
     }
@@ -3745,8 +3827,7 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
     if (!a) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", _dm_op_name(o->kind));
     _DM_TRY(_dm_check_aborted(c, o));
     pthread_mutex_lock(&a->mu);
-    if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE) ||
-        (a->inflight > 0 && !pthread_equal(a->owner, pthread_self()))) {
+    if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE) || _dm_async_foreign(a)) {
         pthread_mutex_unlock(&a->mu);
         return _dm_busy(c, o);
     }
@@ -3754,11 +3835,19 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
     if (!r) { pthread_mutex_unlock(&a->mu); return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", _dm_op_name(o->kind)); }
     if (_DM_VT_HAS(c->vt, start) && _DM_VT_HAS(c->vt, finish) && a->inflight == 0) {
         uint64_t seq = __atomic_load_n(&c->seq, __ATOMIC_RELAXED);
+        /* start runs with c taken, not under mu: it may wait (host staging, under the deadline),
+           and a dm_shrink(DM_SHRINK_ABORT) on another thread must be able to interrupt it */
+        if (!_dm_take_now(c)) { pthread_mutex_unlock(&a->mu); _dm_request_free(r); return _dm_busy(c, o); }
+        pthread_mutex_unlock(&a->mu);
         _dm_op_begin(c, o);
         st = c->vt->start(c, &r->op, &r->token);
+        pthread_mutex_lock(&a->mu);
         if (st == DM_OK) {
             _dm_async_track(a, r);
+            a->streams++;
+            a->owner = pthread_self();
             pthread_mutex_unlock(&a->mu);
+            __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
             if (__atomic_load_n(&c->trace, __ATOMIC_RELAXED))
                 r->tr_index = _dm_trace_stream_start(c, &r->op, r->tr_queued = _dm_trace_now());
             *out = r;
@@ -3767,6 +3856,7 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
         r->token = NULL;
         __atomic_store_n(&c->seq, seq, __ATOMIC_RELAXED);   /* not started: the run below counts it */
         pthread_mutex_unlock(&a->mu);
+        __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
         if (st != DM_ERR_UNSUPPORTED) { _dm_request_free(r); return st; }
         st = _dm_submit(c, o);  /* counts the sequence number itself */
         pthread_mutex_lock(&a->mu);
@@ -3799,6 +3889,11 @@ _DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o) {
         return _dm_busy(c, o);
     if (a) {
         pthread_mutex_lock(&a->mu);
+        if (a->streams > 0 && !pthread_equal(a->owner, pthread_self())) {
+            pthread_mutex_unlock(&a->mu);
+            __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+            return _dm_busy(c, o);
+        }
         if (a->inflight > 0) {
             dm_request* r = NULL;
             bool done = false;
@@ -4195,9 +4290,11 @@ DM_API_IMPL dm_status dm_split(dm_collective* c, int color, int key, dm_collecti
 }
 
 /* DM_SHRINK_ABORT's first step: requests not started yet complete with DM_ERR_ABORTED, the
-   running one is interrupted (where the backend can) and finishes with its error. A blocking
-   call on another thread is interrupted too. Returns once nothing runs (each operation ends by
-   its own deadline at the latest). */
+   running one is interrupted (where the backend can) and finishes with its error. A call on
+   another thread that holds c (a blocking call, dm_synchronize, dm_wait on a stream request)
+   is interrupted too, and dm_shrink's _dm_take waits for it to let go. Returns once the queue
+   is empty (each operation ends by its own deadline at the latest). Stream requests not being
+   waited for stay: the backend's shrink settles them. */
 _DM_PRIVATE void _dm_abort_in_flight(dm_collective* c) {
     _dm_async* a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
     bool can = _DM_VT_HAS(c->vt, interrupt);
@@ -4233,17 +4330,6 @@ DM_API_IMPL dm_status dm_abort(dm_collective* c, const char* reason) {
     return DM_OK;
 }
 
-/* Takes c for this thread (c->busy), or DM_ERR_BUSY naming the call. */
-_DM_PRIVATE dm_status _dm_take(dm_collective* c, const char* name, int64_t deadline) {
-    int idle = 0;
-    while (!__atomic_compare_exchange_n(&c->busy, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-        if (_dm_now_ms() >= deadline)
-            return _DM_FAIL(c, DM_ERR_BUSY, "%s: the collective is in use by another thread", name);
-        idle = 0;
-        usleep(1000);
-    }
-    return DM_OK;
-}
 DM_API_IMPL dm_status dm_shrink(dm_collective* c, const int* exclude, int n_exclude, int flags, dm_collective** out) {
     _dm_async* a;
     bool* gone;
@@ -4256,6 +4342,9 @@ DM_API_IMPL dm_status dm_shrink(dm_collective* c, const int* exclude, int n_excl
         return _DM_FAIL(c, DM_ERR_INVALID_ARG, "shrink: flags %d is neither DM_SHRINK_DEFAULT nor DM_SHRINK_ABORT", flags);
     if (n_exclude < 0 || (n_exclude > 0 && !exclude))
         return _DM_FAIL(c, DM_ERR_INVALID_ARG, "shrink: %d excluded ranks at %p", n_exclude, (const void*)exclude);
+    if (n_exclude == 0 && c->shrink_needs_exclude)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "shrink: the %s backend cannot find dead ranks itself: name the "
+                        "excluded ranks (n_exclude is 0; the collective is untouched)", c->vt->name);
     for (i = 0; i < n_exclude; i++) {
         if (exclude[i] < 0 || exclude[i] >= c->size)
             return _DM_FAIL(c, DM_ERR_INVALID_ARG, "shrink: excluded rank %d is not a rank of this %d-rank collective",
@@ -4271,13 +4360,13 @@ DM_API_IMPL dm_status dm_shrink(dm_collective* c, const int* exclude, int n_excl
     } else if (a) {
         int inflight;
         pthread_mutex_lock(&a->mu);
-        inflight = a->inflight;
+        inflight = a->inflight + a->streams;
         pthread_mutex_unlock(&a->mu);
         if (inflight > 0)
             return _DM_FAIL(c, DM_ERR_BUSY, "shrink: %d requests in flight (wait for them, or use "
                             "DM_SHRINK_ABORT)", inflight);
     }
-    _DM_TRY(_dm_take(c, "shrink", _dm_deadline(c->timeout_ms)));
+    _DM_TRY(_dm_take(c, "shrink", _dm_deadline(c->timeout_ms), flags == DM_SHRINK_ABORT));
     gone = (bool*)_dm_calloc(&c->allocator, sizeof(bool) * (size_t)c->size);
     if (!gone) {
         __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
@@ -4310,7 +4399,7 @@ DM_API_IMPL dm_status dm_grow(dm_collective* c, int n_new, dm_collective** out) 
         pthread_mutex_unlock(&a->mu);
         if (inflight > 0) return _DM_FAIL(c, DM_ERR_BUSY, "grow: %d requests in flight (wait for them first)", inflight);
     }
-    _DM_TRY(_dm_take(c, "grow", _dm_deadline(c->timeout_ms)));
+    _DM_TRY(_dm_take(c, "grow", _dm_deadline(c->timeout_ms), false));
     _dm_begin(c, "grow");       /* a collective call: counts in dm_sequence, clears the error */
     st = c->vt->grow(c, n_new, out);
     if (st == DM_OK && *out && c->trace) _dm_trace_adopt(c, *out, "grow", -1);
@@ -4326,10 +4415,26 @@ DM_API_IMPL void dm_blob_list_free(dm_collective* c, dm_blob_list* list) {
     list->count = 0;
 }
 
+/* Like a blocking call, it takes c (the backend polls its communicator; a dm_shrink with
+   DM_SHRINK_ABORT on another thread interrupts it): DM_ERR_BUSY while another thread uses c or
+   has requests in flight on it. */
 DM_API_IMPL dm_status dm_synchronize(dm_collective* c) {
+    _dm_async* a;
+    bool foreign = false;
+    dm_status st;
     if (!c) return DM_ERR_INVALID_ARG;
     if (!_DM_VT_HAS(c->vt, synchronize)) return DM_OK;
-    return c->vt->synchronize(c);
+    if (_dm_tls_running.c == c) return c->vt->synchronize(c);     /* inside a running operation */
+    if (!_dm_take_now(c)) return _dm_busy_named(c, "synchronize");
+    a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    if (a) {
+        pthread_mutex_lock(&a->mu);
+        foreign = _dm_async_foreign(a);
+        pthread_mutex_unlock(&a->mu);
+    }
+    st = foreign ? _dm_busy_named(c, "synchronize") : c->vt->synchronize(c);
+    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    return st;
 }
 
 /* >>destroy and accessors */

@@ -11,9 +11,16 @@
    unless the desc names one, set with cudaSetDevice before init). The ncclUniqueId travels
    through the distmesh store (rank 0 publishes "<prefix>nccl_unique_id", the others wait for it)
    or is handed in by the caller (desc.unique_id, e.g. after MPI_Bcast). Communicators are
-   non-blocking (ncclConfig_t.blocking = 0): init, split and every wait poll
+   non-blocking (ncclConfig_t.blocking = 0): init, split, shrink and every wait poll
    ncclCommGetAsyncError against the deadline, and on expiry the communicator is aborted
-   (ncclCommAbort) and DM_ERR_TIMEOUT returned -- nothing hangs.
+   (ncclCommAbort) and DM_ERR_TIMEOUT returned. What distmesh waits for has the deadline;
+   ncclCommAbort and ncclCommDestroy themselves have none in NCCL (they join NCCL's threads and
+   wait for the device), so a call that ends in one can outlast it. With NCCL_COMM_BLOCKING=1 in
+   the environment NCCL makes the communicators blocking whatever the config says, and no
+   deadline reaches into NCCL's calls.
+   dm_local_rank, dm_local_world_size and dm_local come from the members' host identities (host
+   name and boot id, or DISTMESH_TEST_HOST_ID), gathered at create and split (>>nccl hosts),
+   as on the TCP backend; at create the launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win.
 
    STREAM SEMANTICS
    Collectives enqueue on the object's CUDA stream (owned, or desc.stream) and return; the data
@@ -22,7 +29,9 @@
 
    BUFFERS
    all_reduce, reduce_scatter and the calls below take device (or managed) memory only: a host
-   pointer is DM_ERR_INVALID_ARG with a message (checked with cudaPointerGetAttributes).
+   pointer, or device memory of another GPU than the communicator's (NCCL's kernels would fault
+   on it: a sticky illegal address), is DM_ERR_INVALID_ARG with a message, before anything is
+   queued (checked with cudaPointerGetAttributes).
    all_gather, all_gather_to_list and broadcast also accept host buffers, staged through a
    stream-ordered device buffer and synchronized (every copy from or to the host waits for the
    stream with the deadline first), so the core's object collectives, dm_local and
@@ -76,11 +85,27 @@
    failure. Host-staged all_gather / broadcast / all_gather_to_list complete before their _async
    call returns. Object collectives and split are left to the core (start answers
    DM_ERR_UNSUPPORTED for them).
+   At world >= 2 every collective, ncclSend / ncclRecv and group of a non-blocking communicator
+   returns ncclInProgress (NCCL 2.27, 2.28: a group thread launches the work) and distmesh polls
+   ncclCommGetAsyncError until it is accepted; at world 1 NCCL runs a collective at once.
+
+   THREADS
+   A collective belongs to one thread at a time (distmesh.h's rule): its blocking calls, its
+   _async calls, dm_wait / dm_test on its requests and dm_synchronize all take it, and another
+   thread's call gets DM_ERR_BUSY (with requests in flight, from any thread but the issuer's).
+   So no two NCCL calls on one communicator ever overlap. The one call made from another thread
+   is dm_shrink(DM_SHRINK_ABORT), a watchdog's: it sets the interrupt flag, whatever holds the
+   collective ends at its next poll with DM_ERR_ABORTED, and only then does the shrink run.
 
    SHRINK
    dm_shrink uses ncclCommShrink (NCCL 2.27+) while the communicator is alive, else aborts it
-   and re-initialises the survivors through desc.store (>>nccl shrink). NCCL has no agreement:
-   every survivor must pass the same excluded ranks.
+   and re-initialises the survivors through desc.store (>>nccl shrink). NCCL has no agreement
+   and cannot find dead ranks itself: every survivor must pass the same excluded ranks, and
+   n_exclude 0 is DM_ERR_INVALID_ARG with the collective untouched (ncclCommShrink refuses an
+   empty list). After NCCL_SHRINK_DEFAULT the old communicator is destroyed, not aborted: a
+   child made with NCCL_COMM_SHRINK_SHARE_RESOURCES=1 shares its abort flag. With
+   NCCL_COMM_SPLIT_SHARE_RESOURCES=1 a split child and its parent share one abort flag (the
+   variable overrides the config): a failure that aborts either stops the other's kernels.
 
    One create per store prefix: a second dm_nccl_create with the same store and prefix would read
    the first one's unique id; use dm_split for sub-groups (ncclCommSplit, no store needed).
@@ -96,7 +121,8 @@
        >>nccl rooted and point-to-point  reduce, gather, scatter, all_to_all, send, recv
        >>nccl slots              the vtable's entries
        >>nccl requests           _async (start; finish on CUDA events), destroy, the vtable
-       >>nccl lifetime           a communicator's object, split
+       >>nccl lifetime           a communicator's object, the config, NCCL's jobs, split
+       >>nccl hosts              local rank and size from host identities
        >>nccl shrink             dm_shrink, interrupt; the unique id, dm_nccl_create, devices
 
    PRIVATE NAMES  _dm_nccl_ / _DM_NCCL_ for everything of this backend; the rest is the core's
@@ -119,7 +145,8 @@ enum { DM_NCCL_UNIQUE_ID_BYTES = 128 };   /* sizeof(ncclUniqueId) */
 typedef struct dm_nccl_desc {
     int rank;                   /* with world_size 0: from dm_env_detect; else required */
     int world_size;             /* 0 -> rank, world and local rank from dm_env_detect */
-    int local_rank;             /* with world_size given: this process's rank on its node */
+    int local_rank;             /* with world_size given: this process's rank on its node, which
+                                   picks the device (dm_local_rank comes from host identities) */
     int cuda_device;            /* 0 -> local_rank % device count; d + 1 -> CUDA device d */
     struct dm_store* store;     /* borrowed: where the unique id travels; 0 -> store_url. Also
                                    dm_shrink's fallback rendezvous: keep it alive as long as the
@@ -180,6 +207,10 @@ typedef struct _dm_nccl {
     struct dm_store* store;     /* borrowed from the desc: the fallback shrink's rendezvous, or 0 */
     char prefix[128];           /* the desc's key prefix in that store */
     unsigned shrinks;           /* shrinks since create: the fallback's key generation */
+    int* host_of;               /* per rank: the lowest rank on its host (>>nccl hosts) */
+    void* deferred[4];          /* cudaMalloc'd scratch freed once the parked communicator is
+                                   aborted (>>nccl temporaries) */
+    int n_deferred;
 } _dm_nccl;
 
 /* One started request: the event recorded on the stream right after its operation. */
@@ -239,11 +270,34 @@ static void _dm_nccl_settle(_dm_nccl* n, dm_status st) {
     _dm_copy_name(n->cause, sizeof(n->cause), _dm_errbuf(&n->base));
     n->broken = st;
 }
+/* Ends the communicator with ncclCommAbort: its kernels stop (a parked one's too) and a
+   background job of NCCL's on it (init, split, shrink) is joined -- ncclCommAbort runs
+   ncclCommEnsureReady with the abort flag set, which joins the communicator's group job. The
+   scratch whose cudaFree had to wait for that (>>nccl temporaries) is released after. */
+static void _dm_nccl_drop(_dm_nccl* n) {
+    int i;
+    if (n->comm) ncclCommAbort(n->comm);
+    n->comm = NULL;
+    n->parked = false;
+    for (i = 0; i < n->n_deferred; i++)
+        if (cudaFree(n->deferred[i]) != cudaSuccess) cudaGetLastError();
+    n->n_deferred = 0;
+}
 static void _dm_nccl_abort(_dm_nccl* n, dm_status st) {
     if (n->broken != DM_OK) return;
     _dm_nccl_settle(n, st);
-    if (n->comm) ncclCommAbort(n->comm);
-    n->comm = NULL;
+    _dm_nccl_drop(n);
+}
+/* ncclCommDestroy for a communicator nothing is known to be wrong with, else ncclCommAbort. A
+   destroy that fails (NCCL 2.27, 2.28: ncclCommEnsureReady finds an asynchronous error, or work
+   in progress) returns between its ncclGroupStartInternal and the matching end, without
+   freeing anything: ncclGroupEnd closes the group it left open (or every later NCCL call of
+   this thread would join it), then ncclCommAbort frees the communicator. Destroy, not abort,
+   where a child may share the communicator's abort flag (>>nccl lifetime). */
+static void _dm_nccl_destroy_comm(ncclComm_t comm) {
+    if (ncclCommDestroy(comm) == ncclSuccess) return;
+    (void)ncclGroupEnd();
+    ncclCommAbort(comm);
 }
 static dm_status _dm_nccl_broke_at(_dm_nccl* n, ncclResult_t r, const char* what, uint64_t seq) {
     dm_status st = _dm_nccl_fail_on(n, n->comm, r, what, seq);
@@ -426,13 +480,41 @@ static dm_status _dm_nccl_types(_dm_nccl* n, const char* what, dm_dtype t, ncclD
     return DM_OK;
 }
 
-/* Memory NCCL can read: device or managed; NULL passes (it only comes with count 0). */
-static bool _dm_nccl_is_device(const void* p) { return !p || _dm_cuda_is_device(p); }
+/* Where a buffer lives: host memory (or memory CUDA does not know), memory NCCL's kernels on
+   this communicator's GPU can read (its device memory, or managed memory, which every GPU
+   reads; NULL too, which only comes with count 0), or another GPU's device memory. NCCL does not
+   check pointers (unless NCCL_CHECK_POINTERS=1): its kernels would fault on the last kind, a
+   sticky illegal address that loses the context. */
+enum { _DM_NCCL_HOST, _DM_NCCL_HERE, _DM_NCCL_OTHER_GPU };
+static int _dm_nccl_where(const _dm_nccl* n, const void* p, int* device) {
+    struct cudaPointerAttributes attr;
+    *device = -1;
+    if (!p) return _DM_NCCL_HERE;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+        cudaGetLastError();                 /* clear what an unknown pointer leaves */
+        return _DM_NCCL_HOST;
+    }
+    if (attr.type == cudaMemoryTypeManaged) return _DM_NCCL_HERE;
+    if (attr.type != cudaMemoryTypeDevice) return _DM_NCCL_HOST;
+    *device = attr.device;
+    return attr.device == n->device ? _DM_NCCL_HERE : _DM_NCCL_OTHER_GPU;
+}
+/* DM_OK for memory of this GPU, and for host memory where host_ok (*host says which, if asked);
+   else DM_ERR_INVALID_ARG with a message, before anything is queued. */
+static dm_status _dm_nccl_buffer(_dm_nccl* n, const char* what, const void* p, bool host_ok, bool* host) {
+    int device;
+    int w = _dm_nccl_where(n, p, &device);
+    if (host) *host = w == _DM_NCCL_HOST;
+    if (w == _DM_NCCL_HERE || (w == _DM_NCCL_HOST && host_ok)) return DM_OK;
+    if (w == _DM_NCCL_HOST)
+        return _DM_FAIL(&n->base, DM_ERR_INVALID_ARG,
+                        "nccl: %s: buffer %p is host memory; NCCL needs device (or managed) memory", what, p);
+    return _DM_FAIL(&n->base, DM_ERR_INVALID_ARG, "nccl: %s: buffer %p is device memory of GPU %d; this "
+                    "communicator runs on GPU %d, whose kernels cannot read it", what, p, device, n->device);
+}
 static dm_status _dm_nccl_need_device(_dm_nccl* n, const char* what, const void* a, const void* b) {
-    if (_dm_nccl_is_device(a) && _dm_nccl_is_device(b)) return DM_OK;
-    return _DM_FAIL(&n->base, DM_ERR_INVALID_ARG,
-                    "nccl: %s: buffer %p is host memory; NCCL needs device (or managed) memory",
-                    what, _dm_nccl_is_device(a) ? b : a);
+    _DM_TRY(_dm_nccl_buffer(n, what, a, false, NULL));
+    return _dm_nccl_buffer(n, what, b, false, NULL);
 }
 
 
@@ -441,7 +523,9 @@ static dm_status _dm_nccl_need_device(_dm_nccl* n, const char* what, const void*
    after the work that uses it), so nothing waits for the whole device -- cudaFree does, and
    would hang behind another communicator's kernels waiting on a dead peer. A device without
    memory pools gets cudaMalloc, and the call then waits for its stream (with the deadline)
-   before cudaFree. */
+   before cudaFree. A parked communicator (interrupted, kept for NCCL_SHRINK_ABORT) may have
+   kernels waiting on a dead peer that only its shrink or abort stops: its scratch is kept in
+   deferred and freed after the abort (_dm_nccl_drop). */
 static dm_status _dm_nccl_tmp_alloc(_dm_nccl* n, size_t bytes, void** p, const char* what) {
     cudaError_t e;
     *p = NULL;
@@ -465,6 +549,11 @@ static dm_status _dm_nccl_tmp_free(_dm_nccl* n, void* p, dm_status st, const cha
     else
 #endif
     {
+        if (n->parked && n->n_deferred < (int)(sizeof(n->deferred) / sizeof(n->deferred[0]))) {
+            n->deferred[n->n_deferred++] = p;
+            return st;
+        }
+        if (n->parked) _dm_nccl_drop(n);    /* no room left: stop its kernels first */
         if (n->comm) w = _dm_nccl_wait(n, what, true);
         e = cudaFree(p);
     }
@@ -513,12 +602,14 @@ static dm_status _dm_nccl_all_gather_on(_dm_nccl* n, const void* send, void* rec
                                         dm_dtype dtype) {
     ncclDataType_t nt;
     size_t block = count * dm_dtype_size(dtype), total = block * (size_t)n->base.size;
-    bool host_send = !_dm_nccl_is_device(send), host_recv = !_dm_nccl_is_device(recv);
+    bool host_send, host_recv;
     unsigned char* own;
     void* tmp = NULL;
     dm_status st;
     _DM_TRY(_dm_nccl_usable(n, "all_gather"));
     _DM_TRY(_dm_nccl_types(n, "all_gather", dtype, &nt, 0, DM_SUM, NULL));
+    _DM_TRY(_dm_nccl_buffer(n, "all_gather", send, true, &host_send));
+    _DM_TRY(_dm_nccl_buffer(n, "all_gather", recv, true, &host_recv));
     if (!host_send && !host_recv)
         return _dm_nccl_enqueued(n, ncclAllGather(send, recv, count, nt, n->comm, n->stream), "all_gather");
     /* One device block of world x count, our block copied to its slot first. */
@@ -537,9 +628,11 @@ static dm_status _dm_nccl_broadcast_on(_dm_nccl* n, void* buf, size_t count, dm_
     size_t bytes = count * dm_dtype_size(dtype);
     void* tmp = NULL;
     dm_status st = DM_OK;
+    bool host;
     _DM_TRY(_dm_nccl_usable(n, "broadcast"));
     _DM_TRY(_dm_nccl_types(n, "broadcast", dtype, &nt, 0, DM_SUM, NULL));
-    if (_dm_nccl_is_device(buf))
+    _DM_TRY(_dm_nccl_buffer(n, "broadcast", buf, true, &host));
+    if (!host)
         return _dm_nccl_enqueued(n, ncclBroadcast(buf, buf, count, nt, root, n->comm, n->stream), "broadcast");
     _DM_TRY(_dm_nccl_tmp_alloc(n, bytes, &tmp, "broadcast (host staging)"));
     if (n->base.rank == root) st = _dm_nccl_copy(n, tmp, buf, bytes, true, "broadcast (host staging)");
@@ -662,8 +755,7 @@ static dm_status _dm_nccl_exchange(_dm_nccl* n, const char* what, const void* se
         if (r && _dm_nccl_off(ro, j, count) + r > recv_end) recv_end = _dm_nccl_off(ro, j, count) + r;
     }
     if (!send || send == recv) {
-        if (send_end && !_dm_nccl_is_device(recv))
-            return _dm_nccl_need_device(n, what, recv, NULL);
+        if (send_end) _DM_TRY(_dm_nccl_need_device(n, what, recv, NULL));
         if (send_end) {
             _DM_TRY(_dm_nccl_tmp_alloc(n, send_end * es, &tmp, what));
             st = _dm_nccl_copy(n, tmp, recv, send_end * es, false, what);
@@ -672,8 +764,8 @@ static dm_status _dm_nccl_exchange(_dm_nccl* n, const char* what, const void* se
         src = (const unsigned char*)tmp;
     }
     st = DM_OK;
-    if (send_end && !_dm_nccl_is_device(src)) st = _dm_nccl_need_device(n, what, src, NULL);
-    if (st == DM_OK && recv_end && !_dm_nccl_is_device(dst)) st = _dm_nccl_need_device(n, what, dst, NULL);
+    if (send_end) st = _dm_nccl_need_device(n, what, src, NULL);
+    if (st == DM_OK && recv_end) st = _dm_nccl_need_device(n, what, dst, NULL);
     if (st == DM_OK)
         st = _dm_nccl_copy(n, dst + _dm_nccl_off(ro, me, count) * es, src + _dm_nccl_off(so, me, count) * es,
                            _dm_nccl_cnt(sc, me, count) * es, false, what);
@@ -712,13 +804,16 @@ static dm_status _dm_nccl_recv_on(_dm_nccl* n, void* buf, size_t count, dm_dtype
 static dm_status _dm_nccl_all_gather_to_list_on(_dm_nccl* n, const void* send, void* const* recvs,
                                                 size_t count, dm_dtype dtype) {
     size_t bytes = count * dm_dtype_size(dtype), total = bytes * (size_t)n->base.size;
-    bool host_send = !_dm_nccl_is_device(send), host = host_send;
+    bool host_send, host, host_recv;
     unsigned char* block;
     void* tmp = NULL;
     dm_status st = DM_OK;
     int r;
     _DM_TRY(_dm_nccl_usable(n, "all_gather_to_list"));
     if (!bytes) return DM_OK;   /* every rank skips it alike */
+    _DM_TRY(_dm_nccl_buffer(n, "all_gather_to_list", send, true, &host_send));
+    for (r = 0; r < n->base.size; r++) _DM_TRY(_dm_nccl_buffer(n, "all_gather_to_list", recvs[r], true, &host_recv));
+    host = host_send;
     _DM_TRY(_dm_nccl_tmp_alloc(n, total, &tmp, "all_gather_to_list"));
     block = (unsigned char*)tmp;
     if (host_send) {            /* into our slot of the block first */
@@ -730,7 +825,7 @@ static dm_status _dm_nccl_all_gather_to_list_on(_dm_nccl* n, const void* send, v
         st = _dm_nccl_enqueued(n, ncclAllGather(send, block, bytes, ncclUint8, n->comm, n->stream),
                                "all_gather_to_list");
     for (r = 0; r < n->base.size && st == DM_OK; r++) {
-        bool host_recv = !_dm_nccl_is_device(recvs[r]);
+        (void)_dm_nccl_buffer(n, "all_gather_to_list", recvs[r], true, &host_recv);   /* checked above */
         host = host || host_recv;
         st = _dm_nccl_copy(n, recvs[r], block + (size_t)r * bytes, bytes, host_recv,
                            "all_gather_to_list: copying a block out");
@@ -1009,12 +1104,13 @@ static void _dm_nccl_destroy(dm_collective* c) {
     dm_allocator a = c->allocator;
     int prev = -1, device = n->device;
     /* Let queued work finish (within the deadline) before the communicator goes; a wait that
-       fails aborts it, as does a failed switch to its device. */
+       fails aborts it, as does a failed switch to its device. A parked one is aborted. */
     bool on_device = _dm_nccl_switch(n, "destroy", &prev) == DM_OK;
-    if (n->comm && n->broken != DM_OK) ncclCommAbort(n->comm);   /* parked by an interrupt */
-    else if (n->comm && on_device && _dm_nccl_wait(n, "destroy", true) == DM_OK) ncclCommDestroy(n->comm);
-    else if (n->comm) ncclCommAbort(n->comm);     /* not reached: both failures abort */
-    n->comm = NULL;
+    if (n->comm && n->broken == DM_OK && on_device && _dm_nccl_wait(n, "destroy", n->stream != NULL) == DM_OK) {
+        _dm_nccl_destroy_comm(n->comm);
+        n->comm = NULL;
+    }
+    _dm_nccl_drop(n);
     while (n->live) {           /* requests the core did not finish (it finishes them first) */
         _dm_nccl_token* t = n->live;
         n->live = t->next;
@@ -1038,6 +1134,7 @@ static void _dm_nccl_destroy(dm_collective* c) {
     }
     if (n->owns_stream && n->stream) cudaStreamDestroy(n->stream);
     cudaGetLastError();
+    _dm_free(&a, n->host_of);
     _dm_free(&a, n);
     if (prev >= 0 && prev != device && cudaSetDevice(prev) != cudaSuccess) cudaGetLastError();
 }
@@ -1074,17 +1171,35 @@ static const dm_collective_vtable _dm_nccl_vtable = {
     _dm_nccl_interrupt,              /* interrupt: a flag the running wait polls */
 };
 
-/* >>nccl lifetime */
+/* >>nccl lifetime  A communicator's object; the config, NCCL's background jobs, split. */
 static _dm_nccl* _dm_nccl_new(const dm_allocator* a, const dm_logger* lg, int rank, int size,
                               int timeout_ms, int device, cudaStream_t stream) {
     _dm_nccl* n = (_dm_nccl*)_dm_calloc(a, sizeof(_dm_nccl));
     if (!n) return NULL;
     _dm_collective_init(&n->base, &_dm_nccl_vtable, rank, size, timeout_ms, lg, a);
+    n->base.shrink_needs_exclude = true;    /* >>nccl shrink: NCCL cannot find the dead itself */
     n->device = device;
     n->base.device.type = DM_DEVICE_CUDA;
     n->base.device.index = device;
     n->stream = stream;
     return n;
+}
+/* The config of every communicator distmesh makes. Non-blocking: init, split and shrink return
+   at once and their work runs as NCCL's background job, which distmesh polls under the
+   deadline. No resources shared with the parent: a child that shares them shares the parent's
+   abort flag (init.cc ncclCommInitChildComm), so aborting either stops the other's kernels. 0 is
+   NCCL's default already, but NCCL_COMM_SPLIT_SHARE_RESOURCES / NCCL_COMM_SHRINK_SHARE_RESOURCES
+   override the config (init.cc envConfigOverride): so a healthy parent is never aborted once a
+   shrink made its child, it is destroyed (>>nccl shrink). With the split variable set, a split
+   child and its parent stop together when a failure aborts either (NCCL's design). */
+static void _dm_nccl_config(ncclConfig_t* config) {
+    config->blocking = 0;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+    config->splitShare = 0;
+#endif
+#if _DM_NCCL_HAS_SHRINK
+    config->shrinkShare = 0;
+#endif
 }
 /* Stream and scratch for a new object (on its device); the communicator comes after. */
 static dm_status _dm_nccl_resources(_dm_nccl* n) {
@@ -1113,9 +1228,37 @@ static dm_status _dm_nccl_resources(_dm_nccl* n) {
     return e == cudaSuccess ? DM_OK : _dm_nccl_cuda_fail(&n->base, e, "clearing scratch");
 }
 
-/* A new communicator (a split's child, a shrink's) finishes its own initialisation under the
-   deadline. On a failure or at the deadline it is aborted, after NCCL's error text has been
-   read (the abort discards it); the parent is not touched. */
+/* NCCL's background job on the parent. ncclCommSplit and ncclCommShrink (2.27, 2.28:
+   ncclCommInitChildComm) set *newcomm to NULL, launch the child's initialisation as a job of
+   the parent and return ncclSuccess; the parent answers ncclInProgress until the job is over,
+   and the job stores the child into *newcomm when it ends, whether it succeeded or not (a
+   failed child also leaves its error on the parent). This polls the parent until then. On an
+   error, the deadline or an interrupt it returns the failure (recorded), and the caller must
+   abort the parent first -- ncclCommAbort joins the job -- and only then look at *newcomm, which
+   it aborts too: returning while the job runs would leak the child and let NCCL write into a
+   stack frame that is gone. A parked parent (an interrupted wait) is polled the same way. */
+static dm_status _dm_nccl_job_wait(_dm_nccl* n, const char* what) {
+    int64_t deadline = _dm_deadline(n->base.timeout_ms);
+    unsigned long long seq = (unsigned long long)n->base.seq;
+    for (;;) {
+        ncclResult_t r = _dm_nccl_async_error(n->comm);
+        if (r == ncclSuccess) return DM_OK;
+        if (r != ncclInProgress) return _dm_nccl_fail_on(n, n->comm, r, what, n->base.seq);
+        if (__atomic_load_n(&n->interrupt, __ATOMIC_ACQUIRE))
+            return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted by "
+                            "dm_shrink(DM_SHRINK_ABORT); the communicator was aborted", what, seq);
+        if (_dm_now_ms() >= deadline)
+            return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the "
+                            "communicator was aborted", what, seq, n->base.timeout_ms);
+        sched_yield();
+    }
+}
+
+/* A new communicator finishes its own initialisation under the deadline: an init's (the
+   fallback shrink's ncclCommInitRankConfig runs as a job of the new communicator itself), and
+   a split's or shrink's child, ready once its parent's job is over on 2.27+. On a failure or
+   at the deadline it is aborted, after NCCL's error text has been read (the abort discards
+   it); the parent is not touched. */
 static dm_status _dm_nccl_child_ready(_dm_nccl* n, ncclComm_t child, const char* what) {
     int64_t deadline = _dm_deadline(n->base.timeout_ms);
     ncclResult_t r;
@@ -1134,16 +1277,20 @@ static dm_status _dm_nccl_child_ready(_dm_nccl* n, ncclComm_t child, const char*
     return st;
 }
 
+static dm_status _dm_nccl_hosts(_dm_nccl* n);
+static dm_status _dm_nccl_hosts_of_members(_dm_nccl* m, const _dm_nccl* n, const int* members);
+
 /* A new object around comm (ready), rank of size, on n's device, with n's timeout, logger,
    allocator and node name; stream 0 -> an owned one. On failure comm is released and n's last
-   error says why. */
+   error says why: destroyed, not aborted, while nothing is wrong with it (it may share n's
+   abort flag, >>nccl lifetime). */
 static dm_status _dm_nccl_adopt(_dm_nccl* n, ncclComm_t comm, int rank, int size, cudaStream_t stream,
                                 const char* what, dm_collective** out) {
     dm_collective* c = &n->base;
     dm_status st;
     _dm_nccl* m = _dm_nccl_new(&c->allocator, &c->logger, rank, size, c->timeout_ms, n->device, stream);
     if (!m) {
-        ncclCommAbort(comm);
+        _dm_nccl_destroy_comm(comm);
         return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "nccl: %s: out of memory", what);
     }
     m->comm = comm;
@@ -1158,8 +1305,9 @@ static dm_status _dm_nccl_adopt(_dm_nccl* n, ncclComm_t comm, int rank, int size
     return DM_OK;
 }
 
-/* NCCL writes *newcomm even when ncclCommSplit fails: a child that exists is aborted on every
-   failure path below, and a failure of the parent's part aborts the parent too. */
+/* Split (see _dm_nccl_job_wait): a failure of the parent's part -- refused at once, or reported
+   by its job -- aborts the parent, then the child the job wrote, if any. The child gathers its
+   members' host identities before it is handed out. */
 static dm_status _dm_nccl_split_on(_dm_nccl* n, int color, int key, dm_collective** out) {
     dm_collective* c = &n->base;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -1168,13 +1316,12 @@ static dm_status _dm_nccl_split_on(_dm_nccl* n, int color, int key, dm_collectiv
     ncclResult_t r;
     dm_status st;
     _DM_TRY(_dm_nccl_usable(n, "split"));
-    config.blocking = 0;
+    _dm_nccl_config(&config);
     r = ncclCommSplit(n->comm, color == DM_SPLIT_NONE ? NCCL_SPLIT_NOCOLOR : color, key, &comm, &config);
-    /* The parent stays "in progress" after a non-blocking split even when the call itself
-       returned ncclSuccess (seen with NCCL_SPLIT_NOCOLOR on 2.28): wait for it either way, or
-       NCCL refuses the next call on the parent. */
-    st = r == ncclSuccess || r == ncclInProgress ? _dm_nccl_wait(n, "split", false) : _dm_nccl_broke(n, r, "split");
+    if (r == ncclSuccess || r == ncclInProgress) st = _dm_nccl_job_wait(n, "split");
+    else st = _dm_nccl_fail_on(n, n->comm, r, "split", c->seq);
     if (st != DM_OK) {
+        _dm_nccl_abort(n, st);          /* joins NCCL's job: comm is final from here on */
         if (comm) ncclCommAbort(comm);
         return st;
     }
@@ -1190,7 +1337,14 @@ static dm_status _dm_nccl_split_on(_dm_nccl* n, int color, int key, dm_collectiv
         ncclCommAbort(comm);
         return st;
     }
-    return _dm_nccl_adopt(n, comm, rank, size, NULL, "split", out);
+    _DM_TRY(_dm_nccl_adopt(n, comm, rank, size, NULL, "split", out));
+    st = _dm_nccl_hosts((_dm_nccl*)*out);
+    if (st != DM_OK) {
+        _dm_copy_name(c->last_error, sizeof(c->last_error), (*out)->last_error);
+        _dm_nccl_destroy((dm_collective*)*out);
+        *out = NULL;
+    }
+    return st;
 }
 static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collective** out) {
     _dm_nccl* n = (_dm_nccl*)c;
@@ -1202,59 +1356,108 @@ static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collect
     return DM_OK;
 }
 
+/* >>nccl hosts  dm_local_rank, dm_local_world_size and dm_local come from the members' host
+   identities (the core's _dm_host_identity: host name and boot id, or DISTMESH_TEST_HOST_ID),
+   as on the TCP backend, never from the group's size or the launcher's LOCAL_WORLD_SIZE. create
+   and split gather them over the new communicator (one host-staged all_gather); a shrink's
+   survivors take theirs from the parent's table (host_of), without communication. The
+   launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win at create, as on TCP. */
+static dm_status _dm_nccl_hosts(_dm_nccl* n) {
+    enum { ID = 96, NAME = sizeof(((dm_collective*)0)->node_name), REC = ID + NAME };
+    int W = n->base.size;
+    unsigned char mine[REC];
+    unsigned char* all = (unsigned char*)_dm_calloc(&n->base.allocator, (size_t)W * REC);
+    int* host_of = (int*)_dm_malloc(&n->base.allocator, sizeof(int) * (size_t)W);
+    dm_status st = DM_OK;
+    int j;
+    if (!all || !host_of) st = _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "nccl: hosts: out of memory");
+    memset(mine, 0, sizeof(mine));
+    _dm_host_identity((char*)mine + ID, NAME, (char*)mine, ID);
+    if (st == DM_OK && W == 1) memcpy(all, mine, REC);
+    else if (st == DM_OK) st = _dm_nccl_all_gather_on(n, mine, all, REC, DM_UINT8);
+    if (st == DM_OK) {
+        for (j = 0; j < W; j++) all[(size_t)j * REC + ID - 1] = 0;
+        _dm_hosts_from_ids(all, REC, W, n->base.rank, host_of, &n->base.local_rank, &n->base.local_size);
+        _dm_copy_name(n->base.node_name, sizeof(n->base.node_name), (const char*)mine + ID);
+        _dm_free(&n->base.allocator, n->host_of);
+        n->host_of = host_of;
+        host_of = NULL;
+    }
+    _dm_free(&n->base.allocator, all);
+    _dm_free(&n->base.allocator, host_of);
+    return st;
+}
+/* m, a shrink's survivor, from its parent n: members[i] is new rank i's rank in n. */
+static dm_status _dm_nccl_hosts_of_members(_dm_nccl* m, const _dm_nccl* n, const int* members) {
+    int W = m->base.size, i, k;
+    m->host_of = (int*)_dm_malloc(&m->base.allocator, sizeof(int) * (size_t)W);
+    if (!m->host_of) return _DM_FAIL(&m->base, DM_ERR_OUT_OF_MEMORY, "nccl: shrink: out of memory");
+    m->base.local_rank = m->base.local_size = 0;
+    for (i = 0; i < W; i++) {
+        int host = n->host_of ? n->host_of[members[i]] : members[i];
+        for (k = 0; (n->host_of ? n->host_of[members[k]] : members[k]) != host; k++) {}
+        m->host_of[i] = k;
+    }
+    for (i = 0; i < W; i++) {
+        if (m->host_of[i] != m->host_of[m->base.rank]) continue;
+        if (i < m->base.rank) m->base.local_rank++;
+        m->base.local_size++;
+    }
+    return DM_OK;
+}
+
 /* >>nccl shrink  The survivors' communicator comes from ncclCommShrink where this NCCL has it
    (2.27+, also checked in the library loaded) and the parent's communicator is still alive:
    NCCL_SHRINK_DEFAULT for a planned removal, NCCL_SHRINK_ABORT after an interrupt or with
-   DM_SHRINK_ABORT. Otherwise -- an older NCCL, or a parent a failure has already aborted (every
-   failure does, >>nccl errors) -- the parent is aborted and the survivors initialise a new
-   communicator with a unique id that the lowest surviving rank publishes in the desc's store
-   under "<prefix>shrink/<k>/nccl_unique_id" (k: the shrink's number since create, the same
-   on every survivor). NCCL has no agreement: gone[] is this rank's list, and every survivor
-   must pass the same one (as ncclCommShrink requires), else NCCL hangs until the deadline or
-   builds different groups. After success the parent's communicator is released and the
-   parent answers DM_ERR_ABORTED. */
+   DM_SHRINK_ABORT. Like a split it runs as NCCL's job on the parent (_dm_nccl_job_wait): the
+   child exists only once the parent's job is over, and a failure aborts the parent (joining
+   the job) before the child the job wrote. Otherwise -- an older NCCL, or a parent a failure
+   has already aborted (every failure does, >>nccl errors) -- the parent is aborted and the
+   survivors initialise a new communicator with a unique id that the lowest surviving rank
+   publishes in the desc's store under "<prefix>shrink/<k>/nccl_unique_id" (k: the shrink's
+   number since create, the same on every survivor). NCCL has no agreement and cannot find dead
+   ranks itself: gone[] is this rank's list, every survivor must pass the same one (as
+   ncclCommShrink requires), else NCCL hangs until the deadline or builds different groups; an
+   empty list (which ncclCommShrink refuses) is refused by dm_shrink before anything is touched
+   (shrink_needs_exclude). After success the parent's communicator is released -- destroyed
+   after NCCL_SHRINK_DEFAULT (healthy, and the child may share its abort flag), aborted
+   otherwise -- and the parent answers DM_ERR_ABORTED. */
 static void _dm_nccl_interrupt(dm_collective* c) {
     __atomic_store_n(&((_dm_nccl*)c)->interrupt, 1, __ATOMIC_RELEASE);
 }
 /* The parent after a shrink: requests still on its stream settled (DM_OK if their event had
-   completed, else DM_ERR_ABORTED), its communicator released, every later call DM_ERR_ABORTED. */
-static void _dm_nccl_retire(_dm_nccl* n, const char* why) {
+   completed, else DM_ERR_ABORTED), its communicator released (healthy: ncclCommDestroy, else
+   ncclCommAbort, which joins NCCL's job), every later call DM_ERR_ABORTED. */
+static void _dm_nccl_retire(_dm_nccl* n, const char* why, bool healthy) {
     _dm_nccl_token* t;
     for (t = n->live; t; t = t->next)
         if (!t->settled) {
             t->settled = true;
             t->status = cudaEventQuery(t->event) == cudaSuccess ? DM_OK : DM_ERR_ABORTED;
         }
-    if (n->comm) ncclCommAbort(n->comm);
-    n->comm = NULL;
-    n->parked = false;
+    if (healthy && n->comm) {
+        _dm_nccl_destroy_comm(n->comm);
+        n->comm = NULL;
+    }
+    _dm_nccl_drop(n);
     n->broken = DM_ERR_ABORTED;
     _dm_copy_name(n->cause, sizeof(n->cause), why);
 }
-static dm_status _dm_nccl_shrink_native(_dm_nccl* n, int* exclude, int n_exclude, int flags, ncclComm_t* comm) {
+/* ncclCommShrink and the wait for its job; *comm is what the job wrote (possibly a failed
+   child): on failure the caller retires the parent first, then aborts *comm. */
+static dm_status _dm_nccl_shrink_native(_dm_nccl* n, int* exclude, int n_exclude, bool stop, ncclComm_t* comm) {
 #if _DM_NCCL_HAS_SHRINK
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    bool stop = flags == DM_SHRINK_ABORT || n->parked;
     ncclResult_t r;
-    dm_status st;
     /* NCCL_SHRINK_DEFAULT wants a quiet parent: the blocking calls' work may still be queued */
     if (!stop) _DM_TRY(_dm_nccl_wait(n, "shrink", true));
-    config.blocking = 0;
+    _dm_nccl_config(&config);
     r = ncclCommShrink(n->comm, exclude, n_exclude, comm, &config, stop ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        st = _dm_nccl_fail_on(n, n->comm, r, "shrink: ncclCommShrink", n->base.seq);
-        if (*comm) ncclCommAbort(*comm);    /* NCCL may write it even then */
-        *comm = NULL;
-        return st;
-    }
-    if (!*comm)
-        return _DM_FAIL(&n->base, DM_ERR_NCCL, "nccl: shrink #%llu: ncclCommShrink returned no communicator",
-                        (unsigned long long)n->base.seq);
-    st = _dm_nccl_child_ready(n, *comm, "shrink");
-    if (st != DM_OK) *comm = NULL;
-    return st;
+    if (r != ncclSuccess && r != ncclInProgress)
+        return _dm_nccl_fail_on(n, n->comm, r, "shrink: ncclCommShrink", n->base.seq);
+    return _dm_nccl_job_wait(n, "shrink");
 #else
-    (void)exclude; (void)n_exclude; (void)flags; (void)comm;
+    (void)exclude; (void)n_exclude; (void)stop; (void)comm;
     return _DM_FAIL(&n->base, DM_ERR_UNSUPPORTED, "nccl: shrink: built with NCCL %d, without ncclCommShrink",
                     NCCL_VERSION_CODE);
 #endif
@@ -1274,7 +1477,7 @@ static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclCom
                         (unsigned long long)n->base.seq, n->comm ? "ncclCommShrink (NCCL 2.27+)" :
                         "a communicator that no failure aborted for ncclCommShrink, or");
     snprintf(key, sizeof(key), "%sshrink/%u/nccl_unique_id", n->prefix, n->shrinks + 1);
-    _dm_nccl_retire(n, "nccl: this communicator was aborted by dm_shrink; destroy it");
+    _dm_nccl_retire(n, "nccl: this communicator was aborted by dm_shrink; destroy it", false);
     if (rank == 0) {
         r = ncclGetUniqueId(&id);
         if (r != ncclSuccess) return _dm_nccl_fail_on(n, NULL, r, "shrink: ncclGetUniqueId", n->base.seq);
@@ -1290,7 +1493,7 @@ static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclCom
         if (len != sizeof(id))
             return _DM_FAIL(&n->base, DM_ERR_PROTOCOL, "nccl: shrink: unique id of %zu bytes in the store", len);
     }
-    config.blocking = 0;
+    _dm_nccl_config(&config);
     r = ncclCommInitRankConfig(comm, size, id, rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) st = _dm_nccl_fail_on(n, *comm, r, "shrink: ncclCommInitRankConfig", n->base.seq);
     if (st == DM_OK && !*comm)
@@ -1303,43 +1506,66 @@ static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclCom
 static dm_status _dm_nccl_shrink_on(_dm_nccl* n, const bool* gone, int flags, dm_collective** out) {
     dm_collective* c = &n->base;
     int i, k = 0, rank = 0, size = 0;
-    int* exclude = (int*)_dm_malloc(&c->allocator, sizeof(int) * (size_t)c->size);
+    int* exclude = (int*)_dm_malloc(&c->allocator, sizeof(int) * (size_t)c->size * 2);
+    int* members;               /* the survivors' ranks in c, in order: exclude's second half */
     ncclComm_t comm = NULL;
+    bool native = n->comm && _dm_nccl_can_shrink(), stop = flags == DM_SHRINK_ABORT || n->parked;
     dm_status st;
     char why[DM_LAST_ERROR_SIZE];
     if (!exclude) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "nccl: shrink: out of memory");
+    members = exclude + c->size;
     for (i = 0; i < c->size; i++) {     /* survivors keep their order: the new rank counts them */
         if (gone[i]) exclude[k++] = i;
         else if (i < c->rank) rank++;
+        if (!gone[i]) members[i - k] = i;
     }
     size = c->size - k;
-    if (n->comm && _dm_nccl_can_shrink()) {
-        st = _dm_nccl_shrink_native(n, exclude, k, flags, &comm);
-        if (st != DM_OK) _dm_nccl_retire(n, _dm_errbuf(c));    /* its part of the shrink failed */
+    if (native) {
+        st = _dm_nccl_shrink_native(n, exclude, k, stop, &comm);
+        if (st == DM_OK && !comm)
+            st = _DM_FAIL(c, DM_ERR_NCCL, "nccl: shrink #%llu: ncclCommShrink's job gave no communicator",
+                          (unsigned long long)c->seq);
+        if (st == DM_OK) {
+            st = _dm_nccl_child_ready(n, comm, "shrink");      /* aborts the child on failure */
+            if (st != DM_OK) comm = NULL;
+        }
+        if (st != DM_OK) {
+            _dm_nccl_retire(n, _dm_errbuf(c), false);   /* aborting the parent joins NCCL's job */
+            if (comm) ncclCommAbort(comm);              /* what the job wrote, final now */
+            comm = NULL;
+        }
     } else {
         st = _dm_nccl_shrink_reinit(n, rank, size, &comm);
     }
-    _dm_free(&c->allocator, exclude);
-    if (st != DM_OK) return st;
-    snprintf(why, sizeof(why), "nccl: shrink #%llu replaced this communicator by one of %d ranks; destroy it",
-             (unsigned long long)c->seq, size);
-    _dm_nccl_retire(n, why);
-    st = _dm_nccl_adopt(n, comm, rank, size, n->owns_stream ? NULL : n->stream, "shrink", out);
+    if (st == DM_OK) {
+        snprintf(why, sizeof(why), "nccl: shrink #%llu replaced this communicator by one of %d ranks; destroy it",
+                 (unsigned long long)c->seq, size);
+        _dm_nccl_retire(n, why, native && !stop);
+        st = _dm_nccl_adopt(n, comm, rank, size, n->owns_stream ? NULL : n->stream, "shrink", out);
+    }
     if (st == DM_OK) {
         _dm_nccl* m = (_dm_nccl*)*out;
         m->store = n->store;
         memcpy(m->prefix, n->prefix, sizeof(m->prefix));
         m->shrinks = n->shrinks + 1;
+        st = _dm_nccl_hosts_of_members(m, n, members);
+        if (st != DM_OK) {
+            _dm_copy_name(c->last_error, sizeof(c->last_error), m->base.last_error);
+            _dm_nccl_destroy(*out);
+            *out = NULL;
+        }
     }
+    _dm_free(&c->allocator, exclude);
     return st;
 }
+/* The interrupt that brought a DM_SHRINK_ABORT here has done its work (the operation it was
+   meant for has ended: the core holds the collective now): cleared, or the shrink's own wait
+   for NCCL's job would take it for a new one. */
 static dm_status _dm_nccl_shrink(dm_collective* c, const bool* gone, int flags, dm_collective** out) {
     _dm_nccl* n = (_dm_nccl*)c;
     int prev = -1;
     dm_status st;
-    if (flags == DM_SHRINK_DEFAULT && n->live)    /* stream requests: the core does not count them */
-        return _DM_FAIL(c, DM_ERR_BUSY, "nccl: shrink: requests started with an _async call are not "
-                        "finished (dm_wait for them, or use DM_SHRINK_ABORT)");
+    __atomic_store_n(&n->interrupt, 0, __ATOMIC_RELEASE);
     st = _dm_nccl_switch(n, "shrink", &prev);
     if (st == DM_OK) st = _dm_nccl_shrink_on(n, gone, flags, out);
     if (st != DM_OK) return _dm_nccl_leave(n, prev, st, "shrink");
@@ -1409,27 +1635,41 @@ static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniq
     }
 }
 
-/* Rank, world and local rank from the desc or the environment. */
+/* Rank, world and local rank (for the device) from the desc or the environment; *launcher:
+   the launcher named the local rank and size (they win over the host identities, >>nccl hosts). */
 static dm_status _dm_nccl_placement(const dm_nccl_desc* d, int* rank, int* world, int* local_rank,
-                                    int* local_size, char* err, size_t cap) {
+                                    int* local_size, bool* launcher, char* err, size_t cap) {
+    *launcher = false;
     if (d->world_size == 0) {
         dm_env env;
         if (dm_env_detect(&env) != DM_OK)
             return _DM_REPORT(&d->logger, err, cap, DM_ERR_ENV, "%s", env.error);
         *rank = env.rank; *world = env.world_size; *local_rank = env.local_rank; *local_size = env.local_world_size;
+        *launcher = env.local_from_launcher;
         return DM_OK;
     }
     if (d->world_size < 0 || d->rank < 0 || d->rank >= d->world_size || d->local_rank < 0)
         return _DM_REPORT(&d->logger, err, cap, DM_ERR_INVALID_ARG, "nccl: rank %d / world_size %d / local_rank %d",
                           d->rank, d->world_size, d->local_rank);
-    *rank = d->rank; *world = d->world_size; *local_rank = d->local_rank; *local_size = d->world_size;
+    *rank = d->rank; *world = d->world_size; *local_rank = d->local_rank; *local_size = 0;
     return DM_OK;
+}
+/* The launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win over the host identities, as on TCP; a
+   disagreement is worth a warning. */
+static void _dm_nccl_local_from_launcher(_dm_nccl* n, int local_rank, int local_size) {
+    if (local_rank != n->base.local_rank || local_size != n->base.local_size)
+        _DM_LOG(&n->base.logger, DM_LOG_WARN, "nccl: the launcher says local rank %d of %d, host identities say "
+                "%d of %d (host \"%s\"); using the launcher's", local_rank, local_size, n->base.local_rank,
+                n->base.local_size, n->base.node_name);
+    n->base.local_rank = local_rank;
+    n->base.local_size = local_size;
 }
 
 DM_API_IMPL dm_status dm_nccl_create(const dm_nccl_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_nccl_desc, d);
     char err[DM_LAST_ERROR_SIZE];
     int rank = 0, world = 1, local_rank = 0, local_size = 1, ndev = 0, device;
+    bool launcher = false;
     _dm_nccl* n;
     ncclUniqueId id;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -1441,7 +1681,7 @@ DM_API_IMPL dm_status dm_nccl_create(const dm_nccl_desc* desc, dm_collective** o
     if (!_dm_allocator_valid(&d.allocator))
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "nccl: allocator needs both functions or neither");
     _DM_TRY(_dm_cfg_check_create(&d.logger, d.timeout_ms, err, sizeof(err)));   /* >>config registry */
-    _DM_TRY(_dm_nccl_placement(&d, &rank, &world, &local_rank, &local_size, err, sizeof(err)));
+    _DM_TRY(_dm_nccl_placement(&d, &rank, &world, &local_rank, &local_size, &launcher, err, sizeof(err)));
     e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev < 1)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_CUDA, "nccl: no CUDA device (%s)",
@@ -1454,18 +1694,18 @@ DM_API_IMPL dm_status dm_nccl_create(const dm_nccl_desc* desc, dm_collective** o
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_CUDA, "nccl: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
     n = _dm_nccl_new(&d.allocator, &d.logger, rank, world, d.timeout_ms, device, (cudaStream_t)d.stream);
     if (!n) return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "nccl: out of memory");
-    n->base.local_rank = local_rank;
-    n->base.local_size = local_size;
     n->store = d.store;
     _dm_copy_name(n->prefix, sizeof(n->prefix), d.prefix ? d.prefix : "distmesh_nccl/");
     st = _dm_nccl_resources(n);
     if (st == DM_OK) st = _dm_nccl_unique_id(n, &d, &id);
     if (st == DM_OK) {
-        config.blocking = 0;
+        _dm_nccl_config(&config);
         st = _dm_nccl_enqueued(n, ncclCommInitRankConfig(&n->comm, world, id, rank, &config), "init");
         /* ncclCommInitRankConfig may return before the communicator exists; wait for it. */
         if (st == DM_OK && n->comm) st = _dm_nccl_wait(n, "init", false);
     }
+    if (st == DM_OK) st = _dm_nccl_hosts(n);
+    if (st == DM_OK && launcher) _dm_nccl_local_from_launcher(n, local_rank, local_size);
     if (st != DM_OK) {   /* the message went to the logger; nothing is left to clean up */
         _dm_nccl_destroy(&n->base);
         return st;

@@ -2162,30 +2162,10 @@ static void _dm_tcp_local_from_launcher(_dm_tcp* t, const _dm_tcp_setup* s) {
     t->base.local_size = s->env_local_size;
 }
 
-/* >>tcp hosts  Which ranks share a host: a host identity (host name and kernel boot id, or
-   DISTMESH_TEST_HOST_ID, which tests use to simulate hosts) gathered from every rank of the
-   group, never the launcher's LOCAL_WORLD_SIZE: a sub-group decides per pair. The ring visits
-   host by host, as NCCL orders its rings. */
-static void _dm_tcp_host_identity(char* name, size_t name_cap, char* id, size_t id_cap) {
-    const char* test = _dm_cfg_raw(_DM_CFG_TEST_HOST_ID);
-    char boot[64] = "";
-    size_t hn = name_cap;
-    FILE* f;
-    memset(name, 0, name_cap);
-    memset(id, 0, id_cap);
-    if (test) {
-        _dm_copy_name(name, name_cap, test);
-        snprintf(id, id_cap, "test:%s", test);
-        return;
-    }
-    if (uv_os_gethostname(name, &hn) != 0) _dm_copy_name(name, name_cap, "localhost");
-    if ((f = fopen("/proc/sys/kernel/random/boot_id", "r")) != NULL) {
-        if (!fgets(boot, sizeof(boot), f)) boot[0] = 0;
-        fclose(f);
-        boot[strcspn(boot, "\n")] = 0;
-    }
-    snprintf(id, id_cap, "%.54s/%.39s", name, boot);     /* id_cap >= 96; a boot id is 36 bytes */
-}
+/* >>tcp hosts  Which ranks share a host: a host identity (the core's _dm_host_identity: host
+   name and kernel boot id, or DISTMESH_TEST_HOST_ID, which tests use to simulate hosts)
+   gathered from every rank of the group, never the launcher's LOCAL_WORLD_SIZE: a sub-group
+   decides per pair. The ring visits host by host, as NCCL orders its rings. */
 
 /* Every rank must have been given the same sockets per peer (at `at` in each gathered record);
    all ranks see the same records, so all fail alike. */
@@ -2209,7 +2189,7 @@ static dm_status _dm_tcp_same_sockets(_dm_tcp* t, const unsigned char* all, size
 static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
     /* + sockets per peer, + the recovery listener (>>tcp shrink) */
     enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, ADDR = 64, REC = ADDR + NAME + ID + 4 + ADDR };
-    int W = t->base.size, j, k, L = 0, me = 0;
+    int W = t->base.size, j, L = 0, me = 0;
     unsigned char mine[REC];
     unsigned char* all = (unsigned char*)_dm_calloc(&t->base.allocator, (size_t)W * REC);
     int* host_of = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)W);
@@ -2220,7 +2200,7 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
     }
     memset(mine, 0, sizeof(mine));
     _dm_copy_name((char*)mine, ADDR, t->addrs[t->base.rank]);
-    _dm_tcp_host_identity((char*)mine + ADDR, NAME, (char*)mine + ADDR + NAME, ID);
+    _dm_host_identity((char*)mine + ADDR, NAME, (char*)mine + ADDR + NAME, ID);
     _dm_tcp_put32(mine + ADDR + NAME + ID, (uint32_t)t->nsock);
     _dm_copy_name((char*)mine + ADDR + NAME + ID + 4, ADDR, t->raddrs[t->base.rank]);
     st = _dm_coll_all_gather(&t->lk, mine, all, REC, DM_UINT8);
@@ -2235,14 +2215,8 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
         if (j != t->base.rank) _dm_copy_name(t->addrs[j], 64, (const char*)rec);
         if (j != t->base.rank) _dm_copy_name(t->raddrs[j], 64, (const char*)rec + ADDR + NAME + ID + 4);
         if (t->lk.links[j]) _dm_copy_name(t->lk.links[j]->where, sizeof(t->lk.links[j]->where), t->addrs[j]);
-        for (k = 0; strcmp((const char*)all + (size_t)k * REC + ADDR + NAME, (const char*)rec + ADDR + NAME) != 0; k++) {}
-        host_of[j] = k;
     }
-    for (j = 0; j < W; j++) {
-        if (host_of[j] != host_of[t->base.rank]) continue;
-        if (j == t->base.rank) me = L;
-        L++;
-    }
+    _dm_hosts_from_ids(all + ADDR + NAME, REC, W, t->base.rank, host_of, &me, &L);
     _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), (const char*)mine + ADDR);
     t->base.local_rank = me;
     t->base.local_size = L;

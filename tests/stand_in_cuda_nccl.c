@@ -1,23 +1,76 @@
 /* STAND-IN for libcudart and libnccl -- not CUDA, not NCCL. It defines, with the real headers'
-   prototypes, only the CUDA runtime and NCCL calls that distmesh_nccl.h (and the core's
-   _dm_cuda_is_device) make, so that tests/test_nccl_standin.c can link against it instead of
-   the real libraries and run where there is no GPU. What it models (see stand_in_cuda_nccl.h
-   for the script):
-   - "device memory" is host memory from malloc, registered so cudaPointerGetAttributes can
-     tell it from host memory; copies and memsets really move the bytes;
+   prototypes, only the CUDA runtime and NCCL calls that distmesh_nccl.h (and the core's CUDA
+   checks, and the TCP backend's staging) make, so that tests/test_nccl_standin.c can link
+   against it instead of the real libraries and run where there is no GPU. The script is in
+   stand_in_cuda_nccl.h.
+
+   WHAT IT IMITATES: NCCL 2.27 and 2.28 with non-blocking communicators (config.blocking = 0),
+   read from NVIDIA/nccl at tags v2.27.7-1 and v2.28.9-1 (line numbers: v2.28.9-1, then
+   v2.27.7-1 where they differ):
+   - Background jobs. ncclCommInitRankConfig writes *newcomm at once (src/init.cc
+     ncclCommInitRankDev, 2001 / 1805) and initialises it as a job; the new communicator
+     reports ncclInProgress until the job ends, and the call returns that state
+     (ncclCommInitRankConfig, 2140 / 1943). ncclCommSplit and ncclCommShrink (both
+     ncclCommInitChildComm, 2550 / 2250) set *newcomm = NULL (2572 / 2272), launch the child's
+     initialisation as a job of the PARENT (ncclAsyncLaunch with the parent; src/group.cc
+     ncclGroupEndInternal, 705-738, marks it ncclInProgress and starts a thread) and return
+     ncclSuccess (NCCLCHECK lets ncclInProgress through). The job stores the child into
+     *newcomm when it ends, also when it failed (ncclCommInitRankFunc's exit, 1612 / 1483), and a
+     failed job leaves its error on the parent (group.cc groupCleanup, 391). Here a job ends on
+     the Nth poll of ncclCommGetAsyncError on the communicator running it (si_set_init_polls),
+     which is when the child is written.
+   - ncclCommGetAsyncError returns the communicator's state; ncclSuccess also joins its group
+     job (2706 / 2405). ncclCommEnsureReady (373 / 310), run by every call on a communicator
+     (collectives through src/enqueue.cc ncclEnqueueCheck 2637, split, shrink, user rank, count,
+     destroy): a communicator in progress is ncclInvalidArgument ("Attempt to use communicator
+     before the previous operation returned ncclSuccess", counted in used_in_progress, and the
+     state becomes that error), an error state is returned; with the abort flag set it joins the
+     job and returns ncclSuccess.
+   - Collectives (enqueue.cc): at nRanks == 1 ncclLaunchOneRank runs at once (2569: the data
+     is copied, ncclSuccess); otherwise the task joins a group, and ncclGroupEndInternal of a
+     non-blocking communicator marks it ncclInProgress and returns ncclInProgress (group.cc
+     738); the call returns the communicator's state (enqueue.cc 2658). Inside ncclGroupStart /
+     ncclGroupEnd the calls only queue; ncclGroupEnd returns ncclInProgress, or the first error
+     of the group (ncclGroupErrCheck). Group depth is per thread (group.cc ncclGroupDepth); an
+     ncclGroupEnd outside a group is ncclInvalidUsage (656).
+   - ncclCommShrink (2645 / 2344): NCCL_SHRINK_ABORT first sets the parent's abort flags and
+     waits for its device stream (its kernels stop), then clears them; a NULL or empty exclude
+     list is ncclInvalidArgument (2562 / 2262), the list is sorted in place, the caller's own
+     rank in it is ncclInvalidArgument, and ncclCommEnsureReady runs on the parent.
+   - Shared resources (2582 / 2281): a child shares its parent's abort flag when the PARENT's
+     config.splitShare (split) or config.shrinkShare (shrink without NCCL_SHRINK_ABORT) is 1;
+     NCCL_COMM_SPLIT_SHARE_RESOURCES / NCCL_COMM_SHRINK_SHARE_RESOURCES override the config
+     (envConfigOverride, 1719-1730 / 1555-1562); unset, both are 0. ncclCommAbort sets the flag
+     (setCommAbortFlags), so the kernels of every communicator sharing it stop; their later
+     operations pass ncclCommEnsureReady and do nothing (counted in skipped_by_shared_abort).
+   - ncclCommAbort (2503 / 2207): the abort flag, then ncclCommEnsureReady joins the job
+     running on the communicator (a split or shrink job then ends failed and writes its child),
+     then the communicator is reclaimed -- at once, or, inside an open group of this thread, at
+     the ncclGroupEnd that closes it (the reclaim is a group job).
+   - ncclCommDestroy (2358 / 2159): ncclGroupStartInternal, then ncclCommEnsureReady; if that
+     fails (an asynchronous error, or in progress) it returns the error WITHOUT the matching
+     group end and without freeing: the communicator stays, and the thread stays inside a group.
+   - Anything given a communicator after its ncclCommAbort or ncclCommDestroy is a use after
+     free (NCCL would read freed memory): counted, and every test ends by checking none
+     happened. Communicators are never really freed here (a tombstone), so their addresses are
+     never reused and such a call is always recognised.
+   CUDA, as far as distmesh relies on it:
+   - "device memory" is host memory from malloc, registered with the device current at
+     allocation so cudaPointerGetAttributes tells it from host memory; copies and memsets
+     really move the bytes; a collective given another GPU's memory faults (a sticky
+     cudaErrorIllegalAddress, counted in illegal_addresses);
    - a current device per thread, a device count, memory pools on or off;
    - streams that finish their work after a scripted number of polls, or never while held;
-     events recorded behind such work;
-   - communicators with a rank, a size, the device current when they were made (a split
-     child: its parent's), an asynchronous state (ncclInProgress for a few polls after init,
-     an error once a call failed or the script says a peer died); world-1 collectives copy
-     send to recv, the rest move nothing;
-   - NCCL's last-error text, which ncclCommAbort clears (read it before aborting);
+     events recorded behind such work; cudaFree, cudaDeviceSynchronize and the stream and event
+     synchronizations wait for the device (or the stream) and would hang behind held work:
+     counted in hangs (they return at once here);
    - CUDA's last error, and sticky errors that every later call returns.
-   Single-threaded. */
+   Every entry point takes one recursive lock, so two threads may call it (one at a time). */
+#define _GNU_SOURCE
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,17 +78,41 @@
 
 #include "stand_in_cuda_nccl.h"
 
-enum { SI_MAX = 256, SI_RULES = 16, SI_NAMES = 64 };
+enum { SI_MAX = 256, SI_RULES = 16, SI_NAMES = 64, SI_GROUP_MAX = 16 };
 
-typedef struct si_stream { int device, busy; unsigned held_epoch; } si_stream;
-typedef struct si_event { int device; si_stream* stream; bool pending; unsigned held_epoch; } si_event;
-typedef struct si_comm {
+typedef struct si_comm si_comm;
+typedef struct si_flag { int set; } si_flag;     /* an abort flag, shared by resource-sharing comms */
+typedef struct si_stream {
+    int device, busy;
+    bool held;                  /* work queued while held never finishes on its own */
+    si_comm* held_by;           /* the communicator whose kernel it is (its abort stops it), or NULL */
+    unsigned gen;               /* bumped whenever held work is released */
+} si_stream;
+typedef struct si_event { int device; si_stream* stream; bool pending, held; unsigned gen; } si_event;
+/* A background job of NCCL's, running on the communicator that owns it. */
+typedef struct si_job {
+    bool active;
+    int polls_left;             /* polls of the owner's ncclCommGetAsyncError before it ends; -1 never */
+    ncclResult_t result;        /* what it ends with */
+    si_comm* child;             /* split / shrink: the child it writes; NULL: none (NOCOLOR) */
+    ncclComm_t* target;         /* where it writes the child (the caller's variable) */
+    bool writes;                /* split / shrink: it writes *target when it ends */
+} si_job;
+struct si_comm {
+    si_comm* next_all;          /* every communicator ever made (tombstones included) */
+    bool dead;                  /* ncclCommAbort / ncclCommDestroy returned for it */
+    bool reclaimed;             /* its resources are gone (counted out of live_comms) */
+    bool reclaim_at_group_end;  /* aborted inside an open group of this thread */
+    char died_in[32];           /* which call made it dead */
     int device, rank, nranks;
-    ncclResult_t async;
-    int polls_left;             /* ncclInProgress polls before ncclSuccess; -1: forever */
+    ncclResult_t async;         /* ncclSuccess, ncclInProgress, or its error */
+    si_job job;
+    si_flag* abort_flag;
+    int split_share, shrink_share;  /* its config after the environment */
     unsigned char id_byte;      /* the unique id's first byte it was made with (init only) */
-} si_comm;
-typedef struct si_alloc { unsigned char* p; size_t bytes; int device; } si_alloc;
+    bool in_group;              /* has operations queued in this thread's open group */
+};
+typedef struct si_alloc { unsigned char* p; size_t bytes; int device; bool managed; } si_alloc;
 typedef struct si_rule { char fn[40]; int left; int code; bool sticky; } si_rule;
 typedef struct si_name { char fn[40]; int calls; } si_name;
 
@@ -43,84 +120,145 @@ static struct {
     si_stats stats;
     si_rule rules[SI_RULES];
     si_name names[SI_NAMES];
-    si_comm* comms[SI_MAX];
+    si_comm* all;               /* every communicator ever made, newest first */
     si_stream* streams[SI_MAX];
     si_event* events[SI_MAX];
     si_alloc allocs[SI_MAX];
-    int expect_device, device_count, busy_polls, init_polls;
-    bool pools, held, init_forever, split_null;
-    ncclResult_t child_fails;   /* what a split child's initialisation ends in, if not success */
+    int expect_device, device_count, busy_polls, init_polls, enqueue_polls;
+    bool pools, hold, init_forever, split_null;
+    int split_rank, split_nranks;   /* what a split child is (default 0 of 1) */
+    ncclResult_t child_fails;   /* what split and shrink jobs end in, if not success */
     int version;                /* what ncclGetVersion reports */
     si_shrink_call shrink;      /* the last ncclCommShrink's arguments */
     unsigned ids;               /* ncclGetUniqueId calls, written into each id */
-    unsigned epoch;
     ncclResult_t peer_died;     /* ncclSuccess, or what every communicator reports */
     cudaError_t sticky, last;
     char nccl_last[160];
-} si = { .expect_device = -1, .device_count = 4, .init_polls = 2, .pools = true, .version = NCCL_VERSION_CODE };
+    si_call_hook call_hook;
+    void* call_hook_user;
+    si_gather_hook gather_hook;
+    void* gather_hook_user;
+} si = { .expect_device = -1, .device_count = 4, .init_polls = 2, .enqueue_polls = 1, .pools = true,
+         .split_nranks = 1, .version = NCCL_VERSION_CODE };
 static _Thread_local int si_current;
+static _Thread_local int si_depth;                  /* ncclGroupDepth, per thread as in NCCL */
+static _Thread_local ncclResult_t si_group_error;   /* ncclGroupError */
+static _Thread_local si_comm* si_group[SI_GROUP_MAX];   /* communicators with queued operations */
+static _Thread_local int si_ngroup;
 static int si_stream_query_calls;   /* atomic: read by another thread (si_stream_queries) */
+
+/* >>lock  One recursive lock around every entry point. */
+static pthread_mutex_t si_mu;
+static pthread_once_t si_mu_once = PTHREAD_ONCE_INIT;
+static void si_mu_init(void) {
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&si_mu, &attr);
+    pthread_mutexattr_destroy(&attr);
+}
+static void si_lock(void) {
+    pthread_once(&si_mu_once, si_mu_init);
+    pthread_mutex_lock(&si_mu);
+}
+static void si_unlock(void) { pthread_mutex_unlock(&si_mu); }
+#define SI_RETURN(v) do { __typeof__(v) si_v_ = (v); si_unlock(); return si_v_; } while (0)
 
 /* >>script */
 void si_reset(void) {
-    int live_comms = si.stats.live_comms, live_streams = si.stats.live_streams;
-    int live_events = si.stats.live_events, live_allocs = si.stats.live_allocs;
+    si_stats keep;
+    si_lock();
+    keep = si.stats;
     memset(&si.stats, 0, sizeof(si.stats));
-    si.stats.live_comms = live_comms;
-    si.stats.live_streams = live_streams;
-    si.stats.live_events = live_events;
-    si.stats.live_allocs = live_allocs;
+    si.stats.live_comms = keep.live_comms;
+    si.stats.live_streams = keep.live_streams;
+    si.stats.live_events = keep.live_events;
+    si.stats.live_allocs = keep.live_allocs;
+    si.stats.group_depth = keep.group_depth;
     memset(si.rules, 0, sizeof(si.rules));
     memset(si.names, 0, sizeof(si.names));
     si.expect_device = -1;
     si.device_count = 4;
     si.busy_polls = 0;
     si.init_polls = 2;
+    si.enqueue_polls = 1;
     si.pools = true;
-    si.held = si.init_forever = si.split_null = false;
+    si.hold = si.init_forever = si.split_null = false;
+    si.split_rank = 0;
+    si.split_nranks = 1;
     si.peer_died = si.child_fails = ncclSuccess;
     si.version = NCCL_VERSION_CODE;
     memset(&si.shrink, 0, sizeof(si.shrink));
     si.sticky = si.last = cudaSuccess;
     si.nccl_last[0] = 0;
+    si.call_hook = NULL;
+    si.gather_hook = NULL;
     si_current = 0;
     __atomic_store_n(&si_stream_query_calls, 0, __ATOMIC_RELEASE);
+    si_unlock();
 }
 int si_stream_queries(void) { return __atomic_load_n(&si_stream_query_calls, __ATOMIC_ACQUIRE); }
 const si_stats* si_get(void) { return &si.stats; }
 int si_count(const char* fn) {
     int i;
+    si_lock();
     for (i = 0; i < SI_NAMES && si.names[i].fn[0]; i++)
-        if (!strcmp(si.names[i].fn, fn)) return si.names[i].calls;
-    return 0;
+        if (!strcmp(si.names[i].fn, fn)) SI_RETURN(si.names[i].calls);
+    SI_RETURN(0);
+}
+int si_pending_jobs(void) {
+    si_comm* c;
+    int n = 0;
+    si_lock();
+    for (c = si.all; c; c = c->next_all)
+        if (!c->reclaimed && c->job.active) n++;
+    SI_RETURN(n);
 }
 void si_fail(const char* fn, int nth, int code, bool sticky) {
     int i;
+    si_lock();
     for (i = 0; i < SI_RULES; i++)
         if (!si.rules[i].fn[0]) {
             snprintf(si.rules[i].fn, sizeof(si.rules[i].fn), "%s", fn);
             si.rules[i].left = nth;
             si.rules[i].code = code;
             si.rules[i].sticky = sticky;
+            si_unlock();
             return;
         }
     fprintf(stderr, "stand-in: more than %d scripted results\n", SI_RULES);
     abort();
 }
-void si_expect_device(int device) { si.expect_device = device; }
-void si_set_device_count(int count) { si.device_count = count; }
-void si_set_memory_pools(bool supported) { si.pools = supported; }
-void si_set_busy_polls(int polls) { si.busy_polls = polls; }
+static void si_release_held(si_stream* s);
+void si_expect_device(int device) { si_lock(); si.expect_device = device; si_unlock(); }
+void si_set_device_count(int count) { si_lock(); si.device_count = count; si_unlock(); }
+void si_set_memory_pools(bool supported) { si_lock(); si.pools = supported; si_unlock(); }
+void si_set_busy_polls(int polls) { si_lock(); si.busy_polls = polls; si_unlock(); }
 void si_hold_streams(bool held) {
-    if (held && !si.held) si.epoch++;
-    si.held = held;
+    int i;
+    si_lock();
+    si.hold = held;
+    if (!held)
+        for (i = 0; i < SI_MAX; i++)
+            if (si.streams[i]) si_release_held(si.streams[i]);
+    si_unlock();
 }
-void si_set_init_polls(int polls, bool forever) { si.init_polls = polls; si.init_forever = forever; }
-void si_set_async_error(int nccl_result) { si.peer_died = (ncclResult_t)nccl_result; }
-void si_split_gives_null(bool on) { si.split_null = on; }
-void si_split_child_fails(int nccl_result) { si.child_fails = (ncclResult_t)nccl_result; }
-void si_set_version(int version) { si.version = version; }
+void si_set_init_polls(int polls, bool forever) {
+    si_lock(); si.init_polls = polls; si.init_forever = forever; si_unlock();
+}
+void si_set_enqueue_polls(int polls) { si_lock(); si.enqueue_polls = polls; si_unlock(); }
+void si_set_async_error(int nccl_result) { si_lock(); si.peer_died = (ncclResult_t)nccl_result; si_unlock(); }
+void si_split_gives_null(bool on) { si_lock(); si.split_null = on; si_unlock(); }
+void si_set_split_child(int rank, int nranks) { si_lock(); si.split_rank = rank; si.split_nranks = nranks; si_unlock(); }
+void si_split_child_fails(int nccl_result) { si_lock(); si.child_fails = (ncclResult_t)nccl_result; si_unlock(); }
+void si_set_version(int version) { si_lock(); si.version = version; si_unlock(); }
 const si_shrink_call* si_last_shrink(void) { return &si.shrink; }
+void si_set_call_hook(si_call_hook hook, void* user) {
+    si_lock(); si.call_hook = hook; si.call_hook_user = user; si_unlock();
+}
+void si_set_all_gather_peers(si_gather_hook hook, void* user) {
+    si_lock(); si.gather_hook = hook; si.gather_hook_user = user; si_unlock();
+}
 
 /* >>calls  Counting, the device check and the scripted result of one call. */
 static void si_note(const char* fn) {
@@ -185,20 +323,46 @@ static int si_slot(void* const* table) {
     fprintf(stderr, "stand-in: more than %d live objects of one kind\n", SI_MAX);
     abort();
 }
-/* Work queued on s: it finishes after busy_polls polls, or never while held. */
-static void si_queue(si_stream* s) {
+static void si_hang(const char* what) {
+    if (!si.stats.hangs++)
+        snprintf(si.stats.first_hang, sizeof(si.stats.first_hang), "%s", what);
+}
+
+/* >>streams  Work queued on s finishes after busy_polls polls. An NCCL kernel queued while the
+   streams are held never finishes on its own (it waits on a dead peer), nor does what is queued
+   behind it, until the hold is lifted or its communicator is aborted; copies are not held by
+   themselves. */
+static void si_queue(si_stream* s, si_comm* by) {
     if (!s) return;
     s->busy = si.busy_polls;
-    if (si.held) s->held_epoch = si.epoch;
+    if (si.hold && by && !s->held) {
+        s->held = true;
+        s->held_by = by;
+    }
 }
-static bool si_stream_busy(const si_stream* s) {
-    return (si.held && s->held_epoch == si.epoch) || s->busy > 0;
+static void si_release_held(si_stream* s) {
+    if (!s->held) return;
+    s->held = false;
+    s->held_by = NULL;
+    s->gen++;
 }
+static bool si_stream_busy(const si_stream* s) { return s->held || s->busy > 0; }
 /* A poll: busy work gets one step closer to done. */
 static bool si_stream_done(si_stream* s) {
-    if (si.held && s->held_epoch == si.epoch) return false;
+    if (s->held) return false;
     if (s->busy > 0) { s->busy--; return false; }
     return true;
+}
+/* A device-wide wait (cudaFree, cudaDeviceSynchronize): behind held work it would never end. */
+static void si_device_wait(const char* fn) {
+    int i;
+    char what[96];
+    for (i = 0; i < SI_MAX; i++)
+        if (si.streams[i] && si.streams[i]->device == si_current && si.streams[i]->held) {
+            snprintf(what, sizeof(what), "%s on device %d behind a kernel that never ends", fn, si_current);
+            si_hang(what);
+            return;
+        }
 }
 
 /* >>memory */
@@ -209,7 +373,7 @@ static si_alloc* si_alloc_of(const void* p) {
         if (si.allocs[i].p && b >= si.allocs[i].p && b < si.allocs[i].p + si.allocs[i].bytes) return &si.allocs[i];
     return NULL;
 }
-static cudaError_t si_malloc(void** p, size_t bytes) {
+static cudaError_t si_malloc(void** p, size_t bytes, bool managed) {
     int i;
     if (!p) return cudaErrorInvalidValue;
     for (i = 0; i < SI_MAX; i++)
@@ -218,6 +382,7 @@ static cudaError_t si_malloc(void** p, size_t bytes) {
             if (!si.allocs[i].p) return cudaErrorMemoryAllocation;
             si.allocs[i].bytes = bytes ? bytes : 1;
             si.allocs[i].device = si_current;
+            si.allocs[i].managed = managed;
             si.stats.live_allocs++;
             *p = si.allocs[i].p;
             return cudaSuccess;
@@ -235,102 +400,131 @@ static cudaError_t si_free(void* p) {
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** devPtr, size_t size) {
-    cudaError_t e = si_cuda("cudaMalloc", true);
-    return e != cudaSuccess ? e : si_malloc(devPtr, size);
+    cudaError_t e;
+    si_lock();
+    e = si_cuda("cudaMalloc", true);
+    SI_RETURN(e != cudaSuccess ? e : si_malloc(devPtr, size, false));
+}
+cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int flags) {
+    cudaError_t e;
+    (void)flags;
+    si_lock();
+    e = si_cuda("cudaMallocManaged", false);
+    SI_RETURN(e != cudaSuccess ? e : si_malloc(devPtr, size, true));
 }
 cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
-    cudaError_t e = si_cuda("cudaMallocAsync", true);
+    cudaError_t e;
     (void)hStream;
-    return e != cudaSuccess ? e : si_malloc(devPtr, size);
+    si_lock();
+    e = si_cuda("cudaMallocAsync", true);
+    SI_RETURN(e != cudaSuccess ? e : si_malloc(devPtr, size, false));
 }
 /* Released even when the call fails (its error is still returned): the test process must not
-   leak what a real context would keep or take with it. */
+   leak what a real context would keep or take with it. cudaFree waits for the whole device. */
 cudaError_t cudaFree(void* devPtr) {
-    cudaError_t e = si_cuda("cudaFree", true), f = si_free(devPtr);
-    return e != cudaSuccess ? e : f;
+    cudaError_t e, f;
+    si_lock();
+    e = si_cuda("cudaFree", true);
+    if (devPtr) si_device_wait("cudaFree");
+    f = si_free(devPtr);
+    SI_RETURN(e != cudaSuccess ? e : f);
 }
 cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
-    cudaError_t e = si_cuda("cudaFreeAsync", true), f = si_free(devPtr);
+    cudaError_t e, f;
     (void)hStream;
-    return e != cudaSuccess ? e : f;
+    si_lock();
+    e = si_cuda("cudaFreeAsync", true);
+    f = si_free(devPtr);
+    SI_RETURN(e != cudaSuccess ? e : f);
 }
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, const void* ptr) {
-    cudaError_t e = si_cuda("cudaPointerGetAttributes", false);
+    cudaError_t e;
     si_alloc* a;
-    if (e != cudaSuccess) return e;
+    si_lock();
+    e = si_cuda("cudaPointerGetAttributes", false);
+    if (e != cudaSuccess) SI_RETURN(e);
     memset(attributes, 0, sizeof(*attributes));
     a = si_alloc_of(ptr);
-    attributes->type = a ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
+    attributes->type = !a ? cudaMemoryTypeUnregistered : a->managed ? cudaMemoryTypeManaged : cudaMemoryTypeDevice;
     attributes->device = a ? a->device : -1;
     attributes->devicePointer = a ? (void*)ptr : NULL;
     attributes->hostPointer = a ? NULL : (void*)ptr;
-    return cudaSuccess;
+    SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
-    cudaError_t e = si_cuda("cudaMemcpyAsync", true);
+    cudaError_t e;
     si_stream* s = (si_stream*)stream;
     (void)kind;
-    if (e != cudaSuccess) return e;
-    if (si_find((void* const*)si.streams, s) < 0) return cudaErrorInvalidResourceHandle;
+    si_lock();
+    e = si_cuda("cudaMemcpyAsync", true);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (si_find((void* const*)si.streams, s) < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     if ((!si_alloc_of(dst) || !si_alloc_of(src)) && si_stream_busy(s)) si.stats.host_copies_on_busy_stream++;
     if (count) memmove(dst, src, count);
-    si_queue(s);
-    return cudaSuccess;
+    si_queue(s, NULL);
+    SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
-    cudaError_t e = si_cuda("cudaMemsetAsync", true);
+    cudaError_t e;
     si_stream* s = (si_stream*)stream;
-    if (e != cudaSuccess) return e;
-    if (si_find((void* const*)si.streams, s) < 0) return cudaErrorInvalidResourceHandle;
-    if (!si_alloc_of(devPtr)) return cudaErrorInvalidValue;
+    si_lock();
+    e = si_cuda("cudaMemsetAsync", true);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (si_find((void* const*)si.streams, s) < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (!si_alloc_of(devPtr)) SI_RETURN(cudaErrorInvalidValue);
     memset(devPtr, value, count);
-    si_queue(s);
-    return cudaSuccess;
+    si_queue(s, NULL);
+    SI_RETURN(cudaSuccess);
 }
 
 /* >>devices, errors */
 cudaError_t cudaGetDeviceCount(int* count) {
-    cudaError_t e = si_cuda("cudaGetDeviceCount", false);
+    cudaError_t e;
+    si_lock();
+    e = si_cuda("cudaGetDeviceCount", false);
     if (e == cudaSuccess) *count = si.device_count;
-    return e;
+    SI_RETURN(e);
 }
 cudaError_t cudaSetDevice(int device) {
-    cudaError_t e = si_cuda("cudaSetDevice", false);
-    if (e != cudaSuccess) return e;
-    if (device < 0 || device >= si.device_count) return si.last = cudaErrorInvalidDevice;
+    cudaError_t e;
+    si_lock();
+    e = si_cuda("cudaSetDevice", false);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (device < 0 || device >= si.device_count) SI_RETURN(si.last = cudaErrorInvalidDevice);
     si_current = device;
-    return cudaSuccess;
+    SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaGetDevice(int* device) {
-    cudaError_t e = si_cuda("cudaGetDevice", false);
+    cudaError_t e;
+    si_lock();
+    e = si_cuda("cudaGetDevice", false);
     if (e == cudaSuccess) *device = si_current;
-    return e;
+    SI_RETURN(e);
 }
 cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
-    cudaError_t e = si_cuda("cudaDeviceGetAttribute", false);
-    if (e != cudaSuccess) return e;
-    if (device < 0 || device >= si.device_count) return si.last = cudaErrorInvalidDevice;
+    cudaError_t e;
+    si_lock();
+    e = si_cuda("cudaDeviceGetAttribute", false);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (device < 0 || device >= si.device_count) SI_RETURN(si.last = cudaErrorInvalidDevice);
     *value = attr == cudaDevAttrMemoryPoolsSupported ? si.pools : 0;
-    return cudaSuccess;
+    SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaDeviceSynchronize(void) {
-    int i;
-    cudaError_t e = si_cuda("cudaDeviceSynchronize", true);
-    if (e != cudaSuccess) return e;
-    for (i = 0; i < SI_MAX; i++)
-        if (si.streams[i] && si.streams[i]->device == si_current && si.held &&
-            si.streams[i]->held_epoch == si.epoch) {
-            fprintf(stderr, "stand-in: cudaDeviceSynchronize behind held work would hang on a GPU\n");
-            abort();
-        }
-    return cudaSuccess;
+    cudaError_t e;
+    si_lock();
+    e = si_cuda("cudaDeviceSynchronize", true);
+    if (e == cudaSuccess) si_device_wait("cudaDeviceSynchronize");
+    SI_RETURN(e);
 }
 cudaError_t cudaGetLastError(void) {
-    cudaError_t e = si.sticky != cudaSuccess ? si.sticky : si.last;
+    cudaError_t e;
+    si_lock();
+    e = si.sticky != cudaSuccess ? si.sticky : si.last;
     si_note("cudaGetLastError");
     si.last = cudaSuccess;
-    return e;
+    SI_RETURN(e);
 }
 const char* cudaGetErrorString(cudaError_t error) {
     switch (error) {
@@ -347,91 +541,162 @@ const char* cudaGetErrorString(cudaError_t error) {
 
 /* >>streams, events */
 cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
-    cudaError_t e = si_cuda("cudaStreamCreate", true);
+    cudaError_t e;
     si_stream* s;
     int i;
-    if (e != cudaSuccess) return e;
+    si_lock();
+    e = si_cuda("cudaStreamCreate", true);
+    if (e != cudaSuccess) SI_RETURN(e);
     i = si_slot((void* const*)si.streams);
     s = (si_stream*)calloc(1, sizeof(*s));
-    if (!s) return cudaErrorMemoryAllocation;
+    if (!s) SI_RETURN(cudaErrorMemoryAllocation);
     s->device = si_current;
     si.streams[i] = s;
     si.stats.live_streams++;
     *pStream = (cudaStream_t)(void*)s;
-    return cudaSuccess;
+    SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-    cudaError_t e = si_cuda("cudaStreamDestroy", true);
-    int i = si_find((void* const*)si.streams, stream), j;
-    if (i < 0) return e != cudaSuccess ? e : cudaErrorInvalidResourceHandle;
+    cudaError_t e;
+    int i, j;
+    si_lock();
+    e = si_cuda("cudaStreamDestroy", true);
+    i = si_find((void* const*)si.streams, stream);
+    if (i < 0) SI_RETURN(e != cudaSuccess ? e : cudaErrorInvalidResourceHandle);
     for (j = 0; j < SI_MAX; j++)
         if (si.events[j] && si.events[j]->stream == si.streams[i]) si.events[j]->stream = NULL;
     free(si.streams[i]);
     si.streams[i] = NULL;
     si.stats.live_streams--;
-    return e;
+    SI_RETURN(e);
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
-    cudaError_t e = si_cuda("cudaStreamQuery", true);
-    int i = si_find((void* const*)si.streams, stream);
+    cudaError_t e;
+    int i;
+    si_lock();
+    e = si_cuda("cudaStreamQuery", true);
+    i = si_find((void* const*)si.streams, stream);
     __atomic_add_fetch(&si_stream_query_calls, 1, __ATOMIC_ACQ_REL);
-    if (e != cudaSuccess) return e;
-    if (i < 0) return cudaErrorInvalidResourceHandle;
-    return si_stream_done(si.streams[i]) ? cudaSuccess : cudaErrorNotReady;
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    SI_RETURN(si_stream_done(si.streams[i]) ? cudaSuccess : cudaErrorNotReady);
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
-    cudaError_t e = si_cuda("cudaEventCreateWithFlags", true);
+    cudaError_t e;
     si_event* ev;
     int i;
     (void)flags;
-    if (e != cudaSuccess) return e;
+    si_lock();
+    e = si_cuda("cudaEventCreateWithFlags", true);
+    if (e != cudaSuccess) SI_RETURN(e);
     i = si_slot((void* const*)si.events);
     ev = (si_event*)calloc(1, sizeof(*ev));
-    if (!ev) return cudaErrorMemoryAllocation;
+    if (!ev) SI_RETURN(cudaErrorMemoryAllocation);
     ev->device = si_current;
     si.events[i] = ev;
     si.stats.live_events++;
     *event = (cudaEvent_t)(void*)ev;
-    return cudaSuccess;
+    SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-    cudaError_t e = si_cuda("cudaEventDestroy", true);
-    int i = si_find((void* const*)si.events, event);
-    if (i < 0) return e != cudaSuccess ? e : cudaErrorInvalidResourceHandle;
+    cudaError_t e;
+    int i;
+    si_lock();
+    e = si_cuda("cudaEventDestroy", true);
+    i = si_find((void* const*)si.events, event);
+    if (i < 0) SI_RETURN(e != cudaSuccess ? e : cudaErrorInvalidResourceHandle);
     free(si.events[i]);
     si.events[i] = NULL;
     si.stats.live_events--;
-    return e;
+    SI_RETURN(e);
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-    cudaError_t e = si_cuda("cudaEventRecord", true);
-    int i = si_find((void* const*)si.events, event), j = si_find((void* const*)si.streams, stream);
+    cudaError_t e;
+    int i, j;
     si_event* ev;
-    if (e != cudaSuccess) return e;
-    if (i < 0 || j < 0) return cudaErrorInvalidResourceHandle;
+    si_lock();
+    e = si_cuda("cudaEventRecord", true);
+    i = si_find((void* const*)si.events, event);
+    j = si_find((void* const*)si.streams, stream);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (i < 0 || j < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     ev = si.events[i];
     ev->stream = si.streams[j];
-    ev->pending = (si.held && ev->stream->held_epoch == si.epoch) || ev->stream->busy > 0;
-    ev->held_epoch = ev->stream->held_epoch;
-    return cudaSuccess;
+    ev->pending = si_stream_busy(ev->stream);
+    ev->held = ev->stream->held;
+    ev->gen = ev->stream->gen;
+    SI_RETURN(cudaSuccess);
 }
+/* Done once the work before it is: held work released since (a later hold does not count),
+   and the stream's busy polls spent. */
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-    cudaError_t e = si_cuda("cudaEventQuery", true);
-    int i = si_find((void* const*)si.events, event);
+    cudaError_t e;
+    int i;
     si_event* ev;
-    if (e != cudaSuccess) return e;
-    if (i < 0) return cudaErrorInvalidResourceHandle;
+    si_stream* s;
+    si_lock();
+    e = si_cuda("cudaEventQuery", true);
+    i = si_find((void* const*)si.events, event);
+    __atomic_add_fetch(&si_stream_query_calls, 1, __ATOMIC_ACQ_REL);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     ev = si.events[i];
-    if (!ev->pending) return cudaSuccess;
-    if (si.held && ev->held_epoch == si.epoch) return cudaErrorNotReady;
-    if (ev->stream && !si_stream_done(ev->stream)) return cudaErrorNotReady;
+    s = ev->stream;
+    if (!ev->pending) SI_RETURN(cudaSuccess);
+    if (ev->held && s && s->held && s->gen == ev->gen) SI_RETURN(cudaErrorNotReady);
+    if (s && s->busy > 0) { s->busy--; SI_RETURN(cudaErrorNotReady); }
     ev->pending = false;
-    return cudaSuccess;
+    SI_RETURN(cudaSuccess);
+}
+/* The TCP backend's CUDA staging (linked in since the test binary has DISTMESH_TCP for
+   dm_shrink's store); the NCCL tests do not reach it. */
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    cudaError_t e;
+    int i;
+    si_lock();
+    e = si_cuda("cudaStreamSynchronize", true);
+    i = si_find((void* const*)si.streams, stream);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si.streams[i]->held) si_hang("cudaStreamSynchronize behind a kernel that never ends");
+    si.streams[i]->busy = 0;
+    SI_RETURN(cudaSuccess);
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    cudaError_t e;
+    int i;
+    si_lock();
+    e = si_cuda("cudaEventSynchronize", true);
+    i = si_find((void* const*)si.events, event);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si.events[i]->held && si.events[i]->stream && si.events[i]->stream->held &&
+        si.events[i]->stream->gen == si.events[i]->gen)
+        si_hang("cudaEventSynchronize behind a kernel that never ends");
+    si.events[i]->pending = false;
+    SI_RETURN(cudaSuccess);
+}
+/* Pinned host memory is plain host memory here (not registered as device memory). */
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+    cudaError_t e;
+    si_lock();
+    e = si_cuda("cudaMallocHost", false);
+    if (e != cudaSuccess) SI_RETURN(e);
+    *ptr = malloc(size ? size : 1);
+    SI_RETURN(*ptr ? cudaSuccess : cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFreeHost(void* ptr) {
+    cudaError_t e;
+    si_lock();
+    e = si_cuda("cudaFreeHost", false);
+    free(ptr);
+    SI_RETURN(e);
 }
 
-/* >>nccl  Every call names its communicator; a NULL, freed or unknown one is counted. Not
-   device-bound: the queries, ncclGroupStart, and ncclCommAbort / ncclCommDestroy (NCCL switches
-   to the communicator's device for those itself). */
+/* >>nccl communicators  Every call names its communicator: a NULL or unknown one is counted
+   in stale_comm_calls, a freed one in use_after_free. Not device-bound: the queries,
+   ncclGroupStart, and ncclCommAbort / ncclCommDestroy (NCCL switches to the communicator's
+   device for those itself). */
 const char* ncclGetErrorString(ncclResult_t result) {
     switch (result) {
         case ncclSuccess: return "no error (stand-in)";
@@ -445,155 +710,299 @@ const char* ncclGetErrorString(ncclResult_t result) {
         default: return "unknown result code (stand-in)";
     }
 }
-/* Like NCCL's: the calling thread's last error whatever the communicator. */
+/* Like NCCL's: the last error whatever the communicator. */
 const char* ncclGetLastError(ncclComm_t comm) {
     (void)comm;
+    si_lock();
     si_note("ncclGetLastError");
-    return si.nccl_last;
+    SI_RETURN((const char*)si.nccl_last);
 }
-static si_comm* si_comm_of(ncclComm_t comm) {
-    int i = si_find((void* const*)si.comms, comm);
-    if (i < 0) { si.stats.stale_comm_calls++; return NULL; }
-    return si.comms[i];
+static void si_nccl_text(const char* fmt, const char* a, ncclResult_t r) {
+    snprintf(si.nccl_last, sizeof(si.nccl_last), fmt, ncclGetErrorString(r), a);
 }
-/* The scripted result of fn (the communicator keeps it as its asynchronous error). */
-static ncclResult_t si_nccl(const char* fn, si_comm* c, bool bound) {
-    ncclResult_t r;
+/* The communicator a call names: live, or NULL after counting a stale or freed handle. */
+static si_comm* si_comm_of(const char* fn, ncclComm_t comm) {
+    si_comm* c;
     si_note(fn);
-    if (bound) si_bound(fn);
-    r = (ncclResult_t)si_scripted(fn, NULL);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        snprintf(si.nccl_last, sizeof(si.nccl_last), "stand-in: %s scripted for %s", ncclGetErrorString(r), fn);
-        if (c) c->async = r;
+    if (si.call_hook) si.call_hook(fn, (void*)comm, si.call_hook_user);
+    for (c = si.all; c; c = c->next_all)
+        if ((void*)c == (void*)comm) break;
+    if (!c) { si.stats.stale_comm_calls++; return NULL; }
+    if (c->dead) {
+        if (!si.stats.use_after_free++)
+            snprintf(si.stats.first_use_after_free, sizeof(si.stats.first_use_after_free),
+                     "%s on a communicator freed by %s", fn, c->died_in);
+        return NULL;
     }
-    return r;
+    return c;
 }
-static si_comm* si_comm_new(int device, int rank, int nranks) {
+static int si_env_int(const char* name, int dflt) {
+    const char* s = getenv(name);
+    return s && *s ? atoi(s) : dflt;
+}
+/* A new communicator; its config's share fields (NCCL_CONFIG_UNDEF_INT: NCCL's default, 0),
+   then the environment over them (envConfigOverride). */
+static si_comm* si_comm_new(int device, int rank, int nranks, const ncclConfig_t* config, si_flag* shared) {
     si_comm* c = (si_comm*)calloc(1, sizeof(*c));
-    int i = si_slot((void* const*)si.comms);
     if (!c) abort();
     c->device = device;
     c->rank = rank;
     c->nranks = nranks;
-    c->async = ncclInProgress;
-    c->polls_left = si.init_forever ? -1 : si.init_polls;
-    if (c->polls_left == 0) c->async = ncclSuccess;
-    si.comms[i] = c;
+    c->async = ncclSuccess;
+    c->split_share = config && config->splitShare != NCCL_CONFIG_UNDEF_INT ? config->splitShare : 0;
+    c->shrink_share = config && config->shrinkShare != NCCL_CONFIG_UNDEF_INT ? config->shrinkShare : 0;
+    c->split_share = si_env_int("NCCL_COMM_SPLIT_SHARE_RESOURCES", c->split_share);
+    c->shrink_share = si_env_int("NCCL_COMM_SHRINK_SHARE_RESOURCES", c->shrink_share);
+    c->abort_flag = shared;
+    if (!c->abort_flag) {
+        c->abort_flag = (si_flag*)calloc(1, sizeof(si_flag));
+        if (!c->abort_flag) abort();
+    }
+    c->next_all = si.all;
+    si.all = c;
     si.stats.live_comms++;
     return c;
 }
-static void si_comm_free(si_comm* c) {
-    int i = si_find((void* const*)si.comms, c);
-    si.comms[i] = NULL;
-    free(c);
-    si.stats.live_comms--;
+/* Starts a job on c: c reports ncclInProgress until it ends. */
+static void si_job_start(si_comm* c, int polls, ncclResult_t result, si_comm* child, ncclComm_t* target, bool writes) {
+    c->job.active = true;
+    c->job.polls_left = polls;
+    c->job.result = result;
+    c->job.child = child;
+    c->job.target = target;
+    c->job.writes = writes;
+    c->async = ncclInProgress;
 }
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
-                                    ncclConfig_t* config) {
-    si_comm* c = si_comm_new(si_current, rank, nranks);
-    ncclResult_t r = si_nccl("ncclCommInitRankConfig", c, true);
-    c->id_byte = (unsigned char)commId.internal[0];
-    *comm = (ncclComm_t)(void*)c;       /* written even on failure, as NCCL does */
-    if (r != ncclSuccess) return r;
-    return config && !config->blocking && c->async == ncclInProgress ? ncclInProgress : ncclSuccess;
-}
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
-    si_comm* parent = si_comm_of(comm);
-    si_comm* child;
-    ncclResult_t r;
-    (void)key; (void)config;
-    if (!parent) return ncclInvalidArgument;
-    r = si_nccl("ncclCommSplit", parent, true);
-    if (parent->async != ncclSuccess && r == ncclSuccess) r = parent->async;
-    *newcomm = NULL;
-    if (r != ncclSuccess && r != ncclInProgress) {   /* NCCL writes the child even then */
-        child = si_comm_new(parent->device, 0, 1);
-        child->async = r;
-        *newcomm = (ncclComm_t)(void*)child;
-        return r;
+/* The job ends with result: a split or shrink writes its child (failed too), and a failure
+   is left on the communicator that ran it. */
+static void si_job_end(si_comm* c, ncclResult_t result) {
+    si_job j = c->job;
+    memset(&c->job, 0, sizeof(c->job));
+    if (j.child) {
+        j.child->async = result;
+        if (result != ncclSuccess)
+            si_nccl_text("stand-in: the new communicator failed (%s)%s", "", result);
     }
-    parent->async = ncclInProgress;     /* the parent is "in progress" after a non-blocking split */
-    parent->polls_left = 1;
-    if (color == NCCL_SPLIT_NOCOLOR || si.split_null) return ncclSuccess;
-    child = si_comm_new(parent->device, 0, 1);
-    if (si.child_fails != ncclSuccess) {    /* its initialisation fails later, asynchronously */
-        child->async = si.child_fails;
-        snprintf(si.nccl_last, sizeof(si.nccl_last), "stand-in: the new communicator failed (%s)",
-                 ncclGetErrorString(si.child_fails));
-    }
-    *newcomm = (ncclComm_t)(void*)child;
-    return ncclSuccess;
+    if (j.writes) *j.target = (ncclComm_t)(void*)j.child;
+    c->async = result;
 }
-ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
-    si_comm* c = si_comm_of(comm);
-    ncclResult_t r;
-    si_note("ncclCommGetAsyncError");
-    r = (ncclResult_t)si_scripted("ncclCommGetAsyncError", NULL);
-    if (r != ncclSuccess) return r;
-    if (!c || !asyncError) return ncclInvalidArgument;
-    if (si.peer_died != ncclSuccess && c->async == ncclSuccess) {
+/* c's state as ncclCommGetAsyncError reads it; a peer that died shows on a quiet communicator. */
+static ncclResult_t si_state(si_comm* c) {
+    if (si.peer_died != ncclSuccess && c->async == ncclSuccess && !c->job.active) {
         c->async = si.peer_died;
-        snprintf(si.nccl_last, sizeof(si.nccl_last), "stand-in: a peer died (%s)", ncclGetErrorString(si.peer_died));
+        si_nccl_text("stand-in: a peer died (%s)%s", "", si.peer_died);
     }
-    if (c->async == ncclInProgress && c->polls_left > 0 && --c->polls_left == 0) c->async = ncclSuccess;
-    *asyncError = c->async;
-    return ncclSuccess;
+    return c->async;
 }
-ncclResult_t ncclCommAbort(ncclComm_t comm) {
-    si_comm* c = si_comm_of(comm);
-    si_note("ncclCommAbort");
-    if (!c) return ncclInvalidArgument;
-    si.stats.aborts++;
-    si.nccl_last[0] = 0;        /* what NCCL said about the failure is gone now */
-    si_comm_free(c);
-    return ncclSuccess;
-}
-ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-    si_comm* c = si_comm_of(comm);
-    si_note("ncclCommDestroy");
-    if (!c) return ncclInvalidArgument;
-    si.stats.destroys++;
-    si_comm_free(c);
-    return ncclSuccess;
-}
-ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-    si_comm* c = si_comm_of(comm);
-    si_note("ncclCommUserRank");
-    if (!c) return ncclInvalidArgument;
-    *rank = c->rank;
-    return ncclSuccess;
-}
-ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
-    si_comm* c = si_comm_of(comm);
-    si_note("ncclCommCount");
-    if (!c) return ncclInvalidArgument;
-    *count = c->nranks;
-    return ncclSuccess;
-}
-ncclResult_t ncclGroupStart(void) {
-    si_note("ncclGroupStart");
-    si.stats.group_depth++;
-    return ncclSuccess;
-}
-ncclResult_t ncclGroupEnd(void) {
-    ncclResult_t r = si_nccl("ncclGroupEnd", NULL, true);
-    if (si.stats.group_depth <= 0) return ncclInvalidUsage;
-    si.stats.group_depth--;
+/* ncclCommEnsureReady. */
+static ncclResult_t si_ensure_ready(si_comm* c) {
+    ncclResult_t r;
+    if (c->abort_flag->set) return ncclSuccess;
+    r = si_state(c);
+    if (r == ncclInProgress) {
+        si.stats.used_in_progress++;
+        snprintf(si.nccl_last, sizeof(si.nccl_last),
+                 "stand-in: Attempt to use communicator before the previous operation returned ncclSuccess");
+        c->async = ncclInvalidArgument;
+        return ncclInvalidArgument;
+    }
     return r;
 }
+/* The resources go (counted out of live_comms); the handle is dead already. */
+static void si_reclaim(si_comm* c) {
+    if (c->reclaimed) return;
+    c->reclaimed = true;
+    c->reclaim_at_group_end = false;
+    si.stats.live_comms--;
+}
+static void si_kill(si_comm* c, const char* by) {
+    c->dead = true;
+    snprintf(c->died_in, sizeof(c->died_in), "%s", by);
+}
+/* c's kernels stop (its abort flag was set): the held work of every communicator sharing the
+   flag is released. */
+static void si_flag_stops_kernels(si_flag* f) {
+    int i;
+    for (i = 0; i < SI_MAX; i++)
+        if (si.streams[i] && si.streams[i]->held && si.streams[i]->held_by &&
+            si.streams[i]->held_by->abort_flag == f)
+            si_release_held(si.streams[i]);
+}
+static int si_poll_count(int polls) { return polls > 0 ? polls : 0; }
 
-/* One queued operation on comm and stream: the script, the sticky state, the stream's work. */
-static ncclResult_t si_op(const char* fn, ncclComm_t comm, cudaStream_t stream) {
-    si_comm* c = si_comm_of(comm);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t* config) {
+    si_comm* c;
+    ncclResult_t r;
+    si_lock();
+    si_note("ncclCommInitRankConfig");
+    si_bound("ncclCommInitRankConfig");
+    r = (ncclResult_t)si_scripted("ncclCommInitRankConfig", NULL);
+    if (r != ncclSuccess && r != ncclInProgress) {   /* refused at once: *comm NULL, nothing made */
+        si_nccl_text("stand-in: %s scripted for %s", "ncclCommInitRankConfig", r);
+        *comm = NULL;
+        SI_RETURN(r);
+    }
+    c = si_comm_new(si_current, rank, nranks, config, NULL);
+    c->id_byte = (unsigned char)commId.internal[0];
+    *comm = (ncclComm_t)(void*)c;                   /* at once (ncclCommInitRankDev) */
+    if (config && config->blocking == 0 && (si.init_forever || si.init_polls > 0))
+        si_job_start(c, si.init_forever ? -1 : si.init_polls, ncclSuccess, NULL, NULL, false);
+    SI_RETURN(c->async);
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+    si_comm* c;
+    ncclResult_t r;
+    si_lock();
+    c = si_comm_of("ncclCommGetAsyncError", comm);
+    r = (ncclResult_t)si_scripted("ncclCommGetAsyncError", NULL);
+    if (r != ncclSuccess) SI_RETURN(r);
+    if (!c || !asyncError) SI_RETURN(ncclInvalidArgument);
+    if (c->job.active && c->job.polls_left > 0 && --c->job.polls_left == 0) si_job_end(c, c->job.result);
+    *asyncError = si_state(c);
+    SI_RETURN(ncclSuccess);
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    si_comm* c;
+    si_lock();
+    c = si_comm_of("ncclCommAbort", comm);
+    if (!c) SI_RETURN(comm ? ncclInvalidArgument : ncclSuccess);
+    si.stats.aborts++;
+    c->abort_flag->set = 1;                 /* setCommAbortFlags: every sharer's kernels stop */
+    si_flag_stops_kernels(c->abort_flag);
+    if (c->job.active) si_job_end(c, ncclInternalError);  /* ncclCommEnsureReady joins it */
+    si.nccl_last[0] = 0;                    /* what NCCL said about the failure is gone now */
+    si_kill(c, "ncclCommAbort");
+    if (si_depth > 0) c->reclaim_at_group_end = true;    /* the reclaim job waits for the group */
+    else si_reclaim(c);
+    SI_RETURN(ncclSuccess);
+}
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    si_comm* c;
+    ncclResult_t r;
+    si_lock();
+    c = si_comm_of("ncclCommDestroy", comm);
+    if (!c) SI_RETURN(comm ? ncclInvalidArgument : ncclSuccess);
+    si_depth++;                             /* ncclGroupStartInternal */
+    si.stats.group_depth++;
+    r = (ncclResult_t)si_scripted("ncclCommDestroy", NULL);
+    if (r != ncclSuccess) {                 /* an asynchronous error arrived since the last poll */
+        si_nccl_text("stand-in: %s scripted for %s", "ncclCommDestroy", r);
+        c->async = r;
+    }
+    r = si_ensure_ready(c);
+    if (r != ncclSuccess) SI_RETURN(r);     /* no group end, nothing freed (2381 / 2182) */
+    si_depth--;
+    si.stats.group_depth--;
+    si.stats.destroys++;
+    si_kill(c, "ncclCommDestroy");
+    if (si_depth > 0) c->reclaim_at_group_end = true;
+    else si_reclaim(c);
+    SI_RETURN(ncclSuccess);
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+    si_comm* c;
+    ncclResult_t r;
+    si_lock();
+    c = si_comm_of("ncclCommUserRank", comm);
+    if (!c) SI_RETURN(ncclInvalidArgument);
+    if ((r = si_ensure_ready(c)) != ncclSuccess) SI_RETURN(r);
+    *rank = c->rank;
+    SI_RETURN(ncclSuccess);
+}
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+    si_comm* c;
+    ncclResult_t r;
+    si_lock();
+    c = si_comm_of("ncclCommCount", comm);
+    if (!c) SI_RETURN(ncclInvalidArgument);
+    if ((r = si_ensure_ready(c)) != ncclSuccess) SI_RETURN(r);
+    *count = c->nranks;
+    SI_RETURN(ncclSuccess);
+}
+
+/* >>nccl groups */
+ncclResult_t ncclGroupStart(void) {
+    si_lock();
+    si_note("ncclGroupStart");
+    if (si_depth++ == 0) { si_group_error = ncclSuccess; si_ngroup = 0; }
+    si.stats.group_depth++;
+    SI_RETURN(ncclSuccess);
+}
+ncclResult_t ncclGroupEnd(void) {
+    ncclResult_t r;
+    si_comm* c;
+    int i;
+    bool launched = false;
+    si_lock();
+    si_note("ncclGroupEnd");
+    si_bound("ncclGroupEnd");
+    if (si_depth == 0) {
+        snprintf(si.nccl_last, sizeof(si.nccl_last), "stand-in: ncclGroupEnd: not in a group call");
+        SI_RETURN(ncclInvalidUsage);
+    }
+    si.stats.group_depth--;
+    if (--si_depth > 0) SI_RETURN(ncclSuccess);
+    r = (ncclResult_t)si_scripted("ncclGroupEnd", NULL);
+    if (r == ncclSuccess) r = si_group_error;
+    if (r != ncclSuccess) si_nccl_text("stand-in: %s scripted for %s", "ncclGroupEnd", r);
+    for (i = 0; i < si_ngroup; i++) {       /* the group's tasks: launched, or failed together */
+        c = si_group[i];
+        c->in_group = false;
+        if (c->dead) continue;
+        if (r != ncclSuccess) c->async = r;
+        else { si_job_start(c, si_poll_count(si.enqueue_polls), ncclSuccess, NULL, NULL, false); launched = true; }
+        if (c->job.active && c->job.polls_left == 0) si_job_end(c, ncclSuccess);
+    }
+    si_ngroup = 0;
+    for (c = si.all; c; c = c->next_all)   /* reclaims queued inside the group */
+        if (c->reclaim_at_group_end) si_reclaim(c);
+    if (r != ncclSuccess) SI_RETURN(r);
+    SI_RETURN(launched ? ncclInProgress : ncclSuccess);
+}
+
+/* >>nccl operations  One collective or point-to-point call on comm and stream: the script,
+   ncclCommEnsureReady, the stream's work, then at once (world 1), queued in the open group, or
+   as a group of its own that reports ncclInProgress. */
+static si_alloc* si_other_gpu(const void* p, const si_comm* c) {
+    si_alloc* a = p ? si_alloc_of(p) : NULL;
+    return a && !a->managed && a->device != c->device ? a : NULL;
+}
+static ncclResult_t si_op(const char* fn, ncclComm_t comm, cudaStream_t stream, const void* a, const void* b,
+                          bool collective, bool* run) {
+    si_comm* c = si_comm_of(fn, comm);
     int j = si_find((void* const*)si.streams, stream);
     ncclResult_t r;
-    if (!c) { si_note(fn); return ncclInvalidArgument; }
-    r = si_nccl(fn, c, true);
-    if (r != ncclSuccess) return r;
-    if (c->async != ncclSuccess && c->async != ncclInProgress) return c->async;
-    if (j < 0) return ncclInvalidArgument;
-    si_queue(si.streams[j]);
-    return ncclSuccess;
+    *run = false;
+    if (!c) return ncclInvalidArgument;
+    si_bound(fn);
+    r = (ncclResult_t)si_scripted(fn, NULL);
+    if (r == ncclSuccess) r = si_ensure_ready(c);
+    if (r == ncclSuccess && c->abort_flag->set) {   /* another communicator's abort stopped it */
+        si.stats.skipped_by_shared_abort++;
+        return ncclSuccess;
+    }
+    if (r == ncclSuccess && j < 0) r = ncclInvalidArgument;
+    if (r != ncclSuccess && r != ncclInProgress) {
+        si_nccl_text("stand-in: %s scripted for %s", fn, r);
+        c->async = r;
+        if (si_depth > 0 && si_group_error == ncclSuccess) si_group_error = r;
+        return r;
+    }
+    if (si_other_gpu(a, c) || si_other_gpu(b, c)) {     /* the kernel faults */
+        si.stats.illegal_addresses++;
+        si.sticky = cudaErrorIllegalAddress;
+    }
+    si_queue(si.streams[j], c);
+    *run = true;
+    if (si_depth > 0) {                     /* queued until the group ends */
+        if (!c->in_group && si_ngroup < SI_GROUP_MAX) { c->in_group = true; si_group[si_ngroup++] = c; }
+        return ncclSuccess;
+    }
+    if (collective && c->nranks == 1 && r == ncclSuccess) return ncclSuccess;
+    si_job_start(c, si_poll_count(si.enqueue_polls), ncclSuccess, NULL, NULL, false);
+    if (c->job.polls_left == 0) si_job_end(c, ncclSuccess);
+    return c->async;
 }
 static size_t si_type_size(ncclDataType_t t) {
     switch (t) {
@@ -611,135 +1020,191 @@ static void si_world1_copy(ncclComm_t comm, void* recv, const void* send, size_t
 }
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-    ncclResult_t r = si_op("ncclAllReduce", comm, stream);
+    bool run;
+    ncclResult_t r;
     (void)op;
-    if (r == ncclSuccess) si_world1_copy(comm, recvbuff, sendbuff, count * si_type_size(datatype));
-    return r;
+    si_lock();
+    r = si_op("ncclAllReduce", comm, stream, sendbuff, recvbuff, true, &run);
+    if (run) si_world1_copy(comm, recvbuff, sendbuff, count * si_type_size(datatype));
+    SI_RETURN(r);
 }
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-    ncclResult_t r = si_op("ncclReduceScatter", comm, stream);
+    bool run;
+    ncclResult_t r;
     (void)op;
-    if (r == ncclSuccess) si_world1_copy(comm, recvbuff, sendbuff, recvcount * si_type_size(datatype));
-    return r;
+    si_lock();
+    r = si_op("ncclReduceScatter", comm, stream, sendbuff, recvbuff, true, &run);
+    if (run) si_world1_copy(comm, recvbuff, sendbuff, recvcount * si_type_size(datatype));
+    SI_RETURN(r);
 }
+/* World >= 2: send goes into this rank's block; the others are the hook's (else untouched). */
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-    ncclResult_t r = si_op("ncclAllGather", comm, stream);
-    if (r == ncclSuccess) si_world1_copy(comm, recvbuff, sendbuff, sendcount * si_type_size(datatype));
-    return r;
+    bool run;
+    ncclResult_t r;
+    size_t bytes = sendcount * si_type_size(datatype);
+    si_lock();
+    r = si_op("ncclAllGather", comm, stream, sendbuff, recvbuff, true, &run);
+    if (run && ((si_comm*)(void*)comm)->nranks == 1) si_world1_copy(comm, recvbuff, sendbuff, bytes);
+    else if (run && bytes) {
+        si_comm* c = (si_comm*)(void*)comm;
+        unsigned char* own = (unsigned char*)recvbuff + (size_t)c->rank * bytes;
+        int p;
+        if (own != sendbuff) memmove(own, sendbuff, bytes);
+        for (p = 0; p < c->nranks && si.gather_hook; p++)
+            if (p != c->rank) si.gather_hook(p, (unsigned char*)recvbuff + (size_t)p * bytes, own, bytes, si.gather_hook_user);
+    }
+    SI_RETURN(r);
 }
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-    ncclResult_t r = si_op("ncclBroadcast", comm, stream);
+    bool run;
+    ncclResult_t r;
     (void)root;
-    if (r == ncclSuccess) si_world1_copy(comm, recvbuff, sendbuff, count * si_type_size(datatype));
-    return r;
+    si_lock();
+    r = si_op("ncclBroadcast", comm, stream, sendbuff, recvbuff, true, &run);
+    if (run) si_world1_copy(comm, recvbuff, sendbuff, count * si_type_size(datatype));
+    SI_RETURN(r);
 }
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-    ncclResult_t r = si_op("ncclReduce", comm, stream);
+    bool run;
+    ncclResult_t r;
     (void)op; (void)root;
-    if (r == ncclSuccess) si_world1_copy(comm, recvbuff, sendbuff, count * si_type_size(datatype));
-    return r;
+    si_lock();
+    r = si_op("ncclReduce", comm, stream, sendbuff, recvbuff, true, &run);
+    if (run) si_world1_copy(comm, recvbuff, sendbuff, count * si_type_size(datatype));
+    SI_RETURN(r);
 }
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-    (void)sendbuff; (void)count; (void)datatype; (void)peer;
-    return si_op("ncclSend", comm, stream);
+    bool run;
+    (void)count; (void)datatype; (void)peer;
+    si_lock();
+    SI_RETURN(si_op("ncclSend", comm, stream, sendbuff, NULL, false, &run));
 }
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-    (void)recvbuff; (void)count; (void)datatype; (void)peer;
-    return si_op("ncclRecv", comm, stream);
+    bool run;
+    (void)count; (void)datatype; (void)peer;
+    si_lock();
+    SI_RETURN(si_op("ncclRecv", comm, stream, recvbuff, NULL, false, &run));
 }
 
-/* >>version, unique ids, shrink */
-void si_comm_info(void* comm, int* rank, int* nranks, unsigned char* id_byte) {
-    int i = si_find((void* const*)si.comms, comm);
-    *rank = i < 0 ? -1 : si.comms[i]->rank;
-    *nranks = i < 0 ? -1 : si.comms[i]->nranks;
-    *id_byte = i < 0 ? 0 : si.comms[i]->id_byte;
+/* >>nccl split and shrink  ncclCommInitChildComm: the child's initialisation is a job of the
+   parent; *newcomm stays NULL until it ends. A scripted result refuses the call at once. */
+static ncclResult_t si_child_job(si_comm* parent, ncclComm_t* newcomm, bool make, int rank, int nranks,
+                                 const ncclConfig_t* config, bool share) {
+    si_comm* child = NULL;
+    ncclConfig_t inherit;
+    *newcomm = NULL;
+    if (make) {
+        if (!config) {                      /* copyCommConfig: the parent's */
+            memset(&inherit, 0, sizeof(inherit));
+            inherit.splitShare = parent->split_share;
+            inherit.shrinkShare = parent->shrink_share;
+            config = &inherit;
+        }
+        child = si_comm_new(parent->device, rank, nranks, config, share ? parent->abort_flag : NULL);
+    }
+    si_job_start(parent, si.init_forever ? -1 : si_poll_count(si.init_polls), si.child_fails, child, newcomm, true);
+    if (parent->job.polls_left == 0) si_job_end(parent, parent->job.result);
+    return ncclSuccess;                     /* NCCLCHECK lets the group's ncclInProgress through */
 }
-ncclResult_t ncclGetVersion(int* version) {
-    ncclResult_t r = si_nccl("ncclGetVersion", NULL, false);
-    if (r == ncclSuccess) *version = si.version;
-    return r;
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+    si_comm* parent;
+    ncclResult_t r;
+    (void)key;
+    si_lock();
+    parent = si_comm_of("ncclCommSplit", comm);
+    if (!parent) SI_RETURN(ncclInvalidArgument);
+    si_bound("ncclCommSplit");
+    r = (ncclResult_t)si_scripted("ncclCommSplit", NULL);
+    if (r != ncclSuccess) si_nccl_text("stand-in: %s scripted for %s", "ncclCommSplit", r);
+    else r = si_ensure_ready(parent);
+    if (r != ncclSuccess) {
+        *newcomm = NULL;
+        SI_RETURN(r);
+    }
+    SI_RETURN(si_child_job(parent, newcomm, color != NCCL_SPLIT_NOCOLOR && !si.split_null, si.split_rank,
+                           si.split_nranks, config, parent->split_share == 1));
 }
-/* Each id carries the number of the call in its first byte, for the test to follow it. */
-ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
-    ncclResult_t r = si_nccl("ncclGetUniqueId", NULL, false);
-    if (r != ncclSuccess) return r;
-    memset(uniqueId, 0, sizeof(*uniqueId));
-    uniqueId->internal[0] = (char)++si.ids;
-    return ncclSuccess;
+static int si_compare_ints(const void* a, const void* b) {
+    int x = *(const int*)a, y = *(const int*)b;
+    return (x > y) - (x < y);
 }
 /* The child has the parent's rank less the excluded ranks below it; the arguments are kept
-   for si_last_shrink. A failure writes a child anyway, as ncclCommSplit's does. */
+   for si_last_shrink. */
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
                             ncclConfig_t* config, int shrinkFlags) {
-    si_comm* parent = si_comm_of(comm);
-    si_comm* child;
+    si_comm* parent;
     ncclResult_t r;
     int i, below = 0;
-    if (!parent) return ncclInvalidArgument;
-    r = si_nccl("ncclCommShrink", parent, true);
+    si_lock();
+    parent = si_comm_of("ncclCommShrink", comm);
+    if (!parent) SI_RETURN(ncclInvalidArgument);
+    si_bound("ncclCommShrink");
     si.shrink.calls++;
     si.shrink.flags = shrinkFlags;
     si.shrink.blocking = config ? config->blocking : -1;
     si.shrink.count = excludeRanksCount;
-    for (i = 0; i < excludeRanksCount && i < SI_SHRINK_MAX; i++) {
-        si.shrink.exclude[i] = excludeRanksList[i];
-        if (excludeRanksList[i] < parent->rank) below++;
+    if (shrinkFlags & NCCL_SHRINK_ABORT)    /* abort flags set, device stream synchronized, cleared */
+        si_flag_stops_kernels(parent->abort_flag);
+    r = (ncclResult_t)si_scripted("ncclCommShrink", NULL);
+    if (r != ncclSuccess) si_nccl_text("stand-in: %s scripted for %s", "ncclCommShrink", r);
+    if (r == ncclSuccess && (!excludeRanksList || excludeRanksCount <= 0)) {
+        snprintf(si.nccl_last, sizeof(si.nccl_last), "stand-in: ncclCommShrink: no ranks to exclude");
+        r = ncclInvalidArgument;
     }
-    *newcomm = NULL;
-    child = si_comm_new(parent->device, parent->rank - below, parent->nranks - excludeRanksCount);
-    *newcomm = (ncclComm_t)(void*)child;
-    if (r != ncclSuccess && r != ncclInProgress) child->async = r;
-    else if (si.child_fails != ncclSuccess) {
-        child->async = si.child_fails;
-        snprintf(si.nccl_last, sizeof(si.nccl_last), "stand-in: the new communicator failed (%s)",
-                 ncclGetErrorString(si.child_fails));
+    if (r == ncclSuccess) {
+        qsort(excludeRanksList, (size_t)excludeRanksCount, sizeof(int), si_compare_ints);
+        for (i = 0; i < excludeRanksCount; i++) {
+            if (i < SI_SHRINK_MAX) si.shrink.exclude[i] = excludeRanksList[i];
+            if (excludeRanksList[i] == parent->rank) {
+                snprintf(si.nccl_last, sizeof(si.nccl_last), "stand-in: ncclCommShrink: rank %d excludes itself",
+                         parent->rank);
+                r = ncclInvalidArgument;
+            }
+            if (excludeRanksList[i] < parent->rank) below++;
+        }
     }
-    return r;
+    if (r == ncclSuccess) r = si_ensure_ready(parent);
+    if (r != ncclSuccess) SI_RETURN(r);
+    SI_RETURN(si_child_job(parent, newcomm, true, parent->rank - below, parent->nranks - excludeRanksCount, config,
+                           !(shrinkFlags & NCCL_SHRINK_ABORT) && parent->shrink_share == 1));
 }
 
-/* >>tcp staging  The TCP backend's CUDA staging (linked in since the test binary has
-   DISTMESH_TCP for dm_shrink's store); the NCCL tests do not reach it. Waiting for work that
-   is held would hang on a GPU, so it ends the test. */
-static void si_no_wait_on_held(const char* fn, const si_stream* s) {
-    if (s && si.held && s->held_epoch == si.epoch) {
-        fprintf(stderr, "stand-in: %s behind held work would hang on a GPU\n", fn);
-        abort();
+/* >>version, unique ids */
+void si_comm_info(void* comm, int* rank, int* nranks, unsigned char* id_byte) {
+    si_comm* c;
+    si_lock();
+    for (c = si.all; c; c = c->next_all)
+        if ((void*)c == comm && !c->dead) break;
+    *rank = c ? c->rank : -1;
+    *nranks = c ? c->nranks : -1;
+    *id_byte = c ? c->id_byte : 0;
+    si_unlock();
+}
+ncclResult_t ncclGetVersion(int* version) {
+    ncclResult_t r;
+    si_lock();
+    si_note("ncclGetVersion");
+    r = (ncclResult_t)si_scripted("ncclGetVersion", NULL);
+    if (r == ncclSuccess) *version = si.version;
+    SI_RETURN(r);
+}
+/* Each id carries the number of the call in its first byte, for the test to follow it. */
+ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
+    ncclResult_t r;
+    si_lock();
+    si_note("ncclGetUniqueId");
+    r = (ncclResult_t)si_scripted("ncclGetUniqueId", NULL);
+    if (r != ncclSuccess) {
+        si_nccl_text("stand-in: %s scripted for %s", "ncclGetUniqueId", r);
+        SI_RETURN(r);
     }
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-    cudaError_t e = si_cuda("cudaStreamSynchronize", true);
-    int i = si_find((void* const*)si.streams, stream);
-    if (e != cudaSuccess) return e;
-    if (i < 0) return cudaErrorInvalidResourceHandle;
-    si_no_wait_on_held("cudaStreamSynchronize", si.streams[i]);
-    si.streams[i]->busy = 0;
-    return cudaSuccess;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-    cudaError_t e = si_cuda("cudaEventSynchronize", true);
-    int i = si_find((void* const*)si.events, event);
-    if (e != cudaSuccess) return e;
-    if (i < 0) return cudaErrorInvalidResourceHandle;
-    si_no_wait_on_held("cudaEventSynchronize", si.events[i]->stream);
-    si.events[i]->pending = false;
-    return cudaSuccess;
-}
-/* Pinned host memory is plain host memory here (not registered as device memory). */
-cudaError_t cudaMallocHost(void** ptr, size_t size) {
-    cudaError_t e = si_cuda("cudaMallocHost", false);
-    if (e != cudaSuccess) return e;
-    *ptr = malloc(size ? size : 1);
-    return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaFreeHost(void* ptr) {
-    cudaError_t e = si_cuda("cudaFreeHost", false);
-    free(ptr);
-    return e;
+    memset(uniqueId, 0, sizeof(*uniqueId));
+    uniqueId->internal[0] = (char)++si.ids;
+    SI_RETURN(ncclSuccess);
 }

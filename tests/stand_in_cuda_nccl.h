@@ -1,25 +1,40 @@
 /* The script of tests/stand_in_cuda_nccl.c: a STAND-IN for libcudart and libnccl (not CUDA,
    not NCCL), linked in their place by tests/test_nccl_standin.c so that distmesh_nccl.h's
-   reactions to failures can be tested on a machine without a GPU.
+   reactions to failures can be tested on a machine without a GPU. It behaves as NCCL 2.27 and
+   2.28 do with non-blocking communicators (what it imitates, with NCCL's source lines, is at
+   the top of stand_in_cuda_nccl.c).
 
    A test scripts results ("ncclRemoteError on the 3rd enqueue", "a sticky
    cudaErrorIllegalAddress from cudaEventQuery") and reads what the backend did: how often it
-   aborted, which device was current at each call, what is still allocated. Single-threaded:
-   the stand-in takes no locks (one thread at a time may call it; si_stream_queries excepted). */
+   aborted, which device was current at each call, what is still allocated, and what the real
+   libraries would not forgive (a call on a freed communicator, a call while one is in
+   progress, a device-wide wait behind a kernel that never ends). Every call takes one lock, so
+   two threads may call it; the hooks run under that lock and must not call it back. */
 #ifndef STAND_IN_CUDA_NCCL_H
 #define STAND_IN_CUDA_NCCL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 typedef struct si_stats {
     int aborts;                 /* ncclCommAbort calls on live communicators */
-    int destroys;               /* ncclCommDestroy calls on live communicators */
-    int stale_comm_calls;       /* NCCL calls given a NULL, freed or unknown communicator */
+    int destroys;               /* ncclCommDestroy calls that freed a communicator */
+    int stale_comm_calls;       /* NCCL calls given a NULL or unknown communicator */
+    int use_after_free;         /* NCCL calls given a communicator after ncclCommAbort/Destroy */
+    char first_use_after_free[96];      /* "ncclCommGetAsyncError on a communicator aborted before" */
+    int used_in_progress;       /* calls NCCL refuses because the communicator is in progress
+                                   (ncclCommEnsureReady: "Attempt to use communicator before the
+                                   previous operation returned ncclSuccess") */
+    int skipped_by_shared_abort;        /* operations on a communicator whose abort flag another
+                                           one's ncclCommAbort set: NCCL would skip their work */
+    int hangs;                  /* device-wide or stream waits behind work that never ends */
+    char first_hang[96];
+    int illegal_addresses;      /* operations given another GPU's memory (a kernel fault) */
     int live_comms, live_streams, live_events, live_allocs;   /* created, not yet released */
     int wrong_device_calls;     /* calls bound to a device made while another was current */
     char first_wrong_device_call[96];   /* "cudaMallocAsync on device 0 (expected 2)" */
     int host_copies_on_busy_stream;     /* host<->device copies queued behind unfinished work */
-    int group_depth;            /* ncclGroupStart minus ncclGroupEnd */
+    int group_depth;            /* open ncclGroupStart (and failed ncclCommDestroy) on all threads */
     int bad_frees;              /* cudaFree / cudaFreeAsync of memory the stand-in never gave */
 } si_stats;
 
@@ -28,16 +43,19 @@ void si_reset(void);
 const si_stats* si_get(void);
 /* Calls of fn (a CUDA or NCCL function name) since si_reset. */
 int si_count(const char* fn);
-/* cudaStreamQuery calls since si_reset; the one thing another thread may read while a call
-   of the stand-in runs. */
+/* cudaStreamQuery and cudaEventQuery calls since si_reset (atomic: for another thread). */
 int si_stream_queries(void);
+/* Communicators with a background job of NCCL's still running (init, split, shrink, group). */
+int si_pending_jobs(void);
 
 /* The nth call of fn from now on returns code: an ncclResult_t for "nccl..." names and for
    "enqueue" (any collective, ncclSend or ncclRecv), a cudaError_t for "cuda..." names. A
    failed NCCL call leaves its communicator's asynchronous error set (NCCL's non-blocking
    communicators keep it) and NCCL's last-error text set until the next ncclCommAbort. sticky:
    the CUDA error stays, every later CUDA call returns it (as after an illegal address). For
-   ncclCommGetAsyncError the code is the call's own result, nothing is written. */
+   ncclCommGetAsyncError the code is the call's own result, nothing is written. ncclCommSplit
+   and ncclCommShrink: refused at once, no job, *newcomm NULL. ncclCommDestroy: the error has
+   just arrived (a late asynchronous error), which its ncclCommEnsureReady then finds. */
 void si_fail(const char* fn, int nth, int code, bool sticky);
 
 /* Device-bound calls (allocations, copies, streams, events, every NCCL call that queues work,
@@ -48,17 +66,27 @@ void si_set_memory_pools(bool supported);   /* cudaDevAttrMemoryPoolsSupported, 
 /* After each queued operation a stream reports cudaErrorNotReady this many times (to
    cudaStreamQuery and to its events) before it is drained. Default 0. */
 void si_set_busy_polls(int polls);
-/* While held, work queued from now on never finishes (a kernel waiting on a dead peer):
-   the stream and the events recorded behind it report cudaErrorNotReady. */
+/* While held, NCCL work queued from now on never finishes (a kernel waiting on a dead peer):
+   the stream and the events recorded behind it report cudaErrorNotReady, until the hold is
+   lifted or the communicator that queued it is aborted (ncclCommAbort, or ncclCommShrink with
+   NCCL_SHRINK_ABORT on it), which stops its kernels. Copies are not held by themselves. */
 void si_hold_streams(bool held);
-/* New communicators (init, split children) report ncclInProgress to this many polls of
-   ncclCommGetAsyncError before ncclSuccess (default 2); forever: never finish. */
+/* NCCL's background jobs (init; split and shrink children, which run as a job of the parent)
+   report ncclInProgress to this many polls of ncclCommGetAsyncError on the communicator that
+   runs them before they end (default 2); forever: they never end on their own. */
 void si_set_init_polls(int polls, bool forever);
+/* Operations at world >= 2 (and ncclGroupEnd) return ncclInProgress; the communicator reports
+   it to this many polls (default 1). */
+void si_set_enqueue_polls(int polls);
 /* The asynchronous error every live communicator reports from now on (a peer died). */
 void si_set_async_error(int nccl_result);
-/* ncclCommSplit with a color returns ncclSuccess and writes NULL into *newcomm. */
+/* Split jobs with a color end writing NULL into *newcomm. */
 void si_split_gives_null(bool on);
-/* Split and shrink children made from now on fail their initialisation with this ncclResult_t. */
+/* The rank and size of the children split jobs make from now on (default 0 of 1: the stand-in
+   does not know the other ranks' colors). */
+void si_set_split_child(int rank, int nranks);
+/* Split and shrink jobs started from now on fail: the child is written anyway, failed, and
+   the parent reports this ncclResult_t (group.cc groupCleanup). */
 void si_split_child_fails(int nccl_result);
 /* What ncclGetVersion reports (default: the headers' NCCL_VERSION_CODE). */
 void si_set_version(int version);
@@ -72,5 +100,14 @@ const si_shrink_call* si_last_shrink(void);
 /* A live communicator's rank and size (-1 if comm is not live) and the first byte of the
    unique id it was initialised with (ncclGetUniqueId writes its call count there). */
 void si_comm_info(void* comm, int* rank, int* nranks, unsigned char* id_byte);
+
+/* Called (under the lock) at every NCCL call that names a communicator: fn's name, the handle. */
+typedef void (*si_call_hook)(const char* fn, void* comm, void* user);
+void si_set_call_hook(si_call_hook hook, void* user);
+/* ncclAllGather at world >= 2 copies send into the caller's block; the other ranks' blocks
+   are what this hook writes (bytes each; mine: this rank's data). NULL: left as they are. */
+typedef void (*si_gather_hook)(int peer, unsigned char* block, const unsigned char* mine, size_t bytes,
+                               void* user);
+void si_set_all_gather_peers(si_gather_hook hook, void* user);
 
 #endif

@@ -17,7 +17,16 @@
      fallback re-initialisation through the store (an NCCL reported older than 2.27, or a
      communicator a failure already aborted), the parent left only destroyable, failures with a
      status and message, and an operation on another thread interrupted by DM_SHRINK_ABORT;
-   - the unique id through the store (rank 0 publishes it, the others read it).
+   - the unique id through the store (rank 0 publishes it, the others read it);
+   - issue 30, against a stand-in that behaves like NCCL 2.27/2.28 (jobs, ncclInProgress at
+     world >= 2, shared abort flags, use after free): split and shrink wait for NCCL's job on the
+     parent and abort the parent before the child (points 1, 3); the watchdog's
+     dm_shrink(DM_SHRINK_ABORT) interrupts a blocking call, dm_synchronize, dm_wait and a staged
+     _async start on another thread, reaches NCCL only after them, and the survivors work;
+     another thread is DM_ERR_BUSY while requests run (2); n_exclude 0 refused untouched (4); a
+     failed ncclCommDestroy closes its group and aborts (5); another GPU's memory refused (6); a
+     shared abort flag spares the shrunk child (7); local facts from host identities (8); a
+     parked communicator's scratch waits for its abort (9).
    Built twice (tests/nccl_standin.mk): with DISTMESH_TCP, the store a server hosted here; and
    with DISTMESH_NCCL alone, no libuv flags nor library, the store a file store (the store comes
    with the NCCL backend; only hosting one needs libuv, refused there with a message). */
@@ -99,9 +108,19 @@ static void caller_device_is_back(void) {
     int d = -1;
     if (cudaGetDevice(&d) == cudaSuccess) assert_int_equal(d, CALLER_DEVICE);
 }
-/* After dm_destroy and the test's own frees: nothing left, nothing misused. */
+/* After dm_destroy and the test's own frees: nothing left, nothing misused -- no call on a
+   freed communicator, none refused for being in progress, no operation another communicator's
+   abort silently skipped, no wait that would hang on a GPU, no kernel given another GPU's
+   memory, no NCCL job still running. Every test ends with it. */
 static void nothing_left(void) {
     const si_stats* s = si_get();
+    if (s->use_after_free) fail_msg("%d calls on freed communicators, the first: %s", s->use_after_free,
+                                    s->first_use_after_free);
+    if (s->hangs) fail_msg("%d waits that would hang on a GPU, the first: %s", s->hangs, s->first_hang);
+    assert_int_equal(s->used_in_progress, 0);
+    assert_int_equal(s->skipped_by_shared_abort, 0);
+    assert_int_equal(s->illegal_addresses, 0);
+    assert_int_equal(si_pending_jobs(), 0);
     assert_int_equal(s->live_comms, 0);
     assert_int_equal(s->live_streams, 0);
     assert_int_equal(s->live_events, 0);
@@ -273,9 +292,13 @@ static void test_standin_group_and_async_errors_abort(void** state) {
     nothing_left();
 }
 
-/* Points 1 and 6: split. The parent's part fails (NCCL wrote a child anyway: both aborted);
-   the child's initialisation fails or never ends (the child aborted, its text kept, the
-   parent usable); NCCL gives no child; polling the child fails with an infinite timeout. */
+/* Split on NCCL 2.27+ (the stand-in's header says how): ncclCommSplit returns with no child,
+   the parent's job makes it. The call refused at once (no job, no child: the parent aborted);
+   the job failing (the child written anyway, failed, and the error left on the parent: both
+   aborted, the parent first, which joins the job, NCCL's text kept) or never ending (the
+   deadline: the same); the job giving no child (a status, the parent usable); a poll of the
+   parent that fails itself with an infinite timeout (a status, not an endless loop). After
+   each: no job left running, nothing leaked. */
 static void test_standin_split_failures_abort_the_child(void** state) {
     dm_collective *c, *child = NULL;
     float *a, *b;
@@ -288,7 +311,7 @@ static void test_standin_split_failures_abort_the_child(void** state) {
     CHECK_ST(c, DM_ERR_NETWORK, dm_split(c, 0, 0, &child));
     assert_null(child);
     CHECK_MSG(c, "scripted for ncclCommSplit");
-    assert_int_equal(si_get()->aborts, 2);          /* the parent and the child NCCL wrote */
+    assert_int_equal(si_get()->aborts, 1);
     assert_int_equal(si_get()->live_comms, 0);
     CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     dm_destroy(c);
@@ -297,22 +320,23 @@ static void test_standin_split_failures_abort_the_child(void** state) {
     si_split_child_fails(ncclSystemError);
     CHECK_ST(c, DM_ERR_NETWORK, dm_split(c, 0, 0, &child));
     assert_null(child);
-    CHECK_MSG(c, "the new communicator failed");    /* read before the child's abort */
-    assert_int_equal(si_get()->aborts, 3);
-    assert_int_equal(si_get()->live_comms, 1);      /* the parent, usable */
+    CHECK_MSG(c, "the new communicator failed");    /* read before the aborts */
+    assert_int_equal(si_get()->aborts, 3);          /* the parent, then the child its job wrote */
+    assert_int_equal(si_get()->live_comms, 0);
+    assert_int_equal(si_pending_jobs(), 0);
     si_split_child_fails(ncclSuccess);
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     dm_destroy(c);
 
     c = make(2, 3, 200);
-    si_set_init_polls(0, true);                     /* children never finish initialising */
+    si_set_init_polls(0, true);                     /* the parent's job never ends */
     CHECK_ST(c, DM_ERR_TIMEOUT, dm_split(c, 1, 0, &child));
     assert_null(child);
     CHECK_MSG(c, "timed out");
-    assert_int_equal(si_get()->aborts, 4);
-    assert_int_equal(si_get()->live_comms, 1);
+    assert_int_equal(si_get()->aborts, 5);
+    assert_int_equal(si_get()->live_comms, 0);
+    assert_int_equal(si_pending_jobs(), 0);
     si_set_init_polls(2, false);
-    CHECK_OK(c, dm_barrier(c));
     dm_destroy(c);
 
     c = make(2, 3, -1);                             /* no deadline: nothing may poll forever */
@@ -321,13 +345,13 @@ static void test_standin_split_failures_abort_the_child(void** state) {
     assert_null(child);
     CHECK_MSG(c, "no communicator");
     si_split_gives_null(false);
-    /* the parent's wait polls once, the child's first poll fails itself */
+    CHECK_OK(c, dm_barrier(c));                     /* the parent is fine */
+    /* the parent's second poll fails itself */
     si_fail("ncclCommGetAsyncError", 2, ncclInvalidArgument, false);
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_split(c, 0, 0, &child));
     assert_null(child);
-    assert_int_equal(si_get()->aborts, 5);
-    assert_int_equal(si_get()->live_comms, 1);
-    CHECK_OK(c, dm_barrier(c));
+    assert_int_equal(si_get()->aborts, 7);
+    assert_int_equal(si_get()->live_comms, 0);
     dm_destroy(c);
     no_wrong_device();
     dev_free(a);
@@ -403,6 +427,7 @@ static void test_standin_cuda_and_poll_results_are_checked(void** state) {
 static void test_standin_host_copy_waits_with_the_deadline(void** state) {
     dm_collective* c;
     float host_src[N], host_dst[2 * N], *a, *b;
+    int copies;
     (void)state;
     si_reset();
     memset(host_src, 0, sizeof(host_src));
@@ -411,10 +436,11 @@ static void test_standin_host_copy_waits_with_the_deadline(void** state) {
     b = dev(2 * N);
     si_hold_streams(true);
     CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    copies = si_count("cudaMemcpyAsync");
     CHECK_ST(c, DM_ERR_TIMEOUT, dm_all_gather(c, host_src, host_dst, N, DM_FLOAT32));
     CHECK_MSG(c, "timed out");
     assert_int_equal(si_get()->host_copies_on_busy_stream, 0);
-    assert_int_equal(si_count("cudaMemcpyAsync"), 0);
+    assert_int_equal(si_count("cudaMemcpyAsync"), copies);
     assert_int_equal(si_get()->aborts, 1);
     si_hold_streams(false);
     dm_destroy(c);
@@ -699,48 +725,544 @@ static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
     nothing_left();
 }
 
-/* DM_SHRINK_ABORT while another thread waits on work that never finishes (a dead peer): the
-   interrupt slot makes that wait end with DM_ERR_ABORTED at once (not at its 20 s deadline),
-   and the parked communicator is shrunk with NCCL_SHRINK_ABORT. The stand-in takes no locks:
-   only the barrier's thread calls it until that thread has left (the core's dm_shrink waits
-   for it); the main thread only reads si_stream_queries meanwhile. */
-typedef struct { dm_collective* c; dm_status st; } sync_job;
-/* A barrier: a blocking call the core marks as running (dm_synchronize is not one). */
-static void* barrier_on_thread(void* arg) {
-    sync_job* j = (sync_job*)arg;
-    j->st = dm_barrier(j->c);
+/* >>threads  The watchdog (issue 30): an owner thread sits in an operation that cannot finish
+   (its kernels wait on a dead peer: held work), and this thread calls dm_shrink with
+   DM_SHRINK_ABORT once the owner polls. The owner must end promptly with DM_ERR_ABORTED, and
+   no NCCL call of the watchdog may come while the owner is still inside its call: the hook
+   sees every NCCL call that names a communicator, and one from the watchdog while the owner is
+   inside waits (up to 2 s, holding the stand-in's lock) for the owner to return -- a wait that
+   runs out is a call beside the owner's, counted. */
+enum { OWN_BARRIER, OWN_SYNCHRONIZE, OWN_WAIT, OWN_START_HOST, OWN_GATHER_HOST, OWN_SPLIT };
+typedef struct owner_job {
+    dm_collective* c;
+    int kind;
+    float *a, *b;
+    float host_src[N], host_dst[2 * N];
+    dm_status st;
+    int in_call;                /* atomic: 1 while the owner is inside its call */
+    int pending_after;          /* si_pending_jobs() as soon as the call returned */
+    int64_t returned_ms;
+    dm_collective* split_out;
+} owner_job;
+static _Thread_local bool t_owner;   /* this thread is the owner */
+static owner_job* g_job;             /* atomic: the owner's job while one runs */
+static int g_beside;                 /* atomic: watchdog calls made beside the owner's call */
+static void watchdog_hook(const char* fn, void* comm, void* user) {
+    owner_job* j = __atomic_load_n(&g_job, __ATOMIC_ACQUIRE);
+    int64_t until = tw_now_ms() + 2000;
+    (void)fn; (void)comm; (void)user;
+    if (!j || t_owner) return;
+    while (__atomic_load_n(&j->in_call, __ATOMIC_ACQUIRE) && tw_now_ms() < until) sched_yield();
+    if (__atomic_load_n(&j->in_call, __ATOMIC_ACQUIRE)) __atomic_add_fetch(&g_beside, 1, __ATOMIC_ACQ_REL);
+}
+static void* owner_main(void* arg) {
+    owner_job* j = (owner_job*)arg;
+    dm_request* req = NULL;
+    t_owner = true;
+    switch (j->kind) {
+        case OWN_BARRIER:
+            __atomic_store_n(&j->in_call, 1, __ATOMIC_RELEASE);
+            j->st = dm_barrier(j->c);
+            break;
+        case OWN_SYNCHRONIZE:
+            j->st = dm_all_reduce(j->c, j->a, j->b, N, DM_FLOAT32, DM_SUM);
+            __atomic_store_n(&j->in_call, 1, __ATOMIC_RELEASE);
+            if (j->st == DM_OK) j->st = dm_synchronize(j->c);
+            break;
+        case OWN_WAIT:
+            j->st = dm_all_reduce_async(j->c, j->a, j->b, N, DM_FLOAT32, DM_SUM, &req);
+            __atomic_store_n(&j->in_call, 1, __ATOMIC_RELEASE);
+            if (j->st == DM_OK) j->st = dm_wait(req);
+            break;
+        case OWN_START_HOST:         /* host staging: the _async call itself waits for the stream */
+            __atomic_store_n(&j->in_call, 1, __ATOMIC_RELEASE);
+            j->st = dm_all_gather_async(j->c, j->host_src, j->host_dst, N, DM_FLOAT32, &req);
+            if (j->st == DM_OK) j->st = dm_wait(req);
+            break;
+        case OWN_GATHER_HOST:
+            __atomic_store_n(&j->in_call, 1, __ATOMIC_RELEASE);
+            j->st = dm_all_gather(j->c, j->host_src, j->host_dst, N, DM_FLOAT32);
+            break;
+        default:
+            __atomic_store_n(&j->in_call, 1, __ATOMIC_RELEASE);
+            j->st = dm_split(j->c, 0, 0, &j->split_out);
+            break;
+    }
+    j->returned_ms = tw_now_ms();
+    j->pending_after = si_pending_jobs();
+    __atomic_store_n(&j->in_call, 0, __ATOMIC_RELEASE);
     return NULL;
 }
-static void test_standin_shrink_abort_interrupts_a_running_wait(void** state) {
-    dm_collective *c, *s = NULL;
-    sync_job job;
+static int stream_polls(void) { return si_stream_queries(); }
+static int async_polls(void) { return si_count("ncclCommGetAsyncError"); }
+/* Runs the owner, then, once polls() has grown by 3 (the owner polls), shrinks its collective
+   without rank `gone` with DM_SHRINK_ABORT from this thread; returns the shrink's status, *t0
+   when it began. */
+static dm_status watchdog_shrink(owner_job* j, int gone, int (*polls)(void), dm_collective** s, int64_t* t0) {
     pthread_t th;
-    int gone[1] = { 1 };
+    int base = polls();
+    int64_t until = tw_now_ms() + 10000;
+    dm_status st;
+    __atomic_store_n(&g_beside, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_job, j, __ATOMIC_RELEASE);
+    si_set_call_hook(watchdog_hook, NULL);
+    assert_int_equal(pthread_create(&th, NULL, owner_main, j), 0);
+    while (polls() < base + 3 && tw_now_ms() < until) sched_yield();
+    *t0 = tw_now_ms();
+    st = dm_shrink(j->c, &gone, 1, DM_SHRINK_ABORT, s);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    si_set_call_hook(NULL, NULL);
+    __atomic_store_n(&g_job, NULL, __ATOMIC_RELEASE);
+    if (polls() < base + 3) fail_msg("the owner never polled (its call ended with %s)", dm_status_name(j->st));
+    return st;
+}
+static void owner_init(owner_job* j, dm_collective* c, int kind, float* a, float* b) {
+    memset(j, 0, sizeof(*j));
+    j->c = c;
+    j->kind = kind;
+    j->a = a;
+    j->b = b;
+    j->st = DM_OK;
+}
+
+/* The owner in a blocking call, dm_synchronize, dm_wait on a stream request, an _async call
+   staging host memory, each on work that never finishes (20 s deadline): dm_shrink(DM_SHRINK_ABORT) on this thread ends it at once with
+   DM_ERR_ABORTED, reaches NCCL only after it (ncclCommShrink with NCCL_SHRINK_ABORT on the
+   parked communicator), and the survivors' group works. Issue 30, point 2: stream requests and
+   dm_synchronize were invisible to the core's ownership, so the shrink freed the communicator
+   under the owner's poll. */
+static void watchdog_case(int kind) {
+    dm_collective *c, *s = NULL;
+    owner_job job;
     int64_t t0;
     float *a, *b;
-    (void)state;
     si_reset();
     c = make(2, 1, 20000);
     a = dev(2 * N);
     b = dev(2 * N);
     si_hold_streams(true);
-    job.c = c;
-    job.st = DM_OK;
-    t0 = tw_now_ms();
-    assert_int_equal(pthread_create(&th, NULL, barrier_on_thread, &job), 0);
-    while (si_stream_queries() < 3) sched_yield();     /* the wait is running */
-    CHECK_OK(c, dm_shrink(c, gone, 1, DM_SHRINK_ABORT, &s));
-    assert_int_equal(pthread_join(th, NULL), 0);
-    assert_true(tw_now_ms() - t0 < 5000);
-    assert_int_equal(job.st, DM_ERR_ABORTED);
+    if (kind == OWN_START_HOST) CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));   /* never ends */
+    owner_init(&job, c, kind, a, b);
+    CHECK_OK(c, watchdog_shrink(&job, 1, stream_polls, &s, &t0));
+    si_hold_streams(false);
+    if (job.st != DM_ERR_ABORTED) fail_msg("the owner's call ended with %s", dm_status_name(job.st));
+    assert_true(job.returned_ms - t0 < 5000);
+    assert_int_equal(__atomic_load_n(&g_beside, __ATOMIC_ACQUIRE), 0);
     assert_int_equal(si_last_shrink()->flags, NCCL_SHRINK_ABORT);
     comm_is(s, 0, 1);
-    si_hold_streams(false);
+    CHECK_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_OK(s, dm_synchronize(s));
+    CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
     dm_destroy(s);
     dm_destroy(c);
     no_wrong_device();
     dev_free(a);
     dev_free(b);
+    nothing_left();
+}
+static void test_standin_shrink_abort_interrupts_a_blocking_call(void** state) {
+    (void)state;
+    watchdog_case(OWN_BARRIER);
+}
+static void test_standin_shrink_abort_interrupts_dm_synchronize(void** state) {
+    (void)state;
+    watchdog_case(OWN_SYNCHRONIZE);
+}
+static void test_standin_shrink_abort_interrupts_a_staged_start(void** state) {
+    (void)state;
+    watchdog_case(OWN_START_HOST);
+}
+static void test_standin_shrink_abort_interrupts_dm_wait(void** state) {
+    (void)state;
+    watchdog_case(OWN_WAIT);
+}
+
+/* With a stream request in flight the collective belongs to the thread that issued it: another
+   thread's blocking call, dm_synchronize and _async call get DM_ERR_BUSY and reach no NCCL call
+   (point 2: they ran NCCL beside the owner). */
+typedef struct { dm_collective* c; float *a, *b; dm_status barrier, sync, async; } other_job;
+static void* other_thread(void* arg) {
+    other_job* o = (other_job*)arg;
+    dm_request* req = NULL;
+    o->barrier = dm_barrier(o->c);
+    o->sync = dm_synchronize(o->c);
+    o->async = dm_all_reduce_async(o->c, o->a, o->b, N, DM_FLOAT32, DM_SUM, &req);
+    if (req) dm_wait(req);
+    return NULL;
+}
+static void test_standin_other_thread_is_busy_while_requests_run(void** state) {
+    dm_collective* c;
+    dm_request* req = NULL;
+    other_job o;
+    pthread_t th;
+    int reduces;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make(2, 1, 5000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+    reduces = si_count("ncclAllReduce");
+    o.c = c; o.a = a; o.b = b;
+    assert_int_equal(pthread_create(&th, NULL, other_thread, &o), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(o.barrier, DM_ERR_BUSY);
+    assert_int_equal(o.sync, DM_ERR_BUSY);
+    assert_int_equal(o.async, DM_ERR_BUSY);
+    assert_int_equal(si_count("ncclAllReduce"), reduces);
+    CHECK_OK(c, dm_wait(req));
+    CHECK_OK(c, dm_synchronize(c));                 /* the owner's own calls still run */
+    dm_destroy(c);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Point 3: a split whose job never ends, interrupted by dm_shrink(DM_SHRINK_ABORT) on another
+   thread, aborts the parent before returning -- which joins NCCL's job, whose child is then
+   aborted too -- so no job is left to write into the returned call's frame. The shrink then
+   has no communicator left to shrink and no store: DM_ERR_UNSUPPORTED. */
+static void test_standin_interrupted_split_leaves_no_job(void** state) {
+    dm_collective *c, *s = NULL;
+    owner_job job;
+    int64_t t0;
+    (void)state;
+    si_reset();
+    c = make(2, 1, 20000);
+    si_set_init_polls(0, true);
+    owner_init(&job, c, OWN_SPLIT, NULL, NULL);
+    CHECK_ST(c, DM_ERR_UNSUPPORTED, watchdog_shrink(&job, 1, async_polls, &s, &t0));
+    assert_null(s);
+    if (job.st != DM_ERR_ABORTED) fail_msg("the split ended with %s", dm_status_name(job.st));
+    assert_null(job.split_out);
+    assert_true(job.returned_ms - t0 < 5000);
+    assert_int_equal(job.pending_after, 0);
+    assert_int_equal(si_get()->live_comms, 0);      /* the parent, then the child its job wrote */
+    si_set_init_polls(2, false);
+    dm_destroy(c);
+    no_wrong_device();
+    nothing_left();
+}
+
+/* Point 9: on a device without memory pools, the scratch of a host-staged call interrupted
+   while its kernels wait on a dead peer is not given to cudaFree (which would wait for the
+   whole device, hence for those kernels, forever) until the shrink has stopped them. */
+static void test_standin_parked_scratch_waits_for_the_abort(void** state) {
+    dm_collective *c, *s = NULL;
+    owner_job job;
+    int64_t t0;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    si_set_memory_pools(false);
+    c = make(2, 1, 20000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    si_hold_streams(true);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));     /* a kernel that never ends */
+    owner_init(&job, c, OWN_GATHER_HOST, a, b);
+    CHECK_OK(c, watchdog_shrink(&job, 1, stream_polls, &s, &t0));
+    si_hold_streams(false);
+    assert_int_equal(job.st, DM_ERR_ABORTED);
+    assert_int_equal(__atomic_load_n(&g_beside, __ATOMIC_ACQUIRE), 0);
+    CHECK_OK(s, dm_all_gather(s, job.host_src, job.host_dst, N, DM_FLOAT32));
+    dm_destroy(s);
+    dm_destroy(c);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Point 1: NCCL 2.27+ writes the shrink's child only when the parent's job ends. A job that
+   never ends (the deadline) or fails: the parent is aborted first, which joins the job, then
+   the child it wrote -- nothing leaks, no job is left. (test_standin_shrink_uses_ncclCommShrink
+   is the success.) */
+static void test_standin_shrink_job_failures_abort_parent_then_child(void** state) {
+    dm_collective *c, *s = NULL;
+    int gone[1] = { 2 };
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make(3, 1, 200);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    si_set_init_polls(0, true);
+    CHECK_ST(c, DM_ERR_TIMEOUT, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
+    assert_null(s);
+    CHECK_MSG(c, "timed out");
+    assert_int_equal(si_get()->aborts, 2);
+    assert_int_equal(si_get()->live_comms, 0);
+    assert_int_equal(si_pending_jobs(), 0);
+    CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
+    si_set_init_polls(2, false);
+    dm_destroy(c);
+
+    c = make(3, 1, 5000);
+    si_split_child_fails(ncclRemoteError);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_shrink(c, gone, 1, DM_SHRINK_ABORT, &s));
+    assert_null(s);
+    CHECK_MSG(c, "the new communicator failed");
+    assert_int_equal(si_get()->aborts, 4);
+    assert_int_equal(si_get()->live_comms, 0);
+    si_split_child_fails(ncclSuccess);
+    dm_destroy(c);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Point 4: NCCL cannot find dead ranks itself and refuses an empty exclude list; dm_shrink
+   refuses n_exclude 0 first (DM_ERR_INVALID_ARG), with either flag, and leaves the collective
+   as it was: no NCCL call, its request in flight undisturbed, its calls working. */
+static void test_standin_shrink_without_excluded_ranks_is_refused(void** state) {
+    dm_collective *c, *s = NULL;
+    dm_request* req = NULL;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make(3, 1, 5000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    si_set_busy_polls(3);
+    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, NULL, 0, DM_SHRINK_ABORT, &s));
+    assert_null(s);
+    assert_int_equal(si_get()->aborts, 0);
+    CHECK_OK(c, dm_barrier(c));
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, NULL, 0, DM_SHRINK_ABORT, &s));
+    CHECK_MSG(c, "excluded ranks");
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, NULL, 0, DM_SHRINK_DEFAULT, &s));
+    assert_null(s);
+    CHECK_OK(c, dm_wait(req));
+    assert_int_equal(si_last_shrink()->calls, 0);
+    assert_int_equal(si_get()->aborts, 0);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_OK(c, dm_synchronize(c));
+    dm_destroy(c);
+    assert_int_equal(si_get()->destroys, 1);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Point 5: an asynchronous error that arrives after the last poll makes ncclCommDestroy fail
+   (and leave its group open, freeing nothing): distmesh closes the group and aborts. Both on
+   dm_destroy and on the healthy parent a DM_SHRINK_DEFAULT releases. */
+static void test_standin_destroy_after_a_late_error_aborts(void** state) {
+    dm_collective *c, *s = NULL;
+    int gone[1] = { 2 };
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make(2, 1, 5000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    si_fail("ncclCommDestroy", 1, ncclRemoteError, false);
+    dm_destroy(c);
+    assert_int_equal(si_get()->destroys, 0);
+    assert_int_equal(si_get()->aborts, 1);
+    assert_int_equal(si_get()->group_depth, 0);
+    assert_int_equal(si_get()->live_comms, 0);
+
+    c = make(3, 1, 5000);
+    si_fail("ncclCommDestroy", 1, ncclRemoteError, false);
+    CHECK_OK(c, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
+    assert_int_equal(si_get()->aborts, 2);
+    assert_int_equal(si_get()->group_depth, 0);
+    CHECK_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
+    dm_destroy(s);
+    dm_destroy(c);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Point 6: memory of another GPU is refused before anything is queued (DM_ERR_INVALID_ARG,
+   the communicator usable), where NCCL's kernels would fault (a sticky illegal address); host
+   memory is still staged where allowed, managed memory of any GPU accepted. */
+static float* dev_on(int device, size_t count) {
+    void* p = NULL;
+    si_expect_device(-1);
+    assert_int_equal(cudaSetDevice(device), cudaSuccess);
+    assert_int_equal(cudaMalloc(&p, count * sizeof(float)), cudaSuccess);
+    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    si_expect_device(g_device);
+    return (float*)p;
+}
+static void test_standin_buffer_on_another_gpu_is_refused(void** state) {
+    dm_collective* c;
+    dm_request* req = NULL;
+    float *a, *b, *other, *managed = NULL, host[2 * N];
+    (void)state;
+    si_reset();
+    c = make(2, 2, 5000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    other = dev_on(3, 2 * N);
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_all_reduce(c, other, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_MSG(c, "GPU 3");
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_all_gather(c, a, other, N, DM_FLOAT32));
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_all_gather(c, host, other, N, DM_FLOAT32));
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_broadcast(c, other, N, DM_FLOAT32, 0));
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_send(c, other, N, DM_FLOAT32, 1, 0));
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_all_to_all(c, a, other, N / 2, DM_FLOAT32));
+    CHECK_ST(c, DM_ERR_INVALID_ARG, dm_reduce_scatter_async(c, other, b, N / 2, DM_FLOAT32, DM_SUM, &req));
+    assert_null(req);
+    assert_int_equal(si_get()->aborts, 0);
+    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    si_expect_device(-1);
+    assert_int_equal(cudaSetDevice(3), cudaSuccess);
+    assert_int_equal(cudaMallocManaged((void**)&managed, 2 * N * sizeof(float), cudaMemAttachGlobal), cudaSuccess);
+    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    si_expect_device(g_device);
+    CHECK_OK(c, dm_all_reduce(c, managed, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_OK(c, dm_synchronize(c));
+    dm_destroy(c);
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    dev_free(other);
+    dev_free(managed);
+    nothing_left();
+}
+
+/* Point 7: with NCCL_COMM_SHRINK_SHARE_RESOURCES=1 (which overrides the config) a
+   DM_SHRINK_DEFAULT child shares its parent's abort flag: the healthy parent is destroyed,
+   not aborted, so the child's work is not silently skipped. */
+static void test_standin_shared_abort_flag_spares_the_shrunk_child(void** state) {
+    dm_collective *c, *s = NULL;
+    int gone[1] = { 2 };
+    float *a, *b;
+    (void)state;
+    si_reset();
+    setenv("NCCL_COMM_SHRINK_SHARE_RESOURCES", "1", 1);
+    setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1", 1);
+    c = make(3, 1, 5000);
+    a = dev(2 * N);
+    b = dev(2 * N);
+    CHECK_OK(c, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
+    CHECK_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_OK(s, dm_synchronize(s));
+    assert_int_equal(si_get()->skipped_by_shared_abort, 0);     /* the child's work ran */
+    assert_int_equal(si_get()->aborts, 0);
+    assert_int_equal(si_get()->destroys, 1);
+    dm_destroy(s);
+    dm_destroy(c);
+    unsetenv("NCCL_COMM_SHRINK_SHARE_RESOURCES");
+    unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+    no_wrong_device();
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
+/* Point 8: dm_local_rank, dm_local_world_size and dm_is_local_master from the members' host
+   identities (DISTMESH_TEST_HOST_ID here), on create, split and shrink, never the group's size.
+   The other ranks' identities come from the stand-in's all_gather hook: each one's is this
+   rank's with the host tag replaced (tags all 2 characters). */
+static const char* g_tags[8];
+static void hosts_hook(int peer, unsigned char* block, const unsigned char* mine, size_t bytes, void* user) {
+    const char* own = getenv("DISTMESH_TEST_HOST_ID");
+    size_t i;
+    (void)user;
+    memcpy(block, mine, bytes);
+    for (i = 0; own && i + 2 <= bytes; i++)
+        if (block[i] == (unsigned char)own[0] && block[i + 1] == (unsigned char)own[1]) memcpy(block + i, g_tags[peer], 2);
+}
+static dm_collective* make_on_hosts(int world, int rank, const char* const* tags) {
+    int r;
+    for (r = 0; r < world; r++) g_tags[r] = tags[r];
+    setenv("DISTMESH_TEST_HOST_ID", tags[rank], 1);
+    si_set_all_gather_peers(hosts_hook, NULL);
+    return make_on(world, rank, 1, 5000, NULL, NULL);
+}
+static void local_is(dm_collective* c, int local_rank, int local_size) {
+    assert_int_equal(dm_local_rank(c), local_rank);
+    assert_int_equal(dm_local_world_size(c), local_size);
+    assert_int_equal(dm_is_local_master(c), local_rank == 0);
+}
+static void test_standin_local_facts_from_host_identities(void** state) {
+    static const char* const packed[4] = { "hA", "hA", "hB", "hB" };
+    static const char* const mixed[4] = { "hA", "hB", "hA", "hB" };
+    static const char* const alone[4] = { "hA", "hB", "hC", "hD" };
+    static const char* const child[3] = { "hB", "hB", "hA" };
+    dm_collective *c, *s = NULL;
+    int gone0[1] = { 0 }, gone3[1] = { 3 }, r;
+    (void)state;
+    si_reset();
+    c = make_on_hosts(4, 1, packed);
+    local_is(c, 1, 2);
+    assert_string_equal(c->node_name, "hA");
+    CHECK_OK(c, dm_shrink(c, gone0, 1, DM_SHRINK_DEFAULT, &s));   /* ranks 1, 2, 3: hA hB hB */
+    comm_is(s, 0, 3);
+    local_is(s, 0, 1);
+    dm_destroy(s);
+    dm_destroy(c);
+
+    c = make_on_hosts(4, 1, packed);
+    CHECK_OK(c, dm_shrink(c, gone3, 1, DM_SHRINK_DEFAULT, &s));   /* ranks 0, 1, 2: hA hA hB */
+    comm_is(s, 1, 3);
+    local_is(s, 1, 2);
+    dm_destroy(s);
+    dm_destroy(c);
+
+    c = make_on_hosts(4, 2, mixed);
+    local_is(c, 1, 2);
+    for (r = 0; r < 3; r++) g_tags[r] = child[r];                 /* the child's members */
+    setenv("DISTMESH_TEST_HOST_ID", child[1], 1);
+    si_set_split_child(1, 3);
+    CHECK_OK(c, dm_split(c, 0, 0, &s));
+    comm_is(s, 1, 3);
+    local_is(s, 1, 2);
+    assert_string_equal(s->node_name, "hB");
+    dm_destroy(s);
+    dm_destroy(c);
+
+    c = make_on_hosts(4, 3, alone);
+    local_is(c, 0, 1);
+    dm_destroy(c);
+    si_set_all_gather_peers(NULL, NULL);
+    unsetenv("DISTMESH_TEST_HOST_ID");
+    no_wrong_device();
+    nothing_left();
+}
+/* The launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win over the host identities (as on TCP). */
+static void test_standin_local_facts_from_the_launcher(void** state) {
+    static const char* const packed[4] = { "hA", "hA", "hB", "hB" };
+    static const unsigned char id[DM_NCCL_UNIQUE_ID_BYTES];
+    dm_nccl_desc d;
+    dm_collective* c = NULL;
+    int r;
+    (void)state;
+    si_reset();
+    for (r = 0; r < 4; r++) g_tags[r] = packed[r];
+    setenv("DISTMESH_TEST_HOST_ID", packed[1], 1);
+    si_set_all_gather_peers(hosts_hook, NULL);
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    setenv("LOCAL_RANK", "0", 1);
+    setenv("LOCAL_WORLD_SIZE", "1", 1);
+    memset(&d, 0, sizeof(d));
+    d.unique_id = id;
+    d.cuda_device = 2;
+    d.timeout_ms = 5000;
+    assert_int_equal(dm_nccl_create(&d, &c), DM_OK);
+    local_is(c, 0, 1);
+    dm_destroy(c);
+    unsetenv("RANK");
+    unsetenv("WORLD_SIZE");
+    unsetenv("LOCAL_RANK");
+    unsetenv("LOCAL_WORLD_SIZE");
+    unsetenv("DISTMESH_TEST_HOST_ID");
+    si_set_all_gather_peers(NULL, NULL);
+    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
     nothing_left();
 }
 
@@ -852,7 +1374,20 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_standin_shrink_uses_ncclCommShrink),
         cmocka_unit_test(test_standin_shrink_falls_back_to_reinit_through_the_store),
         cmocka_unit_test(test_standin_failed_shrink_reports_and_leaks_nothing),
-        cmocka_unit_test(test_standin_shrink_abort_interrupts_a_running_wait),
+        cmocka_unit_test(test_standin_shrink_abort_interrupts_a_blocking_call),
+        cmocka_unit_test(test_standin_shrink_abort_interrupts_dm_synchronize),
+        cmocka_unit_test(test_standin_shrink_abort_interrupts_dm_wait),
+        cmocka_unit_test(test_standin_shrink_abort_interrupts_a_staged_start),
+        cmocka_unit_test(test_standin_other_thread_is_busy_while_requests_run),
+        cmocka_unit_test(test_standin_interrupted_split_leaves_no_job),
+        cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
+        cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
+        cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
+        cmocka_unit_test(test_standin_destroy_after_a_late_error_aborts),
+        cmocka_unit_test(test_standin_buffer_on_another_gpu_is_refused),
+        cmocka_unit_test(test_standin_shared_abort_flag_spares_the_shrunk_child),
+        cmocka_unit_test(test_standin_local_facts_from_host_identities),
+        cmocka_unit_test(test_standin_local_facts_from_the_launcher),
         cmocka_unit_test(test_standin_unique_id_through_the_store),
 #if !defined(DISTMESH_TCP)
         cmocka_unit_test(test_standin_hosting_the_store_needs_libuv),
