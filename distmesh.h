@@ -15,11 +15,13 @@
        #define DISTMESH_IMPLEMENTATION
        #include "distmesh.h"
 
-   every other file includes "distmesh.h" plainly. The implementation needs POSIX 2008 from
-   glibc: include it before any other header of that file (it then defines _GNU_SOURCE), or
-   compile that file with -D_GNU_SOURCE, which also allows a plain include first and the
-   implementation later in the same file. Pass backend macros as -D flags so every
-   translation unit agrees.
+   every other file includes "distmesh.h" plainly. The implementation may come after any other
+   include under the compilers' default modes (gnu11, gnu17, and C++): it needs POSIX 2008 and
+   declares the few GNU and BSD functions it uses itself when the C library hid them (>>libc).
+   Only a strict mode (-std=c11, -std=c17, -ansi) hides POSIX itself once a system header is
+   in; there it stops with one #error naming the rule: include it first (it then defines
+   _GNU_SOURCE, as before), or add -D_GNU_SOURCE or -D_POSIX_C_SOURCE=200809L. Pass backend
+   macros as -D flags so every translation unit agrees.
 
    OPTIONS (define before including, or pass with -D)
        DISTMESH_IMPLEMENTATION   emit the implementation in this TU               (off)
@@ -85,6 +87,7 @@
      implementation: helpers
        >>implementation          where the implementation starts (its once-guard)
        >>config                  system headers, _DM_PRIVATE, _DM_ZERO, the small-message bound
+       >>libc                    GNU and BSD calls declared when the includer's mode hid them
        >>memory                  the object's allocator
        >>log                     recording (dm_last_error) and logging failures
        >>config registry         every DISTMESH_* variable: type, default, range, meaning; parsers
@@ -92,6 +95,7 @@
        >>time                    clocks, deadlines, bounded copies of names
        >>sha256                  SHA-256 and HMAC
        >>names                   status, dtype and op names
+       >>float semantics         IEEE semantics for what follows, whatever the includer's flags
        >>half                    float16 / bfloat16 conversions
        >>kernels                 dm_reduce_local, dm_divide_local
        >>log stderr              dm_log_stderr
@@ -160,9 +164,10 @@
 #ifndef DISTMESH_H
 #define DISTMESH_H
 
-/* The implementation needs POSIX (clock_gettime, monotonic condition variables, sockets). The
-   feature macro only works before the first system header of the TU, so the implementing TU
-   should include distmesh.h first (distmesh.c and tests/impl.c do). */
+/* The implementation needs POSIX 2008 (clock_gettime, monotonic condition variables, sockets).
+   A feature macro only works before the first system header of the TU: included first, the
+   implementation defines _GNU_SOURCE (which also serves the code that follows it); included
+   later, it takes the mode the TU has (see >>libc, and the #error below). */
 #if defined(DISTMESH_IMPLEMENTATION) && !defined(_WIN32) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE
 #endif
@@ -842,6 +847,15 @@ struct dm_collective {
 
 #endif /* DISTMESH_H */
 
+/* The rule of include order (the top comment): a strict mode (-std=c11, -std=c17, -ansi) makes
+   glibc hide POSIX once a system header is in, and nothing this file does can bring it back.
+   One error that says so, and no implementation after it (not hundreds of undeclared names). */
+#if defined(DISTMESH_IMPLEMENTATION) && !defined(DISTMESH_IMPL_INCLUDED) && defined(__GLIBC__) && \
+    (!defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 200809L)
+#error "distmesh.h: the implementation needs POSIX 2008, which this strict mode (-std=c11, -std=c17, -ansi) hides once a system header is in: include distmesh.h with DISTMESH_IMPLEMENTATION before any other header of this file, or compile the file with -D_GNU_SOURCE or -D_POSIX_C_SOURCE=200809L (or in the compilers' default mode, gnu11/gnu17)"
+#undef DISTMESH_IMPLEMENTATION
+#endif
+
 /* ============================================================================================ */
 /* >>implementation                                                                              */
 /* ============================================================================================ */
@@ -863,13 +877,6 @@ struct dm_collective {
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
-
-/* glibc hides clock_gettime, gethostname and pthread_condattr_setclock under strict -std=c11
-   unless _GNU_SOURCE (or _POSIX_C_SOURCE >= 200809L) was defined before the TU's first system
-   header: say so plainly instead of failing with implicit declarations. */
-#if defined(__GLIBC__) && (!defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 200809L)
-#error "distmesh implementation needs POSIX 2008: include distmesh.h with DISTMESH_IMPLEMENTATION defined before any other header of this file (or compile with -D_GNU_SOURCE)"
-#endif
 
 #ifndef DM_ASSERT
 #include <assert.h>
@@ -893,6 +900,35 @@ struct dm_collective {
 #define _DM_ZERO(type, name) type name; memset(&name, 0, sizeof(name))
 #define _dm_def(v, dflt) ((v) ? (v) : (dflt))
 #define _DM_PICK_SMALL_BYTES ((size_t)64 << 10)  /* all_reduce at or below: recursive doubling */
+
+/* >>libc  What the implementation uses beyond POSIX 2008, declared here when the C library hid
+   it. glibc declares its GNU extensions only when _GNU_SOURCE came before the TU's first system
+   header (its <features.h> then sets __USE_GNU), and its BSD/SVID ones (__USE_MISC) only in the
+   default gnu modes or with _DEFAULT_SOURCE; the library holds them whatever the macros. So the
+   implementation declares the ones it calls itself when they are hidden, and names the Linux
+   constants it needs under _DM_ names: the same code, whatever the includer's mode and include
+   order (tests/dropin.mk compares what the preprocessor emits). C++ compilers always define
+   _GNU_SOURCE on glibc, hence C only. The TCP backend adds its own (distmesh_tcp.h >>tcp libc). */
+#if defined(__GLIBC__) && !defined(__cplusplus)
+#if !defined(__USE_MISC)
+extern long syscall(long number, ...);
+#endif
+#if !defined(__USE_GNU)
+extern int sched_getcpu(void);
+#if defined(__LP64__)   /* off_t is 64 bits: no _FILE_OFFSET_BITS redirect to fallocate64 to mimic */
+extern int fallocate(int fd, int mode, off_t offset, off_t len);
+#endif
+#endif
+#endif
+/* Other C libraries: what their headers declare (musl: with _GNU_SOURCE first), as before. */
+#if defined(__linux__) && (defined(__GLIBC__) || defined(_GNU_SOURCE))
+#define _DM_HAS_SCHED_GETCPU 1
+#endif
+#if defined(__linux__) && ((defined(__GLIBC__) && (defined(__USE_GNU) || defined(__LP64__))) || \
+                           (!defined(__GLIBC__) && defined(_GNU_SOURCE)))
+#define _DM_HAS_FALLOCATE 1
+#define _DM_FALLOC_KEEP_SIZE 0x01   /* <linux/falloc.h> FALLOC_FL_KEEP_SIZE */
+#endif
 
 /* >>memory  Every byte distmesh allocates goes through the object's allocator. */
 _DM_PRIVATE bool _dm_allocator_valid(const dm_allocator* a) {
@@ -1171,9 +1207,11 @@ _DM_PRIVATE bool _dm_cfg_parse_bytes(const _dm_cfg_var* v, const char* s, long l
 _DM_PRIVATE bool _dm_cfg_parse_seconds(const _dm_cfg_var* v, const char* s, long long* out) {
     char* end = NULL;
     double sec;
+    uint64_t bits;
     errno = 0;
     sec = strtod(s, &end);
-    if (errno != 0 || end == s || *end != 0 || sec != sec || sec > (double)v->max) return false;
+    memcpy(&bits, &sec, sizeof(bits));  /* NaN by its bits: -ffast-math folds sec != sec to false */
+    if (errno != 0 || end == s || *end != 0 || (bits << 1) > (0x7ffull << 53) || sec > (double)v->max) return false;
     if (sec < 0 && v->min >= 0) return false;
     if (sec < 0) *out = -1;
     else if (sec == 0) *out = 0;
@@ -1331,6 +1369,13 @@ _DM_PRIVATE int64_t _dm_now_ms(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
+/* Sleeps ms milliseconds (nanosleep: POSIX, unlike usleep). */
+_DM_PRIVATE void _dm_sleep_ms(int ms) {
+    struct timespec ts;
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    nanosleep(&ts, NULL);
+}
 /* Absolute deadline in _dm_now_ms() time; INT64_MAX for "forever" (timeout < 0). */
 _DM_PRIVATE int64_t _dm_deadline(int timeout_ms) {
     return timeout_ms < 0 ? INT64_MAX : _dm_now_ms() + timeout_ms;
@@ -1485,6 +1530,22 @@ DM_API_IMPL const char* dm_reduce_op_name(dm_reduce_op op) {
     return ((unsigned)op < DM_REDUCE_OP_COUNT) ? names[op] : "invalid";
 }
 
+/* >>float semantics  The conversions, the kernels and the division of MEAN keep the semantics
+   documented at dm_reduce_op whatever the includer's flags: a program built with -Ofast or
+   -ffast-math compiles the implementation with them, and they let the compiler assume no NaN
+   (MAX/MIN lose it), turn x / n into x * (1/n) (MEAN rounds differently) and drop signed zeros.
+   So this region asks for IEEE semantics (clang: float_control precise; gcc: no-fast-math), up to
+   the pop after dm_divide_local. Tested by tests/fastmath.mk (gcc and clang, -Ofast).
+   Subnormals follow the thread's floating-point environment: a program linked with -Ofast or
+   -ffast-math starts with flush-to-zero on (x86's FTZ/DAZ), and then they flush here too, as they
+   do in OpenMPI's and Gloo's reductions. */
+#if defined(__clang__)
+#pragma float_control(precise, on, push)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("no-fast-math")
+#endif
+
 /* >>half  float16 / bfloat16 <-> float32. Rounding is to nearest, ties to even, done with
    integer arithmetic on the bit patterns (no dependence on the FPU's rounding mode). */
 _DM_PRIVATE uint32_t _dm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -1516,7 +1577,7 @@ DM_API_IMPL float dm_half_to_float(uint16_t h) {
     if (e != 0) return _dm_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
     {   /* zero or subnormal: m * 2^-24 is exact in float */
         float v = (float)m * 5.9604644775390625e-8f;
-        return sign ? -v : v;
+        return _dm_bits_f32(sign | _dm_f32_bits(v));     /* -0 stays -0, even with signed zeros off */
     }
 }
 DM_API_IMPL uint16_t dm_float_to_bfloat16(float f) {
@@ -1662,6 +1723,11 @@ DM_API_IMPL dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, i
     return DM_OK;
 }
 #undef _DM_DIVIDE
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
 
 /* >>log stderr  The logger users may pass (dm_log_stderr). */
 DM_API_IMPL void dm_log_stderr(dm_log_level level, dm_status status, const char* message,
@@ -2149,10 +2215,10 @@ _DM_PRIVATE void _dm_tb_key(_dm_tbuf* b, const char* key, bool first) {
    some 15 ns per event of 220 bytes on ext4. The release gives back what was not written. */
 _DM_PRIVATE void _dm_trace_flush_locked(_dm_trace_rank* rk, int64_t now) {
     size_t off = 0;
-#if defined(__linux__) && defined(_GNU_SOURCE) && defined(FALLOC_FL_KEEP_SIZE)
+#if defined(_DM_HAS_FALLOCATE)
     if (rk->fd >= 0 && !rk->no_reserve && rk->written + rk->len > rk->reserved) {
         uint64_t want = rk->written + rk->len + _DM_TR_RESERVE_BYTES;
-        if (fallocate(rk->fd, FALLOC_FL_KEEP_SIZE, (off_t)rk->written, (off_t)(want - rk->written)) == 0)
+        if (fallocate(rk->fd, _DM_FALLOC_KEEP_SIZE, (off_t)rk->written, (off_t)(want - rk->written)) == 0)
             rk->reserved = want;
         else
             rk->no_reserve = true;
@@ -4201,7 +4267,7 @@ _DM_PRIVATE dm_status _dm_take(dm_collective* c, const char* name, int64_t deadl
         if (_dm_now_ms() >= deadline)
             return _DM_FAIL(c, DM_ERR_BUSY, "%s: the collective is in use by another thread", name);
         idle = 0;
-        usleep(1000);
+        _dm_sleep_ms(1);
     }
     return DM_OK;
 }
@@ -5702,6 +5768,8 @@ _DM_PRIVATE void _dm_cpu_relax(void) {
 
 #if defined(POLLRDHUP)
 #define _DM_POLLRDHUP POLLRDHUP
+#elif defined(__linux__) && !defined(__sparc__)
+#define _DM_POLLRDHUP 0x2000        /* Linux's value (GNU-only in glibc's <poll.h>; >>libc) */
 #else
 #define _DM_POLLRDHUP 0
 #endif
@@ -5709,7 +5777,7 @@ _DM_PRIVATE void _dm_cpu_relax(void) {
    host now and then runs two ranks of one group on one core; a spin there only keeps the peer
    off the core, so the wait goes straight on to yielding it. */
 _DM_PRIVATE bool _dm_eng_peer_here(_dm_eng* lk, const _dm_xfer* xs, int n) {
-#if defined(__linux__) && defined(_GNU_SOURCE)
+#if defined(_DM_HAS_SCHED_GETCPU)
     int cpu = sched_getcpu() + 1, j, k;
     if (!lk->bell || cpu <= 0) return false;
     if (__atomic_load_n(&lk->bell->cpu, __ATOMIC_RELAXED) != cpu) __atomic_store_n(&lk->bell->cpu, cpu, __ATOMIC_RELAXED);

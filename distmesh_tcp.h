@@ -72,6 +72,7 @@
        >>tcp launch desc         dm_tcp_launch: the rendezvous a launcher implies
      the TCP backend
        >>tcp implementation      system headers
+       >>tcp libc                the GNU and BSD calls, declared when the includer's mode hid them
        >>tcp state               constants, the hello's handshake state, the group (_dm_tcp)
        >>tcp little helpers      wire integers, a hash
        >>tcp links               the socket link (distmesh.h >>links)
@@ -211,6 +212,24 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <arpa/inet.h>
 #include <poll.h>
 #include <fcntl.h>
+
+/* >>tcp libc  The backend's share of distmesh.h >>libc: the GNU and BSD calls it makes, declared
+   when the includer's mode hid them (glibc, C), and the Linux constants under _DM_ names. */
+#if defined(__GLIBC__) && !defined(__cplusplus)
+#if !defined(__USE_GNU)
+extern int memfd_create(const char* name, unsigned int flags);
+extern int accept4(int fd, struct sockaddr* addr, socklen_t* addr_len, int flags);
+#endif
+#if !defined(__USE_MISC)
+extern int madvise(void* addr, size_t len, int advice);
+#endif
+#endif
+#define _DM_MFD_CLOEXEC 1u                  /* <linux/memfd.h> MFD_CLOEXEC */
+#if defined(MADV_POPULATE_WRITE)
+#define _DM_MADV_POPULATE_WRITE MADV_POPULATE_WRITE
+#elif defined(__linux__)
+#define _DM_MADV_POPULATE_WRITE 23          /* Linux 5.14; older kernels: EINVAL, then the loop */
+#endif
 
 /* >>tcp state  The backend's constants, the hello's handshake state and the group (_dm_tcp). */
 #define _DM_TCP_HELLO_MAGIC 0x48544d44u   /* "DMTH" little-endian: connection hello */
@@ -577,7 +596,7 @@ static dm_status _dm_shm_create(_dm_tcp* t, int L, int* fd_out, unsigned char no
     size_t size = _DM_SHM_HEADER + _DM_SHM_ABORTS * sizeof(_dm_abort) + (size_t)L * sizeof(_dm_bell) +
                   (size_t)L * (size_t)L * stride;
     unsigned char* p;
-    int fd = memfd_create("distmesh", MFD_CLOEXEC);
+    int fd = memfd_create("distmesh", _DM_MFD_CLOEXEC);
     if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: memfd_create failed (%s)", strerror(errno));
     if (ftruncate(fd, (off_t)size) != 0) {
         close(fd);
@@ -629,8 +648,8 @@ static void _dm_shm_prefault(unsigned char* p, size_t n) {
     size_t page = 4096, i;
     uintptr_t start = (uintptr_t)p & ~(uintptr_t)(page - 1);
     volatile unsigned char sink = 0;
-#if defined(MADV_POPULATE_WRITE)
-    if (madvise((void*)start, (size_t)((uintptr_t)p + n - start), MADV_POPULATE_WRITE) == 0) return;
+#if defined(_DM_MADV_POPULATE_WRITE)
+    if (madvise((void*)start, (size_t)((uintptr_t)p + n - start), _DM_MADV_POPULATE_WRITE) == 0) return;
 #endif
     for (i = 0; i < n; i += page) sink = (unsigned char)(sink + ((volatile unsigned char*)p)[i]);
     (void)sink;
@@ -1343,7 +1362,7 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
             return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out connecting to rank %d at %s (%s)",
                             j, t->addrs[j], strerror(err ? err : ETIMEDOUT));
         if ((st = _dm_tcp_watch_now(t)) != DM_OK) return st;
-        usleep(t->refusal_final ? 1000 : 20000);
+        _dm_sleep_ms(t->refusal_final ? 1 : 20);
     }
 }
 
