@@ -53,7 +53,10 @@
    - A dm_collective is used by one thread at a time. Objects are independent: no global state.
    - Every blocking call has a deadline (dm_set_timeout, the desc's timeout_ms, DISTMESH_TIMEOUT).
    - Functions return dm_status (0 = DM_OK, failures negative); the detail is in dm_last_error(c),
-     overwritten by the next failure on the same object. Failed creates leave *out == NULL.
+     overwritten by the next failure on the same object. Failed creates leave *out == NULL and
+     their reason in dm_last_error(NULL) (per thread, like errno); with no logger in the desc it
+     is also printed once to stderr. Nothing is printed on success; errors of calls on an object
+     are returned, not printed (DISTMESH_LOG, dm_logger). DM_CHECK(c, call) prints and exits.
    - Buffers: counts are size_t elements; send == NULL or send == recv means in place. In-place
      all_gather: send == recv + rank*count; in-place reduce_scatter: recv == send + rank*count
      (NCCL's conventions).
@@ -198,6 +201,12 @@
 #ifndef DM_API_IMPL
 #define DM_API_IMPL
 #endif
+/* dm_check_failed never returns (C11 _Noreturn, C++11 [[noreturn]]). */
+#if defined(__cplusplus)
+#define _DM_NORETURN [[noreturn]]
+#else
+#define _DM_NORETURN _Noreturn
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -264,11 +273,17 @@ typedef struct dm_device {
 
 typedef enum dm_log_level { DM_LOG_ERROR = 0, DM_LOG_WARN, DM_LOG_INFO, DM_LOG_DEBUG } dm_log_level;
 
-/* The logger is called from whichever thread hits the event, so it must be thread-safe. */
+/* The logger is called from whichever thread hits the event, so it must be thread-safe. It gets
+   every message (errors where they happen, warnings, info); dm_log_stderr is a ready-made one.
+   With none (func 0), the default logger: warnings to stderr, prefixed with the rank
+   (DISTMESH_LOG=error|warn|info|debug sets the level, default warn; info and debug add errors
+   where they happen), nothing on a successful start, and errors left to the caller (the status
+   and dm_last_error), except that a failed create prints its error once. To silence distmesh
+   entirely, pass a logger that does nothing. */
 typedef void (*dm_log_fn)(dm_log_level level, dm_status status, const char* message,
                           const char* file, int line, void* user_data);
 typedef struct dm_logger {
-    dm_log_fn func;             /* 0 -> silent; errors still reach dm_last_error */
+    dm_log_fn func;             /* 0 -> the default logger (above); errors always reach dm_last_error */
     void* user_data;            /* passed back to func */
 } dm_logger;
 
@@ -339,7 +354,7 @@ typedef struct dm_fake_desc {
     int rank;                   /* 0 -> 0; dm_fake_create only, < world_size */
     int local_world_size;       /* 0 -> world_size; ranks [k*L, (k+1)*L) share "node" k */
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever */
-    dm_logger logger;           /* 0 -> silent */
+    dm_logger logger;           /* 0 -> the default logger (dm_logger) */
     dm_allocator allocator;     /* 0 -> malloc/free */
     /* NULL -> nodes from local_world_size; else world_size entries >= 0: rank r lives on
        simulated host host_of[r] (any layout: uneven, interleaved). The threaded world's
@@ -400,9 +415,25 @@ DM_API dm_status dm_reduce_local(dm_dtype dtype, dm_reduce_op op, void* dst, con
 /* buf[i] /= divisor, the final step of MEAN (integer: truncating). */
 DM_API dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, int divisor);
 
-/* >>functions logging */
+/* >>functions logging  dm_log_stderr prints one line per message at or above DISTMESH_LOG's level
+   (read at each message; default warn): "distmesh error: <message> [DM_ERR_...] (file:line)".
+   user_data is unused. */
 DM_API void dm_log_stderr(dm_log_level level, dm_status status, const char* message,
                           const char* file, int line, void* user_data);
+/* DM_CHECK(c, call): runs call (an expression giving a dm_status); on failure prints one line to
+   stderr, "distmesh rank R: <call> failed at <file>:<line> [DM_ERR_...]: <dm_last_error(c)>", and
+   exits the process with EXIT_FAILURE (peers then see it leave and fail fast, as with a crash).
+   c is the object whose dm_last_error holds the reason: the collective the call works on, the
+   world for dm_mesh_create / dm_strategy_create, NULL for creates (dm_init, dm_tcp_create, ...),
+   whose reason is this thread's (dm_last_error(NULL)); where the default logger already printed
+   it, the line says so instead of repeating it. */
+#define DM_CHECK(c, call)                                                                   \
+    do {                                                                                    \
+        dm_status dm_check_status_ = (call);                                                \
+        if (dm_check_status_ != DM_OK) dm_check_failed((c), dm_check_status_, #call, __FILE__, __LINE__); \
+    } while (0)
+_DM_NORETURN DM_API void dm_check_failed(const dm_collective* c, dm_status status, const char* call,
+                                         const char* file, int line);
 
 /* >>functions hashing  SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), libc only: what the
    TCP backend's token handshakes are built on; exposed for tests and for users' own checks. */
@@ -437,8 +468,8 @@ DM_API dm_status dm_thread_world_run(const dm_fake_desc* desc, dm_rank_fn fn, vo
    world size > 1 in the environment, the TCP backend; otherwise a world-1 Fake. */
 typedef struct dm_init_desc {
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS */
-    dm_logger logger;
-    dm_allocator allocator;
+    dm_logger logger;           /* 0 -> the default logger (dm_logger) */
+    dm_allocator allocator;     /* 0 -> malloc/free */
 } dm_init_desc;
 DM_API dm_status dm_init(const dm_init_desc* desc, dm_collective** out);
 /* Collective teardown of the collective and everything it owns (its local sub-collective).
@@ -467,7 +498,11 @@ DM_API const char* dm_transport_name(const dm_collective* c);
 DM_API const char* dm_last_algorithm(const dm_collective* c);
 /* The native handle (the seeds' process_group): ncclComm_t for NCCL, NULL where none. */
 DM_API void* dm_native_handle(dm_collective* c);
-DM_API const char* dm_last_error(const dm_collective* c);  /* "" after success; never NULL */
+/* The last failure's message on c: "" after success; never NULL. dm_last_error(NULL): why the
+   last create on this thread failed (dm_init, dm_fake_create, dm_thread_world_create / _run,
+   dm_tcp_create, dm_nccl_create; kept per thread, like errno, until this thread's next create),
+   else "no collective (NULL)". */
+DM_API const char* dm_last_error(const dm_collective* c);
 DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives started so far */
 /* Deadline of each later blocking call; < 0 waits forever, 0 restores the default
    (DISTMESH_TIMEOUT, else DM_DEFAULT_TIMEOUT_MS). DM_ERR_BUSY while requests are in flight;
@@ -950,13 +985,83 @@ _DM_PRIVATE void _dm_free(const dm_allocator* a, void* ptr) {
     else free(ptr);
 }
 
-/* >>log  Errors are recorded on the object, then logged; the library itself never prints. */
+/* >>log  Errors are recorded on the object, then logged through its logger. An object made with
+   no logger (desc.logger.func == 0) gets the default one (_dm_log_default, >>log stderr): it prints
+   warnings to stderr (DISTMESH_LOG sets the level) and leaves errors to the caller, who gets them
+   back as a status and dm_last_error. A failed create is the exception: there is no object to
+   ask, so its error is kept per thread for dm_last_error(NULL) and, with no logger, printed once
+   when the outermost create returns (_dm_create_end), prefixed with the rank when it is known. */
+#if defined(__cplusplus)
+#define _DM_THREAD_LOCAL thread_local
+#else
+#define _DM_THREAD_LOCAL _Thread_local
+#endif
+/* This thread's creates: like errno, per thread (creates on other threads, e.g. a threaded
+   world's or a test's, do not see it), so no process-wide state. */
+typedef struct _dm_create_rec {
+    int depth;                      /* creates running on this thread (dm_init -> dm_tcp_create ...) */
+    int rank;                       /* the rank being made, once known; -1 before */
+    bool printed;                   /* the message reached stderr already (not again by DM_CHECK) */
+    dm_status status;               /* the last create's status on this thread */
+    char msg[DM_LAST_ERROR_SIZE];   /* its message when it failed: dm_last_error(NULL) */
+} _dm_create_rec;
+static _DM_THREAD_LOCAL _dm_create_rec _dm_tls_create;
+_DM_PRIVATE void _dm_log_default(dm_log_level level, dm_status st, const char* msg, const char* file, int line,
+                                 void* user_data);
+_DM_PRIVATE void* _dm_log_default_data(int rank, int level);
+_DM_PRIVATE int _dm_log_level_env(void);
+_DM_PRIVATE void _dm_log_print(int rank, dm_log_level level, dm_status st, const char* msg);
+_DM_PRIVATE void _dm_create_begin(void) {
+    _dm_create_rec* r = &_dm_tls_create;
+    if (r->depth++ > 0) return;
+    r->rank = -1;
+    r->printed = false;
+    r->status = DM_OK;
+    r->msg[0] = 0;
+}
+/* The rank the running create makes, for the prefix of its message. */
+_DM_PRIVATE void _dm_create_rank(int rank) {
+    if (_dm_tls_create.depth > 0 && rank >= 0) _dm_tls_create.rank = rank;
+}
+/* The logger an object made by a create keeps: the desc's, else the default one with the rank
+   and DISTMESH_LOG's level (read now, on the creating thread, not at each message). */
+_DM_PRIVATE dm_logger _dm_logger_or_default(const dm_logger* given, int rank) {
+    dm_logger lg;
+    if (given && given->func) return *given;
+    lg.func = _dm_log_default;
+    lg.user_data = _dm_log_default_data(rank, _dm_log_level_env());
+    return lg;
+}
+/* Ends a create: the outermost one records a failure for dm_last_error(NULL) and, when the
+   caller gave no logger, prints it once. user_logger: the caller's desc had one. */
+_DM_PRIVATE dm_status _dm_create_end(dm_status st, bool user_logger) {
+    _dm_create_rec* r = &_dm_tls_create;
+    if (--r->depth > 0) return st;
+    r->status = st;
+    if (st == DM_OK) { r->msg[0] = 0; return st; }
+    if (!r->msg[0]) snprintf(r->msg, sizeof(r->msg), "create failed (%s)", dm_strerror(st));
+    if (!user_logger && !r->printed) {
+        _dm_log_print(r->rank, DM_LOG_ERROR, st, r->msg);
+        r->printed = true;
+    }
+    return st;
+}
+/* One message to lg, or to the default logger when lg has none (the rank of the running create,
+   the level from the environment). */
+_DM_PRIVATE void _dm_emit(const dm_logger* lg, dm_log_level level, dm_status st, const char* msg,
+                          const char* file, int line) {
+    if (lg && lg->func) {
+        lg->func(level, st, msg, file, line, lg->user_data);
+        return;
+    }
+    _dm_log_default(level, st, msg, file, line,
+                    _dm_log_default_data(_dm_tls_create.depth > 0 ? _dm_tls_create.rank : -1, _dm_log_level_env()));
+}
 _DM_PRIVATE void _dm_vlog(const dm_logger* lg, dm_log_level level, dm_status st, const char* file,
                           int line, const char* fmt, va_list ap) {
     char msg[DM_LAST_ERROR_SIZE];
-    if (!lg || !lg->func) return;
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    lg->func(level, st, msg, file, line, lg->user_data);
+    _dm_emit(lg, level, st, msg, file, line);
 }
 _DM_PRIVATE _DM_PRINTF(5, 6) void _dm_log(const dm_logger* lg, dm_log_level level, const char* file,
                                           int line, const char* fmt, ...) {
@@ -965,10 +1070,18 @@ _DM_PRIVATE _DM_PRINTF(5, 6) void _dm_log(const dm_logger* lg, dm_log_level leve
     _dm_vlog(lg, level, DM_OK, file, line, fmt, ap);
     va_end(ap);
 }
+/* Formats into err (a local buffer when NULL), keeps it as the running create's message, logs it
+   at ERROR level, returns st. */
 _DM_PRIVATE dm_status _dm_vreport(const dm_logger* lg, char* err, size_t err_size, dm_status st,
                                   const char* file, int line, const char* fmt, va_list ap) {
-    if (err && err_size) vsnprintf(err, err_size, fmt, ap);
-    if (lg && lg->func) lg->func(DM_LOG_ERROR, st, err ? err : "", file, line, lg->user_data);
+    char local[DM_LAST_ERROR_SIZE];
+    if (!err || !err_size) { err = local; err_size = sizeof(local); }
+    vsnprintf(err, err_size, fmt, ap);
+    if (st != DM_OK && _dm_tls_create.depth > 0) {
+        snprintf(_dm_tls_create.msg, sizeof(_dm_tls_create.msg), "%s", err);
+        _dm_tls_create.status = st;
+    }
+    _dm_emit(lg, DM_LOG_ERROR, st, err, file, line);
     return st;
 }
 /* Records fmt in err, logs it at ERROR level, returns st: for objects that are not collectives. */
@@ -985,11 +1098,6 @@ _DM_PRIVATE _DM_PRINTF(7, 8) dm_status _dm_report(const dm_logger* lg, char* err
    and writes their messages into the request (err), not into c->last_error, which belongs to
    the thread that issued them; an operation's own nested calls (object collectives, the
    core's fallbacks) run at once instead of queueing behind it. */
-#if defined(__cplusplus)
-#define _DM_THREAD_LOCAL thread_local
-#else
-#define _DM_THREAD_LOCAL _Thread_local
-#endif
 typedef struct _dm_running { dm_collective* c; char* err; } _dm_running;
 static _DM_THREAD_LOCAL _dm_running _dm_tls_running;
 /* Where this thread's failures on c go (DM_LAST_ERROR_SIZE bytes). */
@@ -1059,6 +1167,9 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
       "aborts, loses a peer or sees a mismatch; unset: no automatic dump")                                            \
     X(DUMP_ON_SIGUSR1,  BOOL,    "0",     0, 1,       NULL, CORE,                                                     \
       "`1`: also dump on `SIGUSR1` (with the recorder on and `DISTMESH_DUMP_DIR` set)")                               \
+    X(LOG,              ENUM,    "warn",  0, 0,       "error|warn|info|debug", CORE,                                   \
+      "what the default logger (objects made with no `logger`) and `dm_log_stderr` print: this level and "           \
+      "above. The default logger leaves errors to the caller below `info` (a failed create's is printed once)")       \
     X(MAX_OBJECT_BYTES, BYTES,   "1G",    1, _DM_CFG_BYTES_MAX, NULL, CORE,                                           \
       "most bytes one `all_gather_objects` / `broadcast_objects` accepts from peers' announced sizes, and "           \
       "most bytes of point-to-point messages kept for `dm_recv`s not yet posted")                                     \
@@ -1729,15 +1840,69 @@ DM_API_IMPL dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, i
 #pragma GCC pop_options
 #endif
 
-/* >>log stderr  The logger users may pass (dm_log_stderr). */
+/* >>log stderr  The two loggers that print: dm_log_stderr (users pass it) and the default one of
+   objects made with no logger (>>log), and DM_CHECK's dm_check_failed. */
+static const char* const _dm_log_level_names[] = { "error", "warn", "info", "debug" };
+/* DISTMESH_LOG's level (a dm_log_level); malformed: warn (the create that reads it fails anyway). */
+_DM_PRIVATE int _dm_log_level_env(void) {
+    int level = DM_LOG_WARN;
+    if (_dm_cfg_int(_DM_CFG_LOG, &level, NULL, 0) != DM_OK) level = DM_LOG_WARN;
+    return level;
+}
 DM_API_IMPL void dm_log_stderr(dm_log_level level, dm_status status, const char* message,
                                const char* file, int line, void* user_data) {
-    static const char* levels[] = { "error", "warn", "info", "debug" };
     (void)user_data;
+    if ((int)level > _dm_log_level_env()) return;
     /* a status tag only where there is one: warnings and notes carry DM_OK */
-    fprintf(stderr, "distmesh %s: %s%s%s%s (%s:%d)\n", ((unsigned)level < 4) ? levels[level] : "?", message,
-            status != DM_OK ? " [" : "", status != DM_OK ? dm_status_name(status) : "", status != DM_OK ? "]" : "",
-            file, line);
+    fprintf(stderr, "distmesh %s: %s%s%s%s (%s:%d)\n", ((unsigned)level < 4) ? _dm_log_level_names[level] : "?",
+            message, status != DM_OK ? " [" : "", status != DM_OK ? dm_status_name(status) : "",
+            status != DM_OK ? "]" : "", file, line);
+}
+/* The default logger's user_data: the rank (-1: unknown) and the level, in one integer. */
+_DM_PRIVATE void* _dm_log_default_data(int rank, int level) {
+    return (void*)(intptr_t)(((intptr_t)(rank < 0 ? -1 : rank) + 1) * 8 + (level & 7));
+}
+_DM_PRIVATE int _dm_log_default_rank(void* user_data) { return (int)((intptr_t)user_data / 8) - 1; }
+/* "distmesh rank 3: " or "distmesh: " */
+_DM_PRIVATE void _dm_log_prefix(int rank, char* out, size_t cap) {
+    if (rank >= 0) snprintf(out, cap, "distmesh rank %d: ", rank);
+    else snprintf(out, cap, "distmesh: ");
+}
+/* Warnings (and info, debug) at or above its level; errors only at info and debug, where the
+   user asked for everything: below that an error reaches the caller as a status and
+   dm_last_error, and printing it too would print it twice where the caller checks (a failed
+   create prints through _dm_create_end instead). One fprintf per line: lines of several
+   threads do not mix. */
+_DM_PRIVATE void _dm_log_print(int rank, dm_log_level level, dm_status st, const char* msg) {
+    char prefix[40];
+    _dm_log_prefix(rank, prefix, sizeof(prefix));
+    fprintf(stderr, "%s%s: %s%s%s%s\n", prefix, ((unsigned)level < 4) ? _dm_log_level_names[level] : "?", msg,
+            st != DM_OK ? " [" : "", st != DM_OK ? dm_status_name(st) : "", st != DM_OK ? "]" : "");
+}
+_DM_PRIVATE void _dm_log_default(dm_log_level level, dm_status st, const char* msg, const char* file, int line,
+                                 void* user_data) {
+    int limit = (int)((intptr_t)user_data & 7);
+    (void)file;
+    (void)line;
+    if (level == DM_LOG_ERROR ? limit < DM_LOG_INFO : (int)level > limit) return;
+    if (level == DM_LOG_ERROR && _dm_tls_create.depth > 0) _dm_tls_create.printed = true;
+    _dm_log_print(_dm_log_default_rank(user_data), level, st, msg);
+}
+_DM_NORETURN DM_API_IMPL void dm_check_failed(const dm_collective* c, dm_status status, const char* call,
+                                              const char* file, int line) {
+    char prefix[40];
+    int rank = c ? (c->logger.func == _dm_log_default ? _dm_log_default_rank(c->logger.user_data) : c->rank)
+                 : _dm_tls_create.rank;
+    const char* why = dm_last_error(c);
+    _dm_log_prefix(rank, prefix, sizeof(prefix));
+    if (!c && _dm_tls_create.printed && _dm_tls_create.status == status)
+        fprintf(stderr, "%s%s failed at %s:%d [%s] (the reason is above)\n", prefix, call, file, line,
+                dm_status_name(status));
+    else
+        fprintf(stderr, "%s%s failed at %s:%d [%s]: %s\n", prefix, call, file, line, dm_status_name(status),
+                (c && why[0]) || (!c && _dm_tls_create.status == status) ? why : dm_strerror(status));
+    fflush(stderr);
+    exit(EXIT_FAILURE);
 }
 
 /* >>env  The launchers' variables, each launcher's own rules; the DISTMESH_* overrides and
@@ -4396,7 +4561,8 @@ DM_API_IMPL void* dm_native_handle(dm_collective* c) {
     return c->vt->native_handle(c);
 }
 DM_API_IMPL const char* dm_last_error(const dm_collective* c) {
-    return c ? c->last_error : "no collective (NULL)";
+    if (!c) return _dm_tls_create.status != DM_OK ? _dm_tls_create.msg : "no collective (NULL)";
+    return c->last_error;
 }
 DM_API_IMPL uint64_t dm_sequence(const dm_collective* c) { return c ? __atomic_load_n(&c->seq, __ATOMIC_RELAXED) : 0; }
 /* The deadline is read by queued requests as they run: it changes only with none in flight. */
@@ -4639,15 +4805,21 @@ static dm_status _dm_fake_create_with(const dm_fake_desc* d, dm_collective** out
     *out = &f->base;
     return DM_OK;
 }
-DM_API_IMPL dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** out) {
+static dm_status _dm_fake_create_checked(const dm_fake_desc* desc, dm_collective** out) {
     char err[DM_LAST_ERROR_SIZE];
     _DM_ZERO(dm_fake_desc, d);
-    if (!out) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_REPORT(NULL, err, sizeof(err), DM_ERR_INVALID_ARG, "fake: out is NULL");
     *out = NULL;
     if (desc) d = *desc;
     _DM_TRY(_dm_fake_desc_check(&d, true, err, sizeof(err)));
+    _dm_create_rank(d.rank);
     _DM_TRY(_dm_cfg_check_create(&d.logger, d.timeout_ms, err, sizeof(err)));
+    d.logger = _dm_logger_or_default(&d.logger, d.rank);
     return _dm_fake_create_with(&d, out);
+}
+DM_API_IMPL dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** out) {
+    _dm_create_begin();
+    return _dm_create_end(_dm_fake_create_checked(desc, out), desc && desc->logger.func);
 }
 
 /* >>links  A link is one rank's channel to one peer: an ordered byte stream each way. Every
@@ -7817,12 +7989,12 @@ static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, const dm_fa
     return &t->base;
 }
 
-DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collective** out) {
+static dm_status _dm_thread_world_create_checked(const dm_fake_desc* desc, dm_collective** out) {
     char err[DM_LAST_ERROR_SIZE];
     _dm_tw_shared* sh;
     int r, n;
     _DM_ZERO(dm_fake_desc, d);
-    if (!out) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_REPORT(NULL, err, sizeof(err), DM_ERR_INVALID_ARG, "thread: out is NULL");
     if (desc) d = *desc;
     n = _dm_def(d.world_size, 1);
     _DM_TRY(_dm_fake_desc_check(&d, false, err, sizeof(err)));
@@ -7840,7 +8012,7 @@ DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collec
         out[r] = _dm_tw_member_new(sh, r, &d, NULL);
         if (!out[r]) break;
         out[r]->timeout_ms = _dm_timeout_logged(d.timeout_ms, &d.logger);
-        out[r]->logger = d.logger;
+        out[r]->logger = _dm_logger_or_default(&d.logger, r);
     }
     if (r == n) {
         const char** names = (const char**)_dm_calloc(&d.allocator, sizeof(char*) * (size_t)n);
@@ -7857,6 +8029,10 @@ DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collec
     { int k; for (k = r + 1; k < n; k++) _dm_tw_shared_release(sh); }
     for (r = 0; r < n; r++) { dm_destroy(out[r]); out[r] = NULL; }
     return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "thread: out of memory");
+}
+DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collective** out) {
+    _dm_create_begin();
+    return _dm_create_end(_dm_thread_world_create_checked(desc, out), desc && desc->logger.func);
 }
 
 typedef struct _dm_tw_run_arg {
@@ -8376,17 +8552,18 @@ DM_API_IMPL const char* dm_strategy_last_error(const dm_strategy* s) { return s 
 
 /* >>init  Without the TCP backend only a world of one can be built from the environment. */
 #if !defined(DISTMESH_TCP)
-DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
+static dm_status _dm_init_checked(const dm_init_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_init_desc, d);
     _DM_ZERO(dm_fake_desc, f);
     dm_env env;
     char err[DM_LAST_ERROR_SIZE];
     dm_status st;
-    if (!out) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_REPORT(NULL, err, sizeof(err), DM_ERR_INVALID_ARG, "init: out is NULL");
     *out = NULL;
     if (desc) d = *desc;
     st = dm_env_detect(&env);
     if (st != DM_OK) return _DM_REPORT(&d.logger, err, sizeof(err), st, "%s", env.error);
+    _dm_create_rank(env.rank);
     if (env.world_size > 1)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_UNSUPPORTED,
                           "init: the environment (%s) asks for %d ranks but this build has no transport "
@@ -8395,6 +8572,10 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
     f.logger = d.logger;
     f.allocator = d.allocator;
     return dm_fake_create(&f, out);
+}
+DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
+    _dm_create_begin();
+    return _dm_create_end(_dm_init_checked(desc, out), desc && desc->logger.func);
 }
 #endif
 

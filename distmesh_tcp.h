@@ -142,7 +142,7 @@ typedef struct dm_tcp_desc {
                                    failure to set up shared memory fails the create, "tcp" sockets
                                    only. Every rank must be given the same. */
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever */
-    dm_logger logger;           /* 0 -> silent */
+    dm_logger logger;           /* 0 -> the default logger (distmesh.h dm_logger) */
     dm_allocator allocator;     /* 0 -> malloc/free (libuv allocates on its own) */
     int sockets_per_peer;       /* 0 -> DISTMESH_SOCKETS_PER_PEER, else 1: sockets to each peer on
                                    another host, 1..16 (same-host peers: shared memory, or one
@@ -2809,14 +2809,14 @@ static dm_status _dm_tcp_parse_sockets(int given, int* out, char* err, size_t ca
 static dm_status _dm_tcp_join(_dm_tcp_setup* s, dm_collective** out);
 static dm_status _dm_tcp_join_flag(int given, bool* out, char* err, size_t cap);
 
-DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
+static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_tcp_desc, d);
     _DM_ZERO(_dm_tcp_setup, s);
     char err[DM_LAST_ERROR_SIZE], url[320], host[256];
     dm_env env;
     dm_status st;
     bool join = false;
-    if (!out) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_REPORT(NULL, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: out is NULL");
     *out = NULL;
     if (desc) d = *desc;
     if (!_dm_allocator_valid(&d.allocator))
@@ -2832,6 +2832,8 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     if (d.world_size < 1 || d.rank < 0 || d.rank >= d.world_size)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG,
                           "tcp: rank %d is not in 0..world_size-1 (world_size %d)", d.rank, d.world_size);
+    if (!join) _dm_create_rank(d.rank);
+    d.logger = _dm_logger_or_default(&d.logger, join ? -1 : d.rank);
     s.rank = d.rank;
     s.size = d.world_size;
     s.timeout_ms = d.timeout_ms ? d.timeout_ms : env.timeout_ms;
@@ -3777,8 +3779,13 @@ static void _dm_tcp_interrupt(dm_collective* c) {
     }
 }
 
+DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
+    _dm_create_begin();
+    return _dm_create_end(_dm_tcp_create_checked(desc, out), desc && desc->logger.func);
+}
+
 /* >>tcp init */
-DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
+static dm_status _dm_init_checked(const dm_init_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_init_desc, d);
     _DM_ZERO(dm_fake_desc, f);
     _DM_ZERO(dm_tcp_desc, td);
@@ -3786,11 +3793,12 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
     dm_status st;
     char err[DM_LAST_ERROR_SIZE];
     int join = 0;
-    if (!out) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_REPORT(NULL, err, sizeof(err), DM_ERR_INVALID_ARG, "init: out is NULL");
     *out = NULL;
     if (desc) d = *desc;
     st = dm_env_detect(&env);
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, env.error);
+    _dm_create_rank(env.rank);
     if ((st = _dm_cfg_int(_DM_CFG_JOIN, &join, err, sizeof(err))) != DM_OK) return _dm_tcp_report(&d.logger, st, err);
     if (env.world_size > 1 || join) {
         td.rank = env.rank;
@@ -3804,6 +3812,10 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
     f.logger = d.logger;
     f.allocator = d.allocator;
     return dm_fake_create(&f, out);
+}
+DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
+    _dm_create_begin();
+    return _dm_create_end(_dm_init_checked(desc, out), desc && desc->logger.func);
 }
 #endif /* DISTMESH_IMPLEMENTATION */
 
