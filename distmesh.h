@@ -32,6 +32,9 @@
        DISTMESH_CUDA             TCP backend takes CUDA device buffers (cudart)   (on with NCCL)
        DM_API / DM_API_IMPL      decoration of declarations / definitions (extern / empty)
        DM_ASSERT(c)              our own invariants                               (assert)
+       DISTMESH_OPTIMIZE_ALL     compile the setup code at your -O level too (slower
+                                 to build; default: it builds as for debugging,
+                                 see >>compile cost)                              (off)
 
    EXAMPLE: a world of 4 ranks on 4 threads of this process
 
@@ -90,6 +93,7 @@
      implementation: helpers
        >>implementation          where the implementation starts (its once-guard)
        >>config                  system headers, _DM_PRIVATE, _DM_ZERO, the small-message bound
+       >>compile cost            _DM_COLD_BEGIN / _END: code that runs at creates and failures
        >>libc                    GNU and BSD calls declared when the includer's mode hid them
        >>memory                  the object's allocator
        >>log                     recording (dm_last_error) and logging failures
@@ -936,6 +940,28 @@ struct dm_collective {
 #define _dm_def(v, dflt) ((v) ? (v) : (dflt))
 #define _DM_PICK_SMALL_BYTES ((size_t)64 << 10)  /* all_reduce at or below: recursive doubling */
 
+/* >>compile cost  The implementation sits in the includer's translation unit and is compiled with
+   its flags on every build of that file. Most of it runs once per create (rendezvous, the store,
+   env and config parsing, hellos, the trace's files, the mesh) or on a failure (shrink, dumps):
+   those sections sit between _DM_COLD_BEGIN and _DM_COLD_END and compile as for debugging (gcc:
+   -Og, which still warns like -O1; clang: optnone, as there is no per-function level), which
+   cuts the TU's time at -O2 / -O3 by about two fifths. What runs per call or per byte (wrappers,
+   engine, links, schedules, kernels, the flight recorder) keeps the includer's level; the
+   kernels ask for -O3 themselves. A function in a cold region is not inlined into hot code, so
+   hot code calls none but error paths there (scripts/check_cold.py, run by tests/test_dropin.c).
+   Nothing changes at -O0 or -Os; DISTMESH_OPTIMIZE_ALL compiles everything at the includer's
+   level. Measured by `make compile-cost` (scripts/compile_cost.sh). */
+#if !defined(DISTMESH_OPTIMIZE_ALL) && defined(__OPTIMIZE__) && !defined(__OPTIMIZE_SIZE__) && defined(__clang__)
+#define _DM_COLD_BEGIN _Pragma("clang optimize off")
+#define _DM_COLD_END _Pragma("clang optimize on")
+#elif !defined(DISTMESH_OPTIMIZE_ALL) && defined(__OPTIMIZE__) && !defined(__OPTIMIZE_SIZE__) && defined(__GNUC__)
+#define _DM_COLD_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"Og\")")
+#define _DM_COLD_END _Pragma("GCC pop_options")
+#else
+#define _DM_COLD_BEGIN
+#define _DM_COLD_END
+#endif
+
 /* >>libc  What the implementation uses beyond POSIX 2008, declared here when the C library hid
    it. glibc declares its GNU extensions only when _GNU_SOURCE came before the TU's first system
    header (its <features.h> then sets __USE_GNU), and its BSD/SVID ones (__USE_MISC) only in the
@@ -996,6 +1022,18 @@ _DM_PRIVATE void _dm_free(const dm_allocator* a, void* ptr) {
 #else
 #define _DM_THREAD_LOCAL _Thread_local
 #endif
+/* The operation this thread is running, if any: a collective's progress thread runs requests
+   and writes their messages into the request (err), not into c->last_error, which belongs to
+   the thread that issued them; an operation's own nested calls (object collectives, the
+   core's fallbacks) run at once instead of queueing behind it. */
+typedef struct _dm_running { dm_collective* c; char* err; } _dm_running;
+static _DM_THREAD_LOCAL _dm_running _dm_tls_running;
+/* Where this thread's failures on c go (DM_LAST_ERROR_SIZE bytes). */
+_DM_PRIVATE char* _dm_errbuf(dm_collective* c) {
+    return _dm_tls_running.c == c && _dm_tls_running.err ? _dm_tls_running.err : c->last_error;
+}
+/* The rest of >>log runs on failures and at creates only. */
+_DM_COLD_BEGIN
 /* This thread's creates: like errno, per thread (creates on other threads, e.g. a threaded
    world's or a test's, do not see it), so no process-wide state. */
 typedef struct _dm_create_rec {
@@ -1093,16 +1131,6 @@ _DM_PRIVATE _DM_PRINTF(7, 8) dm_status _dm_report(const dm_logger* lg, char* err
     _dm_vreport(lg, err, err_size, st, file, line, fmt, ap);
     va_end(ap);
     return st;
-}
-/* The operation this thread is running, if any: a collective's progress thread runs requests
-   and writes their messages into the request (err), not into c->last_error, which belongs to
-   the thread that issued them; an operation's own nested calls (object collectives, the
-   core's fallbacks) run at once instead of queueing behind it. */
-typedef struct _dm_running { dm_collective* c; char* err; } _dm_running;
-static _DM_THREAD_LOCAL _dm_running _dm_tls_running;
-/* Where this thread's failures on c go (DM_LAST_ERROR_SIZE bytes). */
-_DM_PRIVATE char* _dm_errbuf(dm_collective* c) {
-    return _dm_tls_running.c == c && _dm_tls_running.err ? _dm_tls_running.err : c->last_error;
 }
 /* Records fmt in c's error buffer (last_error), logs it, returns st. */
 _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, const char* file,
@@ -1459,6 +1487,7 @@ _DM_PRIVATE dm_status _dm_cfg_check(unsigned by, char* err, size_t cap) {
     return DM_OK;
 }
 
+_DM_COLD_END
 /* >>cuda  The one check of "is this device memory" that the backends share. */
 #if defined(DISTMESH_CUDA)
 #include <cuda_runtime.h>
@@ -1499,6 +1528,7 @@ _DM_PRIVATE void _dm_copy_name(char* dst, size_t cap, const char* src) {
     dst[n] = 0;
 }
 
+_DM_COLD_BEGIN
 /* >>sha256  FIPS 180-4 section 6.2, written from the standard: 64-byte blocks, big-endian words. */
 static const uint32_t _dm_sha256_k[64] = {
     0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
@@ -1605,6 +1635,7 @@ DM_API_IMPL void dm_hmac_sha256(const void* key, size_t key_size, const void* ms
     memset(pad, 0, sizeof(pad));
 }
 
+_DM_COLD_END
 /* >>names */
 DM_API_IMPL const char* dm_status_name(dm_status status) {
     switch (status) {
@@ -1840,6 +1871,7 @@ DM_API_IMPL dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, i
 #pragma GCC pop_options
 #endif
 
+_DM_COLD_BEGIN
 /* >>log stderr  The two loggers that print: dm_log_stderr (users pass it) and the default one of
    objects made with no logger (>>log), and DM_CHECK's dm_check_failed. */
 static const char* const _dm_log_level_names[] = { "error", "warn", "info", "debug" };
@@ -2137,6 +2169,7 @@ DM_API_IMPL dm_status dm_env_detect(dm_env* out) {
 DM_API_IMPL int dm_device_count(void) { return 0; }
 #endif
 
+_DM_COLD_END
 /* >>trace  See inside: the flight recorder (the last N operations of each collective, in memory,
    dumped as JSON on failure, on request and on SIGUSR1) and the timeline (DISTMESH_TRACE: Chrome
    trace-event JSON, one file per rank). Names: _dm_trace is one collective's part (its group
@@ -2459,6 +2492,7 @@ _DM_PRIVATE void _dm_trace_append_locked(_dm_trace_rank* rk, const char* text, s
     memcpy(p, text, n);
     _dm_trace_commit_locked(rk, n, now, flush);
 }
+_DM_COLD_BEGIN
 /* A group's two tracks, named: its operations, and the queue times of its _async calls. */
 _DM_PRIVATE void _dm_trace_name_tracks(_dm_trace* t, const char* backend) {
     char line[512];
@@ -2531,6 +2565,7 @@ _DM_PRIVATE _dm_trace* _dm_trace_group_new(dm_collective* c, _dm_trace_rank* rk,
     _dm_trace_name_tracks(t, c->vt && c->vt->name ? c->vt->name : "none");
     return t;
 }
+_DM_COLD_END
 /* c's state, made at its first operation as the root of a new rank ("world"). NULL: out of
    memory (c then runs untraced). */
 _DM_PRIVATE _dm_trace* _dm_trace_get(dm_collective* c) {
@@ -2554,6 +2589,7 @@ _DM_PRIVATE _dm_trace* _dm_trace_get(dm_collective* c) {
     pthread_mutex_unlock(&_dm_tr_reg_mu);
     return t;
 }
+_DM_COLD_BEGIN
 /* child, just made from c (split, shrink, grow), joins c's rank as group "<c's>/<what><k>". */
 _DM_PRIVATE void _dm_trace_adopt(dm_collective* c, dm_collective* child, const char* what, int color) {
     _dm_trace* t = _dm_trace_get(c);
@@ -2614,6 +2650,7 @@ _DM_PRIVATE void _dm_trace_release(dm_collective* c) {
     _dm_free(&rk->allocator, rk);
 }
 
+_DM_COLD_END
 /* ---- hooks in the engine ---- */
 /* The running operation waited wait_us on peer (the thread running it calls this). */
 _DM_PRIVATE void _dm_trace_wait(dm_collective* c, int peer, int64_t wait_us) {
@@ -2998,6 +3035,7 @@ _DM_PRIVATE void _dm_trace_stream_end(dm_collective* c, const dm_op* o, uint64_t
     _dm_trace_finish(c, t, &e, &index, st);
 }
 
+_DM_COLD_BEGIN
 /* ---- SIGUSR1: the handler only writes a byte; a thread does the dumping ---- */
 static void _dm_trace_on_signal(int sig) {
     int saved = errno;
@@ -3105,6 +3143,7 @@ _DM_PRIVATE dm_status _dm_blob_list_alloc(const dm_allocator* a, const size_t* s
     return DM_OK;
 }
 
+_DM_COLD_END
 /* >>validation  The wrappers check everything a backend would otherwise trust. */
 #define _DM_VT_HAS(vt, fn) \
     ((vt)->struct_size >= offsetof(dm_collective_vtable, fn) + sizeof((vt)->fn) && (vt)->fn)
@@ -3477,6 +3516,7 @@ _DM_PRIVATE dm_status _dm_prep_broadcast_objects(dm_collective* c, const dm_blob
 /* The most bytes one object collective takes from its peers' word: DISTMESH_MAX_OBJECT_BYTES,
    read when c was made (>>config registry). */
 _DM_PRIVATE uint64_t _dm_object_limit(const dm_collective* c) { return c->max_object_bytes; }
+_DM_COLD_BEGIN
 _DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out) {
     static const char* name = "all_gather_objects";
     uint64_t* sizes64 = NULL;
@@ -3579,6 +3619,7 @@ done:
 }
 
 
+_DM_COLD_END
 /* >>run  One checked operation, on whichever thread runs it: the sequence number (collectives
    only: point-to-point calls do not count), then the backend's slot or the core's fallback. */
 _DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out);
@@ -4076,6 +4117,7 @@ DM_API_IMPL dm_status dm_wait_all(dm_request** reqs, size_t n) {
     return first;
 }
 
+_DM_COLD_BEGIN
 /* >>trace dump  The flight recorder as JSON: the rank, why, and per group its last operations
    (oldest first), the requests still queued, and its view of its peers (the last collective
    each was seen entering: its fingerprint arrived). Written to a temporary name and renamed,
@@ -4245,6 +4287,7 @@ DM_API_IMPL dm_status dm_flight_recorder_dump(dm_collective* c, const char* path
     return _DM_FAIL(c, st, "flight_recorder_dump: could not write %s (%s)", path ? path : "the dump", strerror(errno));
 }
 
+_DM_COLD_END
 /* >>public calls  Blocking: check, then run (or queue behind requests in flight). _async:
    check, then queue. */
 #define _DM_BLOCKING(c, prep)                                                                 \
@@ -4585,6 +4628,7 @@ DM_API_IMPL dm_status dm_set_timeout(dm_collective* c, int timeout_ms) {
     return DM_OK;
 }
 
+_DM_COLD_BEGIN
 /* >>fake  World 1, or one simulated member of an N-rank world where every rank holds the same
    data (see >>fake desc for each collective's result). */
 typedef struct _dm_fake {
@@ -4822,6 +4866,7 @@ DM_API_IMPL dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** o
     return _dm_create_end(_dm_fake_create_checked(desc, out), desc && desc->logger.func);
 }
 
+_DM_COLD_END
 /* >>links  A link is one rank's channel to one peer: an ordered byte stream each way. Every
    schedule below (recursive doubling, rings, chain broadcast, dissemination barrier) is written
    once over links and driven by one engine, so whatever carries the bytes (sockets, rings in
@@ -7356,6 +7401,7 @@ _DM_PRIVATE dm_status _dm_coll_recv(_dm_eng* lk, void* buf, size_t count, dm_dty
     return _dm_eng_run_on_demand(lk, &x);
 }
 
+_DM_COLD_BEGIN
 /* >>peers  P, the peers this rank's fixed-peer schedules use on the group's layout: every
    rank of its host (shared memory), then what every all_reduce algorithm (flat ring and rd,
    two-level with Lmin rails, their rails once as rings and once as recursive doubling
@@ -7418,6 +7464,7 @@ _DM_PRIVATE dm_status _dm_peers_keep(_dm_eng* lk) {
     return _dm_peers_find(lk, lk->peers);
 }
 
+_DM_COLD_END
 /* >>thread  N ranks on N threads of one process. Every collective first meets on a shared
    barrier where each rank posts its fingerprint and all compare them (so a mismatch or a
    missing rank is reported by every rank), then runs the same schedule as the other transports
@@ -7789,6 +7836,7 @@ static dm_status _dm_tw_split(dm_collective* c, int color, int key, dm_collectiv
     return DM_OK;
 }
 
+_DM_COLD_BEGIN
 /* >>thread shrink  The ranks that stay meet under the world's lock: each adds its excluded
    ranks to the union and waits until every rank outside the union has arrived; the one that
    completes the meeting makes the new world's shared state. Threads cannot die here, so the
@@ -8579,6 +8627,7 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
 }
 #endif
 
+_DM_COLD_END
 #endif /* DISTMESH_IMPLEMENTATION */
 
 /* >>backends  Last, outside both guards: each sees the whole core and emits its own parts. The

@@ -231,6 +231,7 @@ DM_API dm_status dm_store_multi_get(dm_store* s, const char* const* keys, size_t
 #include <fcntl.h>
 #include <dirent.h>
 
+_DM_COLD_BEGIN
 /* >>store wire  c10d TCPStore, torch 2.x (checked byte for byte against torch 2.11's client and
    both of its servers, see tests/fixtures/torch-2.11-wire.jsonl). A request is one opcode byte
    and its fields; integers are little-endian; a string or value is a uint64 length + bytes.
@@ -3473,6 +3474,7 @@ DM_API_IMPL dm_status dm_store_num_keys(dm_store* s, int64_t* out) {
 #undef _DM_SRV_KEY
 #undef _DM_SRV_VAL
 
+_DM_COLD_END
 #endif /* DISTMESH_IMPLEMENTATION && !DISTMESH_STORE_IMPL_INCLUDED */
 
 /*

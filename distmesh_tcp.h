@@ -66,6 +66,10 @@
    neither encrypted nor authenticated after the handshake: an attacker on the path who can
    rewrite packets is out of scope (that would take TLS).
 
+   COMPILE COST  The sections between _DM_COLD_BEGIN and _DM_COLD_END (creates, rendezvous,
+   failures) compile as for debugging whatever the includer's -O level: distmesh.h
+   >>compile cost; scripts/check_cold.py keeps hot code from calling into them.
+
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
      the TCP backend's declarations
        >>tcp desc                dm_tcp_desc, dm_tcp_create
@@ -452,6 +456,7 @@ static const _dm_link_vt _dm_sock_vt = {
     _dm_sock_pollfd
 };
 
+_DM_COLD_BEGIN
 /* >>tcp notices  The first failure a rank sees itself goes into the store as "<prefix>abort"
    (compare-set: the first poster wins), value: status i32, rank i32, message; a rank whose
    peer hangs up reads it and reports that cause instead of "EOF". One bounded round trip each
@@ -505,6 +510,7 @@ static dm_status _dm_tcp_notice_read(_dm_eng* lk, int* rank, char* msg, size_t c
     return st;
 }
 
+_DM_COLD_END
 /* >>tcp shm  Ranks of one group on one host talk through a shared segment: a memfd the group's
    lowest local rank creates and the others open through /proc/<pid>/fd/<fd>, so nothing is
    ever named in /dev/shm and the memory goes with the last mapping, kill -9 included. Every
@@ -686,6 +692,7 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, cons
     return DM_OK;
 }
 
+_DM_COLD_BEGIN
 /* >>tcp loss  A rank asleep on its bell learns of a same-host peer's death at once. A dead
    process rings no bell, and the sleeper used to find out at its next look, up to 50 ms later
    (twice: a death is confirmed by a second look). So each group with shm links has a watcher
@@ -1843,6 +1850,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
 }
 static void _dm_tcp_destroy(dm_collective* c) { _dm_tcp_free((_dm_tcp*)c); }
 
+_DM_COLD_END
 /* >>tcp slots  The vtable's entries for host buffers: the core's entry points (distmesh.h,
    >>entry points) over this group's engine. The CUDA forms wrap them (>>tcp cuda); the table
    follows that (>>tcp vtable). */
@@ -2140,6 +2148,7 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     _dm_tcp_interrupt,               /* interrupt */
 };
 
+_DM_COLD_BEGIN
 /* >>tcp setup  Everything the rendezvous needs, resolved from the desc and the environment:
    what a create, split or join hands the build. */
 typedef struct _dm_tcp_setup {
@@ -3817,6 +3826,7 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
     _dm_create_begin();
     return _dm_create_end(_dm_init_checked(desc, out), desc && desc->logger.func);
 }
+_DM_COLD_END
 #endif /* DISTMESH_IMPLEMENTATION */
 
 /*

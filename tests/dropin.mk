@@ -6,11 +6,17 @@
 #   run on shared memory and sockets; include_strict_*.ok: under -std=c11 the same includes stop
 #   with distmesh.h's one #error naming the rule; include_same.ok: what the preprocessor emits of
 #   distmesh's own lines is the same included first or after (scripts/check_include_order.py).
+# - compile cost: cold_regions.ok, scripts/check_cold.py on the headers (markers balanced, hot code
+#   calls cold functions only on the paths its ALLOWED list names) and on clang's IR of the
+#   implementation (the cold regions' functions optnone, no other). `make compile-cost` times the
+#   TU (scripts/compile_cost.sh; BASE=dir compares with another tree), `make bench-reduce-local`
+#   runs the kernel benchmark (bench/reduce_local.c; scripts/reduce_local_ab.sh for A/B).
 # - fast-math: tests/impl.c compiled with -Ofast (gcc; clang), linked with test_reduce.o
 #   (test_reduce_ofast_*: every kernel, bit for bit) and with tests/test_fastmath.c linked with
 #   -Ofast as a user's program is (test_fastmath_*: the threaded world of 3, NaN on each rank).
 # The compile checks are prerequisites of test_dropin, so a failure fails `make test`. Cost: the
-# implementation compiled 4 more times (two at -O0, two at -Ofast without TCP) and preprocessed twice.
+# implementation compiled 4 more times (two at -O0, two at -Ofast without TCP), once more by clang
+# to IR, and preprocessed twice.
 DROPIN_DIR := $(BUILD)/dropin
 DROPIN_CLANG := $(shell command -v clang 2>/dev/null)
 DROPIN_WARN := -Wall -Wextra -Wpedantic -Werror
@@ -21,7 +27,8 @@ ifneq ($(wildcard distmesh_tcp.h),)
 TEST_BINS += $(DROPIN_DIR)/test_dropin $(foreach c,$(DROPIN_CCS),$(DROPIN_DIR)/test_include_after_$(c))
 endif
 TEST_BINS += $(foreach c,$(DROPIN_CCS),$(DROPIN_DIR)/test_reduce_ofast_$(c) $(DROPIN_DIR)/test_fastmath_$(c))
-DROPIN_CHECKS := $(foreach c,$(DROPIN_CCS),$(DROPIN_DIR)/include_strict_$(c).ok) $(DROPIN_DIR)/include_same.ok
+DROPIN_CHECKS := $(foreach c,$(DROPIN_CCS),$(DROPIN_DIR)/include_strict_$(c).ok) $(DROPIN_DIR)/include_same.ok \
+                 $(DROPIN_DIR)/cold_regions.ok
 
 $(DROPIN_DIR)/test_dropin: tests/test_dropin.c tests/test_world.h tests/test_tmpdir.h tests/test_filter.h \
                            $(BUILD)/tcp/impl.o | $(DROPIN_CHECKS)
@@ -69,3 +76,27 @@ $(DROPIN_DIR)/test_reduce_ofast_%: $(BUILD)/core/test_reduce.o $(DROPIN_DIR)/imp
 $(DROPIN_DIR)/test_fastmath_%: tests/test_fastmath.c tests/test_util.h tests/test_filter.h $(DROPIN_DIR)/impl_ofast_%.o
 	$(CC) $(CFLAGS_ALL) -c $< -o $@.o
 	$* -Ofast -pthread $@.o $(DROPIN_DIR)/impl_ofast_$*.o -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)
+
+# The regions on paper, and (with clang) as compiled.
+$(DROPIN_DIR)/cold_regions.ok: scripts/check_cold.py distmesh.c $(DROPIN_HDRS) $(wildcard distmesh_nccl.h)
+	@mkdir -p $(dir $@)
+ifneq ($(DROPIN_CLANG),)
+	clang -std=c11 -O2 -DDISTMESH_TCP -I. $(UV_CFLAGS) -S -emit-llvm distmesh.c -o $(DROPIN_DIR)/impl.ll
+	python3 scripts/check_cold.py --ir $(DROPIN_DIR)/impl.ll .
+else
+	python3 scripts/check_cold.py .
+endif
+	@touch $@
+
+# Not in `make test`: timings mean something on a quiet machine only.
+REDUCE_LOCAL_BENCH := $(BUILD)/bench/reduce_local
+EXTRA_BINS += $(REDUCE_LOCAL_BENCH)
+$(REDUCE_LOCAL_BENCH): bench/reduce_local.c distmesh.c distmesh.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $< distmesh.c -o $@ $(LDLIBS_ALL)
+
+.PHONY: compile-cost bench-reduce-local
+compile-cost:
+	@bash scripts/compile_cost.sh $(or $(REPS),3) $(BASE)
+bench-reduce-local: $(REDUCE_LOCAL_BENCH)
+	$(REDUCE_LOCAL_BENCH)
