@@ -78,6 +78,10 @@
        _dm_stcli_               the tcp client kind
        _dm_fstore_              the file store kind
 
+   COMPILE COST  The implementation sits between _DM_COLD_BEGIN and _DM_COLD_END: it runs at
+   rendezvous, not per collective, and compiles as for debugging whatever the includer's -O level
+   (distmesh.h >>compile cost).
+
    SECTIONS (search for ">>" and the name)
        >>store api               the declarations: limits, dm_store_desc, the functions
        >>store wire              c10d's opcodes and fields, authentication, notices, constants
