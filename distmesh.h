@@ -40,13 +40,12 @@
 
        static int work(dm_collective* c, void* user) {
            float x[3] = { 1.0f, 2.0f, (float)dm_rank(c) };
-           dm_status st = dm_all_reduce(c, NULL, x, 3, DM_FLOAT32, DM_SUM); // NULL send = in place
-           if (st != DM_OK) fprintf(stderr, "%s\n", dm_last_error(c));
-           return st;                                       // x is now { 4, 8, 6 } on every rank
+           DM_CHECK(c, dm_all_reduce(c, NULL, x, 3, DM_FLOAT32, DM_SUM)); // NULL send = in place
+           return DM_OK;                                    // x is now { 4, 8, 6 } on every rank
        }
        dm_fake_desc d = {0};
        d.world_size = 4;
-       dm_status st = dm_thread_world_run(&d, work, NULL);
+       DM_CHECK(NULL, dm_thread_world_run(&d, work, NULL)); // a failure: one line, then exit
 
    RULES
    - Every collective is a collective call: every rank of the collective calls it, in the same
