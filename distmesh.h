@@ -943,11 +943,13 @@ struct dm_collective {
    its flags on every build of that file. Most of it runs once per create (rendezvous, the store,
    env and config parsing, hellos, the trace's files, the mesh) or on a failure (shrink, dumps):
    those sections sit between _DM_COLD_BEGIN and _DM_COLD_END and compile as for debugging (gcc:
-   -Og, which still warns like -O1; clang: optnone, as there is no per-function level), which
-   cuts the TU's time at -O2 / -O3 by about two fifths. What runs per call or per byte (wrappers,
-   engine, links, schedules, kernels, the flight recorder) keeps the includer's level; the
-   kernels ask for -O3 themselves. A function in a cold region is not inlined into hot code, so
-   hot code calls none but error paths there (scripts/check_cold.py, run by tests/test_dropin.c).
+   -Og, not -O0, where _FORTIFY_SOURCE's checks cannot fold; clang: optnone, as it has no
+   per-function level). With DISTMESH_TCP that takes two fifths (gcc) to half (clang) off the
+   TU's time at -O2 / -O3, the core alone a fifth to a quarter (docs/dropin.md). What runs per
+   call or per byte (wrappers, engine, links, schedules, kernels, the flight recorder) keeps the
+   includer's level; the kernels ask for -O3 themselves. A function in a cold region is not
+   inlined into hot code, so hot code calls into one only on creates, first calls, splits and
+   failures (scripts/check_cold.py, run by tests/dropin.mk, holds that and the markers).
    Nothing changes at -O0 or -Os; DISTMESH_OPTIMIZE_ALL compiles everything at the includer's
    level. Measured by `make compile-cost` (scripts/compile_cost.sh). */
 #if !defined(DISTMESH_OPTIMIZE_ALL) && defined(__OPTIMIZE__) && !defined(__OPTIMIZE_SIZE__) && defined(__clang__)
