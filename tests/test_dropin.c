@@ -205,10 +205,10 @@ static void test_dropin_create_error_is_per_thread(void** state) {
 }
 
 /* ---- a successful start, and errors after it ---- */
-typedef struct start_ctx { const char* log; char store[420]; } start_ctx;
+typedef struct start_ctx { const char* log; char store[420]; int port; } start_ctx;
 static int rank_starts(int index, void* p) {
     start_ctx* s = (start_ctx*)p;
-    char r[8], path[400];
+    char r[16], path[400];
     float x[4] = { 1, 2, 3, 4 };
     dm_collective* c = NULL;
     int fd;
@@ -221,7 +221,13 @@ static int rank_starts(int index, void* p) {
     snprintf(r, sizeof(r), "%d", index);
     setenv("RANK", r, 1);
     setenv("WORLD_SIZE", "2", 1);
-    setenv("DISTMESH_STORE", s->store, 1);
+    if (s->port > 0) {                   /* rank 0 hosts the store, as under torchrun by hand */
+        snprintf(r, sizeof(r), "%d", s->port);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", r, 1);
+    } else {
+        setenv("DISTMESH_STORE", s->store, 1);
+    }
     if (s->log) setenv("DISTMESH_LOG", s->log, 1);
     st = dm_init(NULL, &c);
     if (st == DM_OK) st = dm_all_reduce(c, NULL, x, 4, DM_FLOAT32, DM_SUM);
@@ -229,7 +235,7 @@ static int rank_starts(int index, void* p) {
     dm_destroy(c);
     return st == DM_OK ? 0 : 1;
 }
-static void start_two(const char* log, char out[2][8192]) {
+static void start_two(const char* log, bool hosted, char out[2][8192]) {
     start_ctx s;
     tw_store store;
     tw_world w;
@@ -237,6 +243,7 @@ static void start_two(const char* log, char out[2][8192]) {
     char path[400];
     assert_int_equal(tw_store_file(&store, "dm_dropin_store"), 0);
     s.log = log;
+    s.port = hosted ? tw_free_port() : 0;
     snprintf(s.store, sizeof(s.store), "%s", store.url);
     memset(&w, 0, sizeof(w));
     w.alarm_s = 60;
@@ -252,10 +259,13 @@ static void start_two(const char* log, char out[2][8192]) {
 static void test_dropin_successful_start_is_silent(void** state) {
     char out[2][8192];
     (void)state;
-    start_two(NULL, out);
+    start_two(NULL, false, out);         /* a file store */
     assert_string_equal(out[0], "");
     assert_string_equal(out[1], "");
-    start_two("info", out);              /* asked: the info lines come, with the rank */
+    start_two(NULL, true, out);          /* rank 0 hosts a TCP store at MASTER_ADDR:MASTER_PORT */
+    assert_string_equal(out[0], "");
+    assert_string_equal(out[1], "");
+    start_two("info", false, out);       /* asked: the info lines come, with the rank */
     assert_non_null(strstr(out[0], "distmesh rank 0: info: "));
     assert_non_null(strstr(out[1], "distmesh rank 1: info: "));
 }
