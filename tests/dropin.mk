@@ -1,6 +1,7 @@
 # Dropping distmesh into an existing C program (issue 29). Everything lands in $(BUILD)/dropin/.
 # - test_dropin (tests/test_dropin.c): what a failed create, a successful start and a later error
-#   print, DISTMESH_LOG, DM_CHECK; forked children on the TCP build (tests/tcp.mk's impl.o).
+#   print, DISTMESH_LOG, DM_CHECK, README's first screen; forked children on the TCP build
+#   (tests/tcp.mk's impl.o).
 # - include order: test_include_after_gcc / _clang (tests/test_include_after.c), the implementation
 #   after <stdio.h>, <pthread.h>, <math.h> in the compilers' default mode, -Werror, DISTMESH_TCP,
 #   run on shared memory and sockets; include_strict_*.ok: under -std=c11 the same includes stop
@@ -33,7 +34,8 @@ DROPIN_CHECKS := $(foreach c,$(DROPIN_CCS),$(DROPIN_DIR)/include_strict_$(c).ok)
 $(DROPIN_DIR)/test_dropin: tests/test_dropin.c tests/test_world.h tests/test_tmpdir.h tests/test_filter.h \
                            $(BUILD)/tcp/impl.o | $(DROPIN_CHECKS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ \
+	    $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
 # No -std: each compiler's default (gnu17 here), as in a program's own Makefile. -O0: the point is
 # what compiles, not how fast (the implementation's other builds optimise).

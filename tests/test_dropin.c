@@ -8,7 +8,9 @@
    - an error of a call on a collective is returned, not printed (DISTMESH_LOG=info prints it once);
    - DISTMESH_LOG's values, a malformed one, and dm_log_stderr's use of it;
    - DM_CHECK: nothing on success; one line and EXIT_FAILURE on failure, after a failed create
-     without repeating the reason already printed. */
+     without repeating the reason already printed;
+   - README.md's first screen: which define gives what, and its example (examples/readme_first.c,
+     the same code, compiled by `make`) checks with DM_CHECK. */
 #define _GNU_SOURCE
 #include "distmesh.h"
 #include <stdarg.h>
@@ -401,6 +403,36 @@ static void test_dropin_check(void** state) {
     assert_null(strstr(second, "MASTER_ADDR"));  /* not twice */
 }
 
+/* ---- the README's first screen ---- */
+/* README.md's first C block is examples/readme_first.c (which `make` compiles) without its
+   opening comment, it checks with DM_CHECK, and the first screen says which define gives what. */
+static void test_dropin_readme_first_screen(void** state) {
+    static char readme[1 << 17], example[8192];
+    const char *block, *end, *code, *screen_end;
+    (void)state;
+    assert_true(tw_read_file(DM_SRCDIR "/README.md", readme, sizeof(readme)) > 0);
+    assert_true(tw_read_file(DM_SRCDIR "/examples/readme_first.c", example, sizeof(example)) > 0);
+    block = strstr(readme, "```c\n");
+    assert_non_null(block);
+    block += 5;
+    end = strstr(block, "```\n");
+    assert_non_null(end);
+    code = strstr(example, "*/\n");
+    assert_non_null(code);
+    code += 3;
+    if (strlen(code) != (size_t)(end - block) || strncmp(code, block, (size_t)(end - block)) != 0)
+        fail_msg("README.md's first C block differs from examples/readme_first.c");
+    assert_non_null(strstr(code, "DM_CHECK(c, dm_all_reduce("));
+    assert_non_null(strstr(code, "DM_CHECK(NULL, dm_thread_world_run("));
+    screen_end = strstr(readme, "## API overview");
+    assert_non_null(screen_end);
+    readme[screen_end - readme] = 0;
+    assert_non_null(strstr(readme, "| processes on one host | `DISTMESH_TCP`"));
+    assert_non_null(strstr(readme, "shared memory between them"));
+    assert_non_null(strstr(readme, "| processes on several hosts | `DISTMESH_TCP`"));
+    assert_non_null(strstr(readme, "| GPUs, one per process | `DISTMESH_NCCL`"));
+}
+
 int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dropin_failed_init_prints_once_with_rank),
@@ -411,6 +443,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_dropin_log_malformed_fails_the_create),
         cmocka_unit_test(test_dropin_log_stderr_honours_level),
         cmocka_unit_test(test_dropin_check),
+        cmocka_unit_test(test_dropin_readme_first_screen),
     };
     dm_test_filter(argc, argv);
     return cmocka_run_group_tests(tests, setup_dir, remove_dir);
