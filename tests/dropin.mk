@@ -74,9 +74,10 @@ $(DROPIN_DIR)/impl_ofast_%.o: tests/impl.c distmesh.h
 $(DROPIN_DIR)/test_reduce_ofast_%: $(BUILD)/core/test_reduce.o $(DROPIN_DIR)/impl_ofast_%.o
 	$(CC) $(CFLAGS_ALL) $^ -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)
 
-# Linked with -Ofast, as the user's program would be.
+# Linked with -Ofast, as the user's program would be; the test's own file with the usual flags (its
+# expectations are IEEE), by the same compiler (one sanitizer runtime under `make asan`).
 $(DROPIN_DIR)/test_fastmath_%: tests/test_fastmath.c tests/test_util.h tests/test_filter.h $(DROPIN_DIR)/impl_ofast_%.o
-	$(CC) $(CFLAGS_ALL) -c $< -o $@.o
+	$* $(CFLAGS_ALL) -c $< -o $@.o
 	$* -Ofast -pthread $@.o $(DROPIN_DIR)/impl_ofast_$*.o -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)
 
 # The regions on paper, and (with clang) as compiled.
