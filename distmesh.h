@@ -1720,7 +1720,7 @@ DM_API_IMPL float dm_half_to_float(uint16_t h) {
     if (e != 0) return _dm_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
     {   /* zero or subnormal: m * 2^-24 is exact in float */
         float v = (float)m * 5.9604644775390625e-8f;
-        return _dm_bits_f32(sign | _dm_f32_bits(v));     /* -0 stays -0, even with signed zeros off */
+        return sign ? -v : v;               /* -0 stays -0: >>float semantics keeps signed zeros */
     }
 }
 DM_API_IMPL uint16_t dm_float_to_bfloat16(float f) {
