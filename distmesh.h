@@ -15,11 +15,13 @@
        #define DISTMESH_IMPLEMENTATION
        #include "distmesh.h"
 
-   every other file includes "distmesh.h" plainly. The implementation needs POSIX 2008 from
-   glibc: include it before any other header of that file (it then defines _GNU_SOURCE), or
-   compile that file with -D_GNU_SOURCE, which also allows a plain include first and the
-   implementation later in the same file. Pass backend macros as -D flags so every
-   translation unit agrees.
+   every other file includes "distmesh.h" plainly. The implementation may come after any other
+   include under the compilers' default modes (gnu11, gnu17, and C++): it needs POSIX 2008 and
+   declares the few GNU and BSD functions it uses itself when the C library hid them (>>libc).
+   Only a strict mode (-std=c11, -std=c17, -ansi) hides POSIX itself once a system header is
+   in; there it stops with one #error naming the rule: include it first (it then defines
+   _GNU_SOURCE, as before), or add -D_GNU_SOURCE or -D_POSIX_C_SOURCE=200809L. Pass backend
+   macros as -D flags so every translation unit agrees.
 
    OPTIONS (define before including, or pass with -D)
        DISTMESH_IMPLEMENTATION   emit the implementation in this TU               (off)
@@ -30,18 +32,20 @@
        DISTMESH_CUDA             TCP backend takes CUDA device buffers (cudart)   (on with NCCL)
        DM_API / DM_API_IMPL      decoration of declarations / definitions (extern / empty)
        DM_ASSERT(c)              our own invariants                               (assert)
+       DISTMESH_OPTIMIZE_ALL     compile the setup code at your -O level too (slower
+                                 to build; default: it builds as for debugging,
+                                 see >>compile cost)                              (off)
 
    EXAMPLE: a world of 4 ranks on 4 threads of this process
 
        static int work(dm_collective* c, void* user) {
            float x[3] = { 1.0f, 2.0f, (float)dm_rank(c) };
-           dm_status st = dm_all_reduce(c, NULL, x, 3, DM_FLOAT32, DM_SUM); // NULL send = in place
-           if (st != DM_OK) fprintf(stderr, "%s\n", dm_last_error(c));
-           return st;                                       // x is now { 4, 8, 6 } on every rank
+           DM_CHECK(c, dm_all_reduce(c, NULL, x, 3, DM_FLOAT32, DM_SUM)); // NULL send = in place
+           return DM_OK;                                    // x is now { 4, 8, 6 } on every rank
        }
        dm_fake_desc d = {0};
        d.world_size = 4;
-       dm_status st = dm_thread_world_run(&d, work, NULL);
+       DM_CHECK(NULL, dm_thread_world_run(&d, work, NULL)); // a failure: one line, then exit
 
    RULES
    - Every collective is a collective call: every rank of the collective calls it, in the same
@@ -51,7 +55,10 @@
    - A dm_collective is used by one thread at a time. Objects are independent: no global state.
    - Every blocking call has a deadline (dm_set_timeout, the desc's timeout_ms, DISTMESH_TIMEOUT).
    - Functions return dm_status (0 = DM_OK, failures negative); the detail is in dm_last_error(c),
-     overwritten by the next failure on the same object. Failed creates leave *out == NULL.
+     overwritten by the next failure on the same object. Failed creates leave *out == NULL and
+     their reason in dm_last_error(NULL) (per thread, like errno); with no logger in the desc it
+     is also printed once to stderr. Nothing is printed on success; errors of calls on an object
+     are returned, not printed (DISTMESH_LOG, dm_logger). DM_CHECK(c, call) prints and exits.
    - Buffers: counts are size_t elements; send == NULL or send == recv means in place. In-place
      all_gather: send == recv + rank*count; in-place reduce_scatter: recv == send + rank*count
      (NCCL's conventions).
@@ -86,6 +93,8 @@
      implementation: helpers
        >>implementation          where the implementation starts (its once-guard)
        >>config                  system headers, _DM_PRIVATE, _DM_ZERO, the small-message bound
+       >>compile cost            _DM_COLD_BEGIN / _END: code that runs at creates and failures
+       >>libc                    GNU and BSD calls declared when the includer's mode hid them
        >>memory                  the object's allocator
        >>log                     recording (dm_last_error) and logging failures
        >>config registry         every DISTMESH_* variable: type, default, range, meaning; parsers
@@ -93,6 +102,7 @@
        >>time                    clocks, deadlines, bounded copies of names
        >>sha256                  SHA-256 and HMAC
        >>names                   status, dtype and op names
+       >>float semantics         IEEE semantics for what follows, whatever the includer's flags
        >>half                    float16 / bfloat16 conversions
        >>kernels                 dm_reduce_local, dm_divide_local
        >>log stderr              dm_log_stderr
@@ -161,9 +171,10 @@
 #ifndef DISTMESH_H
 #define DISTMESH_H
 
-/* The implementation needs POSIX (clock_gettime, monotonic condition variables, sockets). The
-   feature macro only works before the first system header of the TU, so the implementing TU
-   should include distmesh.h first (distmesh.c and tests/impl.c do). */
+/* The implementation needs POSIX 2008 (clock_gettime, monotonic condition variables, sockets).
+   A feature macro only works before the first system header of the TU: included first, the
+   implementation defines _GNU_SOURCE (which also serves the code that follows it); included
+   later, it takes the mode the TU has (see >>libc, and the #error below). */
 #if defined(DISTMESH_IMPLEMENTATION) && !defined(_WIN32) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE
 #endif
@@ -193,6 +204,12 @@
 #endif
 #ifndef DM_API_IMPL
 #define DM_API_IMPL
+#endif
+/* dm_check_failed never returns (C11 _Noreturn, C++11 [[noreturn]]). */
+#if defined(__cplusplus)
+#define _DM_NORETURN [[noreturn]]
+#else
+#define _DM_NORETURN _Noreturn
 #endif
 
 #ifdef __cplusplus
@@ -260,11 +277,17 @@ typedef struct dm_device {
 
 typedef enum dm_log_level { DM_LOG_ERROR = 0, DM_LOG_WARN, DM_LOG_INFO, DM_LOG_DEBUG } dm_log_level;
 
-/* The logger is called from whichever thread hits the event, so it must be thread-safe. */
+/* The logger is called from whichever thread hits the event, so it must be thread-safe. It gets
+   every message (errors where they happen, warnings, info); dm_log_stderr is a ready-made one.
+   With none (func 0), the default logger: warnings to stderr, prefixed with the rank
+   (DISTMESH_LOG=error|warn|info|debug sets the level, default warn; info and debug add errors
+   where they happen), nothing on a successful start, and errors left to the caller (the status
+   and dm_last_error), except that a failed create prints its error once. To silence distmesh
+   entirely, pass a logger that does nothing. */
 typedef void (*dm_log_fn)(dm_log_level level, dm_status status, const char* message,
                           const char* file, int line, void* user_data);
 typedef struct dm_logger {
-    dm_log_fn func;             /* 0 -> silent; errors still reach dm_last_error */
+    dm_log_fn func;             /* 0 -> the default logger (above); errors always reach dm_last_error */
     void* user_data;            /* passed back to func */
 } dm_logger;
 
@@ -335,7 +358,7 @@ typedef struct dm_fake_desc {
     int rank;                   /* 0 -> 0; dm_fake_create only, < world_size */
     int local_world_size;       /* 0 -> world_size; ranks [k*L, (k+1)*L) share "node" k */
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever */
-    dm_logger logger;           /* 0 -> silent */
+    dm_logger logger;           /* 0 -> the default logger (dm_logger) */
     dm_allocator allocator;     /* 0 -> malloc/free */
     /* NULL -> nodes from local_world_size; else world_size entries >= 0: rank r lives on
        simulated host host_of[r] (any layout: uneven, interleaved). The threaded world's
@@ -396,9 +419,25 @@ DM_API dm_status dm_reduce_local(dm_dtype dtype, dm_reduce_op op, void* dst, con
 /* buf[i] /= divisor, the final step of MEAN (integer: truncating). */
 DM_API dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, int divisor);
 
-/* >>functions logging */
+/* >>functions logging  dm_log_stderr prints one line per message at or above DISTMESH_LOG's level
+   (read at each message; default warn): "distmesh error: <message> [DM_ERR_...] (file:line)".
+   user_data is unused. */
 DM_API void dm_log_stderr(dm_log_level level, dm_status status, const char* message,
                           const char* file, int line, void* user_data);
+/* DM_CHECK(c, call): runs call (an expression giving a dm_status); on failure prints one line to
+   stderr, "distmesh rank R: <call> failed at <file>:<line> [DM_ERR_...]: <dm_last_error(c)>", and
+   exits the process with EXIT_FAILURE (peers then see it leave and fail fast, as with a crash).
+   c is the object whose dm_last_error holds the reason: the collective the call works on, the
+   world for dm_mesh_create / dm_strategy_create, NULL for creates (dm_init, dm_tcp_create, ...),
+   whose reason is this thread's (dm_last_error(NULL)); where the default logger already printed
+   it, the line says so instead of repeating it. */
+#define DM_CHECK(c, call)                                                                   \
+    do {                                                                                    \
+        dm_status dm_check_status_ = (call);                                                \
+        if (dm_check_status_ != DM_OK) dm_check_failed((c), dm_check_status_, #call, __FILE__, __LINE__); \
+    } while (0)
+_DM_NORETURN DM_API void dm_check_failed(const dm_collective* c, dm_status status, const char* call,
+                                         const char* file, int line);
 
 /* >>functions hashing  SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), libc only: what the
    TCP backend's token handshakes are built on; exposed for tests and for users' own checks. */
@@ -433,8 +472,8 @@ DM_API dm_status dm_thread_world_run(const dm_fake_desc* desc, dm_rank_fn fn, vo
    world size > 1 in the environment, the TCP backend; otherwise a world-1 Fake. */
 typedef struct dm_init_desc {
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS */
-    dm_logger logger;
-    dm_allocator allocator;
+    dm_logger logger;           /* 0 -> the default logger (dm_logger) */
+    dm_allocator allocator;     /* 0 -> malloc/free */
 } dm_init_desc;
 DM_API dm_status dm_init(const dm_init_desc* desc, dm_collective** out);
 /* Collective teardown of the collective and everything it owns (its local sub-collective).
@@ -463,7 +502,11 @@ DM_API const char* dm_transport_name(const dm_collective* c);
 DM_API const char* dm_last_algorithm(const dm_collective* c);
 /* The native handle (the seeds' process_group): ncclComm_t for NCCL, NULL where none. */
 DM_API void* dm_native_handle(dm_collective* c);
-DM_API const char* dm_last_error(const dm_collective* c);  /* "" after success; never NULL */
+/* The last failure's message on c: "" after success; never NULL. dm_last_error(NULL): why the
+   last create on this thread failed (dm_init, dm_fake_create, dm_thread_world_create / _run,
+   dm_tcp_create, dm_nccl_create; kept per thread, like errno, until this thread's next create),
+   else "no collective (NULL)". */
+DM_API const char* dm_last_error(const dm_collective* c);
 DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives started so far */
 /* Deadline of each later blocking call; < 0 waits forever, 0 restores the default
    (DISTMESH_TIMEOUT, else DM_DEFAULT_TIMEOUT_MS). DM_ERR_BUSY while requests are in flight;
@@ -862,6 +905,15 @@ struct dm_collective {
 
 #endif /* DISTMESH_H */
 
+/* The rule of include order (the top comment): a strict mode (-std=c11, -std=c17, -ansi) makes
+   glibc hide POSIX once a system header is in, and nothing this file does can bring it back.
+   One error that says so, and no implementation after it (not hundreds of undeclared names). */
+#if defined(DISTMESH_IMPLEMENTATION) && !defined(DISTMESH_IMPL_INCLUDED) && defined(__GLIBC__) && \
+    (!defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 200809L)
+#error "distmesh.h: the implementation needs POSIX 2008, which this strict mode (-std=c11, -std=c17, -ansi) hides once a system header is in: include distmesh.h with DISTMESH_IMPLEMENTATION before any other header of this file, or compile the file with -D_GNU_SOURCE or -D_POSIX_C_SOURCE=200809L (or in the compilers' default mode, gnu11/gnu17)"
+#undef DISTMESH_IMPLEMENTATION
+#endif
+
 /* ============================================================================================ */
 /* >>implementation                                                                              */
 /* ============================================================================================ */
@@ -883,13 +935,6 @@ struct dm_collective {
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
-
-/* glibc hides clock_gettime, gethostname and pthread_condattr_setclock under strict -std=c11
-   unless _GNU_SOURCE (or _POSIX_C_SOURCE >= 200809L) was defined before the TU's first system
-   header: say so plainly instead of failing with implicit declarations. */
-#if defined(__GLIBC__) && (!defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 200809L)
-#error "distmesh implementation needs POSIX 2008: include distmesh.h with DISTMESH_IMPLEMENTATION defined before any other header of this file (or compile with -D_GNU_SOURCE)"
-#endif
 
 #ifndef DM_ASSERT
 #include <assert.h>
@@ -914,6 +959,59 @@ struct dm_collective {
 #define _dm_def(v, dflt) ((v) ? (v) : (dflt))
 #define _DM_PICK_SMALL_BYTES ((size_t)64 << 10)  /* all_reduce at or below: recursive doubling */
 
+/* >>compile cost  The implementation sits in the includer's translation unit and is compiled with
+   its flags on every build of that file. Most of it runs once per create (rendezvous, the store,
+   env and config parsing, hellos, the trace's files, the mesh) or on a failure (shrink, dumps):
+   those sections sit between _DM_COLD_BEGIN and _DM_COLD_END and compile as for debugging (gcc:
+   -Og, not -O0, where _FORTIFY_SOURCE's checks cannot fold; clang: optnone, as it has no
+   per-function level). With DISTMESH_TCP that takes two fifths (gcc) to half (clang) off the
+   TU's time at -O2 / -O3, the core alone a fifth to a quarter (docs/dropin.md). What runs per
+   call or per byte (wrappers, engine, links, schedules, kernels, the flight recorder) keeps the
+   includer's level; the kernels ask for -O3 themselves. A function in a cold region is not
+   inlined into hot code, so hot code calls into one only on creates, first calls, splits and
+   failures (scripts/check_cold.py, run by tests/dropin.mk, holds that and the markers).
+   Nothing changes at -O0 or -Os; DISTMESH_OPTIMIZE_ALL compiles everything at the includer's
+   level. Measured by `make compile-cost` (scripts/compile_cost.sh). */
+#if !defined(DISTMESH_OPTIMIZE_ALL) && defined(__OPTIMIZE__) && !defined(__OPTIMIZE_SIZE__) && defined(__clang__)
+#define _DM_COLD_BEGIN _Pragma("clang optimize off")
+#define _DM_COLD_END _Pragma("clang optimize on")
+#elif !defined(DISTMESH_OPTIMIZE_ALL) && defined(__OPTIMIZE__) && !defined(__OPTIMIZE_SIZE__) && defined(__GNUC__)
+#define _DM_COLD_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"Og\")")
+#define _DM_COLD_END _Pragma("GCC pop_options")
+#else
+#define _DM_COLD_BEGIN
+#define _DM_COLD_END
+#endif
+
+/* >>libc  What the implementation uses beyond POSIX 2008, declared here when the C library hid
+   it. glibc declares its GNU extensions only when _GNU_SOURCE came before the TU's first system
+   header (its <features.h> then sets __USE_GNU), and its BSD/SVID ones (__USE_MISC) only in the
+   default gnu modes or with _DEFAULT_SOURCE; the library holds them whatever the macros. So the
+   implementation declares the ones it calls itself when they are hidden, and names the Linux
+   constants it needs under _DM_ names: the same code, whatever the includer's mode and include
+   order (tests/dropin.mk compares what the preprocessor emits). C++ compilers always define
+   _GNU_SOURCE on glibc, hence C only. The TCP backend adds its own (distmesh_tcp.h >>tcp libc). */
+#if defined(__GLIBC__) && !defined(__cplusplus)
+#if !defined(__USE_MISC)
+extern long syscall(long number, ...);
+#endif
+#if !defined(__USE_GNU)
+extern int sched_getcpu(void);
+#if defined(__LP64__)   /* off_t is 64 bits: no _FILE_OFFSET_BITS redirect to fallocate64 to mimic */
+extern int fallocate(int fd, int mode, off_t offset, off_t len);
+#endif
+#endif
+#endif
+/* Other C libraries: what their headers declare (musl: with _GNU_SOURCE first), as before. */
+#if defined(__linux__) && (defined(__GLIBC__) || defined(_GNU_SOURCE))
+#define _DM_HAS_SCHED_GETCPU 1
+#endif
+#if defined(__linux__) && ((defined(__GLIBC__) && (defined(__USE_GNU) || defined(__LP64__))) || \
+                           (!defined(__GLIBC__) && defined(_GNU_SOURCE)))
+#define _DM_HAS_FALLOCATE 1
+#define _DM_FALLOC_KEEP_SIZE 0x01   /* <linux/falloc.h> FALLOC_FL_KEEP_SIZE */
+#endif
+
 /* >>memory  Every byte distmesh allocates goes through the object's allocator. */
 _DM_PRIVATE bool _dm_allocator_valid(const dm_allocator* a) {
     return (a->alloc_fn == NULL) == (a->free_fn == NULL);
@@ -934,13 +1032,95 @@ _DM_PRIVATE void _dm_free(const dm_allocator* a, void* ptr) {
     else free(ptr);
 }
 
-/* >>log  Errors are recorded on the object, then logged; the library itself never prints. */
+/* >>log  Errors are recorded on the object, then logged through its logger. An object made with
+   no logger (desc.logger.func == 0) gets the default one (_dm_log_default, >>log stderr): it prints
+   warnings to stderr (DISTMESH_LOG sets the level) and leaves errors to the caller, who gets them
+   back as a status and dm_last_error. A failed create is the exception: there is no object to
+   ask, so its error is kept per thread for dm_last_error(NULL) and, with no logger, printed once
+   when the outermost create returns (_dm_create_end), prefixed with the rank when it is known. */
+#if defined(__cplusplus)
+#define _DM_THREAD_LOCAL thread_local
+#else
+#define _DM_THREAD_LOCAL _Thread_local
+#endif
+/* The operation this thread is running, if any: a collective's progress thread runs requests
+   and writes their messages into the request (err), not into c->last_error, which belongs to
+   the thread that issued them; an operation's own nested calls (object collectives, the
+   core's fallbacks) run at once instead of queueing behind it. */
+typedef struct _dm_running { dm_collective* c; char* err; } _dm_running;
+static _DM_THREAD_LOCAL _dm_running _dm_tls_running;
+/* Where this thread's failures on c go (DM_LAST_ERROR_SIZE bytes). */
+_DM_PRIVATE char* _dm_errbuf(dm_collective* c) {
+    return _dm_tls_running.c == c && _dm_tls_running.err ? _dm_tls_running.err : c->last_error;
+}
+/* The rest of >>log runs on failures and at creates only. */
+_DM_COLD_BEGIN
+/* This thread's creates: like errno, per thread (creates on other threads, e.g. a threaded
+   world's or a test's, do not see it), so no process-wide state. */
+typedef struct _dm_create_rec {
+    int depth;                      /* creates running on this thread (dm_init -> dm_tcp_create ...) */
+    int rank;                       /* the rank being made, once known; -1 before */
+    bool printed;                   /* the message reached stderr already (not again by DM_CHECK) */
+    dm_status status;               /* the last create's status on this thread */
+    char msg[DM_LAST_ERROR_SIZE];   /* its message when it failed: dm_last_error(NULL) */
+} _dm_create_rec;
+static _DM_THREAD_LOCAL _dm_create_rec _dm_tls_create;
+_DM_PRIVATE void _dm_log_default(dm_log_level level, dm_status st, const char* msg, const char* file, int line,
+                                 void* user_data);
+_DM_PRIVATE void* _dm_log_default_data(int rank, int level);
+_DM_PRIVATE int _dm_log_level_env(void);
+_DM_PRIVATE void _dm_log_print(int rank, dm_log_level level, dm_status st, const char* msg);
+_DM_PRIVATE void _dm_create_begin(void) {
+    _dm_create_rec* r = &_dm_tls_create;
+    if (r->depth++ > 0) return;
+    r->rank = -1;
+    r->printed = false;
+    r->status = DM_OK;
+    r->msg[0] = 0;
+}
+/* The rank the running create makes, for the prefix of its message. */
+_DM_PRIVATE void _dm_create_rank(int rank) {
+    if (_dm_tls_create.depth > 0 && rank >= 0) _dm_tls_create.rank = rank;
+}
+/* The logger an object made by a create keeps: the desc's, else the default one with the rank
+   and DISTMESH_LOG's level (read now, on the creating thread, not at each message). */
+_DM_PRIVATE dm_logger _dm_logger_or_default(const dm_logger* given, int rank) {
+    dm_logger lg;
+    if (given && given->func) return *given;
+    lg.func = _dm_log_default;
+    lg.user_data = _dm_log_default_data(rank, _dm_log_level_env());
+    return lg;
+}
+/* Ends a create: the outermost one records a failure for dm_last_error(NULL) and, when the
+   caller gave no logger, prints it once. user_logger: the caller's desc had one. */
+_DM_PRIVATE dm_status _dm_create_end(dm_status st, bool user_logger) {
+    _dm_create_rec* r = &_dm_tls_create;
+    if (--r->depth > 0) return st;
+    r->status = st;
+    if (st == DM_OK) { r->msg[0] = 0; return st; }
+    if (!r->msg[0]) snprintf(r->msg, sizeof(r->msg), "create failed (%s)", dm_strerror(st));
+    if (!user_logger && !r->printed) {
+        _dm_log_print(r->rank, DM_LOG_ERROR, st, r->msg);
+        r->printed = true;
+    }
+    return st;
+}
+/* One message to lg, or to the default logger when lg has none (the rank of the running create,
+   the level from the environment). */
+_DM_PRIVATE void _dm_emit(const dm_logger* lg, dm_log_level level, dm_status st, const char* msg,
+                          const char* file, int line) {
+    if (lg && lg->func) {
+        lg->func(level, st, msg, file, line, lg->user_data);
+        return;
+    }
+    _dm_log_default(level, st, msg, file, line,
+                    _dm_log_default_data(_dm_tls_create.depth > 0 ? _dm_tls_create.rank : -1, _dm_log_level_env()));
+}
 _DM_PRIVATE void _dm_vlog(const dm_logger* lg, dm_log_level level, dm_status st, const char* file,
                           int line, const char* fmt, va_list ap) {
     char msg[DM_LAST_ERROR_SIZE];
-    if (!lg || !lg->func) return;
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    lg->func(level, st, msg, file, line, lg->user_data);
+    _dm_emit(lg, level, st, msg, file, line);
 }
 _DM_PRIVATE _DM_PRINTF(5, 6) void _dm_log(const dm_logger* lg, dm_log_level level, const char* file,
                                           int line, const char* fmt, ...) {
@@ -949,10 +1129,18 @@ _DM_PRIVATE _DM_PRINTF(5, 6) void _dm_log(const dm_logger* lg, dm_log_level leve
     _dm_vlog(lg, level, DM_OK, file, line, fmt, ap);
     va_end(ap);
 }
+/* Formats into err (a local buffer when NULL), keeps it as the running create's message, logs it
+   at ERROR level, returns st. */
 _DM_PRIVATE dm_status _dm_vreport(const dm_logger* lg, char* err, size_t err_size, dm_status st,
                                   const char* file, int line, const char* fmt, va_list ap) {
-    if (err && err_size) vsnprintf(err, err_size, fmt, ap);
-    if (lg && lg->func) lg->func(DM_LOG_ERROR, st, err ? err : "", file, line, lg->user_data);
+    char local[DM_LAST_ERROR_SIZE];
+    if (!err || !err_size) { err = local; err_size = sizeof(local); }
+    vsnprintf(err, err_size, fmt, ap);
+    if (st != DM_OK && _dm_tls_create.depth > 0) {
+        snprintf(_dm_tls_create.msg, sizeof(_dm_tls_create.msg), "%s", err);
+        _dm_tls_create.status = st;
+    }
+    _dm_emit(lg, DM_LOG_ERROR, st, err, file, line);
     return st;
 }
 /* Records fmt in err, logs it at ERROR level, returns st: for objects that are not collectives. */
@@ -964,21 +1152,6 @@ _DM_PRIVATE _DM_PRINTF(7, 8) dm_status _dm_report(const dm_logger* lg, char* err
     _dm_vreport(lg, err, err_size, st, file, line, fmt, ap);
     va_end(ap);
     return st;
-}
-/* The operation this thread is running, if any: a collective's progress thread runs requests
-   and writes their messages into the request (err), not into c->last_error, which belongs to
-   the thread that issued them; an operation's own nested calls (object collectives, the
-   core's fallbacks) run at once instead of queueing behind it. */
-#if defined(__cplusplus)
-#define _DM_THREAD_LOCAL thread_local
-#else
-#define _DM_THREAD_LOCAL _Thread_local
-#endif
-typedef struct _dm_running { dm_collective* c; char* err; } _dm_running;
-static _DM_THREAD_LOCAL _dm_running _dm_tls_running;
-/* Where this thread's failures on c go (DM_LAST_ERROR_SIZE bytes). */
-_DM_PRIVATE char* _dm_errbuf(dm_collective* c) {
-    return _dm_tls_running.c == c && _dm_tls_running.err ? _dm_tls_running.err : c->last_error;
 }
 /* Records fmt in c's error buffer (last_error), logs it, returns st. */
 _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, const char* file,
@@ -1043,6 +1216,9 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
       "aborts, loses a peer or sees a mismatch; unset: no automatic dump")                                            \
     X(DUMP_ON_SIGUSR1,  BOOL,    "0",     0, 1,       NULL, CORE,                                                     \
       "`1`: also dump on `SIGUSR1` (with the recorder on and `DISTMESH_DUMP_DIR` set)")                               \
+    X(LOG,              ENUM,    "warn",  0, 0,       "error|warn|info|debug", CORE,                                   \
+      "what the default logger (objects made with no `logger`) and `dm_log_stderr` print: this level and "           \
+      "above. The default logger leaves errors to the caller below `info` (a failed create's is printed once)")       \
     X(MAX_OBJECT_BYTES, BYTES,   "1G",    1, _DM_CFG_BYTES_MAX, NULL, CORE,                                           \
       "most bytes one `all_gather_objects` / `broadcast_objects` accepts from peers' announced sizes, and "           \
       "most bytes of point-to-point messages kept for `dm_recv`s not yet posted")                                     \
@@ -1191,9 +1367,11 @@ _DM_PRIVATE bool _dm_cfg_parse_bytes(const _dm_cfg_var* v, const char* s, long l
 _DM_PRIVATE bool _dm_cfg_parse_seconds(const _dm_cfg_var* v, const char* s, long long* out) {
     char* end = NULL;
     double sec;
+    uint64_t bits;
     errno = 0;
     sec = strtod(s, &end);
-    if (errno != 0 || end == s || *end != 0 || sec != sec || sec > (double)v->max) return false;
+    memcpy(&bits, &sec, sizeof(bits));  /* NaN by its bits: -ffast-math folds sec != sec to false */
+    if (errno != 0 || end == s || *end != 0 || (bits << 1) > (0x7ffull << 53) || sec > (double)v->max) return false;
     if (sec < 0 && v->min >= 0) return false;
     if (sec < 0) *out = -1;
     else if (sec == 0) *out = 0;
@@ -1330,6 +1508,7 @@ _DM_PRIVATE dm_status _dm_cfg_check(unsigned by, char* err, size_t cap) {
     return DM_OK;
 }
 
+_DM_COLD_END
 /* >>cuda  The one check of "is this device memory" that the backends share. */
 #if defined(DISTMESH_CUDA)
 #include <cuda_runtime.h>
@@ -1351,6 +1530,13 @@ _DM_PRIVATE int64_t _dm_now_ms(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
+/* Sleeps ms milliseconds (nanosleep: POSIX, unlike usleep). */
+_DM_PRIVATE void _dm_sleep_ms(int ms) {
+    struct timespec ts;
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    nanosleep(&ts, NULL);
+}
 /* Absolute deadline in _dm_now_ms() time; INT64_MAX for "forever" (timeout < 0). */
 _DM_PRIVATE int64_t _dm_deadline(int timeout_ms) {
     return timeout_ms < 0 ? INT64_MAX : _dm_now_ms() + timeout_ms;
@@ -1363,6 +1549,7 @@ _DM_PRIVATE void _dm_copy_name(char* dst, size_t cap, const char* src) {
     dst[n] = 0;
 }
 
+_DM_COLD_BEGIN
 /* >>sha256  FIPS 180-4 section 6.2, written from the standard: 64-byte blocks, big-endian words. */
 static const uint32_t _dm_sha256_k[64] = {
     0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
@@ -1469,6 +1656,7 @@ DM_API_IMPL void dm_hmac_sha256(const void* key, size_t key_size, const void* ms
     memset(pad, 0, sizeof(pad));
 }
 
+_DM_COLD_END
 /* >>names */
 DM_API_IMPL const char* dm_status_name(dm_status status) {
     switch (status) {
@@ -1505,6 +1693,22 @@ DM_API_IMPL const char* dm_reduce_op_name(dm_reduce_op op) {
     return ((unsigned)op < DM_REDUCE_OP_COUNT) ? names[op] : "invalid";
 }
 
+/* >>float semantics  The conversions, the kernels and the division of MEAN keep the semantics
+   documented at dm_reduce_op whatever the includer's flags: a program built with -Ofast or
+   -ffast-math compiles the implementation with them, and they let the compiler assume no NaN
+   (MAX/MIN lose it), turn x / n into x * (1/n) (MEAN rounds differently) and drop signed zeros.
+   So this region asks for IEEE semantics (clang: float_control precise; gcc: no-fast-math), up to
+   the pop after dm_divide_local. Tested by tests/fastmath.mk (gcc and clang, -Ofast).
+   Subnormals follow the thread's floating-point environment: a program linked with -Ofast or
+   -ffast-math starts with flush-to-zero on (x86's FTZ/DAZ), and then they flush here too, as they
+   do in OpenMPI's and Gloo's reductions. */
+#if defined(__clang__)
+#pragma float_control(precise, on, push)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("no-fast-math")
+#endif
+
 /* >>half  float16 / bfloat16 <-> float32. Rounding is to nearest, ties to even, done with
    integer arithmetic on the bit patterns (no dependence on the FPU's rounding mode). */
 _DM_PRIVATE uint32_t _dm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -1536,7 +1740,7 @@ DM_API_IMPL float dm_half_to_float(uint16_t h) {
     if (e != 0) return _dm_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
     {   /* zero or subnormal: m * 2^-24 is exact in float */
         float v = (float)m * 5.9604644775390625e-8f;
-        return sign ? -v : v;
+        return sign ? -v : v;               /* -0 stays -0: >>float semantics keeps signed zeros */
     }
 }
 DM_API_IMPL uint16_t dm_float_to_bfloat16(float f) {
@@ -1682,16 +1886,76 @@ DM_API_IMPL dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, i
     return DM_OK;
 }
 #undef _DM_DIVIDE
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
 
-/* >>log stderr  The logger users may pass (dm_log_stderr). */
+_DM_COLD_BEGIN
+/* >>log stderr  The two loggers that print: dm_log_stderr (users pass it) and the default one of
+   objects made with no logger (>>log), and DM_CHECK's dm_check_failed. */
+static const char* const _dm_log_level_names[] = { "error", "warn", "info", "debug" };
+/* DISTMESH_LOG's level (a dm_log_level); malformed: warn (the create that reads it fails anyway). */
+_DM_PRIVATE int _dm_log_level_env(void) {
+    int level = DM_LOG_WARN;
+    if (_dm_cfg_int(_DM_CFG_LOG, &level, NULL, 0) != DM_OK) level = DM_LOG_WARN;
+    return level;
+}
 DM_API_IMPL void dm_log_stderr(dm_log_level level, dm_status status, const char* message,
                                const char* file, int line, void* user_data) {
-    static const char* levels[] = { "error", "warn", "info", "debug" };
     (void)user_data;
+    if ((int)level > _dm_log_level_env()) return;
     /* a status tag only where there is one: warnings and notes carry DM_OK */
-    fprintf(stderr, "distmesh %s: %s%s%s%s (%s:%d)\n", ((unsigned)level < 4) ? levels[level] : "?", message,
-            status != DM_OK ? " [" : "", status != DM_OK ? dm_status_name(status) : "", status != DM_OK ? "]" : "",
-            file, line);
+    fprintf(stderr, "distmesh %s: %s%s%s%s (%s:%d)\n", ((unsigned)level < 4) ? _dm_log_level_names[level] : "?",
+            message, status != DM_OK ? " [" : "", status != DM_OK ? dm_status_name(status) : "",
+            status != DM_OK ? "]" : "", file, line);
+}
+/* The default logger's user_data: the rank (-1: unknown) and the level, in one integer. */
+_DM_PRIVATE void* _dm_log_default_data(int rank, int level) {
+    return (void*)(intptr_t)(((intptr_t)(rank < 0 ? -1 : rank) + 1) * 8 + (level & 7));
+}
+_DM_PRIVATE int _dm_log_default_rank(void* user_data) { return (int)((intptr_t)user_data / 8) - 1; }
+/* "distmesh rank 3: " or "distmesh: " */
+_DM_PRIVATE void _dm_log_prefix(int rank, char* out, size_t cap) {
+    if (rank >= 0) snprintf(out, cap, "distmesh rank %d: ", rank);
+    else snprintf(out, cap, "distmesh: ");
+}
+/* Warnings (and info, debug) at or above its level; errors only at info and debug, where the
+   user asked for everything: below that an error reaches the caller as a status and
+   dm_last_error, and printing it too would print it twice where the caller checks (a failed
+   create prints through _dm_create_end instead). One fprintf per line: lines of several
+   threads do not mix. */
+_DM_PRIVATE void _dm_log_print(int rank, dm_log_level level, dm_status st, const char* msg) {
+    char prefix[40];
+    _dm_log_prefix(rank, prefix, sizeof(prefix));
+    fprintf(stderr, "%s%s: %s%s%s%s\n", prefix, ((unsigned)level < 4) ? _dm_log_level_names[level] : "?", msg,
+            st != DM_OK ? " [" : "", st != DM_OK ? dm_status_name(st) : "", st != DM_OK ? "]" : "");
+}
+_DM_PRIVATE void _dm_log_default(dm_log_level level, dm_status st, const char* msg, const char* file, int line,
+                                 void* user_data) {
+    int limit = (int)((intptr_t)user_data & 7);
+    (void)file;
+    (void)line;
+    if (level == DM_LOG_ERROR ? limit < DM_LOG_INFO : (int)level > limit) return;
+    if (level == DM_LOG_ERROR && _dm_tls_create.depth > 0) _dm_tls_create.printed = true;
+    _dm_log_print(_dm_log_default_rank(user_data), level, st, msg);
+}
+_DM_NORETURN DM_API_IMPL void dm_check_failed(const dm_collective* c, dm_status status, const char* call,
+                                              const char* file, int line) {
+    char prefix[40];
+    int rank = c ? (c->logger.func == _dm_log_default ? _dm_log_default_rank(c->logger.user_data) : c->rank)
+                 : _dm_tls_create.rank;
+    const char* why = dm_last_error(c);
+    _dm_log_prefix(rank, prefix, sizeof(prefix));
+    if (!c && _dm_tls_create.printed && _dm_tls_create.status == status)
+        fprintf(stderr, "%s%s failed at %s:%d [%s] (the reason is above)\n", prefix, call, file, line,
+                dm_status_name(status));
+    else
+        fprintf(stderr, "%s%s failed at %s:%d [%s]: %s\n", prefix, call, file, line, dm_status_name(status),
+                (c && why[0]) || (!c && _dm_tls_create.status == status) ? why : dm_strerror(status));
+    fflush(stderr);
+    exit(EXIT_FAILURE);
 }
 
 /* >>env  The launchers' variables, each launcher's own rules; the DISTMESH_* overrides and
@@ -1926,6 +2190,7 @@ DM_API_IMPL dm_status dm_env_detect(dm_env* out) {
 DM_API_IMPL int dm_device_count(void) { return 0; }
 #endif
 
+_DM_COLD_END
 /* >>trace  See inside: the flight recorder (the last N operations of each collective, in memory,
    dumped as JSON on failure, on request and on SIGUSR1) and the timeline (DISTMESH_TRACE: Chrome
    trace-event JSON, one file per rank). Names: _dm_trace is one collective's part (its group
@@ -2169,10 +2434,10 @@ _DM_PRIVATE void _dm_tb_key(_dm_tbuf* b, const char* key, bool first) {
    some 15 ns per event of 220 bytes on ext4. The release gives back what was not written. */
 _DM_PRIVATE void _dm_trace_flush_locked(_dm_trace_rank* rk, int64_t now) {
     size_t off = 0;
-#if defined(__linux__) && defined(_GNU_SOURCE) && defined(FALLOC_FL_KEEP_SIZE)
+#if defined(_DM_HAS_FALLOCATE)
     if (rk->fd >= 0 && !rk->no_reserve && rk->written + rk->len > rk->reserved) {
         uint64_t want = rk->written + rk->len + _DM_TR_RESERVE_BYTES;
-        if (fallocate(rk->fd, FALLOC_FL_KEEP_SIZE, (off_t)rk->written, (off_t)(want - rk->written)) == 0)
+        if (fallocate(rk->fd, _DM_FALLOC_KEEP_SIZE, (off_t)rk->written, (off_t)(want - rk->written)) == 0)
             rk->reserved = want;
         else
             rk->no_reserve = true;
@@ -2248,6 +2513,7 @@ _DM_PRIVATE void _dm_trace_append_locked(_dm_trace_rank* rk, const char* text, s
     memcpy(p, text, n);
     _dm_trace_commit_locked(rk, n, now, flush);
 }
+_DM_COLD_BEGIN
 /* A group's two tracks, named: its operations, and the queue times of its _async calls. */
 _DM_PRIVATE void _dm_trace_name_tracks(_dm_trace* t, const char* backend) {
     char line[512];
@@ -2320,6 +2586,7 @@ _DM_PRIVATE _dm_trace* _dm_trace_group_new(dm_collective* c, _dm_trace_rank* rk,
     _dm_trace_name_tracks(t, c->vt && c->vt->name ? c->vt->name : "none");
     return t;
 }
+_DM_COLD_END
 /* c's state, made at its first operation as the root of a new rank ("world"). NULL: out of
    memory (c then runs untraced). */
 _DM_PRIVATE _dm_trace* _dm_trace_get(dm_collective* c) {
@@ -2343,6 +2610,7 @@ _DM_PRIVATE _dm_trace* _dm_trace_get(dm_collective* c) {
     pthread_mutex_unlock(&_dm_tr_reg_mu);
     return t;
 }
+_DM_COLD_BEGIN
 /* child, just made from c (split, shrink, grow), joins c's rank as group "<c's>/<what><k>". */
 _DM_PRIVATE void _dm_trace_adopt(dm_collective* c, dm_collective* child, const char* what, int color) {
     _dm_trace* t = _dm_trace_get(c);
@@ -2403,6 +2671,7 @@ _DM_PRIVATE void _dm_trace_release(dm_collective* c) {
     _dm_free(&rk->allocator, rk);
 }
 
+_DM_COLD_END
 /* ---- hooks in the engine ---- */
 /* The running operation waited wait_us on peer (the thread running it calls this). */
 _DM_PRIVATE void _dm_trace_wait(dm_collective* c, int peer, int64_t wait_us) {
@@ -2787,6 +3056,7 @@ _DM_PRIVATE void _dm_trace_stream_end(dm_collective* c, const dm_op* o, uint64_t
     _dm_trace_finish(c, t, &e, &index, st);
 }
 
+_DM_COLD_BEGIN
 /* ---- SIGUSR1: the handler only writes a byte; a thread does the dumping ---- */
 static void _dm_trace_on_signal(int sig) {
     int saved = errno;
@@ -2942,6 +3212,7 @@ _DM_PRIVATE dm_status _dm_blob_list_alloc(const dm_allocator* a, const size_t* s
     return DM_OK;
 }
 
+_DM_COLD_END
 /* >>validation  The wrappers check everything a backend would otherwise trust. */
 #define _DM_VT_HAS(vt, fn) \
     ((vt)->struct_size >= offsetof(dm_collective_vtable, fn) + sizeof((vt)->fn) && (vt)->fn)
@@ -3314,6 +3585,7 @@ _DM_PRIVATE dm_status _dm_prep_broadcast_objects(dm_collective* c, const dm_blob
 /* The most bytes one object collective takes from its peers' word: DISTMESH_MAX_OBJECT_BYTES,
    read when c was made (>>config registry). */
 _DM_PRIVATE uint64_t _dm_object_limit(const dm_collective* c) { return c->max_object_bytes; }
+_DM_COLD_BEGIN
 _DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out) {
     static const char* name = "all_gather_objects";
     uint64_t* sizes64 = NULL;
@@ -3416,6 +3688,7 @@ done:
 }
 
 
+_DM_COLD_END
 /* >>run  One checked operation, on whichever thread runs it: the sequence number (collectives
    only: point-to-point calls do not count), then the backend's slot or the core's fallback. */
 _DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out);
@@ -3966,6 +4239,7 @@ DM_API_IMPL dm_status dm_wait_all(dm_request** reqs, size_t n) {
     return first;
 }
 
+_DM_COLD_BEGIN
 /* >>trace dump  The flight recorder as JSON: the rank, why, and per group its last operations
    (oldest first), the requests still queued, and its view of its peers (the last collective
    each was seen entering: its fingerprint arrived). Written to a temporary name and renamed,
@@ -4135,6 +4409,7 @@ DM_API_IMPL dm_status dm_flight_recorder_dump(dm_collective* c, const char* path
     return _DM_FAIL(c, st, "flight_recorder_dump: could not write %s (%s)", path ? path : "the dump", strerror(errno));
 }
 
+_DM_COLD_END
 /* >>public calls  Blocking: check, then run (or queue behind requests in flight). _async:
    check, then queue. */
 #define _DM_BLOCKING(c, prep)                                                                 \
@@ -4474,7 +4749,8 @@ DM_API_IMPL void* dm_native_handle(dm_collective* c) {
     return c->vt->native_handle(c);
 }
 DM_API_IMPL const char* dm_last_error(const dm_collective* c) {
-    return c ? c->last_error : "no collective (NULL)";
+    if (!c) return _dm_tls_create.status != DM_OK ? _dm_tls_create.msg : "no collective (NULL)";
+    return c->last_error;
 }
 DM_API_IMPL uint64_t dm_sequence(const dm_collective* c) { return c ? __atomic_load_n(&c->seq, __ATOMIC_RELAXED) : 0; }
 /* The deadline is read by queued requests as they run: it changes only with none in flight. */
@@ -4497,6 +4773,7 @@ DM_API_IMPL dm_status dm_set_timeout(dm_collective* c, int timeout_ms) {
     return DM_OK;
 }
 
+_DM_COLD_BEGIN
 /* >>fake  World 1, or one simulated member of an N-rank world where every rank holds the same
    data (see >>fake desc for each collective's result). */
 typedef struct _dm_fake {
@@ -4717,17 +4994,24 @@ static dm_status _dm_fake_create_with(const dm_fake_desc* d, dm_collective** out
     *out = &f->base;
     return DM_OK;
 }
-DM_API_IMPL dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** out) {
+static dm_status _dm_fake_create_checked(const dm_fake_desc* desc, dm_collective** out) {
     char err[DM_LAST_ERROR_SIZE];
     _DM_ZERO(dm_fake_desc, d);
-    if (!out) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_REPORT(NULL, err, sizeof(err), DM_ERR_INVALID_ARG, "fake: out is NULL");
     *out = NULL;
     if (desc) d = *desc;
     _DM_TRY(_dm_fake_desc_check(&d, true, err, sizeof(err)));
+    _dm_create_rank(d.rank);
     _DM_TRY(_dm_cfg_check_create(&d.logger, d.timeout_ms, err, sizeof(err)));
+    d.logger = _dm_logger_or_default(&d.logger, d.rank);
     return _dm_fake_create_with(&d, out);
 }
+DM_API_IMPL dm_status dm_fake_create(const dm_fake_desc* desc, dm_collective** out) {
+    _dm_create_begin();
+    return _dm_create_end(_dm_fake_create_checked(desc, out), desc && desc->logger.func);
+}
 
+_DM_COLD_END
 /* >>links  A link is one rank's channel to one peer: an ordered byte stream each way. Every
    schedule below (recursive doubling, rings, chain broadcast, dissemination barrier) is written
    once over links and driven by one engine, so whatever carries the bytes (sockets, rings in
@@ -5867,6 +6151,8 @@ _DM_PRIVATE void _dm_cpu_relax(void) {
 
 #if defined(POLLRDHUP)
 #define _DM_POLLRDHUP POLLRDHUP
+#elif defined(__linux__) && !defined(__sparc__)
+#define _DM_POLLRDHUP 0x2000        /* Linux's value (GNU-only in glibc's <poll.h>; >>libc) */
 #else
 #define _DM_POLLRDHUP 0
 #endif
@@ -5874,7 +6160,7 @@ _DM_PRIVATE void _dm_cpu_relax(void) {
    host now and then runs two ranks of one group on one core; a spin there only keeps the peer
    off the core, so the wait goes straight on to yielding it. */
 _DM_PRIVATE bool _dm_eng_peer_here(_dm_eng* lk, const _dm_xfer* xs, int n) {
-#if defined(__linux__) && defined(_GNU_SOURCE)
+#if defined(_DM_HAS_SCHED_GETCPU)
     int cpu = sched_getcpu() + 1, j, k;
     if (!lk->bell || cpu <= 0) return false;
     if (__atomic_load_n(&lk->bell->cpu, __ATOMIC_RELAXED) != cpu) __atomic_store_n(&lk->bell->cpu, cpu, __ATOMIC_RELAXED);
@@ -7281,6 +7567,7 @@ _DM_PRIVATE dm_status _dm_coll_recv(_dm_eng* lk, void* buf, size_t count, dm_dty
     return _dm_eng_run_on_demand(lk, &x);
 }
 
+_DM_COLD_BEGIN
 /* >>peers  P, the peers this rank's fixed-peer schedules use on the group's layout: every
    rank of its host (shared memory), then what every all_reduce algorithm (flat ring and rd,
    two-level with Lmin rails, their rails once as rings and once as recursive doubling
@@ -7343,6 +7630,7 @@ _DM_PRIVATE dm_status _dm_peers_keep(_dm_eng* lk) {
     return _dm_peers_find(lk, lk->peers);
 }
 
+_DM_COLD_END
 /* >>thread  N ranks on N threads of one process. Every collective first meets on a shared
    barrier where each rank posts its fingerprint and all compare them (so a mismatch or a
    missing rank is reported by every rank), then runs the same schedule as the other transports
@@ -7714,6 +8002,7 @@ static dm_status _dm_tw_split(dm_collective* c, int color, int key, dm_collectiv
     return DM_OK;
 }
 
+_DM_COLD_BEGIN
 /* >>thread shrink  The ranks that stay meet under the world's lock: each adds its excluded
    ranks to the union and waits until every rank outside the union has arrived; the one that
    completes the meeting makes the new world's shared state. Threads cannot die here, so the
@@ -7919,12 +8208,12 @@ static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, const dm_fa
     return &t->base;
 }
 
-DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collective** out) {
+static dm_status _dm_thread_world_create_checked(const dm_fake_desc* desc, dm_collective** out) {
     char err[DM_LAST_ERROR_SIZE];
     _dm_tw_shared* sh;
     int r, n;
     _DM_ZERO(dm_fake_desc, d);
-    if (!out) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_REPORT(NULL, err, sizeof(err), DM_ERR_INVALID_ARG, "thread: out is NULL");
     if (desc) d = *desc;
     n = _dm_def(d.world_size, 1);
     _DM_TRY(_dm_fake_desc_check(&d, false, err, sizeof(err)));
@@ -7942,7 +8231,7 @@ DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collec
         out[r] = _dm_tw_member_new(sh, r, &d, NULL);
         if (!out[r]) break;
         out[r]->timeout_ms = _dm_timeout_logged(d.timeout_ms, &d.logger);
-        out[r]->logger = d.logger;
+        out[r]->logger = _dm_logger_or_default(&d.logger, r);
     }
     if (r == n) {
         const char** names = (const char**)_dm_calloc(&d.allocator, sizeof(char*) * (size_t)n);
@@ -7959,6 +8248,10 @@ DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collec
     { int k; for (k = r + 1; k < n; k++) _dm_tw_shared_release(sh); }
     for (r = 0; r < n; r++) { dm_destroy(out[r]); out[r] = NULL; }
     return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "thread: out of memory");
+}
+DM_API_IMPL dm_status dm_thread_world_create(const dm_fake_desc* desc, dm_collective** out) {
+    _dm_create_begin();
+    return _dm_create_end(_dm_thread_world_create_checked(desc, out), desc && desc->logger.func);
 }
 
 typedef struct _dm_tw_run_arg {
@@ -8478,17 +8771,18 @@ DM_API_IMPL const char* dm_strategy_last_error(const dm_strategy* s) { return s 
 
 /* >>init  Without the TCP backend only a world of one can be built from the environment. */
 #if !defined(DISTMESH_TCP)
-DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
+static dm_status _dm_init_checked(const dm_init_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_init_desc, d);
     _DM_ZERO(dm_fake_desc, f);
     dm_env env;
     char err[DM_LAST_ERROR_SIZE];
     dm_status st;
-    if (!out) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_REPORT(NULL, err, sizeof(err), DM_ERR_INVALID_ARG, "init: out is NULL");
     *out = NULL;
     if (desc) d = *desc;
     st = dm_env_detect(&env);
     if (st != DM_OK) return _DM_REPORT(&d.logger, err, sizeof(err), st, "%s", env.error);
+    _dm_create_rank(env.rank);
     if (env.world_size > 1)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_UNSUPPORTED,
                           "init: the environment (%s) asks for %d ranks but this build has no transport "
@@ -8498,8 +8792,13 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
     f.allocator = d.allocator;
     return dm_fake_create(&f, out);
 }
+DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
+    _dm_create_begin();
+    return _dm_create_end(_dm_init_checked(desc, out), desc && desc->logger.func);
+}
 #endif
 
+_DM_COLD_END
 #endif /* DISTMESH_IMPLEMENTATION */
 
 /* >>backends  Last, outside both guards: each sees the whole core and emits its own parts. The

@@ -159,7 +159,7 @@ typedef struct dm_nccl_desc {
     struct CUstream_st* stream; /* 0 -> an owned stream ordered after the legacy default stream;
                                    else borrowed */
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever */
-    dm_logger logger;           /* 0 -> silent */
+    dm_logger logger;           /* 0 -> the default logger (distmesh.h dm_logger) */
     dm_allocator allocator;     /* 0 -> malloc/free (CUDA and NCCL allocate on their own) */
 } dm_nccl_desc;
 
@@ -1665,7 +1665,7 @@ static void _dm_nccl_local_from_launcher(_dm_nccl* n, int local_rank, int local_
     n->base.local_size = local_size;
 }
 
-DM_API_IMPL dm_status dm_nccl_create(const dm_nccl_desc* desc, dm_collective** out) {
+static dm_status _dm_nccl_create_checked(const dm_nccl_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_nccl_desc, d);
     char err[DM_LAST_ERROR_SIZE];
     int rank = 0, world = 1, local_rank = 0, local_size = 1, ndev = 0, device;
@@ -1682,6 +1682,8 @@ DM_API_IMPL dm_status dm_nccl_create(const dm_nccl_desc* desc, dm_collective** o
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "nccl: allocator needs both functions or neither");
     _DM_TRY(_dm_cfg_check_create(&d.logger, d.timeout_ms, err, sizeof(err)));   /* >>config registry */
     _DM_TRY(_dm_nccl_placement(&d, &rank, &world, &local_rank, &local_size, &launcher, err, sizeof(err)));
+    _dm_create_rank(rank);                                   /* >>log: a failed create's message */
+    d.logger = _dm_logger_or_default(&d.logger, rank);
     e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev < 1)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_CUDA, "nccl: no CUDA device (%s)",
@@ -1712,6 +1714,10 @@ DM_API_IMPL dm_status dm_nccl_create(const dm_nccl_desc* desc, dm_collective** o
     }
     *out = &n->base;
     return DM_OK;
+}
+DM_API_IMPL dm_status dm_nccl_create(const dm_nccl_desc* desc, dm_collective** out) {
+    _dm_create_begin();
+    return _dm_create_end(_dm_nccl_create_checked(desc, out), desc && desc->logger.func);
 }
 
 DM_API_IMPL struct CUstream_st* dm_nccl_stream(dm_collective* c) {

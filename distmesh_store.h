@@ -53,7 +53,8 @@
    THREADS AND MEMORY
    Every call on a store (and on its clones, which share its connection) holds the store's mutex
    for the whole request, so several threads may share one store; a long wait blocks the others.
-   dm_store_last_error is per object and meant for the thread that got the failure. Values
+   dm_store_last_error is per object and meant for the thread that got the failure; after a
+   failed dm_store_create, dm_store_last_error(NULL) is this thread's reason. Values
    returned by get / compare_set / multi_get are allocated with the store's allocator and
    released with dm_store_free. libuv allocates on its own.
 
@@ -76,6 +77,10 @@
        _dm_srv_    _DM_SRV_     the server (libuv); _dm_kv: its entries
        _dm_stcli_               the tcp client kind
        _dm_fstore_              the file store kind
+
+   COMPILE COST  The implementation sits between _DM_COLD_BEGIN and _DM_COLD_END: it runs at
+   rendezvous, not per collective, and compiles as for debugging whatever the includer's -O level
+   (distmesh.h >>compile cost).
 
    SECTIONS (search for ">>" and the name)
        >>store api               the declarations: limits, dm_store_desc, the functions
@@ -135,7 +140,7 @@ typedef struct dm_store_desc {
     const char* prefix;     /* 0 -> ""; prepended to every key, e.g. "default_pg/0/" */
     int timeout_ms;         /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever;
                                connect retries and every request, wait and get honour it */
-    dm_logger logger;       /* 0 -> silent; the server thread logs protocol errors here */
+    dm_logger logger;       /* 0 -> the default (distmesh.h dm_logger); the server thread logs protocol errors here */
     dm_allocator allocator; /* 0 -> malloc/free; set both or neither */
     const char* token;      /* 0 -> DISTMESH_TOKEN; unset or "" -> no authentication. With a token
                                every connection first proves it (HMAC-SHA256 challenge-response
@@ -230,6 +235,7 @@ DM_API dm_status dm_store_multi_get(dm_store* s, const char* const* keys, size_t
 #include <fcntl.h>
 #include <dirent.h>
 
+_DM_COLD_BEGIN
 /* >>store wire  c10d TCPStore, torch 2.x (checked byte for byte against torch 2.11's client and
    both of its servers, see tests/fixtures/torch-2.11-wire.jsonl). A request is one opcode byte
    and its fields; integers are little-endian; a string or value is a uint64 length + bytes.
@@ -3147,8 +3153,14 @@ _DM_PRIVATE dm_status _dm_store_create_ex(const dm_store_desc* desc, bool share_
    the lock, the last error, a broken connection, keys checked and prefixed -- and then calls
    its slot of the kind's table (>>store object). */
 
+/* A create like the collectives' (distmesh.h >>log): no logger -> the default one; a failure's
+   message is this thread's dm_store_last_error(NULL) and dm_last_error(NULL). */
 DM_API_IMPL dm_status dm_store_create(const dm_store_desc* desc, dm_store** out) {
-    return _dm_store_create_ex(desc, false, out);
+    _DM_ZERO(dm_store_desc, d);
+    if (desc) d = *desc;
+    d.logger = _dm_logger_or_default(&d.logger, -1);
+    _dm_create_begin();
+    return _dm_create_end(_dm_store_create_ex(desc ? &d : NULL, false, out), desc && desc->logger.func);
 }
 
 DM_API_IMPL dm_status dm_store_clone_prefixed(dm_store* parent, const char* prefix, dm_store** out) {
@@ -3186,7 +3198,9 @@ DM_API_IMPL void dm_store_destroy(dm_store* s) {
     _dm_store_free_obj(s);
 }
 
-DM_API_IMPL const char* dm_store_last_error(const dm_store* s) { return s ? s->last_error : ""; }
+DM_API_IMPL const char* dm_store_last_error(const dm_store* s) {
+    return s ? s->last_error : _dm_tls_create.status != DM_OK ? _dm_tls_create.msg : "";
+}
 DM_API_IMPL int dm_store_port(const dm_store* s) {
     return s && s->sh->ops->port ? s->sh->ops->port(s->sh) : 0;
 }
@@ -3464,6 +3478,7 @@ DM_API_IMPL dm_status dm_store_num_keys(dm_store* s, int64_t* out) {
 #undef _DM_SRV_KEY
 #undef _DM_SRV_VAL
 
+_DM_COLD_END
 #endif /* DISTMESH_IMPLEMENTATION && !DISTMESH_STORE_IMPL_INCLUDED */
 
 /*

@@ -66,12 +66,17 @@
    neither encrypted nor authenticated after the handshake: an attacker on the path who can
    rewrite packets is out of scope (that would take TLS).
 
+   COMPILE COST  The sections between _DM_COLD_BEGIN and _DM_COLD_END (creates, rendezvous,
+   failures) compile as for debugging whatever the includer's -O level: distmesh.h
+   >>compile cost; scripts/check_cold.py keeps hot code from calling into them.
+
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
      the TCP backend's declarations
        >>tcp desc                dm_tcp_desc, dm_tcp_create
        >>tcp launch desc         dm_tcp_launch: the rendezvous a launcher implies
      the TCP backend
        >>tcp implementation      system headers
+       >>tcp libc                the GNU and BSD calls, declared when the includer's mode hid them
        >>tcp state               constants, the hello's handshake state, the group (_dm_tcp)
        >>tcp little helpers      wire integers, a hash
        >>tcp links               the socket link (distmesh.h >>links)
@@ -141,7 +146,7 @@ typedef struct dm_tcp_desc {
                                    failure to set up shared memory fails the create, "tcp" sockets
                                    only. Every rank must be given the same. */
     int timeout_ms;             /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever */
-    dm_logger logger;           /* 0 -> silent */
+    dm_logger logger;           /* 0 -> the default logger (distmesh.h dm_logger) */
     dm_allocator allocator;     /* 0 -> malloc/free (libuv allocates on its own) */
     int sockets_per_peer;       /* 0 -> DISTMESH_SOCKETS_PER_PEER, else 1: sockets to each peer on
                                    another host, 1..16 (same-host peers: shared memory, or one
@@ -211,6 +216,24 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <arpa/inet.h>
 #include <poll.h>
 #include <fcntl.h>
+
+/* >>tcp libc  The backend's share of distmesh.h >>libc: the GNU and BSD calls it makes, declared
+   when the includer's mode hid them (glibc, C), and the Linux constants under _DM_ names. */
+#if defined(__GLIBC__) && !defined(__cplusplus)
+#if !defined(__USE_GNU)
+extern int memfd_create(const char* name, unsigned int flags);
+extern int accept4(int fd, struct sockaddr* addr, socklen_t* addr_len, int flags);
+#endif
+#if !defined(__USE_MISC)
+extern int madvise(void* addr, size_t len, int advice);
+#endif
+#endif
+#define _DM_MFD_CLOEXEC 1u                  /* <linux/memfd.h> MFD_CLOEXEC */
+#if defined(MADV_POPULATE_WRITE)
+#define _DM_MADV_POPULATE_WRITE MADV_POPULATE_WRITE
+#elif defined(__linux__)
+#define _DM_MADV_POPULATE_WRITE 23          /* Linux 5.14; older kernels: EINVAL, then the loop */
+#endif
 
 /* >>tcp state  The backend's constants, the hello's handshake state and the group (_dm_tcp). */
 #define _DM_TCP_HELLO_MAGIC 0x48544d44u   /* "DMTH" little-endian: connection hello */
@@ -433,6 +456,7 @@ static const _dm_link_vt _dm_sock_vt = {
     _dm_sock_pollfd
 };
 
+_DM_COLD_BEGIN
 /* >>tcp notices  The first failure a rank sees itself goes into the store as "<prefix>abort"
    (compare-set: the first poster wins), value: status i32, rank i32, message; a rank whose
    peer hangs up reads it and reports that cause instead of "EOF". One bounded round trip each
@@ -486,6 +510,7 @@ static dm_status _dm_tcp_notice_read(_dm_eng* lk, int* rank, char* msg, size_t c
     return st;
 }
 
+_DM_COLD_END
 /* >>tcp shm  Ranks of one group on one host talk through a shared segment: a memfd the group's
    lowest local rank creates and the others open through /proc/<pid>/fd/<fd>, so nothing is
    ever named in /dev/shm and the memory goes with the last mapping, kill -9 included. Every
@@ -577,7 +602,7 @@ static dm_status _dm_shm_create(_dm_tcp* t, int L, int* fd_out, unsigned char no
     size_t size = _DM_SHM_HEADER + _DM_SHM_ABORTS * sizeof(_dm_abort) + (size_t)L * sizeof(_dm_bell) +
                   (size_t)L * (size_t)L * stride;
     unsigned char* p;
-    int fd = memfd_create("distmesh", MFD_CLOEXEC);
+    int fd = memfd_create("distmesh", _DM_MFD_CLOEXEC);
     if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: memfd_create failed (%s)", strerror(errno));
     if (ftruncate(fd, (off_t)size) != 0) {
         close(fd);
@@ -629,8 +654,8 @@ static void _dm_shm_prefault(unsigned char* p, size_t n) {
     size_t page = 4096, i;
     uintptr_t start = (uintptr_t)p & ~(uintptr_t)(page - 1);
     volatile unsigned char sink = 0;
-#if defined(MADV_POPULATE_WRITE)
-    if (madvise((void*)start, (size_t)((uintptr_t)p + n - start), MADV_POPULATE_WRITE) == 0) return;
+#if defined(_DM_MADV_POPULATE_WRITE)
+    if (madvise((void*)start, (size_t)((uintptr_t)p + n - start), _DM_MADV_POPULATE_WRITE) == 0) return;
 #endif
     for (i = 0; i < n; i += page) sink = (unsigned char)(sink + ((volatile unsigned char*)p)[i]);
     (void)sink;
@@ -667,6 +692,7 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, cons
     return DM_OK;
 }
 
+_DM_COLD_BEGIN
 /* >>tcp loss  A rank asleep on its bell learns of a same-host peer's death at once. A dead
    process rings no bell, and the sleeper used to find out at its next look, up to 50 ms later
    (twice: a death is confirmed by a second look). So each group with shm links has a watcher
@@ -1343,7 +1369,7 @@ static dm_status _dm_tcp_connect_peer(_dm_tcp* t, int j, uint64_t group, int64_t
             return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out connecting to rank %d at %s (%s)",
                             j, t->addrs[j], strerror(err ? err : ETIMEDOUT));
         if ((st = _dm_tcp_watch_now(t)) != DM_OK) return st;
-        usleep(t->refusal_final ? 1000 : 20000);
+        _dm_sleep_ms(t->refusal_final ? 1 : 20);
     }
 }
 
@@ -1824,6 +1850,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
 }
 static void _dm_tcp_destroy(dm_collective* c) { _dm_tcp_free((_dm_tcp*)c); }
 
+_DM_COLD_END
 /* >>tcp slots  The vtable's entries for host buffers: the core's entry points (distmesh.h,
    >>entry points) over this group's engine. The CUDA forms wrap them (>>tcp cuda); the table
    follows that (>>tcp vtable). */
@@ -2121,6 +2148,7 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     _dm_tcp_interrupt,               /* interrupt */
 };
 
+_DM_COLD_BEGIN
 /* >>tcp setup  Everything the rendezvous needs, resolved from the desc and the environment:
    what a create, split or join hands the build. */
 typedef struct _dm_tcp_setup {
@@ -2764,14 +2792,14 @@ static dm_status _dm_tcp_parse_sockets(int given, int* out, char* err, size_t ca
 static dm_status _dm_tcp_join(_dm_tcp_setup* s, dm_collective** out);
 static dm_status _dm_tcp_join_flag(int given, bool* out, char* err, size_t cap);
 
-DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
+static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_tcp_desc, d);
     _DM_ZERO(_dm_tcp_setup, s);
     char err[DM_LAST_ERROR_SIZE], url[320], host[256];
     dm_env env;
     dm_status st;
     bool join = false;
-    if (!out) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_REPORT(NULL, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: out is NULL");
     *out = NULL;
     if (desc) d = *desc;
     if (!_dm_allocator_valid(&d.allocator))
@@ -2787,6 +2815,8 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
     if (d.world_size < 1 || d.rank < 0 || d.rank >= d.world_size)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG,
                           "tcp: rank %d is not in 0..world_size-1 (world_size %d)", d.rank, d.world_size);
+    if (!join) _dm_create_rank(d.rank);
+    d.logger = _dm_logger_or_default(&d.logger, join ? -1 : d.rank);
     s.rank = d.rank;
     s.size = d.world_size;
     s.timeout_ms = d.timeout_ms ? d.timeout_ms : env.timeout_ms;
@@ -3734,8 +3764,13 @@ static void _dm_tcp_interrupt(dm_collective* c) {
     }
 }
 
+DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
+    _dm_create_begin();
+    return _dm_create_end(_dm_tcp_create_checked(desc, out), desc && desc->logger.func);
+}
+
 /* >>tcp init */
-DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
+static dm_status _dm_init_checked(const dm_init_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_init_desc, d);
     _DM_ZERO(dm_fake_desc, f);
     _DM_ZERO(dm_tcp_desc, td);
@@ -3743,11 +3778,12 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
     dm_status st;
     char err[DM_LAST_ERROR_SIZE];
     int join = 0;
-    if (!out) return DM_ERR_INVALID_ARG;
+    if (!out) return _DM_REPORT(NULL, err, sizeof(err), DM_ERR_INVALID_ARG, "init: out is NULL");
     *out = NULL;
     if (desc) d = *desc;
     st = dm_env_detect(&env);
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, env.error);
+    _dm_create_rank(env.rank);
     if ((st = _dm_cfg_int(_DM_CFG_JOIN, &join, err, sizeof(err))) != DM_OK) return _dm_tcp_report(&d.logger, st, err);
     if (env.world_size > 1 || join) {
         td.rank = env.rank;
@@ -3762,6 +3798,11 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
     f.allocator = d.allocator;
     return dm_fake_create(&f, out);
 }
+DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
+    _dm_create_begin();
+    return _dm_create_end(_dm_init_checked(desc, out), desc && desc->logger.func);
+}
+_DM_COLD_END
 #endif /* DISTMESH_IMPLEMENTATION */
 
 /*

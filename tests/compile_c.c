@@ -14,7 +14,7 @@ typedef void (*any_fn)(void);
 static const any_fn public_functions[] = {
     FN(dm_status_name) FN(dm_strerror) FN(dm_dtype_size) FN(dm_dtype_name) FN(dm_reduce_op_name)
     FN(dm_float_to_half) FN(dm_half_to_float) FN(dm_float_to_bfloat16) FN(dm_bfloat16_to_float)
-    FN(dm_reduce_local) FN(dm_divide_local) FN(dm_log_stderr) FN(dm_env_detect) FN(dm_device_count)
+    FN(dm_reduce_local) FN(dm_divide_local) FN(dm_log_stderr) FN(dm_check_failed) FN(dm_env_detect) FN(dm_device_count)
     FN(dm_fake_create) FN(dm_thread_world_create) FN(dm_thread_world_run) FN(dm_init) FN(dm_destroy)
     FN(dm_rank) FN(dm_world_size) FN(dm_local_rank) FN(dm_local_world_size) FN(dm_is_master)
     FN(dm_is_local_master) FN(dm_default_device) FN(dm_backend_name) FN(dm_native_handle)
