@@ -33,7 +33,7 @@
                        blocks (DISTMESH_TEST_HOST_ID / dm_fake_desc.host_of)
      --setup           report the setup: seconds from launch until the last rank's create
                        returned, the slowest create call, and open fds per rank (and rank 0's)
-                       after create
+                       once every rank's create has returned
      --store file|rank0  with --np: where the ranks meet: a file store in a fresh directory
                        (default), or a TCP store that rank 0 hosts (as dm_init does)
      --launcher-env    with --np: each rank also gets RANK, WORLD_SIZE, LOCAL_RANK and
@@ -748,6 +748,10 @@ static dm_status report_setup(dm_collective* c, double call_s) {
     dm_status st;
     mine[0] = tw_now_s() - g_launch_s;
     mine[1] = call_s;
+    /* the descriptors a built group holds: counted once every rank's create has returned (a
+       barrier), and the store's thread has had a moment to close what the others closed */
+    if ((st = dm_barrier(c)) != DM_OK) return st;
+    tw_sleep_ms(100);
     mine[2] = (double)tw_count_fds();
     all = (double*)calloc((size_t)world * 3, sizeof(double));
     if (!all) return DM_ERR_OUT_OF_MEMORY;
