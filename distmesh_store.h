@@ -50,6 +50,16 @@
        DISTMESH_TIMEOUT          desc.timeout_ms's default, seconds
        DISTMESH_STORE_MAX_VALUE, _MAX_CONN, _MAX_TOTAL, _STALL_MS   the server's bounds
 
+   DESCRIPTORS
+   The server holds a descriptor per client, so the process that hosts it raises its soft limit
+   on open files (RLIMIT_NOFILE) to the hard limit when it starts serving (logged at debug
+   level). A client it cannot take for lack of descriptors (EMFILE, ENFILE) is told so at once
+   -- a distmesh client's create fails with the cause, the connections the server holds and its
+   limit -- and clients already connected find the same words under "distmesh-store/refused"
+   (the TCP backend's wait for the world does). The TCP backend holds no store connection once a
+   group is built, and while it is built a host's ranks reach the store through one connection
+   (distmesh_tcp.h >>tcp relay), so the server holds a connection per host during a rendezvous.
+
    THREADS AND MEMORY
    Every call on a store (and on its clones, which share its connection) holds the store's mutex
    for the whole request, so several threads may share one store; a long wait blocks the others.
@@ -91,7 +101,9 @@
        >>store server handshake  the server's half of authentication
        >>store server requests   parsing and executing one c10d request
        >>store server input      the input buffer and the read path
-       >>store server lifecycle  tick, accept, stop, free, start
+       >>store server descriptors  the limit raised, a reserve, refusing a client with why
+       >>store server accept     accepting by hand, a client made
+       >>store server lifecycle  tick, stop, free, start
        >>store no server         a build without libuv: hosting refused
        >>store object            dm_store, its shared part, keys, the operations table
        >>store tcp client        socket I/O with deadlines, notices, wait and cancel, connect
@@ -101,6 +113,7 @@
        >>store kinds             URL schemes -> tables
        >>store create            desc and environment, limits, choosing the kind
        >>store public            dm_store_*: the common checks, then the slot
+       >>store for backends      the server's address, going idle, a refusal to read
 */
 #ifndef DISTMESH_H
 #error "include distmesh.h with DISTMESH_TCP, DISTMESH_NCCL or DISTMESH_STORE defined instead"
@@ -131,7 +144,8 @@ typedef struct dm_store_desc {
                                Needs the server (DISTMESH_TCP): else DM_ERR_UNSUPPORTED.
                                Port 0 -> an ephemeral port, see dm_store_port. The server binds
                                the url's host when it is a numeric loopback address (127.x,
-                               ::1), else every interface (dual-stack ::, else 0.0.0.0) */
+                               ::1), else every interface (dual-stack ::, else 0.0.0.0). The
+                               process's soft RLIMIT_NOFILE goes up to its hard limit */
     const char* prefix;     /* 0 -> ""; prepended to every key, e.g. "default_pg/0/" */
     int timeout_ms;         /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever;
                                connect retries and every request, wait and get honour it */
@@ -301,10 +315,10 @@ enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NE
      notice      8 bytes FF "DMNOTE" 7F, i32 status, u16 length, that many bytes of reason
    The magic is no reply a client can expect: a 1-byte reply is 0 or 1, and as a u64 length it
    is above DM_STORE_MAX_VALUE (an ADD whose result is exactly that value, one in 2^64, would
-   read as a notice). A client the server cannot take at all (out of descriptors, >>store server
-   descriptors) gets a notice as soon as it is accepted, before any request: in place of its
-   PING echo (whose first byte is never FF: a distmesh nonce is 0x44xxxxxx, little-endian) or of
-   the authentication challenge (which starts "DMSA"). */
+   read as a notice). A client the server cannot take at all, for lack of descriptors (see
+   >>store server descriptors), gets a notice as soon as it is accepted, before any request:
+   in place of its PING echo (whose first byte is never FF: a distmesh nonce is 0x44xxxxxx,
+   little-endian) or of the authentication challenge (which starts "DMSA"). */
 #define _DM_ST_NONCE_MARK 0x44000000u
 /* Where a server that refused clients for lack of descriptors keeps why (unprefixed; set only
    then, see >>store server descriptors). */
@@ -618,8 +632,8 @@ typedef struct _dm_srv {
     int lfd;                    /* the listening socket, -1 none; accepted by hand, not by libuv */
     int reserve;                /* a descriptor held back to answer a client when the others run out */
     bool accept_paused;         /* out of descriptors and no reserve: the listener rests a tick */
-    unsigned nclients;          /* client connections held (not closing) */
-    unsigned long refused;      /* clients refused for lack of descriptors */
+    unsigned nclients;          /* client connections held (not closing); atomic: _dm_srv_stop reads */
+    unsigned long refused;      /* clients refused for lack of descriptors; atomic, as nclients */
     int64_t refused_logged;     /* when that was last logged */
     uv_async_t stop;
     uv_timer_t tick;            /* drops clients that do not authenticate or do not read */
@@ -1086,7 +1100,7 @@ _DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c) {
     if (c->closing) return;
     c->closing = true;
     c->srv->closes++;
-    c->srv->nclients--;
+    __atomic_sub_fetch(&c->srv->nclients, 1, __ATOMIC_RELAXED);     /* read by _dm_srv_stop */
     c->srv->held -= _dm_srv_buffered(c);      /* freed in the close and write callbacks */
     c->charged = 0;
     c->released = true;
@@ -1722,7 +1736,7 @@ _DM_PRIVATE bool _dm_srv_refuse_nofd(_dm_srv* s, int err) {
         w = send(fd, note, _DM_ST_NOTICE_HEAD + n, MSG_DONTWAIT | MSG_NOSIGNAL);
         (void)w;                /* best effort: the client sees the close either way */
         close(fd);
-        s->refused++;
+        __atomic_add_fetch(&s->refused, 1, __ATOMIC_RELAXED);
     }
     s->reserve = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
@@ -1753,7 +1767,7 @@ _DM_PRIVATE void _dm_srv_admit(_dm_srv* s, int fd) {
     c->next = s->clients;
     if (s->clients) s->clients->prev = c;
     s->clients = c;
-    s->nclients++;
+    __atomic_add_fetch(&s->nclients, 1, __ATOMIC_RELAXED);
     snprintf(c->peer, sizeof(c->peer), "?");
     if (uv_tcp_open(&c->tcp, (uv_os_sock_t)fd) < 0) { close(fd); _dm_srv_close_client(c); return; }
     uv_tcp_nodelay(&c->tcp, 1);
@@ -1870,6 +1884,14 @@ _DM_PRIVATE void _dm_srv_free(_dm_srv* s) {
 }
 _DM_PRIVATE void _dm_srv_stop(_dm_srv* s) {
     if (!s) return;
+    if (s->thread_started && __atomic_load_n(&s->refused, __ATOMIC_RELAXED) > 0) {
+        /* it refused clients for lack of descriptors: the ones still connected are likely
+           waiting for those, and read why at their next look (_DM_ST_REFUSED_KEY); give them a
+           second to do so before their connections end with nothing to read */
+        int64_t end = _dm_now_ms() + _DM_ST_NOTICE_MS;
+        const struct timespec ts = { 0, 10 * 1000000L };
+        while (__atomic_load_n(&s->nclients, __ATOMIC_RELAXED) > 0 && _dm_now_ms() < end) nanosleep(&ts, NULL);
+    }
     if (s->thread_started) {
         uv_async_send(&s->stop);
         pthread_join(s->thread, NULL);

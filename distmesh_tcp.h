@@ -5,7 +5,9 @@
 
    WHAT IT IS
    Gloo-style collectives between processes and hosts over TCP. Ranks meet through a key-value
-   store (c10d TCPStore protocol or a shared directory, see distmesh_store.h), each rank
+   store (c10d TCPStore protocol or a shared directory, see distmesh_store.h; the ranks a
+   launcher places on one host through one connection, their host's leader's: >>tcp relay; none
+   once the group is built), each rank
    listens on an ephemeral port of the chosen interface, publishes "host:port", and each rank
    connects only to the peers its schedules use (the higher rank of a pair connects; both sides
    prove the token by HMAC-SHA256 challenge-response, see >>tcp hello), the others on demand
@@ -93,6 +95,7 @@
        >>tcp vtable              the table
        >>tcp setup               the resolved setup a create, split or join builds from
        >>tcp hosts               which ranks share a host (host identity), shared memory
+       >>tcp relay               rendezvous through one store connection per host: its leader
        >>tcp sparse              connecting to P, not to the world
        >>tcp arrival             waiting until every rank of the group has arrived
        >>tcp build               listeners, addresses, hosts, links, the engine: a group
@@ -3020,6 +3023,7 @@ static dm_status _dm_tcp_await_ranks(_dm_tcp* t, const _dm_tcp_setup* s, int64_t
             if (_dm_store_refusal(w, refused, sizeof(refused)) == DM_OK && refused[0]) {
                 nmissing = _dm_tcp_missing_ranks(w, keys, W, missing);
                 _dm_tcp_rank_list(missing, nmissing, list, sizeof(list));
+                if (nmissing == 0) snprintf(list, sizeof(list), "still missing");   /* the store went away */
                 st = _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup failed: rank%s %s of %d cannot join: the store at "
                               "%s refused clients: %s", nmissing == 1 ? "" : "s", list, W, w->sh->where, refused);
                 goto done;
@@ -3448,7 +3452,7 @@ static dm_status _dm_tcp_join_flag(int given, bool* out, char* err, size_t cap);
 DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_tcp_desc, d);
     _DM_ZERO(_dm_tcp_setup, s);
-    char err[DM_LAST_ERROR_SIZE], url[320], host[256];
+    char err[DM_LAST_ERROR_SIZE], url[320], host[256], why[DM_LAST_ERROR_SIZE];
     dm_env env;
     dm_status st;
     bool join = false;
@@ -3539,9 +3543,9 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
         sd.allocator = d.allocator;
         /* a second world in this process shares it; a rank whose leader meets the store for it
            connects when it first needs to (>>tcp relay) */
-        st = _dm_store_create_opt(&sd, true, s.relay == _DM_TCP_LOCAL, &s.store, NULL, 0);
-        if (st != DM_OK)
-            return _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp: cannot open the store %s", url);
+        st = _dm_store_create_opt(&sd, true, s.relay == _DM_TCP_LOCAL, &s.store, why, sizeof(why));
+        if (st != DM_OK)    /* the store's reason again: a failed create's last word names the cause */
+            return _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp: cannot open the store %s: %s", url, why);
         s.own_store = true;
     }
     return join ? _dm_tcp_join(&s, out) : _dm_tcp_build(&s, out);
