@@ -2767,14 +2767,10 @@ static void _dm_tcp_relay_forget(_dm_tcp* t) {
 static int _dm_tcp_relay_dial(_dm_tcp* t, int64_t until) {
     _dm_tcp_relay* r = t->relay;
     int pause = 2;
-    for (;;) {
-        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    for (;;) {     /* nonblocking: a full backlog is EAGAIN, not a wait past the deadline */
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) return -1;
-        if (connect(fd, (struct sockaddr*)&r->sa, r->salen) == 0) {
-            int fl = fcntl(fd, F_GETFL, 0);
-            fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-            return fd;
-        }
+        if (connect(fd, (struct sockaddr*)&r->sa, r->salen) == 0) return fd;
         close(fd);
         if (errno != ECONNREFUSED && errno != ENOENT && errno != EAGAIN && errno != EINTR) return -1;
         if (_dm_now_ms() + pause > until) return -1;
@@ -2801,7 +2797,7 @@ static dm_status _dm_tcp_relay_join(_dm_tcp* t, int64_t deadline) {
     _dm_tcp_relay* r = t->relay;
     unsigned char hello[_DM_TCP_RLY_HELLO], chal[_DM_TCP_RLY_CHAL], rec[_DM_TCP_RLY_RECORD], head[_DM_TCP_RLY_HEAD];
     unsigned char mac[32], *body = NULL;
-    int64_t until = _dm_now_ms() + _dm_tcp_relay_patience(t), hs;
+    int64_t until = _dm_now_ms() + _dm_tcp_relay_patience(t);
     int fd, rc, k, nb;
     size_t np, nm, nbody;
     dm_status st;
@@ -2810,14 +2806,22 @@ static dm_status _dm_tcp_relay_join(_dm_tcp* t, int64_t deadline) {
     fd = _dm_tcp_relay_dial(t, until);
     if (fd < 0) { why = "no leader answered there"; goto direct; }
     if (!t->token[0] && !_dm_tcp_relay_same_user(fd)) { why = "its leader runs as another user"; goto direct; }
-    hs = _dm_now_ms() + _DM_TCP_HS_MS;
-    if (hs > deadline) hs = deadline;
+    /* the leader answers when it first serves its host, after its own first store request
+       (which may wait for the store host to start): until the deadline */
     _dm_tcp_put32(hello, _DM_TCP_RLY_HELLO_MAGIC);
     _dm_tcp_put32(hello + 4, _DM_TCP_RLY_VERSION);
     _dm_st_random(hello + 8, 32);
-    if (_dm_tcp_write_full(fd, hello, sizeof(hello), hs) != 1 || _dm_tcp_read_full(fd, chal, sizeof(chal), hs) != 1 ||
-        _dm_tcp_get32(chal) != _DM_TCP_RLY_CHAL_MAGIC) {
-        why = "its leader did not answer the hello";
+    if (_dm_tcp_write_full(fd, hello, sizeof(hello), deadline) != 1) { why = "its leader closed the connection"; goto direct; }
+    rc = _dm_tcp_relay_wait_answer(t, fd, deadline);
+    if (rc == -2) { close(fd); return DM_ERR_PEER_LOST; }      /* recorded by the watch */
+    if (rc == 1) rc = _dm_tcp_read_full(fd, chal, sizeof(chal), _dm_now_ms() + 1000);
+    if (rc == 0) {
+        close(fd);
+        return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out: this host's leader (at %s) took this rank's "
+                        "connection but never answered it", r->shown);
+    }
+    if (rc != 1 || _dm_tcp_get32(chal) != _DM_TCP_RLY_CHAL_MAGIC) {
+        why = "its leader closed the connection without a challenge";
         goto direct;
     }
     r->leader = (int)_dm_tcp_get32(chal + 8);
@@ -2833,7 +2837,7 @@ static dm_status _dm_tcp_relay_join(_dm_tcp* t, int64_t deadline) {
     _dm_tcp_put32(rec + 36, (uint32_t)t->base.size);
     _dm_copy_name((char*)rec + 40, 64, t->addrs[t->base.rank]);
     _dm_tcp_relay_proof(t, false, hello + 8, chal + 12, rec + 32, rec);
-    if (_dm_tcp_write_full(fd, rec, sizeof(rec), hs) != 1) { why = "its leader closed the connection"; goto direct; }
+    if (_dm_tcp_write_full(fd, rec, sizeof(rec), deadline) != 1) { why = "its leader closed the connection"; goto direct; }
     /* from here the leader may have published this rank: no going back */
     rc = _dm_tcp_relay_wait_answer(t, fd, deadline == INT64_MAX ? INT64_MAX : deadline + 2000);
     if (rc == -2) { close(fd); return DM_ERR_PEER_LOST; }      /* recorded by the watch */
@@ -3541,9 +3545,11 @@ DM_API_IMPL dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out
         sd.token = s.token ? s.token : "";    /* the same token guards the store */
         sd.logger = d.logger;
         sd.allocator = d.allocator;
-        /* a second world in this process shares it; a rank whose leader meets the store for it
-           connects when it first needs to (>>tcp relay) */
-        st = _dm_store_create_opt(&sd, true, s.relay == _DM_TCP_LOCAL, &s.store, why, sizeof(why));
+        /* a second world in this process shares it. Through a relay (>>tcp relay) the store
+           connects at its first request: a leader's, after it listens for its host's ranks
+           (which then wait for it, however late the store host starts); never, for a rank
+           whose leader meets the store for it */
+        st = _dm_store_create_opt(&sd, true, s.relay != _DM_TCP_DIRECT, &s.store, why, sizeof(why));
         if (st != DM_OK)    /* the store's reason again: a failed create's last word names the cause */
             return _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp: cannot open the store %s: %s", url, why);
         s.own_store = true;
