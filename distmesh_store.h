@@ -93,7 +93,8 @@
        >>store codes             system codes -> dm_status and a "(cause)" text, without libuv
        >>store bytes             growable buffer, little-endian, hash, decimal parse
        >>store proofs            nonces, HMAC proofs, constant-time comparison
-       >>store limits            the server's bounds and the token, as create resolves them
+       >>store limits            the server's bounds and the token, as create resolves them; the
+                                 process's descriptor limit raised
        >>store server map        the server's types, its key-value map
        >>store server quota      every byte held charged to one quota; flow control
        >>store server replies    queued writes, values written from their entries, waiters
@@ -575,6 +576,35 @@ typedef struct _dm_store_limits {
     size_t token_len;           /* 0: no authentication */
     char token[_DM_ST_TOKEN_MAX + 1];
 } _dm_store_limits;
+
+/* The soft RLIMIT_NOFILE up to the hard one, logged at debug level as "who: raised ...: why" (a
+   hard limit of RLIM_INFINITY is above what the kernel allows, fs.nr_open: then nr_open). The
+   store host does it before it serves (>>store server descriptors), a TCP rank when the
+   connections its schedules need would not fit (distmesh_tcp.h >>tcp sparse). */
+_DM_PRIVATE void _dm_st_raise_nofile(const dm_logger* lg, const char* who, const char* why) {
+    struct rlimit rl;
+    rlim_t was;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+    was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        FILE* f = fopen("/proc/sys/fs/nr_open", "r");
+        unsigned long long nr = 0;
+        if (f) {
+            if (fscanf(f, "%llu", &nr) != 1) nr = 0;
+            fclose(f);
+        }
+        rl.rlim_cur = nr > (unsigned long long)was && (rlim_t)nr < rl.rlim_max ? (rlim_t)nr : was;
+        if (rl.rlim_cur == was || setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+            _DM_LOG(lg, DM_LOG_DEBUG, "%s: could not raise the soft limit on open files (RLIMIT_NOFILE %llu, hard "
+                    "%llu): %s", who, (unsigned long long)was, (unsigned long long)rl.rlim_max, strerror(errno));
+            return;
+        }
+    }
+    _DM_LOG(lg, DM_LOG_DEBUG, "%s: raised this process's soft limit on open files (RLIMIT_NOFILE) from %llu to %llu "
+            "(its hard limit %llu): %s", who, (unsigned long long)was, (unsigned long long)rl.rlim_cur,
+            (unsigned long long)rl.rlim_max, why);
+}
 
 /* ============================================================================================ */
 #if defined(DISTMESH_TCP)
@@ -1661,32 +1691,6 @@ _DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t*
    takes the reserve back. The same text is stored under _DM_ST_REFUSED_KEY, so clients already
    connected and waiting for the refused ones can find why they are missing
    (_dm_store_refusal; the TCP backend asks after each slice of its wait for the world). */
-/* The soft RLIMIT_NOFILE up to the hard one. A hard limit of RLIM_INFINITY is above what the
-   kernel allows (fs.nr_open): then nr_open. */
-_DM_PRIVATE void _dm_srv_raise_nofile(const dm_logger* lg) {
-    struct rlimit rl;
-    rlim_t was;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
-    was = rl.rlim_cur;
-    rl.rlim_cur = rl.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
-        FILE* f = fopen("/proc/sys/fs/nr_open", "r");
-        unsigned long long nr = 0;
-        if (f) {
-            if (fscanf(f, "%llu", &nr) != 1) nr = 0;
-            fclose(f);
-        }
-        rl.rlim_cur = nr > (unsigned long long)was && (rlim_t)nr < rl.rlim_max ? (rlim_t)nr : was;
-        if (rl.rlim_cur == was || setrlimit(RLIMIT_NOFILE, &rl) != 0) {
-            _DM_LOG(lg, DM_LOG_DEBUG, "tcp-store: could not raise the soft limit on open files (RLIMIT_NOFILE %llu, "
-                    "hard %llu): %s", (unsigned long long)was, (unsigned long long)rl.rlim_max, strerror(errno));
-            return;
-        }
-    }
-    _DM_LOG(lg, DM_LOG_DEBUG, "tcp-store: raised this process's soft limit on open files (RLIMIT_NOFILE) from %llu to "
-            "%llu (its hard limit %llu): the store holds a descriptor per client", (unsigned long long)was,
-            (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max);
-}
 /* Why a client cannot be taken: err EMFILE or ENFILE, the connections held, the limits. */
 _DM_PRIVATE void _dm_srv_nofd_text(const _dm_srv* s, int err, char* out, size_t cap) {
     struct rlimit rl;
@@ -1925,7 +1929,7 @@ _DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger*
     bool loop_open = false;
     const char* bound = host;
     *out = NULL;
-    _dm_srv_raise_nofile(lg);
+    _dm_st_raise_nofile(lg, "tcp-store", "the store holds a descriptor per client");
     s = (_dm_srv*)_dm_calloc(a, sizeof(*s));
     if (!s) { snprintf(err, cap, "out of memory"); return DM_ERR_OUT_OF_MEMORY; }
     s->allocator = *a;

@@ -2898,7 +2898,42 @@ direct:
    every same-host peer (shared memory and its side channel), host-order ring neighbours,
    recursive-doubling and dissemination partners, rails, root 0's broadcast chain); anything
    else on demand (>>tcp lazy). Both ends of a pair compute the same sets, so the acceptor knows
-   whom to wait for. */
+   whom to wait for.
+   Descriptors: a rank holds P's connections (times the sockets per peer for those on other
+   hosts, >>tcp more sockets), its two listeners and a few of its own -- a few dozen, growing
+   with log W and the host's size, not with W (no store connection once built, >>tcp relay).
+   Any soft limit holds that, so a rank leaves RLIMIT_NOFILE alone unless what P needs would
+   not fit under it (say 16 sockets per peer at thousands of ranks): then it raises the soft
+   limit to the hard one, as the store host does, logged at debug level. Raising it always
+   would change more than distmesh: the program's other code then fails differently past 1024
+   descriptors (select() writes past its FD_SETSIZE bitmap where open() would have said
+   EMFILE). Peers connected on demand later (all_to_all across thousands of ranks) are the
+   program's pattern; running out there is an error naming EMFILE. */
+/* Descriptors open in this process, or -1. */
+static int _dm_tcp_count_fds(void) {
+    DIR* d = opendir("/proc/self/fd");
+    struct dirent* e;
+    int n = 0;
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL) n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1;               /* the directory's own */
+}
+/* The soft limit fits this rank's P (connected or about to be), else goes up to the hard one. */
+static void _dm_tcp_fit_nofile(_dm_tcp* t) {
+    struct rlimit rl;
+    int W = t->base.size, me = t->base.rank, j, need = 16, open_now;   /* 16: listeners, eventfd, store, slack */
+    char why[160];
+    for (j = 0; j < W; j++)
+        if (t->want[j] && j != me) need += t->host_of[j] != t->host_of[me] ? t->nsock : 1;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max || (rlim_t)need * 2 < rl.rlim_cur) return;
+    open_now = _dm_tcp_count_fds();
+    if (open_now < 0 || (rlim_t)(open_now + need) <= rl.rlim_cur) return;
+    snprintf(why, sizeof(why), "rank %d holds %d descriptors and its schedules' peers (P) need about %d more", me,
+             open_now, need);
+    _dm_st_raise_nofile(&t->base.logger, "tcp", why);
+}
+
 static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int64_t deadline) {
     int W = t->base.size, r = t->base.rank, j, n = 0;
     char key[600];
@@ -2925,6 +2960,7 @@ static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int6
     }
     _DM_TRY(_dm_peers_find(&t->lk, t->want));
     for (j = 0; j < W; j++) n += t->want[j];
+    _dm_tcp_fit_nofile(t);
     _DM_TRY(_dm_tcp_connect_wanted(t, deadline));
     _DM_LOG(&t->base.logger, DM_LOG_INFO, "tcp: rank %d of %d: %d peers connected for the schedules (P), the rest "
             "on demand", r, W, n);

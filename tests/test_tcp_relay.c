@@ -15,6 +15,8 @@ typedef struct relay_world {
     int world, per_host;
     bool launcher;              /* the launcher's variables (LOCAL_RANK ...): the relay */
     int limit_extra;            /* > 0: every rank's soft and hard RLIMIT_NOFILE = its open fds + this */
+    bool limit_hard_stays;      /* ... the soft one only: the hard limit stays */
+    const char* sockets;        /* DISTMESH_SOCKETS_PER_PEER of every rank, NULL: unset */
     int rank0_soft_extra;       /* > 0: rank 0's soft limit = its open fds + this ... */
     bool rank0_hard_stays;      /* ... and its hard limit stays (else: the same as the soft one) */
     int timeout_ms;
@@ -66,7 +68,8 @@ static int relay_rank(dm_collective* c, int rank, int world, void* arg) {
     tw_tcp_desc(&d, &w->store, rank, world, w->timeout_ms);
     d.logger.func = capture_log;
     if (w->token) setenv("DISTMESH_TOKEN", rank == world - 1 && w->token_of_last ? w->token_of_last : w->token, 1);
-    if (w->limit_extra > 0) limit = limit_fds(w->limit_extra, false);
+    if (w->sockets) setenv("DISTMESH_SOCKETS_PER_PEER", w->sockets, 1);
+    if (w->limit_extra > 0) limit = limit_fds(w->limit_extra, w->limit_hard_stays);
     if (rank == 0 && w->rank0_soft_extra > 0) limit = limit_fds(w->rank0_soft_extra, w->rank0_hard_stays);
     tw_ready();
     if (rank == w->delay_rank && w->delay_ms > 0) tw_sleep_ms(w->delay_ms);
@@ -239,6 +242,34 @@ static void test_store_raises_soft_limit(void** s) {
     assert_true(r.raised[0]);
 }
 
+/* An ordinary rank whose schedules need more connections than its soft limit holds (16 sockets
+   to each peer on the other host; every rank limited to its open fds + 24, the hard limit
+   higher) raises it (logged at debug level), and every rank creates. */
+static void test_rank_raises_soft_limit_for_its_peers(void** s) {
+    relay_world w;
+    relay_report r;
+    int k, ok = 0, raised = 0;
+    (void)s;
+    memset(&w, 0, sizeof(w));
+    w.world = 8;
+    w.per_host = 4;
+    w.launcher = true;
+    w.limit_extra = 24;
+    w.limit_hard_stays = true;
+    w.sockets = "16";
+    w.timeout_ms = 30000;
+    relay_run(&w, &r, 60, 0, 0, 0, 0);
+    relay_print(&w, &r);
+    for (k = 0; k < w.world; k++) {
+        ok += r.status[k] == DM_OK;
+        raised += k > 0 && r.raised[k];
+    }
+    printf("  8 ranks on 2 hosts, 16 sockets per peer, soft limits of open fds + 24: %d created, %d of ranks 1-7 "
+           "raised theirs (rank 5 holds %d fds)\n", ok, raised, r.fds[5]);
+    assert_int_equal(ok, w.world);
+    assert_true(raised > 0);
+}
+
 /* ---- the relay's hops ------------------------------------------------------------------------- */
 /* With DISTMESH_TOKEN every rank creates through its leader; a rank given another token is
    refused by its leader (DM_ERR_REFUSED naming the token) at once. */
@@ -293,6 +324,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_relay_fd_wall),
         cmocka_unit_test(test_store_emfile_named),
         cmocka_unit_test(test_store_raises_soft_limit),
+        cmocka_unit_test(test_rank_raises_soft_limit_for_its_peers),
         cmocka_unit_test(test_relay_token),
         cmocka_unit_test(test_relay_leader_dies),
     };
