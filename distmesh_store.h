@@ -3726,6 +3726,41 @@ _DM_PRIVATE void _dm_store_idle(dm_store* s) {
     }
     pthread_mutex_unlock(&s->sh->mu);
 }
+/* Whether each of n keys exists now (present[i]), in one round trip on a tcp store (n CHECKs
+   sent together, n answers read), key by key on another kind: which ranks are still missing,
+   at any world size, costs the store one burst, not n round trips. */
+_DM_PRIVATE dm_status _dm_store_present(dm_store* s, const char* const* keys, size_t n, bool* present) {
+    _dm_store_key* k = NULL;
+    dm_status st;
+    size_t i;
+    if (!s) return DM_ERR_INVALID_ARG;
+    if ((st = _dm_store_enter(s)) != DM_OK) return st;
+    if ((st = _dm_store_keys(s, "check", keys, n, &k)) != DM_OK) return _dm_store_leave(s, st);
+    if (s->sh->ops == &_dm_stcli_ops && n > 0) {
+        _dm_stbuf b;
+        unsigned char* r = (unsigned char*)_dm_malloc(&s->allocator, n);
+        _dm_stcli_request(&b, s, _DM_STQ_CHECK);
+        for (i = 0; i < n; i++) {
+            if (i) _dm_stbuf_u8(&b, _dm_stcli_of(s)->proto == _DM_ST_PROTO_1 ? _dm_st_v1_from_v2[_DM_STQ_CHECK]
+                                                                              : (unsigned)_DM_STQ_CHECK);
+            _dm_stbuf_u64(&b, 1);
+            _dm_stbuf_str(&b, k[i].bytes, k[i].len);
+        }
+        st = r ? _dm_stcli_send(s, &b, "check") : _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: check (out of memory)");
+        _dm_stbuf_free(&b);
+        if (st == DM_OK) st = _dm_stcli_recv(s, r, n, _dm_deadline(s->timeout_ms), "check");
+        for (i = 0; st == DM_OK && i < n; i++) {
+            if (r[i] != _DM_ST_READY && r[i] != _DM_ST_NOT_READY) st = _dm_stcli_bad_reply(s, "check", r[i]);
+            else present[i] = r[i] == _DM_ST_READY;
+        }
+        _dm_free(&s->allocator, r);
+    } else {
+        for (i = 0; st == DM_OK && i < n; i++)
+            st = s->sh->ops->check ? s->sh->ops->check(s, &k[i], 1, &present[i]) : _dm_store_missing(s, "check");
+    }
+    _dm_store_keys_free(s, k, n);
+    return _dm_store_leave(s, st);
+}
 /* Whether the store's server has refused clients for lack of descriptors: DM_OK with why in out
    ("" when not), else the failed request's status. One CHECK of _DM_ST_REFUSED_KEY, outside
    the store's prefix (a GET as well when it is there). */

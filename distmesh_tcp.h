@@ -1784,8 +1784,9 @@ static dm_status _dm_tcp_store_get_str(_dm_tcp* t, const char* key, char* out, s
 
 /* >>tcp keys  A group leaves nothing in the store once it is built: every rank above this one
    has read this rank's address before connecting, so when all of them have said hello the
-   address key goes. What stays is one generation counter per world prefix (none for splits,
-   whose prefixes are used once), so the key count is flat over create/split/destroy cycles. */
+   address key goes, and rank 0 deletes the world's own (world_size, arrived, ready: see
+   >>tcp arrival). What stays is one generation counter per world prefix (none for splits, whose
+   prefixes are used once), so the key count is flat over create/split/destroy cycles. */
 static void _dm_tcp_forget_key(_dm_tcp* t, const char* name) {
     char key[600];
     dm_store* s = _dm_tcp_st(t);
@@ -1794,12 +1795,19 @@ static void _dm_tcp_forget_key(_dm_tcp* t, const char* name) {
         _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: could not delete the store key \"%s\" (%s)", key,
                 dm_store_last_error(s));
 }
-/* Rank 0 also drops the world-size key: every other rank checked it before connecting. */
+/* The keys every rank read before connecting: the world size, the arrival count and its
+   mark (>>tcp arrival). Rank 0's (or its leader's) to delete. */
+static void _dm_tcp_forget_world(_dm_tcp* t) {
+    _dm_tcp_forget_key(t, "world_size");
+    _dm_tcp_forget_key(t, "arrived");
+    _dm_tcp_forget_key(t, "ready");
+}
+/* Rank 0 also drops the world's keys: every other rank read them before connecting. */
 static void _dm_tcp_forget_addr(_dm_tcp* t) {
     char name[32];
     snprintf(name, sizeof(name), "addr/%d", t->base.rank);
     _dm_tcp_forget_key(t, name);
-    if (t->base.rank == 0) _dm_tcp_forget_key(t, "world_size");
+    if (t->base.rank == 0) _dm_tcp_forget_world(t);
 }
 
 /* >>tcp lifetime */
@@ -2613,6 +2621,7 @@ static void _dm_tcp_relay_step(_dm_tcp* t, _dm_tcp_rly_peer* p) {
         p->state = _DM_TCP_RLY_RECORD_WAIT;
     }
 }
+static dm_status _dm_tcp_arrive(_dm_tcp* t, int n);
 /* Publishes the records held and not yet published: ADD of the generation counter by their
    number (not for a prefix used once), one MULTI_SET of their addresses. */
 static dm_status _dm_tcp_relay_publish(_dm_tcp* t, const _dm_tcp_setup* s) {
@@ -2657,6 +2666,7 @@ static dm_status _dm_tcp_relay_publish(_dm_tcp* t, const _dm_tcp_setup* s) {
         st = _dm_tcp_store_fail(t, st, "multi_set", keys[0]);
     for (i = 0; st == DM_OK && i < r->n; i++)
         if (r->peers[i].state == _DM_TCP_RLY_HELD) r->peers[i].published = true;
+    if (st == DM_OK) st = _dm_tcp_arrive(t, n);
 done:
     if (keys)
         for (i = 0; i < n; i++) _dm_free(&t->base.allocator, keys[i]);
@@ -2748,8 +2758,8 @@ done:
     _dm_free(&t->base.allocator, need);
     return st;
 }
-/* After the all-gather: the leader deletes the address keys of its host's ranks (and
-   world_size when rank 0 is among them). */
+/* After the all-gather: the leader deletes the address keys of its host's ranks (and the
+   world's keys when rank 0 is among them). */
 static void _dm_tcp_relay_forget(_dm_tcp* t) {
     _dm_tcp_relay* r = t->relay;
     char name[32];
@@ -2758,7 +2768,7 @@ static void _dm_tcp_relay_forget(_dm_tcp* t) {
         if (r->peers[i].rank < 0 || !r->peers[i].published) continue;
         snprintf(name, sizeof(name), "addr/%d", r->peers[i].rank);
         _dm_tcp_forget_key(t, name);
-        if (r->peers[i].rank == 0) _dm_tcp_forget_key(t, "world_size");
+        if (r->peers[i].rank == 0) _dm_tcp_forget_world(t);
     }
 }
 
@@ -2973,6 +2983,13 @@ static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int6
    names the ranks still missing and for how long. The first rank here sets
    "<prefix>world_size"; a rank that holds a different world size fails at once, naming both
    values. The waits use a silent clone of the store: a slice that times out is not an error.
+   What a rank waits for is one key: a rank (a leader, for a batch of its host's ranks) that
+   has set addresses adds their number to "<prefix>arrived", and the add that reaches the
+   world size sets "<prefix>ready". (Waiting for the W address keys themselves sent the W keys
+   in every slice's WAIT: 30 W bytes per waiting rank five times a second, 8 MB a second per
+   rank at 16k ranks.) Which ranks are missing is asked only for a log line or the final
+   message: W CHECKs sent in one burst (_dm_store_present); above 1024 ranks only rank 0 names
+   them, the others count them.
    Between slices (at most every 200 ms) a rank also asks whether the store's server has
    refused clients for lack of descriptors (_dm_store_refusal): then the ranks still missing
    cannot come, and it fails at once with the server's words (the cause, the connections it
@@ -2992,28 +3009,61 @@ static void _dm_tcp_rank_list(const int* ranks, int n, char* out, size_t cap) {
     if (i < n) snprintf(out + len, cap - len, ", ...");
 }
 
-/* The ranks whose address is not in the store yet, into missing (count returned). */
-static int _dm_tcp_missing_ranks(dm_store* w, char** keys, int W, int* missing) {
-    int j, n = 0;
+/* n more ranks' addresses are in the store (set before, on the same connection): "<prefix>arrived"
+   counts them, and the add that reaches the world size sets "<prefix>ready", the one key the
+   others wait for. */
+static dm_status _dm_tcp_arrive(_dm_tcp* t, int n) {
+    char key[600];
+    int64_t v = 0;
+    dm_store* g = _dm_tcp_st(t);
+    dm_status st;
+    snprintf(key, sizeof(key), "%sarrived", t->prefix);
+    if ((st = dm_store_add(g, key, n, &v)) != DM_OK) return _dm_tcp_store_fail(t, st, "add", key);
+    if (v < t->base.size) return DM_OK;
+    snprintf(key, sizeof(key), "%sready", t->prefix);
+    if ((st = dm_store_set(g, key, "1", 1)) != DM_OK) return _dm_tcp_store_fail(t, st, "set", key);
+    return DM_OK;
+}
+/* Which ranks have no address in the store yet, into missing (the count returned; -1 when the
+   store did not say). Every rank names them up to 1024 ranks; above, only rank 0 does (one
+   burst of W checks), the others count them ("arrived"), so that a wait of thousands of ranks
+   costs the store a burst per log line, not one per waiting rank. */
+static int _dm_tcp_missing_ranks(_dm_tcp* t, dm_store* w, char** keys, int* missing, bool* present) {
+    int W = t->base.size, j, n = 0;
     w->timeout_ms = 1000;
-    for (j = 0; j < W; j++) {
-        bool there = true;
-        const char* k1 = keys[j];
-        if (dm_store_check(w, &k1, 1, &there) != DM_OK) there = true;
-        if (!there) missing[n++] = j;
+    if (W > 1024 && t->base.rank != 0) {
+        char key[600];
+        int64_t v = 0;
+        snprintf(key, sizeof(key), "%sarrived", t->prefix);
+        return dm_store_add(w, key, 0, &v) == DM_OK && v <= W ? W - (int)v : -1;
     }
+    if (_dm_store_present(w, (const char* const*)keys, (size_t)W, present) != DM_OK) return -1;
+    for (j = 0; j < W; j++)
+        if (!present[j]) missing[n++] = j;
     return n;
 }
+/* "ranks 3, 8-11 of 12" (or "12 ranks of 16384" where they are counted, not named) into list;
+   the count's plural ending returned. */
+static const char* _dm_tcp_missing_text(_dm_tcp* t, const int* missing, int n, char* list, size_t cap) {
+    if (n < 0) snprintf(list, cap, "still missing");    /* the store did not say */
+    else if (t->base.size > 1024 && t->base.rank != 0) snprintf(list, cap, "%d of them (rank 0 names them)", n);
+    else _dm_tcp_rank_list(missing, n, list, cap);
+    return n == 1 ? "" : "s";
+}
 static dm_status _dm_tcp_await_ranks(_dm_tcp* t, const _dm_tcp_setup* s, int64_t deadline) {
-    int W = t->base.size, j, nmissing;
+    int W = t->base.size, nmissing;
     char key[600], mine[24], other[24], list[200], refused[_DM_ST_NOTICE_TEXT + 1];
     void* held = NULL;
     size_t held_n = 0;
+    char* keys_one[1];
     char** keys = NULL;
     int* missing = NULL;
+    bool* present = NULL;
     int64_t start = _dm_now_ms(), next_log = start + 1000, next_refusal = 0;
     dm_store* w = NULL;
     dm_status st;
+    const char* ending;
+    int j;
     snprintf(mine, sizeof(mine), "%d", W);
     snprintf(key, sizeof(key), "%sworld_size", t->prefix);
     st = dm_store_compare_set(_dm_tcp_st(t), key, "", 0, mine, strlen(mine), &held, &held_n);
@@ -3025,16 +3075,23 @@ static dm_status _dm_tcp_await_ranks(_dm_tcp* t, const _dm_tcp_setup* s, int64_t
                         "world size %d, another rank of the group has %s (every rank must be given the same "
                         "WORLD_SIZE / launcher size)", t->base.rank, W, other);
     if (W == 1) return _dm_tcp_relay_finish(t);
+    if ((st = _dm_tcp_arrive(t, 1)) != DM_OK) return st;       /* this rank's address is in */
     st = dm_store_clone_prefixed(_dm_tcp_st(t), "", &w);
     keys = (char**)_dm_calloc(&t->base.allocator, (size_t)W * sizeof(char*));
     missing = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)W);
-    if (st != DM_OK || !keys || !missing) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
+    present = (bool*)_dm_malloc(&t->base.allocator, sizeof(bool) * (size_t)W);
+    if (st != DM_OK || !keys || !missing || !present) {
+        st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+        goto done;
+    }
     memset(&w->logger, 0, sizeof(w->logger));
     for (j = 0; j < W; j++) {
         keys[j] = (char*)_dm_malloc(&t->base.allocator, strlen(t->prefix) + 24);
         if (!keys[j]) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
         sprintf(keys[j], "%saddr/%d", t->prefix, j);
     }
+    snprintf(key, sizeof(key), "%sready", t->prefix);
+    keys_one[0] = key;
     for (;;) {
         bool arriving = t->relay && t->relay->role == _DM_TCP_LEADER && t->relay->expect > 0;
         int64_t now, left;
@@ -3045,7 +3102,7 @@ static dm_status _dm_tcp_await_ranks(_dm_tcp* t, const _dm_tcp_setup* s, int64_t
         ms = (int)(left < slice ? (left < 1 ? 1 : left) : slice);
         /* the slice bounds the wait; the deadline bounds the requests (WAIT, CANCEL_WAIT) */
         w->timeout_ms = deadline == INT64_MAX ? -1 : (int)(left < 1 ? 1 : left > INT_MAX ? INT_MAX : left);
-        st = dm_store_wait(w, (const char* const*)keys, (size_t)W, ms);
+        st = dm_store_wait(w, (const char* const*)keys_one, 1, ms);
         if (st == DM_ERR_TIMEOUT && w->sh->broken) {    /* the store itself did not answer */
             st = _DM_FAIL(&t->base, st, "tcp: setup: store wait failed: %s", dm_store_last_error(w));
             goto done;
@@ -3061,28 +3118,27 @@ static dm_status _dm_tcp_await_ranks(_dm_tcp* t, const _dm_tcp_setup* s, int64_t
             next_refusal = now + 200;
             w->timeout_ms = 1000;
             if (_dm_store_refusal(w, refused, sizeof(refused)) == DM_OK && refused[0]) {
-                nmissing = _dm_tcp_missing_ranks(w, keys, W, missing);
-                _dm_tcp_rank_list(missing, nmissing, list, sizeof(list));
-                if (nmissing == 0) snprintf(list, sizeof(list), "still missing");   /* the store went away */
+                nmissing = _dm_tcp_missing_ranks(t, w, keys, missing, present);
+                ending = _dm_tcp_missing_text(t, missing, nmissing, list, sizeof(list));
                 st = _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup failed: rank%s %s of %d cannot join: the store at "
-                              "%s refused clients: %s", nmissing == 1 ? "" : "s", list, W, w->sh->where, refused);
+                              "%s refused clients: %s", ending, list, W, w->sh->where, refused);
                 goto done;
             }
             now = _dm_now_ms();
         }
         if (now < deadline && now < next_log) continue;
-        nmissing = _dm_tcp_missing_ranks(w, keys, W, missing);
-        _dm_tcp_rank_list(missing, nmissing, list, sizeof(list));
+        nmissing = _dm_tcp_missing_ranks(t, w, keys, missing, present);
+        ending = _dm_tcp_missing_text(t, missing, nmissing, list, sizeof(list));
         if (_dm_now_ms() >= deadline) {
             st = _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %lld s: rank%s %s of %d never "
-                          "joined (no address under \"%s\")", (long long)((_dm_now_ms() - start) / 1000),
-                          nmissing == 1 ? "" : "s", list, W, t->prefix);
+                          "joined (no address under \"%s\")", (long long)((_dm_now_ms() - start) / 1000), ending,
+                          list, W, t->prefix);
             goto done;
         }
-        if (nmissing > 0)
+        if (nmissing != 0)
             _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: rank %d has waited %lld s for rank%s %s of %d to join "
-                    "(deadline in %lld s)", t->base.rank, (long long)((_dm_now_ms() - start + 500) / 1000),
-                    nmissing == 1 ? "" : "s", list, W, (long long)((deadline - _dm_now_ms()) / 1000));
+                    "(deadline in %lld s)", t->base.rank, (long long)((_dm_now_ms() - start + 500) / 1000), ending,
+                    list, W, (long long)((deadline - _dm_now_ms()) / 1000));
         next_log = _dm_now_ms() + 10000;
     }
 done:
@@ -3090,6 +3146,7 @@ done:
         for (j = 0; j < W; j++) _dm_free(&t->base.allocator, keys[j]);
     _dm_free(&t->base.allocator, keys);
     _dm_free(&t->base.allocator, missing);
+    _dm_free(&t->base.allocator, present);
     dm_store_destroy(w);
     return st;
 }
