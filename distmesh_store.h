@@ -324,6 +324,7 @@ enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NE
 /* Where a server that refused clients for lack of descriptors keeps why (unprefixed; set only
    then, see >>store server descriptors). */
 #define _DM_ST_REFUSED_KEY "distmesh-store/refused"
+#define _DM_ST_REFUSED_LINGER_MS 10000    /* a refusing server's last service to late clients */
 #define _DM_ST_NOTICE_HEAD 14
 #define _DM_ST_NOTICE_TEXT 300
 static const unsigned char _dm_st_notice_magic[8] = { 0xFF, 'D', 'M', 'N', 'O', 'T', 'E', 0x7F };
@@ -664,6 +665,7 @@ typedef struct _dm_srv {
     bool accept_paused;         /* out of descriptors and no reserve: the listener rests a tick */
     unsigned nclients;          /* client connections held (not closing); atomic: _dm_srv_stop reads */
     unsigned long refused;      /* clients refused for lack of descriptors; atomic, as nclients */
+    int64_t last_client_ms;     /* when a client was last accepted or refused; atomic, as nclients */
     int64_t refused_logged;     /* when that was last logged */
     uv_async_t stop;
     uv_timer_t tick;            /* drops clients that do not authenticate or do not read */
@@ -1741,6 +1743,7 @@ _DM_PRIVATE bool _dm_srv_refuse_nofd(_dm_srv* s, int err) {
         (void)w;                /* best effort: the client sees the close either way */
         close(fd);
         __atomic_add_fetch(&s->refused, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->last_client_ms, now, __ATOMIC_RELAXED);
     }
     s->reserve = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
@@ -1772,6 +1775,7 @@ _DM_PRIVATE void _dm_srv_admit(_dm_srv* s, int fd) {
     if (s->clients) s->clients->prev = c;
     s->clients = c;
     __atomic_add_fetch(&s->nclients, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->last_client_ms, _dm_now_ms(), __ATOMIC_RELAXED);
     snprintf(c->peer, sizeof(c->peer), "?");
     if (uv_tcp_open(&c->tcp, (uv_os_sock_t)fd) < 0) { close(fd); _dm_srv_close_client(c); return; }
     uv_tcp_nodelay(&c->tcp, 1);
@@ -1889,12 +1893,17 @@ _DM_PRIVATE void _dm_srv_free(_dm_srv* s) {
 _DM_PRIVATE void _dm_srv_stop(_dm_srv* s) {
     if (!s) return;
     if (s->thread_started && __atomic_load_n(&s->refused, __ATOMIC_RELAXED) > 0) {
-        /* it refused clients for lack of descriptors: the ones still connected are likely
-           waiting for those, and read why at their next look (_DM_ST_REFUSED_KEY); give them a
-           second to do so before their connections end with nothing to read */
-        int64_t end = _dm_now_ms() + _DM_ST_NOTICE_MS;
+        /* It refused clients for lack of descriptors, so its host's create is failing: the
+           clients still connected are likely waiting for the refused ones and read why at their
+           next look (_DM_ST_REFUSED_KEY), and ranks that start late are still connecting (told
+           with a notice, or, once descriptors are free, served and shown the key). Serve them
+           until none is connected and none came for a second, _DM_ST_REFUSED_LINGER_MS at
+           most, rather than leave them to retry a vanished server until their deadlines. */
+        int64_t end = _dm_now_ms() + _DM_ST_REFUSED_LINGER_MS;
         const struct timespec ts = { 0, 10 * 1000000L };
-        while (__atomic_load_n(&s->nclients, __ATOMIC_RELAXED) > 0 && _dm_now_ms() < end) nanosleep(&ts, NULL);
+        while (_dm_now_ms() < end && (__atomic_load_n(&s->nclients, __ATOMIC_RELAXED) > 0 ||
+                                      _dm_now_ms() - __atomic_load_n(&s->last_client_ms, __ATOMIC_RELAXED) < 1000))
+            nanosleep(&ts, NULL);
     }
     if (s->thread_started) {
         uv_async_send(&s->stop);

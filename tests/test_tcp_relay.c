@@ -191,10 +191,10 @@ static void test_relay_fd_wall(void** s) {
 /* 12 ranks that meet the store directly (no launcher variables), rank 0 hosting it with room
    for a few clients only: every rank fails, and every message names EMFILE, the connections
    the store holds and the limit; the refused ranks at once, the others (rank 0 included)
-   within a second of their store's first refusal -- not at the 30 s deadline. The others
-   start 0.3 s after rank 0, so that rank 0 has what it needs itself (its listeners) before its
-   store's clients take the rest. (A rank that comes after rank 0 has failed and its store has
-   gone finds no server, as after any death of the store host, and waits for its deadline.) */
+   within a second of their store's first refusal -- not at the 30 s deadline (rank 0's call
+   returns about a second after the last client came: its store serves late ranks that long).
+   The others start 0.3 s after rank 0, so that rank 0 has what it needs itself (its listeners)
+   before its store's clients take the rest. */
 static void test_store_emfile_named(void** s) {
     relay_world w;
     relay_report r;
