@@ -1697,7 +1697,10 @@ _DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t*
 _DM_PRIVATE void _dm_srv_nofd_text(const _dm_srv* s, int err, char* out, size_t cap) {
     struct rlimit rl;
     unsigned long long soft = 0, hard = 0;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) { soft = (unsigned long long)rl.rlim_cur; hard = (unsigned long long)rl.rlim_max; }
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        soft = (unsigned long long)rl.rlim_cur;
+        hard = (unsigned long long)rl.rlim_max;
+    }
     if (err == ENFILE)
         snprintf(out, cap, "the store host's system is out of file descriptors (ENFILE: file table overflow; "
                  "fs.file-max) while its store holds %u client connections", s->nclients);
@@ -3755,7 +3758,8 @@ _DM_PRIVATE dm_status _dm_store_present(dm_store* s, const char* const* keys, si
             _dm_stbuf_u64(&b, 1);
             _dm_stbuf_str(&b, k[i].bytes, k[i].len);
         }
-        st = r ? _dm_stcli_send(s, &b, "check") : _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: check (out of memory)");
+        st = r ? _dm_stcli_send(s, &b, "check")
+               : _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: check (out of memory)");
         _dm_stbuf_free(&b);
         if (st == DM_OK) st = _dm_stcli_recv(s, r, n, _dm_deadline(s->timeout_ms), "check");
         for (i = 0; st == DM_OK && i < n; i++) {

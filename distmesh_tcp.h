@@ -2304,7 +2304,9 @@ static dm_status _dm_tcp_connect_wanted(_dm_tcp* t, int64_t deadline) {
    Finding the leader, before the store: a Unix-domain socket in the abstract namespace (nothing
    on disk; it goes with the process), named from a hash of the store's address, the group's key
    prefix, the host identity (>>tcp hosts) and the user id. The leader listens there before it
-   touches the store; the others connect, retrying while it starts. Two leaders for one name (two
+   touches the store (its own store handle connects at its first request), and the others
+   connect, retrying while it starts; once connected, a rank waits for its leader's challenge
+   until its deadline, however late the store host starts. Two leaders for one name (two
    launcher groups on one host identity): the second's bind fails with EADDRINUSE and it joins
    the first as one of its ranks. A rank that finds no leader within _dm_tcp_relay_patience
    (10 s, or a third of its timeout) rendezvouses directly, with a warning.
@@ -2324,7 +2326,8 @@ static dm_status _dm_tcp_connect_wanted(_dm_tcp* t, int64_t deadline) {
    leader has another user id, rendezvouses directly.
    The leader publishes its host's records in batches as they arrive: an ADD of the generation
    counter by the batch's size (every rank still counts once, so a cycle still adds W and every
-   add of it gives the same generation, >>tcp build) and one MULTI_SET of their addresses. It
+   add of it gives the same generation, >>tcp build), one MULTI_SET of their addresses and an
+   ADD of the arrival count (>>tcp arrival). It
    checks each rank's world size against its own (its own COMPARE_SET speaks for the host),
    waits for the world as a direct rank does (>>tcp arrival: the same slices, logs and
    messages; short slices while its host's ranks are still arriving, serving them between),
@@ -2334,8 +2337,9 @@ static dm_status _dm_tcp_connect_wanted(_dm_tcp* t, int64_t deadline) {
    that fails (the store, its deadline, a missing rank, a store host out of descriptors)
    answers every waiting rank of its host with its status and message, so the host reports one
    cause at once; a leader that dies gives them EOF: DM_ERR_PEER_LOST naming it, at once.
-   After create a rank that went through its leader holds no store connection. Its handle on
-   the store connects when first used (dm_store's lazy open, >>store object), for what is rare
+   After create no rank holds a store connection: one that went through its leader never made
+   one, and the others close theirs (_dm_store_idle, at the end of >>tcp build). A handle on
+   the store connects again when next used (dm_store's lazy open, >>store object), for what is rare
    after create: posting or reading an abort notice (one bounded round trip, >>tcp notices;
    same-host ranks learn a cause from their host's abort word first) and member rank 0's seats
    in dm_grow. A grow's rendezvous goes through leaders again (the group's lowest rank on each
@@ -2529,7 +2533,8 @@ static void _dm_tcp_relay_accept(_dm_tcp* t) {
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
-                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: the host relay's accept failed (%s)", strerror(errno));
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: the host relay's accept failed (%s)",
+                        strerror(errno));
             return;
         }
         if (r->n == r->cap) {
@@ -2726,7 +2731,10 @@ static dm_status _dm_tcp_relay_finish(_dm_tcp* t) {
         keys = (char**)_dm_calloc(&t->base.allocator, (size_t)n * sizeof(char*));
         vals = (void**)_dm_calloc(&t->base.allocator, (size_t)n * sizeof(void*));
         sizes = (size_t*)_dm_calloc(&t->base.allocator, (size_t)n * sizeof(size_t));
-        if (!keys || !vals || !sizes) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
+        if (!keys || !vals || !sizes) {
+            st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+            goto done;
+        }
         for (i = 0; i < n; i++) {
             if (!(keys[i] = (char*)_dm_malloc(&t->base.allocator, strlen(t->prefix) + 24))) {
                 st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
@@ -2823,7 +2831,10 @@ static dm_status _dm_tcp_relay_join(_dm_tcp* t, int64_t deadline) {
     _dm_tcp_put32(hello, _DM_TCP_RLY_HELLO_MAGIC);
     _dm_tcp_put32(hello + 4, _DM_TCP_RLY_VERSION);
     _dm_st_random(hello + 8, 32);
-    if (_dm_tcp_write_full(fd, hello, sizeof(hello), deadline) != 1) { why = "its leader closed the connection"; goto direct; }
+    if (_dm_tcp_write_full(fd, hello, sizeof(hello), deadline) != 1) {
+        why = "its leader closed the connection";
+        goto direct;
+    }
     rc = _dm_tcp_relay_wait_answer(t, fd, deadline);
     if (rc == -2) { close(fd); return DM_ERR_PEER_LOST; }      /* recorded by the watch */
     if (rc == 1) rc = _dm_tcp_read_full(fd, chal, sizeof(chal), _dm_now_ms() + 1000);
@@ -2849,7 +2860,10 @@ static dm_status _dm_tcp_relay_join(_dm_tcp* t, int64_t deadline) {
     _dm_tcp_put32(rec + 36, (uint32_t)t->base.size);
     _dm_copy_name((char*)rec + 40, 64, t->addrs[t->base.rank]);
     _dm_tcp_relay_proof(t, false, hello + 8, chal + 12, rec + 32, rec);
-    if (_dm_tcp_write_full(fd, rec, sizeof(rec), deadline) != 1) { why = "its leader closed the connection"; goto direct; }
+    if (_dm_tcp_write_full(fd, rec, sizeof(rec), deadline) != 1) {
+        why = "its leader closed the connection";
+        goto direct;
+    }
     /* from here the leader may have published this rank: no going back */
     rc = _dm_tcp_relay_wait_answer(t, fd, deadline == INT64_MAX ? INT64_MAX : deadline + 2000);
     if (rc == -2) { close(fd); return DM_ERR_PEER_LOST; }      /* recorded by the watch */
