@@ -2930,10 +2930,11 @@ direct:
    with log W and the host's size, not with W (no store connection once built, >>tcp relay).
    Any soft limit holds that, so a rank leaves RLIMIT_NOFILE alone unless what P needs would
    not fit under it (say 16 sockets per peer at thousands of ranks): then it raises the soft
-   limit to the hard one, as the store host does, logged at debug level. Raising it always
-   would change more than distmesh: the program's other code then fails differently past 1024
-   descriptors (select() writes past its FD_SETSIZE bitmap where open() would have said
-   EMFILE). Peers connected on demand later (all_to_all across thousands of ranks) are the
+   limit to the hard one, as the store host does, logged at debug level; and when even the
+   hard limit cannot hold them, create fails before connecting, naming the limit. Raising it
+   always would change more than distmesh: the program's other code then fails differently
+   past 1024 descriptors (select() writes past its FD_SETSIZE bitmap where open() would have
+   said EMFILE). Peers connected on demand later (all_to_all across thousands of ranks) are the
    program's pattern; running out there is an error naming EMFILE. */
 /* Descriptors open in this process, or -1. */
 static int _dm_tcp_count_fds(void) {
@@ -2945,19 +2946,37 @@ static int _dm_tcp_count_fds(void) {
     closedir(d);
     return n - 1;               /* the directory's own */
 }
-/* The soft limit fits this rank's P (connected or about to be), else goes up to the hard one. */
-static void _dm_tcp_fit_nofile(_dm_tcp* t) {
+/* The soft limit fits this rank's P (connected or about to be), else goes up to the hard one;
+   when even that cannot hold what P still needs, create fails here, saying so, rather than
+   with a peer's reset half-way through the connections (the peers then report this rank's
+   setup failed, "see its log"). What is counted exactly: a socket per peer of P not connected
+   yet, sockets per peer for those on other hosts, the shared-memory watcher's eventfd; the
+   soft limit keeps 16 more of slack before it is raised. */
+static dm_status _dm_tcp_fit_nofile(_dm_tcp* t) {
     struct rlimit rl;
-    int W = t->base.size, me = t->base.rank, j, need = 16, open_now;   /* 16: listeners, eventfd, store, slack */
-    char why[160];
-    for (j = 0; j < W; j++)
-        if (t->want[j] && j != me) need += t->host_of[j] != t->host_of[me] ? t->nsock : 1;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max || (rlim_t)need * 2 < rl.rlim_cur) return;
+    int W = t->base.size, me = t->base.rank, j, need = 1, open_now;
+    char why[200];
+    for (j = 0; j < W; j++) {
+        int n;
+        if (!t->want[j] || j == me) continue;
+        n = t->host_of[j] != t->host_of[me] ? t->nsock : 1;
+        need += t->fds[j] >= 0 ? n - 1 : n;     /* the ring neighbours are connected already */
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || (rlim_t)(need + 16) * 2 < rl.rlim_cur) return DM_OK;
     open_now = _dm_tcp_count_fds();
-    if (open_now < 0 || (rlim_t)(open_now + need) <= rl.rlim_cur) return;
-    snprintf(why, sizeof(why), "rank %d holds %d descriptors and its schedules' peers (P) need about %d more", me,
-             open_now, need);
-    _dm_st_raise_nofile(&t->base.logger, "tcp", why);
+    if (open_now < 0 || (rlim_t)(open_now + need + 16) <= rl.rlim_cur) return DM_OK;
+    if (rl.rlim_cur < rl.rlim_max) {
+        snprintf(why, sizeof(why), "rank %d holds %d descriptors and its schedules' peers (P) need %d more", me,
+                 open_now, need);
+        _dm_st_raise_nofile(&t->base.logger, "tcp", why);
+        if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return DM_OK;
+    }
+    if ((rlim_t)(open_now + need) <= rl.rlim_cur) return DM_OK;
+    return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: rank %d cannot hold the connections its schedules use "
+                    "(EMFILE ahead): it holds %d descriptors and needs %d more for its peers (P, %d sockets per peer "
+                    "on other hosts), above its limit of %llu open files (RLIMIT_NOFILE, hard limit %llu): raise it "
+                    "(ulimit -n)", me, open_now, need, t->nsock, (unsigned long long)rl.rlim_cur,
+                    (unsigned long long)rl.rlim_max);
 }
 
 static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int64_t deadline) {
@@ -2986,7 +3005,7 @@ static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int6
     }
     _DM_TRY(_dm_peers_find(&t->lk, t->want));
     for (j = 0; j < W; j++) n += t->want[j];
-    _dm_tcp_fit_nofile(t);
+    _DM_TRY(_dm_tcp_fit_nofile(t));
     _DM_TRY(_dm_tcp_connect_wanted(t, deadline));
     _DM_LOG(&t->base.logger, DM_LOG_INFO, "tcp: rank %d of %d: %d peers connected for the schedules (P), the rest "
             "on demand", r, W, n);

@@ -269,6 +269,34 @@ static void test_rank_raises_soft_limit_for_its_peers(void** s) {
     assert_int_equal(ok, w.world);
     assert_true(raised > 0);
 }
+/* The same with the hard limits that low too: the ranks whose P cannot fit fail before they
+   connect, naming the limit, and the world fails at once, not at its 30 s deadline. */
+static void test_rank_names_its_limit(void** s) {
+    relay_world w;
+    relay_report r;
+    int k, named = 0, slowest = 0;
+    (void)s;
+    memset(&w, 0, sizeof(w));
+    w.world = 8;
+    w.per_host = 4;
+    w.launcher = true;
+    w.limit_extra = 24;
+    w.sockets = "16";
+    w.timeout_ms = 30000;
+    relay_run(&w, &r, 60, 0, 0, 0, 0);
+    for (k = 0; k < w.world; k++) {
+        named += r.status[k] != DM_OK && strstr(r.msg[k], "cannot hold the connections") &&
+                 strstr(r.msg[k], "RLIMIT_NOFILE");
+        if (r.ms[k] > slowest) slowest = r.ms[k];
+    }
+    printf("  the same with hard limits of open fds + 24: %d of 8 named their limit; the slowest create returned "
+           "after %d ms\n", named, slowest);
+    if (named == 0) relay_print(&w, &r);
+    assert_int_equal(r.n, w.world);
+    for (k = 0; k < w.world; k++) assert_int_not_equal(r.status[k], DM_OK);
+    assert_true(named > 0);
+    assert_true(slowest < 10000);
+}
 
 /* ---- the relay's hops ------------------------------------------------------------------------- */
 /* With DISTMESH_TOKEN every rank creates through its leader; a rank given another token is
@@ -325,6 +353,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_store_emfile_named),
         cmocka_unit_test(test_store_raises_soft_limit),
         cmocka_unit_test(test_rank_raises_soft_limit_for_its_peers),
+        cmocka_unit_test(test_rank_names_its_limit),
         cmocka_unit_test(test_relay_token),
         cmocka_unit_test(test_relay_leader_dies),
     };
