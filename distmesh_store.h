@@ -50,6 +50,16 @@
        DISTMESH_TIMEOUT          desc.timeout_ms's default, seconds
        DISTMESH_STORE_MAX_VALUE, _MAX_CONN, _MAX_TOTAL, _STALL_MS   the server's bounds
 
+   DESCRIPTORS
+   The server holds a descriptor per client, so the process that hosts it raises its soft limit
+   on open files (RLIMIT_NOFILE) to the hard limit when it starts serving (logged at debug
+   level). A client it cannot take for lack of descriptors (EMFILE, ENFILE) is told so at once
+   -- a distmesh client's create fails with the cause, the connections the server holds and its
+   limit -- and clients already connected find the same words under "distmesh-store/refused"
+   (the TCP backend's wait for the world does). The TCP backend holds no store connection once a
+   group is built, and while it is built a host's ranks reach the store through one connection
+   (distmesh_tcp.h >>tcp relay), so the server holds a connection per host during a rendezvous.
+
    THREADS AND MEMORY
    Every call on a store (and on its clones, which share its connection) holds the store's mutex
    for the whole request, so several threads may share one store; a long wait blocks the others.
@@ -88,7 +98,8 @@
        >>store codes             system codes -> dm_status and a "(cause)" text, without libuv
        >>store bytes             growable buffer, little-endian, hash, decimal parse
        >>store proofs            nonces, HMAC proofs, constant-time comparison
-       >>store limits            the server's bounds and the token, as create resolves them
+       >>store limits            the server's bounds and the token, as create resolves them; the
+                                 process's descriptor limit raised
        >>store server map        the server's types, its key-value map
        >>store server quota      every byte held charged to one quota; flow control
        >>store server replies    queued writes, values written from their entries, waiters
@@ -96,7 +107,9 @@
        >>store server handshake  the server's half of authentication
        >>store server requests   parsing and executing one c10d request
        >>store server input      the input buffer and the read path
-       >>store server lifecycle  tick, accept, stop, free, start
+       >>store server descriptors  the limit raised, a reserve, refusing a client with why
+       >>store server accept     accepting by hand, a client made
+       >>store server lifecycle  tick, stop, free, start
        >>store no server         a build without libuv: hosting refused
        >>store object            dm_store, its shared part, keys, the operations table
        >>store tcp client        socket I/O with deadlines, notices, wait and cancel, connect
@@ -106,6 +119,7 @@
        >>store kinds             URL schemes -> tables
        >>store create            desc and environment, limits, choosing the kind
        >>store public            dm_store_*: the common checks, then the slot
+       >>store for backends      the server's address, going idle, a refusal to read
 */
 #ifndef DISTMESH_H
 #error "include distmesh.h with DISTMESH_TCP, DISTMESH_NCCL or DISTMESH_STORE defined instead"
@@ -136,7 +150,8 @@ typedef struct dm_store_desc {
                                Needs the server (DISTMESH_TCP): else DM_ERR_UNSUPPORTED.
                                Port 0 -> an ephemeral port, see dm_store_port. The server binds
                                the url's host when it is a numeric loopback address (127.x,
-                               ::1), else every interface (dual-stack ::, else 0.0.0.0) */
+                               ::1), else every interface (dual-stack ::, else 0.0.0.0). The
+                               process's soft RLIMIT_NOFILE goes up to its hard limit */
     const char* prefix;     /* 0 -> ""; prepended to every key, e.g. "default_pg/0/" */
     int timeout_ms;         /* 0 -> DISTMESH_TIMEOUT or DM_DEFAULT_TIMEOUT_MS; < 0 -> forever;
                                connect retries and every request, wait and get honour it */
@@ -227,6 +242,7 @@ DM_API dm_status dm_store_multi_get(dm_store* s, const char* const* keys, size_t
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
@@ -297,7 +313,7 @@ static const unsigned char _dm_st_v2_from_v1[] = { _DM_STQ_SET, _DM_STQ_COMPARE_
 #define _DM_ST_AUTH_MS 10000              /* to authenticate after connecting */
 #define _DM_ST_HIGH_WATER ((size_t)1 << 20) /* unread reply bytes above which a client is not read */
 #define _DM_ST_TOKEN_MAX 255
-enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NEEDTOKEN };
+enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NEEDTOKEN, _DM_ST_NOTICED };
 /* Why the server closed a client (distmesh only): c10d has no error reply (SET has no reply at
    all), so a client the server closes for a bound or a malformed request would only see EOF. A
    distmesh client marks its PING nonce (top byte 'D': torch's nonce is its pid, below 2^22),
@@ -306,8 +322,15 @@ enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NE
      notice      8 bytes FF "DMNOTE" 7F, i32 status, u16 length, that many bytes of reason
    The magic is no reply a client can expect: a 1-byte reply is 0 or 1, and as a u64 length it
    is above DM_STORE_MAX_VALUE (an ADD whose result is exactly that value, one in 2^64, would
-   read as a notice). */
+   read as a notice). A client the server cannot take at all, for lack of descriptors (see
+   >>store server descriptors), gets a notice as soon as it is accepted, before any request:
+   in place of its PING echo (whose first byte is never FF: a distmesh nonce is 0x44xxxxxx,
+   little-endian) or of the authentication challenge (which starts "DMSA"). */
 #define _DM_ST_NONCE_MARK 0x44000000u
+/* Where a server that refused clients for lack of descriptors keeps why (unprefixed; set only
+   then, see >>store server descriptors). */
+#define _DM_ST_REFUSED_KEY "distmesh-store/refused"
+#define _DM_ST_REFUSED_LINGER_MS 10000    /* a refusing server's last service to late clients */
 #define _DM_ST_NOTICE_HEAD 14
 #define _DM_ST_NOTICE_TEXT 300
 static const unsigned char _dm_st_notice_magic[8] = { 0xFF, 'D', 'M', 'N', 'O', 'T', 'E', 0x7F };
@@ -561,6 +584,35 @@ typedef struct _dm_store_limits {
     char token[_DM_ST_TOKEN_MAX + 1];
 } _dm_store_limits;
 
+/* The soft RLIMIT_NOFILE up to the hard one, logged at debug level as "who: raised ...: why" (a
+   hard limit of RLIM_INFINITY is above what the kernel allows, fs.nr_open: then nr_open). The
+   store host does it before it serves (>>store server descriptors), a TCP rank when the
+   connections its schedules need would not fit (distmesh_tcp.h >>tcp sparse). */
+_DM_PRIVATE void _dm_st_raise_nofile(const dm_logger* lg, const char* who, const char* why) {
+    struct rlimit rl;
+    rlim_t was;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+    was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        FILE* f = fopen("/proc/sys/fs/nr_open", "r");
+        unsigned long long nr = 0;
+        if (f) {
+            if (fscanf(f, "%llu", &nr) != 1) nr = 0;
+            fclose(f);
+        }
+        rl.rlim_cur = nr > (unsigned long long)was && (rlim_t)nr < rl.rlim_max ? (rlim_t)nr : was;
+        if (rl.rlim_cur == was || setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+            _DM_LOG(lg, DM_LOG_DEBUG, "%s: could not raise the soft limit on open files (RLIMIT_NOFILE %llu, hard "
+                    "%llu): %s", who, (unsigned long long)was, (unsigned long long)rl.rlim_max, strerror(errno));
+            return;
+        }
+    }
+    _DM_LOG(lg, DM_LOG_DEBUG, "%s: raised this process's soft limit on open files (RLIMIT_NOFILE) from %llu to %llu "
+            "(its hard limit %llu): %s", who, (unsigned long long)was, (unsigned long long)rl.rlim_cur,
+            (unsigned long long)rl.rlim_max, why);
+}
+
 /* ============================================================================================ */
 #if defined(DISTMESH_TCP)
 #include <uv.h>
@@ -613,7 +665,14 @@ typedef struct _dm_srv_waiter {
 
 typedef struct _dm_srv {
     uv_loop_t loop;
-    uv_tcp_t listener;
+    uv_poll_t listener;         /* readable when clients wait to be accepted (>>store server accept) */
+    int lfd;                    /* the listening socket, -1 none; accepted by hand, not by libuv */
+    int reserve;                /* a descriptor held back to answer a client when the others run out */
+    bool accept_paused;         /* out of descriptors and no reserve: the listener rests a tick */
+    unsigned nclients;          /* client connections held (not closing); atomic: _dm_srv_stop reads */
+    unsigned long refused;      /* clients refused for lack of descriptors; atomic, as nclients */
+    int64_t last_client_ms;     /* when a client was last accepted or refused; atomic, as nclients */
+    int64_t refused_logged;     /* when that was last logged */
     uv_async_t stop;
     uv_timer_t tick;            /* drops clients that do not authenticate or do not read */
     pthread_t thread;
@@ -1079,6 +1138,7 @@ _DM_PRIVATE void _dm_srv_close_client(_dm_srv_client* c) {
     if (c->closing) return;
     c->closing = true;
     c->srv->closes++;
+    __atomic_sub_fetch(&c->srv->nclients, 1, __ATOMIC_RELAXED);     /* read by _dm_srv_stop */
     c->srv->held -= _dm_srv_buffered(c);      /* freed in the close and write callbacks */
     c->charged = 0;
     c->released = true;
@@ -1625,50 +1685,108 @@ _DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t*
     _dm_srv_process(c);
 }
 
-/* >>store server lifecycle  The tick, accepting clients, stopping, freeing and starting. */
-/* Every half second: clients that did not authenticate in time, or whose replies have not
-   moved for stall_ms while the server stopped reading from them, are closed. */
-_DM_PRIVATE void _dm_srv_on_tick(uv_timer_t* tm) {
-    _dm_srv* s = (_dm_srv*)tm->data;
-    _dm_srv_client* c = s->clients;
-    int64_t now = _dm_now_ms();
-    while (c) {
-        _dm_srv_client* nx = c->next;
-        if (!c->closing && c->flush_close && now - c->since > _DM_ST_NOTICE_MS)
-            _dm_srv_close_client(c);    /* its last words did not go out */
-        else if (!c->closing && c->auth && now - c->since > _DM_ST_AUTH_MS)
-            _dm_srv_drop(c, DM_ERR_TIMEOUT, "did not authenticate within %d ms", _DM_ST_AUTH_MS);
-        else if (!c->closing && !c->reading && c->queued && now - c->since > s->lim.stall_ms)
-            _dm_srv_drop(c, DM_ERR_TIMEOUT, "does not read its replies: %zu bytes unread for %d ms "
-                         "(DISTMESH_STORE_STALL_MS)", c->queued, s->lim.stall_ms);
-        c = nx;
+/* >>store server descriptors  Every client holds a descriptor of the process that hosts the
+   store, so the store host is where a job meets the limit on open files first (a job of W ranks
+   that each connect holds W there). So the host raises its soft limit to the hard one before it
+   serves (logged at debug level); and a client it cannot take for lack of descriptors is told
+   why instead of being dropped. libuv's accept would drop it silently: on EMFILE it gives up a
+   descriptor it keeps in reserve, accepts and closes every waiting connection, and does not
+   call the server (libuv 1.44, src/unix/stream.c, uv__emfile_trick), so the client saw a reset
+   and retried until its deadline. The server accepts by hand instead (>>store server accept)
+   and keeps its own reserve: on EMFILE or ENFILE it closes the reserve, accepts the client,
+   writes it a notice (>>store wire; read by a distmesh client during connect, which fails at
+   once with the text) that names the cause, the connections held and the limit, closes it and
+   takes the reserve back. The same text is stored under _DM_ST_REFUSED_KEY, so clients already
+   connected and waiting for the refused ones can find why they are missing
+   (_dm_store_refusal; the TCP backend asks after each slice of its wait for the world). */
+/* Why a client cannot be taken: err EMFILE or ENFILE, the connections held, the limits. */
+_DM_PRIVATE void _dm_srv_nofd_text(const _dm_srv* s, int err, char* out, size_t cap) {
+    struct rlimit rl;
+    unsigned long long soft = 0, hard = 0;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        soft = (unsigned long long)rl.rlim_cur;
+        hard = (unsigned long long)rl.rlim_max;
     }
+    if (err == ENFILE)
+        snprintf(out, cap, "the store host's system is out of file descriptors (ENFILE: file table overflow; "
+                 "fs.file-max) while its store holds %u client connections", s->nclients);
+    else
+        snprintf(out, cap, "the store host is out of file descriptors (EMFILE: too many open files): its store holds "
+                 "%u client connections and the process's limit is %llu open files (RLIMIT_NOFILE, hard limit "
+                 "%llu): raise it where the store is hosted (ulimit -n)", s->nclients, soft, hard);
+}
+/* The refusal stored under _DM_ST_REFUSED_KEY (waking whoever waits for it). */
+_DM_PRIVATE void _dm_srv_note_refusal(_dm_srv* s, const char* text) {
+    static const char key[] = _DM_ST_REFUSED_KEY;
+    bool over = false;
+    if (_dm_srv_put(s, (const unsigned char*)key, sizeof(key) - 1, (const unsigned char*)text, strlen(text), false,
+                    &over))
+        _dm_srv_wake(s, (const unsigned char*)key, sizeof(key) - 1);
+}
+/* Accepts a waiting client with the reserve's descriptor and writes it the notice (it is
+   fresh: its socket buffer takes the few bytes at once), closes it, takes the reserve back.
+   False when nothing could be told (no reserve, or another thread took the descriptor): the
+   listener then rests until the next tick rather than spin on a connection it cannot take. */
+_DM_PRIVATE bool _dm_srv_refuse_nofd(_dm_srv* s, int err) {
+    char text[_DM_ST_NOTICE_TEXT], msg[_DM_ST_NOTICE_TEXT + 80];
+    unsigned char note[_DM_ST_NOTICE_HEAD + _DM_ST_NOTICE_TEXT];
+    size_t n;
+    int fd;
+    int64_t now = _dm_now_ms();
+    if (s->reserve < 0) s->reserve = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (s->reserve < 0) return false;
+    close(s->reserve);
+    s->reserve = -1;
+    fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    _dm_srv_nofd_text(s, err, text, sizeof(text));
+    if (fd >= 0) {
+        ssize_t w;
+        n = strlen(text);
+        memcpy(note, _dm_st_notice_magic, 8);
+        note[8] = (unsigned char)(uint32_t)DM_ERR_NETWORK; note[9] = (unsigned char)((uint32_t)DM_ERR_NETWORK >> 8);
+        note[10] = (unsigned char)((uint32_t)DM_ERR_NETWORK >> 16);
+        note[11] = (unsigned char)((uint32_t)DM_ERR_NETWORK >> 24);
+        note[12] = (unsigned char)n; note[13] = (unsigned char)(n >> 8);
+        memcpy(note + _DM_ST_NOTICE_HEAD, text, n);
+        w = send(fd, note, _DM_ST_NOTICE_HEAD + n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)w;                /* best effort: the client sees the close either way */
+        close(fd);
+        __atomic_add_fetch(&s->refused, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->last_client_ms, now, __ATOMIC_RELAXED);
+    }
+    s->reserve = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    if (s->refused == 1 || now - s->refused_logged >= 1000) {
+        _DM_REPORT(&s->logger, msg, sizeof(msg), DM_ERR_NETWORK, "tcp-store: server refused a client (%lu so far): %s",
+                   s->refused, text);
+        s->refused_logged = now;
+    }
+    _dm_srv_note_refusal(s, text);
+    return true;
 }
 
-_DM_PRIVATE void _dm_srv_on_connect(uv_stream_t* l, int status) {
-    _dm_srv* s = (_dm_srv*)l->data;
+/* >>store server accept  The listening socket is watched by a uv_poll_t and accepted here (see
+   >>store server descriptors for why not by libuv); each client becomes a uv_tcp_t. */
+_DM_PRIVATE void _dm_srv_admit(_dm_srv* s, int fd) {
     _dm_srv_client* c;
     struct sockaddr_storage ss;
     int sl = (int)sizeof(ss);
-    if (status < 0) {
-        char cause[200], msg[300];
-        _DM_REPORT(&s->logger, msg, sizeof(msg), _dm_st_status(status),
-                   "tcp-store: server accept failed (%s)", _dm_st_cause(status, cause, sizeof(cause)));
-        return;
-    }
     c = (_dm_srv_client*)_dm_calloc(&s->allocator, sizeof(*c));
-    if (!c) {   /* the connection stays in the backlog; the client times out */
+    if (!c) {   /* the client sees the close */
         char msg[200];
+        close(fd);
         _DM_REPORT(&s->logger, msg, sizeof(msg), DM_ERR_OUT_OF_MEMORY, "tcp-store: server accept (out of memory)");
         return;
     }
     c->srv = s;
-    if (uv_tcp_init(&s->loop, &c->tcp) < 0) { _dm_free(&s->allocator, c); return; }
+    if (uv_tcp_init(&s->loop, &c->tcp) < 0) { close(fd); _dm_free(&s->allocator, c); return; }
     c->next = s->clients;
     if (s->clients) s->clients->prev = c;
     s->clients = c;
+    __atomic_add_fetch(&s->nclients, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->last_client_ms, _dm_now_ms(), __ATOMIC_RELAXED);
     snprintf(c->peer, sizeof(c->peer), "?");
-    if (uv_accept(l, (uv_stream_t*)&c->tcp) < 0) { _dm_srv_close_client(c); return; }
+    if (uv_tcp_open(&c->tcp, (uv_os_sock_t)fd) < 0) { close(fd); _dm_srv_close_client(c); return; }
     uv_tcp_nodelay(&c->tcp, 1);
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr*)&ss, &sl) == 0) {
         char ip[INET6_ADDRSTRLEN] = "?";
@@ -1687,7 +1805,57 @@ _DM_PRIVATE void _dm_srv_on_connect(uv_stream_t* l, int status) {
     if (uv_read_start((uv_stream_t*)&c->tcp, _dm_srv_alloc, _dm_srv_on_read) < 0) _dm_srv_close_client(c);
     else c->reading = true;
 }
+/* Takes every waiting client (at most 256 a wake, so the loop serves the others meanwhile). */
+_DM_PRIVATE void _dm_srv_on_listen(uv_poll_t* p, int status, int events) {
+    _dm_srv* s = (_dm_srv*)p->data;
+    int i;
+    (void)status; (void)events;
+    for (i = 0; i < 256; i++) {
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), e = errno;
+        if (fd >= 0) { _dm_srv_admit(s, fd); continue; }
+        if (e == EINTR || e == ECONNABORTED) continue;
+        if (e == EAGAIN || e == EWOULDBLOCK) return;
+        if ((e == EMFILE || e == ENFILE) && _dm_srv_refuse_nofd(s, e)) continue;
+        if (e != EMFILE && e != ENFILE) {
+            char cause[200], msg[300];
+            _DM_REPORT(&s->logger, msg, sizeof(msg), _dm_st_status(-e), "tcp-store: server accept failed (%s)",
+                       _dm_st_cause(-e, cause, sizeof(cause)));
+        }
+        uv_poll_stop(&s->listener);         /* rest until the next tick */
+        s->accept_paused = true;
+        return;
+    }
+}
 
+/* >>store server lifecycle  The tick, stopping, freeing and starting. */
+/* Every half second: clients that did not authenticate in time, or whose replies have not
+   moved for stall_ms while the server stopped reading from them, are closed; a listener that
+   rested (>>store server accept) listens again. */
+_DM_PRIVATE void _dm_srv_on_tick(uv_timer_t* tm) {
+    _dm_srv* s = (_dm_srv*)tm->data;
+    _dm_srv_client* c = s->clients;
+    int64_t now = _dm_now_ms();
+    while (c) {
+        _dm_srv_client* nx = c->next;
+        if (!c->closing && c->flush_close && now - c->since > _DM_ST_NOTICE_MS)
+            _dm_srv_close_client(c);    /* its last words did not go out */
+        else if (!c->closing && c->auth && now - c->since > _DM_ST_AUTH_MS)
+            _dm_srv_drop(c, DM_ERR_TIMEOUT, "did not authenticate within %d ms", _DM_ST_AUTH_MS);
+        else if (!c->closing && !c->reading && c->queued && now - c->since > s->lim.stall_ms)
+            _dm_srv_drop(c, DM_ERR_TIMEOUT, "does not read its replies: %zu bytes unread for %d ms "
+                         "(DISTMESH_STORE_STALL_MS)", c->queued, s->lim.stall_ms);
+        c = nx;
+    }
+    if (s->accept_paused && s->listener_open && uv_poll_start(&s->listener, UV_READABLE, _dm_srv_on_listen) == 0)
+        s->accept_paused = false;
+}
+
+/* The listening socket is closed once its poll handle is (never under an active poll). */
+_DM_PRIVATE void _dm_srv_on_listener_closed(uv_handle_t* h) {
+    _dm_srv* s = (_dm_srv*)h->data;
+    if (s->lfd >= 0) close(s->lfd);
+    s->lfd = -1;
+}
 _DM_PRIVATE void _dm_srv_on_stop(uv_async_t* a) {
     _dm_srv* s = (_dm_srv*)a->data;
     _dm_srv_client* c = s->clients;
@@ -1696,7 +1864,7 @@ _DM_PRIVATE void _dm_srv_on_stop(uv_async_t* a) {
         _dm_srv_close_client(c);
         c = nx;
     }
-    if (s->listener_open) uv_close((uv_handle_t*)&s->listener, NULL);
+    if (s->listener_open) uv_close((uv_handle_t*)&s->listener, _dm_srv_on_listener_closed);
     s->listener_open = false;
     if (s->tick_open) uv_close((uv_handle_t*)&s->tick, NULL);
     s->tick_open = false;
@@ -1712,7 +1880,7 @@ _DM_PRIVATE void* _dm_srv_thread(void* arg) {
 _DM_PRIVATE void _dm_srv_free(_dm_srv* s) {
     size_t i;
     if (!s) return;
-    if (s->listener_open) uv_close((uv_handle_t*)&s->listener, NULL);
+    if (s->listener_open) uv_close((uv_handle_t*)&s->listener, _dm_srv_on_listener_closed);
     if (s->stop_open) uv_close((uv_handle_t*)&s->stop, NULL);
     if (s->tick_open) uv_close((uv_handle_t*)&s->tick, NULL);
     {
@@ -1721,6 +1889,8 @@ _DM_PRIVATE void _dm_srv_free(_dm_srv* s) {
     }
     uv_run(&s->loop, UV_RUN_DEFAULT);   /* runs the close callbacks */
     uv_loop_close(&s->loop);
+    if (s->lfd >= 0) close(s->lfd);
+    if (s->reserve >= 0) close(s->reserve);
     while (s->waiters) _dm_srv_waiter_drop(s, s->waiters);
     for (i = 0; i < s->nbuckets; i++) {
         _dm_kv* e = s->buckets[i];
@@ -1731,6 +1901,19 @@ _DM_PRIVATE void _dm_srv_free(_dm_srv* s) {
 }
 _DM_PRIVATE void _dm_srv_stop(_dm_srv* s) {
     if (!s) return;
+    if (s->thread_started && __atomic_load_n(&s->refused, __ATOMIC_RELAXED) > 0) {
+        /* It refused clients for lack of descriptors, so its host's create is failing: the
+           clients still connected are likely waiting for the refused ones and read why at their
+           next look (_DM_ST_REFUSED_KEY), and ranks that start late are still connecting (told
+           with a notice, or, once descriptors are free, served and shown the key). Serve them
+           until none is connected and none came for a second, _DM_ST_REFUSED_LINGER_MS at
+           most, rather than leave them to retry a vanished server until their deadlines. */
+        int64_t end = _dm_now_ms() + _DM_ST_REFUSED_LINGER_MS;
+        const struct timespec ts = { 0, 10 * 1000000L };
+        while (_dm_now_ms() < end && (__atomic_load_n(&s->nclients, __ATOMIC_RELAXED) > 0 ||
+                                      _dm_now_ms() - __atomic_load_n(&s->last_client_ms, __ATOMIC_RELAXED) < 1000))
+            nanosleep(&ts, NULL);
+    }
     if (s->thread_started) {
         uv_async_send(&s->stop);
         pthread_join(s->thread, NULL);
@@ -1739,22 +1922,39 @@ _DM_PRIVATE void _dm_srv_stop(_dm_srv* s) {
     _dm_srv_free(s);
 }
 
+/* A listening socket on sa: 0 and *fd, or a negative errno (the socket closed). */
+_DM_PRIVATE int _dm_srv_listen_on(const struct sockaddr* sa, socklen_t len, bool v6only, int* fd) {
+    int one = 1, off = 0, rc;
+    *fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (*fd < 0) return _dm_st_errno(errno);
+    setsockopt(*fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));     /* as libuv binds */
+    if (sa->sa_family == AF_INET6) setsockopt(*fd, IPPROTO_IPV6, IPV6_V6ONLY, v6only ? &one : &off, sizeof(one));
+    if (bind(*fd, sa, len) == 0 && listen(*fd, 1024) == 0) return 0;
+    rc = _dm_st_errno(errno);
+    close(*fd);
+    *fd = -1;
+    return rc;
+}
 /* Binds host:port (numeric loopback host: exactly it; else dual-stack ::, else 0.0.0.0),
    listens, starts the thread. err gets "what (cause)" on failure. */
 _DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger* lg, const dm_allocator* a,
                                     const _dm_store_limits* lim, _dm_srv** out, char* err, size_t cap) {
     _dm_srv* s;
     struct sockaddr_storage ss;
-    int rc, sl = (int)sizeof(ss);
+    socklen_t sl = sizeof(ss);
+    int rc;
     char cause[200];
     bool loop_open = false;
     const char* bound = host;
     *out = NULL;
+    _dm_st_raise_nofile(lg, "tcp-store", "the store holds a descriptor per client");
     s = (_dm_srv*)_dm_calloc(a, sizeof(*s));
     if (!s) { snprintf(err, cap, "out of memory"); return DM_ERR_OUT_OF_MEMORY; }
     s->allocator = *a;
     s->logger = *lg;
     s->lim = *lim;
+    s->lfd = -1;
+    s->reserve = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->nbuckets = 64;
     s->buckets = (_dm_kv**)_dm_calloc(a, s->nbuckets * sizeof(_dm_kv*));
     if (!s->buckets) { rc = UV_ENOMEM; goto fail_what; }
@@ -1767,9 +1967,6 @@ _DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger*
     s->tick_open = true;
     s->tick.data = s;
     if ((rc = uv_timer_start(&s->tick, _dm_srv_on_tick, 500, 500)) < 0) goto fail_what;
-    if ((rc = uv_tcp_init(&s->loop, &s->listener)) < 0) goto fail_what;
-    s->listener_open = true;
-    s->listener.data = s;
     {
         struct sockaddr_in6 a6;
         struct sockaddr_in a4;
@@ -1777,27 +1974,20 @@ _DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger*
         bool loop4 = (strncmp(host, "127.", 4) == 0 && uv_ip4_addr(host, port, &a4) == 0) ||
                      (strcmp(host, "localhost") == 0 && uv_ip4_addr("127.0.0.1", port, &a4) == 0);
         if (loop4) {
-            rc = uv_tcp_bind(&s->listener, (const struct sockaddr*)&a4, 0);
+            rc = _dm_srv_listen_on((const struct sockaddr*)&a4, sizeof(a4), false, &s->lfd);
         } else if (loop6) {
             uv_ip6_addr("::1", port, &a6);
-            rc = uv_tcp_bind(&s->listener, (const struct sockaddr*)&a6, UV_TCP_IPV6ONLY);
+            rc = _dm_srv_listen_on((const struct sockaddr*)&a6, sizeof(a6), true, &s->lfd);
         } else {
             bound = "::";
             uv_ip6_addr("::", port, &a6);
-            rc = uv_tcp_bind(&s->listener, (const struct sockaddr*)&a6, 0);
-            if (rc == 0) rc = uv_listen((uv_stream_t*)&s->listener, 1024, _dm_srv_on_connect);
+            rc = _dm_srv_listen_on((const struct sockaddr*)&a6, sizeof(a6), false, &s->lfd);
             if (rc < 0 && rc != UV_EADDRINUSE) {   /* no IPv6 here: IPv4 on every interface */
-                uv_close((uv_handle_t*)&s->listener, NULL);
-                uv_run(&s->loop, UV_RUN_NOWAIT);
-                if ((rc = uv_tcp_init(&s->loop, &s->listener)) < 0) { s->listener_open = false; goto fail_what; }
                 bound = "0.0.0.0";
                 uv_ip4_addr("0.0.0.0", port, &a4);
-                rc = uv_tcp_bind(&s->listener, (const struct sockaddr*)&a4, 0);
-            } else if (rc == 0) {
-                goto listening;
+                rc = _dm_srv_listen_on((const struct sockaddr*)&a4, sizeof(a4), false, &s->lfd);
             }
         }
-        if (rc == 0) rc = uv_listen((uv_stream_t*)&s->listener, 1024, _dm_srv_on_connect);
         if (rc < 0) {
             snprintf(err, cap, "cannot listen on %.64s port %d (%.100s)%s", bound, port,
                      _dm_st_cause(rc, cause, sizeof(cause)),
@@ -1808,10 +1998,13 @@ _DM_PRIVATE dm_status _dm_srv_start(const char* host, int port, const dm_logger*
             return _dm_st_status(rc);
         }
     }
-listening:
-    if ((rc = uv_tcp_getsockname(&s->listener, (struct sockaddr*)&ss, &sl)) < 0) goto fail_what;
+    if (getsockname(s->lfd, (struct sockaddr*)&ss, &sl) != 0) { rc = _dm_st_errno(errno); goto fail_what; }
     s->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6*)&ss)->sin6_port)
                                        : ntohs(((struct sockaddr_in*)&ss)->sin_port);
+    if ((rc = uv_poll_init_socket(&s->loop, &s->listener, (uv_os_sock_t)s->lfd)) < 0) goto fail_what;
+    s->listener_open = true;
+    s->listener.data = s;
+    if ((rc = uv_poll_start(&s->listener, UV_READABLE, _dm_srv_on_listen)) < 0) goto fail_what;
     if (pthread_create(&s->thread, NULL, _dm_srv_thread, s) != 0) { rc = UV_EAGAIN; goto fail_what; }
     s->thread_started = true;
     *out = s;
@@ -1819,7 +2012,11 @@ listening:
 fail_what:
     snprintf(err, cap, "cannot start the server (%.100s)", _dm_st_cause(rc, cause, sizeof(cause)));
     if (loop_open) _dm_srv_free(s);
-    else { _dm_free(a, s->buckets); _dm_free(a, s); }
+    else {
+        if (s->reserve >= 0) close(s->reserve);
+        _dm_free(a, s->buckets);
+        _dm_free(a, s);
+    }
     return _dm_st_status(rc);
 }
 /* The port the server listens on (the one it chose, for port 0). */
@@ -1861,6 +2058,7 @@ struct _dm_store_shared {
                                    store is the store's failure, not the peers') */
     char broken_why[160];
     char where[280];            /* what the connection goes to ("host:port"), for that message */
+    bool lazy;                  /* connect at the first request, not at open (ops->ensure) */
     dm_allocator allocator;
     _dm_store_shared* hosted_next;   /* in _dm_store_hosted while registered there */
 };
@@ -1918,6 +2116,10 @@ struct _dm_store_ops {
        what was read */
     dm_status (*multi_get)(dm_store* s, const _dm_store_key* k, size_t n, void** out_values, size_t* out_sizes);
     int (*port)(const _dm_store_shared* sh);    /* optional: dm_store_port, else 0 */
+    /* optional: called before every request of a store opened lazily (sh->lazy): connects when
+       the kind has no connection yet. A failure fails that request only (the next one tries
+       again), unlike a failure midway through one (_dm_store_break). */
+    dm_status (*ensure)(dm_store* s);
 };
 
 /* Shared parts a kind registered so that a later create in this process shares them instead of
@@ -2004,6 +2206,8 @@ typedef struct _dm_stcli {
     char host[256];
     size_t token_len;           /* authenticate with this token when > 0 */
     char token[_DM_ST_TOKEN_MAX + 1];
+    int32_t refusal_st;         /* a notice the server gave instead of a connection (_DM_ST_NOTICED) */
+    char refusal[_DM_ST_NOTICE_TEXT + 1];
 } _dm_stcli;
 _DM_PRIVATE _dm_stcli* _dm_stcli_of(const dm_store* s) { return (_dm_stcli*)s->sh->impl; }
 
@@ -2232,17 +2436,46 @@ _DM_PRIVATE dm_status _dm_stcli_wait(dm_store* s, const _dm_store_key* k, size_t
     }
 }
 
+/* A notice the server sent instead of taking this connection (see >>store wire): got holds the
+   n (4 or 8) bytes of the first reply already read. True when they start one: the rest read
+   into c->refusal_st / c->refusal (as far as it came) and *refused set. */
+_DM_PRIVATE bool _dm_stcli_connect_notice(_dm_stcli* c, int fd, const unsigned char* got, size_t n, int64_t deadline,
+                                          int* refused) {
+    unsigned char b[_DM_ST_NOTICE_HEAD + _DM_ST_NOTICE_TEXT];
+    size_t len;
+    if (memcmp(got, _dm_st_notice_magic, n) != 0) return false;
+    memcpy(b, got, n);
+    *refused = _DM_ST_NOTICED;
+    c->refusal_st = (int32_t)DM_ERR_NETWORK;
+    snprintf(c->refusal, sizeof(c->refusal), "the server closed the connection at once with a notice it could not "
+             "finish sending");
+    if (_dm_stcli_recv_all(fd, b + n, _DM_ST_NOTICE_HEAD - n, deadline) != 0 || memcmp(b, _dm_st_notice_magic, 8) != 0)
+        return true;
+    len = (size_t)b[12] | ((size_t)b[13] << 8);
+    if (len > _DM_ST_NOTICE_TEXT || _dm_stcli_recv_all(fd, b + _DM_ST_NOTICE_HEAD, len, deadline) != 0) return true;
+    c->refusal_st = (int32_t)_dm_st_get_u32(b + 8);
+    if (c->refusal_st >= 0 || strcmp(dm_status_name((dm_status)c->refusal_st), "DM_UNKNOWN_STATUS") == 0)
+        c->refusal_st = (int32_t)DM_ERR_PROTOCOL;
+    memcpy(c->refusal, b + _DM_ST_NOTICE_HEAD, len);
+    c->refusal[len] = 0;
+    return true;
+}
+
 /* The client's half of the handshake (see >>store wire). 0, or a code with *refused set when
    the server answered in a way that retrying will not change. */
-_DM_PRIVATE int _dm_stcli_auth(int fd, const char* token, size_t tn, int64_t deadline, int* refused) {
+_DM_PRIVATE int _dm_stcli_auth(_dm_stcli* c, int fd, int64_t deadline, int* refused) {
     unsigned char hello[_DM_ST_AUTH_HELLO], rep[_DM_ST_AUTH_CHALLENGE], mac[32], st[4];
+    const char* token = c->token;
+    size_t tn = c->token_len;
     int rc;
     hello[0] = _DM_STQ_AUTH;
     hello[1] = 0x44; hello[2] = 0x4d; hello[3] = 0x53; hello[4] = 0x41;   /* "DMSA" */
     hello[5] = _DM_ST_AUTH_VERSION; hello[6] = hello[7] = hello[8] = 0;
     _dm_st_random(hello + 9, 32);
     if ((rc = _dm_stcli_send_all(fd, hello, sizeof(hello), deadline)) != 0) return rc;
-    rc = _dm_stcli_recv_all(fd, rep, sizeof(rep), deadline);
+    rc = _dm_stcli_recv_all(fd, rep, 8, deadline);
+    if (rc == 0 && _dm_stcli_connect_notice(c, fd, rep, 8, deadline, refused)) return -EPROTO;
+    if (rc == 0) rc = _dm_stcli_recv_all(fd, rep + 8, sizeof(rep) - 8, deadline);
     if (rc == _DM_ST_EOF || rc == -ECONNRESET) *refused = _DM_ST_NOAUTH;
     if (rc) return rc;
     if (_dm_st_get_u32(rep) != _DM_ST_AUTH_MAGIC || _dm_st_get_u32(rep + 4) != 0) {
@@ -2264,7 +2497,7 @@ _DM_PRIVATE int _dm_stcli_auth(int fd, const char* token, size_t tn, int64_t dea
 /* One connection attempt: connect, TCP_NODELAY, authentication when there is a token, then
    VALIDATE + PING (proto 2), or a 1.13 GETNUMKEYS answered with 8 bytes (proto 1). 0 or a code
    (*refused: see _dm_stcli_auth). */
-_DM_PRIVATE int _dm_stcli_try_connect(const struct addrinfo* ai, const _dm_stcli* c, int proto,
+_DM_PRIVATE int _dm_stcli_try_connect(const struct addrinfo* ai, _dm_stcli* c, int proto,
                                       int64_t deadline, int* out_fd, int* refused) {
     int fd, rc, fl;
     unsigned char req[16], rep[4];
@@ -2298,7 +2531,7 @@ _DM_PRIVATE int _dm_stcli_try_connect(const struct addrinfo* ai, const _dm_stcli
     }
     fl = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &fl, sizeof(fl));
-    if (c->token_len && (rc = _dm_stcli_auth(fd, c->token, c->token_len, deadline, refused)) != 0) {
+    if (c->token_len && (rc = _dm_stcli_auth(c, fd, deadline, refused)) != 0) {
         close(fd);
         return rc;
     }
@@ -2328,6 +2561,7 @@ _DM_PRIVATE int _dm_stcli_try_connect(const struct addrinfo* ai, const _dm_stcli
     }
     if (_dm_st_get_u32(rep) != nonce) {
         if (_dm_st_get_u32(rep) == _DM_ST_AUTH_NEEDED) *refused = _DM_ST_NEEDTOKEN;
+        else _dm_stcli_connect_notice(c, fd, rep, 4, deadline, refused);
         close(fd);
         return -EPROTO;
     }
@@ -2337,7 +2571,11 @@ _DM_PRIVATE int _dm_stcli_try_connect(const struct addrinfo* ai, const _dm_stcli
 
 _DM_PRIVATE dm_status _dm_stcli_refused(dm_store* s, int why) {
     const _dm_stcli* c = _dm_stcli_of(s);
-    const char* text =
+    const char* text;
+    if (why == _DM_ST_NOTICED)      /* the server's own words: why it cannot take this client */
+        return _DM_STORE_FAIL(s, (dm_status)c->refusal_st, "tcp-store: %s:%d refused this client: %s", c->host, c->port,
+                              c->refusal);
+    text =
         why == _DM_ST_NEEDTOKEN ? "the store requires a token: set the job's DISTMESH_TOKEN (or desc.token) here too" :
         why == _DM_ST_BADSERVER ? "the server could not prove the token: it has a different DISTMESH_TOKEN, or it is not "
                                   "the job's store" :
@@ -2499,9 +2737,13 @@ _DM_PRIVATE dm_status _dm_stcli_open(dm_store* s, const char* url, const dm_stor
                               url);
     }
     snprintf(s->sh->where, sizeof(s->sh->where), "%s:%d", c->host, c->port);
-    if ((st = _dm_stcli_connect(s)) != DM_OK) return st;
+    if (!s->sh->lazy && (st = _dm_stcli_connect(s)) != DM_OK) return st;
     if (c->server) _dm_store_register_hosted(s->sh);
     return DM_OK;
+}
+/* A lazy store's connection, made at its first request (see _dm_store_ops.ensure). */
+_DM_PRIVATE dm_status _dm_stcli_ensure(dm_store* s) {
+    return _dm_stcli_of(s)->fd >= 0 ? DM_OK : _dm_stcli_connect(s);
 }
 _DM_PRIVATE void _dm_stcli_close(_dm_store_shared* sh) {
     _dm_stcli* c = (_dm_stcli*)sh->impl;
@@ -2657,7 +2899,8 @@ static const _dm_store_ops _dm_stcli_ops = {
     _dm_stcli_num_keys,         /* num_keys: GETNUMKEYS */
     _dm_stcli_multi_set,        /* multi_set: MULTI_SET */
     _dm_stcli_multi_get,        /* multi_get: MULTI_GET */
-    _dm_stcli_port              /* port: the port connected to */
+    _dm_stcli_port,             /* port: the port connected to */
+    _dm_stcli_ensure            /* ensure: a lazy store connects at its first request */
 };
 /* ============================================================================================ */
 /* >>store file io  The file kind: one file per key in a directory (NFS, local disk), named by
@@ -3003,7 +3246,8 @@ static const _dm_store_ops _dm_fstore_ops = {
     _dm_fstore_num_keys,        /* num_keys: the directory's key files */
     NULL,                       /* multi_set: set key by key */
     NULL,                       /* multi_get: get key by key */
-    NULL                        /* port: 0 */
+    NULL,                       /* port: 0 */
+    NULL                        /* ensure: nothing to connect */
 };
 
 /* ============================================================================================ */
@@ -3071,9 +3315,12 @@ _DM_PRIVATE dm_status _dm_store_limits_resolve(const dm_store_desc* d, _dm_store
 }
 
 /* share_hosted: a server this process already hosts on the url's port is shared (the TCP
-   backend's second world on one url); else that is EADDRINUSE, explained. err (may be NULL)
-   gets the failure's message, which also went to the desc's logger. */
-_DM_PRIVATE dm_status _dm_store_create_err(const dm_store_desc* desc, bool share_hosted, dm_store** out,
+   backend's second world on one url); else that is EADDRINUSE, explained. lazy: a tcp store
+   connects at its first request, not here (it still hosts the server now, with is_server): a
+   rank whose host's leader meets the store for it (distmesh_tcp.h >>tcp relay) may never need a
+   connection of its own. err (may be NULL) gets the failure's message, which also went to the
+   desc's logger. */
+_DM_PRIVATE dm_status _dm_store_create_opt(const dm_store_desc* desc, bool share_hosted, bool lazy, dm_store** out,
                                            char* err, size_t cap) {
     _DM_ZERO(dm_store_desc, d);
     dm_store* s;
@@ -3115,6 +3362,7 @@ _DM_PRIVATE dm_status _dm_store_create_err(const dm_store_desc* desc, bool share
     s->allocator = d.allocator;
     sh->allocator = d.allocator;
     sh->refs = 1;
+    sh->lazy = lazy;
     pthread_mutex_init(&sh->mu, NULL);
     {
         char what[200];
@@ -3144,8 +3392,12 @@ fail:
     _dm_store_free_obj(s);
     return st;
 }
+_DM_PRIVATE dm_status _dm_store_create_err(const dm_store_desc* desc, bool share_hosted, dm_store** out, char* err,
+                                           size_t cap) {
+    return _dm_store_create_opt(desc, share_hosted, false, out, err, cap);
+}
 _DM_PRIVATE dm_status _dm_store_create_ex(const dm_store_desc* desc, bool share_hosted, dm_store** out) {
-    return _dm_store_create_err(desc, share_hosted, out, NULL, 0);
+    return _dm_store_create_opt(desc, share_hosted, false, out, NULL, 0);
 }
 
 /* ============================================================================================ */
@@ -3214,6 +3466,10 @@ _DM_PRIVATE dm_status _dm_store_enter(dm_store* s) {
     dm_status st;
     pthread_mutex_lock(&s->sh->mu);
     s->last_error[0] = 0;
+    if (!s->sh->broken && s->sh->lazy && s->sh->ops->ensure && (st = s->sh->ops->ensure(s)) != DM_OK) {
+        pthread_mutex_unlock(&s->sh->mu);
+        return st;
+    }
     if (!s->sh->broken) return DM_OK;
     st = _DM_STORE_FAIL(s, DM_ERR_PEER_LOST, "tcp-store: connection to %s is unusable after an earlier failure (%s)",
                         s->sh->where, s->sh->broken_why);
@@ -3472,6 +3728,89 @@ DM_API_IMPL dm_status dm_store_num_keys(dm_store* s, int64_t* out) {
     if ((st = _dm_store_enter(s)) != DM_OK) return st;
     st = s->sh->ops->num_keys ? s->sh->ops->num_keys(s, &n) : _dm_store_missing(s, "num_keys");
     if (st == DM_OK && out) *out = n;
+    return _dm_store_leave(s, st);
+}
+
+/* >>store for backends  What the TCP backend asks of a store beyond the public API. */
+/* The server's address ("host:port") for a tcp store, NULL for another kind: what names the
+   rendezvous of a host's ranks (distmesh_tcp.h >>tcp relay). */
+_DM_PRIVATE const char* _dm_store_where(const dm_store* s) {
+    return s && s->sh->ops == &_dm_stcli_ops ? s->sh->where : NULL;
+}
+/* Closes a tcp store's connection until its next request, which connects again (as a lazy
+   store does): a group holds no store connection once it is built, so the store host holds
+   none for it either. Skipped while another thread is in a request on the same connection
+   (it stays until the next build), and on a broken store (which stays broken). */
+_DM_PRIVATE void _dm_store_idle(dm_store* s) {
+    _dm_stcli* c;
+    if (!s || s->sh->ops != &_dm_stcli_ops || pthread_mutex_trylock(&s->sh->mu) != 0) return;
+    c = _dm_stcli_of(s);
+    if (!s->sh->broken && c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+        s->sh->lazy = true;
+    }
+    pthread_mutex_unlock(&s->sh->mu);
+}
+/* Whether each of n keys exists now (present[i]), in one round trip on a tcp store (n CHECKs
+   sent together, n answers read), key by key on another kind: which ranks are still missing,
+   at any world size, costs the store one burst, not n round trips. */
+_DM_PRIVATE dm_status _dm_store_present(dm_store* s, const char* const* keys, size_t n, bool* present) {
+    _dm_store_key* k = NULL;
+    dm_status st;
+    size_t i;
+    if (!s) return DM_ERR_INVALID_ARG;
+    if ((st = _dm_store_enter(s)) != DM_OK) return st;
+    if ((st = _dm_store_keys(s, "check", keys, n, &k)) != DM_OK) return _dm_store_leave(s, st);
+    if (s->sh->ops == &_dm_stcli_ops && n > 0) {
+        _dm_stbuf b;
+        unsigned char* r = (unsigned char*)_dm_malloc(&s->allocator, n);
+        _dm_stcli_request(&b, s, _DM_STQ_CHECK);
+        for (i = 0; i < n; i++) {
+            if (i) _dm_stbuf_u8(&b, _dm_stcli_of(s)->proto == _DM_ST_PROTO_1 ? _dm_st_v1_from_v2[_DM_STQ_CHECK]
+                                                                              : (unsigned)_DM_STQ_CHECK);
+            _dm_stbuf_u64(&b, 1);
+            _dm_stbuf_str(&b, k[i].bytes, k[i].len);
+        }
+        st = r ? _dm_stcli_send(s, &b, "check")
+               : _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: check (out of memory)");
+        _dm_stbuf_free(&b);
+        if (st == DM_OK) st = _dm_stcli_recv(s, r, n, _dm_deadline(s->timeout_ms), "check");
+        for (i = 0; st == DM_OK && i < n; i++) {
+            if (r[i] != _DM_ST_READY && r[i] != _DM_ST_NOT_READY) st = _dm_stcli_bad_reply(s, "check", r[i]);
+            else present[i] = r[i] == _DM_ST_READY;
+        }
+        _dm_free(&s->allocator, r);
+    } else {
+        for (i = 0; st == DM_OK && i < n; i++)
+            st = s->sh->ops->check ? s->sh->ops->check(s, &k[i], 1, &present[i]) : _dm_store_missing(s, "check");
+    }
+    _dm_store_keys_free(s, k, n);
+    return _dm_store_leave(s, st);
+}
+/* Whether the store's server has refused clients for lack of descriptors: DM_OK with why in out
+   ("" when not), else the failed request's status. One CHECK of _DM_ST_REFUSED_KEY, outside
+   the store's prefix (a GET as well when it is there). */
+_DM_PRIVATE dm_status _dm_store_refusal(dm_store* s, char* out, size_t cap) {
+    static const char name[] = _DM_ST_REFUSED_KEY;
+    _dm_store_key k;
+    bool there = false;
+    void* v = NULL;
+    size_t n = 0;
+    dm_status st;
+    out[0] = 0;
+    if (!s || !s->sh->ops->check || !s->sh->ops->get) return DM_OK;
+    if ((st = _dm_store_enter(s)) != DM_OK) return st;
+    k.bytes = (unsigned char*)(uintptr_t)name;  /* the slots only read it */
+    k.len = sizeof(name) - 1;
+    k.name = name;
+    st = s->sh->ops->check(s, &k, 1, &there);
+    if (st == DM_OK && there && (st = s->sh->ops->get(s, &k, &v, &n)) == DM_OK) {
+        size_t m = n < cap - 1 ? n : cap - 1;
+        memcpy(out, v, m);
+        out[m] = 0;
+        _dm_free(&s->allocator, v);
+    }
     return _dm_store_leave(s, st);
 }
 

@@ -5,7 +5,9 @@
 
    WHAT IT IS
    Gloo-style collectives between processes and hosts over TCP. Ranks meet through a key-value
-   store (c10d TCPStore protocol or a shared directory, see distmesh_store.h), each rank
+   store (c10d TCPStore protocol or a shared directory, see distmesh_store.h; the ranks a
+   launcher places on one host through one connection, their host's leader's: >>tcp relay; none
+   once the group is built), each rank
    listens on an ephemeral port of the chosen interface, publishes "host:port", and each rank
    connects only to the peers its schedules use (the higher rank of a pair connects; both sides
    prove the token by HMAC-SHA256 challenge-response, see >>tcp hello), the others on demand
@@ -98,6 +100,7 @@
        >>tcp vtable              the table
        >>tcp setup               the resolved setup a create, split or join builds from
        >>tcp hosts               which ranks share a host (host identity), shared memory
+       >>tcp relay               rendezvous through one store connection per host: its leader
        >>tcp sparse              connecting to P, not to the world
        >>tcp arrival             waiting until every rank of the group has arrived
        >>tcp build               listeners, addresses, hosts, links, the engine: a group
@@ -203,6 +206,7 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <uv.h>
 #include <sys/types.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/uio.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -301,6 +305,7 @@ typedef struct _dm_tcp {
     bool serving;               /* waits answer connectors (lfd and hs are live) */
     bool built;                 /* create / split is over: waits no longer watch (>>tcp watch) */
     bool addrs_known;           /* split: the addresses came over the parent, not the store */
+    bool counted;               /* arrivals counted in the store (a tcp store, >>tcp arrival) */
     bool refusal_final;         /* shrink: the peers' recovery listeners never come back once
                                    closed, so one refusal means the rank is gone */
     uint64_t group;             /* the hello's group id */
@@ -309,6 +314,7 @@ typedef struct _dm_tcp {
     bool* want;                 /* create: the ring, then P and the host (what expect points at) */
     int nhs;
     _dm_tcp_hs hs[_DM_TCP_HS_MAX]; /* handshakes in progress on lfd */
+    struct _dm_tcp_relay* relay; /* while built: the host's rendezvous through its leader (>>tcp relay) */
 #if defined(DISTMESH_CUDA)
     void* cuda_pinned;          /* pinned staging segments for device buffers (see >>tcp cuda) */
     size_t cuda_pinned_bytes;
@@ -1805,8 +1811,9 @@ static dm_status _dm_tcp_store_get_str(_dm_tcp* t, const char* key, char* out, s
 
 /* >>tcp keys  A group leaves nothing in the store once it is built: every rank above this one
    has read this rank's address before connecting, so when all of them have said hello the
-   address key goes. What stays is one generation counter per world prefix (none for splits,
-   whose prefixes are used once), so the key count is flat over create/split/destroy cycles. */
+   address key goes, and rank 0 deletes the world's own (world_size, arrived, ready: see
+   >>tcp arrival). What stays is one generation counter per world prefix (none for splits, whose
+   prefixes are used once), so the key count is flat over create/split/destroy cycles. */
 static void _dm_tcp_forget_key(_dm_tcp* t, const char* name) {
     char key[600];
     dm_store* s = _dm_tcp_st(t);
@@ -1815,18 +1822,28 @@ static void _dm_tcp_forget_key(_dm_tcp* t, const char* name) {
         _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: could not delete the store key \"%s\" (%s)", key,
                 dm_store_last_error(s));
 }
-/* Rank 0 also drops the world-size key: every other rank checked it before connecting. */
+/* The keys every rank read before connecting: the world size, the arrival count and its
+   mark (>>tcp arrival). Rank 0's (or its leader's) to delete. */
+static void _dm_tcp_forget_world(_dm_tcp* t) {
+    _dm_tcp_forget_key(t, "world_size");
+    if (!t->counted) return;
+    _dm_tcp_forget_key(t, "arrived");
+    _dm_tcp_forget_key(t, "ready");
+}
+/* Rank 0 also drops the world's keys: every other rank read them before connecting. */
 static void _dm_tcp_forget_addr(_dm_tcp* t) {
     char name[32];
     snprintf(name, sizeof(name), "addr/%d", t->base.rank);
     _dm_tcp_forget_key(t, name);
-    if (t->base.rank == 0) _dm_tcp_forget_key(t, "world_size");
+    if (t->base.rank == 0) _dm_tcp_forget_world(t);
 }
 
 /* >>tcp lifetime */
+static void _dm_tcp_relay_end(_dm_tcp* t, dm_status st);
 static void _dm_tcp_free(_dm_tcp* t) {
     dm_allocator a = t->base.allocator;
     int r;
+    _dm_tcp_relay_end(t, DM_ERR_ABORTED);
     _dm_shm_watch_stop(t);      /* it polls the links' sockets */
     _dm_eng_release(&t->lk);    /* links first: they borrow the sockets */
     _dm_tcp_serve_stop(t);
@@ -2176,6 +2193,9 @@ typedef struct _dm_tcp_setup {
        rank's listeners already open on them (owned by the build from its start) */
     const char (*addrs)[64], (*raddrs)[64];
     int lfd, rfd;
+    int relay;                  /* _DM_TCP_DIRECT, _LEADER or _LOCAL: how this rank meets the store
+                                   while the group is built (>>tcp relay) */
+    int relay_expect;           /* a leader: its host's other ranks */
 } _dm_tcp_setup;
 
 /* The launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win over the host-name grouping; a disagreement
@@ -2277,13 +2297,690 @@ static dm_status _dm_tcp_connect_wanted(_dm_tcp* t, int64_t deadline) {
     return _dm_tcp_accept_peers(t, t->lfd, t->group, deadline);
 }
 
+/* >>tcp relay  Rendezvous through one store connection per host. A rank that knows its place on
+   its host from the launcher (LOCAL_RANK and LOCAL_WORLD_SIZE given for this rank and world,
+   _dm_tcp_setup.env_local; more than one rank on the host) does not meet the store itself while
+   create builds the group: its host's leader, LOCAL_RANK 0, does it for the host's ranks. The
+   store host then holds a connection per host, not per rank (at 256 ranks on 8 hosts, 8
+   instead of 256), and takes a few requests per host instead of several per rank.
+   Finding the leader, before the store: a Unix-domain socket in the abstract namespace (nothing
+   on disk; it goes with the process), named from a hash of the store's address, the group's key
+   prefix, the host identity (>>tcp hosts) and the user id. The leader listens there before it
+   touches the store (its own store handle connects at its first request), and the others
+   connect, retrying while it starts; once connected, a rank waits for its leader's challenge
+   until its deadline, however late the store host starts. Two leaders for one name (two
+   launcher groups on one host identity): the second's bind fails with EADDRINUSE and it joins
+   the first as one of its ranks. A rank that finds no leader within _dm_tcp_relay_patience
+   (10 s, or a third of its timeout) rendezvouses directly, with a warning.
+   What passes on one connection per rank, closed once answered:
+     rank -> leader   hello      "DMRH", version 1, nonce[32]                           40 B
+     leader -> rank   challenge  "DMRC", status, leader's rank, nonce[32], proof[32]    76 B
+     rank -> leader   record     proof[32], rank, world size, listener address[64]    104 B
+     leader -> rank   answer     status, prefix length, addresses, message length (10 B),
+                                 the group's key prefix, the addresses the rank dials first
+                                 (rank i32 + "host:port"[64] each: its ring neighbours below it,
+                                 >>tcp sparse), the leader's message when it failed
+   With DISTMESH_TOKEN each side proves the token over the other's fresh nonce (HMAC-SHA256 as
+   the store and the hello do; labels "distmesh relay v1 leader" / "... rank"; the rank's proof
+   covers its record): every hop of the rendezvous is authenticated. Without a token the proofs
+   are zero and each end checks the other's user id (SO_PEERCRED; abstract sockets have no
+   file permissions): a leader of another user answers status 1 and the rank, like one whose
+   leader has another user id, rendezvouses directly.
+   The leader publishes its host's records in batches as they arrive: an ADD of the generation
+   counter by the batch's size (every rank still counts once, so a cycle still adds W and every
+   add of it gives the same generation, >>tcp build), one MULTI_SET of their addresses and an
+   ADD of the arrival count (>>tcp arrival). It
+   checks each rank's world size against its own (its own COMPARE_SET speaks for the host),
+   waits for the world as a direct rank does (>>tcp arrival: the same slices, logs and
+   messages; short slices while its host's ranks are still arriving, serving them between),
+   then fetches in one MULTI_GET the addresses its ranks dial that it does not hold (the host
+   block's neighbour below, rank 0 for the last rank) and answers each. After the all-gather it
+   deletes the host's address keys (>>tcp keys: every reader has connected by then). A leader
+   that fails (the store, its deadline, a missing rank, a store host out of descriptors)
+   answers every waiting rank of its host with its status and message, so the host reports one
+   cause at once; a leader that dies gives them EOF: DM_ERR_PEER_LOST naming it, at once.
+   After create no rank holds a store connection: one that went through its leader never made
+   one, and the others close theirs (_dm_store_idle, at the end of >>tcp build). A handle on
+   the store connects again when next used (dm_store's lazy open, >>store object), for what is rare
+   after create: posting or reading an abort notice (one bounded round trip, >>tcp notices;
+   same-host ranks learn a cause from their host's abort word first) and member rank 0's seats
+   in dm_grow. A grow's rendezvous goes through leaders again (the group's lowest rank on each
+   host, which the layout names; newcomers rendezvous directly); a split needs no store. So the
+   death of a leader after create changes nothing for its host's other ranks: nothing of theirs
+   goes through it.
+   Direct, as before: a rank without the launcher's local rank (a by-hand launch), one rank per
+   host, a file store (no connections to save), a join. TORCHELASTIC_USE_AGENT_STORE changes
+   nothing here: the agent's store holds a connection per host. */
+#define _DM_TCP_RLY_HELLO_MAGIC 0x48524d44u   /* "DMRH" */
+#define _DM_TCP_RLY_CHAL_MAGIC 0x43524d44u    /* "DMRC" */
+#define _DM_TCP_RLY_VERSION 1u
+#define _DM_TCP_RLY_HELLO 40
+#define _DM_TCP_RLY_CHAL 76
+#define _DM_TCP_RLY_RECORD 104
+#define _DM_TCP_RLY_HEAD 10
+#define _DM_TCP_RLY_MAX 4096            /* a leader's ranks at most */
+enum { _DM_TCP_DIRECT = 0, _DM_TCP_LEADER, _DM_TCP_LOCAL };
+enum { _DM_TCP_RLY_HELLO_WAIT = 0, _DM_TCP_RLY_RECORD_WAIT, _DM_TCP_RLY_HELD, _DM_TCP_RLY_DONE };
+
+/* One rank of the leader's host, from its connection to its answer. */
+typedef struct _dm_tcp_rly_peer {
+    int fd, state;              /* _DM_TCP_RLY_*: what is expected of it next */
+    size_t off;                 /* bytes of the current message read */
+    int64_t deadline;           /* its handshake's own (_DM_TCP_HS_MS from its accept) */
+    int rank, world;
+    bool published;
+    unsigned char nonce_c[32], nonce_s[32], buf[_DM_TCP_RLY_RECORD];
+    char addr[64];
+} _dm_tcp_rly_peer;
+typedef struct _dm_tcp_relay {
+    int role;                   /* _DM_TCP_LEADER or _DM_TCP_LOCAL (DIRECT: no relay object) */
+    int lfd;                    /* the leader's listener, or -1 */
+    struct sockaddr_un sa;      /* the abstract name */
+    socklen_t salen;
+    char shown[48];             /* the name as messages show it */
+    int leader;                 /* a local rank: its leader's rank (-1 before it said) */
+    int expect;                 /* the leader: its host's ranks still expected to connect */
+    int n, cap;
+    _dm_tcp_rly_peer* peers;
+} _dm_tcp_relay;
+
+/* The ranks below r that r dials first (its rank-order ring neighbours, >>tcp sparse). */
+static int _dm_tcp_ring_below(int r, int W, int out[2]) {
+    int n = 0, a = (r + W - 1) % W, b = (r + 1) % W;
+    if (W < 2) return 0;
+    if (a < r) out[n++] = a;
+    if (b < r && b != a) out[n++] = b;
+    return n;
+}
+/* How long a rank looks for its leader before it rendezvouses directly. */
+static int64_t _dm_tcp_relay_patience(const _dm_tcp* t) {
+    int ms = t->base.timeout_ms;
+    return ms <= 0 || ms > 30000 ? 10000 : ms / 3 > 1000 ? ms / 3 : 1000;
+}
+/* The relay's name: hash(store address, prefix, host identity, user id). */
+static bool _dm_tcp_relay_name(_dm_tcp_relay* r, const _dm_tcp_setup* s) {
+    char host[64], id[96], uid[48];
+    const char* where = _dm_store_where(s->store);
+    uint64_t h1, h2;
+    int n;
+    if (!where) return false;
+    _dm_host_identity(host, sizeof(host), id, sizeof(id));
+    snprintf(uid, sizeof(uid), "uid %lu", (unsigned long)geteuid());
+    h1 = _dm_tcp_hash(_dm_tcp_hash(7, where, s->prefix), id, uid);
+    h2 = _dm_tcp_hash(h1, where, id);
+    memset(&r->sa, 0, sizeof(r->sa));
+    r->sa.sun_family = AF_UNIX;
+    n = snprintf(r->sa.sun_path + 1, sizeof(r->sa.sun_path) - 1, "distmesh-relay/%016llx%016llx",
+                 (unsigned long long)h1, (unsigned long long)h2);
+    r->salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+    snprintf(r->shown, sizeof(r->shown), "@%s", r->sa.sun_path + 1);
+    return true;
+}
+/* The other end's user id is this process's (a unix socket's credentials). */
+static bool _dm_tcp_relay_same_user(int fd) {
+    struct ucred cr;
+    socklen_t l = sizeof(cr);
+    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &l) == 0 && cr.uid == geteuid();
+}
+/* The leader's proof (over both nonces) or the rank's (over both and its record), zero without
+   a token. */
+static void _dm_tcp_relay_proof(const _dm_tcp* t, bool leader, const unsigned char* nc, const unsigned char* ns,
+                                const unsigned char* record, unsigned char out[32]) {
+    static const char lab_l[] = "distmesh relay v1 leader", lab_r[] = "distmesh relay v1 rank";
+    unsigned char msg[sizeof(lab_l) + 64 + 72];
+    size_t n;
+    memset(out, 0, 32);
+    if (!t->token[0]) return;
+    if (leader) {
+        memcpy(msg, lab_l, sizeof(lab_l));
+        memcpy(msg + sizeof(lab_l), nc, 32);
+        memcpy(msg + sizeof(lab_l) + 32, ns, 32);
+        n = sizeof(lab_l) + 64;
+    } else {
+        memcpy(msg, lab_r, sizeof(lab_r));
+        memcpy(msg + sizeof(lab_r), ns, 32);
+        memcpy(msg + sizeof(lab_r) + 32, nc, 32);
+        memcpy(msg + sizeof(lab_r) + 64, record, 72);
+        n = sizeof(lab_r) + 64 + 72;
+    }
+    dm_hmac_sha256(t->token, strlen(t->token), msg, n, out);
+}
+static void _dm_tcp_relay_close_peer(_dm_tcp_rly_peer* p) {
+    if (p->fd >= 0) close(p->fd);
+    p->fd = -1;
+    p->state = _DM_TCP_RLY_DONE;
+}
+/* The answer to one rank: st and msg, or (DM_OK) the prefix and the addresses it dials first
+   from t->addrs. Then its connection closes. */
+static void _dm_tcp_relay_answer(_dm_tcp* t, _dm_tcp_rly_peer* p, dm_status st, const char* msg) {
+    unsigned char b[_DM_TCP_RLY_HEAD + 512 + 2 * 68 + DM_LAST_ERROR_SIZE];
+    size_t np = st == DM_OK ? strlen(t->prefix) : 0, nm = st == DM_OK ? 0 : strnlen(msg, DM_LAST_ERROR_SIZE - 1), off;
+    int below[2], nb = st == DM_OK ? _dm_tcp_ring_below(p->rank, t->base.size, below) : 0, k;
+    _dm_tcp_put32(b, (uint32_t)(int32_t)st);
+    b[4] = (unsigned char)np; b[5] = (unsigned char)(np >> 8);
+    b[6] = (unsigned char)nb; b[7] = 0;
+    b[8] = (unsigned char)nm; b[9] = (unsigned char)(nm >> 8);
+    off = _DM_TCP_RLY_HEAD;
+    memcpy(b + off, t->prefix, np);
+    off += np;
+    for (k = 0; k < nb; k++) {
+        _dm_tcp_put32(b + off, (uint32_t)below[k]);
+        memcpy(b + off + 4, t->addrs[below[k]], 64);
+        off += 68;
+    }
+    memcpy(b + off, msg, nm);
+    off += nm;
+    if (_dm_tcp_write_full(p->fd, b, off, _dm_now_ms() + 1000) != 1)
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: could not answer rank %d at this host's relay (%s)", p->rank,
+                strerror(errno));
+    _dm_tcp_relay_close_peer(p);
+}
+/* The leader's end: every rank still owed an answer gets st and this rank's message (st DM_OK:
+   nothing is owed any more); then the relay goes. Safe to call twice. */
+static void _dm_tcp_relay_end(_dm_tcp* t, dm_status st) {
+    _dm_tcp_relay* r = t->relay;
+    int i;
+    if (!r) return;
+    for (i = 0; i < r->n; i++) {
+        if (r->peers[i].state == _DM_TCP_RLY_HELD && st != DM_OK)
+            _dm_tcp_relay_answer(t, &r->peers[i], st, t->base.last_error);
+        _dm_tcp_relay_close_peer(&r->peers[i]);
+    }
+    if (r->lfd >= 0) close(r->lfd);
+    _dm_free(&t->base.allocator, r->peers);
+    _dm_free(&t->base.allocator, r);
+    t->relay = NULL;
+}
+/* The leader's listener, before anything else of the rendezvous. A name already taken: this
+   rank joins that leader (role LOCAL); no name to take (another store kind) or no socket: the
+   rank goes direct. */
+static dm_status _dm_tcp_relay_open(_dm_tcp* t, const _dm_tcp_setup* s) {
+    _dm_tcp_relay* r;
+    if (s->relay == _DM_TCP_DIRECT) return DM_OK;
+    r = (_dm_tcp_relay*)_dm_calloc(&t->base.allocator, sizeof(*r));
+    if (!r) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+    r->lfd = -1;
+    r->leader = -1;
+    r->role = s->relay;
+    r->expect = s->relay_expect;
+    if (!_dm_tcp_relay_name(r, s)) { _dm_free(&t->base.allocator, r); return DM_OK; }
+    t->relay = r;
+    if (r->role != _DM_TCP_LEADER) return DM_OK;
+    r->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (r->lfd >= 0 && bind(r->lfd, (struct sockaddr*)&r->sa, r->salen) == 0 && listen(r->lfd, 4096) == 0) {
+        _DM_LOG(&t->base.logger, DM_LOG_DEBUG, "tcp: rank %d leads its host's rendezvous at %s", s->rank, r->shown);
+        return DM_OK;
+    }
+    if (r->lfd >= 0 && errno == EADDRINUSE) {     /* another leader here: join it */
+        _DM_LOG(&t->base.logger, DM_LOG_DEBUG, "tcp: rank %d: %s is taken; joining that leader", s->rank, r->shown);
+        r->role = _DM_TCP_LOCAL;
+    } else {
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: rank %d cannot lead its host's rendezvous at %s (%s); it meets "
+                "the store directly", s->rank, r->shown, strerror(errno));
+        t->relay = NULL;
+    }
+    if (r->lfd >= 0) close(r->lfd);
+    r->lfd = -1;
+    if (!t->relay) _dm_free(&t->base.allocator, r);
+    return DM_OK;
+}
+
+/* -- the leader -- */
+/* Accepts what waits on the listener (the peers array grows as needed). */
+static void _dm_tcp_relay_accept(_dm_tcp* t) {
+    _dm_tcp_relay* r = t->relay;
+    for (;;) {
+        int fd = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        _dm_tcp_rly_peer* p;
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: the host relay's accept failed (%s)",
+                        strerror(errno));
+            return;
+        }
+        if (r->n == r->cap) {
+            int cap = r->cap ? 2 * r->cap : 16;
+            _dm_tcp_rly_peer* np = cap > _DM_TCP_RLY_MAX ? NULL : (_dm_tcp_rly_peer*)_dm_malloc(
+                &t->base.allocator, sizeof(*np) * (size_t)cap);
+            if (!np) { close(fd); return; }
+            if (r->n) memcpy(np, r->peers, sizeof(*np) * (size_t)r->n);
+            _dm_free(&t->base.allocator, r->peers);
+            r->peers = np;
+            r->cap = cap;
+        }
+        p = &r->peers[r->n++];
+        memset(p, 0, sizeof(*p));
+        p->fd = fd;
+        p->rank = -1;
+        p->deadline = _dm_now_ms() + _DM_TCP_HS_MS;
+    }
+}
+/* The record p sent, checked; DM_OK holds it for publishing, else p is answered why. */
+static void _dm_tcp_relay_take(_dm_tcp* t, _dm_tcp_rly_peer* p) {
+    _dm_tcp_relay* r = t->relay;
+    unsigned char want[32];
+    char msg[DM_LAST_ERROR_SIZE];
+    int i, W = t->base.size;
+    p->rank = (int)_dm_tcp_get32(p->buf + 32);
+    p->world = (int)_dm_tcp_get32(p->buf + 36);
+    memcpy(p->addr, p->buf + 40, 64);
+    p->addr[63] = 0;
+    _dm_tcp_relay_proof(t, false, p->nonce_c, p->nonce_s, p->buf + 32, want);
+    if (!_dm_st_ct_equal(want, p->buf, 32)) {
+        snprintf(msg, sizeof(msg), "tcp: this rank's token proof does not match its host's leader's (rank %d): the "
+                 "ranks were given different DISTMESH_TOKENs", t->base.rank);
+        _dm_tcp_relay_answer(t, p, DM_ERR_REFUSED, msg);
+        return;
+    }
+    if (p->world != W) {
+        snprintf(msg, sizeof(msg), "tcp: world size disagreement: this rank (rank %d) has world size %d, another rank "
+                 "of the group (its host's leader, rank %d) has %d (every rank must be given the same WORLD_SIZE / "
+                 "launcher size)", p->rank, p->world, t->base.rank, W);
+        _dm_tcp_relay_answer(t, p, DM_ERR_INVALID_ARG, msg);
+        return;
+    }
+    for (i = 0; i < r->n; i++)
+        if (p->rank == t->base.rank || (&r->peers[i] != p && r->peers[i].rank == p->rank &&
+                                        r->peers[i].state == _DM_TCP_RLY_HELD)) break;
+    if (p->rank < 0 || p->rank >= W || i < r->n) {
+        snprintf(msg, sizeof(msg), "tcp: rank %d is not a rank its host's leader (rank %d) can take: out of 0..%d or "
+                 "already there (two processes given the same RANK?)", p->rank, t->base.rank, W - 1);
+        _dm_tcp_relay_answer(t, p, DM_ERR_INVALID_ARG, msg);
+        return;
+    }
+    p->state = _DM_TCP_RLY_HELD;
+    if (r->expect > 0) r->expect--;
+}
+/* One step of p's handshake on what it sent so far (nonblocking). */
+static void _dm_tcp_relay_step(_dm_tcp* t, _dm_tcp_rly_peer* p) {
+    size_t need = p->state == _DM_TCP_RLY_HELLO_WAIT ? _DM_TCP_RLY_HELLO : _DM_TCP_RLY_RECORD;
+    if (p->state != _DM_TCP_RLY_HELLO_WAIT && p->state != _DM_TCP_RLY_RECORD_WAIT) return;
+    while (p->off < need) {
+        ssize_t k = recv(p->fd, p->buf + p->off, need - p->off, MSG_DONTWAIT);
+        if (k > 0) { p->off += (size_t)k; continue; }
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (_dm_now_ms() > p->deadline) _dm_tcp_relay_close_peer(p);   /* silent for too long */
+            return;
+        }
+        _dm_tcp_relay_close_peer(p);    /* gone before it finished */
+        return;
+    }
+    p->off = 0;
+    if (p->state == _DM_TCP_RLY_RECORD_WAIT) { _dm_tcp_relay_take(t, p); return; }
+    {   /* the hello: answer the challenge (a fresh socket's buffer takes it whole) */
+        unsigned char c[_DM_TCP_RLY_CHAL];
+        uint32_t status = t->token[0] || _dm_tcp_relay_same_user(p->fd) ? 0u : 1u;
+        if (_dm_tcp_get32(p->buf) != _DM_TCP_RLY_HELLO_MAGIC || _dm_tcp_get32(p->buf + 4) != _DM_TCP_RLY_VERSION) {
+            _dm_tcp_relay_close_peer(p);
+            return;
+        }
+        memcpy(p->nonce_c, p->buf + 8, 32);
+        _dm_st_random(p->nonce_s, 32);
+        _dm_tcp_put32(c, _DM_TCP_RLY_CHAL_MAGIC);
+        _dm_tcp_put32(c + 4, status);
+        _dm_tcp_put32(c + 8, (uint32_t)t->base.rank);
+        memcpy(c + 12, p->nonce_s, 32);
+        _dm_tcp_relay_proof(t, true, p->nonce_c, p->nonce_s, NULL, c + 44);
+        if (send(p->fd, c, sizeof(c), MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof(c) || status != 0) {
+            _dm_tcp_relay_close_peer(p);
+            return;
+        }
+        p->state = _DM_TCP_RLY_RECORD_WAIT;
+    }
+}
+static dm_status _dm_tcp_arrive(_dm_tcp* t, int n);
+/* Publishes the records held and not yet published: ADD of the generation counter by their
+   number (not for a prefix used once), one MULTI_SET of their addresses. */
+static dm_status _dm_tcp_relay_publish(_dm_tcp* t, const _dm_tcp_setup* s) {
+    _dm_tcp_relay* r = t->relay;
+    char** keys = NULL;
+    const void** vals = NULL;
+    size_t* sizes = NULL;
+    int i, n = 0, k = 0;
+    dm_status st = DM_OK;
+    dm_store* g = _dm_tcp_st(t);
+    for (i = 0; i < r->n; i++) n += r->peers[i].state == _DM_TCP_RLY_HELD && !r->peers[i].published;
+    if (n == 0) return DM_OK;
+    if (!s->once) {
+        char key[600], want[512];
+        int64_t gen = 0;
+        snprintf(key, sizeof(key), "%sgen", t->user_prefix);
+        if ((st = dm_store_add(g, key, n, &gen)) != DM_OK) return _dm_tcp_store_fail(t, st, "add", key);
+        snprintf(want, sizeof(want), "%.480sg%lld/", t->user_prefix, (long long)((gen - 1) / t->base.size));
+        if (strcmp(want, t->prefix) != 0)
+            return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: setup: the generation counter \"%s\" moved to %lld while "
+                            "this host's ranks joined (another program uses the prefix \"%s\"?)", key, (long long)gen,
+                            t->user_prefix);
+    }
+    keys = (char**)_dm_calloc(&t->base.allocator, (size_t)n * sizeof(char*));
+    vals = (const void**)_dm_calloc(&t->base.allocator, (size_t)n * sizeof(void*));
+    sizes = (size_t*)_dm_calloc(&t->base.allocator, (size_t)n * sizeof(size_t));
+    if (!keys || !vals || !sizes) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
+    for (i = 0; i < r->n; i++) {
+        _dm_tcp_rly_peer* p = &r->peers[i];
+        if (p->state != _DM_TCP_RLY_HELD || p->published) continue;
+        if (!(keys[k] = (char*)_dm_malloc(&t->base.allocator, strlen(t->prefix) + 24))) {
+            st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+            goto done;
+        }
+        sprintf(keys[k], "%saddr/%d", t->prefix, p->rank);
+        vals[k] = p->addr;
+        sizes[k] = strlen(p->addr);
+        _dm_copy_name(t->addrs[p->rank], 64, p->addr);
+        k++;
+    }
+    if ((st = dm_store_multi_set(g, (const char* const*)keys, vals, sizes, (size_t)n)) != DM_OK)
+        st = _dm_tcp_store_fail(t, st, "multi_set", keys[0]);
+    for (i = 0; st == DM_OK && i < r->n; i++)
+        if (r->peers[i].state == _DM_TCP_RLY_HELD) r->peers[i].published = true;
+    if (st == DM_OK && t->counted) st = _dm_tcp_arrive(t, n);
+done:
+    if (keys)
+        for (i = 0; i < n; i++) _dm_free(&t->base.allocator, keys[i]);
+    _dm_free(&t->base.allocator, keys);
+    _dm_free(&t->base.allocator, vals);
+    _dm_free(&t->base.allocator, sizes);
+    return st;
+}
+/* The leader between its waits for the world: up to ms for its host's ranks (0: only what is
+   there now), each handshake stepped, what arrived published. */
+static dm_status _dm_tcp_relay_pump(_dm_tcp* t, const _dm_tcp_setup* s, int ms) {
+    _dm_tcp_relay* r = t->relay;
+    int64_t end = _dm_now_ms() + ms;
+    int i;
+    if (!r || r->role != _DM_TCP_LEADER) return DM_OK;
+    for (;;) {
+        struct pollfd small[33];
+        int np = 0, left = (int)(end - _dm_now_ms());
+        small[np].fd = r->lfd; small[np].events = POLLIN; small[np].revents = 0; np++;
+        for (i = 0; i < r->n && np < 33; i++)
+            if (r->peers[i].state < _DM_TCP_RLY_HELD) {
+                small[np].fd = r->peers[i].fd; small[np].events = POLLIN; small[np].revents = 0; np++;
+            }
+        if (poll(small, (nfds_t)np, left > 0 ? (left > 50 ? 50 : left) : 0) < 0 && errno != EINTR) break;
+        _dm_tcp_relay_accept(t);
+        for (i = 0; i < r->n; i++) _dm_tcp_relay_step(t, &r->peers[i]);
+        if (_dm_now_ms() >= end || r->expect == 0) break;
+    }
+    return _dm_tcp_relay_publish(t, s);
+}
+/* Once every address is in the store: the ones its ranks (and the leader) dial first that it
+   does not hold, in one MULTI_GET; then each rank is answered. */
+static dm_status _dm_tcp_relay_finish(_dm_tcp* t) {
+    _dm_tcp_relay* r = t->relay;
+    int W = t->base.size, i, k, nb, below[2], n = 0;
+    int* need = NULL;
+    char** keys = NULL;
+    void** vals = NULL;
+    size_t* sizes = NULL;
+    dm_status st = DM_OK;
+    if (!r || r->role != _DM_TCP_LEADER) return DM_OK;
+    need = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * 2 * (size_t)(r->n + 1));
+    if (!need) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+    for (i = -1; i < r->n; i++) {
+        if (i >= 0 && r->peers[i].state != _DM_TCP_RLY_HELD) continue;
+        nb = _dm_tcp_ring_below(i < 0 ? t->base.rank : r->peers[i].rank, W, below);
+        for (k = 0; k < nb; k++) {
+            int j, dup = 0;
+            if (t->addrs[below[k]][0]) continue;
+            for (j = 0; j < n; j++) dup |= need[j] == below[k];
+            if (!dup) need[n++] = below[k];
+        }
+    }
+    if (n) {
+        keys = (char**)_dm_calloc(&t->base.allocator, (size_t)n * sizeof(char*));
+        vals = (void**)_dm_calloc(&t->base.allocator, (size_t)n * sizeof(void*));
+        sizes = (size_t*)_dm_calloc(&t->base.allocator, (size_t)n * sizeof(size_t));
+        if (!keys || !vals || !sizes) {
+            st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+            goto done;
+        }
+        for (i = 0; i < n; i++) {
+            if (!(keys[i] = (char*)_dm_malloc(&t->base.allocator, strlen(t->prefix) + 24))) {
+                st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+                goto done;
+            }
+            sprintf(keys[i], "%saddr/%d", t->prefix, need[i]);
+        }
+        if ((st = dm_store_multi_get(_dm_tcp_st(t), (const char* const*)keys, (size_t)n, vals, sizes)) != DM_OK) {
+            st = _dm_tcp_store_fail(t, st, "multi_get", keys[0]);
+            goto done;
+        }
+        for (i = 0; i < n; i++) {
+            size_t m = sizes[i] < 63 ? sizes[i] : 63;
+            memcpy(t->addrs[need[i]], vals[i], m);
+            t->addrs[need[i]][m] = 0;
+            dm_store_free(_dm_tcp_st(t), vals[i]);
+            vals[i] = NULL;
+        }
+    }
+    for (i = 0; i < r->n; i++)
+        if (r->peers[i].state == _DM_TCP_RLY_HELD) _dm_tcp_relay_answer(t, &r->peers[i], DM_OK, "");
+        else _dm_tcp_relay_close_peer(&r->peers[i]);
+    close(r->lfd);
+    r->lfd = -1;
+done:
+    if (keys)
+        for (i = 0; i < n; i++) _dm_free(&t->base.allocator, keys[i]);
+    _dm_free(&t->base.allocator, keys);
+    _dm_free(&t->base.allocator, vals);
+    _dm_free(&t->base.allocator, sizes);
+    _dm_free(&t->base.allocator, need);
+    return st;
+}
+/* After the all-gather: the leader deletes the address keys of its host's ranks (and the
+   world's keys when rank 0 is among them). */
+static void _dm_tcp_relay_forget(_dm_tcp* t) {
+    _dm_tcp_relay* r = t->relay;
+    char name[32];
+    int i;
+    for (i = 0; r && i < r->n; i++) {
+        if (r->peers[i].rank < 0 || !r->peers[i].published) continue;
+        snprintf(name, sizeof(name), "addr/%d", r->peers[i].rank);
+        _dm_tcp_forget_key(t, name);
+        if (r->peers[i].rank == 0) _dm_tcp_forget_world(t);
+    }
+}
+
+/* -- a rank of the leader's host -- */
+/* Connects to the leader, retrying until patience ends: the fd, or -1 (no leader: go direct). */
+static int _dm_tcp_relay_dial(_dm_tcp* t, int64_t until) {
+    _dm_tcp_relay* r = t->relay;
+    int pause = 2;
+    for (;;) {     /* nonblocking: a full backlog is EAGAIN, not a wait past the deadline */
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0) return -1;
+        if (connect(fd, (struct sockaddr*)&r->sa, r->salen) == 0) return fd;
+        close(fd);
+        if (errno != ECONNREFUSED && errno != ENOENT && errno != EAGAIN && errno != EINTR) return -1;
+        if (_dm_now_ms() + pause > until) return -1;
+        _dm_store_sleep_ms(pause);
+        pause = pause * 2 > 100 ? 100 : pause * 2;
+    }
+}
+/* Waits for fd readable until deadline, watching (>>tcp watch) between slices: 1, 0 at the
+   deadline, -2 a watched peer is gone (recorded). */
+static int _dm_tcp_relay_wait_answer(_dm_tcp* t, int fd, int64_t deadline) {
+    for (;;) {
+        int64_t left = deadline - _dm_now_ms();
+        int rc;
+        if (left <= 0) return 0;
+        rc = _dm_tcp_wait_fd(fd, POLLIN, _dm_now_ms() + (left > 200 ? 200 : left));
+        if (rc != 0) return 1;          /* data, EOF or an error: the read tells */
+        if (_dm_tcp_watch_now(t) != DM_OK) return -2;
+    }
+}
+/* A rank of the leader's host: its record through the leader; DM_OK with t->prefix and the
+   addresses it dials first, a failure (the leader's, or its death), or DM_OK with t->relay
+   gone (no leader to be found, or one of another user: rendezvous directly). */
+static dm_status _dm_tcp_relay_join(_dm_tcp* t, int64_t deadline) {
+    _dm_tcp_relay* r = t->relay;
+    unsigned char hello[_DM_TCP_RLY_HELLO], chal[_DM_TCP_RLY_CHAL], rec[_DM_TCP_RLY_RECORD], head[_DM_TCP_RLY_HEAD];
+    unsigned char mac[32], *body = NULL;
+    int64_t until = _dm_now_ms() + _dm_tcp_relay_patience(t);
+    int fd, rc, k, nb;
+    size_t np, nm, nbody;
+    dm_status st;
+    const char* why = NULL;
+    if (until > deadline) until = deadline;
+    fd = _dm_tcp_relay_dial(t, until);
+    if (fd < 0) { why = "no leader answered there"; goto direct; }
+    if (!t->token[0] && !_dm_tcp_relay_same_user(fd)) { why = "its leader runs as another user"; goto direct; }
+    /* the leader answers when it first serves its host, after its own first store request
+       (which may wait for the store host to start): until the deadline */
+    _dm_tcp_put32(hello, _DM_TCP_RLY_HELLO_MAGIC);
+    _dm_tcp_put32(hello + 4, _DM_TCP_RLY_VERSION);
+    _dm_st_random(hello + 8, 32);
+    if (_dm_tcp_write_full(fd, hello, sizeof(hello), deadline) != 1) {
+        why = "its leader closed the connection";
+        goto direct;
+    }
+    rc = _dm_tcp_relay_wait_answer(t, fd, deadline);
+    if (rc == -2) { close(fd); return DM_ERR_PEER_LOST; }      /* recorded by the watch */
+    if (rc == 1) rc = _dm_tcp_read_full(fd, chal, sizeof(chal), _dm_now_ms() + 1000);
+    if (rc == 0) {
+        close(fd);
+        return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out: this host's leader (at %s) took this rank's "
+                        "connection but never answered it", r->shown);
+    }
+    if (rc != 1 || _dm_tcp_get32(chal) != _DM_TCP_RLY_CHAL_MAGIC) {
+        why = "its leader closed the connection without a challenge";
+        goto direct;
+    }
+    r->leader = (int)_dm_tcp_get32(chal + 8);
+    if (_dm_tcp_get32(chal + 4) != 0) { why = "its leader runs as another user"; goto direct; }
+    _dm_tcp_relay_proof(t, true, hello + 8, chal + 12, NULL, mac);
+    if (!_dm_st_ct_equal(mac, chal + 44, 32)) {
+        close(fd);
+        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: this host's leader (rank %d, at %s) could not prove the "
+                        "token: it was given another DISTMESH_TOKEN", r->leader, r->shown);
+    }
+    memset(rec, 0, sizeof(rec));
+    _dm_tcp_put32(rec + 32, (uint32_t)t->base.rank);
+    _dm_tcp_put32(rec + 36, (uint32_t)t->base.size);
+    _dm_copy_name((char*)rec + 40, 64, t->addrs[t->base.rank]);
+    _dm_tcp_relay_proof(t, false, hello + 8, chal + 12, rec + 32, rec);
+    if (_dm_tcp_write_full(fd, rec, sizeof(rec), deadline) != 1) {
+        why = "its leader closed the connection";
+        goto direct;
+    }
+    /* from here the leader may have published this rank: no going back */
+    rc = _dm_tcp_relay_wait_answer(t, fd, deadline == INT64_MAX ? INT64_MAX : deadline + 2000);
+    if (rc == -2) { close(fd); return DM_ERR_PEER_LOST; }      /* recorded by the watch */
+    if (rc == 1) rc = _dm_tcp_read_full(fd, head, sizeof(head), _dm_now_ms() + 1000);
+    if (rc != 1) {
+        close(fd);
+        if (rc == 0)
+            return _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out: this host's leader (rank %d, at %s) did "
+                            "not answer within the deadline", r->leader, r->shown);
+        return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: setup: this host's leader (rank %d) closed the rendezvous "
+                        "connection before answering (it died, or its own setup failed: see its log)", r->leader);
+    }
+    st = (dm_status)(int32_t)_dm_tcp_get32(head);
+    np = (size_t)head[4] | ((size_t)head[5] << 8);
+    nb = head[6];
+    nm = (size_t)head[8] | ((size_t)head[9] << 8);
+    nbody = np + (size_t)nb * 68 + nm;
+    if (np >= sizeof(t->prefix) || nb > 2 || nm >= DM_LAST_ERROR_SIZE || (st != DM_OK && (st > 0 || st < -100)) ||
+        !(body = (unsigned char*)_dm_malloc(&t->base.allocator, nbody + 1)) ||
+        _dm_tcp_read_full(fd, body, nbody, _dm_now_ms() + 1000) != 1) {
+        close(fd);
+        _dm_free(&t->base.allocator, body);
+        return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: setup: a malformed answer from this host's leader (rank %d)",
+                        r->leader);
+    }
+    close(fd);
+    if (st != DM_OK) {
+        body[nbody] = 0;
+        st = _DM_FAIL(&t->base, st, "tcp: setup, through this host's leader (rank %d): %s", r->leader,
+                      (const char*)body + np + (size_t)nb * 68);
+        _dm_free(&t->base.allocator, body);
+        return st;
+    }
+    memcpy(t->prefix, body, np);
+    t->prefix[np] = 0;
+    for (k = 0; k < nb; k++) {
+        int j = (int)_dm_tcp_get32(body + np + (size_t)k * 68);
+        if (j >= 0 && j < t->base.size && j != t->base.rank) {
+            memcpy(t->addrs[j], body + np + (size_t)k * 68 + 4, 64);
+            t->addrs[j][63] = 0;
+        }
+    }
+    _dm_free(&t->base.allocator, body);
+    return DM_OK;
+direct:
+    if (fd >= 0) close(fd);
+    _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: rank %d rendezvouses directly with the store: %s (%s)", t->base.rank,
+            why, r->shown);
+    _dm_free(&t->base.allocator, r->peers);
+    _dm_free(&t->base.allocator, r);
+    t->relay = NULL;
+    return DM_OK;
+}
+
 /* >>tcp sparse  A rank connects to the peers its schedules use, not to the world (Gloo's full
    mesh is why torch grew lazy init): first the rank-order ring (r - 1 and r + 1), over which
    every rank's address and host identity are gathered; then P (_dm_peers_find on the layout:
    every same-host peer (shared memory and its side channel), host-order ring neighbours,
    recursive-doubling and dissemination partners, rails, root 0's broadcast chain); anything
    else on demand (>>tcp lazy). Both ends of a pair compute the same sets, so the acceptor knows
-   whom to wait for. */
+   whom to wait for.
+   Descriptors: a rank holds P's connections (times the sockets per peer for those on other
+   hosts, >>tcp more sockets), its two listeners and a few of its own -- a few dozen, growing
+   with log W and the host's size, not with W (no store connection once built, >>tcp relay).
+   Any soft limit holds that, so a rank leaves RLIMIT_NOFILE alone unless what P needs would
+   not fit under it (say 16 sockets per peer at thousands of ranks): then it raises the soft
+   limit to the hard one, as the store host does, logged at debug level; and when even the
+   hard limit cannot hold them, create fails before connecting, naming the limit. Raising it
+   always would change more than distmesh: the program's other code then fails differently
+   past 1024 descriptors (select() writes past its FD_SETSIZE bitmap where open() would have
+   said EMFILE). Peers connected on demand later (all_to_all across thousands of ranks) are the
+   program's pattern; running out there is an error naming EMFILE. */
+/* Descriptors open in this process, or -1. */
+static int _dm_tcp_count_fds(void) {
+    DIR* d = opendir("/proc/self/fd");
+    struct dirent* e;
+    int n = 0;
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL) n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1;               /* the directory's own */
+}
+/* The soft limit fits this rank's P (connected or about to be), else goes up to the hard one;
+   when even that cannot hold what P still needs, create fails here, saying so, rather than
+   with a peer's reset half-way through the connections (the peers then report this rank's
+   setup failed, "see its log"). What is counted exactly: a socket per peer of P not connected
+   yet, sockets per peer for those on other hosts, the shared-memory watcher's eventfd; the
+   soft limit keeps 16 more of slack before it is raised. */
+static dm_status _dm_tcp_fit_nofile(_dm_tcp* t) {
+    struct rlimit rl;
+    int W = t->base.size, me = t->base.rank, j, need = 1, open_now;
+    char why[200];
+    for (j = 0; j < W; j++) {
+        int n;
+        if (!t->want[j] || j == me) continue;
+        n = t->host_of[j] != t->host_of[me] ? t->nsock : 1;
+        need += t->fds[j] >= 0 ? n - 1 : n;     /* the ring neighbours are connected already */
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || (rlim_t)(need + 16) * 2 < rl.rlim_cur) return DM_OK;
+    open_now = _dm_tcp_count_fds();
+    if (open_now < 0 || (rlim_t)(open_now + need + 16) <= rl.rlim_cur) return DM_OK;
+    if (rl.rlim_cur < rl.rlim_max) {
+        snprintf(why, sizeof(why), "rank %d holds %d descriptors and its schedules' peers (P) need %d more", me,
+                 open_now, need);
+        _dm_st_raise_nofile(&t->base.logger, "tcp", why);
+        if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return DM_OK;
+    }
+    if ((rlim_t)(open_now + need) <= rl.rlim_cur) return DM_OK;
+    return _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup: rank %d cannot hold the connections its schedules use "
+                    "(EMFILE ahead): it holds %d descriptors and needs %d more for its peers (P, %d sockets per peer "
+                    "on other hosts), above its limit of %llu open files (RLIMIT_NOFILE, hard limit %llu): raise it "
+                    "(ulimit -n)", me, open_now, need, t->nsock, (unsigned long long)rl.rlim_cur,
+                    (unsigned long long)rl.rlim_max);
+}
+
 static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int64_t deadline) {
     int W = t->base.size, r = t->base.rank, j, n = 0;
     char key[600];
@@ -2294,7 +2991,7 @@ static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int6
         t->want[(r + W - 1) % W] = true;
         t->want[r] = false;
         for (j = 0; j < r && !t->addrs_known; j++) {
-            if (!t->want[j]) continue;
+            if (!t->want[j] || t->addrs[j][0]) continue;    /* known: through the leader (>>tcp relay) */
             snprintf(key, sizeof(key), "%saddr/%d", t->prefix, j);
             _DM_TRY(_dm_tcp_store_get_str(t, key, t->addrs[j], 64));
         }
@@ -2302,10 +2999,15 @@ static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int6
     }
     _DM_TRY(_dm_tcp_hosts(t, s));
     /* every reader of this rank's address key has connected: a ring neighbour (the gather
-       above needed every rank, so every rank is past its own reads) */
-    if (!t->addrs_known) _dm_tcp_forget_addr(t);
+       above needed every rank, so every rank is past its own reads). A leader also forgets its
+       host's ranks' keys, which it set; a rank that went through a leader has none. */
+    if (!t->addrs_known && (!t->relay || t->relay->role != _DM_TCP_LOCAL)) {
+        _dm_tcp_forget_addr(t);
+        _dm_tcp_relay_forget(t);
+    }
     _DM_TRY(_dm_peers_find(&t->lk, t->want));
     for (j = 0; j < W; j++) n += t->want[j];
+    _DM_TRY(_dm_tcp_fit_nofile(t));
     _DM_TRY(_dm_tcp_connect_wanted(t, deadline));
     _DM_LOG(&t->base.logger, DM_LOG_INFO, "tcp: rank %d of %d: %d peers connected for the schedules (P), the rest "
             "on demand", r, W, n);
@@ -2317,7 +3019,21 @@ static dm_status _dm_tcp_connect_sparse(_dm_tcp* t, const _dm_tcp_setup* s, int6
    connections to the members meanwhile (>>tcp watch); after 1 s, then every 10 s, a log line
    names the ranks still missing and for how long. The first rank here sets
    "<prefix>world_size"; a rank that holds a different world size fails at once, naming both
-   values. The waits use a silent clone of the store: a slice that times out is not an error. */
+   values. The waits use a silent clone of the store: a slice that times out is not an error.
+   On a tcp store what a rank waits for is one key: a rank (a leader, for a batch of its host's
+   ranks) that has set addresses adds their number to "<prefix>arrived", and the add that
+   reaches the world size sets "<prefix>ready". (Waiting for the W address keys themselves sent
+   the W keys in every slice's WAIT: 30 W bytes per waiting rank five times a second, 8 MB a
+   second per rank at 16k ranks.) A file store's ranks still wait for the W keys: there a wait
+   reads local files, and an add takes the directory's lock (measured at 256 ranks, the
+   counter made create 0.6 s slower). Which ranks are missing is asked only for a log line or the final
+   message: W CHECKs sent in one burst (_dm_store_present); above 1024 ranks only rank 0 names
+   them, the others count them.
+   Between slices (at most every 200 ms) a rank also asks whether the store's server has
+   refused clients for lack of descriptors (_dm_store_refusal): then the ranks still missing
+   cannot come, and it fails at once with the server's words (the cause, the connections it
+   holds, its limit) instead of at the deadline. A host's leader (>>tcp relay) waits here for
+   the host: in 25 ms slices while its ranks are still arriving, publishing them between. */
 static void _dm_tcp_rank_list(const int* ranks, int n, char* out, size_t cap) {
     int i = 0;
     size_t len = 0;
@@ -2332,16 +3048,62 @@ static void _dm_tcp_rank_list(const int* ranks, int n, char* out, size_t cap) {
     if (i < n) snprintf(out + len, cap - len, ", ...");
 }
 
-static dm_status _dm_tcp_await_ranks(_dm_tcp* t, int64_t deadline) {
-    int W = t->base.size, j, nmissing;
-    char key[600], mine[24], other[24], list[200];
+/* n more ranks' addresses are in the store (set before, on the same connection): "<prefix>arrived"
+   counts them, and the add that reaches the world size sets "<prefix>ready", the one key the
+   others wait for. */
+static dm_status _dm_tcp_arrive(_dm_tcp* t, int n) {
+    char key[600];
+    int64_t v = 0;
+    dm_store* g = _dm_tcp_st(t);
+    dm_status st;
+    snprintf(key, sizeof(key), "%sarrived", t->prefix);
+    if ((st = dm_store_add(g, key, n, &v)) != DM_OK) return _dm_tcp_store_fail(t, st, "add", key);
+    if (v < t->base.size) return DM_OK;
+    snprintf(key, sizeof(key), "%sready", t->prefix);
+    if ((st = dm_store_set(g, key, "1", 1)) != DM_OK) return _dm_tcp_store_fail(t, st, "set", key);
+    return DM_OK;
+}
+/* Which ranks have no address in the store yet, into missing (the count returned; -1 when the
+   store did not say). Every rank names them up to 1024 ranks; above, only rank 0 does (one
+   burst of W checks), the others count them ("arrived"), so that a wait of thousands of ranks
+   costs the store a burst per log line, not one per waiting rank. */
+static int _dm_tcp_missing_ranks(_dm_tcp* t, dm_store* w, char** keys, int* missing, bool* present) {
+    int W = t->base.size, j, n = 0;
+    w->timeout_ms = 1000;
+    if (W > 1024 && t->base.rank != 0 && t->counted) {
+        char key[600];
+        int64_t v = 0;
+        snprintf(key, sizeof(key), "%sarrived", t->prefix);
+        return dm_store_add(w, key, 0, &v) == DM_OK && v <= W ? W - (int)v : -1;
+    }
+    if (_dm_store_present(w, (const char* const*)keys, (size_t)W, present) != DM_OK) return -1;
+    for (j = 0; j < W; j++)
+        if (!present[j]) missing[n++] = j;
+    return n;
+}
+/* "ranks 3, 8-11 of 12" (or "12 ranks of 16384" where they are counted, not named) into list;
+   the count's plural ending returned. */
+static const char* _dm_tcp_missing_text(_dm_tcp* t, const int* missing, int n, char* list, size_t cap) {
+    if (n < 0) snprintf(list, cap, "still missing");    /* the store did not say */
+    else if (t->base.size > 1024 && t->base.rank != 0 && t->counted)
+        snprintf(list, cap, "%d of them (rank 0 names them)", n);
+    else _dm_tcp_rank_list(missing, n, list, cap);
+    return n == 1 ? "" : "s";
+}
+static dm_status _dm_tcp_await_ranks(_dm_tcp* t, const _dm_tcp_setup* s, int64_t deadline) {
+    int W = t->base.size, nmissing;
+    char key[600], mine[24], other[24], list[200], refused[_DM_ST_NOTICE_TEXT + 1];
     void* held = NULL;
     size_t held_n = 0;
+    char* keys_one[1];
     char** keys = NULL;
     int* missing = NULL;
-    int64_t start = _dm_now_ms(), next_log = start + 1000;
+    bool* present = NULL;
+    int64_t start = _dm_now_ms(), next_log = start + 1000, next_refusal = 0;
     dm_store* w = NULL;
     dm_status st;
+    const char* ending;
+    int j;
     snprintf(mine, sizeof(mine), "%d", W);
     snprintf(key, sizeof(key), "%sworld_size", t->prefix);
     st = dm_store_compare_set(_dm_tcp_st(t), key, "", 0, mine, strlen(mine), &held, &held_n);
@@ -2352,52 +3114,75 @@ static dm_status _dm_tcp_await_ranks(_dm_tcp* t, int64_t deadline) {
         return _DM_FAIL(&t->base, DM_ERR_INVALID_ARG, "tcp: world size disagreement: this rank (rank %d) has "
                         "world size %d, another rank of the group has %s (every rank must be given the same "
                         "WORLD_SIZE / launcher size)", t->base.rank, W, other);
-    if (W == 1) return DM_OK;
+    if (W == 1) return _dm_tcp_relay_finish(t);
+    /* a tcp store counts arrivals; a file store's waits read local files, and its adds take
+       the directory's lock: W keys are cheaper there than W locked adds */
+    t->counted = _dm_store_where(_dm_tcp_st(t)) != NULL;
+    if (t->counted && (st = _dm_tcp_arrive(t, 1)) != DM_OK) return st;     /* this rank's address is in */
     st = dm_store_clone_prefixed(_dm_tcp_st(t), "", &w);
     keys = (char**)_dm_calloc(&t->base.allocator, (size_t)W * sizeof(char*));
     missing = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)W);
-    if (st != DM_OK || !keys || !missing) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
+    present = (bool*)_dm_malloc(&t->base.allocator, sizeof(bool) * (size_t)W);
+    if (st != DM_OK || !keys || !missing || !present) {
+        st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+        goto done;
+    }
     memset(&w->logger, 0, sizeof(w->logger));
     for (j = 0; j < W; j++) {
         keys[j] = (char*)_dm_malloc(&t->base.allocator, strlen(t->prefix) + 24);
         if (!keys[j]) { st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory"); goto done; }
         sprintf(keys[j], "%saddr/%d", t->prefix, j);
     }
+    snprintf(key, sizeof(key), "%sready", t->prefix);
+    keys_one[0] = key;
     for (;;) {
-        int64_t now = _dm_now_ms(), left = deadline - now;
-        int ms = (int)(left < 200 ? (left < 1 ? 1 : left) : 200);
+        bool arriving = t->relay && t->relay->role == _DM_TCP_LEADER && t->relay->expect > 0;
+        int64_t now, left;
+        int ms, slice = arriving ? 25 : 200;
+        if ((st = _dm_tcp_relay_pump(t, s, arriving ? 25 : 0)) != DM_OK) goto done;
+        now = _dm_now_ms();
+        left = deadline - now;
+        ms = (int)(left < slice ? (left < 1 ? 1 : left) : slice);
         /* the slice bounds the wait; the deadline bounds the requests (WAIT, CANCEL_WAIT) */
         w->timeout_ms = deadline == INT64_MAX ? -1 : (int)(left < 1 ? 1 : left > INT_MAX ? INT_MAX : left);
-        st = dm_store_wait(w, (const char* const*)keys, (size_t)W, ms);
+        st = t->counted ? dm_store_wait(w, (const char* const*)keys_one, 1, ms)
+                        : dm_store_wait(w, (const char* const*)keys, (size_t)W, ms);
         if (st == DM_ERR_TIMEOUT && w->sh->broken) {    /* the store itself did not answer */
             st = _DM_FAIL(&t->base, st, "tcp: setup: store wait failed: %s", dm_store_last_error(w));
             goto done;
         }
         if (st != DM_ERR_TIMEOUT) {
             if (st != DM_OK) st = _DM_FAIL(&t->base, st, "tcp: setup: store wait failed: %s", dm_store_last_error(w));
+            else st = _dm_tcp_relay_finish(t);
             goto done;
         }
         if ((st = _dm_tcp_watch_now(t)) != DM_OK) goto done;
         now = _dm_now_ms();
-        if (now < deadline && now < next_log) continue;
-        w->timeout_ms = 1000;
-        for (nmissing = 0, j = 0; j < W; j++) {
-            bool there = true;
-            const char* k1 = keys[j];
-            if (dm_store_check(w, &k1, 1, &there) != DM_OK) there = true;
-            if (!there) missing[nmissing++] = j;
+        if (now >= next_refusal) {      /* the server may have refused the ranks still missing */
+            next_refusal = now + 200;
+            w->timeout_ms = 1000;
+            if (_dm_store_refusal(w, refused, sizeof(refused)) == DM_OK && refused[0]) {
+                nmissing = _dm_tcp_missing_ranks(t, w, keys, missing, present);
+                ending = _dm_tcp_missing_text(t, missing, nmissing, list, sizeof(list));
+                st = _DM_FAIL(&t->base, DM_ERR_NETWORK, "tcp: setup failed: rank%s %s of %d cannot join: the store at "
+                              "%s refused clients: %s", ending, list, W, w->sh->where, refused);
+                goto done;
+            }
+            now = _dm_now_ms();
         }
-        _dm_tcp_rank_list(missing, nmissing, list, sizeof(list));
+        if (now < deadline && now < next_log) continue;
+        nmissing = _dm_tcp_missing_ranks(t, w, keys, missing, present);
+        ending = _dm_tcp_missing_text(t, missing, nmissing, list, sizeof(list));
         if (_dm_now_ms() >= deadline) {
             st = _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %lld s: rank%s %s of %d never "
-                          "joined (no address under \"%s\")", (long long)((_dm_now_ms() - start) / 1000),
-                          nmissing == 1 ? "" : "s", list, W, t->prefix);
+                          "joined (no address under \"%s\")", (long long)((_dm_now_ms() - start) / 1000), ending,
+                          list, W, t->prefix);
             goto done;
         }
-        if (nmissing > 0)
+        if (nmissing != 0)
             _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: rank %d has waited %lld s for rank%s %s of %d to join "
-                    "(deadline in %lld s)", t->base.rank, (long long)((_dm_now_ms() - start + 500) / 1000),
-                    nmissing == 1 ? "" : "s", list, W, (long long)((deadline - _dm_now_ms()) / 1000));
+                    "(deadline in %lld s)", t->base.rank, (long long)((_dm_now_ms() - start + 500) / 1000), ending,
+                    list, W, (long long)((deadline - _dm_now_ms()) / 1000));
         next_log = _dm_now_ms() + 10000;
     }
 done:
@@ -2405,6 +3190,7 @@ done:
         for (j = 0; j < W; j++) _dm_free(&t->base.allocator, keys[j]);
     _dm_free(&t->base.allocator, keys);
     _dm_free(&t->base.allocator, missing);
+    _dm_free(&t->base.allocator, present);
     dm_store_destroy(w);
     return st;
 }
@@ -2489,18 +3275,8 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     t->parent = s->parent;
     t->members = s->members;
 
-    /* generation: create/destroy cycles under one prefix get fresh keys. No rank can start the
-       next cycle's add before every rank did this one's (connecting needs everyone's address). */
-    if (s->once) {
-        gen = 1;
-    } else {
-        snprintf(key, sizeof(key), "%sgen", t->user_prefix);
-        st = dm_store_add(_dm_tcp_st(t), key, 1, &gen);
-        if (st != DM_OK) { _dm_tcp_store_fail(t, st, "add", key); goto fail; }
-    }
-    snprintf(t->prefix, sizeof(t->prefix), "%.480sg%lld/", t->user_prefix, (long long)((gen - 1) / s->size));
-    group = _dm_tcp_hash(1, t->prefix, NULL);
-
+    /* a host's leader listens for its host's ranks before anything else (>>tcp relay) */
+    if (!s->addrs && (st = _dm_tcp_relay_open(t, s)) != DM_OK) goto fail;
     if (s->addrs) {             /* split: every member's listeners are known already */
         memcpy(t->addrs, s->addrs, 64 * (size_t)s->size);
         memcpy(t->raddrs, s->raddrs, 64 * (size_t)s->size);
@@ -2513,10 +3289,28 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
         memcpy(&t->self_sa, &sa, sizeof(sa));
         if ((st = _dm_tcp_listen(t, &sa, &t->rfd, t->raddrs[s->rank])) != DM_OK) goto fail;
         _dm_copy_name(t->addrs[s->rank], 64, self_addr);
+        /* a rank of a leader's host: its leader meets the store for it (or it goes direct) */
+        if (t->relay && t->relay->role == _DM_TCP_LOCAL && (st = _dm_tcp_relay_join(t, deadline)) != DM_OK) goto fail;
+    }
+    if (!t->relay || t->relay->role != _DM_TCP_LOCAL) {
+        /* generation: create/destroy cycles under one prefix get fresh keys. No rank can start
+           the next cycle's add before every rank did this one's (connecting needs everyone's
+           address). A leader adds for itself here and for its host's ranks as they come. */
+        if (s->once) {
+            gen = 1;
+        } else {
+            snprintf(key, sizeof(key), "%sgen", t->user_prefix);
+            st = dm_store_add(_dm_tcp_st(t), key, 1, &gen);
+            if (st != DM_OK) { _dm_tcp_store_fail(t, st, "add", key); goto fail; }
+        }
+        snprintf(t->prefix, sizeof(t->prefix), "%.480sg%lld/", t->user_prefix, (long long)((gen - 1) / s->size));
+    }
+    group = _dm_tcp_hash(1, t->prefix, NULL);
+    if (!s->addrs && (!t->relay || t->relay->role != _DM_TCP_LOCAL)) {
         snprintf(key, sizeof(key), "%saddr/%d", t->prefix, s->rank);
         st = dm_store_set(_dm_tcp_st(t), key, self_addr, strlen(self_addr));
         if (st != DM_OK) { _dm_tcp_store_fail(t, st, "set", key); goto fail; }
-        if ((st = _dm_tcp_await_ranks(t, deadline)) != DM_OK) goto fail;
+        if ((st = _dm_tcp_await_ranks(t, s, deadline)) != DM_OK) goto fail;
     }
 
     /* the listener stays for the group's life (>>tcp lazy) */
@@ -2529,19 +3323,23 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     t->lk.service = _dm_tcp_eng_service;
     t->lk.hangup = _dm_tcp_eng_hangup;
     if ((st = _dm_tcp_connect_sparse(t, s, deadline)) != DM_OK) goto fail;
+    _dm_tcp_relay_end(t, DM_OK);
     if ((st = _dm_tcp_shm_for_host(t)) != DM_OK) goto fail;
     if ((st = _dm_tcp_more_sockets(t, deadline)) != DM_OK) goto fail;
     _dm_tcp_serve_trim(t);
     t->built = true;
-    /* the store stays only where split may need it again */
+    /* the store stays for what is rare after create (notices, grow), its connection closed
+       until then (>>tcp relay): the store host holds nothing for a built group */
     dm_store_destroy(t->rdv);
     t->rdv = NULL;
+    if (t->own_store) _dm_store_idle(t->store);
     t->parent = NULL;
     t->members = NULL;
     *out = &t->base;
     return DM_OK;
 fail:
     if (lfd >= 0) close(lfd);
+    _dm_tcp_relay_end(t, st);       /* the host's ranks waiting on this leader learn why */
     if (s->err) _dm_copy_name(s->err, s->err_cap, t->base.last_error);
     _dm_tcp_free(t);
     return st;
@@ -2795,7 +3593,7 @@ static dm_status _dm_tcp_join_flag(int given, bool* out, char* err, size_t cap);
 static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_tcp_desc, d);
     _DM_ZERO(_dm_tcp_setup, s);
-    char err[DM_LAST_ERROR_SIZE], url[320], host[256];
+    char err[DM_LAST_ERROR_SIZE], url[320], host[256], why[DM_LAST_ERROR_SIZE];
     dm_env env;
     dm_status st;
     bool join = false;
@@ -2845,6 +3643,11 @@ static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective**
     s.env_local = !join && env.local_from_launcher && d.rank == env.rank && d.world_size == env.world_size;
     s.env_local_rank = env.local_rank;
     s.env_local_size = env.local_world_size;
+    /* the launcher's local ranks: local rank 0 meets the store for its host (>>tcp relay) */
+    if (s.env_local && env.local_world_size > 1) {
+        s.relay = env.local_rank == 0 ? _DM_TCP_LEADER : _DM_TCP_LOCAL;
+        s.relay_expect = env.local_world_size - 1;
+    }
     s.store = d.store;
     host[0] = 0;
     if (!s.store) {
@@ -2881,9 +3684,13 @@ static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective**
         sd.token = s.token ? s.token : "";    /* the same token guards the store */
         sd.logger = d.logger;
         sd.allocator = d.allocator;
-        st = _dm_store_create_ex(&sd, true, &s.store);  /* a second world in this process shares it */
-        if (st != DM_OK)
-            return _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp: cannot open the store %s", url);
+        /* a second world in this process shares it. Through a relay (>>tcp relay) the store
+           connects at its first request: a leader's, after it listens for its host's ranks
+           (which then wait for it, however late the store host starts); never, for a rank
+           whose leader meets the store for it */
+        st = _dm_store_create_opt(&sd, true, s.relay != _DM_TCP_DIRECT, &s.store, why, sizeof(why));
+        if (st != DM_OK)    /* the store's reason again: a failed create's last word names the cause */
+            return _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp: cannot open the store %s: %s", url, why);
         s.own_store = true;
     }
     return join ? _dm_tcp_join(&s, out) : _dm_tcp_build(&s, out);
@@ -3179,6 +3986,9 @@ static dm_status _dm_tcp_grow(dm_collective* c, int n_new, dm_collective** out) 
     for (j = 0; j < W + n_new; j++) members[j] = j < W ? j : -1;
     snprintf(prefix, sizeof(prefix), "%.470sgrow%lld/", t->user_prefix, (long long)round);
     _dm_tcp_child_setup(t, &s, prefix, c->rank, W + n_new, members, why, sizeof(why));
+    /* the members rendezvous through their host's lowest rank (>>tcp relay) */
+    for (j = 0; t->host_of && j < W; j++) s.relay_expect += j != c->rank && t->host_of[j] == t->host_of[c->rank];
+    if (s.relay_expect > 0) s.relay = t->host_of[c->rank] == c->rank ? _DM_TCP_LEADER : _DM_TCP_LOCAL;
     /* the new group holds its own handle on the store (reference counted): c is usually
        destroyed right after, and the new group grows again through the same store */
     if (dm_store_clone_prefixed(t->store, "", &s.store) != DM_OK) {

@@ -19,7 +19,8 @@ compare: deps
 	@bash scripts/compare.sh $(DM_BENCH)
 
 # Scale on simulated hosts (not CI): setup time, fds per rank, 8 B / 64 KiB all_reduce at
-# 16..256 ranks on 8 simulated hosts (scripts/scale.sh; RANKS, HOSTS, ITERS override).
+# 16..256 ranks on 8 simulated hosts, the store hosted by rank 0 as with dm_init (scripts/scale.sh;
+# RANKS, HOSTS, ITERS, STORE=file|rank0, OUT override).
 .PHONY: test-scale
 test-scale: deps
 	@$(MAKE) --no-print-directory $(DM_BENCH)

@@ -32,7 +32,12 @@
      --hosts H         with --np or --backend thread: H simulated hosts, ranks in contiguous
                        blocks (DISTMESH_TEST_HOST_ID / dm_fake_desc.host_of)
      --setup           report the setup: seconds from launch until the last rank's create
-                       returned, the slowest create call, and open fds per rank after create
+                       returned, the slowest create call, and open fds per rank (and rank 0's)
+                       once every rank's create has returned
+     --store file|rank0  with --np: where the ranks meet: a file store in a fresh directory
+                       (default), or a TCP store that rank 0 hosts (as dm_init does)
+     --launcher-env    with --np: each rank also gets RANK, WORLD_SIZE, LOCAL_RANK and
+                       LOCAL_WORLD_SIZE (its --hosts block), as torchrun sets them
    Sizes follow nccl-tests: all_reduce/broadcast size = bytes per rank; all_gather size = bytes
    received (world x count); reduce_scatter size = bytes sent (world x count). algbw = size /
    time; busbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for
@@ -72,6 +77,7 @@ typedef struct bench_args {
     double step_factor;
     int iters, warmup, agg_iters, check, root, nprocs, report_rss, inplace_only;
     int hosts, report_setup;    /* --hosts: simulated hosts for --np / thread; --setup */
+    int store_rank0, launcher_env;  /* --store rank0; --launcher-env */
     int average, blocking, report_cputime;
     dm_dtype dtypes[NTYPES];
     int ndtypes;
@@ -187,13 +193,14 @@ static void usage(FILE* f) {
                "    -z 0|1 (blocking) -t 1 (threads per process) -g 0|1 (GPUs per thread) -G 0 -p 0|1\n"
                "  distmesh: -O, --coll all_reduce|all_gather|reduce_scatter|broadcast  -np, --np N\n"
                "    -B, --backend tcp|thread  -J, --json FILE  --timeout SECONDS  --chunk BYTES\n"
-               "    -S, --sizes 8,4K,64M  -R, --rss  -I, --inplace-only  -h, --help\n");
+               "    -S, --sizes 8,4K,64M  -R, --rss  -I, --inplace-only  --hosts H  --setup\n"
+               "    --store file|rank0  --launcher-env  -h, --help\n");
 }
 
 enum opt_id {
     O_MINB, O_MAXB, O_STEPB, O_STEPF, O_ITERS, O_WARMUP, O_AGG, O_CHECK, O_REDOP, O_DTYPE, O_ROOT, O_THREADS,
     O_GPUS, O_AVERAGE, O_BLOCKING, O_CPUTIME, O_GRAPH, O_PINIT, O_COLL, O_NP, O_BACKEND, O_JSON, O_TIMEOUT,
-    O_CHUNK, O_SIZES, O_RSS, O_INPLACE, O_HOSTS, O_SETUP, O_HELP
+    O_CHUNK, O_SIZES, O_RSS, O_INPLACE, O_HOSTS, O_SETUP, O_STORE, O_LAUNCHER_ENV, O_HELP
 };
 static const struct { const char* sh; const char* lg; int has_value; int id; } k_opts[] = {
     { "-b", "--minbytes", 1, O_MINB },      { "-e", "--maxbytes", 1, O_MAXB },
@@ -210,7 +217,8 @@ static const struct { const char* sh; const char* lg; int has_value; int id; } k
     { NULL, "--timeout", 1, O_TIMEOUT },    { NULL, "--chunk", 1, O_CHUNK },
     { "-S", "--sizes", 1, O_SIZES },        { "-R", "--rss", 0, O_RSS },
     { "-I", "--inplace-only", 0, O_INPLACE }, { NULL, "--hosts", 1, O_HOSTS },
-    { NULL, "--setup", 0, O_SETUP },        { "-h", "--help", 0, O_HELP },
+    { NULL, "--setup", 0, O_SETUP },        { NULL, "--store", 1, O_STORE },
+    { NULL, "--launcher-env", 0, O_LAUNCHER_ENV }, { "-h", "--help", 0, O_HELP },
 };
 #define NOPTS ((int)(sizeof(k_opts) / sizeof(k_opts[0])))
 
@@ -286,6 +294,11 @@ static int parse_args(int argc, char** argv, bench_args* a) {
             case O_INPLACE: a->inplace_only = 1; break;
             case O_HOSTS: rc = parse_int(f, v, &a->hosts); break;
             case O_SETUP: a->report_setup = 1; break;
+            case O_STORE:
+                if (strcmp(v, "rank0") == 0) a->store_rank0 = 1;
+                else if (strcmp(v, "file") != 0) { fprintf(stderr, "dm_bench: --store %s: file or rank0\n", v); rc = -1; }
+                break;
+            case O_LAUNCHER_ENV: a->launcher_env = 1; break;
             case O_HELP: usage(stdout); return 1;
             case O_COLL: {
                 int c, found = 0;
@@ -735,6 +748,10 @@ static dm_status report_setup(dm_collective* c, double call_s) {
     dm_status st;
     mine[0] = tw_now_s() - g_launch_s;
     mine[1] = call_s;
+    /* the descriptors a built group holds: counted once every rank's create has returned (a
+       barrier), and the store's thread has had a moment to close what the others closed */
+    if ((st = dm_barrier(c)) != DM_OK) return st;
+    tw_sleep_ms(100);
     mine[2] = (double)tw_count_fds();
     all = (double*)calloc((size_t)world * 3, sizeof(double));
     if (!all) return DM_ERR_OUT_OF_MEMORY;
@@ -748,15 +765,15 @@ static dm_status report_setup(dm_collective* c, double call_s) {
             fsum += all[3 * r + 2];
         }
         printf("# Setup: %d ranks, %d hosts, launch to last create %.3f s, slowest create call %.3f s, "
-               "fds per rank max %.0f mean %.1f\n", world, dm_local_world_size(c) ? world / dm_local_world_size(c) : 0,
-               launch, call, fds, fsum / world);
+               "fds per rank max %.0f mean %.1f, rank 0 %.0f\n", world,
+               dm_local_world_size(c) ? world / dm_local_world_size(c) : 0, launch, call, fds, fsum / world, all[2]);
     }
     free(all);
     return st;
 }
 
 /* >>launch  --np N: fork N ranks (tests/test_world.h) that meet through a file store in a fresh
-   directory. */
+   directory, or (--store rank0) through a TCP store that rank 0 hosts. */
 /* A failed create has no object to hold its message: errors go to stderr. */
 static void log_errors(dm_log_level level, dm_status st, const char* msg, const char* file, int line, void* user) {
     (void)st; (void)file; (void)line;
@@ -775,6 +792,19 @@ static int run_tcp_rank(int rank, void* ctx) {
     d.logger.user_data = (void*)(intptr_t)rank;
     d.chunk_bytes = a->chunk_bytes;
     if (a->hosts > 0) tw_sim_host((int)((long long)rank * a->hosts / world));
+    if (a->launcher_env) {      /* rank r is on host r * H / N: its block's place and size */
+        int h = a->hosts > 0 ? a->hosts : 1, host = (int)((long long)rank * h / world), first = 0, last = world, r;
+        char v[16];
+        for (r = 0; r < world; r++) {
+            int hr = (int)((long long)r * h / world);
+            if (hr < host) first = r + 1;
+            if (hr > host && last == world) last = r;
+        }
+        snprintf(v, sizeof(v), "%d", rank); setenv("RANK", v, 1);
+        snprintf(v, sizeof(v), "%d", world); setenv("WORLD_SIZE", v, 1);
+        snprintf(v, sizeof(v), "%d", rank - first); setenv("LOCAL_RANK", v, 1);
+        snprintf(v, sizeof(v), "%d", last - first); setenv("LOCAL_WORLD_SIZE", v, 1);
+    }
     t0 = tw_now_s();
     st = dm_tcp_create(&d, &c);
     if (st != DM_OK) { fprintf(stderr, "rank %d: create failed: %s\n", rank, dm_strerror(st)); return 1; }
@@ -796,7 +826,10 @@ static int launch_local(const bench_args* a) {
     if (n < 1 || n > 1024) { fprintf(stderr, "dm_bench: --np must be 1..1024\n"); return 2; }
     if (a->hosts < 0 || a->hosts > n) { fprintf(stderr, "dm_bench: --hosts must be 1..%d\n", n); return 2; }
     g_launch_s = tw_now_s();
-    if (tw_store_file(&store, "dm_bench") != 0) { perror("mkdtemp"); return 2; }
+    if (a->store_rank0 ? tw_store_rank0(&store) != 0 : tw_store_file(&store, "dm_bench") != 0) {
+        perror(a->store_rank0 ? "no free port" : "mkdtemp");
+        return 2;
+    }
     ctx.a = a;
     ctx.store = &store;
     memset(&p, 0, sizeof(p));

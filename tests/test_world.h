@@ -26,7 +26,8 @@
                optionally a fault once all are ready), tw_read_ready, tw_read_exact (structs)
      >>store   (DISTMESH_TCP) tw_store: tw_store_file, tw_store_dir, tw_store_serve,
                tw_store_agent, tw_store_rank0, tw_store_next, tw_store_close
-     >>dm      (DISTMESH_TCP) tw_tcp_desc, tw_sim_host, tw_dm_world: tw_dm_fork, tw_dm_run */
+     >>dm      (DISTMESH_TCP) tw_tcp_desc, tw_sim_host, tw_launcher_env, tw_dm_world: tw_dm_fork,
+               tw_dm_run */
 #ifndef DM_TEST_WORLD_H
 #define DM_TEST_WORLD_H
 #include <dirent.h>
@@ -608,6 +609,16 @@ static void tw_sim_host(int host) {
     setenv("DISTMESH_TEST_HOST_ID", h, 1);
 }
 
+/* This process is rank of world, local_rank of local_size on its host, as torchrun says it
+   (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE). */
+static void tw_launcher_env(int rank, int world, int local_rank, int local_size) {
+    char v[16];
+    snprintf(v, sizeof(v), "%d", rank); setenv("RANK", v, 1);
+    snprintf(v, sizeof(v), "%d", world); setenv("WORLD_SIZE", v, 1);
+    snprintf(v, sizeof(v), "%d", local_rank); setenv("LOCAL_RANK", v, 1);
+    snprintf(v, sizeof(v), "%d", local_size); setenv("LOCAL_WORLD_SIZE", v, 1);
+}
+
 /* What every rank of a forked distmesh world runs: 0 when every check passed. */
 typedef int (*tw_body)(dm_collective* c, int rank, int world, void* arg);
 /* A distmesh world: each rank a forked process that creates its TCP collective and runs body
@@ -619,6 +630,8 @@ typedef struct tw_dm_world {
     int timeout_ms;                                /* 0 -> 30000: the collective's deadline */
     int per_host;                                  /* 0 -> one host; > 0: rank r on host h<r / per_host> */
     const int* host_of;                            /* 0 -> see per_host; else rank r on host h<host_of[r]> */
+    bool launcher_env;                             /* 0 -> none; true: each rank gets tw_launcher_env for its
+                                                      host (per_host blocks; host_of in rank order) */
     bool no_create;                                /* 0 -> made before body; true: body gets NULL */
     void (*before)(int rank, void* arg);           /* 0 -> none; in the child, before anything is made */
     void (*edit)(dm_tcp_desc* d, int rank, void* arg);  /* 0 -> none; the last word on the desc */
@@ -649,6 +662,16 @@ static int _tw_dm_rank(int rank, void* ctx) {
     }
     if (w->host_of) tw_sim_host(w->host_of[rank]);
     else if (w->per_host > 0) tw_sim_host(rank / w->per_host);
+    if (w->launcher_env) {          /* its place among the ranks of its host */
+        int j, lr = 0, ls = 0;
+        for (j = 0; j < w->world; j++) {
+            int same = w->host_of ? w->host_of[j] == w->host_of[rank]
+                                  : w->per_host > 0 ? j / w->per_host == rank / w->per_host : 1;
+            lr += same && j < rank;
+            ls += same;
+        }
+        tw_launcher_env(rank, w->world, lr, ls);
+    }
     if (w->before) w->before(rank, w->arg);
     if (!w->no_create) {
         dm_tcp_desc d;
