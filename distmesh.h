@@ -1993,7 +1993,7 @@ typedef struct _dm_trace {
     uint32_t next_slot;         /* count % (cap + 1), kept by the writer: no division per operation */
     uint64_t count;             /* entries ever written (atomic, the writer's): entry i is in
                                    ring[i % (cap + 1)]; the running operation's is entry count */
-    uint64_t ops;               /* operations ended (the running thread's) */
+    uint64_t ops;               /* operations the full path ended (the running thread's) */
     /* The recorder's fast path (_dm_trace_fr_run), the running thread's: the running
        operation until its entry is written (at its first wait: _dm_trace_idle), and whether it
        slept (its end is read then). */
@@ -2874,9 +2874,8 @@ _DM_PRIVATE dm_status _dm_trace_fr_run(dm_collective* c, _dm_trace* t, const dm_
                      (uint64_t)_DM_TR_DONE << 8, __ATOMIC_RELAXED);
     __atomic_store_n(&s->ver, 2 * i + 2, __ATOMIC_RELEASE);
     _dm_tr_advance(t);
-    if ((t->ops++ & 63) == 0) _dm_trace_note_end(c, t, st, true);
-    if (t->ntouched) _dm_trace_clear_waits(t);
-    t->dumped = false;
+    if ((i & 63) == 0) _dm_trace_note_end(c, t, st, true);    /* the transport, every 64 entries */
+    t->dumped = false;          /* waits were noted (ntouched) only by a timeout: a failure */
     return st;
 }
 /* _dm_op_run with the recorder or the timeline on. */
