@@ -8,6 +8,7 @@
 #   make bench      the README's main job: all-reduce on 4 local ranks (shared memory; DISTMESH_TRANSPORT=tcp: loopback TCP)
 #   make compare    distmesh against Gloo and OpenMPI (see bench/)
 #   make parity     distmesh against OpenMPI, one harness for both under mpirun (bench/parity_bench.c)
+#   make bench-launches  launch-to-launch spread, 20 launches per size, distmesh and OpenMPI alternated
 #   make bench-overlap  communication hidden by dm_all_reduce_async: 2 local ranks, shm and tcp
 #   make test-scale setup time, fds and small all_reduces at 16..256 ranks on 8 simulated hosts
 #   make bench-hosts    all-reduce across simulated hosts (root: network namespaces, tc-shaped links;
