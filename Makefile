@@ -8,6 +8,7 @@
 #   make bench      the README's main job: all-reduce on 4 local ranks (shared memory; DISTMESH_TRANSPORT=tcp: loopback TCP)
 #   make compare    distmesh against Gloo and OpenMPI (see bench/)
 #   make parity     distmesh against OpenMPI, one harness for both under mpirun (bench/parity_bench.c)
+#   make bench-launches  launch-to-launch spread, 20 launches per size, distmesh and OpenMPI alternated
 #   make bench-overlap  communication hidden by dm_all_reduce_async: 2 local ranks, shm and tcp
 #   make test-scale setup time, fds and small all_reduces at 16..256 ranks on 8 simulated hosts
 #   make bench-hosts    all-reduce across simulated hosts (root: network namespaces, tc-shaped links;
@@ -15,7 +16,7 @@
 #   make bench-loss     time from kill -9 of a rank to every survivor's DM_ERR_PEER_LOST (shm, tcp)
 #   make bench-shrink   dm_shrink after a kill -9 against destroy + re-create (8 local ranks, 2x2 hosts)
 #   make test-shrink-trials  every kill -9 case of tests/test_shrink.c 20 times (a few minutes)
-#   make bench-trace    what the flight recorder and DISTMESH_TRACE cost at 8 B (bench/dm_trace_bench.c)
+#   make bench-trace    what the flight recorder costs at 8 B, launches on / off alternated (bench/dm_trace_bench.c)
 #   make trace-demo     a traced 4-rank run, scripts/dm_trace's report and the README's timeline picture
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
 #   make install    headers, pkg-config and CMake files, the Python package (PREFIX=/usr/local, DESTDIR=)

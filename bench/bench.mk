@@ -43,3 +43,17 @@ parity: deps
 	@bash scripts/deps.sh openmpi-bin libopenmpi-dev
 	@$(MAKE) --no-print-directory $(PARITY_DIR)/parity_bench_dm $(PARITY_DIR)/parity_bench_mpi
 	@env OUT=$(PARITY_DIR) $(PARITY_ARGS) bash scripts/parity.sh $(PARITY_DIR)/parity_bench_dm $(PARITY_DIR)/parity_bench_mpi
+
+# `make bench-launches` (issue 28 item 2): is every launch as fast as the best? The parity harness,
+# one size per launch, LAUNCHES (20) launches per size and rank count, distmesh (shared memory)
+# and OpenMPI (vader) alternated launch by launch; per size the distribution over launches (min,
+# median, max, max / median) and distmesh's median / OpenMPI's (scripts/launches.sh; table in
+# $(BUILD)/launches/table.md). Exit status 3 when, on 2 ranks, a distmesh launch is slower than
+# 1.3x its median or its median slower than OpenMPI's. LAUNCHES_ARGS: environment for the script
+# (e.g. LAUNCHES=10 RANKS=2 SIZES="8 4096" BIND=core).
+LAUNCHES_ARGS ?=
+.PHONY: bench-launches
+bench-launches: deps
+	@bash scripts/deps.sh openmpi-bin libopenmpi-dev
+	@$(MAKE) --no-print-directory $(PARITY_DIR)/parity_bench_dm $(PARITY_DIR)/parity_bench_mpi
+	@env OUT=$(BUILD)/launches $(LAUNCHES_ARGS) bash scripts/launches.sh $(PARITY_DIR)/parity_bench_dm $(PARITY_DIR)/parity_bench_mpi
