@@ -52,8 +52,12 @@ include $(sort $(wildcard tests/*.mk)) $(sort $(wildcard bench/*.mk)) packaging/
 
 build-all: $(TEST_BINS) $(EXTRA_BINS)
 
+# The builds use every core unless make was given -j (then its jobserver decides).
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+BUILD_JOBS = $(if $(findstring j,$(filter-out --%,$(MAKEFLAGS))),,-j$(NPROC))
+
 test: deps
-	@$(MAKE) --no-print-directory $(TEST_BINS) $(EXTRA_BINS)
+	@$(MAKE) --no-print-directory $(BUILD_JOBS) $(TEST_BINS) $(EXTRA_BINS)
 	@DM_TEST_PATTERN='$(T)' bash tests/run.sh $(TEST_TIMEOUT) $(TEST_BINS)
 
 asan:

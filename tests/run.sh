@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs each test program under a hard timeout (seconds, first argument), adds up cmocka's
-# per-program counts and prints the closing "N passed, N failed" line. A program that dies,
+# per-program counts and prints the closing "N passed, N failed" line, after the time each
+# program took (slowest first). A program that dies,
 # times out or prints no count is one failure.
 # DM_TEST_PATTERN (make test T=...) picks tests: programs whose name matches run whole, the
 # others run only their cmocka tests whose names match (a program with none is left out). A
@@ -9,7 +10,7 @@ set -u
 limit=$1; shift
 pat=${DM_TEST_PATTERN:-}
 case "$pat" in *'*'*|*'?'*) glob=$pat ;; '') glob='' ;; *) glob="*$pat*" ;; esac
-passed=0; failed=0; skipped=0; bad=(); ran=0
+passed=0; failed=0; skipped=0; bad=(); ran=0; times=()
 for bin in "$@"; do
     args=()
     if [ -n "$glob" ]; then
@@ -17,9 +18,11 @@ for bin in "$@"; do
         case "$(basename "$bin")" in $glob) ;; *) args=("$glob") ;; esac
     fi
     log=$(mktemp)
+    t0=$SECONDS
     echo "== $bin${args[0]:+ (tests matching $glob)}"
     timeout -k 10 "$limit" "$bin" "${args[@]+"${args[@]}"}" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
+    times+=("$((SECONDS - t0)) s  $bin")
     p=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$log" | awk '{s+=$4} END{print s+0}')
     f=$(grep -Eo '^\[  FAILED  \] [0-9]+' "$log" | awk '{s+=$4} END{print s+0}')
     s=$(grep -Eo '^\[  SKIPPED \] [0-9]+' "$log" | awk '{s+=$4} END{print s+0}')
@@ -37,6 +40,9 @@ done
 if [ -n "$glob" ] && [ "$ran" -eq 0 ]; then
     echo "no test program or test name matches \"$glob\""; failed=$((failed + 1))
 fi
+# the slowest programs first: what a shorter CI run would start from
+echo "time per program (s), slowest first:"
+printf '%s\n' "${times[@]+"${times[@]}"}" | sort -rn | head -15 | sed 's/^/  /'
 for b in "${bad[@]+"${bad[@]}"}"; do echo "FAILED: $b"; done
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
