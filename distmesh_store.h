@@ -250,6 +250,11 @@ DM_API dm_status dm_store_multi_get(dm_store* s, const char* const* keys, size_t
 #include <poll.h>
 #include <fcntl.h>
 #include <dirent.h>
+/* The server's accept4 is a GNU call: declared here when the includer's mode hid it (see
+   distmesh.h >>libc; the TCP backend, which includes this header, relies on it too). */
+#if defined(__GLIBC__) && !defined(__cplusplus) && !defined(__USE_GNU)
+extern int accept4(int fd, struct sockaddr* addr, socklen_t* addr_len, int flags);
+#endif
 
 _DM_COLD_BEGIN
 /* >>store wire  c10d TCPStore, torch 2.x (checked byte for byte against torch 2.11's client and

@@ -226,13 +226,14 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #if defined(__GLIBC__) && !defined(__cplusplus)
 #if !defined(__USE_GNU)
 extern int memfd_create(const char* name, unsigned int flags);
-extern int accept4(int fd, struct sockaddr* addr, socklen_t* addr_len, int flags);
-#endif
+#endif                                      /* accept4: distmesh_store.h's includes */
 #if !defined(__USE_MISC)
 extern int madvise(void* addr, size_t len, int advice);
 #endif
 #endif
 #define _DM_MFD_CLOEXEC 1u                  /* <linux/memfd.h> MFD_CLOEXEC */
+/* SO_PEERCRED's answer: Linux's struct ucred, which glibc declares only under _GNU_SOURCE */
+typedef struct _dm_ucred { pid_t pid; uid_t uid; gid_t gid; } _dm_ucred;
 #if defined(MADV_POPULATE_WRITE)
 #define _DM_MADV_POPULATE_WRITE MADV_POPULATE_WRITE
 #elif defined(__linux__)
@@ -2418,7 +2419,7 @@ static bool _dm_tcp_relay_name(_dm_tcp_relay* r, const _dm_tcp_setup* s) {
 }
 /* The other end's user id is this process's (a unix socket's credentials). */
 static bool _dm_tcp_relay_same_user(int fd) {
-    struct ucred cr;
+    _dm_ucred cr;
     socklen_t l = sizeof(cr);
     return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &l) == 0 && cr.uid == geteuid();
 }
