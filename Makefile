@@ -17,7 +17,7 @@
 #   make bench-shrink   dm_shrink after a kill -9 against destroy + re-create (8 local ranks, 2x2 hosts)
 #   make test-shrink-trials  every kill -9 case of tests/test_shrink.c 20 times (a few minutes)
 #   make bench-trace    what the flight recorder costs at 8 B, launches on / off alternated (bench/dm_trace_bench.c)
-#   make trace-demo     a traced 4-rank run, scripts/dm_trace's report and the README's timeline picture
+#   make trace-demo     a traced 4-rank run, scripts/dm_trace's report and docs/inside.md's timeline picture
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
 #   make install    headers, pkg-config and CMake files, the Python package (PREFIX=/usr/local, DESTDIR=)
 #   make bench-python   the Python package against mpi4py and torch's Gloo (bench/py_bench.py)

@@ -362,7 +362,7 @@ typedef struct dm_fake_desc {
     dm_allocator allocator;     /* 0 -> malloc/free */
     /* NULL -> nodes from local_world_size; else world_size entries >= 0: rank r lives on
        simulated host host_of[r] (any layout: uneven, interleaved). The threaded world's
-       schedules then run as on that many hosts (README "Across hosts"), with the bits TCP
+       schedules then run as on that many hosts (docs/design.md "Across hosts"), with the bits TCP
        gives on the same layout (DISTMESH_TEST_HOST_ID). */
     const int* host_of;
 } dm_fake_desc;
@@ -386,7 +386,7 @@ typedef struct dm_mesh_desc {
 
 /* LLaMA-Factory's DistributedStrategy: a model mesh (mp_replicate x mp_shard) and a data mesh
    (dp x cp) over one world. When the world has one rank every size is forced to 1 (the seed
-   forces mp_shard and dp to 1 and keeps mp_replicate and cp; README "From the seeds"). */
+   forces mp_shard and dp to 1 and keeps mp_replicate and cp; docs/seeds.md). */
 typedef enum dm_dim {
     DM_DIM_MP_REPLICATE = 0, DM_DIM_MP_SHARD, DM_DIM_DP, DM_DIM_CP,
     DM_DIM_COUNT
@@ -494,7 +494,7 @@ DM_API const char* dm_backend_name(const dm_collective* c); /* "fake", "thread",
    TCP group), "thread", "fake", "nccl". Chosen per group at create and split
    (DISTMESH_TRANSPORT, dm_tcp_desc.transport). */
 DM_API const char* dm_transport_name(const dm_collective* c);
-/* The algorithm the last collective on c ran (README "Across hosts"): "flat_ring", "flat_rd",
+/* The algorithm the last collective on c ran (docs/design.md "Across hosts"): "flat_ring", "flat_rd",
    "two_level_ring", "two_level_rd" (all_reduce, reduce), "flat_ring" / "two_level_ring"
    (all_gather, reduce_scatter), "flat_chain" / "two_level_chain" (broadcast),
    "flat_dissemination" / "two_level_dissemination" (barrier); "" before the first and on
@@ -513,7 +513,7 @@ DM_API uint64_t dm_sequence(const dm_collective* c);    /* collectives started s
    DM_ERR_ENV with 0 and a malformed DISTMESH_TIMEOUT. */
 DM_API dm_status dm_set_timeout(dm_collective* c, int timeout_ms);
 
-/* >>functions inside  Seeing inside (README "See inside"). Read from the environment when a collective
+/* >>functions inside  Seeing inside (docs/inside.md). Read from the environment when a collective
    is made; a sub-collective (dm_split, dm_local, mesh dims, dm_shrink, dm_grow) shares its
    parent's file and dump.
      DISTMESH_TRACE=DIR          timeline: each rank writes Chrome trace-event JSON (Perfetto,
@@ -711,7 +711,7 @@ DM_API dm_status dm_split(dm_collective* c, int color, int key, dm_collective** 
 DM_API dm_status dm_abort(dm_collective* c, const char* reason);
 
 /* >>functions shrink and grow  A group goes on without ranks that died or leave, and takes
-   newcomers, without a new rendezvous of the survivors (README "Survive a lost rank").
+   newcomers, without a new rendezvous of the survivors (docs/failures.md).
    dm_shrink: every rank that stays calls it (the excluded and the dead do not); *out is a new
    collective of the ranks that stay, renumbered in their old order, with the same transports,
    timeout and logger. c can then only be destroyed (its calls fail with DM_ERR_ABORTED).
@@ -730,7 +730,7 @@ DM_API dm_status dm_abort(dm_collective* c, const char* reason);
 #define DM_SHRINK_ABORT 1
 DM_API dm_status dm_shrink(dm_collective* c, const int* exclude, int n_exclude, int flags, dm_collective** out);
 /* Every member calls it at a step boundary, with nothing in flight; n_new newcomers join (how,
-   per backend: README "Survive a lost rank") and take ranks size .. size + n_new - 1 of *out,
+   per backend: docs/failures.md "Grow back") and take ranks size .. size + n_new - 1 of *out,
    the members keeping theirs. c stays usable; destroy it when done. */
 DM_API dm_status dm_grow(dm_collective* c, int n_new, dm_collective** out);
 /* The node-local sub-collective (ranks on this host), made on first use: a collective call the
@@ -1209,7 +1209,7 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
       "the deadline of every blocking call; a desc's `timeout_ms` wins")                                              \
     X(TRACE,            STR,     "",      0, 255,     NULL, CORE,                                                     \
       "the timeline: each rank writes `DIR/dm_trace.rank<R>.pid<P>.json`, Chrome trace-event JSON "                   \
-      "(see \"See inside\")")                                                                                         \
+      "(see [docs/inside.md](docs/inside.md))")                                                                       \
     X(FLIGHT_RECORDER,  INT,     "64",    0, 1048576, NULL, CORE,                                                     \
       "the flight recorder: the last N operations of each collective kept in memory with their state; "               \
       "`0` turns it off")                                                                                             \
@@ -1226,12 +1226,12 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
       "most bytes of point-to-point messages kept for `dm_recv`s not yet posted")                                     \
     X(ALGO,             ENUM,    "auto",  0, 0, "auto|flat|two_level|flat_ring|flat_rd|two_level_ring|two_level_rd",  \
       ENGINE, "the algorithms across hosts: a family (the model picks within it) or one algorithm "                   \
-      "(see \"Across hosts\")")                                                                                       \
+      "(see [docs/design.md](docs/design.md#across-hosts))")                                                          \
     X(STORE,            STR,     "",      0, 319,     NULL, TCP_STORE,                                                \
       "the rendezvous store, `tcp://host:port`, `tcp://[::1]:port` or `file:///dir`; unset: "                         \
       "`tcp://MASTER_ADDR:MASTER_PORT`, else what the launcher implies (`dm_tcp_launch_detect`)")                     \
     X(TOKEN,            STR,     "",      0, 0,       NULL, TCP_STORE,                                                \
-      "shared secret every store and data connection proves (see \"Threat model\"); with it the store "               \
+      "shared secret every store and data connection proves (see [SECURITY.md](SECURITY.md)); with it the store "     \
       "serves distmesh clients only")                                                                                 \
     X(SOCKET_IFNAME,    STR,     "",      0, 127,     NULL, TCP,                                                      \
       "interface: `eth0` (prefix), `=eth0` (exact), `^lo,docker` (none of these); unset: "                            \
@@ -1240,11 +1240,11 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
       "`auto`: shared memory between ranks on one host, sockets across hosts; `shm`: the same, but a "                \
       "failed shared-memory setup fails the create; `tcp`: sockets only. The same on every rank")                     \
     X(SOCKETS_PER_PEER, INT,     "1",     1, 16,      NULL, TCP,                                                      \
-      "sockets to each peer on another host, the stream striped over them (see \"Several sockets per "                \
-      "peer\"); the same on every rank")                                                                              \
+      "sockets to each peer on another host, the stream striped over them (see "                                      \
+      "[docs/design.md](docs/design.md#several-sockets-per-peer)); the same on every rank")                           \
     X(JOIN,             BOOL,    "0",     0, 1,       NULL, TCP,                                                      \
       "`1`: `dm_tcp_create` / `dm_init` join a running group as a newcomer of its next `dm_grow` "                    \
-      "(see \"Grow back\")")                                                                                          \
+      "(see [docs/failures.md](docs/failures.md#grow-back-dm_grow))")                                                 \
     X(TEST_HOST_ID,     STR,     "",      0, 0,       NULL, TCP,                                                      \
       "for tests and benchmarks: this process's host identity, to simulate several hosts on one machine")             \
     X(STORE_MAX_VALUE,  BYTES,   "64M",   1, _DM_CFG_BYTES_MAX, NULL, STORE, "store server: bytes of one value")      \
@@ -7101,7 +7101,7 @@ _DM_PRIVATE dm_status _dm_sch_dissemination(_dm_eng* lk, const _dm_team* t, int 
    has three link classes, listed once below (_DM_COST_CLASSES): shared memory, same-host
    socket, cross-host socket. Ranks of one host are costed as shared memory whatever carries them, so that the choice
    never depends on the transport (DISTMESH_TRANSPORT=tcp gives the same bits); the same-host
-   socket class is there for the README's predictions.
+   socket class is there for the predictions in docs/performance.md.
 
    One model, on paper too: scripts/cost_model.py does not copy it. It asks the model's front
    end (scripts/cost_model.c, this section's functions on a layout it is given, with other

@@ -43,10 +43,10 @@
        DISTMESH_TOKEN            shared secret: peers without it are refused (DM_ERR_REFUSED);
                                  with it the store serves authenticated distmesh clients only
        DISTMESH_STORE_MAX_VALUE, _MAX_CONN, _MAX_TOTAL, _STALL_MS   store server bounds
-                                 (see dm_store_desc; README "TCP backend")
+                                 (see dm_store_desc; docs/design.md "The store")
        DISTMESH_TIMEOUT          seconds; the deadline of every blocking call
        DISTMESH_SOCKETS_PER_PEER sockets to each peer on another host, 1..16 (default 1), the
-                                 stream striped over them in 256 KiB pieces (>>tcp more sockets)
+                                 stream striped over them in 64 KiB stripes (>>tcp more sockets)
 
    FAILURES
    Every wait has a deadline (base.timeout_ms, dm_set_timeout). A peer's EOF or reset gives
@@ -62,7 +62,7 @@
    connection with its own 5 s, at most 64 at a time (>>tcp accept).
    SIGPIPE is never raised (MSG_NOSIGNAL).
 
-   SECURITY (README "Threat model"): with DISTMESH_TOKEN set, every store and data connection
+   SECURITY (SECURITY.md): with DISTMESH_TOKEN set, every store and data connection
    proves the token by HMAC-SHA256 over fresh nonces from both sides, so strangers who can reach
    the ports can neither use the store nor join, replay or relay a connection. The traffic is
    neither encrypted nor authenticated after the handshake: an attacker on the path who can
@@ -153,14 +153,14 @@ typedef struct dm_tcp_desc {
     dm_allocator allocator;     /* 0 -> malloc/free (libuv allocates on its own) */
     int sockets_per_peer;       /* 0 -> DISTMESH_SOCKETS_PER_PEER, else 1: sockets to each peer on
                                    another host, 1..16 (same-host peers: shared memory, or one
-                                   socket). Messages are striped over them in 256 KiB pieces, for
-                                   networks that cap each flow (README "Several sockets per peer").
+                                   socket). Messages are striped over them in 64 KiB stripes, for
+                                   networks that cap each flow (docs/design.md "Several sockets per peer").
                                    Every rank must be given the same. */
     int join;                   /* 0 -> DISTMESH_JOIN (1: join), else create: nonzero joins the
                                    running group under prefix through the store as a newcomer of
                                    the members' next dm_grow, in arrival order (rank and
                                    world_size are ignored and assigned; transport, sockets and
-                                   chunk size are the group's). README "Grow back". */
+                                   chunk size are the group's). docs/failures.md "Grow back". */
 } dm_tcp_desc;
 
 /* Collective call over all world_size ranks. Fails with *out == NULL. */

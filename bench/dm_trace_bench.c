@@ -1,5 +1,5 @@
 /* dm_trace_bench: what the flight recorder and the timeline cost (issues 19 and 28), and the
-   demo run behind the README's timeline picture.
+   demo run behind docs/inside.md's timeline picture.
 
      dm_trace_bench                   the recorder's cost: 8 B float32 all_reduce on 2 local ranks
                                       (shm), launches with the recorder on and off alternated

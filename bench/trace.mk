@@ -6,7 +6,7 @@
 #   (--launches, --np, --transport tcp, --configs off,fr,trace; --worlds: off / fr / trace in one
 #   launch, the timeline's cost).
 # - `make trace-demo`: a few data-parallel steps on 4 ranks (rank 3 slow) with DISTMESH_TRACE, then
-#   scripts/dm_trace's report, one merged timeline (Perfetto) and the picture in the README, all
+#   scripts/dm_trace's report, one merged timeline (Perfetto) and the picture in docs/inside.md, all
 #   under $(BUILD)/trace-demo/ (docs/trace-demo.png is a copy of its timeline.png).
 TRACE_BENCH := $(BUILD)/bench/dm_trace_bench
 TRACE_DEMO_DIR := $(BUILD)/trace-demo

@@ -8,7 +8,7 @@ cross-host class may be given on the command line (alpha, Gbit/s per host) to pr
 network. A new all_reduce algorithm shows up here as a column by itself (the front end lists
 every algorithm distmesh.h names).
 
-  scripts/cost_model.py                       the README's table: 1k, 4k, 16k ranks, 8 per host,
+  scripts/cost_model.py                       docs/performance.md's table: 1k, 4k, 16k ranks, 8 per host,
                                               25 and 100 Gbit/s, alpha 10 us, float32
   scripts/cost_model.py N L GBIT ALPHA_US S   one layout (N ranks, L per host), one size (bytes)
   scripts/cost_model.py classes               the model's link classes and bounds
@@ -59,7 +59,7 @@ def algorithms(answer):
 
 
 def label(name):
-    """flat_rd -> "flat rd", two_level_ring -> "two-level ring" (the README's words)."""
+    """flat_rd -> "flat rd", two_level_ring -> "two-level ring" (docs/performance.md's words)."""
     return name.replace("two_level", "two-level").replace("_", " ")
 
 

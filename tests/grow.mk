@@ -1,4 +1,4 @@
-# dm_grow on the TCP backend (README "Grow back: dm_grow"): members and newcomer processes on
+# dm_grow on the TCP backend (docs/failures.md "Grow back"): members and newcomer processes on
 # loopback through a file store (one test: a TCP store hosted by member rank 0), and the elastic
 # example (examples/ddp_overlap.c --elastic / --rejoin).
 ifneq ($(wildcard distmesh_tcp.h),)

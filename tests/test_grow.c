@@ -1,4 +1,4 @@
-/* dm_grow on the TCP backend (README "Survive a lost rank"): member processes forked on
+/* dm_grow on the TCP backend (docs/failures.md "Grow back"): member processes forked on
    127.0.0.1 create a world through a file store in a mkdtemp directory, then grow it with
    newcomer processes that join through the same store (dm_tcp_desc.join). Every process is a
    fork with its own alarm (tests/test_world.h); the parent kills whatever is left after the

@@ -1,6 +1,6 @@
 """LLaMA-Factory v1's DistributedInterface on distmesh: the dims mp_replicate, mp_shard, dp,
 cp; DistributedStrategy with the seed's validation messages; per-dim rank, size, group and
-collectives (C: dm_strategy). The README's "From the seeds" departures hold here too: an
+collectives (C: dm_strategy). The departures from the seeds (docs/seeds.md) hold here too: an
 inferred size must divide the world, every size is 1 at world size 1, no singleton, no dim
 means an error in per-dim calls, op and dim are explicit, a broadcast source is a rank of the
 dim's group, results are written into the caller's buffers (all_gather returns a new one of
@@ -92,7 +92,7 @@ class DistributedInterface:
     config["timeout"] in seconds), then the strategy from config's mp_replicate_size,
     mp_shard_size, dp_size, cp_size. ``world=`` uses a collective you made instead (a
     thread_world rank, say); destroy() then leaves it open. Every rank constructs it (a
-    collective call). Not a singleton (README "From the seeds", 9)."""
+    collective call). Not a singleton (docs/seeds.md, departure 9)."""
 
     def __init__(self, config=None, *, world=None):
         config = dict(config or {})
@@ -183,4 +183,4 @@ def _empty_like_stacked(data, n):
         import numpy
         return numpy.empty((n,) + shape, dtype=data.dtype)
     raise TypeError("all_gather takes a numpy array or a torch tensor (distmesh writes into buffers, "
-                    "README 'From the seeds' 12), got %s" % type(data).__name__)
+                    "docs/seeds.md, departure 12), got %s" % type(data).__name__)
