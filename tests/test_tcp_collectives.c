@@ -1,5 +1,6 @@
 /* TCP backend, one host: the collective suite (tests/test_tcp.h) on forked worlds of 1, 2, 3, 4,
-   7 and 8 ranks over shared memory and over sockets, a sleeping rank woken by its bell, the
+   7 and 8 ranks over shared memory and over sockets, a sleeping rank woken by its bell, two ranks
+   placed on one core parted by the engine, the
    eager path's fallbacks, Reno on loopback sockets, mesh / split / node-local groups, fds after
    create / destroy cycles, mismatched calls on every rank, and a refused token. */
 #define _GNU_SOURCE
@@ -9,6 +10,7 @@
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
 #include <sys/socket.h>
+#include <sched.h>
 
 /* What a one-host group of this size should be using. */
 static const char* expected_transport(int world) {
@@ -58,6 +60,52 @@ static int body_sleep_wake(dm_collective* c, int rank, int world, void* arg) {
     return 0;
 }
 static void test_shm_sleep_wake(void** s) { (void)s; assert_int_equal(run_world(2, body_sleep_wake, NULL, 60), 0); }
+
+/* Two ranks on one core, each with a core of its own (issue 28 item 2: the slow launches). Both
+   start pinned to the first core they may use, as a scheduler sometimes places them, then get
+   their whole mask back; the scheduler alone tends to leave them together (every wait yields
+   the core to the peer, two context switches a message). The engine must part them: after the
+   rounds, the two run on different cores and the masks are what they were. */
+static int allowed_cpus(cpu_set_t* set) {
+    CPU_ZERO(set);
+    return sched_getaffinity(0, sizeof(*set), set) == 0 ? CPU_COUNT(set) : 0;
+}
+static int body_moves_off(dm_collective* c, int rank, int world, void* arg) {
+    enum { FLOATS = 1024, ROUNDS = 4000 };
+    static float v[FLOATS];
+    cpu_set_t all, one, after;
+    int32_t cpus[2], mine, k, first = 0;
+    double t0;
+    (void)world; (void)arg;
+    RCHECK(allowed_cpus(&all) >= 2);
+    while (!CPU_ISSET(first, &all)) first++;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    RCHECK(sched_setaffinity(0, sizeof(one), &one) == 0);
+    RST(dm_barrier(c));
+    for (k = 0; k < 100; k++) RST(dm_all_reduce(c, NULL, v, FLOATS, DM_FLOAT32, DM_SUM));
+    RCHECK(sched_getcpu() == first);
+    RST(dm_barrier(c));
+    RCHECK(sched_setaffinity(0, sizeof(all), &all) == 0);
+    t0 = tw_now_s();
+    for (k = 0; k < ROUNDS; k++) {
+        RST(dm_barrier(c));
+        RST(dm_all_reduce(c, NULL, v, FLOATS, DM_FLOAT32, DM_SUM));
+    }
+    mine = sched_getcpu();
+    RST(dm_all_gather(c, &mine, cpus, 1, DM_INT32));
+    fprintf(stderr, "rank %d: %d rounds of barrier + 4 KiB all-reduce started on one core: %.2f us a round, now on cores %d and %d\n",
+            rank, ROUNDS, (tw_now_s() - t0) / ROUNDS * 1e6, cpus[0], cpus[1]);
+    RCHECK(cpus[0] != cpus[1]);
+    RCHECK(allowed_cpus(&after) == CPU_COUNT(&all) && CPU_EQUAL(&after, &all));
+    return 0;
+}
+static void test_shm_moves_off_peer_core(void** s) {
+    cpu_set_t all;
+    (void)s;
+    if (allowed_cpus(&all) < 2 || sysconf(_SC_NPROCESSORS_ONLN) < 2) skip();
+    assert_int_equal(run_world(2, body_moves_off, NULL, 60), 0);
+}
 
 /* Small exchanges over shared memory take the eager path (distmesh.h, >>eager) and fall back to
    the engine when they cannot: the peer late (every 13th call), a point-to-point message first
@@ -322,6 +370,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_world_1),
         cmocka_unit_test(test_world_2),
         cmocka_unit_test(test_shm_sleep_wake),
+        cmocka_unit_test(test_shm_moves_off_peer_core),
         cmocka_unit_test(test_shm_eager_stream),
         cmocka_unit_test(test_same_machine_sockets_reno),
         cmocka_unit_test(test_world_3),
