@@ -3075,6 +3075,21 @@ _DM_PRIVATE void _dm_trace_fr_open(dm_collective* c, _dm_trace* t, const dm_op* 
            (uint64_t)(uint8_t)o->dtype << 32;
     _dm_tr_slot_write(&t->ring[t->next_slot], t->count, w);
 }
+/* o's entry, done, into its slot when it never waited: the same words as _dm_trace_fr_open and
+   the end's rewrite, in one write, with one reading of the clock for both ends. */
+_DM_PRIVATE void _dm_trace_fr_whole(dm_collective* c, _dm_trace* t, const dm_op* o) {
+    uint64_t w[8];
+    int64_t now = _dm_trace_now_coarse();
+    w[0] = t->fr_seq;
+    w[1] = _dm_tr_bytes(c, o);
+    w[2] = (uint64_t)t->fr_queued;
+    w[3] = w[4] = (uint64_t)now;
+    w[5] = (uint64_t)(uintptr_t)c->algorithm;
+    w[6] = _dm_tr_w6(0, _dm_tr_root(o));
+    w[7] = (uint64_t)o->kind | (uint64_t)_DM_TR_DONE << 8 | (uint64_t)(t->fr_queued != 0) << 16 |
+           (uint64_t)(uint8_t)o->dtype << 32;
+    _dm_tr_slot_write(&t->ring[t->next_slot], t->count, w);
+}
 /* The running operation waits (the engine's hook, on the running thread): its entry is
    written now if it was not yet; slept: the wait went past yielding, so its end is read too. */
 _DM_PRIVATE void _dm_trace_idle(dm_collective* c, bool slept) {
@@ -3136,15 +3151,18 @@ _DM_PRIVATE dm_status _dm_trace_fr_run(dm_collective* c, _dm_trace* t, const dm_
     st = _dm_op_dispatch(c, o);
     t->fr_op = NULL;
     if (st != DM_OK) return _dm_trace_fr_failed(c, t, o, st);
-    if (!t->fr_start) _dm_trace_fr_open(c, t, o);     /* it never waited: one reading for both ends */
-    end = (uint64_t)(t->fr_slept || o->count > _DM_TR_LAZY_COUNT ? _dm_trace_now_coarse() : t->fr_start);
-    __atomic_store_n(&s->ver, 2 * i + 1, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    __atomic_store_n(&s->w[4], end, __ATOMIC_RELAXED);
-    __atomic_store_n(&s->w[5], (uint64_t)(uintptr_t)c->algorithm, __ATOMIC_RELAXED);
-    __atomic_store_n(&s->w[7], (__atomic_load_n(&s->w[7], __ATOMIC_RELAXED) & ~((uint64_t)0xff << 8)) |
-                     (uint64_t)_DM_TR_DONE << 8, __ATOMIC_RELAXED);
-    __atomic_store_n(&s->ver, 2 * i + 2, __ATOMIC_RELEASE);
+    if (!t->fr_start) {
+        _dm_trace_fr_whole(c, t, o);        /* it never waited: one write, one reading for both ends */
+    } else {
+        end = (uint64_t)(t->fr_slept || o->count > _DM_TR_LAZY_COUNT ? _dm_trace_now_coarse() : t->fr_start);
+        __atomic_store_n(&s->ver, 2 * i + 1, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        __atomic_store_n(&s->w[4], end, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->w[5], (uint64_t)(uintptr_t)c->algorithm, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->w[7], (__atomic_load_n(&s->w[7], __ATOMIC_RELAXED) & ~((uint64_t)0xff << 8)) |
+                         (uint64_t)_DM_TR_DONE << 8, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->ver, 2 * i + 2, __ATOMIC_RELEASE);
+    }
     _dm_tr_advance(t);
     if ((i & 63) == 0) _dm_trace_note_end(c, t, st, true);    /* the transport, every 64 entries */
     t->dumped = false;          /* waits were noted (ntouched) only by a timeout: a failure */
