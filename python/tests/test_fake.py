@@ -210,3 +210,36 @@ def test_process_group_of_a_collective_trains_ddp():
     ddp(torch.randn(3, 4)).sum().backward()
     assert model.weight.grad is not None
     c.close()
+
+
+def test_sigint_between_calls_reaches_pythons_handler():
+    """The extension's SIGINT handler stays installed between blocking calls (no sigaction per
+    call): a SIGINT outside a call still raises KeyboardInterrupt, a handler set with
+    signal.signal still gets it, and calls after that still work."""
+    import os
+    import signal
+    import time
+    c = distmesh.FakeCollective(0, 2)
+    buf = np.ones(4, np.float32)
+    c.all_reduce(buf, distmesh.ReduceOp.SUM)                 # the first blocking call installs it
+    assert buf.tolist() == [2.0] * 4
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    got = []
+    old = signal.signal(signal.SIGINT, lambda sig, frame: got.append(sig))
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert got == [signal.SIGINT]
+        for _ in range(3):
+            c.all_reduce(buf, distmesh.ReduceOp.SUM)
+        time.sleep(0.15)                            # past the re-check: ours goes back in front
+        c.all_reduce(buf, distmesh.ReduceOp.SUM)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert got == [signal.SIGINT, signal.SIGINT]
+        assert buf.tolist() == [32.0] * 4
+    finally:
+        signal.signal(signal.SIGINT, old)
+    c.close()
