@@ -1319,24 +1319,32 @@ static PyObject* dmpy_reduce(PyObject* self, PyObject* const* args, Py_ssize_t n
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 }
 
-static PyObject* dmpy_gather(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+/* gather and scatter, mirror images: the small buffer on every rank (gather's input, scatter's
+   output), the root's world_size times larger one (gather's output, scatter's input). */
+static PyObject* dmpy_rooted_many(PyObject* self, dm_op_kind kind, PyObject* small, PyObject* big,
+                                  PyObject* root_arg, PyObject* async_arg, dm_collective* c) {
+    bool gather = kind == DM_OP_GATHER;
+    const char* small_name = gather ? "input" : "output";
+    const char* big_name = gather ? "output" : "input";
+    char big_at_root[32];
     dmpy_op o;
     int async_op;
     long root;
-    size_t W;
-    DMPY_PARSE("gather", 1, "input", "output", "root", "async_op");
-    W = (size_t)dm_world_size(c);
-    if (dmpy_int(a_[2], "root", 0, INT_MIN, INT_MAX, &root) < 0 || dmpy_bool(a_[3], &async_op) < 0) return NULL;
-    dmpy_op_init(&o, DM_OP_GATHER);
-    if (dmpy_buf_get(a_[0], "input", DMPY_READ, &o.b[0]) < 0) return NULL;
+    size_t W = (size_t)dm_world_size(c);
+    if (dmpy_int(root_arg, "root", 0, INT_MIN, INT_MAX, &root) < 0 || dmpy_bool(async_arg, &async_op) < 0) return NULL;
+    dmpy_op_init(&o, kind);
+    if (dmpy_buf_get(small, small_name, gather ? DMPY_READ : DMPY_WRITE, &o.b[0]) < 0) return NULL;
     if (root == dm_rank(c)) {
-        if (dmpy_buf_get(a_[1], "output (at the root)", DMPY_WRITE, &o.b[1]) < 0 ||
-            dmpy_same_dtype(&o.b[1], "output", &o.b[0], "input") < 0 ||
-            dmpy_size_is(&o.b[1], "output", W * o.b[0].nbytes, "world_size x input's size") < 0)
+        snprintf(big_at_root, sizeof(big_at_root), "%s (at the root)", big_name);
+        if (dmpy_buf_get(big, big_at_root, gather ? DMPY_WRITE : DMPY_READ, &o.b[1]) < 0 ||
+            dmpy_same_dtype(&o.b[1], big_name, &o.b[0], small_name) < 0 ||
+            dmpy_size_is(&o.b[1], big_name, W * o.b[0].nbytes, gather ? "world_size x input's size" : "world_size x output's size") < 0)
             goto fail;
-        o.recv = o.b[1].ptr;
+        if (gather) o.recv = o.b[1].ptr;
+        else o.send = o.b[1].ptr;
     }
-    o.send = o.b[0].ptr;
+    if (gather) o.send = o.b[0].ptr;
+    else o.recv = o.b[0].ptr;
     o.count = dmpy_move_count(&o.b[0]);
     o.dtype = dmpy_move_dtype(&o.b[0]);
     o.root = (int)root;
@@ -1345,32 +1353,13 @@ fail:
     dmpy_op_release(&o);
     return NULL;
 }
-
+static PyObject* dmpy_gather(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    DMPY_PARSE("gather", 1, "input", "output", "root", "async_op");
+    return dmpy_rooted_many(self, DM_OP_GATHER, a_[0], a_[1], a_[2], a_[3], c);
+}
 static PyObject* dmpy_scatter(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-    dmpy_op o;
-    int async_op;
-    long root;
-    size_t W;
     DMPY_PARSE("scatter", 1, "output", "input", "root", "async_op");
-    W = (size_t)dm_world_size(c);
-    if (dmpy_int(a_[2], "root", 0, INT_MIN, INT_MAX, &root) < 0 || dmpy_bool(a_[3], &async_op) < 0) return NULL;
-    dmpy_op_init(&o, DM_OP_SCATTER);
-    if (dmpy_buf_get(a_[0], "output", DMPY_WRITE, &o.b[0]) < 0) return NULL;
-    if (root == dm_rank(c)) {
-        if (dmpy_buf_get(a_[1], "input (at the root)", DMPY_READ, &o.b[1]) < 0 ||
-            dmpy_same_dtype(&o.b[1], "input", &o.b[0], "output") < 0 ||
-            dmpy_size_is(&o.b[1], "input", W * o.b[0].nbytes, "world_size x output's size") < 0)
-            goto fail;
-        o.send = o.b[1].ptr;
-    }
-    o.recv = o.b[0].ptr;
-    o.count = dmpy_move_count(&o.b[0]);
-    o.dtype = dmpy_move_dtype(&o.b[0]);
-    o.root = (int)root;
-    return dmpy_run((dmpy_comm*)self, &o, async_op);
-fail:
-    dmpy_op_release(&o);
-    return NULL;
+    return dmpy_rooted_many(self, DM_OP_SCATTER, a_[0], a_[1], a_[2], a_[3], c);
 }
 
 static PyObject* dmpy_all_to_all(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
