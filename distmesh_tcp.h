@@ -2632,6 +2632,13 @@ static void _dm_tcp_relay_step(_dm_tcp* t, _dm_tcp_rly_peer* p) {
     }
 }
 static dm_status _dm_tcp_arrive(_dm_tcp* t, int n);
+/* Frees a list of n store keys (each allocated, NULL entries allowed) and the list itself. */
+static void _dm_tcp_keys_free(_dm_tcp* t, char** keys, int n) {
+    int i;
+    if (keys)
+        for (i = 0; i < n; i++) _dm_free(&t->base.allocator, keys[i]);
+    _dm_free(&t->base.allocator, keys);
+}
 /* Publishes the records held and not yet published: ADD of the generation counter by their
    number (not for a prefix used once), one MULTI_SET of their addresses. */
 static dm_status _dm_tcp_relay_publish(_dm_tcp* t, const _dm_tcp_setup* s) {
@@ -2678,9 +2685,7 @@ static dm_status _dm_tcp_relay_publish(_dm_tcp* t, const _dm_tcp_setup* s) {
         if (r->peers[i].state == _DM_TCP_RLY_HELD) r->peers[i].published = true;
     if (st == DM_OK && t->counted) st = _dm_tcp_arrive(t, n);
 done:
-    if (keys)
-        for (i = 0; i < n; i++) _dm_free(&t->base.allocator, keys[i]);
-    _dm_free(&t->base.allocator, keys);
+    _dm_tcp_keys_free(t, keys, n);
     _dm_free(&t->base.allocator, vals);
     _dm_free(&t->base.allocator, sizes);
     return st;
@@ -2763,9 +2768,7 @@ static dm_status _dm_tcp_relay_finish(_dm_tcp* t) {
     close(r->lfd);
     r->lfd = -1;
 done:
-    if (keys)
-        for (i = 0; i < n; i++) _dm_free(&t->base.allocator, keys[i]);
-    _dm_free(&t->base.allocator, keys);
+    _dm_tcp_keys_free(t, keys, n);
     _dm_free(&t->base.allocator, vals);
     _dm_free(&t->base.allocator, sizes);
     _dm_free(&t->base.allocator, need);
@@ -3187,9 +3190,7 @@ static dm_status _dm_tcp_await_ranks(_dm_tcp* t, const _dm_tcp_setup* s, int64_t
         next_log = _dm_now_ms() + 10000;
     }
 done:
-    if (keys)
-        for (j = 0; j < W; j++) _dm_free(&t->base.allocator, keys[j]);
-    _dm_free(&t->base.allocator, keys);
+    _dm_tcp_keys_free(t, keys, W);
     _dm_free(&t->base.allocator, missing);
     _dm_free(&t->base.allocator, present);
     dm_store_destroy(w);
