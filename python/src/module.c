@@ -1078,53 +1078,26 @@ static int dmpy_holder_traverse(PyObject* self, visitproc visit, void* arg) {
     return 0;
 }
 
-/* accessors */
-#define DMPY_GET_INT(fn)                                                                     \
-    static PyObject* dmpy_get_##fn(PyObject* self, void* closure) {                          \
+/* accessors: each reads one thing of the collective (raising if it is closed) and makes it a
+   Python object with `make`, an expression in c */
+#define DMPY_GET(name, make)                                                                 \
+    static PyObject* dmpy_get_##name(PyObject* self, void* closure) {                        \
         dm_collective* c = dmpy_comm_handle(self);                                           \
         (void)closure;                                                                       \
-        return c ? PyLong_FromLong(dm_##fn(c)) : NULL;                                       \
+        return c ? (make) : NULL;                                                            \
     }
-DMPY_GET_INT(rank)
-DMPY_GET_INT(world_size)
-DMPY_GET_INT(local_rank)
-DMPY_GET_INT(local_world_size)
-#undef DMPY_GET_INT
-static PyObject* dmpy_get_is_master(PyObject* self, void* closure) {
-    dm_collective* c = dmpy_comm_handle(self);
-    (void)closure;
-    return c ? PyBool_FromLong(dm_is_master(c)) : NULL;
-}
-static PyObject* dmpy_get_is_local_master(PyObject* self, void* closure) {
-    dm_collective* c = dmpy_comm_handle(self);
-    (void)closure;
-    return c ? PyBool_FromLong(dm_is_local_master(c)) : NULL;
-}
-static PyObject* dmpy_get_backend(PyObject* self, void* closure) {
-    dm_collective* c = dmpy_comm_handle(self);
-    (void)closure;
-    return c ? PyUnicode_FromString(dm_backend_name(c)) : NULL;
-}
-static PyObject* dmpy_get_transport(PyObject* self, void* closure) {
-    dm_collective* c = dmpy_comm_handle(self);
-    (void)closure;
-    return c ? PyUnicode_FromString(dm_transport_name(c)) : NULL;
-}
-static PyObject* dmpy_get_last_algorithm(PyObject* self, void* closure) {
-    dm_collective* c = dmpy_comm_handle(self);
-    (void)closure;
-    return c ? PyUnicode_FromString(dm_last_algorithm(c)) : NULL;
-}
-static PyObject* dmpy_get_last_error(PyObject* self, void* closure) {
-    dm_collective* c = dmpy_comm_handle(self);
-    (void)closure;
-    return c ? PyUnicode_FromString(dm_last_error(c)) : NULL;
-}
-static PyObject* dmpy_get_sequence(PyObject* self, void* closure) {
-    dm_collective* c = dmpy_comm_handle(self);
-    (void)closure;
-    return c ? PyLong_FromUnsignedLongLong((unsigned long long)dm_sequence(c)) : NULL;
-}
+DMPY_GET(rank, PyLong_FromLong(dm_rank(c)))
+DMPY_GET(world_size, PyLong_FromLong(dm_world_size(c)))
+DMPY_GET(local_rank, PyLong_FromLong(dm_local_rank(c)))
+DMPY_GET(local_world_size, PyLong_FromLong(dm_local_world_size(c)))
+DMPY_GET(is_master, PyBool_FromLong(dm_is_master(c)))
+DMPY_GET(is_local_master, PyBool_FromLong(dm_is_local_master(c)))
+DMPY_GET(backend, PyUnicode_FromString(dm_backend_name(c)))
+DMPY_GET(transport, PyUnicode_FromString(dm_transport_name(c)))
+DMPY_GET(last_algorithm, PyUnicode_FromString(dm_last_algorithm(c)))
+DMPY_GET(last_error, PyUnicode_FromString(dm_last_error(c)))
+DMPY_GET(sequence, PyLong_FromUnsignedLongLong((unsigned long long)dm_sequence(c)))
+#undef DMPY_GET
 static PyObject* dmpy_get_closed(PyObject* self, void* closure) {
     dmpy_holder* h;
     (void)closure;
