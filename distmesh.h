@@ -935,8 +935,14 @@ struct dm_collective {
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <fcntl.h>                      /* >>trace's files */
+#include <signal.h>                     /* >>trace's SIGUSR1 */
 #if defined(__linux__)
 #include <sys/syscall.h>                /* SYS_sched_getaffinity: see _dm_eng_move_off */
+#endif
+#if defined(DISTMESH_CUDA)
+#include <cuda_runtime.h>               /* >>cuda */
 #endif
 
 #ifndef DM_ASSERT
@@ -987,6 +993,22 @@ struct dm_collective {
 #define _DM_COLD_BEGIN
 #define _DM_COLD_END
 #endif
+/* The rest of the implementation outside the kernels (>>float semantics) compiles, with gcc,
+   without what -O3 adds to -O2 for loops (loop distribution and interchange, unswitching,
+   peeling, versioning, the vectoriser's dynamic cost model, cp-cloning, partial PRE): those pay
+   off on loops over data, and only the kernels have them; the control code they lengthen runs a
+   few times per call. That is 3% of gcc -O3's time with DISTMESH_TCP, and nothing changes at
+   -O2 and below, where those are off already. -O3's larger inlining limits stay (gcc's optimize
+   refuses --param, and "O2" would raise -Og and -O1, which no macro tells apart). */
+#if !defined(DISTMESH_OPTIMIZE_ALL) && defined(__OPTIMIZE__) && !defined(__OPTIMIZE_SIZE__) && \
+    defined(__GNUC__) && !defined(__clang__)
+#define _DM_WARM_BEGIN _Pragma("GCC push_options") \
+    _Pragma("GCC optimize(\"no-gcse-after-reload\", \"no-ipa-cp-clone\", \"no-loop-interchange\", \"no-loop-unroll-and-jam\", \"no-peel-loops\", \"no-predictive-commoning\", \"no-split-loops\", \"no-split-paths\", \"no-tree-loop-distribution\", \"no-tree-partial-pre\", \"no-unswitch-loops\", \"no-version-loops-for-strides\", \"vect-cost-model=very-cheap\")")
+#define _DM_WARM_END _Pragma("GCC pop_options")
+#else
+#define _DM_WARM_BEGIN
+#define _DM_WARM_END
+#endif
 
 /* >>libc  What the implementation uses beyond POSIX 2008, declared here when the C library hid
    it. glibc declares its GNU extensions only when _GNU_SOURCE came before the TU's first system
@@ -1017,6 +1039,7 @@ extern int fallocate(int fd, int mode, off_t offset, off_t len);
 #define _DM_FALLOC_KEEP_SIZE 0x01   /* <linux/falloc.h> FALLOC_FL_KEEP_SIZE */
 #endif
 
+_DM_WARM_BEGIN
 /* >>memory  Every byte distmesh allocates goes through the object's allocator. */
 _DM_PRIVATE bool _dm_allocator_valid(const dm_allocator* a) {
     return (a->alloc_fn == NULL) == (a->free_fn == NULL);
@@ -1516,7 +1539,6 @@ _DM_PRIVATE dm_status _dm_cfg_check(unsigned by, char* err, size_t cap) {
 _DM_COLD_END
 /* >>cuda  The one check of "is this device memory" that the backends share. */
 #if defined(DISTMESH_CUDA)
-#include <cuda_runtime.h>
 /* True for device or managed memory; false for NULL and for host memory (registered or not). */
 _DM_PRIVATE bool _dm_cuda_is_device(const void* p) {
     struct cudaPointerAttributes attr;
@@ -1707,6 +1729,7 @@ DM_API_IMPL const char* dm_reduce_op_name(dm_reduce_op op) {
    Subnormals follow the thread's floating-point environment: a program linked with -Ofast or
    -ffast-math starts with flush-to-zero on (x86's FTZ/DAZ), and then they flush here too, as they
    do in OpenMPI's and Gloo's reductions. */
+_DM_WARM_END
 #if defined(__clang__)
 #pragma float_control(precise, on, push)
 #elif defined(__GNUC__)
@@ -1896,6 +1919,7 @@ DM_API_IMPL dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, i
 #elif defined(__GNUC__)
 #pragma GCC pop_options
 #endif
+_DM_WARM_BEGIN
 
 _DM_COLD_BEGIN
 /* >>log stderr  The two loggers that print: dm_log_stderr (users pass it) and the default one of
@@ -2214,9 +2238,6 @@ _DM_COLD_END
    the coarse clock, a few ns instead of tens, when only the flight recorder is on; through the
    TSC for the timeline where the kernel keeps time with it: _dm_trace_clock; its anchor and the
    formatted seconds, t->clk_* and t->ts_*, belong to the running thread like the waits). */
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/stat.h>
 
 #define _DM_TR_FLUSH_BYTES ((size_t)128 << 10)
 #define _DM_TR_BUF_BYTES ((size_t)256 << 10)
@@ -3842,9 +3863,6 @@ done:
 _DM_COLD_END
 /* >>run  One checked operation, on whichever thread runs it: the sequence number (collectives
    only: point-to-point calls do not count), then the backend's slot or the core's fallback. */
-_DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out);
-_DM_PRIVATE dm_status _dm_run_broadcast_objects(dm_collective* c, const dm_blob* objects, size_t count, int root,
-                                                dm_blob_list* out);
 
 _DM_PRIVATE const char* _dm_op_name(dm_op_kind k) {
     static const char* names[] = { "barrier", "all_reduce", "all_gather", "all_gather_to_list", "reduce_scatter",
@@ -4737,6 +4755,8 @@ _DM_PRIVATE void _dm_abort_in_flight(dm_collective* c) {
     }
     if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE) && can) c->vt->interrupt(c);
 }
+/* abort, shrink, grow: failures and step boundaries */
+_DM_COLD_BEGIN
 DM_API_IMPL dm_status dm_abort(dm_collective* c, const char* reason) {
     int none = 0;
     if (!c) return DM_ERR_INVALID_ARG;
@@ -4827,6 +4847,7 @@ DM_API_IMPL dm_status dm_grow(dm_collective* c, int n_new, dm_collective** out) 
     if (st != DM_OK && *out) { dm_destroy(*out); *out = NULL; }
     return st;
 }
+_DM_COLD_END
 
 DM_API_IMPL void dm_blob_list_free(dm_collective* c, dm_blob_list* list) {
     if (!list) return;
@@ -5656,6 +5677,8 @@ _DM_PRIVATE void _dm_eng_set_hosts(_dm_eng* lk, const int* host_of) {
     y->start[y->H] = p;
 }
 
+/* a group's engine made and released: create, split, destroy */
+_DM_COLD_BEGIN
 /* Scratch, ring order (identity), one host, DISTMESH_ALGO and the wait policy; links are the
    backend's to fill. A bad DISTMESH_ALGO is DM_ERR_ENV with its message in last_error. */
 _DM_PRIVATE dm_status _dm_eng_init(_dm_eng* lk, dm_collective* c, const char* tag, size_t chunk) {
@@ -5722,6 +5745,7 @@ _DM_PRIVATE void _dm_eng_release(_dm_eng* lk) {
     lk->lay.host_of = NULL;
     lk->links = NULL; lk->order = NULL; lk->tmp = NULL; lk->inbox = NULL; lk->sent = NULL;
 }
+_DM_COLD_END
 /* Waiting policy for `local` ranks of a group on this host: spin only while every rank can
    have a core of its own; with more ranks than cores a spinning rank would steal the time of
    the rank it waits for, so it yields at once. The spin is short even then: on a busy host
@@ -5821,6 +5845,8 @@ _DM_PRIVATE size_t _dm_eng_pad(const _dm_link* l, size_t len) {
    and message, so every rank reports the cause. A failed link call and a fingerprint that does
    not match break the group here too. */
 
+/* The failure itself is cold; looking for one (_dm_eng_adopt_abort, _dm_eng_check_broken) is not. */
+_DM_COLD_BEGIN
 /* Posts the first failure into the shared abort word and wakes every same-host rank. */
 _DM_PRIVATE void _dm_eng_post_abort_msg(_dm_eng* lk, dm_status st, const char* msg) {
     int32_t none = 0;
@@ -5871,6 +5897,15 @@ _DM_PRIVATE dm_status _dm_eng_adopt(_dm_eng* lk, const char* op, dm_status st, i
     lk->adopting = false;
     return st;
 }
+/* A peer hung up: if some rank posted a notice, its cause is this rank's too. */
+_DM_PRIVATE dm_status _dm_eng_adopt_notice(_dm_eng* lk, const char* op) {
+    char msg[DM_LAST_ERROR_SIZE];
+    int rank = -1;
+    dm_status st = lk->notice_read ? lk->notice_read(lk, &rank, msg, sizeof(msg)) : DM_OK;
+    if (st == DM_OK || rank == lk->c->rank) return DM_OK;
+    return _dm_eng_adopt(lk, op, st, rank, msg);
+}
+_DM_COLD_END
 /* dm_abort was called on this rank (the group breaks with its message), or another same-host
    rank failed first (the shared abort word). */
 _DM_PRIVATE dm_status _dm_eng_adopt_abort(_dm_eng* lk, const char* op) {
@@ -5886,14 +5921,6 @@ _DM_PRIVATE dm_status _dm_eng_adopt_abort(_dm_eng* lk, const char* op) {
     st = lk->abort ? __atomic_load_n(&lk->abort->status, __ATOMIC_ACQUIRE) : 0;
     if (st >= 0) return DM_OK;
     return _dm_eng_adopt(lk, op, (dm_status)st, lk->abort->rank, lk->abort->msg);
-}
-/* A peer hung up: if some rank posted a notice, its cause is this rank's too. */
-_DM_PRIVATE dm_status _dm_eng_adopt_notice(_dm_eng* lk, const char* op) {
-    char msg[DM_LAST_ERROR_SIZE];
-    int rank = -1;
-    dm_status st = lk->notice_read ? lk->notice_read(lk, &rank, msg, sizeof(msg)) : DM_OK;
-    if (st == DM_OK || rank == lk->c->rank) return DM_OK;
-    return _dm_eng_adopt(lk, op, st, rank, msg);
 }
 /* Later calls fail at once: DM_ERR_PEER_LOST when a peer is gone (the caller's question is "is
    my job still whole?"), else DM_ERR_ABORTED. */
@@ -8104,6 +8131,8 @@ static dm_status _dm_tw_barrier_slot(dm_collective* c) {
     return _dm_tw_barrier(t, _DM_K_BARRIER);
 }
 
+/* >>thread split, and shrink and create below */
+_DM_COLD_BEGIN
 static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, const dm_fake_desc* d,
                                         const dm_collective* like);
 
@@ -8194,7 +8223,6 @@ static dm_status _dm_tw_split(dm_collective* c, int color, int key, dm_collectiv
     return DM_OK;
 }
 
-_DM_COLD_BEGIN
 /* >>thread shrink  The ranks that stay meet under the world's lock: each adds its excluded
    ranks to the union and waits until every rank outside the union has arrived; the one that
    completes the meeting makes the new world's shared state. Threads cannot die here, so the
@@ -8991,6 +9019,7 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
 #endif
 
 _DM_COLD_END
+_DM_WARM_END
 #endif /* DISTMESH_IMPLEMENTATION */
 
 /* >>backends  Last, outside both guards: each sees the whole core and emits its own parts. The

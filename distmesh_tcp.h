@@ -221,6 +221,7 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <poll.h>
 #include <fcntl.h>
 
+_DM_WARM_BEGIN   /* distmesh.h >>compile cost */
 /* >>tcp libc  The backend's share of distmesh.h >>libc: the GNU and BSD calls it makes, declared
    when the includer's mode hid them (glibc, C), and the Linux constants under _DM_ names. */
 #if defined(__GLIBC__) && !defined(__cplusplus)
@@ -596,6 +597,8 @@ static const _dm_link_vt _dm_shm_vt = {
     8, _dm_mem_sendv, NULL
 };
 
+/* the segment made and mapped: create, split, shrink */
+_DM_COLD_BEGIN
 /* Ring capacity per direction: 1 MiB while the L*L rings stay small, less for big hosts. */
 static size_t _dm_shm_ring_cap(int L) {
     size_t cap = (size_t)1 << 20;
@@ -699,7 +702,6 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, cons
     return DM_OK;
 }
 
-_DM_COLD_BEGIN
 /* >>tcp loss  A rank asleep on its bell learns of a same-host peer's death at once. A dead
    process rings no bell, and the sleeper used to find out at its next look, up to 50 ms later
    (twice: a death is confirmed by a second look). So each group with shm links has a watcher
@@ -4615,6 +4617,7 @@ DM_API_IMPL dm_status dm_init(const dm_init_desc* desc, dm_collective** out) {
     return _dm_create_end(_dm_init_checked(desc, out), desc && desc->logger.func);
 }
 _DM_COLD_END
+_DM_WARM_END
 #endif /* DISTMESH_IMPLEMENTATION */
 
 /*

@@ -43,6 +43,10 @@ ALLOWED = {
     '_dm_st_random': 'the shared segment\'s nonce, at create',
     '_dm_run_gather_objects': 'object collectives: sizes and blobs, not a per-byte path',
     '_dm_run_broadcast_objects': 'object collectives: sizes and blobs, not a per-byte path',
+    '_dm_eng_break': 'a failure: the group breaks and tells the others',
+    '_dm_eng_adopt': 'a failure another rank posted, adopted',
+    '_dm_eng_adopt_notice': 'a peer hung up: its notice, if any, is read',
+    'dm_shrink': 'named in messages only ("dm_shrink(DM_SHRINK_ABORT)"), never called from hot code',
 }
 
 DEF = re.compile(r'^(?:_DM_PRIVATE|static|DM_API_IMPL|_DM_NORETURN DM_API_IMPL)\b[^;{=]*?\b(\w+)\s*\(([^;{]*?)\)\s*\{',
