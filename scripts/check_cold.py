@@ -10,6 +10,9 @@ there is never inlined into a caller outside it. So:
   3. hot code (outside the regions) calls a cold function only where ALLOWED says why: a path taken
      at create, at a collective's first call, for a split or on a failure, never per call or per byte.
      (The error macros, _DM_FAIL / _DM_REPORT / _DM_LOG, are such paths by definition.)
+  4. the regions nest as gcc's option pushes and pops must: the warm regions (_DM_WARM_BEGIN /
+     _END: the per-call code, without -O3's loop transforms) outside every other push, every
+     push closed by the end of its header's implementation.
 A new hot-to-cold call fails the check: move the callee out of its cold region, or, when the call
 is on such a path, add it to ALLOWED with the reason.
 With --ir FILE (clang -O2 -S -emit-llvm of the implementation), it also checks that the regions
@@ -91,6 +94,34 @@ def check_ir(path, defs, problems):
     return seen
 
 
+NEST = re.compile(r'^(_DM_COLD_BEGIN|_DM_COLD_END|_DM_WARM_BEGIN|_DM_WARM_END|#pragma GCC push_options'
+                  r'|#pragma GCC pop_options)\b', re.M)
+
+
+def check_nesting(h, base_line, impl):
+    """The regions are gcc option pushes and pops, so they must nest: the warm regions sit outside
+    every other push (the cold regions open inside them; the float semantics region and the
+    kernels' -O3 sit between warm regions), and every one is closed by the end of the header's
+    implementation (an open one would hand its options to the includer's own code)."""
+    problems, stack = [], []
+    for m in NEST.finditer(impl):
+        line = base_line + impl[:m.start()].count('\n') + 1
+        what = m.group(1)
+        if what == '_DM_WARM_BEGIN' and stack:
+            problems.append('%s:%d: _DM_WARM_BEGIN inside %s' % (h, line, stack[-1]))
+        if what.endswith('BEGIN') or what.endswith('push_options'):
+            stack.append(what)
+            continue
+        want = {'_DM_COLD_END': '_DM_COLD_BEGIN', '_DM_WARM_END': '_DM_WARM_BEGIN'}.get(what, '#pragma GCC push_options')
+        if not stack or stack[-1] != want:
+            problems.append('%s:%d: %s closes %s' % (h, line, what, stack[-1] if stack else 'nothing'))
+        if stack:
+            stack.pop()
+    if stack:
+        problems.append('%s: %s still open at the end of the implementation' % (h, stack[-1]))
+    return problems
+
+
 def main():
     args = sys.argv[1:]
     ir = None
@@ -109,6 +140,7 @@ def main():
         base_line, impl = impl_part(text)
         for m in MARK.finditer(text[:len(text) - len(impl)]):
             problems.append('%s:%d: %s outside the implementation' % (h, text[:m.start()].count('\n') + 1, m.group(1)))
+        problems += check_nesting(h, base_line, impl)
         # regions: a list of (start, end, cold)
         cold, start, regions = False, 0, []
         for m in MARK.finditer(impl):
