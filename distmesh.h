@@ -495,7 +495,8 @@ DM_API const char* dm_backend_name(const dm_collective* c); /* "fake", "thread",
    (DISTMESH_TRANSPORT, dm_tcp_desc.transport). */
 DM_API const char* dm_transport_name(const dm_collective* c);
 /* The algorithm the last collective on c ran (docs/design.md "Across hosts"): "flat_ring", "flat_rd",
-   "two_level_ring", "two_level_rd" (all_reduce, reduce), "flat_ring" / "two_level_ring"
+   "two_level_ring", "two_level_rd" (all_reduce, reduce), "flat_ring_single_copy" (a large
+   all_reduce among the ranks of one host whose all-gather read the peers' buffers directly), "flat_ring" / "two_level_ring"
    (all_gather, reduce_scatter), "flat_chain" / "two_level_chain" (broadcast),
    "flat_dissemination" / "two_level_dissemination" (barrier); "" before the first and on
    backends that do not say (fake, nccl). Read it with nothing in flight. */
@@ -1271,6 +1272,10 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
     X(JOIN,             BOOL,    "0",     0, 1,       NULL, TCP,                                                      \
       "`1`: `dm_tcp_create` / `dm_init` join a running group as a newcomer of its next `dm_grow` "                    \
       "(see [docs/failures.md](docs/failures.md#grow-back-dm_grow))")                                                 \
+    X(SINGLE_COPY,      BOOL,    "1",     0, 1,       NULL, TCP,                                                      \
+      "`0`: large all-reduces among the ranks of one host move their all-gather through the shared ring "            \
+      "(two copies) instead of reading each other's buffers (`process_vm_readv`, one copy; see "                      \
+      "[docs/design.md](docs/design.md#shared-memory-on-one-host))")                                                  \
     X(TEST_HOST_ID,     STR,     "",      0, 0,       NULL, TCP,                                                      \
       "for tests and benchmarks: this process's host identity, to simulate several hosts on one machine")             \
     X(STORE_MAX_VALUE,  BYTES,   "64M",   1, _DM_CFG_BYTES_MAX, NULL, STORE, "store server: bytes of one value")      \
@@ -5639,6 +5644,13 @@ typedef struct _dm_eng {
     int (*poll_fill)(struct _dm_eng* lk, struct pollfd* p, int cap);
     void (*service)(struct _dm_eng* lk);
     void (*hangup)(struct _dm_eng* lk);
+    /* Optional (TCP, every rank of the group on one host over shared memory): copies n bytes at
+       addr in process pid into dst, whole, and returns 0 or an errno. With it a flat ring
+       all-reduce moves its all-gather by single copy (>>single copy); single_copy_off: a read
+       failed once, and the ring's all-gather runs from then on (every rank knows it at once). */
+    int (*read_peer)(struct _dm_eng* lk, int64_t pid, uint64_t addr, void* dst, size_t n);
+    bool single_copy_off;
+    bool single_copy_no;        /* DISTMESH_SINGLE_COPY=0 on this rank: it offers no buffer */
 } _dm_eng;
 #define _DM_ENG_SERVICE_FDS 80      /* pfds entries kept for poll_fill */
 #define _DM_ENG_XFER_MAX 2          /* transfers run together (_dm_eng_run_n) */
@@ -6971,6 +6983,77 @@ _DM_PRIVATE dm_status _dm_sch_ring_rs(_dm_eng* lk, const _dm_team* t, const unsi
     return _dm_steps_run(lk, t, &st, i, "reduce_scatter", dtype, op, fp);
 }
 
+/* >>single copy  A ring all-reduce among the ranks of one host, large: its reduce-scatter as
+   above, then an all-gather in which each rank reads the peers' reduced blocks straight out of
+   their buffers (the backend's read_peer: process_vm_readv), one copy instead of the ring's
+   two (into the shared ring, out of it). 2 ranks, 16 MiB: 56 MiB through each rank's caches
+   instead of 72 (docs/performance.md). After the reduce-scatter every position passes on where
+   its block is (its pid and buffer; 0 when DISTMESH_SINGLE_COPY=0 there), which also says the
+   block is final; then each reads the others; then every position passes on whether its reads
+   succeeded, which also says it no longer reads anyone's buffer, so no rank returns (and lets
+   its caller write the buffer) while another still reads it. If any read failed (no ptrace
+   permission between the ranks: another user, Yama's ptrace_scope, a non-dumpable process; or
+   a peer gone), every rank runs the ring's all-gather after all, and from then on: a lost peer
+   is then reported by it as ever. The exchanges are ring all-gathers of 16 and 1 bytes. */
+#define _DM_SINGLE_COPY_BYTES ((size_t)1 << 20)
+_DM_PRIVATE bool _dm_sch_single_copy_fits(const _dm_eng* lk, size_t bytes) {
+    return lk->read_peer && !lk->single_copy_off && lk->lay.H == 1 && bytes >= _DM_SINGLE_COPY_BYTES;
+}
+_DM_PRIVATE dm_status _dm_sch_single_gather(_dm_eng* lk, const _dm_team* t, unsigned char* rows, size_t bytes,
+                                            void** pieces, const _dm_fp* fp) {
+    int p;
+    for (p = 0; p < t->n; p++) pieces[p] = rows + (size_t)p * bytes;
+    return _dm_sch_ring_gather(lk, t, pieces, 1, bytes, _DM_K_ALL_REDUCE, DM_UINT8, fp);
+}
+/* This rank's reads of every other position's block into recv: true when all succeeded. */
+_DM_PRIVATE bool _dm_sch_single_reads(_dm_eng* lk, const _dm_team* t, const unsigned char* where, unsigned char* recv,
+                                      size_t count, size_t esize) {
+    int p, err;
+    size_t off, len;
+    for (p = 0; p < t->n; p++) {
+        const unsigned char* w = where + (size_t)p * 16;
+        if (p == t->me) continue;
+        if (_dm_get64(w + 8) == 0) return false;            /* that rank turned it off */
+        _dm_segment(count, t->n, p, &off, &len);
+        err = lk->read_peer(lk, (int64_t)_dm_get64(w), _dm_get64(w + 8) + off * esize, recv + off * esize, len * esize);
+        if (err) {
+            _DM_LOG(&lk->c->logger, DM_LOG_INFO, "%s: all_reduce #%llu: a single-copy read from rank %d failed (%s); "
+                    "the all-gathers of large all-reduces go through the shared ring from now on", lk->tag,
+                    (unsigned long long)lk->c->seq, _dm_team_rank(t, p), strerror(err));
+            return false;
+        }
+    }
+    return true;
+}
+_DM_PRIVATE dm_status _dm_sch_ring_single(_dm_eng* lk, const _dm_team* t, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_reduce_op op, int divide, const _dm_fp* fp) {
+    int W = t->n, p;
+    size_t esize = dm_dtype_size(dtype), need = (size_t)W * (16 + 1 + sizeof(void*));
+    unsigned char *where, *ok;
+    void** pieces;
+    bool all = true;
+    dm_status st;
+    _DM_TRY(_dm_sch_ring(lk, t, send, recv, count, dtype, op, divide, fp, _DM_SCH_RING_RS));
+    if (need > lk->tmp_size) return _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: all_reduce: %d ranks is too many for "
+                                             "the single-copy exchange's scratch", lk->tag, W);
+    pieces = (void**)(void*)lk->tmp;                        /* scratch is free after the reduce-scatter */
+    where = lk->tmp + (size_t)W * sizeof(void*);
+    ok = where + (size_t)W * 16;
+    _dm_put64(where + (size_t)t->me * 16, (uint64_t)getpid());
+    _dm_put64(where + (size_t)t->me * 16 + 8, lk->single_copy_no ? 0 : (uint64_t)(uintptr_t)recv);
+    _DM_TRY(_dm_sch_single_gather(lk, t, where, 16, pieces, fp));
+    ok[t->me] = _dm_sch_single_reads(lk, t, where, (unsigned char*)recv, count, esize) ? 1 : 0;
+    st = _dm_sch_single_gather(lk, t, ok, 1, pieces, fp);
+    if (st != DM_OK) return st;
+    for (p = 0; p < W; p++) all = all && ok[p];
+    if (all) {
+        lk->c->algorithm = "flat_ring_single_copy";        /* dm_last_algorithm */
+        return DM_OK;
+    }
+    lk->single_copy_off = true;
+    return _dm_sch_ring(lk, t, recv, recv, count, dtype, op, 0, fp, _DM_SCH_RING_AG);
+}
+
 /* >>two-level  The two-level all-reduce: a fold onto R ranks of each host, the host's ring,
    R rails across the hosts, and the way back (_dm_sch_allreduce_2l); with R > 1 the middle runs
    pipelined by segment (_dm_sch_2l_stage). */
@@ -7449,6 +7532,8 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce(_dm_eng* lk, const void* send, void* r
     _dm_coll_ran(lk, _dm_algo_names[algo]);
     if (algo == _DM_ALGO_FLAT_RING) {
         t = _dm_sch_flat(lk);
+        if (_dm_sch_single_copy_fits(lk, bytes))
+            return _dm_sch_ring_single(lk, &t, send, recv, count, dtype, op, divide, &fp);
         return _dm_sch_ring(lk, &t, send, recv, count, dtype, op, divide, &fp, _DM_SCH_RING_RS | _DM_SCH_RING_AG);
     }
     if (send != recv) memcpy(recv, send, bytes);

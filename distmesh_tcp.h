@@ -227,6 +227,8 @@ _DM_WARM_BEGIN   /* distmesh.h >>compile cost */
 #if defined(__GLIBC__) && !defined(__cplusplus)
 #if !defined(__USE_GNU)
 extern int memfd_create(const char* name, unsigned int flags);
+extern ssize_t process_vm_readv(pid_t pid, const struct iovec* local, unsigned long nlocal,
+                                const struct iovec* remote, unsigned long nremote, unsigned long flags);
 #endif                                      /* accept4: distmesh_store.h's includes */
 #if !defined(__USE_MISC)
 extern int madvise(void* addr, size_t len, int advice);
@@ -597,6 +599,26 @@ static const _dm_link_vt _dm_shm_vt = {
     8, _dm_mem_sendv, NULL
 };
 
+/* The engine's read_peer (distmesh.h >>single copy): the kernel copies from the peer's memory
+   straight into dst (Linux 3.2; the same user, and Yama's ptrace_scope 0, or the read fails
+   with EPERM and the ring does the all-gather). A partial read goes on from where it stopped. */
+static int _dm_shm_read_peer(_dm_eng* lk, int64_t pid, uint64_t addr, void* dst, size_t n) {
+    unsigned char* d = (unsigned char*)dst;
+    (void)lk;
+    while (n) {
+        struct iovec here, there;
+        ssize_t got;
+        here.iov_base = d; here.iov_len = n;
+        there.iov_base = (void*)(uintptr_t)addr; there.iov_len = n;
+        got = process_vm_readv((pid_t)pid, &here, 1, &there, 1, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return errno;
+        if (got == 0) return EFAULT;
+        d += got; addr += (uint64_t)got; n -= (size_t)got;
+    }
+    return 0;
+}
+
 /* the segment made and mapped: create, split, shrink */
 _DM_COLD_BEGIN
 /* Ring capacity per direction: 1 MiB while the L*L rings stay small, less for big hosts. */
@@ -699,6 +721,8 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, cons
     t->lk.nbells = L;
     t->lk.bell_ops = ops;
     t->lk.abort = ab;
+    t->lk.read_peer = _dm_shm_read_peer;
+    t->lk.single_copy_no = !_dm_cfg_int_logged(_DM_CFG_SINGLE_COPY, &t->base.logger);
     return DM_OK;
 }
 

@@ -115,6 +115,64 @@ static void test_shm_moves_off_peer_core(void** s) {
     assert_int_equal(run_world(2, body_moves_off, NULL, 60), 0);
 }
 
+/* A large all-reduce among the ranks of one host moves its all-gather by single copy (distmesh.h
+   >>single copy): dm_last_algorithm says so, the sums are exact, and MEAN of fractional floats
+   gives the ring's bits (the same reduce-scatter; only the all-gather's copies differ): the
+   reference is a child group made after one rank set DISTMESH_SINGLE_COPY=0, where every rank
+   must fall back to the ring, every time (the child remembers), in place and out of place,
+   at 1 MiB (the threshold) and an odd count above it. */
+static int single_copy_round(dm_collective* c, size_t n, bool in_place, float* send, float* recv, const char* want) {
+    int W = dm_world_size(c), r = dm_rank(c);
+    size_t i;
+    for (i = 0; i < n; i++) send[i] = (float)((int)(i % 11) + 2 * r);
+    if (in_place) recv = send;
+    RST(dm_all_reduce(c, in_place ? NULL : send, recv, n, DM_FLOAT32, DM_SUM));
+    if (strcmp(dm_last_algorithm(c), want) != 0) {
+        fprintf(stderr, "rank %d: %zu floats ran %s, expected %s\n", r, n, dm_last_algorithm(c), want);
+        return 1;
+    }
+    for (i = 0; i < n; i++)
+        if (recv[i] != (float)(W * (int)(i % 11) + W * (W - 1))) {
+            fprintf(stderr, "rank %d: %zu floats wrong at %zu: %f\n", r, n, i, (double)recv[i]);
+            return 1;
+        }
+    return 0;
+}
+static int body_single_copy(dm_collective* c, int rank, int world, void* arg) {
+    size_t big = ((size_t)1 << 18) + 2 * (size_t)world + 1, n1 = (size_t)1 << 18, i;   /* 1 MiB + a bit; 1 MiB */
+    float* send = (float*)malloc(big * sizeof(float));
+    float* recv = (float*)malloc(big * sizeof(float));
+    float* mean[2];
+    dm_collective* ring = NULL;
+    int k;
+    (void)arg; (void)world;
+    RCHECK(send && recv);
+    RCHECK(strcmp(dm_transport_name(c), "shm") == 0);
+    RCHECK(single_copy_round(c, n1 - 1, false, send, recv, "flat_ring") == 0);    /* under the threshold */
+    for (k = 0; k < 4; k++)
+        RCHECK(single_copy_round(c, k % 2 ? big : n1, k >= 2, send, recv, "flat_ring_single_copy") == 0);
+    if (rank == 1) setenv("DISTMESH_SINGLE_COPY", "0", 1);
+    RST(dm_split(c, 0, rank, &ring));
+    unsetenv("DISTMESH_SINGLE_COPY");
+    for (k = 0; k < 3; k++) RCHECK(single_copy_round(ring, big, k == 1, send, recv, "flat_ring") == 0);
+    for (k = 0; k < 2; k++) {
+        mean[k] = (float*)malloc(big * sizeof(float));
+        RCHECK(mean[k] != NULL);
+        for (i = 0; i < big; i++) mean[k][i] = (float)sin((double)(i * 7 + (size_t)rank * 13)) * 1.5f;
+        RST(dm_all_reduce(k ? ring : c, NULL, mean[k], big, DM_FLOAT32, DM_MEAN));
+    }
+    RCHECK(strcmp(dm_last_algorithm(c), "flat_ring_single_copy") == 0);
+    RCHECK(memcmp(mean[0], mean[1], big * sizeof(float)) == 0);
+    dm_destroy(ring);
+    free(mean[0]); free(mean[1]); free(send); free(recv);
+    return 0;
+}
+static void test_shm_single_copy(void** s) {
+    int w;
+    (void)s;
+    for (w = 2; w <= 4; w++) assert_int_equal(run_world(w, body_single_copy, NULL, 60), 0);
+}
+
 /* Small exchanges over shared memory take the eager path (distmesh.h, >>eager) and fall back to
    the engine when they cannot: the peer late (every 13th call), a point-to-point message first
    in line (every 97th: rank 0 sends one to rank 1 before the all-reduce, rank 1 takes it after),
@@ -380,6 +438,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_shm_sleep_wake),
         cmocka_unit_test(test_shm_moves_off_peer_core),
         cmocka_unit_test(test_shm_eager_stream),
+        cmocka_unit_test(test_shm_single_copy),
         cmocka_unit_test(test_same_machine_sockets_reno),
         cmocka_unit_test(test_world_3),
         cmocka_unit_test(test_world_4),
