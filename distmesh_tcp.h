@@ -695,7 +695,7 @@ static void _dm_shm_prefault(unsigned char* p, size_t n) {
 }
 
 /* Swaps the socket links of same-host peers for shm links and wires bells and abort word. */
-static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, const _dm_bell_ops* ops) {
+static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, const _dm_bell_ops* ops, bool single_copy) {
     unsigned char* p = t->shm;
     size_t cap = (size_t)_dm_tcp_get64(p + 32), stride = (size_t)_dm_tcp_get64(p + 40);
     _dm_abort* ab = (_dm_abort*)(void*)(p + _DM_SHM_HEADER);
@@ -721,7 +721,7 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, cons
     t->lk.nbells = L;
     t->lk.bell_ops = ops;
     t->lk.abort = ab;
-    t->lk.read_peer = _dm_shm_read_peer;
+    t->lk.read_peer = single_copy ? _dm_shm_read_peer : NULL;
     t->lk.single_copy_no = !_dm_cfg_int_logged(_DM_CFG_SINGLE_COPY, &t->base.logger);
     return DM_OK;
 }
@@ -805,7 +805,7 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
     _dm_fp fp;
     _dm_shm_msg m;
     dm_status st = DM_OK;
-    int32_t vote = t->transport == _DM_TCP_SOCKETS ? 1 : 2, votes[2];
+    int32_t vote = t->transport == _DM_TCP_SOCKETS ? 1 : 2, votes[3];
     int fd = -1, i;
     char why[DM_LAST_ERROR_SIZE] = "";
     _dm_fp_make(&fp, &t->base, _DM_K_SETUP, -1, -1, 0, sizeof(m));
@@ -837,13 +837,14 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
        fences, 17 ms with the barrier). A lone rank rings nobody. */
     votes[0] = vote;
     votes[1] = L < 2 || (_dm_eng_core_per_rank(L) && _dm_membarrier_register()) ? 1 : 0;
-    if (st == DM_OK) st = _dm_coll_all_reduce(&t->lk, votes, votes, 2, DM_INT32, DM_MIN);
+    votes[2] = _dm_eng_core_per_rank(L) ? 1 : 0;   /* single copy pays only with a core each */
+    if (st == DM_OK) st = _dm_coll_all_reduce(&t->lk, votes, votes, 3, DM_INT32, DM_MIN);
     if (fd >= 0) close(fd);
     if (st != DM_OK) return st;
     vote = votes[0];
     t->shm_vote = vote;
     if (vote == 2 && L >= 2) {
-        st = _dm_shm_links(t, local, L, me, votes[1] ? &_dm_futex_bell_light : &_dm_futex_bell);
+        st = _dm_shm_links(t, local, L, me, votes[1] ? &_dm_futex_bell_light : &_dm_futex_bell, votes[2] != 0);
         if (st == DM_OK) _dm_shm_watch_start(t);
         return st;
     }
