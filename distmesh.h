@@ -7001,9 +7001,14 @@ _DM_PRIVATE dm_status _dm_sch_ring_rs(_dm_eng* lk, const _dm_team* t, const unsi
    messages are small; a read's cost per page does not). The backend offers read_peer only
    where the ranks have a core each (4 ranks on 2 cores: no gain, 8.2 against 7.7 ms at 16 MiB). */
 #define _DM_SINGLE_COPY_BLOCK ((size_t)1 << 20)
+/* The exchanges' rows (16 + 1 bytes and a pointer per rank) live in the engine's scratch, at
+   least _DM_PICK_SMALL_BYTES: free once the reduce-scatter is done, as only reductions use it
+   and the exchanges receive straight into place. */
+#define _DM_SINGLE_COPY_ROW (16 + 1 + sizeof(void*))
 _DM_PRIVATE bool _dm_sch_single_copy_fits(const _dm_eng* lk, size_t bytes) {
-    return lk->read_peer && !lk->single_copy_off && lk->lay.H == 1 &&
-           bytes / (size_t)lk->c->size >= _DM_SINGLE_COPY_BLOCK;
+    size_t W = (size_t)lk->c->size;
+    return lk->read_peer && !lk->single_copy_off && lk->lay.H == 1 && bytes / W >= _DM_SINGLE_COPY_BLOCK &&
+           W * _DM_SINGLE_COPY_ROW <= _DM_PICK_SMALL_BYTES;
 }
 _DM_PRIVATE dm_status _dm_sch_single_gather(_dm_eng* lk, const _dm_team* t, unsigned char* rows, size_t bytes,
                                             void** pieces, const _dm_fp* fp) {
@@ -7034,15 +7039,13 @@ _DM_PRIVATE bool _dm_sch_single_reads(_dm_eng* lk, const _dm_team* t, const unsi
 _DM_PRIVATE dm_status _dm_sch_ring_single(_dm_eng* lk, const _dm_team* t, const void* send, void* recv, size_t count,
                                           dm_dtype dtype, dm_reduce_op op, int divide, const _dm_fp* fp) {
     int W = t->n, p;
-    size_t esize = dm_dtype_size(dtype), need = (size_t)W * (16 + 1 + sizeof(void*));
+    size_t esize = dm_dtype_size(dtype);
     unsigned char *where, *ok;
     void** pieces;
     bool all = true;
     dm_status st;
     _DM_TRY(_dm_sch_ring(lk, t, send, recv, count, dtype, op, divide, fp, _DM_SCH_RING_RS));
-    if (need > lk->tmp_size) return _DM_FAIL(lk->c, DM_ERR_INTERNAL, "%s: all_reduce: %d ranks is too many for "
-                                             "the single-copy exchange's scratch", lk->tag, W);
-    pieces = (void**)(void*)lk->tmp;                        /* scratch is free after the reduce-scatter */
+    pieces = (void**)(void*)lk->tmp;                        /* see _DM_SINGLE_COPY_ROW */
     where = lk->tmp + (size_t)W * sizeof(void*);
     ok = where + (size_t)W * 16;
     _dm_put64(where + (size_t)t->me * 16, (uint64_t)getpid());

@@ -10,7 +10,7 @@ import sys
 
 LINEMARK = re.compile(r'^# \d+ "([^"]+)"')
 TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|\w+|\S')
-OWN_DECL = re.compile(r'\bextern (?:int|long) \w+ ?\([^;]*\);')
+OWN_DECL = re.compile(r'\bextern (?:int|long|ssize_t) \w+ ?\([^;]*\);')
 
 
 def distmesh_tokens(path):
