@@ -134,6 +134,7 @@
        >>teams                   teams, segments, step arrays: what schedules are written with
        >>recursive doubling      schedule: recursive doubling all-reduce
        >>ring                    schedules: ring all-reduce, ring all-gather, ring reduce-scatter
+       >>single copy             a large one-host all-reduce's all-gather read from the peers' buffers
        >>two-level               schedule: two-level all-reduce (fold, host ring, rails, pipeline)
        >>chain                   schedule: pipelined chain (broadcast)
        >>dissemination           schedule: dissemination rounds (barrier)
@@ -8225,7 +8226,7 @@ static dm_status _dm_tw_barrier_slot(dm_collective* c) {
     return _dm_tw_barrier(t, _DM_K_BARRIER);
 }
 
-/* >>thread split, and shrink and create below */
+/* The threaded world's split, and its shrink and create below: cold. */
 _DM_COLD_BEGIN
 static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, const dm_fake_desc* d,
                                         const dm_collective* like);
