@@ -497,8 +497,8 @@ DM_API const char* dm_backend_name(const dm_collective* c); /* "fake", "thread",
 DM_API const char* dm_transport_name(const dm_collective* c);
 /* The algorithm the last collective on c ran (docs/design.md "Across hosts"): "flat_ring", "flat_rd",
    "two_level_ring", "two_level_rd" (all_reduce, reduce), "flat_ring_single_copy" (a large
-   all_reduce among the ranks of one host whose all-gather read the peers' buffers directly), "flat_ring" / "two_level_ring"
-   (all_gather, reduce_scatter), "flat_chain" / "two_level_chain" (broadcast),
+   all_reduce among the ranks of one host whose all-gather read the peers' buffers directly),
+   "flat_ring" / "two_level_ring" (all_gather, reduce_scatter), "flat_chain" / "two_level_chain" (broadcast),
    "flat_dissemination" / "two_level_dissemination" (barrier); "" before the first and on
    backends that do not say (fake, nccl). Read it with nothing in flight. */
 DM_API const char* dm_last_algorithm(const dm_collective* c);
@@ -7044,7 +7044,6 @@ _DM_PRIVATE dm_status _dm_sch_ring_single(_dm_eng* lk, const _dm_team* t, const 
     unsigned char *where, *ok;
     void** pieces;
     bool all = true;
-    dm_status st;
     _DM_TRY(_dm_sch_ring(lk, t, send, recv, count, dtype, op, divide, fp, _DM_SCH_RING_RS));
     pieces = (void**)(void*)lk->tmp;                        /* see _DM_SINGLE_COPY_ROW */
     where = lk->tmp + (size_t)W * sizeof(void*);
@@ -7053,8 +7052,7 @@ _DM_PRIVATE dm_status _dm_sch_ring_single(_dm_eng* lk, const _dm_team* t, const 
     _dm_put64(where + (size_t)t->me * 16 + 8, lk->single_copy_no ? 0 : (uint64_t)(uintptr_t)recv);
     _DM_TRY(_dm_sch_single_gather(lk, t, where, 16, pieces, fp));
     ok[t->me] = _dm_sch_single_reads(lk, t, where, (unsigned char*)recv, count, esize) ? 1 : 0;
-    st = _dm_sch_single_gather(lk, t, ok, 1, pieces, fp);
-    if (st != DM_OK) return st;
+    _DM_TRY(_dm_sch_single_gather(lk, t, ok, 1, pieces, fp));
     for (p = 0; p < W; p++) all = all && ok[p];
     if (all) {
         lk->c->algorithm = "flat_ring_single_copy";        /* dm_last_algorithm */

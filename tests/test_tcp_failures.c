@@ -104,16 +104,20 @@ static void fault_kill_trials(const char* transport, int mode, int trials) {
 static void test_fault_kill(void** s) { (void)s; fault_kill_trials(NULL, 0, 3); }
 static void test_fault_kill_small(void** s) { (void)s; fault_kill_trials(NULL, 2, 5); }
 static void test_fault_kill_tcp(void** s) { (void)s; fault_kill_trials("tcp", 0, 2); }
-/* 2 ranks, 64 MiB: the all-gathers read the peer's buffer (distmesh.h >>single copy) where the
-   machine allows it, so a kill may land while the survivor reads the victim's buffer. */
-static void test_fault_kill_single_copy(void** s) {
-    (void)s;
-    g_fault_world = 2;
-    g_victim = 1;
-    fault_kill_trials(NULL, 0, 3);
+/* kill -9 during 64 MiB all_reduces on another shape of world (per_host > 0: ranks r / per_host
+   share a simulated host), then back to the default one (4 ranks, one host, victim 2). */
+static void fault_kill_shaped(int world, int per_host, int victim, int trials) {
+    g_fault_world = world;
+    g_fault_hosts = per_host;
+    g_victim = victim;
+    fault_kill_trials(NULL, 0, trials);
     g_fault_world = 4;
+    g_fault_hosts = 0;
     g_victim = 2;
 }
+/* 2 ranks, 64 MiB: the all-gathers read the peer's buffer (distmesh.h >>single copy) where the
+   machine allows it, so a kill may land while the survivor reads the victim's buffer. */
+static void test_fault_kill_single_copy(void** s) { (void)s; fault_kill_shaped(2, 0, 1, 3); }
 static void test_fault_stop(void** s) { (void)s; (void)test_fault(1); }
 
 /* kill -9 during two-level all_reduces (2 hosts x 2 ranks, 64 MiB: the rails) of a host
@@ -121,13 +125,8 @@ static void test_fault_stop(void** s) { (void)s; (void)test_fault(1); }
    within 1 s. */
 static void test_fault_kill_two_level(void** s) {
     (void)s;
-    g_fault_hosts = 2;
-    g_victim = 2;
-    fault_kill_trials(NULL, 0, 2);
-    g_victim = 3;
-    fault_kill_trials(NULL, 0, 2);
-    g_victim = 2;
-    g_fault_hosts = 0;
+    fault_kill_shaped(4, 2, 2, 2);
+    fault_kill_shaped(4, 2, 3, 2);
 }
 
 /* ---- split under failure ------------------------------------------------------------------ */
