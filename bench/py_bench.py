@@ -18,13 +18,15 @@ Systems (float32 sum in place, 8 B .. 64 MiB, 2 and 4 ranks):
               over the C call is dm - dm_c
 DDP: the mean step (forward, backward, SGD step) of a model with DDP_MB MiB of gradients
 (default 16), `--ddp-steps` steps after 3 warm-up steps, slowest rank, distmesh backend
-against Gloo.
+against Gloo, for each batch of `--ddp-batch` (default 1, 4, 32 rows: how much of the step is
+compute), with `--ddp-threads` (default 1, as torchrun sets) intra-op threads per rank.
 
 Each repetition runs every system in turn; the tables show the median over REPS repetitions
 and the ratios. Machines here are shared: compare ratios from one run, not lone numbers.
 
     python3 bench/py_bench.py [--ranks 2 4] [--sizes 8 ...] [--reps 3] [--iters-max 2000]
-                              [--ddp-steps 20] [--ddp-mb 16] [--quick] [--c-bench PATH]
+                              [--ddp-steps 20] [--ddp-mb 16] [--ddp-batch 1 4 32] [--ddp-threads 1]
+                              [--quick] [--c-bench PATH]
     (make bench-python PYBENCH_ARGS="--quick" to check it runs)
 """
 import argparse
@@ -143,6 +145,9 @@ def worker(args):
 
 def ddp_worker(env, args):
     torch = env.torch
+    # One intra-op thread per rank, as torchrun sets (OMP_NUM_THREADS=1 with several processes
+    # per node): ranks x threads beyond the cores only measures the scheduler.
+    torch.set_num_threads(args.ddp_threads)
     width = 1024
     layers = max(1, (args.ddp_mb << 20) // (4 * width * width))
     torch.manual_seed(0)
@@ -153,21 +158,23 @@ def ddp_worker(env, args):
     grad_mb = sum(p.numel() for p in model.parameters()) * 4 / (1 << 20)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
-    x = torch.randn(32, width)
+    for batch in args.ddp_batch:
+        x = torch.randn(batch, width)
 
-    def step():
-        opt.zero_grad()
-        ddp(x).pow(2).mean().backward()
-        opt.step()
-    for _ in range(3):
-        step()
-    env.barrier()
-    t0 = time.perf_counter()
-    for _ in range(args.ddp_steps):
-        step()
-    ms = env.slowest((time.perf_counter() - t0) / args.ddp_steps * 1e3)
-    if env.rank == 0:
-        print("RESULT %s ranks=%d grad_mb=%.1f step_ms=%.3f" % (args.system, env.world, grad_mb, ms), flush=True)
+        def step():
+            opt.zero_grad()
+            ddp(x).pow(2).mean().backward()
+            opt.step()
+        for _ in range(3):
+            step()
+        env.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.ddp_steps):
+            step()
+        ms = env.slowest((time.perf_counter() - t0) / args.ddp_steps * 1e3)
+        if env.rank == 0:
+            print("RESULT %s ranks=%d grad_mb=%.1f batch=%d step_ms=%.3f" % (args.system, env.world, grad_mb, batch, ms),
+                  flush=True)
     env.close()
 
 
@@ -187,7 +194,8 @@ def launch(system, ranks, args, tmp, raw):
     else:
         cmd = mpirun() + ["-x", "PYTHONPATH", "-np", str(ranks), sys.executable, os.path.abspath(__file__), "worker",
                           system, "--sizes"] + [str(s) for s in args.sizes] + [
-            "--iters-max", str(args.iters_max), "--ddp-steps", str(args.ddp_steps), "--ddp-mb", str(args.ddp_mb)]
+            "--iters-max", str(args.iters_max), "--ddp-steps", str(args.ddp_steps), "--ddp-mb", str(args.ddp_mb),
+            "--ddp-threads", str(args.ddp_threads), "--ddp-batch"] + [str(b) for b in args.ddp_batch]
     env.setdefault("PYTHONPATH", "")
     try:
         out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=args.timeout)
@@ -229,7 +237,7 @@ def report(raw_path):
     for line in open(raw_path):
         name, f = parse(line.strip())
         if "step_ms" in f:
-            ddp[(int(f["ranks"]), name)].append((float(f["step_ms"]), float(f["grad_mb"])))
+            ddp[(int(f["ranks"]), name, int(f.get("batch", 32)))].append((float(f["step_ms"]), float(f["grad_mb"])))
         else:
             vals[(int(f["ranks"]), int(f["bytes"]), name)].append((float(f["med_us"]), float(f["b2b_us"])))
     for shape, k in (("med", 0), ("b2b", 1)):
@@ -248,16 +256,16 @@ def report(raw_path):
               ["dm", "dm_c", "python_cost"], [("dm", "dm_c")], lambda x: "%.3f" % x)
     if ddp:
         print("\nDDP step (forward, backward, SGD step), ms (median over repetitions)")
-        print("| ranks | grad MiB | distmesh | gloo | distmesh/gloo |")
-        print("|---|---|---|---|---|")
-        for n in sorted({k[0] for k in ddp}):
-            dm = ddp.get((n, "ddp_dm"))
-            gl = ddp.get((n, "ddp_gloo"))
+        print("| ranks | grad MiB | batch | distmesh | gloo | distmesh/gloo |")
+        print("|---|---|---|---|---|---|")
+        for n, batch in sorted({(k[0], k[2]) for k in ddp}):
+            dm = ddp.get((n, "ddp_dm", batch))
+            gl = ddp.get((n, "ddp_gloo", batch))
             mb = (dm or gl)[0][1]
             a = statistics.median(x[0] for x in dm) if dm else None
             b = statistics.median(x[0] for x in gl) if gl else None
-            print("| %d | %.1f | %s | %s | %s |" % (n, mb, "%.2f" % a if a else "-", "%.2f" % b if b else "-",
-                                                   "%.2f" % (a / b) if a and b else "-"))
+            print("| %d | %.1f | %d | %s | %s | %s |" % (n, mb, batch, "%.2f" % a if a else "-",
+                                                        "%.2f" % b if b else "-", "%.2f" % (a / b) if a and b else "-"))
 
 
 def main():
@@ -270,6 +278,10 @@ def main():
     ap.add_argument("--iters-max", type=int, default=2000)
     ap.add_argument("--ddp-steps", type=int, default=20)
     ap.add_argument("--ddp-mb", type=int, default=16)
+    ap.add_argument("--ddp-batch", type=int, nargs="+", default=[1, 4, 32],
+                    help="rows per step, one table row each (1-4: a large model's per-device batch, where "
+                    "the gradients' all-reduce is a large part of the step; 32: compute-bound here)")
+    ap.add_argument("--ddp-threads", type=int, default=1, help="torch intra-op threads per rank")
     ap.add_argument("--systems", nargs="+", default=["dm", "dm_c", "mpi4py", "gloo", "tdm", "ddp_dm", "ddp_gloo"])
     ap.add_argument("--c-bench", default=os.environ.get("PYBENCH_C", ""))
     ap.add_argument("--out", default=os.environ.get("PYBENCH_OUT", "build/bench-python"))
