@@ -1,6 +1,7 @@
 /* TCP backend, one host: the collective suite (tests/test_tcp.h) on forked worlds of 1, 2, 3, 4,
    7 and 8 ranks over shared memory and over sockets, a sleeping rank woken by its bell, two ranks
-   placed on one core parted by the engine, the
+   placed on one core parted by the engine, large all-reduces by single copy and their fallback
+   when a read is refused, the
    eager path's fallbacks, Reno on loopback sockets, mesh / split / node-local groups, fds after
    create / destroy cycles, mismatched calls on every rank, and a refused token. */
 #define _GNU_SOURCE
@@ -13,6 +14,9 @@
 #include <sched.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <linux/capability.h>
 
 /* What a one-host group of this size should be using. */
 static const char* expected_transport(int world) {
@@ -191,6 +195,42 @@ static void test_shm_single_copy(void** s) {
     (void)s;
     if (!permitted) fprintf(stderr, "  processes may not read each other's memory here: the ring's all-gather is expected\n");
     for (w = 2; w <= 4; w++) assert_int_equal(run_world(w, body_single_copy, &permitted, 60), 0);
+}
+
+/* A single-copy read that the kernel refuses (distmesh.h >>single copy): rank 0 may no longer
+   read rank 1 (every rank drops CAP_SYS_PTRACE, which root has, and rank 1 makes itself
+   non-dumpable), while rank 1 still reads rank 0. Both ranks must then run the ring's all-gather
+   for that call, with exact sums, and for every call after. The round before the refusal ran by
+   single copy where this machine allows it, so the refusal is what turns it off. */
+static int drop_ptrace_cap(void) {
+    struct __user_cap_header_struct h;
+    struct __user_cap_data_struct d[2];
+    memset(&h, 0, sizeof(h));
+    memset(d, 0, sizeof(d));
+    h.version = _LINUX_CAPABILITY_VERSION_3;
+    if (syscall(SYS_capget, &h, d) != 0) return -1;
+    d[CAP_SYS_PTRACE / 32].effective &= ~(1u << (CAP_SYS_PTRACE % 32));
+    return (int)syscall(SYS_capset, &h, d);
+}
+static int body_single_copy_refused(dm_collective* c, int rank, int world, void* arg) {
+    size_t n = (size_t)world << 18;     /* 1 MiB a rank */
+    const char* want = sysconf(_SC_NPROCESSORS_ONLN) >= world && *(const bool*)arg ? "flat_ring_single_copy" : "flat_ring";
+    float* send = (float*)malloc(n * sizeof(float));
+    float* recv = (float*)malloc(n * sizeof(float));
+    int k;
+    RCHECK(send && recv);
+    RCHECK(single_copy_round(c, n, false, send, recv, want) == 0);
+    RCHECK(drop_ptrace_cap() == 0);
+    if (rank == 1) RCHECK(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0);
+    RST(dm_barrier(c));
+    for (k = 0; k < 3; k++) RCHECK(single_copy_round(c, n, k == 1, send, recv, "flat_ring") == 0);
+    free(send); free(recv);
+    return 0;
+}
+static void test_shm_single_copy_refused(void** s) {
+    bool permitted = single_copy_permitted();
+    (void)s;
+    assert_int_equal(run_world(2, body_single_copy_refused, &permitted, 60), 0);
 }
 
 /* Small exchanges over shared memory take the eager path (distmesh.h, >>eager) and fall back to
@@ -459,6 +499,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_shm_moves_off_peer_core),
         cmocka_unit_test(test_shm_eager_stream),
         cmocka_unit_test(test_shm_single_copy),
+        cmocka_unit_test(test_shm_single_copy_refused),
         cmocka_unit_test(test_same_machine_sockets_reno),
         cmocka_unit_test(test_world_3),
         cmocka_unit_test(test_world_4),
