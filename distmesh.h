@@ -1305,6 +1305,8 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
     X("GLOO_SOCKET_IFNAME", "tcp", "the interface, when `DISTMESH_SOCKET_IFNAME` is unset")                           \
     X("OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE, OMPI_MCA_orte_ess_jobid", "dm_tcp_launch_detect",                     \
       "mpirun's job id: the private file store of a one-host job")                                                    \
+    X("PMIX_SERVER_TMPDIR, OMPI_MCA_orte_jobfam_session_dir", "dm_tcp_launch_detect",                                 \
+      "mpirun's session directory for the job: where that store is made when it is private to this user")             \
     X("SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST, SLURM_NODELIST, SLURM_JOB_NODELIST, "                        \
       "SLURM_STEP_NUM_NODES, SLURM_NNODES, SLURM_JOB_NUM_NODES", "dm_tcp_launch_detect",                              \
       "srun's job, step and nodes: the store of a Slurm job")                                                         \

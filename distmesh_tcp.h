@@ -169,8 +169,11 @@ DM_API dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out);
 /* >>tcp launch desc  The rendezvous a launcher implies when no store is named (no desc.store /
    store_url, no DISTMESH_STORE, no MASTER_ADDR + MASTER_PORT):
      mpirun (OpenMPI), every rank on one host (OMPI_COMM_WORLD_LOCAL_SIZE == _SIZE):
-         file store in a private directory keyed by the job id (OMPI_MCA_ess_base_jobid, else
-         PMIX_NAMESPACE)
+         file store keyed by the job id (OMPI_MCA_ess_base_jobid, else PMIX_NAMESPACE) in
+         mpirun's session directory for the job (PMIX_SERVER_TMPDIR, else
+         OMPI_MCA_orte_jobfam_session_dir: made fresh per launch, removed by mpirun at the end;
+         used when it is a directory of this user that no one else may enter), else in the
+         private directory
      srun (Slurm), one node (SLURM_STEP_NUM_NODES / SLURM_NNODES 1): file store keyed by
          SLURM_JOB_ID.SLURM_STEP_ID
      srun, several nodes: tcp store on the first node of SLURM_STEP_NODELIST (else
@@ -180,7 +183,12 @@ DM_API dm_status dm_tcp_create(const dm_tcp_desc* desc, dm_collective** out);
          DM_ERR_ENV, and error names exactly what to set for the launcher detected.
    The private directory is $XDG_RUNTIME_DIR/distmesh, else $TMPDIR (or /tmp)/distmesh-<uid>,
    mode 0700 and owned by this user (anything else is refused); one subdirectory per job, left
-   in place (a few bytes per rank). */
+   in place (a few bytes per rank). A store that outlives its job must not serve a later job of
+   another world size under the same prefix: the generation counter (>>tcp build) would start
+   that job off a multiple of its size and split its ranks between two generations, which then
+   wait for each other until the deadline. mpirun's session directory is fresh per launch, a
+   Slurm job and step id never repeat; a DISTMESH_STORE file store reused across jobs needs a
+   fresh directory or prefix per job. */
 typedef struct dm_tcp_launch {
     char url[512];              /* the store url: file:///... or tcp://host:port */
     bool is_server;             /* tcp: this process hosts the store */
@@ -3476,11 +3484,10 @@ static bool _dm_tcp_private_dir(char* out, size_t cap, char* err, size_t errcap)
     return true;
 }
 
-/* file:///<private dir>/<launcher>-<job id>, the job id reduced to [A-Za-z0-9._-]. */
-static bool _dm_tcp_job_store(dm_tcp_launch* l, const char* launcher, const char* job) {
-    char dir[300], leaf[96];
+/* file://<dir>/<launcher>-<job id>, the job id reduced to [A-Za-z0-9._-]. */
+static bool _dm_tcp_job_store_at(dm_tcp_launch* l, const char* dir, const char* launcher, const char* job) {
+    char leaf[96];
     size_t i, n = 0;
-    if (!_dm_tcp_private_dir(dir, sizeof(dir), l->error, sizeof(l->error))) return false;
     n = (size_t)snprintf(leaf, sizeof(leaf), "%s-", launcher);
     for (i = 0; job[i] && n + 1 < sizeof(leaf); i++) {
         char ch = job[i];
@@ -3496,6 +3503,20 @@ static bool _dm_tcp_job_store(dm_tcp_launch* l, const char* launcher, const char
     }
     return true;
 }
+/* The same in the private directory (_dm_tcp_private_dir), left in place after the job. */
+static bool _dm_tcp_job_store(dm_tcp_launch* l, const char* launcher, const char* job) {
+    char dir[300];
+    if (!_dm_tcp_private_dir(dir, sizeof(dir), l->error, sizeof(l->error))) return false;
+    return _dm_tcp_job_store_at(l, dir, launcher, job);
+}
+/* The launcher's own directory for this job (an absolute path, a directory of this user that no
+   one else may enter), or NULL. */
+static const char* _dm_tcp_launcher_dir(const char* dir) {
+    struct stat st;
+    if (!dir || dir[0] != '/' || strlen(dir) > 300) return NULL;
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) return NULL;
+    return dir;
+}
 
 static const char* _dm_tcp_getenv1(const char* a, const char* b, const char* c) {
     const char* v = a ? getenv(a) : NULL;
@@ -3506,6 +3527,7 @@ static const char* _dm_tcp_getenv1(const char* a, const char* b, const char* c) 
 
 static bool _dm_tcp_launch_openmpi(dm_tcp_launch* l, const dm_env* env) {
     const char* job = _dm_tcp_getenv1("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_ess_jobid");
+    const char* sess;
     if (!env->local_from_launcher || env->local_world_size != env->world_size) {
         snprintf(l->error, sizeof(l->error), "mpirun runs these %d ranks on several hosts, so distmesh needs "
                  "a store every host reaches: set MASTER_ADDR=<host of rank 0> and MASTER_PORT=<free port> for "
@@ -3518,6 +3540,12 @@ static bool _dm_tcp_launch_openmpi(dm_tcp_launch* l, const dm_env* env) {
                  "set MASTER_ADDR and MASTER_PORT, or DISTMESH_STORE=file:///<dir>");
         return false;
     }
+    /* mpirun's session directory for this job: made fresh and removed by mpirun at the end.
+       Job ids repeat over thousands of launches (16 bits of them come from mpirun's pid), and a
+       store left by an earlier job of another size would split this one's generation (>>tcp
+       build): its ranks would wait for each other under two prefixes until the deadline. */
+    sess = _dm_tcp_launcher_dir(_dm_tcp_getenv1("PMIX_SERVER_TMPDIR", "OMPI_MCA_orte_jobfam_session_dir", NULL));
+    if (sess) return _dm_tcp_job_store_at(l, sess, "distmesh-ompi", job);
     return _dm_tcp_job_store(l, "ompi", job);
 }
 

@@ -40,7 +40,8 @@ static const char* const g_launch_vars[] = {
     "TORCHELASTIC_USE_AGENT_STORE", "DISTMESH_STORE", "DISTMESH_RANK", "DISTMESH_WORLD_SIZE",
     "DISTMESH_LOCAL_RANK", "DISTMESH_LOCAL_WORLD_SIZE", "DISTMESH_TIMEOUT", "XDG_RUNTIME_DIR",
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_RANK", "PMI_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMIX_SERVER_TMPDIR",
+    "OMPI_MCA_orte_jobfam_session_dir", "PMI_RANK", "PMI_SIZE",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_STEP_NUM_NODES", "SLURM_NNODES",
     "SLURM_JOB_NUM_NODES", "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST",
@@ -155,6 +156,37 @@ static void test_launch_single_host_private_file_store(void** state) {
     assert_int_equal(dm_tcp_launch_detect(&l), DM_ERR_ENV);
     assert_non_null(strstr(l.error, "mode 0700"));
     assert_int_equal(chmod(dir, 0700), 0);
+}
+
+/* mpirun's session directory for the job (PMIX_SERVER_TMPDIR, else
+   OMPI_MCA_orte_jobfam_session_dir) holds the store when it is a private directory of this
+   user; one that others may enter is passed over for the private directory. */
+static void test_launch_openmpi_store_in_session_dir(void** state) {
+    dm_tcp_launch l;
+    char sess[128], want[256], spec[512];
+    struct stat st;
+    (void)state;
+    snprintf(sess, sizeof(sess), "%s/pid.4242", g_tmp);
+    assert_int_equal(mkdir(sess, 0700), 0);
+    clear_env();
+    snprintf(spec, sizeof(spec), "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=0 "
+             "OMPI_COMM_WORLD_LOCAL_SIZE=2 OMPI_MCA_ess_base_jobid=3291611137 PMIX_SERVER_TMPDIR=%s", sess);
+    put_env(spec);
+    assert_int_equal(dm_tcp_launch_detect(&l), DM_OK);
+    snprintf(want, sizeof(want), "file://%s/distmesh-ompi-3291611137", sess);
+    assert_string_equal(l.url, want);
+    assert_int_equal(stat(want + 7, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    assert_int_equal(chmod(sess, 0755), 0);
+    assert_int_equal(dm_tcp_launch_detect(&l), DM_OK);
+    snprintf(want, sizeof(want), "file://%s/distmesh-%lu/ompi-3291611137", g_tmp, (unsigned long)getuid());
+    assert_string_equal(l.url, want);
+    assert_int_equal(chmod(sess, 0700), 0);
+    unsetenv("PMIX_SERVER_TMPDIR");
+    setenv("OMPI_MCA_orte_jobfam_session_dir", sess, 1);
+    assert_int_equal(dm_tcp_launch_detect(&l), DM_OK);
+    snprintf(want, sizeof(want), "file://%s/distmesh-ompi-3291611137", sess);
+    assert_string_equal(l.url, want);
 }
 
 static void test_launch_messages_say_what_to_set(void** state) {
@@ -305,6 +337,37 @@ static void test_launch_missing_store_message(void** state) {
         fail_msg("%s", out);
 }
 
+/* A job id that comes again (OpenMPI's repeat over thousands of launches: 16 bits of them come
+   from mpirun's pid) with another world size: a 2-rank job, then a 3-rank job with the same id,
+   each with its own session directory, as mpirun makes them. The second creates at once. With
+   the store keyed by the id alone, it found the first job's generation counter at 2, and its
+   ranks drew 3, 4 and 5: generation 0 for one, 1 for two, each waiting for 3 ranks until the
+   deadline. */
+static void test_launch_repeated_job_id_other_size(void** state) {
+    int pids[3], r, w;
+    char spec[512], tag[16], out[4096], sess[128];
+    (void)state;
+    for (w = 2; w <= 3; w++) {
+        clear_env();
+        snprintf(sess, sizeof(sess), "%s/pid.%d", g_tmp, 5000 + w);
+        assert_int_equal(mkdir(sess, 0700), 0);
+        for (r = 0; r < w; r++) {
+            snprintf(spec, sizeof(spec), "OMPI_COMM_WORLD_RANK=%d OMPI_COMM_WORLD_SIZE=%d OMPI_COMM_WORLD_LOCAL_RANK=%d "
+                     "OMPI_COMM_WORLD_LOCAL_SIZE=%d OMPI_MCA_ess_base_jobid=777 PMIX_SERVER_TMPDIR=%s DISTMESH_TIMEOUT=5",
+                     r, w, r, w, sess);
+            snprintf(tag, sizeof(tag), "j%d.%d", w, r);
+            pids[r] = spawn_rank(spec, tag);
+        }
+        for (r = 0; r < w; r++) {
+            snprintf(tag, sizeof(tag), "j%d.%d", w, r);
+            if (wait_child(pids[r]) != 0) {
+                read_out(tag, out, sizeof(out));
+                fail_msg("job of %d ranks, rank %d: %s", w, r, out);
+            }
+        }
+    }
+}
+
 /* ---- the launcher examples (examples/launch_*.sh running examples/tcp_all_reduce) ---- */
 /* Runs examples/<script> on DM_EXAMPLE with ENV (a string of VAR=value words) under a hard
    timeout, output in OUT. Returns the exit status. */
@@ -401,11 +464,13 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_launch_hostlist_parser),
         cmocka_unit_test(test_launch_slurm_two_nodes_first_node_job_port),
         cmocka_unit_test(test_launch_single_host_private_file_store),
+        cmocka_unit_test(test_launch_openmpi_store_in_session_dir),
         cmocka_unit_test(test_launch_messages_say_what_to_set),
         cmocka_unit_test(test_launch_local_rank_from_launcher_wins),
         cmocka_unit_test(test_launch_world_size_disagreement_named),
         cmocka_unit_test(test_launch_waiters_name_missing_ranks),
         cmocka_unit_test(test_launch_missing_store_message),
+        cmocka_unit_test(test_launch_repeated_job_id_other_size),
         cmocka_unit_test(test_launch_mpirun_np4),
         cmocka_unit_test(test_launch_torchrun_example),
         cmocka_unit_test(test_launch_srun_example),
