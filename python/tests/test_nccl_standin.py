@@ -12,6 +12,9 @@ tests say what the Python layer does with CUDA memory, not what NCCL does with i
 machine runs the real thing (docs/python.md)."""
 import ctypes
 import os
+import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -44,6 +47,7 @@ def _stand_in():
     lib.si_count.argtypes = [ctypes.c_char_p]
     lib.si_fail.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_bool]
     lib.si_set_busy_polls.argtypes = [ctypes.c_int]
+    lib.si_hold_streams.argtypes = [ctypes.c_bool]
     lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
     lib.cudaFree.argtypes = [ctypes.c_void_p]
     lib.cudaStreamQuery.argtypes = [ctypes.c_void_p]
@@ -310,3 +314,31 @@ def test_create_failures_and_arguments(tmp_path):
         distmesh.connect_nccl(world_size=1)
     with distmesh.connect_nccl(0, 1, cuda_device=2, store="file://%s/c" % tmp_path, timeout=20) as c:
         assert c.device == ("cuda", 2) and str(c.default_device) == "cuda:2"
+
+
+def test_a_stream_that_never_ends_times_out_or_ctrl_c_aborts(tmp_path, made):
+    """The wait for the stream after a blocking call has the deadline (Timeout) and, with the
+    GIL released, Ctrl-C ends it: KeyboardInterrupt within a second, the collective aborted."""
+    SI.si_reset()
+    d = made(np.ones(4, np.float32))
+    SI.si_hold_streams(True)            # NCCL's kernel waits on a dead peer: the stream never ends
+    try:
+        with distmesh.connect_nccl(0, 1, store="file://%s/t" % tmp_path, timeout=0.3) as c:
+            t0 = time.monotonic()
+            with pytest.raises(distmesh.Timeout):
+                c.all_reduce(d, "sum")
+            assert time.monotonic() - t0 < 3
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return                      # Ctrl-C is armed only over Python's own handler
+        with distmesh.connect_nccl(0, 1, store="file://%s/i" % tmp_path, timeout=60) as c:
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            t0 = time.monotonic()
+            timer.start()
+            with pytest.raises(KeyboardInterrupt) as e:
+                c.all_reduce(d, "sum")
+            assert time.monotonic() - t0 < 1.3
+            assert isinstance(e.value.__context__, distmesh.Aborted)
+            with pytest.raises(distmesh.Aborted, match="KeyboardInterrupt"):
+                c.all_reduce(d, "sum")
+    finally:
+        SI.si_hold_streams(False)
