@@ -1093,25 +1093,6 @@ static PyTypeObject dmpy_RequestType = {
     .tp_getset = dmpy_request_getset,
 };
 
-/* After a blocking call failed (its exception set): Python's handler for a Ctrl-C that came
-   during the call runs now, before the call's buffers are released, since releasing one may run
-   Python (an exporter's capsule destructor), where the handler's KeyboardInterrupt would be
-   lost. The KeyboardInterrupt then replaces the failure, which becomes its __context__. */
-static void dmpy_signals_now(void) {
-    PyObject *t, *v, *tb, *kt, *kv, *ktb;
-    PyErr_Fetch(&t, &v, &tb);
-    if (PyErr_CheckSignals() == 0) { PyErr_Restore(t, v, tb); return; }
-    PyErr_NormalizeException(&t, &v, &tb);
-    PyErr_Fetch(&kt, &kv, &ktb);
-    PyErr_NormalizeException(&kt, &kv, &ktb);
-    if (v && tb) PyException_SetTraceback(v, tb);
-    if (kv && v) PyException_SetContext(kv, v);         /* steals v */
-    else Py_XDECREF(v);
-    Py_XDECREF(t);
-    Py_XDECREF(tb);
-    PyErr_Restore(kt, kv, ktb);
-}
-
 /* Runs o on self: blocking (returns the result) or queued (returns a Request). Releases o's
    buffers or hands them to the request. */
 static PyObject* dmpy_run(dmpy_comm* self, dmpy_op* o, int async_op) {
@@ -1132,8 +1113,9 @@ static PyObject* dmpy_run(dmpy_comm* self, dmpy_op* o, int async_op) {
         self->h.busy--;
         dmpy_sig_end(&sg);
         if (st != DM_OK) {
+            /* raised before the buffers go: a Ctrl-C's KeyboardInterrupt (dmpy_raise) must not
+               meet an exporter's capsule destructor written in Python, where it would be lost */
             dmpy_raise(st, dm_last_error(c));
-            dmpy_signals_now();
             dmpy_op_release(o);
             Py_CLEAR(o->result);
             return NULL;
@@ -1163,8 +1145,9 @@ static PyObject* dmpy_run(dmpy_comm* self, dmpy_op* o, int async_op) {
             r->finished = true;
             r->status = st;
             snprintf(r->msg, sizeof(r->msg), "%s", dm_last_error(c));
-            Py_DECREF(r);       /* releases the buffers */
-            return dmpy_raise(st, dm_last_error(c));
+            dmpy_raise(st, r->msg);
+            Py_DECREF(r);       /* releases the buffers (after the raise, as above) */
+            return NULL;
         }
         r->req = q;
         r->next = self->pending;
