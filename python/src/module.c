@@ -1209,8 +1209,8 @@ static PyObject* dmpy_comm_wrap(PyTypeObject* cls, dm_collective* c, dmpy_holder
 }
 static PyObject* dmpy_comm_refuse(PyTypeObject* t, PyObject* a, PyObject* k) {
     (void)t; (void)a; (void)k;
-    PyErr_SetString(PyExc_TypeError, "distmesh collectives are made by distmesh.init(), FakeCollective(rank, "
-                    "world_size), thread_world(n, fn) or a Mesh / DistributedInterface");
+    PyErr_SetString(PyExc_TypeError, "distmesh collectives are made by distmesh.init(), connect(), connect_nccl(), "
+                    "FakeCollective(rank, world_size), thread_world(n, fn) or a Mesh / DistributedInterface");
     return NULL;
 }
 static void dmpy_comm_dealloc(PyObject* self) {
