@@ -47,15 +47,16 @@ PYSI_TEST_DEPS := python/tests/run_pytest.sh $(PYSI_EXT) $(PYSI_PYS)
 endif
 $(PYSI_TEST): $(PYSI_TEST_DEPS)
 	@mkdir -p $(dir $@)
-	@printf '#!/bin/sh\nexec env DM_PY=%s DM_PY_LIB=%s DM_PY_TESTS=test_nccl_standin.py DM_PY_NCCL_STANDIN=1 DM_PY_SAN="%s" CC="%s" bash %s "$$@"\n' \
-	    '$(PY)' '$(CURDIR)/$(PYSI_LIB)' '$(SAN)' '$(CC)' '$(CURDIR)/python/tests/run_pytest.sh' > $@
+	@printf '#!/bin/sh\nexec env DM_PY=%s DM_PY_LIB=%s %s DM_PY_SAN="%s" CC="%s" bash %s "$$@"\n' '$(PY)' \
+	    '$(CURDIR)/$(PYSI_LIB)' 'DM_PY_TESTS=test_nccl_standin.py DM_PY_NCCL_STANDIN=1' '$(SAN)' '$(CC)' \
+	    '$(CURDIR)/python/tests/run_pytest.sh' > $@
 	@chmod +x $@
 else
 python-nccl-standin:
 	@echo "$@: CUDA's cuda_runtime.h or NCCL's nccl.h not found (CUDA_HOME=$(CUDA_HOME))" && false
 $(PYSI_TEST): tests/python_nccl_standin.mk
 	@mkdir -p $(dir $@)
-	@printf '#!/bin/sh\n[ $$# -gt 0 ] && exit 0\necho "test_nccl_standin.py: skipped: CUDA'"'"'s cuda_runtime.h or NCCL'"'"'s nccl.h not found (CUDA_HOME=%s)"\necho "[  SKIPPED ] 1 test(s)"\n' \
-	    '$(CUDA_HOME)' > $@
+	@printf '#!/bin/sh\n[ $$# -gt 0 ] && exit 0\necho "%s"\necho "[  SKIPPED ] 1 test(s)"\n' \
+	    'test_nccl_standin.py: skipped: cuda_runtime.h or nccl.h not found (CUDA_HOME=$(CUDA_HOME))' > $@
 	@chmod +x $@
 endif

@@ -51,6 +51,7 @@ def _stand_in():
     lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
     lib.cudaFree.argtypes = [ctypes.c_void_p]
     lib.cudaStreamQuery.argtypes = [ctypes.c_void_p]
+    lib.cudaSetDevice.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -86,6 +87,7 @@ def dev(data, announce=True, device=(KDL_CUDA, 0), shape=None, strides=None):
     """A "CUDA tensor" holding data: stand-in device memory exported through DLPack."""
     host = np.ascontiguousarray(data)
     p = ctypes.c_void_p()
+    assert SI.cudaSetDevice(0) == 0     # the device of every collective here (a create leaves its own current)
     assert SI.cudaMalloc(ctypes.byref(p), max(1, host.nbytes)) == 0
     ctypes.memmove(p.value, host.ctypes.data, host.nbytes)
     cls = DevAnnounced if announce else DevQuiet
