@@ -10,6 +10,8 @@
      >>log       the logger of every collective made here: the last failure, for requests waited
                  on another thread than the one that issued them
      >>buffers   buffer protocol and DLPack -> pointer, count, dtype; the checks
+     >>device    what a collective does with CUDA memory (an NCCL build), DLPack's stream
+     >>acquire   dmpy_buf_get: an object's memory for a call, checked
      >>holders   Comm, Mesh, Strategy: who owns which handle; closing a holder closes its
                  dependents first
      >>sigint    Ctrl-C during a blocking call on the main thread: dm_abort from a watcher thread
@@ -299,25 +301,6 @@ enum { DMPY_DL_CPU = 1, DMPY_DL_CUDA = 2, DMPY_DL_CUDA_HOST = 3, DMPY_DL_CUDA_MA
 enum { DMPY_DL_INT = 0, DMPY_DL_UINT = 1, DMPY_DL_FLOAT = 2, DMPY_DL_BFLOAT = 4, DMPY_DL_COMPLEX = 5,
        DMPY_DL_BOOL = 6 };
 
-/* >>device  What a collective does with CUDA memory (set when it is wrapped, from its backend):
-   NONE  refuses it (every collective of a CPU-only build; fake and thread in an NCCL build);
-   STAGED  the TCP backend with DISTMESH_CUDA (implied by DISTMESH_NCCL): it copies through
-         pinned host memory after the work queued on the legacy default stream, and returns
-         with the result in device memory;
-   STREAM  the NCCL backend: queued on the collective's stream; blocking calls here then wait
-         for it (dm_synchronize, with the deadline: >>ops), so they return with the data ready,
-         as mpi4py does over a CUDA-aware MPI; requests complete on the CUDA event recorded
-         after their work, so wait() and is_completed() also mean the data is ready.
-   stream: what the exporter's __dlpack__(stream=) gets (DLPack: the consumer's stream, which the
-   producer makes wait for its pending work): the NCCL stream, or 1 (the legacy default
-   stream) for STAGED. */
-enum { DMPY_DEV_NONE = 0, DMPY_DEV_STAGED = 1, DMPY_DEV_STREAM = 2 };
-typedef struct dmpy_dev {
-    int kind;
-    Py_ssize_t stream;
-    const char* backend;        /* dm_backend_name: static text */
-} dmpy_dev;
-
 static PyObject* g_torch_tensor;      /* torch.Tensor, once torch has been imported */
 static PyObject* g_to_dlpack;         /* torch._C._to_dlpack (else torch.utils.dlpack.to_dlpack) */
 
@@ -448,6 +431,25 @@ static int dmpy_buf_from_view(PyObject* obj, const char* what, dmpy_buf* b) {
     return 0;
 }
 
+/* >>device  What a collective does with CUDA memory (set when it is wrapped, from its backend):
+   NONE  refuses it (every collective of a CPU-only build; fake and thread in an NCCL build);
+   STAGED  the TCP backend with DISTMESH_CUDA (implied by DISTMESH_NCCL): it copies through
+         pinned host memory after the work queued on the legacy default stream, and returns
+         with the result in device memory;
+   STREAM  the NCCL backend: queued on the collective's stream; blocking calls here then wait
+         for it (dm_synchronize, with the deadline: >>ops), so they return with the data ready,
+         as mpi4py does over a CUDA-aware MPI; requests complete on the CUDA event recorded
+         after their work, so wait() and is_completed() also mean the data is ready.
+   stream: what the exporter's __dlpack__(stream=) gets (DLPack: the consumer's stream, which the
+   producer makes wait for its pending work): the NCCL stream, or 1 (the legacy default
+   stream) for STAGED. */
+enum { DMPY_DEV_NONE = 0, DMPY_DEV_STAGED = 1, DMPY_DEV_STREAM = 2 };
+typedef struct dmpy_dev {
+    int kind;
+    Py_ssize_t stream;
+    const char* backend;        /* dm_backend_name: static text */
+} dmpy_dev;
+
 static bool dmpy_dl_is_cuda(int device_type) {
     return device_type == DMPY_DL_CUDA || device_type == DMPY_DL_CUDA_MANAGED;
 }
@@ -525,6 +527,7 @@ static PyObject* dmpy_dl_export(PyObject* obj, const char* what, bool torch, con
     return torch ? PyObject_CallOneArg(g_to_dlpack, obj) : PyObject_CallMethod(obj, "__dlpack__", NULL);
 }
 
+/* >>acquire  An object's memory for one call: the buffer protocol, else DLPack; checked. */
 static int dmpy_buf_from_dlpack(const dmpy_dev* dev, PyObject* obj, const char* what, bool torch, dmpy_buf* b) {
     dmpy_dl_managed* m;
     dmpy_dl_tensor* t;
@@ -1166,7 +1169,7 @@ static PyObject* g_op_converter;       /* op -> int for anything that is not an 
 
 static dm_collective* dmpy_comm_handle(PyObject* self) { return (dm_collective*)dmpy_handle(self); }
 
-/* >>device: how c takes CUDA memory, from its backend (split, local and mesh groups included). */
+/* How c takes CUDA memory (>>device), from its backend (split, local and mesh groups included). */
 static dmpy_dev dmpy_dev_of(dm_collective* c) {
     dmpy_dev d;
     d.kind = DMPY_DEV_NONE;
