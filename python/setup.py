@@ -6,7 +6,14 @@ compiled from the distmesh headers one directory up (header-only: nothing else t
     make install                                     (the headers and this package)
 
 Needs Python's headers (Debian: python3-dev), setuptools and libuv (libuv1-dev).
-DISTMESH_PY_WERROR=1 turns warnings into errors (make does)."""
+DISTMESH_PY_WERROR=1 turns warnings into errors (make does).
+
+    DISTMESH_NCCL=1 pip install --no-build-isolation ./python     (make install PY_NCCL=1)
+
+builds the NCCL backend in too (distmesh.connect_nccl, CUDA tensors; distmesh.nccl_built):
+CUDA's and NCCL's headers and libraries under CUDA_HOME (default /usr/local/cuda) and NCCL_HOME
+(default CUDA_HOME; its include/ and lib64/ or lib/), linked with -lcudart -lnccl and an rpath
+to them. Without it the package needs neither."""
 import glob
 import os
 
@@ -30,6 +37,37 @@ flags = ["-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-
 if os.environ.get("DISTMESH_PY_WERROR") == "1":
     flags.append("-Werror")
 
+macros = [("DISTMESH_TCP", None)]
+include_dirs = [ROOT]
+library_dirs = []
+libraries = ["uv"]
+
+
+def nccl_paths():
+    """(include dirs, library dirs) of CUDA and NCCL, checked so a missing one fails here, by name."""
+    cuda = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    nccl = os.environ.get("NCCL_HOME") or cuda
+    incs, libs = [], []
+    for what, home, header, lib in (("CUDA", cuda, "cuda_runtime.h", "libcudart.so"),
+                                    ("NCCL", nccl, "nccl.h", "libnccl.so")):
+        inc = [d for d in (os.path.join(home, "include"), "/usr/include") if os.path.exists(os.path.join(d, header))]
+        lib_dir = [d for d in (os.path.join(home, "lib64"), os.path.join(home, "lib"), "/usr/lib/x86_64-linux-gnu",
+                               "/usr/lib/aarch64-linux-gnu") if os.path.exists(os.path.join(d, lib))]
+        if not inc or not lib_dir:
+            raise SystemExit("DISTMESH_NCCL=1: %s's %s or %s not found under %s (set %s)" % (
+                what, header, lib, home, "CUDA_HOME" if what == "CUDA" else "NCCL_HOME"))
+        incs += [d for d in inc[:1] if d not in incs]
+        libs += [d for d in lib_dir[:1] if d not in libs]
+    return incs, libs
+
+
+if os.environ.get("DISTMESH_NCCL") == "1":
+    nccl_inc, nccl_lib = nccl_paths()
+    macros.append(("DISTMESH_NCCL", None))
+    include_dirs += nccl_inc
+    library_dirs += nccl_lib
+    libraries += ["nccl", "cudart"]
+
 setup(
     name="distmesh",
     version=version(),
@@ -42,9 +80,11 @@ setup(
         Extension(
             "distmesh._C",
             sources=["src/module.c", "src/impl.c"],
-            include_dirs=[ROOT],
-            define_macros=[("DISTMESH_TCP", None)],
-            libraries=["uv"],
+            include_dirs=include_dirs,
+            define_macros=macros,
+            library_dirs=library_dirs,
+            runtime_library_dirs=library_dirs,
+            libraries=libraries,
             extra_compile_args=flags,
             depends=sorted(glob.glob(os.path.join(ROOT, "distmesh*.h"))),
         )

@@ -42,8 +42,11 @@ python: $(PY_STAMP)
 # installed by hand under $(PREFIX) ($(PREFIX)/lib/python3.N/dist-packages, on sys.path for
 # /usr/local and /usr), staged under $(DESTDIR) when given. Debian marks its Python as
 # externally managed; this target is the sanctioned way in (no network, no dependencies).
+# PY_NCCL=1 builds the NCCL backend in (setup.py's DISTMESH_NCCL=1: CUDA_HOME, NCCL_HOME).
 PY_SITE ?= $(PREFIX)/lib/python$(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)/dist-packages
+PY_NCCL ?=
 install: install-python
 install-python:
-	cd python && $(PY) -m pip install --no-build-isolation --no-deps --no-index --break-system-packages \
+	cd python && DISTMESH_NCCL=$(PY_NCCL) CUDA_HOME=$(CUDA_HOME) $(if $(NCCL_HOME),NCCL_HOME=$(NCCL_HOME)) \
+	    $(PY) -m pip install --no-build-isolation --no-deps --no-index --break-system-packages \
 	    --upgrade --no-warn-script-location --target $(DESTDIR)$(PY_SITE) .

@@ -3,8 +3,10 @@ a threaded world for tests, named meshes, and mpi4py's upper-case (buffer) / low
 (object) spellings beside the seeds' names.
 
 Buffers are used in place, without copies: numpy arrays, bytearray, memoryview, array.array,
-CPU torch tensors (bfloat16 and float16 included). Every collective call releases the GIL;
-every failure is a ``distmesh.Error`` subclass. See docs/python.md.
+CPU torch tensors (bfloat16 and float16 included); in an NCCL build (``nccl_built``) CUDA
+tensors too, on collectives from ``connect_nccl`` (and ``connect``'s TCP backend, staged).
+Every collective call releases the GIL; every failure is a ``distmesh.Error`` subclass. See
+docs/python.md.
 """
 import contextlib
 import enum
@@ -13,7 +15,12 @@ import threading
 
 from . import _C
 
-__all__ = ["ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "init", "connect", "thread_world", "env"]
+__all__ = ["ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "init", "connect", "connect_nccl",
+           "thread_world", "env", "nccl_built"]
+
+nccl_built = _C.NCCL_BUILT
+"""Whether this build has the NCCL backend (connect_nccl, CUDA tensors): DISTMESH_NCCL=1 at
+pip install, or make install PY_NCCL=1 (docs/python.md)."""
 
 
 class ReduceOp(enum.IntEnum):
@@ -137,12 +144,15 @@ class Collective(_C.Comm):
 
     @property
     def default_device(self):
-        """torch.device("cpu") when torch imports, else "cpu" (this build moves host memory)."""
+        """Where this collective's calls run: torch.device("cpu"), or torch.device("cuda", i)
+        for an NCCL collective; the string ("cpu", "cuda:1") when torch does not import."""
+        kind, index = self.device
+        name = "cpu" if kind == "cpu" else "%s:%d" % (kind, index)
         try:
             import torch
         except ImportError:
-            return "cpu"
-        return torch.device("cpu")
+            return name
+        return torch.device(name)
 
     @property
     def process_group(self):
@@ -279,6 +289,39 @@ def connect(rank, world_size, store=None, prefix=None, transport=None, timeout=N
     "distmesh/"; give each world of a job its own). transport: "auto" (shared memory on one
     host, sockets across), "shm" or "tcp"; None: DISTMESH_TRANSPORT, else auto."""
     c = _C.tcp(rank, world_size, None, store, prefix, transport, _ms(timeout), ifname, cls=Collective)
+    try:
+        return c._set_tp(tp_size)
+    except BaseException:
+        c.close()
+        raise
+
+
+def connect_nccl(rank=None, world_size=None, local_rank=None, cuda_device=None, store=None, prefix=None,
+                 timeout=None, tp_size=1):
+    """A world of world_size processes, one GPU each, on NCCL (C: dm_nccl_create); needs a build
+    with NCCL (``nccl_built``), else raises Unsupported saying how to make one.
+
+    world_size None: rank, world size and local rank from the launcher (torchrun, mpirun, srun:
+    as init()); else rank is required and local_rank (default 0) picks the GPU. cuda_device:
+    the CUDA device to use (None: local_rank % the device count). NCCL's unique id travels
+    through the store: "tcp://host:port" (rank 0 serves it) or "file:///shared/dir"; None:
+    DISTMESH_STORE, else MASTER_ADDR / MASTER_PORT. prefix: this world's keys in the store
+    (default "distmesh_nccl/"). timeout: seconds for every blocking call (default
+    DISTMESH_TIMEOUT, else 300).
+
+    Its calls take CUDA tensors (torch, or any DLPack exporter with __dlpack__(stream=)):
+    blocking calls return with the data ready (they wait for the collective's stream,
+    ``cuda_stream``, with the deadline); a request's wait() and is_completed() mean the same.
+    all_gather and broadcast also take host buffers (staged, slowly); the other collectives
+    refuse them with InvalidArgument. The returned object is a Collective like any other."""
+    if world_size is None:
+        if rank is not None or local_rank is not None:
+            raise TypeError("connect_nccl: rank and local_rank come with world_size (None: from the launcher)")
+        rank = world_size = local_rank = 0
+    elif rank is None:
+        raise TypeError("connect_nccl: rank is required with world_size")
+    c = _C.nccl(rank, world_size, local_rank or 0, -1 if cuda_device is None else cuda_device, None, store, prefix,
+                _ms(timeout), cls=Collective)
     try:
         return c._set_tp(tp_size)
     except BaseException:

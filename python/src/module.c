@@ -10,6 +10,8 @@
      >>log       the logger of every collective made here: the last failure, for requests waited
                  on another thread than the one that issued them
      >>buffers   buffer protocol and DLPack -> pointer, count, dtype; the checks
+     >>device    what a collective does with CUDA memory (an NCCL build), DLPack's stream
+     >>acquire   dmpy_buf_get: an object's memory for a call, checked
      >>holders   Comm, Mesh, Strategy: who owns which handle; closing a holder closes its
                  dependents first
      >>sigint    Ctrl-C during a blocking call on the main thread: dm_abort from a watcher thread
@@ -21,7 +23,11 @@
      >>module    factories, module init
 
    Threads: every blocking call releases the GIL. A Comm counts the calls running on it with
-   the GIL released (busy); close() refuses while any runs. */
+   the GIL released (busy); close() refuses while any runs.
+
+   Builds: by default (setup.py) the host backends only (DISTMESH_TCP). With DISTMESH_NCCL
+   (DISTMESH_NCCL=1 pip install ..., make install PY_NCCL=1) the NCCL backend too, and CUDA
+   memory from DLPack exporters (>>buffers, >>device); NCCL_BUILT says which. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -258,6 +264,8 @@ static dm_logger dmpy_logger(dmpy_log* lg) {
      (C or Fortran order), its format naming the dtype.
    - torch tensors (torch._C._to_dlpack, which also exports tensors that require grad) and any
      other __dlpack__ exporter: CPU memory, compact strides; bfloat16 and float16 included.
+     CUDA memory (DLPack kDLCUDA, kDLCUDAManaged) only in an NCCL build and on a collective
+     that takes it (>>device); elsewhere a TypeError saying why.
    Formats distmesh cannot reduce (bool, int16, complex, records) still move as raw bytes
    (all_gather, broadcast, send, ...): dtype DMPY_RAW / DMPY_BOOL, counted in bytes. */
 enum { DMPY_RAW = -1, DMPY_BOOL = -2 };
@@ -289,7 +297,7 @@ typedef struct dmpy_dl_managed {
     void* manager_ctx;
     void (*deleter)(struct dmpy_dl_managed*);
 } dmpy_dl_managed;
-enum { DMPY_DL_CPU = 1, DMPY_DL_CUDA_HOST = 3 };
+enum { DMPY_DL_CPU = 1, DMPY_DL_CUDA = 2, DMPY_DL_CUDA_HOST = 3, DMPY_DL_CUDA_MANAGED = 13 };
 enum { DMPY_DL_INT = 0, DMPY_DL_UINT = 1, DMPY_DL_FLOAT = 2, DMPY_DL_BFLOAT = 4, DMPY_DL_COMPLEX = 5,
        DMPY_DL_BOOL = 6 };
 
@@ -299,6 +307,12 @@ static PyObject* g_to_dlpack;         /* torch._C._to_dlpack (else torch.utils.d
 static void dmpy_buf_init(dmpy_buf* b) { memset(b, 0, sizeof(*b)); b->dtype = DMPY_RAW; }
 static void dmpy_buf_release(dmpy_buf* b) {
     if (b->has_view) PyBuffer_Release(&b->view);
+    if (b->capsule && PyErr_Occurred()) {     /* the exporter's capsule destructor may run Python */
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        Py_CLEAR(b->capsule);
+        PyErr_Restore(t, v, tb);
+    }
     Py_CLEAR(b->capsule);
     b->has_view = false;
     b->ptr = NULL;
@@ -417,12 +431,111 @@ static int dmpy_buf_from_view(PyObject* obj, const char* what, dmpy_buf* b) {
     return 0;
 }
 
-static int dmpy_buf_from_dlpack(PyObject* obj, const char* what, bool torch, dmpy_buf* b) {
+/* >>device  What a collective does with CUDA memory (set when it is wrapped, from its backend):
+   NONE  refuses it (every collective of a CPU-only build; fake and thread in an NCCL build);
+   STAGED  the TCP backend with DISTMESH_CUDA (implied by DISTMESH_NCCL): it copies through
+         pinned host memory after the work queued on the legacy default stream, and returns
+         with the result in device memory;
+   STREAM  the NCCL backend: queued on the collective's stream; blocking calls here then wait
+         for it (dm_synchronize, with the deadline: >>ops), so they return with the data ready,
+         as mpi4py does over a CUDA-aware MPI; requests complete on the CUDA event recorded
+         after their work, so wait() and is_completed() also mean the data is ready.
+   stream: what the exporter's __dlpack__(stream=) gets (DLPack: the consumer's stream, which the
+   producer makes wait for its pending work): the NCCL stream, or 1 (the legacy default
+   stream) for STAGED. */
+enum { DMPY_DEV_NONE = 0, DMPY_DEV_STAGED = 1, DMPY_DEV_STREAM = 2 };
+typedef struct dmpy_dev {
+    int kind;
+    Py_ssize_t stream;
+    const char* backend;        /* dm_backend_name: static text */
+} dmpy_dev;
+
+static bool dmpy_dl_is_cuda(int device_type) {
+    return device_type == DMPY_DL_CUDA || device_type == DMPY_DL_CUDA_MANAGED;
+}
+/* 0 if dev takes CUDA memory, else -1 with a TypeError naming why (before anything is sent). */
+static int dmpy_dev_refuse(const dmpy_dev* dev, const char* what, int device_type) {
+    if (dev && dev->kind != DMPY_DEV_NONE) return 0;
+#if defined(DISTMESH_NCCL)
+    if (dev)
+        PyErr_Format(PyExc_TypeError, "%s lives in CUDA memory (DLPack device type %d); the %s backend takes host "
+                     "memory only (CUDA memory: a collective from distmesh.connect_nccl(), or connect()'s TCP "
+                     "backend, which stages it)", what, device_type, dev->backend);
+    else
+        PyErr_Format(PyExc_TypeError, "%s lives in CUDA memory (DLPack device type %d); only a collective's calls "
+                     "take it", what, device_type);
+#else
+    PyErr_Format(PyExc_TypeError, "%s lives in CUDA memory (DLPack device type %d); this build of distmesh takes "
+                 "host memory only: CUDA tensors need a build with NCCL (DISTMESH_NCCL=1 pip install "
+                 "--no-build-isolation ./python, or make install PY_NCCL=1; docs/python.md)", what, device_type);
+#endif
+    return -1;
+}
+
+#if defined(DISTMESH_NCCL)
+/* The device type obj says it lives on before it is exported (torch: is_cuda; else DLPack's
+   __dlpack_device__()), or 0 where it does not say. */
+static int dmpy_dl_device_before(PyObject* obj, bool torch) {
+    PyObject* r;
+    int type = 0;
+    if (torch) {
+        r = PyObject_GetAttrString(obj, "is_cuda");
+        if (r) type = PyObject_IsTrue(r) == 1 ? DMPY_DL_CUDA : 0;
+        Py_XDECREF(r);
+        PyErr_Clear();
+        return type;
+    }
+    if (!PyObject_HasAttrString(obj, "__dlpack_device__")) return 0;
+    r = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) >= 1) type = (int)PyLong_AsLong(PyTuple_GET_ITEM(r, 0));
+    Py_XDECREF(r);
+    PyErr_Clear();              /* an exporter that cannot say: __dlpack__() without a stream */
+    return type;
+}
+/* obj.__dlpack__(stream=dev->stream); a torch tensor is detached first (torch refuses to export
+   one that requires grad through __dlpack__; the detached tensor shares its memory). */
+static PyObject* dmpy_dl_export_on_stream(PyObject* obj, bool torch, const dmpy_dev* dev) {
+    PyObject *src, *fn, *args, *kw, *cap = NULL;
+    src = torch ? PyObject_CallMethod(obj, "detach", NULL) : Py_NewRef(obj);
+    if (!src) return NULL;
+    fn = PyObject_GetAttrString(src, "__dlpack__");
+    args = PyTuple_New(0);
+    kw = Py_BuildValue("{s:n}", "stream", dev->stream);
+    if (fn && args && kw) cap = PyObject_Call(fn, args, kw);
+    Py_XDECREF(fn);
+    Py_XDECREF(args);
+    Py_XDECREF(kw);
+    Py_DECREF(src);
+    return cap;
+}
+#endif
+
+/* obj's DLPack capsule. CUDA memory on a collective that takes it is exported with that
+   collective's stream (>>device); elsewhere it is refused before the export (*refused: the
+   TypeError is already set). The rest is exported as before. */
+static PyObject* dmpy_dl_export(PyObject* obj, const char* what, bool torch, const dmpy_dev* dev, bool* refused) {
+#if defined(DISTMESH_NCCL)
+    int before = dmpy_dl_device_before(obj, torch);
+    if (dmpy_dl_is_cuda(before)) {
+        if (dmpy_dev_refuse(dev, what, before) < 0) { *refused = true; return NULL; }
+        return dmpy_dl_export_on_stream(obj, torch, dev);
+    }
+#else
+    (void)what; (void)dev;
+#endif
+    *refused = false;
+    return torch ? PyObject_CallOneArg(g_to_dlpack, obj) : PyObject_CallMethod(obj, "__dlpack__", NULL);
+}
+
+/* >>acquire  An object's memory for one call: the buffer protocol, else DLPack; checked. */
+static int dmpy_buf_from_dlpack(const dmpy_dev* dev, PyObject* obj, const char* what, bool torch, dmpy_buf* b) {
     dmpy_dl_managed* m;
     dmpy_dl_tensor* t;
     int64_t n = 1, expect = 1;
     int i;
-    b->capsule = torch ? PyObject_CallOneArg(g_to_dlpack, obj) : PyObject_CallMethod(obj, "__dlpack__", NULL);
+    bool refused = false;
+    b->capsule = dmpy_dl_export(obj, what, torch, dev, &refused);
+    if (!b->capsule && refused) return -1;
     if (!b->capsule) {
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
@@ -435,9 +548,20 @@ static int dmpy_buf_from_dlpack(PyObject* obj, const char* what, bool torch, dmp
     m = (dmpy_dl_managed*)PyCapsule_GetPointer(b->capsule, "dltensor");
     if (!m) return -1;
     t = &m->dl_tensor;
-    if (t->device.device_type != DMPY_DL_CPU && t->device.device_type != DMPY_DL_CUDA_HOST) {
-        PyErr_Format(PyExc_TypeError, "%s lives on device type %d (DLPack); this build takes CPU memory", what,
-                     (int)t->device.device_type);
+    /* CUDA memory an exporter did not announce (no __dlpack_device__) goes without a stream:
+       DLPack's producer then orders it on the legacy default stream, which both the NCCL
+       stream and the TCP staging wait for. */
+    if (dmpy_dl_is_cuda(t->device.device_type)) {
+        if (dmpy_dev_refuse(dev, what, (int)t->device.device_type) < 0) return -1;
+    } else if (t->device.device_type != DMPY_DL_CPU && t->device.device_type != DMPY_DL_CUDA_HOST) {
+        PyErr_Format(PyExc_TypeError, "%s lives on device type %d (DLPack); distmesh takes CPU memory%s", what,
+                     (int)t->device.device_type,
+#if defined(DISTMESH_NCCL)
+                     " and CUDA memory (device types 2, 13)"
+#else
+                     ""
+#endif
+                     );
         return -1;
     }
     for (i = 0; i < t->ndim; i++) n *= t->shape[i];
@@ -460,8 +584,9 @@ static int dmpy_buf_from_dlpack(PyObject* obj, const char* what, bool torch, dmp
     return 0;
 }
 
-/* Acquires obj's memory. flags: DMPY_WRITE (the call writes it), DMPY_REDUCE (a reducible dtype). */
-static int dmpy_buf_get(PyObject* obj, const char* what, int flags, dmpy_buf* b) {
+/* Acquires obj's memory for a call on a collective whose device handling is dev (NULL: none).
+   flags: DMPY_WRITE (the call writes it), DMPY_REDUCE (a reducible dtype). */
+static int dmpy_buf_get(const dmpy_dev* dev, PyObject* obj, const char* what, int flags, dmpy_buf* b) {
     bool torch;
     dmpy_buf_init(b);
     if (!obj || obj == Py_None) {
@@ -472,7 +597,7 @@ static int dmpy_buf_get(PyObject* obj, const char* what, int flags, dmpy_buf* b)
     if (PyObject_CheckBuffer(obj)) {
         if (dmpy_buf_from_view(obj, what, b) < 0) goto fail;
     } else if ((torch = dmpy_is_torch(obj)) || PyObject_HasAttrString(obj, "__dlpack__")) {
-        if (dmpy_buf_from_dlpack(obj, what, torch, b) < 0) goto fail;
+        if (dmpy_buf_from_dlpack(dev, obj, what, torch, b) < 0) goto fail;
     } else {
         PyErr_Format(PyExc_TypeError, "%s: expected a buffer (a numpy array, bytearray, memoryview, array.array or "
                      "CPU torch tensor), got %.100s", what, Py_TYPE(obj)->tp_name);
@@ -522,6 +647,7 @@ typedef struct dmpy_comm {
     dmpy_holder h;
     struct dmpy_request* pending;   /* requests not finished yet */
     dmpy_log* log;
+    dmpy_dev dev;                   /* what it does with CUDA memory (>>device) */
 } dmpy_comm;
 
 static void dmpy_holder_link(dmpy_holder* h) {
@@ -983,13 +1109,19 @@ static PyObject* dmpy_run(dmpy_comm* self, dmpy_op* o, int async_op) {
         self->h.busy++;
         Py_BEGIN_ALLOW_THREADS
         st = dmpy_op_call(c, o, NULL);
+#if defined(DISTMESH_NCCL)
+        if (st == DM_OK && self->dev.kind == DMPY_DEV_STREAM) st = dm_synchronize(c);   /* >>device */
+#endif
         Py_END_ALLOW_THREADS
         self->h.busy--;
         dmpy_sig_end(&sg);
         if (st != DM_OK) {
+            /* raised before the buffers go: a Ctrl-C's KeyboardInterrupt (dmpy_raise) must not
+               meet an exporter's capsule destructor written in Python, where it would be lost */
+            dmpy_raise(st, dm_last_error(c));
             dmpy_op_release(o);
             Py_CLEAR(o->result);
-            return dmpy_raise(st, dm_last_error(c));
+            return NULL;
         }
         res = o->result ? o->result : Py_NewRef(Py_None);
         o->result = NULL;
@@ -1016,8 +1148,9 @@ static PyObject* dmpy_run(dmpy_comm* self, dmpy_op* o, int async_op) {
             r->finished = true;
             r->status = st;
             snprintf(r->msg, sizeof(r->msg), "%s", dm_last_error(c));
-            Py_DECREF(r);       /* releases the buffers */
-            return dmpy_raise(st, dm_last_error(c));
+            dmpy_raise(st, r->msg);
+            Py_DECREF(r);       /* releases the buffers (after the raise, as above) */
+            return NULL;
         }
         r->req = q;
         r->next = self->pending;
@@ -1035,6 +1168,25 @@ static PyTypeObject* g_comm_cls;       /* the Python class C-made collectives ge
 static PyObject* g_op_converter;       /* op -> int for anything that is not an int (torch's ReduceOp, str) */
 
 static dm_collective* dmpy_comm_handle(PyObject* self) { return (dm_collective*)dmpy_handle(self); }
+
+/* How c takes CUDA memory (>>device), from its backend (split, local and mesh groups included). */
+static dmpy_dev dmpy_dev_of(dm_collective* c) {
+    dmpy_dev d;
+    d.kind = DMPY_DEV_NONE;
+    d.stream = 0;
+    d.backend = dm_backend_name(c);
+#if defined(DISTMESH_NCCL)
+    if (strcmp(d.backend, "nccl") == 0) {
+        d.kind = DMPY_DEV_STREAM;
+        d.stream = (Py_ssize_t)(intptr_t)dm_nccl_stream(c);
+        if (d.stream == 0) d.stream = 1;        /* DLPack: 0 is ambiguous; 1 the legacy default stream */
+    } else if (strcmp(d.backend, "tcp") == 0) {
+        d.kind = DMPY_DEV_STAGED;
+        d.stream = 1;
+    }
+#endif
+    return d;
+}
 
 /* A Python object for c, of class cls (NULL: the registered Collective class). owns: close()
    destroys c; owner: the holder c lives in (borrowed handles). On failure an owned c is
@@ -1054,13 +1206,14 @@ static PyObject* dmpy_comm_wrap(PyTypeObject* cls, dm_collective* c, dmpy_holder
     o->h.kind = DMPY_COMM;
     o->h.owns = owns;
     o->log = dmpy_log_ref(lg);
+    o->dev = dmpy_dev_of(c);
     dmpy_holder_link(&o->h);
     return (PyObject*)o;
 }
 static PyObject* dmpy_comm_refuse(PyTypeObject* t, PyObject* a, PyObject* k) {
     (void)t; (void)a; (void)k;
-    PyErr_SetString(PyExc_TypeError, "distmesh collectives are made by distmesh.init(), FakeCollective(rank, "
-                    "world_size), thread_world(n, fn) or a Mesh / DistributedInterface");
+    PyErr_SetString(PyExc_TypeError, "distmesh collectives are made by distmesh.init(), connect(), connect_nccl(), "
+                    "FakeCollective(rank, world_size), thread_world(n, fn) or a Mesh / DistributedInterface");
     return NULL;
 }
 static void dmpy_comm_dealloc(PyObject* self) {
@@ -1097,7 +1250,16 @@ DMPY_GET(transport, PyUnicode_FromString(dm_transport_name(c)))
 DMPY_GET(last_algorithm, PyUnicode_FromString(dm_last_algorithm(c)))
 DMPY_GET(last_error, PyUnicode_FromString(dm_last_error(c)))
 DMPY_GET(sequence, PyLong_FromUnsignedLongLong((unsigned long long)dm_sequence(c)))
+DMPY_GET(device, Py_BuildValue("(si)", dm_default_device(c).type == DM_DEVICE_CUDA ? "cuda" : "cpu",
+                               dm_default_device(c).index))
 #undef DMPY_GET
+/* The CUDA stream (as an int) the collective's work is queued on: NCCL's; None elsewhere. */
+static PyObject* dmpy_get_cuda_stream(PyObject* self, void* closure) {
+    (void)closure;
+    if (!dmpy_comm_handle(self)) return NULL;
+    if (((dmpy_comm*)self)->dev.kind != DMPY_DEV_STREAM) Py_RETURN_NONE;
+    return PyLong_FromSsize_t(((dmpy_comm*)self)->dev.stream);
+}
 static PyObject* dmpy_get_closed(PyObject* self, void* closure) {
     dmpy_holder* h;
     (void)closure;
@@ -1150,14 +1312,15 @@ static PyObject* dmpy_barrier(PyObject* self, PyObject* const* args, Py_ssize_t 
 }
 
 static PyObject* dmpy_all_reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    const dmpy_dev* dev = &((dmpy_comm*)self)->dev;
     dmpy_op o;
     int async_op;
     DMPY_PARSE("all_reduce", 2, "tensor", "op", "send", "async_op");
     dmpy_op_init(&o, DM_OP_ALL_REDUCE);
     if (dmpy_reduce_op(a_[1], &o.op) < 0 || dmpy_bool(a_[3], &async_op) < 0) return NULL;
-    if (dmpy_buf_get(a_[0], "tensor", DMPY_WRITE | DMPY_REDUCE, &o.b[0]) < 0) return NULL;
+    if (dmpy_buf_get(dev, a_[0], "tensor", DMPY_WRITE | DMPY_REDUCE, &o.b[0]) < 0) return NULL;
     if (a_[2] && a_[2] != Py_None) {
-        if (dmpy_buf_get(a_[2], "send", DMPY_REDUCE, &o.b[1]) < 0 ||
+        if (dmpy_buf_get(dev, a_[2], "send", DMPY_REDUCE, &o.b[1]) < 0 ||
             dmpy_same_dtype(&o.b[1], "send", &o.b[0], "tensor") < 0 ||
             dmpy_size_is(&o.b[1], "send", o.b[0].nbytes, "tensor's size") < 0)
             goto fail;
@@ -1173,6 +1336,7 @@ fail:
 }
 
 static PyObject* dmpy_all_gather(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    const dmpy_dev* dev = &((dmpy_comm*)self)->dev;
     dmpy_op o;
     int async_op;
     size_t W;
@@ -1180,7 +1344,8 @@ static PyObject* dmpy_all_gather(PyObject* self, PyObject* const* args, Py_ssize
     W = (size_t)dm_world_size(c);
     if (dmpy_bool(a_[2], &async_op) < 0) return NULL;
     dmpy_op_init(&o, DM_OP_ALL_GATHER);
-    if (dmpy_buf_get(a_[0], "output", DMPY_WRITE, &o.b[0]) < 0 || dmpy_buf_get(a_[1], "input", DMPY_READ, &o.b[1]) < 0 ||
+    if (dmpy_buf_get(dev, a_[0], "output", DMPY_WRITE, &o.b[0]) < 0 ||
+        dmpy_buf_get(dev, a_[1], "input", DMPY_READ, &o.b[1]) < 0 ||
         dmpy_same_dtype(&o.b[0], "output", &o.b[1], "input") < 0 ||
         dmpy_size_is(&o.b[0], "output", W * o.b[1].nbytes, "world_size x input's size") < 0)
         goto fail;
@@ -1195,6 +1360,7 @@ fail:
 }
 
 static PyObject* dmpy_all_gather_to_list(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    const dmpy_dev* dev = &((dmpy_comm*)self)->dev;
     dmpy_op o;
     int async_op;
     Py_ssize_t W, i;
@@ -1203,7 +1369,7 @@ static PyObject* dmpy_all_gather_to_list(PyObject* self, PyObject* const* args, 
     W = dm_world_size(c);
     if (dmpy_bool(a_[2], &async_op) < 0) return NULL;
     dmpy_op_init(&o, DM_OP_ALL_GATHER_TO_LIST);
-    if (dmpy_buf_get(a_[1], "input", DMPY_READ, &o.b[0]) < 0) return NULL;
+    if (dmpy_buf_get(dev, a_[1], "input", DMPY_READ, &o.b[0]) < 0) return NULL;
     seq = PySequence_Fast(a_[0], "outputs must be a list of world_size buffers");
     if (!seq) goto fail;
     if (PySequence_Fast_GET_SIZE(seq) != W) {
@@ -1217,7 +1383,7 @@ static PyObject* dmpy_all_gather_to_list(PyObject* self, PyObject* const* args, 
     for (i = 0; i < W; i++) {
         char what[48];
         snprintf(what, sizeof(what), "outputs[%zd]", i);
-        if (dmpy_buf_get(PySequence_Fast_GET_ITEM(seq, i), what, DMPY_WRITE, &o.many[i]) < 0) goto fail;
+        if (dmpy_buf_get(dev, PySequence_Fast_GET_ITEM(seq, i), what, DMPY_WRITE, &o.many[i]) < 0) goto fail;
         o.nmany = i + 1;
         if (dmpy_same_dtype(&o.many[i], what, &o.b[0], "input") < 0 ||
             dmpy_size_is(&o.many[i], what, o.b[0].nbytes, "input's size") < 0)
@@ -1236,6 +1402,7 @@ fail:
 }
 
 static PyObject* dmpy_reduce_scatter(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    const dmpy_dev* dev = &((dmpy_comm*)self)->dev;
     dmpy_op o;
     int async_op;
     size_t W;
@@ -1243,8 +1410,8 @@ static PyObject* dmpy_reduce_scatter(PyObject* self, PyObject* const* args, Py_s
     W = (size_t)dm_world_size(c);
     dmpy_op_init(&o, DM_OP_REDUCE_SCATTER);
     if (dmpy_reduce_op(a_[2], &o.op) < 0 || dmpy_bool(a_[3], &async_op) < 0) return NULL;
-    if (dmpy_buf_get(a_[0], "output", DMPY_WRITE | DMPY_REDUCE, &o.b[0]) < 0 ||
-        dmpy_buf_get(a_[1], "input", DMPY_REDUCE, &o.b[1]) < 0 ||
+    if (dmpy_buf_get(dev, a_[0], "output", DMPY_WRITE | DMPY_REDUCE, &o.b[0]) < 0 ||
+        dmpy_buf_get(dev, a_[1], "input", DMPY_REDUCE, &o.b[1]) < 0 ||
         dmpy_same_dtype(&o.b[1], "input", &o.b[0], "output") < 0 ||
         dmpy_size_is(&o.b[1], "input", W * o.b[0].nbytes, "world_size x output's size") < 0)
         goto fail;
@@ -1259,6 +1426,7 @@ fail:
 }
 
 static PyObject* dmpy_broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    const dmpy_dev* dev = &((dmpy_comm*)self)->dev;
     dmpy_op o;
     int async_op;
     long root;
@@ -1266,7 +1434,7 @@ static PyObject* dmpy_broadcast(PyObject* self, PyObject* const* args, Py_ssize_
     if (dmpy_int(a_[1], "source_rank", 0, INT_MIN, INT_MAX, &root) < 0 || dmpy_bool(a_[2], &async_op) < 0)
         return NULL;
     dmpy_op_init(&o, DM_OP_BROADCAST);
-    if (dmpy_buf_get(a_[0], "tensor", root == dm_rank(c) ? DMPY_READ : DMPY_WRITE, &o.b[0]) < 0) return NULL;
+    if (dmpy_buf_get(dev, a_[0], "tensor", root == dm_rank(c) ? DMPY_READ : DMPY_WRITE, &o.b[0]) < 0) return NULL;
     o.recv = o.b[0].ptr;
     o.count = dmpy_move_count(&o.b[0]);
     o.dtype = dmpy_move_dtype(&o.b[0]);
@@ -1275,6 +1443,7 @@ static PyObject* dmpy_broadcast(PyObject* self, PyObject* const* args, Py_ssize_
 }
 
 static PyObject* dmpy_reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    const dmpy_dev* dev = &((dmpy_comm*)self)->dev;
     dmpy_op o;
     int async_op;
     long root;
@@ -1283,7 +1452,7 @@ static PyObject* dmpy_reduce(PyObject* self, PyObject* const* args, Py_ssize_t n
     if (dmpy_int(a_[1], "root", 0, INT_MIN, INT_MAX, &root) < 0 || dmpy_reduce_op(a_[2], &o.op) < 0 ||
         dmpy_bool(a_[3], &async_op) < 0)
         return NULL;
-    if (dmpy_buf_get(a_[0], "tensor", (root == dm_rank(c) ? DMPY_WRITE : DMPY_READ) | DMPY_REDUCE, &o.b[0]) < 0)
+    if (dmpy_buf_get(dev, a_[0], "tensor", (root == dm_rank(c) ? DMPY_WRITE : DMPY_READ) | DMPY_REDUCE, &o.b[0]) < 0)
         return NULL;
     o.send = o.recv = o.b[0].ptr;       /* in place at the root; read only elsewhere */
     o.count = o.b[0].count;
@@ -1296,6 +1465,7 @@ static PyObject* dmpy_reduce(PyObject* self, PyObject* const* args, Py_ssize_t n
    output), the root's world_size times larger one (gather's output, scatter's input). */
 static PyObject* dmpy_rooted_many(PyObject* self, dm_op_kind kind, PyObject* small, PyObject* big,
                                   PyObject* root_arg, PyObject* async_arg, dm_collective* c) {
+    const dmpy_dev* dev = &((dmpy_comm*)self)->dev;
     bool gather = kind == DM_OP_GATHER;
     const char* small_name = gather ? "input" : "output";
     const char* big_name = gather ? "output" : "input";
@@ -1306,10 +1476,10 @@ static PyObject* dmpy_rooted_many(PyObject* self, dm_op_kind kind, PyObject* sma
     size_t W = (size_t)dm_world_size(c);
     if (dmpy_int(root_arg, "root", 0, INT_MIN, INT_MAX, &root) < 0 || dmpy_bool(async_arg, &async_op) < 0) return NULL;
     dmpy_op_init(&o, kind);
-    if (dmpy_buf_get(small, small_name, gather ? DMPY_READ : DMPY_WRITE, &o.b[0]) < 0) return NULL;
+    if (dmpy_buf_get(dev, small, small_name, gather ? DMPY_READ : DMPY_WRITE, &o.b[0]) < 0) return NULL;
     if (root == dm_rank(c)) {
         snprintf(big_at_root, sizeof(big_at_root), "%s (at the root)", big_name);
-        if (dmpy_buf_get(big, big_at_root, gather ? DMPY_WRITE : DMPY_READ, &o.b[1]) < 0 ||
+        if (dmpy_buf_get(dev, big, big_at_root, gather ? DMPY_WRITE : DMPY_READ, &o.b[1]) < 0 ||
             dmpy_same_dtype(&o.b[1], big_name, &o.b[0], small_name) < 0 ||
             dmpy_size_is(&o.b[1], big_name, W * o.b[0].nbytes, gather ? "world_size x input's size" : "world_size x output's size") < 0)
             goto fail;
@@ -1336,6 +1506,7 @@ static PyObject* dmpy_scatter(PyObject* self, PyObject* const* args, Py_ssize_t 
 }
 
 static PyObject* dmpy_all_to_all(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    const dmpy_dev* dev = &((dmpy_comm*)self)->dev;
     dmpy_op o;
     int async_op;
     size_t W;
@@ -1343,9 +1514,9 @@ static PyObject* dmpy_all_to_all(PyObject* self, PyObject* const* args, Py_ssize
     W = (size_t)dm_world_size(c);
     if (dmpy_bool(a_[2], &async_op) < 0) return NULL;
     dmpy_op_init(&o, DM_OP_ALL_TO_ALL);
-    if (dmpy_buf_get(a_[0], "output", DMPY_WRITE, &o.b[0]) < 0) return NULL;
+    if (dmpy_buf_get(dev, a_[0], "output", DMPY_WRITE, &o.b[0]) < 0) return NULL;
     if (a_[1] && a_[1] != Py_None) {
-        if (dmpy_buf_get(a_[1], "input", DMPY_READ, &o.b[1]) < 0 ||
+        if (dmpy_buf_get(dev, a_[1], "input", DMPY_READ, &o.b[1]) < 0 ||
             dmpy_same_dtype(&o.b[1], "input", &o.b[0], "output") < 0 ||
             dmpy_size_is(&o.b[1], "input", o.b[0].nbytes, "output's size") < 0)
             goto fail;
@@ -1395,6 +1566,7 @@ static int dmpy_counts(PyObject* seq, const char* what, size_t W, size_t limit, 
     return 0;
 }
 static PyObject* dmpy_all_to_all_v(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    const dmpy_dev* dev = &((dmpy_comm*)self)->dev;
     dmpy_op o;
     int async_op;
     size_t W;
@@ -1402,7 +1574,8 @@ static PyObject* dmpy_all_to_all_v(PyObject* self, PyObject* const* args, Py_ssi
     W = (size_t)dm_world_size(c);
     if (dmpy_bool(a_[4], &async_op) < 0) return NULL;
     dmpy_op_init(&o, DM_OP_ALL_TO_ALL_V);
-    if (dmpy_buf_get(a_[0], "output", DMPY_WRITE, &o.b[0]) < 0 || dmpy_buf_get(a_[2], "input", DMPY_READ, &o.b[1]) < 0 ||
+    if (dmpy_buf_get(dev, a_[0], "output", DMPY_WRITE, &o.b[0]) < 0 ||
+        dmpy_buf_get(dev, a_[2], "input", DMPY_READ, &o.b[1]) < 0 ||
         dmpy_same_dtype(&o.b[1], "input", &o.b[0], "output") < 0)
         goto fail;
     o.arrays = (size_t*)PyMem_Calloc(4 * W, sizeof(size_t));
@@ -1420,6 +1593,7 @@ fail:
 }
 
 static PyObject* dmpy_p2p(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, bool send) {
+    const dmpy_dev* dev = &((dmpy_comm*)self)->dev;
     dmpy_op o;
     int async_op;
     long peer, tag;
@@ -1428,7 +1602,7 @@ static PyObject* dmpy_p2p(PyObject* self, PyObject* const* args, Py_ssize_t narg
         dmpy_bool(a_[3], &async_op) < 0)
         return NULL;
     dmpy_op_init(&o, send ? DM_OP_SEND : DM_OP_RECV);
-    if (dmpy_buf_get(a_[0], "tensor", send ? DMPY_READ : DMPY_WRITE, &o.b[0]) < 0) return NULL;
+    if (dmpy_buf_get(dev, a_[0], "tensor", send ? DMPY_READ : DMPY_WRITE, &o.b[0]) < 0) return NULL;
     if (send) o.send = o.b[0].ptr; else o.recv = o.b[0].ptr;
     o.count = dmpy_move_count(&o.b[0]);
     o.dtype = dmpy_move_dtype(&o.b[0]);
@@ -1639,6 +1813,10 @@ static PyGetSetDef dmpy_comm_getset[] = {
     { "last_error", dmpy_get_last_error, NULL, "the last failure's message (dm_last_error)", NULL },
     { "sequence", dmpy_get_sequence, NULL, "collectives issued so far", NULL },
     { "closed", dmpy_get_closed, NULL, "whether close() was called (on it or what it belongs to)", NULL },
+    { "device", dmpy_get_device, NULL, "(\"cpu\", 0) or (\"cuda\", index): where its calls run (dm_default_device)",
+      NULL },
+    { "cuda_stream", dmpy_get_cuda_stream, NULL, "the CUDA stream its work is queued on, as an int (NCCL); else "
+      "None", NULL },
     { NULL, NULL, NULL, NULL, NULL }
 };
 static PyTypeObject dmpy_CommType = {
@@ -2098,6 +2276,59 @@ static PyObject* dmpy_m_tcp(PyObject* mod, PyObject* args, PyObject* kw) {
     dmpy_log_unref(lg);
     return out;
 }
+/* dm_nccl_create; in a build without NCCL, Unsupported saying how to build with it. cuda_device
+   -1: local_rank % device count (the desc's 0); d: device d (the desc's d + 1). */
+static PyObject* dmpy_m_nccl(PyObject* mod, PyObject* args, PyObject* kw) {
+    static char* names[] = { "rank", "world_size", "local_rank", "cuda_device", "store", "store_url", "prefix",
+                             "timeout_ms", "cls", NULL };
+    int rank = 0, world = 0, local_rank = 0, cuda_device = -1, timeout_ms = 0;
+    const char *url = NULL, *prefix = NULL;
+    PyObject *storeo = Py_None, *clso = NULL;
+    PyTypeObject* cls;
+    (void)mod;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|iiiiOzziO", names, &rank, &world, &local_rank, &cuda_device,
+                                     &storeo, &url, &prefix, &timeout_ms, &clso) ||
+        dmpy_cls_arg(clso, &cls) < 0)
+        return NULL;
+    if (storeo != Py_None && !PyObject_TypeCheck(storeo, &dmpy_StoreType)) {
+        PyErr_SetString(PyExc_TypeError, "store must be a distmesh._C.Store");
+        return NULL;
+    }
+    if (cuda_device < -1) return dmpy_raise(DM_ERR_INVALID_ARG, "nccl: cuda_device must be >= 0 (-1: the default)");
+#if defined(DISTMESH_NCCL)
+    {
+        dm_nccl_desc d;
+        dm_collective* c = NULL;
+        dmpy_log* lg;
+        dm_status st;
+        PyObject* out;
+        if (!(lg = dmpy_log_new())) return NULL;
+        memset(&d, 0, sizeof(d));
+        d.rank = rank;
+        d.world_size = world;
+        d.local_rank = local_rank;
+        d.cuda_device = cuda_device + 1;
+        d.store = storeo != Py_None ? ((dmpy_store*)storeo)->s : NULL;
+        d.store_url = url;
+        d.prefix = prefix;
+        d.timeout_ms = timeout_ms;
+        d.logger = dmpy_logger(lg);
+        Py_BEGIN_ALLOW_THREADS
+        st = dm_nccl_create(&d, &c);
+        Py_END_ALLOW_THREADS
+        if (st != DM_OK) return dmpy_failed_create(st, lg);
+        /* dm_shrink's fallback re-initialises through the store: keep it alive */
+        out = dmpy_comm_wrap(cls, c, NULL, true, lg, storeo != Py_None ? storeo : NULL);
+        dmpy_log_unref(lg);
+        return out;
+    }
+#else
+    (void)rank; (void)world; (void)local_rank; (void)url; (void)prefix; (void)timeout_ms; (void)cls;
+    return dmpy_raise(DM_ERR_UNSUPPORTED, "nccl: this build of distmesh has no NCCL backend; build it with CUDA and "
+                      "NCCL installed: DISTMESH_NCCL=1 pip install --no-build-isolation ./python, or make install "
+                      "PY_NCCL=1 (CUDA_HOME, NCCL_HOME: where they are; default /usr/local/cuda)");
+#endif
+}
 
 static PyObject* dmpy_m_mesh(PyObject* mod, PyObject* args) {
     PyObject *world, *names, *sizes, *nf = NULL, *sf = NULL, *out = NULL;
@@ -2203,7 +2434,7 @@ static PyObject* dmpy_m_buffer_info(PyObject* mod, PyObject* obj) {
     dmpy_buf b;
     PyObject* out;
     (void)mod;
-    if (dmpy_buf_get(obj, "buffer", DMPY_READ, &b) < 0) return NULL;
+    if (dmpy_buf_get(NULL, obj, "buffer", DMPY_READ, &b) < 0) return NULL;
     out = Py_BuildValue("(snnO)", dmpy_dtype_name(b.dtype), (Py_ssize_t)b.count, (Py_ssize_t)b.nbytes,
                         b.readonly ? Py_True : Py_False);
     dmpy_buf_release(&b);
@@ -2241,6 +2472,9 @@ static PyMethodDef dmpy_module_methods[] = {
     { "tcp", (PyCFunction)(void (*)(void))dmpy_m_tcp, METH_VARARGS | METH_KEYWORDS,
       "tcp(rank=0, world_size=0, store=None, store_url=None, prefix=None, transport=None, timeout_ms=0, "
       "ifname=None, cls=None): dm_tcp_create" },
+    { "nccl", (PyCFunction)(void (*)(void))dmpy_m_nccl, METH_VARARGS | METH_KEYWORDS,
+      "nccl(rank=0, world_size=0, local_rank=0, cuda_device=-1, store=None, store_url=None, prefix=None, "
+      "timeout_ms=0, cls=None): dm_nccl_create (Unsupported in a build without NCCL: see NCCL_BUILT)" },
     { "mesh", dmpy_m_mesh, METH_VARARGS, "mesh(world, names, sizes) -> Mesh" },
     { "mesh_dp_tp", dmpy_m_mesh_dp_tp, METH_VARARGS, "mesh_dp_tp(world, tp_size) -> Mesh" },
     { "strategy", dmpy_m_strategy, METH_VARARGS, "strategy(world, mp_replicate, mp_shard, dp, cp) -> Strategy" },
@@ -2272,7 +2506,12 @@ PyMODINIT_FUNC PyInit__C(void) {
         PyModule_AddObjectRef(m, "Mesh", (PyObject*)&dmpy_MeshType) < 0 ||
         PyModule_AddObjectRef(m, "Strategy", (PyObject*)&dmpy_StrategyType) < 0 ||
         PyModule_AddStringConstant(m, "VERSION", DISTMESH_VERSION) < 0 ||
-        PyModule_AddIntConstant(m, "DEFAULT_TIMEOUT_MS", DM_DEFAULT_TIMEOUT_MS) < 0) {
+        PyModule_AddIntConstant(m, "DEFAULT_TIMEOUT_MS", DM_DEFAULT_TIMEOUT_MS) < 0 ||
+#if defined(DISTMESH_NCCL)
+        PyModule_AddObjectRef(m, "NCCL_BUILT", Py_True) < 0) {
+#else
+        PyModule_AddObjectRef(m, "NCCL_BUILT", Py_False) < 0) {
+#endif
         Py_DECREF(m);
         return NULL;
     }

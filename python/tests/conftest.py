@@ -18,6 +18,10 @@ import pytest
 if os.environ.get("DM_PY_NO_TORCH") == "1":    # ASan builds: torch stays out (importorskip skips)
     sys.modules["torch"] = None
 
+# test_nccl_standin.py needs the extension built against the CUDA/NCCL stand-in
+# (tests/python_nccl_standin.mk), which runs it alone with DM_PY_NCCL_STANDIN=1.
+collect_ignore = [] if os.environ.get("DM_PY_NCCL_STANDIN") == "1" else ["test_nccl_standin.py"]
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 TEST_LIMIT_S = float(os.environ.get("DM_PY_TEST_LIMIT", "150"))

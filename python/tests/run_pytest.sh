@@ -4,7 +4,9 @@
 # printed as cmocka's "[  PASSED  ] N" / "[  FAILED  ] N" / "[  SKIPPED ] N" lines for
 # tests/run.sh. An argument (run.sh's pattern, a glob) picks tests by name (pytest -k).
 # Environment: DM_PY (the interpreter, /usr/bin/python3), DM_PY_LIB (the built package),
-# DM_PY_REF (the reference program), DM_PY_TIMEOUT (seconds, 480), DM_PY_SAN (the build's
+# DM_PY_REF (the reference program), DM_PY_TESTS (the files to run, default all of python/tests;
+# tests/python_nccl_standin.mk runs test_nccl_standin.py, with DM_PY_NCCL_STANDIN=1, on its own
+# build), DM_PY_TIMEOUT (seconds, 480), DM_PY_SAN (the build's
 # sanitizer flags: ASan preloads its runtime and leaves torch out; TSan skips, Python is not
 # built for it).
 set -u
@@ -33,7 +35,8 @@ fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cd "$here" || exit 1
-timeout -k 10 "$limit" env "${envs[@]}" "$py" -m pytest -p no:cacheprovider -q -rs "${args[@]+"${args[@]}"}" . 2>&1 \
+read -r -a tests <<< "${DM_PY_TESTS:-.}"
+timeout -k 10 "$limit" env "${envs[@]}" "$py" -m pytest -p no:cacheprovider -q -rs "${args[@]+"${args[@]}"}" "${tests[@]}" 2>&1 \
     | tee "$log"
 rc=${PIPESTATUS[0]}
 count() { grep -Eo "[0-9]+ $1" "$log" | tail -1 | awk '{print $1+0}'; }

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import distmesh
+from dlpack_util import AnnouncingExporter
 
 try:
     import torch
@@ -130,6 +131,25 @@ def test_bad_buffers_raise_before_the_call():
     assert c.sequence == seq                    # nothing reached the library's collectives
     x = np.ones(2, np.int16)
     c.broadcast(x, 0)                           # moving any dtype is fine: raw bytes
+    c.close()
+
+
+@pytest.mark.skipif(distmesh.nccl_built, reason="an NCCL build: test_nccl_standin.py covers CUDA memory")
+def test_cuda_memory_needs_an_nccl_build():
+    """A build without NCCL refuses CUDA memory (a DLPack exporter of device type 2) with a
+    TypeError saying how to build one, before anything is sent, releasing the export;
+    connect_nccl raises Unsupported saying the same."""
+    host = np.ones(4, np.float32)           # never read: the exporter calls it device memory
+    x = AnnouncingExporter(host.ctypes.data, host.nbytes, np.float32)
+    c = distmesh.FakeCollective(0, 1)
+    seq = c.sequence
+    with pytest.raises(TypeError, match="DISTMESH_NCCL=1 pip install"):
+        c.all_reduce(x, "sum")
+    assert (x.exports, x.deleted, x.streams) == (1, 1, [None]) and c.sequence == seq
+    assert (c.cuda_stream, c.device) == (None, ("cpu", 0))
+    with pytest.raises(distmesh.Unsupported, match="DISTMESH_NCCL=1 pip install") as e:
+        distmesh.connect_nccl(0, 1)
+    assert e.value.status_name == "DM_ERR_UNSUPPORTED" and not distmesh.nccl_built
     c.close()
 
 
