@@ -3542,8 +3542,8 @@ static bool _dm_tcp_launch_openmpi(dm_tcp_launch* l, const dm_env* env) {
     }
     /* mpirun's session directory for this job: made fresh and removed by mpirun at the end.
        Job ids repeat over thousands of launches (16 bits of them come from mpirun's pid), and a
-       store left by an earlier job of another size would split this one's generation (>>tcp
-       build): its ranks would wait for each other under two prefixes until the deadline. */
+       store left by an earlier job of another size would split this one's generation
+       (>>tcp build): its ranks would wait for each other under two prefixes until the deadline. */
     sess = _dm_tcp_launcher_dir(_dm_tcp_getenv1("PMIX_SERVER_TMPDIR", "OMPI_MCA_orte_jobfam_session_dir", NULL));
     if (sess) return _dm_tcp_job_store_at(l, sess, "distmesh-ompi", job);
     return _dm_tcp_job_store(l, "ompi", job);
