@@ -708,8 +708,8 @@ DM_API dm_status dm_split(dm_collective* c, int color, int key, dm_collective** 
    hang up), so their calls fail with DM_ERR_ABORTED and a message naming this rank instead of
    waiting for their deadlines. Returns without waiting for the running call; a second call
    changes nothing. reason NULL -> "dm_abort". Not async-signal-safe: a signal handler wakes a
-   thread that calls it. A backend that cannot interrupt a running call (NCCL) fails the next
-   one. Afterwards c can only be destroyed. */
+   thread that calls it. NCCL's running call ends at its next look at the stream or the
+   communicator (every wait polls them). Afterwards c can only be destroyed. */
 DM_API dm_status dm_abort(dm_collective* c, const char* reason);
 
 /* >>functions shrink and grow  A group goes on without ranks that died or leave, and takes

@@ -93,9 +93,10 @@
    A collective belongs to one thread at a time (distmesh.h's rule): its blocking calls, its
    _async calls, dm_wait / dm_test on its requests and dm_synchronize all take it, and another
    thread's call gets DM_ERR_BUSY (with requests in flight, from any thread but the issuer's).
-   So no two NCCL calls on one communicator ever overlap. The one call made from another thread
-   is dm_shrink(DM_SHRINK_ABORT), a watchdog's: it sets the interrupt flag, whatever holds the
-   collective ends at its next poll with DM_ERR_ABORTED, and only then does the shrink run.
+   So no two NCCL calls on one communicator ever overlap. The calls made from another thread
+   are dm_abort and dm_shrink(DM_SHRINK_ABORT), a watchdog's (or a Ctrl-C handler's): they set
+   the interrupt flag, whatever holds the collective ends at its next poll with DM_ERR_ABORTED,
+   and only then does the shrink run.
 
    SHRINK
    dm_shrink uses ncclCommShrink (NCCL 2.27+) while the communicator is alive, else aborts it
@@ -349,13 +350,13 @@ static bool _dm_nccl_can_shrink(void) {
     return false;
 #endif
 }
-/* An operation saw the interrupt slot's flag (dm_shrink with DM_SHRINK_ABORT on another
-   thread): it ends with DM_ERR_ABORTED, started requests are settled as by an abort. Where
+/* An operation saw the interrupt slot's flag (dm_abort, or dm_shrink with DM_SHRINK_ABORT, on
+   another thread): it ends with DM_ERR_ABORTED, started requests are settled as by an abort. Where
    ncclCommShrink exists the communicator is parked, not aborted: NCCL_SHRINK_ABORT stops its
    operations and builds the survivors' communicator from it; else it is aborted. */
 static dm_status _dm_nccl_interrupted(_dm_nccl* n, const char* what, uint64_t seq) {
-    dm_status st = _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted by "
-                            "dm_shrink(DM_SHRINK_ABORT)", what, (unsigned long long)seq);
+    dm_status st = _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted (dm_abort, or "
+                            "dm_shrink with DM_SHRINK_ABORT, on another thread)", what, (unsigned long long)seq);
     if (n->broken != DM_OK) return st;
     if (n->comm && _dm_nccl_can_shrink()) {
         _dm_nccl_settle(n, st);
@@ -1245,8 +1246,8 @@ static dm_status _dm_nccl_job_wait(_dm_nccl* n, const char* what) {
         if (r == ncclSuccess) return DM_OK;
         if (r != ncclInProgress) return _dm_nccl_fail_on(n, n->comm, r, what, n->base.seq);
         if (__atomic_load_n(&n->interrupt, __ATOMIC_ACQUIRE))
-            return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted by "
-                            "dm_shrink(DM_SHRINK_ABORT); the communicator was aborted", what, seq);
+            return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted (dm_abort, or dm_shrink "
+                            "with DM_SHRINK_ABORT, on another thread); the communicator was aborted", what, seq);
         if (_dm_now_ms() >= deadline)
             return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the "
                             "communicator was aborted", what, seq, n->base.timeout_ms);
