@@ -2142,11 +2142,26 @@ static PyObject* dmpy_failed_create(dm_status st, dmpy_log* lg) {
     dmpy_log_unref(lg);
     return dmpy_raise(st, msg);
 }
+/* The end of a factory: the failure raised, or the new collective wrapped (owned), with keep
+   (a Store it borrows, NULL: none) held as long as it lives; the factory's reference on lg goes. */
+static PyObject* dmpy_created(dm_status st, dm_collective* c, dmpy_log* lg, PyTypeObject* cls, PyObject* keep) {
+    PyObject* out;
+    if (st != DM_OK) return dmpy_failed_create(st, lg);
+    out = dmpy_comm_wrap(cls, c, NULL, true, lg, keep);
+    dmpy_log_unref(lg);
+    return out;
+}
+/* A factory's store argument: None or a distmesh._C.Store (0), else a TypeError (-1). */
+static int dmpy_store_arg(PyObject* storeo) {
+    if (storeo == Py_None || PyObject_TypeCheck(storeo, &dmpy_StoreType)) return 0;
+    PyErr_SetString(PyExc_TypeError, "store must be a distmesh._C.Store");
+    return -1;
+}
 
 static PyObject* dmpy_m_fake(PyObject* mod, PyObject* args, PyObject* kw) {
     static char* names[] = { "rank", "world_size", "local_world_size", "timeout_ms", "cls", NULL };
     int rank = 0, world = 1, local = 0, timeout_ms = 0;
-    PyObject *clso = NULL, *out;
+    PyObject* clso = NULL;
     PyTypeObject* cls;
     dm_fake_desc d;
     dm_collective* c = NULL;
@@ -2164,10 +2179,7 @@ static PyObject* dmpy_m_fake(PyObject* mod, PyObject* args, PyObject* kw) {
     d.logger = dmpy_logger(lg);
     if (world < 1) { dmpy_log_unref(lg); return dmpy_raise(DM_ERR_INVALID_ARG, "fake: world_size must be >= 1"); }
     st = dm_fake_create(&d, &c);
-    if (st != DM_OK) return dmpy_failed_create(st, lg);
-    out = dmpy_comm_wrap(cls, c, NULL, true, lg, NULL);
-    dmpy_log_unref(lg);
-    return out;
+    return dmpy_created(st, c, lg, cls, NULL);
 }
 static PyObject* dmpy_m_thread_world(PyObject* mod, PyObject* args, PyObject* kw) {
     static char* names[] = { "world_size", "local_world_size", "timeout_ms", "cls", NULL };
@@ -2215,7 +2227,7 @@ static PyObject* dmpy_m_thread_world(PyObject* mod, PyObject* args, PyObject* kw
 static PyObject* dmpy_m_init(PyObject* mod, PyObject* args, PyObject* kw) {
     static char* names[] = { "timeout_ms", "cls", NULL };
     int timeout_ms = 0;
-    PyObject *clso = NULL, *out;
+    PyObject* clso = NULL;
     PyTypeObject* cls;
     dm_init_desc d;
     dm_collective* c = NULL;
@@ -2231,17 +2243,14 @@ static PyObject* dmpy_m_init(PyObject* mod, PyObject* args, PyObject* kw) {
     Py_BEGIN_ALLOW_THREADS
     st = dm_init(&d, &c);
     Py_END_ALLOW_THREADS
-    if (st != DM_OK) return dmpy_failed_create(st, lg);
-    out = dmpy_comm_wrap(cls, c, NULL, true, lg, NULL);
-    dmpy_log_unref(lg);
-    return out;
+    return dmpy_created(st, c, lg, cls, NULL);
 }
 static PyObject* dmpy_m_tcp(PyObject* mod, PyObject* args, PyObject* kw) {
     static char* names[] = { "rank", "world_size", "store", "store_url", "prefix", "transport", "timeout_ms",
                              "ifname", "cls", NULL };
     int rank = 0, world = 0, timeout_ms = 0;
     const char *url = NULL, *prefix = NULL, *transport = NULL, *ifname = NULL;
-    PyObject *storeo = Py_None, *clso = NULL, *out;
+    PyObject *storeo = Py_None, *clso = NULL;
     PyTypeObject* cls;
     dm_tcp_desc d;
     dm_collective* c = NULL;
@@ -2252,10 +2261,7 @@ static PyObject* dmpy_m_tcp(PyObject* mod, PyObject* args, PyObject* kw) {
                                      &transport, &timeout_ms, &ifname, &clso) ||
         dmpy_cls_arg(clso, &cls) < 0)
         return NULL;
-    if (storeo != Py_None && !PyObject_TypeCheck(storeo, &dmpy_StoreType)) {
-        PyErr_SetString(PyExc_TypeError, "store must be a distmesh._C.Store");
-        return NULL;
-    }
+    if (dmpy_store_arg(storeo) < 0) return NULL;
     if (!(lg = dmpy_log_new())) return NULL;
     memset(&d, 0, sizeof(d));
     d.rank = rank;
@@ -2270,11 +2276,8 @@ static PyObject* dmpy_m_tcp(PyObject* mod, PyObject* args, PyObject* kw) {
     Py_BEGIN_ALLOW_THREADS
     st = dm_tcp_create(&d, &c);
     Py_END_ALLOW_THREADS
-    if (st != DM_OK) return dmpy_failed_create(st, lg);
     /* the collective borrows the store (splits and abort notices use it): keep it alive */
-    out = dmpy_comm_wrap(cls, c, NULL, true, lg, storeo != Py_None ? storeo : NULL);
-    dmpy_log_unref(lg);
-    return out;
+    return dmpy_created(st, c, lg, cls, storeo != Py_None ? storeo : NULL);
 }
 /* dm_nccl_create; in a build without NCCL, Unsupported saying how to build with it. cuda_device
    -1: local_rank % device count (the desc's 0); d: device d (the desc's d + 1). */
@@ -2290,10 +2293,7 @@ static PyObject* dmpy_m_nccl(PyObject* mod, PyObject* args, PyObject* kw) {
                                      &storeo, &url, &prefix, &timeout_ms, &clso) ||
         dmpy_cls_arg(clso, &cls) < 0)
         return NULL;
-    if (storeo != Py_None && !PyObject_TypeCheck(storeo, &dmpy_StoreType)) {
-        PyErr_SetString(PyExc_TypeError, "store must be a distmesh._C.Store");
-        return NULL;
-    }
+    if (dmpy_store_arg(storeo) < 0) return NULL;
     if (cuda_device < -1) return dmpy_raise(DM_ERR_INVALID_ARG, "nccl: cuda_device must be >= 0 (-1: the default)");
 #if defined(DISTMESH_NCCL)
     {
@@ -2301,7 +2301,6 @@ static PyObject* dmpy_m_nccl(PyObject* mod, PyObject* args, PyObject* kw) {
         dm_collective* c = NULL;
         dmpy_log* lg;
         dm_status st;
-        PyObject* out;
         if (!(lg = dmpy_log_new())) return NULL;
         memset(&d, 0, sizeof(d));
         d.rank = rank;
@@ -2316,11 +2315,8 @@ static PyObject* dmpy_m_nccl(PyObject* mod, PyObject* args, PyObject* kw) {
         Py_BEGIN_ALLOW_THREADS
         st = dm_nccl_create(&d, &c);
         Py_END_ALLOW_THREADS
-        if (st != DM_OK) return dmpy_failed_create(st, lg);
         /* dm_shrink's fallback re-initialises through the store: keep it alive */
-        out = dmpy_comm_wrap(cls, c, NULL, true, lg, storeo != Py_None ? storeo : NULL);
-        dmpy_log_unref(lg);
-        return out;
+        return dmpy_created(st, c, lg, cls, storeo != Py_None ? storeo : NULL);
     }
 #else
     (void)rank; (void)world; (void)local_rank; (void)url; (void)prefix; (void)timeout_ms; (void)cls;
