@@ -3463,6 +3463,11 @@ DM_API_IMPL long dm_slurm_hostlist(const char* list, long index, char* out, size
 #undef _DM_HL_MAX
 
 /* >>tcp launch  A private rendezvous from the launcher's own job identity (see dm_tcp_launch). */
+/* Whether path is a directory (not a link) of this user that no one else may enter. */
+static bool _dm_tcp_dir_is_private(const char* path) {
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == getuid() && (st.st_mode & 077) == 0;
+}
 /* The per-user directory, created 0700; refused unless it is ours, a directory and private. */
 static bool _dm_tcp_private_dir(char* out, size_t cap, char* err, size_t errcap) {
     const char* xdg = getenv("XDG_RUNTIME_DIR");
@@ -3476,7 +3481,7 @@ static bool _dm_tcp_private_dir(char* out, size_t cap, char* err, size_t errcap)
         snprintf(err, errcap, "cannot create the private rendezvous directory %s (%s)", out, strerror(errno));
         return false;
     }
-    if (lstat(out, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) {
+    if (!_dm_tcp_dir_is_private(out)) {
         snprintf(err, errcap, "refusing the rendezvous directory %s: it must be a directory owned by uid %lu "
                  "with mode 0700", out, (unsigned long)getuid());
         return false;
@@ -3512,10 +3517,7 @@ static bool _dm_tcp_job_store(dm_tcp_launch* l, const char* launcher, const char
 /* The launcher's own directory for this job (an absolute path, a directory of this user that no
    one else may enter), or NULL. */
 static const char* _dm_tcp_launcher_dir(const char* dir) {
-    struct stat st;
-    if (!dir || dir[0] != '/' || strlen(dir) > 300) return NULL;
-    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) return NULL;
-    return dir;
+    return dir && dir[0] == '/' && strlen(dir) <= 300 && _dm_tcp_dir_is_private(dir) ? dir : NULL;
 }
 
 static const char* _dm_tcp_getenv1(const char* a, const char* b, const char* c) {
