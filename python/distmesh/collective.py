@@ -267,6 +267,15 @@ class FakeCollective(Collective):
         return None
 
 
+def _with_tp(c, tp_size):
+    """A new world c with its dp x tp mesh made (tp_size), or c closed and the failure raised."""
+    try:
+        return c._set_tp(tp_size)
+    except BaseException:
+        c.close()
+        raise
+
+
 def init(timeout=None, tp_size=1):
     """The world the environment asks for (C: dm_init): torchrun's, mpirun's or srun's
     variables, or RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT by hand; a world-1
@@ -274,11 +283,7 @@ def init(timeout=None, tp_size=1):
     (default DISTMESH_TIMEOUT, else 300). tp_size > 1 builds Optimus-DL's dp x tp mesh (TP
     innermost), for tp_world / dp_rank / tp_rank (a collective call)."""
     c = _C.init(_ms(timeout), cls=Collective)
-    try:
-        return c._set_tp(tp_size)
-    except BaseException:
-        c.close()
-        raise
+    return _with_tp(c, tp_size)
 
 
 def connect(rank, world_size, store=None, prefix=None, transport=None, timeout=None, ifname=None, tp_size=1):
@@ -289,11 +294,7 @@ def connect(rank, world_size, store=None, prefix=None, transport=None, timeout=N
     "distmesh/"; give each world of a job its own). transport: "auto" (shared memory on one
     host, sockets across), "shm" or "tcp"; None: DISTMESH_TRANSPORT, else auto."""
     c = _C.tcp(rank, world_size, None, store, prefix, transport, _ms(timeout), ifname, cls=Collective)
-    try:
-        return c._set_tp(tp_size)
-    except BaseException:
-        c.close()
-        raise
+    return _with_tp(c, tp_size)
 
 
 def connect_nccl(rank=None, world_size=None, local_rank=None, cuda_device=None, store=None, prefix=None,
@@ -322,11 +323,7 @@ def connect_nccl(rank=None, world_size=None, local_rank=None, cuda_device=None, 
         raise TypeError("connect_nccl: rank is required with world_size")
     c = _C.nccl(rank, world_size, local_rank or 0, -1 if cuda_device is None else cuda_device, None, store, prefix,
                 _ms(timeout), cls=Collective)
-    try:
-        return c._set_tp(tp_size)
-    except BaseException:
-        c.close()
-        raise
+    return _with_tp(c, tp_size)
 
 
 def thread_world(n, fn, *args, timeout=None, local_world_size=0, tp_size=1):
