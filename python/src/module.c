@@ -975,8 +975,14 @@ static void dmpy_pending_unlink(dmpy_request* r) {
     if (r->next) r->next->prev = r->prev;
     r->prev = r->next = NULL;
 }
-/* The request is done with st (GIL held): its message, its buffers released. */
-static void dmpy_request_done(dmpy_request* r, dm_status st) {
+/* The request is done with st (GIL held): its status and message, then its buffers released.
+   A failure is raised before the buffers go, as dmpy_run does, so that a Ctrl-C's
+   KeyboardInterrupt does not meet an exporter's capsule destructor written in Python (which
+   would swallow it): with `raise`, the failure itself (dmpy_raise: the KeyboardInterrupt with
+   the failure as its context); without, only a pending Ctrl-C, the failure kept for wait().
+   0, or -1 with an exception set. */
+static int dmpy_request_done(dmpy_request* r, dm_status st, bool raise) {
+    int rc = 0;
     r->req = NULL;
     r->finished = true;
     r->status = st;
@@ -985,6 +991,8 @@ static void dmpy_request_done(dmpy_request* r, dm_status st) {
         dm_collective* c = (dm_collective*)r->comm->h.handle;
         if (c && PyThread_get_thread_ident() == r->thread) snprintf(r->msg, sizeof(r->msg), "%s", dm_last_error(c));
         if (!r->msg[0]) dmpy_log_last(r->comm->log, st, r->msg, sizeof(r->msg));
+        if (raise) { dmpy_raise(st, r->msg); rc = -1; }
+        else if (PyErr_CheckSignals() < 0) rc = -1;
     }
     {
         PyObject* keep = r->op.result;
@@ -993,10 +1001,12 @@ static void dmpy_request_done(dmpy_request* r, dm_status st) {
         r->op.result = keep;
     }
     dmpy_pending_unlink(r);
+    return rc;
 }
-/* Waits (GIL released; Ctrl-C armed on the main thread); 0, or -1 with an exception set by a
-   concurrent wait. The call's own failure is kept in r (see dmpy_request_result). */
-static int dmpy_request_block(dmpy_request* r) {
+/* Waits (GIL released; Ctrl-C armed on the main thread); 0, or -1 with an exception set: a
+   concurrent wait, or what dmpy_request_done raised (`raise`: the call's own failure; else it
+   is kept in r, see dmpy_request_result). */
+static int dmpy_request_block(dmpy_request* r, bool raise) {
     dmpy_sig sg;
     dm_request* q = r->req;
     dm_status st;
@@ -1014,8 +1024,7 @@ static int dmpy_request_block(dmpy_request* r) {
     dmpy_sig_end(&sg);
     r->comm->h.busy--;
     r->waiting = false;
-    dmpy_request_done(r, st);
-    return 0;
+    return dmpy_request_done(r, st, raise);
 }
 static PyObject* dmpy_request_result(dmpy_request* r) {
     if (r->status != DM_OK) return dmpy_raise(r->status, r->msg);
@@ -1026,14 +1035,14 @@ static int dmpy_request_finish_all(dmpy_comm* c) {
     while (c->pending) {
         dmpy_request* r = c->pending;
         Py_INCREF(r);
-        if (dmpy_request_block(r) < 0) { Py_DECREF(r); return -1; }
+        if (dmpy_request_block(r, false) < 0) { Py_DECREF(r); return -1; }
         Py_DECREF(r);
     }
     return 0;
 }
 static PyObject* dmpy_request_wait(dmpy_request* r, PyObject* noargs) {
     (void)noargs;
-    if (dmpy_request_block(r) < 0) return NULL;
+    if (dmpy_request_block(r, true) < 0) return NULL;
     return dmpy_request_result(r);
 }
 static PyObject* dmpy_request_is_completed(dmpy_request* r, PyObject* noargs) {
@@ -1044,7 +1053,7 @@ static PyObject* dmpy_request_is_completed(dmpy_request* r, PyObject* noargs) {
     if (r->waiting) Py_RETURN_FALSE;
     st = dm_test(r->req, &done);
     if (!done) Py_RETURN_FALSE;
-    dmpy_request_done(r, st);
+    if (dmpy_request_done(r, st, false) < 0) return NULL;
     Py_RETURN_TRUE;
 }
 static PyObject* dmpy_request_get_status(dmpy_request* r, void* closure) {
@@ -1058,7 +1067,7 @@ static void dmpy_request_dealloc(dmpy_request* r) {
         PyObject *t, *v, *tb;
         PyErr_Fetch(&t, &v, &tb);
         if (DMPY_FINALIZING()) { dmpy_pending_unlink(r); }      /* the process ends: leave it */
-        else if (dmpy_request_block(r) < 0) PyErr_WriteUnraisable((PyObject*)r);
+        else if (dmpy_request_block(r, false) < 0) PyErr_WriteUnraisable((PyObject*)r);
         PyErr_Restore(t, v, tb);
     }
     dmpy_pending_unlink(r);

@@ -344,3 +344,30 @@ def test_a_stream_that_never_ends_times_out_or_ctrl_c_aborts(tmp_path, made):
                 c.all_reduce(d, "sum")
     finally:
         SI.si_hold_streams(False)
+
+
+def test_ctrl_c_in_request_wait_raises_keyboard_interrupt(tmp_path, made):
+    """Ctrl-C while wait() blocks on a request whose stream never ends: KeyboardInterrupt within
+    a second, with the Aborted failure as its context. The buffer's exporter (dlpack_util) frees
+    its capsule with a destructor written in Python, which would swallow a pending
+    KeyboardInterrupt: the request raises before it releases its buffers."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("Ctrl-C is armed only over Python's own SIGINT handler")
+    SI.si_reset()
+    d = made(np.ones(4, np.float32))
+    SI.si_hold_streams(True)
+    try:
+        with distmesh.connect_nccl(0, 1, store="file://%s/w" % tmp_path, timeout=60) as c:
+            r = c.all_reduce(d, "sum", async_op=True)
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            t0 = time.monotonic()
+            timer.start()
+            with pytest.raises(KeyboardInterrupt) as e:
+                r.wait()
+            assert time.monotonic() - t0 < 1.3
+            assert isinstance(e.value.__context__, distmesh.Aborted), repr(e.value.__context__)
+            assert r.is_completed() and r.status is not None and r.status < 0
+            with pytest.raises(distmesh.Aborted):
+                r.wait()                # the failure stays the request's
+    finally:
+        SI.si_hold_streams(False)
