@@ -2748,15 +2748,23 @@ _DM_PRIVATE void _dm_trace_peer_seen(dm_collective* c, int peer, int kind, uint6
    (else -1). */
 #define _DM_TR_ROOTED (1u << DM_OP_BROADCAST | 1u << DM_OP_BROADCAST_OBJECTS | 1u << DM_OP_REDUCE | \
                        1u << DM_OP_GATHER | 1u << DM_OP_SCATTER | 1u << DM_OP_SEND | 1u << DM_OP_RECV)
-_DM_PRIVATE uint64_t _dm_tr_bytes(const dm_collective* c, const dm_op* o) {
-    size_t esize = (unsigned)o->dtype < DM_DTYPE_COUNT ? dm_dtype_size(o->dtype) : 1, i;
-    uint64_t bytes = (uint64_t)o->count * esize;
-    if (o->kind == DM_OP_BARRIER || o->kind == DM_OP_SPLIT) return 0;
-    if (o->kind == DM_OP_ALL_TO_ALL_V && o->send_counts)
-        for (bytes = 0, i = 0; i < (size_t)c->size; i++) bytes += (uint64_t)o->send_counts[i] * esize;
-    if (o->kind == DM_OP_BROADCAST_OBJECTS && o->objects)
-        for (bytes = 0, i = 0; i < o->count; i++) bytes += o->objects[i].size;
+_DM_PRIVATE uint64_t _dm_tr_bytes_summed(const dm_collective* c, const dm_op* o, size_t esize) {
+    uint64_t bytes = 0;
+    size_t i;
+    if (o->kind == DM_OP_ALL_TO_ALL_V)
+        for (i = 0; i < (size_t)c->size; i++) bytes += (uint64_t)o->send_counts[i] * esize;
+    else
+        for (i = 0; i < o->count; i++) bytes += o->objects[i].size;
     return bytes;
+}
+/* Always inlined, the summing kinds out of line: on the recorder's fast path a call here cost
+   more than the count (see _dm_trace_fr_put). */
+_DM_PRIVATE _DM_ALWAYS_INLINE uint64_t _dm_tr_bytes(const dm_collective* c, const dm_op* o) {
+    size_t esize = (unsigned)o->dtype < DM_DTYPE_COUNT ? dm_dtype_size(o->dtype) : 1;
+    if (o->kind == DM_OP_BARRIER || o->kind == DM_OP_SPLIT) return 0;
+    if ((o->kind == DM_OP_ALL_TO_ALL_V && o->send_counts) || (o->kind == DM_OP_BROADCAST_OBJECTS && o->objects))
+        return _dm_tr_bytes_summed(c, o, esize);
+    return (uint64_t)o->count * esize;
 }
 _DM_PRIVATE int32_t _dm_tr_root(const dm_op* o) {
     return (unsigned)o->kind < 32 && (_DM_TR_ROOTED >> o->kind & 1u) ? o->root : -1;
@@ -3093,22 +3101,15 @@ _DM_PRIVATE void _dm_trace_finish(dm_collective* c, _dm_trace* t, _dm_tr_entry* 
    times; until then it is not in the ring, so a dump taken in those microseconds does not list
    it as running. Larger operations are written as they start, with both ends read. */
 #define _DM_TR_LAZY_COUNT ((size_t)8 << 10)
-/* An entry's bytes on the fast path: count x dtype size, inline, but for the kinds that
-   _dm_tr_bytes counts otherwise (its loops keep it out of line). */
-_DM_PRIVATE _DM_ALWAYS_INLINE uint64_t _dm_tr_bytes_fast(const dm_collective* c, const dm_op* o) {
-    if (o->kind == DM_OP_ALL_TO_ALL_V || o->kind == DM_OP_BARRIER || (unsigned)o->dtype >= DM_DTYPE_COUNT)
-        return _dm_tr_bytes(c, o);
-    return (uint64_t)o->count * dm_dtype_size(o->dtype);
-}
 /* o's entry into its slot (entry number count): running from start, or done (it never waited:
-   start and end one reading of the clock). Inlined into both callers: written out of line, or
-   through _dm_tr_bytes, it cost 1.7 ns more an operation (dm_trace_bench --cpu: 7.0-8.3 ns
+   start and end one reading of the clock). Inlined into both callers: written out of line, with
+   _dm_tr_bytes called, it cost 1.7 ns more an operation (dm_trace_bench --cpu: 7.0-8.3 ns
    against 5.9-6.1, three alternated runs each). */
 _DM_PRIVATE _DM_ALWAYS_INLINE void _dm_trace_fr_put(dm_collective* c, _dm_trace* t, const dm_op* o, bool done,
                                                     int64_t start) {
     uint64_t w[8];
     w[0] = t->fr_seq;
-    w[1] = _dm_tr_bytes_fast(c, o);
+    w[1] = _dm_tr_bytes(c, o);
     w[2] = (uint64_t)t->fr_queued;
     w[3] = (uint64_t)start;
     w[4] = done ? (uint64_t)start : 0;
