@@ -5287,9 +5287,12 @@ typedef struct _dm_ring {
     uint64_t inl_tag;           /* position << 6 | length of the bytes in inl; UINT64_MAX while written */
     uint64_t inl[_DM_RING_INLINE / 8];
     uint64_t tail;
-    uint64_t stop;              /* dm_shrink: head when the sender stopped the old group's stream, */
-    uint32_t stop_epoch;        /* published with the new group's epoch (distmesh_tcp.h, >>tcp shrink) */
-    unsigned char pad[44];
+    /* dm_shrink: head when the sender stopped the old group's stream, published with the new
+       group's epoch (distmesh_tcp.h, >>tcp shrink). Two marks, by the new group's slot: a sender
+       may shrink again before a slow reader has read the mark of the shrink before. */
+    uint64_t stop[2];
+    uint32_t stop_epoch[2];
+    unsigned char pad[32];
 } _dm_ring;
 #define _DM_RING_GRAIN ((size_t)64 << 10)   /* bytes per publish: the reader starts early */
 

@@ -4234,17 +4234,25 @@ fail:
    (a live rank answers each probe, which costs it time). */
 static int _dm_shrink_probe_gap_ms(int probes) { return probes < 2 ? 5 : probes < 4 ? 15 : 50; }
 
+/* Which of a ring's two stop marks a shrink of p uses: the new group's slot's. Two suffice:
+   this rank can mark for the shrink after next only once it has agreed the next one with every
+   member, and a member takes part in that only after it has read this shrink's mark. One did
+   not: a survivor that finished the agreement first could shrink again (a member died after
+   the agreement) and overwrite the mark a slower survivor had still to read, which then timed
+   out waiting for it while the others had their group. */
+static int _dm_tcp_shrink_mark(const _dm_tcp* p) { return (p->shm_slot + 1) & 1; }
+
 /* Where this rank's streams into the parent's rings stopped, for the readers (see above). The
    parent makes no more calls, so head no longer moves. */
 static void _dm_tcp_shrink_stop_rings(_dm_tcp* p, uint32_t epoch) {
-    int r;
+    int r, s = _dm_tcp_shrink_mark(p);
     for (r = 0; r < p->base.size && p->lk.links; r++) {
         _dm_link* l = p->lk.links[r];
         _dm_memlink* m;
         if (!l || l->vt != &_dm_shm_vt) continue;
         m = (_dm_memlink*)l;
-        __atomic_store_n(&m->out->stop, m->out->head, __ATOMIC_RELAXED);
-        __atomic_store_n(&m->out->stop_epoch, epoch, __ATOMIC_RELEASE);
+        __atomic_store_n(&m->out->stop[s], m->out->head, __ATOMIC_RELAXED);
+        __atomic_store_n(&m->out->stop_epoch[s], epoch, __ATOMIC_RELEASE);
     }
 }
 static uint32_t _dm_tcp_shrink_epoch(const _dm_tcp* n) { return (uint32_t)_dm_tcp_hash(7, n->prefix, NULL) | 1u; }
@@ -4254,7 +4262,7 @@ static uint32_t _dm_tcp_shrink_epoch(const _dm_tcp* n) { return (uint32_t)_dm_tc
    socket; the segment's layout is the first group's, whatever the numbering now. */
 static dm_status _dm_tcp_shrink_shm(_dm_tcp* n, _dm_tcp* p, const int* old_of, int64_t deadline) {
     const _dm_layout* ny = &n->lk.lay;
-    int me = n->base.rank, j;
+    int me = n->base.rank, j, s = _dm_tcp_shrink_mark(p);
     uint32_t epoch = _dm_tcp_shrink_epoch(n);
     n->shm_vote = p->shm_vote;
     n->shm_slot = p->shm_slot + 1;
@@ -4268,13 +4276,13 @@ static dm_status _dm_tcp_shrink_shm(_dm_tcp* n, _dm_tcp* p, const int* old_of, i
             return _DM_FAIL(&n->base, DM_ERR_INTERNAL, "tcp: shrink: rank %d shares the host but had no "
                             "shared-memory link", j);
         pm = (_dm_memlink*)old;
-        while (__atomic_load_n(&pm->in->stop_epoch, __ATOMIC_ACQUIRE) != epoch) {   /* set before the agreement */
+        while (__atomic_load_n(&pm->in->stop_epoch[s], __ATOMIC_ACQUIRE) != epoch) {   /* set before the agreement */
             if (_dm_now_ms() >= deadline)
                 return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "tcp: shrink: rank %d never marked its shared-memory "
                                 "ring", j);
             sched_yield();
         }
-        pm->in_tail = pm->in_head = __atomic_load_n(&pm->in->stop, __ATOMIC_RELAXED);
+        pm->in_tail = pm->in_head = __atomic_load_n(&pm->in->stop[s], __ATOMIC_RELAXED);
         pm->inl_len = 0;
         __atomic_store_n(&pm->in->tail, pm->in_tail, __ATOMIC_RELEASE);
         m = (_dm_memlink*)_dm_calloc(&n->base.allocator, sizeof(_dm_memlink));

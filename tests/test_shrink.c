@@ -513,6 +513,64 @@ static void test_second_death(void** s) {
     }
 }
 
+/* Two shrinks back to back while one survivor is slow inside the first: rank 2's allocator
+   sleeps on every allocation of its first dm_shrink, so ranks 0 and 1 finish the agreement, return
+   and start the second shrink (marking their shared-memory rings for it) before rank 2 has read
+   where their old streams stopped. Every survivor must get the same group twice; with one stop
+   mark per ring, the second overwrote the first and rank 2 timed out reading it while the others
+   had their group. Rank 3 leaves before the first shrink (planned removal). */
+static volatile int g_slow_alloc;
+static void* slow_alloc(size_t size, void* u) {
+    (void)u;
+    if (g_slow_alloc) usleep(20000);
+    return malloc(size);
+}
+static void slow_free(void* ptr, void* u) { (void)u; free(ptr); }
+static void back_to_back_edit(dm_tcp_desc* d, int rank, void* arg) {
+    (void)arg;
+    if (rank != 2) return;
+    d->allocator.alloc_fn = slow_alloc;
+    d->allocator.free_fn = slow_free;
+}
+static int back_to_back_body(dm_collective* c, int r, int world, void* arg) {
+    dm_collective *g = NULL, *h = NULL;
+    int leaver = world - 1, bad = 0;
+    int32_t v = r + 1;
+    (void)arg;
+    if (r == leaver) return 0;
+    g_slow_alloc = r == 2;
+    bad |= dm_shrink(c, &leaver, 1, DM_SHRINK_DEFAULT, &g) != DM_OK;
+    g_slow_alloc = 0;
+    if (bad) fprintf(stderr, "rank %d: first shrink: %s\n", r, dm_last_error(c));
+    if (!bad && dm_shrink(g, NULL, 0, DM_SHRINK_DEFAULT, &h) != DM_OK) {
+        fprintf(stderr, "rank %d: second shrink: %s\n", r, dm_last_error(g));
+        bad = 1;
+    }
+    if (!bad && (dm_all_reduce(h, &v, &v, 1, DM_INT32, DM_SUM) != DM_OK || v != 6 || dm_world_size(h) != 3)) {
+        fprintf(stderr, "rank %d: the twice shrunk group: sum %d, size %d (%s)\n", r, (int)v, dm_world_size(h),
+                dm_last_error(h));
+        bad = 1;
+    }
+    dm_destroy(h);
+    dm_destroy(g);
+    return bad;
+}
+static void test_back_to_back_shrink(void** s) {
+    tw_world p;
+    tw_dm_world w;
+    (void)s;
+    memset(&p, 0, sizeof(p));
+    p.alarm_s = 40;
+    memset(&w, 0, sizeof(w));
+    w.world = 4;
+    w.store = &g_store;
+    w.timeout_ms = 5000;
+    w.edit = back_to_back_edit;
+    w.body = back_to_back_body;
+    assert_int_equal(tw_dm_fork(&p, &w), 0);
+    assert_int_equal(tw_reap(&p, 45), 0);
+}
+
 /* DM_SHRINK_ABORT with a request in flight: ranks 0 and 1 wait in an all_reduce_async that rank
    2 (alive, busy elsewhere) never joins; they shrink it away. The request completes first, with
    an error; the two form a group of 2 long before the request's own deadline. */
@@ -567,6 +625,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_kill_16_hosts),
         cmocka_unit_test(test_kill_sockets),
         cmocka_unit_test(test_second_death),
+        cmocka_unit_test(test_back_to_back_shrink),
     };
     signal(SIGPIPE, SIG_IGN);
     srand((unsigned)getpid());
