@@ -2073,6 +2073,8 @@ struct dm_store {
     char* prefix;
     size_t prefix_len;
     int timeout_ms;             /* resolved: > 0 or < 0 (forever) */
+    bool one_try;               /* a (re)connect tries once: no waiting for a server that is not
+                                   there (the TCP backend's abort notices: the store may have died) */
     dm_logger logger;
     dm_allocator allocator;
     char last_error[DM_LAST_ERROR_SIZE];
@@ -2591,7 +2593,8 @@ _DM_PRIVATE dm_status _dm_stcli_refused(dm_store* s, int why) {
     return _DM_STORE_FAIL(s, DM_ERR_REFUSED, "tcp-store: %s:%d: %s", c->host, c->port, text);
 }
 
-/* Connects to c->host:c->port, retrying until the store's timeout (the server may start later). */
+/* Connects to c->host:c->port, retrying until the store's timeout (the server may start later),
+   or once with s->one_try. */
 _DM_PRIVATE dm_status _dm_stcli_connect(dm_store* s) {
     _dm_stcli* c = _dm_stcli_of(s);
     int64_t deadline = _dm_deadline(s->timeout_ms);
@@ -2635,6 +2638,10 @@ _DM_PRIVATE dm_status _dm_stcli_connect(dm_store* s) {
                                       "tcp-store: %s:%d is not a torch 2.x TCPStore (wrong PING reply)",
                                       c->host, c->port);
         }
+        if (s->one_try)
+            return _DM_STORE_FAIL(s, last == -ENOMEM ? DM_ERR_OUT_OF_MEMORY : DM_ERR_NETWORK,
+                                  "tcp-store: connect to %s:%d failed (%s)", c->host, c->port,
+                                  _dm_st_cause(last ? last : -ETIMEDOUT, cause, sizeof(cause)));
         {   /* sleep the backoff, or what is left of the timeout */
             int64_t left = deadline == INT64_MAX ? backoff : deadline - _dm_now_ms();
             struct timespec ts;

@@ -478,8 +478,17 @@ _DM_COLD_BEGIN
 /* >>tcp notices  The first failure a rank sees itself goes into the store as "<prefix>abort"
    (compare-set: the first poster wins), value: status i32, rank i32, message; a rank whose
    peer hangs up reads it and reports that cause instead of "EOF". One bounded round trip each
-   (the store may be the thing that died). A failed group leaves this one key behind. */
+   (the store may be the thing that died: a connection it refuses is not tried again). A failed
+   group leaves this one key behind. */
 #define _DM_TCP_NOTICE_MS 1000
+/* The store set up for one notice round trip, and back (the previous timeout returned, then
+   passed back in). */
+static int _dm_tcp_notice_store(dm_store* s, int timeout_ms, bool one_try) {
+    int saved = s->timeout_ms;
+    s->timeout_ms = timeout_ms;
+    s->one_try = one_try;
+    return saved;
+}
 static void _dm_tcp_notice_key(const _dm_tcp* t, char* key, size_t cap) { snprintf(key, cap, "%sabort", t->prefix); }
 static void _dm_tcp_notice_post(_dm_eng* lk, dm_status st, const char* msg) {
     _dm_tcp* t = (_dm_tcp*)lk->c;
@@ -493,10 +502,9 @@ static void _dm_tcp_notice_post(_dm_eng* lk, dm_status st, const char* msg) {
     _dm_tcp_put32(v, (uint32_t)(int32_t)st);
     _dm_tcp_put32(v + 4, (uint32_t)t->base.rank);
     memcpy(v + 8, msg, n);
-    saved = t->store->timeout_ms;
-    t->store->timeout_ms = _DM_TCP_NOTICE_MS;
+    saved = _dm_tcp_notice_store(t->store, _DM_TCP_NOTICE_MS, true);
     if (dm_store_compare_set(t->store, key, "", 0, v, 8 + n, &held, &held_n) == DM_OK) dm_store_free(t->store, held);
-    t->store->timeout_ms = saved;
+    _dm_tcp_notice_store(t->store, saved, false);
 }
 static dm_status _dm_tcp_notice_read(_dm_eng* lk, int* rank, char* msg, size_t cap) {
     _dm_tcp* t = (_dm_tcp*)lk->c;
@@ -509,8 +517,7 @@ static dm_status _dm_tcp_notice_read(_dm_eng* lk, int* rank, char* msg, size_t c
     dm_status st = DM_OK;
     if (!t->store) return DM_OK;
     _dm_tcp_notice_key(t, key, sizeof(key));
-    saved = t->store->timeout_ms;
-    t->store->timeout_ms = _DM_TCP_NOTICE_MS;
+    saved = _dm_tcp_notice_store(t->store, _DM_TCP_NOTICE_MS, true);
     if (dm_store_check(t->store, &k, 1, &there) == DM_OK && there && dm_store_get(t->store, key, &v, &n) == DM_OK) {
         if (n >= 8) {
             int32_t code = (int32_t)_dm_tcp_get32((const unsigned char*)v);
@@ -524,7 +531,7 @@ static dm_status _dm_tcp_notice_read(_dm_eng* lk, int* rank, char* msg, size_t c
         }
         dm_store_free(t->store, v);
     }
-    t->store->timeout_ms = saved;
+    _dm_tcp_notice_store(t->store, saved, false);
     return st;
 }
 

@@ -233,6 +233,7 @@ static int kill_body(const kcase* k, dm_collective* c, int r) {
     dm_collective* g = NULL;
     dm_status st;
     int rounds = 0;
+    double t0;
     say("R");
     if (k->op == 6) {                           /* planned: the victim leaves, the others exclude it */
         if (r == k->victim) { free(buf); return 0; }
@@ -247,7 +248,9 @@ static int kill_body(const kcase* k, dm_collective* c, int r) {
         if (st != DM_ERR_PEER_LOST && st != DM_ERR_ABORTED)
             say("%d E %d\n", r, (int)st);
         say("%d X\n", r);                     /* entering dm_shrink */
+        t0 = tw_now_s();
         st = dm_shrink(c, NULL, 0, DM_SHRINK_ABORT, &g);
+        say("%d M %.3f\n", r, (tw_now_s() - t0) * 1000);   /* how long dm_shrink took */
         if (st != DM_OK) fprintf(stderr, "rank %d: shrink: %s\n", r, dm_last_error(c));
     }
     report_group("", g, r, st);
@@ -347,6 +350,8 @@ typedef struct kwatch {
     const bool* alive;
     int expect_first, entered;
     double t_planned;           /* planned removal: when every rank was ready */
+    double shrink_ms[MAXW];     /* how long each survivor's (first) dm_shrink took, -1: unknown */
+    double t_failed[MAXW];      /* when each survivor's call failed (its X), 0: not yet */
     char bad_line[256];         /* a survivor's other status than PEER_LOST / ABORTED */
 } kwatch;
 static void kill_case_ready(int ready, void* u) {
@@ -356,10 +361,16 @@ static void kill_case_ready(int ready, void* u) {
 static int kill_case_line(char* line, void* u) {
     kwatch* w = (kwatch*)u;
     if (strstr(line, " X")) {
+        int r = -1;
+        if (sscanf(line, "%d X", &r) == 1 && r >= 0 && r < MAXW && w->t_failed[r] == 0) w->t_failed[r] = tw_now_s();
         if (w->k->victim2 >= 0 && w->entered++ == 0) {
             usleep((unsigned)(rand() % 4000));
             tw_signal(w->p, w->k->victim2, SIGKILL);
         }
+    } else if (strstr(line, " M ")) {
+        int r = -1;
+        double ms;
+        if (sscanf(line, "%d M %lf", &r, &ms) == 2 && r >= 0 && r < MAXW && w->shrink_ms[r] < 0) w->shrink_ms[r] = ms;
     } else if (strstr(line, " E ")) {
         if (!w->bad_line[0]) snprintf(w->bad_line, sizeof(w->bad_line), "%s", line);
     } else {
@@ -377,6 +388,32 @@ static bool kill_case_done(void* u) {
                (k->victim2 < 0 || w->first[r].st != DM_OK || w->first[r].size == k->world - 2 || w->second[r].got);
     return got >= w->expect_first;
 }
+/* The store's host died: a shrink needs no store, so it must not wait for one (a notice's
+   reconnect used to wait 1 s twice for the dead store). The median survivor's dm_shrink within
+   100 ms: one survivor slowed by a busy machine does not fail it, a wait for the store does. */
+static int cmp_double(const void* a, const void* b) {
+    double x = *(const double*)a, y = *(const double*)b;
+    return x < y ? -1 : x > y;
+}
+static void check_store_host_shrink(const kcase* k, const kwatch* w, double t_kill) {
+    double ms[MAXW], lost[MAXW];
+    int r, n = 0;
+    for (r = 0; r < k->world; r++) {
+        if (r == k->victim || w->shrink_ms[r] < 0 || w->t_failed[r] == 0) continue;
+        lost[n] = (w->t_failed[r] - t_kill) * 1000;
+        ms[n++] = w->shrink_ms[r];
+    }
+    if (n != k->world - 1) fail_msg("%s: %d of %d survivors said how long dm_shrink took", k->name, n, k->world - 1);
+    qsort(ms, (size_t)n, sizeof(double), cmp_double);
+    qsort(lost, (size_t)n, sizeof(double), cmp_double);
+    printf("  %s: the loss reported after %.1f ms, dm_shrink took %.1f ms (median survivor; slowest %.1f and %.1f ms) "
+           "with the store's host dead\n", k->name, lost[n / 2], ms[n / 2], lost[n - 1], ms[n - 1]);
+    if (ms[n / 2] > 100) fail_msg("%s: dm_shrink took %.1f ms (median survivor) with the store's host dead: more than "
+                                  "100 ms (waiting for the store?)", k->name, ms[n / 2]);
+    if (lost[n / 2] > 500) fail_msg("%s: the loss of the store's host reached the survivors after %.1f ms (median): "
+                                    "more than 500 ms (waiting for the store?)", k->name, lost[n / 2]);
+}
+
 /* Runs one case: kills the victim once every rank is ready (and victim2 as the first survivor
    enters dm_shrink), collects the reports, checks them. */
 static void run_kill_case(const kcase* k) {
@@ -399,6 +436,7 @@ static void run_kill_case(const kcase* k) {
     w.second = second;
     w.alive = alive;
     w.expect_first = k->world - 1 - (k->victim2 >= 0);
+    for (r = 0; r < MAXW; r++) w.shrink_ms[r] = -1;
     tw_reader_init(&rr, 0, 40, kill_case_line, &w);
     rr.on_ready = kill_case_ready;
     rr.finished = kill_case_done;
@@ -412,6 +450,7 @@ static void run_kill_case(const kcase* k) {
         fail_msg("%s: a survivor failed with another status than PEER_LOST / ABORTED: %s", k->name, w.bad_line);
     if (k->victim2 < 0) {
         check_group(k->name, first, after_first, k->world);
+        if (k->rank0_store && k->victim == 0 && k->op != 6) check_store_host_shrink(k, &w, t_kill);
         printf("  %s: %d survivors agreed, %.0f ms from the kill to the last report\n", k->name, k->world - 1,
                (t_end - t_kill) * 1000);
         return;
@@ -477,6 +516,24 @@ static void test_kill_sockets(void** s) {
 static void test_kill_16_hosts(void** s) {
     (void)s;
     kill_cases("16 ranks on 8 simulated hosts", 16, NULL, 2, false, 2 * trials(1));
+}
+/* Rank 0 hosts the store and dies during all-reduces: shrink on shm and on tcp. */
+static void test_kill_store_host(void** s) {
+    int t;
+    (void)s;
+    for (t = 0; t < 2 * trials(2); t++) {
+        kcase k;
+        memset(&k, 0, sizeof(k));
+        k.name = t % 2 ? "tcp 4 ranks, kill -9 of rank 0 (the store's host), all_reduce"
+                       : "shm 4 ranks, kill -9 of rank 0 (the store's host), all_reduce";
+        k.world = 4;
+        k.transport = t % 2 ? "tcp" : NULL;
+        k.rank0_store = true;
+        k.victim = 0;
+        k.victim2 = -1;
+        k.op = 1;
+        run_kill_case(&k);
+    }
 }
 static void test_kill_8(void** s) { (void)s; kill_cases("shm 8 ranks", 8, NULL, 0, false, 3 * trials(1)); }
 static void test_planned_removal(void** s) {
@@ -620,6 +677,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_abort_in_flight),
         cmocka_unit_test(test_kill_shm),
         cmocka_unit_test(test_kill_tcp),
+        cmocka_unit_test(test_kill_store_host),
         cmocka_unit_test(test_kill_hosts),
         cmocka_unit_test(test_kill_8),
         cmocka_unit_test(test_kill_16_hosts),
