@@ -13,3 +13,14 @@ $(BUILD)/shrink/test_shrink: tests/test_shrink.c tests/test_world.h tests/test_t
 .PHONY: test-shrink-trials
 test-shrink-trials: deps $(BUILD)/shrink/test_shrink
 	DM_SHRINK_TRIALS=20 timeout -k 10 1800 $(BUILD)/shrink/test_shrink
+
+# The failure cases on a busy machine (scripts/test_loaded.sh): shrink (second death, back-to-back
+# shrinks, every kill case), grow after a shrink or with a newcomer that never comes, and the tcp
+# fault matrix, LOADED_TRIALS times each, quiet, beside a CPU hog, and on one core.
+# LOADED_ONLY=REGEX keeps the cases whose "program|pattern" matches (e.g. LOADED_ONLY=shrink).
+LOADED_TRIALS ?= 10
+LOADED_LOADS ?= quiet hog onecore
+LOADED_ONLY ?=
+.PHONY: test-loaded
+test-loaded: deps $(BUILD)/shrink/test_shrink $(BUILD)/grow/test_grow $(BUILD)/tcp/test_tcp_failures
+	bash scripts/test_loaded.sh $(BUILD) $(LOADED_TRIALS) "$(LOADED_LOADS)" "$(LOADED_ONLY)"
