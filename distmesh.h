@@ -1304,6 +1304,8 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
     X("MASTER_ADDR, MASTER_PORT", "dm_env_detect, store", "where rank 0 hosts the TCP store")                         \
     X("TORCHELASTIC_USE_AGENT_STORE", "tcp, store", "`True`: the store already runs (torchrun's agent); rank 0 "      \
       "does not host it")                                                                                             \
+    X("TORCHELASTIC_RESTART_COUNT", "tcp", "torchrun's attempt: a world's store keys are the attempt's own "           \
+      "(`<prefix>attempt<N>/`), so a restart never reads a dead attempt's keys")                                      \
     X("GLOO_SOCKET_IFNAME", "tcp", "the interface, when `DISTMESH_SOCKET_IFNAME` is unset")                           \
     X("OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE, OMPI_MCA_orte_ess_jobid", "dm_tcp_launch_detect",                     \
       "mpirun's job id: the private file store of a one-host job")                                                    \

@@ -35,6 +35,49 @@ static void test_dm_init(void** s) {
     assert_int_equal(run_world_ex(2, body_init, NULL, 30, false), 0);
 }
 
+/* torchrun restarts a world on a store that outlives the attempt (here a file store): attempt 0
+   dies during create (rank 2 never comes; ranks 0 and 1 time out, their generation count and
+   addresses left in the store), attempt 1 meets afresh and works. With one prefix for every
+   attempt, attempt 1's ranks read attempt 0's keys, split between two generations and time out. */
+static int body_restart(dm_collective* c, int rank, int world, void* arg) {
+    char v[512];
+    dm_collective* x = NULL;
+    int32_t sum = rank;
+    (void)c; (void)arg;
+    snprintf(v, sizeof(v), "%d", rank); setenv("RANK", v, 1);
+    snprintf(v, sizeof(v), "%d", world); setenv("WORLD_SIZE", v, 1);
+    snprintf(v, sizeof(v), "file://%s/restart", g_store.dir);
+    setenv("DISTMESH_STORE", v, 1);
+    setenv("DISTMESH_SOCKET_IFNAME", "=lo", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "0", 1);
+    setenv("DISTMESH_TIMEOUT", "2", 1);
+    if (rank == world - 1) {
+        usleep(3000000);                    /* attempt 0: dead before its create */
+    } else {
+        RCHECK(dm_init(NULL, &x) == DM_ERR_TIMEOUT);
+        RCHECK(x == NULL);
+    }
+    setenv("TORCHELASTIC_RESTART_COUNT", "1", 1);
+    setenv("DISTMESH_TIMEOUT", "20", 1);
+    if (dm_init(NULL, &x) != DM_OK) {
+        fprintf(stderr, "rank %d: attempt 1: %s\n", rank, dm_last_error(NULL));
+        return 1;
+    }
+    RCHECK(dm_all_reduce(x, NULL, &sum, 1, DM_INT32, DM_SUM) == DM_OK && sum == world * (world - 1) / 2);
+    dm_destroy(x);
+    /* a count that is no count is refused, naming the variable */
+    setenv("TORCHELASTIC_RESTART_COUNT", "one", 1);
+    RCHECK(dm_init(NULL, &x) == DM_ERR_ENV && strstr(dm_last_error(NULL), "TORCHELASTIC_RESTART_COUNT"));
+    return 0;
+}
+static void test_restart_same_store(void** s) {
+    char dir[512];
+    (void)s;
+    snprintf(dir, sizeof(dir), "%s/restart", g_store.dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(run_world_ex(3, body_restart, NULL, 40, false), 0);
+}
+
 /* IPv6: no interface named, the route toward MASTER_ADDR=::1 picks [::1]. */
 static int body_ipv6(dm_collective* c, int rank, int world, void* arg) {
     dm_tcp_desc d;
@@ -186,6 +229,7 @@ static int rank_main(void) {
 int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dm_init),
+        cmocka_unit_test(test_restart_same_store),
         cmocka_unit_test(test_ipv6),
         cmocka_unit_test(test_tcp_store_clients),
         cmocka_unit_test(test_dm_init_hosted_store),
