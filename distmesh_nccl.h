@@ -1574,6 +1574,17 @@ static dm_status _dm_nccl_shrink(dm_collective* c, const bool* gone, int flags, 
     return DM_OK;
 }
 
+/* The keys of this attempt: torchrun's agent store outlives a restart of the workers, and a
+   restarted rank that read "<prefix>nccl_unique_id" would find the dead attempt's id (and wait
+   for peers that are gone until its deadline). Under torchrun every key goes under
+   "<prefix>attempt/<TORCHELASTIC_RESTART_COUNT>/" (the unique id, the fallback shrink's). */
+static void _dm_nccl_attempt_prefix(const char* prefix, char* out, size_t cap) {
+    const char* restart = getenv("TORCHELASTIC_RESTART_COUNT");
+    if (restart && restart[0] && strlen(restart) < 24 && strspn(restart, "0123456789") == strlen(restart))
+        snprintf(out, cap, "%sattempt/%s/", prefix, restart);
+    else
+        snprintf(out, cap, "%s", prefix);
+}
 /* The unique id: from the desc, or published by rank 0 through the store. */
 static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniqueId* id) {
     if (d->unique_id) {
@@ -1588,7 +1599,7 @@ static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniq
         size_t size = 0;
         dm_status st = DM_OK;
         ncclResult_t r;
-        snprintf(key, sizeof(key), "%snccl_unique_id", d->prefix ? d->prefix : "distmesh_nccl/");
+        snprintf(key, sizeof(key), "%snccl_unique_id", n->prefix);   /* per attempt (_dm_nccl_attempt_prefix) */
         if (!store) {
             memset(&sd, 0, sizeof(sd));
             sd.url = d->store_url;
@@ -1698,7 +1709,7 @@ static dm_status _dm_nccl_create_checked(const dm_nccl_desc* desc, dm_collective
     n = _dm_nccl_new(&d.allocator, &d.logger, rank, world, d.timeout_ms, device, (cudaStream_t)d.stream);
     if (!n) return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "nccl: out of memory");
     n->store = d.store;
-    _dm_copy_name(n->prefix, sizeof(n->prefix), d.prefix ? d.prefix : "distmesh_nccl/");
+    _dm_nccl_attempt_prefix(d.prefix ? d.prefix : "distmesh_nccl/", n->prefix, sizeof(n->prefix));
     st = _dm_nccl_resources(n);
     if (st == DM_OK) st = _dm_nccl_unique_id(n, &d, &id);
     if (st == DM_OK) {
