@@ -96,20 +96,42 @@
    So no two NCCL calls on one communicator ever overlap. The calls made from another thread
    are dm_abort and dm_shrink(DM_SHRINK_ABORT), a watchdog's (or a Ctrl-C handler's): they set
    the interrupt flag, whatever holds the collective ends at its next poll with DM_ERR_ABORTED,
-   and only then does the shrink run.
+   and only then does the shrink run. After dm_abort the communicator is aborted
+   (ncclCommAbort: kernels waiting on a dead peer stop, so the blocking stream, the legacy
+   default stream behind it -- cudaMemcpy, torch's .cpu() -- and device-wide syncs do not wait
+   forever): by the interrupted call, or, with none running, by dm_abort itself, which takes
+   the collective for that (waiting, within the timeout, for a call that has not polled yet).
+   After a DM_SHRINK_ABORT interrupt it is parked instead when ncclCommShrink(NCCL_SHRINK_ABORT)
+   follows (no store), which stops its kernels.
 
    SHRINK
-   dm_shrink uses ncclCommShrink (NCCL 2.27+) while the communicator is alive, else aborts it
-   and re-initialises the survivors through desc.store (>>nccl shrink). NCCL has no agreement
-   and cannot find dead ranks itself: every survivor must pass the same excluded ranks, and
-   n_exclude 0 is DM_ERR_INVALID_ARG with the collective untouched (ncclCommShrink refuses an
-   empty list). After NCCL_SHRINK_DEFAULT the old communicator is destroyed, not aborted: a
+   Every survivor takes the same path, chosen from what they share (the NCCL loaded, the flags,
+   whether there is a store), never from its own communicator's state, which after a failure
+   differs between ranks (aborted by an error, alive, or still "in progress" waiting for a
+   peer): DM_SHRINK_ABORT with desc.store aborts the communicator and re-initialises the
+   survivors through the store; otherwise ncclCommShrink (NCCL 2.27+), and without it the
+   store (>>nccl shrink). On the ncclCommShrink path a rank whose communicator a failure
+   aborted, or one still in progress under DM_SHRINK_ABORT (NCCL_SHRINK_ABORT refuses it),
+   fails at once (the others then wait for it until their deadline). NCCL has no agreement
+   and cannot find dead ranks itself: every survivor must pass the same excluded ranks and
+   flags, and n_exclude 0 is DM_ERR_INVALID_ARG with the collective untouched (ncclCommShrink
+   refuses an empty list). After NCCL_SHRINK_DEFAULT the old communicator is destroyed, not aborted: a
    child made with NCCL_COMM_SHRINK_SHARE_RESOURCES=1 shares its abort flag. With
    NCCL_COMM_SPLIT_SHARE_RESOURCES=1 a split child and its parent share one abort flag (the
    variable overrides the config): a failure that aborts either stops the other's kernels.
 
    One create per store prefix: a second dm_nccl_create with the same store and prefix would read
    the first one's unique id; use dm_split for sub-groups (ncclCommSplit, no store needed).
+   Under torchrun the keys are per attempt ("<prefix>attempt/<TORCHELASTIC_RESTART_COUNT>/"):
+   its agent store outlives a restart, and a restarted world must not read the dead one's id.
+
+   VERSIONS
+   The NCCL library loaded must be 2.18 or newer (ncclCommSplit, ncclConfig_t): checked at
+   create (DM_ERR_UNSUPPORTED). ncclCommShrink (2.27) is a weak reference, used only where the
+   library has it, so a program built with 2.27+ headers starts on an older NCCL even when
+   bound at load (-z now); NCCL's symbols older than 2.18 are not weak, so there an older
+   library fails to load before create can say why. ncclCommDestroy's failure path follows the
+   library loaded too (its group opens only from 2.24).
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
        >>nccl desc               dm_nccl_desc, dm_nccl_create, the CUDA device calls; the
                                  group (_dm_nccl)
