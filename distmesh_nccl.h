@@ -1479,14 +1479,15 @@ static dm_status _dm_nccl_hosts_of_members(_dm_nccl* m, const _dm_nccl* n, const
    wait on a dead peer forever. So the slot takes the collective, as a call would, and aborts
    the communicator itself (on this thread, on its device); while another thread holds it,
    that thread's next poll aborts it (_dm_nccl_interrupted), and the slot waits for that, or
-   for the collective to be free, within c's timeout. A DM_SHRINK_ABORT only sets the flag: the
-   shrink that follows decides. */
+   for the collective to be free, within c's timeout (DM_DEFAULT_TIMEOUT_MS where it has none).
+   A DM_SHRINK_ABORT only sets the flag: the shrink that follows decides. */
 static void _dm_nccl_interrupt(dm_collective* c) {
     _dm_nccl* n = (_dm_nccl*)c;
     int64_t deadline;
     __atomic_store_n(&n->interrupt, 1, __ATOMIC_RELEASE);
     if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE) == 0) return;
-    deadline = _dm_deadline(c->timeout_ms);
+    if (_dm_tls_running.c == c) return;     /* called inside this thread's own call: it sees the flag */
+    deadline = _dm_deadline(c->timeout_ms > 0 ? c->timeout_ms : DM_DEFAULT_TIMEOUT_MS);
     while (!__atomic_load_n(&n->stopped, __ATOMIC_ACQUIRE)) {
         if (_dm_take_now(c)) {
             int prev = -1;
