@@ -772,7 +772,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     e = si_cuda("cudaStreamSynchronize", true);
     i = si_find((void* const*)si.streams, stream);
     if (e != cudaSuccess) SI_RETURN(e);
+    if (stream == NULL || stream == cudaStreamLegacy) {     /* the legacy stream: every blocking one */
+        si_legacy_wait("cudaStreamSynchronize");
+        si_legacy_stream()->busy = 0;
+        SI_RETURN(cudaSuccess);
+    }
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si_launch_pending_on(si.streams[i])) si_early("cudaStreamSynchronize on a stream whose NCCL work is not launched yet");
     if (si.streams[i]->held) si_hang("cudaStreamSynchronize behind a kernel that never ends");
     si.streams[i]->busy = 0;
     SI_RETURN(cudaSuccess);

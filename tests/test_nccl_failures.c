@@ -131,13 +131,16 @@ static void nothing_left(void) {
     assert_int_equal(s->bad_frees, 0);
     assert_int_equal(s->group_depth, 0);
 }
-/* What a user does after an abort: a copy to the host on the legacy default stream, and a
-   device-wide sync; neither may wait behind NCCL's kernels. */
+/* What a user does after an abort: copies to the host on the legacy default stream (cudaMemcpy;
+   cudaMemcpyAsync on stream 0 and cudaStreamSynchronize(0)), and a device-wide sync; none may
+   wait behind NCCL's kernels. */
 static void user_copies_back(float* d) {
     float host[N];
     si_expect_device(-1);
     assert_int_equal(cudaSetDevice(g_device), cudaSuccess);
     assert_int_equal(cudaMemcpy(host, d, sizeof(host), cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpyAsync(host, d, sizeof(host), cudaMemcpyDeviceToHost, 0), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(0), cudaSuccess);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
     if (si_get()->hangs) fail_msg("after the abort: %s", si_get()->first_hang);
@@ -196,13 +199,13 @@ static void test_failures_dm_abort_stops_a_running_calls_kernels(void** state) {
     CHECK_OK(c, dm_abort(c, "watchdog"));
     assert_int_equal(pthread_join(th, NULL), 0);
     assert_int_equal(job.st, DM_ERR_ABORTED);
+    user_copies_back(b);
     assert_int_equal(si_get()->aborts, 1);
     si_expect_device(-1);
     assert_int_equal(cudaSetDevice(g_device), cudaSuccess);
     assert_int_equal(cudaStreamQuery((cudaStream_t)dm_nccl_stream(c)), cudaSuccess);   /* its kernels stopped */
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
     si_expect_device(g_device);
-    user_copies_back(b);
     si_hold_streams(false);
     CHECK_ST(c, DM_ERR_ABORTED, dm_synchronize(c));
     dm_destroy(c);
@@ -225,8 +228,8 @@ static void test_failures_dm_abort_stops_an_idle_collectives_kernels(void** stat
     si_hold_streams(true);
     CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     CHECK_OK(c, dm_abort(c, "Ctrl-C"));
-    assert_int_equal(si_get()->aborts, 1);
     user_copies_back(b);
+    assert_int_equal(si_get()->aborts, 1);
     si_hold_streams(false);
     CHECK_ST(c, DM_ERR_ABORTED, dm_synchronize(c));
     CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
