@@ -32,7 +32,16 @@
      738); the call returns the communicator's state (enqueue.cc 2658). Inside ncclGroupStart /
      ncclGroupEnd the calls only queue; ncclGroupEnd returns ncclInProgress, or the first error
      of the group (ncclGroupErrCheck). Group depth is per thread (group.cc ncclGroupDepth); an
-     ncclGroupEnd outside a group is ncclInvalidUsage (656).
+     ncclGroupEnd outside a group is ncclInvalidUsage (656), counted in stray_group_ends.
+   - Launch: the work of such a call is launched by NCCL's group thread (group.cc
+     ncclGroupEndInternal's async job, groupLaunch) once the job runs, not at the call: here it
+     reaches its stream when the job ends (the poll that sees "in progress" clear). An event
+     recorded on that stream, a copy queued on it, or memory it uses freed before then would
+     run ahead of the work: counted in before_launch.
+   - First use: NCCL 2.28 connects to peers lazily, inside that job (the first collective its
+     ring's and tree's peers, the first send or receive with a peer that peer), so the job waits
+     for a peer that has not arrived: si_set_peer_arrival adds polls, or never ends it (until
+     ncclCommAbort).
    - ncclCommShrink (2645 / 2344): NCCL_SHRINK_ABORT first sets the parent's abort flags and
      waits for its device stream (its kernels stop), then clears them; a NULL or empty exclude
      list is ncclInvalidArgument (2562 / 2262), the list is sorted in place, the caller's own
@@ -50,6 +59,8 @@
    - ncclCommDestroy (2358 / 2159): ncclGroupStartInternal, then ncclCommEnsureReady; if that
      fails (an asynchronous error, or in progress) it returns the error WITHOUT the matching
      group end and without freeing: the communicator stays, and the thread stays inside a group.
+     The group opens only from 2.24 on (v2.23.4-1's ncclCommDestroy, 2088, has no
+     ncclGroupStartInternal): below that (si_set_version) it returns with no group open.
    - Anything given a communicator after its ncclCommAbort or ncclCommDestroy is a use after
      free (NCCL would read freed memory): counted, and every test ends by checking none
      happened. Communicators are never really freed here (a tombstone), so their addresses are
@@ -61,6 +72,11 @@
      cudaErrorIllegalAddress, counted in illegal_addresses);
    - a current device per thread, a device count, memory pools on or off;
    - streams that finish their work after a scripted number of polls, or never while held;
+     the legacy default stream (0, cudaStreamLegacy) and the blocking streams wait for each
+     other: cudaMemcpy and cudaStreamSynchronize(0) behind held work on a blocking stream hang
+     (counted), work queued on a blocking stream inherits what the legacy stream still has
+     busy, and NCCL work on a non-blocking stream (cudaStreamCreateWithFlags) queued while it
+     is busy is counted in unordered_with_legacy;
      events recorded behind such work; cudaFree, cudaDeviceSynchronize and the stream and event
      synchronizations wait for the device (or the stream) and would hang behind held work:
      counted in hangs (they return at once here);
