@@ -34,11 +34,12 @@
      of the group (ncclGroupErrCheck). Group depth is per thread (group.cc ncclGroupDepth); an
      ncclGroupEnd outside a group is ncclInvalidUsage (656), counted in stray_group_ends.
    - Launch: the work of such a call is launched by NCCL's group thread (group.cc
-     ncclGroupEndInternal's async job, groupLaunch) once the job runs, not at the call: here it
+     ncclGroupEndInternal's job, groupLaunchNonBlocking, 735) once it runs, not at the call: here it
      reaches its stream when the job ends (the poll that sees "in progress" clear). An event
      recorded on that stream, a copy queued on it, or memory it uses freed before then would
      run ahead of the work: counted in before_launch.
-   - First use: NCCL 2.28 connects to peers lazily, inside that job (the first collective its
+   - First use: NCCL 2.28 connects to peers lazily (NCCL_RUNTIME_CONNECT, default 1: init.cc 57,
+     1269), inside that job (the first collective its
      ring's and tree's peers, the first send or receive with a peer that peer), so the job waits
      for a peer that has not arrived: si_set_peer_arrival adds polls, or never ends it (until
      ncclCommAbort).
