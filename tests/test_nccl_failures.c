@@ -278,6 +278,36 @@ static void test_failures_interrupted_scratch_wait_keeps_the_scratch(void** stat
 }
 #endif
 
+/* Item 3 as the review reproduced it: the same wait, ended by dm_abort instead: the
+   communicator is aborted (item 1), so the scratch's cudaFree then waits for nothing. */
+static void test_failures_dm_abort_in_a_scratch_wait(void** state) {
+    dm_collective* c;
+    owner_job job;
+    pthread_t th;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    si_set_memory_pools(false);
+    c = make(2, 0, 20000, NULL, NULL);
+    a = dev(N);
+    b = dev(N);
+    si_hold_streams(true);
+    memset(&job, 0, sizeof(job));
+    job.c = c;
+    job.kind = OWN_ALL_TO_ALL_IN_PLACE;
+    job.a = a;
+    owner_start(&job, &th, stream_polls);
+    CHECK_OK(c, dm_abort(c, "watchdog"));
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(job.st, DM_ERR_ABORTED);
+    user_copies_back(a);
+    si_hold_streams(false);
+    dm_destroy(c);
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
+
 /* Items 2 and 4: survivors shrink with DM_SHRINK_ABORT after a failure, with a store. Old rank 1
    of 3 saw the failure (ncclRemoteError: its communicator aborted), old rank 2 only hangs (its
    communicator alive) -- both re-initialise through the store (one id, ranks 0 and 1 of 2), no
@@ -586,6 +616,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_failures_interrupted_scratch_wait_keeps_the_scratch),
         cmocka_unit_test(test_failures_shrink_in_progress_without_a_store_fails_cleanly),
 #endif
+        cmocka_unit_test(test_failures_dm_abort_in_a_scratch_wait),
         cmocka_unit_test(test_failures_survivors_take_one_shrink_path),
         cmocka_unit_test(test_failures_shrink_of_a_communicator_in_progress),
         cmocka_unit_test(test_failures_unique_id_is_per_restart),
