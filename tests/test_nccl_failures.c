@@ -4,7 +4,7 @@
      idle collective, by dm_abort itself; no wait on the legacy default stream (cudaMemcpy) or the
      whole device hangs afterwards (item 1);
    - scratch of a call interrupted inside its stream wait is not given to cudaFree while the
-     parked communicator's kernels run (item 3);
+     parked communicator's kernels run, nor after a dm_abort there (item 3);
    - the survivors of a shrink take one path whatever their own communicator's state: one whose
      communicator a failure aborted and one only interrupted both re-initialise, and so does one
      whose communicator is still "in progress" (items 2 and 4);
