@@ -703,13 +703,16 @@ DM_API dm_status dm_split(dm_collective* c, int color, int key, dm_collective** 
 /* >>functions abort  Stops c from any thread (a watchdog; the thread a signal handler wakes):
    the call running on c (blocking, or a request on its progress thread) fails soon with
    DM_ERR_ABORTED and "<backend>: rank R aborted: <reason>", requests queued behind it complete
-   with the same status unrun, and every later call on c fails with it. The peers learn at
-   once (the TCP backend and the threaded world post the abort where every rank finds it, then
-   hang up), so their calls fail with DM_ERR_ABORTED and a message naming this rank instead of
-   waiting for their deadlines. Returns without waiting for the running call; a second call
-   changes nothing. reason NULL -> "dm_abort". Not async-signal-safe: a signal handler wakes a
-   thread that calls it. NCCL's running call ends at its next look at the stream or the
-   communicator (every wait polls them). Afterwards c can only be destroyed. */
+   with the same status unrun, and every later call on c fails with it. On TCP and the
+   threaded world the peers learn at once (the abort is posted where every rank finds it, then
+   the links hang up), so their calls fail with DM_ERR_ABORTED and a message naming this rank
+   instead of waiting for their deadlines. Returns without waiting for the running call; a
+   second call changes nothing. reason NULL -> "dm_abort". Not async-signal-safe: a signal
+   handler wakes a thread that calls it. NCCL: the peers learn nothing (their calls end by
+   their deadline or an NCCL error); the communicator is aborted (ncclCommAbort, so kernels
+   waiting on a dead peer stop) by the running call at its next look at the stream or the
+   communicator, or, with none running, by dm_abort itself, which then waits (within c's
+   timeout) for the collective to be free. Afterwards c can only be destroyed. */
 DM_API dm_status dm_abort(dm_collective* c, const char* reason);
 
 /* >>functions shrink and grow  A group goes on without ranks that died or leave, and takes
@@ -723,7 +726,10 @@ DM_API dm_status dm_abort(dm_collective* c, const char* reason);
      store, on who is gone: the excluded ranks, the dead ones, and any that die meanwhile. A
      failure during the agreement gives every survivor the same group or an error by the
      deadline (c's timeout), never two different groups; a rank that dies after it stays a
-     member, and the new group's first call reports it (shrink again).
+     member, and the new group's first call reports it (shrink again). NCCL has no agreement:
+     the survivors must pass the same list and flags (unchecked: a disagreement hangs until the
+     deadline or builds different groups); with a store, DM_SHRINK_ABORT re-initialises
+     through it (distmesh_nccl.h, SHRINK).
    exclude: n_exclude ranks of c (never the caller's own); give every caller the same list (a
    rank that is alive, listed by some callers only, is waited for by the others until their
    deadline). On the threaded world the excluded ranks are the ones gone (threads cannot die).
@@ -1304,8 +1310,8 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
     X("MASTER_ADDR, MASTER_PORT", "dm_env_detect, store", "where rank 0 hosts the TCP store")                         \
     X("TORCHELASTIC_USE_AGENT_STORE", "tcp, store", "`True`: the store already runs (torchrun's agent); rank 0 "      \
       "does not host it")                                                                                             \
-    X("TORCHELASTIC_RESTART_COUNT", "tcp", "torchrun's attempt: a world's store keys are the attempt's own "           \
-      "(`<prefix>attempt<N>/`), so a restart never reads a dead attempt's keys")                                      \
+    X("TORCHELASTIC_RESTART_COUNT", "tcp, nccl", "torchrun's attempt: a world's store keys are the attempt's own "     \
+      "(`<prefix>attempt/<N>/`), so a restart never reads a dead attempt's keys")                                     \
     X("GLOO_SOCKET_IFNAME", "tcp", "the interface, when `DISTMESH_SOCKET_IFNAME` is unset")                           \
     X("OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE, OMPI_MCA_orte_ess_jobid", "dm_tcp_launch_detect",                     \
       "mpirun's job id: the private file store of a one-host job")                                                    \

@@ -96,20 +96,42 @@
    So no two NCCL calls on one communicator ever overlap. The calls made from another thread
    are dm_abort and dm_shrink(DM_SHRINK_ABORT), a watchdog's (or a Ctrl-C handler's): they set
    the interrupt flag, whatever holds the collective ends at its next poll with DM_ERR_ABORTED,
-   and only then does the shrink run.
+   and only then does the shrink run. After dm_abort the communicator is aborted
+   (ncclCommAbort: kernels waiting on a dead peer stop, so the blocking stream, the legacy
+   default stream behind it -- cudaMemcpy, torch's .cpu() -- and device-wide syncs do not wait
+   forever): by the interrupted call, or, with none running, by dm_abort itself, which takes
+   the collective for that (waiting, within the timeout, for a call that has not polled yet).
+   After a DM_SHRINK_ABORT interrupt it is parked instead when ncclCommShrink(NCCL_SHRINK_ABORT)
+   follows (no store), which stops its kernels.
 
    SHRINK
-   dm_shrink uses ncclCommShrink (NCCL 2.27+) while the communicator is alive, else aborts it
-   and re-initialises the survivors through desc.store (>>nccl shrink). NCCL has no agreement
-   and cannot find dead ranks itself: every survivor must pass the same excluded ranks, and
-   n_exclude 0 is DM_ERR_INVALID_ARG with the collective untouched (ncclCommShrink refuses an
-   empty list). After NCCL_SHRINK_DEFAULT the old communicator is destroyed, not aborted: a
+   Every survivor takes the same path, chosen from what they share (the NCCL loaded, the flags,
+   whether there is a store), never from its own communicator's state, which after a failure
+   differs between ranks (aborted by an error, alive, or still "in progress" waiting for a
+   peer): DM_SHRINK_ABORT with desc.store aborts the communicator and re-initialises the
+   survivors through the store; otherwise ncclCommShrink (NCCL 2.27+), and without it the
+   store (>>nccl shrink). On the ncclCommShrink path a rank whose communicator a failure
+   aborted, or one still in progress under DM_SHRINK_ABORT (NCCL_SHRINK_ABORT refuses it),
+   fails at once (the others then wait for it until their deadline). NCCL has no agreement
+   and cannot find dead ranks itself: every survivor must pass the same excluded ranks and
+   flags, and n_exclude 0 is DM_ERR_INVALID_ARG with the collective untouched (ncclCommShrink
+   refuses an empty list). After NCCL_SHRINK_DEFAULT the old communicator is destroyed, not aborted: a
    child made with NCCL_COMM_SHRINK_SHARE_RESOURCES=1 shares its abort flag. With
    NCCL_COMM_SPLIT_SHARE_RESOURCES=1 a split child and its parent share one abort flag (the
    variable overrides the config): a failure that aborts either stops the other's kernels.
 
    One create per store prefix: a second dm_nccl_create with the same store and prefix would read
    the first one's unique id; use dm_split for sub-groups (ncclCommSplit, no store needed).
+   Under torchrun the keys are per attempt ("<prefix>attempt/<TORCHELASTIC_RESTART_COUNT>/"):
+   its agent store outlives a restart, and a restarted world must not read the dead one's id.
+
+   VERSIONS
+   The NCCL library loaded must be 2.18 or newer (ncclCommSplit, ncclConfig_t): checked at
+   create (DM_ERR_UNSUPPORTED). ncclCommShrink (2.27) is a weak reference, used only where the
+   library has it, so a program built with 2.27+ headers starts on an older NCCL even when
+   bound at load (-z now); NCCL's symbols older than 2.18 are not weak, so there an older
+   library fails to load before create can say why. ncclCommDestroy's failure path follows the
+   library loaded too (its group opens only from 2.24).
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
        >>nccl desc               dm_nccl_desc, dm_nccl_create, the CUDA device calls; the
                                  group (_dm_nccl)
@@ -188,6 +210,13 @@ DM_API dm_status dm_cuda_synchronize(void);         /* the whole device */
 #define _DM_NCCL_HAS_AVG (NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0))
 #define _DM_NCCL_HAS_BF16 (NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0))
 #define _DM_NCCL_HAS_SHRINK (NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0))
+/* The oldest NCCL library distmesh runs on (ncclCommSplit, ncclConfig_t.splitShare): checked at
+   create. Newer symbols (ncclCommShrink, 2.27) are weak references, looked at before use, so a
+   program linked against a newer NCCL and bound at load (-z now) still starts on this one. */
+#define _DM_NCCL_FLOOR NCCL_VERSION(2, 18, 0)
+#if _DM_NCCL_HAS_SHRINK && (defined(__GNUC__) || defined(__clang__))
+#pragma weak ncclCommShrink
+#endif
 
 typedef struct _dm_nccl_token _dm_nccl_token;
 typedef struct _dm_nccl {
@@ -205,6 +234,7 @@ typedef struct _dm_nccl {
     int spare_count;
     int interrupt;              /* atomic; set by the interrupt slot on another thread (>>nccl shrink) */
     bool parked;                /* interrupted: comm kept only for ncclCommShrink(NCCL_SHRINK_ABORT) */
+    int stopped;                /* atomic: dm_abort's ncclCommAbort has run (>>nccl shrink) */
     struct dm_store* store;     /* borrowed from the desc: the fallback shrink's rendezvous, or 0 */
     char prefix[128];           /* the desc's key prefix in that store */
     unsigned shrinks;           /* shrinks since create: the fallback's key generation */
@@ -290,14 +320,17 @@ static void _dm_nccl_abort(_dm_nccl* n, dm_status st) {
     _dm_nccl_drop(n);
 }
 /* ncclCommDestroy for a communicator nothing is known to be wrong with, else ncclCommAbort. A
-   destroy that fails (NCCL 2.27, 2.28: ncclCommEnsureReady finds an asynchronous error, or work
-   in progress) returns between its ncclGroupStartInternal and the matching end, without
-   freeing anything: ncclGroupEnd closes the group it left open (or every later NCCL call of
-   this thread would join it), then ncclCommAbort frees the communicator. Destroy, not abort,
-   where a child may share the communicator's abort flag (>>nccl lifetime). */
+   destroy that fails (ncclCommEnsureReady finds an asynchronous error, or work in progress)
+   returns without freeing anything; from NCCL 2.24 on it returns between its
+   ncclGroupStartInternal and the matching end: ncclGroupEnd closes the group it left open (or
+   every later NCCL call of this thread would join it). Before 2.24 it opens no group, and an
+   ncclGroupEnd would be a stray "not in a group call" -- or close a group the caller opened --
+   so the library loaded decides. Then ncclCommAbort frees the communicator. Destroy, not
+   abort, where a child may share the communicator's abort flag (>>nccl lifetime). */
 static void _dm_nccl_destroy_comm(ncclComm_t comm) {
+    int v = 0;
     if (ncclCommDestroy(comm) == ncclSuccess) return;
-    (void)ncclGroupEnd();
+    if (ncclGetVersion(&v) == ncclSuccess && v >= NCCL_VERSION(2, 24, 0)) (void)ncclGroupEnd();
     ncclCommAbort(comm);
 }
 static dm_status _dm_nccl_broke_at(_dm_nccl* n, ncclResult_t r, const char* what, uint64_t seq) {
@@ -341,28 +374,44 @@ static ncclResult_t _dm_nccl_async_error(ncclComm_t comm) {
 }
 /* Whether this NCCL has ncclCommShrink: at compile time, and in the library loaded (distmesh
    links libnccl.so.2, whose soname every 2.x shares: headers of 2.27+ may run on an older
-   library, where calling the missing symbol would end the process). */
+   library). The symbol is weak (>>nccl desc, at the includes): a program bound at load
+   (-z now) still starts on an NCCL without it, where its address is NULL. */
 static bool _dm_nccl_can_shrink(void) {
 #if _DM_NCCL_HAS_SHRINK
     int v = 0;
-    return ncclGetVersion(&v) == ncclSuccess && v >= NCCL_VERSION(2, 27, 0);
+    ncclResult_t (*shrink)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int) = ncclCommShrink;
+    return shrink != NULL && ncclGetVersion(&v) == ncclSuccess && v >= NCCL_VERSION(2, 27, 0);
 #else
     return false;
 #endif
 }
+/* The path every survivor of a shrink takes, from facts they share (never from the state of
+   this rank's communicator, which differs between a rank that saw an error and one that only
+   waited): ncclCommShrink where the NCCL loaded has it, unless DM_SHRINK_ABORT has a store to
+   re-initialise through -- after a failure the survivors' communicators may be aborted on some
+   ranks and alive on others, or still "in progress" (which NCCL_SHRINK_ABORT refuses), so all
+   of them re-initialise. >>nccl shrink. */
+static bool _dm_nccl_shrinks_natively(const _dm_nccl* n, bool abort_flag) {
+    return _dm_nccl_can_shrink() && !(abort_flag && n->store);
+}
 /* An operation saw the interrupt slot's flag (dm_abort, or dm_shrink with DM_SHRINK_ABORT, on
-   another thread): it ends with DM_ERR_ABORTED, started requests are settled as by an abort. Where
-   ncclCommShrink exists the communicator is parked, not aborted: NCCL_SHRINK_ABORT stops its
-   operations and builds the survivors' communicator from it; else it is aborted. */
+   another thread): it ends with DM_ERR_ABORTED, started requests are settled as by an abort.
+   The communicator is aborted (its kernels stop), unless a shrink follows that builds the
+   survivors' communicator from it with ncclCommShrink(NCCL_SHRINK_ABORT), which stops its
+   operations itself: then it is parked. After dm_abort (c->aborted) no shrink follows: a
+   parked communicator's kernels, waiting on a dead peer, would hold the blocking stream and,
+   behind it, the legacy default stream (cudaMemcpy) and every device-wide wait. */
 static dm_status _dm_nccl_interrupted(_dm_nccl* n, const char* what, uint64_t seq) {
     dm_status st = _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted (dm_abort, or "
                             "dm_shrink with DM_SHRINK_ABORT, on another thread)", what, (unsigned long long)seq);
+    bool dm_aborted = __atomic_load_n(&n->base.aborted, __ATOMIC_ACQUIRE) != 0;
     if (n->broken != DM_OK) return st;
-    if (n->comm && _dm_nccl_can_shrink()) {
+    if (n->comm && !dm_aborted && _dm_nccl_shrinks_natively(n, true)) {
         _dm_nccl_settle(n, st);
         n->parked = true;
     } else {
         _dm_nccl_abort(n, st);
+        if (dm_aborted) __atomic_store_n(&n->stopped, 1, __ATOMIC_RELEASE);
     }
     return st;
 }
@@ -550,12 +599,14 @@ static dm_status _dm_nccl_tmp_free(_dm_nccl* n, void* p, dm_status st, const cha
     else
 #endif
     {
+        /* the wait first: an interrupt inside it parks the communicator, whose kernels may then
+           never end -- so "parked" is looked at after it */
+        if (n->comm && !n->parked) w = _dm_nccl_wait(n, what, true);
         if (n->parked && n->n_deferred < (int)(sizeof(n->deferred) / sizeof(n->deferred[0]))) {
             n->deferred[n->n_deferred++] = p;
-            return st;
+            return st != DM_OK ? st : w;
         }
         if (n->parked) _dm_nccl_drop(n);    /* no room left: stop its kernels first */
-        if (n->comm) w = _dm_nccl_wait(n, what, true);
         e = cudaFree(p);
     }
     if (e != cudaSuccess && st == DM_OK && w == DM_OK) return _dm_nccl_cuda_broke(n, e, what);
@@ -1169,7 +1220,7 @@ static const dm_collective_vtable _dm_nccl_vtable = {
     _dm_nccl_finish,                 /* finish: the event, async errors and the deadline */
     _dm_nccl_shrink,                 /* shrink: ncclCommShrink (2.27+), else re-init via the store */
     NULL,                            /* grow */
-    _dm_nccl_interrupt,              /* interrupt: a flag the running wait polls */
+    _dm_nccl_interrupt,              /* interrupt: a flag the running wait polls; dm_abort aborts */
 };
 
 /* >>nccl lifetime  A communicator's object; the config, NCCL's background jobs, split. */
@@ -1423,8 +1474,39 @@ static dm_status _dm_nccl_hosts_of_members(_dm_nccl* m, const _dm_nccl* n, const
    (shrink_needs_exclude). After success the parent's communicator is released -- destroyed
    after NCCL_SHRINK_DEFAULT (healthy, and the child may share its abort flag), aborted
    otherwise -- and the parent answers DM_ERR_ABORTED. */
+/* dm_abort (c->aborted set before the slot runs) must stop NCCL's work even when no call is
+   running to see the flag: the kernels of a collective that returned after queueing them may
+   wait on a dead peer forever. So the slot takes the collective, as a call would, and aborts
+   the communicator itself (on this thread, on its device); while another thread holds it,
+   that thread's next poll aborts it (_dm_nccl_interrupted), and the slot waits for that, or
+   for the collective to be free, within c's timeout (DM_DEFAULT_TIMEOUT_MS where it has none).
+   A DM_SHRINK_ABORT only sets the flag: the shrink that follows decides. */
 static void _dm_nccl_interrupt(dm_collective* c) {
-    __atomic_store_n(&((_dm_nccl*)c)->interrupt, 1, __ATOMIC_RELEASE);
+    _dm_nccl* n = (_dm_nccl*)c;
+    int64_t deadline;
+    __atomic_store_n(&n->interrupt, 1, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE) == 0) return;
+    if (_dm_tls_running.c == c) return;     /* called inside this thread's own call: it sees the flag */
+    deadline = _dm_deadline(c->timeout_ms > 0 ? c->timeout_ms : DM_DEFAULT_TIMEOUT_MS);
+    while (!__atomic_load_n(&n->stopped, __ATOMIC_ACQUIRE)) {
+        if (_dm_take_now(c)) {
+            int prev = -1;
+            if (n->comm && _dm_nccl_switch(n, "abort", &prev) == DM_OK) {
+                if (n->broken == DM_OK) {
+                    dm_status st = _DM_FAIL(c, DM_ERR_ABORTED, "nccl: %s", c->abort_msg);
+                    _dm_nccl_abort(n, st);
+                } else {
+                    _dm_nccl_drop(n);       /* parked: the shrink it waited for will not come */
+                }
+            }
+            (void)_dm_nccl_leave(n, prev, DM_OK, "abort");
+            __atomic_store_n(&n->stopped, 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+            return;
+        }
+        if (_dm_now_ms() >= deadline) return;
+        sched_yield();
+    }
 }
 /* The parent after a shrink: requests still on its stream settled (DM_OK if their event had
    completed, else DM_ERR_ABORTED), its communicator released (healthy: ncclCommDestroy, else
@@ -1510,7 +1592,8 @@ static dm_status _dm_nccl_shrink_on(_dm_nccl* n, const bool* gone, int flags, dm
     int* exclude = (int*)_dm_malloc(&c->allocator, sizeof(int) * (size_t)c->size * 2);
     int* members;               /* the survivors' ranks in c, in order: exclude's second half */
     ncclComm_t comm = NULL;
-    bool native = n->comm && _dm_nccl_can_shrink(), stop = flags == DM_SHRINK_ABORT || n->parked;
+    bool native = _dm_nccl_shrinks_natively(n, flags == DM_SHRINK_ABORT);   /* the same on every survivor */
+    bool stop = flags == DM_SHRINK_ABORT || n->parked;
     dm_status st;
     char why[DM_LAST_ERROR_SIZE];
     if (!exclude) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "nccl: shrink: out of memory");
@@ -1521,7 +1604,21 @@ static dm_status _dm_nccl_shrink_on(_dm_nccl* n, const bool* gone, int flags, dm
         if (!gone[i]) members[i - k] = i;
     }
     size = c->size - k;
-    if (native) {
+    if (native && !n->comm) {
+        st = _DM_FAIL(c, n->store ? DM_ERR_ABORTED : DM_ERR_UNSUPPORTED, "nccl: shrink #%llu: the survivors shrink "
+                      "with ncclCommShrink%s, but an "
+                      "earlier failure aborted this rank's communicator (%s: %s); give the collective a store "
+                      "(desc.store) and shrink with DM_SHRINK_ABORT to re-initialise", (unsigned long long)c->seq,
+                      n->store ? " (DM_SHRINK_DEFAULT)" : " (no store to re-initialise through)",
+                      dm_status_name(n->broken), n->cause[0] ? n->cause : "no message");
+    } else if (native && stop && _dm_nccl_async_error(n->comm) == ncclInProgress) {
+        /* NCCL_SHRINK_ABORT clears the abort flags before its readiness check, which refuses a
+           communicator in progress (ncclInvalidArgument); without a store nothing else is left */
+        st = _DM_FAIL(c, DM_ERR_ABORTED, "nccl: shrink #%llu: this rank's communicator is still in progress (an "
+                      "interrupted operation waits for a peer), which ncclCommShrink refuses; give the collective "
+                      "a store (desc.store) to re-initialise through", (unsigned long long)c->seq);
+        _dm_nccl_retire(n, _dm_errbuf(c), false);
+    } else if (native) {
         st = _dm_nccl_shrink_native(n, exclude, k, stop, &comm);
         if (st == DM_OK && !comm)
             st = _DM_FAIL(c, DM_ERR_NCCL, "nccl: shrink #%llu: ncclCommShrink's job gave no communicator",
@@ -1588,7 +1685,7 @@ static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniq
         size_t size = 0;
         dm_status st = DM_OK;
         ncclResult_t r;
-        snprintf(key, sizeof(key), "%snccl_unique_id", d->prefix ? d->prefix : "distmesh_nccl/");
+        snprintf(key, sizeof(key), "%snccl_unique_id", n->prefix);   /* per attempt (_dm_store_attempt_prefix) */
         if (!store) {
             memset(&sd, 0, sizeof(sd));
             sd.url = d->store_url;
@@ -1668,7 +1765,7 @@ static void _dm_nccl_local_from_launcher(_dm_nccl* n, int local_rank, int local_
 
 static dm_status _dm_nccl_create_checked(const dm_nccl_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_nccl_desc, d);
-    char err[DM_LAST_ERROR_SIZE];
+    char err[DM_LAST_ERROR_SIZE], why[DM_LAST_ERROR_SIZE], prefix[128];
     int rank = 0, world = 1, local_rank = 0, local_size = 1, ndev = 0, device;
     bool launcher = false;
     _dm_nccl* n;
@@ -1685,6 +1782,14 @@ static dm_status _dm_nccl_create_checked(const dm_nccl_desc* desc, dm_collective
     _DM_TRY(_dm_nccl_placement(&d, &rank, &world, &local_rank, &local_size, &launcher, err, sizeof(err)));
     _dm_create_rank(rank);                                   /* >>log: a failed create's message */
     d.logger = _dm_logger_or_default(&d.logger, rank);
+    {
+        int v = 0;
+        ncclResult_t r = ncclGetVersion(&v);
+        if (r != ncclSuccess || v < _DM_NCCL_FLOOR)
+            return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_UNSUPPORTED, "nccl: the NCCL library loaded is %d; "
+                              "distmesh needs %d or newer (ncclCommSplit, ncclConfig_t)", r == ncclSuccess ? v : -1,
+                              _DM_NCCL_FLOOR);
+    }
     e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev < 1)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_CUDA, "nccl: no CUDA device (%s)",
@@ -1695,10 +1800,13 @@ static dm_status _dm_nccl_create_checked(const dm_nccl_desc* desc, dm_collective
     e = cudaSetDevice(device);
     if (e != cudaSuccess)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_CUDA, "nccl: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+    /* the attempt's keys (>>store for backends): a restarted rank never reads the dead attempt's unique id */
+    st = _dm_store_attempt_prefix(d.prefix ? d.prefix : "distmesh_nccl/", prefix, sizeof(prefix), why, sizeof(why));
+    if (st != DM_OK) return _DM_REPORT(&d.logger, err, sizeof(err), st, "nccl: %s", why);
     n = _dm_nccl_new(&d.allocator, &d.logger, rank, world, d.timeout_ms, device, (cudaStream_t)d.stream);
     if (!n) return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_OUT_OF_MEMORY, "nccl: out of memory");
     n->store = d.store;
-    _dm_copy_name(n->prefix, sizeof(n->prefix), d.prefix ? d.prefix : "distmesh_nccl/");
+    _dm_copy_name(n->prefix, sizeof(n->prefix), prefix);
     st = _dm_nccl_resources(n);
     if (st == DM_OK) st = _dm_nccl_unique_id(n, &d, &id);
     if (st == DM_OK) {

@@ -3743,7 +3743,30 @@ DM_API_IMPL dm_status dm_store_num_keys(dm_store* s, int64_t* out) {
     return _dm_store_leave(s, st);
 }
 
-/* >>store for backends  What the TCP backend asks of a store beyond the public API. */
+/* >>store for backends  What the TCP and NCCL backends ask of a store beyond the public API. */
+/* A world's key prefix under torchrun: "<prefix>attempt/<N>/" from TORCHELASTIC_RESTART_COUNT, as
+   torch puts its own keys on the agent's store under "/worker/attempt_N". A store outlives an
+   attempt (the agent's, a file store), and an attempt that died during create leaves keys there
+   (a generation count and addresses, a unique id) that the next one must never read. Without the
+   variable, prefix as it is; a value that is no count is DM_ERR_ENV with err naming it. */
+_DM_PRIVATE dm_status _dm_store_attempt_prefix(const char* prefix, char* out, size_t cap, char* err, size_t err_cap) {
+    const char* v = getenv("TORCHELASTIC_RESTART_COUNT");
+    char* end = NULL;
+    long n;
+    if (!v || !*v) {
+        snprintf(out, cap, "%s", prefix);
+        return DM_OK;
+    }
+    errno = 0;
+    n = strtol(v, &end, 10);
+    if (errno || *end || n < 0 || n > INT_MAX || v[0] < '0' || v[0] > '9') {
+        snprintf(err, err_cap, "TORCHELASTIC_RESTART_COUNT=\"%.40s\" is not a restart count (0, 1, ...)", v);
+        return DM_ERR_ENV;
+    }
+    snprintf(out, cap, "%sattempt/%ld/", prefix, n);
+    return DM_OK;
+}
+
 /* The server's address ("host:port") for a tcp store, NULL for another kind: what names the
    rendezvous of a host's ranks (distmesh_tcp.h >>tcp relay). */
 _DM_PRIVATE const char* _dm_store_where(const dm_store* s) {

@@ -3656,29 +3656,6 @@ static dm_status _dm_tcp_parse_sockets(int given, int* out, char* err, size_t ca
 static dm_status _dm_tcp_join(_dm_tcp_setup* s, dm_collective** out);
 static dm_status _dm_tcp_join_flag(int given, bool* out, char* err, size_t cap);
 
-/* The world's store prefix under torchrun: one per attempt (TORCHELASTIC_RESTART_COUNT), as torch
-   prefixes its own keys on the agent's store ("/worker/attempt_N"). A store outlives an attempt
-   (the agent's, a file store), and an attempt that died during create leaves its generation count
-   and addresses there: the next one would read them and split its ranks between two generations,
-   which then wait for each other until the deadline. */
-static dm_status _dm_tcp_attempt_prefix(const char* prefix, char* out, size_t cap, char* err, size_t err_cap) {
-    const char* v = getenv("TORCHELASTIC_RESTART_COUNT");
-    char* end = NULL;
-    long n;
-    if (!v || !*v) {
-        snprintf(out, cap, "%s", prefix);
-        return DM_OK;
-    }
-    errno = 0;
-    n = strtol(v, &end, 10);
-    if (errno || *end || n < 0 || n > INT_MAX) {
-        snprintf(err, err_cap, "tcp: TORCHELASTIC_RESTART_COUNT=\"%.40s\" is not a restart count (0, 1, ...)", v);
-        return DM_ERR_ENV;
-    }
-    snprintf(out, cap, "%sattempt%ld/", prefix, n);
-    return DM_OK;
-}
-
 static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective** out) {
     _DM_ZERO(dm_tcp_desc, d);
     _DM_ZERO(_dm_tcp_setup, s);
@@ -3710,8 +3687,9 @@ static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective**
     s.prefix = d.prefix ? d.prefix : "distmesh/";
     if (strlen(s.prefix) > 150)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: prefix longer than 150 bytes");
-    if ((st = _dm_tcp_attempt_prefix(s.prefix, attempt, sizeof(attempt), err, sizeof(err))) != DM_OK)
-        return _dm_tcp_report(&d.logger, st, err);
+    /* under torchrun, the attempt's own keys (>>store for backends) */
+    if ((st = _dm_store_attempt_prefix(s.prefix, attempt, sizeof(attempt), why, sizeof(why))) != DM_OK)
+        return _DM_REPORT(&d.logger, err, sizeof(err), st, "tcp: %s", why);
     s.prefix = attempt;
     s.ifname = d.ifname;
     if (!d.ifname && (st = _dm_cfg_str(_DM_CFG_SOCKET_IFNAME, &s.ifname, err, sizeof(err))) != DM_OK)

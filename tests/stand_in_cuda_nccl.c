@@ -32,7 +32,17 @@
      738); the call returns the communicator's state (enqueue.cc 2658). Inside ncclGroupStart /
      ncclGroupEnd the calls only queue; ncclGroupEnd returns ncclInProgress, or the first error
      of the group (ncclGroupErrCheck). Group depth is per thread (group.cc ncclGroupDepth); an
-     ncclGroupEnd outside a group is ncclInvalidUsage (656).
+     ncclGroupEnd outside a group is ncclInvalidUsage (656), counted in stray_group_ends.
+   - Launch: the work of such a call is launched by NCCL's group thread (group.cc
+     ncclGroupEndInternal's job, groupLaunchNonBlocking, 735) once it runs, not at the call: here it
+     reaches its stream when the job ends (the poll that sees "in progress" clear). An event
+     recorded on that stream, a copy queued on it, or memory it uses freed before then would
+     run ahead of the work: counted in before_launch.
+   - First use: NCCL 2.28 connects to peers lazily (NCCL_RUNTIME_CONNECT, default 1: init.cc 57,
+     1269), inside that job (the first collective its
+     ring's and tree's peers, the first send or receive with a peer that peer), so the job waits
+     for a peer that has not arrived: si_set_peer_arrival adds polls, or never ends it (until
+     ncclCommAbort).
    - ncclCommShrink (2645 / 2344): NCCL_SHRINK_ABORT first sets the parent's abort flags and
      waits for its device stream (its kernels stop), then clears them; a NULL or empty exclude
      list is ncclInvalidArgument (2562 / 2262), the list is sorted in place, the caller's own
@@ -50,6 +60,8 @@
    - ncclCommDestroy (2358 / 2159): ncclGroupStartInternal, then ncclCommEnsureReady; if that
      fails (an asynchronous error, or in progress) it returns the error WITHOUT the matching
      group end and without freeing: the communicator stays, and the thread stays inside a group.
+     The group opens only from 2.24 on (v2.23.4-1's ncclCommDestroy, 2088, has no
+     ncclGroupStartInternal): below that (si_set_version) it returns with no group open.
    - Anything given a communicator after its ncclCommAbort or ncclCommDestroy is a use after
      free (NCCL would read freed memory): counted, and every test ends by checking none
      happened. Communicators are never really freed here (a tombstone), so their addresses are
@@ -61,6 +73,11 @@
      cudaErrorIllegalAddress, counted in illegal_addresses);
    - a current device per thread, a device count, memory pools on or off;
    - streams that finish their work after a scripted number of polls, or never while held;
+     the legacy default stream (0, cudaStreamLegacy) and the blocking streams wait for each
+     other: cudaMemcpy and cudaStreamSynchronize(0) behind held work on a blocking stream hang
+     (counted), work queued on a blocking stream inherits what the legacy stream still has
+     busy, and NCCL work on a non-blocking stream (cudaStreamCreateWithFlags) queued while it
+     is busy is counted in unordered_with_legacy;
      events recorded behind such work; cudaFree, cudaDeviceSynchronize and the stream and event
      synchronizations wait for the device (or the stream) and would hang behind held work:
      counted in hangs (they return at once here);
@@ -78,12 +95,18 @@
 
 #include "stand_in_cuda_nccl.h"
 
-enum { SI_MAX = 256, SI_RULES = 16, SI_NAMES = 64, SI_GROUP_MAX = 16 };
+#if defined(SI_WITHOUT_SHRINK)
+#define SI_VERSION NCCL_VERSION(2, 26, 6)
+#else
+#define SI_VERSION NCCL_VERSION_CODE
+#endif
+enum { SI_MAX = 256, SI_RULES = 16, SI_NAMES = 64, SI_GROUP_MAX = 16, SI_LAUNCH_BUFS = 64, SI_DEVICES = 16 };
 
 typedef struct si_comm si_comm;
 typedef struct si_flag { int set; } si_flag;     /* an abort flag, shared by resource-sharing comms */
 typedef struct si_stream {
     int device, busy;
+    bool nonblocking;           /* cudaStreamNonBlocking: not ordered with the legacy default stream */
     bool held;                  /* work queued while held never finishes on its own */
     si_comm* held_by;           /* the communicator whose kernel it is (its abort stops it), or NULL */
     unsigned gen;               /* bumped whenever held work is released */
@@ -111,6 +134,16 @@ struct si_comm {
     int split_share, shrink_share;  /* its config after the environment */
     unsigned char id_byte;      /* the unique id's first byte it was made with (init only) */
     bool in_group;              /* has operations queued in this thread's open group */
+    /* Accepted, not launched yet: NCCL 2.28's group thread launches a call's work once the
+       communicator's "in progress" clears (the job ends), not at the call. */
+    bool launch_pending;
+    si_stream* launch_stream;
+    const void* launch_bufs[SI_LAUNCH_BUFS];
+    int n_launch_bufs;
+    bool connected;             /* its collectives' peers arrived: the first collective's job waited */
+    unsigned long long p2p_connected;   /* per peer (< 64): the first send/recv's job waited for it */
+    bool pend_collective;       /* the pending launch has a collective */
+    unsigned long long pend_peers;      /* ... and point-to-point with these peers */
 };
 typedef struct si_alloc { unsigned char* p; size_t bytes; int device; bool managed; } si_alloc;
 typedef struct si_rule { char fn[40]; int left; int code; bool sticky; } si_rule;
@@ -126,6 +159,9 @@ static struct {
     si_alloc allocs[SI_MAX];
     int expect_device, device_count, busy_polls, init_polls, enqueue_polls;
     bool pools, hold, init_forever, split_null;
+    int arrival_polls;          /* extra polls the first operation of a communicator waits for its peers */
+    bool never_arrive;          /* ... or forever (until ncclCommAbort) */
+    si_stream* legacy[SI_DEVICES];  /* each device's legacy default stream (stream 0), made on first use */
     int split_rank, split_nranks;   /* what a split child is (default 0 of 1) */
     ncclResult_t child_fails;   /* what split and shrink jobs end in, if not success */
     int version;                /* what ncclGetVersion reports */
@@ -139,7 +175,7 @@ static struct {
     si_gather_hook gather_hook;
     void* gather_hook_user;
 } si = { .expect_device = -1, .device_count = 4, .init_polls = 2, .enqueue_polls = 1, .pools = true,
-         .split_nranks = 1, .version = NCCL_VERSION_CODE };
+         .split_nranks = 1, .version = SI_VERSION };
 static _Thread_local int si_current;
 static _Thread_local int si_depth;                  /* ncclGroupDepth, per thread as in NCCL */
 static _Thread_local ncclResult_t si_group_error;   /* ncclGroupError */
@@ -184,10 +220,12 @@ void si_reset(void) {
     si.enqueue_polls = 1;
     si.pools = true;
     si.hold = si.init_forever = si.split_null = false;
+    si.arrival_polls = 0;
+    si.never_arrive = false;
     si.split_rank = 0;
     si.split_nranks = 1;
     si.peer_died = si.child_fails = ncclSuccess;
-    si.version = NCCL_VERSION_CODE;
+    si.version = SI_VERSION;
     memset(&si.shrink, 0, sizeof(si.shrink));
     si.sticky = si.last = cudaSuccess;
     si.nccl_last[0] = 0;
@@ -247,6 +285,9 @@ void si_set_init_polls(int polls, bool forever) {
     si_lock(); si.init_polls = polls; si.init_forever = forever; si_unlock();
 }
 void si_set_enqueue_polls(int polls) { si_lock(); si.enqueue_polls = polls; si_unlock(); }
+void si_set_peer_arrival(int polls, bool never) {
+    si_lock(); si.arrival_polls = polls; si.never_arrive = never; si_unlock();
+}
 void si_set_async_error(int nccl_result) { si_lock(); si.peer_died = (ncclResult_t)nccl_result; si_unlock(); }
 void si_split_gives_null(bool on) { si_lock(); si.split_null = on; si_unlock(); }
 void si_set_split_child(int rank, int nranks) { si_lock(); si.split_rank = rank; si.split_nranks = nranks; si_unlock(); }
@@ -333,8 +374,16 @@ static void si_hang(const char* what) {
    behind it, until the hold is lifted or its communicator is aborted; copies are not held by
    themselves. */
 static void si_queue(si_stream* s, si_comm* by) {
+    si_stream* l;
     if (!s) return;
     s->busy = si.busy_polls;
+    /* A blocking stream's new work waits for what the legacy default stream holds before it; a
+       non-blocking stream's does not: NCCL work there may read inputs not written yet. */
+    l = s->device >= 0 && s->device < SI_DEVICES ? si.legacy[s->device] : NULL;
+    if (l && l != s && l->busy > 0) {
+        if (!s->nonblocking && s->busy < l->busy) s->busy = l->busy;
+        else if (s->nonblocking && by) si.stats.unordered_with_legacy++;
+    }
     if (si.hold && by && !s->held) {
         s->held = true;
         s->held_by = by;
@@ -352,6 +401,40 @@ static bool si_stream_done(si_stream* s) {
     if (s->held) return false;
     if (s->busy > 0) { s->busy--; return false; }
     return true;
+}
+/* The legacy default stream (stream 0, cudaStreamLegacy) of the current device: made on first
+   use, part of the context (never counted in live_streams, never freed). */
+static si_stream* si_legacy_stream(void) {
+    int d = si_current >= 0 && si_current < SI_DEVICES ? si_current : 0;
+    if (!si.legacy[d]) {
+        si.legacy[d] = (si_stream*)calloc(1, sizeof(si_stream));
+        if (!si.legacy[d]) abort();
+        si.legacy[d]->device = d;
+    }
+    return si.legacy[d];
+}
+/* A stream handle: the legacy default stream for 0 or cudaStreamLegacy, else a live stream. */
+static si_stream* si_stream_of(cudaStream_t stream) {
+    int i;
+    if (stream == NULL || stream == cudaStreamLegacy) return si_legacy_stream();
+    i = si_find((void* const*)si.streams, stream);
+    return i < 0 ? NULL : si.streams[i];
+}
+/* Work on the legacy default stream waits for every blocking stream of the device: behind held
+   work (a kernel waiting on a dead peer) a synchronous call there never returns. */
+static void si_legacy_wait(const char* fn) {
+    int i;
+    char what[96];
+    for (i = 0; i < SI_MAX; i++)
+        if (si.streams[i] && si.streams[i]->device == si_current && !si.streams[i]->nonblocking &&
+            si.streams[i]->held) {
+            snprintf(what, sizeof(what), "%s on the legacy stream behind a kernel that never ends", fn);
+            si_hang(what);
+            return;
+        }
+    for (i = 0; i < SI_MAX; i++)
+        if (si.streams[i] && si.streams[i]->device == si_current && !si.streams[i]->nonblocking)
+            si.streams[i]->busy = 0;
 }
 /* A device-wide wait (cudaFree, cudaDeviceSynchronize): behind held work it would never end. */
 static void si_device_wait(const char* fn) {
@@ -372,6 +455,31 @@ static si_alloc* si_alloc_of(const void* p) {
     for (i = 0; i < SI_MAX; i++)
         if (si.allocs[i].p && b >= si.allocs[i].p && b < si.allocs[i].p + si.allocs[i].bytes) return &si.allocs[i];
     return NULL;
+}
+
+/* >>launch  What touches NCCL work accepted but not launched yet (its communicator still "in
+   progress"): an event recorded on its stream completes before the work; memory freed, or a
+   copy made, on its stream goes ahead of it. Counted in before_launch. */
+static void si_early(const char* what) {
+    if (!si.stats.before_launch++)
+        snprintf(si.stats.first_before_launch, sizeof(si.stats.first_before_launch), "%s", what);
+}
+static bool si_launch_pending_on(const si_stream* s) {
+    si_comm* c;
+    for (c = si.all; c; c = c->next_all)
+        if (!c->dead && c->launch_pending && c->launch_stream == s) return true;
+    return false;
+}
+static bool si_launch_uses(const si_alloc* a) {
+    si_comm* c;
+    int i;
+    if (!a) return false;
+    for (c = si.all; c; c = c->next_all)
+        for (i = 0; !c->dead && c->launch_pending && i < c->n_launch_bufs; i++) {
+            const unsigned char* b = (const unsigned char*)c->launch_bufs[i];
+            if (b >= a->p && b < a->p + a->bytes) return true;
+        }
+    return false;
 }
 static cudaError_t si_malloc(void** p, size_t bytes, bool managed) {
     int i;
@@ -426,6 +534,7 @@ cudaError_t cudaFree(void* devPtr) {
     si_lock();
     e = si_cuda("cudaFree", true);
     if (devPtr) si_device_wait("cudaFree");
+    if (si_launch_uses(si_alloc_of(devPtr))) si_early("cudaFree of memory that NCCL work not launched yet uses");
     f = si_free(devPtr);
     SI_RETURN(e != cudaSuccess ? e : f);
 }
@@ -434,6 +543,7 @@ cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
     (void)hStream;
     si_lock();
     e = si_cuda("cudaFreeAsync", true);
+    if (si_launch_uses(si_alloc_of(devPtr))) si_early("cudaFreeAsync of memory that NCCL work not launched yet uses");
     f = si_free(devPtr);
     SI_RETURN(e != cudaSuccess ? e : f);
 }
@@ -454,27 +564,42 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, c
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
     cudaError_t e;
-    si_stream* s = (si_stream*)stream;
+    si_stream* s;
     (void)kind;
     si_lock();
     e = si_cuda("cudaMemcpyAsync", true);
     if (e != cudaSuccess) SI_RETURN(e);
-    if (si_find((void* const*)si.streams, s) < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    s = si_stream_of(stream);
+    if (!s) SI_RETURN(cudaErrorInvalidResourceHandle);
     if ((!si_alloc_of(dst) || !si_alloc_of(src)) && si_stream_busy(s)) si.stats.host_copies_on_busy_stream++;
+    if (si_launch_pending_on(s)) si_early("cudaMemcpyAsync on a stream whose NCCL work is not launched yet");
     if (count) memmove(dst, src, count);
     si_queue(s, NULL);
     SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
     cudaError_t e;
-    si_stream* s = (si_stream*)stream;
+    si_stream* s;
     si_lock();
     e = si_cuda("cudaMemsetAsync", true);
     if (e != cudaSuccess) SI_RETURN(e);
-    if (si_find((void* const*)si.streams, s) < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    s = si_stream_of(stream);
+    if (!s) SI_RETURN(cudaErrorInvalidResourceHandle);
     if (!si_alloc_of(devPtr)) SI_RETURN(cudaErrorInvalidValue);
     memset(devPtr, value, count);
     si_queue(s, NULL);
+    SI_RETURN(cudaSuccess);
+}
+
+/* Synchronous, on the legacy default stream: it waits for every blocking stream of the device. */
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+    cudaError_t e;
+    (void)kind;
+    si_lock();
+    e = si_cuda("cudaMemcpy", true);
+    if (e != cudaSuccess) SI_RETURN(e);
+    si_legacy_wait("cudaMemcpy");
+    if (count) memmove(dst, src, count);
     SI_RETURN(cudaSuccess);
 }
 
@@ -540,21 +665,27 @@ const char* cudaGetErrorString(cudaError_t error) {
 }
 
 /* >>streams, events */
-cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
+static cudaError_t si_stream_create(const char* fn, cudaStream_t* pStream, bool nonblocking) {
     cudaError_t e;
     si_stream* s;
     int i;
     si_lock();
-    e = si_cuda("cudaStreamCreate", true);
+    e = si_cuda(fn, true);
     if (e != cudaSuccess) SI_RETURN(e);
     i = si_slot((void* const*)si.streams);
     s = (si_stream*)calloc(1, sizeof(*s));
     if (!s) SI_RETURN(cudaErrorMemoryAllocation);
     s->device = si_current;
+    s->nonblocking = nonblocking;
     si.streams[i] = s;
     si.stats.live_streams++;
     *pStream = (cudaStream_t)(void*)s;
     SI_RETURN(cudaSuccess);
+}
+/* A blocking stream: ordered with the legacy default stream, both ways. */
+cudaError_t cudaStreamCreate(cudaStream_t* pStream) { return si_stream_create("cudaStreamCreate", pStream, false); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
+    return si_stream_create("cudaStreamCreateWithFlags", pStream, (flags & cudaStreamNonBlocking) != 0);
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     cudaError_t e;
@@ -622,6 +753,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (i < 0 || j < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     ev = si.events[i];
     ev->stream = si.streams[j];
+    if (si_launch_pending_on(ev->stream)) si_early("cudaEventRecord on a stream whose NCCL work is not launched yet");
     ev->pending = si_stream_busy(ev->stream);
     ev->held = ev->stream->held;
     ev->gen = ev->stream->gen;
@@ -657,7 +789,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     e = si_cuda("cudaStreamSynchronize", true);
     i = si_find((void* const*)si.streams, stream);
     if (e != cudaSuccess) SI_RETURN(e);
+    if (stream == NULL || stream == cudaStreamLegacy) {     /* the legacy stream: every blocking one */
+        si_legacy_wait("cudaStreamSynchronize");
+        si_legacy_stream()->busy = 0;
+        SI_RETURN(cudaSuccess);
+    }
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si_launch_pending_on(si.streams[i])) si_early("cudaStreamSynchronize on a stream whose NCCL work is not launched yet");
     if (si.streams[i]->held) si_hang("cudaStreamSynchronize behind a kernel that never ends");
     si.streams[i]->busy = 0;
     SI_RETURN(cudaSuccess);
@@ -778,6 +916,15 @@ static void si_job_start(si_comm* c, int polls, ncclResult_t result, si_comm* ch
 static void si_job_end(si_comm* c, ncclResult_t result) {
     si_job j = c->job;
     memset(&c->job, 0, sizeof(c->job));
+    if (c->launch_pending && result == ncclSuccess) {   /* the group thread launches the work now */
+        si_queue(c->launch_stream, c);
+        if (c->pend_collective) c->connected = true;
+        c->p2p_connected |= c->pend_peers;
+    }
+    c->launch_pending = false;
+    c->pend_collective = false;
+    c->pend_peers = 0;
+    c->n_launch_bufs = 0;
     if (j.child) {
         j.child->async = result;
         if (result != ncclSuccess)
@@ -817,6 +964,7 @@ static void si_reclaim(si_comm* c) {
 }
 static void si_kill(si_comm* c, const char* by) {
     c->dead = true;
+    c->launch_pending = false;          /* never launched */
     snprintf(c->died_in, sizeof(c->died_in), "%s", by);
 }
 /* c's kernels stop (its abort flag was set): the held work of every communicator sharing the
@@ -880,11 +1028,15 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     si_comm* c;
     ncclResult_t r;
+    bool opens;
     si_lock();
     c = si_comm_of("ncclCommDestroy", comm);
     if (!c) SI_RETURN(comm ? ncclInvalidArgument : ncclSuccess);
-    si_depth++;                             /* ncclGroupStartInternal */
-    si.stats.group_depth++;
+    opens = si.version >= NCCL_VERSION(2, 24, 0);   /* ncclGroupStartInternal, from 2.24 on */
+    if (opens) {
+        si_depth++;
+        si.stats.group_depth++;
+    }
     r = (ncclResult_t)si_scripted("ncclCommDestroy", NULL);
     if (r != ncclSuccess) {                 /* an asynchronous error arrived since the last poll */
         si_nccl_text("stand-in: %s scripted for %s", "ncclCommDestroy", r);
@@ -892,8 +1044,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     }
     r = si_ensure_ready(c);
     if (r != ncclSuccess) SI_RETURN(r);     /* no group end, nothing freed (2381 / 2182) */
-    si_depth--;
-    si.stats.group_depth--;
+    if (opens) {
+        si_depth--;
+        si.stats.group_depth--;
+    }
     si.stats.destroys++;
     si_kill(c, "ncclCommDestroy");
     if (si_depth > 0) c->reclaim_at_group_end = true;
@@ -922,6 +1076,7 @@ ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
 }
 
 /* >>nccl groups */
+static void si_op_job(si_comm* c);
 ncclResult_t ncclGroupStart(void) {
     si_lock();
     si_note("ncclGroupStart");
@@ -938,6 +1093,7 @@ ncclResult_t ncclGroupEnd(void) {
     si_note("ncclGroupEnd");
     si_bound("ncclGroupEnd");
     if (si_depth == 0) {
+        si.stats.stray_group_ends++;
         snprintf(si.nccl_last, sizeof(si.nccl_last), "stand-in: ncclGroupEnd: not in a group call");
         SI_RETURN(ncclInvalidUsage);
     }
@@ -950,9 +1106,8 @@ ncclResult_t ncclGroupEnd(void) {
         c = si_group[i];
         c->in_group = false;
         if (c->dead) continue;
-        if (r != ncclSuccess) c->async = r;
-        else { si_job_start(c, si_poll_count(si.enqueue_polls), ncclSuccess, NULL, NULL, false); launched = true; }
-        if (c->job.active && c->job.polls_left == 0) si_job_end(c, ncclSuccess);
+        if (r != ncclSuccess) { c->async = r; c->launch_pending = false; }
+        else { si_op_job(c); launched = true; }
     }
     si_ngroup = 0;
     for (c = si.all; c; c = c->next_all)   /* reclaims queued inside the group */
@@ -964,12 +1119,33 @@ ncclResult_t ncclGroupEnd(void) {
 /* >>nccl operations  One collective or point-to-point call on comm and stream: the script,
    ncclCommEnsureReady, the stream's work, then at once (world 1), queued in the open group, or
    as a group of its own that reports ncclInProgress. */
+/* Accepted: launched when the communicator's job ends (si_job_end). */
+static void si_pend(si_comm* c, si_stream* s, const void* a, const void* b, int peer) {
+    c->launch_pending = true;
+    if (peer < 0) c->pend_collective = true;
+    else if (peer < 64) c->pend_peers |= 1ULL << peer;
+    c->launch_stream = s;
+    if (a && c->n_launch_bufs < SI_LAUNCH_BUFS) c->launch_bufs[c->n_launch_bufs++] = a;
+    if (b && c->n_launch_bufs < SI_LAUNCH_BUFS) c->launch_bufs[c->n_launch_bufs++] = b;
+}
+/* The group thread's job for accepted operations: "in progress" for enqueue_polls polls; the
+   first use of a peer also waits for it to arrive (NCCL 2.28 connects at first use, inside that
+   job: a communicator's first collective its ring's and tree's peers, a first ncclSend/ncclRecv
+   that peer): arrival_polls more, or until ncclCommAbort. */
+static void si_op_job(si_comm* c) {
+    int polls = si_poll_count(si.enqueue_polls);
+    bool first = (c->pend_collective && c->nranks >= 2 && !c->connected) || (c->pend_peers & ~c->p2p_connected);
+    if (first) polls = si.never_arrive ? -1 : polls + si_poll_count(si.arrival_polls);
+    si_job_start(c, polls, ncclSuccess, NULL, NULL, false);
+    if (polls == 0) si_job_end(c, ncclSuccess);
+}
 static si_alloc* si_other_gpu(const void* p, const si_comm* c) {
     si_alloc* a = p ? si_alloc_of(p) : NULL;
     return a && !a->managed && a->device != c->device ? a : NULL;
 }
 static ncclResult_t si_op(const char* fn, ncclComm_t comm, cudaStream_t stream, const void* a, const void* b,
-                          bool collective, bool* run) {
+                          int peer, bool* run) {
+    bool collective = peer < 0;
     si_comm* c = si_comm_of(fn, comm);
     int j = si_find((void* const*)si.streams, stream);
     ncclResult_t r;
@@ -993,15 +1169,17 @@ static ncclResult_t si_op(const char* fn, ncclComm_t comm, cudaStream_t stream, 
         si.stats.illegal_addresses++;
         si.sticky = cudaErrorIllegalAddress;
     }
-    si_queue(si.streams[j], c);
     *run = true;
+    if (collective && c->nranks == 1 && r == ncclSuccess && si_depth == 0) {   /* ncclLaunchOneRank */
+        si_queue(si.streams[j], c);
+        return ncclSuccess;
+    }
+    si_pend(c, si.streams[j], a, b, peer);
     if (si_depth > 0) {                     /* queued until the group ends */
         if (!c->in_group && si_ngroup < SI_GROUP_MAX) { c->in_group = true; si_group[si_ngroup++] = c; }
         return ncclSuccess;
     }
-    if (collective && c->nranks == 1 && r == ncclSuccess) return ncclSuccess;
-    si_job_start(c, si_poll_count(si.enqueue_polls), ncclSuccess, NULL, NULL, false);
-    if (c->job.polls_left == 0) si_job_end(c, ncclSuccess);
+    si_op_job(c);
     return c->async;
 }
 static size_t si_type_size(ncclDataType_t t) {
@@ -1024,7 +1202,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
     ncclResult_t r;
     (void)op;
     si_lock();
-    r = si_op("ncclAllReduce", comm, stream, sendbuff, recvbuff, true, &run);
+    r = si_op("ncclAllReduce", comm, stream, sendbuff, recvbuff, -1, &run);
     if (run) si_world1_copy(comm, recvbuff, sendbuff, count * si_type_size(datatype));
     SI_RETURN(r);
 }
@@ -1034,7 +1212,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
     ncclResult_t r;
     (void)op;
     si_lock();
-    r = si_op("ncclReduceScatter", comm, stream, sendbuff, recvbuff, true, &run);
+    r = si_op("ncclReduceScatter", comm, stream, sendbuff, recvbuff, -1, &run);
     if (run) si_world1_copy(comm, recvbuff, sendbuff, recvcount * si_type_size(datatype));
     SI_RETURN(r);
 }
@@ -1045,7 +1223,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
     ncclResult_t r;
     size_t bytes = sendcount * si_type_size(datatype);
     si_lock();
-    r = si_op("ncclAllGather", comm, stream, sendbuff, recvbuff, true, &run);
+    r = si_op("ncclAllGather", comm, stream, sendbuff, recvbuff, -1, &run);
     if (run && ((si_comm*)(void*)comm)->nranks == 1) si_world1_copy(comm, recvbuff, sendbuff, bytes);
     else if (run && bytes) {
         si_comm* c = (si_comm*)(void*)comm;
@@ -1063,7 +1241,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
     ncclResult_t r;
     (void)root;
     si_lock();
-    r = si_op("ncclBroadcast", comm, stream, sendbuff, recvbuff, true, &run);
+    r = si_op("ncclBroadcast", comm, stream, sendbuff, recvbuff, -1, &run);
     if (run) si_world1_copy(comm, recvbuff, sendbuff, count * si_type_size(datatype));
     SI_RETURN(r);
 }
@@ -1073,23 +1251,23 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
     ncclResult_t r;
     (void)op; (void)root;
     si_lock();
-    r = si_op("ncclReduce", comm, stream, sendbuff, recvbuff, true, &run);
+    r = si_op("ncclReduce", comm, stream, sendbuff, recvbuff, -1, &run);
     if (run) si_world1_copy(comm, recvbuff, sendbuff, count * si_type_size(datatype));
     SI_RETURN(r);
 }
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
     bool run;
-    (void)count; (void)datatype; (void)peer;
+    (void)count; (void)datatype;
     si_lock();
-    SI_RETURN(si_op("ncclSend", comm, stream, sendbuff, NULL, false, &run));
+    SI_RETURN(si_op("ncclSend", comm, stream, sendbuff, NULL, peer, &run));
 }
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
     bool run;
-    (void)count; (void)datatype; (void)peer;
+    (void)count; (void)datatype;
     si_lock();
-    SI_RETURN(si_op("ncclRecv", comm, stream, recvbuff, NULL, false, &run));
+    SI_RETURN(si_op("ncclRecv", comm, stream, recvbuff, NULL, peer, &run));
 }
 
 /* >>nccl split and shrink  ncclCommInitChildComm: the child's initialisation is a job of the
@@ -1130,12 +1308,13 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     SI_RETURN(si_child_job(parent, newcomm, color != NCCL_SPLIT_NOCOLOR && !si.split_null, si.split_rank,
                            si.split_nranks, config, parent->split_share == 1));
 }
+#if !defined(SI_WITHOUT_SHRINK)
 static int si_compare_ints(const void* a, const void* b) {
     int x = *(const int*)a, y = *(const int*)b;
     return (x > y) - (x < y);
 }
 /* The child has the parent's rank less the excluded ranks below it; the arguments are kept
-   for si_last_shrink. */
+   for si_last_shrink. (SI_WITHOUT_SHRINK: an NCCL 2.26 library, which has no ncclCommShrink.) */
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
                             ncclConfig_t* config, int shrinkFlags) {
     si_comm* parent;
@@ -1174,6 +1353,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
     SI_RETURN(si_child_job(parent, newcomm, true, parent->rank - below, parent->nranks - excludeRanksCount, config,
                            !(shrinkFlags & NCCL_SHRINK_ABORT) && parent->shrink_share == 1));
 }
+#endif
 
 /* >>version, unique ids */
 void si_comm_info(void* comm, int* rank, int* nranks, unsigned char* id_byte) {

@@ -36,6 +36,13 @@ typedef struct si_stats {
     int host_copies_on_busy_stream;     /* host<->device copies queued behind unfinished work */
     int group_depth;            /* open ncclGroupStart (and failed ncclCommDestroy) on all threads */
     int bad_frees;              /* cudaFree / cudaFreeAsync of memory the stand-in never gave */
+    int before_launch;          /* an event recorded, memory freed or a copy queued on a stream
+                                   whose NCCL work is accepted but not launched yet (NCCL 2.28
+                                   launches it from its group thread once "in progress" clears) */
+    char first_before_launch[96];
+    int unordered_with_legacy;  /* NCCL work queued on a non-blocking stream while the legacy
+                                   default stream had work before it (not waited for) */
+    int stray_group_ends;       /* ncclGroupEnd outside any group ("not in a group call") */
 } si_stats;
 
 /* Clears the script and the counters (not the live objects: leaks stay visible). */
@@ -78,6 +85,11 @@ void si_set_init_polls(int polls, bool forever);
 /* Operations at world >= 2 (and ncclGroupEnd) return ncclInProgress; the communicator reports
    it to this many polls (default 1). */
 void si_set_enqueue_polls(int polls);
+/* The first use of a peer connects to it inside the operation's job (NCCL 2.28 connects at
+   first use: a communicator's first collective -- distmesh's create gathers host identities --
+   and the first ncclSend / ncclRecv with each peer), which stays "in progress" until the peer
+   arrives: this many more polls, or (never) until ncclCommAbort. Default 0: they are there. */
+void si_set_peer_arrival(int polls, bool never);
 /* The asynchronous error every live communicator reports from now on (a peer died). */
 void si_set_async_error(int nccl_result);
 /* Split jobs with a color end writing NULL into *newcomm. */
