@@ -37,6 +37,8 @@ UV_CFLAGS := $(shell pkg-config --cflags libuv 2>/dev/null)
 UV_LIBS   := $(shell pkg-config --libs libuv 2>/dev/null || echo -luv)
 CMOCKA_LIBS := -lcmocka
 CUDA_HOME ?= /usr/local/cuda
+# NCCL's headers for the stand-in tests where CUDA has none (scripts/deps.sh puts them here)
+DM_NCCL_HEADERS := /usr/local/share/distmesh/nccl/include
 TEST_TIMEOUT ?= 600
 
 TEST_BINS :=

@@ -23,9 +23,39 @@ done
 command -v srun >/dev/null || need+=(slurm-wlm)     # test_launch's srun in a private Slurm
 [ -x /usr/sbin/munged ] || command -v munged >/dev/null || need+=(munge)
 for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
-[ ${#need[@]} -eq 0 ] && exit 0
-echo "deps: installing ${need[*]}"
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq || true
-$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+if [ ${#need[@]} -gt 0 ]; then
+    echo "deps: installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq || true
+    $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+# NCCL's headers for the CUDA/NCCL stand-in (tests/nccl_standin.mk): where CUDA's headers are
+# but no nccl.h, the headers of NCCL's PyPI wheel (nvidia-nccl-cu13, pinned: the version the
+# stand-in is checked against), unpacked into DM_NCCL_HEADERS (the Makefile's); nothing of the
+# library is kept. Without PyPI it says so and the stand-in tests report a skip.
+nccl_dir=/usr/local/share/distmesh/nccl
+cuda=${CUDA_HOME:-/usr/local/cuda}
+if [ -f "$cuda/include/cuda_runtime.h" ] && [ ! -f "$nccl_dir/include/nccl.h" ] &&
+   [ ! -f "${NCCL_HOME:-$cuda}/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ]; then
+    echo "deps: NCCL's headers for the stand-in tests (nvidia-nccl-cu13 2.30.7 from PyPI, headers only)"
+    tmp=$(mktemp -d)
+    if timeout 600 python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" 'nvidia-nccl-cu13==2.30.7' &&
+       $SUDO python3 - "$tmp" "$nccl_dir" <<'PY'
+import glob, os, sys, zipfile
+wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+lead = "nvidia/nccl/include/"
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(lead) and not name.endswith("/"):
+            out = os.path.join(sys.argv[2], "include", name[len(lead):])
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(out, "wb") as f:
+                f.write(z.read(name))
+PY
+    then echo "deps: NCCL's headers in $nccl_dir/include"
+    else echo "deps: NCCL's headers could not be fetched; the stand-in tests will report a skip"
+    fi
+    rm -rf "$tmp"
+fi

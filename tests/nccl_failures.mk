@@ -5,7 +5,7 @@
 # ncclCommShrink is weak. Without CUDA's or NCCL's headers tests/nccl_standin_skip.sh reports
 # the skip (nccl_standin.mk).
 NF_NCCL_HOME := $(or $(NCCL_HOME),$(CUDA_HOME))
-NF_NCCL_INC  := $(firstword $(wildcard $(NF_NCCL_HOME)/include/nccl.h /usr/include/nccl.h))
+NF_NCCL_INC  := $(firstword $(wildcard $(NF_NCCL_HOME)/include/nccl.h /usr/include/nccl.h $(DM_NCCL_HEADERS)/nccl.h))
 NF_DIR       := $(BUILD)/nccl_standin
 ifneq ($(and $(NF_NCCL_INC),$(wildcard $(CUDA_HOME)/include/cuda_runtime.h)),)
 NF_CFLAGS := -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(NF_NCCL_INC))

@@ -7,7 +7,7 @@
 # TCP backend (its store hosted in-process), and NCCL alone (test_nccl_standin_only: no libuv
 # flags nor library, tests/no_libuv/uv.h first on the include path; the store a file store).
 SI_NCCL_HOME := $(or $(NCCL_HOME),$(CUDA_HOME))
-SI_NCCL_INC  := $(firstword $(wildcard $(SI_NCCL_HOME)/include/nccl.h /usr/include/nccl.h))
+SI_NCCL_INC  := $(firstword $(wildcard $(SI_NCCL_HOME)/include/nccl.h /usr/include/nccl.h $(DM_NCCL_HEADERS)/nccl.h))
 SI_DIR       := $(BUILD)/nccl_standin
 ifneq ($(and $(SI_NCCL_INC),$(wildcard $(CUDA_HOME)/include/cuda_runtime.h)),)
 SI_CFLAGS := -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(SI_NCCL_INC))
