@@ -31,7 +31,7 @@ TEST_BINS += $(foreach c,$(DROPIN_CCS),$(DROPIN_DIR)/test_reduce_ofast_$(c) $(DR
 DROPIN_CHECKS := $(foreach c,$(DROPIN_CCS),$(DROPIN_DIR)/include_strict_$(c).ok) $(DROPIN_DIR)/include_same.ok \
                  $(DROPIN_DIR)/cold_regions.ok
 
-$(DROPIN_DIR)/test_dropin: tests/test_dropin.c tests/test_world.h tests/test_tmpdir.h tests/test_filter.h \
+$(DROPIN_DIR)/test_dropin: tests/test_dropin.c tests/test_world.h tests/test_tmpdir.h tests/test_filter.h tests/prelude.h \
                            $(BUILD)/tcp/impl.o | $(DROPIN_CHECKS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ \
@@ -39,7 +39,7 @@ $(DROPIN_DIR)/test_dropin: tests/test_dropin.c tests/test_world.h tests/test_tmp
 
 # No -std: each compiler's default (gnu17 here), as in a program's own Makefile. -O0: the point is
 # what compiles, not how fast (the implementation's other builds optimise).
-$(DROPIN_DIR)/test_include_after_%: tests/test_include_after.c tests/test_world.h tests/test_filter.h $(DROPIN_HDRS)
+$(DROPIN_DIR)/test_include_after_%: tests/test_include_after.c tests/test_world.h tests/test_filter.h tests/prelude.h $(DROPIN_HDRS)
 	@mkdir -p $(dir $@)
 	$* $(DROPIN_WARN) -O0 $(SAN) -I. -pthread -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(CMOCKA_LIBS) -pthread -lm
 
@@ -76,7 +76,7 @@ $(DROPIN_DIR)/test_reduce_ofast_%: $(BUILD)/core/test_reduce.o $(DROPIN_DIR)/imp
 
 # Linked with -Ofast, as the user's program would be; the test's own file with the usual flags (its
 # expectations are IEEE), by the same compiler (one sanitizer runtime under `make asan`).
-$(DROPIN_DIR)/test_fastmath_%: tests/test_fastmath.c tests/test_util.h tests/test_filter.h $(DROPIN_DIR)/impl_ofast_%.o
+$(DROPIN_DIR)/test_fastmath_%: tests/test_fastmath.c tests/test_util.h tests/test_filter.h tests/prelude.h $(DROPIN_DIR)/impl_ofast_%.o
 	$* $(CFLAGS_ALL) -c $< -o $@.o
 	$* -Ofast -pthread $@.o $(DROPIN_DIR)/impl_ofast_$*.o -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)
 

@@ -6,6 +6,6 @@ TRACE_TEST_BINS := $(BUILD)/trace/test_trace
 TEST_BINS += $(TRACE_TEST_BINS)
 endif
 
-$(BUILD)/trace/test_trace: tests/test_trace.c tests/test_filter.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o
+$(BUILD)/trace/test_trace: tests/test_trace.c tests/test_filter.h tests/prelude.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
