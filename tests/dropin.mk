@@ -65,10 +65,12 @@ $(DROPIN_DIR)/include_same.ok: distmesh.c tests/test_include_after.c scripts/che
 	python3 scripts/check_include_order.py $(DROPIN_DIR)/first.i $(DROPIN_DIR)/after.i
 	@touch $@
 
-# The implementation at -Ofast, without TCP (the kernels and the threaded world).
+# The implementation at -Ofast, without TCP (the kernels and the threaded world); under `make
+# asan` / `make tsan` with the sanitizer's flags too, like every other object (an uninstrumented
+# one hides its atomics from ThreadSanitizer, which then reports the threaded world's hand-offs).
 $(DROPIN_DIR)/impl_ofast_%.o: tests/impl.c distmesh.h
 	@mkdir -p $(dir $@)
-	$* -std=c11 $(DROPIN_WARN) -Ofast -I. -pthread -c $< -o $@
+	$* -std=c11 $(DROPIN_WARN) -Ofast $(SAN) -I. -pthread -c $< -o $@
 
 # Linked without -Ofast: no flush-to-zero at startup, so test_reduce's subnormals keep IEEE.
 $(DROPIN_DIR)/test_reduce_ofast_%: $(BUILD)/core/test_reduce.o $(DROPIN_DIR)/impl_ofast_%.o
