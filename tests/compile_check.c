@@ -4,7 +4,8 @@
    every system header), a stray second plain include that must emit nothing, and
    the address of every public function taken so a declaration without a definition fails to
    link. Backends follow the -D flags of the build rule (tests/coretests.mk): none, DISTMESH_TCP,
-   or DISTMESH_STORE alone (the store without libuv). */
+   DISTMESH_STORE alone (the store without libuv), or DISTMESH_TCP with DISTMESH_NO_TRACE (no
+   flight recorder). */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
 #include "distmesh.h" /* a stray second include emits nothing */
