@@ -8,9 +8,7 @@
 #define DISTMESH_NO_TRACE
 #include "distmesh.h"
 #include "prelude.h"
-#include <dirent.h>
-#include <unistd.h>
-#include "test_tmpdir.h"
+#include "test_world.h"
 
 #if defined(DISTMESH_TRACE_IMPL_INCLUDED)
 #error "DISTMESH_NO_TRACE: distmesh_trace.h must be left out"
@@ -18,18 +16,6 @@
 
 static char g_dir[256];
 TMPDIR_FIXTURES(g_dir, "dm_notrace")
-
-/* Files in g_dir. */
-static int files_in_dir(void) {
-    DIR* d = opendir(g_dir);
-    struct dirent* e;
-    int n = 0;
-    if (!d) return -1;
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n;
-}
 
 /* Each rank: an all_reduce of 1000 floats over the ring, one of 3 over recursive doubling, a
    broadcast and a barrier; the dump is refused on every rank. */
@@ -58,7 +44,7 @@ static void test_notrace_thread_world_runs_collectives(void** state) {
     d.world_size = 3;
     d.timeout_ms = 20000;
     assert_int_equal(dm_thread_world_run(&d, rank_body, NULL), DM_OK);
-    assert_int_equal(files_in_dir(), 0);
+    assert_int_equal(tw_count_entries(g_dir), 0);
     unsetenv("DISTMESH_TRACE");
     unsetenv("DISTMESH_FLIGHT_RECORDER");
     unsetenv("DISTMESH_DUMP_DIR");

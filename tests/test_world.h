@@ -17,9 +17,9 @@
    Sections (search the tag):
      >>clock   tw_now_s / tw_now_ms / tw_now_ns (CLOCK_MONOTONIC), tw_sleep_ms / tw_sleep_us, tw_sort,
                tw_median
-     >>host    tw_free_port, tw_count_fds, tw_connect_loopback, tw_recv_n, tw_read_file, tw_run_cmd
-               (a shell command under `timeout`, its output captured); test_tmpdir.h's tmpdir_make /
-               tmpdir_remove
+     >>host    tw_free_port, tw_count_entries, tw_count_fds, tw_connect_loopback, tw_recv_n,
+               tw_read_file, tw_run_cmd (a shell command under `timeout`, its output captured);
+               test_tmpdir.h's tmpdir_make / tmpdir_remove
      >>procs   tw_world: tw_world_init, tw_spawn, tw_fork, tw_signal, tw_kill, tw_reap,
                tw_reap_some, tw_kill_all, tw_exit_code; tw_me: who this process is
      >>report  in a child: tw_ready, tw_report, tw_report_bytes; in the parent: tw_reader
@@ -114,16 +114,21 @@ static int tw_free_port(void) {
     if (fd >= 0) close(fd);
     return port;
 }
-/* Descriptors open in this process (the directory's own not counted), or -1. */
-static int tw_count_fds(void) {
-    DIR* d = opendir("/proc/self/fd");
+/* Entries of the directory at path but "." and "..", or -1. */
+static int tw_count_entries(const char* path) {
+    DIR* d = opendir(path);
     struct dirent* e;
     int n = 0;
     if (!d) return -1;
     while ((e = readdir(d)) != NULL)
         if (e->d_name[0] != '.') n++;
     closedir(d);
-    return n - 1;
+    return n;
+}
+/* Descriptors open in this process (the directory's own not counted), or -1. */
+static int tw_count_fds(void) {
+    int n = tw_count_entries("/proc/self/fd");
+    return n < 0 ? -1 : n - 1;
 }
 /* A client socket connected to 127.0.0.1 (family AF_INET) or ::1 (AF_INET6) at port, with
    TCP_NODELAY and send and receive timeouts of timeout_s (a blocking call cannot hang a test),

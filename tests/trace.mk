@@ -14,6 +14,7 @@ $(BUILD)/trace/test_trace: tests/test_trace.c tests/test_filter.h tests/prelude.
 # its own TU without distmesh_trace.h, runs collectives on the Fake and the threaded world. The
 # compile checks of tests/coretests.mk build it with TCP too, as C and as C++.
 TEST_BINS += $(BUILD)/trace/test_notrace
-$(BUILD)/trace/test_notrace: tests/test_notrace.c tests/prelude.h tests/test_filter.h tests/test_tmpdir.h distmesh.h
+$(BUILD)/trace/test_notrace: tests/test_notrace.c tests/prelude.h tests/test_filter.h tests/test_world.h tests/test_tmpdir.h \
+                              distmesh.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)
