@@ -6,9 +6,9 @@
    at distmesh.h >>functions inside, and read it with scripts/dm_trace (docs/inside.md).
 
    WHAT IT HOLDS
-   - the flight recorder: the last N operations of each collective in a ring (DISTMESH_FLIGHT_
-     RECORDER), their state, and each peer's last fingerprint; dumped as JSON on a failure,
-     on request (dm_flight_recorder_dump) and on SIGUSR1;
+   - the flight recorder: the last N operations of each collective in a ring
+     (DISTMESH_FLIGHT_RECORDER), their state, and each peer's last fingerprint; dumped as JSON
+     on a failure, on request (dm_flight_recorder_dump) and on SIGUSR1;
    - the timeline: one Chrome trace-event JSON file per rank (DISTMESH_TRACE=DIR).
 
    THE CORE REACHES IT ONLY THROUGH ITS HOOKS (declared at distmesh.h >>trace hooks):
