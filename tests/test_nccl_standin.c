@@ -123,6 +123,22 @@ static void no_wrong_device(void) {
         fail_msg("%d calls on the wrong device, the first: %s", si_get()->wrong_device_calls,
                  si_get()->first_wrong_device_call);
 }
+/* The set-up most tests share: a fresh stand-in, a communicator of world ranks on device, and
+   two device buffers of n floats. */
+static dm_collective* make_with_buffers(int world, int device, int timeout_ms, size_t n, float** a, float** b) {
+    dm_collective* c;
+    si_reset();
+    c = make(world, device, timeout_ms);
+    *a = dev(n);
+    *b = dev(n);
+    return c;
+}
+/* Their end: both buffers freed, then nothing_left. */
+static void free_buffers_nothing_left(float* a, float* b) {
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
 
 /* Point 2 (and 3, 4): every slot, blocking and _async, on a world of 2 on device 2 while the
    caller's device is 0. The stream stays busy for 2 polls after each operation, so a host copy
@@ -194,9 +210,7 @@ static void test_standin_every_slot_runs_on_the_communicators_device(void** stat
     no_wrong_device();
     assert_int_equal(si_get()->aborts, 0);
     assert_int_equal(si_get()->destroys, 2);
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 1: ncclRemoteError on the 3rd enqueue (a peer died between calls), with two requests
@@ -206,10 +220,7 @@ static void test_standin_nccl_error_on_enqueue_aborts_once(void** state) {
     dm_request *r1 = NULL, *r2 = NULL, *r3 = NULL;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(2, 1, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 1, 5000, 2 * N, &a, &b);
     si_fail("enqueue", 3, ncclRemoteError, false);
     si_hold_streams(true);      /* the two requests' kernels wait for the dead peer */
     CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r1));
@@ -235,9 +246,7 @@ static void test_standin_nccl_error_on_enqueue_aborts_once(void** state) {
     assert_int_equal(si_get()->aborts, 1);          /* once */
     assert_int_equal(si_get()->destroys, 0);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 1 in groups: an error at ncclGroupEnd, a failing ncclSend inside a group (the group is
@@ -246,10 +255,7 @@ static void test_standin_group_and_async_errors_abort(void** state) {
     dm_collective* c;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(3, 1, 5000);
-    a = dev(3 * N);
-    b = dev(3 * N);
+    c = make_with_buffers(3, 1, 5000, 3 * N, &a, &b);
     si_fail("ncclGroupEnd", 1, ncclSystemError, false);
     CHECK_ST(c, DM_ERR_NETWORK, dm_gather(c, a, b, N, DM_FLOAT32, 0));
     CHECK_MSG(c, "gather");
@@ -276,9 +282,7 @@ static void test_standin_group_and_async_errors_abort(void** state) {
     dm_destroy(c);
     assert_int_equal(si_get()->aborts, 3);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Split on NCCL 2.27+ (the stand-in's header says how): ncclCommSplit returns with no child,
@@ -292,10 +296,7 @@ static void test_standin_split_failures_abort_the_child(void** state) {
     dm_collective *c, *child = NULL;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(2, 3, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 3, 5000, 2 * N, &a, &b);
     si_fail("ncclCommSplit", 1, ncclRemoteError, false);
     CHECK_ST(c, DM_ERR_NETWORK, dm_split(c, 0, 0, &child));
     assert_null(child);
@@ -343,9 +344,7 @@ static void test_standin_split_failures_abort_the_child(void** state) {
     assert_int_equal(si_get()->live_comms, 0);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 5: results that were not checked. */
@@ -406,9 +405,7 @@ static void test_standin_cuda_and_poll_results_are_checked(void** state) {
     si_set_busy_polls(0);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 3: with work that never finishes on the stream, a host-staged call waits under the
@@ -434,9 +431,7 @@ static void test_standin_host_copy_waits_with_the_deadline(void** state) {
     si_hold_streams(false);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 7: a sticky cudaErrorIllegalAddress from cudaEventQuery, then from cudaStreamQuery. */
@@ -445,10 +440,7 @@ static void test_standin_sticky_cuda_error_aborts_and_settles(void** state) {
     dm_request *r0 = NULL, *r1 = NULL, *r2 = NULL;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(2, 2, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 2, 5000, 2 * N, &a, &b);
     CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r0));
     CHECK_DM_OK(c, dm_wait(r0));
     si_hold_streams(true);
@@ -466,14 +458,9 @@ static void test_standin_sticky_cuda_error_aborts_and_settles(void** state) {
     si_hold_streams(false);
     dm_destroy(c);                                  /* with every CUDA call failing */
     assert_int_equal(si_get()->aborts, 1);
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 
-    si_reset();
-    c = make(2, 2, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 2, 5000, 2 * N, &a, &b);
     CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     si_fail("cudaStreamQuery", 1, cudaErrorIllegalAddress, true);
     CHECK_ST(c, DM_ERR_CUDA, dm_synchronize(c));
@@ -483,9 +470,7 @@ static void test_standin_sticky_cuda_error_aborts_and_settles(void** state) {
     dm_destroy(c);
     assert_int_equal(si_get()->aborts, 1);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* >>shrink */
@@ -567,9 +552,7 @@ static void test_standin_shrink_uses_ncclCommShrink(void** state) {
     dm_destroy(s);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Without ncclCommShrink (NCCL reported as 2.26.5) and after a failure that aborted the
@@ -644,9 +627,7 @@ static void test_standin_shrink_falls_back_to_reinit_through_the_store(void** st
     dm_destroy(c);
     dm_store_destroy(store);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Failing shrinks: a status and NCCL's message, *out NULL, nothing leaked, the parent aborted
@@ -657,10 +638,7 @@ static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
     int gone[1] = { 1 }, calls;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(3, 2, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(3, 2, 5000, 2 * N, &a, &b);
     si_fail("ncclCommShrink", 1, ncclRemoteError, false);
     CHECK_ST(c, DM_ERR_NETWORK, dm_shrink(c, gone, 1, DM_SHRINK_ABORT, &s));
     assert_null(s);
@@ -710,9 +688,7 @@ static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
     CHECK_DM_OK(c, dm_barrier(c));
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* >>threads  The watchdog (issue 30): an owner thread sits in an operation that cannot finish
@@ -826,10 +802,7 @@ static void watchdog_case(int kind) {
     owner_job job;
     int64_t t0;
     float *a, *b;
-    si_reset();
-    c = make(2, 1, 20000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 1, 20000, 2 * N, &a, &b);
     si_hold_streams(true);
     if (kind == OWN_START_HOST) CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));   /* never ends */
     owner_init(&job, c, kind, a, b);
@@ -846,9 +819,7 @@ static void watchdog_case(int kind) {
     dm_destroy(s);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 static void test_standin_shrink_abort_interrupts_a_blocking_call(void** state) {
     (void)state;
@@ -888,10 +859,7 @@ static void test_standin_other_thread_is_busy_while_requests_run(void** state) {
     int reduces;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(2, 1, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 1, 5000, 2 * N, &a, &b);
     CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
     reduces = si_count("ncclAllReduce");
     o.c = c; o.a = a; o.b = b;
@@ -905,9 +873,7 @@ static void test_standin_other_thread_is_busy_while_requests_run(void** state) {
     CHECK_DM_OK(c, dm_synchronize(c));                 /* the owner's own calls still run */
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 3: a split whose job never ends, interrupted by dm_shrink(DM_SHRINK_ABORT) on another
@@ -961,9 +927,7 @@ static void test_standin_parked_scratch_waits_for_the_abort(void** state) {
     dm_destroy(s);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 1: NCCL 2.27+ writes the shrink's child only when the parent's job ends. A job that
@@ -975,10 +939,7 @@ static void test_standin_shrink_job_failures_abort_parent_then_child(void** stat
     int gone[1] = { 2 };
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(3, 1, 200);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(3, 1, 200, 2 * N, &a, &b);
     si_set_init_polls(0, true);
     CHECK_ST(c, DM_ERR_TIMEOUT, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
     assert_null(s);
@@ -1000,9 +961,7 @@ static void test_standin_shrink_job_failures_abort_parent_then_child(void** stat
     si_split_child_fails(ncclSuccess);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 4: NCCL cannot find dead ranks itself and refuses an empty exclude list; dm_shrink
@@ -1013,10 +972,7 @@ static void test_standin_shrink_without_excluded_ranks_is_refused(void** state) 
     dm_request* req = NULL;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(3, 1, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(3, 1, 5000, 2 * N, &a, &b);
     si_set_busy_polls(3);
     CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, NULL, 0, DM_SHRINK_ABORT, &s));
@@ -1035,9 +991,7 @@ static void test_standin_shrink_without_excluded_ranks_is_refused(void** state) 
     dm_destroy(c);
     assert_int_equal(si_get()->destroys, 1);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 5: an asynchronous error that arrives after the last poll makes ncclCommDestroy fail
@@ -1048,10 +1002,7 @@ static void test_standin_destroy_after_a_late_error_aborts(void** state) {
     int gone[1] = { 2 };
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(2, 1, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 1, 5000, 2 * N, &a, &b);
     CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     si_fail("ncclCommDestroy", 1, ncclRemoteError, false);
     dm_destroy(c);
@@ -1069,9 +1020,7 @@ static void test_standin_destroy_after_a_late_error_aborts(void** state) {
     dm_destroy(s);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 6: memory of another GPU is refused before anything is queued (DM_ERR_INVALID_ARG,
@@ -1091,10 +1040,7 @@ static void test_standin_buffer_on_another_gpu_is_refused(void** state) {
     dm_request* req = NULL;
     float *a, *b, *other, *managed = NULL, host[2 * N];
     (void)state;
-    si_reset();
-    c = make(2, 2, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 2, 5000, 2 * N, &a, &b);
     other = dev_on(3, 2 * N);
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_all_reduce(c, other, b, N, DM_FLOAT32, DM_SUM));
     CHECK_MSG(c, "GPU 3");
@@ -1148,9 +1094,7 @@ static void test_standin_shared_abort_flag_spares_the_shrunk_child(void** state)
     unsetenv("NCCL_COMM_SHRINK_SHARE_RESOURCES");
     unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 8: dm_local_rank, dm_local_world_size and dm_is_local_master from the members' host
