@@ -6,6 +6,6 @@ API_TEST_BINS := $(BUILD)/api/test_api
 TEST_BINS += $(API_TEST_BINS)
 endif
 
-$(BUILD)/api/test_api: tests/test_api.c tests/test_util.h tests/test_filter.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o
+$(BUILD)/api/test_api: tests/test_api.c tests/test_util.h tests/test_filter.h tests/prelude.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)

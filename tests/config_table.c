@@ -10,18 +10,6 @@
 
 static char g_table[1 << 16];
 
-static char* slurp(const char* path) {
-    FILE* f = fopen(path, "rb");
-    char* p;
-    long n;
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) { fclose(f); return NULL; }
-    p = (char*)malloc((size_t)n + 1);
-    if (p && fread(p, 1, (size_t)n, f) != (size_t)n) { free(p); p = NULL; }
-    if (p) p[n] = 0;
-    fclose(f);
-    return p;
-}
 
 int main(int argc, char** argv) {
     const char *b, *e;
@@ -36,7 +24,7 @@ int main(int argc, char** argv) {
         fprintf(stderr, "usage: %s [--write README.md]\n", argv[0]);
         return 2;
     }
-    doc = slurp(argv[2]);
+    doc = dm_read_whole_file(argv[2]);
     if (!doc) { fprintf(stderr, "config_table: cannot read %s\n", argv[2]); return 1; }
     if (!dm_config_find(doc, &b, &e)) {
         fprintf(stderr, "config_table: %s has no \"%s ... -->\" line followed by \"%s\"\n", argv[2],

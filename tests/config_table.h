@@ -6,11 +6,25 @@
 #define DM_CONFIG_TABLE_H
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define DM_CONFIG_TABLE_BEGIN "<!-- distmesh:config-table begin"
 #define DM_CONFIG_TABLE_END "<!-- distmesh:config-table end -->"
 
+/* The whole file at path, NUL-terminated, malloc'd (the caller frees it), or NULL. */
+static char* dm_read_whole_file(const char* path) {
+    FILE* f = fopen(path, "rb");
+    char* p;
+    long n;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) { fclose(f); return NULL; }
+    p = (char*)malloc((size_t)n + 1);
+    if (p && fread(p, 1, (size_t)n, f) != (size_t)n) { free(p); p = NULL; }
+    if (p) p[n] = 0;
+    fclose(f);
+    return p;
+}
 typedef struct dm_text { char* p; size_t len, cap; bool full; } dm_text;
 static void dm_text_add(dm_text* t, const char* fmt, ...) {
     va_list ap;

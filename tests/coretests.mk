@@ -6,11 +6,11 @@ CORE_TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_fake.c tests/test_red
 CORE_TEST_BINS := $(addprefix $(CORE_DIR)/,$(CORE_TESTS)) $(CORE_DIR)/test_compile
 TEST_BINS += $(CORE_TEST_BINS)
 
-$(CORE_DIR)/impl.o: tests/impl.c distmesh.h
+$(CORE_DIR)/impl.o: tests/impl.c distmesh.h distmesh_trace.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-$(CORE_DIR)/%.o: tests/%.c distmesh.h tests/test_util.h
+$(CORE_DIR)/%.o: tests/%.c distmesh.h distmesh_trace.h tests/test_util.h tests/prelude.h tests/test_filter.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
@@ -27,62 +27,46 @@ CORE_CLANGXX := $(shell command -v clang++ 2>/dev/null)
 # so its flow-based warnings cover them; every other build compiles them as shipped (-Og).
 CORE_C_STRICT   := -std=c11 -Wall -Wextra -Wpedantic -Werror $(OPT) $(SAN) -I. -pthread -DDISTMESH_OPTIMIZE_ALL
 CORE_CXX_STRICT := -std=c++11 -Wall -Wextra -Werror $(OPT) $(SAN) -I. -pthread -DDISTMESH_OPTIMIZE_ALL
-CORE_COMPILE_CHECKS := $(CORE_DIR)/compile_c_gcc $(CORE_DIR)/compile_cpp_gxx
-ifneq ($(CORE_CLANG),)
-CORE_COMPILE_CHECKS += $(CORE_DIR)/compile_c_clang
-endif
-ifneq ($(CORE_CLANGXX),)
-CORE_COMPILE_CHECKS += $(CORE_DIR)/compile_cpp_clangxx
-endif
+# The compilers there are, by check name: <lang>_<compiler>.
+CORE_COMPILERS := c_gcc cpp_gxx $(if $(CORE_CLANG),c_clang) $(if $(CORE_CLANGXX),cpp_clangxx)
+CORE_COMPILE_CHECKS := $(addprefix $(CORE_DIR)/compile_,$(CORE_COMPILERS))
 
-$(CORE_DIR)/compile_c_gcc: tests/compile_c.c distmesh.h
+# One source, tests/compile_check.c, built as C by gcc and clang and as C++ (-x c++) by g++ and
+# clang++; the check's name says which (compile_<lang>_<compiler>[_tcp|_store]).
+CORE_CC_c_gcc       := gcc
+CORE_CC_c_clang     := clang
+CORE_CC_cpp_gxx     := g++ -x c++
+CORE_CC_cpp_clangxx := clang++ -x c++
+CORE_STRICT_c   := $(CORE_C_STRICT)
+CORE_STRICT_cpp := $(CORE_CXX_STRICT)
+core_compile = $(CORE_CC_$(1)) $(2) $(CORE_STRICT_$(firstword $(subst _, ,$(1))))
+$(CORE_DIR)/compile_%: tests/compile_check.c distmesh.h distmesh_trace.h
 	@mkdir -p $(dir $@)
-	gcc $(CORE_C_STRICT) $< -o $@ $(LDLIBS_ALL)
-$(CORE_DIR)/compile_cpp_gxx: tests/compile_cpp.cc distmesh.h
-	@mkdir -p $(dir $@)
-	g++ $(CORE_CXX_STRICT) $< -o $@ $(LDLIBS_ALL)
-$(CORE_DIR)/compile_c_clang: tests/compile_c.c distmesh.h
-	@mkdir -p $(dir $@)
-	clang $(CORE_C_STRICT) $< -o $@ $(LDLIBS_ALL)
-$(CORE_DIR)/compile_cpp_clangxx: tests/compile_cpp.cc distmesh.h
-	@mkdir -p $(dir $@)
-	clang++ $(CORE_CXX_STRICT) $< -o $@ $(LDLIBS_ALL)
+	$(call core_compile,$*) $< -o $@ $(LDLIBS_ALL)
 
 # The same with the TCP backend compiled in (libuv needed), part of test_compile's checks.
 CORE_COMPILE_TCP := $(CORE_DIR)/compile_c_gcc_tcp $(CORE_DIR)/compile_cpp_gxx_tcp
 CORE_COMPILE_CHECKS += $(CORE_COMPILE_TCP)
 .PHONY: core-compile-tcp
 core-compile-tcp: $(CORE_COMPILE_TCP)
-$(CORE_DIR)/compile_c_gcc_tcp: tests/compile_c.c distmesh.h distmesh_store.h distmesh_tcp.h
+$(CORE_DIR)/compile_%_tcp: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
-	gcc $(CORE_C_STRICT) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
-$(CORE_DIR)/compile_cpp_gxx_tcp: tests/compile_cpp.cc distmesh.h distmesh_store.h distmesh_tcp.h
-	@mkdir -p $(dir $@)
-	g++ $(CORE_CXX_STRICT) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+	$(call core_compile,$*) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
 # The store alone (DISTMESH_STORE: its client and file store on libc), with neither libuv's
 # flags nor its library; tests/no_libuv/uv.h first on the include path stops any include of uv.h.
-CORE_COMPILE_STORE := $(CORE_DIR)/compile_c_gcc_store $(CORE_DIR)/compile_cpp_gxx_store
-ifneq ($(CORE_CLANG),)
-CORE_COMPILE_STORE += $(CORE_DIR)/compile_c_clang_store
-endif
-ifneq ($(CORE_CLANGXX),)
-CORE_COMPILE_STORE += $(CORE_DIR)/compile_cpp_clangxx_store
-endif
+CORE_COMPILE_STORE := $(patsubst %,$(CORE_DIR)/compile_%_store,$(CORE_COMPILERS))
 CORE_COMPILE_CHECKS += $(CORE_COMPILE_STORE)
 CORE_NO_UV := -Itests/no_libuv -DDISTMESH_STORE
-$(CORE_DIR)/compile_c_gcc_store: tests/compile_c.c distmesh.h distmesh_store.h tests/no_libuv/uv.h
+$(CORE_DIR)/compile_%_store: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_store.h tests/no_libuv/uv.h
 	@mkdir -p $(dir $@)
-	gcc $(CORE_NO_UV) $(CORE_C_STRICT) $< -o $@ $(LDLIBS_ALL)
-$(CORE_DIR)/compile_cpp_gxx_store: tests/compile_cpp.cc distmesh.h distmesh_store.h tests/no_libuv/uv.h
+	$(call core_compile,$*,$(CORE_NO_UV)) $< -o $@ $(LDLIBS_ALL)
+
+# Without the flight recorder (DISTMESH_NO_TRACE: distmesh_trace.h left out), with the TCP backend.
+CORE_COMPILE_CHECKS += $(patsubst %,$(CORE_DIR)/compile_%_notrace,$(CORE_COMPILERS))
+$(CORE_DIR)/compile_%_notrace: tests/compile_check.c distmesh.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
-	g++ $(CORE_NO_UV) $(CORE_CXX_STRICT) $< -o $@ $(LDLIBS_ALL)
-$(CORE_DIR)/compile_c_clang_store: tests/compile_c.c distmesh.h distmesh_store.h tests/no_libuv/uv.h
-	@mkdir -p $(dir $@)
-	clang $(CORE_NO_UV) $(CORE_C_STRICT) $< -o $@ $(LDLIBS_ALL)
-$(CORE_DIR)/compile_cpp_clangxx_store: tests/compile_cpp.cc distmesh.h distmesh_store.h tests/no_libuv/uv.h
-	@mkdir -p $(dir $@)
-	clang++ $(CORE_NO_UV) $(CORE_CXX_STRICT) $< -o $@ $(LDLIBS_ALL)
+	$(call core_compile,$*) -DDISTMESH_NO_TRACE -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
 # Two TUs that include distmesh.h plainly, linked with impl.o into one cmocka program.
 $(CORE_DIR)/test_compile: $(CORE_DIR)/test_compile_a.o $(CORE_DIR)/test_compile_b.o \

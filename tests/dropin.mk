@@ -21,7 +21,7 @@
 DROPIN_DIR := $(BUILD)/dropin
 DROPIN_CLANG := $(shell command -v clang 2>/dev/null)
 DROPIN_WARN := -Wall -Wextra -Wpedantic -Werror
-DROPIN_HDRS := distmesh.h distmesh_store.h distmesh_tcp.h
+DROPIN_HDRS := distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
 DROPIN_CCS := gcc $(if $(DROPIN_CLANG),clang)
 
 ifneq ($(wildcard distmesh_tcp.h),)
@@ -31,7 +31,7 @@ TEST_BINS += $(foreach c,$(DROPIN_CCS),$(DROPIN_DIR)/test_reduce_ofast_$(c) $(DR
 DROPIN_CHECKS := $(foreach c,$(DROPIN_CCS),$(DROPIN_DIR)/include_strict_$(c).ok) $(DROPIN_DIR)/include_same.ok \
                  $(DROPIN_DIR)/cold_regions.ok
 
-$(DROPIN_DIR)/test_dropin: tests/test_dropin.c tests/test_world.h tests/test_tmpdir.h tests/test_filter.h \
+$(DROPIN_DIR)/test_dropin: tests/test_dropin.c tests/test_world.h tests/test_tmpdir.h tests/test_filter.h tests/prelude.h \
                            $(BUILD)/tcp/impl.o | $(DROPIN_CHECKS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ \
@@ -39,7 +39,7 @@ $(DROPIN_DIR)/test_dropin: tests/test_dropin.c tests/test_world.h tests/test_tmp
 
 # No -std: each compiler's default (gnu17 here), as in a program's own Makefile. -O0: the point is
 # what compiles, not how fast (the implementation's other builds optimise).
-$(DROPIN_DIR)/test_include_after_%: tests/test_include_after.c tests/test_world.h tests/test_filter.h $(DROPIN_HDRS)
+$(DROPIN_DIR)/test_include_after_%: tests/test_include_after.c tests/test_world.h tests/test_filter.h tests/prelude.h $(DROPIN_HDRS)
 	@mkdir -p $(dir $@)
 	$* $(DROPIN_WARN) -O0 $(SAN) -I. -pthread -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(CMOCKA_LIBS) -pthread -lm
 
@@ -65,10 +65,12 @@ $(DROPIN_DIR)/include_same.ok: distmesh.c tests/test_include_after.c scripts/che
 	python3 scripts/check_include_order.py $(DROPIN_DIR)/first.i $(DROPIN_DIR)/after.i
 	@touch $@
 
-# The implementation at -Ofast, without TCP (the kernels and the threaded world).
-$(DROPIN_DIR)/impl_ofast_%.o: tests/impl.c distmesh.h
+# The implementation at -Ofast, without TCP (the kernels and the threaded world); under `make
+# asan` / `make tsan` with the sanitizer's flags too, like every other object (an uninstrumented
+# one hides its atomics from ThreadSanitizer, which then reports the threaded world's hand-offs).
+$(DROPIN_DIR)/impl_ofast_%.o: tests/impl.c distmesh.h distmesh_trace.h
 	@mkdir -p $(dir $@)
-	$* -std=c11 $(DROPIN_WARN) -Ofast -I. -pthread -c $< -o $@
+	$* -std=c11 $(DROPIN_WARN) -Ofast $(SAN) -I. -pthread -c $< -o $@
 
 # Linked without -Ofast: no flush-to-zero at startup, so test_reduce's subnormals keep IEEE.
 $(DROPIN_DIR)/test_reduce_ofast_%: $(BUILD)/core/test_reduce.o $(DROPIN_DIR)/impl_ofast_%.o
@@ -76,7 +78,7 @@ $(DROPIN_DIR)/test_reduce_ofast_%: $(BUILD)/core/test_reduce.o $(DROPIN_DIR)/imp
 
 # Linked with -Ofast, as the user's program would be; the test's own file with the usual flags (its
 # expectations are IEEE), by the same compiler (one sanitizer runtime under `make asan`).
-$(DROPIN_DIR)/test_fastmath_%: tests/test_fastmath.c tests/test_util.h tests/test_filter.h $(DROPIN_DIR)/impl_ofast_%.o
+$(DROPIN_DIR)/test_fastmath_%: tests/test_fastmath.c tests/test_util.h tests/test_filter.h tests/prelude.h $(DROPIN_DIR)/impl_ofast_%.o
 	$* $(CFLAGS_ALL) -c $< -o $@.o
 	$* -Ofast -pthread $@.o $(DROPIN_DIR)/impl_ofast_$*.o -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)
 
@@ -94,7 +96,7 @@ endif
 # Not in `make test`: timings mean something on a quiet machine only.
 REDUCE_LOCAL_BENCH := $(BUILD)/bench/reduce_local
 EXTRA_BINS += $(REDUCE_LOCAL_BENCH)
-$(REDUCE_LOCAL_BENCH): bench/reduce_local.c distmesh.c distmesh.h
+$(REDUCE_LOCAL_BENCH): bench/reduce_local.c distmesh.c distmesh.h distmesh_trace.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< distmesh.c -o $@ $(LDLIBS_ALL)
 

@@ -6,7 +6,7 @@ GROW_TEST_BINS := $(BUILD)/grow/test_grow
 TEST_BINS += $(GROW_TEST_BINS)
 endif
 
-$(BUILD)/grow/test_grow: tests/test_grow.c tests/test_util.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o | $(BUILD)/examples/ddp_overlap
+$(BUILD)/grow/test_grow: tests/test_grow.c tests/prelude.h tests/test_util.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o | $(BUILD)/examples/ddp_overlap
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_DDP='"$(CURDIR)/$(BUILD)/examples/ddp_overlap"' $(UV_CFLAGS) $< \
 	    $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)

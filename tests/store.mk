@@ -10,20 +10,20 @@ STORE_TEST_BINS := $(BUILD)/store/test_store $(BUILD)/store/test_store_quota $(B
 TEST_BINS += $(STORE_TEST_BINS)
 endif
 
-$(BUILD)/store/test_store: tests/test_store.c tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o
+$(BUILD)/store/test_store: tests/test_store.c tests/prelude.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
-$(BUILD)/store/test_store_quota: tests/test_store_quota.c tests/test_filter.h $(BUILD)/tcp/impl.o
+$(BUILD)/store/test_store_quota: tests/test_store_quota.c tests/test_world.h tests/test_filter.h tests/prelude.h $(BUILD)/tcp/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
-$(BUILD)/store/test_store_kinds: tests/test_store_kinds.c tests/test_filter.h tests/test_tmpdir.h distmesh.h \
+$(BUILD)/store/test_store_kinds: tests/test_store_kinds.c tests/test_util.h tests/test_filter.h tests/prelude.h tests/test_tmpdir.h distmesh.h distmesh_trace.h \
                                  distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
-$(BUILD)/store/test_store_kinds_nouv: tests/test_store_kinds.c tests/test_filter.h tests/test_tmpdir.h distmesh.h \
+$(BUILD)/store/test_store_kinds_nouv: tests/test_store_kinds.c tests/test_util.h tests/test_filter.h tests/prelude.h tests/test_tmpdir.h distmesh.h distmesh_trace.h \
                                       distmesh_store.h tests/no_libuv/uv.h | $(BUILD)/fixtures/store_tool
 	@mkdir -p $(dir $@)
 	$(CC) -Itests/no_libuv $(CFLAGS_ALL) -DDISTMESH_STORE -DDM_STORE_TOOL='"$(CURDIR)/$(BUILD)/fixtures/store_tool"' \

@@ -9,11 +9,11 @@ TCP_TEST_BINS := $(addprefix $(BUILD)/tcp/,$(TCP_TESTS))
 TEST_BINS += $(TCP_TEST_BINS)
 endif
 
-$(BUILD)/tcp/impl.o: tests/impl.c distmesh.h distmesh_store.h distmesh_tcp.h
+$(BUILD)/tcp/impl.o: tests/impl.c distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 
 $(TCP_TEST_BINS): $(BUILD)/tcp/%: tests/%.c tests/test_tcp.h tests/test_world.h tests/test_tmpdir.h \
-                  tests/test_util.h tests/test_filter.h $(BUILD)/tcp/impl.o
+                  tests/test_util.h tests/test_filter.h tests/prelude.h $(BUILD)/tcp/impl.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)

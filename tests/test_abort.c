@@ -4,21 +4,14 @@
    before their deadline; later calls fail at once. On the Fake backend, the threaded world,
    and forked ranks over sockets and over shared memory. */
 #define _GNU_SOURCE     /* POSIX 2008 for tests/test_world.h under -std=c11 */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
+#include "prelude.h"
 
 #include <pthread.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "distmesh.h"
 #include "test_world.h"
-#include "test_filter.h"
 
 #define W 3
 #define VICTIM 1
@@ -112,10 +105,9 @@ static int thread_rank_body(dm_collective* c, void* u) {
     return DM_OK;
 }
 static void test_abort_thread_world(void** s) {
-    dm_fake_desc d;
+    dm_fake_desc d = {0};
     int r;
     (void)s;
-    memset(&d, 0, sizeof(d));
     d.world_size = W;
     d.timeout_ms = DEADLINE_MS;
     assert_int_equal(dm_thread_world_run(&d, thread_rank_body, NULL), DM_OK);
@@ -125,29 +117,17 @@ static void test_abort_thread_world(void** s) {
 /* Forked ranks meeting through a file store; transport "tcp" or NULL (shared memory). */
 static void run_procs(const char* transport) {
     tw_dm_world w;
-    memset(&w, 0, sizeof(w));
-    w.world = W;
-    w.store = &g_store;
-    w.transport = transport;
-    w.timeout_ms = DEADLINE_MS;
+    tw_dm_world_init(&w, W, &g_store, transport, DEADLINE_MS);
     w.body_c = scenario_c;
     assert_int_equal(tw_dm_run(&w, 40), 0);
 }
 static void test_abort_tcp(void** s) { (void)s; run_procs("tcp"); }
 static void test_abort_shm(void** s) { (void)s; run_procs(NULL); }
 
-int main(int argc, char** argv) {
-    int rc;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_abort_fake),
-        cmocka_unit_test(test_abort_thread_world),
-        cmocka_unit_test(test_abort_tcp),
-        cmocka_unit_test(test_abort_shm),
-    };
-    signal(SIGPIPE, SIG_IGN);
-    dm_test_filter(argc, argv);
-    if (tw_store_file(&g_store, "dm_abort_test") != 0) return 1;
-    rc = cmocka_run_group_tests(tests, NULL, NULL);
-    if (tw_store_close(&g_store) != 0) rc = 1;
-    return rc;
-}
+TW_STORE_FIXTURES(g_store, "dm_abort_test", SIG_IGN)     /* a peer's close must not end the program */
+
+DM_TEST_MAIN(setup_store, teardown_store,
+    cmocka_unit_test(test_abort_fake),
+    cmocka_unit_test(test_abort_thread_world),
+    cmocka_unit_test(test_abort_tcp),
+    cmocka_unit_test(test_abort_shm))

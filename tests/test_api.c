@@ -15,12 +15,7 @@
    dm_all_reduce (test_util.h: ref_order_rd / ref_order_ring) and with dm_all_reduce itself. */
 #define _GNU_SOURCE
 #include "distmesh.h"
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "prelude.h"
 #include <signal.h>
 #include <errno.h>
 #include <time.h>
@@ -29,8 +24,6 @@
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <cmocka.h>
-#include "test_filter.h"
 #include "test_util.h"
 #include "test_world.h"
 
@@ -136,13 +129,6 @@ static double fgen(dm_reduce_op op, int r, size_t i, int salt) {
 static void fill_fgen(dm_dtype t, dm_reduce_op op, int r, void* buf, size_t count, int salt) {
     size_t i, es = dm_dtype_size(t);
     for (i = 0; i < count; i++) store_float(t, (unsigned char*)buf + i * es, fgen(op, r, i, salt));
-}
-static void ref_finish(dm_dtype t, dm_reduce_op op, void* acc, int n) {
-    if (op != DM_MEAN) return;
-    if (t == DM_FLOAT64) store_float(t, acc, load_float(t, acc) / n);
-    else if (is_float(t)) store_float(t, acc, (float)load_float(t, acc) / (float)n);
-    else if (is_signed_int(t)) store_int(t, acc, (uint64_t)((int64_t)load_int(t, acc) / n));
-    else store_int(t, acc, load_int(t, acc) / (uint64_t)n);
 }
 /* all_reduce's documented order for fill_fgen data: recursive doubling or the ring's blocks. */
 static void ref_documented(dm_dtype t, dm_reduce_op op, int W, void* out, size_t count, int salt) {
@@ -1076,10 +1062,7 @@ static double kill_trial(int kind) {
     tw_reader rr;
     kill_watch kw;
     memset(status_of, 0, sizeof(status_of));
-    memset(&p, 0, sizeof(p));
-    p.alarm_s = 40;
-    p.reports = true;
-    p.quick_exit = true;
+    tw_world_init(&p, 40, true);
     g_kind = g_tr_name[kind];
     api_world(&w, kind, world, 60000, body_kill, NULL);
     assert_int_equal(tw_dm_fork(&p, &w), 0);
@@ -1483,6 +1466,5 @@ int main(int argc, char** argv) {
     };
     signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
     setvbuf(stdout, NULL, _IOLBF, 0);
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup_store, teardown_store);
+    return DM_RUN_TESTS(argc, argv, tests, setup_store, teardown_store);
 }

@@ -5,15 +5,8 @@
    #wrong, and the JSON's per-rank times against what -a and -C select. */
 #define _GNU_SOURCE
 #include <math.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "prelude.h"
 #include <unistd.h>
-#include <cmocka.h>
-#include "test_filter.h"
 #include "test_world.h"
 
 #ifndef DM_BENCH
@@ -285,14 +278,9 @@ static void test_bench_blocking_and_agg_iters(void** state) {
     assert_int_equal((int)json_num(jr[0], "ip_calls"), 2 * 3 * 2);
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bench_nccl_flags_all_types),
-        cmocka_unit_test(test_bench_refuses_what_it_cannot_do),
-        cmocka_unit_test(test_bench_names_and_spellings),
-        cmocka_unit_test(test_bench_average_and_cputime),
-        cmocka_unit_test(test_bench_blocking_and_agg_iters),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+DM_TEST_MAIN(setup, teardown,
+    cmocka_unit_test(test_bench_nccl_flags_all_types),
+    cmocka_unit_test(test_bench_refuses_what_it_cannot_do),
+    cmocka_unit_test(test_bench_names_and_spellings),
+    cmocka_unit_test(test_bench_average_and_cputime),
+    cmocka_unit_test(test_bench_blocking_and_agg_iters))

@@ -1,14 +1,9 @@
 /* test_compile: two translation units that include distmesh.h plainly (this one and
    test_compile_b.c) linked with tests/impl.c into one program. Its build rule also depends on the
-   C/C++ gcc/clang compile checks (tests/compile_c.c, tests/compile_cpp.cc), so a compile failure
+   gcc/clang compile checks (tests/compile_check.c, built as C and as C++), so a compile failure
    there fails `make test`. */
 #include "distmesh.h"
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <string.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 
 int compile_b_fake_sum(int n);
 const char* compile_b_status_name(dm_status st);
@@ -31,11 +26,6 @@ static void test_compile_header_macros(void** state) {
 #endif
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_compile_two_tus_share_one_implementation),
-        cmocka_unit_test(test_compile_header_macros),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DM_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_compile_two_tus_share_one_implementation),
+    cmocka_unit_test(test_compile_header_macros))

@@ -16,35 +16,21 @@
 #if !defined(DISTMESH_TCP)
 #error "build with -DDISTMESH_TCP"
 #endif
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
+#include "test_util.h"
 #include "test_tmpdir.h"
 #include "config_table.h"
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #ifndef DM_SRCDIR
 #define DM_SRCDIR "."
 #endif
 
-static char g_logged[DM_LAST_ERROR_SIZE];
-static dm_log_level g_level;
-static void capture_log(dm_log_level level, dm_status st, const char* msg, const char* file, int line, void* user) {
-    (void)st; (void)file; (void)line; (void)user;
-    g_level = level;
-    snprintf(g_logged, sizeof(g_logged), "%s", msg);
-}
 static int clean_env(void** state) {
     int id;
     (void)state;
     for (id = 0; id < _DM_CFG_COUNT; id++) unsetenv(_dm_cfg_vars[id].name);
     unsetenv("RANK"); unsetenv("WORLD_SIZE"); unsetenv("MASTER_ADDR"); unsetenv("MASTER_PORT");
-    g_logged[0] = 0;
+    g_tu_log.msg[0] = 0;
     return 0;
 }
 static void set(const char* k, const char* v) { assert_int_equal(setenv(k, v, 1), 0); }
@@ -272,14 +258,14 @@ static void test_config_reads_the_environment(void** state) {
     assert_string_equal(s, "/tmp/dumps");
     /* the _logged twins: the default, and a warning naming the variable */
     memset(&lg, 0, sizeof(lg));
-    lg.func = capture_log;
+    lg.func = tu_capture_log;
     set("DISTMESH_FLIGHT_RECORDER", "lots");
     assert_int_equal(_dm_cfg_int_logged(_DM_CFG_FLIGHT_RECORDER, &lg), 64);
-    assert_int_equal(g_level, DM_LOG_WARN);
-    must_contain(g_logged, "env: DISTMESH_FLIGHT_RECORDER=\"lots\" is not an integer in 0..1048576");
+    assert_int_equal(g_tu_log.level, DM_LOG_WARN);
+    must_contain(g_tu_log.msg, "env: DISTMESH_FLIGHT_RECORDER=\"lots\" is not an integer in 0..1048576");
     set("DISTMESH_MAX_OBJECT_BYTES", "-5");
     assert_true(_dm_cfg_bytes_logged(_DM_CFG_MAX_OBJECT_BYTES, &lg) == (uint64_t)1 << 30);
-    must_contain(g_logged, "DISTMESH_MAX_OBJECT_BYTES=\"-5\"");
+    must_contain(g_tu_log.msg, "DISTMESH_MAX_OBJECT_BYTES=\"-5\"");
 }
 
 /* ---- the creating calls ---- */
@@ -290,37 +276,37 @@ static void test_config_fake_creates_fail(void** state) {
     char longdir[300];
     (void)state;
     memset(&d, 0, sizeof(d));
-    d.logger.func = capture_log;
+    d.logger.func = tu_capture_log;
     set("DISTMESH_FLIGHT_RECORDER", "abc");
     assert_int_equal(dm_fake_create(&d, &c), DM_ERR_ENV);
     assert_null(c);
-    must_contain(g_logged, "env: DISTMESH_FLIGHT_RECORDER=\"abc\" is not an integer in 0..1048576");
+    must_contain(g_tu_log.msg, "env: DISTMESH_FLIGHT_RECORDER=\"abc\" is not an integer in 0..1048576");
     set("DISTMESH_FLIGHT_RECORDER", "8");
     set("DISTMESH_MAX_OBJECT_BYTES", "1T");
     d.world_size = 3;
     assert_int_equal(dm_thread_world_create(&d, cs), DM_ERR_ENV);
     assert_null(cs[0]);
-    must_contain(g_logged, "env: DISTMESH_MAX_OBJECT_BYTES=\"1T\" is not a number of bytes");
+    must_contain(g_tu_log.msg, "env: DISTMESH_MAX_OBJECT_BYTES=\"1T\" is not a number of bytes");
     unsetenv("DISTMESH_MAX_OBJECT_BYTES");
     set("DISTMESH_ALGO", "");
     assert_int_equal(dm_thread_world_create(&d, cs), DM_ERR_ENV);
-    must_contain(g_logged, "env: DISTMESH_ALGO=\"\" is not one of auto, flat, two_level");
+    must_contain(g_tu_log.msg, "env: DISTMESH_ALGO=\"\" is not one of auto, flat, two_level");
     unsetenv("DISTMESH_ALGO");
     d.world_size = 0;
     set("DISTMESH_DUMP_ON_SIGUSR1", "yes");
     assert_int_equal(dm_fake_create(&d, &c), DM_ERR_ENV);
-    must_contain(g_logged, "env: DISTMESH_DUMP_ON_SIGUSR1=\"yes\" is not 0 or 1");
+    must_contain(g_tu_log.msg, "env: DISTMESH_DUMP_ON_SIGUSR1=\"yes\" is not 0 or 1");
     unsetenv("DISTMESH_DUMP_ON_SIGUSR1");
     memset(longdir, 'd', sizeof(longdir) - 1);
     longdir[sizeof(longdir) - 1] = 0;
     set("DISTMESH_TRACE", longdir);            /* was cut to 255 bytes: another directory */
     assert_int_equal(dm_fake_create(&d, &c), DM_ERR_ENV);
-    must_contain(g_logged, "env: DISTMESH_TRACE is 299 bytes long; at most 255");
+    must_contain(g_tu_log.msg, "env: DISTMESH_TRACE is 299 bytes long; at most 255");
     unsetenv("DISTMESH_TRACE");
     /* DISTMESH_TIMEOUT: read (and so checked) only when the desc leaves the deadline to it */
     set("DISTMESH_TIMEOUT", "soon");
     assert_int_equal(dm_fake_create(&d, &c), DM_ERR_ENV);
-    must_contain(g_logged, "env: DISTMESH_TIMEOUT=\"soon\" is not a number of seconds");
+    must_contain(g_tu_log.msg, "env: DISTMESH_TIMEOUT=\"soon\" is not a number of seconds");
     d.timeout_ms = 1500;
     assert_int_equal(dm_fake_create(&d, &c), DM_OK);
     assert_int_equal(dm_set_timeout(c, 0), DM_ERR_ENV);          /* 0: back to the variable's */
@@ -346,10 +332,20 @@ static dm_status tcp_create(dm_collective** c) {
     d.world_size = 1;
     d.store_url = "file:///nonexistent/distmesh-test-config";
     d.timeout_ms = 2000;
-    d.logger.func = capture_log;
-    g_logged[0] = 0;
+    d.logger.func = tu_capture_log;
+    g_tu_log.msg[0] = 0;
     *c = (dm_collective*)&d;
     return dm_tcp_create(&d, c);
+}
+/* var=value: a TCP create fails with DM_ERR_ENV, makes nothing and logs text; var is unset
+   after, unless keep. */
+static void tcp_create_refuses(const char* var, const char* value, const char* text, bool keep) {
+    dm_collective* c = NULL;
+    set(var, value);
+    assert_int_equal(tcp_create(&c), DM_ERR_ENV);
+    assert_null(c);
+    must_contain(g_tu_log.msg, text);
+    if (!keep) unsetenv(var);
 }
 static void test_config_tcp_creates_fail(void** state) {
     dm_collective* c = NULL;
@@ -357,34 +353,21 @@ static void test_config_tcp_creates_fail(void** state) {
     dm_tcp_desc d;
     char name[300], dir[200], url[260];
     (void)state;
-    set("DISTMESH_SOCKETS_PER_PEER", "abc");
-    assert_int_equal(tcp_create(&c), DM_ERR_ENV);
-    assert_null(c);
-    must_contain(g_logged, "env: DISTMESH_SOCKETS_PER_PEER=\"abc\" is not an integer in 1..16");
-    unsetenv("DISTMESH_SOCKETS_PER_PEER");
-    set("DISTMESH_TRANSPORT", "");
-    assert_int_equal(tcp_create(&c), DM_ERR_ENV);
-    must_contain(g_logged, "env: DISTMESH_TRANSPORT=\"\" is not one of auto, shm, tcp");
-    unsetenv("DISTMESH_TRANSPORT");
+    tcp_create_refuses("DISTMESH_SOCKETS_PER_PEER", "abc",
+                       "env: DISTMESH_SOCKETS_PER_PEER=\"abc\" is not an integer in 1..16", false);
+    tcp_create_refuses("DISTMESH_TRANSPORT", "", "env: DISTMESH_TRANSPORT=\"\" is not one of auto, shm, tcp", false);
     memset(name, 'e', sizeof(name) - 1);
     name[sizeof(name) - 1] = 0;
-    set("DISTMESH_SOCKET_IFNAME", name);
-    assert_int_equal(tcp_create(&c), DM_ERR_ENV);
-    must_contain(g_logged, "env: DISTMESH_SOCKET_IFNAME is 299 bytes long; at most 127");
-    unsetenv("DISTMESH_SOCKET_IFNAME");
-    set("DISTMESH_FLIGHT_RECORDER", "-1");
-    assert_int_equal(tcp_create(&c), DM_ERR_ENV);
-    must_contain(g_logged, "env: DISTMESH_FLIGHT_RECORDER=\"-1\"");
-    unsetenv("DISTMESH_FLIGHT_RECORDER");
-    set("DISTMESH_JOIN", "yes");
-    assert_int_equal(tcp_create(&c), DM_ERR_ENV);
-    must_contain(g_logged, "env: DISTMESH_JOIN=\"yes\" is not 0 or 1");
+    tcp_create_refuses("DISTMESH_SOCKET_IFNAME", name, "env: DISTMESH_SOCKET_IFNAME is 299 bytes long; at most 127",
+                       false);
+    tcp_create_refuses("DISTMESH_FLIGHT_RECORDER", "-1", "env: DISTMESH_FLIGHT_RECORDER=\"-1\"", false);
+    tcp_create_refuses("DISTMESH_JOIN", "yes", "env: DISTMESH_JOIN=\"yes\" is not 0 or 1", true);
     memset(&id, 0, sizeof(id));
-    id.logger.func = capture_log;
-    g_logged[0] = 0;
+    id.logger.func = tu_capture_log;
+    g_tu_log.msg[0] = 0;
     assert_int_equal(dm_init(&id, &c), DM_ERR_ENV);              /* world of one: it was a Fake */
     assert_null(c);
-    must_contain(g_logged, "env: DISTMESH_JOIN=\"yes\"");
+    must_contain(g_tu_log.msg, "env: DISTMESH_JOIN=\"yes\"");
     unsetenv("DISTMESH_JOIN");
     /* good values: a world of one on a file store */
     assert_int_equal(tmpdir_make(dir, sizeof(dir), "dm_config"), 0);
@@ -396,9 +379,9 @@ static void test_config_tcp_creates_fail(void** state) {
     memset(&d, 0, sizeof(d));
     d.ifname = "lo";
     d.timeout_ms = 10000;
-    d.logger.func = capture_log;
-    g_logged[0] = 0;
-    if (dm_tcp_create(&d, &c) != DM_OK) fail_msg("tcp create: %s", g_logged);
+    d.logger.func = tu_capture_log;
+    g_tu_log.msg[0] = 0;
+    if (dm_tcp_create(&d, &c) != DM_OK) fail_msg("tcp create: %s", g_tu_log.msg);
     dm_destroy(c);
     tmpdir_remove(dir);
 }
@@ -412,14 +395,14 @@ static void store_create_fails(const char* var, const char* value, const char* w
     snprintf(url, sizeof(url), "file://%s", dir);
     memset(&d, 0, sizeof(d));
     d.url = url;
-    d.logger.func = capture_log;
-    g_logged[0] = 0;
+    d.logger.func = tu_capture_log;
+    g_tu_log.msg[0] = 0;
     set(var, value);
     assert_int_equal(dm_store_create(&d, &s), DM_ERR_ENV);
     assert_null(s);
-    must_contain(g_logged, want);
+    must_contain(g_tu_log.msg, want);
     unsetenv(var);
-    if (dm_store_create(&d, &s) != DM_OK) fail_msg("store create: %s", g_logged);
+    if (dm_store_create(&d, &s) != DM_OK) fail_msg("store create: %s", g_tu_log.msg);
     dm_store_destroy(s);
     tmpdir_remove(dir);
 }
@@ -435,18 +418,8 @@ static void test_config_store_creates_fail(void** state) {
 /* ---- README's table, the headers' getenv sites ---- */
 static char* slurp(const char* name) {
     char path[600];
-    FILE* f;
-    char* p;
-    long n;
     snprintf(path, sizeof(path), "%s/%s", DM_SRCDIR, name);
-    f = fopen(path, "rb");
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) { fclose(f); return NULL; }
-    p = (char*)malloc((size_t)n + 1);
-    if (p && fread(p, 1, (size_t)n, f) != (size_t)n) { free(p); p = NULL; }
-    if (p) p[n] = 0;
-    fclose(f);
-    return p;
+    return dm_read_whole_file(path);
 }
 /* [b, e) without blank lines at either end. */
 static void trim(const char** b, const char** e) {
@@ -564,23 +537,18 @@ static void test_config_headers_read_through_registry(void** state) {
 }
 
 #define T(f) cmocka_unit_test_setup(f, clean_env)
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        T(test_config_int_parser),
-        T(test_config_bool_parser),
-        T(test_config_bytes_parser),
-        T(test_config_ms_parser),
-        T(test_config_seconds_parser),
-        T(test_config_str_parser),
-        T(test_config_enum_parser),
-        T(test_config_registry_consistent),
-        T(test_config_reads_the_environment),
-        T(test_config_fake_creates_fail),
-        T(test_config_tcp_creates_fail),
-        T(test_config_store_creates_fail),
-        T(test_config_readme_table),
-        T(test_config_headers_read_through_registry),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, clean_env);
-}
+DM_TEST_MAIN(NULL, clean_env,
+    T(test_config_int_parser),
+    T(test_config_bool_parser),
+    T(test_config_bytes_parser),
+    T(test_config_ms_parser),
+    T(test_config_seconds_parser),
+    T(test_config_str_parser),
+    T(test_config_enum_parser),
+    T(test_config_registry_consistent),
+    T(test_config_reads_the_environment),
+    T(test_config_fake_creates_fail),
+    T(test_config_tcp_creates_fail),
+    T(test_config_store_creates_fail),
+    T(test_config_readme_table),
+    T(test_config_headers_read_through_registry))

@@ -2,40 +2,9 @@
    ("abc", the 448-bit message, one million 'a'; the values from NIST's example files), the
    empty message, and every test case of RFC 4231 (case 5 compares the first 128 bits, as the
    RFC does). Also: incremental updates in odd pieces give the one-shot digest. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
+#include "prelude.h"
 #include "distmesh.h"
 
-/* hex bytes, or "xx*N": byte xx repeated N times (RFC 4231's long keys and data) */
-static size_t unhex(const char* h, unsigned char* out) {
-    size_t n = 0;
-    if (strchr(h, '*')) {
-        unsigned v;
-        int rep = atoi(strchr(h, '*') + 1);
-        sscanf(h, "%2x", &v);
-        memset(out, (int)v, (size_t)rep);
-        return (size_t)rep;
-    }
-    while (h[0] && h[1]) {
-        unsigned v;
-        sscanf(h, "%2x", &v);
-        out[n++] = (unsigned char)v;
-        h += 2;
-    }
-    return n;
-}
-static void tohex(const unsigned char* p, size_t n, char* out) {
-    size_t i;
-    for (i = 0; i < n; i++) sprintf(out + 2 * i, "%02x", p[i]);
-    out[2 * n] = 0;
-}
 static void check_sha(const void* msg, size_t n, const char* want) {
     unsigned char d[32];
     char hx[65];
@@ -111,7 +80,7 @@ static void test_hmac_rfc4231(void** state) {
     for (i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         unsigned char key[256], msg[256], mac[32];
         char hx[65];
-        size_t kn = unhex(v[i][0], key), mn = unhex(v[i][1], msg), want = strlen(v[i][2]) / 2;
+        size_t kn = unhex(v[i][0], key, sizeof(key)), mn = unhex(v[i][1], msg, sizeof(msg)), want = strlen(v[i][2]) / 2;
         dm_hmac_sha256(key, kn, msg, mn, mac);
         tohex(mac, want, hx);
         if (strcmp(hx, v[i][2]) != 0) print_message("RFC 4231 case %zu: got %s\n", i + 1, hx);
@@ -119,10 +88,6 @@ static void test_hmac_rfc4231(void** state) {
     }
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sha256_fips),
-        cmocka_unit_test(test_hmac_rfc4231),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DM_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_sha256_fips),
+    cmocka_unit_test(test_hmac_rfc4231))

@@ -13,29 +13,15 @@
      the same code, compiled by `make`) checks with DM_CHECK. */
 #define _GNU_SOURCE
 #include "distmesh.h"
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 #include "test_world.h"
 #include <fcntl.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 static char g_dir[256];
+TMPDIR_FIXTURES(g_dir, "dm_dropin")
 
-static int setup_dir(void** state) {
-    (void)state;
-    return tmpdir_make(g_dir, sizeof(g_dir), "dm_dropin");
-}
-static int remove_dir(void** state) {
-    (void)state;
-    return tmpdir_remove(g_dir);
-}
 
 /* Variables a launcher around the test run may have set, which would change what dm_init does. */
 static void clean_env(void) {
@@ -433,18 +419,13 @@ static void test_dropin_readme_first_screen(void** state) {
     assert_non_null(strstr(readme, "| GPUs, one per process | `DISTMESH_NCCL`"));
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dropin_failed_init_prints_once_with_rank),
-        cmocka_unit_test(test_dropin_failed_init_with_logger_prints_nothing),
-        cmocka_unit_test(test_dropin_create_error_is_per_thread),
-        cmocka_unit_test(test_dropin_successful_start_is_silent),
-        cmocka_unit_test(test_dropin_later_error_is_returned_not_printed),
-        cmocka_unit_test(test_dropin_log_malformed_fails_the_create),
-        cmocka_unit_test(test_dropin_log_stderr_honours_level),
-        cmocka_unit_test(test_dropin_check),
-        cmocka_unit_test(test_dropin_readme_first_screen),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup_dir, remove_dir);
-}
+DM_TEST_MAIN(tmpdir_setup, tmpdir_teardown,
+    cmocka_unit_test(test_dropin_failed_init_prints_once_with_rank),
+    cmocka_unit_test(test_dropin_failed_init_with_logger_prints_nothing),
+    cmocka_unit_test(test_dropin_create_error_is_per_thread),
+    cmocka_unit_test(test_dropin_successful_start_is_silent),
+    cmocka_unit_test(test_dropin_later_error_is_returned_not_printed),
+    cmocka_unit_test(test_dropin_log_malformed_fails_the_create),
+    cmocka_unit_test(test_dropin_log_stderr_honours_level),
+    cmocka_unit_test(test_dropin_check),
+    cmocka_unit_test(test_dropin_readme_first_screen))

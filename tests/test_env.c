@@ -3,14 +3,7 @@
    transport. Every test starts from an environment with none of the variables set. */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
 #include "distmesh.h"
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <cmocka.h>
-#include "test_filter.h"
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "prelude.h"
 #include <time.h>
 
 static const char* const g_vars[] = {
@@ -41,18 +34,24 @@ static void detect_fails_naming(const char* var) {
     if (!strstr(e.error, var)) fail_msg("message \"%s\" does not name %s", e.error, var);
 }
 
+/* Every field e has on every launcher, one assert each. */
+static void assert_env(const dm_env* e, int rank, int world, int local_rank, int local_world, bool distributed,
+                       const char* source, const char* master_addr, int master_port) {
+    assert_int_equal(e->rank, rank);
+    assert_int_equal(e->world_size, world);
+    assert_int_equal(e->local_rank, local_rank);
+    assert_int_equal(e->local_world_size, local_world);
+    assert_int_equal(e->is_distributed, distributed);
+    assert_string_equal(e->source, source);
+    assert_string_equal(e->master_addr, master_addr);
+    assert_int_equal(e->master_port, master_port);
+}
+
 static void test_env_nothing_set_is_rank0_of_1(void** state) {
     dm_env e;
     (void)state;
     e = detect_ok();
-    assert_int_equal(e.rank, 0);
-    assert_int_equal(e.world_size, 1);
-    assert_int_equal(e.local_rank, 0);
-    assert_int_equal(e.local_world_size, 1);
-    assert_false(e.is_distributed);
-    assert_string_equal(e.source, "default");
-    assert_string_equal(e.master_addr, "");
-    assert_int_equal(e.master_port, 0);
+    assert_env(&e, 0, 1, 0, 1, false, "default", "", 0);
     assert_int_equal(e.timeout_ms, 0);
     assert_int_equal(dm_env_detect(NULL), DM_ERR_INVALID_ARG);
 }
@@ -63,14 +62,7 @@ static void test_env_torchrun(void** state) {
     set("RANK", "5"); set("WORLD_SIZE", "8"); set("LOCAL_RANK", "1"); set("LOCAL_WORLD_SIZE", "4");
     set("MASTER_ADDR", "10.1.2.3"); set("MASTER_PORT", "29500");
     e = detect_ok();
-    assert_int_equal(e.rank, 5);
-    assert_int_equal(e.world_size, 8);
-    assert_int_equal(e.local_rank, 1);
-    assert_int_equal(e.local_world_size, 4);
-    assert_true(e.is_distributed);
-    assert_string_equal(e.source, "torchrun");
-    assert_string_equal(e.master_addr, "10.1.2.3");
-    assert_int_equal(e.master_port, 29500);
+    assert_env(&e, 5, 8, 1, 4, true, "torchrun", "10.1.2.3", 29500);
     /* without local variables the world is one node */
     unsetenv("LOCAL_RANK");
     unsetenv("LOCAL_WORLD_SIZE");
@@ -342,21 +334,16 @@ static void test_env_local_from_launcher(void** state) {
 }
 
 #define T(f) cmocka_unit_test_setup_teardown(f, clean_env, clean_env)
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        T(test_env_nothing_set_is_rank0_of_1),
-        T(test_env_torchrun),
-        T(test_env_openmpi_pmi_slurm),
-        T(test_env_slurm_tasks_per_node_forms),
-        T(test_env_precedence_and_overrides),
-        T(test_env_malformed_values),
-        T(test_env_rank_not_below_world),
-        T(test_env_master_addr_and_port),
-        T(test_env_distmesh_timeout),
-        T(test_env_timeout_is_the_default_deadline),
-        T(test_env_init_without_transport),
-        T(test_env_local_from_launcher),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DM_TEST_MAIN(NULL, NULL,
+    T(test_env_nothing_set_is_rank0_of_1),
+    T(test_env_torchrun),
+    T(test_env_openmpi_pmi_slurm),
+    T(test_env_slurm_tasks_per_node_forms),
+    T(test_env_precedence_and_overrides),
+    T(test_env_malformed_values),
+    T(test_env_rank_not_below_world),
+    T(test_env_master_addr_and_port),
+    T(test_env_distmesh_timeout),
+    T(test_env_timeout_is_the_default_deadline),
+    T(test_env_init_without_transport),
+    T(test_env_local_from_launcher))

@@ -25,20 +25,13 @@
    counts, runs everywhere. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep, clock_gettime under -std=c11 */
 #include "distmesh.h"
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 #include "test_util.h"
 #include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 
@@ -74,21 +67,8 @@ static void* xmalloc(size_t n) {
 
 /* ---- random numbers, conversions and the reference (independent of distmesh's code) ---- */
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void) {
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return splitmix64(&g_rng); }
 static double rnd_unit(void) { return (double)(rnd() >> 11) / 9007199254740992.0; }
-/* MEAN's last step: divide by the group size (integers truncate toward zero). */
-static void ref_finish(dm_dtype t, dm_reduce_op op, void* acc, int n) {
-    if (op != DM_MEAN) return;
-    if (t == DM_FLOAT64) store_float(t, acc, load_float(t, acc) / n);
-    else if (is_float(t)) store_float(t, acc, (float)load_float(t, acc) / (float)n);
-    else if (is_signed_int(t)) store_int(t, acc, (uint64_t)((int64_t)load_int(t, acc) / n));
-    else store_int(t, acc, load_int(t, acc) / (uint64_t)n);
-}
 
 static void gen_pool(dm_dtype t, dm_reduce_op op, unsigned char* pool) {
     size_t es = dm_dtype_size(t), i;
@@ -1204,32 +1184,27 @@ static void test_count_zero_writes_nothing(void** state) {
     assert_no_rank_failures();
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_status_names_and_texts),
-        cmocka_unit_test(test_fake_world1_accessors),
-        cmocka_unit_test(test_fake_world1_collectives_leave_data),
-        cmocka_unit_test(test_fake_world1_broadcast_from_other_root_fails),
-        cmocka_unit_test(test_fake_world1_split_and_local),
-        cmocka_unit_test(test_fake_simulated_world_matches_ranks_with_same_data),
-        cmocka_unit_test(test_fake_simulated_world_documented_results),
-        cmocka_unit_test(test_fake_create_rejects_bad_desc),
-        cmocka_unit_test(test_thread_world_accessors_and_nodes),
-        cmocka_unit_test(test_thread_world_run_returns_lowest_failing_rank),
-        cmocka_unit_test(test_thread_world_create_with_own_threads),
-        cmocka_unit_test(test_thread_mean_on_integers_truncates),
-        cmocka_unit_test(test_thread_nan_reaches_every_rank),
-        cmocka_unit_test(test_thread_mismatch_detected_on_every_rank),
-        cmocka_unit_test(test_thread_timeout_names_op_and_sequence),
-        cmocka_unit_test(test_bad_input_on_fake_and_thread_worlds),
-        cmocka_unit_test(test_logger_captures_failures),
-        cmocka_unit_test(test_allocator_hooks_see_every_allocation),
-        cmocka_unit_test(test_count_zero_writes_nothing),
-        cmocka_unit_test(test_thread_barrier_every_world),
-        cmocka_unit_test(test_thread_objects_every_world),
-        cmocka_unit_test(test_thread_data_movement_every_world_dtype_count),
-        cmocka_unit_test(test_thread_reductions_every_world_dtype_op_count),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DM_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_status_names_and_texts),
+    cmocka_unit_test(test_fake_world1_accessors),
+    cmocka_unit_test(test_fake_world1_collectives_leave_data),
+    cmocka_unit_test(test_fake_world1_broadcast_from_other_root_fails),
+    cmocka_unit_test(test_fake_world1_split_and_local),
+    cmocka_unit_test(test_fake_simulated_world_matches_ranks_with_same_data),
+    cmocka_unit_test(test_fake_simulated_world_documented_results),
+    cmocka_unit_test(test_fake_create_rejects_bad_desc),
+    cmocka_unit_test(test_thread_world_accessors_and_nodes),
+    cmocka_unit_test(test_thread_world_run_returns_lowest_failing_rank),
+    cmocka_unit_test(test_thread_world_create_with_own_threads),
+    cmocka_unit_test(test_thread_mean_on_integers_truncates),
+    cmocka_unit_test(test_thread_nan_reaches_every_rank),
+    cmocka_unit_test(test_thread_mismatch_detected_on_every_rank),
+    cmocka_unit_test(test_thread_timeout_names_op_and_sequence),
+    cmocka_unit_test(test_bad_input_on_fake_and_thread_worlds),
+    cmocka_unit_test(test_logger_captures_failures),
+    cmocka_unit_test(test_allocator_hooks_see_every_allocation),
+    cmocka_unit_test(test_count_zero_writes_nothing),
+    cmocka_unit_test(test_thread_barrier_every_world),
+    cmocka_unit_test(test_thread_objects_every_world),
+    cmocka_unit_test(test_thread_data_movement_every_world_dtype_count),
+    cmocka_unit_test(test_thread_reductions_every_world_dtype_op_count))

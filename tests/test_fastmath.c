@@ -11,16 +11,9 @@
    - MEAN divides (x / n, not x * (1/n), which rounds differently);
    - SUM keeps IEEE's -0 + -0 = -0 and 16-bit floats round to nearest even at each step. */
 #include "distmesh.h"
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 #include "test_util.h"
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 static const dm_dtype k_floats[] = { DM_FLOAT32, DM_FLOAT64, DM_FLOAT16, DM_BFLOAT16 };
 #define N_RANKS 3
@@ -203,13 +196,8 @@ static void test_fastmath_sum_signed_zero_and_rounding(void** state) {
     assert_int_equal(bf[1], 0x3f82);
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fastmath_max_min_nan_every_placement),
-        cmocka_unit_test(test_fastmath_max_without_nan),
-        cmocka_unit_test(test_fastmath_mean_divides),
-        cmocka_unit_test(test_fastmath_sum_signed_zero_and_rounding),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DM_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_fastmath_max_min_nan_every_placement),
+    cmocka_unit_test(test_fastmath_max_without_nan),
+    cmocka_unit_test(test_fastmath_mean_divides),
+    cmocka_unit_test(test_fastmath_sum_signed_zero_and_rounding))

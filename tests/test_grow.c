@@ -12,41 +12,25 @@
 #define _GNU_SOURCE
 #include "distmesh.h"
 #include "test_util.h"
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "prelude.h"
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <cmocka.h>
-#include "test_filter.h"
 #include "test_world.h"
 
 static tw_store g_store;        /* the program's file store; tw_store_next: a fresh prefix per test */
 
-/* A forked process returns 1 on a failed check. */
-#define PCHECK(cond)                                                                      \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s: check failed at %s:%d: %s\n", tw_me.who, __FILE__, __LINE__, \
-                    #cond);                                                               \
-            return 1;                                                                     \
-        }                                                                                 \
-    } while (0)
-#define PST(c, expr)                                                                      \
-    do {                                                                                  \
-        dm_status st_ = (expr);                                                           \
-        if (st_ != DM_OK) {                                                               \
-            fprintf(stderr, "%s: %s failed at %s:%d: %s: %s\n", tw_me.who, #expr, __FILE__,   \
-                    __LINE__, dm_status_name(st_), (c) ? dm_last_error(c) : "");          \
-            return 1;                                                                     \
-        }                                                                                 \
-    } while (0)
+/* A forked process returns 1 on a failed check, after a line naming it. */
+static int pfailed(int line, const char* what, dm_status st, dm_collective* c) {
+    if (st == DM_OK) fprintf(stderr, "%s: check failed at %s:%d: %s\n", tw_me.who, __FILE__, line, what);
+    else fprintf(stderr, "%s: %s failed at %s:%d: %s: %s\n", tw_me.who, what, __FILE__, line, dm_status_name(st),
+                 c ? dm_last_error(c) : "");
+    return 1;
+}
+#define PCHECK(cond) do { if (!(cond)) return pfailed(__LINE__, #cond, DM_OK, NULL); } while (0)
+#define PST(c, expr) do { dm_status st_ = (expr); if (st_ != DM_OK) return pfailed(__LINE__, #expr, st_, c); } while (0)
 
 /* ---- processes ------------------------------------------------------------------------------ */
 static tw_world g_procs;        /* the running test's processes */
@@ -62,9 +46,27 @@ static int reap(double limit_s) {
     return failed;
 }
 
-/* ---- the group ------------------------------------------------------------------------------ */
 static void new_run(void) { tw_store_next(&g_store); }
+/* On a fresh store prefix, forks n_members members (indexes 0..) then n_new newcomers (newcomer may be NULL when n_new
+   is 0), each with its own alarm; every one must succeed within limit_s. */
+static void run_group(tw_fn member, int n_members, tw_fn newcomer, int n_new, double limit_s) {
+    int i;
+    new_run();
+    for (i = 0; i < n_members; i++) spawn("member", i, member, NULL, limit_s);
+    for (i = 0; i < n_new; i++) spawn("newcomer", i, newcomer, NULL, limit_s);
+    assert_int_equal(reap(limit_s), 0);
+}
+
+/* ---- the group ------------------------------------------------------------------------------ */
 static void make_desc(dm_tcp_desc* d, int rank, int world) { tw_tcp_desc(d, &g_store, rank, world, 20000); }
+/* Member rank of 2 on the desc's transport (NULL: auto) with token (NULL: none). */
+static dm_status create_member(int rank, const char* transport, const char* token, dm_collective** out) {
+    dm_tcp_desc d;
+    make_desc(&d, rank, 2);
+    d.transport = transport;
+    d.token = token;
+    return dm_tcp_create(&d, out);
+}
 static dm_status join(dm_collective** out, const char* token, int timeout_ms) {
     dm_tcp_desc d;
     make_desc(&d, 0, 0);
@@ -104,11 +106,9 @@ static int grow_checked(dm_collective* c, int n_new, dm_collective** out) {
 /* ---- 2 -> 3 -> 4, one newcomer each time; the first newcomer is a member of the second grow */
 static int member_twice(int rank, void* arg) {
     dm_collective *c = NULL, *g3 = NULL, *g4 = NULL;
-    dm_tcp_desc d;
     int bad;
     (void)arg;
-    make_desc(&d, rank, 2);
-    PST(c, dm_tcp_create(&d, &c));
+    PST(c, create_member(rank, NULL, NULL, &c));
     bad = check_all_reduce(c) || grow_checked(c, 1, &g3) || move_state(g3, 1) || check_all_reduce(g3);
     dm_destroy(c);      /* the grown group keeps its own handle on the store */
     c = NULL;
@@ -135,23 +135,15 @@ static int newcomer_twice(int index, void* arg) {
 }
 static void test_grow_twice(void** s) {
     (void)s;
-    new_run();
-    spawn("member", 0, member_twice, NULL, 60);
-    spawn("member", 1, member_twice, NULL, 60);
-    spawn("newcomer", 0, newcomer_twice, NULL, 60);
-    spawn("newcomer", 1, newcomer_twice, NULL, 60);
-    assert_int_equal(reap(60), 0);
+    run_group(member_twice, 2, newcomer_twice, 2, 60);
 }
 
 /* ---- 2 -> 4 at once: newcomers ranked in arrival order; sockets only ------------------------ */
 static int member_two_new(int rank, void* arg) {
     dm_collective *c = NULL, *g = NULL;
-    dm_tcp_desc d;
     int bad;
     (void)arg;
-    make_desc(&d, rank, 2);
-    d.transport = "tcp";
-    PST(c, dm_tcp_create(&d, &c));
+    PST(c, create_member(rank, "tcp", NULL, &c));
     usleep(600000);                     /* both newcomers wait for their seats first */
     bad = grow_checked(c, 2, &g) || move_state(g, 7) || check_all_reduce(g);
     if (!bad) PCHECK(strcmp(dm_transport_name(g), "tcp") == 0);
@@ -173,12 +165,7 @@ static int newcomer_ordered(int index, void* arg) {
 }
 static void test_grow_two_at_once(void** s) {
     (void)s;
-    new_run();
-    spawn("member", 0, member_two_new, NULL, 60);
-    spawn("member", 1, member_two_new, NULL, 60);
-    spawn("newcomer", 0, newcomer_ordered, NULL, 60);
-    spawn("newcomer", 1, newcomer_ordered, NULL, 60);
-    assert_int_equal(reap(60), 0);
+    run_group(member_two_new, 2, newcomer_ordered, 2, 60);
 }
 
 /* ---- a newcomer that never comes: DM_ERR_TIMEOUT naming rank 2 by the deadline; the old
@@ -186,12 +173,10 @@ static void test_grow_two_at_once(void** s) {
 #define NEVER_MS 1500
 static int member_never(int rank, void* arg) {
     dm_collective *c = NULL, *g = NULL;
-    dm_tcp_desc d;
     double t0, took;
     dm_status st;
     (void)arg;
-    make_desc(&d, rank, 2);
-    PST(c, dm_tcp_create(&d, &c));
+    PST(c, create_member(rank, NULL, NULL, &c));
     PST(c, dm_set_timeout(c, NEVER_MS));
     t0 = tw_now_s();
     st = dm_grow(c, 1, &g);
@@ -224,24 +209,17 @@ static int newcomer_late(int index, void* arg) {
 }
 static void test_grow_newcomer_never_comes(void** s) {
     (void)s;
-    new_run();
-    spawn("member", 0, member_never, NULL, 60);
-    spawn("member", 1, member_never, NULL, 60);
-    spawn("newcomer", 0, newcomer_late, NULL, 60);
-    assert_int_equal(reap(60), 0);
+    run_group(member_never, 2, newcomer_late, 1, 60);
 }
 
 /* ---- a newcomer with the wrong token is refused; the members fail by their deadline ------- */
 #define TOKEN_MS 2000
 static int member_token(int rank, void* arg) {
     dm_collective *c = NULL, *g = NULL;
-    dm_tcp_desc d;
     double t0, took;
     dm_status st;
     (void)arg;
-    make_desc(&d, rank, 2);
-    d.token = "secret";
-    PST(c, dm_tcp_create(&d, &c));
+    PST(c, create_member(rank, NULL, "secret", &c));
     PST(c, dm_set_timeout(c, TOKEN_MS));
     t0 = tw_now_s();
     st = dm_grow(c, 1, &g);
@@ -271,11 +249,7 @@ static int newcomer_wrong_token(int index, void* arg) {
 }
 static void test_grow_wrong_token(void** s) {
     (void)s;
-    new_run();
-    spawn("member", 0, member_token, NULL, 30);
-    spawn("member", 1, member_token, NULL, 30);
-    spawn("newcomer", 0, newcomer_wrong_token, NULL, 30);
-    assert_int_equal(reap(30), 0);
+    run_group(member_token, 2, newcomer_wrong_token, 1, 30);
 }
 
 /* ---- shrink, then grow back to the original size with a new process: member rank 0 hosts a
@@ -359,11 +333,9 @@ static void test_grow_after_shrink(void** s) {
    parent is destroyed fails cleanly by its deadline (no newcomer), then the group works -------- */
 static int member_split_orphan(int rank, void* arg) {
     dm_collective *c = NULL, *sub = NULL, *g = NULL;
-    dm_tcp_desc d;
     dm_status st;
     (void)arg;
-    make_desc(&d, rank, 2);
-    PST(c, dm_tcp_create(&d, &c));
+    PST(c, create_member(rank, NULL, NULL, &c));
     PST(c, dm_split(c, 0, rank, &sub));
     dm_destroy(c);                      /* the world owned the store; sub has its own handle */
     PST(sub, dm_set_timeout(sub, 800));
@@ -376,10 +348,7 @@ static int member_split_orphan(int rank, void* arg) {
 }
 static void test_grow_split_after_parent_destroyed(void** s) {
     (void)s;
-    new_run();
-    spawn("member", 0, member_split_orphan, NULL, 30);
-    spawn("member", 1, member_split_orphan, NULL, 30);
-    assert_int_equal(reap(30), 0);
+    run_group(member_split_orphan, 2, NULL, 0, 30);
 }
 
 /* ---- a launched newcomer: dm_init with DISTMESH_JOIN=1, DISTMESH_STORE, the default prefix -- */
@@ -416,11 +385,7 @@ static int newcomer_env(int index, void* arg) {
 }
 static void test_grow_join_env(void** s) {
     (void)s;
-    new_run();
-    spawn("member", 0, member_env, NULL, 60);
-    spawn("member", 1, member_env, NULL, 60);
-    spawn("newcomer", 0, newcomer_env, NULL, 60);
-    assert_int_equal(reap(60), 0);
+    run_group(member_env, 2, newcomer_env, 1, 60);
 }
 
 /* ---- a newcomer with no grow open fails at its deadline, with a message ------------------- */
@@ -456,11 +421,9 @@ static void test_join_without_grow(void** s) {
 /* ---- members that disagree on n_new all fail and go on; bad arguments -------------------- */
 static int member_disagree(int rank, void* arg) {
     dm_collective *c = NULL, *g = NULL;
-    dm_tcp_desc d;
     dm_status st;
     (void)arg;
-    make_desc(&d, rank, 2);
-    PST(c, dm_tcp_create(&d, &c));
+    PST(c, create_member(rank, NULL, NULL, &c));
     st = dm_grow(c, rank + 1, &g);
     PCHECK(st == DM_ERR_INVALID_ARG && g == NULL && strstr(dm_last_error(c), "same n_new"));
     PCHECK(check_all_reduce(c) == 0);
@@ -489,9 +452,7 @@ static void test_grow_bad_args(void** s) {
     assert_int_equal(dm_tcp_create(&d, &g), DM_ERR_ENV);
     assert_null(g);
     unsetenv("DISTMESH_JOIN");
-    spawn("member", 0, member_disagree, NULL, 30);
-    spawn("member", 1, member_disagree, NULL, 30);
-    assert_int_equal(reap(30), 0);
+    run_group(member_disagree, 2, NULL, 0, 30);
 }
 
 /* ---- the example: examples/ddp_overlap.c --elastic / --rejoin ------------------------------- */
@@ -514,10 +475,12 @@ static int run_example(const char* args) {
 static void test_example_grow(void** s) {
     (void)s;
     assert_int_equal(run_example("--rejoin --kill-at 0 --rejoin-at 20 --steps 40 --hidden 64"), 0);
-    assert_non_null(strstr(g_out, "newcomer: joined as rank 3 of 4 at step 21, weights received"));
-    assert_non_null(strstr(g_out, "grew to 4 ranks at step 21"));
-    assert_non_null(strstr(g_out, "weights identical on all 4 ranks"));
-    assert_non_null(strstr(g_out, ": down"));
+    check_has_all(g_out,
+                  "newcomer: joined as rank 3 of 4 at step 21, weights received",
+                  "grew to 4 ranks at step 21",
+                  "weights identical on all 4 ranks",
+                  ": down",
+                  NULL);
 }
 
 /* 3 ranks train; rank 1 is kill -9'd at step 11; the survivors shrink, check identical weights,
@@ -526,43 +489,40 @@ static void test_example_grow(void** s) {
 static void test_example_elastic_rejoin(void** s) {
     (void)s;
     assert_int_equal(run_example("--rejoin --kill-at 10 --rejoin-at 20 --steps 40 --hidden 64"), 0);
-    assert_non_null(strstr(g_out, "supervisor: kill -9 of rank 1"));
-    assert_non_null(strstr(g_out, "rank 0 -> 0: DM_ERR_PEER_LOST at step 11; shrunk from 3 to 2 ranks"));
-    assert_non_null(strstr(g_out, "rank 2 -> 1: DM_ERR_PEER_LOST at step 11; shrunk from 3 to 2 ranks"));
-    assert_non_null(strstr(g_out, "resuming at step 11"));
-    assert_non_null(strstr(g_out, "newcomer: joined as rank 2 of 3 at step 21, weights received"));
-    assert_non_null(strstr(g_out, "weights identical on all 3 ranks"));
-    assert_non_null(strstr(g_out, ": down"));
+    check_has_all(g_out,
+                  "supervisor: kill -9 of rank 1",
+                  "rank 0 -> 0: DM_ERR_PEER_LOST at step 11; shrunk from 3 to 2 ranks",
+                  "rank 2 -> 1: DM_ERR_PEER_LOST at step 11; shrunk from 3 to 2 ranks",
+                  "resuming at step 11",
+                  "newcomer: joined as rank 2 of 3 at step 21, weights received",
+                  "weights identical on all 3 ranks",
+                  ": down",
+                  NULL);
 }
 /* --elastic alone: the two survivors finish. */
 static void test_example_elastic(void** s) {
     (void)s;
     assert_int_equal(run_example("--elastic --kill-at 10 --steps 30 --hidden 64 --victim 0"), 0);
-    assert_non_null(strstr(g_out, "supervisor: kill -9 of rank 0"));
-    assert_non_null(strstr(g_out, "shrunk from 3 to 2 ranks"));
-    assert_non_null(strstr(g_out, "weights identical on all 2 ranks"));
-    assert_non_null(strstr(g_out, ": down"));
+    check_has_all(g_out,
+                  "supervisor: kill -9 of rank 0",
+                  "shrunk from 3 to 2 ranks",
+                  "weights identical on all 2 ranks",
+                  ": down",
+                  NULL);
 }
 
-static int setup_store(void** s) { (void)s; return tw_store_file(&g_store, "dm_grow_test"); }
-static int teardown_store(void** s) { (void)s; return tw_store_close(&g_store); }
+TW_STORE_FIXTURES(g_store, "dm_grow_test", SIG_DFL)      /* SIGPIPE fatal: the library must never raise it */
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_grow_twice),
-        cmocka_unit_test(test_grow_two_at_once),
-        cmocka_unit_test(test_grow_newcomer_never_comes),
-        cmocka_unit_test(test_grow_wrong_token),
-        cmocka_unit_test(test_grow_after_shrink),
-        cmocka_unit_test(test_grow_split_after_parent_destroyed),
-        cmocka_unit_test(test_grow_join_env),
-        cmocka_unit_test(test_join_without_grow),
-        cmocka_unit_test(test_grow_bad_args),
-        cmocka_unit_test(test_example_grow),
-        cmocka_unit_test(test_example_elastic),
-        cmocka_unit_test(test_example_elastic_rejoin),
-    };
-    signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup_store, teardown_store);
-}
+DM_TEST_MAIN(setup_store, teardown_store,
+    cmocka_unit_test(test_grow_twice),
+    cmocka_unit_test(test_grow_two_at_once),
+    cmocka_unit_test(test_grow_newcomer_never_comes),
+    cmocka_unit_test(test_grow_wrong_token),
+    cmocka_unit_test(test_grow_after_shrink),
+    cmocka_unit_test(test_grow_split_after_parent_destroyed),
+    cmocka_unit_test(test_grow_join_env),
+    cmocka_unit_test(test_join_without_grow),
+    cmocka_unit_test(test_grow_bad_args),
+    cmocka_unit_test(test_example_grow),
+    cmocka_unit_test(test_example_elastic),
+    cmocka_unit_test(test_example_elastic_rejoin))

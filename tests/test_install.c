@@ -3,15 +3,8 @@
    with the distmesh::distmesh and distmesh::tcp targets). Each step's output goes to a log that
    is printed when the step fails. The CMake test skips when cmake is missing. */
 #define _GNU_SOURCE
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "prelude.h"
 #include <unistd.h>
-#include <cmocka.h>
-#include "test_filter.h"
 #include "test_world.h"
 
 #ifndef DM_SRCDIR
@@ -52,7 +45,7 @@ static int teardown(void** state) {
 static void test_install_layout(void** state) {
     (void)state;
     assert_int_equal(sh("test -f root/usr/include/distmesh.h && test -f root/usr/include/distmesh_tcp.h && "
-                        "test -f root/usr/include/distmesh_store.h && "
+                        "test -f root/usr/include/distmesh_store.h && test -f root/usr/include/distmesh_trace.h && "
                         "test -f root/usr/include/distmesh_nccl.h && test -f root/usr/lib/pkgconfig/distmesh.pc && "
                         "test -f root/usr/lib/pkgconfig/distmesh-tcp.pc && "
                         "test -f root/usr/lib/cmake/distmesh/distmesh-config.cmake && "
@@ -94,12 +87,7 @@ static void test_install_cmake_consumer(void** state) {
                         "grep -q \"unknown component\" bad.log"), 0);
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_install_layout),
-        cmocka_unit_test(test_install_pkgconfig_consumer),
-        cmocka_unit_test(test_install_cmake_consumer),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+DM_TEST_MAIN(setup, teardown,
+    cmocka_unit_test(test_install_layout),
+    cmocka_unit_test(test_install_pkgconfig_consumer),
+    cmocka_unit_test(test_install_cmake_consumer))

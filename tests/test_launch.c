@@ -11,18 +11,11 @@
 #define _GNU_SOURCE
 #include "distmesh.h"
 #include <errno.h>
-#include <setjmp.h>
+#include "prelude.h"
 #include <signal.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <cmocka.h>
-#include "test_filter.h"
 #include "test_world.h"
 
 #ifndef DM_EXAMPLE
@@ -477,6 +470,5 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_launch_by_hand_example),
     };
     signal(SIGPIPE, SIG_IGN);
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return DM_RUN_TESTS(argc, argv, tests, setup, teardown);
 }

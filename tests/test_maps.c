@@ -10,14 +10,7 @@
 #define _GNU_SOURCE                 /* mkstemp, popen */
 #include "distmesh.h"
 
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
-#include "test_filter.h"
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "prelude.h"
 #include <unistd.h>
 
 #ifndef DM_SRCDIR
@@ -168,11 +161,6 @@ static void test_tag_indexes(void** state) {
     assert_int_equal(system(PY " " DM_SRCDIR "/scripts/check_tags.py"), 0);
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cost_model_script_is_what_runs),
-        cmocka_unit_test(test_tag_indexes),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DM_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_cost_model_script_is_what_runs),
+    cmocka_unit_test(test_tag_indexes))

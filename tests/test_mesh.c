@@ -3,17 +3,10 @@
    MPI_Comm_split; dm_local; main_process_first ordering; validation messages. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep under -std=c11 */
 #include "distmesh.h"
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 #include "test_util.h"
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #define RCALL(c, expr) do { dm_status st_ = (expr); if (st_ != DM_OK) { \
@@ -776,22 +769,17 @@ static void test_local_group_and_main_process_first(void** state) {
     assert_int_equal(atomic_load(&g_order_errors), 0);
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mesh_dp2_tp4_on_8_ranks),
-        cmocka_unit_test(test_mesh_2x2x2_on_8_ranks),
-        cmocka_unit_test(test_mesh_validation_messages),
-        cmocka_unit_test(test_strategy_defaults_and_seed_messages),
-        cmocka_unit_test(test_strategy_on_8_ranks),
-        cmocka_unit_test(test_strategy_world1_forces_sizes_to_1),
-        cmocka_unit_test(test_strategy_dim_must_be_specified),
-        cmocka_unit_test(test_strategy_create_failures_reported),
-        cmocka_unit_test(test_strategy_create_out_of_memory),
-        cmocka_unit_test(test_strategy_validate_failure_messages),
-        cmocka_unit_test(test_mesh_bad_dim_messages),
-        cmocka_unit_test(test_split_like_mpi_comm_split),
-        cmocka_unit_test(test_local_group_and_main_process_first),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DM_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_mesh_dp2_tp4_on_8_ranks),
+    cmocka_unit_test(test_mesh_2x2x2_on_8_ranks),
+    cmocka_unit_test(test_mesh_validation_messages),
+    cmocka_unit_test(test_strategy_defaults_and_seed_messages),
+    cmocka_unit_test(test_strategy_on_8_ranks),
+    cmocka_unit_test(test_strategy_world1_forces_sizes_to_1),
+    cmocka_unit_test(test_strategy_dim_must_be_specified),
+    cmocka_unit_test(test_strategy_create_failures_reported),
+    cmocka_unit_test(test_strategy_create_out_of_memory),
+    cmocka_unit_test(test_strategy_validate_failure_messages),
+    cmocka_unit_test(test_mesh_bad_dim_messages),
+    cmocka_unit_test(test_split_like_mpi_comm_split),
+    cmocka_unit_test(test_local_group_and_main_process_first))

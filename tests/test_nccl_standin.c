@@ -37,18 +37,12 @@
 #include <nccl.h>
 
 #include <pthread.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "prelude.h"
 #include <time.h>
 #include <sched.h>
 
-#include <cmocka.h>
-#include "test_filter.h"
 #include "test_world.h"
+#include "test_util.h"
 #include "stand_in_cuda_nccl.h"
 
 enum { CALLER_DEVICE = 0, N = 16 };
@@ -56,11 +50,6 @@ enum { CALLER_DEVICE = 0, N = 16 };
 static int g_device = -1;       /* the communicator's device, while one is checked */
 
 /* Asserts st and shows the collective's last error when it is not. */
-#define CHECK_ST(c, want, expr) do { dm_status s_ = (expr);                                   \
-        if (s_ != (want)) fail_msg("%s -> %s (want %s): %s", #expr, dm_status_name(s_),          \
-                                   dm_status_name(want), dm_last_error(c));                      \
-    } while (0)
-#define CHECK_OK(c, expr) CHECK_ST(c, DM_OK, expr)
 #define CHECK_MSG(c, text) do { if (!strstr(dm_last_error(c), (text)))                          \
         fail_msg("last error \"%s\" lacks \"%s\"", dm_last_error(c), (text)); } while (0)
 
@@ -134,6 +123,22 @@ static void no_wrong_device(void) {
         fail_msg("%d calls on the wrong device, the first: %s", si_get()->wrong_device_calls,
                  si_get()->first_wrong_device_call);
 }
+/* The set-up most tests share: a fresh stand-in, a communicator of world ranks on device, and
+   two device buffers of n floats. */
+static dm_collective* make_with_buffers(int world, int device, int timeout_ms, size_t n, float** a, float** b) {
+    dm_collective* c;
+    si_reset();
+    c = make(world, device, timeout_ms);
+    *a = dev(n);
+    *b = dev(n);
+    return c;
+}
+/* Their end: both buffers freed, then nothing_left. */
+static void free_buffers_nothing_left(float* a, float* b) {
+    dev_free(a);
+    dev_free(b);
+    nothing_left();
+}
 
 /* Point 2 (and 3, 4): every slot, blocking and _async, on a world of 2 on device 2 while the
    caller's device is 0. The stream stays busy for 2 polls after each operation, so a host copy
@@ -153,33 +158,33 @@ static void test_standin_every_slot_runs_on_the_communicators_device(void** stat
     b = dev(4 * N);
     for (i = 0; i < N; i++) host_src[i] = (float)i + 0.5f;
     memcpy(host_buf, host_src, sizeof(host_buf));
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
-    CHECK_OK(c, dm_reduce_scatter(c, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
-    CHECK_OK(c, dm_all_gather(c, a, b, N, DM_FLOAT32)); caller_device_is_back();
-    CHECK_OK(c, dm_broadcast(c, a, N, DM_FLOAT32, 0)); caller_device_is_back();
-    CHECK_OK(c, dm_barrier(c)); caller_device_is_back();
-    CHECK_OK(c, dm_synchronize(c)); caller_device_is_back();
-    CHECK_OK(c, dm_reduce(c, a, b, N, DM_FLOAT32, DM_SUM, 0)); caller_device_is_back();
-    CHECK_OK(c, dm_gather(c, a, b, N, DM_FLOAT32, 0)); caller_device_is_back();
-    CHECK_OK(c, dm_scatter(c, b, a, N, DM_FLOAT32, 0)); caller_device_is_back();
-    CHECK_OK(c, dm_all_to_all(c, a, b, N, DM_FLOAT32)); caller_device_is_back();
-    CHECK_OK(c, dm_all_to_all(c, NULL, b, N, DM_FLOAT32)); caller_device_is_back();
-    CHECK_OK(c, dm_send(c, a, N, DM_FLOAT32, 1, 7)); caller_device_is_back();
-    CHECK_OK(c, dm_recv(c, a, N, DM_FLOAT32, 1, 7)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_reduce_scatter(c, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_all_gather(c, a, b, N, DM_FLOAT32)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_broadcast(c, a, N, DM_FLOAT32, 0)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_barrier(c)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_synchronize(c)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_reduce(c, a, b, N, DM_FLOAT32, DM_SUM, 0)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_gather(c, a, b, N, DM_FLOAT32, 0)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_scatter(c, b, a, N, DM_FLOAT32, 0)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_all_to_all(c, a, b, N, DM_FLOAT32)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_all_to_all(c, NULL, b, N, DM_FLOAT32)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_send(c, a, N, DM_FLOAT32, 1, 7)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_recv(c, a, N, DM_FLOAT32, 1, 7)); caller_device_is_back();
     recvs[0] = b; recvs[1] = b + N;
-    CHECK_OK(c, dm_all_gather_to_list(c, a, recvs, N, DM_FLOAT32)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_all_gather_to_list(c, a, recvs, N, DM_FLOAT32)); caller_device_is_back();
 
     /* Host staging: stream-ordered scratch only (no cudaMalloc / cudaFree, which wait for the
        whole device), and no host copy behind unfinished work. */
     mallocs = si_count("cudaMalloc"); frees = si_count("cudaFree");
     async_mallocs = si_count("cudaMallocAsync"); async_frees = si_count("cudaFreeAsync");
     memset(host_dst, 0, sizeof(host_dst));
-    CHECK_OK(c, dm_all_gather(c, host_src, host_dst, N, DM_FLOAT32)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_all_gather(c, host_src, host_dst, N, DM_FLOAT32)); caller_device_is_back();
     assert_memory_equal(host_dst, host_src, sizeof(host_src));    /* our block, rank 0's */
-    CHECK_OK(c, dm_broadcast(c, host_buf, N, DM_FLOAT32, 0)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_broadcast(c, host_buf, N, DM_FLOAT32, 0)); caller_device_is_back();
     assert_memory_equal(host_buf, host_src, sizeof(host_src));
     recvs[0] = host_dst; recvs[1] = host_dst + N;
-    CHECK_OK(c, dm_all_gather_to_list(c, host_src, recvs, N, DM_FLOAT32)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_all_gather_to_list(c, host_src, recvs, N, DM_FLOAT32)); caller_device_is_back();
     assert_memory_equal(host_dst, host_src, sizeof(host_src));
     assert_int_equal(si_count("cudaMalloc"), mallocs);
     assert_int_equal(si_count("cudaFree"), frees);
@@ -188,26 +193,24 @@ static void test_standin_every_slot_runs_on_the_communicators_device(void** stat
     assert_int_equal(si_get()->host_copies_on_busy_stream, 0);
 
     /* Requests: start and finish switch too. */
-    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req)); caller_device_is_back();
-    CHECK_OK(c, dm_test(req, &done)); caller_device_is_back();
-    if (!done) CHECK_OK(c, dm_wait(req));
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_test(req, &done)); caller_device_is_back();
+    if (!done) CHECK_DM_OK(c, dm_wait(req));
     caller_device_is_back();
-    CHECK_OK(c, dm_scatter_async(c, b, a, N, DM_FLOAT32, 0, &req)); caller_device_is_back();
-    CHECK_OK(c, dm_wait(req)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_scatter_async(c, b, a, N, DM_FLOAT32, 0, &req)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_wait(req)); caller_device_is_back();
 
     /* split: the child's stream, scratch and events on the parent's device. */
-    CHECK_OK(c, dm_split(c, 0, 0, &child)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_split(c, 0, 0, &child)); caller_device_is_back();
     assert_non_null(child);
-    CHECK_OK(child, dm_all_reduce(child, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
-    CHECK_OK(child, dm_synchronize(child));
+    CHECK_DM_OK(child, dm_all_reduce(child, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
+    CHECK_DM_OK(child, dm_synchronize(child));
     dm_destroy(child); caller_device_is_back();
     dm_destroy(c); caller_device_is_back();
     no_wrong_device();
     assert_int_equal(si_get()->aborts, 0);
     assert_int_equal(si_get()->destroys, 2);
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 1: ncclRemoteError on the 3rd enqueue (a peer died between calls), with two requests
@@ -217,14 +220,11 @@ static void test_standin_nccl_error_on_enqueue_aborts_once(void** state) {
     dm_request *r1 = NULL, *r2 = NULL, *r3 = NULL;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(2, 1, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 1, 5000, 2 * N, &a, &b);
     si_fail("enqueue", 3, ncclRemoteError, false);
     si_hold_streams(true);      /* the two requests' kernels wait for the dead peer */
-    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r1));
-    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r2));
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r1));
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r2));
     CHECK_ST(c, DM_ERR_NETWORK, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     CHECK_MSG(c, "scripted for ncclAllReduce");     /* NCCL's text, read before the abort */
     assert_int_equal(si_get()->aborts, 1);
@@ -246,9 +246,7 @@ static void test_standin_nccl_error_on_enqueue_aborts_once(void** state) {
     assert_int_equal(si_get()->aborts, 1);          /* once */
     assert_int_equal(si_get()->destroys, 0);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 1 in groups: an error at ncclGroupEnd, a failing ncclSend inside a group (the group is
@@ -257,10 +255,7 @@ static void test_standin_group_and_async_errors_abort(void** state) {
     dm_collective* c;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(3, 1, 5000);
-    a = dev(3 * N);
-    b = dev(3 * N);
+    c = make_with_buffers(3, 1, 5000, 3 * N, &a, &b);
     si_fail("ncclGroupEnd", 1, ncclSystemError, false);
     CHECK_ST(c, DM_ERR_NETWORK, dm_gather(c, a, b, N, DM_FLOAT32, 0));
     CHECK_MSG(c, "gather");
@@ -287,9 +282,7 @@ static void test_standin_group_and_async_errors_abort(void** state) {
     dm_destroy(c);
     assert_int_equal(si_get()->aborts, 3);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Split on NCCL 2.27+ (the stand-in's header says how): ncclCommSplit returns with no child,
@@ -303,10 +296,7 @@ static void test_standin_split_failures_abort_the_child(void** state) {
     dm_collective *c, *child = NULL;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(2, 3, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 3, 5000, 2 * N, &a, &b);
     si_fail("ncclCommSplit", 1, ncclRemoteError, false);
     CHECK_ST(c, DM_ERR_NETWORK, dm_split(c, 0, 0, &child));
     assert_null(child);
@@ -345,7 +335,7 @@ static void test_standin_split_failures_abort_the_child(void** state) {
     assert_null(child);
     CHECK_MSG(c, "no communicator");
     si_split_gives_null(false);
-    CHECK_OK(c, dm_barrier(c));                     /* the parent is fine */
+    CHECK_DM_OK(c, dm_barrier(c));                     /* the parent is fine */
     /* the parent's second poll fails itself */
     si_fail("ncclCommGetAsyncError", 2, ncclInvalidArgument, false);
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_split(c, 0, 0, &child));
@@ -354,9 +344,7 @@ static void test_standin_split_failures_abort_the_child(void** state) {
     assert_int_equal(si_get()->live_comms, 0);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 5: results that were not checked. */
@@ -410,16 +398,14 @@ static void test_standin_cuda_and_poll_results_are_checked(void** state) {
     /* ncclCommGetAsyncError failing with an infinite timeout: a status, not an endless loop */
     c = make(2, 1, -1);
     si_set_busy_polls(1000000);
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     si_fail("ncclCommGetAsyncError", 3, ncclInternalError, false);
     CHECK_ST(c, DM_ERR_NCCL, dm_synchronize(c));
     assert_int_equal(si_get()->aborts, 4);
     si_set_busy_polls(0);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 3: with work that never finishes on the stream, a host-staged call waits under the
@@ -435,7 +421,7 @@ static void test_standin_host_copy_waits_with_the_deadline(void** state) {
     a = dev(2 * N);
     b = dev(2 * N);
     si_hold_streams(true);
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     copies = si_count("cudaMemcpyAsync");
     CHECK_ST(c, DM_ERR_TIMEOUT, dm_all_gather(c, host_src, host_dst, N, DM_FLOAT32));
     CHECK_MSG(c, "timed out");
@@ -445,9 +431,7 @@ static void test_standin_host_copy_waits_with_the_deadline(void** state) {
     si_hold_streams(false);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 7: a sticky cudaErrorIllegalAddress from cudaEventQuery, then from cudaStreamQuery. */
@@ -456,15 +440,12 @@ static void test_standin_sticky_cuda_error_aborts_and_settles(void** state) {
     dm_request *r0 = NULL, *r1 = NULL, *r2 = NULL;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(2, 2, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
-    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r0));
-    CHECK_OK(c, dm_wait(r0));
+    c = make_with_buffers(2, 2, 5000, 2 * N, &a, &b);
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r0));
+    CHECK_DM_OK(c, dm_wait(r0));
     si_hold_streams(true);
-    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r1));
-    CHECK_OK(c, dm_all_gather_async(c, a, b, N, DM_FLOAT32, &r2));
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &r1));
+    CHECK_DM_OK(c, dm_all_gather_async(c, a, b, N, DM_FLOAT32, &r2));
     si_fail("cudaEventQuery", 1, cudaErrorIllegalAddress, true);
     CHECK_ST(c, DM_ERR_CUDA, dm_wait(r1));
     CHECK_MSG(c, "illegal memory access");
@@ -477,15 +458,10 @@ static void test_standin_sticky_cuda_error_aborts_and_settles(void** state) {
     si_hold_streams(false);
     dm_destroy(c);                                  /* with every CUDA call failing */
     assert_int_equal(si_get()->aborts, 1);
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 
-    si_reset();
-    c = make(2, 2, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    c = make_with_buffers(2, 2, 5000, 2 * N, &a, &b);
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     si_fail("cudaStreamQuery", 1, cudaErrorIllegalAddress, true);
     CHECK_ST(c, DM_ERR_CUDA, dm_synchronize(c));
     assert_int_equal(si_get()->aborts, 1);
@@ -494,13 +470,12 @@ static void test_standin_sticky_cuda_error_aborts_and_settles(void** state) {
     dm_destroy(c);
     assert_int_equal(si_get()->aborts, 1);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* >>shrink */
 static char g_dir[256];         /* the program's directory: file stores live in it */
+TMPDIR_FIXTURES(g_dir, "dm_nccl_standin")
 /* An empty store: hosted here with DISTMESH_TCP, else a file store in a new directory. */
 static dm_store* rendezvous_store(int timeout_ms) {
     dm_store_desc sd;
@@ -543,13 +518,13 @@ static void test_standin_shrink_uses_ncclCommShrink(void** state) {
     a = dev(2 * N);
     b = dev(2 * N);
     /* DEFAULT with a stream request not waited for: busy, nothing touched */
-    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
     CHECK_ST(c, DM_ERR_BUSY, dm_shrink(c, gone, 2, DM_SHRINK_DEFAULT, &s));
     assert_null(s);
-    CHECK_OK(c, dm_wait(req));
+    CHECK_DM_OK(c, dm_wait(req));
     assert_int_equal(si_last_shrink()->calls, 0);
 
-    CHECK_OK(c, dm_shrink(c, gone, 2, DM_SHRINK_DEFAULT, &s)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_shrink(c, gone, 2, DM_SHRINK_DEFAULT, &s)); caller_device_is_back();
     assert_non_null(s);
     assert_int_equal(si_last_shrink()->calls, 1);
     assert_int_equal(si_last_shrink()->flags, NCCL_SHRINK_DEFAULT);
@@ -560,26 +535,24 @@ static void test_standin_shrink_uses_ncclCommShrink(void** state) {
     comm_is(s, 1, 2);                               /* old ranks 1, 2 -> 0, 1 */
     assert_int_equal(s->timeout_ms, 4321);
     assert_int_equal(si_count("ncclCommInitRankConfig"), 1);    /* no re-init */
-    CHECK_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
+    CHECK_DM_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM)); caller_device_is_back();
     CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     CHECK_MSG(c, "shrink");
     CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
     assert_int_equal(si_get()->live_comms, 1);      /* the parent's was released */
 
     /* DM_SHRINK_ABORT maps to NCCL_SHRINK_ABORT; shrinking twice */
-    CHECK_OK(s, dm_shrink(s, gone2, 1, DM_SHRINK_ABORT, &s2));
+    CHECK_DM_OK(s, dm_shrink(s, gone2, 1, DM_SHRINK_ABORT, &s2));
     assert_int_equal(si_last_shrink()->flags, NCCL_SHRINK_ABORT);
     assert_int_equal(si_last_shrink()->count, 1);
     assert_int_equal(si_last_shrink()->exclude[0], 0);
     comm_is(s2, 0, 1);
-    CHECK_OK(s2, dm_all_reduce(s2, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(s2, dm_all_reduce(s2, a, b, N, DM_FLOAT32, DM_SUM));
     dm_destroy(s2);
     dm_destroy(s);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Without ncclCommShrink (NCCL reported as 2.26.5) and after a failure that aborted the
@@ -605,21 +578,21 @@ static void test_standin_shrink_falls_back_to_reinit_through_the_store(void** st
     CHECK_ST(c, DM_ERR_UNSUPPORTED, dm_shrink(c, gone0, 1, DM_SHRINK_DEFAULT, &s));
     assert_null(s);
     CHECK_MSG(c, "desc.store");
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));     /* still usable */
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));     /* still usable */
     dm_destroy(c);
 
     /* old rank 1 of 3 without rank 0: the new rank 0 publishes the id */
     c = make_on(3, 1, 1, 5000, store, "job/");
-    CHECK_OK(c, dm_shrink(c, gone0, 1, DM_SHRINK_DEFAULT, &s)); caller_device_is_back();
+    CHECK_DM_OK(c, dm_shrink(c, gone0, 1, DM_SHRINK_DEFAULT, &s)); caller_device_is_back();
     assert_int_equal(si_last_shrink()->calls, 0);
     assert_int_equal(si_count("ncclGetUniqueId"), 1);
     comm_is(s, 0, 2);
-    CHECK_OK(NULL, dm_store_get(store, "job/shrink/1/nccl_unique_id", &value, &len));
+    CHECK_DM_OK(NULL, dm_store_get(store, "job/shrink/1/nccl_unique_id", &value, &len));
     assert_int_equal(len, DM_NCCL_UNIQUE_ID_BYTES);
     assert_int_equal(((unsigned char*)value)[0], 1);   /* the stand-in's first id */
     dm_store_free(store, value);
     CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
-    CHECK_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
     dm_destroy(c);
     dm_destroy(s);
     s = NULL;
@@ -633,8 +606,8 @@ static void test_standin_shrink_falls_back_to_reinit_through_the_store(void** st
     CHECK_ST(c, DM_ERR_NETWORK, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     memset(id, 0, sizeof(id));
     id[0] = 77;
-    CHECK_OK(NULL, dm_store_set(store, "job2/shrink/1/nccl_unique_id", id, sizeof(id)));
-    CHECK_OK(c, dm_shrink(c, gone1, 1, DM_SHRINK_ABORT, &s));
+    CHECK_DM_OK(NULL, dm_store_set(store, "job2/shrink/1/nccl_unique_id", id, sizeof(id)));
+    CHECK_DM_OK(c, dm_shrink(c, gone1, 1, DM_SHRINK_ABORT, &s));
     assert_int_equal(si_last_shrink()->calls, 0);
     comm_is(s, 1, 2);
     {
@@ -646,17 +619,15 @@ static void test_standin_shrink_falls_back_to_reinit_through_the_store(void** st
     /* the next fallback shrink of this lineage uses generation 2 */
     si_set_version(NCCL_VERSION(2, 18, 1));
     id[0] = 78;
-    CHECK_OK(NULL, dm_store_set(store, "job2/shrink/2/nccl_unique_id", id, sizeof(id)));
-    CHECK_OK(s, dm_shrink(s, gone0, 1, DM_SHRINK_DEFAULT, &s2));
+    CHECK_DM_OK(NULL, dm_store_set(store, "job2/shrink/2/nccl_unique_id", id, sizeof(id)));
+    CHECK_DM_OK(s, dm_shrink(s, gone0, 1, DM_SHRINK_DEFAULT, &s2));
     comm_is(s2, 0, 1);
     dm_destroy(s2);
     dm_destroy(s);
     dm_destroy(c);
     dm_store_destroy(store);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Failing shrinks: a status and NCCL's message, *out NULL, nothing leaked, the parent aborted
@@ -667,10 +638,7 @@ static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
     int gone[1] = { 1 }, calls;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(3, 2, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(3, 2, 5000, 2 * N, &a, &b);
     si_fail("ncclCommShrink", 1, ncclRemoteError, false);
     CHECK_ST(c, DM_ERR_NETWORK, dm_shrink(c, gone, 1, DM_SHRINK_ABORT, &s));
     assert_null(s);
@@ -691,9 +659,9 @@ static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
     /* DEFAULT waits for the parent's queued work first (NCCL wants it quiet), under the
        deadline: work that never ends is a timeout, and ncclCommShrink is not called */
     c = make(3, 2, 150);
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     si_hold_streams(true);
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     calls = si_last_shrink()->calls;
     CHECK_ST(c, DM_ERR_TIMEOUT, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
     assert_null(s);
@@ -717,12 +685,10 @@ static void test_standin_failed_shrink_reports_and_leaks_nothing(void** state) {
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, gone, 1, 7, &s));
     gone[0] = 0;
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));   /* itself */
-    CHECK_OK(c, dm_barrier(c));
+    CHECK_DM_OK(c, dm_barrier(c));
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* >>threads  The watchdog (issue 30): an owner thread sits in an operation that cannot finish
@@ -836,29 +802,24 @@ static void watchdog_case(int kind) {
     owner_job job;
     int64_t t0;
     float *a, *b;
-    si_reset();
-    c = make(2, 1, 20000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 1, 20000, 2 * N, &a, &b);
     si_hold_streams(true);
-    if (kind == OWN_START_HOST) CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));   /* never ends */
+    if (kind == OWN_START_HOST) CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));   /* never ends */
     owner_init(&job, c, kind, a, b);
-    CHECK_OK(c, watchdog_shrink(&job, 1, stream_polls, &s, &t0));
+    CHECK_DM_OK(c, watchdog_shrink(&job, 1, stream_polls, &s, &t0));
     si_hold_streams(false);
     if (job.st != DM_ERR_ABORTED) fail_msg("the owner's call ended with %s", dm_status_name(job.st));
     assert_true(job.returned_ms - t0 < 5000);
     assert_int_equal(__atomic_load_n(&g_beside, __ATOMIC_ACQUIRE), 0);
     assert_int_equal(si_last_shrink()->flags, NCCL_SHRINK_ABORT);
     comm_is(s, 0, 1);
-    CHECK_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
-    CHECK_OK(s, dm_synchronize(s));
+    CHECK_DM_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(s, dm_synchronize(s));
     CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
     dm_destroy(s);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 static void test_standin_shrink_abort_interrupts_a_blocking_call(void** state) {
     (void)state;
@@ -898,11 +859,8 @@ static void test_standin_other_thread_is_busy_while_requests_run(void** state) {
     int reduces;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(2, 1, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
-    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+    c = make_with_buffers(2, 1, 5000, 2 * N, &a, &b);
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
     reduces = si_count("ncclAllReduce");
     o.c = c; o.a = a; o.b = b;
     assert_int_equal(pthread_create(&th, NULL, other_thread, &o), 0);
@@ -911,13 +869,11 @@ static void test_standin_other_thread_is_busy_while_requests_run(void** state) {
     assert_int_equal(o.sync, DM_ERR_BUSY);
     assert_int_equal(o.async, DM_ERR_BUSY);
     assert_int_equal(si_count("ncclAllReduce"), reduces);
-    CHECK_OK(c, dm_wait(req));
-    CHECK_OK(c, dm_synchronize(c));                 /* the owner's own calls still run */
+    CHECK_DM_OK(c, dm_wait(req));
+    CHECK_DM_OK(c, dm_synchronize(c));                 /* the owner's own calls still run */
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 3: a split whose job never ends, interrupted by dm_shrink(DM_SHRINK_ABORT) on another
@@ -961,19 +917,17 @@ static void test_standin_parked_scratch_waits_for_the_abort(void** state) {
     a = dev(2 * N);
     b = dev(2 * N);
     si_hold_streams(true);
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));     /* a kernel that never ends */
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));     /* a kernel that never ends */
     owner_init(&job, c, OWN_GATHER_HOST, a, b);
-    CHECK_OK(c, watchdog_shrink(&job, 1, stream_polls, &s, &t0));
+    CHECK_DM_OK(c, watchdog_shrink(&job, 1, stream_polls, &s, &t0));
     si_hold_streams(false);
     assert_int_equal(job.st, DM_ERR_ABORTED);
     assert_int_equal(__atomic_load_n(&g_beside, __ATOMIC_ACQUIRE), 0);
-    CHECK_OK(s, dm_all_gather(s, job.host_src, job.host_dst, N, DM_FLOAT32));
+    CHECK_DM_OK(s, dm_all_gather(s, job.host_src, job.host_dst, N, DM_FLOAT32));
     dm_destroy(s);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 1: NCCL 2.27+ writes the shrink's child only when the parent's job ends. A job that
@@ -985,10 +939,7 @@ static void test_standin_shrink_job_failures_abort_parent_then_child(void** stat
     int gone[1] = { 2 };
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(3, 1, 200);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(3, 1, 200, 2 * N, &a, &b);
     si_set_init_polls(0, true);
     CHECK_ST(c, DM_ERR_TIMEOUT, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
     assert_null(s);
@@ -1010,9 +961,7 @@ static void test_standin_shrink_job_failures_abort_parent_then_child(void** stat
     si_split_child_fails(ncclSuccess);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 4: NCCL cannot find dead ranks itself and refuses an empty exclude list; dm_shrink
@@ -1023,31 +972,26 @@ static void test_standin_shrink_without_excluded_ranks_is_refused(void** state) 
     dm_request* req = NULL;
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(3, 1, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(3, 1, 5000, 2 * N, &a, &b);
     si_set_busy_polls(3);
-    CHECK_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, NULL, 0, DM_SHRINK_ABORT, &s));
     assert_null(s);
     assert_int_equal(si_get()->aborts, 0);
-    CHECK_OK(c, dm_barrier(c));
+    CHECK_DM_OK(c, dm_barrier(c));
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, NULL, 0, DM_SHRINK_ABORT, &s));
     CHECK_MSG(c, "excluded ranks");
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, NULL, 0, DM_SHRINK_DEFAULT, &s));
     assert_null(s);
-    CHECK_OK(c, dm_wait(req));
+    CHECK_DM_OK(c, dm_wait(req));
     assert_int_equal(si_last_shrink()->calls, 0);
     assert_int_equal(si_get()->aborts, 0);
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
-    CHECK_OK(c, dm_synchronize(c));
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(c, dm_synchronize(c));
     dm_destroy(c);
     assert_int_equal(si_get()->destroys, 1);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 5: an asynchronous error that arrives after the last poll makes ncclCommDestroy fail
@@ -1058,11 +1002,8 @@ static void test_standin_destroy_after_a_late_error_aborts(void** state) {
     int gone[1] = { 2 };
     float *a, *b;
     (void)state;
-    si_reset();
-    c = make(2, 1, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    c = make_with_buffers(2, 1, 5000, 2 * N, &a, &b);
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     si_fail("ncclCommDestroy", 1, ncclRemoteError, false);
     dm_destroy(c);
     assert_int_equal(si_get()->destroys, 0);
@@ -1072,16 +1013,14 @@ static void test_standin_destroy_after_a_late_error_aborts(void** state) {
 
     c = make(3, 1, 5000);
     si_fail("ncclCommDestroy", 1, ncclRemoteError, false);
-    CHECK_OK(c, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
+    CHECK_DM_OK(c, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
     assert_int_equal(si_get()->aborts, 2);
     assert_int_equal(si_get()->group_depth, 0);
-    CHECK_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
     dm_destroy(s);
     dm_destroy(c);
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 6: memory of another GPU is refused before anything is queued (DM_ERR_INVALID_ARG,
@@ -1101,10 +1040,7 @@ static void test_standin_buffer_on_another_gpu_is_refused(void** state) {
     dm_request* req = NULL;
     float *a, *b, *other, *managed = NULL, host[2 * N];
     (void)state;
-    si_reset();
-    c = make(2, 2, 5000);
-    a = dev(2 * N);
-    b = dev(2 * N);
+    c = make_with_buffers(2, 2, 5000, 2 * N, &a, &b);
     other = dev_on(3, 2 * N);
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_all_reduce(c, other, b, N, DM_FLOAT32, DM_SUM));
     CHECK_MSG(c, "GPU 3");
@@ -1116,14 +1052,14 @@ static void test_standin_buffer_on_another_gpu_is_refused(void** state) {
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_reduce_scatter_async(c, other, b, N / 2, DM_FLOAT32, DM_SUM, &req));
     assert_null(req);
     assert_int_equal(si_get()->aborts, 0);
-    CHECK_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     si_expect_device(-1);
     assert_int_equal(cudaSetDevice(3), cudaSuccess);
     assert_int_equal(cudaMallocManaged((void**)&managed, 2 * N * sizeof(float), cudaMemAttachGlobal), cudaSuccess);
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
     si_expect_device(g_device);
-    CHECK_OK(c, dm_all_reduce(c, managed, b, N, DM_FLOAT32, DM_SUM));
-    CHECK_OK(c, dm_synchronize(c));
+    CHECK_DM_OK(c, dm_all_reduce(c, managed, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(c, dm_synchronize(c));
     dm_destroy(c);
     no_wrong_device();
     dev_free(a);
@@ -1147,9 +1083,9 @@ static void test_standin_shared_abort_flag_spares_the_shrunk_child(void** state)
     c = make(3, 1, 5000);
     a = dev(2 * N);
     b = dev(2 * N);
-    CHECK_OK(c, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
-    CHECK_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
-    CHECK_OK(s, dm_synchronize(s));
+    CHECK_DM_OK(c, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
+    CHECK_DM_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
+    CHECK_DM_OK(s, dm_synchronize(s));
     assert_int_equal(si_get()->skipped_by_shared_abort, 0);     /* the child's work ran */
     assert_int_equal(si_get()->aborts, 0);
     assert_int_equal(si_get()->destroys, 1);
@@ -1158,9 +1094,7 @@ static void test_standin_shared_abort_flag_spares_the_shrunk_child(void** state)
     unsetenv("NCCL_COMM_SHRINK_SHARE_RESOURCES");
     unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
     no_wrong_device();
-    dev_free(a);
-    dev_free(b);
-    nothing_left();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 8: dm_local_rank, dm_local_world_size and dm_is_local_master from the members' host
@@ -1200,14 +1134,14 @@ static void test_standin_local_facts_from_host_identities(void** state) {
     c = make_on_hosts(4, 1, packed);
     local_is(c, 1, 2);
     assert_string_equal(c->node_name, "hA");
-    CHECK_OK(c, dm_shrink(c, gone0, 1, DM_SHRINK_DEFAULT, &s));   /* ranks 1, 2, 3: hA hB hB */
+    CHECK_DM_OK(c, dm_shrink(c, gone0, 1, DM_SHRINK_DEFAULT, &s));   /* ranks 1, 2, 3: hA hB hB */
     comm_is(s, 0, 3);
     local_is(s, 0, 1);
     dm_destroy(s);
     dm_destroy(c);
 
     c = make_on_hosts(4, 1, packed);
-    CHECK_OK(c, dm_shrink(c, gone3, 1, DM_SHRINK_DEFAULT, &s));   /* ranks 0, 1, 2: hA hA hB */
+    CHECK_DM_OK(c, dm_shrink(c, gone3, 1, DM_SHRINK_DEFAULT, &s));   /* ranks 0, 1, 2: hA hA hB */
     comm_is(s, 1, 3);
     local_is(s, 1, 2);
     dm_destroy(s);
@@ -1218,7 +1152,7 @@ static void test_standin_local_facts_from_host_identities(void** state) {
     for (r = 0; r < 3; r++) g_tags[r] = child[r];                 /* the child's members */
     setenv("DISTMESH_TEST_HOST_ID", child[1], 1);
     si_set_split_child(1, 3);
-    CHECK_OK(c, dm_split(c, 0, 0, &s));
+    CHECK_DM_OK(c, dm_split(c, 0, 0, &s));
     comm_is(s, 1, 3);
     local_is(s, 1, 2);
     assert_string_equal(s->node_name, "hB");
@@ -1297,7 +1231,7 @@ static void test_standin_unique_id_through_the_store(void** state) {
     /* rank 0 of 1 publishes the id it got from ncclGetUniqueId, and initialises with it */
     c = make_through(1, 0, store, "rv0/");
     assert_int_equal(si_count("ncclGetUniqueId"), 1);
-    CHECK_OK(NULL, dm_store_get(store, "rv0/nccl_unique_id", &value, &len));
+    CHECK_DM_OK(NULL, dm_store_get(store, "rv0/nccl_unique_id", &value, &len));
     assert_int_equal(len, DM_NCCL_UNIQUE_ID_BYTES);
     si_comm_info(dm_native_handle(c), &r, &n, &first);
     assert_int_equal(first, ((unsigned char*)value)[0]);
@@ -1307,7 +1241,7 @@ static void test_standin_unique_id_through_the_store(void** state) {
     /* rank 1 of 2 reads what rank 0 published (here: the test) */
     memset(id, 0, sizeof(id));
     id[0] = 55;
-    CHECK_OK(NULL, dm_store_set(store, "rv1/nccl_unique_id", id, sizeof(id)));
+    CHECK_DM_OK(NULL, dm_store_set(store, "rv1/nccl_unique_id", id, sizeof(id)));
     c = make_through(2, 1, store, "rv1/");
     si_comm_info(dm_native_handle(c), &r, &n, &first);
     assert_int_equal(r, 1);
@@ -1322,13 +1256,6 @@ static void test_standin_unique_id_through_the_store(void** state) {
 #if !defined(DISTMESH_TCP)
 /* Without libuv, rank 0 cannot host the store its desc names: DM_ERR_UNSUPPORTED, and the
    store's reason reaches the logger (not "could not reach the rendezvous store"). */
-static char g_log[1024];
-static dm_status g_log_status;
-static void capture_log(dm_log_level level, dm_status status, const char* msg, const char* file, int line, void* ud) {
-    (void)level; (void)file; (void)line; (void)ud;
-    g_log_status = status;
-    snprintf(g_log, sizeof(g_log), "%s", msg);
-}
 static void test_standin_hosting_the_store_needs_libuv(void** state) {
     dm_nccl_desc d;
     dm_collective* c = NULL;
@@ -1341,64 +1268,57 @@ static void test_standin_hosting_the_store_needs_libuv(void** state) {
     d.store_url = "tcp://127.0.0.1:0";
     d.cuda_device = 2;
     d.timeout_ms = 2000;
-    d.logger.func = capture_log;
+    d.logger.func = tu_capture_log;
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
     assert_int_equal(dm_nccl_create(&d, &c), DM_ERR_UNSUPPORTED);
     assert_null(c);
-    assert_int_equal(g_log_status, DM_ERR_UNSUPPORTED);
-    if (!strstr(g_log, "nccl: store: tcp-store: server tcp://127.0.0.1:0: this build cannot host a store"))
-        fail_msg("log: %s", g_log);
+    assert_int_equal(g_tu_log.status, DM_ERR_UNSUPPORTED);
+    if (!strstr(g_tu_log.msg, "nccl: store: tcp-store: server tcp://127.0.0.1:0: this build cannot host a store"))
+        fail_msg("log: %s", g_tu_log.msg);
     assert_int_equal(si_count("ncclGetUniqueId"), 0);
     nothing_left();
 }
 #endif
 
-static int group_setup(void** state) {
-    (void)state;
-    return tmpdir_make(g_dir, sizeof(g_dir), "dm_nccl_standin");
-}
-static int group_teardown(void** state) {
-    (void)state;
-    return tmpdir_remove(g_dir);
-}
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_standin_every_slot_runs_on_the_communicators_device),
-        cmocka_unit_test(test_standin_nccl_error_on_enqueue_aborts_once),
-        cmocka_unit_test(test_standin_group_and_async_errors_abort),
-        cmocka_unit_test(test_standin_split_failures_abort_the_child),
-        cmocka_unit_test(test_standin_cuda_and_poll_results_are_checked),
-        cmocka_unit_test(test_standin_host_copy_waits_with_the_deadline),
-        cmocka_unit_test(test_standin_sticky_cuda_error_aborts_and_settles),
-        cmocka_unit_test(test_standin_shrink_uses_ncclCommShrink),
-        cmocka_unit_test(test_standin_shrink_falls_back_to_reinit_through_the_store),
-        cmocka_unit_test(test_standin_failed_shrink_reports_and_leaks_nothing),
-        cmocka_unit_test(test_standin_shrink_abort_interrupts_a_blocking_call),
-        cmocka_unit_test(test_standin_shrink_abort_interrupts_dm_synchronize),
-        cmocka_unit_test(test_standin_shrink_abort_interrupts_dm_wait),
-        cmocka_unit_test(test_standin_shrink_abort_interrupts_a_staged_start),
-        cmocka_unit_test(test_standin_other_thread_is_busy_while_requests_run),
-        cmocka_unit_test(test_standin_interrupted_split_leaves_no_job),
-        cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
-        cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
-        cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
-        cmocka_unit_test(test_standin_destroy_after_a_late_error_aborts),
-        cmocka_unit_test(test_standin_buffer_on_another_gpu_is_refused),
-        cmocka_unit_test(test_standin_shared_abort_flag_spares_the_shrunk_child),
-        cmocka_unit_test(test_standin_local_facts_from_host_identities),
-        cmocka_unit_test(test_standin_local_facts_from_the_launcher),
-        cmocka_unit_test(test_standin_unique_id_through_the_store),
-#if !defined(DISTMESH_TCP)
-        cmocka_unit_test(test_standin_hosting_the_store_needs_libuv),
-#endif
-    };
-    dm_test_filter(argc, argv);
+static int standin_setup(void** state) {
     printf("NCCL backend against a scripted stand-in for libcudart/libnccl (no GPU involved)%s\n",
 #if defined(DISTMESH_TCP)
            ", with DISTMESH_TCP");
 #else
            ", without DISTMESH_TCP (store: file, no libuv)");
 #endif
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return tmpdir_setup(state);
 }
+#if defined(DISTMESH_TCP)
+#define STANDIN_NO_TCP_TESTS
+#else
+#define STANDIN_NO_TCP_TESTS cmocka_unit_test(test_standin_hosting_the_store_needs_libuv),
+#endif
+DM_TEST_MAIN(standin_setup, tmpdir_teardown,
+    cmocka_unit_test(test_standin_every_slot_runs_on_the_communicators_device),
+    cmocka_unit_test(test_standin_nccl_error_on_enqueue_aborts_once),
+    cmocka_unit_test(test_standin_group_and_async_errors_abort),
+    cmocka_unit_test(test_standin_split_failures_abort_the_child),
+    cmocka_unit_test(test_standin_cuda_and_poll_results_are_checked),
+    cmocka_unit_test(test_standin_host_copy_waits_with_the_deadline),
+    cmocka_unit_test(test_standin_sticky_cuda_error_aborts_and_settles),
+    cmocka_unit_test(test_standin_shrink_uses_ncclCommShrink),
+    cmocka_unit_test(test_standin_shrink_falls_back_to_reinit_through_the_store),
+    cmocka_unit_test(test_standin_failed_shrink_reports_and_leaks_nothing),
+    cmocka_unit_test(test_standin_shrink_abort_interrupts_a_blocking_call),
+    cmocka_unit_test(test_standin_shrink_abort_interrupts_dm_synchronize),
+    cmocka_unit_test(test_standin_shrink_abort_interrupts_dm_wait),
+    cmocka_unit_test(test_standin_shrink_abort_interrupts_a_staged_start),
+    cmocka_unit_test(test_standin_other_thread_is_busy_while_requests_run),
+    cmocka_unit_test(test_standin_interrupted_split_leaves_no_job),
+    cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
+    cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
+    cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
+    cmocka_unit_test(test_standin_destroy_after_a_late_error_aborts),
+    cmocka_unit_test(test_standin_buffer_on_another_gpu_is_refused),
+    cmocka_unit_test(test_standin_shared_abort_flag_spares_the_shrunk_child),
+    cmocka_unit_test(test_standin_local_facts_from_host_identities),
+    cmocka_unit_test(test_standin_local_facts_from_the_launcher),
+    cmocka_unit_test(test_standin_unique_id_through_the_store),
+    STANDIN_NO_TCP_TESTS)

@@ -9,16 +9,9 @@
      table and a JSON line with every time and the hidden fraction. Timings are not judged
      here: they depend on the machine's free cores (see `make bench-overlap`). */
 #define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "prelude.h"
 #include <sys/wait.h>
 #include <unistd.h>
-#include <cmocka.h>
-#include "test_filter.h"
 #include "test_world.h"
 
 #ifndef DM_DDP
@@ -156,15 +149,10 @@ static void test_bench_overlap_bad_args(void** state) {
     assert_int_equal(sh("%s --bytes 0", DM_OVERLAP_BENCH), 2);
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_ddp_overlap_threads, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_ddp_overlap_buckets, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_ddp_overlap_processes, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_ddp_overlap_same_weights_as_blocking, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_bench_overlap_shm_and_tcp, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_bench_overlap_bad_args, setup, teardown),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DM_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test_setup_teardown(test_ddp_overlap_threads, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_ddp_overlap_buckets, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_ddp_overlap_processes, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_ddp_overlap_same_weights_as_blocking, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_bench_overlap_shm_and_tcp, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_bench_overlap_bad_args, setup, teardown))

@@ -6,26 +6,14 @@
    MEAN accumulates like SUM and truncates when divided, 16-bit floats accumulate in float32 and
    round to nearest even at each step, MAX/MIN return NaN when either operand is NaN). */
 #include "distmesh.h"
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 #include "test_util.h"
 #include <float.h>
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 /* ---- deterministic random numbers (splitmix64) ---- */
 static uint64_t g_rng = 0x243f6a8885a308d3ull;
-static uint64_t rnd(void) {
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return splitmix64(&g_rng); }
 static double rnd_unit(void) { return (double)(rnd() >> 11) / 9007199254740992.0; } /* [0,1) */
 
 static bool half_is_nan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff); }
@@ -416,24 +404,19 @@ static void test_dtype_and_op_names(void** state) {
     assert_string_equal(dm_reduce_op_name((dm_reduce_op)-1), "invalid");
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_half_to_float_exhaustive),
-        cmocka_unit_test(test_float_to_half_round_trips_every_half),
-        cmocka_unit_test(test_float_to_half_ties_to_even),
-        cmocka_unit_test(test_float_to_half_edges),
-        cmocka_unit_test(test_float_to_half_random),
-        cmocka_unit_test(test_bfloat16_conversions),
-        cmocka_unit_test(test_reduce_local_every_dtype_op),
-        cmocka_unit_test(test_reduce_local_nan),
-        cmocka_unit_test(test_reduce_local_nan_in_long_vectors),
-        cmocka_unit_test(test_reduce_local_16bit_rounds_each_step),
-        cmocka_unit_test(test_reduce_local_integer_wraps),
-        cmocka_unit_test(test_mean_integers_truncate),
-        cmocka_unit_test(test_divide_local_every_dtype),
-        cmocka_unit_test(test_kernels_reject_bad_arguments),
-        cmocka_unit_test(test_dtype_and_op_names),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DM_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_half_to_float_exhaustive),
+    cmocka_unit_test(test_float_to_half_round_trips_every_half),
+    cmocka_unit_test(test_float_to_half_ties_to_even),
+    cmocka_unit_test(test_float_to_half_edges),
+    cmocka_unit_test(test_float_to_half_random),
+    cmocka_unit_test(test_bfloat16_conversions),
+    cmocka_unit_test(test_reduce_local_every_dtype_op),
+    cmocka_unit_test(test_reduce_local_nan),
+    cmocka_unit_test(test_reduce_local_nan_in_long_vectors),
+    cmocka_unit_test(test_reduce_local_16bit_rounds_each_step),
+    cmocka_unit_test(test_reduce_local_integer_wraps),
+    cmocka_unit_test(test_mean_integers_truncate),
+    cmocka_unit_test(test_divide_local_every_dtype),
+    cmocka_unit_test(test_kernels_reject_bad_arguments),
+    cmocka_unit_test(test_dtype_and_op_names))

@@ -15,12 +15,7 @@
    This program compiles the implementation itself (DISTMESH_IMPLEMENTATION) so the hello
    functions can be driven directly over socket pairs. */
 #define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,9 +25,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -65,8 +57,6 @@ const char* __asan_default_options(void) { return "quarantine_size_mb=0:thread_l
 #define RSS_SLACK 1
 #endif
 
-#define CHECK(c) assert_true(c)
-#define CHECK_OK(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) print_message("%s -> %s\n", #expr, dm_status_name(st_)); assert_int_equal(st_, DM_OK); } while (0)
 #define MiB ((size_t)1 << 20)
 
 /* ---- helpers ---- */
@@ -79,20 +69,8 @@ static uint32_t get_u32(const unsigned char* p) {
 /* Raw client socket to 127.0.0.1:port; nonblocking sends are used where the server may stop
    reading, so SO_SNDTIMEO keeps a blocking send from hanging. */
 static int raw_connect(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-    struct sockaddr_in a;
-    struct timeval tv;
-    tv.tv_sec = 5;
-    tv.tv_usec = 0;
+    int fd = tw_connect_loopback(AF_INET, port, 5);
     CHECK(fd >= 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(connect(fd, (struct sockaddr*)&a, sizeof(a)) == 0);
     return fd;
 }
 /* Sends what the peer takes within ms; returns the bytes sent. */
@@ -112,15 +90,6 @@ static size_t send_some(int fd, const void* p, size_t n, int ms) {
         break;
     }
     return done;
-}
-static size_t recv_n(int fd, unsigned char* p, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = recv(fd, p + got, n - got, 0);
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    return got;
 }
 /* Reads until EOF / reset or ms; returns the bytes read, *closed whether the peer closed. */
 static size_t drain(int fd, int ms, bool* closed) {
@@ -235,7 +204,7 @@ static void test_store_stranger_cannot_touch_keys(void** state) {
     n = req_validate(req);
     n += req_ping(req + n, 0x11223344u);
     CHECK(send_some(fd, req, n, 2000) == n);
-    CHECK(recv_n(fd, rep, 4) == 4 && get_u32(rep) == 0x55414d44u);
+    CHECK(tw_recv_n(fd, rep, 4) == 4 && get_u32(rep) == 0x55414d44u);
     drain(fd, 3000, &closed);
     CHECK(closed);
     close(fd);
@@ -260,8 +229,8 @@ static void test_store_stranger_cannot_touch_keys(void** state) {
     n += req_validate(req + n);
     n += req_key(req + n, 8, "distmesh/g0/addr/0");
     send_some(fd, req, n, 2000);
-    CHECK(recv_n(fd, rep, 72) == 72);           /* the challenge */
-    CHECK(recv_n(fd, rep, 4) == 4 && get_u32(rep) == 1);  /* refused */
+    CHECK(tw_recv_n(fd, rep, 72) == 72);           /* the challenge */
+    CHECK(tw_recv_n(fd, rep, 4) == 4 && get_u32(rep) == 1);  /* refused */
     drain(fd, 3000, &closed);
     CHECK(closed);
     close(fd);
@@ -310,11 +279,11 @@ static bool handshake(int fd, const char* token, unsigned char hello[41], unsign
     hello[0] = 0xA5; hello[1] = 'D'; hello[2] = 'M'; hello[3] = 'S'; hello[4] = 'A';
     put_u32(hello + 5, 1);
     _dm_st_random(hello + 9, 32);
-    if (send_some(fd, hello, 41, 2000) != 41 || recv_n(fd, rep, 72) != 72) return false;
+    if (send_some(fd, hello, 41, 2000) != 41 || tw_recv_n(fd, rep, 72) != 72) return false;
     _dm_st_auth_mac(token, strlen(token), true, hello + 9, rep + 8, mac);
     if (memcmp(mac, rep + 40, 32) != 0) return false;     /* the server proved the token */
     _dm_st_auth_mac(token, strlen(token), false, rep + 8, hello + 9, proof);
-    if (send_some(fd, proof, 32, 2000) != 32 || recv_n(fd, st, 4) != 4) return false;
+    if (send_some(fd, proof, 32, 2000) != 32 || tw_recv_n(fd, st, 4) != 4) return false;
     *status = get_u32(st);
     return true;
 }
@@ -334,17 +303,17 @@ static void test_store_replayed_handshake_refused(void** state) {
     n = req_validate(req);
     n += req_ping(req + n, 0xabcdef01u);
     CHECK(send_some(fd, req, n, 2000) == n);
-    CHECK(recv_n(fd, rep, 4) == 4 && get_u32(rep) == 0xabcdef01u);
+    CHECK(tw_recv_n(fd, rep, 4) == 4 && get_u32(rep) == 0xabcdef01u);
     close(fd);
     /* the recording replayed on a new connection: a fresh server nonce, the old proof fails */
     fd = raw_connect(cs.port);
     CHECK(send_some(fd, hello, 41, 2000) == 41);
-    CHECK(recv_n(fd, rep, 72) == 72);
+    CHECK(tw_recv_n(fd, rep, 72) == 72);
     CHECK(send_some(fd, proof, 32, 2000) == 32);
     n = req_validate(req);
     n += req_ping(req + n, 0x01020304u);
     send_some(fd, req, n, 2000);
-    CHECK(recv_n(fd, rep, 4) == 4 && get_u32(rep) == 1);
+    CHECK(tw_recv_n(fd, rep, 4) == 4 && get_u32(rep) == 1);
     CHECK(drain(fd, 3000, &closed) == 0 && closed);     /* no PING answer */
     close(fd);
     stop_server(&cs);
@@ -460,7 +429,7 @@ static void test_store_multi_get_bounded(void** state) {
     CHECK(send_some(fd, req, n, 2000) == n);
     {
         unsigned char rep[8];
-        CHECK(recv_n(fd, rep, 4) == 4 && get_u32(rep) == 0x5eed5eedu);
+        CHECK(tw_recv_n(fd, rep, 4) == 4 && get_u32(rep) == 0x5eed5eedu);
     }
     close(fd);
     CHECK_OK(dm_store_multi_get(s, NULL, 0, NULL, NULL));
@@ -560,7 +529,7 @@ static void sockpair(int sv[2]) {
 }
 /* Forwards n bytes from a to b (the stranger in the middle), keeping a copy. */
 static bool relay(int a, int b, unsigned char* copy, size_t n) {
-    return recv_n(a, copy, n) == n && send_some(b, copy, n, 2000) == n;
+    return tw_recv_n(a, copy, n) == n && send_some(b, copy, n, 2000) == n;
 }
 
 static void test_hello_replay_refused(void** state) {
@@ -588,9 +557,9 @@ static void test_hello_replay_refused(void** state) {
     sockpair(cc);
     hello_start(&ja, acc, cc[0], false);
     CHECK(send_some(cc[1], hello, sizeof(hello), 2000) == sizeof(hello));
-    CHECK(recv_n(cc[1], chal, sizeof(chal)) == sizeof(chal));
+    CHECK(tw_recv_n(cc[1], chal, sizeof(chal)) == sizeof(chal));
     CHECK(send_some(cc[1], proof, sizeof(proof), 2000) == sizeof(proof));
-    CHECK(recv_n(cc[1], ack, sizeof(ack)) == sizeof(ack));
+    CHECK(tw_recv_n(cc[1], ack, sizeof(ack)) == sizeof(ack));
     pthread_join(ja.th, NULL);
     CHECK(ja.result == _DM_TCP_ACK_TOKEN);
     CHECK(get_u32(ack + 4) == _DM_TCP_ACK_TOKEN);
@@ -849,10 +818,7 @@ static int64_t stall_world(const char* dir, const char* prefix, bool strangers) 
     snprintf(url, sizeof(url), "file://%s", dir);
     x.url = url;
     x.prefix = prefix;
-    memset(&p, 0, sizeof(p));
-    p.alarm_s = 25;
-    p.reports = true;
-    p.quick_exit = true;
+    tw_world_init(&p, 25, true);
     CHECK(tw_spawn(&p, NULL, 0, stall_rank, &x) == 0);
     memset(&sd, 0, sizeof(sd));
     sd.url = url;
@@ -965,10 +931,7 @@ static void test_rendezvous_store_waits_end_by_the_deadline(void** state) {
         tw_store cs = spawn_server(NULL, 0, 0, 0, 0);
         stalled_ctx x;
         tw_world p;
-        memset(&p, 0, sizeof(p));
-        p.alarm_s = 35;
-        p.reports = true;       /* each rank's "R": ready, the store about to stall */
-        p.quick_exit = true;
+        tw_world_init(&p, 35, true);       /* each rank's "R": ready, the store about to stall */
         x.port = cs.port;
         x.split = k == 1;
         CHECK(pipe(x.go) == 0);
@@ -1011,9 +974,7 @@ static int world_rank(int rank, int port, const char* token, int hold_ms) {
 static int token_rank(int rank, void* port) { return world_rank(rank, *(int*)port, k_token, rank == 0 ? 1500 : 0); }
 /* Two ranks on a free port (rank 0 serves the store), each with its alarm at limit_s + 5. */
 static void fork_pair(tw_world* p, tw_fn fn, int* port, double limit_s) {
-    memset(p, 0, sizeof(*p));
-    p->alarm_s = (int)limit_s + 5;
-    p->quick_exit = true;
+    tw_world_init(p, (int)limit_s + 5, false);
     CHECK(tw_fork(p, 2, fn, port) == 0);
 }
 static void test_world_with_token(void** state) {
@@ -1068,9 +1029,8 @@ static int objects_body(dm_collective* c, void* ud) {
     return bad;
 }
 static void test_object_sizes_bounded(void** state) {
-    dm_fake_desc d;
+    dm_fake_desc d = {0};
     (void)state;
-    memset(&d, 0, sizeof(d));
     d.world_size = 2;
     d.timeout_ms = 5000;
     setenv("DISTMESH_MAX_OBJECT_BYTES", "1000", 1);
@@ -1115,9 +1075,7 @@ static int64_t run_cycles(dm_store* srv, int cycles) {
     int64_t keys = -1;
     x.port = dm_store_port(srv);
     x.cycles = cycles;
-    memset(&p, 0, sizeof(p));
-    p.alarm_s = 125;
-    p.quick_exit = true;
+    tw_world_init(&p, 125, false);
     CHECK(tw_fork(&p, 2, cycles_proc, &x) == 0);
     CHECK(reap_printed(&p, 120) == 0);
     CHECK_OK(dm_store_num_keys(srv, &keys));
@@ -1250,6 +1208,5 @@ int main(int argc, char** argv) {
         rl.rlim_cur = rl.rlim_max < 4096 ? rl.rlim_max : 4096;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return DM_RUN_TESTS(argc, argv, tests, NULL, NULL);
 }

@@ -5,12 +5,7 @@
    IPv6 loopback, the file store with concurrent processes, env urls, clones, fd hygiene.
    Loopback only; every blocking step has a deadline. */
 #define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -19,10 +14,8 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -35,13 +28,11 @@
 #endif
 #include "test_world.h"
 
-#define CHECK(c) assert_true(c)
-#define CHECK_OK(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) print_message("%s -> %s\n", #expr, dm_status_name(st_)); assert_int_equal(st_, DM_OK); } while (0)
 
 /* ---- helpers ---- */
 
 static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
-static int g_protocol_errors;
+static atomic_int g_protocol_errors;     /* the server thread counts, the test reads */
 static char g_last_log[512];
 static void capture_log(dm_log_level level, dm_status status, const char* msg, const char* file, int line, void* ud) {
     (void)level; (void)file; (void)line; (void)ud;
@@ -50,13 +41,7 @@ static void capture_log(dm_log_level level, dm_status status, const char* msg, c
     snprintf(g_last_log, sizeof(g_last_log), "%s", msg);
     pthread_mutex_unlock(&g_log_mu);
 }
-static int protocol_errors(void) {
-    int n;
-    pthread_mutex_lock(&g_log_mu);
-    n = g_protocol_errors;
-    pthread_mutex_unlock(&g_log_mu);
-    return n;
-}
+static int protocol_errors(void) { return atomic_load(&g_protocol_errors); }
 
 static dm_store* make_server(const char* host, int timeout_ms) {
     char url[128];
@@ -91,7 +76,6 @@ static dm_store* make_client(const char* host, int port, const char* prefix, int
 /* The PING nonce of our client: the pid, top byte 'D' (a distmesh client). */
 static uint32_t client_nonce(void) { return 0x44000000u | ((uint32_t)getpid() & 0xFFFFFFu); }
 
-static void tohex(const unsigned char* p, size_t n, char* out);
 /* What our client sends on connect (VALIDATE, then PING with client_nonce()), into c2s, and
    the nonce alone, little-endian in hex, into ping (9 bytes): what a store echoes back. */
 static void our_connect_hex(char* c2s, size_t cap, char* ping) {
@@ -102,47 +86,17 @@ static void our_connect_hex(char* c2s, size_t cap, char* ping) {
     tohex(le, 4, ping);
     snprintf(c2s, cap, "00cef7853c0d%s", ping);
 }
-static size_t unhex(const char* h, unsigned char* out, size_t cap) {
-    size_t n = 0;
-    while (h[0] && h[1] && n < cap) {
-        unsigned v;
-        sscanf(h, "%2x", &v);
-        out[n++] = (unsigned char)v;
-        h += 2;
-    }
-    return n;
-}
-static void tohex(const unsigned char* p, size_t n, char* out) {
-    size_t i;
-    for (i = 0; i < n; i++) sprintf(out + 2 * i, "%02x", p[i]);
-    out[2 * n] = 0;
-}
 
+/* dm_store_check of keys[0..n) answers want. */
+static void check_is(dm_store* s, const char* const* keys, size_t n, bool want) {
+    bool b = !want;
+    CHECK_OK(dm_store_check(s, keys, n, &b));
+    CHECK(b == want);
+}
 /* Raw client socket to 127.0.0.1 (or ::1) with 5 s send/recv timeouts. */
 static int raw_connect(int family, int port) {
-    int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-    struct timeval tv;
-    tv.tv_sec = 5;
-    tv.tv_usec = 0;
+    int fd = tw_connect_loopback(family, port, 5);
     CHECK(fd >= 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (family == AF_INET6) {
-        struct sockaddr_in6 a;
-        memset(&a, 0, sizeof(a));
-        a.sin6_family = AF_INET6;
-        a.sin6_port = htons((uint16_t)port);
-        a.sin6_addr = in6addr_loopback;
-        CHECK(connect(fd, (struct sockaddr*)&a, sizeof(a)) == 0);
-    } else {
-        struct sockaddr_in a;
-        memset(&a, 0, sizeof(a));
-        a.sin_family = AF_INET;
-        a.sin_port = htons((uint16_t)port);
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        CHECK(connect(fd, (struct sockaddr*)&a, sizeof(a)) == 0);
-    }
     return fd;
 }
 static void send_raw(int fd, const void* p, size_t n) {
@@ -159,20 +113,10 @@ static void send_hex(int fd, const char* hex) {
     size_t n = unhex(hex, buf, sizeof(buf));
     send_raw(fd, buf, n);
 }
-/* Reads exactly n bytes (5 s limit); returns the count read. */
-static size_t recv_n(int fd, unsigned char* p, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = recv(fd, p + got, n - got, 0);
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    return got;
-}
 static void expect_hex(int fd, const char* hex, const char* what) {
     unsigned char want[4096], got[4096];
     char gh[8200];
-    size_t n = unhex(hex, want, sizeof(want)), g = recv_n(fd, got, n);
+    size_t n = unhex(hex, want, sizeof(want)), g = tw_recv_n(fd, got, n);
     tohex(got, g, gh);
     if (g != n || memcmp(want, got, n) != 0) print_message("%s: expected %s got %s\n", what, hex, gh);
     assert_string_equal(gh, hex);
@@ -287,14 +231,14 @@ static void* fake_server_main(void* arg) {
         const wire_step* w = &f->steps[i];
         unsigned char want[4096], got[4096], rep[4096];
         char gh[8200];
-        size_t n = unhex(w->c2s, want, sizeof(want)), g = recv_n(fd, got, n), rn;
+        size_t n = unhex(w->c2s, want, sizeof(want)), g = tw_recv_n(fd, got, n), rn;
         if (g != n || memcmp(want, got, n) != 0) {
             tohex(got, g, gh);
             snprintf(f->failure, sizeof(f->failure), "%.60s: client sent %.200s, expected %.200s", w->what, gh, w->c2s);
             break;
         }
         if (strcmp(w->s2c, "-") == 0) {        /* the client must cancel: 0c */
-            g = recv_n(fd, got, 1);
+            g = tw_recv_n(fd, got, 1);
             if (g != 1 || got[0] != 0x0c) {
                 snprintf(f->failure, sizeof(f->failure), "%s: no CANCEL_WAIT", w->what);
                 break;
@@ -543,12 +487,9 @@ static void test_ops_roundtrip(void** state) {
     dm_store_free(c, v);
     {
         const char* k[3] = {"a", "cas", "nokey"};
-        CHECK_OK(dm_store_check(c, k, 2, &b));
-        CHECK(b);
-        CHECK_OK(dm_store_check(c, k, 3, &b));
-        CHECK(!b);
-        CHECK_OK(dm_store_check(c, k, 0, &b));
-        CHECK(b);
+        check_is(c, k, 2, true);
+        check_is(c, k, 3, false);
+        check_is(c, k, 0, true);
     }
     CHECK_OK(dm_store_num_keys(c, &x));
     assert_int_equal(x, 4);                                 /* a, empty, n, cas */
@@ -763,9 +704,7 @@ static void test_many_clients_processes(void** state) {
     (void)state;
     pw.port = dm_store_port(srv);
     pw.n = P;
-    memset(&procs, 0, sizeof(procs));
-    procs.alarm_s = 20;
-    procs.quick_exit = true;
+    tw_world_init(&procs, 20, false);
     CHECK(tw_fork(&procs, P, worker_proc, &pw) == 0);
     assert_int_equal(tw_reap(&procs, 25), 0);
     CHECK_OK(dm_store_add(srv, "conc/counter", 0, &x));
@@ -1152,9 +1091,7 @@ static void test_file_store_processes(void** state) {
     tw_world procs;
     (void)state;
     CHECK(dir);
-    memset(&procs, 0, sizeof(procs));
-    procs.alarm_s = 20;
-    procs.quick_exit = true;
+    tw_world_init(&procs, 20, false);
     CHECK(tw_fork(&procs, FS_PROCS, file_store_proc, dir) == 0);
     assert_int_equal(tw_reap(&procs, 25), 0);
     s = make_file_store(dir, NULL, 3000);
@@ -1204,6 +1141,5 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_no_fd_leak),
     };
     signal(SIGPIPE, SIG_IGN);
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return DM_RUN_TESTS(argc, argv, tests, NULL, NULL);
 }

@@ -10,20 +10,13 @@
    Loopback only; every blocking step has a deadline. */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
+#include "test_util.h"
 
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 #include "test_tmpdir.h"
 
 #include <errno.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -36,19 +29,11 @@
 #error "without DISTMESH_TCP, DM_STORE_TOOL names the store_tool that hosts a server"
 #endif
 
-#define CHECK(c) assert_true(c)
-#define CHECK_OK(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) print_message("%s -> %s\n", #expr, dm_status_name(st_)); assert_int_equal(st_, DM_OK); } while (0)
 #define CHECK_MSG(s, text) do { if (!strstr(dm_store_last_error(s), (text)))                      \
         fail_msg("last error \"%s\" lacks \"%s\"", dm_store_last_error(s), (text)); } while (0)
 
 static char g_dir[256];
-static char g_log[1024];
-static dm_status g_log_status;
-static void capture_log(dm_log_level level, dm_status status, const char* msg, const char* file, int line, void* ud) {
-    (void)level; (void)file; (void)line; (void)ud;
-    g_log_status = status;
-    snprintf(g_log, sizeof(g_log), "%s", msg);
-}
+TMPDIR_FIXTURES(g_dir, "dm_store_kinds")
 static int64_t now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -151,6 +136,20 @@ static void get_is(dm_store* s, const char* key, const char* want, size_t want_n
     CHECK(want_n == 0 || memcmp(v, want, want_n) == 0);
     dm_store_free(s, v);
 }
+/* *d zeroed, then url with timeout_ms, logging to g_tu_log (cleared). */
+static void logged_desc(dm_store_desc* d, const char* url, int timeout_ms) {
+    memset(d, 0, sizeof(*d));
+    d->url = url;
+    d->timeout_ms = timeout_ms;
+    d->logger.func = tu_capture_log;
+    g_tu_log.msg[0] = 0;
+}
+/* dm_store_check of keys[0..n) answers want. */
+static void check_is(dm_store* s, const char* const* keys, size_t n, bool want) {
+    bool b = !want;
+    CHECK_OK(dm_store_check(s, keys, n, &b));
+    CHECK(b == want);
+}
 static void compare_set_is(dm_store* s, const char* key, const char* expected, const char* desired, const char* want) {
     void* v = NULL;
     size_t n = 99;
@@ -205,12 +204,9 @@ static void every_operation(dm_store* s, dm_store* other) {
     {
         const char* k[3] = { "a", "cas", "nokey" };
         int64_t t0;
-        CHECK_OK(dm_store_check(s, k, 2, &b));
-        CHECK(b);
-        CHECK_OK(dm_store_check(s, k, 3, &b));
-        CHECK(!b);
-        CHECK_OK(dm_store_check(s, k, 0, &b));
-        CHECK(b);
+        check_is(s, k, 2, true);
+        check_is(s, k, 3, false);
+        check_is(s, k, 0, true);
         CHECK_OK(dm_store_wait(s, k, 2, 1000));
         t0 = now_ms();
         assert_int_equal(dm_store_wait(s, k, 3, 300), DM_ERR_TIMEOUT);
@@ -328,18 +324,18 @@ static void test_kinds_bad_url_lists_every_kind(void** state) {
     (void)state;
     memset(&d, 0, sizeof(d));
     d.url = "redis://127.0.0.1:6379";
-    d.logger.func = capture_log;
-    g_log[0] = 0;
+    d.logger.func = tu_capture_log;
+    g_tu_log.msg[0] = 0;
     assert_int_equal(dm_store_create(&d, &s), DM_ERR_INVALID_ARG);
     CHECK(s == NULL);
-    assert_string_equal(g_log, "tcp-store: bad store url \"redis://127.0.0.1:6379\" (expected tcp://host:port, "
+    assert_string_equal(g_tu_log.msg, "tcp-store: bad store url \"redis://127.0.0.1:6379\" (expected tcp://host:port, "
                                "tcp://[v6]:port or file:///dir)");
     d.url = "tcp://127.0.0.1";                  /* the kind's own parse says the same */
     assert_int_equal(dm_store_create(&d, &s), DM_ERR_INVALID_ARG);
-    CHECK(strstr(g_log, "(expected tcp://host:port, tcp://[v6]:port or file:///dir)") != NULL);
+    CHECK(strstr(g_tu_log.msg, "(expected tcp://host:port, tcp://[v6]:port or file:///dir)") != NULL);
     d.url = "file://relative/dir";
     assert_int_equal(dm_store_create(&d, &s), DM_ERR_INVALID_ARG);
-    CHECK(strstr(g_log, "needs an absolute path") != NULL);
+    CHECK(strstr(g_tu_log.msg, "needs an absolute path") != NULL);
 }
 
 /* The server goes away: the call in flight fails with DM_ERR_PEER_LOST, and every later call
@@ -375,15 +371,11 @@ static void test_kinds_connect_cause_worded_as_libuv(void** state) {
     server_start(&sv);                          /* a port that was just free: closed again */
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", sv.port);
     server_stop(&sv);
-    memset(&d, 0, sizeof(d));
-    d.url = url;
-    d.timeout_ms = 300;
-    d.logger.func = capture_log;
-    g_log[0] = 0;
+    logged_desc(&d, url, 300);
     assert_int_equal(dm_store_create(&d, &s), DM_ERR_TIMEOUT);
     CHECK(s == NULL);
-    if (!strstr(g_log, "(ECONNREFUSED: connection refused)")) print_message("log: %s\n", g_log);
-    CHECK(strstr(g_log, "(ECONNREFUSED: connection refused)") != NULL);
+    if (!strstr(g_tu_log.msg, "(ECONNREFUSED: connection refused)")) print_message("log: %s\n", g_tu_log.msg);
+    CHECK(strstr(g_tu_log.msg, "(ECONNREFUSED: connection refused)") != NULL);
 }
 
 #if defined(DISTMESH_TCP)
@@ -439,18 +431,14 @@ static void test_kinds_hosting_without_libuv_is_refused(void** state) {
     dm_store_desc d;
     dm_store* s = NULL;
     (void)state;
-    memset(&d, 0, sizeof(d));
-    d.url = "tcp://127.0.0.1:0";
+    logged_desc(&d, "tcp://127.0.0.1:0", 2000);
     d.is_server = true;
-    d.timeout_ms = 2000;
-    d.logger.func = capture_log;
-    g_log[0] = 0;
     unsetenv("TORCHELASTIC_USE_AGENT_STORE");
     assert_int_equal(dm_store_create(&d, &s), DM_ERR_UNSUPPORTED);
     CHECK(s == NULL);
-    assert_int_equal(g_log_status, DM_ERR_UNSUPPORTED);
-    CHECK(strstr(g_log, "tcp-store: server tcp://127.0.0.1:0: this build cannot host a store") != NULL);
-    CHECK(strstr(g_log, "DISTMESH_TCP") != NULL && strstr(g_log, "file:///dir") != NULL);
+    assert_int_equal(g_tu_log.status, DM_ERR_UNSUPPORTED);
+    CHECK(strstr(g_tu_log.msg, "tcp-store: server tcp://127.0.0.1:0: this build cannot host a store") != NULL);
+    CHECK(strstr(g_tu_log.msg, "DISTMESH_TCP") != NULL && strstr(g_tu_log.msg, "file:///dir") != NULL);
     server_start(&sv);
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", sv.port);
     d.url = url;
@@ -464,29 +452,21 @@ static void test_kinds_hosting_without_libuv_is_refused(void** state) {
 }
 #endif
 
-static int group_setup(void** state) {
-    (void)state;
-    signal(SIGPIPE, SIG_IGN);
-    return tmpdir_make(g_dir, sizeof(g_dir), "dm_store_kinds");
-}
-static int group_teardown(void** state) {
-    (void)state;
-    return tmpdir_remove(g_dir);
-}
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kinds_tcp_every_operation),
-        cmocka_unit_test(test_kinds_file_every_operation),
-        cmocka_unit_test(test_kinds_bad_url_lists_every_kind),
-        cmocka_unit_test(test_kinds_tcp_broken_connection),
-        cmocka_unit_test(test_kinds_connect_cause_worded_as_libuv),
-#if defined(DISTMESH_TCP)
-        cmocka_unit_test(test_kinds_causes_match_libuv),
-#else
-        cmocka_unit_test(test_kinds_hosting_without_libuv_is_refused),
-#endif
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+/* A server thread's peer may close first: SIGPIPE must not end the program. */
+static int kinds_setup(void** state) {
+    signal(SIGPIPE, SIG_IGN);
+    return tmpdir_setup(state);
 }
+#if defined(DISTMESH_TCP)
+#define KINDS_BUILD_TEST test_kinds_causes_match_libuv
+#else
+#define KINDS_BUILD_TEST test_kinds_hosting_without_libuv_is_refused
+#endif
+DM_TEST_MAIN(kinds_setup, tmpdir_teardown,
+    cmocka_unit_test(test_kinds_tcp_every_operation),
+    cmocka_unit_test(test_kinds_file_every_operation),
+    cmocka_unit_test(test_kinds_bad_url_lists_every_kind),
+    cmocka_unit_test(test_kinds_tcp_broken_connection),
+    cmocka_unit_test(test_kinds_connect_cause_worded_as_libuv),
+    cmocka_unit_test(KINDS_BUILD_TEST))

@@ -9,20 +9,13 @@
      DM_ERR_OUT_OF_MEMORY and the quota named, readers never notice.
    In-process server (its own thread), loopback only; every wait has a deadline. */
 #define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,29 +23,19 @@
 #if !defined(DISTMESH_STORE_H) || !defined(DISTMESH_TCP)
 #error "build with -DDISTMESH_TCP: distmesh.h then includes distmesh_store.h with its server"
 #endif
+#include "test_world.h"
 
-#define CHECK(c) assert_true(c)
-#define CHECK_OK(expr) do { dm_status st_ = (expr); if (st_ != DM_OK) print_message("%s -> %s\n", #expr, dm_status_name(st_)); assert_int_equal(st_, DM_OK); } while (0)
 #define MiB ((size_t)1 << 20)
 #define KiB ((size_t)1 << 10)
 
 /* Server log lines that say a client was closed for the quota. */
-static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
-static int g_quota_closes;
+static atomic_int g_quota_closes;       /* the server thread counts, the test reads */
 static void capture_log(dm_log_level level, dm_status status, const char* msg, const char* file, int line, void* ud) {
     (void)level; (void)file; (void)line; (void)ud;
-    pthread_mutex_lock(&g_log_mu);
     if (status == DM_ERR_OUT_OF_MEMORY && strstr(msg, "server closed client") && strstr(msg, "DISTMESH_STORE_MAX_TOTAL"))
-        g_quota_closes++;
-    pthread_mutex_unlock(&g_log_mu);
+        atomic_fetch_add(&g_quota_closes, 1);
 }
-static int quota_closes(void) {
-    int n;
-    pthread_mutex_lock(&g_log_mu);
-    n = g_quota_closes;
-    pthread_mutex_unlock(&g_log_mu);
-    return n;
-}
+static int quota_closes(void) { return atomic_load(&g_quota_closes); }
 
 /* max_total 0: from DISTMESH_STORE_MAX_TOTAL. */
 static dm_store* make_server(size_t max_total, size_t max_value, size_t max_conn) {
@@ -73,9 +56,8 @@ static dm_store* make_server(size_t max_total, size_t max_value, size_t max_conn
 /* NULL on failure (for worker threads, which must not assert). */
 static dm_store* try_client(int port) {
     char url[64];
-    dm_store_desc d;
+    dm_store_desc d = {0};
     dm_store* s = NULL;
-    memset(&d, 0, sizeof(d));
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
     d.url = url;
     d.timeout_ms = 20000;
@@ -192,18 +174,9 @@ static void put_u64(unsigned char* p, uint64_t v) {
 }
 /* A c10d client on a raw socket (torch's way: VALIDATE, PING with its pid), 10 s timeouts. */
 static int raw_client(int port) {
-    struct sockaddr_in a;
-    struct timeval tv = {10, 0};
     unsigned char req[10], rep[4];
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = tw_connect_loopback(AF_INET, port, 10);
     CHECK(fd >= 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(connect(fd, (struct sockaddr*)&a, sizeof(a)) == 0);
     req[0] = 0x00; req[1] = 0xce; req[2] = 0xf7; req[3] = 0x85; req[4] = 0x3c;   /* VALIDATE magic */
     req[5] = 0x0d; req[6] = 1; req[7] = 2; req[8] = 3; req[9] = 4;              /* PING 0x04030201 */
     CHECK(send(fd, req, sizeof(req), 0) == (ssize_t)sizeof(req));
@@ -275,18 +248,10 @@ static void test_quota_reply_from_value(void** state) {
    the top byte) gets FF "DMNOTE" 7F, the status, the reason, then the close; one with torch's
    nonce (its pid) just sees the close (no error reply in c10d). */
 static void notice_after_bad_add(int port, uint32_t nonce, bool expect_notice) {
-    struct sockaddr_in a;
-    struct timeval tv = {10, 0};
     unsigned char req[32], head[14], rest[400];
     static const unsigned char magic[8] = {0xFF, 'D', 'M', 'N', 'O', 'T', 'E', 0x7F};
-    int fd = socket(AF_INET, SOCK_STREAM, 0), i;
+    int fd = tw_connect_loopback(AF_INET, port, 10), i;
     CHECK(fd >= 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(connect(fd, (struct sockaddr*)&a, sizeof(a)) == 0);
     req[0] = 0x00; req[1] = 0xce; req[2] = 0xf7; req[3] = 0x85; req[4] = 0x3c;   /* VALIDATE */
     req[5] = 0x0d;                                                              /* PING */
     for (i = 0; i < 4; i++) req[6 + i] = (unsigned char)(nonce >> (8 * i));
@@ -454,14 +419,9 @@ static void test_quota_many_clients(void** state) {
     dm_store_destroy(srv);
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_quota_64mib_set),
-        cmocka_unit_test(test_quota_64mib_roundtrip_with_room),
-        cmocka_unit_test(test_quota_reply_from_value),
-        cmocka_unit_test(test_quota_notice_wire),
-        cmocka_unit_test(test_quota_many_clients),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DM_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_quota_64mib_set),
+    cmocka_unit_test(test_quota_64mib_roundtrip_with_room),
+    cmocka_unit_test(test_quota_reply_from_value),
+    cmocka_unit_test(test_quota_notice_wire),
+    cmocka_unit_test(test_quota_many_clients))

@@ -24,14 +24,7 @@
 #include "test_util.h"
 #include "test_world.h"
 #include <math.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic push
@@ -79,6 +72,23 @@ static void reference(dm_dtype t, dm_reduce_op op, int W, void* out, void* scrat
 }
 
 /* ---- the collective suite, run by every rank ------------------------------------------------ */
+/* A reduction's verdict: 0, or 1 after a line naming what failed (the call's status st, or a
+   result other than ref). */
+static int suite_reduced(dm_collective* c, const char* what, dm_status st, dm_dtype t, dm_reduce_op op, size_t count,
+                         bool in_place, const void* got, const void* ref) {
+    const char* how = in_place ? "in place" : "out of place";
+    if (st != DM_OK) {
+        fprintf(stderr, "rank %d: %s %s %s count %zu %s: %s\n", dm_rank(c), what, dm_dtype_name(t),
+                dm_reduce_op_name(op), count, how, dm_last_error(c));
+        return 1;
+    }
+    if (memcmp(got, ref, count * dm_dtype_size(t)) != 0) {
+        fprintf(stderr, "rank %d: %s %s %s count %zu %s: wrong result\n", dm_rank(c), what, dm_dtype_name(t),
+                dm_reduce_op_name(op), count, how);
+        return 1;
+    }
+    return 0;
+}
 static int suite_all_reduce(dm_collective* c, size_t count, dm_dtype t, dm_reduce_op op, bool in_place, int salt) {
     int W = dm_world_size(c), r = dm_rank(c);
     size_t es = dm_dtype_size(t), n = count ? count : 1;
@@ -86,20 +96,13 @@ static int suite_all_reduce(dm_collective* c, size_t count, dm_dtype t, dm_reduc
     unsigned char* recv = (unsigned char*)malloc(n * es);
     unsigned char* ref = (unsigned char*)malloc(n * es);
     unsigned char* scr = (unsigned char*)malloc(n * es);
-    int bad = 0;
+    int bad;
     fill(t, op, r, send, count, salt);
     memset(recv, 0x5a, n * es);
     if (in_place) memcpy(recv, send, count * es);
     reference(t, op, W, ref, scr, count, 0, salt);
-    if (dm_all_reduce(c, in_place ? NULL : send, recv, count, t, op) != DM_OK) {
-        fprintf(stderr, "rank %d: all_reduce %s %s count %zu: %s\n", r, dm_dtype_name(t), dm_reduce_op_name(op),
-                count, dm_last_error(c));
-        bad = 1;
-    } else if (memcmp(recv, ref, count * es) != 0) {
-        fprintf(stderr, "rank %d: all_reduce %s %s count %zu %s: wrong result\n", r, dm_dtype_name(t),
-                dm_reduce_op_name(op), count, in_place ? "in place" : "out of place");
-        bad = 1;
-    }
+    bad = suite_reduced(c, "all_reduce", dm_all_reduce(c, in_place ? NULL : send, recv, count, t, op), t, op, count,
+                        in_place, recv, ref);
     free(send); free(recv); free(ref); free(scr);
     return bad;
 }
@@ -112,17 +115,11 @@ static int suite_reduce_scatter(dm_collective* c, size_t rc, dm_dtype t, dm_redu
     unsigned char* ref = (unsigned char*)malloc(n * es);
     unsigned char* scr = (unsigned char*)malloc(n * es);
     unsigned char* recv = in_place ? send + (size_t)r * rc * es : out;
-    int bad = 0;
+    int bad;
     fill(t, op, r, send, rc * (size_t)W, salt);
     reference(t, op, W, ref, scr, rc, (size_t)r * rc, salt);
-    if (dm_reduce_scatter(c, send, recv, rc, t, op) != DM_OK) {
-        fprintf(stderr, "rank %d: reduce_scatter %s %s: %s\n", r, dm_dtype_name(t), dm_reduce_op_name(op), dm_last_error(c));
-        bad = 1;
-    } else if (memcmp(recv, ref, rc * es) != 0) {
-        fprintf(stderr, "rank %d: reduce_scatter %s %s count %zu %s: wrong result\n", r, dm_dtype_name(t),
-                dm_reduce_op_name(op), rc, in_place ? "in place" : "out of place");
-        bad = 1;
-    }
+    bad = suite_reduced(c, "reduce_scatter", dm_reduce_scatter(c, send, recv, rc, t, op), t, op, rc, in_place, recv,
+                        ref);
     free(send); free(out); free(ref); free(scr);
     return bad;
 }
@@ -299,11 +296,7 @@ static void make_desc(dm_tcp_desc* d, int rank, int world) {
    after limit_s. */
 static int run_world_ex(int world, tw_body body, void* arg, double limit_s, bool create) {
     tw_dm_world w;
-    memset(&w, 0, sizeof(w));
-    w.world = world;
-    w.store = &g_store;
-    w.transport = g_transport;
-    w.timeout_ms = 30000;
+    tw_dm_world_init(&w, world, &g_store, g_transport, 30000);
     w.no_create = !create;
     w.body = body;
     w.arg = arg;
@@ -318,15 +311,8 @@ static int run_world(int world, tw_body body, void* arg, double limit_s) {
    per_host > 0), runs body and exits with its result (40 s alarm). */
 static void fork_reporting_world(tw_world* p, int world, int timeout_ms, int per_host, tw_body body, void* arg) {
     tw_dm_world w;
-    memset(p, 0, sizeof(*p));
-    p->alarm_s = 40;
-    p->reports = true;
-    p->quick_exit = true;
-    memset(&w, 0, sizeof(w));
-    w.world = world;
-    w.store = &g_store;
-    w.transport = g_transport;
-    w.timeout_ms = timeout_ms;
+    tw_world_init(p, 40, true);
+    tw_dm_world_init(&w, world, &g_store, g_transport, timeout_ms);
     w.per_host = per_host;
     w.body = body;
     w.arg = arg;

@@ -131,10 +131,7 @@ static void relay_run(relay_world* w, relay_report* r, double limit_s, int kill_
     memset(r, 0, sizeof(*r));
     r->wait_for[0] = wait_a;
     r->wait_for[1] = wait_b;
-    memset(&p, 0, sizeof(p));
-    p.alarm_s = (int)limit_s + 10;
-    p.reports = true;
-    p.quick_exit = true;
+    tw_world_init(&p, (int)limit_s + 10, true);
     assert_int_equal(tw_store_rank0(&w->store), 0);
     memset(&dw, 0, sizeof(dw));
     dw.world = w->world;
@@ -159,6 +156,38 @@ static void relay_print(const relay_world* w, const relay_report* r) {
         if (r->status[k] != DM_OK) printf("  rank %d: %s after %d ms: %s\n", k, dm_status_name((dm_status)r->status[k]),
                                           r->ms[k], r->msg[k]);
 }
+/* relay_run without a kill, 60 s at most, then relay_print. */
+static void relay_run_print(relay_world* w, relay_report* r) {
+    relay_run(w, r, 60, 0, 0, 0, 0);
+    relay_print(w, r);
+}
+/* A world of `world` ranks, per_host to a simulated host (0: one host), with the launcher's
+   variables (the relay) or without, a 30 s deadline; the rest as relay_world's zero says. */
+static void relay_setup(relay_world* w, int world, int per_host, bool launcher) {
+    memset(w, 0, sizeof(*w));
+    w->world = world;
+    w->per_host = per_host;
+    w->launcher = launcher;
+    w->timeout_ms = 30000;
+}
+/* How many ranks created. */
+static int relay_created(const relay_world* w, const relay_report* r) {
+    int k, ok = 0;
+    for (k = 0; k < w->world; k++) ok += r->status[k] == DM_OK;
+    return ok;
+}
+/* How many ranks failed with a message holding a, b and c (NULL: only a and b); *slowest_ms:
+   the slowest create. */
+static int relay_named(const relay_world* w, const relay_report* r, const char* a, const char* b, const char* c,
+                       int* slowest_ms) {
+    int k, named = 0;
+    *slowest_ms = 0;
+    for (k = 0; k < w->world; k++) {
+        named += r->status[k] != DM_OK && strstr(r->msg[k], a) && strstr(r->msg[k], b) && (!c || strstr(r->msg[k], c));
+        if (r->ms[k] > *slowest_ms) *slowest_ms = r->ms[k];
+    }
+    return named;
+}
 
 /* ---- the file-descriptor wall ---------------------------------------------------------------- */
 /* 24 ranks on 3 simulated hosts, rank 0 hosting the store, every rank limited to the fds it has
@@ -171,17 +200,12 @@ static void relay_print(const relay_world* w, const relay_report* r) {
 static void test_relay_fd_wall(void** s) {
     relay_world w;
     relay_report r;
-    int k, ok = 0;
+    int ok;
     (void)s;
-    memset(&w, 0, sizeof(w));
-    w.world = 24;
-    w.per_host = 8;
-    w.launcher = true;
+    relay_setup(&w, 24, 8, true);
     w.limit_extra = 34;
-    w.timeout_ms = 30000;
-    relay_run(&w, &r, 60, 0, 0, 0, 0);
-    relay_print(&w, &r);
-    for (k = 0; k < w.world; k++) ok += r.status[k] == DM_OK;
+    relay_run_print(&w, &r);
+    ok = relay_created(&w, &r);
     printf("  24 ranks on 3 hosts, each limited to its open fds + 34: %d created; rank 0 holds %d fds after create "
            "(limit %ld)\n", ok, r.fds[0], r.limit[0]);
     assert_int_equal(r.n, w.world);
@@ -199,22 +223,15 @@ static void test_relay_fd_wall(void** s) {
 static void test_store_emfile_named(void** s) {
     relay_world w;
     relay_report r;
-    int k, named = 0, slowest = 0;
+    int named, slowest;
     char limit[32];
     (void)s;
-    memset(&w, 0, sizeof(w));
-    w.world = 12;
+    relay_setup(&w, 12, 0, false);
     w.rank0_soft_extra = 20;        /* the store's own few, rank 0's listeners, a few clients */
     w.others_delay_ms = 300;
-    w.timeout_ms = 30000;
-    relay_run(&w, &r, 60, 0, 0, 0, 0);
-    relay_print(&w, &r);
+    relay_run_print(&w, &r);
     snprintf(limit, sizeof(limit), "limit is %ld open files", r.limit[0]);
-    for (k = 0; k < w.world; k++) {
-        named += r.status[k] != DM_OK && strstr(r.msg[k], "EMFILE") && strstr(r.msg[k], "client connections") &&
-                 strstr(r.msg[k], limit);
-        if (r.ms[k] > slowest) slowest = r.ms[k];
-    }
+    named = relay_named(&w, &r, "EMFILE", "client connections", limit, &slowest);
     printf("  12 ranks, rank 0's store limited to %ld fds: %d of 12 failed naming EMFILE, the connections and the "
            "limit; the slowest create returned after %d ms\n", r.limit[0], named, slowest);
     assert_int_equal(r.n, w.world);
@@ -227,16 +244,13 @@ static void test_store_emfile_named(void** s) {
 static void test_store_raises_soft_limit(void** s) {
     relay_world w;
     relay_report r;
-    int k, ok = 0;
+    int ok;
     (void)s;
-    memset(&w, 0, sizeof(w));
-    w.world = 12;
+    relay_setup(&w, 12, 0, false);
     w.rank0_soft_extra = 14;
     w.rank0_hard_stays = true;
-    w.timeout_ms = 30000;
-    relay_run(&w, &r, 60, 0, 0, 0, 0);
-    relay_print(&w, &r);
-    for (k = 0; k < w.world; k++) ok += r.status[k] == DM_OK;
+    relay_run_print(&w, &r);
+    ok = relay_created(&w, &r);
     printf("  12 ranks, rank 0's soft limit %ld: %d created, rank 0 logged the raise: %s\n", r.limit[0], ok,
            r.raised[0] ? "yes" : "no");
     assert_int_equal(ok, w.world);
@@ -249,22 +263,15 @@ static void test_store_raises_soft_limit(void** s) {
 static void test_rank_raises_soft_limit_for_its_peers(void** s) {
     relay_world w;
     relay_report r;
-    int k, ok = 0, raised = 0;
+    int k, ok, raised = 0;
     (void)s;
-    memset(&w, 0, sizeof(w));
-    w.world = 8;
-    w.per_host = 4;
-    w.launcher = true;
+    relay_setup(&w, 8, 4, true);
     w.limit_extra = 24;
     w.limit_hard_stays = true;
     w.sockets = "16";
-    w.timeout_ms = 30000;
-    relay_run(&w, &r, 60, 0, 0, 0, 0);
-    relay_print(&w, &r);
-    for (k = 0; k < w.world; k++) {
-        ok += r.status[k] == DM_OK;
-        raised += k > 0 && r.raised[k];
-    }
+    relay_run_print(&w, &r);
+    ok = relay_created(&w, &r);
+    for (k = 1; k < w.world; k++) raised += r.raised[k] != 0;
     printf("  8 ranks on 2 hosts, 16 sockets per peer, soft limits of open fds + 24: %d created, %d of ranks 1-7 "
            "raised theirs (rank 5 holds %d fds)\n", ok, raised, r.fds[5]);
     assert_int_equal(ok, w.world);
@@ -275,21 +282,13 @@ static void test_rank_raises_soft_limit_for_its_peers(void** s) {
 static void test_rank_names_its_limit(void** s) {
     relay_world w;
     relay_report r;
-    int k, named = 0, slowest = 0;
+    int k, named, slowest;
     (void)s;
-    memset(&w, 0, sizeof(w));
-    w.world = 8;
-    w.per_host = 4;
-    w.launcher = true;
+    relay_setup(&w, 8, 4, true);
     w.limit_extra = 24;
     w.sockets = "16";
-    w.timeout_ms = 30000;
     relay_run(&w, &r, 60, 0, 0, 0, 0);
-    for (k = 0; k < w.world; k++) {
-        named += r.status[k] != DM_OK && strstr(r.msg[k], "cannot hold the connections") &&
-                 strstr(r.msg[k], "RLIMIT_NOFILE");
-        if (r.ms[k] > slowest) slowest = r.ms[k];
-    }
+    named = relay_named(&w, &r, "cannot hold the connections", "RLIMIT_NOFILE", NULL, &slowest);
     printf("  the same with hard limits of open fds + 24: %d of 8 named their limit; the slowest create returned "
            "after %d ms\n", named, slowest);
     if (named == 0) relay_print(&w, &r);
@@ -305,18 +304,11 @@ static void test_rank_names_its_limit(void** s) {
 static void test_relay_token(void** s) {
     relay_world w;
     relay_report r;
-    int k, ok = 0;
     (void)s;
-    memset(&w, 0, sizeof(w));
-    w.world = 8;
-    w.per_host = 4;
-    w.launcher = true;
-    w.timeout_ms = 30000;
+    relay_setup(&w, 8, 4, true);
     w.token = "relay-secret";
-    relay_run(&w, &r, 60, 0, 0, 0, 0);
-    relay_print(&w, &r);
-    for (k = 0; k < w.world; k++) ok += r.status[k] == DM_OK;
-    assert_int_equal(ok, w.world);
+    relay_run_print(&w, &r);
+    assert_int_equal(relay_created(&w, &r), w.world);
     w.token_of_last = "another-secret";
     w.timeout_ms = 3000;            /* the others wait for it: their deadline */
     relay_run(&w, &r, 30, 0, 0, 0, 0);
@@ -333,10 +325,7 @@ static void test_relay_leader_dies(void** s) {
     relay_world w;
     relay_report r;
     (void)s;
-    memset(&w, 0, sizeof(w));
-    w.world = 6;
-    w.per_host = 3;
-    w.launcher = true;
+    relay_setup(&w, 6, 3, true);
     w.timeout_ms = 20000;
     w.delay_rank = 2;
     w.delay_ms = 4000;

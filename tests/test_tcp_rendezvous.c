@@ -128,10 +128,7 @@ static void test_tcp_store_clients(void** s) {
     failed = tw_store_agent(&agent, &sd, 90) == 0 ? 0 : 1;
     if (!failed) {
         tw_dm_world w;
-        memset(&w, 0, sizeof(w));
-        w.world = 4;
-        w.store = &agent;
-        w.timeout_ms = 30000;
+        tw_dm_world_init(&w, 4, &agent, NULL, 30000);
         w.body = body_small;
         setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);   /* rank 0 is a client too */
         failed = tw_dm_run(&w, 60);

@@ -53,10 +53,7 @@ static int big_rank(dm_collective* c, int rank, int world, void* arg) {
 static int big_fork(tw_world* p, tw_store* s, int world, int timeout_ms, big_body body, void* arg) {
     tw_dm_world w;
     big_ctx b;
-    memset(p, 0, sizeof(*p));
-    p->alarm_s = 120;
-    p->reports = true;
-    p->quick_exit = true;
+    tw_world_init(p, 120, true);
     if (tw_store_agent(s, NULL, 0) != 0) return -1;
     b.body = body;
     b.arg = arg;

@@ -15,4 +15,15 @@ static int tmpdir_remove(const char* dir) {
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     return system(cmd) == 0 ? 0 : -1;
 }
+/* The cmocka group fixtures tmpdir_setup (dir, a char array, becomes a fresh
+   /tmp/<prefix>_XXXXXX) and tmpdir_teardown (removes it and everything in it). */
+#define TMPDIR_FIXTURES(dir, prefix)                                                             \
+    static int tmpdir_setup(void** state) {                                                      \
+        (void)state;                                                                             \
+        return tmpdir_make(dir, sizeof(dir), prefix);                                            \
+    }                                                                                            \
+    static int tmpdir_teardown(void** state) {                                                   \
+        (void)state;                                                                             \
+        return tmpdir_remove(dir);                                                               \
+    }
 #endif

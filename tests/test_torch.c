@@ -3,13 +3,7 @@
    torch's TCPStore client against a distmesh server and distmesh's client (store_tool) against
    torch's servers. Skipped when torch does not import. */
 #define _GNU_SOURCE
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <cmocka.h>
-#include "test_filter.h"
+#include "prelude.h"
 
 #ifndef DM_SRCDIR
 #define DM_SRCDIR "."
@@ -30,10 +24,5 @@ static void test_torch_tcpstore_interop_both_ways(void** state) {
     assert_int_equal(rc, 0);
 }
 
-int main(int argc, char** argv) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_torch_tcpstore_interop_both_ways),
-    };
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DM_TEST_MAIN(NULL, NULL,
+    cmocka_unit_test(test_torch_tcpstore_interop_both_ways))

@@ -17,12 +17,7 @@
    what is left). Each test has its own directory under the program's mkdtemp directory. */
 #define _GNU_SOURCE
 #include "distmesh.h"
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "prelude.h"
 #include <signal.h>
 #include <errno.h>
 #include <time.h>
@@ -30,8 +25,6 @@
 #include <sys/types.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <cmocka.h>
-#include "test_filter.h"
 #include "test_world.h"
 
 #ifndef DM_SRCDIR
@@ -527,6 +520,5 @@ int main(int argc, char** argv) {
     };
     signal(SIGPIPE, SIG_DFL);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    dm_test_filter(argc, argv);
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return DM_RUN_TESTS(argc, argv, tests, setup, teardown);
 }

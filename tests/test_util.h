@@ -77,6 +77,13 @@ static uint16_t ref_float_to_bf16(float f) {
 #endif
 
 /* ---- test data ---- */
+/* splitmix64: the next of the sequence whose state is *s. */
+static uint64_t splitmix64(uint64_t* s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
 /* buf[i] = v in dtype t (v small: exact in every dtype). */
 static void set_val(dm_dtype t, void* buf, size_t i, int v) {
     switch (t) {
@@ -142,6 +149,15 @@ static void store_float(dm_dtype t, void* p, double v) {
         default: *(double*)p = v; break;
     }
 }
+/* a op b for floating values; a NaN on either side wins max and min. */
+static double ref_float_op(dm_reduce_op op, double a, double b) {
+    switch (op) {
+        case DM_SUM: case DM_MEAN: return a + b;
+        case DM_PROD: return a * b;
+        case DM_MAX: return (isnan(a) || isnan(b)) ? NAN : (a > b ? a : b);
+        default: return (isnan(a) || isnan(b)) ? NAN : (a < b ? a : b);
+    }
+}
 /* One step acc = acc op x, the documented semantics. Arithmetic of float16/bfloat16/float32 is
    done in float (each result rounded to float first), float64 in double. */
 static void ref_step(dm_dtype t, dm_reduce_op op, void* acc, const void* x) {
@@ -156,24 +172,19 @@ static void ref_step(dm_dtype t, dm_reduce_op op, void* acc, const void* x) {
         }
         store_int(t, acc, r);
     } else if (t == DM_FLOAT64) {
-        double a = load_float(t, acc), b = load_float(t, x), r;
-        switch (op) {
-            case DM_SUM: case DM_MEAN: r = a + b; break;
-            case DM_PROD: r = a * b; break;
-            case DM_MAX: r = (isnan(a) || isnan(b)) ? NAN : (a > b ? a : b); break;
-            default: r = (isnan(a) || isnan(b)) ? NAN : (a < b ? a : b); break;
-        }
-        store_float(t, acc, r);
-    } else {
-        float a = (float)load_float(t, acc), b = (float)load_float(t, x), r;
-        switch (op) {
-            case DM_SUM: case DM_MEAN: r = a + b; break;
-            case DM_PROD: r = a * b; break;
-            case DM_MAX: r = (isnan(a) || isnan(b)) ? NAN : (a > b ? a : b); break;
-            default: r = (isnan(a) || isnan(b)) ? NAN : (a < b ? a : b); break;
-        }
-        store_float(t, acc, r);
+        store_float(t, acc, ref_float_op(op, load_float(t, acc), load_float(t, x)));
+    } else {    /* one + or * in double rounded to float is float's own (53 >= 2 * 24 + 2 bits) */
+        float a = (float)load_float(t, acc), b = (float)load_float(t, x);
+        store_float(t, acc, (float)ref_float_op(op, a, b));
     }
+}
+/* DM_MEAN's last step: acc / n, in acc's own arithmetic (integers truncate); other ops: nothing. */
+static void ref_finish(dm_dtype t, dm_reduce_op op, void* acc, int n) {
+    if (op != DM_MEAN) return;
+    if (t == DM_FLOAT64) store_float(t, acc, load_float(t, acc) / n);
+    else if (is_float(t)) store_float(t, acc, (float)load_float(t, acc) / (float)n);
+    else if (is_signed_int(t)) store_int(t, acc, (uint64_t)((int64_t)load_int(t, acc) / n));
+    else store_int(t, acc, load_int(t, acc) / (uint64_t)n);
 }
 
 /* ---- the documented reduction orders (distmesh.h, "Reduction order"); v[r] is rank r's value ---- */
@@ -216,6 +227,21 @@ static void ref_block(size_t count, int n, int b, size_t* off, size_t* len) {
     size_t base = count / (size_t)n, extra = count % (size_t)n, bi = (size_t)b;
     *off = bi * base + (bi < extra ? bi : extra);
     *len = base + (bi < extra ? 1 : 0);
+}
+
+/* ---- a logger that keeps the last message: desc.logger.func = tu_capture_log ---- */
+typedef struct tu_log {
+    dm_log_level level;
+    dm_status status;
+    char msg[1024];
+} tu_log;
+static tu_log g_tu_log;
+static void tu_capture_log(dm_log_level level, dm_status status, const char* msg, const char* file, int line,
+                           void* ud) {
+    (void)file; (void)line; (void)ud;
+    g_tu_log.level = level;
+    g_tu_log.status = status;
+    snprintf(g_tu_log.msg, sizeof(g_tu_log.msg), "%s", msg);
 }
 
 /* ---- failures on rank threads ---- */

@@ -17,17 +17,18 @@
    Sections (search the tag):
      >>clock   tw_now_s / tw_now_ms / tw_now_ns (CLOCK_MONOTONIC), tw_sleep_ms / tw_sleep_us, tw_sort,
                tw_median
-     >>host    tw_free_port, tw_count_fds, tw_read_file, tw_run_cmd (a shell command under
-               `timeout`, its output captured); test_tmpdir.h's tmpdir_make / tmpdir_remove
-     >>procs   tw_world: tw_spawn, tw_fork, tw_signal, tw_kill, tw_reap, tw_reap_some,
-               tw_kill_all, tw_exit_code; tw_me: who this process is
+     >>host    tw_free_port, tw_count_entries, tw_count_fds, tw_connect_loopback, tw_recv_n,
+               tw_read_file, tw_run_cmd (a shell command under `timeout`, its output captured);
+               test_tmpdir.h's tmpdir_make / tmpdir_remove
+     >>procs   tw_world: tw_world_init, tw_spawn, tw_fork, tw_signal, tw_kill, tw_reap,
+               tw_reap_some, tw_kill_all, tw_exit_code; tw_me: who this process is
      >>report  in a child: tw_ready, tw_report, tw_report_bytes; in the parent: tw_reader
                (tw_reader_init, tw_reader_fault) and tw_read_reports (lines and "R" marks,
                optionally a fault once all are ready), tw_read_ready, tw_read_exact (structs)
      >>store   (DISTMESH_TCP) tw_store: tw_store_file, tw_store_dir, tw_store_serve,
                tw_store_agent, tw_store_rank0, tw_store_next, tw_store_close
-     >>dm      (DISTMESH_TCP) tw_tcp_desc, tw_sim_host, tw_launcher_env, tw_dm_world: tw_dm_fork,
-               tw_dm_run */
+     >>dm      (DISTMESH_TCP) tw_tcp_desc, tw_sim_host, tw_launcher_env, tw_dm_world:
+               tw_dm_world_init, tw_dm_fork, tw_dm_run */
 #ifndef DM_TEST_WORLD_H
 #define DM_TEST_WORLD_H
 #include <dirent.h>
@@ -44,7 +45,9 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #if defined(DISTMESH_TCP)
@@ -111,16 +114,61 @@ static int tw_free_port(void) {
     if (fd >= 0) close(fd);
     return port;
 }
-/* Descriptors open in this process (the directory's own not counted), or -1. */
-static int tw_count_fds(void) {
-    DIR* d = opendir("/proc/self/fd");
+/* Entries of the directory at path but "." and "..", or -1. */
+static int tw_count_entries(const char* path) {
+    DIR* d = opendir(path);
     struct dirent* e;
     int n = 0;
     if (!d) return -1;
     while ((e = readdir(d)) != NULL)
         if (e->d_name[0] != '.') n++;
     closedir(d);
-    return n - 1;
+    return n;
+}
+/* Descriptors open in this process (the directory's own not counted), or -1. */
+static int tw_count_fds(void) {
+    int n = tw_count_entries("/proc/self/fd");
+    return n < 0 ? -1 : n - 1;
+}
+/* A client socket connected to 127.0.0.1 (family AF_INET) or ::1 (AF_INET6) at port, with
+   TCP_NODELAY and send and receive timeouts of timeout_s (a blocking call cannot hang a test),
+   or -1. */
+static int tw_connect_loopback(int family, int port, int timeout_s) {
+    int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, rc;
+    struct timeval tv;
+    if (fd < 0) return -1;
+    tv.tv_sec = timeout_s;
+    tv.tv_usec = 0;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (family == AF_INET6) {
+        struct sockaddr_in6 a;
+        memset(&a, 0, sizeof(a));
+        a.sin6_family = AF_INET6;
+        a.sin6_port = htons((uint16_t)port);
+        a.sin6_addr = in6addr_loopback;
+        rc = connect(fd, (struct sockaddr*)&a, sizeof(a));
+    } else {
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof(a));
+        a.sin_family = AF_INET;
+        a.sin_port = htons((uint16_t)port);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        rc = connect(fd, (struct sockaddr*)&a, sizeof(a));
+    }
+    if (rc != 0) { close(fd); return -1; }
+    return fd;
+}
+/* Reads n bytes from fd into p, until EOF, an error or the socket's timeout. Returns the count read. */
+static size_t tw_recv_n(int fd, unsigned char* p, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = recv(fd, p + got, n - got, 0);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    return got;
 }
 
 /* The file at path into buf (at most cap - 1 bytes, NUL-terminated; "" when unreadable).
@@ -188,6 +236,14 @@ typedef struct tw_world {
     bool reaped[TW_MAX_PROCS];
 } tw_world;
 
+/* *w zeroed, then children with an alarm of alarm_s, a report pipe if reports, ending with
+   _exit (quick_exit): how most programs fork. */
+static void tw_world_init(tw_world* w, int alarm_s, bool reports) {
+    memset(w, 0, sizeof(*w));
+    w->alarm_s = alarm_s;
+    w->reports = reports;
+    w->quick_exit = true;
+}
 static void _tw_close_writer(tw_world* w) {
     if (w->wr_open) close(w->wr);
     w->wr_open = false;
@@ -640,6 +696,27 @@ typedef struct tw_dm_world {
     void* arg;                                     /* handed to body (body_c), before and edit */
 } tw_dm_world;
 
+/* The cmocka group fixtures setup_store (store becomes a file store named after tag; SIGPIPE
+   gets on_sigpipe, SIG_DFL or SIG_IGN) and teardown_store. */
+#define TW_STORE_FIXTURES(store, tag, on_sigpipe)                                               \
+    static int setup_store(void** s) {                                                          \
+        (void)s;                                                                                \
+        signal(SIGPIPE, on_sigpipe);                                                            \
+        return tw_store_file(&store, tag);                                                      \
+    }                                                                                           \
+    static int teardown_store(void** s) {                                                       \
+        (void)s;                                                                                \
+        return tw_store_close(&store);                                                          \
+    }
+/* *w zeroed (every default), then world ranks meeting through store over transport (NULL:
+   auto) with a deadline of timeout_ms (0: 30000); the caller adds the body. */
+static void tw_dm_world_init(tw_dm_world* w, int world, tw_store* store, const char* transport, int timeout_ms) {
+    memset(w, 0, sizeof(*w));
+    w->world = world;
+    w->store = store;
+    w->transport = transport;
+    w->timeout_ms = timeout_ms;
+}
 static int _tw_dm_body(const tw_dm_world* w, dm_collective* c, int rank) {
     return w->body_c ? w->body_c(c, w->arg) : w->body(c, rank, w->world, w->arg);
 }

@@ -4,11 +4,11 @@ TORCH_TEST := $(BUILD)/torch/test_torch
 STORE_TOOL := $(BUILD)/fixtures/store_tool
 TEST_BINS += $(TORCH_TEST)
 
-$(STORE_TOOL): tests/fixtures/store_tool.c distmesh.h distmesh_store.h distmesh_tcp.h
+$(STORE_TOOL): tests/fixtures/store_tool.c distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
-$(TORCH_TEST): tests/test_torch.c tests/test_filter.h | $(STORE_TOOL)
+$(TORCH_TEST): tests/test_torch.c tests/test_filter.h tests/prelude.h | $(STORE_TOOL)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDM_SRCDIR='"$(CURDIR)"' -DDM_STORE_TOOL='"$(CURDIR)/$(STORE_TOOL)"' $< -o $@ \
 	    $(CMOCKA_LIBS) $(LDLIBS_ALL)

@@ -1,17 +1,24 @@
-/* Compile check (C++11, g++ and clang++, -Wall -Wextra -Werror): the header with
+/* Compile check, one source built as C11 (gcc, clang: -Wall -Wextra -Wpedantic -Werror) and as
+   C++11 (g++ -x c++, clang++: -Wall -Wextra -Werror): the header with
    DISTMESH_IMPLEMENTATION first in the TU (as distmesh.h asks: its POSIX feature macro must precede
    every system header), a stray second plain include that must emit nothing, and
    the address of every public function taken so a declaration without a definition fails to
    link. Backends follow the -D flags of the build rule (tests/coretests.mk): none, DISTMESH_TCP,
-   or DISTMESH_STORE alone (the store without libuv). */
+   DISTMESH_STORE alone (the store without libuv), or DISTMESH_TCP with DISTMESH_NO_TRACE (no
+   flight recorder). */
 #define DISTMESH_IMPLEMENTATION
 #include "distmesh.h"
 #include "distmesh.h" /* a stray second include emits nothing */
+#ifdef __cplusplus
 #include <cstdio>
 #include <vector>
+#define FN(f) reinterpret_cast<any_fn>(f),
+#else
+#include <stdio.h>
+#define FN(f) (any_fn)(f),
+#endif
 
 typedef void (*any_fn)(void);
-#define FN(f) reinterpret_cast<any_fn>(f),
 static const any_fn public_functions[] = {
     FN(dm_status_name) FN(dm_strerror) FN(dm_dtype_size) FN(dm_dtype_name) FN(dm_reduce_op_name)
     FN(dm_float_to_half) FN(dm_half_to_float) FN(dm_float_to_bfloat16) FN(dm_bfloat16_to_float)
@@ -41,16 +48,27 @@ static const any_fn public_functions[] = {
 #undef FN
 
 int main(void) {
+#ifdef __cplusplus
     dm_fake_desc desc = {};             /* zero is a working config */
     dm_collective* c = nullptr;
     std::vector<float> x(2, 1.0f);
+#else
+    dm_fake_desc desc = {0};            /* zero is a working config */
+    dm_collective* c = NULL;
+    float x[2] = { 1.0f, 2.0f };
+#endif
     size_t i;
     dm_status st;
     for (i = 0; i < sizeof(public_functions) / sizeof(public_functions[0]); i++)
         if (!public_functions[i]) return 1;
     st = dm_fake_create(&desc, &c);
+#ifdef __cplusplus
     if (st == DM_OK) st = dm_all_reduce(c, nullptr, x.data(), x.size(), DM_FLOAT32, DM_SUM);
     if (st != DM_OK) std::printf("%s: %s\n", dm_status_name(st), dm_last_error(c));
+#else
+    if (st == DM_OK) st = dm_all_reduce(c, NULL, x, 2, DM_FLOAT32, DM_SUM);
+    if (st != DM_OK) printf("%s: %s\n", dm_status_name(st), dm_last_error(c));
+#endif
     dm_destroy(c);
     return st == DM_OK ? 0 : 1;
 }
