@@ -240,6 +240,24 @@ static void test_failures_dm_abort_stops_an_idle_collectives_kernels(void** stat
     nothing_left();
 }
 
+/* Item 3's set-up: no memory pools, the streams held, an owner thread in an in-place all_to_all
+   whose scratch waits for its stream. */
+static dm_collective* start_scratch_wait(owner_job* job, pthread_t* th, float** a, float** b) {
+    dm_collective* c;
+    si_reset();
+    si_set_memory_pools(false);
+    c = make(2, 0, 20000, NULL, NULL);
+    *a = dev(N);
+    *b = dev(N);
+    si_hold_streams(true);
+    memset(job, 0, sizeof(*job));
+    job->c = c;
+    job->kind = OWN_ALL_TO_ALL_IN_PLACE;
+    job->a = *a;
+    owner_start(job, th, stream_polls);
+    return c;
+}
+
 #if !defined(SI_WITHOUT_SHRINK)
 /* Item 3: no memory pools; an in-place all_to_all copies its outgoing blocks to cudaMalloc'd
    scratch and, before cudaFree, waits for its stream -- where the watchdog's
@@ -253,17 +271,7 @@ static void test_failures_interrupted_scratch_wait_keeps_the_scratch(void** stat
     int gone = 1;
     float *a, *b;
     (void)state;
-    si_reset();
-    si_set_memory_pools(false);
-    c = make(2, 0, 20000, NULL, NULL);
-    a = dev(N);
-    b = dev(N);
-    si_hold_streams(true);
-    memset(&job, 0, sizeof(job));
-    job.c = c;
-    job.kind = OWN_ALL_TO_ALL_IN_PLACE;
-    job.a = a;
-    owner_start(&job, &th, stream_polls);
+    c = start_scratch_wait(&job, &th, &a, &b);
     CHECK_OK(c, dm_shrink(c, &gone, 1, DM_SHRINK_ABORT, &s));
     assert_int_equal(pthread_join(th, NULL), 0);
     si_hold_streams(false);
@@ -286,17 +294,7 @@ static void test_failures_dm_abort_in_a_scratch_wait(void** state) {
     pthread_t th;
     float *a, *b;
     (void)state;
-    si_reset();
-    si_set_memory_pools(false);
-    c = make(2, 0, 20000, NULL, NULL);
-    a = dev(N);
-    b = dev(N);
-    si_hold_streams(true);
-    memset(&job, 0, sizeof(job));
-    job.c = c;
-    job.kind = OWN_ALL_TO_ALL_IN_PLACE;
-    job.a = a;
-    owner_start(&job, &th, stream_polls);
+    c = start_scratch_wait(&job, &th, &a, &b);
     CHECK_OK(c, dm_abort(c, "watchdog"));
     assert_int_equal(pthread_join(th, NULL), 0);
     assert_int_equal(job.st, DM_ERR_ABORTED);
