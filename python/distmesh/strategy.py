@@ -94,6 +94,8 @@ class DistributedInterface:
     thread_world rank, say); destroy() then leaves it open. Every rank constructs it (a
     collective call). Not a singleton (docs/seeds.md, departure 9)."""
 
+    _meshes = None          # torch 2.x's (model, data) DeviceMesh, or False without it
+
     def __init__(self, config=None, *, world=None):
         config = dict(config or {})
         self._own_world = world is None
@@ -122,8 +124,19 @@ class DistributedInterface:
         return _MeshView(self._s.data_mesh())
 
     def get_device_mesh(self, dim):
-        """The dim's group (a Collective; the seed's one-dimensional DeviceMesh)."""
-        return self._s.group(_dim_index(dim))
+        """The dim's one-dimensional mesh, as the seed returns it: on torch 2.x a
+        ``torch.distributed.device_mesh.DeviceMesh`` whose groups are "distmesh" groups (the
+        model mesh mp_replicate x mp_shard or the data mesh dp x cp, made by
+        ``init_device_mesh`` over torch's default group at the first call, a collective call:
+        every rank makes it at the same point; torch.distributed is initialized with the
+        "distmesh" backend from the environment (env://) when it is not yet); without torch
+        2.x, the dim's group (a Collective)."""
+        i = _dim_index(dim)
+        if self._meshes is None:
+            self._meshes = _torch_meshes(self.strategy, self._world.world_size)
+        if not self._meshes:
+            return self._s.group(i)
+        return self._meshes[0 if i < 2 else 1][Dim(dim).value]
 
     def get_group(self, dim):
         return self._s.group(_dim_index(dim))
@@ -171,6 +184,18 @@ class DistributedInterface:
     def __str__(self):
         return "DistributedInterface(strategy=%s, rank=%d, world_size=%d, backend=%s)" % (
             self.strategy, self._world.rank, self._world.world_size, self._world.backend)
+
+
+def _torch_meshes(s, world_size):
+    """(model mesh, data mesh) as torch 2.x DeviceMesh over "distmesh" groups, or False where
+    torch or its device_mesh is missing (torch 1.13)."""
+    try:
+        import torch.distributed.device_mesh  # noqa: F401
+    except ImportError:
+        return False
+    from .torch import device_mesh
+    return (device_mesh(s.model_mesh_shape, s.model_mesh_dim_names, world_size),
+            device_mesh(s.data_mesh_shape, s.data_mesh_dim_names, world_size))
 
 
 def _empty_like_stacked(data, n):

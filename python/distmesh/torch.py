@@ -42,7 +42,7 @@ try:                                            # torch 1.13 and 2.x
 except ImportError as e:                        # pragma: no cover - a torch without c10d
     raise ImportError("distmesh.torch needs torch.distributed (c10d): %s" % e)
 
-__all__ = ["ProcessGroup", "collective", "BACKEND"]
+__all__ = ["ProcessGroup", "Work", "collective", "device_mesh", "BACKEND"]
 
 BACKEND = "distmesh"
 
@@ -461,6 +461,21 @@ def _register():
 
 
 _register()
+
+
+def device_mesh(shape, names, world_size=None):
+    """torch 2.x's init_device_mesh("cpu", shape, mesh_dim_names=names) with "distmesh" groups
+    on every dim (backend_override where torch's default group has another backend); first
+    initializes torch.distributed with the "distmesh" backend from the environment (env://:
+    MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, as torchrun sets them) when it is not yet.
+    A collective call."""
+    from torch.distributed.device_mesh import init_device_mesh
+    if not dist.is_initialized():
+        dist.init_process_group(BACKEND)
+    if world_size is not None and dist.get_world_size() != world_size:
+        raise ValueError("torch.distributed's world has %d ranks, the mesh %d" % (dist.get_world_size(), world_size))
+    override = None if dist.get_backend() == BACKEND else {n: BACKEND for n in names}
+    return init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(names), backend_override=override)
 
 
 def collective(group=None):
