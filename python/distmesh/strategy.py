@@ -7,6 +7,7 @@ dim's group, results are written into the caller's buffers (all_gather returns a
 the input's kind: (world, *shape))."""
 import dataclasses
 import enum
+import os
 
 from . import _C
 from .collective import init
@@ -128,12 +129,14 @@ class DistributedInterface:
         ``torch.distributed.device_mesh.DeviceMesh`` whose groups are "distmesh" groups (the
         model mesh mp_replicate x mp_shard or the data mesh dp x cp, made by
         ``init_device_mesh`` over torch's default group at the first call, a collective call:
-        every rank makes it at the same point; torch.distributed is initialized with the
-        "distmesh" backend from the environment (env://) when it is not yet); without torch
-        2.x, the dim's group (a Collective)."""
+        every rank makes it at the same point). torch.distributed must be initialized, or the
+        interface made its own world from a launcher that sets MASTER_ADDR and MASTER_PORT
+        (torchrun): then it is initialized with the "distmesh" backend from the environment
+        (env://). Otherwise (torch 1.x, no torch, a world you passed with torch.distributed not
+        initialized, a launcher without MASTER_ADDR) the dim's group (a Collective)."""
         i = _dim_index(dim)
         if self._meshes is None:
-            self._meshes = _torch_meshes(self.strategy, self._world.world_size)
+            self._meshes = _torch_meshes(self.strategy, self._world.world_size, self._own_world)
         if not self._meshes:
             return self._s.group(i)
         return self._meshes[0 if i < 2 else 1][Dim(dim).value]
@@ -186,12 +189,16 @@ class DistributedInterface:
             self.strategy, self._world.rank, self._world.world_size, self._world.backend)
 
 
-def _torch_meshes(s, world_size):
+def _torch_meshes(s, world_size, may_init):
     """(model mesh, data mesh) as torch 2.x DeviceMesh over "distmesh" groups, or False where
-    torch or its device_mesh is missing (torch 1.13)."""
+    torch or its device_mesh is missing (torch 1.13), or torch.distributed is not initialized
+    and may not be (may_init false, or no MASTER_ADDR / MASTER_PORT for env://)."""
     try:
+        import torch.distributed as dist
         import torch.distributed.device_mesh  # noqa: F401
     except ImportError:
+        return False
+    if not dist.is_initialized() and not (may_init and "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ):
         return False
     from .torch import device_mesh
     return (device_mesh(s.model_mesh_shape, s.model_mesh_dim_names, world_size),

@@ -4,11 +4,17 @@ and without bf16_compress_hook, init_device_mesh and DistributedInterface.get_de
 FSDP2 (fully_shard per layer, bf16 params / fp32 reduce, reshard both ways, non-reentrant
 checkpointing, HSDP at 4 ranks), tensor parallel (ColwiseParallel / RowwiseParallel on a 2-D
 mesh's tp dim), and Distributed Checkpoint saved on 4 ranks, loaded on 2 (resharded) under
-distmesh and Gloo. 2 ranks meet through a TCPStore (tcp://), 4 through a FileStore. Skipped
+distmesh and Gloo. 2 ranks meet through a TCPStore (tcp://), 4 through a FileStore; under
+torchrun, DistributedInterface makes its world and get_device_mesh torch's. Skipped
 under torch 1.x (tests/python_torch2.mk runs it under torch 2.13)."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from conftest import World, free_port
+from conftest import HERE, World, free_port
 
 torch = pytest.importorskip("torch")
 if int(torch.__version__.split(".")[0]) < 2:
@@ -79,3 +85,20 @@ def test_checkpoint_saved_on_4_loads_on_2(tmp_path_factory):
     for r in res:
         assert r["distmesh"] == "distmesh" and r["gloo"] == "gloo"
         assert r["bad"] == [], r["bad"]
+
+
+def test_torchrun_interface_meshes_and_fsdp2(tmp_path):
+    """torchrun --nproc-per-node 2: DistributedInterface() from the environment, then
+    get_device_mesh initializes torch.distributed with "distmesh" and gives DeviceMeshes."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DISTMESH_TIMEOUT="30", OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), os.path.join(HERE, "torch2_worker.py"), "torchrun"]
+    p = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=140)
+    out = p.stdout.decode(errors="replace")
+    res = [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
+    assert p.returncode == 0 and len(res) == 2, out + p.stderr.decode(errors="replace")[-3000:]
+    for r in res:
+        assert r["bad"] == [], r["bad"]
+        assert r["meshes"] == ["DeviceMesh", "DeviceMesh", "distmesh", "distmesh"]

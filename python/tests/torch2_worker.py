@@ -8,6 +8,10 @@ same processes. Scenarios (each prints one RESULT line of JSON, "bad" listing wh
                       Gloo; CKPT given: the FSDP2 model saved there with Distributed Checkpoint
     load INIT CKPT    that checkpoint loaded into an FSDP2 model of this world (resharded),
                       under distmesh and under Gloo, against the full parameters saved beside
+    torchrun          under torchrun, torch.distributed not initialized: DistributedInterface()
+                      makes its world from the environment, get_device_mesh initializes
+                      torch.distributed ("distmesh", env://) and returns DeviceMeshes; FSDP2
+                      steps on the mp_shard mesh
 """
 import datetime
 import json
@@ -373,11 +377,36 @@ def scenario_load(init, ckpt):
     say("RESULT", out)
 
 
+def scenario_torchrun(init, ckpt):
+    from torch.distributed.device_mesh import DeviceMesh
+    bad, out = [], {"rank": RANK}
+    out["bad"] = bad
+    iface = distmesh.DistributedInterface({"mp_replicate_size": 1})
+    if dist.is_initialized():
+        bad.append("torch.distributed initialized before get_device_mesh")
+    shard, dp = iface.get_device_mesh(distmesh.Dim.MP_SHARD), iface.get_device_mesh(distmesh.Dim.DP)
+    out["meshes"] = [type(m).__name__ for m in (shard, dp)] + [dist.get_backend(), dist.get_backend(shard.get_group())]
+    if not (isinstance(shard, DeviceMesh) and isinstance(dp, DeviceMesh)):
+        bad.append("get_device_mesh: %r, %r" % (type(shard), type(dp)))
+    t = torch.full((4,), float(RANK + 1))
+    dist.all_reduce(t, group=dp.get_group())
+    want = torch.full((4,), float(WORLD * (WORLD + 1) // 2))
+    check(bad, "all_reduce over the dp mesh", t, want)
+    losses = fsdp2_train(shard, True, False, steps=3)[0]
+    out["losses"] = losses
+    if not losses[-1] < losses[0]:
+        bad.append("FSDP2 under torchrun: loss %s" % losses)
+    dist.destroy_process_group()
+    iface.destroy()
+    say("RESULT", out)
+
+
 def main():
     try:
-        scenario, init = sys.argv[1], sys.argv[2]
+        scenario = sys.argv[1]
+        init = sys.argv[2] if len(sys.argv) > 2 else ""
         ckpt = sys.argv[3] if len(sys.argv) > 3 else ""
-        {"stack": scenario_stack, "load": scenario_load}[scenario](init, ckpt)
+        {"stack": scenario_stack, "load": scenario_load, "torchrun": scenario_torchrun}[scenario](init, ckpt)
     except BaseException:
         traceback.print_exc()
         say("ERROR", traceback.format_exc().replace("\n", " | "))
