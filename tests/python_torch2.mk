@@ -25,7 +25,7 @@ PYT2_SKIP := the torch 2.13.0 CPU wheel is not in /opt/wheels (PYT2_WHEEL=)
 else ifeq ($(PYT2_PYTHON),)
 PYT2_SKIP := python3.11 not found (PYT2_PYTHON=), the wheel is for CPython 3.11
 else ifneq (,$(findstring address,$(SAN)))
-PYT2_SKIP := not under AddressSanitizer: torch's libraries are not built with it (the 1.13 run leaves torch out there too)
+PYT2_SKIP := not under AddressSanitizer: the torch libraries are not built with it, and the 1.13 run leaves torch out there too
 else ifneq (,$(findstring thread,$(SAN)))
 PYT2_SKIP := not under ThreadSanitizer: CPython is not built for it
 endif
