@@ -4,7 +4,9 @@
 # pytest and torch's own dependencies come from the package index), the extension built for
 # that Python (setup.py, as python.mk does), and python/tests/run_pytest.sh running the torch
 # tests (test_torch.py, test_torch2.py) there as its own program of `make test`
-# (run_pytest_torch2). Creating the environment takes a minute or two, once per build folder.
+# (run_pytest_torch2), with test_pip_install.py (docs/python.md's pip lines in a fresh venv of
+# the same Python: it needs the package index, as this environment does). Creating the
+# environment takes a minute or two, once per build folder.
 # Skipped with the reason (one SKIPPED line) where the wheel or python3.11 is missing, and
 # under the sanitizers: torch's libraries are not built with ASan (python.mk's run there leaves
 # torch out too, DM_PY_NO_TORCH) and CPython is not built for TSan.
@@ -49,7 +51,8 @@ $(PYT2_TEST): python/tests/run_pytest.sh $(PYT2_STAMP) $(PY_REF)
 	@mkdir -p $(dir $@)
 	@printf '#!/bin/sh\nexec env DM_PY=%s DM_PY_LIB=%s DM_PY_REF=%s %s CC="%s" bash %s "$$@"\n' \
 	    '$(CURDIR)/$(PYT2_PY)' '$(CURDIR)/$(PYT2_LIB)' '$(CURDIR)/$(PY_REF)' \
-	    'DM_PY_TESTS="test_torch.py test_torch2.py"' '$(CC)' '$(CURDIR)/python/tests/run_pytest.sh' > $@
+	    'DM_PY_TESTS="test_torch.py test_torch2.py test_pip_install.py" DM_PY_PIP_TEST=1' '$(CC)' \
+	    '$(CURDIR)/python/tests/run_pytest.sh' > $@
 	@chmod +x $@
 python-torch2: $(PYT2_STAMP)
 else
