@@ -5,17 +5,21 @@
     dist.init_process_group("distmesh")        # env:// (torchrun), tcp://, file://, or store=...
     dist.all_reduce(t)                         # distmesh's all-reduce on t's memory
 
-Every collective torch 1.13 routes to a Python ProcessGroup is implemented (allreduce and its
-coalesced form, broadcast, allgather (list, into a tensor, coalesced), reduce_scatter (list and
-tensor), reduce, gather, scatter, alltoall (list and single, with split sizes), send, recv,
-barrier); torch's object collectives (all_gather_object, broadcast_object_list,
-gather_object, scatter_object_list) run on them. CPU tensors only.
+One module for torch 1.13 and 2.x (docs/python.md, "torch versions"). Every collective torch
+routes to a Python ProcessGroup is implemented, under 1.13's names and 2.x's (allreduce and its
+coalesced form, broadcast, allgather (list, into a tensor, coalesced, into tensors coalesced),
+reduce_scatter (list, tensor, tensors coalesced), reduce, gather, scatter, alltoall (list and
+single, with split sizes), send, recv, barrier); torch's object collectives, functional
+collectives, _coalescing_manager, DDP, and on 2.x DeviceMesh, FSDP2, DTensor / tensor parallel
+and Distributed Checkpoint run on them. CPU tensors only.
 
-Each call is one distmesh request (dm_*_async): the call returns at once with a torch Work
-made from a torch Future, and the group's completer thread (one per group, not one per call)
-waits for the requests in issue order and completes their futures, so async_op=True overlaps
-communication with computation (DistributedDataParallel's buckets) and work.wait() raises the
-request's failure (a distmesh.Error) as torch's RuntimeError.
+Each call is one distmesh request (dm_*_async; a coalesced call one per tensor) and returns at
+once. On torch 2.x its Work is a Python Work (Work below) whose wait() waits on the requests
+on the calling thread; on 1.13 a Work made from a torch Future. Futures (get_future(), DDP's
+hooks; every 1.13 Work) are completed by the group's completer thread (one per group, not one
+per call), which waits for the requests in issue order, so async_op=True overlaps
+communication with computation (DistributedDataParallel's buckets), and wait() raises the
+request's failure (a distmesh.Error, a RuntimeError).
 
 Rendezvous: through the store torch hands the backend. The ranks agree on a fresh key prefix
 through it; when that store is a TCPStore (env://, tcp://, torchrun) distmesh's own store

@@ -87,18 +87,33 @@ def test_checkpoint_saved_on_4_loads_on_2(tmp_path_factory):
         assert r["bad"] == [], r["bad"]
 
 
-def test_torchrun_interface_meshes_and_fsdp2(tmp_path):
-    """torchrun --nproc-per-node 2: DistributedInterface() from the environment, then
-    get_device_mesh initializes torch.distributed with "distmesh" and gives DeviceMeshes."""
+def torchrun(scenario, n, *flags):
+    """torchrun --nproc-per-node n [flags] torch2_worker.py scenario: (exit code, RESULT dicts, output)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", DISTMESH_TIMEOUT="30", OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), os.path.join(HERE, "torch2_worker.py"), "torchrun"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port())] + list(flags) + [os.path.join(HERE, "torch2_worker.py"), scenario]
     p = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=140)
     out = p.stdout.decode(errors="replace")
     res = [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
-    assert p.returncode == 0 and len(res) == 2, out + p.stderr.decode(errors="replace")[-3000:]
+    return p.returncode, res, out + p.stderr.decode(errors="replace")[-3000:]
+
+
+def test_torchrun_interface_meshes_and_fsdp2():
+    """torchrun --nproc-per-node 2: DistributedInterface() from the environment, then
+    get_device_mesh initializes torch.distributed with "distmesh" and gives DeviceMeshes."""
+    rc, res, out = torchrun("torchrun", 2)
+    assert rc == 0 and len(res) == 2, out
     for r in res:
         assert r["bad"] == [], r["bad"]
         assert r["meshes"] == ["DeviceMesh", "DeviceMesh", "distmesh", "distmesh"]
+
+
+def test_torchrun_restart_after_a_killed_rank():
+    """torchrun --max-restarts 1, 3 ranks, rank 1 killed (SIGKILL) at step 5 of the first
+    attempt: the second attempt meets afresh and trains its 20 steps, replicas equal."""
+    rc, res, out = torchrun("restart", 3, "--max-restarts", "1", "--monitor-interval", "0.1")
+    assert rc == 0, out
+    assert sorted((r["attempt"], r["rank"]) for r in res) == [(1, 0), (1, 1), (1, 2)], out
+    assert all(r["steps"] == 20 and r["same_params"] for r in res), res

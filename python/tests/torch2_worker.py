@@ -12,6 +12,9 @@ same processes. Scenarios (each prints one RESULT line of JSON, "bad" listing wh
                       makes its world from the environment, get_device_mesh initializes
                       torch.distributed ("distmesh", env://) and returns DeviceMeshes; FSDP2
                       steps on the mp_shard mesh
+    restart           under torchrun --max-restarts 1: DDP for 20 steps; in the first attempt
+                      rank 1 kills itself (SIGKILL) at step 5, the others fail with PeerLost,
+                      the second attempt meets afresh and trains to the end
 """
 import datetime
 import json
@@ -401,12 +404,39 @@ def scenario_torchrun(init, ckpt):
     say("RESULT", out)
 
 
+def scenario_restart(init, ckpt):
+    import signal
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    out = {"rank": RANK, "attempt": attempt}
+    dist.init_process_group("distmesh", timeout=LIMIT)
+    torch.manual_seed(1234)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(99 + RANK)
+    for step in range(20):
+        if attempt == 0 and RANK == 1 and step == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        loss = ddp(torch.randn(16, 32, generator=g)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    out["steps"] = step + 1
+    t = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    ref = t.clone()
+    dist.broadcast(ref, 0)
+    out["same_params"] = bool(torch.equal(t, ref))     # DDP kept the replicas equal
+    dist.destroy_process_group()
+    say("RESULT", out)
+
+
 def main():
     try:
         scenario = sys.argv[1]
         init = sys.argv[2] if len(sys.argv) > 2 else ""
         ckpt = sys.argv[3] if len(sys.argv) > 3 else ""
-        {"stack": scenario_stack, "load": scenario_load, "torchrun": scenario_torchrun}[scenario](init, ckpt)
+        {"stack": scenario_stack, "load": scenario_load, "torchrun": scenario_torchrun,
+         "restart": scenario_restart}[scenario](init, ckpt)
     except BaseException:
         traceback.print_exc()
         say("ERROR", traceback.format_exc().replace("\n", " | "))
