@@ -424,9 +424,13 @@ def _rendezvous(store, rank, size, timeout):
     """The collective of a new group: a fresh key prefix agreed through torch's store, then
     distmesh's rendezvous on the TCPStore behind it, or on a store rank 0 serves."""
     timeout_ms = _ms(timeout) if timeout is not None else 0
+    # torchrun's agent keeps one store across restarts (static rendezvous: its TCPStore, no
+    # prefix per attempt): a key of the dead attempt would still be there, and a rank of the
+    # next attempt could read it before rank 0 rewrites it. The attempt names the keys.
+    attempt = "distmesh/attempt%s/" % os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if rank == 0:
-        store.set("distmesh/session", uuid.uuid4().hex)
-    session = store.get("distmesh/session").decode()
+        store.set(attempt + "session", uuid.uuid4().hex)
+    session = store.get(attempt + "session").decode()
     prefix = "distmesh/%s/" % session
     base = store
     while hasattr(base, "underlying_store"):    # PrefixStore's chain down to the real store
@@ -437,9 +441,9 @@ def _rendezvous(store, rank, size, timeout):
     elif rank == 0:
         host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
         dm_store = _C.Store(_host_port(host, 0), True, None, timeout_ms)
-        store.set("distmesh/store", _host_port(host, dm_store.port))
+        store.set(attempt + "store", _host_port(host, dm_store.port))
     else:
-        dm_store = _C.Store(store.get("distmesh/store").decode(), False, None, timeout_ms)
+        dm_store = _C.Store(store.get(attempt + "store").decode(), False, None, timeout_ms)
     return _C.tcp(rank, size, dm_store, None, prefix, None, timeout_ms, None, cls=Collective)
 
 

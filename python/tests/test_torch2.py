@@ -111,9 +111,9 @@ def test_torchrun_interface_meshes_and_fsdp2():
 
 
 def test_torchrun_restart_after_a_killed_rank():
-    """torchrun --max-restarts 1, 3 ranks, rank 1 killed (SIGKILL) at step 5 of the first
+    """torchrun --max-restarts 1, 2 ranks, rank 1 killed (SIGKILL) at step 5 of the first
     attempt: the second attempt meets afresh and trains its 20 steps, replicas equal."""
-    rc, res, out = torchrun("restart", 3, "--max-restarts", "1", "--monitor-interval", "0.1")
+    rc, res, out = torchrun("restart", 2, "--max-restarts", "1", "--monitor-interval", "0.1")
     assert rc == 0, out
-    assert sorted((r["attempt"], r["rank"]) for r in res) == [(1, 0), (1, 1), (1, 2)], out
+    assert sorted((r["attempt"], r["rank"]) for r in res) == [(1, 0), (1, 1)], out
     assert all(r["steps"] == 20 and r["same_params"] for r in res), res

@@ -408,6 +408,8 @@ def scenario_restart(init, ckpt):
     import signal
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     out = {"rank": RANK, "attempt": attempt}
+    if attempt > 0 and RANK == 0:       # the others look for the new attempt's keys first:
+        time.sleep(2)                   # what the dead attempt left must not be what they find
     dist.init_process_group("distmesh", timeout=LIMIT)
     torch.manual_seed(1234)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
