@@ -16,6 +16,11 @@ Systems (float32 sum in place, 8 B .. 64 MiB, 2 and 4 ranks):
     tdm       torch.distributed through the "distmesh" backend: dist.all_reduce(tensor)
     dm_c      the C library's own harness (parity_bench_dm) at the same sizes: Python's cost
               over the C call is dm - dm_c
+    gloo2, tdm2, ddp_dm2, ddp_gloo2
+              the torch systems again under torch 2.x (--torch2-python, a Python whose torch is
+              2.x, with --torch2-lib, the package built for it: make bench-python passes
+              tests/python_torch2.mk's venv): their rows beside 1.13's, tdm2 - dm_c the torch
+              backend's cost over the C call on 2.x
 DDP: the mean step (forward, backward, SGD step) of a model with DDP_MB MiB of gradients
 (default 16), `--ddp-steps` steps after 3 warm-up steps, slowest rank, distmesh backend
 against Gloo, for each batch of `--ddp-batch` (default 1, 4, 32 rows: how much of the step is
@@ -130,8 +135,13 @@ class Env:
             self.dist.destroy_process_group()
 
 
+def _base(system):
+    """What a system runs: the torch 2.x systems (a trailing 2) run their 1.13 namesake."""
+    return system[:-1] if system.endswith("2") else system
+
+
 def worker(args):
-    env = Env(args.system)
+    env = Env(_base(args.system))
     if args.system.startswith("ddp_"):
         return ddp_worker(env, args)
     for nbytes in args.sizes:
@@ -189,10 +199,14 @@ def mpirun():
 def launch(system, ranks, args, tmp, raw):
     env = dict(os.environ)
     env["PYBENCH_INIT"] = "file://%s/%s-%d-%f" % (tmp, system, ranks, time.time())
+    python = sys.executable
+    if system.endswith("2"):                    # torch 2.x: its Python and the package built for it
+        python = args.torch2_python
+        env["PYTHONPATH"] = args.torch2_lib
     if system == "dm_c":
         cmd = mpirun() + ["-np", str(ranks), args.c_bench, "dm_c"] + [str(s) for s in args.sizes]
     else:
-        cmd = mpirun() + ["-x", "PYTHONPATH", "-np", str(ranks), sys.executable, os.path.abspath(__file__), "worker",
+        cmd = mpirun() + ["-x", "PYTHONPATH", "-np", str(ranks), python, os.path.abspath(__file__), "worker",
                           system, "--sizes"] + [str(s) for s in args.sizes] + [
             "--iters-max", str(args.iters_max), "--ddp-steps", str(args.ddp_steps), "--ddp-mb", str(args.ddp_mb),
             "--ddp-threads", str(args.ddp_threads), "--ddp-batch"] + [str(b) for b in args.ddp_batch]
@@ -246,26 +260,33 @@ def report(raw_path):
             rows[(n, b)][name] = statistics.median(x[k] for x in v)
         table(rows, "numpy float32 in-place all-reduce, %s us (median over repetitions)" % shape,
               ["dm", "mpi4py", "gloo"], [("dm", "mpi4py"), ("dm", "gloo")], lambda x: "%.2f" % x)
-        table(rows, "torch.distributed all_reduce on CPU tensors, distmesh backend against Gloo, %s us" % shape,
-              ["tdm", "gloo"], [("tdm", "gloo")], lambda x: "%.2f" % x)
+        table(rows, "torch.distributed all_reduce on CPU tensors, distmesh backend against Gloo, %s us "
+              "(tdm, gloo: torch 1.13; tdm2, gloo2: torch 2.x)" % shape,
+              ["tdm", "gloo", "tdm2", "gloo2"], [("tdm", "gloo"), ("tdm2", "gloo2")], lambda x: "%.2f" % x)
         small = {key: r for key, r in rows.items() if key[1] <= 64 and ("dm_c" in r or "dm" in r)}
         for r in small.values():
             if "dm" in r and "dm_c" in r:
                 r["python_cost"] = r["dm"] - r["dm_c"]
-        table(small, "Python's cost over the C call (dm - dm_c), %s us" % shape,
-              ["dm", "dm_c", "python_cost"], [("dm", "dm_c")], lambda x: "%.3f" % x)
+            if "tdm2" in r and "dm_c" in r:
+                r["tdm2_cost"] = r["tdm2"] - r["dm_c"]
+        table(small, "Python's cost over the C call (dm - dm_c; tdm2 - dm_c: the torch 2.x backend's), %s us" % shape,
+              ["dm", "dm_c", "python_cost", "tdm2", "tdm2_cost"], [("dm", "dm_c")], lambda x: "%.3f" % x)
     if ddp:
         print("\nDDP step (forward, backward, SGD step), ms (median over repetitions)")
-        print("| ranks | grad MiB | batch | distmesh | gloo | distmesh/gloo |")
-        print("|---|---|---|---|---|---|")
-        for n, batch in sorted({(k[0], k[2]) for k in ddp}):
-            dm = ddp.get((n, "ddp_dm", batch))
-            gl = ddp.get((n, "ddp_gloo", batch))
-            mb = (dm or gl)[0][1]
-            a = statistics.median(x[0] for x in dm) if dm else None
-            b = statistics.median(x[0] for x in gl) if gl else None
-            print("| %d | %.1f | %d | %s | %s | %s |" % (n, mb, batch, "%.2f" % a if a else "-",
-                                                        "%.2f" % b if b else "-", "%.2f" % (a / b) if a and b else "-"))
+        print("| torch | ranks | grad MiB | batch | distmesh | gloo | distmesh/gloo |")
+        print("|---|---|---|---|---|---|---|")
+        for suffix, label in (("", "1.13"), ("2", "2.x")):
+            for n, batch in sorted({(k[0], k[2]) for k in ddp}):
+                dm = ddp.get((n, "ddp_dm" + suffix, batch))
+                gl = ddp.get((n, "ddp_gloo" + suffix, batch))
+                if not dm and not gl:
+                    continue
+                mb = (dm or gl)[0][1]
+                a = statistics.median(x[0] for x in dm) if dm else None
+                b = statistics.median(x[0] for x in gl) if gl else None
+                print("| %s | %d | %.1f | %d | %s | %s | %s |" % (
+                    label, n, mb, batch, "%.2f" % a if a else "-", "%.2f" % b if b else "-",
+                    "%.2f" % (a / b) if a and b else "-"))
 
 
 def main():
@@ -284,6 +305,8 @@ def main():
     ap.add_argument("--ddp-threads", type=int, default=1, help="torch intra-op threads per rank")
     ap.add_argument("--systems", nargs="+", default=["dm", "dm_c", "mpi4py", "gloo", "tdm", "ddp_dm", "ddp_gloo"])
     ap.add_argument("--c-bench", default=os.environ.get("PYBENCH_C", ""))
+    ap.add_argument("--torch2-python", default="", help="a Python with torch 2.x: adds gloo2, tdm2, ddp_dm2, ddp_gloo2")
+    ap.add_argument("--torch2-lib", default="", help="the distmesh package built for --torch2-python (its PYTHONPATH)")
     ap.add_argument("--out", default=os.environ.get("PYBENCH_OUT", "build/bench-python"))
     ap.add_argument("--timeout", type=int, default=900, help="seconds per launch (a stuck system is reported, not waited for)")
     ap.add_argument("--quick", action="store_true", help="sizes 8 64K 1M, 50 iterations, 1 repetition, 4 DDP steps, "
@@ -298,7 +321,9 @@ def main():
     raw_path = os.path.join(args.out, "raw.txt")
     if args.mode == "report":
         return report(raw_path)
-    systems = [s for s in args.systems if s != "dm_c" or args.c_bench]
+    if args.torch2_python and args.systems == ap.get_default("systems"):
+        args.systems = args.systems + ["gloo2", "tdm2", "ddp_dm2", "ddp_gloo2"]
+    systems = [s for s in args.systems if (s != "dm_c" or args.c_bench) and (not s.endswith("2") or args.torch2_python)]
     if "dm_c" in args.systems and not args.c_bench:
         print("py_bench: no --c-bench (parity_bench_dm): Python's cost over C is left out", file=sys.stderr)
     tmp = tempfile.mkdtemp(prefix="pybench")

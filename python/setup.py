@@ -1,8 +1,10 @@
 """Builds distmesh's Python package: the pure-Python modules and the extension distmesh._C,
 compiled from the distmesh headers one directory up (header-only: nothing else to build).
 
-    pip install --no-build-isolation ./python        (a virtualenv; Debian's system Python
-                                                      also needs --break-system-packages)
+    pip install ./python                             (a virtualenv; pip fetches setuptools)
+    pip install --no-build-isolation ./python        (setuptools and wheel already installed;
+                                                      Debian's system Python also needs
+                                                      --break-system-packages)
     make install                                     (the headers and this package)
 
 Needs Python's headers (Debian: python3-dev), setuptools and libuv (libuv1-dev).
@@ -75,6 +77,7 @@ setup(
                 "over the distmesh C library; a torch.distributed backend",
     license="MIT",
     packages=["distmesh"],
+    package_data={"distmesh": ["py.typed", "_C.pyi"]},    # PEP 561: the extension's stubs
     python_requires=">=3.8",
     ext_modules=[
         Extension(

@@ -7,6 +7,7 @@ dim's group, results are written into the caller's buffers (all_gather returns a
 the input's kind: (world, *shape))."""
 import dataclasses
 import enum
+import os
 
 from . import _C
 from .collective import init
@@ -94,6 +95,8 @@ class DistributedInterface:
     thread_world rank, say); destroy() then leaves it open. Every rank constructs it (a
     collective call). Not a singleton (docs/seeds.md, departure 9)."""
 
+    _meshes = None          # torch 2.x's (model, data) DeviceMesh, or False without it
+
     def __init__(self, config=None, *, world=None):
         config = dict(config or {})
         self._own_world = world is None
@@ -122,8 +125,21 @@ class DistributedInterface:
         return _MeshView(self._s.data_mesh())
 
     def get_device_mesh(self, dim):
-        """The dim's group (a Collective; the seed's one-dimensional DeviceMesh)."""
-        return self._s.group(_dim_index(dim))
+        """The dim's one-dimensional mesh, as the seed returns it: on torch 2.x a
+        ``torch.distributed.device_mesh.DeviceMesh`` whose groups are "distmesh" groups (the
+        model mesh mp_replicate x mp_shard or the data mesh dp x cp, made by
+        ``init_device_mesh`` over torch's default group at the first call, a collective call:
+        every rank makes it at the same point). torch.distributed must be initialized, or the
+        interface made its own world from a launcher that sets MASTER_ADDR and MASTER_PORT
+        (torchrun): then it is initialized with the "distmesh" backend from the environment
+        (env://). Otherwise (torch 1.x, no torch, a world you passed with torch.distributed not
+        initialized, a launcher without MASTER_ADDR) the dim's group (a Collective)."""
+        i = _dim_index(dim)
+        if self._meshes is None:
+            self._meshes = _torch_meshes(self.strategy, self._world.world_size, self._own_world)
+        if not self._meshes:
+            return self._s.group(i)
+        return self._meshes[0 if i < 2 else 1][Dim(dim).value]
 
     def get_group(self, dim):
         return self._s.group(_dim_index(dim))
@@ -171,6 +187,22 @@ class DistributedInterface:
     def __str__(self):
         return "DistributedInterface(strategy=%s, rank=%d, world_size=%d, backend=%s)" % (
             self.strategy, self._world.rank, self._world.world_size, self._world.backend)
+
+
+def _torch_meshes(s, world_size, may_init):
+    """(model mesh, data mesh) as torch 2.x DeviceMesh over "distmesh" groups, or False where
+    torch or its device_mesh is missing (torch 1.13), or torch.distributed is not initialized
+    and may not be (may_init false, or no MASTER_ADDR / MASTER_PORT for env://)."""
+    try:
+        import torch.distributed as dist
+        import torch.distributed.device_mesh  # noqa: F401
+    except ImportError:
+        return False
+    if not dist.is_initialized() and not (may_init and "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ):
+        return False
+    from .torch import device_mesh
+    return (device_mesh(s.model_mesh_shape, s.model_mesh_dim_names, world_size),
+            device_mesh(s.data_mesh_shape, s.data_mesh_dim_names, world_size))
 
 
 def _empty_like_stacked(data, n):

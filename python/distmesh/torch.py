@@ -5,17 +5,21 @@
     dist.init_process_group("distmesh")        # env:// (torchrun), tcp://, file://, or store=...
     dist.all_reduce(t)                         # distmesh's all-reduce on t's memory
 
-Every collective torch 1.13 routes to a Python ProcessGroup is implemented (allreduce and its
-coalesced form, broadcast, allgather (list, into a tensor, coalesced), reduce_scatter (list and
-tensor), reduce, gather, scatter, alltoall (list and single, with split sizes), send, recv,
-barrier); torch's object collectives (all_gather_object, broadcast_object_list,
-gather_object, scatter_object_list) run on them. CPU tensors only.
+One module for torch 1.13 and 2.x (docs/python.md, "torch versions"). Every collective torch
+routes to a Python ProcessGroup is implemented, under 1.13's names and 2.x's (allreduce and its
+coalesced form, broadcast, allgather (list, into a tensor, coalesced, into tensors coalesced),
+reduce_scatter (list, tensor, tensors coalesced), reduce, gather, scatter, alltoall (list and
+single, with split sizes), send, recv, barrier); torch's object collectives, functional
+collectives, _coalescing_manager, DDP, and on 2.x DeviceMesh, FSDP2, DTensor / tensor parallel
+and Distributed Checkpoint run on them. CPU tensors only.
 
-Each call is one distmesh request (dm_*_async): the call returns at once with a torch Work
-made from a torch Future, and the group's completer thread (one per group, not one per call)
-waits for the requests in issue order and completes their futures, so async_op=True overlaps
-communication with computation (DistributedDataParallel's buckets) and work.wait() raises the
-request's failure (a distmesh.Error) as torch's RuntimeError.
+Each call is one distmesh request (dm_*_async; a coalesced call one per tensor) and returns at
+once. On torch 2.x its Work is a Python Work (Work below) whose wait() waits on the requests
+on the calling thread; on 1.13 a Work made from a torch Future. Futures (get_future(), DDP's
+hooks; every 1.13 Work) are completed by the group's completer thread (one per group, not one
+per call), which waits for the requests in issue order, so async_op=True overlaps
+communication with computation (DistributedDataParallel's buckets), and wait() raises the
+request's failure (a distmesh.Error, a RuntimeError).
 
 Rendezvous: through the store torch hands the backend. The ranks agree on a fresh key prefix
 through it; when that store is a TCPStore (env://, tcp://, torchrun) distmesh's own store
@@ -42,15 +46,64 @@ try:                                            # torch 1.13 and 2.x
 except ImportError as e:                        # pragma: no cover - a torch without c10d
     raise ImportError("distmesh.torch needs torch.distributed (c10d): %s" % e)
 
-__all__ = ["ProcessGroup", "collective", "BACKEND"]
+__all__ = ["ProcessGroup", "Work", "collective", "device_mesh", "BACKEND"]
 
 BACKEND = "distmesh"
 
 
+class _Call:
+    """One torch call's distmesh requests (one, or several for a coalesced call, completing in
+    issue order), its result (what the Work and its future hand back) and its follow-up
+    (copies out of temporaries). Waited for once, by whichever thread comes first: the
+    caller's wait(), or the group's completer thread for a future."""
+
+    __slots__ = ("reqs", "result", "after", "lock", "done", "error")
+
+    def __init__(self, reqs, result, after):
+        self.reqs = reqs
+        self.result = result
+        self.after = after
+        self.lock = threading.Lock()
+        self.done = False
+        self.error = None
+
+    def _finish_locked(self):
+        try:
+            for r in self.reqs:
+                r.wait()
+            if self.after is not None:
+                self.after()
+        except BaseException as e:              # noqa: BLE001 -- raised to every waiter
+            self.error = e
+        self.reqs = self.after = None           # the buffers go with the requests
+        self.done = True
+
+    def finish(self):
+        """Waits for the requests (GIL released in each wait); returns the result or raises
+        the call's failure (a distmesh.Error, a RuntimeError)."""
+        if not self.done:
+            with self.lock:
+                if not self.done:
+                    self._finish_locked()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def poll(self):
+        """Whether the call is complete, never blocking (a waiter holding the lock: not yet)."""
+        if not self.done and self.lock.acquire(blocking=False):
+            try:
+                if not self.done and all(r.is_completed() for r in self.reqs):
+                    self._finish_locked()
+            finally:
+                self.lock.release()
+        return self.done
+
+
 class _Completer:
-    """One thread per group: waits for the group's requests in issue order (the order
-    distmesh completes them in), runs each one's follow-up (copies out of temporaries), and
-    completes its torch future."""
+    """One thread per group, started at its first future: finishes the calls whose futures
+    were asked for, in issue order (the order distmesh completes them in), and completes the
+    futures (DDP's communication hooks chain on them)."""
 
     def __init__(self, name):
         self._q = queue.SimpleQueue()
@@ -58,14 +111,14 @@ class _Completer:
         self._thread = None
         self._lock = threading.Lock()
 
-    def submit(self, req, fut, result, after):
+    def submit(self, call, fut):
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
                     t = threading.Thread(target=self._run, args=(self._q,), name=self._name, daemon=True)
                     t.start()
                     self._thread = t
-        self._q.put((req, fut, result, after))
+        self._q.put((call, fut))
 
     @staticmethod
     def _run(q):
@@ -73,26 +126,89 @@ class _Completer:
             item = q.get()
             if item is None:
                 return
-            req, fut, result, after = item
+            call, fut = item
             try:
-                req.wait()
-                if after is not None:
-                    after()
+                result = call.finish()
             except BaseException as e:          # noqa: BLE001 -- handed to the future's waiter
                 fut.set_exception(e)
             else:
                 fut.set_result(result)
-            del req, fut, result, after, item
+            del call, fut, item
 
     def stop(self):
         if self._thread is not None:
             self._q.put(None)
 
 
+def _future_of(call, completer):
+    fut = torch.futures.Future()
+    if call.done:
+        if call.error is not None:
+            fut.set_exception(call.error)
+        else:
+            fut.set_result(call.result)
+    else:
+        completer.submit(call, fut)
+    return fut
+
+
+# torch 2.x lets a Python subclass of Work stand for a call (c10d's PyProcessGroup::PyWork
+# trampoline, torch/csrc/distributed/c10d/PyProcessGroup.hpp): C++ callers (DDP's reducer,
+# functional collectives' wait_tensor) reach its wait() and get_future(). torch 1.13 has no
+# such trampoline (a C++ wait() on a Python Work never reaches Python and blocks forever), so
+# there every call's Work is _create_work_from_future's, completed by the completer thread.
+_WORK_SUBCLASS = int(torch.__version__.split(".")[0]) >= 2 and hasattr(dist, "Work")
+
+if _WORK_SUBCLASS:
+    class Work(dist.Work):
+        """A distmesh call as torch 2.x's Work: wait() waits for the distmesh request itself on
+        the calling thread (no thread hop for a blocking call) and raises its failure;
+        get_future() a torch Future completed by the group's completer thread."""
+
+        def __init__(self, call, completer, source_rank=-1):
+            super().__init__()
+            self._call = call
+            self._completer = completer
+            self._fut = None
+            self._source_rank = source_rank
+
+        def wait(self, timeout=None):           # the request's own deadline (DISTMESH_TIMEOUT) holds
+            self._call.finish()
+            return True
+
+        def get_future(self):
+            if self._fut is None:
+                self._fut = _future_of(self._call, self._completer)
+            return self._fut
+
+        def is_completed(self):
+            return self._call.poll()
+
+        def is_success(self):
+            return self._call.poll() and self._call.error is None
+
+        def exception(self):
+            return self._call.error if self._call.poll() else None
+
+        def result(self):
+            return self._call.finish()
+
+        def source_rank(self):
+            return self._source_rank
+
+        def synchronize(self):                  # CPU tensors: nothing to order on a stream
+            pass
+else:
+    Work = None
+
+
 def _one(tensors, what):
     if len(tensors) != 1:
         raise ValueError("distmesh: %s takes one tensor per call (CPU), got %d" % (what, len(tensors)))
-    t = tensors[0]
+    return _cpu(tensors[0], what)
+
+
+def _cpu(t, what):
     if t.is_sparse or t.device.type != "cpu":
         raise ValueError("distmesh: %s takes dense CPU tensors, got a %s tensor on %s"
                          % (what, t.layout, t.device))
@@ -113,14 +229,26 @@ def _copy_out(flat, outs):
     return after
 
 
+def _op(opts):
+    return opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+
+
+def _root(opts):
+    return opts.rootRank if opts is not None else 0
+
+
 class ProcessGroup(_ProcessGroupBase):
     """A torch.distributed process group over a distmesh collective (made by the "distmesh"
     backend's creator, or from a Collective you have: ProcessGroup.from_collective(c), which
-    Collective.process_group returns)."""
+    Collective.process_group returns). One class for torch 1.13 and 2.x: the methods carry
+    both the old names and 2.x's (all_gather_single, reduce_scatter_single, all_to_all_single,
+    ..._single_coalesced)."""
 
-    def __init__(self, coll):
+    def __init__(self, coll, group_name=""):
         super().__init__(coll.rank, coll.world_size)
         self._coll = coll
+        self._group_name = group_name or ""
+        self._group_desc = ""
         self._completer = _Completer("distmesh-completer-r%d" % coll.rank)
         weakref.finalize(self, self._completer.stop)
 
@@ -136,35 +264,50 @@ class ProcessGroup(_ProcessGroupBase):
     def getBackendName(self):
         return BACKEND
 
+    # torch 2.x keeps a group's name in its backends, which a Python group has none of: kept
+    # here (functional collectives and DeviceMesh find the group by it)
+    def getGroupName(self):
+        return self._group_name
+
+    def setGroupName(self, name):
+        self._group_name = name
+
+    def getGroupDesc(self):
+        return self._group_desc
+
+    def setGroupDesc(self, desc):
+        self._group_desc = desc
+
+    def _get_sequence_number_for_group(self):
+        return self._coll.sequence
+
+    def _set_sequence_number_for_group(self):   # distmesh numbers its calls itself (sequence)
+        pass
+
     def __repr__(self):
         return "<distmesh ProcessGroup rank %d of %d (%s)>" % (self._coll.rank, self._coll.world_size,
                                                                 self._coll.transport)
 
     # ---- the work objects --------------------------------------------------------------------
-    def _work(self, req, result, after=None):
-        fut = torch.futures.Future()
-        self._completer.submit(req, fut, result, after)
-        return _create_work_from_future(fut)
+    def _work(self, reqs, result, after=None, source_rank=-1):
+        call = _Call(reqs if isinstance(reqs, list) else [reqs], result, after)
+        if Work is not None:
+            return Work(call, self._completer, source_rank)
+        return _create_work_from_future(_future_of(call, self._completer))
 
-    # ---- collectives (torch 1.13's Python ProcessGroup methods) ----------------------------
+    # ---- collectives -------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         t = _one(tensors, "allreduce")
-        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._work(self._coll.all_reduce(t, op, async_op=True), tensors)
+        return self._work(self._coll.all_reduce(t, _op(opts), async_op=True), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        req = None
-        for t in tensors:
-            req = self._coll.all_reduce(_one([t], "allreduce_coalesced"), op, async_op=True)
-        if req is None:
-            req = self._coll.barrier(async_op=True)
-        return self._work(req, tensors)         # requests complete in order: the last one is all
+        op = _op(opts)
+        reqs = [self._coll.all_reduce(_cpu(t, "allreduce_coalesced"), op, async_op=True) for t in tensors]
+        return self._work(reqs or [self._coll.barrier(async_op=True)], tensors)
 
     def broadcast(self, tensors, opts=None):
         t = _one(tensors, "broadcast")
-        root = opts.rootRank if opts is not None else 0
-        return self._work(self._coll.broadcast(t, root, async_op=True), tensors)
+        return self._work(self._coll.broadcast(t, _root(opts), async_op=True), tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = _one(input_tensors, "allgather")
@@ -174,37 +317,52 @@ class ProcessGroup(_ProcessGroupBase):
         return self._work(req, output_tensors)
 
     def _allgather_base(self, output, input, opts=None):
-        return self._work(self._coll.all_gather(output, input, async_op=True), [output])
+        return self._work(self._coll.all_gather(_cpu(output, "allgather"), _cpu(input, "allgather"),
+                                                async_op=True), [output])
+
+    all_gather_single = _allgather_base         # torch 2.x's name
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        req = None
-        for outs, t in zip(output_lists, input_list):
-            req = self._coll.all_gather_to_list(outs, t, async_op=True)
-        if req is None:
-            req = self._coll.barrier(async_op=True)
-        return self._work(req, output_lists)
+        reqs = [self._coll.all_gather_to_list(outs, _cpu(t, "allgather_coalesced"), async_op=True)
+                for outs, t in zip(output_lists, input_list)]
+        return self._work(reqs or [self._coll.barrier(async_op=True)], output_lists)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        reqs = [self._coll.all_gather(_cpu(o, "allgather_into_tensor_coalesced"), _cpu(i, "allgather"),
+                                      async_op=True) for o, i in zip(outputs, inputs)]
+        return self._work(reqs or [self._coll.barrier(async_op=True)], outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = _one(output_tensors, "reduce_scatter")
         if len(input_tensors) != 1:
             raise ValueError("distmesh: reduce_scatter takes one input list per call")
-        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         send = _flat(input_tensors[0])          # the blocks back to back (a copy)
-        return self._work(self._coll.reduce_scatter(out, send, op, async_op=True), output_tensors)
+        return self._work(self._coll.reduce_scatter(out, send, _op(opts), async_op=True), output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._work(self._coll.reduce_scatter(output, input, op, async_op=True), [output])
+        req = self._coll.reduce_scatter(_cpu(output, "reduce_scatter"), _cpu(input, "reduce_scatter"), _op(opts),
+                                        async_op=True)
+        return self._work(req, [output])
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        op = _op(opts)
+        reqs = [self._coll.reduce_scatter(_cpu(o, "reduce_scatter_tensor_coalesced"), _cpu(i, "reduce_scatter"),
+                                          op, async_op=True) for o, i in zip(outputs, inputs)]
+        return self._work(reqs or [self._coll.barrier(async_op=True)], outputs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def reduce(self, tensors, opts=None):
         t = _one(tensors, "reduce")
-        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        root = opts.rootRank if opts is not None else 0
-        return self._work(self._coll.reduce(t, root, op, async_op=True), tensors)
+        return self._work(self._coll.reduce(t, _root(opts), _op(opts), async_op=True), tensors)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         t = _one(input_tensors, "gather")
-        root = opts.rootRank if opts is not None else 0
+        root = _root(opts)
         if self._coll.rank != root:
             return self._work(self._coll.gather(t, None, root, async_op=True), output_tensors)
         outs = output_tensors[0]
@@ -214,11 +372,13 @@ class ProcessGroup(_ProcessGroupBase):
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         out = _one(output_tensors, "scatter")
-        root = opts.rootRank if opts is not None else 0
+        root = _root(opts)
         send = _flat(input_tensors[0]) if self._coll.rank == root else None
         return self._work(self._coll.scatter(out, send, root, async_op=True), output_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        _cpu(output, "alltoall_base")
+        _cpu(input, "alltoall_base")
         if not output_split_sizes and not input_split_sizes:
             return self._work(self._coll.all_to_all(output, input, async_op=True), [output])
         W = self._coll.world_size
@@ -231,6 +391,8 @@ class ProcessGroup(_ProcessGroupBase):
         req = self._coll.all_to_all_v(output, counts(output, output_split_sizes), input,
                                       counts(input, input_split_sizes), async_op=True)
         return self._work(req, [output])
+
+    all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         send = _flat(input_tensors)
@@ -245,7 +407,7 @@ class ProcessGroup(_ProcessGroupBase):
 
     def recv(self, tensors, srcRank, tag=0):
         t = _one(tensors, "recv")
-        return self._work(self._coll.recv(t, srcRank, tag, async_op=True), tensors)
+        return self._work(self._coll.recv(t, srcRank, tag, async_op=True), tensors, source_rank=srcRank)
 
     def recv_anysource(self, tensors, tag=0):
         raise RuntimeError("distmesh: recv from any source is not supported (name the source rank)")
@@ -262,9 +424,13 @@ def _rendezvous(store, rank, size, timeout):
     """The collective of a new group: a fresh key prefix agreed through torch's store, then
     distmesh's rendezvous on the TCPStore behind it, or on a store rank 0 serves."""
     timeout_ms = _ms(timeout) if timeout is not None else 0
+    # torchrun's agent keeps one store across restarts (static rendezvous: its TCPStore, no
+    # prefix per attempt): a key of the dead attempt would still be there, and a rank of the
+    # next attempt could read it before rank 0 rewrites it. The attempt names the keys.
+    attempt = "distmesh/attempt%s/" % os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if rank == 0:
-        store.set("distmesh/session", uuid.uuid4().hex)
-    session = store.get("distmesh/session").decode()
+        store.set(attempt + "session", uuid.uuid4().hex)
+    session = store.get(attempt + "session").decode()
     prefix = "distmesh/%s/" % session
     base = store
     while hasattr(base, "underlying_store"):    # PrefixStore's chain down to the real store
@@ -275,9 +441,9 @@ def _rendezvous(store, rank, size, timeout):
     elif rank == 0:
         host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
         dm_store = _C.Store(_host_port(host, 0), True, None, timeout_ms)
-        store.set("distmesh/store", _host_port(host, dm_store.port))
+        store.set(attempt + "store", _host_port(host, dm_store.port))
     else:
-        dm_store = _C.Store(store.get("distmesh/store").decode(), False, None, timeout_ms)
+        dm_store = _C.Store(store.get(attempt + "store").decode(), False, None, timeout_ms)
     return _C.tcp(rank, size, dm_store, None, prefix, None, timeout_ms, None, cls=Collective)
 
 
@@ -285,17 +451,39 @@ def _create(store, rank, size, timeout):
     return ProcessGroup(_rendezvous(store, rank, size, timeout))
 
 
+def _create_extended(opts, pg_options=None):
+    """torch 2.x's extended creator: c10d's DistributedBackendOptions (store, group_rank,
+    group_size, timeout, group_id, global_ranks_in_group); the group takes its name."""
+    coll = _rendezvous(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    return ProcessGroup(coll, str(opts.group_id))
+
+
 def _register():
     if hasattr(dist.Backend, BACKEND.upper()):
         return
     params = inspect.signature(dist.Backend.register_backend).parameters
-    if "devices" in params:                     # torch 2.x
-        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
-    else:
+    if "devices" in params:                     # torch 2.x: CPU tensors only, the extended creator
+        dist.Backend.register_backend(BACKEND, _create_extended, extended_api=True, devices=["cpu"])
+    else:                                       # torch 1.13
         dist.Backend.register_backend(BACKEND, _create)
 
 
 _register()
+
+
+def device_mesh(shape, names, world_size=None):
+    """torch 2.x's init_device_mesh("cpu", shape, mesh_dim_names=names) with "distmesh" groups
+    on every dim (backend_override where torch's default group has another backend); first
+    initializes torch.distributed with the "distmesh" backend from the environment (env://:
+    MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, as torchrun sets them) when it is not yet.
+    A collective call."""
+    from torch.distributed.device_mesh import init_device_mesh
+    if not dist.is_initialized():
+        dist.init_process_group(BACKEND)
+    if world_size is not None and dist.get_world_size() != world_size:
+        raise ValueError("torch.distributed's world has %d ranks, the mesh %d" % (dist.get_world_size(), world_size))
+    override = None if dist.get_backend() == BACKEND else {n: BACKEND for n in names}
+    return init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(names), backend_override=override)
 
 
 def collective(group=None):

@@ -83,11 +83,11 @@ def free_port():
 
 
 class World:
-    """n worker processes (worker.py SCENARIO ARGS...) with RANK / WORLD_SIZE and env, each
+    """n worker processes (worker.py, or script, SCENARIO ARGS...) with RANK / WORLD_SIZE and env, each
     under `limit` seconds. Lines go to a rank's stdin with send(); expect() reads the next line
     starting with a word from a rank's stdout. stderr goes to a file shown on failure."""
 
-    def __init__(self, n, scenario, args=(), env=None, limit=90, tmp=None):
+    def __init__(self, n, scenario, args=(), env=None, limit=90, tmp=None, script="worker.py"):
         self.n = n
         self.limit = limit
         self.started = time.monotonic()
@@ -102,7 +102,7 @@ class World:
             err = open(os.path.join(str(tmp), "rank%d.stderr" % r), "w+") if tmp else subprocess.DEVNULL
             self.errs.append(err)
             self.procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "worker.py"), scenario] + [str(a) for a in args],
+                [sys.executable, os.path.join(HERE, script), scenario] + [str(a) for a in args],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=e, cwd=HERE))
 
     def send(self, r, line):

@@ -263,3 +263,32 @@ def test_sigint_between_calls_reaches_pythons_handler():
     finally:
         signal.signal(signal.SIGINT, old)
     c.close()
+
+
+def test_typing_marker_and_stubs_installed_and_complete():
+    """py.typed and _C.pyi lie beside the built package (setup.py's package_data), and the
+    stubs name every public class, function and constant of the extension, and every method
+    and attribute of its classes."""
+    import ast
+    import os
+    from distmesh import _C
+    d = os.path.dirname(distmesh.__file__)
+    assert os.path.exists(os.path.join(d, "py.typed"))
+    with open(os.path.join(d, "_C.pyi")) as f:
+        tree = ast.parse(f.read())
+    stubbed = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            stubbed[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        elif isinstance(node, ast.FunctionDef):
+            stubbed[node.name] = None
+        elif isinstance(node, ast.AnnAssign):
+            stubbed[node.target.id] = None
+    for name in dir(_C):
+        if name.startswith("__"):
+            continue
+        assert name in stubbed, "_C.%s has no stub in _C.pyi" % name
+        obj = getattr(_C, name)
+        if isinstance(obj, type) and not issubclass(obj, BaseException):
+            own = {m for m in vars(obj) if not m.startswith("__")}
+            assert own <= stubbed[name], "_C.%s: no stub for %s" % (name, sorted(own - stubbed[name]))

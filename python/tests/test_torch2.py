@@ -1,0 +1,119 @@
+"""The seeds' torch 2.x stack over the "distmesh" backend, against Gloo in the same processes
+(torch2_worker.py): the calls 2.x adds (coalescing manager, functional collectives), DDP with
+and without bf16_compress_hook, init_device_mesh and DistributedInterface.get_device_mesh,
+FSDP2 (fully_shard per layer, bf16 params / fp32 reduce, reshard both ways, non-reentrant
+checkpointing, HSDP at 4 ranks), tensor parallel (ColwiseParallel / RowwiseParallel on a 2-D
+mesh's tp dim), and Distributed Checkpoint saved on 4 ranks, loaded on 2 (resharded) under
+distmesh and Gloo. 2 ranks meet through a TCPStore (tcp://), 4 through a FileStore; under
+torchrun, DistributedInterface makes its world and get_device_mesh torch's. Skipped
+under torch 1.x (tests/python_torch2.mk runs it under torch 2.13)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HERE, World, free_port
+
+torch = pytest.importorskip("torch")
+if int(torch.__version__.split(".")[0]) < 2:
+    pytest.skip("torch %s: the 2.x stack (DeviceMesh, FSDP2, DTensor) needs torch 2.x" % torch.__version__,
+                allow_module_level=True)
+_runs = {}
+
+
+def _init(world, tmp):
+    return "tcp://127.0.0.1:%d" % free_port() if world == 2 else "file://%s/store" % tmp
+
+
+def run(key, tmp_path_factory):
+    """key: ("stack", 2), ("stack", 4) or ("load", 2) (after ("stack", 4)'s checkpoint)."""
+    if key not in _runs:
+        scenario, world = key
+        if scenario == "load":
+            ckpt = run(("stack", 4), tmp_path_factory)[2]
+        else:
+            ckpt = str(tmp_path_factory.mktemp("ckpt")) if world == 4 else ""
+        tmp = tmp_path_factory.mktemp("%s%d" % key)
+        w = World(world, scenario, [_init(world, tmp), ckpt], limit=140, tmp=tmp, script="torch2_worker.py")
+        try:
+            _runs[key] = (w.results(), w.wait(), ckpt)
+        finally:
+            w.close()
+    return _runs[key]
+
+
+@pytest.fixture(params=[2, 4])
+def stack(request, tmp_path_factory):
+    return request.param, run(("stack", request.param), tmp_path_factory)
+
+
+def test_workers_ran(stack):
+    n, (res, codes, _) = stack
+    assert codes == [0] * n
+    assert {r["torch"].split(".")[0] for r in res} == {"2"}
+
+
+def test_2x_calls_ddp_fsdp2_tp_give_gloo_results(stack):
+    _, (res, _, _) = stack
+    assert [r["bad"] for r in res] == [[]] * len(res), [r["bad"] for r in res]
+
+
+def test_meshes_are_distmesh_groups(stack):
+    n, (res, _, _) = stack
+    for r in res:
+        assert r["mesh_backends"] == ["distmesh"] and r["gloo_mesh_backends"] == ["gloo"]
+        assert r["fsdp_backends"] == ["distmesh", "gloo"]
+        kind, size, names, backend, local_rank_ok = r["iface_mesh"]
+        assert kind == "torch.distributed.device_mesh.DeviceMesh"
+        assert size == (n // 2 if n >= 4 else n) and names == ["mp_shard"] and backend == "distmesh"
+        assert local_rank_ok
+
+
+def test_fsdp2_trained(stack):
+    n, (res, _, _) = stack
+    for r in res:
+        for mine, gloo in r["fsdp_losses"]:
+            assert mine[-1] < mine[0]                       # the loss went down
+        assert ("hsdp_losses" in r) == (n >= 4)
+
+
+def test_checkpoint_saved_on_4_loads_on_2(tmp_path_factory):
+    res, codes, _ = run(("load", 2), tmp_path_factory)
+    assert codes == [0, 0]
+    for r in res:
+        assert r["distmesh"] == "distmesh" and r["gloo"] == "gloo"
+        assert r["bad"] == [], r["bad"]
+
+
+def torchrun(scenario, n, *flags):
+    """torchrun --nproc-per-node n [flags] torch2_worker.py scenario: (exit code, RESULT dicts, output)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DISTMESH_TIMEOUT="30", OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port())] + list(flags) + [os.path.join(HERE, "torch2_worker.py"), scenario]
+    p = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=140)
+    out = p.stdout.decode(errors="replace")
+    res = [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
+    return p.returncode, res, out + p.stderr.decode(errors="replace")[-3000:]
+
+
+def test_torchrun_interface_meshes_and_fsdp2():
+    """torchrun --nproc-per-node 2: DistributedInterface() from the environment, then
+    get_device_mesh initializes torch.distributed with "distmesh" and gives DeviceMeshes."""
+    rc, res, out = torchrun("torchrun", 2)
+    assert rc == 0 and len(res) == 2, out
+    for r in res:
+        assert r["bad"] == [], r["bad"]
+        assert r["meshes"] == ["DeviceMesh", "DeviceMesh", "distmesh", "distmesh"]
+
+
+def test_torchrun_restart_after_a_killed_rank():
+    """torchrun --max-restarts 1, 2 ranks, rank 1 killed (SIGKILL) at step 5 of the first
+    attempt: the second attempt meets afresh and trains its 20 steps, replicas equal."""
+    rc, res, out = torchrun("restart", 2, "--max-restarts", "1", "--monitor-interval", "0.1")
+    assert rc == 0, out
+    assert sorted((r["attempt"], r["rank"]) for r in res) == [(1, 0), (1, 1)], out
+    assert all(r["steps"] == 20 and r["same_params"] for r in res), res

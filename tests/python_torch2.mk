@@ -1,0 +1,66 @@
+# The torch suites under torch 2.x (issue 40), beside python.mk's run under Debian's torch 1.13:
+# a virtual environment of the machine's Python 3.11 ($(PYT2_VENV)) with torch 2.13.0 installed
+# from the CPU wheel on disk (PYT2_WHEEL, by its path: never a download of a CUDA build; numpy,
+# pytest and torch's own dependencies come from the package index), the extension built for
+# that Python (setup.py, as python.mk does), and python/tests/run_pytest.sh running the torch
+# tests (test_torch.py, test_torch2.py) there as its own program of `make test`
+# (run_pytest_torch2), with test_pip_install.py (docs/python.md's pip lines in a fresh venv of
+# the same Python: it needs the package index, as this environment does). Creating the
+# environment takes a minute or two, once per build folder.
+# Skipped with the reason (one SKIPPED line) where the wheel or python3.11 is missing, and
+# under the sanitizers: torch's libraries are not built with ASan (python.mk's run there leaves
+# torch out too, DM_PY_NO_TORCH) and CPython is not built for TSan.
+PYT2_WHEEL  ?= $(firstword $(wildcard /opt/wheels/torch-2.13.0+cpu-cp311-cp311-*.whl))
+PYT2_PYTHON ?= $(firstword $(shell command -v python3.11 2>/dev/null))
+PYT2_VENV   := $(BUILD)/venv-torch2
+PYT2_PY     := $(PYT2_VENV)/bin/python
+PYT2_DIR    := $(BUILD)/python_torch2
+PYT2_LIB    := $(PYT2_DIR)/lib
+PYT2_STAMP  := $(PYT2_DIR)/built.stamp
+PYT2_TEST   := $(PYT2_DIR)/run_pytest_torch2
+TEST_BINS += $(PYT2_TEST)
+.PHONY: python-torch2
+
+PYT2_SKIP :=
+ifeq ($(PYT2_WHEEL),)
+PYT2_SKIP := the torch 2.13.0 CPU wheel is not in /opt/wheels (PYT2_WHEEL=)
+else ifeq ($(PYT2_PYTHON),)
+PYT2_SKIP := python3.11 not found (PYT2_PYTHON=), the wheel is for CPython 3.11
+else ifneq (,$(findstring address,$(SAN)))
+PYT2_SKIP := not under AddressSanitizer: the torch libraries are not built with it, and the 1.13 run leaves torch out there too
+else ifneq (,$(findstring thread,$(SAN)))
+PYT2_SKIP := not under ThreadSanitizer: CPython is not built for it
+endif
+
+ifeq ($(PYT2_SKIP),)
+# The environment: created whole or not at all (a failed install leaves no stamp behind).
+$(PYT2_VENV)/installed.stamp:
+	rm -rf $(PYT2_VENV)
+	$(PYT2_PYTHON) -m venv $(PYT2_VENV)
+	$(PYT2_PY) -m pip install -q --no-input --disable-pip-version-check "$(PYT2_WHEEL)" numpy pytest setuptools
+	$(PYT2_PY) -c 'import torch, numpy, pytest; assert torch.__version__.startswith("2.13.0"), torch.__version__'
+	@touch $@
+
+$(PYT2_STAMP): $(PY_SRCS) $(PYT2_VENV)/installed.stamp
+	@mkdir -p $(PYT2_DIR)
+	cd python && DISTMESH_PY_WERROR=1 CC="$(CC)" $(CURDIR)/$(PYT2_PY) setup.py -q build \
+	    --build-base $(CURDIR)/$(PYT2_DIR)/setuptools --build-lib $(CURDIR)/$(PYT2_LIB)
+	@touch $@
+
+$(PYT2_TEST): python/tests/run_pytest.sh $(PYT2_STAMP) $(PY_REF)
+	@mkdir -p $(dir $@)
+	@printf '#!/bin/sh\nexec env DM_PY=%s DM_PY_LIB=%s DM_PY_REF=%s %s CC="%s" bash %s "$$@"\n' \
+	    '$(CURDIR)/$(PYT2_PY)' '$(CURDIR)/$(PYT2_LIB)' '$(CURDIR)/$(PY_REF)' \
+	    'DM_PY_TESTS="test_torch.py test_torch2.py test_pip_install.py" DM_PY_PIP_TEST=1' '$(CC)' \
+	    '$(CURDIR)/python/tests/run_pytest.sh' > $@
+	@chmod +x $@
+python-torch2: $(PYT2_STAMP)
+else
+$(PYT2_TEST): tests/python_torch2.mk
+	@mkdir -p $(dir $@)
+	@printf '#!/bin/sh\n[ $$# -gt 0 ] && exit 0\necho "%s"\necho "[  SKIPPED ] 1 test(s)"\n' \
+	    'torch 2.x suite skipped: $(PYT2_SKIP)' > $@
+	@chmod +x $@
+python-torch2:
+	@echo "$@: $(PYT2_SKIP)" && false
+endif
