@@ -6,13 +6,17 @@
 # tests (test_torch.py, test_torch2.py) there as its own program of `make test`
 # (run_pytest_torch2), with test_pip_install.py (docs/python.md's pip lines in a fresh venv of
 # the same Python: it needs the package index, as this environment does). Creating the
-# environment takes a minute or two, once per build folder.
+# environment takes a minute or two, once per machine and wheel: it lives beside pip's cache
+# ($(PYT2_CACHE), one folder per wheel file), not in the build folder, so fresh clones and
+# builds reuse it; it holds only torch, numpy, pytest and setuptools (the extension is built per
+# build folder). A lock keeps two makes from creating it at once.
 # Skipped with the reason (one SKIPPED line) where the wheel or python3.11 is missing, and
 # under the sanitizers: torch's libraries are not built with ASan (python.mk's run there leaves
 # torch out too, DM_PY_NO_TORCH) and CPython is not built for TSan.
 PYT2_WHEEL  ?= $(firstword $(wildcard /opt/wheels/torch-2.13.0+cpu-cp311-cp311-*.whl))
 PYT2_PYTHON ?= $(firstword $(shell command -v python3.11 2>/dev/null))
-PYT2_VENV   := $(BUILD)/venv-torch2
+PYT2_CACHE  ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/distmesh
+PYT2_VENV   := $(PYT2_CACHE)/venv-$(basename $(notdir $(PYT2_WHEEL)))
 PYT2_PY     := $(PYT2_VENV)/bin/python
 PYT2_DIR    := $(BUILD)/python_torch2
 PYT2_LIB    := $(PYT2_DIR)/lib
@@ -35,22 +39,25 @@ endif
 ifeq ($(PYT2_SKIP),)
 # The environment: created whole or not at all (a failed install leaves no stamp behind).
 $(PYT2_VENV)/installed.stamp:
-	rm -rf $(PYT2_VENV)
-	$(PYT2_PYTHON) -m venv $(PYT2_VENV)
-	$(PYT2_PY) -m pip install -q --no-input --disable-pip-version-check "$(PYT2_WHEEL)" numpy pytest setuptools
-	$(PYT2_PY) -c 'import torch, numpy, pytest; assert torch.__version__.startswith("2.13.0"), torch.__version__'
-	@touch $@
+	@mkdir -p $(PYT2_CACHE)
+	flock $(PYT2_CACHE)/.lock sh -ec '\
+	    [ -f $@ ] && exit 0; \
+	    rm -rf $(PYT2_VENV); \
+	    $(PYT2_PYTHON) -m venv $(PYT2_VENV); \
+	    $(PYT2_PY) -m pip install -q --no-input --disable-pip-version-check "$(PYT2_WHEEL)" numpy pytest setuptools; \
+	    $(PYT2_PY) -c "import torch, numpy, pytest; assert torch.__version__.startswith(\"2.13.0\"), torch.__version__"; \
+	    touch $@'
 
 $(PYT2_STAMP): $(PY_SRCS) $(PYT2_VENV)/installed.stamp
 	@mkdir -p $(PYT2_DIR)
-	cd python && DISTMESH_PY_WERROR=1 CC="$(CC)" $(CURDIR)/$(PYT2_PY) setup.py -q build \
+	cd python && DISTMESH_PY_WERROR=1 CC="$(CC)" $(abspath $(PYT2_PY)) setup.py -q build \
 	    --build-base $(CURDIR)/$(PYT2_DIR)/setuptools --build-lib $(CURDIR)/$(PYT2_LIB)
 	@touch $@
 
 $(PYT2_TEST): python/tests/run_pytest.sh $(PYT2_STAMP) $(PY_REF)
 	@mkdir -p $(dir $@)
 	@printf '#!/bin/sh\nexec env DM_PY=%s DM_PY_LIB=%s DM_PY_REF=%s %s CC="%s" bash %s "$$@"\n' \
-	    '$(CURDIR)/$(PYT2_PY)' '$(CURDIR)/$(PYT2_LIB)' '$(CURDIR)/$(PY_REF)' \
+	    '$(abspath $(PYT2_PY))' '$(CURDIR)/$(PYT2_LIB)' '$(CURDIR)/$(PY_REF)' \
 	    'DM_PY_TESTS="test_torch.py test_torch2.py test_pip_install.py" DM_PY_PIP_TEST=1' '$(CC)' \
 	    '$(CURDIR)/python/tests/run_pytest.sh' > $@
 	@chmod +x $@
