@@ -904,13 +904,8 @@ struct dm_collective {
     dm_collective* local;       /* cached dm_local() result, destroyed with this object */
     char node_name[64];         /* what dm_local groups by: the host name unless a backend sets it */
     char last_error[DM_LAST_ERROR_SIZE];
-    struct _dm_async* async;    /* the core's: requests and their progress thread, or NULL */
-    int busy;                   /* the core's: a blocking call runs on the caller's thread */
     const char* algorithm;      /* the last collective's algorithm (a static string), or NULL */
-    struct _dm_trace* trace;    /* the core's: flight recorder and timeline (>>trace), NULL: off */
-    int aborted;                /* the core's (dm_abort): 0; 1 while abort_msg is written; 2 set */
-    char abort_msg[256];        /* dm_abort's message, read once aborted is 2 */
-    uint64_t max_object_bytes;  /* the core's: DISTMESH_MAX_OBJECT_BYTES, read when it was made */
+    struct _dm_core* core;      /* the core's own state (>>core state), opaque here */
     bool shrink_needs_exclude;  /* set by a backend whose shrink cannot find dead ranks itself
                                    (NCCL): dm_shrink refuses n_exclude 0 before touching c */
 };
@@ -2245,16 +2240,28 @@ DM_API_IMPL dm_status dm_env_detect(dm_env* out) {
 DM_API_IMPL int dm_device_count(void) { return 0; }
 #endif
 
+/* >>core state  What the core keeps for each collective beside the public struct (c->core).
+   Each backend's struct holds one after its base (`_dm_core core;`) and hands it to
+   _dm_collective_init; nothing outside the core reads it. */
+typedef struct _dm_core {
+    struct _dm_async* async;    /* requests and their progress thread (>>requests), or NULL */
+    int busy;                   /* a blocking call runs on the caller's thread */
+    struct _dm_trace* trace;    /* flight recorder and timeline (distmesh_trace.h), NULL: off */
+    int aborted;                /* dm_abort: 0; 1 while abort_msg is written; 2 set */
+    char abort_msg[256];        /* dm_abort's message, read once aborted is 2 */
+    uint64_t max_object_bytes;  /* DISTMESH_MAX_OBJECT_BYTES, read when the collective was made */
+} _dm_core;
+
 _DM_COLD_END
 /* >>trace hooks  The flight recorder and the timeline live in distmesh_trace.h, which the
    implementation includes at >>trace include (after >>requests: its dumps list the queue). The
    core reaches them only through the calls below; where one runs per operation or per wait it
-   sits behind _DM_TRACED(c), c->trace read relaxed (NULL: off). With DISTMESH_NO_TRACE the file
-   is left out: c->trace stays NULL, _DM_TRACED(c) is a constant null pointer (those sites
+   sits behind _DM_TRACED(c), c->core->trace read relaxed (NULL: off). With DISTMESH_NO_TRACE the
+   file is left out: the trace stays NULL, _DM_TRACED(c) is a constant null pointer (those sites
    compile to nothing), the other hooks are empty stand-ins, and dm_flight_recorder_dump
    answers DM_ERR_UNSUPPORTED. */
 #if !defined(DISTMESH_NO_TRACE)
-#define _DM_TRACED(c) __atomic_load_n(&(c)->trace, __ATOMIC_RELAXED)
+#define _DM_TRACED(c) __atomic_load_n(&(c)->core->trace, __ATOMIC_RELAXED)
 _DM_PRIVATE struct _dm_trace* _dm_trace_wanted(const dm_logger* lg);    /* a collective's init */
 _DM_PRIVATE dm_status _dm_trace_op_run(dm_collective* c, const dm_op* o);  /* _dm_op_run, when on */
 _DM_PRIVATE int64_t _dm_trace_now(void);
@@ -2299,10 +2306,11 @@ _DM_PRIVATE void _dm_trace_idle(dm_collective* c, bool slept) { (void)c; (void)s
 
 _DM_COLD_BEGIN
 /* >>collective base */
-_DM_PRIVATE void _dm_collective_init(dm_collective* c, const dm_collective_vtable* vt, int rank,
-                                     int size, int timeout_ms, const dm_logger* logger,
+_DM_PRIVATE void _dm_collective_init(dm_collective* c, _dm_core* core, const dm_collective_vtable* vt,
+                                     int rank, int size, int timeout_ms, const dm_logger* logger,
                                      const dm_allocator* allocator) {
     c->vt = vt;
+    c->core = core;
     c->rank = rank;
     c->size = size;
     c->local_rank = rank;
@@ -2317,12 +2325,9 @@ _DM_PRIVATE void _dm_collective_init(dm_collective* c, const dm_collective_vtabl
     if (gethostname(c->node_name, sizeof(c->node_name) - 1) != 0) _dm_copy_name(c->node_name, 64, "localhost");
     c->node_name[sizeof(c->node_name) - 1] = 0;
     c->last_error[0] = 0;
-    c->async = NULL;
-    c->busy = 0;
-    c->trace = _dm_trace_wanted(logger);
-    c->max_object_bytes = _dm_cfg_bytes_logged(_DM_CFG_MAX_OBJECT_BYTES, logger);
-    c->aborted = 0;
-    c->abort_msg[0] = 0;
+    memset(core, 0, sizeof(*core));
+    core->trace = _dm_trace_wanted(logger);
+    core->max_object_bytes = _dm_cfg_bytes_logged(_DM_CFG_MAX_OBJECT_BYTES, logger);
     c->shrink_needs_exclude = false;
 }
 
@@ -2769,7 +2774,7 @@ _DM_PRIVATE dm_status _dm_prep_broadcast_objects(dm_collective* c, const dm_blob
 /* >>objects  Sizes first (uint64 per rank), then the bytes padded to the largest object. */
 /* The most bytes one object collective takes from its peers' word: DISTMESH_MAX_OBJECT_BYTES,
    read when c was made (>>config registry). */
-_DM_PRIVATE uint64_t _dm_object_limit(const dm_collective* c) { return c->max_object_bytes; }
+_DM_PRIVATE uint64_t _dm_object_limit(const dm_collective* c) { return c->core->max_object_bytes; }
 _DM_COLD_BEGIN
 _DM_PRIVATE dm_status _dm_run_gather_objects(dm_collective* c, const void* data, size_t size, dm_blob_list* out) {
     static const char* name = "all_gather_objects";
@@ -3087,7 +3092,7 @@ _DM_PRIVATE void _dm_async_fail_queue(_dm_async* a, const dm_request* failed) {
 
 static void* _dm_async_main(void* arg) {
     dm_collective* c = (dm_collective*)arg;
-    _dm_async* a = c->async;
+    _dm_async* a = c->core->async;
     pthread_mutex_lock(&a->mu);
     for (;;) {
         dm_request* r;
@@ -3118,7 +3123,7 @@ static void* _dm_async_main(void* arg) {
 
 /* The collective's async state, made on first use (two threads racing: one wins). */
 _DM_PRIVATE _dm_async* _dm_async_get(dm_collective* c) {
-    _dm_async* a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    _dm_async* a = __atomic_load_n(&c->core->async, __ATOMIC_ACQUIRE);
     _dm_async* none = NULL;
     pthread_condattr_t attr;
     if (a) return a;
@@ -3130,7 +3135,7 @@ _DM_PRIVATE _dm_async* _dm_async_get(dm_collective* c) {
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&a->done, &attr);
     pthread_condattr_destroy(&attr);
-    if (__atomic_compare_exchange_n(&c->async, &none, a, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return a;
+    if (__atomic_compare_exchange_n(&c->core->async, &none, a, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return a;
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->work);
     pthread_cond_destroy(&a->done);
@@ -3143,7 +3148,7 @@ _DM_PRIVATE _dm_async* _dm_async_get(dm_collective* c) {
 _DM_PRIVATE dm_status _dm_busy_named(dm_collective* c, const char* what) {
     _DM_LOG(&c->logger, DM_LOG_ERROR, "%s on rank %d: the collective is in use by another thread (%s); "
             "a collective belongs to one thread at a time", what, c->rank,
-            __atomic_load_n(&c->async, __ATOMIC_ACQUIRE) ? "it has requests in flight" : "a call is running");
+            __atomic_load_n(&c->core->async, __ATOMIC_ACQUIRE) ? "it has requests in flight" : "a call is running");
     return DM_ERR_BUSY;
 }
 _DM_PRIVATE dm_status _dm_busy(dm_collective* c, const dm_op* o) { return _dm_busy_named(c, _dm_op_name(o->kind)); }
@@ -3209,9 +3214,9 @@ _DM_PRIVATE dm_status _dm_async_enqueue(dm_collective* c, _dm_async* a, dm_reque
 
 _DM_PRIVATE bool _dm_take_now(dm_collective* c) {
     int idle = 0;
-    return __atomic_compare_exchange_n(&c->busy, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return __atomic_compare_exchange_n(&c->core->busy, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
-/* Takes c for this thread (c->busy) by the deadline, or DM_ERR_BUSY naming the call. interrupt
+/* Takes c for this thread (c->core->busy) by the deadline, or DM_ERR_BUSY naming the call. interrupt
    (dm_shrink with DM_SHRINK_ABORT): while another thread holds c, its operation is interrupted
    again at every try, so one that began after _dm_abort_in_flight looked ends too. */
 _DM_PRIVATE dm_status _dm_take(dm_collective* c, const char* name, int64_t deadline, bool interrupt) {
@@ -3225,27 +3230,27 @@ _DM_PRIVATE dm_status _dm_take(dm_collective* c, const char* name, int64_t deadl
 }
 
 /* Waits for r (block) or looks (done), then frees it and hands its message to the issuing
-   thread's last_error. A stream request's finish runs with c taken (c->busy), like a blocking
+   thread's last_error. A stream request's finish runs with c taken (c->core->busy), like a blocking
    call: it polls the backend's communicator, which nothing else may use meanwhile, and a
    dm_shrink(DM_SHRINK_ABORT) on another thread interrupts it (>>public calls). dm_wait waits
    for c (a shrink holding it) by the deadline; dm_test looks again later. */
 _DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) {
     dm_collective* c = r->c;
-    _dm_async* a = c->async;
+    _dm_async* a = c->core->async;
     bool mine;
     dm_status st;
     if (r->token) {             /* a backend stream request: finish writes last_error on failure */
         if (!block && !_dm_take_now(c)) { *done = false; return DM_OK; }
         if (block) _DM_TRY(_dm_take(c, "wait", _dm_deadline(c->timeout_ms), false));
         st = c->vt->finish(c, r->token, block, done);
-        if (!*done) { __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE); return DM_OK; }
+        if (!*done) { __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE); return DM_OK; }
         if (r->tr_queued) _dm_trace_stream_end(c, &r->op, r->tr_index, r->tr_queued, st);
         if (st == DM_OK) c->last_error[0] = 0;
         pthread_mutex_lock(&a->mu);
         _dm_async_unlink(a, r);
         a->streams--;
         pthread_mutex_unlock(&a->mu);
-        __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE);
         _dm_request_free(r);
         return st;
     }
@@ -3267,9 +3272,9 @@ _DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o);
 /* After dm_abort every call fails at once with its message (a call already running is stopped
    by the backend, see _dm_eng_adopt_abort). */
 _DM_PRIVATE dm_status _dm_check_aborted(dm_collective* c, const dm_op* o) {
-    if (__builtin_expect(__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE) != 2, 1)) return DM_OK;
+    if (__builtin_expect(__atomic_load_n(&c->core->aborted, __ATOMIC_ACQUIRE) != 2, 1)) return DM_OK;
     return _DM_FAIL(c, DM_ERR_ABORTED, "%s #%llu: %s", _dm_op_name(o->kind),
-                    (unsigned long long)__atomic_load_n(&c->seq, __ATOMIC_RELAXED), c->abort_msg);
+                    (unsigned long long)__atomic_load_n(&c->seq, __ATOMIC_RELAXED), c->core->abort_msg);
 }
 /* An _async call: a backend stream request where the backend has one for this kind, else a
    request for the progress thread. A stream backend never shares its communicator with the
@@ -3282,7 +3287,7 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
     if (!a) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: out of memory", _dm_op_name(o->kind));
     _DM_TRY(_dm_check_aborted(c, o));
     pthread_mutex_lock(&a->mu);
-    if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE) || _dm_async_foreign(a)) {
+    if (__atomic_load_n(&c->core->busy, __ATOMIC_ACQUIRE) || _dm_async_foreign(a)) {
         pthread_mutex_unlock(&a->mu);
         return _dm_busy(c, o);
     }
@@ -3302,7 +3307,7 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
             a->streams++;
             a->owner = pthread_self();
             pthread_mutex_unlock(&a->mu);
-            __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE);
             if (_DM_TRACED(c))
                 r->tr_index = _dm_trace_stream_start(c, &r->op, r->tr_queued = _dm_trace_now());
             *out = r;
@@ -3311,7 +3316,7 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
         r->token = NULL;
         __atomic_store_n(&c->seq, seq, __ATOMIC_RELAXED);   /* not started: the run below counts it */
         pthread_mutex_unlock(&a->mu);
-        __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE);
         if (st != DM_ERR_UNSUPPORTED) { _dm_request_free(r); return st; }
         st = _dm_submit(c, o);  /* counts the sequence number itself */
         pthread_mutex_lock(&a->mu);
@@ -3334,19 +3339,19 @@ _DM_PRIVATE dm_status _dm_submit_async(dm_collective* c, const dm_op* o, dm_requ
    waited for), or another thread is using the collective (DM_ERR_BUSY). Calls made by an
    operation that is running (object collectives, fallbacks) run at once. */
 _DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o) {
-    _dm_async* a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    _dm_async* a = __atomic_load_n(&c->core->async, __ATOMIC_ACQUIRE);
     _dm_running saved;
     int idle = 0;
     dm_status st;
     if (_dm_tls_running.c == c) return _dm_op_run(c, o);
     _DM_TRY(_dm_check_aborted(c, o));
-    if (!__atomic_compare_exchange_n(&c->busy, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    if (!__atomic_compare_exchange_n(&c->core->busy, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return _dm_busy(c, o);
     if (a) {
         pthread_mutex_lock(&a->mu);
         if (a->streams > 0 && !pthread_equal(a->owner, pthread_self())) {
             pthread_mutex_unlock(&a->mu);
-            __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE);
             return _dm_busy(c, o);
         }
         if (a->inflight > 0) {
@@ -3355,7 +3360,7 @@ _DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o) {
             if (pthread_equal(a->owner, pthread_self()) && (r = _dm_request_new(c, o)) != NULL &&
                 _dm_async_enqueue(c, a, r) != DM_OK) { _dm_request_free(r); r = NULL; }
             pthread_mutex_unlock(&a->mu);
-            __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE);
             if (!r) return _dm_busy(c, o);
             return _dm_request_finish(r, true, &done);
         }
@@ -3366,14 +3371,14 @@ _DM_PRIVATE dm_status _dm_submit(dm_collective* c, const dm_op* o) {
     _dm_tls_running.err = NULL;
     st = _dm_op_run(c, o);
     _dm_tls_running = saved;
-    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE);
     return st;
 }
 
 /* dm_destroy's part: the queued requests run to the end (each under its deadline), the
    progress thread stops, and requests never waited for are freed. */
 _DM_PRIVATE void _dm_async_destroy(dm_collective* c) {
-    _dm_async* a = c->async;
+    _dm_async* a = c->core->async;
     if (!a) return;
     pthread_mutex_lock(&a->mu);
     a->stop = true;
@@ -3391,7 +3396,7 @@ _DM_PRIVATE void _dm_async_destroy(dm_collective* c) {
     pthread_cond_destroy(&a->work);
     pthread_cond_destroy(&a->done);
     _dm_free(&c->allocator, a);
-    c->async = NULL;
+    c->core->async = NULL;
 }
 
 DM_API_IMPL dm_status dm_wait(dm_request* req) {
@@ -3596,7 +3601,7 @@ DM_API_IMPL dm_status dm_split(dm_collective* c, int color, int key, dm_collecti
    is empty (each operation ends by its own deadline at the latest). Stream requests not being
    waited for stay: the backend's shrink settles them. */
 _DM_PRIVATE void _dm_abort_in_flight(dm_collective* c) {
-    _dm_async* a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    _dm_async* a = __atomic_load_n(&c->core->async, __ATOMIC_ACQUIRE);
     bool can = _DM_VT_HAS(c->vt, interrupt);
     if (a) {
         pthread_mutex_lock(&a->mu);
@@ -3615,19 +3620,19 @@ _DM_PRIVATE void _dm_abort_in_flight(dm_collective* c) {
         pthread_cond_broadcast(&a->done);
         pthread_mutex_unlock(&a->mu);
     }
-    if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE) && can) c->vt->interrupt(c);
+    if (__atomic_load_n(&c->core->busy, __ATOMIC_ACQUIRE) && can) c->vt->interrupt(c);
 }
 /* abort, shrink, grow: failures and step boundaries */
 _DM_COLD_BEGIN
 DM_API_IMPL dm_status dm_abort(dm_collective* c, const char* reason) {
     int none = 0;
     if (!c) return DM_ERR_INVALID_ARG;
-    if (!__atomic_compare_exchange_n(&c->aborted, &none, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    if (!__atomic_compare_exchange_n(&c->core->aborted, &none, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return DM_OK;                           /* aborted already */
-    snprintf(c->abort_msg, sizeof(c->abort_msg), "%s: rank %d aborted: %s", c->vt->name, c->rank,
+    snprintf(c->core->abort_msg, sizeof(c->core->abort_msg), "%s: rank %d aborted: %s", c->vt->name, c->rank,
              reason && reason[0] ? reason : "dm_abort");
-    __atomic_store_n(&c->aborted, 2, __ATOMIC_RELEASE);
-    _DM_LOG(&c->logger, DM_LOG_WARN, "%s", c->abort_msg);
+    __atomic_store_n(&c->core->aborted, 2, __ATOMIC_RELEASE);
+    _DM_LOG(&c->logger, DM_LOG_WARN, "%s", c->core->abort_msg);
     if (_DM_VT_HAS(c->vt, interrupt)) c->vt->interrupt(c);
     return DM_OK;
 }
@@ -3656,7 +3661,7 @@ DM_API_IMPL dm_status dm_shrink(dm_collective* c, const int* exclude, int n_excl
                             "dm_shrink; it destroys the collective)", c->rank);
     }
     _DM_TRY(_dm_check_slot(c, "shrink", _DM_VT_HAS(c->vt, shrink)));
-    a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    a = __atomic_load_n(&c->core->async, __ATOMIC_ACQUIRE);
     if (flags == DM_SHRINK_ABORT) {
         _dm_abort_in_flight(c);
     } else if (a) {
@@ -3671,15 +3676,15 @@ DM_API_IMPL dm_status dm_shrink(dm_collective* c, const int* exclude, int n_excl
     _DM_TRY(_dm_take(c, "shrink", _dm_deadline(c->timeout_ms), flags == DM_SHRINK_ABORT));
     gone = (bool*)_dm_calloc(&c->allocator, sizeof(bool) * (size_t)c->size);
     if (!gone) {
-        __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE);
         return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "shrink: out of memory");
     }
     for (i = 0; i < n_exclude; i++) gone[exclude[i]] = true;
     _dm_errbuf(c)[0] = 0;
     st = c->vt->shrink(c, gone, flags, out);
-    if (st == DM_OK && *out && c->trace) _dm_trace_adopt(c, *out, "shrink", -1);
+    if (st == DM_OK && *out && c->core->trace) _dm_trace_adopt(c, *out, "shrink", -1);
     _dm_free(&c->allocator, gone);
-    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE);
     if (st != DM_OK && *out) { dm_destroy(*out); *out = NULL; }
     return st;
 }
@@ -3693,7 +3698,7 @@ DM_API_IMPL dm_status dm_grow(dm_collective* c, int n_new, dm_collective** out) 
         return _DM_FAIL(c, DM_ERR_INVALID_ARG, "grow: %d newcomers for a %d-rank collective (1 .. %d)", n_new,
                         c->size, (1 << 20) - c->size);
     _DM_TRY(_dm_check_slot(c, "grow", _DM_VT_HAS(c->vt, grow)));
-    a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    a = __atomic_load_n(&c->core->async, __ATOMIC_ACQUIRE);
     if (a) {
         int inflight;
         pthread_mutex_lock(&a->mu);
@@ -3704,8 +3709,8 @@ DM_API_IMPL dm_status dm_grow(dm_collective* c, int n_new, dm_collective** out) 
     _DM_TRY(_dm_take(c, "grow", _dm_deadline(c->timeout_ms), false));
     _dm_begin(c, "grow");       /* a collective call: counts in dm_sequence, clears the error */
     st = c->vt->grow(c, n_new, out);
-    if (st == DM_OK && *out && c->trace) _dm_trace_adopt(c, *out, "grow", -1);
-    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    if (st == DM_OK && *out && c->core->trace) _dm_trace_adopt(c, *out, "grow", -1);
+    __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE);
     if (st != DM_OK && *out) { dm_destroy(*out); *out = NULL; }
     return st;
 }
@@ -3729,21 +3734,21 @@ DM_API_IMPL dm_status dm_synchronize(dm_collective* c) {
     if (!_DM_VT_HAS(c->vt, synchronize)) return DM_OK;
     if (_dm_tls_running.c == c) return c->vt->synchronize(c);     /* inside a running operation */
     if (!_dm_take_now(c)) return _dm_busy_named(c, "synchronize");
-    a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    a = __atomic_load_n(&c->core->async, __ATOMIC_ACQUIRE);
     if (a) {
         pthread_mutex_lock(&a->mu);
         foreign = _dm_async_foreign(a);
         pthread_mutex_unlock(&a->mu);
     }
     st = foreign ? _dm_busy_named(c, "synchronize") : c->vt->synchronize(c);
-    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE);
     return st;
 }
 
 /* >>destroy and accessors */
 DM_API_IMPL void dm_destroy(dm_collective* c) {
     if (!c) return;
-    _dm_trace_closing(c);           /* both read c->trace atomically: the progress thread may be */
+    _dm_trace_closing(c);           /* both read c->core->trace atomically: the progress thread may be */
     _dm_async_destroy(c);           /* making it (the recorder starts with the first operation) */
     if (c->local) dm_destroy(c->local);
     c->local = NULL;
@@ -3786,7 +3791,7 @@ DM_API_IMPL dm_status dm_set_timeout(dm_collective* c, int timeout_ms) {
     _dm_async* a;
     bool busy = false;
     if (!c) return DM_ERR_INVALID_ARG;
-    a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    a = __atomic_load_n(&c->core->async, __ATOMIC_ACQUIRE);
     if (a) {
         pthread_mutex_lock(&a->mu);
         busy = a->inflight > 0;
@@ -3806,6 +3811,7 @@ _DM_COLD_BEGIN
    data (see >>fake desc for each collective's result). */
 typedef struct _dm_fake {
     dm_collective base;
+    _dm_core core;
 } _dm_fake;
 
 static dm_status _dm_fake_create_with(const dm_fake_desc* d, dm_collective** out);
@@ -4015,7 +4021,7 @@ static void _dm_fake_set_local(dm_collective* c, int local_world_size) {
 static dm_status _dm_fake_create_with(const dm_fake_desc* d, dm_collective** out) {
     _dm_fake* f = (_dm_fake*)_dm_calloc(&d->allocator, sizeof(_dm_fake));
     if (!f) return DM_ERR_OUT_OF_MEMORY;
-    _dm_collective_init(&f->base, &_dm_fake_vtable, d->rank, _dm_def(d->world_size, 1), d->timeout_ms,
+    _dm_collective_init(&f->base, &f->core, &_dm_fake_vtable, d->rank, _dm_def(d->world_size, 1), d->timeout_ms,
                         &d->logger, &d->allocator);
     if (d->host_of) _dm_fake_set_host(&f->base, d->host_of);
     else _dm_fake_set_local(&f->base, d->local_world_size);
@@ -4737,9 +4743,9 @@ _DM_PRIVATE void _dm_eng_post_abort(_dm_eng* lk, dm_status st) { _dm_eng_post_ab
    why. Both are safe beside the owner's thread (the notice channel locks; the word is CAS'd);
    the owner breaks the group itself when it wakes (_dm_eng_adopt_abort). */
 _DM_PRIVATE void _dm_eng_abort_notify(_dm_eng* lk) {
-    if (__atomic_load_n(&lk->c->aborted, __ATOMIC_ACQUIRE) != 2) return;
-    if (lk->notice_post) lk->notice_post(lk, DM_ERR_ABORTED, lk->c->abort_msg);
-    _dm_eng_post_abort_msg(lk, DM_ERR_ABORTED, lk->c->abort_msg);
+    if (__atomic_load_n(&lk->c->core->aborted, __ATOMIC_ACQUIRE) != 2) return;
+    if (lk->notice_post) lk->notice_post(lk, DM_ERR_ABORTED, lk->c->core->abort_msg);
+    _dm_eng_post_abort_msg(lk, DM_ERR_ABORTED, lk->c->core->abort_msg);
     if (lk->bell) _dm_bell_ring(lk->bell, lk->bell_ops);     /* the owner may sleep on its bell */
 }
 /* Marks the group broken with st (the message is already in last_error) and tells the others:
@@ -4782,9 +4788,9 @@ _DM_COLD_END
    rank failed first (the shared abort word). */
 _DM_PRIVATE dm_status _dm_eng_adopt_abort(_dm_eng* lk, const char* op) {
     int32_t st;
-    if (__builtin_expect(__atomic_load_n(&lk->c->aborted, __ATOMIC_ACQUIRE) == 2, 0) && lk->broken == DM_OK) {
+    if (__builtin_expect(__atomic_load_n(&lk->c->core->aborted, __ATOMIC_ACQUIRE) == 2, 0) && lk->broken == DM_OK) {
         _DM_FAIL(lk->c, DM_ERR_ABORTED, "%s: %s #%llu: %s", lk->tag, op, (unsigned long long)lk->c->seq,
-                 lk->c->abort_msg);
+                 lk->c->core->abort_msg);
         lk->adopting = true;    /* dm_abort's thread posted the notice (_dm_eng_abort_notify) */
         _dm_eng_break(lk, DM_ERR_ABORTED);
         lk->adopting = false;
@@ -6843,6 +6849,7 @@ typedef struct _dm_tw_shared {
 
 typedef struct _dm_thread {
     dm_collective base;
+    _dm_core core;
     _dm_tw_shared* sh;
     _dm_eng lk;
 } _dm_thread;
@@ -7371,7 +7378,7 @@ static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, const dm_fa
     _dm_thread* t = (_dm_thread*)_dm_calloc(&sh->allocator, sizeof(_dm_thread));
     if (!t) { _dm_tw_shared_release(sh); return NULL; }
     t->sh = sh;
-    _dm_collective_init(&t->base, &_dm_thread_vtable, rank, sh->size,
+    _dm_collective_init(&t->base, &t->core, &_dm_thread_vtable, rank, sh->size,
                         like ? like->timeout_ms : 0, like ? &like->logger : NULL, &sh->allocator);
     if (!like && d->host_of) _dm_fake_set_host(&t->base, d->host_of);
     else if (!like) _dm_fake_set_local(&t->base, d->local_world_size);

@@ -221,6 +221,7 @@ DM_API dm_status dm_cuda_synchronize(void);         /* the whole device */
 typedef struct _dm_nccl_token _dm_nccl_token;
 typedef struct _dm_nccl {
     dm_collective base;
+    _dm_core core;
     ncclComm_t comm;
     cudaStream_t stream;
     bool owns_stream;
@@ -398,13 +399,13 @@ static bool _dm_nccl_shrinks_natively(const _dm_nccl* n, bool abort_flag) {
    another thread): it ends with DM_ERR_ABORTED, started requests are settled as by an abort.
    The communicator is aborted (its kernels stop), unless a shrink follows that builds the
    survivors' communicator from it with ncclCommShrink(NCCL_SHRINK_ABORT), which stops its
-   operations itself: then it is parked. After dm_abort (c->aborted) no shrink follows: a
+   operations itself: then it is parked. After dm_abort (c->core->aborted) no shrink follows: a
    parked communicator's kernels, waiting on a dead peer, would hold the blocking stream and,
    behind it, the legacy default stream (cudaMemcpy) and every device-wide wait. */
 static dm_status _dm_nccl_interrupted(_dm_nccl* n, const char* what, uint64_t seq) {
     dm_status st = _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted (dm_abort, or "
                             "dm_shrink with DM_SHRINK_ABORT, on another thread)", what, (unsigned long long)seq);
-    bool dm_aborted = __atomic_load_n(&n->base.aborted, __ATOMIC_ACQUIRE) != 0;
+    bool dm_aborted = __atomic_load_n(&n->base.core->aborted, __ATOMIC_ACQUIRE) != 0;
     if (n->broken != DM_OK) return st;
     if (n->comm && !dm_aborted && _dm_nccl_shrinks_natively(n, true)) {
         _dm_nccl_settle(n, st);
@@ -1228,7 +1229,7 @@ static _dm_nccl* _dm_nccl_new(const dm_allocator* a, const dm_logger* lg, int ra
                               int timeout_ms, int device, cudaStream_t stream) {
     _dm_nccl* n = (_dm_nccl*)_dm_calloc(a, sizeof(_dm_nccl));
     if (!n) return NULL;
-    _dm_collective_init(&n->base, &_dm_nccl_vtable, rank, size, timeout_ms, lg, a);
+    _dm_collective_init(&n->base, &n->core, &_dm_nccl_vtable, rank, size, timeout_ms, lg, a);
     n->base.shrink_needs_exclude = true;    /* >>nccl shrink: NCCL cannot find the dead itself */
     n->device = device;
     n->base.device.type = DM_DEVICE_CUDA;
@@ -1474,7 +1475,7 @@ static dm_status _dm_nccl_hosts_of_members(_dm_nccl* m, const _dm_nccl* n, const
    (shrink_needs_exclude). After success the parent's communicator is released -- destroyed
    after NCCL_SHRINK_DEFAULT (healthy, and the child may share its abort flag), aborted
    otherwise -- and the parent answers DM_ERR_ABORTED. */
-/* dm_abort (c->aborted set before the slot runs) must stop NCCL's work even when no call is
+/* dm_abort (c->core->aborted set before the slot runs) must stop NCCL's work even when no call is
    running to see the flag: the kernels of a collective that returned after queueing them may
    wait on a dead peer forever. So the slot takes the collective, as a call would, and aborts
    the communicator itself (on this thread, on its device); while another thread holds it,
@@ -1485,7 +1486,7 @@ static void _dm_nccl_interrupt(dm_collective* c) {
     _dm_nccl* n = (_dm_nccl*)c;
     int64_t deadline;
     __atomic_store_n(&n->interrupt, 1, __ATOMIC_RELEASE);
-    if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE) == 0) return;
+    if (__atomic_load_n(&c->core->aborted, __ATOMIC_ACQUIRE) == 0) return;
     if (_dm_tls_running.c == c) return;     /* called inside this thread's own call: it sees the flag */
     deadline = _dm_deadline(c->timeout_ms > 0 ? c->timeout_ms : DM_DEFAULT_TIMEOUT_MS);
     while (!__atomic_load_n(&n->stopped, __ATOMIC_ACQUIRE)) {
@@ -1493,7 +1494,7 @@ static void _dm_nccl_interrupt(dm_collective* c) {
             int prev = -1;
             if (n->comm && _dm_nccl_switch(n, "abort", &prev) == DM_OK) {
                 if (n->broken == DM_OK) {
-                    dm_status st = _DM_FAIL(c, DM_ERR_ABORTED, "nccl: %s", c->abort_msg);
+                    dm_status st = _DM_FAIL(c, DM_ERR_ABORTED, "nccl: %s", c->core->abort_msg);
                     _dm_nccl_abort(n, st);
                 } else {
                     _dm_nccl_drop(n);       /* parked: the shrink it waited for will not come */
@@ -1501,7 +1502,7 @@ static void _dm_nccl_interrupt(dm_collective* c) {
             }
             (void)_dm_nccl_leave(n, prev, DM_OK, "abort");
             __atomic_store_n(&n->stopped, 1, __ATOMIC_RELEASE);
-            __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&c->core->busy, 0, __ATOMIC_RELEASE);
             return;
         }
         if (_dm_now_ms() >= deadline) return;

@@ -280,6 +280,7 @@ typedef struct _dm_tcp_hs {
 
 typedef struct _dm_tcp {
     dm_collective base;
+    _dm_core core;
     struct dm_store* store;     /* used by create and split; owned when own_store */
     bool own_store;
     char prefix[512];           /* this group's key prefix, generation included */
@@ -3288,7 +3289,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
         t->rfd = s->rfd;
         t->addrs_known = true;
     }
-    _dm_collective_init(&t->base, &_dm_tcp_vtable, s->rank, s->size, s->timeout_ms, &s->logger, &s->allocator);
+    _dm_collective_init(&t->base, &t->core, &_dm_tcp_vtable, s->rank, s->size, s->timeout_ms, &s->logger, &s->allocator);
     t->store = s->store;
     t->own_store = s->own_store;
     _dm_copy_name(t->user_prefix, sizeof(t->user_prefix), s->prefix);
@@ -4334,7 +4335,7 @@ static dm_status _dm_tcp_shrink_start(_dm_tcp* p, _dm_tcp** out) {
     *out = n;
     if (!n) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: shrink: out of memory");
     n->lfd = n->rfd = -1;
-    _dm_collective_init(&n->base, &_dm_tcp_vtable, c->rank, W, c->timeout_ms, &c->logger, &c->allocator);
+    _dm_collective_init(&n->base, &n->core, &_dm_tcp_vtable, c->rank, W, c->timeout_ms, &c->logger, &c->allocator);
     n->base.timeout_ms = c->timeout_ms;
     n->nsock = p->nsock;
     n->transport = p->transport;

@@ -36,7 +36,7 @@
    name, ring, peers' last fingerprints, the running operation's waits), _dm_trace_rank one
    rank's (the timeline file and its buffer, the dump's name, the list of its groups), shared
    by a collective and every sub-collective made from it, so a rank writes one file whatever
-   groups it is in. c->trace is _dm_trace_pending (on, not made yet: made at the first
+   groups it is in. c->core->trace is _dm_trace_pending (on, not made yet: made at the first
    operation, or handed down by the parent at split / shrink / grow) or NULL (off: the one test
    in _dm_op_run, plus one per fingerprint received and per idle spell in the engine). Threads: a
    group's ring is written by the thread running its operation (one at a time) without a lock,
@@ -140,7 +140,7 @@ struct _dm_trace_rank {
     _dm_trace_rank* next;       /* the process registry (SIGUSR1) */
 };
 
-/* c->trace before the first operation: on, state not made yet. Never dereferenced. */
+/* c->core->trace before the first operation: on, state not made yet. Never dereferenced. */
 static char _dm_trace_pending_mark;
 #define _dm_trace_pending ((struct _dm_trace*)(void*)&_dm_trace_pending_mark)
 /* The thread running a request's operation: when it was queued (ns, 0: a blocking call). */
@@ -437,11 +437,11 @@ _DM_COLD_END
 /* c's state, made at its first operation as the root of a new rank ("world"). NULL: out of
    memory (c then runs untraced). */
 _DM_PRIVATE _dm_trace* _dm_trace_get(dm_collective* c) {
-    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
     _dm_trace_rank* rk;
     if (t != _dm_trace_pending) return t;
     pthread_mutex_lock(&_dm_tr_reg_mu);    /* a dump on another thread may be making it too */
-    t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
     if (t != _dm_trace_pending) { pthread_mutex_unlock(&_dm_tr_reg_mu); return t; }
     rk = _dm_trace_rank_new(c);
     if (rk) rk->instance = __atomic_fetch_add(&_dm_tr_instances[(unsigned)c->rank % 1024u], 1, __ATOMIC_RELAXED);
@@ -453,7 +453,7 @@ _DM_PRIVATE _dm_trace* _dm_trace_get(dm_collective* c) {
         rk->next = _dm_tr_reg;
         _dm_tr_reg = rk;
     }
-    __atomic_store_n(&c->trace, t, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->core->trace, t, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&_dm_tr_reg_mu);
     return t;
 }
@@ -461,17 +461,17 @@ _DM_COLD_BEGIN
 /* child, just made from c (split, shrink, grow), joins c's rank as group "<c's>/<what><k>". */
 _DM_PRIVATE void _dm_trace_adopt(dm_collective* c, dm_collective* child, const char* what, int color) {
     _dm_trace* t = _dm_trace_get(c);
-    _dm_trace* old = __atomic_load_n(&child->trace, __ATOMIC_ACQUIRE);
+    _dm_trace* old = __atomic_load_n(&child->core->trace, __ATOMIC_ACQUIRE);
     char name[96];
     if (!t || (old && old != _dm_trace_pending)) return;
     t->children++;
     if (color >= 0) snprintf(name, sizeof(name), "%.60s/%s%dc%d", t->group, what, t->children, color);
     else snprintf(name, sizeof(name), "%.60s/%s%d", t->group, what, t->children);
-    __atomic_store_n(&child->trace, _dm_trace_group_new(child, t->rk, name), __ATOMIC_RELEASE);
+    __atomic_store_n(&child->core->trace, _dm_trace_group_new(child, t->rk, name), __ATOMIC_RELEASE);
 }
 /* dm_destroy's first step: dumps stop looking at c (its requests and fields go away next). */
 _DM_PRIVATE void _dm_trace_closing(dm_collective* c) {
-    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
     if (!t || t == _dm_trace_pending) return;
     pthread_mutex_lock(&t->rk->mu);
     t->c = NULL;
@@ -480,11 +480,11 @@ _DM_PRIVATE void _dm_trace_closing(dm_collective* c) {
 /* dm_destroy's last step before the backend's: the group leaves its rank; the last one out
    flushes and closes the timeline (with its closing bracket). */
 _DM_PRIVATE void _dm_trace_release(dm_collective* c) {
-    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
     _dm_trace_rank* rk;
     _dm_trace** p;
     bool last;
-    __atomic_store_n(&c->trace, (_dm_trace*)NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->core->trace, (_dm_trace*)NULL, __ATOMIC_RELEASE);
     if (!t || t == _dm_trace_pending) return;
     rk = t->rk;
     pthread_mutex_lock(&_dm_tr_reg_mu);
@@ -522,7 +522,7 @@ _DM_COLD_END
 /* ---- hooks in the engine ---- */
 /* The running operation waited wait_us on peer (the thread running it calls this). */
 _DM_PRIVATE void _dm_trace_wait(dm_collective* c, int peer, int64_t wait_us) {
-    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
     if (!t || t == _dm_trace_pending || peer < 0 || peer >= t->size || wait_us <= 0) return;
     if (t->wait_ns[peer] == 0) t->touched[t->ntouched++] = peer;
     t->wait_ns[peer] += wait_us * 1000;
@@ -531,13 +531,13 @@ _DM_PRIVATE void _dm_trace_wait(dm_collective* c, int peer, int64_t wait_us) {
    timed for the timeline only (the flight recorder keeps no waits, so it pays no clock). */
 _DM_PRIVATE int64_t _dm_now_us(void);
 _DM_PRIVATE void _dm_trace_waited(dm_collective* c, int peer, int64_t since_us) {
-    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
     if (!t || t == _dm_trace_pending || !t->rk->trace_dir[0]) return;
     _dm_trace_wait(c, peer, _dm_now_us() - since_us);
 }
 /* A collective's fingerprint arrived from peer: the peer has entered collective #seq. */
 _DM_PRIVATE void _dm_trace_peer_seen(dm_collective* c, int peer, int kind, uint64_t seq) {
-    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
     if (!t || t == _dm_trace_pending || peer < 0 || peer >= t->size || kind == 6 /* _DM_K_SETUP */) return;
     __atomic_store_n(&t->peer_last[peer], seq << 8 | (uint64_t)(kind & 0xff), __ATOMIC_RELAXED);
 }
@@ -927,7 +927,7 @@ _DM_PRIVATE void _dm_trace_fr_open(dm_collective* c, _dm_trace* t, const dm_op* 
 /* The running operation waits (the engine's hook, on the running thread): its entry is
    written now if it was not yet; slept: the wait went past yielding, so its end is read too. */
 _DM_PRIVATE void _dm_trace_idle(dm_collective* c, bool slept) {
-    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_RELAXED);
+    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_RELAXED);
     if (!t || t == _dm_trace_pending || !t->fr_op) return;
     if (slept) t->fr_slept = true;
     if (!t->fr_start) _dm_trace_fr_open(c, t, t->fr_op);
@@ -1004,7 +1004,7 @@ _DM_PRIVATE dm_status _dm_trace_fr_run(dm_collective* c, _dm_trace* t, const dm_
 }
 /* _dm_op_run with the recorder or the timeline on. */
 _DM_PRIVATE dm_status _dm_trace_op_run(dm_collective* c, const dm_op* o) {
-    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
     if (__builtin_expect(t && t != _dm_trace_pending && t->fast && (unsigned)o->kind < 32 && !(_DM_TR_FULL_KINDS >> o->kind & 1u), 1))
         return _dm_trace_fr_run(c, t, o);
     return _dm_trace_op_run_full(c, o);
@@ -1025,7 +1025,7 @@ _DM_PRIVATE uint64_t _dm_trace_stream_start(dm_collective* c, const dm_op* o, in
     return index;
 }
 _DM_PRIVATE void _dm_trace_stream_end(dm_collective* c, const dm_op* o, uint64_t index, int64_t t_start, dm_status st) {
-    _dm_trace* t = __atomic_load_n(&c->trace, __ATOMIC_ACQUIRE);
+    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
     _dm_tr_entry e;
     if (!t || t == _dm_trace_pending) return;
     _dm_trace_describe(c, o, &e);
@@ -1103,7 +1103,7 @@ _DM_COLD_BEGIN
    each was seen entering: its fingerprint arrived). Written to a temporary name and renamed,
    so a reader never sees half a dump. Caller holds nothing; takes rk->mu, then each group's. */
 _DM_PRIVATE void _dm_trace_dump_queued(dm_collective* c, _dm_tbuf* b) {
-    _dm_async* a = __atomic_load_n(&c->async, __ATOMIC_ACQUIRE);
+    _dm_async* a = __atomic_load_n(&c->core->async, __ATOMIC_ACQUIRE);
     dm_request* r;
     bool first = true;
     if (!a) return;
@@ -1242,7 +1242,7 @@ DM_API_IMPL dm_status dm_flight_recorder_dump(dm_collective* c, const char* path
     _dm_trace* t;
     dm_status st;
     if (!c) return DM_ERR_INVALID_ARG;
-    if (!__atomic_load_n(&c->trace, __ATOMIC_ACQUIRE))
+    if (!__atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE))
         return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "flight_recorder_dump: the flight recorder and the timeline are off "
                         "(DISTMESH_FLIGHT_RECORDER=0, DISTMESH_TRACE unset)");
     t = _dm_trace_get(c);
@@ -1251,7 +1251,7 @@ DM_API_IMPL dm_status dm_flight_recorder_dump(dm_collective* c, const char* path
     if (st == DM_OK) return DM_OK;
     /* a watchdog thread may call this while c's own thread is inside a call: last_error is that
        thread's then, and the message only goes to the logger */
-    if (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE)) {
+    if (__atomic_load_n(&c->core->busy, __ATOMIC_ACQUIRE)) {
         _DM_LOG(&c->logger, DM_LOG_ERROR, "flight_recorder_dump: %s", !path ? "no path, no directory" : path);
         return st;
     }

@@ -315,12 +315,12 @@ static void test_config_fake_creates_fail(void** state) {
     assert_int_equal(dm_set_timeout(c, 0), DM_OK);
     assert_int_equal(c->timeout_ms, 2500);
     /* the object limit is the one read when the collective was made */
-    assert_true(c->max_object_bytes == (uint64_t)1 << 30);
+    assert_true(c->core->max_object_bytes == (uint64_t)1 << 30);
     dm_destroy(c);
     set("DISTMESH_MAX_OBJECT_BYTES", "5K");
     assert_int_equal(dm_fake_create(&d, &c), DM_OK);
     unsetenv("DISTMESH_MAX_OBJECT_BYTES");
-    assert_true(c->max_object_bytes == 5120);
+    assert_true(c->core->max_object_bytes == 5120);
     dm_destroy(c);
 }
 
