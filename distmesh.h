@@ -835,6 +835,13 @@ typedef struct dm_op {
     int color, key;             /* split */
     dm_collective** split_out;  /* split */
 } dm_op;
+/* One entry for every operation: *op is a call as its dm_* function takes it, in the fields
+   above (broadcast: its buffer in recv; send and recv: the peer in root; all_to_all_v: recvs
+   unused), the rest zero. The same checks and messages as that function; then out NULL runs
+   it as the blocking call, else queues it as its _async form (*out the request). The dm_*
+   functions are this path: their checks, then the same run (>>public calls). Bindings
+   (python/) build a dm_op and come here. DM_OP_SPLIT is dm_split's only (out NULL). */
+DM_API dm_status dm_submit(dm_collective* c, const dm_op* op, dm_request** out);
 #define DM_COLLECTIVE_VTABLE_VERSION 4
 typedef struct dm_collective_vtable {
     uint32_t struct_size;       /* sizeof(dm_collective_vtable) as the backend was compiled */
@@ -3441,7 +3448,7 @@ DM_API_IMPL dm_status dm_flight_recorder_dump(dm_collective* c, const char* path
 _DM_COLD_END
 #endif
 /* >>public calls  Blocking: check, then run (or queue behind requests in flight). _async:
-   check, then queue. */
+   check, then queue. dm_submit: the check its op's kind asks for (_dm_prep_op), then the same. */
 #define _DM_BLOCKING(c, prep)                                                                 \
     do {                                                                                      \
         dm_op o_;                                                                             \
@@ -3592,6 +3599,46 @@ _DM_PRIVATE dm_status _dm_prep_split(dm_collective* c, int color, int key, dm_co
 }
 DM_API_IMPL dm_status dm_split(dm_collective* c, int color, int key, dm_collective** out) {
     _DM_BLOCKING(c, _dm_prep_split(c, color, key, out, &o_));
+}
+
+/* dm_submit's check: the prep of in's kind on in's fields, into o. */
+_DM_PRIVATE dm_status _dm_prep_op(dm_collective* c, const dm_op* in, bool queued, dm_op* o) {
+    switch (in->kind) {
+        case DM_OP_BARRIER: return _dm_prep_barrier(c, o);
+        case DM_OP_ALL_REDUCE:
+            return _dm_prep_all_reduce(c, in->send, in->recv, in->count, in->dtype, in->op, o);
+        case DM_OP_ALL_GATHER: return _dm_prep_all_gather(c, in->send, in->recv, in->count, in->dtype, o);
+        case DM_OP_ALL_GATHER_TO_LIST:
+            return _dm_prep_all_gather_to_list(c, in->send, in->recvs, in->count, in->dtype, o);
+        case DM_OP_REDUCE_SCATTER:
+            return _dm_prep_reduce_scatter(c, in->send, in->recv, in->count, in->dtype, in->op, o);
+        case DM_OP_BROADCAST: return _dm_prep_broadcast(c, in->recv, in->count, in->dtype, in->root, o);
+        case DM_OP_ALL_GATHER_OBJECTS: return _dm_prep_gather_objects(c, in->send, in->count, in->out_list, o);
+        case DM_OP_BROADCAST_OBJECTS:
+            return _dm_prep_broadcast_objects(c, in->objects, in->count, in->root, in->out_list, o);
+        case DM_OP_REDUCE:
+            return _dm_prep_reduce(c, in->send, in->recv, in->count, in->dtype, in->op, in->root, o);
+        case DM_OP_GATHER: return _dm_prep_rooted(c, true, in->send, in->recv, in->count, in->dtype, in->root, o);
+        case DM_OP_SCATTER: return _dm_prep_rooted(c, false, in->send, in->recv, in->count, in->dtype, in->root, o);
+        case DM_OP_ALL_TO_ALL: return _dm_prep_all_to_all(c, in->send, in->recv, in->count, in->dtype, o);
+        case DM_OP_ALL_TO_ALL_V:
+            return _dm_prep_all_to_all_v(c, in->send, in->send_counts, in->send_offsets, in->recv, in->recv_counts,
+                                         in->recv_offsets, in->dtype, o);
+        case DM_OP_SEND: return _dm_prep_p2p(c, true, in->send, in->count, in->dtype, in->root, in->tag, o);
+        case DM_OP_RECV: return _dm_prep_p2p(c, false, in->recv, in->count, in->dtype, in->root, in->tag, o);
+        case DM_OP_SPLIT:
+            if (queued) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "submit: split has no _async form");
+            return _dm_prep_split(c, in->color, in->key, in->split_out, o);
+    }
+    return _DM_FAIL(c, DM_ERR_INVALID_ARG, "submit: op kind %d is not an operation", (int)in->kind);
+}
+DM_API_IMPL dm_status dm_submit(dm_collective* c, const dm_op* op, dm_request** out) {
+    dm_op o;
+    if (out) *out = NULL;
+    if (!c) return DM_ERR_INVALID_ARG;
+    if (!op) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "submit: op is NULL");
+    _DM_TRY(_dm_prep_op(c, op, out != NULL, &o));
+    return out ? _dm_submit_async(c, &o, out) : _dm_submit(c, &o);
 }
 
 /* DM_SHRINK_ABORT's first step: requests not started yet complete with DM_ERR_ABORTED, the

@@ -369,6 +369,83 @@ static int body_p2p(dm_collective* c, void* arg) {
     return 0;
 }
 
+/* dm_submit, the one entry: an all_reduce, a broadcast (its buffer in recv), a ring send /
+   recv and an all_to_all_v submitted as dm_ops, blocking and queued, give what the dm_* calls
+   give; a dm_op with a bad argument gets the dm_* call's status and message; an unknown kind,
+   a NULL op and a queued split are refused with DM_ERR_INVALID_ARG, and none of these breaks
+   the group. */
+static int body_submit(dm_collective* c, void* arg) {
+    int W = dm_world_size(c), r = dm_rank(c), bad = 0, k, j;
+    int32_t a[5], b[7], sv[3], rv[3], big[4 * 8], out[4 * 8];
+    size_t cnt[8], off[8];
+    dm_request* rq[4] = { NULL, NULL, NULL, NULL };
+    dm_op o;
+    dm_collective* sub = NULL;
+    (void)arg;
+    for (k = 0; k < 2; k++) {                       /* 0: blocking, 1: queued */
+        for (j = 0; j < 5; j++) a[j] = r * 10 + j;
+        for (j = 0; j < 7; j++) b[j] = r == W - 1 ? 100 + j : -1;
+        memset(&o, 0, sizeof(o));
+        o.kind = DM_OP_ALL_REDUCE; o.recv = a; o.count = 5; o.dtype = DM_INT32; o.op = DM_SUM;
+        OK(c, dm_submit(c, &o, k ? &rq[0] : NULL));
+        memset(&o, 0, sizeof(o));
+        o.kind = DM_OP_BROADCAST; o.recv = b; o.count = 7; o.dtype = DM_INT32; o.root = W - 1;
+        OK(c, dm_submit(c, &o, k ? &rq[1] : NULL));
+        if (k) OK(c, dm_wait_all(rq, 2));
+        for (j = 0; j < 5; j++) EXPECT(c, a[j] == 10 * (W * (W - 1) / 2) + W * j);
+        for (j = 0; j < 7; j++) EXPECT(c, b[j] == 100 + j);
+        if (W > 1) {
+            for (j = 0; j < 3; j++) { sv[j] = r * 100 + j + k; rv[j] = -1; }
+            memset(&o, 0, sizeof(o));
+            o.kind = DM_OP_SEND; o.send = sv; o.count = 3; o.dtype = DM_INT32; o.root = (r + 1) % W; o.tag = 7;
+            OK(c, dm_submit(c, &o, &rq[2]));
+            o.kind = DM_OP_RECV; o.send = NULL; o.recv = rv; o.root = (r + W - 1) % W;
+            OK(c, dm_submit(c, &o, k ? &rq[3] : NULL));
+            OK(c, dm_wait(rq[2]));
+            if (k) OK(c, dm_wait(rq[3]));
+            for (j = 0; j < 3; j++) EXPECT(c, rv[j] == ((r + W - 1) % W) * 100 + j + k);
+        }
+        for (j = 0; j < W; j++) { cnt[j] = (size_t)(j % 3) + 1; off[j] = (size_t)j * 4; }
+        for (j = 0; j < 4 * W; j++) { big[j] = r * 1000 + j; out[j] = -1; }
+        memset(&o, 0, sizeof(o));
+        o.kind = DM_OP_ALL_TO_ALL_V; o.send = big; o.recv = out; o.dtype = DM_INT32;
+        o.send_counts = cnt; o.send_offsets = off; o.recv_counts = cnt; o.recv_offsets = off;
+        for (j = 0; j < W; j++) cnt[j] = (size_t)(r % 3) + 1;     /* what this rank sends each peer */
+        {
+            size_t rc[8];
+            for (j = 0; j < W; j++) rc[j] = (size_t)(j % 3) + 1;  /* what each peer sends here */
+            o.recv_counts = rc;
+            OK(c, dm_submit(c, &o, k ? &rq[0] : NULL));
+            if (k) OK(c, dm_wait(rq[0]));
+            for (j = 0; j < W; j++) {
+                size_t e;
+                for (e = 0; e < rc[j]; e++) EXPECT(c, out[j * 4 + (int)e] == j * 1000 + r * 4 + (int)e);
+            }
+        }
+    }
+    /* a bad argument: the dm_* call's status and message */
+    memset(&o, 0, sizeof(o));
+    o.kind = DM_OP_ALL_REDUCE; o.recv = a; o.count = 5; o.dtype = DM_INT32; o.op = (dm_reduce_op)99;
+    EXPECT_ST(c, dm_submit(c, &o, NULL), DM_ERR_INVALID_ARG);
+    EXPECT(c, strstr(dm_last_error(c), "all_reduce") != NULL);
+    o.op = DM_SUM; o.root = 0; o.kind = DM_OP_BROADCAST; o.recv = NULL;
+    EXPECT_ST(c, dm_submit(c, &o, &rq[0]), DM_ERR_INVALID_ARG);
+    EXPECT(c, rq[0] == NULL);
+    o.kind = (dm_op_kind)77;
+    EXPECT_ST(c, dm_submit(c, &o, NULL), DM_ERR_INVALID_ARG);
+    EXPECT(c, strstr(dm_last_error(c), "op kind 77") != NULL);
+    EXPECT_ST(c, dm_submit(c, NULL, NULL), DM_ERR_INVALID_ARG);
+    EXPECT_ST(c, dm_submit(NULL, &o, NULL), DM_ERR_INVALID_ARG);
+    memset(&o, 0, sizeof(o));
+    o.kind = DM_OP_SPLIT; o.color = 0; o.key = r; o.split_out = &sub;
+    EXPECT_ST(c, dm_submit(c, &o, &rq[0]), DM_ERR_INVALID_ARG);
+    OK(c, dm_submit(c, &o, NULL));                  /* a split, blocking: one group of all */
+    EXPECT(c, sub != NULL && dm_world_size(sub) == W);
+    dm_destroy(sub);
+    OK(c, dm_barrier(c));                           /* nothing above broke the group */
+    return bad;
+}
+
 /* Errors between ranks 0 and 1; the other ranks call dm_barrier, which must fail (the group is
    broken) with any status.
    kind 0: count 10 sent, 12 received; 1: int32 sent, float32 received (the same bytes);
@@ -1409,6 +1486,7 @@ static void p2p_mismatch(int kind) {
     assert_int_equal(failed, 0);
 }
 static void all_to_all(int kind) { run_worlds(kind, body_a2a, NULL, 60); }
+static void submit(int kind) { run_worlds(kind, body_submit, NULL, 60); }
 static void all_to_all_v_mismatch(int kind) {
     int failed = run_on(kind, 2, body_a2av_mismatch, NULL, 30);
     failed += run_on(kind, 3, body_a2av_mismatch, NULL, 30);
@@ -1432,6 +1510,7 @@ static void fake_same(int kind) { run_worlds(kind, body_fake_same, NULL, 60); }
     static void test_##name##_shm(void** s) { (void)s; name(TR_SHM); }                       \
     static void test_##name##_tcp(void** s) { (void)s; name(TR_TCP); }
 ON_EVERY_TRANSPORT(p2p)
+ON_EVERY_TRANSPORT(submit)
 ON_EVERY_TRANSPORT(p2p_mismatch)
 ON_EVERY_TRANSPORT(all_to_all)
 ON_EVERY_TRANSPORT(all_to_all_v_mismatch)
@@ -1450,6 +1529,7 @@ static int teardown_store(void** s) { (void)s; return tw_store_close(&g_store); 
 int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         TESTS_OF(p2p),
+        TESTS_OF(submit),
         TESTS_OF(p2p_mismatch),
         TESTS_OF(all_to_all),
         TESTS_OF(all_to_all_v_mismatch),

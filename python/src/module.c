@@ -15,7 +15,7 @@
      >>holders   Comm, Mesh, Strategy: who owns which handle; closing a holder closes its
                  dependents first
      >>sigint    Ctrl-C during a blocking call on the main thread: dm_abort from a watcher thread
-     >>ops       one call's arguments, run blocking or queued
+     >>ops       one call: a dm_op and its buffers, run blocking or queued
      >>request   Request: an async call's buffers until it completes
      >>comm      Comm: accessors, collectives, groups
      >>store     Store: a rendezvous store (the torch backend's)
@@ -867,29 +867,23 @@ static void dmpy_sig_end(dmpy_sig* s) {
 }
 
 /* ============================================================================================ */
-/* >>ops  One call: its kind, buffers and arguments, checked; run blocking (GIL released, Ctrl-C
-   armed) or queued as a request. */
+/* >>ops  One call: the dm_op distmesh.h's dm_submit takes, and the buffers it holds until it is
+   done, checked; run blocking (GIL released, Ctrl-C armed) or queued as a request. */
 #define DMPY_FIXED 3
 typedef struct dmpy_op {
-    dm_op_kind kind;
+    dm_op c;                    /* the call itself, as dm_submit takes it */
     dmpy_buf b[DMPY_FIXED];     /* the buffers of the call */
     dmpy_buf* many;             /* all_gather_to_list's outputs */
     Py_ssize_t nmany;
-    void** ptrs;                /* their pointers */
-    size_t* arrays;             /* all_to_all_v: counts and offsets, 4 x world */
-    const void* send;
-    void* recv;
-    size_t count;
-    dm_dtype dtype;
-    dm_reduce_op op;
-    int root, tag;
+    void** ptrs;                /* their pointers (c.recvs) */
+    size_t* arrays;             /* all_to_all_v: counts and offsets, 4 x world (c.send_counts ...) */
     PyObject* result;           /* what the call returns (None when NULL) */
 } dmpy_op;
 
 static void dmpy_op_init(dmpy_op* o, dm_op_kind kind) {
     int i;
     memset(o, 0, sizeof(*o));
-    o->kind = kind;
+    o->c.kind = kind;
     for (i = 0; i < DMPY_FIXED; i++) dmpy_buf_init(&o->b[i]);
 }
 static void dmpy_op_release(dmpy_op* o) {
@@ -905,51 +899,6 @@ static void dmpy_op_release(dmpy_op* o) {
     o->nmany = 0;
 }
 
-/* Starts o on c: blocking with req NULL, else queued with *req set. No Python here. */
-static dm_status dmpy_op_call(dm_collective* c, const dmpy_op* o, dm_request** req) {
-    size_t W = (size_t)dm_world_size(c);
-    const size_t* a = o->arrays;
-    switch (o->kind) {
-        case DM_OP_BARRIER: return req ? dm_barrier_async(c, req) : dm_barrier(c);
-        case DM_OP_ALL_REDUCE:
-            return req ? dm_all_reduce_async(c, o->send, o->recv, o->count, o->dtype, o->op, req)
-                       : dm_all_reduce(c, o->send, o->recv, o->count, o->dtype, o->op);
-        case DM_OP_ALL_GATHER:
-            return req ? dm_all_gather_async(c, o->send, o->recv, o->count, o->dtype, req)
-                       : dm_all_gather(c, o->send, o->recv, o->count, o->dtype);
-        case DM_OP_ALL_GATHER_TO_LIST:
-            return req ? dm_all_gather_to_list_async(c, o->send, o->ptrs, o->count, o->dtype, req)
-                       : dm_all_gather_to_list(c, o->send, o->ptrs, o->count, o->dtype);
-        case DM_OP_REDUCE_SCATTER:
-            return req ? dm_reduce_scatter_async(c, o->send, o->recv, o->count, o->dtype, o->op, req)
-                       : dm_reduce_scatter(c, o->send, o->recv, o->count, o->dtype, o->op);
-        case DM_OP_BROADCAST:
-            return req ? dm_broadcast_async(c, o->recv, o->count, o->dtype, o->root, req)
-                       : dm_broadcast(c, o->recv, o->count, o->dtype, o->root);
-        case DM_OP_REDUCE:
-            return req ? dm_reduce_async(c, o->send, o->recv, o->count, o->dtype, o->op, o->root, req)
-                       : dm_reduce(c, o->send, o->recv, o->count, o->dtype, o->op, o->root);
-        case DM_OP_GATHER:
-            return req ? dm_gather_async(c, o->send, o->recv, o->count, o->dtype, o->root, req)
-                       : dm_gather(c, o->send, o->recv, o->count, o->dtype, o->root);
-        case DM_OP_SCATTER:
-            return req ? dm_scatter_async(c, o->send, o->recv, o->count, o->dtype, o->root, req)
-                       : dm_scatter(c, o->send, o->recv, o->count, o->dtype, o->root);
-        case DM_OP_ALL_TO_ALL:
-            return req ? dm_all_to_all_async(c, o->send, o->recv, o->count, o->dtype, req)
-                       : dm_all_to_all(c, o->send, o->recv, o->count, o->dtype);
-        case DM_OP_ALL_TO_ALL_V:
-            return req ? dm_all_to_all_v_async(c, o->send, a, a + W, o->recv, a + 2 * W, a + 3 * W, o->dtype, req)
-                       : dm_all_to_all_v(c, o->send, a, a + W, o->recv, a + 2 * W, a + 3 * W, o->dtype);
-        case DM_OP_SEND:
-            return req ? dm_send_async(c, o->send, o->count, o->dtype, o->root, o->tag, req)
-                       : dm_send(c, o->send, o->count, o->dtype, o->root, o->tag);
-        case DM_OP_RECV:
-            return req ? dm_recv_async(c, o->recv, o->count, o->dtype, o->root, o->tag, req)
-                       : dm_recv(c, o->recv, o->count, o->dtype, o->root, o->tag);
-        default: return DM_ERR_INTERNAL;
-    }
-}
 
 /* ============================================================================================ */
 /* >>request  An async call: the buffers stay acquired (and their objects alive) until it is
@@ -1117,7 +1066,7 @@ static PyObject* dmpy_run(dmpy_comm* self, dmpy_op* o, int async_op) {
         dmpy_sig_begin(c, &sg);
         self->h.busy++;
         Py_BEGIN_ALLOW_THREADS
-        st = dmpy_op_call(c, o, NULL);
+        st = dm_submit(c, &o->c, NULL);
 #if defined(DISTMESH_NCCL)
         if (st == DM_OK && self->dev.kind == DMPY_DEV_STREAM) st = dm_synchronize(c);   /* >>device */
 #endif
@@ -1150,7 +1099,7 @@ static PyObject* dmpy_run(dmpy_comm* self, dmpy_op* o, int async_op) {
         r->prev = r->next = NULL;
         self->h.busy++;
         Py_BEGIN_ALLOW_THREADS
-        st = dmpy_op_call(c, &r->op, &q);
+        st = dm_submit(c, &r->op.c, &q);
         Py_END_ALLOW_THREADS
         self->h.busy--;
         if (st != DM_OK) {
@@ -1326,18 +1275,18 @@ static PyObject* dmpy_all_reduce(PyObject* self, PyObject* const* args, Py_ssize
     int async_op;
     DMPY_PARSE("all_reduce", 2, "tensor", "op", "send", "async_op");
     dmpy_op_init(&o, DM_OP_ALL_REDUCE);
-    if (dmpy_reduce_op(a_[1], &o.op) < 0 || dmpy_bool(a_[3], &async_op) < 0) return NULL;
+    if (dmpy_reduce_op(a_[1], &o.c.op) < 0 || dmpy_bool(a_[3], &async_op) < 0) return NULL;
     if (dmpy_buf_get(dev, a_[0], "tensor", DMPY_WRITE | DMPY_REDUCE, &o.b[0]) < 0) return NULL;
     if (a_[2] && a_[2] != Py_None) {
         if (dmpy_buf_get(dev, a_[2], "send", DMPY_REDUCE, &o.b[1]) < 0 ||
             dmpy_same_dtype(&o.b[1], "send", &o.b[0], "tensor") < 0 ||
             dmpy_size_is(&o.b[1], "send", o.b[0].nbytes, "tensor's size") < 0)
             goto fail;
-        o.send = o.b[1].ptr;
+        o.c.send = o.b[1].ptr;
     }
-    o.recv = o.b[0].ptr;
-    o.count = o.b[0].count;
-    o.dtype = (dm_dtype)o.b[0].dtype;
+    o.c.recv = o.b[0].ptr;
+    o.c.count = o.b[0].count;
+    o.c.dtype = (dm_dtype)o.b[0].dtype;
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 fail:
     dmpy_op_release(&o);
@@ -1358,10 +1307,10 @@ static PyObject* dmpy_all_gather(PyObject* self, PyObject* const* args, Py_ssize
         dmpy_same_dtype(&o.b[0], "output", &o.b[1], "input") < 0 ||
         dmpy_size_is(&o.b[0], "output", W * o.b[1].nbytes, "world_size x input's size") < 0)
         goto fail;
-    o.send = o.b[1].ptr;
-    o.recv = o.b[0].ptr;
-    o.count = dmpy_move_count(&o.b[1]);
-    o.dtype = dmpy_move_dtype(&o.b[1]);
+    o.c.send = o.b[1].ptr;
+    o.c.recv = o.b[0].ptr;
+    o.c.count = dmpy_move_count(&o.b[1]);
+    o.c.dtype = dmpy_move_dtype(&o.b[1]);
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 fail:
     dmpy_op_release(&o);
@@ -1400,9 +1349,10 @@ static PyObject* dmpy_all_gather_to_list(PyObject* self, PyObject* const* args, 
         o.ptrs[i] = o.many[i].ptr;
     }
     Py_CLEAR(seq);
-    o.send = o.b[0].ptr;
-    o.count = dmpy_move_count(&o.b[0]);
-    o.dtype = dmpy_move_dtype(&o.b[0]);
+    o.c.recvs = o.ptrs;
+    o.c.send = o.b[0].ptr;
+    o.c.count = dmpy_move_count(&o.b[0]);
+    o.c.dtype = dmpy_move_dtype(&o.b[0]);
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 fail:
     Py_XDECREF(seq);
@@ -1418,16 +1368,16 @@ static PyObject* dmpy_reduce_scatter(PyObject* self, PyObject* const* args, Py_s
     DMPY_PARSE("reduce_scatter", 3, "output", "input", "op", "async_op");
     W = (size_t)dm_world_size(c);
     dmpy_op_init(&o, DM_OP_REDUCE_SCATTER);
-    if (dmpy_reduce_op(a_[2], &o.op) < 0 || dmpy_bool(a_[3], &async_op) < 0) return NULL;
+    if (dmpy_reduce_op(a_[2], &o.c.op) < 0 || dmpy_bool(a_[3], &async_op) < 0) return NULL;
     if (dmpy_buf_get(dev, a_[0], "output", DMPY_WRITE | DMPY_REDUCE, &o.b[0]) < 0 ||
         dmpy_buf_get(dev, a_[1], "input", DMPY_REDUCE, &o.b[1]) < 0 ||
         dmpy_same_dtype(&o.b[1], "input", &o.b[0], "output") < 0 ||
         dmpy_size_is(&o.b[1], "input", W * o.b[0].nbytes, "world_size x output's size") < 0)
         goto fail;
-    o.send = o.b[1].ptr;
-    o.recv = o.b[0].ptr;
-    o.count = o.b[0].count;
-    o.dtype = (dm_dtype)o.b[0].dtype;
+    o.c.send = o.b[1].ptr;
+    o.c.recv = o.b[0].ptr;
+    o.c.count = o.b[0].count;
+    o.c.dtype = (dm_dtype)o.b[0].dtype;
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 fail:
     dmpy_op_release(&o);
@@ -1444,10 +1394,10 @@ static PyObject* dmpy_broadcast(PyObject* self, PyObject* const* args, Py_ssize_
         return NULL;
     dmpy_op_init(&o, DM_OP_BROADCAST);
     if (dmpy_buf_get(dev, a_[0], "tensor", root == dm_rank(c) ? DMPY_READ : DMPY_WRITE, &o.b[0]) < 0) return NULL;
-    o.recv = o.b[0].ptr;
-    o.count = dmpy_move_count(&o.b[0]);
-    o.dtype = dmpy_move_dtype(&o.b[0]);
-    o.root = (int)root;
+    o.c.recv = o.b[0].ptr;
+    o.c.count = dmpy_move_count(&o.b[0]);
+    o.c.dtype = dmpy_move_dtype(&o.b[0]);
+    o.c.root = (int)root;
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 }
 
@@ -1458,15 +1408,15 @@ static PyObject* dmpy_reduce(PyObject* self, PyObject* const* args, Py_ssize_t n
     long root;
     DMPY_PARSE("reduce", 3, "tensor", "root", "op", "async_op");
     dmpy_op_init(&o, DM_OP_REDUCE);
-    if (dmpy_int(a_[1], "root", 0, INT_MIN, INT_MAX, &root) < 0 || dmpy_reduce_op(a_[2], &o.op) < 0 ||
+    if (dmpy_int(a_[1], "root", 0, INT_MIN, INT_MAX, &root) < 0 || dmpy_reduce_op(a_[2], &o.c.op) < 0 ||
         dmpy_bool(a_[3], &async_op) < 0)
         return NULL;
     if (dmpy_buf_get(dev, a_[0], "tensor", (root == dm_rank(c) ? DMPY_WRITE : DMPY_READ) | DMPY_REDUCE, &o.b[0]) < 0)
         return NULL;
-    o.send = o.recv = o.b[0].ptr;       /* in place at the root; read only elsewhere */
-    o.count = o.b[0].count;
-    o.dtype = (dm_dtype)o.b[0].dtype;
-    o.root = (int)root;
+    o.c.send = o.c.recv = o.b[0].ptr;       /* in place at the root; read only elsewhere */
+    o.c.count = o.b[0].count;
+    o.c.dtype = (dm_dtype)o.b[0].dtype;
+    o.c.root = (int)root;
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 }
 
@@ -1492,14 +1442,14 @@ static PyObject* dmpy_rooted_many(PyObject* self, dm_op_kind kind, PyObject* sma
             dmpy_same_dtype(&o.b[1], big_name, &o.b[0], small_name) < 0 ||
             dmpy_size_is(&o.b[1], big_name, W * o.b[0].nbytes, gather ? "world_size x input's size" : "world_size x output's size") < 0)
             goto fail;
-        if (gather) o.recv = o.b[1].ptr;
-        else o.send = o.b[1].ptr;
+        if (gather) o.c.recv = o.b[1].ptr;
+        else o.c.send = o.b[1].ptr;
     }
-    if (gather) o.send = o.b[0].ptr;
-    else o.recv = o.b[0].ptr;
-    o.count = dmpy_move_count(&o.b[0]);
-    o.dtype = dmpy_move_dtype(&o.b[0]);
-    o.root = (int)root;
+    if (gather) o.c.send = o.b[0].ptr;
+    else o.c.recv = o.b[0].ptr;
+    o.c.count = dmpy_move_count(&o.b[0]);
+    o.c.dtype = dmpy_move_dtype(&o.b[0]);
+    o.c.root = (int)root;
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 fail:
     dmpy_op_release(&o);
@@ -1529,16 +1479,16 @@ static PyObject* dmpy_all_to_all(PyObject* self, PyObject* const* args, Py_ssize
             dmpy_same_dtype(&o.b[1], "input", &o.b[0], "output") < 0 ||
             dmpy_size_is(&o.b[1], "input", o.b[0].nbytes, "output's size") < 0)
             goto fail;
-        o.send = o.b[1].ptr;
+        o.c.send = o.b[1].ptr;
     }
     if (dmpy_move_count(&o.b[0]) % W != 0) {
         PyErr_Format(PyExc_ValueError, "output holds %zu elements, not a multiple of world_size (%zu)",
                      dmpy_move_count(&o.b[0]), W);
         goto fail;
     }
-    o.recv = o.b[0].ptr;
-    o.count = dmpy_move_count(&o.b[0]) / W;
-    o.dtype = dmpy_move_dtype(&o.b[0]);
+    o.c.recv = o.b[0].ptr;
+    o.c.count = dmpy_move_count(&o.b[0]) / W;
+    o.c.dtype = dmpy_move_dtype(&o.b[0]);
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 fail:
     dmpy_op_release(&o);
@@ -1592,9 +1542,13 @@ static PyObject* dmpy_all_to_all_v(PyObject* self, PyObject* const* args, Py_ssi
     if (dmpy_counts(a_[3], "input_counts", W, dmpy_move_count(&o.b[1]), o.arrays, o.arrays + W) < 0 ||
         dmpy_counts(a_[1], "output_counts", W, dmpy_move_count(&o.b[0]), o.arrays + 2 * W, o.arrays + 3 * W) < 0)
         goto fail;
-    o.send = o.b[1].ptr;
-    o.recv = o.b[0].ptr;
-    o.dtype = dmpy_move_dtype(&o.b[0]);
+    o.c.send_counts = o.arrays;
+    o.c.send_offsets = o.arrays + W;
+    o.c.recv_counts = o.arrays + 2 * W;
+    o.c.recv_offsets = o.arrays + 3 * W;
+    o.c.send = o.b[1].ptr;
+    o.c.recv = o.b[0].ptr;
+    o.c.dtype = dmpy_move_dtype(&o.b[0]);
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 fail:
     dmpy_op_release(&o);
@@ -1612,11 +1566,11 @@ static PyObject* dmpy_p2p(PyObject* self, PyObject* const* args, Py_ssize_t narg
         return NULL;
     dmpy_op_init(&o, send ? DM_OP_SEND : DM_OP_RECV);
     if (dmpy_buf_get(dev, a_[0], "tensor", send ? DMPY_READ : DMPY_WRITE, &o.b[0]) < 0) return NULL;
-    if (send) o.send = o.b[0].ptr; else o.recv = o.b[0].ptr;
-    o.count = dmpy_move_count(&o.b[0]);
-    o.dtype = dmpy_move_dtype(&o.b[0]);
-    o.root = (int)peer;
-    o.tag = (int)tag;
+    if (send) o.c.send = o.b[0].ptr; else o.c.recv = o.b[0].ptr;
+    o.c.count = dmpy_move_count(&o.b[0]);
+    o.c.dtype = dmpy_move_dtype(&o.b[0]);
+    o.c.root = (int)peer;
+    o.c.tag = (int)tag;
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 }
 static PyObject* dmpy_send(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
