@@ -2257,6 +2257,8 @@ typedef struct _dm_core {
     int aborted;                /* dm_abort: 0; 1 while abort_msg is written; 2 set */
     char abort_msg[256];        /* dm_abort's message, read once aborted is 2 */
     uint64_t max_object_bytes;  /* DISTMESH_MAX_OBJECT_BYTES, read when the collective was made */
+    struct _dm_eng* eng;        /* the group's engine where the backend runs it (TCP, the threaded
+                                   world; _dm_eng_init): the core's slots (>>entry points) find it here */
 } _dm_core;
 
 _DM_COLD_END
@@ -2270,7 +2272,11 @@ _DM_COLD_END
 #if !defined(DISTMESH_NO_TRACE)
 #define _DM_TRACED(c) __atomic_load_n(&(c)->core->trace, __ATOMIC_RELAXED)
 _DM_PRIVATE struct _dm_trace* _dm_trace_wanted(const dm_logger* lg);    /* a collective's init */
-_DM_PRIVATE dm_status _dm_trace_op_run(dm_collective* c, const dm_op* o);  /* _dm_op_run, when on */
+/* _dm_op_run, when on: begin says whether the recorder's fast path took o (then end follows
+   the run); if not, the full path runs it (the timeline, object collectives, split). */
+_DM_PRIVATE bool _dm_trace_op_begin(dm_collective* c, const dm_op* o);
+_DM_PRIVATE dm_status _dm_trace_op_end(dm_collective* c, const dm_op* o, dm_status st);
+_DM_PRIVATE dm_status _dm_trace_op_run_full(dm_collective* c, const dm_op* o);
 _DM_PRIVATE int64_t _dm_trace_now(void);
 _DM_PRIVATE void _dm_trace_queued(int64_t t_queued);                    /* a request about to run */
 _DM_PRIVATE uint64_t _dm_trace_stream_start(dm_collective* c, const dm_op* o, int64_t t_start);
@@ -2287,7 +2293,9 @@ _DM_PRIVATE void _dm_trace_idle(dm_collective* c, bool slept);
 #define _DM_TRACED(c) ((struct _dm_trace*)0)
 _DM_PRIVATE dm_status _dm_op_dispatch(dm_collective* c, const dm_op* o);
 _DM_PRIVATE struct _dm_trace* _dm_trace_wanted(const dm_logger* lg) { (void)lg; return NULL; }
-_DM_PRIVATE dm_status _dm_trace_op_run(dm_collective* c, const dm_op* o) { return _dm_op_dispatch(c, o); }
+_DM_PRIVATE bool _dm_trace_op_begin(dm_collective* c, const dm_op* o) { (void)c; (void)o; return false; }
+_DM_PRIVATE dm_status _dm_trace_op_end(dm_collective* c, const dm_op* o, dm_status st) { (void)c; (void)o; return st; }
+_DM_PRIVATE dm_status _dm_trace_op_run_full(dm_collective* c, const dm_op* o) { return _dm_op_dispatch(c, o); }
 _DM_PRIVATE int64_t _dm_trace_now(void) { return 0; }
 _DM_PRIVATE void _dm_trace_queued(int64_t t_queued) { (void)t_queued; }
 _DM_PRIVATE uint64_t _dm_trace_stream_start(dm_collective* c, const dm_op* o, int64_t t_start) {
@@ -3038,8 +3046,13 @@ _DM_PRIVATE dm_status _dm_op_dispatch(dm_collective* c, const dm_op* o) {
     }
     return _DM_FAIL(c, DM_ERR_INTERNAL, "unknown operation kind %d", (int)o->kind);
 }
-_DM_PRIVATE dm_status _dm_op_run(dm_collective* c, const dm_op* o) {
-    if (__builtin_expect(_DM_TRACED(c) != NULL, 0)) return _dm_trace_op_run(c, o);
+/* Inlined into its two callers (a blocking call, the progress thread): one frame less on every
+   operation's way down. */
+_DM_PRIVATE _DM_ALWAYS_INLINE dm_status _dm_op_run(dm_collective* c, const dm_op* o) {
+    if (__builtin_expect(_DM_TRACED(c) != NULL, 0)) {
+        if (!_dm_trace_op_begin(c, o)) return _dm_trace_op_run_full(c, o);
+        return _dm_trace_op_end(c, o, _dm_op_dispatch(c, o));
+    }
     return _dm_op_dispatch(c, o);
 }
 
@@ -4505,6 +4518,9 @@ typedef struct _dm_link_cost _dm_link_cost;     /* a link class of the cost mode
 typedef struct _dm_eng {
     dm_collective* c;
     const char* tag;            /* message prefix: the backend */
+    /* Optional, the backend's step before each collective the core's slots run (not point-to-
+       point, not dry runs): the threaded world meets there and compares fingerprints. */
+    dm_status (*enter)(struct _dm_eng* lk, int kind, size_t count, int dtype, int op, int root);
     _dm_link** links;           /* per rank, NULL for this rank */
     int* order;                 /* ring position -> rank: same-host ranks adjacent */
     int* slot;                  /* rank -> ring position */
@@ -4611,6 +4627,7 @@ _DM_PRIVATE dm_status _dm_eng_init(_dm_eng* lk, dm_collective* c, const char* ta
     memset(lk, 0, sizeof(*lk));
     lk->c = c;
     lk->tag = tag;
+    c->core->eng = lk;
     {
         char err[200];
         if (_dm_algo_from_env(&lk->algo, err, sizeof(err)) != DM_OK)
@@ -5783,7 +5800,7 @@ _DM_PRIVATE dm_status _dm_sch_rd(_dm_eng* lk, const _dm_team* t, void* recv, siz
         for (mask = 1; mask < p; mask <<= 1) {
             int pn = newrank ^ mask, peer = _dm_team_rank(t, pn < rem ? pn * 2 + 1 : pn + rem);
             /* IEEE +, *, max, min are commutative, so both partners compute the same bits */
-            _DM_TRY(_dm_eng_sendrecv_reduce(lk, name, fp, peer, recv, peer, recv, count, dtype, op));
+            _DM_TRY(_dm_eng_exchange(lk, name, fp, fp, peer, recv, bytes, peer, recv, bytes, true, dtype, op));
         }
     }
     if (r < 2 * rem) {
@@ -6410,13 +6427,32 @@ _DM_PRIVATE bool _dm_pick_barrier_two_level(const _dm_eng* lk) {
            _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), _dm_ceil_log2(y->H), 0) < _dm_cost_flat_dissemination(lk);
 }
 
-/* >>entry points  What the backends' vtable slots call (TCP, the threaded world): each checks
-   that the group is not broken, settles a world of one and a count of 0, makes the fingerprint,
-   asks the choice (>>choice), runs the schedules and records what ran (dm_last_algorithm).
+/* >>entry points  The vtable slots of the backends that run the engine (TCP, the threaded
+   world): they fill their tables with these (_dm_coll_<slot>), which find the group's engine in
+   c->core->eng. Each runs the backend's enter step (the threaded world's meeting), checks that
+   the group is not broken, settles a world of one and a count of 0, makes the fingerprint, asks
+   the choice (>>choice), runs the schedules and records what ran (dm_last_algorithm).
    all_to_all, reduce's blocks to the root, gather, scatter and point-to-point meet the peers
-   the caller's arguments choose, outside P (connected on demand, >>peers). */
+   the caller's arguments choose, outside P (connected on demand, >>peers); with DISTMESH_CUDA
+   they refuse device memory (the collectives above them have CUDA staging in TCP's table). */
 
 _DM_PRIVATE void _dm_coll_ran(_dm_eng* lk, const char* algorithm) { lk->c->algorithm = algorithm; }
+_DM_PRIVATE _dm_eng* _dm_eng_of(dm_collective* c) { return c->core->eng; }
+_DM_PRIVATE dm_status _dm_eng_enter(_dm_eng* lk, int kind, size_t count, int dtype, int op, int root) {
+    if (!lk->enter || lk->dry) return DM_OK;
+    return lk->enter(lk, kind, count, dtype, op, root);
+}
+/* The calls without a CUDA staging path take host memory only. */
+_DM_PRIVATE dm_status _dm_coll_host_only(dm_collective* c, const char* op, const void* a, const void* b) {
+#if defined(DISTMESH_CUDA)
+    if (_dm_cuda_is_device(a) || _dm_cuda_is_device(b))
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "%s: %s takes host buffers only (device buffers: the NCCL backend)",
+                        c->vt->name, op);
+#else
+    (void)c; (void)op; (void)a; (void)b;
+#endif
+    return DM_OK;
+}
 
 /* all_reduce algorithm algo on buf (this rank's data in, the result out), for every algorithm
    but the flat ring (which reads send and writes recv, and whose reduce form stops halfway):
@@ -6435,12 +6471,14 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce_in_place(_dm_eng* lk, int algo, void* 
         return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, 1, false);
     }
 }
-_DM_PRIVATE dm_status _dm_coll_all_reduce(_dm_eng* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                          dm_reduce_op op) {
+_DM_PRIVATE dm_status _dm_coll_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_reduce_op op) {
+    _dm_eng* lk = _dm_eng_of(c);
     size_t bytes = count * dm_dtype_size(dtype);
-    int algo, divide = op == DM_MEAN ? lk->c->size : 0;
+    int algo, divide = op == DM_MEAN ? c->size : 0;
     _dm_team t;
     _dm_fp fp;
+    _DM_TRY(_dm_eng_enter(lk, _DM_K_ALL_REDUCE, count, (int)dtype, (int)op, 0));
     _DM_TRY(_dm_eng_check_broken(lk, "all_reduce"));
     if (lk->c->size == 1) {
         if (send != recv && bytes) memcpy(recv, send, bytes);
@@ -6464,15 +6502,17 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce(_dm_eng* lk, const void* send, void* r
    Flat ring: its reduce-scatter steps leave the rank at ring position p holding block p fully
    reduced, which it then sends to the root. The others run the whole all-reduce (into a
    temporary where this rank's recv is not significant). */
-_DM_PRIVATE dm_status _dm_coll_reduce(_dm_eng* lk, const void* send, void* recv, size_t count, dm_dtype dtype,
+_DM_PRIVATE dm_status _dm_coll_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
                                       dm_reduce_op op, int root) {
-    dm_collective* c = lk->c;
+    _dm_eng* lk = _dm_eng_of(c);
     int W = c->size, r = c->rank, q, algo, divide = op == DM_MEAN ? W : 0;
     size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
     unsigned char* out = (unsigned char*)recv;
     _dm_team t;
     _dm_fp fp;
     dm_status st;
+    _DM_TRY(_dm_coll_host_only(c, "reduce", send, recv));
+    _DM_TRY(_dm_eng_enter(lk, _DM_K_REDUCE, count, (int)dtype, (int)op, root));
     _DM_TRY(_dm_eng_check_broken(lk, "reduce"));
     if (W == 1) {
         if (send != recv && bytes) memcpy(recv, send, bytes);
@@ -6545,13 +6585,22 @@ _DM_PRIVATE dm_status _dm_coll_all_gather_list(_dm_eng* lk, int kind, const void
     return st;
 }
 
+/* The all_gather_to_list slot. */
+_DM_PRIVATE dm_status _dm_coll_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs, size_t count,
+                                                  dm_dtype dtype) {
+    _dm_eng* lk = _dm_eng_of(c);
+    _DM_TRY(_dm_eng_enter(lk, _DM_K_ALL_GATHER, count, (int)dtype, -1, 0));
+    return _dm_coll_all_gather_list(lk, _DM_K_ALL_GATHER, send, recvs, count, dtype);
+}
 /* The same into one buffer of size blocks. */
-_DM_PRIVATE dm_status _dm_coll_all_gather(_dm_eng* lk, const void* send, void* recv, size_t count, dm_dtype dtype) {
+_DM_PRIVATE dm_status _dm_coll_all_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype) {
+    _dm_eng* lk = _dm_eng_of(c);
     size_t bytes = count * dm_dtype_size(dtype);
     void* small[16] = { NULL };
     void** ptrs = small;
     dm_status st;
     int j, W = lk->c->size;
+    _DM_TRY(_dm_eng_enter(lk, _DM_K_ALL_GATHER, count, (int)dtype, -1, 0));
     if (W > 16) {
         ptrs = (void**)_dm_malloc(&lk->c->allocator, sizeof(void*) * (size_t)W);
         if (!ptrs) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: all_gather: out of memory", lk->tag);
@@ -6566,9 +6615,9 @@ _DM_PRIVATE dm_status _dm_coll_all_gather(_dm_eng* lk, const void* send, void* r
    reduces, for local rank i, the blocks of rail i (H pieces), then rail i's ring reduces
    those across hosts, each rank ending with its own block. In place (recv is input block r),
    the flat ring's intermediate sums need a block of their own. */
-_DM_PRIVATE dm_status _dm_coll_reduce_scatter(_dm_eng* lk, const void* send, void* recv, size_t n_elems,
+_DM_PRIVATE dm_status _dm_coll_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t n_elems,
                                               dm_dtype dtype, dm_reduce_op op) {
-    dm_collective* c = lk->c;
+    _dm_eng* lk = _dm_eng_of(c);
     const _dm_layout* y = &lk->lay;
     int W = c->size, r = c->rank, p, q, H = y->H, divide = op == DM_MEAN ? W : 0;
     size_t bytes = n_elems * dm_dtype_size(dtype);
@@ -6617,13 +6666,14 @@ done:
 /* Broadcast: a chain. Flat: along the host-ordered ring from the root. Two-level (several
    hosts): the root, the rest of its host, then every other host in turn, so the data crosses
    each host boundary once, whatever the root. */
-_DM_PRIVATE dm_status _dm_coll_broadcast(_dm_eng* lk, void* buf, size_t count, dm_dtype dtype, int root) {
-    dm_collective* c = lk->c;
+_DM_PRIVATE dm_status _dm_coll_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
+    _dm_eng* lk = _dm_eng_of(c);
     _dm_layout* y = &lk->lay;
     int W = c->size, n = 0, h, j, rh = y->host_of[root];
     _dm_team t;
     _dm_fp fp;
     dm_status st;
+    _DM_TRY(_dm_eng_enter(lk, _DM_K_BROADCAST, count, (int)dtype, -1, root));
     _DM_TRY(_dm_eng_check_broken(lk, "broadcast"));
     if (W == 1) return DM_OK;
     _dm_fp_make(&fp, c, _DM_K_BROADCAST, (int)dtype, -1, root, count);
@@ -6653,12 +6703,13 @@ _DM_PRIVATE dm_status _dm_coll_broadcast(_dm_eng* lk, void* buf, size_t count, d
    leader, the leaders disseminate, each leader releases its host. */
 #define _DM_BARRIER_ROUND_ARRIVE 1000
 #define _DM_BARRIER_ROUND_RELEASE 1001
-_DM_PRIVATE dm_status _dm_coll_barrier(_dm_eng* lk) {
-    dm_collective* c = lk->c;
+_DM_PRIVATE dm_status _dm_coll_barrier(dm_collective* c) {
+    _dm_eng* lk = _dm_eng_of(c);
     const _dm_layout* y = &lk->lay;
     int i = y->local[c->rank], L = _dm_sch_host_size(lk, y->host_of[c->rank]), e, h;
     _dm_team t;
     _dm_fp arrive, release;
+    _DM_TRY(_dm_eng_enter(lk, _DM_K_BARRIER, 0, -1, -1, -1));
     _DM_TRY(_dm_eng_check_broken(lk, "barrier"));
     if (!_dm_pick_barrier_two_level(lk)) {
         _dm_coll_ran(lk, "flat_dissemination");
@@ -6688,14 +6739,16 @@ _DM_PRIVATE dm_status _dm_coll_barrier(_dm_eng* lk) {
    own counts and either direction's disagreement fails both ranks of the pair. In place (send
    NULL), the outgoing blocks are copied out of recv first. */
 _DM_PRIVATE int _dm_fold32(size_t v) { return (int)(uint32_t)((uint64_t)v ^ ((uint64_t)v >> 32)); }
-_DM_PRIVATE dm_status _dm_coll_all_to_all_v(_dm_eng* lk, const void* send, const size_t* sc, const size_t* so, void* recv,
-                                            const size_t* rc, const size_t* ro, dm_dtype dtype) {
-    dm_collective* c = lk->c;
+_DM_PRIVATE dm_status _dm_coll_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
+                                            void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
+    _dm_eng* lk = _dm_eng_of(c);
     int W = c->size, r = c->rank, k;
     size_t esize = dm_dtype_size(dtype);
     const unsigned char* in = (const unsigned char*)send;
     unsigned char *out = (unsigned char*)recv, *copy = NULL;
     dm_status st = DM_OK;
+    _DM_TRY(_dm_coll_host_only(c, "all_to_all", send, recv));
+    _DM_TRY(_dm_eng_enter(lk, _DM_K_ALL_TO_ALL, 0, (int)dtype, -1, 0));
     _DM_TRY(_dm_eng_check_broken(lk, "all_to_all"));
     if (!in) {
         _DM_TRY(_dm_a2a_copy_out(c, out, sc, so, esize, &copy));
@@ -6749,17 +6802,35 @@ _DM_PRIVATE dm_status _dm_coll_rooted(_dm_eng* lk, int kind, const void* send, v
     }
     return DM_OK;
 }
+/* The gather and scatter slots. */
+_DM_PRIVATE dm_status _dm_coll_rooted_slot(dm_collective* c, int kind, const void* send, void* recv, size_t count,
+                                           dm_dtype dtype, int root) {
+    _dm_eng* lk = _dm_eng_of(c);
+    _DM_TRY(_dm_coll_host_only(c, _dm_kind_name(kind), send, recv));
+    _DM_TRY(_dm_eng_enter(lk, kind, count, (int)dtype, -1, root));
+    return _dm_coll_rooted(lk, kind, send, recv, count, dtype, root);
+}
+_DM_PRIVATE dm_status _dm_coll_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                      int root) {
+    return _dm_coll_rooted_slot(c, _DM_K_GATHER, send, recv, count, dtype, root);
+}
+_DM_PRIVATE dm_status _dm_coll_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
+                                       int root) {
+    return _dm_coll_rooted_slot(c, _DM_K_SCATTER, send, recv, count, dtype, root);
+}
 
 /* A point-to-point message: its header (a fingerprint of kind send), then the payload. While
    the link to peer is full, what peer sends this way is read (into the inbox), so two ranks
    sending each other large messages at once both finish. */
 #define _DM_P2P_SMALL 1024     /* payloads up to this travel in one step with their header */
-_DM_PRIVATE dm_status _dm_coll_send(_dm_eng* lk, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+_DM_PRIVATE dm_status _dm_coll_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _dm_eng* lk = _dm_eng_of(c);
     _dm_sstep ss[2];
     unsigned char hdr[32 + _DM_P2P_SMALL];
     size_t bytes = count * dm_dtype_size(dtype);
     _dm_fp fp;
     _DM_ZERO(_dm_xfer, x);
+    _DM_TRY(_dm_coll_host_only(c, "send", buf, NULL));
     _DM_TRY(_dm_eng_check_broken(lk, "send"));
     _dm_fp_make(&fp, lk->c, _DM_K_SEND, (int)dtype, -1, tag, count);
     fp.seq = lk->sent[peer]++;
@@ -6779,9 +6850,11 @@ _DM_PRIVATE dm_status _dm_coll_send(_dm_eng* lk, const void* buf, size_t count, 
     return _dm_eng_run_on_demand(lk, &x);
 }
 /* The first message from peer with this tag: already kept (unexpected), or read as it comes. */
-_DM_PRIVATE dm_status _dm_coll_recv(_dm_eng* lk, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+_DM_PRIVATE dm_status _dm_coll_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
+    _dm_eng* lk = _dm_eng_of(c);
     _dm_want w;
     _DM_ZERO(_dm_xfer, x);
+    _DM_TRY(_dm_coll_host_only(c, "recv", buf, NULL));
     _DM_TRY(_dm_eng_check_broken(lk, "recv"));
     w.tag = tag; w.dtype = dtype; w.count = count; w.buf = (unsigned char*)buf; w.done = false;
     x.op = "recv"; x.speer = -1; x.rpeer = peer; x.ns = 0; x.nr = 0;
@@ -6828,15 +6901,15 @@ _DM_PRIVATE dm_status _dm_peers_find(_dm_eng* lk, bool* in) {
     for (k = _DM_ALGO_FLAT_RING; k < _DM_ALGO_COUNT + 2 && st == DM_OK; k++) {
         lk->algo = k < _DM_ALGO_COUNT ? k : _DM_ALGO_TWO_LEVEL_RING;
         lk->rails_force = k < _DM_ALGO_COUNT ? 0 : k - _DM_ALGO_COUNT + 1;
-        st = _dm_coll_all_reduce(lk, buf, buf, (size_t)W, DM_UINT8, DM_SUM);
+        st = _dm_coll_all_reduce(c, buf, buf, (size_t)W, DM_UINT8, DM_SUM);
     }
     lk->rails_force = 0;
     for (k = 0; k < 2 && st == DM_OK; k++) {
         lk->algo = fam[k];
-        st = _dm_coll_all_gather(lk, buf, buf + W, 1, DM_UINT8);
-        if (st == DM_OK) st = _dm_coll_reduce_scatter(lk, buf, buf + 2 * W, 1, DM_UINT8, DM_SUM);
-        if (st == DM_OK) st = _dm_coll_barrier(lk);
-        if (st == DM_OK) st = _dm_coll_broadcast(lk, buf, 1, DM_UINT8, 0);
+        st = _dm_coll_all_gather(c, buf, buf + W, 1, DM_UINT8);
+        if (st == DM_OK) st = _dm_coll_reduce_scatter(c, buf, buf + 2 * W, 1, DM_UINT8, DM_SUM);
+        if (st == DM_OK) st = _dm_coll_barrier(c);
+        if (st == DM_OK) st = _dm_coll_broadcast(c, buf, 1, DM_UINT8, 0);
     }
     lk->dry = false;
     lk->used = NULL;
@@ -7070,64 +7143,9 @@ static dm_status _dm_tw_enter(_dm_thread* t, int kind, size_t count, int dtype, 
     return DM_OK;
 }
 
-static dm_status _dm_tw_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
-                                   dm_dtype dtype, dm_reduce_op op) {
-    _dm_thread* t = (_dm_thread*)c;
-    _DM_TRY(_dm_tw_enter(t, _DM_K_ALL_REDUCE, count, (int)dtype, (int)op, 0));
-    return _dm_coll_all_reduce(&t->lk, send, recv, count, dtype, op);
-}
-
-static dm_status _dm_tw_all_gather_list(dm_collective* c, const void* send, void* const* recvs,
-                                        size_t count, dm_dtype dtype) {
-    _dm_thread* t = (_dm_thread*)c;
-    _DM_TRY(_dm_tw_enter(t, _DM_K_ALL_GATHER, count, (int)dtype, -1, 0));
-    return _dm_coll_all_gather_list(&t->lk, _DM_K_ALL_GATHER, send, recvs, count, dtype);
-}
-
-static dm_status _dm_tw_reduce_scatter(dm_collective* c, const void* send, void* recv,
-                                       size_t recv_count, dm_dtype dtype, dm_reduce_op op) {
-    _dm_thread* t = (_dm_thread*)c;
-    _DM_TRY(_dm_tw_enter(t, _DM_K_REDUCE_SCATTER, recv_count, (int)dtype, (int)op, 0));
-    return _dm_coll_reduce_scatter(&t->lk, send, recv, recv_count, dtype, op);
-}
-
-static dm_status _dm_tw_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
-    _dm_thread* t = (_dm_thread*)c;
-    _DM_TRY(_dm_tw_enter(t, _DM_K_BROADCAST, count, (int)dtype, -1, root));
-    return _dm_coll_broadcast(&t->lk, buf, count, dtype, root);
-}
-
-static dm_status _dm_tw_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                               dm_reduce_op op, int root) {
-    _dm_thread* t = (_dm_thread*)c;
-    _DM_TRY(_dm_tw_enter(t, _DM_K_REDUCE, count, (int)dtype, (int)op, root));
-    return _dm_coll_reduce(&t->lk, send, recv, count, dtype, op, root);
-}
-static dm_status _dm_tw_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                               int root) {
-    _dm_thread* t = (_dm_thread*)c;
-    _DM_TRY(_dm_tw_enter(t, _DM_K_GATHER, count, (int)dtype, -1, root));
-    return _dm_coll_rooted(&t->lk, _DM_K_GATHER, send, recv, count, dtype, root);
-}
-static dm_status _dm_tw_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                int root) {
-    _dm_thread* t = (_dm_thread*)c;
-    _DM_TRY(_dm_tw_enter(t, _DM_K_SCATTER, count, (int)dtype, -1, root));
-    return _dm_coll_rooted(&t->lk, _DM_K_SCATTER, send, recv, count, dtype, root);
-}
-/* Counts differ per pair: the meeting compares kind and dtype; the pairs check counts. */
-static dm_status _dm_tw_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
-                                     void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
-    _dm_thread* t = (_dm_thread*)c;
-    _DM_TRY(_dm_tw_enter(t, _DM_K_ALL_TO_ALL, 0, (int)dtype, -1, 0));
-    return _dm_coll_all_to_all_v(&t->lk, send, sc, so, recv, rc, ro, dtype);
-}
-/* Point-to-point: the two ranks only, no meeting. */
-static dm_status _dm_tw_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
-    return _dm_coll_send(&((_dm_thread*)c)->lk, buf, count, dtype, peer, tag);
-}
-static dm_status _dm_tw_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
-    return _dm_coll_recv(&((_dm_thread*)c)->lk, buf, count, dtype, peer, tag);
+/* The engine's enter step (the core's slots run it before each collective). */
+static dm_status _dm_tw_enter_hook(_dm_eng* lk, int kind, size_t count, int dtype, int op, int root) {
+    return _dm_tw_enter((_dm_thread*)lk->c, kind, count, dtype, op, root);
 }
 
 static dm_status _dm_tw_barrier_slot(dm_collective* c) {
@@ -7359,6 +7377,7 @@ static dm_status _dm_tw_links(_dm_thread* t) {
     _dm_tw_shared* sh = t->sh;
     int r, W = sh->size, me = t->base.rank;
     _DM_TRY(_dm_eng_init(&t->lk, &t->base, "thread", 0));
+    t->lk.enter = _dm_tw_enter_hook;
     for (r = 0; r < W; r++) {
         if (r == me) continue;
         t->lk.links[r] = _dm_memlink_new(&sh->allocator, &_dm_tw_link_vt, sh->rings, sh->ring_stride,
@@ -7394,22 +7413,22 @@ static const dm_collective_vtable _dm_thread_vtable = {
     DM_COLLECTIVE_VTABLE_VERSION,    /* version */
     "thread",                        /* name */
     _dm_tw_destroy,                  /* destroy */
-    _dm_tw_barrier_slot,             /* barrier */
-    _dm_tw_all_reduce,               /* all_reduce */
+    _dm_tw_barrier_slot,             /* barrier: the world's shared barrier */
+    _dm_coll_all_reduce,             /* all_reduce: the core's (>>entry points), after the meeting */
     NULL,                            /* all_gather: core builds it on all_gather_to_list */
-    _dm_tw_all_gather_list,          /* all_gather_to_list */
-    _dm_tw_reduce_scatter,           /* reduce_scatter */
-    _dm_tw_broadcast,                /* broadcast */
+    _dm_coll_all_gather_to_list,     /* all_gather_to_list */
+    _dm_coll_reduce_scatter,         /* reduce_scatter */
+    _dm_coll_broadcast,              /* broadcast */
     _dm_tw_split,                    /* split */
     NULL,                            /* native_handle */
     NULL,                            /* synchronize */
     NULL,                            /* transport: "thread" */
-    _dm_tw_reduce,                   /* reduce */
-    _dm_tw_gather,                   /* gather */
-    _dm_tw_scatter,                  /* scatter */
-    _dm_tw_all_to_all_v,             /* all_to_all_v */
-    _dm_tw_send,                     /* send */
-    _dm_tw_recv,                     /* recv */
+    _dm_coll_reduce,                 /* reduce */
+    _dm_coll_gather,                 /* gather */
+    _dm_coll_scatter,                /* scatter */
+    _dm_coll_all_to_all_v,           /* all_to_all_v: the meeting compares kind and dtype, the pairs counts */
+    _dm_coll_send,                   /* send: the two ranks only, no meeting */
+    _dm_coll_recv,                   /* recv */
     NULL,                            /* start */
     NULL,                            /* finish */
     _dm_tw_shrink,                   /* shrink */

@@ -854,7 +854,7 @@ static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) 
     votes[0] = vote;
     votes[1] = L < 2 || (_dm_eng_core_per_rank(L) && _dm_membarrier_register()) ? 1 : 0;
     votes[2] = _dm_eng_core_per_rank(L) ? 1 : 0;   /* single copy pays only with a core each */
-    if (st == DM_OK) st = _dm_coll_all_reduce(&t->lk, votes, votes, 3, DM_INT32, DM_MIN);
+    if (st == DM_OK) st = _dm_coll_all_reduce(&t->base, votes, votes, 3, DM_INT32, DM_MIN);
     if (fd >= 0) close(fd);
     if (st != DM_OK) return st;
     vote = votes[0];
@@ -1796,7 +1796,7 @@ static dm_status _dm_tcp_more_rounds(_dm_tcp* t, const bool* extra, int64_t dead
     t->expect = extra;
     for (k = 1; k < t->nsock && st == DM_OK; k++) {
         _dm_tcp_round_set(t, group, k);
-        st = _dm_coll_barrier(&t->lk);
+        st = _dm_coll_barrier(&t->base);
         for (j = 0; j < me && st == DM_OK; j++)
             if (extra[j]) st = _dm_tcp_connect_peer(t, j, t->group, deadline);
         if (st == DM_OK) st = _dm_tcp_accept_peers(t, t->lfd, t->group, deadline);
@@ -1804,7 +1804,7 @@ static dm_status _dm_tcp_more_rounds(_dm_tcp* t, const bool* extra, int64_t dead
             if (extra[j]) st = _dm_tcp_read_ack(t, j, deadline);
     }
     _dm_tcp_round_set(t, group, 0);
-    if (st == DM_OK) st = _dm_coll_barrier(&t->lk);
+    if (st == DM_OK) st = _dm_coll_barrier(&t->base);
     return st;
 }
 static dm_status _dm_tcp_more_sockets(_dm_tcp* t, int64_t deadline) {
@@ -1912,66 +1912,10 @@ static void _dm_tcp_free(_dm_tcp* t) {
 static void _dm_tcp_destroy(dm_collective* c) { _dm_tcp_free((_dm_tcp*)c); }
 
 _DM_COLD_END
-/* >>tcp slots  The vtable's entries for host buffers: the core's entry points (distmesh.h,
-   >>entry points) over this group's engine. The CUDA forms wrap them (>>tcp cuda); the table
-   follows that (>>tcp vtable). */
+/* >>tcp slots  The vtable's own entries; the collectives are the core's (distmesh.h,
+   >>entry points: _dm_coll_*, over this group's engine, c->core->eng), wrapped by the CUDA forms
+   for device buffers (>>tcp cuda); the table follows that (>>tcp vtable). */
 static dm_status _dm_tcp_check_broken(_dm_tcp* t, const char* op) { return _dm_eng_check_broken(&t->lk, op); }
-static dm_status _dm_tcp_all_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                    dm_reduce_op op) {
-    return _dm_coll_all_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
-}
-static dm_status _dm_tcp_all_gather_to_list(dm_collective* c, const void* send, void* const* recvs, size_t count,
-                                            dm_dtype dtype) {
-    return _dm_coll_all_gather_list(&((_dm_tcp*)c)->lk, _DM_K_ALL_GATHER, send, recvs, count, dtype);
-}
-static dm_status _dm_tcp_all_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype) {
-    return _dm_coll_all_gather(&((_dm_tcp*)c)->lk, send, recv, count, dtype);
-}
-static dm_status _dm_tcp_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t count,
-                                        dm_dtype dtype, dm_reduce_op op) {
-    return _dm_coll_reduce_scatter(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op);
-}
-static dm_status _dm_tcp_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
-    return _dm_coll_broadcast(&((_dm_tcp*)c)->lk, buf, count, dtype, root);
-}
-static dm_status _dm_tcp_barrier(dm_collective* c) { return _dm_coll_barrier(&((_dm_tcp*)c)->lk); }
-/* The calls without a CUDA staging path take host memory only. */
-static dm_status _dm_tcp_host_only(dm_collective* c, const char* op, const void* a, const void* b) {
-#if defined(DISTMESH_CUDA)
-    if (_dm_cuda_is_device(a) || _dm_cuda_is_device(b))
-        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "tcp: %s takes host buffers only (device buffers: the NCCL backend)", op);
-#else
-    (void)c; (void)op; (void)a; (void)b;
-#endif
-    return DM_OK;
-}
-static dm_status _dm_tcp_reduce(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                dm_reduce_op op, int root) {
-    _DM_TRY(_dm_tcp_host_only(c, "reduce", send, recv));
-    return _dm_coll_reduce(&((_dm_tcp*)c)->lk, send, recv, count, dtype, op, root);
-}
-static dm_status _dm_tcp_gather(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype, int root) {
-    _DM_TRY(_dm_tcp_host_only(c, "gather", send, recv));
-    return _dm_coll_rooted(&((_dm_tcp*)c)->lk, _DM_K_GATHER, send, recv, count, dtype, root);
-}
-static dm_status _dm_tcp_scatter(dm_collective* c, const void* send, void* recv, size_t count, dm_dtype dtype,
-                                 int root) {
-    _DM_TRY(_dm_tcp_host_only(c, "scatter", send, recv));
-    return _dm_coll_rooted(&((_dm_tcp*)c)->lk, _DM_K_SCATTER, send, recv, count, dtype, root);
-}
-static dm_status _dm_tcp_all_to_all_v(dm_collective* c, const void* send, const size_t* sc, const size_t* so,
-                                      void* recv, const size_t* rc, const size_t* ro, dm_dtype dtype) {
-    _DM_TRY(_dm_tcp_host_only(c, "all_to_all", send, recv));
-    return _dm_coll_all_to_all_v(&((_dm_tcp*)c)->lk, send, sc, so, recv, rc, ro, dtype);
-}
-static dm_status _dm_tcp_send(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
-    _DM_TRY(_dm_tcp_host_only(c, "send", buf, NULL));
-    return _dm_coll_send(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
-}
-static dm_status _dm_tcp_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer, int tag) {
-    _DM_TRY(_dm_tcp_host_only(c, "recv", buf, NULL));
-    return _dm_coll_recv(&((_dm_tcp*)c)->lk, buf, count, dtype, peer, tag);
-}
 static const char* _dm_tcp_transport(const dm_collective* c) {
     _dm_tcp* t = (_dm_tcp*)(uintptr_t)c;
     return _dm_eng_transport(&t->lk, t->transport_name, sizeof(t->transport_name));
@@ -2042,13 +1986,13 @@ static dm_status _dm_tcp_cuda_all_reduce(dm_collective* c, const void* send, voi
     cudaStream_t s;
     unsigned char* pin;
     if (!_dm_cuda_is_device(send) && !_dm_cuda_is_device(recv))
-        return _dm_tcp_all_reduce(c, send, recv, count, dtype, op);
+        return _dm_coll_all_reduce(c, send, recv, count, dtype, op);
     _DM_TRY(_dm_tcp_check_broken(t, "all_reduce"));
     _DM_TRY(_dm_tcp_cuda_ready(t, 3 * seg * es, "all_reduce"));
     s = (cudaStream_t)t->cuda_stream;
     pin = (unsigned char*)t->cuda_pinned;
     nseg = (count + seg - 1) / seg;
-    if (nseg == 0) return _dm_tcp_all_reduce(c, pin, pin, 0, dtype, op);
+    if (nseg == 0) return _dm_coll_all_reduce(c, pin, pin, 0, dtype, op);
     /* Buffer k % 3 holds segment k. A device-to-host copy into buffer b is queued after the
        host-to-device copy that last read b, so one stream keeps them ordered. */
     cudaMemcpyAsync(pin, send, (count < seg ? count : seg) * es, cudaMemcpyDefault, s);
@@ -2065,7 +2009,7 @@ static dm_status _dm_tcp_cuda_all_reduce(dm_collective* c, const void* send, voi
         }
         if (cudaEventSynchronize((cudaEvent_t)t->cuda_events[k % 3]) != cudaSuccess)
             return _dm_tcp_cuda_fail(t, cudaGetLastError(), "all_reduce");
-        st = _dm_tcp_all_reduce(c, cur, cur, len, dtype, op);
+        st = _dm_coll_all_reduce(c, cur, cur, len, dtype, op);
         if (st != DM_OK) { cudaStreamSynchronize(s); return st; }
         cudaMemcpyAsync((unsigned char*)recv + off * es, cur, len * es, cudaMemcpyDefault, s);
     }
@@ -2082,7 +2026,7 @@ static dm_status _dm_tcp_cuda_all_gather_to_list(dm_collective* c, const void* s
     void** lists;
     dm_status st = DM_OK;
     for (r = 0; r < n && !any; r++) any = _dm_cuda_is_device(recvs[r]);
-    if (!any) return _dm_tcp_all_gather_to_list(c, send, recvs, count, dtype);
+    if (!any) return _dm_coll_all_gather_to_list(c, send, recvs, count, dtype);
     _DM_TRY(_dm_tcp_check_broken(t, "all_gather"));
     _DM_TRY(_dm_tcp_cuda_ready(t, (size_t)(n + 1) * seg * es, "all_gather"));
     pin = (unsigned char*)t->cuda_pinned;
@@ -2094,13 +2038,13 @@ static dm_status _dm_tcp_cuda_all_gather_to_list(dm_collective* c, const void* s
         cudaMemcpyAsync(pin, (const unsigned char*)send + off * es, len * es, cudaMemcpyDefault,
                         (cudaStream_t)t->cuda_stream);
         st = _dm_tcp_cuda_sync(t, "all_gather");
-        if (st == DM_OK) st = _dm_tcp_all_gather_to_list(c, pin, (void* const*)lists, len, dtype);
+        if (st == DM_OK) st = _dm_coll_all_gather_to_list(c, pin, (void* const*)lists, len, dtype);
         for (r = 0; r < n && st == DM_OK; r++)
             cudaMemcpyAsync((unsigned char*)recvs[r] + off * es, lists[r], len * es, cudaMemcpyDefault,
                             (cudaStream_t)t->cuda_stream);
         if (st == DM_OK) st = _dm_tcp_cuda_sync(t, "all_gather");
     }
-    if (count == 0) st = _dm_tcp_all_gather_to_list(c, send, recvs, 0, dtype);
+    if (count == 0) st = _dm_coll_all_gather_to_list(c, send, recvs, 0, dtype);
     _dm_free(&c->allocator, lists);
     return st;
 }
@@ -2111,7 +2055,7 @@ static dm_status _dm_tcp_cuda_all_gather(dm_collective* c, const void* send, voi
     dm_status st;
     int r;
     if (!_dm_cuda_is_device(send) && !_dm_cuda_is_device(recv))
-        return _dm_tcp_all_gather(c, send, recv, count, dtype);
+        return _dm_coll_all_gather(c, send, recv, count, dtype);
     lists = (void**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)c->size);
     if (!lists) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: all_gather: out of memory");
     for (r = 0; r < c->size; r++) lists[r] = (unsigned char*)recv + (size_t)r * block;
@@ -2129,7 +2073,7 @@ static dm_status _dm_tcp_cuda_reduce_scatter(dm_collective* c, const void* send,
     unsigned char* pin;
     dm_status st = DM_OK;
     if (!_dm_cuda_is_device(send) && !_dm_cuda_is_device(recv))
-        return _dm_tcp_reduce_scatter(c, send, recv, count, dtype, op);
+        return _dm_coll_reduce_scatter(c, send, recv, count, dtype, op);
     _DM_TRY(_dm_tcp_check_broken(t, "reduce_scatter"));
     _DM_TRY(_dm_tcp_cuda_ready(t, (size_t)(n + 1) * seg * es, "reduce_scatter"));
     pin = (unsigned char*)t->cuda_pinned;
@@ -2140,14 +2084,14 @@ static dm_status _dm_tcp_cuda_reduce_scatter(dm_collective* c, const void* send,
             cudaMemcpyAsync(pin + (size_t)r * len * es, (const unsigned char*)send + ((size_t)r * count + off) * es,
                             len * es, cudaMemcpyDefault, (cudaStream_t)t->cuda_stream);
         st = _dm_tcp_cuda_sync(t, "reduce_scatter");
-        if (st == DM_OK) st = _dm_tcp_reduce_scatter(c, pin, out, len, dtype, op);
+        if (st == DM_OK) st = _dm_coll_reduce_scatter(c, pin, out, len, dtype, op);
         if (st == DM_OK) {
             cudaMemcpyAsync((unsigned char*)recv + off * es, out, len * es, cudaMemcpyDefault,
                             (cudaStream_t)t->cuda_stream);
             st = _dm_tcp_cuda_sync(t, "reduce_scatter");
         }
     }
-    if (count == 0) st = _dm_tcp_reduce_scatter(c, send, recv, 0, dtype, op);
+    if (count == 0) st = _dm_coll_reduce_scatter(c, send, recv, 0, dtype, op);
     return st;
 }
 
@@ -2156,7 +2100,7 @@ static dm_status _dm_tcp_cuda_broadcast(dm_collective* c, void* buf, size_t coun
     size_t es = dm_dtype_size(dtype), seg = _dm_tcp_cuda_seg_elems(dtype, 1), off;
     unsigned char* pin;
     dm_status st = DM_OK;
-    if (!_dm_cuda_is_device(buf)) return _dm_tcp_broadcast(c, buf, count, dtype, root);
+    if (!_dm_cuda_is_device(buf)) return _dm_coll_broadcast(c, buf, count, dtype, root);
     _DM_TRY(_dm_tcp_check_broken(t, "broadcast"));
     _DM_TRY(_dm_tcp_cuda_ready(t, seg * es, "broadcast"));
     pin = (unsigned char*)t->cuda_pinned;
@@ -2166,18 +2110,18 @@ static dm_status _dm_tcp_cuda_broadcast(dm_collective* c, void* buf, size_t coun
             cudaMemcpyAsync(pin, (unsigned char*)buf + off * es, len * es, cudaMemcpyDefault, (cudaStream_t)t->cuda_stream);
             st = _dm_tcp_cuda_sync(t, "broadcast");
         }
-        if (st == DM_OK) st = _dm_tcp_broadcast(c, pin, len, dtype, root);
+        if (st == DM_OK) st = _dm_coll_broadcast(c, pin, len, dtype, root);
         if (st == DM_OK && c->rank != root) {
             cudaMemcpyAsync((unsigned char*)buf + off * es, pin, len * es, cudaMemcpyDefault, (cudaStream_t)t->cuda_stream);
             st = _dm_tcp_cuda_sync(t, "broadcast");
         }
     }
-    if (count == 0) st = _dm_tcp_broadcast(c, buf, 0, dtype, root);
+    if (count == 0) st = _dm_coll_broadcast(c, buf, 0, dtype, root);
     return st;
 }
 #define _DM_TCP_SLOT(name) _dm_tcp_cuda_##name
 #else
-#define _DM_TCP_SLOT(name) _dm_tcp_##name
+#define _DM_TCP_SLOT(name) _dm_coll_##name
 #endif
 
 /* >>tcp vtable  The table this backend fills (distmesh.h, >>backend-authors). */
@@ -2186,7 +2130,7 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     DM_COLLECTIVE_VTABLE_VERSION,    /* version */
     "tcp",                           /* name */
     _dm_tcp_destroy,                 /* destroy */
-    _dm_tcp_barrier,                 /* barrier: dissemination */
+    _dm_coll_barrier,                /* barrier: dissemination */
     _DM_TCP_SLOT(all_reduce),        /* all_reduce: recursive doubling / ring */
     _DM_TCP_SLOT(all_gather),        /* all_gather: ring */
     _DM_TCP_SLOT(all_gather_to_list),/* all_gather_to_list: ring into the caller's buffers */
@@ -2196,12 +2140,12 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     NULL,                            /* native_handle: none */
     NULL,                            /* synchronize: nothing queued */
     _dm_tcp_transport,               /* transport */
-    _dm_tcp_reduce,                  /* reduce: recursive doubling / ring reduce-scatter + blocks to root */
-    _dm_tcp_gather,                  /* gather: root meets each rank */
-    _dm_tcp_scatter,                 /* scatter: root meets each rank */
-    _dm_tcp_all_to_all_v,            /* all_to_all_v: pairwise exchange */
-    _dm_tcp_send,                    /* send: eager, read by the receiver's inbox */
-    _dm_tcp_recv,                    /* recv */
+    _dm_coll_reduce,                 /* reduce: recursive doubling / ring reduce-scatter + blocks to root */
+    _dm_coll_gather,                 /* gather: root meets each rank */
+    _dm_coll_scatter,                /* scatter: root meets each rank */
+    _dm_coll_all_to_all_v,           /* all_to_all_v: pairwise exchange */
+    _dm_coll_send,                   /* send: eager, read by the receiver's inbox */
+    _dm_coll_recv,                   /* recv */
     NULL,                            /* start */
     NULL,                            /* finish */
     _dm_tcp_shrink,                  /* shrink */
@@ -2295,7 +2239,7 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
     _dm_host_identity((char*)mine + ADDR, NAME, (char*)mine + ADDR + NAME, ID);
     _dm_tcp_put32(mine + ADDR + NAME + ID, (uint32_t)t->nsock);
     _dm_copy_name((char*)mine + ADDR + NAME + ID + 4, ADDR, t->raddrs[t->base.rank]);
-    st = _dm_coll_all_gather(&t->lk, mine, all, REC, DM_UINT8);
+    st = _dm_coll_all_gather(&t->base, mine, all, REC, DM_UINT8);
     if (st != DM_OK) goto done;
     if ((st = _dm_tcp_same_sockets(t, all, REC, ADDR + NAME + ID)) != DM_OK) goto done;
     for (j = 0; j < W; j++) {

@@ -12,10 +12,10 @@
    - the timeline: one Chrome trace-event JSON file per rank (DISTMESH_TRACE=DIR).
 
    THE CORE REACHES IT ONLY THROUGH ITS HOOKS (declared at distmesh.h >>trace hooks):
-   _dm_trace_wanted (init), _dm_trace_op_run (every operation, when on), _dm_trace_queued,
-   _dm_trace_now, _dm_trace_stream_start / _end (requests), _dm_trace_adopt, _dm_trace_closing,
-   _dm_trace_release (split, shrink, grow, destroy), _dm_trace_peer_seen, _dm_trace_waited,
-   _dm_trace_wait, _dm_trace_idle (fingerprints and waits in the engine), and the public
+   _dm_trace_wanted (init), _dm_trace_op_begin / _end / _run_full (every operation, when on),
+   _dm_trace_queued, _dm_trace_now, _dm_trace_stream_start / _end (requests), _dm_trace_adopt,
+   _dm_trace_closing, _dm_trace_release (split, shrink, grow, destroy), _dm_trace_peer_seen,
+   _dm_trace_waited, _dm_trace_wait, _dm_trace_idle (fingerprints and waits in the engine), and the public
    dm_flight_recorder_dump. It calls the core's helpers (memory, log, config, op names).
 
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
@@ -93,7 +93,7 @@ typedef struct _dm_trace {
     uint64_t count;             /* entries ever written (atomic, the writer's): entry i is in
                                    ring[i % (cap + 1)]; the running operation's is entry count */
     uint64_t ops;               /* operations the full path ended (the running thread's) */
-    /* The recorder's fast path (_dm_trace_fr_run), the running thread's: the running
+    /* The recorder's fast path (_dm_trace_op_begin / _end), the running thread's: the running
        operation until its entry is written (at its first wait: _dm_trace_idle), and whether it
        slept (its end is read then). */
     const dm_op* fr_op;         /* the running operation (NULL: none, or the full path runs it) */
@@ -971,10 +971,14 @@ _DM_PRIVATE _DM_COLD dm_status _dm_trace_fr_failed(dm_collective* c, _dm_trace* 
    object collective (those record themselves and their parts) nor a split (its child joins
    the rank's recorder): the full path runs those. */
 #define _DM_TR_FULL_KINDS (1u << DM_OP_ALL_GATHER_OBJECTS | 1u << DM_OP_BROADCAST_OBJECTS | 1u << DM_OP_SPLIT)
-_DM_PRIVATE dm_status _dm_trace_fr_run(dm_collective* c, _dm_trace* t, const dm_op* o) {
-    _dm_tr_slot* s = &t->ring[t->next_slot];
-    uint64_t i = t->count, end;
-    dm_status st;
+/* _dm_op_run with the recorder or the timeline on, before the run: the fast path's start (false:
+   the full path runs o instead). The entry's slot is written lazily (_dm_trace_fr_open): large
+   operations at once, small ones at their first wait, or at the end. */
+_DM_PRIVATE bool _dm_trace_op_begin(dm_collective* c, const dm_op* o) {
+    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
+    if (!__builtin_expect(t && t != _dm_trace_pending && t->fast && (unsigned)o->kind < 32 &&
+                          !(_DM_TR_FULL_KINDS >> o->kind & 1u), 1))
+        return false;
     t->fr_seq = _dm_tr_seq_next(c, o);
     t->fr_queued = _dm_tls_trace_queued;
     if (t->fr_queued) _dm_tls_trace_queued = 0;
@@ -982,7 +986,13 @@ _DM_PRIVATE dm_status _dm_trace_fr_run(dm_collective* c, _dm_trace* t, const dm_
     t->fr_start = 0;
     if (o->count > _DM_TR_LAZY_COUNT) _dm_trace_fr_open(c, t, o);
     t->fr_op = o;
-    st = _dm_op_dispatch(c, o);
+    return true;
+}
+/* ... and after it (the same slot: nothing advanced the ring while o ran). */
+_DM_PRIVATE dm_status _dm_trace_op_end(dm_collective* c, const dm_op* o, dm_status st) {
+    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_RELAXED);
+    _dm_tr_slot* s = &t->ring[t->next_slot];
+    uint64_t i = t->count, end;
     t->fr_op = NULL;
     if (st != DM_OK) return _dm_trace_fr_failed(c, t, o, st);
     if (!t->fr_start) {
@@ -1001,13 +1011,6 @@ _DM_PRIVATE dm_status _dm_trace_fr_run(dm_collective* c, _dm_trace* t, const dm_
     if ((i & 63) == 0) _dm_trace_note_end(c, t, st, true);    /* the transport, every 64 entries */
     t->dumped = false;          /* waits were noted (ntouched) only by a timeout: a failure */
     return st;
-}
-/* _dm_op_run with the recorder or the timeline on. */
-_DM_PRIVATE dm_status _dm_trace_op_run(dm_collective* c, const dm_op* o) {
-    _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
-    if (__builtin_expect(t && t != _dm_trace_pending && t->fast && (unsigned)o->kind < 32 && !(_DM_TR_FULL_KINDS >> o->kind & 1u), 1))
-        return _dm_trace_fr_run(c, t, o);
-    return _dm_trace_op_run_full(c, o);
 }
 /* A backend stream request (start / finish slots) as the core sees it: started, then found done. */
 _DM_PRIVATE uint64_t _dm_trace_stream_start(dm_collective* c, const dm_op* o, int64_t t_start) {
@@ -1166,7 +1169,7 @@ _DM_PRIVATE void _dm_trace_dump_group(_dm_tbuf* b, _dm_trace* t) {
     }
     _dm_free(b->grow, snap);
     if (t->cap) {                       /* the running one: entry n, not counted yet (a small
-                                           one is there from its first wait: _dm_trace_fr_run) */
+                                           one is there from its first wait: _dm_trace_op_begin) */
         _DM_ZERO(_dm_tr_entry, e);
         if (_dm_tr_slot_get(_dm_tr_slot_at(t, n), n, &e)) {
             _dm_tb_s(b, got ? ",\n      " : "\n      ");
