@@ -2,6 +2,8 @@
 buffer kinds the package takes, and its refusals: no processes, no threads."""
 import array
 import gc
+import os
+import re
 
 import numpy as np
 import pytest
@@ -183,6 +185,46 @@ def test_errors_are_typed():
         c.barrier()
     assert "rank 0 aborted: stop" in e.value.message and e.value.status_name == "DM_ERR_ABORTED"
     c.close()
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+
+
+def _c_status_list():
+    """distmesh.h's DM_STATUS_LIST as (name, value, text), read from the header's source."""
+    with open(os.path.join(_ROOT, "distmesh.h")) as f:
+        src = f.read()
+    block = src[src.index("#define DM_STATUS_LIST(X)"):]
+    block = block[:block.index("\n\n")]
+    return [(n, int(v), t) for n, v, t in re.findall(r'X\((\w+),\s*(-?\d+),\s*"([^"]*)"\)', block)]
+
+
+def test_every_c_status_has_its_class():
+    """Each failure status of distmesh.h's DM_STATUS_LIST has its class (made by the extension
+    from the list): in distmesh and its __all__, in _C.STATUSES, in _C.pyi with the same bases,
+    raised with .status, .status_name and .message, its docstring the C text."""
+    statuses = _c_status_list()
+    assert len(statuses) >= 18 and statuses[0] == ("OK", 0, "success")
+    assert [(n, v, t) for v, n, t, _ in distmesh._C.STATUSES] == [("DM_" + n, v, t) for n, v, t in statuses]
+    classes = {}
+    for v, name, text, cls in distmesh._C.STATUSES:
+        if v == 0:
+            assert cls is None
+            continue
+        assert issubclass(cls, distmesh.Error) and getattr(distmesh, cls.__name__) is cls
+        assert cls.__name__ in distmesh.__all__ and cls.__module__ == "distmesh"
+        assert cls.__doc__.lower().startswith(text.lower()) and name in cls.__doc__
+        e = distmesh._C._error(v, "what went wrong")
+        assert type(e) is cls and (e.status, e.status_name, e.message) == (v, name, "what went wrong")
+        assert isinstance(e, ValueError) == (name == "DM_ERR_INVALID_ARG")
+        classes[cls.__name__] = "Error, ValueError" if issubclass(cls, ValueError) else "Error"
+    assert len(classes) == len(statuses) - 1
+    with open(os.path.join(_ROOT, "python", "distmesh", "_C.pyi")) as f:
+        stub = dict(re.findall(r"^class (\w+)\((Error(?:, ValueError)?)\)", f.read(), re.M))
+    assert stub == classes
+    e = distmesh._C._error(-1000, "odd")        # a status the list lacks: the base class
+    assert type(e) is distmesh.Error and e.status_name == "DM_UNKNOWN_STATUS"
 
 
 def test_close_closes_dependents_first():
