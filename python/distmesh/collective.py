@@ -10,6 +10,7 @@ docs/python.md.
 """
 import contextlib
 import enum
+import importlib
 import pickle
 import threading
 
@@ -17,6 +18,17 @@ from . import _C
 
 __all__ = ["ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "init", "connect", "connect_nccl",
            "thread_world", "env", "nccl_built"]
+
+# Collective.process_group's maker, set by distmesh.torch when it is imported (it imports this
+# module; this module never imports it, only loads it by name the first time a group is asked for)
+_process_group_factory = None
+
+
+def _register_process_group_factory(factory):
+    """distmesh.torch's hook: factory(collective) -> its torch ProcessGroup."""
+    global _process_group_factory
+    _process_group_factory = factory
+
 
 nccl_built = _C.NCCL_BUILT
 """Whether this build has the NCCL backend (connect_nccl, CUDA tensors): DISTMESH_NCCL=1 at
@@ -159,8 +171,9 @@ class Collective(_C.Comm):
         """A torch.distributed ProcessGroup over this collective (distmesh.torch; imports
         torch): usable as DDP(model, process_group=...) and with the group's own methods."""
         if self._pg is None:
-            from . import torch as _dmtorch
-            self._pg = _dmtorch.ProcessGroup.from_collective(self)
+            if _process_group_factory is None:              # distmesh.torch registers it
+                importlib.import_module(__package__ + ".torch")
+            self._pg = _process_group_factory(self)
         return self._pg
 
     # ---- objects (pickled) --------------------------------------------------------------------

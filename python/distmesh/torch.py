@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .collective import Collective, _ms
+from .collective import Collective, _ms, _register_process_group_factory
 
 try:                                            # torch 1.13 and 2.x
     from torch._C._distributed_c10d import ProcessGroup as _ProcessGroupBase
@@ -478,6 +478,7 @@ def _register():
 
 
 _register()
+_register_process_group_factory(ProcessGroup.from_collective)     # Collective.process_group
 
 
 def device_mesh(shape, names, world_size=None):

@@ -4,6 +4,8 @@ import array
 import gc
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -272,6 +274,29 @@ def test_process_group_of_a_collective_trains_ddp():
     ddp(torch.randn(3, 4)).sum().backward()
     assert model.weight.grad is not None
     c.close()
+
+
+def test_collective_module_does_not_import_torch_module():
+    """collective.py imports nothing of distmesh.torch (which imports it and registers
+    Collective.process_group's maker); in a fresh interpreter the property loads distmesh.torch
+    the first time and returns its ProcessGroup."""
+    import ast
+    with open(os.path.join(_ROOT, "python", "distmesh", "collective.py")) as f:
+        tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            assert node.module != "torch" and "torch" not in [a.name for a in node.names], ast.dump(node)
+    if torch is None:
+        return
+    code = ("import sys, distmesh\n"
+            "c = distmesh.init()\n"
+            "assert 'distmesh.torch' not in sys.modules\n"
+            "pg = c.process_group\n"
+            "import distmesh.torch\n"
+            "assert type(pg) is distmesh.torch.ProcessGroup and pg.collective is c and c.process_group is pg\n"
+            "c.close()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
 
 
 def test_sigint_between_calls_reaches_pythons_handler():
