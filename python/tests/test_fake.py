@@ -229,6 +229,42 @@ def test_every_c_status_has_its_class():
     assert type(e) is distmesh.Error and e.status_name == "DM_UNKNOWN_STATUS"
 
 
+def _public_without_docstring(module):
+    """module's public functions and classes, and their classes' public methods and properties
+    (those defined in distmesh), that have no docstring."""
+    import inspect
+    kinds = (staticmethod, classmethod, property, type(str.join), type(int.real), type(object.__dict__["__doc__"]),
+             type(vars(type(gc.callbacks)).get("append")))
+    missing = []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if not (inspect.isclass(obj) or callable(obj)):
+            continue                                    # constants (IN_PLACE, BACKEND, nccl_built)
+        if not (obj.__doc__ or "").strip():
+            missing.append("%s.%s" % (module.__name__, name))
+        if not inspect.isclass(obj):
+            continue
+        for cls in obj.__mro__:
+            if not cls.__module__.startswith("distmesh"):
+                continue
+            for k, v in vars(cls).items():
+                if k.startswith("_") or not (inspect.isfunction(v) or isinstance(v, kinds)):
+                    continue
+                doc = v.__func__.__doc__ if isinstance(v, (staticmethod, classmethod)) else v.__doc__
+                if not (doc or "").strip():
+                    missing.append("%s.%s.%s" % (module.__name__, cls.__name__, k))
+    return sorted(set(missing))
+
+
+def test_every_public_name_has_a_docstring():
+    """Every public function and class of distmesh and distmesh.torch (when torch imports), and
+    every public method and property of their classes (the extension's too), has a docstring."""
+    assert _public_without_docstring(distmesh) == []
+    if torch is not None:
+        import distmesh.torch as dmtorch
+        assert _public_without_docstring(dmtorch) == []
+
+
 def test_close_closes_dependents_first():
     gc.collect()                                # earlier tests' garbage closes now, not midway
     c = distmesh.FakeCollective(0, 1)
