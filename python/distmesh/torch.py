@@ -182,30 +182,38 @@ if _WORK_SUBCLASS:
             self._source_rank = source_rank
 
         def wait(self, timeout=None):           # the request's own deadline (DISTMESH_TIMEOUT) holds
+            """Waits for the call (timeout unused); True, or its failure raised."""
             self._call.finish()
             return True
 
         def get_future(self):
+            """A torch Future of the call's result, completed by the group's completer thread."""
             if self._fut is None:
                 self._fut = _future_of(self._call, self._completer)
             return self._fut
 
         def is_completed(self):
+            """Whether the call has completed (does not wait)."""
             return self._call.poll()
 
         def is_success(self):
+            """Whether the call has completed without a failure."""
             return self._call.poll() and self._call.error is None
 
         def exception(self):
+            """The call's failure once it has completed, else None."""
             return self._call.error if self._call.poll() else None
 
         def result(self):
+            """Waits for the call; its result (the tensors torch gave it)."""
             return self._call.finish()
 
         def source_rank(self):
+            """The rank a recv names (-1 for other calls)."""
             return self._source_rank
 
         def synchronize(self):                  # CPU tensors: nothing to order on a stream
+            """Nothing: CPU tensors have no stream to order."""
             pass
 else:
     Work = None
