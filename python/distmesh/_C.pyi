@@ -2,7 +2,7 @@
 the buffer protocol or __dlpack__ (numpy arrays, bytearray, memoryview, CPU torch tensors; CUDA
 tensors on an NCCL collective); ops are ints (distmesh.ReduceOp), names ("sum", ...) or
 torch.distributed.ReduceOp."""
-from typing import Any, Callable, Optional, Sequence, TypeVar, final
+from typing import Any, Callable, Optional, Sequence, Tuple, Type, TypeVar, final
 
 _Buffer = Any
 _Op = Any
@@ -20,6 +20,8 @@ class Error(RuntimeError):
     message: str
 
 
+# One class per failure status of distmesh.h's DM_STATUS_LIST, made by the extension from the
+# list (module.c >>errors; test_fake.py checks this list against it)
 class InvalidArgument(Error, ValueError): ...
 class OutOfMemory(Error): ...
 class Unsupported(Error): ...
@@ -37,6 +39,13 @@ class NcclError(Error): ...
 class Aborted(Error): ...
 class FileSystemError(Error): ...
 class Busy(Error): ...
+
+
+STATUSES: Tuple[Tuple[int, str, str, Optional[Type[Error]]], ...]
+"""Every entry of DM_STATUS_LIST: (value, "DM_..." name, C text, its class; None for DM_OK)."""
+
+
+def _error(status: int, message: str) -> Error: ...
 
 
 @final

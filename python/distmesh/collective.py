@@ -10,6 +10,7 @@ docs/python.md.
 """
 import contextlib
 import enum
+import importlib
 import pickle
 import threading
 
@@ -17,6 +18,17 @@ from . import _C
 
 __all__ = ["ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "init", "connect", "connect_nccl",
            "thread_world", "env", "nccl_built"]
+
+# Collective.process_group's maker, set by distmesh.torch when it is imported (it imports this
+# module; this module never imports it, only loads it by name the first time a group is asked for)
+_process_group_factory = None
+
+
+def _register_process_group_factory(factory):
+    """distmesh.torch's hook: factory(collective) -> its torch ProcessGroup."""
+    global _process_group_factory
+    _process_group_factory = factory
+
 
 nccl_built = _C.NCCL_BUILT
 """Whether this build has the NCCL backend (connect_nccl, CUDA tensors): DISTMESH_NCCL=1 at
@@ -102,6 +114,7 @@ class Collective(_C.Comm):
 
     @property
     def tp_size(self):
+        """The tensor-parallel size init(tp_size=...) set (1: no TP)."""
         return self._tp_size
 
     @property
@@ -111,14 +124,17 @@ class Collective(_C.Comm):
 
     @property
     def dp_world_size(self):
+        """world_size // tp_size: the data-parallel ranks."""
         return self.world_size // self._tp_size
 
     @property
     def tp_rank(self):
+        """rank % tp_size: this rank within its tensor-parallel group."""
         return self.rank % self._tp_size
 
     @property
     def tp_world_size(self):
+        """tp_size: the ranks of this rank's tensor-parallel group."""
         return self._tp_size
 
     @property
@@ -159,8 +175,9 @@ class Collective(_C.Comm):
         """A torch.distributed ProcessGroup over this collective (distmesh.torch; imports
         torch): usable as DDP(model, process_group=...) and with the group's own methods."""
         if self._pg is None:
-            from . import torch as _dmtorch
-            self._pg = _dmtorch.ProcessGroup.from_collective(self)
+            if _process_group_factory is None:              # distmesh.torch registers it
+                importlib.import_module(__package__ + ".torch")
+            self._pg = _process_group_factory(self)
         return self._pg
 
     # ---- objects (pickled) --------------------------------------------------------------------
@@ -203,42 +220,54 @@ class Collective(_C.Comm):
 
     # ---- mpi4py's spellings: upper case takes buffers, lower case pickles objects ------------
     def Get_rank(self):
+        """mpi4py's name for rank."""
         return self.rank
 
     def Get_size(self):
+        """mpi4py's name for world_size."""
         return self.world_size
 
     def Barrier(self):
+        """mpi4py's Barrier: barrier()."""
         self.barrier()
 
     def Allreduce(self, sendbuf, recvbuf, op=ReduceOp.SUM):
+        """mpi4py's Allreduce: recvbuf = op over every rank's sendbuf (IN_PLACE: recvbuf's own)."""
         if sendbuf is IN_PLACE:
             self.all_reduce(recvbuf, op)
         else:
             self.all_reduce(recvbuf, op, send=sendbuf)
 
     def Bcast(self, buf, root=0):
+        """mpi4py's Bcast: buf from rank root, in place."""
         self.broadcast(buf, root)
 
     def Allgather(self, sendbuf, recvbuf):
+        """mpi4py's Allgather: every rank's sendbuf, in rank order, into recvbuf."""
         self.all_gather(recvbuf, sendbuf)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=ReduceOp.SUM):
+        """mpi4py's Reduce_scatter_block: this rank's block of op over every sendbuf."""
         self.reduce_scatter(recvbuf, sendbuf, op)
 
     def Alltoall(self, sendbuf, recvbuf):
+        """mpi4py's Alltoall: block j of sendbuf (IN_PLACE: recvbuf's) to rank j."""
         self.all_to_all(recvbuf, None if sendbuf is IN_PLACE else sendbuf)
 
     def Send(self, buf, dest, tag=0):
+        """mpi4py's Send: buf to rank dest."""
         self.send(buf, dest, tag)
 
     def Recv(self, buf, source, tag=0):
+        """mpi4py's Recv: buf from rank source."""
         self.recv(buf, source, tag)
 
     def allgather(self, obj):
+        """mpi4py's allgather: every rank's obj, in rank order (pickled)."""
         return self.all_gather_objects(obj)
 
     def bcast(self, obj, root=0):
+        """mpi4py's bcast: rank root's obj, returned on every rank (pickled)."""
         box = [obj]
         self.broadcast_objects(box, root)
         return box[0]
@@ -264,6 +293,7 @@ class FakeCollective(Collective):
 
     @property
     def process_group(self):
+        """None: a FakeCollective has no torch process group (as Optimus-DL's)."""
         return None
 
 
@@ -390,29 +420,36 @@ class Mesh:
 
     @property
     def world(self):
+        """The world collective the mesh was made over."""
         return self._world
 
     @property
     def dim_names(self):
+        """The dims' names, in the order the mesh was made with."""
         return self._m.dim_names()
 
     @property
     def shape(self):
+        """The dims' sizes, in dim_names' order."""
         return tuple(self._m.size(n) for n in self._m.dim_names())
 
     def rank(self, dim=None):
+        """This rank's index along dim (None: its rank in the world)."""
         return self._m.rank(dim)
 
     def size(self, dim=None):
+        """The size of dim (None: the world's size)."""
         return self._m.size(dim)
 
     def group(self, dim):
+        """The collective of the ranks that differ from this one only along dim."""
         return self._m.group(dim)
 
     def __getitem__(self, dim):
         return self._m.group(dim)
 
     def close(self):
+        """Closes the mesh and its groups (the world stays open)."""
         self._m.close()
 
     def __repr__(self):

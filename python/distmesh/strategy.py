@@ -42,24 +42,30 @@ class DistributedStrategy:
     cp_size: int = 1
 
     def resolve(self, world_size):
+        """The strategy for world_size: the sizes checked (the seed's messages) and the defaults
+        filled in (C: dm_strategy_validate)."""
         sizes = _C.strategy_validate(world_size, self.mp_replicate_size or 0, self.mp_shard_size or 0,
                                      self.dp_size or 0, self.cp_size or 0)
         return DistributedStrategy(*sizes)
 
     @property
     def model_mesh_shape(self):
+        """(mp_replicate_size, mp_shard_size)."""
         return (self.mp_replicate_size, self.mp_shard_size)
 
     @property
     def model_mesh_dim_names(self):
+        """("mp_replicate", "mp_shard")."""
         return (Dim.MP_REPLICATE.value, Dim.MP_SHARD.value)
 
     @property
     def data_mesh_shape(self):
+        """(dp_size, cp_size)."""
         return (self.dp_size, self.cp_size)
 
     @property
     def data_mesh_dim_names(self):
+        """("dp", "cp")."""
         return (Dim.DP.value, Dim.CP.value)
 
 
@@ -114,14 +120,17 @@ class DistributedInterface:
 
     @property
     def world(self):
+        """The world Collective the meshes are made over."""
         return self._world
 
     @property
     def model_mesh(self):
+        """The model mesh, mp_replicate x mp_shard."""
         return _MeshView(self._s.model_mesh())
 
     @property
     def data_mesh(self):
+        """The data mesh, dp x cp."""
         return _MeshView(self._s.data_mesh())
 
     def get_device_mesh(self, dim):
@@ -142,18 +151,23 @@ class DistributedInterface:
         return self._meshes[0 if i < 2 else 1][Dim(dim).value]
 
     def get_group(self, dim):
+        """The dim's group (a Collective)."""
         return self._s.group(_dim_index(dim))
 
     def get_rank(self, dim):
+        """This rank's index in the dim's group."""
         return self._s.rank(_dim_index(dim))
 
     def get_world_size(self, dim):
+        """The size of the dim's group."""
         return self._s.size(_dim_index(dim))
 
     def get_local_rank(self):
+        """The world's local_rank (rank among this host's ranks)."""
         return self._world.local_rank
 
     def get_local_world_size(self):
+        """The world's local_world_size (ranks on this host)."""
         return self._world.local_world_size
 
     def all_gather(self, data, dim):
@@ -174,12 +188,15 @@ class DistributedInterface:
         return data
 
     def sync(self):
+        """The world's synchronize()."""
         self._world.synchronize()
 
     def barrier(self):
+        """A barrier over the world."""
         self._world.barrier()
 
     def destroy(self):
+        """Closes the meshes, and the world when the interface made it."""
         self._s.close()
         if self._own_world:
             self._world.close()

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .collective import Collective, _ms
+from .collective import Collective, _ms, _register_process_group_factory
 
 try:                                            # torch 1.13 and 2.x
     from torch._C._distributed_c10d import ProcessGroup as _ProcessGroupBase
@@ -182,30 +182,38 @@ if _WORK_SUBCLASS:
             self._source_rank = source_rank
 
         def wait(self, timeout=None):           # the request's own deadline (DISTMESH_TIMEOUT) holds
+            """Waits for the call (timeout unused); True, or its failure raised."""
             self._call.finish()
             return True
 
         def get_future(self):
+            """A torch Future of the call's result, completed by the group's completer thread."""
             if self._fut is None:
                 self._fut = _future_of(self._call, self._completer)
             return self._fut
 
         def is_completed(self):
+            """Whether the call has completed (does not wait)."""
             return self._call.poll()
 
         def is_success(self):
+            """Whether the call has completed without a failure."""
             return self._call.poll() and self._call.error is None
 
         def exception(self):
+            """The call's failure once it has completed, else None."""
             return self._call.error if self._call.poll() else None
 
         def result(self):
+            """Waits for the call; its result (the tensors torch gave it)."""
             return self._call.finish()
 
         def source_rank(self):
+            """The rank a recv names (-1 for other calls)."""
             return self._source_rank
 
         def synchronize(self):                  # CPU tensors: nothing to order on a stream
+            """Nothing: CPU tensors have no stream to order."""
             pass
 else:
     Work = None
@@ -263,6 +271,7 @@ class ProcessGroup(_ProcessGroupBase):
 
     @classmethod
     def from_collective(cls, coll):
+        """A process group over coll, a distmesh Collective you have."""
         return cls(coll)
 
     @property
@@ -271,20 +280,25 @@ class ProcessGroup(_ProcessGroupBase):
         return self._coll
 
     def getBackendName(self):
+        """"distmesh"."""
         return BACKEND
 
     # torch 2.x keeps a group's name in its backends, which a Python group has none of: kept
     # here (functional collectives and DeviceMesh find the group by it)
     def getGroupName(self):
+        """The name torch gave this group ("" until it names it)."""
         return self._group_name
 
     def setGroupName(self, name):
+        """Keeps the name torch gives this group."""
         self._group_name = name
 
     def getGroupDesc(self):
+        """The description torch gave this group."""
         return self._group_desc
 
     def setGroupDesc(self, desc):
+        """Keeps the description torch gives this group."""
         self._group_desc = desc
 
     def _get_sequence_number_for_group(self):
@@ -306,19 +320,23 @@ class ProcessGroup(_ProcessGroupBase):
 
     # ---- collectives -------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
+        """torch's allreduce of one tensor, in place; a Work."""
         t = _one(tensors, "allreduce")
         return self._work(self._coll.all_reduce(t, _op(opts), async_op=True), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
+        """torch's allreduce of each tensor, in issue order; one Work."""
         op = _op(opts)
         reqs = [self._coll.all_reduce(_cpu(t, "allreduce_coalesced"), op, async_op=True) for t in tensors]
         return self._work(reqs or [self._coll.barrier(async_op=True)], tensors)
 
     def broadcast(self, tensors, opts=None):
+        """torch's broadcast of one tensor from opts.rootRank; a Work."""
         t = _one(tensors, "broadcast")
         return self._work(self._coll.broadcast(t, _root(opts), async_op=True), tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        """torch's allgather: every rank's tensor into output_tensors[0], a list; a Work."""
         t = _one(input_tensors, "allgather")
         if len(output_tensors) != 1:
             raise ValueError("distmesh: allgather takes one output list per call")
@@ -326,17 +344,20 @@ class ProcessGroup(_ProcessGroupBase):
         return self._work(req, output_tensors)
 
     def _allgather_base(self, output, input, opts=None):
+        """torch's allgather into one flat tensor: every rank's input, in rank order; a Work."""
         return self._work(self._coll.all_gather(_cpu(output, "allgather"), _cpu(input, "allgather"),
                                                 async_op=True), [output])
 
     all_gather_single = _allgather_base         # torch 2.x's name
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """torch's allgather of each input into its output list; one Work."""
         reqs = [self._coll.all_gather_to_list(outs, _cpu(t, "allgather_coalesced"), async_op=True)
                 for outs, t in zip(output_lists, input_list)]
         return self._work(reqs or [self._coll.barrier(async_op=True)], output_lists)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        """torch's allgather of each input into its flat output; one Work."""
         reqs = [self._coll.all_gather(_cpu(o, "allgather_into_tensor_coalesced"), _cpu(i, "allgather"),
                                       async_op=True) for o, i in zip(outputs, inputs)]
         return self._work(reqs or [self._coll.barrier(async_op=True)], outputs)
@@ -344,6 +365,7 @@ class ProcessGroup(_ProcessGroupBase):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        """torch's reduce_scatter: this rank's block of op over input_tensors[0], a list; a Work."""
         out = _one(output_tensors, "reduce_scatter")
         if len(input_tensors) != 1:
             raise ValueError("distmesh: reduce_scatter takes one input list per call")
@@ -351,6 +373,7 @@ class ProcessGroup(_ProcessGroupBase):
         return self._work(self._coll.reduce_scatter(out, send, _op(opts), async_op=True), output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):
+        """torch's reduce_scatter of one flat tensor: this rank's block of op over input; a Work."""
         req = self._coll.reduce_scatter(_cpu(output, "reduce_scatter"), _cpu(input, "reduce_scatter"), _op(opts),
                                         async_op=True)
         return self._work(req, [output])
@@ -358,6 +381,7 @@ class ProcessGroup(_ProcessGroupBase):
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        """torch's reduce_scatter of each flat input into its output; one Work."""
         op = _op(opts)
         reqs = [self._coll.reduce_scatter(_cpu(o, "reduce_scatter_tensor_coalesced"), _cpu(i, "reduce_scatter"),
                                           op, async_op=True) for o, i in zip(outputs, inputs)]
@@ -366,10 +390,12 @@ class ProcessGroup(_ProcessGroupBase):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def reduce(self, tensors, opts=None):
+        """torch's reduce of one tensor to opts.rootRank; a Work."""
         t = _one(tensors, "reduce")
         return self._work(self._coll.reduce(t, _root(opts), _op(opts), async_op=True), tensors)
 
     def gather(self, output_tensors, input_tensors, opts=None):
+        """torch's gather of one tensor into the root's list output_tensors[0]; a Work."""
         t = _one(input_tensors, "gather")
         root = _root(opts)
         if self._coll.rank != root:
@@ -380,12 +406,14 @@ class ProcessGroup(_ProcessGroupBase):
         return self._work(req, output_tensors, _copy_out(flat, outs))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
+        """torch's scatter of the root's list input_tensors[0], one tensor each; a Work."""
         out = _one(output_tensors, "scatter")
         root = _root(opts)
         send = _flat(input_tensors[0]) if self._coll.rank == root else None
         return self._work(self._coll.scatter(out, send, root, async_op=True), output_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """torch's all_to_all_single: blocks of equal size, or by split sizes in rows of dim 0; a Work."""
         _cpu(output, "alltoall_base")
         _cpu(input, "alltoall_base")
         if not output_split_sizes and not input_split_sizes:
@@ -404,6 +432,7 @@ class ProcessGroup(_ProcessGroupBase):
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
+        """torch's alltoall: input_tensors[j] to rank j, rank j's into output_tensors[j]; a Work."""
         send = _flat(input_tensors)
         recv = torch.empty(sum(o.numel() for o in output_tensors), dtype=send.dtype)
         req = self._coll.all_to_all_v(recv, [o.numel() for o in output_tensors], send,
@@ -411,17 +440,21 @@ class ProcessGroup(_ProcessGroupBase):
         return self._work(req, output_tensors, _copy_out(recv, output_tensors))
 
     def send(self, tensors, dstRank, tag=0):
+        """torch's send of one tensor to dstRank; a Work."""
         t = _one(tensors, "send")
         return self._work(self._coll.send(t, dstRank, tag, async_op=True), tensors)
 
     def recv(self, tensors, srcRank, tag=0):
+        """torch's recv of one tensor from srcRank; a Work."""
         t = _one(tensors, "recv")
         return self._work(self._coll.recv(t, srcRank, tag, async_op=True), tensors, source_rank=srcRank)
 
     def recv_anysource(self, tensors, tag=0):
+        """Not supported: raises RuntimeError (distmesh receives from a named rank)."""
         raise RuntimeError("distmesh: recv from any source is not supported (name the source rank)")
 
     def barrier(self, opts=None):
+        """A barrier over the group; a Work."""
         return self._work(self._coll.barrier(async_op=True), None)
 
 
@@ -478,6 +511,7 @@ def _register():
 
 
 _register()
+_register_process_group_factory(ProcessGroup.from_collective)     # Collective.process_group
 
 
 def device_mesh(shape, names, world_size=None):

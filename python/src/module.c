@@ -31,6 +31,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -121,37 +122,53 @@ static int dmpy_str(PyObject* o, const char* what, const char** out) {
 
 /* ============================================================================================ */
 /* >>errors  distmesh.Error(RuntimeError) carries .status (the dm_status, negative), .status_name
-   ("DM_ERR_PEER_LOST") and .message; one subclass per status. InvalidArgument is a ValueError
-   too. */
-typedef struct { dm_status status; const char* name; const char* doc; } dmpy_err_def;
-static const dmpy_err_def dmpy_err_defs[] = {
-    { DM_ERR_INVALID_ARG, "InvalidArgument", "An argument the C library refused (also a ValueError)." },
-    { DM_ERR_OUT_OF_MEMORY, "OutOfMemory", "An allocation failed." },
-    { DM_ERR_UNSUPPORTED, "Unsupported", "Not provided by this backend or build." },
-    { DM_ERR_INTERNAL, "InternalError", "A distmesh invariant broke." },
-    { DM_ERR_TIMEOUT, "Timeout", "A deadline passed waiting for peers." },
-    { DM_ERR_PEER_LOST, "PeerLost", "A peer closed its connection or died." },
-    { DM_ERR_MISMATCH, "Mismatch", "Ranks called mismatched collectives." },
-    { DM_ERR_NETWORK, "NetworkError", "A network error." },
-    { DM_ERR_PROTOCOL, "ProtocolError", "Malformed or unexpected bytes from a peer." },
-    { DM_ERR_NOT_FOUND, "NotFound", "A key or item was not found." },
-    { DM_ERR_REFUSED, "Refused", "A connection was refused by authentication." },
-    { DM_ERR_ENV, "EnvError", "A malformed environment variable." },
-    { DM_ERR_CUDA, "CudaError", "A CUDA error." },
-    { DM_ERR_NCCL, "NcclError", "An NCCL error." },
-    { DM_ERR_ABORTED, "Aborted", "The collective was aborted (dm_abort, Ctrl-C, or an earlier failure)." },
-    { DM_ERR_IO, "FileSystemError", "A file system error." },
-    { DM_ERR_BUSY, "Busy", "The collective is in use by another thread." },
+   ("DM_ERR_PEER_LOST") and .message; one subclass per failure status of DM_STATUS_LIST, made
+   here from the list itself, so a status added to distmesh.h gets its class with no edit here.
+   The class name: the C name without "ERR_", each word capitalized (ERR_PEER_LOST -> PeerLost),
+   except where dmpy_err_renames gives the name Python users already catch. Its docstring is
+   the C text (dm_strerror). InvalidArgument is a ValueError too. */
+#define _DMPY_X(name, val, text) + 1
+enum { DMPY_NSTATUS = 0 DM_STATUS_LIST(_DMPY_X) };
+#undef _DMPY_X
+typedef struct { dm_status status; const char* c_name; } dmpy_status_def;
+static const dmpy_status_def dmpy_statuses[DMPY_NSTATUS] = {
+#define _DMPY_X(name, val, text) { DM_##name, #name },
+    DM_STATUS_LIST(_DMPY_X)
+#undef _DMPY_X
 };
-#define DMPY_NERR ((int)(sizeof(dmpy_err_defs) / sizeof(dmpy_err_defs[0])))
+typedef struct { dm_status status; const char* name; } dmpy_err_rename;
+static const dmpy_err_rename dmpy_err_renames[] = {
+    { DM_ERR_INVALID_ARG, "InvalidArgument" }, { DM_ERR_INTERNAL, "InternalError" },
+    { DM_ERR_NETWORK, "NetworkError" },        { DM_ERR_PROTOCOL, "ProtocolError" },
+    { DM_ERR_ENV, "EnvError" },                { DM_ERR_CUDA, "CudaError" },
+    { DM_ERR_NCCL, "NcclError" },              { DM_ERR_IO, "FileSystemError" },
+};
 static PyObject* dmpy_Error;
-static PyObject* dmpy_errs[DMPY_NERR];
+static PyObject* dmpy_errs[DMPY_NSTATUS];   /* by index in dmpy_statuses; NULL for DM_OK */
 
 static PyObject* dmpy_err_class(dm_status st) {
     int i;
-    for (i = 0; i < DMPY_NERR; i++)
-        if (dmpy_err_defs[i].status == st) return dmpy_errs[i];
+    for (i = 0; i < DMPY_NSTATUS; i++)
+        if (dmpy_statuses[i].status == st && dmpy_errs[i]) return dmpy_errs[i];
     return dmpy_Error;
+}
+/* The Python class name of a failure status: the rename, else ERR_PEER_LOST -> PeerLost. */
+static void dmpy_err_name(const dmpy_status_def* s, char* out, size_t cap) {
+    const char* p = s->c_name;
+    size_t i, n = 0;
+    int up = 1;
+    for (i = 0; i < sizeof(dmpy_err_renames) / sizeof(dmpy_err_renames[0]); i++)
+        if (dmpy_err_renames[i].status == s->status) {
+            snprintf(out, cap, "%s", dmpy_err_renames[i].name);
+            return;
+        }
+    if (strncmp(p, "ERR_", 4) == 0) p += 4;
+    for (; *p && n + 1 < cap; p++) {
+        if (*p == '_') { up = 1; continue; }
+        out[n++] = up ? (char)toupper((unsigned char)*p) : (char)tolower((unsigned char)*p);
+        up = 0;
+    }
+    out[n] = '\0';
 }
 /* The exception instance for st: "<message> [DM_ERR_...]", with its attributes set. */
 static PyObject* dmpy_error_new(dm_status st, const char* msg) {
@@ -190,23 +207,52 @@ static PyObject* dmpy_raise(dm_status st, const char* msg) {
     return NULL;
 }
 
+/* Error, then one class per failure status; _C.STATUSES lists every entry of DM_STATUS_LIST as
+   (value, "DM_..." name, C text, class or None for DM_OK), in the list's order. */
 static int dmpy_errors_init(PyObject* m) {
+    PyObject* list;
     int i;
     dmpy_Error = PyErr_NewExceptionWithDoc("distmesh.Error",
         "A distmesh failure: .status (the C status, negative), .status_name, .message.", PyExc_RuntimeError, NULL);
     if (!dmpy_Error || PyModule_AddObjectRef(m, "Error", dmpy_Error) < 0) return -1;
-    for (i = 0; i < DMPY_NERR; i++) {
-        char name[64];
-        PyObject* bases = dmpy_err_defs[i].status == DM_ERR_INVALID_ARG
-                              ? PyTuple_Pack(2, dmpy_Error, PyExc_ValueError)
-                              : PyTuple_Pack(1, dmpy_Error);
-        if (!bases) return -1;
-        snprintf(name, sizeof(name), "distmesh.%s", dmpy_err_defs[i].name);
-        dmpy_errs[i] = PyErr_NewExceptionWithDoc(name, dmpy_err_defs[i].doc, bases, NULL);
-        Py_DECREF(bases);
-        if (!dmpy_errs[i] || PyModule_AddObjectRef(m, dmpy_err_defs[i].name, dmpy_errs[i]) < 0) return -1;
+    if (!(list = PyTuple_New(DMPY_NSTATUS))) return -1;
+    for (i = 0; i < DMPY_NSTATUS; i++) {
+        const dmpy_status_def* s = &dmpy_statuses[i];
+        const char* text = dm_strerror(s->status);
+        char name[64], qual[80], doc[320];
+        PyObject *bases, *entry;
+        if (s->status != DM_OK) {
+            dmpy_err_name(s, name, sizeof(name));
+            snprintf(qual, sizeof(qual), "distmesh.%s", name);
+            snprintf(doc, sizeof(doc), "%c%s (%s = %d)%s.", toupper((unsigned char)text[0]), text + 1,
+                     dm_status_name(s->status), (int)s->status,
+                     s->status == DM_ERR_INVALID_ARG ? "; also a ValueError" : "");
+            bases = s->status == DM_ERR_INVALID_ARG ? PyTuple_Pack(2, dmpy_Error, PyExc_ValueError)
+                                                    : PyTuple_Pack(1, dmpy_Error);
+            if (!bases) goto fail;
+            dmpy_errs[i] = PyErr_NewExceptionWithDoc(qual, doc, bases, NULL);
+            Py_DECREF(bases);
+            if (!dmpy_errs[i] || PyModule_AddObjectRef(m, name, dmpy_errs[i]) < 0) goto fail;
+        }
+        entry = Py_BuildValue("(issO)", (int)s->status, dm_status_name(s->status), text,
+                              dmpy_errs[i] ? dmpy_errs[i] : Py_None);
+        if (!entry) goto fail;
+        PyTuple_SET_ITEM(list, i, entry);
     }
+    if (PyModule_AddObjectRef(m, "STATUSES", list) < 0) goto fail;
+    Py_DECREF(list);
     return 0;
+fail:
+    Py_DECREF(list);
+    return -1;
+}
+/* _C._error(status, message) -> the exception instance distmesh raises for status (tests). */
+static PyObject* dmpy_m_error(PyObject* mod, PyObject* args) {
+    int st;
+    const char* msg;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "is:_error", &st, &msg)) return NULL;
+    return dmpy_error_new((dm_status)st, msg);
 }
 
 /* ============================================================================================ */
@@ -2445,6 +2491,7 @@ static PyMethodDef dmpy_module_methods[] = {
     { "_set_comm_class", dmpy_m_set_comm_class, METH_O, "the class C-made collectives get" },
     { "_set_op_converter", dmpy_m_set_op_converter, METH_O, "op -> int for non-int ops" },
     { "_open_handles", dmpy_m_open_handles, METH_NOARGS, "holders not closed yet (tests)" },
+    { "_error", dmpy_m_error, METH_VARARGS, "_error(status, message) -> the exception raised for status (tests)" },
     { NULL, NULL, 0, NULL }
 };
 static struct PyModuleDef dmpy_module = {

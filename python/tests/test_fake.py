@@ -2,6 +2,10 @@
 buffer kinds the package takes, and its refusals: no processes, no threads."""
 import array
 import gc
+import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -185,6 +189,82 @@ def test_errors_are_typed():
     c.close()
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+
+
+def _c_status_list():
+    """distmesh.h's DM_STATUS_LIST as (name, value, text), read from the header's source."""
+    with open(os.path.join(_ROOT, "distmesh.h")) as f:
+        src = f.read()
+    block = src[src.index("#define DM_STATUS_LIST(X)"):]
+    block = block[:block.index("\n\n")]
+    return [(n, int(v), t) for n, v, t in re.findall(r'X\((\w+),\s*(-?\d+),\s*"([^"]*)"\)', block)]
+
+
+def test_every_c_status_has_its_class():
+    """Each failure status of distmesh.h's DM_STATUS_LIST has its class (made by the extension
+    from the list): in distmesh and its __all__, in _C.STATUSES, in _C.pyi with the same bases,
+    raised with .status, .status_name and .message, its docstring the C text."""
+    statuses = _c_status_list()
+    assert len(statuses) >= 18 and statuses[0] == ("OK", 0, "success")
+    assert [(n, v, t) for v, n, t, _ in distmesh._C.STATUSES] == [("DM_" + n, v, t) for n, v, t in statuses]
+    classes = {}
+    for v, name, text, cls in distmesh._C.STATUSES:
+        if v == 0:
+            assert cls is None
+            continue
+        assert issubclass(cls, distmesh.Error) and getattr(distmesh, cls.__name__) is cls
+        assert cls.__name__ in distmesh.__all__ and cls.__module__ == "distmesh"
+        assert cls.__doc__.lower().startswith(text.lower()) and name in cls.__doc__
+        e = distmesh._C._error(v, "what went wrong")
+        assert type(e) is cls and (e.status, e.status_name, e.message) == (v, name, "what went wrong")
+        assert isinstance(e, ValueError) == (name == "DM_ERR_INVALID_ARG")
+        classes[cls.__name__] = "Error, ValueError" if issubclass(cls, ValueError) else "Error"
+    assert len(classes) == len(statuses) - 1
+    with open(os.path.join(_ROOT, "python", "distmesh", "_C.pyi")) as f:
+        stub = dict(re.findall(r"^class (\w+)\((Error(?:, ValueError)?)\)", f.read(), re.M))
+    assert stub == classes
+    e = distmesh._C._error(-1000, "odd")        # a status the list lacks: the base class
+    assert type(e) is distmesh.Error and e.status_name == "DM_UNKNOWN_STATUS"
+
+
+def _public_without_docstring(module):
+    """module's public functions and classes, and their classes' public methods and properties
+    (those defined in distmesh), that have no docstring."""
+    import inspect
+    kinds = (staticmethod, classmethod, property, type(str.join), type(int.real), type(object.__dict__["__doc__"]),
+             type(vars(type(gc.callbacks)).get("append")))
+    missing = []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if not (inspect.isclass(obj) or callable(obj)):
+            continue                                    # constants (IN_PLACE, BACKEND, nccl_built)
+        if not (obj.__doc__ or "").strip():
+            missing.append("%s.%s" % (module.__name__, name))
+        if not inspect.isclass(obj):
+            continue
+        for cls in obj.__mro__:
+            if not cls.__module__.startswith("distmesh"):
+                continue
+            for k, v in vars(cls).items():
+                if k.startswith("_") or not (inspect.isfunction(v) or isinstance(v, kinds)):
+                    continue
+                doc = v.__func__.__doc__ if isinstance(v, (staticmethod, classmethod)) else v.__doc__
+                if not (doc or "").strip():
+                    missing.append("%s.%s.%s" % (module.__name__, cls.__name__, k))
+    return sorted(set(missing))
+
+
+def test_every_public_name_has_a_docstring():
+    """Every public function and class of distmesh and distmesh.torch (when torch imports), and
+    every public method and property of their classes (the extension's too), has a docstring."""
+    assert _public_without_docstring(distmesh) == []
+    if torch is not None:
+        import distmesh.torch as dmtorch
+        assert _public_without_docstring(dmtorch) == []
+
+
 def test_close_closes_dependents_first():
     gc.collect()                                # earlier tests' garbage closes now, not midway
     c = distmesh.FakeCollective(0, 1)
@@ -230,6 +310,29 @@ def test_process_group_of_a_collective_trains_ddp():
     ddp(torch.randn(3, 4)).sum().backward()
     assert model.weight.grad is not None
     c.close()
+
+
+def test_collective_module_does_not_import_torch_module():
+    """collective.py imports nothing of distmesh.torch (which imports it and registers
+    Collective.process_group's maker); in a fresh interpreter the property loads distmesh.torch
+    the first time and returns its ProcessGroup."""
+    import ast
+    with open(os.path.join(_ROOT, "python", "distmesh", "collective.py")) as f:
+        tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            assert node.module != "torch" and "torch" not in [a.name for a in node.names], ast.dump(node)
+    if torch is None:
+        return
+    code = ("import sys, distmesh\n"
+            "c = distmesh.init()\n"
+            "assert 'distmesh.torch' not in sys.modules\n"
+            "pg = c.process_group\n"
+            "import distmesh.torch\n"
+            "assert type(pg) is distmesh.torch.ProcessGroup and pg.collective is c and c.process_group is pg\n"
+            "c.close()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
 
 
 def test_sigint_between_calls_reaches_pythons_handler():
