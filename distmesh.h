@@ -115,6 +115,7 @@
        >>kernels                 dm_reduce_local, dm_divide_local
        >>log stderr              dm_log_stderr
        >>env                     strict parsing of variables, dm_env_detect
+       >>core state              what the core keeps per collective beside the public struct
        >>trace hooks             what the core calls of distmesh_trace.h (the flight recorder
                                  and the timeline); its stand-ins under DISTMESH_NO_TRACE
      implementation: the object and its calls
