@@ -81,12 +81,12 @@
        >>tcp libc                the GNU and BSD calls, declared when the includer's mode hid them
        >>tcp state               constants, the hello's handshake state, the group (_dm_tcp)
        >>tcp little helpers      wire integers, a hash
-       >>tcp links               the socket link (distmesh.h >>links)
+       >>tcp socket include      distmesh_socket.h: the socket link (distmesh.h >>links), its
+                                 striping; socket options, waits on one socket
        >>tcp notices             the first failure, posted to the store and read back
-       >>tcp shm                 the shared segment of a host: rings, bells, futexes
-       >>tcp loss                the watcher that wakes sleepers when a same-host peer dies
+       >>tcp shm include         distmesh_shm.h's segment part: the shared segment of a host
+                                 (rings, bells, futexes), its setup, the loss watcher
        >>tcp addresses           "host:port" and sockaddr, the interface choice
-       >>tcp sockets             same machine?, socket options, waits on one socket
        >>tcp watch               ending create or split when a member dies
        >>tcp hello               the connector's side of the token handshake
        >>tcp accept              the listener's side: handshakes from any wait, accepting
@@ -116,8 +116,9 @@
    PRIVATE NAMES  _dm_ / _DM_ for every private function, type and macro, then the part:
        _dm_store_ _dm_st_ ...    the store's (distmesh_store.h, PRIVATE NAMES)
        _dm_tcp_ _DM_TCP_         the TCP backend (_dm_tcp_eng_: its hooks in the core's engine)
-       _dm_sock_                 the socket link; _dm_shm_ _dm_futex_ _dm_membarrier_ the shared
-                                 segment, its bells and fences
+       _dm_sock_                 the socket link (distmesh_socket.h); _dm_shm_ _dm_futex_
+                                 _dm_membarrier_ the shared segment, its bells and fences
+                                 (distmesh_shm.h)
        _dm_hl_                   Slurm hostlists
        _dm_eng_ _dm_coll_ _dm_peers_ ...   the core's (distmesh.h, PRIVATE NAMES)
 */
@@ -256,8 +257,6 @@ typedef struct _dm_ucred { pid_t pid; uid_t uid; gid_t gid; } _dm_ucred;
 #define _DM_TCP_ACK_MAGIC   0x41544d44u   /* "DMTA": hello answer */
 #define _DM_TCP_CHAL_MAGIC  0x43544d44u   /* "DMTC": the acceptor's challenge */
 #define _DM_TCP_VERSION     2u            /* 2: challenge-response hello */
-#define _DM_TCP_SOCKBUF     (4 << 20)           /* SO_SNDBUF / SO_RCVBUF when the kernel allows */
-#define _DM_TCP_MAX_SOCKETS 16                  /* sockets per peer at most */
 
 enum { _DM_TCP_ACK_OK = 0, _DM_TCP_ACK_TOKEN = 1, _DM_TCP_ACK_GROUP = 2, _DM_TCP_ACK_RANK = 3 };
 
@@ -297,11 +296,11 @@ typedef struct _dm_tcp {
     struct sockaddr_storage self_sa; /* where this rank listened (split listens there again) */
     _dm_eng lk;                 /* links, scratch, broken state: the core's engine (distmesh.h) */
     int transport;              /* _DM_TCP_AUTO, _SHM or _SOCKETS: what the desc asked for */
-    unsigned char* shm;         /* the same-host segment (see >>tcp shm), or NULL */
+    unsigned char* shm;         /* the same-host segment (see distmesh_shm.h >>shm segment), or NULL */
     size_t shm_size;
     int shm_vote;               /* the group's: 2 when every host with 2+ ranks has a segment */
     int shm_slot;               /* which of the segment's abort words is this group's */
-    struct _dm_shm_watch* watch; /* wakes this rank when a same-host peer dies (>>tcp loss) */
+    struct _dm_shm_watch* watch; /* wakes this rank when a same-host peer dies (>>shm loss) */
     char transport_name[16];
     /* only while create / split builds this group (see >>tcp watch) */
     struct dm_store* rdv;       /* a clone of store whose requests end by rdv_deadline */
@@ -358,122 +357,9 @@ _DM_PRIVATE uint64_t _dm_tcp_hash(uint64_t seed, const char* a, const char* b) {
     return h ^ (h >> 31);
 }
 
-/* >>tcp links  Each peer's socket is a link (distmesh.h, >>links): the schedules and the engine
-   are the core's. Sockets stay nonblocking; every call moves what the kernel takes now.
-   System calls are what small messages cost, so a send gathers every ready step (sendmsg of
-   fingerprint and payload together), and a small receive reads ahead: whatever else has
-   arrived lands in the link's buffer with it (one recvmsg for a fingerprint and its payload)
-   and later receives take it from there. The engine asks the kernel (poll) only after a
-   receive found the buffer empty, so nothing waits there unseen. */
-#define _DM_SOCK_READAHEAD ((size_t)16 << 10)  /* receives below this read ahead into the buffer */
-/* Several sockets per peer (DISTMESH_SOCKETS_PER_PEER): from the offset where both ends took
-   the extra sockets on (base, the same at both ends), the stream is cut into stripes of
-   _DM_SOCK_STRIPE bytes that go to the sockets in turn, stripe i on socket i % nsock, so both
-   ends know where any byte travels from its offset alone and the order is kept; a large
-   message keeps every socket's flow busy at once, a small one costs one socket. Stripe 0 is
-   on the first socket, so bytes read ahead there before the switch are already in place. */
-#define _DM_SOCK_STRIPE ((uint64_t)64 << 10)
-typedef struct _dm_socklink {
-    _dm_link base;              /* base.fd: fds[0] */
-    int nsock;
-    int fds[_DM_TCP_MAX_SOCKETS]; /* borrowed from _dm_tcp.fds */
-    uint64_t sent, taken;       /* stream bytes sent, and handed to the engine */
-    uint64_t sbase, tbase;      /* where the stripes start in each direction */
-    size_t rpos, rend;          /* buffered bytes not yet taken: rbuf[rpos, rend) */
-    unsigned char rbuf[_DM_SOCK_READAHEAD];
-} _dm_socklink;
-/* The socket that carries stream offset pos (stripes from base), and how many bytes from pos
-   stay on it. */
-static int _dm_sock_at(const _dm_socklink* s, uint64_t pos, uint64_t base, size_t* room) {
-    uint64_t at = pos - base;
-    if (s->nsock == 1) { *room = SIZE_MAX; return s->fds[0]; }
-    *room = (size_t)(_DM_SOCK_STRIPE - at % _DM_SOCK_STRIPE);
-    return s->fds[(at / _DM_SOCK_STRIPE) % (uint64_t)s->nsock];
-}
-static ptrdiff_t _dm_sock_result(ssize_t k, int* err) {
-    if (k >= 0) return (ptrdiff_t)k;
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-    *err = errno;
-    return -1;
-}
-static ptrdiff_t _dm_sock_sendv(_dm_link* l, const _dm_iov* iov, int n, int* err) {
-    _dm_socklink* s = (_dm_socklink*)l;
-    struct iovec v[_DM_LINK_IOV_MAX];
-    struct msghdr mh;
-    size_t room;
-    int fd = _dm_sock_at(s, s->sent, s->sbase, &room), i, m = 0;
-    ptrdiff_t k;
-    for (i = 0; i < n && room > 0; i++) {      /* no further than the stripe's end */
-        size_t len = iov[i].len < room ? iov[i].len : room;
-        if (len == 0) continue;
-        v[m].iov_base = (void*)(uintptr_t)iov[i].buf; v[m].iov_len = len; m++;
-        room -= len;
-    }
-    memset(&mh, 0, sizeof(mh));
-    mh.msg_iov = v;
-    mh.msg_iovlen = (size_t)m;
-    k = _dm_sock_result(sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL), err);
-    if (k > 0) s->sent += (uint64_t)k;
-    return k;
-}
-static ptrdiff_t _dm_sock_send(_dm_link* l, const void* buf, size_t n, int* err) {
-    _dm_iov one;
-    one.buf = buf;
-    one.len = n;
-    return _dm_sock_sendv(l, &one, 1, err);
-}
-static ptrdiff_t _dm_sock_recv(_dm_link* l, void* buf, size_t n, int* err) {
-    _dm_socklink* s = (_dm_socklink*)l;
-    struct iovec v[2];
-    struct msghdr mh;
-    size_t room, ahead;
-    int fd;
-    ssize_t k;
-    if (s->rpos < s->rend) {            /* read ahead earlier (never past the stripe it came from) */
-        size_t m = s->rend - s->rpos < n ? s->rend - s->rpos : n;
-        memcpy(buf, s->rbuf + s->rpos, m);
-        s->rpos += m;
-        s->taken += m;
-        return (ptrdiff_t)m;
-    }
-    fd = _dm_sock_at(s, s->taken, s->tbase, &room);
-    if (n > room) n = room;
-    ahead = room - n < sizeof(s->rbuf) ? room - n : sizeof(s->rbuf);
-    if (n >= _DM_SOCK_READAHEAD || ahead == 0) k = recv(fd, buf, n, MSG_DONTWAIT);
-    else {
-        v[0].iov_base = buf; v[0].iov_len = n;
-        v[1].iov_base = s->rbuf; v[1].iov_len = ahead;
-        memset(&mh, 0, sizeof(mh));
-        mh.msg_iov = v;
-        mh.msg_iovlen = 2;
-        k = recvmsg(fd, &mh, MSG_DONTWAIT);
-        if (k > (ssize_t)n) { s->rpos = 0; s->rend = (size_t)k - n; k = (ssize_t)n; }
-    }
-    if (k == 0) { *err = 0; return -1; }        /* end of stream: the peer is gone */
-    if (k > 0) s->taken += (uint64_t)k;
-    return _dm_sock_result(k, err);
-}
-/* Bytes read ahead and not yet taken (none may be left when a link is swapped for shm). */
-static size_t _dm_sock_pending(const _dm_link* l) {
-    const _dm_socklink* s = (const _dm_socklink*)l;
-    return s->rend - s->rpos;
-}
-/* The engine polls for a receive only once the buffer is empty: the next byte is at taken. */
-static int _dm_sock_pollfd(_dm_link* l, bool out) {
-    _dm_socklink* s = (_dm_socklink*)l;
-    size_t room;
-    return out ? _dm_sock_at(s, s->sent, s->sbase, &room) : _dm_sock_at(s, s->taken + _dm_sock_pending(l), s->tbase, &room);
-}
-static void _dm_sock_shutdown(_dm_link* l) {
-    _dm_socklink* s = (_dm_socklink*)l;
-    int i;
-    for (i = 0; i < s->nsock; i++) shutdown(s->fds[i], SHUT_RDWR);
-}
-static void _dm_sock_destroy(_dm_link* l, const dm_allocator* a) { _dm_free(a, l); }   /* fds[] owns the fds */
-static const _dm_link_vt _dm_sock_vt = {
-    "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy, 0, _dm_sock_sendv,
-    _dm_sock_pollfd
-};
+/* >>tcp socket include  The socket transport (distmesh_socket.h: >>socket link,
+   >>socket options): each peer's socket is a link (distmesh.h, >>links). */
+#include "distmesh_socket.h"
 
 _DM_COLD_BEGIN
 /* >>tcp notices  The first failure a rank sees itself goes into the store as "<prefix>abort"
@@ -537,344 +423,12 @@ static dm_status _dm_tcp_notice_read(_dm_eng* lk, int* rank, char* msg, size_t c
 }
 
 _DM_COLD_END
-/* >>tcp shm  Ranks of one group on one host talk through a shared segment: a memfd the group's
-   lowest local rank creates and the others open through /proc/<pid>/fd/<fd>, so nothing is
-   ever named in /dev/shm and the memory goes with the last mapping, kill -9 included. Every
-   member checks a random nonce in the header, so a segment that is not really shared (another
-   pid namespace, another host with the same name) is refused, not trusted. Layout:
-     header       64 B   magic u64, nonce[16], local size u32, 0 u32, ring cap u64, stride u64,
-                         total bytes u64
-     abort   8 x 256 B   the first failure (_dm_abort): the group's, then one per dm_shrink that
-                         keeps the segment (>>tcp shrink)
-     bells     L x 64 B  one per local rank (_dm_bell)
-     rings   L*L x stride, stride = sizeof(_dm_ring) + cap: ring [i*L + j] carries i -> j
-   The socket to each same-host peer stays open as the side channel: its end of stream is how a
-   waiter learns that a peer died (a dead process rings no bell). */
-#define _DM_SHM_MAGIC 0x314d48534d44ull        /* "DMSHM1" */
-#define _DM_SHM_HEADER 64
-#define _DM_SHM_ABORTS 8
-typedef struct _dm_shm_msg {                    /* leader -> member over the socket, 40 bytes */
-    unsigned char pid[4], fd[4], size[8], nonce[16], pad[8];
-} _dm_shm_msg;
+/* >>tcp shm include  The shared-memory transport's segment and loss watcher (distmesh_shm.h:
+   >>shm segment, >>shm loss), here: after the group (>>tcp state) they work on and the socket
+   link (>>tcp socket include) whose links they replace. Its memory rings came with the core. */
+#include "distmesh_shm.h"
 
-static void _dm_futex_wait(void* ctx, _dm_bell* b, uint32_t seen, int ms) {
-    struct timespec ts;
-    (void)ctx;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    syscall(SYS_futex, &b->seq, FUTEX_WAIT, seen, &ts, NULL, 0);
-}
-static void _dm_futex_wake(void* ctx, _dm_bell* b) {
-    (void)ctx;
-    syscall(SYS_futex, &b->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-static const _dm_bell_ops _dm_futex_bell = { _dm_futex_wait, _dm_futex_wake, NULL, NULL };
-
-/* The heavy side of the bell's asymmetric barrier (see _dm_bell): a full fence on every core
-   that runs a thread of a registered process. Registering is once per process; a host's group
-   uses it only when every one of its ranks registered (the setup's vote), else full fences. */
-#if defined(SYS_membarrier)
-/* the kernel ABI's values (linux/membarrier.h has them as enum constants, since Linux 4.16) */
-#define _DM_MEMBARRIER_GLOBAL_EXPEDITED 2
-#define _DM_MEMBARRIER_REGISTER_GLOBAL_EXPEDITED 4
-static bool _dm_membarrier_register(void) {
-    static int state;           /* 0 not tried, 1 registered, 2 unavailable */
-    int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-    if (s == 0) {
-        s = syscall(SYS_membarrier, _DM_MEMBARRIER_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0 ? 1 : 2;
-        __atomic_store_n(&state, s, __ATOMIC_RELEASE);
-    }
-    return s == 1;
-}
-static void _dm_membarrier(void) {
-    if (syscall(SYS_membarrier, _DM_MEMBARRIER_GLOBAL_EXPEDITED, 0, 0) != 0)
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);   /* cannot fail once registered; a lost wake-up costs a slice */
-}
-static const _dm_bell_ops _dm_futex_bell_light = { _dm_futex_wait, _dm_futex_wake, NULL, _dm_membarrier };
-#else
-static bool _dm_membarrier_register(void) { return false; }
-static const _dm_bell_ops _dm_futex_bell_light = { _dm_futex_wait, _dm_futex_wake, NULL, NULL };
-#endif
-
-/* The peer of a shm link is alive while its side socket has not ended. */
-static int _dm_shm_alive(_dm_link* l, int* err) {
-    _dm_memlink* m = (_dm_memlink*)l;
-    struct pollfd p;
-    char c;
-    p.fd = m->side_fd;
-    p.events = POLLIN | _DM_POLLRDHUP;
-    p.revents = 0;
-    if (poll(&p, 1, 0) <= 0) return 0;
-    if (p.revents & (POLLHUP | POLLERR | _DM_POLLRDHUP)) { *err = 0; return -1; }
-    if (recv(m->side_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) { *err = 0; return -1; }
-    return 0;
-}
-static void _dm_shm_shutdown(_dm_link* l) { shutdown(((_dm_memlink*)l)->side_fd, SHUT_RDWR); }
-static const _dm_link_vt _dm_shm_vt = {
-    "shm", _dm_mem_send, _dm_mem_recv, _dm_mem_peek, _dm_mem_consume, _dm_shm_alive, _dm_shm_shutdown, _dm_mem_destroy,
-    8, _dm_mem_sendv, NULL
-};
-
-/* The engine's read_peer (distmesh.h >>single copy): the kernel copies from the peer's memory
-   straight into dst (Linux 3.2; the same user, and Yama's ptrace_scope 0, or the read fails
-   with EPERM and the ring does the all-gather). A partial read goes on from where it stopped. */
-static int _dm_shm_read_peer(_dm_eng* lk, int64_t pid, uint64_t addr, void* dst, size_t n) {
-    unsigned char* d = (unsigned char*)dst;
-    (void)lk;
-    while (n) {
-        struct iovec here, there;
-        ssize_t got;
-        here.iov_base = d; here.iov_len = n;
-        there.iov_base = (void*)(uintptr_t)addr; there.iov_len = n;
-        got = process_vm_readv((pid_t)pid, &here, 1, &there, 1, 0);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) return errno;
-        if (got == 0) return EFAULT;
-        d += got; addr += (uint64_t)got; n -= (size_t)got;
-    }
-    return 0;
-}
-
-/* the segment made and mapped: create, split, shrink */
 _DM_COLD_BEGIN
-/* Ring capacity per direction: 1 MiB while the L*L rings stay small, less for big hosts. */
-static size_t _dm_shm_ring_cap(int L) {
-    size_t cap = (size_t)1 << 20;
-    while (cap > ((size_t)64 << 10) && (size_t)L * (size_t)L * cap > ((size_t)256 << 20)) cap >>= 1;
-    return cap;
-}
-
-/* The leader's segment: created, sized, mapped and stamped. */
-static dm_status _dm_shm_create(_dm_tcp* t, int L, int* fd_out, unsigned char nonce[16]) {
-    size_t cap = _dm_shm_ring_cap(L), stride = sizeof(_dm_ring) + cap;
-    size_t size = _DM_SHM_HEADER + _DM_SHM_ABORTS * sizeof(_dm_abort) + (size_t)L * sizeof(_dm_bell) +
-                  (size_t)L * (size_t)L * stride;
-    unsigned char* p;
-    int fd = memfd_create("distmesh", _DM_MFD_CLOEXEC);
-    if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: memfd_create failed (%s)", strerror(errno));
-    if (ftruncate(fd, (off_t)size) != 0) {
-        close(fd);
-        return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: shm: cannot size the segment to %zu bytes (%s)", size,
-                        strerror(errno));
-    }
-    p = (unsigned char*)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        close(fd);
-        return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: shm: mmap of %zu bytes failed (%s)", size, strerror(errno));
-    }
-    _dm_st_random(nonce, 16);
-    _dm_tcp_put64(p, _DM_SHM_MAGIC);
-    memcpy(p + 8, nonce, 16);
-    _dm_tcp_put32(p + 24, (uint32_t)L);
-    _dm_tcp_put64(p + 32, cap);
-    _dm_tcp_put64(p + 40, stride);
-    _dm_tcp_put64(p + 48, size);
-    t->shm = p;
-    t->shm_size = size;
-    *fd_out = fd;
-    return DM_OK;
-}
-
-/* A member maps the leader's segment and checks it is the one the leader described. */
-static dm_status _dm_shm_attach(_dm_tcp* t, const _dm_shm_msg* m, int L) {
-    char path[64];
-    unsigned char* p;
-    size_t size = (size_t)_dm_tcp_get64(m->size);
-    int fd;
-    snprintf(path, sizeof(path), "/proc/%u/fd/%u", (unsigned)_dm_tcp_get32(m->pid), (unsigned)_dm_tcp_get32(m->fd));
-    fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: cannot open %s (%s)", path, strerror(errno));
-    p = (unsigned char*)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: mmap of %s failed (%s)", path, strerror(errno));
-    t->shm = p;
-    t->shm_size = size;
-    if (_dm_tcp_get64(p) != _DM_SHM_MAGIC || memcmp(p + 8, m->nonce, 16) != 0 || (int)_dm_tcp_get32(p + 24) != L ||
-        _dm_tcp_get64(p + 48) != size)
-        return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: %s is not the segment the leader made (another "
-                        "host or pid namespace behind the same host identity?)", path);
-    return DM_OK;
-}
-
-/* Maps in the pages of a ring this rank uses now, not in the first collectives (content
-   untouched: peers may already be writing). */
-static void _dm_shm_prefault(unsigned char* p, size_t n) {
-    size_t page = 4096, i;
-    uintptr_t start = (uintptr_t)p & ~(uintptr_t)(page - 1);
-    volatile unsigned char sink = 0;
-#if defined(_DM_MADV_POPULATE_WRITE)
-    if (madvise((void*)start, (size_t)((uintptr_t)p + n - start), _DM_MADV_POPULATE_WRITE) == 0) return;
-#endif
-    for (i = 0; i < n; i += page) sink = (unsigned char)(sink + ((volatile unsigned char*)p)[i]);
-    (void)sink;
-    (void)start;
-}
-
-/* Swaps the socket links of same-host peers for shm links and wires bells and abort word. */
-static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, const _dm_bell_ops* ops, bool single_copy) {
-    unsigned char* p = t->shm;
-    size_t cap = (size_t)_dm_tcp_get64(p + 32), stride = (size_t)_dm_tcp_get64(p + 40);
-    _dm_abort* ab = (_dm_abort*)(void*)(p + _DM_SHM_HEADER);
-    _dm_bell* bells = (_dm_bell*)(void*)(p + _DM_SHM_HEADER + _DM_SHM_ABORTS * sizeof(_dm_abort));
-    unsigned char* rings = (unsigned char*)(bells + L);
-    int i;
-    for (i = 0; i < L; i++) {
-        int r = local[i];
-        _dm_link* l;
-        if (i == me) continue;
-        if (_dm_sock_pending(t->lk.links[r]))     /* the setup's last bytes from r were its vote */
-            return _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: shm: rank %d sent more than the setup", r);
-        l = _dm_memlink_new(&t->base.allocator, &_dm_shm_vt, rings, stride, cap, L, me, i, bells, ops, t->fds[r]);
-        if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
-        snprintf(l->where, sizeof(l->where), "%.40s, shm", t->addrs[r]);
-        _dm_shm_prefault(rings + ((size_t)me * (size_t)L + (size_t)i) * stride, stride);
-        _dm_shm_prefault(rings + ((size_t)i * (size_t)L + (size_t)me) * stride, stride);
-        t->lk.links[r]->vt->destroy(t->lk.links[r], &t->base.allocator);
-        t->lk.links[r] = l;
-    }
-    t->lk.bell = &bells[me];
-    t->lk.bells = bells;
-    t->lk.nbells = L;
-    t->lk.bell_ops = ops;
-    t->lk.abort = ab;
-    t->lk.read_peer = single_copy ? _dm_shm_read_peer : NULL;
-    t->lk.single_copy_no = !_dm_cfg_int_logged(_DM_CFG_SINGLE_COPY, &t->base.logger);
-    return DM_OK;
-}
-
-/* >>tcp loss  A rank asleep on its bell learns of a same-host peer's death at once. A dead
-   process rings no bell, and the sleeper used to find out at its next look, up to 50 ms later
-   (twice: a death is confirmed by a second look). So each group with shm links has a watcher
-   thread, blocked in poll() on the side sockets of those links: the kernel closes a dead
-   process's sockets, kill -9 included, and the watcher rings this rank's bell when one ends;
-   the sleeper wakes, asks the link (_dm_shm_alive) and, seeing the peer gone, looks again at
-   once (_dm_eng_block). Idle, the watcher costs nothing: it sleeps in poll until a socket ends
-   or destroy stops it. (A pidfd would say the same thing; the side socket is what
-   _dm_shm_alive already trusts, and it needs no newer kernel.) */
-typedef struct _dm_shm_watch {
-    pthread_t thread;
-    _dm_bell* bell;             /* this rank's */
-    int n;                      /* pfd[0] is the stop eventfd, pfd[1..n] the side sockets */
-    struct pollfd pfd[1];       /* n + 1 of them, allocated with the struct */
-} _dm_shm_watch;
-static void* _dm_shm_watch_main(void* arg) {
-    _dm_shm_watch* w = (_dm_shm_watch*)arg;
-    for (;;) {
-        int i, rc = poll(w->pfd, (nfds_t)w->n + 1, -1);
-        if (rc < 0 && errno != EINTR) return NULL;     /* the 50 ms look remains */
-        if (rc <= 0) continue;
-        if (w->pfd[0].revents) return NULL;            /* destroy */
-        for (i = 1; i <= w->n; i++) {
-            if (!(w->pfd[i].revents & (POLLHUP | POLLERR | POLLNVAL | _DM_POLLRDHUP))) continue;
-            w->pfd[i].fd = -1;                         /* told once; poll skips it from now on */
-            _dm_bell_ring(w->bell, &_dm_futex_bell);
-        }
-    }
-}
-/* Starts the watcher over the group's shm links; without it (no thread, no eventfd) a death is
-   still seen, only later. */
-static void _dm_shm_watch_start(_dm_tcp* t) {
-    _dm_shm_watch* w;
-    int r, n = 0;
-    for (r = 0; r < t->base.size; r++)
-        if (t->lk.links[r] && t->lk.links[r]->vt == &_dm_shm_vt) n++;
-    if (n == 0) return;
-    w = (_dm_shm_watch*)_dm_calloc(&t->base.allocator, sizeof(*w) + (size_t)n * sizeof(struct pollfd));
-    if (!w) return;
-    w->bell = t->lk.bell;
-    w->pfd[0].fd = eventfd(0, EFD_CLOEXEC);
-    w->pfd[0].events = POLLIN;
-    for (r = 0; r < t->base.size; r++) {
-        _dm_link* l = t->lk.links[r];
-        if (!l || l->vt != &_dm_shm_vt) continue;
-        w->n++;
-        w->pfd[w->n].fd = ((_dm_memlink*)l)->side_fd;
-        w->pfd[w->n].events = _DM_POLLRDHUP;
-    }
-    if (w->pfd[0].fd < 0 || pthread_create(&w->thread, NULL, _dm_shm_watch_main, w) != 0) {
-        if (w->pfd[0].fd >= 0) close(w->pfd[0].fd);
-        _dm_free(&t->base.allocator, w);
-        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: shm: no watcher thread (%s); a same-host peer's death is "
-                "noticed within about 100 ms instead of at once", strerror(errno));
-        return;
-    }
-    t->watch = w;
-}
-/* Before the links and their sockets go. */
-static void _dm_shm_watch_stop(_dm_tcp* t) {
-    _dm_shm_watch* w = t->watch;
-    uint64_t one = 1;
-    if (!w) return;
-    while (write(w->pfd[0].fd, &one, sizeof(one)) < 0 && errno == EINTR) {}
-    pthread_join(w->thread, NULL);
-    close(w->pfd[0].fd);
-    _dm_free(&t->base.allocator, w);
-    t->watch = NULL;
-}
-
-/* Sets up shared memory among this rank's same-host group members (local[0..L), this rank at
-   index me), then every rank of the group votes (MIN of 2 shm ready, 1 asked for sockets, 0
-   failed), so all agree: shm links only where every rank could and wanted; with auto a
-   failure leaves every rank on sockets (and says so), with shm it fails the create. */
-enum { _DM_TCP_AUTO = 0, _DM_TCP_SHM, _DM_TCP_SOCKETS };
-static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) {
-    _dm_fp fp;
-    _dm_shm_msg m;
-    dm_status st = DM_OK;
-    int32_t vote = t->transport == _DM_TCP_SOCKETS ? 1 : 2, votes[3];
-    int fd = -1, i;
-    char why[DM_LAST_ERROR_SIZE] = "";
-    _dm_fp_make(&fp, &t->base, _DM_K_SETUP, -1, -1, 0, sizeof(m));
-    memset(&m, 0, sizeof(m));
-    if (L >= 2 && me == 0) {
-        unsigned char nonce[16];
-        if (vote == 2 && _dm_shm_create(t, L, &fd, nonce) != DM_OK) {
-            vote = 0;
-            _dm_copy_name(why, sizeof(why), t->base.last_error);
-        } else if (vote == 2) {
-            _dm_tcp_put32(m.pid, (uint32_t)getpid());
-            _dm_tcp_put32(m.fd, (uint32_t)fd);
-            _dm_tcp_put64(m.size, t->shm_size);
-            memcpy(m.nonce, nonce, 16);
-        }
-        for (i = 1; i < L && st == DM_OK; i++)     /* size 0: no segment, the vote says why */
-            st = _dm_eng_sendrecv(&t->lk, "setup", &fp, local[i], &m, sizeof(m), -1, NULL, 0);
-    } else if (L >= 2) {
-        st = _dm_eng_sendrecv(&t->lk, "setup", &fp, -1, NULL, 0, local[0], &m, sizeof(m));
-        if (st == DM_OK && vote == 2 && _dm_tcp_get64(m.size) != 0 && _dm_shm_attach(t, &m, L) != DM_OK) {
-            vote = 0;
-            _dm_copy_name(why, sizeof(why), t->base.last_error);
-        }
-    }
-    /* the leader keeps its fd open until every member has mapped: the vote comes after; with
-       it, whether every rank registered for the bells' asymmetric barrier. Only with a core per
-       rank: with more ranks than cores they sleep often, and each sleep's barrier interrupts
-       the other cores (256 ranks on 8 simulated hosts, 2 cores: 8 B all-reduce 7.4 ms with
-       fences, 17 ms with the barrier). A lone rank rings nobody. */
-    votes[0] = vote;
-    votes[1] = L < 2 || (_dm_eng_core_per_rank(L) && _dm_membarrier_register()) ? 1 : 0;
-    votes[2] = _dm_eng_core_per_rank(L) ? 1 : 0;   /* single copy pays only with a core each */
-    if (st == DM_OK) st = _dm_coll_all_reduce(&t->base, votes, votes, 3, DM_INT32, DM_MIN);
-    if (fd >= 0) close(fd);
-    if (st != DM_OK) return st;
-    vote = votes[0];
-    t->shm_vote = vote;
-    if (vote == 2 && L >= 2) {
-        st = _dm_shm_links(t, local, L, me, votes[1] ? &_dm_futex_bell_light : &_dm_futex_bell, votes[2] != 0);
-        if (st == DM_OK) _dm_shm_watch_start(t);
-        return st;
-    }
-    if (t->shm) { munmap(t->shm, t->shm_size); t->shm = NULL; }
-    if (t->transport == _DM_TCP_SHM && vote < 2)
-        return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: DISTMESH_TRANSPORT=shm, but %s", vote == 1 ?
-                        "another rank asked for tcp (every rank must be given the same transport)" : why[0] ? why :
-                        "shared memory could not be set up on another rank (see its log)");
-    if (vote == 0)
-        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: shared memory unavailable (%s); same-host ranks use sockets",
-                why[0] ? why : "on another rank");
-    return DM_OK;
-}
-
 /* >>tcp addresses  "host:port" / "[v6]:port" <-> sockaddr, interface choice (uv does the
    parsing, printing and interface listing). */
 static bool _dm_tcp_parse_addr(const char* s, struct sockaddr_storage* out) {
@@ -987,64 +541,6 @@ static dm_status _dm_tcp_pick_addr(_dm_tcp* t, const char* spec, const char* rou
     if (rc == 0) uv_free_interface_addresses(ifs, n);
     uv_ip4_addr("127.0.0.1", 0, (struct sockaddr_in*)out);
     return DM_OK;
-}
-
-/* >>tcp sockets */
-/* Whether both ends of a connected socket are this machine: a loopback address, or the same
-   address at both ends (the kernel routes it over loopback). */
-static bool _dm_tcp_same_machine(int fd) {
-    struct sockaddr_storage a, b;
-    socklen_t la = sizeof(a), lb = sizeof(b);
-    if (getsockname(fd, (struct sockaddr*)&a, &la) != 0 || getpeername(fd, (struct sockaddr*)&b, &lb) != 0 ||
-        a.ss_family != b.ss_family)
-        return false;
-    if (a.ss_family == AF_INET) {
-        uint32_t x = ntohl(((struct sockaddr_in*)&a)->sin_addr.s_addr), y = ntohl(((struct sockaddr_in*)&b)->sin_addr.s_addr);
-        return x == y || (x >> 24 == 127 && y >> 24 == 127);
-    }
-    if (a.ss_family == AF_INET6) {
-        const struct in6_addr *x = &((struct sockaddr_in6*)&a)->sin6_addr, *y = &((struct sockaddr_in6*)&b)->sin6_addr;
-        return memcmp(x, y, sizeof(*x)) == 0 || (IN6_IS_ADDR_LOOPBACK(x) && IN6_IS_ADDR_LOOPBACK(y));
-    }
-    return false;
-}
-/* TCP_NODELAY; the socket buffers; and on a connection within this machine, Reno congestion
-   control. A kernel whose default is BBR paces every flow, and over loopback, where nothing is
-   lost, pacing only caps the rate: measured on a 2-core VM with BBR as default, 2 ranks with
-   sockets, a 4 MiB all-reduce took 1.15 ms with BBR and 0.50 ms with Reno or CUBIC. Reno is
-   the one every kernel allows an unprivileged process to choose. Between hosts the system's
-   choice stays. */
-static void _dm_tcp_tune(int fd) {
-    static int sockbuf = -1;    /* set buffers only where the kernel allows the full size, so
-                                   loopback keeps its autotuning otherwise */
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-#if defined(TCP_CONGESTION)
-    if (_dm_tcp_same_machine(fd)) setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4);
-#endif
-    if (sockbuf < 0) {
-        FILE* f = fopen("/proc/sys/net/core/wmem_max", "r");
-        long v = 0;
-        if (f) { if (fscanf(f, "%ld", &v) != 1) v = 0; fclose(f); }
-        sockbuf = v >= _DM_TCP_SOCKBUF ? _DM_TCP_SOCKBUF : 0;
-    }
-    if (sockbuf > 0) {
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
-    }
-}
-/* Waits for fd to be ready for events, up to the deadline. 1 ready, 0 timeout, -1 error. */
-static int _dm_tcp_wait_fd(int fd, short events, int64_t deadline) {
-    for (;;) {
-        struct pollfd p;
-        int64_t left = deadline - _dm_now_ms();
-        int rc;
-        if (left <= 0) return 0;
-        p.fd = fd; p.events = events; p.revents = 0;
-        rc = poll(&p, 1, left > 1000 ? 1000 : (int)left);
-        if (rc > 0) return 1;
-        if (rc < 0 && errno != EINTR) return -1;
-    }
 }
 
 /* >>tcp watch  While create or split waits (for addresses, connections, hellos, acks), the end

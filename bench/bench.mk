@@ -6,7 +6,7 @@ BENCH_DIR := $(BUILD)/bench
 DM_BENCH  := $(BENCH_DIR)/dm_bench
 EXTRA_BINS += $(DM_BENCH)
 
-$(DM_BENCH): bench/dm_bench.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
+$(DM_BENCH): bench/dm_bench.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
@@ -33,7 +33,7 @@ test-scale: deps
 PARITY_DIR := $(BUILD)/parity
 PARITY_ARGS ?=
 .PHONY: parity
-$(PARITY_DIR)/parity_bench_dm: bench/parity_bench.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
+$(PARITY_DIR)/parity_bench_dm: bench/parity_bench.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 $(PARITY_DIR)/parity_bench_mpi: bench/parity_bench.c tests/test_world.h tests/test_tmpdir.h

@@ -14,11 +14,11 @@ EXTRA_BINS += $(OVERLAP_BENCH)
 
 .PHONY: bench-overlap
 
-$(OVERLAP_BENCH): bench/dm_overlap.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
+$(OVERLAP_BENCH): bench/dm_overlap.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
-$(BUILD)/examples/ddp_overlap: examples/ddp_overlap.c distmesh.c distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
+$(BUILD)/examples/ddp_overlap: examples/ddp_overlap.c distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< distmesh.c -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 

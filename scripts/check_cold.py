@@ -22,7 +22,8 @@ import os
 import re
 import sys
 
-HEADERS = ['distmesh.h', 'distmesh_trace.h', 'distmesh_store.h', 'distmesh_tcp.h', 'distmesh_nccl.h']
+HEADERS = ['distmesh.h', 'distmesh_trace.h', 'distmesh_shm.h', 'distmesh_store.h', 'distmesh_socket.h', 'distmesh_tcp.h',
+           'distmesh_nccl.h']
 
 # No regions there yet: the NCCL backend compiles at the includer's level whole, and its calls into
 # the core's and the store's cold code are its create and shrink paths.

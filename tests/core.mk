@@ -5,10 +5,10 @@ EXAMPLE_TCP_SRCS := $(wildcard examples/tcp_*.c)
 EXAMPLE_BINS := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS) $(EXAMPLE_TCP_SRCS))
 EXTRA_BINS += $(EXAMPLE_BINS)
 
-$(BUILD)/examples/tcp_%: examples/tcp_%.c distmesh.c distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
+$(BUILD)/examples/tcp_%: examples/tcp_%.c distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< distmesh.c -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
-$(BUILD)/examples/%: examples/%.c distmesh.c distmesh.h distmesh_trace.h
+$(BUILD)/examples/%: examples/%.c distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< distmesh.c -o $@ $(LDLIBS_ALL)

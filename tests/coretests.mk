@@ -6,11 +6,11 @@ CORE_TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_fake.c tests/test_red
 CORE_TEST_BINS := $(addprefix $(CORE_DIR)/,$(CORE_TESTS)) $(CORE_DIR)/test_compile
 TEST_BINS += $(CORE_TEST_BINS)
 
-$(CORE_DIR)/impl.o: tests/impl.c distmesh.h distmesh_trace.h
+$(CORE_DIR)/impl.o: tests/impl.c distmesh.h distmesh_trace.h distmesh_shm.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-$(CORE_DIR)/%.o: tests/%.c distmesh.h distmesh_trace.h tests/test_util.h tests/prelude.h tests/test_filter.h
+$(CORE_DIR)/%.o: tests/%.c distmesh.h distmesh_trace.h distmesh_shm.h tests/test_util.h tests/prelude.h tests/test_filter.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
@@ -40,7 +40,7 @@ CORE_CC_cpp_clangxx := clang++ -x c++
 CORE_STRICT_c   := $(CORE_C_STRICT)
 CORE_STRICT_cpp := $(CORE_CXX_STRICT)
 core_compile = $(CORE_CC_$(1)) $(2) $(CORE_STRICT_$(firstword $(subst _, ,$(1))))
-$(CORE_DIR)/compile_%: tests/compile_check.c distmesh.h distmesh_trace.h
+$(CORE_DIR)/compile_%: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_shm.h
 	@mkdir -p $(dir $@)
 	$(call core_compile,$*) $< -o $@ $(LDLIBS_ALL)
 
@@ -49,7 +49,7 @@ CORE_COMPILE_TCP := $(CORE_DIR)/compile_c_gcc_tcp $(CORE_DIR)/compile_cpp_gxx_tc
 CORE_COMPILE_CHECKS += $(CORE_COMPILE_TCP)
 .PHONY: core-compile-tcp
 core-compile-tcp: $(CORE_COMPILE_TCP)
-$(CORE_DIR)/compile_%_tcp: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
+$(CORE_DIR)/compile_%_tcp: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(call core_compile,$*) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
@@ -58,13 +58,13 @@ $(CORE_DIR)/compile_%_tcp: tests/compile_check.c distmesh.h distmesh_trace.h dis
 CORE_COMPILE_STORE := $(patsubst %,$(CORE_DIR)/compile_%_store,$(CORE_COMPILERS))
 CORE_COMPILE_CHECKS += $(CORE_COMPILE_STORE)
 CORE_NO_UV := -Itests/no_libuv -DDISTMESH_STORE
-$(CORE_DIR)/compile_%_store: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_store.h tests/no_libuv/uv.h
+$(CORE_DIR)/compile_%_store: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h tests/no_libuv/uv.h
 	@mkdir -p $(dir $@)
 	$(call core_compile,$*,$(CORE_NO_UV)) $< -o $@ $(LDLIBS_ALL)
 
 # Without the flight recorder (DISTMESH_NO_TRACE: distmesh_trace.h left out), with the TCP backend.
 CORE_COMPILE_CHECKS += $(patsubst %,$(CORE_DIR)/compile_%_notrace,$(CORE_COMPILERS))
-$(CORE_DIR)/compile_%_notrace: tests/compile_check.c distmesh.h distmesh_store.h distmesh_tcp.h
+$(CORE_DIR)/compile_%_notrace: tests/compile_check.c distmesh.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(call core_compile,$*) -DDISTMESH_NO_TRACE -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 

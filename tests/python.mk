@@ -19,7 +19,7 @@ $(PY_STAMP): $(PY_SRCS)
 	    --build-base $(CURDIR)/$(PY_BUILD)/setuptools --build-lib $(CURDIR)/$(PY_LIB)
 	@touch $@
 
-$(PY_REF): python/tests/ref_collectives.c distmesh.c distmesh.h distmesh_trace.h
+$(PY_REF): python/tests/ref_collectives.c distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< distmesh.c -o $@ $(LDLIBS_ALL)
 

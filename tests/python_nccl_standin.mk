@@ -21,10 +21,10 @@ PYSI_PYS := $(patsubst python/distmesh/%,$(PYSI_LIB)/distmesh/%,$(wildcard pytho
 PYSI_CFLAGS := -std=gnu11 -Wall -Wextra -Wno-missing-field-initializers -Werror $(OPT) $(SAN) -fPIC -fwrapv \
                -pthread -I. -I$(PYSI_PY_INC) $(SI_CFLAGS) -DDISTMESH_TCP $(UV_CFLAGS)
 
-$(PYSI_DIR)/module.o: python/src/module.c distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h distmesh_nccl.h
+$(PYSI_DIR)/module.o: python/src/module.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(PYSI_CFLAGS) -fvisibility=hidden -c $< -o $@
-$(PYSI_DIR)/impl.o: python/src/impl.c distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h distmesh_nccl.h
+$(PYSI_DIR)/impl.o: python/src/impl.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(PYSI_CFLAGS) -fvisibility=hidden -c $< -o $@
 # position-independent, default visibility: the test calls it through the extension's .so

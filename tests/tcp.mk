@@ -9,7 +9,7 @@ TCP_TEST_BINS := $(addprefix $(BUILD)/tcp/,$(TCP_TESTS))
 TEST_BINS += $(TCP_TEST_BINS)
 endif
 
-$(BUILD)/tcp/impl.o: tests/impl.c distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
+$(BUILD)/tcp/impl.o: tests/impl.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 

@@ -531,6 +531,8 @@ static void check_header(const char* file, const char* checked_from, bool must_e
 static void test_config_headers_read_through_registry(void** state) {
     (void)state;
     check_header("distmesh.h", NULL, true);
+    check_header("distmesh_shm.h", NULL, true);
+    check_header("distmesh_socket.h", NULL, true);
     check_header("distmesh_tcp.h", NULL, true);
     check_header("distmesh_nccl.h", NULL, true);
     check_header("distmesh_store.h", NULL, true);

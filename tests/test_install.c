@@ -46,6 +46,7 @@ static void test_install_layout(void** state) {
     (void)state;
     assert_int_equal(sh("test -f root/usr/include/distmesh.h && test -f root/usr/include/distmesh_tcp.h && "
                         "test -f root/usr/include/distmesh_store.h && test -f root/usr/include/distmesh_trace.h && "
+                        "test -f root/usr/include/distmesh_shm.h && test -f root/usr/include/distmesh_socket.h && "
                         "test -f root/usr/include/distmesh_nccl.h && test -f root/usr/lib/pkgconfig/distmesh.pc && "
                         "test -f root/usr/lib/pkgconfig/distmesh-tcp.pc && "
                         "test -f root/usr/lib/cmake/distmesh/distmesh-config.cmake && "

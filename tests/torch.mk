@@ -4,7 +4,7 @@ TORCH_TEST := $(BUILD)/torch/test_torch
 STORE_TOOL := $(BUILD)/fixtures/store_tool
 TEST_BINS += $(TORCH_TEST)
 
-$(STORE_TOOL): tests/fixtures/store_tool.c distmesh.h distmesh_trace.h distmesh_store.h distmesh_tcp.h
+$(STORE_TOOL): tests/fixtures/store_tool.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
