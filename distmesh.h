@@ -88,6 +88,7 @@
        >>functions inside        the flight recorder and the timeline (DISTMESH_TRACE)
        >>functions collectives   barrier, all_reduce, all_gather(_to_list), reduce_scatter,
                                  broadcast, the object collectives
+       >>functions compression   dm_compress, error-feedback state, dm_all_reduce_compressed
        >>functions rooted        reduce, gather, scatter
        >>functions all-to-all    dm_all_to_all, dm_all_to_all_v
        >>functions point-to-point  dm_send, dm_recv
@@ -592,6 +593,50 @@ DM_API void dm_blob_list_free(dm_collective* c, dm_blob_list* list);
    dm_shrink(DM_SHRINK_ABORT) on another thread interrupts it (DM_ERR_ABORTED). */
 DM_API dm_status dm_synchronize(dm_collective* c);
 
+/* >>functions compression  A compressed all-reduce across hosts (docs/design.md#compression).
+   Only the stage between hosts is compressed: inside a host the sum stays exact (shared
+   memory), and every rank gets the same bits whatever the host count, ring order or
+   membership. Float32, bfloat16 and float16 sums and means only.
+     DM_COMPRESS_INT8  8-bit codes; one scale per block of DM_COMPRESS_BLOCK elements, agreed
+                       by all hosts first (the largest magnitude of the block on any host / 127),
+                       so the codes of all hosts sum exactly as integers: the sum's error is at
+                       most H x scale / 2 per element (H hosts), a block holding an inf or NaN
+                       comes out NaN in every element
+     DM_COMPRESS_BF16  bfloat16 values (round to nearest even), summed in float32 in host order;
+                       from 3 hosts on the partial sums go back rounded to bfloat16 once
+   The compressed form runs where the group spans 2 or more hosts, a two-level schedule may run
+   (DISTMESH_ALGO not flat) and each rail block has an element per host; elsewhere the call is
+   exact and dm_last_algorithm names the exact algorithm ("two_level_int8" / "two_level_bf16"
+   when compressed). All ranks must pass the same mode: different ones fail every rank with
+   DM_ERR_MISMATCH. A mode on an integer dtype or with MAX, MIN or PROD is DM_ERR_INVALID_ARG
+   before anything is sent. The NCCL backend takes none (DM_ERR_UNSUPPORTED); the Fake world
+   runs them exact. */
+typedef enum dm_compress {
+    DM_COMPRESS_DEFAULT = 0,    /* DISTMESH_COMPRESS for float sums and means (unset: none), else none */
+    DM_COMPRESS_NONE,
+    DM_COMPRESS_BF16,
+    DM_COMPRESS_INT8,
+    DM_COMPRESS_COUNT
+} dm_compress;
+#define DM_COMPRESS_BLOCK 256
+/* Error feedback: what compression dropped on this rank, kept as float32 per element of one
+   buffer (make one state per gradient buffer, count its elements) and added to that buffer's
+   next call. It belongs to the rank, not to a collective: after dm_shrink or dm_grow pass the
+   same state to the new group's calls (it stays valid whatever the new layout); a newcomer
+   makes a fresh one (zeros). Not thread-safe: one call at a time per state. */
+typedef struct dm_compress_state dm_compress_state;
+DM_API dm_status dm_compress_state_create(size_t count, dm_compress_state** out);
+DM_API void dm_compress_state_destroy(dm_compress_state* s);
+DM_API size_t dm_compress_state_count(const dm_compress_state* s);
+/* The residual (count floats): read it to checkpoint, write it to restore, zero it to reset. */
+DM_API float* dm_compress_state_residual(dm_compress_state* s);
+DM_API const char* dm_compress_name(dm_compress mode);    /* "default", "none", "bf16", "int8" */
+/* dm_all_reduce with a compression mode and optional error-feedback state (NULL: none; with
+   DM_COMPRESS_NONE a state's residual is added and cleared, the call exact). */
+DM_API dm_status dm_all_reduce_compressed(dm_collective* c, const void* send, void* recv, size_t count,
+                                          dm_dtype dtype, dm_reduce_op op, dm_compress mode,
+                                          dm_compress_state* state);
+
 /* >>functions rooted  Rooted collectives. Like MPI: recv (reduce, gather) and send (scatter) are read
    only at the root and may be NULL elsewhere. In place: reduce send NULL (or == recv) at the
    root; gather send NULL (or == recv + root*count) at the root; scatter recv NULL (or == send +
@@ -676,6 +721,9 @@ DM_API dm_status dm_wait_all(dm_request** reqs, size_t n);
 DM_API dm_status dm_barrier_async(dm_collective* c, dm_request** out);
 DM_API dm_status dm_all_reduce_async(dm_collective* c, const void* send, void* recv, size_t count,
                                      dm_dtype dtype, dm_reduce_op op, dm_request** out);
+DM_API dm_status dm_all_reduce_compressed_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                                dm_dtype dtype, dm_reduce_op op, dm_compress mode,
+                                                dm_compress_state* state, dm_request** out);
 DM_API dm_status dm_all_gather_async(dm_collective* c, const void* send, void* recv, size_t count,
                                      dm_dtype dtype, dm_request** out);
 DM_API dm_status dm_all_gather_to_list_async(dm_collective* c, const void* send, void* const* recvs,
@@ -838,6 +886,8 @@ typedef struct dm_op {
     dm_blob_list* out_list;     /* object collectives */
     int color, key;             /* split */
     dm_collective** split_out;  /* split */
+    dm_compress compress;       /* all_reduce: dm_all_reduce_compressed's mode (0: DISTMESH_COMPRESS) */
+    dm_compress_state* compress_state;  /* all_reduce: its error-feedback state, or NULL */
 } dm_op;
 /* One entry for every operation: *op is a call as its dm_* function takes it, in the fields
    above (broadcast: its buffer in recv; send and recv: the peer in root; all_to_all_v: recvs
