@@ -1825,6 +1825,18 @@ _DM_WARM_END
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math")
 #endif
+/* gcc's -O2 cost model will not vectorise loops of unknown length; the loops over the data (the
+   conversions, the kernels, MEAN's division and the compression kernels) are the hot path, so
+   this region alone gets -O3 (scoped by push/pop, nothing leaks to the includer), one region so
+   that its functions inline into each other (gcc does not inline across optimize attributes). */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__OPTIMIZE_SIZE__) && defined(__OPTIMIZE__)
+#define _DM_KERNELS_O3_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"O3\")")
+#define _DM_KERNELS_O3_END _Pragma("GCC pop_options")
+#else
+#define _DM_KERNELS_O3_BEGIN
+#define _DM_KERNELS_O3_END
+#endif
+_DM_KERNELS_O3_BEGIN
 
 /* >>half  float16 / bfloat16 <-> float32. Rounding is to nearest, ties to even, done with
    integer arithmetic on the bit patterns (no dependence on the FPU's rounding mode). */
@@ -1872,13 +1884,6 @@ DM_API_IMPL float dm_bfloat16_to_float(uint16_t b) { return _dm_bits_f32((uint32
    Signed integers wrap: the arithmetic is done in the unsigned type of the same width (signed
    overflow would be undefined behaviour). MAX/MIN propagate NaN: (a >= b || a != a) ? a : b.
    dst and src must not overlap (callers reduce into an accumulator from a separate buffer). */
-/* gcc's -O2 cost model will not vectorise loops of unknown length; the kernels are the hot path,
-   so they alone get -O3 (scoped by push/pop, nothing leaks to the includer). */
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__OPTIMIZE_SIZE__) && defined(__OPTIMIZE__)
-#pragma GCC push_options
-#pragma GCC optimize("O3")
-#define _DM_KERNELS_O3
-#endif
 #define _DM_KERNEL_INT(name, T, U)                                                            \
     static void name(dm_reduce_op op, T* _DM_RESTRICT dst, const T* _DM_RESTRICT src, size_t n) {                       \
         size_t i;                                                                             \
@@ -1925,10 +1930,6 @@ _DM_KERNEL_FLOAT(_dm_reduce_f32, float)
 _DM_KERNEL_FLOAT(_dm_reduce_f64, double)
 #undef _DM_KERNEL_INT
 #undef _DM_KERNEL_FLOAT
-#if defined(_DM_KERNELS_O3)
-#pragma GCC pop_options
-#undef _DM_KERNELS_O3
-#endif
 
 /* 16-bit floats: widen a block to float32, reduce there, round back once per step. */
 static void _dm_reduce_16(dm_reduce_op op, uint16_t* dst, const uint16_t* src, size_t n, bool bf16) {
@@ -2005,7 +2006,8 @@ DM_API_IMPL dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, i
 /* >>compression kernels  What the compressed all-reduce (dm_all_reduce_compressed, the
    schedule at >>compressed rails) computes on each rank: the error-feedback state, the dtype to
    float32 and back, the agreed int8 scales, encoding with the residual, summing and decoding.
-   Inside >>float semantics: the rounding trick and the sums' order must survive -Ofast. */
+   Inside >>float semantics: the rounding trick and the sums' order must survive -Ofast; -O3 as
+   the reduction kernels (the loops over the data vectorise). */
 struct dm_compress_state {
     size_t count;
     float* residual;            /* count floats: what compression dropped on this rank, in sum units */
@@ -2089,7 +2091,8 @@ _DM_PRIVATE float _dm_cmp_rint(float x) { return (x + 12582912.0f) - 12582912.0f
 /* int8 codes of v against the agreed maxima m: q = round(v * 127 / m) (|q| <= 127 since |v| <=
    m), 0 in a block whose maximum is 0 or not finite. res (or NULL) gets what was dropped, v - q
    x m / 127, the residual the next call adds back (0 where the block is not finite). */
-_DM_PRIVATE void _dm_cmp_int8_encode(const float* v, size_t n, const float* m, int8_t* q, float* res) {
+_DM_PRIVATE void _dm_cmp_int8_encode(const float* _DM_RESTRICT v, size_t n, const float* m, int8_t* _DM_RESTRICT q,
+                                     float* _DM_RESTRICT res) {
     size_t b, k, nb = (n + DM_COMPRESS_BLOCK - 1) / DM_COMPRESS_BLOCK;
     for (b = 0; b < nb; b++) {
         size_t lo = b * DM_COMPRESS_BLOCK, end = lo + DM_COMPRESS_BLOCK < n ? lo + DM_COMPRESS_BLOCK : n;
@@ -2138,8 +2141,8 @@ _DM_PRIVATE void _dm_cmp_divide(float* v, size_t n, int divide) {
 /* H hosts' gathered codes (host h's at all + h x len codes) summed into v in host order: int8
    exactly as integers (H <= 3 here, one loop each so it vectorises) and decoded against the
    agreed maxima m. */
-_DM_PRIVATE void _dm_cmp_sum_gathered(dm_compress mode, const unsigned char* all, int H, size_t len, const float* m,
-                                      float* v) {
+_DM_PRIVATE void _dm_cmp_sum_gathered(dm_compress mode, const unsigned char* _DM_RESTRICT all, int H, size_t len,
+                                      const float* m, float* _DM_RESTRICT v) {
     size_t k;
     int h;
     if (mode == DM_COMPRESS_INT8) {
@@ -2195,6 +2198,7 @@ _DM_PRIVATE void _dm_cmp_decode_sums(dm_compress mode, const unsigned char* sums
         for (k = 0; k < len; k++) v[k] = dm_bfloat16_to_float(((const uint16_t*)(const void*)sums)[k]);
     }
 }
+_DM_KERNELS_O3_END
 #undef _DM_DIVIDE
 #if defined(__clang__)
 #pragma float_control(pop)
@@ -6230,45 +6234,68 @@ _DM_PRIVATE dm_status _dm_cmp_through_owners(_dm_eng* lk, const _dm_team* rail, 
     _dm_cmp_decode_sums(cm->mode, sums, len, m, v);
     return DM_OK;
 }
-/* Rail's compressed all-reduce of block (len elements of dtype, in place), MEAN's divide last.
-   Float32 is worked on in place; the 16-bit dtypes through float32 scratch. */
+/* One rail block's compression at work: the block as float32 (v: the block itself for float32,
+   else scratch), the agreed maxima m (int8), and the codes (this host's at mine; gathering: H
+   slots of len codes, host order; through owners: len codes, then the owners' slots and sums). */
+typedef struct _dm_cmp_work {
+    float *v, *m;
+    unsigned char *codes, *mine;
+    size_t len, nb, cmax, cb;
+    bool gather, f32;
+} _dm_cmp_work;
+/* The block to float32 with its residual added, the maxima agreed (int8), this host's codes. */
+_DM_PRIVATE dm_status _dm_cmp_begin(_dm_eng* lk, const _dm_team* rail, unsigned char* block, size_t len, dm_dtype dtype,
+                                    const _dm_fp* fp, const _dm_cmp* cm, _dm_cmp_work* w) {
+    int H = rail->n;
+    size_t fl, need;
+    unsigned char* scratch;
+    w->gather = _dm_cmp_gathers(cm->mode, H);
+    w->f32 = dtype == DM_FLOAT32;
+    w->len = len;
+    w->cb = cm->mode == DM_COMPRESS_INT8 ? 1 : 2;
+    w->nb = (len + DM_COMPRESS_BLOCK - 1) / DM_COMPRESS_BLOCK;
+    w->cmax = len / (size_t)H + 1;
+    fl = ((w->f32 ? 0 : len) + w->nb + 1) * sizeof(float);
+    need = fl + (w->gather ? (size_t)H * len * w->cb : len * w->cb + (size_t)H * w->cmax * w->cb + len * 2);
+    scratch = _dm_cmp_scratch(lk, need);
+    if (!scratch) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: all_reduce: no memory for %zu bytes", lk->tag, need);
+    w->m = (float*)(void*)scratch;              /* the maxima (nb + 1), then v (16-bit dtypes), then codes */
+    w->v = w->f32 ? (float*)(void*)block : w->m + w->nb + 1;
+    w->codes = scratch + fl;
+    w->mine = w->gather ? w->codes + (size_t)rail->me * len * w->cb : w->codes;
+    if (!w->f32) _dm_cmp_to_float(dtype, block, w->v, len);
+    if (cm->res) _dm_cmp_add(w->v, cm->res, len);
+    if (cm->mode == DM_COMPRESS_INT8) {
+        _dm_cmp_maxima(w->v, len, w->m);
+        _DM_TRY(_dm_sch_rd(lk, rail, w->m, w->nb, DM_FLOAT32, DM_MAX, 0, fp));
+        _dm_cmp_int8_encode(w->v, len, w->m, (int8_t*)w->mine, cm->res);
+    } else {
+        _dm_cmp_bf16_encode(w->v, len, (uint16_t*)w->mine, cm->res);
+    }
+    return DM_OK;
+}
+/* v (the decoded sum) divided for MEAN and back into the block. */
+_DM_PRIVATE void _dm_cmp_end(const _dm_cmp_work* w, unsigned char* block, dm_dtype dtype, int divide) {
+    if (divide) _dm_cmp_divide(w->v, w->len, divide);
+    if (!w->f32) _dm_cmp_from_float(dtype, w->v, block, w->len);
+}
+/* Rail's compressed all-reduce of block (len elements of dtype, in place), MEAN's divide last. */
 _DM_PRIVATE dm_status _dm_sch_rail_compressed(_dm_eng* lk, const _dm_team* rail, unsigned char* block, size_t len,
                                               dm_dtype dtype, int divide, const _dm_fp* fp, const _dm_cmp* cm) {
-    int H = rail->n, me = rail->me;
-    bool gather = _dm_cmp_gathers(cm->mode, H), f32 = dtype == DM_FLOAT32;
-    size_t cb = cm->mode == DM_COMPRESS_INT8 ? 1 : 2, nb = (len + DM_COMPRESS_BLOCK - 1) / DM_COMPRESS_BLOCK;
-    size_t cmax = len / (size_t)H + 1, fl = ((f32 ? 0 : len) + nb + 1) * sizeof(float);
-    size_t need = fl + (gather ? (size_t)H * len * cb : len * cb + (size_t)H * cmax * cb + len * 2);
-    unsigned char *scratch = _dm_cmp_scratch(lk, need), *codes, *mine;
-    float *v, *m;
+    _dm_cmp_work w;
     dm_status st;
-    if (!scratch) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: all_reduce: no memory for %zu bytes", lk->tag, need);
-    m = (float*)(void*)scratch;                 /* the maxima (nb + 1), then v (16-bit dtypes), then codes */
-    v = f32 ? (float*)(void*)block : m + nb + 1;
-    codes = scratch + fl;
-    mine = gather ? codes + (size_t)me * len * cb : codes;
-    if (!f32) _dm_cmp_to_float(dtype, block, v, len);
-    if (cm->res) _dm_cmp_add(v, cm->res, len);
-    if (cm->mode == DM_COMPRESS_INT8) {
-        _dm_cmp_maxima(v, len, m);
-        _DM_TRY(_dm_sch_rd(lk, rail, m, nb, DM_FLOAT32, DM_MAX, 0, fp));
-        _dm_cmp_int8_encode(v, len, m, (int8_t*)mine, cm->res);
-    } else {
-        _dm_cmp_bf16_encode(v, len, (uint16_t*)mine, cm->res);
-    }
+    _DM_TRY(_dm_cmp_begin(lk, rail, block, len, dtype, fp, cm, &w));
     lk->on_demand = true;
-    if (gather) {
-        st = _dm_cmp_all_gather(lk, rail, fp, codes, len * cb);
-        if (st == DM_OK) _dm_cmp_sum_gathered(cm->mode, codes, H, len, m, v);
+    if (w.gather) {
+        st = _dm_cmp_all_gather(lk, rail, fp, w.codes, len * w.cb);
+        if (st == DM_OK) _dm_cmp_sum_gathered(cm->mode, w.codes, rail->n, len, w.m, w.v);
     } else {
-        st = _dm_cmp_through_owners(lk, rail, fp, cm, mine, codes + len * cb, cmax, codes + len * cb + (size_t)H * cmax * cb,
-                                    len, m, v);
+        st = _dm_cmp_through_owners(lk, rail, fp, cm, w.mine, w.codes + len * w.cb, w.cmax,
+                                    w.codes + len * w.cb + (size_t)rail->n * w.cmax * w.cb, len, w.m, w.v);
     }
     lk->on_demand = false;
-    if (st != DM_OK) return st;
-    if (divide) _dm_cmp_divide(v, len, divide);
-    if (!f32) _dm_cmp_from_float(dtype, v, block, len);
-    return DM_OK;
+    if (st == DM_OK) _dm_cmp_end(&w, block, dtype, divide);
+    return st;
 }
 
 /* >>two-level  The two-level all-reduce: a fold onto R ranks of each host, the host's ring,
@@ -6317,11 +6344,14 @@ _DM_PRIVATE void _dm_sch_ring_xfer(_dm_xfer* x, const _dm_team* t, const _dm_ste
    reducing what arrives into its own (after sending it), so both get a op b. */
 _DM_PRIVATE dm_status _dm_sch_2l_stage(_dm_eng* lk, const _dm_team* host, const _dm_team* rail, bool rail_ring,
                                        unsigned char* buf, size_t count, dm_dtype dtype, dm_reduce_op op, int divide,
-                                       const _dm_fp* fp, int S, int s) {
-    size_t esize = dm_dtype_size(dtype), off, len, boff, blen;
+                                       const _dm_fp* fp, int S, int s, const _dm_cmp* cm) {
+    size_t esize = dm_dtype_size(dtype), off, len, boff, blen = 0;
     int R = host->n, n = 0, k;
+    unsigned char* block = NULL;
     _dm_steps hs, rs;
     _dm_xfer x[2];
+    _dm_cmp_work w;
+    bool coded = false;                         /* the rail moves codes (cm, two hosts) */
     dm_status st = DM_OK;
     memset(&hs, 0, sizeof(hs));
     memset(&rs, 0, sizeof(rs));
@@ -6339,12 +6369,23 @@ _DM_PRIVATE dm_status _dm_sch_2l_stage(_dm_eng* lk, const _dm_team* host, const 
         _dm_sch_ring_xfer(&x[n++], host, &hs, k, dtype, op, fp, lk->tmp2);
     }
     if (s >= 1 && s <= S) {
-        unsigned char* block;
         _dm_segment(count, S, s - 1, &off, &len);
         _dm_segment(len, R, host->me, &boff, &blen);
         block = buf + (off + boff) * esize;
         if (rail->n == 1) {
             if (divide) dm_divide_local(dtype, block, blen, divide);
+        } else if (cm) {                        /* two hosts: this host's codes for the other's */
+            _dm_cmp blk = *cm;
+            if (blk.res) blk.res += off + boff;
+            st = _dm_cmp_begin(lk, rail, block, blen, dtype, fp, &blk, &w);
+            if (st == DM_OK) st = _dm_steps_alloc(lk, &rs, 2, fp, "all_reduce");
+            if (st == DM_OK) {
+                rs.ss[1].buf = w.mine; rs.ss[1].len = blen * w.cb; rs.ss[1].gate = -1;
+                rs.rs[1].buf = w.codes + (size_t)(1 - rail->me) * blen * w.cb; rs.rs[1].len = blen * w.cb;
+                rs.rs[1].after_send = -1;
+                _dm_sch_ring_xfer(&x[n++], rail, &rs, 2, DM_UINT8, DM_SUM, fp, NULL);
+                coded = true;
+            }
         } else {
             st = _dm_steps_alloc(lk, &rs, 1 + 2 * (rail->n - 1), fp, "all_reduce");
             if (st == DM_OK && rail_ring) {
@@ -6359,6 +6400,10 @@ _DM_PRIVATE dm_status _dm_sch_2l_stage(_dm_eng* lk, const _dm_team* host, const 
         }
     }
     if (st == DM_OK && n > 0) st = _dm_eng_run_n(lk, x, n);
+    if (st == DM_OK && coded) {
+        _dm_cmp_sum_gathered(cm->mode, w.codes, 2, blen, w.m, w.v);
+        _dm_cmp_end(&w, block, dtype, divide);
+    }
     _dm_free(&lk->c->allocator, hs.ss);
     _dm_free(&lk->c->allocator, hs.rs);
     _dm_free(&lk->c->allocator, rs.ss);
@@ -6394,13 +6439,13 @@ _DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count
     for (e = i + R; e < L; e += R)
         _DM_TRY(_dm_eng_sendrecv_reduce(lk, name, fp, -1, NULL, host.ranks[e], recv, count, dtype, op));
     rail = _dm_sch_rail(lk, i);
-    if (!cm && _dm_sch_2l_pipelined(lk, count, R, rail_ring)) {
+    if (_dm_sch_2l_pipelined(lk, count, R, rail_ring) && (!cm || lk->lay.H == 2)) {
         S = _dm_pick_2l_segments(lk, count, esize, R, rail_ring);
         if (!lk->tmp2) lk->tmp2 = (unsigned char*)_dm_malloc(&lk->c->allocator, lk->tmp_size);
         if (!lk->tmp2) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, name);
         for (s = 0; s < S + 2; s++)
             _DM_TRY(_dm_sch_2l_stage(lk, &host, &rail, rail_ring, (unsigned char*)recv, count, dtype, op, divide, fp,
-                                     S, s));
+                                     S, s, cm));
     } else {
         if (R > 1) _DM_TRY(_dm_sch_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_SCH_RING_RS));
         _dm_segment(count, R, i, &off, &len);

@@ -9,10 +9,15 @@
 # Systems, interleaved in each repetition (so load from elsewhere hits them alike):
 #   distmesh_auto   dm_bench with DISTMESH_ALGO unset (the library chooses)
 #   distmesh_flat   dm_bench with DISTMESH_ALGO=flat_ring
+#   distmesh_int8, distmesh_bf16   dm_bench --compress int8 / bf16 (dm_all_reduce_compressed, no
+#                   error-feedback state), DISTMESH_ALGO unset; COMPRESS="int8 bf16" (the default)
+#                   picks which, COMPRESS= none
 #   gloo            bench/gloo_bench ring_chunked (Debian's libgloo), one process per rank
 # float32 sum in place; every rank runs in its host's namespace with DISTMESH_TEST_HOST_ID=hostN,
 # DISTMESH_SOCKET_IFNAME=dmeth0 and a file store in a temporary directory (Gloo: its FileStore
-# there). Each point is the median over REPS launches of the slowest rank's mean time.
+# there). Each point is the median over REPS launches of the slowest rank's mean time. The bytes
+# each host sent in each launch (its dmeth0's tx_bytes counter before and after: every frame,
+# headers included) go to raw/bytes.txt and the report.
 #   scripts/bench_hosts.sh path/to/dm_bench [path/to/gloo_bench]
 #   HOSTS=2 RANKS_PER_HOST=2 RATE=2gbit FLOW_RATE= SIZES="1M 16M 64M" REPS=3 ITERS=5 WARMUP=1
 #   IPERF=1 (a 2 s iperf3 check of the shaping, when iperf3 is there) BURST=64k (htb burst and
@@ -27,7 +32,7 @@ GLOO_BENCH=${2:+$(realpath -m "$2")}
 cd "$(dirname "$0")/.." || exit 1
 HOSTS=${HOSTS:-2}; RANKS_PER_HOST=${RANKS_PER_HOST:-2}; RATE=${RATE:-2gbit}; FLOW_RATE=${FLOW_RATE:-}
 SIZES=${SIZES:-"1M 16M 64M"}; REPS=${REPS:-3}; ITERS=${ITERS:-5}; WARMUP=${WARMUP:-1}
-IPERF=${IPERF:-1}; OUT=${OUT:-build/bench-hosts}; BURST=${BURST:-64k}
+IPERF=${IPERF:-1}; OUT=${OUT:-build/bench-hosts}; BURST=${BURST:-64k}; COMPRESS=${COMPRESS-int8 bf16}
 LAUNCH_TIMEOUT=${LAUNCH_TIMEOUT:-300}
 
 skip() { echo "bench-hosts: skipped: $*"; exit 77; }
@@ -40,6 +45,7 @@ is_count "$ITERS" || die "ITERS=$ITERS: need a count >= 1"
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "WARMUP=$WARMUP: need a count >= 0"
 [[ $OUT =~ ^build/[A-Za-z0-9._/-]+$ && ! $OUT =~ \.\. ]] || die "OUT=$OUT: must be a folder under build/"
 [[ $BURST =~ ^[0-9]+[kKmM]?b?$ ]] || die "BURST=$BURST: not a tc size (e.g. 64k)"
+for m in $COMPRESS; do [[ $m == int8 || $m == bf16 ]] || die "COMPRESS=$COMPRESS: int8 and/or bf16"; done
 [ -x "$DM_BENCH" ] || die "$DM_BENCH: not an executable"
 command -v python3 >/dev/null 2>&1 || skip "no python3 (the report needs it)"
 # tc rates: a number and bit, kbit, mbit or gbit (tc's own units; bits per second)
@@ -217,9 +223,14 @@ wait_ranks() {
     pids=()
     return $fail
 }
-run_dm() {  # system algo(empty: unset) rep
-    local sys=$1 algo=$2 rep=$3 r h store json=$OUT/raw/$1-rep$3.json log=$OUT/raw/$1-rep$3.log
+tx_bytes() {  # host: what its dmeth0 has sent
+    ip netns exec "${hostns[$1]}" cat /sys/class/net/dmeth0/statistics/tx_bytes 2>/dev/null || echo 0
+}
+run_dm() {  # system algo(empty: unset) rep [compress mode]
+    local sys=$1 algo=$2 rep=$3 mode=${4:-} r h store json=$OUT/raw/$1-rep$3.json log=$OUT/raw/$1-rep$3.log
+    local before=()
     store=$(mktemp -d "$tmp/store_XXXXXX")
+    for h in $(seq 0 $((HOSTS - 1))); do before+=("$(tx_bytes "$h")"); done
     for r in $(seq 0 $((N - 1))); do
         h=$((r / RANKS_PER_HOST))
         ip netns exec "${hostns[$h]}" env ${algo:+DISTMESH_ALGO=$algo} RANK=$r WORLD_SIZE=$N \
@@ -227,7 +238,7 @@ run_dm() {  # system algo(empty: unset) rep
             DISTMESH_SOCKET_IFNAME=dmeth0 DISTMESH_STORE="file://$store" DISTMESH_TIMEOUT=60 \
             MASTER_ADDR="$(addr_of 0)" MASTER_PORT=29500 \
             timeout -k 5 "$LAUNCH_TIMEOUT" "$DM_BENCH" --sizes "$csv" -n "$ITERS" -w "$WARMUP" -c 1 -a 3 \
-            --inplace-only --timeout $((LAUNCH_TIMEOUT - 10)) --json "$json" > "$log.$r" 2>&1 &
+            --inplace-only --timeout $((LAUNCH_TIMEOUT - 10)) ${mode:+--compress $mode} --json "$json" > "$log.$r" 2>&1 &
         pids+=($!)
     done
     if ! wait_ranks; then
@@ -236,6 +247,9 @@ run_dm() {  # system algo(empty: unset) rep
         return 1
     fi
     cat "$log".* > "$log"; rm -f "$log".*
+    for h in $(seq 0 $((HOSTS - 1))); do
+        echo "$sys rep=$rep host=$h tx_bytes=$(( $(tx_bytes "$h") - before[h] ))" >> "$OUT/raw/bytes.txt"
+    done
     # the algorithm, where dm_bench's rows name it ("algo"), and the transport from its JSON
     python3 - "$sys" "$rep" "$json" >> "$RAW" <<'PY' || return 1
 import json, sys
@@ -267,6 +281,7 @@ run_gloo() {  # rep
 }
 
 SYSTEMS="distmesh_auto distmesh_flat"
+for m in $COMPRESS; do SYSTEMS="$SYSTEMS distmesh_$m"; done
 if [ -n "$GLOO_BENCH" ] && [ -x "$GLOO_BENCH" ]; then SYSTEMS="$SYSTEMS gloo"
 else echo "bench-hosts: Gloo not run (no gloo_bench built: needs libgloo-dev)"; fi
 echo "bench-hosts: $HOSTS hosts x $RANKS_PER_HOST ranks, link $RATE${FLOW_RATE:+, $FLOW_RATE per flow}," \
@@ -278,6 +293,7 @@ for rep in $(seq 1 "$REPS"); do
         case $sys in
             distmesh_auto) run_dm "$sys" "" "$rep" ;;
             distmesh_flat) run_dm "$sys" flat_ring "$rep" ;;
+            distmesh_int8|distmesh_bf16) run_dm "$sys" "" "$rep" "${sys#distmesh_}" ;;
             gloo) run_gloo "$rep" ;;
         esac || exit 1
     done

@@ -12,6 +12,8 @@ import sys
 DESCRIPTION = {
     "distmesh_auto": "distmesh, DISTMESH_ALGO unset (auto)",
     "distmesh_flat": "distmesh, DISTMESH_ALGO=flat_ring",
+    "distmesh_int8": "distmesh, dm_all_reduce_compressed int8 (no error-feedback state)",
+    "distmesh_bf16": "distmesh, dm_all_reduce_compressed bf16 (no error-feedback state)",
     "gloo": "Gloo allreduce_ring_chunked (Debian libgloo), one process per rank",
 }
 
@@ -56,6 +58,19 @@ def flow_classes(path):
         if m and section and cls is not None and 0x100 <= cls <= 0x1FF and int(m[1]) > 1_000_000:
             used[section] += 1
     return used
+
+
+def bytes_sent(path):
+    """system -> bytes a host sent per launch (median over the launches of the mean over the hosts)."""
+    per = {}
+    try:
+        for line in open(path):
+            m = re.match(r"(\S+) rep=(\d+) host=(\d+) tx_bytes=(\d+)$", line.strip())
+            if m:
+                per.setdefault(m[1], {}).setdefault(int(m[2]), []).append(int(m[4]))
+    except OSError:
+        return {}
+    return {s: statistics.median(sum(v) / len(v) for v in reps.values()) for s, reps in per.items()}
 
 
 def main():
@@ -107,6 +122,11 @@ def main():
         ratio_names.append(("auto/flat", "distmesh_auto", "distmesh_flat"))
     if "distmesh_auto" in systems and "gloo" in systems:
         ratio_names.append(("auto/gloo", "distmesh_auto", "gloo"))
+    for m in ("int8", "bf16"):
+        if f"distmesh_{m}" in systems and "distmesh_auto" in systems:
+            ratio_names.append((f"{m}/auto", f"distmesh_{m}", "distmesh_auto"))
+        if f"distmesh_{m}" in systems and "gloo" in systems:
+            ratio_names.append((f"{m}/gloo", f"distmesh_{m}", "gloo"))
     head += "".join(f"  {r[0]:>9s}" for r in ratio_names) + "  auto/2-level  flat/bound"
     say(head)
     summary = []
@@ -139,6 +159,11 @@ def main():
         " flat ring over its bound" + (" (the single-flow one, the larger)" if flow else ""))
     say("# The bounds count wire bytes; TCP's payload is at most 1448 of each 1514-byte frame (MTU 1500, timestamps),"
         " so a perfect run sits at 1.05x its bound.")
+    sent = bytes_sent(f"{out}/raw/bytes.txt")
+    if sent:
+        say("# MB each host sent per launch (its link's tx counter, frames with headers; median over the launches,"
+            " then the mean over the hosts), every size and call of the launch together:")
+        say("#   " + ", ".join(f"{s}: {sent[s] / 1e6:.1f}" for s in systems if s in sent))
     used = flow_classes(tc_classes)
     if flow and used:
         say("# flow classes that carried > 1 MB over the whole run (all launches and iperf3), per device: "
