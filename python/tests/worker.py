@@ -493,10 +493,11 @@ def scenario_compress(hosts):
     x = compress_input(RANK)
     exact, b_int8, b_bf16 = compress_bounds(H)
     plain = {}
+    out["plain_algorithm"] = {}
     for opn, op in (("sum", S), ("mean", distmesh.ReduceOp.MEAN)):
         plain[opn] = x.copy()
         c.all_reduce(plain[opn], op)
-        out["plain_algorithm"] = c.last_algorithm
+        out["plain_algorithm"][opn] = c.last_algorithm
     # each mode and op: the same bytes everywhere, the algorithm, the error against the bound
     out["modes"] = {}
     for mode, bound in (("int8", b_int8), ("bf16", b_bf16)):
