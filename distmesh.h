@@ -114,6 +114,7 @@
        >>float semantics         IEEE semantics for what follows, whatever the includer's flags
        >>half                    float16 / bfloat16 conversions
        >>kernels                 dm_reduce_local, dm_divide_local
+       >>compression kernels     the error-feedback state, int8 scales and codes, bfloat16 codes
        >>log stderr              dm_log_stderr
        >>env                     strict parsing of variables, dm_env_detect
        >>core state              what the core keeps per collective beside the public struct
@@ -147,6 +148,7 @@
        >>recursive doubling      schedule: recursive doubling all-reduce
        >>ring                    schedules: ring all-reduce, ring all-gather, ring reduce-scatter
        >>single copy             a large one-host all-reduce's all-gather read from the peers' buffers
+       >>compressed rails        a rail's block across hosts as int8 or bfloat16 codes
        >>two-level               schedule: two-level all-reduce (fold, host ring, rails, pipeline)
        >>chain                   schedule: pipelined chain (broadcast)
        >>dissemination           schedule: dissemination rounds (barrier)
@@ -999,6 +1001,7 @@ struct dm_collective {
 #include <string.h>
 #include <errno.h>
 #include <limits.h>
+#include <float.h>
 #include <math.h>
 #include <time.h>
 #include <pthread.h>
@@ -1327,6 +1330,10 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
     X(ALGO,             ENUM,    "auto",  0, 0, "auto|flat|two_level|flat_ring|flat_rd|two_level_ring|two_level_rd",  \
       ENGINE, "the algorithms across hosts: a family (the model picks within it) or one algorithm "                   \
       "(see [docs/design.md](docs/design.md#across-hosts))")                                                          \
+    X(COMPRESS,         ENUM,    "none",  0, 0,       "none|bf16|int8", ENGINE,                                        \
+      "the compression of every float32 / bfloat16 / float16 sum and mean all-reduce across hosts that "               \
+      "names no mode (`dm_all_reduce`; see [docs/design.md](docs/design.md#compression)), without error feedback; "  \
+      "the same on every rank")                                                                                       \
     X(STORE,            STR,     "",      0, 319,     NULL, TCP_STORE,                                                \
       "the rendezvous store, `tcp://host:port`, `tcp://[::1]:port` or `file:///dir`; unset: "                         \
       "`tcp://MASTER_ADDR:MASTER_PORT`, else what the launcher implies (`dm_tcp_launch_detect`)")                     \
@@ -2004,6 +2011,111 @@ DM_API_IMPL dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, i
 _DM_WARM_BEGIN
 
 _DM_COLD_BEGIN
+/* >>compression kernels  What the compressed all-reduce (dm_all_reduce_compressed, the
+   schedule at >>compressed rails) computes on each rank: the error-feedback state, the dtype to
+   float32 and back, the agreed int8 scales, encoding with the residual, decoding sums. */
+struct dm_compress_state {
+    size_t count;
+    float* residual;            /* count floats: what compression dropped on this rank, in sum units */
+};
+DM_API_IMPL dm_status dm_compress_state_create(size_t count, dm_compress_state** out) {
+    dm_compress_state* s;
+    if (!out) return DM_ERR_INVALID_ARG;
+    *out = NULL;
+    if (count > SIZE_MAX / sizeof(float)) return DM_ERR_INVALID_ARG;
+    s = (dm_compress_state*)calloc(1, sizeof(*s));
+    if (!s) return DM_ERR_OUT_OF_MEMORY;
+    s->count = count;
+    s->residual = (float*)calloc(count ? count : 1, sizeof(float));
+    if (!s->residual) { free(s); return DM_ERR_OUT_OF_MEMORY; }
+    *out = s;
+    return DM_OK;
+}
+DM_API_IMPL void dm_compress_state_destroy(dm_compress_state* s) {
+    if (!s) return;
+    free(s->residual);
+    free(s);
+}
+DM_API_IMPL size_t dm_compress_state_count(const dm_compress_state* s) { return s ? s->count : 0; }
+DM_API_IMPL float* dm_compress_state_residual(dm_compress_state* s) { return s ? s->residual : NULL; }
+DM_API_IMPL const char* dm_compress_name(dm_compress mode) {
+    static const char* names[DM_COMPRESS_COUNT] = { "default", "none", "bf16", "int8" };
+    return (unsigned)mode < DM_COMPRESS_COUNT ? names[mode] : "unknown";
+}
+_DM_PRIVATE bool _dm_compressible_type(dm_dtype t) { return t == DM_FLOAT32 || t == DM_BFLOAT16 || t == DM_FLOAT16; }
+
+/* n elements of dtype t (float32, bfloat16, float16) to float32, and back (round to nearest even). */
+_DM_PRIVATE void _dm_cmp_to_float(dm_dtype t, const void* src, float* dst, size_t n) {
+    const uint16_t* h = (const uint16_t*)src;
+    size_t k;
+    if (t == DM_FLOAT32) { memcpy(dst, src, n * sizeof(float)); return; }
+    for (k = 0; k < n; k++) dst[k] = t == DM_BFLOAT16 ? dm_bfloat16_to_float(h[k]) : dm_half_to_float(h[k]);
+}
+_DM_PRIVATE void _dm_cmp_from_float(dm_dtype t, const float* src, void* dst, size_t n) {
+    uint16_t* h = (uint16_t*)dst;
+    size_t k;
+    if (t == DM_FLOAT32) { memcpy(dst, src, n * sizeof(float)); return; }
+    for (k = 0; k < n; k++) h[k] = t == DM_BFLOAT16 ? dm_float_to_bfloat16(src[k]) : dm_float_to_half(src[k]);
+}
+/* Adds the residual of elements [from, to) into buf (dtype t) and clears it there: the part of
+   the error feedback that does not meet this rank's compressed block. */
+_DM_PRIVATE void _dm_cmp_flush(dm_compress_state* s, void* buf, dm_dtype t, size_t from, size_t to) {
+    size_t es = dm_dtype_size(t), k, n;
+    float tmp[256];
+    for (k = from; k < to; k += n) {
+        size_t j;
+        bool any = false;
+        n = to - k < 256 ? to - k : 256;
+        for (j = 0; j < n && !any; j++) any = s->residual[k + j] != 0.0f;
+        if (!any) continue;
+        _dm_cmp_to_float(t, (unsigned char*)buf + k * es, tmp, n);
+        for (j = 0; j < n; j++) { tmp[j] += s->residual[k + j]; s->residual[k + j] = 0.0f; }
+        _dm_cmp_from_float(t, tmp, (unsigned char*)buf + k * es, n);
+    }
+}
+/* int8: the largest magnitude of each block of DM_COMPRESS_BLOCK elements (+inf where one is not
+   finite); the hosts then agree the maximum of each (MAX is exact in any order). */
+_DM_PRIVATE void _dm_cmp_maxima(const float* v, size_t n, float* m) {
+    size_t b, k, nb = (n + DM_COMPRESS_BLOCK - 1) / DM_COMPRESS_BLOCK;
+    for (b = 0; b < nb; b++) {
+        size_t end = (b + 1) * DM_COMPRESS_BLOCK < n ? (b + 1) * DM_COMPRESS_BLOCK : n;
+        float mx = 0.0f;
+        for (k = b * DM_COMPRESS_BLOCK; k < end; k++) {
+            float a = fabsf(v[k]);
+            if (!(a <= FLT_MAX)) { mx = INFINITY; break; }   /* inf or NaN */
+            if (a > mx) mx = a;
+        }
+        m[b] = mx;
+    }
+}
+/* int8 codes of v against the agreed maxima m: q = round(v * 127 / m) (ties away from zero; |q|
+   <= 127 since |v| <= m), 0 in a block whose maximum is 0 or not finite. res (or NULL) gets
+   what was dropped, v - q * m / 127, the residual the next call adds back. */
+_DM_PRIVATE void _dm_cmp_int8_encode(const float* v, size_t n, const float* m, int8_t* q, float* res) {
+    size_t k;
+    for (k = 0; k < n; k++) {
+        float mb = m[k / DM_COMPRESS_BLOCK], x;
+        int c = 0;
+        if (mb > 0.0f && mb <= FLT_MAX) {
+            x = v[k] * (127.0f / mb);
+            c = (int)(x >= 0.0f ? x + 0.5f : x - 0.5f);
+            c = c > 127 ? 127 : c < -127 ? -127 : c;
+        }
+        q[k] = (int8_t)c;
+        if (res) res[k] = mb <= FLT_MAX ? v[k] - (float)c * (mb / 127.0f) : 0.0f;
+    }
+}
+/* The sum of codes back to values: s * m / 127, NaN in a block whose maximum is not finite. */
+_DM_PRIVATE float _dm_cmp_int8_value(int32_t s, float mb) { return mb <= FLT_MAX ? (float)s * (mb / 127.0f) : NAN; }
+/* bfloat16 codes of v; res (or NULL) gets v - bfloat16(v) (0 where v is not finite). */
+_DM_PRIVATE void _dm_cmp_bf16_encode(const float* v, size_t n, uint16_t* q, float* res) {
+    size_t k;
+    for (k = 0; k < n; k++) {
+        q[k] = dm_float_to_bfloat16(v[k]);
+        if (res) res[k] = fabsf(v[k]) <= FLT_MAX ? v[k] - dm_bfloat16_to_float(q[k]) : 0.0f;
+    }
+}
+
 /* >>log stderr  The two loggers that print: dm_log_stderr (users pass it) and the default one of
    objects made with no logger (>>log), and DM_CHECK's dm_check_failed. */
 static const char* const _dm_log_level_names[] = { "error", "warn", "info", "debug" };
@@ -2313,6 +2425,8 @@ typedef struct _dm_core {
     uint64_t max_object_bytes;  /* DISTMESH_MAX_OBJECT_BYTES, read when the collective was made */
     struct _dm_eng* eng;        /* the group's engine where the backend runs it (TCP, the threaded
                                    world; _dm_eng_init): the core's slots (>>entry points) find it here */
+    dm_compress compress;       /* the all_reduce running now: its dm_op's mode and state (the vtable */
+    dm_compress_state* cstate;  /* slot has no room for them; set and cleared around the slot) */
 } _dm_core;
 
 _DM_COLD_END
@@ -2585,6 +2699,34 @@ _DM_PRIVATE dm_status _dm_prep_all_reduce(dm_collective* c, const void* send, vo
     _DM_TRY(_dm_check_slot(c, name, _DM_VT_HAS(c->vt, all_reduce)));
     _dm_op_init(o, DM_OP_ALL_REDUCE, dtype);
     o->send = send; o->recv = recv; o->count = count; o->op = op;
+    return DM_OK;
+}
+
+/* dm_all_reduce_compressed's checks: dm_all_reduce's, then the mode against the dtype and the
+   op, and the state's count (>>functions compression). */
+_DM_PRIVATE dm_status _dm_prep_all_reduce_compressed(dm_collective* c, const void* send, void* recv, size_t count,
+                                                     dm_dtype dtype, dm_reduce_op op, dm_compress mode,
+                                                     dm_compress_state* state, dm_op* o) {
+    static const char* name = "all_reduce";
+    _DM_TRY(_dm_prep_all_reduce(c, send, recv, count, dtype, op, o));
+    if ((unsigned)mode >= DM_COMPRESS_COUNT)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: compression mode %d is not a dm_compress", name, (int)mode);
+    if (mode == DM_COMPRESS_BF16 || mode == DM_COMPRESS_INT8) {
+        if (!_dm_compressible_type(dtype))
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: compression %s takes float32, bfloat16 or float16, not %s",
+                            name, dm_compress_name(mode), dm_dtype_name(dtype));
+        if (op != DM_SUM && op != DM_MEAN)
+            return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: compression %s takes sum or mean, not %s", name,
+                            dm_compress_name(mode), dm_reduce_op_name(op));
+    }
+    if (state && state->count != count)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: the compression state holds %zu elements, the call %zu", name,
+                        state->count, count);
+    if (state && !_dm_compressible_type(dtype))
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: a compression state takes float32, bfloat16 or float16, not %s",
+                        name, dm_dtype_name(dtype));
+    o->compress = mode;
+    o->compress_state = state;
     return DM_OK;
 }
 
@@ -3064,13 +3206,36 @@ _DM_PRIVATE dm_status _dm_run_all_to_all(dm_collective* c, const dm_op* o) {
     return st;
 }
 
+/* A compressed all_reduce (or one with a state): the mode and state ride in the core for the
+   slot (>>core state). Backends without the engine (Fake) run it exact, the state's residual
+   added first; NCCL takes none. */
+_DM_PRIVATE dm_status _dm_run_all_reduce_compressed(dm_collective* c, const dm_op* o) {
+    dm_status st;
+    if (strcmp(c->vt->name, "nccl") == 0)
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "all_reduce: the nccl backend has no compression (mode %s)",
+                        dm_compress_name(o->compress));
+    if (!c->core->eng) {
+        if (o->send != o->recv) memcpy(o->recv, o->send, o->count * dm_dtype_size(o->dtype));
+        if (o->compress_state) _dm_cmp_flush(o->compress_state, o->recv, o->dtype, 0, o->count);
+        return c->vt->all_reduce(c, o->recv, o->recv, o->count, o->dtype, o->op);
+    }
+    c->core->compress = o->compress;
+    c->core->cstate = o->compress_state;
+    st = c->vt->all_reduce(c, o->send, o->recv, o->count, o->dtype, o->op);
+    c->core->compress = DM_COMPRESS_DEFAULT;
+    c->core->cstate = NULL;
+    return st;
+}
+
 /* The operation itself; _dm_op_run below adds the flight recorder and timeline when on. */
 _DM_PRIVATE dm_status _dm_op_dispatch(dm_collective* c, const dm_op* o) {
     const dm_collective_vtable* vt = c->vt;
     _dm_op_begin(c, o);
     switch (o->kind) {
         case DM_OP_BARRIER: return _dm_run_barrier(c);
-        case DM_OP_ALL_REDUCE: return vt->all_reduce(c, o->send, o->recv, o->count, o->dtype, o->op);
+        case DM_OP_ALL_REDUCE:
+            if (o->compress || o->compress_state) return _dm_run_all_reduce_compressed(c, o);
+            return vt->all_reduce(c, o->send, o->recv, o->count, o->dtype, o->op);
         case DM_OP_ALL_GATHER:
             if (_DM_VT_HAS(vt, all_gather)) return vt->all_gather(c, o->send, o->recv, o->count, o->dtype);
             return _dm_all_gather_via_list(c, o->send, o->recv, o->count, o->dtype);
@@ -3550,6 +3715,16 @@ DM_API_IMPL dm_status dm_all_reduce_async(dm_collective* c, const void* send, vo
                                           dm_dtype dtype, dm_reduce_op op, dm_request** out) {
     _DM_ASYNC(c, out, _dm_prep_all_reduce(c, send, recv, count, dtype, op, &o_));
 }
+DM_API_IMPL dm_status dm_all_reduce_compressed(dm_collective* c, const void* send, void* recv, size_t count,
+                                               dm_dtype dtype, dm_reduce_op op, dm_compress mode,
+                                               dm_compress_state* state) {
+    _DM_BLOCKING(c, _dm_prep_all_reduce_compressed(c, send, recv, count, dtype, op, mode, state, &o_));
+}
+DM_API_IMPL dm_status dm_all_reduce_compressed_async(dm_collective* c, const void* send, void* recv, size_t count,
+                                                     dm_dtype dtype, dm_reduce_op op, dm_compress mode,
+                                                     dm_compress_state* state, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_all_reduce_compressed(c, send, recv, count, dtype, op, mode, state, &o_));
+}
 DM_API_IMPL dm_status dm_all_gather(dm_collective* c, const void* send, void* recv, size_t count,
                                     dm_dtype dtype) {
     _DM_BLOCKING(c, _dm_prep_all_gather(c, send, recv, count, dtype, &o_));
@@ -3673,6 +3848,9 @@ _DM_PRIVATE dm_status _dm_prep_op(dm_collective* c, const dm_op* in, bool queued
     switch (in->kind) {
         case DM_OP_BARRIER: return _dm_prep_barrier(c, o);
         case DM_OP_ALL_REDUCE:
+            if (in->compress || in->compress_state)
+                return _dm_prep_all_reduce_compressed(c, in->send, in->recv, in->count, in->dtype, in->op,
+                                                      in->compress, in->compress_state, o);
             return _dm_prep_all_reduce(c, in->send, in->recv, in->count, in->dtype, in->op, o);
         case DM_OP_ALL_GATHER: return _dm_prep_all_gather(c, in->send, in->recv, in->count, in->dtype, o);
         case DM_OP_ALL_GATHER_TO_LIST:
@@ -4249,8 +4427,9 @@ typedef struct _dm_abort { int32_t status, rank; char msg[248]; } _dm_abort;
 #include "distmesh_shm.h"
 
 /* >>fingerprint  Sent first by every collective on every link and compared by the receiver:
-   32 bytes, magic u32 "DMTF", kind u8, dtype u8, op u8, 0 u8, root i32, 0 u32, count u64,
-   seq u64, little-endian. One format and one message for every backend. */
+   32 bytes, magic u32 "DMTF", kind u8, dtype u8, op u8, compression u8 (all_reduce's
+   dm_compress when compressing, else 0), root i32, 0 u32, count u64, seq u64, little-endian.
+   One format and one message for every backend. */
 #define _DM_FP_MAGIC 0x46544d44u
 enum { _DM_K_ALL_REDUCE = 1, _DM_K_ALL_GATHER, _DM_K_REDUCE_SCATTER, _DM_K_BROADCAST, _DM_K_BARRIER,
        _DM_K_SETUP, _DM_K_SPLIT, _DM_K_ALL_TO_ALL, _DM_K_REDUCE, _DM_K_GATHER, _DM_K_SCATTER,
@@ -4260,6 +4439,7 @@ enum { _DM_K_ALL_REDUCE = 1, _DM_K_ALL_GATHER, _DM_K_REDUCE_SCATTER, _DM_K_BROAD
    what a receiver expected, in messages. */
 typedef struct _dm_fp {
     int kind, dtype, op, root;  /* dtype, op, root: -1 when the kind has none */
+    int compress;               /* all_reduce: DM_COMPRESS_BF16 / _INT8 when it compresses, else 0 */
     uint64_t count, seq;
 } _dm_fp;
 
@@ -4285,13 +4465,14 @@ _DM_PRIVATE const char* _dm_kind_name(int kind) {
 }
 _DM_PRIVATE void _dm_fp_make(_dm_fp* f, const dm_collective* c, int kind, int dtype, int op, int root,
                              size_t count) {
-    f->kind = kind; f->dtype = dtype; f->op = op; f->root = root;
+    f->kind = kind; f->dtype = dtype; f->op = op; f->root = root; f->compress = 0;
     f->count = (uint64_t)count; f->seq = c->seq;
 }
 _DM_PRIVATE void _dm_fp_encode(const _dm_fp* f, unsigned char* p) {
     memset(p, 0, 32);
     _dm_put32(p, _DM_FP_MAGIC);
     p[4] = (unsigned char)f->kind; p[5] = (unsigned char)f->dtype; p[6] = (unsigned char)f->op;
+    p[7] = (unsigned char)f->compress;
     _dm_put32(p + 8, (uint32_t)f->root);
     _dm_put64(p + 16, f->count);
     _dm_put64(p + 24, f->seq);
@@ -4300,13 +4481,14 @@ _DM_PRIVATE void _dm_fp_decode(const unsigned char* p, _dm_fp* f) {
     f->kind = p[4];
     f->dtype = p[5] == 0xff ? -1 : p[5];
     f->op = p[6] == 0xff ? -1 : p[6];
+    f->compress = p[7];
     f->root = (int)_dm_get32(p + 8);
     f->count = _dm_get64(p + 16);
     f->seq = _dm_get64(p + 24);
 }
 _DM_PRIVATE bool _dm_fp_equal(const _dm_fp* a, const _dm_fp* b) {
     return a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->root == b->root &&
-           a->count == b->count && a->seq == b->seq;
+           a->compress == b->compress && a->count == b->count && a->seq == b->seq;
 }
 /* "all_reduce #7 (float32, count 3, sum)", "broadcast #2 (int8, count 4, root 1)". */
 _DM_PRIVATE void _dm_fp_text(const _dm_fp* f, char* buf, size_t cap) {
@@ -4319,6 +4501,8 @@ _DM_PRIVATE void _dm_fp_text(const _dm_fp* f, char* buf, size_t cap) {
     if ((size_t)n < cap && f->op >= 0 &&
         (f->kind == _DM_K_ALL_REDUCE || f->kind == _DM_K_REDUCE_SCATTER || f->kind == _DM_K_REDUCE))
         n += snprintf(buf + n, cap - (size_t)n, ", %s", dm_reduce_op_name((dm_reduce_op)f->op));
+    if ((size_t)n < cap && f->compress > 0 && f->compress < DM_COMPRESS_COUNT)
+        n += snprintf(buf + n, cap - (size_t)n, ", compressed %s", dm_compress_name((dm_compress)f->compress));
     if ((size_t)n < cap && (f->kind == _DM_K_BROADCAST || f->kind == _DM_K_REDUCE || f->kind == _DM_K_GATHER ||
                             f->kind == _DM_K_SCATTER))
         n += snprintf(buf + n, cap - (size_t)n, ", root %d", f->root);
@@ -4350,10 +4534,15 @@ enum {
 static const char* const _dm_algo_names[_DM_ALGO_COUNT] = {
     "auto", "flat", "two_level", "flat_ring", "flat_rd", "two_level_ring", "two_level_rd"
 };
-/* DISTMESH_ALGO (unset: auto; its choices are _dm_algo_names in order, >>config
-   registry). An unknown name is DM_ERR_ENV naming what is accepted. */
-_DM_PRIVATE dm_status _dm_algo_from_env(int* out, char* err, size_t cap) {
-    return _dm_cfg_int(_DM_CFG_ALGO, out, err, cap);
+/* The engine's variables: DISTMESH_ALGO (unset: auto; its choices are _dm_algo_names in order,
+   >>config registry), and DISTMESH_COMPRESS as a dm_compress (none|bf16|int8:
+   DM_COMPRESS_NONE, _BF16, _INT8). A bad value is DM_ERR_ENV with err saying what is accepted. */
+_DM_PRIVATE dm_status _dm_eng_env(int* algo, dm_compress* compress, char* err, size_t cap) {
+    int mode = 0;
+    _DM_TRY(_dm_cfg_int(_DM_CFG_ALGO, algo, err, cap));
+    _DM_TRY(_dm_cfg_int(_DM_CFG_COMPRESS, &mode, err, cap));
+    *compress = (dm_compress)(DM_COMPRESS_NONE + mode);
+    return DM_OK;
 }
 
 /* >>engine  The state one group's schedules run on (_dm_eng: its links, scratch, host layout,
@@ -4437,6 +4626,9 @@ typedef struct _dm_eng {
     struct pollfd* pfds;        /* size + 2 x _DM_ENG_XFER_MAX + _DM_ENG_SERVICE_FDS entries for _dm_eng_block */
     _dm_layout lay;             /* which ranks share a host */
     int algo;                   /* DISTMESH_ALGO: _DM_ALGO_AUTO or the family / algorithm forced */
+    dm_compress compress_env;   /* DISTMESH_COMPRESS: DM_COMPRESS_NONE, _BF16 or _INT8 */
+    unsigned char* cbuf;        /* the compressed rails' scratch (>>compressed rails), grown on demand */
+    size_t cbuf_size;
     const _dm_link_cost* cost;  /* NULL: the model's link classes (>>choice); the model's front
                                    end gives others, to predict other networks */
     /* P's bookkeeping (>>peers). dry: transfers record their peers in `used` and move nothing.
@@ -4505,8 +4697,9 @@ _DM_PRIVATE void _dm_eng_set_hosts(_dm_eng* lk, const int* host_of) {
 
 /* a group's engine made and released: create, split, destroy */
 _DM_COLD_BEGIN
-/* Scratch, ring order (identity), one host, DISTMESH_ALGO and the wait policy; links are the
-   backend's to fill. A bad DISTMESH_ALGO is DM_ERR_ENV with its message in last_error. */
+/* Scratch, ring order (identity), one host, DISTMESH_ALGO, DISTMESH_COMPRESS and the wait
+   policy; links are the backend's to fill. A bad variable is DM_ERR_ENV with its message in
+   last_error. */
 _DM_PRIVATE dm_status _dm_eng_init(_dm_eng* lk, dm_collective* c, const char* tag, size_t chunk) {
     int r, W = c->size;
     memset(lk, 0, sizeof(*lk));
@@ -4515,7 +4708,7 @@ _DM_PRIVATE dm_status _dm_eng_init(_dm_eng* lk, dm_collective* c, const char* ta
     c->core->eng = lk;
     {
         char err[200];
-        if (_dm_algo_from_env(&lk->algo, err, sizeof(err)) != DM_OK)
+        if (_dm_eng_env(&lk->algo, &lk->compress_env, err, sizeof(err)) != DM_OK)
             return _DM_FAIL(c, DM_ERR_ENV, "%s: %s", tag, err);
     }
     chunk = chunk ? chunk : ((size_t)512 << 10);
@@ -4555,6 +4748,9 @@ _DM_PRIVATE void _dm_eng_release(_dm_eng* lk) {
     _dm_free(a, lk->tmp);
     _dm_free(a, lk->tmp2);
     lk->tmp2 = NULL;
+    _dm_free(a, lk->cbuf);
+    lk->cbuf = NULL;
+    lk->cbuf_size = 0;
     while (lk->uhead) {
         _dm_umsg* m = lk->uhead;
         lk->uhead = m->next;
@@ -5876,6 +6072,154 @@ _DM_PRIVATE dm_status _dm_sch_ring_single(_dm_eng* lk, const _dm_team* t, const 
     return _dm_sch_ring(lk, t, recv, recv, count, dtype, op, 0, fp, _DM_SCH_RING_AG);
 }
 
+/* >>compressed rails  The middle of the compressed two-level all-reduce
+   (dm_all_reduce_compressed; _dm_sch_allreduce_2l with a _dm_cmp): rail i's block, already
+   summed exactly on each host, crosses the hosts as codes (>>compression kernels) instead of
+   values. Each rank of the rail holds the same block of its host's sum:
+     int8: the hosts first agree one scale per DM_COMPRESS_BLOCK elements (recursive doubling
+           of the block maxima, MAX); each encodes against them; the codes are summed as
+           integers, so the sum is exact and the same whatever the order;
+     bf16: values rounded to bfloat16, summed in float32 in host order.
+   How the codes move: up to 3 hosts (int8) or 2 (bf16) every host sends its codes to every
+   other (an all-gather, (H-1) x the block's codes), each sums all H in host order; beyond,
+   host h owns chunk h of the block: the others send it their codes of it, it sums them (int8:
+   exactly, into int16, |sum| <= 127 H; bf16: in float32, then rounded once to bfloat16, its own
+   rounding error kept in its residual) and sends the sums back (2 (H-1)/H x the chunk's). Both
+   send fewer bytes than exact float32 sums (2 (H-1)/H x 4 bytes an element); every rank decodes
+   the same codes the same way, so all hold the same bits. With a residual (the block's part of
+   the caller's dm_compress_state), it is added before encoding and holds what encoding dropped
+   after. The links between rails' hosts beyond the ring's neighbours are met on demand. */
+typedef struct _dm_cmp {
+    dm_compress mode;           /* DM_COMPRESS_BF16 or DM_COMPRESS_INT8 */
+    float* res;                 /* the error feedback at the block's first element, or NULL */
+} _dm_cmp;
+/* Whether the rail of H hosts sends every host's codes to every other (else through owners). */
+_DM_PRIVATE bool _dm_cmp_gathers(dm_compress mode, int H) { return mode == DM_COMPRESS_INT8 ? H <= 3 : H <= 2; }
+_DM_PRIVATE unsigned char* _dm_cmp_scratch(_dm_eng* lk, size_t need) {
+    if (need > lk->cbuf_size) {
+        _dm_free(&lk->c->allocator, lk->cbuf);
+        lk->cbuf_size = 0;
+        lk->cbuf = (unsigned char*)_dm_malloc(&lk->c->allocator, need);
+        if (lk->cbuf) lk->cbuf_size = need;
+    }
+    return lk->cbuf;
+}
+/* Every host's codes (cb bytes each) to every other: host h's at all + h * len * cb. */
+_DM_PRIVATE dm_status _dm_cmp_all_gather(_dm_eng* lk, const _dm_team* rail, const _dm_fp* fp, unsigned char* all,
+                                         size_t bytes) {
+    int H = rail->n, me = rail->me, r;
+    for (r = 1; r < H; r++) {
+        int to = (me + r) % H, from = (me - r + H) % H;
+        _DM_TRY(_dm_eng_sendrecv(lk, "all_reduce", fp, _dm_team_rank(rail, to), all + (size_t)me * bytes, bytes,
+                                 _dm_team_rank(rail, from), all + (size_t)from * bytes, bytes));
+    }
+    return DM_OK;
+}
+/* The gathered codes summed into v (H x len codes, host order). */
+_DM_PRIVATE void _dm_cmp_sum_gathered(const _dm_cmp* cm, const unsigned char* all, int H, size_t len, const float* m,
+                                      float* v) {
+    size_t k;
+    int h;
+    if (cm->mode == DM_COMPRESS_INT8) {
+        const int8_t* q = (const int8_t*)all;
+        for (k = 0; k < len; k++) {
+            int32_t sum = 0;
+            for (h = 0; h < H; h++) sum += q[(size_t)h * len + k];
+            v[k] = _dm_cmp_int8_value(sum, m[k / DM_COMPRESS_BLOCK]);
+        }
+    } else {
+        const uint16_t* q = (const uint16_t*)all;
+        for (k = 0; k < len; k++) {
+            float sum = 0.0f;
+            for (h = 0; h < H; h++) sum += dm_bfloat16_to_float(q[(size_t)h * len + k]);
+            v[k] = sum;
+        }
+    }
+}
+/* Through owners: chunk me of every host's codes (mine: this host's, len codes) into in (H
+   slots of cmax codes), summed into sums (2 bytes an element, the whole block), then every
+   owner's sums to every host; decoded into v. */
+_DM_PRIVATE dm_status _dm_cmp_through_owners(_dm_eng* lk, const _dm_team* rail, const _dm_fp* fp, const _dm_cmp* cm,
+                                             const unsigned char* mine, unsigned char* in, size_t cmax,
+                                             unsigned char* sums, size_t len, const float* m, float* v) {
+    static const char* name = "all_reduce";
+    int H = rail->n, me = rail->me, r, h;
+    size_t cb = cm->mode == DM_COMPRESS_INT8 ? 1 : 2, off, n, toff, tn, k;
+    _dm_segment(len, H, me, &off, &n);
+    memcpy(in + (size_t)me * cmax * cb, mine + off * cb, n * cb);
+    for (r = 1; r < H; r++) {                   /* my chunk from every host */
+        int to = (me + r) % H, from = (me - r + H) % H;
+        _dm_segment(len, H, to, &toff, &tn);
+        _DM_TRY(_dm_eng_sendrecv(lk, name, fp, _dm_team_rank(rail, to), mine + toff * cb, tn * cb,
+                                 _dm_team_rank(rail, from), in + (size_t)from * cmax * cb, n * cb));
+    }
+    for (k = 0; k < n; k++) {                   /* summed, in host order */
+        if (cm->mode == DM_COMPRESS_INT8) {
+            int32_t sum = 0;
+            for (h = 0; h < H; h++) sum += ((const int8_t*)in)[(size_t)h * cmax + k];
+            ((int16_t*)sums)[off + k] = (int16_t)sum;
+        } else {
+            float sum = 0.0f;
+            uint16_t b;
+            for (h = 0; h < H; h++) sum += dm_bfloat16_to_float(((const uint16_t*)in)[(size_t)h * cmax + k]);
+            b = dm_float_to_bfloat16(sum);
+            ((uint16_t*)sums)[off + k] = b;
+            if (cm->res && fabsf(sum) <= FLT_MAX) cm->res[off + k] += sum - dm_bfloat16_to_float(b);
+        }
+    }
+    for (r = 1; r < H; r++) {                   /* every chunk's sums from its owner */
+        int to = (me + r) % H, from = (me - r + H) % H;
+        _dm_segment(len, H, from, &toff, &tn);
+        _DM_TRY(_dm_eng_sendrecv(lk, name, fp, _dm_team_rank(rail, to), sums + off * 2, n * 2,
+                                 _dm_team_rank(rail, from), sums + toff * 2, tn * 2));
+    }
+    for (k = 0; k < len; k++)
+        v[k] = cm->mode == DM_COMPRESS_INT8 ? _dm_cmp_int8_value(((const int16_t*)sums)[k], m[k / DM_COMPRESS_BLOCK])
+                                            : dm_bfloat16_to_float(((const uint16_t*)sums)[k]);
+    return DM_OK;
+}
+/* Rail's compressed all-reduce of block (len elements of dtype, in place), MEAN's divide last. */
+_DM_PRIVATE dm_status _dm_sch_rail_compressed(_dm_eng* lk, const _dm_team* rail, unsigned char* block, size_t len,
+                                              dm_dtype dtype, int divide, const _dm_fp* fp, const _dm_cmp* cm) {
+    int H = rail->n, me = rail->me;
+    bool gather = _dm_cmp_gathers(cm->mode, H);
+    size_t cb = cm->mode == DM_COMPRESS_INT8 ? 1 : 2, nb = (len + DM_COMPRESS_BLOCK - 1) / DM_COMPRESS_BLOCK;
+    size_t cmax = len / (size_t)H + 1, k, fl = (len + nb + 1) * sizeof(float);
+    size_t need = fl + (gather ? (size_t)H * len * cb : len * cb + (size_t)H * cmax * cb + len * 2);
+    unsigned char *scratch = _dm_cmp_scratch(lk, need), *codes, *mine;
+    float *v, *m;
+    dm_status st;
+    if (!scratch) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: all_reduce: no memory for %zu bytes", lk->tag, need);
+    v = (float*)scratch;
+    m = v + len;
+    codes = scratch + fl;
+    mine = gather ? codes + (size_t)me * len * cb : codes;
+    _dm_cmp_to_float(dtype, block, v, len);
+    if (cm->res)
+        for (k = 0; k < len; k++) v[k] += cm->res[k];
+    if (cm->mode == DM_COMPRESS_INT8) {
+        _dm_cmp_maxima(v, len, m);
+        _DM_TRY(_dm_sch_rd(lk, rail, m, nb, DM_FLOAT32, DM_MAX, 0, fp));
+        _dm_cmp_int8_encode(v, len, m, (int8_t*)mine, cm->res);
+    } else {
+        _dm_cmp_bf16_encode(v, len, (uint16_t*)mine, cm->res);
+    }
+    lk->on_demand = true;
+    if (gather) {
+        st = _dm_cmp_all_gather(lk, rail, fp, codes, len * cb);
+        if (st == DM_OK) _dm_cmp_sum_gathered(cm, codes, H, len, m, v);
+    } else {
+        st = _dm_cmp_through_owners(lk, rail, fp, cm, mine, codes + len * cb, cmax, codes + len * cb + (size_t)H * cmax * cb,
+                                    len, m, v);
+    }
+    lk->on_demand = false;
+    if (st != DM_OK) return st;
+    if (divide)
+        for (k = 0; k < len; k++) v[k] /= (float)divide;
+    _dm_cmp_from_float(dtype, v, block, len);
+    return DM_OK;
+}
+
 /* >>two-level  The two-level all-reduce: a fold onto R ranks of each host, the host's ring,
    R rails across the hosts, and the way back (_dm_sch_allreduce_2l); with R > 1 the middle runs
    pipelined by segment (_dm_sch_2l_stage). */
@@ -5984,7 +6328,7 @@ _DM_PRIVATE dm_status _dm_sch_2l_stage(_dm_eng* lk, const _dm_team* host, const 
    recursive doubling among the leaders, broadcast inside the host. Every step's order is
    fixed by the layout and the count, so the bits are the same on every transport. */
 _DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count, dm_dtype dtype, dm_reduce_op op,
-                                           int divide, const _dm_fp* fp, int R, bool rail_ring) {
+                                           int divide, const _dm_fp* fp, int R, bool rail_ring, const _dm_cmp* cm) {
     static const char* name = "all_reduce";
     const _dm_layout* y = &lk->lay;
     int me = lk->c->rank, i = y->local[me], L = _dm_sch_host_size(lk, y->host_of[me]), e, S, s;
@@ -5999,7 +6343,7 @@ _DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count
     for (e = i + R; e < L; e += R)
         _DM_TRY(_dm_eng_sendrecv_reduce(lk, name, fp, -1, NULL, host.ranks[e], recv, count, dtype, op));
     rail = _dm_sch_rail(lk, i);
-    if (_dm_sch_2l_pipelined(lk, count, R, rail_ring)) {
+    if (!cm && _dm_sch_2l_pipelined(lk, count, R, rail_ring)) {
         S = _dm_pick_2l_segments(lk, count, esize, R, rail_ring);
         if (!lk->tmp2) lk->tmp2 = (unsigned char*)_dm_malloc(&lk->c->allocator, lk->tmp_size);
         if (!lk->tmp2) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, name);
@@ -6012,6 +6356,10 @@ _DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count
         block = (unsigned char*)recv + off * esize;
         if (rail.n == 1) {
             if (divide) dm_divide_local(dtype, block, len, divide);
+        } else if (cm) {
+            _dm_cmp blk = *cm;
+            if (blk.res) blk.res += off;
+            _DM_TRY(_dm_sch_rail_compressed(lk, &rail, block, len, dtype, divide, fp, &blk));
         } else if (rail_ring && len >= (size_t)rail.n) {
             _DM_TRY(_dm_sch_ring(lk, &rail, block, block, len, dtype, op, divide, fp, _DM_SCH_RING_RS | _DM_SCH_RING_AG));
         } else {
@@ -6351,26 +6699,71 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce_in_place(_dm_eng* lk, int algo, void* 
         return _dm_sch_rd(lk, &t, buf, count, dtype, op, divide, fp);
     case _DM_ALGO_TWO_LEVEL_RING:
         return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, lk->lay.Lmin,
-                                    _dm_pick_rails_ring(lk, count, dtype));
+                                    _dm_pick_rails_ring(lk, count, dtype), NULL);
     default:                                    /* _DM_ALGO_TWO_LEVEL_RD */
-        return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, 1, false);
+        return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, 1, false, NULL);
     }
+}
+/* The compression this all_reduce asks for (>>functions compression): its dm_op's mode, or
+   DISTMESH_COMPRESS for a float sum or mean that names none; 0 for none. */
+_DM_PRIVATE int _dm_coll_compress_mode(const _dm_eng* lk, dm_dtype dtype, dm_reduce_op op) {
+    dm_compress m = lk->c->core->compress;
+    if (m == DM_COMPRESS_DEFAULT)
+        m = _dm_compressible_type(dtype) && (op == DM_SUM || op == DM_MEAN) ? lk->compress_env : DM_COMPRESS_NONE;
+    return m == DM_COMPRESS_NONE ? 0 : (int)m;
+}
+/* A compressed all_reduce (mode cm) of count elements: the two-level schedule with compressed
+   rails, or false where it cannot run and the call is exact (see >>functions compression). With
+   the caller's state, the residual outside this rank's rail block goes into buf first (all of
+   it when exact): the block's part is added where the block is encoded. */
+_DM_PRIVATE bool _dm_coll_compressed_runs(const _dm_eng* lk, size_t count, int cm) {
+    const _dm_layout* y = &lk->lay;
+    return cm && y->H >= 2 && y->H <= 258 && !_dm_pick_forced_flat(lk) && count / (size_t)y->Lmin >= (size_t)y->H;
+}
+_DM_PRIVATE dm_status _dm_coll_all_reduce_compressed(_dm_eng* lk, void* buf, size_t count, dm_dtype dtype,
+                                                     dm_reduce_op op, int divide, const _dm_fp* fp) {
+    dm_compress_state* cs = lk->c->core->cstate;
+    int R = lk->lay.Lmin, i = lk->lay.local[lk->c->rank];
+    size_t off = 0, len = 0;
+    _dm_cmp cm;
+    cm.mode = (dm_compress)fp->compress;
+    cm.res = cs ? cs->residual : NULL;
+    if (i < R) _dm_segment(count, R, i, &off, &len);
+    if (cs) {
+        _dm_cmp_flush(cs, buf, dtype, 0, off);
+        _dm_cmp_flush(cs, buf, dtype, off + len, count);
+    }
+    _dm_coll_ran(lk, cm.mode == DM_COMPRESS_INT8 ? "two_level_int8" : "two_level_bf16");
+    return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, R, false, &cm);
 }
 _DM_PRIVATE dm_status _dm_coll_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
                                           dm_dtype dtype, dm_reduce_op op) {
     _dm_eng* lk = _dm_eng_of(c);
     size_t bytes = count * dm_dtype_size(dtype);
-    int algo, divide = op == DM_MEAN ? c->size : 0;
+    int algo, divide = op == DM_MEAN ? c->size : 0, cm;
+    dm_compress_state* cs = c->core->cstate;
     _dm_team t;
     _dm_fp fp;
     _DM_TRY(_dm_eng_enter(lk, _DM_K_ALL_REDUCE, count, (int)dtype, (int)op, 0));
     _DM_TRY(_dm_eng_check_broken(lk, "all_reduce"));
+    if (cs && send != recv) {                   /* error feedback adds to this rank's data: in place */
+        if (bytes) memcpy(recv, send, bytes);
+        send = recv;
+    }
+    cm = _dm_coll_compress_mode(lk, dtype, op);
+    if (cm && _dm_coll_compressed_runs(lk, count, cm)) cs = NULL;    /* its own flush, below */
+    if (cs) _dm_cmp_flush(cs, recv, dtype, 0, count);
     if (lk->c->size == 1) {
         if (send != recv && bytes) memcpy(recv, send, bytes);
         return DM_OK;
     }
     _dm_fp_make(&fp, lk->c, _DM_K_ALL_REDUCE, (int)dtype, (int)op, 0, count);
+    fp.compress = cm;
     if (count == 0) return _dm_sch_fp_only(lk, "all_reduce", &fp);
+    if (cm && _dm_coll_compressed_runs(lk, count, cm)) {
+        if (send != recv) memcpy(recv, send, bytes);
+        return _dm_coll_all_reduce_compressed(lk, recv, count, dtype, op, divide, &fp);
+    }
     algo = _dm_pick_all_reduce(lk, count, dtype);
     _dm_coll_ran(lk, _dm_algo_names[algo]);
     if (algo == _DM_ALGO_FLAT_RING) {
@@ -7351,8 +7744,9 @@ static dm_status _dm_thread_world_create_checked(const dm_fake_desc* desc, dm_co
     _DM_TRY(_dm_cfg_check_create(&d.logger, d.timeout_ms, err, sizeof(err)));
     {
         int algo;
+        dm_compress mode;
         char why[200];
-        if (_dm_algo_from_env(&algo, why, sizeof(why)) != DM_OK)
+        if (_dm_eng_env(&algo, &mode, why, sizeof(why)) != DM_OK)
             return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_ENV, "thread: %s", why);
     }
     sh = _dm_tw_shared_new(&d.allocator, n);
