@@ -75,5 +75,5 @@ def test_ddp_compress_hook_int8_two_hosts(tmp_path_factory):
         assert abs(r["losses"][1] - r["exact_losses"][1]) < 0.1 * r["exact_losses"][1], (r["losses"], r["exact_losses"])
         assert r["same_params"]
         assert r["moved"] > 0.05
-        assert r["diff_from_exact"] < 0.05 * r["moved"], (r["diff_from_exact"], r["moved"])
+        assert 0 < r["diff_from_exact"] < 0.02 * r["moved"], (r["diff_from_exact"], r["moved"])
         assert len(r["states"]) >= 2 and r["residual_nonzero"] > 0, r["states"]
