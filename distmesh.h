@@ -2002,18 +2002,10 @@ DM_API_IMPL dm_status dm_divide_local(dm_dtype dtype, void* buf, size_t count, i
     }
     return DM_OK;
 }
-#undef _DM_DIVIDE
-#if defined(__clang__)
-#pragma float_control(pop)
-#elif defined(__GNUC__)
-#pragma GCC pop_options
-#endif
-_DM_WARM_BEGIN
-
-_DM_COLD_BEGIN
 /* >>compression kernels  What the compressed all-reduce (dm_all_reduce_compressed, the
    schedule at >>compressed rails) computes on each rank: the error-feedback state, the dtype to
-   float32 and back, the agreed int8 scales, encoding with the residual, decoding sums. */
+   float32 and back, the agreed int8 scales, encoding with the residual, summing and decoding.
+   Inside >>float semantics: the rounding trick and the sums' order must survive -Ofast. */
 struct dm_compress_state {
     size_t count;
     float* residual;            /* count floats: what compression dropped on this rank, in sum units */
@@ -2074,39 +2066,57 @@ _DM_PRIVATE void _dm_cmp_flush(dm_compress_state* s, void* buf, dm_dtype t, size
     }
 }
 /* int8: the largest magnitude of each block of DM_COMPRESS_BLOCK elements (+inf where one is not
-   finite); the hosts then agree the maximum of each (MAX is exact in any order). */
+   finite); the hosts then agree the maximum of each (MAX is exact in any order). On the bits: a
+   float's magnitude orders as its bits without the sign, and inf and NaN are the largest, so
+   an unsigned max (which vectorises) finds both. */
 _DM_PRIVATE void _dm_cmp_maxima(const float* v, size_t n, float* m) {
     size_t b, k, nb = (n + DM_COMPRESS_BLOCK - 1) / DM_COMPRESS_BLOCK;
     for (b = 0; b < nb; b++) {
         size_t end = (b + 1) * DM_COMPRESS_BLOCK < n ? (b + 1) * DM_COMPRESS_BLOCK : n;
-        float mx = 0.0f;
+        uint32_t mx = 0, u;
         for (k = b * DM_COMPRESS_BLOCK; k < end; k++) {
-            float a = fabsf(v[k]);
-            if (!(a <= FLT_MAX)) { mx = INFINITY; break; }   /* inf or NaN */
-            if (a > mx) mx = a;
+            memcpy(&u, &v[k], sizeof(u));
+            u &= 0x7fffffffu;
+            mx = u > mx ? u : mx;
         }
-        m[b] = mx;
+        if (mx >= 0x7f800000u) m[b] = INFINITY;
+        else memcpy(&m[b], &mx, sizeof(mx));
     }
 }
-/* int8 codes of v against the agreed maxima m: q = round(v * 127 / m) (ties away from zero; |q|
-   <= 127 since |v| <= m), 0 in a block whose maximum is 0 or not finite. res (or NULL) gets
-   what was dropped, v - q * m / 127, the residual the next call adds back. */
+/* Round to nearest even for |x| < 2^22, in the default rounding mode: adding and taking away
+   1.5 x 2^23 leaves no fraction bits (vectorises, no libm). */
+_DM_PRIVATE float _dm_cmp_rint(float x) { return (x + 12582912.0f) - 12582912.0f; }
+/* int8 codes of v against the agreed maxima m: q = round(v * 127 / m) (|q| <= 127 since |v| <=
+   m), 0 in a block whose maximum is 0 or not finite. res (or NULL) gets what was dropped, v - q
+   x m / 127, the residual the next call adds back (0 where the block is not finite). */
 _DM_PRIVATE void _dm_cmp_int8_encode(const float* v, size_t n, const float* m, int8_t* q, float* res) {
-    size_t k;
-    for (k = 0; k < n; k++) {
-        float mb = m[k / DM_COMPRESS_BLOCK], x;
-        int c = 0;
-        if (mb > 0.0f && mb <= FLT_MAX) {
-            x = v[k] * (127.0f / mb);
-            c = (int)(x >= 0.0f ? x + 0.5f : x - 0.5f);
+    size_t b, k, nb = (n + DM_COMPRESS_BLOCK - 1) / DM_COMPRESS_BLOCK;
+    for (b = 0; b < nb; b++) {
+        size_t lo = b * DM_COMPRESS_BLOCK, end = lo + DM_COMPRESS_BLOCK < n ? lo + DM_COMPRESS_BLOCK : n;
+        float mb = m[b], inv = mb > 0.0f && mb <= FLT_MAX ? 127.0f / mb : 0.0f, sc = mb / 127.0f;
+        for (k = lo; k < end; k++) {
+            int c = (int)_dm_cmp_rint(v[k] * inv);
             c = c > 127 ? 127 : c < -127 ? -127 : c;
+            q[k] = (int8_t)c;
         }
-        q[k] = (int8_t)c;
-        if (res) res[k] = mb <= FLT_MAX ? v[k] - (float)c * (mb / 127.0f) : 0.0f;
+        if (!res) continue;
+        if (mb <= FLT_MAX)
+            for (k = lo; k < end; k++) res[k] = v[k] - (float)q[k] * sc;
+        else
+            for (k = lo; k < end; k++) res[k] = 0.0f;
     }
 }
-/* The sum of codes back to values: s * m / 127, NaN in a block whose maximum is not finite. */
-_DM_PRIVATE float _dm_cmp_int8_value(int32_t s, float mb) { return mb <= FLT_MAX ? (float)s * (mb / 127.0f) : NAN; }
+/* The sums of codes back to values: s x m / 127, NaN in a block whose maximum is not finite.
+   sum(k) is element k's sum of codes. */
+#define _DM_CMP_INT8_DECODE(n, m, out, sum)                                                          \
+    do {                                                                                             \
+        size_t b_, k_, nb_ = ((n) + DM_COMPRESS_BLOCK - 1) / DM_COMPRESS_BLOCK;                      \
+        for (b_ = 0; b_ < nb_; b_++) {                                                               \
+            size_t lo_ = b_ * DM_COMPRESS_BLOCK, end_ = lo_ + DM_COMPRESS_BLOCK < (n) ? lo_ + DM_COMPRESS_BLOCK : (n); \
+            float mb_ = (m)[b_], sc_ = mb_ <= FLT_MAX ? mb_ / 127.0f : NAN;                          \
+            for (k_ = lo_; k_ < end_; k_++) (out)[k_] = (float)(sum(k_)) * sc_;                      \
+        }                                                                                            \
+    } while (0)
 /* bfloat16 codes of v; res (or NULL) gets v - bfloat16(v) (0 where v is not finite). */
 _DM_PRIVATE void _dm_cmp_bf16_encode(const float* v, size_t n, uint16_t* q, float* res) {
     size_t k;
@@ -2116,6 +2126,84 @@ _DM_PRIVATE void _dm_cmp_bf16_encode(const float* v, size_t n, uint16_t* q, floa
     }
 }
 
+/* v += res (the error feedback), and MEAN's divide. */
+_DM_PRIVATE void _dm_cmp_add(float* v, const float* res, size_t n) {
+    size_t k;
+    for (k = 0; k < n; k++) v[k] += res[k];
+}
+_DM_PRIVATE void _dm_cmp_divide(float* v, size_t n, int divide) {
+    size_t k;
+    for (k = 0; k < n; k++) v[k] /= (float)divide;
+}
+/* H hosts' gathered codes (host h's at all + h x len codes) summed into v in host order: int8
+   exactly as integers (H <= 3 here, one loop each so it vectorises) and decoded against the
+   agreed maxima m. */
+_DM_PRIVATE void _dm_cmp_sum_gathered(dm_compress mode, const unsigned char* all, int H, size_t len, const float* m,
+                                      float* v) {
+    size_t k;
+    int h;
+    if (mode == DM_COMPRESS_INT8) {
+        const int8_t *q0 = (const int8_t*)all, *q1 = q0 + len, *q2 = q1 + len;
+#define _DM_CMP_SUM2(k) ((int32_t)q0[k] + q1[k])
+#define _DM_CMP_SUM3(k) ((int32_t)q0[k] + q1[k] + q2[k])
+        if (H == 2) _DM_CMP_INT8_DECODE(len, m, v, _DM_CMP_SUM2);
+        else _DM_CMP_INT8_DECODE(len, m, v, _DM_CMP_SUM3);
+#undef _DM_CMP_SUM2
+#undef _DM_CMP_SUM3
+    } else {
+        const uint16_t* q = (const uint16_t*)all;
+        for (k = 0; k < len; k++) v[k] = dm_bfloat16_to_float(q[k]);
+        for (h = 1; h < H; h++)
+            for (k = 0; k < len; k++) v[k] += dm_bfloat16_to_float(q[(size_t)h * len + k]);
+    }
+}
+/* An owner's chunk (n elements): H hosts' codes of it (host h's at in + h x cmax codes) summed in
+   host order into sums (2 bytes each): int8 exactly as int16; bf16 in float32, rounded to
+   bfloat16 once, the rounding's error added to res (or NULL) where finite. */
+_DM_PRIVATE void _dm_cmp_owner_sum(dm_compress mode, const unsigned char* in, int H, size_t cmax, size_t n,
+                                   unsigned char* sums, float* res) {
+    size_t k;
+    int h;
+    if (mode == DM_COMPRESS_INT8) {
+        const int8_t* q = (const int8_t*)in;
+        int16_t* out = (int16_t*)(void*)sums;
+        for (k = 0; k < n; k++) {
+            int32_t sum = 0;
+            for (h = 0; h < H; h++) sum += q[(size_t)h * cmax + k];
+            out[k] = (int16_t)sum;
+        }
+    } else {
+        const uint16_t* q = (const uint16_t*)(const void*)in;
+        uint16_t* out = (uint16_t*)(void*)sums;
+        for (k = 0; k < n; k++) {
+            float sum = 0.0f;
+            for (h = 0; h < H; h++) sum += dm_bfloat16_to_float(q[(size_t)h * cmax + k]);
+            out[k] = dm_float_to_bfloat16(sum);
+            if (res && fabsf(sum) <= FLT_MAX) res[k] += sum - dm_bfloat16_to_float(out[k]);
+        }
+    }
+}
+/* The owners' sums (2 bytes an element, len) decoded into v. */
+_DM_PRIVATE void _dm_cmp_decode_sums(dm_compress mode, const unsigned char* sums, size_t len, const float* m, float* v) {
+    size_t k;
+    if (mode == DM_COMPRESS_INT8) {
+        const int16_t* q = (const int16_t*)(const void*)sums;
+#define _DM_CMP_SUMS(k) q[k]
+        _DM_CMP_INT8_DECODE(len, m, v, _DM_CMP_SUMS);
+#undef _DM_CMP_SUMS
+    } else {
+        for (k = 0; k < len; k++) v[k] = dm_bfloat16_to_float(((const uint16_t*)(const void*)sums)[k]);
+    }
+}
+#undef _DM_DIVIDE
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+_DM_WARM_BEGIN
+
+_DM_COLD_BEGIN
 /* >>log stderr  The two loggers that print: dm_log_stderr (users pass it) and the default one of
    objects made with no logger (>>log), and DM_CHECK's dm_check_failed. */
 static const char* const _dm_log_level_names[] = { "error", "warn", "info", "debug" };
@@ -6115,27 +6203,6 @@ _DM_PRIVATE dm_status _dm_cmp_all_gather(_dm_eng* lk, const _dm_team* rail, cons
     }
     return DM_OK;
 }
-/* The gathered codes summed into v (H x len codes, host order). */
-_DM_PRIVATE void _dm_cmp_sum_gathered(const _dm_cmp* cm, const unsigned char* all, int H, size_t len, const float* m,
-                                      float* v) {
-    size_t k;
-    int h;
-    if (cm->mode == DM_COMPRESS_INT8) {
-        const int8_t* q = (const int8_t*)all;
-        for (k = 0; k < len; k++) {
-            int32_t sum = 0;
-            for (h = 0; h < H; h++) sum += q[(size_t)h * len + k];
-            v[k] = _dm_cmp_int8_value(sum, m[k / DM_COMPRESS_BLOCK]);
-        }
-    } else {
-        const uint16_t* q = (const uint16_t*)all;
-        for (k = 0; k < len; k++) {
-            float sum = 0.0f;
-            for (h = 0; h < H; h++) sum += dm_bfloat16_to_float(q[(size_t)h * len + k]);
-            v[k] = sum;
-        }
-    }
-}
 /* Through owners: chunk me of every host's codes (mine: this host's, len codes) into in (H
    slots of cmax codes), summed into sums (2 bytes an element, the whole block), then every
    owner's sums to every host; decoded into v. */
@@ -6143,8 +6210,8 @@ _DM_PRIVATE dm_status _dm_cmp_through_owners(_dm_eng* lk, const _dm_team* rail, 
                                              const unsigned char* mine, unsigned char* in, size_t cmax,
                                              unsigned char* sums, size_t len, const float* m, float* v) {
     static const char* name = "all_reduce";
-    int H = rail->n, me = rail->me, r, h;
-    size_t cb = cm->mode == DM_COMPRESS_INT8 ? 1 : 2, off, n, toff, tn, k;
+    int H = rail->n, me = rail->me, r;
+    size_t cb = cm->mode == DM_COMPRESS_INT8 ? 1 : 2, off, n, toff, tn;
     _dm_segment(len, H, me, &off, &n);
     memcpy(in + (size_t)me * cmax * cb, mine + off * cb, n * cb);
     for (r = 1; r < H; r++) {                   /* my chunk from every host */
@@ -6153,50 +6220,35 @@ _DM_PRIVATE dm_status _dm_cmp_through_owners(_dm_eng* lk, const _dm_team* rail, 
         _DM_TRY(_dm_eng_sendrecv(lk, name, fp, _dm_team_rank(rail, to), mine + toff * cb, tn * cb,
                                  _dm_team_rank(rail, from), in + (size_t)from * cmax * cb, n * cb));
     }
-    for (k = 0; k < n; k++) {                   /* summed, in host order */
-        if (cm->mode == DM_COMPRESS_INT8) {
-            int32_t sum = 0;
-            for (h = 0; h < H; h++) sum += ((const int8_t*)in)[(size_t)h * cmax + k];
-            ((int16_t*)sums)[off + k] = (int16_t)sum;
-        } else {
-            float sum = 0.0f;
-            uint16_t b;
-            for (h = 0; h < H; h++) sum += dm_bfloat16_to_float(((const uint16_t*)in)[(size_t)h * cmax + k]);
-            b = dm_float_to_bfloat16(sum);
-            ((uint16_t*)sums)[off + k] = b;
-            if (cm->res && fabsf(sum) <= FLT_MAX) cm->res[off + k] += sum - dm_bfloat16_to_float(b);
-        }
-    }
+    _dm_cmp_owner_sum(cm->mode, in, H, cmax, n, sums + off * 2, cm->res ? cm->res + off : NULL);
     for (r = 1; r < H; r++) {                   /* every chunk's sums from its owner */
         int to = (me + r) % H, from = (me - r + H) % H;
         _dm_segment(len, H, from, &toff, &tn);
         _DM_TRY(_dm_eng_sendrecv(lk, name, fp, _dm_team_rank(rail, to), sums + off * 2, n * 2,
                                  _dm_team_rank(rail, from), sums + toff * 2, tn * 2));
     }
-    for (k = 0; k < len; k++)
-        v[k] = cm->mode == DM_COMPRESS_INT8 ? _dm_cmp_int8_value(((const int16_t*)sums)[k], m[k / DM_COMPRESS_BLOCK])
-                                            : dm_bfloat16_to_float(((const uint16_t*)sums)[k]);
+    _dm_cmp_decode_sums(cm->mode, sums, len, m, v);
     return DM_OK;
 }
-/* Rail's compressed all-reduce of block (len elements of dtype, in place), MEAN's divide last. */
+/* Rail's compressed all-reduce of block (len elements of dtype, in place), MEAN's divide last.
+   Float32 is worked on in place; the 16-bit dtypes through float32 scratch. */
 _DM_PRIVATE dm_status _dm_sch_rail_compressed(_dm_eng* lk, const _dm_team* rail, unsigned char* block, size_t len,
                                               dm_dtype dtype, int divide, const _dm_fp* fp, const _dm_cmp* cm) {
     int H = rail->n, me = rail->me;
-    bool gather = _dm_cmp_gathers(cm->mode, H);
+    bool gather = _dm_cmp_gathers(cm->mode, H), f32 = dtype == DM_FLOAT32;
     size_t cb = cm->mode == DM_COMPRESS_INT8 ? 1 : 2, nb = (len + DM_COMPRESS_BLOCK - 1) / DM_COMPRESS_BLOCK;
-    size_t cmax = len / (size_t)H + 1, k, fl = (len + nb + 1) * sizeof(float);
+    size_t cmax = len / (size_t)H + 1, fl = ((f32 ? 0 : len) + nb + 1) * sizeof(float);
     size_t need = fl + (gather ? (size_t)H * len * cb : len * cb + (size_t)H * cmax * cb + len * 2);
     unsigned char *scratch = _dm_cmp_scratch(lk, need), *codes, *mine;
     float *v, *m;
     dm_status st;
     if (!scratch) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: all_reduce: no memory for %zu bytes", lk->tag, need);
-    v = (float*)scratch;
-    m = v + len;
+    m = (float*)(void*)scratch;                 /* the maxima (nb + 1), then v (16-bit dtypes), then codes */
+    v = f32 ? (float*)(void*)block : m + nb + 1;
     codes = scratch + fl;
     mine = gather ? codes + (size_t)me * len * cb : codes;
-    _dm_cmp_to_float(dtype, block, v, len);
-    if (cm->res)
-        for (k = 0; k < len; k++) v[k] += cm->res[k];
+    if (!f32) _dm_cmp_to_float(dtype, block, v, len);
+    if (cm->res) _dm_cmp_add(v, cm->res, len);
     if (cm->mode == DM_COMPRESS_INT8) {
         _dm_cmp_maxima(v, len, m);
         _DM_TRY(_dm_sch_rd(lk, rail, m, nb, DM_FLOAT32, DM_MAX, 0, fp));
@@ -6207,16 +6259,15 @@ _DM_PRIVATE dm_status _dm_sch_rail_compressed(_dm_eng* lk, const _dm_team* rail,
     lk->on_demand = true;
     if (gather) {
         st = _dm_cmp_all_gather(lk, rail, fp, codes, len * cb);
-        if (st == DM_OK) _dm_cmp_sum_gathered(cm, codes, H, len, m, v);
+        if (st == DM_OK) _dm_cmp_sum_gathered(cm->mode, codes, H, len, m, v);
     } else {
         st = _dm_cmp_through_owners(lk, rail, fp, cm, mine, codes + len * cb, cmax, codes + len * cb + (size_t)H * cmax * cb,
                                     len, m, v);
     }
     lk->on_demand = false;
     if (st != DM_OK) return st;
-    if (divide)
-        for (k = 0; k < len; k++) v[k] /= (float)divide;
-    _dm_cmp_from_float(dtype, v, block, len);
+    if (divide) _dm_cmp_divide(v, len, divide);
+    if (!f32) _dm_cmp_from_float(dtype, v, block, len);
     return DM_OK;
 }
 

@@ -38,6 +38,9 @@
                        (default), or a TCP store that rank 0 hosts (as dm_init does)
      --launcher-env    with --np: each rank also gets RANK, WORLD_SIZE, LOCAL_RANK and
                        LOCAL_WORLD_SIZE (its --hosts block), as torchrun sets them
+     --compress none|bf16|int8  all_reduce through dm_all_reduce_compressed with this mode
+                       (no error-feedback state); the check then takes the compressed bound
+                       (int8: world x the largest |value| / 254 per element, bf16: 2^-8 relative)
    Sizes follow nccl-tests: all_reduce/broadcast size = bytes per rank; all_gather size = bytes
    received (world x count); reduce_scatter size = bytes sent (world x count). algbw = size /
    time; busbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for
@@ -92,6 +95,7 @@ typedef struct bench_args {
     size_t chunk_bytes;
     size_t sizes[64];          /* -S list; nsizes 0 -> the -b/-e sweep */
     int nsizes;
+    dm_compress compress;      /* --compress: DM_COMPRESS_DEFAULT when not given */
 } bench_args;
 
 typedef struct bench_row {
@@ -113,6 +117,16 @@ static const char* type_name(dm_dtype t) {
 }
 
 /* >>args */
+static int parse_compress(const char* v, bench_args* a) {
+    if (strcmp(v, "none") == 0) a->compress = DM_COMPRESS_NONE;
+    else if (strcmp(v, "bf16") == 0) a->compress = DM_COMPRESS_BF16;
+    else if (strcmp(v, "int8") == 0) a->compress = DM_COMPRESS_INT8;
+    else {
+        fprintf(stderr, "dm_bench: --compress %s: expected none, bf16 or int8\n", v);
+        return -1;
+    }
+    return 0;
+}
 static int parse_size(const char* flag, const char* s, size_t* out) {
     char* end = NULL;
     double v;
@@ -200,7 +214,7 @@ static void usage(FILE* f) {
 enum opt_id {
     O_MINB, O_MAXB, O_STEPB, O_STEPF, O_ITERS, O_WARMUP, O_AGG, O_CHECK, O_REDOP, O_DTYPE, O_ROOT, O_THREADS,
     O_GPUS, O_AVERAGE, O_BLOCKING, O_CPUTIME, O_GRAPH, O_PINIT, O_COLL, O_NP, O_BACKEND, O_JSON, O_TIMEOUT,
-    O_CHUNK, O_SIZES, O_RSS, O_INPLACE, O_HOSTS, O_SETUP, O_STORE, O_LAUNCHER_ENV, O_HELP
+    O_CHUNK, O_SIZES, O_RSS, O_INPLACE, O_HOSTS, O_SETUP, O_STORE, O_LAUNCHER_ENV, O_COMPRESS, O_HELP
 };
 static const struct { const char* sh; const char* lg; int has_value; int id; } k_opts[] = {
     { "-b", "--minbytes", 1, O_MINB },      { "-e", "--maxbytes", 1, O_MAXB },
@@ -218,7 +232,8 @@ static const struct { const char* sh; const char* lg; int has_value; int id; } k
     { "-S", "--sizes", 1, O_SIZES },        { "-R", "--rss", 0, O_RSS },
     { "-I", "--inplace-only", 0, O_INPLACE }, { NULL, "--hosts", 1, O_HOSTS },
     { NULL, "--setup", 0, O_SETUP },        { NULL, "--store", 1, O_STORE },
-    { NULL, "--launcher-env", 0, O_LAUNCHER_ENV }, { "-h", "--help", 0, O_HELP },
+    { NULL, "--launcher-env", 0, O_LAUNCHER_ENV }, { NULL, "--compress", 1, O_COMPRESS },
+    { "-h", "--help", 0, O_HELP },
 };
 #define NOPTS ((int)(sizeof(k_opts) / sizeof(k_opts[0])))
 
@@ -293,6 +308,7 @@ static int parse_args(int argc, char** argv, bench_args* a) {
             case O_RSS: a->report_rss = 1; break;
             case O_INPLACE: a->inplace_only = 1; break;
             case O_HOSTS: rc = parse_int(f, v, &a->hosts); break;
+            case O_COMPRESS: rc = parse_compress(v, a); break;
             case O_SETUP: a->report_setup = 1; break;
             case O_STORE:
                 if (strcmp(v, "rank0") == 0) a->store_rank0 = 1;
@@ -430,8 +446,12 @@ static double expected_reduce(const bench_args* a, int world, size_t i) {
     }
     return acc;
 }
-static int close_enough(const bench_args* a, double got, double want) {
+static int close_enough(const bench_args* a, int world, double got, double want) {
     double tol = a->dtype == DM_FLOAT16 || a->dtype == DM_BFLOAT16 ? 1e-2 : a->dtype == DM_FLOAT32 ? 1e-6 : 0;
+    if (a->compress == DM_COMPRESS_INT8 || a->compress == DM_COMPRESS_BF16) {   /* values below 16: */
+        double lim = a->compress == DM_COMPRESS_INT8 ? world * 16.0 / 254 : world * 16.0 / 256;
+        return fabs(got - want) <= lim + 1e-3 * fabs(want);   /* distmesh.h >>functions compression */
+    }
     if (!is_int(a->dtype) && a->redop == DM_MEAN) return fabs(got - want) <= tol * fabs(want) + tol;
     return got == want;
 }
@@ -452,6 +472,9 @@ static dm_status run_once(const bench_args* a, dm_collective* c, const bench_buf
     unsigned char* send = (unsigned char*)b->send;
     switch (a->op) {
         case OP_ALL_REDUCE:
+            if (a->compress != DM_COMPRESS_DEFAULT)
+                return dm_all_reduce_compressed(c, in_place ? NULL : send, in_place ? send : recv, count, a->dtype,
+                                                a->redop, a->compress, NULL);
             return dm_all_reduce(c, in_place ? NULL : send, in_place ? send : recv, count, a->dtype, a->redop);
         case OP_ALL_GATHER:
             return dm_all_gather(c, in_place ? recv + (size_t)dm_rank(c) * block : send, recv, count, a->dtype);
@@ -492,7 +515,7 @@ static long long count_wrong(const bench_args* a, dm_collective* c, const bench_
     switch (a->op) {
         case OP_ALL_REDUCE: {
             const void* out = in_place ? b->send : b->recv;
-            for (i = 0; i < count; i++) wrong += !close_enough(a, load_value(a->dtype, out, i), expected_reduce(a, world, i));
+            for (i = 0; i < count; i++) wrong += !close_enough(a, world, load_value(a->dtype, out, i), expected_reduce(a, world, i));
             break;
         }
         case OP_ALL_GATHER:
@@ -503,7 +526,7 @@ static long long count_wrong(const bench_args* a, dm_collective* c, const bench_
         case OP_REDUCE_SCATTER: {
             const unsigned char* out = in_place ? (unsigned char*)b->send + (size_t)rank * block : (unsigned char*)b->recv;
             for (i = 0; i < count; i++)
-                wrong += !close_enough(a, load_value(a->dtype, out, i), expected_reduce(a, world, (size_t)rank * count + i));
+                wrong += !close_enough(a, world, load_value(a->dtype, out, i), expected_reduce(a, world, (size_t)rank * count + i));
             break;
         }
         default: {
