@@ -8,22 +8,23 @@ public API, no second implementation), with the seeds' classes and names.
 
     import distmesh.torch                     # registers the "distmesh" torch.distributed backend
 
-Classes: Collective (Optimus-DL), FakeCollective, Mesh, Request; DistributedInterface,
+Classes: Collective (Optimus-DL), FakeCollective, Mesh, Request, CompressState (the error
+feedback of all_reduce(..., compress="int8", state=...)); DistributedInterface,
 DistributedStrategy, Dim (LLaMA-Factory). Functions: init, connect, connect_nccl (a build with
 NCCL: nccl_built), thread_world, env. Errors:
 distmesh.Error and its subclasses (PeerLost, Timeout, Mismatch, Aborted, ...), each with
 .status, .status_name, .message. See docs/python.md.
 """
-from ._C import (VERSION as __version__, Request, Error, InvalidArgument, OutOfMemory, Unsupported,
-                 InternalError, Timeout, PeerLost, Mismatch, NetworkError, ProtocolError, NotFound,
+from ._C import (VERSION as __version__, Request, CompressState, Error, InvalidArgument, OutOfMemory,
+                 Unsupported, InternalError, Timeout, PeerLost, Mismatch, NetworkError, ProtocolError, NotFound,
                  Refused, EnvError, CudaError, NcclError, Aborted, FileSystemError, Busy)
 from .collective import (ReduceOp, IN_PLACE, Collective, FakeCollective, Mesh, init, connect, connect_nccl, thread_world,
                          env, nccl_built)
 from .strategy import Dim, DistributedStrategy, DistributedInterface
 
 __all__ = [
-    "ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "Request", "init", "connect", "connect_nccl",
-    "thread_world", "env", "nccl_built",
+    "ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "Request", "CompressState", "init", "connect",
+    "connect_nccl", "thread_world", "env", "nccl_built",
     "Dim", "DistributedStrategy", "DistributedInterface",
     "Error", "InvalidArgument", "OutOfMemory", "Unsupported", "InternalError", "Timeout", "PeerLost",
     "Mismatch", "NetworkError", "ProtocolError", "NotFound", "Refused", "EnvError", "CudaError", "NcclError",

@@ -93,7 +93,9 @@ class Collective(_C.Comm):
     or a ``DistributedInterface``. Tensor methods work in place on the caller's buffers.
 
     From the C type: rank, world_size, local_rank, local_world_size, is_master,
-    is_local_master, backend, transport, sequence, last_error; barrier, all_reduce(tensor, op),
+    is_local_master, backend, transport, sequence, last_error; barrier, all_reduce(tensor, op,
+    send=None, compress=None, state=None) (compress "bf16" / "int8": the stage between hosts
+    compressed, a CompressState for error feedback),
     all_gather(output, input), all_gather_to_list(outputs, input), reduce_scatter,
     broadcast(tensor, source_rank=0), reduce, gather, scatter, all_to_all, all_to_all_v, send,
     recv (each with async_op=False; True returns a Request), split, abort, close."""

@@ -26,6 +26,10 @@ through it; when that store is a TCPStore (env://, tcp://, torchrun) distmesh's 
 client meets on the same server (torch 1.13's protocol and 2.x's); any other store (FileStore,
 HashStore) carries the address of a distmesh store that rank 0 starts on MASTER_ADDR (default
 127.0.0.1) and an ephemeral port.
+
+compress_hook(mode) is a DDP communication hook that averages gradients with distmesh's
+compressed all-reduce (int8 or bf16 between hosts, exact inside a host, error feedback per
+bucket): model.register_comm_hook(group, distmesh.torch.compress_hook("int8")).
 """
 import inspect
 import os
@@ -38,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .collective import Collective, _ms, _register_process_group_factory
+from .collective import Collective, ReduceOp, _ms, _register_process_group_factory
 
 try:                                            # torch 1.13 and 2.x
     from torch._C._distributed_c10d import ProcessGroup as _ProcessGroupBase
@@ -46,7 +50,7 @@ try:                                            # torch 1.13 and 2.x
 except ImportError as e:                        # pragma: no cover - a torch without c10d
     raise ImportError("distmesh.torch needs torch.distributed (c10d): %s" % e)
 
-__all__ = ["ProcessGroup", "Work", "collective", "device_mesh", "BACKEND"]
+__all__ = ["ProcessGroup", "Work", "collective", "device_mesh", "compress_hook", "BACKEND"]
 
 BACKEND = "distmesh"
 
@@ -537,3 +541,47 @@ def collective(group=None):
         raise TypeError("not a distmesh process group: %r" % (group,))
     return group.collective
 
+
+
+_COMPRESS_MODES = ("none", "bf16", "int8")
+_COMPRESSIBLE = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def compress_hook(mode="int8"):
+    """A DDP communication hook averaging each gradient bucket with distmesh's compressed
+    all-reduce: ``model.register_comm_hook(group, distmesh.torch.compress_hook("int8"))``, with
+    group a "distmesh" process group (None: the default group, which must be one).
+
+    mode: "int8" (8-bit codes, one scale per block of 256 elements), "bf16" or "none" (exact).
+    Only the stage between hosts is compressed (inside a host the sum is exact; on one host the
+    whole call is exact), and every rank gets the same bits. The hook keeps one
+    distmesh.CompressState per bucket (by bucket.index(); a new one, zeros, when the bucket's
+    size changes, as when DDP rebuilds its buckets after the first step), so what compression
+    drops on a step is added to the next one (error feedback). Register one hook per model.
+    float64 gradients are averaged exactly (distmesh compresses float32, bfloat16 and float16).
+    Each call is one async distmesh request (MEAN over the group); its future is completed by
+    the group's completer thread."""
+    if mode not in _COMPRESS_MODES:
+        raise ValueError("compress_hook: mode must be one of %s, got %r" % (", ".join(map(repr, _COMPRESS_MODES)),
+                                                                            mode))
+    states = {}
+    lock = threading.Lock()
+
+    def distmesh_compress_hook(state, bucket):
+        group = state if state is not None else dist.distributed_c10d._get_default_group()
+        if not isinstance(group, ProcessGroup):
+            raise TypeError("distmesh.torch.compress_hook: the hook's state must be a distmesh process group "
+                            "(or None for the default group, when it is one), got %r" % (group,))
+        buf = _cpu(bucket.buffer(), "compress_hook")
+        if buf.dtype in _COMPRESSIBLE:
+            with lock:
+                cs = states.get(bucket.index())
+                if cs is None or cs.count != buf.numel():
+                    cs = states[bucket.index()] = _C.CompressState(buf.numel())
+            req = group.collective.all_reduce(buf, ReduceOp.MEAN, compress=mode, state=cs, async_op=True)
+        else:
+            req = group.collective.all_reduce(buf, ReduceOp.MEAN, async_op=True)
+        return _future_of(_Call([req], buf, None), group._completer)
+
+    distmesh_compress_hook.states = states          # bucket index -> its CompressState (tests, checkpoints)
+    return distmesh_compress_hook

@@ -15,6 +15,7 @@
      >>holders   Comm, Mesh, Strategy: who owns which handle; closing a holder closes its
                  dependents first
      >>sigint    Ctrl-C during a blocking call on the main thread: dm_abort from a watcher thread
+     >>compress  CompressState: a compressed all-reduce's error-feedback state
      >>ops       one call: a dm_op and its buffers, run blocking or queued
      >>request   Request: an async call's buffers until it completes
      >>comm      Comm: accessors, collectives, groups
@@ -913,6 +914,117 @@ static void dmpy_sig_end(dmpy_sig* s) {
 }
 
 /* ============================================================================================ */
+/* >>compress  distmesh.CompressState(count): a dm_compress_state (the error feedback of
+   all_reduce(..., compress=, state=)), count float32 residuals. The object is itself a
+   writable buffer of them (format "f", shape (count,)); .residual is a memoryview of it, which
+   keeps the state alive while it is used. A call that takes the state holds a reference to it
+   until it completes (async too) and marks it in use: the C state is one call at a time, so a
+   second call or reset() meanwhile raises Busy before anything is sent. */
+typedef struct dmpy_cstate {
+    PyObject_HEAD
+    dm_compress_state* s;
+    Py_ssize_t count;           /* the buffer's shape */
+    bool inuse;                 /* a call holds it */
+} dmpy_cstate;
+static PyTypeObject dmpy_CompressStateType;
+
+static PyObject* dmpy_cstate_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
+    static char* kwlist[] = { "count", NULL };
+    PyObject* counto;
+    Py_ssize_t count;
+    dm_compress_state* s = NULL;
+    dmpy_cstate* o;
+    dm_status st;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:CompressState", kwlist, &counto)) return NULL;
+    if (PyBool_Check(counto) || !PyIndex_Check(counto)) {
+        PyErr_Format(PyExc_TypeError, "count must be an int, not %.100s", Py_TYPE(counto)->tp_name);
+        return NULL;
+    }
+    count = PyNumber_AsSsize_t(counto, PyExc_OverflowError);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    if (count < 0) {
+        PyErr_Format(PyExc_ValueError, "count must be >= 0, got %zd", count);
+        return NULL;
+    }
+    st = dm_compress_state_create((size_t)count, &s);
+    if (st != DM_OK) return dmpy_raise(st, dm_last_error(NULL));
+    o = (dmpy_cstate*)type->tp_alloc(type, 0);
+    if (!o) { dm_compress_state_destroy(s); return NULL; }
+    o->s = s;
+    o->count = (Py_ssize_t)dm_compress_state_count(s);
+    o->inuse = false;
+    return (PyObject*)o;
+}
+static void dmpy_cstate_dealloc(dmpy_cstate* o) {
+    dm_compress_state_destroy(o->s);        /* no call holds it: each holds a reference */
+    o->s = NULL;
+    Py_TYPE(o)->tp_free((PyObject*)o);
+}
+static int dmpy_cstate_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+    dmpy_cstate* o = (dmpy_cstate*)self;
+    float* r = dm_compress_state_residual(o->s);
+    static float empty;
+    if (PyBuffer_FillInfo(view, self, r ? (void*)r : (void*)&empty, o->count * (Py_ssize_t)sizeof(float), 0,
+                          flags) < 0)
+        return -1;
+    view->itemsize = sizeof(float);
+    if (flags & PyBUF_FORMAT) view->format = (char*)"f";
+    if (flags & PyBUF_ND) view->shape = &o->count;
+    if (flags & PyBUF_STRIDES) view->strides = &view->itemsize;
+    return 0;
+}
+static PyBufferProcs dmpy_cstate_as_buffer = { dmpy_cstate_getbuffer, NULL };
+static PyObject* dmpy_cstate_count(PyObject* self, void* closure) {
+    (void)closure;
+    return PyLong_FromSsize_t(((dmpy_cstate*)self)->count);
+}
+static PyObject* dmpy_cstate_residual(PyObject* self, void* closure) {
+    (void)closure;
+    return PyMemoryView_FromObject(self);
+}
+static PyObject* dmpy_cstate_reset(PyObject* self, PyObject* noargs) {
+    dmpy_cstate* o = (dmpy_cstate*)self;
+    float* r = dm_compress_state_residual(o->s);
+    (void)noargs;
+    if (o->inuse) return dmpy_raise(DM_ERR_BUSY, "CompressState.reset(): a call is using this state");
+    if (r && o->count) memset(r, 0, (size_t)o->count * sizeof(float));
+    Py_RETURN_NONE;
+}
+static PyObject* dmpy_cstate_repr(PyObject* self) {
+    return PyUnicode_FromFormat("distmesh.CompressState(%zd)", ((dmpy_cstate*)self)->count);
+}
+static PyMethodDef dmpy_cstate_methods[] = {
+    { "reset", dmpy_cstate_reset, METH_NOARGS,
+      "Zeros the residual (a fresh start; Busy while a call is using the state)." },
+    { NULL, NULL, 0, NULL }
+};
+static PyGetSetDef dmpy_cstate_getset[] = {
+    { "count", dmpy_cstate_count, NULL, "the elements of the buffer this state serves", NULL },
+    { "residual", dmpy_cstate_residual, NULL,
+      "a writable memoryview of the count float32 residuals (what compression dropped, added to the next "
+      "call): numpy.frombuffer(s.residual, numpy.float32), torch.frombuffer(s.residual, dtype=torch.float32); "
+      "read it to checkpoint, write it to restore", NULL },
+    { NULL, NULL, NULL, NULL, NULL }
+};
+static PyTypeObject dmpy_CompressStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "distmesh.CompressState",
+    .tp_basicsize = sizeof(dmpy_cstate),
+    .tp_dealloc = (destructor)dmpy_cstate_dealloc,
+    .tp_repr = dmpy_cstate_repr,
+    .tp_as_buffer = &dmpy_cstate_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "CompressState(count): the error feedback of a compressed all-reduce (C: dm_compress_state), one "
+              "per buffer of count elements, passed as all_reduce(..., compress=\"int8\", state=s) to every call "
+              "on that buffer: what compression dropped on this rank (count float32 residuals, zeros at first) "
+              "is added to the next call. It belongs to the rank, not to a collective. One call at a time "
+              "(a second one meanwhile raises Busy). The object is also a buffer of its residual.",
+    .tp_methods = dmpy_cstate_methods,
+    .tp_getset = dmpy_cstate_getset,
+    .tp_new = dmpy_cstate_new,
+};
+
+/* ============================================================================================ */
 /* >>ops  One call: the dm_op distmesh.h's dm_submit takes, and the buffers it holds until it is
    done, checked; run blocking (GIL released, Ctrl-C armed) or queued as a request. */
 #define DMPY_FIXED 3
@@ -924,6 +1036,7 @@ typedef struct dmpy_op {
     void** ptrs;                /* their pointers (c.recvs) */
     size_t* arrays;             /* all_to_all_v: counts and offsets, 4 x world (c.send_counts ...) */
     PyObject* result;           /* what the call returns (None when NULL) */
+    dmpy_cstate* state;         /* all_reduce's CompressState (c.compress_state), held and in use */
 } dmpy_op;
 
 static void dmpy_op_init(dmpy_op* o, dm_op_kind kind) {
@@ -943,6 +1056,10 @@ static void dmpy_op_release(dmpy_op* o) {
     o->ptrs = NULL;
     o->arrays = NULL;
     o->nmany = 0;
+    if (o->state) {
+        o->state->inuse = false;
+        Py_CLEAR(o->state);
+    }
 }
 
 
@@ -1315,13 +1432,58 @@ static PyObject* dmpy_barrier(PyObject* self, PyObject* const* args, Py_ssize_t 
     return dmpy_run((dmpy_comm*)self, &o, async_op);
 }
 
+/* all_reduce's compress argument: None (DM_COMPRESS_DEFAULT: DISTMESH_COMPRESS decides) or a
+   mode's name. */
+static int dmpy_compress_arg(PyObject* o, dm_compress* out) {
+    static const dm_compress modes[] = { DM_COMPRESS_NONE, DM_COMPRESS_BF16, DM_COMPRESS_INT8 };
+    const char* name;
+    size_t i;
+    *out = DM_COMPRESS_DEFAULT;
+    if (!o || o == Py_None) return 0;
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "compress must be None or a str (\"none\", \"bf16\", \"int8\"), not %.100s",
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    if (!(name = PyUnicode_AsUTF8(o))) return -1;
+    for (i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
+        if (strcmp(name, dm_compress_name(modes[i])) == 0) {
+            *out = modes[i];
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "compress must be None, \"none\", \"bf16\" or \"int8\", got %R", o);
+    return -1;
+}
+/* all_reduce's state argument: None or a CompressState not in use by another call, then held
+   by o until the call completes. */
+static int dmpy_state_arg(PyObject* s, dmpy_op* o) {
+    dmpy_cstate* st;
+    if (!s || s == Py_None) return 0;
+    if (!PyObject_TypeCheck(s, &dmpy_CompressStateType)) {
+        PyErr_Format(PyExc_TypeError, "state must be a distmesh.CompressState, not %.100s", Py_TYPE(s)->tp_name);
+        return -1;
+    }
+    st = (dmpy_cstate*)s;
+    if (st->inuse) {
+        dmpy_raise(DM_ERR_BUSY, "all_reduce(): this CompressState is held by a call not waited for yet "
+                                "(one call at a time per state: wait for it first)");
+        return -1;
+    }
+    st->inuse = true;
+    o->state = (dmpy_cstate*)Py_NewRef(s);
+    o->c.compress_state = st->s;
+    return 0;
+}
+
 static PyObject* dmpy_all_reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
     const dmpy_dev* dev = &((dmpy_comm*)self)->dev;
     dmpy_op o;
     int async_op;
-    DMPY_PARSE("all_reduce", 2, "tensor", "op", "send", "async_op");
+    DMPY_PARSE("all_reduce", 2, "tensor", "op", "send", "async_op", "compress", "state");
     dmpy_op_init(&o, DM_OP_ALL_REDUCE);
-    if (dmpy_reduce_op(a_[1], &o.c.op) < 0 || dmpy_bool(a_[3], &async_op) < 0) return NULL;
+    if (dmpy_reduce_op(a_[1], &o.c.op) < 0 || dmpy_bool(a_[3], &async_op) < 0 ||
+        dmpy_compress_arg(a_[4], &o.c.compress) < 0)
+        return NULL;
     if (dmpy_buf_get(dev, a_[0], "tensor", DMPY_WRITE | DMPY_REDUCE, &o.b[0]) < 0) return NULL;
     if (a_[2] && a_[2] != Py_None) {
         if (dmpy_buf_get(dev, a_[2], "send", DMPY_REDUCE, &o.b[1]) < 0 ||
@@ -1330,6 +1492,7 @@ static PyObject* dmpy_all_reduce(PyObject* self, PyObject* const* args, Py_ssize
             goto fail;
         o.c.send = o.b[1].ptr;
     }
+    if (dmpy_state_arg(a_[5], &o) < 0) goto fail;
     o.c.recv = o.b[0].ptr;
     o.c.count = o.b[0].count;
     o.c.dtype = (dm_dtype)o.b[0].dtype;
@@ -1773,8 +1936,10 @@ static PyObject* dmpy_comm_close(PyObject* self, PyObject* noargs) {
 static PyMethodDef dmpy_comm_methods[] = {
     DMPY_FAST("barrier", dmpy_barrier, "barrier(async_op=False)"),
     DMPY_FAST("all_reduce", dmpy_all_reduce,
-              "all_reduce(tensor, op, send=None, async_op=False): reduce tensor in place over every rank "
-              "(send: read from another buffer of the same size instead)."),
+              "all_reduce(tensor, op, send=None, async_op=False, compress=None, state=None): reduce tensor in "
+              "place over every rank (send: read from another buffer of the same size instead). compress: "
+              "\"none\", \"bf16\" or \"int8\" compresses the stage between hosts of a float SUM or MEAN "
+              "(None: DISTMESH_COMPRESS decides); state: a CompressState of the buffer's count (error feedback)."),
     DMPY_FAST("all_gather", dmpy_all_gather,
               "all_gather(output, input, async_op=False): output holds world_size x input, rank r's at r."),
     DMPY_FAST("all_gather_to_list", dmpy_all_gather_to_list,
@@ -2502,7 +2667,8 @@ static struct PyModuleDef dmpy_module = {
 PyMODINIT_FUNC PyInit__C(void) {
     PyObject *m, *threading, *mt, *ident;
     if (PyType_Ready(&dmpy_CommType) < 0 || PyType_Ready(&dmpy_RequestType) < 0 || PyType_Ready(&dmpy_StoreType) < 0 ||
-        PyType_Ready(&dmpy_MeshType) < 0 || PyType_Ready(&dmpy_StrategyType) < 0)
+        PyType_Ready(&dmpy_MeshType) < 0 || PyType_Ready(&dmpy_StrategyType) < 0 ||
+        PyType_Ready(&dmpy_CompressStateType) < 0)
         return NULL;
     m = PyModule_Create(&dmpy_module);
     if (!m) return NULL;
@@ -2511,6 +2677,8 @@ PyMODINIT_FUNC PyInit__C(void) {
         PyModule_AddObjectRef(m, "Store", (PyObject*)&dmpy_StoreType) < 0 ||
         PyModule_AddObjectRef(m, "Mesh", (PyObject*)&dmpy_MeshType) < 0 ||
         PyModule_AddObjectRef(m, "Strategy", (PyObject*)&dmpy_StrategyType) < 0 ||
+        PyModule_AddObjectRef(m, "CompressState", (PyObject*)&dmpy_CompressStateType) < 0 ||
+        PyModule_AddIntConstant(m, "COMPRESS_BLOCK", DM_COMPRESS_BLOCK) < 0 ||
         PyModule_AddStringConstant(m, "VERSION", DISTMESH_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "DEFAULT_TIMEOUT_MS", DM_DEFAULT_TIMEOUT_MS) < 0 ||
 #if defined(DISTMESH_NCCL)

@@ -203,6 +203,17 @@ def test_host_buffers_on_nccl(world1, made):
     assert count("ncclAllReduce") == 1
 
 
+def test_compress_is_unsupported_on_nccl(world1, made):
+    """all_reduce(compress=...) and state=: the NCCL backend has no compression (Unsupported,
+    distmesh.h >>functions compression), nothing queued."""
+    c = world1
+    d = made(np.ones(300, np.float32))
+    for kw in ({"compress": "int8"}, {"compress": "none"}, {"state": distmesh.CompressState(300)}):
+        with pytest.raises(distmesh.Unsupported, match="nccl backend has no compression"):
+            c.all_reduce(d, "sum", **kw)
+    assert count("ncclAllReduce") == 0
+
+
 def test_failures_raise_their_error_class(world1, made):
     """An NCCL error while queueing: NcclError carrying the stand-in's text; the communicator
     is aborted once and later calls raise Aborted quoting the first failure."""

@@ -2,7 +2,8 @@
 call (blocking and async_op=True) gives Gloo's results (integers bitwise, floats within one
 ulp per rank), torch's object collectives run on it, and DDP trains 20 steps to Gloo's
 parameters. 2 ranks meet through a TCPStore (tcp://, torch 1.13's server), 4 ranks through
-a FileStore (distmesh's own store, served by rank 0)."""
+a FileStore (distmesh's own store, served by rank 0). DDP with distmesh.torch.compress_hook("int8")
+on 2 simulated hosts x 2 ranks (DISTMESH_TEST_HOST_ID) trains as exact DDP does."""
 import pytest
 
 from conftest import World, free_port
@@ -44,3 +45,35 @@ def test_ddp_20_steps_same_parameters_as_gloo(torch_world):
     for r in res:
         assert r["ddp_moved"] > 1e-3                    # training changed the parameters
         assert r["ddp_max_diff"] < 1e-5, r["ddp_max_diff"]
+
+
+_ddp = {}
+
+
+def compress_ddp(tmp_path_factory):
+    if not _ddp:
+        tmp = tmp_path_factory.mktemp("compress_ddp")
+        w = World(4, "compress_ddp", ["tcp://127.0.0.1:%d" % free_port(), 2], limit=150, tmp=tmp)
+        try:
+            _ddp["run"] = (w.results(), w.wait())
+        finally:
+            w.close()
+    return _ddp["run"]
+
+
+def test_ddp_compress_hook_int8_two_hosts(tmp_path_factory):
+    """30 steps of DDP with compress_hook("int8"), 2 simulated hosts x 2 ranks: the buckets go
+    through the int8 two-level all-reduce, the loss falls, the replicas stay bitwise equal, and
+    the parameters end close to exact DDP's from the same start; one CompressState per bucket,
+    with residuals. compress_hook refuses a bad mode and a group that is not distmesh's."""
+    res, codes = compress_ddp(tmp_path_factory)
+    assert codes == [0] * 4
+    for r in res:
+        assert r["bad"] == [], r["bad"]
+        assert r["algorithm"] == "two_level_int8" and r["exact_algorithm"] != "two_level_int8"
+        assert r["losses"][1] < 0.5 * r["losses"][0], r["losses"]          # mean of the first / last 5
+        assert abs(r["losses"][1] - r["exact_losses"][1]) < 0.1 * r["exact_losses"][1], (r["losses"], r["exact_losses"])
+        assert r["same_params"]
+        assert r["moved"] > 0.05
+        assert 0 < r["diff_from_exact"] < 0.02 * r["moved"], (r["diff_from_exact"], r["moved"])
+        assert len(r["states"]) >= 2 and r["residual_nonzero"] > 0, r["states"]

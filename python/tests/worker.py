@@ -6,6 +6,11 @@ WORLD_SIZE). Scenarios:
                       second world, driven by the test over stdin / stdout
     torch INIT        every dist.* call of the "distmesh" backend against Gloo, blocking and
                       async, and DDP for 20 steps under both; one RESULT line
+    compress H        the compressed all-reduce (compress=, state=, CompressState) with the
+                      ranks on H simulated hosts (DISTMESH_TEST_HOST_ID h<rank % H>); one
+                      RESULT line of measurements (test_compress.py judges them)
+    compress_ddp INIT H   DDP with distmesh.torch.compress_hook("int8") for 30 steps on H
+                      simulated hosts, and exact DDP from the same start; one RESULT line
 Lines: "<WORD> <payload>"; the test reads the ones it waits for."""
 import datetime
 import json
@@ -428,6 +433,212 @@ def scenario_torch(init):
     say("RESULT", out)
 
 
+# ---- compress -------------------------------------------------------------------------------
+CN = 5000                  # 19 blocks of 256 and a tail of 136
+
+
+def compress_input(r):
+    """Rank r's input: normal values whose magnitude changes by 10x from one block of 256 to
+    the next (1e-3 .. 1e3), so a bound per block means something."""
+    g = np.random.default_rng(1000 + r)
+    scale = 10.0 ** ((np.arange(CN // 256 + 1) % 7) - 3)
+    return (g.standard_normal(CN) * np.repeat(scale, 256)[:CN]).astype(np.float32)
+
+
+def compress_bounds(hosts):
+    """(exact sum in float64, int8 bound, bf16 bound) per element for SUM over the world's
+    inputs, the ranks on `hosts` hosts (rank r on host r % hosts). int8: H x scale / 2 with
+    scale = the largest |host partial sum| of the element's block / 127 (distmesh.h
+    >>functions compression); the block's position is not assumed: the largest over the 511
+    elements around the element. bf16: each host's partial rounded once to nearest (at most
+    2^-8 of it: half a unit in the last of bfloat16's 8 significant bits). Both plus float32
+    rounding of the exact sums (8 ulps of the sum of |x|). The results come to 0.97 (int8)
+    and 0.95 (bf16) of these bounds: they are tight."""
+    xs = [compress_input(r).astype(np.float64) for r in range(WORLD)]
+    exact = np.sum(xs, axis=0)
+    partials = [np.sum(xs[h::hosts], axis=0) for h in range(hosts)]
+    pmax = np.max(np.abs(partials), axis=0)
+    padded = np.concatenate([np.zeros(255), pmax, np.zeros(255)])
+    window = np.lib.stride_tricks.sliding_window_view(padded, 511).max(axis=1)
+    slack = 8 * 2.0 ** -24 * np.sum(np.abs(xs), axis=0)
+    int8 = hosts * window / 254 * (1 + 1e-3) + slack
+    bf16 = 2.0 ** -8 * np.sum(np.abs(partials), axis=0) + slack
+    return exact, int8, bf16
+
+
+def same_everywhere(c, y):
+    """Whether every rank holds y's bytes (all_gather'd, compared here)."""
+    out = np.empty(WORLD * y.size, y.dtype)
+    c.all_gather(out, y)
+    rows = out.reshape(WORLD, -1)
+    return all(rows[k].tobytes() == rows[0].tobytes() for k in range(WORLD))
+
+
+def expect_raise(bad, name, exc, call):
+    try:
+        call()
+        bad.append("%s: no error" % name)
+    except exc:
+        pass
+    except Exception as e:      # noqa: BLE001
+        bad.append("%s: %s instead of %s (%s)" % (name, type(e).__name__, exc.__name__, e))
+
+
+def scenario_compress(hosts):
+    H = int(hosts)
+    os.environ["DISTMESH_TEST_HOST_ID"] = "h%d" % (RANK % H)
+    os.environ.pop("DISTMESH_COMPRESS", None)           # compress=None: no compression
+    c = distmesh.init(timeout=30)
+    S = distmesh.ReduceOp.SUM
+    out = {"rank": RANK, "transport": c.transport, "bad": []}
+    bad = out["bad"]
+    x = compress_input(RANK)
+    exact, b_int8, b_bf16 = compress_bounds(H)
+    plain = {}
+    out["plain_algorithm"] = {}
+    for opn, op in (("sum", S), ("mean", distmesh.ReduceOp.MEAN)):
+        plain[opn] = x.copy()
+        c.all_reduce(plain[opn], op)
+        out["plain_algorithm"][opn] = c.last_algorithm
+    # each mode and op: the same bytes everywhere, the algorithm, the error against the bound
+    out["modes"] = {}
+    for mode, bound in (("int8", b_int8), ("bf16", b_bf16)):
+        for opn, op, div in (("sum", S, 1), ("mean", distmesh.ReduceOp.MEAN, WORLD)):
+            y = x.copy()
+            c.all_reduce(y, op, compress=mode)
+            algo = c.last_algorithm
+            err = np.abs(y.astype(np.float64) - exact / div)
+            out["modes"]["%s %s" % (mode, opn)] = {
+                "algorithm": algo, "same_bytes": same_everywhere(c, y),
+                "worst": float(np.max(err / (bound / div))), "errors": int(np.count_nonzero(err)),
+                "equals_plain": y.tobytes() == plain[opn].tobytes()}
+    # send= and async_op=True take the mode too
+    y = np.zeros_like(x)
+    c.all_reduce(y, S, send=x, compress="int8")
+    z = x.copy()
+    c.all_reduce(z, S, compress="int8", async_op=True).wait()
+    w = x.copy()
+    c.all_reduce(w, S, compress="int8")
+    out["send_async_same"] = [y.tobytes() == w.tobytes(), z.tobytes() == w.tobytes()]
+    # error feedback: the residual after one call; the running mean of K calls on the same input
+    st = distmesh.CompressState(CN)
+    res = np.frombuffer(st.residual, np.float32)
+    out["state_fresh_zero"] = bool(np.all(res == 0)) and st.count == CN
+    single = x.copy()
+    c.all_reduce(single, S, compress="int8")
+    K = 40
+    acc = np.zeros(CN, np.float64)
+    for k in range(K):
+        y = x.copy()
+        c.all_reduce(y, S, compress="int8", state=st)
+        acc += y
+        if k == 0:
+            out["residual_nonzero"] = int(np.count_nonzero(res))
+            out["first_with_state_equals_without"] = y.tobytes() == single.tobytes()
+    out["state_mean_worst"] = float(np.max(np.abs(acc / K - exact) / b_int8))
+    out["single_worst"] = float(np.max(np.abs(single.astype(np.float64) - exact) / b_int8))
+    out["state_same_bytes"] = same_everywhere(c, y)
+    st.reset()
+    out["reset_zero"] = bool(np.all(res == 0))
+    # an async call holds its state: a reference while in flight, Busy for a second user
+    st2 = distmesh.CompressState(CN)
+    refs = sys.getrefcount(st2)
+    y = x.copy()
+    req = c.all_reduce(y, S, compress="int8", state=st2, async_op=True)
+    held = sys.getrefcount(st2) - refs
+    expect_raise(bad, "second call on a held state", distmesh.Busy,
+                 lambda: c.all_reduce(x.copy(), S, compress="int8", state=st2))
+    expect_raise(bad, "reset of a held state", distmesh.Busy, st2.reset)
+    req.wait()
+    out["async_state_refs"] = [held, sys.getrefcount(st2) - refs]
+    out["async_state_result"] = y.tobytes() == single.tobytes()
+    # refusals before anything is sent, on every rank alike
+    seq = c.sequence
+    expect_raise(bad, "int32 with int8", distmesh.InvalidArgument,
+                 lambda: c.all_reduce(np.ones(300, np.int32), S, compress="int8"))
+    expect_raise(bad, "MAX with int8", distmesh.InvalidArgument,
+                 lambda: c.all_reduce(x.copy(), distmesh.ReduceOp.MAX, compress="int8"))
+    expect_raise(bad, "PROD with bf16", distmesh.InvalidArgument,
+                 lambda: c.all_reduce(x.copy(), distmesh.ReduceOp.PROD, compress="bf16"))
+    expect_raise(bad, "state of another count", distmesh.InvalidArgument,
+                 lambda: c.all_reduce(x.copy(), S, compress="int8", state=distmesh.CompressState(CN - 1)))
+    expect_raise(bad, "bad mode name", ValueError, lambda: c.all_reduce(x.copy(), S, compress="int4"))
+    expect_raise(bad, "mode not a str", TypeError, lambda: c.all_reduce(x.copy(), S, compress=8))
+    expect_raise(bad, "state not a CompressState", TypeError, lambda: c.all_reduce(x.copy(), S, state=res))
+    if c.sequence != seq:
+        bad.append("refused calls counted as collectives (sequence %d -> %d)" % (seq, c.sequence))
+    ok = np.ones(3, np.float32)
+    c.all_reduce(ok, S)
+    out["after_refusals"] = ok.tolist()
+    # modes that differ between ranks: every rank fails with Mismatch
+    try:
+        c.all_reduce(x.copy(), S, compress="int8" if RANK == 0 else "bf16")
+        out["mismatch"] = "no error"
+    except distmesh.Error as e:
+        out["mismatch"] = type(e).__name__
+    c.close()
+    say("RESULT", out)
+
+
+def scenario_compress_ddp(init, hosts):
+    import torch
+    import torch.distributed as dist
+    import distmesh.torch as dmt
+    H = int(hosts)
+    os.environ["DISTMESH_TEST_HOST_ID"] = "h%d" % (RANK % H)
+    os.environ.pop("DISTMESH_COMPRESS", None)           # the exact run compresses nothing
+    torch.set_num_threads(1)
+    limit = datetime.timedelta(seconds=60)
+    dist.init_process_group("distmesh", init_method=init, rank=RANK, world_size=WORLD, timeout=limit)
+    gloo = dist.new_group(backend="gloo", timeout=limit)
+    out = {"rank": RANK, "torch": torch.__version__, "bad": []}
+    expect_raise(out["bad"], "compress_hook('int4')", ValueError, lambda: dmt.compress_hook("int4"))
+    expect_raise(out["bad"], "hook on a gloo group", TypeError, lambda: dmt.compress_hook("int8")(gloo, None))
+
+    def train(mode, steps=30):
+        # 1.1 MB of parameters: DDP's first bucket takes 1 MB, the rest goes in 64 KB buckets
+        torch.manual_seed(1234)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                    torch.nn.ReLU(), torch.nn.Linear(512, 8))
+        start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0625)
+        hook = None
+        if mode:
+            hook = dmt.compress_hook(mode)
+            ddp.register_comm_hook(None, hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.2)
+        g = torch.Generator().manual_seed(99 + RANK)
+        losses = []
+        for _ in range(steps):
+            x = torch.randn(16, 32, generator=g)
+            loss = (ddp(x) - x[:, :8]).pow(2).mean()        # learn to pass 8 inputs through
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        algo = dmt.collective().last_algorithm
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), losses, algo, hook, start
+    t0 = time.monotonic()
+    mine, losses, algo, hook, start = train("int8")
+    exact, exact_losses, exact_algo, _, _ = train(None)
+    out["ddp_s"] = time.monotonic() - t0
+    out["algorithm"], out["exact_algorithm"] = algo, exact_algo
+    out["losses"] = [sum(losses[:5]) / 5, sum(losses[-5:]) / 5]
+    out["exact_losses"] = [sum(exact_losses[:5]) / 5, sum(exact_losses[-5:]) / 5]
+    outs = [torch.empty_like(mine) for _ in range(WORLD)]
+    dist.all_gather(outs, mine)
+    out["same_params"] = all(torch.equal(o, outs[0]) for o in outs)
+    out["moved"] = float((exact - start).abs().max())
+    out["diff_from_exact"] = float((mine - exact).abs().max())
+    states = hook.states
+    out["states"] = sorted((k, s.count) for k, s in states.items())
+    out["residual_nonzero"] = sum(int(torch.count_nonzero(torch.frombuffer(s.residual, dtype=torch.float32)))
+                                  for s in states.values() if s.count)
+    dist.barrier()
+    dist.destroy_process_group()
+    say("RESULT", out)
+
+
 def train_init():
     import torch
     torch.manual_seed(1234)
@@ -444,6 +655,10 @@ def main():
             scenario_failures()
         elif scenario == "torch":
             scenario_torch(sys.argv[2])
+        elif scenario == "compress":
+            scenario_compress(sys.argv[2])
+        elif scenario == "compress_ddp":
+            scenario_compress_ddp(sys.argv[2], sys.argv[3])
         else:
             raise SystemExit("unknown scenario %s" % scenario)
     except SystemExit:
