@@ -33,6 +33,10 @@
                                                            rejoins at step 41 (dm_grow)
    (see "--elastic" below: elastic_main).
 
+   Compressed gradients (docs/design.md "Compression"): --compress int8|bf16 averages them with
+   dm_all_reduce_compressed, one error-feedback state per bucket (--no-feedback: none); only the
+   stage between hosts is compressed, so with threads give --hosts H (simulated hosts, ranks in
+   blocks):  ddp_overlap --threads 4 --hosts 2 --steps 200 --compress int8
    Options: --steps N (default 60), --bucket-mb MiB (default 1: DDP's bucket_cap_mb, 25 there,
    would put this 3 MiB model in one bucket, sent after backward with nothing left to overlap),
    --hidden N (width, default 512), --layers N (hidden layers, default 4), --batch N (samples per
@@ -64,6 +68,9 @@
 
 typedef struct options {
     int steps, hidden, layers, batch, threads, overlap;
+    int hosts;              /* --hosts: the threads' ranks on this many simulated hosts */
+    dm_compress compress;   /* --compress none|bf16|int8 (DM_COMPRESS_DEFAULT when not given) */
+    int feedback;           /* 0 with --no-feedback: compressed without error-feedback state */
     int elastic, rejoin, ranks, victim, kill_at, rejoin_at;   /* --elastic, see elastic_main */
     double bucket_mb;
     float lr;
@@ -84,6 +91,8 @@ typedef struct bucket {
     int first, last;
     size_t off, count;
     dm_request* req;     /* in flight between dm_all_reduce_async and dm_wait_all, else NULL */
+    dm_compress_state* state;   /* --compress: its error feedback (what compression dropped on
+                                   this rank, added back next step), one per bucket; or NULL */
 } bucket;
 
 typedef struct model {
@@ -309,8 +318,8 @@ static dm_status forward_backward_reduce(dm_collective* c, model* m, const optio
                and they read the *parameters*, which nobody is changing. DM_MEAN: every
                rank gets the same bytes (sum in a fixed order, divided once), so the
                weights stay identical after the step. */
-            st = dm_all_reduce_async(c, NULL, m->grads + m->B[k].off, m->B[k].count, DM_FLOAT32, DM_MEAN,
-                                     &m->B[k].req);
+            st = dm_all_reduce_compressed_async(c, NULL, m->grads + m->B[k].off, m->B[k].count, DM_FLOAT32,
+                                                DM_MEAN, o->compress, m->B[k].state, &m->B[k].req);
             if (st != DM_OK) break;     /* the buckets sent so far are waited for below */
         }
     }
@@ -329,7 +338,8 @@ static dm_status forward_backward_reduce(dm_collective* c, model* m, const optio
         if (st == DM_OK) st = sw;
     } else {
         for (k = 0; k < m->nbuckets && st == DM_OK; k++)
-            st = dm_all_reduce(c, NULL, m->grads + m->B[k].off, m->B[k].count, DM_FLOAT32, DM_MEAN);
+            st = dm_all_reduce_compressed(c, NULL, m->grads + m->B[k].off, m->B[k].count, DM_FLOAT32, DM_MEAN,
+                                          o->compress, m->B[k].state);
     }
     *t_wait = now_s() - tw;
     return st;
@@ -363,6 +373,8 @@ static int train(dm_collective* c, void* user_data) {
         goto done;
     }
     make_shard(rank, x, y);
+    for (k = 0; k < m.nbuckets && o->feedback && (o->compress == DM_COMPRESS_INT8 || o->compress == DM_COMPRESS_BF16); k++)
+        CHECK(dm_compress_state_create(m.B[k].count, &m.B[k].state));
     /* Same starting point everywhere. The seed already gives it; DDP broadcasts rank 0's
        parameters anyway at construction, so a rank that was initialised differently cannot
        silently train another model. */
@@ -395,6 +407,9 @@ static int train(dm_collective* c, void* user_data) {
             for (i = 0; i < m.nparams; i++) m.params[i] -= o->lr * m.grads[i];
         }
         t_steps += now_s() - t0;
+        if (step == 0 && rank == 0 && o->compress != DM_COMPRESS_DEFAULT)
+            printf("gradients: %s (%s%s)\n", dm_last_algorithm(c), dm_compress_name(o->compress),
+                   o->compress == DM_COMPRESS_NONE ? "" : o->feedback ? ", error feedback" : ", no error feedback");
 
         /* The average loss over ranks, now and then (a blocking all-reduce of one float). */
         if (step == 0 || step == o->steps - 1 || (step + 1) % 10 == 0) {
@@ -417,11 +432,12 @@ static int train(dm_collective* c, void* user_data) {
         printf("weights %s on all %d ranks (hash min %016llx max %016llx)\n",
                hash[0] == hash[1] ? "identical" : "DIFFER", world, (unsigned long long)hash[0],
                (unsigned long long)hash[1]);
-        printf("loss %.5f -> %.5f: %s\n", (double)loss_first, (double)loss,
+        printf("loss %.6f -> %.6f: %s\n", (double)loss_first, (double)loss,
                loss < 0.5f * loss_first ? "down" : "NOT DOWN ENOUGH");
     }
     if (hash[0] != hash[1] || !(loss < 0.5f * loss_first)) st = DM_ERR_INTERNAL;
 done:
+    for (k = 0; k < m.nbuckets; k++) dm_compress_state_destroy(m.B[k].state);
     model_free(&m);
     free(x);
     free(y);
@@ -744,6 +760,7 @@ static int parse(int argc, char** argv, options* o) {
     int i;
     o->steps = 60; o->hidden = 512; o->layers = 4; o->batch = 32; o->threads = 2;
     o->overlap = 1; o->bucket_mb = 1.0; o->lr = 0.05f;
+    o->hosts = 1; o->compress = DM_COMPRESS_DEFAULT; o->feedback = 1;
     o->elastic = 0; o->rejoin = 0; o->ranks = 3; o->victim = 1; o->kill_at = -1; o->rejoin_at = -1;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -751,6 +768,7 @@ static int parse(int argc, char** argv, options* o) {
         if (strcmp(a, "--no-overlap") == 0) { o->overlap = 0; continue; }
         if (strcmp(a, "--elastic") == 0) { o->elastic = 1; continue; }
         if (strcmp(a, "--rejoin") == 0) { o->elastic = 1; o->rejoin = 1; continue; }
+        if (strcmp(a, "--no-feedback") == 0) { o->feedback = 0; continue; }
         if (!v) goto bad;
         if (strcmp(a, "--steps") == 0) o->steps = atoi(v);
         else if (strcmp(a, "--hidden") == 0) o->hidden = atoi(v);
@@ -763,6 +781,13 @@ static int parse(int argc, char** argv, options* o) {
         else if (strcmp(a, "--victim") == 0) o->victim = atoi(v);
         else if (strcmp(a, "--kill-at") == 0) o->kill_at = atoi(v);
         else if (strcmp(a, "--rejoin-at") == 0) o->rejoin_at = atoi(v);
+        else if (strcmp(a, "--hosts") == 0) o->hosts = atoi(v);
+        else if (strcmp(a, "--compress") == 0) {
+            if (strcmp(v, "none") == 0) o->compress = DM_COMPRESS_NONE;
+            else if (strcmp(v, "bf16") == 0) o->compress = DM_COMPRESS_BF16;
+            else if (strcmp(v, "int8") == 0) o->compress = DM_COMPRESS_INT8;
+            else goto bad;
+        }
         else goto bad;
         i++;
     }
@@ -770,12 +795,14 @@ static int parse(int argc, char** argv, options* o) {
     if (o->rejoin_at < 0) o->rejoin_at = 2 * o->steps / 3;
     if (o->steps >= 1 && o->hidden >= 1 && o->layers >= 1 && o->layers < MAX_LAYERS &&
         o->batch >= 1 && o->batch <= SHARD && o->threads >= 1 && o->bucket_mb >= 0 &&
+        o->hosts >= 1 && o->hosts <= o->threads && o->threads <= 64 &&
         (!o->elastic || (o->ranks >= 2 && o->ranks <= MAX_RANKS && o->victim >= 0 && o->victim < o->ranks &&
                          o->kill_at < o->steps && (!o->rejoin || (o->rejoin_at > o->kill_at && o->rejoin_at < o->steps)))))
         return 0;
 bad:
     fprintf(stderr, "usage: %s [--steps N] [--bucket-mb MiB] [--hidden N] [--layers N<%d] "
-            "[--batch N<=%d] [--lr X] [--threads N] [--no-overlap]\n"
+            "[--batch N<=%d] [--lr X] [--threads N<=64] [--hosts H] [--no-overlap] [--compress none|bf16|int8] "
+            "[--no-feedback]\n"
             "       %s --elastic [--rejoin] [--ranks 2..%d] [--victim R] [--kill-at STEP (0: none)] "
             "[--rejoin-at STEP > kill-at] [the options above]\n", argv[0], MAX_LAYERS, SHARD, argv[0], MAX_RANKS);
     return -1;
@@ -813,7 +840,10 @@ int main(int argc, char** argv) {
         dm_destroy(c);
     } else {                           /* no launcher: o.threads ranks on threads */
         dm_fake_desc desc = {0};
+        int hosts[64], r;
+        for (r = 0; r < o.threads; r++) hosts[r] = r * o.hosts / o.threads;    /* blocks, host order */
         desc.world_size = o.threads;
+        desc.host_of = hosts;
         desc.timeout_ms = 60000;
         st = dm_thread_world_run(&desc, train, &o);
     }

@@ -11,7 +11,8 @@
    plus the output dtype's rounding. Then error feedback (the average over many calls converges
    to the exact sum with a state, not without), the state across dm_shrink and a split, the
    choice (exact on one host, under DISTMESH_ALGO=flat, with too few elements),
-   DISTMESH_COMPRESS, refusals before anything is sent, and mismatched modes. */
+   DISTMESH_COMPRESS, refusals before anything is sent, mismatched modes, and training
+   (examples/ddp_overlap.c --compress: the final loss against exact training's). */
 #define _GNU_SOURCE
 #include "test_tcp.h"
 
@@ -501,6 +502,43 @@ static void tcp_layout(const clayout* l, int per_host) {
 static void test_tcp_2x2(void** s) { (void)s; tcp_layout(&g_cl[0], 2); }
 static void test_tcp_4x1(void** s) { (void)s; tcp_layout(&g_cl[2], 1); }
 
+/* ---- training: examples/ddp_overlap.c on 2 simulated hosts x 2 ranks ---------------------- */
+#ifndef DM_DDP
+#define DM_DDP "build/plain/examples/ddp_overlap"
+#endif
+static char g_out[1 << 16];
+/* The example's final loss with args (200 steps, 2 hosts x 2 threads), after checking that it
+   ran the algorithm named algo and ended with identical weights on every rank. */
+static double train_loss(const char* args, const char* algo) {
+    char cmd[512];
+    const char* p;
+    double first = 0, last = -1;
+    snprintf(cmd, sizeof(cmd), "env -u RANK -u WORLD_SIZE -u DISTMESH_STORE %s --threads 4 --hosts 2 --steps 200 "
+             "--hidden 64 --bucket-mb 0.02 %s", DM_DDP, args);
+    assert_int_equal(tw_run_cmd(120, g_out, sizeof(g_out), cmd), 0);
+    assert_non_null(strstr(g_out, "weights identical on all 4 ranks"));
+    assert_non_null(strstr(g_out, algo));
+    p = strstr(g_out, "\nloss ");
+    assert_non_null(p);
+    assert_int_equal(sscanf(p, "\nloss %lf -> %lf", &first, &last), 2);
+    printf("  %-32s %s: loss %.6f -> %.6f\n", args, algo, first, last);
+    return last;
+}
+/* int8 with error feedback ends within 1% of exact training's loss (reported beside it: int8
+   without feedback, bf16); every run's weights are the same bytes on all ranks. */
+static void test_training_quality(void** s) {
+    double exact, int8, int8_nofb, bf16;
+    (void)s;
+    exact = train_loss("--compress none", "gradients: two_level_");
+    int8 = train_loss("--compress int8", "gradients: two_level_int8 (int8, error feedback)");
+    int8_nofb = train_loss("--compress int8 --no-feedback", "gradients: two_level_int8 (int8, no error feedback)");
+    bf16 = train_loss("--compress bf16", "gradients: two_level_bf16 (bf16, error feedback)");
+    printf("  final loss relative to exact: int8 %+.3f%%, int8 without feedback %+.3f%%, bf16 %+.3f%%\n",
+           100 * (int8 / exact - 1), 100 * (int8_nofb / exact - 1), 100 * (bf16 / exact - 1));
+    assert_true(fabs(int8 / exact - 1) <= 0.01);
+    assert_true(fabs(bf16 / exact - 1) <= 0.01);
+}
+
 int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts_thread),
@@ -510,6 +548,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_refusals_and_mismatch),
         cmocka_unit_test(test_tcp_2x2),
         cmocka_unit_test(test_tcp_4x1),
+        cmocka_unit_test(test_training_quality),
     };
     return TCP_RUN_TESTS(tests, argc, argv);
 }
