@@ -6665,6 +6665,27 @@ _DM_PRIVATE double _dm_cost_two_level(const _dm_eng* lk, size_t count, size_t es
     return _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 2.0 * ((y->Lmax - 1) / R), b) +
            _dm_cost_2l_middle(lk, b, R, rail_ring, _dm_pick_2l_segments(lk, count, esize, R, rail_ring));
 }
+/* The compressed two-level all-reduce (>>compressed rails, dm_all_reduce_compressed) in mode on
+   count elements of esize bytes, as two_level_ring is costed: the fold, the host's ring, and the
+   rails moving codes instead of values (all R rails share the host's link, as above): int8's
+   maxima agreed first (recursive doubling of 4 bytes per DM_COMPRESS_BLOCK elements), then the
+   codes gathered (H - 1 steps of every element's code) or through owners (H - 1 steps of 1/H of
+   the codes, H - 1 of 1/H of the 2-byte sums); pipelined by segment on two hosts. Only asked for
+   (the choice never compresses by itself); the model's front end (scripts/cost_model.c) prints it
+   beside the exact algorithms. */
+_DM_PRIVATE double _dm_cost_compressed(const _dm_eng* lk, size_t count, size_t esize, dm_compress mode) {
+    const _dm_layout* y = &lk->lay;
+    const _dm_link_cost *cross = _dm_cost_class(lk, _DM_COST_CROSS_HOST), *shm = _dm_cost_class(lk, _DM_COST_SHM);
+    int R = y->Lmin, H = y->H, S = 1;
+    double b = (double)count * (double)esize, n = (double)count, cb = mode == DM_COMPRESS_INT8 ? 1 : 2, host, rails;
+    if (_dm_sch_2l_pipelined(lk, count, R, false) && H == 2)
+        S = mode == DM_COMPRESS_INT8 ? _dm_sch_2l_max_segments(count, esize * 4, R, H) : _dm_pick_2l_segments(lk, count, esize, R, false);
+    host = _dm_cost(shm, 2.0 * (R - 1) * S, b / R / S);
+    rails = mode == DM_COMPRESS_INT8 ? _dm_cost(cross, (double)_dm_ceil_log2(H) * S, n / DM_COMPRESS_BLOCK * 4 / S) : 0;
+    if (_dm_cmp_gathers(mode, H)) rails += _dm_cost(cross, (double)(H - 1) * S, n * cb / S);
+    else rails += _dm_cost(cross, (double)(H - 1) * S, n / H * cb / S) + _dm_cost(cross, (double)(H - 1) * S, n / H * 2 / S);
+    return _dm_cost(shm, 2.0 * ((y->Lmax - 1) / R), b) + (S == 1 ? host + rails : (host > rails ? host : rails) + host / S);
+}
 _DM_PRIVATE bool _dm_pick_forced_flat(const _dm_eng* lk) {
     return lk->algo == _DM_ALGO_FLAT || lk->algo == _DM_ALGO_FLAT_RING || lk->algo == _DM_ALGO_FLAT_RD;
 }
