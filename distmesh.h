@@ -6243,6 +6243,11 @@ typedef struct _dm_cmp_work {
     size_t len, nb, cmax, cb;
     bool gather, f32;
 } _dm_cmp_work;
+/* Through owners: where the sums (2 bytes each) start after this host's codes and the owners'
+   slots, from w->codes (rounded up: int16 and uint16 stores need even addresses). */
+_DM_PRIVATE size_t _dm_cmp_sums_at(const _dm_cmp_work* w, int H) {
+    return (w->len * w->cb + (size_t)H * w->cmax * w->cb + 7) & ~(size_t)7;
+}
 /* The block to float32 with its residual added, the maxima agreed (int8), this host's codes. */
 _DM_PRIVATE dm_status _dm_cmp_begin(_dm_eng* lk, const _dm_team* rail, unsigned char* block, size_t len, dm_dtype dtype,
                                     const _dm_fp* fp, const _dm_cmp* cm, _dm_cmp_work* w) {
@@ -6256,7 +6261,7 @@ _DM_PRIVATE dm_status _dm_cmp_begin(_dm_eng* lk, const _dm_team* rail, unsigned 
     w->nb = (len + DM_COMPRESS_BLOCK - 1) / DM_COMPRESS_BLOCK;
     w->cmax = len / (size_t)H + 1;
     fl = ((w->f32 ? 0 : len) + w->nb + 1) * sizeof(float);
-    need = fl + (w->gather ? (size_t)H * len * w->cb : len * w->cb + (size_t)H * w->cmax * w->cb + len * 2);
+    need = fl + (w->gather ? (size_t)H * len * w->cb : _dm_cmp_sums_at(w, H) + len * 2);
     scratch = _dm_cmp_scratch(lk, need);
     if (!scratch) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: all_reduce: no memory for %zu bytes", lk->tag, need);
     w->m = (float*)(void*)scratch;              /* the maxima (nb + 1), then v (16-bit dtypes), then codes */
@@ -6291,7 +6296,7 @@ _DM_PRIVATE dm_status _dm_sch_rail_compressed(_dm_eng* lk, const _dm_team* rail,
         if (st == DM_OK) _dm_cmp_sum_gathered(cm->mode, w.codes, rail->n, len, w.m, w.v);
     } else {
         st = _dm_cmp_through_owners(lk, rail, fp, cm, w.mine, w.codes + len * w.cb, w.cmax,
-                                    w.codes + len * w.cb + (size_t)rail->n * w.cmax * w.cb, len, w.m, w.v);
+                                    w.codes + _dm_cmp_sums_at(&w, rail->n), len, w.m, w.v);
     }
     lk->on_demand = false;
     if (st == DM_OK) _dm_cmp_end(&w, block, dtype, divide);
