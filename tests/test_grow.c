@@ -8,7 +8,9 @@
    group's size, an all-reduce whose exact sum is known, state moved by a broadcast from a
    member, growing twice, a newcomer with the wrong token, a newcomer that never comes (every
    member gets DM_ERR_TIMEOUT naming the missing rank within its deadline, and the old group
-   still works), a newcomer with no grow open, disagreeing members and bad arguments. */
+   still works), a newcomer with no grow open, disagreeing members and bad arguments; the
+   compressed all-reduce's error-feedback state across a grow (members keep theirs, newcomers
+   start at zero). */
 #define _GNU_SOURCE
 #include "distmesh.h"
 #include "test_util.h"
@@ -455,6 +457,94 @@ static void test_grow_bad_args(void** s) {
     run_group(member_disagree, 2, NULL, 0, 30);
 }
 
+/* ---- the compressed all-reduce's error feedback across dm_grow (issue 38) --------------------
+   Members 0 and 1 on simulated hosts h0 and h1 (one rank each) run int8 all-reduces with their
+   error-feedback states, then grow by two newcomers (h0, h1: 2 x 2, interleaved) that start
+   with fresh states. After the grow every call's bits are the same on all 4 ranks, and the
+   average over 48 calls of the same input converges to the exact sum: the members' residuals,
+   made on the 2 x 1 layout, are valid on the new one. */
+#define GC_COUNT 3000
+#define GC_STEPS 48
+static float gc_value(int r, size_t i) {
+    uint32_t h = (uint32_t)(i * 2654435761u) ^ (uint32_t)(r * 40503u + 17u);
+    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+    return (float)(((double)(h % 2001) - 1000.0) / 1000.0);
+}
+/* n compressed calls of this rank's input with state, each checked for the same bits on every
+   rank; the sum of the results (over the calls) added into acc when acc is set. */
+static int gc_calls(dm_collective* c, dm_compress_state* state, int n, double* acc) {
+    float buf[GC_COUNT], all[4 * GC_COUNT];
+    int k, q, W = dm_world_size(c);
+    size_t i;
+    for (k = 0; k < n; k++) {
+        for (i = 0; i < GC_COUNT; i++) buf[i] = gc_value(dm_rank(c), i);
+        PST(c, dm_all_reduce_compressed(c, NULL, buf, GC_COUNT, DM_FLOAT32, DM_SUM, DM_COMPRESS_INT8, state));
+        PCHECK(strcmp(dm_last_algorithm(c), "two_level_int8") == 0);
+        PST(c, dm_all_gather(c, buf, all, GC_COUNT, DM_FLOAT32));
+        for (q = 1; q < W; q++) PCHECK(memcmp(all, all + (size_t)q * GC_COUNT, sizeof(buf)) == 0);
+        for (i = 0; acc && i < GC_COUNT; i++) acc[i] += buf[i];
+    }
+    return 0;
+}
+/* After the grow: the average's worst error against the exact 4-rank sum, and one call's bound
+   (the largest |host sum| x 2 hosts / 254), both checked on rank 0. */
+static int gc_after_grow(dm_collective* g, dm_compress_state* state) {
+    double acc[GC_COUNT] = { 0 }, worst = 0, m = 0;
+    size_t i;
+    int r;
+    if (gc_calls(g, state, GC_STEPS, acc)) return 1;
+    for (i = 0; i < GC_COUNT; i++) {
+        double exact = 0, h0 = 0, h1 = 0;
+        for (r = 0; r < 4; r++) {
+            exact += gc_value(r, i);
+            if (r % 2 == 0) h0 += gc_value(r, i); else h1 += gc_value(r, i);
+        }
+        worst = fmax(worst, fabs(acc[i] / GC_STEPS - exact));
+        m = fmax(m, fmax(fabs(h0), fabs(h1)));
+    }
+    if (dm_rank(g) == 0)
+        printf("  after the grow: average error over %d calls %.3g, one call's bound %.3g\n", GC_STEPS, worst, m * 2 / 254);
+    PCHECK(worst < m * 2 / 254 / 8);
+    /* what the members dropped on the 2 x 1 layout (their whole buffer) has been added back: a
+       residual is left only in the block this rank now encodes (half of the buffer on 2 x 2) */
+    for (r = 0, i = 0; i < GC_COUNT; i++) r += dm_compress_state_residual(state)[i] != 0.0f;
+    PCHECK(r <= GC_COUNT / 2);
+    return 0;
+}
+static int member_compress(int rank, void* arg) {
+    dm_collective *c = NULL, *g = NULL;
+    dm_compress_state* state = NULL;
+    int bad;
+    (void)arg;
+    setenv("DISTMESH_TEST_HOST_ID", rank == 0 ? "h0" : "h1", 1);
+    PST(c, create_member(rank, NULL, NULL, &c));
+    PST(c, dm_compress_state_create(GC_COUNT, &state));
+    bad = gc_calls(c, state, 8, NULL) || grow_checked(c, 2, &g) || gc_after_grow(g, state);
+    dm_compress_state_destroy(state);
+    dm_destroy(g);
+    dm_destroy(c);
+    return bad;
+}
+static int newcomer_compress(int index, void* arg) {
+    dm_collective* g = NULL;
+    dm_compress_state* state = NULL;
+    int bad;
+    (void)arg;
+    setenv("DISTMESH_TEST_HOST_ID", index == 0 ? "h0" : "h1", 1);
+    usleep((useconds_t)index * 300000);     /* rank 2 on h0, rank 3 on h1 */
+    PST(g, join(&g, NULL, 20000));
+    PCHECK(dm_rank(g) == 2 + index);
+    PST(g, dm_compress_state_create(GC_COUNT, &state));     /* a newcomer starts at zero */
+    bad = gc_after_grow(g, state);
+    dm_compress_state_destroy(state);
+    dm_destroy(g);
+    return bad;
+}
+static void test_grow_compress_state(void** s) {
+    (void)s;
+    run_group(member_compress, 2, newcomer_compress, 2, 60);
+}
+
 /* ---- the example: examples/ddp_overlap.c --elastic / --rejoin ------------------------------- */
 #ifndef DM_DDP
 #define DM_DDP "build/plain/examples/ddp_overlap"
@@ -523,6 +613,7 @@ DM_TEST_MAIN(setup_store, teardown_store,
     cmocka_unit_test(test_grow_join_env),
     cmocka_unit_test(test_join_without_grow),
     cmocka_unit_test(test_grow_bad_args),
+    cmocka_unit_test(test_grow_compress_state),
     cmocka_unit_test(test_example_grow),
     cmocka_unit_test(test_example_elastic),
     cmocka_unit_test(test_example_elastic_rejoin))
