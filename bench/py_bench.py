@@ -21,6 +21,15 @@ Systems (float32 sum in place, 8 B .. 64 MiB, 2 and 4 ranks):
               2.x, with --torch2-lib, the package built for it: make bench-python passes
               tests/python_torch2.mk's venv): their rows beside 1.13's, tdm2 - dm_c the torch
               backend's cost over the C call on 2.x
+FSDP2 (torch 2.x only, systems fsdp_dm2 and fsdp_gloo2): the mean step (forward, backward,
+AdamW step) of a decoder-only transformer (4 layers, d_model 256, 4 heads, vocab 1000, sequence
+128) sharded as the seeds' engine does (fully_shard per layer and at the top over a 1-D CPU mesh,
+MixedPrecisionPolicy bf16 parameters / fp32 reduction), `--fsdp-steps` steps after 3 warm-up
+steps, for each batch of `--fsdp-batch` (default 1, 4), one intra-op thread per rank; beside it
+the same model's step unsharded in one process with bf16 parameters (the same compute, no
+communication), so 1 - unsharded / step is the share of the step that sharding costs
+(communication, and FSDP's own copies and casts). bf16 matmuls on a CPU without bf16 units are
+slow: here they, not the collectives, make most of the step.
 DDP: the mean step (forward, backward, SGD step) of a model with DDP_MB MiB of gradients
 (default 16), `--ddp-steps` steps after 3 warm-up steps, slowest rank, distmesh backend
 against Gloo, for each batch of `--ddp-batch` (default 1, 4, 32 rows: how much of the step is
@@ -95,7 +104,7 @@ class Env:
             import torch.distributed as dist
             self.torch, self.dist = torch, dist
             backend = "gloo"
-            if system in ("tdm", "ddp_dm"):
+            if system in ("tdm", "ddp_dm", "fsdp_dm"):
                 import distmesh.torch  # noqa: F401  (registers the backend)
                 backend = "distmesh"
             self.rank, self.world = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
@@ -144,6 +153,8 @@ def worker(args):
     env = Env(_base(args.system))
     if args.system.startswith("ddp_"):
         return ddp_worker(env, args)
+    if args.system.startswith("fsdp_"):
+        return fsdp_worker(env, args)
     for nbytes in args.sizes:
         med, b2b = time_calls(env.allreduce(nbytes), env.barrier, iters_for(nbytes, args.iters_max))
         med, b2b = env.slowest(med), env.slowest(b2b)
@@ -188,6 +199,98 @@ def ddp_worker(env, args):
     env.close()
 
 
+def fsdp_model(torch):
+    """The decoder-only transformer of the FSDP2 rows (see the top)."""
+    nn, F = torch.nn, torch.nn.functional
+    vocab, d, layers, heads = 1000, 256, 4, 4
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.w1, self.w2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, heads, d // heads).unbind(2)
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+            return x + self.w2(F.gelu(self.w1(self.ln2(x))))
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            self.layers = nn.ModuleList([Block() for _ in range(layers)])
+            self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+        def forward(self, tokens):
+            x = self.emb(tokens)
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(self.norm(x))
+
+    return Decoder(), vocab
+
+
+def fsdp_worker(env, args):
+    torch = env.torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    F = torch.nn.functional
+    torch.set_num_threads(args.ddp_threads)
+    seq = 128
+
+    def stepper(model, vocab, opt, tokens):
+        def step():
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return step
+
+    def timed(step):
+        for _ in range(3):
+            step()
+        env.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.fsdp_steps):
+            step()
+        return (time.perf_counter() - t0) / args.fsdp_steps * 1e3
+
+    torch.manual_seed(0)
+    model, vocab = fsdp_model(torch)
+    mesh = init_device_mesh("cpu", (env.world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for batch in args.fsdp_batch:
+        tokens = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(env.rank))
+        ms = env.slowest(timed(stepper(model, vocab, opt, tokens)))
+        ref = 0.0
+        if env.rank == 0:                       # unsharded, one process: the step without communication
+            torch.manual_seed(0)
+            plain, _ = fsdp_model(torch)
+            plain = plain.to(torch.bfloat16)    # FSDP's compute runs on bf16 parameters too
+            popt = torch.optim.AdamW(plain.parameters(), lr=1e-4)
+            step = stepper(plain, vocab, popt, tokens)
+            for _ in range(3):
+                step()
+            t0 = time.perf_counter()
+            for _ in range(args.fsdp_steps):
+                step()
+            ref = (time.perf_counter() - t0) / args.fsdp_steps * 1e3
+        env.barrier()
+        if env.rank == 0:
+            print("RESULT %s ranks=%d batch=%d step_ms=%.3f unsharded_ms=%.3f" % (args.system, env.world, batch, ms, ref),
+                  flush=True)
+    env.close()
+
+
 # ---- the driver -------------------------------------------------------------------------------
 def mpirun():
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "pml", "ob1"]
@@ -209,7 +312,8 @@ def launch(system, ranks, args, tmp, raw):
         cmd = mpirun() + ["-x", "PYTHONPATH", "-np", str(ranks), python, os.path.abspath(__file__), "worker",
                           system, "--sizes"] + [str(s) for s in args.sizes] + [
             "--iters-max", str(args.iters_max), "--ddp-steps", str(args.ddp_steps), "--ddp-mb", str(args.ddp_mb),
-            "--ddp-threads", str(args.ddp_threads), "--ddp-batch"] + [str(b) for b in args.ddp_batch]
+            "--ddp-threads", str(args.ddp_threads), "--ddp-batch"] + [str(b) for b in args.ddp_batch] + [
+            "--fsdp-steps", str(args.fsdp_steps), "--fsdp-batch"] + [str(b) for b in args.fsdp_batch]
     env.setdefault("PYTHONPATH", "")
     try:
         out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=args.timeout)
@@ -248,9 +352,12 @@ def table(rows, title, cols, ref_pairs, fmt):
 def report(raw_path):
     vals = collections.defaultdict(list)
     ddp = collections.defaultdict(list)
+    fsdp = collections.defaultdict(list)
     for line in open(raw_path):
         name, f = parse(line.strip())
-        if "step_ms" in f:
+        if "unsharded_ms" in f:
+            fsdp[(int(f["ranks"]), name, int(f["batch"]))].append((float(f["step_ms"]), float(f["unsharded_ms"])))
+        elif "step_ms" in f:
             ddp[(int(f["ranks"]), name, int(f.get("batch", 32)))].append((float(f["step_ms"]), float(f["grad_mb"])))
         else:
             vals[(int(f["ranks"]), int(f["bytes"]), name)].append((float(f["med_us"]), float(f["b2b_us"])))
@@ -271,6 +378,19 @@ def report(raw_path):
                 r["tdm2_cost"] = r["tdm2"] - r["dm_c"]
         table(small, "Python's cost over the C call (dm - dm_c; tdm2 - dm_c: the torch 2.x backend's), %s us" % shape,
               ["dm", "dm_c", "python_cost", "tdm2", "tdm2_cost"], [("dm", "dm_c")], lambda x: "%.3f" % x)
+    if fsdp:
+        print("\nFSDP2 step (forward, backward, AdamW step) of the transformer, torch 2.x, ms (median over repetitions);"
+              " share = 1 - unsharded / step")
+        print("| ranks | batch | distmesh | gloo | distmesh/gloo | unsharded | share distmesh | share gloo |")
+        print("|---|---|---|---|---|---|---|---|")
+        for n, batch in sorted({(k[0], k[2]) for k in fsdp}):
+            dm, gl = fsdp.get((n, "fsdp_dm2", batch)), fsdp.get((n, "fsdp_gloo2", batch))
+            a = statistics.median(x[0] for x in dm) if dm else None
+            b = statistics.median(x[0] for x in gl) if gl else None
+            u = statistics.median(x[1] for x in (dm or []) + (gl or []))
+            print("| %d | %d | %s | %s | %s | %.2f | %s | %s |" % (
+                n, batch, "%.2f" % a if a else "-", "%.2f" % b if b else "-", "%.2f" % (a / b) if a and b else "-", u,
+                "%.0f%%" % (100 * (1 - u / a)) if a else "-", "%.0f%%" % (100 * (1 - u / b)) if b else "-"))
     if ddp:
         print("\nDDP step (forward, backward, SGD step), ms (median over repetitions)")
         print("| torch | ranks | grad MiB | batch | distmesh | gloo | distmesh/gloo |")
@@ -302,7 +422,9 @@ def main():
     ap.add_argument("--ddp-batch", type=int, nargs="+", default=[1, 4, 32],
                     help="rows per step, one table row each (1-4: a large model's per-device batch, where "
                     "the gradients' all-reduce is a large part of the step; 32: compute-bound here)")
-    ap.add_argument("--ddp-threads", type=int, default=1, help="torch intra-op threads per rank")
+    ap.add_argument("--ddp-threads", type=int, default=1, help="torch intra-op threads per rank (DDP and FSDP2)")
+    ap.add_argument("--fsdp-steps", type=int, default=5)
+    ap.add_argument("--fsdp-batch", type=int, nargs="+", default=[1, 4], help="sequences of 128 tokens per rank")
     ap.add_argument("--systems", nargs="+", default=["dm", "dm_c", "mpi4py", "gloo", "tdm", "ddp_dm", "ddp_gloo"])
     ap.add_argument("--c-bench", default=os.environ.get("PYBENCH_C", ""))
     ap.add_argument("--torch2-python", default="", help="a Python with torch 2.x: adds gloo2, tdm2, ddp_dm2, ddp_gloo2")
@@ -315,15 +437,16 @@ def main():
     if args.mode == "worker":
         return worker(args)
     if args.quick:
-        args.sizes, args.iters_max, args.reps, args.ddp_steps = [8, 65536, 1048576], 50, 1, 4
+        args.sizes, args.iters_max, args.reps, args.ddp_steps, args.fsdp_steps = [8, 65536, 1048576], 50, 1, 4, 2
         args.timeout = min(args.timeout, 300)
     os.makedirs(args.out, exist_ok=True)
     raw_path = os.path.join(args.out, "raw.txt")
     if args.mode == "report":
         return report(raw_path)
     if args.torch2_python and args.systems == ap.get_default("systems"):
-        args.systems = args.systems + ["gloo2", "tdm2", "ddp_dm2", "ddp_gloo2"]
-    systems = [s for s in args.systems if (s != "dm_c" or args.c_bench) and (not s.endswith("2") or args.torch2_python)]
+        args.systems = args.systems + ["gloo2", "tdm2", "ddp_dm2", "ddp_gloo2", "fsdp_dm2", "fsdp_gloo2"]
+    systems = [s for s in args.systems if (s != "dm_c" or args.c_bench) and (not s.endswith("2") or args.torch2_python)
+               and (not s.startswith("fsdp_") or s.endswith("2"))]
     if "dm_c" in args.systems and not args.c_bench:
         print("py_bench: no --c-bench (parity_bench_dm): Python's cost over C is left out", file=sys.stderr)
     tmp = tempfile.mkdtemp(prefix="pybench")

@@ -9,7 +9,7 @@ PYBENCH_ARGS ?=
 .PHONY: bench-python
 # Where tests/python_torch2.mk can make its torch 2.13 venv, the torch systems run under it too
 # (gloo2, tdm2, ddp_dm2, ddp_gloo2: rows beside 1.13's).
-PYBENCH_T2 := $(if $(PYT2_SKIP),,--torch2-python $(CURDIR)/$(PYT2_PY) --torch2-lib $(CURDIR)/$(PYT2_LIB))
+PYBENCH_T2 := $(if $(PYT2_SKIP),,--torch2-python $(abspath $(PYT2_PY)) --torch2-lib $(abspath $(PYT2_LIB)))
 bench-python: deps
 	@$(MAKE) --no-print-directory $(PY_STAMP) $(PARITY_DIR)/parity_bench_dm $(if $(PYT2_SKIP),,$(PYT2_STAMP))
 	PYTHONPATH=$(CURDIR)/$(PY_LIB) $(PY) bench/py_bench.py --c-bench $(CURDIR)/$(PARITY_DIR)/parity_bench_dm \
