@@ -168,14 +168,7 @@ static int ccase_run(dm_collective* c, const ccase* k, dm_compress_state* state)
 }
 
 /* ---- the threaded world: every layout, mode, dtype and op --------------------------------- */
-static dm_status run_cl(const clayout* l, dm_rank_fn fn, void* user) {
-    dm_fake_desc fd;
-    memset(&fd, 0, sizeof(fd));
-    fd.world_size = l->world;
-    fd.host_of = l->hosts;
-    fd.timeout_ms = 60000;
-    return dm_thread_world_run(&fd, fn, user);
-}
+static dm_status run_cl(const clayout* l, dm_rank_fn fn, void* user) { return run_thread_hosts(l->world, l->hosts, fn, user); }
 static int ccase_rank(dm_collective* c, void* user) {
     return ccase_run(c, (const ccase*)user, NULL) ? DM_ERR_INTERNAL : DM_OK;
 }

@@ -282,6 +282,17 @@ static int suite(dm_collective* c, bool big) {
     return bad;
 }
 
+/* fn on every rank of the threaded world of world ranks, rank r on simulated host host_of[r]
+   (60 s deadline). */
+static dm_status run_thread_hosts(int world, const int* host_of, dm_rank_fn fn, void* user) {
+    dm_fake_desc fd;
+    memset(&fd, 0, sizeof(fd));
+    fd.world_size = world;
+    fd.host_of = host_of;
+    fd.timeout_ms = 60000;
+    return dm_thread_world_run(&fd, fn, user);
+}
+
 /* ---- the programs' worlds ------------------------------------------------------------------ */
 static tw_store g_store;          /* the program's file store (setup_store); one prefix per world */
 static const char* g_transport;   /* desc.transport of the worlds run_world forks (NULL: auto) */

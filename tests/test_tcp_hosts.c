@@ -312,14 +312,7 @@ static const layout* layout_named(const char* name) {
     return &g_layouts[k];
 }
 /* fn on every rank of the threaded world on layout l (60 s deadline). */
-static dm_status run_thread_layout(const layout* l, dm_rank_fn fn) {
-    dm_fake_desc fd;
-    memset(&fd, 0, sizeof(fd));
-    fd.world_size = l->world;
-    fd.host_of = l->hosts;
-    fd.timeout_ms = 60000;
-    return dm_thread_world_run(&fd, fn, NULL);
-}
+static dm_status run_thread_layout(const layout* l, dm_rank_fn fn) { return run_thread_hosts(l->world, l->hosts, fn, NULL); }
 static void test_layouts_thread(void** s) {
     static const char* algos[] = { "auto", "two_level", "flat", "two_level_ring", "two_level_rd" };
     int k, a;
