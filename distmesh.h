@@ -6322,6 +6322,7 @@ _DM_PRIVATE dm_status _dm_sch_rail_compressed(_dm_eng* lk, const _dm_team* rail,
 #define _DM_SCH_2L_BLOCK ((size_t)512 << 10)
 #define _DM_SCH_2L_SEGMENTS_MAX 64
 _DM_PRIVATE int _dm_pick_2l_segments(const _dm_eng* lk, size_t count, size_t esize, int R, bool rail_ring);
+_DM_PRIVATE int _dm_pick_cmp_segments(const _dm_eng* lk, size_t count, size_t esize, int R, dm_compress mode);
 /* Whether the two-level all-reduce with R rails runs pipelined: R > 1, each rail one transfer
    (a ring, or one exchange between two hosts; one host has no rail), and every rail's block
    of the whole buffer an element per host. The choice (_dm_pick_2l_segments) and the schedule
@@ -6445,11 +6446,7 @@ _DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count
         _DM_TRY(_dm_eng_sendrecv_reduce(lk, name, fp, -1, NULL, host.ranks[e], recv, count, dtype, op));
     rail = _dm_sch_rail(lk, i);
     if (_dm_sch_2l_pipelined(lk, count, R, rail_ring) && (!cm || lk->lay.H == 2)) {
-        /* int8: segments of a quarter the bytes (the rail moves a quarter of them, and encoding
-           waits on the host's stage): on 2 x 2 at 2 Gbit/s 16 MiB took 34.1 ms with the exact
-           model's 8 segments, 28.1 ms with 64; bf16 (half the bytes) was slower with 32 */
-        S = cm && cm->mode == DM_COMPRESS_INT8 ? _dm_sch_2l_max_segments(count, esize * 4, R, lk->lay.H)
-                                                : _dm_pick_2l_segments(lk, count, esize, R, rail_ring);
+        S = cm ? _dm_pick_cmp_segments(lk, count, esize, R, cm->mode) : _dm_pick_2l_segments(lk, count, esize, R, rail_ring);
         if (!lk->tmp2) lk->tmp2 = (unsigned char*)_dm_malloc(&lk->c->allocator, lk->tmp_size);
         if (!lk->tmp2) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, name);
         for (s = 0; s < S + 2; s++)
@@ -6670,6 +6667,15 @@ _DM_PRIVATE double _dm_cost_two_level(const _dm_eng* lk, size_t count, size_t es
     return _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 2.0 * ((y->Lmax - 1) / R), b) +
            _dm_cost_2l_middle(lk, b, R, rail_ring, _dm_pick_2l_segments(lk, count, esize, R, rail_ring));
 }
+/* The segments of the compressed two-level all-reduce where it runs pipelined (two hosts, R > 1
+   rails; the schedule and the model below both ask here). int8: segments of a quarter the
+   bytes (the rail moves a quarter of them, and encoding waits on the host's stage): on 2 x 2 at
+   2 Gbit/s 16 MiB took 34.1 ms with the exact model's 8 segments, 28.1 ms with 64; bf16 (half
+   the bytes) was slower with 32, so it takes the exact model's. */
+_DM_PRIVATE int _dm_pick_cmp_segments(const _dm_eng* lk, size_t count, size_t esize, int R, dm_compress mode) {
+    if (mode == DM_COMPRESS_INT8) return _dm_sch_2l_max_segments(count, esize * 4, R, lk->lay.H);
+    return _dm_pick_2l_segments(lk, count, esize, R, false);
+}
 /* The compressed two-level all-reduce (>>compressed rails, dm_all_reduce_compressed) in mode on
    count elements of esize bytes, as two_level_ring is costed: the fold, the host's ring, and the
    rails moving codes instead of values (all R rails share the host's link, as above): int8's
@@ -6683,8 +6689,7 @@ _DM_PRIVATE double _dm_cost_compressed(const _dm_eng* lk, size_t count, size_t e
     const _dm_link_cost *cross = _dm_cost_class(lk, _DM_COST_CROSS_HOST), *shm = _dm_cost_class(lk, _DM_COST_SHM);
     int R = y->Lmin, H = y->H, S = 1;
     double b = (double)count * (double)esize, n = (double)count, cb = mode == DM_COMPRESS_INT8 ? 1 : 2, host, rails;
-    if (_dm_sch_2l_pipelined(lk, count, R, false) && H == 2)
-        S = mode == DM_COMPRESS_INT8 ? _dm_sch_2l_max_segments(count, esize * 4, R, H) : _dm_pick_2l_segments(lk, count, esize, R, false);
+    if (_dm_sch_2l_pipelined(lk, count, R, false) && H == 2) S = _dm_pick_cmp_segments(lk, count, esize, R, mode);
     host = _dm_cost(shm, 2.0 * (R - 1) * S, b / R / S);
     rails = mode == DM_COMPRESS_INT8 ? _dm_cost(cross, (double)_dm_ceil_log2(H) * S, n / DM_COMPRESS_BLOCK * 4 / S) : 0;
     if (_dm_cmp_gathers(mode, H)) rails += _dm_cost(cross, (double)(H - 1) * S, n * cb / S);
@@ -6867,6 +6872,7 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce(dm_collective* c, const void* send, vo
     _dm_eng* lk = _dm_eng_of(c);
     size_t bytes = count * dm_dtype_size(dtype);
     int algo, divide = op == DM_MEAN ? c->size : 0, cm;
+    bool compressed;
     dm_compress_state* cs = c->core->cstate;
     _dm_team t;
     _dm_fp fp;
@@ -6877,8 +6883,8 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce(dm_collective* c, const void* send, vo
         send = recv;
     }
     cm = _dm_coll_compress_mode(lk, dtype, op);
-    if (cm && _dm_coll_compressed_runs(lk, count, cm)) cs = NULL;    /* its own flush, below */
-    if (cs) _dm_cmp_flush(cs, recv, dtype, 0, count);
+    compressed = cm && _dm_coll_compressed_runs(lk, count, cm);
+    if (cs && !compressed) _dm_cmp_flush(cs, recv, dtype, 0, count);   /* compressed: its own flush */
     if (lk->c->size == 1) {
         if (send != recv && bytes) memcpy(recv, send, bytes);
         return DM_OK;
@@ -6886,7 +6892,7 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce(dm_collective* c, const void* send, vo
     _dm_fp_make(&fp, lk->c, _DM_K_ALL_REDUCE, (int)dtype, (int)op, 0, count);
     fp.compress = cm;
     if (count == 0) return _dm_sch_fp_only(lk, "all_reduce", &fp);
-    if (cm && _dm_coll_compressed_runs(lk, count, cm)) {
+    if (compressed) {
         if (send != recv) memcpy(recv, send, bytes);
         return _dm_coll_all_reduce_compressed(lk, recv, count, dtype, op, divide, &fp);
     }
