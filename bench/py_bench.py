@@ -164,6 +164,19 @@ def worker(args):
     env.close()
 
 
+def step_ms(step, steps, barrier=None):
+    """The mean time of step() in ms over steps calls, after 3 warm-up calls (and barrier(), if
+    given, so that the ranks start together)."""
+    for _ in range(3):
+        step()
+    if barrier:
+        barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
 def ddp_worker(env, args):
     torch = env.torch
     # One intra-op thread per rank, as torchrun sets (OMP_NUM_THREADS=1 with several processes
@@ -186,13 +199,7 @@ def ddp_worker(env, args):
             opt.zero_grad()
             ddp(x).pow(2).mean().backward()
             opt.step()
-        for _ in range(3):
-            step()
-        env.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.ddp_steps):
-            step()
-        ms = env.slowest((time.perf_counter() - t0) / args.ddp_steps * 1e3)
+        ms = env.slowest(step_ms(step, args.ddp_steps, env.barrier))
         if env.rank == 0:
             print("RESULT %s ranks=%d grad_mb=%.1f batch=%d step_ms=%.3f" % (args.system, env.world, grad_mb, batch, ms),
                   flush=True)
@@ -251,15 +258,6 @@ def fsdp_worker(env, args):
             opt.step()
         return step
 
-    def timed(step):
-        for _ in range(3):
-            step()
-        env.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.fsdp_steps):
-            step()
-        return (time.perf_counter() - t0) / args.fsdp_steps * 1e3
-
     torch.manual_seed(0)
     model, vocab = fsdp_model(torch)
     mesh = init_device_mesh("cpu", (env.world,))
@@ -270,20 +268,14 @@ def fsdp_worker(env, args):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for batch in args.fsdp_batch:
         tokens = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(env.rank))
-        ms = env.slowest(timed(stepper(model, vocab, opt, tokens)))
+        ms = env.slowest(step_ms(stepper(model, vocab, opt, tokens), args.fsdp_steps, env.barrier))
         ref = 0.0
         if env.rank == 0:                       # unsharded, one process: the step without communication
             torch.manual_seed(0)
             plain, _ = fsdp_model(torch)
             plain = plain.to(torch.bfloat16)    # FSDP's compute runs on bf16 parameters too
             popt = torch.optim.AdamW(plain.parameters(), lr=1e-4)
-            step = stepper(plain, vocab, popt, tokens)
-            for _ in range(3):
-                step()
-            t0 = time.perf_counter()
-            for _ in range(args.fsdp_steps):
-                step()
-            ref = (time.perf_counter() - t0) / args.fsdp_steps * 1e3
+            ref = step_ms(stepper(plain, vocab, popt, tokens), args.fsdp_steps)
         env.barrier()
         if env.rank == 0:
             print("RESULT %s ranks=%d batch=%d step_ms=%.3f unsharded_ms=%.3f" % (args.system, env.world, batch, ms, ref),
