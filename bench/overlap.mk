@@ -18,9 +18,9 @@ $(OVERLAP_BENCH): bench/dm_overlap.c tests/test_world.h tests/test_tmpdir.h dist
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
-$(BUILD)/examples/ddp_overlap: examples/ddp_overlap.c distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+$(BUILD)/examples/ddp_overlap: examples/ddp_overlap.c $(DISTMESH_C_TCP_O)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< distmesh.c -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $^ -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
 bench-overlap: deps
 	@$(MAKE) --no-print-directory $(OVERLAP_BENCH)

@@ -5,10 +5,21 @@ EXAMPLE_TCP_SRCS := $(wildcard examples/tcp_*.c)
 EXAMPLE_BINS := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS) $(EXAMPLE_TCP_SRCS))
 EXTRA_BINS += $(EXAMPLE_BINS)
 
-$(BUILD)/examples/tcp_%: examples/tcp_%.c distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+# distmesh.c compiled once per configuration, linked into every example as `cc example.c
+# distmesh.c` would (one compile of the implementation instead of one per program).
+DISTMESH_C_O     := $(BUILD)/examples/distmesh.o
+DISTMESH_C_TCP_O := $(BUILD)/examples/distmesh_tcp.o
+$(DISTMESH_C_O): distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< distmesh.c -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+$(DISTMESH_C_TCP_O): distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 
-$(BUILD)/examples/%: examples/%.c distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h
+$(BUILD)/examples/tcp_%: examples/tcp_%.c $(DISTMESH_C_TCP_O)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $< distmesh.c -o $@ $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $^ -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+
+$(BUILD)/examples/%: examples/%.c $(DISTMESH_C_O)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $^ -o $@ $(LDLIBS_ALL)

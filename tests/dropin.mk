@@ -96,9 +96,9 @@ endif
 # Not in `make test`: timings mean something on a quiet machine only.
 REDUCE_LOCAL_BENCH := $(BUILD)/bench/reduce_local
 EXTRA_BINS += $(REDUCE_LOCAL_BENCH)
-$(REDUCE_LOCAL_BENCH): bench/reduce_local.c distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h
+$(REDUCE_LOCAL_BENCH): bench/reduce_local.c $(DISTMESH_C_O)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $< distmesh.c -o $@ $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $^ -o $@ $(LDLIBS_ALL)
 
 .PHONY: compile-cost bench-reduce-local
 compile-cost:

@@ -19,9 +19,9 @@ $(PY_STAMP): $(PY_SRCS)
 	    --build-base $(CURDIR)/$(PY_BUILD)/setuptools --build-lib $(CURDIR)/$(PY_LIB)
 	@touch $@
 
-$(PY_REF): python/tests/ref_collectives.c distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h
+$(PY_REF): python/tests/ref_collectives.c $(DISTMESH_C_O)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $< distmesh.c -o $@ $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $^ -o $@ $(LDLIBS_ALL)
 
 # under ThreadSanitizer the tests are skipped (CPython is not built for it): nothing to build
 ifneq (,$(findstring thread,$(SAN)))
