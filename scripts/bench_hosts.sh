@@ -77,6 +77,12 @@ for kv in $DM_ENV; do
 done
 [[ $TCP_MEM_MAX =~ ^[0-9]+[KMG]?$ ]] || die "TCP_MEM_MAX=$TCP_MEM_MAX: bytes, K, M or G"
 [[ -z $CORE_MEM_MAX || $CORE_MEM_MAX =~ ^[0-9]+[KMG]?$ ]] || die "CORE_MEM_MAX=$CORE_MEM_MAX: bytes, K, M or G"
+# DM_WMEM_MAX_SEEN=<bytes> (an experiment): what distmesh's ranks read in /proc/sys/net/core/wmem_max
+# (a file bind-mounted over it in each rank's mount namespace, which ip netns exec makes private;
+# the kernel's limit is unchanged). distmesh pins SO_SNDBUF/SO_RCVBUF to 4 MiB only when it reads
+# >= 4 MiB there, so 4194303 runs it on the kernel's autotuning (up to tcp_rmem/tcp_wmem's maxima).
+DM_WMEM_MAX_SEEN=${DM_WMEM_MAX_SEEN:-}; DM_WRAP=()
+[[ -z $DM_WMEM_MAX_SEEN || $DM_WMEM_MAX_SEEN =~ ^[0-9]+$ ]] || die "DM_WMEM_MAX_SEEN=$DM_WMEM_MAX_SEEN: bytes"
 delayed() { [[ ! $DELAY =~ ^0*(\.0*)?$ ]]; }  # DELAY > 0
 command -v python3 >/dev/null 2>&1 || skip "no python3 (the report needs it)"
 # tc rates: a number and bit, kbit, mbit or gbit (tc's own units; bits per second)
@@ -188,9 +194,11 @@ build_router() {
         # socket buffers: autotuned TCP may grow to TCP_MEM_MAX (per namespace since Linux 4.15)
         ip netns exec "$n" sysctl -qw "net.ipv4.tcp_rmem=4096 131072 $(size_bytes "$TCP_MEM_MAX")" \
             "net.ipv4.tcp_wmem=4096 16384 $(size_bytes "$TCP_MEM_MAX")" || die "cannot set tcp_rmem/tcp_wmem in $n"
-        if [ -n "$CORE_MEM_MAX" ]; then
+        if [ -n "$CORE_MEM_MAX" ]; then  # sysctl exits 0 on some failures: read it back
             ip netns exec "$n" sysctl -qw "net.core.rmem_max=$(size_bytes "$CORE_MEM_MAX")" \
-                "net.core.wmem_max=$(size_bytes "$CORE_MEM_MAX")" || die "cannot set net.core.rmem_max/wmem_max in $n"
+                "net.core.wmem_max=$(size_bytes "$CORE_MEM_MAX")" 2>/dev/null
+            [ "$(ip netns exec "$n" sysctl -n net.core.wmem_max)" = "$(size_bytes "$CORE_MEM_MAX")" ] ||
+                die "CORE_MEM_MAX: net.core.rmem_max/wmem_max cannot be set in a namespace on this kernel (they are the machine's)"
         fi
     done
 }
@@ -403,6 +411,17 @@ print("one TCP flow host1->host0 (%s, 4 s after 2 s): %.3f Gbit/s of %.3f the li
 fi
 [ ${#DELAY_LINES[@]} -eq 0 ] || printf '%s\n' "${DELAY_LINES[@]}" >> "$OUT/raw/iperf.txt"
 
+if [ -n "$DM_WMEM_MAX_SEEN" ]; then
+    echo "$DM_WMEM_MAX_SEEN" > "$tmp/wmem_max"
+    # shellcheck disable=SC2016  # $0 and $@ are the inner shell's
+    DM_WRAP=(sh -c 'mount --bind "$0" /proc/sys/net/core/wmem_max && exec "$@"' "$tmp/wmem_max")
+    ip netns exec "${hostns[0]}" "${DM_WRAP[@]}" cat /proc/sys/net/core/wmem_max | grep -qx "$DM_WMEM_MAX_SEEN" ||
+        die "DM_WMEM_MAX_SEEN: the bind mount over /proc/sys/net/core/wmem_max failed"
+    grep -q "$tmp/wmem_max\|net/core/wmem_max" /proc/self/mountinfo && die "DM_WMEM_MAX_SEEN: the bind mount leaked"
+    DELAY_LINES+=("distmesh ranks read net.core.wmem_max = $DM_WMEM_MAX_SEEN (a bind mount; the kernel's: $(cat /proc/sys/net/core/wmem_max))")
+    echo "${DELAY_LINES[-1]}" >> "$OUT/raw/iperf.txt"
+fi
+
 # >>launch  One launch: every rank in its host's namespace, each under timeout; waits for all.
 csv=$(IFS=,; echo "${BYTES[*]}")
 wait_ranks() {
@@ -421,7 +440,7 @@ run_dm() {  # system algo(empty: unset) rep [compress mode]
     for h in $(seq 0 $((HOSTS - 1))); do before+=("$(tx_bytes "$h")"); done
     for r in $(seq 0 $((N - 1))); do
         h=$((r / RANKS_PER_HOST))
-        ip netns exec "${hostns[$h]}" env "${DM_ENV_ARGS[@]+"${DM_ENV_ARGS[@]}"}" ${algo:+DISTMESH_ALGO=$algo} RANK=$r WORLD_SIZE=$N \
+        ip netns exec "${hostns[$h]}" "${DM_WRAP[@]+"${DM_WRAP[@]}"}" env "${DM_ENV_ARGS[@]+"${DM_ENV_ARGS[@]}"}" ${algo:+DISTMESH_ALGO=$algo} RANK=$r WORLD_SIZE=$N \
             LOCAL_RANK=$((r % RANKS_PER_HOST)) LOCAL_WORLD_SIZE=$RANKS_PER_HOST DISTMESH_TEST_HOST_ID=host$h \
             DISTMESH_SOCKET_IFNAME=dmeth0 DISTMESH_STORE="file://$store" DISTMESH_TIMEOUT=60 \
             MASTER_ADDR="$(addr_of 0)" MASTER_PORT=29500 \
