@@ -120,9 +120,9 @@ pids=()
 # on to its command, then SIGKILL for whatever is left after 3 s.
 running() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) && [[ $st != Z* ]]; }  # not a zombie
 stop_all() {
-    local p i left
+    local p left
     for p in "${pids[@]+"${pids[@]}"}"; do kill -TERM "$p" 2>/dev/null; done
-    for i in $(seq 30); do
+    for _ in $(seq 30); do
         left=0
         for p in "${pids[@]+"${pids[@]}"}"; do running "$p" && left=1; done
         [ $left -eq 0 ] && break
@@ -440,8 +440,8 @@ run_dm() {  # system algo(empty: unset) rep [compress mode]
     for h in $(seq 0 $((HOSTS - 1))); do before+=("$(tx_bytes "$h")"); done
     for r in $(seq 0 $((N - 1))); do
         h=$((r / RANKS_PER_HOST))
-        ip netns exec "${hostns[$h]}" "${DM_WRAP[@]+"${DM_WRAP[@]}"}" env "${DM_ENV_ARGS[@]+"${DM_ENV_ARGS[@]}"}" ${algo:+DISTMESH_ALGO=$algo} RANK=$r WORLD_SIZE=$N \
-            LOCAL_RANK=$((r % RANKS_PER_HOST)) LOCAL_WORLD_SIZE=$RANKS_PER_HOST DISTMESH_TEST_HOST_ID=host$h \
+        ip netns exec "${hostns[$h]}" "${DM_WRAP[@]+"${DM_WRAP[@]}"}" env "${DM_ENV_ARGS[@]+"${DM_ENV_ARGS[@]}"}" ${algo:+DISTMESH_ALGO=$algo} RANK="$r" WORLD_SIZE=$N \
+            LOCAL_RANK=$((r % RANKS_PER_HOST)) LOCAL_WORLD_SIZE="$RANKS_PER_HOST" DISTMESH_TEST_HOST_ID=host$h \
             DISTMESH_SOCKET_IFNAME=dmeth0 DISTMESH_STORE="file://$store" DISTMESH_TIMEOUT=60 \
             MASTER_ADDR="$(addr_of 0)" MASTER_PORT=29500 \
             timeout -k 5 "$LAUNCH_TIMEOUT" "$DM_BENCH" --sizes "$csv" -n "$ITERS" -w "$WARMUP" -c 1 -a 3 \
@@ -516,5 +516,6 @@ if [ -n "$DL_PID" ]; then  # its counters (packets, drops, how late) into the re
     kill -TERM "$DL_PID" 2>/dev/null; wait "$DL_PID" 2>/dev/null; DL_PID=
     grep -s '^delay_line' "$tmp/delay_line.out" > "$OUT/raw/delay_line.txt"
 fi
+# shellcheck disable=SC2086  # SYSTEMS: one word per system
 DELAY=$DELAY DM_ENV=$DM_ENV python3 "$(dirname "$0")/bench_hosts_report.py" "$RAW" "$OUT" "$HOSTS" "$RANKS_PER_HOST" \
     "$RATE_BPS" "$FLOW_BPS" "$OUT/raw/tc-classes.txt" $SYSTEMS || die "report failed"
