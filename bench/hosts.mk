@@ -6,7 +6,12 @@
 #   make bench-hosts HOSTS=2 RANKS_PER_HOST=2 RATE=2gbit FLOW_RATE=500mbit SIZES="1M 16M 64M" REPS=3
 # make passes variables given on its command line (or in the environment) to the script's
 # environment; unset ones take the script's defaults (ITERS, WARMUP, IPERF=0 too).
+# DELAY=<ms> (one way per host link) puts bench/delay_line (a TUN delay line in a router namespace)
+# between the hosts, checked by a round trip and one TCP flow before the runs:
+#   make bench-hosts HOSTS=2 RANKS_PER_HOST=2 RATE=1gbit DELAY=25 SIZES="8 64M" REPS=3 COMPRESS=
+# DM_ENV="DISTMESH_SOCKETS_PER_PEER=2" passes variables to the distmesh ranks.
 GLOO_BENCH := $(BENCH_DIR)/gloo_bench
+DELAY_LINE := $(BENCH_DIR)/delay_line
 
 .PHONY: bench-hosts
 
@@ -15,8 +20,12 @@ $(GLOO_BENCH): bench/gloo_bench.cc
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror $< -o $@ -lgloo -pthread
 
+$(DELAY_LINE): bench/delay_line.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Wpedantic -Werror $< -o $@
+
 bench-hosts: deps
-	@$(MAKE) --no-print-directory $(DM_BENCH)
+	@$(MAKE) --no-print-directory $(DM_BENCH) $(DELAY_LINE)
 	@bash scripts/deps.sh libgloo-dev iperf3 || echo "bench-hosts: could not install libgloo-dev / iperf3"
 	@$(MAKE) --no-print-directory $(GLOO_BENCH) || echo "bench-hosts: gloo_bench not built: Gloo is left out"
 	@bash scripts/bench_hosts.sh $(DM_BENCH) $(GLOO_BENCH); rc=$$?; [ $$rc -eq 77 ] && rc=0; exit $$rc

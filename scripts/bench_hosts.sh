@@ -23,6 +23,25 @@
 #   IPERF=1 (a 2 s iperf3 check of the shaping, when iperf3 is there) BURST=64k (htb burst and
 #   cburst of every class: tc's default, about 1.2 KB at these rates, holds one TCP flow ~6%
 #   below the rate) OUT=build/bench-hosts (under build/, relative to the repository's root)
+#   DM_ENV="DISTMESH_SOCKETS_PER_PEER=2 ..." (NAME=value words added to every distmesh rank's
+#   environment, not Gloo's)
+#   DELAY=<ms> one-way delay (default 0: the bridge above, nothing else changes). With DELAY > 0 a
+#   router namespace replaces the bridge: the hosts' veths end there (same addresses, static
+#   neighbour entries, no ARP), every packet a host sends is routed into a TUN device whose
+#   program, bench/delay_line.c, holds it DELAY ms and writes it back, and the kernel routes it on
+#   to the destination host's port. Each packet crosses the delay line once: DELAY is the delay of
+#   the sending host's link, so host to host is DELAY one way and a round trip 2 x DELAY (any
+#   pair of hosts). TCP stays end to end. The htb shaping is the same (the router's port p<h>
+#   shapes what host h receives). Before the runs: a UDP round trip between host 1 and host 0
+#   (python, 20 probes; off by more than DELAY_TOL ms (default 3) from 2 x DELAY: exit 1) and one
+#   TCP flow's throughput (iperf3 when there, else python; 6 s, the first 2 left out for slow
+#   start; below 85% of the rate the link allows: a warning), both in the report. Socket buffers
+#   in every host namespace: net.ipv4.tcp_rmem / tcp_wmem maxima raised to TCP_MEM_MAX (default
+#   64M) so that autotuned flows can hold 2 x DELAY x RATE (50 ms x 1 Gbit/s = 6.25 MB);
+#   net.core.rmem_max / wmem_max are set to CORE_MEM_MAX only when it is given (they decide
+#   whether distmesh pins SO_SNDBUF/SO_RCVBUF to 4 MiB: it does when wmem_max >= 4 MiB).
+#   DELAY_LINE=path (default: delay_line next to dm_bench, else built from bench/delay_line.c
+#   with cc), DELAY_QUEUE=64M (its queue in bytes; tail drop beyond).
 # Writes $OUT/table.txt, $OUT/results.csv, $OUT/results.json and raw logs under $OUT/raw.
 # Exit 0 ok, 77 skipped (reason printed), else failed. Everything it creates is removed on every
 # exit path; every process runs under timeout.
@@ -34,6 +53,8 @@ HOSTS=${HOSTS:-2}; RANKS_PER_HOST=${RANKS_PER_HOST:-2}; RATE=${RATE:-2gbit}; FLO
 SIZES=${SIZES:-"1M 16M 64M"}; REPS=${REPS:-3}; ITERS=${ITERS:-5}; WARMUP=${WARMUP:-1}
 IPERF=${IPERF:-1}; OUT=${OUT:-build/bench-hosts}; BURST=${BURST:-64k}; COMPRESS=${COMPRESS-int8 bf16}
 LAUNCH_TIMEOUT=${LAUNCH_TIMEOUT:-300}
+DELAY=${DELAY:-0}; DELAY_TOL=${DELAY_TOL:-3}; DELAY_QUEUE=${DELAY_QUEUE:-64M}; TCP_MEM_MAX=${TCP_MEM_MAX:-64M}
+CORE_MEM_MAX=${CORE_MEM_MAX:-}; DM_ENV=${DM_ENV:-}
 
 skip() { echo "bench-hosts: skipped: $*"; exit 77; }
 die() { echo "bench-hosts: $*" >&2; exit 1; }
@@ -47,6 +68,22 @@ is_count "$ITERS" || die "ITERS=$ITERS: need a count >= 1"
 [[ $BURST =~ ^[0-9]+[kKmM]?b?$ ]] || die "BURST=$BURST: not a tc size (e.g. 64k)"
 for m in $COMPRESS; do [[ $m == int8 || $m == bf16 ]] || die "COMPRESS=$COMPRESS: int8 and/or bf16"; done
 [ -x "$DM_BENCH" ] || die "$DM_BENCH: not an executable"
+[[ $DELAY =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "DELAY=$DELAY: milliseconds (e.g. 25)"
+[[ $DELAY_TOL =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "DELAY_TOL=$DELAY_TOL: milliseconds"
+[[ $DELAY_QUEUE =~ ^[0-9]+[KMG]?$ ]] || die "DELAY_QUEUE=$DELAY_QUEUE: bytes, K, M or G (e.g. 64M)"
+DM_ENV_ARGS=()
+for kv in $DM_ENV; do
+    [[ $kv =~ ^[A-Z_][A-Z0-9_]*=[^[:space:]]*$ ]] || die "DM_ENV: $kv is not NAME=value"; DM_ENV_ARGS+=("$kv")
+done
+[[ $TCP_MEM_MAX =~ ^[0-9]+[KMG]?$ ]] || die "TCP_MEM_MAX=$TCP_MEM_MAX: bytes, K, M or G"
+[[ -z $CORE_MEM_MAX || $CORE_MEM_MAX =~ ^[0-9]+[KMG]?$ ]] || die "CORE_MEM_MAX=$CORE_MEM_MAX: bytes, K, M or G"
+# DM_WMEM_MAX_SEEN=<bytes> (an experiment): what distmesh's ranks read in /proc/sys/net/core/wmem_max
+# (a file bind-mounted over it in each rank's mount namespace, which ip netns exec makes private;
+# the kernel's limit is unchanged). distmesh pins SO_SNDBUF/SO_RCVBUF to 4 MiB only when it reads
+# >= 4 MiB there, so 4194303 runs it on the kernel's autotuning (up to tcp_rmem/tcp_wmem's maxima).
+DM_WMEM_MAX_SEEN=${DM_WMEM_MAX_SEEN:-}; DM_WRAP=()
+[[ -z $DM_WMEM_MAX_SEEN || $DM_WMEM_MAX_SEEN =~ ^[0-9]+$ ]] || die "DM_WMEM_MAX_SEEN=$DM_WMEM_MAX_SEEN: bytes"
+delayed() { [[ ! $DELAY =~ ^0*(\.0*)?$ ]]; }  # DELAY > 0
 command -v python3 >/dev/null 2>&1 || skip "no python3 (the report needs it)"
 # tc rates: a number and bit, kbit, mbit or gbit (tc's own units; bits per second)
 rate_bps() {
@@ -83,9 +120,9 @@ pids=()
 # on to its command, then SIGKILL for whatever is left after 3 s.
 running() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) && [[ $st != Z* ]]; }  # not a zombie
 stop_all() {
-    local p i left
+    local p left
     for p in "${pids[@]+"${pids[@]}"}"; do kill -TERM "$p" 2>/dev/null; done
-    for i in $(seq 30); do
+    for _ in $(seq 30); do
         left=0
         for p in "${pids[@]+"${pids[@]}"}"; do running "$p" && left=1; done
         [ $left -eq 0 ] && break
@@ -96,6 +133,10 @@ stop_all() {
 }
 cleanup() {
     stop_all
+    if [ -n "${DL_PID:-}" ]; then
+        kill -TERM "$DL_PID" 2>/dev/null; wait "$DL_PID" 2>/dev/null
+        [ -d "$OUT/raw" ] && grep -s '^delay_line' "$tmp/delay_line.out" > "$OUT/raw/delay_line.txt"
+    fi
     for n in "${hostns[@]}" "$brns"; do ip netns del "$n" 2>/dev/null; done
     rm -rf "$tmp"
 }
@@ -104,6 +145,66 @@ trap 'exit 1' INT TERM HUP
 
 # >>network
 addr_of() { echo "10.78.0.$(($1 + 1))"; }
+# >>router  DELAY > 0: namespace $brns routes instead of bridging. Host h's dmeth0 (MAC
+# 02:78:00:00:00:hh) meets port p<h> (02:78:00:00:01:hh) there; hosts reach each other through
+# static neighbour entries (every peer address -> the port's MAC), the router reaches host h by
+# 10.78.0.(h+1)/32 dev p<h> and a static entry. Policy routing: what comes in on any port goes
+# (table 100) into the TUN device dl0, what comes out of dl0 takes the main table to its port.
+# The delay line runs in $brns for the whole script (stopped by cleanup, its counters kept).
+DL_PID=
+mac_of() { printf '02:78:00:00:%02x:%02x' "$1" "$2"; }  # 0 host side / 1 router side, host
+delay_line_bin() {
+    local b=${DELAY_LINE:-$(dirname "$DM_BENCH")/delay_line}
+    if [ ! -x "$b" ]; then
+        b=$tmp/delay_line
+        ${CC:-cc} -std=c11 -O2 -Wall -Wextra -Wpedantic -Werror bench/delay_line.c -o "$b" >&2 || return 1
+    fi
+    echo "$b"
+}
+build_router() {
+    local h k n dl
+    dl=$(delay_line_bin) || die "cannot build bench/delay_line.c"
+    ip netns add "$brns" 2>/dev/null || skip "cannot create a network namespace"
+    ip netns exec "$brns" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 \
+        net.ipv4.conf.default.rp_filter=0 || die "cannot enable forwarding in $brns"
+    ip netns exec "$brns" "$dl" -i dl0 -d "$DELAY" -q "$DELAY_QUEUE" > "$tmp/delay_line.out" 2>&1 &
+    DL_PID=$!
+    for _ in $(seq 50); do grep -qs '^ready' "$tmp/delay_line.out" && break; sleep 0.1; done
+    grep -qs '^ready' "$tmp/delay_line.out" || { cat "$tmp/delay_line.out"; skip "the delay line did not start (TUN?)"; }
+    ip -n "$brns" link set dl0 up
+    ip netns exec "$brns" sysctl -qw net.ipv4.conf.dl0.rp_filter=0
+    ip -n "$brns" rule add pref 100 iif dl0 lookup main
+    ip -n "$brns" rule add pref 101 lookup 100
+    ip -n "$brns" route add 10.78.0.0/24 dev dl0 table 100
+    for h in $(seq 0 $((HOSTS - 1))); do
+        n=${hostns[$h]}
+        ip netns add "$n" || die "cannot create namespace $n"
+        ip -n "$brns" link add "p$h" address "$(mac_of 1 "$h")" type veth peer name dmeth0 address "$(mac_of 0 "$h")" \
+            netns "$n" 2>/dev/null || skip "no veth support"
+        ip -n "$brns" link set "p$h" up
+        ip netns exec "$brns" sysctl -qw "net.ipv4.conf.p$h.rp_filter=0"
+        ip -n "$brns" route add "$(addr_of "$h")/32" dev "p$h"
+        ip -n "$brns" neigh replace "$(addr_of "$h")" lladdr "$(mac_of 0 "$h")" dev "p$h" nud permanent
+        ip -n "$n" link set lo up
+        ip -n "$n" addr add "$(addr_of "$h")/24" dev dmeth0
+        ip -n "$n" link set dmeth0 up
+        for k in $(seq 0 $((HOSTS - 1))); do
+            [ "$k" = "$h" ] || ip -n "$n" neigh replace "$(addr_of "$k")" lladdr "$(mac_of 1 "$h")" dev dmeth0 nud permanent
+        done
+        # socket buffers: autotuned TCP may grow to TCP_MEM_MAX (per namespace since Linux 4.15)
+        ip netns exec "$n" sysctl -qw "net.ipv4.tcp_rmem=4096 131072 $(size_bytes "$TCP_MEM_MAX")" \
+            "net.ipv4.tcp_wmem=4096 16384 $(size_bytes "$TCP_MEM_MAX")" || die "cannot set tcp_rmem/tcp_wmem in $n"
+        if [ -n "$CORE_MEM_MAX" ]; then  # sysctl exits 0 on some failures: read it back
+            ip netns exec "$n" sysctl -qw "net.core.rmem_max=$(size_bytes "$CORE_MEM_MAX")" \
+                "net.core.wmem_max=$(size_bytes "$CORE_MEM_MAX")" 2>/dev/null
+            [ "$(ip netns exec "$n" sysctl -n net.core.wmem_max)" = "$(size_bytes "$CORE_MEM_MAX")" ] ||
+                die "CORE_MEM_MAX: net.core.rmem_max/wmem_max cannot be set in a namespace on this kernel (they are the machine's)"
+        fi
+    done
+}
+if delayed; then
+    build_router
+else
 ip netns add "$brns" 2>/dev/null || skip "cannot create a network namespace"
 ip -n "$brns" link add br0 type bridge 2>/dev/null || skip "no bridge support"
 ip -n "$brns" link set br0 up
@@ -116,6 +217,7 @@ for h in $(seq 0 $((HOSTS - 1))); do
     ip -n "$n" addr add "$(addr_of "$h")/24" dev dmeth0
     ip -n "$n" link set dmeth0 up
 done
+fi
 if ip -o addr show | grep -q '10\.78\.0\.'; then die "10.78.0.x leaked into the root namespace"; fi
 
 # >>shaping  One device: root htb, class 1:1 at RATE (the host's link in that direction). Without
@@ -215,6 +317,111 @@ if [ "$IPERF" = 1 ] && command -v iperf3 >/dev/null 2>&1; then
 fi
 printf '%s\n' "${IPERF_LINES[@]+"${IPERF_LINES[@]}"}" > "$OUT/raw/iperf.txt"
 
+# >>delay check  DELAY > 0: what the hosts see. A ping-like round trip host 1 -> host 0 (UDP echo in
+# python, 20 probes 50 ms apart; ping itself may be missing) against 2 x DELAY, and one TCP flow
+# host 1 -> host 0 (iperf3, else python) over 6 s, the first 2 s (slow start over 2 x DELAY) left
+# out, against the most the link allows one flow: min(RATE, FLOW_RATE) x 1448/1514 (TCP payload
+# in a full frame). The socket buffer settings of host 0 go to the report too.
+DELAY_LINES=()
+rtt_check() {  # prints "min median max" in ms
+    local srv
+    ip netns exec "${hostns[0]}" timeout -k 2 20 python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 29397)); print("up", flush=True)
+s.settimeout(15)
+try:
+    while True:
+        d, a = s.recvfrom(64)
+        if d == b"end": break
+        s.sendto(d, a)
+except socket.timeout:
+    pass' "$(addr_of 0)" > "$tmp/echo" 2>&1 &
+    srv=$!; pids+=("$srv")
+    for _ in $(seq 50); do grep -qs up "$tmp/echo" && break; sleep 0.1; done
+    ip netns exec "${hostns[1]}" timeout -k 2 15 python3 -c '
+import socket, statistics, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); a = (sys.argv[1], 29397)
+rtt = []
+for i in range(21):
+    t = time.perf_counter(); s.sendto(b"%d" % i, a)
+    while s.recvfrom(64)[0] != b"%d" % i: pass
+    rtt.append((time.perf_counter() - t) * 1e3); time.sleep(0.05)
+rtt = rtt[1:]  # the first one may meet a cold path
+s.sendto(b"end", a)
+print("%.2f %.2f %.2f" % (min(rtt), statistics.median(rtt), max(rtt)))' "$(addr_of 0)"
+    local rc=$?
+    wait "$srv" 2>/dev/null; pids=()
+    return $rc
+}
+flow_check() {  # prints Gbit/s and the tool
+    local srv port=52101
+    if command -v iperf3 >/dev/null 2>&1; then
+        ip netns exec "${hostns[0]}" timeout -k 2 20 iperf3 -s -1 -p $port >/dev/null 2>&1 &
+        srv=$!; pids+=("$srv")
+        sleep 0.5
+        ip netns exec "${hostns[1]}" timeout -k 2 15 iperf3 -c "$(addr_of 0)" -p $port -t 4 -O 2 -J 2>/dev/null |
+            python3 -c 'import json,sys; print("%.3f iperf3" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))'
+    else
+        ip netns exec "${hostns[0]}" timeout -k 2 20 python3 -c '
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], 52101)); s.listen(1)
+print("up", flush=True)
+c = s.accept()[0]; buf = bytearray(1 << 20); n = 0; t0 = time.perf_counter(); t1 = None
+while True:
+    k = c.recv_into(buf)
+    if not k: break
+    now = time.perf_counter()
+    if now - t0 >= 2:
+        if t1 is None: t1 = now
+        else: n += k; t2 = now
+print("%.3f python" % (n * 8 / (t2 - t1) / 1e9))' "$(addr_of 0)" > "$tmp/flow" 2>&1 &
+        srv=$!; pids+=("$srv")
+        for _ in $(seq 50); do grep -qs up "$tmp/flow" && break; sleep 0.1; done
+        ip netns exec "${hostns[1]}" timeout -k 2 15 python3 -c '
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], 52101)); b = bytes(1 << 20); t = time.perf_counter()
+while time.perf_counter() - t < 6: c.sendall(b)
+c.close()' "$(addr_of 0)"
+        wait "$srv" 2>/dev/null
+        tail -n 1 "$tmp/flow"
+    fi
+    wait "$srv" 2>/dev/null; pids=()
+}
+if delayed; then
+    r=$(rtt_check) || die "the round-trip check failed"
+    read -r rmin rmed rmax <<< "$r"
+    ok=$(python3 -c 'import sys; m, d, t = map(float, sys.argv[1:]); print("ok" if abs(m - 2 * d) <= t else "OFF")' \
+        "$rmed" "$DELAY" "$DELAY_TOL")
+    DELAY_LINES+=("delay line: ${DELAY} ms one way per host link (each packet delayed once, by its sender's link): a round trip host1->host0->host1 should be $(python3 -c 'import sys; print("%g" % (2 * float(sys.argv[1])))' "$DELAY") ms")
+    DELAY_LINES+=("round trip host1->host0 (UDP echo, 20 probes): min $rmin, median $rmed, max $rmax ms: $ok (tolerance ${DELAY_TOL} ms)")
+    [ "$ok" = ok ] || { printf '%s\n' "${DELAY_LINES[@]}" >&2; die "the round trip does not match DELAY=$DELAY"; }
+    one_bps=$RATE_BPS; [ "$FLOW_BPS" -gt 0 ] && [ "$FLOW_BPS" -lt "$one_bps" ] && one_bps=$FLOW_BPS
+    f=$(flow_check); read -r fg tool <<< "$f"
+    if [ -n "${fg:-}" ]; then
+        DELAY_LINES+=("$(python3 -c 'import sys
+g, bps, tool = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]; top = bps * 1448 / 1514 / 1e9
+print("one TCP flow host1->host0 (%s, 4 s after 2 s): %.3f Gbit/s of %.3f the link allows (%.0f%%): %s"
+      % (tool, g, top, 100 * g / top, "ok" if g >= 0.85 * top else "LOW"))' "$fg" "$one_bps" "$tool")")
+    else
+        DELAY_LINES+=("one TCP flow host1->host0: the measurement failed")
+    fi
+    sc() { ip netns exec "${hostns[0]}" sysctl -n "$1" | tr -s '\t ' ' '; }
+    DELAY_LINES+=("host namespaces: net.core.rmem_max $(sc net.core.rmem_max), wmem_max $(sc net.core.wmem_max), tcp_rmem $(sc net.ipv4.tcp_rmem), tcp_wmem $(sc net.ipv4.tcp_wmem), congestion control $(sc net.ipv4.tcp_congestion_control)")
+    printf '%s\n' "${DELAY_LINES[@]}" | grep -q LOW && echo "bench-hosts: warning: one flow is below 85% of the link" >&2
+fi
+[ ${#DELAY_LINES[@]} -eq 0 ] || printf '%s\n' "${DELAY_LINES[@]}" >> "$OUT/raw/iperf.txt"
+
+if [ -n "$DM_WMEM_MAX_SEEN" ]; then
+    echo "$DM_WMEM_MAX_SEEN" > "$tmp/wmem_max"
+    # shellcheck disable=SC2016  # $0 and $@ are the inner shell's
+    DM_WRAP=(sh -c 'mount --bind "$0" /proc/sys/net/core/wmem_max && exec "$@"' "$tmp/wmem_max")
+    ip netns exec "${hostns[0]}" "${DM_WRAP[@]}" cat /proc/sys/net/core/wmem_max | grep -qx "$DM_WMEM_MAX_SEEN" ||
+        die "DM_WMEM_MAX_SEEN: the bind mount over /proc/sys/net/core/wmem_max failed"
+    grep -q "$tmp/wmem_max\|net/core/wmem_max" /proc/self/mountinfo && die "DM_WMEM_MAX_SEEN: the bind mount leaked"
+    DELAY_LINES+=("distmesh ranks read net.core.wmem_max = $DM_WMEM_MAX_SEEN (a bind mount; the kernel's: $(cat /proc/sys/net/core/wmem_max))")
+    echo "${DELAY_LINES[-1]}" >> "$OUT/raw/iperf.txt"
+fi
+
 # >>launch  One launch: every rank in its host's namespace, each under timeout; waits for all.
 csv=$(IFS=,; echo "${BYTES[*]}")
 wait_ranks() {
@@ -233,8 +440,8 @@ run_dm() {  # system algo(empty: unset) rep [compress mode]
     for h in $(seq 0 $((HOSTS - 1))); do before+=("$(tx_bytes "$h")"); done
     for r in $(seq 0 $((N - 1))); do
         h=$((r / RANKS_PER_HOST))
-        ip netns exec "${hostns[$h]}" env ${algo:+DISTMESH_ALGO=$algo} RANK=$r WORLD_SIZE=$N \
-            LOCAL_RANK=$((r % RANKS_PER_HOST)) LOCAL_WORLD_SIZE=$RANKS_PER_HOST DISTMESH_TEST_HOST_ID=host$h \
+        ip netns exec "${hostns[$h]}" "${DM_WRAP[@]+"${DM_WRAP[@]}"}" env "${DM_ENV_ARGS[@]+"${DM_ENV_ARGS[@]}"}" ${algo:+DISTMESH_ALGO=$algo} RANK="$r" WORLD_SIZE=$N \
+            LOCAL_RANK=$((r % RANKS_PER_HOST)) LOCAL_WORLD_SIZE="$RANKS_PER_HOST" DISTMESH_TEST_HOST_ID=host$h \
             DISTMESH_SOCKET_IFNAME=dmeth0 DISTMESH_STORE="file://$store" DISTMESH_TIMEOUT=60 \
             MASTER_ADDR="$(addr_of 0)" MASTER_PORT=29500 \
             timeout -k 5 "$LAUNCH_TIMEOUT" "$DM_BENCH" --sizes "$csv" -n "$ITERS" -w "$WARMUP" -c 1 -a 3 \
@@ -284,9 +491,10 @@ SYSTEMS="distmesh_auto distmesh_flat"
 for m in $COMPRESS; do SYSTEMS="$SYSTEMS distmesh_$m"; done
 if [ -n "$GLOO_BENCH" ] && [ -x "$GLOO_BENCH" ]; then SYSTEMS="$SYSTEMS gloo"
 else echo "bench-hosts: Gloo not run (no gloo_bench built: needs libgloo-dev)"; fi
-echo "bench-hosts: $HOSTS hosts x $RANKS_PER_HOST ranks, link $RATE${FLOW_RATE:+, $FLOW_RATE per flow}," \
+echo "bench-hosts: $HOSTS hosts x $RANKS_PER_HOST ranks, link $RATE${FLOW_RATE:+, $FLOW_RATE per flow}$(delayed && echo ", $DELAY ms one way")${DM_ENV:+, distmesh with $DM_ENV}," \
      "sizes ${SIZES}, $REPS repetitions of $ITERS iterations (+$WARMUP warmup)"
 [ ${#IPERF_LINES[@]} -eq 0 ] || printf '  %s\n' "${IPERF_LINES[@]}"
+[ ${#DELAY_LINES[@]} -eq 0 ] || printf '  %s\n' "${DELAY_LINES[@]}"
 for rep in $(seq 1 "$REPS"); do
     for sys in $SYSTEMS; do
         echo "bench-hosts: repetition $rep/$REPS: $sys" >&2
@@ -304,5 +512,10 @@ for h in $(seq 0 $((HOSTS - 1))); do
     } >> "$OUT/raw/tc-classes.txt" 2>&1
 done
 
-python3 "$(dirname "$0")/bench_hosts_report.py" "$RAW" "$OUT" "$HOSTS" "$RANKS_PER_HOST" "$RATE_BPS" "$FLOW_BPS" \
-    "$OUT/raw/tc-classes.txt" $SYSTEMS || die "report failed"
+if [ -n "$DL_PID" ]; then  # its counters (packets, drops, how late) into the report
+    kill -TERM "$DL_PID" 2>/dev/null; wait "$DL_PID" 2>/dev/null; DL_PID=
+    grep -s '^delay_line' "$tmp/delay_line.out" > "$OUT/raw/delay_line.txt"
+fi
+# shellcheck disable=SC2086  # SYSTEMS: one word per system
+DELAY=$DELAY DM_ENV=$DM_ENV python3 "$(dirname "$0")/bench_hosts_report.py" "$RAW" "$OUT" "$HOSTS" "$RANKS_PER_HOST" \
+    "$RATE_BPS" "$FLOW_BPS" "$OUT/raw/tc-classes.txt" $SYSTEMS || die "report failed"

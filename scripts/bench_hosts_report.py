@@ -2,9 +2,14 @@
 """Report of scripts/bench_hosts.sh: per system an nccl-tests style table (medians over the
 repetitions), the bounds of the shaped link, and the ratios between the systems.
    bench_hosts_report.py RAW OUT HOSTS RANKS_PER_HOST RATE_BPS FLOW_BPS TC_CLASSES SYSTEM...
+DELAY (environment, ms, default 0): the one-way delay of every host link (make bench-hosts DELAY=):
+the bounds then gain it, and raw/delay_line.txt (the delay line's counters) is printed.
+DM_ENV (environment): what was added to the distmesh ranks' environment, for the headers.
 RAW lines: "<system> rep=<r> bytes=<B> us=<time> wrong=<n, -1: not checked> transport=<t> algo=<a or ->".
 Writes OUT/table.txt (what it prints), OUT/results.csv (every launch) and OUT/results.json."""
 import json
+import math
+import os
 import re
 import statistics
 import sys
@@ -77,6 +82,8 @@ def main():
     raw, out, hosts, per_host, rate, flow = sys.argv[1:7]
     tc_classes, systems = sys.argv[7], sys.argv[8:]
     hosts, per_host, rate, flow = int(hosts), int(per_host), float(rate), float(flow)
+    delay_us = float(os.environ.get("DELAY") or 0) * 1000
+    dm_env = os.environ.get("DM_ENV", "").strip()
     n = hosts * per_host
     runs, labels = load(raw)
     sizes = sorted({b for (_, b) in runs})
@@ -92,6 +99,8 @@ def main():
     for s in systems:
         say(f"# {DESCRIPTION.get(s, s)}: {n} ranks on {hosts} hosts x {per_host}, link {rate / 1e9:g} Gbit/s"
             + (f", {flow / 1e6:g} Mbit/s per flow" if flow else "")
+            + (f", {delay_us / 1000:g} ms one way" if delay_us else "")
+            + (f", {dm_env}" if dm_env and s.startswith("distmesh") else "")
             + f"; transport {'/'.join(sorted(labels.get(s, {'-'})))}")
         say("# float32 sum in place; time: median over the launches of the slowest rank's mean; busbw = algbw x 2(n-1)/n")
         say("#       size         count      type   redop    root      time   algbw   busbw #wrong  launches  min(us)  max(us)"
@@ -114,7 +123,14 @@ def main():
     say(f"# Bounds at R = {rate / 1e9:g} Gbit/s per host link and direction (S = size):")
     say(f"#   flat ring (host by host) 2(N-1)/N x S / R, N = {n};  two-level 2(H-1)/H x S / R, H = {hosts}"
         + (f";  single flow 2(N-1)/N x S / F, F = {flow / 1e6:g} Mbit/s (flat ring, one socket per peer)" if flow else ""))
+    if delay_us:
+        say(f"#   with D = {delay_us / 1000:g} ms one way host to host: 2-level+D = the two-level bound + D (the last"
+            " bytes still cross one link after the link is done), a lower bound for any H; log2(H) x D = the"
+            " latency floor of recursive doubling between hosts (the floor of any all-reduce is D: every host"
+            " sending to all the others at once)")
     head = "#       size   flat bound  2-level bound" + ("  1-flow bound" if flow else "")
+    if delay_us:
+        head += "     2-level+D  log2(H) x D"
     cols = list(systems)
     head += "".join(f"  {c:>14s}" for c in cols)
     ratio_names = []
@@ -128,6 +144,8 @@ def main():
         if f"distmesh_{m}" in systems and "gloo" in systems:
             ratio_names.append((f"{m}/gloo", f"distmesh_{m}", "gloo"))
     head += "".join(f"  {r[0]:>9s}" for r in ratio_names) + "  auto/2-level  flat/bound"
+    if delay_us:
+        head += "  auto/(2-level+D)  auto/(log2(H) x D)"
     say(head)
     summary = []
     for b in sizes:
@@ -136,6 +154,10 @@ def main():
         two_b = 2.0 * (hosts - 1) / hosts * bits / rate * 1e6
         one_b = 2.0 * (n - 1) / n * bits / flow * 1e6 if flow else None
         row = f"{b:12d}  {fmt_ms(flat_b):>11s}  {fmt_ms(two_b):>13s}" + (f"  {fmt_ms(one_b):>12s}" if flow else "")
+        two_d = two_b + delay_us
+        floor_d = math.ceil(math.log2(hosts)) * delay_us
+        if delay_us:
+            row += f"  {fmt_ms(two_d):>12s}  {fmt_ms(floor_d):>11s}"
         entry = {"bytes": b, "algorithms": {c: sorted(labels.get((c, b), [])) for c in cols}, "flat_bound_us": flat_b, "two_level_bound_us": two_b, "single_flow_bound_us": one_b,
                  "median_us": {}, "ratios": {}}
         for c in cols:
@@ -153,6 +175,10 @@ def main():
         auto, flat = med.get(("distmesh_auto", b)), med.get(("distmesh_flat", b))
         row += f"  {auto / two_b:11.2f}" if auto else f"  {'-':>11s}"
         row += f"  {flat / max(flat_b, one_b or 0):10.2f}" if flat else f"  {'-':>10s}"
+        if delay_us:
+            row += f"  {auto / two_d:16.2f}  {auto / floor_d:18.2f}" if auto else f"  {'-':>16s}  {'-':>18s}"
+            entry["two_level_plus_delay_us"] = two_d
+            entry["delay_floor_us"] = floor_d
         say(row)
         summary.append(entry)
     say("# ratios below 1: the first system is faster; auto/2-level: auto over the two-level bound; flat/bound: the"
@@ -164,6 +190,12 @@ def main():
         say("# MB each host sent per launch (its link's tx counter, frames with headers; median over the launches,"
             " then the mean over the hosts), every size and call of the launch together:")
         say("#   " + ", ".join(f"{s}: {sent[s] / 1e6:.1f}" for s in systems if s in sent))
+    try:
+        for line in open(f"{out}/raw/delay_line.txt"):
+            if line.strip():
+                say(f"# {line.strip()}")
+    except OSError:
+        pass
     used = flow_classes(tc_classes)
     if flow and used:
         say("# flow classes that carried > 1 MB over the whole run (all launches and iperf3), per device: "
@@ -178,8 +210,11 @@ def main():
             for rep, t, w in v:
                 f.write(f"{s},{b},{rep},{t:.3f},{w}\n")
     with open(f"{out}/results.json", "w") as f:
-        json.dump({"hosts": hosts, "ranks_per_host": per_host, "ranks": n, "rate_bps": rate,
-                   "flow_rate_bps": flow or None, "systems": systems, "sizes": summary}, f, indent=1)
+        doc = {"hosts": hosts, "ranks_per_host": per_host, "ranks": n, "rate_bps": rate,
+               "flow_rate_bps": flow or None, "systems": systems, "sizes": summary}
+        if delay_us or dm_env:
+            doc.update(delay_ms=delay_us / 1000, dm_env=dm_env)
+        json.dump(doc, f, indent=1)
     print(f"bench-hosts: wrote {out}/table.txt, {out}/results.csv, {out}/results.json and {out}/raw/")
 
 
