@@ -1334,6 +1334,10 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
       "the compression of every float32 / bfloat16 / float16 sum and mean all-reduce across hosts that "               \
       "names no mode (`dm_all_reduce`; see [docs/design.md](docs/design.md#compression)), without error feedback; "  \
       "the same on every rank")                                                                                       \
+    X(HOST_LINK,        STR,     "",      0, 63,      NULL, ENGINE,                                                   \
+      "the link between hosts as `LATENCY_US,GBIT` (one-way microseconds, Gbit/s; e.g. `25000,1` across "             \
+      "regions) for the cost model's choice of algorithm and segments; unset: 25 us and 10 Gbit/s. The same on "      \
+      "every rank (see [docs/performance.md](docs/performance.md#wide-area-round-trips))")                            \
     X(STORE,            STR,     "",      0, 319,     NULL, TCP_STORE,                                                \
       "the rendezvous store, `tcp://host:port`, `tcp://[::1]:port` or `file:///dir`; unset: "                         \
       "`tcp://MASTER_ADDR:MASTER_PORT`, else what the launcher implies (`dm_tcp_launch_detect`)")                     \
@@ -4626,14 +4630,50 @@ enum {
 static const char* const _dm_algo_names[_DM_ALGO_COUNT] = {
     "auto", "flat", "two_level", "flat_ring", "flat_rd", "two_level_ring", "two_level_rd"
 };
+/* A link class of the cost model (>>choice): alpha (us per message), beta (ns per byte). */
+typedef struct _dm_link_cost { double alpha_us, beta_ns; } _dm_link_cost;
+/* DISTMESH_HOST_LINK, "LATENCY_US,GBIT": the one-way latency (microseconds) and the rate
+   (Gbit/s) of the link between hosts, for the cost model's cross-host class (>>choice) in
+   place of its 25 us and 10 Gbit/s. Distant hosts need it: at 25 ms one way the model's
+   default pipelines a large two-level all-reduce in many segments, each of which then waits
+   a round trip (docs/performance.md "Wide-area round trips"). Unset: alpha 0 (the class's).
+   It changes only which algorithm and how many segments run, so every rank must be given the
+   same, like DISTMESH_ALGO. */
+_DM_PRIVATE dm_status _dm_eng_host_link(_dm_link_cost* out, char* err, size_t cap) {
+    const char* s = NULL;
+    char* end = NULL;
+    double us, gbit;
+    out->alpha_us = out->beta_ns = 0;
+    _DM_TRY(_dm_cfg_str(_DM_CFG_HOST_LINK, &s, err, cap));
+    if (!s || !*s) return DM_OK;
+    errno = 0;
+    us = strtod(s, &end);
+    if (end != s && *end == ',') {
+        const char* g = end + 1;
+        gbit = strtod(g, &end);
+        if (end != g && *end == 0 && errno == 0 && us > 0 && us <= 1e7 && gbit > 0 && gbit <= 1e4) {
+            out->alpha_us = us;
+            out->beta_ns = 8.0 / gbit;      /* ns per byte at gbit Gbit/s */
+            return DM_OK;
+        }
+    }
+    snprintf(err, cap, "env: DISTMESH_HOST_LINK=\"%.64s\" is not LATENCY_US,GBIT (the one-way latency in "
+             "microseconds, 0 < it <= 1e7, and the rate in Gbit/s, 0 < it <= 1e4; e.g. 25000,1)", s);
+    return DM_ERR_ENV;
+}
 /* The engine's variables: DISTMESH_ALGO (unset: auto; its choices are _dm_algo_names in order,
-   >>config registry), and DISTMESH_COMPRESS as a dm_compress (none|bf16|int8:
-   DM_COMPRESS_NONE, _BF16, _INT8). A bad value is DM_ERR_ENV with err saying what is accepted. */
-_DM_PRIVATE dm_status _dm_eng_env(int* algo, dm_compress* compress, char* err, size_t cap) {
+   >>config registry), DISTMESH_COMPRESS as a dm_compress (none|bf16|int8:
+   DM_COMPRESS_NONE, _BF16, _INT8) and DISTMESH_HOST_LINK (host_link may be NULL: only
+   checked). A bad value is DM_ERR_ENV with err saying what is accepted. */
+_DM_PRIVATE dm_status _dm_eng_env(int* algo, dm_compress* compress, _dm_link_cost* host_link, char* err,
+                                  size_t cap) {
     int mode = 0;
+    _dm_link_cost link;
     _DM_TRY(_dm_cfg_int(_DM_CFG_ALGO, algo, err, cap));
     _DM_TRY(_dm_cfg_int(_DM_CFG_COMPRESS, &mode, err, cap));
     *compress = (dm_compress)(DM_COMPRESS_NONE + mode);
+    _DM_TRY(_dm_eng_host_link(&link, err, cap));
+    if (host_link) *host_link = link;
     return DM_OK;
 }
 
@@ -4680,7 +4720,6 @@ typedef struct _dm_layout {
     bool contiguous;            /* every host's ranks are consecutive numbers */
 } _dm_layout;
 
-typedef struct _dm_link_cost _dm_link_cost;     /* a link class of the cost model (>>choice) */
 typedef struct _dm_eng {
     dm_collective* c;
     const char* tag;            /* message prefix: the backend */
@@ -4723,6 +4762,8 @@ typedef struct _dm_eng {
     size_t cbuf_size;
     const _dm_link_cost* cost;  /* NULL: the model's link classes (>>choice); the model's front
                                    end gives others, to predict other networks */
+    _dm_link_cost host_link;    /* DISTMESH_HOST_LINK: the link between hosts as the user states
+                                   it (alpha 0: unset, the class's) */
     /* P's bookkeeping (>>peers). dry: transfers record their peers in `used` and move nothing.
        peers (optional): P, the peers of this rank's fixed-peer schedules; a transfer of such a
        schedule (not on_demand) with a peer outside it is DM_ERR_INTERNAL, so a schedule that
@@ -4800,7 +4841,7 @@ _DM_PRIVATE dm_status _dm_eng_init(_dm_eng* lk, dm_collective* c, const char* ta
     c->core->eng = lk;
     {
         char err[200];
-        if (_dm_eng_env(&lk->algo, &lk->compress_env, err, sizeof(err)) != DM_OK)
+        if (_dm_eng_env(&lk->algo, &lk->compress_env, &lk->host_link, err, sizeof(err)) != DM_OK)
             return _DM_FAIL(c, DM_ERR_ENV, "%s: %s", tag, err);
     }
     chunk = chunk ? chunk : ((size_t)512 << 10);
@@ -6581,7 +6622,6 @@ enum {
 #undef _DM_X
     _DM_COST_NCLASSES
 };
-struct _dm_link_cost { double alpha_us, beta_ns; };
 static const _dm_link_cost _dm_cost_classes[_DM_COST_NCLASSES] = {
 #define _DM_X(name, alpha, beta, text) { alpha, beta },
     _DM_COST_CLASSES(_DM_X)
@@ -6589,7 +6629,9 @@ static const _dm_link_cost _dm_cost_classes[_DM_COST_NCLASSES] = {
 };
 /* Class k as this group's model sees it: the classes above, unless given others (lk->cost). */
 _DM_PRIVATE const _dm_link_cost* _dm_cost_class(const _dm_eng* lk, int k) {
-    return lk->cost ? &lk->cost[k] : &_dm_cost_classes[k];
+    if (lk->cost) return &lk->cost[k];
+    if (k == _DM_COST_CROSS_HOST && lk->host_link.alpha_us > 0) return &lk->host_link;    /* DISTMESH_HOST_LINK */
+    return &_dm_cost_classes[k];
 }
 /* steps messages of b bytes each, in microseconds. */
 _DM_PRIVATE double _dm_cost(const _dm_link_cost* k, double steps, double b) {
@@ -7878,7 +7920,7 @@ static dm_status _dm_thread_world_create_checked(const dm_fake_desc* desc, dm_co
         int algo;
         dm_compress mode;
         char why[200];
-        if (_dm_eng_env(&algo, &mode, why, sizeof(why)) != DM_OK)
+        if (_dm_eng_env(&algo, &mode, NULL, why, sizeof(why)) != DM_OK)
             return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_ENV, "thread: %s", why);
     }
     sh = _dm_tw_shared_new(&d.allocator, n);

@@ -542,6 +542,50 @@ static void test_algo_choice(void** s) {
     unsetenv("DISTMESH_ALGO");
 }
 
+/* DISTMESH_HOST_LINK states the link between hosts to the cost model: 256 bytes on 2 x 2 ranks
+   go by flat recursive doubling over the default link (25 us), and by the two-level schedule
+   (the fewest crossings) over a 25 ms one; a malformed value fails the create on every kind. */
+static int host_link_rank(dm_collective* c, void* user) {
+    const char* want = (const char*)user;
+    float x[64] = { 0 };
+    if (dm_all_reduce(c, NULL, x, 64, DM_FLOAT32, DM_SUM) != DM_OK || strcmp(dm_last_algorithm(c), want) != 0) {
+        fprintf(stderr, "rank %d: 256 B all_reduce ran %s, expected %s\n", dm_rank(c), dm_last_algorithm(c), want);
+        return 1;
+    }
+    return 0;
+}
+static void test_host_link(void** s) {
+    static const int hosts[4] = { 0, 0, 1, 1 };
+    static const char* const bad[] = { "25000", "25000,", ",1", "0,1", "25000,0", "25000,1x", "1e8,1" };
+    dm_fake_desc fd;
+    dm_collective* cs[4];
+    dm_collective* c = NULL;
+    dm_tcp_desc d;
+    size_t i;
+    (void)s;
+    memset(&fd, 0, sizeof(fd));
+    fd.world_size = 4;
+    fd.host_of = hosts;
+    unsetenv("DISTMESH_HOST_LINK");
+    assert_int_equal(dm_thread_world_run(&fd, host_link_rank, (void*)"flat_rd"), DM_OK);
+    setenv("DISTMESH_HOST_LINK", "25000,1", 1);
+    assert_int_equal(dm_thread_world_run(&fd, host_link_rank, (void*)"two_level_ring"), DM_OK);
+    fd.logger.func = capture_log;
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        setenv("DISTMESH_HOST_LINK", bad[i], 1);
+        g_logged[0] = 0;
+        assert_int_equal(dm_thread_world_create(&fd, cs), DM_ERR_ENV);
+        assert_non_null(strstr(g_logged, "is not LATENCY_US,GBIT"));
+    }
+    make_desc(&d, 0, 1);
+    d.logger.func = capture_log;
+    g_logged[0] = 0;
+    assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_ENV);
+    assert_null(c);
+    assert_non_null(strstr(g_logged, "DISTMESH_HOST_LINK=\"1e8,1\""));
+    unsetenv("DISTMESH_HOST_LINK");
+}
+
 /* Mesh dp x tp = 2 x 4 over 2 hosts placed so that both dims span hosts (hosts alternate by
    rank), and split groups: each group chooses for its own layout, results exact. */
 static int body_mesh_hosts(dm_collective* c, int rank, int world, void* arg) {
@@ -582,6 +626,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_bitwise_across_transports),
         cmocka_unit_test(test_transport_choice),
         cmocka_unit_test(test_algo_choice),
+        cmocka_unit_test(test_host_link),
         cmocka_unit_test(test_layouts_thread),
         cmocka_unit_test(test_layouts_pipelined),
         cmocka_unit_test(test_peers_rails),
