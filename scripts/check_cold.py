@@ -34,6 +34,7 @@ ALLOWED = {
     '_dm_cfg_int_logged': 'trace: read once, when a collective\'s flight recorder is made',
     '_dm_cfg_str_logged': 'trace: read once, when a collective\'s flight recorder is made',
     '_dm_cfg_int': 'DISTMESH_ALGO, read at create',
+    '_dm_cfg_str': 'DISTMESH_HOST_LINK, read at create',
     '_dm_cfg_timeout': 'dm_set_timeout(c, 0): the default read again, not a collective',
     '_dm_peers_keep': 'the threaded world\'s layout, at create and split',
     '_dm_trace_closing': 'dm_destroy',
