@@ -20,7 +20,9 @@
                    async call's buffers until it completes)
      compress.c    >>compress (CompressState: a compressed all-reduce's error-feedback state)
      collective.c  >>holders (Comm, Mesh, Strategy: who owns which handle; closing a holder
-                   closes its dependents first), >>comm (Comm: accessors, collectives, groups)
+                   closes its dependents first), >>specs (the collectives: one table of
+                   per-operation specs, one function that runs any of them), >>comm (Comm:
+                   accessors, groups, the type)
      store.c       >>store (Store: a rendezvous store, the torch backend's)
      mesh.c        >>mesh (Mesh and Strategy)
      impl.c        distmesh's implementation (the one file without Python.h)
@@ -139,6 +141,7 @@ int dmpy_holder_traverse(PyObject* self, visitproc visit, void* arg);
 dm_collective* dmpy_comm_handle(PyObject* self);
 PyObject* dmpy_comm_wrap(PyTypeObject* cls, dm_collective* c, dmpy_holder* owner, bool owns, dmpy_log* lg,
                          PyObject* keep);
+int dmpy_comm_ready(void);
 
 /* compress.c: CompressState */
 typedef struct dmpy_cstate {

@@ -446,7 +446,7 @@ static struct PyModuleDef dmpy_module = {
 
 PyMODINIT_FUNC PyInit__C(void) {
     PyObject* m;
-    if (PyType_Ready(&dmpy_CommType) < 0 || PyType_Ready(&dmpy_RequestType) < 0 || PyType_Ready(&dmpy_StoreType) < 0 ||
+    if (dmpy_comm_ready() < 0 || PyType_Ready(&dmpy_RequestType) < 0 || PyType_Ready(&dmpy_StoreType) < 0 ||
         PyType_Ready(&dmpy_MeshType) < 0 || PyType_Ready(&dmpy_StrategyType) < 0 ||
         PyType_Ready(&dmpy_CompressStateType) < 0)
         return NULL;
