@@ -41,26 +41,19 @@ static PyObject* dmpy_holder_close(PyObject* self, PyObject* noargs) {
 static dm_mesh* dmpy_mesh_handle(PyObject* self) { return (dm_mesh*)dmpy_handle(self); }
 static int dmpy_dim_arg(PyObject* a, const char** name) { return dmpy_str(a, "dim", name); }
 
-static PyObject* dmpy_mesh_rank(PyObject* self, PyObject* args) {
+/* rank(dim=None) and size(dim=None): what q (dm_mesh_rank, dm_mesh_size) says of dim. */
+static PyObject* dmpy_mesh_query(PyObject* self, PyObject* args, int (*q)(const dm_mesh*, const char*)) {
     PyObject* a = Py_None;
     const char* name;
     dm_mesh* m = dmpy_mesh_handle(self);
     int v;
     if (!m || !PyArg_ParseTuple(args, "|O", &a) || dmpy_dim_arg(a, &name) < 0) return NULL;
-    v = dm_mesh_rank(m, name);
+    v = q(m, name);
     if (v < 0) return dmpy_raise(DM_ERR_INVALID_ARG, dm_mesh_last_error(m));
     return PyLong_FromLong(v);
 }
-static PyObject* dmpy_mesh_size(PyObject* self, PyObject* args) {
-    PyObject* a = Py_None;
-    const char* name;
-    dm_mesh* m = dmpy_mesh_handle(self);
-    int v;
-    if (!m || !PyArg_ParseTuple(args, "|O", &a) || dmpy_dim_arg(a, &name) < 0) return NULL;
-    v = dm_mesh_size(m, name);
-    if (v < 0) return dmpy_raise(DM_ERR_INVALID_ARG, dm_mesh_last_error(m));
-    return PyLong_FromLong(v);
-}
+static PyObject* dmpy_mesh_rank(PyObject* self, PyObject* args) { return dmpy_mesh_query(self, args, dm_mesh_rank); }
+static PyObject* dmpy_mesh_size(PyObject* self, PyObject* args) { return dmpy_mesh_query(self, args, dm_mesh_size); }
 static PyObject* dmpy_mesh_group(PyObject* self, PyObject* args) {
     PyObject* a = Py_None;
     const char* name;
@@ -118,23 +111,21 @@ static int dmpy_dim_enum(PyObject* a, dm_dim* out) {
     *out = (dm_dim)v;
     return 0;
 }
-static PyObject* dmpy_strategy_size(PyObject* self, PyObject* arg) {
+/* size(dim) and rank(dim): what q (dm_strategy_size, dm_strategy_rank) says of dim. */
+static PyObject* dmpy_strategy_query(PyObject* self, PyObject* arg, int (*q)(const dm_strategy*, dm_dim)) {
     dm_strategy* s = dmpy_strategy_handle(self);
     dm_dim d;
     int v;
     if (!s || dmpy_dim_enum(arg, &d) < 0) return NULL;
-    v = dm_strategy_size(s, d);
+    v = q(s, d);
     if (v < 0) return dmpy_raise(DM_ERR_INVALID_ARG, dm_strategy_last_error(s));
     return PyLong_FromLong(v);
 }
+static PyObject* dmpy_strategy_size(PyObject* self, PyObject* arg) {
+    return dmpy_strategy_query(self, arg, dm_strategy_size);
+}
 static PyObject* dmpy_strategy_rank(PyObject* self, PyObject* arg) {
-    dm_strategy* s = dmpy_strategy_handle(self);
-    dm_dim d;
-    int v;
-    if (!s || dmpy_dim_enum(arg, &d) < 0) return NULL;
-    v = dm_strategy_rank(s, d);
-    if (v < 0) return dmpy_raise(DM_ERR_INVALID_ARG, dm_strategy_last_error(s));
-    return PyLong_FromLong(v);
+    return dmpy_strategy_query(self, arg, dm_strategy_rank);
 }
 static PyObject* dmpy_strategy_group(PyObject* self, PyObject* arg) {
     dm_strategy* s = dmpy_strategy_handle(self);
