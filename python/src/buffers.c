@@ -16,7 +16,8 @@
      CUDA memory (DLPack kDLCUDA, kDLCUDAManaged) only in an NCCL build and on a collective
      that takes it (>>device); elsewhere a TypeError saying why.
    Formats distmesh cannot reduce (bool, int16, complex, records) still move as raw bytes
-   (all_gather, broadcast, send, ...): dtype DMPY_RAW / DMPY_BOOL, counted in bytes. */
+   (all_gather, broadcast, send, ...): dtype DMPY_RAW / DMPY_BOOL, counted in bytes.
+   dmpy_buf, the DMPY_READ / WRITE / REDUCE flags and dmpy_dev are in dmpy.h. */
 /* DLPack's ABI (dlpack.h v0.x, the layout torch 1.13 exports), declared here. */
 typedef struct { int32_t device_type, device_id; } dmpy_dl_device;
 typedef struct { uint8_t code, bits; uint16_t lanes; } dmpy_dl_dtype;

@@ -11,8 +11,7 @@
    writable buffer of them (format "f", shape (count,)); .residual is a memoryview of it, which
    keeps the state alive while it is used. A call that takes the state holds a reference to it
    until it completes (async too) and marks it in use: the C state is one call at a time, so a
-   second call or reset() meanwhile raises Busy before anything is sent. */
-
+   second call or reset() meanwhile raises Busy before anything is sent. (dmpy_cstate: dmpy.h.) */
 static PyObject* dmpy_cstate_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
     static char* kwlist[] = { "count", NULL };
     PyObject* counto;

@@ -7,7 +7,8 @@
 
 /* ============================================================================================ */
 /* >>store  A rendezvous store (dm_store): tcp:// (c10d TCPStore, torch 1.13 and 2.x servers) or
-   file://. The torch backend meets through one; a collective made on a Store keeps it alive. */
+   file://. The torch backend meets through one; a collective made on a Store keeps it alive.
+   (dmpy_store: dmpy.h; the factories of module.c pass its dm_store.) */
 static PyObject* dmpy_store_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
     static char* names[] = { "url", "is_server", "prefix", "timeout_ms", NULL };
     const char *url = NULL, *prefix = NULL;
