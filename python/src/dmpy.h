@@ -35,7 +35,7 @@
    memory from DLPack exporters (>>buffers, >>device); NCCL_BUILT says which. setup.py,
    tests/python.mk and tests/python_nccl_standin.mk compile every .c file of python/src.
 
-   SECTIONS: none here; the types and prototypes below go file by file, in the order above.
+   SECTIONS: none here; the types and prototypes below go file by file, each type before its users.
 */
 #ifndef DMPY_H
 #define DMPY_H
