@@ -35,6 +35,10 @@ def version():
     return "0.0.0"
 
 
+# The extension's files (src/dmpy.h says what each holds; impl.c compiles distmesh's implementation),
+# relative to this folder as setuptools wants them.
+SOURCES = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.c")))
+
 flags = ["-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-fvisibility=hidden"]
 if os.environ.get("DISTMESH_PY_WERROR") == "1":
     flags.append("-Werror")
@@ -82,14 +86,14 @@ setup(
     ext_modules=[
         Extension(
             "distmesh._C",
-            sources=["src/module.c", "src/impl.c"],
+            sources=SOURCES,
             include_dirs=include_dirs,
             define_macros=macros,
             library_dirs=library_dirs,
             runtime_library_dirs=library_dirs,
             libraries=libraries,
             extra_compile_args=flags,
-            depends=sorted(glob.glob(os.path.join(ROOT, "distmesh*.h"))),
+            depends=sorted(glob.glob(os.path.join(ROOT, "distmesh*.h"))) + ["src/dmpy.h"],
         )
     ],
     zip_safe=False,

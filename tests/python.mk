@@ -9,7 +9,7 @@ PY_LIB := $(PY_BUILD)/lib
 PY_STAMP := $(PY_BUILD)/built.stamp
 PY_REF := $(PY_BUILD)/ref_collectives
 PY_TEST := $(PY_BUILD)/run_pytest
-PY_SRCS := python/setup.py $(wildcard python/src/*.c python/distmesh/*.py python/distmesh/*.pyi python/distmesh/py.typed) $(wildcard distmesh*.h)
+PY_SRCS := python/setup.py $(wildcard python/src/*.c python/src/*.h python/distmesh/*.py python/distmesh/*.pyi python/distmesh/py.typed) $(wildcard distmesh*.h)
 TEST_BINS += $(PY_TEST)
 
 # setuptools compiles with Python's own flags plus these (the sanitizers of asan builds too)

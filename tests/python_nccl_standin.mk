@@ -1,4 +1,4 @@
-# The Python package's NCCL build without a GPU (issue 27): python/src/module.c and impl.c
+# The Python package's NCCL build without a GPU (issue 27): python/src/*.c (the extension's files)
 # compiled with -DDISTMESH_NCCL -DDISTMESH_TCP against CUDA's and NCCL's real headers, linked
 # with tests/stand_in_cuda_nccl.c (the scripted stand-in for libcudart and libnccl,
 # tests/nccl_standin.mk) instead of -lcudart -lnccl, beside a copy of python/distmesh/*.py under
@@ -21,17 +21,16 @@ PYSI_PYS := $(patsubst python/distmesh/%,$(PYSI_LIB)/distmesh/%,$(wildcard pytho
 PYSI_CFLAGS := -std=gnu11 -Wall -Wextra -Wno-missing-field-initializers -Werror $(OPT) $(SAN) -fPIC -fwrapv \
                -pthread -I. -I$(PYSI_PY_INC) $(SI_CFLAGS) -DDISTMESH_TCP $(UV_CFLAGS)
 
-$(PYSI_DIR)/module.o: python/src/module.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
-	@mkdir -p $(dir $@)
-	$(CC) $(PYSI_CFLAGS) -fvisibility=hidden -c $< -o $@
-$(PYSI_DIR)/impl.o: python/src/impl.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
+# the extension's files, each its own object (python/src/dmpy.h says what each holds)
+PYSI_OBJS := $(patsubst python/src/%.c,$(PYSI_DIR)/%.o,$(wildcard python/src/*.c))
+$(PYSI_OBJS): $(PYSI_DIR)/%.o: python/src/%.c python/src/dmpy.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(PYSI_CFLAGS) -fvisibility=hidden -c $< -o $@
 # position-independent, default visibility: the test calls it through the extension's .so
 $(PYSI_DIR)/stand_in_cuda_nccl.o: tests/stand_in_cuda_nccl.c tests/stand_in_cuda_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(SI_CFLAGS) -fPIC -c $< -o $@
-$(PYSI_EXT): $(PYSI_DIR)/module.o $(PYSI_DIR)/impl.o $(PYSI_DIR)/stand_in_cuda_nccl.o
+$(PYSI_EXT): $(PYSI_OBJS) $(PYSI_DIR)/stand_in_cuda_nccl.o
 	@mkdir -p $(dir $@)
 	$(CC) -shared $^ -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 $(PYSI_LIB)/distmesh/%.py: python/distmesh/%.py
