@@ -1,4 +1,4 @@
-"""Type stubs of distmesh's CPython extension (python/src/module.c). Buffers are anything with
+"""Type stubs of distmesh's CPython extension (python/src/). Buffers are anything with
 the buffer protocol or __dlpack__ (numpy arrays, bytearray, memoryview, CPU torch tensors; CUDA
 tensors on an NCCL collective); ops are ints (distmesh.ReduceOp), names ("sum", ...) or
 torch.distributed.ReduceOp."""
@@ -22,7 +22,7 @@ class Error(RuntimeError):
 
 
 # One class per failure status of distmesh.h's DM_STATUS_LIST, made by the extension from the
-# list (module.c >>errors; test_fake.py checks this list against it)
+# list (python/src/errors.c >>errors; test_fake.py checks this list against it)
 class InvalidArgument(Error, ValueError): ...
 class OutOfMemory(Error): ...
 class Unsupported(Error): ...
