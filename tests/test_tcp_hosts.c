@@ -510,10 +510,20 @@ static int algo_rank(dm_collective* c, void* user) {
     free(x);
     return bad;
 }
+/* A tcp create that the environment fails: DM_ERR_ENV, no collective, `logged` in its message. */
+static void tcp_create_env_error(const char* logged) {
+    dm_tcp_desc d;
+    dm_collective* c = NULL;
+    make_desc(&d, 0, 1);
+    d.logger.func = capture_log;
+    g_logged[0] = 0;
+    assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_ENV);
+    assert_null(c);
+    assert_non_null(strstr(g_logged, logged));
+}
 static void test_algo_choice(void** s) {
     static const int hosts[4] = { 0, 0, 1, 1 };
     dm_fake_desc fd;
-    dm_collective* c = NULL;
     (void)s;
     memset(&fd, 0, sizeof(fd));
     fd.world_size = 4;
@@ -530,15 +540,7 @@ static void test_algo_choice(void** s) {
         assert_int_equal(dm_thread_world_create(&fd, cs), DM_ERR_ENV);
         assert_non_null(strstr(g_logged, "env: DISTMESH_ALGO=\"hierarchical\" is not one of auto"));
     }
-    {
-        dm_tcp_desc d;
-            make_desc(&d, 0, 1);
-        d.logger.func = capture_log;
-        g_logged[0] = 0;
-        assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_ENV);
-        assert_null(c);
-        assert_non_null(strstr(g_logged, "one of auto, flat, two_level, flat_ring, flat_rd, two_level_ring, two_level_rd"));
-    }
+    tcp_create_env_error("one of auto, flat, two_level, flat_ring, flat_rd, two_level_ring, two_level_rd");
     unsetenv("DISTMESH_ALGO");
 }
 
@@ -559,8 +561,6 @@ static void test_host_link(void** s) {
     static const char* const bad[] = { "25000", "25000,", ",1", "0,1", "25000,0", "25000,1x", "1e8,1" };
     dm_fake_desc fd;
     dm_collective* cs[4];
-    dm_collective* c = NULL;
-    dm_tcp_desc d;
     size_t i;
     (void)s;
     memset(&fd, 0, sizeof(fd));
@@ -577,12 +577,7 @@ static void test_host_link(void** s) {
         assert_int_equal(dm_thread_world_create(&fd, cs), DM_ERR_ENV);
         assert_non_null(strstr(g_logged, "is not LATENCY_US,GBIT"));
     }
-    make_desc(&d, 0, 1);
-    d.logger.func = capture_log;
-    g_logged[0] = 0;
-    assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_ENV);
-    assert_null(c);
-    assert_non_null(strstr(g_logged, "DISTMESH_HOST_LINK=\"1e8,1\""));
+    tcp_create_env_error("DISTMESH_HOST_LINK=\"1e8,1\"");
     unsetenv("DISTMESH_HOST_LINK");
 }
 
