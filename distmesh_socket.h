@@ -7,6 +7,10 @@
    - the socket link (_dm_socklink, its link table _dm_sock_vt): one peer's stream over one
      nonblocking TCP socket, or striped over several (DISTMESH_SOCKETS_PER_PEER: stripe i of the
      stream on socket i % n, from an offset both ends agree on);
+   - the encrypted link (_dm_aeadlink, _dm_aead_vt): AES-256-GCM records over a socket link,
+     keyed per direction by HKDF-SHA256 (>>socket aead); the link needs libcrypto and is there
+     only with DISTMESH_OPENSSL (distmesh_tcp.h includes <openssl/evp.h> then), the key
+     derivation always;
    - what the backend does to a connected socket: same machine?, its options (TCP_NODELAY, the
      buffers, the congestion control within one machine), a wait on one socket.
 
@@ -21,7 +25,8 @@
        >>socket aead             encrypted links between hosts: sealed records over a socket link
        >>socket options          same machine?, socket options, waits on one socket
 
-   PRIVATE NAMES  _dm_sock_ (the socket link), _dm_tcp_same_machine, _dm_tcp_tune,
+   PRIVATE NAMES  _dm_sock_ (the socket link), _dm_aead_ _dm_hkdf_ (the encrypted link, its
+   keys), _dm_tcp_same_machine, _dm_tcp_tune,
    _dm_tcp_wait_fd (the options and the wait: the backend's names, kept). */
 #ifndef DISTMESH_H
 #error "distmesh_socket.h is part of distmesh.h's implementation: include distmesh.h with DISTMESH_TCP"

@@ -2,6 +2,8 @@
 
    Do not include this file directly: define DISTMESH_TCP (as a -D flag, in every TU) and include
    distmesh.h, which includes this header last. Link libuv (pkg-config libuv).
+   Opt-in: define DISTMESH_OPENSSL too (every TU) and link -lcrypto (OpenSSL 1.1 or later) for
+   encrypted links between hosts (DISTMESH_ENCRYPT, below); without it they are plain.
 
    WHAT IT IS
    Gloo-style collectives between processes and hosts over TCP. Ranks meet through a key-value
@@ -42,6 +44,9 @@
                                  (exact), "^lo,docker" (anything but these prefixes)
        DISTMESH_TOKEN            shared secret: peers without it are refused (DM_ERR_REFUSED);
                                  with it the store serves authenticated distmesh clients only
+       DISTMESH_ENCRYPT          auto|0|1: links between hosts encrypted (AES-256-GCM, keys
+                                 from the token and each hello); auto: on with a token and
+                                 DISTMESH_OPENSSL (>>tcp seal, distmesh_socket.h >>socket aead)
        DISTMESH_STORE_MAX_VALUE, _MAX_CONN, _MAX_TOTAL, _STALL_MS   store server bounds
                                  (see dm_store_desc; docs/design.md "The store")
        DISTMESH_TIMEOUT          seconds; the deadline of every blocking call
@@ -64,9 +69,12 @@
 
    SECURITY (SECURITY.md): with DISTMESH_TOKEN set, every store and data connection
    proves the token by HMAC-SHA256 over fresh nonces from both sides, so strangers who can reach
-   the ports can neither use the store nor join, replay or relay a connection. The traffic is
-   neither encrypted nor authenticated after the handshake: an attacker on the path who can
-   rewrite packets is out of scope (that would take TLS).
+   the ports can neither use the store nor join, replay or relay a connection. With the token
+   and DISTMESH_OPENSSL, links between hosts are also encrypted and authenticated from their
+   hello on (DISTMESH_ENCRYPT, >>tcp seal): a tampered, replayed, reordered, dropped or cut
+   record fails the call with DM_ERR_PROTOCOL naming the peer, and none of it reaches a buffer.
+   Links within a host, the store's traffic and unencrypted builds are plain after the
+   handshake.
 
    COMPILE COST  The sections between _DM_COLD_BEGIN and _DM_COLD_END (creates, rendezvous,
    failures) compile as for debugging whatever the includer's -O level: distmesh.h
