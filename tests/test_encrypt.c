@@ -17,7 +17,10 @@
      others as the failure reaches them), never a wrong result. Controls: untampered through
      the proxy, encrypted, gives the right result (and the proxy saw records); with
      DISTMESH_ENCRYPT=0 and the token the proxy's flipped bit reaches a result (the test can
-     fail); DISTMESH_ENCRYPT=1 without a token is DM_ERR_ENV naming both variables.
+     fail); DISTMESH_ENCRYPT=1 without a token is DM_ERR_ENV naming both variables;
+   - every way a group gets links (create, split, links made on demand, shrink), over shared
+     memory or sockets within a host and 1 or 2 sockets per peer: exactly the links between
+     hosts are encrypted (their ops table, looked at directly), and every result is right.
    This program compiles the implementation itself (DISTMESH_IMPLEMENTATION, DISTMESH_TCP,
    DISTMESH_OPENSSL) to drive the link and the key derivation directly. */
 #define _GNU_SOURCE
@@ -296,7 +299,7 @@ static void* pump(void* arg) {
             }
         } else if (big && mode != MITM_NONE && claim()) {
             if (mode == MITM_FLIP) {
-                rec[4 + len / 2] ^= 0x01;
+                rec[4 + len / 2] ^= 0x40;     /* a bit no float sum rounds away */
                 tampered();
             } else if (mode == MITM_REPLAY) {
                 if (write_all(d->out, rec, n) != 0) break;
@@ -425,7 +428,7 @@ static int mitm_body(dm_collective* c, int rank, int world, void* arg) {
     size_t i;
     dm_status st;
     (void)arg;
-    for (i = 0; i < N_FLOATS; i++) x[i] = (float)((int)(i % 7) + rank - 3);
+    for (i = 0; i < N_FLOATS; i++) x[i] = (float)((int)(i % 7) + rank + 1);    /* no zeros: a flipped bit shows */
     st = dm_barrier(c);
     t0 = tw_now_ms();
     if (st == DM_OK) st = dm_all_reduce(c, NULL, x, N_FLOATS, DM_FLOAT32, DM_SUM);
@@ -433,7 +436,7 @@ static int mitm_body(dm_collective* c, int rank, int world, void* arg) {
     o->status = (int)st;
     o->correct = 1;
     for (i = 0; i < N_FLOATS && o->correct; i++)
-        if (x[i] != (float)(world * ((int)(i % 7) - 3) + world * (world - 1) / 2)) o->correct = 0;
+        if (x[i] != (float)(world * ((int)(i % 7) + 1) + world * (world - 1) / 2)) o->correct = 0;
     snprintf(o->msg, sizeof(o->msg), "%s", st == DM_OK ? "" : dm_last_error(c));
     __atomic_store_n(&o->done, 1, __ATOMIC_SEQ_CST);
     free(x);
@@ -542,6 +545,116 @@ static void test_truncate(void** state) {
 }
 static void test_splice(void** state) { (void)state; check_tampered(2, MITM_SPLICE); check_tampered(4, MITM_SPLICE); }
 
+/* ---- every way a group gets links, encrypted --------------------------------------------- */
+/* Each of c's links is encrypted exactly when its peer is on another simulated host (rank r on
+   host r / per_host of the parent world: host_of of the group itself). 0 when so. */
+static int links_sealed_right(dm_collective* c, const char* when) {
+    _dm_tcp* t = (_dm_tcp*)c;
+    int j, me = dm_rank(c), bad = 0;
+    for (j = 0; j < dm_world_size(c); j++) {
+        _dm_link* l = t->lk.links[j];
+        bool other = t->host_of[j] != t->host_of[me], sealed = l && l->vt == &_dm_aead_vt;
+        if (j == me || !l) continue;
+        if (sealed != other) {
+            fprintf(stderr, "rank %d (%s): link to rank %d (%s host, %s) is %s\n", me, when, j,
+                    other ? "another" : "the same", l->vt->name, sealed ? "encrypted" : "plain");
+            bad = 1;
+        }
+    }
+    return bad;
+}
+static int reduce_ok(dm_collective* c, size_t n) {
+    int W = dm_world_size(c), r = dm_rank(c);
+    float* x = (float*)malloc(n * sizeof(float));
+    size_t i;
+    int bad = 0;
+    for (i = 0; i < n; i++) x[i] = (float)((int)(i % 5) + r);
+    if (dm_all_reduce(c, NULL, x, n, DM_FLOAT32, DM_SUM) != DM_OK) {
+        fprintf(stderr, "rank %d: all_reduce of %zu: %s\n", r, n, dm_last_error(c));
+        bad = 1;
+    }
+    for (i = 0; i < n && !bad; i++)
+        if (x[i] != (float)(W * (int)(i % 5) + W * (W - 1) / 2)) bad = 1;
+    free(x);
+    return bad;
+}
+/* Every ordered pair in turn: the lower rank sends, the higher receives, then back (links to
+   peers outside P are made on demand, >>tcp lazy). */
+static int pairs_ok(dm_collective* c) {
+    int W = dm_world_size(c), r = dm_rank(c), i, j, bad = 0;
+    size_t n = 100000, k;
+    int32_t* b = (int32_t*)malloc(n * sizeof(int32_t));
+    for (i = 0; i < W; i++)
+        for (j = i + 1; j < W; j++) {
+            if (r != i && r != j) continue;
+            for (k = 0; k < n; k++) b[k] = (int32_t)(k * 3) + i * 1000 + j;
+            if (r == i) bad |= dm_send(c, b, n, DM_INT32, j, 7) != DM_OK;
+            else bad |= dm_recv(c, b, n, DM_INT32, i, 7) != DM_OK;
+            for (k = 0; k < n && !bad; k++) bad |= b[k] != (int32_t)(k * 3) + i * 1000 + j;
+            if (r == j) bad |= dm_send(c, b, n, DM_INT32, i, 8) != DM_OK;
+            else bad |= dm_recv(c, b, n, DM_INT32, j, 8) != DM_OK;
+            if (bad) fprintf(stderr, "rank %d: pair %d-%d: %s\n", r, i, j, dm_last_error(c));
+        }
+    free(b);
+    return bad;
+}
+static int paths_body(dm_collective* c, int rank, int world, void* arg) {
+    dm_collective *half = NULL, *shrunk = NULL;
+    int bad = 0;
+    (void)world;
+    (void)arg;
+    bad |= links_sealed_right(c, "create");
+    bad |= reduce_ok(c, (size_t)1 << 20);
+    bad |= reduce_ok(c, 1000);
+    if (dm_split(c, rank % 2, rank, &half) != DM_OK) {
+        fprintf(stderr, "rank %d: split: %s\n", rank, dm_last_error(c));
+        return 1;
+    }
+    bad |= links_sealed_right(half, "split");
+    bad |= reduce_ok(half, (size_t)1 << 20);
+    dm_destroy(half);
+    bad |= pairs_ok(c);
+    bad |= links_sealed_right(c, "pairs");
+    if (dm_shrink(c, NULL, 0, DM_SHRINK_DEFAULT, &shrunk) != DM_OK) {
+        fprintf(stderr, "rank %d: shrink: %s\n", rank, dm_last_error(c));
+        return 1;
+    }
+    bad |= links_sealed_right(shrunk, "shrink");
+    bad |= reduce_ok(shrunk, (size_t)1 << 20);
+    bad |= pairs_ok(shrunk);
+    dm_destroy(shrunk);
+    return bad;
+}
+typedef struct paths_case { const char* transport; int sockets; } paths_case;
+static void paths_edit(dm_tcp_desc* d, int rank, void* arg) {
+    const paths_case* pc = (const paths_case*)arg;
+    (void)rank;
+    d->token = "encrypt-test-token";
+    d->transport = pc->transport;
+    d->sockets_per_peer = pc->sockets;
+}
+/* Create, split, on-demand links, shrink (none excluded) on 4 ranks over 2 simulated hosts,
+   shared memory or sockets within a host, 1 or 2 sockets per peer: the links between hosts are
+   encrypted, those within a host not, and every result is right. */
+static void test_encrypted_paths(void** state) {
+    static const paths_case cases[] = { { "auto", 1 }, { "tcp", 2 } };
+    size_t k;
+    (void)state;
+    for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        tw_dm_world w;
+        int failed;
+        tw_dm_world_init(&w, 4, &g_store, cases[k].transport, 20000);
+        w.per_host = 2;
+        w.edit = paths_edit;
+        w.body = paths_body;
+        w.arg = (void*)&cases[k];
+        failed = tw_dm_run(&w, 60);
+        if (failed) print_message("transport %s, %d sockets per peer: %d ranks failed\n", cases[k].transport,
+                                  cases[k].sockets, failed);
+        assert_int_equal(failed, 0);
+    }
+}
+
 /* ---- the settings -------------------------------------------------------------------------- */
 static void test_encrypt_needs_token(void** state) {
     dm_tcp_desc d;
@@ -585,6 +698,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_link_round_trip_and_flip),
         cmocka_unit_test(test_encrypt_needs_token),
         cmocka_unit_test(test_untampered_encrypted),
+        cmocka_unit_test(test_encrypted_paths),
         cmocka_unit_test(test_plain_flip_gets_through),
         cmocka_unit_test(test_flip),
         cmocka_unit_test(test_replay),
