@@ -5065,7 +5065,7 @@ _DM_PRIVATE dm_status _dm_eng_io_fail(_dm_eng* lk, const _dm_xfer* x, int peer, 
                       sending ? "sending to it" : "receiving from it");
     else if (err == EBADMSG)    /* an encrypted link's record failed (distmesh_socket.h >>socket aead) */
         st = _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s #%llu: %s rank %d (%s) failed: a record failed its "
-                      "authentication (tampered, replayed, reordered, dropped or cut on the way)", lk->tag, x->op,
+                      "authentication (tampered, replayed, reordered or dropped on the way)", lk->tag, x->op,
                       (unsigned long long)lk->c->seq, sending ? "send to" : "recv from", peer, lk->links[peer]->where);
     else
         st = _DM_FAIL(lk->c, DM_ERR_NETWORK, "%s: %s #%llu: %s rank %d (%s) failed (%s)", lk->tag, x->op,

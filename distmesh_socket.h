@@ -164,8 +164,11 @@ static const _dm_link_vt _dm_sock_vt = {
    receiver counts the records itself. Each direction of each connection has its own key
    (_dm_aead_key: HKDF-SHA256 of the token over both sides' hello nonces). A receive reads one
    whole record into the link's buffer and opens it before any of its bytes leave: nothing
-   that fails the tag reaches a caller. A bad tag, a bad length or an end of stream inside a
-   record is -1 with EBADMSG (the engine: DM_ERR_PROTOCOL naming the peer), and stays so. A
+   that fails the tag reaches a caller. A bad tag or a bad length is -1 with EBADMSG (the
+   engine: DM_ERR_PROTOCOL naming the peer), and stays so. An end of stream inside a record
+   is the end of stream it is (-1, err 0: the peer gone), the part of the record dropped: a
+   rank killed while it sent a record is a lost peer (dm_shrink), and a man in the middle who
+   cuts the stream could as well have cut the connection. A
    send seals up to one record from the caller's bytes and reports them moved only once all
    of the sealed record is in the kernel (until then 0, would block: the engine presents the
    same bytes again and polls the socket), so nothing sealed waits in here unseen. The engine
@@ -297,8 +300,8 @@ static ptrdiff_t _dm_aead_recv(_dm_link* l, void* buf, size_t n, int* err) {
         len = a->ifill >= _DM_AEAD_HEAD ? _dm_get32(a->ibuf) : 0;
         need = a->ifill < _DM_AEAD_HEAD ? _DM_AEAD_HEAD : _DM_AEAD_HEAD + len + _DM_AEAD_TAG;
         k = a->inner->vt->recv(a->inner, a->ibuf + a->ifill, need - a->ifill, err);
-        if (k < 0) {
-            if (*err == 0 && a->ifill > 0) { *err = EBADMSG; a->bad = true; }     /* cut inside a record */
+        if (k < 0) {            /* an end inside a record too: the record is dropped, the peer gone */
+            a->ifill = 0;
             return -1;
         }
         if (k == 0) return 0;

@@ -4,7 +4,8 @@
      per connection;
    - the encrypted link alone over a socket pair: a stream in odd pieces (records of every
      size) comes through; a flipped bit is EBADMSG and nothing of that record reaches the
-     caller's buffer;
+     caller's buffer; a stream that ends inside a record is the end of stream (err 0), the
+     part dropped;
    - a man in the middle between forked ranks on two simulated hosts (DISTMESH_TEST_HOST_ID):
      this program defines connect() itself, so every data connection a rank opens goes to a
      proxy thread of that rank, which connects onward to the real listener and relays (the
@@ -14,7 +15,8 @@
      record of another connection (2 ranks: of the other direction) in its place. On 2 and 4
      ranks every rank's 4 MiB all-reduce either returns the right result or fails within 1 s
      (the rank that reads the record with DM_ERR_PROTOCOL naming the peer's address, the
-     others as the failure reaches them), never a wrong result. Controls: untampered through
+     others as the failure reaches them; a cut stream is a lost peer), never a wrong result.
+     Controls: untampered through
      the proxy, encrypted, gives the right result (and the proxy saw records); with
      DISTMESH_ENCRYPT=0 and the token the proxy's flipped bit reaches a result (the test can
      fail); DISTMESH_ENCRYPT=1 without a token is DM_ERR_ENV naming both variables;
@@ -154,6 +156,29 @@ static void test_link_round_trip_and_flip(void** state) {
     for (i = 0; i < 64; i++) CHECK(dst[i] == 0xee);
     k = b->vt->recv(b, dst, 64, &err);     /* and stays failed */
     assert_int_equal((int)k, -1);
+    a->vt->destroy(a, &none);
+    b->vt->destroy(b, &none);
+    close(sv[0]);
+    close(sv[1]);
+    /* a stream cut inside a record: the end of stream, nothing of the part handed out */
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0);
+    a = pair_link(sv[0], k1, k2);
+    b = pair_link(sv[1], k2, k1);
+    k = a->vt->send(a, src, 40, &err);
+    assert_int_equal((int)k, 40);
+    CHECK(tw_recv_n(sv[1], rec, 60) == 60);
+    CHECK(write(sv[0], rec, 30) == 30);
+    shutdown(sv[0], SHUT_WR);
+    memset(dst, 0xee, 64);
+    for (i = 0; i < 1000; i++) {
+        err = -1;
+        k = b->vt->recv(b, dst, 64, &err);
+        if (k != 0) break;
+        tw_sleep_ms(1);
+    }
+    assert_int_equal((int)k, -1);
+    assert_int_equal(err, 0);
+    for (i = 0; i < 64; i++) CHECK(dst[i] == 0xee);
     a->vt->destroy(a, &none);
     b->vt->destroy(b, &none);
     close(sv[0]);
