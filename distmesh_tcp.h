@@ -71,10 +71,10 @@
    proves the token by HMAC-SHA256 over fresh nonces from both sides, so strangers who can reach
    the ports can neither use the store nor join, replay or relay a connection. With the token
    and DISTMESH_OPENSSL, links between hosts are also encrypted and authenticated from their
-   hello on (DISTMESH_ENCRYPT, >>tcp seal): a tampered, replayed, reordered, dropped or cut
-   record fails the call with DM_ERR_PROTOCOL naming the peer, and none of it reaches a buffer.
-   Links within a host, the store's traffic and unencrypted builds are plain after the
-   handshake.
+   hello on (DISTMESH_ENCRYPT, >>tcp seal): a tampered, replayed, reordered or dropped record
+   fails the call with DM_ERR_PROTOCOL naming the peer (a cut stream: DM_ERR_PEER_LOST), and
+   none of it reaches a buffer. Links within a host, the store's traffic and unencrypted builds
+   are plain after the handshake.
 
    COMPILE COST  The sections between _DM_COLD_BEGIN and _DM_COLD_END (creates, rendezvous,
    failures) compile as for debugging whatever the includer's -O level: distmesh.h
