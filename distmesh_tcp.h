@@ -4082,6 +4082,7 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, _dm_tcp* p, const bool* gone,
     dm_allocator* a = &n->base.allocator;
     int W = n->base.size, me = n->base.rank, j, k = 0, N = 0;
     int *fds, *old_of;
+    unsigned char* nonces;      /* the hellos' nonces by the new numbering (>>tcp seal) */
     dm_status st;
     char(*addrs)[64];
     char(*raddrs)[64];
@@ -4093,7 +4094,9 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, _dm_tcp* p, const bool* gone,
     addrs = (char(*)[64])_dm_calloc(a, 64 * (size_t)N);
     raddrs = (char(*)[64])_dm_calloc(a, 64 * (size_t)N);
     old_of = (int*)_dm_malloc(a, sizeof(int) * (size_t)N);
-    if (!fds || !addrs || !raddrs || !old_of) {
+    nonces = n->hs_nonces ? (unsigned char*)_dm_calloc(a, 65 * (size_t)N) : NULL;
+    if (!fds || !addrs || !raddrs || !old_of || (n->hs_nonces && !nonces)) {
+        _dm_free(a, nonces);
         _dm_free(a, fds);
         _dm_free(a, addrs);
         _dm_free(a, raddrs);
@@ -4111,7 +4114,13 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, _dm_tcp* p, const bool* gone,
         fds[k] = n->fds[j];
         memcpy(addrs[k], n->addrs[j], 64);
         memcpy(raddrs[k], n->raddrs[j], 64);
+        if (nonces) memcpy(nonces + 65 * (size_t)k, n->hs_nonces + 65 * (size_t)j, 65);   /* >>tcp seal */
         k++;
+    }
+    if (n->hs_nonces) {
+        memset(n->hs_nonces, 0, 65 * (size_t)W);
+        _dm_free(a, n->hs_nonces);
+        n->hs_nonces = nonces;
     }
     _dm_free(a, n->fds);
     _dm_free(a, n->addrs);

@@ -20,7 +20,8 @@
      the proxy, encrypted, gives the right result (and the proxy saw records); with
      DISTMESH_ENCRYPT=0 and the token the proxy's flipped bit reaches a result (the test can
      fail); DISTMESH_ENCRYPT=1 without a token is DM_ERR_ENV naming both variables;
-   - every way a group gets links (create, split, links made on demand, shrink), over shared
+   - every way a group gets links (create, split, links made on demand, shrink with none
+     excluded and without rank 0, renumbered), over shared
      memory or sockets within a host and 1 or 2 sockets per peer: exactly the links between
      hosts are encrypted (their ops table, looked at directly), and every result is right.
    This program compiles the implementation itself (DISTMESH_IMPLEMENTATION, DISTMESH_TCP,
@@ -647,6 +648,20 @@ static int paths_body(dm_collective* c, int rank, int world, void* arg) {
     bad |= links_sealed_right(shrunk, "shrink");
     bad |= reduce_ok(shrunk, (size_t)1 << 20);
     bad |= pairs_ok(shrunk);
+    if (rank != 0) {            /* without rank 0: the survivors renumbered, 1 + 2 on two hosts */
+        dm_collective* three = NULL;
+        int ex = 0;
+        if (dm_shrink(shrunk, &ex, 1, DM_SHRINK_DEFAULT, &three) != DM_OK) {
+            fprintf(stderr, "rank %d: shrink without rank 0: %s\n", rank, dm_last_error(shrunk));
+            dm_destroy(shrunk);
+            return 1;
+        }
+        bad |= dm_world_size(three) != 3 || dm_rank(three) != rank - 1;
+        bad |= links_sealed_right(three, "shrink without rank 0");
+        bad |= reduce_ok(three, (size_t)1 << 20);
+        bad |= pairs_ok(three);
+        dm_destroy(three);
+    }
     dm_destroy(shrunk);
     return bad;
 }
