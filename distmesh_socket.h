@@ -178,6 +178,8 @@ static const _dm_link_vt _dm_sock_vt = {
 #define _DM_AEAD_RECORD ((size_t)64 << 10)  /* plaintext bytes per record at most */
 #define _DM_AEAD_HEAD 4
 #define _DM_AEAD_TAG 16
+/* the keys: once per link, at its setup */
+_DM_COLD_BEGIN
 /* HKDF-SHA256 (RFC 5869), one 32-byte block: extract with salt over ikm, expand with info. */
 _DM_PRIVATE void _dm_hkdf_sha256(const void* salt, size_t salt_n, const void* ikm, size_t ikm_n, const char* info,
                                  size_t info_n, unsigned char out[32]) {
@@ -200,6 +202,7 @@ _DM_PRIVATE void _dm_aead_key(const char* token, const unsigned char nonces[64],
     if ((size_t)n >= sizeof(info)) n = (int)sizeof(info) - 1;
     _dm_hkdf_sha256(nonces, 64, token, strlen(token), info, (size_t)n, out);
 }
+_DM_COLD_END
 #if defined(DISTMESH_OPENSSL)
 typedef struct _dm_aeadlink {
     _dm_link base;              /* base.fd, base.where: the socket link's */
