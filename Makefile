@@ -30,9 +30,15 @@ BUILD   ?= build/plain
 SAN     ?=
 OPT     ?= -O2 -g
 WARN    := -Wall -Wextra -Wpedantic -Werror
-CFLAGS_ALL   := -std=c11 $(WARN) $(OPT) $(SAN) -I. -pthread
-CXXFLAGS_ALL := -std=c++11 -Wall -Wextra -Werror $(OPT) $(SAN) -I. -pthread
-LDLIBS_ALL   := $(SAN) -pthread -lm
+# The TCP backend's encrypted links (distmesh_socket.h >>socket aead) use libcrypto: every build
+# here defines DISTMESH_OPENSSL and links -lcrypto (scripts/deps.sh installs libssl-dev);
+# OPENSSL=0 builds without them (DISTMESH_ENCRYPT=1 is then DM_ERR_UNSUPPORTED).
+OPENSSL ?= 1
+OPENSSL_CFLAGS := $(if $(filter 1,$(OPENSSL)),-DDISTMESH_OPENSSL)
+CRYPTO_LIBS    := $(if $(filter 1,$(OPENSSL)),-lcrypto)
+CFLAGS_ALL   := -std=c11 $(WARN) $(OPT) $(SAN) -I. -pthread $(OPENSSL_CFLAGS)
+CXXFLAGS_ALL := -std=c++11 -Wall -Wextra -Werror $(OPT) $(SAN) -I. -pthread $(OPENSSL_CFLAGS)
+LDLIBS_ALL   := $(SAN) -pthread -lm $(CRYPTO_LIBS)
 UV_CFLAGS := $(shell pkg-config --cflags libuv 2>/dev/null)
 UV_LIBS   := $(shell pkg-config --libs libuv 2>/dev/null || echo -luv)
 CMOCKA_LIBS := -lcmocka

@@ -1344,6 +1344,11 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
     X(TOKEN,            STR,     "",      0, 0,       NULL, TCP_STORE,                                                \
       "shared secret every store and data connection proves (see [SECURITY.md](SECURITY.md)); with it the store "     \
       "serves distmesh clients only")                                                                                 \
+    X(ENCRYPT,          ENUM,    "auto",  0, 0,       "auto|0|1", TCP,                                                 \
+      "`1`: links between hosts carry authenticated encryption (AES-256-GCM, keys from `DISTMESH_TOKEN` and "         \
+      "each connection's handshake; needs the token and a build with `DISTMESH_OPENSSL`); `0`: never; `auto`: on "     \
+      "when a token is set and the build has libcrypto. Links within a host never are (see "                           \
+      "[SECURITY.md](SECURITY.md)); the same on every rank")                                                          \
     X(SOCKET_IFNAME,    STR,     "",      0, 127,     NULL, TCP,                                                      \
       "interface: `eth0` (prefix), `=eth0` (exact), `^lo,docker` (none of these); unset: "                            \
       "`GLOO_SOCKET_IFNAME`, else the interface that routes to the store host")                                       \
@@ -5099,6 +5104,10 @@ _DM_PRIVATE dm_status _dm_eng_io_fail(_dm_eng* lk, const _dm_xfer* x, int peer, 
                       (unsigned long long)lk->c->seq, peer, lk->links[peer]->where,
                       err == 0 ? "closed the connection (EOF)" : strerror(err),
                       sending ? "sending to it" : "receiving from it");
+    else if (err == EBADMSG)    /* an encrypted link's record failed (distmesh_socket.h >>socket aead) */
+        st = _DM_FAIL(lk->c, DM_ERR_PROTOCOL, "%s: %s #%llu: %s rank %d (%s) failed: a record failed its "
+                      "authentication (tampered, replayed, reordered or dropped on the way)", lk->tag, x->op,
+                      (unsigned long long)lk->c->seq, sending ? "send to" : "recv from", peer, lk->links[peer]->where);
     else
         st = _DM_FAIL(lk->c, DM_ERR_NETWORK, "%s: %s #%llu: %s rank %d (%s) failed (%s)", lk->tag, x->op,
                       (unsigned long long)lk->c->seq, sending ? "send to" : "recv from", peer,

@@ -7,6 +7,10 @@
    - the socket link (_dm_socklink, its link table _dm_sock_vt): one peer's stream over one
      nonblocking TCP socket, or striped over several (DISTMESH_SOCKETS_PER_PEER: stripe i of the
      stream on socket i % n, from an offset both ends agree on);
+   - the encrypted link (_dm_aeadlink, _dm_aead_vt): AES-256-GCM records over a socket link,
+     keyed per direction by HKDF-SHA256 (>>socket aead); the link needs libcrypto and is there
+     only with DISTMESH_OPENSSL (distmesh_tcp.h includes <openssl/evp.h> then), the key
+     derivation always;
    - what the backend does to a connected socket: same machine?, its options (TCP_NODELAY, the
      buffers, the congestion control within one machine), a wait on one socket.
 
@@ -18,9 +22,11 @@
 
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
        >>socket link             the socket link (distmesh.h >>links), striped over n sockets
+       >>socket aead             encrypted links between hosts: sealed records over a socket link
        >>socket options          same machine?, socket options, waits on one socket
 
-   PRIVATE NAMES  _dm_sock_ (the socket link), _dm_tcp_same_machine, _dm_tcp_tune,
+   PRIVATE NAMES  _dm_sock_ (the socket link), _dm_aead_ _dm_hkdf_ (the encrypted link, its
+   keys), _dm_tcp_same_machine, _dm_tcp_tune,
    _dm_tcp_wait_fd (the options and the wait: the backend's names, kept). */
 #ifndef DISTMESH_H
 #error "distmesh_socket.h is part of distmesh.h's implementation: include distmesh.h with DISTMESH_TCP"
@@ -125,8 +131,8 @@ static ptrdiff_t _dm_sock_recv(_dm_link* l, void* buf, size_t n, int* err) {
     if (k > 0) s->taken += (uint64_t)k;
     return _dm_sock_result(k, err);
 }
-/* Bytes read ahead and not yet taken (none may be left when a link is swapped for shm). */
-static size_t _dm_sock_pending(const _dm_link* l) {
+/* Bytes read ahead and not yet taken. */
+static size_t _dm_sock_buffered(const _dm_link* l) {
     const _dm_socklink* s = (const _dm_socklink*)l;
     return s->rend - s->rpos;
 }
@@ -134,7 +140,7 @@ static size_t _dm_sock_pending(const _dm_link* l) {
 static int _dm_sock_pollfd(_dm_link* l, bool out) {
     _dm_socklink* s = (_dm_socklink*)l;
     size_t room;
-    return out ? _dm_sock_at(s, s->sent, s->sbase, &room) : _dm_sock_at(s, s->taken + _dm_sock_pending(l), s->tbase, &room);
+    return out ? _dm_sock_at(s, s->sent, s->sbase, &room) : _dm_sock_at(s, s->taken + _dm_sock_buffered(l), s->tbase, &room);
 }
 static void _dm_sock_shutdown(_dm_link* l) {
     _dm_socklink* s = (_dm_socklink*)l;
@@ -146,6 +152,253 @@ static const _dm_link_vt _dm_sock_vt = {
     "tcp", _dm_sock_send, _dm_sock_recv, NULL, NULL, NULL, _dm_sock_shutdown, _dm_sock_destroy, 0, _dm_sock_sendv,
     _dm_sock_pollfd
 };
+
+/* >>socket aead  Authenticated encryption of a link between hosts (DISTMESH_ENCRYPT; SECURITY.md
+   "Encrypted links"): a link that wraps a socket link (above its striping: one stream) and
+   carries its plaintext stream as sealed records,
+       length  u32 little-endian, 1.._DM_AEAD_RECORD: the record's plaintext bytes
+       sealed  length bytes of AES-256-GCM ciphertext (libcrypto's EVP), then its 16-byte tag
+   with the length as associated data and the direction's record counter as the 96-bit nonce
+   (4 zero bytes, the counter u64 little-endian), so no nonce repeats under a key and a record
+   replayed, reordered, dropped, flipped or spliced from another connection fails its tag: the
+   receiver counts the records itself. Each direction of each connection has its own key
+   (_dm_aead_key: HKDF-SHA256 of the token over both sides' hello nonces). A receive reads one
+   whole record into the link's buffer and opens it before any of its bytes leave: nothing
+   that fails the tag reaches a caller. A bad tag or a bad length is -1 with EBADMSG (the
+   engine: DM_ERR_PROTOCOL naming the peer), and stays so. An end of stream inside a record
+   is the end of stream it is (-1, err 0: the peer gone), the part of the record dropped: a
+   rank killed while it sent a record is a lost peer (dm_shrink), and a man in the middle who
+   cuts the stream could as well have cut the connection. A
+   send seals up to one record from the caller's bytes and reports them moved only once all
+   of the sealed record is in the kernel (until then 0, would block: the engine presents the
+   same bytes again and polls the socket), so nothing sealed waits in here unseen. The engine
+   polls only after a receive returned 0, which this link returns only when the socket link
+   under it did (its read-ahead empty too). The key derivation needs no libcrypto; the link
+   does (DISTMESH_OPENSSL). */
+#define _DM_AEAD_RECORD ((size_t)64 << 10)  /* plaintext bytes per record at most */
+#define _DM_AEAD_HEAD 4
+#define _DM_AEAD_TAG 16
+/* the keys: once per link, at its setup */
+_DM_COLD_BEGIN
+/* HKDF-SHA256 (RFC 5869), one 32-byte block: extract with salt over ikm, expand with info. */
+_DM_PRIVATE void _dm_hkdf_sha256(const void* salt, size_t salt_n, const void* ikm, size_t ikm_n, const char* info,
+                                 size_t info_n, unsigned char out[32]) {
+    unsigned char prk[32], msg[1024];
+    if (info_n > sizeof(msg) - 1) info_n = sizeof(msg) - 1;
+    dm_hmac_sha256(salt, salt_n, ikm, ikm_n, prk);
+    memcpy(msg, info, info_n);
+    msg[info_n] = 1;
+    dm_hmac_sha256(prk, sizeof(prk), msg, info_n + 1, out);
+    memset(prk, 0, sizeof(prk));
+}
+/* The key of the direction from rank `from` to rank `to` on a connection whose hello exchanged
+   nonces (connector's 32, acceptor's 32: salt), in the group with store prefix `group`. */
+_DM_PRIVATE void _dm_aead_key(const char* token, const unsigned char nonces[64], const char* group, int from, int to,
+                              unsigned char out[32]) {
+    char info[700];
+    int n = snprintf(info, sizeof(info), "distmesh link aead v1: rank %d to rank %d, socket 0, group %s", from, to,
+                     group);
+    if (n < 0) n = 0;
+    if ((size_t)n >= sizeof(info)) n = (int)sizeof(info) - 1;
+    _dm_hkdf_sha256(nonces, 64, token, strlen(token), info, (size_t)n, out);
+}
+_DM_COLD_END
+#if defined(DISTMESH_OPENSSL)
+typedef struct _dm_aeadlink {
+    _dm_link base;              /* base.fd, base.where: the socket link's */
+    _dm_link* inner;            /* the socket link (owned) */
+    EVP_CIPHER_CTX *seal, *open;
+    uint64_t sseq, rseq;        /* records sealed, opened: the next nonce of each direction */
+    size_t opos, oend;          /* the sealed record going out: obuf[opos, oend) */
+    size_t oplain;              /* its plaintext bytes, reported once it is all out */
+    size_t owed;                /* plaintext bytes out and not reported yet */
+    size_t ifill;               /* bytes of the record coming in, in ibuf */
+    size_t ppos, plen;          /* opened plaintext not yet taken: ibuf + HEAD [ppos, plen) */
+    bool bad;                   /* a record failed: every later receive fails too */
+    unsigned char obuf[_DM_AEAD_HEAD + _DM_AEAD_RECORD + _DM_AEAD_TAG];
+    unsigned char ibuf[_DM_AEAD_HEAD + _DM_AEAD_RECORD + _DM_AEAD_TAG];
+} _dm_aeadlink;
+static void _dm_aead_nonce(uint64_t seq, unsigned char iv[12]) {
+    int i;
+    memset(iv, 0, 4);
+    for (i = 0; i < 8; i++) iv[4 + i] = (unsigned char)(seq >> (8 * i));
+}
+/* Seals the first n bytes of the pieces (n <= _DM_AEAD_RECORD) into obuf: 1, or 0 on failure. */
+static int _dm_aead_seal(_dm_aeadlink* a, const _dm_iov* iov, int niov, size_t n) {
+    unsigned char iv[12];
+    size_t off = 0;
+    int i, outl = 0;
+    _dm_put32(a->obuf, (uint32_t)n);
+    _dm_aead_nonce(a->sseq++, iv);
+    if (EVP_EncryptInit_ex(a->seal, NULL, NULL, NULL, iv) != 1 ||
+        EVP_EncryptUpdate(a->seal, NULL, &outl, a->obuf, _DM_AEAD_HEAD) != 1)
+        return 0;
+    for (i = 0; i < niov && off < n; i++) {
+        size_t k = iov[i].len < n - off ? iov[i].len : n - off;
+        if (k == 0) continue;
+        if (EVP_EncryptUpdate(a->seal, a->obuf + _DM_AEAD_HEAD + off, &outl, (const unsigned char*)iov[i].buf,
+                              (int)k) != 1)
+            return 0;
+        off += k;
+    }
+    if (EVP_EncryptFinal_ex(a->seal, a->obuf + _DM_AEAD_HEAD + n, &outl) != 1 ||
+        EVP_CIPHER_CTX_ctrl(a->seal, EVP_CTRL_GCM_GET_TAG, _DM_AEAD_TAG, a->obuf + _DM_AEAD_HEAD + n) != 1)
+        return 0;
+    a->opos = 0;
+    a->oend = _DM_AEAD_HEAD + n + _DM_AEAD_TAG;
+    a->oplain = n;
+    return 1;
+}
+static ptrdiff_t _dm_aead_sendv(_dm_link* l, const _dm_iov* iov, int niov, int* err) {
+    _dm_aeadlink* a = (_dm_aeadlink*)l;
+    size_t total = 0, take;
+    int i;
+    for (i = 0; i < niov; i++) total += iov[i].len;
+    if (a->owed == 0 && a->oend == 0) {         /* nothing in flight: seal the next record */
+        size_t n = total < _DM_AEAD_RECORD ? total : _DM_AEAD_RECORD;
+        if (n == 0) return 0;
+        if (!_dm_aead_seal(a, iov, niov, n)) { *err = EIO; return -1; }
+    }
+    while (a->opos < a->oend) {
+        ptrdiff_t k = a->inner->vt->send(a->inner, a->obuf + a->opos, a->oend - a->opos, err);
+        if (k <= 0) return k;                   /* would block: the same bytes come again */
+        a->opos += (size_t)k;
+    }
+    if (a->oend) { a->owed += a->oplain; a->opos = a->oend = a->oplain = 0; }
+    take = a->owed < total ? a->owed : total;
+    a->owed -= take;
+    return (ptrdiff_t)take;
+}
+static ptrdiff_t _dm_aead_send(_dm_link* l, const void* buf, size_t n, int* err) {
+    _dm_iov one;
+    one.buf = buf;
+    one.len = n;
+    return _dm_aead_sendv(l, &one, 1, err);
+}
+/* Opens the whole record in ibuf in place: 1, or 0 when it fails its tag. */
+static int _dm_aead_open(_dm_aeadlink* a, size_t n) {
+    unsigned char iv[12];
+    int outl = 0;
+    _dm_aead_nonce(a->rseq++, iv);
+    return EVP_DecryptInit_ex(a->open, NULL, NULL, NULL, iv) == 1 &&
+           EVP_DecryptUpdate(a->open, NULL, &outl, a->ibuf, _DM_AEAD_HEAD) == 1 &&
+           EVP_DecryptUpdate(a->open, a->ibuf + _DM_AEAD_HEAD, &outl, a->ibuf + _DM_AEAD_HEAD, (int)n) == 1 &&
+           EVP_CIPHER_CTX_ctrl(a->open, EVP_CTRL_GCM_SET_TAG, _DM_AEAD_TAG, a->ibuf + _DM_AEAD_HEAD + n) == 1 &&
+           EVP_DecryptFinal_ex(a->open, a->ibuf + _DM_AEAD_HEAD + n, &outl) == 1;
+}
+static ptrdiff_t _dm_aead_recv(_dm_link* l, void* buf, size_t n, int* err) {
+    _dm_aeadlink* a = (_dm_aeadlink*)l;
+    for (;;) {
+        size_t len, need;
+        ptrdiff_t k;
+        if (a->bad) { *err = EBADMSG; return -1; }
+        if (a->ppos < a->plen) {                /* opened: hand it out */
+            size_t m = a->plen - a->ppos < n ? a->plen - a->ppos : n;
+            memcpy(buf, a->ibuf + _DM_AEAD_HEAD + a->ppos, m);
+            a->ppos += m;
+            if (a->ppos == a->plen) a->ppos = a->plen = 0;
+            return (ptrdiff_t)m;
+        }
+        if (n == 0) return 0;
+        len = a->ifill >= _DM_AEAD_HEAD ? _dm_get32(a->ibuf) : 0;
+        need = a->ifill < _DM_AEAD_HEAD ? _DM_AEAD_HEAD : _DM_AEAD_HEAD + len + _DM_AEAD_TAG;
+        k = a->inner->vt->recv(a->inner, a->ibuf + a->ifill, need - a->ifill, err);
+        if (k < 0) {            /* an end inside a record too: the record is dropped, the peer gone */
+            a->ifill = 0;
+            return -1;
+        }
+        if (k == 0) return 0;
+        a->ifill += (size_t)k;
+        if (a->ifill == _DM_AEAD_HEAD) {
+            len = _dm_get32(a->ibuf);
+            if (len == 0 || len > _DM_AEAD_RECORD) { a->bad = true; continue; }
+        }
+        if (a->ifill == need && need > _DM_AEAD_HEAD) {
+            if (!_dm_aead_open(a, len)) { a->bad = true; continue; }
+            a->ifill = 0;
+            a->ppos = 0;
+            a->plen = len;
+        }
+    }
+}
+static int _dm_aead_pollfd(_dm_link* l, bool out) {
+    _dm_link* in = ((_dm_aeadlink*)l)->inner;
+    return in->vt->pollfd ? in->vt->pollfd(in, out) : in->fd;
+}
+static void _dm_aead_shutdown(_dm_link* l) {
+    _dm_link* in = ((_dm_aeadlink*)l)->inner;
+    if (in->vt->shutdown) in->vt->shutdown(in);
+}
+static void _dm_aead_destroy(_dm_link* l, const dm_allocator* al) {
+    _dm_aeadlink* a = (_dm_aeadlink*)l;
+    a->inner->vt->destroy(a->inner, al);
+    EVP_CIPHER_CTX_free(a->seal);
+    EVP_CIPHER_CTX_free(a->open);
+    memset(a->obuf, 0, sizeof(a->obuf));
+    memset(a->ibuf, 0, sizeof(a->ibuf));
+    _dm_free(al, a);
+}
+static const _dm_link_vt _dm_aead_vt = {
+    "tcp", _dm_aead_send, _dm_aead_recv, NULL, NULL, NULL, _dm_aead_shutdown, _dm_aead_destroy, 0, _dm_aead_sendv,
+    _dm_aead_pollfd
+};
+/* inner wrapped with these keys (send: this rank's direction), or NULL (out of memory, or
+   libcrypto failed); inner is the caller's again then. */
+static _dm_link* _dm_aead_wrap(_dm_link* inner, const unsigned char send_key[32], const unsigned char recv_key[32],
+                               const dm_allocator* al) {
+    _dm_aeadlink* a = (_dm_aeadlink*)_dm_calloc(al, sizeof(_dm_aeadlink));
+    if (!a) return NULL;
+    a->seal = EVP_CIPHER_CTX_new();
+    a->open = EVP_CIPHER_CTX_new();
+    if (!a->seal || !a->open || EVP_EncryptInit_ex(a->seal, EVP_aes_256_gcm(), NULL, send_key, NULL) != 1 ||
+        EVP_DecryptInit_ex(a->open, EVP_aes_256_gcm(), NULL, recv_key, NULL) != 1) {
+        EVP_CIPHER_CTX_free(a->seal);
+        EVP_CIPHER_CTX_free(a->open);
+        _dm_free(al, a);
+        return NULL;
+    }
+    a->base.vt = &_dm_aead_vt;
+    a->base.fd = inner->fd;
+    memcpy(a->base.where, inner->where, sizeof(a->base.where));
+    a->inner = inner;
+    return &a->base;
+}
+/* The socket link under a wrapper that is one (the engine never sees the difference). */
+static _dm_aeadlink* _dm_aead_of(_dm_link* l) { return l && l->vt == &_dm_aead_vt ? (_dm_aeadlink*)l : NULL; }
+/* The socket link again, once both ends stand at the same stream offset with nothing of a
+   record buffered or in flight here (the ends of a build, >>tcp seal); NULL otherwise. The
+   wrapper is freed. */
+static _dm_link* _dm_aead_unwrap(_dm_link* l, const dm_allocator* al) {
+    _dm_aeadlink* a = (_dm_aeadlink*)l;
+    _dm_link* in = a->inner;
+    if (a->ifill || a->ppos < a->plen || a->oend || a->owed) return NULL;
+    memcpy(in->where, l->where, sizeof(in->where));
+    a->inner = NULL;
+    EVP_CIPHER_CTX_free(a->seal);
+    EVP_CIPHER_CTX_free(a->open);
+    memset(a->ibuf, 0, sizeof(a->ibuf));
+    _dm_free(al, a);
+    return in;
+}
+#endif /* DISTMESH_OPENSSL */
+/* The socket link of a link made by the backend (wrapped or not); NULL for other links. */
+static _dm_socklink* _dm_sock_of(_dm_link* l) {
+#if defined(DISTMESH_OPENSSL)
+    if (_dm_aead_of(l)) l = _dm_aead_of(l)->inner;
+#endif
+    return l && l->vt == &_dm_sock_vt ? (_dm_socklink*)l : NULL;
+}
+/* Bytes received and not yet taken (none may be left when a link is swapped for shm): the
+   socket link's read-ahead, and an encrypted link's record in part or opened. */
+static size_t _dm_sock_pending(const _dm_link* l) {
+#if defined(DISTMESH_OPENSSL)
+    if (l->vt == &_dm_aead_vt) {
+        const _dm_aeadlink* a = (const _dm_aeadlink*)l;
+        return a->ifill + (a->plen - a->ppos) + _dm_sock_buffered(a->inner);
+    }
+#endif
+    return _dm_sock_buffered(l);
+}
 
 /* the options and the wait: create, split, hellos */
 _DM_COLD_BEGIN

@@ -2,6 +2,8 @@
 
    Do not include this file directly: define DISTMESH_TCP (as a -D flag, in every TU) and include
    distmesh.h, which includes this header last. Link libuv (pkg-config libuv).
+   Opt-in: define DISTMESH_OPENSSL too (every TU) and link -lcrypto (OpenSSL 1.1 or later) for
+   encrypted links between hosts (DISTMESH_ENCRYPT, below); without it they are plain.
 
    WHAT IT IS
    Gloo-style collectives between processes and hosts over TCP. Ranks meet through a key-value
@@ -42,6 +44,9 @@
                                  (exact), "^lo,docker" (anything but these prefixes)
        DISTMESH_TOKEN            shared secret: peers without it are refused (DM_ERR_REFUSED);
                                  with it the store serves authenticated distmesh clients only
+       DISTMESH_ENCRYPT          auto|0|1: links between hosts encrypted (AES-256-GCM, keys
+                                 from the token and each hello); auto: on with a token and
+                                 DISTMESH_OPENSSL (>>tcp seal, distmesh_socket.h >>socket aead)
        DISTMESH_STORE_MAX_VALUE, _MAX_CONN, _MAX_TOTAL, _STALL_MS   store server bounds
                                  (see dm_store_desc; docs/design.md "The store")
        DISTMESH_TIMEOUT          seconds; the deadline of every blocking call
@@ -64,9 +69,12 @@
 
    SECURITY (SECURITY.md): with DISTMESH_TOKEN set, every store and data connection
    proves the token by HMAC-SHA256 over fresh nonces from both sides, so strangers who can reach
-   the ports can neither use the store nor join, replay or relay a connection. The traffic is
-   neither encrypted nor authenticated after the handshake: an attacker on the path who can
-   rewrite packets is out of scope (that would take TLS).
+   the ports can neither use the store nor join, replay or relay a connection. With the token
+   and DISTMESH_OPENSSL, links between hosts are also encrypted and authenticated from their
+   hello on (DISTMESH_ENCRYPT, >>tcp seal): a tampered, replayed, reordered or dropped record
+   fails the call with DM_ERR_PROTOCOL naming the peer (a cut stream: DM_ERR_PEER_LOST), and
+   none of it reaches a buffer. Links within a host, the store's traffic and unencrypted builds
+   are plain after the handshake.
 
    COMPILE COST  The sections between _DM_COLD_BEGIN and _DM_COLD_END (creates, rendezvous,
    failures) compile as for debugging whatever the includer's -O level: distmesh.h
@@ -92,6 +100,8 @@
        >>tcp accept              the listener's side: handshakes from any wait, accepting
        >>tcp lazy                peers outside P connected when first needed
        >>tcp more sockets        several sockets per peer on another host
+       >>tcp seal                links wrapped in encryption from their hello; within a host
+                                 unwrapped again once the group is built
        >>tcp store access        how a group reaches the store while it is built
        >>tcp keys                what a group leaves in the store: nothing
        >>tcp lifetime            freeing a group
@@ -162,6 +172,14 @@ typedef struct dm_tcp_desc {
                                    the members' next dm_grow, in arrival order (rank and
                                    world_size are ignored and assigned; transport, sockets and
                                    chunk size are the group's). docs/failures.md "Grow back". */
+    int encrypt;                /* 0 -> DISTMESH_ENCRYPT, else auto: links between hosts carry
+                                   authenticated encryption (AES-256-GCM, keys from the token and
+                                   each connection's hello) when a token is set and the backend
+                                   was built with DISTMESH_OPENSSL; 1 on (needs both: else
+                                   DM_ERR_INVALID_ARG without a token, DM_ERR_UNSUPPORTED without
+                                   DISTMESH_OPENSSL), -1 off. Links within one host (shared
+                                   memory, sockets) never are. Every rank must be given the same.
+                                   SECURITY.md "Encrypted links". */
 } dm_tcp_desc;
 
 /* Collective call over all world_size ranks. Fails with *out == NULL. */
@@ -229,6 +247,9 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <arpa/inet.h>
 #include <poll.h>
 #include <fcntl.h>
+#if defined(DISTMESH_OPENSSL)
+#include <openssl/evp.h>      /* the encrypted links' AES-256-GCM (distmesh_socket.h >>socket aead) */
+#endif
 
 _DM_WARM_BEGIN   /* distmesh.h >>compile cost */
 /* >>tcp libc  The backend's share of distmesh.h >>libc: the GNU and BSD calls it makes, declared
@@ -290,6 +311,10 @@ typedef struct _dm_tcp {
                                    every peer (the side channel of shm links) */
     int* claims;                /* the row of fds the handshakes fill now (>>tcp hello) */
     int hs_index;               /* the socket index k those handshakes are for (in their MACs) */
+    unsigned char* hs_nonces;   /* per rank 65 bytes: the nonces of its socket 0's hello (connector's,
+                                   acceptor's) and 1 when they are there; keys its encryption */
+    bool encrypt;               /* links to other hosts are sealed (>>tcp seal) */
+    bool hosts_final;           /* built: links within the host are no longer sealed (>>tcp seal) */
     int nsock;                  /* sockets per peer on another host */
     int* host_of;               /* per rank: the lowest rank on its host (>>tcp hosts) */
     char (*addrs)[64];          /* "host:port" per rank, for messages */
@@ -674,6 +699,18 @@ _DM_PRIVATE int _dm_tcp_write_full(int fd, const void* buf, size_t n, int64_t de
    other's, and a stranger relaying a connector that was sent to its own address fails, since
    the connector signs the address it connected to. Without a token the key is empty: the same
    exchange still catches stray connections from other groups. */
+/* Keeps the nonces of a verified hello with rank j on its first socket: they key the link's
+   encryption (>>tcp seal). Without memory they are not kept, and sealing that link fails. */
+static void _dm_tcp_keep_nonces(_dm_tcp* t, int j, const unsigned char* nonce_c, const unsigned char* nonce_a) {
+    unsigned char* at;
+    if (t->hs_index != 0 || j < 0 || j >= t->base.size) return;
+    if (!t->hs_nonces) t->hs_nonces = (unsigned char*)_dm_calloc(&t->base.allocator, 65 * (size_t)t->base.size);
+    if (!t->hs_nonces) return;
+    at = t->hs_nonces + 65 * (size_t)j;
+    memcpy(at, nonce_c, 32);
+    memcpy(at + 32, nonce_a, 32);
+    at[64] = 1;
+}
 _DM_PRIVATE void _dm_tcp_hello_mac(const _dm_tcp* t, bool acceptor, const char* acceptor_addr, int connector,
                                    int acceptor_rank, const unsigned char* nonce_c, const unsigned char* nonce_a,
                                    unsigned char out[32]) {
@@ -758,6 +795,7 @@ static dm_status _dm_tcp_hello_connect_ex(_dm_tcp* t, int fd, int j, uint64_t gr
     if (rc < 0)     /* rank j proved the token: it is gone, not a stranger */
         return _DM_FAIL(&t->base, DM_ERR_PEER_LOST, "tcp: setup: rank %d (%s) closed the connection during the "
                         "hello (%s)", j, t->addrs[j], errno ? strerror(errno) : "EOF");
+    _dm_tcp_keep_nonces(t, j, hello + 24, chal + 8);
     return DM_OK;
 }
 _DM_PRIVATE dm_status _dm_tcp_hello_connect(_dm_tcp* t, int fd, int j, uint64_t group, int64_t deadline) {
@@ -840,6 +878,7 @@ static int _dm_tcp_hs_step(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
             _dm_tcp_hello_mac(t, false, t->addrs[t->base.rank], h->peer, t->base.rank, h->hello + 24, h->chal + 8, mac);
             if (!_dm_st_ct_equal(mac, h->proof, 32)) h->status = _DM_TCP_ACK_TOKEN;
             else if (t->claims[h->peer] >= 0) h->status = _DM_TCP_ACK_RANK;     /* another one proved it first */
+            else _dm_tcp_keep_nonces(t, h->peer, h->hello + 24, h->chal + 8);
             _dm_tcp_put32(h->ack, _DM_TCP_ACK_MAGIC);
             _dm_tcp_put32(h->ack + 4, h->status);
             h->state = _DM_TCP_HS_ACK;
@@ -975,6 +1014,7 @@ static void _dm_tcp_hs_compact(_dm_tcp_hs* hs, int* n) {
     *n = k;
 }
 
+static dm_status _dm_tcp_seal_link(_dm_tcp* t, int j);
 /* The socket link to rank j once its connection is verified (a no-op before the group has
    its links, and for a peer that has one). */
 static dm_status _dm_tcp_add_link(_dm_tcp* t, int j) {
@@ -987,7 +1027,7 @@ static dm_status _dm_tcp_add_link(_dm_tcp* t, int j) {
     l->nsock = 1;               /* its others, if any, come later (_dm_tcp_more_sockets) */
     _dm_copy_name(l->base.where, sizeof(l->base.where), t->addrs[j]);
     t->lk.links[j] = &l->base;
-    return DM_OK;
+    return _dm_tcp_seal_link(t, j);     /* encrypted from its first byte when the group encrypts */
 }
 /* Steps one handshake; 1 when it completed a verified peer (now its socket and link). */
 static int _dm_tcp_hs_finish(_dm_tcp* t, _dm_tcp_hs* h) {
@@ -1311,13 +1351,76 @@ static dm_status _dm_tcp_more_sockets(_dm_tcp* t, int64_t deadline) {
         extra[j] = extra[j] && j != me && t->lk.links[j] && t->host_of[j] != t->host_of[me];
     _DM_TRY(_dm_tcp_more_rounds(t, extra, deadline));
     for (j = 0; j < W; j++) {
-        _dm_socklink* l = (_dm_socklink*)t->lk.links[j];
+        _dm_socklink* l = _dm_sock_of(t->lk.links[j]);     /* under its encryption, if any (>>tcp seal) */
         if (!extra[j]) continue;
+        if (!l) return _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: rank %d's link is not a socket", j);
         for (k = 1; k < t->nsock; k++) l->fds[k] = t->fds[(size_t)k * (size_t)W + (size_t)j];
         l->sbase = l->sent;     /* the last barrier's end, as at the peer */
         l->tbase = l->taken;
         l->nsock = t->nsock;
     }
+    return DM_OK;
+}
+
+/* >>tcp seal  A group that encrypts (desc.encrypt, DISTMESH_ENCRYPT: _dm_tcp_parse_encrypt)
+   wraps each socket link in an encrypted link (distmesh_socket.h >>socket aead) as the link is
+   made, right after its hello, before its first byte: the setup itself (host identities, the
+   shared-memory vote, addresses) travels sealed, so a man in the middle can neither alter it
+   nor talk the ranks into thinking they share a host. Which peers share a host is known only
+   once the group is built; then (_dm_tcp_seal_settle, at the end of every build: create,
+   split, grow, join, shrink) the links within a host that are still sockets go back to plain
+   sockets, at the same stream offset at both ends (every setup message exchanged, nothing of
+   a record left over), and the links swapped for shared memory are gone anyway. A link made on
+   demand later (>>tcp lazy) is wrapped only when its peer is on another host. The keys come
+   from the token and the nonces of the link's first socket's hello (_dm_tcp_keep_nonces): one
+   per direction, named by both ranks and the group's store prefix (_dm_aead_key). */
+static dm_status _dm_tcp_seal_link(_dm_tcp* t, int j) {
+    _dm_link* l = t->lk.links[j];
+    int me = t->base.rank;
+    if (!t->encrypt || !l || l->vt != &_dm_sock_vt) return DM_OK;
+    if (t->hosts_final && t->host_of && t->host_of[j] == t->host_of[me]) return DM_OK;
+#if defined(DISTMESH_OPENSSL)
+    {
+        unsigned char ks[32], kr[32];
+        unsigned char* nonces = t->hs_nonces ? t->hs_nonces + 65 * (size_t)j : NULL;
+        _dm_link* w;
+        if (!nonces || !nonces[64])
+            return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: no hello nonces kept for rank %d (%s): its link "
+                            "cannot be keyed for encryption (out of memory)", j, l->where);
+        _dm_aead_key(t->token, nonces, t->prefix, me, j, ks);
+        _dm_aead_key(t->token, nonces, t->prefix, j, me, kr);
+        memset(nonces, 0, 65);
+        w = _dm_aead_wrap(l, ks, kr, &t->base.allocator);
+        memset(ks, 0, sizeof(ks));
+        memset(kr, 0, sizeof(kr));
+        if (!w)
+            return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: cannot set up the encryption of the link to rank "
+                            "%d (%s): out of memory, or libcrypto has no AES-256-GCM", j, l->where);
+        t->lk.links[j] = w;
+    }
+    return DM_OK;
+#else
+    return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: encryption needs DISTMESH_OPENSSL");   /* refused at create */
+#endif
+}
+/* The end of a build: links within this rank's host go back to plain sockets (see above). */
+static dm_status _dm_tcp_seal_settle(_dm_tcp* t) {
+    int j, me = t->base.rank;
+    t->hosts_final = true;
+    if (!t->encrypt || !t->host_of) return DM_OK;
+#if defined(DISTMESH_OPENSSL)
+    for (j = 0; j < t->base.size; j++) {
+        _dm_link* l = t->lk.links[j];
+        _dm_link* in;
+        if (j == me || !_dm_aead_of(l) || t->host_of[j] != t->host_of[me]) continue;
+        if (!(in = _dm_aead_unwrap(l, &t->base.allocator)))
+            return _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: rank %d (%s) sent more than the setup on a link "
+                            "within this host", j, l->where);
+        t->lk.links[j] = in;
+    }
+#else
+    (void)j; (void)me;
+#endif
     return DM_OK;
 }
 
@@ -1399,6 +1502,8 @@ static void _dm_tcp_free(_dm_tcp* t) {
     _dm_tcp_cuda_release(t);
 #endif
     _dm_free(&a, t->fds);
+    if (t->hs_nonces) memset(t->hs_nonces, 0, 65 * (size_t)t->base.size);
+    _dm_free(&a, t->hs_nonces);
     _dm_free(&a, t->host_of);
     _dm_free(&a, t->addrs);
     _dm_free(&a, t->raddrs);
@@ -1665,6 +1770,7 @@ typedef struct _dm_tcp_setup {
     size_t chunk_bytes;
     int nsock;                  /* sockets per peer on another host, 1.._DM_TCP_MAX_SOCKETS */
     int transport;              /* _DM_TCP_AUTO, _DM_TCP_SHM, _DM_TCP_SOCKETS */
+    bool encrypt;               /* seal the links to other hosts (>>tcp seal) */
     dm_logger logger;
     dm_allocator allocator;
     bool env_local;             /* the launcher gave env_local_rank / env_local_size (they win) */
@@ -2736,6 +2842,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     _dm_copy_name(t->ifname, sizeof(t->ifname), s->ifname ? s->ifname : "");
     _dm_copy_name(t->token, sizeof(t->token), s->token ? s->token : "");
     t->transport = s->transport;
+    t->encrypt = s->encrypt;
     t->nsock = s->nsock > 0 ? s->nsock : 1;
     t->fds = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)s->size * (size_t)t->nsock);
     t->claims = t->fds;
@@ -2811,6 +2918,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     _dm_tcp_relay_end(t, DM_OK);
     if ((st = _dm_tcp_shm_for_host(t)) != DM_OK) goto fail;
     if ((st = _dm_tcp_more_sockets(t, deadline)) != DM_OK) goto fail;
+    if ((st = _dm_tcp_seal_settle(t)) != DM_OK) goto fail;
     _dm_tcp_serve_trim(t);
     t->built = true;
     /* the store stays for what is rare after create (notices, grow), its connection closed
@@ -3094,6 +3202,47 @@ static dm_status _dm_tcp_parse_sockets(int given, int* out, char* err, size_t ca
     return _dm_cfg_int(_DM_CFG_SOCKETS_PER_PEER, out, err, cap);
 }
 
+/* Whether the group seals its links to other hosts (>>tcp seal): desc.encrypt (1 on, -1 off),
+   else DISTMESH_ENCRYPT (auto|0|1), else auto: on when there is a token and the backend has
+   libcrypto (DISTMESH_OPENSSL). On without a token is refused (DM_ERR_ENV from the environment,
+   DM_ERR_INVALID_ARG from the desc), on without DISTMESH_OPENSSL is DM_ERR_UNSUPPORTED. */
+static dm_status _dm_tcp_parse_encrypt(int given, const char* token, bool* out, char* err, size_t cap) {
+    int mode = 0;               /* the registry's choices: 0 auto, 1 off ("0"), 2 on ("1") */
+    bool has_token = token && *token;
+    dm_status st;
+    *out = false;
+    if (given == 1) mode = 2;
+    else if (given == -1) mode = 1;
+    else if (given != 0) {
+        snprintf(err, cap, "tcp: desc.encrypt is %d; expected 1 (on), -1 (off) or 0 (DISTMESH_ENCRYPT, else auto)",
+                 given);
+        return DM_ERR_INVALID_ARG;
+    } else if ((st = _dm_cfg_int(_DM_CFG_ENCRYPT, &mode, err, cap)) != DM_OK) {
+        return st;
+    }
+    if (mode == 2 && !has_token) {
+        if (given)
+            snprintf(err, cap, "tcp: desc.encrypt is 1 but there is no token (desc.token, DISTMESH_TOKEN): the "
+                     "links' keys come from the token");
+        else
+            snprintf(err, cap, "tcp: DISTMESH_ENCRYPT=1 needs DISTMESH_TOKEN (or desc.token): the links' keys come "
+                     "from the token");
+        return given ? DM_ERR_INVALID_ARG : DM_ERR_ENV;
+    }
+#if !defined(DISTMESH_OPENSSL)
+    if (mode == 2) {
+        snprintf(err, cap, "tcp: %s asks for encrypted links, but this build has no libcrypto: define "
+                 "DISTMESH_OPENSSL (with DISTMESH_TCP, in every TU) and link -lcrypto (OpenSSL 1.1 or later)",
+                 given ? "desc.encrypt 1" : "DISTMESH_ENCRYPT=1");
+        return DM_ERR_UNSUPPORTED;
+    }
+    *out = false;               /* auto without libcrypto: plain links (SECURITY.md) */
+#else
+    *out = mode == 2 || (mode == 0 && has_token);
+#endif
+    return DM_OK;
+}
+
 static dm_status _dm_tcp_join(_dm_tcp_setup* s, dm_collective** out);
 static dm_status _dm_tcp_join_flag(int given, bool* out, char* err, size_t cap);
 
@@ -3142,6 +3291,8 @@ static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective**
     if (s.token && strlen(s.token) > _DM_ST_TOKEN_MAX)
         return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: token longer than %d bytes",
                           _DM_ST_TOKEN_MAX);
+    st = _dm_tcp_parse_encrypt(d.encrypt, s.token, &s.encrypt, err, sizeof(err));
+    if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
     s.chunk_bytes = d.chunk_bytes;
     st = _dm_tcp_parse_sockets(d.sockets_per_peer, &s.nsock, err, sizeof(err));
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
@@ -3225,6 +3376,7 @@ static void _dm_tcp_child_setup(const _dm_tcp* t, _dm_tcp_setup* s, const char* 
     s->chunk_bytes = t->lk.chunk;
     s->nsock = t->nsock;
     s->transport = t->transport;
+    s->encrypt = t->encrypt;
     s->logger = t->base.logger;
     s->allocator = t->base.allocator;
     s->parent = t;
@@ -3780,6 +3932,7 @@ static dm_status _dm_tcp_shrink_start(_dm_tcp* p, _dm_tcp** out) {
     n->nsock = p->nsock;
     n->transport = p->transport;
     _dm_copy_name(n->token, sizeof(n->token), p->token);
+    n->encrypt = p->encrypt;
     _dm_copy_name(n->ifname, sizeof(n->ifname), p->ifname);
     _dm_copy_name(n->user_prefix, sizeof(n->user_prefix), p->user_prefix);
     memcpy(&n->self_sa, &p->self_sa, sizeof(n->self_sa));
@@ -3929,6 +4082,7 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, _dm_tcp* p, const bool* gone,
     dm_allocator* a = &n->base.allocator;
     int W = n->base.size, me = n->base.rank, j, k = 0, N = 0;
     int *fds, *old_of;
+    unsigned char* nonces;      /* the hellos' nonces by the new numbering (>>tcp seal) */
     dm_status st;
     char(*addrs)[64];
     char(*raddrs)[64];
@@ -3940,7 +4094,9 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, _dm_tcp* p, const bool* gone,
     addrs = (char(*)[64])_dm_calloc(a, 64 * (size_t)N);
     raddrs = (char(*)[64])_dm_calloc(a, 64 * (size_t)N);
     old_of = (int*)_dm_malloc(a, sizeof(int) * (size_t)N);
-    if (!fds || !addrs || !raddrs || !old_of) {
+    nonces = n->hs_nonces ? (unsigned char*)_dm_calloc(a, 65 * (size_t)N) : NULL;
+    if (!fds || !addrs || !raddrs || !old_of || (n->hs_nonces && !nonces)) {
+        _dm_free(a, nonces);
         _dm_free(a, fds);
         _dm_free(a, addrs);
         _dm_free(a, raddrs);
@@ -3958,7 +4114,13 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, _dm_tcp* p, const bool* gone,
         fds[k] = n->fds[j];
         memcpy(addrs[k], n->addrs[j], 64);
         memcpy(raddrs[k], n->raddrs[j], 64);
+        if (nonces) memcpy(nonces + 65 * (size_t)k, n->hs_nonces + 65 * (size_t)j, 65);   /* >>tcp seal */
         k++;
+    }
+    if (n->hs_nonces) {
+        memset(n->hs_nonces, 0, 65 * (size_t)W);
+        _dm_free(a, n->hs_nonces);
+        n->hs_nonces = nonces;
     }
     _dm_free(a, n->fds);
     _dm_free(a, n->addrs);
@@ -4031,6 +4193,7 @@ static dm_status _dm_tcp_shrink_build(_dm_tcp* n, _dm_tcp* p, const int* old_of,
     else if (p->shm_vote == 2) _DM_TRY(_dm_tcp_shm_for_host(n));   /* a new segment (this talks) */
     else n->shm_vote = p->shm_vote;     /* sockets, as in the parent */
     _DM_TRY(_dm_tcp_more_sockets(n, deadline));
+    _DM_TRY(_dm_tcp_seal_settle(n));
     _dm_tcp_serve_trim(n);
     return DM_OK;
 }

@@ -6,6 +6,7 @@ need=()
 have_header() { [ -f "/usr/include/$1" ] || [ -f "/usr/include/x86_64-linux-gnu/$1" ]; }
 have_header uv.h       || need+=(libuv1-dev)
 have_header cmocka.h   || need+=(libcmocka-dev)
+have_header openssl/evp.h || need+=(libssl-dev)    # libcrypto: the TCP backend's encrypted links
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cc >/dev/null  || need+=(gcc)
 command -v c++ >/dev/null || need+=(g++)

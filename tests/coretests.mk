@@ -51,7 +51,7 @@ CORE_COMPILE_CHECKS += $(CORE_COMPILE_TCP)
 core-compile-tcp: $(CORE_COMPILE_TCP)
 $(CORE_DIR)/compile_%_tcp: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
-	$(call core_compile,$*) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+	$(call core_compile,$*) -DDISTMESH_TCP $(OPENSSL_CFLAGS) $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
 # The store alone (DISTMESH_STORE: its client and file store on libc), with neither libuv's
 # flags nor its library; tests/no_libuv/uv.h first on the include path stops any include of uv.h.

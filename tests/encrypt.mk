@@ -1,0 +1,15 @@
+# encrypt fragment: encrypted links between hosts (distmesh_socket.h >>socket aead): the key
+# derivation, the link over a socket pair, and a man in the middle (this program's own connect()
+# sends every data connection of a rank through a tampering proxy) between forked ranks on two
+# simulated hosts. tests/test_encrypt.c compiles the implementation itself, with DISTMESH_TCP and
+# DISTMESH_OPENSSL (OPENSSL=0 leaves it out); loopback only.
+ifneq ($(wildcard distmesh_tcp.h),)
+ifeq ($(OPENSSL),1)
+ENCRYPT_TEST := $(BUILD)/encrypt/test_encrypt
+TEST_BINS += $(ENCRYPT_TEST)
+endif
+endif
+
+$(BUILD)/encrypt/test_encrypt: tests/test_encrypt.c tests/test_filter.h tests/prelude.h tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
