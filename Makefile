@@ -21,6 +21,7 @@
 #   make test-gpu   the GPU tests (needs a GPU, CUDA and NCCL)
 #   make install    headers, pkg-config and CMake files, the Python package (PREFIX=/usr/local, DESTDIR=)
 #   make bench-python   the Python package against mpi4py and torch's Gloo (bench/py_bench.py)
+#   make test-fsdp-full  the torch 2.x FSDP2 tests at full size (4 layers, d_model 256, 20 steps; ~10 min)
 #   make config-table  README's table of environment variables, rewritten from distmesh.h's registry
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.
 

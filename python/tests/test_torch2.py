@@ -21,6 +21,8 @@ if int(torch.__version__.split(".")[0]) < 2:
     pytest.skip("torch %s: the 2.x stack (DeviceMesh, FSDP2, DTensor) needs torch 2.x" % torch.__version__,
                 allow_module_level=True)
 _runs = {}
+# seconds a world of the stack may take; make test-fsdp-full (the full-size model) gives more
+WORLD_LIMIT_S = float(os.environ.get("DM_TORCH2_WORLD_LIMIT", "140"))
 
 
 def _init(world, tmp):
@@ -36,7 +38,7 @@ def run(key, tmp_path_factory):
         else:
             ckpt = str(tmp_path_factory.mktemp("ckpt")) if world == 4 else ""
         tmp = tmp_path_factory.mktemp("%s%d" % key)
-        w = World(world, scenario, [_init(world, tmp), ckpt], limit=140, tmp=tmp, script="torch2_worker.py")
+        w = World(world, scenario, [_init(world, tmp), ckpt], limit=WORLD_LIMIT_S, tmp=tmp, script="torch2_worker.py")
         try:
             _runs[key] = (w.results(), w.wait(), ckpt)
         finally:

@@ -159,7 +159,11 @@ def ddp_train(group, hook):
 
 
 # ---- a small decoder-only transformer ------------------------------------------------------
-VOCAB, D, LAYERS, HEADS, SEQ = 1000, 64, 2, 4, 16
+# make test's size, small enough for CI; DM_FSDP_FULL=1 (make test-fsdp-full): the issue's model,
+# 4 layers of d_model 256 over a vocabulary of 1000, trained 20 steps.
+FULL = os.environ.get("DM_FSDP_FULL") == "1"
+VOCAB, D, LAYERS, HEADS, SEQ = (1000, 256, 4, 4, 64) if FULL else (1000, 64, 2, 4, 16)
+FSDP_STEPS = 20 if FULL else 5
 
 
 class Block(nn.Module):
@@ -201,7 +205,7 @@ def batches(n, seed):
     return [torch.randint(0, VOCAB, (2, SEQ + 1), generator=g)] * n
 
 
-def fsdp2_train(mesh, reshard, ckpt, steps=5):
+def fsdp2_train(mesh, reshard, ckpt, steps=FSDP_STEPS):
     """The seed's engine: fully_shard per layer and at the top, bf16 params / fp32 reduce.
     Returns (losses, full parameters, the model)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
