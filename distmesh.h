@@ -4662,8 +4662,8 @@ _DM_PRIVATE dm_status _dm_eng_host_link(_dm_link_cost* out, char* err, size_t ca
             return DM_OK;
         }
     }
-    snprintf(err, cap, "env: DISTMESH_HOST_LINK=\"%.64s\" is not LATENCY_US,GBIT (the one-way latency in "
-             "microseconds, 0 < it <= 1e7, and the rate in Gbit/s, 0 < it <= 1e4; e.g. 25000,1)", s);
+    snprintf(err, cap, "env: DISTMESH_HOST_LINK=\"%.40s\" is not LATENCY_US,GBIT (one-way us in (0, 1e7], "
+             "Gbit/s in (0, 1e4]; e.g. 25000,1)", s);
     return DM_ERR_ENV;
 }
 /* The engine's variables: DISTMESH_ALGO (unset: auto; its choices are _dm_algo_names in order,
