@@ -700,10 +700,12 @@ _DM_PRIVATE int _dm_tcp_write_full(int fd, const void* buf, size_t n, int64_t de
    the connector signs the address it connected to. Without a token the key is empty: the same
    exchange still catches stray connections from other groups. */
 /* Keeps the nonces of a verified hello with rank j on its first socket: they key the link's
-   encryption (>>tcp seal). Without memory they are not kept, and sealing that link fails. */
+   encryption (>>tcp seal), so a group that does not encrypt keeps none (every build sets
+   t->encrypt before its hellos). Without memory they are not kept, and sealing that link
+   fails. */
 static void _dm_tcp_keep_nonces(_dm_tcp* t, int j, const unsigned char* nonce_c, const unsigned char* nonce_a) {
     unsigned char* at;
-    if (t->hs_index != 0 || j < 0 || j >= t->base.size) return;
+    if (!t->encrypt || t->hs_index != 0 || j < 0 || j >= t->base.size) return;
     if (!t->hs_nonces) t->hs_nonces = (unsigned char*)_dm_calloc(&t->base.allocator, 65 * (size_t)t->base.size);
     if (!t->hs_nonces) return;
     at = t->hs_nonces + 65 * (size_t)j;
