@@ -19,7 +19,7 @@ fuzz:
 	@if ! printf 'int LLVMFuzzerTestOneInput(const unsigned char* d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
 	    | $(FUZZ_CC) -x c -fsanitize=fuzzer - -o build/fuzz/probe 2>/dev/null; then \
 	    echo "fuzz: $(FUZZ_CC) with libFuzzer not found, skipped"; exit 0; fi; \
-	$(MAKE) --no-print-directory $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGETS)) || exit 1; \
+	$(MAKE) --no-print-directory $(BUILD_JOBS) $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGETS)) || exit 1; \
 	for t in $(FUZZ_TARGETS); do \
 	    mkdir -p build/fuzz/corpus-$$t && cp tests/fuzz/corpus/$$t/* build/fuzz/corpus-$$t/ && \
 	    echo "== fuzz $$t for $(FUZZ_SECONDS) s" && \
