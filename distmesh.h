@@ -150,6 +150,7 @@
        >>single copy             a large one-host all-reduce's all-gather read from the peers' buffers
        >>compressed rails        a rail's block across hosts as int8 or bfloat16 codes
        >>two-level               schedule: two-level all-reduce (fold, host ring, rails, pipeline)
+       >>three-level             schedule: three-level all-reduce (hosts at sites, DISTMESH_SITE)
        >>chain                   schedule: pipelined chain (broadcast)
        >>dissemination           schedule: dissemination rounds (barrier)
        >>choice                  the cost model and the fixed choice of algorithm
@@ -381,6 +382,10 @@ typedef struct dm_fake_desc {
        schedules then run as on that many hosts (docs/design.md "Across hosts"), with the bits TCP
        gives on the same layout (DISTMESH_TEST_HOST_ID). */
     const int* host_of;
+    /* NULL -> one site; else world_size entries >= 0: rank r's host is at simulated site
+       site_of[r] (DISTMESH_SITE; the same for every rank of a host). The schedules then run as
+       across that many sites, with the bits TCP gives on the same layout. */
+    const int* site_of;
 } dm_fake_desc;
 
 /* One rank's body for dm_thread_world_run; returns DM_OK or a failure status. */
@@ -1327,7 +1332,7 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
     X(MAX_OBJECT_BYTES, BYTES,   "1G",    1, _DM_CFG_BYTES_MAX, NULL, CORE,                                           \
       "most bytes one `all_gather_objects` / `broadcast_objects` accepts from peers' announced sizes, and "           \
       "most bytes of point-to-point messages kept for `dm_recv`s not yet posted")                                     \
-    X(ALGO,             ENUM,    "auto",  0, 0, "auto|flat|two_level|flat_ring|flat_rd|two_level_ring|two_level_rd",  \
+    X(ALGO,             ENUM,    "auto",  0, 0, "auto|flat|two_level|flat_ring|flat_rd|two_level_ring|two_level_rd|three_level",  \
       ENGINE, "the algorithms across hosts: a family (the model picks within it) or one algorithm "                   \
       "(see [docs/design.md](docs/design.md#across-hosts))")                                                          \
     X(COMPRESS,         ENUM,    "none",  0, 0,       "none|bf16|int8", ENGINE,                                        \
@@ -1338,6 +1343,13 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
       "the link between hosts as `LATENCY_US,GBIT` (one-way microseconds, Gbit/s; e.g. `25000,1` across "             \
       "regions) for the cost model's choice of algorithm and segments; unset: 25 us and 10 Gbit/s. The same on "      \
       "every rank (see [docs/performance.md](docs/performance.md#wide-area-round-trips))")                            \
+    X(SITE,             STR,     "",      0, 63,      NULL, TCP,                                                      \
+      "this rank's site (a name): hosts with the same site are joined by faster links than those between sites; "     \
+      "all-reduce then crosses the site link once with each byte (`three_level`). Every rank of a host the same; "  \
+      "unset: one site (see [docs/design.md](docs/design.md#sites))")                                                \
+    X(SITE_LINK,        STR,     "",      0, 63,      NULL, ENGINE,                                                   \
+      "the link between sites as `LATENCY_US,GBIT`, as `DISTMESH_HOST_LINK` is for hosts; unset: 5000 us and 1 "     \
+      "Gbit/s. The same on every rank")                                                                             \
     X(STORE,            STR,     "",      0, 319,     NULL, TCP_STORE,                                                \
       "the rendezvous store, `tcp://host:port`, `tcp://[::1]:port` or `file:///dir`; unset: "                         \
       "`tcp://MASTER_ADDR:MASTER_PORT`, else what the launcher implies (`dm_tcp_launch_detect`)")                     \
@@ -4371,6 +4383,25 @@ static const dm_collective_vtable _dm_fake_vtable = {
 };
 
 /* Checks the desc shared by dm_fake_create and dm_thread_world_create. err gets the reason. */
+/* The host of rank r in desc d: host_of[r], else r's node from local_world_size. */
+static int _dm_fake_host(const dm_fake_desc* d, int r) {
+    return d->host_of ? d->host_of[r] : r / _dm_def(d->local_world_size, _dm_def(d->world_size, 1));
+}
+/* site_of: numbers >= 0, one site per host. */
+static dm_status _dm_fake_sites_check(const dm_fake_desc* d, char* err, size_t cap) {
+    int r, q, n = _dm_def(d->world_size, 1);
+    for (r = 0; d->site_of && r < n; r++) {
+        if (d->site_of[r] < 0)
+            return _DM_REPORT(&d->logger, err, cap, DM_ERR_INVALID_ARG,
+                              "fake: site_of[%d] is %d; sites are numbers >= 0", r, d->site_of[r]);
+        for (q = 0; q < r; q++)
+            if (_dm_fake_host(d, q) == _dm_fake_host(d, r) && d->site_of[q] != d->site_of[r])
+                return _DM_REPORT(&d->logger, err, cap, DM_ERR_INVALID_ARG,
+                                  "fake: ranks %d and %d share a host but site_of gives them sites %d and %d; "
+                                  "a host is at one site", q, r, d->site_of[q], d->site_of[r]);
+    }
+    return DM_OK;
+}
 static dm_status _dm_fake_desc_check(const dm_fake_desc* d, bool check_rank, char* err, size_t cap) {
     if (!_dm_allocator_valid(&d->allocator))
         return _DM_REPORT(&d->logger, err, cap, DM_ERR_INVALID_ARG,
@@ -4389,7 +4420,7 @@ static dm_status _dm_fake_desc_check(const dm_fake_desc* d, bool check_rank, cha
                 return _DM_REPORT(&d->logger, err, cap, DM_ERR_INVALID_ARG,
                                   "fake: host_of[%d] is %d; hosts are numbers >= 0", r, d->host_of[r]);
     }
-    return DM_OK;
+    return _dm_fake_sites_check(d, err, cap);
 }
 /* Rank c->rank on host host_of[rank]: its local rank and size, and the node name dm_local
    groups by. */
@@ -4630,10 +4661,11 @@ _DM_PRIVATE dm_status _dm_fp_mismatch(dm_collective* c, const char* tag, int me,
    engine is made (_dm_eng_init); the choice (>>choice) honours it. */
 enum {
     _DM_ALGO_AUTO = 0, _DM_ALGO_FLAT, _DM_ALGO_TWO_LEVEL,
-    _DM_ALGO_FLAT_RING, _DM_ALGO_FLAT_RD, _DM_ALGO_TWO_LEVEL_RING, _DM_ALGO_TWO_LEVEL_RD, _DM_ALGO_COUNT
+    _DM_ALGO_FLAT_RING, _DM_ALGO_FLAT_RD, _DM_ALGO_TWO_LEVEL_RING, _DM_ALGO_TWO_LEVEL_RD, _DM_ALGO_THREE_LEVEL,
+    _DM_ALGO_COUNT
 };
 static const char* const _dm_algo_names[_DM_ALGO_COUNT] = {
-    "auto", "flat", "two_level", "flat_ring", "flat_rd", "two_level_ring", "two_level_rd"
+    "auto", "flat", "two_level", "flat_ring", "flat_rd", "two_level_ring", "two_level_rd", "three_level"
 };
 /* A link class of the cost model (>>choice): alpha (us per message), beta (ns per byte). */
 typedef struct _dm_link_cost { double alpha_us, beta_ns; } _dm_link_cost;
@@ -4643,13 +4675,14 @@ typedef struct _dm_link_cost { double alpha_us, beta_ns; } _dm_link_cost;
    default pipelines a large two-level all-reduce in many segments, each of which then waits
    a round trip (docs/performance.md "Wide-area round trips"). Unset: alpha 0 (the class's).
    It changes only which algorithm and how many segments run, so every rank must be given the
-   same, like DISTMESH_ALGO. */
-_DM_PRIVATE dm_status _dm_eng_host_link(_dm_link_cost* out, char* err, size_t cap) {
+   same, like DISTMESH_ALGO. DISTMESH_SITE_LINK is the same for the link between sites (the
+   cross-site class). */
+_DM_PRIVATE dm_status _dm_eng_link_env(_dm_cfg_id id, _dm_link_cost* out, char* err, size_t cap) {
     const char* s = NULL;
     char* end = NULL;
     double us, gbit;
     out->alpha_us = out->beta_ns = 0;
-    _DM_TRY(_dm_cfg_str(_DM_CFG_HOST_LINK, &s, err, cap));
+    _DM_TRY(_dm_cfg_str(id, &s, err, cap));
     if (!s || !*s) return DM_OK;
     errno = 0;
     us = strtod(s, &end);
@@ -4662,23 +4695,24 @@ _DM_PRIVATE dm_status _dm_eng_host_link(_dm_link_cost* out, char* err, size_t ca
             return DM_OK;
         }
     }
-    snprintf(err, cap, "env: DISTMESH_HOST_LINK=\"%.40s\" is not LATENCY_US,GBIT (one-way us in (0, 1e7], "
-             "Gbit/s in (0, 1e4]; e.g. 25000,1)", s);
+    snprintf(err, cap, "env: DISTMESH_%s=\"%.40s\" is not LATENCY_US,GBIT (one-way us in (0, 1e7], "
+             "Gbit/s in (0, 1e4]; e.g. 25000,1)", id == _DM_CFG_HOST_LINK ? "HOST_LINK" : "SITE_LINK", s);
     return DM_ERR_ENV;
 }
 /* The engine's variables: DISTMESH_ALGO (unset: auto; its choices are _dm_algo_names in order,
    >>config registry), DISTMESH_COMPRESS as a dm_compress (none|bf16|int8:
-   DM_COMPRESS_NONE, _BF16, _INT8) and DISTMESH_HOST_LINK (host_link may be NULL: only
-   checked). A bad value is DM_ERR_ENV with err saying what is accepted. */
-_DM_PRIVATE dm_status _dm_eng_env(int* algo, dm_compress* compress, _dm_link_cost* host_link, char* err,
-                                  size_t cap) {
+   DM_COMPRESS_NONE, _BF16, _INT8), DISTMESH_HOST_LINK and DISTMESH_SITE_LINK (links may be
+   NULL: only checked; else links[0] the host link, links[1] the site link). A bad value is
+   DM_ERR_ENV with err saying what is accepted. */
+_DM_PRIVATE dm_status _dm_eng_env(int* algo, dm_compress* compress, _dm_link_cost* links, char* err, size_t cap) {
     int mode = 0;
-    _dm_link_cost link;
+    _dm_link_cost link[2];
     _DM_TRY(_dm_cfg_int(_DM_CFG_ALGO, algo, err, cap));
     _DM_TRY(_dm_cfg_int(_DM_CFG_COMPRESS, &mode, err, cap));
     *compress = (dm_compress)(DM_COMPRESS_NONE + mode);
-    _DM_TRY(_dm_eng_host_link(&link, err, cap));
-    if (host_link) *host_link = link;
+    _DM_TRY(_dm_eng_link_env(_DM_CFG_HOST_LINK, &link[0], err, cap));
+    _DM_TRY(_dm_eng_link_env(_DM_CFG_SITE_LINK, &link[1], err, cap));
+    if (links) { links[0] = link[0]; links[1] = link[1]; }
     return DM_OK;
 }
 
@@ -4720,9 +4754,18 @@ typedef struct _dm_layout {
     int* local;                 /* rank -> its index among its host's ranks */
     int* members;               /* ranks host by host: host h's are members[start[h] .. start[h+1]) */
     int* start;                 /* H + 1 entries */
-    int* team;                  /* scratch: one team's ranks (rails, chains), the cost model's
-                                   rounds: 3 x size entries */
+    int* team;                  /* scratch, 7 x size entries: teams' ranks (rails, chains; a site
+                                   rail and a cross rail at once) in the first 2 x size, the
+                                   cost model's rounds in the rest (_dm_cost_scratch), so that
+                                   a schedule may ask the model with its teams built */
     bool contiguous;            /* every host's ranks are consecutive numbers */
+    /* Sites (DISTMESH_SITE): groups of hosts joined by a slower link. Hosts are numbered site
+       by site, so site s holds hosts site_start[s] .. site_start[s+1] and the flat ring and
+       every rail cross each site boundary once. One site unless the backend says otherwise. */
+    int NS;                     /* sites */
+    int HSmin, HSmax;           /* fewest and most hosts at one site */
+    int* site_of;               /* host -> site (H entries) */
+    int* site_start;            /* NS + 1 entries */
 } _dm_layout;
 
 typedef struct _dm_eng {
@@ -4767,8 +4810,9 @@ typedef struct _dm_eng {
     size_t cbuf_size;
     const _dm_link_cost* cost;  /* NULL: the model's link classes (>>choice); the model's front
                                    end gives others, to predict other networks */
-    _dm_link_cost host_link;    /* DISTMESH_HOST_LINK: the link between hosts as the user states
-                                   it (alpha 0: unset, the class's) */
+    _dm_link_cost link_env[2];  /* DISTMESH_HOST_LINK, DISTMESH_SITE_LINK: the links between hosts
+                                   and between sites as the user states them (alpha 0: unset, the
+                                   class's) */
     /* P's bookkeeping (>>peers). dry: transfers record their peers in `used` and move nothing.
        peers (optional): P, the peers of this rank's fixed-peer schedules; a transfer of such a
        schedule (not on_demand) with a peer outside it is DM_ERR_INTERNAL, so a schedule that
@@ -4799,20 +4843,45 @@ typedef struct _dm_eng {
 #define _DM_ENG_SERVICE_FDS 80      /* pfds entries kept for poll_fill */
 #define _DM_ENG_XFER_MAX 2          /* transfers run together (_dm_eng_run_n) */
 
-/* Tells the group which ranks share a host: host_of[r] is any number naming rank r's host
-   (equal numbers, same host; may alias lk->lay.host_of). Renumbers the hosts by first
-   appearance, lists each host's ranks, and puts the flat ring in host order (ranks sorted by
-   host, then by rank, as NCCL orders rings), so a ring crosses hosts once per host instead of
-   at every hop. Every rank of the group must be given the same layout. */
-_DM_PRIVATE void _dm_eng_set_hosts(_dm_eng* lk, const int* host_of) {
-    _dm_layout* y = &lk->lay;
-    int W = lk->c->size, r, q, h, p = 0;
-    for (r = 0; r < W; r++) y->team[r] = host_of[r];     /* host_of may be y->host_of */
-    y->H = 0;
+/* Numbers the sites by first appearance into site (rank -> site; site_of NULL: one site) and
+   the hosts site by site, each site's by first appearance, into y->host_of; key holds host_of's
+   numbers (the callers' arrays may alias y->host_of). A host is a (site, host number) pair,
+   so a host number given at two sites is two hosts (the backends refuse that before). */
+_DM_PRIVATE void _dm_eng_number_hosts(_dm_layout* y, int W, const int* key, const int* site_of, int* site) {
+    int r, q, s;
+    y->NS = 0;
     for (r = 0; r < W; r++) {
-        for (q = 0; q < r && y->team[q] != y->team[r]; q++) {}
-        y->host_of[r] = q < r ? y->host_of[q] : y->H++;
+        for (q = 0; q < r && site_of && site_of[q] != site_of[r]; q++) {}
+        site[r] = q < r ? site[q] : y->NS++;
     }
+    y->H = 0;
+    for (s = 0; s < y->NS; s++) {
+        y->site_start[s] = y->H;
+        for (r = 0; r < W; r++) {
+            if (site[r] != s) continue;
+            for (q = 0; q < r && (site[q] != s || key[q] != key[r]); q++) {}
+            if (q == r) y->site_of[y->H] = s;
+            y->host_of[r] = q < r ? y->host_of[q] : y->H++;
+        }
+        if (s == 0 || y->H - y->site_start[s] < y->HSmin) y->HSmin = y->H - y->site_start[s];
+        if (s == 0 || y->H - y->site_start[s] > y->HSmax) y->HSmax = y->H - y->site_start[s];
+    }
+    y->site_start[y->NS] = y->H;
+}
+/* Tells the group which ranks share a host and which hosts a site: host_of[r] is any number
+   naming rank r's host (equal numbers, same host; may alias lk->lay.host_of), site_of[r] (NULL:
+   one site) any number naming its site, the same for every rank of a host. Numbers the hosts
+   site by site (_dm_eng_number_hosts), lists each host's ranks, and puts the flat ring in host
+   order (ranks sorted by host, then by rank, as NCCL orders rings), so a ring crosses hosts
+   once per host instead of at every hop, and sites once per site. Every rank of the group must
+   be given the same layout. */
+_DM_PRIVATE void _dm_eng_set_layout(_dm_eng* lk, const int* host_of, const int* site_of) {
+    _dm_layout* y = &lk->lay;
+    int W = lk->c->size, r, h, p = 0;
+    int *key = y->team, *sites = y->team + W, *site = y->team + 2 * W;
+    for (r = 0; r < W; r++) key[r] = host_of[r];          /* host_of may be y->host_of */
+    for (r = 0; r < W && site_of; r++) sites[r] = site_of[r];
+    _dm_eng_number_hosts(y, W, key, site_of ? sites : NULL, site);
     y->Lmin = W;
     y->Lmax = 0;
     y->contiguous = true;
@@ -4832,6 +4901,8 @@ _DM_PRIVATE void _dm_eng_set_hosts(_dm_eng* lk, const int* host_of) {
     }
     y->start[y->H] = p;
 }
+/* One site: _dm_eng_set_layout without sites. */
+_DM_PRIVATE void _dm_eng_set_hosts(_dm_eng* lk, const int* host_of) { _dm_eng_set_layout(lk, host_of, NULL); }
 
 /* a group's engine made and released: create, split, destroy */
 _DM_COLD_BEGIN
@@ -4846,7 +4917,7 @@ _DM_PRIVATE dm_status _dm_eng_init(_dm_eng* lk, dm_collective* c, const char* ta
     c->core->eng = lk;
     {
         char err[200];
-        if (_dm_eng_env(&lk->algo, &lk->compress_env, &lk->host_link, err, sizeof(err)) != DM_OK)
+        if (_dm_eng_env(&lk->algo, &lk->compress_env, lk->link_env, err, sizeof(err)) != DM_OK)
             return _DM_FAIL(c, DM_ERR_ENV, "%s: %s", tag, err);
     }
     chunk = chunk ? chunk : ((size_t)512 << 10);
@@ -4858,7 +4929,7 @@ _DM_PRIVATE dm_status _dm_eng_init(_dm_eng* lk, dm_collective* c, const char* ta
     lk->inbox = (_dm_inbox*)_dm_calloc(&c->allocator, sizeof(_dm_inbox) * (size_t)W);
     lk->sent = (uint64_t*)_dm_calloc(&c->allocator, sizeof(uint64_t) * (size_t)W);
     lk->pfds = (struct pollfd*)_dm_calloc(&c->allocator, sizeof(struct pollfd) * ((size_t)W + 2 * _DM_ENG_XFER_MAX + _DM_ENG_SERVICE_FDS));
-    lk->lay.host_of = (int*)_dm_calloc(&c->allocator, sizeof(int) * (7 * (size_t)W + 1));
+    lk->lay.host_of = (int*)_dm_calloc(&c->allocator, sizeof(int) * (13 * (size_t)W + 2));
     if (!lk->tmp || !lk->links || !lk->order || !lk->inbox || !lk->sent || !lk->pfds || !lk->lay.host_of)
         return DM_ERR_OUT_OF_MEMORY;
     lk->slot = lk->order + W;
@@ -4867,6 +4938,8 @@ _DM_PRIVATE dm_status _dm_eng_init(_dm_eng* lk, dm_collective* c, const char* ta
     lk->lay.members = lk->lay.local + W;
     lk->lay.start = lk->lay.members + W;
     lk->lay.team = lk->lay.start + W + 1;
+    lk->lay.site_of = lk->lay.team + 7 * W;
+    lk->lay.site_start = lk->lay.site_of + W;
     _dm_eng_set_hosts(lk, lk->lay.host_of);    /* all zeros: one host */
     memset(lk->tmp, 0, lk->tmp_size);   /* fault the scratch in now, not in the first collectives */
     lk->spin_us = _DM_ENG_SPIN_US;
@@ -6467,6 +6540,32 @@ _DM_PRIVATE dm_status _dm_sch_2l_stage(_dm_eng* lk, const _dm_team* host, const 
     return st;
 }
 
+/* The fold of the two- and three-level all-reduces on a host whose first R ranks (host, in
+   local order) do the work: local rank e >= R sends its data to local rank e mod R and gets the
+   result back (_dm_sch_folded: its whole part); local rank i < R reduces what its folded ranks
+   send, in local order (_dm_sch_fold_in), and at the end sends them the result
+   (_dm_sch_fold_out). */
+_DM_PRIVATE dm_status _dm_sch_folded(_dm_eng* lk, const _dm_team* host, int R, void* recv, size_t bytes,
+                                     const _dm_fp* fp) {
+    int core = host->ranks[host->me % R];
+    _DM_TRY(_dm_eng_sendrecv(lk, "all_reduce", fp, core, recv, bytes, -1, NULL, 0));
+    return _dm_eng_sendrecv(lk, "all_reduce", fp, -1, NULL, 0, core, recv, bytes);
+}
+_DM_PRIVATE dm_status _dm_sch_fold_in(_dm_eng* lk, const _dm_team* host, int R, void* recv, size_t count,
+                                      dm_dtype dtype, dm_reduce_op op, const _dm_fp* fp) {
+    int e, L = _dm_sch_host_size(lk, lk->lay.host_of[lk->c->rank]);
+    for (e = host->me + R; e < L; e += R)
+        _DM_TRY(_dm_eng_sendrecv_reduce(lk, "all_reduce", fp, -1, NULL, host->ranks[e], recv, count, dtype, op));
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_sch_fold_out(_dm_eng* lk, const _dm_team* host, int R, void* recv, size_t bytes,
+                                       const _dm_fp* fp) {
+    int e, L = _dm_sch_host_size(lk, lk->lay.host_of[lk->c->rank]);
+    for (e = host->me + R; e < L; e += R)
+        _DM_TRY(_dm_eng_sendrecv(lk, "all_reduce", fp, host->ranks[e], recv, bytes, -1, NULL, 0));
+    return DM_OK;
+}
+
 /* Two-level all-reduce on recv (holding this rank's data) with R rails, R at most the
    smallest host's size:
      1. fold: on every host, local rank e >= R sends its data to local rank e mod R, which
@@ -6483,17 +6582,12 @@ _DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count
                                            int divide, const _dm_fp* fp, int R, bool rail_ring, const _dm_cmp* cm) {
     static const char* name = "all_reduce";
     const _dm_layout* y = &lk->lay;
-    int me = lk->c->rank, i = y->local[me], L = _dm_sch_host_size(lk, y->host_of[me]), e, S, s;
+    int me = lk->c->rank, i = y->local[me], S, s;
     size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
     _dm_team host = _dm_sch_host(lk, R), rail;
     unsigned char* block;
-    if (i >= R) {                               /* folded: data to the core rank, result back */
-        int core = host.ranks[i % R];
-        _DM_TRY(_dm_eng_sendrecv(lk, name, fp, core, recv, bytes, -1, NULL, 0));
-        return _dm_eng_sendrecv(lk, name, fp, -1, NULL, 0, core, recv, bytes);
-    }
-    for (e = i + R; e < L; e += R)
-        _DM_TRY(_dm_eng_sendrecv_reduce(lk, name, fp, -1, NULL, host.ranks[e], recv, count, dtype, op));
+    if (i >= R) return _dm_sch_folded(lk, &host, R, recv, bytes, fp);
+    _DM_TRY(_dm_sch_fold_in(lk, &host, R, recv, count, dtype, op, fp));
     rail = _dm_sch_rail(lk, i);
     if (_dm_sch_2l_pipelined(lk, count, R, rail_ring) && (!cm || lk->lay.H == 2)) {
         S = cm ? _dm_pick_cmp_segments(lk, count, esize, R, cm->mode) : _dm_pick_2l_segments(lk, count, esize, R, rail_ring);
@@ -6519,9 +6613,68 @@ _DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count
         }
         if (R > 1) _DM_TRY(_dm_sch_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_SCH_RING_AG));
     }
-    for (e = i + R; e < L; e += R)
-        _DM_TRY(_dm_eng_sendrecv(lk, name, fp, host.ranks[e], recv, bytes, -1, NULL, 0));
-    return DM_OK;
+    return _dm_sch_fold_out(lk, &host, R, recv, bytes, fp);
+}
+
+/* >>three-level  The three-level all-reduce (DISTMESH_SITE, "three_level"): ranks on a host,
+   hosts at a site, sites joined by a slower link. Every byte a two-level schedule would put on
+   the site link crosses it once: the sites' rails all-reduce 1 / (R x HS) of the buffer each,
+   after the host's ring and the site's rails have reduced it, where HS is the hosts per site:
+     1. fold onto the host's first R ranks (R = the smallest host's size), as two-level does;
+     2. the host's ring reduce-scatters: local rank i holds block i of R;
+     3. site rail i (local rank i of every host of the site, host order) reduce-scatters block
+        i (a ring): the rank on the site's host j holds piece j of HS;
+     4. cross rail (i, j) (local rank i of host j of every site, site order) all-reduces piece
+        j: a ring over three sites or more, else recursive doubling (two sites: one exchange);
+     5-7. the site rail's all-gather, the host's all-gather, the result back to the folded.
+   Runs where every site has the same number of hosts and every piece an element per site
+   (_dm_sch_3l_fits); the choice (>>choice) weighs it against the others. Phases run one after
+   the other: the site link's phase is the long one by far. The order of reduction is fixed by
+   the layout and the count, so the bits are the same on every transport. */
+
+/* Site rail i: local rank i of every host of this rank's site, host order (the team scratch). */
+_DM_PRIVATE _dm_team _dm_sch_site_rail(_dm_eng* lk, int i) {
+    _dm_layout* y = &lk->lay;
+    int h = y->host_of[lk->c->rank], first = y->site_start[y->site_of[h]], n = y->site_start[y->site_of[h] + 1] - first, k;
+    for (k = 0; k < n; k++) y->team[k] = y->members[y->start[first + k] + i];
+    return _dm_team_of(y->team, n, h - first);
+}
+/* Cross rail (i, j): local rank i of host j of every site, site order, j this rank's host's
+   index at its site (the team scratch's second third, beside a site rail). */
+_DM_PRIVATE _dm_team _dm_sch_cross_rail(_dm_eng* lk, int i) {
+    _dm_layout* y = &lk->lay;
+    int W = lk->c->size, h = y->host_of[lk->c->rank], s = y->site_of[h], j = h - y->site_start[s], k;
+    for (k = 0; k < y->NS; k++) y->team[W + k] = y->members[y->start[y->site_start[k] + j] + i];
+    return _dm_team_of(y->team + W, y->NS, s);
+}
+/* Whether the three-level all-reduce can run on count elements: two sites or more, every site
+   the same number of hosts, and an element per site in every piece of step 4. */
+_DM_PRIVATE bool _dm_sch_3l_fits(const _dm_eng* lk, size_t count) {
+    const _dm_layout* y = &lk->lay;
+    return y->NS > 1 && y->HSmin == y->HSmax && count >= (size_t)y->Lmin * (size_t)y->HSmin * (size_t)y->NS;
+}
+_DM_PRIVATE dm_status _dm_sch_allreduce_3l(_dm_eng* lk, void* recv, size_t count, dm_dtype dtype, dm_reduce_op op,
+                                           int divide, const _dm_fp* fp) {
+    const _dm_layout* y = &lk->lay;
+    int R = y->Lmin, i = y->local[lk->c->rank];
+    size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len, poff, plen;
+    _dm_team host = _dm_sch_host(lk, R), site, cross;
+    unsigned char *block, *piece;
+    if (i >= R) return _dm_sch_folded(lk, &host, R, recv, bytes, fp);
+    _DM_TRY(_dm_sch_fold_in(lk, &host, R, recv, count, dtype, op, fp));
+    if (R > 1) _DM_TRY(_dm_sch_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_SCH_RING_RS));
+    _dm_segment(count, R, i, &off, &len);
+    block = (unsigned char*)recv + off * esize;
+    site = _dm_sch_site_rail(lk, i);
+    if (site.n > 1) _DM_TRY(_dm_sch_ring(lk, &site, block, block, len, dtype, op, 0, fp, _DM_SCH_RING_RS));
+    _dm_segment(len, site.n, site.me, &poff, &plen);
+    piece = block + poff * esize;
+    cross = _dm_sch_cross_rail(lk, i);
+    if (cross.n > 2) _DM_TRY(_dm_sch_ring(lk, &cross, piece, piece, plen, dtype, op, divide, fp, _DM_SCH_RING_RS | _DM_SCH_RING_AG));
+    else _DM_TRY(_dm_sch_rd(lk, &cross, piece, plen, dtype, op, divide, fp));
+    if (site.n > 1) _DM_TRY(_dm_sch_ring(lk, &site, block, block, len, dtype, op, 0, fp, _DM_SCH_RING_AG));
+    if (R > 1) _DM_TRY(_dm_sch_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_SCH_RING_AG));
+    return _dm_sch_fold_out(lk, &host, R, recv, bytes, fp);
 }
 
 /* >>chain  The pipelined chain broadcast runs on: along the flat ring from the root, or host by
@@ -6624,7 +6777,8 @@ _DM_PRIVATE dm_status _dm_sch_dissemination(_dm_eng* lk, const _dm_team* t, int 
 #define _DM_COST_CLASSES(X)                                                                    \
     X(SHM, 1.0, 0.125, "shared memory: 8 GB/s, one core's memcpy")                             \
     X(SAME_HOST_SOCKET, 10.0, 0.6, "same-host socket: 1.6 GB/s, loopback TCP")                 \
-    X(CROSS_HOST, 25.0, 0.8, "cross-host socket: 10 Gbit/s, shared by a host's flows")
+    X(CROSS_HOST, 25.0, 0.8, "cross-host socket: 10 Gbit/s, shared by a host's flows")         \
+    X(CROSS_SITE, 5000.0, 8.0, "cross-site link: 5 ms, 1 Gbit/s, shared by a site's flows")
 enum {
 #define _DM_X(name, alpha, beta, text) _DM_COST_##name,
     _DM_COST_CLASSES(_DM_X)
@@ -6639,7 +6793,8 @@ static const _dm_link_cost _dm_cost_classes[_DM_COST_NCLASSES] = {
 /* Class k as this group's model sees it: the classes above, unless given others (lk->cost). */
 _DM_PRIVATE const _dm_link_cost* _dm_cost_class(const _dm_eng* lk, int k) {
     if (lk->cost) return &lk->cost[k];
-    if (k == _DM_COST_CROSS_HOST && lk->host_link.alpha_us > 0) return &lk->host_link;    /* DISTMESH_HOST_LINK */
+    if (k == _DM_COST_CROSS_HOST && lk->link_env[0].alpha_us > 0) return &lk->link_env[0];  /* DISTMESH_HOST_LINK */
+    if (k == _DM_COST_CROSS_SITE && lk->link_env[1].alpha_us > 0) return &lk->link_env[1];  /* DISTMESH_SITE_LINK */
     return &_dm_cost_classes[k];
 }
 /* steps messages of b bytes each, in microseconds. */
@@ -6647,52 +6802,86 @@ _DM_PRIVATE double _dm_cost(const _dm_link_cost* k, double steps, double b) {
     return steps * (k->alpha_us + b * k->beta_ns * 1e-3);
 }
 _DM_PRIVATE int _dm_ceil_log2(int n) { int k = 0; while ((1 << k) < n) k++; return k; }
-/* One round of pairs (rank a[i] sends b bytes to o[i], i < n): its slowest link. A host's
-   flows across share its link, so a round costs alpha + (the most ranks of one host sending
-   across) * b * beta; a round inside the hosts costs shared memory's. */
-_DM_PRIVATE double _dm_cost_round(const _dm_eng* lk, const int* a, const int* o, int n, double b, int* per_host) {
-    int i, most = 0;
-    for (i = 0; i < lk->lay.H; i++) per_host[i] = 0;
-    for (i = 0; i < n; i++)
-        if (lk->lay.host_of[a[i]] != lk->lay.host_of[o[i]] && ++per_host[lk->lay.host_of[a[i]]] > most)
-            most = per_host[lk->lay.host_of[a[i]]];
-    return most ? _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), 1, b * most)
-                : _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 1, b);
+/* The model's scratch, 5 x size entries after the teams' (_dm_layout.team): a round's counts
+   per host and per site (2 x size), its senders and partners (size each), a rail's leaders. */
+_DM_PRIVATE int* _dm_cost_scratch(const _dm_eng* lk) { return lk->lay.team + 2 * lk->c->size; }
+/* steps messages over two classes at once, b_site bytes on each site link and b_host on each
+   host link per step: the slower of the two, or the host link's alone on one site. */
+_DM_PRIVATE double _dm_cost_sites(const _dm_eng* lk, double steps, double b_site, double b_host) {
+    double host = _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), steps, b_host), site;
+    if (lk->lay.NS < 2) return host;
+    site = _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_SITE), steps, b_site);
+    return site > host ? site : host;
 }
-/* Recursive doubling over every rank (identity order) with b bytes, round by round. */
-_DM_PRIVATE double _dm_cost_flat_rd(const _dm_eng* lk, double b) {
+/* One round of pairs (rank a[i] sends b bytes to o[i], i < n): its slowest link. A host's
+   flows across share its link, and a site's flows to other sites share the site's link, so a
+   round costs alpha + (the most ranks of one host sending across) * b * beta, or the site
+   link's for the most ranks of one site sending to another, whichever is slower; a round
+   inside the hosts costs shared memory's. per_host: 2 x size entries of scratch. */
+_DM_PRIVATE double _dm_cost_round(const _dm_eng* lk, const int* a, const int* o, int n, double b, int* per_host) {
+    const _dm_layout* y = &lk->lay;
+    int i, most = 0, most_site = 0, *per_site = per_host + y->H;
+    for (i = 0; i < y->H; i++) per_host[i] = 0;
+    for (i = 0; i < y->NS; i++) per_site[i] = 0;
+    for (i = 0; i < n; i++) {
+        int ha = y->host_of[a[i]], ho = y->host_of[o[i]];
+        if (ha != ho && ++per_host[ha] > most) most = per_host[ha];
+        if (y->site_of[ha] != y->site_of[ho] && ++per_site[y->site_of[ha]] > most_site) most_site = per_site[y->site_of[ha]];
+    }
+    return most ? _dm_cost_sites(lk, 1, b * most_site, b * most) : _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 1, b);
+}
+/* Recursive doubling over a team of N ranks (rank(i) at index i) with b bytes, round by round:
+   over every rank (identity order), or over the host leaders (a rail). */
+_DM_PRIVATE double _dm_cost_rd_rounds(const _dm_eng* lk, int N, const int* ranks, double b) {
     int W = lk->c->size, p = 1, rem, mask, q, n;
-    int *a = lk->lay.team, *o = a + W, *per_host = o + W;     /* senders, partners, counts */
+    int *per_host = _dm_cost_scratch(lk), *a = per_host + 2 * W, *o = a + W;  /* counts, senders, partners */
     double t = 0;
-    while (p * 2 <= W) p *= 2;
-    rem = W - p;
-    for (q = 0, n = 0; q < rem; q++) { a[n] = 2 * q; o[n++] = 2 * q + 1; }
+    while (p * 2 <= N) p *= 2;
+    rem = N - p;
+#define _DM_RANK_AT(i) (ranks ? ranks[i] : (i))
+    for (q = 0, n = 0; q < rem; q++) { a[n] = _DM_RANK_AT(2 * q); o[n++] = _DM_RANK_AT(2 * q + 1); }
     if (rem) t += 2 * _dm_cost_round(lk, a, o, n, b, per_host);
     for (mask = 1; mask < p; mask <<= 1) {
         for (q = 0, n = 0; q < p; q++) {
             int pn = q ^ mask;
-            a[n] = q < rem ? 2 * q + 1 : q + rem;
-            o[n++] = pn < rem ? 2 * pn + 1 : pn + rem;
+            a[n] = _DM_RANK_AT(q < rem ? 2 * q + 1 : q + rem);
+            o[n++] = _DM_RANK_AT(pn < rem ? 2 * pn + 1 : pn + rem);
         }
         t += _dm_cost_round(lk, a, o, n, b, per_host);
     }
+#undef _DM_RANK_AT
     return t;
 }
+_DM_PRIVATE double _dm_cost_flat_rd(const _dm_eng* lk, double b) { return _dm_cost_rd_rounds(lk, lk->c->size, NULL, b); }
+/* The rails' recursive doubling across sites: the rounds of the host leaders' rail (each
+   leader's b bytes stand for its host's R rails of b/R), in the model's own scratch. */
+_DM_PRIVATE double _dm_cost_2l_rd_rails(const _dm_eng* lk, double b) {
+    const _dm_layout* y = &lk->lay;
+    int h, *leaders = _dm_cost_scratch(lk) + 4 * lk->c->size;
+    for (h = 0; h < y->H; h++) leaders[h] = y->members[y->start[h]];
+    return _dm_cost_rd_rounds(lk, y->H, leaders, b);
+}
+/* The flat ring crosses each host boundary, and each site boundary, once per step. */
 _DM_PRIVATE double _dm_cost_flat_ring(const _dm_eng* lk, double b) {
     int W = lk->c->size;
-    return _dm_cost(_dm_cost_class(lk, lk->lay.H > 1 ? _DM_COST_CROSS_HOST : _DM_COST_SHM), 2.0 * (W - 1), b / W);
+    if (lk->lay.H < 2) return _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 2.0 * (W - 1), b / W);
+    return _dm_cost_sites(lk, 2.0 * (W - 1), b / W, b / W);
 }
 /* The host's ring (R ranks) and the rails of the two-level all-reduce on b bytes, run over S
    segments: one after the other when S = 1, else pipelined (_dm_sch_2l_stage), the larger of
    the two (each S times as many steps of 1/S the bytes) plus the host's share of one segment
    (the reduce-scatter of the first, the all-gather of the last). A host's R rails share its
-   link, so a rail step of b/R/H bytes costs the host b/H. */
+   link, so a rail step of b/R/H bytes costs the host b/H. Across sites a ring rail step puts
+   b/H on each site link too (one host per site sends across); recursive doubling's rounds
+   are those of its first host's ranks (_dm_cost_2l_rd_rails). */
+_DM_PRIVATE double _dm_cost_2l_rd_rails(const _dm_eng* lk, double b);
 _DM_PRIVATE double _dm_cost_2l_middle(const _dm_eng* lk, double b, int R, bool rail_ring, int S) {
-    const _dm_link_cost* cross = _dm_cost_class(lk, _DM_COST_CROSS_HOST);
     int H = lk->lay.H;
     double host = _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 2.0 * (R - 1) * S, b / R / S), rails;
-    if (rail_ring) rails = _dm_cost(cross, 2.0 * (H - 1) * S, b / H / S);
-    else rails = _dm_cost(cross, (double)(_dm_ceil_log2(H) + ((H & (H - 1)) ? 2 : 0)) * S, b / S);
+    if (rail_ring) rails = _dm_cost_sites(lk, 2.0 * (H - 1) * S, b / H / S, b / H / S);
+    else rails = lk->lay.NS > 1 ? S * _dm_cost_2l_rd_rails(lk, b / S)
+                                : _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST),
+                                           (double)(_dm_ceil_log2(H) + ((H & (H - 1)) ? 2 : 0)) * S, b / S);
     if (S == 1) return host + rails;
     return (host > rails ? host : rails) + host / S;
 }
@@ -6710,6 +6899,20 @@ _DM_PRIVATE int _dm_pick_2l_segments(const _dm_eng* lk, size_t count, size_t esi
         if (S >= most) break;
     }
     return best;
+}
+/* Three-level (>>three-level) on b bytes: the fold and its return, the host's ring (R ranks),
+   the site rails' ring (a host's R rails share its link: b/HS per step), then the cross rails:
+   a site's R x HS rails share its link, b/NS per ring step (each host's link b/HS/NS), or one
+   exchange (two sites: recursive doubling) of b per site link and b/HS per host link. */
+_DM_PRIVATE double _dm_cost_three_level(const _dm_eng* lk, size_t count, size_t esize) {
+    const _dm_layout* y = &lk->lay;
+    const _dm_link_cost* shm = _dm_cost_class(lk, _DM_COST_SHM);
+    int R = y->Lmin, HS = y->HSmin, NS = y->NS;
+    double b = (double)count * (double)esize, t, rounds = (double)(_dm_ceil_log2(NS) + ((NS & (NS - 1)) ? 2 : 0));
+    t = _dm_cost(shm, 2.0 * ((y->Lmax - 1) / R), b) + _dm_cost(shm, 2.0 * (R - 1), b / R);
+    if (HS > 1) t += _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), 2.0 * (HS - 1), b / HS);
+    if (NS > 2) return t + _dm_cost_sites(lk, 2.0 * (NS - 1), b / NS, b / HS / NS);
+    return t + _dm_cost_sites(lk, rounds, b, b / HS);
 }
 /* Two-level with R rails: the fold and its return, then the host's ring and the rails. */
 _DM_PRIVATE double _dm_cost_two_level(const _dm_eng* lk, size_t count, size_t esize, int R, bool rail_ring) {
@@ -6735,16 +6938,21 @@ _DM_PRIVATE int _dm_pick_cmp_segments(const _dm_eng* lk, size_t count, size_t es
    the codes, H - 1 of 1/H of the 2-byte sums); pipelined by segment on two hosts. Only asked for
    (the choice never compresses by itself); the model's front end (scripts/cost_model.c) prints it
    beside the exact algorithms. */
+/* A compressed rail step of b bytes per host: across sites (not pipelined by site) each host of
+   a site may send across at once, so the site link is charged for all of them. */
+_DM_PRIVATE double _dm_cost_cmp_rails(const _dm_eng* lk, double steps, double b) {
+    return _dm_cost_sites(lk, steps, b * lk->lay.HSmax, b);
+}
 _DM_PRIVATE double _dm_cost_compressed(const _dm_eng* lk, size_t count, size_t esize, dm_compress mode) {
     const _dm_layout* y = &lk->lay;
-    const _dm_link_cost *cross = _dm_cost_class(lk, _DM_COST_CROSS_HOST), *shm = _dm_cost_class(lk, _DM_COST_SHM);
+    const _dm_link_cost* shm = _dm_cost_class(lk, _DM_COST_SHM);
     int R = y->Lmin, H = y->H, S = 1;
     double b = (double)count * (double)esize, n = (double)count, cb = mode == DM_COMPRESS_INT8 ? 1 : 2, host, rails;
     if (_dm_sch_2l_pipelined(lk, count, R, false) && H == 2) S = _dm_pick_cmp_segments(lk, count, esize, R, mode);
     host = _dm_cost(shm, 2.0 * (R - 1) * S, b / R / S);
-    rails = mode == DM_COMPRESS_INT8 ? _dm_cost(cross, (double)_dm_ceil_log2(H) * S, n / DM_COMPRESS_BLOCK * 4 / S) : 0;
-    if (_dm_cmp_gathers(mode, H)) rails += _dm_cost(cross, (double)(H - 1) * S, n * cb / S);
-    else rails += _dm_cost(cross, (double)(H - 1) * S, n / H * cb / S) + _dm_cost(cross, (double)(H - 1) * S, n / H * 2 / S);
+    rails = mode == DM_COMPRESS_INT8 ? _dm_cost_cmp_rails(lk, (double)_dm_ceil_log2(H) * S, n / DM_COMPRESS_BLOCK * 4 / S) : 0;
+    if (_dm_cmp_gathers(mode, H)) rails += _dm_cost_cmp_rails(lk, (double)(H - 1) * S, n * cb / S);
+    else rails += _dm_cost_cmp_rails(lk, (double)(H - 1) * S, n / H * cb / S) + _dm_cost_cmp_rails(lk, (double)(H - 1) * S, n / H * 2 / S);
     return _dm_cost(shm, 2.0 * ((y->Lmax - 1) / R), b) + (S == 1 ? host + rails : (host > rails ? host : rails) + host / S);
 }
 _DM_PRIVATE bool _dm_pick_forced_flat(const _dm_eng* lk) {
@@ -6753,8 +6961,8 @@ _DM_PRIVATE bool _dm_pick_forced_flat(const _dm_eng* lk) {
 _DM_PRIVATE bool _dm_pick_forced_two_level(const _dm_eng* lk) {
     return lk->algo == _DM_ALGO_TWO_LEVEL || lk->algo == _DM_ALGO_TWO_LEVEL_RING || lk->algo == _DM_ALGO_TWO_LEVEL_RD;
 }
-/* True when the hosts matter: more than one, and one with more than a rank. */
-_DM_PRIVATE bool _dm_pick_multi_host(const _dm_eng* lk) { return lk->lay.H > 1 && lk->lay.Lmax > 1; }
+/* True when the hosts matter: more than one, and one with more than a rank; or several sites. */
+_DM_PRIVATE bool _dm_pick_multi_host(const _dm_eng* lk) { return (lk->lay.H > 1 && lk->lay.Lmax > 1) || lk->lay.NS > 1; }
 
 /* Two-level with R = the smallest host's size rails: whether the rails all-reduce their blocks
    with a ring (else recursive doubling): the cheaper by the model, a ring only where a block
@@ -6776,12 +6984,14 @@ _DM_PRIVATE double _dm_cost_all_reduce(const _dm_eng* lk, int algo, size_t count
     case _DM_ALGO_FLAT_RD: return _dm_cost_flat_rd(lk, b);
     case _DM_ALGO_TWO_LEVEL_RING:
         return _dm_cost_two_level(lk, count, esize, lk->lay.Lmin, _dm_pick_rails_ring(lk, count, dtype));
-    default: return _dm_cost_two_level(lk, count, esize, 1, false);     /* _DM_ALGO_TWO_LEVEL_RD */
+    case _DM_ALGO_TWO_LEVEL_RD: return _dm_cost_two_level(lk, count, esize, 1, false);
+    default: return _dm_cost_three_level(lk, count, esize);            /* _DM_ALGO_THREE_LEVEL */
     }
 }
-/* all_reduce's algorithm for count elements of dtype: one of the four _DM_ALGO_*_RING / _RD.
+/* all_reduce's algorithm for count elements of dtype: one of _DM_ALGO_FLAT_RING .. _THREE_LEVEL.
    two_level_ring: the host's ring with R = the smallest host's size rails (each rail a ring or
-   recursive doubling, _dm_pick_rails_ring); two_level_rd: one rail of host leaders. */
+   recursive doubling, _dm_pick_rails_ring); two_level_rd: one rail of host leaders;
+   three_level: across sites (>>three-level), where it fits. */
 _DM_PRIVATE int _dm_pick_all_reduce(const _dm_eng* lk, size_t count, dm_dtype dtype) {
     const _dm_layout* y = &lk->lay;
     int W = lk->c->size, H = y->H, R = y->Lmin, k, best = -1;
@@ -6793,6 +7003,8 @@ _DM_PRIVATE int _dm_pick_all_reduce(const _dm_eng* lk, size_t count, dm_dtype dt
     case _DM_ALGO_FLAT_RD: return _DM_ALGO_FLAT_RD;
     case _DM_ALGO_TWO_LEVEL_RING: return rails_fit ? _DM_ALGO_TWO_LEVEL_RING : _DM_ALGO_TWO_LEVEL_RD;
     case _DM_ALGO_TWO_LEVEL_RD: return _DM_ALGO_TWO_LEVEL_RD;
+    case _DM_ALGO_THREE_LEVEL:                  /* where it cannot run, the two-level forms */
+        return _dm_sch_3l_fits(lk, count) ? _DM_ALGO_THREE_LEVEL : rails_fit ? _DM_ALGO_TWO_LEVEL_RING : _DM_ALGO_TWO_LEVEL_RD;
     default: break;
     }
     if (!_dm_pick_multi_host(lk) && lk->algo != _DM_ALGO_TWO_LEVEL)    /* measured on one host */
@@ -6803,6 +7015,8 @@ _DM_PRIVATE int _dm_pick_all_reduce(const _dm_eng* lk, size_t count, dm_dtype dt
     if (two_ok && rails_fit && (R > 1 || _dm_pick_rails_ring(lk, count, dtype)))  /* R = 1 with rd: two_level_rd */
         cost[_DM_ALGO_TWO_LEVEL_RING] = _dm_cost_all_reduce(lk, _DM_ALGO_TWO_LEVEL_RING, count, dtype);
     if (two_ok) cost[_DM_ALGO_TWO_LEVEL_RD] = _dm_cost_all_reduce(lk, _DM_ALGO_TWO_LEVEL_RD, count, dtype);
+    if (flat_ok && two_ok && _dm_sch_3l_fits(lk, count))
+        cost[_DM_ALGO_THREE_LEVEL] = _dm_cost_all_reduce(lk, _DM_ALGO_THREE_LEVEL, count, dtype);
     for (k = _DM_ALGO_FLAT_RING; k < _DM_ALGO_COUNT; k++)     /* ties: the first in this order */
         if (best < 0 || cost[k] < cost[best]) best = k;
     return best;
@@ -6823,7 +7037,7 @@ _DM_PRIVATE bool _dm_pick_gather_two_level(const _dm_eng* lk, double b) {
    so a round costs the latency of its slowest class of link. */
 _DM_PRIVATE double _dm_cost_flat_dissemination(const _dm_eng* lk) {
     int W = lk->c->size, k, r;
-    int *a = lk->lay.team, *o = a + W, *per_host = o + W;     /* senders, partners, counts */
+    int *per_host = _dm_cost_scratch(lk), *a = per_host + 2 * W, *o = a + W;  /* counts, senders, partners */
     double t = 0;
     for (k = 1; k < W; k <<= 1) {
         for (r = 0; r < W; r++) { a[r] = r; o[r] = (r + k) % W; }
@@ -6882,8 +7096,8 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce_in_place(_dm_eng* lk, int algo, void* 
     case _DM_ALGO_TWO_LEVEL_RING:
         return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, lk->lay.Lmin,
                                     _dm_pick_rails_ring(lk, count, dtype), NULL);
-    default:                                    /* _DM_ALGO_TWO_LEVEL_RD */
-        return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, 1, false, NULL);
+    case _DM_ALGO_TWO_LEVEL_RD: return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, 1, false, NULL);
+    default: return _dm_sch_allreduce_3l(lk, buf, count, dtype, op, divide, fp);   /* _DM_ALGO_THREE_LEVEL */
     }
 }
 /* The compression this all_reduce asks for (>>functions compression): its dm_op's mode, or
@@ -7399,6 +7613,7 @@ typedef struct _dm_tw_slot {
     int color, key;
     void* ptr;                  /* split: the new group's shared state, posted by its leader */
     const char* node;           /* split: the member's node_name, for the new group's local rank */
+    int site;                   /* split, shrink: the member's site (_dm_thread.site) */
     uint64_t arrived_gen;       /* last barrier generation this rank reached */
 } _dm_tw_slot;
 
@@ -7433,6 +7648,7 @@ typedef struct _dm_thread {
     _dm_core core;
     _dm_tw_shared* sh;
     _dm_eng lk;
+    int site;                   /* dm_fake_desc.site_of's number for this member (0: one site) */
 } _dm_thread;
 
 #define _dm_tw_kind_name _dm_kind_name
@@ -7635,15 +7851,15 @@ static void _dm_tw_split_set_local(const _dm_tw_slot* slots, int n, int color, i
 }
 
 /* The member's host layout: members whose nodes have the same name share a host. names[i]
-   is the node of the member of rank i. */
-static void _dm_tw_set_layout(_dm_thread* t, const char* const* names) {
-    int* hosts = t->lk.lay.host_of;     /* _dm_eng_set_hosts may be given its own array */
+   is the node of the member of rank i, sites[i] its site (_dm_thread.site). */
+static void _dm_tw_set_layout(_dm_thread* t, const char* const* names, const int* sites) {
+    int* hosts = t->lk.lay.host_of;     /* _dm_eng_set_layout may be given its own array */
     int r, q;
     for (r = 0; r < t->base.size; r++) {
         for (q = 0; q < r && strcmp(names[q], names[r]) != 0; q++) {}
         hosts[r] = q;
     }
-    _dm_eng_set_hosts(&t->lk, hosts);
+    _dm_eng_set_layout(&t->lk, hosts, sites);
     if (_dm_peers_keep(&t->lk) != DM_OK) {   /* no check then, nothing else lost */
         _dm_free(&t->base.allocator, t->lk.peers);
         t->lk.peers = NULL;
@@ -7652,8 +7868,13 @@ static void _dm_tw_set_layout(_dm_thread* t, const char* const* names) {
 /* A split member's layout: the nodes of its group's members, in new-rank order. */
 static dm_status _dm_tw_split_layout(_dm_thread* nt, const _dm_tw_slot* slots, int n, int color) {
     const char** names = (const char**)_dm_calloc(&nt->base.allocator, sizeof(char*) * (size_t)nt->base.size);
+    int* sites = (int*)_dm_calloc(&nt->base.allocator, sizeof(int) * (size_t)nt->base.size);
     int r, q;
-    if (!names) return DM_ERR_OUT_OF_MEMORY;
+    if (!names || !sites) {
+        _dm_free(&nt->base.allocator, names);
+        _dm_free(&nt->base.allocator, sites);
+        return DM_ERR_OUT_OF_MEMORY;
+    }
     for (r = 0; r < n; r++) {
         int pos = 0;
         if (slots[r].color != color) continue;
@@ -7661,9 +7882,11 @@ static dm_status _dm_tw_split_layout(_dm_thread* nt, const _dm_tw_slot* slots, i
             if (slots[q].color == color && (slots[q].key < slots[r].key || (slots[q].key == slots[r].key && q < r)))
                 pos++;
         names[pos] = slots[r].node;
+        sites[pos] = slots[r].site;
     }
-    _dm_tw_set_layout(nt, names);
+    _dm_tw_set_layout(nt, names, sites);
     _dm_free(&nt->base.allocator, names);
+    _dm_free(&nt->base.allocator, sites);
     return DM_OK;
 }
 
@@ -7678,6 +7901,7 @@ static dm_status _dm_tw_split(dm_collective* c, int color, int key, dm_collectiv
     slots[c->rank].key = key;
     slots[c->rank].ptr = NULL;
     slots[c->rank].node = c->node_name;
+    slots[c->rank].site = t->site;
     _DM_TRY(_dm_tw_enter(t, _DM_K_SPLIT, 0, -1, -1, -1));
     if (color != DM_SPLIT_NONE) {
         for (r = 0; r < c->size; r++) {
@@ -7758,6 +7982,7 @@ static dm_status _dm_tw_shrink(dm_collective* c, const bool* excluded, int flags
     _dm_tw_shared* sh = t->sh;
     _dm_tw_shared* nsh;
     const char** names;
+    int* sites;
     int r, rank = 0, n = 0;
     dm_status st;
     char msg[256];
@@ -7778,6 +8003,7 @@ static dm_status _dm_tw_shrink(dm_collective* c, const bool* excluded, int flags
     }
     sh->shrink_in[c->rank] = true;
     sh->slots[c->rank].node = c->node_name;
+    sh->slots[c->rank].site = t->site;
     for (r = 0; r < sh->size; r++) sh->shrink_gone[r] = sh->shrink_gone[r] || excluded[r];
     pthread_cond_broadcast(&sh->cv);
     st = _dm_tw_shrink_meet(t, _dm_deadline(c->timeout_ms));
@@ -7785,9 +8011,11 @@ static dm_status _dm_tw_shrink(dm_collective* c, const bool* excluded, int flags
     nsh = sh->shrink_next;
     if (st == DM_OK && sh->shrink_gone[c->rank]) st = DM_ERR_ABORTED;
     names = (const char**)_dm_calloc(&c->allocator, sizeof(char*) * (size_t)sh->size);
-    for (r = 0; r < sh->size && names; r++) {
+    sites = (int*)_dm_calloc(&c->allocator, sizeof(int) * (size_t)sh->size);
+    for (r = 0; r < sh->size && names && sites; r++) {
         if (sh->shrink_gone[r]) continue;
         if (r < c->rank) rank++;
+        sites[n] = sh->slots[r].site;
         names[n++] = sh->slots[r].node;
     }
     pthread_mutex_unlock(&sh->mu);
@@ -7796,8 +8024,9 @@ static dm_status _dm_tw_shrink(dm_collective* c, const bool* excluded, int flags
         _dm_copy_name(t->lk.broken_msg, sizeof(t->lk.broken_msg),
                       "this collective was shrunk into a new one by dm_shrink; destroy it");
     }
-    if (st != DM_OK || !names) {
+    if (st != DM_OK || !names || !sites) {
         _dm_free(&c->allocator, names);
+        _dm_free(&c->allocator, sites);
         if (st == DM_OK) _dm_tw_shared_release(nsh);   /* this member's reference, never taken */
         if (st == DM_ERR_ABORTED)   /* not a member of the new world: it holds no reference for this rank */
             return _DM_FAIL(c, st, "thread: shrink: rank %d was left out by the other ranks", c->rank);
@@ -7813,9 +8042,11 @@ static dm_status _dm_tw_shrink(dm_collective* c, const bool* excluded, int flags
             if (r < rank) (*out)->local_rank++;
             (*out)->local_size++;
         }
-        _dm_tw_set_layout(nt, names);
+        nt->site = t->site;
+        _dm_tw_set_layout(nt, names, sites);
     }
     _dm_free(&c->allocator, names);
+    _dm_free(&c->allocator, sites);
     if (!*out) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "thread: shrink: out of memory");
     return DM_OK;
 }
@@ -7910,6 +8141,7 @@ static dm_collective* _dm_tw_member_new(_dm_tw_shared* sh, int rank, const dm_fa
     if (!like && d->host_of) _dm_fake_set_host(&t->base, d->host_of);
     else if (!like) _dm_fake_set_local(&t->base, d->local_world_size);
     else _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), like->node_name);
+    t->site = like ? ((const _dm_thread*)like)->site : d->site_of ? d->site_of[rank] : 0;
     if (_dm_tw_links(t) != DM_OK) { _dm_tw_destroy(&t->base); return NULL; }
     return &t->base;
 }
@@ -7944,7 +8176,7 @@ static dm_status _dm_thread_world_create_checked(const dm_fake_desc* desc, dm_co
         const char** names = (const char**)_dm_calloc(&d.allocator, sizeof(char*) * (size_t)n);
         if (names) {
             for (r = 0; r < n; r++) names[r] = out[r]->node_name;
-            for (r = 0; r < n; r++) _dm_tw_set_layout((_dm_thread*)out[r], names);
+            for (r = 0; r < n; r++) _dm_tw_set_layout((_dm_thread*)out[r], names, d.site_of);
             _dm_free(&d.allocator, names);
             return DM_OK;
         }

@@ -180,6 +180,11 @@ typedef struct dm_tcp_desc {
                                    DISTMESH_OPENSSL), -1 off. Links within one host (shared
                                    memory, sockets) never are. Every rank must be given the same.
                                    SECURITY.md "Encrypted links". */
+    const char* site;           /* 0 -> DISTMESH_SITE, else one site: this rank's site, a name of at
+                                   most 63 bytes; hosts that give the same name share a site, and
+                                   a large all_reduce crosses the (slower) links between sites
+                                   with each byte once ("three_level", docs/design.md "Sites").
+                                   Every rank of a host must give the same. */
 } dm_tcp_desc;
 
 /* Collective call over all world_size ranks. Fails with *out == NULL. */
@@ -307,6 +312,7 @@ typedef struct _dm_tcp {
     char user_prefix[480];      /* the prefix as given (split builds on it) */
     char ifname[128];           /* the interface spec as resolved ("" = by route) */
     char token[_DM_ST_TOKEN_MAX + 1]; /* "" = none */
+    char site[64];              /* desc.site / DISTMESH_SITE, "" = one site (>>tcp hosts) */
     int* fds;                   /* socket k to rank r at [k * size + r], -1 for none (self); k = 0:
                                    every peer (the side channel of shm links) */
     int* claims;                /* the row of fds the handshakes fill now (>>tcp hello) */
@@ -1773,6 +1779,7 @@ typedef struct _dm_tcp_setup {
     int nsock;                  /* sockets per peer on another host, 1.._DM_TCP_MAX_SOCKETS */
     int transport;              /* _DM_TCP_AUTO, _DM_TCP_SHM, _DM_TCP_SOCKETS */
     bool encrypt;               /* seal the links to other hosts (>>tcp seal) */
+    const char* site;           /* this rank's site, NULL: one site (>>tcp hosts) */
     dm_logger logger;
     dm_allocator allocator;
     bool env_local;             /* the launcher gave env_local_rank / env_local_size (they win) */
@@ -1822,17 +1829,34 @@ static dm_status _dm_tcp_same_sockets(_dm_tcp* t, const unsigned char* all, size
                     lo, hi, t->nsock);
 }
 
+/* Every rank of a host must be at the same site (host_of: rank -> host, then rank -> site at
+   host_of + size; the records hold the identity at id_at and the site name at site_at). All
+   ranks see the same records, so all fail alike. */
+static dm_status _dm_tcp_one_site_per_host(_dm_tcp* t, const unsigned char* all, size_t rec, size_t id_at,
+                                           size_t site_at, const int* host_of) {
+    int W = t->base.size, j, k;
+    for (j = 0; j < W; j++)
+        for (k = 0; k < j; k++)
+            if (host_of[k] == host_of[j] && host_of[W + k] != host_of[W + j])
+                return _DM_FAIL(&t->base, DM_ERR_INVALID_ARG, "tcp: ranks %d and %d are on one host (\"%.60s\") but "
+                                "were given the sites \"%.40s\" and \"%.40s\" (DISTMESH_SITE, desc.site): a host is at "
+                                "one site", k, j, (const char*)all + (size_t)j * rec + id_at,
+                                (const char*)all + (size_t)k * rec + site_at, (const char*)all + (size_t)j * rec + site_at);
+    return DM_OK;
+}
+
 /* One record per rank over the bootstrap ring (the flat ring's all-gather, which needs only
    the ring neighbours while the layout is still one host): its published address and its host
    identity and sockets per peer. Fills every rank's address (lazy connections dial them), the node name, local rank
    and the layout. */
 static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
-    /* + sockets per peer, + the recovery listener (>>tcp shrink) */
-    enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, ADDR = 64, REC = ADDR + NAME + ID + 4 + ADDR };
-    int W = t->base.size, j, L = 0, me = 0;
+    /* + sockets per peer, + the recovery listener (>>tcp shrink), + the site */
+    enum { NAME = sizeof(((dm_collective*)0)->node_name), ID = 96, ADDR = 64, SITE = 64,
+           REC = ADDR + NAME + ID + 4 + ADDR + SITE };
+    int W = t->base.size, j, L = 0, me = 0, unused = 0;
     unsigned char mine[REC];
     unsigned char* all = (unsigned char*)_dm_calloc(&t->base.allocator, (size_t)W * REC);
-    int* host_of = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)W);
+    int* host_of = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * 2 * (size_t)W);
     dm_status st;
     if (!all || !host_of) {
         st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
@@ -1843,6 +1867,7 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
     _dm_host_identity((char*)mine + ADDR, NAME, (char*)mine + ADDR + NAME, ID);
     _dm_tcp_put32(mine + ADDR + NAME + ID, (uint32_t)t->nsock);
     _dm_copy_name((char*)mine + ADDR + NAME + ID + 4, ADDR, t->raddrs[t->base.rank]);
+    _dm_copy_name((char*)mine + REC - SITE, SITE, t->site);
     st = _dm_coll_all_gather(&t->base, mine, all, REC, DM_UINT8);
     if (st != DM_OK) goto done;
     if ((st = _dm_tcp_same_sockets(t, all, REC, ADDR + NAME + ID)) != DM_OK) goto done;
@@ -1851,17 +1876,20 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
         rec[ADDR - 1] = 0;
         rec[ADDR + NAME - 1] = 0;
         rec[ADDR + NAME + ID - 1] = 0;
+        rec[REC - SITE - 1] = 0;
         rec[REC - 1] = 0;
         if (j != t->base.rank) _dm_copy_name(t->addrs[j], 64, (const char*)rec);
         if (j != t->base.rank) _dm_copy_name(t->raddrs[j], 64, (const char*)rec + ADDR + NAME + ID + 4);
         if (t->lk.links[j]) _dm_copy_name(t->lk.links[j]->where, sizeof(t->lk.links[j]->where), t->addrs[j]);
     }
     _dm_hosts_from_ids(all + ADDR + NAME, REC, W, t->base.rank, host_of, &me, &L);
+    _dm_hosts_from_ids(all + REC - SITE, REC, W, t->base.rank, host_of + W, &unused, &unused);
+    if ((st = _dm_tcp_one_site_per_host(t, all, REC, ADDR + NAME, REC - SITE, host_of)) != DM_OK) goto done;
     _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), (const char*)mine + ADDR);
     t->base.local_rank = me;
     t->base.local_size = L;
     _dm_tcp_local_from_launcher(t, s);
-    _dm_eng_set_hosts(&t->lk, host_of);
+    _dm_eng_set_layout(&t->lk, host_of, host_of + W);
     _dm_eng_set_policy(&t->lk, L);
     _dm_free(&t->base.allocator, t->host_of);
     t->host_of = host_of;       /* kept: _dm_tcp_more_sockets */
@@ -2845,6 +2873,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     _dm_copy_name(t->token, sizeof(t->token), s->token ? s->token : "");
     t->transport = s->transport;
     t->encrypt = s->encrypt;
+    _dm_copy_name(t->site, sizeof(t->site), s->site ? s->site : "");
     t->nsock = s->nsock > 0 ? s->nsock : 1;
     t->fds = (int*)_dm_malloc(&t->base.allocator, sizeof(int) * (size_t)s->size * (size_t)t->nsock);
     t->claims = t->fds;
@@ -3295,6 +3324,11 @@ static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective**
                           _DM_ST_TOKEN_MAX);
     st = _dm_tcp_parse_encrypt(d.encrypt, s.token, &s.encrypt, err, sizeof(err));
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
+    s.site = d.site;
+    if (!d.site && (st = _dm_cfg_str(_DM_CFG_SITE, &s.site, err, sizeof(err))) != DM_OK)
+        return _dm_tcp_report(&d.logger, st, err);
+    if (s.site && strlen(s.site) > 63)
+        return _DM_REPORT(&d.logger, err, sizeof(err), DM_ERR_INVALID_ARG, "tcp: desc.site longer than 63 bytes");
     s.chunk_bytes = d.chunk_bytes;
     st = _dm_tcp_parse_sockets(d.sockets_per_peer, &s.nsock, err, sizeof(err));
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
@@ -3379,6 +3413,7 @@ static void _dm_tcp_child_setup(const _dm_tcp* t, _dm_tcp_setup* s, const char* 
     s->nsock = t->nsock;
     s->transport = t->transport;
     s->encrypt = t->encrypt;
+    s->site = t->site;
     s->logger = t->base.logger;
     s->allocator = t->base.allocator;
     s->parent = t;
@@ -4139,9 +4174,15 @@ static dm_status _dm_tcp_shrink_finish(_dm_tcp* n, _dm_tcp* p, const bool* gone,
 /* The parent's layout without the gone ranks: host_of (the lowest member on each host), the
    layout, local rank and size, the node name. */
 static dm_status _dm_tcp_shrink_hosts(_dm_tcp* n, const _dm_tcp* p, const int* old_of) {
+    const _dm_layout* py = &p->lk.lay;
     int N = n->base.size, me = n->base.rank, j, k;
+    int* site_of = (int*)_dm_malloc(&n->base.allocator, sizeof(int) * (size_t)N);
     n->host_of = (int*)_dm_malloc(&n->base.allocator, sizeof(int) * (size_t)N);
-    if (!n->host_of) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+    if (!n->host_of || !site_of) {
+        _dm_free(&n->base.allocator, site_of);
+        return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+    }
+    for (j = 0; j < N; j++) site_of[j] = py->site_of[py->host_of[old_of[j]]];
     n->base.local_rank = 0;
     n->base.local_size = 0;
     for (j = 0; j < N; j++) {
@@ -4155,7 +4196,9 @@ static dm_status _dm_tcp_shrink_hosts(_dm_tcp* n, const _dm_tcp* p, const int* o
         n->base.local_size++;
     }
     _dm_copy_name(n->base.node_name, sizeof(n->base.node_name), p->base.node_name);
-    _dm_eng_set_hosts(&n->lk, n->host_of);
+    _dm_copy_name(n->site, sizeof(n->site), p->site);
+    _dm_eng_set_layout(&n->lk, n->host_of, site_of);
+    _dm_free(&n->base.allocator, site_of);
     _dm_eng_set_policy(&n->lk, n->base.local_size);
     return DM_OK;
 }

@@ -5,14 +5,15 @@
    collectives run.
 
    query    ranks=N (per_host=L | host_of=H0,H1,...) count=C [dtype=float32] [shm=ALPHA,BETA]
-            [cross=ALPHA,BETA]
+            [cross=ALPHA,BETA] [per_site=K | site_of=S0,S1,...] [site=ALPHA,BETA]
             per_host=L: ranks [k L, (k + 1) L) on host k (the last host may have fewer);
-            shm, cross: that link class's alpha (us) and beta (ns per byte), for predictions of
-            other machines (else the model's own, the answer to "classes")
+            per_site=K: hosts [k K, (k + 1) K) at site k (DISTMESH_SITE), or site_of per rank;
+            shm, cross, site: that link class's alpha (us) and beta (ns per byte), for
+            predictions of other machines (else the model's own, the answer to "classes")
    answer   the query's fields, then all_reduce=ALGO (what dm_all_reduce and dm_reduce run),
             us.ALGO=US for every all_reduce algorithm (the model's cost, whether or not it
-            could run; two_level_int8 and two_level_bf16: dm_all_reduce_compressed's, which runs
-            only when asked), rails=ring|rd (two_level_ring's rails), and the family (flat, two_level) of
+            could run; three_level only on several sites; two_level_int8 and two_level_bf16:
+            dm_all_reduce_compressed's, which runs only when asked), sites=NS, rails=ring|rd (two_level_ring's rails), and the family (flat, two_level) of
             all_gather, reduce_scatter (blocks of count elements), broadcast and barrier;
             or error=TEXT
    classes  one line per link class: class=NAME alpha=US beta=NS  # what it stands for; then the
@@ -53,13 +54,24 @@ static void print_classes(void) {
            _DM_SCH_2L_BLOCK, _DM_SCH_2L_SEGMENTS_MAX);
 }
 
+/* n comma-separated numbers >= 0 from text into out; -1 when they are not. */
+static int parse_list(char* text, int* out, int n) {
+    int k;
+    for (k = 0; k < n; k++) {
+        out[k] = (int)strtol(text, &text, 10);
+        if (out[k] < 0 || (*text != ',' && k < n - 1) || (*text && k == n - 1)) return -1;
+        text++;
+    }
+    return 0;
+}
+
 /* One query: its tokens (modified), the answer printed. Returns 0, or -1 after an error line. */
 static int answer(char* line) {
     _dm_link_cost classes[_DM_COST_NCLASSES];
-    int ranks = 0, per_host = 0, *host_of = NULL, k, algo, rc = -1;
+    int ranks = 0, per_host = 0, per_site = 0, *host_of = NULL, *site_of = NULL, k, algo, rc = -1;
     long long count = -1;
     dm_dtype dtype = DM_FLOAT32;
-    char* hosts_text = NULL;
+    char *hosts_text = NULL, *sites_text = NULL;
     dm_collective* c = NULL;
     char* tok;
     _dm_eng lk;
@@ -78,6 +90,9 @@ static int answer(char* line) {
         else if (strcmp(tok, "dtype") == 0 && parse_dtype(v, &dtype) == 0) {}
         else if (strcmp(tok, "shm") == 0 && parse_class(v, &classes[_DM_COST_SHM]) == 0) {}
         else if (strcmp(tok, "cross") == 0 && parse_class(v, &classes[_DM_COST_CROSS_HOST]) == 0) {}
+        else if (strcmp(tok, "site") == 0 && parse_class(v, &classes[_DM_COST_CROSS_SITE]) == 0) {}
+        else if (strcmp(tok, "per_site") == 0) per_site = atoi(v);
+        else if (strcmp(tok, "site_of") == 0) sites_text = v;
         else { printf("error=\"bad %s=%s\"\n", tok, v); return -1; }
         printf("%s=%s ", tok, v);
     }
@@ -85,29 +100,33 @@ static int answer(char* line) {
         printf("error=\"need ranks=2..%d, count >= 1, and one of per_host >= 1 or host_of\"\n", MODEL_MAX_RANKS);
         return -1;
     }
-    host_of = (int*)calloc((size_t)ranks, sizeof(int));
+    host_of = (int*)calloc(2 * (size_t)ranks, sizeof(int));
     if (!host_of) { printf("error=\"out of memory\"\n"); return -1; }
-    for (k = 0; k < ranks; k++) {
-        if (!hosts_text) { host_of[k] = k / per_host; continue; }
-        host_of[k] = (int)strtol(hosts_text, &hosts_text, 10);
-        if (host_of[k] < 0 || (*hosts_text != ',' && k < ranks - 1) || (*hosts_text && k == ranks - 1)) {
-            printf("error=\"host_of needs %d numbers >= 0, comma separated\"\n", ranks);
-            goto done;
-        }
-        hosts_text++;
+    for (k = 0; k < ranks && !hosts_text; k++) host_of[k] = k / per_host;
+    if (hosts_text && parse_list(hosts_text, host_of, ranks) != 0) {
+        printf("error=\"host_of needs %d numbers >= 0, comma separated\"\n", ranks);
+        goto done;
+    }
+    if (per_site > 0 || sites_text) site_of = host_of + ranks;
+    for (k = 0; k < ranks && per_site > 0; k++) site_of[k] = host_of[k] / per_site;
+    if (sites_text && parse_list(sites_text, site_of, ranks) != 0) {
+        printf("error=\"site_of needs %d numbers >= 0, comma separated\"\n", ranks);
+        goto done;
     }
     d.world_size = ranks;
     d.host_of = host_of;
+    d.site_of = site_of;
     if (dm_fake_create(&d, &c) != DM_OK || _dm_eng_init(&lk, c, "model", 0) != DM_OK) {
         printf("error=\"%s\"\n", c ? dm_last_error(c) : "fake: create failed");
         goto done;
     }
     lk.cost = classes;
-    _dm_eng_set_hosts(&lk, host_of);
+    _dm_eng_set_layout(&lk, host_of, site_of);
     algo = _dm_pick_all_reduce(&lk, (size_t)count, dtype);
-    printf("hosts=%d all_reduce=%s", lk.lay.H, _dm_algo_names[algo]);
+    printf("hosts=%d sites=%d all_reduce=%s", lk.lay.H, lk.lay.NS, _dm_algo_names[algo]);
     for (k = _DM_ALGO_FLAT_RING; k < _DM_ALGO_COUNT; k++)
-        printf(" us.%s=%.6f", _dm_algo_names[k], _dm_cost_all_reduce(&lk, k, (size_t)count, dtype));
+        if (k != _DM_ALGO_THREE_LEVEL || lk.lay.NS > 1)
+            printf(" us.%s=%.6f", _dm_algo_names[k], _dm_cost_all_reduce(&lk, k, (size_t)count, dtype));
     printf(" us.two_level_int8=%.6f us.two_level_bf16=%.6f",          /* dm_all_reduce_compressed, when asked */
            _dm_cost_compressed(&lk, (size_t)count, dm_dtype_size(dtype), DM_COMPRESS_INT8),
            _dm_cost_compressed(&lk, (size_t)count, dm_dtype_size(dtype), DM_COMPRESS_BF16));

@@ -11,6 +11,9 @@ every algorithm distmesh.h names).
   scripts/cost_model.py                       docs/performance.md's table: 1k, 4k, 16k ranks, 8 per host,
                                               25 and 100 Gbit/s, alpha 10 us, float32
   scripts/cost_model.py N L GBIT ALPHA_US S   one layout (N ranks, L per host), one size (bytes)
+  scripts/cost_model.py sites                 2 sites x 2 hosts x 2 ranks (make bench-hosts SITES=2):
+                                              hosts at 2 Gbit/s, one 200 Mbit/s link between the
+                                              sites (alpha 100 us each), 1 to 64 MiB of float32
   scripts/cost_model.py classes               the model's link classes and bounds
   scripts/cost_model.py --query               queries on stdin (see scripts/cost_model.c), one
                                               parsed answer per line (tests/test_cost_model.c)
@@ -85,6 +88,22 @@ def table():
         print(f"| {n} | {gbit} Gbit/s | {name} | {cells} | {label(a['all_reduce'])} |")
 
 
+def sites_table():
+    """The bench's sited layout: every algorithm's cost and the choice, by size; beside it the
+    three-level bound (the bytes a reduce-scatter + all-gather across 2 sites put on the site
+    link each way: the whole buffer, at 200 Mbit/s)."""
+    sizes = [("1 MiB", 1 << 20), ("16 MiB", 16 << 20), ("64 MiB", 64 << 20)]
+    answers = ask([f"ranks=8 per_host=2 per_site=2 count={s // 4} dtype=float32 cross=100,{8.0 / 2} "
+                   f"site=100,{8.0 / 0.2}" for _, s in sizes])
+    names = list(algorithms(answers[0]))
+    print("| size | " + " | ".join(label(k) for k in names) + " | chosen | bound |")
+    print("| ---: | " + " | ".join("---:" for _ in names) + " | --- | ---: |")
+    for (name, s), a in zip(sizes, answers):
+        costs = algorithms(a)
+        cells = " | ".join(human(costs[k]) for k in names)
+        print(f"| {name} | {cells} | {label(a['all_reduce'])} | {human(s * 8 / 0.2e3)} |")
+
+
 def query():
     """stdin queries -> one line per answer: all_reduce and the families, as the collectives
     record them (dm_last_algorithm: all_reduce's name; the others' family prefix)."""
@@ -102,6 +121,8 @@ def main(argv):
         for k, v in algorithms(a).items():
             print(f"{label(k):15s} {human(v)}")
         print(f"{'chosen':15s} {label(a['all_reduce'])}")
+    elif argv[1:] == ["sites"]:
+        sites_table()
     elif argv[1:] == ["classes"]:
         sys.stdout.write(subprocess.run([tool()], input="classes\n", stdout=subprocess.PIPE, text=True).stdout)
     elif argv[1:] == ["--query"]:

@@ -4,7 +4,7 @@
 # test_tcp_rendezvous runs tests/netns_test.sh as root.
 ifneq ($(wildcard distmesh_tcp.h),)
 TCP_TESTS := test_tcp_collectives test_tcp_hosts test_tcp_failures test_tcp_sparse test_tcp_rendezvous \
-             test_tcp_relay
+             test_tcp_relay test_sites
 TCP_TEST_BINS := $(addprefix $(BUILD)/tcp/,$(TCP_TESTS))
 TEST_BINS += $(TCP_TEST_BINS)
 endif

@@ -6,7 +6,7 @@
      threaded world's barrier is its own, not the engine's: the script's barrier is not held
      here);
    - the headers' tag indexes list their sections, each tag once (scripts/check_tags.py).
-   Both are cheap: one python run each, 13 threaded worlds of 2-8 ranks. */
+   Both are cheap: one python run each, 16 threaded worlds of 2-8 ranks (3 of them on sites). */
 #define _GNU_SOURCE                 /* mkstemp, popen */
 #include "distmesh.h"
 
@@ -22,11 +22,18 @@
 #define PY "/usr/bin/python3"
 
 #define MAX_RANKS 8
-#define NLAYOUTS 13
+#define NLAYOUTS 16
 static const int layouts[NLAYOUTS][MAX_RANKS + 1] = {    /* ranks, then host_of */
     { 2, 0, 0 }, { 2, 0, 1 }, { 3, 0, 0, 1 }, { 4, 0, 0, 1, 1 }, { 4, 0, 1, 0, 1 }, { 4, 0, 0, 0, 1 },
     { 4, 0, 1, 2, 3 }, { 5, 0, 0, 0, 1, 1 }, { 6, 0, 0, 0, 1, 1, 1 }, { 6, 0, 0, 1, 1, 2, 2 },
     { 6, 0, 1, 2, 0, 1, 2 }, { 8, 0, 0, 0, 0, 1, 1, 1, 1 }, { 8, 0, 0, 1, 1, 2, 2, 3, 3 },
+    { 8, 0, 0, 1, 1, 2, 2, 3, 3 }, { 4, 0, 1, 2, 3 }, { 6, 0, 0, 1, 1, 2, 2 },
+};
+/* The last layouts' sites (dm_fake_desc.site_of, DISTMESH_SITE), from layout FIRST_SITED on:
+   2 sites x 2 hosts x 2 ranks, 2 x 2 x 1, and 2 hosts at one site with 1 at the other. */
+#define FIRST_SITED 13
+static const int layout_sites[NLAYOUTS - FIRST_SITED][MAX_RANKS] = {
+    { 0, 0, 0, 0, 1, 1, 1, 1 }, { 0, 0, 1, 1 }, { 0, 0, 0, 0, 1, 1 },
 };
 /* Around the model's bounds: fewer elements than ranks, 64 KiB (one host's rd/ring bound) for
    float32 and bfloat16, and sizes where the hosts' costs cross. */
@@ -91,6 +98,8 @@ static int predict(char (*pred)[NCONF][NCOLL][32]) {
         for (i = 0; i < NCONF; i++) {
             fprintf(q, "ranks=%d host_of=", layouts[l][0]);
             for (k = 0; k < layouts[l][0]; k++) fprintf(q, "%s%d", k ? "," : "", layouts[l][1 + k]);
+            for (k = 0; l >= FIRST_SITED && k < layouts[l][0]; k++)
+                fprintf(q, "%s%d", k ? "," : " site_of=", layout_sites[l - FIRST_SITED][k]);
             fprintf(q, " count=%zu dtype=%s\n", counts[i / NDTYPES], dm_dtype_name(dtypes[i % NDTYPES]));
         }
     fclose(q);
@@ -119,7 +128,7 @@ static int predict(char (*pred)[NCONF][NCOLL][32]) {
 static void test_cost_model_script_is_what_runs(void** state) {
     static char pred[NLAYOUTS][NCONF][NCOLL][32];
     static ran seen;
-    int l, i, k, r, bad = 0, two_level = 0, names[4] = { 0, 0, 0, 0 };
+    int l, i, k, r, bad = 0, two_level = 0, names[5] = { 0, 0, 0, 0, 0 };
     (void)state;
     assert_int_equal(predict(pred), 0);
     for (l = 0; l < NLAYOUTS; l++) {
@@ -128,6 +137,7 @@ static void test_cost_model_script_is_what_runs(void** state) {
         memset(&seen, 0, sizeof(seen));
         d.world_size = layouts[l][0];
         d.host_of = &layouts[l][1];
+        d.site_of = l >= FIRST_SITED ? layout_sites[l - FIRST_SITED] : NULL;
         d.timeout_ms = 60000;
         assert_int_equal(dm_thread_world_run(&d, run_grid, &seen), DM_OK);
         for (i = 0; i < NCONF; i++)
@@ -145,14 +155,15 @@ static void test_cost_model_script_is_what_runs(void** state) {
                         names[1] += strcmp(want, "flat_rd") == 0;
                         names[2] += strcmp(want, "two_level_ring") == 0;
                         names[3] += strcmp(want, "two_level_rd") == 0;
+                        names[4] += strcmp(want, "three_level") == 0;
                     }
                     if (r == 0 && k > REDUCE) two_level += strcmp(want, "two_level") == 0;
                 }
     }
     /* the grid reaches every all_reduce algorithm and both families, so it can tell them apart */
-    fprintf(stderr, "all_reduce chosen: flat_ring %d, flat_rd %d, two_level_ring %d, two_level_rd %d; "
-            "two-level choices of the others %d\n", names[0], names[1], names[2], names[3], two_level);
-    assert_true(names[0] > 0 && names[1] > 0 && names[2] > 0 && names[3] > 0 && two_level > 0);
+    fprintf(stderr, "all_reduce chosen: flat_ring %d, flat_rd %d, two_level_ring %d, two_level_rd %d, three_level %d; "
+            "two-level choices of the others %d\n", names[0], names[1], names[2], names[3], names[4], two_level);
+    assert_true(names[0] > 0 && names[1] > 0 && names[2] > 0 && names[3] > 0 && names[4] > 0 && two_level > 0);
     assert_int_equal(bad, 0);
 }
 

@@ -1,0 +1,339 @@
+/* Sites, a third level (DISTMESH_SITE, dm_fake_desc.site_of, dm_tcp_desc.site): the
+   three-level all-reduce (distmesh.h >>three-level) on the threaded world over sited layouts
+   (every collective, dtype and op; even, uneven, interleaved, three sites; split and shrink
+   keep the sites), the choice (the model takes it for large messages across a slow site link,
+   not for small ones or across a site link as fast as the hosts'), the same bytes from forked
+   ranks over shared memory and sockets as from the threaded world, and the refusals (a host
+   at two sites, bad site numbers, a bad DISTMESH_SITE_LINK, a long desc.site). */
+#define _GNU_SOURCE
+#include "test_tcp.h"
+#include <unistd.h>
+
+typedef struct sited {
+    const char* name;
+    int world;
+    int hosts[8];
+    int sites[8];
+    bool fits;          /* three_level can run: every site the same number of hosts */
+} sited;
+#define N_SITED 6
+static const sited g_sited[N_SITED] = {
+    { "2 sites x 2 hosts x 2", 8, { 0, 0, 1, 1, 2, 2, 3, 3 }, { 0, 0, 0, 0, 1, 1, 1, 1 }, true },
+    { "3 sites x 1 host x 2", 6, { 0, 0, 1, 1, 2, 2 }, { 0, 0, 1, 1, 2, 2 }, true },
+    { "2 sites x 2 hosts, uneven 3+2+2+1", 8, { 0, 0, 0, 1, 1, 2, 2, 3 }, { 0, 0, 0, 0, 0, 1, 1, 1 }, true },
+    { "interleaved sites and hosts", 8, { 0, 1, 2, 3, 0, 1, 2, 3 }, { 0, 1, 0, 1, 0, 1, 0, 1 }, true },
+    { "2 sites x 2 hosts x 1", 4, { 0, 1, 2, 3 }, { 5, 5, 9, 9 }, true },
+    { "2 hosts at one site, 1 at the other", 6, { 0, 0, 1, 1, 2, 2 }, { 0, 0, 0, 0, 1, 1 }, false },
+};
+
+static dm_status run_sited(const sited* l, dm_rank_fn fn, void* user) {
+    dm_fake_desc fd;
+    memset(&fd, 0, sizeof(fd));
+    fd.world_size = l->world;
+    fd.host_of = l->hosts;
+    fd.site_of = l->sites;
+    fd.timeout_ms = 60000;
+    return dm_thread_world_run(&fd, fn, user);
+}
+
+/* A float32 sum of n elements of small integers (exact in any order) in place: right, and the
+   algorithm that ran is want (NULL: any). */
+static int sum_ran(dm_collective* c, size_t n, const char* want) {
+    int W = dm_world_size(c), r = dm_rank(c), bad = 0;
+    size_t i;
+    float* v = (float*)malloc(n * sizeof(float));
+    dm_status st;
+    if (!v) return 1;
+    for (i = 0; i < n; i++) v[i] = (float)(r + (int)(i % 5));
+    st = dm_all_reduce(c, NULL, v, n, DM_FLOAT32, DM_SUM);
+    for (i = 0; st == DM_OK && i < n; i++)
+        if (v[i] != (float)(W * (W - 1) / 2 + W * (int)(i % 5))) { bad = 1; break; }
+    if (st == DM_OK && want && strcmp(dm_last_algorithm(c), want) != 0) bad = 1;
+    if (st != DM_OK || bad)
+        fprintf(stderr, "rank %d of %d: all_reduce of %zu: %s, %s, ran %s (wanted %s) %s\n", r, W, n, dm_status_name(st),
+                bad ? "wrong" : "right", dm_last_algorithm(c), want ? want : "any", dm_last_error(c));
+    free(v);
+    return st != DM_OK || bad;
+}
+
+/* ---- the threaded world ---------------------------------------------------------------------- */
+/* all_reduce in every dtype x op (the suite's exact data: any order of reduction gives the
+   reference's bits), at counts that fit three_level and not; the whole suite (every
+   collective) on the first layout. Then a large all_reduce by the algorithm the layout allows. */
+static int sited_suite_rank(dm_collective* c, void* user) {
+    const sited* l = (const sited*)user;
+    const char* algo = getenv("DISTMESH_ALGO");
+    bool forced = algo && strcmp(algo, "three_level") == 0;
+    int bad = 0, t, op, salt = 0;
+    if (l == &g_sited[0]) bad |= suite(c, false);
+    for (t = 0; t < DM_DTYPE_COUNT && l != &g_sited[0]; t++)
+        for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
+            bad |= suite_all_reduce(c, 5, (dm_dtype)t, (dm_reduce_op)op, true, ++salt);
+            bad |= suite_all_reduce(c, 1237, (dm_dtype)t, (dm_reduce_op)op, op % 2 == 0, ++salt);
+            bad |= suite_all_reduce(c, 70001, (dm_dtype)t, (dm_reduce_op)op, op % 2 != 0, ++salt);
+        }
+    /* forced: where it fits it runs, else the two-level forms (3 elements: no rail has one per
+       host); auto: the model's choice, shown */
+    bad |= sum_ran(c, (size_t)1 << 20, forced ? (l->fits ? "three_level" : "two_level_ring") : NULL);
+    if (!forced && dm_rank(c) == 0) fprintf(stderr, "%s: auto ran %s for 4 MiB\n", l->name, dm_last_algorithm(c));
+    bad |= sum_ran(c, 3, forced ? "two_level_rd" : NULL);
+    return bad;
+}
+static void test_sites_thread_layouts(void** s) {
+    static const char* algos[] = { "three_level", "auto" };
+    int k, a;
+    (void)s;
+    for (k = 0; k < N_SITED; k++)
+        for (a = 0; a < 2; a++) {
+            if (a == 1 && (TEST_SANITIZED || k > 0)) continue;  /* auto: the choice tests below */
+            setenv("DISTMESH_ALGO", algos[a], 1);
+            if (run_sited(&g_sited[k], sited_suite_rank, (void*)&g_sited[k]) != DM_OK)
+                fail_msg("threaded world, %s, DISTMESH_ALGO=%s: failed", g_sited[k].name, algos[a]);
+        }
+    unsetenv("DISTMESH_ALGO");
+}
+
+/* MEAN and every op on float data that is not exact: three_level divides once, on the cross
+   rails, and every rank ends with the same bytes. */
+static int mean_rank(dm_collective* c, void* user) {
+    size_t n = ((size_t)1 << 18) + 5, i;
+    int r = dm_rank(c), W = dm_world_size(c), bad = 0;
+    float* v = (float*)malloc(n * sizeof(float));
+    float* first = (float*)malloc(n * sizeof(float));
+    (void)user;
+    if (!v || !first) return 1;
+    for (i = 0; i < n; i++) v[i] = (float)(r * 2 + (int)(i % 3));     /* mean: (W - 1) + i % 3, exact */
+    RST(dm_all_reduce(c, NULL, v, n, DM_FLOAT32, DM_MEAN));
+    for (i = 0; i < n && !bad; i++) bad = v[i] != (float)(W - 1 + (int)(i % 3));
+    bad |= strcmp(dm_last_algorithm(c), "three_level") != 0;
+    for (i = 0; i < n; i++) v[i] = (float)sin((double)i * 0.1 + r);
+    RST(dm_all_reduce(c, NULL, v, n, DM_FLOAT32, DM_SUM));
+    if (r == 0) memcpy(first, v, n * sizeof(float));
+    RST(dm_broadcast(c, first, n, DM_FLOAT32, 0));
+    bad |= memcmp(first, v, n * sizeof(float)) != 0;
+    if (bad) fprintf(stderr, "rank %d: mean or same bytes failed (%s)\n", r, dm_last_algorithm(c));
+    free(v);
+    free(first);
+    return bad;
+}
+static void test_sites_mean_same_bytes(void** s) {
+    (void)s;
+    setenv("DISTMESH_ALGO", "three_level", 1);  /* 3 x 1 x 2: auto takes the pipelined two-level ring */
+    assert_int_equal(run_sited(&g_sited[0], mean_rank, NULL), DM_OK);
+    assert_int_equal(run_sited(&g_sited[1], mean_rank, NULL), DM_OK);    /* the cross rails' ring */
+    unsetenv("DISTMESH_ALGO");
+}
+
+/* The model: large messages cross a slow site link once (three_level), small ones take the
+   fewest crossings (not three_level); with DISTMESH_SITE_LINK as fast as the hosts' link the
+   extra phase does not pay and two_level_ring runs. Without sites the same hosts never run it. */
+static int choice_rank(dm_collective* c, void* user) {
+    const char* want = (const char*)user;
+    int bad = sum_ran(c, (size_t)1 << 20, want);
+    bad |= sum_ran(c, 2, NULL);
+    if (strcmp(dm_last_algorithm(c), "three_level") == 0) {
+        fprintf(stderr, "rank %d: 2 elements ran three_level\n", dm_rank(c));
+        bad = 1;
+    }
+    return bad;
+}
+static void test_sites_choice(void** s) {
+    dm_fake_desc fd;
+    (void)s;
+    assert_int_equal(run_sited(&g_sited[0], choice_rank, (void*)"three_level"), DM_OK);
+    setenv("DISTMESH_SITE_LINK", "25,10", 1);
+    assert_int_equal(run_sited(&g_sited[0], choice_rank, (void*)"two_level_ring"), DM_OK);
+    unsetenv("DISTMESH_SITE_LINK");
+    memset(&fd, 0, sizeof(fd));
+    fd.world_size = 8;
+    fd.host_of = g_sited[0].hosts;
+    fd.timeout_ms = 60000;
+    assert_int_equal(dm_thread_world_run(&fd, choice_rank, (void*)"two_level_ring"), DM_OK);
+}
+
+/* Split and shrink keep the sites: {even, odd} of 2 sites x 2 hosts x 2 are 2 sites x 2 hosts x
+   1 each; without rank 7 the last host has one rank (the fold of the others). */
+static int split_shrink_rank(dm_collective* c, void* user) {
+    dm_collective *half = NULL, *rest = NULL;
+    int r = dm_rank(c), drop = 7, bad = 0;
+    (void)user;
+    RST(dm_split(c, r % 2, r, &half));
+    bad |= sum_ran(half, (size_t)1 << 19, "three_level");
+    dm_destroy(half);
+    if (r == drop) return bad;
+    RST(dm_shrink(c, &drop, 1, DM_SHRINK_DEFAULT, &rest));
+    bad |= sum_ran(rest, (size_t)1 << 19, "three_level");
+    dm_destroy(rest);
+    return bad;
+}
+static void test_sites_split_shrink(void** s) {
+    (void)s;
+    assert_int_equal(run_sited(&g_sited[0], split_shrink_rank, NULL), DM_OK);
+}
+
+/* ---- forked ranks: shared memory inside a host, sockets between hosts ------------------------ */
+static const sited* g_layout;     /* the layout the forked bodies take */
+static void bytes_path(char* out, size_t cap, const char* who, int rank) {
+    snprintf(out, cap, "%s/sites-%s-%d", g_store.dir, who, rank);
+}
+/* A float32 sum of data no order makes exact; this rank's result bytes to a file named by who. */
+static int write_sum(dm_collective* c, const char* who) {
+    size_t n = ((size_t)1 << 18) + 3, i;
+    int r = dm_rank(c);
+    float* v = (float*)malloc(n * sizeof(float));
+    char path[512];
+    FILE* f;
+    if (!v) return 1;
+    for (i = 0; i < n; i++) v[i] = (float)(sin((double)i * 0.37 + r * 1.3) * 50.0);
+    RST(dm_all_reduce(c, NULL, v, n, DM_FLOAT32, DM_SUM));
+    RCHECK(strcmp(dm_last_algorithm(c), "three_level") == 0);
+    bytes_path(path, sizeof(path), who, r);
+    f = fopen(path, "wb");
+    RCHECK(f && fwrite(v, sizeof(float), n, f) == n);
+    fclose(f);
+    free(v);
+    return 0;
+}
+static int thread_bytes_rank(dm_collective* c, void* user) { return write_sum(c, (const char*)user); }
+/* This forked rank on g_layout's host and site. */
+static int sited_create(int rank, int world, const char* site, dm_collective** c) {
+    dm_tcp_desc d;
+    char name[16];
+    tw_sim_host(g_layout->hosts[rank]);
+    snprintf(name, sizeof(name), "site%d", g_layout->sites[rank]);
+    setenv("DISTMESH_SITE", site ? site : name, 1);
+    make_desc(&d, rank, world);
+    return dm_tcp_create(&d, c) == DM_OK ? 0 : 1;
+}
+static int body_bytes(dm_collective* c, int rank, int world, void* arg) {
+    int bad;
+    RCHECK(sited_create(rank, world, NULL, &c) == 0);
+    bad = write_sum(c, (const char*)arg);
+    bad |= sum_ran(c, (size_t)1 << 20, "three_level");
+    dm_destroy(c);
+    return bad;
+}
+static bool same_file(const char* a, const char* b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    int x = 0, y = 0;
+    while (same && x != EOF) {
+        x = fgetc(fa);
+        y = fgetc(fb);
+        same = x == y;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+static void test_sites_processes_same_bytes(void** s) {
+    int k, r;
+    (void)s;
+    for (k = 0; k < 2; k++) {
+        const char* who = k == 0 ? "shm" : "tcp";
+        g_layout = &g_sited[k == 0 ? 0 : 2];
+        assert_int_equal(run_sited(g_layout, thread_bytes_rank, (void*)"thread"), DM_OK);
+        g_transport = k == 0 ? NULL : "tcp";
+        r = run_world_ex(g_layout->world, body_bytes, (void*)who, 90, false);
+        g_transport = NULL;
+        assert_int_equal(r, 0);
+        for (r = 0; r < g_layout->world; r++) {
+            char a[512], b[512];
+            bytes_path(a, sizeof(a), "thread", 0);
+            bytes_path(b, sizeof(b), who, r);
+            if (!same_file(a, b)) fail_msg("%s, %s: rank %d's bytes differ from the threaded world's", g_layout->name, who, r);
+        }
+    }
+    unsetenv("DISTMESH_SITE");
+}
+
+/* dm_shrink over sockets keeps the sites (the parent's layout without the gone rank). */
+static int body_tcp_shrink(dm_collective* c, int rank, int world, void* arg) {
+    dm_collective* n = NULL;
+    int drop = 7, bad;
+    (void)arg;
+    RCHECK(sited_create(rank, world, NULL, &c) == 0);
+    bad = sum_ran(c, (size_t)1 << 19, "three_level");
+    if (rank != drop) {
+        RST(dm_shrink(c, &drop, 1, DM_SHRINK_DEFAULT, &n));
+        bad |= sum_ran(n, (size_t)1 << 19, "three_level");
+        dm_destroy(n);
+    }
+    dm_destroy(c);
+    return bad;
+}
+static void test_sites_tcp_shrink(void** s) {
+    (void)s;
+    g_layout = &g_sited[0];
+    assert_int_equal(run_world_ex(8, body_tcp_shrink, NULL, 90, false), 0);
+    unsetenv("DISTMESH_SITE");
+}
+
+/* ---- refusals --------------------------------------------------------------------------------- */
+/* Two ranks on one host given different sites: every rank's create fails, naming the rule. */
+static int body_two_sites_one_host(dm_collective* c, int rank, int world, void* arg) {
+    dm_tcp_desc d;
+    (void)arg;
+    tw_sim_host(0);
+    unsetenv("DISTMESH_SITE");
+    make_desc(&d, rank, world);
+    d.site = rank == 0 ? "east" : "west";
+    RCHECK(dm_tcp_create(&d, &c) == DM_ERR_INVALID_ARG && c == NULL);
+    RCHECK(strstr(dm_last_error(NULL), "a host is at one site") != NULL);
+    RCHECK(strstr(dm_last_error(NULL), "\"east\"") != NULL && strstr(dm_last_error(NULL), "\"west\"") != NULL);
+    return 0;
+}
+static int body_long_site(dm_collective* c, int rank, int world, void* arg) {
+    dm_tcp_desc d;
+    char site[80];
+    (void)arg;
+    memset(site, 'x', sizeof(site) - 1);
+    site[sizeof(site) - 1] = 0;
+    make_desc(&d, rank, world);
+    d.site = site;
+    RCHECK(dm_tcp_create(&d, &c) == DM_ERR_INVALID_ARG && c == NULL);
+    RCHECK(strstr(dm_last_error(NULL), "site") != NULL);
+    return 0;
+}
+static void test_sites_refusals(void** s) {
+    static const int hosts[4] = { 0, 0, 1, 1 }, two_sites[4] = { 0, 1, 2, 2 }, negative[4] = { 0, 0, -1, -1 };
+    dm_collective* cs[4] = { NULL, NULL, NULL, NULL };
+    dm_fake_desc fd;
+    (void)s;
+    memset(&fd, 0, sizeof(fd));
+    fd.world_size = 4;
+    fd.host_of = hosts;
+    fd.site_of = two_sites;
+    assert_int_equal(dm_thread_world_create(&fd, cs), DM_ERR_INVALID_ARG);
+    assert_non_null(strstr(dm_last_error(NULL), "a host is at one site"));
+    fd.site_of = negative;
+    assert_int_equal(dm_thread_world_create(&fd, cs), DM_ERR_INVALID_ARG);
+    assert_non_null(strstr(dm_last_error(NULL), "site_of[2] is -1"));
+    fd.host_of = NULL;                          /* nodes from local_world_size: 2 per node */
+    fd.local_world_size = 2;
+    fd.site_of = two_sites;
+    assert_int_equal(dm_thread_world_create(&fd, cs), DM_ERR_INVALID_ARG);
+    fd.site_of = hosts;
+    assert_int_equal(dm_thread_world_create(&fd, cs), DM_OK);
+    for (int r = 0; r < 4; r++) dm_destroy(cs[r]);
+    setenv("DISTMESH_SITE_LINK", "fast", 1);
+    assert_int_equal(dm_thread_world_create(&fd, cs), DM_ERR_ENV);
+    assert_non_null(strstr(dm_last_error(NULL), "DISTMESH_SITE_LINK=\"fast\""));
+    unsetenv("DISTMESH_SITE_LINK");
+    assert_int_equal(run_world_ex(2, body_two_sites_one_host, NULL, 60, false), 0);
+    assert_int_equal(run_world_ex(2, body_long_site, NULL, 60, false), 0);
+    unsetenv("DISTMESH_TEST_HOST_ID");
+}
+
+int main(int argc, char** argv) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sites_thread_layouts),
+        cmocka_unit_test(test_sites_mean_same_bytes),
+        cmocka_unit_test(test_sites_choice),
+        cmocka_unit_test(test_sites_split_shrink),
+        cmocka_unit_test(test_sites_processes_same_bytes),
+        cmocka_unit_test(test_sites_tcp_shrink),
+        cmocka_unit_test(test_sites_refusals),
+    };
+    return TCP_RUN_TESTS(tests, argc, argv);
+}
