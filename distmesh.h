@@ -516,7 +516,7 @@ DM_API const char* dm_backend_name(const dm_collective* c); /* "fake", "thread",
    (DISTMESH_TRANSPORT, dm_tcp_desc.transport). */
 DM_API const char* dm_transport_name(const dm_collective* c);
 /* The algorithm the last collective on c ran (docs/design.md "Across hosts"): "flat_ring", "flat_rd",
-   "two_level_ring", "two_level_rd" (all_reduce, reduce), "flat_ring_single_copy" (a large
+   "two_level_ring", "two_level_rd", "three_level" (all_reduce, reduce; the last across sites), "flat_ring_single_copy" (a large
    all_reduce among the ranks of one host whose all-gather read the peers' buffers directly),
    "flat_ring" / "two_level_ring" (all_gather, reduce_scatter), "flat_chain" / "two_level_chain" (broadcast),
    "flat_dissemination" / "two_level_dissemination" (barrier); "" before the first and on

@@ -213,19 +213,6 @@ static int body_bytes(dm_collective* c, int rank, int world, void* arg) {
     dm_destroy(c);
     return bad;
 }
-static bool same_file(const char* a, const char* b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    bool same = fa && fb;
-    int x = 0, y = 0;
-    while (same && x != EOF) {
-        x = fgetc(fa);
-        y = fgetc(fb);
-        same = x == y;
-    }
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    return same;
-}
 static void test_sites_processes_same_bytes(void** s) {
     int k, r;
     (void)s;
@@ -241,7 +228,7 @@ static void test_sites_processes_same_bytes(void** s) {
             char a[512], b[512];
             bytes_path(a, sizeof(a), "thread", 0);
             bytes_path(b, sizeof(b), who, r);
-            if (!same_file(a, b)) fail_msg("%s, %s: rank %d's bytes differ from the threaded world's", g_layout->name, who, r);
+            if (!tcp_files_same(a, b)) fail_msg("%s, %s: rank %d's bytes differ from the threaded world's", g_layout->name, who, r);
         }
     }
     unsetenv("DISTMESH_SITE");

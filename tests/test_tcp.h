@@ -283,6 +283,21 @@ static int suite(dm_collective* c, bool big) {
     return bad;
 }
 
+/* Whether files a and b hold the same bytes (both there). */
+static bool tcp_files_same(const char* a, const char* b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    int x = 0, y = 0;
+    while (same && x != EOF) {
+        x = fgetc(fa);
+        y = fgetc(fb);
+        same = x == y;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
 /* fn on every rank of the threaded world of world ranks, rank r on simulated host host_of[r]
    (60 s deadline). */
 static dm_status run_thread_hosts(int world, const int* host_of, dm_rank_fn fn, void* user) {

@@ -77,19 +77,6 @@ static int body_bitwise(dm_collective* c, int rank, int world, void* arg) {
     return bw_run(c, (const char*)arg);
 }
 static int bw_thread_rank(dm_collective* c, void* user) { (void)user; return bw_run(c, "thread"); }
-static bool bw_same(const char* a, const char* b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    bool same = fa && fb;
-    int x = 0, y = 0;
-    while (same && x != EOF) {
-        x = fgetc(fa);
-        y = fgetc(fb);
-        same = x == y;
-    }
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    return same;
-}
 static void test_bitwise_across_transports(void** s) {
     int world, k, r;
     (void)s;
@@ -110,7 +97,7 @@ static void test_bitwise_across_transports(void** s) {
                 bw_path(a, sizeof(a), "thread", world, k, 0);
                 bw_path(b, sizeof(b), "shm", world, k, r);
                 bw_path(c, sizeof(c), "tcp", world, k, r);
-                if (!bw_same(a, b) || !bw_same(a, c))
+                if (!tcp_files_same(a, b) || !tcp_files_same(a, c))
                     fail_msg("world %d, %s count %zu: rank %d's bytes differ between thread, shm and tcp", world,
                              dm_dtype_name(g_bw_types[k / 2]), g_bw_counts[k % 2], r);
             }
@@ -485,7 +472,7 @@ static void test_layouts_bitwise(void** s) {
                 bw_path(a, sizeof(a), "lthread", g_layout->world, k, r);
                 bw_path(b, sizeof(b), "lauto", g_layout->world, k, r);
                 bw_path(c, sizeof(c), "ltcp", g_layout->world, k, r);
-                if (!bw_same(a, b) || !bw_same(a, c))
+                if (!tcp_files_same(a, b) || !tcp_files_same(a, c))
                     fail_msg("layout %s, case %d: rank %d's bytes differ between thread, shm+tcp and tcp",
                              g_layout->name, k, r);
             }
