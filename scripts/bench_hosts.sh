@@ -177,12 +177,27 @@ stop_all() {
     pids=()
 }
 cleanup() {
+    trap '' INT TERM HUP  # a second signal (timeout sends one to its child and one to the group) must not cut this short
     stop_all
     if [ -n "${DL_PID:-}" ]; then
         kill -TERM "$DL_PID" 2>/dev/null; wait "$DL_PID" 2>/dev/null
         [ -d "$OUT/raw" ] && grep -s '^delay_line' "$tmp/delay_line.out" > "$OUT/raw/delay_line.txt"
     fi
-    for n in "${hostns[@]}" "$brns" "${sitens[@]+"${sitens[@]}"}" "$corens"; do ip netns del "$n" 2>/dev/null; done
+    # what still runs in the namespaces (a check's processes, started in a subshell, are not in pids)
+    local n left
+    for n in "${hostns[@]}" "$brns" "${sitens[@]+"${sitens[@]}"}" "$corens"; do
+        ip netns pids "$n" 2>/dev/null | xargs -r kill -TERM 2>/dev/null
+    done
+    for _ in $(seq 20); do
+        left=
+        for n in "${hostns[@]}" "$brns" "${sitens[@]+"${sitens[@]}"}" "$corens"; do left+=$(ip netns pids "$n" 2>/dev/null); done
+        [ -z "$left" ] && break
+        sleep 0.1
+    done
+    for n in "${hostns[@]}" "$brns" "${sitens[@]+"${sitens[@]}"}" "$corens"; do
+        ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null
+        ip netns del "$n" 2>/dev/null
+    done
     rm -rf "$tmp"
 }
 trap cleanup EXIT
