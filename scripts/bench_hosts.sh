@@ -66,9 +66,10 @@
 #   most it allows (min(RATE, FLOW_RATE, SITE_RATE) x 1448/1514): a warning; with SITE_DELAY the
 #   round trip between them too (exit 1 if off by more than DELAY_TOL from 2 x SITE_DELAY). The
 #   report adds the site link's rate, the three-level bound per size, 2(n-1)/n x size / SITE_RATE
-#   (what a reduce-scatter and all-gather across n sites put on each site link each way), the
-#   ratios distmesh_auto over it, over distmesh_2level and over Gloo, and the bytes each site
-#   link sent per launch (up0's tx counter, raw/bytes.txt; every system, Gloo too).
+#   (what a reduce-scatter and all-gather across n sites put on each site link each way; with
+#   SITE_DELAY also that + SITE_DELAY), the ratios distmesh_auto over it, over distmesh_2level and
+#   over Gloo, the checks above (also in results.json), and the bytes each site link sent per
+#   launch (up0's tx counter, raw/bytes.txt; every system, Gloo too).
 # Writes $OUT/table.txt, $OUT/results.csv, $OUT/results.json and raw logs under $OUT/raw.
 # Exit 0 ok, 77 skipped (reason printed), else failed. Everything it creates is removed on every
 # exit path; every process runs under timeout.

@@ -7,9 +7,9 @@ the bounds then gain it, and raw/delay_line.txt (the delay line's counters) is p
 DM_ENV (environment): what was added to the distmesh ranks' environment, for the headers.
 SITES (environment, default 1), SITE_BPS, SITE_DELAY (ms): with SITES > 1 the hosts form SITES sites
 joined by one link each at SITE_BPS per direction (make bench-hosts SITES=): the headers say so, and
-a section adds the three-level bound per size, 2(n-1)/n x size / SITE_BPS, the ratios of
-distmesh_auto over it, over distmesh_2level and over Gloo, the site link check and the bytes each
-site link sent per launch ("<system> rep=<r> site=<s> tx_bytes=<B>" lines in raw/bytes.txt).
+a section adds the three-level bound per size, 2(n-1)/n x size / SITE_BPS (with SITE_DELAY also
+that + SITE_DELAY), the ratios of distmesh_auto over it, over distmesh_2level and over Gloo, the
+site link check (raw/iperf.txt) and the bytes each site link sent per launch ("<system> rep=<r> site=<s> tx_bytes=<B>" lines in raw/bytes.txt).
 RAW lines: "<system> rep=<r> bytes=<B> us=<time> wrong=<n, -1: not checked> transport=<t> algo=<a or ->".
 Writes OUT/table.txt (what it prints), OUT/results.csv (every launch) and OUT/results.json."""
 import json
@@ -107,10 +107,13 @@ def main():
     med = {k: statistics.median(t for _, t, _ in v) for k, v in runs.items()}
     lines = []
     say = lines.append
+    site_check = []
     try:
         for line in open(f"{out}/raw/iperf.txt"):
             if line.strip():
                 say(f"# {line.strip()}")
+                if line.startswith(("site link check", "round trip host", "site delay line")) and sites > 1:
+                    site_check.append(line.strip())
     except OSError:
         pass
     for s in systems:
@@ -217,23 +220,32 @@ def main():
             " sites put on each site link in each direction)")
         heads = [("auto/bound", "distmesh_auto", None), ("auto/2level", "distmesh_auto", "distmesh_2level"),
                  ("auto/gloo", "distmesh_auto", "gloo"), ("2level/bound", "distmesh_2level", None)]
-        say("#       size  3-level bound" + "".join(f"  {h:>12s}" for h, _, _ in heads))
+        if site_delay_ms:
+            say(f"#   3-level+Ds: the three-level bound + Ds = {site_delay_ms:g} ms (the last bytes still cross to the"
+                " other sites after the link is done), a lower bound; auto/(3-level+Ds) uses it")
+            heads.append(("auto/(3-level+Ds)", "distmesh_auto", "+Ds"))
+        say("#       size  3-level bound" + ("     3-level+Ds" if site_delay_ms else "")
+            + "".join(f"  {h:>{max(12, len(h))}s}" for h, _, _ in heads))
         for b in sizes:
             bound = 2.0 * (sites - 1) / sites * b * 8.0 / site_bps * 1e6
-            row = f"{b:12d}  {fmt_ms(bound):>13s}"
+            bound_d = bound + site_delay_ms * 1000
+            row = f"{b:12d}  {fmt_ms(bound):>13s}" + (f"  {fmt_ms(bound_d):>13s}" if site_delay_ms else "")
             entry = {"bytes": b, "three_level_bound_us": bound, "ratios": {}}
+            if site_delay_ms:
+                entry["three_level_plus_delay_us"] = bound_d
             for h, a, z in heads:
-                num, den = med.get((a, b)), (med.get((z, b)) if z else bound)
+                num, den = med.get((a, b)), (bound_d if z == "+Ds" else med.get((z, b)) if z else bound)
+                w = max(12, len(h))
                 if num and den:
                     entry["ratios"][h] = num / den
-                    row += f"  {num / den:12.2f}"
+                    row += f"  {num / den:{w}.2f}"
                 else:
-                    row += f"  {'-':>12s}"
+                    row += f"  {'-':>{w}s}"
             say(row)
             site_summary.append(entry)
             for e in summary:
                 if e["bytes"] == b:
-                    e["three_level_bound_us"] = bound
+                    e.update({k: v for k, v in entry.items() if k.startswith("three_level")})
                     e["ratios"].update({f"site {k}": v for k, v in entry["ratios"].items()})
         say("# auto/bound: distmesh_auto over the three-level bound (a perfect run: about 1.05, TCP's headers);"
             " auto/2level: over distmesh_2level (the same without DISTMESH_SITE); below 1: distmesh_auto is faster")
@@ -269,7 +281,8 @@ def main():
         if sites > 1:
             doc.update(sites=sites, hosts_per_site=hosts // sites, site_rate_bps=site_bps,
                        site_delay_ms=site_delay_ms,
-                       site_tx_bytes_per_launch=bytes_sent(f"{out}/raw/bytes.txt", "site"))
+                       site_tx_bytes_per_launch=bytes_sent(f"{out}/raw/bytes.txt", "site"),
+                       site_link_check=site_check)
         json.dump(doc, f, indent=1)
     print(f"bench-hosts: wrote {out}/table.txt, {out}/results.csv, {out}/results.json and {out}/raw/")
 
