@@ -55,19 +55,22 @@
 #   joins the two halves). The site routers and the core route by /32 routes per host address.
 #   SITE_DELAY=<ms> (default 0) puts a delay line in the core (the DELAY router's policy routing:
 #   in from any site port, through its TUN device, out to the destination site's port), so site
-#   to site is SITE_DELAY one way and a round trip 2 x SITE_DELAY; within a site no delay. DELAY
-#   > 0 together with SITES > 1 is refused. Socket buffers in the hosts as with DELAY
-#   (TCP_MEM_MAX, CORE_MEM_MAX). Systems with SITES > 1: distmesh_auto runs with
+#   to site is SITE_DELAY one way and a round trip 2 x SITE_DELAY. DELAY > 0 with sites (2 or
+#   more hosts per site) runs a delay line in each site router too: what the site's hosts send
+#   goes through it once (rule: in from up0, from the core, bypasses it), so host to host is DELAY
+#   one way within a site and DELAY + SITE_DELAY across sites; the DELAY check (hosts 1 and 0)
+#   stays inside site 0. Socket buffers in the hosts as with DELAY (TCP_MEM_MAX, CORE_MEM_MAX). Systems with SITES > 1: distmesh_auto runs with
 #   DISTMESH_SITE=site<s> in the environment of every rank of site s, and so do distmesh_flat and
 #   the compressed ones; distmesh_2level is distmesh_auto without DISTMESH_SITE (the library sees
 #   hosts only: its two-level schedule on the same layout); Gloo as above; all interleaved.
 #   Before the runs: one TCP flow from the first host of the last site to host 0 across the site
 #   links (iperf3 when there, else python; as the DELAY check: 4 s after 2 s), below 85% of the
 #   most it allows (min(RATE, FLOW_RATE, SITE_RATE) x 1448/1514): a warning; with SITE_DELAY the
-#   round trip between them too (exit 1 if off by more than DELAY_TOL from 2 x SITE_DELAY). The
+#   round trip between them too (exit 1 if off by more than DELAY_TOL from 2 x (DELAY +
+#   SITE_DELAY)); raw/delay_line.txt has each delay line's counters, led by its router. The
 #   report adds the site link's rate, the three-level bound per size, 2(n-1)/n x size / SITE_RATE
-#   (what a reduce-scatter and all-gather across n sites put on each site link each way; with
-#   SITE_DELAY also that + SITE_DELAY), the ratios distmesh_auto over it, over distmesh_2level and
+#   (what a reduce-scatter and all-gather across n sites put on each site link each way; with a
+#   delay also that + DELAY + SITE_DELAY), the ratios distmesh_auto over it, over distmesh_2level and
 #   over Gloo, the checks above (also in results.json), and the bytes each site link sent per
 #   launch (up0's tx counter, raw/bytes.txt; every system, Gloo too).
 # Writes $OUT/table.txt, $OUT/results.csv, $OUT/results.json and raw logs under $OUT/raw.
@@ -118,7 +121,8 @@ is_count "$SITES" && [ "$SITES" -le "$HOSTS" ] && [ $((HOSTS % SITES)) -eq 0 ] |
 sited() { [ "$SITES" -gt 1 ]; }
 [[ $SITE_DELAY =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "SITE_DELAY=$SITE_DELAY: milliseconds (e.g. 25)"
 site_delayed() { sited && [[ ! $SITE_DELAY =~ ^0*(\.0*)?$ ]]; }  # SITES > 1 and SITE_DELAY > 0
-! sited || ! delayed || die "DELAY=$DELAY with SITES=$SITES: a delay on the host links is not supported with sites (SITE_DELAY delays the site links)"
+! sited || ! delayed || [ $((HOSTS / SITES)) -ge 2 ] ||
+    die "DELAY=$DELAY with SITES=$SITES: needs 2 or more hosts per site (the DELAY check runs between hosts 1 and 0, inside site 0)"
 if sited; then
     for kv in "${DM_ENV_ARGS[@]+"${DM_ENV_ARGS[@]}"}"; do
         [[ $kv != DISTMESH_SITE=* ]] || die "DM_ENV: DISTMESH_SITE is set per site with SITES > 1 (and left out for distmesh_2level)"
@@ -180,10 +184,7 @@ stop_all() {
 cleanup() {
     trap '' INT TERM HUP  # a second signal (timeout sends one to its child and one to the group) must not cut this short
     stop_all
-    if [ -n "${DL_PID:-}" ]; then
-        kill -TERM "$DL_PID" 2>/dev/null; wait "$DL_PID" 2>/dev/null
-        [ -d "$OUT/raw" ] && grep -s '^delay_line' "$tmp/delay_line.out" > "$OUT/raw/delay_line.txt"
-    fi
+    stop_delay_lines
     # what still runs in the namespaces (a check's processes, started in a subshell, are not in pids)
     local n left
     for n in "${hostns[@]}" "$brns" "${sitens[@]+"${sitens[@]}"}" "$corens"; do
@@ -212,7 +213,21 @@ addr_of() { echo "10.78.0.$(($1 + 1))"; }
 # 10.78.0.(h+1)/32 dev p<h> and a static entry. Policy routing: what comes in on any port goes
 # (table 100) into the TUN device dl0, what comes out of dl0 takes the main table to its port.
 # The delay line runs in $brns for the whole script (stopped by cleanup, its counters kept).
-DL_PID=
+DL_PIDS=() DL_NS=()
+stop_delay_lines() {  # their counters to raw/delay_line.txt (each line led by its namespace's role with SITES > 1)
+    local i lbl
+    [ ${#DL_PIDS[@]} -gt 0 ] || return 0
+    for i in "${!DL_PIDS[@]}"; do kill -TERM "${DL_PIDS[$i]}" 2>/dev/null; wait "${DL_PIDS[$i]}" 2>/dev/null; done
+    if [ -d "$OUT/raw" ]; then
+        for i in "${!DL_PIDS[@]}"; do
+            if sited; then
+                lbl=${DL_NS[$i]#"$tag"}; [[ $lbl == s* ]] && lbl="site${lbl#s} router (DELAY)" || lbl="core (SITE_DELAY)"
+                grep -s '^delay_line' "$tmp/delay_line-${DL_NS[$i]}.out" | sed "s/^/$lbl: /"
+            else grep -s '^delay_line' "$tmp/delay_line-${DL_NS[$i]}.out"; fi
+        done > "$OUT/raw/delay_line.txt"
+    fi
+    DL_PIDS=() DL_NS=()
+}
 mac_of() { printf '02:78:00:00:%02x:%02x' "$1" "$2"; }  # 0 host side / 1 router side, host
 delay_line_bin() {
     local b=${DELAY_LINE:-$(dirname "$DM_BENCH")/delay_line}
@@ -254,17 +269,18 @@ host_buffers() {  # namespace: autotuned TCP may grow to TCP_MEM_MAX (per namesp
             die "CORE_MEM_MAX: net.core.rmem_max/wmem_max cannot be set in a namespace on this kernel (they are the machine's)"
     fi
 }
-start_delay_line() {  # namespace delay_ms: the delay line as dl0 there, policy routing of 10.78.0.0/24 into it
-    local dl
+start_delay_line() {  # namespace delay_ms [device that bypasses it]: the delay line as dl0 there, policy routing of 10.78.0.0/24 into it
+    local dl out=$tmp/delay_line-$1.out
     dl=$(delay_line_bin) || die "cannot build bench/delay_line.c"
-    ip netns exec "$1" "$dl" -i dl0 -d "$2" -q "$DELAY_QUEUE" > "$tmp/delay_line.out" 2>&1 &
-    DL_PID=$!
-    for _ in $(seq 50); do grep -qs '^ready' "$tmp/delay_line.out" && break; sleep 0.1; done
-    grep -qs '^ready' "$tmp/delay_line.out" || { cat "$tmp/delay_line.out"; skip "the delay line did not start (TUN?)"; }
+    ip netns exec "$1" "$dl" -i dl0 -d "$2" -q "$DELAY_QUEUE" > "$out" 2>&1 &
+    DL_PIDS+=($!) DL_NS+=("$1")
+    for _ in $(seq 50); do grep -qs '^ready' "$out" && break; sleep 0.1; done
+    grep -qs '^ready' "$out" || { cat "$out"; skip "the delay line did not start (TUN?)"; }
     ip -n "$1" link set dl0 up
     ip netns exec "$1" sysctl -qw net.ipv4.conf.dl0.rp_filter=0
     ip -n "$1" rule add pref 100 iif dl0 lookup main
-    ip -n "$1" rule add pref 101 lookup 100
+    [ -z "${3:-}" ] || ip -n "$1" rule add pref 101 iif "$3" lookup main
+    ip -n "$1" rule add pref 102 lookup 100
     ip -n "$1" route add 10.78.0.0/24 dev dl0 table 100
 }
 router_ns() {  # namespace: created, forwarding, no reverse-path filter
@@ -276,7 +292,8 @@ router_ns() {  # namespace: created, forwarding, no reverse-path filter
 # DELAY router) and up0 (02:78:00:02:00:ss), the site's link to the core $corens, whose end there
 # is s<s> (02:78:00:02:01:ss). A site router reaches its own hosts by /32 dev p<h>, every other
 # host by /32 dev up0 (neighbour: the core's port); the core reaches host h by /32 dev s<site of h>
-# (neighbour: that site's up0). With SITE_DELAY the core runs the delay line (start_delay_line).
+# (neighbour: that site's up0). With SITE_DELAY the core runs a delay line (start_delay_line), with
+# DELAY each site router one, which what comes in on up0 bypasses (rule pref 101).
 site_mac() { printf '02:78:00:02:%02x:%02x' "$1" "$2"; }  # 0 site router side / 1 core side, site
 build_sites() {
     local h k s n r
@@ -291,6 +308,7 @@ build_sites() {
         ip -n "$corens" link set "s$s" up
         ip netns exec "$r" sysctl -qw net.ipv4.conf.up0.rp_filter=0
         ip netns exec "$corens" sysctl -qw "net.ipv4.conf.s$s.rp_filter=0"
+        delayed && start_delay_line "$r" "$DELAY" up0  # what the site's hosts send; not what comes in from the core
     done
     for h in $(seq 0 $((HOSTS - 1))); do
         n=${hostns[$h]} s=$(site_of "$h") r=${portns[$h]}
@@ -540,14 +558,15 @@ fi
 # the last site to host 0, across the site links, as the DELAY check above.
 if sited; then
     far=$((HOSTS - HPS)); ssite=$((SITES - 1))
-    if site_delayed; then
+    if site_delayed || delayed; then  # one way: DELAY (the sender's host link) + SITE_DELAY (the core)
+        oneway=$(python3 -c 'import sys; print("%g" % (float(sys.argv[1]) + float(sys.argv[2])))' "$DELAY" "$(site_delayed && echo "$SITE_DELAY" || echo 0)")
         r=$(rtt_check "$far") || die "the round-trip check across the site links failed"
         read -r rmin rmed rmax <<< "$r"
         ok=$(python3 -c 'import sys; m, d, t = map(float, sys.argv[1:]); print("ok" if abs(m - 2 * d) <= t else "OFF")' \
-            "$rmed" "$SITE_DELAY" "$DELAY_TOL")
-        DELAY_LINES+=("site delay line: ${SITE_DELAY} ms one way site to site (in the core)")
-        DELAY_LINES+=("round trip host${far} (site$ssite)->host0 (site0) (UDP echo, 20 probes): min $rmin, median $rmed, max $rmax ms, should be $(python3 -c 'import sys; print("%g" % (2 * float(sys.argv[1])))' "$SITE_DELAY"): $ok (tolerance ${DELAY_TOL} ms)")
-        [ "$ok" = ok ] || { printf '%s\n' "${DELAY_LINES[@]}" >&2; die "the round trip does not match SITE_DELAY=$SITE_DELAY"; }
+            "$rmed" "$oneway" "$DELAY_TOL")
+        site_delayed && DELAY_LINES+=("site delay line: ${SITE_DELAY} ms one way site to site (in the core)")
+        DELAY_LINES+=("round trip host${far} (site$ssite)->host0 (site0) (UDP echo, 20 probes): min $rmin, median $rmed, max $rmax ms, should be $(python3 -c 'import sys; print("%g" % (2 * float(sys.argv[1])))' "$oneway"): $ok (tolerance ${DELAY_TOL} ms)")
+        [ "$ok" = ok ] || { printf '%s\n' "${DELAY_LINES[@]}" >&2; die "the round trip across the sites does not match DELAY + SITE_DELAY = $oneway ms one way"; }
     fi
     one_bps=$RATE_BPS; [ "$FLOW_BPS" -gt 0 ] && [ "$FLOW_BPS" -lt "$one_bps" ] && one_bps=$FLOW_BPS
     [ "$SITE_BPS" -lt "$one_bps" ] && one_bps=$SITE_BPS
@@ -691,10 +710,7 @@ for s in $(seq 0 $((SITES - 1))); do
     } >> "$OUT/raw/tc-classes.txt" 2>&1
 done
 
-if [ -n "$DL_PID" ]; then  # its counters (packets, drops, how late) into the report
-    kill -TERM "$DL_PID" 2>/dev/null; wait "$DL_PID" 2>/dev/null; DL_PID=
-    grep -s '^delay_line' "$tmp/delay_line.out" > "$OUT/raw/delay_line.txt"
-fi
+stop_delay_lines  # their counters (packets, drops, how late) into the report
 # shellcheck disable=SC2086  # SYSTEMS: one word per system
 DELAY=$DELAY DM_ENV=$DM_ENV SITES=$SITES SITE_BPS=$SITE_BPS SITE_DELAY=$(site_delayed && echo "$SITE_DELAY" || echo 0) \
     python3 "$(dirname "$0")/bench_hosts_report.py" "$RAW" "$OUT" "$HOSTS" "$RANKS_PER_HOST" \

@@ -7,8 +7,8 @@ the bounds then gain it, and raw/delay_line.txt (the delay line's counters) is p
 DM_ENV (environment): what was added to the distmesh ranks' environment, for the headers.
 SITES (environment, default 1), SITE_BPS, SITE_DELAY (ms): with SITES > 1 the hosts form SITES sites
 joined by one link each at SITE_BPS per direction (make bench-hosts SITES=): the headers say so, and
-a section adds the three-level bound per size, 2(n-1)/n x size / SITE_BPS (with SITE_DELAY also
-that + SITE_DELAY), the ratios of distmesh_auto over it, over distmesh_2level and over Gloo, the
+a section adds the three-level bound per size, 2(n-1)/n x size / SITE_BPS (with a delay also
+that + DELAY + SITE_DELAY), the ratios of distmesh_auto over it, over distmesh_2level and over Gloo, the
 site link check (raw/iperf.txt) and the bytes each site link sent per launch ("<system> rep=<r> site=<s> tx_bytes=<B>" lines in raw/bytes.txt).
 RAW lines: "<system> rep=<r> bytes=<B> us=<time> wrong=<n, -1: not checked> transport=<t> algo=<a or ->".
 Writes OUT/table.txt (what it prints), OUT/results.csv (every launch) and OUT/results.json."""
@@ -220,21 +220,23 @@ def main():
             " sites put on each site link in each direction)")
         heads = [("auto/bound", "distmesh_auto", None), ("auto/2level", "distmesh_auto", "distmesh_2level"),
                  ("auto/gloo", "distmesh_auto", "gloo"), ("2level/bound", "distmesh_2level", None)]
-        if site_delay_ms:
-            say(f"#   3-level+Ds: the three-level bound + Ds = {site_delay_ms:g} ms (the last bytes still cross to the"
-                " other sites after the link is done), a lower bound; auto/(3-level+Ds) uses it")
-            heads.append(("auto/(3-level+Ds)", "distmesh_auto", "+Ds"))
-        say("#       size  3-level bound" + ("     3-level+Ds" if site_delay_ms else "")
+        cross_us = delay_us + site_delay_ms * 1000  # one way, host to host across the sites
+        if cross_us:
+            say(f"#   3-level+D: the three-level bound + D = {cross_us / 1000:g} ms one way between hosts of two sites"
+                + (" (DELAY + SITE_DELAY)" if delay_us and site_delay_ms else "")
+                + " (the last bytes still cross after the link is done), a lower bound; auto/(3-level+D) uses it")
+            heads.append(("auto/(3-level+D)", "distmesh_auto", "+D"))
+        say("#       size  3-level bound" + ("      3-level+D" if cross_us else "")
             + "".join(f"  {h:>{max(12, len(h))}s}" for h, _, _ in heads))
         for b in sizes:
             bound = 2.0 * (sites - 1) / sites * b * 8.0 / site_bps * 1e6
-            bound_d = bound + site_delay_ms * 1000
-            row = f"{b:12d}  {fmt_ms(bound):>13s}" + (f"  {fmt_ms(bound_d):>13s}" if site_delay_ms else "")
+            bound_d = bound + cross_us
+            row = f"{b:12d}  {fmt_ms(bound):>13s}" + (f"  {fmt_ms(bound_d):>13s}" if cross_us else "")
             entry = {"bytes": b, "three_level_bound_us": bound, "ratios": {}}
-            if site_delay_ms:
+            if cross_us:
                 entry["three_level_plus_delay_us"] = bound_d
             for h, a, z in heads:
-                num, den = med.get((a, b)), (bound_d if z == "+Ds" else med.get((z, b)) if z else bound)
+                num, den = med.get((a, b)), (bound_d if z == "+D" else med.get((z, b)) if z else bound)
                 w = max(12, len(h))
                 if num and den:
                     entry["ratios"][h] = num / den
