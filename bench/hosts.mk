@@ -10,6 +10,11 @@
 # between the hosts, checked by a round trip and one TCP flow before the runs:
 #   make bench-hosts HOSTS=2 RANKS_PER_HOST=2 RATE=1gbit DELAY=25 SIZES="8 64M" REPS=3 COMPRESS=
 # DM_ENV="DISTMESH_SOCKETS_PER_PEER=2" passes variables to the distmesh ranks.
+# SITES=<n> splits the hosts into n sites (a router namespace each, joined through a core router
+# by one link per site shaped to SITE_RATE, default 200mbit; SITE_DELAY=<ms> delays it) and runs
+# distmesh_auto with DISTMESH_SITE=site<s> against distmesh_2level (without it); DELAY then needs
+# 2 or more hosts per site:
+#   make bench-hosts HOSTS=4 SITES=2 RANKS_PER_HOST=2 RATE=2gbit SITE_RATE=200mbit SIZES=16M REPS=3 COMPRESS=
 GLOO_BENCH := $(BENCH_DIR)/gloo_bench
 DELAY_LINE := $(BENCH_DIR)/delay_line
 

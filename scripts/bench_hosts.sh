@@ -42,6 +42,37 @@
 #   whether distmesh pins SO_SNDBUF/SO_RCVBUF to 4 MiB: it does when wmem_max >= 4 MiB).
 #   DELAY_LINE=path (default: delay_line next to dm_bench, else built from bench/delay_line.c
 #   with cc), DELAY_QUEUE=64M (its queue in bytes; tail drop beyond).
+#   SITES=<n> (default 1: one site, all of the above unchanged). With n > 1 the hosts form n sites
+#   of HOSTS/n consecutive hosts each (HOSTS a multiple of n; site s holds hosts s*HOSTS/n ..
+#   (s+1)*HOSTS/n - 1), a third level of the network. Topology, a star: one router namespace per
+#   site, where its hosts' veths end (same addresses, static neighbour entries, no ARP, as with
+#   DELAY; host links shaped at RATE both ways, FLOW_RATE as above), and one core router namespace
+#   joined to each site's router by one veth pair, the site's link: shaped to SITE_RATE (default
+#   200mbit) with htb on both directions (egress of the site router's up0: what the site sends;
+#   egress of the core's port s<s>: what it receives), no per-flow cap. Every packet between two
+#   sites crosses the sender's site link and the receiver's, so each site has one shared link at
+#   SITE_RATE each way to all other sites (with 2 sites: one link between them, the core only
+#   joins the two halves). The site routers and the core route by /32 routes per host address.
+#   SITE_DELAY=<ms> (default 0) puts a delay line in the core (the DELAY router's policy routing:
+#   in from any site port, through its TUN device, out to the destination site's port), so site
+#   to site is SITE_DELAY one way and a round trip 2 x SITE_DELAY. DELAY > 0 with sites (2 or
+#   more hosts per site) runs a delay line in each site router too: what the site's hosts send
+#   goes through it once (rule: in from up0, from the core, bypasses it), so host to host is DELAY
+#   one way within a site and DELAY + SITE_DELAY across sites; the DELAY check (hosts 1 and 0)
+#   stays inside site 0. Socket buffers in the hosts as with DELAY (TCP_MEM_MAX, CORE_MEM_MAX). Systems with SITES > 1: distmesh_auto runs with
+#   DISTMESH_SITE=site<s> in the environment of every rank of site s, and so do distmesh_flat and
+#   the compressed ones; distmesh_2level is distmesh_auto without DISTMESH_SITE (the library sees
+#   hosts only: its two-level schedule on the same layout); Gloo as above; all interleaved.
+#   Before the runs: one TCP flow from the first host of the last site to host 0 across the site
+#   links (iperf3 when there, else python; as the DELAY check: 4 s after 2 s), below 85% of the
+#   most it allows (min(RATE, FLOW_RATE, SITE_RATE) x 1448/1514): a warning; with SITE_DELAY the
+#   round trip between them too (exit 1 if off by more than DELAY_TOL from 2 x (DELAY +
+#   SITE_DELAY)); raw/delay_line.txt has each delay line's counters, led by its router. The
+#   report adds the site link's rate, the three-level bound per size, 2(n-1)/n x size / SITE_RATE
+#   (what a reduce-scatter and all-gather across n sites put on each site link each way; with a
+#   delay also that + DELAY + SITE_DELAY), the ratios distmesh_auto over it, over distmesh_2level and
+#   over Gloo, the checks above (also in results.json), and the bytes each site link sent per
+#   launch (up0's tx counter, raw/bytes.txt; every system, Gloo too).
 # Writes $OUT/table.txt, $OUT/results.csv, $OUT/results.json and raw logs under $OUT/raw.
 # Exit 0 ok, 77 skipped (reason printed), else failed. Everything it creates is removed on every
 # exit path; every process runs under timeout.
@@ -55,6 +86,7 @@ IPERF=${IPERF:-1}; OUT=${OUT:-build/bench-hosts}; BURST=${BURST:-64k}; COMPRESS=
 LAUNCH_TIMEOUT=${LAUNCH_TIMEOUT:-300}
 DELAY=${DELAY:-0}; DELAY_TOL=${DELAY_TOL:-3}; DELAY_QUEUE=${DELAY_QUEUE:-64M}; TCP_MEM_MAX=${TCP_MEM_MAX:-64M}
 CORE_MEM_MAX=${CORE_MEM_MAX:-}; DM_ENV=${DM_ENV:-}
+SITES=${SITES:-1}; SITE_RATE=${SITE_RATE:-200mbit}; SITE_DELAY=${SITE_DELAY:-0}
 
 skip() { echo "bench-hosts: skipped: $*"; exit 77; }
 die() { echo "bench-hosts: $*" >&2; exit 1; }
@@ -84,6 +116,20 @@ done
 DM_WMEM_MAX_SEEN=${DM_WMEM_MAX_SEEN:-}; DM_WRAP=()
 [[ -z $DM_WMEM_MAX_SEEN || $DM_WMEM_MAX_SEEN =~ ^[0-9]+$ ]] || die "DM_WMEM_MAX_SEEN=$DM_WMEM_MAX_SEEN: bytes"
 delayed() { [[ ! $DELAY =~ ^0*(\.0*)?$ ]]; }  # DELAY > 0
+is_count "$SITES" && [ "$SITES" -le "$HOSTS" ] && [ $((HOSTS % SITES)) -eq 0 ] ||
+    die "SITES=$SITES: need a count >= 1 that divides HOSTS=$HOSTS"
+sited() { [ "$SITES" -gt 1 ]; }
+[[ $SITE_DELAY =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "SITE_DELAY=$SITE_DELAY: milliseconds (e.g. 25)"
+site_delayed() { sited && [[ ! $SITE_DELAY =~ ^0*(\.0*)?$ ]]; }  # SITES > 1 and SITE_DELAY > 0
+! sited || ! delayed || [ $((HOSTS / SITES)) -ge 2 ] ||
+    die "DELAY=$DELAY with SITES=$SITES: needs 2 or more hosts per site (the DELAY check runs between hosts 1 and 0, inside site 0)"
+if sited; then
+    for kv in "${DM_ENV_ARGS[@]+"${DM_ENV_ARGS[@]}"}"; do
+        [[ $kv != DISTMESH_SITE=* ]] || die "DM_ENV: DISTMESH_SITE is set per site with SITES > 1 (and left out for distmesh_2level)"
+    done
+fi
+HPS=$((HOSTS / SITES))  # hosts per site
+site_of() { echo $(($1 / HPS)); }
 command -v python3 >/dev/null 2>&1 || skip "no python3 (the report needs it)"
 # tc rates: a number and bit, kbit, mbit or gbit (tc's own units; bits per second)
 rate_bps() {
@@ -93,6 +139,7 @@ rate_bps() {
         "${BASH_REMATCH[1]}" "${BASH_REMATCH[3]}"
 }
 RATE_BPS=$(rate_bps "$RATE") || die "RATE=$RATE: not a tc rate (e.g. 2gbit, 500mbit)"
+SITE_BPS=$(rate_bps "$SITE_RATE") || die "SITE_RATE=$SITE_RATE: not a tc rate (e.g. 200mbit, 1gbit)"
 FLOW_BPS=0
 if [ -n "$FLOW_RATE" ]; then FLOW_BPS=$(rate_bps "$FLOW_RATE") || die "FLOW_RATE=$FLOW_RATE: not a tc rate (e.g. 500mbit)"; fi
 size_bytes() {  # 1M, 16M, 64K, 1G or bytes
@@ -114,6 +161,9 @@ N=$((HOSTS * RANKS_PER_HOST))
 tag=dmh$$
 brns=${tag}br
 hostns=(); for h in $(seq 0 $((HOSTS - 1))); do hostns+=("${tag}h$h"); done
+corens=${tag}core sitens=() portns=()  # portns[h]: where host h's port is (the bridge's or its site router's)
+if sited; then for s in $(seq 0 $((SITES - 1))); do sitens+=("${tag}s$s"); done; fi
+for h in $(seq 0 $((HOSTS - 1))); do if sited; then portns+=("${sitens[$((h / HPS))]}"); else portns+=("$brns"); fi; done
 tmp=$(mktemp -d /tmp/dm_bench_hosts_XXXXXX)
 pids=()
 # pids are timeout's (ip netns exec execs env, which execs timeout): SIGTERM, which timeout passes
@@ -132,12 +182,24 @@ stop_all() {
     pids=()
 }
 cleanup() {
+    trap '' INT TERM HUP  # a second signal (timeout sends one to its child and one to the group) must not cut this short
     stop_all
-    if [ -n "${DL_PID:-}" ]; then
-        kill -TERM "$DL_PID" 2>/dev/null; wait "$DL_PID" 2>/dev/null
-        [ -d "$OUT/raw" ] && grep -s '^delay_line' "$tmp/delay_line.out" > "$OUT/raw/delay_line.txt"
-    fi
-    for n in "${hostns[@]}" "$brns"; do ip netns del "$n" 2>/dev/null; done
+    stop_delay_lines
+    # what still runs in the namespaces (a check's processes, started in a subshell, are not in pids)
+    local n left
+    for n in "${hostns[@]}" "$brns" "${sitens[@]+"${sitens[@]}"}" "$corens"; do
+        ip netns pids "$n" 2>/dev/null | xargs -r kill -TERM 2>/dev/null
+    done
+    for _ in $(seq 20); do
+        left=
+        for n in "${hostns[@]}" "$brns" "${sitens[@]+"${sitens[@]}"}" "$corens"; do left+=$(ip netns pids "$n" 2>/dev/null); done
+        [ -z "$left" ] && break
+        sleep 0.1
+    done
+    for n in "${hostns[@]}" "$brns" "${sitens[@]+"${sitens[@]}"}" "$corens"; do
+        ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null
+        ip netns del "$n" 2>/dev/null
+    done
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -151,7 +213,21 @@ addr_of() { echo "10.78.0.$(($1 + 1))"; }
 # 10.78.0.(h+1)/32 dev p<h> and a static entry. Policy routing: what comes in on any port goes
 # (table 100) into the TUN device dl0, what comes out of dl0 takes the main table to its port.
 # The delay line runs in $brns for the whole script (stopped by cleanup, its counters kept).
-DL_PID=
+DL_PIDS=() DL_NS=()
+stop_delay_lines() {  # their counters to raw/delay_line.txt (each line led by its namespace's role with SITES > 1)
+    local i lbl
+    [ ${#DL_PIDS[@]} -gt 0 ] || return 0
+    for i in "${!DL_PIDS[@]}"; do kill -TERM "${DL_PIDS[$i]}" 2>/dev/null; wait "${DL_PIDS[$i]}" 2>/dev/null; done
+    if [ -d "$OUT/raw" ]; then
+        for i in "${!DL_PIDS[@]}"; do
+            if sited; then
+                lbl=${DL_NS[$i]#"$tag"}; [[ $lbl == s* ]] && lbl="site${lbl#s} router (DELAY)" || lbl="core (SITE_DELAY)"
+                grep -s '^delay_line' "$tmp/delay_line-${DL_NS[$i]}.out" | sed "s/^/$lbl: /"
+            else grep -s '^delay_line' "$tmp/delay_line-${DL_NS[$i]}.out"; fi
+        done > "$OUT/raw/delay_line.txt"
+    fi
+    DL_PIDS=() DL_NS=()
+}
 mac_of() { printf '02:78:00:00:%02x:%02x' "$1" "$2"; }  # 0 host side / 1 router side, host
 delay_line_bin() {
     local b=${DELAY_LINE:-$(dirname "$DM_BENCH")/delay_line}
@@ -162,20 +238,9 @@ delay_line_bin() {
     echo "$b"
 }
 build_router() {
-    local h k n dl
-    dl=$(delay_line_bin) || die "cannot build bench/delay_line.c"
-    ip netns add "$brns" 2>/dev/null || skip "cannot create a network namespace"
-    ip netns exec "$brns" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 \
-        net.ipv4.conf.default.rp_filter=0 || die "cannot enable forwarding in $brns"
-    ip netns exec "$brns" "$dl" -i dl0 -d "$DELAY" -q "$DELAY_QUEUE" > "$tmp/delay_line.out" 2>&1 &
-    DL_PID=$!
-    for _ in $(seq 50); do grep -qs '^ready' "$tmp/delay_line.out" && break; sleep 0.1; done
-    grep -qs '^ready' "$tmp/delay_line.out" || { cat "$tmp/delay_line.out"; skip "the delay line did not start (TUN?)"; }
-    ip -n "$brns" link set dl0 up
-    ip netns exec "$brns" sysctl -qw net.ipv4.conf.dl0.rp_filter=0
-    ip -n "$brns" rule add pref 100 iif dl0 lookup main
-    ip -n "$brns" rule add pref 101 lookup 100
-    ip -n "$brns" route add 10.78.0.0/24 dev dl0 table 100
+    local h k n
+    router_ns "$brns"
+    start_delay_line "$brns" "$DELAY"
     for h in $(seq 0 $((HOSTS - 1))); do
         n=${hostns[$h]}
         ip netns add "$n" || die "cannot create namespace $n"
@@ -191,18 +256,91 @@ build_router() {
         for k in $(seq 0 $((HOSTS - 1))); do
             [ "$k" = "$h" ] || ip -n "$n" neigh replace "$(addr_of "$k")" lladdr "$(mac_of 1 "$h")" dev dmeth0 nud permanent
         done
-        # socket buffers: autotuned TCP may grow to TCP_MEM_MAX (per namespace since Linux 4.15)
-        ip netns exec "$n" sysctl -qw "net.ipv4.tcp_rmem=4096 131072 $(size_bytes "$TCP_MEM_MAX")" \
-            "net.ipv4.tcp_wmem=4096 16384 $(size_bytes "$TCP_MEM_MAX")" || die "cannot set tcp_rmem/tcp_wmem in $n"
-        if [ -n "$CORE_MEM_MAX" ]; then  # sysctl exits 0 on some failures: read it back
-            ip netns exec "$n" sysctl -qw "net.core.rmem_max=$(size_bytes "$CORE_MEM_MAX")" \
-                "net.core.wmem_max=$(size_bytes "$CORE_MEM_MAX")" 2>/dev/null
-            [ "$(ip netns exec "$n" sysctl -n net.core.wmem_max)" = "$(size_bytes "$CORE_MEM_MAX")" ] ||
-                die "CORE_MEM_MAX: net.core.rmem_max/wmem_max cannot be set in a namespace on this kernel (they are the machine's)"
-        fi
+        host_buffers "$n"
     done
 }
-if delayed; then
+host_buffers() {  # namespace: autotuned TCP may grow to TCP_MEM_MAX (per namespace since Linux 4.15)
+    ip netns exec "$1" sysctl -qw "net.ipv4.tcp_rmem=4096 131072 $(size_bytes "$TCP_MEM_MAX")" \
+        "net.ipv4.tcp_wmem=4096 16384 $(size_bytes "$TCP_MEM_MAX")" || die "cannot set tcp_rmem/tcp_wmem in $1"
+    if [ -n "$CORE_MEM_MAX" ]; then  # sysctl exits 0 on some failures: read it back
+        ip netns exec "$1" sysctl -qw "net.core.rmem_max=$(size_bytes "$CORE_MEM_MAX")" \
+            "net.core.wmem_max=$(size_bytes "$CORE_MEM_MAX")" 2>/dev/null
+        [ "$(ip netns exec "$1" sysctl -n net.core.wmem_max)" = "$(size_bytes "$CORE_MEM_MAX")" ] ||
+            die "CORE_MEM_MAX: net.core.rmem_max/wmem_max cannot be set in a namespace on this kernel (they are the machine's)"
+    fi
+}
+start_delay_line() {  # namespace delay_ms [device that bypasses it]: the delay line as dl0 there, policy routing of 10.78.0.0/24 into it
+    local dl out=$tmp/delay_line-$1.out
+    dl=$(delay_line_bin) || die "cannot build bench/delay_line.c"
+    ip netns exec "$1" "$dl" -i dl0 -d "$2" -q "$DELAY_QUEUE" > "$out" 2>&1 &
+    DL_PIDS+=($!) DL_NS+=("$1")
+    for _ in $(seq 50); do grep -qs '^ready' "$out" && break; sleep 0.1; done
+    grep -qs '^ready' "$out" || { cat "$out"; skip "the delay line did not start (TUN?)"; }
+    ip -n "$1" link set dl0 up
+    ip netns exec "$1" sysctl -qw net.ipv4.conf.dl0.rp_filter=0
+    ip -n "$1" rule add pref 100 iif dl0 lookup main
+    [ -z "${3:-}" ] || ip -n "$1" rule add pref 101 iif "$3" lookup main
+    ip -n "$1" rule add pref 102 lookup 100
+    ip -n "$1" route add 10.78.0.0/24 dev dl0 table 100
+}
+router_ns() {  # namespace: created, forwarding, no reverse-path filter
+    ip netns add "$1" 2>/dev/null || skip "cannot create a network namespace"
+    ip netns exec "$1" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 \
+        net.ipv4.conf.default.rp_filter=0 || die "cannot enable forwarding in $1"
+}
+# >>sites  SITES > 1: site router $sitens[s] holds port p<h> of each of its hosts (MACs as in the
+# DELAY router) and up0 (02:78:00:02:00:ss), the site's link to the core $corens, whose end there
+# is s<s> (02:78:00:02:01:ss). A site router reaches its own hosts by /32 dev p<h>, every other
+# host by /32 dev up0 (neighbour: the core's port); the core reaches host h by /32 dev s<site of h>
+# (neighbour: that site's up0). With SITE_DELAY the core runs a delay line (start_delay_line), with
+# DELAY each site router one, which what comes in on up0 bypasses (rule pref 101).
+site_mac() { printf '02:78:00:02:%02x:%02x' "$1" "$2"; }  # 0 site router side / 1 core side, site
+build_sites() {
+    local h k s n r
+    router_ns "$corens"
+    site_delayed && start_delay_line "$corens" "$SITE_DELAY"
+    for s in $(seq 0 $((SITES - 1))); do
+        r=${sitens[$s]}
+        router_ns "$r"
+        ip -n "$r" link add up0 address "$(site_mac 0 "$s")" type veth peer name "s$s" address "$(site_mac 1 "$s")" \
+            netns "$corens" 2>/dev/null || skip "no veth support"
+        ip -n "$r" link set up0 up
+        ip -n "$corens" link set "s$s" up
+        ip netns exec "$r" sysctl -qw net.ipv4.conf.up0.rp_filter=0
+        ip netns exec "$corens" sysctl -qw "net.ipv4.conf.s$s.rp_filter=0"
+        delayed && start_delay_line "$r" "$DELAY" up0  # what the site's hosts send; not what comes in from the core
+    done
+    for h in $(seq 0 $((HOSTS - 1))); do
+        n=${hostns[$h]} s=$(site_of "$h") r=${portns[$h]}
+        ip netns add "$n" || die "cannot create namespace $n"
+        ip -n "$r" link add "p$h" address "$(mac_of 1 "$h")" type veth peer name dmeth0 address "$(mac_of 0 "$h")" \
+            netns "$n" 2>/dev/null || skip "no veth support"
+        ip -n "$r" link set "p$h" up
+        ip netns exec "$r" sysctl -qw "net.ipv4.conf.p$h.rp_filter=0"
+        ip -n "$n" link set lo up
+        ip -n "$n" addr add "$(addr_of "$h")/24" dev dmeth0
+        ip -n "$n" link set dmeth0 up
+        for k in $(seq 0 $((HOSTS - 1))); do
+            [ "$k" = "$h" ] || ip -n "$n" neigh replace "$(addr_of "$k")" lladdr "$(mac_of 1 "$h")" dev dmeth0 nud permanent
+        done
+        host_buffers "$n"
+        ip -n "$corens" route add "$(addr_of "$h")/32" dev "s$s"
+        ip -n "$corens" neigh replace "$(addr_of "$h")" lladdr "$(site_mac 0 "$s")" dev "s$s" nud permanent
+        for k in $(seq 0 $((SITES - 1))); do
+            r=${sitens[$k]}
+            if [ "$k" = "$s" ]; then
+                ip -n "$r" route add "$(addr_of "$h")/32" dev "p$h"
+                ip -n "$r" neigh replace "$(addr_of "$h")" lladdr "$(mac_of 0 "$h")" dev "p$h" nud permanent
+            else
+                ip -n "$r" route add "$(addr_of "$h")/32" dev up0
+                ip -n "$r" neigh replace "$(addr_of "$h")" lladdr "$(site_mac 1 "$k")" dev up0 nud permanent
+            fi
+        done
+    done
+}
+if sited; then
+    build_sites
+elif delayed; then
     build_router
 else
 ip netns add "$brns" 2>/dev/null || skip "cannot create a network namespace"
@@ -245,13 +383,14 @@ out.append(f"filter add dev {dev} parent 1: prio 1 protocol ip u32 ht 800:: matc
 print("\n".join(out))
 PY
 }
-shape_dev() {  # namespace device
-    local ns=$1 dev=$2 f=$tmp/tc-$1-$2 s burst=" burst $BURST cburst $BURST"
+shape_dev() {  # namespace device [rate: instead of RATE, and no per-flow cap (a site link)]
+    local ns=$1 dev=$2 f=$tmp/tc-$1-$2 s burst=" burst $BURST cburst $BURST" rate=${3:-$RATE} flow=$FLOW_RATE
+    [ -z "${3:-}" ] || flow=
     {
         echo "qdisc add dev $dev root handle 1: htb default 2"
-        echo "class add dev $dev parent 1: classid 1:1 htb rate $RATE ceil $RATE quantum 60000$burst"
-        if [ -z "$FLOW_RATE" ]; then
-            echo "class add dev $dev parent 1:1 classid 1:2 htb rate $RATE ceil $RATE quantum 60000$burst"
+        echo "class add dev $dev parent 1: classid 1:1 htb rate $rate ceil $rate quantum 60000$burst"
+        if [ -z "$flow" ]; then
+            echo "class add dev $dev parent 1:1 classid 1:2 htb rate $rate ceil $rate quantum 60000$burst"
         else
             echo "class add dev $dev parent 1:1 classid 1:2 htb rate 1mbit ceil $RATE quantum 60000"
             for s in $(seq 0 255); do
@@ -265,7 +404,12 @@ shape_dev() {  # namespace device
 }
 for h in $(seq 0 $((HOSTS - 1))); do
     shape_dev "${hostns[$h]}" dmeth0 || { cat "$tmp/tc.log"; skip "tc htb${FLOW_RATE:+ with u32 filters} unavailable"; }
-    shape_dev "$brns" "p$h" || { cat "$tmp/tc.log"; skip "tc htb${FLOW_RATE:+ with u32 filters} unavailable"; }
+    shape_dev "${portns[$h]}" "p$h" || { cat "$tmp/tc.log"; skip "tc htb${FLOW_RATE:+ with u32 filters} unavailable"; }
+done
+for s in $(seq 0 $((SITES - 1))); do  # SITES > 1: each site's link, both ways
+    sited || break
+    shape_dev "${sitens[$s]}" up0 "$SITE_RATE" || { cat "$tmp/tc.log"; skip "tc htb unavailable"; }
+    shape_dev "$corens" "s$s" "$SITE_RATE" || { cat "$tmp/tc.log"; skip "tc htb unavailable"; }
 done
 # Every host reaches host 0 over TCP (a listener there, one connection from each; no ping here).
 reach_host0() {
@@ -295,6 +439,7 @@ RAW=$OUT/raw/results.txt; : > "$RAW"
 {
     echo "hosts=$HOSTS ranks_per_host=$RANKS_PER_HOST rate=$RATE rate_bps=$RATE_BPS flow_rate=${FLOW_RATE:-none}" \
          "flow_bps=$FLOW_BPS sizes=${BYTES[*]} reps=$REPS iters=$ITERS warmup=$WARMUP"
+    sited && echo "sites=$SITES hosts_per_site=$HPS site_rate=$SITE_RATE site_bps=$SITE_BPS site_delay_ms=$SITE_DELAY"
     uname -r; nproc; date -u
 } > "$OUT/raw/setup.txt"
 
@@ -323,8 +468,8 @@ printf '%s\n' "${IPERF_LINES[@]+"${IPERF_LINES[@]}"}" > "$OUT/raw/iperf.txt"
 # out, against the most the link allows one flow: min(RATE, FLOW_RATE) x 1448/1514 (TCP payload
 # in a full frame). The socket buffer settings of host 0 go to the report too.
 DELAY_LINES=()
-rtt_check() {  # prints "min median max" in ms
-    local srv
+rtt_check() {  # [from host, default 1] prints "min median max" in ms
+    local srv src=${1:-1}
     ip netns exec "${hostns[0]}" timeout -k 2 20 python3 -c '
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 29397)); print("up", flush=True)
@@ -338,7 +483,7 @@ except socket.timeout:
     pass' "$(addr_of 0)" > "$tmp/echo" 2>&1 &
     srv=$!; pids+=("$srv")
     for _ in $(seq 50); do grep -qs up "$tmp/echo" && break; sleep 0.1; done
-    ip netns exec "${hostns[1]}" timeout -k 2 15 python3 -c '
+    ip netns exec "${hostns[$src]}" timeout -k 2 15 python3 -c '
 import socket, statistics, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); a = (sys.argv[1], 29397)
 rtt = []
@@ -353,13 +498,13 @@ print("%.2f %.2f %.2f" % (min(rtt), statistics.median(rtt), max(rtt)))' "$(addr_
     wait "$srv" 2>/dev/null; pids=()
     return $rc
 }
-flow_check() {  # prints Gbit/s and the tool
-    local srv port=52101
+flow_check() {  # [from host, default 1] prints Gbit/s and the tool
+    local srv port=52101 src=${1:-1}
     if command -v iperf3 >/dev/null 2>&1; then
         ip netns exec "${hostns[0]}" timeout -k 2 20 iperf3 -s -1 -p $port >/dev/null 2>&1 &
         srv=$!; pids+=("$srv")
         sleep 0.5
-        ip netns exec "${hostns[1]}" timeout -k 2 15 iperf3 -c "$(addr_of 0)" -p $port -t 4 -O 2 -J 2>/dev/null |
+        ip netns exec "${hostns[$src]}" timeout -k 2 15 iperf3 -c "$(addr_of 0)" -p $port -t 4 -O 2 -J 2>/dev/null |
             python3 -c 'import json,sys; print("%.3f iperf3" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))'
     else
         ip netns exec "${hostns[0]}" timeout -k 2 20 python3 -c '
@@ -377,7 +522,7 @@ while True:
 print("%.3f python" % (n * 8 / (t2 - t1) / 1e9))' "$(addr_of 0)" > "$tmp/flow" 2>&1 &
         srv=$!; pids+=("$srv")
         for _ in $(seq 50); do grep -qs up "$tmp/flow" && break; sleep 0.1; done
-        ip netns exec "${hostns[1]}" timeout -k 2 15 python3 -c '
+        ip netns exec "${hostns[$src]}" timeout -k 2 15 python3 -c '
 import socket, sys, time
 c = socket.create_connection((sys.argv[1], 52101)); b = bytes(1 << 20); t = time.perf_counter()
 while time.perf_counter() - t < 6: c.sendall(b)
@@ -409,6 +554,34 @@ print("one TCP flow host1->host0 (%s, 4 s after 2 s): %.3f Gbit/s of %.3f the li
     DELAY_LINES+=("host namespaces: net.core.rmem_max $(sc net.core.rmem_max), wmem_max $(sc net.core.wmem_max), tcp_rmem $(sc net.ipv4.tcp_rmem), tcp_wmem $(sc net.ipv4.tcp_wmem), congestion control $(sc net.ipv4.tcp_congestion_control)")
     printf '%s\n' "${DELAY_LINES[@]}" | grep -q LOW && echo "bench-hosts: warning: one flow is below 85% of the link" >&2
 fi
+# >>site check  SITES > 1: one TCP flow (and with SITE_DELAY the round trip) from the first host of
+# the last site to host 0, across the site links, as the DELAY check above.
+if sited; then
+    far=$((HOSTS - HPS)); ssite=$((SITES - 1))
+    if site_delayed || delayed; then  # one way: DELAY (the sender's host link) + SITE_DELAY (the core)
+        oneway=$(python3 -c 'import sys; print("%g" % (float(sys.argv[1]) + float(sys.argv[2])))' "$DELAY" "$(site_delayed && echo "$SITE_DELAY" || echo 0)")
+        r=$(rtt_check "$far") || die "the round-trip check across the site links failed"
+        read -r rmin rmed rmax <<< "$r"
+        ok=$(python3 -c 'import sys; m, d, t = map(float, sys.argv[1:]); print("ok" if abs(m - 2 * d) <= t else "OFF")' \
+            "$rmed" "$oneway" "$DELAY_TOL")
+        site_delayed && DELAY_LINES+=("site delay line: ${SITE_DELAY} ms one way site to site (in the core)")
+        DELAY_LINES+=("round trip host${far} (site$ssite)->host0 (site0) (UDP echo, 20 probes): min $rmin, median $rmed, max $rmax ms, should be $(python3 -c 'import sys; print("%g" % (2 * float(sys.argv[1])))' "$oneway"): $ok (tolerance ${DELAY_TOL} ms)")
+        [ "$ok" = ok ] || { printf '%s\n' "${DELAY_LINES[@]}" >&2; die "the round trip across the sites does not match DELAY + SITE_DELAY = $oneway ms one way"; }
+    fi
+    one_bps=$RATE_BPS; [ "$FLOW_BPS" -gt 0 ] && [ "$FLOW_BPS" -lt "$one_bps" ] && one_bps=$FLOW_BPS
+    [ "$SITE_BPS" -lt "$one_bps" ] && one_bps=$SITE_BPS
+    f=$(flow_check "$far"); read -r fg tool <<< "$f"
+    if [ -n "${fg:-}" ]; then
+        DELAY_LINES+=("$(python3 -c 'import sys
+g, bps, tool, who = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]; top = bps * 1448 / 1514 / 1e6
+print("site link check: one TCP flow %s (%s, 4 s after 2 s): %.1f Mbit/s of %.1f the links allow (%.0f%%): %s"
+      % (who, tool, g * 1e3, top, 100 * g * 1e3 / top, "ok" if g * 1e3 >= 0.85 * top else "LOW"))' "$fg" "$one_bps" "$tool" "host${far} (site$ssite)->host0 (site0)")")
+    else
+        DELAY_LINES+=("site link check: one TCP flow host${far}->host0: the measurement failed")
+    fi
+    printf '%s\n' "${DELAY_LINES[@]}" | grep -q 'site link check.*LOW' &&
+        echo "bench-hosts: warning: one flow across the site links is below 85% of what they allow" >&2
+fi
 [ ${#DELAY_LINES[@]} -eq 0 ] || printf '%s\n' "${DELAY_LINES[@]}" >> "$OUT/raw/iperf.txt"
 
 if [ -n "$DM_WMEM_MAX_SEEN" ]; then
@@ -433,14 +606,27 @@ wait_ranks() {
 tx_bytes() {  # host: what its dmeth0 has sent
     ip netns exec "${hostns[$1]}" cat /sys/class/net/dmeth0/statistics/tx_bytes 2>/dev/null || echo 0
 }
+SITE_BEFORE=()
+site_tx() {  # site: what its up0 (its link to the core) has sent
+    ip netns exec "${sitens[$1]}" cat /sys/class/net/up0/statistics/tx_bytes 2>/dev/null || echo 0
+}
+site_bytes_before() { local s; SITE_BEFORE=(); if sited; then for s in $(seq 0 $((SITES - 1))); do SITE_BEFORE+=("$(site_tx "$s")"); done; fi; }
+site_bytes_after() {  # system rep
+    local s
+    if sited; then for s in $(seq 0 $((SITES - 1))); do
+        echo "$1 rep=$2 site=$s tx_bytes=$(( $(site_tx "$s") - SITE_BEFORE[s] ))" >> "$OUT/raw/bytes.txt"
+    done; fi
+}
 run_dm() {  # system algo(empty: unset) rep [compress mode]
-    local sys=$1 algo=$2 rep=$3 mode=${4:-} r h store json=$OUT/raw/$1-rep$3.json log=$OUT/raw/$1-rep$3.log
+    local sys=$1 algo=$2 rep=$3 mode=${4:-} r h site store json=$OUT/raw/$1-rep$3.json log=$OUT/raw/$1-rep$3.log
     local before=()
     store=$(mktemp -d "$tmp/store_XXXXXX")
     for h in $(seq 0 $((HOSTS - 1))); do before+=("$(tx_bytes "$h")"); done
+    site_bytes_before
     for r in $(seq 0 $((N - 1))); do
-        h=$((r / RANKS_PER_HOST))
-        ip netns exec "${hostns[$h]}" "${DM_WRAP[@]+"${DM_WRAP[@]}"}" env "${DM_ENV_ARGS[@]+"${DM_ENV_ARGS[@]}"}" ${algo:+DISTMESH_ALGO=$algo} RANK="$r" WORLD_SIZE=$N \
+        h=$((r / RANKS_PER_HOST)) site=
+        sited && [ "$sys" != distmesh_2level ] && site=site$(site_of "$h")
+        ip netns exec "${hostns[$h]}" "${DM_WRAP[@]+"${DM_WRAP[@]}"}" env "${DM_ENV_ARGS[@]+"${DM_ENV_ARGS[@]}"}" ${algo:+DISTMESH_ALGO=$algo} ${site:+DISTMESH_SITE=$site} RANK="$r" WORLD_SIZE=$N \
             LOCAL_RANK=$((r % RANKS_PER_HOST)) LOCAL_WORLD_SIZE="$RANKS_PER_HOST" DISTMESH_TEST_HOST_ID=host$h \
             DISTMESH_SOCKET_IFNAME=dmeth0 DISTMESH_STORE="file://$store" DISTMESH_TIMEOUT=60 \
             MASTER_ADDR="$(addr_of 0)" MASTER_PORT=29500 \
@@ -457,6 +643,7 @@ run_dm() {  # system algo(empty: unset) rep [compress mode]
     for h in $(seq 0 $((HOSTS - 1))); do
         echo "$sys rep=$rep host=$h tx_bytes=$(( $(tx_bytes "$h") - before[h] ))" >> "$OUT/raw/bytes.txt"
     done
+    site_bytes_after "$sys" "$rep"
     # the algorithm, where dm_bench's rows name it ("algo"), and the transport from its JSON
     python3 - "$sys" "$rep" "$json" >> "$RAW" <<'PY' || return 1
 import json, sys
@@ -470,6 +657,7 @@ PY
 run_gloo() {  # rep
     local rep=$1 r h store log=$OUT/raw/gloo-rep$1.log
     store=$(mktemp -d "$tmp/gloo_XXXXXX")
+    site_bytes_before
     for r in $(seq 0 $((N - 1))); do
         h=$((r / RANKS_PER_HOST))
         ip netns exec "${hostns[$h]}" env GLOO_BENCH_HOSTNAME="$(addr_of "$h")" \
@@ -483,15 +671,17 @@ run_gloo() {  # rep
         return 1
     fi
     cat "$log".* > "$log"; rm -f "$log".*
+    site_bytes_after gloo "$rep"
     sed -n "s/^gloo_ring_chunked ranks=$N \(bytes=[0-9]*\) \(us=[0-9.]*\)$/gloo rep=$rep \1 \2 wrong=-1 transport=tcp algo=ring_chunked/p" \
         "$log" >> "$RAW"
 }
 
 SYSTEMS="distmesh_auto distmesh_flat"
+if sited; then SYSTEMS="distmesh_auto distmesh_2level distmesh_flat"; fi
 for m in $COMPRESS; do SYSTEMS="$SYSTEMS distmesh_$m"; done
 if [ -n "$GLOO_BENCH" ] && [ -x "$GLOO_BENCH" ]; then SYSTEMS="$SYSTEMS gloo"
 else echo "bench-hosts: Gloo not run (no gloo_bench built: needs libgloo-dev)"; fi
-echo "bench-hosts: $HOSTS hosts x $RANKS_PER_HOST ranks, link $RATE${FLOW_RATE:+, $FLOW_RATE per flow}$(delayed && echo ", $DELAY ms one way")${DM_ENV:+, distmesh with $DM_ENV}," \
+echo "bench-hosts: $(sited && echo "$SITES sites x $HPS hosts, site link $SITE_RATE$(site_delayed && echo " and $SITE_DELAY ms one way"), ")$HOSTS hosts x $RANKS_PER_HOST ranks, link $RATE${FLOW_RATE:+, $FLOW_RATE per flow}$(delayed && echo ", $DELAY ms one way")${DM_ENV:+, distmesh with $DM_ENV}," \
      "sizes ${SIZES}, $REPS repetitions of $ITERS iterations (+$WARMUP warmup)"
 [ ${#IPERF_LINES[@]} -eq 0 ] || printf '  %s\n' "${IPERF_LINES[@]}"
 [ ${#DELAY_LINES[@]} -eq 0 ] || printf '  %s\n' "${DELAY_LINES[@]}"
@@ -499,7 +689,7 @@ for rep in $(seq 1 "$REPS"); do
     for sys in $SYSTEMS; do
         echo "bench-hosts: repetition $rep/$REPS: $sys" >&2
         case $sys in
-            distmesh_auto) run_dm "$sys" "" "$rep" ;;
+            distmesh_auto|distmesh_2level) run_dm "$sys" "" "$rep" ;;
             distmesh_flat) run_dm "$sys" flat_ring "$rep" ;;
             distmesh_int8|distmesh_bf16) run_dm "$sys" "" "$rep" "${sys#distmesh_}" ;;
             gloo) run_gloo "$rep" ;;
@@ -508,14 +698,20 @@ for rep in $(seq 1 "$REPS"); do
 done
 for h in $(seq 0 $((HOSTS - 1))); do
     { echo "== host $h: dmeth0 (egress: what host $h sends)"; ip netns exec "${hostns[$h]}" tc -s class show dev dmeth0
-      echo "== bridge port p$h (egress: what host $h receives)"; ip netns exec "$brns" tc -s class show dev "p$h"
+      if sited; then echo "== site$(site_of "$h") router port p$h (egress: what host $h receives)"
+      else echo "== bridge port p$h (egress: what host $h receives)"; fi
+      ip netns exec "${portns[$h]}" tc -s class show dev "p$h"
+    } >> "$OUT/raw/tc-classes.txt" 2>&1
+done
+for s in $(seq 0 $((SITES - 1))); do
+    sited || break
+    { echo "== site$s router up0 (egress: what site $s sends to the others)"; ip netns exec "${sitens[$s]}" tc -s class show dev up0
+      echo "== core port s$s (egress: what site $s receives)"; ip netns exec "$corens" tc -s class show dev "s$s"
     } >> "$OUT/raw/tc-classes.txt" 2>&1
 done
 
-if [ -n "$DL_PID" ]; then  # its counters (packets, drops, how late) into the report
-    kill -TERM "$DL_PID" 2>/dev/null; wait "$DL_PID" 2>/dev/null; DL_PID=
-    grep -s '^delay_line' "$tmp/delay_line.out" > "$OUT/raw/delay_line.txt"
-fi
+stop_delay_lines  # their counters (packets, drops, how late) into the report
 # shellcheck disable=SC2086  # SYSTEMS: one word per system
-DELAY=$DELAY DM_ENV=$DM_ENV python3 "$(dirname "$0")/bench_hosts_report.py" "$RAW" "$OUT" "$HOSTS" "$RANKS_PER_HOST" \
+DELAY=$DELAY DM_ENV=$DM_ENV SITES=$SITES SITE_BPS=$SITE_BPS SITE_DELAY=$(site_delayed && echo "$SITE_DELAY" || echo 0) \
+    python3 "$(dirname "$0")/bench_hosts_report.py" "$RAW" "$OUT" "$HOSTS" "$RANKS_PER_HOST" \
     "$RATE_BPS" "$FLOW_BPS" "$OUT/raw/tc-classes.txt" $SYSTEMS || die "report failed"

@@ -5,6 +5,11 @@ repetitions), the bounds of the shaped link, and the ratios between the systems.
 DELAY (environment, ms, default 0): the one-way delay of every host link (make bench-hosts DELAY=):
 the bounds then gain it, and raw/delay_line.txt (the delay line's counters) is printed.
 DM_ENV (environment): what was added to the distmesh ranks' environment, for the headers.
+SITES (environment, default 1), SITE_BPS, SITE_DELAY (ms): with SITES > 1 the hosts form SITES sites
+joined by one link each at SITE_BPS per direction (make bench-hosts SITES=): the headers say so, and
+a section adds the three-level bound per size, 2(n-1)/n x size / SITE_BPS (with a delay also
+that + DELAY + SITE_DELAY), the ratios of distmesh_auto over it, over distmesh_2level and over Gloo, the
+site link check (raw/iperf.txt) and the bytes each site link sent per launch ("<system> rep=<r> site=<s> tx_bytes=<B>" lines in raw/bytes.txt).
 RAW lines: "<system> rep=<r> bytes=<B> us=<time> wrong=<n, -1: not checked> transport=<t> algo=<a or ->".
 Writes OUT/table.txt (what it prints), OUT/results.csv (every launch) and OUT/results.json."""
 import json
@@ -20,6 +25,13 @@ DESCRIPTION = {
     "distmesh_int8": "distmesh, dm_all_reduce_compressed int8 (no error-feedback state)",
     "distmesh_bf16": "distmesh, dm_all_reduce_compressed bf16 (no error-feedback state)",
     "gloo": "Gloo allreduce_ring_chunked (Debian libgloo), one process per rank",
+}
+SITE_DESCRIPTION = {  # SITES > 1
+    "distmesh_auto": "distmesh, DISTMESH_ALGO unset (auto), DISTMESH_SITE=site<s>",
+    "distmesh_2level": "distmesh, DISTMESH_ALGO unset (auto), no DISTMESH_SITE (the library sees hosts only)",
+    "distmesh_flat": "distmesh, DISTMESH_ALGO=flat_ring, DISTMESH_SITE=site<s>",
+    "distmesh_int8": "distmesh, dm_all_reduce_compressed int8 (no error-feedback state), DISTMESH_SITE=site<s>",
+    "distmesh_bf16": "distmesh, dm_all_reduce_compressed bf16 (no error-feedback state), DISTMESH_SITE=site<s>",
 }
 
 
@@ -65,12 +77,13 @@ def flow_classes(path):
     return used
 
 
-def bytes_sent(path):
-    """system -> bytes a host sent per launch (median over the launches of the mean over the hosts)."""
+def bytes_sent(path, what="host"):
+    """system -> bytes a host (what="site": a site's link) sent per launch (median over the launches of
+    the mean over the hosts or sites)."""
     per = {}
     try:
         for line in open(path):
-            m = re.match(r"(\S+) rep=(\d+) host=(\d+) tx_bytes=(\d+)$", line.strip())
+            m = re.match(r"(\S+) rep=(\d+) " + what + r"=(\d+) tx_bytes=(\d+)$", line.strip())
             if m:
                 per.setdefault(m[1], {}).setdefault(int(m[2]), []).append(int(m[4]))
     except OSError:
@@ -84,22 +97,31 @@ def main():
     hosts, per_host, rate, flow = int(hosts), int(per_host), float(rate), float(flow)
     delay_us = float(os.environ.get("DELAY") or 0) * 1000
     dm_env = os.environ.get("DM_ENV", "").strip()
+    sites = int(os.environ.get("SITES") or 1)
+    site_bps = float(os.environ.get("SITE_BPS") or 0)
+    site_delay_ms = float(os.environ.get("SITE_DELAY") or 0)
+    describe = dict(DESCRIPTION, **(SITE_DESCRIPTION if sites > 1 else {}))
     n = hosts * per_host
     runs, labels = load(raw)
     sizes = sorted({b for (_, b) in runs})
     med = {k: statistics.median(t for _, t, _ in v) for k, v in runs.items()}
     lines = []
     say = lines.append
+    site_check = []
     try:
         for line in open(f"{out}/raw/iperf.txt"):
             if line.strip():
                 say(f"# {line.strip()}")
+                if line.startswith(("site link check", "round trip host", "site delay line")) and sites > 1:
+                    site_check.append(line.strip())
     except OSError:
         pass
     for s in systems:
-        say(f"# {DESCRIPTION.get(s, s)}: {n} ranks on {hosts} hosts x {per_host}, link {rate / 1e9:g} Gbit/s"
+        say(f"# {describe.get(s, s)}: {n} ranks on {hosts} hosts x {per_host}, link {rate / 1e9:g} Gbit/s"
             + (f", {flow / 1e6:g} Mbit/s per flow" if flow else "")
             + (f", {delay_us / 1000:g} ms one way" if delay_us else "")
+            + (f"; {sites} sites x {hosts // sites} hosts, site link {site_bps / 1e6:g} Mbit/s"
+               + (f" and {site_delay_ms:g} ms one way" if site_delay_ms else "") if sites > 1 else "")
             + (f", {dm_env}" if dm_env and s.startswith("distmesh") else "")
             + f"; transport {'/'.join(sorted(labels.get(s, {'-'})))}")
         say("# float32 sum in place; time: median over the launches of the slowest rank's mean; busbw = algbw x 2(n-1)/n")
@@ -190,6 +212,50 @@ def main():
         say("# MB each host sent per launch (its link's tx counter, frames with headers; median over the launches,"
             " then the mean over the hosts), every size and call of the launch together:")
         say("#   " + ", ".join(f"{s}: {sent[s] / 1e6:.1f}" for s in systems if s in sent))
+    site_summary = []
+    if sites > 1:
+        say(f"# Sites: {sites} x {hosts // sites} hosts, each site joined to the others by one link at Rs ="
+            f" {site_bps / 1e6:g} Mbit/s per direction" + (f", {site_delay_ms:g} ms one way site to site" if site_delay_ms else "")
+            + f"; three-level bound 2(n-1)/n x S / Rs, n = {sites} (what a reduce-scatter and all-gather across the"
+            " sites put on each site link in each direction)")
+        heads = [("auto/bound", "distmesh_auto", None), ("auto/2level", "distmesh_auto", "distmesh_2level"),
+                 ("auto/gloo", "distmesh_auto", "gloo"), ("2level/bound", "distmesh_2level", None)]
+        cross_us = delay_us + site_delay_ms * 1000  # one way, host to host across the sites
+        if cross_us:
+            say(f"#   3-level+D: the three-level bound + D = {cross_us / 1000:g} ms one way between hosts of two sites"
+                + (" (DELAY + SITE_DELAY)" if delay_us and site_delay_ms else "")
+                + " (the last bytes still cross after the link is done), a lower bound; auto/(3-level+D) uses it")
+            heads.append(("auto/(3-level+D)", "distmesh_auto", "+D"))
+        say("#       size  3-level bound" + ("      3-level+D" if cross_us else "")
+            + "".join(f"  {h:>{max(12, len(h))}s}" for h, _, _ in heads))
+        for b in sizes:
+            bound = 2.0 * (sites - 1) / sites * b * 8.0 / site_bps * 1e6
+            bound_d = bound + cross_us
+            row = f"{b:12d}  {fmt_ms(bound):>13s}" + (f"  {fmt_ms(bound_d):>13s}" if cross_us else "")
+            entry = {"bytes": b, "three_level_bound_us": bound, "ratios": {}}
+            if cross_us:
+                entry["three_level_plus_delay_us"] = bound_d
+            for h, a, z in heads:
+                num, den = med.get((a, b)), (bound_d if z == "+D" else med.get((z, b)) if z else bound)
+                w = max(12, len(h))
+                if num and den:
+                    entry["ratios"][h] = num / den
+                    row += f"  {num / den:{w}.2f}"
+                else:
+                    row += f"  {'-':>{w}s}"
+            say(row)
+            site_summary.append(entry)
+            for e in summary:
+                if e["bytes"] == b:
+                    e.update({k: v for k, v in entry.items() if k.startswith("three_level")})
+                    e["ratios"].update({f"site {k}": v for k, v in entry["ratios"].items()})
+        say("# auto/bound: distmesh_auto over the three-level bound (a perfect run: about 1.05, TCP's headers);"
+            " auto/2level: over distmesh_2level (the same without DISTMESH_SITE); below 1: distmesh_auto is faster")
+        site_sent = bytes_sent(f"{out}/raw/bytes.txt", "site")
+        if site_sent:
+            say("# MB each site link sent per launch (the site router's up0 tx counter, frames with headers; median over"
+                " the launches, then the mean over the sites), every size and call of the launch together:")
+            say("#   " + ", ".join(f"{s}: {site_sent[s] / 1e6:.1f}" for s in systems if s in site_sent))
     try:
         for line in open(f"{out}/raw/delay_line.txt"):
             if line.strip():
@@ -214,6 +280,11 @@ def main():
                "flow_rate_bps": flow or None, "systems": systems, "sizes": summary}
         if delay_us or dm_env:
             doc.update(delay_ms=delay_us / 1000, dm_env=dm_env)
+        if sites > 1:
+            doc.update(sites=sites, hosts_per_site=hosts // sites, site_rate_bps=site_bps,
+                       site_delay_ms=site_delay_ms,
+                       site_tx_bytes_per_launch=bytes_sent(f"{out}/raw/bytes.txt", "site"),
+                       site_link_check=site_check)
         json.dump(doc, f, indent=1)
     print(f"bench-hosts: wrote {out}/table.txt, {out}/results.csv, {out}/results.json and {out}/raw/")
 
