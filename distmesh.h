@@ -614,7 +614,8 @@ DM_API dm_status dm_synchronize(dm_collective* c);
    The compressed form runs where the group spans 2 or more hosts, a two-level schedule may run
    (DISTMESH_ALGO not flat) and each rail block has an element per host; elsewhere the call is
    exact and dm_last_algorithm names the exact algorithm ("two_level_int8" / "two_level_bf16"
-   when compressed). All ranks must pass the same mode: different ones fail every rank with
+   when compressed). Across sites (DISTMESH_SITE) only the link between sites is compressed
+   ("three_level_int8" / "three_level_bf16": the sums inside each site stay exact). All ranks must pass the same mode: different ones fail every rank with
    DM_ERR_MISMATCH. A mode on an integer dtype or with MAX, MIN or PROD is DM_ERR_INVALID_ARG
    before anything is sent. The NCCL backend takes none (DM_ERR_UNSUPPORTED); the Fake world
    runs them exact. */
@@ -6653,8 +6654,21 @@ _DM_PRIVATE bool _dm_sch_3l_fits(const _dm_eng* lk, size_t count) {
     const _dm_layout* y = &lk->lay;
     return y->NS > 1 && y->HSmin == y->HSmax && count >= (size_t)y->Lmin * (size_t)y->HSmin * (size_t)y->NS;
 }
+/* The bounds of this rank's piece in step 4 (ranks at local index >= R have none: len 0). */
+_DM_PRIVATE void _dm_sch_3l_piece(_dm_eng* lk, size_t count, size_t* off, size_t* len) {
+    const _dm_layout* y = &lk->lay;
+    int i = y->local[lk->c->rank], h = y->host_of[lk->c->rank], s = y->site_of[h];
+    size_t boff, blen;
+    *off = *len = 0;
+    if (i >= y->Lmin) return;
+    _dm_segment(count, y->Lmin, i, &boff, &blen);
+    _dm_segment(blen, y->site_start[s + 1] - y->site_start[s], h - y->site_start[s], off, len);
+    *off += boff;
+}
+/* cm (dm_all_reduce_compressed, DISTMESH_COMPRESS): the cross rails move codes
+   (>>compressed rails), so only the site link is compressed; inside a site the sums stay exact. */
 _DM_PRIVATE dm_status _dm_sch_allreduce_3l(_dm_eng* lk, void* recv, size_t count, dm_dtype dtype, dm_reduce_op op,
-                                           int divide, const _dm_fp* fp) {
+                                           int divide, const _dm_fp* fp, const _dm_cmp* cm) {
     const _dm_layout* y = &lk->lay;
     int R = y->Lmin, i = y->local[lk->c->rank];
     size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len, poff, plen;
@@ -6670,7 +6684,11 @@ _DM_PRIVATE dm_status _dm_sch_allreduce_3l(_dm_eng* lk, void* recv, size_t count
     _dm_segment(len, site.n, site.me, &poff, &plen);
     piece = block + poff * esize;
     cross = _dm_sch_cross_rail(lk, i);
-    if (cross.n > 2) _DM_TRY(_dm_sch_ring(lk, &cross, piece, piece, plen, dtype, op, divide, fp, _DM_SCH_RING_RS | _DM_SCH_RING_AG));
+    if (cm) {
+        _dm_cmp blk = *cm;
+        if (blk.res) blk.res += off + poff;
+        _DM_TRY(_dm_sch_rail_compressed(lk, &cross, piece, plen, dtype, divide, fp, &blk));
+    } else if (cross.n > 2) _DM_TRY(_dm_sch_ring(lk, &cross, piece, piece, plen, dtype, op, divide, fp, _DM_SCH_RING_RS | _DM_SCH_RING_AG));
     else _DM_TRY(_dm_sch_rd(lk, &cross, piece, plen, dtype, op, divide, fp));
     if (site.n > 1) _DM_TRY(_dm_sch_ring(lk, &site, block, block, len, dtype, op, 0, fp, _DM_SCH_RING_AG));
     if (R > 1) _DM_TRY(_dm_sch_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_SCH_RING_AG));
@@ -6904,15 +6922,31 @@ _DM_PRIVATE int _dm_pick_2l_segments(const _dm_eng* lk, size_t count, size_t esi
    the site rails' ring (a host's R rails share its link: b/HS per step), then the cross rails:
    a site's R x HS rails share its link, b/NS per ring step (each host's link b/HS/NS), or one
    exchange (two sites: recursive doubling) of b per site link and b/HS per host link. */
-_DM_PRIVATE double _dm_cost_three_level(const _dm_eng* lk, size_t count, size_t esize) {
+/* Its steps inside the sites: the fold, the host's ring, the site rails' ring. */
+_DM_PRIVATE double _dm_cost_3l_inside(const _dm_eng* lk, double b) {
     const _dm_layout* y = &lk->lay;
     const _dm_link_cost* shm = _dm_cost_class(lk, _DM_COST_SHM);
-    int R = y->Lmin, HS = y->HSmin, NS = y->NS;
-    double b = (double)count * (double)esize, t, rounds = (double)(_dm_ceil_log2(NS) + ((NS & (NS - 1)) ? 2 : 0));
-    t = _dm_cost(shm, 2.0 * ((y->Lmax - 1) / R), b) + _dm_cost(shm, 2.0 * (R - 1), b / R);
-    if (HS > 1) t += _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), 2.0 * (HS - 1), b / HS);
-    if (NS > 2) return t + _dm_cost_sites(lk, 2.0 * (NS - 1), b / NS, b / HS / NS);
-    return t + _dm_cost_sites(lk, rounds, b, b / HS);
+    int R = y->Lmin, HS = y->HSmin;
+    double t = _dm_cost(shm, 2.0 * ((y->Lmax - 1) / R), b) + _dm_cost(shm, 2.0 * (R - 1), b / R);
+    return HS > 1 ? t + _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), 2.0 * (HS - 1), b / HS) : t;
+}
+_DM_PRIVATE double _dm_cost_three_level(const _dm_eng* lk, size_t count, size_t esize) {
+    int HS = lk->lay.HSmin, NS = lk->lay.NS;
+    double b = (double)count * (double)esize, rounds = (double)(_dm_ceil_log2(NS) + ((NS & (NS - 1)) ? 2 : 0));
+    if (NS > 2) return _dm_cost_3l_inside(lk, b) + _dm_cost_sites(lk, 2.0 * (NS - 1), b / NS, b / HS / NS);
+    return _dm_cost_3l_inside(lk, b) + _dm_cost_sites(lk, rounds, b, b / HS);
+}
+/* The compressed three-level all-reduce: the cross rails gather the site's codes (n elements
+   of cb bytes per site link, NS - 1 steps), int8's maxima agreed first. */
+_DM_PRIVATE double _dm_cost_3l_compressed(const _dm_eng* lk, size_t count, size_t esize, dm_compress mode) {
+    int HS = lk->lay.HSmin, NS = lk->lay.NS;
+    double n = (double)count, cb = mode == DM_COMPRESS_INT8 ? 1 : 2, t;
+    t = _dm_cost_3l_inside(lk, n * (double)esize) + _dm_cost_sites(lk, NS - 1.0, n * cb, n * cb / HS);
+    if (mode == DM_COMPRESS_INT8) {
+        double m = n / DM_COMPRESS_BLOCK * 4;
+        t += _dm_cost_sites(lk, _dm_ceil_log2(NS), m, m / HS);
+    }
+    return t;
 }
 /* Two-level with R rails: the fold and its return, then the host's ring and the rails. */
 _DM_PRIVATE double _dm_cost_two_level(const _dm_eng* lk, size_t count, size_t esize, int R, bool rail_ring) {
@@ -6943,11 +6977,13 @@ _DM_PRIVATE int _dm_pick_cmp_segments(const _dm_eng* lk, size_t count, size_t es
 _DM_PRIVATE double _dm_cost_cmp_rails(const _dm_eng* lk, double steps, double b) {
     return _dm_cost_sites(lk, steps, b * lk->lay.HSmax, b);
 }
+_DM_PRIVATE bool _dm_pick_compressed_sites(const _dm_eng* lk, size_t count);
 _DM_PRIVATE double _dm_cost_compressed(const _dm_eng* lk, size_t count, size_t esize, dm_compress mode) {
     const _dm_layout* y = &lk->lay;
     const _dm_link_cost* shm = _dm_cost_class(lk, _DM_COST_SHM);
     int R = y->Lmin, H = y->H, S = 1;
     double b = (double)count * (double)esize, n = (double)count, cb = mode == DM_COMPRESS_INT8 ? 1 : 2, host, rails;
+    if (_dm_pick_compressed_sites(lk, count)) return _dm_cost_3l_compressed(lk, count, esize, mode);
     if (_dm_sch_2l_pipelined(lk, count, R, false) && H == 2) S = _dm_pick_cmp_segments(lk, count, esize, R, mode);
     host = _dm_cost(shm, 2.0 * (R - 1) * S, b / R / S);
     rails = mode == DM_COMPRESS_INT8 ? _dm_cost_cmp_rails(lk, (double)_dm_ceil_log2(H) * S, n / DM_COMPRESS_BLOCK * 4 / S) : 0;
@@ -7097,7 +7133,7 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce_in_place(_dm_eng* lk, int algo, void* 
         return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, lk->lay.Lmin,
                                     _dm_pick_rails_ring(lk, count, dtype), NULL);
     case _DM_ALGO_TWO_LEVEL_RD: return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, 1, false, NULL);
-    default: return _dm_sch_allreduce_3l(lk, buf, count, dtype, op, divide, fp);   /* _DM_ALGO_THREE_LEVEL */
+    default: return _dm_sch_allreduce_3l(lk, buf, count, dtype, op, divide, fp, NULL);   /* _DM_ALGO_THREE_LEVEL */
     }
 }
 /* The compression this all_reduce asks for (>>functions compression): its dm_op's mode, or
@@ -7112,6 +7148,11 @@ _DM_PRIVATE int _dm_coll_compress_mode(const _dm_eng* lk, dm_dtype dtype, dm_red
    rails, or false where it cannot run and the call is exact (see >>functions compression). With
    the caller's state, the residual outside this rank's rail block goes into buf first (all of
    it when exact): the block's part is added where the block is encoded. */
+/* A compressed all_reduce across sites compresses only the site link: three_level with
+   compressed cross rails, where three_level fits and no family is forced. */
+_DM_PRIVATE bool _dm_pick_compressed_sites(const _dm_eng* lk, size_t count) {
+    return _dm_sch_3l_fits(lk, count) && !_dm_pick_forced_two_level(lk);
+}
 _DM_PRIVATE bool _dm_coll_compressed_runs(const _dm_eng* lk, size_t count, int cm) {
     const _dm_layout* y = &lk->lay;
     return cm && y->H >= 2 && y->H <= 258 && !_dm_pick_forced_flat(lk) && count / (size_t)y->Lmin >= (size_t)y->H;
@@ -7120,14 +7161,20 @@ _DM_PRIVATE dm_status _dm_coll_all_reduce_compressed(_dm_eng* lk, void* buf, siz
                                                      dm_reduce_op op, int divide, const _dm_fp* fp) {
     dm_compress_state* cs = lk->c->core->cstate;
     int R = lk->lay.Lmin, i = lk->lay.local[lk->c->rank];
+    bool sites = _dm_pick_compressed_sites(lk, count);
     size_t off = 0, len = 0;
     _dm_cmp cm;
     cm.mode = (dm_compress)fp->compress;
     cm.res = cs ? cs->residual : NULL;
-    if (i < R) _dm_segment(count, R, i, &off, &len);
+    if (sites) _dm_sch_3l_piece(lk, count, &off, &len);     /* the elements this rank encodes */
+    else if (i < R) _dm_segment(count, R, i, &off, &len);
     if (cs) {
         _dm_cmp_flush(cs, buf, dtype, 0, off);
         _dm_cmp_flush(cs, buf, dtype, off + len, count);
+    }
+    if (sites) {
+        _dm_coll_ran(lk, cm.mode == DM_COMPRESS_INT8 ? "three_level_int8" : "three_level_bf16");
+        return _dm_sch_allreduce_3l(lk, buf, count, dtype, op, divide, fp, &cm);
     }
     _dm_coll_ran(lk, cm.mode == DM_COMPRESS_INT8 ? "two_level_int8" : "two_level_bf16");
     return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, R, false, &cm);

@@ -12,8 +12,9 @@
             predictions of other machines (else the model's own, the answer to "classes")
    answer   the query's fields, then all_reduce=ALGO (what dm_all_reduce and dm_reduce run),
             us.ALGO=US for every all_reduce algorithm (the model's cost, whether or not it
-            could run; three_level only on several sites; two_level_int8 and two_level_bf16:
-            dm_all_reduce_compressed's, which runs only when asked), sites=NS, rails=ring|rd (two_level_ring's rails), and the family (flat, two_level) of
+            could run; three_level only on several sites; two_level_int8 and two_level_bf16, or
+            three_level_* across sites: dm_all_reduce_compressed's, which runs only when
+            asked), sites=NS, rails=ring|rd (two_level_ring's rails), and the family (flat, two_level) of
             all_gather, reduce_scatter (blocks of count elements), broadcast and barrier;
             or error=TEXT
    classes  one line per link class: class=NAME alpha=US beta=NS  # what it stands for; then the
@@ -127,7 +128,9 @@ static int answer(char* line) {
     for (k = _DM_ALGO_FLAT_RING; k < _DM_ALGO_COUNT; k++)
         if (k != _DM_ALGO_THREE_LEVEL || lk.lay.NS > 1)
             printf(" us.%s=%.6f", _dm_algo_names[k], _dm_cost_all_reduce(&lk, k, (size_t)count, dtype));
-    printf(" us.two_level_int8=%.6f us.two_level_bf16=%.6f",          /* dm_all_reduce_compressed, when asked */
+    printf(_dm_pick_compressed_sites(&lk, (size_t)count) ? " us.three_level_int8=%.6f us.three_level_bf16=%.6f"
+                                                         : " us.two_level_int8=%.6f us.two_level_bf16=%.6f",
+           /* dm_all_reduce_compressed, when asked: across sites only the site link compressed */
            _dm_cost_compressed(&lk, (size_t)count, dm_dtype_size(dtype), DM_COMPRESS_INT8),
            _dm_cost_compressed(&lk, (size_t)count, dm_dtype_size(dtype), DM_COMPRESS_BF16));
     printf(" rails=%s", _dm_pick_rails_ring(&lk, (size_t)count, dtype) ? "ring" : "rd");

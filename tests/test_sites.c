@@ -151,6 +151,61 @@ static void test_sites_choice(void** s) {
     assert_int_equal(dm_thread_world_run(&fd, choice_rank, (void*)"two_level_ring"), DM_OK);
 }
 
+/* Compression across sites compresses only the site link (three_level_int8 / _bf16): every rank
+   the same bytes, within int8's bound of the exact sum (2 sites x scale / 2; scale = the block's
+   largest site sum / 127), the error-feedback residual only on the elements this rank encodes
+   (its piece: block i of R, piece j of the site's HS), and with DISTMESH_ALGO=two_level the
+   two-level compressed schedule over every host. */
+/* Part s of count split in parts: the first count % parts one longer (the schedules' cut). */
+static void segment(size_t count, int parts, int s, size_t* off, size_t* len) {
+    size_t base = count / (size_t)parts, extra = count % (size_t)parts, si = (size_t)s;
+    *off = si * base + (si < extra ? si : extra);
+    *len = base + (si < extra ? 1 : 0);
+}
+static int compressed_rank(dm_collective* c, void* user) {
+    size_t n = 40000, i, boff, blen, poff, plen;
+    int r = dm_rank(c), W = dm_world_size(c), mode, bad = 0, local = r % 2, j = (r / 2) % 2;
+    const char* want_prefix = (const char*)user;
+    float* v = (float*)malloc(n * sizeof(float));
+    float* first = (float*)malloc(n * sizeof(float));
+    dm_compress_state* cs = NULL;
+    if (!v || !first || dm_compress_state_create(n, &cs) != DM_OK) return 1;
+    segment(n, 2, local, &boff, &blen);         /* 2 sites x 2 hosts x 2: block of R = 2, piece of HS = 2 */
+    segment(blen, 2, j, &poff, &plen);
+    poff += boff;
+    for (mode = DM_COMPRESS_BF16; mode <= DM_COMPRESS_INT8; mode++) {
+        char want[32];
+        const float* res = dm_compress_state_residual(cs);
+        for (i = 0; i < n; i++) v[i] = (float)sin((double)i * 0.01 + r) * 3.0f;
+        RST(dm_all_reduce_compressed(c, NULL, v, n, DM_FLOAT32, DM_SUM, (dm_compress)mode, cs));
+        snprintf(want, sizeof(want), "%s_%s", want_prefix, mode == DM_COMPRESS_INT8 ? "int8" : "bf16");
+        bad |= strcmp(dm_last_algorithm(c), want) != 0;
+        for (i = 0; i < n; i++) {
+            double exact = 0;
+            int q;
+            for (q = 0; q < W; q++) exact += (float)sin((double)i * 0.01 + q) * 3.0f;
+            bad |= fabs(v[i] - exact) > 0.2;       /* int8: 2 x (4 x 3 / 127) / 2; bf16 tighter */
+        }
+        if (strcmp(want_prefix, "three_level") == 0)
+            for (i = 0; i < n; i++) bad |= (i < poff || i >= poff + plen) && res[i] != 0.0f;
+        if (r == 0) memcpy(first, v, n * sizeof(float));
+        RST(dm_broadcast(c, first, n, DM_FLOAT32, 0));
+        bad |= memcmp(first, v, n * sizeof(float)) != 0;
+        if (bad) fprintf(stderr, "rank %d: compressed %s (ran %s) failed\n", r, want, dm_last_algorithm(c));
+    }
+    dm_compress_state_destroy(cs);
+    free(v);
+    free(first);
+    return bad;
+}
+static void test_sites_compressed(void** s) {
+    (void)s;
+    assert_int_equal(run_sited(&g_sited[0], compressed_rank, (void*)"three_level"), DM_OK);
+    setenv("DISTMESH_ALGO", "two_level", 1);
+    assert_int_equal(run_sited(&g_sited[0], compressed_rank, (void*)"two_level"), DM_OK);
+    unsetenv("DISTMESH_ALGO");
+}
+
 /* Split and shrink keep the sites: {even, odd} of 2 sites x 2 hosts x 2 are 2 sites x 2 hosts x
    1 each; without rank 7 the last host has one rank (the fold of the others). */
 static int split_shrink_rank(dm_collective* c, void* user) {
@@ -317,6 +372,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_sites_thread_layouts),
         cmocka_unit_test(test_sites_mean_same_bytes),
         cmocka_unit_test(test_sites_choice),
+        cmocka_unit_test(test_sites_compressed),
         cmocka_unit_test(test_sites_split_shrink),
         cmocka_unit_test(test_sites_processes_same_bytes),
         cmocka_unit_test(test_sites_tcp_shrink),
