@@ -6665,12 +6665,19 @@ _DM_PRIVATE void _dm_sch_3l_piece(_dm_eng* lk, size_t count, size_t* off, size_t
     _dm_segment(blen, y->site_start[s + 1] - y->site_start[s], h - y->site_start[s], off, len);
     *off += boff;
 }
-/* cm (dm_all_reduce_compressed, DISTMESH_COMPRESS): the cross rails move codes
-   (>>compressed rails), so only the site link is compressed; inside a site the sums stay exact. */
+/* Steps 3-5 run pipelined by segment as the two-level middle does (_dm_sch_2l_stage, with the
+   site rail as its host ring and the cross rail as its rail): in stage s the site rail
+   reduce-scatters segment s of block i and all-gathers segment s - 2 while the cross rail
+   all-reduces its piece of segment s - 1, so the site's links work while the site link does.
+   S from the model (_dm_pick_3l_segments; 1: one phase after the other).
+   cm (dm_all_reduce_compressed, DISTMESH_COMPRESS): the cross rails move codes
+   (>>compressed rails), so only the site link is compressed; inside a site the sums stay exact.
+   Not pipelined: each rank's residual stays on one piece (_dm_sch_3l_piece). */
+_DM_PRIVATE int _dm_pick_3l_segments(const _dm_eng* lk, size_t len, size_t esize);
 _DM_PRIVATE dm_status _dm_sch_allreduce_3l(_dm_eng* lk, void* recv, size_t count, dm_dtype dtype, dm_reduce_op op,
                                            int divide, const _dm_fp* fp, const _dm_cmp* cm) {
     const _dm_layout* y = &lk->lay;
-    int R = y->Lmin, i = y->local[lk->c->rank];
+    int R = y->Lmin, i = y->local[lk->c->rank], S, s;
     size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len, poff, plen;
     _dm_team host = _dm_sch_host(lk, R), site, cross;
     unsigned char *block, *piece;
@@ -6680,10 +6687,19 @@ _DM_PRIVATE dm_status _dm_sch_allreduce_3l(_dm_eng* lk, void* recv, size_t count
     _dm_segment(count, R, i, &off, &len);
     block = (unsigned char*)recv + off * esize;
     site = _dm_sch_site_rail(lk, i);
+    cross = _dm_sch_cross_rail(lk, i);
+    S = cm ? 1 : _dm_pick_3l_segments(lk, len, esize);
+    if (S > 1) {                                /* steps 3-5 pipelined by segment */
+        if (!lk->tmp2) lk->tmp2 = (unsigned char*)_dm_malloc(&lk->c->allocator, lk->tmp_size);
+        if (!lk->tmp2) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: all_reduce: out of memory", lk->tag);
+        for (s = 0; s < S + 2; s++)
+            _DM_TRY(_dm_sch_2l_stage(lk, &site, &cross, cross.n > 2, block, len, dtype, op, divide, fp, S, s, NULL));
+        if (R > 1) _DM_TRY(_dm_sch_ring(lk, &host, recv, recv, count, dtype, op, 0, fp, _DM_SCH_RING_AG));
+        return _dm_sch_fold_out(lk, &host, R, recv, bytes, fp);
+    }
     if (site.n > 1) _DM_TRY(_dm_sch_ring(lk, &site, block, block, len, dtype, op, 0, fp, _DM_SCH_RING_RS));
     _dm_segment(len, site.n, site.me, &poff, &plen);
     piece = block + poff * esize;
-    cross = _dm_sch_cross_rail(lk, i);
     if (cm) {
         _dm_cmp blk = *cm;
         if (blk.res) blk.res += off + poff;
@@ -6930,11 +6946,46 @@ _DM_PRIVATE double _dm_cost_3l_inside(const _dm_eng* lk, double b) {
     double t = _dm_cost(shm, 2.0 * ((y->Lmax - 1) / R), b) + _dm_cost(shm, 2.0 * (R - 1), b / R);
     return HS > 1 ? t + _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), 2.0 * (HS - 1), b / HS) : t;
 }
+_DM_PRIVATE double _dm_cost_3l_middle(const _dm_eng* lk, double b, int S);
+_DM_PRIVATE int _dm_pick_3l_segments(const _dm_eng* lk, size_t len, size_t esize);
 _DM_PRIVATE double _dm_cost_three_level(const _dm_eng* lk, size_t count, size_t esize) {
-    int HS = lk->lay.HSmin, NS = lk->lay.NS;
+    const _dm_link_cost* shm = _dm_cost_class(lk, _DM_COST_SHM);
+    int R = lk->lay.Lmin, HS = lk->lay.HSmin, NS = lk->lay.NS, S = _dm_pick_3l_segments(lk, count / (size_t)R, esize);
     double b = (double)count * (double)esize, rounds = (double)(_dm_ceil_log2(NS) + ((NS & (NS - 1)) ? 2 : 0));
+    if (S > 1)
+        return _dm_cost(shm, 2.0 * ((lk->lay.Lmax - 1) / R), b) + _dm_cost(shm, 2.0 * (R - 1), b / R) +
+               _dm_cost_3l_middle(lk, b, S);
     if (NS > 2) return _dm_cost_3l_inside(lk, b) + _dm_cost_sites(lk, 2.0 * (NS - 1), b / NS, b / HS / NS);
     return _dm_cost_3l_inside(lk, b) + _dm_cost_sites(lk, rounds, b, b / HS);
+}
+/* Three-level's steps 3-5 on b bytes (a host's R blocks together) over S segments, as
+   _dm_cost_2l_middle: one after the other when S = 1, else the larger of the site rails' and
+   the cross rails' parts plus the site rails' share of one segment. */
+_DM_PRIVATE double _dm_cost_3l_middle(const _dm_eng* lk, double b, int S) {
+    int HS = lk->lay.HSmin, NS = lk->lay.NS;
+    double site = _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), 2.0 * (HS - 1) * S, b / HS / S), cross;
+    if (NS > 2) cross = _dm_cost_sites(lk, 2.0 * (NS - 1) * S, b / NS / S, b / HS / NS / S);
+    else cross = _dm_cost_sites(lk, (double)S, b / S, b / HS / S);
+    if (S == 1) return site + cross;
+    return (site > cross ? site : cross) + site / S;
+}
+/* The segments of three-level's middle for a block of len elements: 1 where it cannot be cut
+   (one host per site, or a piece of a segment without an element per site), else of 1, 2,
+   4, ... and the most allowed (_dm_sch_2l_max_segments on the site rails), the cheapest. */
+_DM_PRIVATE int _dm_pick_3l_segments(const _dm_eng* lk, size_t len, size_t esize) {
+    const _dm_layout* y = &lk->lay;
+    int HS = y->HSmin, NS = y->NS, most, S, best = 1;
+    double b = (double)len * (double)esize * y->Lmin, least;
+    if (HS < 2 || len / (size_t)HS < (size_t)NS) return 1;
+    most = _dm_sch_2l_max_segments(len, esize, HS, NS);
+    least = _dm_cost_3l_middle(lk, b, 1);
+    for (S = 2; most > 1; S *= 2) {
+        int k = S < most ? S : most;
+        double t = _dm_cost_3l_middle(lk, b, k);
+        if (t < least) { least = t; best = k; }
+        if (S >= most) break;
+    }
+    return best;
 }
 /* The compressed three-level all-reduce: the cross rails gather the site's codes (n elements
    of cb bytes per site link, NS - 1 steps), int8's maxima agreed first. */

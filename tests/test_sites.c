@@ -16,7 +16,7 @@ typedef struct sited {
     int sites[8];
     bool fits;          /* three_level can run: every site the same number of hosts */
 } sited;
-#define N_SITED 6
+#define N_SITED 7
 static const sited g_sited[N_SITED] = {
     { "2 sites x 2 hosts x 2", 8, { 0, 0, 1, 1, 2, 2, 3, 3 }, { 0, 0, 0, 0, 1, 1, 1, 1 }, true },
     { "3 sites x 1 host x 2", 6, { 0, 0, 1, 1, 2, 2 }, { 0, 0, 1, 1, 2, 2 }, true },
@@ -24,6 +24,7 @@ static const sited g_sited[N_SITED] = {
     { "interleaved sites and hosts", 8, { 0, 1, 2, 3, 0, 1, 2, 3 }, { 0, 1, 0, 1, 0, 1, 0, 1 }, true },
     { "2 sites x 2 hosts x 1", 4, { 0, 1, 2, 3 }, { 5, 5, 9, 9 }, true },
     { "2 hosts at one site, 1 at the other", 6, { 0, 0, 1, 1, 2, 2 }, { 0, 0, 0, 0, 1, 1 }, false },
+    { "3 sites x 2 hosts x 1", 6, { 0, 1, 2, 3, 4, 5 }, { 0, 0, 1, 1, 2, 2 }, true },
 };
 
 static dm_status run_sited(const sited* l, dm_rank_fn fn, void* user) {
@@ -149,6 +150,34 @@ static void test_sites_choice(void** s) {
     fd.host_of = g_sited[0].hosts;
     fd.timeout_ms = 60000;
     assert_int_equal(dm_thread_world_run(&fd, choice_rank, (void*)"two_level_ring"), DM_OK);
+}
+
+/* The pipelined middle (steps 3-5 by segment, _dm_sch_2l_stage on the site and cross rails):
+   counts of several segments, every op on exact int32 data and MEAN on float32, in and out of
+   place, on 2 sites x 2 hosts x 2 (the cross rails one exchange) and 3 sites x 2 hosts x 1
+   (rings). */
+static int pipelined_rank(dm_collective* c, void* user) {
+    static const size_t counts[2] = { ((size_t)3 << 20) + 7, ((size_t)1 << 20) + 3 };
+    int op, k, bad = 0, salt = 700;
+    (void)user;
+    for (k = 0; k < 2; k++)
+        for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
+            dm_dtype t = op == DM_MEAN ? DM_FLOAT32 : DM_INT32;
+            if (k == 1 && op != DM_SUM) continue;
+            bad |= suite_all_reduce(c, counts[k], t, (dm_reduce_op)op, (op + k) % 2 == 0, ++salt);
+            if (strcmp(dm_last_algorithm(c), "three_level") != 0) {
+                fprintf(stderr, "rank %d: %zu elements ran %s\n", dm_rank(c), counts[k], dm_last_algorithm(c));
+                bad = 1;
+            }
+        }
+    return bad;
+}
+static void test_sites_pipelined(void** s) {
+    (void)s;
+    setenv("DISTMESH_ALGO", "three_level", 1);
+    assert_int_equal(run_sited(&g_sited[0], pipelined_rank, NULL), DM_OK);
+    assert_int_equal(run_sited(&g_sited[6], pipelined_rank, NULL), DM_OK);
+    unsetenv("DISTMESH_ALGO");
 }
 
 /* Compression across sites compresses only the site link (three_level_int8 / _bf16): every rank
@@ -372,6 +401,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_sites_thread_layouts),
         cmocka_unit_test(test_sites_mean_same_bytes),
         cmocka_unit_test(test_sites_choice),
+        cmocka_unit_test(test_sites_pipelined),
         cmocka_unit_test(test_sites_compressed),
         cmocka_unit_test(test_sites_split_shrink),
         cmocka_unit_test(test_sites_processes_same_bytes),
