@@ -247,9 +247,7 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <arpa/inet.h>
 #include <poll.h>
 #include <fcntl.h>
-#if defined(DISTMESH_OPENSSL)
-#include <openssl/evp.h>      /* the encrypted links' AES-256-GCM (distmesh_socket.h >>socket aead) */
-#endif
+/* <openssl/evp.h> with DISTMESH_OPENSSL: distmesh.h includes it (>>sealed records) */
 
 _DM_WARM_BEGIN   /* distmesh.h >>compile cost */
 /* >>tcp libc  The backend's share of distmesh.h >>libc: the GNU and BSD calls it makes, declared
