@@ -1348,11 +1348,11 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
     X(TOKEN,            STR,     "",      0, 0,       NULL, TCP_STORE,                                                \
       "shared secret every store and data connection proves (see [SECURITY.md](SECURITY.md)); with it the store "     \
       "serves distmesh clients only")                                                                                 \
-    X(ENCRYPT,          ENUM,    "auto",  0, 0,       "auto|0|1", TCP,                                                 \
-      "`1`: links between hosts carry authenticated encryption (AES-256-GCM, keys from `DISTMESH_TOKEN` and "         \
-      "each connection's handshake; needs the token and a build with `DISTMESH_OPENSSL`); `0`: never; `auto`: on "     \
-      "when a token is set and the build has libcrypto. Links within a host never are (see "                           \
-      "[SECURITY.md](SECURITY.md)); the same on every rank")                                                          \
+    X(ENCRYPT,          ENUM,    "auto",  0, 0,       "auto|0|1", TCP_STORE,                                           \
+      "`1`: links between hosts and the store's connections carry authenticated encryption (AES-256-GCM, keys "      \
+      "from `DISTMESH_TOKEN` and each connection's handshake; needs the token and a build with "                      \
+      "`DISTMESH_OPENSSL`); `0`: never; `auto`: on when a token is set and the build has libcrypto. Links within a "  \
+      "host never are (see [SECURITY.md](SECURITY.md)); the same on every rank and the store host")                  \
     X(SOCKET_IFNAME,    STR,     "",      0, 127,     NULL, TCP,                                                      \
       "interface: `eth0` (prefix), `=eth0` (exact), `^lo,docker` (none of these); unset: "                            \
       "`GLOO_SOCKET_IFNAME`, else the interface that routes to the store host")                                       \

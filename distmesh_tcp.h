@@ -3203,44 +3203,9 @@ static dm_status _dm_tcp_parse_sockets(int given, int* out, char* err, size_t ca
 }
 
 /* Whether the group seals its links to other hosts (>>tcp seal): desc.encrypt (1 on, -1 off),
-   else DISTMESH_ENCRYPT (auto|0|1), else auto: on when there is a token and the backend has
-   libcrypto (DISTMESH_OPENSSL). On without a token is refused (DM_ERR_ENV from the environment,
-   DM_ERR_INVALID_ARG from the desc), on without DISTMESH_OPENSSL is DM_ERR_UNSUPPORTED. */
+   else DISTMESH_ENCRYPT, else auto; the store's rule (distmesh_store.h >>store seal). */
 static dm_status _dm_tcp_parse_encrypt(int given, const char* token, bool* out, char* err, size_t cap) {
-    int mode = 0;               /* the registry's choices: 0 auto, 1 off ("0"), 2 on ("1") */
-    bool has_token = token && *token;
-    dm_status st;
-    *out = false;
-    if (given == 1) mode = 2;
-    else if (given == -1) mode = 1;
-    else if (given != 0) {
-        snprintf(err, cap, "tcp: desc.encrypt is %d; expected 1 (on), -1 (off) or 0 (DISTMESH_ENCRYPT, else auto)",
-                 given);
-        return DM_ERR_INVALID_ARG;
-    } else if ((st = _dm_cfg_int(_DM_CFG_ENCRYPT, &mode, err, cap)) != DM_OK) {
-        return st;
-    }
-    if (mode == 2 && !has_token) {
-        if (given)
-            snprintf(err, cap, "tcp: desc.encrypt is 1 but there is no token (desc.token, DISTMESH_TOKEN): the "
-                     "links' keys come from the token");
-        else
-            snprintf(err, cap, "tcp: DISTMESH_ENCRYPT=1 needs DISTMESH_TOKEN (or desc.token): the links' keys come "
-                     "from the token");
-        return given ? DM_ERR_INVALID_ARG : DM_ERR_ENV;
-    }
-#if !defined(DISTMESH_OPENSSL)
-    if (mode == 2) {
-        snprintf(err, cap, "tcp: %s asks for encrypted links, but this build has no libcrypto: define "
-                 "DISTMESH_OPENSSL (with DISTMESH_TCP, in every TU) and link -lcrypto (OpenSSL 1.1 or later)",
-                 given ? "desc.encrypt 1" : "DISTMESH_ENCRYPT=1");
-        return DM_ERR_UNSUPPORTED;
-    }
-    *out = false;               /* auto without libcrypto: plain links (SECURITY.md) */
-#else
-    *out = mode == 2 || (mode == 0 && has_token);
-#endif
-    return DM_OK;
+    return _dm_st_parse_encrypt("tcp", given, token, out, err, cap);
 }
 
 static dm_status _dm_tcp_join(_dm_tcp_setup* s, dm_collective** out);
@@ -3344,6 +3309,7 @@ static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective**
                        (from_launch ? launch_server : d.rank == 0 && !(agent && strcmp(agent, "True") == 0));
         sd.timeout_ms = s.timeout_ms;
         sd.token = s.token ? s.token : "";    /* the same token guards the store */
+        sd.encrypt = s.encrypt ? 1 : -1;      /* and the store's connections follow the links */
         sd.logger = d.logger;
         sd.allocator = d.allocator;
         /* a second world in this process shares it. Through a relay (>>tcp relay) the store
