@@ -73,8 +73,9 @@
    and DISTMESH_OPENSSL, links between hosts are also encrypted and authenticated from their
    hello on (DISTMESH_ENCRYPT, >>tcp seal): a tampered, replayed, reordered or dropped record
    fails the call with DM_ERR_PROTOCOL naming the peer (a cut stream: DM_ERR_PEER_LOST), and
-   none of it reaches a buffer. Links within a host, the store's traffic and unencrypted builds
-   are plain after the handshake.
+   none of it reaches a buffer. The store's connections are sealed the same way
+   (distmesh_store.h >>store seal) under the same setting. Links within a host and unencrypted
+   builds are plain after the handshake.
 
    COMPILE COST  The sections between _DM_COLD_BEGIN and _DM_COLD_END (creates, rendezvous,
    failures) compile as for debugging whatever the includer's -O level: distmesh.h
@@ -178,8 +179,9 @@ typedef struct dm_tcp_desc {
                                    was built with DISTMESH_OPENSSL; 1 on (needs both: else
                                    DM_ERR_INVALID_ARG without a token, DM_ERR_UNSUPPORTED without
                                    DISTMESH_OPENSSL), -1 off. Links within one host (shared
-                                   memory, sockets) never are. Every rank must be given the same.
-                                   SECURITY.md "Encrypted links". */
+                                   memory, sockets) never are. The store the backend makes
+                                   follows it (dm_store_desc.encrypt). Every rank must be given
+                                   the same. SECURITY.md "Encrypted links". */
 } dm_tcp_desc;
 
 /* Collective call over all world_size ranks. Fails with *out == NULL. */
