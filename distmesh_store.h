@@ -669,15 +669,30 @@ _DM_PRIVATE dm_status _dm_st_parse_encrypt(const char* who, int given, const cha
 struct _dm_st_seal;
 #if defined(DISTMESH_OPENSSL)
 /* One connection's records, both directions; rec holds a record coming in (the server: the
-   bytes as they arrive, whole records opened from the front; the client: one at a time, its
-   plaintext taken from rec + _DM_AEAD_HEAD [ppos, plen)), out a record going out (the client). */
+   bytes as they arrive, whole records opened from the front, rec growing from
+   _DM_ST_SEAL_START to the largest record only when one needs it; the client: one record at a
+   time, its plaintext taken from rec + _DM_AEAD_HEAD [ppos, plen)), out a record going out
+   (the client's; the server seals into its queued writes). */
+#define _DM_ST_SEAL_START ((size_t)4096)
 typedef struct _dm_st_seal {
     _dm_rec tx, rx;
-    size_t fill;                /* bytes in rec */
+    size_t fill, cap;           /* bytes in rec, and its size */
     size_t ppos, plen;          /* the client: opened plaintext not yet taken */
-    unsigned char rec[_DM_AEAD_MAX];
-    unsigned char out[_DM_AEAD_MAX];
+    unsigned char* rec;
+    unsigned char* out;         /* _DM_AEAD_MAX bytes; NULL at the server */
 } _dm_st_seal;
+_DM_PRIVATE void _dm_st_seal_free(const dm_allocator* a, _dm_st_seal* z) {
+    if (!z) return;
+    _dm_rec_free(&z->tx);
+    _dm_rec_free(&z->rx);
+    if (z->rec) memset(z->rec, 0, z->cap);
+    if (z->out) memset(z->out, 0, _DM_AEAD_MAX);
+    _dm_free(a, z->rec);
+    _dm_free(a, z->out);
+    _dm_free(a, z);
+}
+/* The bytes a server's records hold (charged to its quota). */
+_DM_PRIVATE size_t _dm_st_seal_bytes(const _dm_st_seal* z) { return sizeof(*z) + z->cap; }
 /* A connection's records keyed from its handshake (server: the server's end): NULL when out of
    memory or libcrypto failed. */
 _DM_PRIVATE _dm_st_seal* _dm_st_seal_new(const dm_allocator* a, const char* token, size_t tn, const unsigned char nonce_c[32],
@@ -686,26 +701,20 @@ _DM_PRIVATE _dm_st_seal* _dm_st_seal_new(const dm_allocator* a, const char* toke
     _dm_st_seal* z = (_dm_st_seal*)_dm_calloc(a, sizeof(*z));
     bool ok;
     if (!z) return NULL;
+    z->cap = server ? _DM_ST_SEAL_START : _DM_AEAD_MAX;
+    z->rec = (unsigned char*)_dm_malloc(a, z->cap);
+    z->out = server ? NULL : (unsigned char*)_dm_malloc(a, _DM_AEAD_MAX);
     _dm_st_seal_key(token, tn, nonce_c, nonce_s, true, kc);
     _dm_st_seal_key(token, tn, nonce_c, nonce_s, false, ks);
-    ok = _dm_rec_init(&z->tx, true, server ? ks : kc);
+    ok = z->rec && (server || z->out) && _dm_rec_init(&z->tx, true, server ? ks : kc);
     ok = ok && _dm_rec_init(&z->rx, false, server ? kc : ks);
     memset(kc, 0, sizeof(kc));
     memset(ks, 0, sizeof(ks));
     if (!ok) {
-        _dm_rec_free(&z->tx);
-        _dm_free(a, z);
+        _dm_st_seal_free(a, z);
         return NULL;
     }
     return z;
-}
-_DM_PRIVATE void _dm_st_seal_free(const dm_allocator* a, _dm_st_seal* z) {
-    if (!z) return;
-    _dm_rec_free(&z->tx);
-    _dm_rec_free(&z->rx);
-    memset(z->rec, 0, sizeof(z->rec));
-    memset(z->out, 0, sizeof(z->out));
-    _dm_free(a, z);
 }
 /* The bytes n plaintext bytes take as records. */
 _DM_PRIVATE size_t _dm_st_sealed_size(size_t n) {
@@ -1337,7 +1346,7 @@ _DM_PRIVATE void _dm_srv_on_client_closed(uv_handle_t* h) {
     if (c->next) c->next->prev = c->prev;
     _dm_free(&s->allocator, c->in);
 #if defined(DISTMESH_OPENSSL)
-    if (c->seal) s->held -= sizeof(*c->seal);
+    if (c->seal) s->held -= _dm_st_seal_bytes(c->seal);
     _dm_st_seal_free(&s->allocator, c->seal);
 #endif
     _dm_free(&s->allocator, c);
@@ -1448,11 +1457,14 @@ _DM_PRIVATE bool _dm_srv_auth_done(_dm_srv_client* c) {
     _dm_srv_send(c, ok, 4);
     if (c->closing || !c->srv->lim.encrypt) return !c->closing;
 #if defined(DISTMESH_OPENSSL)
-    if (!_dm_srv_make_room(c, sizeof(*c->seal))) { _dm_srv_refuse_quota(c, sizeof(*c->seal)); return false; }
-    c->seal = _dm_st_seal_new(&c->srv->allocator, c->srv->lim.token, c->srv->lim.token_len, c->nonce_c,
-                              c->nonce_s, true);
-    if (c->seal) return true;
-    c->srv->held -= sizeof(*c->seal);
+    {
+        size_t need = sizeof(_dm_st_seal) + _DM_ST_SEAL_START;      /* _dm_st_seal_bytes of a new one */
+        if (!_dm_srv_make_room(c, need)) { _dm_srv_refuse_quota(c, need); return false; }
+        c->seal = _dm_st_seal_new(&c->srv->allocator, c->srv->lim.token, c->srv->lim.token_len, c->nonce_c,
+                                  c->nonce_s, true);
+        if (c->seal) return true;
+        c->srv->held -= need;
+    }
 #endif
     _dm_srv_close_client(c);    /* out of memory (or no libcrypto): nothing can be said sealed */
     return false;
@@ -1878,7 +1890,7 @@ _DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf) 
 #if defined(DISTMESH_OPENSSL)
     if (c->seal) {              /* never full: whole records leave it as they arrive */
         buf->base = (char*)(c->seal->rec + c->seal->fill);
-        buf->len = sizeof(c->seal->rec) - c->seal->fill;
+        buf->len = c->seal->cap - c->seal->fill;
         return;
     }
 #endif
@@ -1950,6 +1962,26 @@ _DM_PRIVATE bool _dm_srv_take_plain(_dm_srv_client* c, const unsigned char* p, s
     c->in_len += n;
     return true;
 }
+/* The record buffer grown to the largest record, for the one that starts it (charged): false
+   when the client was dropped. */
+_DM_PRIVATE bool _dm_srv_seal_grow(_dm_srv_client* c) {
+    _dm_st_seal* z = c->seal;
+    unsigned char* np;
+    size_t more = _DM_AEAD_MAX - z->cap;
+    if (!_dm_srv_make_room(c, more)) { _dm_srv_refuse_quota(c, more); return false; }
+    np = (unsigned char*)_dm_malloc(&c->srv->allocator, _DM_AEAD_MAX);
+    if (!np) {
+        c->srv->held -= more;
+        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory for a sealed record of up to %zu bytes", _DM_AEAD_MAX);
+        return false;
+    }
+    memcpy(np, z->rec, z->fill);
+    memset(z->rec, 0, z->cap);
+    _dm_free(&c->srv->allocator, z->rec);
+    z->rec = np;
+    z->cap = _DM_AEAD_MAX;
+    return true;
+}
 /* Opens every whole record in the record buffer into the input buffer (>>store seal): false
    when the client was dropped (a record that fails: nothing of it is parsed). */
 _DM_PRIVATE bool _dm_srv_unseal(_dm_srv_client* c) {
@@ -1961,7 +1993,10 @@ _DM_PRIVATE bool _dm_srv_unseal(_dm_srv_client* c) {
             _dm_srv_drop(c, DM_ERR_PROTOCOL, "a sealed record with a bad length (tampered with on the way?)");
             return false;
         }
-        if (z->fill - at < _DM_AEAD_HEAD + n + _DM_AEAD_TAG) break;
+        if (z->fill - at < _DM_AEAD_HEAD + n + _DM_AEAD_TAG) {
+            if (at == 0 && z->cap < _DM_AEAD_HEAD + n + _DM_AEAD_TAG && !_dm_srv_seal_grow(c)) return false;
+            break;              /* (at > 0: the record moves to the front first, then fits or grows) */
+        }
         if (!_dm_rec_open(&z->rx, z->rec + at, n)) {
             _dm_srv_drop(c, DM_ERR_PROTOCOL, "a sealed record failed its authentication (tampered with, replayed, "
                          "reordered or dropped on the way, or another key)");
