@@ -171,6 +171,7 @@
        _dm_bell_ _dm_abort       waking sleepers, the shared failure word (>>links)
        _dm_ring _dm_memlink _dm_mem_   the memory link (distmesh_shm.h >>memory rings)
        _dm_fp_                   fingerprints (>>fingerprint)
+       _dm_rec _dm_hkdf_ _DM_AEAD_   sealed records and their keys (>>sealed records)
        _dm_algo_                 algorithm names (>>algorithms)
        _dm_eng_ _DM_ENG_         the engine: state, failure, inbox, pump, loop, eager, exchange
        _dm_sch_ _DM_SCH_         the schedules, with their vocabulary _dm_team_, _dm_steps_,
