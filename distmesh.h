@@ -136,6 +136,7 @@
        >>rings include           distmesh_shm.h's memory rings: the link between two ranks
                                  that share memory
        >>fingerprint             the 32 bytes that open every collective, the mismatch message
+      >>sealed records          AES-256-GCM records and HKDF keys: the encrypted links' and the store's
        >>algorithms              the all_reduce algorithms, DISTMESH_ALGO's names
        >>engine                  a group's state (_dm_eng), layout, init, release, transfers
        >>engine failure          the failure rule: break, abort word, notices, adopt
@@ -171,6 +172,7 @@
        _dm_bell_ _dm_abort       waking sleepers, the shared failure word (>>links)
        _dm_ring _dm_memlink _dm_mem_   the memory link (distmesh_shm.h >>memory rings)
        _dm_fp_                   fingerprints (>>fingerprint)
+       _dm_rec _dm_hkdf_ _DM_AEAD_   sealed records and their keys (>>sealed records)
        _dm_algo_                 algorithm names (>>algorithms)
        _dm_eng_ _DM_ENG_         the engine: state, failure, inbox, pump, loop, eager, exchange
        _dm_sch_ _DM_SCH_         the schedules, with their vocabulary _dm_team_, _dm_steps_,
@@ -1025,6 +1027,9 @@ struct dm_collective {
 #if defined(DISTMESH_CUDA)
 #include <cuda_runtime.h>               /* >>cuda */
 #endif
+#if defined(DISTMESH_OPENSSL)
+#include <openssl/evp.h>               /* >>sealed records: AES-256-GCM */
+#endif
 
 #ifndef DM_ASSERT
 #include <assert.h>
@@ -1357,11 +1362,11 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
     X(TOKEN,            STR,     "",      0, 0,       NULL, TCP_STORE,                                                \
       "shared secret every store and data connection proves (see [SECURITY.md](SECURITY.md)); with it the store "     \
       "serves distmesh clients only")                                                                                 \
-    X(ENCRYPT,          ENUM,    "auto",  0, 0,       "auto|0|1", TCP,                                                 \
-      "`1`: links between hosts carry authenticated encryption (AES-256-GCM, keys from `DISTMESH_TOKEN` and "         \
-      "each connection's handshake; needs the token and a build with `DISTMESH_OPENSSL`); `0`: never; `auto`: on "     \
-      "when a token is set and the build has libcrypto. Links within a host never are (see "                           \
-      "[SECURITY.md](SECURITY.md)); the same on every rank")                                                          \
+    X(ENCRYPT,          ENUM,    "auto",  0, 0,       "auto|0|1", TCP_STORE,                                           \
+      "`1`: links between hosts and the store's connections carry authenticated encryption (AES-256-GCM, keys "      \
+      "from `DISTMESH_TOKEN` and each connection's handshake; needs the token and a build with "                      \
+      "`DISTMESH_OPENSSL`); `0`: never; `auto`: on when a token is set and the build has libcrypto. Links within a "  \
+      "host never are (see [SECURITY.md](SECURITY.md)); the same on every rank and the store host")                  \
     X(SOCKET_IFNAME,    STR,     "",      0, 127,     NULL, TCP,                                                      \
       "interface: `eth0` (prefix), `=eth0` (exact), `^lo,docker` (none of these); unset: "                            \
       "`GLOO_SOCKET_IFNAME`, else the interface that routes to the store host")                                       \
@@ -4653,6 +4658,104 @@ _DM_PRIVATE dm_status _dm_fp_mismatch(dm_collective* c, const char* tag, int me,
     return _DM_FAIL(c, DM_ERR_MISMATCH, "%s: mismatched collectives: rank %d called %s, rank %d called %s",
                     tag, me, a, peer, b);
 }
+
+/* >>sealed records  What crosses a network that is not trusted, sealed: the encrypted links
+   between hosts (distmesh_socket.h >>socket aead) and the store's connections with a token
+   (distmesh_store.h >>store seal) carry their plaintext stream as records
+       length  u32 little-endian, 1.._DM_AEAD_RECORD: the record's plaintext bytes
+       sealed  length bytes of AES-256-GCM ciphertext (libcrypto's EVP), then its 16-byte tag
+   with the length as associated data and the direction's record counter as the 96-bit nonce
+   (4 zero bytes, the counter u64 little-endian): sender and receiver count records alike, so no
+   nonce repeats under a key and a record replayed, reordered, dropped, flipped or spliced from
+   another connection fails its tag. Each direction of each connection has its own key, from
+   HKDF-SHA256 of the token over both ends' handshake nonces (the callers name the direction in
+   the info). Here: the key derivation (libc only) and one direction's cipher (_dm_rec, with
+   DISTMESH_OPENSSL): seal the next record into a buffer, open the next one in place. */
+#define _DM_AEAD_RECORD ((size_t)64 << 10)  /* plaintext bytes per record at most */
+#define _DM_AEAD_HEAD 4
+#define _DM_AEAD_TAG 16
+#define _DM_AEAD_MAX (_DM_AEAD_HEAD + _DM_AEAD_RECORD + _DM_AEAD_TAG)   /* one whole record */
+_DM_COLD_BEGIN
+/* HKDF-SHA256 (RFC 5869), one 32-byte block: extract with salt over ikm, expand with info. */
+_DM_PRIVATE void _dm_hkdf_sha256(const void* salt, size_t salt_n, const void* ikm, size_t ikm_n, const char* info,
+                                 size_t info_n, unsigned char out[32]) {
+    unsigned char prk[32], msg[1024];
+    if (info_n > sizeof(msg) - 1) info_n = sizeof(msg) - 1;
+    dm_hmac_sha256(salt, salt_n, ikm, ikm_n, prk);
+    memcpy(msg, info, info_n);
+    msg[info_n] = 1;
+    dm_hmac_sha256(prk, sizeof(prk), msg, info_n + 1, out);
+    memset(prk, 0, sizeof(prk));
+}
+_DM_COLD_END
+#if defined(DISTMESH_OPENSSL)
+/* One direction of a connection: its cipher under its key, and its record counter (the next
+   record's nonce). */
+typedef struct _dm_rec {
+    EVP_CIPHER_CTX* ctx;
+    uint64_t seq;
+} _dm_rec;
+/* Keyed for sealing (seal) or opening: true, or false (out of memory, or libcrypto has no
+   AES-256-GCM) with nothing to free. */
+_DM_PRIVATE bool _dm_rec_init(_dm_rec* r, bool seal, const unsigned char key[32]) {
+    r->seq = 0;
+    r->ctx = EVP_CIPHER_CTX_new();
+    if (r->ctx && (seal ? EVP_EncryptInit_ex(r->ctx, EVP_aes_256_gcm(), NULL, key, NULL)
+                        : EVP_DecryptInit_ex(r->ctx, EVP_aes_256_gcm(), NULL, key, NULL)) == 1)
+        return true;
+    EVP_CIPHER_CTX_free(r->ctx);
+    r->ctx = NULL;
+    return false;
+}
+_DM_PRIVATE void _dm_rec_free(_dm_rec* r) {
+    EVP_CIPHER_CTX_free(r->ctx);
+    r->ctx = NULL;
+}
+_DM_PRIVATE void _dm_rec_nonce(uint64_t seq, unsigned char iv[12]) {
+    int i;
+    memset(iv, 0, 4);
+    for (i = 0; i < 8; i++) iv[4 + i] = (unsigned char)(seq >> (8 * i));
+}
+/* Seals the first n bytes of the pieces (1 <= n <= _DM_AEAD_RECORD) as the next record into
+   out (n + _DM_AEAD_HEAD + _DM_AEAD_TAG bytes): true, or false when libcrypto failed. */
+_DM_PRIVATE bool _dm_rec_seal(_dm_rec* r, const _dm_iov* iov, int niov, size_t n, unsigned char* out) {
+    unsigned char iv[12];
+    size_t off = 0;
+    int i, outl = 0;
+    _dm_put32(out, (uint32_t)n);
+    _dm_rec_nonce(r->seq++, iv);
+    if (EVP_EncryptInit_ex(r->ctx, NULL, NULL, NULL, iv) != 1 ||
+        EVP_EncryptUpdate(r->ctx, NULL, &outl, out, _DM_AEAD_HEAD) != 1)
+        return false;
+    for (i = 0; i < niov && off < n; i++) {
+        size_t k = iov[i].len < n - off ? iov[i].len : n - off;
+        if (k == 0) continue;
+        if (EVP_EncryptUpdate(r->ctx, out + _DM_AEAD_HEAD + off, &outl, (const unsigned char*)iov[i].buf, (int)k) != 1)
+            return false;
+        off += k;
+    }
+    return EVP_EncryptFinal_ex(r->ctx, out + _DM_AEAD_HEAD + n, &outl) == 1 &&
+           EVP_CIPHER_CTX_ctrl(r->ctx, EVP_CTRL_GCM_GET_TAG, _DM_AEAD_TAG, out + _DM_AEAD_HEAD + n) == 1;
+}
+/* The length a record's head announces, or 0 when no record may have it (0, or above
+   _DM_AEAD_RECORD): the stream is bad from there. */
+_DM_PRIVATE size_t _dm_rec_len(const unsigned char* head) {
+    size_t n = _dm_get32(head);
+    return n > _DM_AEAD_RECORD ? 0 : n;
+}
+/* Opens the next record, whole in rec (head, n sealed bytes, tag), in place: its plaintext is
+   rec + _DM_AEAD_HEAD. true, or false when it fails its tag (then nothing of it may be used). */
+_DM_PRIVATE bool _dm_rec_open(_dm_rec* r, unsigned char* rec, size_t n) {
+    unsigned char iv[12];
+    int outl = 0;
+    _dm_rec_nonce(r->seq++, iv);
+    return EVP_DecryptInit_ex(r->ctx, NULL, NULL, NULL, iv) == 1 &&
+           EVP_DecryptUpdate(r->ctx, NULL, &outl, rec, _DM_AEAD_HEAD) == 1 &&
+           EVP_DecryptUpdate(r->ctx, rec + _DM_AEAD_HEAD, &outl, rec + _DM_AEAD_HEAD, (int)n) == 1 &&
+           EVP_CIPHER_CTX_ctrl(r->ctx, EVP_CTRL_GCM_SET_TAG, _DM_AEAD_TAG, rec + _DM_AEAD_HEAD + n) == 1 &&
+           EVP_DecryptFinal_ex(r->ctx, rec + _DM_AEAD_HEAD + n, &outl) == 1;
+}
+#endif /* DISTMESH_OPENSSL */
 
 /* >>algorithms  The algorithms a group may run, and DISTMESH_ALGO's names for them. A family
    (flat, two_level) forces the level and leaves ring or recursive doubling to the cost model;

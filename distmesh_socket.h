@@ -7,27 +7,27 @@
    - the socket link (_dm_socklink, its link table _dm_sock_vt): one peer's stream over one
      nonblocking TCP socket, or striped over several (DISTMESH_SOCKETS_PER_PEER: stripe i of the
      stream on socket i % n, from an offset both ends agree on);
-   - the encrypted link (_dm_aeadlink, _dm_aead_vt): AES-256-GCM records over a socket link,
-     keyed per direction by HKDF-SHA256 (>>socket aead); the link needs libcrypto and is there
-     only with DISTMESH_OPENSSL (distmesh_tcp.h includes <openssl/evp.h> then), the key
-     derivation always;
+   - the encrypted link (_dm_aeadlink, _dm_aead_vt): AES-256-GCM records over a socket link
+     (the core's, distmesh.h >>sealed records), keyed per direction by HKDF-SHA256
+     (>>socket aead); the link needs libcrypto and is there only with DISTMESH_OPENSSL
+     (distmesh.h includes <openssl/evp.h> then), the key derivation always;
    - what the backend does to a connected socket: same machine?, its options (TCP_NODELAY, the
      buffers, the congestion control within one machine), a wait on one socket.
 
-   WHAT IT USES  The core only (distmesh.h >>links: _dm_link, _dm_iov; >>memory; >>time), and
-   the system headers of distmesh_tcp.h >>tcp implementation, included before it. The
-   connections themselves are the backend's: it opens, proves (the hello) and closes them, and
-   opens a striped link's extra sockets (distmesh_tcp.h >>tcp more sockets), then hands them to
-   a link here.
+   WHAT IT USES  The core only (distmesh.h >>links: _dm_link, _dm_iov; >>sealed records;
+   >>memory; >>time), and the system headers of distmesh_tcp.h >>tcp implementation, included
+   before it. The connections themselves are the backend's: it opens, proves (the hello) and
+   closes them, and opens a striped link's extra sockets (distmesh_tcp.h >>tcp more sockets),
+   then hands them to a link here.
 
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
        >>socket link             the socket link (distmesh.h >>links), striped over n sockets
        >>socket aead             encrypted links between hosts: sealed records over a socket link
        >>socket options          same machine?, socket options, waits on one socket
 
-   PRIVATE NAMES  _dm_sock_ (the socket link), _dm_aead_ _dm_hkdf_ (the encrypted link, its
-   keys), _dm_tcp_same_machine, _dm_tcp_tune,
-   _dm_tcp_wait_fd (the options and the wait: the backend's names, kept). */
+   PRIVATE NAMES  _dm_sock_ (the socket link), _dm_aead_ (the encrypted link, its keys),
+   _dm_tcp_same_machine, _dm_tcp_tune, _dm_tcp_wait_fd (the options and the wait: the backend's
+   names, kept). */
 #ifndef DISTMESH_H
 #error "distmesh_socket.h is part of distmesh.h's implementation: include distmesh.h with DISTMESH_TCP"
 #endif
@@ -155,14 +155,9 @@ static const _dm_link_vt _dm_sock_vt = {
 
 /* >>socket aead  Authenticated encryption of a link between hosts (DISTMESH_ENCRYPT; SECURITY.md
    "Encrypted links"): a link that wraps a socket link (above its striping: one stream) and
-   carries its plaintext stream as sealed records,
-       length  u32 little-endian, 1.._DM_AEAD_RECORD: the record's plaintext bytes
-       sealed  length bytes of AES-256-GCM ciphertext (libcrypto's EVP), then its 16-byte tag
-   with the length as associated data and the direction's record counter as the 96-bit nonce
-   (4 zero bytes, the counter u64 little-endian), so no nonce repeats under a key and a record
-   replayed, reordered, dropped, flipped or spliced from another connection fails its tag: the
-   receiver counts the records itself. Each direction of each connection has its own key
-   (_dm_aead_key: HKDF-SHA256 of the token over both sides' hello nonces). A receive reads one
+   carries its plaintext stream as sealed records (distmesh.h >>sealed records: the format, the
+   counter nonces, the cipher of each direction). Each direction of each connection has its own
+   key (_dm_aead_key: HKDF-SHA256 of the token over both sides' hello nonces). A receive reads one
    whole record into the link's buffer and opens it before any of its bytes leave: nothing
    that fails the tag reaches a caller. A bad tag or a bad length is -1 with EBADMSG (the
    engine: DM_ERR_PROTOCOL naming the peer), and stays so. An end of stream inside a record
@@ -175,22 +170,8 @@ static const _dm_link_vt _dm_sock_vt = {
    polls only after a receive returned 0, which this link returns only when the socket link
    under it did (its read-ahead empty too). The key derivation needs no libcrypto; the link
    does (DISTMESH_OPENSSL). */
-#define _DM_AEAD_RECORD ((size_t)64 << 10)  /* plaintext bytes per record at most */
-#define _DM_AEAD_HEAD 4
-#define _DM_AEAD_TAG 16
 /* the keys: once per link, at its setup */
 _DM_COLD_BEGIN
-/* HKDF-SHA256 (RFC 5869), one 32-byte block: extract with salt over ikm, expand with info. */
-_DM_PRIVATE void _dm_hkdf_sha256(const void* salt, size_t salt_n, const void* ikm, size_t ikm_n, const char* info,
-                                 size_t info_n, unsigned char out[32]) {
-    unsigned char prk[32], msg[1024];
-    if (info_n > sizeof(msg) - 1) info_n = sizeof(msg) - 1;
-    dm_hmac_sha256(salt, salt_n, ikm, ikm_n, prk);
-    memcpy(msg, info, info_n);
-    msg[info_n] = 1;
-    dm_hmac_sha256(prk, sizeof(prk), msg, info_n + 1, out);
-    memset(prk, 0, sizeof(prk));
-}
 /* The key of the direction from rank `from` to rank `to` on a connection whose hello exchanged
    nonces (connector's 32, acceptor's 32: salt), in the group with store prefix `group`. */
 _DM_PRIVATE void _dm_aead_key(const char* token, const unsigned char nonces[64], const char* group, int from, int to,
@@ -207,43 +188,19 @@ _DM_COLD_END
 typedef struct _dm_aeadlink {
     _dm_link base;              /* base.fd, base.where: the socket link's */
     _dm_link* inner;            /* the socket link (owned) */
-    EVP_CIPHER_CTX *seal, *open;
-    uint64_t sseq, rseq;        /* records sealed, opened: the next nonce of each direction */
+    _dm_rec seal, open;         /* each direction's cipher and record counter */
     size_t opos, oend;          /* the sealed record going out: obuf[opos, oend) */
     size_t oplain;              /* its plaintext bytes, reported once it is all out */
     size_t owed;                /* plaintext bytes out and not reported yet */
     size_t ifill;               /* bytes of the record coming in, in ibuf */
     size_t ppos, plen;          /* opened plaintext not yet taken: ibuf + HEAD [ppos, plen) */
     bool bad;                   /* a record failed: every later receive fails too */
-    unsigned char obuf[_DM_AEAD_HEAD + _DM_AEAD_RECORD + _DM_AEAD_TAG];
-    unsigned char ibuf[_DM_AEAD_HEAD + _DM_AEAD_RECORD + _DM_AEAD_TAG];
+    unsigned char obuf[_DM_AEAD_MAX];
+    unsigned char ibuf[_DM_AEAD_MAX];
 } _dm_aeadlink;
-static void _dm_aead_nonce(uint64_t seq, unsigned char iv[12]) {
-    int i;
-    memset(iv, 0, 4);
-    for (i = 0; i < 8; i++) iv[4 + i] = (unsigned char)(seq >> (8 * i));
-}
 /* Seals the first n bytes of the pieces (n <= _DM_AEAD_RECORD) into obuf: 1, or 0 on failure. */
 static int _dm_aead_seal(_dm_aeadlink* a, const _dm_iov* iov, int niov, size_t n) {
-    unsigned char iv[12];
-    size_t off = 0;
-    int i, outl = 0;
-    _dm_put32(a->obuf, (uint32_t)n);
-    _dm_aead_nonce(a->sseq++, iv);
-    if (EVP_EncryptInit_ex(a->seal, NULL, NULL, NULL, iv) != 1 ||
-        EVP_EncryptUpdate(a->seal, NULL, &outl, a->obuf, _DM_AEAD_HEAD) != 1)
-        return 0;
-    for (i = 0; i < niov && off < n; i++) {
-        size_t k = iov[i].len < n - off ? iov[i].len : n - off;
-        if (k == 0) continue;
-        if (EVP_EncryptUpdate(a->seal, a->obuf + _DM_AEAD_HEAD + off, &outl, (const unsigned char*)iov[i].buf,
-                              (int)k) != 1)
-            return 0;
-        off += k;
-    }
-    if (EVP_EncryptFinal_ex(a->seal, a->obuf + _DM_AEAD_HEAD + n, &outl) != 1 ||
-        EVP_CIPHER_CTX_ctrl(a->seal, EVP_CTRL_GCM_GET_TAG, _DM_AEAD_TAG, a->obuf + _DM_AEAD_HEAD + n) != 1)
-        return 0;
+    if (!_dm_rec_seal(&a->seal, iov, niov, n, a->obuf)) return 0;
     a->opos = 0;
     a->oend = _DM_AEAD_HEAD + n + _DM_AEAD_TAG;
     a->oplain = n;
@@ -275,17 +232,6 @@ static ptrdiff_t _dm_aead_send(_dm_link* l, const void* buf, size_t n, int* err)
     one.len = n;
     return _dm_aead_sendv(l, &one, 1, err);
 }
-/* Opens the whole record in ibuf in place: 1, or 0 when it fails its tag. */
-static int _dm_aead_open(_dm_aeadlink* a, size_t n) {
-    unsigned char iv[12];
-    int outl = 0;
-    _dm_aead_nonce(a->rseq++, iv);
-    return EVP_DecryptInit_ex(a->open, NULL, NULL, NULL, iv) == 1 &&
-           EVP_DecryptUpdate(a->open, NULL, &outl, a->ibuf, _DM_AEAD_HEAD) == 1 &&
-           EVP_DecryptUpdate(a->open, a->ibuf + _DM_AEAD_HEAD, &outl, a->ibuf + _DM_AEAD_HEAD, (int)n) == 1 &&
-           EVP_CIPHER_CTX_ctrl(a->open, EVP_CTRL_GCM_SET_TAG, _DM_AEAD_TAG, a->ibuf + _DM_AEAD_HEAD + n) == 1 &&
-           EVP_DecryptFinal_ex(a->open, a->ibuf + _DM_AEAD_HEAD + n, &outl) == 1;
-}
 static ptrdiff_t _dm_aead_recv(_dm_link* l, void* buf, size_t n, int* err) {
     _dm_aeadlink* a = (_dm_aeadlink*)l;
     for (;;) {
@@ -310,11 +256,10 @@ static ptrdiff_t _dm_aead_recv(_dm_link* l, void* buf, size_t n, int* err) {
         if (k == 0) return 0;
         a->ifill += (size_t)k;
         if (a->ifill == _DM_AEAD_HEAD) {
-            len = _dm_get32(a->ibuf);
-            if (len == 0 || len > _DM_AEAD_RECORD) { a->bad = true; continue; }
+            if ((len = _dm_rec_len(a->ibuf)) == 0) { a->bad = true; continue; }
         }
         if (a->ifill == need && need > _DM_AEAD_HEAD) {
-            if (!_dm_aead_open(a, len)) { a->bad = true; continue; }
+            if (!_dm_rec_open(&a->open, a->ibuf, len)) { a->bad = true; continue; }
             a->ifill = 0;
             a->ppos = 0;
             a->plen = len;
@@ -332,8 +277,8 @@ static void _dm_aead_shutdown(_dm_link* l) {
 static void _dm_aead_destroy(_dm_link* l, const dm_allocator* al) {
     _dm_aeadlink* a = (_dm_aeadlink*)l;
     a->inner->vt->destroy(a->inner, al);
-    EVP_CIPHER_CTX_free(a->seal);
-    EVP_CIPHER_CTX_free(a->open);
+    _dm_rec_free(&a->seal);
+    _dm_rec_free(&a->open);
     memset(a->obuf, 0, sizeof(a->obuf));
     memset(a->ibuf, 0, sizeof(a->ibuf));
     _dm_free(al, a);
@@ -348,12 +293,9 @@ static _dm_link* _dm_aead_wrap(_dm_link* inner, const unsigned char send_key[32]
                                const dm_allocator* al) {
     _dm_aeadlink* a = (_dm_aeadlink*)_dm_calloc(al, sizeof(_dm_aeadlink));
     if (!a) return NULL;
-    a->seal = EVP_CIPHER_CTX_new();
-    a->open = EVP_CIPHER_CTX_new();
-    if (!a->seal || !a->open || EVP_EncryptInit_ex(a->seal, EVP_aes_256_gcm(), NULL, send_key, NULL) != 1 ||
-        EVP_DecryptInit_ex(a->open, EVP_aes_256_gcm(), NULL, recv_key, NULL) != 1) {
-        EVP_CIPHER_CTX_free(a->seal);
-        EVP_CIPHER_CTX_free(a->open);
+    if (!_dm_rec_init(&a->seal, true, send_key)) { _dm_free(al, a); return NULL; }
+    if (!_dm_rec_init(&a->open, false, recv_key)) {
+        _dm_rec_free(&a->seal);
         _dm_free(al, a);
         return NULL;
     }
@@ -374,8 +316,8 @@ static _dm_link* _dm_aead_unwrap(_dm_link* l, const dm_allocator* al) {
     if (a->ifill || a->ppos < a->plen || a->oend || a->owed) return NULL;
     memcpy(in->where, l->where, sizeof(in->where));
     a->inner = NULL;
-    EVP_CIPHER_CTX_free(a->seal);
-    EVP_CIPHER_CTX_free(a->open);
+    _dm_rec_free(&a->seal);
+    _dm_rec_free(&a->open);
     memset(a->ibuf, 0, sizeof(a->ibuf));
     _dm_free(al, a);
     return in;

@@ -41,12 +41,15 @@
                          implied by DISTMESH_TCP and DISTMESH_NCCL). Not the environment
                          variable of the same name, which names the store's url
        DISTMESH_TCP      also the server (libuv)                                      (off)
+       DISTMESH_OPENSSL  sealed connections with a token (AES-256-GCM, >>store seal): link
+                         -lcrypto (OpenSSL 1.1 or later); in every TU                 (off)
 
    ENVIRONMENT
        DISTMESH_STORE            the url when desc.url is 0
        MASTER_ADDR, MASTER_PORT  else tcp://MASTER_ADDR:MASTER_PORT
        TORCHELASTIC_USE_AGENT_STORE=True   the store already runs: is_server is ignored
        DISTMESH_TOKEN            desc.token's default (see dm_store_desc)
+       DISTMESH_ENCRYPT          desc.encrypt's default: auto|0|1 (see dm_store_desc)
        DISTMESH_TIMEOUT          desc.timeout_ms's default, seconds
        DISTMESH_STORE_MAX_VALUE, _MAX_CONN, _MAX_TOTAL, _STALL_MS   the server's bounds
 
@@ -98,6 +101,7 @@
        >>store codes             system codes -> dm_status and a "(cause)" text, without libuv
        >>store bytes             growable buffer, little-endian, hash, decimal parse
        >>store proofs            nonces, HMAC proofs, constant-time comparison
+       >>store seal              encryption on or off; sealed records after the handshake: keys
        >>store limits            the server's bounds and the token, as create resolves them; the
                                  process's descriptor limit raised
        >>store server map        the server's types, its key-value map
@@ -175,6 +179,13 @@ typedef struct dm_store_desc {
     int stall_ms;           /* DISTMESH_STORE_STALL_MS, 30000: a client that does not read its
                                replies is no longer read from; after this long without progress
                                it is closed */
+    int encrypt;            /* tcp with a token: 0 -> DISTMESH_ENCRYPT (auto|0|1; auto: on when
+                               there is a token and the build has DISTMESH_OPENSSL); 1 on, -1
+                               off. On: after the token's handshake every byte both ways is
+                               AES-256-GCM records (SECURITY.md). Client and server must agree:
+                               else the handshake refuses the client, naming the setting. 1
+                               without a token: DM_ERR_INVALID_ARG (DM_ERR_ENV from the
+                               variable); 1 without DISTMESH_OPENSSL: DM_ERR_UNSUPPORTED */
 } dm_store_desc;
 
 /* Connects (retrying until the timeout: the server may start later) and, with is_server,
@@ -299,26 +310,35 @@ static const unsigned char _dm_st_v2_from_v1[] = { _DM_STQ_SET, _DM_STQ_COMPARE_
 #define _DM_ST_STOP_WAITING 0
 #define _DM_ST_WAIT_CANCELED 1
 /* Authentication (distmesh only, when the store has a token), before anything else:
-     client: AUTH u8 0xA5, u32 magic "DMSA", u32 version 1, client nonce[32]
+     client: AUTH u8 0xA5, u32 magic "DMSA", u32 version V, client nonce[32]
      server: u32 magic "DMSA", u32 status 0, server nonce[32],
-             HMAC(token, "distmesh store v1 server\0" || client nonce || server nonce)
-     client: HMAC(token, "distmesh store v1 client\0" || server nonce || client nonce)
+             HMAC(token, "distmesh store vV server\0" || client nonce || server nonce)
+     client: HMAC(token, "distmesh store vV client\0" || server nonce || client nonce)
      server: u32 0 (admitted), or u32 1 and close (refused)
-   Each side proves the token over the other side's fresh nonce, so a recorded handshake is
-   worth nothing on a new connection; the role label keeps one side's proof from serving as the
+   V is 1 for a plain connection and 2 for a sealed one (DISTMESH_ENCRYPT, desc.encrypt: after
+   the admission every byte both ways is sealed records, >>store seal). A server whose setting
+   differs answers the hello with "DMSA" and status 2 (it seals, the client does not) or 3 (it
+   does not, the client does) and closes: the client fails naming the setting. V is in both
+   proofs, so a man in the middle who rewrites it fails the handshake (no downgrade). Each side
+   proves the token over the other side's fresh nonce, so a recorded handshake is worth
+   nothing on a new connection; the role label keeps one side's proof from serving as the
    other's. A client that sends anything else first gets u32 "DMAU" (in place of the PING
    echo a c10d client waits for) and is closed. */
 #define _DM_STQ_AUTH 0xA5u
 #define _DM_ST_AUTH_MAGIC 0x41534d44u     /* "DMSA" */
 #define _DM_ST_AUTH_NEEDED 0x55414d44u    /* "DMAU" */
-#define _DM_ST_AUTH_VERSION 1u
+#define _DM_ST_AUTH_VERSION 1u           /* a plain connection after the handshake */
+#define _DM_ST_AUTH_SEALED 2u            /* sealed records after it (>>store seal) */
+#define _DM_ST_AUTH_SEAL_DIFFERS 2u      /* a challenge's status: the server seals, the client not */
+#define _DM_ST_AUTH_PLAIN_DIFFERS 3u     /* ... the server does not seal, the client does */
 #define _DM_ST_AUTH_HELLO 41
 #define _DM_ST_AUTH_CHALLENGE 72
 #define _DM_ST_AUTH_BUF 128               /* input buffer of a client not yet authenticated */
 #define _DM_ST_AUTH_MS 10000              /* to authenticate after connecting */
 #define _DM_ST_HIGH_WATER ((size_t)1 << 20) /* unread reply bytes above which a client is not read */
 #define _DM_ST_TOKEN_MAX 255
-enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NEEDTOKEN, _DM_ST_NOTICED };
+enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NEEDTOKEN, _DM_ST_NOTICED,
+       _DM_ST_SERVER_SEALS, _DM_ST_SERVER_PLAIN };
 /* Why the server closed a client (distmesh only): c10d has no error reply (SET has no reply at
    all), so a client the server closes for a bound or a malformed request would only see EOF. A
    distmesh client marks its PING nonce (top byte 'D': torch's nonce is its pid, below 2^22),
@@ -569,22 +589,172 @@ _DM_PRIVATE bool _dm_st_ct_equal(const unsigned char* a, const unsigned char* b,
     for (i = 0; i < n; i++) acc = (unsigned char)(acc | (a[i] ^ b[i]));
     return acc == 0;
 }
-/* HMAC(token, role "\0" first second), the two nonces 32 bytes each. */
-_DM_PRIVATE void _dm_st_auth_mac(const char* token, size_t tn, bool server, const unsigned char* first,
-                                 const unsigned char* second, unsigned char out[32]) {
+/* HMAC(token, role "\0" first second), the two nonces 32 bytes each; the role names the
+   handshake's version (1 plain, 2 sealed: >>store wire). */
+_DM_PRIVATE void _dm_st_auth_mac(const char* token, size_t tn, bool server, unsigned version,
+                                 const unsigned char* first, const unsigned char* second, unsigned char out[32]) {
     static const char srv[] = "distmesh store v1 server", cli[] = "distmesh store v1 client";
     unsigned char msg[sizeof(srv) + 64];
     memcpy(msg, server ? srv : cli, sizeof(srv));
+    msg[16] = (unsigned char)('0' + version);      /* the digit after "distmesh store v" */
     memcpy(msg + sizeof(srv), first, 32);
     memcpy(msg + sizeof(srv) + 32, second, 32);
     dm_hmac_sha256(token, tn, msg, sizeof(msg), out);
 }
+
+/* >>store seal  A connection that encrypts (DISTMESH_ENCRYPT, desc.encrypt: _dm_st_parse_encrypt)
+   carries, from the byte after the server's admission (>>store wire) to its end, both ways,
+   sealed records: the core's (distmesh.h >>sealed records: u32 length, AES-256-GCM ciphertext,
+   16-byte tag; the direction's record counter as the nonce), under one key per direction,
+       HKDF-SHA256(salt: client nonce || server nonce of the handshake, ikm: the token,
+                   info: "distmesh store aead v1: client to server" / "... server to client")
+   Fresh nonces from both sides key every connection anew, and a record replayed, reordered,
+   dropped, cut short, flipped or taken from another connection fails its tag: the server drops
+   that client (logged), the client's call fails with DM_ERR_PROTOCOL and the store is broken;
+   no byte of a record that fails is used. What a request or reply is does not change inside
+   the records (c10d's bytes, notices included); a record may hold several or part of one. */
+#define _DM_ST_SEAL_INFO_C2S "distmesh store aead v1: client to server"
+#define _DM_ST_SEAL_INFO_S2C "distmesh store aead v1: server to client"
+/* The key of one direction of the connection whose handshake had these nonces. */
+_DM_PRIVATE void _dm_st_seal_key(const char* token, size_t tn, const unsigned char nonce_c[32],
+                                 const unsigned char nonce_s[32], bool to_server, unsigned char out[32]) {
+    unsigned char salt[64];
+    const char* info = to_server ? _DM_ST_SEAL_INFO_C2S : _DM_ST_SEAL_INFO_S2C;
+    memcpy(salt, nonce_c, 32);
+    memcpy(salt + 32, nonce_s, 32);
+    _dm_hkdf_sha256(salt, sizeof(salt), token, tn, info, strlen(info), out);
+}
+/* Whether connections (the store's; the TCP backend's links between hosts, who "tcp") encrypt:
+   given (a desc's encrypt: 1 on, -1 off), else DISTMESH_ENCRYPT (auto|0|1), else auto: on when
+   there is a token and the build has libcrypto (DISTMESH_OPENSSL). On without a token is
+   refused (DM_ERR_ENV from the environment, DM_ERR_INVALID_ARG from the desc), on without
+   DISTMESH_OPENSSL is DM_ERR_UNSUPPORTED. */
+_DM_PRIVATE dm_status _dm_st_parse_encrypt(const char* who, int given, const char* token, bool* out, char* err,
+                                           size_t cap) {
+    int mode = 0;               /* the registry's choices: 0 auto, 1 off ("0"), 2 on ("1") */
+    bool has_token = token && *token;
+    dm_status st;
+    *out = false;
+    if (given == 1) mode = 2;
+    else if (given == -1) mode = 1;
+    else if (given != 0) {
+        snprintf(err, cap, "%s: desc.encrypt is %d; expected 1 (on), -1 (off) or 0 (DISTMESH_ENCRYPT, else auto)",
+                 who, given);
+        return DM_ERR_INVALID_ARG;
+    } else if ((st = _dm_cfg_int(_DM_CFG_ENCRYPT, &mode, err, cap)) != DM_OK) {
+        return st;
+    }
+    if (mode == 2 && !has_token) {
+        if (given)
+            snprintf(err, cap, "%s: desc.encrypt is 1 but there is no token (desc.token, DISTMESH_TOKEN): the keys "
+                     "come from the token", who);
+        else
+            snprintf(err, cap, "%s: DISTMESH_ENCRYPT=1 needs DISTMESH_TOKEN (or desc.token): the keys come from the "
+                     "token", who);
+        return given ? DM_ERR_INVALID_ARG : DM_ERR_ENV;
+    }
+#if !defined(DISTMESH_OPENSSL)
+    if (mode == 2) {
+        snprintf(err, cap, "%s: %s asks for encryption, but this build has no libcrypto: define DISTMESH_OPENSSL (in "
+                 "every TU) and link -lcrypto (OpenSSL 1.1 or later)", who, given ? "desc.encrypt 1" :
+                 "DISTMESH_ENCRYPT=1");
+        return DM_ERR_UNSUPPORTED;
+    }
+    *out = false;               /* auto without libcrypto: plain (SECURITY.md) */
+#else
+    *out = mode == 2 || (mode == 0 && has_token);
+#endif
+    return DM_OK;
+}
+struct _dm_st_seal;
+#if defined(DISTMESH_OPENSSL)
+/* One connection's records, both directions; rec holds a record coming in (the server: the
+   bytes as they arrive, whole records opened from the front, rec growing from
+   _DM_ST_SEAL_START to the largest record only when one needs it; the client: one record at a
+   time, its plaintext taken from rec + _DM_AEAD_HEAD [ppos, plen)), out a record going out
+   (the client's; the server seals into its queued writes). */
+#define _DM_ST_SEAL_START ((size_t)4096)
+typedef struct _dm_st_seal {
+    _dm_rec tx, rx;
+    size_t fill, cap;           /* bytes in rec, and its size */
+    size_t ppos, plen;          /* the client: opened plaintext not yet taken */
+    unsigned char* rec;
+    unsigned char* out;         /* _DM_AEAD_MAX bytes; NULL at the server */
+} _dm_st_seal;
+_DM_PRIVATE void _dm_st_seal_free(const dm_allocator* a, _dm_st_seal* z) {
+    if (!z) return;
+    _dm_rec_free(&z->tx);
+    _dm_rec_free(&z->rx);
+    if (z->rec) memset(z->rec, 0, z->cap);
+    if (z->out) memset(z->out, 0, _DM_AEAD_MAX);
+    _dm_free(a, z->rec);
+    _dm_free(a, z->out);
+    _dm_free(a, z);
+}
+/* The bytes a server's records hold (charged to its quota). */
+_DM_PRIVATE size_t _dm_st_seal_bytes(const _dm_st_seal* z) { return sizeof(*z) + z->cap; }
+/* A connection's records keyed from its handshake (server: the server's end): NULL when out of
+   memory or libcrypto failed. */
+_DM_PRIVATE _dm_st_seal* _dm_st_seal_new(const dm_allocator* a, const char* token, size_t tn, const unsigned char nonce_c[32],
+                                         const unsigned char nonce_s[32], bool server) {
+    unsigned char kc[32], ks[32];
+    _dm_st_seal* z = (_dm_st_seal*)_dm_calloc(a, sizeof(*z));
+    bool ok;
+    if (!z) return NULL;
+    z->cap = server ? _DM_ST_SEAL_START : _DM_AEAD_MAX;
+    z->rec = (unsigned char*)_dm_malloc(a, z->cap);
+    z->out = server ? NULL : (unsigned char*)_dm_malloc(a, _DM_AEAD_MAX);
+    _dm_st_seal_key(token, tn, nonce_c, nonce_s, true, kc);
+    _dm_st_seal_key(token, tn, nonce_c, nonce_s, false, ks);
+    ok = z->rec && (server || z->out) && _dm_rec_init(&z->tx, true, server ? ks : kc);
+    ok = ok && _dm_rec_init(&z->rx, false, server ? kc : ks);
+    memset(kc, 0, sizeof(kc));
+    memset(ks, 0, sizeof(ks));
+    if (!ok) {
+        _dm_st_seal_free(a, z);
+        return NULL;
+    }
+    return z;
+}
+/* The bytes n plaintext bytes take as records. */
+_DM_PRIVATE size_t _dm_st_sealed_size(size_t n) {
+    return n + (n + _DM_AEAD_RECORD - 1) / _DM_AEAD_RECORD * (_DM_AEAD_HEAD + _DM_AEAD_TAG);
+}
+/* Seals the pieces' total bytes as records into dst (_dm_st_sealed_size(total) bytes): false
+   when libcrypto failed. */
+_DM_PRIVATE bool _dm_st_seal_pieces(_dm_rec* r, const _dm_iov* iov, int niov, size_t total, unsigned char* dst) {
+    _dm_iov part[_DM_LINK_IOV_MAX];
+    size_t skip = 0;            /* bytes of iov[i] already sealed */
+    int i = 0;
+    while (total) {
+        size_t n = total < _DM_AEAD_RECORD ? total : _DM_AEAD_RECORD, got = 0;
+        int np = 0, j = i;
+        size_t off = skip;
+        while (got < n && j < niov && np < _DM_LINK_IOV_MAX) {
+            size_t k;
+            if (iov[j].len == 0) { j++; continue; }
+            k = iov[j].len - off < n - got ? iov[j].len - off : n - got;
+            part[np].buf = (const unsigned char*)iov[j].buf + off;
+            part[np++].len = k;
+            got += k;
+            if (off + k == iov[j].len) { j++; off = 0; } else off += k;
+        }
+        if (got != n || !_dm_rec_seal(r, part, np, n, dst)) return false;
+        i = j;
+        skip = off;
+        dst += n + _DM_AEAD_HEAD + _DM_AEAD_TAG;
+        total -= n;
+    }
+    return true;
+}
+#endif /* DISTMESH_OPENSSL */
 
 /* >>store limits  What create resolves from the desc and the environment (>>store create): the
    server's bounds, and the token both ends prove. */
 typedef struct _dm_store_limits {
     size_t max_value, max_conn, max_total;
     int stall_ms;
+    bool encrypt;               /* sealed records after the handshake (>>store seal) */
     size_t token_len;           /* 0: no authentication */
     char token[_DM_ST_TOKEN_MAX + 1];
 } _dm_store_limits;
@@ -710,6 +880,7 @@ typedef struct _dm_srv_client {
     bool reading, flush_close;  /* flush_close: close once the queued replies are written */
     bool released;              /* closing: its bytes are no longer charged */
     unsigned char nonce_c[32], nonce_s[32];
+    struct _dm_st_seal* seal;   /* admitted with encryption: its records (>>store seal); else NULL */
     bool validated, closing;
     unsigned char proto;        /* _DM_ST_PROTO_2, or _DM_ST_PROTO_1 for a torch < 2.2 client */
     bool notices;               /* a distmesh client: told why before it is closed (>>store wire) */
@@ -983,13 +1154,44 @@ _DM_PRIVATE void _dm_srv_on_written(uv_write_t* req, int status) {
     }
     if (!c->reading && c->queued <= _DM_ST_HIGH_WATER) _dm_srv_process(c);   /* parse what waits */
 }
-/* Queues bytes for the client (copied); a failure closes the client. A notice (metered false:
-   a few hundred bytes, once per client) is charged without asking the quota. */
+/* The bytes of the pieces (total of them) into dst as the client reads them: copied, or sealed
+   as records for a client admitted with encryption (n: the bytes that takes). False when
+   libcrypto failed. */
+_DM_PRIVATE size_t _dm_srv_wire_size(const _dm_srv_client* c, size_t total) {
+#if defined(DISTMESH_OPENSSL)
+    if (c->seal) return _dm_st_sealed_size(total);
+#endif
+    (void)c;
+    return total;
+}
+_DM_PRIVATE bool _dm_srv_wire_fill(_dm_srv_client* c, const _dm_iov* iov, int niov, size_t total, unsigned char* dst) {
+    int i;
+#if defined(DISTMESH_OPENSSL)
+    if (c->seal) return _dm_st_seal_pieces(&c->seal->tx, iov, niov, total, dst);
+#endif
+    (void)c;
+    (void)total;
+    for (i = 0; i < niov; i++) {
+        if (iov[i].len) memcpy(dst, iov[i].buf, iov[i].len);
+        dst += iov[i].len;
+    }
+    return true;
+}
+_DM_PRIVATE void _dm_srv_queue_v(_dm_srv_client* c, const _dm_iov* iov, int niov, size_t plain, bool metered);
+/* Queues bytes for the client (copied, or sealed); a failure closes the client. A notice
+   (metered false: a few hundred bytes, once per client) is charged without asking the quota. */
 _DM_PRIVATE void _dm_srv_queue(_dm_srv_client* c, const void* d, size_t n, bool metered) {
+    _dm_iov one;
+    one.buf = d;
+    one.len = n;
+    _dm_srv_queue_v(c, &one, 1, n, metered);
+}
+_DM_PRIVATE void _dm_srv_queue_v(_dm_srv_client* c, const _dm_iov* iov, int niov, size_t plain, bool metered) {
     _dm_srv_write* w;
     uv_buf_t buf;
     int rc;
-    if (c->closing || n == 0) return;
+    size_t n = _dm_srv_wire_size(c, plain);
+    if (c->closing || plain == 0) return;
     if (metered && (n > c->srv->lim.max_conn || c->queued > c->srv->lim.max_conn - n)) {
         _dm_srv_drop(c, DM_ERR_PROTOCOL, "does not read its replies (%zu bytes queued, %zu more above the "
                      "per-connection limit DISTMESH_STORE_MAX_CONN of %zu)", c->queued, n, c->srv->lim.max_conn);
@@ -1007,7 +1209,12 @@ _DM_PRIVATE void _dm_srv_queue(_dm_srv_client* c, const void* d, size_t n, bool 
     w->a = &c->srv->allocator;
     w->n = w->charged = n;
     w->pin = NULL;
-    memcpy((unsigned char*)(w + 1), d, n);
+    if (!_dm_srv_wire_fill(c, iov, niov, plain, (unsigned char*)(w + 1))) {
+        c->srv->held -= n;
+        _dm_free(w->a, w);
+        _dm_srv_close_client(c);
+        return;
+    }
     buf.base = (char*)(w + 1);
     buf.len = n;
     w->req.data = w;
@@ -1027,7 +1234,8 @@ _DM_PRIVATE void _dm_srv_send_stbuf(_dm_srv_client* c, _dm_stbuf* b) {
     _dm_stbuf_free(b);
 }
 /* A value as a reply (u64 length + bytes) written from the entry, pinned until written: only
-   the 8-byte length is a copy, and only it is charged; the value's bytes already are. */
+   the 8-byte length is a copy, and only it is charged; the value's bytes already are. A sealed
+   client's reply is records, a copy like any other reply (charged). */
 _DM_PRIVATE void _dm_srv_send_value(_dm_srv_client* c, _dm_kv* e) {
     _dm_srv* s = c->srv;
     _dm_srv_write* w;
@@ -1036,6 +1244,17 @@ _DM_PRIVATE void _dm_srv_send_value(_dm_srv_client* c, _dm_kv* e) {
     size_t n = 8 + e->val_len;
     int i, rc;
     if (c->closing) return;
+    if (c->seal) {
+        unsigned char len8[8];
+        _dm_iov v[2];
+        for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)e->val_len >> (8 * i));
+        v[0].buf = len8;
+        v[0].len = 8;
+        v[1].buf = e->val;
+        v[1].len = e->val_len;
+        _dm_srv_queue_v(c, v, 2, n, true);
+        return;
+    }
     if (n > s->lim.max_conn || c->queued > s->lim.max_conn - n) {
         _dm_srv_drop(c, DM_ERR_PROTOCOL, "does not read its replies (%zu bytes queued, %zu more above the "
                      "per-connection limit DISTMESH_STORE_MAX_CONN of %zu)", c->queued, n, s->lim.max_conn);
@@ -1126,6 +1345,10 @@ _DM_PRIVATE void _dm_srv_on_client_closed(uv_handle_t* h) {
     else s->clients = c->next;
     if (c->next) c->next->prev = c->prev;
     _dm_free(&s->allocator, c->in);
+#if defined(DISTMESH_OPENSSL)
+    if (c->seal) s->held -= _dm_st_seal_bytes(c->seal);
+    _dm_st_seal_free(&s->allocator, c->seal);
+#endif
     _dm_free(&s->allocator, c);
 }
 /* The input buffer goes (a client that is closing or being told why reads nothing more): its
@@ -1205,43 +1428,84 @@ _DM_PRIVATE void _dm_srv_refuse(_dm_srv_client* c, uint32_t code, const char* wh
 
 /* >>store server handshake  One step of the handshake on the bytes at the start of the buffer, like
    _dm_srv_one: bytes consumed, or 0 (more needed, or the client was refused). */
+/* The handshake's version this server takes (>>store wire): sealed or plain. */
+_DM_PRIVATE uint32_t _dm_srv_auth_version(const _dm_srv* s) {
+    return s->lim.encrypt ? _DM_ST_AUTH_SEALED : _DM_ST_AUTH_VERSION;
+}
+/* A client whose encryption setting differs: "DMSA" and the status that says which way, then
+   the close (>>store wire). */
+_DM_PRIVATE void _dm_srv_refuse_setting(_dm_srv_client* c) {
+    bool sealed = c->srv->lim.encrypt;
+    unsigned char b[8] = { 0x44, 0x4d, 0x53, 0x41, 0, 0, 0, 0 };       /* "DMSA" */
+    char msg[420];
+    b[4] = (unsigned char)(sealed ? _DM_ST_AUTH_SEAL_DIFFERS : _DM_ST_AUTH_PLAIN_DIFFERS);
+    _DM_REPORT(&c->srv->logger, msg, sizeof(msg), DM_ERR_REFUSED, "tcp-store: server refused client %s (it has "
+               "encryption %s and this server %s: set the same DISTMESH_ENCRYPT, or desc.encrypt, on every process)",
+               c->peer, sealed ? "off" : "on", sealed ? "on" : "off");
+    _dm_srv_last_words(c, b, sizeof(b));
+}
+/* The client proved the token: admitted (u32 0, the last plain bytes), and from here sealed when
+   the server encrypts. False when the client was refused or dropped. */
+_DM_PRIVATE bool _dm_srv_auth_done(_dm_srv_client* c) {
+    unsigned char ok[4] = { 0, 0, 0, 0 };
+    c->auth = 0;
+    c->notices = true;          /* only a distmesh client authenticates */
+    if (c->srv->lim.encrypt && c->in_len != 32) {
+        _dm_srv_refuse(c, 1, "sent requests before it was admitted");   /* they would be plain */
+        return false;
+    }
+    _dm_srv_send(c, ok, 4);
+    if (c->closing || !c->srv->lim.encrypt) return !c->closing;
+#if defined(DISTMESH_OPENSSL)
+    {
+        size_t need = sizeof(_dm_st_seal) + _DM_ST_SEAL_START;      /* _dm_st_seal_bytes of a new one */
+        if (!_dm_srv_make_room(c, need)) { _dm_srv_refuse_quota(c, need); return false; }
+        c->seal = _dm_st_seal_new(&c->srv->allocator, c->srv->lim.token, c->srv->lim.token_len, c->nonce_c,
+                                  c->nonce_s, true);
+        if (c->seal) return true;
+        c->srv->held -= need;
+    }
+#endif
+    _dm_srv_close_client(c);    /* out of memory (or no libcrypto): nothing can be said sealed */
+    return false;
+}
 _DM_PRIVATE size_t _dm_srv_auth_step(_dm_srv_client* c) {
     const _dm_store_limits* L = &c->srv->lim;
     const unsigned char* p = c->in;
     unsigned char mac[32];
+    uint32_t version = _dm_srv_auth_version(c->srv);
     if (c->auth == 1) {
         unsigned char rep[_DM_ST_AUTH_CHALLENGE];
+        uint32_t v;
         if (p[0] != _DM_STQ_AUTH) {
             _dm_srv_refuse(c, _DM_ST_AUTH_NEEDED, "it did not authenticate: the store has a token "
                            "(set the same DISTMESH_TOKEN on the client; torch clients cannot authenticate)");
             return 0;
         }
         if (c->in_len < _DM_ST_AUTH_HELLO) { c->need = _DM_ST_AUTH_HELLO; return 0; }
-        if (_dm_st_get_u32(p + 1) != _DM_ST_AUTH_MAGIC || _dm_st_get_u32(p + 5) != _DM_ST_AUTH_VERSION) {
+        v = _dm_st_get_u32(p + 5);
+        if (_dm_st_get_u32(p + 1) != _DM_ST_AUTH_MAGIC || (v != _DM_ST_AUTH_VERSION && v != _DM_ST_AUTH_SEALED)) {
             _dm_srv_refuse(c, 1, "malformed authentication hello");
             return 0;
         }
+        if (v != version) { _dm_srv_refuse_setting(c); return 0; }
         memcpy(c->nonce_c, p + 9, 32);
         _dm_st_random(c->nonce_s, 32);
         memset(rep, 0, sizeof(rep));
         rep[0] = 0x44; rep[1] = 0x4d; rep[2] = 0x53; rep[3] = 0x41;   /* "DMSA", status 0 */
         memcpy(rep + 8, c->nonce_s, 32);
-        _dm_st_auth_mac(L->token, L->token_len, true, c->nonce_c, c->nonce_s, rep + 40);
+        _dm_st_auth_mac(L->token, L->token_len, true, version, c->nonce_c, c->nonce_s, rep + 40);
         c->auth = 2;
         _dm_srv_send(c, rep, sizeof(rep));
         return c->closing ? 0 : _DM_ST_AUTH_HELLO;
     }
     if (c->in_len < 32) { c->need = 32; return 0; }
-    _dm_st_auth_mac(L->token, L->token_len, false, c->nonce_s, c->nonce_c, mac);
+    _dm_st_auth_mac(L->token, L->token_len, false, version, c->nonce_s, c->nonce_c, mac);
     if (!_dm_st_ct_equal(mac, p, 32)) {
         _dm_srv_refuse(c, 1, "wrong token proof: a different DISTMESH_TOKEN, or a replayed handshake");
         return 0;
     }
-    c->auth = 0;
-    c->notices = true;          /* only a distmesh client authenticates */
-    memset(mac, 0, 4);
-    _dm_srv_send(c, mac, 4);    /* u32 0: admitted */
-    return c->closing ? 0 : 32;
+    return _dm_srv_auth_done(c) ? 32 : 0;
 }
 
 /* >>store server requests  Parsing and executing one request. A cursor over the client's
@@ -1591,8 +1855,31 @@ _DM_PRIVATE size_t _dm_srv_next_cap(const _dm_srv_client* c, size_t limit) {
         cap = c->need;
     return cap > limit ? limit : cap;
 }
+/* The buffer grown one step (up to limit), every byte charged to the quota: false when the
+   quota refused (c->refused says how much) or memory ran out. */
+_DM_PRIVATE bool _dm_srv_grow_input(_dm_srv_client* c, size_t limit) {
+    size_t cap = _dm_srv_next_cap(c, limit);
+    unsigned char* np;
+    if (cap <= c->in_cap) return false;
+    if (!_dm_srv_make_room(c, cap - c->in_cap)) {
+        c->refused = cap - c->in_cap;
+        return false;
+    }
+    np = (unsigned char*)_dm_malloc(&c->srv->allocator, cap);
+    if (!np) {
+        c->srv->held -= cap - c->in_cap;
+        return false;
+    }
+    if (c->in_len) memcpy(np, c->in, c->in_len);
+    _dm_free(&c->srv->allocator, c->in);
+    c->in = np;
+    c->charged += cap - c->in_cap;
+    c->in_cap = cap;
+    return true;
+}
 /* Every byte of the buffer is charged to the quota; a refusal is carried to the read callback
-   (see _dm_srv_make_room). */
+   (see _dm_srv_make_room). A sealed client's bytes go to its record buffer first
+   (>>store seal): the buffer gets their plaintext. */
 _DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf) {
     _dm_srv_client* c = (_dm_srv_client*)h;
     size_t limit = c->auth ? _DM_ST_AUTH_BUF : c->srv->lim.max_conn;
@@ -1600,24 +1887,14 @@ _DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf) 
     buf->base = NULL;
     buf->len = 0;
     if (c->closing || c->flush_close) return;
-    if (c->in_cap - c->in_len < 4096 && c->in_cap < limit) {
-        size_t cap = _dm_srv_next_cap(c, limit);
-        unsigned char* np;
-        if (!_dm_srv_make_room(c, cap - c->in_cap)) {
-            c->refused = cap - c->in_cap;
-            return;                 /* read_cb gets UV_ENOBUFS */
-        }
-        np = (unsigned char*)_dm_malloc(&c->srv->allocator, cap);
-        if (!np) {
-            c->srv->held -= cap - c->in_cap;
-            return;                 /* read_cb gets UV_ENOBUFS */
-        }
-        if (c->in_len) memcpy(np, c->in, c->in_len);
-        _dm_free(&c->srv->allocator, c->in);
-        c->in = np;
-        c->charged += cap - c->in_cap;
-        c->in_cap = cap;
+#if defined(DISTMESH_OPENSSL)
+    if (c->seal) {              /* never full: whole records leave it as they arrive */
+        buf->base = (char*)(c->seal->rec + c->seal->fill);
+        buf->len = c->seal->cap - c->seal->fill;
+        return;
     }
+#endif
+    if (c->in_cap - c->in_len < 4096 && c->in_cap < limit) _dm_srv_grow_input(c, limit);
     if (c->in_cap == c->in_len) return;     /* full at the limit: read_cb gets UV_ENOBUFS */
     buf->base = (char*)(c->in + c->in_len);
     buf->len = c->in_cap - c->in_len;
@@ -1670,6 +1947,72 @@ _DM_PRIVATE void _dm_srv_process(_dm_srv_client* c) {
     _dm_srv_flow(c);
 }
 
+#if defined(DISTMESH_OPENSSL)
+/* n plaintext bytes appended to the input buffer, grown as it would be by reads: false when
+   the client was dropped (beyond max_conn, the quota, out of memory). */
+_DM_PRIVATE bool _dm_srv_take_plain(_dm_srv_client* c, const unsigned char* p, size_t n) {
+    while (c->in_cap - c->in_len < n) {
+        if (c->in_cap < c->srv->lim.max_conn && _dm_srv_grow_input(c, c->srv->lim.max_conn)) continue;
+        if (c->refused) _dm_srv_refuse_quota(c, c->refused);
+        else _dm_srv_drop(c, DM_ERR_PROTOCOL, "request larger than %zu bytes (DISTMESH_STORE_MAX_CONN), or out "
+                          "of memory", c->srv->lim.max_conn);
+        return false;
+    }
+    memcpy(c->in + c->in_len, p, n);
+    c->in_len += n;
+    return true;
+}
+/* The record buffer grown to the largest record, for the one that starts it (charged): false
+   when the client was dropped. */
+_DM_PRIVATE bool _dm_srv_seal_grow(_dm_srv_client* c) {
+    _dm_st_seal* z = c->seal;
+    unsigned char* np;
+    size_t more = _DM_AEAD_MAX - z->cap;
+    if (!_dm_srv_make_room(c, more)) { _dm_srv_refuse_quota(c, more); return false; }
+    np = (unsigned char*)_dm_malloc(&c->srv->allocator, _DM_AEAD_MAX);
+    if (!np) {
+        c->srv->held -= more;
+        _dm_srv_drop(c, DM_ERR_OUT_OF_MEMORY, "out of memory for a sealed record of up to %zu bytes", _DM_AEAD_MAX);
+        return false;
+    }
+    memcpy(np, z->rec, z->fill);
+    memset(z->rec, 0, z->cap);
+    _dm_free(&c->srv->allocator, z->rec);
+    z->rec = np;
+    z->cap = _DM_AEAD_MAX;
+    return true;
+}
+/* Opens every whole record in the record buffer into the input buffer (>>store seal): false
+   when the client was dropped (a record that fails: nothing of it is parsed). */
+_DM_PRIVATE bool _dm_srv_unseal(_dm_srv_client* c) {
+    _dm_st_seal* z = c->seal;
+    size_t at = 0;
+    while (z->fill - at >= _DM_AEAD_HEAD) {
+        size_t n = _dm_rec_len(z->rec + at);
+        if (n == 0) {
+            _dm_srv_drop(c, DM_ERR_PROTOCOL, "a sealed record with a bad length (tampered with on the way?)");
+            return false;
+        }
+        if (z->fill - at < _DM_AEAD_HEAD + n + _DM_AEAD_TAG) {
+            if (at == 0 && z->cap < _DM_AEAD_HEAD + n + _DM_AEAD_TAG && !_dm_srv_seal_grow(c)) return false;
+            break;              /* (at > 0: the record moves to the front first, then fits or grows) */
+        }
+        if (!_dm_rec_open(&z->rx, z->rec + at, n)) {
+            _dm_srv_drop(c, DM_ERR_PROTOCOL, "a sealed record failed its authentication (tampered with, replayed, "
+                         "reordered or dropped on the way, or another key)");
+            return false;
+        }
+        if (!_dm_srv_take_plain(c, z->rec + at + _DM_AEAD_HEAD, n)) return false;
+        at += _DM_AEAD_HEAD + n + _DM_AEAD_TAG;
+    }
+    if (at) {
+        memmove(z->rec, z->rec + at, z->fill - at);
+        z->fill -= at;
+    }
+    return true;
+}
+#endif
+
 _DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t* buf) {
     _dm_srv_client* c = (_dm_srv_client*)st;
     (void)buf;
@@ -1685,6 +2028,12 @@ _DM_PRIVATE void _dm_srv_on_read(uv_stream_t* st, ssize_t nread, const uv_buf_t*
         _dm_srv_close_client(c);
         return;
     }
+#if defined(DISTMESH_OPENSSL)
+    if (c->seal) {
+        c->seal->fill += (size_t)nread;
+        if (!_dm_srv_unseal(c)) return;
+    } else
+#endif
     c->in_len += (size_t)nread;
     if (c->in_len < c->need) return;
     _dm_srv_process(c);
@@ -2213,6 +2562,9 @@ typedef struct _dm_stcli {
     char host[256];
     size_t token_len;           /* authenticate with this token when > 0 */
     char token[_DM_ST_TOKEN_MAX + 1];
+    bool encrypt;               /* sealed records after the handshake (>>store seal) */
+    struct _dm_st_seal* seal;   /* the connection's records once admitted with encryption */
+    const dm_allocator* a;      /* the store's (seal) */
     int32_t refusal_st;         /* a notice the server gave instead of a connection (_DM_ST_NOTICED) */
     char refusal[_DM_ST_NOTICE_TEXT + 1];
 } _dm_stcli;
@@ -2264,18 +2616,83 @@ _DM_PRIVATE int _dm_stcli_recv_all(int fd, unsigned char* p, size_t n, int64_t d
     return 0;
 }
 
+/* A sealed connection's I/O (>>store seal): the plaintext of records, one at a time; a record
+   that fails its tag or announces a bad length is -EBADMSG, and nothing of it is handed out.
+   Without encryption (c->seal NULL) the socket's bytes as they are. */
+_DM_PRIVATE void _dm_stcli_unseal_end(_dm_stcli* c) {
+#if defined(DISTMESH_OPENSSL)
+    _dm_st_seal_free(c->a, c->seal);
+#endif
+    c->seal = NULL;
+}
+#if defined(DISTMESH_OPENSSL)
+/* The next record read and opened into c->seal->rec: 0 or a code. */
+_DM_PRIVATE int _dm_stcli_next_record(_dm_stcli* c, int fd, int64_t deadline) {
+    _dm_st_seal* z = c->seal;
+    size_t n;
+    int rc = _dm_stcli_recv_all(fd, z->rec, _DM_AEAD_HEAD, deadline);
+    if (rc) return rc;
+    if ((n = _dm_rec_len(z->rec)) == 0) return -EBADMSG;
+    if ((rc = _dm_stcli_recv_all(fd, z->rec + _DM_AEAD_HEAD, n + _DM_AEAD_TAG, deadline)) != 0) return rc;
+    if (!_dm_rec_open(&z->rx, z->rec, n)) return -EBADMSG;
+    z->ppos = 0;
+    z->plen = n;
+    return 0;
+}
+#endif
+_DM_PRIVATE int _dm_stcli_write(_dm_stcli* c, int fd, const unsigned char* p, size_t n, int64_t deadline) {
+#if defined(DISTMESH_OPENSSL)
+    while (c->seal && n) {
+        _dm_iov one;
+        int rc;
+        one.buf = p;
+        one.len = n < _DM_AEAD_RECORD ? n : _DM_AEAD_RECORD;
+        if (!_dm_rec_seal(&c->seal->tx, &one, 1, one.len, c->seal->out)) return -EIO;
+        rc = _dm_stcli_send_all(fd, c->seal->out, one.len + _DM_AEAD_HEAD + _DM_AEAD_TAG, deadline);
+        if (rc) return rc;
+        p += one.len;
+        n -= one.len;
+    }
+    if (c->seal) return 0;
+#endif
+    (void)c;
+    return _dm_stcli_send_all(fd, p, n, deadline);
+}
+_DM_PRIVATE int _dm_stcli_read(_dm_stcli* c, int fd, unsigned char* p, size_t n, int64_t deadline) {
+#if defined(DISTMESH_OPENSSL)
+    while (c->seal && n) {
+        _dm_st_seal* z = c->seal;
+        size_t k;
+        int rc;
+        if (z->ppos == z->plen && (rc = _dm_stcli_next_record(c, fd, deadline)) != 0) return rc;
+        k = z->plen - z->ppos < n ? z->plen - z->ppos : n;
+        memcpy(p, z->rec + _DM_AEAD_HEAD + z->ppos, k);
+        z->ppos += k;
+        p += k;
+        n -= k;
+    }
+    if (c->seal) return 0;
+#endif
+    (void)c;
+    return _dm_stcli_recv_all(fd, p, n, deadline);
+}
+
 /* Closes a connection that can no longer be trusted (the caller breaks the store with
    _dm_store_break, saying why). */
 _DM_PRIVATE void _dm_stcli_drop(dm_store* s) {
     _dm_stcli* c = _dm_stcli_of(s);
     if (c->fd >= 0) { close(c->fd); c->fd = -1; }
+    _dm_stcli_unseal_end(c);
 }
 /* The connection is unusable after a failure in the middle of a request. */
 _DM_PRIVATE dm_status _dm_stcli_io_fail(dm_store* s, int code, const char* what) {
     char cause[200];
     _dm_stcli* c = _dm_stcli_of(s);
-    dm_status st = _dm_st_status(code);
+    dm_status st = code == -EBADMSG ? DM_ERR_PROTOCOL : _dm_st_status(code);   /* (>>store seal) */
     _dm_st_cause(code, cause, sizeof(cause));
+    if (code == -EBADMSG)
+        snprintf(cause, sizeof(cause), "EBADMSG: a sealed record from the server failed its authentication: "
+                 "tampered with, replayed, reordered or cut on the way");
     _dm_stcli_drop(s);
     _dm_store_break(s->sh, "%.40s: %.100s", what, cause);
     if (code == _DM_ST_EOF) snprintf(cause, sizeof(cause), "EOF: the server closed the connection");
@@ -2303,11 +2720,11 @@ _DM_PRIVATE dm_status _dm_stcli_notice(dm_store* s, const unsigned char* got, si
     if (c->fd < 0 || n > 8) return DM_OK;
     if (n) memcpy(b, got, n);
     if (memcmp(b, _dm_st_notice_magic, n) != 0) return DM_OK;
-    if (_dm_stcli_recv_all(c->fd, b + n, _DM_ST_NOTICE_HEAD - n, deadline) != 0 ||
+    if (_dm_stcli_read(c, c->fd, b + n, _DM_ST_NOTICE_HEAD - n, deadline) != 0 ||
         memcmp(b, _dm_st_notice_magic, 8) != 0)
         return DM_OK;
     len = (size_t)b[12] | ((size_t)b[13] << 8);
-    if (len > _DM_ST_NOTICE_TEXT || _dm_stcli_recv_all(c->fd, b + _DM_ST_NOTICE_HEAD, len, deadline) != 0)
+    if (len > _DM_ST_NOTICE_TEXT || _dm_stcli_read(c, c->fd, b + _DM_ST_NOTICE_HEAD, len, deadline) != 0)
         return DM_OK;
     b[_DM_ST_NOTICE_HEAD + len] = 0;
     code = (int32_t)_dm_st_get_u32(b + 8);
@@ -2321,7 +2738,7 @@ _DM_PRIVATE dm_status _dm_stcli_notice(dm_store* s, const unsigned char* got, si
 _DM_PRIVATE dm_status _dm_stcli_send(dm_store* s, _dm_stbuf* b, const char* what) {
     int rc;
     if (b->oom) return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: %s (out of memory)", what);
-    rc = _dm_stcli_send_all(_dm_stcli_of(s)->fd, b->p, b->len, _dm_deadline(s->timeout_ms));
+    rc = _dm_stcli_write(_dm_stcli_of(s), _dm_stcli_of(s)->fd, b->p, b->len, _dm_deadline(s->timeout_ms));
     if (rc == -EPIPE || rc == -ECONNRESET) {    /* closed by the server: maybe it said why */
         dm_status st = _dm_stcli_notice(s, NULL, 0, what);
         if (st != DM_OK) return st;
@@ -2330,7 +2747,7 @@ _DM_PRIVATE dm_status _dm_stcli_send(dm_store* s, _dm_stbuf* b, const char* what
     return DM_OK;
 }
 _DM_PRIVATE dm_status _dm_stcli_recv(dm_store* s, void* p, size_t n, int64_t deadline, const char* what) {
-    int rc = _dm_stcli_recv_all(_dm_stcli_of(s)->fd, (unsigned char*)p, n, deadline);
+    int rc = _dm_stcli_read(_dm_stcli_of(s), _dm_stcli_of(s)->fd, (unsigned char*)p, n, deadline);
     if (rc) return _dm_stcli_io_fail(s, rc, what);
     return DM_OK;
 }
@@ -2424,12 +2841,12 @@ _DM_PRIVATE dm_status _dm_stcli_wait(dm_store* s, const _dm_store_key* k, size_t
     st = _dm_stcli_send(s, &b, "wait");
     _dm_stbuf_free(&b);
     if (st != DM_OK) return st;
-    rc = _dm_stcli_recv_all(c->fd, &r, 1, deadline);
+    rc = _dm_stcli_read(c, c->fd, &r, 1, deadline);
     if (rc == 0) return r == _DM_ST_STOP_WAITING ? DM_OK : _dm_stcli_bad_reply(s, "wait", r);
     if (rc != -ETIMEDOUT) return _dm_stcli_io_fail(s, rc, "wait");
     /* timed out: cancel, then expect WAIT_CANCELED (after a STOP_WAITING that crossed it) */
     r = _DM_STQ_CANCEL_WAIT;
-    rc = _dm_stcli_send_all(c->fd, &r, 1, _dm_deadline(s->timeout_ms));
+    rc = _dm_stcli_write(c, c->fd, &r, 1, _dm_deadline(s->timeout_ms));
     if (rc) return _dm_stcli_io_fail(s, rc, "cancel wait");
     if ((st = _dm_stcli_recv(s, &r, 1, _dm_deadline(s->timeout_ms), "cancel wait")) != DM_OK) return st;
     if (r == _DM_ST_STOP_WAITING) {
@@ -2456,10 +2873,10 @@ _DM_PRIVATE bool _dm_stcli_connect_notice(_dm_stcli* c, int fd, const unsigned c
     c->refusal_st = (int32_t)DM_ERR_NETWORK;
     snprintf(c->refusal, sizeof(c->refusal), "the server closed the connection at once with a notice it could not "
              "finish sending");
-    if (_dm_stcli_recv_all(fd, b + n, _DM_ST_NOTICE_HEAD - n, deadline) != 0 || memcmp(b, _dm_st_notice_magic, 8) != 0)
+    if (_dm_stcli_read(c, fd, b + n, _DM_ST_NOTICE_HEAD - n, deadline) != 0 || memcmp(b, _dm_st_notice_magic, 8) != 0)
         return true;
     len = (size_t)b[12] | ((size_t)b[13] << 8);
-    if (len > _DM_ST_NOTICE_TEXT || _dm_stcli_recv_all(fd, b + _DM_ST_NOTICE_HEAD, len, deadline) != 0) return true;
+    if (len > _DM_ST_NOTICE_TEXT || _dm_stcli_read(c, fd, b + _DM_ST_NOTICE_HEAD, len, deadline) != 0) return true;
     c->refusal_st = (int32_t)_dm_st_get_u32(b + 8);
     if (c->refusal_st >= 0 || strcmp(dm_status_name((dm_status)c->refusal_st), "DM_UNKNOWN_STATUS") == 0)
         c->refusal_st = (int32_t)DM_ERR_PROTOCOL;
@@ -2469,36 +2886,49 @@ _DM_PRIVATE bool _dm_stcli_connect_notice(_dm_stcli* c, int fd, const unsigned c
 }
 
 /* The client's half of the handshake (see >>store wire). 0, or a code with *refused set when
-   the server answered in a way that retrying will not change. */
+   the server answered in a way that retrying will not change. Admitted with encryption, the
+   connection's records are keyed (c->seal) before anything else is sent. */
 _DM_PRIVATE int _dm_stcli_auth(_dm_stcli* c, int fd, int64_t deadline, int* refused) {
     unsigned char hello[_DM_ST_AUTH_HELLO], rep[_DM_ST_AUTH_CHALLENGE], mac[32], st[4];
     const char* token = c->token;
     size_t tn = c->token_len;
+    unsigned version = c->encrypt ? _DM_ST_AUTH_SEALED : _DM_ST_AUTH_VERSION;
+    uint32_t status;
     int rc;
     hello[0] = _DM_STQ_AUTH;
     hello[1] = 0x44; hello[2] = 0x4d; hello[3] = 0x53; hello[4] = 0x41;   /* "DMSA" */
-    hello[5] = _DM_ST_AUTH_VERSION; hello[6] = hello[7] = hello[8] = 0;
+    hello[5] = (unsigned char)version; hello[6] = hello[7] = hello[8] = 0;
     _dm_st_random(hello + 9, 32);
     if ((rc = _dm_stcli_send_all(fd, hello, sizeof(hello), deadline)) != 0) return rc;
     rc = _dm_stcli_recv_all(fd, rep, 8, deadline);
     if (rc == 0 && _dm_stcli_connect_notice(c, fd, rep, 8, deadline, refused)) return -EPROTO;
+    status = rc == 0 ? _dm_st_get_u32(rep + 4) : 0;
+    if (rc == 0 && _dm_st_get_u32(rep) == _DM_ST_AUTH_MAGIC &&
+        (status == _DM_ST_AUTH_SEAL_DIFFERS || status == _DM_ST_AUTH_PLAIN_DIFFERS)) {
+        *refused = status == _DM_ST_AUTH_SEAL_DIFFERS ? _DM_ST_SERVER_SEALS : _DM_ST_SERVER_PLAIN;
+        return -EPROTO;
+    }
     if (rc == 0) rc = _dm_stcli_recv_all(fd, rep + 8, sizeof(rep) - 8, deadline);
     if (rc == _DM_ST_EOF || rc == -ECONNRESET) *refused = _DM_ST_NOAUTH;
     if (rc) return rc;
-    if (_dm_st_get_u32(rep) != _DM_ST_AUTH_MAGIC || _dm_st_get_u32(rep + 4) != 0) {
+    if (_dm_st_get_u32(rep) != _DM_ST_AUTH_MAGIC || status != 0) {
         *refused = _DM_ST_NOAUTH;
         return -EPROTO;
     }
-    _dm_st_auth_mac(token, tn, true, hello + 9, rep + 8, mac);
+    _dm_st_auth_mac(token, tn, true, version, hello + 9, rep + 8, mac);
     if (!_dm_st_ct_equal(mac, rep + 40, 32)) { *refused = _DM_ST_BADSERVER; return -EPROTO; }
-    _dm_st_auth_mac(token, tn, false, rep + 8, hello + 9, mac);
+    _dm_st_auth_mac(token, tn, false, version, rep + 8, hello + 9, mac);
     if ((rc = _dm_stcli_send_all(fd, mac, 32, deadline)) != 0) return rc;
     rc = _dm_stcli_recv_all(fd, st, 4, deadline);
     if (rc == _DM_ST_EOF || rc == -ECONNRESET || (rc == 0 && _dm_st_get_u32(st) != 0)) {
         *refused = _DM_ST_REFUSED;
         return rc ? rc : -EPROTO;
     }
-    return rc;
+    if (rc || !c->encrypt) return rc;
+#if defined(DISTMESH_OPENSSL)
+    c->seal = _dm_st_seal_new(c->a, token, tn, hello + 9, rep + 8, false);
+#endif
+    return c->seal ? 0 : -ENOMEM;
 }
 
 /* One connection attempt: connect, TCP_NODELAY, authentication when there is a token, then
@@ -2538,7 +2968,9 @@ _DM_PRIVATE int _dm_stcli_try_connect(const struct addrinfo* ai, _dm_stcli* c, i
     }
     fl = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &fl, sizeof(fl));
+    _dm_stcli_unseal_end(c);        /* a failed attempt's records, if any */
     if (c->token_len && (rc = _dm_stcli_auth(c, fd, deadline, refused)) != 0) {
+        _dm_stcli_unseal_end(c);
         close(fd);
         return rc;
     }
@@ -2548,8 +2980,8 @@ _DM_PRIVATE int _dm_stcli_try_connect(const struct addrinfo* ai, _dm_stcli* c, i
     if (proto == _DM_ST_PROTO_1) {
         unsigned char n8[8];
         _dm_stbuf_u8(&b, 6);            /* GETNUMKEYS of torch < 2.2 */
-        if ((rc = _dm_stcli_send_all(fd, req, b.len, deadline)) != 0 ||
-            (rc = _dm_stcli_recv_all(fd, n8, 8, deadline)) != 0) {
+        if ((rc = _dm_stcli_write(c, fd, req, b.len, deadline)) != 0 ||
+            (rc = _dm_stcli_read(c, fd, n8, 8, deadline)) != 0) {
             close(fd);
             return rc;
         }
@@ -2561,8 +2993,8 @@ _DM_PRIVATE int _dm_stcli_try_connect(const struct addrinfo* ai, _dm_stcli* c, i
     _dm_stbuf_u32(&b, _DM_ST_MAGIC);
     _dm_stbuf_u8(&b, _DM_STQ_PING);
     _dm_stbuf_u32(&b, nonce);
-    if ((rc = _dm_stcli_send_all(fd, req, b.len, deadline)) != 0 ||
-        (rc = _dm_stcli_recv_all(fd, rep, 4, deadline)) != 0) {
+    if ((rc = _dm_stcli_write(c, fd, req, b.len, deadline)) != 0 ||
+        (rc = _dm_stcli_read(c, fd, rep, 4, deadline)) != 0) {
         close(fd);
         return rc;
     }
@@ -2583,6 +3015,11 @@ _DM_PRIVATE dm_status _dm_stcli_refused(dm_store* s, int why) {
         return _DM_STORE_FAIL(s, (dm_status)c->refusal_st, "tcp-store: %s:%d refused this client: %s", c->host, c->port,
                               c->refusal);
     text =
+        why == _DM_ST_SERVER_SEALS ? "the server encrypts its connections and this client does not: set the same "
+                                     "DISTMESH_ENCRYPT (or desc.encrypt) on every process" :
+        why == _DM_ST_SERVER_PLAIN ? "this client encrypts (DISTMESH_ENCRYPT, desc.encrypt) and the server does not: "
+                                     "set the same DISTMESH_ENCRYPT on every process (the store host's build may "
+                                     "lack DISTMESH_OPENSSL)" :
         why == _DM_ST_NEEDTOKEN ? "the store requires a token: set the job's DISTMESH_TOKEN (or desc.token) here too" :
         why == _DM_ST_BADSERVER ? "the server could not prove the token: it has a different DISTMESH_TOKEN, or it is not "
                                   "the job's store" :
@@ -2628,6 +3065,7 @@ _DM_PRIVATE dm_status _dm_stcli_connect(dm_store* s) {
                     r = 0;
                 }
                 if (r == 0) { c->fd = fd; last = 0; break; }
+                _dm_stcli_unseal_end(c);
                 if (r != -ETIMEDOUT || !last) last = r;   /* keep the real cause over our deadline */
             }
             freeaddrinfo(res);
@@ -2681,7 +3119,9 @@ _DM_PRIVATE _dm_store_shared* _dm_stcli_hosted_share(int port, const _dm_store_l
         const _dm_stcli* c = (const _dm_stcli*)sh->impl;
         if (strcmp(sh->ops->name, "tcp") != 0 || c->port != port) continue;
         pthread_mutex_lock(&sh->mu);
-        if (c->token_len != lim->token_len || memcmp(c->token, lim->token, lim->token_len) != 0) *other_token = true;
+        if (c->token_len != lim->token_len || memcmp(c->token, lim->token, lim->token_len) != 0 ||
+            c->encrypt != lim->encrypt)
+            *other_token = true;
         else if (sh->refs > 0 && !sh->broken) sh->refs++;
         else *other_token = true;   /* broken: not shareable; say it is in use */
         pthread_mutex_unlock(&sh->mu);
@@ -2704,6 +3144,8 @@ _DM_PRIVATE dm_status _dm_stcli_open(dm_store* s, const char* url, const dm_stor
     if (!c) return _DM_STORE_FAIL(s, DM_ERR_OUT_OF_MEMORY, "tcp-store: out of memory");
     s->sh->impl = c;
     c->fd = -1;
+    c->a = &s->sh->allocator;
+    c->encrypt = lim->encrypt;
     c->token_len = lim->token_len;
     memcpy(c->token, lim->token, sizeof(c->token));
     if (h[0] == '[') {
@@ -2761,6 +3203,7 @@ _DM_PRIVATE void _dm_stcli_close(_dm_store_shared* sh) {
     _dm_stcli* c = (_dm_stcli*)sh->impl;
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
+    _dm_stcli_unseal_end(c);
     _dm_srv_stop(c->server);
     _dm_free(&sh->allocator, c);
 }
@@ -3305,10 +3748,13 @@ _DM_PRIVATE dm_status _dm_store_size_opt(size_t desc_v, _dm_cfg_id id, size_t df
     *out = v ? (size_t)v : dflt;
     return DM_OK;
 }
-/* The server's bounds and the token, from the desc and the environment. */
-_DM_PRIVATE dm_status _dm_store_limits_resolve(const dm_store_desc* d, _dm_store_limits* L, char* err, size_t cap) {
+/* The server's bounds, the token and (tcp) whether connections encrypt, from the desc and the
+   environment. */
+_DM_PRIVATE dm_status _dm_store_limits_resolve(const dm_store_desc* d, bool tcp, _dm_store_limits* L, char* err,
+                                               size_t cap) {
     const char* tok = d->token;
     int stall = d->stall_ms;
+    dm_status st;
     memset(L, 0, sizeof(*L));
     if (!tok && _dm_cfg_str(_DM_CFG_TOKEN, &tok, err, cap) != DM_OK) return DM_ERR_ENV;
     if (tok && strlen(tok) > _DM_ST_TOKEN_MAX) {
@@ -3316,6 +3762,7 @@ _DM_PRIVATE dm_status _dm_store_limits_resolve(const dm_store_desc* d, _dm_store
         return DM_ERR_INVALID_ARG;
     }
     if (tok) { L->token_len = strlen(tok); memcpy(L->token, tok, L->token_len); }
+    if (tcp && (st = _dm_st_parse_encrypt("tcp-store", d->encrypt, tok, &L->encrypt, err, cap)) != DM_OK) return st;
     if (_dm_store_size_opt(d->max_value, _DM_CFG_STORE_MAX_VALUE, DM_STORE_MAX_VALUE, &L->max_value, err, cap) ||
         _dm_store_size_opt(d->max_conn_bytes, _DM_CFG_STORE_MAX_CONN, 2 * L->max_value + ((size_t)1 << 20),
                            &L->max_conn, err, cap) ||
@@ -3379,8 +3826,8 @@ _DM_PRIVATE dm_status _dm_store_create_opt(const dm_store_desc* desc, bool share
     {
         char what[200];
         if ((st = _dm_cfg_timeout(d.timeout_ms, &s->timeout_ms, what, sizeof(what))) != DM_OK ||
-            (st = _dm_store_limits_resolve(&d, &lim, what, sizeof(what))) != DM_OK) {
-            _DM_REPORT(&d.logger, err, cap, st, "tcp-store: %s", what);
+            (st = _dm_store_limits_resolve(&d, strncmp(url, "tcp://", 6) == 0, &lim, what, sizeof(what))) != DM_OK) {
+            _DM_REPORT(&d.logger, err, cap, st, "%s%s", strncmp(what, "tcp-store: ", 11) ? "tcp-store: " : "", what);
             goto fail;
         }
     }

@@ -73,8 +73,9 @@
    and DISTMESH_OPENSSL, links between hosts are also encrypted and authenticated from their
    hello on (DISTMESH_ENCRYPT, >>tcp seal): a tampered, replayed, reordered or dropped record
    fails the call with DM_ERR_PROTOCOL naming the peer (a cut stream: DM_ERR_PEER_LOST), and
-   none of it reaches a buffer. Links within a host, the store's traffic and unencrypted builds
-   are plain after the handshake.
+   none of it reaches a buffer. The store's connections are sealed the same way
+   (distmesh_store.h >>store seal) under the same setting. Links within a host and unencrypted
+   builds are plain after the handshake.
 
    COMPILE COST  The sections between _DM_COLD_BEGIN and _DM_COLD_END (creates, rendezvous,
    failures) compile as for debugging whatever the includer's -O level: distmesh.h
@@ -178,8 +179,9 @@ typedef struct dm_tcp_desc {
                                    was built with DISTMESH_OPENSSL; 1 on (needs both: else
                                    DM_ERR_INVALID_ARG without a token, DM_ERR_UNSUPPORTED without
                                    DISTMESH_OPENSSL), -1 off. Links within one host (shared
-                                   memory, sockets) never are. Every rank must be given the same.
-                                   SECURITY.md "Encrypted links". */
+                                   memory, sockets) never are. The store the backend makes
+                                   follows it (dm_store_desc.encrypt). Every rank must be given
+                                   the same. SECURITY.md "Encrypted links". */
     const char* site;           /* 0 -> DISTMESH_SITE, else one site: this rank's site, a name of at
                                    most 63 bytes; hosts that give the same name share a site, and
                                    a large all_reduce crosses the (slower) links between sites
@@ -252,9 +254,7 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 #include <arpa/inet.h>
 #include <poll.h>
 #include <fcntl.h>
-#if defined(DISTMESH_OPENSSL)
-#include <openssl/evp.h>      /* the encrypted links' AES-256-GCM (distmesh_socket.h >>socket aead) */
-#endif
+/* <openssl/evp.h> with DISTMESH_OPENSSL: distmesh.h includes it (>>sealed records) */
 
 _DM_WARM_BEGIN   /* distmesh.h >>compile cost */
 /* >>tcp libc  The backend's share of distmesh.h >>libc: the GNU and BSD calls it makes, declared
@@ -3234,44 +3234,9 @@ static dm_status _dm_tcp_parse_sockets(int given, int* out, char* err, size_t ca
 }
 
 /* Whether the group seals its links to other hosts (>>tcp seal): desc.encrypt (1 on, -1 off),
-   else DISTMESH_ENCRYPT (auto|0|1), else auto: on when there is a token and the backend has
-   libcrypto (DISTMESH_OPENSSL). On without a token is refused (DM_ERR_ENV from the environment,
-   DM_ERR_INVALID_ARG from the desc), on without DISTMESH_OPENSSL is DM_ERR_UNSUPPORTED. */
+   else DISTMESH_ENCRYPT, else auto; the store's rule (distmesh_store.h >>store seal). */
 static dm_status _dm_tcp_parse_encrypt(int given, const char* token, bool* out, char* err, size_t cap) {
-    int mode = 0;               /* the registry's choices: 0 auto, 1 off ("0"), 2 on ("1") */
-    bool has_token = token && *token;
-    dm_status st;
-    *out = false;
-    if (given == 1) mode = 2;
-    else if (given == -1) mode = 1;
-    else if (given != 0) {
-        snprintf(err, cap, "tcp: desc.encrypt is %d; expected 1 (on), -1 (off) or 0 (DISTMESH_ENCRYPT, else auto)",
-                 given);
-        return DM_ERR_INVALID_ARG;
-    } else if ((st = _dm_cfg_int(_DM_CFG_ENCRYPT, &mode, err, cap)) != DM_OK) {
-        return st;
-    }
-    if (mode == 2 && !has_token) {
-        if (given)
-            snprintf(err, cap, "tcp: desc.encrypt is 1 but there is no token (desc.token, DISTMESH_TOKEN): the "
-                     "links' keys come from the token");
-        else
-            snprintf(err, cap, "tcp: DISTMESH_ENCRYPT=1 needs DISTMESH_TOKEN (or desc.token): the links' keys come "
-                     "from the token");
-        return given ? DM_ERR_INVALID_ARG : DM_ERR_ENV;
-    }
-#if !defined(DISTMESH_OPENSSL)
-    if (mode == 2) {
-        snprintf(err, cap, "tcp: %s asks for encrypted links, but this build has no libcrypto: define "
-                 "DISTMESH_OPENSSL (with DISTMESH_TCP, in every TU) and link -lcrypto (OpenSSL 1.1 or later)",
-                 given ? "desc.encrypt 1" : "DISTMESH_ENCRYPT=1");
-        return DM_ERR_UNSUPPORTED;
-    }
-    *out = false;               /* auto without libcrypto: plain links (SECURITY.md) */
-#else
-    *out = mode == 2 || (mode == 0 && has_token);
-#endif
-    return DM_OK;
+    return _dm_st_parse_encrypt("tcp", given, token, out, err, cap);
 }
 
 static dm_status _dm_tcp_join(_dm_tcp_setup* s, dm_collective** out);
@@ -3380,6 +3345,7 @@ static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective**
                        (from_launch ? launch_server : d.rank == 0 && !(agent && strcmp(agent, "True") == 0));
         sd.timeout_ms = s.timeout_ms;
         sd.token = s.token ? s.token : "";    /* the same token guards the store */
+        sd.encrypt = s.encrypt ? 1 : -1;      /* and the store's connections follow the links */
         sd.logger = d.logger;
         sd.allocator = d.allocator;
         /* a second world in this process shares it. Through a relay (>>tcp relay) the store

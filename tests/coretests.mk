@@ -62,6 +62,14 @@ $(CORE_DIR)/compile_%_store: tests/compile_check.c distmesh.h distmesh_trace.h d
 	@mkdir -p $(dir $@)
 	$(call core_compile,$*,$(CORE_NO_UV)) $< -o $@ $(LDLIBS_ALL)
 
+# The store alone with its sealed connections (DISTMESH_OPENSSL: the core's records, libcrypto).
+ifeq ($(OPENSSL),1)
+CORE_COMPILE_CHECKS += $(patsubst %,$(CORE_DIR)/compile_%_store_ssl,$(CORE_COMPILERS))
+endif
+$(CORE_DIR)/compile_%_store_ssl: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h tests/no_libuv/uv.h
+	@mkdir -p $(dir $@)
+	$(call core_compile,$*,$(CORE_NO_UV) -DDISTMESH_OPENSSL) $< -o $@ $(LDLIBS_ALL) -lcrypto
+
 # Without the flight recorder (DISTMESH_NO_TRACE: distmesh_trace.h left out), with the TCP backend.
 CORE_COMPILE_CHECKS += $(patsubst %,$(CORE_DIR)/compile_%_notrace,$(CORE_COMPILERS))
 $(CORE_DIR)/compile_%_notrace: tests/compile_check.c distmesh.h distmesh_store.h distmesh_socket.h distmesh_tcp.h

@@ -13,3 +13,16 @@ endif
 $(BUILD)/encrypt/test_encrypt: tests/test_encrypt.c tests/test_filter.h tests/prelude.h tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
+
+# The store's connections sealed (distmesh_store.h >>store seal): every operation, a tampering
+# proxy, the plain-text control, a setting that differs; linked with tests/tcp.mk's impl.o.
+ifneq ($(wildcard distmesh_tcp.h),)
+ifeq ($(OPENSSL),1)
+STORE_SEAL_TEST := $(BUILD)/encrypt/test_store_seal
+TEST_BINS += $(STORE_SEAL_TEST)
+endif
+endif
+
+$(BUILD)/encrypt/test_store_seal: tests/test_store_seal.c tests/test_filter.h tests/prelude.h tests/test_world.h $(BUILD)/tcp/impl.o
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
