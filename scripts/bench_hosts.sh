@@ -250,14 +250,19 @@ build_router() {
         ip netns exec "$brns" sysctl -qw "net.ipv4.conf.p$h.rp_filter=0"
         ip -n "$brns" route add "$(addr_of "$h")/32" dev "p$h"
         ip -n "$brns" neigh replace "$(addr_of "$h")" lladdr "$(mac_of 0 "$h")" dev "p$h" nud permanent
-        ip -n "$n" link set lo up
-        ip -n "$n" addr add "$(addr_of "$h")/24" dev dmeth0
-        ip -n "$n" link set dmeth0 up
-        for k in $(seq 0 $((HOSTS - 1))); do
-            [ "$k" = "$h" ] || ip -n "$n" neigh replace "$(addr_of "$k")" lladdr "$(mac_of 1 "$h")" dev dmeth0 nud permanent
-        done
-        host_buffers "$n"
+        host_side "$n" "$h"
     done
+}
+host_side() {  # namespace, host: its address and static neighbours on dmeth0 (no ARP: every peer's
+    # address maps to the MAC of the port the host's veth ends at), its socket buffers
+    local n=$1 h=$2 k
+    ip -n "$n" link set lo up
+    ip -n "$n" addr add "$(addr_of "$h")/24" dev dmeth0
+    ip -n "$n" link set dmeth0 up
+    for k in $(seq 0 $((HOSTS - 1))); do
+        [ "$k" = "$h" ] || ip -n "$n" neigh replace "$(addr_of "$k")" lladdr "$(mac_of 1 "$h")" dev dmeth0 nud permanent
+    done
+    host_buffers "$n"
 }
 host_buffers() {  # namespace: autotuned TCP may grow to TCP_MEM_MAX (per namespace since Linux 4.15)
     ip netns exec "$1" sysctl -qw "net.ipv4.tcp_rmem=4096 131072 $(size_bytes "$TCP_MEM_MAX")" \
@@ -317,13 +322,7 @@ build_sites() {
             netns "$n" 2>/dev/null || skip "no veth support"
         ip -n "$r" link set "p$h" up
         ip netns exec "$r" sysctl -qw "net.ipv4.conf.p$h.rp_filter=0"
-        ip -n "$n" link set lo up
-        ip -n "$n" addr add "$(addr_of "$h")/24" dev dmeth0
-        ip -n "$n" link set dmeth0 up
-        for k in $(seq 0 $((HOSTS - 1))); do
-            [ "$k" = "$h" ] || ip -n "$n" neigh replace "$(addr_of "$k")" lladdr "$(mac_of 1 "$h")" dev dmeth0 nud permanent
-        done
-        host_buffers "$n"
+        host_side "$n" "$h"
         ip -n "$corens" route add "$(addr_of "$h")/32" dev "s$s"
         ip -n "$corens" neigh replace "$(addr_of "$h")" lladdr "$(site_mac 0 "$s")" dev "s$s" nud permanent
         for k in $(seq 0 $((SITES - 1))); do

@@ -156,22 +156,7 @@ static void test_sites_choice(void** s) {
    counts of several segments, every op on exact int32 data and MEAN on float32, in and out of
    place, on 2 sites x 2 hosts x 2 (the cross rails one exchange) and 3 sites x 2 hosts x 1
    (rings). */
-static int pipelined_rank(dm_collective* c, void* user) {
-    static const size_t counts[2] = { ((size_t)3 << 20) + 7, ((size_t)1 << 20) + 3 };
-    int op, k, bad = 0, salt = 700;
-    (void)user;
-    for (k = 0; k < 2; k++)
-        for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
-            dm_dtype t = op == DM_MEAN ? DM_FLOAT32 : DM_INT32;
-            if (k == 1 && op != DM_SUM) continue;
-            bad |= suite_all_reduce(c, counts[k], t, (dm_reduce_op)op, (op + k) % 2 == 0, ++salt);
-            if (strcmp(dm_last_algorithm(c), "three_level") != 0) {
-                fprintf(stderr, "rank %d: %zu elements ran %s\n", dm_rank(c), counts[k], dm_last_algorithm(c));
-                bad = 1;
-            }
-        }
-    return bad;
-}
+static int pipelined_rank(dm_collective* c, void* user) { (void)user; return suite_pipelined(c, "three_level", 700); }
 static void test_sites_pipelined(void** s) {
     (void)s;
     setenv("DISTMESH_ALGO", "three_level", 1);

@@ -283,6 +283,24 @@ static int suite(dm_collective* c, bool big) {
     return bad;
 }
 
+/* A pipelined all_reduce's counts (several segments): every op on exact int32 data and MEAN on
+   float32, in and out of place, against the reference; the algorithm that ran is want. */
+static int suite_pipelined(dm_collective* c, const char* want, int salt) {
+    static const size_t counts[2] = { ((size_t)3 << 20) + 7, ((size_t)1 << 20) + 3 };
+    int op, k, bad = 0;
+    for (k = 0; k < 2; k++)
+        for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
+            dm_dtype t = op == DM_MEAN ? DM_FLOAT32 : DM_INT32;
+            if (k == 1 && op != DM_SUM) continue;
+            bad |= suite_all_reduce(c, counts[k], t, (dm_reduce_op)op, (op + k) % 2 == 0, ++salt);
+            if (strcmp(dm_last_algorithm(c), want) != 0) {
+                fprintf(stderr, "rank %d: %zu elements ran %s\n", dm_rank(c), counts[k], dm_last_algorithm(c));
+                bad = 1;
+            }
+        }
+    return bad;
+}
+
 /* Whether files a and b hold the same bytes (both there). */
 static bool tcp_files_same(const char* a, const char* b) {
     FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");

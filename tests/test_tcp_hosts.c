@@ -323,22 +323,7 @@ static void test_layouts_thread(void** s) {
    (ring rails on 3 hosts, one exchange on 2), uneven and interleaved layouts, every op on exact
    int32 data and MEAN on float32, in and out of place, against the reference; and the
    algorithm that ran is the two-level ring. */
-static int pipelined_rank(dm_collective* c, void* user) {
-    static const size_t counts[2] = { ((size_t)3 << 20) + 7, ((size_t)1 << 20) + 3 };
-    int op, k, bad = 0, salt = 900;
-    (void)user;
-    for (k = 0; k < 2; k++)
-        for (op = 0; op < DM_REDUCE_OP_COUNT; op++) {
-            dm_dtype t = op == DM_MEAN ? DM_FLOAT32 : DM_INT32;
-            if (k == 1 && op != DM_SUM) continue;
-            bad |= suite_all_reduce(c, counts[k], t, (dm_reduce_op)op, (op + k) % 2 == 0, ++salt);
-            if (strcmp(dm_last_algorithm(c), "two_level_ring") != 0) {
-                fprintf(stderr, "rank %d: %zu elements ran %s\n", dm_rank(c), counts[k], dm_last_algorithm(c));
-                bad = 1;
-            }
-        }
-    return bad;
-}
+static int pipelined_rank(dm_collective* c, void* user) { (void)user; return suite_pipelined(c, "two_level_ring", 900); }
 static void test_layouts_pipelined(void** s) {
     static const char* names[] = { "2x2", "3x2", "2x3", "3+1", "interleaved 3+2" };
     int i;
