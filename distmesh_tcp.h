@@ -283,8 +283,9 @@ typedef struct _dm_ucred { pid_t pid; uid_t uid; gid_t gid; } _dm_ucred;
 #define _DM_TCP_ACK_MAGIC   0x41544d44u   /* "DMTA": hello answer */
 #define _DM_TCP_CHAL_MAGIC  0x43544d44u   /* "DMTC": the acceptor's challenge */
 #define _DM_TCP_VERSION     2u            /* 2: challenge-response hello */
+#define _DM_TCP_VERSION_SEALED 3u         /* the same from a group that encrypts (>>tcp seal) */
 
-enum { _DM_TCP_ACK_OK = 0, _DM_TCP_ACK_TOKEN = 1, _DM_TCP_ACK_GROUP = 2, _DM_TCP_ACK_RANK = 3 };
+enum { _DM_TCP_ACK_OK = 0, _DM_TCP_ACK_TOKEN = 1, _DM_TCP_ACK_GROUP = 2, _DM_TCP_ACK_RANK = 3, _DM_TCP_ACK_SEAL = 4 };
 
 /* One handshake on the listener, the acceptor's side (see >>tcp hello). */
 #define _DM_TCP_HELLO_SIZE 56
@@ -693,12 +694,16 @@ _DM_PRIVATE int _dm_tcp_write_full(int fd, const void* buf, size_t n, int64_t de
 
 /* >>tcp hello  Every data connection: the higher rank (connector) connects to the lower
    (acceptor) and both prove the token over fresh nonces from both sides:
-     hello      connector -> acceptor  56 B: magic "DMTH", version 2, rank, world, group u64,
+     hello      connector -> acceptor  56 B: magic "DMTH", version 2 or 3, rank, world, group u64,
                                               connector nonce[32]
      challenge  acceptor -> connector  72 B: magic "DMTC", status, acceptor nonce[32],
                                               HMAC(token, "acceptor" fields)
      proof      connector -> acceptor  32 B: HMAC(token, "connector" fields)
      ack        acceptor -> connector   8 B: magic "DMTA", status
+   The version says whether the connector's group encrypts (3) or not (2): an acceptor whose own
+   setting differs refuses it (_DM_TCP_ACK_SEAL), so ranks given different DISTMESH_ENCRYPT
+   fail their create naming the setting rather than on the first sealed record. Each side
+   decides encryption by its own setting alone: a changed version can refuse, never downgrade.
    The MAC fields: role label, the group's store prefix (generation included), the acceptor's
    published address, world size, both ranks, both nonces. A recorded hello or proof is useless
    on a new connection (the other side's nonce is new), one role's MAC cannot stand in for the
@@ -751,6 +756,19 @@ _DM_PRIVATE void _dm_tcp_hello_mac(const _dm_tcp* t, bool acceptor, const char* 
     dm_hmac_sha256(t->token, strlen(t->token), msg, n, out);
 }
 
+/* Rank j's acceptor refused this rank's hello with status: why, recorded. */
+static dm_status _dm_tcp_refused(_dm_tcp* t, int j, uint32_t status) {
+    if (status == _DM_TCP_ACK_TOKEN)
+        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) refused this rank's token "
+                        "(set the same DISTMESH_TOKEN / desc.token on every rank)", j, t->addrs[j]);
+    if (status == _DM_TCP_ACK_SEAL)
+        return _DM_FAIL(&t->base, DM_ERR_INVALID_ARG, "tcp: setup: rank %d (%s) refused the connection: this rank "
+                        "%s its links to other hosts and rank %d %s; give every rank the same DISTMESH_ENCRYPT / "
+                        "desc.encrypt", j, t->addrs[j], t->encrypt ? "encrypts" : "does not encrypt", j,
+                        t->encrypt ? "does not" : "does");
+    return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) refused the connection (%s)", j,
+                    t->addrs[j], status == _DM_TCP_ACK_GROUP ? "different group or world size" : "rank taken");
+}
 /* The connector's side on a connected socket to rank j: hello, check the challenge, proof. The
    ack is read next (_dm_tcp_read_ack; its waits answer this rank's own connectors). Waits watch
    the rendezvous's connections (>>tcp watch). *dropped (may be NULL) tells a connection that
@@ -763,7 +781,7 @@ static dm_status _dm_tcp_hello_connect_ex(_dm_tcp* t, int fd, int j, uint64_t gr
     uint32_t status;
     if (dropped) *dropped = false;
     _dm_tcp_put32(hello, _DM_TCP_HELLO_MAGIC);
-    _dm_tcp_put32(hello + 4, _DM_TCP_VERSION);
+    _dm_tcp_put32(hello + 4, t->encrypt ? _DM_TCP_VERSION_SEALED : _DM_TCP_VERSION);
     _dm_tcp_put32(hello + 8, (uint32_t)t->base.rank);
     _dm_tcp_put32(hello + 12, (uint32_t)t->base.size);
     _dm_tcp_put64(hello + 16, group);
@@ -787,9 +805,7 @@ static dm_status _dm_tcp_hello_connect_ex(_dm_tcp* t, int fd, int j, uint64_t gr
         return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: setup: rank %d (%s) answered the hello with malformed "
                         "bytes (another distmesh version?)", j, t->addrs[j]);
     status = _dm_tcp_get32(chal + 4);
-    if (status != _DM_TCP_ACK_OK)
-        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) refused the connection (%s)", j,
-                        t->addrs[j], status == _DM_TCP_ACK_GROUP ? "different group or world size" : "rank taken");
+    if (status != _DM_TCP_ACK_OK) return _dm_tcp_refused(t, j, status);
     _dm_tcp_hello_mac(t, true, t->addrs[j], t->base.rank, j, hello + 24, chal + 8, mac);
     if (!_dm_st_ct_equal(mac, chal + 40, 32))
         return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: the listener at %s could not prove the token of "
@@ -849,10 +865,16 @@ static int _dm_tcp_hs_step(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
             if ((rc = _dm_tcp_hs_io(h->fd, h->hello, sizeof(h->hello), &h->off, false)) <= 0)
                 return rc < 0 ? -1 : _DM_TCP_HS_MORE;
             h->state = _DM_TCP_HS_DONE;
-            if (_dm_tcp_get32(h->hello) != _DM_TCP_HELLO_MAGIC || _dm_tcp_get32(h->hello + 4) != _DM_TCP_VERSION)
+            if (_dm_tcp_get32(h->hello) != _DM_TCP_HELLO_MAGIC ||
+                (_dm_tcp_get32(h->hello + 4) != _DM_TCP_VERSION && _dm_tcp_get32(h->hello + 4) != _DM_TCP_VERSION_SEALED))
                 return -1;
             p = h->peer = (int)_dm_tcp_get32(h->hello + 8);
-            if ((int)_dm_tcp_get32(h->hello + 12) != t->base.size) {
+            if ((_dm_tcp_get32(h->hello + 4) == _DM_TCP_VERSION_SEALED) != t->encrypt) {
+                h->status = _DM_TCP_ACK_SEAL;
+                _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused rank %d: it %s its links to other hosts, "
+                        "this rank %s (DISTMESH_ENCRYPT, desc.encrypt)", p, t->encrypt ? "does not encrypt" : "encrypts",
+                        t->encrypt ? "does" : "does not");
+            } else if ((int)_dm_tcp_get32(h->hello + 12) != t->base.size) {
                 h->status = _DM_TCP_ACK_GROUP;
                 _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused rank %d: world size disagreement (it has "
                         "%d, this rank %d)", p, (int)_dm_tcp_get32(h->hello + 12), t->base.size);
@@ -994,7 +1016,7 @@ static int _dm_tcp_hs_drive(_dm_tcp* t, _dm_tcp_hs* h, uint64_t group) {
     if (rc < 0) {
         if (h->state != _DM_TCP_HS_HELLO || h->off != 0)    /* closed before a byte: a probe (>>tcp lazy) */
             _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: dropped a connection that closed or sent a bad hello");
-    } else if (rc != _DM_TCP_ACK_GROUP) {   /* a world-size disagreement was named by the hello */
+    } else if (rc != _DM_TCP_ACK_GROUP && rc != _DM_TCP_ACK_SEAL) {   /* these were named at the hello */
         _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: setup: refused a connection claiming rank %d (%s)", h->peer,
                 rc == _DM_TCP_ACK_TOKEN ? "wrong token proof: another token, or a replayed or relayed hello"
                                         : "bad rank");
@@ -1191,13 +1213,7 @@ static dm_status _dm_tcp_read_ack(_dm_tcp* t, int j, int64_t deadline) {
     if (_dm_tcp_get32(ack) != _DM_TCP_ACK_MAGIC)
         return _DM_FAIL(&t->base, DM_ERR_PROTOCOL, "tcp: setup: rank %d (%s) answered with malformed bytes", j, t->addrs[j]);
     status = _dm_tcp_get32(ack + 4);
-    if (status == _DM_TCP_ACK_TOKEN)
-        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) refused this rank's token "
-                        "(set the same DISTMESH_TOKEN / desc.token on every rank)", j, t->addrs[j]);
-    if (status != _DM_TCP_ACK_OK)
-        return _DM_FAIL(&t->base, DM_ERR_REFUSED, "tcp: setup: rank %d (%s) refused the connection (%s)", j,
-                        t->addrs[j], status == _DM_TCP_ACK_GROUP ? "different group or world size" : "rank taken");
-    return DM_OK;
+    return status == _DM_TCP_ACK_OK ? DM_OK : _dm_tcp_refused(t, j, status);
 }
 
 /* Connects to lower rank j: connect, hello, proof, ack, link. */

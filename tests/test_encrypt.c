@@ -731,12 +731,54 @@ static void test_encrypt_needs_token(void** state) {
     unsetenv("DISTMESH_ENCRYPT");
 }
 
+/* Ranks given different settings: the hello carries the connector's (version 3: it encrypts),
+   so the acceptor refuses it and the connector's create fails naming the setting, in both
+   directions of the mismatch; no rank's create succeeds. */
+static int mismatch_body(dm_collective* c, int rank, int world, void* arg) {
+    int low = *(const int*)arg;     /* rank 0's desc.encrypt; rank 1 the other */
+    dm_tcp_desc d;
+    dm_status st;
+    tw_sim_host(rank);
+    tw_tcp_desc(&d, &g_store, rank, world, 5000);
+    d.token = "encrypt-test-token";
+    d.encrypt = rank == 0 ? low : -low;
+    st = dm_tcp_create(&d, &c);
+    if (st == DM_OK) {
+        dm_destroy(c);
+        return 1;
+    }
+    if (rank == 1) {        /* the connector: the acceptor's refusal */
+        const char* e = dm_last_error(NULL);
+        if (st != DM_ERR_INVALID_ARG || !strstr(e, "DISTMESH_ENCRYPT") ||
+            !strstr(e, low == 1 ? "this rank does not encrypt" : "this rank encrypts")) {
+            fprintf(stderr, "rank 1: %s: %s\n", dm_status_name(st), e);
+            return 1;
+        }
+    }
+    return 0;
+}
+static void test_encrypt_mismatch_named(void** state) {
+    static const int lows[2] = { 1, -1 };
+    int k;
+    (void)state;
+    for (k = 0; k < 2; k++) {
+        tw_dm_world w;
+        tw_dm_world_init(&w, 2, &g_store, NULL, 5000);
+        w.no_create = true;
+        w.body = mismatch_body;
+        w.arg = (void*)&lows[k];
+        assert_int_equal(tw_dm_run(&w, 30), 0);
+    }
+    unsetenv("DISTMESH_TEST_HOST_ID");
+}
+
 int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hkdf_rfc5869),
         cmocka_unit_test(test_keys_per_direction_and_connection),
         cmocka_unit_test(test_link_round_trip_and_flip),
         cmocka_unit_test(test_encrypt_needs_token),
+        cmocka_unit_test(test_encrypt_mismatch_named),
         cmocka_unit_test(test_untampered_encrypted),
         cmocka_unit_test(test_encrypted_paths),
         cmocka_unit_test(test_plain_flip_gets_through),
