@@ -3,7 +3,9 @@ call (blocking and async_op=True) gives Gloo's results (integers bitwise, floats
 ulp per rank), torch's object collectives run on it, and DDP trains 20 steps to Gloo's
 parameters. 2 ranks meet through a TCPStore (tcp://, torch 1.13's server), 4 ranks through
 a FileStore (distmesh's own store, served by rank 0). DDP with distmesh.torch.compress_hook("int8")
-on 2 simulated hosts x 2 ranks (DISTMESH_TEST_HOST_ID) trains as exact DDP does."""
+on 2 simulated hosts x 2 ranks (DISTMESH_TEST_HOST_ID) trains as exact DDP does. The inline
+path of small calls (worker.py's torch_inline, 2 ranks): values, which path a call takes, issue
+order with the ranks in different states, failures."""
 import pytest
 
 from conftest import World, free_port
