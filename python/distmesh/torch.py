@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .collective import Collective, ReduceOp, _ms, _register_process_group_factory
+from .collective import Collective, ReduceOp, _ms, _op_code, _register_process_group_factory
 
 try:                                            # torch 1.13 and 2.x
     from torch._C._distributed_c10d import ProcessGroup as _ProcessGroupBase
@@ -93,7 +93,9 @@ class _Call:
     @classmethod
     def completed(cls, result, error=None):
         """A call that has already run (inline): its result, or its failure for wait()."""
-        call = cls(None, result, None)
+        call = cls.__new__(cls)
+        call.reqs = call.after = call.lock = None   # never waited for: finish() and poll() see done
+        call.result = result
         call.done = True
         call.error = error
         return call
@@ -285,8 +287,20 @@ def _copy_out(flat, outs):
     return after
 
 
+_OP_CODES = {}                                  # torch's RedOpType -> distmesh's ReduceOp
+
+
 def _op(opts):
-    return opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+    """opts.reduceOp as distmesh's ReduceOp, cached by torch's RedOpType (the converter the C
+    side calls for a torch op costs more than the rest of a small call's Python)."""
+    if opts is None:
+        return ReduceOp.SUM
+    op = opts.reduceOp
+    kind = getattr(op, "op", op)                # 1.13 and 2.x: a ReduceOp wrapping a RedOpType
+    code = _OP_CODES.get(kind)
+    if code is None:                            # unsupported ops (PREMUL_SUM, ...) raise here
+        code = _OP_CODES[kind] = ReduceOp(_op_code(op))
+    return code
 
 
 def _root(opts):
