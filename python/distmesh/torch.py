@@ -15,11 +15,12 @@ and Distributed Checkpoint run on them. CPU tensors only.
 
 A small call (at most INLINE_MAX_BYTES, 64 KiB, in its largest buffer) made while nothing of
 the group is in flight runs inline: blocking, on the calling thread, and its Work is returned
-already complete. A failure of the run (a distmesh.Error such as Timeout, PeerLost or Aborted)
-is kept and raised by wait() and the future on torch 2.x, as the async path raises it; on 1.13
-it is raised at the call (a 1.13 Work made from a Future returns from wait() without raising,
-so kept it would be lost). A wrong argument is raised at the call, as on the async path. This takes the hop to distmesh's progress thread and back out of every small
-blocking call (dist.all_reduce of a scalar, barrier, object collectives). Any other call --
+already complete. This takes the hop to distmesh's progress thread and back out of every small
+blocking call (dist.all_reduce of a scalar, barrier, object collectives). A failure of the run
+(a distmesh.Error such as Timeout, PeerLost or Aborted) is kept and raised by wait() and the
+future on torch 2.x, as the async path raises it; on 1.13 it is raised at the call (a 1.13 Work
+made from a Future returns from wait() without raising, so kept it would be lost). A wrong
+argument is raised at the call, as on the async path. Any other call --
 larger, made while a request of the group is in flight, or a send / recv -- is one distmesh
 request (dm_*_async; a coalesced call one per tensor) and returns at once; distmesh runs the
 calls of a group in issue order either way. On torch 2.x its Work is a Python Work (Work below)
@@ -462,10 +463,12 @@ class ProcessGroup(_ProcessGroupBase):
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         """torch's reduce_scatter of each flat input into its output; one Work."""
         op, c = _op(opts), self._coll
-        pairs = [(_cpu(o, "reduce_scatter_tensor_coalesced"), _cpu(i, "reduce_scatter")) for o, i in zip(outputs, inputs)]
-        return self._run(_total(i for _, i in pairs),
-                         lambda a: [c.reduce_scatter(o, i, op, async_op=a) for o, i in pairs] or [c.barrier(async_op=a)],
-                         outputs)
+        pairs = [(_cpu(o, "reduce_scatter_tensor_coalesced"), _cpu(i, "reduce_scatter"))
+                 for o, i in zip(outputs, inputs)]
+
+        def issue(a):
+            return [c.reduce_scatter(o, i, op, async_op=a) for o, i in pairs] or [c.barrier(async_op=a)]
+        return self._run(_total(i for _, i in pairs), issue, outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 

@@ -435,7 +435,8 @@ def scenario_torch_inline(init):
     calling thread and returns complete; a larger one, or one made while a request is in
     flight, is a request and returns at once; the calls keep issue order (the ranks in
     different states too); a failure of an inline call (a timeout, an abort) is raised by
-    wait() and the future on torch 2.x, at the call on 1.13. One RESULT line; rank 0's timings with the other ranks `delay` s late."""
+    wait() and the future on torch 2.x, at the call on 1.13. One RESULT line; rank 0's timings
+    with the other ranks `delay` s late."""
     import threading
     import torch
     import torch.distributed as dist
