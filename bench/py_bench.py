@@ -13,7 +13,9 @@ Systems (float32 sum in place, 8 B .. 64 MiB, 2 and 4 ranks):
     mpi4py    comm.Allreduce(MPI.IN_PLACE, numpy array, op=MPI.SUM)
     gloo      torch.distributed's Gloo: dist.all_reduce(torch.from_numpy(array)) (the same memory;
               also the reference of tdm)
-    tdm       torch.distributed through the "distmesh" backend: dist.all_reduce(tensor)
+    tdm       torch.distributed through the "distmesh" backend: dist.all_reduce(tensor) (up to
+              distmesh.torch.INLINE_MAX_BYTES, 64 KiB, run inline on the calling thread; larger
+              sizes as a request: docs/python.md, "Async")
     dm_c      the C library's own harness (parity_bench_dm) at the same sizes: Python's cost
               over the C call is dm - dm_c
     gloo2, tdm2, ddp_dm2, ddp_gloo2

@@ -13,13 +13,22 @@ single, with split sizes), send, recv, barrier); torch's object collectives, fun
 collectives, _coalescing_manager, DDP, and on 2.x DeviceMesh, FSDP2, DTensor / tensor parallel
 and Distributed Checkpoint run on them. CPU tensors only.
 
-Each call is one distmesh request (dm_*_async; a coalesced call one per tensor) and returns at
-once. On torch 2.x its Work is a Python Work (Work below) whose wait() waits on the requests
-on the calling thread; on 1.13 a Work made from a torch Future. Futures (get_future(), DDP's
-hooks; every 1.13 Work) are completed by the group's completer thread (one per group, not one
-per call), which waits for the requests in issue order, so async_op=True overlaps
-communication with computation (DistributedDataParallel's buckets), and wait() raises the
-request's failure (a distmesh.Error, a RuntimeError).
+A small call (at most INLINE_MAX_BYTES, 64 KiB, in its largest buffer) made while nothing of
+the group is in flight runs inline: blocking, on the calling thread, and its Work is returned
+already complete. This takes the hop to distmesh's progress thread and back out of every small
+blocking call (dist.all_reduce of a scalar, barrier, object collectives). A failure of the run
+(a distmesh.Error such as Timeout, PeerLost or Aborted) is kept and raised by wait() and the
+future on torch 2.x, as the async path raises it; on 1.13 it is raised at the call (a 1.13 Work
+made from a Future returns from wait() without raising, so kept it would be lost). A wrong
+argument is raised at the call, as on the async path. Any other call --
+larger, made while a request of the group is in flight, or a send / recv -- is one distmesh
+request (dm_*_async; a coalesced call one per tensor) and returns at once; distmesh runs the
+calls of a group in issue order either way. On torch 2.x its Work is a Python Work (Work below)
+whose wait() waits on the requests on the calling thread; on 1.13 a Work made from a torch
+Future. Futures (get_future(), DDP's hooks; every 1.13 Work) are completed by the group's
+completer thread (one per group, not one per call), which waits for the requests in issue
+order, so async_op=True overlaps communication with computation (DistributedDataParallel's
+buckets), and wait() raises the request's failure (a distmesh.Error, a RuntimeError).
 
 Rendezvous: through the store torch hands the backend. The ranks agree on a fresh key prefix
 through it; when that store is a TCPStore (env://, tcp://, torchrun) distmesh's own store
@@ -42,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .collective import Collective, ReduceOp, _ms, _register_process_group_factory
+from .collective import Collective, ReduceOp, _ms, _op_code, _register_process_group_factory
 
 try:                                            # torch 1.13 and 2.x
     from torch._C._distributed_c10d import ProcessGroup as _ProcessGroupBase
@@ -50,9 +59,20 @@ try:                                            # torch 1.13 and 2.x
 except ImportError as e:                        # pragma: no cover - a torch without c10d
     raise ImportError("distmesh.torch needs torch.distributed (c10d): %s" % e)
 
-__all__ = ["ProcessGroup", "Work", "collective", "device_mesh", "compress_hook", "BACKEND"]
+__all__ = ["ProcessGroup", "Work", "collective", "device_mesh", "compress_hook", "BACKEND", "INLINE_MAX_BYTES"]
 
 BACKEND = "distmesh"
+
+INLINE_MAX_BYTES = 64 << 10
+"""The largest call, in bytes of its largest buffer on this rank, that runs inline (on the
+calling thread, blocking, its Work returned complete) when nothing of its group is in flight;
+0 runs every call as a request. Read at each call, so it may be set at run time (the same on
+every rank is not needed: each rank's calls run in issue order either way)."""
+
+# The failures of a call that ran (the async path raises them at wait()); an inline call keeps
+# them for wait() too. Anything else (a wrong argument, Busy) is raised at the call, as there.
+_RUN_FAILURES = (_C.Timeout, _C.PeerLost, _C.Mismatch, _C.NetworkError, _C.ProtocolError, _C.Aborted,
+                 _C.InternalError, _C.NcclError, _C.CudaError)
 
 
 class _Call:
@@ -70,6 +90,16 @@ class _Call:
         self.lock = threading.Lock()
         self.done = False
         self.error = None
+
+    @classmethod
+    def completed(cls, result, error=None):
+        """A call that has already run (inline): its result, or its failure for wait()."""
+        call = cls.__new__(cls)
+        call.reqs = call.after = call.lock = None   # never waited for: finish() and poll() see done
+        call.result = result
+        call.done = True
+        call.error = error
+        return call
 
     def _finish_locked(self):
         try:
@@ -236,6 +266,14 @@ def _cpu(t, what):
     return t
 
 
+def _nbytes(t):                                  # torch 1.13's Tensor has no nbytes
+    return t.numel() * t.element_size()
+
+
+def _total(tensors):
+    return sum(_nbytes(t) for t in tensors)
+
+
 def _flat(tensors):
     return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
 
@@ -250,8 +288,20 @@ def _copy_out(flat, outs):
     return after
 
 
+_OP_CODES = {}                                  # torch's RedOpType -> distmesh's ReduceOp
+
+
 def _op(opts):
-    return opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+    """opts.reduceOp as distmesh's ReduceOp, cached by torch's RedOpType (the converter the C
+    side calls for a torch op costs more than the rest of a small call's Python)."""
+    if opts is None:
+        return ReduceOp.SUM
+    op = opts.reduceOp
+    kind = getattr(op, "op", op)                # 1.13 and 2.x: a ReduceOp wrapping a RedOpType
+    code = _OP_CODES.get(kind)
+    if code is None:                            # unsupported ops (PREMUL_SUM, ...) raise here
+        code = _OP_CODES[kind] = ReduceOp(_op_code(op))
+    return code
 
 
 def _root(opts):
@@ -318,53 +368,79 @@ class ProcessGroup(_ProcessGroupBase):
     # ---- the work objects --------------------------------------------------------------------
     def _work(self, reqs, result, after=None, source_rank=-1):
         call = _Call(reqs if isinstance(reqs, list) else [reqs], result, after)
+        return self._wrap(call, source_rank)
+
+    def _wrap(self, call, source_rank=-1):
         if Work is not None:
             return Work(call, self._completer, source_rank)
         return _create_work_from_future(_future_of(call, self._completer))
+
+    def _run(self, nbytes, issue, result, after=None):
+        """A collective: issue(async_op) makes the distmesh call(s). Inline (issue(False), then
+        after(), a complete Work) when it is at most INLINE_MAX_BYTES and nothing of the group
+        is in flight; else issue(True), its request(s) in a Work. See the module's docstring."""
+        if nbytes <= INLINE_MAX_BYTES and self._coll._idle():
+            try:
+                issue(False)
+                if after is not None:
+                    after()
+            except _RUN_FAILURES as e:
+                if Work is None:                # 1.13: a Work made from a Future never raises at wait()
+                    raise
+                return self._wrap(_Call.completed(result, e))
+            return self._wrap(_Call.completed(result))
+        return self._work(issue(True), result, after)
 
     # ---- collectives -------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         """torch's allreduce of one tensor, in place; a Work."""
         t = _one(tensors, "allreduce")
-        return self._work(self._coll.all_reduce(t, _op(opts), async_op=True), tensors)
+        op, c = _op(opts), self._coll
+        return self._run(_nbytes(t), lambda a: c.all_reduce(t, op, async_op=a), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         """torch's allreduce of each tensor, in issue order; one Work."""
-        op = _op(opts)
-        reqs = [self._coll.all_reduce(_cpu(t, "allreduce_coalesced"), op, async_op=True) for t in tensors]
-        return self._work(reqs or [self._coll.barrier(async_op=True)], tensors)
+        op, c = _op(opts), self._coll
+        ts = [_cpu(t, "allreduce_coalesced") for t in tensors]
+        return self._run(_total(ts), lambda a: [c.all_reduce(t, op, async_op=a) for t in ts] or [c.barrier(async_op=a)],
+                         tensors)
 
     def broadcast(self, tensors, opts=None):
         """torch's broadcast of one tensor from opts.rootRank; a Work."""
         t = _one(tensors, "broadcast")
-        return self._work(self._coll.broadcast(t, _root(opts), async_op=True), tensors)
+        root, c = _root(opts), self._coll
+        return self._run(_nbytes(t), lambda a: c.broadcast(t, root, async_op=a), tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         """torch's allgather: every rank's tensor into output_tensors[0], a list; a Work."""
         t = _one(input_tensors, "allgather")
         if len(output_tensors) != 1:
             raise ValueError("distmesh: allgather takes one output list per call")
-        req = self._coll.all_gather_to_list(output_tensors[0], t, async_op=True)
-        return self._work(req, output_tensors)
+        outs, c = output_tensors[0], self._coll
+        return self._run(_nbytes(t) * len(outs), lambda a: c.all_gather_to_list(outs, t, async_op=a), output_tensors)
 
     def _allgather_base(self, output, input, opts=None):
         """torch's allgather into one flat tensor: every rank's input, in rank order; a Work."""
-        return self._work(self._coll.all_gather(_cpu(output, "allgather"), _cpu(input, "allgather"),
-                                                async_op=True), [output])
+        o, i, c = _cpu(output, "allgather"), _cpu(input, "allgather"), self._coll
+        return self._run(max(_nbytes(o), _nbytes(i)), lambda a: c.all_gather(o, i, async_op=a), [output])
 
     all_gather_single = _allgather_base         # torch 2.x's name
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """torch's allgather of each input into its output list; one Work."""
-        reqs = [self._coll.all_gather_to_list(outs, _cpu(t, "allgather_coalesced"), async_op=True)
-                for outs, t in zip(output_lists, input_list)]
-        return self._work(reqs or [self._coll.barrier(async_op=True)], output_lists)
+        c = self._coll
+        pairs = [(outs, _cpu(t, "allgather_coalesced")) for outs, t in zip(output_lists, input_list)]
+        return self._run(sum(_nbytes(t) * len(outs) for outs, t in pairs),
+                         lambda a: [c.all_gather_to_list(outs, t, async_op=a) for outs, t in pairs]
+                         or [c.barrier(async_op=a)], output_lists)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         """torch's allgather of each input into its flat output; one Work."""
-        reqs = [self._coll.all_gather(_cpu(o, "allgather_into_tensor_coalesced"), _cpu(i, "allgather"),
-                                      async_op=True) for o, i in zip(outputs, inputs)]
-        return self._work(reqs or [self._coll.barrier(async_op=True)], outputs)
+        c = self._coll
+        pairs = [(_cpu(o, "allgather_into_tensor_coalesced"), _cpu(i, "allgather")) for o, i in zip(outputs, inputs)]
+        return self._run(_total(o for o, _ in pairs),
+                         lambda a: [c.all_gather(o, i, async_op=a) for o, i in pairs] or [c.barrier(async_op=a)],
+                         outputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -374,64 +450,69 @@ class ProcessGroup(_ProcessGroupBase):
         if len(input_tensors) != 1:
             raise ValueError("distmesh: reduce_scatter takes one input list per call")
         send = _flat(input_tensors[0])          # the blocks back to back (a copy)
-        return self._work(self._coll.reduce_scatter(out, send, _op(opts), async_op=True), output_tensors)
+        op, c = _op(opts), self._coll
+        return self._run(_nbytes(send), lambda a: c.reduce_scatter(out, send, op, async_op=a), output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         """torch's reduce_scatter of one flat tensor: this rank's block of op over input; a Work."""
-        req = self._coll.reduce_scatter(_cpu(output, "reduce_scatter"), _cpu(input, "reduce_scatter"), _op(opts),
-                                        async_op=True)
-        return self._work(req, [output])
+        o, i, op, c = _cpu(output, "reduce_scatter"), _cpu(input, "reduce_scatter"), _op(opts), self._coll
+        return self._run(max(_nbytes(o), _nbytes(i)), lambda a: c.reduce_scatter(o, i, op, async_op=a), [output])
 
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         """torch's reduce_scatter of each flat input into its output; one Work."""
-        op = _op(opts)
-        reqs = [self._coll.reduce_scatter(_cpu(o, "reduce_scatter_tensor_coalesced"), _cpu(i, "reduce_scatter"),
-                                          op, async_op=True) for o, i in zip(outputs, inputs)]
-        return self._work(reqs or [self._coll.barrier(async_op=True)], outputs)
+        op, c = _op(opts), self._coll
+        pairs = [(_cpu(o, "reduce_scatter_tensor_coalesced"), _cpu(i, "reduce_scatter"))
+                 for o, i in zip(outputs, inputs)]
+
+        def issue(a):
+            return [c.reduce_scatter(o, i, op, async_op=a) for o, i in pairs] or [c.barrier(async_op=a)]
+        return self._run(_total(i for _, i in pairs), issue, outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def reduce(self, tensors, opts=None):
         """torch's reduce of one tensor to opts.rootRank; a Work."""
         t = _one(tensors, "reduce")
-        return self._work(self._coll.reduce(t, _root(opts), _op(opts), async_op=True), tensors)
+        root, op, c = _root(opts), _op(opts), self._coll
+        return self._run(_nbytes(t), lambda a: c.reduce(t, root, op, async_op=a), tensors)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         """torch's gather of one tensor into the root's list output_tensors[0]; a Work."""
         t = _one(input_tensors, "gather")
-        root = _root(opts)
-        if self._coll.rank != root:
-            return self._work(self._coll.gather(t, None, root, async_op=True), output_tensors)
+        root, c = _root(opts), self._coll
+        nbytes = _nbytes(t) * c.world_size      # the root's buffer
+        if c.rank != root:
+            return self._run(nbytes, lambda a: c.gather(t, None, root, async_op=a), output_tensors)
         outs = output_tensors[0]
         flat = torch.empty(t.numel() * len(outs), dtype=t.dtype)
-        req = self._coll.gather(t, flat, root, async_op=True)
-        return self._work(req, output_tensors, _copy_out(flat, outs))
+        return self._run(nbytes, lambda a: c.gather(t, flat, root, async_op=a), output_tensors, _copy_out(flat, outs))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         """torch's scatter of the root's list input_tensors[0], one tensor each; a Work."""
         out = _one(output_tensors, "scatter")
-        root = _root(opts)
-        send = _flat(input_tensors[0]) if self._coll.rank == root else None
-        return self._work(self._coll.scatter(out, send, root, async_op=True), output_tensors)
+        root, c = _root(opts), self._coll
+        send = _flat(input_tensors[0]) if c.rank == root else None
+        return self._run(_nbytes(out) * c.world_size, lambda a: c.scatter(out, send, root, async_op=a), output_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """torch's all_to_all_single: blocks of equal size, or by split sizes in rows of dim 0; a Work."""
         _cpu(output, "alltoall_base")
         _cpu(input, "alltoall_base")
+        c = self._coll
+        nbytes = max(_nbytes(output), _nbytes(input))
         if not output_split_sizes and not input_split_sizes:
-            return self._work(self._coll.all_to_all(output, input, async_op=True), [output])
-        W = self._coll.world_size
+            return self._run(nbytes, lambda a: c.all_to_all(output, input, async_op=a), [output])
+        W = c.world_size
 
         def counts(t, splits):
             if not splits:
                 return [t.numel() // W] * W
             row = t.numel() // t.shape[0] if t.dim() and t.shape[0] else 0
             return [s * row for s in splits]
-        req = self._coll.all_to_all_v(output, counts(output, output_split_sizes), input,
-                                      counts(input, input_split_sizes), async_op=True)
-        return self._work(req, [output])
+        oc, ic = counts(output, output_split_sizes), counts(input, input_split_sizes)
+        return self._run(nbytes, lambda a: c.all_to_all_v(output, oc, input, ic, async_op=a), [output])
 
     all_to_all_single = alltoall_base
 
@@ -439,9 +520,9 @@ class ProcessGroup(_ProcessGroupBase):
         """torch's alltoall: input_tensors[j] to rank j, rank j's into output_tensors[j]; a Work."""
         send = _flat(input_tensors)
         recv = torch.empty(sum(o.numel() for o in output_tensors), dtype=send.dtype)
-        req = self._coll.all_to_all_v(recv, [o.numel() for o in output_tensors], send,
-                                      [t.numel() for t in input_tensors], async_op=True)
-        return self._work(req, output_tensors, _copy_out(recv, output_tensors))
+        oc, ic, c = [o.numel() for o in output_tensors], [t.numel() for t in input_tensors], self._coll
+        return self._run(max(_nbytes(send), _nbytes(recv)), lambda a: c.all_to_all_v(recv, oc, send, ic, async_op=a),
+                         output_tensors, _copy_out(recv, output_tensors))
 
     def send(self, tensors, dstRank, tag=0):
         """torch's send of one tensor to dstRank; a Work."""
@@ -459,7 +540,8 @@ class ProcessGroup(_ProcessGroupBase):
 
     def barrier(self, opts=None):
         """A barrier over the group; a Work."""
-        return self._work(self._coll.barrier(async_op=True), None)
+        c = self._coll
+        return self._run(0, lambda a: c.barrier(async_op=a), None)
 
 
 def _host_port(host, port):

@@ -729,6 +729,13 @@ static PyObject* dmpy_abort(PyObject* self, PyObject* const* args, Py_ssize_t na
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
+static PyObject* dmpy_idle(PyObject* self, PyObject* noargs) {
+    int idle;
+    (void)noargs;
+    if (!dmpy_comm_handle(self)) return NULL;
+    if ((idle = dmpy_request_idle((dmpy_comm*)self)) < 0) return NULL;
+    return PyBool_FromLong(idle);
+}
 static PyObject* dmpy_comm_close(PyObject* self, PyObject* noargs) {
     (void)noargs;
     if (dmpy_close((dmpy_holder*)self) < 0) return NULL;
@@ -753,6 +760,8 @@ static PyMethodDef dmpy_comm_methods[] = {
     { "set_timeout", (PyCFunction)dmpy_set_timeout, METH_O, "set_timeout(ms): deadline of later calls "
       "(< 0 forever, 0 the default)" },
     DMPY_FAST("abort", dmpy_abort, "abort(reason=None): stop this collective from any thread (dm_abort)."),
+    { "_idle", (PyCFunction)dmpy_idle, METH_NOARGS, "_idle() -> whether nothing of this collective is in flight "
+      "(no call running, every request finished; completed ones are finished here)" },
     { "close", (PyCFunction)dmpy_comm_close, METH_NOARGS, "Waits for its requests, closes what depends on it, "
       "destroys it. Idempotent." },
     { NULL, NULL, 0, NULL }

@@ -185,6 +185,7 @@ extern PyTypeObject dmpy_RequestType;
 void dmpy_op_init(dmpy_op* o, dm_op_kind kind);
 void dmpy_op_release(dmpy_op* o);
 int dmpy_request_finish_all(dmpy_comm* c);
+int dmpy_request_idle(dmpy_comm* c);
 PyObject* dmpy_run(dmpy_comm* self, dmpy_op* o, int async_op);
 
 /* store.c: Store */

@@ -279,6 +279,28 @@ int dmpy_request_finish_all(dmpy_comm* c) {
     }
     return 0;
 }
+/* Whether nothing of c is in flight (distmesh.torch's inline path, docs/python.md "Async"): no
+   call running on it with the GIL released, and every request issued on it finished. Requests
+   that have completed but were not waited for yet are finished here (as is_completed() does:
+   their failure kept for wait()); one another thread is waiting for counts as in flight. 1, 0,
+   or -1 with an exception set (a Ctrl-C met while finishing one). */
+int dmpy_request_idle(dmpy_comm* c) {
+    dmpy_request *r, *next;
+    if (c->h.busy > 0) return 0;
+    for (r = c->pending; r; r = next) {
+        bool done = false;
+        dm_status st;
+        next = r->next;
+        if (r->finished || r->waiting || !r->req) return 0;
+        st = dm_test(r->req, &done);
+        if (!done) return 0;
+        Py_INCREF(r);
+        if (dmpy_request_done(r, st, false) < 0) { Py_DECREF(r); return -1; }
+        next = c->pending;      /* done unlinked r: start again from the head */
+        Py_DECREF(r);
+    }
+    return 1;
+}
 static PyObject* dmpy_request_wait(dmpy_request* r, PyObject* noargs) {
     (void)noargs;
     if (dmpy_request_block(r, true) < 0) return NULL;

@@ -6,6 +6,8 @@ WORLD_SIZE). Scenarios:
                       second world, driven by the test over stdin / stdout
     torch INIT        every dist.* call of the "distmesh" backend against Gloo, blocking and
                       async, and DDP for 20 steps under both; one RESULT line
+    torch_inline INIT the backend's inline path for small calls: values, which path a call
+                      takes, issue order, failures raised at wait(); one RESULT line
     compress H        the compressed all-reduce (compress=, state=, CompressState) with the
                       ranks on H simulated hosts (DISTMESH_TEST_HOST_ID h<rank % H>); one
                       RESULT line of measurements (test_compress.py judges them)
@@ -427,6 +429,143 @@ def scenario_torch(init):
     say("RESULT", out)
 
 
+def scenario_torch_inline(init):
+    """The torch backend's inline path (docs/python.md, "Async"): a call of at most
+    distmesh.torch.INLINE_MAX_BYTES made while nothing of its group is in flight runs on the
+    calling thread and returns complete; a larger one, or one made while a request is in
+    flight, is a request and returns at once; the calls keep issue order (the ranks in
+    different states too); a failure of an inline call (a timeout, an abort) is raised by
+    wait() and the future on torch 2.x, at the call on 1.13. One RESULT line; rank 0's timings
+    with the other ranks `delay` s late."""
+    import threading
+    import torch
+    import torch.distributed as dist
+    import distmesh.torch as dmt
+    V2 = dmt.Work is not None                  # torch 2.x: distmesh's own Work
+    delay = 1.0
+    limit = datetime.timedelta(seconds=60)
+    dist.init_process_group("distmesh", init_method=init, rank=RANK, world_size=WORLD, timeout=limit)
+    out = {"rank": RANK, "inline_max": dmt.INLINE_MAX_BYTES, "v2": V2}
+    bad = []
+    out["bad"] = bad
+    total = WORLD * (WORLD + 1) / 2            # sum over ranks of RANK + 1
+    at_limit = dmt.INLINE_MAX_BYTES // 4       # float32 elements: exactly at the limit (inline)
+    over = at_limit + 1                        # one element over (a request)
+
+    def mine(n):
+        return torch.full((n,), float(RANK + 1))
+
+    def check(name, t, want):
+        if not torch.equal(t, torch.full_like(t, want)):
+            bad.append("%s: %s, want %s" % (name, t.reshape(-1)[:4].tolist(), want))
+
+    # values: small and large, blocking and async, with each call's future
+    for n in (1, 2, at_limit, over, 70000):
+        for aop in (False, True):
+            t = mine(n)
+            w = dist.all_reduce(t, async_op=aop)
+            if aop:
+                fut = w.get_future()
+                w.wait()
+                check("future of all_reduce %d" % n, fut.wait()[0], total)
+            check("all_reduce %d%s" % (n, " async" if aop else ""), t, total)
+
+    # the paths, with the other ranks late: a small call returns complete (inline), after the
+    # late ranks joined, even with async_op=True
+    dist.barrier()
+    if RANK != 0:
+        time.sleep(delay)
+    t, t0 = mine(2), time.monotonic()
+    w = dist.all_reduce(t, async_op=True)
+    out["small_s"], out["small_done"] = time.monotonic() - t0, w.is_completed()
+    w.wait()
+    check("small, others late", t, total)
+    # a large call is a request: it returns at once, not complete; a small call made while it is
+    # in flight is a request too (behind it: returns at once); a blocking call after them is
+    # queued behind both, so they are complete when it returns
+    dist.barrier()
+    if RANK != 0:
+        time.sleep(delay)
+    big, t0 = mine(over), time.monotonic()
+    wa = dist.all_reduce(big, async_op=True)
+    out["big_s"], out["big_done"] = time.monotonic() - t0, wa.is_completed()
+    x, t0 = mine(2), time.monotonic()
+    wb = dist.all_reduce(x, async_op=True)
+    out["behind_s"], out["behind_done"] = time.monotonic() - t0, wb.is_completed()
+    y = mine(3)
+    dist.all_reduce(y, op=dist.ReduceOp.MAX)
+    out["order"] = [wa.is_completed(), wb.is_completed()]
+    wa.wait()
+    wb.wait()
+    check("large behind late ranks", big, total)
+    check("small behind the large", x, total)
+    check("blocking behind both", y, WORLD)
+    # the ranks in different states: rank 0 leaves a large call in flight (its small calls are
+    # requests), the others wait for it first (theirs run inline): the same calls, in order
+    for rep in range(20):
+        big = mine(over)
+        wa = dist.all_reduce(big, async_op=True)
+        if RANK != 0:
+            wa.wait()
+        z = torch.full((5,), float(RANK))
+        wz = dist.broadcast(z, WORLD - 1, async_op=True)
+        u = torch.tensor([float(RANK)])
+        dist.all_reduce(u, op=dist.ReduceOp.MAX)
+        g = [torch.empty(2) for _ in range(WORLD)]
+        dist.all_gather(g, mine(2))
+        wa.wait()
+        wz.wait()
+        check("mixed %d: large" % rep, big, total)
+        check("mixed %d: broadcast" % rep, z, WORLD - 1)
+        check("mixed %d: max" % rep, u, WORLD - 1)
+        for k in range(WORLD):
+            check("mixed %d: all_gather %d" % (rep, k), g[k], k + 1)
+
+    # failures of an inline call: kept for wait() (and the future), not raised at the call
+    def failing(name, group, during=None):
+        coll = dmt.collective(group)
+        coll.set_timeout(1500)
+        if RANK != 0:                           # rank 0 calls alone and fails
+            return
+        if during is not None:
+            threading.Timer(0.5, during, (coll,)).start()
+        t, t0 = mine(2), time.monotonic()
+        try:
+            w = dist.all_reduce(t, group=group, async_op=True)
+        except RuntimeError as e:               # torch 1.13: raised at the call
+            out[name] = {"call_s": time.monotonic() - t0, "at_call": True,
+                         "wait": "%s %s: %s" % (type(e).__name__, getattr(e, "status_name", ""), e)}
+            if V2:
+                bad.append("%s: raised at the call under torch 2.x: %r" % (name, e))
+            return
+        res = {"call_s": time.monotonic() - t0, "done": w.is_completed(), "at_call": False}
+        if not V2:
+            bad.append("%s: not raised at the call under torch 1.13" % name)
+        try:
+            w.wait()
+            bad.append("%s: wait() raised nothing" % name)
+        except RuntimeError as e:
+            res["wait"] = "%s %s: %s" % (type(e).__name__, getattr(e, "status_name", ""), e)
+            res["distmesh_error"] = isinstance(e, distmesh.Error)
+        try:
+            w.get_future().wait()
+            bad.append("%s: the future raised nothing" % name)
+        except RuntimeError:
+            pass
+        try:                                    # a blocking call on the failed group raises at once
+            dist.all_reduce(mine(2), group=group)
+            bad.append("%s: the blocking call after it raised nothing" % name)
+        except RuntimeError as e:
+            res["blocking"] = "%s: %s" % (type(e).__name__, e)
+        out[name] = res
+
+    failing("timeout", dist.new_group(backend="distmesh", timeout=limit))
+    failing("abort", dist.new_group(backend="distmesh", timeout=limit), lambda c: c.abort("the test aborts it"))
+    dist.barrier()
+    dist.destroy_process_group()
+    say("RESULT", out)
+
+
 # ---- compress -------------------------------------------------------------------------------
 CN = 5000                  # 19 blocks of 256 and a tail of 136
 
@@ -649,6 +788,8 @@ def main():
             scenario_failures()
         elif scenario == "torch":
             scenario_torch(sys.argv[2])
+        elif scenario == "torch_inline":
+            scenario_torch_inline(sys.argv[2])
         elif scenario == "compress":
             scenario_compress(sys.argv[2])
         elif scenario == "compress_ddp":
