@@ -15,7 +15,12 @@ DISTMESH_PY_WERROR=1 turns warnings into errors (make does).
 builds the NCCL backend in too (distmesh.connect_nccl, CUDA tensors; distmesh.nccl_built):
 CUDA's and NCCL's headers and libraries under CUDA_HOME (default /usr/local/cuda) and NCCL_HOME
 (default CUDA_HOME; its include/ and lib64/ or lib/), linked with -lcudart -lnccl and an rpath
-to them. Without it the package needs neither."""
+to them. Without it the package needs neither.
+
+OpenSSL's libcrypto (Debian: libssl-dev), when its headers are there, is built in as in the C
+builds (DISTMESH_OPENSSL): with a token, links between hosts and the store's connections are
+encrypted (DISTMESH_ENCRYPT, SECURITY.md), and the package agrees with C programs built the
+same way. DISTMESH_OPENSSL=0 leaves it out, =1 requires it."""
 import glob
 import os
 
@@ -66,6 +71,19 @@ def nccl_paths():
         libs += [d for d in lib_dir[:1] if d not in libs]
     return incs, libs
 
+
+def openssl_wanted():
+    """DISTMESH_OPENSSL=1: required; 0: left out; unset: when <openssl/evp.h> is there."""
+    want = os.environ.get("DISTMESH_OPENSSL", "")
+    found = any(os.path.exists(os.path.join(d, "openssl", "evp.h")) for d in ("/usr/include", "/usr/local/include"))
+    if want == "1" and not found:
+        raise SystemExit("DISTMESH_OPENSSL=1: <openssl/evp.h> not found (Debian: apt-get install libssl-dev)")
+    return want == "1" or (want != "0" and found)
+
+
+if openssl_wanted():
+    macros.append(("DISTMESH_OPENSSL", None))
+    libraries.append("crypto")
 
 if os.environ.get("DISTMESH_NCCL") == "1":
     nccl_inc, nccl_lib = nccl_paths()

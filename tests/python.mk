@@ -12,10 +12,13 @@ PY_TEST := $(PY_BUILD)/run_pytest
 PY_SRCS := python/setup.py $(wildcard python/src/*.c python/src/*.h python/distmesh/*.py python/distmesh/*.pyi python/distmesh/py.typed) $(wildcard distmesh*.h)
 TEST_BINS += $(PY_TEST)
 
+# libcrypto as the C builds have it (OPENSSL, Makefile): the package then agrees with them on
+# DISTMESH_ENCRYPT's auto
+PY_OPENSSL := $(if $(filter 1,$(OPENSSL)),1,0)
 # setuptools compiles with Python's own flags plus these (the sanitizers of asan builds too)
 $(PY_STAMP): $(PY_SRCS)
 	@mkdir -p $(PY_BUILD)
-	cd python && DISTMESH_PY_WERROR=1 CC="$(CC)" CFLAGS="$(SAN)" LDFLAGS="$(SAN)" $(PY) setup.py -q build \
+	cd python && DISTMESH_PY_WERROR=1 DISTMESH_OPENSSL=$(PY_OPENSSL) CC="$(CC)" CFLAGS="$(SAN)" LDFLAGS="$(SAN)" $(PY) setup.py -q build \
 	    --build-base $(CURDIR)/$(PY_BUILD)/setuptools --build-lib $(CURDIR)/$(PY_LIB)
 	@touch $@
 

@@ -50,7 +50,7 @@ $(PYT2_VENV)/installed.stamp:
 
 $(PYT2_STAMP): $(PY_SRCS) $(PYT2_VENV)/installed.stamp
 	@mkdir -p $(PYT2_DIR)
-	cd python && DISTMESH_PY_WERROR=1 CC="$(CC)" $(abspath $(PYT2_PY)) setup.py -q build \
+	cd python && DISTMESH_PY_WERROR=1 DISTMESH_OPENSSL=$(PY_OPENSSL) CC="$(CC)" $(abspath $(PYT2_PY)) setup.py -q build \
 	    --build-base $(CURDIR)/$(PYT2_DIR)/setuptools --build-lib $(CURDIR)/$(PYT2_LIB)
 	@touch $@
 

@@ -11,6 +11,7 @@ _C_T = TypeVar("_C_T", bound="Comm")
 VERSION: str
 DEFAULT_TIMEOUT_MS: int
 NCCL_BUILT: bool
+OPENSSL_BUILT: bool
 COMPRESS_BLOCK: int
 
 

@@ -11,7 +11,7 @@ public API, no second implementation), with the seeds' classes and names.
 Classes: Collective (Optimus-DL), FakeCollective, Mesh, Request, CompressState (the error
 feedback of all_reduce(..., compress="int8", state=...)); DistributedInterface,
 DistributedStrategy, Dim (LLaMA-Factory). Functions: init, connect, connect_nccl (a build with
-NCCL: nccl_built), thread_world, env. Errors:
+NCCL: nccl_built), thread_world, env; openssl_built (encrypted links). Errors:
 distmesh.Error and its subclasses (PeerLost, Timeout, Mismatch, Aborted, ...), each with
 .status, .status_name, .message. See docs/python.md.
 """
@@ -19,12 +19,12 @@ from ._C import (VERSION as __version__, Request, CompressState, Error, InvalidA
                  Unsupported, InternalError, Timeout, PeerLost, Mismatch, NetworkError, ProtocolError, NotFound,
                  Refused, EnvError, CudaError, NcclError, Aborted, FileSystemError, Busy)
 from .collective import (ReduceOp, IN_PLACE, Collective, FakeCollective, Mesh, init, connect, connect_nccl, thread_world,
-                         env, nccl_built)
+                         env, nccl_built, openssl_built)
 from .strategy import Dim, DistributedStrategy, DistributedInterface
 
 __all__ = [
     "ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "Request", "CompressState", "init", "connect",
-    "connect_nccl", "thread_world", "env", "nccl_built",
+    "connect_nccl", "thread_world", "env", "nccl_built", "openssl_built",
     "Dim", "DistributedStrategy", "DistributedInterface",
     "Error", "InvalidArgument", "OutOfMemory", "Unsupported", "InternalError", "Timeout", "PeerLost",
     "Mismatch", "NetworkError", "ProtocolError", "NotFound", "Refused", "EnvError", "CudaError", "NcclError",

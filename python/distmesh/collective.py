@@ -17,7 +17,7 @@ import threading
 from . import _C
 
 __all__ = ["ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "init", "connect", "connect_nccl",
-           "thread_world", "env", "nccl_built"]
+           "thread_world", "env", "nccl_built", "openssl_built"]
 
 # Collective.process_group's maker, set by distmesh.torch when it is imported (it imports this
 # module; this module never imports it, only loads it by name the first time a group is asked for)
@@ -33,6 +33,11 @@ def _register_process_group_factory(factory):
 nccl_built = _C.NCCL_BUILT
 """Whether this build has the NCCL backend (connect_nccl, CUDA tensors): DISTMESH_NCCL=1 at
 pip install, or make install PY_NCCL=1 (docs/python.md)."""
+
+openssl_built = _C.OPENSSL_BUILT
+"""Whether this build has OpenSSL's libcrypto (DISTMESH_OPENSSL; setup.py takes it when its
+headers are there): with a token, links between hosts and the store's connections are then
+encrypted (DISTMESH_ENCRYPT, SECURITY.md)."""
 
 
 class ReduceOp(enum.IntEnum):

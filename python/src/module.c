@@ -461,6 +461,11 @@ PyMODINIT_FUNC PyInit__C(void) {
         PyModule_AddIntConstant(m, "COMPRESS_BLOCK", DM_COMPRESS_BLOCK) < 0 ||
         PyModule_AddStringConstant(m, "VERSION", DISTMESH_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "DEFAULT_TIMEOUT_MS", DM_DEFAULT_TIMEOUT_MS) < 0 ||
+#if defined(DISTMESH_OPENSSL)
+        PyModule_AddObjectRef(m, "OPENSSL_BUILT", Py_True) < 0 ||
+#else
+        PyModule_AddObjectRef(m, "OPENSSL_BUILT", Py_False) < 0 ||
+#endif
 #if defined(DISTMESH_NCCL)
         PyModule_AddObjectRef(m, "NCCL_BUILT", Py_True) < 0) {
 #else
