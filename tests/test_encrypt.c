@@ -739,7 +739,7 @@ static int mismatch_body(dm_collective* c, int rank, int world, void* arg) {
     dm_tcp_desc d;
     dm_status st;
     tw_sim_host(rank);
-    tw_tcp_desc(&d, &g_store, rank, world, 5000);
+    tw_tcp_desc(&d, &g_store, rank, world, 1500);     /* the acceptor waits it out */
     d.token = "encrypt-test-token";
     d.encrypt = rank == 0 ? low : -low;
     st = dm_tcp_create(&d, &c);
@@ -763,7 +763,7 @@ static void test_encrypt_mismatch_named(void** state) {
     (void)state;
     for (k = 0; k < 2; k++) {
         tw_dm_world w;
-        tw_dm_world_init(&w, 2, &g_store, NULL, 5000);
+        tw_dm_world_init(&w, 2, &g_store, NULL, 1500);
         w.no_create = true;
         w.body = mismatch_body;
         w.arg = (void*)&lows[k];

@@ -74,24 +74,20 @@ static int sited_suite_rank(dm_collective* c, void* user) {
             bad |= suite_all_reduce(c, 70001, (dm_dtype)t, (dm_reduce_op)op, op % 2 != 0, ++salt);
         }
     /* forced: where it fits it runs, else the two-level forms (3 elements: no rail has one per
-       host); auto: the model's choice, shown */
+       host) */
     bad |= sum_ran(c, (size_t)1 << 20, forced ? (l->fits ? "three_level" : "two_level_ring") : NULL);
-    if (!forced && dm_rank(c) == 0) fprintf(stderr, "%s: auto ran %s for 4 MiB\n", l->name, dm_last_algorithm(c));
     bad |= sum_ran(c, 3, forced ? "two_level_rd" : NULL);
     return bad;
 }
 static void test_sites_thread_layouts(void** s) {
-    static const char* algos[] = { "three_level", "auto" };
-    int k, a;
+    int k;
     (void)s;
-    for (k = 0; k < N_SITED; k++)
-        for (a = 0; a < 2; a++) {
-            if (a == 1 && (TEST_SANITIZED || k > 0)) continue;  /* auto: the choice tests below */
-            if (TEST_SANITIZED && k != 0 && k != 2 && k != 6) continue;     /* even, uneven, rings */
-            setenv("DISTMESH_ALGO", algos[a], 1);
-            if (run_sited(&g_sited[k], sited_suite_rank, (void*)&g_sited[k]) != DM_OK)
-                fail_msg("threaded world, %s, DISTMESH_ALGO=%s: failed", g_sited[k].name, algos[a]);
-        }
+    setenv("DISTMESH_ALGO", "three_level", 1);     /* auto: test_sites_choice */
+    for (k = 0; k < N_SITED; k++) {
+        if (TEST_SANITIZED && k != 0 && k != 2 && k != 6) continue;     /* even, uneven, rings */
+        if (run_sited(&g_sited[k], sited_suite_rank, (void*)&g_sited[k]) != DM_OK)
+            fail_msg("threaded world, %s, DISTMESH_ALGO=three_level: failed", g_sited[k].name);
+    }
     unsetenv("DISTMESH_ALGO");
 }
 
@@ -286,7 +282,7 @@ static int body_bytes(dm_collective* c, int rank, int world, void* arg) {
 static void test_sites_processes_same_bytes(void** s) {
     int k, r;
     (void)s;
-    for (k = 0; k < 2; k++) {
+    for (k = 0; k < (TEST_SANITIZED ? 1 : 2); k++) {     /* under a sanitizer shm+tcp only */
         const char* who = k == 0 ? "shm" : "tcp";
         g_layout = &g_sited[k == 0 ? 0 : 2];
         assert_int_equal(run_sited(g_layout, thread_bytes_rank, (void*)"thread"), DM_OK);
@@ -321,6 +317,7 @@ static int body_tcp_shrink(dm_collective* c, int rank, int world, void* arg) {
 }
 static void test_sites_tcp_shrink(void** s) {
     (void)s;
+    if (TEST_SANITIZED) skip();     /* the threaded world's shrink is there (test_sites_split_shrink) */
     g_layout = &g_sited[0];
     assert_int_equal(run_world_ex(8, body_tcp_shrink, NULL, 90, false), 0);
     unsetenv("DISTMESH_SITE");
