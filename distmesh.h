@@ -7041,25 +7041,26 @@ _DM_PRIVATE int _dm_pick_2l_segments(const _dm_eng* lk, size_t count, size_t esi
    the site rails' ring (a host's R rails share its link: b/HS per step), then the cross rails:
    a site's R x HS rails share its link, b/NS per ring step (each host's link b/HS/NS), or one
    exchange (two sites: recursive doubling) of b per site link and b/HS per host link. */
-/* Its steps inside the sites: the fold, the host's ring, the site rails' ring. */
-_DM_PRIVATE double _dm_cost_3l_inside(const _dm_eng* lk, double b) {
-    const _dm_layout* y = &lk->lay;
+/* Its steps inside a host: the fold and the host's ring; inside the sites: those and the site
+   rails' ring. */
+_DM_PRIVATE double _dm_cost_3l_host(const _dm_eng* lk, double b) {
     const _dm_link_cost* shm = _dm_cost_class(lk, _DM_COST_SHM);
-    int R = y->Lmin, HS = y->HSmin;
-    double t = _dm_cost(shm, 2.0 * ((y->Lmax - 1) / R), b) + _dm_cost(shm, 2.0 * (R - 1), b / R);
+    int R = lk->lay.Lmin;
+    return _dm_cost(shm, 2.0 * ((lk->lay.Lmax - 1) / R), b) + _dm_cost(shm, 2.0 * (R - 1), b / R);
+}
+_DM_PRIVATE double _dm_cost_3l_inside(const _dm_eng* lk, double b) {
+    int HS = lk->lay.HSmin;
+    double t = _dm_cost_3l_host(lk, b);
     return HS > 1 ? t + _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), 2.0 * (HS - 1), b / HS) : t;
 }
 _DM_PRIVATE double _dm_cost_3l_middle(const _dm_eng* lk, double b, int S);
 _DM_PRIVATE int _dm_pick_3l_segments(const _dm_eng* lk, size_t len, size_t esize);
+/* The fold and the host's ring, then the middle over the model's segments (S = 1: one phase
+   after the other). */
 _DM_PRIVATE double _dm_cost_three_level(const _dm_eng* lk, size_t count, size_t esize) {
-    const _dm_link_cost* shm = _dm_cost_class(lk, _DM_COST_SHM);
-    int R = lk->lay.Lmin, HS = lk->lay.HSmin, NS = lk->lay.NS, S = _dm_pick_3l_segments(lk, count / (size_t)R, esize);
-    double b = (double)count * (double)esize, rounds = (double)(_dm_ceil_log2(NS) + ((NS & (NS - 1)) ? 2 : 0));
-    if (S > 1)
-        return _dm_cost(shm, 2.0 * ((lk->lay.Lmax - 1) / R), b) + _dm_cost(shm, 2.0 * (R - 1), b / R) +
-               _dm_cost_3l_middle(lk, b, S);
-    if (NS > 2) return _dm_cost_3l_inside(lk, b) + _dm_cost_sites(lk, 2.0 * (NS - 1), b / NS, b / HS / NS);
-    return _dm_cost_3l_inside(lk, b) + _dm_cost_sites(lk, rounds, b, b / HS);
+    int S = _dm_pick_3l_segments(lk, count / (size_t)lk->lay.Lmin, esize);
+    double b = (double)count * (double)esize;
+    return _dm_cost_3l_host(lk, b) + _dm_cost_3l_middle(lk, b, S);
 }
 /* Three-level's steps 3-5 on b bytes (a host's R blocks together) over S segments, as
    _dm_cost_2l_middle: one after the other when S = 1, else the larger of the site rails' and
