@@ -1845,19 +1845,21 @@ static dm_status _dm_tcp_same_sockets(_dm_tcp* t, const unsigned char* all, size
                     lo, hi, t->nsock);
 }
 
-/* Every rank of a host must be at the same site (host_of: rank -> host, then rank -> site at
-   host_of + size; the records hold the identity at id_at and the site name at site_at). All
-   ranks see the same records, so all fail alike. */
+/* Every rank of a host must be at the same site (host_of: rank -> the lowest rank on its host,
+   then rank -> site at host_of + size; the records hold the identity at id_at and the site name
+   at site_at): each rank against its host's lowest rank. All ranks see the same records, so all
+   fail alike. */
 static dm_status _dm_tcp_one_site_per_host(_dm_tcp* t, const unsigned char* all, size_t rec, size_t id_at,
                                            size_t site_at, const int* host_of) {
-    int W = t->base.size, j, k;
-    for (j = 0; j < W; j++)
-        for (k = 0; k < j; k++)
-            if (host_of[k] == host_of[j] && host_of[W + k] != host_of[W + j])
-                return _DM_FAIL(&t->base, DM_ERR_INVALID_ARG, "tcp: ranks %d and %d are on one host (\"%.60s\") but "
-                                "were given the sites \"%.40s\" and \"%.40s\" (DISTMESH_SITE, desc.site): a host is at "
-                                "one site", k, j, (const char*)all + (size_t)j * rec + id_at,
-                                (const char*)all + (size_t)k * rec + site_at, (const char*)all + (size_t)j * rec + site_at);
+    int W = t->base.size, j;
+    for (j = 0; j < W; j++) {
+        int k = host_of[j];
+        if (host_of[W + k] != host_of[W + j])
+            return _DM_FAIL(&t->base, DM_ERR_INVALID_ARG, "tcp: ranks %d and %d are on one host (\"%.60s\") but were "
+                            "given the sites \"%.40s\" and \"%.40s\" (DISTMESH_SITE, desc.site): a host is at one site",
+                            k, j, (const char*)all + (size_t)j * rec + id_at, (const char*)all + (size_t)k * rec + site_at,
+                            (const char*)all + (size_t)j * rec + site_at);
+    }
     return DM_OK;
 }
 
