@@ -7037,12 +7037,9 @@ _DM_PRIVATE int _dm_pick_2l_segments(const _dm_eng* lk, size_t count, size_t esi
     }
     return best;
 }
-/* Three-level (>>three-level) on b bytes: the fold and its return, the host's ring (R ranks),
-   the site rails' ring (a host's R rails share its link: b/HS per step), then the cross rails:
-   a site's R x HS rails share its link, b/NS per ring step (each host's link b/HS/NS), or one
-   exchange (two sites: recursive doubling) of b per site link and b/HS per host link. */
-/* Its steps inside a host: the fold and the host's ring; inside the sites: those and the site
-   rails' ring. */
+/* Three-level (>>three-level) on b bytes, its steps inside a host: the fold and its return, the
+   host's ring (R ranks); inside the sites: those and the site rails' ring (a host's R rails
+   share its link: b/HS per step). */
 _DM_PRIVATE double _dm_cost_3l_host(const _dm_eng* lk, double b) {
     const _dm_link_cost* shm = _dm_cost_class(lk, _DM_COST_SHM);
     int R = lk->lay.Lmin;
@@ -7056,7 +7053,8 @@ _DM_PRIVATE double _dm_cost_3l_inside(const _dm_eng* lk, double b) {
 _DM_PRIVATE double _dm_cost_3l_middle(const _dm_eng* lk, double b, int S);
 _DM_PRIVATE int _dm_pick_3l_segments(const _dm_eng* lk, size_t len, size_t esize);
 /* The fold and the host's ring, then the middle over the model's segments (S = 1: one phase
-   after the other). */
+   after the other; the cross rails: a site's R x HS rails share its link, b/NS per ring step,
+   or one exchange between two sites of b per site link and b/HS per host link). */
 _DM_PRIVATE double _dm_cost_three_level(const _dm_eng* lk, size_t count, size_t esize) {
     int S = _dm_pick_3l_segments(lk, count / (size_t)lk->lay.Lmin, esize);
     double b = (double)count * (double)esize;
@@ -8244,7 +8242,6 @@ static dm_status _dm_tw_shrink(dm_collective* c, const bool* excluded, int flags
             if (r < rank) (*out)->local_rank++;
             (*out)->local_size++;
         }
-        nt->site = t->site;
         _dm_tw_set_layout(nt, names, sites);
     }
     _dm_free(&c->allocator, names);
