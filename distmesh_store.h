@@ -1894,7 +1894,11 @@ _DM_PRIVATE void _dm_srv_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf) 
         return;
     }
 #endif
-    if (c->in_cap - c->in_len < 4096 && c->in_cap < limit) _dm_srv_grow_input(c, limit);
+    /* (not while the bytes the parser waits for fit: a large SET's buffer is its size, and its
+       last bytes may leave a little free; doubling then let the next request in beside it, and
+       the buffer could no longer become the value) */
+    if (c->in_cap - c->in_len < 4096 && c->in_cap < limit && (c->need == 0 || c->need > c->in_cap))
+        _dm_srv_grow_input(c, limit);
     if (c->in_cap == c->in_len) return;     /* full at the limit: read_cb gets UV_ENOBUFS */
     buf->base = (char*)(c->in + c->in_len);
     buf->len = c->in_cap - c->in_len;

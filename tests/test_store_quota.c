@@ -183,6 +183,15 @@ static int raw_client(int port) {
     CHECK(recv(fd, rep, 4, MSG_WAITALL) == 4 && rep[0] == 1 && rep[3] == 4);
     return fd;
 }
+static bool send_all(int fd, const unsigned char* p, size_t n) {
+    while (n) {
+        ssize_t k = send(fd, p, n, 0);
+        if (k <= 0) return false;
+        p += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
 static bool recv_all(int fd, unsigned char* p, size_t n) {
     while (n) {
         ssize_t k = recv(fd, p, n, 0);
@@ -250,6 +259,45 @@ static void test_quota_reply_from_value(void** state) {
     dm_store_destroy(srv);
     free(v);
     free(got);
+}
+
+/* ---- a large SET whose last bytes come with the next request ---- */
+/* The buffer takes exactly a large SET's size (>>store server input); when the bytes before its
+   last few fill it all but a little (under 4 KiB free), it must not grow again (it did, to
+   twice the size: the last bytes then came with the next request, the buffer could not become
+   the value, and the copy went over the quota; CI saw it once in ~500 runs under load). Here
+   the SET comes whole but for its last 100 bytes, which come after a pause together with a
+   CHECK: the answer is READY under a quota that has room for the value once, not twice. */
+static void test_quota_set_tail_with_next_request(void** state) {
+    const size_t big = 16 * MiB, tail = 100;
+    unsigned char* req = (unsigned char*)malloc(20 + big + 20);
+    unsigned char* p;
+    unsigned char ready = 0xff;
+    dm_store* srv;
+    int fd, closes = quota_closes();
+    (void)state;
+    CHECK(req);
+    srv = make_server(40 * MiB, 16 * MiB, 33 * MiB);
+    fd = raw_client(dm_store_port(srv));
+    p = req;
+    *p++ = 0x01;                                        /* SET "big", 16 MiB */
+    put_u64(p, 3); p += 8;
+    memcpy(p, "big", 3); p += 3;
+    put_u64(p, big); p += 8;
+    fill(p, big, 4); p += big;
+    *p++ = 0x05;                                        /* CHECK 1 key: "big" */
+    put_u64(p, 1); p += 8;
+    put_u64(p, 3); p += 8;
+    memcpy(p, "big", 3); p += 3;
+    CHECK(send_all(fd, req, 20 + big - tail));
+    usleep(300 * 1000);                                 /* the server reads all it has */
+    CHECK(send_all(fd, req + 20 + big - tail, tail + 20));
+    CHECK(recv(fd, &ready, 1, MSG_WAITALL) == 1);       /* a refusal: the close (a torch-style client) */
+    CHECK(ready == 0);                                  /* READY */
+    CHECK(quota_closes() == closes);
+    close(fd);
+    dm_store_destroy(srv);
+    free(req);
 }
 
 /* The notice on the wire: a client that marked its PING nonce as a distmesh client's ('D' in
@@ -431,5 +479,6 @@ DM_TEST_MAIN(NULL, NULL,
     cmocka_unit_test(test_quota_64mib_set),
     cmocka_unit_test(test_quota_64mib_roundtrip_with_room),
     cmocka_unit_test(test_quota_reply_from_value),
+    cmocka_unit_test(test_quota_set_tail_with_next_request),
     cmocka_unit_test(test_quota_notice_wire),
     cmocka_unit_test(test_quota_many_clients))
