@@ -6,9 +6,9 @@ BENCH_DIR := $(BUILD)/bench
 DM_BENCH  := $(BENCH_DIR)/dm_bench
 EXTRA_BINS += $(DM_BENCH)
 
-$(DM_BENCH): bench/dm_bench.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+$(DM_BENCH): bench/dm_bench.c tests/test_world.h tests/test_tmpdir.h $(DISTMESH_C_TCP_O)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_LINKS_DISTMESH_C $(UV_CFLAGS) $< $(DISTMESH_C_TCP_O) -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
 bench: deps
 	@$(MAKE) --no-print-directory $(DM_BENCH)

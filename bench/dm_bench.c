@@ -46,7 +46,14 @@
    time; busbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for
    broadcast (GB/s = 1e9 B/s). Exit status: 0 all good, 1 a wrong value or a failed call, 2 bad
    arguments or the deadline passed. */
+/* The build links distmesh.c's object (DM_LINKS_DISTMESH_C: one compile of the implementation
+   for every program of a configuration); compiled alone, this file holds the implementation. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE     /* what the implementation defines for the code after it */
+#endif
+#ifndef DM_LINKS_DISTMESH_C
 #define DISTMESH_IMPLEMENTATION
+#endif
 #include "distmesh.h"
 #include "../tests/test_world.h"
 

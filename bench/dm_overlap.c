@@ -31,7 +31,14 @@
    (exit 3 if hidden < F). Prints the table and one JSON line (starting with '{') on stdout.
    Exit status: 0, 1 (a failed call or a wrong result), 2 (bad arguments or the deadline),
    3 (--require not met). */
+/* The build links distmesh.c's object (DM_LINKS_DISTMESH_C: one compile of the implementation
+   for every program of a configuration); compiled alone, this file holds the implementation. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE     /* what the implementation defines for the code after it */
+#endif
+#ifndef DM_LINKS_DISTMESH_C
 #define DISTMESH_IMPLEMENTATION
+#endif
 #include "distmesh.h"
 #include "../tests/test_world.h"
 

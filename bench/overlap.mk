@@ -14,9 +14,9 @@ EXTRA_BINS += $(OVERLAP_BENCH)
 
 .PHONY: bench-overlap
 
-$(OVERLAP_BENCH): bench/dm_overlap.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+$(OVERLAP_BENCH): bench/dm_overlap.c tests/test_world.h tests/test_tmpdir.h $(DISTMESH_C_TCP_O)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_LINKS_DISTMESH_C $(UV_CFLAGS) $< $(DISTMESH_C_TCP_O) -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/examples/ddp_overlap: examples/ddp_overlap.c $(DISTMESH_C_TCP_O)
 	@mkdir -p $(dir $@)

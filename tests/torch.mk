@@ -4,9 +4,9 @@ TORCH_TEST := $(BUILD)/torch/test_torch
 STORE_TOOL := $(BUILD)/fixtures/store_tool
 TEST_BINS += $(TORCH_TEST)
 
-$(STORE_TOOL): tests/fixtures/store_tool.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+$(STORE_TOOL): tests/fixtures/store_tool.c $(DISTMESH_C_TCP_O)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_LINKS_DISTMESH_C $(UV_CFLAGS) $^ -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
 $(TORCH_TEST): tests/test_torch.c tests/test_filter.h tests/prelude.h | $(STORE_TOOL)
 	@mkdir -p $(dir $@)
