@@ -2657,25 +2657,40 @@ _DM_PRIVATE void _dm_host_identity(char* name, size_t name_cap, char* id, size_t
     }
     snprintf(id, id_cap, "%.54s/%.39s", name, boot);     /* a boot id is 36 bytes */
 }
+/* Orders host identities, equal ones by their address: records lie in rank order, so the first
+   of equal identities is the lowest rank. */
+_DM_PRIVATE int _dm_id_order(const void* a, const void* b) {
+    const char* x = *(const char* const*)a;
+    const char* y = *(const char* const*)b;
+    int c = strcmp(x, y);
+    return c ? c : (x < y ? -1 : x > y);
+}
 /* W records of `stride` bytes, each holding a NUL-terminated host identity at its start: host_of[j]
    (if not NULL) is the lowest rank on rank j's host, and *local_rank / *local_size are rank me's
-   place on its host (ranks in order). */
-_DM_PRIVATE void _dm_hosts_from_ids(const unsigned char* ids, size_t stride, int W, int me, int* host_of,
-                                    int* local_rank, int* local_size) {
-    const char* mine = (const char*)ids + (size_t)me * stride;
-    int j;
+   place on its host (ranks in order). Sorted, not compared pair by pair: O(W log W) at setup
+   (a world of one rank per host made every pair meet). False when out of memory. */
+_DM_PRIVATE bool _dm_hosts_from_ids(const dm_allocator* a, const unsigned char* ids, size_t stride, int W, int me,
+                                    int* host_of, int* local_rank, int* local_size) {
+    const char** by = (const char**)_dm_malloc(a, sizeof(*by) * (size_t)(W > 0 ? W : 1));
+    int i, e, j;
     *local_rank = *local_size = 0;
-    for (j = 0; j < W; j++) {
-        const char* id = (const char*)ids + (size_t)j * stride;
-        if (host_of) {
-            int k = 0;
-            while (strcmp((const char*)ids + (size_t)k * stride, id) != 0) k++;
-            host_of[j] = k;
+    if (!by) return false;
+    for (j = 0; j < W; j++) by[j] = (const char*)ids + (size_t)j * stride;
+    qsort(by, (size_t)W, sizeof(*by), _dm_id_order);
+    for (i = 0; i < W; i = e) {       /* each run of equal identities is a host */
+        int first = (int)((size_t)((const unsigned char*)by[i] - ids) / stride), at = -1;
+        for (e = i; e < W && strcmp(by[e], by[i]) == 0; e++) {
+            j = (int)((size_t)((const unsigned char*)by[e] - ids) / stride);
+            if (host_of) host_of[j] = first;
+            if (j == me) at = e - i;
         }
-        if (strcmp(id, mine) != 0) continue;
-        if (j < me) (*local_rank)++;
-        (*local_size)++;
+        if (at >= 0) {
+            *local_rank = at;
+            *local_size = e - i;
+        }
     }
+    _dm_free(a, by);
+    return true;
 }
 
 /* One block: the item array, then the bytes of every item back to back (so the bytes of a

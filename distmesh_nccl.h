@@ -1430,7 +1430,11 @@ static dm_status _dm_nccl_hosts(_dm_nccl* n) {
     else if (st == DM_OK) st = _dm_nccl_all_gather_on(n, mine, all, REC, DM_UINT8);
     if (st == DM_OK) {
         for (j = 0; j < W; j++) all[(size_t)j * REC + ID - 1] = 0;
-        _dm_hosts_from_ids(all, REC, W, n->base.rank, host_of, &n->base.local_rank, &n->base.local_size);
+        if (!_dm_hosts_from_ids(&n->base.allocator, all, REC, W, n->base.rank, host_of, &n->base.local_rank,
+                                &n->base.local_size))
+            st = _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "nccl: hosts: out of memory");
+    }
+    if (st == DM_OK) {
         _dm_copy_name(n->base.node_name, sizeof(n->base.node_name), (const char*)mine + ID);
         _dm_free(&n->base.allocator, n->host_of);
         n->host_of = host_of;

@@ -1900,8 +1900,11 @@ static dm_status _dm_tcp_hosts(_dm_tcp* t, const _dm_tcp_setup* s) {
         if (j != t->base.rank) _dm_copy_name(t->raddrs[j], 64, (const char*)rec + ADDR + NAME + ID + 4);
         if (t->lk.links[j]) _dm_copy_name(t->lk.links[j]->where, sizeof(t->lk.links[j]->where), t->addrs[j]);
     }
-    _dm_hosts_from_ids(all + ADDR + NAME, REC, W, t->base.rank, host_of, &me, &L);
-    _dm_hosts_from_ids(all + REC - SITE, REC, W, t->base.rank, host_of + W, &unused, &unused);
+    if (!_dm_hosts_from_ids(&t->base.allocator, all + ADDR + NAME, REC, W, t->base.rank, host_of, &me, &L) ||
+        !_dm_hosts_from_ids(&t->base.allocator, all + REC - SITE, REC, W, t->base.rank, host_of + W, &unused, &unused)) {
+        st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+        goto done;
+    }
     if ((st = _dm_tcp_one_site_per_host(t, all, REC, ADDR + NAME, REC - SITE, host_of)) != DM_OK) goto done;
     _dm_copy_name(t->base.node_name, sizeof(t->base.node_name), (const char*)mine + ADDR);
     t->base.local_rank = me;
