@@ -4,7 +4,8 @@
 
    Every scenario runs on three transports -- the threaded world (dm_thread_world_run, in a forked
    child so a hang cannot stop the program), shared memory (forked ranks, transport "shm") and
-   TCP (forked ranks, transport "tcp") -- at 1, 2, 3, 4 and 7 ranks (DM_ERR_BUSY: 2 and 7), forked by tests/test_world.h.
+   TCP (forked ranks, transport "tcp") -- at 1, 2, 3, 4 and 7 ranks (DM_ERR_BUSY: 2 and 7),
+   forked by tests/test_world.h.
    Forked ranks meet through a file store in a mkdtemp directory. Every world has a hard limit in
    seconds: the parent kills what is left and counts it as a failure.
 
@@ -196,7 +197,7 @@ static int run_on(int kind, int world, body_fn body, void* arg, double limit_s) 
     api_world(&w, kind, world, g_timeout_ms, body, arg);
     return tw_dm_run(&w, limit_s);
 }
-/* The body at 1, 2, 3, 4 and 7 ranks on one transport; fails the test naming the worlds. */
+/* The body at each of the n world sizes on one transport; fails the test naming the worlds. */
 static void run_worlds_of(int kind, const int* worlds, int n, body_fn body, void* arg, double limit_s) {
     char failed_worlds[128] = "";
     int w, any = 0;
@@ -213,6 +214,7 @@ static void run_worlds_of(int kind, const int* worlds, int n, body_fn body, void
     g_kind = "parent";
     if (any) fail_msg("%s: failed at world size(s)%s (details on stderr above)", g_tr_name[kind], failed_worlds);
 }
+/* ... at 1, 2, 3, 4 and 7 ranks. */
 static void run_worlds(int kind, body_fn body, void* arg, double limit_s) {
     run_worlds_of(kind, g_worlds, NWORLDS, body, arg, limit_s);
 }
@@ -1509,7 +1511,7 @@ static void destroy_with_requests(int kind) { run_worlds(kind, body_destroy_with
    depend on the world's size (world 1 has nothing in flight; 7 has a late rank among many). */
 static void busy(int kind) {
     static const int worlds[] = { 2, 7 };
-    run_worlds_of(kind, worlds, 2, body_busy, NULL, 30);
+    run_worlds_of(kind, worlds, (int)(sizeof(worlds) / sizeof(worlds[0])), body_busy, NULL, 30);
 }
 static void fake_same(int kind) { run_worlds(kind, body_fake_same, NULL, 60); }
 

@@ -265,9 +265,10 @@ static void test_quota_reply_from_value(void** state) {
 /* The buffer takes exactly a large SET's size (>>store server input); when the bytes before its
    last few fill it all but a little (under 4 KiB free), it must not grow again (it did, to
    twice the size: the last bytes then came with the next request, the buffer could not become
-   the value, and the copy went over the quota; CI saw it once in ~500 runs under load). Here
-   the SET comes whole but for its last 100 bytes, which come after a pause together with a
-   CHECK: the answer is READY under a quota that has room for the value once, not twice. */
+   the value, and the copy went over the quota: one CI failure, and about 1 in 500 runs beside
+   other tests here). Here the SET comes whole but for its last 100 bytes, which come after a
+   pause together with a CHECK: the answer is READY under a quota that has room for the value
+   once, not twice. */
 static void test_quota_set_tail_with_next_request(void** state) {
     const size_t big = 16 * MiB, tail = 100;
     unsigned char* req = (unsigned char*)malloc(20 + big + 20);
