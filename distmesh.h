@@ -154,6 +154,7 @@
        >>three-level             schedule: three-level all-reduce (hosts at sites, DISTMESH_SITE)
        >>chain                   schedule: pipelined chain (broadcast)
        >>dissemination           schedule: dissemination rounds (barrier)
+       >>three-level others      schedules: all-gather, reduce-scatter, barrier across sites
        >>choice                  the cost model and the fixed choice of algorithm
        >>entry points            what the vtable slots call: check, choose, run, record
        >>peers                   P: the peers a rank's fixed-peer schedules use
@@ -520,8 +521,9 @@ DM_API const char* dm_transport_name(const dm_collective* c);
 /* The algorithm the last collective on c ran (docs/design.md "Across hosts"): "flat_ring", "flat_rd",
    "two_level_ring", "two_level_rd", "three_level" (all_reduce, reduce; the last across sites), "flat_ring_single_copy" (a large
    all_reduce among the ranks of one host whose all-gather read the peers' buffers directly),
-   "flat_ring" / "two_level_ring" (all_gather, reduce_scatter), "flat_chain" / "two_level_chain" (broadcast),
-   "flat_dissemination" / "two_level_dissemination" (barrier); "" before the first and on
+   "flat_ring" / "two_level_ring" / "three_level_ring" (all_gather, reduce_scatter), "flat_chain" /
+   "two_level_chain" (broadcast), "flat_dissemination" / "two_level_dissemination" /
+   "three_level_dissemination" (barrier); "" before the first and on
    backends that do not say (fake, nccl). Read it with nothing in flight. */
 DM_API const char* dm_last_algorithm(const dm_collective* c);
 /* The native handle (the seeds' process_group): ncclComm_t for NCCL, NULL where none. */
@@ -1351,7 +1353,8 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
       "every rank (see [docs/performance.md](docs/performance.md#wide-area-round-trips))")                            \
     X(SITE,             STR,     "",      0, 63,      NULL, TCP,                                                      \
       "this rank's site (a name): hosts with the same site are joined by faster links than those between sites; "     \
-      "all-reduce then crosses the site link once with each byte (`three_level`). Every rank of a host the same; "  \
+      "all-reduce, all-gather, reduce-scatter and barrier then cross the site link once with each byte "          \
+      "(`three_level*`). Every rank of a host the same; "                                                            \
       "unset: one site (see [docs/design.md](docs/design.md#sites))")                                                \
     X(SITE_LINK,        STR,     "",      0, 63,      NULL, ENGINE,                                                   \
       "the link between sites as `LATENCY_US,GBIT`, as `DISTMESH_HOST_LINK` is for hosts; unset: 5000 us and 1 "     \
@@ -6893,6 +6896,112 @@ _DM_PRIVATE dm_status _dm_sch_dissemination(_dm_eng* lk, const _dm_team* t, int 
     return DM_OK;
 }
 
+/* >>three-level others  all_gather, reduce_scatter and barrier across sites ("three_level_ring",
+   "three_level_dissemination"): as the three-level all-reduce (>>three-level), every byte that
+   must reach another site crosses the site link once, and a barrier crosses it only in the
+   site leaders' dissemination. The gathers run on even layouts (every host L ranks, every site
+   HS hosts: _dm_pick_gather_three_level), the barrier on any sited one. */
+
+/* The rank at local index i of host j of site k. */
+_DM_PRIVATE int _dm_sch_3l_at(const _dm_layout* y, int k, int j, int i) {
+    return y->members[y->start[y->site_start[k] + j] + i];
+}
+/* All-gather of W blocks of bytes into recvs (this rank's in place), over cross rail (i, j):
+   the NS sites' blocks; then site rail i: the HS hosts' NS blocks each; then the host's ring:
+   the L local ranks' H blocks each. The site link carries each block to each other site once
+   (the two-level rails' ring carries (H - 1) / (NS - 1) / HS times as much). pieces: W
+   entries of scratch. */
+_DM_PRIVATE dm_status _dm_sch_all_gather_3l(_dm_eng* lk, int kind, void* const* recvs, void** pieces, size_t bytes,
+                                            dm_dtype dtype, const _dm_fp* fp) {
+    const _dm_layout* y = &lk->lay;
+    int i = y->local[lk->c->rank], L = y->Lmax, HS = y->HSmin, NS = y->NS, H = y->H, j, k, q;
+    _dm_team t = _dm_sch_cross_rail(lk, i);
+    for (k = 0; k < NS; k++) pieces[k] = recvs[t.ranks[k]];
+    _DM_TRY(_dm_sch_ring_gather(lk, &t, pieces, 1, bytes, kind, dtype, fp));
+    t = _dm_sch_site_rail(lk, i);                 /* host j's pieces: its rank i's sites, site order */
+    for (j = 0; j < HS; j++)
+        for (k = 0; k < NS; k++) pieces[j * NS + k] = recvs[_dm_sch_3l_at(y, k, j, i)];
+    _DM_TRY(_dm_sch_ring_gather(lk, &t, pieces, NS, bytes, kind, dtype, fp));
+    t = _dm_sch_host(lk, L);                      /* position i's pieces: its rail's blocks, host order */
+    for (i = 0; i < L; i++)
+        for (q = 0; q < H; q++) pieces[i * H + q] = recvs[y->members[y->start[q] + i]];
+    return _dm_sch_ring_gather(lk, &t, pieces, H, bytes, kind, dtype, fp);
+}
+/* Reduce-scatter, the all-gather's steps backwards: the host's ring reduces, for local rank i,
+   rail i's H blocks (into tmp, host order, so site by site); site rail i reduces those into
+   the NS blocks of its host's rank i at each site (tmp + H blocks); cross rail (i, j) reduces
+   them into this rank's block of out (MEAN divides there). in: W blocks of bytes, rank order,
+   read only in the first step, so out may be one of them. pieces: W entries; tmp: H + NS
+   blocks. */
+_DM_PRIVATE dm_status _dm_sch_reduce_scatter_3l(_dm_eng* lk, const unsigned char* in, const unsigned char** pieces,
+                                                unsigned char* out, unsigned char* tmp, size_t bytes, dm_dtype dtype,
+                                                dm_reduce_op op, int divide, const _dm_fp* fp) {
+    const _dm_layout* y = &lk->lay;
+    int i = y->local[lk->c->rank], L = y->Lmax, HS = y->HSmin, NS = y->NS, H = y->H, j, k, p, q;
+    unsigned char* mid = tmp + (size_t)H * bytes;
+    _dm_team t = _dm_sch_host(lk, L);
+    for (p = 0; p < L; p++)
+        for (q = 0; q < H; q++) pieces[p * H + q] = in + (size_t)y->members[y->start[q] + p] * bytes;
+    if (L > 1) _DM_TRY(_dm_sch_ring_rs(lk, &t, pieces, tmp, tmp, H, bytes, dtype, op, 0, fp));
+    else for (q = 0; q < H; q++) memcpy(tmp + (size_t)q * bytes, pieces[q], bytes);
+    t = _dm_sch_site_rail(lk, i);                 /* host j's pieces: site by site */
+    for (j = 0; j < HS; j++)
+        for (k = 0; k < NS; k++) pieces[j * NS + k] = tmp + (size_t)(y->site_start[k] + j) * bytes;
+    if (HS > 1) _DM_TRY(_dm_sch_ring_rs(lk, &t, pieces, mid, mid, NS, bytes, dtype, op, 0, fp));
+    else for (k = 0; k < NS; k++) memcpy(mid + (size_t)k * bytes, pieces[k], bytes);
+    t = _dm_sch_cross_rail(lk, i);
+    for (k = 0; k < NS; k++) pieces[k] = mid + (size_t)k * bytes;
+    return _dm_sch_ring_rs(lk, &t, pieces, out, out, 1, bytes, dtype, op, divide, fp);
+}
+/* Barrier: every rank tells its host's leader (local rank 0), each host's leader its site's
+   leader (the first host's), the site leaders disseminate across the site link (ceil(log2
+   NS) rounds instead of the host leaders' ceil(log2 H)), and the releases come back down. */
+#define _DM_BARRIER_ROUND_ARRIVE 1000
+#define _DM_BARRIER_ROUND_RELEASE 1001
+#define _DM_BARRIER_ROUND_SITE_ARRIVE 1002
+#define _DM_BARRIER_ROUND_SITE_RELEASE 1003
+/* A leader's side of a barrier level: an arrival from each of n ranks, later a release to
+   each; a member's side: its arrival at its leader, then the leader's release. */
+_DM_PRIVATE dm_status _dm_sch_gather_arrivals(_dm_eng* lk, const _dm_fp* arrive, const int* from, int n) {
+    int e;
+    for (e = 0; e < n; e++) _DM_TRY(_dm_eng_sendrecv(lk, "barrier", arrive, -1, NULL, 0, from[e], NULL, 0));
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_sch_send_releases(_dm_eng* lk, const _dm_fp* release, const int* to, int n) {
+    int e;
+    for (e = 0; e < n; e++) _DM_TRY(_dm_eng_sendrecv(lk, "barrier", release, to[e], NULL, 0, -1, NULL, 0));
+    return DM_OK;
+}
+_DM_PRIVATE dm_status _dm_sch_arrive_wait(_dm_eng* lk, const _dm_fp* arrive, const _dm_fp* release, int leader) {
+    _DM_TRY(_dm_eng_sendrecv(lk, "barrier", arrive, leader, NULL, 0, -1, NULL, 0));
+    return _dm_eng_sendrecv(lk, "barrier", release, -1, NULL, 0, leader, NULL, 0);
+}
+_DM_PRIVATE dm_status _dm_sch_barrier_3l(_dm_eng* lk) {
+    _dm_layout* y = &lk->lay;
+    dm_collective* c = lk->c;
+    int h = y->host_of[c->rank], s = y->site_of[h], first = y->site_start[s], hosts = y->site_start[s + 1] - first, k;
+    const int* host = y->members + y->start[h];
+    _dm_fp arrive, release, site_arrive, site_release;
+    _dm_team t;
+    _dm_fp_make(&arrive, c, _DM_K_BARRIER, -1, -1, _DM_BARRIER_ROUND_ARRIVE, 0);
+    _dm_fp_make(&release, c, _DM_K_BARRIER, -1, -1, _DM_BARRIER_ROUND_RELEASE, 0);
+    _dm_fp_make(&site_arrive, c, _DM_K_BARRIER, -1, -1, _DM_BARRIER_ROUND_SITE_ARRIVE, 0);
+    _dm_fp_make(&site_release, c, _DM_K_BARRIER, -1, -1, _DM_BARRIER_ROUND_SITE_RELEASE, 0);
+    if (y->local[c->rank] > 0) return _dm_sch_arrive_wait(lk, &arrive, &release, host[0]);
+    _DM_TRY(_dm_sch_gather_arrivals(lk, &arrive, host + 1, _dm_sch_host_size(lk, h) - 1));
+    for (k = 1; k < hosts; k++) y->team[k - 1] = y->members[y->start[first + k]];     /* the site's other leaders */
+    if (h != first) {
+        _DM_TRY(_dm_sch_arrive_wait(lk, &site_arrive, &site_release, y->members[y->start[first]]));
+    } else {
+        _DM_TRY(_dm_sch_gather_arrivals(lk, &site_arrive, y->team, hosts - 1));
+        for (k = 0; k < y->NS; k++) y->team[c->size + k] = y->members[y->start[y->site_start[k]]];
+        t = _dm_team_of(y->team + c->size, y->NS, s);
+        _DM_TRY(_dm_sch_dissemination(lk, &t, 0));
+        _DM_TRY(_dm_sch_send_releases(lk, &site_release, y->team, hosts - 1));
+    }
+    return _dm_sch_send_releases(lk, &release, host + 1, _dm_sch_host_size(lk, h) - 1);
+}
+
 /* >>choice  Which algorithm a collective runs: a fixed function of the group's size, its host
    layout, the count and the dtype, so every rank of a group picks the same one, and the same
    inputs on the same layout give the same bits on every transport (the threaded world given
@@ -7237,18 +7346,48 @@ _DM_PRIVATE bool _dm_pick_gather_two_level(const _dm_eng* lk, double b) {
     two = _dm_cost(cross, y->H - 1, b * y->Lmax) + _dm_cost(shm, y->Lmax - 1, b * y->H);
     return two < flat;
 }
-/* Dissemination over every rank: in round k each rank r signals r + k (mod size); zero bytes,
-   so a round costs the latency of its slowest class of link. */
-_DM_PRIVATE double _dm_cost_flat_dissemination(const _dm_eng* lk) {
+/* Three-level all_gather / reduce_scatter with blocks of b bytes (>>three-level others): the
+   cross rails' NS - 1 steps put a site's L x HS blocks on its link (L on each host's), the
+   site rails' HS - 1 steps L x NS on each host's link, the host's ring L - 1 steps of H. */
+_DM_PRIVATE double _dm_cost_3l_gather(const _dm_eng* lk, double b) {
+    const _dm_layout* y = &lk->lay;
+    int L = y->Lmax, HS = y->HSmin, NS = y->NS;
+    return _dm_cost_sites(lk, NS - 1.0, b * L * HS, b * L) +
+           _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), HS - 1.0, b * L * NS) +
+           _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), L - 1.0, b * y->H);
+}
+/* Three-level all_gather / reduce_scatter? On even layouts across sites (every host L ranks,
+   every site HS hosts), forced by DISTMESH_ALGO=three_level, else where the model finds it
+   faster than the flat ring (W - 1 steps, a block on each host and site boundary) and the
+   two-level rails' ring (H - 1 steps of L blocks on each boundary, then the host's). */
+_DM_PRIVATE bool _dm_pick_gather_three_level(const _dm_eng* lk, double b) {
+    const _dm_layout* y = &lk->lay;
+    double three, flat, two;
+    if (y->NS < 2 || y->HSmin != y->HSmax || y->Lmin != y->Lmax || _dm_pick_forced_flat(lk) || _dm_pick_forced_two_level(lk))
+        return false;
+    if (lk->algo == _DM_ALGO_THREE_LEVEL) return true;
+    three = _dm_cost_3l_gather(lk, b);
+    flat = _dm_cost_sites(lk, lk->c->size - 1.0, b, b);
+    two = _dm_cost_sites(lk, y->H - 1.0, b * y->Lmax, b * y->Lmax) +
+          _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), y->Lmax - 1.0, b * y->H);
+    return three < flat && three < two;
+}
+/* Dissemination over n ranks (ranks NULL: every rank, identity order): in round k each signals
+   the one k on (mod n); zero bytes, so a round costs the latency of its slowest class of link. */
+_DM_PRIVATE double _dm_cost_dissemination(const _dm_eng* lk, const int* ranks, int n) {
     int W = lk->c->size, k, r;
     int *per_host = _dm_cost_scratch(lk), *a = per_host + 2 * W, *o = a + W;  /* counts, senders, partners */
     double t = 0;
-    for (k = 1; k < W; k <<= 1) {
-        for (r = 0; r < W; r++) { a[r] = r; o[r] = (r + k) % W; }
-        t += _dm_cost_round(lk, a, o, W, 0, per_host);
+    for (k = 1; k < n; k <<= 1) {
+        for (r = 0; r < n; r++) {
+            a[r] = ranks ? ranks[r] : r;
+            o[r] = ranks ? ranks[(r + k) % n] : (r + k) % n;
+        }
+        t += _dm_cost_round(lk, a, o, n, 0, per_host);
     }
     return t;
 }
+_DM_PRIVATE double _dm_cost_flat_dissemination(const _dm_eng* lk) { return _dm_cost_dissemination(lk, NULL, lk->c->size); }
 /* broadcast: the two-level chain (host by host) whenever there are several hosts. */
 _DM_PRIVATE bool _dm_pick_broadcast_two_level(const _dm_eng* lk) { return !_dm_pick_forced_flat(lk) && lk->lay.H >= 2; }
 _DM_PRIVATE bool _dm_pick_barrier_two_level(const _dm_eng* lk) {
@@ -7258,6 +7397,23 @@ _DM_PRIVATE bool _dm_pick_barrier_two_level(const _dm_eng* lk) {
     if (!_dm_pick_multi_host(lk)) return false;
     return _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 2.0 * (y->Lmax - 1), 0) +
            _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), _dm_ceil_log2(y->H), 0) < _dm_cost_flat_dissemination(lk);
+}
+/* Three-level barrier (>>three-level others)? Across sites, forced by DISTMESH_ALGO=
+   three_level, else where the model finds it faster than the flat and two-level ones, each
+   dissemination costed round by round (the site link's rounds are the ones that count). */
+_DM_PRIVATE bool _dm_pick_barrier_three_level(const _dm_eng* lk) {
+    const _dm_layout* y = &lk->lay;
+    int k, *leaders = _dm_cost_scratch(lk) + 4 * lk->c->size;
+    double inside, three, two;
+    if (y->NS < 2 || _dm_pick_forced_flat(lk) || _dm_pick_forced_two_level(lk)) return false;
+    if (lk->algo == _DM_ALGO_THREE_LEVEL) return true;
+    inside = _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 2.0 * (y->Lmax - 1), 0);
+    for (k = 0; k < y->NS; k++) leaders[k] = y->members[y->start[y->site_start[k]]];
+    three = inside + _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), 2.0 * (y->HSmax - 1), 0) +
+            _dm_cost_dissemination(lk, leaders, y->NS);
+    for (k = 0; k < y->H; k++) leaders[k] = y->members[y->start[k]];
+    two = inside + _dm_cost_dissemination(lk, leaders, y->H);
+    return three < two && three < _dm_cost_flat_dissemination(lk);
 }
 
 /* >>entry points  The vtable slots of the backends that run the engine (TCP, the threaded
@@ -7456,7 +7612,10 @@ _DM_PRIVATE dm_status _dm_coll_all_gather_list(_dm_eng* lk, int kind, const void
     if (count == 0) return _dm_sch_fp_only(lk, _dm_kind_name(kind), &fp);
     if (W > 16 && !(pieces = (void**)_dm_malloc(&lk->c->allocator, sizeof(void*) * (size_t)W)))
         return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, _dm_kind_name(kind));
-    if (!_dm_pick_gather_two_level(lk, (double)bytes)) {
+    if (_dm_pick_gather_three_level(lk, (double)bytes)) {
+        _dm_coll_ran(lk, "three_level_ring");
+        st = _dm_sch_all_gather_3l(lk, kind, recvs, pieces, bytes, dtype, &fp);
+    } else if (!_dm_pick_gather_two_level(lk, (double)bytes)) {
         _dm_coll_ran(lk, "flat_ring");
         t = _dm_sch_flat(lk);
         for (p = 0; p < W; p++) pieces[p] = recvs[lk->order[p]];
@@ -7503,19 +7662,19 @@ _DM_PRIVATE dm_status _dm_coll_all_gather(dm_collective* c, const void* send, vo
 
 /* Reduce-scatter. Flat: one ring in host order. Two-level (even layouts): each host's ring
    reduces, for local rank i, the blocks of rail i (H pieces), then rail i's ring reduces
-   those across hosts, each rank ending with its own block. In place (recv is input block r),
-   the flat ring's intermediate sums need a block of their own. */
+   those across hosts, each rank ending with its own block. Three-level across sites
+   (>>three-level others; tmp H + NS blocks). In place (recv is input block r), the flat
+   ring's intermediate sums need a block of their own. */
 _DM_PRIVATE dm_status _dm_coll_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t n_elems,
                                               dm_dtype dtype, dm_reduce_op op) {
     _dm_eng* lk = _dm_eng_of(c);
     const _dm_layout* y = &lk->lay;
-    int W = c->size, r = c->rank, p, q, H = y->H, divide = op == DM_MEAN ? W : 0;
-    size_t bytes = n_elems * dm_dtype_size(dtype);
+    int W = c->size, r = c->rank, p, q, H = y->H, divide = op == DM_MEAN ? W : 0, family;
+    size_t bytes = n_elems * dm_dtype_size(dtype), tmp_blocks;
     const unsigned char* in = (const unsigned char*)send;
     unsigned char *out = (unsigned char*)recv, *tmp = NULL;
     const unsigned char* small[16];
     const unsigned char** pieces = small;
-    bool two = false;
     _dm_team t;
     _dm_fp fp;
     dm_status rc = DM_OK;
@@ -7526,15 +7685,20 @@ _DM_PRIVATE dm_status _dm_coll_reduce_scatter(dm_collective* c, const void* send
     }
     _dm_fp_make(&fp, c, _DM_K_REDUCE_SCATTER, (int)dtype, (int)op, 0, n_elems);
     if (n_elems == 0) return _dm_sch_fp_only(lk, "reduce_scatter", &fp);
-    two = _dm_pick_gather_two_level(lk, (double)bytes);
+    family = _dm_pick_gather_three_level(lk, (double)bytes) ? 3 : _dm_pick_gather_two_level(lk, (double)bytes) ? 2 : 1;
+    if (family == 3) tmp_blocks = (size_t)(H + y->NS);
+    else if (family == 2) tmp_blocks = (size_t)H;
+    else tmp_blocks = out == in + (size_t)r * bytes && W > 2 ? 1 : 0;     /* in place */
     if (W > 16) pieces = (const unsigned char**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)W);
-    if (two || (out == in + (size_t)r * bytes && W > 2)) tmp = (unsigned char*)_dm_malloc(&c->allocator, two ? bytes * (size_t)H : bytes);
-    if (!pieces || ((two || (out == in + (size_t)r * bytes && W > 2)) && !tmp)) {
-        rc = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce_scatter: no memory for %zu bytes", lk->tag, bytes);
+    if (tmp_blocks) tmp = (unsigned char*)_dm_malloc(&c->allocator, bytes * tmp_blocks);
+    if (!pieces || (tmp_blocks && !tmp)) {
+        rc = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce_scatter: no memory for %zu bytes", lk->tag, bytes * tmp_blocks);
         goto done;
     }
-    _dm_coll_ran(lk, two ? "two_level_ring" : "flat_ring");
-    if (!two) {
+    _dm_coll_ran(lk, family == 3 ? "three_level_ring" : family == 2 ? "two_level_ring" : "flat_ring");
+    if (family == 3) {
+        rc = _dm_sch_reduce_scatter_3l(lk, in, pieces, out, tmp, bytes, dtype, op, divide, &fp);
+    } else if (family == 1) {
         t = _dm_sch_flat(lk);
         for (p = 0; p < W; p++) pieces[p] = in + (size_t)lk->order[p] * bytes;
         rc = _dm_sch_ring_rs(lk, &t, pieces, out, tmp ? tmp : out, 1, bytes, dtype, op, divide, &fp);
@@ -7590,17 +7754,21 @@ _DM_PRIVATE dm_status _dm_coll_broadcast(dm_collective* c, void* buf, size_t cou
 }
 
 /* Barrier. Flat: dissemination over every rank. Two-level: every rank tells its host's
-   leader, the leaders disseminate, each leader releases its host. */
-#define _DM_BARRIER_ROUND_ARRIVE 1000
-#define _DM_BARRIER_ROUND_RELEASE 1001
+   leader, the leaders disseminate, each leader releases its host. Three-level across sites
+   (>>three-level others). */
 _DM_PRIVATE dm_status _dm_coll_barrier(dm_collective* c) {
     _dm_eng* lk = _dm_eng_of(c);
     const _dm_layout* y = &lk->lay;
-    int i = y->local[c->rank], L = _dm_sch_host_size(lk, y->host_of[c->rank]), e, h;
+    int h = y->host_of[c->rank], L = _dm_sch_host_size(lk, h), q;
+    const int* host = y->members + y->start[h];
     _dm_team t;
     _dm_fp arrive, release;
     _DM_TRY(_dm_eng_enter(lk, _DM_K_BARRIER, 0, -1, -1, -1));
     _DM_TRY(_dm_eng_check_broken(lk, "barrier"));
+    if (_dm_pick_barrier_three_level(lk)) {
+        _dm_coll_ran(lk, "three_level_dissemination");
+        return _dm_sch_barrier_3l(lk);
+    }
     if (!_dm_pick_barrier_two_level(lk)) {
         _dm_coll_ran(lk, "flat_dissemination");
         t = _dm_sch_identity(lk);
@@ -7609,18 +7777,12 @@ _DM_PRIVATE dm_status _dm_coll_barrier(dm_collective* c) {
     _dm_coll_ran(lk, "two_level_dissemination");
     _dm_fp_make(&arrive, c, _DM_K_BARRIER, -1, -1, _DM_BARRIER_ROUND_ARRIVE, 0);
     _dm_fp_make(&release, c, _DM_K_BARRIER, -1, -1, _DM_BARRIER_ROUND_RELEASE, 0);
-    t = _dm_sch_host(lk, L);
-    if (i > 0) {
-        _DM_TRY(_dm_eng_sendrecv(lk, "barrier", &arrive, t.ranks[0], NULL, 0, -1, NULL, 0));
-        return _dm_eng_sendrecv(lk, "barrier", &release, -1, NULL, 0, t.ranks[0], NULL, 0);
-    }
-    for (e = 1; e < L; e++) _DM_TRY(_dm_eng_sendrecv(lk, "barrier", &arrive, -1, NULL, 0, t.ranks[e], NULL, 0));
-    for (h = 0; h < y->H; h++) lk->lay.team[h] = y->members[y->start[h]];
-    t = _dm_team_of(lk->lay.team, y->H, y->host_of[c->rank]);
+    if (y->local[c->rank] > 0) return _dm_sch_arrive_wait(lk, &arrive, &release, host[0]);
+    _DM_TRY(_dm_sch_gather_arrivals(lk, &arrive, host + 1, L - 1));
+    for (q = 0; q < y->H; q++) lk->lay.team[q] = y->members[y->start[q]];
+    t = _dm_team_of(lk->lay.team, y->H, h);
     _DM_TRY(_dm_sch_dissemination(lk, &t, 0));
-    t = _dm_sch_host(lk, L);
-    for (e = 1; e < L; e++) _DM_TRY(_dm_eng_sendrecv(lk, "barrier", &release, t.ranks[e], NULL, 0, -1, NULL, 0));
-    return DM_OK;
+    return _dm_sch_send_releases(lk, &release, host + 1, L - 1);
 }
 
 /* All-to-all, pairwise: step k sends the block for rank + k and receives the block of rank - k.
@@ -7760,7 +7922,7 @@ _DM_COLD_BEGIN
    two-level with Lmin rails, their rails once as rings and once as recursive doubling
    (rails_force: the count decides between them at run time), and with the leaders' rail;
    flat rd's and the rings' partners do not depend on the count), all_gather, reduce_scatter and
-   barrier in both families and broadcast from root 0 touch, each run dry (_dm_eng_run records
+   barrier in every family (three-level across sites) and broadcast from root 0 touch, each run dry (_dm_eng_run records
    the peers of each transfer and moves nothing), so P follows the schedules as they are
    written. Every rank runs the same schedules, so P is symmetric: q is in P(r) exactly when r
    is in P(q). Not in it: what the caller's arguments choose (point-to-point, all_to_all,
@@ -7773,7 +7935,7 @@ _DM_COLD_BEGIN
    outside on_demand against P (_dm_eng_check_peer), so the layout tests fail if it is not.
    in: size entries, set for the peers (never self). */
 _DM_PRIVATE dm_status _dm_peers_find(_dm_eng* lk, bool* in) {
-    static const int fam[2] = { _DM_ALGO_FLAT, _DM_ALGO_TWO_LEVEL };
+    static const int fam[3] = { _DM_ALGO_FLAT, _DM_ALGO_TWO_LEVEL, _DM_ALGO_THREE_LEVEL };
     dm_collective* c = lk->c;
     const _dm_layout* y = &lk->lay;
     int W = c->size, saved_algo = lk->algo, k;
@@ -7794,7 +7956,7 @@ _DM_PRIVATE dm_status _dm_peers_find(_dm_eng* lk, bool* in) {
         st = _dm_coll_all_reduce(c, buf, buf, (size_t)W, DM_UINT8, DM_SUM);
     }
     lk->rails_force = 0;
-    for (k = 0; k < 2 && st == DM_OK; k++) {
+    for (k = 0; k < (y->NS > 1 ? 3 : 2) && st == DM_OK; k++) {    /* three-level across sites */
         lk->algo = fam[k];
         st = _dm_coll_all_gather(c, buf, buf + W, 1, DM_UINT8);
         if (st == DM_OK) st = _dm_coll_reduce_scatter(c, buf, buf + 2 * W, 1, DM_UINT8, DM_SUM);

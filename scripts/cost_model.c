@@ -14,8 +14,9 @@
             us.ALGO=US for every all_reduce algorithm (the model's cost, whether or not it
             could run; three_level only on several sites; two_level_int8 and two_level_bf16, or
             three_level_* across sites: dm_all_reduce_compressed's, which runs only when
-            asked), sites=NS, rails=ring|rd (two_level_ring's rails), and the family (flat, two_level) of
-            all_gather, reduce_scatter (blocks of count elements), broadcast and barrier;
+            asked), sites=NS, rails=ring|rd (two_level_ring's rails), and the family (flat,
+            two_level, three_level across sites) of all_gather, reduce_scatter (blocks of count
+            elements), broadcast and barrier;
             or error=TEXT
    classes  one line per link class: class=NAME alpha=US beta=NS  # what it stands for; then the
             model's bounds
@@ -30,7 +31,8 @@
 
 #define MODEL_MAX_RANKS (1 << 20)
 
-static const char* family(bool two_level) { return two_level ? "two_level" : "flat"; }
+/* A family by its levels: 1 flat, 2 two-level, 3 three-level (across sites). */
+static const char* family(int levels) { return levels == 3 ? "three_level" : levels == 2 ? "two_level" : "flat"; }
 
 static int parse_dtype(const char* s, dm_dtype* out) {
     int k;
@@ -134,10 +136,11 @@ static int answer(char* line) {
            _dm_cost_compressed(&lk, (size_t)count, dm_dtype_size(dtype), DM_COMPRESS_INT8),
            _dm_cost_compressed(&lk, (size_t)count, dm_dtype_size(dtype), DM_COMPRESS_BF16));
     printf(" rails=%s", _dm_pick_rails_ring(&lk, (size_t)count, dtype) ? "ring" : "rd");
-    k = _dm_pick_gather_two_level(&lk, (double)count * (double)dm_dtype_size(dtype));
+    k = _dm_pick_gather_three_level(&lk, (double)count * (double)dm_dtype_size(dtype))    ? 3
+        : _dm_pick_gather_two_level(&lk, (double)count * (double)dm_dtype_size(dtype)) ? 2 : 1;
     printf(" all_gather=%s reduce_scatter=%s", family(k), family(k));
-    printf(" broadcast=%s barrier=%s\n", family(_dm_pick_broadcast_two_level(&lk)),
-           family(_dm_pick_barrier_two_level(&lk)));
+    printf(" broadcast=%s barrier=%s\n", family(_dm_pick_broadcast_two_level(&lk) ? 2 : 1),
+           family(_dm_pick_barrier_three_level(&lk) ? 3 : _dm_pick_barrier_two_level(&lk) ? 2 : 1));
     rc = 0;
 done:
     _dm_eng_release(&lk);

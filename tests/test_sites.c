@@ -1,10 +1,12 @@
 /* Sites, a third level (DISTMESH_SITE, dm_fake_desc.site_of, dm_tcp_desc.site): the
    three-level all-reduce (distmesh.h >>three-level) on the threaded world over sited layouts
    (every collective, dtype and op; even, uneven, interleaved, three sites; split and shrink
-   keep the sites), the choice (the model takes it for large messages across a slow site link,
-   not for small ones or across a site link as fast as the hosts'), the same bytes from forked
-   ranks over shared memory and sockets as from the threaded world, and the refusals (a host
-   at two sites, bad site numbers, a bad DISTMESH_SITE_LINK, a long desc.site). */
+   keep the sites), the three-level all_gather and reduce_scatter there (>>three-level
+   others), the choice (the model takes all_reduce's for large messages across a slow site
+   link, not for small ones or across a site link as fast as the hosts'; the gathers' across
+   sites), the same bytes from forked ranks over shared memory and sockets as from the
+   threaded world, with the gathers and the three-level barrier there, and the refusals (a
+   host at two sites, bad site numbers, a bad DISTMESH_SITE_LINK, a long desc.site). */
 #define _GNU_SOURCE
 #include "test_tcp.h"
 #include <unistd.h>
@@ -15,16 +17,17 @@ typedef struct sited {
     int hosts[8];
     int sites[8];
     bool fits;          /* three_level can run: every site the same number of hosts */
+    bool even;          /* and every host the same number of ranks: three_level_ring gathers */
 } sited;
 #define N_SITED 7
 static const sited g_sited[N_SITED] = {
-    { "2 sites x 2 hosts x 2", 8, { 0, 0, 1, 1, 2, 2, 3, 3 }, { 0, 0, 0, 0, 1, 1, 1, 1 }, true },
-    { "3 sites x 1 host x 2", 6, { 0, 0, 1, 1, 2, 2 }, { 0, 0, 1, 1, 2, 2 }, true },
-    { "2 sites x 2 hosts, uneven 3+2+2+1", 8, { 0, 0, 0, 1, 1, 2, 2, 3 }, { 0, 0, 0, 0, 0, 1, 1, 1 }, true },
-    { "interleaved sites and hosts", 8, { 0, 1, 2, 3, 0, 1, 2, 3 }, { 0, 1, 0, 1, 0, 1, 0, 1 }, true },
-    { "2 sites x 2 hosts x 1", 4, { 0, 1, 2, 3 }, { 5, 5, 9, 9 }, true },
-    { "2 hosts at one site, 1 at the other", 6, { 0, 0, 1, 1, 2, 2 }, { 0, 0, 0, 0, 1, 1 }, false },
-    { "3 sites x 2 hosts x 1", 6, { 0, 1, 2, 3, 4, 5 }, { 0, 0, 1, 1, 2, 2 }, true },
+    { "2 sites x 2 hosts x 2", 8, { 0, 0, 1, 1, 2, 2, 3, 3 }, { 0, 0, 0, 0, 1, 1, 1, 1 }, true, true },
+    { "3 sites x 1 host x 2", 6, { 0, 0, 1, 1, 2, 2 }, { 0, 0, 1, 1, 2, 2 }, true, true },
+    { "2 sites x 2 hosts, uneven 3+2+2+1", 8, { 0, 0, 0, 1, 1, 2, 2, 3 }, { 0, 0, 0, 0, 0, 1, 1, 1 }, true, false },
+    { "interleaved sites and hosts", 8, { 0, 1, 2, 3, 0, 1, 2, 3 }, { 0, 1, 0, 1, 0, 1, 0, 1 }, true, true },
+    { "2 sites x 2 hosts x 1", 4, { 0, 1, 2, 3 }, { 5, 5, 9, 9 }, true, true },
+    { "2 hosts at one site, 1 at the other", 6, { 0, 0, 1, 1, 2, 2 }, { 0, 0, 0, 0, 1, 1 }, false, false },
+    { "3 sites x 2 hosts x 1", 6, { 0, 1, 2, 3, 4, 5 }, { 0, 0, 1, 1, 2, 2 }, true, true },
 };
 
 static dm_status run_sited(const sited* l, dm_rank_fn fn, void* user) {
@@ -57,6 +60,44 @@ static int sum_ran(dm_collective* c, size_t n, const char* want) {
     return st != DM_OK || bad;
 }
 
+/* all_gather, then reduce_scatter in place (SUM) and out of place (MEAN), of n float32 elements
+   per rank (small integers and halves: exact in any order): right, and each ran want (NULL:
+   any). */
+static int gathers_ran(dm_collective* c, size_t n, const char* want) {
+    int W = dm_world_size(c), r = dm_rank(c), q, bad = 0, step;
+    size_t i;
+    float* all = (float*)malloc((size_t)W * n * sizeof(float));
+    float* mine = (float*)malloc(n * sizeof(float));
+    dm_status st = DM_OK;
+    if (!all || !mine) return 1;
+    for (step = 0; step < 3 && st == DM_OK && !bad; step++) {
+        if (step == 0) {
+            for (i = 0; i < n; i++) mine[i] = (float)(r * 1000 + (int)(i % 7));
+            st = dm_all_gather(c, mine, all, n, DM_FLOAT32);
+        } else {
+            for (q = 0; q < W; q++)
+                for (i = 0; i < n; i++) all[(size_t)q * n + i] = (float)(r + q + (int)(i % 5));
+            st = step == 1 ? dm_reduce_scatter(c, all, all + (size_t)r * n, n, DM_FLOAT32, DM_SUM)
+                           : dm_reduce_scatter(c, all, mine, n, DM_FLOAT32, DM_MEAN);
+        }
+        for (q = 0; st == DM_OK && step == 0 && q < W; q++)
+            for (i = 0; i < n && !bad; i++) bad = all[(size_t)q * n + i] != (float)(q * 1000 + (int)(i % 7));
+        for (i = 0; st == DM_OK && step == 1 && i < n && !bad; i++)
+            bad = all[(size_t)r * n + i] != (float)(W * (W - 1) / 2 + W * (r + (int)(i % 5)));
+        for (i = 0; st == DM_OK && step == 2 && i < n && !bad; i++)
+            bad = mine[i] != (float)((W - 1) / 2.0 + r + (int)(i % 5));
+        if (st == DM_OK && want && strcmp(dm_last_algorithm(c), want) != 0) bad = 1;
+        if (st != DM_OK || bad)
+            fprintf(stderr, "rank %d of %d: %s of %zu: %s, %s, ran %s (wanted %s) %s\n", r, W,
+                    step == 0 ? "all_gather" : step == 1 ? "reduce_scatter in place" : "reduce_scatter mean", n,
+                    dm_status_name(st), bad ? "wrong" : "right", dm_last_algorithm(c), want ? want : "any",
+                    dm_last_error(c));
+    }
+    free(all);
+    free(mine);
+    return st != DM_OK || bad;
+}
+
 /* ---- the threaded world ---------------------------------------------------------------------- */
 /* The whole suite (every collective, dtype and op) on the first layout; on the others
    all_reduce in every op on one dtype per element size (the schedules move bytes by element
@@ -82,6 +123,9 @@ static int sited_suite_rank(dm_collective* c, void* user) {
        host) */
     bad |= sum_ran(c, (size_t)1 << 20, forced ? (l->fits ? "three_level" : "two_level_ring") : NULL);
     bad |= sum_ran(c, 3, forced ? "two_level_rd" : NULL);
+    /* the gathers across sites where the layout is even, else the two-level or flat ring */
+    bad |= gathers_ran(c, 1001, forced && l->even ? "three_level_ring" : NULL);
+    bad |= gathers_ran(c, 1, forced && l->even ? "three_level_ring" : NULL);
     return bad;
 }
 static void test_sites_thread_layouts(void** s) {
@@ -140,10 +184,14 @@ static int choice_rank(dm_collective* c, void* user) {
     }
     return bad;
 }
+/* The gathers: across sites the cross rails' one step over the site link (three_level_ring);
+   without sites the same hosts take the two-level ring. */
+static int gather_choice_rank(dm_collective* c, void* user) { return gathers_ran(c, 1000, (const char*)user); }
 static void test_sites_choice(void** s) {
     dm_fake_desc fd;
     (void)s;
     assert_int_equal(run_sited(&g_sited[0], choice_rank, (void*)"three_level"), DM_OK);
+    assert_int_equal(run_sited(&g_sited[0], gather_choice_rank, (void*)"three_level_ring"), DM_OK);
     setenv("DISTMESH_SITE_LINK", "25,10", 1);
     assert_int_equal(run_sited(&g_sited[0], choice_rank, (void*)"two_level_ring"), DM_OK);
     unsetenv("DISTMESH_SITE_LINK");
@@ -152,6 +200,7 @@ static void test_sites_choice(void** s) {
     fd.host_of = g_sited[0].hosts;
     fd.timeout_ms = 60000;
     assert_int_equal(dm_thread_world_run(&fd, choice_rank, (void*)"two_level_ring"), DM_OK);
+    assert_int_equal(dm_thread_world_run(&fd, gather_choice_rank, (void*)"two_level_ring"), DM_OK);
 }
 
 /* The pipelined middle (steps 3-5 by segment, _dm_sch_2l_stage on the site and cross rails):
@@ -276,11 +325,29 @@ static int sited_create(int rank, int world, const char* site, dm_collective** c
     make_desc(&d, rank, world);
     return dm_tcp_create(&d, c) == DM_OK ? 0 : 1;
 }
+/* The barrier across sites (three_level_dissemination): no rank leaves before the last one,
+   which comes 200 ms late, has arrived. */
+static int barrier_waits(dm_collective* c) {
+    int r = dm_rank(c), W = dm_world_size(c);
+    int64_t t0;
+    RST(dm_barrier(c));
+    t0 = tw_now_ms();
+    if (r == W - 1) tw_sleep_ms(200);
+    RST(dm_barrier(c));
+    RCHECK(strcmp(dm_last_algorithm(c), "three_level_dissemination") == 0);
+    if (tw_now_ms() - t0 < 150) {
+        fprintf(stderr, "rank %d: left the barrier after %lld ms, before the late rank came\n", r, (long long)(tw_now_ms() - t0));
+        return 1;
+    }
+    return 0;
+}
 static int body_bytes(dm_collective* c, int rank, int world, void* arg) {
     int bad;
     RCHECK(sited_create(rank, world, NULL, &c) == 0);
     bad = write_sum(c, (const char*)arg);
     bad |= sum_ran(c, (size_t)1 << 20, "three_level");
+    bad |= gathers_ran(c, 1001, g_layout->even ? "three_level_ring" : NULL);
+    bad |= barrier_waits(c);
     dm_destroy(c);
     return bad;
 }

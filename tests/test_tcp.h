@@ -18,7 +18,8 @@
      test_tcp_sparse       many ranks on simulated hosts: connections only where schedules need
                            them, kill -9 among them, P checked on the threaded world (--scale)
      test_tcp_rendezvous   dm_init, IPv6, a TCP store and rank 0's, network namespaces (--rank)
-     test_sites            sites (DISTMESH_SITE): the three-level all-reduce, its choice, its bytes */
+     test_sites            sites (DISTMESH_SITE): the three-level all-reduce, all_gather,
+                           reduce_scatter and barrier, their choice, their bytes */
 #ifndef DM_TEST_TCP_H
 #define DM_TEST_TCP_H
 #include "distmesh.h"
