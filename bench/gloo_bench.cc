@@ -1,11 +1,16 @@
-// gloo_bench: Gloo's all-reduce, for scripts/compare.sh (loopback) and scripts/bench_hosts.sh
-// (network namespaces), written against Debian's libgloo-dev, the 2022 snapshot with the classic
-// algorithm classes.
+// gloo_bench: Gloo's all-reduce and all-gather, for scripts/compare.sh (loopback) and
+// scripts/bench_hosts.sh (network namespaces), written against Debian's libgloo-dev, the 2022
+// snapshot with the classic algorithm classes.
 //   gloo_bench ALGO RANK WORLD STORE_DIR ITERS WARMUP BYTES...
 // The ranks meet through a FileStore in STORE_DIR; each listens on GLOO_BENCH_HOSTNAME (an
 // address of this host; default 127.0.0.1).
-// ALGO: ring_chunked | halving_doubling. Prints one line per size:
-//   gloo_<algo> ranks=N bytes=B us=T     (T: mean microseconds per all-reduce, slowest rank)
+// ALGO: ring_chunked | halving_doubling (all-reduce, BYTES per rank), allgather (AllgatherRing,
+// Gloo's ring over every rank; BYTES received, BYTES / WORLD sent, as dm_bench counts an
+// all-gather; the snapshot's newer gloo::allgather took 272 ms for 1 MB on 3 ranks over loopback,
+// torch 1.13's own Gloo 3.4 ms, so the classic class is the Gloo measured). Prints one line per
+// size:
+//   gloo_<algo> ranks=N bytes=B us=T     (T: mean microseconds per call, slowest rank)
+#include <gloo/allgather_ring.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring_chunked.h>
 #include <gloo/rendezvous/context.h>
@@ -20,19 +25,17 @@
 #include <string>
 #include <vector>
 
-template <typename Algo>
-static double time_allreduce(std::shared_ptr<gloo::Context> ctx, size_t count, int iters, int warmup) {
-    std::vector<float> data(count, 1.0f);
-    std::vector<float*> ptrs{data.data()};
-    Algo algo(ctx, ptrs, static_cast<int>(count));
-    for (int i = 0; i < warmup; i++) algo.run();
+// The mean time of iters calls of run() after warmup ones, the slowest rank's.
+template <typename Run>
+static double time_calls(std::shared_ptr<gloo::Context> ctx, Run run, int iters, int warmup) {
+    for (int i = 0; i < warmup; i++) run();
     // Line the ranks up so the clock starts together, as dm_bench's barrier does.
     std::vector<float> token(1, 0.0f);
     std::vector<float*> tptr{token.data()};
     gloo::AllreduceRingChunked<float> sync(ctx, tptr, 1);
     sync.run();
     auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; i++) algo.run();
+    for (int i = 0; i < iters; i++) run();
     double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
     // The slowest rank's time: a max-reduction of one float (as microseconds).
     std::vector<float> t(1, static_cast<float>(us));
@@ -42,9 +45,25 @@ static double time_allreduce(std::shared_ptr<gloo::Context> ctx, size_t count, i
     return t[0];
 }
 
+template <typename Algo>
+static double time_allreduce(std::shared_ptr<gloo::Context> ctx, size_t count, int iters, int warmup) {
+    std::vector<float> data(count, 1.0f);
+    std::vector<float*> ptrs{data.data()};
+    Algo algo(ctx, ptrs, static_cast<int>(count));
+    return time_calls(ctx, [&] { algo.run(); }, iters, warmup);
+}
+
+// count elements from each rank into count x world.
+static double time_allgather(std::shared_ptr<gloo::Context> ctx, size_t count, int iters, int warmup) {
+    std::vector<float> in(count, 1.0f), out(count * static_cast<size_t>(ctx->size));
+    std::vector<const float*> ptrs{in.data()};
+    gloo::AllgatherRing<float> algo(ctx, ptrs, out.data(), static_cast<int>(count));
+    return time_calls(ctx, [&] { algo.run(); }, iters, warmup);
+}
+
 int main(int argc, char** argv) {
     if (argc < 8) {
-        std::fprintf(stderr, "usage: gloo_bench ring_chunked|halving_doubling RANK WORLD STORE_DIR ITERS WARMUP BYTES...\n");
+        std::fprintf(stderr, "usage: gloo_bench ring_chunked|halving_doubling|allgather RANK WORLD STORE_DIR ITERS WARMUP BYTES...\n");
         return 2;
     }
     std::string algo = argv[1];
@@ -63,9 +82,16 @@ int main(int argc, char** argv) {
     for (int i = 7; i < argc; i++) {
         size_t bytes = std::strtoull(argv[i], nullptr, 10);
         size_t count = bytes / sizeof(float) ? bytes / sizeof(float) : 1;
-        double us = algo == "halving_doubling"
-                        ? time_allreduce<gloo::AllreduceHalvingDoubling<float>>(ctx, count, iters, warmup)
-                        : time_allreduce<gloo::AllreduceRingChunked<float>>(ctx, count, iters, warmup);
+        double us;
+        if (algo == "allgather") {
+            count = count / static_cast<size_t>(world) ? count / static_cast<size_t>(world) : 1;
+            us = time_allgather(ctx, count, iters, warmup);
+            count *= static_cast<size_t>(world);
+        } else if (algo == "halving_doubling") {
+            us = time_allreduce<gloo::AllreduceHalvingDoubling<float>>(ctx, count, iters, warmup);
+        } else {
+            us = time_allreduce<gloo::AllreduceRingChunked<float>>(ctx, count, iters, warmup);
+        }
         if (rank == 0) std::printf("gloo_%s ranks=%d bytes=%zu us=%.3f\n", algo.c_str(), world, count * sizeof(float), us);
         std::fflush(stdout);
     }

@@ -13,6 +13,10 @@
 #                   error-feedback state), DISTMESH_ALGO unset; COMPRESS="int8 bf16" (the default)
 #                   picks which, COMPRESS= none
 #   gloo            bench/gloo_bench ring_chunked (Debian's libgloo), one process per rank
+# COLL=all_reduce (the default) | all_gather | reduce_scatter: the collective dm_bench times (-O;
+# sizes as dm_bench counts them: all_gather's received, reduce_scatter's sent); Gloo runs
+# all_gather as bench/gloo_bench allgather (its AllgatherRing) and is left out for reduce_scatter;
+# the compressed systems run only with all_reduce.
 # float32 sum in place; every rank runs in its host's namespace with DISTMESH_TEST_HOST_ID=hostN,
 # DISTMESH_SOCKET_IFNAME=dmeth0 and a file store in a temporary directory (Gloo: its FileStore
 # there). Each point is the median over REPS launches of the slowest rank's mean time. The bytes
@@ -86,7 +90,7 @@ IPERF=${IPERF:-1}; OUT=${OUT:-build/bench-hosts}; BURST=${BURST:-64k}; COMPRESS=
 LAUNCH_TIMEOUT=${LAUNCH_TIMEOUT:-300}
 DELAY=${DELAY:-0}; DELAY_TOL=${DELAY_TOL:-3}; DELAY_QUEUE=${DELAY_QUEUE:-64M}; TCP_MEM_MAX=${TCP_MEM_MAX:-64M}
 CORE_MEM_MAX=${CORE_MEM_MAX:-}; DM_ENV=${DM_ENV:-}
-SITES=${SITES:-1}; SITE_RATE=${SITE_RATE:-200mbit}; SITE_DELAY=${SITE_DELAY:-0}
+SITES=${SITES:-1}; SITE_RATE=${SITE_RATE:-200mbit}; SITE_DELAY=${SITE_DELAY:-0}; COLL=${COLL:-all_reduce}
 
 skip() { echo "bench-hosts: skipped: $*"; exit 77; }
 die() { echo "bench-hosts: $*" >&2; exit 1; }
@@ -99,6 +103,8 @@ is_count "$ITERS" || die "ITERS=$ITERS: need a count >= 1"
 [[ $OUT =~ ^build/[A-Za-z0-9._/-]+$ && ! $OUT =~ \.\. ]] || die "OUT=$OUT: must be a folder under build/"
 [[ $BURST =~ ^[0-9]+[kKmM]?b?$ ]] || die "BURST=$BURST: not a tc size (e.g. 64k)"
 for m in $COMPRESS; do [[ $m == int8 || $m == bf16 ]] || die "COMPRESS=$COMPRESS: int8 and/or bf16"; done
+[[ $COLL =~ ^(all_reduce|all_gather|reduce_scatter)$ ]] || die "COLL=$COLL: all_reduce, all_gather or reduce_scatter"
+[ "$COLL" = all_reduce ] || COMPRESS=          # compression is an all_reduce's
 [ -x "$DM_BENCH" ] || die "$DM_BENCH: not an executable"
 [[ $DELAY =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "DELAY=$DELAY: milliseconds (e.g. 25)"
 [[ $DELAY_TOL =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "DELAY_TOL=$DELAY_TOL: milliseconds"
@@ -629,7 +635,7 @@ run_dm() {  # system algo(empty: unset) rep [compress mode]
             LOCAL_RANK=$((r % RANKS_PER_HOST)) LOCAL_WORLD_SIZE="$RANKS_PER_HOST" DISTMESH_TEST_HOST_ID=host$h \
             DISTMESH_SOCKET_IFNAME=dmeth0 DISTMESH_STORE="file://$store" DISTMESH_TIMEOUT=60 \
             MASTER_ADDR="$(addr_of 0)" MASTER_PORT=29500 \
-            timeout -k 5 "$LAUNCH_TIMEOUT" "$DM_BENCH" --sizes "$csv" -n "$ITERS" -w "$WARMUP" -c 1 -a 3 \
+            timeout -k 5 "$LAUNCH_TIMEOUT" "$DM_BENCH" -O "$COLL" --sizes "$csv" -n "$ITERS" -w "$WARMUP" -c 1 -a 3 \
             --inplace-only --timeout $((LAUNCH_TIMEOUT - 10)) ${mode:+--compress $mode} --json "$json" > "$log.$r" 2>&1 &
         pids+=($!)
     done
@@ -653,6 +659,7 @@ for row in d["rows"]:
           f"transport={d.get('transport', '-')} algo={algo}")
 PY
 }
+GLOO_ALGO=ring_chunked; [ "$COLL" = all_gather ] && GLOO_ALGO=allgather
 run_gloo() {  # rep
     local rep=$1 r h store log=$OUT/raw/gloo-rep$1.log
     store=$(mktemp -d "$tmp/gloo_XXXXXX")
@@ -660,7 +667,7 @@ run_gloo() {  # rep
     for r in $(seq 0 $((N - 1))); do
         h=$((r / RANKS_PER_HOST))
         ip netns exec "${hostns[$h]}" env GLOO_BENCH_HOSTNAME="$(addr_of "$h")" \
-            timeout -k 5 "$LAUNCH_TIMEOUT" "$GLOO_BENCH" ring_chunked "$r" "$N" "$store" "$ITERS" "$WARMUP" \
+            timeout -k 5 "$LAUNCH_TIMEOUT" "$GLOO_BENCH" "$GLOO_ALGO" "$r" "$N" "$store" "$ITERS" "$WARMUP" \
             "${BYTES[@]}" > "$log.$r" 2>&1 &
         pids+=($!)
     done
@@ -671,16 +678,17 @@ run_gloo() {  # rep
     fi
     cat "$log".* > "$log"; rm -f "$log".*
     site_bytes_after gloo "$rep"
-    sed -n "s/^gloo_ring_chunked ranks=$N \(bytes=[0-9]*\) \(us=[0-9.]*\)$/gloo rep=$rep \1 \2 wrong=-1 transport=tcp algo=ring_chunked/p" \
+    sed -n "s/^gloo_$GLOO_ALGO ranks=$N \(bytes=[0-9]*\) \(us=[0-9.]*\)$/gloo rep=$rep \1 \2 wrong=-1 transport=tcp algo=$GLOO_ALGO/p" \
         "$log" >> "$RAW"
 }
 
 SYSTEMS="distmesh_auto distmesh_flat"
 if sited; then SYSTEMS="distmesh_auto distmesh_2level distmesh_flat"; fi
 for m in $COMPRESS; do SYSTEMS="$SYSTEMS distmesh_$m"; done
-if [ -n "$GLOO_BENCH" ] && [ -x "$GLOO_BENCH" ]; then SYSTEMS="$SYSTEMS gloo"
+if [ "$COLL" = reduce_scatter ]; then echo "bench-hosts: Gloo not run (reduce_scatter)"
+elif [ -n "$GLOO_BENCH" ] && [ -x "$GLOO_BENCH" ]; then SYSTEMS="$SYSTEMS gloo"
 else echo "bench-hosts: Gloo not run (no gloo_bench built: needs libgloo-dev)"; fi
-echo "bench-hosts: $(sited && echo "$SITES sites x $HPS hosts, site link $SITE_RATE$(site_delayed && echo " and $SITE_DELAY ms one way"), ")$HOSTS hosts x $RANKS_PER_HOST ranks, link $RATE${FLOW_RATE:+, $FLOW_RATE per flow}$(delayed && echo ", $DELAY ms one way")${DM_ENV:+, distmesh with $DM_ENV}," \
+echo "bench-hosts: $COLL, $(sited && echo "$SITES sites x $HPS hosts, site link $SITE_RATE$(site_delayed && echo " and $SITE_DELAY ms one way"), ")$HOSTS hosts x $RANKS_PER_HOST ranks, link $RATE${FLOW_RATE:+, $FLOW_RATE per flow}$(delayed && echo ", $DELAY ms one way")${DM_ENV:+, distmesh with $DM_ENV}," \
      "sizes ${SIZES}, $REPS repetitions of $ITERS iterations (+$WARMUP warmup)"
 [ ${#IPERF_LINES[@]} -eq 0 ] || printf '  %s\n' "${IPERF_LINES[@]}"
 [ ${#DELAY_LINES[@]} -eq 0 ] || printf '  %s\n' "${DELAY_LINES[@]}"
@@ -711,6 +719,6 @@ done
 
 stop_delay_lines  # their counters (packets, drops, how late) into the report
 # shellcheck disable=SC2086  # SYSTEMS: one word per system
-DELAY=$DELAY DM_ENV=$DM_ENV SITES=$SITES SITE_BPS=$SITE_BPS SITE_DELAY=$(site_delayed && echo "$SITE_DELAY" || echo 0) \
+COLL=$COLL DELAY=$DELAY DM_ENV=$DM_ENV SITES=$SITES SITE_BPS=$SITE_BPS SITE_DELAY=$(site_delayed && echo "$SITE_DELAY" || echo 0) \
     python3 "$(dirname "$0")/bench_hosts_report.py" "$RAW" "$OUT" "$HOSTS" "$RANKS_PER_HOST" \
     "$RATE_BPS" "$FLOW_BPS" "$OUT/raw/tc-classes.txt" $SYSTEMS || die "report failed"

@@ -10,6 +10,9 @@ joined by one link each at SITE_BPS per direction (make bench-hosts SITES=): the
 a section adds the three-level bound per size, 2(n-1)/n x size / SITE_BPS (with a delay also
 that + DELAY + SITE_DELAY), the ratios of distmesh_auto over it, over distmesh_2level and over Gloo, the
 site link check (raw/iperf.txt) and the bytes each site link sent per launch ("<system> rep=<r> site=<s> tx_bytes=<B>" lines in raw/bytes.txt).
+COLL (environment, default all_reduce; all_gather, reduce_scatter): the collective timed; every
+bound and busbw then takes its factor, 2(N-1)/N for all_reduce and (N-1)/N for the others (sizes as
+dm_bench counts them: all_gather's bytes received, reduce_scatter's sent).
 RAW lines: "<system> rep=<r> bytes=<B> us=<time> wrong=<n, -1: not checked> transport=<t> algo=<a or ->".
 Writes OUT/table.txt (what it prints), OUT/results.csv (every launch) and OUT/results.json."""
 import json
@@ -101,6 +104,11 @@ def main():
     site_bps = float(os.environ.get("SITE_BPS") or 0)
     site_delay_ms = float(os.environ.get("SITE_DELAY") or 0)
     describe = dict(DESCRIPTION, **(SITE_DESCRIPTION if sites > 1 else {}))
+    coll = os.environ.get("COLL") or "all_reduce"
+    factor = 2.0 if coll == "all_reduce" else 1.0       # bytes on a link per byte of size, times (N-1)/N
+    kt = "2" if coll == "all_reduce" else ""
+    if coll == "all_gather":
+        describe["gloo"] = "Gloo AllgatherRing (Debian libgloo), one process per rank"
     n = hosts * per_host
     runs, labels = load(raw)
     sizes = sorted({b for (_, b) in runs})
@@ -124,7 +132,8 @@ def main():
                + (f" and {site_delay_ms:g} ms one way" if site_delay_ms else "") if sites > 1 else "")
             + (f", {dm_env}" if dm_env and s.startswith("distmesh") else "")
             + f"; transport {'/'.join(sorted(labels.get(s, {'-'})))}")
-        say("# float32 sum in place; time: median over the launches of the slowest rank's mean; busbw = algbw x 2(n-1)/n")
+        say(f"# {coll}, float32{' sum' if coll != 'all_gather' else ''} in place; time: median over the launches of the"
+            f" slowest rank's mean; busbw = algbw x {kt}(n-1)/n")
         say("#       size         count      type   redop    root      time   algbw   busbw #wrong  launches  min(us)  max(us)"
             "  algorithm")
         say("#        (B)    (elements)                                (us)  (GB/s)  (GB/s)")
@@ -138,13 +147,13 @@ def main():
             wtxt = "N/A" if wrong < 0 else str(sum(max(w, 0) for _, _, w in v))
             ts = [t for _, t, _ in v]
             say(f"{b:12d}  {b // 4:12d}  {'float':>8s}  {'sum':>6s}  {-1:6d} {fmt_us(us)}  {algbw:6.3f}  "
-                f"{algbw * 2 * (n - 1) / n:6.3f}  {wtxt:>5s}  {len(v):8d} {min(ts):8.0f} {max(ts):8.0f}"
+                f"{algbw * factor * (n - 1) / n:6.3f}  {wtxt:>5s}  {len(v):8d} {min(ts):8.0f} {max(ts):8.0f}"
                 f"  {'/'.join(sorted(labels.get((s, b), {'-'})))}")
         say("#")
     # bounds: bytes each host's link carries in one direction, over its rate
     say(f"# Bounds at R = {rate / 1e9:g} Gbit/s per host link and direction (S = size):")
-    say(f"#   flat ring (host by host) 2(N-1)/N x S / R, N = {n};  two-level 2(H-1)/H x S / R, H = {hosts}"
-        + (f";  single flow 2(N-1)/N x S / F, F = {flow / 1e6:g} Mbit/s (flat ring, one socket per peer)" if flow else ""))
+    say(f"#   flat ring (host by host) {kt}(N-1)/N x S / R, N = {n};  two-level {kt}(H-1)/H x S / R, H = {hosts}"
+        + (f";  single flow {kt}(N-1)/N x S / F, F = {flow / 1e6:g} Mbit/s (flat ring, one socket per peer)" if flow else ""))
     if delay_us:
         say(f"#   with D = {delay_us / 1000:g} ms one way host to host: 2-level+D = the two-level bound + D (the last"
             " bytes still cross one link after the link is done), a lower bound for any H; log2(H) x D = the"
@@ -172,9 +181,9 @@ def main():
     summary = []
     for b in sizes:
         bits = b * 8.0
-        flat_b = 2.0 * (n - 1) / n * bits / rate * 1e6
-        two_b = 2.0 * (hosts - 1) / hosts * bits / rate * 1e6
-        one_b = 2.0 * (n - 1) / n * bits / flow * 1e6 if flow else None
+        flat_b = factor * (n - 1) / n * bits / rate * 1e6
+        two_b = factor * (hosts - 1) / hosts * bits / rate * 1e6
+        one_b = factor * (n - 1) / n * bits / flow * 1e6 if flow else None
         row = f"{b:12d}  {fmt_ms(flat_b):>11s}  {fmt_ms(two_b):>13s}" + (f"  {fmt_ms(one_b):>12s}" if flow else "")
         two_d = two_b + delay_us
         floor_d = math.ceil(math.log2(hosts)) * delay_us
@@ -216,7 +225,8 @@ def main():
     if sites > 1:
         say(f"# Sites: {sites} x {hosts // sites} hosts, each site joined to the others by one link at Rs ="
             f" {site_bps / 1e6:g} Mbit/s per direction" + (f", {site_delay_ms:g} ms one way site to site" if site_delay_ms else "")
-            + f"; three-level bound 2(n-1)/n x S / Rs, n = {sites} (what a reduce-scatter and all-gather across the"
+            + f"; three-level bound {kt}(n-1)/n x S / Rs, n = {sites} (what {coll}"
+            + (" (a reduce-scatter and an all-gather)" if coll == "all_reduce" else "") + " across the"
             " sites put on each site link in each direction)")
         heads = [("auto/bound", "distmesh_auto", None), ("auto/2level", "distmesh_auto", "distmesh_2level"),
                  ("auto/gloo", "distmesh_auto", "gloo"), ("2level/bound", "distmesh_2level", None)]
@@ -229,7 +239,7 @@ def main():
         say("#       size  3-level bound" + ("      3-level+D" if cross_us else "")
             + "".join(f"  {h:>{max(12, len(h))}s}" for h, _, _ in heads))
         for b in sizes:
-            bound = 2.0 * (sites - 1) / sites * b * 8.0 / site_bps * 1e6
+            bound = factor * (sites - 1) / sites * b * 8.0 / site_bps * 1e6
             bound_d = bound + cross_us
             row = f"{b:12d}  {fmt_ms(bound):>13s}" + (f"  {fmt_ms(bound_d):>13s}" if cross_us else "")
             entry = {"bytes": b, "three_level_bound_us": bound, "ratios": {}}
