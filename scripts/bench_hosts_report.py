@@ -146,7 +146,7 @@ def main():
             wrong = max(w for _, _, w in v)
             wtxt = "N/A" if wrong < 0 else str(sum(max(w, 0) for _, _, w in v))
             ts = [t for _, t, _ in v]
-            say(f"{b:12d}  {b // 4:12d}  {'float':>8s}  {'sum':>6s}  {-1:6d} {fmt_us(us)}  {algbw:6.3f}  "
+            say(f"{b:12d}  {b // 4:12d}  {'float':>8s}  {'sum' if coll != 'all_gather' else '-':>6s}  {-1:6d} {fmt_us(us)}  {algbw:6.3f}  "
                 f"{algbw * factor * (n - 1) / n:6.3f}  {wtxt:>5s}  {len(v):8d} {min(ts):8.0f} {max(ts):8.0f}"
                 f"  {'/'.join(sorted(labels.get((s, b), {'-'})))}")
         say("#")
