@@ -231,26 +231,6 @@ typedef struct proxy_dir {
     int in, out, dir;           /* dir 0: connector -> acceptor, 1: acceptor -> connector */
 } proxy_dir;
 
-static int write_all(int fd, const unsigned char* p, size_t n) {
-    while (n > 0) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-static int read_all(int fd, unsigned char* p, size_t n) {
-    while (n > 0) {
-        ssize_t k = recv(fd, p, n, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
 static bool claim(void) { return __atomic_fetch_add(&g_sh->claims, 1, __ATOMIC_SEQ_CST) == 0; }
 static void tampered(void) { __atomic_fetch_add(&g_sh->tampered, 1, __ATOMIC_SEQ_CST); }
 
@@ -267,7 +247,7 @@ static void pump_plain(proxy_dir* d, bool flip) {
             tampered();
         }
         at += k;
-        if (write_all(d->out, buf, (size_t)k) != 0) return;
+        if (!tw_send_all(d->out, buf, (size_t)k)) return;
     }
 }
 /* Whether a spliced record may come from (conn, dir) into d's stream: another connection on 4
@@ -285,26 +265,26 @@ static void* pump(void* arg) {
     size_t hs_len = d->dir == 0 ? 56 + 32 : 72 + 8;     /* hello + proof; challenge + ack */
     int mode = g_sh->mode;
     size_t first = d->dir == 0 ? 56 : 72;              /* each message on its own: they alternate */
-    if (read_all(d->in, hs, first) != 0 || write_all(d->out, hs, first) != 0) goto end;
-    if (read_all(d->in, hs, hs_len - first) != 0 || write_all(d->out, hs, hs_len - first) != 0) goto end;
+    if (!tw_recv_all(d->in, hs, first) || !tw_send_all(d->out, hs, first)) goto end;
+    if (!tw_recv_all(d->in, hs, hs_len - first) || !tw_send_all(d->out, hs, hs_len - first)) goto end;
     if (mode == MITM_PLAIN_FLIP) { pump_plain(d, true); goto end; }
     for (;;) {
         size_t len, n;
         bool big;
-        if (read_all(d->in, rec, 4) != 0) break;
+        if (!tw_recv_all(d->in, rec, 4)) break;
         len = (size_t)rec[0] | (size_t)rec[1] << 8 | (size_t)rec[2] << 16 | (size_t)rec[3] << 24;
         if (len == 0 || len > 65536) {  /* not records (a link within a host, unsealed): plain */
-            if (write_all(d->out, rec, 4) != 0) break;
+            if (!tw_send_all(d->out, rec, 4)) break;
             pump_plain(d, false);
             break;
         }
         n = 4 + len + 16;
-        if (read_all(d->in, rec + 4, n - 4) != 0) break;
+        if (!tw_recv_all(d->in, rec + 4, n - 4)) break;
         __atomic_fetch_add(&g_sh->records, 1, __ATOMIC_SEQ_CST);
         big = len >= BIG_RECORD;
         if (big) __atomic_fetch_add(&g_sh->big, 1, __ATOMIC_SEQ_CST);
         if (held_len) {                 /* REORDER: this one first, then the one held back */
-            if (write_all(d->out, rec, n) != 0 || write_all(d->out, held, held_len) != 0) break;
+            if (!tw_send_all(d->out, rec, n) || !tw_send_all(d->out, held, held_len)) break;
             held_len = 0;
             tampered();
             continue;
@@ -319,7 +299,7 @@ static void* pump(void* arg) {
                 g_sh->donor_dir = d->dir;
                 __atomic_store_n(&g_sh->donor_state, 2, __ATOMIC_SEQ_CST);
             } else if (__atomic_load_n(&g_sh->donor_state, __ATOMIC_SEQ_CST) == 2 && donor_fits(d) && claim()) {
-                if (write_all(d->out, g_sh->donor, g_sh->donor_len) != 0) break;
+                if (!tw_send_all(d->out, g_sh->donor, g_sh->donor_len)) break;
                 tampered();
                 continue;
             }
@@ -328,7 +308,7 @@ static void* pump(void* arg) {
                 rec[4 + len / 2] ^= 0x40;     /* a bit no float sum rounds away */
                 tampered();
             } else if (mode == MITM_REPLAY) {
-                if (write_all(d->out, rec, n) != 0) break;
+                if (!tw_send_all(d->out, rec, n)) break;
                 tampered();
             } else if (mode == MITM_REORDER) {
                 memcpy(held, rec, n);
@@ -338,7 +318,7 @@ static void* pump(void* arg) {
                 tampered();
                 continue;
             } else if (mode == MITM_TRUNCATE) {
-                (void)write_all(d->out, rec, 4 + len / 2);
+                (void)tw_send_all(d->out, rec, 4 + len / 2);
                 tampered();
                 pthread_mutex_lock(&d->pc->mu);
                 d->pc->cut = true;
@@ -348,7 +328,7 @@ static void* pump(void* arg) {
                 break;
             }
         }
-        if (write_all(d->out, rec, n) != 0) break;
+        if (!tw_send_all(d->out, rec, n)) break;
     }
 end:
     shutdown(d->out, SHUT_WR);

@@ -183,24 +183,6 @@ static int raw_client(int port) {
     CHECK(recv(fd, rep, 4, MSG_WAITALL) == 4 && rep[0] == 1 && rep[3] == 4);
     return fd;
 }
-static bool send_all(int fd, const unsigned char* p, size_t n) {
-    while (n) {
-        ssize_t k = send(fd, p, n, 0);
-        if (k <= 0) return false;
-        p += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
-static bool recv_all(int fd, unsigned char* p, size_t n) {
-    while (n) {
-        ssize_t k = recv(fd, p, n, 0);
-        if (k <= 0) return false;
-        p += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
 /* A GET of a 16 MiB value that its client does not read yet stays in flight, written from the
    value; meanwhile the value is replaced, appended to and deleted. The reply still carries the
    old bytes whole (the replaced buffer lives until the write is done; ASan checks the rest),
@@ -242,9 +224,9 @@ static void test_quota_reply_from_value(void** state) {
     CHECK_OK(dm_store_delete(a, "big", &deleted));
     CHECK(deleted);
     small_roundtrip(a, "small");
-    CHECK(recv_all(fd, len8, 8));
+    CHECK(tw_recv_all(fd, len8, 8));
     CHECK(len8[0] == 0 && len8[3] == 1 && len8[4] == 0);  /* 16 MiB */
-    CHECK(recv_all(fd, got, big));
+    CHECK(tw_recv_all(fd, got, big));
     fill(v, big, 1);
     CHECK(memcmp(got, v, big) == 0);
     close(fd);
@@ -290,9 +272,9 @@ static void test_quota_set_tail_with_next_request(void** state) {
     put_u64(p, 1); p += 8;
     put_u64(p, 3); p += 8;
     memcpy(p, "big", 3); p += 3;
-    CHECK(send_all(fd, req, 20 + big - tail));
+    CHECK(tw_send_all(fd, req, 20 + big - tail));
     usleep(300 * 1000);                                 /* the server reads all it has */
-    CHECK(send_all(fd, req + 20 + big - tail, tail + 20));
+    CHECK(tw_send_all(fd, req + 20 + big - tail, tail + 20));
     CHECK(recv(fd, &ready, 1, MSG_WAITALL) == 1);       /* a refusal: the close (a torch-style client) */
     CHECK(ready == 0);                                  /* READY */
     CHECK(quota_closes() == closes);
@@ -313,7 +295,7 @@ static void notice_after_bad_add(int port, uint32_t nonce, bool expect_notice) {
     req[5] = 0x0d;                                                              /* PING */
     for (i = 0; i < 4; i++) req[6 + i] = (unsigned char)(nonce >> (8 * i));
     CHECK(send(fd, req, 10, 0) == 10);
-    CHECK(recv_all(fd, head, 4) && memcmp(head, req + 6, 4) == 0);
+    CHECK(tw_recv_all(fd, head, 4) && memcmp(head, req + 6, 4) == 0);
     req[0] = 0x04;                                      /* ADD "text" 1: not a number */
     put_u64(req + 1, 4);
     memcpy(req + 9, "text", 4);
@@ -322,12 +304,12 @@ static void notice_after_bad_add(int port, uint32_t nonce, bool expect_notice) {
     if (expect_notice) {
         int32_t st;
         size_t len;
-        CHECK(recv_all(fd, head, 14) && memcmp(head, magic, 8) == 0);
+        CHECK(tw_recv_all(fd, head, 14) && memcmp(head, magic, 8) == 0);
         st = (int32_t)((uint32_t)head[8] | ((uint32_t)head[9] << 8) | ((uint32_t)head[10] << 16) |
                        ((uint32_t)head[11] << 24));
         len = (size_t)head[12] | ((size_t)head[13] << 8);
         CHECK(st == DM_ERR_PROTOCOL && len > 0 && len < sizeof(rest));
-        CHECK(recv_all(fd, rest, len));
+        CHECK(tw_recv_all(fd, rest, len));
         rest[len] = 0;
         CHECK(strstr((const char*)rest, "decimal int64") != NULL);
     }

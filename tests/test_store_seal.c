@@ -71,25 +71,16 @@ static void proxy_saw(proxy* p, const unsigned char* b, size_t n) {
     memcpy(p->seen + p->seen_n, b, n);
     p->seen_n += n;
 }
-static bool send_all(int fd, const unsigned char* b, size_t n) {
-    while (n) {
-        ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
-        if (k <= 0) return false;
-        b += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
 /* One whole record of the tampered leg: forwarded as the mode says. False: the proxy stops. */
 static bool proxy_record(proxy* p, leg* g, size_t n) {
     bool hit = g->index++ == p->target;
-    if (!hit || p->mode == PASS) return send_all(g->to, g->rec, n);
+    if (!hit || p->mode == PASS) return tw_send_all(g->to, g->rec, n);
     p->tampered = 1;
     switch (p->mode) {
-    case FLIP: g->rec[4 + (n - 4) / 2] ^= 0x04; return send_all(g->to, g->rec, n);
-    case REPLAY: return send_all(g->to, g->rec, n) && send_all(g->to, g->rec, n);
+    case FLIP: g->rec[4 + (n - 4) / 2] ^= 0x04; return tw_send_all(g->to, g->rec, n);
+    case REPLAY: return tw_send_all(g->to, g->rec, n) && tw_send_all(g->to, g->rec, n);
     case DROP: return true;
-    default: send_all(g->to, g->rec, n / 2); return false;      /* CUT: half of it, then the end */
+    default: tw_send_all(g->to, g->rec, n / 2); return false;      /* CUT: half of it, then the end */
     }
 }
 /* Moves what is readable on g->from: false when the connection ends. */
@@ -99,11 +90,11 @@ static bool proxy_move(proxy* p, leg* g) {
     ssize_t k = recv(g->from, b, sizeof(b), 0);
     if (k <= 0) return false;
     proxy_saw(p, b, (size_t)k);
-    if (!g->tamper) return send_all(g->to, b, (size_t)k);
+    if (!g->tamper) return tw_send_all(g->to, b, (size_t)k);
     if (g->skip) {
         off = (size_t)k < g->skip ? (size_t)k : g->skip;
         g->skip -= off;
-        if (!send_all(g->to, b, off)) return false;
+        if (!tw_send_all(g->to, b, off)) return false;
     }
     for (; off < (size_t)k; off++) {          /* byte by byte into whole records */
         g->rec[g->fill++] = b[off];

@@ -18,7 +18,7 @@
      >>clock   tw_now_s / tw_now_ms / tw_now_ns (CLOCK_MONOTONIC), tw_sleep_ms / tw_sleep_us, tw_sort,
                tw_median
      >>host    tw_free_port, tw_count_entries, tw_count_fds, tw_connect_loopback, tw_recv_n,
-               tw_read_file, tw_run_cmd (a shell command under `timeout`, its output captured);
+               tw_send_all / tw_recv_all, tw_read_file, tw_run_cmd (a shell command under `timeout`, its output captured);
                test_tmpdir.h's tmpdir_make / tmpdir_remove
      >>procs   tw_world: tw_world_init, tw_spawn, tw_fork, tw_signal, tw_kill, tw_reap,
                tw_reap_some, tw_kill_all, tw_exit_code; tw_me: who this process is
@@ -169,6 +169,27 @@ static size_t tw_recv_n(int fd, unsigned char* p, size_t n) {
         got += (size_t)r;
     }
     return got;
+}
+/* All n bytes to or from a socket (EINTR retried; no SIGPIPE): true when they all went. */
+static bool tw_send_all(int fd, const unsigned char* p, size_t n) {
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return false;
+        p += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+static bool tw_recv_all(int fd, unsigned char* p, size_t n) {
+    while (n > 0) {
+        ssize_t k = recv(fd, p, n, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return false;
+        p += k;
+        n -= (size_t)k;
+    }
+    return true;
 }
 
 /* The file at path into buf (at most cap - 1 bytes, NUL-terminated; "" when unreadable).
