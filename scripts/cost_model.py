@@ -91,17 +91,19 @@ def table():
 def sites_table():
     """The bench's sited layout: every algorithm's cost and the choice, by size; beside it the
     three-level bound (the bytes a reduce-scatter + all-gather across 2 sites put on the site
-    link each way: the whole buffer, at 200 Mbit/s)."""
+    link each way: the whole buffer, at 200 Mbit/s), and the family all_gather and
+    reduce_scatter take for that size gathered (blocks of size / 8)."""
     sizes = [("1 MiB", 1 << 20), ("16 MiB", 16 << 20), ("64 MiB", 64 << 20)]
-    answers = ask([f"ranks=8 per_host=2 per_site=2 count={s // 4} dtype=float32 cross=100,{8.0 / 2} "
-                   f"site=100,{8.0 / 0.2}" for _, s in sizes])
+    layout = f"ranks=8 per_host=2 per_site=2 dtype=float32 cross=100,{8.0 / 2} site=100,{8.0 / 0.2}"
+    answers = ask([f"{layout} count={s // 4}" for _, s in sizes])
+    gathers = ask([f"{layout} count={s // 4 // 8}" for _, s in sizes])
     names = list(algorithms(answers[0]))
-    print("| size | " + " | ".join(label(k) for k in names) + " | chosen | bound |")
-    print("| ---: | " + " | ".join("---:" for _ in names) + " | --- | ---: |")
-    for (name, s), a in zip(sizes, answers):
+    print("| size | " + " | ".join(label(k) for k in names) + " | chosen | bound | all_gather, reduce_scatter |")
+    print("| ---: | " + " | ".join("---:" for _ in names) + " | --- | ---: | --- |")
+    for (name, s), a, g in zip(sizes, answers, gathers):
         costs = algorithms(a)
         cells = " | ".join(human(costs[k]) for k in names)
-        print(f"| {name} | {cells} | {label(a['all_reduce'])} | {human(s * 8 / 0.2e3)} |")
+        print(f"| {name} | {cells} | {label(a['all_reduce'])} | {human(s * 8 / 0.2e3)} | {label(g['all_gather'])} |")
 
 
 def query():
