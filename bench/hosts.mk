@@ -1,4 +1,4 @@
-# `make bench-hosts` (issue 17): all-reduce across simulated hosts. scripts/bench_hosts.sh builds
+# `make bench-hosts` (issue 17): all-reduce (or COLL=) across simulated hosts. scripts/bench_hosts.sh builds
 # HOSTS network namespaces on a bridge, shapes each host's link to RATE with tc htb (FLOW_RATE:
 # each TCP flow capped too), puts RANKS_PER_HOST ranks in each and runs distmesh (DISTMESH_ALGO
 # unset, and =flat_ring) and Gloo; median of REPS launches per size. Needs root (skips with a
@@ -15,6 +15,9 @@
 # distmesh_auto with DISTMESH_SITE=site<s> against distmesh_2level (without it); DELAY then needs
 # 2 or more hosts per site:
 #   make bench-hosts HOSTS=4 SITES=2 RANKS_PER_HOST=2 RATE=2gbit SITE_RATE=200mbit SIZES=16M REPS=3 COMPRESS=
+# COLL=all_gather | reduce_scatter times that collective instead of all_reduce (Gloo: AllgatherRing
+# for all_gather, left out for reduce_scatter):
+#   make bench-hosts COLL=all_gather HOSTS=4 SITES=2 RANKS_PER_HOST=2 SIZES="1M 16M" REPS=3 COMPRESS=
 GLOO_BENCH := $(BENCH_DIR)/gloo_bench
 DELAY_LINE := $(BENCH_DIR)/delay_line
 
