@@ -2,7 +2,8 @@
 
      dm_bench --np 4 -b 8 -e 64M -f 2             all_reduce float sum on 4 local ranks over TCP
      dm_bench -O all_gather --np 2 -b 1K -e 16M   other collectives: all_reduce, all_gather,
-                                                  reduce_scatter, broadcast
+                                                  reduce_scatter, broadcast, barrier (one row of
+                                                  0 bytes, whatever the sizes)
      torchrun --nproc-per-node 4 dm_bench ...     under a launcher (no --np): dm_init from the env
 
    nccl-tests' flags, same letters and meanings (long forms too, e.g. --minbytes 8):
@@ -67,8 +68,8 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef enum { OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST } bench_op;
-static const char* const k_op_names[] = { "all_reduce", "all_gather", "reduce_scatter", "broadcast" };
+typedef enum { OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_COUNT } bench_op;
+static const char* const k_op_names[] = { "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier" };
 
 /* nccl-tests' type names, in the order of ncclDataType_t (the order of -d all). */
 static const struct { dm_dtype dtype; const char* name; } k_types[] = {
@@ -212,7 +213,7 @@ static void usage(FILE* f) {
                "    -m agg_iters -c check -o sum|prod|max|min|avg|all -d float|half|bfloat16|double|int8|uint8|\n"
                "    int32|uint32|int64|uint64|all -r root -a 0|1|2|3 (rank0|avg|min|max) -C 0|1 (report cputime)\n"
                "    -z 0|1 (blocking) -t 1 (threads per process) -g 0|1 (GPUs per thread) -G 0 -p 0|1\n"
-               "  distmesh: -O, --coll all_reduce|all_gather|reduce_scatter|broadcast  -np, --np N\n"
+               "  distmesh: -O, --coll all_reduce|all_gather|reduce_scatter|broadcast|barrier  -np, --np N\n"
                "    -B, --backend tcp|thread  -J, --json FILE  --timeout SECONDS  --chunk BYTES\n"
                "    -S, --sizes 8,4K,64M  -R, --rss  -I, --inplace-only  --hosts H  --setup\n"
                "    --store file|rank0  --launcher-env  -h, --help\n");
@@ -325,7 +326,7 @@ static int parse_args(int argc, char** argv, bench_args* a) {
             case O_HELP: usage(stdout); return 1;
             case O_COLL: {
                 int c, found = 0;
-                for (c = 0; c < 4; c++) if (strcmp(v, k_op_names[c]) == 0) { a->op = (bench_op)c; found = 1; }
+                for (c = 0; c < OP_COUNT; c++) if (strcmp(v, k_op_names[c]) == 0) { a->op = (bench_op)c; found = 1; }
                 if (!found) { fprintf(stderr, "dm_bench: unknown collective %s\n", v); rc = -1; }
                 break;
             }
@@ -382,7 +383,8 @@ static int parse_args(int argc, char** argv, bench_args* a) {
         fprintf(stderr, "dm_bench: --backend must be tcp or thread\n");
         return -1;
     }
-    if (a->op == OP_ALL_GATHER || a->op == OP_BROADCAST) { a->redops[0] = DM_SUM; a->nredops = 1; }  /* no op */
+    if (a->op == OP_ALL_GATHER || a->op == OP_BROADCAST || a->op == OP_BARRIER) { a->redops[0] = DM_SUM; a->nredops = 1; }  /* no op */
+    if (a->op == OP_BARRIER) { a->ndtypes = 1; a->nsizes = 1; a->sizes[0] = 0; a->min_bytes = a->max_bytes = 0; }  /* one row */
     return 0;
 }
 
@@ -470,6 +472,7 @@ typedef struct bench_bufs { void* send; void* recv; size_t send_bytes, recv_byte
 static size_t count_for(const bench_args* a, size_t bytes, int world) {
     size_t esize = dm_dtype_size(a->dtype);
     if (a->op == OP_ALL_GATHER || a->op == OP_REDUCE_SCATTER) return bytes / esize / (size_t)world;
+    if (a->op == OP_BARRIER) return 0;
     return bytes / esize;
 }
 
@@ -488,6 +491,8 @@ static dm_status run_once(const bench_args* a, dm_collective* c, const bench_buf
         case OP_REDUCE_SCATTER:
             return dm_reduce_scatter(c, send, in_place ? send + (size_t)dm_rank(c) * block : recv, count,
                                      a->dtype, a->redop);
+        case OP_BARRIER:
+            return dm_barrier(c);
         default:
             return dm_broadcast(c, in_place ? send : recv, count, a->dtype, a->root);
     }
@@ -504,6 +509,7 @@ static void prepare(const bench_args* a, dm_collective* c, const bench_bufs* b, 
             else fill(a, b->send, count, rank, 0);
             break;
         case OP_REDUCE_SCATTER: fill(a, b->send, count * (size_t)world, rank, 0); break;
+        case OP_BARRIER: break;
         default: {  /* the root holds the pattern; the others a value the pattern never takes */
             void* buf = in_place ? b->send : b->recv;
             size_t i;
@@ -536,6 +542,7 @@ static long long count_wrong(const bench_args* a, dm_collective* c, const bench_
                 wrong += !close_enough(a, world, load_value(a->dtype, out, i), expected_reduce(a, world, (size_t)rank * count + i));
             break;
         }
+        case OP_BARRIER: break;
         default: {
             const void* out = in_place ? b->send : b->recv;
             for (i = 0; i < count; i++) wrong += load_value(a->dtype, out, i) != value_of(a, a->root, i);
@@ -548,6 +555,7 @@ static long long count_wrong(const bench_args* a, dm_collective* c, const bench_
 static double bus_factor(bench_op op, int world) {
     if (op == OP_ALL_REDUCE) return 2.0 * (world - 1) / world;
     if (op == OP_BROADCAST) return 1.0;
+    if (op == OP_BARRIER) return 0.0;
     return (double)(world - 1) / world;
 }
 

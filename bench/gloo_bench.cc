@@ -7,12 +7,14 @@
 // ALGO: ring_chunked | halving_doubling (all-reduce, BYTES per rank), allgather (AllgatherRing,
 // Gloo's ring over every rank; BYTES received, BYTES / WORLD sent, as dm_bench counts an
 // all-gather; the snapshot's newer gloo::allgather took 272 ms for 1 MB on 3 ranks over loopback,
-// torch 1.13's own Gloo 3.4 ms, so the classic class is the Gloo measured). Prints one line per
-// size:
+// torch 1.13's own Gloo 3.4 ms, so the classic class is the Gloo measured), barrier
+// (BarrierAllToAll: every rank signals every other; one line of 0 bytes whatever BYTES). Prints
+// one line per size:
 //   gloo_<algo> ranks=N bytes=B us=T     (T: mean microseconds per call, slowest rank)
 #include <gloo/allgather_ring.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring_chunked.h>
+#include <gloo/barrier_all_to_all.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -63,7 +65,7 @@ static double time_allgather(std::shared_ptr<gloo::Context> ctx, size_t count, i
 
 int main(int argc, char** argv) {
     if (argc < 8) {
-        std::fprintf(stderr, "usage: gloo_bench ring_chunked|halving_doubling|allgather RANK WORLD STORE_DIR ITERS WARMUP BYTES...\n");
+        std::fprintf(stderr, "usage: gloo_bench ring_chunked|halving_doubling|allgather|barrier RANK WORLD STORE_DIR ITERS WARMUP BYTES...\n");
         return 2;
     }
     std::string algo = argv[1];
@@ -83,6 +85,12 @@ int main(int argc, char** argv) {
         size_t bytes = std::strtoull(argv[i], nullptr, 10);
         size_t count = bytes / sizeof(float) ? bytes / sizeof(float) : 1;
         double us;
+        if (algo == "barrier") {
+            gloo::BarrierAllToAll barrier(ctx);
+            us = time_calls(ctx, [&] { barrier.run(); }, iters, warmup);
+            if (rank == 0) std::printf("gloo_barrier ranks=%d bytes=0 us=%.3f\n", world, us);
+            break;
+        }
         if (algo == "allgather") {
             count = count / static_cast<size_t>(world) ? count / static_cast<size_t>(world) : 1;
             us = time_allgather(ctx, count, iters, warmup);

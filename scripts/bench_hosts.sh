@@ -13,10 +13,11 @@
 #                   error-feedback state), DISTMESH_ALGO unset; COMPRESS="int8 bf16" (the default)
 #                   picks which, COMPRESS= none
 #   gloo            bench/gloo_bench ring_chunked (Debian's libgloo), one process per rank
-# COLL=all_reduce (the default) | all_gather | reduce_scatter: the collective dm_bench times (-O;
-# sizes as dm_bench counts them: all_gather's received, reduce_scatter's sent); Gloo runs
-# all_gather as bench/gloo_bench allgather (its AllgatherRing) and is left out for reduce_scatter;
-# the compressed systems run only with all_reduce.
+# COLL=all_reduce (the default) | all_gather | reduce_scatter | barrier: the collective dm_bench
+# times (-O; sizes as dm_bench counts them: all_gather's received, reduce_scatter's sent; a barrier
+# one row of 0 bytes); Gloo runs all_gather as bench/gloo_bench allgather (its AllgatherRing), the
+# barrier as gloo_bench barrier (BarrierAllToAll), and is left out for reduce_scatter; the
+# compressed systems run only with all_reduce.
 # float32 sum in place; every rank runs in its host's namespace with DISTMESH_TEST_HOST_ID=hostN,
 # DISTMESH_SOCKET_IFNAME=dmeth0 and a file store in a temporary directory (Gloo: its FileStore
 # there). Each point is the median over REPS launches of the slowest rank's mean time. The bytes
@@ -103,7 +104,7 @@ is_count "$ITERS" || die "ITERS=$ITERS: need a count >= 1"
 [[ $OUT =~ ^build/[A-Za-z0-9._/-]+$ && ! $OUT =~ \.\. ]] || die "OUT=$OUT: must be a folder under build/"
 [[ $BURST =~ ^[0-9]+[kKmM]?b?$ ]] || die "BURST=$BURST: not a tc size (e.g. 64k)"
 for m in $COMPRESS; do [[ $m == int8 || $m == bf16 ]] || die "COMPRESS=$COMPRESS: int8 and/or bf16"; done
-[[ $COLL =~ ^(all_reduce|all_gather|reduce_scatter)$ ]] || die "COLL=$COLL: all_reduce, all_gather or reduce_scatter"
+[[ $COLL =~ ^(all_reduce|all_gather|reduce_scatter|barrier)$ ]] || die "COLL=$COLL: all_reduce, all_gather, reduce_scatter or barrier"
 [ "$COLL" = all_reduce ] || COMPRESS=          # compression is an all_reduce's
 [ -x "$DM_BENCH" ] || die "$DM_BENCH: not an executable"
 [[ $DELAY =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "DELAY=$DELAY: milliseconds (e.g. 25)"
@@ -659,7 +660,7 @@ for row in d["rows"]:
           f"transport={d.get('transport', '-')} algo={algo}")
 PY
 }
-GLOO_ALGO=ring_chunked; [ "$COLL" = all_gather ] && GLOO_ALGO=allgather
+case $COLL in all_gather) GLOO_ALGO=allgather ;; barrier) GLOO_ALGO=barrier ;; *) GLOO_ALGO=ring_chunked ;; esac
 run_gloo() {  # rep
     local rep=$1 r h store log=$OUT/raw/gloo-rep$1.log
     store=$(mktemp -d "$tmp/gloo_XXXXXX")

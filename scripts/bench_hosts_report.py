@@ -10,9 +10,10 @@ joined by one link each at SITE_BPS per direction (make bench-hosts SITES=): the
 a section adds the three-level bound per size, 2(n-1)/n x size / SITE_BPS (with a delay also
 that + DELAY + SITE_DELAY), the ratios of distmesh_auto over it, over distmesh_2level and over Gloo, the
 site link check (raw/iperf.txt) and the bytes each site link sent per launch ("<system> rep=<r> site=<s> tx_bytes=<B>" lines in raw/bytes.txt).
-COLL (environment, default all_reduce; all_gather, reduce_scatter): the collective timed; every
-bound and busbw then takes its factor, 2(N-1)/N for all_reduce and (N-1)/N for the others (sizes as
-dm_bench counts them: all_gather's bytes received, reduce_scatter's sent).
+COLL (environment, default all_reduce; all_gather, reduce_scatter, barrier): the collective timed;
+every bound and busbw then takes its factor, 2(N-1)/N for all_reduce and (N-1)/N for the gathers
+(sizes as dm_bench counts them: all_gather's bytes received, reduce_scatter's sent); a barrier has
+no bytes: its section gives the times, the ratios and the one-way-delay floor instead of bounds.
 RAW lines: "<system> rep=<r> bytes=<B> us=<time> wrong=<n, -1: not checked> transport=<t> algo=<a or ->".
 Writes OUT/table.txt (what it prints), OUT/results.csv (every launch) and OUT/results.json."""
 import json
@@ -94,6 +95,32 @@ def bytes_sent(path, what="host"):
     return {s: statistics.median(sum(v) / len(v) for v in reps.values()) for s, reps in per.items()}
 
 
+def barrier_section(say, systems, med, labels, cross_us, sites):
+    """COLL=barrier: no bytes, so no bandwidth bounds; each system's time (one row of 0 bytes),
+    distmesh_auto's ratios to the others, and the floor: one one-way crossing of the slowest
+    link (every rank must hear that the farthest one arrived). Returns the JSON's summary."""
+    say(f"# Barrier: the floor is one one-way delay between the farthest hosts, {cross_us / 1000:g} ms here"
+        + (" (DELAY + SITE_DELAY)" if sites > 1 else " (DELAY)"))
+    names = [s for s in systems if (s, 0) in med]
+    say("#  " + "".join(f"  {s:>16s}" for s in names) + "".join(f"  {'auto/' + s.replace('distmesh_', ''):>14s}"
+                                                              for s in names if s != "distmesh_auto")
+        + ("  auto/floor" if cross_us else ""))
+    auto = med.get(("distmesh_auto", 0))
+    row = "   " + "".join(f"  {med[(s, 0)] / 1000:13.3f} ms" for s in names)
+    entry = {"bytes": 0, "algorithms": {s: sorted(labels.get((s, 0), [])) for s in names},
+             "median_us": {s: med[(s, 0)] for s in names}, "ratios": {}}
+    for s in names:
+        if s != "distmesh_auto" and auto:
+            entry["ratios"]["auto/" + s.replace("distmesh_", "")] = auto / med[(s, 0)]
+            row += f"  {auto / med[(s, 0)]:14.2f}"
+    if cross_us and auto:
+        entry["floor_us"] = cross_us
+        row += f"  {auto / cross_us:10.2f}"
+    say(row)
+    say("# algorithms: " + ", ".join(f"{s} {'/'.join(entry['algorithms'][s]) or '-'}" for s in names))
+    return [entry]
+
+
 def main():
     raw, out, hosts, per_host, rate, flow = sys.argv[1:7]
     tc_classes, systems = sys.argv[7], sys.argv[8:]
@@ -132,7 +159,8 @@ def main():
                + (f" and {site_delay_ms:g} ms one way" if site_delay_ms else "") if sites > 1 else "")
             + (f", {dm_env}" if dm_env and s.startswith("distmesh") else "")
             + f"; transport {'/'.join(sorted(labels.get(s, {'-'})))}")
-        say(f"# {coll}, float32{' sum' if coll != 'all_gather' else ''} in place; time: median over the launches of the"
+        what = "barrier" if coll == "barrier" else f"{coll}, float32{' sum' if coll != 'all_gather' else ''} in place"
+        say(f"# {what}; time: median over the launches of the"
             f" slowest rank's mean; busbw = algbw x {kt}(n-1)/n")
         say("#       size         count      type   redop    root      time   algbw   busbw #wrong  launches  min(us)  max(us)"
             "  algorithm")
@@ -146,126 +174,130 @@ def main():
             wrong = max(w for _, _, w in v)
             wtxt = "N/A" if wrong < 0 else str(sum(max(w, 0) for _, _, w in v))
             ts = [t for _, t, _ in v]
-            say(f"{b:12d}  {b // 4:12d}  {'float':>8s}  {'sum' if coll != 'all_gather' else '-':>6s}  {-1:6d} {fmt_us(us)}  {algbw:6.3f}  "
+            say(f"{b:12d}  {b // 4:12d}  {'float':>8s}  {'sum' if coll in ('all_reduce', 'reduce_scatter') else '-':>6s}  {-1:6d} {fmt_us(us)}  {algbw:6.3f}  "
                 f"{algbw * factor * (n - 1) / n:6.3f}  {wtxt:>5s}  {len(v):8d} {min(ts):8.0f} {max(ts):8.0f}"
                 f"  {'/'.join(sorted(labels.get((s, b), {'-'})))}")
         say("#")
-    # bounds: bytes each host's link carries in one direction, over its rate
-    say(f"# Bounds at R = {rate / 1e9:g} Gbit/s per host link and direction (S = size):")
-    say(f"#   flat ring (host by host) {kt}(N-1)/N x S / R, N = {n};  two-level {kt}(H-1)/H x S / R, H = {hosts}"
-        + (f";  single flow {kt}(N-1)/N x S / F, F = {flow / 1e6:g} Mbit/s (flat ring, one socket per peer)" if flow else ""))
-    if delay_us:
-        say(f"#   with D = {delay_us / 1000:g} ms one way host to host: 2-level+D = the two-level bound + D (the last"
-            " bytes still cross one link after the link is done), a lower bound for any H; log2(H) x D = the"
-            " latency floor of recursive doubling between hosts (the floor of any all-reduce is D: every host"
-            " sending to all the others at once)")
-    head = "#       size   flat bound  2-level bound" + ("  1-flow bound" if flow else "")
-    if delay_us:
-        head += "     2-level+D  log2(H) x D"
-    cols = list(systems)
-    head += "".join(f"  {c:>14s}" for c in cols)
-    ratio_names = []
-    if "distmesh_auto" in systems and "distmesh_flat" in systems:
-        ratio_names.append(("auto/flat", "distmesh_auto", "distmesh_flat"))
-    if "distmesh_auto" in systems and "gloo" in systems:
-        ratio_names.append(("auto/gloo", "distmesh_auto", "gloo"))
-    for m in ("int8", "bf16"):
-        if f"distmesh_{m}" in systems and "distmesh_auto" in systems:
-            ratio_names.append((f"{m}/auto", f"distmesh_{m}", "distmesh_auto"))
-        if f"distmesh_{m}" in systems and "gloo" in systems:
-            ratio_names.append((f"{m}/gloo", f"distmesh_{m}", "gloo"))
-    head += "".join(f"  {r[0]:>9s}" for r in ratio_names) + "  auto/2-level  flat/bound"
-    if delay_us:
-        head += "  auto/(2-level+D)  auto/(log2(H) x D)"
-    say(head)
-    summary = []
-    for b in sizes:
-        bits = b * 8.0
-        flat_b = factor * (n - 1) / n * bits / rate * 1e6
-        two_b = factor * (hosts - 1) / hosts * bits / rate * 1e6
-        one_b = factor * (n - 1) / n * bits / flow * 1e6 if flow else None
-        row = f"{b:12d}  {fmt_ms(flat_b):>11s}  {fmt_ms(two_b):>13s}" + (f"  {fmt_ms(one_b):>12s}" if flow else "")
-        two_d = two_b + delay_us
-        floor_d = math.ceil(math.log2(hosts)) * delay_us
+    summary, site_summary = [], []
+    if coll == "barrier":
+        summary = barrier_section(say, systems, med, labels, delay_us + site_delay_ms * 1000, sites)
+    else:
+        # bounds: bytes each host's link carries in one direction, over its rate
+        say(f"# Bounds at R = {rate / 1e9:g} Gbit/s per host link and direction (S = size):")
+        say(f"#   flat ring (host by host) {kt}(N-1)/N x S / R, N = {n};  two-level {kt}(H-1)/H x S / R, H = {hosts}"
+            + (f";  single flow {kt}(N-1)/N x S / F, F = {flow / 1e6:g} Mbit/s (flat ring, one socket per peer)" if flow else ""))
         if delay_us:
-            row += f"  {fmt_ms(two_d):>12s}  {fmt_ms(floor_d):>11s}"
-        entry = {"bytes": b, "algorithms": {c: sorted(labels.get((c, b), [])) for c in cols}, "flat_bound_us": flat_b, "two_level_bound_us": two_b, "single_flow_bound_us": one_b,
-                 "median_us": {}, "ratios": {}}
-        for c in cols:
-            us = med.get((c, b))
-            row += f"  {fmt_ms(us) if us else '-':>14s}"
-            if us:
-                entry["median_us"][c] = us
-        for name, a, z in ratio_names:
-            if (a, b) in med and (z, b) in med:
-                r = med[(a, b)] / med[(z, b)]
-                entry["ratios"][name] = r
-                row += f"  {r:9.2f}"
-            else:
-                row += f"  {'-':>9s}"
-        auto, flat = med.get(("distmesh_auto", b)), med.get(("distmesh_flat", b))
-        row += f"  {auto / two_b:11.2f}" if auto else f"  {'-':>11s}"
-        row += f"  {flat / max(flat_b, one_b or 0):10.2f}" if flat else f"  {'-':>10s}"
+            say(f"#   with D = {delay_us / 1000:g} ms one way host to host: 2-level+D = the two-level bound + D (the last"
+                " bytes still cross one link after the link is done), a lower bound for any H; log2(H) x D = the"
+                " latency floor of recursive doubling between hosts (the floor of any all-reduce is D: every host"
+                " sending to all the others at once)")
+        head = "#       size   flat bound  2-level bound" + ("  1-flow bound" if flow else "")
         if delay_us:
-            row += f"  {auto / two_d:16.2f}  {auto / floor_d:18.2f}" if auto else f"  {'-':>16s}  {'-':>18s}"
-            entry["two_level_plus_delay_us"] = two_d
-            entry["delay_floor_us"] = floor_d
-        say(row)
-        summary.append(entry)
-    say("# ratios below 1: the first system is faster; auto/2-level: auto over the two-level bound; flat/bound: the"
-        " flat ring over its bound" + (" (the single-flow one, the larger)" if flow else ""))
-    say("# The bounds count wire bytes; TCP's payload is at most 1448 of each 1514-byte frame (MTU 1500, timestamps),"
-        " so a perfect run sits at 1.05x its bound.")
-    sent = bytes_sent(f"{out}/raw/bytes.txt")
-    if sent:
-        say("# MB each host sent per launch (its link's tx counter, frames with headers; median over the launches,"
-            " then the mean over the hosts), every size and call of the launch together:")
-        say("#   " + ", ".join(f"{s}: {sent[s] / 1e6:.1f}" for s in systems if s in sent))
-    site_summary = []
-    if sites > 1:
-        say(f"# Sites: {sites} x {hosts // sites} hosts, each site joined to the others by one link at Rs ="
-            f" {site_bps / 1e6:g} Mbit/s per direction" + (f", {site_delay_ms:g} ms one way site to site" if site_delay_ms else "")
-            + f"; three-level bound {kt}(n-1)/n x S / Rs, n = {sites} (what {coll}"
-            + (" (a reduce-scatter and an all-gather)" if coll == "all_reduce" else "") + " across the"
-            " sites put on each site link in each direction)")
-        heads = [("auto/bound", "distmesh_auto", None), ("auto/2level", "distmesh_auto", "distmesh_2level"),
-                 ("auto/gloo", "distmesh_auto", "gloo"), ("2level/bound", "distmesh_2level", None)]
-        cross_us = delay_us + site_delay_ms * 1000  # one way, host to host across the sites
-        if cross_us:
-            say(f"#   3-level+D: the three-level bound + D = {cross_us / 1000:g} ms one way between hosts of two sites"
-                + (" (DELAY + SITE_DELAY)" if delay_us and site_delay_ms else "")
-                + " (the last bytes still cross after the link is done), a lower bound; auto/(3-level+D) uses it")
-            heads.append(("auto/(3-level+D)", "distmesh_auto", "+D"))
-        say("#       size  3-level bound" + ("      3-level+D" if cross_us else "")
-            + "".join(f"  {h:>{max(12, len(h))}s}" for h, _, _ in heads))
+            head += "     2-level+D  log2(H) x D"
+        cols = list(systems)
+        head += "".join(f"  {c:>14s}" for c in cols)
+        ratio_names = []
+        if "distmesh_auto" in systems and "distmesh_flat" in systems:
+            ratio_names.append(("auto/flat", "distmesh_auto", "distmesh_flat"))
+        if "distmesh_auto" in systems and "gloo" in systems:
+            ratio_names.append(("auto/gloo", "distmesh_auto", "gloo"))
+        for m in ("int8", "bf16"):
+            if f"distmesh_{m}" in systems and "distmesh_auto" in systems:
+                ratio_names.append((f"{m}/auto", f"distmesh_{m}", "distmesh_auto"))
+            if f"distmesh_{m}" in systems and "gloo" in systems:
+                ratio_names.append((f"{m}/gloo", f"distmesh_{m}", "gloo"))
+        head += "".join(f"  {r[0]:>9s}" for r in ratio_names) + "  auto/2-level  flat/bound"
+        if delay_us:
+            head += "  auto/(2-level+D)  auto/(log2(H) x D)"
+        say(head)
+        summary = []
         for b in sizes:
-            bound = factor * (sites - 1) / sites * b * 8.0 / site_bps * 1e6
-            bound_d = bound + cross_us
-            row = f"{b:12d}  {fmt_ms(bound):>13s}" + (f"  {fmt_ms(bound_d):>13s}" if cross_us else "")
-            entry = {"bytes": b, "three_level_bound_us": bound, "ratios": {}}
-            if cross_us:
-                entry["three_level_plus_delay_us"] = bound_d
-            for h, a, z in heads:
-                num, den = med.get((a, b)), (bound_d if z == "+D" else med.get((z, b)) if z else bound)
-                w = max(12, len(h))
-                if num and den:
-                    entry["ratios"][h] = num / den
-                    row += f"  {num / den:{w}.2f}"
+            bits = b * 8.0
+            flat_b = factor * (n - 1) / n * bits / rate * 1e6
+            two_b = factor * (hosts - 1) / hosts * bits / rate * 1e6
+            one_b = factor * (n - 1) / n * bits / flow * 1e6 if flow else None
+            row = f"{b:12d}  {fmt_ms(flat_b):>11s}  {fmt_ms(two_b):>13s}" + (f"  {fmt_ms(one_b):>12s}" if flow else "")
+            two_d = two_b + delay_us
+            floor_d = math.ceil(math.log2(hosts)) * delay_us
+            if delay_us:
+                row += f"  {fmt_ms(two_d):>12s}  {fmt_ms(floor_d):>11s}"
+            entry = {"bytes": b, "algorithms": {c: sorted(labels.get((c, b), [])) for c in cols}, "flat_bound_us": flat_b, "two_level_bound_us": two_b, "single_flow_bound_us": one_b,
+                     "median_us": {}, "ratios": {}}
+            for c in cols:
+                us = med.get((c, b))
+                row += f"  {fmt_ms(us) if us else '-':>14s}"
+                if us:
+                    entry["median_us"][c] = us
+            for name, a, z in ratio_names:
+                if (a, b) in med and (z, b) in med:
+                    r = med[(a, b)] / med[(z, b)]
+                    entry["ratios"][name] = r
+                    row += f"  {r:9.2f}"
                 else:
-                    row += f"  {'-':>{w}s}"
+                    row += f"  {'-':>9s}"
+            auto, flat = med.get(("distmesh_auto", b)), med.get(("distmesh_flat", b))
+            row += f"  {auto / two_b:11.2f}" if auto else f"  {'-':>11s}"
+            row += f"  {flat / max(flat_b, one_b or 0):10.2f}" if flat else f"  {'-':>10s}"
+            if delay_us:
+                row += f"  {auto / two_d:16.2f}  {auto / floor_d:18.2f}" if auto else f"  {'-':>16s}  {'-':>18s}"
+                entry["two_level_plus_delay_us"] = two_d
+                entry["delay_floor_us"] = floor_d
             say(row)
-            site_summary.append(entry)
-            for e in summary:
-                if e["bytes"] == b:
-                    e.update({k: v for k, v in entry.items() if k.startswith("three_level")})
-                    e["ratios"].update({f"site {k}": v for k, v in entry["ratios"].items()})
-        say("# auto/bound: distmesh_auto over the three-level bound (a perfect run: about 1.05, TCP's headers);"
-            " auto/2level: over distmesh_2level (the same without DISTMESH_SITE); below 1: distmesh_auto is faster")
-        site_sent = bytes_sent(f"{out}/raw/bytes.txt", "site")
-        if site_sent:
-            say("# MB each site link sent per launch (the site router's up0 tx counter, frames with headers; median over"
-                " the launches, then the mean over the sites), every size and call of the launch together:")
-            say("#   " + ", ".join(f"{s}: {site_sent[s] / 1e6:.1f}" for s in systems if s in site_sent))
+            summary.append(entry)
+        say("# ratios below 1: the first system is faster; auto/2-level: auto over the two-level bound; flat/bound: the"
+            " flat ring over its bound" + (" (the single-flow one, the larger)" if flow else ""))
+        say("# The bounds count wire bytes; TCP's payload is at most 1448 of each 1514-byte frame (MTU 1500, timestamps),"
+            " so a perfect run sits at 1.05x its bound.")
+        sent = bytes_sent(f"{out}/raw/bytes.txt")
+        if sent:
+            say("# MB each host sent per launch (its link's tx counter, frames with headers; median over the launches,"
+                " then the mean over the hosts), every size and call of the launch together:")
+            say("#   " + ", ".join(f"{s}: {sent[s] / 1e6:.1f}" for s in systems if s in sent))
+        site_summary = []
+        if sites > 1:
+            say(f"# Sites: {sites} x {hosts // sites} hosts, each site joined to the others by one link at Rs ="
+                f" {site_bps / 1e6:g} Mbit/s per direction" + (f", {site_delay_ms:g} ms one way site to site" if site_delay_ms else "")
+                + f"; three-level bound {kt}(n-1)/n x S / Rs, n = {sites} (what {coll}"
+                + (" (a reduce-scatter and an all-gather)" if coll == "all_reduce" else "") + " across the"
+                " sites put on each site link in each direction)")
+            heads = [("auto/bound", "distmesh_auto", None), ("auto/2level", "distmesh_auto", "distmesh_2level"),
+                     ("auto/gloo", "distmesh_auto", "gloo"), ("2level/bound", "distmesh_2level", None)]
+            cross_us = delay_us + site_delay_ms * 1000  # one way, host to host across the sites
+            if cross_us:
+                say(f"#   3-level+D: the three-level bound + D = {cross_us / 1000:g} ms one way between hosts of two sites"
+                    + (" (DELAY + SITE_DELAY)" if delay_us and site_delay_ms else "")
+                    + " (the last bytes still cross after the link is done), a lower bound; auto/(3-level+D) uses it")
+                heads.append(("auto/(3-level+D)", "distmesh_auto", "+D"))
+            say("#       size  3-level bound" + ("      3-level+D" if cross_us else "")
+                + "".join(f"  {h:>{max(12, len(h))}s}" for h, _, _ in heads))
+            for b in sizes:
+                bound = factor * (sites - 1) / sites * b * 8.0 / site_bps * 1e6
+                bound_d = bound + cross_us
+                row = f"{b:12d}  {fmt_ms(bound):>13s}" + (f"  {fmt_ms(bound_d):>13s}" if cross_us else "")
+                entry = {"bytes": b, "three_level_bound_us": bound, "ratios": {}}
+                if cross_us:
+                    entry["three_level_plus_delay_us"] = bound_d
+                for h, a, z in heads:
+                    num, den = med.get((a, b)), (bound_d if z == "+D" else med.get((z, b)) if z else bound)
+                    w = max(12, len(h))
+                    if num and den:
+                        entry["ratios"][h] = num / den
+                        row += f"  {num / den:{w}.2f}"
+                    else:
+                        row += f"  {'-':>{w}s}"
+                say(row)
+                site_summary.append(entry)
+                for e in summary:
+                    if e["bytes"] == b:
+                        e.update({k: v for k, v in entry.items() if k.startswith("three_level")})
+                        e["ratios"].update({f"site {k}": v for k, v in entry["ratios"].items()})
+            say("# auto/bound: distmesh_auto over the three-level bound (a perfect run: about 1.05, TCP's headers);"
+                " auto/2level: over distmesh_2level (the same without DISTMESH_SITE); below 1: distmesh_auto is faster")
+            site_sent = bytes_sent(f"{out}/raw/bytes.txt", "site")
+            if site_sent:
+                say("# MB each site link sent per launch (the site router's up0 tx counter, frames with headers; median over"
+                    " the launches, then the mean over the sites), every size and call of the launch together:")
+                say("#   " + ", ".join(f"{s}: {site_sent[s] / 1e6:.1f}" for s in systems if s in site_sent))
     try:
         for line in open(f"{out}/raw/delay_line.txt"):
             if line.strip():

@@ -5,4 +5,4 @@ TEST_BINS += $(BENCH_TEST)
 
 $(BENCH_TEST): tests/test_bench.c tests/test_filter.h tests/prelude.h tests/test_world.h tests/test_tmpdir.h | $(BUILD)/bench/dm_bench
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDM_BENCH='"$(CURDIR)/$(BUILD)/bench/dm_bench"' $< -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -DDM_BENCH='"$(abspath $(BUILD))/bench/dm_bench"' $< -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)

@@ -10,5 +10,5 @@ $(BUILD)/compress/test_compress: tests/test_compress.c tests/test_tcp.h tests/te
                                  tests/test_util.h tests/test_filter.h tests/prelude.h $(BUILD)/tcp/impl.o \
                                  | $(BUILD)/examples/ddp_overlap
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_DDP='"$(CURDIR)/$(BUILD)/examples/ddp_overlap"' $(UV_CFLAGS) $< \
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_DDP='"$(abspath $(BUILD))/examples/ddp_overlap"' $(UV_CFLAGS) $< \
 	    $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)

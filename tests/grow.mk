@@ -8,5 +8,5 @@ endif
 
 $(BUILD)/grow/test_grow: tests/test_grow.c tests/prelude.h tests/test_util.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o | $(BUILD)/examples/ddp_overlap
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_DDP='"$(CURDIR)/$(BUILD)/examples/ddp_overlap"' $(UV_CFLAGS) $< \
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_DDP='"$(abspath $(BUILD))/examples/ddp_overlap"' $(UV_CFLAGS) $< \
 	    $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)

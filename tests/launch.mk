@@ -9,5 +9,5 @@ TEST_BINS += $(LAUNCH_TEST)
 
 $(LAUNCH_TEST): tests/test_launch.c tests/test_filter.h tests/prelude.h tests/test_world.h tests/test_tmpdir.h $(BUILD)/tcp/impl.o | $(BUILD)/examples/tcp_all_reduce
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_EXAMPLE='"$(CURDIR)/$(BUILD)/examples/tcp_all_reduce"' \
+	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_EXAMPLE='"$(abspath $(BUILD))/examples/tcp_all_reduce"' \
 	    -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)

@@ -12,5 +12,5 @@ $(COST_MODEL_TOOL): scripts/cost_model.c distmesh.h distmesh_trace.h distmesh_sh
 
 $(MAPS_TEST): tests/test_maps.c tests/test_filter.h tests/prelude.h tests/impl.c distmesh.h distmesh_trace.h distmesh_shm.h | $(COST_MODEL_TOOL)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDM_SRCDIR='"$(CURDIR)"' -DDM_COST_MODEL='"$(CURDIR)/$(COST_MODEL_TOOL)"' \
+	$(CC) $(CFLAGS_ALL) -DDM_SRCDIR='"$(CURDIR)"' -DDM_COST_MODEL='"$(abspath $(COST_MODEL_TOOL))"' \
 	    tests/test_maps.c tests/impl.c -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)

@@ -6,5 +6,5 @@ TEST_BINS += $(OVERLAP_TEST)
 
 $(OVERLAP_TEST): tests/test_overlap.c tests/test_filter.h tests/prelude.h tests/test_world.h tests/test_tmpdir.h | $(BUILD)/examples/ddp_overlap $(BUILD)/bench/dm_overlap
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDM_DDP='"$(CURDIR)/$(BUILD)/examples/ddp_overlap"' \
-	    -DDM_OVERLAP_BENCH='"$(CURDIR)/$(BUILD)/bench/dm_overlap"' $< -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -DDM_DDP='"$(abspath $(BUILD))/examples/ddp_overlap"' \
+	    -DDM_OVERLAP_BENCH='"$(abspath $(BUILD))/bench/dm_overlap"' $< -o $@ $(CMOCKA_LIBS) $(LDLIBS_ALL)

@@ -19,7 +19,7 @@ PY_OPENSSL := $(if $(filter 1,$(OPENSSL)),1,0)
 $(PY_STAMP): $(PY_SRCS)
 	@mkdir -p $(PY_BUILD)
 	cd python && DISTMESH_PY_WERROR=1 DISTMESH_OPENSSL=$(PY_OPENSSL) CC="$(CC)" CFLAGS="$(SAN)" LDFLAGS="$(SAN)" $(PY) setup.py -q build \
-	    --build-base $(CURDIR)/$(PY_BUILD)/setuptools --build-lib $(CURDIR)/$(PY_LIB)
+	    --build-base $(abspath $(PY_BUILD))/setuptools --build-lib $(abspath $(PY_LIB))
 	@touch $@
 
 $(PY_REF): python/tests/ref_collectives.c $(DISTMESH_C_O)
@@ -35,7 +35,7 @@ endif
 $(PY_TEST): $(PY_TEST_DEPS)
 	@mkdir -p $(dir $@)
 	@printf '#!/bin/sh\nexec env DM_PY=%s DM_PY_LIB=%s DM_PY_REF=%s DM_PY_SAN="%s" CC="%s" bash %s "$$@"\n' \
-	    '$(PY)' '$(CURDIR)/$(PY_LIB)' '$(CURDIR)/$(PY_REF)' '$(SAN)' '$(CC)' '$(CURDIR)/python/tests/run_pytest.sh' > $@
+	    '$(PY)' '$(abspath $(PY_LIB))' '$(abspath $(PY_REF))' '$(SAN)' '$(CC)' '$(CURDIR)/python/tests/run_pytest.sh' > $@
 	@chmod +x $@
 
 .PHONY: python install-python

@@ -47,7 +47,7 @@ endif
 $(PYSI_TEST): $(PYSI_TEST_DEPS)
 	@mkdir -p $(dir $@)
 	@printf '#!/bin/sh\nexec env DM_PY=%s DM_PY_LIB=%s %s DM_PY_SAN="%s" CC="%s" bash %s "$$@"\n' '$(PY)' \
-	    '$(CURDIR)/$(PYSI_LIB)' 'DM_PY_TESTS=test_nccl_standin.py DM_PY_NCCL_STANDIN=1' '$(SAN)' '$(CC)' \
+	    '$(abspath $(PYSI_LIB))' 'DM_PY_TESTS=test_nccl_standin.py DM_PY_NCCL_STANDIN=1' '$(SAN)' '$(CC)' \
 	    '$(CURDIR)/python/tests/run_pytest.sh' > $@
 	@chmod +x $@
 else

@@ -51,13 +51,13 @@ $(PYT2_VENV)/installed.stamp:
 $(PYT2_STAMP): $(PY_SRCS) $(PYT2_VENV)/installed.stamp
 	@mkdir -p $(PYT2_DIR)
 	cd python && DISTMESH_PY_WERROR=1 DISTMESH_OPENSSL=$(PY_OPENSSL) CC="$(CC)" $(abspath $(PYT2_PY)) setup.py -q build \
-	    --build-base $(CURDIR)/$(PYT2_DIR)/setuptools --build-lib $(CURDIR)/$(PYT2_LIB)
+	    --build-base $(abspath $(PYT2_DIR))/setuptools --build-lib $(abspath $(PYT2_LIB))
 	@touch $@
 
 $(PYT2_TEST): python/tests/run_pytest.sh $(PYT2_STAMP) $(PY_REF)
 	@mkdir -p $(dir $@)
 	@printf '#!/bin/sh\nexec env DM_PY=%s DM_PY_LIB=%s DM_PY_REF=%s %s CC="%s" bash %s "$$@"\n' \
-	    '$(abspath $(PYT2_PY))' '$(CURDIR)/$(PYT2_LIB)' '$(CURDIR)/$(PY_REF)' \
+	    '$(abspath $(PYT2_PY))' '$(abspath $(PYT2_LIB))' '$(abspath $(PY_REF))' \
 	    'DM_PY_TESTS="test_torch.py test_torch2.py test_pip_install.py" DM_PY_PIP_TEST=1' '$(CC)' \
 	    '$(CURDIR)/python/tests/run_pytest.sh' > $@
 	@chmod +x $@
@@ -67,7 +67,7 @@ python-torch2: $(PYT2_STAMP)
 # test runs a smaller model for 5): test_torch2.py's stack on 2 and 4 ranks and the checkpoint
 # loaded on 2, against Gloo in the same processes. About 10 minutes on 2 cores.
 test-fsdp-full: $(PYT2_STAMP) $(PY_REF)
-	DM_PY='$(abspath $(PYT2_PY))' DM_PY_LIB='$(CURDIR)/$(PYT2_LIB)' DM_PY_REF='$(CURDIR)/$(PY_REF)' CC='$(CC)' \
+	DM_PY='$(abspath $(PYT2_PY))' DM_PY_LIB='$(abspath $(PYT2_LIB))' DM_PY_REF='$(abspath $(PY_REF))' CC='$(CC)' \
 	    DM_PY_TESTS=test_torch2.py DM_FSDP_FULL=1 DM_PY_TIMEOUT=3000 DM_PY_TEST_LIMIT=2400 \
 	    DM_TORCH2_WORLD_LIMIT=1800 bash python/tests/run_pytest.sh 'not torchrun'
 else

@@ -26,7 +26,7 @@ $(BUILD)/store/test_store_kinds: tests/test_store_kinds.c tests/test_util.h test
 $(BUILD)/store/test_store_kinds_nouv: tests/test_store_kinds.c tests/test_util.h tests/test_filter.h tests/prelude.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h \
                                       distmesh_store.h tests/no_libuv/uv.h | $(BUILD)/fixtures/store_tool
 	@mkdir -p $(dir $@)
-	$(CC) -Itests/no_libuv $(CFLAGS_ALL) -DDISTMESH_STORE -DDM_STORE_TOOL='"$(CURDIR)/$(BUILD)/fixtures/store_tool"' \
+	$(CC) -Itests/no_libuv $(CFLAGS_ALL) -DDISTMESH_STORE -DDM_STORE_TOOL='"$(abspath $(BUILD))/fixtures/store_tool"' \
 	    $< -o $@ $(LDLIBS_ALL) $(CMOCKA_LIBS)
 
 .PHONY: test-store

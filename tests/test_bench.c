@@ -222,6 +222,14 @@ static void test_bench_names_and_spellings(void** state) {
     assert_int_equal(table(rows, 16), 1);
     assert_int_equal(rows[0].root, 1);
     assert_non_null(strstr(g_json, "\"collective\": \"broadcast\""));
+    /* the barrier: one row of 0 bytes whatever the sizes, over TCP (the engine's own barrier) */
+    rc = bench("-np 2 -O barrier -S 8,4K -J %s/out.json -n 3 -w 1", g_dir);
+    if (rc != 0) fail_msg("exit %d\n%s\n%s", rc, g_out, g_err);
+    assert_int_equal(table(rows, 16), 1);
+    assert_int_equal((int)rows[0].size, 0);
+    assert_string_equal(rows[0].redop, "none");
+    if (!strstr(g_json, "\"collective\": \"barrier\"") || !strstr(g_json, "\"algo\": \"flat_dissemination\""))
+        fail_msg("%s", g_json);
 }
 
 /* The printed time, in nccl-tests' format: within its rounding of WANT. */

@@ -10,5 +10,5 @@ $(STORE_TOOL): tests/fixtures/store_tool.c $(DISTMESH_C_TCP_O)
 
 $(TORCH_TEST): tests/test_torch.c tests/test_filter.h tests/prelude.h | $(STORE_TOOL)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DDM_SRCDIR='"$(CURDIR)"' -DDM_STORE_TOOL='"$(CURDIR)/$(STORE_TOOL)"' $< -o $@ \
+	$(CC) $(CFLAGS_ALL) -DDM_SRCDIR='"$(CURDIR)"' -DDM_STORE_TOOL='"$(abspath $(STORE_TOOL))"' $< -o $@ \
 	    $(CMOCKA_LIBS) $(LDLIBS_ALL)
