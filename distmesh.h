@@ -154,7 +154,7 @@
        >>three-level             schedule: three-level all-reduce (hosts at sites, DISTMESH_SITE)
        >>chain                   schedule: pipelined chain (broadcast)
        >>dissemination           schedule: dissemination rounds (barrier)
-       >>three-level others      schedules: all-gather, reduce-scatter, barrier across sites
+       >>three-level others      schedules: all-gather, reduce-scatter, barrier, chain order across sites
        >>choice                  the cost model and the fixed choice of algorithm
        >>entry points            what the vtable slots call: check, choose, run, record
        >>peers                   P: the peers a rank's fixed-peer schedules use
@@ -522,7 +522,7 @@ DM_API const char* dm_transport_name(const dm_collective* c);
    "two_level_ring", "two_level_rd", "three_level" (all_reduce, reduce; the last across sites), "flat_ring_single_copy" (a large
    all_reduce among the ranks of one host whose all-gather read the peers' buffers directly),
    "flat_ring" / "two_level_ring" / "three_level_ring" (all_gather, reduce_scatter), "flat_chain" /
-   "two_level_chain" (broadcast), "flat_dissemination" / "two_level_dissemination" /
+   "two_level_chain" / "three_level_chain" (broadcast), "flat_dissemination" / "two_level_dissemination" /
    "three_level_dissemination" (barrier); "" before the first and on
    backends that do not say (fake, nccl). Read it with nothing in flight. */
 DM_API const char* dm_last_algorithm(const dm_collective* c);
@@ -6896,12 +6896,21 @@ _DM_PRIVATE dm_status _dm_sch_dissemination(_dm_eng* lk, const _dm_team* t, int 
     return DM_OK;
 }
 
-/* >>three-level others  all_gather, reduce_scatter and barrier across sites ("three_level_ring",
-   "three_level_dissemination"): as the three-level all-reduce (>>three-level), every byte that
-   must reach another site crosses the site link once, and a barrier crosses it only in the
-   site leaders' dissemination. The gathers run on even layouts (every host L ranks, every site
-   HS hosts: _dm_pick_gather_three_level), the barrier on any sited one. */
+/* >>three-level others  all_gather, reduce_scatter, barrier and the broadcast chain across sites
+   ("three_level_ring", "three_level_dissemination", "three_level_chain"): as the three-level
+   all-reduce (>>three-level), every byte that must reach another site crosses the site link
+   once, a barrier crosses it only in the site leaders' dissemination, and the chain crosses
+   each site boundary once. The gathers run on even layouts (every host L ranks, every site HS
+   hosts: _dm_pick_gather_three_level), the barrier and the chain on any sited one. */
 
+/* The broadcast chain's k-th host from the root's host rh across sites: the hosts of rh's site
+   from rh on, around the site, then the hosts after that site in host order, around: the other
+   sites one after the other (hosts are numbered site by site). */
+_DM_PRIVATE int _dm_sch_chain_host(const _dm_layout* y, int rh, int k) {
+    int s = y->site_of[rh], first = y->site_start[s], HS = y->site_start[s + 1] - first;
+    if (k < HS) return first + (rh - first + k) % HS;
+    return (y->site_start[s + 1] + k - HS) % y->H;
+}
 /* The rank at local index i of host j of site k. */
 _DM_PRIVATE int _dm_sch_3l_at(const _dm_layout* y, int k, int j, int i) {
     return y->members[y->start[y->site_start[k] + j] + i];
@@ -7390,6 +7399,10 @@ _DM_PRIVATE double _dm_cost_dissemination(const _dm_eng* lk, const int* ranks, i
 _DM_PRIVATE double _dm_cost_flat_dissemination(const _dm_eng* lk) { return _dm_cost_dissemination(lk, NULL, lk->c->size); }
 /* broadcast: the two-level chain (host by host) whenever there are several hosts. */
 _DM_PRIVATE bool _dm_pick_broadcast_two_level(const _dm_eng* lk) { return !_dm_pick_forced_flat(lk) && lk->lay.H >= 2; }
+/* and across sites the site-ordered chain (three_level_chain), unless a family is forced */
+_DM_PRIVATE bool _dm_pick_broadcast_three_level(const _dm_eng* lk) {
+    return lk->lay.NS > 1 && !_dm_pick_forced_flat(lk) && !_dm_pick_forced_two_level(lk);
+}
 _DM_PRIVATE bool _dm_pick_barrier_two_level(const _dm_eng* lk) {
     const _dm_layout* y = &lk->lay;
     if (_dm_pick_forced_flat(lk) || y->H < 2) return false;
@@ -7719,11 +7732,15 @@ done:
 
 /* Broadcast: a chain. Flat: along the host-ordered ring from the root. Two-level (several
    hosts): the root, the rest of its host, then every other host in turn, so the data crosses
-   each host boundary once, whatever the root. */
+   each host boundary once, whatever the root. Across sites (three_level_chain) the hosts go
+   site by site (_dm_sch_chain_host), so the chain also crosses each site boundary once: in
+   host order from a root that is not on its site's first host it would cross back into the
+   root's site, one more site link's latency. */
 _DM_PRIVATE dm_status _dm_coll_broadcast(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int root) {
     _dm_eng* lk = _dm_eng_of(c);
     _dm_layout* y = &lk->lay;
     int W = c->size, n = 0, h, j, rh = y->host_of[root];
+    bool sites = _dm_pick_broadcast_three_level(lk);
     _dm_team t;
     _dm_fp fp;
     dm_status st;
@@ -7736,10 +7753,10 @@ _DM_PRIVATE dm_status _dm_coll_broadcast(dm_collective* c, void* buf, size_t cou
         t = _dm_sch_flat(lk);
         return _dm_sch_chain(lk, &t, lk->slot[root], buf, count * dm_dtype_size(dtype), dtype, &fp);
     }
-    _dm_coll_ran(lk, "two_level_chain");
+    _dm_coll_ran(lk, sites ? "three_level_chain" : "two_level_chain");
     y->team[n++] = root;
     for (h = 0; h < y->H; h++) {
-        int hh = (rh + h) % y->H;
+        int hh = sites ? _dm_sch_chain_host(y, rh, h) : (rh + h) % y->H;
         for (j = y->start[hh]; j < y->start[hh + 1]; j++)
             if (y->members[j] != root) y->team[n++] = y->members[j];
     }

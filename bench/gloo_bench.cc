@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 // The mean time of iters calls of run() after warmup ones, the slowest rank's.
@@ -103,5 +104,9 @@ int main(int argc, char** argv) {
         if (rank == 0) std::printf("gloo_%s ranks=%d bytes=%zu us=%.3f\n", algo.c_str(), world, count * sizeof(float), us);
         std::fflush(stdout);
     }
+    // Linger before closing the pairs: a rank that exits with a peer's last notification unread
+    // resets the connection, and across a delay line the reset can reach a peer still reading
+    // its last message (seen with the barrier at 25 ms one way: "Connection closed by peer").
+    std::this_thread::sleep_for(std::chrono::seconds(1));
     return 0;
 }

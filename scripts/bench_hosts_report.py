@@ -136,6 +136,8 @@ def main():
     kt = "2" if coll == "all_reduce" else ""
     if coll == "all_gather":
         describe["gloo"] = "Gloo AllgatherRing (Debian libgloo), one process per rank"
+    if coll == "barrier":
+        describe["gloo"] = "Gloo BarrierAllToAll (Debian libgloo), one process per rank"
     n = hosts * per_host
     runs, labels = load(raw)
     sizes = sorted({b for (_, b) in runs})
@@ -160,8 +162,8 @@ def main():
             + (f", {dm_env}" if dm_env and s.startswith("distmesh") else "")
             + f"; transport {'/'.join(sorted(labels.get(s, {'-'})))}")
         what = "barrier" if coll == "barrier" else f"{coll}, float32{' sum' if coll != 'all_gather' else ''} in place"
-        say(f"# {what}; time: median over the launches of the"
-            f" slowest rank's mean; busbw = algbw x {kt}(n-1)/n")
+        say(f"# {what}; time: median over the launches of the slowest rank's mean"
+            + (f"; busbw = algbw x {kt}(n-1)/n" if coll != "barrier" else ""))
         say("#       size         count      type   redop    root      time   algbw   busbw #wrong  launches  min(us)  max(us)"
             "  algorithm")
         say("#        (B)    (elements)                                (us)  (GB/s)  (GB/s)")

@@ -139,7 +139,7 @@ static int answer(char* line) {
     k = _dm_pick_gather_three_level(&lk, (double)count * (double)dm_dtype_size(dtype))    ? 3
         : _dm_pick_gather_two_level(&lk, (double)count * (double)dm_dtype_size(dtype)) ? 2 : 1;
     printf(" all_gather=%s reduce_scatter=%s", family(k), family(k));
-    printf(" broadcast=%s barrier=%s\n", family(_dm_pick_broadcast_two_level(&lk) ? 2 : 1),
+    printf(" broadcast=%s barrier=%s\n", family(_dm_pick_broadcast_three_level(&lk) ? 3 : _dm_pick_broadcast_two_level(&lk) ? 2 : 1),
            family(_dm_pick_barrier_three_level(&lk) ? 3 : _dm_pick_barrier_two_level(&lk) ? 2 : 1));
     rc = 0;
 done:

@@ -4,8 +4,9 @@
    keep the sites), the three-level all_gather and reduce_scatter there (>>three-level
    others), the choice (the model takes all_reduce's for large messages across a slow site
    link, not for small ones or across a site link as fast as the hosts'; the gathers' across
-   sites), the same bytes from forked ranks over shared memory and sockets as from the
-   threaded world, with the gathers and the three-level barrier there, and the refusals (a
+   sites), the broadcast's site-ordered chain from every root, the same bytes from forked ranks
+   over shared memory and sockets as from the threaded world, with the gathers, the broadcasts
+   and the three-level barrier there, and the refusals (a
    host at two sites, bad site numbers, a bad DISTMESH_SITE_LINK, a long desc.site). */
 #define _GNU_SOURCE
 #include "test_tcp.h"
@@ -98,6 +99,26 @@ static int gathers_ran(dm_collective* c, size_t n, const char* want) {
     return st != DM_OK || bad;
 }
 
+/* A broadcast of n float32 elements from every root: right, and each ran want (NULL: any). */
+static int broadcasts_ran(dm_collective* c, size_t n, const char* want) {
+    int W = dm_world_size(c), r = dm_rank(c), root, bad = 0;
+    size_t i;
+    float* v = (float*)malloc(n * sizeof(float));
+    dm_status st = DM_OK;
+    if (!v) return 1;
+    for (root = 0; root < W && st == DM_OK && !bad; root++) {
+        for (i = 0; i < n; i++) v[i] = r == root ? (float)(root * 100 + (int)(i % 9)) : -1.0f;
+        st = dm_broadcast(c, v, n, DM_FLOAT32, root);
+        for (i = 0; st == DM_OK && i < n && !bad; i++) bad = v[i] != (float)(root * 100 + (int)(i % 9));
+        if (st == DM_OK && want && strcmp(dm_last_algorithm(c), want) != 0) bad = 1;
+        if (st != DM_OK || bad)
+            fprintf(stderr, "rank %d of %d: broadcast of %zu from %d: %s, %s, ran %s (wanted %s) %s\n", r, W, n, root,
+                    dm_status_name(st), bad ? "wrong" : "right", dm_last_algorithm(c), want ? want : "any", dm_last_error(c));
+    }
+    free(v);
+    return st != DM_OK || bad;
+}
+
 /* ---- the threaded world ---------------------------------------------------------------------- */
 /* The whole suite (every collective, dtype and op) on the first layout; on the others
    all_reduce in every op on one dtype per element size (the schedules move bytes by element
@@ -126,6 +147,7 @@ static int sited_suite_rank(dm_collective* c, void* user) {
     /* the gathers across sites where the layout is even, else the two-level or flat ring */
     bad |= gathers_ran(c, 1001, forced && l->even ? "three_level_ring" : NULL);
     bad |= gathers_ran(c, 1, forced && l->even ? "three_level_ring" : NULL);
+    bad |= broadcasts_ran(c, 1001, "three_level_chain");      /* any sited layout, forced or not */
     return bad;
 }
 static void test_sites_thread_layouts(void** s) {
@@ -347,6 +369,7 @@ static int body_bytes(dm_collective* c, int rank, int world, void* arg) {
     bad = write_sum(c, (const char*)arg);
     bad |= sum_ran(c, (size_t)1 << 20, "three_level");
     bad |= gathers_ran(c, 1001, g_layout->even ? "three_level_ring" : NULL);
+    bad |= broadcasts_ran(c, 1001, "three_level_chain");
     bad |= barrier_waits(c);
     dm_destroy(c);
     return bad;
