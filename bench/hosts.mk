@@ -15,8 +15,8 @@
 # distmesh_auto with DISTMESH_SITE=site<s> against distmesh_2level (without it); DELAY then needs
 # 2 or more hosts per site:
 #   make bench-hosts HOSTS=4 SITES=2 RANKS_PER_HOST=2 RATE=2gbit SITE_RATE=200mbit SIZES=16M REPS=3 COMPRESS=
-# COLL=all_gather | reduce_scatter times that collective instead of all_reduce (Gloo: AllgatherRing
-# for all_gather, left out for reduce_scatter):
+# COLL=all_gather | reduce_scatter | barrier times that collective instead of all_reduce (Gloo:
+# AllgatherRing for all_gather, BarrierAllToAll for the barrier, left out for reduce_scatter):
 #   make bench-hosts COLL=all_gather HOSTS=4 SITES=2 RANKS_PER_HOST=2 SIZES="1M 16M" REPS=3 COMPRESS=
 GLOO_BENCH := $(BENCH_DIR)/gloo_bench
 DELAY_LINE := $(BENCH_DIR)/delay_line
