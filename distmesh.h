@@ -6576,6 +6576,12 @@ _DM_PRIVATE bool _dm_sch_2l_pipelined(const _dm_eng* lk, size_t count, int R, bo
     int H = lk->lay.H;
     return R > 1 && (rail_ring || H <= 2) && count / (size_t)R >= (size_t)H;
 }
+/* The segments a compressed two-level all-reduce of count elements runs in: the model's
+   between two hosts where it runs pipelined (_dm_sch_allreduce_2l), else 1. Rail rank i
+   encodes block i of R of each (its error-feedback residual lives there). */
+_DM_PRIVATE int _dm_sch_2l_cmp_segments(const _dm_eng* lk, size_t count, size_t esize, int R, dm_compress mode) {
+    return _dm_sch_2l_pipelined(lk, count, R, false) && lk->lay.H == 2 ? _dm_pick_cmp_segments(lk, count, esize, R, mode) : 1;
+}
 _DM_PRIVATE int _dm_sch_2l_max_segments(size_t count, size_t esize, int R, int H) {
     size_t S = count * esize / (_DM_SCH_2L_BLOCK * (size_t)R);
     if (S > _DM_SCH_2L_SEGMENTS_MAX) S = _DM_SCH_2L_SEGMENTS_MAX;
@@ -6712,7 +6718,7 @@ _DM_PRIVATE dm_status _dm_sch_allreduce_2l(_dm_eng* lk, void* recv, size_t count
     _DM_TRY(_dm_sch_fold_in(lk, &host, R, recv, count, dtype, op, fp));
     rail = _dm_sch_rail(lk, i);
     if (_dm_sch_2l_pipelined(lk, count, R, rail_ring) && (!cm || lk->lay.H == 2)) {
-        S = cm ? _dm_pick_cmp_segments(lk, count, esize, R, cm->mode) : _dm_pick_2l_segments(lk, count, esize, R, rail_ring);
+        S = cm ? _dm_sch_2l_cmp_segments(lk, count, esize, R, cm->mode) : _dm_pick_2l_segments(lk, count, esize, R, rail_ring);
         if (!lk->tmp2) lk->tmp2 = (unsigned char*)_dm_malloc(&lk->c->allocator, lk->tmp_size);
         if (!lk->tmp2) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, name);
         for (s = 0; s < S + 2; s++)
@@ -7481,40 +7487,57 @@ _DM_PRIVATE int _dm_coll_compress_mode(const _dm_eng* lk, dm_dtype dtype, dm_red
         m = _dm_compressible_type(dtype) && (op == DM_SUM || op == DM_MEAN) ? lk->compress_env : DM_COMPRESS_NONE;
     return m == DM_COMPRESS_NONE ? 0 : (int)m;
 }
-/* A compressed all_reduce (mode cm) of count elements: the two-level schedule with compressed
-   rails, or false where it cannot run and the call is exact (see >>functions compression). With
-   the caller's state, the residual outside this rank's rail block goes into buf first (all of
-   it when exact): the block's part is added where the block is encoded. */
 /* A compressed all_reduce across sites compresses only the site link: three_level with
    compressed cross rails, where three_level fits and no family is forced. */
 _DM_PRIVATE bool _dm_pick_compressed_sites(const _dm_eng* lk, size_t count) {
     return _dm_sch_3l_fits(lk, count) && !_dm_pick_forced_two_level(lk);
 }
+/* Whether a compressed all_reduce (mode cm) of count elements runs compressed: the two-level
+   schedule with compressed rails (or three_level's across sites); false where it cannot run
+   and the call is exact (see >>functions compression). */
 _DM_PRIVATE bool _dm_coll_compressed_runs(const _dm_eng* lk, size_t count, int cm) {
     const _dm_layout* y = &lk->lay;
     return cm && y->H >= 2 && y->H <= 258 && !_dm_pick_forced_flat(lk) && count / (size_t)y->Lmin >= (size_t)y->H;
 }
+/* With the caller's state cs, the residual of every element this rank does not encode goes into
+   buf before the call (the encoded ones' is added where they are encoded): all of it on a
+   folded rank; across sites outside its piece (_dm_sch_3l_piece); else outside block i of R
+   of each segment the two-level schedule cuts (_dm_sch_2l_cmp_segments), so a residual that a
+   new cut (another dtype, layout or count) leaves on a rank that no longer encodes it is not
+   held back. */
+_DM_PRIVATE void _dm_coll_cmp_flush_outside(_dm_eng* lk, dm_compress_state* cs, void* buf, size_t count,
+                                           dm_dtype dtype, dm_compress mode, bool sites) {
+    int R = lk->lay.Lmin, i = lk->lay.local[lk->c->rank], S, s;
+    size_t from = 0, off = 0, len = 0, boff, blen;
+    if (sites) {
+        _dm_sch_3l_piece(lk, count, &off, &len);
+        _dm_cmp_flush(cs, buf, dtype, 0, off);
+        _dm_cmp_flush(cs, buf, dtype, off + len, count);
+        return;
+    }
+    S = i < R ? _dm_sch_2l_cmp_segments(lk, count, dm_dtype_size(dtype), R, mode) : 0;
+    for (s = 0; s < S; s++) {
+        _dm_segment(count, S, s, &off, &len);
+        _dm_segment(len, R, i, &boff, &blen);
+        _dm_cmp_flush(cs, buf, dtype, from, off + boff);
+        from = off + boff + blen;
+    }
+    _dm_cmp_flush(cs, buf, dtype, from, count);
+}
 _DM_PRIVATE dm_status _dm_coll_all_reduce_compressed(_dm_eng* lk, void* buf, size_t count, dm_dtype dtype,
                                                      dm_reduce_op op, int divide, const _dm_fp* fp) {
     dm_compress_state* cs = lk->c->core->cstate;
-    int R = lk->lay.Lmin, i = lk->lay.local[lk->c->rank];
     bool sites = _dm_pick_compressed_sites(lk, count);
-    size_t off = 0, len = 0;
     _dm_cmp cm;
     cm.mode = (dm_compress)fp->compress;
     cm.res = cs ? cs->residual : NULL;
-    if (sites) _dm_sch_3l_piece(lk, count, &off, &len);     /* the elements this rank encodes */
-    else if (i < R) _dm_segment(count, R, i, &off, &len);
-    if (cs) {
-        _dm_cmp_flush(cs, buf, dtype, 0, off);
-        _dm_cmp_flush(cs, buf, dtype, off + len, count);
-    }
+    if (cs) _dm_coll_cmp_flush_outside(lk, cs, buf, count, dtype, cm.mode, sites);
     if (sites) {
         _dm_coll_ran(lk, cm.mode == DM_COMPRESS_INT8 ? "three_level_int8" : "three_level_bf16");
         return _dm_sch_allreduce_3l(lk, buf, count, dtype, op, divide, fp, &cm);
     }
     _dm_coll_ran(lk, cm.mode == DM_COMPRESS_INT8 ? "two_level_int8" : "two_level_bf16");
-    return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, R, false, &cm);
+    return _dm_sch_allreduce_2l(lk, buf, count, dtype, op, divide, fp, lk->lay.Lmin, false, &cm);
 }
 _DM_PRIVATE dm_status _dm_coll_all_reduce(dm_collective* c, const void* send, void* recv, size_t count,
                                           dm_dtype dtype, dm_reduce_op op) {

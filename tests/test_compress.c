@@ -263,6 +263,54 @@ static void test_error_feedback(void** s) {
     free(bound);
 }
 
+/* Each element's residual lives on the one rank of its host that encodes it, whatever the last
+   call cut: 2x2 (two hosts: the pipelined schedule, block i of R of each segment) with one state
+   through a float32 call then a bfloat16 one of the same count (the segments follow the bytes,
+   so the two calls cut differently), then float32 again. After each call no element may hold a
+   residual on both ranks of a host: a residual the new cut leaves behind must go back into the
+   buffer, not wait on a rank that no longer encodes it. */
+#define RW_COUNT ((size_t)1 << 21)
+static int residual_rank(dm_collective* c, void* user) {
+    static const dm_dtype order[3] = { DM_FLOAT32, DM_BFLOAT16, DM_FLOAT32 };
+    int r = dm_rank(c), mate = r ^ 1, k, bad = 0;     /* 2x2: ranks 2h and 2h+1 share host h */
+    size_t i, both = 0, mine = 0;
+    char ran[32];
+    void* buf = malloc(RW_COUNT * sizeof(float));
+    float* all = (float*)malloc(4 * RW_COUNT * sizeof(float));
+    dm_compress_state* state = NULL;
+    (void)user;
+    if (!buf || !all || dm_compress_state_create(RW_COUNT, &state) != DM_OK) bad = 1;
+    for (k = 0; k < 3 && !bad; k++) {
+        cfill(order[k], r, buf, RW_COUNT);
+        if (dm_all_reduce_compressed(c, NULL, buf, RW_COUNT, order[k], DM_SUM, DM_COMPRESS_INT8, state) != DM_OK) {
+            bad = 1;
+            break;
+        }
+        snprintf(ran, sizeof(ran), "%s", dm_last_algorithm(c));
+        if (dm_all_gather(c, dm_compress_state_residual(state), all, RW_COUNT, DM_FLOAT32) != DM_OK) {
+            bad = 1;
+            break;
+        }
+        for (i = 0, both = mine = 0; i < RW_COUNT; i++) {
+            mine += all[(size_t)r * RW_COUNT + i] != 0.0f;
+            both += all[(size_t)r * RW_COUNT + i] != 0.0f && all[(size_t)mate * RW_COUNT + i] != 0.0f;
+        }
+        if (both || !mine || strcmp(ran, "two_level_int8") != 0) {
+            fprintf(stderr, "rank %d, call %d (%s, ran %s): %zu residuals, %zu of them also on rank %d\n", r, k,
+                    dm_dtype_name(order[k]), ran, mine, both, mate);
+            bad = 1;
+        }
+    }
+    dm_compress_state_destroy(state);
+    free(buf);
+    free(all);
+    return bad ? DM_ERR_INTERNAL : DM_OK;
+}
+static void test_residual_where_encoded(void** s) {
+    (void)s;
+    assert_int_equal(run_cl(&g_cl[0], residual_rank, NULL), DM_OK);
+}
+
 /* ---- the state across dm_shrink and a split ------------------------------------------------ */
 /* 3x2 on the threaded world, int8 with a state: 8 calls, then host 2's ranks leave; the
    survivors shrink (now 2x2) and go on with the same state for 56 more calls: every call's
@@ -536,6 +584,7 @@ int main(int argc, char** argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts_thread),
         cmocka_unit_test(test_error_feedback),
+        cmocka_unit_test(test_residual_where_encoded),
         cmocka_unit_test(test_state_across_shrink),
         cmocka_unit_test(test_choice_and_env),
         cmocka_unit_test(test_refusals_and_mismatch),
