@@ -6,8 +6,8 @@
    link, not for small ones or across a site link as fast as the hosts'; the gathers' across
    sites), the broadcast's site-ordered chain from every root, the same bytes from forked ranks
    over shared memory and sockets as from the threaded world, with the gathers, the broadcasts
-   and the three-level barrier there, and the refusals (a
-   host at two sites, bad site numbers, a bad DISTMESH_SITE_LINK, a long desc.site). */
+   and the three-level barrier there, and the refusals (a host at two sites, bad site numbers,
+   a bad DISTMESH_SITE_LINK, a long desc.site). */
 #define _GNU_SOURCE
 #include "test_tcp.h"
 #include <unistd.h>
