@@ -61,62 +61,27 @@ static int sum_ran(dm_collective* c, size_t n, const char* want) {
     return st != DM_OK || bad;
 }
 
-/* all_gather, then reduce_scatter in place (SUM) and out of place (MEAN), of n float32 elements
-   per rank (small integers and halves: exact in any order): right, and each ran want (NULL:
-   any). */
-static int gathers_ran(dm_collective* c, size_t n, const char* want) {
-    int W = dm_world_size(c), r = dm_rank(c), q, bad = 0, step;
-    size_t i;
-    float* all = (float*)malloc((size_t)W * n * sizeof(float));
-    float* mine = (float*)malloc(n * sizeof(float));
-    dm_status st = DM_OK;
-    if (!all || !mine) return 1;
-    for (step = 0; step < 3 && st == DM_OK && !bad; step++) {
-        if (step == 0) {
-            for (i = 0; i < n; i++) mine[i] = (float)(r * 1000 + (int)(i % 7));
-            st = dm_all_gather(c, mine, all, n, DM_FLOAT32);
-        } else {
-            for (q = 0; q < W; q++)
-                for (i = 0; i < n; i++) all[(size_t)q * n + i] = (float)(r + q + (int)(i % 5));
-            st = step == 1 ? dm_reduce_scatter(c, all, all + (size_t)r * n, n, DM_FLOAT32, DM_SUM)
-                           : dm_reduce_scatter(c, all, mine, n, DM_FLOAT32, DM_MEAN);
-        }
-        for (q = 0; st == DM_OK && step == 0 && q < W; q++)
-            for (i = 0; i < n && !bad; i++) bad = all[(size_t)q * n + i] != (float)(q * 1000 + (int)(i % 7));
-        for (i = 0; st == DM_OK && step == 1 && i < n && !bad; i++)
-            bad = all[(size_t)r * n + i] != (float)(W * (W - 1) / 2 + W * (r + (int)(i % 5)));
-        for (i = 0; st == DM_OK && step == 2 && i < n && !bad; i++)
-            bad = mine[i] != (float)((W - 1) / 2.0 + r + (int)(i % 5));
-        if (st == DM_OK && want && strcmp(dm_last_algorithm(c), want) != 0) bad = 1;
-        if (st != DM_OK || bad)
-            fprintf(stderr, "rank %d of %d: %s of %zu: %s, %s, ran %s (wanted %s) %s\n", r, W,
-                    step == 0 ? "all_gather" : step == 1 ? "reduce_scatter in place" : "reduce_scatter mean", n,
-                    dm_status_name(st), bad ? "wrong" : "right", dm_last_algorithm(c), want ? want : "any",
-                    dm_last_error(c));
-    }
-    free(all);
-    free(mine);
-    return st != DM_OK || bad;
+/* Whether the last collective ran want (NULL: any); else a line naming what ran. */
+static int ran_other(dm_collective* c, const char* what, const char* want) {
+    if (!want || strcmp(dm_last_algorithm(c), want) == 0) return 0;
+    fprintf(stderr, "rank %d of %d: %s ran %s, wanted %s\n", dm_rank(c), dm_world_size(c), what, dm_last_algorithm(c),
+            want);
+    return 1;
 }
-
+/* all_gather, then reduce_scatter in place (SUM) and out of place (MEAN), of n float32 elements
+   per rank (the suite's exact data, test_tcp.h): right, and each ran want (NULL: any). */
+static int gathers_ran(dm_collective* c, size_t n, const char* want) {
+    int bad = suite_all_gather(c, n, DM_FLOAT32, 0, 1) || ran_other(c, "all_gather", want);
+    bad |= suite_reduce_scatter(c, n, DM_FLOAT32, DM_SUM, true, 2) || ran_other(c, "reduce_scatter", want);
+    bad |= suite_reduce_scatter(c, n, DM_FLOAT32, DM_MEAN, false, 3) || ran_other(c, "reduce_scatter", want);
+    return bad;
+}
 /* A broadcast of n float32 elements from every root: right, and each ran want (NULL: any). */
 static int broadcasts_ran(dm_collective* c, size_t n, const char* want) {
-    int W = dm_world_size(c), r = dm_rank(c), root, bad = 0;
-    size_t i;
-    float* v = (float*)malloc(n * sizeof(float));
-    dm_status st = DM_OK;
-    if (!v) return 1;
-    for (root = 0; root < W && st == DM_OK && !bad; root++) {
-        for (i = 0; i < n; i++) v[i] = r == root ? (float)(root * 100 + (int)(i % 9)) : -1.0f;
-        st = dm_broadcast(c, v, n, DM_FLOAT32, root);
-        for (i = 0; st == DM_OK && i < n && !bad; i++) bad = v[i] != (float)(root * 100 + (int)(i % 9));
-        if (st == DM_OK && want && strcmp(dm_last_algorithm(c), want) != 0) bad = 1;
-        if (st != DM_OK || bad)
-            fprintf(stderr, "rank %d of %d: broadcast of %zu from %d: %s, %s, ran %s (wanted %s) %s\n", r, W, n, root,
-                    dm_status_name(st), bad ? "wrong" : "right", dm_last_algorithm(c), want ? want : "any", dm_last_error(c));
-    }
-    free(v);
-    return st != DM_OK || bad;
+    int root, bad = 0;
+    for (root = 0; root < dm_world_size(c) && !bad; root++)
+        bad = suite_broadcast(c, n, DM_FLOAT32, root, root + 1) || ran_other(c, "broadcast", want);
+    return bad;
 }
 
 /* ---- the threaded world ---------------------------------------------------------------------- */

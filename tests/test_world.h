@@ -160,11 +160,13 @@ static int tw_connect_loopback(int family, int port, int timeout_s) {
     if (rc != 0) { close(fd); return -1; }
     return fd;
 }
-/* Reads n bytes from fd into p, until EOF, an error or the socket's timeout. Returns the count read. */
+/* Reads n bytes from fd into p (EINTR retried), until EOF, an error or the socket's timeout. Returns
+   the count read. */
 static size_t tw_recv_n(int fd, unsigned char* p, size_t n) {
     size_t got = 0;
     while (got < n) {
         ssize_t r = recv(fd, p + got, n - got, 0);
+        if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         got += (size_t)r;
     }
@@ -181,16 +183,7 @@ static bool tw_send_all(int fd, const unsigned char* p, size_t n) {
     }
     return true;
 }
-static bool tw_recv_all(int fd, unsigned char* p, size_t n) {
-    while (n > 0) {
-        ssize_t k = recv(fd, p, n, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return false;
-        p += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
+static bool tw_recv_all(int fd, unsigned char* p, size_t n) { return tw_recv_n(fd, p, n) == n; }
 
 /* The file at path into buf (at most cap - 1 bytes, NUL-terminated; "" when unreadable).
    Returns the bytes read. */
