@@ -6921,6 +6921,32 @@ _DM_PRIVATE int _dm_sch_chain_host(const _dm_layout* y, int rh, int k) {
 _DM_PRIVATE int _dm_sch_3l_at(const _dm_layout* y, int k, int j, int i) {
     return y->members[y->start[y->site_start[k] + j] + i];
 }
+/* The host's ring of the two- and three-level all-gathers, their last step: local rank p's
+   pieces are rail p's H blocks of recvs, host order. pieces: W entries of scratch. */
+_DM_PRIVATE dm_status _dm_sch_all_gather_host(_dm_eng* lk, int kind, void* const* recvs, void** pieces, size_t bytes,
+                                              dm_dtype dtype, const _dm_fp* fp) {
+    const _dm_layout* y = &lk->lay;
+    _dm_team t = _dm_sch_host(lk, y->Lmax);
+    int p, q;
+    for (p = 0; p < y->Lmax; p++)
+        for (q = 0; q < y->H; q++) pieces[p * y->H + q] = recvs[y->members[y->start[q] + p]];
+    return _dm_sch_ring_gather(lk, &t, pieces, y->H, bytes, kind, dtype, fp);
+}
+/* The host's ring of the two- and three-level reduce-scatters, their first step: rail i's H
+   blocks of in (W blocks of bytes, rank order) reduced over the host into tmp (H blocks, host
+   order) for local rank i; a host of one rank copies its blocks. pieces: W entries. */
+_DM_PRIVATE dm_status _dm_sch_reduce_scatter_host(_dm_eng* lk, const unsigned char* in, const unsigned char** pieces,
+                                                  unsigned char* tmp, size_t bytes, dm_dtype dtype, dm_reduce_op op,
+                                                  const _dm_fp* fp) {
+    const _dm_layout* y = &lk->lay;
+    _dm_team t = _dm_sch_host(lk, y->Lmax);
+    int p, q;
+    for (p = 0; p < y->Lmax; p++)
+        for (q = 0; q < y->H; q++) pieces[p * y->H + q] = in + (size_t)y->members[y->start[q] + p] * bytes;
+    if (y->Lmax > 1) return _dm_sch_ring_rs(lk, &t, pieces, tmp, tmp, y->H, bytes, dtype, op, 0, fp);
+    for (q = 0; q < y->H; q++) memcpy(tmp + (size_t)q * bytes, pieces[q], bytes);
+    return DM_OK;
+}
 /* All-gather of W blocks of bytes into recvs (this rank's in place), over cross rail (i, j):
    the NS sites' blocks; then site rail i: the HS hosts' NS blocks each; then the host's ring:
    the L local ranks' H blocks each. The site link carries each block to each other site once
@@ -6929,7 +6955,7 @@ _DM_PRIVATE int _dm_sch_3l_at(const _dm_layout* y, int k, int j, int i) {
 _DM_PRIVATE dm_status _dm_sch_all_gather_3l(_dm_eng* lk, int kind, void* const* recvs, void** pieces, size_t bytes,
                                             dm_dtype dtype, const _dm_fp* fp) {
     const _dm_layout* y = &lk->lay;
-    int i = y->local[lk->c->rank], L = y->Lmax, HS = y->HSmin, NS = y->NS, H = y->H, j, k, q;
+    int i = y->local[lk->c->rank], HS = y->HSmin, NS = y->NS, j, k;
     _dm_team t = _dm_sch_cross_rail(lk, i);
     for (k = 0; k < NS; k++) pieces[k] = recvs[t.ranks[k]];
     _DM_TRY(_dm_sch_ring_gather(lk, &t, pieces, 1, bytes, kind, dtype, fp));
@@ -6937,10 +6963,7 @@ _DM_PRIVATE dm_status _dm_sch_all_gather_3l(_dm_eng* lk, int kind, void* const* 
     for (j = 0; j < HS; j++)
         for (k = 0; k < NS; k++) pieces[j * NS + k] = recvs[_dm_sch_3l_at(y, k, j, i)];
     _DM_TRY(_dm_sch_ring_gather(lk, &t, pieces, NS, bytes, kind, dtype, fp));
-    t = _dm_sch_host(lk, L);                      /* position i's pieces: its rail's blocks, host order */
-    for (i = 0; i < L; i++)
-        for (q = 0; q < H; q++) pieces[i * H + q] = recvs[y->members[y->start[q] + i]];
-    return _dm_sch_ring_gather(lk, &t, pieces, H, bytes, kind, dtype, fp);
+    return _dm_sch_all_gather_host(lk, kind, recvs, pieces, bytes, dtype, fp);
 }
 /* Reduce-scatter, the all-gather's steps backwards: the host's ring reduces, for local rank i,
    rail i's H blocks (into tmp, host order, so site by site); site rail i reduces those into
@@ -6952,13 +6975,10 @@ _DM_PRIVATE dm_status _dm_sch_reduce_scatter_3l(_dm_eng* lk, const unsigned char
                                                 unsigned char* out, unsigned char* tmp, size_t bytes, dm_dtype dtype,
                                                 dm_reduce_op op, int divide, const _dm_fp* fp) {
     const _dm_layout* y = &lk->lay;
-    int i = y->local[lk->c->rank], L = y->Lmax, HS = y->HSmin, NS = y->NS, H = y->H, j, k, p, q;
-    unsigned char* mid = tmp + (size_t)H * bytes;
-    _dm_team t = _dm_sch_host(lk, L);
-    for (p = 0; p < L; p++)
-        for (q = 0; q < H; q++) pieces[p * H + q] = in + (size_t)y->members[y->start[q] + p] * bytes;
-    if (L > 1) _DM_TRY(_dm_sch_ring_rs(lk, &t, pieces, tmp, tmp, H, bytes, dtype, op, 0, fp));
-    else for (q = 0; q < H; q++) memcpy(tmp + (size_t)q * bytes, pieces[q], bytes);
+    int i = y->local[lk->c->rank], HS = y->HSmin, NS = y->NS, j, k;
+    unsigned char* mid = tmp + (size_t)y->H * bytes;
+    _dm_team t;
+    _DM_TRY(_dm_sch_reduce_scatter_host(lk, in, pieces, tmp, bytes, dtype, op, fp));
     t = _dm_sch_site_rail(lk, i);                 /* host j's pieces: site by site */
     for (j = 0; j < HS; j++)
         for (k = 0; k < NS; k++) pieces[j * NS + k] = tmp + (size_t)(y->site_start[k] + j) * bytes;
@@ -7661,10 +7681,7 @@ _DM_PRIVATE dm_status _dm_coll_all_gather_list(_dm_eng* lk, int kind, const void
         t = _dm_sch_rail(lk, y->local[r]);
         for (q = 0; q < y->H; q++) pieces[q] = recvs[t.ranks[q]];
         st = _dm_sch_ring_gather(lk, &t, pieces, 1, bytes, kind, dtype, &fp);
-        t = _dm_sch_host(lk, y->Lmax);
-        for (p = 0; p < y->Lmax; p++)           /* position p's pieces: its rail's blocks, host order */
-            for (q = 0; q < y->H; q++) pieces[p * y->H + q] = recvs[y->members[y->start[q] + p]];
-        if (st == DM_OK) st = _dm_sch_ring_gather(lk, &t, pieces, y->H, bytes, kind, dtype, &fp);
+        if (st == DM_OK) st = _dm_sch_all_gather_host(lk, kind, recvs, pieces, bytes, dtype, &fp);
     }
     if (pieces != small) _dm_free(&lk->c->allocator, pieces);
     return st;
@@ -7739,10 +7756,7 @@ _DM_PRIVATE dm_status _dm_coll_reduce_scatter(dm_collective* c, const void* send
         for (p = 0; p < W; p++) pieces[p] = in + (size_t)lk->order[p] * bytes;
         rc = _dm_sch_ring_rs(lk, &t, pieces, out, tmp ? tmp : out, 1, bytes, dtype, op, divide, &fp);
     } else {
-        t = _dm_sch_host(lk, y->Lmax);          /* position p's pieces: its rail's blocks, host order */
-        for (p = 0; p < y->Lmax; p++)
-            for (q = 0; q < H; q++) pieces[p * H + q] = in + (size_t)y->members[y->start[q] + p] * bytes;
-        rc = _dm_sch_ring_rs(lk, &t, pieces, tmp, tmp, H, bytes, dtype, op, 0, &fp);
+        rc = _dm_sch_reduce_scatter_host(lk, in, pieces, tmp, bytes, dtype, op, &fp);
         t = _dm_sch_rail(lk, y->local[r]);
         for (q = 0; q < H; q++) pieces[q] = tmp + (size_t)q * bytes;
         if (rc == DM_OK) rc = _dm_sch_ring_rs(lk, &t, pieces, out, out, 1, bytes, dtype, op, divide, &fp);
