@@ -7,8 +7,8 @@
    caller's buffers. Its files turn Python objects into pointers, counts and dtypes (checked
    before anything is sent), statuses into exceptions, and keep the objects a call borrows
    alive. One file per thing it holds (search for the tag):
-     module.c      >>args (positional-or-keyword arguments of the fast-call methods),
-                   >>module (factories, module init)
+     args.c        >>args (positional-or-keyword arguments of the fast-call methods)
+     module.c      >>module (factories, module init)
      errors.c      >>errors (distmesh.Error and one subclass per status), >>log (the logger of
                    every collective made here: the last failure, for requests waited on another
                    thread than the one that issued them)
@@ -60,7 +60,7 @@
 #define DMPY_FINALIZING() _Py_IsFinalizing()
 #endif
 
-/* module.c: arguments, module init */
+/* args.c: the arguments of the methods */
 int dmpy_args(const char* fn, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, const char* const* names,
               int nnames, int nreq, PyObject** out);
 int dmpy_int(PyObject* o, const char* what, long dflt, long lo, long hi, long* out);
