@@ -338,7 +338,7 @@ static const unsigned char _dm_st_v2_from_v1[] = { _DM_STQ_SET, _DM_STQ_COMPARE_
 #define _DM_ST_HIGH_WATER ((size_t)1 << 20) /* unread reply bytes above which a client is not read */
 #define _DM_ST_TOKEN_MAX 255
 enum { _DM_ST_OK = 0, _DM_ST_NOAUTH, _DM_ST_BADSERVER, _DM_ST_REFUSED, _DM_ST_NEEDTOKEN, _DM_ST_NOTICED,
-       _DM_ST_SERVER_SEALS, _DM_ST_SERVER_PLAIN };
+       _DM_ST_SERVER_SEALS, _DM_ST_SERVER_PLAIN, _DM_ST_HELLO_CHANGED };
 /* Why the server closed a client (distmesh only): c10d has no error reply (SET has no reply at
    all), so a client the server closes for a bound or a malformed request would only see EOF. A
    distmesh client marks its PING nonce (top byte 'D': torch's nonce is its pid, below 2^22),
@@ -422,6 +422,7 @@ static const struct { int code; const char* name; const char* text; } _dm_st_cau
     _DM_ST_CAUSE(ENONET, "machine is not on the network")
 #endif
     _DM_ST_CAUSE(EPROTO, "protocol error") _DM_ST_CAUSE(EOVERFLOW, "value too large for defined data type")
+    _DM_ST_CAUSE(EBADMSG, "bad message: a sealed record failed its authentication")
     _DM_ST_CAUSE(EILSEQ, "illegal byte sequence") _DM_ST_CAUSE(ENOTSOCK, "socket operation on non-socket")
     _DM_ST_CAUSE(EDESTADDRREQ, "destination address required") _DM_ST_CAUSE(EMSGSIZE, "message too long")
     _DM_ST_CAUSE(EPROTOTYPE, "protocol wrong type for socket") _DM_ST_CAUSE(ENOPROTOOPT, "protocol not available")
@@ -2909,7 +2910,11 @@ _DM_PRIVATE int _dm_stcli_auth(_dm_stcli* c, int fd, int64_t deadline, int* refu
     status = rc == 0 ? _dm_st_get_u32(rep + 4) : 0;
     if (rc == 0 && _dm_st_get_u32(rep) == _DM_ST_AUTH_MAGIC &&
         (status == _DM_ST_AUTH_SEAL_DIFFERS || status == _DM_ST_AUTH_PLAIN_DIFFERS)) {
-        *refused = status == _DM_ST_AUTH_SEAL_DIFFERS ? _DM_ST_SERVER_SEALS : _DM_ST_SERVER_PLAIN;
+        /* an answer about a hello this client did not send (it asked for what the server says
+           it lacks) means the hello was changed on the way: not a setting to fix */
+        bool contradicts = (status == _DM_ST_AUTH_SEAL_DIFFERS) == (version == _DM_ST_AUTH_SEALED);
+        *refused = contradicts ? _DM_ST_HELLO_CHANGED
+                   : status == _DM_ST_AUTH_SEAL_DIFFERS ? _DM_ST_SERVER_SEALS : _DM_ST_SERVER_PLAIN;
         return -EPROTO;
     }
     if (rc == 0) rc = _dm_stcli_recv_all(fd, rep + 8, sizeof(rep) - 8, deadline);
@@ -3020,17 +3025,23 @@ _DM_PRIVATE dm_status _dm_stcli_refused(dm_store* s, int why) {
                               c->refusal);
     text =
         why == _DM_ST_SERVER_SEALS ? "the server encrypts its connections and this client does not: set the same "
-                                     "DISTMESH_ENCRYPT (or desc.encrypt) on every process" :
+                                     "DISTMESH_ENCRYPT (or desc.encrypt) on every process (or the server's answer "
+                                     "was tampered with on the way)" :
         why == _DM_ST_SERVER_PLAIN ? "this client encrypts (DISTMESH_ENCRYPT, desc.encrypt) and the server does not: "
                                      "set the same DISTMESH_ENCRYPT on every process (the store host's build may "
-                                     "lack DISTMESH_OPENSSL)" :
+                                     "lack DISTMESH_OPENSSL), or the server's answer was tampered with on the way" :
         why == _DM_ST_NEEDTOKEN ? "the store requires a token: set the job's DISTMESH_TOKEN (or desc.token) here too" :
-        why == _DM_ST_BADSERVER ? "the server could not prove the token: it has a different DISTMESH_TOKEN, or it is not "
-                                  "the job's store" :
-        why == _DM_ST_REFUSED   ? "the server refused this client's token proof: the tokens differ" :
+        why == _DM_ST_BADSERVER ? "the server could not prove the token: it has a different DISTMESH_TOKEN, it is not "
+                                  "the job's store, or its proof was tampered with on the way" :
+        why == _DM_ST_REFUSED   ? "the server refused this client's token proof: the tokens differ, or the proof "
+                                  "was tampered with on the way" :
+        why == _DM_ST_HELLO_CHANGED ? "the server answered a hello this client did not send (about encryption, "
+                                      "which this client asked for as the server does): the hello was changed on "
+                                      "the way (tampered with)" :
                                   "the server closed the connection instead of authenticating: it has no token (set "
-                                  "DISTMESH_TOKEN on the store host too), or it is not a distmesh store (torch's "
-                                  "TCPStore cannot authenticate)";
+                                  "DISTMESH_TOKEN on the store host too), it is not a distmesh store (torch's "
+                                  "TCPStore cannot authenticate), or the connection was cut on the way (tampered "
+                                  "with)";
     return _DM_STORE_FAIL(s, DM_ERR_REFUSED, "tcp-store: %s:%d: %s", c->host, c->port, text);
 }
 
@@ -3071,10 +3082,18 @@ _DM_PRIVATE dm_status _dm_stcli_connect(dm_store* s) {
                 if (r == 0) { c->fd = fd; last = 0; break; }
                 _dm_stcli_unseal_end(c);
                 if (r != -ETIMEDOUT || !last) last = r;   /* keep the real cause over our deadline */
+                if (r == -EBADMSG) break;
             }
             freeaddrinfo(res);
             if (last == 0) return DM_OK;
             if (refused) return _dm_stcli_refused(s, refused);
+            /* a sealed record of the handshake that fails its tag was tampered with (or is not
+               from the job's store): never retried, whatever the time left */
+            if (last == -EBADMSG)
+                return _DM_STORE_FAIL(s, DM_ERR_PROTOCOL,
+                                      "tcp-store: connect to %s:%d failed (EBADMSG: a sealed record from the server "
+                                      "failed its authentication: tampered with, replayed, reordered or cut on the "
+                                      "way; not retried)", c->host, c->port);
             if (last == -EPROTO)
                 return _DM_STORE_FAIL(s, DM_ERR_PROTOCOL,
                                       "tcp-store: %s:%d is not a torch 2.x TCPStore (wrong PING reply)",

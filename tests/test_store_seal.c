@@ -7,6 +7,9 @@
      them with encryption on, and are with it off (the control);
    - the proxy tampers with a record (a flipped bit either way, a replayed, dropped or cut
      record): the call fails with an error and never returns a wrong value;
+   - tampered during the connect: a flipped PING echo fails the create with DM_ERR_PROTOCOL
+     at once, never retried; a hello whose encryption byte was changed, and a connection cut
+     during the handshake, are named as such (not blamed on the settings alone);
    - encryption on at one end and off at the other is refused at the handshake, naming the
      setting; on without a token is refused at create;
    - a round-trip time on against off (printed, not checked). */
@@ -44,8 +47,11 @@ static const char k_secret[] = "nccl-unique-id:0123456789abcdef-the-secret";
 #define HS_S2C 76                   /* challenge 72 + admission 4 */
 
 /* ---- the proxy: one connection, client <-> server, recording every byte; it may tamper with
-   one record of one direction (after the handshake) ---- */
-enum { PASS, FLIP, REPLAY, DROP, CUT };
+   one record of one direction (after the handshake), or with the handshake itself (PLAIN_HELLO:
+   the client's hello asks for a plain connection; HS_CUT: both ends closed as the server's
+   first bytes come) ---- */
+enum { PASS, FLIP, REPLAY, DROP, CUT, PLAIN_HELLO, HS_CUT };
+#define HELLO_VERSION_AT 5          /* the hello's version byte: 1 plain, 2 sealed */
 typedef struct proxy {
     int lfd, port, server_port;
     int mode, to_client, target;    /* what to do, in which direction, to which record (0: first) */
@@ -53,6 +59,7 @@ typedef struct proxy {
     unsigned char* seen;            /* every byte both ways */
     size_t seen_n, seen_cap;
     int tampered;                   /* the tampering happened */
+    int sfd;                        /* the proxy's connection to the server */
 } proxy;
 typedef struct leg {                /* one direction: records parsed when it is the tampered one */
     int from, to;
@@ -61,6 +68,7 @@ typedef struct leg {                /* one direction: records parsed when it is 
     unsigned char rec[(64 << 10) + 64];
     size_t fill;
     int index;
+    bool started;                   /* bytes have come this way */
 } leg;
 
 static void proxy_saw(proxy* p, const unsigned char* b, size_t n) {
@@ -90,6 +98,14 @@ static bool proxy_move(proxy* p, leg* g) {
     ssize_t k = recv(g->from, b, sizeof(b), 0);
     if (k <= 0) return false;
     proxy_saw(p, b, (size_t)k);
+    if (!g->started) {              /* the first bytes each way: the hello, the challenge */
+        g->started = true;
+        if (p->mode == HS_CUT && g->from == p->sfd) { p->tampered = 1; return false; }
+        if (p->mode == PLAIN_HELLO && g->from != p->sfd && k > HELLO_VERSION_AT) {
+            b[HELLO_VERSION_AT] = 1;
+            p->tampered = 1;
+        }
+    }
     if (!g->tamper) return tw_send_all(g->to, b, (size_t)k);
     if (g->skip) {
         off = (size_t)k < g->skip ? (size_t)k : g->skip;
@@ -125,6 +141,7 @@ static void* proxy_main(void* arg) {
     a.sin_port = htons((uint16_t)p->server_port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (connect(sfd, (struct sockaddr*)&a, sizeof(a)) != 0) { close(cfd); close(sfd); return NULL; }
+    p->sfd = sfd;
     memset(&up, 0, sizeof(up));
     memset(&down, 0, sizeof(down));
     up.from = cfd; up.to = sfd; up.tamper = p->mode != PASS && !p->to_client; up.skip = HS_C2S;
@@ -349,6 +366,46 @@ static void test_replay_to_client(void** state) { (void)state; tampered(REPLAY, 
 static void test_drop_to_client(void** state) { (void)state; tampered(DROP, 1, 1); }
 static void test_cut_to_client(void** state) { (void)state; tampered(CUT, 1, 2); }
 
+/* Tampered during the create's connect, which the store retries until its timeout when the
+   server is not up yet: a tampered handshake is not that, so the create fails at once with a
+   message that says what happened (the proxy takes one connection: a retry would wait for
+   the timeout, 5 s, and end in DM_ERR_TIMEOUT). */
+static void connect_tampered(int mode, int to_client, dm_status want, const char* say1, const char* say2) {
+    dm_store* srv = server(k_token, 1);
+    dm_store* c = NULL;
+    proxy p;
+    dm_status st;
+    int64_t t0 = tw_now_ms();
+    char err[DM_LAST_ERROR_SIZE];
+    proxy_start(&p, dm_store_port(srv), mode, to_client, 0);
+    st = client(p.port, k_token, 1, 5000, &c);
+    snprintf(err, sizeof(err), "%s", dm_store_last_error(NULL));
+    print_message("mode %d: %s after %lld ms: %s\n", mode, dm_status_name(st), (long long)(tw_now_ms() - t0), err);
+    CHECK(st == want && c == NULL);
+    CHECK(p.tampered);
+    check_has_all(err, say1, say2, "127.0.0.1", NULL);
+    CHECK(tw_now_ms() - t0 < 2500);                             /* not retried to the timeout */
+    proxy_stop(&p);
+    proxy_free(&p);
+    dm_store_destroy(srv);
+}
+/* The PING echo, the first sealed record to the client, flipped. */
+static void test_flip_ping_echo_not_retried(void** state) {
+    (void)state;
+    connect_tampered(FLIP, 1, DM_ERR_PROTOCOL, "EBADMSG", "not retried");
+}
+/* The client's hello asks for a plain connection: the server's answer contradicts the hello
+   this client sent. */
+static void test_plain_hello_named(void** state) {
+    (void)state;
+    connect_tampered(PLAIN_HELLO, 0, DM_ERR_REFUSED, "hello was changed on the way", "tampered");
+}
+/* Cut as the challenge comes: a server without a token, a stranger, or a cut on the way. */
+static void test_cut_handshake_named(void** state) {
+    (void)state;
+    connect_tampered(HS_CUT, 1, DM_ERR_REFUSED, "cut on the way", "DISTMESH_TOKEN");
+}
+
 /* One end on, the other off: refused at the handshake, the setting named. */
 static void test_setting_mismatch_refused(void** state) {
     dm_store* on = server(k_token, 1);
@@ -442,6 +499,9 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_replay_to_client),
         cmocka_unit_test(test_drop_to_client),
         cmocka_unit_test(test_cut_to_client),
+        cmocka_unit_test(test_flip_ping_echo_not_retried),
+        cmocka_unit_test(test_plain_hello_named),
+        cmocka_unit_test(test_cut_handshake_named),
         cmocka_unit_test(test_setting_mismatch_refused),
         cmocka_unit_test(test_on_needs_a_token),
         cmocka_unit_test(test_round_trip_time),
