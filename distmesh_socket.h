@@ -363,6 +363,19 @@ static bool _dm_tcp_same_machine(int fd) {
     }
     return false;
 }
+/* The far end of a connected socket as "address:port" into buf (for messages: a link made
+   before the group's addresses are exchanged); "" when it cannot be read. */
+static void _dm_tcp_peer_name(int fd, char* buf, size_t cap) {
+    struct sockaddr_storage a;
+    socklen_t la = sizeof(a);
+    char host[INET6_ADDRSTRLEN];
+    buf[0] = 0;
+    if (fd < 0 || getpeername(fd, (struct sockaddr*)&a, &la) != 0) return;
+    if (a.ss_family == AF_INET && inet_ntop(AF_INET, &((struct sockaddr_in*)&a)->sin_addr, host, sizeof(host)))
+        snprintf(buf, cap, "%s:%u", host, (unsigned)ntohs(((struct sockaddr_in*)&a)->sin_port));
+    else if (a.ss_family == AF_INET6 && inet_ntop(AF_INET6, &((struct sockaddr_in6*)&a)->sin6_addr, host, sizeof(host)))
+        snprintf(buf, cap, "[%s]:%u", host, (unsigned)ntohs(((struct sockaddr_in6*)&a)->sin6_port));
+}
 /* TCP_NODELAY; the socket buffers; and on a connection within this machine, Reno congestion
    control. A kernel whose default is BBR paces every flow, and over loopback, where nothing is
    lost, pacing only caps the rate: measured on a 2-core VM with BBR as default, 2 ranks with

@@ -1056,6 +1056,9 @@ static dm_status _dm_tcp_add_link(_dm_tcp* t, int j) {
     l->base.fd = l->fds[0] = t->fds[j];
     l->nsock = 1;               /* its others, if any, come later (_dm_tcp_more_sockets) */
     _dm_copy_name(l->base.where, sizeof(l->base.where), t->addrs[j]);
+    /* during setup the ranks' addresses are not exchanged yet: the socket's far end, then */
+    if (!l->base.where[0]) _dm_tcp_peer_name(l->base.fd, l->base.where, sizeof(l->base.where));
+    if (!l->base.where[0]) _dm_copy_name(l->base.where, sizeof(l->base.where), "address not known yet");
     t->lk.links[j] = &l->base;
     return _dm_tcp_seal_link(t, j);     /* encrypted from its first byte when the group encrypts */
 }
@@ -2818,9 +2821,17 @@ static dm_status _dm_tcp_await_ranks(_dm_tcp* t, const _dm_tcp_setup* s, int64_t
         nmissing = _dm_tcp_missing_ranks(t, w, keys, missing, present);
         ending = _dm_tcp_missing_text(t, missing, nmissing, list, sizeof(list));
         if (_dm_now_ms() >= deadline) {
-            st = _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %lld s: rank%s %s of %d never "
-                          "joined (no address under \"%s\")", (long long)((_dm_now_ms() - start) / 1000), ending,
-                          list, W, t->prefix);
+            if (nmissing > 0)
+                st = _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %lld s: rank%s %s of %d never "
+                              "joined (no address under \"%s\")", (long long)((_dm_now_ms() - start) / 1000),
+                              ending, list, W, t->prefix);
+            else    /* none missing, or the store would not say: its replies are what failed */
+                st = _DM_FAIL(&t->base, DM_ERR_TIMEOUT, "tcp: setup timed out after %lld s waiting for the %d ranks' "
+                              "addresses under \"%s\" at the store %s: %s (a reply of the store lost, or tampered "
+                              "with on the way?): %s", (long long)((_dm_now_ms() - start) / 1000), W, t->prefix,
+                              w->sh->where, nmissing == 0 ? "every address is there but the wait did not end"
+                                                          : "the store did not say which are missing",
+                              dm_store_last_error(w)[0] ? dm_store_last_error(w) : "no store error");
             goto done;
         }
         if (nmissing != 0)

@@ -189,9 +189,10 @@ static void test_link_round_trip_and_flip(void** state) {
 }
 
 /* ---- the man in the middle ----------------------------------------------------------------- */
-enum { MITM_NONE, MITM_FLIP, MITM_REPLAY, MITM_REORDER, MITM_DROP, MITM_TRUNCATE, MITM_SPLICE, MITM_PLAIN_FLIP };
+enum { MITM_NONE, MITM_FLIP, MITM_REPLAY, MITM_REORDER, MITM_DROP, MITM_TRUNCATE, MITM_SPLICE, MITM_PLAIN_FLIP,
+       MITM_SETUP_FLIP };
 static const char* const mode_names[] = { "none", "flip", "replay", "reorder", "drop", "truncate", "splice",
-                                          "plain flip" };
+                                          "plain flip", "setup flip" };
 #define BIG_RECORD 8192         /* records this large are an all-reduce's data, not the setup's */
 #define REC_MAX (4 + 65536 + 16)
 #define N_FLOATS ((size_t)1 << 20)
@@ -303,8 +304,8 @@ static void* pump(void* arg) {
                 tampered();
                 continue;
             }
-        } else if (big && mode != MITM_NONE && claim()) {
-            if (mode == MITM_FLIP) {
+        } else if ((big || (mode == MITM_SETUP_FLIP && d->dir == 0)) && mode != MITM_NONE && claim()) {
+            if (mode == MITM_FLIP || mode == MITM_SETUP_FLIP) {
                 rec[4 + len / 2] ^= 0x40;     /* a bit no float sum rounds away */
                 tampered();
             } else if (mode == MITM_REPLAY) {
@@ -504,6 +505,54 @@ static void check_tampered(int world, int mode) {
     }
     CHECK(failed >= 1);
     if (mode != MITM_TRUNCATE) CHECK(protocol >= 1);
+}
+/* SETUP_FLIP: the ranks make the group themselves, and the first sealed record of any size from
+   a connector to the rank that accepted it (the setup's exchange, before the ranks' addresses
+   are known: the acceptor knows no address of the connector yet) is flipped. The create of the
+   rank that reads it fails with DM_ERR_PROTOCOL naming the peer's address ("()" before the
+   link knew it); the others' fail too. */
+static int mitm_create_body(dm_collective* none, int rank, int world, void* arg) {
+    rank_out* o = &g_sh->out[rank];
+    dm_tcp_desc d;
+    dm_collective* c = NULL;
+    int64_t t0 = tw_now_ms();
+    (void)none;
+    tw_tcp_desc(&d, &g_store, rank, world, 3000);
+    mitm_edit(&d, rank, arg);
+    o->status = (int)dm_tcp_create(&d, &c);
+    o->ms = tw_now_ms() - t0;
+    snprintf(o->msg, sizeof(o->msg), "%s", o->status == DM_OK ? "" : dm_last_error(NULL));
+    __atomic_store_n(&o->done, 1, __ATOMIC_SEQ_CST);
+    dm_destroy(c);
+    return 0;
+}
+static void test_setup_flip_names_the_peer(void** state) {
+    mitm_case mc = { MITM_SETUP_FLIP, 1, true };
+    tw_dm_world w;
+    int r, protocol = 0;
+    (void)state;
+    memset(g_sh, 0, sizeof(*g_sh));
+    g_sh->mode = mc.mode;
+    g_sh->world = 2;
+    tw_dm_world_init(&w, 2, &g_store, "auto", 3000);
+    w.per_host = 1;
+    w.no_create = true;
+    w.before = mitm_before;
+    w.body = mitm_create_body;
+    w.arg = &mc;
+    assert_int_equal(tw_dm_run(&w, 40), 0);
+    print_outcomes(2);
+    CHECK(g_sh->tampered == 1);
+    for (r = 0; r < 2; r++) {
+        rank_out* o = &g_sh->out[r];
+        CHECK(o->done && o->status != DM_OK);
+        CHECK(strstr(o->msg, "()") == NULL);                    /* every message names what it knows */
+        if (o->status == DM_ERR_PROTOCOL) {
+            protocol++;
+            check_has_all(o->msg, "127.0.0.1:", "authentication", NULL);
+        }
+    }
+    CHECK(protocol >= 1);
 }
 static void test_untampered_encrypted(void** state) {
     int world, r;
@@ -768,6 +817,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_drop),
         cmocka_unit_test(test_truncate),
         cmocka_unit_test(test_splice),
+        cmocka_unit_test(test_setup_flip_names_the_peer),
     };
     g_sh = (mitm_shared*)mmap(NULL, sizeof(mitm_shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (g_sh == MAP_FAILED) return 1;
