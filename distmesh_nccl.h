@@ -96,7 +96,12 @@
    So no two NCCL calls on one communicator ever overlap. The calls made from another thread
    are dm_abort and dm_shrink(DM_SHRINK_ABORT), a watchdog's (or a Ctrl-C handler's): they set
    the interrupt flag, whatever holds the collective ends at its next poll with DM_ERR_ABORTED,
-   and only then does the shrink run. After dm_abort the communicator is aborted
+   and only then does the shrink run. A split or shrink that dm_abort reaches ends the same way
+   wherever it waits: for NCCL's job on the parent, for the new communicator's initialisation
+   (which is aborted), or, re-initialising through the store, for the unique id (the store is
+   asked every 1-8 ms under the collective's deadline, not in one dm_store_get for the store's
+   whole timeout): the stand-in test measures a few ms from dm_abort to the shrink's return. A
+   create has no handle to abort yet; its store waits end at its deadline. After dm_abort the communicator is aborted
    (ncclCommAbort: kernels waiting on a dead peer stop, so the blocking stream, the legacy
    default stream behind it -- cudaMemcpy, torch's .cpu() -- and device-wide syncs do not wait
    forever): by the interrupted call, or, with none running, by dm_abort itself, which takes
@@ -236,6 +241,8 @@ typedef struct _dm_nccl {
     int interrupt;              /* atomic; set by the interrupt slot on another thread (>>nccl shrink) */
     bool parked;                /* interrupted: comm kept only for ncclCommShrink(NCCL_SHRINK_ABORT) */
     int stopped;                /* atomic: dm_abort's ncclCommAbort has run (>>nccl shrink) */
+    const struct _dm_nccl* watch;   /* while a split gathers its child's host identities (on the
+                                       child): the parent, whose stop stops the child's waits */
     struct dm_store* store;     /* borrowed from the desc: the fallback shrink's rendezvous, or 0 */
     char prefix[128];           /* the desc's key prefix in that store */
     unsigned shrinks;           /* shrinks since create: the fallback's key generation */
@@ -416,9 +423,28 @@ static dm_status _dm_nccl_interrupted(_dm_nccl* n, const char* what, uint64_t se
     }
     return st;
 }
-static bool _dm_nccl_interrupt_seen(_dm_nccl* n) {
-    return n->broken == DM_OK && __atomic_load_n(&n->interrupt, __ATOMIC_ACQUIRE) != 0;
+/* Whether another thread asked the running call to stop: the interrupt slot's flag, or dm_abort
+   (the core's flag, which no call clears: a shrink clears the interrupt flag on entry, and its
+   waits -- NCCL's job, the new communicator's init, the store -- must still end at dm_abort). */
+static bool _dm_nccl_stop_asked(const _dm_nccl* n) {
+    return __atomic_load_n(&n->interrupt, __ATOMIC_ACQUIRE) != 0 ||
+           __atomic_load_n(&n->base.core->aborted, __ATOMIC_ACQUIRE) == 2;
 }
+static bool _dm_nccl_interrupt_seen(_dm_nccl* n) {
+    return n->broken == DM_OK && (__atomic_load_n(&n->interrupt, __ATOMIC_ACQUIRE) != 0 ||
+                                  (n->watch && _dm_nccl_stop_asked(n->watch)));
+}
+/* The end of a split or shrink that failed after dm_abort (the core's flag) reached it: the
+   communicator, if the call left one, is aborted here, and the interrupt slot, waiting for
+   that, is told (stopped) -- it need not wait for the collective to be free. */
+static dm_status _dm_nccl_end_aborted(_dm_nccl* n, dm_status st) {
+    if (st == DM_OK || __atomic_load_n(&n->base.core->aborted, __ATOMIC_ACQUIRE) != 2) return st;
+    if (n->comm && n->broken == DM_OK) _dm_nccl_abort(n, st);
+    else if (n->comm) _dm_nccl_drop(n);
+    __atomic_store_n(&n->stopped, 1, __ATOMIC_RELEASE);
+    return st;
+}
+
 static dm_status _dm_nccl_usable(_dm_nccl* n, const char* what) {
     if (_dm_nccl_interrupt_seen(n)) return _dm_nccl_interrupted(n, what, n->base.seq);
     if (n->broken == DM_OK && n->comm) return DM_OK;
@@ -1297,7 +1323,7 @@ static dm_status _dm_nccl_job_wait(_dm_nccl* n, const char* what) {
         ncclResult_t r = _dm_nccl_async_error(n->comm);
         if (r == ncclSuccess) return DM_OK;
         if (r != ncclInProgress) return _dm_nccl_fail_on(n, n->comm, r, what, n->base.seq);
-        if (__atomic_load_n(&n->interrupt, __ATOMIC_ACQUIRE))
+        if (_dm_nccl_stop_asked(n))
             return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted (dm_abort, or dm_shrink "
                             "with DM_SHRINK_ABORT, on another thread); the communicator was aborted", what, seq);
         if (_dm_now_ms() >= deadline)
@@ -1309,17 +1335,25 @@ static dm_status _dm_nccl_job_wait(_dm_nccl* n, const char* what) {
 
 /* A new communicator finishes its own initialisation under the deadline: an init's (the
    fallback shrink's ncclCommInitRankConfig runs as a job of the new communicator itself), and
-   a split's or shrink's child, ready once its parent's job is over on 2.27+. On a failure or
-   at the deadline it is aborted, after NCCL's error text has been read (the abort discards
-   it); the parent is not touched. */
+   a split's or shrink's child, ready once its parent's job is over on 2.27+. On a failure, at
+   the deadline or when another thread asks n's call to stop (dm_abort, DM_SHRINK_ABORT) it is
+   aborted, after NCCL's error text has been read (the abort discards it); the parent is not
+   touched. */
 static dm_status _dm_nccl_child_ready(_dm_nccl* n, ncclComm_t child, const char* what) {
     int64_t deadline = _dm_deadline(n->base.timeout_ms);
     ncclResult_t r;
     dm_status st;
     char msg[96];
-    while ((r = _dm_nccl_async_error(child)) == ncclInProgress && _dm_now_ms() < deadline) sched_yield();
+    bool stop = false;
+    while ((r = _dm_nccl_async_error(child)) == ncclInProgress && _dm_now_ms() < deadline &&
+           !(stop = _dm_nccl_stop_asked(n)))
+        sched_yield();
     if (r == ncclSuccess) return DM_OK;
-    if (r == ncclInProgress) {
+    if (r == ncclInProgress && stop) {
+        st = _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted (dm_abort, or dm_shrink with "
+                      "DM_SHRINK_ABORT, on another thread) while the new communicator initialised; it was aborted",
+                      what, (unsigned long long)n->base.seq);
+    } else if (r == ncclInProgress) {
         st = _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the new "
                       "communicator was aborted", what, (unsigned long long)n->base.seq, n->base.timeout_ms);
     } else {
@@ -1391,7 +1425,9 @@ static dm_status _dm_nccl_split_on(_dm_nccl* n, int color, int key, dm_collectiv
         return st;
     }
     _DM_TRY(_dm_nccl_adopt(n, comm, rank, size, NULL, "split", out));
+    ((_dm_nccl*)*out)->watch = n;   /* dm_abort on the parent stops the child's gather too */
     st = _dm_nccl_hosts((_dm_nccl*)*out);
+    ((_dm_nccl*)*out)->watch = NULL;
     if (st != DM_OK) {
         _dm_copy_name(c->last_error, sizeof(c->last_error), (*out)->last_error);
         _dm_nccl_destroy((dm_collective*)*out);
@@ -1404,7 +1440,7 @@ static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collect
     int prev;
     dm_status st = _dm_nccl_enter(n, "split", &prev);
     if (st == DM_OK) st = _dm_nccl_split_on(n, color, key, out);
-    if (st != DM_OK) return _dm_nccl_leave(n, prev, st, "split");
+    if (st != DM_OK) return _dm_nccl_leave(n, prev, _dm_nccl_end_aborted(n, st), "split");
     (void)_dm_nccl_leave(n, prev, DM_OK, "split");   /* the child exists: *out is the caller's now */
     return DM_OK;
 }
@@ -1550,6 +1586,36 @@ static dm_status _dm_nccl_shrink_native(_dm_nccl* n, int* exclude, int n_exclude
                     NCCL_VERSION_CODE);
 #endif
 }
+/* A key of the store, waited for under the collective's deadline and stopped by another
+   thread's dm_abort or DM_SHRINK_ABORT (_dm_nccl_stop_asked): dm_store_get would sit in the
+   store for the store's whole timeout, out of the interrupt's reach. So this asks whether the
+   key is there (dm_store_check: one round trip, never blocking), sleeping 1 ms, doubling up to
+   8 ms, in between (an abort is seen within about 10 ms), and gets it once it is. A store
+   without check waits in dm_store_get, as before. */
+static dm_status _dm_nccl_store_get(_dm_nccl* n, const char* key, void** value, size_t* len, const char* what) {
+    int64_t deadline = _dm_deadline(n->base.timeout_ms);
+    long sleep_ns = 1000000;
+    for (;;) {
+        bool there = false;
+        if (_dm_nccl_stop_asked(n))
+            return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted (dm_abort, or dm_shrink with "
+                            "DM_SHRINK_ABORT, on another thread) while waiting for %s in the store", what,
+                            (unsigned long long)n->base.seq, key);
+        if (dm_store_check(n->store, &key, 1, &there) != DM_OK || there) break;
+        if (_dm_now_ms() >= deadline)
+            return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms waiting for %s in the "
+                            "store", what, (unsigned long long)n->base.seq, n->base.timeout_ms, key);
+        {
+            struct timespec ts = { 0, sleep_ns };
+            nanosleep(&ts, NULL);
+        }
+        if (sleep_ns < 8000000) sleep_ns *= 2;
+    }
+    if (dm_store_get(n->store, key, value, len) != DM_OK)
+        return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s: waiting for %s: %s", what, key,
+                        dm_store_last_error(n->store));
+    return DM_OK;
+}
 /* The fallback: a new communicator of size ranks through the store (see above). */
 static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclComm_t* comm) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -1572,9 +1638,8 @@ static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclCom
         if (dm_store_set(n->store, key, &id, sizeof(id)) != DM_OK)
             return _DM_FAIL(&n->base, DM_ERR_NETWORK, "nccl: shrink: publishing the unique id: %s",
                             dm_store_last_error(n->store));
-    } else if (dm_store_get(n->store, key, &value, &len) != DM_OK) {
-        return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: shrink: waiting for the new rank 0's unique id (%s): %s",
-                        key, dm_store_last_error(n->store));
+    } else if ((st = _dm_nccl_store_get(n, key, &value, &len, "shrink: the new rank 0's unique id")) != DM_OK) {
+        return st;
     } else {
         if (len == sizeof(id)) memcpy(&id, value, sizeof(id));
         dm_store_free(n->store, value);
@@ -1671,7 +1736,7 @@ static dm_status _dm_nccl_shrink(dm_collective* c, const bool* gone, int flags, 
     __atomic_store_n(&n->interrupt, 0, __ATOMIC_RELEASE);
     st = _dm_nccl_switch(n, "shrink", &prev);
     if (st == DM_OK) st = _dm_nccl_shrink_on(n, gone, flags, out);
-    if (st != DM_OK) return _dm_nccl_leave(n, prev, st, "shrink");
+    if (st != DM_OK) return _dm_nccl_leave(n, prev, _dm_nccl_end_aborted(n, st), "shrink");
     (void)_dm_nccl_leave(n, prev, DM_OK, "shrink");   /* *out exists: the caller's now */
     return DM_OK;
 }

@@ -27,6 +27,8 @@
      failed ncclCommDestroy closes its group and aborts (5); another GPU's memory refused (6); a
      shared abort flag spares the shrunk child (7); local facts from host identities (8); a
      parked communicator's scratch waits for its abort (9).
+   - issue 52: dm_abort on another thread stops a shrink that re-initialises through the store,
+     waiting for the unique id there or for the new communicator's init (item 1).
    Built twice (tests/nccl_standin.mk): with DISTMESH_TCP, the store a server hosted here; and
    with DISTMESH_NCCL alone, no libuv flags nor library, the store a file store (the store comes
    with the NCCL backend; only hosting one needs libuv, refused there with a message). */
@@ -902,6 +904,71 @@ static void test_standin_interrupted_split_leaves_no_job(void** state) {
     nothing_left();
 }
 
+/* Issue 52, item 1: dm_abort on another thread stops a shrink that re-initialises through the
+   store, wherever it waits: for the new rank 0's unique id in the store (dm_store_get sat
+   there for the store's whole timeout, 20 s here), and for the new communicator's init (its
+   poll looked only at the child and the deadline). The shrink ends DM_ERR_ABORTED, dm_abort
+   returns, and no NCCL job is left. The bound asserted is a hang's (5 s); the latency is
+   printed. */
+typedef struct { dm_collective* c; int gone; dm_collective* out; dm_status st; int64_t returned_ms; } shrink_job;
+static void* shrink_main(void* arg) {
+    shrink_job* j = (shrink_job*)arg;
+    j->st = dm_shrink(j->c, &j->gone, 1, DM_SHRINK_ABORT, &j->out);
+    j->returned_ms = tw_now_ms();
+    return NULL;
+}
+/* Shrinks c without `gone` on a thread, waits until ready() says the shrink sits where it
+   should, then dm_abort from here; checks the shrink's DM_ERR_ABORTED and the times. */
+static void abort_during_shrink(dm_collective* c, int gone, bool (*ready)(void), const char* where) {
+    shrink_job j;
+    pthread_t th;
+    int64_t until = tw_now_ms() + 10000, t0, abort_back;
+    memset(&j, 0, sizeof(j));
+    j.c = c;
+    j.gone = gone;
+    assert_int_equal(pthread_create(&th, NULL, shrink_main, &j), 0);
+    while (!ready() && tw_now_ms() < until) sched_yield();
+    assert_true(ready());
+    tw_sleep_ms(50);                    /* well inside the wait */
+    t0 = tw_now_ms();
+    assert_int_equal(dm_abort(c, "watchdog"), DM_OK);
+    abort_back = tw_now_ms();
+    assert_int_equal(pthread_join(th, NULL), 0);
+    print_message("abort during a store shrink (%s): dm_abort returned after %lld ms, the shrink after %lld ms\n",
+                  where, (long long)(abort_back - t0), (long long)(j.returned_ms - t0));
+    if (j.st != DM_ERR_ABORTED)
+        fail_msg("the shrink ended %s after %lld ms: %s", dm_status_name(j.st), (long long)(j.returned_ms - t0),
+                 dm_last_error(c));
+    assert_null(j.out);
+    assert_true(j.returned_ms - t0 < 5000);
+    assert_true(abort_back - t0 < 5000);
+    assert_int_equal(si_pending_jobs(), 0);
+}
+static bool parent_aborted(void) { return si_get()->aborts >= 1; }
+static bool child_initialising(void) { return si_pending_jobs() > 0; }
+static void test_standin_abort_stops_a_store_shrink(void** state) {
+    dm_collective* c;
+    dm_store* store;
+    (void)state;
+    si_reset();
+    store = rendezvous_store(20000);
+    /* old rank 2 of 3 without rank 1: new rank 1, waiting for old rank 0's id, which never comes */
+    c = make_on(3, 2, 1, 20000, store, "abort1/");
+    abort_during_shrink(c, 1, parent_aborted, "waiting for the unique id");
+    CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
+    dm_destroy(c);
+    /* old rank 1 of 3 without rank 0: new rank 0 publishes the id; the init never ends */
+    si_reset();
+    c = make_on(3, 1, 1, 20000, store, "abort2/");
+    si_set_init_polls(0, true);
+    abort_during_shrink(c, 0, child_initialising, "initialising the new communicator");
+    si_set_init_polls(2, false);
+    dm_destroy(c);
+    dm_store_destroy(store);
+    no_wrong_device();
+    nothing_left();
+}
+
 /* Point 9: on a device without memory pools, the scratch of a host-staged call interrupted
    while its kernels wait on a dead peer is not given to cudaFree (which would wait for the
    whole device, hence for those kernels, forever) until the shrink has stopped them. */
@@ -1312,6 +1379,7 @@ DM_TEST_MAIN(standin_setup, tmpdir_teardown,
     cmocka_unit_test(test_standin_shrink_abort_interrupts_a_staged_start),
     cmocka_unit_test(test_standin_other_thread_is_busy_while_requests_run),
     cmocka_unit_test(test_standin_interrupted_split_leaves_no_job),
+    cmocka_unit_test(test_standin_abort_stops_a_store_shrink),
     cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
     cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
     cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
