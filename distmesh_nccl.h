@@ -89,6 +89,27 @@
    returns ncclInProgress (NCCL 2.27, 2.28: a group thread launches the work) and distmesh polls
    ncclCommGetAsyncError until it is accepted; at world 1 NCCL runs a collective at once.
 
+   CUDA GRAPHS
+   While the object's stream captures a CUDA graph (cudaStreamBeginCapture on dm_nccl_stream(c),
+   any mode; torch.compile's CUDA graphs), what only queues work is captured, as NCCL's own
+   calls are: all_reduce, reduce_scatter, reduce, gather, scatter, all_to_all(_v), send, recv,
+   and all_gather / broadcast / all_gather_to_list on device buffers. Scratch (in-place
+   all_to_all, all_gather_to_list) needs memory pools then (cudaMallocAsync is a graph node;
+   cudaMalloc would end the capture): without them such a call is refused. An _async call
+   inside a capture gives a request whose dm_test / dm_wait answer DM_OK at once: its work
+   belongs to the graph and runs at each cudaGraphLaunch (CUDA answers cudaErrorCapturedEvent,
+   907, for its event; wait for the graph's stream after the launch instead). What waits for
+   the stream on the host is refused with DM_ERR_INVALID_ARG naming the capture, before it
+   touches the stream (cudaStreamQuery would answer cudaErrorStreamCaptureUnsupported, 900, and
+   invalidate the capture): dm_synchronize, barrier, the host-staged calls and their _async
+   starts, and a shrink without DM_SHRINK_ABORT. None of this aborts the communicator, and
+   the capture stays valid (cudaStreamIsCapturing decides; a failed query counts as no
+   capture). dm_destroy inside a capture does not wait for the stream; on a device without
+   memory pools its cudaFree is refused by CUDA there, so destroy after the capture. NCCL's
+   ncclCommDestroy waits while a graph that captured the communicator is alive: destroy the
+   graphs first. Checked on the stand-in (tests/stand_in_cuda_nccl.c >>capture), not yet on a
+   GPU.
+
    THREADS
    A collective belongs to one thread at a time (distmesh.h's rule): its blocking calls, its
    _async calls, dm_wait / dm_test on its requests and dm_synchronize all take it, and another
@@ -141,6 +162,7 @@
        >>nccl desc               dm_nccl_desc, dm_nccl_create, the CUDA device calls; the
                                  group (_dm_nccl)
        >>nccl errors             NCCL and CUDA codes into statuses, the abort rule, waits
+       >>nccl capture            CUDA graph capture on the stream: what is refused
        >>nccl device             running on the communicator's device
        >>nccl types              dtypes and ops into NCCL's, device pointer checks
        >>nccl temporaries        device scratch, stream-ordered; copies
@@ -261,6 +283,7 @@ struct _dm_nccl_token {
     uint64_t seq;               /* dm_sequence when started, for messages */
     const char* what;
     bool settled;               /* decided by an abort before finish saw it; status holds it */
+    bool captured;              /* started while the stream captured a graph (>>nccl capture) */
     dm_status status;
 };
 enum { _DM_NCCL_SPARE_MAX = 64 };
@@ -304,7 +327,7 @@ static void _dm_nccl_settle(_dm_nccl* n, dm_status st) {
     for (t = n->live; t; t = t->next)
         if (!t->settled) {
             t->settled = true;
-            t->status = cudaEventQuery(t->event) == cudaSuccess ? DM_OK : st;
+            t->status = t->captured || cudaEventQuery(t->event) == cudaSuccess ? DM_OK : st;
         }
     _dm_copy_name(n->cause, sizeof(n->cause), _dm_errbuf(&n->base));
     n->broken = st;
@@ -453,11 +476,37 @@ static dm_status _dm_nccl_usable(_dm_nccl* n, const char* what) {
                     dm_status_name(n->broken), n->cause[0] ? n->cause : "no message");
 }
 
+/* >>nccl capture  While the stream captures a CUDA graph, its work is recorded, not run: NCCL's
+   own calls are captured like kernels, but asking for the stream's progress ends the capture
+   (cudaStreamQuery: cudaErrorStreamCaptureUnsupported, 900, and the capture is invalidated),
+   an event recorded in it answers cudaErrorCapturedEvent (907), and in global capture mode
+   cudaMalloc is refused too. Neither is a failure of the communicator: whatever would wait on
+   the host (or needs cudaMalloc'd scratch) is refused before it touches the stream, with
+   DM_ERR_INVALID_ARG naming the capture, and the communicator stays usable. A failed query
+   counts as not capturing (the call then goes on as outside a capture). */
+static bool _dm_nccl_capturing(_dm_nccl* n) {
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(n->stream, &cs) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
+static dm_status _dm_nccl_no_capture(_dm_nccl* n, const char* what, const char* why) {
+    if (!_dm_nccl_capturing(n)) return DM_OK;
+    return _DM_FAIL(&n->base, DM_ERR_INVALID_ARG, "nccl: %s #%llu: the communicator's stream is capturing a CUDA "
+                    "graph, and %s; call it outside the capture (the communicator is untouched)", what,
+                    (unsigned long long)n->base.seq, why);
+}
+#define _DM_NCCL_HOST_WAIT "it waits for the stream on the host, which a capture forbids"
+
 /* Polls until the communicator's pending work is accepted (and, with stream_too, the stream has
-   drained), an asynchronous error shows up, or the deadline passes (then abort). */
+   drained), an asynchronous error shows up, or the deadline passes (then abort). Waiting for
+   the stream during a capture is refused (>>nccl capture). */
 static dm_status _dm_nccl_wait(_dm_nccl* n, const char* what, bool stream_too) {
     int64_t deadline = _dm_deadline(n->base.timeout_ms);
     if (!n->comm || n->broken != DM_OK) return _dm_nccl_usable(n, what);
+    if (stream_too) _DM_TRY(_dm_nccl_no_capture(n, what, _DM_NCCL_HOST_WAIT));
     for (;;) {
         ncclResult_t async;
         if (_dm_nccl_interrupt_seen(n)) return _dm_nccl_interrupted(n, what, n->base.seq);
@@ -607,10 +656,15 @@ static dm_status _dm_nccl_tmp_alloc(_dm_nccl* n, size_t bytes, void** p, const c
     cudaError_t e;
     *p = NULL;
 #if CUDART_VERSION >= 11020
-    if (n->pools) e = cudaMallocAsync(p, bytes ? bytes : 1, n->stream);
+    if (n->pools) e = cudaMallocAsync(p, bytes ? bytes : 1, n->stream);     /* captured as a node */
     else
 #endif
+    {
+        /* cudaMalloc in a capture ends it, and cudaFree would wait for the device (>>nccl capture) */
+        if (n->comm) _DM_TRY(_dm_nccl_no_capture(n, what, "its device scratch needs memory pools (cudaMallocAsync) "
+                                                 "in a capture; this device has none"));
         e = cudaMalloc(p, bytes ? bytes : 1);
+    }
     if (e == cudaSuccess) return DM_OK;
     *p = NULL;
     return _dm_nccl_cuda_alloc_fail(n, e, what, bytes);
@@ -691,6 +745,7 @@ static dm_status _dm_nccl_all_gather_on(_dm_nccl* n, const void* send, void* rec
     _DM_TRY(_dm_nccl_buffer(n, "all_gather", recv, true, &host_recv));
     if (!host_send && !host_recv)
         return _dm_nccl_enqueued(n, ncclAllGather(send, recv, count, nt, n->comm, n->stream), "all_gather");
+    _DM_TRY(_dm_nccl_no_capture(n, "all_gather", "host buffers are staged and " _DM_NCCL_HOST_WAIT));
     /* One device block of world x count, our block copied to its slot first. */
     _DM_TRY(_dm_nccl_tmp_alloc(n, total, &tmp, "all_gather (host staging)"));
     own = (unsigned char*)tmp + (size_t)n->base.rank * block;
@@ -713,6 +768,7 @@ static dm_status _dm_nccl_broadcast_on(_dm_nccl* n, void* buf, size_t count, dm_
     _DM_TRY(_dm_nccl_buffer(n, "broadcast", buf, true, &host));
     if (!host)
         return _dm_nccl_enqueued(n, ncclBroadcast(buf, buf, count, nt, root, n->comm, n->stream), "broadcast");
+    _DM_TRY(_dm_nccl_no_capture(n, "broadcast", "a host buffer is staged and " _DM_NCCL_HOST_WAIT));
     _DM_TRY(_dm_nccl_tmp_alloc(n, bytes, &tmp, "broadcast (host staging)"));
     if (n->base.rank == root) st = _dm_nccl_copy(n, tmp, buf, bytes, true, "broadcast (host staging)");
     if (st == DM_OK)
@@ -724,6 +780,7 @@ static dm_status _dm_nccl_broadcast_on(_dm_nccl* n, void* buf, size_t count, dm_
 
 static dm_status _dm_nccl_barrier_on(_dm_nccl* n, bool wait) {
     _DM_TRY(_dm_nccl_usable(n, "barrier"));
+    if (wait) _DM_TRY(_dm_nccl_no_capture(n, "barrier", _DM_NCCL_HOST_WAIT));
     _DM_TRY(_dm_nccl_enqueued(n, ncclAllReduce(n->scratch, n->scratch, 1, ncclFloat32, ncclSum, n->comm,
                                                n->stream), "barrier"));
     return wait ? _dm_nccl_wait(n, "barrier", true) : DM_OK;
@@ -891,7 +948,12 @@ static dm_status _dm_nccl_all_gather_to_list_on(_dm_nccl* n, const void* send, v
     _DM_TRY(_dm_nccl_usable(n, "all_gather_to_list"));
     if (!bytes) return DM_OK;   /* every rank skips it alike */
     _DM_TRY(_dm_nccl_buffer(n, "all_gather_to_list", send, true, &host_send));
-    for (r = 0; r < n->base.size; r++) _DM_TRY(_dm_nccl_buffer(n, "all_gather_to_list", recvs[r], true, &host_recv));
+    host = host_send;
+    for (r = 0; r < n->base.size; r++) {
+        _DM_TRY(_dm_nccl_buffer(n, "all_gather_to_list", recvs[r], true, &host_recv));
+        host = host || host_recv;
+    }
+    if (host) _DM_TRY(_dm_nccl_no_capture(n, "all_gather_to_list", "host buffers are staged and " _DM_NCCL_HOST_WAIT));
     host = host_send;
     _DM_TRY(_dm_nccl_tmp_alloc(n, total, &tmp, "all_gather_to_list"));
     block = (unsigned char*)tmp;
@@ -1064,7 +1126,7 @@ static _dm_nccl_token* _dm_nccl_token_get(_dm_nccl* n, const char* what) {
         }
     }
     t->prev = t->next = NULL;
-    t->settled = false;
+    t->settled = t->captured = false;
     t->status = DM_OK;
     return t;
 }
@@ -1092,7 +1154,9 @@ static dm_status _dm_nccl_start(dm_collective* c, const dm_op* op, void** token)
     t = _dm_nccl_token_get(n, what);
     st = t ? _dm_nccl_issue(n, op) : DM_ERR_OUT_OF_MEMORY;
     if (st == DM_OK) {
-        cudaError_t e = cudaEventRecord(t->event, n->stream);
+        cudaError_t e;
+        t->captured = _dm_nccl_capturing(n);    /* then the event is a graph node (>>nccl capture) */
+        e = cudaEventRecord(t->event, n->stream);
         if (e != cudaSuccess) st = _dm_nccl_cuda_broke(n, e, "recording a request's event");
     }
     if (st != DM_OK) {
@@ -1122,6 +1186,10 @@ static dm_status _dm_nccl_finish(dm_collective* c, void* token, bool block, bool
     if (done) *done = false;
     /* A failed switch aborts, which settles t; the message below then quotes the first cause. */
     (void)_dm_nccl_switch(n, what, &prev);
+    if (t->captured && !t->settled) {   /* its work is the graph's: queued is all it does here */
+        t->settled = true;
+        t->status = DM_OK;
+    }
     while (!t->settled) {
         cudaError_t e = cudaEventQuery(t->event);
         ncclResult_t async;
@@ -1185,7 +1253,8 @@ static void _dm_nccl_destroy(dm_collective* c) {
     /* Let queued work finish (within the deadline) before the communicator goes; a wait that
        fails aborts it, as does a failed switch to its device. A parked one is aborted. */
     bool on_device = _dm_nccl_switch(n, "destroy", &prev) == DM_OK;
-    if (n->comm && n->broken == DM_OK && on_device && _dm_nccl_wait(n, "destroy", n->stream != NULL) == DM_OK) {
+    if (n->comm && n->broken == DM_OK && on_device &&
+        _dm_nccl_wait(n, "destroy", n->stream != NULL && !_dm_nccl_capturing(n)) == DM_OK) {
         _dm_nccl_destroy_comm(n->comm);
         n->comm = NULL;
     }
@@ -1557,7 +1626,7 @@ static void _dm_nccl_retire(_dm_nccl* n, const char* why, bool healthy) {
     for (t = n->live; t; t = t->next)
         if (!t->settled) {
             t->settled = true;
-            t->status = cudaEventQuery(t->event) == cudaSuccess ? DM_OK : DM_ERR_ABORTED;
+            t->status = t->captured || cudaEventQuery(t->event) == cudaSuccess ? DM_OK : DM_ERR_ABORTED;
         }
     if (healthy && n->comm) {
         _dm_nccl_destroy_comm(n->comm);

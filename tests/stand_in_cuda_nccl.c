@@ -81,7 +81,10 @@
      events recorded behind such work; cudaFree, cudaDeviceSynchronize and the stream and event
      synchronizations wait for the device (or the stream) and would hang behind held work:
      counted in hangs (they return at once here);
-   - CUDA's last error, and sticky errors that every later call returns.
+   - CUDA's last error, and sticky errors that every later call returns;
+   - stream capture (>>capture): per-stream capture state, 900 from cudaStreamQuery and
+     cudaStreamSynchronize (invalidating the capture), 907 from cudaEventQuery on a captured
+     event, unsafe calls refused in global mode, 901 at cudaStreamEndCapture after that.
    Every entry point takes one recursive lock, so two threads may call it (one at a time). */
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
@@ -108,10 +111,18 @@ typedef struct si_stream {
     int device, busy;
     bool nonblocking;           /* cudaStreamNonBlocking: not ordered with the legacy default stream */
     bool held;                  /* work queued while held never finishes on its own */
+    int capture;                /* enum cudaStreamCaptureStatus: none, active, invalidated (>>capture) */
+    enum cudaStreamCaptureMode capture_mode;
     si_comm* held_by;           /* the communicator whose kernel it is (its abort stops it), or NULL */
     unsigned gen;               /* bumped whenever held work is released */
 } si_stream;
-typedef struct si_event { int device; si_stream* stream; bool pending, held; unsigned gen; } si_event;
+typedef struct si_event {
+    int device;
+    si_stream* stream;
+    bool pending, held;
+    bool captured;              /* last recorded on a capturing stream (>>capture) */
+    unsigned gen;
+} si_event;
 /* A background job of NCCL's, running on the communicator that owns it. */
 typedef struct si_job {
     bool active;
@@ -210,6 +221,7 @@ void si_reset(void) {
     si.stats.live_streams = keep.live_streams;
     si.stats.live_events = keep.live_events;
     si.stats.live_allocs = keep.live_allocs;
+    si.stats.live_graphs = keep.live_graphs;
     si.stats.group_depth = keep.group_depth;
     memset(si.rules, 0, sizeof(si.rules));
     memset(si.names, 0, sizeof(si.names));
@@ -375,7 +387,7 @@ static void si_hang(const char* what) {
    themselves. */
 static void si_queue(si_stream* s, si_comm* by) {
     si_stream* l;
-    if (!s) return;
+    if (!s || s->capture != cudaStreamCaptureStatusNone) return;    /* captured: a graph node, not work */
     s->busy = si.busy_polls;
     /* A blocking stream's new work waits for what the legacy default stream holds before it; a
        non-blocking stream's does not: NCCL work there may read inputs not written yet. */
@@ -448,6 +460,61 @@ static void si_device_wait(const char* fn) {
         }
 }
 
+/* >>capture  CUDA graph capture, as the runtime answers it (CUDA 12/13 documentation of
+   cudaStreamBeginCapture, cudaStreamQuery, cudaEventQuery; "Prohibited and Unhandled
+   Operations" of the programming guide's CUDA Graphs section). Between cudaStreamBeginCapture
+   and cudaStreamEndCapture the stream's work is recorded into a graph, not run (here the bytes
+   still move at once, as if the graph ran right away; the stream never gets busy). Asking for
+   the capturing stream's progress (cudaStreamQuery, cudaStreamSynchronize) is
+   cudaErrorStreamCaptureUnsupported (900) and invalidates the capture; an event last recorded
+   on a capturing stream answers cudaEventQuery and cudaEventSynchronize with
+   cudaErrorCapturedEvent (907), also after the capture ended (the record was a graph node,
+   not an event on the device); while a stream captures in global or thread-local mode (here
+   from any thread: thread-local forbids them only on the capturing thread),
+   potentially unsafe calls (cudaMalloc, cudaFree, cudaMemcpy, cudaDeviceSynchronize) are
+   cudaErrorStreamCaptureUnsupported and invalidate it, and a synchronous call on the legacy
+   stream behind a capturing blocking stream is cudaErrorStreamCaptureImplicit (906).
+   cudaMallocAsync / cudaFreeAsync on the stream are allocation nodes, allowed. An invalidated
+   capture ends with cudaErrorStreamCaptureInvalidated (901) and no graph. Not sticky: the
+   errors are the call's and the last error's. Counted: capture_errors. */
+static cudaError_t si_capture_error(si_stream* s, cudaError_t e) {
+    if (s && s->capture == cudaStreamCaptureStatusActive) s->capture = cudaStreamCaptureStatusInvalidated;
+    si.stats.capture_errors++;
+    si.last = e;
+    return e;
+}
+/* A potentially unsafe call while a stream captures in a mode that forbids it: every such
+   capture is invalidated, and the call fails. */
+static cudaError_t si_unsafe_in_capture(void) {
+    int i;
+    bool hit = false;
+    for (i = 0; i < SI_MAX; i++) {
+        si_stream* s = si.streams[i];
+        if (s && s->capture == cudaStreamCaptureStatusActive && s->capture_mode != cudaStreamCaptureModeRelaxed) {
+            s->capture = cudaStreamCaptureStatusInvalidated;
+            hit = true;
+        }
+    }
+    return hit ? si_capture_error(NULL, cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+/* A synchronous call on the legacy stream, which would join a capturing blocking stream. */
+static cudaError_t si_legacy_in_capture(void) {
+    int i;
+    for (i = 0; i < SI_MAX; i++) {
+        si_stream* s = si.streams[i];
+        if (s && s->capture == cudaStreamCaptureStatusActive && !s->nonblocking && s->device == si_current)
+            return si_capture_error(s, cudaErrorStreamCaptureImplicit);
+    }
+    return cudaSuccess;
+}
+int si_capture_status(void* stream) {
+    int i, st = -1;
+    si_lock();
+    i = si_find((void* const*)si.streams, stream);
+    if (i >= 0) st = si.streams[i]->capture;
+    SI_RETURN(st);
+}
+
 /* >>memory */
 static si_alloc* si_alloc_of(const void* p) {
     int i;
@@ -511,6 +578,7 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
     cudaError_t e;
     si_lock();
     e = si_cuda("cudaMalloc", true);
+    if (e == cudaSuccess) e = si_unsafe_in_capture();
     SI_RETURN(e != cudaSuccess ? e : si_malloc(devPtr, size, false));
 }
 cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int flags) {
@@ -533,6 +601,8 @@ cudaError_t cudaFree(void* devPtr) {
     cudaError_t e, f;
     si_lock();
     e = si_cuda("cudaFree", true);
+    if (e == cudaSuccess && devPtr && (f = si_unsafe_in_capture()) != cudaSuccess)
+        SI_RETURN(f);                       /* refused by a capture: nothing is released */
     if (devPtr) si_device_wait("cudaFree");
     if (si_launch_uses(si_alloc_of(devPtr))) si_early("cudaFree of memory that NCCL work not launched yet uses");
     f = si_free(devPtr);
@@ -597,6 +667,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpy
     (void)kind;
     si_lock();
     e = si_cuda("cudaMemcpy", true);
+    if (e == cudaSuccess) e = si_unsafe_in_capture();
+    if (e == cudaSuccess) e = si_legacy_in_capture();
     if (e != cudaSuccess) SI_RETURN(e);
     si_legacy_wait("cudaMemcpy");
     if (count) memmove(dst, src, count);
@@ -640,6 +712,7 @@ cudaError_t cudaDeviceSynchronize(void) {
     cudaError_t e;
     si_lock();
     e = si_cuda("cudaDeviceSynchronize", true);
+    if (e == cudaSuccess) e = si_unsafe_in_capture();
     if (e == cudaSuccess) si_device_wait("cudaDeviceSynchronize");
     SI_RETURN(e);
 }
@@ -660,6 +733,10 @@ const char* cudaGetErrorString(cudaError_t error) {
         case cudaErrorIllegalAddress: return "an illegal memory access was encountered (stand-in)";
         case cudaErrorLaunchFailure: return "unspecified launch failure (stand-in)";
         case cudaErrorNotReady: return "device not ready (stand-in)";
+        case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (stand-in)";
+        case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture (stand-in)";
+        case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream (stand-in)";
+        case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream (stand-in)";
         default: return "some CUDA error (stand-in)";
     }
 }
@@ -710,6 +787,8 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     __atomic_add_fetch(&si_stream_query_calls, 1, __ATOMIC_ACQ_REL);
     if (e != cudaSuccess) SI_RETURN(e);
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si.streams[i]->capture != cudaStreamCaptureStatusNone)
+        SI_RETURN(si_capture_error(si.streams[i], cudaErrorStreamCaptureUnsupported));
     SI_RETURN(si_stream_done(si.streams[i]) ? cudaSuccess : cudaErrorNotReady);
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
@@ -753,6 +832,11 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (i < 0 || j < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     ev = si.events[i];
     ev->stream = si.streams[j];
+    ev->captured = ev->stream->capture != cudaStreamCaptureStatusNone;
+    if (ev->captured) {         /* a graph node: nothing to wait for on the device */
+        ev->pending = ev->held = false;
+        SI_RETURN(cudaSuccess);
+    }
     if (si_launch_pending_on(ev->stream)) si_early("cudaEventRecord on a stream whose NCCL work is not launched yet");
     ev->pending = si_stream_busy(ev->stream);
     ev->held = ev->stream->held;
@@ -774,6 +858,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     ev = si.events[i];
     s = ev->stream;
+    if (ev->captured) SI_RETURN(si_capture_error(NULL, cudaErrorCapturedEvent));
     if (!ev->pending) SI_RETURN(cudaSuccess);
     if (ev->held && s && s->held && s->gen == ev->gen) SI_RETURN(cudaErrorNotReady);
     if (s && s->busy > 0) { s->busy--; SI_RETURN(cudaErrorNotReady); }
@@ -790,11 +875,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     i = si_find((void* const*)si.streams, stream);
     if (e != cudaSuccess) SI_RETURN(e);
     if (stream == NULL || stream == cudaStreamLegacy) {     /* the legacy stream: every blocking one */
+        if ((e = si_legacy_in_capture()) != cudaSuccess) SI_RETURN(e);
         si_legacy_wait("cudaStreamSynchronize");
         si_legacy_stream()->busy = 0;
         SI_RETURN(cudaSuccess);
     }
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si.streams[i]->capture != cudaStreamCaptureStatusNone)
+        SI_RETURN(si_capture_error(si.streams[i], cudaErrorStreamCaptureUnsupported));
     if (si_launch_pending_on(si.streams[i])) si_early("cudaStreamSynchronize on a stream whose NCCL work is not launched yet");
     if (si.streams[i]->held) si_hang("cudaStreamSynchronize behind a kernel that never ends");
     si.streams[i]->busy = 0;
@@ -808,10 +896,68 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     i = si_find((void* const*)si.events, event);
     if (e != cudaSuccess) SI_RETURN(e);
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si.events[i]->captured) SI_RETURN(si_capture_error(NULL, cudaErrorCapturedEvent));
     if (si.events[i]->held && si.events[i]->stream && si.events[i]->stream->held &&
         si.events[i]->stream->gen == si.events[i]->gen)
         si_hang("cudaEventSynchronize behind a kernel that never ends");
     si.events[i]->pending = false;
+    SI_RETURN(cudaSuccess);
+}
+/* >>capture's calls. A graph is an opaque allocation here (counted in live_graphs). */
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+    cudaError_t e;
+    int i;
+    si_lock();
+    e = si_cuda("cudaStreamBeginCapture", true);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (stream == NULL || stream == cudaStreamLegacy) SI_RETURN(si.last = cudaErrorStreamCaptureUnsupported);
+    i = si_find((void* const*)si.streams, stream);
+    if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si.streams[i]->capture != cudaStreamCaptureStatusNone) SI_RETURN(si.last = cudaErrorIllegalState);
+    si.streams[i]->capture = cudaStreamCaptureStatusActive;
+    si.streams[i]->capture_mode = mode;
+    SI_RETURN(cudaSuccess);
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+    cudaError_t e;
+    int i, was;
+    si_lock();
+    e = si_cuda("cudaStreamEndCapture", true);
+    if (e != cudaSuccess) SI_RETURN(e);
+    i = si_find((void* const*)si.streams, stream);
+    if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    was = si.streams[i]->capture;
+    if (was == cudaStreamCaptureStatusNone) SI_RETURN(si.last = cudaErrorIllegalState);
+    si.streams[i]->capture = cudaStreamCaptureStatusNone;
+    *pGraph = NULL;
+    if (was == cudaStreamCaptureStatusInvalidated) SI_RETURN(si.last = cudaErrorStreamCaptureInvalidated);
+    *pGraph = (cudaGraph_t)calloc(1, 16);
+    if (!*pGraph) SI_RETURN(cudaErrorMemoryAllocation);
+    si.stats.live_graphs++;
+    SI_RETURN(cudaSuccess);
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* pCaptureStatus) {
+    cudaError_t e;
+    int i;
+    si_lock();
+    e = si_cuda("cudaStreamIsCapturing", false);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (stream == NULL || stream == cudaStreamLegacy) {
+        if ((e = si_legacy_in_capture()) != cudaSuccess) SI_RETURN(e);
+        *pCaptureStatus = cudaStreamCaptureStatusNone;
+        SI_RETURN(cudaSuccess);
+    }
+    i = si_find((void* const*)si.streams, stream);
+    if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    *pCaptureStatus = (enum cudaStreamCaptureStatus)si.streams[i]->capture;
+    SI_RETURN(cudaSuccess);
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    si_lock();
+    si_note("cudaGraphDestroy");
+    if (!graph) SI_RETURN(cudaErrorInvalidValue);
+    free(graph);
+    si.stats.live_graphs--;
     SI_RETURN(cudaSuccess);
 }
 /* Pinned host memory is plain host memory here (not registered as device memory). */

@@ -43,11 +43,17 @@ typedef struct si_stats {
     int unordered_with_legacy;  /* NCCL work queued on a non-blocking stream while the legacy
                                    default stream had work before it (not waited for) */
     int stray_group_ends;       /* ncclGroupEnd outside any group ("not in a group call") */
+    int capture_errors;         /* CUDA calls a stream capture refused (900, 906, 907) */
+    int live_graphs;            /* graphs from cudaStreamEndCapture not destroyed yet */
 } si_stats;
 
 /* Clears the script and the counters (not the live objects: leaks stay visible). */
 void si_reset(void);
 const si_stats* si_get(void);
+/* A stream's capture status (enum cudaStreamCaptureStatus: 0 none, 1 active, 2 invalidated),
+   -1 for an unknown stream, asked without counting a call (cudaStreamBeginCapture /
+   cudaStreamEndCapture are the test's to call: see stand_in_cuda_nccl.c >>capture). */
+int si_capture_status(void* stream);
 /* Calls of fn (a CUDA or NCCL function name) since si_reset. */
 int si_count(const char* fn);
 /* cudaStreamQuery and cudaEventQuery calls since si_reset (atomic: for another thread). */

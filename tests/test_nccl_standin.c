@@ -28,7 +28,9 @@
      shared abort flag spares the shrunk child (7); local facts from host identities (8); a
      parked communicator's scratch waits for its abort (9).
    - issue 52: dm_abort on another thread stops a shrink that re-initialises through the store,
-     waiting for the unique id there or for the new communicator's init (item 1).
+     waiting for the unique id there or for the new communicator's init (item 1); a CUDA graph
+     capture on the stream: enqueue-only calls captured, host-side waits refused with
+     DM_ERR_INVALID_ARG, the capture and the communicator intact (item 2).
    Built twice (tests/nccl_standin.mk): with DISTMESH_TCP, the store a server hosted here; and
    with DISTMESH_NCCL alone, no libuv flags nor library, the store a file store (the store comes
    with the NCCL backend; only hosting one needs libuv, refused there with a message). */
@@ -969,6 +971,88 @@ static void test_standin_abort_stops_a_store_shrink(void** state) {
     nothing_left();
 }
 
+/* Issue 52, item 2: a CUDA graph capture on the communicator's stream is not a failure. The
+   stand-in answers as CUDA does (stand_in_cuda_nccl.c >>capture: cudaStreamQuery 900 and the
+   capture invalidated, cudaEventQuery 907 on an event recorded in it, cudaMalloc refused in
+   global mode). Inside the capture the enqueue-only calls are captured (all_reduce, in-place
+   all_to_all with stream-ordered scratch, an _async request, whose dm_wait is DM_OK at once);
+   what waits on the host -- dm_synchronize, barrier, host-staged all_gather, broadcast and
+   all_gather_to_list, an _async host-staged start, scratch without memory pools -- is
+   DM_ERR_INVALID_ARG naming the capture, before touching the stream: the capture stays valid,
+   nothing is aborted, and after cudaStreamEndCapture the communicator works. Before the fix
+   dm_synchronize's cudaStreamQuery got 900 and aborted the communicator. */
+static cudaError_t capture_call(dm_collective* c, bool begin) {
+    cudaGraph_t graph = NULL;
+    cudaError_t e;
+    si_expect_device(-1);
+    e = begin ? cudaStreamBeginCapture((cudaStream_t)dm_nccl_stream(c), cudaStreamCaptureModeGlobal)
+              : cudaStreamEndCapture((cudaStream_t)dm_nccl_stream(c), &graph);
+    if (graph) assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);
+    si_expect_device(g_device);
+    return e;
+}
+#define CHECK_REFUSED_IN_CAPTURE(c, call) do {                                                  \
+        CHECK_ST(c, DM_ERR_INVALID_ARG, call);                                                   \
+        CHECK_MSG(c, "capturing a CUDA graph");                                                  \
+        assert_int_equal(si_capture_status(dm_nccl_stream(c)), cudaStreamCaptureStatusActive);  \
+    } while (0)
+static void test_standin_capture_leaves_the_communicator_usable(void** state) {
+    dm_collective* c;
+    dm_request* req = NULL;
+    float *a, *b, host[2 * N], host_out[2 * N * 2];
+    void* list[2];
+    int pools;
+    (void)state;
+    memset(host, 0, sizeof(host));
+    for (pools = 1; pools >= 0; pools--) {
+        si_reset();
+        si_set_memory_pools(pools != 0);
+        c = make(2, 1, 5000);
+        a = dev(2 * N);
+        b = dev(2 * N);
+        list[0] = host_out;
+        list[1] = host_out + N;
+        assert_int_equal(capture_call(c, true), cudaSuccess);
+        /* captured: enqueue only */
+        CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        CHECK_DM_OK(c, dm_all_gather(c, a, b, N, DM_FLOAT32));
+        CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+        CHECK_DM_OK(c, dm_wait(req));
+        if (pools) CHECK_DM_OK(c, dm_all_to_all(c, NULL, b, N / 2, DM_FLOAT32));   /* in place: scratch */
+        else CHECK_REFUSED_IN_CAPTURE(c, dm_all_to_all(c, NULL, b, N / 2, DM_FLOAT32));
+        /* refused: host-side waits */
+        CHECK_REFUSED_IN_CAPTURE(c, dm_synchronize(c));
+        CHECK_REFUSED_IN_CAPTURE(c, dm_barrier(c));
+        CHECK_REFUSED_IN_CAPTURE(c, dm_all_gather(c, host, host_out, N, DM_FLOAT32));
+        CHECK_REFUSED_IN_CAPTURE(c, dm_broadcast(c, host, N, DM_FLOAT32, 0));
+        CHECK_REFUSED_IN_CAPTURE(c, dm_all_gather_to_list(c, a, list, N, DM_FLOAT32));
+        req = NULL;
+        CHECK_REFUSED_IN_CAPTURE(c, dm_all_gather_async(c, host, host_out, N, DM_FLOAT32, &req));
+        assert_null(req);
+        assert_int_equal(si_get()->capture_errors, 0);
+        assert_int_equal(si_get()->aborts, 0);
+        assert_int_equal(capture_call(c, false), cudaSuccess);    /* the capture was never invalidated */
+        /* after the capture: everything works, nothing was aborted */
+        CHECK_DM_OK(c, dm_synchronize(c));
+        CHECK_DM_OK(c, dm_barrier(c));
+        CHECK_DM_OK(c, dm_all_gather(c, host, host_out, N, DM_FLOAT32));
+        CHECK_DM_OK(c, dm_all_to_all(c, NULL, b, N / 2, DM_FLOAT32));
+        assert_int_equal(si_get()->aborts, 0);
+        /* destroyed inside a capture (with memory pools: cudaFree is forbidden there): no wait
+           for the stream, no abort */
+        if (pools) {
+            assert_int_equal(capture_call(c, true), cudaSuccess);
+            CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        }
+        dm_destroy(c);          /* its owned stream, capture and all, is gone with it */
+        assert_int_equal(si_get()->aborts, 0);
+        assert_int_equal(si_get()->capture_errors, 0);
+        no_wrong_device();
+        free_buffers_nothing_left(a, b);
+    }
+    assert_int_equal(si_get()->live_graphs, 0);
+}
+
 /* Point 9: on a device without memory pools, the scratch of a host-staged call interrupted
    while its kernels wait on a dead peer is not given to cudaFree (which would wait for the
    whole device, hence for those kernels, forever) until the shrink has stopped them. */
@@ -1380,6 +1464,7 @@ DM_TEST_MAIN(standin_setup, tmpdir_teardown,
     cmocka_unit_test(test_standin_other_thread_is_busy_while_requests_run),
     cmocka_unit_test(test_standin_interrupted_split_leaves_no_job),
     cmocka_unit_test(test_standin_abort_stops_a_store_shrink),
+    cmocka_unit_test(test_standin_capture_leaves_the_communicator_usable),
     cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
     cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
     cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
