@@ -50,7 +50,10 @@
 
    FAILURES
    Once an operation has begun to queue work, every NCCL result other than success and
-   ncclInProgress (a dead peer shows up as ncclRemoteError on the next call), every CUDA
+   ncclInProgress (a dead peer on another host shows up as ncclRemoteError on the next call;
+   one on this host NCCL never reports: distmesh watches those processes itself and answers
+   DM_ERR_PEER_LOST naming the rank, within about 10 ms of its death, in every wait; Linux,
+   same pid namespace; >>nccl peers), every CUDA
    failure (a sticky one such as an illegal address seen by the stream or an event) and every
    deadline aborts the communicator (ncclCommAbort): started requests that had not completed
    finish with that status, and every later call returns DM_ERR_ABORTED quoting the first
@@ -162,6 +165,7 @@
        >>nccl desc               dm_nccl_desc, dm_nccl_create, the CUDA device calls; the
                                  group (_dm_nccl)
        >>nccl errors             NCCL and CUDA codes into statuses, the abort rule, waits
+       >>nccl peers              a local peer's death, seen through /proc (NCCL reports none)
        >>nccl capture            CUDA graph capture on the stream: what is refused
        >>nccl device             running on the communicator's device
        >>nccl types              dtypes and ops into NCCL's, device pointer checks
@@ -246,6 +250,12 @@ DM_API dm_status dm_cuda_synchronize(void);         /* the whole device */
 #endif
 
 typedef struct _dm_nccl_token _dm_nccl_token;
+/* A process of this host in the communicator, watched while distmesh waits (>>nccl peers). */
+typedef struct _dm_nccl_peer {
+    int rank;
+    int64_t pid;
+    uint64_t start;             /* its start time (/proc/<pid>/stat, field 22): a reused pid differs */
+} _dm_nccl_peer;
 typedef struct _dm_nccl {
     dm_collective base;
     _dm_core core;
@@ -272,6 +282,9 @@ typedef struct _dm_nccl {
     void* deferred[4];          /* cudaMalloc'd scratch freed once the parked communicator is
                                    aborted (>>nccl temporaries) */
     int n_deferred;
+    _dm_nccl_peer* peers;       /* the other members' processes on this host (>>nccl peers) */
+    int n_peers;
+    int64_t peers_next_ms;      /* when the next look at them is due */
 } _dm_nccl;
 
 /* One started request: the event recorded on the stream right after its operation. */
@@ -476,6 +489,109 @@ static dm_status _dm_nccl_usable(_dm_nccl* n, const char* what) {
                     dm_status_name(n->broken), n->cause[0] ? n->cause : "no message");
 }
 
+/* >>nccl peers  NCCL reports a dead peer only through its network and proxy connections: ranks
+   of one host talk over shared memory and P2P, whose kernels and proxy threads spin silently on
+   a peer that was killed, so a local death would surface only at the deadline. distmesh
+   watches the other members on its host itself: their process ids, start times and pid
+   namespaces travel in the host identities' gather (>>nccl hosts), and every wait of distmesh's
+   (the stream, a request, NCCL's job) looks at /proc/<pid>/stat of each local peer every
+   _DM_NCCL_PEER_MS: gone, a zombie, or a reused pid (another start time) is a dead peer,
+   DM_ERR_PEER_LOST naming the rank, and the communicator is aborted (its kernels stop).
+   Only peers in this process's pid namespace are watched; where /proc is missing (not Linux)
+   nothing is. A peer on another host is NCCL's to report (ncclRemoteError). */
+enum { _DM_NCCL_PEER_MS = 10, _DM_NCCL_PROC_BYTES = 32 };
+/* A process's state letter and start time from /proc/<pid>/stat; false if it cannot be read
+   (*gone: it does not exist). */
+static bool _dm_nccl_proc_stat(int64_t pid, char* state, uint64_t* start, bool* gone) {
+#if defined(__linux__)
+    char path[64], buf[1024], *p;
+    ssize_t k;
+    int fd, field;
+    *gone = false;
+    snprintf(path, sizeof(path), "/proc/%lld/stat", (long long)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        *gone = errno == ENOENT || errno == ESRCH;
+        return false;
+    }
+    k = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (k <= 0) {
+        *gone = k < 0 && errno == ESRCH;
+        return false;
+    }
+    buf[k] = 0;
+    p = strrchr(buf, ')');      /* the command name may hold spaces and parentheses */
+    if (!p || p[1] != ' ' || !p[2]) return false;
+    *state = p[2];
+    for (field = 3, p += 2; field < 22 && p; field++) {
+        p = strchr(p, ' ');
+        if (p) p++;
+    }
+    if (!p) return false;
+    *start = strtoull(p, NULL, 10);
+    return true;
+#else
+    (void)pid; (void)state; (void)start;
+    *gone = false;
+    return false;
+#endif
+}
+/* This process's record for the gather: pid, start time, pid namespace (device, inode); all 0
+   where they cannot be known (then no one watches it). */
+static void _dm_nccl_proc_self(unsigned char rec[_DM_NCCL_PROC_BYTES]) {
+    uint64_t v[4] = { 0, 0, 0, 0 };
+#if defined(__linux__)
+    struct stat ns;
+    char state = 0;
+    bool gone = false;
+    uint64_t start = 0;
+    if (stat("/proc/self/ns/pid", &ns) == 0 && _dm_nccl_proc_stat((int64_t)getpid(), &state, &start, &gone)) {
+        v[0] = (uint64_t)getpid();
+        v[1] = start;
+        v[2] = (uint64_t)ns.st_dev;
+        v[3] = (uint64_t)ns.st_ino;
+    }
+#endif
+    memcpy(rec, v, sizeof(v));
+}
+/* The index in n->peers of a local peer found dead, or -1; at most every _DM_NCCL_PEER_MS. A
+   /proc entry that cannot be read for another reason (permissions) counts as alive. */
+static int _dm_nccl_peer_gone(_dm_nccl* n) {
+    int64_t now;
+    int i;
+    if (!n->n_peers) return -1;
+    now = _dm_now_ms();
+    if (now < n->peers_next_ms) return -1;
+    n->peers_next_ms = now + _DM_NCCL_PEER_MS;
+    for (i = 0; i < n->n_peers; i++) {
+        char state = 0;
+        uint64_t start = 0;
+        bool gone = false;
+        if (_dm_nccl_proc_stat(n->peers[i].pid, &state, &start, &gone)) {
+            if (state == 'Z' || state == 'X' || start != n->peers[i].start) return i;
+        } else if (gone) {
+            return i;
+        }
+    }
+    return -1;
+}
+/* Records the loss of peer i (the caller aborts). */
+static dm_status _dm_nccl_lost(_dm_nccl* n, int i, const char* what, uint64_t seq) {
+    return _DM_FAIL(&n->base, DM_ERR_PEER_LOST, "nccl: %s #%llu: rank %d (pid %lld, on this host) is gone; NCCL "
+                    "does not report a peer lost over shared memory or P2P (distmesh watches the ranks of its "
+                    "host); the communicator was aborted", what, (unsigned long long)seq, n->peers[i].rank,
+                    (long long)n->peers[i].pid);
+}
+static dm_status _dm_nccl_peers_alive(_dm_nccl* n, const char* what, uint64_t seq) {
+    int i = _dm_nccl_peer_gone(n);
+    dm_status st;
+    if (i < 0) return DM_OK;
+    st = _dm_nccl_lost(n, i, what, seq);
+    _dm_nccl_abort(n, st);
+    return st;
+}
+
 /* >>nccl capture  While the stream captures a CUDA graph, its work is recorded, not run: NCCL's
    own calls are captured like kernels, but asking for the stream's progress ends the capture
    (cudaStreamQuery: cudaErrorStreamCaptureUnsupported, 900, and the capture is invalidated),
@@ -517,6 +633,7 @@ static dm_status _dm_nccl_wait(_dm_nccl* n, const char* what, bool stream_too) {
             if (e == cudaSuccess) return DM_OK;
             if (e != cudaErrorNotReady) return _dm_nccl_cuda_broke(n, e, what);
         }
+        _DM_TRY(_dm_nccl_peers_alive(n, what, n->base.seq));
         if (_dm_now_ms() >= deadline) return _dm_nccl_timed_out(n, what, n->base.seq, n->base.timeout_ms);
         sched_yield();
     }
@@ -1225,6 +1342,10 @@ static dm_status _dm_nccl_finish(dm_collective* c, void* token, bool block, bool
             reported = true;
             break;
         }
+        if (_dm_nccl_peers_alive(n, what, t->seq) != DM_OK) {   /* the abort settled t */
+            reported = true;
+            break;
+        }
         if (_dm_now_ms() >= t->deadline) {
             /* the abort decides t: DM_OK if its event completed in the meantime */
             _dm_nccl_timed_out(n, what, t->seq, t->timeout_ms);
@@ -1283,6 +1404,7 @@ static void _dm_nccl_destroy(dm_collective* c) {
     if (n->owns_stream && n->stream) cudaStreamDestroy(n->stream);
     cudaGetLastError();
     _dm_free(&a, n->host_of);
+    _dm_free(&a, n->peers);
     _dm_free(&a, n);
     if (prev >= 0 && prev != device && cudaSetDevice(prev) != cudaSuccess) cudaGetLastError();
 }
@@ -1395,6 +1517,10 @@ static dm_status _dm_nccl_job_wait(_dm_nccl* n, const char* what) {
         if (_dm_nccl_stop_asked(n))
             return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted (dm_abort, or dm_shrink "
                             "with DM_SHRINK_ABORT, on another thread); the communicator was aborted", what, seq);
+        {
+            int gone = _dm_nccl_peer_gone(n);
+            if (gone >= 0) return _dm_nccl_lost(n, gone, what, n->base.seq);
+        }
         if (_dm_now_ms() >= deadline)
             return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the "
                             "communicator was aborted", what, seq, n->base.timeout_ms);
@@ -1520,8 +1646,35 @@ static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collect
    and split gather them over the new communicator (one host-staged all_gather); a shrink's
    survivors take theirs from the parent's table (host_of), without communication. The
    launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win at create, as on TCP. */
+/* The members on this host, in this pid namespace, other than this process: the peers to watch
+   (>>nccl peers), from the gathered records (stride rec, the process part at proc). */
+static dm_status _dm_nccl_local_peers(_dm_nccl* n, const unsigned char* all, size_t rec, size_t proc,
+                                      const int* host_of) {
+    uint64_t me[4], v[4];
+    int j, k = 0;
+    memcpy(me, all + (size_t)n->base.rank * rec + proc, sizeof(me));
+    _dm_free(&n->base.allocator, n->peers);
+    n->peers = NULL;
+    n->n_peers = 0;
+    if (!me[0] || n->base.size < 2) return DM_OK;
+    n->peers = (_dm_nccl_peer*)_dm_calloc(&n->base.allocator, sizeof(_dm_nccl_peer) * (size_t)n->base.size);
+    if (!n->peers) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "nccl: hosts: out of memory");
+    for (j = 0; j < n->base.size; j++) {
+        memcpy(v, all + (size_t)j * rec + proc, sizeof(v));
+        if (j == n->base.rank || host_of[j] != host_of[n->base.rank] || !v[0] || v[0] == me[0] ||
+            v[2] != me[2] || v[3] != me[3])
+            continue;
+        n->peers[k].rank = j;
+        n->peers[k].pid = (int64_t)v[0];
+        n->peers[k].start = v[1];
+        k++;
+    }
+    n->n_peers = k;
+    return DM_OK;
+}
 static dm_status _dm_nccl_hosts(_dm_nccl* n) {
-    enum { ID = 96, NAME = sizeof(((dm_collective*)0)->node_name), REC = ID + NAME };
+    enum { ID = 96, NAME = sizeof(((dm_collective*)0)->node_name), PROC = ID + NAME,
+           REC = PROC + _DM_NCCL_PROC_BYTES };
     int W = n->base.size;
     unsigned char mine[REC];
     unsigned char* all = (unsigned char*)_dm_calloc(&n->base.allocator, (size_t)W * REC);
@@ -1531,6 +1684,7 @@ static dm_status _dm_nccl_hosts(_dm_nccl* n) {
     if (!all || !host_of) st = _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "nccl: hosts: out of memory");
     memset(mine, 0, sizeof(mine));
     _dm_host_identity((char*)mine + ID, NAME, (char*)mine, ID);
+    _dm_nccl_proc_self(mine + PROC);       /* >>nccl peers */
     if (st == DM_OK && W == 1) memcpy(all, mine, REC);
     else if (st == DM_OK) st = _dm_nccl_all_gather_on(n, mine, all, REC, DM_UINT8);
     if (st == DM_OK) {
@@ -1539,6 +1693,7 @@ static dm_status _dm_nccl_hosts(_dm_nccl* n) {
                                 &n->base.local_size))
             st = _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "nccl: hosts: out of memory");
     }
+    if (st == DM_OK) st = _dm_nccl_local_peers(n, all, REC, PROC, host_of);
     if (st == DM_OK) {
         _dm_copy_name(n->base.node_name, sizeof(n->base.node_name), (const char*)mine + ID);
         _dm_free(&n->base.allocator, n->host_of);
@@ -1564,6 +1719,16 @@ static dm_status _dm_nccl_hosts_of_members(_dm_nccl* m, const _dm_nccl* n, const
         if (m->host_of[i] != m->host_of[m->base.rank]) continue;
         if (i < m->base.rank) m->base.local_rank++;
         m->base.local_size++;
+    }
+    if (n->n_peers) {           /* the watched peers that stay, renumbered (>>nccl peers) */
+        m->peers = (_dm_nccl_peer*)_dm_calloc(&m->base.allocator, sizeof(_dm_nccl_peer) * (size_t)n->n_peers);
+        if (!m->peers) return _DM_FAIL(&m->base, DM_ERR_OUT_OF_MEMORY, "nccl: shrink: out of memory");
+        for (k = 0; k < n->n_peers; k++)
+            for (i = 0; i < W; i++)
+                if (members[i] == n->peers[k].rank) {
+                    m->peers[m->n_peers] = n->peers[k];
+                    m->peers[m->n_peers++].rank = i;
+                }
     }
     return DM_OK;
 }

@@ -82,6 +82,8 @@
      synchronizations wait for the device (or the stream) and would hang behind held work:
      counted in hangs (they return at once here);
    - CUDA's last error, and sticky errors that every later call returns;
+   - a peer's death (si_peer_dies): reported (ncclRemoteError) only over the network; a peer on
+     the same node leaves the work waiting for it spinning, silently;
    - stream capture (>>capture): per-stream capture state, 900 from cudaStreamQuery and
      cudaStreamSynchronize (invalidating the capture), 907 from cudaEventQuery on a captured
      event, unsafe calls refused in global mode, 901 at cudaStreamEndCapture after that.
@@ -301,6 +303,17 @@ void si_set_peer_arrival(int polls, bool never) {
     si_lock(); si.arrival_polls = polls; si.never_arrive = never; si_unlock();
 }
 void si_set_async_error(int nccl_result) { si_lock(); si.peer_died = (ncclResult_t)nccl_result; si_unlock(); }
+/* A peer's death as NCCL sees it: over the network (net transport, its proxy) the connection
+   fails and every communicator reports ncclRemoteError; on this host (shared memory, P2P) the
+   kernels and proxy threads waiting for it spin, and nothing is reported -- the work queued
+   from now on never ends, until ncclCommAbort (proxy.cc and transport/shm.cc have no
+   liveness check of their peer). */
+void si_peer_dies(bool same_node) {
+    si_lock();
+    if (same_node) si.hold = true;
+    else si.peer_died = ncclRemoteError;
+    si_unlock();
+}
 void si_split_gives_null(bool on) { si_lock(); si.split_null = on; si_unlock(); }
 void si_set_split_child(int rank, int nranks) { si_lock(); si.split_rank = rank; si.split_nranks = nranks; si_unlock(); }
 void si_split_child_fails(int nccl_result) { si_lock(); si.child_fails = (ncclResult_t)nccl_result; si_unlock(); }

@@ -96,8 +96,12 @@ void si_set_enqueue_polls(int polls);
    and the first ncclSend / ncclRecv with each peer), which stays "in progress" until the peer
    arrives: this many more polls, or (never) until ncclCommAbort. Default 0: they are there. */
 void si_set_peer_arrival(int polls, bool never);
-/* The asynchronous error every live communicator reports from now on (a peer died). */
+/* The asynchronous error every live communicator reports from now on (any NCCL error). */
 void si_set_async_error(int nccl_result);
+/* A peer died, as NCCL sees it: on another node (network transport) every communicator reports
+   ncclRemoteError; on the same node (shared memory, P2P) nothing is reported and the NCCL work
+   queued from now on spins forever (until ncclCommAbort), as si_hold_streams(true). */
+void si_peer_dies(bool same_node);
 /* Split jobs with a color end writing NULL into *newcomm. */
 void si_split_gives_null(bool on);
 /* The rank and size of the children split jobs make from now on (default 0 of 1: the stand-in

@@ -30,7 +30,9 @@
    - issue 52: dm_abort on another thread stops a shrink that re-initialises through the store,
      waiting for the unique id there or for the new communicator's init (item 1); a CUDA graph
      capture on the stream: enqueue-only calls captured, host-side waits refused with
-     DM_ERR_INVALID_ARG, the capture and the communicator intact (item 2).
+     DM_ERR_INVALID_ARG, the capture and the communicator intact (item 2); a peer's death
+     reported by NCCL (the stand-in) only over the network, and a rank killed on the same node
+     reported by distmesh on every survivor, forked processes each with its stand-in (item 3).
    Built twice (tests/nccl_standin.mk): with DISTMESH_TCP, the store a server hosted here; and
    with DISTMESH_NCCL alone, no libuv flags nor library, the store a file store (the store comes
    with the NCCL backend; only hosting one needs libuv, refused there with a message). */
@@ -44,6 +46,7 @@
 #include "prelude.h"
 #include <time.h>
 #include <sched.h>
+#include <sys/mman.h>
 
 #include "test_world.h"
 #include "test_util.h"
@@ -1053,6 +1056,142 @@ static void test_standin_capture_leaves_the_communicator_usable(void** state) {
     assert_int_equal(si_get()->live_graphs, 0);
 }
 
+/* Issue 52, item 3, the stand-in first: a peer's death is reported by NCCL only over the
+   network (ncclRemoteError on every communicator: DM_ERR_NETWORK); a peer on this node leaves
+   the work waiting for it spinning, with no error at all, until the deadline -- here, in one
+   process, no local process really died, so distmesh has nothing to see either. */
+static void test_standin_local_peer_death_is_silent(void** state) {
+    dm_collective* c;
+    float *a, *b;
+    ncclResult_t async = ncclInternalError;
+    (void)state;
+    c = make_with_buffers(2, 1, 300, 2 * N, &a, &b);
+    si_peer_dies(true);
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    si_expect_device(-1);
+    assert_int_equal(ncclCommGetAsyncError((ncclComm_t)dm_native_handle(c), &async), ncclSuccess);
+    assert_int_equal(async, ncclSuccess);                       /* nothing reported */
+    si_expect_device(g_device);
+    CHECK_ST(c, DM_ERR_TIMEOUT, dm_synchronize(c));             /* the kernel spun until the deadline */
+    si_hold_streams(false);
+    dm_destroy(c);
+    free_buffers_nothing_left(a, b);
+
+    c = make_with_buffers(2, 1, 5000, 2 * N, &a, &b);
+    si_peer_dies(false);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    dm_destroy(c);
+    free_buffers_nothing_left(a, b);
+}
+
+/* Issue 52, item 3: a rank killed on the same node is reported on every survivor with
+   DM_ERR_PEER_LOST naming it, long before the deadline (20 s), although NCCL (the stand-in,
+   si_peer_dies(true)) reports nothing. LOCAL_W processes, each its own stand-in; their host
+   identities (and process ids) travel through a shared page in place of NCCL's all_gather.
+   Rank 1 is killed (kill -9) once all are ready; the survivors sit in dm_synchronize behind an
+   all_reduce that waits for it. The bound asserted is a hang's (5 s); the latency from the
+   kill to each survivor's return is printed. */
+enum { LOCAL_W = 3, LOCAL_VICTIM = 1, LOCAL_REC = 512 };
+typedef struct { int published[LOCAL_W]; unsigned char rec[LOCAL_W][LOCAL_REC]; } local_exchange;
+static local_exchange* g_exchange;
+static int g_exchange_rank;
+static void exchange_hook(int peer, unsigned char* block, const unsigned char* mine, size_t bytes, void* user) {
+    int64_t until = tw_now_ms() + 10000;
+    (void)user;
+    if (bytes > LOCAL_REC || peer >= LOCAL_W) return;
+    if (!__atomic_load_n(&g_exchange->published[g_exchange_rank], __ATOMIC_ACQUIRE)) {
+        memcpy(g_exchange->rec[g_exchange_rank], mine, bytes);
+        __atomic_store_n(&g_exchange->published[g_exchange_rank], 1, __ATOMIC_RELEASE);
+    }
+    while (!__atomic_load_n(&g_exchange->published[peer], __ATOMIC_ACQUIRE) && tw_now_ms() < until) sched_yield();
+    memcpy(block, g_exchange->rec[peer], bytes);
+}
+static int local_death_rank(int r, void* ctx) {
+    static const unsigned char id[DM_NCCL_UNIQUE_ID_BYTES];
+    dm_nccl_desc d;
+    dm_collective* c = NULL;
+    void *a = NULL, *b = NULL;
+    dm_status st;
+    (void)ctx;
+    g_exchange_rank = r;
+    si_reset();
+    si_set_all_gather_peers(exchange_hook, NULL);
+    memset(&d, 0, sizeof(d));
+    d.rank = r;
+    d.world_size = LOCAL_W;
+    d.cuda_device = 2;
+    d.unique_id = id;
+    d.timeout_ms = 20000;
+    if (dm_nccl_create(&d, &c) != DM_OK) {
+        tw_report("rank %d create failed: %s\n", r, dm_last_error(NULL));
+        return 1;
+    }
+    si_set_all_gather_peers(NULL, NULL);
+    if (cudaSetDevice(1) != cudaSuccess || cudaMalloc(&a, 64) != cudaSuccess || cudaMalloc(&b, 64) != cudaSuccess)
+        return 1;
+    if (r == LOCAL_VICTIM) {
+        tw_ready();
+        for (;;) tw_sleep_ms(1000);     /* until kill -9 */
+    }
+    si_peer_dies(true);                 /* the victim's part never comes: our kernels spin */
+    st = dm_all_reduce(c, a, b, 4, DM_FLOAT32, DM_SUM);
+    tw_ready();
+    if (st == DM_OK) st = dm_synchronize(c);
+    tw_report("rank %d %s %.6f %s\n", r, dm_status_name(st), tw_now_s(), dm_last_error(c));
+    dm_destroy(c);
+    cudaFree(a);
+    cudaFree(b);
+    for (;;) tw_sleep_ms(1000);         /* alive until every survivor reported (the parent ends us) */
+}
+typedef struct { int lines; char status[LOCAL_W][32]; double at[LOCAL_W]; char msg[LOCAL_W][256]; } local_results;
+static int local_line(char* line, void* u) {
+    local_results* res = (local_results*)u;
+    int r = -1, used = 0;
+    char status[32];
+    double at = 0;
+    if (sscanf(line, "rank %d %31s %lf %n", &r, status, &at, &used) < 3 || r < 0 || r >= LOCAL_W) {
+        print_message("unexpected report: %s\n", line);
+        return 1;
+    }
+    snprintf(res->status[r], sizeof(res->status[r]), "%s", status);
+    res->at[r] = at;
+    snprintf(res->msg[r], sizeof(res->msg[r]), "%s", line + used);
+    res->lines++;
+    return 1;
+}
+static void test_standin_local_peer_death_is_reported(void** state) {
+    tw_world w;
+    tw_reader rd;
+    local_results res;
+    int r;
+    (void)state;
+    memset(&res, 0, sizeof(res));
+    g_exchange = (local_exchange*)mmap(NULL, sizeof(local_exchange), PROT_READ | PROT_WRITE,
+                                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(g_exchange != MAP_FAILED);
+    memset(g_exchange, 0, sizeof(*g_exchange));
+    unsetenv("DISTMESH_TEST_HOST_ID");  /* every rank on this host */
+    tw_world_init(&w, 60, true);
+    w.quick_exit = true;
+    assert_int_equal(tw_fork(&w, LOCAL_W, local_death_rank, NULL), 0);
+    tw_reader_init(&rd, LOCAL_W - 1, 40, local_line, &res);
+    tw_reader_fault(&rd, LOCAL_VICTIM, 0, 50);
+    tw_read_reports(&w, &rd);
+    tw_kill_all(&w);
+    munmap(g_exchange, sizeof(local_exchange));
+    assert_true(rd.t_fault > 0);
+    for (r = 0; r < LOCAL_W; r++) {
+        if (r == LOCAL_VICTIM) continue;
+        if (!res.status[r][0]) fail_msg("rank %d reported nothing", r);
+        print_message("local peer killed: rank %d returned %s after %.1f ms\n", r, res.status[r],
+                      (res.at[r] - rd.t_fault) * 1000);
+        if (strcmp(res.status[r], "DM_ERR_PEER_LOST") != 0)
+            fail_msg("rank %d: %s after %.0f ms: %s", r, res.status[r], (res.at[r] - rd.t_fault) * 1000, res.msg[r]);
+        if (!strstr(res.msg[r], "rank 1 ")) fail_msg("rank %d's message lacks the rank: %s", r, res.msg[r]);
+        assert_true(res.at[r] - rd.t_fault < 5.0);
+    }
+}
+
 /* Point 9: on a device without memory pools, the scratch of a host-staged call interrupted
    while its kernels wait on a dead peer is not given to cudaFree (which would wait for the
    whole device, hence for those kernels, forever) until the shrink has stopped them. */
@@ -1465,6 +1604,8 @@ DM_TEST_MAIN(standin_setup, tmpdir_teardown,
     cmocka_unit_test(test_standin_interrupted_split_leaves_no_job),
     cmocka_unit_test(test_standin_abort_stops_a_store_shrink),
     cmocka_unit_test(test_standin_capture_leaves_the_communicator_usable),
+    cmocka_unit_test(test_standin_local_peer_death_is_silent),
+    cmocka_unit_test(test_standin_local_peer_death_is_reported),
     cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
     cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
     cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
