@@ -141,7 +141,13 @@
    survivors through the store; otherwise ncclCommShrink (NCCL 2.27+), and without it the
    store (>>nccl shrink). On the ncclCommShrink path a rank whose communicator a failure
    aborted, or one still in progress under DM_SHRINK_ABORT (NCCL_SHRINK_ABORT refuses it),
-   fails at once (the others then wait for it until their deadline). NCCL has no agreement
+   fails at once (the others then wait for it until their deadline). So DM_SHRINK_ABORT
+   without a store holds only on one host: there a local death (DM_ERR_PEER_LOST, >>nccl peers)
+   parks the communicator instead of aborting it, and every survivor, whether it saw the death
+   or not, goes into ncclCommShrink(NCCL_SHRINK_ABORT) together. On a communicator that spans
+   hosts a remote death aborts some survivors (ncclRemoteError) and not others, so there
+   DM_SHRINK_ABORT without a store is refused at once on every survivor (DM_ERR_UNSUPPORTED,
+   the collective untouched): give it a store. NCCL has no agreement
    and cannot find dead ranks itself: every survivor must pass the same excluded ranks and
    flags, and n_exclude 0 is DM_ERR_INVALID_ARG with the collective untouched (ncclCommShrink
    refuses an empty list). After NCCL_SHRINK_DEFAULT the old communicator is destroyed, not aborted: a
@@ -583,12 +589,23 @@ static dm_status _dm_nccl_lost(_dm_nccl* n, int i, const char* what, uint64_t se
                     "host); the communicator was aborted", what, (unsigned long long)seq, n->peers[i].rank,
                     (long long)n->peers[i].pid);
 }
+/* The loss stops the communicator like an interrupt does (_dm_nccl_interrupted): aborted, or,
+   where the survivors' shrink will be ncclCommShrink(NCCL_SHRINK_ABORT) without a store, parked
+   for it -- an aborted communicator cannot be shrunk, and the survivors that did not wait
+   (their communicators alive) take that path too, so every survivor of a single host can
+   shrink. The shrink stops the parked kernels; dm_destroy or dm_abort aborts them. */
 static dm_status _dm_nccl_peers_alive(_dm_nccl* n, const char* what, uint64_t seq) {
     int i = _dm_nccl_peer_gone(n);
     dm_status st;
     if (i < 0) return DM_OK;
     st = _dm_nccl_lost(n, i, what, seq);
-    _dm_nccl_abort(n, st);
+    if (n->comm && _dm_nccl_shrinks_natively(n, true) &&
+        __atomic_load_n(&n->base.core->aborted, __ATOMIC_ACQUIRE) == 0) {
+        _dm_nccl_settle(n, st);
+        n->parked = true;
+    } else {
+        _dm_nccl_abort(n, st);
+    }
     return st;
 }
 
@@ -1890,6 +1907,13 @@ static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclCom
     if (st != DM_OK) *comm = NULL;
     return st;
 }
+/* Whether the members are on more than one host (>>nccl hosts): the same answer on every one. */
+static bool _dm_nccl_spans_hosts(const _dm_nccl* n) {
+    int j;
+    for (j = 0; n->host_of && j < n->base.size; j++)
+        if (n->host_of[j] != n->host_of[0]) return true;
+    return false;
+}
 static dm_status _dm_nccl_shrink_on(_dm_nccl* n, const bool* gone, int flags, dm_collective** out) {
     dm_collective* c = &n->base;
     int i, k = 0, rank = 0, size = 0;
@@ -1901,6 +1925,14 @@ static dm_status _dm_nccl_shrink_on(_dm_nccl* n, const bool* gone, int flags, dm
     dm_status st;
     char why[DM_LAST_ERROR_SIZE];
     if (!exclude) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "nccl: shrink: out of memory");
+    if (flags == DM_SHRINK_ABORT && !n->store && _dm_nccl_spans_hosts(n)) {
+        _dm_free(&c->allocator, exclude);
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "nccl: shrink #%llu: DM_SHRINK_ABORT without a store on a communicator "
+                        "that spans hosts: after a failure NCCL reports it on some survivors only (ncclRemoteError, "
+                        "which aborts them) while the others would wait in ncclCommShrink until the deadline; give "
+                        "the collective a store (desc.store) to re-initialise through (the collective is untouched)",
+                        (unsigned long long)c->seq);
+    }
     members = exclude + c->size;
     for (i = 0; i < c->size; i++) {     /* survivors keep their order: the new rank counts them */
         if (gone[i]) exclude[k++] = i;

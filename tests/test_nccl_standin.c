@@ -60,6 +60,15 @@ static int g_device = -1;       /* the communicator's device, while one is check
 #define CHECK_MSG(c, text) do { if (!strstr(dm_last_error(c), (text)))                          \
         fail_msg("last error \"%s\" lacks \"%s\"", dm_last_error(c), (text)); } while (0)
 
+/* The other ranks' host identities at create: the hook a test installed (g_hook: host tags),
+   else same_host's, which gives every rank this one's identity -- one host, as most NCCL
+   jobs of a few GPUs are (the stand-in alone leaves their blocks zero: every rank a host of
+   its own). Its process ids are this process's, so no rank is watched (>>nccl peers). */
+static si_gather_hook g_hook;
+static void same_host(int peer, unsigned char* block, const unsigned char* mine, size_t bytes, void* user) {
+    (void)peer; (void)user;
+    memcpy(block, mine, bytes);
+}
 /* A communicator of world ranks on `device` (this is `rank`), made from a caller whose current
    device is CALLER_DEVICE; from then on every device-bound call must be on `device`. store and
    prefix: kept for dm_shrink's fallback (the unique id itself comes from the desc). */
@@ -76,7 +85,9 @@ static dm_collective* make_on(int world, int rank, int device, int timeout_ms, d
     d.unique_id = id;
     d.timeout_ms = timeout_ms;
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    si_set_all_gather_peers(g_hook ? g_hook : same_host, NULL);
     assert_int_equal(dm_nccl_create(&d, &c), DM_OK);
+    if (!g_hook) si_set_all_gather_peers(NULL, NULL);
     /* create leaves the communicator's device current (documented); the caller goes back */
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
     g_device = device;
@@ -1127,6 +1138,7 @@ static int local_death_rank(int r, void* ctx) {
         return 1;
     }
     si_set_all_gather_peers(NULL, NULL);
+    g_hook = NULL;
     if (cudaSetDevice(1) != cudaSuccess || cudaMalloc(&a, 64) != cudaSuccess || cudaMalloc(&b, 64) != cudaSuccess)
         return 1;
     if (r == LOCAL_VICTIM) {
@@ -1138,17 +1150,40 @@ static int local_death_rank(int r, void* ctx) {
     tw_ready();
     if (st == DM_OK) st = dm_synchronize(c);
     tw_report("rank %d %s %.6f %s\n", r, dm_status_name(st), tw_now_s(), dm_last_error(c));
+    {   /* item 4: the survivors shrink without a store, together */
+        int gone = LOCAL_VICTIM, size = -1;
+        dm_collective* s = NULL;
+        st = dm_shrink(c, &gone, 1, DM_SHRINK_ABORT, &s);
+        if (st == DM_OK) {
+            size = dm_world_size(s);
+            si_hold_streams(false);     /* the new group's work ends: its members are alive */
+            if (dm_all_reduce(s, a, b, 4, DM_FLOAT32, DM_SUM) != DM_OK || dm_synchronize(s) != DM_OK) size = -2;
+        }
+        tw_report("shrink %d %s %d %s\n", r, dm_status_name(st), size,
+                  st != DM_OK ? dm_last_error(c) : size == -2 ? dm_last_error(s) : "");
+        if (s) dm_destroy(s);
+    }
     dm_destroy(c);
     cudaFree(a);
     cudaFree(b);
     for (;;) tw_sleep_ms(1000);         /* alive until every survivor reported (the parent ends us) */
 }
-typedef struct { int lines; char status[LOCAL_W][32]; double at[LOCAL_W]; char msg[LOCAL_W][256]; } local_results;
+typedef struct {
+    int lines;
+    char status[LOCAL_W][32];
+    double at[LOCAL_W];
+    char msg[LOCAL_W][256];
+    char shrink[LOCAL_W][300];  /* "<status> <new size> <message>" */
+} local_results;
 static int local_line(char* line, void* u) {
     local_results* res = (local_results*)u;
     int r = -1, used = 0;
     char status[32];
     double at = 0;
+    if (sscanf(line, "shrink %d %n", &r, &used) == 1 && r >= 0 && r < LOCAL_W) {
+        snprintf(res->shrink[r], sizeof(res->shrink[r]), "%s", line + used);
+        return 1;
+    }
     if (sscanf(line, "rank %d %31s %lf %n", &r, status, &at, &used) < 3 || r < 0 || r >= LOCAL_W) {
         print_message("unexpected report: %s\n", line);
         return 1;
@@ -1174,7 +1209,7 @@ static void test_standin_local_peer_death_is_reported(void** state) {
     tw_world_init(&w, 60, true);
     w.quick_exit = true;
     assert_int_equal(tw_fork(&w, LOCAL_W, local_death_rank, NULL), 0);
-    tw_reader_init(&rd, LOCAL_W - 1, 40, local_line, &res);
+    tw_reader_init(&rd, 2 * (LOCAL_W - 1), 40, local_line, &res);
     tw_reader_fault(&rd, LOCAL_VICTIM, 0, 50);
     tw_read_reports(&w, &rd);
     tw_kill_all(&w);
@@ -1189,7 +1224,39 @@ static void test_standin_local_peer_death_is_reported(void** state) {
             fail_msg("rank %d: %s after %.0f ms: %s", r, res.status[r], (res.at[r] - rd.t_fault) * 1000, res.msg[r]);
         if (!strstr(res.msg[r], "rank 1 ")) fail_msg("rank %d's message lacks the rank: %s", r, res.msg[r]);
         assert_true(res.at[r] - rd.t_fault < 5.0);
+        if (strncmp(res.shrink[r], "DM_OK 2 ", 8) != 0 && strcmp(res.shrink[r], "DM_OK 2") != 0)
+            fail_msg("rank %d's shrink without a store: %s", r, res.shrink[r]);
     }
+}
+
+static dm_collective* make_on_hosts(int world, int rank, const char* const* tags);
+/* Issue 52, item 4: DM_SHRINK_ABORT without a store on a communicator spanning hosts is refused
+   at once (on every survivor alike: the host layout is the same everywhere), untouched, with a
+   message; on one host it goes to ncclCommShrink (above). With a store it re-initialises. */
+static void test_standin_shrink_abort_without_a_store_across_hosts_is_refused(void** state) {
+    static const char* const two_hosts[4] = { "hA", "hA", "hB", "hB" };
+    dm_collective *c, *s = NULL;
+    int gone = 3;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make_on_hosts(4, 1, two_hosts);
+    si_set_all_gather_peers(NULL, NULL);
+    g_hook = NULL;
+    a = dev(2 * N);
+    b = dev(2 * N);
+    CHECK_ST(c, DM_ERR_UNSUPPORTED, dm_shrink(c, &gone, 1, DM_SHRINK_ABORT, &s));
+    CHECK_MSG(c, "spans hosts");
+    assert_null(s);
+    assert_int_equal(si_last_shrink()->calls, 0);
+    assert_int_equal(si_get()->aborts, 0);
+    CHECK_DM_OK(c, dm_shrink(c, &gone, 1, DM_SHRINK_DEFAULT, &s));   /* a planned removal still works */
+    comm_is(s, 1, 3);
+    dm_destroy(s);
+    dm_destroy(c);
+    unsetenv("DISTMESH_TEST_HOST_ID");
+    no_wrong_device();
+    free_buffers_nothing_left(a, b);
 }
 
 /* Point 9: on a device without memory pools, the scratch of a host-staged call interrupted
@@ -1405,6 +1472,7 @@ static dm_collective* make_on_hosts(int world, int rank, const char* const* tags
     for (r = 0; r < world; r++) g_tags[r] = tags[r];
     setenv("DISTMESH_TEST_HOST_ID", tags[rank], 1);
     si_set_all_gather_peers(hosts_hook, NULL);
+    g_hook = hosts_hook;
     return make_on(world, rank, 1, 5000, NULL, NULL);
 }
 static void local_is(dm_collective* c, int local_rank, int local_size) {
@@ -1453,6 +1521,7 @@ static void test_standin_local_facts_from_host_identities(void** state) {
     local_is(c, 0, 1);
     dm_destroy(c);
     si_set_all_gather_peers(NULL, NULL);
+    g_hook = NULL;
     unsetenv("DISTMESH_TEST_HOST_ID");
     no_wrong_device();
     nothing_left();
@@ -1486,6 +1555,7 @@ static void test_standin_local_facts_from_the_launcher(void** state) {
     unsetenv("LOCAL_WORLD_SIZE");
     unsetenv("DISTMESH_TEST_HOST_ID");
     si_set_all_gather_peers(NULL, NULL);
+    g_hook = NULL;
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
     nothing_left();
 }
@@ -1606,6 +1676,7 @@ DM_TEST_MAIN(standin_setup, tmpdir_teardown,
     cmocka_unit_test(test_standin_capture_leaves_the_communicator_usable),
     cmocka_unit_test(test_standin_local_peer_death_is_silent),
     cmocka_unit_test(test_standin_local_peer_death_is_reported),
+    cmocka_unit_test(test_standin_shrink_abort_without_a_store_across_hosts_is_refused),
     cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
     cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
     cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
