@@ -326,12 +326,19 @@ static dm_status _dm_status_from_nccl(ncclResult_t r) {
         default: return DM_ERR_NCCL;
     }
 }
-/* Records r with NCCL's last error text, which must be read before any abort discards it. */
+/* Records r: the call's own result first; then, as context only, ncclGetLastError's text. NCCL
+   keeps that text in one buffer for the whole process (debug.cc ncclLastError; comm is unused),
+   written by any failure on any thread and never cleared, so it may be an older or another
+   communicator's message: it is quoted after r, labelled, never as r's cause. */
 static dm_status _dm_nccl_fail_on(_dm_nccl* n, ncclComm_t comm, ncclResult_t r, const char* what,
                                   uint64_t seq) {
     const char* last = ncclGetLastError(comm);
-    return _DM_FAIL(&n->base, _dm_status_from_nccl(r), "nccl: %s #%llu failed (%s: %s)", what,
-                    (unsigned long long)seq, ncclGetErrorString(r), last ? last : "");
+    if (!last || !last[0])
+        return _DM_FAIL(&n->base, _dm_status_from_nccl(r), "nccl: %s #%llu failed: %s (%d)", what,
+                        (unsigned long long)seq, ncclGetErrorString(r), (int)r);
+    return _DM_FAIL(&n->base, _dm_status_from_nccl(r), "nccl: %s #%llu failed: %s (%d); NCCL's last error "
+                    "(process-wide, possibly another call's): %s", what, (unsigned long long)seq,
+                    ncclGetErrorString(r), (int)r, last);
 }
 static dm_status _dm_nccl_cuda_fail(dm_collective* c, cudaError_t e, const char* what) {
     return _DM_FAIL(c, DM_ERR_CUDA, "nccl: %s (cuda: %s)", what, cudaGetErrorString(e));
@@ -1549,7 +1556,7 @@ static dm_status _dm_nccl_job_wait(_dm_nccl* n, const char* what) {
    fallback shrink's ncclCommInitRankConfig runs as a job of the new communicator itself), and
    a split's or shrink's child, ready once its parent's job is over on 2.27+. On a failure, at
    the deadline or when another thread asks n's call to stop (dm_abort, DM_SHRINK_ABORT) it is
-   aborted, after NCCL's error text has been read (the abort discards it); the parent is not
+   aborted, after NCCL's error text has been read (quoted as context, >>nccl errors); the parent is not
    touched. */
 static dm_status _dm_nccl_child_ready(_dm_nccl* n, ncclComm_t child, const char* what) {
     int64_t deadline = _dm_deadline(n->base.timeout_ms);

@@ -1178,7 +1178,8 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     c->abort_flag->set = 1;                 /* setCommAbortFlags: every sharer's kernels stop */
     si_flag_stops_kernels(c->abort_flag);
     if (c->job.active) si_job_end(c, ncclInternalError);  /* ncclCommEnsureReady joins it */
-    si.nccl_last[0] = 0;                    /* what NCCL said about the failure is gone now */
+    /* ncclGetLastError's text stays: NCCL keeps one process-wide buffer (debug.cc ncclLastError)
+       that only the next error overwrites */
     si_kill(c, "ncclCommAbort");
     if (si_depth > 0) c->reclaim_at_group_end = true;    /* the reclaim job waits for the group */
     else si_reclaim(c);

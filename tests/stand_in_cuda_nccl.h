@@ -64,7 +64,8 @@ int si_pending_jobs(void);
 /* The nth call of fn from now on returns code: an ncclResult_t for "nccl..." names and for
    "enqueue" (any collective, ncclSend or ncclRecv), a cudaError_t for "cuda..." names. A
    failed NCCL call leaves its communicator's asynchronous error set (NCCL's non-blocking
-   communicators keep it) and NCCL's last-error text set until the next ncclCommAbort. sticky:
+   communicators keep it) and NCCL's last-error text set (one text for the process, as NCCL's:
+   never cleared, only overwritten by the next error). sticky:
    the CUDA error stays, every later CUDA call returns it (as after an illegal address). For
    ncclCommGetAsyncError the code is the call's own result, nothing is written. ncclCommSplit
    and ncclCommShrink: refused at once, no job, *newcomm NULL. ncclCommDestroy: the error has

@@ -1259,6 +1259,35 @@ static void test_standin_shrink_abort_without_a_store_across_hosts_is_refused(vo
     free_buffers_nothing_left(a, b);
 }
 
+/* Issue 52, item 6: ncclGetLastError is one text for the whole process, never cleared (the
+   stand-in keeps it across ncclCommAbort, as NCCL does), so it may be another call's: a
+   failure's message names its own result first and quotes that text only after it, as
+   context. Here a second communicator's asynchronous error (which writes no text) must not
+   read as caused by the first one's "scripted for ncclAllReduce". */
+static void test_standin_nccl_last_error_is_only_context(void** state) {
+    dm_collective* c;
+    float *a, *b;
+    const char *msg, *own, *ctx, *stale;
+    (void)state;
+    c = make_with_buffers(2, 1, 5000, 2 * N, &a, &b);
+    si_fail("enqueue", 1, ncclRemoteError, false);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    dm_destroy(c);                                      /* aborted: the text stays */
+    si_expect_device(-1);
+    assert_non_null(strstr(ncclGetLastError(NULL), "scripted for ncclAllReduce"));
+    c = make(2, 1, 5000);
+    si_fail("ncclCommGetAsyncError", 1, ncclSystemError, false);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    msg = dm_last_error(c);
+    own = strstr(msg, ncclGetErrorString(ncclSystemError));
+    ctx = strstr(msg, "NCCL's last error");
+    stale = strstr(msg, "scripted for ncclAllReduce");
+    if (!own || !ctx || !stale || !(own < ctx && ctx < stale))
+        fail_msg("the call's own result first, NCCL's last error after it as context: \"%s\"", msg);
+    dm_destroy(c);
+    free_buffers_nothing_left(a, b);
+}
+
 /* Point 9: on a device without memory pools, the scratch of a host-staged call interrupted
    while its kernels wait on a dead peer is not given to cudaFree (which would wait for the
    whole device, hence for those kernels, forever) until the shrink has stopped them. */
@@ -1677,6 +1706,7 @@ DM_TEST_MAIN(standin_setup, tmpdir_teardown,
     cmocka_unit_test(test_standin_local_peer_death_is_silent),
     cmocka_unit_test(test_standin_local_peer_death_is_reported),
     cmocka_unit_test(test_standin_shrink_abort_without_a_store_across_hosts_is_refused),
+    cmocka_unit_test(test_standin_nccl_last_error_is_only_context),
     cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
     cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
     cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
