@@ -157,6 +157,14 @@
 
    One create per store prefix: a second dm_nccl_create with the same store and prefix would read
    the first one's unique id; use dm_split for sub-groups (ncclCommSplit, no store needed).
+   The keys are deleted once every rank has the id: each rank counts itself in
+   "<prefix>nccl_unique_id_read" (a shrink's: "<prefix>shrink/<k>/nccl_unique_id_read"), and
+   the last one deletes the id and the count; in a store the create opened itself (store_url)
+   rank 0 does, once the count is full (it keeps a hosted store up until then). Not
+   released: ncclGetUniqueId starts NCCL's bootstrap root (a thread and a listening socket on
+   rank 0) that ends only when the ranks connect to it; a create that fails on rank 0 between
+   ncclGetUniqueId and ncclCommInitRankConfig (publishing the id failed) leaves it, as NCCL
+   has no call to stop it.
    Under torchrun the keys are per attempt ("<prefix>attempt/<TORCHELASTIC_RESTART_COUNT>/"):
    its agent store outlives a restart, and a restarted world must not read the dead one's id.
 
@@ -1844,6 +1852,19 @@ static dm_status _dm_nccl_shrink_native(_dm_nccl* n, int* exclude, int n_exclude
                     NCCL_VERSION_CODE);
 #endif
 }
+/* A unique id under key in a store that outlives the create (desc.store, kept for shrinks;
+   torchrun's agent store) is not left there: every one of the size ranks, the publisher
+   included, counts itself in "<key>_read" once it has the id, and the one whose count makes
+   size -- the last to have it -- deletes the id and the count. */
+static void _dm_nccl_id_taken(dm_store* store, const char* key, int size) {
+    char count_key[300];
+    int64_t got = 0;
+    snprintf(count_key, sizeof(count_key), "%s_read", key);
+    if (dm_store_add(store, count_key, 1, &got) == DM_OK && got >= size) {
+        (void)dm_store_delete(store, key, NULL);
+        (void)dm_store_delete(store, count_key, NULL);
+    }
+}
 /* A key of the store, waited for under the collective's deadline and stopped by another
    thread's dm_abort or DM_SHRINK_ABORT (_dm_nccl_stop_asked): dm_store_get would sit in the
    store for the store's whole timeout, out of the interrupt's reach. So this asks whether the
@@ -1896,6 +1917,7 @@ static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclCom
         if (dm_store_set(n->store, key, &id, sizeof(id)) != DM_OK)
             return _DM_FAIL(&n->base, DM_ERR_NETWORK, "nccl: shrink: publishing the unique id: %s",
                             dm_store_last_error(n->store));
+        _dm_nccl_id_taken(n->store, key, size);
     } else if ((st = _dm_nccl_store_get(n, key, &value, &len, "shrink: the new rank 0's unique id")) != DM_OK) {
         return st;
     } else {
@@ -1903,6 +1925,7 @@ static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclCom
         dm_store_free(n->store, value);
         if (len != sizeof(id))
             return _DM_FAIL(&n->base, DM_ERR_PROTOCOL, "nccl: shrink: unique id of %zu bytes in the store", len);
+        _dm_nccl_id_taken(n->store, key, size);
     }
     _dm_nccl_config(&config);
     r = ncclCommInitRankConfig(comm, size, id, rank, &config);
@@ -2052,6 +2075,7 @@ static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniq
             memcpy(id, value, sizeof(*id));
         }
         if (value) dm_store_free(store, value);
+        if (st == DM_OK && d->store) _dm_nccl_id_taken(store, key, n->base.size);
         /* Rank 0 must keep a hosted store alive until every rank has read the id. */
         if (st == DM_OK && !d->store) {
             int64_t done = 0;
@@ -2068,6 +2092,10 @@ static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniq
                 if (st == DM_OK && done < n->base.size)
                     st = _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: only %lld of %d ranks read the unique id",
                                   (long long)done, n->base.size);
+                if (st == DM_OK) {  /* every rank has it: the store (often torchrun's, which outlives us) keeps nothing */
+                    (void)dm_store_delete(store, key, NULL);
+                    (void)dm_store_delete(store, done_key, NULL);
+                }
             }
             if (st == DM_ERR_NETWORK) _DM_FAIL(&n->base, st, "nccl: store: %s", dm_store_last_error(store));
         }

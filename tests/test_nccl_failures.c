@@ -343,6 +343,15 @@ static void test_failures_survivors_take_one_shrink_path(void** state) {
     id2 = id_of(s2, 1, 2);
     assert_int_equal(id1, id2);
     assert_int_not_equal(id1, 0);
+    {   /* both survivors have it: the last one deleted the id and its count (issue 52, item 7) */
+        static const char* const keys[2] = { "mixed/shrink/1/nccl_unique_id", "mixed/shrink/1/nccl_unique_id_read" };
+        int k;
+        for (k = 0; k < 2; k++) {
+            bool there = true;
+            CHECK_OK(NULL, dm_store_check(store, &keys[k], 1, &there));
+            if (there) fail_msg("the store still holds %s", keys[k]);
+        }
+    }
     CHECK_ST(c2, DM_ERR_ABORTED, dm_barrier(c2));
     CHECK_OK(s1, dm_all_reduce(s1, a, b, N, DM_FLOAT32, DM_SUM));
     CHECK_OK(s1, dm_synchronize(s1));
