@@ -74,9 +74,14 @@
      delivers a short or corrupted message -- never DM_ERR_MISMATCH.
    - Tags are not sent: NCCL matches the messages between two ranks in issue order, whatever
      their tags.
-   - ncclSend / ncclRecv block the GPU until the peer's matching call runs: two ranks that both
-     dm_send first and dm_recv second (on their streams) deadlock on the GPU, and the next wait
-     ends in DM_ERR_TIMEOUT. Order a pair's calls so one side receives first.
+   - ncclSend / ncclRecv wait for the peer's matching call. The first ones between two ranks
+     (NCCL 2.28 connects at first use, NCCL_RUNTIME_CONNECT=1 by default) wait inside NCCL's
+     group job, which dm_send / dm_recv poll until it is accepted: two ranks that both dm_send
+     first block inside dm_send until the deadline (DM_ERR_TIMEOUT, the communicator aborted;
+     tests/test_nccl_failures.c, first_use_waits_for_peers). Once connected, the same order
+     deadlocks on the GPU instead, and the next wait ends in DM_ERR_TIMEOUT. Order a pair's
+     calls so one side receives first, or put both in one group (dm_all_to_all_v, whose
+     ncclSend and ncclRecv share an ncclGroupStart/End).
 
    NON-BLOCKING CALLS
    The _async twins run on the stream too (vtable start/finish): start queues the operation as
