@@ -23,9 +23,11 @@
      job (2706 / 2405). ncclCommEnsureReady (373 / 310), run by every call on a communicator
      (collectives through src/enqueue.cc ncclEnqueueCheck 2637, split, shrink, user rank, count,
      destroy): a communicator in progress is ncclInvalidArgument ("Attempt to use communicator
-     before the previous operation returned ncclSuccess", counted in used_in_progress, and the
-     state becomes that error), an error state is returned; with the abort flag set it joins the
-     job and returns ncclSuccess.
+     before the previous operation returned ncclSuccess", counted in used_in_progress), an
+     error state is returned; with the abort flag set it joins the job and returns ncclSuccess.
+     It leaves the state alone; only ncclEnqueueCheck's failure path (enqueue.cc, fail:
+     ncclCommSetAsyncError on a non-blocking communicator) makes a collective's, ncclSend's or
+     ncclRecv's refusal the communicator's state.
    - Collectives (enqueue.cc): at nRanks == 1 ncclLaunchOneRank runs at once (2569: the data
      is copied, ncclSuccess); otherwise the task joins a group, and ncclGroupEndInternal of a
      non-blocking communicator marks it ncclInProgress and returns ncclInProgress (group.cc
@@ -1109,8 +1111,7 @@ static ncclResult_t si_ensure_ready(si_comm* c) {
         si.stats.used_in_progress++;
         snprintf(si.nccl_last, sizeof(si.nccl_last),
                  "stand-in: Attempt to use communicator before the previous operation returned ncclSuccess");
-        c->async = ncclInvalidArgument;
-        return ncclInvalidArgument;
+        return ncclInvalidArgument;     /* the state is left as it is: only si_op's caller sets it */
     }
     return r;
 }
@@ -1313,14 +1314,17 @@ static ncclResult_t si_op(const char* fn, ncclComm_t comm, cudaStream_t stream, 
     if (!c) return ncclInvalidArgument;
     si_bound(fn);
     r = (ncclResult_t)si_scripted(fn, NULL);
-    if (r == ncclSuccess) r = si_ensure_ready(c);
+    if (r != ncclSuccess) si_nccl_text("stand-in: %s scripted for %s", fn, r);
+    else r = si_ensure_ready(c);
     if (r == ncclSuccess && c->abort_flag->set) {   /* another communicator's abort stopped it */
         si.stats.skipped_by_shared_abort++;
         return ncclSuccess;
     }
     if (r == ncclSuccess && j < 0) r = ncclInvalidArgument;
     if (r != ncclSuccess && r != ncclInProgress) {
-        si_nccl_text("stand-in: %s scripted for %s", fn, r);
+        /* ncclEnqueueCheck's fail: ncclCommSetAsyncError on a non-blocking communicator -- the
+           one place a refused call changes the state (split, shrink, destroy, user rank and
+           count leave it) */
         c->async = r;
         if (si_depth > 0 && si_group_error == ncclSuccess) si_group_error = r;
         return r;

@@ -1298,6 +1298,39 @@ static void test_standin_nccl_last_error_is_only_context(void** state) {
     free_buffers_nothing_left(a, b);
 }
 
+/* Issue 52, section 2: the stand-in's ncclCommEnsureReady as NCCL's: a communicator still in
+   progress refuses ncclCommUserRank (and split, shrink, destroy) with ncclInvalidArgument and
+   keeps its state; only a collective's refusal (ncclEnqueueCheck's failure path) sets the
+   state to that error. The stand-in used to set it for every caller. */
+static void test_standin_ensure_ready_leaves_the_state_to_enqueue(void** state) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ncclUniqueId id;
+    ncclComm_t comm = NULL;
+    ncclResult_t async = ncclSuccess;
+    int rank = -1;
+    void *a = NULL;
+    (void)state;
+    si_reset();
+    memset(&id, 0, sizeof(id));
+    config.blocking = 0;
+    si_set_init_polls(0, true);
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    assert_int_equal(cudaMalloc(&a, 64), cudaSuccess);
+    assert_int_equal(ncclCommInitRankConfig(&comm, 2, id, 0, &config), ncclInProgress);
+    assert_int_equal(ncclCommUserRank(comm, &rank), ncclInvalidArgument);
+    assert_int_equal(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+    assert_int_equal(async, ncclInProgress);            /* untouched */
+    assert_int_equal(ncclAllReduce(a, a, 4, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+    assert_int_equal(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+    assert_int_equal(async, ncclInvalidArgument);       /* the enqueue check's failure sets it */
+    assert_int_equal(ncclCommAbort(comm), ncclSuccess);
+    assert_int_equal(cudaFree(a), cudaSuccess);
+    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    assert_int_equal(si_get()->used_in_progress, 2);
+    si_reset();                                         /* the refusals were this test's */
+    nothing_left();
+}
+
 /* Point 9: on a device without memory pools, the scratch of a host-staged call interrupted
    while its kernels wait on a dead peer is not given to cudaFree (which would wait for the
    whole device, hence for those kernels, forever) until the shrink has stopped them. */
@@ -1746,6 +1779,7 @@ DM_TEST_MAIN(standin_setup, tmpdir_teardown,
     cmocka_unit_test(test_standin_local_peer_death_is_reported),
     cmocka_unit_test(test_standin_shrink_abort_without_a_store_across_hosts_is_refused),
     cmocka_unit_test(test_standin_nccl_last_error_is_only_context),
+    cmocka_unit_test(test_standin_ensure_ready_leaves_the_state_to_enqueue),
     cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
     cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
     cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
