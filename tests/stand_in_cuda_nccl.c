@@ -84,6 +84,7 @@
      synchronizations wait for the device (or the stream) and would hang behind held work:
      counted in hangs (they return at once here);
    - CUDA's last error, and sticky errors that every later call returns;
+   - kernels that take wall time (si_set_work_ms), whatever distmesh's polls;
    - a peer's death (si_peer_dies): reported (ncclRemoteError) only over the network; a peer on
      the same node leaves the work waiting for it spinning, silently;
    - stream capture (>>capture): per-stream capture state, 900 from cudaStreamQuery and
@@ -99,6 +100,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "stand_in_cuda_nccl.h"
 
@@ -116,6 +118,7 @@ typedef struct si_stream {
     bool nonblocking;           /* cudaStreamNonBlocking: not ordered with the legacy default stream */
     bool held;                  /* work queued while held never finishes on its own */
     int capture;                /* enum cudaStreamCaptureStatus: none, active, invalidated (>>capture) */
+    int64_t until_ns;           /* NCCL work runs until then (CLOCK_MONOTONIC; si_set_work_ms) */
     enum cudaStreamCaptureMode capture_mode;
     si_comm* held_by;           /* the communicator whose kernel it is (its abort stops it), or NULL */
     unsigned gen;               /* bumped whenever held work is released */
@@ -125,6 +128,7 @@ typedef struct si_event {
     si_stream* stream;
     bool pending, held;
     bool captured;              /* last recorded on a capturing stream (>>capture) */
+    int64_t until_ns;           /* the stream's until_ns when recorded */
     unsigned gen;
 } si_event;
 /* A background job of NCCL's, running on the communicator that owns it. */
@@ -173,6 +177,7 @@ static struct {
     si_event* events[SI_MAX];
     si_alloc allocs[SI_MAX];
     int expect_device, device_count, busy_polls, init_polls, enqueue_polls;
+    int work_ms;                /* NCCL work takes this long in wall time (0: by polls only) */
     bool pools, hold, init_forever, split_null;
     int arrival_polls;          /* extra polls the first operation of a communicator waits for its peers */
     bool never_arrive;          /* ... or forever (until ncclCommAbort) */
@@ -232,6 +237,7 @@ void si_reset(void) {
     si.expect_device = -1;
     si.device_count = 4;
     si.busy_polls = 0;
+    si.work_ms = 0;
     si.init_polls = 2;
     si.enqueue_polls = 1;
     si.pools = true;
@@ -288,6 +294,12 @@ void si_expect_device(int device) { si_lock(); si.expect_device = device; si_unl
 void si_set_device_count(int count) { si_lock(); si.device_count = count; si_unlock(); }
 void si_set_memory_pools(bool supported) { si_lock(); si.pools = supported; si_unlock(); }
 void si_set_busy_polls(int polls) { si_lock(); si.busy_polls = polls; si_unlock(); }
+void si_set_work_ms(int ms) { si_lock(); si.work_ms = ms; si_unlock(); }
+static int64_t si_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 void si_hold_streams(bool held) {
     int i;
     si_lock();
@@ -404,6 +416,7 @@ static void si_queue(si_stream* s, si_comm* by) {
     si_stream* l;
     if (!s || s->capture != cudaStreamCaptureStatusNone) return;    /* captured: a graph node, not work */
     s->busy = si.busy_polls;
+    if (by && si.work_ms > 0) s->until_ns = si_now_ns() + (int64_t)si.work_ms * 1000000;  /* a kernel's time */
     /* A blocking stream's new work waits for what the legacy default stream holds before it; a
        non-blocking stream's does not: NCCL work there may read inputs not written yet. */
     l = s->device >= 0 && s->device < SI_DEVICES ? si.legacy[s->device] : NULL;
@@ -422,11 +435,12 @@ static void si_release_held(si_stream* s) {
     s->held_by = NULL;
     s->gen++;
 }
-static bool si_stream_busy(const si_stream* s) { return s->held || s->busy > 0; }
+static bool si_stream_busy(const si_stream* s) { return s->held || s->busy > 0 || si_now_ns() < s->until_ns; }
 /* A poll: busy work gets one step closer to done. */
 static bool si_stream_done(si_stream* s) {
     if (s->held) return false;
     if (s->busy > 0) { s->busy--; return false; }
+    if (si_now_ns() < s->until_ns) return false;
     return true;
 }
 /* The legacy default stream (stream 0, cudaStreamLegacy) of the current device: made on first
@@ -461,7 +475,7 @@ static void si_legacy_wait(const char* fn) {
         }
     for (i = 0; i < SI_MAX; i++)
         if (si.streams[i] && si.streams[i]->device == si_current && !si.streams[i]->nonblocking)
-            si.streams[i]->busy = 0;
+            si.streams[i]->busy = 0, si.streams[i]->until_ns = 0;   /* waited for */
 }
 /* A device-wide wait (cudaFree, cudaDeviceSynchronize): behind held work it would never end. */
 static void si_device_wait(const char* fn) {
@@ -855,6 +869,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (si_launch_pending_on(ev->stream)) si_early("cudaEventRecord on a stream whose NCCL work is not launched yet");
     ev->pending = si_stream_busy(ev->stream);
     ev->held = ev->stream->held;
+    ev->until_ns = ev->stream->until_ns;
     ev->gen = ev->stream->gen;
     SI_RETURN(cudaSuccess);
 }
@@ -877,6 +892,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (!ev->pending) SI_RETURN(cudaSuccess);
     if (ev->held && s && s->held && s->gen == ev->gen) SI_RETURN(cudaErrorNotReady);
     if (s && s->busy > 0) { s->busy--; SI_RETURN(cudaErrorNotReady); }
+    if (si_now_ns() < ev->until_ns) SI_RETURN(cudaErrorNotReady);
     ev->pending = false;
     SI_RETURN(cudaSuccess);
 }
@@ -892,7 +908,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (stream == NULL || stream == cudaStreamLegacy) {     /* the legacy stream: every blocking one */
         if ((e = si_legacy_in_capture()) != cudaSuccess) SI_RETURN(e);
         si_legacy_wait("cudaStreamSynchronize");
-        si_legacy_stream()->busy = 0;
+        si_legacy_stream()->busy = 0, si_legacy_stream()->until_ns = 0;
         SI_RETURN(cudaSuccess);
     }
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
@@ -900,7 +916,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
         SI_RETURN(si_capture_error(si.streams[i], cudaErrorStreamCaptureUnsupported));
     if (si_launch_pending_on(si.streams[i])) si_early("cudaStreamSynchronize on a stream whose NCCL work is not launched yet");
     if (si.streams[i]->held) si_hang("cudaStreamSynchronize behind a kernel that never ends");
-    si.streams[i]->busy = 0;
+    si.streams[i]->busy = 0, si.streams[i]->until_ns = 0;   /* waited for */
     SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {

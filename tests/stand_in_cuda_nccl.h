@@ -80,6 +80,9 @@ void si_set_memory_pools(bool supported);   /* cudaDevAttrMemoryPoolsSupported, 
 /* After each queued operation a stream reports cudaErrorNotReady this many times (to
    cudaStreamQuery and to its events) before it is drained. Default 0. */
 void si_set_busy_polls(int polls);
+/* NCCL work queued from now on takes ms of wall time (CLOCK_MONOTONIC) before its stream and
+   its events report it done, however often they are asked (0: by polls only, the default). */
+void si_set_work_ms(int ms);
 /* While held, NCCL work queued from now on never finishes (a kernel waiting on a dead peer):
    the stream and the events recorded behind it report cudaErrorNotReady, until the hold is
    lifted or the communicator that queued it is aborted (ncclCommAbort, or ncclCommShrink with

@@ -1331,6 +1331,61 @@ static void test_standin_ensure_ready_leaves_the_state_to_enqueue(void** state) 
     nothing_left();
 }
 
+/* Issue 52, item 8: what a call costs the host. A wait for a kernel that takes 300 ms of wall
+   time (si_set_work_ms) must not keep a core busy: dm_synchronize's and dm_wait's polls back
+   off to sleeps, so the thread's CPU time stays under a fifth of the wait (it was 40-100%:
+   a sched_yield loop). Printed, not asserted: the CPU share of both waits, and calls per
+   second and CPU microseconds per call of short all_reduces (world 2: each "in progress",
+   then accepted at the next poll) with dm_synchronize after each. */
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+static void test_standin_waits_leave_the_core(void** state) {
+    dm_collective* c;
+    dm_request* req = NULL;
+    float *a, *b;
+    double w0, c0, wall, cpu;
+    int i, calls = 2000;
+    (void)state;
+    c = make_with_buffers(2, 1, 20000, 2 * N, &a, &b);
+    si_set_work_ms(300);
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    w0 = tw_now_s();
+    c0 = thread_cpu_s();
+    CHECK_DM_OK(c, dm_synchronize(c));
+    wall = tw_now_s() - w0;
+    cpu = thread_cpu_s() - c0;
+    print_message("dm_synchronize on a 300 ms kernel: %.0f ms wall, %.1f ms CPU (%.1f%%)\n", wall * 1e3, cpu * 1e3,
+                  100 * cpu / wall);
+    assert_true(wall >= 0.25);
+    assert_true(cpu < 0.2 * wall);
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+    w0 = tw_now_s();
+    c0 = thread_cpu_s();
+    CHECK_DM_OK(c, dm_wait(req));
+    wall = tw_now_s() - w0;
+    cpu = thread_cpu_s() - c0;
+    print_message("dm_wait on a 300 ms kernel: %.0f ms wall, %.1f ms CPU (%.1f%%)\n", wall * 1e3, cpu * 1e3,
+                  100 * cpu / wall);
+    assert_true(wall >= 0.25);
+    assert_true(cpu < 0.2 * wall);
+    si_set_work_ms(0);
+    w0 = tw_now_s();
+    c0 = thread_cpu_s();
+    for (i = 0; i < calls; i++) {
+        CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        CHECK_DM_OK(c, dm_synchronize(c));
+    }
+    wall = tw_now_s() - w0;
+    cpu = thread_cpu_s() - c0;
+    print_message("short all_reduce + dm_synchronize: %.0f calls/s, %.1f us CPU per call (stand-in)\n", calls / wall,
+                  cpu * 1e6 / calls);
+    dm_destroy(c);
+    free_buffers_nothing_left(a, b);
+}
+
 /* Point 9: on a device without memory pools, the scratch of a host-staged call interrupted
    while its kernels wait on a dead peer is not given to cudaFree (which would wait for the
    whole device, hence for those kernels, forever) until the shrink has stopped them. */
@@ -1780,6 +1835,7 @@ DM_TEST_MAIN(standin_setup, tmpdir_teardown,
     cmocka_unit_test(test_standin_shrink_abort_without_a_store_across_hosts_is_refused),
     cmocka_unit_test(test_standin_nccl_last_error_is_only_context),
     cmocka_unit_test(test_standin_ensure_ready_leaves_the_state_to_enqueue),
+    cmocka_unit_test(test_standin_waits_leave_the_core),
     cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
     cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
     cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
