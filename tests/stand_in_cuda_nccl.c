@@ -89,7 +89,9 @@
      the same node leaves the work waiting for it spinning, silently;
    - stream capture (>>capture): per-stream capture state, 900 from cudaStreamQuery and
      cudaStreamSynchronize (invalidating the capture), 907 from cudaEventQuery on a captured
-     event, unsafe calls refused in global mode, 901 at cudaStreamEndCapture after that.
+     event, unsafe calls refused in global mode, 901 at cudaStreamEndCapture after that; a
+     live graph holds the communicators it captured: their ncclCommDestroy / ncclCommAbort
+     would wait for it (counted in hangs);
    Every entry point takes one recursive lock, so two threads may call it (one at a time). */
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
@@ -119,6 +121,8 @@ typedef struct si_stream {
     bool held;                  /* work queued while held never finishes on its own */
     int capture;                /* enum cudaStreamCaptureStatus: none, active, invalidated (>>capture) */
     int64_t until_ns;           /* NCCL work runs until then (CLOCK_MONOTONIC; si_set_work_ms) */
+    si_comm* captured[4];       /* the communicators whose work this capture recorded */
+    int n_captured;
     enum cudaStreamCaptureMode capture_mode;
     si_comm* held_by;           /* the communicator whose kernel it is (its abort stops it), or NULL */
     unsigned gen;               /* bumped whenever held work is released */
@@ -153,6 +157,7 @@ struct si_comm {
     int split_share, shrink_share;  /* its config after the environment */
     unsigned char id_byte;      /* the unique id's first byte it was made with (init only) */
     bool in_group;              /* has operations queued in this thread's open group */
+    int graph_refs;             /* live CUDA graphs that captured its work (>>capture) */
     /* Accepted, not launched yet: NCCL 2.28's group thread launches a call's work once the
        communicator's "in progress" clears (the job ends), not at the call. */
     bool launch_pending;
@@ -934,7 +939,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     si.events[i]->pending = false;
     SI_RETURN(cudaSuccess);
 }
-/* >>capture's calls. A graph is an opaque allocation here (counted in live_graphs). */
+/* >>capture's calls. A graph holds the communicators whose work it captured (counted in
+   live_graphs): NCCL's ncclCommDestroy / ncclCommAbort wait while such a graph is alive (its
+   kernels may still be launched), so here they count a hang. */
+typedef struct si_graph { si_comm* comms[4]; int n; } si_graph;
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
     cudaError_t e;
     int i;
@@ -947,6 +955,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
     if (si.streams[i]->capture != cudaStreamCaptureStatusNone) SI_RETURN(si.last = cudaErrorIllegalState);
     si.streams[i]->capture = cudaStreamCaptureStatusActive;
     si.streams[i]->capture_mode = mode;
+    si.streams[i]->n_captured = 0;
     SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
@@ -962,8 +971,16 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
     si.streams[i]->capture = cudaStreamCaptureStatusNone;
     *pGraph = NULL;
     if (was == cudaStreamCaptureStatusInvalidated) SI_RETURN(si.last = cudaErrorStreamCaptureInvalidated);
-    *pGraph = (cudaGraph_t)calloc(1, 16);
-    if (!*pGraph) SI_RETURN(cudaErrorMemoryAllocation);
+    {
+        si_graph* g = (si_graph*)calloc(1, sizeof(si_graph));
+        int k;
+        if (!g) SI_RETURN(cudaErrorMemoryAllocation);
+        for (k = 0; k < si.streams[i]->n_captured; k++) {
+            g->comms[g->n++] = si.streams[i]->captured[k];
+            si.streams[i]->captured[k]->graph_refs++;
+        }
+        *pGraph = (cudaGraph_t)(void*)g;
+    }
     si.stats.live_graphs++;
     SI_RETURN(cudaSuccess);
 }
@@ -987,7 +1004,12 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
     si_lock();
     si_note("cudaGraphDestroy");
     if (!graph) SI_RETURN(cudaErrorInvalidValue);
-    free(graph);
+    {
+        si_graph* g = (si_graph*)(void*)graph;
+        int k;
+        for (k = 0; k < g->n; k++) g->comms[k]->graph_refs--;
+        free(g);
+    }
     si.stats.live_graphs--;
     SI_RETURN(cudaSuccess);
 }
@@ -1192,6 +1214,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     c = si_comm_of("ncclCommAbort", comm);
     if (!c) SI_RETURN(comm ? ncclInvalidArgument : ncclSuccess);
     si.stats.aborts++;
+    if (c->graph_refs > 0) si_hang("ncclCommAbort of a communicator a live CUDA graph captured");
     c->abort_flag->set = 1;                 /* setCommAbortFlags: every sharer's kernels stop */
     si_flag_stops_kernels(c->abort_flag);
     if (c->job.active) si_job_end(c, ncclInternalError);  /* ncclCommEnsureReady joins it */
@@ -1221,6 +1244,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     }
     r = si_ensure_ready(c);
     if (r != ncclSuccess) SI_RETURN(r);     /* no group end, nothing freed (2381 / 2182) */
+    if (c->graph_refs > 0) si_hang("ncclCommDestroy of a communicator a live CUDA graph captured");
     if (opens) {
         si_depth--;
         si.stats.group_depth--;
@@ -1350,6 +1374,12 @@ static ncclResult_t si_op(const char* fn, ncclComm_t comm, cudaStream_t stream, 
         si.sticky = cudaErrorIllegalAddress;
     }
     *run = true;
+    if (si.streams[j]->capture != cudaStreamCaptureStatusNone) {    /* recorded into the graph */
+        si_stream* cs = si.streams[j];
+        int k;
+        for (k = 0; k < cs->n_captured && cs->captured[k] != c; k++) {}
+        if (k == cs->n_captured && k < 4) cs->captured[cs->n_captured++] = c;
+    }
     if (collective && c->nranks == 1 && r == ncclSuccess && si_depth == 0) {   /* ncclLaunchOneRank */
         si_queue(si.streams[j], c);
         return ncclSuccess;

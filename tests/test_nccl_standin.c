@@ -1075,6 +1075,35 @@ static void test_standin_capture_leaves_the_communicator_usable(void** state) {
         free_buffers_nothing_left(a, b);
     }
     assert_int_equal(si_get()->live_graphs, 0);
+
+    /* A graph that captured the communicator's work holds it: NCCL's destroy waits while the
+       graph is alive (the stand-in counts that as a hang), so destroy the graph first. */
+    for (pools = 0; pools < 2; pools++) {
+        cudaGraph_t graph = NULL;
+        si_reset();
+        c = make(2, 1, 5000);
+        a = dev(2 * N);
+        b = dev(2 * N);
+        assert_int_equal(capture_call(c, true), cudaSuccess);
+        CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        si_expect_device(-1);
+        assert_int_equal(cudaStreamEndCapture((cudaStream_t)dm_nccl_stream(c), &graph), cudaSuccess);
+        si_expect_device(g_device);
+        if (pools == 0) {       /* the graph first: nothing waits */
+            assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);
+            dm_destroy(c);
+            free_buffers_nothing_left(a, b);
+        } else {                /* the communicator first: NCCL would wait for the graph */
+            dm_destroy(c);
+            assert_int_equal(si_get()->hangs, 1);
+            assert_non_null(strstr(si_get()->first_hang, "live CUDA graph"));
+            assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);
+            si_reset();
+            dev_free(a);
+            dev_free(b);
+            nothing_left();
+        }
+    }
 }
 
 /* Issue 52, item 3, the stand-in first: a peer's death is reported by NCCL only over the
