@@ -50,7 +50,10 @@
 
    FAILURES
    Once an operation has begun to queue work, every NCCL result other than success and
-   ncclInProgress (a dead peer shows up as ncclRemoteError on the next call), every CUDA
+   ncclInProgress (a dead peer on another host shows up as ncclRemoteError on the next call;
+   one on this host NCCL never reports: distmesh watches those processes itself and answers
+   DM_ERR_PEER_LOST naming the rank, within about 10 ms of its death, in every wait; Linux,
+   same pid namespace; >>nccl peers), every CUDA
    failure (a sticky one such as an illegal address seen by the stream or an event) and every
    deadline aborts the communicator (ncclCommAbort): started requests that had not completed
    finish with that status, and every later call returns DM_ERR_ABORTED quoting the first
@@ -71,9 +74,14 @@
      delivers a short or corrupted message -- never DM_ERR_MISMATCH.
    - Tags are not sent: NCCL matches the messages between two ranks in issue order, whatever
      their tags.
-   - ncclSend / ncclRecv block the GPU until the peer's matching call runs: two ranks that both
-     dm_send first and dm_recv second (on their streams) deadlock on the GPU, and the next wait
-     ends in DM_ERR_TIMEOUT. Order a pair's calls so one side receives first.
+   - ncclSend / ncclRecv wait for the peer's matching call. The first ones between two ranks
+     (NCCL 2.28 connects at first use, NCCL_RUNTIME_CONNECT=1 by default) wait inside NCCL's
+     group job, which dm_send / dm_recv poll until it is accepted: two ranks that both dm_send
+     first block inside dm_send until the deadline (DM_ERR_TIMEOUT, the communicator aborted;
+     tests/test_nccl_failures.c, first_use_waits_for_peers). Once connected, the same order
+     deadlocks on the GPU instead, and the next wait ends in DM_ERR_TIMEOUT. Order a pair's
+     calls so one side receives first, or put both in one group (dm_all_to_all_v, whose
+     ncclSend and ncclRecv share an ncclGroupStart/End).
 
    NON-BLOCKING CALLS
    The _async twins run on the stream too (vtable start/finish): start queues the operation as
@@ -88,6 +96,32 @@
    At world >= 2 every collective, ncclSend / ncclRecv and group of a non-blocking communicator
    returns ncclInProgress (NCCL 2.27, 2.28: a group thread launches the work) and distmesh polls
    ncclCommGetAsyncError until it is accepted; at world 1 NCCL runs a collective at once.
+   Every poll loop (the stream, a request's event, NCCL's jobs) spins briefly, yields for 1 ms,
+   then sleeps 50 us, 200 us after 4 ms, 1 ms after 16 ms: a wait for a long kernel costs the
+   host about 2% of a core (the stand-in: 300 ms waited, 6-8 ms of CPU; a sched_yield loop took
+   40-100%), and ends at most one sleep after its work. Not measured on a GPU yet: the host's
+   cost per call against a blocking communicator (NCCL's own thread per non-blocking call).
+
+   CUDA GRAPHS
+   While the object's stream captures a CUDA graph (cudaStreamBeginCapture on dm_nccl_stream(c),
+   any mode; torch.compile's CUDA graphs), what only queues work is captured, as NCCL's own
+   calls are: all_reduce, reduce_scatter, reduce, gather, scatter, all_to_all(_v), send, recv,
+   and all_gather / broadcast / all_gather_to_list on device buffers. Scratch (in-place
+   all_to_all, all_gather_to_list) needs memory pools then (cudaMallocAsync is a graph node;
+   cudaMalloc would end the capture): without them such a call is refused. An _async call
+   inside a capture gives a request whose dm_test / dm_wait answer DM_OK at once: its work
+   belongs to the graph and runs at each cudaGraphLaunch (CUDA answers cudaErrorCapturedEvent,
+   907, for its event; wait for the graph's stream after the launch instead). What waits for
+   the stream on the host is refused with DM_ERR_INVALID_ARG naming the capture, before it
+   touches the stream (cudaStreamQuery would answer cudaErrorStreamCaptureUnsupported, 900, and
+   invalidate the capture): dm_synchronize, barrier, the host-staged calls and their _async
+   starts, and a shrink without DM_SHRINK_ABORT. None of this aborts the communicator, and
+   the capture stays valid (cudaStreamIsCapturing decides; a failed query counts as no
+   capture). dm_destroy inside a capture does not wait for the stream; on a device without
+   memory pools its cudaFree is refused by CUDA there, so destroy after the capture. NCCL's
+   ncclCommDestroy waits while a graph that captured the communicator is alive: destroy the
+   graphs first. Checked on the stand-in (tests/stand_in_cuda_nccl.c >>capture), not yet on a
+   GPU.
 
    THREADS
    A collective belongs to one thread at a time (distmesh.h's rule): its blocking calls, its
@@ -96,7 +130,12 @@
    So no two NCCL calls on one communicator ever overlap. The calls made from another thread
    are dm_abort and dm_shrink(DM_SHRINK_ABORT), a watchdog's (or a Ctrl-C handler's): they set
    the interrupt flag, whatever holds the collective ends at its next poll with DM_ERR_ABORTED,
-   and only then does the shrink run. After dm_abort the communicator is aborted
+   and only then does the shrink run. A split or shrink that dm_abort reaches ends the same way
+   wherever it waits: for NCCL's job on the parent, for the new communicator's initialisation
+   (which is aborted), or, re-initialising through the store, for the unique id (the store is
+   asked every 1-8 ms under the collective's deadline, not in one dm_store_get for the store's
+   whole timeout): the stand-in test measures a few ms from dm_abort to the shrink's return. A
+   create has no handle to abort yet; its store waits end at its deadline. After dm_abort the communicator is aborted
    (ncclCommAbort: kernels waiting on a dead peer stop, so the blocking stream, the legacy
    default stream behind it -- cudaMemcpy, torch's .cpu() -- and device-wide syncs do not wait
    forever): by the interrupted call, or, with none running, by dm_abort itself, which takes
@@ -112,7 +151,13 @@
    survivors through the store; otherwise ncclCommShrink (NCCL 2.27+), and without it the
    store (>>nccl shrink). On the ncclCommShrink path a rank whose communicator a failure
    aborted, or one still in progress under DM_SHRINK_ABORT (NCCL_SHRINK_ABORT refuses it),
-   fails at once (the others then wait for it until their deadline). NCCL has no agreement
+   fails at once (the others then wait for it until their deadline). So DM_SHRINK_ABORT
+   without a store holds only on one host: there a local death (DM_ERR_PEER_LOST, >>nccl peers)
+   parks the communicator instead of aborting it, and every survivor, whether it saw the death
+   or not, goes into ncclCommShrink(NCCL_SHRINK_ABORT) together. On a communicator that spans
+   hosts a remote death aborts some survivors (ncclRemoteError) and not others, so there
+   DM_SHRINK_ABORT without a store is refused at once on every survivor (DM_ERR_UNSUPPORTED,
+   the collective untouched): give it a store. NCCL has no agreement
    and cannot find dead ranks itself: every survivor must pass the same excluded ranks and
    flags, and n_exclude 0 is DM_ERR_INVALID_ARG with the collective untouched (ncclCommShrink
    refuses an empty list). After NCCL_SHRINK_DEFAULT the old communicator is destroyed, not aborted: a
@@ -122,6 +167,14 @@
 
    One create per store prefix: a second dm_nccl_create with the same store and prefix would read
    the first one's unique id; use dm_split for sub-groups (ncclCommSplit, no store needed).
+   The keys are deleted once every rank has the id: each rank counts itself in
+   "<prefix>nccl_unique_id_read" (a shrink's: "<prefix>shrink/<k>/nccl_unique_id_read"), and
+   the last one deletes the id and the count; in a store the create opened itself (store_url)
+   rank 0 does, once the count is full (it keeps a hosted store up until then). Not
+   released: ncclGetUniqueId starts NCCL's bootstrap root (a thread and a listening socket on
+   rank 0) that ends only when the ranks connect to it; a create that fails on rank 0 between
+   ncclGetUniqueId and ncclCommInitRankConfig (publishing the id failed) leaves it, as NCCL
+   has no call to stop it.
    Under torchrun the keys are per attempt ("<prefix>attempt/<TORCHELASTIC_RESTART_COUNT>/"):
    its agent store outlives a restart, and a restarted world must not read the dead one's id.
 
@@ -136,6 +189,8 @@
        >>nccl desc               dm_nccl_desc, dm_nccl_create, the CUDA device calls; the
                                  group (_dm_nccl)
        >>nccl errors             NCCL and CUDA codes into statuses, the abort rule, waits
+       >>nccl peers              a local peer's death, seen through /proc (NCCL reports none)
+       >>nccl capture            CUDA graph capture on the stream: what is refused
        >>nccl device             running on the communicator's device
        >>nccl types              dtypes and ops into NCCL's, device pointer checks
        >>nccl temporaries        device scratch, stream-ordered; copies
@@ -219,6 +274,12 @@ DM_API dm_status dm_cuda_synchronize(void);         /* the whole device */
 #endif
 
 typedef struct _dm_nccl_token _dm_nccl_token;
+/* A process of this host in the communicator, watched while distmesh waits (>>nccl peers). */
+typedef struct _dm_nccl_peer {
+    int rank;
+    int64_t pid;
+    uint64_t start;             /* its start time (/proc/<pid>/stat, field 22): a reused pid differs */
+} _dm_nccl_peer;
 typedef struct _dm_nccl {
     dm_collective base;
     _dm_core core;
@@ -236,6 +297,8 @@ typedef struct _dm_nccl {
     int interrupt;              /* atomic; set by the interrupt slot on another thread (>>nccl shrink) */
     bool parked;                /* interrupted: comm kept only for ncclCommShrink(NCCL_SHRINK_ABORT) */
     int stopped;                /* atomic: dm_abort's ncclCommAbort has run (>>nccl shrink) */
+    const struct _dm_nccl* watch;   /* while a split gathers its child's host identities (on the
+                                       child): the parent, whose stop stops the child's waits */
     struct dm_store* store;     /* borrowed from the desc: the fallback shrink's rendezvous, or 0 */
     char prefix[128];           /* the desc's key prefix in that store */
     unsigned shrinks;           /* shrinks since create: the fallback's key generation */
@@ -243,6 +306,9 @@ typedef struct _dm_nccl {
     void* deferred[4];          /* cudaMalloc'd scratch freed once the parked communicator is
                                    aborted (>>nccl temporaries) */
     int n_deferred;
+    _dm_nccl_peer* peers;       /* the other members' processes on this host (>>nccl peers) */
+    int n_peers;
+    int64_t peers_next_ms;      /* when the next look at them is due */
 } _dm_nccl;
 
 /* One started request: the event recorded on the stream right after its operation. */
@@ -254,6 +320,7 @@ struct _dm_nccl_token {
     uint64_t seq;               /* dm_sequence when started, for messages */
     const char* what;
     bool settled;               /* decided by an abort before finish saw it; status holds it */
+    bool captured;              /* started while the stream captured a graph (>>nccl capture) */
     dm_status status;
 };
 enum { _DM_NCCL_SPARE_MAX = 64 };
@@ -277,12 +344,19 @@ static dm_status _dm_status_from_nccl(ncclResult_t r) {
         default: return DM_ERR_NCCL;
     }
 }
-/* Records r with NCCL's last error text, which must be read before any abort discards it. */
+/* Records r: the call's own result first; then, as context only, ncclGetLastError's text. NCCL
+   keeps that text in one buffer for the whole process (debug.cc ncclLastError; comm is unused),
+   written by any failure on any thread and never cleared, so it may be an older or another
+   communicator's message: it is quoted after r, labelled, never as r's cause. */
 static dm_status _dm_nccl_fail_on(_dm_nccl* n, ncclComm_t comm, ncclResult_t r, const char* what,
                                   uint64_t seq) {
     const char* last = ncclGetLastError(comm);
-    return _DM_FAIL(&n->base, _dm_status_from_nccl(r), "nccl: %s #%llu failed (%s: %s)", what,
-                    (unsigned long long)seq, ncclGetErrorString(r), last ? last : "");
+    if (!last || !last[0])
+        return _DM_FAIL(&n->base, _dm_status_from_nccl(r), "nccl: %s #%llu failed: %s (%d)", what,
+                        (unsigned long long)seq, ncclGetErrorString(r), (int)r);
+    return _DM_FAIL(&n->base, _dm_status_from_nccl(r), "nccl: %s #%llu failed: %s (%d); NCCL's last error "
+                    "(process-wide, possibly another call's): %s", what, (unsigned long long)seq,
+                    ncclGetErrorString(r), (int)r, last);
 }
 static dm_status _dm_nccl_cuda_fail(dm_collective* c, cudaError_t e, const char* what) {
     return _DM_FAIL(c, DM_ERR_CUDA, "nccl: %s (cuda: %s)", what, cudaGetErrorString(e));
@@ -297,7 +371,7 @@ static void _dm_nccl_settle(_dm_nccl* n, dm_status st) {
     for (t = n->live; t; t = t->next)
         if (!t->settled) {
             t->settled = true;
-            t->status = cudaEventQuery(t->event) == cudaSuccess ? DM_OK : st;
+            t->status = t->captured || cudaEventQuery(t->event) == cudaSuccess ? DM_OK : st;
         }
     _dm_copy_name(n->cause, sizeof(n->cause), _dm_errbuf(&n->base));
     n->broken = st;
@@ -416,9 +490,28 @@ static dm_status _dm_nccl_interrupted(_dm_nccl* n, const char* what, uint64_t se
     }
     return st;
 }
-static bool _dm_nccl_interrupt_seen(_dm_nccl* n) {
-    return n->broken == DM_OK && __atomic_load_n(&n->interrupt, __ATOMIC_ACQUIRE) != 0;
+/* Whether another thread asked the running call to stop: the interrupt slot's flag, or dm_abort
+   (the core's flag, which no call clears: a shrink clears the interrupt flag on entry, and its
+   waits -- NCCL's job, the new communicator's init, the store -- must still end at dm_abort). */
+static bool _dm_nccl_stop_asked(const _dm_nccl* n) {
+    return __atomic_load_n(&n->interrupt, __ATOMIC_ACQUIRE) != 0 ||
+           __atomic_load_n(&n->base.core->aborted, __ATOMIC_ACQUIRE) == 2;
 }
+static bool _dm_nccl_interrupt_seen(_dm_nccl* n) {
+    return n->broken == DM_OK && (__atomic_load_n(&n->interrupt, __ATOMIC_ACQUIRE) != 0 ||
+                                  (n->watch && _dm_nccl_stop_asked(n->watch)));
+}
+/* The end of a split or shrink that failed after dm_abort (the core's flag) reached it: the
+   communicator, if the call left one, is aborted here, and the interrupt slot, waiting for
+   that, is told (stopped) -- it need not wait for the collective to be free. */
+static dm_status _dm_nccl_end_aborted(_dm_nccl* n, dm_status st) {
+    if (st == DM_OK || __atomic_load_n(&n->base.core->aborted, __ATOMIC_ACQUIRE) != 2) return st;
+    if (n->comm && n->broken == DM_OK) _dm_nccl_abort(n, st);
+    else if (n->comm) _dm_nccl_drop(n);
+    __atomic_store_n(&n->stopped, 1, __ATOMIC_RELEASE);
+    return st;
+}
+
 static dm_status _dm_nccl_usable(_dm_nccl* n, const char* what) {
     if (_dm_nccl_interrupt_seen(n)) return _dm_nccl_interrupted(n, what, n->base.seq);
     if (n->broken == DM_OK && n->comm) return DM_OK;
@@ -427,11 +520,166 @@ static dm_status _dm_nccl_usable(_dm_nccl* n, const char* what) {
                     dm_status_name(n->broken), n->cause[0] ? n->cause : "no message");
 }
 
+/* A poll loop's pause. NCCL gives distmesh nothing to block on (no fd, no callback), so a wait
+   spins briefly, yields until 1 ms, then sleeps: 50 us while the wait is under 4 ms, 200 us
+   under 16 ms, then 1 ms (the engine's waits spin, yield, then block alike, distmesh.h >>engine
+   loop). A long kernel then costs the host about a thousand wake-ups a second instead of a
+   core spinning in sched_yield, and a wait ends at most one sleep (at most 1/4 to 1/16 of what
+   it has waited) after its work. start_us: when the wait began (_dm_now_us). */
+static void _dm_nccl_pause(int64_t start_us) {
+    int64_t idle = _dm_now_us() - start_us;
+    struct timespec ts = { 0, 0 };
+    if (idle < 20) { _dm_cpu_relax(); return; }
+    if (idle < 1000) { sched_yield(); return; }
+    ts.tv_nsec = idle < 4000 ? 50000 : idle < 16000 ? 200000 : 1000000;
+    nanosleep(&ts, NULL);
+}
+
+/* >>nccl peers  NCCL reports a dead peer only through its network and proxy connections: ranks
+   of one host talk over shared memory and P2P, whose kernels and proxy threads spin silently on
+   a peer that was killed, so a local death would surface only at the deadline. distmesh
+   watches the other members on its host itself: their process ids, start times and pid
+   namespaces travel in the host identities' gather (>>nccl hosts), and every wait of distmesh's
+   (the stream, a request, NCCL's job) looks at /proc/<pid>/stat of each local peer every
+   _DM_NCCL_PEER_MS: gone, a zombie, or a reused pid (another start time) is a dead peer,
+   DM_ERR_PEER_LOST naming the rank, and the communicator is aborted (its kernels stop).
+   Only peers in this process's pid namespace are watched; where /proc is missing (not Linux)
+   nothing is. A peer on another host is NCCL's to report (ncclRemoteError). */
+enum { _DM_NCCL_PEER_MS = 10, _DM_NCCL_PROC_BYTES = 32 };
+/* A process's state letter and start time from /proc/<pid>/stat; false if it cannot be read
+   (*gone: it does not exist). */
+static bool _dm_nccl_proc_stat(int64_t pid, char* state, uint64_t* start, bool* gone) {
+#if defined(__linux__)
+    char path[64], buf[1024], *p;
+    ssize_t k;
+    int fd, field;
+    *gone = false;
+    snprintf(path, sizeof(path), "/proc/%lld/stat", (long long)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        *gone = errno == ENOENT || errno == ESRCH;
+        return false;
+    }
+    k = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (k <= 0) {
+        *gone = k < 0 && errno == ESRCH;
+        return false;
+    }
+    buf[k] = 0;
+    p = strrchr(buf, ')');      /* the command name may hold spaces and parentheses */
+    if (!p || p[1] != ' ' || !p[2]) return false;
+    *state = p[2];
+    for (field = 3, p += 2; field < 22 && p; field++) {
+        p = strchr(p, ' ');
+        if (p) p++;
+    }
+    if (!p) return false;
+    *start = strtoull(p, NULL, 10);
+    return true;
+#else
+    (void)pid; (void)state; (void)start;
+    *gone = false;
+    return false;
+#endif
+}
+/* This process's record for the gather: pid, start time, pid namespace (device, inode); all 0
+   where they cannot be known (then no one watches it). */
+static void _dm_nccl_proc_self(unsigned char rec[_DM_NCCL_PROC_BYTES]) {
+    uint64_t v[4] = { 0, 0, 0, 0 };
+#if defined(__linux__)
+    struct stat ns;
+    char state = 0;
+    bool gone = false;
+    uint64_t start = 0;
+    if (stat("/proc/self/ns/pid", &ns) == 0 && _dm_nccl_proc_stat((int64_t)getpid(), &state, &start, &gone)) {
+        v[0] = (uint64_t)getpid();
+        v[1] = start;
+        v[2] = (uint64_t)ns.st_dev;
+        v[3] = (uint64_t)ns.st_ino;
+    }
+#endif
+    memcpy(rec, v, sizeof(v));
+}
+/* The index in n->peers of a local peer found dead, or -1; at most every _DM_NCCL_PEER_MS. A
+   /proc entry that cannot be read for another reason (permissions) counts as alive. */
+static int _dm_nccl_peer_gone(_dm_nccl* n) {
+    int64_t now;
+    int i;
+    if (!n->n_peers) return -1;
+    now = _dm_now_ms();
+    if (now < n->peers_next_ms) return -1;
+    n->peers_next_ms = now + _DM_NCCL_PEER_MS;
+    for (i = 0; i < n->n_peers; i++) {
+        char state = 0;
+        uint64_t start = 0;
+        bool gone = false;
+        if (_dm_nccl_proc_stat(n->peers[i].pid, &state, &start, &gone)) {
+            if (state == 'Z' || state == 'X' || start != n->peers[i].start) return i;
+        } else if (gone) {
+            return i;
+        }
+    }
+    return -1;
+}
+/* Records the loss of peer i (the caller aborts). */
+static dm_status _dm_nccl_lost(_dm_nccl* n, int i, const char* what, uint64_t seq) {
+    return _DM_FAIL(&n->base, DM_ERR_PEER_LOST, "nccl: %s #%llu: rank %d (pid %lld, on this host) is gone; NCCL "
+                    "does not report a peer lost over shared memory or P2P (distmesh watches the ranks of its "
+                    "host); the communicator was aborted", what, (unsigned long long)seq, n->peers[i].rank,
+                    (long long)n->peers[i].pid);
+}
+/* The loss stops the communicator like an interrupt does (_dm_nccl_interrupted): aborted, or,
+   where the survivors' shrink will be ncclCommShrink(NCCL_SHRINK_ABORT) without a store, parked
+   for it -- an aborted communicator cannot be shrunk, and the survivors that did not wait
+   (their communicators alive) take that path too, so every survivor of a single host can
+   shrink. The shrink stops the parked kernels; dm_destroy or dm_abort aborts them. */
+static dm_status _dm_nccl_peers_alive(_dm_nccl* n, const char* what, uint64_t seq) {
+    int i = _dm_nccl_peer_gone(n);
+    dm_status st;
+    if (i < 0) return DM_OK;
+    st = _dm_nccl_lost(n, i, what, seq);
+    if (n->comm && _dm_nccl_shrinks_natively(n, true) &&
+        __atomic_load_n(&n->base.core->aborted, __ATOMIC_ACQUIRE) == 0) {
+        _dm_nccl_settle(n, st);
+        n->parked = true;
+    } else {
+        _dm_nccl_abort(n, st);
+    }
+    return st;
+}
+
+/* >>nccl capture  While the stream captures a CUDA graph, its work is recorded, not run: NCCL's
+   own calls are captured like kernels, but asking for the stream's progress ends the capture
+   (cudaStreamQuery: cudaErrorStreamCaptureUnsupported, 900, and the capture is invalidated),
+   an event recorded in it answers cudaErrorCapturedEvent (907), and in global capture mode
+   cudaMalloc is refused too. Neither is a failure of the communicator: whatever would wait on
+   the host (or needs cudaMalloc'd scratch) is refused before it touches the stream, with
+   DM_ERR_INVALID_ARG naming the capture, and the communicator stays usable. A failed query
+   counts as not capturing (the call then goes on as outside a capture). */
+static bool _dm_nccl_capturing(_dm_nccl* n) {
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(n->stream, &cs) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
+static dm_status _dm_nccl_no_capture(_dm_nccl* n, const char* what, const char* why) {
+    if (!_dm_nccl_capturing(n)) return DM_OK;
+    return _DM_FAIL(&n->base, DM_ERR_INVALID_ARG, "nccl: %s #%llu: the communicator's stream is capturing a CUDA "
+                    "graph, and %s; call it outside the capture (the communicator is untouched)", what,
+                    (unsigned long long)n->base.seq, why);
+}
+#define _DM_NCCL_HOST_WAIT "it waits for the stream on the host, which a capture forbids"
+
 /* Polls until the communicator's pending work is accepted (and, with stream_too, the stream has
-   drained), an asynchronous error shows up, or the deadline passes (then abort). */
+   drained), an asynchronous error shows up, or the deadline passes (then abort). Waiting for
+   the stream during a capture is refused (>>nccl capture). */
 static dm_status _dm_nccl_wait(_dm_nccl* n, const char* what, bool stream_too) {
-    int64_t deadline = _dm_deadline(n->base.timeout_ms);
+    int64_t deadline = _dm_deadline(n->base.timeout_ms), t0 = _dm_now_us();
     if (!n->comm || n->broken != DM_OK) return _dm_nccl_usable(n, what);
+    if (stream_too) _DM_TRY(_dm_nccl_no_capture(n, what, _DM_NCCL_HOST_WAIT));
     for (;;) {
         ncclResult_t async;
         if (_dm_nccl_interrupt_seen(n)) return _dm_nccl_interrupted(n, what, n->base.seq);
@@ -442,8 +690,9 @@ static dm_status _dm_nccl_wait(_dm_nccl* n, const char* what, bool stream_too) {
             if (e == cudaSuccess) return DM_OK;
             if (e != cudaErrorNotReady) return _dm_nccl_cuda_broke(n, e, what);
         }
+        _DM_TRY(_dm_nccl_peers_alive(n, what, n->base.seq));
         if (_dm_now_ms() >= deadline) return _dm_nccl_timed_out(n, what, n->base.seq, n->base.timeout_ms);
-        sched_yield();
+        _dm_nccl_pause(t0);
     }
 }
 /* After enqueueing: a non-blocking communicator may answer ncclInProgress. */
@@ -581,10 +830,15 @@ static dm_status _dm_nccl_tmp_alloc(_dm_nccl* n, size_t bytes, void** p, const c
     cudaError_t e;
     *p = NULL;
 #if CUDART_VERSION >= 11020
-    if (n->pools) e = cudaMallocAsync(p, bytes ? bytes : 1, n->stream);
+    if (n->pools) e = cudaMallocAsync(p, bytes ? bytes : 1, n->stream);     /* captured as a node */
     else
 #endif
+    {
+        /* cudaMalloc in a capture ends it, and cudaFree would wait for the device (>>nccl capture) */
+        if (n->comm) _DM_TRY(_dm_nccl_no_capture(n, what, "its device scratch needs memory pools (cudaMallocAsync) "
+                                                 "in a capture; this device has none"));
         e = cudaMalloc(p, bytes ? bytes : 1);
+    }
     if (e == cudaSuccess) return DM_OK;
     *p = NULL;
     return _dm_nccl_cuda_alloc_fail(n, e, what, bytes);
@@ -665,6 +919,7 @@ static dm_status _dm_nccl_all_gather_on(_dm_nccl* n, const void* send, void* rec
     _DM_TRY(_dm_nccl_buffer(n, "all_gather", recv, true, &host_recv));
     if (!host_send && !host_recv)
         return _dm_nccl_enqueued(n, ncclAllGather(send, recv, count, nt, n->comm, n->stream), "all_gather");
+    _DM_TRY(_dm_nccl_no_capture(n, "all_gather", "host buffers are staged and " _DM_NCCL_HOST_WAIT));
     /* One device block of world x count, our block copied to its slot first. */
     _DM_TRY(_dm_nccl_tmp_alloc(n, total, &tmp, "all_gather (host staging)"));
     own = (unsigned char*)tmp + (size_t)n->base.rank * block;
@@ -687,6 +942,7 @@ static dm_status _dm_nccl_broadcast_on(_dm_nccl* n, void* buf, size_t count, dm_
     _DM_TRY(_dm_nccl_buffer(n, "broadcast", buf, true, &host));
     if (!host)
         return _dm_nccl_enqueued(n, ncclBroadcast(buf, buf, count, nt, root, n->comm, n->stream), "broadcast");
+    _DM_TRY(_dm_nccl_no_capture(n, "broadcast", "a host buffer is staged and " _DM_NCCL_HOST_WAIT));
     _DM_TRY(_dm_nccl_tmp_alloc(n, bytes, &tmp, "broadcast (host staging)"));
     if (n->base.rank == root) st = _dm_nccl_copy(n, tmp, buf, bytes, true, "broadcast (host staging)");
     if (st == DM_OK)
@@ -698,6 +954,7 @@ static dm_status _dm_nccl_broadcast_on(_dm_nccl* n, void* buf, size_t count, dm_
 
 static dm_status _dm_nccl_barrier_on(_dm_nccl* n, bool wait) {
     _DM_TRY(_dm_nccl_usable(n, "barrier"));
+    if (wait) _DM_TRY(_dm_nccl_no_capture(n, "barrier", _DM_NCCL_HOST_WAIT));
     _DM_TRY(_dm_nccl_enqueued(n, ncclAllReduce(n->scratch, n->scratch, 1, ncclFloat32, ncclSum, n->comm,
                                                n->stream), "barrier"));
     return wait ? _dm_nccl_wait(n, "barrier", true) : DM_OK;
@@ -865,7 +1122,12 @@ static dm_status _dm_nccl_all_gather_to_list_on(_dm_nccl* n, const void* send, v
     _DM_TRY(_dm_nccl_usable(n, "all_gather_to_list"));
     if (!bytes) return DM_OK;   /* every rank skips it alike */
     _DM_TRY(_dm_nccl_buffer(n, "all_gather_to_list", send, true, &host_send));
-    for (r = 0; r < n->base.size; r++) _DM_TRY(_dm_nccl_buffer(n, "all_gather_to_list", recvs[r], true, &host_recv));
+    host = host_send;
+    for (r = 0; r < n->base.size; r++) {
+        _DM_TRY(_dm_nccl_buffer(n, "all_gather_to_list", recvs[r], true, &host_recv));
+        host = host || host_recv;
+    }
+    if (host) _DM_TRY(_dm_nccl_no_capture(n, "all_gather_to_list", "host buffers are staged and " _DM_NCCL_HOST_WAIT));
     host = host_send;
     _DM_TRY(_dm_nccl_tmp_alloc(n, total, &tmp, "all_gather_to_list"));
     block = (unsigned char*)tmp;
@@ -1038,7 +1300,7 @@ static _dm_nccl_token* _dm_nccl_token_get(_dm_nccl* n, const char* what) {
         }
     }
     t->prev = t->next = NULL;
-    t->settled = false;
+    t->settled = t->captured = false;
     t->status = DM_OK;
     return t;
 }
@@ -1066,7 +1328,9 @@ static dm_status _dm_nccl_start(dm_collective* c, const dm_op* op, void** token)
     t = _dm_nccl_token_get(n, what);
     st = t ? _dm_nccl_issue(n, op) : DM_ERR_OUT_OF_MEMORY;
     if (st == DM_OK) {
-        cudaError_t e = cudaEventRecord(t->event, n->stream);
+        cudaError_t e;
+        t->captured = _dm_nccl_capturing(n);    /* then the event is a graph node (>>nccl capture) */
+        e = cudaEventRecord(t->event, n->stream);
         if (e != cudaSuccess) st = _dm_nccl_cuda_broke(n, e, "recording a request's event");
     }
     if (st != DM_OK) {
@@ -1091,11 +1355,16 @@ static dm_status _dm_nccl_finish(dm_collective* c, void* token, bool block, bool
     _dm_nccl_token* t = (_dm_nccl_token*)token;
     const char* what = t->what;
     bool reported = false;      /* this call recorded the failure's message */
+    int64_t t0 = _dm_now_us();
     dm_status st;
     int prev;
     if (done) *done = false;
     /* A failed switch aborts, which settles t; the message below then quotes the first cause. */
     (void)_dm_nccl_switch(n, what, &prev);
+    if (t->captured && !t->settled) {   /* its work is the graph's: queued is all it does here */
+        t->settled = true;
+        t->status = DM_OK;
+    }
     while (!t->settled) {
         cudaError_t e = cudaEventQuery(t->event);
         ncclResult_t async;
@@ -1131,6 +1400,10 @@ static dm_status _dm_nccl_finish(dm_collective* c, void* token, bool block, bool
             reported = true;
             break;
         }
+        if (_dm_nccl_peers_alive(n, what, t->seq) != DM_OK) {   /* the abort settled t */
+            reported = true;
+            break;
+        }
         if (_dm_now_ms() >= t->deadline) {
             /* the abort decides t: DM_OK if its event completed in the meantime */
             _dm_nccl_timed_out(n, what, t->seq, t->timeout_ms);
@@ -1138,7 +1411,7 @@ static dm_status _dm_nccl_finish(dm_collective* c, void* token, bool block, bool
             break;
         }
         if (!block) return _dm_nccl_leave(n, prev, DM_OK, what);
-        sched_yield();
+        _dm_nccl_pause(t0);
     }
     st = t->status;
     if (st != DM_OK && !reported)
@@ -1159,7 +1432,8 @@ static void _dm_nccl_destroy(dm_collective* c) {
     /* Let queued work finish (within the deadline) before the communicator goes; a wait that
        fails aborts it, as does a failed switch to its device. A parked one is aborted. */
     bool on_device = _dm_nccl_switch(n, "destroy", &prev) == DM_OK;
-    if (n->comm && n->broken == DM_OK && on_device && _dm_nccl_wait(n, "destroy", n->stream != NULL) == DM_OK) {
+    if (n->comm && n->broken == DM_OK && on_device &&
+        _dm_nccl_wait(n, "destroy", n->stream != NULL && !_dm_nccl_capturing(n)) == DM_OK) {
         _dm_nccl_destroy_comm(n->comm);
         n->comm = NULL;
     }
@@ -1188,6 +1462,7 @@ static void _dm_nccl_destroy(dm_collective* c) {
     if (n->owns_stream && n->stream) cudaStreamDestroy(n->stream);
     cudaGetLastError();
     _dm_free(&a, n->host_of);
+    _dm_free(&a, n->peers);
     _dm_free(&a, n);
     if (prev >= 0 && prev != device && cudaSetDevice(prev) != cudaSuccess) cudaGetLastError();
 }
@@ -1291,35 +1566,47 @@ static dm_status _dm_nccl_resources(_dm_nccl* n) {
    it aborts too: returning while the job runs would leak the child and let NCCL write into a
    stack frame that is gone. A parked parent (an interrupted wait) is polled the same way. */
 static dm_status _dm_nccl_job_wait(_dm_nccl* n, const char* what) {
-    int64_t deadline = _dm_deadline(n->base.timeout_ms);
+    int64_t deadline = _dm_deadline(n->base.timeout_ms), t0 = _dm_now_us();
     unsigned long long seq = (unsigned long long)n->base.seq;
     for (;;) {
         ncclResult_t r = _dm_nccl_async_error(n->comm);
         if (r == ncclSuccess) return DM_OK;
         if (r != ncclInProgress) return _dm_nccl_fail_on(n, n->comm, r, what, n->base.seq);
-        if (__atomic_load_n(&n->interrupt, __ATOMIC_ACQUIRE))
+        if (_dm_nccl_stop_asked(n))
             return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted (dm_abort, or dm_shrink "
                             "with DM_SHRINK_ABORT, on another thread); the communicator was aborted", what, seq);
+        {
+            int gone = _dm_nccl_peer_gone(n);
+            if (gone >= 0) return _dm_nccl_lost(n, gone, what, n->base.seq);
+        }
         if (_dm_now_ms() >= deadline)
             return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the "
                             "communicator was aborted", what, seq, n->base.timeout_ms);
-        sched_yield();
+        _dm_nccl_pause(t0);
     }
 }
 
 /* A new communicator finishes its own initialisation under the deadline: an init's (the
    fallback shrink's ncclCommInitRankConfig runs as a job of the new communicator itself), and
-   a split's or shrink's child, ready once its parent's job is over on 2.27+. On a failure or
-   at the deadline it is aborted, after NCCL's error text has been read (the abort discards
-   it); the parent is not touched. */
+   a split's or shrink's child, ready once its parent's job is over on 2.27+. On a failure, at
+   the deadline or when another thread asks n's call to stop (dm_abort, DM_SHRINK_ABORT) it is
+   aborted, after NCCL's error text has been read (quoted as context, >>nccl errors); the parent is not
+   touched. */
 static dm_status _dm_nccl_child_ready(_dm_nccl* n, ncclComm_t child, const char* what) {
-    int64_t deadline = _dm_deadline(n->base.timeout_ms);
+    int64_t deadline = _dm_deadline(n->base.timeout_ms), t0 = _dm_now_us();
     ncclResult_t r;
     dm_status st;
     char msg[96];
-    while ((r = _dm_nccl_async_error(child)) == ncclInProgress && _dm_now_ms() < deadline) sched_yield();
+    bool stop = false;
+    while ((r = _dm_nccl_async_error(child)) == ncclInProgress && _dm_now_ms() < deadline &&
+           !(stop = _dm_nccl_stop_asked(n)))
+        _dm_nccl_pause(t0);
     if (r == ncclSuccess) return DM_OK;
-    if (r == ncclInProgress) {
+    if (r == ncclInProgress && stop) {
+        st = _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted (dm_abort, or dm_shrink with "
+                      "DM_SHRINK_ABORT, on another thread) while the new communicator initialised; it was aborted",
+                      what, (unsigned long long)n->base.seq);
+    } else if (r == ncclInProgress) {
         st = _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms; the new "
                       "communicator was aborted", what, (unsigned long long)n->base.seq, n->base.timeout_ms);
     } else {
@@ -1391,7 +1678,9 @@ static dm_status _dm_nccl_split_on(_dm_nccl* n, int color, int key, dm_collectiv
         return st;
     }
     _DM_TRY(_dm_nccl_adopt(n, comm, rank, size, NULL, "split", out));
+    ((_dm_nccl*)*out)->watch = n;   /* dm_abort on the parent stops the child's gather too */
     st = _dm_nccl_hosts((_dm_nccl*)*out);
+    ((_dm_nccl*)*out)->watch = NULL;
     if (st != DM_OK) {
         _dm_copy_name(c->last_error, sizeof(c->last_error), (*out)->last_error);
         _dm_nccl_destroy((dm_collective*)*out);
@@ -1404,7 +1693,7 @@ static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collect
     int prev;
     dm_status st = _dm_nccl_enter(n, "split", &prev);
     if (st == DM_OK) st = _dm_nccl_split_on(n, color, key, out);
-    if (st != DM_OK) return _dm_nccl_leave(n, prev, st, "split");
+    if (st != DM_OK) return _dm_nccl_leave(n, prev, _dm_nccl_end_aborted(n, st), "split");
     (void)_dm_nccl_leave(n, prev, DM_OK, "split");   /* the child exists: *out is the caller's now */
     return DM_OK;
 }
@@ -1415,8 +1704,35 @@ static dm_status _dm_nccl_split(dm_collective* c, int color, int key, dm_collect
    and split gather them over the new communicator (one host-staged all_gather); a shrink's
    survivors take theirs from the parent's table (host_of), without communication. The
    launcher's LOCAL_RANK / LOCAL_WORLD_SIZE win at create, as on TCP. */
+/* The members on this host, in this pid namespace, other than this process: the peers to watch
+   (>>nccl peers), from the gathered records (stride rec, the process part at proc). */
+static dm_status _dm_nccl_local_peers(_dm_nccl* n, const unsigned char* all, size_t rec, size_t proc,
+                                      const int* host_of) {
+    uint64_t me[4], v[4];
+    int j, k = 0;
+    memcpy(me, all + (size_t)n->base.rank * rec + proc, sizeof(me));
+    _dm_free(&n->base.allocator, n->peers);
+    n->peers = NULL;
+    n->n_peers = 0;
+    if (!me[0] || n->base.size < 2) return DM_OK;
+    n->peers = (_dm_nccl_peer*)_dm_calloc(&n->base.allocator, sizeof(_dm_nccl_peer) * (size_t)n->base.size);
+    if (!n->peers) return _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "nccl: hosts: out of memory");
+    for (j = 0; j < n->base.size; j++) {
+        memcpy(v, all + (size_t)j * rec + proc, sizeof(v));
+        if (j == n->base.rank || host_of[j] != host_of[n->base.rank] || !v[0] || v[0] == me[0] ||
+            v[2] != me[2] || v[3] != me[3])
+            continue;
+        n->peers[k].rank = j;
+        n->peers[k].pid = (int64_t)v[0];
+        n->peers[k].start = v[1];
+        k++;
+    }
+    n->n_peers = k;
+    return DM_OK;
+}
 static dm_status _dm_nccl_hosts(_dm_nccl* n) {
-    enum { ID = 96, NAME = sizeof(((dm_collective*)0)->node_name), REC = ID + NAME };
+    enum { ID = 96, NAME = sizeof(((dm_collective*)0)->node_name), PROC = ID + NAME,
+           REC = PROC + _DM_NCCL_PROC_BYTES };
     int W = n->base.size;
     unsigned char mine[REC];
     unsigned char* all = (unsigned char*)_dm_calloc(&n->base.allocator, (size_t)W * REC);
@@ -1426,6 +1742,7 @@ static dm_status _dm_nccl_hosts(_dm_nccl* n) {
     if (!all || !host_of) st = _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "nccl: hosts: out of memory");
     memset(mine, 0, sizeof(mine));
     _dm_host_identity((char*)mine + ID, NAME, (char*)mine, ID);
+    _dm_nccl_proc_self(mine + PROC);       /* >>nccl peers */
     if (st == DM_OK && W == 1) memcpy(all, mine, REC);
     else if (st == DM_OK) st = _dm_nccl_all_gather_on(n, mine, all, REC, DM_UINT8);
     if (st == DM_OK) {
@@ -1434,6 +1751,7 @@ static dm_status _dm_nccl_hosts(_dm_nccl* n) {
                                 &n->base.local_size))
             st = _DM_FAIL(&n->base, DM_ERR_OUT_OF_MEMORY, "nccl: hosts: out of memory");
     }
+    if (st == DM_OK) st = _dm_nccl_local_peers(n, all, REC, PROC, host_of);
     if (st == DM_OK) {
         _dm_copy_name(n->base.node_name, sizeof(n->base.node_name), (const char*)mine + ID);
         _dm_free(&n->base.allocator, n->host_of);
@@ -1459,6 +1777,16 @@ static dm_status _dm_nccl_hosts_of_members(_dm_nccl* m, const _dm_nccl* n, const
         if (m->host_of[i] != m->host_of[m->base.rank]) continue;
         if (i < m->base.rank) m->base.local_rank++;
         m->base.local_size++;
+    }
+    if (n->n_peers) {           /* the watched peers that stay, renumbered (>>nccl peers) */
+        m->peers = (_dm_nccl_peer*)_dm_calloc(&m->base.allocator, sizeof(_dm_nccl_peer) * (size_t)n->n_peers);
+        if (!m->peers) return _DM_FAIL(&m->base, DM_ERR_OUT_OF_MEMORY, "nccl: shrink: out of memory");
+        for (k = 0; k < n->n_peers; k++)
+            for (i = 0; i < W; i++)
+                if (members[i] == n->peers[k].rank) {
+                    m->peers[m->n_peers] = n->peers[k];
+                    m->peers[m->n_peers++].rank = i;
+                }
     }
     return DM_OK;
 }
@@ -1521,7 +1849,7 @@ static void _dm_nccl_retire(_dm_nccl* n, const char* why, bool healthy) {
     for (t = n->live; t; t = t->next)
         if (!t->settled) {
             t->settled = true;
-            t->status = cudaEventQuery(t->event) == cudaSuccess ? DM_OK : DM_ERR_ABORTED;
+            t->status = t->captured || cudaEventQuery(t->event) == cudaSuccess ? DM_OK : DM_ERR_ABORTED;
         }
     if (healthy && n->comm) {
         _dm_nccl_destroy_comm(n->comm);
@@ -1550,6 +1878,49 @@ static dm_status _dm_nccl_shrink_native(_dm_nccl* n, int* exclude, int n_exclude
                     NCCL_VERSION_CODE);
 #endif
 }
+/* A unique id under key in a store that outlives the create (desc.store, kept for shrinks;
+   torchrun's agent store) is not left there: every one of the size ranks, the publisher
+   included, counts itself in "<key>_read" once it has the id, and the one whose count makes
+   size -- the last to have it -- deletes the id and the count. */
+static void _dm_nccl_id_taken(dm_store* store, const char* key, int size) {
+    char count_key[300];
+    int64_t got = 0;
+    snprintf(count_key, sizeof(count_key), "%s_read", key);
+    if (dm_store_add(store, count_key, 1, &got) == DM_OK && got >= size) {
+        (void)dm_store_delete(store, key, NULL);
+        (void)dm_store_delete(store, count_key, NULL);
+    }
+}
+/* A key of the store, waited for under the collective's deadline and stopped by another
+   thread's dm_abort or DM_SHRINK_ABORT (_dm_nccl_stop_asked): dm_store_get would sit in the
+   store for the store's whole timeout, out of the interrupt's reach. So this asks whether the
+   key is there (dm_store_check: one round trip, never blocking), sleeping 1 ms, doubling up to
+   8 ms, in between (an abort is seen within about 10 ms), and gets it once it is. A store
+   without check waits in dm_store_get, as before. */
+static dm_status _dm_nccl_store_get(_dm_nccl* n, const char* key, void** value, size_t* len, const char* what) {
+    int64_t deadline = _dm_deadline(n->base.timeout_ms);
+    long sleep_ns = 1000000;
+    for (;;) {
+        bool there = false;
+        if (_dm_nccl_stop_asked(n))
+            return _DM_FAIL(&n->base, DM_ERR_ABORTED, "nccl: %s #%llu was interrupted (dm_abort, or dm_shrink with "
+                            "DM_SHRINK_ABORT, on another thread) while waiting for %s in the store", what,
+                            (unsigned long long)n->base.seq, key);
+        if (dm_store_check(n->store, &key, 1, &there) != DM_OK || there) break;
+        if (_dm_now_ms() >= deadline)
+            return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s #%llu timed out after %d ms waiting for %s in the "
+                            "store", what, (unsigned long long)n->base.seq, n->base.timeout_ms, key);
+        {
+            struct timespec ts = { 0, sleep_ns };
+            nanosleep(&ts, NULL);
+        }
+        if (sleep_ns < 8000000) sleep_ns *= 2;
+    }
+    if (dm_store_get(n->store, key, value, len) != DM_OK)
+        return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: %s: waiting for %s: %s", what, key,
+                        dm_store_last_error(n->store));
+    return DM_OK;
+}
 /* The fallback: a new communicator of size ranks through the store (see above). */
 static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclComm_t* comm) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -1572,14 +1943,15 @@ static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclCom
         if (dm_store_set(n->store, key, &id, sizeof(id)) != DM_OK)
             return _DM_FAIL(&n->base, DM_ERR_NETWORK, "nccl: shrink: publishing the unique id: %s",
                             dm_store_last_error(n->store));
-    } else if (dm_store_get(n->store, key, &value, &len) != DM_OK) {
-        return _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: shrink: waiting for the new rank 0's unique id (%s): %s",
-                        key, dm_store_last_error(n->store));
+        _dm_nccl_id_taken(n->store, key, size);
+    } else if ((st = _dm_nccl_store_get(n, key, &value, &len, "shrink: the new rank 0's unique id")) != DM_OK) {
+        return st;
     } else {
         if (len == sizeof(id)) memcpy(&id, value, sizeof(id));
         dm_store_free(n->store, value);
         if (len != sizeof(id))
             return _DM_FAIL(&n->base, DM_ERR_PROTOCOL, "nccl: shrink: unique id of %zu bytes in the store", len);
+        _dm_nccl_id_taken(n->store, key, size);
     }
     _dm_nccl_config(&config);
     r = ncclCommInitRankConfig(comm, size, id, rank, &config);
@@ -1590,6 +1962,13 @@ static dm_status _dm_nccl_shrink_reinit(_dm_nccl* n, int rank, int size, ncclCom
     else if (*comm) ncclCommAbort(*comm);
     if (st != DM_OK) *comm = NULL;
     return st;
+}
+/* Whether the members are on more than one host (>>nccl hosts): the same answer on every one. */
+static bool _dm_nccl_spans_hosts(const _dm_nccl* n) {
+    int j;
+    for (j = 0; n->host_of && j < n->base.size; j++)
+        if (n->host_of[j] != n->host_of[0]) return true;
+    return false;
 }
 static dm_status _dm_nccl_shrink_on(_dm_nccl* n, const bool* gone, int flags, dm_collective** out) {
     dm_collective* c = &n->base;
@@ -1602,6 +1981,14 @@ static dm_status _dm_nccl_shrink_on(_dm_nccl* n, const bool* gone, int flags, dm
     dm_status st;
     char why[DM_LAST_ERROR_SIZE];
     if (!exclude) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "nccl: shrink: out of memory");
+    if (flags == DM_SHRINK_ABORT && !n->store && _dm_nccl_spans_hosts(n)) {
+        _dm_free(&c->allocator, exclude);
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "nccl: shrink #%llu: DM_SHRINK_ABORT without a store on a communicator "
+                        "that spans hosts: after a failure NCCL reports it on some survivors only (ncclRemoteError, "
+                        "which aborts them) while the others would wait in ncclCommShrink until the deadline; give "
+                        "the collective a store (desc.store) to re-initialise through (the collective is untouched)",
+                        (unsigned long long)c->seq);
+    }
     members = exclude + c->size;
     for (i = 0; i < c->size; i++) {     /* survivors keep their order: the new rank counts them */
         if (gone[i]) exclude[k++] = i;
@@ -1671,7 +2058,7 @@ static dm_status _dm_nccl_shrink(dm_collective* c, const bool* gone, int flags, 
     __atomic_store_n(&n->interrupt, 0, __ATOMIC_RELEASE);
     st = _dm_nccl_switch(n, "shrink", &prev);
     if (st == DM_OK) st = _dm_nccl_shrink_on(n, gone, flags, out);
-    if (st != DM_OK) return _dm_nccl_leave(n, prev, st, "shrink");
+    if (st != DM_OK) return _dm_nccl_leave(n, prev, _dm_nccl_end_aborted(n, st), "shrink");
     (void)_dm_nccl_leave(n, prev, DM_OK, "shrink");   /* *out exists: the caller's now */
     return DM_OK;
 }
@@ -1714,6 +2101,7 @@ static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniq
             memcpy(id, value, sizeof(*id));
         }
         if (value) dm_store_free(store, value);
+        if (st == DM_OK && d->store) _dm_nccl_id_taken(store, key, n->base.size);
         /* Rank 0 must keep a hosted store alive until every rank has read the id. */
         if (st == DM_OK && !d->store) {
             int64_t done = 0;
@@ -1730,6 +2118,10 @@ static dm_status _dm_nccl_unique_id(_dm_nccl* n, const dm_nccl_desc* d, ncclUniq
                 if (st == DM_OK && done < n->base.size)
                     st = _DM_FAIL(&n->base, DM_ERR_TIMEOUT, "nccl: only %lld of %d ranks read the unique id",
                                   (long long)done, n->base.size);
+                if (st == DM_OK) {  /* every rank has it: the store (often torchrun's, which outlives us) keeps nothing */
+                    (void)dm_store_delete(store, key, NULL);
+                    (void)dm_store_delete(store, done_key, NULL);
+                }
             }
             if (st == DM_ERR_NETWORK) _DM_FAIL(&n->base, st, "nccl: store: %s", dm_store_last_error(store));
         }

@@ -36,26 +36,27 @@ fi
 # but no nccl.h, the headers of NCCL's PyPI wheel (nvidia-nccl-cu13, pinned: the version the
 # stand-in is checked against), unpacked into DM_NCCL_HEADERS (the Makefile's); nothing of the
 # library is kept. Without PyPI it says so and the stand-in tests report a skip.
-nccl_dir=/usr/local/share/distmesh/nccl
+# DM_NCCL_HEADERS (make passes its own) names another folder for them.
+nccl_inc=${DM_NCCL_HEADERS:-/usr/local/share/distmesh/nccl/include}
 cuda=${CUDA_HOME:-/usr/local/cuda}
-if [ -f "$cuda/include/cuda_runtime.h" ] && [ ! -f "$nccl_dir/include/nccl.h" ] &&
+if [ -f "$cuda/include/cuda_runtime.h" ] && [ ! -f "$nccl_inc/nccl.h" ] &&
    [ ! -f "${NCCL_HOME:-$cuda}/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ]; then
     echo "deps: NCCL's headers for the stand-in tests (nvidia-nccl-cu13 2.30.7 from PyPI, headers only)"
     tmp=$(mktemp -d)
     if timeout 600 python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" 'nvidia-nccl-cu13==2.30.7' &&
-       $SUDO python3 - "$tmp" "$nccl_dir" <<'PY'
+       $SUDO python3 - "$tmp" "$nccl_inc" <<'PY'
 import glob, os, sys, zipfile
 wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
 lead = "nvidia/nccl/include/"
 with zipfile.ZipFile(wheel) as z:
     for name in z.namelist():
         if name.startswith(lead) and not name.endswith("/"):
-            out = os.path.join(sys.argv[2], "include", name[len(lead):])
+            out = os.path.join(sys.argv[2], name[len(lead):])
             os.makedirs(os.path.dirname(out), exist_ok=True)
             with open(out, "wb") as f:
                 f.write(z.read(name))
 PY
-    then echo "deps: NCCL's headers in $nccl_dir/include"
+    then echo "deps: NCCL's headers in $nccl_inc"
     else echo "deps: NCCL's headers could not be fetched; the stand-in tests will report a skip"
     fi
     rm -rf "$tmp"

@@ -23,9 +23,11 @@
      job (2706 / 2405). ncclCommEnsureReady (373 / 310), run by every call on a communicator
      (collectives through src/enqueue.cc ncclEnqueueCheck 2637, split, shrink, user rank, count,
      destroy): a communicator in progress is ncclInvalidArgument ("Attempt to use communicator
-     before the previous operation returned ncclSuccess", counted in used_in_progress, and the
-     state becomes that error), an error state is returned; with the abort flag set it joins the
-     job and returns ncclSuccess.
+     before the previous operation returned ncclSuccess", counted in used_in_progress), an
+     error state is returned; with the abort flag set it joins the job and returns ncclSuccess.
+     It leaves the state alone; only ncclEnqueueCheck's failure path (enqueue.cc, fail:
+     ncclCommSetAsyncError on a non-blocking communicator) makes a collective's, ncclSend's or
+     ncclRecv's refusal the communicator's state.
    - Collectives (enqueue.cc): at nRanks == 1 ncclLaunchOneRank runs at once (2569: the data
      is copied, ncclSuccess); otherwise the task joins a group, and ncclGroupEndInternal of a
      non-blocking communicator marks it ncclInProgress and returns ncclInProgress (group.cc
@@ -81,7 +83,15 @@
      events recorded behind such work; cudaFree, cudaDeviceSynchronize and the stream and event
      synchronizations wait for the device (or the stream) and would hang behind held work:
      counted in hangs (they return at once here);
-   - CUDA's last error, and sticky errors that every later call returns.
+   - CUDA's last error, and sticky errors that every later call returns;
+   - kernels that take wall time (si_set_work_ms), whatever distmesh's polls;
+   - a peer's death (si_peer_dies): reported (ncclRemoteError) only over the network; a peer on
+     the same node leaves the work waiting for it spinning, silently;
+   - stream capture (>>capture): per-stream capture state, 900 from cudaStreamQuery and
+     cudaStreamSynchronize (invalidating the capture), 907 from cudaEventQuery on a captured
+     event, unsafe calls refused in global mode, 901 at cudaStreamEndCapture after that; a
+     live graph holds the communicators it captured: their ncclCommDestroy / ncclCommAbort
+     would wait for it (counted in hangs);
    Every entry point takes one recursive lock, so two threads may call it (one at a time). */
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
@@ -92,6 +102,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "stand_in_cuda_nccl.h"
 
@@ -108,10 +119,22 @@ typedef struct si_stream {
     int device, busy;
     bool nonblocking;           /* cudaStreamNonBlocking: not ordered with the legacy default stream */
     bool held;                  /* work queued while held never finishes on its own */
+    int capture;                /* enum cudaStreamCaptureStatus: none, active, invalidated (>>capture) */
+    int64_t until_ns;           /* NCCL work runs until then (CLOCK_MONOTONIC; si_set_work_ms) */
+    si_comm* captured[4];       /* the communicators whose work this capture recorded */
+    int n_captured;
+    enum cudaStreamCaptureMode capture_mode;
     si_comm* held_by;           /* the communicator whose kernel it is (its abort stops it), or NULL */
     unsigned gen;               /* bumped whenever held work is released */
 } si_stream;
-typedef struct si_event { int device; si_stream* stream; bool pending, held; unsigned gen; } si_event;
+typedef struct si_event {
+    int device;
+    si_stream* stream;
+    bool pending, held;
+    bool captured;              /* last recorded on a capturing stream (>>capture) */
+    int64_t until_ns;           /* the stream's until_ns when recorded */
+    unsigned gen;
+} si_event;
 /* A background job of NCCL's, running on the communicator that owns it. */
 typedef struct si_job {
     bool active;
@@ -134,6 +157,7 @@ struct si_comm {
     int split_share, shrink_share;  /* its config after the environment */
     unsigned char id_byte;      /* the unique id's first byte it was made with (init only) */
     bool in_group;              /* has operations queued in this thread's open group */
+    int graph_refs;             /* live CUDA graphs that captured its work (>>capture) */
     /* Accepted, not launched yet: NCCL 2.28's group thread launches a call's work once the
        communicator's "in progress" clears (the job ends), not at the call. */
     bool launch_pending;
@@ -158,6 +182,7 @@ static struct {
     si_event* events[SI_MAX];
     si_alloc allocs[SI_MAX];
     int expect_device, device_count, busy_polls, init_polls, enqueue_polls;
+    int work_ms;                /* NCCL work takes this long in wall time (0: by polls only) */
     bool pools, hold, init_forever, split_null;
     int arrival_polls;          /* extra polls the first operation of a communicator waits for its peers */
     bool never_arrive;          /* ... or forever (until ncclCommAbort) */
@@ -210,12 +235,14 @@ void si_reset(void) {
     si.stats.live_streams = keep.live_streams;
     si.stats.live_events = keep.live_events;
     si.stats.live_allocs = keep.live_allocs;
+    si.stats.live_graphs = keep.live_graphs;
     si.stats.group_depth = keep.group_depth;
     memset(si.rules, 0, sizeof(si.rules));
     memset(si.names, 0, sizeof(si.names));
     si.expect_device = -1;
     si.device_count = 4;
     si.busy_polls = 0;
+    si.work_ms = 0;
     si.init_polls = 2;
     si.enqueue_polls = 1;
     si.pools = true;
@@ -272,6 +299,12 @@ void si_expect_device(int device) { si_lock(); si.expect_device = device; si_unl
 void si_set_device_count(int count) { si_lock(); si.device_count = count; si_unlock(); }
 void si_set_memory_pools(bool supported) { si_lock(); si.pools = supported; si_unlock(); }
 void si_set_busy_polls(int polls) { si_lock(); si.busy_polls = polls; si_unlock(); }
+void si_set_work_ms(int ms) { si_lock(); si.work_ms = ms; si_unlock(); }
+static int64_t si_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 void si_hold_streams(bool held) {
     int i;
     si_lock();
@@ -289,6 +322,17 @@ void si_set_peer_arrival(int polls, bool never) {
     si_lock(); si.arrival_polls = polls; si.never_arrive = never; si_unlock();
 }
 void si_set_async_error(int nccl_result) { si_lock(); si.peer_died = (ncclResult_t)nccl_result; si_unlock(); }
+/* A peer's death as NCCL sees it: over the network (net transport, its proxy) the connection
+   fails and every communicator reports ncclRemoteError; on this host (shared memory, P2P) the
+   kernels and proxy threads waiting for it spin, and nothing is reported -- the work queued
+   from now on never ends, until ncclCommAbort (proxy.cc and transport/shm.cc have no
+   liveness check of their peer). */
+void si_peer_dies(bool same_node) {
+    si_lock();
+    if (same_node) si.hold = true;
+    else si.peer_died = ncclRemoteError;
+    si_unlock();
+}
 void si_split_gives_null(bool on) { si_lock(); si.split_null = on; si_unlock(); }
 void si_set_split_child(int rank, int nranks) { si_lock(); si.split_rank = rank; si.split_nranks = nranks; si_unlock(); }
 void si_split_child_fails(int nccl_result) { si_lock(); si.child_fails = (ncclResult_t)nccl_result; si_unlock(); }
@@ -375,8 +419,9 @@ static void si_hang(const char* what) {
    themselves. */
 static void si_queue(si_stream* s, si_comm* by) {
     si_stream* l;
-    if (!s) return;
+    if (!s || s->capture != cudaStreamCaptureStatusNone) return;    /* captured: a graph node, not work */
     s->busy = si.busy_polls;
+    if (by && si.work_ms > 0) s->until_ns = si_now_ns() + (int64_t)si.work_ms * 1000000;  /* a kernel's time */
     /* A blocking stream's new work waits for what the legacy default stream holds before it; a
        non-blocking stream's does not: NCCL work there may read inputs not written yet. */
     l = s->device >= 0 && s->device < SI_DEVICES ? si.legacy[s->device] : NULL;
@@ -395,11 +440,12 @@ static void si_release_held(si_stream* s) {
     s->held_by = NULL;
     s->gen++;
 }
-static bool si_stream_busy(const si_stream* s) { return s->held || s->busy > 0; }
+static bool si_stream_busy(const si_stream* s) { return s->held || s->busy > 0 || si_now_ns() < s->until_ns; }
 /* A poll: busy work gets one step closer to done. */
 static bool si_stream_done(si_stream* s) {
     if (s->held) return false;
     if (s->busy > 0) { s->busy--; return false; }
+    if (si_now_ns() < s->until_ns) return false;
     return true;
 }
 /* The legacy default stream (stream 0, cudaStreamLegacy) of the current device: made on first
@@ -434,7 +480,7 @@ static void si_legacy_wait(const char* fn) {
         }
     for (i = 0; i < SI_MAX; i++)
         if (si.streams[i] && si.streams[i]->device == si_current && !si.streams[i]->nonblocking)
-            si.streams[i]->busy = 0;
+            si.streams[i]->busy = 0, si.streams[i]->until_ns = 0;   /* waited for */
 }
 /* A device-wide wait (cudaFree, cudaDeviceSynchronize): behind held work it would never end. */
 static void si_device_wait(const char* fn) {
@@ -446,6 +492,61 @@ static void si_device_wait(const char* fn) {
             si_hang(what);
             return;
         }
+}
+
+/* >>capture  CUDA graph capture, as the runtime answers it (CUDA 12/13 documentation of
+   cudaStreamBeginCapture, cudaStreamQuery, cudaEventQuery; "Prohibited and Unhandled
+   Operations" of the programming guide's CUDA Graphs section). Between cudaStreamBeginCapture
+   and cudaStreamEndCapture the stream's work is recorded into a graph, not run (here the bytes
+   still move at once, as if the graph ran right away; the stream never gets busy). Asking for
+   the capturing stream's progress (cudaStreamQuery, cudaStreamSynchronize) is
+   cudaErrorStreamCaptureUnsupported (900) and invalidates the capture; an event last recorded
+   on a capturing stream answers cudaEventQuery and cudaEventSynchronize with
+   cudaErrorCapturedEvent (907), also after the capture ended (the record was a graph node,
+   not an event on the device); while a stream captures in global or thread-local mode (here
+   from any thread: thread-local forbids them only on the capturing thread),
+   potentially unsafe calls (cudaMalloc, cudaFree, cudaMemcpy, cudaDeviceSynchronize) are
+   cudaErrorStreamCaptureUnsupported and invalidate it, and a synchronous call on the legacy
+   stream behind a capturing blocking stream is cudaErrorStreamCaptureImplicit (906).
+   cudaMallocAsync / cudaFreeAsync on the stream are allocation nodes, allowed. An invalidated
+   capture ends with cudaErrorStreamCaptureInvalidated (901) and no graph. Not sticky: the
+   errors are the call's and the last error's. Counted: capture_errors. */
+static cudaError_t si_capture_error(si_stream* s, cudaError_t e) {
+    if (s && s->capture == cudaStreamCaptureStatusActive) s->capture = cudaStreamCaptureStatusInvalidated;
+    si.stats.capture_errors++;
+    si.last = e;
+    return e;
+}
+/* A potentially unsafe call while a stream captures in a mode that forbids it: every such
+   capture is invalidated, and the call fails. */
+static cudaError_t si_unsafe_in_capture(void) {
+    int i;
+    bool hit = false;
+    for (i = 0; i < SI_MAX; i++) {
+        si_stream* s = si.streams[i];
+        if (s && s->capture == cudaStreamCaptureStatusActive && s->capture_mode != cudaStreamCaptureModeRelaxed) {
+            s->capture = cudaStreamCaptureStatusInvalidated;
+            hit = true;
+        }
+    }
+    return hit ? si_capture_error(NULL, cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+/* A synchronous call on the legacy stream, which would join a capturing blocking stream. */
+static cudaError_t si_legacy_in_capture(void) {
+    int i;
+    for (i = 0; i < SI_MAX; i++) {
+        si_stream* s = si.streams[i];
+        if (s && s->capture == cudaStreamCaptureStatusActive && !s->nonblocking && s->device == si_current)
+            return si_capture_error(s, cudaErrorStreamCaptureImplicit);
+    }
+    return cudaSuccess;
+}
+int si_capture_status(void* stream) {
+    int i, st = -1;
+    si_lock();
+    i = si_find((void* const*)si.streams, stream);
+    if (i >= 0) st = si.streams[i]->capture;
+    SI_RETURN(st);
 }
 
 /* >>memory */
@@ -511,6 +612,7 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
     cudaError_t e;
     si_lock();
     e = si_cuda("cudaMalloc", true);
+    if (e == cudaSuccess) e = si_unsafe_in_capture();
     SI_RETURN(e != cudaSuccess ? e : si_malloc(devPtr, size, false));
 }
 cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int flags) {
@@ -533,6 +635,8 @@ cudaError_t cudaFree(void* devPtr) {
     cudaError_t e, f;
     si_lock();
     e = si_cuda("cudaFree", true);
+    if (e == cudaSuccess && devPtr && (f = si_unsafe_in_capture()) != cudaSuccess)
+        SI_RETURN(f);                       /* refused by a capture: nothing is released */
     if (devPtr) si_device_wait("cudaFree");
     if (si_launch_uses(si_alloc_of(devPtr))) si_early("cudaFree of memory that NCCL work not launched yet uses");
     f = si_free(devPtr);
@@ -597,6 +701,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpy
     (void)kind;
     si_lock();
     e = si_cuda("cudaMemcpy", true);
+    if (e == cudaSuccess) e = si_unsafe_in_capture();
+    if (e == cudaSuccess) e = si_legacy_in_capture();
     if (e != cudaSuccess) SI_RETURN(e);
     si_legacy_wait("cudaMemcpy");
     if (count) memmove(dst, src, count);
@@ -640,6 +746,7 @@ cudaError_t cudaDeviceSynchronize(void) {
     cudaError_t e;
     si_lock();
     e = si_cuda("cudaDeviceSynchronize", true);
+    if (e == cudaSuccess) e = si_unsafe_in_capture();
     if (e == cudaSuccess) si_device_wait("cudaDeviceSynchronize");
     SI_RETURN(e);
 }
@@ -660,6 +767,10 @@ const char* cudaGetErrorString(cudaError_t error) {
         case cudaErrorIllegalAddress: return "an illegal memory access was encountered (stand-in)";
         case cudaErrorLaunchFailure: return "unspecified launch failure (stand-in)";
         case cudaErrorNotReady: return "device not ready (stand-in)";
+        case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (stand-in)";
+        case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture (stand-in)";
+        case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream (stand-in)";
+        case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream (stand-in)";
         default: return "some CUDA error (stand-in)";
     }
 }
@@ -710,6 +821,8 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     __atomic_add_fetch(&si_stream_query_calls, 1, __ATOMIC_ACQ_REL);
     if (e != cudaSuccess) SI_RETURN(e);
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si.streams[i]->capture != cudaStreamCaptureStatusNone)
+        SI_RETURN(si_capture_error(si.streams[i], cudaErrorStreamCaptureUnsupported));
     SI_RETURN(si_stream_done(si.streams[i]) ? cudaSuccess : cudaErrorNotReady);
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
@@ -753,9 +866,15 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (i < 0 || j < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     ev = si.events[i];
     ev->stream = si.streams[j];
+    ev->captured = ev->stream->capture != cudaStreamCaptureStatusNone;
+    if (ev->captured) {         /* a graph node: nothing to wait for on the device */
+        ev->pending = ev->held = false;
+        SI_RETURN(cudaSuccess);
+    }
     if (si_launch_pending_on(ev->stream)) si_early("cudaEventRecord on a stream whose NCCL work is not launched yet");
     ev->pending = si_stream_busy(ev->stream);
     ev->held = ev->stream->held;
+    ev->until_ns = ev->stream->until_ns;
     ev->gen = ev->stream->gen;
     SI_RETURN(cudaSuccess);
 }
@@ -774,9 +893,11 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     ev = si.events[i];
     s = ev->stream;
+    if (ev->captured) SI_RETURN(si_capture_error(NULL, cudaErrorCapturedEvent));
     if (!ev->pending) SI_RETURN(cudaSuccess);
     if (ev->held && s && s->held && s->gen == ev->gen) SI_RETURN(cudaErrorNotReady);
     if (s && s->busy > 0) { s->busy--; SI_RETURN(cudaErrorNotReady); }
+    if (si_now_ns() < ev->until_ns) SI_RETURN(cudaErrorNotReady);
     ev->pending = false;
     SI_RETURN(cudaSuccess);
 }
@@ -790,14 +911,17 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     i = si_find((void* const*)si.streams, stream);
     if (e != cudaSuccess) SI_RETURN(e);
     if (stream == NULL || stream == cudaStreamLegacy) {     /* the legacy stream: every blocking one */
+        if ((e = si_legacy_in_capture()) != cudaSuccess) SI_RETURN(e);
         si_legacy_wait("cudaStreamSynchronize");
-        si_legacy_stream()->busy = 0;
+        si_legacy_stream()->busy = 0, si_legacy_stream()->until_ns = 0;
         SI_RETURN(cudaSuccess);
     }
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si.streams[i]->capture != cudaStreamCaptureStatusNone)
+        SI_RETURN(si_capture_error(si.streams[i], cudaErrorStreamCaptureUnsupported));
     if (si_launch_pending_on(si.streams[i])) si_early("cudaStreamSynchronize on a stream whose NCCL work is not launched yet");
     if (si.streams[i]->held) si_hang("cudaStreamSynchronize behind a kernel that never ends");
-    si.streams[i]->busy = 0;
+    si.streams[i]->busy = 0, si.streams[i]->until_ns = 0;   /* waited for */
     SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -808,10 +932,85 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     i = si_find((void* const*)si.events, event);
     if (e != cudaSuccess) SI_RETURN(e);
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si.events[i]->captured) SI_RETURN(si_capture_error(NULL, cudaErrorCapturedEvent));
     if (si.events[i]->held && si.events[i]->stream && si.events[i]->stream->held &&
         si.events[i]->stream->gen == si.events[i]->gen)
         si_hang("cudaEventSynchronize behind a kernel that never ends");
     si.events[i]->pending = false;
+    SI_RETURN(cudaSuccess);
+}
+/* >>capture's calls. A graph holds the communicators whose work it captured (counted in
+   live_graphs): NCCL's ncclCommDestroy / ncclCommAbort wait while such a graph is alive (its
+   kernels may still be launched), so here they count a hang. */
+typedef struct si_graph { si_comm* comms[4]; int n; } si_graph;
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+    cudaError_t e;
+    int i;
+    si_lock();
+    e = si_cuda("cudaStreamBeginCapture", true);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (stream == NULL || stream == cudaStreamLegacy) SI_RETURN(si.last = cudaErrorStreamCaptureUnsupported);
+    i = si_find((void* const*)si.streams, stream);
+    if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    if (si.streams[i]->capture != cudaStreamCaptureStatusNone) SI_RETURN(si.last = cudaErrorIllegalState);
+    si.streams[i]->capture = cudaStreamCaptureStatusActive;
+    si.streams[i]->capture_mode = mode;
+    si.streams[i]->n_captured = 0;
+    SI_RETURN(cudaSuccess);
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+    cudaError_t e;
+    int i, was;
+    si_lock();
+    e = si_cuda("cudaStreamEndCapture", true);
+    if (e != cudaSuccess) SI_RETURN(e);
+    i = si_find((void* const*)si.streams, stream);
+    if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    was = si.streams[i]->capture;
+    if (was == cudaStreamCaptureStatusNone) SI_RETURN(si.last = cudaErrorIllegalState);
+    si.streams[i]->capture = cudaStreamCaptureStatusNone;
+    *pGraph = NULL;
+    if (was == cudaStreamCaptureStatusInvalidated) SI_RETURN(si.last = cudaErrorStreamCaptureInvalidated);
+    {
+        si_graph* g = (si_graph*)calloc(1, sizeof(si_graph));
+        int k;
+        if (!g) SI_RETURN(cudaErrorMemoryAllocation);
+        for (k = 0; k < si.streams[i]->n_captured; k++) {
+            g->comms[g->n++] = si.streams[i]->captured[k];
+            si.streams[i]->captured[k]->graph_refs++;
+        }
+        *pGraph = (cudaGraph_t)(void*)g;
+    }
+    si.stats.live_graphs++;
+    SI_RETURN(cudaSuccess);
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* pCaptureStatus) {
+    cudaError_t e;
+    int i;
+    si_lock();
+    e = si_cuda("cudaStreamIsCapturing", false);
+    if (e != cudaSuccess) SI_RETURN(e);
+    if (stream == NULL || stream == cudaStreamLegacy) {
+        if ((e = si_legacy_in_capture()) != cudaSuccess) SI_RETURN(e);
+        *pCaptureStatus = cudaStreamCaptureStatusNone;
+        SI_RETURN(cudaSuccess);
+    }
+    i = si_find((void* const*)si.streams, stream);
+    if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
+    *pCaptureStatus = (enum cudaStreamCaptureStatus)si.streams[i]->capture;
+    SI_RETURN(cudaSuccess);
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    si_lock();
+    si_note("cudaGraphDestroy");
+    if (!graph) SI_RETURN(cudaErrorInvalidValue);
+    {
+        si_graph* g = (si_graph*)(void*)graph;
+        int k;
+        for (k = 0; k < g->n; k++) g->comms[k]->graph_refs--;
+        free(g);
+    }
+    si.stats.live_graphs--;
     SI_RETURN(cudaSuccess);
 }
 /* Pinned host memory is plain host memory here (not registered as device memory). */
@@ -950,8 +1149,7 @@ static ncclResult_t si_ensure_ready(si_comm* c) {
         si.stats.used_in_progress++;
         snprintf(si.nccl_last, sizeof(si.nccl_last),
                  "stand-in: Attempt to use communicator before the previous operation returned ncclSuccess");
-        c->async = ncclInvalidArgument;
-        return ncclInvalidArgument;
+        return ncclInvalidArgument;     /* the state is left as it is: only si_op's caller sets it */
     }
     return r;
 }
@@ -1016,10 +1214,12 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     c = si_comm_of("ncclCommAbort", comm);
     if (!c) SI_RETURN(comm ? ncclInvalidArgument : ncclSuccess);
     si.stats.aborts++;
+    if (c->graph_refs > 0) si_hang("ncclCommAbort of a communicator a live CUDA graph captured");
     c->abort_flag->set = 1;                 /* setCommAbortFlags: every sharer's kernels stop */
     si_flag_stops_kernels(c->abort_flag);
     if (c->job.active) si_job_end(c, ncclInternalError);  /* ncclCommEnsureReady joins it */
-    si.nccl_last[0] = 0;                    /* what NCCL said about the failure is gone now */
+    /* ncclGetLastError's text stays: NCCL keeps one process-wide buffer (debug.cc ncclLastError)
+       that only the next error overwrites */
     si_kill(c, "ncclCommAbort");
     if (si_depth > 0) c->reclaim_at_group_end = true;    /* the reclaim job waits for the group */
     else si_reclaim(c);
@@ -1044,6 +1244,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     }
     r = si_ensure_ready(c);
     if (r != ncclSuccess) SI_RETURN(r);     /* no group end, nothing freed (2381 / 2182) */
+    if (c->graph_refs > 0) si_hang("ncclCommDestroy of a communicator a live CUDA graph captured");
     if (opens) {
         si_depth--;
         si.stats.group_depth--;
@@ -1153,14 +1354,17 @@ static ncclResult_t si_op(const char* fn, ncclComm_t comm, cudaStream_t stream, 
     if (!c) return ncclInvalidArgument;
     si_bound(fn);
     r = (ncclResult_t)si_scripted(fn, NULL);
-    if (r == ncclSuccess) r = si_ensure_ready(c);
+    if (r != ncclSuccess) si_nccl_text("stand-in: %s scripted for %s", fn, r);
+    else r = si_ensure_ready(c);
     if (r == ncclSuccess && c->abort_flag->set) {   /* another communicator's abort stopped it */
         si.stats.skipped_by_shared_abort++;
         return ncclSuccess;
     }
     if (r == ncclSuccess && j < 0) r = ncclInvalidArgument;
     if (r != ncclSuccess && r != ncclInProgress) {
-        si_nccl_text("stand-in: %s scripted for %s", fn, r);
+        /* ncclEnqueueCheck's fail: ncclCommSetAsyncError on a non-blocking communicator -- the
+           one place a refused call changes the state (split, shrink, destroy, user rank and
+           count leave it) */
         c->async = r;
         if (si_depth > 0 && si_group_error == ncclSuccess) si_group_error = r;
         return r;
@@ -1170,6 +1374,12 @@ static ncclResult_t si_op(const char* fn, ncclComm_t comm, cudaStream_t stream, 
         si.sticky = cudaErrorIllegalAddress;
     }
     *run = true;
+    if (si.streams[j]->capture != cudaStreamCaptureStatusNone) {    /* recorded into the graph */
+        si_stream* cs = si.streams[j];
+        int k;
+        for (k = 0; k < cs->n_captured && cs->captured[k] != c; k++) {}
+        if (k == cs->n_captured && k < 4) cs->captured[cs->n_captured++] = c;
+    }
     if (collective && c->nranks == 1 && r == ncclSuccess && si_depth == 0) {   /* ncclLaunchOneRank */
         si_queue(si.streams[j], c);
         return ncclSuccess;

@@ -43,11 +43,17 @@ typedef struct si_stats {
     int unordered_with_legacy;  /* NCCL work queued on a non-blocking stream while the legacy
                                    default stream had work before it (not waited for) */
     int stray_group_ends;       /* ncclGroupEnd outside any group ("not in a group call") */
+    int capture_errors;         /* CUDA calls a stream capture refused (900, 906, 907) */
+    int live_graphs;            /* graphs from cudaStreamEndCapture not destroyed yet */
 } si_stats;
 
 /* Clears the script and the counters (not the live objects: leaks stay visible). */
 void si_reset(void);
 const si_stats* si_get(void);
+/* A stream's capture status (enum cudaStreamCaptureStatus: 0 none, 1 active, 2 invalidated),
+   -1 for an unknown stream, asked without counting a call (cudaStreamBeginCapture /
+   cudaStreamEndCapture are the test's to call: see stand_in_cuda_nccl.c >>capture). */
+int si_capture_status(void* stream);
 /* Calls of fn (a CUDA or NCCL function name) since si_reset. */
 int si_count(const char* fn);
 /* cudaStreamQuery and cudaEventQuery calls since si_reset (atomic: for another thread). */
@@ -58,7 +64,8 @@ int si_pending_jobs(void);
 /* The nth call of fn from now on returns code: an ncclResult_t for "nccl..." names and for
    "enqueue" (any collective, ncclSend or ncclRecv), a cudaError_t for "cuda..." names. A
    failed NCCL call leaves its communicator's asynchronous error set (NCCL's non-blocking
-   communicators keep it) and NCCL's last-error text set until the next ncclCommAbort. sticky:
+   communicators keep it) and NCCL's last-error text set (one text for the process, as NCCL's:
+   never cleared, only overwritten by the next error). sticky:
    the CUDA error stays, every later CUDA call returns it (as after an illegal address). For
    ncclCommGetAsyncError the code is the call's own result, nothing is written. ncclCommSplit
    and ncclCommShrink: refused at once, no job, *newcomm NULL. ncclCommDestroy: the error has
@@ -73,6 +80,9 @@ void si_set_memory_pools(bool supported);   /* cudaDevAttrMemoryPoolsSupported, 
 /* After each queued operation a stream reports cudaErrorNotReady this many times (to
    cudaStreamQuery and to its events) before it is drained. Default 0. */
 void si_set_busy_polls(int polls);
+/* NCCL work queued from now on takes ms of wall time (CLOCK_MONOTONIC) before its stream and
+   its events report it done, however often they are asked (0: by polls only, the default). */
+void si_set_work_ms(int ms);
 /* While held, NCCL work queued from now on never finishes (a kernel waiting on a dead peer):
    the stream and the events recorded behind it report cudaErrorNotReady, until the hold is
    lifted or the communicator that queued it is aborted (ncclCommAbort, or ncclCommShrink with
@@ -90,8 +100,12 @@ void si_set_enqueue_polls(int polls);
    and the first ncclSend / ncclRecv with each peer), which stays "in progress" until the peer
    arrives: this many more polls, or (never) until ncclCommAbort. Default 0: they are there. */
 void si_set_peer_arrival(int polls, bool never);
-/* The asynchronous error every live communicator reports from now on (a peer died). */
+/* The asynchronous error every live communicator reports from now on (any NCCL error). */
 void si_set_async_error(int nccl_result);
+/* A peer died, as NCCL sees it: on another node (network transport) every communicator reports
+   ncclRemoteError; on the same node (shared memory, P2P) nothing is reported and the NCCL work
+   queued from now on spins forever (until ncclCommAbort), as si_hold_streams(true). */
+void si_peer_dies(bool same_node);
 /* Split jobs with a color end writing NULL into *newcomm. */
 void si_split_gives_null(bool on);
 /* The rank and size of the children split jobs make from now on (default 0 of 1: the stand-in

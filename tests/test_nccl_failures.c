@@ -49,6 +49,13 @@ static char g_dir[256];
 #define CHECK_MSG(c, text) do { if (!strstr(dm_last_error(c), (text)))                          \
         fail_msg("last error \"%s\" lacks \"%s\"", dm_last_error(c), (text)); } while (0)
 
+/* Every rank on this host (the stand-in alone leaves the other ranks' host identities zero:
+   each a host of its own, where DM_SHRINK_ABORT without a store is refused): at create, the
+   others' identities are this one's (and its process id, so no one is watched). */
+static void same_host(int peer, unsigned char* block, const unsigned char* mine, size_t bytes, void* user) {
+    (void)peer; (void)user;
+    memcpy(block, mine, bytes);
+}
 /* A communicator of `world` ranks, this one `rank`, on `device`; the unique id: id_byte in the
    desc (0: through `store`, under prefix). */
 static dm_collective* make_with(int world, int rank, int device, int timeout_ms, dm_store* store,
@@ -65,7 +72,9 @@ static dm_collective* make_with(int world, int rank, int device, int timeout_ms,
     d.unique_id = id_in_desc ? id : NULL;
     d.timeout_ms = timeout_ms;
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    si_set_all_gather_peers(same_host, NULL);
     if (dm_nccl_create(&d, &c) != DM_OK) fail_msg("dm_nccl_create: %s", dm_last_error(NULL));
+    si_set_all_gather_peers(NULL, NULL);
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
     g_device = device;
     si_expect_device(device);
@@ -334,6 +343,15 @@ static void test_failures_survivors_take_one_shrink_path(void** state) {
     id2 = id_of(s2, 1, 2);
     assert_int_equal(id1, id2);
     assert_int_not_equal(id1, 0);
+    {   /* both survivors have it: the last one deleted the id and its count (issue 52, item 7) */
+        static const char* const keys[2] = { "mixed/shrink/1/nccl_unique_id", "mixed/shrink/1/nccl_unique_id_read" };
+        int k;
+        for (k = 0; k < 2; k++) {
+            bool there = true;
+            CHECK_OK(NULL, dm_store_check(store, &keys[k], 1, &there));
+            if (there) fail_msg("the store still holds %s", keys[k]);
+        }
+    }
     CHECK_ST(c2, DM_ERR_ABORTED, dm_barrier(c2));
     CHECK_OK(s1, dm_all_reduce(s1, a, b, N, DM_FLOAT32, DM_SUM));
     CHECK_OK(s1, dm_synchronize(s1));

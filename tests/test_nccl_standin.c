@@ -27,6 +27,12 @@
      failed ncclCommDestroy closes its group and aborts (5); another GPU's memory refused (6); a
      shared abort flag spares the shrunk child (7); local facts from host identities (8); a
      parked communicator's scratch waits for its abort (9).
+   - issue 52: dm_abort on another thread stops a shrink that re-initialises through the store,
+     waiting for the unique id there or for the new communicator's init (item 1); a CUDA graph
+     capture on the stream: enqueue-only calls captured, host-side waits refused with
+     DM_ERR_INVALID_ARG, the capture and the communicator intact (item 2); a peer's death
+     reported by NCCL (the stand-in) only over the network, and a rank killed on the same node
+     reported by distmesh on every survivor, forked processes each with its stand-in (item 3).
    Built twice (tests/nccl_standin.mk): with DISTMESH_TCP, the store a server hosted here; and
    with DISTMESH_NCCL alone, no libuv flags nor library, the store a file store (the store comes
    with the NCCL backend; only hosting one needs libuv, refused there with a message). */
@@ -40,6 +46,7 @@
 #include "prelude.h"
 #include <time.h>
 #include <sched.h>
+#include <sys/mman.h>
 
 #include "test_world.h"
 #include "test_util.h"
@@ -53,6 +60,15 @@ static int g_device = -1;       /* the communicator's device, while one is check
 #define CHECK_MSG(c, text) do { if (!strstr(dm_last_error(c), (text)))                          \
         fail_msg("last error \"%s\" lacks \"%s\"", dm_last_error(c), (text)); } while (0)
 
+/* The other ranks' host identities at create: the hook a test installed (g_hook: host tags),
+   else same_host's, which gives every rank this one's identity -- one host, as most NCCL
+   jobs of a few GPUs are (the stand-in alone leaves their blocks zero: every rank a host of
+   its own). Its process ids are this process's, so no rank is watched (>>nccl peers). */
+static si_gather_hook g_hook;
+static void same_host(int peer, unsigned char* block, const unsigned char* mine, size_t bytes, void* user) {
+    (void)peer; (void)user;
+    memcpy(block, mine, bytes);
+}
 /* A communicator of world ranks on `device` (this is `rank`), made from a caller whose current
    device is CALLER_DEVICE; from then on every device-bound call must be on `device`. store and
    prefix: kept for dm_shrink's fallback (the unique id itself comes from the desc). */
@@ -69,7 +85,9 @@ static dm_collective* make_on(int world, int rank, int device, int timeout_ms, d
     d.unique_id = id;
     d.timeout_ms = timeout_ms;
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    si_set_all_gather_peers(g_hook ? g_hook : same_host, NULL);
     assert_int_equal(dm_nccl_create(&d, &c), DM_OK);
+    if (!g_hook) si_set_all_gather_peers(NULL, NULL);
     /* create leaves the communicator's device current (documented); the caller goes back */
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
     g_device = device;
@@ -494,6 +512,11 @@ static dm_store* rendezvous_store(int timeout_ms) {
     assert_int_equal(dm_store_create(&sd, &st), DM_OK);
     return st;
 }
+static void key_is_gone(dm_store* store, const char* key) {
+    bool there = true;
+    CHECK_DM_OK(NULL, dm_store_check(store, &key, 1, &there));
+    if (there) fail_msg("the store still holds %s", key);
+}
 static void comm_is(dm_collective* c, int rank, int size) {
     int r = -2, n = -2;
     unsigned char id = 0;
@@ -563,8 +586,6 @@ static void test_standin_shrink_falls_back_to_reinit_through_the_store(void** st
     dm_collective *c, *s = NULL, *s2 = NULL;
     dm_store* store;
     int gone0[1] = { 0 }, gone1[1] = { 1 };
-    void* value = NULL;
-    size_t len = 0;
     unsigned char id[DM_NCCL_UNIQUE_ID_BYTES];
     float *a, *b;
     (void)state;
@@ -587,10 +608,17 @@ static void test_standin_shrink_falls_back_to_reinit_through_the_store(void** st
     assert_int_equal(si_last_shrink()->calls, 0);
     assert_int_equal(si_count("ncclGetUniqueId"), 1);
     comm_is(s, 0, 2);
-    CHECK_DM_OK(NULL, dm_store_get(store, "job/shrink/1/nccl_unique_id", &value, &len));
-    assert_int_equal(len, DM_NCCL_UNIQUE_ID_BYTES);
-    assert_int_equal(((unsigned char*)value)[0], 1);   /* the stand-in's first id */
-    dm_store_free(store, value);
+    {
+        int r, n;
+        unsigned char first = 0;
+        si_comm_info(dm_native_handle(s), &r, &n, &first);
+        assert_int_equal(first, 1);                     /* the stand-in's first id */
+    }
+    {   /* counted by the new rank 0 only: the other survivor has not read it yet (issue 52, item 7) */
+        int64_t count = 0;
+        CHECK_DM_OK(NULL, dm_store_add(store, "job/shrink/1/nccl_unique_id_read", 0, &count));
+        assert_int_equal(count, 1);
+    }
     CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     CHECK_DM_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
     dm_destroy(c);
@@ -902,6 +930,491 @@ static void test_standin_interrupted_split_leaves_no_job(void** state) {
     nothing_left();
 }
 
+/* Issue 52, item 1: dm_abort on another thread stops a shrink that re-initialises through the
+   store, wherever it waits: for the new rank 0's unique id in the store (dm_store_get sat
+   there for the store's whole timeout, 20 s here), and for the new communicator's init (its
+   poll looked only at the child and the deadline). The shrink ends DM_ERR_ABORTED, dm_abort
+   returns, and no NCCL job is left. The bound asserted is a hang's (5 s); the latency is
+   printed. */
+typedef struct { dm_collective* c; int gone; dm_collective* out; dm_status st; int64_t returned_ms; } shrink_job;
+static void* shrink_main(void* arg) {
+    shrink_job* j = (shrink_job*)arg;
+    j->st = dm_shrink(j->c, &j->gone, 1, DM_SHRINK_ABORT, &j->out);
+    j->returned_ms = tw_now_ms();
+    return NULL;
+}
+/* Shrinks c without `gone` on a thread, waits until ready() says the shrink sits where it
+   should, then dm_abort from here; checks the shrink's DM_ERR_ABORTED and the times. */
+static void abort_during_shrink(dm_collective* c, int gone, bool (*ready)(void), const char* where) {
+    shrink_job j;
+    pthread_t th;
+    int64_t until = tw_now_ms() + 10000, t0, abort_back;
+    memset(&j, 0, sizeof(j));
+    j.c = c;
+    j.gone = gone;
+    assert_int_equal(pthread_create(&th, NULL, shrink_main, &j), 0);
+    while (!ready() && tw_now_ms() < until) sched_yield();
+    assert_true(ready());
+    tw_sleep_ms(50);                    /* well inside the wait */
+    t0 = tw_now_ms();
+    assert_int_equal(dm_abort(c, "watchdog"), DM_OK);
+    abort_back = tw_now_ms();
+    assert_int_equal(pthread_join(th, NULL), 0);
+    print_message("abort during a store shrink (%s): dm_abort returned after %lld ms, the shrink after %lld ms\n",
+                  where, (long long)(abort_back - t0), (long long)(j.returned_ms - t0));
+    if (j.st != DM_ERR_ABORTED)
+        fail_msg("the shrink ended %s after %lld ms: %s", dm_status_name(j.st), (long long)(j.returned_ms - t0),
+                 dm_last_error(c));
+    assert_null(j.out);
+    assert_true(j.returned_ms - t0 < 5000);
+    assert_true(abort_back - t0 < 5000);
+    assert_int_equal(si_pending_jobs(), 0);
+}
+static bool parent_aborted(void) { return si_get()->aborts >= 1; }
+static bool child_initialising(void) { return si_pending_jobs() > 0; }
+static void test_standin_abort_stops_a_store_shrink(void** state) {
+    dm_collective* c;
+    dm_store* store;
+    (void)state;
+    si_reset();
+    store = rendezvous_store(20000);
+    /* old rank 2 of 3 without rank 1: new rank 1, waiting for old rank 0's id, which never comes */
+    c = make_on(3, 2, 1, 20000, store, "abort1/");
+    abort_during_shrink(c, 1, parent_aborted, "waiting for the unique id");
+    CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
+    dm_destroy(c);
+    /* old rank 1 of 3 without rank 0: new rank 0 publishes the id; the init never ends */
+    si_reset();
+    c = make_on(3, 1, 1, 20000, store, "abort2/");
+    si_set_init_polls(0, true);
+    abort_during_shrink(c, 0, child_initialising, "initialising the new communicator");
+    si_set_init_polls(2, false);
+    dm_destroy(c);
+    dm_store_destroy(store);
+    no_wrong_device();
+    nothing_left();
+}
+
+/* Issue 52, item 2: a CUDA graph capture on the communicator's stream is not a failure. The
+   stand-in answers as CUDA does (stand_in_cuda_nccl.c >>capture: cudaStreamQuery 900 and the
+   capture invalidated, cudaEventQuery 907 on an event recorded in it, cudaMalloc refused in
+   global mode). Inside the capture the enqueue-only calls are captured (all_reduce, in-place
+   all_to_all with stream-ordered scratch, an _async request, whose dm_wait is DM_OK at once);
+   what waits on the host -- dm_synchronize, barrier, host-staged all_gather, broadcast and
+   all_gather_to_list, an _async host-staged start, scratch without memory pools -- is
+   DM_ERR_INVALID_ARG naming the capture, before touching the stream: the capture stays valid,
+   nothing is aborted, and after cudaStreamEndCapture the communicator works. Before the fix
+   dm_synchronize's cudaStreamQuery got 900 and aborted the communicator. */
+static cudaError_t capture_call(dm_collective* c, bool begin) {
+    cudaGraph_t graph = NULL;
+    cudaError_t e;
+    si_expect_device(-1);
+    e = begin ? cudaStreamBeginCapture((cudaStream_t)dm_nccl_stream(c), cudaStreamCaptureModeGlobal)
+              : cudaStreamEndCapture((cudaStream_t)dm_nccl_stream(c), &graph);
+    if (graph) assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);
+    si_expect_device(g_device);
+    return e;
+}
+#define CHECK_REFUSED_IN_CAPTURE(c, call) do {                                                  \
+        CHECK_ST(c, DM_ERR_INVALID_ARG, call);                                                   \
+        CHECK_MSG(c, "capturing a CUDA graph");                                                  \
+        assert_int_equal(si_capture_status(dm_nccl_stream(c)), cudaStreamCaptureStatusActive);  \
+    } while (0)
+static void test_standin_capture_leaves_the_communicator_usable(void** state) {
+    dm_collective* c;
+    dm_request* req = NULL;
+    float *a, *b, host[2 * N], host_out[2 * N * 2];
+    void* list[2];
+    int pools;
+    (void)state;
+    memset(host, 0, sizeof(host));
+    for (pools = 1; pools >= 0; pools--) {
+        si_reset();
+        si_set_memory_pools(pools != 0);
+        c = make(2, 1, 5000);
+        a = dev(2 * N);
+        b = dev(2 * N);
+        list[0] = host_out;
+        list[1] = host_out + N;
+        assert_int_equal(capture_call(c, true), cudaSuccess);
+        /* captured: enqueue only */
+        CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        CHECK_DM_OK(c, dm_all_gather(c, a, b, N, DM_FLOAT32));
+        CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+        CHECK_DM_OK(c, dm_wait(req));
+        if (pools) CHECK_DM_OK(c, dm_all_to_all(c, NULL, b, N / 2, DM_FLOAT32));   /* in place: scratch */
+        else CHECK_REFUSED_IN_CAPTURE(c, dm_all_to_all(c, NULL, b, N / 2, DM_FLOAT32));
+        /* refused: host-side waits */
+        CHECK_REFUSED_IN_CAPTURE(c, dm_synchronize(c));
+        CHECK_REFUSED_IN_CAPTURE(c, dm_barrier(c));
+        CHECK_REFUSED_IN_CAPTURE(c, dm_all_gather(c, host, host_out, N, DM_FLOAT32));
+        CHECK_REFUSED_IN_CAPTURE(c, dm_broadcast(c, host, N, DM_FLOAT32, 0));
+        CHECK_REFUSED_IN_CAPTURE(c, dm_all_gather_to_list(c, a, list, N, DM_FLOAT32));
+        req = NULL;
+        CHECK_REFUSED_IN_CAPTURE(c, dm_all_gather_async(c, host, host_out, N, DM_FLOAT32, &req));
+        assert_null(req);
+        assert_int_equal(si_get()->capture_errors, 0);
+        assert_int_equal(si_get()->aborts, 0);
+        assert_int_equal(capture_call(c, false), cudaSuccess);    /* the capture was never invalidated */
+        /* after the capture: everything works, nothing was aborted */
+        CHECK_DM_OK(c, dm_synchronize(c));
+        CHECK_DM_OK(c, dm_barrier(c));
+        CHECK_DM_OK(c, dm_all_gather(c, host, host_out, N, DM_FLOAT32));
+        CHECK_DM_OK(c, dm_all_to_all(c, NULL, b, N / 2, DM_FLOAT32));
+        assert_int_equal(si_get()->aborts, 0);
+        /* destroyed inside a capture (with memory pools: cudaFree is forbidden there): no wait
+           for the stream, no abort */
+        if (pools) {
+            assert_int_equal(capture_call(c, true), cudaSuccess);
+            CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        }
+        dm_destroy(c);          /* its owned stream, capture and all, is gone with it */
+        assert_int_equal(si_get()->aborts, 0);
+        assert_int_equal(si_get()->capture_errors, 0);
+        no_wrong_device();
+        free_buffers_nothing_left(a, b);
+    }
+    assert_int_equal(si_get()->live_graphs, 0);
+
+    /* A graph that captured the communicator's work holds it: NCCL's destroy waits while the
+       graph is alive (the stand-in counts that as a hang), so destroy the graph first. */
+    for (pools = 0; pools < 2; pools++) {
+        cudaGraph_t graph = NULL;
+        si_reset();
+        c = make(2, 1, 5000);
+        a = dev(2 * N);
+        b = dev(2 * N);
+        assert_int_equal(capture_call(c, true), cudaSuccess);
+        CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        si_expect_device(-1);
+        assert_int_equal(cudaStreamEndCapture((cudaStream_t)dm_nccl_stream(c), &graph), cudaSuccess);
+        si_expect_device(g_device);
+        if (pools == 0) {       /* the graph first: nothing waits */
+            assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);
+            dm_destroy(c);
+            free_buffers_nothing_left(a, b);
+        } else {                /* the communicator first: NCCL would wait for the graph */
+            dm_destroy(c);
+            assert_int_equal(si_get()->hangs, 1);
+            assert_non_null(strstr(si_get()->first_hang, "live CUDA graph"));
+            assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);
+            si_reset();
+            dev_free(a);
+            dev_free(b);
+            nothing_left();
+        }
+    }
+}
+
+/* Issue 52, item 3, the stand-in first: a peer's death is reported by NCCL only over the
+   network (ncclRemoteError on every communicator: DM_ERR_NETWORK); a peer on this node leaves
+   the work waiting for it spinning, with no error at all, until the deadline -- here, in one
+   process, no local process really died, so distmesh has nothing to see either. */
+static void test_standin_local_peer_death_is_silent(void** state) {
+    dm_collective* c;
+    float *a, *b;
+    ncclResult_t async = ncclInternalError;
+    (void)state;
+    c = make_with_buffers(2, 1, 300, 2 * N, &a, &b);
+    si_peer_dies(true);
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    si_expect_device(-1);
+    assert_int_equal(ncclCommGetAsyncError((ncclComm_t)dm_native_handle(c), &async), ncclSuccess);
+    assert_int_equal(async, ncclSuccess);                       /* nothing reported */
+    si_expect_device(g_device);
+    CHECK_ST(c, DM_ERR_TIMEOUT, dm_synchronize(c));             /* the kernel spun until the deadline */
+    si_hold_streams(false);
+    dm_destroy(c);
+    free_buffers_nothing_left(a, b);
+
+    c = make_with_buffers(2, 1, 5000, 2 * N, &a, &b);
+    si_peer_dies(false);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    dm_destroy(c);
+    free_buffers_nothing_left(a, b);
+}
+
+/* Issue 52, item 3: a rank killed on the same node is reported on every survivor with
+   DM_ERR_PEER_LOST naming it, long before the deadline (20 s), although NCCL (the stand-in,
+   si_peer_dies(true)) reports nothing. LOCAL_W processes, each its own stand-in; their host
+   identities (and process ids) travel through a shared page in place of NCCL's all_gather.
+   Rank 1 is killed (kill -9) once all are ready; the survivors sit in dm_synchronize behind an
+   all_reduce that waits for it. The bound asserted is a hang's (5 s); the latency from the
+   kill to each survivor's return is printed. */
+enum { LOCAL_W = 3, LOCAL_VICTIM = 1, LOCAL_REC = 512 };
+typedef struct { int published[LOCAL_W]; unsigned char rec[LOCAL_W][LOCAL_REC]; } local_exchange;
+static local_exchange* g_exchange;
+static int g_exchange_rank;
+static void exchange_hook(int peer, unsigned char* block, const unsigned char* mine, size_t bytes, void* user) {
+    int64_t until = tw_now_ms() + 10000;
+    (void)user;
+    if (bytes > LOCAL_REC || peer >= LOCAL_W) return;
+    if (!__atomic_load_n(&g_exchange->published[g_exchange_rank], __ATOMIC_ACQUIRE)) {
+        memcpy(g_exchange->rec[g_exchange_rank], mine, bytes);
+        __atomic_store_n(&g_exchange->published[g_exchange_rank], 1, __ATOMIC_RELEASE);
+    }
+    while (!__atomic_load_n(&g_exchange->published[peer], __ATOMIC_ACQUIRE) && tw_now_ms() < until) sched_yield();
+    memcpy(block, g_exchange->rec[peer], bytes);
+}
+static int local_death_rank(int r, void* ctx) {
+    static const unsigned char id[DM_NCCL_UNIQUE_ID_BYTES];
+    dm_nccl_desc d;
+    dm_collective* c = NULL;
+    void *a = NULL, *b = NULL;
+    dm_status st;
+    (void)ctx;
+    g_exchange_rank = r;
+    si_reset();
+    si_set_all_gather_peers(exchange_hook, NULL);
+    memset(&d, 0, sizeof(d));
+    d.rank = r;
+    d.world_size = LOCAL_W;
+    d.cuda_device = 2;
+    d.unique_id = id;
+    d.timeout_ms = 20000;
+    if (dm_nccl_create(&d, &c) != DM_OK) {
+        tw_report("rank %d create failed: %s\n", r, dm_last_error(NULL));
+        return 1;
+    }
+    si_set_all_gather_peers(NULL, NULL);
+    g_hook = NULL;
+    if (cudaSetDevice(1) != cudaSuccess || cudaMalloc(&a, 64) != cudaSuccess || cudaMalloc(&b, 64) != cudaSuccess)
+        return 1;
+    if (r == LOCAL_VICTIM) {
+        tw_ready();
+        for (;;) tw_sleep_ms(1000);     /* until kill -9 */
+    }
+    si_peer_dies(true);                 /* the victim's part never comes: our kernels spin */
+    st = dm_all_reduce(c, a, b, 4, DM_FLOAT32, DM_SUM);
+    tw_ready();
+    if (st == DM_OK) st = dm_synchronize(c);
+    tw_report("rank %d %s %.6f %s\n", r, dm_status_name(st), tw_now_s(), dm_last_error(c));
+    {   /* item 4: the survivors shrink without a store, together */
+        int gone = LOCAL_VICTIM, size = -1;
+        dm_collective* s = NULL;
+        st = dm_shrink(c, &gone, 1, DM_SHRINK_ABORT, &s);
+        if (st == DM_OK) {
+            size = dm_world_size(s);
+            si_hold_streams(false);     /* the new group's work ends: its members are alive */
+            if (dm_all_reduce(s, a, b, 4, DM_FLOAT32, DM_SUM) != DM_OK || dm_synchronize(s) != DM_OK) size = -2;
+        }
+        tw_report("shrink %d %s %d %s\n", r, dm_status_name(st), size,
+                  st != DM_OK ? dm_last_error(c) : size == -2 ? dm_last_error(s) : "");
+        if (s) dm_destroy(s);
+    }
+    dm_destroy(c);
+    cudaFree(a);
+    cudaFree(b);
+    for (;;) tw_sleep_ms(1000);         /* alive until every survivor reported (the parent ends us) */
+}
+typedef struct {
+    int lines;
+    char status[LOCAL_W][32];
+    double at[LOCAL_W];
+    char msg[LOCAL_W][256];
+    char shrink[LOCAL_W][300];  /* "<status> <new size> <message>" */
+} local_results;
+static int local_line(char* line, void* u) {
+    local_results* res = (local_results*)u;
+    int r = -1, used = 0;
+    char status[32];
+    double at = 0;
+    if (sscanf(line, "shrink %d %n", &r, &used) == 1 && r >= 0 && r < LOCAL_W) {
+        snprintf(res->shrink[r], sizeof(res->shrink[r]), "%s", line + used);
+        return 1;
+    }
+    if (sscanf(line, "rank %d %31s %lf %n", &r, status, &at, &used) < 3 || r < 0 || r >= LOCAL_W) {
+        print_message("unexpected report: %s\n", line);
+        return 1;
+    }
+    snprintf(res->status[r], sizeof(res->status[r]), "%s", status);
+    res->at[r] = at;
+    snprintf(res->msg[r], sizeof(res->msg[r]), "%s", line + used);
+    res->lines++;
+    return 1;
+}
+static void test_standin_local_peer_death_is_reported(void** state) {
+    tw_world w;
+    tw_reader rd;
+    local_results res;
+    int r;
+    (void)state;
+    memset(&res, 0, sizeof(res));
+    g_exchange = (local_exchange*)mmap(NULL, sizeof(local_exchange), PROT_READ | PROT_WRITE,
+                                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(g_exchange != MAP_FAILED);
+    memset(g_exchange, 0, sizeof(*g_exchange));
+    unsetenv("DISTMESH_TEST_HOST_ID");  /* every rank on this host */
+    tw_world_init(&w, 60, true);
+    w.quick_exit = true;
+    assert_int_equal(tw_fork(&w, LOCAL_W, local_death_rank, NULL), 0);
+    tw_reader_init(&rd, 2 * (LOCAL_W - 1), 40, local_line, &res);
+    tw_reader_fault(&rd, LOCAL_VICTIM, 0, 50);
+    tw_read_reports(&w, &rd);
+    tw_kill_all(&w);
+    munmap(g_exchange, sizeof(local_exchange));
+    assert_true(rd.t_fault > 0);
+    for (r = 0; r < LOCAL_W; r++) {
+        if (r == LOCAL_VICTIM) continue;
+        if (!res.status[r][0]) fail_msg("rank %d reported nothing", r);
+        print_message("local peer killed: rank %d returned %s after %.1f ms\n", r, res.status[r],
+                      (res.at[r] - rd.t_fault) * 1000);
+        if (strcmp(res.status[r], "DM_ERR_PEER_LOST") != 0)
+            fail_msg("rank %d: %s after %.0f ms: %s", r, res.status[r], (res.at[r] - rd.t_fault) * 1000, res.msg[r]);
+        if (!strstr(res.msg[r], "rank 1 ")) fail_msg("rank %d's message lacks the rank: %s", r, res.msg[r]);
+        assert_true(res.at[r] - rd.t_fault < 5.0);
+        if (strncmp(res.shrink[r], "DM_OK 2 ", 8) != 0 && strcmp(res.shrink[r], "DM_OK 2") != 0)
+            fail_msg("rank %d's shrink without a store: %s", r, res.shrink[r]);
+    }
+}
+
+static dm_collective* make_on_hosts(int world, int rank, const char* const* tags);
+/* Issue 52, item 4: DM_SHRINK_ABORT without a store on a communicator spanning hosts is refused
+   at once (on every survivor alike: the host layout is the same everywhere), untouched, with a
+   message; on one host it goes to ncclCommShrink (above). With a store it re-initialises. */
+static void test_standin_shrink_abort_without_a_store_across_hosts_is_refused(void** state) {
+    static const char* const two_hosts[4] = { "hA", "hA", "hB", "hB" };
+    dm_collective *c, *s = NULL;
+    int gone = 3;
+    float *a, *b;
+    (void)state;
+    si_reset();
+    c = make_on_hosts(4, 1, two_hosts);
+    si_set_all_gather_peers(NULL, NULL);
+    g_hook = NULL;
+    a = dev(2 * N);
+    b = dev(2 * N);
+    CHECK_ST(c, DM_ERR_UNSUPPORTED, dm_shrink(c, &gone, 1, DM_SHRINK_ABORT, &s));
+    CHECK_MSG(c, "spans hosts");
+    assert_null(s);
+    assert_int_equal(si_last_shrink()->calls, 0);
+    assert_int_equal(si_get()->aborts, 0);
+    CHECK_DM_OK(c, dm_shrink(c, &gone, 1, DM_SHRINK_DEFAULT, &s));   /* a planned removal still works */
+    comm_is(s, 1, 3);
+    dm_destroy(s);
+    dm_destroy(c);
+    unsetenv("DISTMESH_TEST_HOST_ID");
+    no_wrong_device();
+    free_buffers_nothing_left(a, b);
+}
+
+/* Issue 52, item 6: ncclGetLastError is one text for the whole process, never cleared (the
+   stand-in keeps it across ncclCommAbort, as NCCL does), so it may be another call's: a
+   failure's message names its own result first and quotes that text only after it, as
+   context. Here a second communicator's asynchronous error (which writes no text) must not
+   read as caused by the first one's "scripted for ncclAllReduce". */
+static void test_standin_nccl_last_error_is_only_context(void** state) {
+    dm_collective* c;
+    float *a, *b;
+    const char *msg, *own, *ctx, *stale;
+    (void)state;
+    c = make_with_buffers(2, 1, 5000, 2 * N, &a, &b);
+    si_fail("enqueue", 1, ncclRemoteError, false);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    dm_destroy(c);                                      /* aborted: the text stays */
+    si_expect_device(-1);
+    assert_non_null(strstr(ncclGetLastError(NULL), "scripted for ncclAllReduce"));
+    c = make(2, 1, 5000);
+    si_fail("ncclCommGetAsyncError", 1, ncclSystemError, false);
+    CHECK_ST(c, DM_ERR_NETWORK, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    msg = dm_last_error(c);
+    own = strstr(msg, ncclGetErrorString(ncclSystemError));
+    ctx = strstr(msg, "NCCL's last error");
+    stale = strstr(msg, "scripted for ncclAllReduce");
+    if (!own || !ctx || !stale || !(own < ctx && ctx < stale))
+        fail_msg("the call's own result first, NCCL's last error after it as context: \"%s\"", msg);
+    dm_destroy(c);
+    free_buffers_nothing_left(a, b);
+}
+
+/* Issue 52, section 2: the stand-in's ncclCommEnsureReady as NCCL's: a communicator still in
+   progress refuses ncclCommUserRank (and split, shrink, destroy) with ncclInvalidArgument and
+   keeps its state; only a collective's refusal (ncclEnqueueCheck's failure path) sets the
+   state to that error. The stand-in used to set it for every caller. */
+static void test_standin_ensure_ready_leaves_the_state_to_enqueue(void** state) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ncclUniqueId id;
+    ncclComm_t comm = NULL;
+    ncclResult_t async = ncclSuccess;
+    int rank = -1;
+    void *a = NULL;
+    (void)state;
+    si_reset();
+    memset(&id, 0, sizeof(id));
+    config.blocking = 0;
+    si_set_init_polls(0, true);
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    assert_int_equal(cudaMalloc(&a, 64), cudaSuccess);
+    assert_int_equal(ncclCommInitRankConfig(&comm, 2, id, 0, &config), ncclInProgress);
+    assert_int_equal(ncclCommUserRank(comm, &rank), ncclInvalidArgument);
+    assert_int_equal(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+    assert_int_equal(async, ncclInProgress);            /* untouched */
+    assert_int_equal(ncclAllReduce(a, a, 4, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+    assert_int_equal(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+    assert_int_equal(async, ncclInvalidArgument);       /* the enqueue check's failure sets it */
+    assert_int_equal(ncclCommAbort(comm), ncclSuccess);
+    assert_int_equal(cudaFree(a), cudaSuccess);
+    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+    assert_int_equal(si_get()->used_in_progress, 2);
+    si_reset();                                         /* the refusals were this test's */
+    nothing_left();
+}
+
+/* Issue 52, item 8: what a call costs the host. A wait for a kernel that takes 300 ms of wall
+   time (si_set_work_ms) must not keep a core busy: dm_synchronize's and dm_wait's polls back
+   off to sleeps, so the thread's CPU time stays under a fifth of the wait (it was 40-100%:
+   a sched_yield loop). Printed, not asserted: the CPU share of both waits, and calls per
+   second and CPU microseconds per call of short all_reduces (world 2: each "in progress",
+   then accepted at the next poll) with dm_synchronize after each. */
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+static void test_standin_waits_leave_the_core(void** state) {
+    dm_collective* c;
+    dm_request* req = NULL;
+    float *a, *b;
+    double w0, c0, wall, cpu;
+    int i, calls = 2000;
+    (void)state;
+    c = make_with_buffers(2, 1, 20000, 2 * N, &a, &b);
+    si_set_work_ms(300);
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    w0 = tw_now_s();
+    c0 = thread_cpu_s();
+    CHECK_DM_OK(c, dm_synchronize(c));
+    wall = tw_now_s() - w0;
+    cpu = thread_cpu_s() - c0;
+    print_message("dm_synchronize on a 300 ms kernel: %.0f ms wall, %.1f ms CPU (%.1f%%)\n", wall * 1e3, cpu * 1e3,
+                  100 * cpu / wall);
+    assert_true(wall >= 0.25);
+    assert_true(cpu < 0.2 * wall);
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+    w0 = tw_now_s();
+    c0 = thread_cpu_s();
+    CHECK_DM_OK(c, dm_wait(req));
+    wall = tw_now_s() - w0;
+    cpu = thread_cpu_s() - c0;
+    print_message("dm_wait on a 300 ms kernel: %.0f ms wall, %.1f ms CPU (%.1f%%)\n", wall * 1e3, cpu * 1e3,
+                  100 * cpu / wall);
+    assert_true(wall >= 0.25);
+    assert_true(cpu < 0.2 * wall);
+    si_set_work_ms(0);
+    w0 = tw_now_s();
+    c0 = thread_cpu_s();
+    for (i = 0; i < calls; i++) {
+        CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        CHECK_DM_OK(c, dm_synchronize(c));
+    }
+    wall = tw_now_s() - w0;
+    cpu = thread_cpu_s() - c0;
+    print_message("short all_reduce + dm_synchronize: %.0f calls/s, %.1f us CPU per call (stand-in)\n", calls / wall,
+                  cpu * 1e6 / calls);
+    dm_destroy(c);
+    free_buffers_nothing_left(a, b);
+}
+
 /* Point 9: on a device without memory pools, the scratch of a host-staged call interrupted
    while its kernels wait on a dead peer is not given to cudaFree (which would wait for the
    whole device, hence for those kernels, forever) until the shrink has stopped them. */
@@ -1115,6 +1628,7 @@ static dm_collective* make_on_hosts(int world, int rank, const char* const* tags
     for (r = 0; r < world; r++) g_tags[r] = tags[r];
     setenv("DISTMESH_TEST_HOST_ID", tags[rank], 1);
     si_set_all_gather_peers(hosts_hook, NULL);
+    g_hook = hosts_hook;
     return make_on(world, rank, 1, 5000, NULL, NULL);
 }
 static void local_is(dm_collective* c, int local_rank, int local_size) {
@@ -1163,6 +1677,7 @@ static void test_standin_local_facts_from_host_identities(void** state) {
     local_is(c, 0, 1);
     dm_destroy(c);
     si_set_all_gather_peers(NULL, NULL);
+    g_hook = NULL;
     unsetenv("DISTMESH_TEST_HOST_ID");
     no_wrong_device();
     nothing_left();
@@ -1196,6 +1711,7 @@ static void test_standin_local_facts_from_the_launcher(void** state) {
     unsetenv("LOCAL_WORLD_SIZE");
     unsetenv("DISTMESH_TEST_HOST_ID");
     si_set_all_gather_peers(NULL, NULL);
+    g_hook = NULL;
     assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
     nothing_left();
 }
@@ -1228,15 +1744,15 @@ static void test_standin_unique_id_through_the_store(void** state) {
     (void)state;
     si_reset();
     store = rendezvous_store(2000);
-    /* rank 0 of 1 publishes the id it got from ncclGetUniqueId, and initialises with it */
+    /* rank 0 of 1 publishes the id it got from ncclGetUniqueId and initialises with it; the last
+       rank to have it (here rank 0 itself) deletes it (issue 52, item 7: the store, often
+       torchrun's, outlives us) */
     c = make_through(1, 0, store, "rv0/");
     assert_int_equal(si_count("ncclGetUniqueId"), 1);
-    CHECK_DM_OK(NULL, dm_store_get(store, "rv0/nccl_unique_id", &value, &len));
-    assert_int_equal(len, DM_NCCL_UNIQUE_ID_BYTES);
     si_comm_info(dm_native_handle(c), &r, &n, &first);
-    assert_int_equal(first, ((unsigned char*)value)[0]);
     assert_int_not_equal(first, 0);
-    dm_store_free(store, value);
+    key_is_gone(store, "rv0/nccl_unique_id");
+    key_is_gone(store, "rv0/nccl_unique_id_read");
     dm_destroy(c);
     /* rank 1 of 2 reads what rank 0 published (here: the test) */
     memset(id, 0, sizeof(id));
@@ -1248,8 +1764,37 @@ static void test_standin_unique_id_through_the_store(void** state) {
     assert_int_equal(n, 2);
     assert_int_equal(first, 55);
     assert_int_equal(si_count("ncclGetUniqueId"), 1);
+    /* rank 0 (the test) has not counted itself: rank 1 is not the last, the id stays */
+    CHECK_DM_OK(NULL, dm_store_get(store, "rv1/nccl_unique_id", &value, &len));
+    assert_int_equal(len, DM_NCCL_UNIQUE_ID_BYTES);
+    dm_store_free(store, value);
     dm_destroy(c);
     dm_store_destroy(store);
+    {   /* a store the create opens itself (store_url), here a file store that outlives it: rank 0
+           deletes the id and the count of its readers once every rank has read it */
+        dm_nccl_desc d;
+        dm_store_desc sd;
+        char url[320];
+        memset(&d, 0, sizeof(d));
+        snprintf(url, sizeof(url), "file://%s/own_store", g_dir);
+        d.rank = 0;
+        d.world_size = 1;
+        d.store_url = url;
+        d.prefix = "own/";
+        d.cuda_device = 2;
+        d.timeout_ms = 5000;
+        assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+        if (dm_nccl_create(&d, &c) != DM_OK) fail_msg("dm_nccl_create through store_url: %s", dm_last_error(NULL));
+        dm_destroy(c);
+        assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
+        memset(&sd, 0, sizeof(sd));
+        sd.url = url;
+        sd.timeout_ms = 2000;
+        assert_int_equal(dm_store_create(&sd, &store), DM_OK);
+        key_is_gone(store, "own/nccl_unique_id");
+        key_is_gone(store, "own/nccl_unique_id_read");
+        dm_store_destroy(store);
+    }
     nothing_left();
 }
 
@@ -1312,6 +1857,14 @@ DM_TEST_MAIN(standin_setup, tmpdir_teardown,
     cmocka_unit_test(test_standin_shrink_abort_interrupts_a_staged_start),
     cmocka_unit_test(test_standin_other_thread_is_busy_while_requests_run),
     cmocka_unit_test(test_standin_interrupted_split_leaves_no_job),
+    cmocka_unit_test(test_standin_abort_stops_a_store_shrink),
+    cmocka_unit_test(test_standin_capture_leaves_the_communicator_usable),
+    cmocka_unit_test(test_standin_local_peer_death_is_silent),
+    cmocka_unit_test(test_standin_local_peer_death_is_reported),
+    cmocka_unit_test(test_standin_shrink_abort_without_a_store_across_hosts_is_refused),
+    cmocka_unit_test(test_standin_nccl_last_error_is_only_context),
+    cmocka_unit_test(test_standin_ensure_ready_leaves_the_state_to_enqueue),
+    cmocka_unit_test(test_standin_waits_leave_the_core),
     cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
     cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
     cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
