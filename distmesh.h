@@ -7170,7 +7170,6 @@ _DM_PRIVATE double _dm_cost_flat_ring(const _dm_eng* lk, double b) {
    link, so a rail step of b/R/H bytes costs the host b/H. Across sites a ring rail step puts
    b/H on each site link too (one host per site sends across); recursive doubling's rounds
    are those of its first host's ranks (_dm_cost_2l_rd_rails). */
-_DM_PRIVATE double _dm_cost_2l_rd_rails(const _dm_eng* lk, double b);
 _DM_PRIVATE double _dm_cost_2l_middle(const _dm_eng* lk, double b, int R, bool rail_ring, int S) {
     int H = lk->lay.H;
     double host = _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), 2.0 * (R - 1) * S, b / R / S), rails;
