@@ -422,7 +422,6 @@ static const struct { int code; const char* name; const char* text; } _dm_st_cau
     _DM_ST_CAUSE(ENONET, "machine is not on the network")
 #endif
     _DM_ST_CAUSE(EPROTO, "protocol error") _DM_ST_CAUSE(EOVERFLOW, "value too large for defined data type")
-    _DM_ST_CAUSE(EBADMSG, "bad message: a sealed record failed its authentication")
     _DM_ST_CAUSE(EILSEQ, "illegal byte sequence") _DM_ST_CAUSE(ENOTSOCK, "socket operation on non-socket")
     _DM_ST_CAUSE(EDESTADDRREQ, "destination address required") _DM_ST_CAUSE(EMSGSIZE, "message too long")
     _DM_ST_CAUSE(EPROTOTYPE, "protocol wrong type for socket") _DM_ST_CAUSE(ENOPROTOOPT, "protocol not available")
