@@ -25,19 +25,13 @@ static void slurp(const char* name, char* buf, size_t cap) {
 
 /* Runs dm_bench with ARGS (printf-style) under a 120 s timeout; its stdout, stderr and the JSON
    file g_dir/out.json (when ARGS pass --json there) land in g_out, g_err, g_json. Returns the
-   exit status. */
+   exit status (124: timed out). */
 static int bench(const char* fmt, ...) {
     char args[1024], cmd[2048];
-    va_list ap;
     int rc;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof(args), fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof(cmd), "rm -f %s/out.json; timeout -k 5 120 %s %s > %s/stdout 2> %s/stderr", g_dir, DM_BENCH,
-             args, g_dir, g_dir);
-    rc = system(cmd);
-    rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    slurp("stdout", g_out, sizeof(g_out));
+    TW_VFORMAT(args, fmt);
+    snprintf(cmd, sizeof(cmd), "rm -f %s/out.json; %s %s 2> %s/stderr", g_dir, DM_BENCH, args, g_dir);
+    rc = tw_run_cmd(120, g_out, sizeof(g_out), cmd);        /* stdout only: stderr has its file */
     slurp("stderr", g_err, sizeof(g_err));
     slurp("out.json", g_json, sizeof(g_json));
     return rc;

@@ -96,6 +96,12 @@ static void read_note(char* out, size_t cap) {
     out[0] = 0;
     tw_read_file(g_note_path, out, cap);
 }
+/* run_child(fn, ctx), which must exit 0; its stderr in err, the note it left in got. */
+static void run_noted(child_fn fn, void* ctx, char* err, size_t err_cap, char* got, size_t got_cap) {
+    snprintf(g_note_path, sizeof(g_note_path), "%s/note", g_dir);
+    assert_int_equal(run_child(fn, ctx, err, err_cap), 0);
+    read_note(got, got_cap);
+}
 
 /* ---- a failed create ---- */
 /* RANK / WORLD_SIZE set, no MASTER_*, no store, no launcher: dm_init cannot rendezvous. */
@@ -112,9 +118,7 @@ static int child_init_fails(void* ctx) {
 static void test_dropin_failed_init_prints_once_with_rank(void** state) {
     char err[4096], got[2048], *reason;
     (void)state;
-    snprintf(g_note_path, sizeof(g_note_path), "%s/note", g_dir);
-    assert_int_equal(run_child(child_init_fails, NULL, err, sizeof(err)), 0);
-    read_note(got, sizeof(got));
+    run_noted(child_init_fails, NULL, err, sizeof(err), got, sizeof(got));
     reason = strrchr(got, '|');
     assert_non_null(reason);
     reason++;
@@ -149,9 +153,7 @@ static int child_init_fails_with_logger(void* ctx) {
 static void test_dropin_failed_init_with_logger_prints_nothing(void** state) {
     char err[4096], got[2048];
     (void)state;
-    snprintf(g_note_path, sizeof(g_note_path), "%s/note", g_dir);
-    assert_int_equal(run_child(child_init_fails_with_logger, NULL, err, sizeof(err)), 0);
-    read_note(got, sizeof(got));
+    run_noted(child_init_fails_with_logger, NULL, err, sizeof(err), got, sizeof(got));
     assert_string_equal(err, "");                               /* the caller's logger decides */
     assert_true(atoi(got) >= 1);                                /* and it got the error */
     assert_non_null(strstr(got, "MASTER_ADDR"));                /* dm_last_error(NULL) too */
@@ -184,9 +186,7 @@ static int child_create_error_is_per_thread(void* ctx) {
 static void test_dropin_create_error_is_per_thread(void** state) {
     char err[4096], got[2048];
     (void)state;
-    snprintf(g_note_path, sizeof(g_note_path), "%s/note", g_dir);
-    assert_int_equal(run_child(child_create_error_is_per_thread, NULL, err, sizeof(err)), 0);
-    read_note(got, sizeof(got));
+    run_noted(child_create_error_is_per_thread, NULL, err, sizeof(err), got, sizeof(got));
     assert_string_equal(got, "1|no collective (NULL)|no collective (NULL)");
     assert_lines(err, 1);                      /* the failed create's line */
     assert_prefix(err, "distmesh: error: fake: rank 5 is not below world_size 2");
@@ -280,9 +280,7 @@ static void test_dropin_later_error_is_returned_not_printed(void** state) {
     char err[4096], got[2048];
     later_ctx l = { NULL, false };
     (void)state;
-    snprintf(g_note_path, sizeof(g_note_path), "%s/note", g_dir);
-    assert_int_equal(run_child(child_later_error, &l, err, sizeof(err)), 0);
-    read_note(got, sizeof(got));
+    run_noted(child_later_error, &l, err, sizeof(err), got, sizeof(got));
     assert_prefix(got, "DM_ERR_INVALID_ARG|");
     assert_true(strlen(got) > 25);                               /* the message is on the object */
     assert_string_equal(err, "");                                /* and nowhere else */
@@ -317,9 +315,7 @@ static int child_log_malformed(void* ctx) {
 static void test_dropin_log_malformed_fails_the_create(void** state) {
     char err[4096], got[2048];
     (void)state;
-    snprintf(g_note_path, sizeof(g_note_path), "%s/note", g_dir);
-    assert_int_equal(run_child(child_log_malformed, NULL, err, sizeof(err)), 0);
-    read_note(got, sizeof(got));
+    run_noted(child_log_malformed, NULL, err, sizeof(err), got, sizeof(got));
     assert_string_equal(got, "DM_ERR_ENV|env: DISTMESH_LOG=\"loud\" is not one of error, warn, info, debug");
     assert_lines(err, 1);
     assert_non_null(strstr(err, "DISTMESH_LOG=\"loud\""));

@@ -27,6 +27,16 @@ static dm_env detect_ok(void) {
     if (st != DM_OK) fail_msg("dm_env_detect: %s: %s", dm_status_name(st), e.error);
     return e;
 }
+/* detect_ok in an environment of only the name/value pairs given (the list ends with NULL). */
+static dm_env detect_only(const char* name, ...) {
+    const char* k;
+    va_list ap;
+    clean_env(NULL);
+    va_start(ap, name);
+    for (k = name; k != NULL; k = va_arg(ap, const char*)) set(k, va_arg(ap, const char*));
+    va_end(ap);
+    return detect_ok();
+}
 /* Fails with DM_ERR_ENV and a message naming `var`. */
 static void detect_fails_naming(const char* var) {
     dm_env e;
@@ -79,15 +89,11 @@ static void test_env_openmpi_pmi_slurm(void** state) {
     e = detect_ok();
     assert_string_equal(e.source, "openmpi");
     assert_true(e.rank == 3 && e.world_size == 4 && e.local_rank == 1 && e.local_world_size == 2);
-    clean_env(NULL);
-    set("PMI_RANK", "2"); set("PMI_SIZE", "6"); set("MPI_LOCALRANKID", "0"); set("MPI_LOCALNRANKS", "3");
-    e = detect_ok();
+    e = detect_only("PMI_RANK", "2", "PMI_SIZE", "6", "MPI_LOCALRANKID", "0", "MPI_LOCALNRANKS", "3", NULL);
     assert_string_equal(e.source, "pmi");
     assert_true(e.rank == 2 && e.world_size == 6 && e.local_rank == 0 && e.local_world_size == 3);
-    clean_env(NULL);
-    set("SLURM_PROCID", "6"); set("SLURM_NTASKS", "8"); set("SLURM_LOCALID", "2");
-    set("SLURM_NTASKS_PER_NODE", "4");
-    e = detect_ok();
+    e = detect_only("SLURM_PROCID", "6", "SLURM_NTASKS", "8", "SLURM_LOCALID", "2",
+                    "SLURM_NTASKS_PER_NODE", "4", NULL);
     assert_string_equal(e.source, "slurm");
     assert_true(e.rank == 6 && e.world_size == 8 && e.local_rank == 2 && e.local_world_size == 4);
 }
@@ -151,14 +157,10 @@ static void test_env_precedence_and_overrides(void** state) {
     set("DISTMESH_WORLD_SIZE", "7"); set("DISTMESH_LOCAL_RANK", "2"); set("DISTMESH_LOCAL_WORLD_SIZE", "3");
     e = detect_ok();
     assert_true(e.rank == 6 && e.world_size == 7 && e.local_rank == 2 && e.local_world_size == 3);
-    clean_env(NULL);
-    set("DISTMESH_RANK", "1"); set("DISTMESH_WORLD_SIZE", "2");
-    e = detect_ok();
+    e = detect_only("DISTMESH_RANK", "1", "DISTMESH_WORLD_SIZE", "2", NULL);
     assert_string_equal(e.source, "distmesh");
     assert_true(e.rank == 1 && e.world_size == 2 && e.is_distributed);
-    clean_env(NULL);
-    set("PMI_RANK", "2"); set("PMI_SIZE", "12"); set("SLURM_PROCID", "1"); set("SLURM_NTASKS", "16");
-    e = detect_ok();
+    e = detect_only("PMI_RANK", "2", "PMI_SIZE", "12", "SLURM_PROCID", "1", "SLURM_NTASKS", "16", NULL);
     assert_string_equal(e.source, "pmi");
 }
 
@@ -315,21 +317,15 @@ static void test_env_local_from_launcher(void** state) {
     set("LOCAL_RANK", "1"); set("LOCAL_WORLD_SIZE", "2");
     e = detect_ok();
     assert_true(e.local_from_launcher);
-    clean_env(NULL);
-    set("OMPI_COMM_WORLD_RANK", "3"); set("OMPI_COMM_WORLD_SIZE", "4");
-    set("OMPI_COMM_WORLD_LOCAL_RANK", "1"); set("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
-    e = detect_ok();
+    e = detect_only("OMPI_COMM_WORLD_RANK", "3", "OMPI_COMM_WORLD_SIZE", "4",
+                    "OMPI_COMM_WORLD_LOCAL_RANK", "1", "OMPI_COMM_WORLD_LOCAL_SIZE", "2", NULL);
     assert_true(e.local_from_launcher);
     assert_int_equal(e.local_world_size, 2);
-    clean_env(NULL);
-    set("SLURM_PROCID", "3"); set("SLURM_NTASKS", "4"); set("SLURM_LOCALID", "1");
-    set("SLURM_TASKS_PER_NODE", "2(x2)"); set("SLURM_NODEID", "1");
-    e = detect_ok();
+    e = detect_only("SLURM_PROCID", "3", "SLURM_NTASKS", "4", "SLURM_LOCALID", "1",
+                    "SLURM_TASKS_PER_NODE", "2(x2)", "SLURM_NODEID", "1", NULL);
     assert_true(e.local_from_launcher);
-    clean_env(NULL);
-    set("DISTMESH_RANK", "0"); set("DISTMESH_WORLD_SIZE", "2");
-    set("DISTMESH_LOCAL_RANK", "0"); set("DISTMESH_LOCAL_WORLD_SIZE", "1");
-    e = detect_ok();
+    e = detect_only("DISTMESH_RANK", "0", "DISTMESH_WORLD_SIZE", "2",
+                    "DISTMESH_LOCAL_RANK", "0", "DISTMESH_LOCAL_WORLD_SIZE", "1", NULL);
     assert_true(e.local_from_launcher);
 }
 

@@ -17,11 +17,8 @@ static char g_dir[64];
 static int sh(const char* fmt, ...) {
     static char log[1 << 16];
     char cmd[4096], full[4400];
-    va_list ap;
     int rc;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
+    TW_VFORMAT(cmd, fmt);
     /* a make started from `make test` must not inherit the parent's jobserver */
     snprintf(full, sizeof(full), "cd %s && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL sh -c '%s'", g_dir, cmd);
     rc = tw_run_cmd(300, log, sizeof(log), full);

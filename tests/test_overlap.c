@@ -35,10 +35,7 @@ static void slurp(const char* name, char* buf, size_t cap) {
    Returns the exit status. */
 static int sh(const char* fmt, ...) {
     char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
+    TW_VFORMAT(line, fmt);
     return tw_run_cmd(60, g_out, sizeof(g_out), line);
 }
 

@@ -485,6 +485,18 @@ static void test_store_many_slow_connections(void** state) {
 }
 
 
+/* *d: rank of a world of 2 on lo, with the token (NULL: DISTMESH_TOKEN) and a deadline of
+   timeout_ms, meeting at the store url (NULL: the caller sets d->store). */
+static void pair_desc(dm_tcp_desc* d, int rank, const char* url, const char* token, int timeout_ms) {
+    memset(d, 0, sizeof(*d));
+    d->rank = rank;
+    d->world_size = 2;
+    d->store_url = url;
+    d->ifname = "lo";
+    d->token = token;
+    d->timeout_ms = timeout_ms;
+}
+
 /* ---- data connections: the hello ---- */
 static _dm_tcp* fake_rank(int rank, int size, const char* token, const char* self_addr) {
     _dm_tcp* t = (_dm_tcp*)calloc(1, sizeof(_dm_tcp));
@@ -546,38 +558,57 @@ static bool relay(int a, int b, unsigned char* copy, size_t n) {
     return tw_recv_n(a, copy, n) == n && send_some(b, copy, n, 2000) == n;
 }
 
+/* Ranks 0 (the acceptor, at 127.0.0.1:1000) and 1 (the connector, at :1001) of a world of 2
+   with the token; the connector was sent to dial for rank 0. */
+static void two_ranks(_dm_tcp** acc, _dm_tcp** con, const char* dial) {
+    *acc = fake_rank(0, 2, k_token, "127.0.0.1:1000");
+    *con = fake_rank(1, 2, k_token, "127.0.0.1:1001");
+    snprintf((*con)->addrs[0], 64, "%s", dial);
+}
+/* A hello between a connector and an acceptor through a stranger in the middle, who records
+   what it forwards: the connector talks on ca[0], the acceptor on ab[0], the stranger holds
+   ca[1] and ab[1]. */
+typedef struct stranger {
+    int ca[2], ab[2];
+    hello_job jc, ja;
+    unsigned char hello[_DM_TCP_HELLO_SIZE], chal[_DM_TCP_CHAL_SIZE];
+} stranger;
+/* Starts both sides and forwards con's hello to acc and acc's challenge back. */
+static void stranger_start(stranger* x, _dm_tcp* con, _dm_tcp* acc) {
+    sockpair(x->ca);
+    sockpair(x->ab);
+    hello_start(&x->jc, con, x->ca[0], true);
+    hello_start(&x->ja, acc, x->ab[0], false);
+    CHECK(relay(x->ca[1], x->ab[1], x->hello, sizeof(x->hello)));
+    CHECK(relay(x->ab[1], x->ca[1], x->chal, sizeof(x->chal)));
+}
+
 static void test_hello_replay_refused(void** state) {
-    _dm_tcp* acc = fake_rank(0, 2, k_token, "127.0.0.1:1000");
-    _dm_tcp* con = fake_rank(1, 2, k_token, "127.0.0.1:1001");
-    unsigned char hello[56], chal[72], proof[32], ack[8];
-    int ca[2], ab[2], cc[2];
-    hello_job ja, jc;
+    _dm_tcp *acc, *con;
+    unsigned char proof[32], ack[8];
+    int cc[2];
+    stranger x;
     (void)state;
-    snprintf(con->addrs[0], 64, "127.0.0.1:1000");
+    two_ranks(&acc, &con, "127.0.0.1:1000");
     /* a legitimate exchange through a recording stranger */
-    sockpair(ca);
-    sockpair(ab);
-    hello_start(&jc, con, ca[0], true);
-    hello_start(&ja, acc, ab[0], false);
-    CHECK(relay(ca[1], ab[1], hello, sizeof(hello)));
-    CHECK(relay(ab[1], ca[1], chal, sizeof(chal)));
-    CHECK(relay(ca[1], ab[1], proof, sizeof(proof)));
-    CHECK(relay(ab[1], ca[1], ack, sizeof(ack)));
-    pthread_join(jc.th, NULL);
-    pthread_join(ja.th, NULL);
-    CHECK(jc.result == DM_OK && jc.peer == _DM_TCP_ACK_OK);
-    CHECK(ja.result == _DM_TCP_ACK_OK && ja.peer == 1);
+    stranger_start(&x, con, acc);
+    CHECK(relay(x.ca[1], x.ab[1], proof, sizeof(proof)));
+    CHECK(relay(x.ab[1], x.ca[1], ack, sizeof(ack)));
+    pthread_join(x.jc.th, NULL);
+    pthread_join(x.ja.th, NULL);
+    CHECK(x.jc.result == DM_OK && x.jc.peer == _DM_TCP_ACK_OK);
+    CHECK(x.ja.result == _DM_TCP_ACK_OK && x.ja.peer == 1);
     /* the recording played back to the same rank: its new nonce makes the old proof worthless */
     sockpair(cc);
-    hello_start(&ja, acc, cc[0], false);
-    CHECK(send_some(cc[1], hello, sizeof(hello), 2000) == sizeof(hello));
-    CHECK(tw_recv_n(cc[1], chal, sizeof(chal)) == sizeof(chal));
+    hello_start(&x.ja, acc, cc[0], false);
+    CHECK(send_some(cc[1], x.hello, sizeof(x.hello), 2000) == sizeof(x.hello));
+    CHECK(tw_recv_n(cc[1], x.chal, sizeof(x.chal)) == sizeof(x.chal));
     CHECK(send_some(cc[1], proof, sizeof(proof), 2000) == sizeof(proof));
     CHECK(tw_recv_n(cc[1], ack, sizeof(ack)) == sizeof(ack));
-    pthread_join(ja.th, NULL);
-    CHECK(ja.result == _DM_TCP_ACK_TOKEN);
+    pthread_join(x.ja.th, NULL);
+    CHECK(x.ja.result == _DM_TCP_ACK_TOKEN);
     CHECK(get_u32(ack + 4) == _DM_TCP_ACK_TOKEN);
-    close(ca[0]); close(ca[1]); close(ab[0]); close(ab[1]); close(cc[0]); close(cc[1]);
+    close(x.ca[0]); close(x.ca[1]); close(x.ab[0]); close(x.ab[1]); close(cc[0]); close(cc[1]);
     fake_rank_free(acc);
     fake_rank_free(con);
 }
@@ -585,30 +616,24 @@ static void test_hello_replay_refused(void** state) {
 static void test_hello_relay_refused(void** state) {
     /* rank 1 was sent to the stranger's listener (127.0.0.1:6666); the stranger forwards both
        directions to rank 0's real one */
-    _dm_tcp* acc = fake_rank(0, 2, k_token, "127.0.0.1:1000");
-    _dm_tcp* con = fake_rank(1, 2, k_token, "127.0.0.1:1001");
-    unsigned char hello[56], chal[72];
-    int ca[2], ab[2];
-    hello_job ja, jc;
+    _dm_tcp *acc, *con;
+    stranger x;
     (void)state;
-    snprintf(con->addrs[0], 64, "127.0.0.1:6666");
-    sockpair(ca);
-    sockpair(ab);
-    hello_start(&jc, con, ca[0], true);
-    hello_start(&ja, acc, ab[0], false);
-    CHECK(relay(ca[1], ab[1], hello, sizeof(hello)));
-    CHECK(relay(ab[1], ca[1], chal, sizeof(chal)));
-    pthread_join(jc.th, NULL);
-    CHECK(jc.result == DM_ERR_REFUSED);         /* the acceptor's proof names another address */
+    two_ranks(&acc, &con, "127.0.0.1:6666");
+    stranger_start(&x, con, acc);
+    pthread_join(x.jc.th, NULL);
+    CHECK(x.jc.result == DM_ERR_REFUSED);       /* the acceptor's proof names another address */
     print_message("relayed hello: %s\n", con->base.last_error);
     CHECK(strstr(con->base.last_error, "could not prove") != NULL);
-    close(ab[1]);                               /* no proof ever reaches rank 0 */
-    pthread_join(ja.th, NULL);
-    CHECK(ja.result != _DM_TCP_ACK_OK);
-    close(ca[0]); close(ca[1]); close(ab[0]);
+    close(x.ab[1]);                             /* no proof ever reaches rank 0 */
+    pthread_join(x.ja.th, NULL);
+    CHECK(x.ja.result != _DM_TCP_ACK_OK);
+    close(x.ca[0]); close(x.ca[1]); close(x.ab[0]);
     /* a listener with another token cannot prove it either */
     {
         _dm_tcp* other = fake_rank(0, 2, "not the token", "127.0.0.1:1000");
+        int ca[2];
+        hello_job ja, jc;
         snprintf(con->addrs[0], 64, "127.0.0.1:1000");
         sockpair(ca);
         hello_start(&jc, con, ca[0], true);
@@ -640,14 +665,13 @@ static void* ack_main(void* p) {
     return NULL;
 }
 static void test_hello_peer_gone_is_peer_lost(void** state) {
-    _dm_tcp* acc = fake_rank(0, 2, k_token, "127.0.0.1:1000");
-    _dm_tcp* con = fake_rank(1, 2, k_token, "127.0.0.1:1001");
+    _dm_tcp *acc, *con;
     _dm_tcp_hs h;
     ack_job a;
     int sv[2], rc;
     int64_t dl = _dm_deadline(5000);
     (void)state;
-    snprintf(con->addrs[0], 64, "127.0.0.1:1000");
+    two_ranks(&acc, &con, "127.0.0.1:1000");
     sockpair(sv);
     fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL, 0) | O_NONBLOCK);
     memset(&a, 0, sizeof(a));
@@ -715,21 +739,15 @@ static bool legit_hello(int rank, int world, int port, const char* acc_addr, int
 /* The listener's bounds, in process: beyond 64 handshakes the oldest silent connections go at
    once; the rest go 5 s after their accept; a legitimate peer gets through meanwhile. */
 static void test_listener_handshake_bounds(void** state) {
-    struct sockaddr_in a;
-    socklen_t al = sizeof(a);
     char addr[64];
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), port, i, early = 0;
+    int lfd, port, i, early = 0;
     int fds[70], legit[2], drops;
     int64_t t0, t_closed = -1;
     accept_job job;
     _dm_tcp* acc;
     (void)state;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(bind(lfd, (struct sockaddr*)&a, sizeof(a)) == 0 && listen(lfd, 512) == 0);
-    getsockname(lfd, (struct sockaddr*)&a, &al);
-    port = ntohs(a.sin_port);
+    lfd = tw_listen_loopback(SOCK_CLOEXEC | SOCK_NONBLOCK, 512, &port);
+    CHECK(lfd >= 0);
     snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
     acc = fake_rank(0, 3, k_token, addr);
     acc->base.logger.func = count_drops;
@@ -903,14 +921,9 @@ static int stalled_store_rank(int rank, int port, bool split, int go) {
     sd.timeout_ms = 20000;
     sd.token = "";
     if (dm_store_create(&sd, &s) != DM_OK) return 2;
-    memset(&d, 0, sizeof(d));
-    d.rank = rank;
-    d.world_size = 2;
+    pair_desc(&d, rank, NULL, "", split ? 20000 : 1500);
     d.store = s;
-    d.ifname = "lo";
-    d.token = "";
     d.prefix = split ? "split/" : "create/";
-    d.timeout_ms = split ? 20000 : 1500;
     if (split) {
         if (dm_tcp_create(&d, &c) != DM_OK) return 3;
         dm_set_timeout(c, 1500);
@@ -969,14 +982,8 @@ static int world_rank(int rank, int port, const char* token, int hold_ms) {
     char url[64];
     float x[4] = { 1, 2, 3, 4 };
     dm_status st;
-    memset(&d, 0, sizeof(d));
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
-    d.rank = rank;
-    d.world_size = 2;
-    d.store_url = url;
-    d.ifname = "lo";
-    d.token = token;
-    d.timeout_ms = 8000;
+    pair_desc(&d, rank, url, token, 8000);
     st = dm_tcp_create(&d, &c);
     if (st != DM_OK) return 100 + (int)-st;
     st = dm_all_reduce(c, NULL, x, 4, DM_FLOAT32, DM_SUM);
@@ -1061,12 +1068,8 @@ static int cycles_rank(int rank, int port, int cycles) {
         dm_tcp_desc d;
         dm_collective *c = NULL, *sub = NULL, *solo = NULL;
         int x = 1;
-        memset(&d, 0, sizeof(d));
-        d.rank = rank;
-        d.world_size = 2;
+        pair_desc(&d, rank, NULL, NULL, 8000);
         d.store = st;
-        d.ifname = "lo";
-        d.timeout_ms = 8000;
         if (dm_tcp_create(&d, &c) != DM_OK) return 3;
         if (dm_split(c, 0, rank, &sub) != DM_OK) return 4;          /* both ranks */
         if (dm_split(c, rank, 0, &solo) != DM_OK) return 5;         /* one each */
@@ -1126,14 +1129,8 @@ static int two_worlds_rank(int rank, int port) {
     dm_collective *a = NULL, *b = NULL;
     char url[64];
     int x = rank + 1, y = 10 * (rank + 1);
-    memset(&d, 0, sizeof(d));
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
-    d.rank = rank;
-    d.world_size = 2;
-    d.store_url = url;
-    d.ifname = "lo";
-    d.token = "";
-    d.timeout_ms = 8000;
+    pair_desc(&d, rank, url, "", 8000);
     if (dm_tcp_create(&d, &a) != DM_OK) return 2;
     if (dm_tcp_create(&d, &b) != DM_OK) {
         fprintf(stderr, "rank %d: second world: %s\n", rank, dm_last_error(NULL));
@@ -1164,17 +1161,11 @@ static void test_store_port_taken_explained(void** state) {
     dm_store_desc d;
     dm_store *a = NULL, *b = NULL;
     char url[64];
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    struct sockaddr_in sa;
-    socklen_t sl = sizeof(sa);
+    int fd, port;
     (void)state;
     /* a port held by someone else (here a plain listening socket) */
-    memset(&sa, 0, sizeof(sa));
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(bind(fd, (struct sockaddr*)&sa, sizeof(sa)) == 0 && listen(fd, 4) == 0);
-    getsockname(fd, (struct sockaddr*)&sa, &sl);
-    port = ntohs(sa.sin_port);
+    fd = tw_listen_loopback(0, 4, &port);
+    CHECK(fd >= 0);
     memset(&d, 0, sizeof(d));
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
     d.url = url;

@@ -494,19 +494,10 @@ static void kill_cases(const char* name, int world, const char* transport, int h
     static const char* ops[] = { "idle", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier" };
     int t, victims[3] = { 0, world / 2, world - 1 };
     for (t = 0; t < n; t++) {
-        kcase k;
         char label[128];
-        memset(&k, 0, sizeof(k));
-        k.world = world;
-        k.transport = transport;
-        k.hosts = hosts;
-        k.rank0_store = rank0_store;
-        k.victim = victims[t % 3];
-        k.victim2 = -1;
-        k.op = t % 6;
-        k.nsock = g_nsock;
+        kcase k = { .name = label, .world = world, .transport = transport, .hosts = hosts, .rank0_store = rank0_store,
+                    .victim = victims[t % 3], .victim2 = -1, .op = t % 6, .nsock = g_nsock };
         snprintf(label, sizeof(label), "%s, kill -9 rank %d, %s", name, k.victim, ops[k.op]);
-        k.name = label;
         run_kill_case(&k);
     }
 }
@@ -528,30 +519,18 @@ static void test_kill_store_host(void** s) {
     int t;
     (void)s;
     for (t = 0; t < 2 * trials(2); t++) {
-        kcase k;
-        memset(&k, 0, sizeof(k));
-        k.name = t % 2 ? "tcp 4 ranks, kill -9 of rank 0 (the store's host), all_reduce"
-                       : "shm 4 ranks, kill -9 of rank 0 (the store's host), all_reduce";
-        k.world = 4;
-        k.transport = t % 2 ? "tcp" : NULL;
-        k.rank0_store = true;
-        k.victim = 0;
-        k.victim2 = -1;
-        k.op = 1;
+        kcase k = { .name = t % 2 ? "tcp 4 ranks, kill -9 of rank 0 (the store's host), all_reduce"
+                                  : "shm 4 ranks, kill -9 of rank 0 (the store's host), all_reduce",
+                    .world = 4, .transport = t % 2 ? "tcp" : NULL, .rank0_store = true, .victim = 0, .victim2 = -1,
+                    .op = 1 };
         run_kill_case(&k);
     }
 }
 static void test_kill_8(void** s) { (void)s; kill_cases("shm 8 ranks", 8, NULL, 0, false, 3 * trials(1)); }
 static void test_planned_removal(void** s) {
-    kcase k;
+    kcase k = { .name = "planned removal of rank 1 of 4 (tcp)", .world = 4, .transport = "tcp", .victim = 1,
+                .victim2 = -1, .op = 6 };
     (void)s;
-    memset(&k, 0, sizeof(k));
-    k.name = "planned removal of rank 1 of 4 (tcp)";
-    k.world = 4;
-    k.transport = "tcp";
-    k.victim = 1;
-    k.victim2 = -1;
-    k.op = 6;
     run_kill_case(&k);
     k.name = "planned removal of rank 0 of 3 (shm, rank 0 hosts the store)";
     k.world = 3;
@@ -564,14 +543,8 @@ static void test_second_death(void** s) {
     int t;
     (void)s;
     for (t = 0; t < 2 * trials(1); t++) {
-        kcase k;
-        memset(&k, 0, sizeof(k));
-        k.name = t % 2 ? "second death during shrink (tcp)" : "second death during shrink (shm)";
-        k.world = 5;
-        k.transport = t % 2 ? "tcp" : NULL;
-        k.victim = 1;
-        k.victim2 = 3;
-        k.op = 1;
+        kcase k = { .name = t % 2 ? "second death during shrink (tcp)" : "second death during shrink (shm)",
+                    .world = 5, .transport = t % 2 ? "tcp" : NULL, .victim = 1, .victim2 = 3, .op = 1 };
         run_kill_case(&k);
     }
 }
@@ -619,19 +592,12 @@ static int back_to_back_body(dm_collective* c, int r, int world, void* arg) {
     return bad;
 }
 static void test_back_to_back_shrink(void** s) {
-    tw_world p;
     tw_dm_world w;
     (void)s;
-    memset(&p, 0, sizeof(p));
-    p.alarm_s = 40;
-    memset(&w, 0, sizeof(w));
-    w.world = 4;
-    w.store = &g_store;
-    w.timeout_ms = 5000;
+    tw_dm_world_init(&w, 4, &g_store, NULL, 5000);
     w.edit = back_to_back_edit;
     w.body = back_to_back_body;
-    assert_int_equal(tw_dm_fork(&p, &w), 0);
-    assert_int_equal(tw_reap(&p, 45), 0);
+    assert_int_equal(tw_dm_run(&w, 40), 0);
 }
 
 /* DM_SHRINK_ABORT with a request in flight: ranks 0 and 1 wait in an all_reduce_async that rank

@@ -43,48 +43,51 @@ static void capture_log(dm_log_level level, dm_status status, const char* msg, c
 }
 static int protocol_errors(void) { return atomic_load(&g_protocol_errors); }
 
+/* dm_store_create of url: a server or a client, keys under prefix (NULL: none), a deadline
+   of timeout_ms, logging through log (NULL: silent). *out is NULL when it fails. */
+static dm_status open_store(const char* url, const char* prefix, bool is_server, dm_log_fn log, int timeout_ms,
+                            dm_store** out) {
+    dm_store_desc d;
+    memset(&d, 0, sizeof(d));
+    d.url = url;
+    d.prefix = prefix;
+    d.is_server = is_server;
+    d.logger.func = log;
+    d.timeout_ms = timeout_ms;
+    *out = NULL;
+    return dm_store_create(&d, out);
+}
 static dm_store* make_server(const char* host, int timeout_ms) {
     char url[128];
-    dm_store_desc d;
     dm_store* s = NULL;
-    memset(&d, 0, sizeof(d));
     snprintf(url, sizeof(url), "tcp://%s:0", host);
-    d.url = url;
-    d.is_server = true;
-    d.timeout_ms = timeout_ms;
-    d.logger.func = capture_log;
-    CHECK_OK(dm_store_create(&d, &s));
+    CHECK_OK(open_store(url, NULL, true, capture_log, timeout_ms, &s));
     CHECK(dm_store_port(s) > 0);
     return s;
 }
+/* NULL when it cannot connect. */
 static dm_store* make_client(const char* host, int port, const char* prefix, int timeout_ms) {
     char url[128];
-    dm_store_desc d;
     dm_store* s = NULL;
-    dm_status st;
-    memset(&d, 0, sizeof(d));
     if (strchr(host, ':')) snprintf(url, sizeof(url), "tcp://[%s]:%d", host, port);
     else snprintf(url, sizeof(url), "tcp://%s:%d", host, port);
-    d.url = url;
-    d.prefix = prefix;
-    d.timeout_ms = timeout_ms;
-    st = dm_store_create(&d, &s);
-    if (st != DM_OK) return NULL;
+    open_store(url, prefix, false, NULL, timeout_ms, &s);
     return s;
 }
 
 /* The PING nonce of our client: the pid, top byte 'D' (a distmesh client). */
 static uint32_t client_nonce(void) { return 0x44000000u | ((uint32_t)getpid() & 0xFFFFFFu); }
 
-/* What our client sends on connect (VALIDATE, then PING with client_nonce()), into c2s, and
-   the nonce alone, little-endian in hex, into ping (9 bytes): what a store echoes back. */
-static void our_connect_hex(char* c2s, size_t cap, char* ping) {
+/* What our client sends on connect (VALIDATE, then PING with client_nonce()), in hex, and
+   the nonce alone, little-endian in hex: what a store echoes back. */
+typedef struct our_connect { char c2s[64], echo[16]; } our_connect;
+static void our_connect_hex(our_connect* oc) {
     uint32_t pid = client_nonce();
     unsigned char le[4];
     le[0] = (unsigned char)pid; le[1] = (unsigned char)(pid >> 8);
     le[2] = (unsigned char)(pid >> 16); le[3] = (unsigned char)(pid >> 24);
-    tohex(le, 4, ping);
-    snprintf(c2s, cap, "00cef7853c0d%s", ping);
+    tohex(le, 4, oc->echo);
+    snprintf(oc->c2s, sizeof(oc->c2s), "00cef7853c0d%s", oc->echo);
 }
 
 /* dm_store_check of keys[0..n) answers want. */
@@ -92,6 +95,57 @@ static void check_is(dm_store* s, const char* const* keys, size_t n, bool want) 
     bool b = !want;
     CHECK_OK(dm_store_check(s, keys, n, &b));
     CHECK(b == want);
+}
+/* dm_store_get of key answers the n bytes want (a buffer even for n 0). */
+static void check_get(dm_store* s, const char* key, const void* want, size_t n) {
+    void* v = NULL;
+    size_t vn = 0;
+    bool same;
+    dm_status st = dm_store_get(s, key, &v, &vn);
+    if (st != DM_OK) fail_msg("get \"%s\" -> %s: %s", key, dm_status_name(st), dm_store_last_error(s));
+    same = v != NULL && vn == n && memcmp(v, want, n) == 0;
+    dm_store_free(s, v);
+    if (!same) fail_msg("get \"%s\": %zu bytes, not the %zu bytes wanted", key, vn, n);
+}
+/* dm_store_compare_set(key, expected, desired) answers want (each a string, its bytes without
+   the NUL). */
+static void check_cas(dm_store* s, const char* key, const char* expected, const char* desired, const char* want) {
+    void* v = NULL;
+    size_t vn = 0, n = strlen(want);
+    bool same;
+    dm_status st = dm_store_compare_set(s, key, expected, strlen(expected), desired, strlen(desired), &v, &vn);
+    if (st != DM_OK)
+        fail_msg("compare_set \"%s\" -> %s: %s", key, dm_status_name(st), dm_store_last_error(s));
+    same = vn == n && memcmp(v, want, n) == 0;
+    if (!same)
+        print_message("compare_set \"%s\" \"%s\" -> \"%s\": got %zu bytes \"%.*s\", want \"%s\"\n", key, expected,
+                      desired, vn, (int)vn, vn ? (const char*)v : "", want);
+    dm_store_free(s, v);
+    CHECK(same);
+}
+/* multi_set of m1 = "x" and m2 = "yy", then multi_get answers both. */
+static void check_multi(dm_store* s) {
+    const char* keys[2] = {"m1", "m2"};
+    const void* vals[2] = {"x", "yy"};
+    size_t sizes[2] = {1, 2};
+    void* outv[2];
+    size_t outn[2];
+    CHECK_OK(dm_store_multi_set(s, keys, vals, sizes, 2));
+    CHECK_OK(dm_store_multi_get(s, keys, 2, outv, outn));
+    CHECK(outn[0] == 1 && outn[1] == 2 && memcmp(outv[0], "x", 1) == 0 && memcmp(outv[1], "yy", 2) == 0);
+    dm_store_free(s, outv[0]);
+    dm_store_free(s, outv[1]);
+}
+/* num_keys answers nkeys; deleting key says it was there, deleting it again that it was not. */
+static void check_keys_then_delete(dm_store* s, int64_t nkeys, const char* key) {
+    int64_t x = -1;
+    bool b = false;
+    CHECK_OK(dm_store_num_keys(s, &x));
+    assert_int_equal(x, nkeys);
+    CHECK_OK(dm_store_delete(s, key, &b));
+    CHECK(b);
+    CHECK_OK(dm_store_delete(s, key, &b));
+    CHECK(!b);
 }
 /* Raw client socket to 127.0.0.1 (or ::1) with 5 s send/recv timeouts. */
 static int raw_connect(int family, int port) {
@@ -258,21 +312,30 @@ static void* fake_server_main(void* arg) {
     return NULL;
 }
 static void fake_server_start(fake_server* f, const wire_step* steps, size_t n, bool close_after) {
-    struct sockaddr_in a;
-    socklen_t al = sizeof(a);
     memset(f, 0, sizeof(*f));
     f->steps = steps;
     f->nsteps = n;
     f->close_after = close_after;
-    f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(bind(f->lfd, (struct sockaddr*)&a, sizeof(a)) == 0);
-    CHECK(listen(f->lfd, 4) == 0);
-    getsockname(f->lfd, (struct sockaddr*)&a, &al);
-    f->port = ntohs(a.sin_port);
+    f->lfd = tw_listen_loopback(SOCK_CLOEXEC, 4, &f->port);
+    CHECK(f->lfd >= 0);
     CHECK(pthread_create(&f->th, NULL, fake_server_main, f) == 0);
+}
+/* A fake server's first step: our client's connect (its bytes in *oc, which outlives the
+   server), answered with s2c (NULL: the echo a store sends). */
+static void our_connect_step(wire_step* step, our_connect* oc, const char* s2c) {
+    our_connect_hex(oc);
+    step->what = "connect: VALIDATE + PING";
+    step->c2s = oc->c2s;
+    step->s2c = s2c ? s2c : oc->echo;
+}
+/* fake_server_start, then our client of it (the key prefix given, 3 s), which must connect. */
+static dm_store* fake_server_client(fake_server* f, const wire_step* steps, size_t n, bool close_after,
+                                    const char* prefix) {
+    dm_store* c;
+    fake_server_start(f, steps, n, close_after);
+    c = make_client("127.0.0.1", f->port, prefix, 3000);
+    CHECK(c);
+    return c;
 }
 static void fake_server_join(fake_server* f) {
     pthread_join(f->th, NULL);
@@ -285,39 +348,26 @@ static void test_client_wire_matches_torch(void** state) {
     /* the same fixtures, with our PING nonce: our pid (torch uses getpid() too), marked as a
        distmesh client's in its top byte (distmesh_store.h, >>store wire) */
     static wire_step steps[sizeof(k_torch_wire) / sizeof(k_torch_wire[0])];
-    char connect_c2s[64], connect_s2c[16];
+    our_connect oc;
     fake_server f;
     dm_store* c;
-    void* v = NULL;
-    size_t n = 0, ns = 0;
+    size_t ns = 0;
     int64_t x = 0;
     bool b = false;
     (void)state;
-    our_connect_hex(connect_c2s, sizeof(connect_c2s), connect_s2c);
     memcpy(steps, k_torch_wire, sizeof(steps));
-    steps[0].c2s = connect_c2s;
-    steps[0].s2c = connect_s2c;
+    our_connect_step(&steps[0], &oc, NULL);
     ns = 25;    /* the recorded part */
-    fake_server_start(&f, steps, ns, false);
-    c = make_client("127.0.0.1", f.port, "/", 3000);
-    CHECK(c);
+    c = fake_server_client(&f, steps, ns, false, "/");
     CHECK_OK(dm_store_set(c, "k1", "v1", 2));
-    CHECK_OK(dm_store_get(c, "k1", &v, &n));
-    CHECK(n == 2 && memcmp(v, "v1", 2) == 0);
-    dm_store_free(c, v);
+    check_get(c, "k1", "v1", 2);
     CHECK_OK(dm_store_add(c, "cnt", 5, &x));
     assert_int_equal(x, 5);
     CHECK_OK(dm_store_add(c, "cnt", -7, &x));
     assert_int_equal(x, -2);
-    CHECK_OK(dm_store_compare_set(c, "k1", "v1", 2, "v2", 2, &v, &n));
-    CHECK(n == 2 && memcmp(v, "v2", 2) == 0);
-    dm_store_free(c, v);
-    CHECK_OK(dm_store_compare_set(c, "k1", "zz", 2, "v3", 2, &v, &n));
-    CHECK(n == 2 && memcmp(v, "v2", 2) == 0);
-    dm_store_free(c, v);
-    CHECK_OK(dm_store_compare_set(c, "miss", "", 0, "new", 3, &v, &n));
-    CHECK(n == 3 && memcmp(v, "new", 3) == 0);
-    dm_store_free(c, v);
+    check_cas(c, "k1", "v1", "v2", "v2");
+    check_cas(c, "k1", "zz", "v3", "v2");
+    check_cas(c, "miss", "", "new", "new");
     CHECK_OK(dm_store_compare_set(c, "miss2", "x", 1, "y", 1, NULL, NULL));
     {
         const char* k2[2] = {"k1", "nope"};
@@ -331,26 +381,10 @@ static void test_client_wire_matches_torch(void** state) {
         assert_int_equal(dm_store_wait(c, kn, 1, 150), DM_ERR_TIMEOUT);
         CHECK(strstr(dm_store_last_error(c), "nokey") != NULL);
     }
-    CHECK_OK(dm_store_num_keys(c, &x));
-    assert_int_equal(x, 3);
-    CHECK_OK(dm_store_delete(c, "k1", &b));
-    CHECK(b);
-    CHECK_OK(dm_store_delete(c, "k1", &b));
-    CHECK(!b);
+    check_keys_then_delete(c, 3, "k1");
     CHECK_OK(dm_store_append(c, "ap", "a", 1));
     CHECK_OK(dm_store_append(c, "ap", "bc", 2));
-    {
-        const char* keys[2] = {"m1", "m2"};
-        const void* vals[2] = {"x", "yy"};
-        size_t sizes[2] = {1, 2};
-        void* outv[2];
-        size_t outn[2];
-        CHECK_OK(dm_store_multi_set(c, keys, vals, sizes, 2));
-        CHECK_OK(dm_store_multi_get(c, keys, 2, outv, outn));
-        CHECK(outn[0] == 1 && outn[1] == 2 && memcmp(outv[1], "yy", 2) == 0);
-        dm_store_free(c, outv[0]);
-        dm_store_free(c, outv[1]);
-    }
+    check_multi(c);
     {
         dm_store* pg = NULL;
         CHECK_OK(dm_store_clone_prefixed(c, "pg//", &pg));   /* torch's PrefixStore joins with "/" */
@@ -376,18 +410,15 @@ static void test_client_wire_matches_torch(void** state) {
 /* STOP_WAITING that crosses CANCEL_WAIT: the client reads both and reports the timeout. */
 static void test_client_cancel_race(void** state) {
     static wire_step steps[3];
-    char c2s[64], s2c[16];
+    our_connect oc;
     fake_server f;
     dm_store* c;
     const char* k[1] = {"x"};
     (void)state;
-    our_connect_hex(c2s, sizeof(c2s), s2c);
-    steps[0].what = "connect"; steps[0].c2s = c2s; steps[0].s2c = s2c;
+    our_connect_step(&steps[0], &oc, NULL);
     steps[1].what = "wait [x]"; steps[1].c2s = "060100000000000000010000000000000078"; steps[1].s2c = "";
     steps[2].what = "cancel"; steps[2].c2s = "0c"; steps[2].s2c = "0001";
-    fake_server_start(&f, steps, 3, false);
-    c = make_client("127.0.0.1", f.port, NULL, 3000);
-    CHECK(c);
+    c = fake_server_client(&f, steps, 3, false, NULL);
     assert_int_equal(dm_store_wait(c, k, 1, 100), DM_ERR_TIMEOUT);
     dm_store_destroy(c);
     fake_server_join(&f);
@@ -396,16 +427,13 @@ static void test_client_cancel_race(void** state) {
 /* The server goes away mid-session: DM_ERR_PEER_LOST, then the store stays failed. */
 static void test_client_peer_lost(void** state) {
     static wire_step steps[1];
-    char c2s[64], s2c[16];
+    our_connect oc;
     fake_server f;
     dm_store* c;
     int64_t x;
     (void)state;
-    our_connect_hex(c2s, sizeof(c2s), s2c);
-    steps[0].what = "connect"; steps[0].c2s = c2s; steps[0].s2c = s2c;
-    fake_server_start(&f, steps, 1, true);
-    c = make_client("127.0.0.1", f.port, NULL, 3000);
-    CHECK(c);
+    our_connect_step(&steps[0], &oc, NULL);
+    c = fake_server_client(&f, steps, 1, true, NULL);
     fake_server_join(&f);
     assert_int_equal(dm_store_add(c, "k", 1, &x), DM_ERR_PEER_LOST);
     CHECK(strncmp(dm_store_last_error(c), "tcp-store: ", 11) == 0);
@@ -416,21 +444,15 @@ static void test_client_peer_lost(void** state) {
 /* A server that answers PING with the wrong nonce is not a torch 2.x store. */
 static void test_client_rejects_bad_ping(void** state) {
     static wire_step steps[1];
-    char c2s[64];
-    char h[16];
+    our_connect oc;
     fake_server f;
-    dm_store_desc d;
     dm_store* c = NULL;
     char url[64];
     (void)state;
-    our_connect_hex(c2s, sizeof(c2s), h);
-    steps[0].what = "connect"; steps[0].c2s = c2s; steps[0].s2c = "deadbeef";
+    our_connect_step(&steps[0], &oc, "deadbeef");
     fake_server_start(&f, steps, 1, true);
-    memset(&d, 0, sizeof(d));
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", f.port);
-    d.url = url;
-    d.timeout_ms = 2000;
-    assert_int_equal(dm_store_create(&d, &c), DM_ERR_PROTOCOL);
+    assert_int_equal(open_store(url, NULL, false, NULL, 2000, &c), DM_ERR_PROTOCOL);
     CHECK(c == NULL);
     fake_server_join(&f);
 }
@@ -442,29 +464,22 @@ static void test_ops_roundtrip(void** state) {
     void* v = NULL;
     size_t n = 0, i;
     int64_t x = 0;
-    bool b = false;
     unsigned char* big;
     const size_t bign = 4u << 20;
     (void)state;
     CHECK(c);
     assert_int_equal(dm_store_port(c), dm_store_port(srv));
     CHECK_OK(dm_store_set(c, "a", "hello", 5));
-    CHECK_OK(dm_store_get(c, "a", &v, &n));
-    CHECK(n == 5 && memcmp(v, "hello", 5) == 0);
-    dm_store_free(c, v);
+    check_get(c, "a", "hello", 5);
     CHECK_OK(dm_store_get(srv, "job/a", &v, &n));          /* the server's own store has no prefix */
     CHECK(n == 5);
     dm_store_free(srv, v);
     CHECK_OK(dm_store_set(c, "empty", NULL, 0));
-    CHECK_OK(dm_store_get(c, "empty", &v, &n));
-    CHECK(v != NULL && n == 0);
-    dm_store_free(c, v);
+    check_get(c, "empty", "", 0);
     CHECK_OK(dm_store_add(c, "n", 40, &x));
     CHECK_OK(dm_store_add(c, "n", 2, &x));
     assert_int_equal(x, 42);
-    CHECK_OK(dm_store_get(c, "n", &v, &n));                /* add keeps decimal text, like c10d */
-    CHECK(n == 2 && memcmp(v, "42", 2) == 0);
-    dm_store_free(c, v);
+    check_get(c, "n", "42", 2);                            /* add keeps decimal text, like c10d */
     CHECK_OK(dm_store_add(c, "n", INT64_MIN, &x));
     assert_int_equal(x, INT64_MIN + 42);
     /* not a number: the server drops us, saying why (a notice in place of the reply) */
@@ -473,41 +488,24 @@ static void test_ops_roundtrip(void** state) {
     dm_store_destroy(c);
     c = make_client("127.0.0.1", dm_store_port(srv), "job/", 5000);
     CHECK(c);
-    CHECK_OK(dm_store_compare_set(c, "cas", "", 0, "one", 3, &v, &n));
-    CHECK(n == 3 && memcmp(v, "one", 3) == 0);
-    dm_store_free(c, v);
-    CHECK_OK(dm_store_compare_set(c, "cas", "two", 3, "three", 5, &v, &n));
-    CHECK(n == 3 && memcmp(v, "one", 3) == 0);
-    dm_store_free(c, v);
-    CHECK_OK(dm_store_compare_set(c, "cas", "one", 3, "three", 5, &v, &n));
-    CHECK(n == 5 && memcmp(v, "three", 5) == 0);
-    dm_store_free(c, v);
-    CHECK_OK(dm_store_compare_set(c, "nokey", "exp", 3, "des", 3, &v, &n));
-    CHECK(n == 3 && memcmp(v, "exp", 3) == 0);             /* missing + expected: answers expected */
-    dm_store_free(c, v);
+    check_cas(c, "cas", "", "one", "one");
+    check_cas(c, "cas", "two", "three", "one");
+    check_cas(c, "cas", "one", "three", "three");
+    check_cas(c, "nokey", "exp", "des", "exp");            /* missing + expected: answers expected */
     {
         const char* k[3] = {"a", "cas", "nokey"};
         check_is(c, k, 2, true);
         check_is(c, k, 3, false);
         check_is(c, k, 0, true);
     }
-    CHECK_OK(dm_store_num_keys(c, &x));
-    assert_int_equal(x, 4);                                 /* a, empty, n, cas */
-    CHECK_OK(dm_store_delete(c, "a", &b));
-    CHECK(b);
-    CHECK_OK(dm_store_delete(c, "a", &b));
-    CHECK(!b);
+    check_keys_then_delete(c, 4, "a");                      /* a, empty, n, cas */
     CHECK_OK(dm_store_append(c, "log", "ab", 2));
     CHECK_OK(dm_store_append(c, "log", "cd", 2));
-    CHECK_OK(dm_store_get(c, "log", &v, &n));
-    CHECK(n == 4 && memcmp(v, "abcd", 4) == 0);
-    dm_store_free(c, v);
+    check_get(c, "log", "abcd", 4);
     big = (unsigned char*)malloc(bign);
     for (i = 0; i < bign; i++) big[i] = (unsigned char)(i * 7 + 3);
     CHECK_OK(dm_store_set(c, "big", big, bign));
-    CHECK_OK(dm_store_get(c, "big", &v, &n));
-    CHECK(n == bign && memcmp(v, big, bign) == 0);
-    dm_store_free(c, v);
+    check_get(c, "big", big, bign);
     free(big);
     /* argument errors, caught before anything is sent */
     assert_int_equal(dm_store_set(c, NULL, "x", 1), DM_ERR_INVALID_ARG);
@@ -578,14 +576,10 @@ static void test_wait_wakes_and_times_out(void** state) {
     dm_store_free(a, v);
     /* get waits with the store timeout */
     {
-        dm_store_desc d;
         dm_store* quick = NULL;
         char url[64];
-        memset(&d, 0, sizeof(d));
         snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dm_store_port(srv));
-        d.url = url;
-        d.timeout_ms = 250;
-        CHECK_OK(dm_store_create(&d, &quick));
+        CHECK_OK(open_store(url, NULL, false, NULL, 250, &quick));
         t0 = tw_now_ms();
         assert_int_equal(dm_store_get(quick, "nothing", &v, &n), DM_ERR_TIMEOUT);
         CHECK(v == NULL && tw_now_ms() - t0 >= 240);
@@ -751,9 +745,7 @@ static void test_malformed_input(void** state) {
         expect_hex(fd, "01020304", "ping after a byte-by-byte set");
     }
     close(fd);
-    CHECK_OK(dm_store_get(srv, "k11", &v, &n));
-    CHECK(n == 2 && memcmp(v, "v1", 2) == 0);
-    dm_store_free(srv, v);
+    check_get(srv, "k11", "v1", 2);
     /* random bytes from 60 connections, with and without VALIDATE first */
     srand(1234);
     for (i = 0; i < 60; i++) {
@@ -861,8 +853,6 @@ static bool have_ipv6_loopback(void) {
 }
 static void test_ipv6_loopback(void** state) {
     dm_store *srv, *c;
-    void* v;
-    size_t n;
     int fd;
     (void)state;
     if (!have_ipv6_loopback()) {
@@ -873,9 +863,7 @@ static void test_ipv6_loopback(void** state) {
     c = make_client("::1", dm_store_port(srv), NULL, 5000);
     CHECK(c);
     CHECK_OK(dm_store_set(c, "six", "v6", 2));
-    CHECK_OK(dm_store_get(srv, "six", &v, &n));
-    CHECK(n == 2 && memcmp(v, "v6", 2) == 0);
-    dm_store_free(srv, v);
+    check_get(srv, "six", "v6", 2);
     fd = raw_connect(AF_INET6, dm_store_port(srv));
     send_hex(fd, "00cef7853c0d04030201");
     expect_hex(fd, "04030201", "ping over IPv6");
@@ -945,14 +933,9 @@ static void rm_tree(const char* dir) {
 }
 static dm_store* make_file_store(const char* dir, const char* prefix, int timeout_ms) {
     char url[512];
-    dm_store_desc d;
     dm_store* s = NULL;
-    memset(&d, 0, sizeof(d));
     snprintf(url, sizeof(url), "file://%s", dir);
-    d.url = url;
-    d.prefix = prefix;
-    d.timeout_ms = timeout_ms;
-    if (dm_store_create(&d, &s) != DM_OK) return NULL;
+    open_store(url, prefix, false, NULL, timeout_ms, &s);
     return s;
 }
 static void test_file_store_ops(void** state) {
@@ -972,29 +955,17 @@ static void test_file_store_ops(void** state) {
     CHECK(s);
     assert_int_equal(dm_store_port(s), 0);
     CHECK_OK(dm_store_set(s, "a", "hello", 5));
-    CHECK_OK(dm_store_get(s, "a", &v, &n));
-    CHECK(n == 5 && memcmp(v, "hello", 5) == 0);
-    dm_store_free(s, v);
+    check_get(s, "a", "hello", 5);
     CHECK_OK(dm_store_add(s, "n", 5, &x));
     CHECK_OK(dm_store_add(s, "n", -7, &x));
     assert_int_equal(x, -2);
-    CHECK_OK(dm_store_compare_set(s, "c", "", 0, "one", 3, &v, &n));
-    CHECK(n == 3 && memcmp(v, "one", 3) == 0);
-    dm_store_free(s, v);
-    CHECK_OK(dm_store_compare_set(s, "c", "bad", 3, "two", 3, &v, &n));
-    CHECK(n == 3 && memcmp(v, "one", 3) == 0);
-    dm_store_free(s, v);
-    CHECK_OK(dm_store_compare_set(s, "c", "one", 3, "two", 3, &v, &n));
-    CHECK(n == 3 && memcmp(v, "two", 3) == 0);
-    dm_store_free(s, v);
-    CHECK_OK(dm_store_compare_set(s, "zz", "e", 1, "d", 1, &v, &n));
-    CHECK(n == 1 && memcmp(v, "e", 1) == 0);
-    dm_store_free(s, v);
+    check_cas(s, "c", "", "one", "one");
+    check_cas(s, "c", "bad", "two", "one");
+    check_cas(s, "c", "one", "two", "two");
+    check_cas(s, "zz", "e", "d", "e");
     CHECK_OK(dm_store_append(s, "log", "ab", 2));
     CHECK_OK(dm_store_append(s, "log", "c", 1));
-    CHECK_OK(dm_store_get(s, "log", &v, &n));
-    CHECK(n == 3 && memcmp(v, "abc", 3) == 0);
-    dm_store_free(s, v);
+    check_get(s, "log", "abc", 3);
     {
         const char* k[2] = {"a", "zz"};
         CHECK_OK(dm_store_check(s, k, 1, &b));
@@ -1006,12 +977,7 @@ static void test_file_store_ops(void** state) {
         CHECK(tw_now_ms() - t0 >= 190);
         CHECK(strstr(dm_store_last_error(s), "zz") != NULL);
     }
-    CHECK_OK(dm_store_num_keys(s, &x));
-    assert_int_equal(x, 4);                                 /* a, n, c, log */
-    CHECK_OK(dm_store_delete(s, "a", &b));
-    CHECK(b);
-    CHECK_OK(dm_store_delete(s, "a", &b));
-    CHECK(!b);
+    check_keys_then_delete(s, 4, "a");                      /* a, n, c, log */
     {
         char longkey[400];
         memset(longkey, 'k', sizeof(longkey) - 1);
@@ -1021,18 +987,7 @@ static void test_file_store_ops(void** state) {
         CHECK(n == 1);
         dm_store_free(s, v);
     }
-    {
-        const char* keys[2] = {"m1", "m2"};
-        const void* vals[2] = {"x", "yy"};
-        size_t sizes[2] = {1, 2};
-        void* outv[2];
-        size_t outn[2];
-        CHECK_OK(dm_store_multi_set(s, keys, vals, sizes, 2));
-        CHECK_OK(dm_store_multi_get(s, keys, 2, outv, outn));
-        CHECK(outn[1] == 2 && memcmp(outv[1], "yy", 2) == 0);
-        dm_store_free(s, outv[0]);
-        dm_store_free(s, outv[1]);
-    }
+    check_multi(s);
     /* DISTMESH_STORE with url 0 */
     {
         char url[300];

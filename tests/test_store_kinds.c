@@ -46,6 +46,7 @@ typedef struct server {
     pid_t pid;                  /* else the child, serving until its stdin closes */
     int stdin_fd;
     int port;
+    char url[64];               /* tcp://127.0.0.1:<port> */
 } server;
 
 static void server_start(server* sv) {
@@ -92,6 +93,7 @@ static void server_start(server* sv) {
         CHECK(sv->port > 0);
     }
 #endif
+    snprintf(sv->url, sizeof(sv->url), "tcp://127.0.0.1:%d", sv->port);
 }
 /* Stops the server (its connections close); waits for the child with a deadline. */
 static void server_stop(server* sv) {
@@ -271,13 +273,11 @@ static void every_operation(dm_store* s, dm_store* other) {
    second connection for what the server holds; the port is the server's. */
 static void test_kinds_tcp_every_operation(void** state) {
     server sv;
-    char url[64];
     dm_store *s, *clone = NULL, *other;
     (void)state;
     server_start(&sv);
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", sv.port);
-    s = open_url(url, "k/");
-    other = open_url(url, "k/");
+    s = open_url(sv.url, "k/");
+    other = open_url(sv.url, "k/");
     assert_int_equal(dm_store_port(s), sv.port);
     every_operation(s, other);
     /* a clone shares the connection and adds its prefix */
@@ -342,14 +342,13 @@ static void test_kinds_bad_url_lists_every_kind(void** state) {
    at once, saying the connection is unusable and why (the common layer's check). */
 static void test_kinds_tcp_broken_connection(void** state) {
     server sv;
-    char url[64], where[64];
+    char where[64];
     dm_store* s;
     int64_t x = 0;
     (void)state;
     server_start(&sv);
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", sv.port);
     snprintf(where, sizeof(where), "connection to 127.0.0.1:%d is unusable", sv.port);
-    s = open_url(url, "");
+    s = open_url(sv.url, "");
     CHECK_OK(dm_store_add(s, "n", 1, &x));
     server_stop(&sv);
     assert_int_equal(dm_store_add(s, "n", 1, &x), DM_ERR_PEER_LOST);
@@ -364,14 +363,12 @@ static void test_kinds_tcp_broken_connection(void** state) {
    or without libuv in the build. */
 static void test_kinds_connect_cause_worded_as_libuv(void** state) {
     server sv;
-    char url[64];
     dm_store_desc d;
     dm_store* s = NULL;
     (void)state;
     server_start(&sv);                          /* a port that was just free: closed again */
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", sv.port);
     server_stop(&sv);
-    logged_desc(&d, url, 300);
+    logged_desc(&d, sv.url, 300);
     assert_int_equal(dm_store_create(&d, &s), DM_ERR_TIMEOUT);
     CHECK(s == NULL);
     if (!strstr(g_tu_log.msg, "(ECONNREFUSED: connection refused)")) print_message("log: %s\n", g_tu_log.msg);
@@ -427,7 +424,6 @@ static void test_kinds_causes_match_libuv(void** state) {
    what to do; a client of torchrun's agent store (is_server ignored) and a file store work. */
 static void test_kinds_hosting_without_libuv_is_refused(void** state) {
     server sv;
-    char url[64];
     dm_store_desc d;
     dm_store* s = NULL;
     (void)state;
@@ -440,8 +436,7 @@ static void test_kinds_hosting_without_libuv_is_refused(void** state) {
     CHECK(strstr(g_tu_log.msg, "tcp-store: server tcp://127.0.0.1:0: this build cannot host a store") != NULL);
     CHECK(strstr(g_tu_log.msg, "DISTMESH_TCP") != NULL && strstr(g_tu_log.msg, "file:///dir") != NULL);
     server_start(&sv);
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", sv.port);
-    d.url = url;
+    d.url = sv.url;
     setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
     CHECK_OK(dm_store_create(&d, &s));          /* the agent serves it: a client */
     unsetenv("TORCHELASTIC_USE_AGENT_STORE");

@@ -39,13 +39,10 @@ static int quota_closes(void) { return atomic_load(&g_quota_closes); }
 
 /* max_total 0: from DISTMESH_STORE_MAX_TOTAL. */
 static dm_store* make_server(size_t max_total, size_t max_value, size_t max_conn) {
+    char url[64];
     dm_store_desc d;
     dm_store* s = NULL;
-    memset(&d, 0, sizeof(d));
-    d.url = "tcp://127.0.0.1:0";
-    d.is_server = true;
-    d.timeout_ms = 20000;
-    d.token = "";
+    tw_store_desc_loopback(&d, url, sizeof(url), 0, 20000, "");
     d.logger.func = capture_log;
     d.max_total_bytes = max_total;
     d.max_value = max_value;
@@ -56,12 +53,9 @@ static dm_store* make_server(size_t max_total, size_t max_value, size_t max_conn
 /* NULL on failure (for worker threads, which must not assert). */
 static dm_store* try_client(int port) {
     char url[64];
-    dm_store_desc d = {0};
+    dm_store_desc d;
     dm_store* s = NULL;
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
-    d.url = url;
-    d.timeout_ms = 20000;
-    d.token = "";
+    tw_store_desc_loopback(&d, url, sizeof(url), port, 20000, "");
     if (dm_store_create(&d, &s) != DM_OK) return NULL;
     return s;
 }

@@ -159,20 +159,13 @@ done:
     return NULL;
 }
 static void proxy_start(proxy* p, int server_port, int mode, int to_client, int target) {
-    struct sockaddr_in a;
-    socklen_t al = sizeof(a);
     memset(p, 0, sizeof(*p));
     p->server_port = server_port;
     p->mode = mode;
     p->to_client = to_client;
     p->target = target;
-    p->lfd = socket(AF_INET, SOCK_STREAM, 0);
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(bind(p->lfd, (struct sockaddr*)&a, sizeof(a)) == 0 && listen(p->lfd, 4) == 0);
-    CHECK(getsockname(p->lfd, (struct sockaddr*)&a, &al) == 0);
-    p->port = ntohs(a.sin_port);
+    p->lfd = tw_listen_loopback(0, 4, &p->port);
+    CHECK(p->lfd >= 0);
     CHECK(pthread_create(&p->th, NULL, proxy_main, p) == 0);
 }
 /* Waits for the connection's end (the client destroyed); the bytes seen stay until proxy_free. */
@@ -189,29 +182,19 @@ static bool seen_contains(const proxy* p, const void* needle, size_t n) {
 }
 
 /* ---- stores ---- */
-static dm_store* server(const char* token, int encrypt) {
-    dm_store_desc d;
-    dm_store* s = NULL;
-    memset(&d, 0, sizeof(d));
-    d.url = "tcp://127.0.0.1:0";
-    d.is_server = true;
-    d.timeout_ms = 5000;
-    d.token = token;
-    d.encrypt = encrypt;
-    CHECK_OK(dm_store_create(&d, &s));
-    return s;
-}
+/* A client of port (0: a server on a port it picks) with the token and encrypt setting. */
 static dm_status client(int port, const char* token, int encrypt, int timeout_ms, dm_store** out) {
     char url[64];
     dm_store_desc d;
-    memset(&d, 0, sizeof(d));
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
-    d.url = url;
-    d.timeout_ms = timeout_ms;
-    d.token = token;
+    tw_store_desc_loopback(&d, url, sizeof(url), port, timeout_ms, token);
     d.encrypt = encrypt;
     *out = NULL;
     return dm_store_create(&d, out);
+}
+static dm_store* server(const char* token, int encrypt) {
+    dm_store* s = NULL;
+    CHECK_OK(client(0, token, encrypt, 5000, &s));
+    return s;
 }
 static void check_value(dm_store* s, const char* key, const void* want, size_t n) {
     void* v = NULL;

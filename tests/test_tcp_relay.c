@@ -11,6 +11,14 @@
 #include <unistd.h>
 
 /* ---- a world of ranks that each report: status, how long create took, fds, message --------- */
+/* What a rank reports (one line): rank, status, create's ms, fds after create, its limit,
+   whether it logged the limit raise, its last error. */
+typedef struct relay_report {
+    int n, status[64], ms[64], fds[64], raised[64], wait_for[2];
+    bool got[64];
+    long limit[64];
+    char msg[64][400];
+} relay_report;
 typedef struct relay_world {
     int world, per_host;
     bool launcher;              /* the launcher's variables (LOCAL_RANK ...): the relay */
@@ -25,15 +33,8 @@ typedef struct relay_world {
     int delay_rank, delay_ms;   /* one rank starts its create late (delay_ms > 0) */
     int others_delay_ms;        /* every rank but 0 starts its create this late */
     tw_store store;
+    relay_report r;             /* the last relay_run's */
 } relay_world;
-/* What a rank reports (one line): rank, status, create's ms, fds after create, its limit,
-   whether it logged the limit raise, its last error. */
-typedef struct relay_report {
-    int n, status[64], ms[64], fds[64], raised[64], wait_for[2];
-    bool got[64];
-    long limit[64];
-    char msg[64][400];
-} relay_report;
 
 /* The rank's last error of its own ("tcp: ..."; the store's thread in rank 0 logs its own
    "tcp-store: server ..." lines meanwhile) and whether it logged the limit raise. */
@@ -123,8 +124,8 @@ static bool relay_done(void* u) {
    report (limit_s at most; with kill_ms > 0, rank kill_rank is killed that long after every
    rank is ready, and the reading ends once ranks wait_a and wait_b reported), reaps (kills
    what is left after a kill). */
-static void relay_run(relay_world* w, relay_report* r, double limit_s, int kill_rank, int kill_ms, int wait_a,
-                      int wait_b) {
+static void relay_run(relay_world* w, double limit_s, int kill_rank, int kill_ms, int wait_a, int wait_b) {
+    relay_report* r = &w->r;
     tw_world p;
     tw_dm_world dw;
     tw_reader rr;
@@ -150,16 +151,24 @@ static void relay_run(relay_world* w, relay_report* r, double limit_s, int kill_
     else tw_reap(&p, 30);
     tw_store_close(&w->store);
 }
-static void relay_print(const relay_world* w, const relay_report* r) {
+static void relay_print(const relay_world* w) {
+    const relay_report* r = &w->r;
     int k;
     for (k = 0; k < w->world; k++)
         if (r->status[k] != DM_OK) printf("  rank %d: %s after %d ms: %s\n", k, dm_status_name((dm_status)r->status[k]),
                                           r->ms[k], r->msg[k]);
 }
-/* relay_run without a kill, 60 s at most, then relay_print. */
-static void relay_run_print(relay_world* w, relay_report* r) {
-    relay_run(w, r, 60, 0, 0, 0, 0);
-    relay_print(w, r);
+/* How many ranks created. */
+static int relay_created(const relay_world* w) {
+    int k, ok = 0;
+    for (k = 0; k < w->world; k++) ok += w->r.status[k] == DM_OK;
+    return ok;
+}
+/* relay_run without a kill, 60 s at most, then relay_print. Returns relay_created. */
+static int relay_run_print(relay_world* w) {
+    relay_run(w, 60, 0, 0, 0, 0);
+    relay_print(w);
+    return relay_created(w);
 }
 /* A world of `world` ranks, per_host to a simulated host (0: one host), with the launcher's
    variables (the relay) or without, a 30 s deadline; the rest as relay_world's zero says. */
@@ -170,16 +179,10 @@ static void relay_setup(relay_world* w, int world, int per_host, bool launcher) 
     w->launcher = launcher;
     w->timeout_ms = 30000;
 }
-/* How many ranks created. */
-static int relay_created(const relay_world* w, const relay_report* r) {
-    int k, ok = 0;
-    for (k = 0; k < w->world; k++) ok += r->status[k] == DM_OK;
-    return ok;
-}
 /* How many ranks failed with a message holding a, b and c (NULL: only a and b); *slowest_ms:
    the slowest create. */
-static int relay_named(const relay_world* w, const relay_report* r, const char* a, const char* b, const char* c,
-                       int* slowest_ms) {
+static int relay_named(const relay_world* w, const char* a, const char* b, const char* c, int* slowest_ms) {
+    const relay_report* r = &w->r;
     int k, named = 0;
     *slowest_ms = 0;
     for (k = 0; k < w->world; k++) {
@@ -199,16 +202,14 @@ static int relay_named(const relay_world* w, const relay_report* r, const char* 
    store connection at all. */
 static void test_relay_fd_wall(void** s) {
     relay_world w;
-    relay_report r;
     int ok;
     (void)s;
     relay_setup(&w, 24, 8, true);
     w.limit_extra = 34;
-    relay_run_print(&w, &r);
-    ok = relay_created(&w, &r);
+    ok = relay_run_print(&w);
     printf("  24 ranks on 3 hosts, each limited to its open fds + 34: %d created; rank 0 holds %d fds after create "
-           "(limit %ld)\n", ok, r.fds[0], r.limit[0]);
-    assert_int_equal(r.n, w.world);
+           "(limit %ld)\n", ok, w.r.fds[0], w.r.limit[0]);
+    assert_int_equal(w.r.n, w.world);
     assert_int_equal(ok, w.world);
 }
 
@@ -222,19 +223,18 @@ static void test_relay_fd_wall(void** s) {
    before its store's clients take the rest. */
 static void test_store_emfile_named(void** s) {
     relay_world w;
-    relay_report r;
     int named, slowest;
     char limit[32];
     (void)s;
     relay_setup(&w, 12, 0, false);
     w.rank0_soft_extra = 20;        /* the store's own few, rank 0's listeners, a few clients */
     w.others_delay_ms = 300;
-    relay_run_print(&w, &r);
-    snprintf(limit, sizeof(limit), "limit is %ld open files", r.limit[0]);
-    named = relay_named(&w, &r, "EMFILE", "client connections", limit, &slowest);
+    relay_run_print(&w);
+    snprintf(limit, sizeof(limit), "limit is %ld open files", w.r.limit[0]);
+    named = relay_named(&w, "EMFILE", "client connections", limit, &slowest);
     printf("  12 ranks, rank 0's store limited to %ld fds: %d of 12 failed naming EMFILE, the connections and the "
-           "limit; the slowest create returned after %d ms\n", r.limit[0], named, slowest);
-    assert_int_equal(r.n, w.world);
+           "limit; the slowest create returned after %d ms\n", w.r.limit[0], named, slowest);
+    assert_int_equal(w.r.n, w.world);
     assert_int_equal(named, w.world);
     assert_true(slowest < 5000);    /* a second or so here; the deadline is 30 s */
 }
@@ -243,18 +243,16 @@ static void test_store_emfile_named(void** s) {
    (logged at debug level) and every rank creates. */
 static void test_store_raises_soft_limit(void** s) {
     relay_world w;
-    relay_report r;
     int ok;
     (void)s;
     relay_setup(&w, 12, 0, false);
     w.rank0_soft_extra = 14;
     w.rank0_hard_stays = true;
-    relay_run_print(&w, &r);
-    ok = relay_created(&w, &r);
-    printf("  12 ranks, rank 0's soft limit %ld: %d created, rank 0 logged the raise: %s\n", r.limit[0], ok,
-           r.raised[0] ? "yes" : "no");
+    ok = relay_run_print(&w);
+    printf("  12 ranks, rank 0's soft limit %ld: %d created, rank 0 logged the raise: %s\n", w.r.limit[0], ok,
+           w.r.raised[0] ? "yes" : "no");
     assert_int_equal(ok, w.world);
-    assert_true(r.raised[0]);
+    assert_true(w.r.raised[0]);
 }
 
 /* An ordinary rank whose schedules need more connections than its soft limit holds (16 sockets
@@ -262,18 +260,16 @@ static void test_store_raises_soft_limit(void** s) {
    higher) raises it (logged at debug level), and every rank creates. */
 static void test_rank_raises_soft_limit_for_its_peers(void** s) {
     relay_world w;
-    relay_report r;
     int k, ok, raised = 0;
     (void)s;
     relay_setup(&w, 8, 4, true);
     w.limit_extra = 24;
     w.limit_hard_stays = true;
     w.sockets = "16";
-    relay_run_print(&w, &r);
-    ok = relay_created(&w, &r);
-    for (k = 1; k < w.world; k++) raised += r.raised[k] != 0;
+    ok = relay_run_print(&w);
+    for (k = 1; k < w.world; k++) raised += w.r.raised[k] != 0;
     printf("  8 ranks on 2 hosts, 16 sockets per peer, soft limits of open fds + 24: %d created, %d of ranks 1-7 "
-           "raised theirs (rank 5 holds %d fds)\n", ok, raised, r.fds[5]);
+           "raised theirs (rank 5 holds %d fds)\n", ok, raised, w.r.fds[5]);
     assert_int_equal(ok, w.world);
     assert_true(raised > 0);
 }
@@ -281,19 +277,18 @@ static void test_rank_raises_soft_limit_for_its_peers(void** s) {
    connect, naming the limit, and the world fails at once, not at its 30 s deadline. */
 static void test_rank_names_its_limit(void** s) {
     relay_world w;
-    relay_report r;
     int k, named, slowest;
     (void)s;
     relay_setup(&w, 8, 4, true);
     w.limit_extra = 24;
     w.sockets = "16";
-    relay_run(&w, &r, 60, 0, 0, 0, 0);
-    named = relay_named(&w, &r, "cannot hold the connections", "RLIMIT_NOFILE", NULL, &slowest);
+    relay_run(&w, 60, 0, 0, 0, 0);
+    named = relay_named(&w, "cannot hold the connections", "RLIMIT_NOFILE", NULL, &slowest);
     printf("  the same with hard limits of open fds + 24: %d of 8 named their limit; the slowest create returned "
            "after %d ms\n", named, slowest);
-    if (named == 0) relay_print(&w, &r);
-    assert_int_equal(r.n, w.world);
-    for (k = 0; k < w.world; k++) assert_int_not_equal(r.status[k], DM_OK);
+    if (named == 0) relay_print(&w);
+    assert_int_equal(w.r.n, w.world);
+    for (k = 0; k < w.world; k++) assert_int_not_equal(w.r.status[k], DM_OK);
     assert_true(named > 0);
     assert_true(slowest < 10000);
 }
@@ -303,38 +298,35 @@ static void test_rank_names_its_limit(void** s) {
    refused by its leader (DM_ERR_REFUSED naming the token) at once. */
 static void test_relay_token(void** s) {
     relay_world w;
-    relay_report r;
     (void)s;
     relay_setup(&w, 8, 4, true);
     w.token = "relay-secret";
-    relay_run_print(&w, &r);
-    assert_int_equal(relay_created(&w, &r), w.world);
+    assert_int_equal(relay_run_print(&w), w.world);
     w.token_of_last = "another-secret";
     w.timeout_ms = 3000;            /* the others wait for it: their deadline */
-    relay_run(&w, &r, 30, 0, 0, 0, 0);
-    printf("  rank 7 with another token: %s after %d ms: %s\n", dm_status_name((dm_status)r.status[7]), r.ms[7],
-           r.msg[7]);
-    assert_int_equal(r.status[7], DM_ERR_REFUSED);
-    assert_non_null(strstr(r.msg[7], "DISTMESH_TOKEN"));
-    assert_true(r.ms[7] < 2500);
+    relay_run(&w, 30, 0, 0, 0, 0);
+    printf("  rank 7 with another token: %s after %d ms: %s\n", dm_status_name((dm_status)w.r.status[7]), w.r.ms[7],
+           w.r.msg[7]);
+    assert_int_equal(w.r.status[7], DM_ERR_REFUSED);
+    assert_non_null(strstr(w.r.msg[7], "DISTMESH_TOKEN"));
+    assert_true(w.r.ms[7] < 2500);
 }
 
 /* A leader killed while its host's ranks wait for its answer (rank 2 of the other host starts
    late, so the world waits): those ranks fail at once with DM_ERR_PEER_LOST naming it. */
 static void test_relay_leader_dies(void** s) {
     relay_world w;
-    relay_report r;
     (void)s;
     relay_setup(&w, 6, 3, true);
     w.timeout_ms = 20000;
     w.delay_rank = 2;
     w.delay_ms = 4000;
-    relay_run(&w, &r, 40, 3, 1500, 4, 5);   /* rank 3 leads host 1 (ranks 3-5) */
-    relay_print(&w, &r);
-    assert_int_equal(r.status[4], DM_ERR_PEER_LOST);
-    assert_int_equal(r.status[5], DM_ERR_PEER_LOST);
-    assert_non_null(strstr(r.msg[4], "leader (rank 3)"));
-    assert_true(r.ms[4] < 3500 && r.ms[5] < 3500);      /* killed 1.5 s in; the deadline is 20 s */
+    relay_run(&w, 40, 3, 1500, 4, 5);   /* rank 3 leads host 1 (ranks 3-5) */
+    relay_print(&w);
+    assert_int_equal(w.r.status[4], DM_ERR_PEER_LOST);
+    assert_int_equal(w.r.status[5], DM_ERR_PEER_LOST);
+    assert_non_null(strstr(w.r.msg[4], "leader (rank 3)"));
+    assert_true(w.r.ms[4] < 3500 && w.r.ms[5] < 3500);      /* killed 1.5 s in; the deadline is 20 s */
 }
 
 int main(int argc, char** argv) {

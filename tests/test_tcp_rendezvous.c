@@ -10,17 +10,31 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+/* torchrun's RANK and WORLD_SIZE, DISTMESH_STORE a file store in the directory
+   <g_store.dir>/sub, sockets on lo. */
+static void file_store_env(int rank, int world, const char* sub) {
+    char v[512];
+    snprintf(v, sizeof(v), "%d", rank); setenv("RANK", v, 1);
+    snprintf(v, sizeof(v), "%d", world); setenv("WORLD_SIZE", v, 1);
+    snprintf(v, sizeof(v), "file://%s/%s", g_store.dir, sub);
+    setenv("DISTMESH_STORE", v, 1);
+    setenv("DISTMESH_SOCKET_IFNAME", "=lo", 1);
+}
+/* A world of n ranks running body (limit_s at most), once the store's directory
+   <g_store.dir>/sub is made. */
+static void run_in_store_dir(const char* sub, int n, tw_body body, double limit_s) {
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s/%s", g_store.dir, sub);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(run_world_ex(n, body, NULL, limit_s, false), 0);
+}
+
 /* dm_init builds a TCP world from torchrun-style variables and DISTMESH_STORE. */
 static int body_init(dm_collective* c, int rank, int world, void* arg) {
-    char v[512];
     dm_collective* x = NULL;
     float f = 2.0f;
     (void)c; (void)arg;
-    snprintf(v, sizeof(v), "%d", rank); setenv("RANK", v, 1);
-    snprintf(v, sizeof(v), "%d", world); setenv("WORLD_SIZE", v, 1);
-    snprintf(v, sizeof(v), "file://%s/init", g_store.dir);
-    setenv("DISTMESH_STORE", v, 1);
-    setenv("DISTMESH_SOCKET_IFNAME", "=lo", 1);
+    file_store_env(rank, world, "init");
     RCHECK(dm_init(NULL, &x) == DM_OK);
     RCHECK(strcmp(dm_backend_name(x), "tcp") == 0 && dm_rank(x) == rank && dm_world_size(x) == world);
     RCHECK(dm_all_reduce(x, NULL, &f, 1, DM_FLOAT32, DM_MEAN) == DM_OK && f == 2.0f);
@@ -28,11 +42,8 @@ static int body_init(dm_collective* c, int rank, int world, void* arg) {
     return 0;
 }
 static void test_dm_init(void** s) {
-    char dir[512];
     (void)s;
-    snprintf(dir, sizeof(dir), "%s/init", g_store.dir);     /* DISTMESH_STORE's own directory */
-    assert_int_equal(mkdir(dir, 0700), 0);
-    assert_int_equal(run_world_ex(2, body_init, NULL, 30, false), 0);
+    run_in_store_dir("init", 2, body_init, 30);             /* DISTMESH_STORE's own directory */
 }
 
 /* torchrun restarts a world on a store that outlives the attempt (here a file store): attempt 0
@@ -40,15 +51,10 @@ static void test_dm_init(void** s) {
    addresses left in the store), attempt 1 meets afresh and works. With one prefix for every
    attempt, attempt 1's ranks read attempt 0's keys, split between two generations and time out. */
 static int body_restart(dm_collective* c, int rank, int world, void* arg) {
-    char v[512];
     dm_collective* x = NULL;
     int32_t sum = rank;
     (void)c; (void)arg;
-    snprintf(v, sizeof(v), "%d", rank); setenv("RANK", v, 1);
-    snprintf(v, sizeof(v), "%d", world); setenv("WORLD_SIZE", v, 1);
-    snprintf(v, sizeof(v), "file://%s/restart", g_store.dir);
-    setenv("DISTMESH_STORE", v, 1);
-    setenv("DISTMESH_SOCKET_IFNAME", "=lo", 1);
+    file_store_env(rank, world, "restart");
     setenv("TORCHELASTIC_RESTART_COUNT", "0", 1);
     setenv("DISTMESH_TIMEOUT", "2", 1);
     if (rank == world - 1) {
@@ -71,11 +77,8 @@ static int body_restart(dm_collective* c, int rank, int world, void* arg) {
     return 0;
 }
 static void test_restart_same_store(void** s) {
-    char dir[512];
     (void)s;
-    snprintf(dir, sizeof(dir), "%s/restart", g_store.dir);
-    assert_int_equal(mkdir(dir, 0700), 0);
-    assert_int_equal(run_world_ex(3, body_restart, NULL, 40, false), 0);
+    run_in_store_dir("restart", 3, body_restart, 40);
 }
 
 /* IPv6: no interface named, the route toward MASTER_ADDR=::1 picks [::1]. */

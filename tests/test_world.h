@@ -17,8 +17,10 @@
    Sections (search the tag):
      >>clock   tw_now_s / tw_now_ms / tw_now_ns (CLOCK_MONOTONIC), tw_sleep_ms / tw_sleep_us, tw_sort,
                tw_median
-     >>host    tw_free_port, tw_count_entries, tw_count_fds, tw_connect_loopback, tw_recv_n,
-               tw_send_all / tw_recv_all, tw_read_file, tw_run_cmd (a shell command under `timeout`, its output captured);
+     >>host    tw_free_port, tw_listen_loopback, tw_count_entries, tw_count_fds, tw_connect_loopback,
+               tw_recv_n, tw_send_all / tw_recv_all, tw_read_file, tw_run_cmd (a shell command under
+               `timeout`, its output captured), TW_VFORMAT (a printf-style wrapper's arguments into a
+               buffer);
                test_tmpdir.h's tmpdir_make / tmpdir_remove
      >>procs   tw_world: tw_world_init, tw_spawn, tw_fork, tw_signal, tw_kill, tw_reap,
                tw_reap_some, tw_kill_all, tw_exit_code; tw_me: who this process is
@@ -26,7 +28,7 @@
                (tw_reader_init, tw_reader_fault) and tw_read_reports (lines and "R" marks,
                optionally a fault once all are ready), tw_read_ready, tw_read_exact (structs)
      >>store   (DISTMESH_TCP) tw_store: tw_store_file, tw_store_dir, tw_store_serve,
-               tw_store_agent, tw_store_rank0, tw_store_next, tw_store_close
+               tw_store_agent, tw_store_rank0, tw_store_next, tw_store_close; tw_store_desc_loopback
      >>dm      (DISTMESH_TCP) tw_tcp_desc, tw_sim_host, tw_launcher_env, tw_dm_world:
                tw_dm_world_init, tw_dm_fork, tw_dm_run */
 #ifndef DM_TEST_WORLD_H
@@ -114,6 +116,24 @@ static int tw_free_port(void) {
     if (fd >= 0) close(fd);
     return port;
 }
+/* A TCP socket listening on 127.0.0.1 at a port the kernel picks (into *port), made with the
+   socket type flags given (SOCK_CLOEXEC, SOCK_NONBLOCK, or 0) and backlog; or -1. */
+static int tw_listen_loopback(int flags, int backlog, int* port) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM | flags, 0);
+    if (fd < 0) return -1;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr*)&a, sizeof(a)) != 0 || listen(fd, backlog) != 0 ||
+        getsockname(fd, (struct sockaddr*)&a, &len) != 0) {
+        close(fd);
+        return -1;
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
 /* Entries of the directory at path but "." and "..", or -1. */
 static int tw_count_entries(const char* path) {
     DIR* d = opendir(path);
@@ -197,6 +217,15 @@ static size_t tw_read_file(const char* path, char* buf, size_t cap) {
     buf[n] = 0;
     return n;
 }
+/* In a function declared (..., const char* fmt, ...): its printf-style arguments formatted into
+   the char array buf (truncated to fit). For a program's own wrappers of tw_run_cmd. */
+#define TW_VFORMAT(buf, fmt)                                                                    \
+    do {                                                                                        \
+        va_list ap_;                                                                            \
+        va_start(ap_, fmt);                                                                     \
+        vsnprintf(buf, sizeof(buf), fmt, ap_);                                                  \
+        va_end(ap_);                                                                            \
+    } while (0)
 /* Runs the shell command cmd under `timeout -k 5 limit_s` (its whole process group is killed at
    the limit), its stdout and stderr into out (at most cap - 1 bytes, NUL-terminated). The
    output goes through a temporary file, not a pipe, so a daemon the command leaves behind
@@ -550,6 +579,18 @@ typedef struct tw_store {
     dm_store* server;       /* the store served by this process, or NULL */
 } tw_store;
 
+/* *d for a store on 127.0.0.1: a server on a port it picks (port 0) or a client of port, its
+   url written into url (cap bytes), a deadline of timeout_ms, the token given (NULL: from
+   DISTMESH_TOKEN); the rest zero (every default). */
+static void tw_store_desc_loopback(dm_store_desc* d, char* url, size_t cap, int port, int timeout_ms,
+                                   const char* token) {
+    memset(d, 0, sizeof(*d));
+    snprintf(url, cap, "tcp://127.0.0.1:%d", port);
+    d->url = url;
+    d->is_server = port == 0;
+    d->timeout_ms = timeout_ms;
+    d->token = token;
+}
 static void _tw_store_zero(tw_store* s) {
     memset(s, 0, sizeof(*s));
     s->agent_ctl = -1;
