@@ -11,14 +11,14 @@ ifneq ($(and $(NF_NCCL_INC),$(wildcard $(CUDA_HOME)/include/cuda_runtime.h)),)
 NF_CFLAGS := -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(NF_NCCL_INC))
 TEST_BINS += $(NF_DIR)/test_nccl_failures $(NF_DIR)/test_nccl_failures_before_2_27
 
-$(NF_DIR)/test_nccl_failures: tests/test_nccl_failures.c tests/stand_in_cuda_nccl.h tests/test_filter.h \
+$(NF_DIR)/test_nccl_failures: tests/test_nccl_failures.c tests/test_nccl_util.h tests/stand_in_cuda_nccl.h tests/test_filter.h \
                               tests/test_world.h $(NF_DIR)/impl.o $(NF_DIR)/stand_in_cuda_nccl.o
 	$(CC) $(CFLAGS_ALL) $(NF_CFLAGS) -DDISTMESH_TCP $(UV_CFLAGS) $< $(NF_DIR)/impl.o $(NF_DIR)/stand_in_cuda_nccl.o \
 	    -o $@ $(CMOCKA_LIBS) $(UV_LIBS) $(LDLIBS_ALL)
 $(NF_DIR)/stand_in_before_2_27.o: tests/stand_in_cuda_nccl.c tests/stand_in_cuda_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(NF_CFLAGS) -DSI_WITHOUT_SHRINK -c $< -o $@
-$(NF_DIR)/test_nccl_failures_before_2_27: tests/test_nccl_failures.c tests/stand_in_cuda_nccl.h tests/test_filter.h \
+$(NF_DIR)/test_nccl_failures_before_2_27: tests/test_nccl_failures.c tests/test_nccl_util.h tests/stand_in_cuda_nccl.h tests/test_filter.h \
                                           tests/test_world.h $(NF_DIR)/impl.o $(NF_DIR)/stand_in_before_2_27.o
 	$(CC) $(CFLAGS_ALL) $(NF_CFLAGS) -DDISTMESH_TCP -DSI_WITHOUT_SHRINK $(UV_CFLAGS) $< $(NF_DIR)/impl.o \
 	    $(NF_DIR)/stand_in_before_2_27.o -o $@ -Wl,-z,now $(CMOCKA_LIBS) $(UV_LIBS) $(LDLIBS_ALL)

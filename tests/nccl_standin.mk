@@ -22,7 +22,7 @@ $(SI_DIR)/stand_in_cuda_nccl.o: tests/stand_in_cuda_nccl.c tests/stand_in_cuda_n
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(SI_CFLAGS) -c $< -o $@
 # No -lcudart, no -lnccl: the stand-in defines every CUDA and NCCL symbol impl.o uses.
-$(SI_DIR)/test_nccl_standin: tests/test_nccl_standin.c tests/test_util.h tests/stand_in_cuda_nccl.h tests/test_filter.h tests/prelude.h tests/test_world.h \
+$(SI_DIR)/test_nccl_standin: tests/test_nccl_standin.c tests/test_util.h tests/test_nccl_util.h tests/stand_in_cuda_nccl.h tests/test_filter.h tests/prelude.h tests/test_world.h \
                              $(SI_DIR)/impl.o $(SI_DIR)/stand_in_cuda_nccl.o
 	$(CC) $(CFLAGS_ALL) $(SI_TEST_CFLAGS) $< $(SI_DIR)/impl.o $(SI_DIR)/stand_in_cuda_nccl.o -o $@ \
 	    $(CMOCKA_LIBS) $(UV_LIBS) $(LDLIBS_ALL)
@@ -30,7 +30,7 @@ $(SI_DIR)/test_nccl_standin: tests/test_nccl_standin.c tests/test_util.h tests/s
 $(SI_DIR)/impl_only.o: tests/impl.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_nccl.h tests/no_libuv/uv.h
 	@mkdir -p $(dir $@)
 	$(CC) -Itests/no_libuv $(CFLAGS_ALL) $(SI_CFLAGS) -c $< -o $@
-$(SI_DIR)/test_nccl_standin_only: tests/test_nccl_standin.c tests/test_util.h tests/stand_in_cuda_nccl.h tests/test_filter.h tests/prelude.h \
+$(SI_DIR)/test_nccl_standin_only: tests/test_nccl_standin.c tests/test_util.h tests/test_nccl_util.h tests/stand_in_cuda_nccl.h tests/test_filter.h tests/prelude.h \
                                   tests/test_tmpdir.h tests/test_world.h $(SI_DIR)/impl_only.o $(SI_DIR)/stand_in_cuda_nccl.o
 	$(CC) -Itests/no_libuv $(CFLAGS_ALL) $(SI_CFLAGS) $< $(SI_DIR)/impl_only.o $(SI_DIR)/stand_in_cuda_nccl.o -o $@ \
 	    $(CMOCKA_LIBS) $(LDLIBS_ALL)

@@ -35,10 +35,8 @@
 #include "test_filter.h"
 #include "test_world.h"
 #include "stand_in_cuda_nccl.h"
+#include "test_nccl_util.h"
 
-enum { CALLER_DEVICE = 0, N = 16 };
-
-static int g_device = -1;
 static char g_dir[256];
 
 #define CHECK_ST(c, want, expr) do { dm_status s_ = (expr);                                   \
@@ -46,16 +44,9 @@ static char g_dir[256];
                                    dm_status_name(want), dm_last_error(c));                      \
     } while (0)
 #define CHECK_OK(c, expr) CHECK_ST(c, DM_OK, expr)
-#define CHECK_MSG(c, text) do { if (!strstr(dm_last_error(c), (text)))                          \
-        fail_msg("last error \"%s\" lacks \"%s\"", dm_last_error(c), (text)); } while (0)
 
-/* Every rank on this host (the stand-in alone leaves the other ranks' host identities zero:
-   each a host of its own, where DM_SHRINK_ABORT without a store is refused): at create, the
-   others' identities are this one's (and its process id, so no one is watched). */
-static void same_host(int peer, unsigned char* block, const unsigned char* mine, size_t bytes, void* user) {
-    (void)peer; (void)user;
-    memcpy(block, mine, bytes);
-}
+/* Every rank on this host by default (same_host): where each is a host of its own,
+   DM_SHRINK_ABORT without a store is refused. */
 /* A communicator of `world` ranks, this one `rank`, on `device`; the unique id: id_byte in the
    desc (0: through `store`, under prefix). */
 static dm_collective* make_with(int world, int rank, int device, int timeout_ms, dm_store* store,
@@ -82,19 +73,6 @@ static dm_collective* make_with(int world, int rank, int device, int timeout_ms,
 }
 static dm_collective* make(int world, int rank, int timeout_ms, dm_store* store, const char* prefix) {
     return make_with(world, rank, 1, timeout_ms, store, prefix, true);
-}
-static float* dev(size_t count) {
-    void* p = NULL;
-    si_expect_device(-1);
-    assert_int_equal(cudaSetDevice(g_device), cudaSuccess);
-    assert_int_equal(cudaMalloc(&p, count * sizeof(float)), cudaSuccess);
-    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
-    si_expect_device(g_device);
-    return (float*)p;
-}
-static void dev_free(void* p) {
-    si_expect_device(-1);
-    cudaFree(p);
 }
 static dm_store* rendezvous_store(int timeout_ms) {
     dm_store_desc sd;

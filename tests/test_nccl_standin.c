@@ -51,24 +51,12 @@
 #include "test_world.h"
 #include "test_util.h"
 #include "stand_in_cuda_nccl.h"
+#include "test_nccl_util.h"
 
-enum { CALLER_DEVICE = 0, N = 16 };
-
-static int g_device = -1;       /* the communicator's device, while one is checked */
-
-/* Asserts st and shows the collective's last error when it is not. */
-#define CHECK_MSG(c, text) do { if (!strstr(dm_last_error(c), (text)))                          \
-        fail_msg("last error \"%s\" lacks \"%s\"", dm_last_error(c), (text)); } while (0)
 
 /* The other ranks' host identities at create: the hook a test installed (g_hook: host tags),
-   else same_host's, which gives every rank this one's identity -- one host, as most NCCL
-   jobs of a few GPUs are (the stand-in alone leaves their blocks zero: every rank a host of
-   its own). Its process ids are this process's, so no rank is watched (>>nccl peers). */
+   else same_host's -- one host, as most NCCL jobs of a few GPUs are (>>nccl peers). */
 static si_gather_hook g_hook;
-static void same_host(int peer, unsigned char* block, const unsigned char* mine, size_t bytes, void* user) {
-    (void)peer; (void)user;
-    memcpy(block, mine, bytes);
-}
 /* A communicator of world ranks on `device` (this is `rank`), made from a caller whose current
    device is CALLER_DEVICE; from then on every device-bound call must be on `device`. store and
    prefix: kept for dm_shrink's fallback (the unique id itself comes from the desc). */
@@ -96,20 +84,6 @@ static dm_collective* make_on(int world, int rank, int device, int timeout_ms, d
 }
 static dm_collective* make(int world, int device, int timeout_ms) {
     return make_on(world, 0, device, timeout_ms, NULL, NULL);
-}
-/* Device memory of the communicator's device, allocated outside the device check. */
-static float* dev(size_t count) {
-    void* p = NULL;
-    si_expect_device(-1);
-    assert_int_equal(cudaSetDevice(g_device), cudaSuccess);
-    assert_int_equal(cudaMalloc(&p, count * sizeof(float)), cudaSuccess);
-    assert_int_equal(cudaSetDevice(CALLER_DEVICE), cudaSuccess);
-    si_expect_device(g_device);
-    return (float*)p;
-}
-static void dev_free(void* p) {
-    si_expect_device(-1);
-    cudaFree(p);                /* may answer a sticky error; the stand-in releases it anyway */
 }
 static void caller_device_is_back(void) {
     int d = -1;
