@@ -684,6 +684,10 @@ DM_API dm_status dm_all_to_all_v(dm_collective* c, const void* send, const size_
    - dm_send returns once the message is handed to the link: it does not wait for the matching
      dm_recv (a receiver that has not posted it yet keeps the message until it does, up to
      DISTMESH_MAX_OBJECT_BYTES buffered per collective), so two ranks may both send first.
+     With the _async twins either may also come first: dm_recv_async then dm_send_async on
+     both ranks completes (a run of point-to-point requests runs its sends first; >>functions
+     async). Blocking calls run in the order made: two ranks that both dm_recv first wait
+     for each other until the deadline.
    - dtype and count must match: a dm_recv given another count or dtype than the message's
      fails with DM_ERR_MISMATCH naming both, and breaks the collective, so the sender's
      pending or next call fails with DM_ERR_MISMATCH too (the error reaches both sides).
@@ -708,9 +712,20 @@ DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dty
    - Progress needs no polling: a progress thread of the collective (started by the first
      _async call) runs queued operations one at a time in issue order, while the caller
      computes. NCCL queues them on its stream instead (the request wraps a CUDA event).
+   - Point-to-point requests may be posted in any order (torch's batch_isend_irecv, pipeline
+     stages): in a run of consecutive sends and receives (blocking ones queued behind requests
+     included) the progress thread runs the sends first, then the receives in issue order, so
+     a rank may post a dm_recv_async before the dm_send_async its peer waits for, and two
+     ranks that both do so both complete. A run of receives only, with nothing queued after
+     it, is held back until something more is queued, someone waits for or tests one of them
+     (dm_wait, dm_test, a blocking call on c), or dm_destroy: so a send posted after the
+     receive still joins its run. Once started, a receive runs to its end before anything
+     queued later starts (a send posted after dm_wait / dm_test released the receives waits
+     behind them). Collectives are never reordered: a run ends at the next collective.
    - Requests complete in issue order: when one is done, every earlier one on the same
-     collective is done too. A blocking call made while requests are in flight queues behind
-     them and waits.
+     collective is done too (a send that ran before an earlier receive is done when that
+     receive is). A blocking call made while requests are in flight queues behind them and
+     waits.
    - The buffers (and the arrays of pointers, counts and offsets) belong to the library until
      the request is complete: do not read or write them before dm_wait / dm_test says done.
    - dm_wait(req) waits, frees the request and returns the operation's status (its message in
@@ -719,7 +734,7 @@ DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dty
      for all n (NULL entries skipped), frees them, sets each entry NULL and returns the first
      failure in array order, else DM_OK.
    - Deadlines: a request's (dm_set_timeout) counts from when the progress thread starts it
-     (NCCL: from the _async call). A failure that breaks the collective (a lost peer, a passed
+     (a held-back receive: from its release; NCCL: from the _async call). A failure that breaks the collective (a lost peer, a passed
      deadline, a mismatch) completes every request already queued behind it with the same
      status, without running it.
    - Threads: a collective with requests in flight belongs to the thread that issued them;
@@ -3413,18 +3428,30 @@ _DM_PRIVATE _DM_ALWAYS_INLINE dm_status _dm_op_run(dm_collective* c, const dm_op
 }
 
 /* >>requests  Non-blocking calls. A request is one queued dm_op. The collective's progress
-   thread (started by the first _async call) takes requests from the queue one at a time, in
-   issue order, and runs them like blocking calls; backends with a device stream (start and
-   finish slots) queue them there instead. Ownership: the queue, `inflight`, `owner` and each
-   request's done/status are guarded by mu; a running request's message is written by the
-   progress thread into the request (_dm_errbuf), never into c->last_error, which only the
-   owning thread writes. */
+   thread (started by the first _async call) runs queued requests one at a time and marks them
+   done in issue order; backends with a device stream (start and finish slots) queue them there
+   instead. The queue (head .. tail) holds every request not yet done, in issue order, each
+   queued, running or ran (ran: its result is in, an earlier one is not done yet); done ones
+   leave it from the head (_dm_async_settle). The next to run (_dm_async_pick) is the head,
+   except in a run of point-to-point requests (send and recv) at the head: there sends go
+   first, then receives in issue order. A send is eager (it returns once its bytes are handed
+   to the link, and reads what peers send meanwhile), so a rank that posted a recv before its
+   send still sends, and two ranks that both did so do not wait on each other. A run of
+   receives only that reaches the tail is held back (the send it waits on may not be queued
+   yet) until something more is queued, someone waits for or tests one of them (release), or
+   dm_destroy. Ownership: the queue, `inflight`, `owner` and each request's state, done and
+   status are guarded by mu; a running request's message is written by the progress thread
+   into the request (_dm_errbuf), never into c->last_error, which only the owning thread
+   writes. */
+enum { _DM_RQ_QUEUED = 0, _DM_RQ_RUNNING, _DM_RQ_RAN };
 struct dm_request {
     dm_collective* c;
     dm_op op;
     size_t* arrays;             /* all_to_all_v: copies of the counts and offsets (4 x size) */
     void* token;                /* backend stream request (start/finish), or NULL */
     bool done;
+    int state;                  /* _DM_RQ_*: where it stands in the queue (progress-thread requests) */
+    uint64_t qnum;              /* its place in issue order (1, 2, ...) */
     dm_status status;
     struct dm_request* next;    /* the queue */
     struct dm_request* live;    /* every request not yet freed, for dm_destroy */
@@ -3440,7 +3467,9 @@ typedef struct _dm_async {
     int inflight;               /* queued or running, not yet done */
     int streams;                /* backend stream requests (start slot) not finished yet: they
                                    belong to owner too */
-    dm_request *head, *tail;    /* not started yet */
+    dm_request *head, *tail;    /* not done yet, in issue order */
+    uint64_t queued;            /* requests queued so far: the last qnum */
+    uint64_t release;           /* receives held back up to this qnum may start (a wait or test) */
     dm_request* live;
 } _dm_async;
 
@@ -3450,22 +3479,52 @@ _DM_PRIVATE bool _dm_status_breaks(dm_status st) {
            st == DM_ERR_PROTOCOL || st == DM_ERR_ABORTED || st == DM_ERR_NCCL || st == DM_ERR_CUDA ||
            st == DM_ERR_INTERNAL;
 }
+_DM_PRIVATE bool _dm_op_is_p2p(const dm_op* o) { return o->kind == DM_OP_SEND || o->kind == DM_OP_RECV; }
 
-/* The request at the head of the queue failed with st: every request queued behind it is done
-   with the same status, unrun. Caller holds mu. */
-_DM_PRIVATE void _dm_async_fail_queue(_dm_async* a, const dm_request* failed) {
-    while (a->head) {
+/* Requests at the head whose result is in are done, in issue order, and leave the queue.
+   Caller holds mu. */
+_DM_PRIVATE void _dm_async_settle(_dm_async* a) {
+    while (a->head && a->head->state == _DM_RQ_RAN) {
         dm_request* r = a->head;
         a->head = r->next;
-        r->status = failed->status;
-        snprintf(r->msg, sizeof(r->msg), "%s was not run: the %s queued before it failed: %.400s",
-                 _dm_op_name(r->op.kind), _dm_op_name(failed->op.kind), failed->msg);
+        r->next = NULL;
         r->done = true;
         a->inflight--;
     }
-    a->tail = NULL;
+    if (!a->head) a->tail = NULL;
 }
 
+/* A request failed with a status that breaks the collective: every request not started yet
+   ends with the same status, unrun, and the queue settles. Caller holds mu. */
+_DM_PRIVATE void _dm_async_fail_queue(_dm_async* a, const dm_request* failed) {
+    dm_request* r;
+    for (r = a->head; r; r = r->next) {
+        if (r->state != _DM_RQ_QUEUED) continue;
+        r->status = failed->status;
+        snprintf(r->msg, sizeof(r->msg), "%s was not run: the %s queued before it failed: %.400s",
+                 _dm_op_name(r->op.kind), _dm_op_name(failed->op.kind), failed->msg);
+        r->state = _DM_RQ_RAN;
+    }
+    _dm_async_settle(a);
+}
+
+/* The request to run next, or NULL to wait (see >>requests): the head; in a run of
+   point-to-point requests at the head, its first send not started, else its first receive
+   not started, unless the run holds receives only and reaches the tail and nobody released
+   it (then NULL). Caller holds mu. */
+_DM_PRIVATE dm_request* _dm_async_pick(_dm_async* a) {
+    dm_request *r, *recv = NULL;
+    if (!a->head || !_dm_op_is_p2p(&a->head->op)) return a->head;
+    for (r = a->head; r && _dm_op_is_p2p(&r->op); r = r->next) {
+        if (r->state != _DM_RQ_QUEUED) continue;
+        if (r->op.kind == DM_OP_SEND) return r;
+        if (!recv) recv = r;
+    }
+    if (!recv || r || a->stop || recv->qnum <= a->release) return recv;
+    return NULL;
+}
+
+_DM_PRIVATE dm_status _dm_check_aborted(dm_collective* c, const dm_op* o);
 static void* _dm_async_main(void* arg) {
     dm_collective* c = (dm_collective*)arg;
     _dm_async* a = c->core->async;
@@ -3474,23 +3533,22 @@ static void* _dm_async_main(void* arg) {
         dm_request* r;
         _dm_running saved;
         dm_status st;
-        while (!a->head && !a->stop) pthread_cond_wait(&a->work, &a->mu);
-        if (!a->head) break;
-        r = a->head;
-        a->head = r->next;
-        if (!a->head) a->tail = NULL;
+        while ((r = _dm_async_pick(a)) == NULL && !a->stop) pthread_cond_wait(&a->work, &a->mu);
+        if (!r) break;
+        r->state = _DM_RQ_RUNNING;
         pthread_mutex_unlock(&a->mu);
         saved = _dm_tls_running;
         _dm_tls_running.c = c;
         _dm_tls_running.err = r->msg;
         _dm_trace_queued(r->tr_queued);
-        st = _dm_op_run(c, &r->op);
+        st = _dm_check_aborted(c, &r->op);     /* held back past a dm_abort: not run */
+        if (st == DM_OK) st = _dm_op_run(c, &r->op);
         _dm_tls_running = saved;
         pthread_mutex_lock(&a->mu);
         r->status = st;
-        r->done = true;
-        a->inflight--;
+        r->state = _DM_RQ_RAN;
         if (_dm_status_breaks(st)) _dm_async_fail_queue(a, r);
+        else _dm_async_settle(a);
         pthread_cond_broadcast(&a->done);
     }
     pthread_mutex_unlock(&a->mu);
@@ -3580,6 +3638,8 @@ _DM_PRIVATE dm_status _dm_async_enqueue(dm_collective* c, _dm_async* a, dm_reque
     }
     _dm_async_track(a, r);
     if (_DM_TRACED(c)) r->tr_queued = _dm_trace_now();
+    r->state = _DM_RQ_QUEUED;
+    r->qnum = ++a->queued;
     if (a->tail) a->tail->next = r; else a->head = r;
     a->tail = r;
     a->inflight++;
@@ -3631,6 +3691,10 @@ _DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) 
         return st;
     }
     pthread_mutex_lock(&a->mu);
+    if (!r->done && r->qnum > a->release) {   /* receives held back up to r may start now */
+        a->release = r->qnum;
+        pthread_cond_signal(&a->work);
+    }
     while (block && !r->done) pthread_cond_wait(&a->done, &a->mu);
     *done = r->done;
     if (!r->done) { pthread_mutex_unlock(&a->mu); return DM_OK; }
@@ -4033,17 +4097,16 @@ _DM_PRIVATE void _dm_abort_in_flight(dm_collective* c) {
     _dm_async* a = __atomic_load_n(&c->core->async, __ATOMIC_ACQUIRE);
     bool can = _DM_VT_HAS(c->vt, interrupt);
     if (a) {
+        dm_request* r;
         pthread_mutex_lock(&a->mu);
-        while (a->head) {
-            dm_request* r = a->head;
-            a->head = r->next;
+        for (r = a->head; r; r = r->next) {
+            if (r->state != _DM_RQ_QUEUED) continue;
             r->status = DM_ERR_ABORTED;
             snprintf(r->msg, sizeof(r->msg), "%s was not run: aborted by dm_shrink(DM_SHRINK_ABORT)",
                      _dm_op_name(r->op.kind));
-            r->done = true;
-            a->inflight--;
+            r->state = _DM_RQ_RAN;
         }
-        a->tail = NULL;
+        _dm_async_settle(a);    /* up to the running one, which settles the rest when it ends */
         if (a->inflight > 0 && can) c->vt->interrupt(c);
         while (a->inflight > 0) pthread_cond_wait(&a->done, &a->mu);
         pthread_cond_broadcast(&a->done);

@@ -1471,6 +1471,126 @@ static void test_fake_scatter_non_root(void** s) {
     }
 }
 
+/* ---- 6. point-to-point posted in any order ------------------------------------------------------ */
+/* Receives posted before the sends they wait on (torch's batch_isend_irecv, pipeline stages):
+   every rank posts dm_recv_async from prev first, then dm_send_async to next (at 2 ranks both
+   ranks post irecv-then-isend to each other), and waits. The progress thread runs a run of
+   point-to-point requests sends first, so none of this waits for the deadline (the worlds here
+   run with g_timeout_ms, 5 s: the queue that ran them in issue order timed out). */
+static int recv_first_ring(dm_collective* c, unsigned char* sbuf, unsigned char* rbuf, size_t n, int salt,
+                           const char* what) {
+    int W = dm_world_size(c), r = dm_rank(c), bad = 0;
+    int next = (r + 1) % W, prev = (r + W - 1) % W;
+    dm_request* rq[2];
+    fill_mv(DM_UINT32, sbuf, n, r, next, salt);
+    memset(rbuf, 0xee, n * 4);
+    OK(c, dm_recv_async(c, rbuf, n, DM_UINT32, prev, 40 + salt, &rq[0]));
+    OK(c, dm_send_async(c, sbuf, n, DM_UINT32, next, 40 + salt, &rq[1]));
+    OK(c, dm_wait_all(rq, 2));
+    EXPECT_MV(c, DM_UINT32, rbuf, n, prev, r, salt, what);
+    return bad;
+}
+static int body_recv_first(dm_collective* c, void* arg) {
+    int W = dm_world_size(c), r = dm_rank(c), bad = 0, k;
+    int next = (r + 1) % W, prev = (r + W - 1) % W;
+    size_t big = (size_t)8 << 20;              /* more than any link holds (shm ring, socket buffers) */
+    unsigned char *sbuf = (unsigned char*)xmalloc(big), *rbuf = (unsigned char*)xmalloc(big);
+    dm_request* rq[6];
+    (void)arg;
+    if (W == 1) { free(sbuf); free(rbuf); return 0; }
+    /* the ring, small and 8 MiB */
+    bad |= recv_first_ring(c, sbuf, rbuf, 100, 1, "ring, irecv first");
+    bad |= recv_first_ring(c, sbuf, rbuf, big / 4, 2, "ring of 8 MiB, irecv first");
+    /* two receives (tags 5, 6) before two sends (tags 6, 5), waited in reverse */
+    fill_mv(DM_INT32, sbuf, 64, r, next, 5);
+    fill_mv(DM_INT32, sbuf + 4096, 64, r, next, 6);
+    memset(rbuf, 0xee, 8192);
+    OK(c, dm_recv_async(c, rbuf, 64, DM_INT32, prev, 5, &rq[0]));
+    OK(c, dm_recv_async(c, rbuf + 4096, 64, DM_INT32, prev, 6, &rq[1]));
+    OK(c, dm_send_async(c, sbuf + 4096, 64, DM_INT32, next, 6, &rq[2]));
+    OK(c, dm_send_async(c, sbuf, 64, DM_INT32, next, 5, &rq[3]));
+    for (k = 3; k >= 0; k--) OK(c, dm_wait(rq[k]));
+    EXPECT_MV(c, DM_INT32, rbuf, 64, prev, r, 5, "two receives first, tag 5");
+    EXPECT_MV(c, DM_INT32, rbuf + 4096, 64, prev, r, 6, "two receives first, tag 6");
+    /* a blocking dm_send after a dm_recv_async: it queues behind the receive, runs first, and
+       returns once the receive (issued earlier) is done */
+    fill_mv(DM_FLOAT32, sbuf, 50, r, next, 7);
+    memset(rbuf, 0xee, 200);
+    OK(c, dm_recv_async(c, rbuf, 50, DM_FLOAT32, prev, 7, &rq[0]));
+    OK(c, dm_send(c, sbuf, 50, DM_FLOAT32, next, 7));
+    {
+        bool d = false;
+        EXPECT_ST(c, dm_test(rq[0], &d), DM_OK);    /* done with the send: issue order */
+        EXPECT(c, d);
+        if (!d) OK(c, dm_wait(rq[0]));
+    }
+    EXPECT_MV(c, DM_FLOAT32, rbuf, 50, prev, r, 7, "blocking send after irecv");
+    /* a collective between: the receives before it are not held back by it, and it runs after them */
+    fill_mv(DM_INT64, sbuf, 20, r, next, 8);
+    memset(rbuf, 0xee, 160);
+    OK(c, dm_recv_async(c, rbuf, 20, DM_INT64, prev, 8, &rq[0]));
+    OK(c, dm_send_async(c, sbuf, 20, DM_INT64, next, 8, &rq[1]));
+    OK(c, dm_barrier_async(c, &rq[2]));
+    OK(c, dm_wait_all(rq, 3));
+    EXPECT_MV(c, DM_INT64, rbuf, 20, prev, r, 8, "irecv, isend, barrier");
+    free(sbuf);
+    free(rbuf);
+    if (bad) return bad;
+    OK(c, dm_barrier(c));
+    return 0;
+}
+/* A lone dm_recv_async (no send of this rank's after it) is held back until someone waits
+   for it or tests it: the sender sends later with a blocking dm_send, and the receiver
+   completes it by dm_wait (round 0) or by a dm_test loop (round 1). Rank 0 receives from the
+   last rank; the others only pass the barriers. */
+static int body_lone_recv(dm_collective* c, void* arg) {
+    int W = dm_world_size(c), r = dm_rank(c), bad = 0, round;
+    int32_t v[16];
+    (void)arg;
+    if (W == 1) return 0;
+    for (round = 0; round < 2; round++) {
+        if (r == 0) {
+            dm_request* rq = NULL;
+            memset(v, 0xee, sizeof(v));
+            OK(c, dm_recv_async(c, v, 16, DM_INT32, W - 1, 9, &rq));
+            tw_sleep_ms(20);                    /* "computes" while the sender runs ahead */
+            if (round == 0) OK(c, dm_wait(rq));
+            else {
+                bool d = false;
+                double until = tw_now_s() + 15;
+                dm_status st = DM_OK;
+                while (!d && st == DM_OK && tw_now_s() < until) {
+                    st = dm_test(rq, &d);
+                    if (!d) tw_sleep_ms(1);
+                }
+                if (st != DM_OK || !d) {
+                    report(c, __LINE__, "dm_test loop: %s, done %d: %s", dm_status_name(st), (int)d, dm_last_error(c));
+                    return 1;
+                }
+            }
+            EXPECT_MV(c, DM_INT32, v, 16, W - 1, 0, 9 + round, round ? "lone irecv, dm_test loop" : "lone irecv, dm_wait");
+        } else if (r == W - 1) {
+            fill_mv(DM_INT32, v, 16, r, 0, 9 + round);
+            OK(c, dm_send(c, v, 16, DM_INT32, 0, 9));
+        }
+        OK(c, dm_barrier(c));
+    }
+    return bad;
+}
+/* dm_destroy with a held-back receive: it runs (its sender sends), and destroy returns. The
+   buffer outlives the body (destroy writes it). */
+static int32_t g_held[8][4];
+static int body_destroy_held_recv(dm_collective* c, void* arg) {
+    int W = dm_world_size(c), r = dm_rank(c);
+    int32_t* v = g_held[r];
+    dm_request* rq = NULL;
+    (void)arg;
+    if (W == 1) return 0;
+    if (r == 0) OK(c, dm_recv_async(c, v, 4, DM_INT32, 1, 3, &rq));
+    else if (r == 1) OK(c, dm_send(c, v, 4, DM_INT32, 0, 3));
+    return 0;                                   /* the harness destroys c: rank 0's recv runs then */
+}
+
 /* ---- the tests: each scenario on each transport ------------------------------------------------ */
 static void p2p(int kind) { run_worlds(kind, body_p2p, NULL, 60); }
 static void p2p_mismatch(int kind) {
@@ -1514,6 +1634,11 @@ static void busy(int kind) {
     run_worlds_of(kind, worlds, (int)(sizeof(worlds) / sizeof(worlds[0])), body_busy, NULL, 30);
 }
 static void fake_same(int kind) { run_worlds(kind, body_fake_same, NULL, 60); }
+static const int g_p2p_worlds[] = { 2, 3, 4 };
+#define P2P_WORLDS g_p2p_worlds, (int)(sizeof(g_p2p_worlds) / sizeof(g_p2p_worlds[0]))
+static void recv_first(int kind) { run_worlds_of(kind, P2P_WORLDS, body_recv_first, NULL, 60); }
+static void lone_recv(int kind) { run_worlds_of(kind, P2P_WORLDS, body_lone_recv, NULL, 40); }
+static void destroy_held_recv(int kind) { run_worlds_of(kind, P2P_WORLDS, body_destroy_held_recv, NULL, 30); }
 
 #define ON_EVERY_TRANSPORT(name)                                                              \
     static void test_##name##_thread(void** s) { (void)s; name(TR_THREAD); }                 \
@@ -1530,6 +1655,9 @@ ON_EVERY_TRANSPORT(async_mismatch)
 ON_EVERY_TRANSPORT(destroy_with_requests)
 ON_EVERY_TRANSPORT(busy)
 ON_EVERY_TRANSPORT(fake_same)
+ON_EVERY_TRANSPORT(recv_first)
+ON_EVERY_TRANSPORT(lone_recv)
+ON_EVERY_TRANSPORT(destroy_held_recv)
 #define TESTS_OF(name) cmocka_unit_test(test_##name##_thread), cmocka_unit_test(test_##name##_shm), \
     cmocka_unit_test(test_##name##_tcp)
 
@@ -1553,6 +1681,9 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_fake_documented),
         cmocka_unit_test(test_fake_scatter_non_root),
         TESTS_OF(fake_same),
+        TESTS_OF(recv_first),
+        TESTS_OF(lone_recv),
+        TESTS_OF(destroy_held_recv),
     };
     signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
     setvbuf(stdout, NULL, _IOLBF, 0);
