@@ -705,6 +705,33 @@ DM_API dm_status dm_send(dm_collective* c, const void* buf, size_t count, dm_dty
                          int peer, int tag);
 DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer,
                          int tag);
+/* Receive from any source (MPI_ANY_SOURCE, Gloo's recv from a list of ranks): dm_recv_any
+   takes the first message with this tag from any rank and writes its sender's rank to
+   *source (source may be NULL; -1 on failure). dm_recv(c, ..., DM_ANY_SOURCE, tag) is the same
+   without the sender. Which message is first:
+   - a message this rank already keeps (it arrived before any recv asked for it: read while
+     this rank sent, waited, or received from a peer) comes before any other, the earliest
+     read first;
+   - else every peer's link is read in turn until the header of a message with the tag is in;
+     that message is taken, and others with the tag that arrive meanwhile are kept for later
+     receives. Across peers "first" is the order this rank reads them, not the order they
+     were sent; from one peer, messages with one tag are taken in the order sent (as for a
+     named recv).
+   - Receives match in the order they run: a named recv (or an any-source one) that runs
+     earlier takes its message first; one that runs later finds what the earlier ones left.
+     Queued receives run in issue order (after the sends of their run, >>functions async), so
+     between requests "earlier" is issue order.
+   - A peer that has moved on to a collective is not waited on (its later messages come after
+     it); with no message the call waits for its deadline (DM_ERR_TIMEOUT naming the tag).
+     count and dtype must match the message taken, as for dm_recv (DM_ERR_MISMATCH).
+   - TCP connects on demand: a rank that has never talked to this one connects during the wait
+     and is read from then on. A 1-rank collective has no other rank: DM_ERR_INVALID_ARG.
+   - Backends: TCP and the threaded world; NCCL has no receive from any source
+     (DM_ERR_UNSUPPORTED, with a message); the Fake backend has no point-to-point
+     (DM_ERR_UNSUPPORTED). */
+#define DM_ANY_SOURCE (-2)
+DM_API dm_status dm_recv_any(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag,
+                             int* source);
 
 /* >>functions async  Non-blocking calls. Every call above has an _async twin taking a trailing
    dm_request** out: it checks its arguments (a failure returns at once, *out = NULL), queues
@@ -780,6 +807,9 @@ DM_API dm_status dm_send_async(dm_collective* c, const void* buf, size_t count, 
                                int peer, int tag, dm_request** out);
 DM_API dm_status dm_recv_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer,
                                int tag, dm_request** out);
+/* *source, like buf, is written when the request completes (read it after dm_wait / dm_test). */
+DM_API dm_status dm_recv_any_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag,
+                                   int* source, dm_request** out);
 
 /* >>functions groups */
 #define DM_SPLIT_NONE (-1)
@@ -915,6 +945,7 @@ typedef struct dm_op {
     dm_collective** split_out;  /* split */
     dm_compress compress;       /* all_reduce: dm_all_reduce_compressed's mode (0: DISTMESH_COMPRESS) */
     dm_compress_state* compress_state;  /* all_reduce: its error-feedback state, or NULL */
+    int* source;                /* recv with root DM_ANY_SOURCE: where the sender's rank goes, or NULL */
 } dm_op;
 /* One entry for every operation: *op is a call as its dm_* function takes it, in the fields
    above (broadcast: its buffer in recv; send and recv: the peer in root; all_to_all_v: recvs
@@ -923,7 +954,7 @@ typedef struct dm_op {
    functions are this path: their checks, then the same run (>>public calls). Bindings
    (python/) build a dm_op and come here. DM_OP_SPLIT is dm_split's only (out NULL). */
 DM_API dm_status dm_submit(dm_collective* c, const dm_op* op, dm_request** out);
-#define DM_COLLECTIVE_VTABLE_VERSION 4
+#define DM_COLLECTIVE_VTABLE_VERSION 5
 typedef struct dm_collective_vtable {
     uint32_t struct_size;       /* sizeof(dm_collective_vtable) as the backend was compiled */
     uint32_t version;           /* DM_COLLECTIVE_VTABLE_VERSION the backend targets */
@@ -976,7 +1007,12 @@ typedef struct dm_collective_vtable {
     /* Optional, called from another thread than the one running an operation: make it fail
        soon (DM_SHRINK_ABORT; dm_abort, which sets aborted / abort_msg first). */
     void (*interrupt)(dm_collective* self);
-    /* ---- end of version 4: append below, never reorder ---- */
+    /* ---- end of version 4 ---- */
+    /* Optional: a recv from any peer (dm_recv_any, DM_ANY_SOURCE); *source (may be NULL) gets
+       the sender. Without it those calls are DM_ERR_UNSUPPORTED. */
+    dm_status (*recv_any)(dm_collective* self, void* buf, size_t count, dm_dtype dtype, int tag,
+                          int* source);
+    /* ---- end of version 5: append below, never reorder ---- */
 } dm_collective_vtable;
 
 /* Every backend's struct begins with `struct dm_collective base;`. The core owns `local`. */
@@ -3081,6 +3117,22 @@ _DM_PRIVATE dm_status _dm_prep_all_to_all(dm_collective* c, const void* send, vo
     return DM_OK;
 }
 
+/* A recv from any source (its buffer checked by the caller): the tag, a peer to hear from, the
+   backend's slot. */
+_DM_PRIVATE dm_status _dm_prep_recv_any(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int tag,
+                                        dm_op* o) {
+    if (tag < 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "recv: tag %d is negative", tag);
+    if (c->size == 1)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "recv: from any source in a 1-rank collective (no other rank can send)");
+    if (!_DM_VT_HAS(c->vt, recv_any))
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "recv: the %s backend cannot receive from any source (%s)",
+                        c->vt->name, strcmp(c->vt->name, "nccl") == 0 ? "NCCL matches a receive to one named peer"
+                                                                     : "name the peer");
+    _dm_op_init(o, DM_OP_RECV, dtype);
+    o->recv = (void*)(uintptr_t)buf;
+    o->count = count; o->root = DM_ANY_SOURCE; o->tag = tag;
+    return DM_OK;
+}
 _DM_PRIVATE dm_status _dm_prep_p2p(dm_collective* c, bool sending, const void* buf, size_t count, dm_dtype dtype,
                                    int peer, int tag, dm_op* o) {
     const char* name = sending ? "send" : "recv";
@@ -3088,6 +3140,7 @@ _DM_PRIVATE dm_status _dm_prep_p2p(dm_collective* c, bool sending, const void* b
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
     _DM_TRY(_dm_check_buffer(c, name, "buf", buf, bytes));
+    if (peer == DM_ANY_SOURCE && !sending) return _dm_prep_recv_any(c, buf, count, dtype, tag, o);
     if (peer < 0 || peer >= c->size)
         return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: peer %d is not a rank of this %d-rank collective", name, peer, c->size);
     if (peer == c->rank)
@@ -3412,7 +3465,9 @@ _DM_PRIVATE dm_status _dm_op_dispatch(dm_collective* c, const dm_op* o) {
             return _dm_run_all_to_all_v(c, o->send, o->send_counts, o->send_offsets, o->recv, o->recv_counts,
                                         o->recv_offsets, o->dtype);
         case DM_OP_SEND: return vt->send(c, o->send, o->count, o->dtype, o->root, o->tag);
-        case DM_OP_RECV: return vt->recv(c, o->recv, o->count, o->dtype, o->root, o->tag);
+        case DM_OP_RECV:
+            if (o->root == DM_ANY_SOURCE) return vt->recv_any(c, o->recv, o->count, o->dtype, o->tag, o->source);
+            return vt->recv(c, o->recv, o->count, o->dtype, o->root, o->tag);
         case DM_OP_SPLIT: return vt->split(c, o->color, o->key, o->split_out);
     }
     return _DM_FAIL(c, DM_ERR_INTERNAL, "unknown operation kind %d", (int)o->kind);
@@ -4029,6 +4084,21 @@ DM_API_IMPL dm_status dm_recv_async(dm_collective* c, void* buf, size_t count, d
                                     dm_request** out) {
     _DM_ASYNC(c, out, _dm_prep_p2p(c, false, buf, count, dtype, peer, tag, &o_));
 }
+/* dm_recv_any: a recv from DM_ANY_SOURCE with the sender's slot. */
+_DM_PRIVATE dm_status _dm_prep_recv_any_out(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag,
+                                            int* source, dm_op* o) {
+    if (source) *source = -1;
+    _DM_TRY(_dm_prep_p2p(c, false, buf, count, dtype, DM_ANY_SOURCE, tag, o));
+    o->source = source;
+    return DM_OK;
+}
+DM_API_IMPL dm_status dm_recv_any(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag, int* source) {
+    _DM_BLOCKING(c, _dm_prep_recv_any_out(c, buf, count, dtype, tag, source, &o_));
+}
+DM_API_IMPL dm_status dm_recv_any_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag,
+                                        int* source, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_recv_any_out(c, buf, count, dtype, tag, source, &o_));
+}
 
 _DM_PRIVATE dm_status _dm_prep_split(dm_collective* c, int color, int key, dm_collective** out, dm_op* o) {
     if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: out is NULL");
@@ -4071,7 +4141,11 @@ _DM_PRIVATE dm_status _dm_prep_op(dm_collective* c, const dm_op* in, bool queued
             return _dm_prep_all_to_all_v(c, in->send, in->send_counts, in->send_offsets, in->recv, in->recv_counts,
                                          in->recv_offsets, in->dtype, o);
         case DM_OP_SEND: return _dm_prep_p2p(c, true, in->send, in->count, in->dtype, in->root, in->tag, o);
-        case DM_OP_RECV: return _dm_prep_p2p(c, false, in->recv, in->count, in->dtype, in->root, in->tag, o);
+        case DM_OP_RECV:
+            _DM_TRY(_dm_prep_p2p(c, false, in->recv, in->count, in->dtype, in->root, in->tag, o));
+            if (o->root == DM_ANY_SOURCE) o->source = in->source;
+            if (o->source) *o->source = -1;
+            return DM_OK;
         case DM_OP_SPLIT:
             if (queued) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "submit: split has no _async form");
             return _dm_prep_split(c, in->color, in->key, in->split_out, o);
@@ -4467,6 +4541,7 @@ static const dm_collective_vtable _dm_fake_vtable = {
     NULL,                            /* shrink */
     NULL,                            /* grow */
     NULL,                            /* interrupt */
+    NULL,                            /* recv_any */
 };
 
 /* Checks the desc shared by dm_fake_create and dm_thread_world_create. err gets the reason. */
@@ -5241,6 +5316,8 @@ typedef struct _dm_want {
     size_t count;
     unsigned char* buf;
     bool done;
+    bool any;                   /* from any peer (DM_ANY_SOURCE): every connected peer's inbox is read */
+    int from;                   /* the peer whose message fills buf (claimed at its header), or -1 */
 } _dm_want;
 
 /* Where the two streams stand. */
@@ -5403,19 +5480,28 @@ _DM_PRIVATE dm_status _dm_eng_want_check(_dm_eng* lk, const _dm_xfer* x, int pee
     _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, &mine, peer, got);
     return _dm_eng_break(lk, DM_ERR_MISMATCH);
 }
-/* The first unexpected message from peer with want's tag, copied into its buffer and freed:
-   DM_OK with want->done set, DM_OK without it when there is none, or the mismatch. */
+/* Whether a message from peer with tag goes to the dm_recv x waits for: its peer (or any),
+   its tag, and no other peer's message already filling its buffer. */
+_DM_PRIVATE bool _dm_eng_want_takes(const _dm_xfer* x, int peer, int tag) {
+    const _dm_want* w = x->want;
+    return w && !w->done && w->from < 0 && (w->any || x->rpeer == peer) && tag == w->tag;
+}
+/* The first unexpected message from peer (peer < 0: from any peer, in the order this rank read
+   them) with want's tag, copied into its buffer and freed: DM_OK with want->done and
+   want->from set, DM_OK without them when there is none, or the mismatch. */
 _DM_PRIVATE dm_status _dm_eng_take_unexpected(_dm_eng* lk, const _dm_xfer* x, int peer) {
     _dm_umsg **p = &lk->uhead, *m = NULL, *prev = NULL;
     for (; *p; prev = *p, p = &(*p)->next)
-        if ((*p)->peer == peer && (*p)->fp.root == x->want->tag) { m = *p; break; }
+        if ((peer < 0 || (*p)->peer == peer) && (*p)->fp.root == x->want->tag) { m = *p; break; }
     if (!m) return DM_OK;
+    peer = m->peer;
     _DM_TRY(_dm_eng_want_check(lk, x, peer, &m->fp));
     *p = m->next;
     if (lk->utail == m) lk->utail = prev;
     lk->ubytes -= m->bytes;
     if (m->bytes) memcpy(x->want->buf, m->data, m->bytes);
     _dm_free(&lk->c->allocator, m);
+    x->want->from = peer;
     x->want->done = true;
     return DM_OK;
 }
@@ -5443,8 +5529,9 @@ _DM_PRIVATE dm_status _dm_eng_inbox_header(_dm_eng* lk, const _dm_xfer* x, int p
     in->len = bytes;
     in->fill = in->padfill = 0;
     in->pad = _dm_eng_pad(lk->links[peer], bytes);
-    if (x->want && !x->want->done && x->rpeer == peer && fp.root == x->want->tag) {
+    if (_dm_eng_want_takes(x, peer, fp.root)) {
         _DM_TRY(_dm_eng_want_check(lk, x, peer, &fp));
+        x->want->from = peer;   /* claimed: another peer's message with the tag is kept meanwhile */
         in->msg = NULL;
         in->dst = x->want->buf;
         return DM_OK;
@@ -5480,13 +5567,13 @@ _DM_PRIVATE dm_status _dm_eng_inbox_message(_dm_eng* lk, const _dm_xfer* x, int 
     if (!m) { x->want->done = true; return DM_OK; }
     if (lk->utail) lk->utail->next = m; else lk->uhead = m;
     lk->utail = m;
-    if (x->want && !x->want->done && x->rpeer == peer && m->fp.root == x->want->tag)
-        return _dm_eng_take_unexpected(lk, x, peer);
+    if (_dm_eng_want_takes(x, peer, m->fp.root)) return _dm_eng_take_unexpected(lk, x, peer);
     return DM_OK;
 }
 /* Reads peer's inbox as far as it can: until x->want is done, the link is empty, or the next
    collective's fingerprint is in (which a dm_recv cannot wait past: that peer will send
-   nothing more before this rank joins the collective, so it fails with DM_ERR_MISMATCH). */
+   nothing more before this rank joins the collective, so it fails with DM_ERR_MISMATCH; a
+   dm_recv from any source leaves that peer and reads the others). */
 _DM_PRIVATE dm_status _dm_eng_pump_inbox(_dm_eng* lk, const _dm_xfer* x, _dm_xstate* s, int peer, bool* progress) {
     _dm_inbox* in = &lk->inbox[peer];
     _dm_link* l = lk->links[peer];
@@ -5497,7 +5584,7 @@ _DM_PRIVATE dm_status _dm_eng_pump_inbox(_dm_eng* lk, const _dm_xfer* x, _dm_xst
         if (x->want && x->want->done) return DM_OK;
         if (in->fp_ready) {
             _dm_fp theirs, mine;
-            if (!x->want) return DM_OK;
+            if (!x->want || x->want->any) return DM_OK;
             _dm_fp_decode(in->hdr, &theirs);
             _dm_fp_make(&mine, lk->c, _DM_K_RECV, (int)x->want->dtype, -1, x->want->tag, x->want->count);
             mine.seq = lk->c->seq;
@@ -5521,6 +5608,16 @@ _DM_PRIVATE dm_status _dm_eng_pump_inbox(_dm_eng* lk, const _dm_xfer* x, _dm_xst
     }
 }
 
+/* A dm_recv from any source reads every connected peer's inbox in turn, until one message
+   with its tag is in (links made meanwhile, by a peer that connects to this rank on demand,
+   are read from the next round on). */
+_DM_PRIVATE dm_status _dm_eng_pump_any(_dm_eng* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
+    int p;
+    for (p = 0; p < lk->c->size && !x->want->done; p++)
+        if (p != lk->c->rank && lk->links[p]) _DM_TRY(_dm_eng_pump_inbox(lk, x, s, p, progress));
+    if (!x->want->done) s->want_in = true;      /* waits for bytes, or for a peer to connect */
+    return DM_OK;
+}
 /* A send that cannot move reads what every other peer sent too: in a ring of large sends
    (each rank sending to the next before receiving from the previous) every rank's link fills,
    and only the receivers' reading frees them. */
@@ -5833,7 +5930,8 @@ _DM_PRIVATE int _dm_eng_poll_xfer(_dm_eng* lk, const _dm_xfer* x, const _dm_xsta
         }
         if (rl && rl->fd >= 0 && s->want_in) { p[*np].fd = _dm_eng_fd(rl, false); p[*np].events = POLLIN; (*np)++; }
     }
-    if (x->inbox && !x->want && sl)         /* a blocked send also waits for the other peers' bytes */
+    /* a blocked send also waits for the other peers' bytes; a recv from any source for all */
+    if (x->inbox && (x->want ? x->want->any : sl != NULL))
         for (k = 0; k < lk->c->size; k++) {
             _dm_link* o = lk->links[k];
             if (!o || k == x->rpeer || lk->inbox[k].fp_ready) continue;
@@ -5878,13 +5976,15 @@ _DM_PRIVATE dm_status _dm_eng_block(_dm_eng* lk, const _dm_xfer* xs, const _dm_x
        with no progress between (bytes it wrote before dying are taken first) means lost. */
     for (j = 0; j < n; j++) {
         const _dm_xfer* x = &xs[j];
+        bool any = x->want && x->want->any;
         if (_dm_eng_xfer_done(x, &s[j])) continue;
-        for (k = 0; k < 2; k++) {
-            int peer = k == 0 ? (s[j].ri < x->nr || x->inbox ? x->rpeer : -1) : (s[j].si < x->ns ? x->speer : -1);
+        for (k = 0; k < (any ? lk->c->size : 2); k++) {
+            int peer = any ? (k != lk->c->rank ? k : -1)
+                     : k == 0 ? (s[j].ri < x->nr || x->inbox ? x->rpeer : -1) : (s[j].si < x->ns ? x->speer : -1);
             _dm_link* l = peer >= 0 ? lk->links[peer] : NULL;
             if (!l || l->fd >= 0 || !l->vt->alive || l->vt->alive(l, &err) == 0) continue;
             if (++*dead < 2) return DM_OK;
-            return _dm_eng_io_fail(lk, x, peer, k != 0, err);
+            return _dm_eng_io_fail(lk, x, peer, !any && k != 0, err);
         }
     }
     return DM_OK;
@@ -5969,7 +6069,8 @@ _DM_PRIVATE dm_status _dm_eng_run_n(_dm_eng* lk, const _dm_xfer* xs, int n) {
             if (_dm_eng_xfer_done(x, sj)) continue;
             st = _dm_eng_pump_send(lk, x, sj, &progress);
             if (st == DM_OK) st = _dm_eng_pump_recv(lk, x, sj, &progress);
-            if (st == DM_OK && x->inbox && (x->want || sj->si < x->ns))
+            if (st == DM_OK && x->want && x->want->any) st = _dm_eng_pump_any(lk, x, sj, &progress);
+            else if (st == DM_OK && x->inbox && (x->want || sj->si < x->ns))
                 st = _dm_eng_pump_inbox(lk, x, sj, x->rpeer, &progress);
             if (st == DM_OK && x->inbox && !x->want && !progress && sj->si < x->ns)
                 st = _dm_eng_drain_others(lk, x, sj, &progress);
@@ -6013,9 +6114,14 @@ _DM_PRIVATE dm_status _dm_eng_run_n(_dm_eng* lk, const _dm_xfer* xs, int n) {
                 bool recv_wait = _dm_eng_recv_wait(x, &s[first]);
                 int peer = recv_wait ? x->rpeer : x->speer;
                 if (_DM_TRACED(lk->c)) _dm_trace_wait(lk->c, peer, now - idle_since);
-                _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
-                         lk->tag, x->op, (unsigned long long)lk->c->seq, lk->c->timeout_ms,
-                         recv_wait ? "receive from" : "send to", peer, lk->links[peer]->where);
+                if (peer < 0)   /* a recv from any source */
+                    _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to receive a "
+                             "message with tag %d from any rank", lk->tag, x->op, (unsigned long long)lk->c->seq,
+                             lk->c->timeout_ms, x->want->tag);
+                else
+                    _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
+                             lk->tag, x->op, (unsigned long long)lk->c->seq, lk->c->timeout_ms,
+                             recv_wait ? "receive from" : "send to", peer, lk->links[peer]->where);
                 st = _dm_eng_break(lk, DM_ERR_TIMEOUT);
             }
             if (st != DM_OK) break;
@@ -8026,11 +8132,32 @@ _DM_PRIVATE dm_status _dm_coll_recv(dm_collective* c, void* buf, size_t count, d
     _DM_TRY(_dm_coll_host_only(c, "recv", buf, NULL));
     _DM_TRY(_dm_eng_check_broken(lk, "recv"));
     w.tag = tag; w.dtype = dtype; w.count = count; w.buf = (unsigned char*)buf; w.done = false;
+    w.any = false; w.from = -1;
     x.op = "recv"; x.speer = -1; x.rpeer = peer; x.ns = 0; x.nr = 0;
     x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true; x.want = &w;
     _DM_TRY(_dm_eng_take_unexpected(lk, &x, peer));
     if (w.done) return DM_OK;
     return _dm_eng_run_on_demand(lk, &x);
+}
+/* From any source: the first kept (unexpected) message with this tag, in the order this rank
+   read them; else every connected peer's inbox is read in turn (rank order each round) until
+   the header of one with the tag is in, and that message fills buf. *source: its sender. */
+_DM_PRIVATE dm_status _dm_coll_recv_any(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag,
+                                        int* source) {
+    _dm_eng* lk = _dm_eng_of(c);
+    _dm_want w;
+    _DM_ZERO(_dm_xfer, x);
+    if (source) *source = -1;
+    _DM_TRY(_dm_coll_host_only(c, "recv", buf, NULL));
+    _DM_TRY(_dm_eng_check_broken(lk, "recv"));
+    w.tag = tag; w.dtype = dtype; w.count = count; w.buf = (unsigned char*)buf; w.done = false;
+    w.any = true; w.from = -1;
+    x.op = "recv"; x.speer = -1; x.rpeer = -1; x.ns = 0; x.nr = 0;
+    x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true; x.want = &w;
+    _DM_TRY(_dm_eng_take_unexpected(lk, &x, -1));
+    if (!w.done) _DM_TRY(_dm_eng_run_on_demand(lk, &x));
+    if (source) *source = w.from;
+    return DM_OK;
 }
 
 _DM_COLD_BEGIN
@@ -8619,6 +8746,7 @@ static const dm_collective_vtable _dm_thread_vtable = {
     _dm_tw_shrink,                   /* shrink */
     NULL,                            /* grow */
     _dm_tw_interrupt,                /* interrupt: dm_abort */
+    _dm_coll_recv_any,               /* recv_any: every peer's inbox */
 };
 
 /* A member of a shared world. like: copy logger, allocator, timeout and node name from it
