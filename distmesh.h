@@ -91,7 +91,7 @@
        >>functions compression   dm_compress, error-feedback state, dm_all_reduce_compressed
        >>functions rooted        reduce, gather, scatter
        >>functions all-to-all    dm_all_to_all, dm_all_to_all_v
-       >>functions point-to-point  dm_send, dm_recv
+       >>functions point-to-point  dm_send, dm_recv, dm_recv_any (DM_ANY_SOURCE)
        >>functions async         the _async twins, dm_wait, dm_test, dm_wait_all
        >>functions groups        dm_split
        >>functions abort         dm_abort: stop a collective from another thread
