@@ -360,8 +360,8 @@ static int dmpy_request_traverse(dmpy_request* r, visitproc visit, void* arg) {
 }
 static PyMethodDef dmpy_request_methods[] = {
     { "wait", (PyCFunction)dmpy_request_wait, METH_NOARGS,
-      "Blocks until the call is complete; returns its result (the output where it has one, else None) "
-      "or raises its failure." },
+      "Blocks until the call is complete; returns its result (the output where it has one; a recv: the "
+      "sender's rank; else None) or raises its failure." },
     { "is_completed", (PyCFunction)dmpy_request_is_completed, METH_NOARGS,
       "Whether the call is complete (never blocks). wait() then returns at once." },
     { NULL, NULL, 0, NULL }
