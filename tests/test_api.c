@@ -1621,7 +1621,7 @@ static int any_bad_args(dm_collective* c) {
 static int any_checks(dm_collective* c) {
     int W = dm_world_size(c), r = dm_rank(c), bad = 0, k, j, src = -5, src2 = -5;
     int32_t v[32], w[32];
-    bool seen[8] = { false };
+    bool seen[16] = { false };                  /* worlds up to 16 ranks */
     dm_request* rq[4];
     /* 1. every other rank sends at once: W - 1 receives, each sender once, each its data */
     if (r == 0) {
