@@ -748,7 +748,8 @@ DM_API dm_status dm_recv_any(dm_collective* c, void* buf, size_t count, dm_dtype
      (dm_wait, dm_test, a blocking call on c), or dm_destroy: so a send posted after the
      receive still joins its run. Once started, a receive runs to its end before anything
      queued later starts (a send posted after dm_wait / dm_test released the receives waits
-     behind them). Collectives are never reordered: a run ends at the next collective.
+     behind them). Collectives are never reordered: a run ends at the next collective. NCCL's
+     requests go to its stream in issue order instead (see >>functions point-to-point).
    - Requests complete in issue order: when one is done, every earlier one on the same
      collective is done too (a send that ran before an earlier receive is done when that
      receive is). A blocking call made while requests are in flight queues behind them and
@@ -761,9 +762,9 @@ DM_API dm_status dm_recv_any(dm_collective* c, void* buf, size_t count, dm_dtype
      for all n (NULL entries skipped), frees them, sets each entry NULL and returns the first
      failure in array order, else DM_OK.
    - Deadlines: a request's (dm_set_timeout) counts from when the progress thread starts it
-     (a held-back receive: from its release; NCCL: from the _async call). A failure that breaks the collective (a lost peer, a passed
-     deadline, a mismatch) completes every request already queued behind it with the same
-     status, without running it.
+     (a held-back receive: when it starts, after its release; NCCL: from the _async call). A
+     failure that breaks the collective (a lost peer, a passed deadline, a mismatch) completes
+     every request not started yet with the same status, without running it.
    - Threads: a collective with requests in flight belongs to the thread that issued them;
      another thread's call on it (blocking or not) returns DM_ERR_BUSY and changes nothing.
      Two threads calling at once without requests also get DM_ERR_BUSY for one of them. Wait
