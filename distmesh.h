@@ -684,6 +684,10 @@ DM_API dm_status dm_all_to_all_v(dm_collective* c, const void* send, const size_
    - dm_send returns once the message is handed to the link: it does not wait for the matching
      dm_recv (a receiver that has not posted it yet keeps the message until it does, up to
      DISTMESH_MAX_OBJECT_BYTES buffered per collective), so two ranks may both send first.
+     With the _async twins either may also come first: dm_recv_async then dm_send_async on
+     both ranks completes (a run of point-to-point requests runs its sends first; >>functions
+     async). Blocking calls run in the order made: two ranks that both dm_recv first wait
+     for each other until the deadline.
    - dtype and count must match: a dm_recv given another count or dtype than the message's
      fails with DM_ERR_MISMATCH naming both, and breaks the collective, so the sender's
      pending or next call fails with DM_ERR_MISMATCH too (the error reaches both sides).
@@ -701,6 +705,33 @@ DM_API dm_status dm_send(dm_collective* c, const void* buf, size_t count, dm_dty
                          int peer, int tag);
 DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer,
                          int tag);
+/* Receive from any source (MPI_ANY_SOURCE, Gloo's recv from a list of ranks): dm_recv_any
+   takes the first message with this tag from any rank and writes its sender's rank to
+   *source (source may be NULL; -1 on failure). dm_recv(c, ..., DM_ANY_SOURCE, tag) is the same
+   without the sender. Which message is first:
+   - a message this rank already keeps (it arrived before any recv asked for it: read while
+     this rank sent, waited, or received from a peer) comes before any other, the earliest
+     read first;
+   - else every peer's link is read in turn until the header of a message with the tag is in;
+     that message is taken, and others with the tag that arrive meanwhile are kept for later
+     receives. Across peers "first" is the order this rank reads them, not the order they
+     were sent; from one peer, messages with one tag are taken in the order sent (as for a
+     named recv).
+   - Receives match in the order they run: a named recv (or an any-source one) that runs
+     earlier takes its message first; one that runs later finds what the earlier ones left.
+     Queued receives run in issue order (after the sends of their run, >>functions async), so
+     between requests "earlier" is issue order.
+   - A peer that has moved on to a collective is not waited on (its later messages come after
+     it); with no message the call waits for its deadline (DM_ERR_TIMEOUT naming the tag).
+     count and dtype must match the message taken, as for dm_recv (DM_ERR_MISMATCH).
+   - TCP connects on demand: a rank that has never talked to this one connects during the wait
+     and is read from then on. A 1-rank collective has no other rank: DM_ERR_INVALID_ARG.
+   - Backends: TCP and the threaded world; NCCL has no receive from any source
+     (DM_ERR_UNSUPPORTED, with a message); the Fake backend has no point-to-point
+     (DM_ERR_UNSUPPORTED). */
+#define DM_ANY_SOURCE (-2)
+DM_API dm_status dm_recv_any(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag,
+                             int* source);
 
 /* >>functions async  Non-blocking calls. Every call above has an _async twin taking a trailing
    dm_request** out: it checks its arguments (a failure returns at once, *out = NULL), queues
@@ -708,9 +739,20 @@ DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dty
    - Progress needs no polling: a progress thread of the collective (started by the first
      _async call) runs queued operations one at a time in issue order, while the caller
      computes. NCCL queues them on its stream instead (the request wraps a CUDA event).
+   - Point-to-point requests may be posted in any order (torch's batch_isend_irecv, pipeline
+     stages): in a run of consecutive sends and receives (blocking ones queued behind requests
+     included) the progress thread runs the sends first, then the receives in issue order, so
+     a rank may post a dm_recv_async before the dm_send_async its peer waits for, and two
+     ranks that both do so both complete. A run of receives only, with nothing queued after
+     it, is held back until something more is queued, someone waits for or tests one of them
+     (dm_wait, dm_test, a blocking call on c), or dm_destroy: so a send posted after the
+     receive still joins its run. Once started, a receive runs to its end before anything
+     queued later starts (a send posted after dm_wait / dm_test released the receives waits
+     behind them). Collectives are never reordered: a run ends at the next collective.
    - Requests complete in issue order: when one is done, every earlier one on the same
-     collective is done too. A blocking call made while requests are in flight queues behind
-     them and waits.
+     collective is done too (a send that ran before an earlier receive is done when that
+     receive is). A blocking call made while requests are in flight queues behind them and
+     waits.
    - The buffers (and the arrays of pointers, counts and offsets) belong to the library until
      the request is complete: do not read or write them before dm_wait / dm_test says done.
    - dm_wait(req) waits, frees the request and returns the operation's status (its message in
@@ -719,7 +761,7 @@ DM_API dm_status dm_recv(dm_collective* c, void* buf, size_t count, dm_dtype dty
      for all n (NULL entries skipped), frees them, sets each entry NULL and returns the first
      failure in array order, else DM_OK.
    - Deadlines: a request's (dm_set_timeout) counts from when the progress thread starts it
-     (NCCL: from the _async call). A failure that breaks the collective (a lost peer, a passed
+     (a held-back receive: from its release; NCCL: from the _async call). A failure that breaks the collective (a lost peer, a passed
      deadline, a mismatch) completes every request already queued behind it with the same
      status, without running it.
    - Threads: a collective with requests in flight belongs to the thread that issued them;
@@ -765,6 +807,9 @@ DM_API dm_status dm_send_async(dm_collective* c, const void* buf, size_t count, 
                                int peer, int tag, dm_request** out);
 DM_API dm_status dm_recv_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int peer,
                                int tag, dm_request** out);
+/* *source, like buf, is written when the request completes (read it after dm_wait / dm_test). */
+DM_API dm_status dm_recv_any_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag,
+                                   int* source, dm_request** out);
 
 /* >>functions groups */
 #define DM_SPLIT_NONE (-1)
@@ -900,6 +945,7 @@ typedef struct dm_op {
     dm_collective** split_out;  /* split */
     dm_compress compress;       /* all_reduce: dm_all_reduce_compressed's mode (0: DISTMESH_COMPRESS) */
     dm_compress_state* compress_state;  /* all_reduce: its error-feedback state, or NULL */
+    int* source;                /* recv with root DM_ANY_SOURCE: where the sender's rank goes, or NULL */
 } dm_op;
 /* One entry for every operation: *op is a call as its dm_* function takes it, in the fields
    above (broadcast: its buffer in recv; send and recv: the peer in root; all_to_all_v: recvs
@@ -908,7 +954,7 @@ typedef struct dm_op {
    functions are this path: their checks, then the same run (>>public calls). Bindings
    (python/) build a dm_op and come here. DM_OP_SPLIT is dm_split's only (out NULL). */
 DM_API dm_status dm_submit(dm_collective* c, const dm_op* op, dm_request** out);
-#define DM_COLLECTIVE_VTABLE_VERSION 4
+#define DM_COLLECTIVE_VTABLE_VERSION 5
 typedef struct dm_collective_vtable {
     uint32_t struct_size;       /* sizeof(dm_collective_vtable) as the backend was compiled */
     uint32_t version;           /* DM_COLLECTIVE_VTABLE_VERSION the backend targets */
@@ -961,7 +1007,12 @@ typedef struct dm_collective_vtable {
     /* Optional, called from another thread than the one running an operation: make it fail
        soon (DM_SHRINK_ABORT; dm_abort, which sets aborted / abort_msg first). */
     void (*interrupt)(dm_collective* self);
-    /* ---- end of version 4: append below, never reorder ---- */
+    /* ---- end of version 4 ---- */
+    /* Optional: a recv from any peer (dm_recv_any, DM_ANY_SOURCE); *source (may be NULL) gets
+       the sender. Without it those calls are DM_ERR_UNSUPPORTED. */
+    dm_status (*recv_any)(dm_collective* self, void* buf, size_t count, dm_dtype dtype, int tag,
+                          int* source);
+    /* ---- end of version 5: append below, never reorder ---- */
 } dm_collective_vtable;
 
 /* Every backend's struct begins with `struct dm_collective base;`. The core owns `local`. */
@@ -3083,6 +3134,22 @@ _DM_PRIVATE dm_status _dm_prep_all_to_all(dm_collective* c, const void* send, vo
     return DM_OK;
 }
 
+/* A recv from any source (its buffer checked by the caller): the tag, a peer to hear from, the
+   backend's slot. */
+_DM_PRIVATE dm_status _dm_prep_recv_any(dm_collective* c, const void* buf, size_t count, dm_dtype dtype, int tag,
+                                        dm_op* o) {
+    if (tag < 0) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "recv: tag %d is negative", tag);
+    if (c->size == 1)
+        return _DM_FAIL(c, DM_ERR_INVALID_ARG, "recv: from any source in a 1-rank collective (no other rank can send)");
+    if (!_DM_VT_HAS(c->vt, recv_any))
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "recv: the %s backend cannot receive from any source (%s)",
+                        c->vt->name, strcmp(c->vt->name, "nccl") == 0 ? "NCCL matches a receive to one named peer"
+                                                                     : "name the peer");
+    _dm_op_init(o, DM_OP_RECV, dtype);
+    o->recv = (void*)(uintptr_t)buf;
+    o->count = count; o->root = DM_ANY_SOURCE; o->tag = tag;
+    return DM_OK;
+}
 _DM_PRIVATE dm_status _dm_prep_p2p(dm_collective* c, bool sending, const void* buf, size_t count, dm_dtype dtype,
                                    int peer, int tag, dm_op* o) {
     const char* name = sending ? "send" : "recv";
@@ -3090,6 +3157,7 @@ _DM_PRIVATE dm_status _dm_prep_p2p(dm_collective* c, bool sending, const void* b
     _DM_TRY(_dm_check_type(c, name, dtype));
     _DM_TRY(_dm_check_bytes(c, name, count, dtype, 1, &bytes));
     _DM_TRY(_dm_check_buffer(c, name, "buf", buf, bytes));
+    if (peer == DM_ANY_SOURCE && !sending) return _dm_prep_recv_any(c, buf, count, dtype, tag, o);
     if (peer < 0 || peer >= c->size)
         return _DM_FAIL(c, DM_ERR_INVALID_ARG, "%s: peer %d is not a rank of this %d-rank collective", name, peer, c->size);
     if (peer == c->rank)
@@ -3414,7 +3482,9 @@ _DM_PRIVATE dm_status _dm_op_dispatch(dm_collective* c, const dm_op* o) {
             return _dm_run_all_to_all_v(c, o->send, o->send_counts, o->send_offsets, o->recv, o->recv_counts,
                                         o->recv_offsets, o->dtype);
         case DM_OP_SEND: return vt->send(c, o->send, o->count, o->dtype, o->root, o->tag);
-        case DM_OP_RECV: return vt->recv(c, o->recv, o->count, o->dtype, o->root, o->tag);
+        case DM_OP_RECV:
+            if (o->root == DM_ANY_SOURCE) return vt->recv_any(c, o->recv, o->count, o->dtype, o->tag, o->source);
+            return vt->recv(c, o->recv, o->count, o->dtype, o->root, o->tag);
         case DM_OP_SPLIT: return vt->split(c, o->color, o->key, o->split_out);
     }
     return _DM_FAIL(c, DM_ERR_INTERNAL, "unknown operation kind %d", (int)o->kind);
@@ -3430,18 +3500,30 @@ _DM_PRIVATE _DM_ALWAYS_INLINE dm_status _dm_op_run(dm_collective* c, const dm_op
 }
 
 /* >>requests  Non-blocking calls. A request is one queued dm_op. The collective's progress
-   thread (started by the first _async call) takes requests from the queue one at a time, in
-   issue order, and runs them like blocking calls; backends with a device stream (start and
-   finish slots) queue them there instead. Ownership: the queue, `inflight`, `owner` and each
-   request's done/status are guarded by mu; a running request's message is written by the
-   progress thread into the request (_dm_errbuf), never into c->last_error, which only the
-   owning thread writes. */
+   thread (started by the first _async call) runs queued requests one at a time and marks them
+   done in issue order; backends with a device stream (start and finish slots) queue them there
+   instead. The queue (head .. tail) holds every request not yet done, in issue order, each
+   queued, running or ran (ran: its result is in, an earlier one is not done yet); done ones
+   leave it from the head (_dm_async_settle). The next to run (_dm_async_pick) is the head,
+   except in a run of point-to-point requests (send and recv) at the head: there sends go
+   first, then receives in issue order. A send is eager (it returns once its bytes are handed
+   to the link, and reads what peers send meanwhile), so a rank that posted a recv before its
+   send still sends, and two ranks that both did so do not wait on each other. A run of
+   receives only that reaches the tail is held back (the send it waits on may not be queued
+   yet) until something more is queued, someone waits for or tests one of them (release), or
+   dm_destroy. Ownership: the queue, `inflight`, `owner` and each request's state, done and
+   status are guarded by mu; a running request's message is written by the progress thread
+   into the request (_dm_errbuf), never into c->last_error, which only the owning thread
+   writes. */
+enum { _DM_RQ_QUEUED = 0, _DM_RQ_RUNNING, _DM_RQ_RAN };
 struct dm_request {
     dm_collective* c;
     dm_op op;
     size_t* arrays;             /* all_to_all_v: copies of the counts and offsets (4 x size) */
     void* token;                /* backend stream request (start/finish), or NULL */
     bool done;
+    int state;                  /* _DM_RQ_*: where it stands in the queue (progress-thread requests) */
+    uint64_t qnum;              /* its place in issue order (1, 2, ...) */
     dm_status status;
     struct dm_request* next;    /* the queue */
     struct dm_request* live;    /* every request not yet freed, for dm_destroy */
@@ -3457,7 +3539,9 @@ typedef struct _dm_async {
     int inflight;               /* queued or running, not yet done */
     int streams;                /* backend stream requests (start slot) not finished yet: they
                                    belong to owner too */
-    dm_request *head, *tail;    /* not started yet */
+    dm_request *head, *tail;    /* not done yet, in issue order */
+    uint64_t queued;            /* requests queued so far: the last qnum */
+    uint64_t release;           /* receives held back up to this qnum may start (a wait or test) */
     dm_request* live;
 } _dm_async;
 
@@ -3467,22 +3551,52 @@ _DM_PRIVATE bool _dm_status_breaks(dm_status st) {
            st == DM_ERR_PROTOCOL || st == DM_ERR_ABORTED || st == DM_ERR_NCCL || st == DM_ERR_CUDA ||
            st == DM_ERR_INTERNAL;
 }
+_DM_PRIVATE bool _dm_op_is_p2p(const dm_op* o) { return o->kind == DM_OP_SEND || o->kind == DM_OP_RECV; }
 
-/* The request at the head of the queue failed with st: every request queued behind it is done
-   with the same status, unrun. Caller holds mu. */
-_DM_PRIVATE void _dm_async_fail_queue(_dm_async* a, const dm_request* failed) {
-    while (a->head) {
+/* Requests at the head whose result is in are done, in issue order, and leave the queue.
+   Caller holds mu. */
+_DM_PRIVATE void _dm_async_settle(_dm_async* a) {
+    while (a->head && a->head->state == _DM_RQ_RAN) {
         dm_request* r = a->head;
         a->head = r->next;
-        r->status = failed->status;
-        snprintf(r->msg, sizeof(r->msg), "%s was not run: the %s queued before it failed: %.400s",
-                 _dm_op_name(r->op.kind), _dm_op_name(failed->op.kind), failed->msg);
+        r->next = NULL;
         r->done = true;
         a->inflight--;
     }
-    a->tail = NULL;
+    if (!a->head) a->tail = NULL;
 }
 
+/* A request failed with a status that breaks the collective: every request not started yet
+   ends with the same status, unrun, and the queue settles. Caller holds mu. */
+_DM_PRIVATE void _dm_async_fail_queue(_dm_async* a, const dm_request* failed) {
+    dm_request* r;
+    for (r = a->head; r; r = r->next) {
+        if (r->state != _DM_RQ_QUEUED) continue;
+        r->status = failed->status;
+        snprintf(r->msg, sizeof(r->msg), "%s was not run: the %s queued before it failed: %.400s",
+                 _dm_op_name(r->op.kind), _dm_op_name(failed->op.kind), failed->msg);
+        r->state = _DM_RQ_RAN;
+    }
+    _dm_async_settle(a);
+}
+
+/* The request to run next, or NULL to wait (see >>requests): the head; in a run of
+   point-to-point requests at the head, its first send not started, else its first receive
+   not started, unless the run holds receives only and reaches the tail and nobody released
+   it (then NULL). Caller holds mu. */
+_DM_PRIVATE dm_request* _dm_async_pick(_dm_async* a) {
+    dm_request *r, *recv = NULL;
+    if (!a->head || !_dm_op_is_p2p(&a->head->op)) return a->head;
+    for (r = a->head; r && _dm_op_is_p2p(&r->op); r = r->next) {
+        if (r->state != _DM_RQ_QUEUED) continue;
+        if (r->op.kind == DM_OP_SEND) return r;
+        if (!recv) recv = r;
+    }
+    if (!recv || r || a->stop || recv->qnum <= a->release) return recv;
+    return NULL;
+}
+
+_DM_PRIVATE dm_status _dm_check_aborted(dm_collective* c, const dm_op* o);
 static void* _dm_async_main(void* arg) {
     dm_collective* c = (dm_collective*)arg;
     _dm_async* a = c->core->async;
@@ -3491,23 +3605,22 @@ static void* _dm_async_main(void* arg) {
         dm_request* r;
         _dm_running saved;
         dm_status st;
-        while (!a->head && !a->stop) pthread_cond_wait(&a->work, &a->mu);
-        if (!a->head) break;
-        r = a->head;
-        a->head = r->next;
-        if (!a->head) a->tail = NULL;
+        while ((r = _dm_async_pick(a)) == NULL && !a->stop) pthread_cond_wait(&a->work, &a->mu);
+        if (!r) break;
+        r->state = _DM_RQ_RUNNING;
         pthread_mutex_unlock(&a->mu);
         saved = _dm_tls_running;
         _dm_tls_running.c = c;
         _dm_tls_running.err = r->msg;
         _dm_trace_queued(r->tr_queued);
-        st = _dm_op_run(c, &r->op);
+        st = _dm_check_aborted(c, &r->op);     /* held back past a dm_abort: not run */
+        if (st == DM_OK) st = _dm_op_run(c, &r->op);
         _dm_tls_running = saved;
         pthread_mutex_lock(&a->mu);
         r->status = st;
-        r->done = true;
-        a->inflight--;
+        r->state = _DM_RQ_RAN;
         if (_dm_status_breaks(st)) _dm_async_fail_queue(a, r);
+        else _dm_async_settle(a);
         pthread_cond_broadcast(&a->done);
     }
     pthread_mutex_unlock(&a->mu);
@@ -3597,6 +3710,8 @@ _DM_PRIVATE dm_status _dm_async_enqueue(dm_collective* c, _dm_async* a, dm_reque
     }
     _dm_async_track(a, r);
     if (_DM_TRACED(c)) r->tr_queued = _dm_trace_now();
+    r->state = _DM_RQ_QUEUED;
+    r->qnum = ++a->queued;
     if (a->tail) a->tail->next = r; else a->head = r;
     a->tail = r;
     a->inflight++;
@@ -3648,6 +3763,10 @@ _DM_PRIVATE dm_status _dm_request_finish(dm_request* r, bool block, bool* done) 
         return st;
     }
     pthread_mutex_lock(&a->mu);
+    if (!r->done && r->qnum > a->release) {   /* receives held back up to r may start now */
+        a->release = r->qnum;
+        pthread_cond_signal(&a->work);
+    }
     while (block && !r->done) pthread_cond_wait(&a->done, &a->mu);
     *done = r->done;
     if (!r->done) { pthread_mutex_unlock(&a->mu); return DM_OK; }
@@ -3982,6 +4101,21 @@ DM_API_IMPL dm_status dm_recv_async(dm_collective* c, void* buf, size_t count, d
                                     dm_request** out) {
     _DM_ASYNC(c, out, _dm_prep_p2p(c, false, buf, count, dtype, peer, tag, &o_));
 }
+/* dm_recv_any: a recv from DM_ANY_SOURCE with the sender's slot. */
+_DM_PRIVATE dm_status _dm_prep_recv_any_out(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag,
+                                            int* source, dm_op* o) {
+    if (source) *source = -1;
+    _DM_TRY(_dm_prep_p2p(c, false, buf, count, dtype, DM_ANY_SOURCE, tag, o));
+    o->source = source;
+    return DM_OK;
+}
+DM_API_IMPL dm_status dm_recv_any(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag, int* source) {
+    _DM_BLOCKING(c, _dm_prep_recv_any_out(c, buf, count, dtype, tag, source, &o_));
+}
+DM_API_IMPL dm_status dm_recv_any_async(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag,
+                                        int* source, dm_request** out) {
+    _DM_ASYNC(c, out, _dm_prep_recv_any_out(c, buf, count, dtype, tag, source, &o_));
+}
 
 _DM_PRIVATE dm_status _dm_prep_split(dm_collective* c, int color, int key, dm_collective** out, dm_op* o) {
     if (!out) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "split: out is NULL");
@@ -4024,7 +4158,11 @@ _DM_PRIVATE dm_status _dm_prep_op(dm_collective* c, const dm_op* in, bool queued
             return _dm_prep_all_to_all_v(c, in->send, in->send_counts, in->send_offsets, in->recv, in->recv_counts,
                                          in->recv_offsets, in->dtype, o);
         case DM_OP_SEND: return _dm_prep_p2p(c, true, in->send, in->count, in->dtype, in->root, in->tag, o);
-        case DM_OP_RECV: return _dm_prep_p2p(c, false, in->recv, in->count, in->dtype, in->root, in->tag, o);
+        case DM_OP_RECV:
+            _DM_TRY(_dm_prep_p2p(c, false, in->recv, in->count, in->dtype, in->root, in->tag, o));
+            if (o->root == DM_ANY_SOURCE) o->source = in->source;
+            if (o->source) *o->source = -1;
+            return DM_OK;
         case DM_OP_SPLIT:
             if (queued) return _DM_FAIL(c, DM_ERR_INVALID_ARG, "submit: split has no _async form");
             return _dm_prep_split(c, in->color, in->key, in->split_out, o);
@@ -4050,17 +4188,16 @@ _DM_PRIVATE void _dm_abort_in_flight(dm_collective* c) {
     _dm_async* a = __atomic_load_n(&c->core->async, __ATOMIC_ACQUIRE);
     bool can = _DM_VT_HAS(c->vt, interrupt);
     if (a) {
+        dm_request* r;
         pthread_mutex_lock(&a->mu);
-        while (a->head) {
-            dm_request* r = a->head;
-            a->head = r->next;
+        for (r = a->head; r; r = r->next) {
+            if (r->state != _DM_RQ_QUEUED) continue;
             r->status = DM_ERR_ABORTED;
             snprintf(r->msg, sizeof(r->msg), "%s was not run: aborted by dm_shrink(DM_SHRINK_ABORT)",
                      _dm_op_name(r->op.kind));
-            r->done = true;
-            a->inflight--;
+            r->state = _DM_RQ_RAN;
         }
-        a->tail = NULL;
+        _dm_async_settle(a);    /* up to the running one, which settles the rest when it ends */
         if (a->inflight > 0 && can) c->vt->interrupt(c);
         while (a->inflight > 0) pthread_cond_wait(&a->done, &a->mu);
         pthread_cond_broadcast(&a->done);
@@ -4421,6 +4558,7 @@ static const dm_collective_vtable _dm_fake_vtable = {
     NULL,                            /* shrink */
     NULL,                            /* grow */
     NULL,                            /* interrupt */
+    NULL,                            /* recv_any */
 };
 
 /* Checks the desc shared by dm_fake_create and dm_thread_world_create. err gets the reason. */
@@ -5195,6 +5333,8 @@ typedef struct _dm_want {
     size_t count;
     unsigned char* buf;
     bool done;
+    bool any;                   /* from any peer (DM_ANY_SOURCE): every connected peer's inbox is read */
+    int from;                   /* the peer whose message fills buf (claimed at its header), or -1 */
 } _dm_want;
 
 /* Where the two streams stand. */
@@ -5357,19 +5497,28 @@ _DM_PRIVATE dm_status _dm_eng_want_check(_dm_eng* lk, const _dm_xfer* x, int pee
     _dm_fp_mismatch(lk->c, lk->tag, lk->c->rank, &mine, peer, got);
     return _dm_eng_break(lk, DM_ERR_MISMATCH);
 }
-/* The first unexpected message from peer with want's tag, copied into its buffer and freed:
-   DM_OK with want->done set, DM_OK without it when there is none, or the mismatch. */
+/* Whether a message from peer with tag goes to the dm_recv x waits for: its peer (or any),
+   its tag, and no other peer's message already filling its buffer. */
+_DM_PRIVATE bool _dm_eng_want_takes(const _dm_xfer* x, int peer, int tag) {
+    const _dm_want* w = x->want;
+    return w && !w->done && w->from < 0 && (w->any || x->rpeer == peer) && tag == w->tag;
+}
+/* The first unexpected message from peer (peer < 0: from any peer, in the order this rank read
+   them) with want's tag, copied into its buffer and freed: DM_OK with want->done and
+   want->from set, DM_OK without them when there is none, or the mismatch. */
 _DM_PRIVATE dm_status _dm_eng_take_unexpected(_dm_eng* lk, const _dm_xfer* x, int peer) {
     _dm_umsg **p = &lk->uhead, *m = NULL, *prev = NULL;
     for (; *p; prev = *p, p = &(*p)->next)
-        if ((*p)->peer == peer && (*p)->fp.root == x->want->tag) { m = *p; break; }
+        if ((peer < 0 || (*p)->peer == peer) && (*p)->fp.root == x->want->tag) { m = *p; break; }
     if (!m) return DM_OK;
+    peer = m->peer;
     _DM_TRY(_dm_eng_want_check(lk, x, peer, &m->fp));
     *p = m->next;
     if (lk->utail == m) lk->utail = prev;
     lk->ubytes -= m->bytes;
     if (m->bytes) memcpy(x->want->buf, m->data, m->bytes);
     _dm_free(&lk->c->allocator, m);
+    x->want->from = peer;
     x->want->done = true;
     return DM_OK;
 }
@@ -5397,8 +5546,9 @@ _DM_PRIVATE dm_status _dm_eng_inbox_header(_dm_eng* lk, const _dm_xfer* x, int p
     in->len = bytes;
     in->fill = in->padfill = 0;
     in->pad = _dm_eng_pad(lk->links[peer], bytes);
-    if (x->want && !x->want->done && x->rpeer == peer && fp.root == x->want->tag) {
+    if (_dm_eng_want_takes(x, peer, fp.root)) {
         _DM_TRY(_dm_eng_want_check(lk, x, peer, &fp));
+        x->want->from = peer;   /* claimed: another peer's message with the tag is kept meanwhile */
         in->msg = NULL;
         in->dst = x->want->buf;
         return DM_OK;
@@ -5434,13 +5584,13 @@ _DM_PRIVATE dm_status _dm_eng_inbox_message(_dm_eng* lk, const _dm_xfer* x, int 
     if (!m) { x->want->done = true; return DM_OK; }
     if (lk->utail) lk->utail->next = m; else lk->uhead = m;
     lk->utail = m;
-    if (x->want && !x->want->done && x->rpeer == peer && m->fp.root == x->want->tag)
-        return _dm_eng_take_unexpected(lk, x, peer);
+    if (_dm_eng_want_takes(x, peer, m->fp.root)) return _dm_eng_take_unexpected(lk, x, peer);
     return DM_OK;
 }
 /* Reads peer's inbox as far as it can: until x->want is done, the link is empty, or the next
    collective's fingerprint is in (which a dm_recv cannot wait past: that peer will send
-   nothing more before this rank joins the collective, so it fails with DM_ERR_MISMATCH). */
+   nothing more before this rank joins the collective, so it fails with DM_ERR_MISMATCH; a
+   dm_recv from any source leaves that peer and reads the others). */
 _DM_PRIVATE dm_status _dm_eng_pump_inbox(_dm_eng* lk, const _dm_xfer* x, _dm_xstate* s, int peer, bool* progress) {
     _dm_inbox* in = &lk->inbox[peer];
     _dm_link* l = lk->links[peer];
@@ -5451,7 +5601,7 @@ _DM_PRIVATE dm_status _dm_eng_pump_inbox(_dm_eng* lk, const _dm_xfer* x, _dm_xst
         if (x->want && x->want->done) return DM_OK;
         if (in->fp_ready) {
             _dm_fp theirs, mine;
-            if (!x->want) return DM_OK;
+            if (!x->want || x->want->any) return DM_OK;
             _dm_fp_decode(in->hdr, &theirs);
             _dm_fp_make(&mine, lk->c, _DM_K_RECV, (int)x->want->dtype, -1, x->want->tag, x->want->count);
             mine.seq = lk->c->seq;
@@ -5475,6 +5625,16 @@ _DM_PRIVATE dm_status _dm_eng_pump_inbox(_dm_eng* lk, const _dm_xfer* x, _dm_xst
     }
 }
 
+/* A dm_recv from any source reads every connected peer's inbox in turn, until one message
+   with its tag is in (links made meanwhile, by a peer that connects to this rank on demand,
+   are read from the next round on). */
+_DM_PRIVATE dm_status _dm_eng_pump_any(_dm_eng* lk, const _dm_xfer* x, _dm_xstate* s, bool* progress) {
+    int p;
+    for (p = 0; p < lk->c->size && !x->want->done; p++)
+        if (p != lk->c->rank && lk->links[p]) _DM_TRY(_dm_eng_pump_inbox(lk, x, s, p, progress));
+    if (!x->want->done) s->want_in = true;      /* waits for bytes, or for a peer to connect */
+    return DM_OK;
+}
 /* A send that cannot move reads what every other peer sent too: in a ring of large sends
    (each rank sending to the next before receiving from the previous) every rank's link fills,
    and only the receivers' reading frees them. */
@@ -5787,7 +5947,8 @@ _DM_PRIVATE int _dm_eng_poll_xfer(_dm_eng* lk, const _dm_xfer* x, const _dm_xsta
         }
         if (rl && rl->fd >= 0 && s->want_in) { p[*np].fd = _dm_eng_fd(rl, false); p[*np].events = POLLIN; (*np)++; }
     }
-    if (x->inbox && !x->want && sl)         /* a blocked send also waits for the other peers' bytes */
+    /* a blocked send also waits for the other peers' bytes; a recv from any source for all */
+    if (x->inbox && (x->want ? x->want->any : sl != NULL))
         for (k = 0; k < lk->c->size; k++) {
             _dm_link* o = lk->links[k];
             if (!o || k == x->rpeer || lk->inbox[k].fp_ready) continue;
@@ -5832,13 +5993,15 @@ _DM_PRIVATE dm_status _dm_eng_block(_dm_eng* lk, const _dm_xfer* xs, const _dm_x
        with no progress between (bytes it wrote before dying are taken first) means lost. */
     for (j = 0; j < n; j++) {
         const _dm_xfer* x = &xs[j];
+        bool any = x->want && x->want->any;
         if (_dm_eng_xfer_done(x, &s[j])) continue;
-        for (k = 0; k < 2; k++) {
-            int peer = k == 0 ? (s[j].ri < x->nr || x->inbox ? x->rpeer : -1) : (s[j].si < x->ns ? x->speer : -1);
+        for (k = 0; k < (any ? lk->c->size : 2); k++) {
+            int peer = any ? (k != lk->c->rank ? k : -1)
+                     : k == 0 ? (s[j].ri < x->nr || x->inbox ? x->rpeer : -1) : (s[j].si < x->ns ? x->speer : -1);
             _dm_link* l = peer >= 0 ? lk->links[peer] : NULL;
             if (!l || l->fd >= 0 || !l->vt->alive || l->vt->alive(l, &err) == 0) continue;
             if (++*dead < 2) return DM_OK;
-            return _dm_eng_io_fail(lk, x, peer, k != 0, err);
+            return _dm_eng_io_fail(lk, x, peer, !any && k != 0, err);
         }
     }
     return DM_OK;
@@ -5923,7 +6086,8 @@ _DM_PRIVATE dm_status _dm_eng_run_n(_dm_eng* lk, const _dm_xfer* xs, int n) {
             if (_dm_eng_xfer_done(x, sj)) continue;
             st = _dm_eng_pump_send(lk, x, sj, &progress);
             if (st == DM_OK) st = _dm_eng_pump_recv(lk, x, sj, &progress);
-            if (st == DM_OK && x->inbox && (x->want || sj->si < x->ns))
+            if (st == DM_OK && x->want && x->want->any) st = _dm_eng_pump_any(lk, x, sj, &progress);
+            else if (st == DM_OK && x->inbox && (x->want || sj->si < x->ns))
                 st = _dm_eng_pump_inbox(lk, x, sj, x->rpeer, &progress);
             if (st == DM_OK && x->inbox && !x->want && !progress && sj->si < x->ns)
                 st = _dm_eng_drain_others(lk, x, sj, &progress);
@@ -5967,9 +6131,14 @@ _DM_PRIVATE dm_status _dm_eng_run_n(_dm_eng* lk, const _dm_xfer* xs, int n) {
                 bool recv_wait = _dm_eng_recv_wait(x, &s[first]);
                 int peer = recv_wait ? x->rpeer : x->speer;
                 if (_DM_TRACED(lk->c)) _dm_trace_wait(lk->c, peer, now - idle_since);
-                _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
-                         lk->tag, x->op, (unsigned long long)lk->c->seq, lk->c->timeout_ms,
-                         recv_wait ? "receive from" : "send to", peer, lk->links[peer]->where);
+                if (peer < 0)   /* a recv from any source */
+                    _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to receive a "
+                             "message with tag %d from any rank", lk->tag, x->op, (unsigned long long)lk->c->seq,
+                             lk->c->timeout_ms, x->want->tag);
+                else
+                    _DM_FAIL(lk->c, DM_ERR_TIMEOUT, "%s: %s #%llu timed out after %d ms waiting to %s rank %d (%s)",
+                             lk->tag, x->op, (unsigned long long)lk->c->seq, lk->c->timeout_ms,
+                             recv_wait ? "receive from" : "send to", peer, lk->links[peer]->where);
                 st = _dm_eng_break(lk, DM_ERR_TIMEOUT);
             }
             if (st != DM_OK) break;
@@ -7980,11 +8149,32 @@ _DM_PRIVATE dm_status _dm_coll_recv(dm_collective* c, void* buf, size_t count, d
     _DM_TRY(_dm_coll_host_only(c, "recv", buf, NULL));
     _DM_TRY(_dm_eng_check_broken(lk, "recv"));
     w.tag = tag; w.dtype = dtype; w.count = count; w.buf = (unsigned char*)buf; w.done = false;
+    w.any = false; w.from = -1;
     x.op = "recv"; x.speer = -1; x.rpeer = peer; x.ns = 0; x.nr = 0;
     x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true; x.want = &w;
     _DM_TRY(_dm_eng_take_unexpected(lk, &x, peer));
     if (w.done) return DM_OK;
     return _dm_eng_run_on_demand(lk, &x);
+}
+/* From any source: the first kept (unexpected) message with this tag, in the order this rank
+   read them; else every connected peer's inbox is read in turn (rank order each round) until
+   the header of one with the tag is in, and that message fills buf. *source: its sender. */
+_DM_PRIVATE dm_status _dm_coll_recv_any(dm_collective* c, void* buf, size_t count, dm_dtype dtype, int tag,
+                                        int* source) {
+    _dm_eng* lk = _dm_eng_of(c);
+    _dm_want w;
+    _DM_ZERO(_dm_xfer, x);
+    if (source) *source = -1;
+    _DM_TRY(_dm_coll_host_only(c, "recv", buf, NULL));
+    _DM_TRY(_dm_eng_check_broken(lk, "recv"));
+    w.tag = tag; w.dtype = dtype; w.count = count; w.buf = (unsigned char*)buf; w.done = false;
+    w.any = true; w.from = -1;
+    x.op = "recv"; x.speer = -1; x.rpeer = -1; x.ns = 0; x.nr = 0;
+    x.dtype = DM_UINT8; x.rop = DM_SUM; x.inbox = true; x.want = &w;
+    _DM_TRY(_dm_eng_take_unexpected(lk, &x, -1));
+    if (!w.done) _DM_TRY(_dm_eng_run_on_demand(lk, &x));
+    if (source) *source = w.from;
+    return DM_OK;
 }
 
 _DM_COLD_BEGIN
@@ -8573,6 +8763,7 @@ static const dm_collective_vtable _dm_thread_vtable = {
     _dm_tw_shrink,                   /* shrink */
     NULL,                            /* grow */
     _dm_tw_interrupt,                /* interrupt: dm_abort */
+    _dm_coll_recv_any,               /* recv_any: every peer's inbox */
 };
 
 /* A member of a shared world. like: copy logger, allocator, timeout and node name from it

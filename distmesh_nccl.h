@@ -1222,6 +1222,7 @@ static const dm_collective_vtable _dm_nccl_vtable = {
     _dm_nccl_shrink,                 /* shrink: ncclCommShrink (2.27+), else re-init via the store */
     NULL,                            /* grow */
     _dm_nccl_interrupt,              /* interrupt: a flag the running wait polls; dm_abort aborts */
+    NULL,                            /* recv_any: NCCL has no receive from any source */
 };
 
 /* >>nccl lifetime  A communicator's object; the config, NCCL's background jobs, split. */

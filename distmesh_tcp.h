@@ -1778,6 +1778,7 @@ static const dm_collective_vtable _dm_tcp_vtable = {
     _dm_tcp_shrink,                  /* shrink */
     _dm_tcp_grow,                    /* grow: newcomers join through the store (>>tcp grow) */
     _dm_tcp_interrupt,               /* interrupt */
+    _dm_coll_recv_any,               /* recv_any: every connected peer's inbox, connections served */
 };
 
 _DM_COLD_BEGIN

@@ -1112,6 +1112,7 @@ _DM_PRIVATE void _dm_trace_dump_queued(dm_collective* c, _dm_tbuf* b) {
     if (!a) return;
     pthread_mutex_lock(&a->mu);
     for (r = a->head; r; r = r->next) {
+        if (r->state != _DM_RQ_QUEUED) continue;    /* running, or ran and waiting for an earlier one */
         _dm_tb_s(b, first ? "\n      {\"op\":" : ",\n      {\"op\":");
         _dm_tb_str(b, _dm_op_name(r->op.kind));
         _dm_tb_s(b, ",\"state\":\"queued\",\"dtype\":"); _dm_tb_str(b, dm_dtype_name(r->op.dtype));

@@ -30,6 +30,7 @@ static const any_fn public_functions[] = {
     FN(dm_all_gather) FN(dm_all_gather_to_list) FN(dm_reduce_scatter) FN(dm_broadcast)
     FN(dm_all_gather_objects) FN(dm_broadcast_objects) FN(dm_blob_list_free) FN(dm_synchronize)
     FN(dm_split) FN(dm_local) FN(dm_main_process_first_begin) FN(dm_main_process_first_end)
+    FN(dm_send) FN(dm_recv) FN(dm_recv_any) FN(dm_send_async) FN(dm_recv_async) FN(dm_recv_any_async)
     FN(dm_mesh_create) FN(dm_mesh_create_dp_tp) FN(dm_mesh_destroy) FN(dm_mesh_ndims)
     FN(dm_mesh_dim_name) FN(dm_mesh_dim_index) FN(dm_mesh_rank) FN(dm_mesh_size) FN(dm_mesh_group)
     FN(dm_mesh_world) FN(dm_mesh_last_error) FN(dm_mesh_dp_rank) FN(dm_mesh_dp_world_size)

@@ -1434,6 +1434,9 @@ static void test_fake_documented(void** s) {
                     if (st != DM_ERR_UNSUPPORTED) fail_msg("fake world %d: dm_send -> %s: %s", N, dm_status_name(st), dm_last_error(c));
                     st = dm_recv(c, x, 3, DM_INT32, (rank + 1) % N, 0);
                     if (st != DM_ERR_UNSUPPORTED) fail_msg("fake world %d: dm_recv -> %s: %s", N, dm_status_name(st), dm_last_error(c));
+                    st = dm_recv_any(c, x, 3, DM_INT32, 0, NULL);
+                    if (st != DM_ERR_UNSUPPORTED || !strstr(dm_last_error(c), "any source"))
+                        fail_msg("fake world %d: dm_recv_any -> %s: %s", N, dm_status_name(st), dm_last_error(c));
                 }
                 assert_int_equal(dm_barrier(c), DM_OK);
             }
@@ -1469,6 +1472,266 @@ static void test_fake_scatter_non_root(void** s) {
                 fail_msg("fake world %d rank %d: dm_scatter from root %d wrote recv[%d] = %d at a non-root",
                          N, rank, root, j, recv[j]);
     }
+}
+
+/* ---- 6. point-to-point posted in any order ------------------------------------------------------ */
+/* Receives posted before the sends they wait on (torch's batch_isend_irecv, pipeline stages):
+   every rank posts dm_recv_async from prev first, then dm_send_async to next (at 2 ranks both
+   ranks post irecv-then-isend to each other), and waits. The progress thread runs a run of
+   point-to-point requests sends first, so none of this waits for the deadline (the worlds here
+   run with g_timeout_ms, 5 s: the queue that ran them in issue order timed out). */
+static int recv_first_ring(dm_collective* c, unsigned char* sbuf, unsigned char* rbuf, size_t n, int salt,
+                           const char* what) {
+    int W = dm_world_size(c), r = dm_rank(c), bad = 0;
+    int next = (r + 1) % W, prev = (r + W - 1) % W;
+    dm_request* rq[2];
+    fill_mv(DM_UINT32, sbuf, n, r, next, salt);
+    memset(rbuf, 0xee, n * 4);
+    OK(c, dm_recv_async(c, rbuf, n, DM_UINT32, prev, 40 + salt, &rq[0]));
+    OK(c, dm_send_async(c, sbuf, n, DM_UINT32, next, 40 + salt, &rq[1]));
+    OK(c, dm_wait_all(rq, 2));
+    EXPECT_MV(c, DM_UINT32, rbuf, n, prev, r, salt, what);
+    return bad;
+}
+static int body_recv_first(dm_collective* c, void* arg) {
+    int W = dm_world_size(c), r = dm_rank(c), bad = 0, k;
+    int next = (r + 1) % W, prev = (r + W - 1) % W;
+    size_t big = (size_t)8 << 20;              /* more than any link holds (shm ring, socket buffers) */
+    unsigned char *sbuf = (unsigned char*)xmalloc(big), *rbuf = (unsigned char*)xmalloc(big);
+    dm_request* rq[6];
+    (void)arg;
+    if (W == 1) { free(sbuf); free(rbuf); return 0; }
+    /* the ring, small and 8 MiB */
+    bad |= recv_first_ring(c, sbuf, rbuf, 100, 1, "ring, irecv first");
+    bad |= recv_first_ring(c, sbuf, rbuf, big / 4, 2, "ring of 8 MiB, irecv first");
+    /* two receives (tags 5, 6) before two sends (tags 6, 5), waited in reverse */
+    fill_mv(DM_INT32, sbuf, 64, r, next, 5);
+    fill_mv(DM_INT32, sbuf + 4096, 64, r, next, 6);
+    memset(rbuf, 0xee, 8192);
+    OK(c, dm_recv_async(c, rbuf, 64, DM_INT32, prev, 5, &rq[0]));
+    OK(c, dm_recv_async(c, rbuf + 4096, 64, DM_INT32, prev, 6, &rq[1]));
+    OK(c, dm_send_async(c, sbuf + 4096, 64, DM_INT32, next, 6, &rq[2]));
+    OK(c, dm_send_async(c, sbuf, 64, DM_INT32, next, 5, &rq[3]));
+    for (k = 3; k >= 0; k--) OK(c, dm_wait(rq[k]));
+    EXPECT_MV(c, DM_INT32, rbuf, 64, prev, r, 5, "two receives first, tag 5");
+    EXPECT_MV(c, DM_INT32, rbuf + 4096, 64, prev, r, 6, "two receives first, tag 6");
+    /* a blocking dm_send after a dm_recv_async: it queues behind the receive, runs first, and
+       returns once the receive (issued earlier) is done */
+    fill_mv(DM_FLOAT32, sbuf, 50, r, next, 7);
+    memset(rbuf, 0xee, 200);
+    OK(c, dm_recv_async(c, rbuf, 50, DM_FLOAT32, prev, 7, &rq[0]));
+    OK(c, dm_send(c, sbuf, 50, DM_FLOAT32, next, 7));
+    {
+        bool d = false;
+        EXPECT_ST(c, dm_test(rq[0], &d), DM_OK);    /* done with the send: issue order */
+        EXPECT(c, d);
+        if (!d) OK(c, dm_wait(rq[0]));
+    }
+    EXPECT_MV(c, DM_FLOAT32, rbuf, 50, prev, r, 7, "blocking send after irecv");
+    /* a collective between: the receives before it are not held back by it, and it runs after them */
+    fill_mv(DM_INT64, sbuf, 20, r, next, 8);
+    memset(rbuf, 0xee, 160);
+    OK(c, dm_recv_async(c, rbuf, 20, DM_INT64, prev, 8, &rq[0]));
+    OK(c, dm_send_async(c, sbuf, 20, DM_INT64, next, 8, &rq[1]));
+    OK(c, dm_barrier_async(c, &rq[2]));
+    OK(c, dm_wait_all(rq, 3));
+    EXPECT_MV(c, DM_INT64, rbuf, 20, prev, r, 8, "irecv, isend, barrier");
+    free(sbuf);
+    free(rbuf);
+    if (bad) return bad;
+    OK(c, dm_barrier(c));
+    return 0;
+}
+/* A lone dm_recv_async (no send of this rank's after it) is held back until someone waits
+   for it or tests it: the sender sends later with a blocking dm_send, and the receiver
+   completes it by dm_wait (round 0) or by a dm_test loop (round 1). Rank 0 receives from the
+   last rank; the others only pass the barriers. */
+static int body_lone_recv(dm_collective* c, void* arg) {
+    int W = dm_world_size(c), r = dm_rank(c), bad = 0, round;
+    int32_t v[16];
+    (void)arg;
+    if (W == 1) return 0;
+    for (round = 0; round < 2; round++) {
+        if (r == 0) {
+            dm_request* rq = NULL;
+            memset(v, 0xee, sizeof(v));
+            OK(c, dm_recv_async(c, v, 16, DM_INT32, W - 1, 9, &rq));
+            tw_sleep_ms(20);                    /* "computes" while the sender runs ahead */
+            if (round == 0) OK(c, dm_wait(rq));
+            else {
+                bool d = false;
+                double until = tw_now_s() + 15;
+                dm_status st = DM_OK;
+                while (!d && st == DM_OK && tw_now_s() < until) {
+                    st = dm_test(rq, &d);
+                    if (!d) tw_sleep_ms(1);
+                }
+                if (st != DM_OK || !d) {
+                    report(c, __LINE__, "dm_test loop: %s, done %d: %s", dm_status_name(st), (int)d, dm_last_error(c));
+                    return 1;
+                }
+            }
+            EXPECT_MV(c, DM_INT32, v, 16, W - 1, 0, 9 + round, round ? "lone irecv, dm_test loop" : "lone irecv, dm_wait");
+        } else if (r == W - 1) {
+            fill_mv(DM_INT32, v, 16, r, 0, 9 + round);
+            OK(c, dm_send(c, v, 16, DM_INT32, 0, 9));
+        }
+        OK(c, dm_barrier(c));
+    }
+    return bad;
+}
+/* dm_destroy with a held-back receive: it runs (its sender sends), and destroy returns. The
+   buffer outlives the body (destroy writes it). */
+static int32_t g_held[8][4];
+static int body_destroy_held_recv(dm_collective* c, void* arg) {
+    int W = dm_world_size(c), r = dm_rank(c);
+    int32_t* v = g_held[r];
+    dm_request* rq = NULL;
+    (void)arg;
+    if (W == 1) return 0;
+    if (r == 0) OK(c, dm_recv_async(c, v, 4, DM_INT32, 1, 3, &rq));
+    else if (r == 1) OK(c, dm_send(c, v, 4, DM_INT32, 0, 3));
+    return 0;                                   /* the harness destroys c: rank 0's recv runs then */
+}
+
+/* ---- 7. receive from any source ------------------------------------------------------------------ */
+/* Bad input for dm_recv_any / DM_ANY_SOURCE: local errors, the group usable afterwards. */
+static int any_bad_args(dm_collective* c) {
+    int W = dm_world_size(c), bad = 0, src = 5;
+    int32_t x[4];
+    dm_request* req = (dm_request*)(void*)&bad;
+    EXPECT_ST(c, dm_recv_any(c, x, 4, DM_INT32, -1, &src), W == 1 ? DM_ERR_INVALID_ARG : DM_ERR_INVALID_ARG);
+    EXPECT(c, src == -1);
+    EXPECT_ST(c, dm_recv(c, x, 4, DM_INT32, DM_ANY_SOURCE, -7), DM_ERR_INVALID_ARG);
+    EXPECT(c, strstr(dm_last_error(c), "tag -7") != NULL);
+    EXPECT_ST(c, dm_recv_any(c, NULL, 4, DM_INT32, 0, &src), DM_ERR_INVALID_ARG);
+    EXPECT_ST(c, dm_recv_any(c, x, 4, DM_DTYPE_COUNT, 0, &src), DM_ERR_INVALID_ARG);
+    EXPECT_ST(c, dm_recv(c, x, 4, DM_INT32, -3, 0), DM_ERR_INVALID_ARG);        /* only DM_ANY_SOURCE */
+    EXPECT_ST(c, dm_send(c, x, 4, DM_INT32, DM_ANY_SOURCE, 0), DM_ERR_INVALID_ARG);
+    EXPECT_ST(c, dm_recv_any_async(c, x, 4, DM_INT32, -2, &src, &req), DM_ERR_INVALID_ARG);
+    EXPECT(c, req == NULL);
+    EXPECT_ST(c, dm_recv_any(NULL, x, 4, DM_INT32, 0, &src), DM_ERR_INVALID_ARG);
+    if (W == 1) {   /* nobody could send */
+        EXPECT_ST(c, dm_recv_any(c, x, 4, DM_INT32, 0, &src), DM_ERR_INVALID_ARG);
+        EXPECT(c, strstr(dm_last_error(c), "1-rank") != NULL);
+    }
+    return bad;
+}
+/* Rank 0 receives from any source; the others send to it. */
+static int any_checks(dm_collective* c) {
+    int W = dm_world_size(c), r = dm_rank(c), bad = 0, k, j, src = -5, src2 = -5;
+    int32_t v[32], w[32];
+    bool seen[8] = { false };
+    dm_request* rq[4];
+    /* 1. every other rank sends at once: W - 1 receives, each sender once, each its data */
+    if (r == 0) {
+        for (k = 1; k < W; k++) {
+            memset(v, 0xee, sizeof(v));
+            OK(c, dm_recv_any(c, v, 32, DM_INT32, 50, &src));
+            if (src < 1 || src >= W || seen[src]) { report(c, __LINE__, "recv_any: source %d (seen before or no sender)", src); return 1; }
+            seen[src] = true;
+            EXPECT_MV(c, DM_INT32, v, 32, src, 0, 50, "any source, all at once");
+        }
+    } else {
+        fill_mv(DM_INT32, v, 32, r, 0, 50);
+        OK(c, dm_send(c, v, 32, DM_INT32, 0, 50));
+    }
+    OK(c, dm_barrier(c));
+    /* 2. senders in an order rank 0 sets (W-1 down to 1, then 1 up to W-1): each told to send
+       (tag 52) only once the one before arrived, so the source must be that rank */
+    for (j = 0; j < 2; j++)
+        for (k = 1; k < W; k++) {
+            int who = j == 0 ? W - k : k;
+            if (r == 0) {
+                OK(c, dm_send(c, &who, 1, DM_INT32, who, 52));
+                memset(v, 0xee, sizeof(v));
+                OK(c, dm_recv_any(c, v, 32, DM_INT32, 53, &src));
+                if (src != who) { report(c, __LINE__, "order %d: recv_any source %d, want %d", j, src, who); bad = 1; }
+                EXPECT_MV(c, DM_INT32, v, 32, who, 0, 53 + j, "any source, in rank 0's order");
+            } else if (r == who) {
+                int go = -1;
+                OK(c, dm_recv(c, &go, 1, DM_INT32, 0, 52));
+                EXPECT(c, go == r);
+                fill_mv(DM_INT32, v, 32, r, 0, 53 + j);
+                OK(c, dm_send(c, v, 32, DM_INT32, 0, 53));
+            }
+        }
+    OK(c, dm_barrier(c));
+    /* 3. tag filtering: the last rank sends tag 61, then tag 60; rank 0 asks for 60 first */
+    if (r == W - 1) {
+        fill_mv(DM_INT32, v, 32, r, 0, 61);
+        OK(c, dm_send(c, v, 32, DM_INT32, 0, 61));
+        fill_mv(DM_INT32, v, 32, r, 0, 60);
+        OK(c, dm_send(c, v, 32, DM_INT32, 0, 60));
+    } else if (r == 0) {
+        OK(c, dm_recv_any(c, v, 32, DM_INT32, 60, &src));
+        EXPECT(c, src == W - 1);
+        EXPECT_MV(c, DM_INT32, v, 32, W - 1, 0, 60, "any source, tag 60 past a kept tag 61");
+        OK(c, dm_recv(c, v, 32, DM_INT32, DM_ANY_SOURCE, 61));     /* the same without the sender */
+        EXPECT_MV(c, DM_INT32, v, 32, W - 1, 0, 61, "DM_ANY_SOURCE, the kept tag 61");
+    }
+    OK(c, dm_barrier(c));
+    /* 4. with a named recv: the last rank's message goes to the named recv posted first, the
+       any-source one gets the other (rank 1's; at 2 ranks the last rank's second) */
+    if (r != 0 && (r == 1 || r == W - 1)) {
+        for (k = 0; k < (W == 2 ? 2 : 1); k++) {
+            fill_mv(DM_INT32, v, 32, r, 0, 70 + k + (r == W - 1 ? 0 : 5));
+            OK(c, dm_send(c, v, 32, DM_INT32, 0, 70));
+        }
+    } else if (r == 0) {
+        OK(c, dm_recv(c, v, 32, DM_INT32, W - 1, 70));
+        EXPECT_MV(c, DM_INT32, v, 32, W - 1, 0, 70, "named recv before any source");
+        OK(c, dm_recv_any(c, w, 32, DM_INT32, 70, &src));
+        EXPECT(c, src == (W == 2 ? 1 : 1));
+        EXPECT_MV(c, DM_INT32, w, 32, 1, 0, W == 2 ? 71 : 75, "any source after a named recv");
+    }
+    OK(c, dm_barrier(c));
+    /* 5. the async form, posted before this rank's send (a run: the send goes first): rank 0
+       and the last rank exchange, rank 0 receiving from any source */
+    if (r == 0) {
+        src = src2 = -5;
+        fill_mv(DM_INT32, v, 32, 0, W - 1, 80);
+        OK(c, dm_recv_any_async(c, w, 32, DM_INT32, 80, &src, &rq[0]));
+        OK(c, dm_send_async(c, v, 32, DM_INT32, W - 1, 80, &rq[1]));
+        OK(c, dm_wait_all(rq, 2));
+        EXPECT(c, src == W - 1);
+        EXPECT_MV(c, DM_INT32, w, 32, W - 1, 0, 80, "recv_any_async before isend");
+        /* two any-source requests, each sender once (at 2 ranks, the last rank twice) */
+        OK(c, dm_recv_any_async(c, v, 32, DM_INT32, 81, &src, &rq[0]));
+        OK(c, dm_recv_any_async(c, w, 32, DM_INT32, 81, &src2, &rq[1]));
+        OK(c, dm_wait_all(rq, 2));
+        if (W == 2) EXPECT(c, src == 1 && src2 == 1);
+        else EXPECT(c, (src == 1 && src2 == W - 1) || (src == W - 1 && src2 == 1));
+        EXPECT_MV(c, DM_INT32, v, 32, src, 0, src == 1 && W > 2 ? 85 : 81, "recv_any_async, first");
+        EXPECT_MV(c, DM_INT32, w, 32, src2, 0, src2 == 1 && W > 2 ? 85 : (W == 2 ? 82 : 81), "recv_any_async, second");
+    } else if (r == W - 1) {
+        fill_mv(DM_INT32, v, 32, r, 0, 80);
+        OK(c, dm_recv_async(c, w, 32, DM_INT32, 0, 80, &rq[0]));
+        OK(c, dm_send_async(c, v, 32, DM_INT32, 0, 80, &rq[1]));
+        OK(c, dm_wait_all(rq, 2));
+        EXPECT_MV(c, DM_INT32, w, 32, 0, r, 80, "recv before isend, with rank 0's recv_any");
+        fill_mv(DM_INT32, v, 32, r, 0, 81);
+        OK(c, dm_send(c, v, 32, DM_INT32, 0, 81));
+        if (W == 2) {
+            fill_mv(DM_INT32, v, 32, r, 0, 82);
+            OK(c, dm_send(c, v, 32, DM_INT32, 0, 81));
+        }
+    } else if (r == 1) {
+        fill_mv(DM_INT32, v, 32, r, 0, 85);
+        OK(c, dm_send(c, v, 32, DM_INT32, 0, 81));
+    }
+    return bad;
+}
+static int body_any_source(dm_collective* c, void* arg) {
+    int bad;
+    (void)arg;
+    bad = any_bad_args(c);
+    OK(c, dm_barrier(c));    /* the argument errors broke nothing */
+    if (dm_world_size(c) == 1) return bad;
+    bad |= any_checks(c);
+    if (bad) return bad;
+    OK(c, dm_barrier(c));
+    return 0;
 }
 
 /* ---- the tests: each scenario on each transport ------------------------------------------------ */
@@ -1514,6 +1777,28 @@ static void busy(int kind) {
     run_worlds_of(kind, worlds, (int)(sizeof(worlds) / sizeof(worlds[0])), body_busy, NULL, 30);
 }
 static void fake_same(int kind) { run_worlds(kind, body_fake_same, NULL, 60); }
+static const int g_p2p_worlds[] = { 2, 3, 4 };
+#define P2P_WORLDS g_p2p_worlds, (int)(sizeof(g_p2p_worlds) / sizeof(g_p2p_worlds[0]))
+static void recv_first(int kind) { run_worlds_of(kind, P2P_WORLDS, body_recv_first, NULL, 60); }
+static void lone_recv(int kind) { run_worlds_of(kind, P2P_WORLDS, body_lone_recv, NULL, 40); }
+static void destroy_held_recv(int kind) { run_worlds_of(kind, P2P_WORLDS, body_destroy_held_recv, NULL, 30); }
+static void any_source(int kind) {
+    static const int worlds[] = { 1, 2, 3, 4, 7 };
+    run_worlds_of(kind, worlds, (int)(sizeof(worlds) / sizeof(worlds[0])), body_any_source, NULL, 60);
+}
+/* 12 ranks over TCP, each on a simulated host of its own: rank 0's schedules do not use every
+   rank, so the others connect to it on demand while it waits in dm_recv_any. */
+static void test_any_source_lazy_tcp(void** s) {
+    tw_dm_world w;
+    int f;
+    (void)s;
+    g_kind = "tcp";
+    api_world(&w, TR_TCP, 12, g_timeout_ms, body_any_source, NULL);
+    w.per_host = 1;
+    f = tw_dm_run(&w, 90);
+    g_kind = "parent";
+    assert_int_equal(f, 0);
+}
 
 #define ON_EVERY_TRANSPORT(name)                                                              \
     static void test_##name##_thread(void** s) { (void)s; name(TR_THREAD); }                 \
@@ -1530,6 +1815,10 @@ ON_EVERY_TRANSPORT(async_mismatch)
 ON_EVERY_TRANSPORT(destroy_with_requests)
 ON_EVERY_TRANSPORT(busy)
 ON_EVERY_TRANSPORT(fake_same)
+ON_EVERY_TRANSPORT(recv_first)
+ON_EVERY_TRANSPORT(lone_recv)
+ON_EVERY_TRANSPORT(destroy_held_recv)
+ON_EVERY_TRANSPORT(any_source)
 #define TESTS_OF(name) cmocka_unit_test(test_##name##_thread), cmocka_unit_test(test_##name##_shm), \
     cmocka_unit_test(test_##name##_tcp)
 
@@ -1553,6 +1842,11 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_fake_documented),
         cmocka_unit_test(test_fake_scatter_non_root),
         TESTS_OF(fake_same),
+        TESTS_OF(recv_first),
+        TESTS_OF(lone_recv),
+        TESTS_OF(destroy_held_recv),
+        TESTS_OF(any_source),
+        cmocka_unit_test(test_any_source_lazy_tcp),
     };
     signal(SIGPIPE, SIG_DFL);   /* the library must never raise it */
     setvbuf(stdout, NULL, _IOLBF, 0);
