@@ -103,7 +103,9 @@ class Collective(_C.Comm):
     compressed, a CompressState for error feedback),
     all_gather(output, input), all_gather_to_list(outputs, input), reduce_scatter,
     broadcast(tensor, source_rank=0), reduce, gather, scatter, all_to_all, all_to_all_v, send,
-    recv (each with async_op=False; True returns a Request), split, abort, close."""
+    recv(tensor, peer, tag=0) (peer None: from any rank; returns the sender's rank) (each with
+    async_op=False; True returns a Request, whose wait() returns what the call returns),
+    split, abort, close."""
 
     _tp_size = 1
     _tp_mesh = None
@@ -265,9 +267,10 @@ class Collective(_C.Comm):
         """mpi4py's Send: buf to rank dest."""
         self.send(buf, dest, tag)
 
-    def Recv(self, buf, source, tag=0):
-        """mpi4py's Recv: buf from rank source."""
-        self.recv(buf, source, tag)
+    def Recv(self, buf, source=None, tag=0):
+        """mpi4py's Recv: buf from rank source (None: any source, MPI.ANY_SOURCE); returns the
+        sender's rank (mpi4py puts it in a Status)."""
+        return self.recv(buf, source, tag)
 
     def allgather(self, obj):
         """mpi4py's allgather: every rank's obj, in rank order (pickled)."""

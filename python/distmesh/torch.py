@@ -633,13 +633,40 @@ class ProcessGroup(_ProcessGroupBase):
         return self._work(self._coll.send(t, dstRank, tag, async_op=True), tensors)
 
     def recv(self, tensors, srcRank, tag=0):
-        """torch's recv of one tensor from srcRank; a Work."""
+        """torch's recv of one tensor from srcRank; a Work. Posted before the matching send
+        (irecv then isend on both ranks, batch_isend_irecv) it still completes: distmesh runs
+        a run of sends and receives sends first (docs/python.md "Async")."""
         t = _one(tensors, "recv")
         return self._work(self._coll.recv(t, srcRank, tag, async_op=True), tensors, source_rank=srcRank)
 
     def recv_anysource(self, tensors, tag=0):
-        """Not supported: raises RuntimeError (distmesh receives from a named rank)."""
-        raise RuntimeError("distmesh: recv from any source is not supported (name the source rank)")
+        """torch's recv of one tensor from any rank (dist.recv(t) with src None); a Work whose
+        source_rank() (and _source_rank(), which dist.recv returns) is the sender once it is
+        complete. Which message: the first with the tag, as distmesh.h's dm_recv_any says.
+        torch 1.13 cannot be told the sender (its Work is C++'s): RuntimeError there."""
+        t = _one(tensors, "recv_anysource")
+        if Work is None:
+            raise RuntimeError("distmesh: recv from any source needs torch 2.x (torch %s's Work cannot report "
+                               "the sender); name the source rank" % torch.__version__)
+        req, sender = self._coll.recv(t, None, tag, async_op=True), [-1]
+
+        def took():                             # the request is complete: wait() returns its sender
+            sender[0] = req.wait()
+        return self._AnySourceWork(_Call([req], tensors, took), self._completer, sender)
+
+    if Work is not None:
+        class _AnySourceWork(Work):
+            """recv_anysource's Work: the sender, known once complete, for source_rank() and for
+            the _source_rank() torch's dist.recv calls (Work keeps an int under that name)."""
+
+            def __init__(self, call, completer, sender):
+                super().__init__(call, completer)
+                self._source_rank = lambda: sender[0]
+                self._sender = sender
+
+            def source_rank(self):
+                """The rank the message came from (-1 until the recv is complete)."""
+                return self._sender[0]
 
     def barrier(self, opts=None):
         """A barrier over the group; a Work."""

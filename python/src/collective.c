@@ -293,7 +293,9 @@ static const dmpy_spec dmpy_specs[DMPY_NSPECS] = {
     [DMPY_S_recv] = { "recv", DM_OP_RECV, 2,
         { { "tensor", DMPY_A_BUF, DMPY_B_WRITE | DMPY_B_RECV }, { "peer", DMPY_A_ROOT, 0 }, { "tag", DMPY_A_TAG, 0 },
           _DMPY_ASYNC },
-        DMPY_SIZE_NONE, false, "recv(tensor, peer, tag=0, async_op=False)" },
+        DMPY_SIZE_NONE, false, "recv(tensor, peer, tag=0, async_op=False): the message with this tag from peer, "
+        "or from any rank with peer None (the first with the tag: distmesh.h dm_recv_any); returns the sender's "
+        "rank (a Request whose wait() returns it)" },
 };
 #undef _DMPY_ASYNC
 
@@ -324,7 +326,10 @@ static PyObject* dmpy_collective(const dmpy_spec* s, PyObject* self, PyObject* c
         switch (p->role) {
             case DMPY_A_BUF: bufs[nb] = p; objs[nb++] = a[i]; break;
             case DMPY_A_OP: rc = dmpy_reduce_op(a[i], &o.c.op); break;
-            case DMPY_A_ROOT: rc = dmpy_int(a[i], p->name, 0, INT_MIN, INT_MAX, &root); break;
+            case DMPY_A_ROOT:
+                if (s->kind == DM_OP_RECV && a[i] == Py_None) root = DM_ANY_SOURCE;     /* recv from any source */
+                else rc = dmpy_int(a[i], p->name, 0, INT_MIN, INT_MAX, &root);
+                break;
             case DMPY_A_TAG: rc = dmpy_int(a[i], p->name, 0, 0, INT_MAX, &tag); break;
             case DMPY_A_ASYNC: rc = dmpy_bool(a[i], &async_op); break;
             case DMPY_A_COMPRESS: rc = dmpy_compress_arg(a[i], &o.c.compress); break;
@@ -334,6 +339,10 @@ static PyObject* dmpy_collective(const dmpy_spec* s, PyObject* self, PyObject* c
     }
     o.c.root = (int)root;
     o.c.tag = (int)tag;
+    if (s->kind == DM_OP_RECV && root == DM_ANY_SOURCE) {
+        o.source = -1;
+        o.c.source = &o.source;
+    }
     at_root = nb > 0 && root == dm_rank(c);
     for (i = 0; i < nb; i++) {          /* the buffers */
         int f = bufs[i]->buf, flags = f & DMPY_B_REDUCE ? DMPY_REDUCE : DMPY_READ;

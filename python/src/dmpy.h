@@ -178,7 +178,8 @@ typedef struct dmpy_op {
     Py_ssize_t nmany;
     void** ptrs;                /* their pointers (c.recvs) */
     size_t* arrays;             /* all_to_all_v: counts and offsets, 4 x world (c.send_counts ...) */
-    PyObject* result;           /* what the call returns (None when NULL) */
+    PyObject* result;           /* what the call returns (None when NULL; recv: the sender's rank) */
+    int source;                 /* recv from any source: the sender (c.source points here) */
     dmpy_cstate* state;         /* all_reduce's CompressState (c.compress_state), held and in use */
 } dmpy_op;
 extern PyTypeObject dmpy_RequestType;

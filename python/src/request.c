@@ -265,10 +265,26 @@ static int dmpy_request_block(dmpy_request* r, bool raise) {
     r->waiting = false;
     return dmpy_request_done(r, st, raise);
 }
+/* What a call that succeeded returns: its result, or None; a recv returns its sender's rank
+   (the peer it named, or the one it took a message from: peer None, any source). */
+static PyObject* dmpy_op_result(dmpy_op* o) {
+    PyObject* res = o->result;
+    o->result = NULL;
+    if (o->c.kind == DM_OP_RECV) {
+        Py_XDECREF(res);
+        return PyLong_FromLong(o->c.root == DM_ANY_SOURCE ? o->source : o->c.root);
+    }
+    return res ? res : Py_NewRef(Py_None);
+}
 static PyObject* dmpy_request_result(dmpy_request* r) {
+    PyObject* keep;
     if (r->status != DM_OK) return dmpy_raise(r->status, r->msg);
-    if (r->op.result) return Py_NewRef(r->op.result);
-    Py_RETURN_NONE;
+    keep = r->op.result ? Py_NewRef(r->op.result) : NULL;   /* wait() may be called again */
+    {
+        PyObject* res = dmpy_op_result(&r->op);
+        r->op.result = keep;
+        return res;
+    }
 }
 int dmpy_request_finish_all(dmpy_comm* c) {
     while (c->pending) {
@@ -393,8 +409,7 @@ PyObject* dmpy_run(dmpy_comm* self, dmpy_op* o, int async_op) {
             Py_CLEAR(o->result);
             return NULL;
         }
-        res = o->result ? o->result : Py_NewRef(Py_None);
-        o->result = NULL;
+        res = dmpy_op_result(o);
         dmpy_op_release(o);
         return res;
     }
@@ -404,6 +419,7 @@ PyObject* dmpy_run(dmpy_comm* self, dmpy_op* o, int async_op) {
         r->comm = (dmpy_comm*)Py_NewRef((PyObject*)self);
         r->req = NULL;
         r->op = *o;             /* the buffers move into the request */
+        if (r->op.c.source) r->op.c.source = &r->op.source;    /* recv from any source: the sender lands here */
         r->thread = PyThread_get_thread_ident();
         r->finished = r->waiting = false;
         r->status = DM_OK;

@@ -73,6 +73,23 @@ def test_fake_simulated_member_and_bad_rank():
     assert isinstance(e.value, ValueError) and e.value.status == -1 and e.value.status_name == "DM_ERR_INVALID_ARG"
 
 
+def test_recv_from_any_source_refusals():
+    """recv(buf, None): a Fake rank has no peers (Unsupported, as for a named recv); world 1
+    has no one to send (InvalidArgument); a negative tag or a peer other than None is refused."""
+    buf = np.zeros(3, np.int32)
+    c = distmesh.FakeCollective(rank=1, world_size=3)
+    with pytest.raises(distmesh.Unsupported, match="any source"):
+        c.recv(buf, None)
+    with pytest.raises(distmesh.Unsupported):
+        c.recv(buf, None, 2, async_op=True)
+    with pytest.raises(ValueError):
+        c.recv(buf, None, -1)
+    with pytest.raises(distmesh.InvalidArgument):
+        c.recv(buf, -1)
+    with pytest.raises(distmesh.InvalidArgument, match="1-rank"):
+        distmesh.FakeCollective(rank=0, world_size=1).Recv(buf, None)
+
+
 def test_buffer_kinds_without_copies():
     """numpy, bytearray, memoryview, array.array and torch (bfloat16, float16, requires_grad)
     are used in place; their dtype is read from the buffer."""

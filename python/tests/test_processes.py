@@ -62,6 +62,15 @@ def test_requests_in_flight(world):
         assert r["async"] == [True, True, float(W - 1), list(range(10))]
 
 
+def test_p2p_recv_first_and_from_any_source(world):
+    """irecv before isend on every rank completes; recv(buf, None) returns the sender."""
+    _, (res, _) = world
+    assert [r["p2p"][0] for r in res] == [True] * W
+    assert res[0]["p2p"][1] == [[k, 10 * k] for k in range(1, W)]
+    assert res[0]["p2p"][2] == [W - 1, 7]
+    assert res[0]["p2p"][3] == W - 1
+
+
 def test_groups_mesh_and_dims(world):
     _, (res, _) = world
     for k, r in enumerate(res):

@@ -121,6 +121,27 @@ def test_torchrun_restart_after_a_killed_rank():
     assert all(r["steps"] == 20 and r["same_params"] for r in res), res
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_p2p_any_order_and_any_source(world, tmp_path):
+    """irecv before isend on every rank, batch_isend_irecv with its irecv first, dist.recv(t)
+    from any source returning the sender, and the same through the group's Collective (issue
+    51: these hung to the deadline, or were refused)."""
+    w = World(world, "p2p", ["tcp://127.0.0.1:%d" % free_port(), ""], limit=90, tmp=tmp_path,
+              script="torch2_worker.py")
+    try:
+        res, codes = w.results(), w.wait()
+    finally:
+        w.close()
+    assert codes == [0] * world
+    assert [r["bad"] for r in res] == [[]] * world, [r["bad"] for r in res]
+    assert res[0]["senders"] == list(range(1, world))
+    assert res[0]["irecv_any"] == [world - 1, [5.0] * 3]
+    for r in res:
+        prv = (r["rank"] - 1) % world
+        assert r["collective_recv_first"] == [prv, [prv] * 2]
+    assert res[0]["collective_any"] == [world - 1, [42, 42]]
+
+
 def test_suite_defects_fixed(tmp_path):
     """What PyTorch's distributed suite (make test-torch-suite) found, checked without it (issue
     51): init_process_group with explicit rank and world size while the environment has

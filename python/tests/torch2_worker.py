@@ -12,6 +12,10 @@ same processes. Scenarios (each prints one RESULT line of JSON, "bad" listing wh
                       makes its world from the environment, get_device_mesh initializes
                       torch.distributed ("distmesh", env://) and returns DeviceMeshes; FSDP2
                       steps on the mp_shard mesh
+    p2p INIT          point-to-point posted in any order and from any source, under "distmesh"
+                      with a 10 s deadline: irecv before isend on every rank (a ring),
+                      batch_isend_irecv with its irecv first, dist.recv(t) from any source
+                      (returns the sender), and the same through the group's Collective
     restart           under torchrun --max-restarts 1: DDP for 20 steps; in the first attempt
                       rank 1 kills itself (SIGKILL) at step 5, the others fail with PeerLost,
                       the second attempt meets afresh and trains to the end
@@ -512,13 +516,71 @@ def scenario_fixes(init, ckpt):
     say("RESULT", out)
 
 
+def scenario_p2p(init, ckpt):
+    dist.init_process_group("distmesh", init_method=init, rank=RANK, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=10))
+    bad, out = [], {"rank": RANK}
+    out["bad"] = bad
+    nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+
+    def got(name, t, want):
+        if t.tolist() != want:
+            bad.append("%s: %s, want %s" % (name, t.tolist(), want))
+
+    # irecv, then isend, then wait: every rank at once
+    r, s = torch.zeros(4), torch.full((4,), float(RANK))
+    rw = dist.irecv(r, prv)
+    sw = dist.isend(s, nxt)
+    sw.wait()
+    rw.wait()
+    got("irecv before isend", r, [float(prv)] * 4)
+    # batch_isend_irecv, the irecv first (8 MiB: more than a link holds)
+    big = 2 << 20
+    r2, s2 = torch.zeros(big), torch.full((big,), float(RANK + 100))
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.irecv, r2, prv), dist.P2POp(dist.isend, s2, nxt)]):
+        w.wait()
+    got("batch_isend_irecv", r2[:2], [float(prv + 100)] * 2)
+    if float(r2.min()) != float(prv + 100) or float(r2.max()) != float(prv + 100):
+        bad.append("batch_isend_irecv: 8 MiB not all received")
+    # recv from any source: rank 0 takes one message from each other rank
+    t = torch.zeros(3)
+    if RANK == 0:
+        senders = []
+        for _ in range(WORLD - 1):
+            src = dist.recv(t)
+            senders.append(src)
+            got("recv from %s" % src, t, [10.0 * src] * 3)
+        out["senders"] = sorted(senders)
+        w = dist.irecv(t, tag=3)                # the Work: source_rank() once complete
+        w.wait()
+        out["irecv_any"] = [w.source_rank(), t.tolist()]
+    else:
+        dist.send(torch.full((3,), 10.0 * RANK), 0)
+        if RANK == WORLD - 1:
+            dist.send(torch.full((3,), 5.0), 0, tag=3)
+    # the group's Collective: recv first as requests, then recv(buf, None)
+    c = distmesh.torch.collective()
+    a = torch.zeros(2, dtype=torch.int64)
+    q = c.recv(a, prv, 9, async_op=True)
+    p = c.send(torch.full((2,), RANK, dtype=torch.int64), nxt, 9, async_op=True)
+    p.wait()
+    out["collective_recv_first"] = [q.wait(), a.tolist()]
+    if RANK == 0:
+        out["collective_any"] = [c.recv(a, None, 11), a.tolist()]
+    elif RANK == WORLD - 1:
+        c.send(torch.full((2,), 42, dtype=torch.int64), 0, 11)
+    dist.barrier()
+    dist.destroy_process_group()
+    say("RESULT", out)
+
+
 def main():
     try:
         scenario = sys.argv[1]
         init = sys.argv[2] if len(sys.argv) > 2 else ""
         ckpt = sys.argv[3] if len(sys.argv) > 3 else ""
         {"stack": scenario_stack, "load": scenario_load, "torchrun": scenario_torchrun,
-         "restart": scenario_restart, "fixes": scenario_fixes}[scenario](init, ckpt)
+         "restart": scenario_restart, "fixes": scenario_fixes, "p2p": scenario_p2p}[scenario](init, ckpt)
     except BaseException:
         traceback.print_exc()
         say("ERROR", traceback.format_exc().replace("\n", " | "))

@@ -85,6 +85,34 @@ def bad_buffers(c):
     return bad
 
 
+def p2p_any_order(c):
+    """Requests posted recv first (a ring: recv from prev, send to next, then wait), and recv
+    from any source: rank 0 takes one message from each other rank with recv(buf, None) (the
+    sender returned), one as a Request, one through mpi4py's Recv. [received, senders,
+    the request's sender and value, Recv's sender]."""
+    nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+    got = np.zeros(6, np.int32)
+    rr = c.recv(got, prv, 4, async_op=True)
+    rs = c.send(np.full(6, RANK, np.int32), nxt, 4, async_op=True)
+    rs.wait()
+    out = [rr.wait() == prv and got.tolist() == [prv] * 6]
+    if RANK == 0:
+        senders = []
+        for _ in range(WORLD - 1):
+            src = c.recv(got, None, 5)
+            senders.append([src, int(got[0])])
+        req = c.recv(got, None, 6, async_op=True)
+        out += [sorted(senders), [req.wait(), int(got[0])], c.Recv(got, None, 7)]
+    else:
+        c.send(np.full(6, RANK * 10, np.int32), 0, 5)
+        if RANK == WORLD - 1:
+            c.Send(np.full(6, 7, np.int32), 0, 6)
+            c.Send(np.full(6, 8, np.int32), 0, 7)
+        out += [None, None, None]
+    c.barrier()
+    return out
+
+
 def scenario_cases(ref):
     import cases
     out = {"rank": RANK}
@@ -117,6 +145,7 @@ def scenario_cases(ref):
     r3.wait()
     out["async"] = [r1.is_completed(), r2.is_completed(), float(a[0]), b.tolist()]
     r1.wait()
+    out["p2p"] = p2p_any_order(c)
     # groups: the host's ranks, a split, a dp x tp mesh, LLaMA-Factory's dims
     out["local"] = [c.local.world_size, c.local.rank]
     half = c.split(RANK % 2)
