@@ -346,15 +346,20 @@ def driver(argv):
     os.makedirs(a.table, exist_ok=True)
     os.environ["TORCH_SUITE_START"] = a.start
     python = sys.executable
+    chosen = SUBSET if a.subset else [n for n in a.tests.split(",") if n]
+    if a.patterns and chosen:
+        chosen = [n for n in chosen if any(fnmatch.fnmatch(n, p) for p in a.patterns)]
+        if not chosen:
+            return 0                            # make test T=...: none of these matches
     known = all_tests(python)
-    names = SUBSET if a.subset else ([n for n in a.tests.split(",") if n] or known)
+    names = chosen or known
     unknown = [n for n in names if n not in known]
     if unknown:
         ap.error("not tests of torch's _DistTestBase: %s" % ", ".join(unknown))
-    if a.patterns:
+    if a.patterns and not chosen:
         names = [n for n in names if any(fnmatch.fnmatch(n, p) for p in a.patterns)]
         if not names:
-            return 0                            # make test T=...: none of these matches
+            return 0
     worlds = [int(w) for w in a.worlds.split(",")]
     cols = [(b, w) for w in worlds for b in ("gloo", "distmesh")]
     t0 = time.monotonic()
