@@ -384,9 +384,11 @@ class ProcessGroup(_ProcessGroupBase):
         """torch's destroy_process_group: waits for the group's calls, closes the distmesh
         collective the backend made for it (a group over your own Collective leaves it
         open), and ends the group's completer thread."""
-        if self._owns and not self._coll.closed:
-            self._coll.close()
-        self._completer.stop()
+        try:
+            if self._owns and not self._coll.closed:
+                self._coll.close()
+        finally:                                # a close that raises (Busy) still ends the thread
+            self._completer.stop()
 
     def abort(self):
         """torch's _abort_process_group: stops the collective's calls in flight at once (dm_abort:
