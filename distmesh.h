@@ -2583,6 +2583,23 @@ DM_API_IMPL dm_status dm_env_detect(dm_env* out) {
     return DM_OK;
 }
 
+/* For a caller that names its rank and world itself (dm_tcp_desc.world_size set): the launcher's
+   variables (RANK / WORLD_SIZE and the others of each source) are not needed, so a partial or bad
+   set of them -- WORLD_SIZE without RANK, as torch's own test runner leaves it -- must not refuse
+   the call. Reads the rest as dm_env_detect does (MASTER_ADDR / MASTER_PORT, DISTMESH_TIMEOUT),
+   for a process no launcher started: world of one, source "default", no local information. */
+_DM_PRIVATE dm_status _dm_env_detect_unlaunched(dm_env* out) {
+    memset(out, 0, sizeof(*out));
+    out->world_size = 1;
+    out->local_world_size = 1;
+    out->source = "default";
+    if (!_dm_env_master(out)) return DM_ERR_ENV;
+    if (_dm_cfg_raw(_DM_CFG_TIMEOUT) &&
+        _dm_cfg_int(_DM_CFG_TIMEOUT, &out->timeout_ms, out->error, sizeof(out->error)) != DM_OK)
+        return DM_ERR_ENV;
+    return DM_OK;
+}
+
 #if !defined(DISTMESH_NCCL)
 DM_API_IMPL int dm_device_count(void) { return 0; }
 #endif

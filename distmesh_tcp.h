@@ -147,7 +147,9 @@ extern "C" {
 /* >>tcp desc  Zero means default for every field. */
 typedef struct dm_tcp_desc {
     int rank;                   /* with world_size 0: from dm_env_detect; else required, < world_size */
-    int world_size;             /* 0 -> rank and world size from dm_env_detect */
+    int world_size;             /* 0 -> rank and world size from dm_env_detect; set, the two win over
+                                   the launcher's variables (a partial set such as WORLD_SIZE
+                                   without RANK is then not an error) */
     struct dm_store* store;     /* borrowed, used during create and split; 0 -> store_url */
     const char* store_url;      /* 0 -> DISTMESH_STORE, else tcp://MASTER_ADDR:MASTER_PORT (rank 0
                                    hosts a tcp:// store unless TORCHELASTIC_USE_AGENT_STORE=True) */
@@ -3292,6 +3294,8 @@ static dm_status _dm_tcp_create_checked(const dm_tcp_desc* desc, dm_collective**
     st = _dm_tcp_join_flag(d.join, &join, err, sizeof(err));
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, err);
     st = dm_env_detect(&env);
+    /* a rank and world given here win over the launcher's variables, even broken ones */
+    if (st != DM_OK && d.world_size > 0 && !join) st = _dm_env_detect_unlaunched(&env);
     if (st != DM_OK) return _dm_tcp_report(&d.logger, st, env.error);
     if (join) { d.world_size = 1; d.rank = 0; }    /* assigned by the grow (>>tcp grow) */
     if (d.world_size == 0) { d.world_size = env.world_size; d.rank = env.rank; }

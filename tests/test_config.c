@@ -386,6 +386,43 @@ static void test_config_tcp_creates_fail(void** state) {
     tmpdir_remove(dir);
 }
 
+/* A rank and world size given in the desc win over the launcher's variables: WORLD_SIZE without
+   RANK (torch's own test runner leaves that) refuses only a create that asks the environment
+   (issue 51); the other variables are still read and checked. */
+static void test_config_tcp_explicit_world_wins(void** state) {
+    dm_collective* c = NULL;
+    dm_tcp_desc d;
+    char dir[200], url[260];
+    (void)state;
+    assert_int_equal(tmpdir_make(dir, sizeof(dir), "dm_config_explicit"), 0);
+    snprintf(url, sizeof(url), "file://%s", dir);
+    set("WORLD_SIZE", "2");
+    memset(&d, 0, sizeof(d));
+    d.store_url = url;
+    d.ifname = "lo";
+    d.timeout_ms = 10000;
+    d.logger.func = tu_capture_log;
+    g_tu_log.msg[0] = 0;
+    assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_ENV);          /* world from the environment */
+    assert_null(c);
+    must_contain(g_tu_log.msg, "env: WORLD_SIZE is set but RANK is not");
+    d.rank = 0;
+    d.world_size = 1;
+    g_tu_log.msg[0] = 0;
+    if (dm_tcp_create(&d, &c) != DM_OK) fail_msg("tcp create with rank and world given: %s", g_tu_log.msg);
+    assert_int_equal(dm_world_size(c), 1);
+    dm_destroy(c);
+    c = NULL;
+    set("DISTMESH_TIMEOUT", "soon");                               /* still read, still checked */
+    g_tu_log.msg[0] = 0;
+    assert_int_equal(dm_tcp_create(&d, &c), DM_ERR_ENV);
+    assert_null(c);
+    must_contain(g_tu_log.msg, "DISTMESH_TIMEOUT");
+    unsetenv("DISTMESH_TIMEOUT");
+    unsetenv("WORLD_SIZE");
+    tmpdir_remove(dir);
+}
+
 /* The store's own variables, read by dm_store_create (a file store: no server, no process). */
 static void store_create_fails(const char* var, const char* value, const char* want) {
     dm_store_desc d;
@@ -551,6 +588,7 @@ DM_TEST_MAIN(NULL, clean_env,
     T(test_config_reads_the_environment),
     T(test_config_fake_creates_fail),
     T(test_config_tcp_creates_fail),
+    T(test_config_tcp_explicit_world_wins),
     T(test_config_store_creates_fail),
     T(test_config_readme_table),
     T(test_config_headers_read_through_registry))

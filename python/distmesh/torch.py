@@ -44,6 +44,7 @@ import inspect
 import os
 import queue
 import threading
+import time
 import uuid
 import weakref
 
@@ -73,6 +74,35 @@ every rank is not needed: each rank's calls run in issue order either way)."""
 # them for wait() too. Anything else (a wrong argument, Busy) is raised at the call, as there.
 _RUN_FAILURES = (_C.Timeout, _C.PeerLost, _C.Mismatch, _C.NetworkError, _C.ProtocolError, _C.Aborted,
                  _C.InternalError, _C.NcclError, _C.CudaError)
+
+
+_DistBackendError = getattr(dist, "DistBackendError", None)     # torch 2.x; 1.13 has none
+_TORCH_ERRORS = {}                              # distmesh's class -> its torch-typed subclass
+
+
+def _torch_error(e):
+    """A failure of a call that ran (a distmesh.Error) as torch 2.x raises a backend's failure:
+    an instance of both its distmesh class (distmesh.Timeout, PeerLost, ...: .status,
+    .status_name and .message as before) and torch's DistBackendError, so code that catches
+    either catches it; the original is its __cause__. A timeout's message starts "distmesh:
+    Timed out (", the wording torch's own checks look for (` (Timed out|closed|timeout) `).
+    Unchanged on torch 1.13 (no DistBackendError) and when already converted."""
+    if _DistBackendError is None or isinstance(e, _DistBackendError) or not isinstance(e, _C.Error):
+        return e
+    cls = type(e)
+    sub = _TORCH_ERRORS.get(cls)
+    if sub is None:
+        sub = _TORCH_ERRORS[cls] = type(cls.__name__, (cls, _DistBackendError), {
+            "__module__": __name__,
+            "__doc__": "%s raised through torch.distributed: also torch's DistBackendError." % cls.__name__})
+    message = getattr(e, "message", None) or str(e)
+    text = "distmesh: Timed out (%s)" % message if isinstance(e, _C.Timeout) else str(e)
+    out = sub(text)
+    for attr in ("status", "status_name", "message"):
+        if hasattr(e, attr):
+            setattr(out, attr, getattr(e, attr))
+    out.__cause__ = e
+    return out
 
 
 class _Call:
@@ -108,7 +138,7 @@ class _Call:
             if self.after is not None:
                 self.after()
         except BaseException as e:              # noqa: BLE001 -- raised to every waiter
-            self.error = e
+            self.error = _torch_error(e)
         self.reqs = self.after = None           # the buffers go with the requests
         self.done = True
 
@@ -183,6 +213,19 @@ class _Completer:
                 t.join(5.0)
 
 
+def _poll_until(call, seconds):
+    """Polls call until it completes or seconds pass (then raises torch's timeout error)."""
+    end = time.monotonic() + seconds
+    nap = 0.0005
+    while not call.poll():
+        left = end - time.monotonic()
+        if left <= 0:
+            raise _torch_error(_C.Timeout("Work.wait: the call did not complete within the %g s timeout "
+                                          "given to wait() (it is still in flight)" % seconds))
+        time.sleep(min(nap, left))
+        nap = min(nap * 2, 0.01)
+
+
 def _future_of(call, completer):
     fut = torch.futures.Future()
     if call.done:
@@ -215,8 +258,15 @@ if _WORK_SUBCLASS:
             self._fut = None
             self._source_rank = source_rank
 
-        def wait(self, timeout=None):           # the request's own deadline (DISTMESH_TIMEOUT) holds
-            """Waits for the call (timeout unused); True, or its failure raised."""
+        def wait(self, timeout=None):
+            """Waits for the call; True, or its failure raised. timeout (a timedelta; None or
+            0: none, the call's own deadline holds) bounds this wait: past it, torch's
+            DistBackendError (a distmesh.Timeout too, "distmesh: Timed out (...)") is
+            raised, as ProcessGroupGloo's Work raises, and the call stays in flight (a
+            later wait() or the future still gets its result)."""
+            seconds = timeout.total_seconds() if timeout is not None else 0.0
+            if seconds > 0 and not self._call.poll():
+                _poll_until(self._call, seconds)
             self._call.finish()
             return True
 
@@ -315,9 +365,10 @@ class ProcessGroup(_ProcessGroupBase):
     both the old names and 2.x's (all_gather_single, reduce_scatter_single, all_to_all_single,
     ..._single_coalesced)."""
 
-    def __init__(self, coll, group_name=""):
+    def __init__(self, coll, group_name="", owns=False):
         super().__init__(coll.rank, coll.world_size)
         self._coll = coll
+        self._owns = owns                       # made by the backend's creator: shutdown closes it
         self._group_name = group_name or ""
         self._group_desc = ""
         self._completer = _Completer("distmesh-completer-r%d" % coll.rank)
@@ -325,8 +376,56 @@ class ProcessGroup(_ProcessGroupBase):
 
     @classmethod
     def from_collective(cls, coll):
-        """A process group over coll, a distmesh Collective you have."""
+        """A process group over coll, a distmesh Collective you have (shutdown leaves it open)."""
         return cls(coll)
+
+    # ---- lifetime: what torch 2.x's destroy_process_group / _abort_process_group call -------
+    def shutdown(self):
+        """torch's destroy_process_group: waits for the group's calls, closes the distmesh
+        collective the backend made for it (a group over your own Collective leaves it
+        open), and ends the group's completer thread."""
+        try:
+            if self._owns and not self._coll.closed:
+                self._coll.close()
+        finally:                                # a close that raises (Busy) still ends the thread
+            self._completer.stop()
+
+    def abort(self):
+        """torch's _abort_process_group: stops the collective's calls in flight at once (dm_abort:
+        they fail with distmesh.Aborted), then shuts the group down."""
+        if not self._coll.closed:
+            self._coll.abort("torch.distributed aborted the process group")
+        self.shutdown()
+
+    # ---- split: ProcessGroup.split_group under torch 2.x's names ------------------------------
+    @property
+    def supports_splitting(self):
+        """True: split_group makes a subgroup with distmesh's split (no new rendezvous)."""
+        return True
+
+    def split_group(self, new_ranks, timeout=None, opts=None, group_name=None, group_desc=None,
+                    device_types=None):
+        """torch 2.x's ProcessGroup.split_group: a collective call of every rank of this group,
+        each naming the group it joins (ranks of this group); a new "distmesh" ProcessGroup of
+        those ranks, ordered as sorted, or None where this rank is not in new_ranks. Made by
+        distmesh's split (dm_split), so no store is needed; timeout (a timedelta) becomes the
+        new group's deadline. Not registered with torch.distributed's world (torch's own
+        dist.split_group does that, and on torch 2.13 asks for an accelerator first)."""
+        ranks = sorted(int(r) for r in new_ranks)
+        if not ranks or len(set(ranks)) != len(ranks) or ranks[0] < 0 or ranks[-1] >= self._coll.world_size:
+            raise ValueError("distmesh: split_group needs distinct ranks of this group (0..%d), got %r"
+                             % (self._coll.world_size - 1, list(new_ranks)))
+        me = self._coll.rank
+        color, key = (ranks[0], ranks.index(me)) if me in ranks else (-1, 0)
+        sub = self._coll.split(color, key)
+        if sub is None:
+            return None
+        if timeout is not None:
+            sub.set_timeout(_ms(timeout))
+        pg = ProcessGroup(sub, group_name or "", owns=True)
+        if group_desc:
+            pg.setGroupDesc(group_desc)
+        return pg
 
     @property
     def collective(self):
@@ -387,7 +486,7 @@ class ProcessGroup(_ProcessGroupBase):
             except _RUN_FAILURES as e:
                 if Work is None:                # 1.13: a Work made from a Future never raises at wait()
                     raise
-                return self._wrap(_Call.completed(result, e))
+                return self._wrap(_Call.completed(result, _torch_error(e)))
             return self._wrap(_Call.completed(result))
         return self._work(issue(True), result, after)
 
@@ -427,10 +526,16 @@ class ProcessGroup(_ProcessGroupBase):
     all_gather_single = _allgather_base         # torch 2.x's name
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        """torch's allgather of each input into its output list; one Work."""
+        """torch's all_gather_coalesced: output_lists[r][i] gets rank r's input_list[i] (one
+        list per rank, each as long as input_list, torch's layout); one Work."""
         c = self._coll
-        pairs = [(outs, _cpu(t, "allgather_coalesced")) for outs, t in zip(output_lists, input_list)]
-        return self._run(sum(_nbytes(t) * len(outs) for outs, t in pairs),
+        ins = [_cpu(t, "allgather_coalesced") for t in input_list]
+        if len(output_lists) != c.world_size or any(len(outs) != len(ins) for outs in output_lists):
+            raise ValueError("distmesh: allgather_coalesced takes one output list per rank (%d), each with one "
+                             "tensor per input (%d); got %s" % (c.world_size, len(ins),
+                                                               [len(outs) for outs in output_lists]))
+        pairs = [([outs[i] for outs in output_lists], t) for i, t in enumerate(ins)]
+        return self._run(_total(ins) * c.world_size,
                          lambda a: [c.all_gather_to_list(outs, t, async_op=a) for outs, t in pairs]
                          or [c.barrier(async_op=a)], output_lists)
 
@@ -603,14 +708,14 @@ def _rendezvous(store, rank, size, timeout):
 
 
 def _create(store, rank, size, timeout):
-    return ProcessGroup(_rendezvous(store, rank, size, timeout))
+    return ProcessGroup(_rendezvous(store, rank, size, timeout), owns=True)
 
 
 def _create_extended(opts, pg_options=None):
     """torch 2.x's extended creator: c10d's DistributedBackendOptions (store, group_rank,
     group_size, timeout, group_id, global_ranks_in_group); the group takes its name."""
     coll = _rendezvous(opts.store, opts.group_rank, opts.group_size, opts.timeout)
-    return ProcessGroup(coll, str(opts.group_id))
+    return ProcessGroup(coll, str(opts.group_id), owns=True)
 
 
 def _register():

@@ -140,3 +140,33 @@ def test_p2p_any_order_and_any_source(world, tmp_path):
         prv = (r["rank"] - 1) % world
         assert r["collective_recv_first"] == [prv, [prv] * 2]
     assert res[0]["collective_any"] == [world - 1, [42, 42]]
+
+
+def test_suite_defects_fixed(tmp_path):
+    """What PyTorch's distributed suite (make test-torch-suite) found, checked without it (issue
+    51): init_process_group with explicit rank and world size while the environment has
+    WORLD_SIZE but not RANK; all_gather_coalesced in torch's layout (output_tensor_lists[rank][i])
+    as Gloo gives it; a barrier timeout (1 s group timeout, one rank absent) raised as torch's
+    DistBackendError with torch's wording, still a distmesh.Timeout; Work.wait(timeout) raising
+    past its timeout; split_group; destroy_process_group closing the distmesh collectives."""
+    w = World(2, "fixes", ["tcp://127.0.0.1:%d" % free_port()], limit=WORLD_LIMIT_S, tmp=tmp_path,
+              script="torch2_worker.py")
+    try:
+        res, codes = w.results(), w.wait()
+    finally:
+        w.close()
+    assert codes == [0, 0]
+    for r in res:
+        assert r["bad"] == [], r["bad"]
+        assert r["init"]
+        assert r["coalesced"] == [[[1.0, 1.0], [], [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]],
+                                  [[2.0, 2.0], [], [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]]]
+        assert r["wait_result"] == [2.0] * 8
+        assert r["supports_splitting"] is True
+        assert r["split"] == [1, 2, r["rank"], [float(r["rank"] + 1)] * 3, [3.0] * 3]
+        assert r["closed_after_destroy"] == [True, True]
+    r0 = res[0]
+    assert r0["timeout_types"] == [True, True] and r0["timeout_text"], r0
+    assert 0.9 <= r0["timeout_s"] < 20, r0["timeout_s"]
+    elapsed, text_ok, is_dm = r0["wait_timeout"]
+    assert text_ok and is_dm and elapsed >= 0.25, r0["wait_timeout"]      # raised: the call had not completed

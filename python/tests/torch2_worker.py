@@ -440,6 +440,82 @@ def scenario_restart(init, ckpt):
     say("RESULT", out)
 
 
+# ---- defects torch's own distributed suite found (issue 51) ---------------------------------
+def scenario_fixes(init, ckpt):
+    """Each check fails on the code before its fix: init with RANK unset (torch's test runner
+    exports WORLD_SIZE only), all_gather_coalesced's layout against Gloo, a barrier timeout
+    raised as torch's DistBackendError, Work.wait(timeout), destroy_process_group closing the
+    collective, split_group."""
+    import re
+    bad, out = [], {"rank": RANK}
+    out["bad"] = bad
+    del os.environ["RANK"]                      # explicit arguments must win over the environment
+    dist.init_process_group("distmesh", init_method=init, rank=RANK, world_size=WORLD, timeout=LIMIT)
+    gloo = dist.new_group(backend="gloo", timeout=LIMIT)
+    out["init"] = dist.get_rank() == RANK and dist.get_world_size() == WORLD
+
+    # all_gather_coalesced: output_tensor_lists[rank][i] is rank's tensor i, shapes of their own
+    def ins():
+        return [torch.full((2,), float(RANK + 1)), torch.empty(0), torch.arange(6.).view(2, 3) * (RANK + 1)]
+    outs = [[torch.zeros_like(t) for t in ins()] for _ in range(WORLD)]
+    want = [[torch.zeros_like(t) for t in ins()] for _ in range(WORLD)]
+    dist.all_gather_coalesced(outs, ins())
+    dist.all_gather_coalesced(want, ins(), group=gloo)
+    check(bad, "all_gather_coalesced", [t for ts in outs for t in ts], [t for ts in want for t in ts])
+    out["coalesced"] = [[t.tolist() for t in ts] for ts in outs]
+
+    # a barrier that only rank 0 enters times out as torch's DistBackendError, and as distmesh's
+    short = dist.new_group(timeout=datetime.timedelta(seconds=1))
+    if RANK == 0:
+        t0 = time.monotonic()
+        try:
+            dist.barrier(group=short)
+            bad.append("barrier with one rank absent returned")
+        except Exception as e:                  # noqa: BLE001 -- its type is what is checked
+            out["timeout_types"] = [isinstance(e, dist.DistBackendError), isinstance(e, distmesh.Timeout)]
+            out["timeout_text"] = bool(re.search(" (Timed out|closed|timeout) ", str(e)))
+            out["timeout_s"] = time.monotonic() - t0
+    dist.barrier(group=gloo)
+    dist.destroy_process_group(short)
+
+    # Work.wait(timeout): rank 1 joins 3 s late; rank 0's wait of 0.3 s raises, a plain wait completes
+    distmesh.torch.INLINE_MAX_BYTES = 0         # every call a request, so async_op returns at once
+    t = torch.ones(8)
+    if RANK == 1:
+        time.sleep(3)
+    w = dist.all_reduce(t, async_op=True)
+    if RANK == 0:
+        t0 = time.monotonic()
+        try:
+            w.wait(timeout=datetime.timedelta(seconds=0.3))
+            bad.append("Work.wait(timeout=0.3 s) returned before the other rank joined")
+        except dist.DistBackendError as e:
+            out["wait_timeout"] = [time.monotonic() - t0, "Timed out" in str(e), isinstance(e, distmesh.Timeout)]
+    w.wait()
+    out["wait_result"] = t.tolist()
+    distmesh.torch.INLINE_MAX_BYTES = 64 << 10
+
+    # split_group: every rank its own group, then all ranks together
+    pg = dist.distributed_c10d._get_default_group()
+    out["supports_splitting"] = pg.supports_splitting
+    solo = pg.split_group([RANK])
+    pair = pg.split_group(list(range(WORLD)))
+    t = torch.full((3,), float(RANK + 1))
+    solo.allreduce([t]).wait()
+    u = torch.full((3,), float(RANK + 1))
+    pair.allreduce([u]).wait()
+    out["split"] = [solo.size(), pair.size(), pair.rank(), t.tolist(), u.tolist()]
+    solo.shutdown()
+    pair.shutdown()
+
+    # destroy_process_group closes the collectives it made
+    sub = dist.new_group(list(range(WORLD)))
+    colls = [distmesh.torch.collective(), distmesh.torch.collective(sub)]
+    dist.destroy_process_group()
+    out["closed_after_destroy"] = [c.closed for c in colls]
+    say("RESULT", out)
+
+
 def scenario_p2p(init, ckpt):
     dist.init_process_group("distmesh", init_method=init, rank=RANK, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=10))
@@ -504,7 +580,7 @@ def main():
         init = sys.argv[2] if len(sys.argv) > 2 else ""
         ckpt = sys.argv[3] if len(sys.argv) > 3 else ""
         {"stack": scenario_stack, "load": scenario_load, "torchrun": scenario_torchrun,
-         "restart": scenario_restart, "p2p": scenario_p2p}[scenario](init, ckpt)
+         "restart": scenario_restart, "fixes": scenario_fixes, "p2p": scenario_p2p}[scenario](init, ckpt)
     except BaseException:
         traceback.print_exc()
         say("ERROR", traceback.format_exc().replace("\n", " | "))
