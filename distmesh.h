@@ -685,9 +685,9 @@ DM_API dm_status dm_all_to_all_v(dm_collective* c, const void* send, const size_
      dm_recv (a receiver that has not posted it yet keeps the message until it does, up to
      DISTMESH_MAX_OBJECT_BYTES buffered per collective), so two ranks may both send first.
      With the _async twins either may also come first: dm_recv_async then dm_send_async on
-     both ranks completes (a run of point-to-point requests runs its sends first; >>functions
-     async). Blocking calls run in the order made: two ranks that both dm_recv first wait
-     for each other until the deadline.
+     both ranks completes (a run of point-to-point requests runs its sends first;
+     >>functions async). Blocking calls run in the order made: two ranks that both dm_recv
+     first wait for each other until the deadline.
    - dtype and count must match: a dm_recv given another count or dtype than the message's
      fails with DM_ERR_MISMATCH naming both, and breaks the collective, so the sender's
      pending or next call fails with DM_ERR_MISMATCH too (the error reaches both sides).

@@ -120,8 +120,8 @@
    capture). dm_destroy inside a capture does not wait for the stream; on a device without
    memory pools its cudaFree is refused by CUDA there, so destroy after the capture. NCCL's
    ncclCommDestroy waits while a graph that captured the communicator is alive: destroy the
-   graphs first. Checked on the stand-in (tests/stand_in_cuda_nccl.c >>capture), not yet on a
-   GPU.
+   graphs first. Checked on the stand-in (tests/stand_in_cuda_nccl.c, its capture section), not
+   yet on a GPU.
 
    THREADS
    A collective belongs to one thread at a time (distmesh.h's rule): its blocking calls, its
