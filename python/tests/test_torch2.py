@@ -103,8 +103,9 @@ def torchrun(scenario, n, *flags):
 
 
 def test_torchrun_interface_meshes_and_fsdp2():
-    """torchrun --nproc-per-node 2: DistributedInterface() from the environment, then
-    get_device_mesh initializes torch.distributed with "distmesh" and gives DeviceMeshes."""
+    """torchrun --nproc-per-node 2: DistributedInterface() from the environment initializes
+    torch.distributed with "distmesh" (as LLaMA-Factory's does with its backend), and
+    get_device_mesh gives DeviceMeshes."""
     rc, res, out = torchrun("torchrun", 2)
     assert rc == 0 and len(res) == 2, out
     for r in res:
@@ -119,3 +120,27 @@ def test_torchrun_restart_after_a_killed_rank():
     assert rc == 0, out
     assert sorted((r["attempt"], r["rank"]) for r in res) == [(1, 0), (1, 1)], out
     assert all(r["steps"] == 20 and r["same_params"] for r in res), res
+
+
+def seeds_world(scenario, n, tmp_path, env=None):
+    """n ranks of torch2_worker.py's scenario, their RESULT dicts (each "bad" empty)."""
+    w = World(n, scenario, ["tcp://127.0.0.1:%d" % free_port()], env=env, limit=WORLD_LIMIT_S, tmp=tmp_path,
+              script="torch2_worker.py")
+    try:
+        res = w.results()
+        assert w.wait() == [0] * n
+    finally:
+        w.close()
+    for r in res:
+        assert r["bad"] == [], r["bad"]
+    return res
+
+
+def test_llamafactory_interface_calls_under_torch(tmp_path):
+    """LLaMA-Factory 0.9.5's DistributedInterface, as its code calls it, at 4 ranks (dp 2 x cp
+    2): one instance per process, torch.distributed initialized with "distmesh", DeviceMeshes
+    and torch groups, world rank and size without a dim, its defaults (MEAN, DP, src 0 a global
+    rank), floats, lists and numpy arrays back as the same type, a tensor in place, MEAN of an
+    integer tensor raising as LLaMA-Factory's tensor /= n does, destroy()."""
+    res = seeds_world("iface", 4, tmp_path)
+    assert all("is_distributed=True" in r["str"] for r in res)
