@@ -125,3 +125,80 @@ def test_defaults_and_tensorlikes_on_4_ranks():
             assert out["bad_src"] and "not a rank" in out["bad_src"], out
         assert out["group_none"] is None, out
         assert out["ranks"] == [0, r, r // 2, r % 2], out
+
+
+# ---- Optimus-DL 0.2.6's names ------------------------------------------------------------------
+def test_optimus_fake_collective_signature():
+    """Optimus-DL: FakeCollective(rank, world_size, device_type="cpu"), default_device from the
+    device type (cuda -> cuda:0, mps -> mps, else cpu); Collective.ReduceOp (its
+    collective.all_reduce(t, op=Collective.ReduceOp.MAX)) with torch's PRODUCT spelling too."""
+    c = distmesh.FakeCollective(rank=0, world_size=1, device_type="cuda")
+    assert str(c.default_device) == "cuda:0"
+    assert str(distmesh.FakeCollective(0, 1, "mps").default_device) == "mps"
+    assert str(distmesh.FakeCollective(0, 1).default_device) == "cpu"
+    with pytest.raises(TypeError, match="device_type"):
+        distmesh.FakeCollective(0, 2, 2)
+    assert distmesh.Collective.ReduceOp is distmesh.ReduceOp and distmesh.FakeCollective.ReduceOp.MAX == 2
+    assert distmesh.ReduceOp.PRODUCT == distmesh.ReduceOp.PROD
+    x = np.array([3.0])
+    c.all_reduce(x, op=distmesh.Collective.ReduceOp.MAX)
+    assert x.tolist() == [3.0]
+
+
+def test_optimus_keyword_names_on_all_gather():
+    """Optimus-DL's all_gather(output_tensor=, input_tensor=) and
+    all_gather_to_list(output_tensors=, input_tensor=), beside distmesh's output= / input=."""
+    def body(c):
+        out = np.zeros(2, np.int32)
+        c.all_gather(output_tensor=out, input_tensor=np.array([c.rank + 1], np.int32))
+        outs = [np.zeros(1, np.int32), np.zeros(1, np.int32)]
+        c.all_gather_to_list(output_tensors=outs, input_tensor=np.array([c.rank * 5], np.int32))
+        out2 = np.zeros(2, np.int32)
+        c.all_gather(out2, input=np.array([7], np.int32))
+        try:
+            c.all_gather(out2, output=out2, input=out2[:1])
+            both = None
+        except TypeError as e:
+            both = str(e)
+        return out.tolist(), [o.tolist() for o in outs], out2.tolist(), both
+    for got in distmesh.thread_world(2, body, timeout=30):
+        assert got[:3] == ([1, 2], [[0], [5]], [7, 7]), got
+        assert got[3], got
+
+
+OPTIMUS_STANDIN = '''
+import abc
+class Collective(abc.ABC):
+    pass
+class MeshCollective(Collective):
+    pass
+'''
+
+
+@pytest.mark.parametrize("order", ["distmesh first", "optimus first"])
+def test_collective_is_an_optimus_mesh_collective(tmp_path, order):
+    """Optimus-DL's DDP / FSDP2 / tensor-parallel transforms assert isinstance(collective,
+    MeshCollective): distmesh's Collective registers as its virtual subclass when
+    optimus_dl.modules.distributed.mesh is imported, before or after distmesh (a stand-in
+    module of that name here, an ABC as Optimus-DL's)."""
+    import subprocess
+    import sys
+    pkg = tmp_path / "optimus_dl" / "modules" / "distributed"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "optimus_dl", tmp_path / "optimus_dl" / "modules", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "mesh.py").write_text(OPTIMUS_STANDIN)
+    first, second = "import distmesh", "from optimus_dl.modules.distributed.mesh import MeshCollective, Collective"
+    if order == "optimus first":
+        first, second = second, first
+    code = "\n".join([first, second,
+                      "from optimus_dl.modules.distributed.mesh import MeshCollective, Collective",
+                      "c = distmesh.FakeCollective()",
+                      "assert isinstance(c, MeshCollective) and isinstance(c, Collective)",
+                      "assert issubclass(distmesh.Collective, MeshCollective)",
+                      "print('ok')"])
+    import os
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=60)
+    assert p.returncode == 0 and p.stdout.decode().strip().endswith("ok"), p.stdout.decode()

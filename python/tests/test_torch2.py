@@ -122,10 +122,10 @@ def test_torchrun_restart_after_a_killed_rank():
     assert all(r["steps"] == 20 and r["same_params"] for r in res), res
 
 
-def seeds_world(scenario, n, tmp_path, env=None):
+def seeds_world(scenario, n, tmp_path, env=None, args=None):
     """n ranks of torch2_worker.py's scenario, their RESULT dicts (each "bad" empty)."""
-    w = World(n, scenario, ["tcp://127.0.0.1:%d" % free_port()], env=env, limit=WORLD_LIMIT_S, tmp=tmp_path,
-              script="torch2_worker.py")
+    args = args if args is not None else ["tcp://127.0.0.1:%d" % free_port()]
+    w = World(n, scenario, args, env=env, limit=WORLD_LIMIT_S, tmp=tmp_path, script="torch2_worker.py")
     try:
         res = w.results()
         assert w.wait() == [0] * n
@@ -144,3 +144,16 @@ def test_llamafactory_interface_calls_under_torch(tmp_path):
     integer tensor raising as LLaMA-Factory's tensor /= n does, destroy()."""
     res = seeds_world("iface", 4, tmp_path)
     assert all("is_distributed=True" in r["str"] for r in res)
+
+
+def test_collective_groups_are_torch_groups(tmp_path):
+    """Collective.process_group is recorded in torch.distributed's world maps as new_group's
+    groups are (its backend, ranks; before and after a default group exists, the second's
+    global ranks gathered), distmesh.torch.set_default_group makes a Collective the default
+    group; then init_device_mesh's new groups (meeting through the environment's store),
+    DeviceMesh.from_group, Optimus-DL's dp_mesh / tp_mesh and Distributed Checkpoint work on
+    it (2 ranks, distmesh.init() through DISTMESH_STORE)."""
+    (tmp_path / "ckpt").mkdir()
+    store = "tcp://127.0.0.1:%d" % free_port()
+    seeds_world("pgworld", 2, tmp_path, env={"DISTMESH_STORE": store}, args=["-", str(tmp_path / "ckpt")])
+

@@ -11,6 +11,9 @@ same processes. Scenarios (each prints one RESULT line of JSON, "bad" listing wh
     torchrun          under torchrun, torch.distributed not initialized: DistributedInterface()
                       initializes it ("distmesh", env://), get_device_mesh returns
                       DeviceMeshes; FSDP2 steps on the mp_shard mesh
+    pgworld - CKPT    a Collective's process_group in torch.distributed's world maps, made the
+                      default group; new groups, DeviceMeshes (Optimus-DL's dp_mesh / tp_mesh)
+                      and Distributed Checkpoint on it (DISTMESH_STORE from the test)
     iface INIT        LLaMA-Factory 0.9.5's calls on DistributedInterface at 4 ranks (its
                       singleton, defaults, tensor-likes, DeviceMeshes and torch groups)
     restart           under torchrun --max-restarts 1: DDP for 20 steps; in the first attempt
@@ -502,13 +505,69 @@ def scenario_iface(init, ckpt):
     say("RESULT", out)
 
 
+def scenario_pgworld(init, ckpt):
+    """A Collective's process_group as torch.distributed's own groups are (its world maps):
+    rank, size and ranks of it, a Collective made the default group (set_default_group), then
+    new groups and DeviceMeshes made through torch, Optimus-DL's dp_mesh / tp_mesh, Distributed
+    Checkpoint saved and loaded on the group, a second Collective's group known with its ranks."""
+    from torch.distributed import distributed_c10d as c10d
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    import torch.distributed.checkpoint as dcp
+    bad, out = [], {"rank": RANK}
+    out["bad"] = bad
+
+    def want(name, got, expect):
+        if got != expect:
+            bad.append("%s: %r, expected %r" % (name, got, expect))
+    c = distmesh.init()
+    pg = c.process_group
+    want("ranks recorded before init", c10d._world.pg_group_ranks.get(pg), {i: i for i in range(WORLD)})
+    want("backend of the group", dist.get_backend(pg), "distmesh")
+    if distmesh.torch.set_default_group(c) is not pg:
+        bad.append("set_default_group did not return the collective's group")
+    want("default group", (dist.is_initialized(), dist.get_rank(), dist.get_world_size(), dist.get_backend()),
+         (True, RANK, WORLD, "distmesh"))
+    want("rank and size of the group", (dist.get_rank(pg), dist.get_world_size(pg), dist.get_process_group_ranks(pg)),
+         (RANK, WORLD, list(range(WORLD))))
+    t = torch.tensor([float(RANK + 1)])
+    dist.all_reduce(t)
+    want("all_reduce on the default group", t.item(), WORLD * (WORLD + 1) / 2)
+    m = DeviceMesh.from_group(pg, "cpu", mesh_dim_names=("w",))
+    want("DeviceMesh.from_group", (m.size(), m.get_local_rank(), dist.get_backend(m.get_group())),
+         (WORLD, RANK, "distmesh"))
+    m2 = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("x",))     # a new group, through the store
+    t = torch.tensor([RANK])
+    dist.all_reduce(t, group=m2.get_group())
+    want("a new group's all_reduce", (t.item(), dist.get_backend(m2.get_group())),
+         (WORLD * (WORLD - 1) // 2, "distmesh"))
+    dp, tp = c.dp_mesh, c.tp_mesh
+    want("Optimus-DL's dp_mesh / tp_mesh", (type(dp).__name__, tuple(dp.shape), dp.mesh_dim_names,
+                                            type(tp).__name__, tp.size()),
+         ("DeviceMesh", (WORLD, 1), ("dp_replicate", "dp_shard"), "DeviceMesh", 1))
+    want("dp_mesh flattened (its FSDP transform)", dp._flatten().size(), WORLD)
+    state = {"w": torch.arange(6, dtype=torch.float32) * 3}
+    dcp.save(state, checkpoint_id=ckpt, process_group=pg)
+    back = {"w": torch.zeros(6)}
+    dcp.load(back, checkpoint_id=ckpt, process_group=pg)
+    want("DCP on the group", back["w"].tolist(), state["w"].tolist())
+    c2 = distmesh.connect(RANK, WORLD, prefix="second/")              # another world of the same ranks
+    pg2 = c2.process_group
+    want("a second collective's group", (dist.get_rank(pg2), dist.get_process_group_ranks(pg2)),
+         (RANK, list(range(WORLD))))
+    dist.destroy_process_group()
+    c2.close()
+    c.close()
+    say("RESULT", out)
+
+
 def main():
     try:
         scenario = sys.argv[1]
         init = sys.argv[2] if len(sys.argv) > 2 else ""
         ckpt = sys.argv[3] if len(sys.argv) > 3 else ""
         {"stack": scenario_stack, "load": scenario_load, "torchrun": scenario_torchrun,
-         "restart": scenario_restart, "iface": scenario_iface}[scenario](init, ckpt)
+         "restart": scenario_restart, "iface": scenario_iface,
+         "pgworld": scenario_pgworld}[scenario](init, ckpt)
     except BaseException:
         traceback.print_exc()
         say("ERROR", traceback.format_exc().replace("\n", " | "))
