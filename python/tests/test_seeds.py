@@ -202,3 +202,29 @@ def test_collective_is_an_optimus_mesh_collective(tmp_path, order):
     p = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        timeout=60)
     assert p.returncode == 0 and p.stdout.decode().strip().endswith("ok"), p.stdout.decode()
+
+
+# ---- DISTMESH_REPLACE_GLOO: a Gloo program on distmesh, unchanged ------------------------------
+def test_replace_gloo_names_and_startup_line():
+    """The backend names the hook hands torch ("gloo" -> "distmesh", in device maps too; others
+    untouched), and the startup line beside the built package: the shipped text, importing
+    nothing with the variable unset or "0", installing the hook with it set (the torch half
+    runs in test_torch2.py, test_gloo_program_runs_on_distmesh_by_environment)."""
+    import os
+    import subprocess
+    import sys
+    from distmesh._startup import PTH_LINE, PTH_NAME, replace_gloo
+    assert replace_gloo("gloo") == "distmesh" and replace_gloo("GLOO") == "distmesh"
+    assert replace_gloo("cpu:gloo,cuda:nccl") == "cpu:distmesh,cuda:nccl"
+    assert replace_gloo("nccl") == "nccl" and replace_gloo("undefined") == "undefined" and replace_gloo(None) is None
+    lib = os.path.dirname(os.path.dirname(os.path.abspath(distmesh.__file__)))
+    with open(os.path.join(lib, PTH_NAME)) as f:
+        assert f.read() == PTH_LINE
+    code = ("import sys, site; site.addsitedir(%r); "
+            "print('distmesh' in sys.modules, any(type(f).__name__ == '_Finder' for f in sys.meta_path))" % lib)
+    for value, want in (("", "False False"), ("0", "False False"), ("1", "True True")):
+        env = dict(os.environ, DISTMESH_REPLACE_GLOO=value)
+        env.pop("PYTHONPATH", None)
+        p = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=60)
+        assert p.stdout.decode().strip() == want, (value, p.stdout.decode())

@@ -157,3 +157,24 @@ def test_collective_groups_are_torch_groups(tmp_path):
     store = "tcp://127.0.0.1:%d" % free_port()
     seeds_world("pgworld", 2, tmp_path, env={"DISTMESH_STORE": store}, args=["-", str(tmp_path / "ckpt")])
 
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_gloo_program_runs_on_distmesh_by_environment(tmp_path, replace):
+    """DISTMESH_REPLACE_GLOO=1 (read by the distmesh-startup.pth the package installs): a
+    program that hard-codes "gloo" (init_process_group, new_group, init_device_mesh and its
+    backend_override) gets distmesh groups with the same sums, with no change to its code.
+    Unset, the hook imports nothing (distmesh stays out of the process) and the program runs
+    on Gloo."""
+    env = {"DISTMESH_REPLACE_GLOO": "1" if replace else "0"}
+    w = World(2, "gloo", ["tcp://127.0.0.1:%d" % free_port()], env=env, limit=WORLD_LIMIT_S, tmp=tmp_path,
+              script="gloo_program.py")
+    try:
+        res = w.results()
+        assert w.wait() == [0, 0]
+    finally:
+        w.close()
+    want = "distmesh" if replace else "gloo"
+    for r in res:
+        assert r["backends"] == [want] * 4, r
+        assert r["sums"] == [3.0] * 4, r
+        assert (r["distmesh_imported_at_start"], r["distmesh_imported"]) == (replace, replace), r
