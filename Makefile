@@ -22,8 +22,8 @@
 #   make install    headers, pkg-config and CMake files, the Python package (PREFIX=/usr/local, DESTDIR=)
 #   make bench-python   the Python package against mpi4py and torch's Gloo (bench/py_bench.py)
 #   make test-fsdp-full  the torch 2.x FSDP2 tests at full size (4 layers, d_model 256, 20 steps; ~10 min)
-#   make test-seed-projects  Optimus-DL 0.2.6 from PyPI (its multi-process tests, a tiny run of its recipe)
-#                   on distmesh beside Gloo, compared (scripts/seed_projects.sh; long, not in make test)
+#   make test-seed-projects  Optimus-DL 0.2.6 (its multi-process tests, its recipe) and LLaMA-Factory
+#                   0.9.5 (v1 SFT, FSDP2) from PyPI on distmesh beside Gloo (scripts/seed_projects.sh)
 #   make config-table  README's table of environment variables, rewritten from distmesh.h's registry
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.
 

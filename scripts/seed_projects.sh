@@ -12,6 +12,15 @@
 #                     same two ways: every step's loss, grad norm and accuracy and the
 #                     checkpoints' tensor shards must be bit-equal.
 #
+#   LLaMA-Factory 0.9.5  its v1 SFT trainer (python -m llamafactory.v1.trainers.sft_trainer)
+#                     with its FSDP2 engine and activation checkpointing, 2 ranks under
+#                     torchrun, 4 steps, on a tiny LlamaConfig model with a word-level tokenizer
+#                     and a chat dataset made here (no hub access), the same two ways: every
+#                     step's loss and grad norm and the saved model's bytes must be equal. Its
+#                     helper.synchronize calls torch.accelerator.synchronize(), which raises
+#                     without an accelerator: a sitecustomize.py on both runs' PYTHONPATH makes
+#                     that a no-op on CPU.
+#
 # Each project gets its own virtual environment under $SEED_CACHE (default
 # ~/.cache/distmesh/seed-projects; made once, reused): torch 2.13.0 CPU from the wheel in
 # /opt/wheels (never a download of torch), the project with --no-deps, and the dependencies it
@@ -24,10 +33,9 @@
 # pytest -k expression choosing among Optimus-DL's tests, default all); SEED_STEPS (the
 # training run's steps, default 6). Exit status 0 when distmesh matched Gloo everywhere.
 #
-# Optimus-DL declares torchdata>=0.12.0, but 0.11.0 is the newest on the package index: it is
-# installed with 0.11.0 (its tests and recipe run on it). LLaMA-Factory's half of the issue (its
-# v1 SFT trainer with FSDP2 on a tiny local model) is not part of this target yet.
-set -u
+# The two disagree on torchdata (LLaMA-Factory <=0.11.0, Optimus-DL >=0.12.0), hence two
+# environments; 0.11.0 is the newest on the package index, so Optimus-DL runs on it too.
+set -u -o pipefail                # a comparison piped to tee fails the run
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WHEEL=$(ls /opt/wheels/torch-2.13.0+cpu-cp311-cp311-*.whl 2>/dev/null | head -n1)
 PY311=$(command -v python3.11 || true)
@@ -37,6 +45,7 @@ STEPS=${SEED_STEPS:-6}
 PIP_Q=(-q --no-input --disable-pip-version-check)
 
 skip() { echo "SKIPPED: $*"; exit 0; }
+skipped() { echo "SKIPPED: $*"; }
 say() { printf '== %s\n' "$*"; }
 [ -n "$WHEEL" ] || skip "the torch 2.13.0 CPU wheel is not in /opt/wheels"
 [ -n "$PY311" ] || skip "python3.11 not found (the wheel is for CPython 3.11)"
@@ -75,10 +84,12 @@ EOF
 }
 
 # ---- Optimus-DL -------------------------------------------------------------------------------
+optimus() {
 OD_DEPS=(omegaconf hydra-core "torchdata==0.11.0" pyyaml rich pydantic typing_extensions tqdm psutil colorlog
          click zstandard "transformers>=5.2.0" "datasets>=4.0.0" torcheval tiktoken "lm-eval>=0.4.9" pytest-xdist)
 venv optimus optimus-dl==0.2.6 "${OD_DEPS[@]}" ||
-    skip "Optimus-DL's environment could not be installed (pip: $(tail -n 3 "$OUT/optimus-pip.log" | tr '\n' ' '))"
+    { skipped "Optimus-DL's environment could not be installed (pip: $(tail -n 3 "$OUT/optimus-pip.log" | tr '\n' ' '))"
+      return 0; }
 OD=$CACHE/optimus/bin/python
 SRC=$CACHE/optimus-src/optimus_dl-0.2.6
 if [ ! -d "$SRC/tests" ]; then       # the tests and configs are in the sdist only
@@ -86,10 +97,10 @@ if [ ! -d "$SRC/tests" ]; then       # the tests and configs are in the sdist on
     "$CACHE/optimus/bin/pip" download "${PIP_Q[@]}" --no-deps --no-binary :all: optimus-dl==0.2.6 \
         -d "$CACHE/optimus-src" >"$OUT/optimus-src.log" 2>&1 &&
         tar -xzf "$CACHE/optimus-src/optimus_dl-0.2.6.tar.gz" -C "$CACHE/optimus-src" ||
-        skip "Optimus-DL's sdist (its tests and configs) could not be had: $(tail -n 2 "$OUT/optimus-src.log")"
+        { skipped "Optimus-DL's sdist (its tests and configs) could not be had: $(tail -n 2 "$OUT/optimus-src.log")"
+          return 0; }
 fi
-with_distmesh optimus || exit 1
-status=0
+with_distmesh optimus || { status=1; return 0; }
 
 OD_TESTS=(tests/model/test_tp_collectives.py tests/model/test_tp.py tests/model/test_tp_correctness.py
           tests/model/test_tp_memory.py tests/integration/test_stateful_evaluation.py)
@@ -195,5 +206,103 @@ print("training: " + ("distmesh matches Gloo" if not bad else "; ".join(bad)))
 sys.exit(1 if bad else 0)
 EOF
 
-say "results in $OUT (optimus-tests.txt, optimus-train.txt)"
+}
+
+# ---- LLaMA-Factory ----------------------------------------------------------------------------
+llamafactory() {
+local deps=("transformers>=4.55.0,<=5.6.0,!=4.57.0" "accelerate>=1.3.0,<=1.11.0" "peft>=0.18.0,<=0.18.1"
+            "datasets>=2.16.0,<=4.0.0" omegaconf "torchdata==0.11.0" pyyaml safetensors sentencepiece tiktoken
+            einops packaging pydantic fire protobuf)
+venv llamafactory llamafactory==0.9.5 "${deps[@]}" ||
+    { skipped "LLaMA-Factory's environment could not be installed (pip: $(tail -n 3 "$OUT/llamafactory-pip.log" | tr '\n' ' '))"
+      return 0; }
+with_distmesh llamafactory || { status=1; return 0; }
+local LF=$CACHE/llamafactory/bin/python
+local W=$OUT/llamafactory
+[ -n "$OUT" ] && rm -rf "$W" && mkdir -p "$W" || return 1
+cat > "$W/sitecustomize.py" <<'PY'
+# CPU only: LLaMA-Factory's helper.synchronize calls torch.accelerator.synchronize(), which
+# raises without an accelerator; there is nothing to wait for on CPU (both runs get this).
+import torch
+if not torch.accelerator.is_available():
+    torch.accelerator.synchronize = lambda *args, **kwargs: None
+PY
+"$LF" - "$W" >"$W/inputs.log" 2>&1 <<'PY' || { echo "FAIL: the tiny model could not be made ($W/inputs.log)"; status=1; return 0; }
+# LLaMA-Factory v1's SFT inputs without the hub: a tiny Llama (LlamaConfig, seed 0) with a
+# word-level tokenizer, a chat dataset in its v1 message format, and the run's YAML.
+import json, os, sys
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+out = sys.argv[1]
+words = ("the a of to and in is it that was for on are with as his they be at one have this from or had by "
+         "word but what some we can out other were all there when up use your how said an each she which do "
+         "their time if will way about many then them write would like so these her long make thing see him "
+         "two has look more day could go come did number sound no most people my over know water than call").split()
+with open(os.path.join(out, "sft.jsonl"), "w") as f:
+    for i in range(64):
+        q = " ".join(words[(i * 7 + k) % len(words)] for k in range(6))
+        a = " ".join(words[(i * 11 + k * 3) % len(words)] for k in range(8))
+        f.write(json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "value": q}]},
+                                         {"role": "assistant", "content": [{"type": "text", "value": a}]}]}) + "\n")
+specials = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>", "user", "assistant", "\n"]
+vocab = {t: i for i, t in enumerate(specials + words)}
+tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.WhitespaceSplit()])
+model_dir = os.path.join(out, "model")
+PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>",
+                        additional_special_tokens=["<|im_start|>", "<|im_end|>"]).save_pretrained(model_dir)
+torch.manual_seed(0)
+LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                             pad_token_id=vocab["<pad>"], eos_token_id=vocab["<|im_end|>"], bos_token_id=None,
+                             tie_word_embeddings=False)).save_pretrained(model_dir)
+with open(os.path.join(out, "sft.yaml"), "w") as f:
+    f.write("model: %s\ntemplate: chatml\ntrain_dataset: %s\nmicro_batch_size: 2\nglobal_batch_size: 4\n"
+            "cutoff_len: 64\nlearning_rate: 1.0e-3\nmax_steps: 4\nbf16: false\nbatching_workers: 0\n"
+            "enable_activation_checkpointing: true\nlogging_steps: 1\nseed: 42\ndist_config:\n  name: fsdp2\n"
+            % (model_dir, os.path.join(out, "sft.jsonl")))
+PY
+local backend replace port
+for backend in gloo distmesh; do
+    replace=0; [ "$backend" = distmesh ] && replace=1
+    say "LLaMA-Factory's v1 SFT trainer, FSDP2, 4 steps on 2 ranks, DISTMESH_REPLACE_GLOO=$replace ($backend)"
+    port=$("$LF" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    (cd "$W" && DISTMESH_REPLACE_GLOO=$replace PYTHONPATH="$W" OMP_NUM_THREADS=1 DISTMESH_TIMEOUT=120 timeout 900 \
+        "$LF" -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$port" \
+        -m llamafactory.v1.trainers.sft_trainer sft.yaml output_dir="$W/run-$backend" >"$W/run-$backend.log" 2>&1) ||
+        { echo "FAIL: the $backend run failed ($W/run-$backend.log)"; status=1; }
+done
+"$LF" - "$W/run-gloo" "$W/run-distmesh" <<'PY' | tee "$OUT/llamafactory-sft.txt" || status=1
+import json, os, sys
+a, b = sys.argv[1], sys.argv[2]
+def rows(d):
+    p = os.path.join(d, "trainer_log.jsonl")
+    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+ra, rb = rows(a), rows(b)
+bad = []
+for x, y in zip(ra, rb):
+    print("step %s loss %.12g / %.12g grad_norm %.12g / %.12g" % (x["step"], x["loss"], y["loss"],
+                                                                 x["grad_norm"], y["grad_norm"]))
+key = lambda rs: [(r["step"], r["loss"], r["grad_norm"]) for r in rs]
+if key(ra) != key(rb) or len(ra) != 4:
+    bad.append("the logged steps differ (%d and %d rows)" % (len(ra), len(rb)))
+names = sorted(n for n in os.listdir(a) if n.endswith(".safetensors")) if os.path.isdir(a) else []
+for name in names:
+    q = os.path.join(b, name)
+    same = os.path.exists(q) and open(os.path.join(a, name), "rb").read() == open(q, "rb").read()
+    print("%-40s %s" % (name, "bit-equal" if same else "DIFFERS"))
+    if not same:
+        bad.append("saved %s differs" % name)
+if not names:
+    bad.append("no saved model")
+print("SFT: " + ("distmesh matches Gloo" if not bad else "; ".join(bad)))
+sys.exit(1 if bad else 0)
+PY
+}
+
+status=0
+optimus
+llamafactory
+say "results in $OUT (optimus-tests.txt, optimus-train.txt, llamafactory-sft.txt)"
 exit $status
