@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make test-seed-projects: the seeds' own projects, as they ship on PyPI, on distmesh beside
-# Gloo (issue 51). Not part of `make test` (tens of minutes on 2 cores).
+# Gloo (issue 51). Not part of `make test` (about 20 minutes on 2 cores, environments made).
 #
 #   Optimus-DL 0.2.6  its own multi-process tests (tests/model/test_tp*.py and
 #                     tests/integration/test_stateful_evaluation.py of its sdist: 41 tests, each
