@@ -24,6 +24,8 @@
 #   make test-fsdp-full  the torch 2.x FSDP2 tests at full size (4 layers, d_model 256, 20 steps; ~10 min)
 #   make test-torch-suite  PyTorch's own distributed suite (its CPU part) under distmesh and Gloo at
 #                   world sizes 2 and 3, one table in build/plain/torch_suite/table.md (~5 min)
+#   make test-seed-projects  Optimus-DL 0.2.6 (its multi-process tests, its recipe) and LLaMA-Factory
+#                   0.9.5 (v1 SFT, FSDP2) from PyPI on distmesh beside Gloo (scripts/seed_projects.sh)
 #   make config-table  README's table of environment variables, rewritten from distmesh.h's registry
 # Fragments tests/*.mk and bench/*.mk each add their own programs; they append to TEST_BINS.
 

@@ -23,8 +23,10 @@ encrypted (DISTMESH_ENCRYPT, SECURITY.md), and the package agrees with C program
 same way. DISTMESH_OPENSSL=0 leaves it out, =1 requires it."""
 import glob
 import os
+import runpy
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, ".."))
@@ -92,8 +94,26 @@ if os.environ.get("DISTMESH_NCCL") == "1":
     library_dirs += nccl_lib
     libraries += ["nccl", "cudart"]
 
+# distmesh-startup.pth beside the package: its one line (distmesh/_startup.py's PTH_LINE) runs
+# at every interpreter start and, only with DISTMESH_REPLACE_GLOO set, makes torch's "gloo"
+# groups distmesh's (docs/python.md, "Running a Gloo program on distmesh").
+_STARTUP = runpy.run_path(os.path.join(HERE, "distmesh", "_startup.py"))
+
+
+class BuildPyWithStartup(build_py):
+    def run(self):
+        super().run()
+        path = os.path.join(self.build_lib, _STARTUP["PTH_NAME"])
+        with open(path, "w") as f:
+            f.write(_STARTUP["PTH_LINE"])
+
+    def get_outputs(self, include_bytecode=True):
+        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, _STARTUP["PTH_NAME"])]
+
+
 setup(
     name="distmesh",
+    cmdclass={"build_py": BuildPyWithStartup},
     version=version(),
     description="Collective communication (all-reduce, all-gather, ...) for Python processes, "
                 "over the distmesh C library; a torch.distributed backend",

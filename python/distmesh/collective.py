@@ -50,6 +50,7 @@ class ReduceOp(enum.IntEnum):
     MIN = 3
     MEAN = 4
     AVG = 4          # torch's name for MEAN
+    PRODUCT = 1      # torch's name for PROD
 
 
 _OP_NAMES = {"sum": 0, "prod": 1, "product": 1, "max": 2, "min": 3, "mean": 4, "avg": 4}
@@ -107,10 +108,31 @@ class Collective(_C.Comm):
     async_op=False; True returns a Request, whose wait() returns what the call returns),
     split, abort, close."""
 
+    ReduceOp = ReduceOp
+    """Optimus-DL's Collective.ReduceOp (its collective.all_reduce(t, op=Collective.ReduceOp.MAX))."""
+
     _tp_size = 1
     _tp_mesh = None
     _tp_one = None
     _pg = None
+    _torch_mesh = None
+
+    # ---- Optimus-DL's keyword names --------------------------------------------------------
+    def all_gather(self, *args, **kw):
+        """all_gather(output, input, async_op=False): output holds world_size x input, rank r's
+        at r. Optimus-DL's names output_tensor= / input_tensor= are taken too."""
+        if kw:
+            _rename(kw, "output_tensor", "output")
+            _rename(kw, "input_tensor", "input")
+        return _C.Comm.all_gather(self, *args, **kw)
+
+    def all_gather_to_list(self, *args, **kw):
+        """all_gather_to_list(outputs, input, async_op=False): outputs[r] gets rank r's input.
+        Optimus-DL's names output_tensors= / input_tensor= are taken too."""
+        if kw:
+            _rename(kw, "output_tensors", "outputs")
+            _rename(kw, "input_tensor", "input")
+        return _C.Comm.all_gather_to_list(self, *args, **kw)
 
     # ---- the seeds' topology (Optimus-DL) ---------------------------------------------------
     @property
@@ -157,6 +179,33 @@ class Collective(_C.Comm):
         if self._tp_one is None:
             self._tp_one = _C.fake(0, 1, cls=Collective)
         return self._tp_one
+
+    @property
+    def tp_mesh(self):
+        """Optimus-DL's tp_mesh: this rank's tensor-parallel group as a one-dimensional torch
+        DeviceMesh named "tp" (of the parallel mesh dp_replicate x dp_shard x tp, dp_shard 1).
+        torch 2.x; the first use of tp_mesh or dp_mesh is a collective call (see dp_mesh)."""
+        return self._parallel_mesh()["tp"]
+
+    @property
+    def dp_mesh(self):
+        """Optimus-DL's dp_mesh: the data-parallel ranks as a two-dimensional torch DeviceMesh,
+        ("dp_replicate", "dp_shard") of shape (dp_world_size, 1) (Optimus-DL's sharding_world_size
+        1; its FSDP transform flattens it). Made at the first use (a collective call) with
+        init_device_mesh over torch.distributed's default group, which must cover this
+        collective's ranks; when torch.distributed is not initialized this collective becomes
+        its default group first (distmesh.torch.set_default_group)."""
+        return self._parallel_mesh()["dp_replicate", "dp_shard"]
+
+    def _parallel_mesh(self):
+        if self._torch_mesh is None:
+            dmtorch = importlib.import_module(__package__ + ".torch")     # loaded by name, as process_group does
+            import torch.distributed as dist
+            if not dist.is_initialized():
+                dmtorch.set_default_group(self)
+            self._torch_mesh = dmtorch.device_mesh((self.world_size // self._tp_size, 1, self._tp_size),
+                                                   ("dp_replicate", "dp_shard", "tp"), self.world_size)
+        return self._torch_mesh
 
     def _set_tp(self, tp_size):
         """dp x tp over this world (a collective call): dm_mesh_create_dp_tp."""
@@ -286,8 +335,16 @@ class Collective(_C.Comm):
 _C._set_comm_class(Collective)
 
 
+def _rename(kw, theirs, ours):
+    if theirs in kw:
+        if ours in kw:
+            raise TypeError("give %s or %s, not both" % (ours, theirs))
+        kw[ours] = kw.pop(theirs)
+
+
 class FakeCollective(Collective):
-    """Optimus-DL's FakeCollective: one process, no network (C: dm_fake_create).
+    """Optimus-DL's FakeCollective(rank, world_size, device_type="cpu"): one process, no
+    network (C: dm_fake_create); device_type names default_device, as Optimus-DL's.
 
     World size 1 is exactly Optimus-DL's: barrier and all_reduce do nothing, all_gather copies
     the input into every slot, broadcast from a source other than this rank raises ValueError,
@@ -295,11 +352,29 @@ class FakeCollective(Collective):
     the same data (all_reduce SUM multiplies by world_size, ...: distmesh.h >>fake); a rank not
     below world_size raises InvalidArgument (a ValueError) instead of the seed's assert."""
 
-    def __new__(cls, rank=0, world_size=1, local_world_size=0, timeout=None):
-        return _C.fake(rank, world_size, local_world_size, _ms(timeout), cls=cls)
+    _device_type = "cpu"
 
-    def __init__(self, rank=0, world_size=1, local_world_size=0, timeout=None):
+    def __new__(cls, rank=0, world_size=1, device_type="cpu", local_world_size=0, timeout=None):
+        if not isinstance(device_type, str):
+            raise TypeError("FakeCollective(rank, world_size, device_type=\"cpu\", local_world_size=0, "
+                            "timeout=None): device_type is a device name (Optimus-DL's), got %r" % (device_type,))
+        c = _C.fake(rank, world_size, local_world_size, _ms(timeout), cls=cls)
+        c._device_type = device_type
+        return c
+
+    def __init__(self, rank=0, world_size=1, device_type="cpu", local_world_size=0, timeout=None):
         pass
+
+    @property
+    def default_device(self):
+        """Optimus-DL's: torch.device("cuda:0") for device_type "cuda", "mps" for "mps", else
+        "cpu" (the string where torch does not import)."""
+        name = {"cuda": "cuda:0", "mps": "mps"}.get(self._device_type, "cpu")
+        try:
+            import torch
+        except ImportError:
+            return name
+        return torch.device(name)
 
     @property
     def process_group(self):
@@ -469,3 +544,49 @@ class Mesh:
 def env():
     """Where this process sits, from the launcher's variables (C: dm_env_detect)."""
     return _C.env_detect()
+
+
+# >>optimus: where Optimus-DL is importable, its transforms and criteria check
+# isinstance(collective, MeshCollective) (DDP, FSDP2, tensor parallel). distmesh's Collective
+# registers as a virtual subclass of MeshCollective (an ABC; so of its Collective too) when
+# optimus_dl.modules.distributed.mesh is imported, before or after distmesh: a finder at the
+# front of sys.meta_path that answers None at once for every other module name.
+_OPTIMUS_MESH = "optimus_dl.modules.distributed.mesh"
+
+
+def _register_with_optimus(module):
+    mesh_cls = getattr(module, "MeshCollective", None)
+    if mesh_cls is not None and hasattr(mesh_cls, "register"):
+        mesh_cls.register(Collective)
+
+
+class _OptimusFinder:
+    """Wraps the loader of Optimus-DL's mesh module so that the registration follows its
+    execution; every other import goes past untouched."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != _OPTIMUS_MESH:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _register_with_optimus(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _hook_optimus():
+    import sys
+    if _OPTIMUS_MESH in sys.modules:
+        _register_with_optimus(sys.modules[_OPTIMUS_MESH])
+    elif not any(isinstance(f, _OptimusFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OptimusFinder())
+
+
+_hook_optimus()

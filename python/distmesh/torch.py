@@ -60,7 +60,8 @@ try:                                            # torch 1.13 and 2.x
 except ImportError as e:                        # pragma: no cover - a torch without c10d
     raise ImportError("distmesh.torch needs torch.distributed (c10d): %s" % e)
 
-__all__ = ["ProcessGroup", "Work", "collective", "device_mesh", "compress_hook", "BACKEND", "INLINE_MAX_BYTES"]
+__all__ = ["ProcessGroup", "Work", "collective", "device_mesh", "compress_hook", "register_process_group",
+           "set_default_group", "BACKEND", "INLINE_MAX_BYTES"]
 
 BACKEND = "distmesh"
 
@@ -729,7 +730,6 @@ def _register():
 
 
 _register()
-_register_process_group_factory(ProcessGroup.from_collective)     # Collective.process_group
 
 
 def device_mesh(shape, names, world_size=None):
@@ -756,6 +756,166 @@ def collective(group=None):
     return group.collective
 
 
+
+
+# >>world: a Collective's group in torch.distributed's own tables (issue 51). torch's new_group
+# and init_process_group record every group they make in distributed_c10d's world maps (the
+# backend and store, the name, the global rank -> group rank map, the tag); dist.get_rank(pg),
+# get_world_size(pg), get_process_group_ranks, DeviceMesh and Distributed Checkpoint look a
+# group up there. A ProcessGroup made from a Collective is recorded the same way.
+_names = iter(range(1 << 62))
+
+
+class _NoStore(dist.Store):
+    """The store of a group made from a Collective when none is known: every use says why."""
+
+    def __init__(self, why):
+        super().__init__()
+        self._why = why
+
+    def _refuse(self, *args):
+        raise RuntimeError("distmesh: %s" % self._why)
+
+    set = get = add = compare_set = wait = check = delete_key = num_keys = _refuse
+
+
+class _UrlStore(dist.Store):
+    """A torch Store over distmesh's store client (tcp://host:port: a TCPStore or distmesh's
+    own server; file:///dir): what torch hands the creator of groups made later (new_group,
+    init_device_mesh) on a default group made from a Collective."""
+
+    def __init__(self, url, timeout_ms=0):
+        super().__init__()
+        self.url = url
+        self._timeout_ms = timeout_ms
+        self._client = None
+        self._lock = threading.Lock()
+
+    def _s(self):
+        """The client, connected at the first use (most groups never use their store)."""
+        with self._lock:
+            if self._client is None:
+                self._client = _C.Store(self.url, False, None, self._timeout_ms)
+            return self._client
+
+    def set(self, key, value):
+        self._s().set(key, value if isinstance(value, bytes) else bytes(value, "utf-8") if isinstance(value, str)
+                      else bytes(value))
+
+    def get(self, key):
+        return self._s().get(key)
+
+    def add(self, key, delta):
+        return self._s().add(key, int(delta))
+
+    def wait(self, keys, timeout=None):
+        for k in keys:
+            self._s().get(k)
+
+    def check(self, keys):
+        raise RuntimeError("distmesh: a store over %s cannot check for keys without waiting" % self.url)
+
+
+def _env_store():
+    """The store the environment names (DISTMESH_STORE, else MASTER_ADDR / MASTER_PORT: the
+    one distmesh.init() met through), or a _NoStore saying so."""
+    url = os.environ.get("DISTMESH_STORE")
+    if not url and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        url = _host_port(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    if not url:
+        return _NoStore("this group was made from a Collective and no store is known (pass store= to "
+                        "set_default_group, or set DISTMESH_STORE or MASTER_ADDR / MASTER_PORT): groups made "
+                        "later through torch (new_group, init_device_mesh) need one")
+    return _UrlStore(url)
+
+
+def register_process_group(pg, global_ranks=None, store=None):
+    """Records pg, a ProcessGroup made from a Collective, in torch.distributed's world maps as
+    new_group records its groups, so that dist.get_rank(pg), get_world_size(pg),
+    get_process_group_ranks(pg), get_backend(pg), DeviceMesh.from_group and Distributed
+    Checkpoint take it; returns pg. Collective.process_group calls it.
+
+    global_ranks: the default group's rank of each member, in group order. None: the
+    collective's own ranks when torch.distributed is not initialized (the collective stands for
+    the world: see set_default_group), else each member's dist.get_rank() gathered over the
+    collective (a collective call: every member registers at the same point)."""
+    from torch.distributed import distributed_c10d as c10d
+    pg_map, pg_names, pg_group_ranks = _maps()
+    if pg in pg_map:
+        return pg
+    coll = pg.collective
+    if global_ranks is None:
+        if not dist.is_initialized():
+            global_ranks = list(range(coll.world_size))
+        else:
+            mine = torch.tensor([dist.get_rank()], dtype=torch.int64)
+            every = torch.empty(coll.world_size, dtype=torch.int64)
+            coll.all_gather(every, mine)
+            global_ranks = every.tolist()
+    if len(global_ranks) != coll.world_size or len(set(global_ranks)) != coll.world_size:
+        raise ValueError("register_process_group: global_ranks %r do not name the group's %d ranks once each"
+                         % (global_ranks, coll.world_size))
+    name = pg.getGroupName() or "distmesh_collective_%d" % next(_names)
+    pg.setGroupName(name)
+    mapping = {g: i for i, g in enumerate(global_ranks)}
+    store = store if store is not None else _env_store()
+    if hasattr(c10d, "_register_pg_in_world"):          # torch 2.9 and later
+        c10d._register_pg_in_world(pg, backend_name=BACKEND, store=store, group_name=name,
+                                   backend_config="cpu:" + BACKEND, rank_mapping=mapping)
+    else:                                               # what it does, for older 2.x and 1.13
+        pg_map[pg] = (BACKEND, store)
+        pg_names[pg] = name
+        pg_group_ranks[pg] = mapping
+        w = getattr(c10d, "_world", None)               # 2.x: tags, backend config, the name registry
+        if w is not None:
+            w.pg_backend_config[pg] = "cpu:" + BACKEND
+            tag = "ptd:" + name
+            w.tags_to_pg.setdefault(tag, []).append(pg)
+            w.tags_to_pg.setdefault("", []).append(pg)
+            w.pg_to_tag[pg] = tag
+        if hasattr(c10d, "_register_process_group"):
+            c10d._register_process_group(name, pg)
+    return pg
+
+
+def _maps():
+    """torch.distributed's (pg_map, pg_names, pg_group_ranks): 2.x's _world, 1.13's globals."""
+    from torch.distributed import distributed_c10d as c10d
+    w = getattr(c10d, "_world", None)
+    if w is not None:
+        return w.pg_map, w.pg_names, w.pg_group_ranks
+    return c10d._pg_map, c10d._pg_names, c10d._pg_group_ranks
+
+
+def _known_process_group(coll):
+    """Collective.process_group's maker: its ProcessGroup, recorded in the world maps."""
+    return register_process_group(ProcessGroup.from_collective(coll))
+
+
+def set_default_group(coll, store=None):
+    """Makes a Collective (a world: distmesh.init(), connect(), ...) torch.distributed's default
+    group, as init_process_group("distmesh") would, without a second rendezvous: afterwards
+    dist.is_initialized(), dist.get_rank() / get_world_size() are the collective's, calls
+    without a group run on it, and new_group / init_device_mesh make "distmesh" groups, meeting
+    through store (a torch Store; None: a client of the environment's store, DISTMESH_STORE or
+    MASTER_ADDR / MASTER_PORT). Returns its ProcessGroup. dist.destroy_process_group() undoes
+    it (the collective stays open: close it yourself). Raises RuntimeError when torch.distributed
+    is already initialized."""
+    from torch.distributed import distributed_c10d as c10d
+    if dist.is_initialized():
+        raise RuntimeError("distmesh: set_default_group: torch.distributed already has a default group")
+    store = store if store is not None else _env_store()
+    pg = coll.process_group
+    if pg is None:
+        raise TypeError("distmesh: set_default_group: %r has no process group" % (coll,))
+    pg_map, _, pg_group_ranks = _maps()
+    pg_map[pg] = (BACKEND, store)
+    pg_group_ranks[pg] = {i: i for i in range(coll.world_size)}
+    c10d._update_default_pg(pg)
+    return pg
+
+
+_register_process_group_factory(_known_process_group)     # Collective.process_group
 
 _COMPRESS_MODES = ("none", "bf16", "int8")
 _COMPRESSIBLE = (torch.float32, torch.bfloat16, torch.float16)

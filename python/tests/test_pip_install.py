@@ -24,6 +24,8 @@ CHECK = ("import distmesh, numpy as np, os, distmesh._C as C; c = distmesh.FakeC
          "x = np.ones(3, np.float32); c.all_reduce(x, 'sum'); assert x.tolist() == [1, 1, 1]; "
          "d = os.path.dirname(distmesh.__file__); "
          "assert os.path.exists(os.path.join(d, 'py.typed')) and os.path.exists(os.path.join(d, '_C.pyi')); "
+         "from distmesh._startup import PTH_NAME, PTH_LINE; "
+         "assert open(os.path.join(os.path.dirname(d), PTH_NAME)).read() == PTH_LINE; "   # the startup hook's line
          "print('OK', distmesh.__version__, d)")
 
 

@@ -81,4 +81,5 @@ def test_groups_mesh_and_dims(world):
         dp_members = [k % 2, k % 2 + 2]
         assert r["interface"][:5] == [k // 2, 2, dp_members, 0.5 if k < 2 else 2.5, k % 2]
         assert r["interface"][5] == "dim must be specified."
+        assert r["interface"][6] == [k, 4]
         assert r["open_handles"] == 0

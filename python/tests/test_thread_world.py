@@ -50,9 +50,9 @@ def test_dims_on_real_groups():
         tp.all_reduce(x, "sum")
         di = distmesh.DistributedInterface({"dp_size": 2, "cp_size": 2}, world=c)
         y = np.array([float(c.rank)])
-        di.all_reduce(y, distmesh.ReduceOp.SUM, distmesh.Dim.DP)
+        y = di.all_reduce(y, distmesh.ReduceOp.SUM, distmesh.Dim.DP)      # float32, as LLaMA-Factory's
         z = np.array([c.rank * 10], np.int32)
-        di.broadcast(z, 1, distmesh.Dim.CP)
+        z = di.broadcast(z, 1 if c.rank < 2 else 3, distmesh.Dim.CP)     # src: a global rank
         got = (c.dp_rank, c.tp_rank, c.tp_world_size, int(x[0]), di.get_rank(distmesh.Dim.CP),
                di.get_world_size(distmesh.Dim.MP_SHARD), float(y[0]), int(z[0]))
         di.destroy()

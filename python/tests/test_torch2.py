@@ -103,8 +103,9 @@ def torchrun(scenario, n, *flags):
 
 
 def test_torchrun_interface_meshes_and_fsdp2():
-    """torchrun --nproc-per-node 2: DistributedInterface() from the environment, then
-    get_device_mesh initializes torch.distributed with "distmesh" and gives DeviceMeshes."""
+    """torchrun --nproc-per-node 2: DistributedInterface() from the environment initializes
+    torch.distributed with "distmesh" (as LLaMA-Factory's does with its backend), and
+    get_device_mesh gives DeviceMeshes."""
     rc, res, out = torchrun("torchrun", 2)
     assert rc == 0 and len(res) == 2, out
     for r in res:
@@ -170,3 +171,59 @@ def test_suite_defects_fixed(tmp_path):
     assert 0.9 <= r0["timeout_s"] < 20, r0["timeout_s"]
     elapsed, text_ok, is_dm = r0["wait_timeout"]
     assert text_ok and is_dm and elapsed >= 0.25, r0["wait_timeout"]      # raised: the call had not completed
+def seeds_world(scenario, n, tmp_path, env=None, args=None):
+    """n ranks of torch2_worker.py's scenario, their RESULT dicts (each "bad" empty)."""
+    args = args if args is not None else ["tcp://127.0.0.1:%d" % free_port()]
+    w = World(n, scenario, args, env=env, limit=WORLD_LIMIT_S, tmp=tmp_path, script="torch2_worker.py")
+    try:
+        res = w.results()
+        assert w.wait() == [0] * n
+    finally:
+        w.close()
+    for r in res:
+        assert r["bad"] == [], r["bad"]
+    return res
+
+
+def test_llamafactory_interface_calls_under_torch(tmp_path):
+    """LLaMA-Factory 0.9.5's DistributedInterface, as its code calls it, at 4 ranks (dp 2 x cp
+    2): one instance per process, torch.distributed initialized with "distmesh", DeviceMeshes
+    and torch groups, world rank and size without a dim, its defaults (MEAN, DP, src 0 a global
+    rank), floats, lists and numpy arrays back as the same type, a tensor in place, MEAN of an
+    integer tensor raising as LLaMA-Factory's tensor /= n does, destroy()."""
+    res = seeds_world("iface", 4, tmp_path)
+    assert all("is_distributed=True" in r["str"] for r in res)
+
+
+def test_collective_groups_are_torch_groups(tmp_path):
+    """Collective.process_group is recorded in torch.distributed's world maps as new_group's
+    groups are (its backend, ranks; before and after a default group exists, the second's
+    global ranks gathered), distmesh.torch.set_default_group makes a Collective the default
+    group; then init_device_mesh's new groups (meeting through the environment's store),
+    DeviceMesh.from_group, Optimus-DL's dp_mesh / tp_mesh and Distributed Checkpoint work on
+    it (2 ranks, distmesh.init() through DISTMESH_STORE)."""
+    (tmp_path / "ckpt").mkdir()
+    store = "tcp://127.0.0.1:%d" % free_port()
+    seeds_world("pgworld", 2, tmp_path, env={"DISTMESH_STORE": store}, args=["-", str(tmp_path / "ckpt")])
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_gloo_program_runs_on_distmesh_by_environment(tmp_path, replace):
+    """DISTMESH_REPLACE_GLOO=1 (read by the distmesh-startup.pth the package installs): a
+    program that hard-codes "gloo" (init_process_group, new_group, init_device_mesh and its
+    backend_override) gets distmesh groups with the same sums, with no change to its code.
+    Unset, the hook imports nothing (distmesh stays out of the process) and the program runs
+    on Gloo."""
+    env = {"DISTMESH_REPLACE_GLOO": "1" if replace else "0"}
+    w = World(2, "gloo", ["tcp://127.0.0.1:%d" % free_port()], env=env, limit=WORLD_LIMIT_S, tmp=tmp_path,
+              script="gloo_program.py")
+    try:
+        res = w.results()
+        assert w.wait() == [0, 0]
+    finally:
+        w.close()
+    want = "distmesh" if replace else "gloo"
+    for r in res:
+        assert r["backends"] == [want] * 4, r
+        assert r["sums"] == [3.0] * 4, r
+        assert (r["distmesh_imported_at_start"], r["distmesh_imported"]) == (replace, replace), r

@@ -9,13 +9,17 @@ same processes. Scenarios (each prints one RESULT line of JSON, "bad" listing wh
     load INIT CKPT    that checkpoint loaded into an FSDP2 model of this world (resharded),
                       under distmesh and under Gloo, against the full parameters saved beside
     torchrun          under torchrun, torch.distributed not initialized: DistributedInterface()
-                      makes its world from the environment, get_device_mesh initializes
-                      torch.distributed ("distmesh", env://) and returns DeviceMeshes; FSDP2
-                      steps on the mp_shard mesh
+                      initializes it ("distmesh", env://), get_device_mesh returns
+                      DeviceMeshes; FSDP2 steps on the mp_shard mesh
     p2p INIT          point-to-point posted in any order and from any source, under "distmesh"
                       with a 10 s deadline: irecv before isend on every rank (a ring),
                       batch_isend_irecv with its irecv first, dist.recv(t) from any source
                       (returns the sender), and the same through the group's Collective
+    pgworld - CKPT    a Collective's process_group in torch.distributed's world maps, made the
+                      default group; new groups, DeviceMeshes (Optimus-DL's dp_mesh / tp_mesh)
+                      and Distributed Checkpoint on it (DISTMESH_STORE from the test)
+    iface INIT        LLaMA-Factory 0.9.5's calls on DistributedInterface at 4 ranks (its
+                      singleton, defaults, tensor-likes, DeviceMeshes and torch groups)
     restart           under torchrun --max-restarts 1: DDP for 20 steps; in the first attempt
                       rank 1 kills itself (SIGKILL) at step 5, the others fail with PeerLost,
                       the second attempt meets afresh and trains to the end
@@ -27,6 +31,7 @@ import sys
 import time
 import traceback
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -393,8 +398,8 @@ def scenario_torchrun(init, ckpt):
     bad, out = [], {"rank": RANK}
     out["bad"] = bad
     iface = distmesh.DistributedInterface({"mp_replicate_size": 1})
-    if dist.is_initialized():
-        bad.append("torch.distributed initialized before get_device_mesh")
+    if not dist.is_initialized():           # LLaMA-Factory's __init__ initializes it
+        bad.append("torch.distributed not initialized by DistributedInterface()")
     shard, dp = iface.get_device_mesh(distmesh.Dim.MP_SHARD), iface.get_device_mesh(distmesh.Dim.DP)
     out["meshes"] = [type(m).__name__ for m in (shard, dp)] + [dist.get_backend(), dist.get_backend(shard.get_group())]
     if not (isinstance(shard, DeviceMesh) and isinstance(dp, DeviceMesh)):
@@ -571,6 +576,122 @@ def scenario_p2p(init, ckpt):
         c.send(torch.full((2,), 42, dtype=torch.int64), 0, 11)
     dist.barrier()
     dist.destroy_process_group()
+# ---- the seeds' projects as they ship (issue 51) -----------------------------------------------
+def scenario_iface(init, ckpt):
+    """LLaMA-Factory 0.9.5's calls on DistributedInterface (dp 2 x cp 2 at 4 ranks; dp groups
+    {0,2} {1,3}, cp {0,1} {2,3}), as its interface.py / helper.py answer them under torch."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from distmesh import Dim
+    host, port = init[len("tcp://"):].rsplit(":", 1)
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
+    bad, out = [], {"rank": RANK}
+    out["bad"] = bad
+
+    def want(name, got, expect):
+        if got != expect or type(got) is not type(expect):
+            bad.append("%s: %r, expected %r" % (name, got, expect))
+    cfg = {"dp_size": 2, "cp_size": 2, "timeout": 60}
+    di = distmesh.DistributedInterface(cfg)
+    if distmesh.DistributedInterface() is not di or di.dist_config is not cfg:
+        bad.append("not one instance per process")
+    if not dist.is_initialized() or dist.get_backend() != "distmesh":
+        bad.append("torch.distributed not initialized with distmesh by the interface")
+    m, d = di.model_device_mesh, di.data_device_mesh
+    if not (isinstance(m, DeviceMesh) and isinstance(d, DeviceMesh)):
+        bad.append("meshes: %r, %r" % (type(m), type(d)))
+    else:
+        want("mesh names", (m.mesh_dim_names, d.mesh_dim_names), (("mp_replicate", "mp_shard"), ("dp", "cp")))
+    g = di.get_group(Dim.DP)
+    if not isinstance(g, dist.ProcessGroup) or dist.get_backend(g) != "distmesh":
+        bad.append("get_group(DP): %r" % (g,))
+    else:
+        want("dp group ranks", dist.get_process_group_ranks(g), [RANK % 2, RANK % 2 + 2])
+    want("get_group(None)", di.get_group(None), None)
+    want("current_device", di.current_device, torch.device("cpu"))
+    want("world", (di.get_rank(), di.get_world_size()), (RANK, WORLD))
+    want("per dim", [di.get_rank(x) for x in Dim] + [di.get_world_size(x) for x in Dim],
+         [0, RANK, RANK // 2, RANK % 2, 1, 4, 2, 2])
+    peer = RANK + 2 if RANK < 2 else RANK - 2
+    want("mean of a float over dp", di.all_reduce(float(RANK)), (RANK + peer) / 2)
+    want("a list, sum over cp", di.all_reduce([float(RANK), 1.0], op="sum", dim=Dim.CP),
+         [float(RANK + (RANK ^ 1)), 2.0])
+    a64 = di.all_reduce(np.array([RANK, RANK], np.float64), op=distmesh.ReduceOp.SUM)
+    want("numpy in, float32 numpy out", (type(a64).__name__, str(a64.dtype), a64.tolist()),
+         ("ndarray", "float32", [float(RANK + peer)] * 2))
+    t = torch.tensor([RANK, 1])
+    if di.all_reduce(t, op="max") is not t or t.tolist() != [max(RANK, peer), 1]:
+        bad.append("int tensor MAX in place: %s" % t.tolist())
+    try:
+        di.all_reduce(torch.tensor([RANK]))
+        bad.append("MEAN of an int tensor did not raise (LLaMA-Factory's tensor /= n does)")
+    except RuntimeError:
+        pass
+    gathered = di.all_gather(torch.tensor([float(RANK)]))
+    want("all_gather of a tensor", (tuple(gathered.shape), gathered.view(-1).tolist()),
+         ((2, 1), [float(min(RANK, peer)), float(max(RANK, peer))]))
+    want("all_gather of the world", di.all_gather(float(RANK), dim=None), [0.0, 1.0, 2.0, 3.0][:WORLD])
+    want("broadcast from global rank 1 (dp {1,3}) / 0 (dp {0,2})",
+         di.broadcast(float(RANK * 10), src=RANK % 2), float(RANK % 2 * 10))
+    di.barrier()
+    di.sync()
+    out["str"] = str(di)
+    di.destroy()
+    want("destroyed", (dist.is_initialized(), distmesh.DistributedInterface._instance), (False, None))
+    say("RESULT", out)
+
+
+def scenario_pgworld(init, ckpt):
+    """A Collective's process_group as torch.distributed's own groups are (its world maps):
+    rank, size and ranks of it, a Collective made the default group (set_default_group), then
+    new groups and DeviceMeshes made through torch, Optimus-DL's dp_mesh / tp_mesh, Distributed
+    Checkpoint saved and loaded on the group, a second Collective's group known with its ranks."""
+    from torch.distributed import distributed_c10d as c10d
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    import torch.distributed.checkpoint as dcp
+    bad, out = [], {"rank": RANK}
+    out["bad"] = bad
+
+    def want(name, got, expect):
+        if got != expect:
+            bad.append("%s: %r, expected %r" % (name, got, expect))
+    c = distmesh.init()
+    pg = c.process_group
+    want("ranks recorded before init", c10d._world.pg_group_ranks.get(pg), {i: i for i in range(WORLD)})
+    want("backend of the group", dist.get_backend(pg), "distmesh")
+    if distmesh.torch.set_default_group(c) is not pg:
+        bad.append("set_default_group did not return the collective's group")
+    want("default group", (dist.is_initialized(), dist.get_rank(), dist.get_world_size(), dist.get_backend()),
+         (True, RANK, WORLD, "distmesh"))
+    want("rank and size of the group", (dist.get_rank(pg), dist.get_world_size(pg), dist.get_process_group_ranks(pg)),
+         (RANK, WORLD, list(range(WORLD))))
+    t = torch.tensor([float(RANK + 1)])
+    dist.all_reduce(t)
+    want("all_reduce on the default group", t.item(), WORLD * (WORLD + 1) / 2)
+    m = DeviceMesh.from_group(pg, "cpu", mesh_dim_names=("w",))
+    want("DeviceMesh.from_group", (m.size(), m.get_local_rank(), dist.get_backend(m.get_group())),
+         (WORLD, RANK, "distmesh"))
+    m2 = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("x",))     # a new group, through the store
+    t = torch.tensor([RANK])
+    dist.all_reduce(t, group=m2.get_group())
+    want("a new group's all_reduce", (t.item(), dist.get_backend(m2.get_group())),
+         (WORLD * (WORLD - 1) // 2, "distmesh"))
+    dp, tp = c.dp_mesh, c.tp_mesh
+    want("Optimus-DL's dp_mesh / tp_mesh", (type(dp).__name__, tuple(dp.shape), dp.mesh_dim_names,
+                                            type(tp).__name__, tp.size()),
+         ("DeviceMesh", (WORLD, 1), ("dp_replicate", "dp_shard"), "DeviceMesh", 1))
+    want("dp_mesh flattened (its FSDP transform)", dp._flatten().size(), WORLD)
+    state = {"w": torch.arange(6, dtype=torch.float32) * 3}
+    dcp.save(state, checkpoint_id=ckpt, process_group=pg)
+    back = {"w": torch.zeros(6)}
+    dcp.load(back, checkpoint_id=ckpt, process_group=pg)
+    want("DCP on the group", back["w"].tolist(), state["w"].tolist())
+    c2 = distmesh.connect(RANK, WORLD, prefix="second/")              # another world of the same ranks
+    pg2 = c2.process_group
+    want("a second collective's group", (dist.get_rank(pg2), dist.get_process_group_ranks(pg2)),
+         (RANK, list(range(WORLD))))
+    dist.destroy_process_group()
+    c2.close()
+    c.close()
     say("RESULT", out)
 
 
@@ -580,7 +701,8 @@ def main():
         init = sys.argv[2] if len(sys.argv) > 2 else ""
         ckpt = sys.argv[3] if len(sys.argv) > 3 else ""
         {"stack": scenario_stack, "load": scenario_load, "torchrun": scenario_torchrun,
-         "restart": scenario_restart, "fixes": scenario_fixes, "p2p": scenario_p2p}[scenario](init, ckpt)
+         "restart": scenario_restart, "fixes": scenario_fixes, "p2p": scenario_p2p, "iface": scenario_iface,
+         "pgworld": scenario_pgworld}[scenario](init, ckpt)
     except BaseException:
         traceback.print_exc()
         say("ERROR", traceback.format_exc().replace("\n", " | "))

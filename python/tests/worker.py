@@ -162,10 +162,11 @@ def scenario_cases(ref):
     out["interface"] = [di.get_rank(distmesh.Dim.DP), di.get_world_size(distmesh.Dim.CP), g.ravel().tolist(),
                         float(x[0]), di.get_rank(distmesh.Dim.MP_SHARD)]
     try:
-        di.get_rank(None)
+        di.get_device_mesh(None)
         out["interface"].append("no error")
     except ValueError as e:
         out["interface"].append(str(e))
+    out["interface"].append([di.get_rank(), di.get_world_size()])     # no dim: the world's
     di.destroy()
     c.barrier()
     c.close()
