@@ -699,6 +699,8 @@ def _rendezvous(store, rank, size, timeout):
     if isinstance(base, dist.TCPStore):
         url = _host_port(base.host, base.port)
         dm_store = _C.Store(url, False, None, timeout_ms)
+    elif isinstance(base, _UrlStore):           # a default group from set_default_group: its store's url
+        dm_store = _C.Store(base.url, False, None, timeout_ms)
     elif rank == 0:
         host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
         dm_store = _C.Store(_host_port(host, 0), True, None, timeout_ms)

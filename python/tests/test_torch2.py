@@ -171,6 +171,8 @@ def test_suite_defects_fixed(tmp_path):
     assert 0.9 <= r0["timeout_s"] < 20, r0["timeout_s"]
     elapsed, text_ok, is_dm = r0["wait_timeout"]
     assert text_ok and is_dm and elapsed >= 0.25, r0["wait_timeout"]      # raised: the call had not completed
+
+
 def seeds_world(scenario, n, tmp_path, env=None, args=None):
     """n ranks of torch2_worker.py's scenario, their RESULT dicts (each "bad" empty)."""
     args = args if args is not None else ["tcp://127.0.0.1:%d" % free_port()]
@@ -195,16 +197,29 @@ def test_llamafactory_interface_calls_under_torch(tmp_path):
     assert all("is_distributed=True" in r["str"] for r in res)
 
 
-def test_collective_groups_are_torch_groups(tmp_path):
+@pytest.mark.parametrize("agent_store", [False, True])
+def test_collective_groups_are_torch_groups(tmp_path, agent_store):
     """Collective.process_group is recorded in torch.distributed's world maps as new_group's
     groups are (its backend, ranks; before and after a default group exists, the second's
     global ranks gathered), distmesh.torch.set_default_group makes a Collective the default
     group; then init_device_mesh's new groups (meeting through the environment's store),
     DeviceMesh.from_group, Optimus-DL's dp_mesh / tp_mesh and Distributed Checkpoint work on
-    it (2 ranks, distmesh.init() through DISTMESH_STORE)."""
+    it (2 ranks, distmesh.init() through DISTMESH_STORE). agent_store: the store is this
+    test's, as torchrun's agent serves it (TORCHELASTIC_USE_AGENT_STORE=True: every rank is a
+    client, none may serve a store of its own for the groups made later; Optimus-DL's recipe
+    with a distmesh Collective under torchrun failed there)."""
+    import distmesh
     (tmp_path / "ckpt").mkdir()
-    store = "tcp://127.0.0.1:%d" % free_port()
-    seeds_world("pgworld", 2, tmp_path, env={"DISTMESH_STORE": store}, args=["-", str(tmp_path / "ckpt")])
+    server = None
+    if agent_store:
+        server = distmesh._C.Store("tcp://127.0.0.1:0", True, None, 60000)
+        env = {"DISTMESH_STORE": "tcp://127.0.0.1:%d" % server.port, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    else:
+        env = {"DISTMESH_STORE": "tcp://127.0.0.1:%d" % free_port()}
+    try:
+        seeds_world("pgworld", 2, tmp_path, env=env, args=["-", str(tmp_path / "ckpt")])
+    finally:
+        del server
 
 
 @pytest.mark.parametrize("replace", [False, True])

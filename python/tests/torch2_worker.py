@@ -576,6 +576,9 @@ def scenario_p2p(init, ckpt):
         c.send(torch.full((2,), 42, dtype=torch.int64), 0, 11)
     dist.barrier()
     dist.destroy_process_group()
+    say("RESULT", out)
+
+
 # ---- the seeds' projects as they ship (issue 51) -----------------------------------------------
 def scenario_iface(init, ckpt):
     """LLaMA-Factory 0.9.5's calls on DistributedInterface (dp 2 x cp 2 at 4 ranks; dp groups
