@@ -10,7 +10,11 @@
 #                     train_llama_shakespeare.yaml made small: 2 layers, 6 steps of DDP, on a
 #                     local text, checkpoints at steps 3 and 6) under torchrun, 2 ranks, the
 #                     same two ways: every step's loss, grad norm and accuracy and the
-#                     checkpoints' tensor shards must be bit-equal.
+#                     checkpoints' tensor shards must be bit-equal. Then the recipe with
+#                     distmesh's own Collective in place of its MeshCollective (made from the
+#                     launcher's environment, torch's default group, taken by its transforms as
+#                     a MeshCollective): DDP and FSDP2 (its fully_shard transform), each against
+#                     its Gloo run, the same way.
 #
 #   LLaMA-Factory 0.9.5  its v1 SFT trainer (python -m llamafactory.v1.trainers.sft_trainer)
 #                     with its FSDP2 engine and activation checkpointing, 2 ranks under
@@ -29,8 +33,10 @@
 # DISTMESH_REPLACE_GLOO into its site-packages). Skipped with the reason (a "SKIPPED:" line,
 # exit 0) when the wheel, python3.11 or a package cannot be had.
 #
-# Environment: SEED_CACHE; SEED_OUT (the results, default build/seed-projects); SEED_K (a
-# pytest -k expression choosing among Optimus-DL's tests, default all); SEED_STEPS (the
+# Environment: SEED_CACHE; SEED_OUT (the results, default build/seed-projects); SEED_PROJECTS
+# (default "optimus llamafactory"); SEED_TESTS (0: leave out Optimus-DL's multi-process tests,
+# run its recipe only); SEED_K (a pytest -k expression choosing among Optimus-DL's tests,
+# default all); SEED_STEPS (the
 # training run's steps, default 6). Exit status 0 when distmesh matched Gloo everywhere.
 #
 # The two disagree on torchdata (LLaMA-Factory <=0.11.0, Optimus-DL >=0.12.0), hence two
@@ -105,6 +111,7 @@ with_distmesh optimus || { status=1; return 0; }
 OD_TESTS=(tests/model/test_tp_collectives.py tests/model/test_tp.py tests/model/test_tp_correctness.py
           tests/model/test_tp_memory.py tests/integration/test_stateful_evaluation.py)
 for backend in gloo distmesh; do
+    [ "${SEED_TESTS:-1}" = 0 ] && break
     replace=0; [ "$backend" = distmesh ] && replace=1
     say "Optimus-DL's multi-process tests, DISTMESH_REPLACE_GLOO=$replace ($backend)"
     (cd "$SRC" && DISTMESH_REPLACE_GLOO=$replace OMP_NUM_THREADS=1 DISTMESH_TIMEOUT=120 timeout 5400 \
@@ -112,6 +119,7 @@ for backend in gloo distmesh; do
         --junitxml="$OUT/optimus-tests-$backend.xml" "${OD_TESTS[@]}" >"$OUT/optimus-tests-$backend.log" 2>&1)
     tail -n 1 "$OUT/optimus-tests-$backend.log"
 done
+[ "${SEED_TESTS:-1}" = 0 ] ||
 "$OD" - "$OUT/optimus-tests-gloo.xml" "$OUT/optimus-tests-distmesh.xml" <<'EOF' | tee "$OUT/optimus-tests.txt" || status=1
 import sys, xml.etree.ElementTree as ET
 def outcomes(path):
@@ -163,21 +171,50 @@ data:
       source: {_name: txt_lines, file_link: "\${oc.env:DM_OD_TEXT}"}
       transform: \${data.scratch.base_transforms}
 EOF
+sed -e 's/^# make test-seed-projects: .*/# make test-seed-projects: distmesh_tiny with FSDP2 (its fully_shard transform)/' \
+    -e 's/^model_transforms: .*/model_transforms: [{_name: fully_shard}]/' \
+    "$SRC/configs/train/distmesh_tiny.yaml" > "$SRC/configs/train/distmesh_tiny_fsdp.yaml"
+# The recipe with distmesh's own Collective: build_best_collective returns the one it cached,
+# which this launcher sets before the recipe runs (the recipe's own code is unchanged).
+cat > "$OUT/dm_collective_train.py" <<'PYEOF'
+import runpy
+import sys
+
+import distmesh
+import distmesh.torch
+import optimus_dl.modules.distributed as od_distributed
+
+coll = distmesh.init()                  # the launcher's world (torchrun's variables)
+distmesh.torch.set_default_group(coll)  # torch's default group: the recipe's checkpoints use it
+od_distributed._collective = coll       # what build_best_collective hands the recipe
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+PYEOF
 cat "$ROOT"/docs/*.md > "$OUT/optimus-text.txt"
-for backend in gloo distmesh; do
-    replace=0; [ "$backend" = distmesh ] && replace=1
-    say "Optimus-DL's recipe, $STEPS steps of DDP on 2 ranks, DISTMESH_REPLACE_GLOO=$replace ($backend)"
-    rm -rf "$OUT/optimus-train-$backend"
+# optimus_train NAME CONFIG REPLACE [LAUNCHER]: one run of the recipe into $OUT/optimus-train-NAME
+optimus_train() {
+    local name=$1 config=$2 replace=$3 port
+    shift 3
+    say "Optimus-DL's recipe ($config), $STEPS steps on 2 ranks: $name"
+    rm -rf "$OUT/optimus-train-$name"
     port=$("$OD" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    (cd "$SRC" && DISTMESH_REPLACE_GLOO=$replace DM_OD_OUT="$OUT/optimus-train-$backend" \
+    (cd "$SRC" && DISTMESH_REPLACE_GLOO=$replace DM_OD_OUT="$OUT/optimus-train-$name" \
         DM_OD_TEXT="$OUT/optimus-text.txt" OMP_NUM_THREADS=1 DISTMESH_TIMEOUT=120 timeout 900 \
         "$OD" -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$port" \
-        scripts/train.py --config-name=distmesh_tiny >"$OUT/optimus-train-$backend.log" 2>&1) ||
-        { echo "FAIL: the $backend run failed ($OUT/optimus-train-$backend.log)"; status=1; }
-done
-"$OD" - "$OUT/optimus-train-gloo" "$OUT/optimus-train-distmesh" "$STEPS" <<'EOF' | tee "$OUT/optimus-train.txt" || status=1
+        "$@" scripts/train.py --config-name="$config" >"$OUT/optimus-train-$name.log" 2>&1) ||
+        { echo "FAIL: the $name run failed ($OUT/optimus-train-$name.log)"; status=1; }
+}
+optimus_train gloo distmesh_tiny 0
+optimus_train distmesh distmesh_tiny 1
+optimus_train collective distmesh_tiny 0 "$OUT/dm_collective_train.py"
+optimus_train gloo-fsdp distmesh_tiny_fsdp 0
+optimus_train collective-fsdp distmesh_tiny_fsdp 0 "$OUT/dm_collective_train.py"
+# optimus_compare GLOO MINE WHAT: every step's figures and the checkpoints' shards the same bits
+optimus_compare() {
+"$OD" - "$OUT/optimus-train-$1" "$OUT/optimus-train-$2" "$STEPS" "$3" <<'EOF' | tee -a "$OUT/optimus-train.txt" || status=1
 import glob, json, os, sys
 a, b, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+print("== " + sys.argv[4])
 def rows(d, name):
     p = os.path.join(d, "logs", name)
     return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
@@ -202,9 +239,14 @@ for p in shards:
         bad.append("checkpoint shard %s differs" % os.path.relpath(p, a))
 if not shards:
     bad.append("no checkpoint shards")
-print("training: " + ("distmesh matches Gloo" if not bad else "; ".join(bad)))
+print("training, %s: " % sys.argv[4] + ("distmesh matches Gloo" if not bad else "; ".join(bad)))
 sys.exit(1 if bad else 0)
 EOF
+}
+rm -f "$OUT/optimus-train.txt"
+optimus_compare gloo distmesh "DDP, DISTMESH_REPLACE_GLOO=1"
+optimus_compare gloo collective "DDP, distmesh's Collective in Optimus-DL's place"
+optimus_compare gloo-fsdp collective-fsdp "FSDP2, distmesh's Collective in Optimus-DL's place"
 
 }
 
@@ -302,7 +344,11 @@ PY
 }
 
 status=0
-optimus
-llamafactory
+for project in ${SEED_PROJECTS:-optimus llamafactory}; do
+    case "$project" in
+        optimus|llamafactory) "$project" ;;
+        *) echo "SEED_PROJECTS: no project $project (optimus, llamafactory)"; exit 2 ;;
+    esac
+done
 say "results in $OUT (optimus-tests.txt, optimus-train.txt, llamafactory-sft.txt)"
 exit $status
