@@ -55,29 +55,40 @@ def _patch(c10d):
     c10d._new_process_group_helper = _new_process_group_helper
 
 
-class _Finder:
-    """Patches torch's distributed_c10d right after it executes; passes every other name."""
+class _AfterImport:
+    """A finder at the front of sys.meta_path: wraps the loader of the module named `name` so
+    that fn(module) runs right after the module executes; answers None at once for every other
+    name."""
 
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name != _C10D:
+    def __init__(self, name, fn):
+        self.name, self.fn = name, fn
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.name:
             return None
         import importlib.machinery
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        run = spec.loader.exec_module
+        run, fn = spec.loader.exec_module, self.fn
 
         def exec_module(module):
             run(module)
-            _patch(module)
+            fn(module)
         spec.loader.exec_module = exec_module
         return spec
 
 
+def after_import(name, fn):
+    """fn(module) once the module named `name` has executed: now, if it has, else right after
+    it does (the first import, wherever it comes from). Also what distmesh.collective registers
+    with Optimus-DL through."""
+    if name in sys.modules:
+        fn(sys.modules[name])
+    elif not any(isinstance(f, _AfterImport) and f.name == name and f.fn is fn for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, fn))
+
+
 def install():
     """Makes every "gloo" group torch creates from now on a "distmesh" one (see the module)."""
-    if _C10D in sys.modules:
-        _patch(sys.modules[_C10D])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    after_import(_C10D, _patch)

@@ -15,6 +15,7 @@ import pickle
 import threading
 
 from . import _C
+from ._startup import after_import as _after_import
 
 __all__ = ["ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "init", "connect", "connect_nccl",
            "thread_world", "env", "nccl_built", "openssl_built"]
@@ -560,33 +561,4 @@ def _register_with_optimus(module):
         mesh_cls.register(Collective)
 
 
-class _OptimusFinder:
-    """Wraps the loader of Optimus-DL's mesh module so that the registration follows its
-    execution; every other import goes past untouched."""
-
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name != _OPTIMUS_MESH:
-            return None
-        import importlib.machinery
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _register_with_optimus(module)
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-def _hook_optimus():
-    import sys
-    if _OPTIMUS_MESH in sys.modules:
-        _register_with_optimus(sys.modules[_OPTIMUS_MESH])
-    elif not any(isinstance(f, _OptimusFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _OptimusFinder())
-
-
-_hook_optimus()
+_after_import(_OPTIMUS_MESH, _register_with_optimus)
