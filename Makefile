@@ -51,6 +51,10 @@ CUDA_HOME ?= /usr/local/cuda
 # NCCL's headers for the stand-in tests where CUDA has none (scripts/deps.sh puts them here)
 DM_NCCL_HEADERS := /usr/local/share/distmesh/nccl/include
 TEST_TIMEOUT ?= 600
+# The headers a build depends on: the core's layers (distmesh.h includes the rest of the
+# implementation in this order), then the transports the TCP backend adds.
+DM_CORE_HDRS := distmesh.h distmesh_kernels.h distmesh_trace.h distmesh_core.h distmesh_engine.h \
+                distmesh_schedules.h distmesh_thread.h
 
 TEST_BINS :=
 

@@ -522,7 +522,7 @@ static dm_status _dm_nccl_usable(_dm_nccl* n, const char* what) {
 
 /* A poll loop's pause. NCCL gives distmesh nothing to block on (no fd, no callback), so a wait
    spins briefly, yields until 1 ms, then sleeps: 50 us while the wait is under 4 ms, 200 us
-   under 16 ms, then 1 ms (the engine's waits spin, yield, then block alike, distmesh.h >>engine
+   under 16 ms, then 1 ms (the engine's waits spin, yield, then block alike, distmesh_engine.h >>engine
    loop). A long kernel then costs the host about a thousand wake-ups a second instead of a
    core spinning in sched_yield, and a wait ends at most one sleep (at most 1/4 to 1/16 of what
    it has waited) after its work. start_us: when the wait began (_dm_now_us). */

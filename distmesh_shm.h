@@ -1,19 +1,11 @@
 /* distmesh_shm.h -- distmesh's shared-memory transport. MIT license at end of file.
 
-   Do not include this file yourself: it is part of the implementation. Two parts, each emitted
-   once, by the header that includes it:
-   - the memory rings, with the core: distmesh.h's implementation includes this file at
-     distmesh.h >>rings include (with or without DISTMESH_TCP: the threaded world's links are
-     memory rings in the heap);
-   - the shared segment and the loss watcher, with the TCP backend: distmesh_tcp.h includes this
-     file again at distmesh_tcp.h >>tcp shm include (DISTMESH_TCP: they need Linux's memfd,
-     futexes and eventfd, and they build on the TCP group).
+   Do not include this file yourself: it is part of the implementation, with the TCP backend:
+   distmesh_tcp.h includes it at distmesh_tcp.h >>tcp shm include (DISTMESH_TCP: the segment
+   needs Linux's memfd, futexes and eventfd). The memory rings it lays in the segment are the
+   engine's memory link (distmesh_engine.h >>memory rings), which the threaded world uses too.
 
    WHAT IT HOLDS
-   - the memory link (_dm_memlink: two rings, one per direction, over bytes the two ranks share)
-     and its functions, _dm_mem_*, which the link table of each memory transport names: this
-     file's _dm_shm_vt (processes of one host) and the threaded world's _dm_tw_link_vt
-     (distmesh.h >>thread);
    - the segment of a host's ranks (a memfd: header, abort words, bells, rings), its bells
      (futexes, and the membarrier that makes their wakers cheap), its link table _dm_shm_vt, the
      single-copy read of a peer's memory, and the setup that makes it and the vote that agrees
@@ -21,8 +13,6 @@
    - the watcher that wakes a sleeping rank when a same-host peer dies.
 
    WHAT IT USES
-   - the rings: the core below them (distmesh.h >>links: _dm_link, _dm_iov, the bell; >>memory:
-     the allocator);
    - the segment: the core (the engine: _dm_eng_sendrecv, _dm_coll_all_reduce, fingerprints,
      failures), the store's _dm_st_random (distmesh_store.h), the socket link's
      _dm_sock_pending (distmesh_socket.h, included before this part), and the TCP group it
@@ -32,197 +22,16 @@
      functions; the backend calls these (build, lifetime, shrink).
 
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
-     with the core (distmesh.h >>rings include)
-       >>memory rings            the link between two ranks that share memory
-     with the TCP backend (distmesh_tcp.h >>tcp shm include)
        >>shm segment             the shared segment of a host: rings, bells, futexes; its
                                  link table, its setup
        >>shm loss                the watcher that wakes sleepers when a same-host peer dies
 
-   PRIVATE NAMES  _dm_ring _dm_memlink _dm_mem_ (the memory link), _dm_shm_ _dm_futex_
+   PRIVATE NAMES  _dm_shm_ _dm_futex_
    _dm_membarrier_ (the segment, its bells and fences), _dm_tcp_shm_setup (the TCP group's
    setup of it). */
 #ifndef DISTMESH_H
 #error "distmesh_shm.h is part of distmesh.h's implementation: include distmesh.h"
 #endif
-
-#if defined(DISTMESH_IMPL_INCLUDED) && !defined(DISTMESH_SHM_RINGS_IMPL_INCLUDED)
-#define DISTMESH_SHM_RINGS_IMPL_INCLUDED
-/* >>memory rings  The link between two ranks that share memory (shared memory between processes,
-   the heap between threads): one ring per direction. A ring holds bytes [tail, head) of the stream
-   in data[pos & (cap - 1)]. Only the sender moves head, only the receiver moves tail. A small
-   publish (at most _DM_RING_INLINE bytes, a multiple of 8) is also copied into head's cache line
-   (inl, tagged with its stream position and length), so a reader that finds it at its tail takes
-   the bytes with head: one transfer between cores instead of two (head's line, then the data's).
-   The copy is a seqlock (Boehm's, as the flight recorder's ring): a reader keeps what it copied
-   only when the tag read before and after is the same. Bytes at a stream position never change, so
-   a tag, however old, is right about the bytes it names. */
-#define _DM_RING_INLINE 48
-typedef struct _dm_ring {
-    uint64_t head;
-    uint64_t inl_tag;           /* position << 6 | length of the bytes in inl; UINT64_MAX while written */
-    uint64_t inl[_DM_RING_INLINE / 8];
-    uint64_t tail;
-    /* dm_shrink: head when the sender stopped the old group's stream, published with the new
-       group's epoch (distmesh_tcp.h, >>tcp shrink). Two marks, by the new group's slot: a sender
-       may shrink again before a slow reader has read the mark of the shrink before. */
-    uint64_t stop[2];
-    uint32_t stop_epoch[2];
-    unsigned char pad[32];
-} _dm_ring;
-#define _DM_RING_GRAIN ((size_t)64 << 10)   /* bytes per publish: the reader starts early */
-
-typedef struct _dm_memlink {
-    _dm_link base;
-    _dm_ring *out, *in;         /* this rank -> peer, peer -> this rank */
-    /* Copies of the two positions this side alone moves (out->head, in->tail), so the hot
-       path reads no line the peer also reads: a line a peer keeps reading can migrate to its
-       core, and reading it back costs a transfer between cores on every message. */
-    uint64_t out_head, in_tail;
-    /* The peer's positions as last read; each only moves forward, so what is counted from them
-       is never too much, and their lines are read again only when that runs out. A reader that
-       looked again on every peek would pay a transfer between cores per message whenever the
-       peer had moved on to its next send (it writes head then, taking the line back). */
-    uint64_t out_tail;          /* out->tail: room, read again only when short */
-    uint64_t in_head;           /* in->head: bytes to read, read again only when none are left */
-    uint64_t inl_buf[_DM_RING_INLINE / 8];      /* the peer's small publish at inl_from, from in->inl */
-    uint64_t inl_from;
-    size_t inl_len;             /* 0: none */
-    unsigned char *out_data, *in_data;
-    size_t cap;                 /* bytes per ring, a power of two */
-    _dm_bell* peer_bell;        /* rung after writing (data for it) and reading (space for it) */
-    const _dm_bell_ops* bell_ops;
-    int side_fd;                /* shm: a socket to the peer whose end says it died; else -1 */
-} _dm_memlink;
-
-/* The n bytes just written at stream position pos, again into head's line (see >>memory rings). */
-_DM_PRIVATE void _dm_ring_put_inline(_dm_memlink* m, uint64_t pos, size_t n) {
-    uint64_t w[_DM_RING_INLINE / 8];
-    size_t at = (size_t)pos & (m->cap - 1), first = m->cap - at < n ? m->cap - at : n, i;
-    memcpy(w, m->out_data + at, first);
-    if (n > first) memcpy((unsigned char*)w + first, m->out_data, n - first);
-    __atomic_store_n(&m->out->inl_tag, UINT64_MAX, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    for (i = 0; i < n / 8; i++) __atomic_store_n(&m->out->inl[i], w[i], __ATOMIC_RELAXED);
-    __atomic_store_n(&m->out->inl_tag, pos << 6 | n, __ATOMIC_RELEASE);
-}
-/* The peer's small publish that starts at pos, into m->inl_buf: its length, or 0 when the copy
-   in head's line holds another (or was being rewritten while read). */
-_DM_PRIVATE size_t _dm_ring_get_inline(_dm_memlink* m, uint64_t pos) {
-    uint64_t t1 = __atomic_load_n(&m->in->inl_tag, __ATOMIC_ACQUIRE), t2;
-    size_t n = (size_t)(t1 & 63), i;
-    if (t1 == UINT64_MAX || t1 >> 6 != pos || n == 0) return 0;
-    for (i = 0; i < n / 8; i++) m->inl_buf[i] = __atomic_load_n(&m->in->inl[i], __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    t2 = __atomic_load_n(&m->in->inl_tag, __ATOMIC_RELAXED);
-    return t1 == t2 ? n : 0;
-}
-
-/* Free bytes in the out ring, counted from the peer's tail as last read, which is read again
-   only when that count is under need. */
-_DM_PRIVATE size_t _dm_mem_room(_dm_memlink* m, size_t need) {
-    size_t room = m->cap - (size_t)(m->out_head - m->out_tail);
-    if (room >= need) return room;
-    m->out_tail = __atomic_load_n(&m->out->tail, __ATOMIC_ACQUIRE);
-    return m->cap - (size_t)(m->out_head - m->out_tail);
-}
-/* Copies the pieces into the ring as far as space (and one grain) allows; one publish, one bell. */
-_DM_PRIVATE ptrdiff_t _dm_mem_sendv(_dm_link* l, const _dm_iov* iov, int niov, int* err) {
-    _dm_memlink* m = (_dm_memlink*)l;
-    uint64_t head = m->out_head;
-    size_t want = 0, room, done = 0;
-    int i;
-    (void)err;
-    for (i = 0; i < niov; i++) want += iov[i].len;
-    room = _dm_mem_room(m, want < _DM_RING_GRAIN ? want : _DM_RING_GRAIN);
-    if (room > _DM_RING_GRAIN) room = _DM_RING_GRAIN;
-    for (i = 0; i < niov && done < room; i++) {
-        size_t n = iov[i].len < room - done ? iov[i].len : room - done;
-        size_t at = (size_t)(head + done) & (m->cap - 1), first = m->cap - at < n ? m->cap - at : n;
-        if (n == 0) continue;
-        memcpy(m->out_data + at, iov[i].buf, first);
-        if (n > first) memcpy(m->out_data, (const unsigned char*)iov[i].buf + first, n - first);
-        done += n;
-    }
-    if (done == 0) return 0;
-    if (done <= _DM_RING_INLINE && done % 8 == 0) _dm_ring_put_inline(m, head, done);
-    m->out_head = head + done;
-    __atomic_store_n(&m->out->head, m->out_head, __ATOMIC_RELEASE);
-    _dm_bell_ring(m->peer_bell, m->bell_ops);
-    return (ptrdiff_t)done;
-}
-_DM_PRIVATE ptrdiff_t _dm_mem_send(_dm_link* l, const void* buf, size_t n, int* err) {
-    _dm_iov one;
-    one.buf = buf;
-    one.len = n;
-    return _dm_mem_sendv(l, &one, 1, err);
-}
-_DM_PRIVATE const unsigned char* _dm_mem_peek(_dm_link* l, size_t* n) {
-    _dm_memlink* m = (_dm_memlink*)l;
-    uint64_t tail = m->in_tail, head = m->in_head;
-    size_t avail, at = (size_t)tail & (m->cap - 1);
-    if (tail - m->inl_from < m->inl_len) {          /* inside the small publish taken with head */
-        *n = m->inl_len - (size_t)(tail - m->inl_from);
-        return (const unsigned char*)m->inl_buf + (tail - m->inl_from);
-    }
-    if (head == tail) {
-        head = m->in_head = __atomic_load_n(&m->in->head, __ATOMIC_ACQUIRE);
-        if (head != tail && (m->inl_len = _dm_ring_get_inline(m, tail)) > 0) {
-            m->inl_from = tail;
-            *n = m->inl_len;
-            return (const unsigned char*)m->inl_buf;
-        }
-    }
-    avail = (size_t)(head - tail);
-    if (avail > m->cap - at) avail = m->cap - at;
-    *n = avail < _DM_RING_GRAIN ? avail : _DM_RING_GRAIN;
-    return m->in_data + at;
-}
-_DM_PRIVATE void _dm_mem_consume(_dm_link* l, size_t n) {
-    _dm_memlink* m = (_dm_memlink*)l;
-    m->in_tail += n;
-    __atomic_store_n(&m->in->tail, m->in_tail, __ATOMIC_RELEASE);
-    _dm_bell_ring(m->peer_bell, m->bell_ops);
-}
-_DM_PRIVATE ptrdiff_t _dm_mem_recv(_dm_link* l, void* buf, size_t n, int* err) {
-    size_t got = 0, k;
-    (void)err;
-    while (got < n) {           /* twice at most: up to the end of the ring, then from its start */
-        const unsigned char* p = _dm_mem_peek(l, &k);
-        if (k == 0) break;
-        if (k > n - got) k = n - got;
-        memcpy((unsigned char*)buf + got, p, k);
-        _dm_mem_consume(l, k);
-        got += k;
-    }
-    return (ptrdiff_t)got;
-}
-_DM_PRIVATE void _dm_mem_destroy(_dm_link* l, const dm_allocator* a) { _dm_free(a, l); }
-
-/* Links the pair (me, peer) through rings[me * size + peer] (out) and rings[peer * size + me]
-   (in), each followed by its cap bytes of data at stride. */
-_DM_PRIVATE _dm_link* _dm_memlink_new(const dm_allocator* a, const _dm_link_vt* vt, unsigned char* rings,
-                                      size_t stride, size_t cap, int size, int me, int peer,
-                                      _dm_bell* bells, const _dm_bell_ops* ops, int side_fd) {
-    _dm_memlink* m = (_dm_memlink*)_dm_calloc(a, sizeof(_dm_memlink));
-    if (!m) return NULL;
-    m->base.vt = vt;
-    m->base.fd = -1;
-    m->out = (_dm_ring*)(void*)(rings + ((size_t)me * (size_t)size + (size_t)peer) * stride);
-    m->in = (_dm_ring*)(void*)(rings + ((size_t)peer * (size_t)size + (size_t)me) * stride);
-    m->out_data = (unsigned char*)(m->out + 1);
-    m->in_data = (unsigned char*)(m->in + 1);
-    m->out_head = __atomic_load_n(&m->out->head, __ATOMIC_RELAXED);
-    m->in_tail = m->in_head = __atomic_load_n(&m->in->tail, __ATOMIC_RELAXED);
-    m->out_tail = __atomic_load_n(&m->out->tail, __ATOMIC_ACQUIRE);
-    m->cap = cap;
-    m->peer_bell = &bells[peer];
-    m->bell_ops = ops;
-    m->side_fd = side_fd;
-    return &m->base;
-}
-
-#endif /* DISTMESH_IMPL_INCLUDED && !DISTMESH_SHM_RINGS_IMPL_INCLUDED */
 
 #if defined(DISTMESH_TCP_IMPL_INCLUDED) && !defined(DISTMESH_SHM_IMPL_INCLUDED)
 #define DISTMESH_SHM_IMPL_INCLUDED
@@ -304,7 +113,7 @@ static const _dm_link_vt _dm_shm_vt = {
     8, _dm_mem_sendv, NULL
 };
 
-/* The engine's read_peer (distmesh.h >>single copy): the kernel copies from the peer's memory
+/* The engine's read_peer (distmesh_schedules.h >>single copy): the kernel copies from the peer's memory
    straight into dst (Linux 3.2; the same user, and Yama's ptrace_scope 0, or the read fails
    with EPERM and the ring does the all-gather). A partial read goes on from where it stopped. */
 static int _dm_shm_read_peer(_dm_eng* lk, int64_t pid, uint64_t addr, void* dst, size_t n) {

@@ -8,20 +8,20 @@
      nonblocking TCP socket, or striped over several (DISTMESH_SOCKETS_PER_PEER: stripe i of the
      stream on socket i % n, from an offset both ends agree on);
    - the encrypted link (_dm_aeadlink, _dm_aead_vt): AES-256-GCM records over a socket link
-     (the core's, distmesh.h >>sealed records), keyed per direction by HKDF-SHA256
+     (the core's, distmesh_engine.h >>sealed records), keyed per direction by HKDF-SHA256
      (>>socket aead); the link needs libcrypto and is there only with DISTMESH_OPENSSL
      (distmesh.h includes <openssl/evp.h> then), the key derivation always;
    - what the backend does to a connected socket: same machine?, its options (TCP_NODELAY, the
      buffers, the congestion control within one machine), a wait on one socket.
 
-   WHAT IT USES  The core only (distmesh.h >>links: _dm_link, _dm_iov; >>sealed records;
+   WHAT IT USES  The core only (distmesh_engine.h >>links: _dm_link, _dm_iov; >>sealed records;
    >>memory; >>time), and the system headers of distmesh_tcp.h >>tcp implementation, included
    before it. The connections themselves are the backend's: it opens, proves (the hello) and
    closes them, and opens a striped link's extra sockets (distmesh_tcp.h >>tcp more sockets),
    then hands them to a link here.
 
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
-       >>socket link             the socket link (distmesh.h >>links), striped over n sockets
+       >>socket link             the socket link (distmesh_engine.h >>links), striped over n sockets
        >>socket aead             encrypted links between hosts: sealed records over a socket link
        >>socket options          same machine?, socket options, waits on one socket
 
@@ -155,7 +155,7 @@ static const _dm_link_vt _dm_sock_vt = {
 
 /* >>socket aead  Authenticated encryption of a link between hosts (DISTMESH_ENCRYPT; SECURITY.md
    "Encrypted links"): a link that wraps a socket link (above its striping: one stream) and
-   carries its plaintext stream as sealed records (distmesh.h >>sealed records: the format, the
+   carries its plaintext stream as sealed records (distmesh_engine.h >>sealed records: the format, the
    counter nonces, the cipher of each direction). Each direction of each connection has its own
    key (_dm_aead_key: HKDF-SHA256 of the token over both sides' hello nonces). A receive reads one
    whole record into the link's buffer and opens it before any of its bytes leave: nothing

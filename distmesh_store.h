@@ -604,7 +604,7 @@ _DM_PRIVATE void _dm_st_auth_mac(const char* token, size_t tn, bool server, unsi
 
 /* >>store seal  A connection that encrypts (DISTMESH_ENCRYPT, desc.encrypt: _dm_st_parse_encrypt)
    carries, from the byte after the server's admission (>>store wire) to its end, both ways,
-   sealed records: the core's (distmesh.h >>sealed records: u32 length, AES-256-GCM ciphertext,
+   sealed records: the core's (distmesh_engine.h >>sealed records: u32 length, AES-256-GCM ciphertext,
    16-byte tag; the direction's record counter as the nonce), under one key per direction,
        HKDF-SHA256(salt: client nonce || server nonce of the handshake, ikm: the token,
                    info: "distmesh store aead v1: client to server" / "... server to client")

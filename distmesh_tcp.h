@@ -90,7 +90,7 @@
        >>tcp libc                the GNU and BSD calls, declared when the includer's mode hid them
        >>tcp state               constants, the hello's handshake state, the group (_dm_tcp)
        >>tcp little helpers      wire integers, a hash
-       >>tcp socket include      distmesh_socket.h: the socket link (distmesh.h >>links), its
+       >>tcp socket include      distmesh_socket.h: the socket link (distmesh_engine.h >>links), its
                                  striping; socket options, waits on one socket
        >>tcp notices             the first failure, posted to the store and read back
        >>tcp shm include         distmesh_shm.h's segment part: the shared segment of a host
@@ -459,7 +459,7 @@ static dm_status _dm_tcp_notice_read(_dm_eng* lk, int* rank, char* msg, size_t c
 _DM_COLD_END
 /* >>tcp shm include  The shared-memory transport's segment and loss watcher (distmesh_shm.h:
    >>shm segment, >>shm loss), here: after the group (>>tcp state) they work on and the socket
-   link (>>tcp socket include) whose links they replace. Its memory rings came with the core. */
+   link (>>tcp socket include) whose links they replace. Its memory rings came with the engine. */
 #include "distmesh_shm.h"
 
 _DM_COLD_BEGIN

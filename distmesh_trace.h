@@ -1,9 +1,9 @@
 /* distmesh_trace.h -- distmesh's flight recorder and timeline. MIT license at end of file.
 
    Do not include this file yourself: it is part of distmesh.h's implementation, which includes
-   it (DISTMESH_IMPLEMENTATION, at distmesh.h >>trace include) unless DISTMESH_NO_TRACE is
-   defined. Users set it up through the environment and dm_flight_recorder_dump, both described
-   at distmesh.h >>functions inside, and read it with scripts/dm_trace (docs/inside.md).
+   it after the kernels, before the core (distmesh.h >>layers). Users set it up through the
+   environment and dm_flight_recorder_dump, both described at distmesh.h >>functions inside,
+   and read it with scripts/dm_trace (docs/inside.md).
 
    WHAT IT HOLDS
    - the flight recorder: the last N operations of each collective in a ring
@@ -11,14 +11,20 @@
      on a failure, on request (dm_flight_recorder_dump) and on SIGUSR1;
    - the timeline: one Chrome trace-event JSON file per rank (DISTMESH_TRACE=DIR).
 
-   THE CORE REACHES IT ONLY THROUGH ITS HOOKS (declared at distmesh.h >>trace hooks):
+   THE CORE AND THE ENGINE REACH IT ONLY THROUGH ITS HOOKS (>>trace hooks, which also holds
+   their empty stand-ins: with DISTMESH_NO_TRACE the recorder is left out, the hooks compile to
+   nothing, and dm_flight_recorder_dump answers DM_ERR_UNSUPPORTED):
    _dm_trace_wanted (init), _dm_trace_op_begin / _end / _run_full (every operation, when on),
    _dm_trace_queued, _dm_trace_now, _dm_trace_stream_start / _end (requests), _dm_trace_adopt,
    _dm_trace_closing, _dm_trace_release (split, shrink, grow, destroy), _dm_trace_peer_seen,
    _dm_trace_waited, _dm_trace_wait, _dm_trace_idle (fingerprints and waits in the engine), and the public
-   dm_flight_recorder_dump. It calls the core's helpers (memory, log, config, op names).
+   dm_flight_recorder_dump. It calls distmesh.h alone (memory, log, config, op names, the
+   request queue's types for its dumps); the full path runs an operation through the dispatcher
+   the core hands it (_dm_trace_op_run_full's run).
 
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
+       >>trace hooks             what the core and the engine call; their DISTMESH_NO_TRACE
+                                 stand-ins
        >>trace                   the recorder's ring, the rank's timeline file, the hooks
        >>trace dump              the flight recorder as JSON
 
@@ -30,6 +36,71 @@
 
 #if defined(DISTMESH_IMPL_INCLUDED) && !defined(DISTMESH_TRACE_IMPL_INCLUDED)
 #define DISTMESH_TRACE_IMPL_INCLUDED
+_DM_WARM_BEGIN
+/* >>trace hooks  What the core and the engine call of the flight recorder and the timeline.
+   Where one runs per operation or per wait it sits behind _DM_TRACED(c), c->core->trace read
+   relaxed (NULL: off). With DISTMESH_NO_TRACE the recorder (>>trace, >>trace dump) is left
+   out: the trace stays NULL, _DM_TRACED(c) is a constant null pointer (those sites
+   compile to nothing), the other hooks are empty stand-ins, and dm_flight_recorder_dump
+   answers DM_ERR_UNSUPPORTED. */
+#if !defined(DISTMESH_NO_TRACE)
+#define _DM_TRACED(c) __atomic_load_n(&(c)->core->trace, __ATOMIC_RELAXED)
+_DM_PRIVATE struct _dm_trace* _dm_trace_wanted(const dm_logger* lg);    /* a collective's init */
+/* _dm_op_run, when on: begin says whether the recorder's fast path took o (then end follows
+   the run); if not, the full path runs it (the timeline, object collectives, split). */
+_DM_PRIVATE bool _dm_trace_op_begin(dm_collective* c, const dm_op* o);
+_DM_PRIVATE dm_status _dm_trace_op_end(dm_collective* c, const dm_op* o, dm_status st);
+_DM_PRIVATE dm_status _dm_trace_op_run_full(dm_collective* c, const dm_op* o, _dm_op_fn run);
+_DM_PRIVATE int64_t _dm_trace_now(void);
+_DM_PRIVATE void _dm_trace_queued(int64_t t_queued);                    /* a request about to run */
+_DM_PRIVATE uint64_t _dm_trace_stream_start(dm_collective* c, const dm_op* o, int64_t t_start);
+_DM_PRIVATE void _dm_trace_stream_end(dm_collective* c, const dm_op* o, uint64_t index, int64_t t_start,
+                                      dm_status st);
+_DM_PRIVATE void _dm_trace_adopt(dm_collective* c, dm_collective* child, const char* what, int color);
+_DM_PRIVATE void _dm_trace_closing(dm_collective* c);                   /* dm_destroy */
+_DM_PRIVATE void _dm_trace_release(dm_collective* c);
+_DM_PRIVATE void _dm_trace_peer_seen(dm_collective* c, int peer, int kind, uint64_t seq);  /* fingerprints */
+_DM_PRIVATE void _dm_trace_waited(dm_collective* c, int peer, int64_t since_us);           /* the engine */
+_DM_PRIVATE void _dm_trace_wait(dm_collective* c, int peer, int64_t wait_us);
+_DM_PRIVATE void _dm_trace_idle(dm_collective* c, bool slept);
+#else
+#define _DM_TRACED(c) ((struct _dm_trace*)0)
+_DM_PRIVATE struct _dm_trace* _dm_trace_wanted(const dm_logger* lg) { (void)lg; return NULL; }
+_DM_PRIVATE bool _dm_trace_op_begin(dm_collective* c, const dm_op* o) { (void)c; (void)o; return false; }
+_DM_PRIVATE dm_status _dm_trace_op_end(dm_collective* c, const dm_op* o, dm_status st) { (void)c; (void)o; return st; }
+_DM_PRIVATE dm_status _dm_trace_op_run_full(dm_collective* c, const dm_op* o, _dm_op_fn run) { return run(c, o); }
+_DM_PRIVATE int64_t _dm_trace_now(void) { return 0; }
+_DM_PRIVATE void _dm_trace_queued(int64_t t_queued) { (void)t_queued; }
+_DM_PRIVATE uint64_t _dm_trace_stream_start(dm_collective* c, const dm_op* o, int64_t t_start) {
+    (void)c; (void)o; (void)t_start;
+    return 0;
+}
+_DM_PRIVATE void _dm_trace_stream_end(dm_collective* c, const dm_op* o, uint64_t index, int64_t t_start,
+                                      dm_status st) {
+    (void)c; (void)o; (void)index; (void)t_start; (void)st;
+}
+_DM_PRIVATE void _dm_trace_adopt(dm_collective* c, dm_collective* child, const char* what, int color) {
+    (void)c; (void)child; (void)what; (void)color;
+}
+_DM_PRIVATE void _dm_trace_closing(dm_collective* c) { (void)c; }
+_DM_PRIVATE void _dm_trace_release(dm_collective* c) { (void)c; }
+_DM_PRIVATE void _dm_trace_peer_seen(dm_collective* c, int peer, int kind, uint64_t seq) {
+    (void)c; (void)peer; (void)kind; (void)seq;
+}
+_DM_PRIVATE void _dm_trace_waited(dm_collective* c, int peer, int64_t since_us) { (void)c; (void)peer; (void)since_us; }
+_DM_PRIVATE void _dm_trace_wait(dm_collective* c, int peer, int64_t wait_us) { (void)c; (void)peer; (void)wait_us; }
+_DM_PRIVATE void _dm_trace_idle(dm_collective* c, bool slept) { (void)c; (void)slept; }
+_DM_COLD_BEGIN
+DM_API_IMPL dm_status dm_flight_recorder_dump(dm_collective* c, const char* path) {
+    (void)path;
+    if (!c) return DM_ERR_INVALID_ARG;
+    return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "flight_recorder_dump: this build has no flight recorder "
+                    "(DISTMESH_NO_TRACE)");
+}
+_DM_COLD_END
+#endif
+
+#if !defined(DISTMESH_NO_TRACE)
 /* >>trace  See inside: the flight recorder (the last N operations of each collective, in memory,
    dumped as JSON on failure, on request and on SIGUSR1) and the timeline (DISTMESH_TRACE: Chrome
    trace-event JSON, one file per rank). Names: _dm_trace is one collective's part (its group
@@ -153,7 +224,6 @@ static _dm_trace_rank* _dm_tr_reg;
 static int _dm_tr_sigpipe[2] = { -1, -1 };
 static int _dm_tr_instances[1024];      /* roots of rank r % 1024 made in this process: unique names */
 
-_DM_PRIVATE const char* _dm_kind_name(int kind);    /* the core's, defined further on */
 
 _DM_PRIVATE int64_t _dm_trace_now(void) {
     struct timespec ts;
@@ -529,7 +599,6 @@ _DM_PRIVATE void _dm_trace_wait(dm_collective* c, int peer, int64_t wait_us) {
 }
 /* An idle spell of the running operation that began at since_us (_dm_now_us) just ended:
    timed for the timeline only (the flight recorder keeps no waits, so it pays no clock). */
-_DM_PRIVATE int64_t _dm_now_us(void);
 _DM_PRIVATE void _dm_trace_waited(dm_collective* c, int peer, int64_t since_us) {
     _dm_trace* t = __atomic_load_n(&c->core->trace, __ATOMIC_ACQUIRE);
     if (!t || t == _dm_trace_pending || !t->rk->trace_dir[0]) return;
@@ -933,13 +1002,13 @@ _DM_PRIVATE void _dm_trace_idle(dm_collective* c, bool slept) {
     if (!t->fr_start) _dm_trace_fr_open(c, t, t->fr_op);
 }
 /* _dm_op_run with the recorder or the timeline on, any operation: the full path. */
-_DM_PRIVATE _DM_COLD dm_status _dm_trace_op_run_full(dm_collective* c, const dm_op* o) {
+_DM_PRIVATE _DM_COLD dm_status _dm_trace_op_run_full(dm_collective* c, const dm_op* o, _dm_op_fn run) {
     _dm_trace* t = _dm_trace_get(c);
     _dm_tr_entry e;
     uint64_t index = UINT64_MAX;
     int64_t queued = _dm_tls_trace_queued;
     dm_status st;
-    if (!t) return _dm_op_dispatch(c, o);
+    if (!t) return run(c, o);
     _dm_tls_trace_queued = 0;   /* an operation's own parts were not queued */
     _dm_trace_describe(c, o, &e);
     e.async = queued != 0;
@@ -949,7 +1018,7 @@ _DM_PRIVATE _DM_COLD dm_status _dm_trace_op_run_full(dm_collective* c, const dm_
     _dm_trace_clear_waits(t);
     if (e.composite) _dm_trace_record(t, &e, &index);   /* its parts take the running slot */
     else _dm_trace_running(t, &e);
-    st = _dm_op_dispatch(c, o);
+    st = run(c, o);
     _dm_trace_finish(c, t, &e, &index, st);
     if (o->kind == DM_OP_SPLIT && st == DM_OK && o->split_out && *o->split_out)
         _dm_trace_adopt(c, *o->split_out, "s", o->color);
@@ -1267,6 +1336,8 @@ DM_API_IMPL dm_status dm_flight_recorder_dump(dm_collective* c, const char* path
 
 _DM_COLD_END
 
+#endif /* !DISTMESH_NO_TRACE */
+_DM_WARM_END
 #endif /* DISTMESH_IMPL_INCLUDED && !DISTMESH_TRACE_IMPL_INCLUDED */
 
 /*

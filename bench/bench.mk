@@ -33,7 +33,7 @@ test-scale: deps
 PARITY_DIR := $(BUILD)/parity
 PARITY_ARGS ?=
 .PHONY: parity
-$(PARITY_DIR)/parity_bench_dm: bench/parity_bench.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+$(PARITY_DIR)/parity_bench_dm: bench/parity_bench.c tests/test_world.h tests/test_tmpdir.h $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 $(PARITY_DIR)/parity_bench_mpi: bench/parity_bench.c tests/test_world.h tests/test_tmpdir.h

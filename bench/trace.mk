@@ -15,7 +15,7 @@ EXTRA_BINS += $(TRACE_BENCH)
 
 .PHONY: bench-trace trace-demo
 
-$(TRACE_BENCH): bench/dm_trace_bench.c tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+$(TRACE_BENCH): bench/dm_trace_bench.c tests/test_world.h tests/test_tmpdir.h $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 

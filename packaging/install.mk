@@ -8,7 +8,7 @@ LIBDIR  ?= $(PREFIX)/lib
 DM_VERSION := $(shell sed -n 's/^\#define DISTMESH_VERSION "\(.*\)"/\1/p' distmesh.h)
 DM_VMAJOR  := $(word 1,$(subst ., ,$(DM_VERSION)))
 DM_VMINOR  := $(word 2,$(subst ., ,$(DM_VERSION)))
-DM_HEADERS := distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
+DM_HEADERS := $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
 DM_SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(DM_VERSION)|g' \
                -e 's|@MAJOR@|$(DM_VMAJOR)|g' -e 's|@MINOR@|$(DM_VMINOR)|g'
 

@@ -22,7 +22,8 @@ import os
 import re
 import sys
 
-HEADERS = ['distmesh.h', 'distmesh_trace.h', 'distmesh_shm.h', 'distmesh_store.h', 'distmesh_socket.h', 'distmesh_tcp.h',
+HEADERS = ['distmesh.h', 'distmesh_kernels.h', 'distmesh_trace.h', 'distmesh_core.h', 'distmesh_engine.h',
+           'distmesh_schedules.h', 'distmesh_thread.h', 'distmesh_shm.h', 'distmesh_store.h', 'distmesh_socket.h', 'distmesh_tcp.h',
            'distmesh_nccl.h']
 
 # No regions there yet: the NCCL backend compiles at the includer's level whole, and its calls into

@@ -9,11 +9,11 @@ endif
 EXTRA_BINS += $(CONFIG_DIR)/config_table
 
 $(CONFIG_DIR)/test_config: tests/test_config.c tests/test_util.h tests/config_table.h tests/test_filter.h tests/prelude.h tests/test_tmpdir.h \
-                           distmesh.h distmesh_trace.h distmesh_shm.h distmesh_socket.h distmesh_tcp.h $(wildcard distmesh_store.h)
+                           $(DM_CORE_HDRS) distmesh_shm.h distmesh_socket.h distmesh_tcp.h $(wildcard distmesh_store.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(CMOCKA_LIBS) $(LDLIBS_ALL)
 
-$(CONFIG_DIR)/config_table: tests/config_table.c tests/config_table.h distmesh.h distmesh_trace.h distmesh_shm.h
+$(CONFIG_DIR)/config_table: tests/config_table.c tests/config_table.h $(DM_CORE_HDRS) distmesh_shm.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< -o $@ $(LDLIBS_ALL)
 

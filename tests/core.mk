@@ -9,10 +9,10 @@ EXTRA_BINS += $(EXAMPLE_BINS)
 # distmesh.c` would (one compile of the implementation instead of one per program).
 DISTMESH_C_O     := $(BUILD)/examples/distmesh.o
 DISTMESH_C_TCP_O := $(BUILD)/examples/distmesh_tcp.o
-$(DISTMESH_C_O): distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h
+$(DISTMESH_C_O): distmesh.c $(DM_CORE_HDRS) distmesh_shm.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
-$(DISTMESH_C_TCP_O): distmesh.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+$(DISTMESH_C_TCP_O): distmesh.c $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@
 

@@ -11,7 +11,7 @@ $(CORE_DIR)/impl.o: $(DISTMESH_C_O)
 	@mkdir -p $(dir $@)
 	cp $< $@
 
-$(CORE_DIR)/%.o: tests/%.c distmesh.h distmesh_trace.h distmesh_shm.h tests/test_util.h tests/prelude.h tests/test_filter.h
+$(CORE_DIR)/%.o: tests/%.c $(DM_CORE_HDRS) distmesh_shm.h tests/test_util.h tests/prelude.h tests/test_filter.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
@@ -41,7 +41,7 @@ CORE_CC_cpp_clangxx := clang++ -x c++
 CORE_STRICT_c   := $(CORE_C_STRICT)
 CORE_STRICT_cpp := $(CORE_CXX_STRICT)
 core_compile = $(CORE_CC_$(1)) $(2) $(CORE_STRICT_$(firstword $(subst _, ,$(1))))
-$(CORE_DIR)/compile_%: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_shm.h
+$(CORE_DIR)/compile_%: tests/compile_check.c $(DM_CORE_HDRS) distmesh_shm.h
 	@mkdir -p $(dir $@)
 	$(call core_compile,$*) $< -o $@ $(LDLIBS_ALL)
 
@@ -54,7 +54,7 @@ $(CORE_DIR)/compile_cpp_gxx_tcp: CORE_STRICT_cpp := $(filter-out -DDISTMESH_OPTI
 CORE_COMPILE_CHECKS += $(CORE_COMPILE_TCP)
 .PHONY: core-compile-tcp
 core-compile-tcp: $(CORE_COMPILE_TCP)
-$(CORE_DIR)/compile_%_tcp: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+$(CORE_DIR)/compile_%_tcp: tests/compile_check.c $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(call core_compile,$*) -DDISTMESH_TCP $(OPENSSL_CFLAGS) $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 
@@ -63,7 +63,7 @@ $(CORE_DIR)/compile_%_tcp: tests/compile_check.c distmesh.h distmesh_trace.h dis
 CORE_COMPILE_STORE := $(patsubst %,$(CORE_DIR)/compile_%_store,$(CORE_COMPILERS))
 CORE_COMPILE_CHECKS += $(CORE_COMPILE_STORE)
 CORE_NO_UV := -Itests/no_libuv -DDISTMESH_STORE
-$(CORE_DIR)/compile_%_store: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h tests/no_libuv/uv.h
+$(CORE_DIR)/compile_%_store: tests/compile_check.c $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h tests/no_libuv/uv.h
 	@mkdir -p $(dir $@)
 	$(call core_compile,$*,$(CORE_NO_UV)) $< -o $@ $(LDLIBS_ALL)
 
@@ -71,13 +71,13 @@ $(CORE_DIR)/compile_%_store: tests/compile_check.c distmesh.h distmesh_trace.h d
 ifeq ($(OPENSSL),1)
 CORE_COMPILE_CHECKS += $(patsubst %,$(CORE_DIR)/compile_%_store_ssl,$(CORE_COMPILERS))
 endif
-$(CORE_DIR)/compile_%_store_ssl: tests/compile_check.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h tests/no_libuv/uv.h
+$(CORE_DIR)/compile_%_store_ssl: tests/compile_check.c $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h tests/no_libuv/uv.h
 	@mkdir -p $(dir $@)
 	$(call core_compile,$*,$(CORE_NO_UV) -DDISTMESH_OPENSSL) $< -o $@ $(LDLIBS_ALL) -lcrypto
 
 # Without the flight recorder (DISTMESH_NO_TRACE: distmesh_trace.h left out), with the TCP backend.
 CORE_COMPILE_CHECKS += $(patsubst %,$(CORE_DIR)/compile_%_notrace,$(CORE_COMPILERS))
-$(CORE_DIR)/compile_%_notrace: tests/compile_check.c distmesh.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+$(CORE_DIR)/compile_%_notrace: tests/compile_check.c $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(call core_compile,$*) -DDISTMESH_NO_TRACE -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(UV_LIBS) $(LDLIBS_ALL)
 

@@ -21,7 +21,7 @@
 DROPIN_DIR := $(BUILD)/dropin
 DROPIN_CLANG := $(shell command -v clang 2>/dev/null)
 DROPIN_WARN := -Wall -Wextra -Wpedantic -Werror
-DROPIN_HDRS := distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+DROPIN_HDRS := $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 DROPIN_CCS := gcc $(if $(DROPIN_CLANG),clang)
 
 ifneq ($(wildcard distmesh_tcp.h),)
@@ -68,7 +68,7 @@ $(DROPIN_DIR)/include_same.ok: distmesh.c tests/test_include_after.c scripts/che
 # The implementation at -Ofast, without TCP (the kernels and the threaded world); under `make
 # asan` / `make tsan` with the sanitizer's flags too, like every other object (an uninstrumented
 # one hides its atomics from ThreadSanitizer, which then reports the threaded world's hand-offs).
-$(DROPIN_DIR)/impl_ofast_%.o: tests/impl.c distmesh.h distmesh_trace.h distmesh_shm.h
+$(DROPIN_DIR)/impl_ofast_%.o: tests/impl.c $(DM_CORE_HDRS) distmesh_shm.h
 	@mkdir -p $(dir $@)
 	$* -std=c11 $(DROPIN_WARN) -Ofast $(SAN) -I. -pthread -c $< -o $@
 

@@ -14,7 +14,7 @@ TEST_BINS += $(ENCRYPT_TEST) $(STORE_SEAL_TEST)
 endif
 endif
 
-$(BUILD)/encrypt/test_encrypt: tests/test_encrypt.c tests/test_filter.h tests/prelude.h tests/test_world.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+$(BUILD)/encrypt/test_encrypt: tests/test_encrypt.c tests/test_filter.h tests/prelude.h tests/test_world.h tests/test_tmpdir.h $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 

@@ -9,7 +9,7 @@ FUZZ_TARGETS := store hello
 FUZZ_FLAGS := -std=c11 -Wall -Wextra -Werror -g -O1 -fsanitize=fuzzer,address,undefined \
               -fno-sanitize-recover=all -I. -pthread -DDISTMESH_TCP $(UV_CFLAGS)
 
-build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< -o $@ $(UV_LIBS) -pthread -lm
 

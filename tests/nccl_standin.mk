@@ -15,7 +15,7 @@ SI_CFLAGS := -DDISTMESH_NCCL -I$(CUDA_HOME)/include -I$(dir $(SI_NCCL_INC))
 SI_TEST_CFLAGS := $(SI_CFLAGS) -DDISTMESH_TCP $(UV_CFLAGS)
 TEST_BINS += $(SI_DIR)/test_nccl_standin $(SI_DIR)/test_nccl_standin_only
 
-$(SI_DIR)/impl.o: tests/impl.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
+$(SI_DIR)/impl.o: tests/impl.c $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(SI_TEST_CFLAGS) -c $< -o $@
 $(SI_DIR)/stand_in_cuda_nccl.o: tests/stand_in_cuda_nccl.c tests/stand_in_cuda_nccl.h
@@ -27,7 +27,7 @@ $(SI_DIR)/test_nccl_standin: tests/test_nccl_standin.c tests/test_util.h tests/t
 	$(CC) $(CFLAGS_ALL) $(SI_TEST_CFLAGS) $< $(SI_DIR)/impl.o $(SI_DIR)/stand_in_cuda_nccl.o -o $@ \
 	    $(CMOCKA_LIBS) $(UV_LIBS) $(LDLIBS_ALL)
 # NCCL alone: neither libuv's flags nor its library.
-$(SI_DIR)/impl_only.o: tests/impl.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_nccl.h tests/no_libuv/uv.h
+$(SI_DIR)/impl_only.o: tests/impl.c $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_nccl.h tests/no_libuv/uv.h
 	@mkdir -p $(dir $@)
 	$(CC) -Itests/no_libuv $(CFLAGS_ALL) $(SI_CFLAGS) -c $< -o $@
 $(SI_DIR)/test_nccl_standin_only: tests/test_nccl_standin.c tests/test_util.h tests/test_nccl_util.h tests/stand_in_cuda_nccl.h tests/test_filter.h tests/prelude.h \
@@ -37,7 +37,7 @@ $(SI_DIR)/test_nccl_standin_only: tests/test_nccl_standin.c tests/test_util.h te
 
 ifneq ($(shell command -v clang 2>/dev/null),)
 EXTRA_BINS += $(SI_DIR)/compile_nccl_clang
-$(SI_DIR)/compile_nccl_clang: tests/impl.c distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
+$(SI_DIR)/compile_nccl_clang: tests/impl.c $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
 	clang -std=c11 $(WARN) $(OPT) -Itests/no_libuv -I. -pthread $(SI_CFLAGS) -c $< -o $@.c.o
 	clang -std=c11 $(WARN) $(OPT) -I. -pthread $(SI_CFLAGS) -DDISTMESH_TCP $(UV_CFLAGS) -c $< -o $@.tcp.o

@@ -23,7 +23,7 @@ PYSI_CFLAGS := -std=gnu11 -Wall -Wextra -Wno-missing-field-initializers -Werror 
 
 # the extension's files, each its own object (python/src/dmpy.h says what each holds)
 PYSI_OBJS := $(patsubst python/src/%.c,$(PYSI_DIR)/%.o,$(wildcard python/src/*.c))
-$(PYSI_OBJS): $(PYSI_DIR)/%.o: python/src/%.c python/src/dmpy.h distmesh.h distmesh_trace.h distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
+$(PYSI_OBJS): $(PYSI_DIR)/%.o: python/src/%.c python/src/dmpy.h $(DM_CORE_HDRS) distmesh_shm.h distmesh_store.h distmesh_socket.h distmesh_tcp.h distmesh_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(PYSI_CFLAGS) -fvisibility=hidden -c $< -o $@
 # position-independent, default visibility: the test calls it through the extension's .so

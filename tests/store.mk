@@ -18,12 +18,12 @@ $(BUILD)/store/test_store_quota: tests/test_store_quota.c tests/test_world.h tes
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
-$(BUILD)/store/test_store_kinds: tests/test_store_kinds.c tests/test_util.h tests/test_filter.h tests/prelude.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h \
+$(BUILD)/store/test_store_kinds: tests/test_store_kinds.c tests/test_util.h tests/test_filter.h tests/prelude.h tests/test_tmpdir.h $(DM_CORE_HDRS) distmesh_shm.h \
                                  distmesh_store.h distmesh_socket.h distmesh_tcp.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP $(UV_CFLAGS) $< -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
-$(BUILD)/store/test_store_kinds_nouv: tests/test_store_kinds.c tests/test_util.h tests/test_filter.h tests/prelude.h tests/test_tmpdir.h distmesh.h distmesh_trace.h distmesh_shm.h \
+$(BUILD)/store/test_store_kinds_nouv: tests/test_store_kinds.c tests/test_util.h tests/test_filter.h tests/prelude.h tests/test_tmpdir.h $(DM_CORE_HDRS) distmesh_shm.h \
                                       distmesh_store.h tests/no_libuv/uv.h | $(BUILD)/fixtures/store_tool
 	@mkdir -p $(dir $@)
 	$(CC) -Itests/no_libuv $(CFLAGS_ALL) -DDISTMESH_STORE -DDM_STORE_TOOL='"$(abspath $(BUILD))/fixtures/store_tool"' \

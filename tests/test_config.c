@@ -568,6 +568,12 @@ static void check_header(const char* file, const char* checked_from, bool must_e
 static void test_config_headers_read_through_registry(void** state) {
     (void)state;
     check_header("distmesh.h", NULL, true);
+    check_header("distmesh_kernels.h", NULL, true);
+    check_header("distmesh_trace.h", NULL, true);
+    check_header("distmesh_core.h", NULL, true);
+    check_header("distmesh_engine.h", NULL, true);
+    check_header("distmesh_schedules.h", NULL, true);
+    check_header("distmesh_thread.h", NULL, true);
     check_header("distmesh_shm.h", NULL, true);
     check_header("distmesh_socket.h", NULL, true);
     check_header("distmesh_tcp.h", NULL, true);

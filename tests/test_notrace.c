@@ -1,4 +1,4 @@
-/* A build with DISTMESH_NO_TRACE (distmesh.h >>trace hooks): distmesh_trace.h left out, the
+/* A build with DISTMESH_NO_TRACE (distmesh_trace.h >>trace hooks): distmesh_trace.h left out, the
    collectives still run (the Fake world of one, the threaded world of 3 over its memory links:
    the engine's hook sites compiled away), dm_flight_recorder_dump answers DM_ERR_UNSUPPORTED
    with a message, and DISTMESH_TRACE / DISTMESH_FLIGHT_RECORDER / DISTMESH_DUMP_DIR write

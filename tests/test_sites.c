@@ -1,5 +1,5 @@
 /* Sites, a third level (DISTMESH_SITE, dm_fake_desc.site_of, dm_tcp_desc.site): the
-   three-level all-reduce (distmesh.h >>three-level) on the threaded world over sited layouts
+   three-level all-reduce (distmesh_schedules.h >>three-level) on the threaded world over sited layouts
    (every collective, dtype and op; even, uneven, interleaved, three sites; split and shrink
    keep the sites), the three-level all_gather and reduce_scatter there (>>three-level
    others), the choice (the model takes all_reduce's for large messages across a slow site

@@ -197,7 +197,7 @@ static void test_shm_single_copy(void** s) {
     for (w = 2; w <= 4; w++) assert_int_equal(run_world(w, body_single_copy, &permitted, 60), 0);
 }
 
-/* A single-copy read that the kernel refuses (distmesh.h >>single copy): rank 0 may no longer
+/* A single-copy read that the kernel refuses (distmesh_schedules.h >>single copy): rank 0 may no longer
    read rank 1 (every rank drops CAP_SYS_PTRACE, which root has, and rank 1 makes itself
    non-dumpable), while rank 1 still reads rank 0. Both ranks must then run the ring's all-gather
    for that call, with exact sums, and for every call after. The round before the refusal ran by

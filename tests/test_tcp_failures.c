@@ -117,7 +117,7 @@ static void fault_kill_shaped(int world, int per_host, int victim, int trials) {
     g_fault_hosts = 0;
     g_victim = 2;
 }
-/* 2 ranks, 64 MiB: the all-gathers read the peer's buffer (distmesh.h >>single copy) where the
+/* 2 ranks, 64 MiB: the all-gathers read the peer's buffer (distmesh_schedules.h >>single copy) where the
    machine allows it, so a kill may land while the survivor reads the victim's buffer. */
 static void test_fault_kill_single_copy(void** s) { (void)s; fault_kill_shaped(2, 0, 1, 3); }
 static void test_fault_stop(void** s) { (void)s; (void)test_fault(1); }

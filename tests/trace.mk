@@ -10,7 +10,7 @@ $(BUILD)/trace/test_trace: tests/test_trace.c tests/test_filter.h tests/prelude.
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDISTMESH_TCP -DDM_SRCDIR='"$(CURDIR)"' $(UV_CFLAGS) $< $(BUILD)/tcp/impl.o -o $@ $(LDLIBS_ALL) $(UV_LIBS) $(CMOCKA_LIBS)
 
-# DISTMESH_NO_TRACE (distmesh.h >>trace hooks): tests/test_notrace.c, the core's implementation in
+# DISTMESH_NO_TRACE (distmesh_trace.h >>trace hooks): tests/test_notrace.c, the core's implementation in
 # its own TU without distmesh_trace.h, runs collectives on the Fake and the threaded world. The
 # compile checks of tests/coretests.mk build it with TCP too, as C and as C++.
 TEST_BINS += $(BUILD)/trace/test_notrace

@@ -350,7 +350,7 @@ class FakeCollective(Collective):
     World size 1 is exactly Optimus-DL's: barrier and all_reduce do nothing, all_gather copies
     the input into every slot, broadcast from a source other than this rank raises ValueError,
     process_group is None. world_size > 1 simulates one member of a world whose ranks all hold
-    the same data (all_reduce SUM multiplies by world_size, ...: distmesh.h >>fake); a rank not
+    the same data (all_reduce SUM multiplies by world_size, ...: distmesh_core.h >>fake); a rank not
     below world_size raises InvalidArgument (a ValueError) instead of the seed's assert."""
 
     _device_type = "cpu"
