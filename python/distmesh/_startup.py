@@ -16,8 +16,6 @@ wherever the program asked for "gloo" ("gloo", or "cpu:gloo" in a device map suc
 "cpu:gloo,cuda:nccl"). Nothing else changes: the groups are distmesh's, so
 dist.get_backend() answers "distmesh", and only CPU tensors are taken (as Gloo on CPU); other
 backends (NCCL, "undefined" when init_process_group gets no backend) are left alone."""
-import sys
-
 ENV = "DISTMESH_REPLACE_GLOO"
 _C10D = "torch.distributed.distributed_c10d"
 
@@ -55,40 +53,7 @@ def _patch(c10d):
     c10d._new_process_group_helper = _new_process_group_helper
 
 
-class _AfterImport:
-    """A finder at the front of sys.meta_path: wraps the loader of the module named `name` so
-    that fn(module) runs right after the module executes; answers None at once for every other
-    name."""
-
-    def __init__(self, name, fn):
-        self.name, self.fn = name, fn
-
-    def find_spec(self, name, path=None, target=None):
-        if name != self.name:
-            return None
-        import importlib.machinery
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run, fn = spec.loader.exec_module, self.fn
-
-        def exec_module(module):
-            run(module)
-            fn(module)
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-def after_import(name, fn):
-    """fn(module) once the module named `name` has executed: now, if it has, else right after
-    it does (the first import, wherever it comes from). Also what distmesh.collective registers
-    with Optimus-DL through."""
-    if name in sys.modules:
-        fn(sys.modules[name])
-    elif not any(isinstance(f, _AfterImport) and f.name == name and f.fn is fn for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, fn))
-
-
 def install():
     """Makes every "gloo" group torch creates from now on a "distmesh" one (see the module)."""
+    from distmesh._imports import after_import  # absolute: setup.py runs this file outside the package
     after_import(_C10D, _patch)

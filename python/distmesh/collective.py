@@ -15,7 +15,7 @@ import pickle
 import threading
 
 from . import _C
-from ._startup import after_import as _after_import
+from ._imports import after_import as _after_import
 
 __all__ = ["ReduceOp", "IN_PLACE", "Collective", "FakeCollective", "Mesh", "init", "connect", "connect_nccl",
            "thread_world", "env", "nccl_built", "openssl_built"]
