@@ -2125,6 +2125,7 @@ typedef struct _dm_core {
     dm_compress_state* cstate;  /* slot has no room for them; set and cleared around the slot) */
 } _dm_core;
 
+_DM_COLD_END
 /* >>accessors  What reads the public struct, no communication: dm_rank ... dm_sequence, and
    _DM_VT_HAS, whether a backend's vtable has a slot (its struct_size covers it and it is set). */
 #define _DM_VT_HAS(vt, fn) \
@@ -2161,7 +2162,6 @@ DM_API_IMPL const char* dm_last_error(const dm_collective* c) {
 }
 DM_API_IMPL uint64_t dm_sequence(const dm_collective* c) { return c ? __atomic_load_n(&c->seq, __ATOMIC_RELAXED) : 0; }
 
-_DM_COLD_END
 _DM_WARM_END
 
 /* >>layers  The rest of the implementation, one header a layer, bottom up: each names only
