@@ -1,4 +1,5 @@
-/* A build with DISTMESH_NO_TRACE (distmesh_trace.h >>trace hooks): distmesh_trace.h left out, the
+/* A build with DISTMESH_NO_TRACE (distmesh_trace.h >>trace hooks): the recorder left out (only
+   the hooks' empty stand-ins of distmesh_trace.h compiled), the
    collectives still run (the Fake world of one, the threaded world of 3 over its memory links:
    the engine's hook sites compiled away), dm_flight_recorder_dump answers DM_ERR_UNSUPPORTED
    with a message, and DISTMESH_TRACE / DISTMESH_FLIGHT_RECORDER / DISTMESH_DUMP_DIR write
@@ -10,8 +11,8 @@
 #include "prelude.h"
 #include "test_world.h"
 
-#if defined(DISTMESH_TRACE_IMPL_INCLUDED)
-#error "DISTMESH_NO_TRACE: distmesh_trace.h must be left out"
+#if defined(_DM_TR_FLUSH_BYTES)
+#error "DISTMESH_NO_TRACE: distmesh_trace.h's recorder (>>trace) must be left out"
 #endif
 
 static char g_dir[256];
