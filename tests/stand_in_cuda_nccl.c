@@ -16,9 +16,9 @@
      ncclGroupEndInternal, 705-738, marks it ncclInProgress and starts a thread) and return
      ncclSuccess (NCCLCHECK lets ncclInProgress through). The job stores the child into
      *newcomm when it ends, also when it failed (ncclCommInitRankFunc's exit, 1612 / 1483), and a
-     failed job leaves its error on the parent (group.cc groupCleanup, 391). Here a job ends on
-     the Nth poll of ncclCommGetAsyncError on the communicator running it (si_set_init_polls),
-     which is when the child is written.
+     failed job leaves its error on the parent (group.cc groupCleanup, 391). Here a job runs for
+     a time (si_set_init_us; default SI_INIT_US) and ends at the first look at the
+     communicator's state after it, however many polls came before: then the child is written.
    - ncclCommGetAsyncError returns the communicator's state; ncclSuccess also joins its group
      job (2706 / 2405). ncclCommEnsureReady (373 / 310), run by every call on a communicator
      (collectives through src/enqueue.cc ncclEnqueueCheck 2637, split, shrink, user rank, count,
@@ -43,8 +43,8 @@
    - First use: NCCL 2.28 connects to peers lazily (NCCL_RUNTIME_CONNECT, default 1: init.cc 57,
      1269), inside that job (the first collective its
      ring's and tree's peers, the first send or receive with a peer that peer), so the job waits
-     for a peer that has not arrived: si_set_peer_arrival adds polls, or never ends it (until
-     ncclCommAbort).
+     for a peer that has not arrived: si_set_peer_arrival_us adds time, or never ends it
+     (until ncclCommAbort).
    - ncclCommShrink (2645 / 2344): NCCL_SHRINK_ABORT first sets the parent's abort flags and
      waits for its device stream (its kernels stop), then clears them; a NULL or empty exclude
      list is ncclInvalidArgument (2562 / 2262), the list is sorted in place, the caller's own
@@ -74,7 +74,8 @@
      really move the bytes; a collective given another GPU's memory faults (a sticky
      cudaErrorIllegalAddress, counted in illegal_addresses);
    - a current device per thread, a device count, memory pools on or off;
-   - streams that finish their work after a scripted number of polls, or never while held;
+   - streams whose work takes wall time (si_set_busy_us, si_set_work_us: done once the time has
+     passed, however often they are asked), or never ends while held;
      the legacy default stream (0, cudaStreamLegacy) and the blocking streams wait for each
      other: cudaMemcpy and cudaStreamSynchronize(0) behind held work on a blocking stream hang
      (counted), work queued on a blocking stream inherits what the legacy stream still has
@@ -84,7 +85,6 @@
      synchronizations wait for the device (or the stream) and would hang behind held work:
      counted in hangs (they return at once here);
    - CUDA's last error, and sticky errors that every later call returns;
-   - kernels that take wall time (si_set_work_ms), whatever distmesh's polls;
    - a peer's death (si_peer_dies): reported (ncclRemoteError) only over the network; a peer on
      the same node leaves the work waiting for it spinning, silently;
    - stream capture (>>capture): per-stream capture state, 900 from cudaStreamQuery and
@@ -111,16 +111,19 @@
 #else
 #define SI_VERSION NCCL_VERSION_CODE
 #endif
+/* NCCL's jobs take this long by default: an init, split or shrink, and a group's launch. */
+#define SI_INIT_US 1000
+#define SI_ENQUEUE_US 100
 enum { SI_MAX = 256, SI_RULES = 16, SI_NAMES = 64, SI_GROUP_MAX = 16, SI_LAUNCH_BUFS = 64, SI_DEVICES = 16 };
 
 typedef struct si_comm si_comm;
 typedef struct si_flag { int set; } si_flag;     /* an abort flag, shared by resource-sharing comms */
 typedef struct si_stream {
-    int device, busy;
+    int device;
     bool nonblocking;           /* cudaStreamNonBlocking: not ordered with the legacy default stream */
     bool held;                  /* work queued while held never finishes on its own */
     int capture;                /* enum cudaStreamCaptureStatus: none, active, invalidated (>>capture) */
-    int64_t until_ns;           /* NCCL work runs until then (CLOCK_MONOTONIC; si_set_work_ms) */
+    int64_t until_ns;           /* its work runs until then (CLOCK_MONOTONIC; si_set_busy_us, si_set_work_us) */
     si_comm* captured[4];       /* the communicators whose work this capture recorded */
     int n_captured;
     enum cudaStreamCaptureMode capture_mode;
@@ -138,7 +141,8 @@ typedef struct si_event {
 /* A background job of NCCL's, running on the communicator that owns it. */
 typedef struct si_job {
     bool active;
-    int polls_left;             /* polls of the owner's ncclCommGetAsyncError before it ends; -1 never */
+    bool forever;               /* never ends on its own (until ncclCommAbort) */
+    int64_t until_ns;           /* else it ends then (CLOCK_MONOTONIC), however often it is polled */
     ncclResult_t result;        /* what it ends with */
     si_comm* child;             /* split / shrink: the child it writes; NULL: none (NOCOLOR) */
     ncclComm_t* target;         /* where it writes the child (the caller's variable) */
@@ -181,10 +185,12 @@ static struct {
     si_stream* streams[SI_MAX];
     si_event* events[SI_MAX];
     si_alloc allocs[SI_MAX];
-    int expect_device, device_count, busy_polls, init_polls, enqueue_polls;
-    int work_ms;                /* NCCL work takes this long in wall time (0: by polls only) */
+    int expect_device, device_count;
+    int busy_us;                /* every queued operation keeps its stream busy this long */
+    int work_us;                /* NCCL work keeps its stream busy this long */
+    int init_us, enqueue_us;    /* NCCL's jobs: init, split, shrink; a group's launch */
     bool pools, hold, init_forever, split_null;
-    int arrival_polls;          /* extra polls the first operation of a communicator waits for its peers */
+    int arrival_us;             /* the first operation of a communicator waits this much longer for its peers */
     bool never_arrive;          /* ... or forever (until ncclCommAbort) */
     si_stream* legacy[SI_DEVICES];  /* each device's legacy default stream (stream 0), made on first use */
     int split_rank, split_nranks;   /* what a split child is (default 0 of 1) */
@@ -199,7 +205,7 @@ static struct {
     void* call_hook_user;
     si_gather_hook gather_hook;
     void* gather_hook_user;
-} si = { .expect_device = -1, .device_count = 4, .init_polls = 2, .enqueue_polls = 1, .pools = true,
+} si = { .expect_device = -1, .device_count = 4, .init_us = SI_INIT_US, .enqueue_us = SI_ENQUEUE_US, .pools = true,
          .split_nranks = 1, .version = SI_VERSION };
 static _Thread_local int si_current;
 static _Thread_local int si_depth;                  /* ncclGroupDepth, per thread as in NCCL */
@@ -225,6 +231,8 @@ static void si_lock(void) {
 static void si_unlock(void) { pthread_mutex_unlock(&si_mu); }
 #define SI_RETURN(v) do { __typeof__(v) si_v_ = (v); si_unlock(); return si_v_; } while (0)
 
+static void si_job_tick(si_comm* c);
+
 /* >>script */
 void si_reset(void) {
     si_stats keep;
@@ -241,13 +249,12 @@ void si_reset(void) {
     memset(si.names, 0, sizeof(si.names));
     si.expect_device = -1;
     si.device_count = 4;
-    si.busy_polls = 0;
-    si.work_ms = 0;
-    si.init_polls = 2;
-    si.enqueue_polls = 1;
+    si.busy_us = si.work_us = 0;
+    si.init_us = SI_INIT_US;
+    si.enqueue_us = SI_ENQUEUE_US;
     si.pools = true;
     si.hold = si.init_forever = si.split_null = false;
-    si.arrival_polls = 0;
+    si.arrival_us = 0;
     si.never_arrive = false;
     si.split_rank = 0;
     si.split_nranks = 1;
@@ -275,8 +282,10 @@ int si_pending_jobs(void) {
     si_comm* c;
     int n = 0;
     si_lock();
-    for (c = si.all; c; c = c->next_all)
+    for (c = si.all; c; c = c->next_all) {
+        if (!c->dead) si_job_tick(c);
         if (!c->reclaimed && c->job.active) n++;
+    }
     SI_RETURN(n);
 }
 void si_fail(const char* fn, int nth, int code, bool sticky) {
@@ -298,13 +307,15 @@ static void si_release_held(si_stream* s);
 void si_expect_device(int device) { si_lock(); si.expect_device = device; si_unlock(); }
 void si_set_device_count(int count) { si_lock(); si.device_count = count; si_unlock(); }
 void si_set_memory_pools(bool supported) { si_lock(); si.pools = supported; si_unlock(); }
-void si_set_busy_polls(int polls) { si_lock(); si.busy_polls = polls; si_unlock(); }
-void si_set_work_ms(int ms) { si_lock(); si.work_ms = ms; si_unlock(); }
+void si_set_busy_us(int us) { si_lock(); si.busy_us = us; si_unlock(); }
+void si_set_work_us(int us) { si_lock(); si.work_us = us; si_unlock(); }
 static int64_t si_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+/* us from now, in si_now_ns's clock (0 or less: now). */
+static int64_t si_after_us(int us) { return si_now_ns() + (int64_t)(us > 0 ? us : 0) * 1000; }
 void si_hold_streams(bool held) {
     int i;
     si_lock();
@@ -314,12 +325,12 @@ void si_hold_streams(bool held) {
             if (si.streams[i]) si_release_held(si.streams[i]);
     si_unlock();
 }
-void si_set_init_polls(int polls, bool forever) {
-    si_lock(); si.init_polls = polls; si.init_forever = forever; si_unlock();
+void si_set_init_us(int us, bool forever) {
+    si_lock(); si.init_us = us; si.init_forever = forever; si_unlock();
 }
-void si_set_enqueue_polls(int polls) { si_lock(); si.enqueue_polls = polls; si_unlock(); }
-void si_set_peer_arrival(int polls, bool never) {
-    si_lock(); si.arrival_polls = polls; si.never_arrive = never; si_unlock();
+void si_set_enqueue_us(int us) { si_lock(); si.enqueue_us = us; si_unlock(); }
+void si_set_peer_arrival_us(int us, bool never) {
+    si_lock(); si.arrival_us = us; si.never_arrive = never; si_unlock();
 }
 void si_set_async_error(int nccl_result) { si_lock(); si.peer_died = (ncclResult_t)nccl_result; si_unlock(); }
 /* A peer's death as NCCL sees it: over the network (net transport, its proxy) the connection
@@ -413,20 +424,23 @@ static void si_hang(const char* what) {
         snprintf(si.stats.first_hang, sizeof(si.stats.first_hang), "%s", what);
 }
 
-/* >>streams  Work queued on s finishes after busy_polls polls. An NCCL kernel queued while the
-   streams are held never finishes on its own (it waits on a dead peer), nor does what is queued
-   behind it, until the hold is lifted or its communicator is aborted; copies are not held by
-   themselves. */
+/* >>streams  Work queued on s keeps it busy for a time (si_set_busy_us, and for NCCL work
+   si_set_work_us), after the work already there, as a GPU runs it: however often the stream is
+   asked, it is done only once that time has passed. An NCCL kernel queued while the streams are
+   held never finishes on its own (it waits on a dead peer), nor does what is queued behind it,
+   until the hold is lifted or its communicator is aborted; copies are not held by themselves. */
 static void si_queue(si_stream* s, si_comm* by) {
     si_stream* l;
+    int64_t now = si_now_ns(), start;
+    int us = si.busy_us + (by ? si.work_us : 0);
     if (!s || s->capture != cudaStreamCaptureStatusNone) return;    /* captured: a graph node, not work */
-    s->busy = si.busy_polls;
-    if (by && si.work_ms > 0) s->until_ns = si_now_ns() + (int64_t)si.work_ms * 1000000;  /* a kernel's time */
+    start = s->until_ns > now ? s->until_ns : now;                   /* behind what runs already */
+    if (us > 0) s->until_ns = start + (int64_t)us * 1000;
     /* A blocking stream's new work waits for what the legacy default stream holds before it; a
        non-blocking stream's does not: NCCL work there may read inputs not written yet. */
     l = s->device >= 0 && s->device < SI_DEVICES ? si.legacy[s->device] : NULL;
-    if (l && l != s && l->busy > 0) {
-        if (!s->nonblocking && s->busy < l->busy) s->busy = l->busy;
+    if (l && l != s && l->until_ns > now) {
+        if (!s->nonblocking && s->until_ns < l->until_ns) s->until_ns = l->until_ns;
         else if (s->nonblocking && by) si.stats.unordered_with_legacy++;
     }
     if (si.hold && by && !s->held) {
@@ -440,14 +454,7 @@ static void si_release_held(si_stream* s) {
     s->held_by = NULL;
     s->gen++;
 }
-static bool si_stream_busy(const si_stream* s) { return s->held || s->busy > 0 || si_now_ns() < s->until_ns; }
-/* A poll: busy work gets one step closer to done. */
-static bool si_stream_done(si_stream* s) {
-    if (s->held) return false;
-    if (s->busy > 0) { s->busy--; return false; }
-    if (si_now_ns() < s->until_ns) return false;
-    return true;
-}
+static bool si_stream_busy(const si_stream* s) { return s->held || si_now_ns() < s->until_ns; }
 /* The legacy default stream (stream 0, cudaStreamLegacy) of the current device: made on first
    use, part of the context (never counted in live_streams, never freed). */
 static si_stream* si_legacy_stream(void) {
@@ -480,7 +487,7 @@ static void si_legacy_wait(const char* fn) {
         }
     for (i = 0; i < SI_MAX; i++)
         if (si.streams[i] && si.streams[i]->device == si_current && !si.streams[i]->nonblocking)
-            si.streams[i]->busy = 0, si.streams[i]->until_ns = 0;   /* waited for */
+            si.streams[i]->until_ns = 0;        /* waited for */
 }
 /* A device-wide wait (cudaFree, cudaDeviceSynchronize): behind held work it would never end. */
 static void si_device_wait(const char* fn) {
@@ -823,7 +830,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     if (si.streams[i]->capture != cudaStreamCaptureStatusNone)
         SI_RETURN(si_capture_error(si.streams[i], cudaErrorStreamCaptureUnsupported));
-    SI_RETURN(si_stream_done(si.streams[i]) ? cudaSuccess : cudaErrorNotReady);
+    SI_RETURN(!si_stream_busy(si.streams[i]) ? cudaSuccess : cudaErrorNotReady);
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
     cudaError_t e;
@@ -879,7 +886,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     SI_RETURN(cudaSuccess);
 }
 /* Done once the work before it is: held work released since (a later hold does not count),
-   and the stream's busy polls spent. */
+   and the time the work before it takes passed. */
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     cudaError_t e;
     int i;
@@ -896,7 +903,6 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (ev->captured) SI_RETURN(si_capture_error(NULL, cudaErrorCapturedEvent));
     if (!ev->pending) SI_RETURN(cudaSuccess);
     if (ev->held && s && s->held && s->gen == ev->gen) SI_RETURN(cudaErrorNotReady);
-    if (s && s->busy > 0) { s->busy--; SI_RETURN(cudaErrorNotReady); }
     if (si_now_ns() < ev->until_ns) SI_RETURN(cudaErrorNotReady);
     ev->pending = false;
     SI_RETURN(cudaSuccess);
@@ -913,7 +919,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (stream == NULL || stream == cudaStreamLegacy) {     /* the legacy stream: every blocking one */
         if ((e = si_legacy_in_capture()) != cudaSuccess) SI_RETURN(e);
         si_legacy_wait("cudaStreamSynchronize");
-        si_legacy_stream()->busy = 0, si_legacy_stream()->until_ns = 0;
+        si_legacy_stream()->until_ns = 0;
         SI_RETURN(cudaSuccess);
     }
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
@@ -921,7 +927,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
         SI_RETURN(si_capture_error(si.streams[i], cudaErrorStreamCaptureUnsupported));
     if (si_launch_pending_on(si.streams[i])) si_early("cudaStreamSynchronize on a stream whose NCCL work is not launched yet");
     if (si.streams[i]->held) si_hang("cudaStreamSynchronize behind a kernel that never ends");
-    si.streams[i]->busy = 0, si.streams[i]->until_ns = 0;   /* waited for */
+    si.streams[i]->until_ns = 0;        /* waited for */
     SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -1100,10 +1106,13 @@ static si_comm* si_comm_new(int device, int rank, int nranks, const ncclConfig_t
     si.stats.live_comms++;
     return c;
 }
-/* Starts a job on c: c reports ncclInProgress until it ends. */
-static void si_job_start(si_comm* c, int polls, ncclResult_t result, si_comm* child, ncclComm_t* target, bool writes) {
+/* Starts a job on c that runs for us of wall time (forever: until ncclCommAbort): c reports
+   ncclInProgress until it ends. */
+static void si_job_start(si_comm* c, int us, bool forever, ncclResult_t result, si_comm* child, ncclComm_t* target,
+                         bool writes) {
     c->job.active = true;
-    c->job.polls_left = polls;
+    c->job.forever = forever;
+    c->job.until_ns = si_after_us(us);
     c->job.result = result;
     c->job.child = child;
     c->job.target = target;
@@ -1132,8 +1141,14 @@ static void si_job_end(si_comm* c, ncclResult_t result) {
     if (j.writes) *j.target = (ncclComm_t)(void*)j.child;
     c->async = result;
 }
+/* A job whose time is up has ended (NCCL's thread ends it on its own; here whoever reads the
+   state next sees it, whatever the number of polls before). */
+static void si_job_tick(si_comm* c) {
+    if (c->job.active && !c->job.forever && si_now_ns() >= c->job.until_ns) si_job_end(c, c->job.result);
+}
 /* c's state as ncclCommGetAsyncError reads it; a peer that died shows on a quiet communicator. */
 static ncclResult_t si_state(si_comm* c) {
+    si_job_tick(c);
     if (si.peer_died != ncclSuccess && c->async == ncclSuccess && !c->job.active) {
         c->async = si.peer_died;
         si_nccl_text("stand-in: a peer died (%s)%s", "", si.peer_died);
@@ -1174,7 +1189,6 @@ static void si_flag_stops_kernels(si_flag* f) {
             si.streams[i]->held_by->abort_flag == f)
             si_release_held(si.streams[i]);
 }
-static int si_poll_count(int polls) { return polls > 0 ? polls : 0; }
 
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                     ncclConfig_t* config) {
@@ -1192,8 +1206,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
     c = si_comm_new(si_current, rank, nranks, config, NULL);
     c->id_byte = (unsigned char)commId.internal[0];
     *comm = (ncclComm_t)(void*)c;                   /* at once (ncclCommInitRankDev) */
-    if (config && config->blocking == 0 && (si.init_forever || si.init_polls > 0))
-        si_job_start(c, si.init_forever ? -1 : si.init_polls, ncclSuccess, NULL, NULL, false);
+    if (config && config->blocking == 0 && (si.init_forever || si.init_us > 0))
+        si_job_start(c, si.init_us, si.init_forever, ncclSuccess, NULL, NULL, false);
     SI_RETURN(c->async);
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
@@ -1204,7 +1218,6 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
     r = (ncclResult_t)si_scripted("ncclCommGetAsyncError", NULL);
     if (r != ncclSuccess) SI_RETURN(r);
     if (!c || !asyncError) SI_RETURN(ncclInvalidArgument);
-    if (c->job.active && c->job.polls_left > 0 && --c->job.polls_left == 0) si_job_end(c, c->job.result);
     *asyncError = si_state(c);
     SI_RETURN(ncclSuccess);
 }
@@ -1217,6 +1230,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     if (c->graph_refs > 0) si_hang("ncclCommAbort of a communicator a live CUDA graph captured");
     c->abort_flag->set = 1;                 /* setCommAbortFlags: every sharer's kernels stop */
     si_flag_stops_kernels(c->abort_flag);
+    si_job_tick(c);                         /* a job whose time was up ended well */
     if (c->job.active) si_job_end(c, ncclInternalError);  /* ncclCommEnsureReady joins it */
     /* ncclGetLastError's text stays: NCCL keeps one process-wide buffer (debug.cc ncclLastError)
        that only the next error overwrites */
@@ -1329,16 +1343,17 @@ static void si_pend(si_comm* c, si_stream* s, const void* a, const void* b, int 
     if (a && c->n_launch_bufs < SI_LAUNCH_BUFS) c->launch_bufs[c->n_launch_bufs++] = a;
     if (b && c->n_launch_bufs < SI_LAUNCH_BUFS) c->launch_bufs[c->n_launch_bufs++] = b;
 }
-/* The group thread's job for accepted operations: "in progress" for enqueue_polls polls; the
-   first use of a peer also waits for it to arrive (NCCL 2.28 connects at first use, inside that
-   job: a communicator's first collective its ring's and tree's peers, a first ncclSend/ncclRecv
-   that peer): arrival_polls more, or until ncclCommAbort. */
+/* The group thread's job for accepted operations: "in progress" for enqueue_us; the first use
+   of a peer also waits for it to arrive (NCCL 2.28 connects at first use, inside that job: a
+   communicator's first collective its ring's and tree's peers, a first ncclSend/ncclRecv that
+   peer): arrival_us longer, or until ncclCommAbort. */
 static void si_op_job(si_comm* c) {
-    int polls = si_poll_count(si.enqueue_polls);
+    int us = si.enqueue_us > 0 ? si.enqueue_us : 0;
     bool first = (c->pend_collective && c->nranks >= 2 && !c->connected) || (c->pend_peers & ~c->p2p_connected);
-    if (first) polls = si.never_arrive ? -1 : polls + si_poll_count(si.arrival_polls);
-    si_job_start(c, polls, ncclSuccess, NULL, NULL, false);
-    if (polls == 0) si_job_end(c, ncclSuccess);
+    bool never = first && si.never_arrive;
+    if (first && si.arrival_us > 0) us += si.arrival_us;
+    si_job_start(c, us, never, ncclSuccess, NULL, NULL, false);
+    if (us == 0 && !never) si_job_end(c, ncclSuccess);
 }
 static si_alloc* si_other_gpu(const void* p, const si_comm* c) {
     si_alloc* a = p ? si_alloc_of(p) : NULL;
@@ -1496,8 +1511,8 @@ static ncclResult_t si_child_job(si_comm* parent, ncclComm_t* newcomm, bool make
         }
         child = si_comm_new(parent->device, rank, nranks, config, share ? parent->abort_flag : NULL);
     }
-    si_job_start(parent, si.init_forever ? -1 : si_poll_count(si.init_polls), si.child_fails, child, newcomm, true);
-    if (parent->job.polls_left == 0) si_job_end(parent, parent->job.result);
+    si_job_start(parent, si.init_us, si.init_forever, si.child_fails, child, newcomm, true);
+    if (si.init_us <= 0 && !si.init_forever) si_job_end(parent, parent->job.result);
     return ncclSuccess;                     /* NCCLCHECK lets the group's ncclInProgress through */
 }
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
