@@ -81,9 +81,10 @@
      (counted), work queued on a blocking stream inherits what the legacy stream still has
      busy, and NCCL work on a non-blocking stream (cudaStreamCreateWithFlags) queued while it
      is busy is counted in unordered_with_legacy;
-     events recorded behind such work; cudaFree, cudaDeviceSynchronize and the stream and event
-     synchronizations wait for the device (or the stream) and would hang behind held work:
-     counted in hangs (they return at once here);
+     events recorded behind such work; cudaFree, cudaDeviceSynchronize, cudaMemcpy and the
+     stream and event synchronizations wait for the device (or the stream): they block, the
+     lock released, until the work is done or released (ncclCommAbort of its communicator),
+     behind held work counted in hangs, and never past SI_WAIT_BOUND_MS (>>waits);
    - CUDA's last error, and sticky errors that every later call returns;
    - a peer's death (si_peer_dies): reported (ncclRemoteError) only over the network; a peer on
      the same node leaves the work waiting for it spinning, silently;
@@ -216,13 +217,19 @@ static int si_stream_query_calls;   /* atomic: read by another thread (si_stream
 
 /* >>lock  One recursive lock around every entry point. */
 static pthread_mutex_t si_mu;
+static pthread_cond_t si_cv;        /* a blocked wait's wake-up (>>waits) */
 static pthread_once_t si_mu_once = PTHREAD_ONCE_INIT;
 static void si_mu_init(void) {
     pthread_mutexattr_t attr;
+    pthread_condattr_t cattr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
     pthread_mutex_init(&si_mu, &attr);
     pthread_mutexattr_destroy(&attr);
+    pthread_condattr_init(&cattr);
+    pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
+    pthread_cond_init(&si_cv, &cattr);
+    pthread_condattr_destroy(&cattr);
 }
 static void si_lock(void) {
     pthread_once(&si_mu_once, si_mu_init);
@@ -453,6 +460,7 @@ static void si_release_held(si_stream* s) {
     s->held = false;
     s->held_by = NULL;
     s->gen++;
+    pthread_cond_broadcast(&si_cv);     /* a blocked wait behind it goes on (>>waits) */
 }
 static bool si_stream_busy(const si_stream* s) { return s->held || si_now_ns() < s->until_ns; }
 /* The legacy default stream (stream 0, cudaStreamLegacy) of the current device: made on first
@@ -473,32 +481,77 @@ static si_stream* si_stream_of(cudaStream_t stream) {
     i = si_find((void* const*)si.streams, stream);
     return i < 0 ? NULL : si.streams[i];
 }
-/* Work on the legacy default stream waits for every blocking stream of the device: behind held
-   work (a kernel waiting on a dead peer) a synchronous call there never returns. */
-static void si_legacy_wait(const char* fn) {
-    int i;
-    char what[96];
-    for (i = 0; i < SI_MAX; i++)
-        if (si.streams[i] && si.streams[i]->device == si_current && !si.streams[i]->nonblocking &&
-            si.streams[i]->held) {
-            snprintf(what, sizeof(what), "%s on the legacy stream behind a kernel that never ends", fn);
-            si_hang(what);
-            return;
-        }
-    for (i = 0; i < SI_MAX; i++)
-        if (si.streams[i] && si.streams[i]->device == si_current && !si.streams[i]->nonblocking)
-            si.streams[i]->until_ns = 0;        /* waited for */
+/* >>waits  The synchronous calls (cudaStreamSynchronize, cudaEventSynchronize, cudaMemcpy,
+   cudaDeviceSynchronize, cudaFree) really wait, as CUDA's do: the calling thread blocks, with
+   the stand-in's lock released, until the work it waits for is done -- its time passed, held
+   work released (si_hold_streams(false), or ncclCommAbort of the communicator that queued it).
+   Behind held work (a kernel waiting on a dead peer) the call is counted in hangs first, as it
+   would never return on its own; so that no test hangs forever, a wait ends after
+   SI_WAIT_BOUND_MS whatever it waits for, counted in wait_bounds (a GPU would still wait).
+   Another thread may call the stand-in meanwhile: the watchdog's abort is what ends it. */
+enum { SI_WAIT_BOUND_MS = 3000 };
+/* What a wait waits for: a stream (NULL: every stream of the device, or only its blocking ones
+   for the legacy stream), or an event. */
+typedef struct si_waiter { const si_stream* stream; const si_event* event; int device; bool blocking_only; } si_waiter;
+static bool si_event_pending(const si_event* ev);
+static bool si_stream_live(const si_stream* s) {
+    int d;
+    for (d = 0; d < SI_DEVICES; d++)
+        if (si.legacy[d] == s) return true;
+    return si_find((void* const*)si.streams, s) >= 0;
 }
-/* A device-wide wait (cudaFree, cudaDeviceSynchronize): behind held work it would never end. */
-static void si_device_wait(const char* fn) {
+static bool si_waiting(const si_waiter* w) {
     int i;
-    char what[96];
+    if (w->event) return si_find((void* const*)si.events, w->event) >= 0 && si_event_pending(w->event);
+    if (w->stream) return si_stream_live(w->stream) && si_stream_busy(w->stream);
+    if (w->device >= 0 && w->device < SI_DEVICES && si.legacy[w->device] && si_stream_busy(si.legacy[w->device]))
+        return true;
     for (i = 0; i < SI_MAX; i++)
-        if (si.streams[i] && si.streams[i]->device == si_current && si.streams[i]->held) {
-            snprintf(what, sizeof(what), "%s on device %d behind a kernel that never ends", fn, si_current);
-            si_hang(what);
+        if (si.streams[i] && si.streams[i]->device == w->device && !(w->blocking_only && si.streams[i]->nonblocking) &&
+            si_stream_busy(si.streams[i]))
+            return true;
+    return false;
+}
+/* Blocks (lock released, held once by the caller) while w waits; what: the hang's words when it
+   waits behind held work. */
+static void si_block(const si_waiter* w, bool held, const char* what) {
+    int64_t bound = si_now_ns() + (int64_t)SI_WAIT_BOUND_MS * 1000000;
+    if (held) si_hang(what);
+    while (si_waiting(w)) {
+        struct timespec ts;
+        int64_t now = si_now_ns(), until = now + 1000000;      /* a look each ms: timed work ends by itself */
+        if (now >= bound) {
+            si.stats.wait_bounds++;
             return;
         }
+        ts.tv_sec = (time_t)(until / 1000000000);
+        ts.tv_nsec = (long)(until % 1000000000);
+        pthread_cond_timedwait(&si_cv, &si_mu, &ts);
+    }
+}
+/* Whether one of the streams w waits for holds work that never ends on its own. */
+static bool si_waits_on_held(const si_waiter* w) {
+    int i;
+    for (i = 0; i < SI_MAX; i++)
+        if (si.streams[i] && si.streams[i]->held && si.streams[i]->device == w->device &&
+            !(w->blocking_only && si.streams[i]->nonblocking))
+            return true;
+    return false;
+}
+/* Work on the legacy default stream waits for every blocking stream of the device: behind held
+   work (a kernel waiting on a dead peer) a synchronous call there never returns on its own. */
+static void si_legacy_wait(const char* fn) {
+    si_waiter w = { NULL, NULL, si_current, true };
+    char what[96];
+    snprintf(what, sizeof(what), "%s on the legacy stream behind a kernel that never ends", fn);
+    si_block(&w, si_waits_on_held(&w), what);
+}
+/* A device-wide wait (cudaFree, cudaDeviceSynchronize): every stream of the device. */
+static void si_device_wait(const char* fn) {
+    si_waiter w = { NULL, NULL, si_current, false };
+    char what[96];
+    snprintf(what, sizeof(what), "%s on device %d behind a kernel that never ends", fn, si_current);
+    si_block(&w, si_waits_on_held(&w), what);
 }
 
 /* >>capture  CUDA graph capture, as the runtime answers it (CUDA 12/13 documentation of
@@ -887,6 +940,12 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 /* Done once the work before it is: held work released since (a later hold does not count),
    and the time the work before it takes passed. */
+static bool si_event_pending(const si_event* ev) {
+    const si_stream* s = ev->stream;
+    if (!ev->pending) return false;
+    if (ev->held && s && s->held && s->gen == ev->gen) return true;
+    return si_now_ns() < ev->until_ns;
+}
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     cudaError_t e;
     int i;
@@ -919,15 +978,16 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (stream == NULL || stream == cudaStreamLegacy) {     /* the legacy stream: every blocking one */
         if ((e = si_legacy_in_capture()) != cudaSuccess) SI_RETURN(e);
         si_legacy_wait("cudaStreamSynchronize");
-        si_legacy_stream()->until_ns = 0;
         SI_RETURN(cudaSuccess);
     }
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     if (si.streams[i]->capture != cudaStreamCaptureStatusNone)
         SI_RETURN(si_capture_error(si.streams[i], cudaErrorStreamCaptureUnsupported));
     if (si_launch_pending_on(si.streams[i])) si_early("cudaStreamSynchronize on a stream whose NCCL work is not launched yet");
-    if (si.streams[i]->held) si_hang("cudaStreamSynchronize behind a kernel that never ends");
-    si.streams[i]->until_ns = 0;        /* waited for */
+    {
+        si_waiter w = { si.streams[i], NULL, si.streams[i]->device, false };
+        si_block(&w, si.streams[i]->held, "cudaStreamSynchronize behind a kernel that never ends");
+    }
     SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -939,10 +999,13 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     if (e != cudaSuccess) SI_RETURN(e);
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     if (si.events[i]->captured) SI_RETURN(si_capture_error(NULL, cudaErrorCapturedEvent));
-    if (si.events[i]->held && si.events[i]->stream && si.events[i]->stream->held &&
-        si.events[i]->stream->gen == si.events[i]->gen)
-        si_hang("cudaEventSynchronize behind a kernel that never ends");
-    si.events[i]->pending = false;
+    {
+        si_event* ev = si.events[i];
+        si_waiter w = { NULL, ev, ev->device, false };
+        si_block(&w, ev->held && ev->stream && ev->stream->held && ev->stream->gen == ev->gen,
+                 "cudaEventSynchronize behind a kernel that never ends");
+        if (si_find((void* const*)si.events, ev) >= 0 && !si_event_pending(ev)) ev->pending = false;
+    }
     SI_RETURN(cudaSuccess);
 }
 /* >>capture's calls. A graph holds the communicators whose work it captured (counted in

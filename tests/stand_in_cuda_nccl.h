@@ -9,7 +9,9 @@
    aborted, which device was current at each call, what is still allocated, and what the real
    libraries would not forgive (a call on a freed communicator, a call while one is in
    progress, a device-wide wait behind a kernel that never ends). Every call takes one lock, so
-   two threads may call it; the hooks run under that lock and must not call it back. */
+   two threads may call it; the hooks run under that lock and must not call it back. The
+   synchronous CUDA calls really block (the lock released meanwhile) until their work is done
+   or released, at most a few seconds (stand_in_cuda_nccl.c, its waits section). */
 #ifndef STAND_IN_CUDA_NCCL_H
 #define STAND_IN_CUDA_NCCL_H
 
@@ -27,7 +29,9 @@ typedef struct si_stats {
                                    previous operation returned ncclSuccess") */
     int skipped_by_shared_abort;        /* operations on a communicator whose abort flag another
                                            one's ncclCommAbort set: NCCL would skip their work */
-    int hangs;                  /* device-wide or stream waits behind work that never ends */
+    int hangs;                  /* device-wide or stream waits behind work that never ends on its
+                                   own (they block until it is released or aborted: >>waits in
+                                   stand_in_cuda_nccl.c) */
     char first_hang[96];
     int illegal_addresses;      /* operations given another GPU's memory (a kernel fault) */
     int live_comms, live_streams, live_events, live_allocs;   /* created, not yet released */
@@ -45,6 +49,8 @@ typedef struct si_stats {
     int stray_group_ends;       /* ncclGroupEnd outside any group ("not in a group call") */
     int capture_errors;         /* CUDA calls a stream capture refused (900, 906, 907) */
     int live_graphs;            /* graphs from cudaStreamEndCapture not destroyed yet */
+    int wait_bounds;            /* synchronous waits the stand-in's bound ended (a GPU would still
+                                   wait: stand_in_cuda_nccl.c >>waits) */
 } si_stats;
 
 /* Clears the script and the counters (not the live objects: leaks stay visible). */

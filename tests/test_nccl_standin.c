@@ -32,7 +32,9 @@
      capture on the stream: enqueue-only calls captured, host-side waits refused with
      DM_ERR_INVALID_ARG, the capture and the communicator intact (item 2); a peer's death
      reported by NCCL (the stand-in) only over the network, and a rank killed on the same node
-     reported by distmesh on every survivor, forked processes each with its stand-in (item 3).
+     reported by distmesh on every survivor, forked processes each with its stand-in (item 3);
+     the stand-in's jobs and kernels end after a time, not a number of polls, and a watchdog's
+     dm_abort frees a thread stuck inside CUDA (synchronous calls block) at once (section 2).
    Built twice (tests/nccl_standin.mk): with DISTMESH_TCP, the store a server hosted here; and
    with DISTMESH_NCCL alone, no libuv flags nor library, the store a file store (the store comes
    with the NCCL backend; only hosting one needs libuv, refused there with a message). */
@@ -378,7 +380,7 @@ static void test_standin_cuda_and_poll_results_are_checked(void** state) {
 
     /* ncclCommGetAsyncError failing with an infinite timeout: a status, not an endless loop */
     c = make(2, 1, -1);
-    si_set_busy_us(10000000);               /* 10 s: it is still busy at the third poll */
+    si_set_busy_us(500000);                 /* still busy at the third poll */
     CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     si_fail("ncclCommGetAsyncError", 3, ncclInternalError, false);
     CHECK_ST(c, DM_ERR_NCCL, dm_synchronize(c));
@@ -1449,6 +1451,79 @@ static void test_standin_work_ends_by_time_not_polls(void** state) {
     nothing_left();
 }
 
+/* Issue 52, section 2: a watchdog facing a thread stuck inside CUDA. The stand-in's
+   synchronous calls really block behind a kernel that waits on a dead peer (>>waits in
+   stand_in_cuda_nccl.c). A user's thread stuck there -- in cudaFree, dm_cuda_synchronize
+   (cudaDeviceSynchronize), cudaStreamSynchronize on the collective's stream, cudaMemcpy on the
+   legacy stream behind it (torch's .cpu()) -- is still stuck 300 ms later; the watchdog's
+   dm_abort returns at once (no distmesh call holds the collective, so it aborts the
+   communicator itself), the abort stops the kernel, and the stuck call returns cudaSuccess
+   after it. distmesh_nccl.h's THREADS says what holds on NCCL. */
+typedef struct stuck_call {
+    int kind;
+    cudaStream_t stream;
+    void* mem;
+    cudaError_t e;
+    int done;                   /* atomic */
+    int64_t ended_ns;
+} stuck_call;
+static const char* const stuck_kinds[] = { "cudaFree", "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaMemcpy" };
+static void* stuck_in_cuda(void* arg) {
+    stuck_call* s = (stuck_call*)arg;
+    float host[N];
+    if (cudaSetDevice(g_device) != cudaSuccess) s->e = cudaErrorInvalidDevice;
+    else if (s->kind == 0) s->e = cudaFree(s->mem);
+    else if (s->kind == 1) s->e = dm_cuda_synchronize() == DM_OK ? cudaSuccess : cudaErrorUnknown;
+    else if (s->kind == 2) s->e = cudaStreamSynchronize(s->stream);
+    else s->e = cudaMemcpy(host, s->mem, sizeof(host), cudaMemcpyDeviceToHost);
+    s->ended_ns = tw_now_ns();
+    __atomic_store_n(&s->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+static void test_standin_watchdog_abort_frees_a_thread_stuck_in_cuda(void** state) {
+    int kind;
+    (void)state;
+    for (kind = 0; kind < 4; kind++) {
+        dm_collective* c;
+        float *a, *b, *x;
+        stuck_call s;
+        pthread_t th;
+        int64_t t0, t1;
+        c = make_with_buffers(2, 1, 20000, 2 * N, &a, &b);
+        x = dev(N);
+        si_hold_streams(true);                  /* the kernel waits on a dead peer */
+        CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        memset(&s, 0, sizeof(s));
+        s.kind = kind;
+        s.stream = dm_nccl_stream(c);
+        s.mem = kind == 0 ? (void*)x : (void*)b;
+        assert_int_equal(pthread_create(&th, NULL, stuck_in_cuda, &s), 0);
+        tw_sleep_ms(300);
+        if (__atomic_load_n(&s.done, __ATOMIC_ACQUIRE))
+            fail_msg("%s returned behind a kernel that never ends", stuck_kinds[kind]);
+        t0 = tw_now_ns();
+        assert_int_equal(dm_abort(c, "watchdog"), DM_OK);
+        t1 = tw_now_ns();
+        assert_int_equal(pthread_join(th, NULL), 0);
+        print_message("%s stuck: dm_abort returned after %.1f ms, the stuck call %.1f ms after dm_abort began\n",
+                      stuck_kinds[kind], (double)(t1 - t0) / 1e6, (double)(s.ended_ns - t0) / 1e6);
+        assert_true(t1 - t0 < 1000000000LL);   /* not the collective's 20 s, nor the stand-in's 3 s bound */
+        assert_int_equal(s.e, cudaSuccess);
+        assert_true(s.ended_ns >= t0);          /* released by the abort */
+        assert_int_equal(si_get()->aborts, 1);
+        assert_int_equal(si_get()->wait_bounds, 0);
+        assert_int_equal(si_get()->hangs, 1);   /* it was a wait behind a kernel that never ends */
+        assert_non_null(strstr(si_get()->first_hang, stuck_kinds[kind]));
+        si_hold_streams(false);
+        CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        dm_destroy(c);
+        if (kind != 0) dev_free(x);
+        no_wrong_device();
+        si_reset();                             /* the hang was this test's */
+        free_buffers_nothing_left(a, b);
+    }
+}
+
 /* Point 9: on a device without memory pools, the scratch of a host-staged call interrupted
    while its kernels wait on a dead peer is not given to cudaFree (which would wait for the
    whole device, hence for those kernels, forever) until the shrink has stopped them. */
@@ -1891,6 +1966,7 @@ DM_TEST_MAIN(standin_setup, tmpdir_teardown,
     cmocka_unit_test(test_standin_ensure_ready_leaves_the_state_to_enqueue),
     cmocka_unit_test(test_standin_waits_leave_the_core),
     cmocka_unit_test(test_standin_work_ends_by_time_not_polls),
+    cmocka_unit_test(test_standin_watchdog_abort_frees_a_thread_stuck_in_cuda),
     cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
     cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
     cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
