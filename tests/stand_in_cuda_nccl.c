@@ -4,8 +4,8 @@
    against it instead of the real libraries and run where there is no GPU. The script is in
    stand_in_cuda_nccl.h.
 
-   WHAT IT IMITATES: NCCL 2.27 and 2.28 with non-blocking communicators (config.blocking = 0),
-   read from NVIDIA/nccl at tags v2.27.7-1 and v2.28.9-1 (line numbers: v2.28.9-1, then
+   WHAT IT IMITATES: NCCL 2.27 and 2.28 with non-blocking communicators (config.blocking = 0;
+   blocking ones run NCCL's jobs on the calling thread, >>blocking), read from NVIDIA/nccl at tags v2.27.7-1 and v2.28.9-1 (line numbers: v2.28.9-1, then
    v2.27.7-1 where they differ):
    - Background jobs. ncclCommInitRankConfig writes *newcomm at once (src/init.cc
      ncclCommInitRankDev, 2001 / 1805) and initialises it as a job; the new communicator
@@ -162,6 +162,7 @@ struct si_comm {
     int split_share, shrink_share;  /* its config after the environment */
     unsigned char id_byte;      /* the unique id's first byte it was made with (init only) */
     bool in_group;              /* has operations queued in this thread's open group */
+    bool blocking;              /* config.blocking (NCCL's default 1), NCCL_COMM_BLOCKING over it */
     int graph_refs;             /* live CUDA graphs that captured its work (>>capture) */
     /* Accepted, not launched yet: NCCL 2.28's group thread launches a call's work once the
        communicator's "in progress" clears (the job ends), not at the call. */
@@ -191,6 +192,7 @@ static struct {
     int work_us;                /* NCCL work keeps its stream busy this long */
     int init_us, enqueue_us;    /* NCCL's jobs: init, split, shrink; a group's launch */
     bool pools, hold, init_forever, split_null;
+    bool launch_cpu;            /* a launch's time is CPU work (si_set_launch_cpu) */
     int arrival_us;             /* the first operation of a communicator waits this much longer for its peers */
     bool never_arrive;          /* ... or forever (until ncclCommAbort) */
     si_stream* legacy[SI_DEVICES];  /* each device's legacy default stream (stream 0), made on first use */
@@ -260,7 +262,7 @@ void si_reset(void) {
     si.init_us = SI_INIT_US;
     si.enqueue_us = SI_ENQUEUE_US;
     si.pools = true;
-    si.hold = si.init_forever = si.split_null = false;
+    si.hold = si.init_forever = si.split_null = si.launch_cpu = false;
     si.arrival_us = 0;
     si.never_arrive = false;
     si.split_rank = 0;
@@ -336,6 +338,7 @@ void si_set_init_us(int us, bool forever) {
     si_lock(); si.init_us = us; si.init_forever = forever; si_unlock();
 }
 void si_set_enqueue_us(int us) { si_lock(); si.enqueue_us = us; si_unlock(); }
+void si_set_launch_cpu(bool on) { si_lock(); si.launch_cpu = on; si_unlock(); }
 void si_set_peer_arrival_us(int us, bool never) {
     si_lock(); si.arrival_us = us; si.never_arrive = never; si_unlock();
 }
@@ -1157,6 +1160,8 @@ static si_comm* si_comm_new(int device, int rank, int nranks, const ncclConfig_t
     c->async = ncclSuccess;
     c->split_share = config && config->splitShare != NCCL_CONFIG_UNDEF_INT ? config->splitShare : 0;
     c->shrink_share = config && config->shrinkShare != NCCL_CONFIG_UNDEF_INT ? config->shrinkShare : 0;
+    c->blocking = config && config->blocking != NCCL_CONFIG_UNDEF_INT ? config->blocking != 0 : true;
+    c->blocking = si_env_int("NCCL_COMM_BLOCKING", c->blocking) != 0;
     c->split_share = si_env_int("NCCL_COMM_SPLIT_SHARE_RESOURCES", c->split_share);
     c->shrink_share = si_env_int("NCCL_COMM_SHRINK_SHARE_RESOURCES", c->shrink_share);
     c->abort_flag = shared;
@@ -1169,6 +1174,44 @@ static si_comm* si_comm_new(int device, int rank, int nranks, const ncclConfig_t
     si.stats.live_comms++;
     return c;
 }
+/* >>blocking  A blocking communicator (config.blocking 1, NCCL's default, or NCCL_COMM_BLOCKING=1)
+   runs NCCL's jobs on the calling thread: init, split, shrink and a group's launch return once
+   done, ncclSuccess, after their time (spent under the stand-in's lock). A non-blocking one runs
+   them on a thread of NCCL's (group.cc: one started per ncclGroupEnd, and per init). The time
+   is wall time only, unless si_set_launch_cpu: then a launch is CPU work, spun on the calling
+   thread (blocking) or on a thread started for it (non-blocking), so that getrusage sees what
+   each kind of communicator costs the host. */
+static void si_spin_until(int64_t until) {
+    while (si_now_ns() < until) {}
+}
+static void si_spend(int us, bool cpu) {
+    int64_t until = si_after_us(us);
+    struct timespec ts;
+    if (us <= 0) return;
+    if (cpu) { si_spin_until(until); return; }
+    ts.tv_sec = us / 1000000;
+    ts.tv_nsec = (long)(us % 1000000) * 1000;
+    nanosleep(&ts, NULL);
+}
+static void* si_launch_thread(void* arg) {
+    int64_t until = *(int64_t*)arg;
+    free(arg);
+    si_spin_until(until);
+    return NULL;
+}
+/* NCCL's group thread for a non-blocking launch that ends at until: started, detached, spinning. */
+static void si_launch_on_a_thread(int64_t until) {
+    pthread_t th;
+    pthread_attr_t attr;
+    int64_t* arg = (int64_t*)malloc(sizeof(int64_t));
+    if (!arg) abort();
+    *arg = until;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &attr, si_launch_thread, arg) != 0) free(arg);
+    pthread_attr_destroy(&attr);
+}
+
 /* Starts a job on c that runs for us of wall time (forever: until ncclCommAbort): c reports
    ncclInProgress until it ends. */
 static void si_job_start(si_comm* c, int us, bool forever, ncclResult_t result, si_comm* child, ncclComm_t* target,
@@ -1269,8 +1312,12 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
     c = si_comm_new(si_current, rank, nranks, config, NULL);
     c->id_byte = (unsigned char)commId.internal[0];
     *comm = (ncclComm_t)(void*)c;                   /* at once (ncclCommInitRankDev) */
-    if (config && config->blocking == 0 && (si.init_forever || si.init_us > 0))
+    if (!c->blocking && (si.init_forever || si.init_us > 0))
         si_job_start(c, si.init_us, si.init_forever, ncclSuccess, NULL, NULL, false);
+    else if (c->blocking && si.init_forever)
+        si_hang("ncclCommInitRankConfig of a blocking communicator whose init never ends");
+    else if (c->blocking)
+        si_spend(si.init_us, false);
     SI_RETURN(c->async);
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
@@ -1385,7 +1432,7 @@ ncclResult_t ncclGroupEnd(void) {
         c->in_group = false;
         if (c->dead) continue;
         if (r != ncclSuccess) { c->async = r; c->launch_pending = false; }
-        else { si_op_job(c); launched = true; }
+        else { si_op_job(c); if (c->job.active) launched = true; }
     }
     si_ngroup = 0;
     for (c = si.all; c; c = c->next_all)   /* reclaims queued inside the group */
@@ -1415,8 +1462,16 @@ static void si_op_job(si_comm* c) {
     bool first = (c->pend_collective && c->nranks >= 2 && !c->connected) || (c->pend_peers & ~c->p2p_connected);
     bool never = first && si.never_arrive;
     if (first && si.arrival_us > 0) us += si.arrival_us;
+    if (c->blocking) {                      /* on the caller's thread (>>blocking) */
+        if (never) si_hang("a blocking communicator's launch waits for a peer that never arrives");
+        si_spend(us, si.launch_cpu);
+        si_job_start(c, 0, false, ncclSuccess, NULL, NULL, false);
+        si_job_end(c, ncclSuccess);
+        return;
+    }
     si_job_start(c, us, never, ncclSuccess, NULL, NULL, false);
     if (us == 0 && !never) si_job_end(c, ncclSuccess);
+    else if (si.launch_cpu && !never) si_launch_on_a_thread(c->job.until_ns);
 }
 static si_alloc* si_other_gpu(const void* p, const si_comm* c) {
     si_alloc* a = p ? si_alloc_of(p) : NULL;
@@ -1568,6 +1623,7 @@ static ncclResult_t si_child_job(si_comm* parent, ncclComm_t* newcomm, bool make
     if (make) {
         if (!config) {                      /* copyCommConfig: the parent's */
             memset(&inherit, 0, sizeof(inherit));
+            inherit.blocking = parent->blocking;
             inherit.splitShare = parent->split_share;
             inherit.shrinkShare = parent->shrink_share;
             config = &inherit;
@@ -1575,7 +1631,8 @@ static ncclResult_t si_child_job(si_comm* parent, ncclComm_t* newcomm, bool make
         child = si_comm_new(parent->device, rank, nranks, config, share ? parent->abort_flag : NULL);
     }
     si_job_start(parent, si.init_us, si.init_forever, si.child_fails, child, newcomm, true);
-    if (si.init_us <= 0 && !si.init_forever) si_job_end(parent, parent->job.result);
+    if (parent->blocking && !si.init_forever) si_spend(si.init_us, false);     /* >>blocking */
+    if ((si.init_us <= 0 || parent->blocking) && !si.init_forever) si_job_end(parent, parent->job.result);
     return ncclSuccess;                     /* NCCLCHECK lets the group's ncclInProgress through */
 }
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {

@@ -104,6 +104,13 @@ void si_set_init_us(int us, bool forever);
 /* Operations at world >= 2 (and ncclGroupEnd) return ncclInProgress: the group's launch is a
    job of us (default 100), after which the work reaches the stream. */
 void si_set_enqueue_us(int us);
+/* A blocking communicator (config.blocking 1, NCCL's default; NCCL_COMM_BLOCKING=1 in the
+   environment at its creation) runs init, split, shrink and a group's launch on the calling
+   thread and returns ncclSuccess once they are done. With launch_cpu, a launch's time is CPU
+   work: spun on the calling thread of a blocking communicator, or, for a non-blocking one, on
+   a thread started for each launch (as NCCL's group thread is), so that getrusage sees both
+   (bench/nccl_host_cost.c). Default off: the time passes, nothing spins. */
+void si_set_launch_cpu(bool on);
 /* The first use of a peer connects to it inside the operation's job (NCCL 2.28 connects at
    first use: a communicator's first collective -- distmesh's create gathers host identities --
    and the first ncclSend / ncclRecv with each peer), which stays "in progress" until the peer

@@ -1524,6 +1524,53 @@ static void test_standin_watchdog_abort_frees_a_thread_stuck_in_cuda(void** stat
     }
 }
 
+/* The stand-in's blocking communicators (bench/nccl_host_cost.c compares them): NCCL's default
+   config or NCCL_COMM_BLOCKING=1 runs init and a collective's launch on the calling thread
+   (each returns ncclSuccess after its time, no job left running), and distmesh works on one. */
+static void test_standin_blocking_communicator_launches_in_the_call(void** state) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;      /* blocking: NCCL's default */
+    ncclUniqueId id;
+    ncclComm_t comm = NULL;
+    cudaStream_t stream = NULL;
+    dm_collective* c;
+    dm_request* req = NULL;
+    float *a, *b;
+    void* buf = NULL;
+    int64_t t0;
+    (void)state;
+    si_reset();
+    assert_int_equal(ncclGetUniqueId(&id), ncclSuccess);
+    assert_int_equal(cudaStreamCreate(&stream), cudaSuccess);
+    assert_int_equal(cudaMalloc(&buf, 64), cudaSuccess);
+    assert_int_equal(ncclCommInitRankConfig(&comm, 2, id, 0, &config), ncclSuccess);
+    assert_int_equal(si_pending_jobs(), 0);
+    si_set_enqueue_us(100000);
+    t0 = tw_now_ns();
+    assert_int_equal(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, comm, stream), ncclSuccess);
+    assert_true(tw_now_ns() - t0 >= 100000000);         /* launched in the call */
+    assert_int_equal(si_pending_jobs(), 0);
+    assert_int_equal(ncclCommDestroy(comm), ncclSuccess);
+    assert_int_equal(cudaStreamDestroy(stream), cudaSuccess);
+    assert_int_equal(cudaFree(buf), cudaSuccess);
+
+    si_reset();
+    setenv("NCCL_COMM_BLOCKING", "1", 1);               /* over distmesh's config.blocking = 0 */
+    c = make(2, 1, 5000);
+    unsetenv("NCCL_COMM_BLOCKING");
+    a = dev(N);
+    b = dev(N);
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    assert_int_equal(si_pending_jobs(), 0);
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+    CHECK_DM_OK(c, dm_wait(req));
+    CHECK_DM_OK(c, dm_barrier(c));
+    CHECK_DM_OK(c, dm_synchronize(c));
+    dm_destroy(c);
+    assert_int_equal(si_get()->used_in_progress, 0);
+    no_wrong_device();
+    free_buffers_nothing_left(a, b);
+}
+
 /* Point 9: on a device without memory pools, the scratch of a host-staged call interrupted
    while its kernels wait on a dead peer is not given to cudaFree (which would wait for the
    whole device, hence for those kernels, forever) until the shrink has stopped them. */
@@ -1967,6 +2014,7 @@ DM_TEST_MAIN(standin_setup, tmpdir_teardown,
     cmocka_unit_test(test_standin_waits_leave_the_core),
     cmocka_unit_test(test_standin_work_ends_by_time_not_polls),
     cmocka_unit_test(test_standin_watchdog_abort_frees_a_thread_stuck_in_cuda),
+    cmocka_unit_test(test_standin_blocking_communicator_launches_in_the_call),
     cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
     cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
     cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),
