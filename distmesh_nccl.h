@@ -99,8 +99,12 @@
    Every poll loop (the stream, a request's event, NCCL's jobs) spins briefly, yields for 1 ms,
    then sleeps 50 us, 200 us after 4 ms, 1 ms after 16 ms: a wait for a long kernel costs the
    host about 2% of a core (the stand-in: 300 ms waited, 6-8 ms of CPU; a sched_yield loop took
-   40-100%), and ends at most one sleep after its work. Not measured on a GPU yet: the host's
-   cost per call against a blocking communicator (NCCL's own thread per non-blocking call).
+   40-100%), and ends at most one sleep after its work. The first millisecond of a wait still
+   costs a core (a yield returns at once when nothing else wants the core). Per call, this
+   non-blocking path costs the host 1.0-1.25x what a blocking communicator's call does
+   (NCCL_COMM_BLOCKING=1; calls per second and getrusage CPU, the stand-in playing NCCL's
+   launch as CPU work on a thread per launch: make bench-nccl-host-cost, bench/README.md). Not
+   measured on a GPU yet.
 
    CUDA GRAPHS
    While the object's stream captures a CUDA graph (cudaStreamBeginCapture on dm_nccl_stream(c),
