@@ -99,8 +99,12 @@
    Every poll loop (the stream, a request's event, NCCL's jobs) spins briefly, yields for 1 ms,
    then sleeps 50 us, 200 us after 4 ms, 1 ms after 16 ms: a wait for a long kernel costs the
    host about 2% of a core (the stand-in: 300 ms waited, 6-8 ms of CPU; a sched_yield loop took
-   40-100%), and ends at most one sleep after its work. Not measured on a GPU yet: the host's
-   cost per call against a blocking communicator (NCCL's own thread per non-blocking call).
+   40-100%), and ends at most one sleep after its work. The first millisecond of a wait still
+   costs a core (a yield returns at once when nothing else wants the core). Per call, this
+   non-blocking path costs the host 1.0-1.25x what a blocking communicator's call does
+   (NCCL_COMM_BLOCKING=1; calls per second and getrusage CPU, the stand-in playing NCCL's
+   launch as CPU work on a thread per launch: make bench-nccl-host-cost, bench/README.md). Not
+   measured on a GPU yet.
 
    CUDA GRAPHS
    While the object's stream captures a CUDA graph (cudaStreamBeginCapture on dm_nccl_stream(c),
@@ -142,6 +146,23 @@
    the collective for that (waiting, within the timeout, for a call that has not polled yet).
    After a DM_SHRINK_ABORT interrupt it is parked instead when ncclCommShrink(NCCL_SHRINK_ABORT)
    follows (no store), which stops its kernels.
+   A thread stuck inside CUDA behind those kernels (cudaFree, cudaDeviceSynchronize or
+   dm_cuda_synchronize, cudaStreamSynchronize on the stream, cudaMemcpy on the legacy stream:
+   torch's .cpu()) is outside distmesh, so dm_abort from the watchdog finds the collective free,
+   aborts the communicator itself and returns at once; the kernels stop, and the stuck call
+   returns -- cudaSuccess, as the kernels ended (the data they were to produce is not there).
+   Checked on the stand-in, whose synchronous calls block (tests/test_nccl_standin.c,
+   watchdog_abort_frees_a_thread_stuck_in_cuda: dm_abort returns in under 1 ms, the stuck call
+   right after). What does not hold on NCCL: ncclCommAbort sets the abort flags first (so the
+   kernels stop) but then frees the communicator with CUDA calls of its own (cudaFree,
+   cudaStreamSynchronize in commReclaim), which may wait for a driver lock the stuck thread
+   holds, or behind another communicator's kernels still waiting on the dead peer (NCCL issues
+   549, 564, 829: abort in sequence deadlocks): then dm_abort returns only when those do. Abort
+   every communicator that waits on the dead peer, the one whose kernels hold the device first.
+   Not covered either: a thread stuck inside CUDA within a distmesh call on the same collective
+   (only the cudaFree of a host-staged call's scratch on a device without memory pools can be,
+   behind another communicator's kernels): dm_abort cannot abort a communicator another thread
+   is using, so it waits for that call's next poll, at most the collective's timeout.
 
    SHRINK
    Every survivor takes the same path, chosen from what they share (the NCCL loaded, the flags,

@@ -4,8 +4,8 @@
    against it instead of the real libraries and run where there is no GPU. The script is in
    stand_in_cuda_nccl.h.
 
-   WHAT IT IMITATES: NCCL 2.27 and 2.28 with non-blocking communicators (config.blocking = 0),
-   read from NVIDIA/nccl at tags v2.27.7-1 and v2.28.9-1 (line numbers: v2.28.9-1, then
+   WHAT IT IMITATES: NCCL 2.27 and 2.28 with non-blocking communicators (config.blocking = 0;
+   blocking ones run NCCL's jobs on the calling thread, >>blocking), read from NVIDIA/nccl at tags v2.27.7-1 and v2.28.9-1 (line numbers: v2.28.9-1, then
    v2.27.7-1 where they differ):
    - Background jobs. ncclCommInitRankConfig writes *newcomm at once (src/init.cc
      ncclCommInitRankDev, 2001 / 1805) and initialises it as a job; the new communicator
@@ -16,9 +16,9 @@
      ncclGroupEndInternal, 705-738, marks it ncclInProgress and starts a thread) and return
      ncclSuccess (NCCLCHECK lets ncclInProgress through). The job stores the child into
      *newcomm when it ends, also when it failed (ncclCommInitRankFunc's exit, 1612 / 1483), and a
-     failed job leaves its error on the parent (group.cc groupCleanup, 391). Here a job ends on
-     the Nth poll of ncclCommGetAsyncError on the communicator running it (si_set_init_polls),
-     which is when the child is written.
+     failed job leaves its error on the parent (group.cc groupCleanup, 391). Here a job runs for
+     a time (si_set_init_us; default SI_INIT_US) and ends at the first look at the
+     communicator's state after it, however many polls came before: then the child is written.
    - ncclCommGetAsyncError returns the communicator's state; ncclSuccess also joins its group
      job (2706 / 2405). ncclCommEnsureReady (373 / 310), run by every call on a communicator
      (collectives through src/enqueue.cc ncclEnqueueCheck 2637, split, shrink, user rank, count,
@@ -43,8 +43,8 @@
    - First use: NCCL 2.28 connects to peers lazily (NCCL_RUNTIME_CONNECT, default 1: init.cc 57,
      1269), inside that job (the first collective its
      ring's and tree's peers, the first send or receive with a peer that peer), so the job waits
-     for a peer that has not arrived: si_set_peer_arrival adds polls, or never ends it (until
-     ncclCommAbort).
+     for a peer that has not arrived: si_set_peer_arrival_us adds time, or never ends it
+     (until ncclCommAbort).
    - ncclCommShrink (2645 / 2344): NCCL_SHRINK_ABORT first sets the parent's abort flags and
      waits for its device stream (its kernels stop), then clears them; a NULL or empty exclude
      list is ncclInvalidArgument (2562 / 2262), the list is sorted in place, the caller's own
@@ -74,17 +74,18 @@
      really move the bytes; a collective given another GPU's memory faults (a sticky
      cudaErrorIllegalAddress, counted in illegal_addresses);
    - a current device per thread, a device count, memory pools on or off;
-   - streams that finish their work after a scripted number of polls, or never while held;
+   - streams whose work takes wall time (si_set_busy_us, si_set_work_us: done once the time has
+     passed, however often they are asked), or never ends while held;
      the legacy default stream (0, cudaStreamLegacy) and the blocking streams wait for each
      other: cudaMemcpy and cudaStreamSynchronize(0) behind held work on a blocking stream hang
      (counted), work queued on a blocking stream inherits what the legacy stream still has
      busy, and NCCL work on a non-blocking stream (cudaStreamCreateWithFlags) queued while it
      is busy is counted in unordered_with_legacy;
-     events recorded behind such work; cudaFree, cudaDeviceSynchronize and the stream and event
-     synchronizations wait for the device (or the stream) and would hang behind held work:
-     counted in hangs (they return at once here);
+     events recorded behind such work; cudaFree, cudaDeviceSynchronize, cudaMemcpy and the
+     stream and event synchronizations wait for the device (or the stream): they block, the
+     lock released, until the work is done or released (ncclCommAbort of its communicator),
+     behind held work counted in hangs, and never past SI_WAIT_BOUND_MS (>>waits);
    - CUDA's last error, and sticky errors that every later call returns;
-   - kernels that take wall time (si_set_work_ms), whatever distmesh's polls;
    - a peer's death (si_peer_dies): reported (ncclRemoteError) only over the network; a peer on
      the same node leaves the work waiting for it spinning, silently;
    - stream capture (>>capture): per-stream capture state, 900 from cudaStreamQuery and
@@ -111,16 +112,19 @@
 #else
 #define SI_VERSION NCCL_VERSION_CODE
 #endif
+/* NCCL's jobs take this long by default: an init, split or shrink, and a group's launch. */
+#define SI_INIT_US 1000
+#define SI_ENQUEUE_US 100
 enum { SI_MAX = 256, SI_RULES = 16, SI_NAMES = 64, SI_GROUP_MAX = 16, SI_LAUNCH_BUFS = 64, SI_DEVICES = 16 };
 
 typedef struct si_comm si_comm;
 typedef struct si_flag { int set; } si_flag;     /* an abort flag, shared by resource-sharing comms */
 typedef struct si_stream {
-    int device, busy;
+    int device;
     bool nonblocking;           /* cudaStreamNonBlocking: not ordered with the legacy default stream */
     bool held;                  /* work queued while held never finishes on its own */
     int capture;                /* enum cudaStreamCaptureStatus: none, active, invalidated (>>capture) */
-    int64_t until_ns;           /* NCCL work runs until then (CLOCK_MONOTONIC; si_set_work_ms) */
+    int64_t until_ns;           /* its work runs until then (CLOCK_MONOTONIC; si_set_busy_us, si_set_work_us) */
     si_comm* captured[4];       /* the communicators whose work this capture recorded */
     int n_captured;
     enum cudaStreamCaptureMode capture_mode;
@@ -138,7 +142,8 @@ typedef struct si_event {
 /* A background job of NCCL's, running on the communicator that owns it. */
 typedef struct si_job {
     bool active;
-    int polls_left;             /* polls of the owner's ncclCommGetAsyncError before it ends; -1 never */
+    bool forever;               /* never ends on its own (until ncclCommAbort) */
+    int64_t until_ns;           /* else it ends then (CLOCK_MONOTONIC), however often it is polled */
     ncclResult_t result;        /* what it ends with */
     si_comm* child;             /* split / shrink: the child it writes; NULL: none (NOCOLOR) */
     ncclComm_t* target;         /* where it writes the child (the caller's variable) */
@@ -157,6 +162,7 @@ struct si_comm {
     int split_share, shrink_share;  /* its config after the environment */
     unsigned char id_byte;      /* the unique id's first byte it was made with (init only) */
     bool in_group;              /* has operations queued in this thread's open group */
+    bool blocking;              /* config.blocking (NCCL's default 1), NCCL_COMM_BLOCKING over it */
     int graph_refs;             /* live CUDA graphs that captured its work (>>capture) */
     /* Accepted, not launched yet: NCCL 2.28's group thread launches a call's work once the
        communicator's "in progress" clears (the job ends), not at the call. */
@@ -181,10 +187,13 @@ static struct {
     si_stream* streams[SI_MAX];
     si_event* events[SI_MAX];
     si_alloc allocs[SI_MAX];
-    int expect_device, device_count, busy_polls, init_polls, enqueue_polls;
-    int work_ms;                /* NCCL work takes this long in wall time (0: by polls only) */
+    int expect_device, device_count;
+    int busy_us;                /* every queued operation keeps its stream busy this long */
+    int work_us;                /* NCCL work keeps its stream busy this long */
+    int init_us, enqueue_us;    /* NCCL's jobs: init, split, shrink; a group's launch */
     bool pools, hold, init_forever, split_null;
-    int arrival_polls;          /* extra polls the first operation of a communicator waits for its peers */
+    bool launch_cpu;            /* a launch's time is CPU work (si_set_launch_cpu) */
+    int arrival_us;             /* the first operation of a communicator waits this much longer for its peers */
     bool never_arrive;          /* ... or forever (until ncclCommAbort) */
     si_stream* legacy[SI_DEVICES];  /* each device's legacy default stream (stream 0), made on first use */
     int split_rank, split_nranks;   /* what a split child is (default 0 of 1) */
@@ -199,7 +208,7 @@ static struct {
     void* call_hook_user;
     si_gather_hook gather_hook;
     void* gather_hook_user;
-} si = { .expect_device = -1, .device_count = 4, .init_polls = 2, .enqueue_polls = 1, .pools = true,
+} si = { .expect_device = -1, .device_count = 4, .init_us = SI_INIT_US, .enqueue_us = SI_ENQUEUE_US, .pools = true,
          .split_nranks = 1, .version = SI_VERSION };
 static _Thread_local int si_current;
 static _Thread_local int si_depth;                  /* ncclGroupDepth, per thread as in NCCL */
@@ -210,13 +219,19 @@ static int si_stream_query_calls;   /* atomic: read by another thread (si_stream
 
 /* >>lock  One recursive lock around every entry point. */
 static pthread_mutex_t si_mu;
+static pthread_cond_t si_cv;        /* a blocked wait's wake-up (>>waits) */
 static pthread_once_t si_mu_once = PTHREAD_ONCE_INIT;
 static void si_mu_init(void) {
     pthread_mutexattr_t attr;
+    pthread_condattr_t cattr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
     pthread_mutex_init(&si_mu, &attr);
     pthread_mutexattr_destroy(&attr);
+    pthread_condattr_init(&cattr);
+    pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
+    pthread_cond_init(&si_cv, &cattr);
+    pthread_condattr_destroy(&cattr);
 }
 static void si_lock(void) {
     pthread_once(&si_mu_once, si_mu_init);
@@ -224,6 +239,8 @@ static void si_lock(void) {
 }
 static void si_unlock(void) { pthread_mutex_unlock(&si_mu); }
 #define SI_RETURN(v) do { __typeof__(v) si_v_ = (v); si_unlock(); return si_v_; } while (0)
+
+static void si_job_tick(si_comm* c);
 
 /* >>script */
 void si_reset(void) {
@@ -241,13 +258,12 @@ void si_reset(void) {
     memset(si.names, 0, sizeof(si.names));
     si.expect_device = -1;
     si.device_count = 4;
-    si.busy_polls = 0;
-    si.work_ms = 0;
-    si.init_polls = 2;
-    si.enqueue_polls = 1;
+    si.busy_us = si.work_us = 0;
+    si.init_us = SI_INIT_US;
+    si.enqueue_us = SI_ENQUEUE_US;
     si.pools = true;
-    si.hold = si.init_forever = si.split_null = false;
-    si.arrival_polls = 0;
+    si.hold = si.init_forever = si.split_null = si.launch_cpu = false;
+    si.arrival_us = 0;
     si.never_arrive = false;
     si.split_rank = 0;
     si.split_nranks = 1;
@@ -275,8 +291,10 @@ int si_pending_jobs(void) {
     si_comm* c;
     int n = 0;
     si_lock();
-    for (c = si.all; c; c = c->next_all)
+    for (c = si.all; c; c = c->next_all) {
+        if (!c->dead) si_job_tick(c);
         if (!c->reclaimed && c->job.active) n++;
+    }
     SI_RETURN(n);
 }
 void si_fail(const char* fn, int nth, int code, bool sticky) {
@@ -298,13 +316,15 @@ static void si_release_held(si_stream* s);
 void si_expect_device(int device) { si_lock(); si.expect_device = device; si_unlock(); }
 void si_set_device_count(int count) { si_lock(); si.device_count = count; si_unlock(); }
 void si_set_memory_pools(bool supported) { si_lock(); si.pools = supported; si_unlock(); }
-void si_set_busy_polls(int polls) { si_lock(); si.busy_polls = polls; si_unlock(); }
-void si_set_work_ms(int ms) { si_lock(); si.work_ms = ms; si_unlock(); }
+void si_set_busy_us(int us) { si_lock(); si.busy_us = us; si_unlock(); }
+void si_set_work_us(int us) { si_lock(); si.work_us = us; si_unlock(); }
 static int64_t si_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+/* us from now, in si_now_ns's clock (0 or less: now). */
+static int64_t si_after_us(int us) { return si_now_ns() + (int64_t)(us > 0 ? us : 0) * 1000; }
 void si_hold_streams(bool held) {
     int i;
     si_lock();
@@ -314,12 +334,13 @@ void si_hold_streams(bool held) {
             if (si.streams[i]) si_release_held(si.streams[i]);
     si_unlock();
 }
-void si_set_init_polls(int polls, bool forever) {
-    si_lock(); si.init_polls = polls; si.init_forever = forever; si_unlock();
+void si_set_init_us(int us, bool forever) {
+    si_lock(); si.init_us = us; si.init_forever = forever; si_unlock();
 }
-void si_set_enqueue_polls(int polls) { si_lock(); si.enqueue_polls = polls; si_unlock(); }
-void si_set_peer_arrival(int polls, bool never) {
-    si_lock(); si.arrival_polls = polls; si.never_arrive = never; si_unlock();
+void si_set_enqueue_us(int us) { si_lock(); si.enqueue_us = us; si_unlock(); }
+void si_set_launch_cpu(bool on) { si_lock(); si.launch_cpu = on; si_unlock(); }
+void si_set_peer_arrival_us(int us, bool never) {
+    si_lock(); si.arrival_us = us; si.never_arrive = never; si_unlock();
 }
 void si_set_async_error(int nccl_result) { si_lock(); si.peer_died = (ncclResult_t)nccl_result; si_unlock(); }
 /* A peer's death as NCCL sees it: over the network (net transport, its proxy) the connection
@@ -413,20 +434,23 @@ static void si_hang(const char* what) {
         snprintf(si.stats.first_hang, sizeof(si.stats.first_hang), "%s", what);
 }
 
-/* >>streams  Work queued on s finishes after busy_polls polls. An NCCL kernel queued while the
-   streams are held never finishes on its own (it waits on a dead peer), nor does what is queued
-   behind it, until the hold is lifted or its communicator is aborted; copies are not held by
-   themselves. */
+/* >>streams  Work queued on s keeps it busy for a time (si_set_busy_us, and for NCCL work
+   si_set_work_us), after the work already there, as a GPU runs it: however often the stream is
+   asked, it is done only once that time has passed. An NCCL kernel queued while the streams are
+   held never finishes on its own (it waits on a dead peer), nor does what is queued behind it,
+   until the hold is lifted or its communicator is aborted; copies are not held by themselves. */
 static void si_queue(si_stream* s, si_comm* by) {
     si_stream* l;
+    int64_t now = si_now_ns(), start;
+    int us = si.busy_us + (by ? si.work_us : 0);
     if (!s || s->capture != cudaStreamCaptureStatusNone) return;    /* captured: a graph node, not work */
-    s->busy = si.busy_polls;
-    if (by && si.work_ms > 0) s->until_ns = si_now_ns() + (int64_t)si.work_ms * 1000000;  /* a kernel's time */
+    start = s->until_ns > now ? s->until_ns : now;                   /* behind what runs already */
+    if (us > 0) s->until_ns = start + (int64_t)us * 1000;
     /* A blocking stream's new work waits for what the legacy default stream holds before it; a
        non-blocking stream's does not: NCCL work there may read inputs not written yet. */
     l = s->device >= 0 && s->device < SI_DEVICES ? si.legacy[s->device] : NULL;
-    if (l && l != s && l->busy > 0) {
-        if (!s->nonblocking && s->busy < l->busy) s->busy = l->busy;
+    if (l && l != s && l->until_ns > now) {
+        if (!s->nonblocking && s->until_ns < l->until_ns) s->until_ns = l->until_ns;
         else if (s->nonblocking && by) si.stats.unordered_with_legacy++;
     }
     if (si.hold && by && !s->held) {
@@ -439,15 +463,9 @@ static void si_release_held(si_stream* s) {
     s->held = false;
     s->held_by = NULL;
     s->gen++;
+    pthread_cond_broadcast(&si_cv);     /* a blocked wait behind it goes on (>>waits) */
 }
-static bool si_stream_busy(const si_stream* s) { return s->held || s->busy > 0 || si_now_ns() < s->until_ns; }
-/* A poll: busy work gets one step closer to done. */
-static bool si_stream_done(si_stream* s) {
-    if (s->held) return false;
-    if (s->busy > 0) { s->busy--; return false; }
-    if (si_now_ns() < s->until_ns) return false;
-    return true;
-}
+static bool si_stream_busy(const si_stream* s) { return s->held || si_now_ns() < s->until_ns; }
 /* The legacy default stream (stream 0, cudaStreamLegacy) of the current device: made on first
    use, part of the context (never counted in live_streams, never freed). */
 static si_stream* si_legacy_stream(void) {
@@ -466,32 +484,77 @@ static si_stream* si_stream_of(cudaStream_t stream) {
     i = si_find((void* const*)si.streams, stream);
     return i < 0 ? NULL : si.streams[i];
 }
-/* Work on the legacy default stream waits for every blocking stream of the device: behind held
-   work (a kernel waiting on a dead peer) a synchronous call there never returns. */
-static void si_legacy_wait(const char* fn) {
-    int i;
-    char what[96];
-    for (i = 0; i < SI_MAX; i++)
-        if (si.streams[i] && si.streams[i]->device == si_current && !si.streams[i]->nonblocking &&
-            si.streams[i]->held) {
-            snprintf(what, sizeof(what), "%s on the legacy stream behind a kernel that never ends", fn);
-            si_hang(what);
-            return;
-        }
-    for (i = 0; i < SI_MAX; i++)
-        if (si.streams[i] && si.streams[i]->device == si_current && !si.streams[i]->nonblocking)
-            si.streams[i]->busy = 0, si.streams[i]->until_ns = 0;   /* waited for */
+/* >>waits  The synchronous calls (cudaStreamSynchronize, cudaEventSynchronize, cudaMemcpy,
+   cudaDeviceSynchronize, cudaFree) really wait, as CUDA's do: the calling thread blocks, with
+   the stand-in's lock released, until the work it waits for is done -- its time passed, held
+   work released (si_hold_streams(false), or ncclCommAbort of the communicator that queued it).
+   Behind held work (a kernel waiting on a dead peer) the call is counted in hangs first, as it
+   would never return on its own; so that no test hangs forever, a wait ends after
+   SI_WAIT_BOUND_MS whatever it waits for, counted in wait_bounds (a GPU would still wait).
+   Another thread may call the stand-in meanwhile: the watchdog's abort is what ends it. */
+enum { SI_WAIT_BOUND_MS = 3000 };
+/* What a wait waits for: a stream (NULL: every stream of the device, or only its blocking ones
+   for the legacy stream), or an event. */
+typedef struct si_waiter { const si_stream* stream; const si_event* event; int device; bool blocking_only; } si_waiter;
+static bool si_event_pending(const si_event* ev);
+static bool si_stream_live(const si_stream* s) {
+    int d;
+    for (d = 0; d < SI_DEVICES; d++)
+        if (si.legacy[d] == s) return true;
+    return si_find((void* const*)si.streams, s) >= 0;
 }
-/* A device-wide wait (cudaFree, cudaDeviceSynchronize): behind held work it would never end. */
-static void si_device_wait(const char* fn) {
+static bool si_waiting(const si_waiter* w) {
     int i;
-    char what[96];
+    if (w->event) return si_find((void* const*)si.events, w->event) >= 0 && si_event_pending(w->event);
+    if (w->stream) return si_stream_live(w->stream) && si_stream_busy(w->stream);
+    if (w->device >= 0 && w->device < SI_DEVICES && si.legacy[w->device] && si_stream_busy(si.legacy[w->device]))
+        return true;
     for (i = 0; i < SI_MAX; i++)
-        if (si.streams[i] && si.streams[i]->device == si_current && si.streams[i]->held) {
-            snprintf(what, sizeof(what), "%s on device %d behind a kernel that never ends", fn, si_current);
-            si_hang(what);
+        if (si.streams[i] && si.streams[i]->device == w->device && !(w->blocking_only && si.streams[i]->nonblocking) &&
+            si_stream_busy(si.streams[i]))
+            return true;
+    return false;
+}
+/* Blocks (lock released, held once by the caller) while w waits; what: the hang's words when it
+   waits behind held work. */
+static void si_block(const si_waiter* w, bool held, const char* what) {
+    int64_t bound = si_now_ns() + (int64_t)SI_WAIT_BOUND_MS * 1000000;
+    if (held) si_hang(what);
+    while (si_waiting(w)) {
+        struct timespec ts;
+        int64_t now = si_now_ns(), until = now + 1000000;      /* a look each ms: timed work ends by itself */
+        if (now >= bound) {
+            si.stats.wait_bounds++;
             return;
         }
+        ts.tv_sec = (time_t)(until / 1000000000);
+        ts.tv_nsec = (long)(until % 1000000000);
+        pthread_cond_timedwait(&si_cv, &si_mu, &ts);
+    }
+}
+/* Whether one of the streams w waits for holds work that never ends on its own. */
+static bool si_waits_on_held(const si_waiter* w) {
+    int i;
+    for (i = 0; i < SI_MAX; i++)
+        if (si.streams[i] && si.streams[i]->held && si.streams[i]->device == w->device &&
+            !(w->blocking_only && si.streams[i]->nonblocking))
+            return true;
+    return false;
+}
+/* Work on the legacy default stream waits for every blocking stream of the device: behind held
+   work (a kernel waiting on a dead peer) a synchronous call there never returns on its own. */
+static void si_legacy_wait(const char* fn) {
+    si_waiter w = { NULL, NULL, si_current, true };
+    char what[96];
+    snprintf(what, sizeof(what), "%s on the legacy stream behind a kernel that never ends", fn);
+    si_block(&w, si_waits_on_held(&w), what);
+}
+/* A device-wide wait (cudaFree, cudaDeviceSynchronize): every stream of the device. */
+static void si_device_wait(const char* fn) {
+    si_waiter w = { NULL, NULL, si_current, false };
+    char what[96];
+    snprintf(what, sizeof(what), "%s on device %d behind a kernel that never ends", fn, si_current);
+    si_block(&w, si_waits_on_held(&w), what);
 }
 
 /* >>capture  CUDA graph capture, as the runtime answers it (CUDA 12/13 documentation of
@@ -823,7 +886,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     if (si.streams[i]->capture != cudaStreamCaptureStatusNone)
         SI_RETURN(si_capture_error(si.streams[i], cudaErrorStreamCaptureUnsupported));
-    SI_RETURN(si_stream_done(si.streams[i]) ? cudaSuccess : cudaErrorNotReady);
+    SI_RETURN(!si_stream_busy(si.streams[i]) ? cudaSuccess : cudaErrorNotReady);
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
     cudaError_t e;
@@ -879,7 +942,13 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     SI_RETURN(cudaSuccess);
 }
 /* Done once the work before it is: held work released since (a later hold does not count),
-   and the stream's busy polls spent. */
+   and the time the work before it takes passed. */
+static bool si_event_pending(const si_event* ev) {
+    const si_stream* s = ev->stream;
+    if (!ev->pending) return false;
+    if (ev->held && s && s->held && s->gen == ev->gen) return true;
+    return si_now_ns() < ev->until_ns;
+}
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     cudaError_t e;
     int i;
@@ -896,7 +965,6 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (ev->captured) SI_RETURN(si_capture_error(NULL, cudaErrorCapturedEvent));
     if (!ev->pending) SI_RETURN(cudaSuccess);
     if (ev->held && s && s->held && s->gen == ev->gen) SI_RETURN(cudaErrorNotReady);
-    if (s && s->busy > 0) { s->busy--; SI_RETURN(cudaErrorNotReady); }
     if (si_now_ns() < ev->until_ns) SI_RETURN(cudaErrorNotReady);
     ev->pending = false;
     SI_RETURN(cudaSuccess);
@@ -913,15 +981,16 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (stream == NULL || stream == cudaStreamLegacy) {     /* the legacy stream: every blocking one */
         if ((e = si_legacy_in_capture()) != cudaSuccess) SI_RETURN(e);
         si_legacy_wait("cudaStreamSynchronize");
-        si_legacy_stream()->busy = 0, si_legacy_stream()->until_ns = 0;
         SI_RETURN(cudaSuccess);
     }
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     if (si.streams[i]->capture != cudaStreamCaptureStatusNone)
         SI_RETURN(si_capture_error(si.streams[i], cudaErrorStreamCaptureUnsupported));
     if (si_launch_pending_on(si.streams[i])) si_early("cudaStreamSynchronize on a stream whose NCCL work is not launched yet");
-    if (si.streams[i]->held) si_hang("cudaStreamSynchronize behind a kernel that never ends");
-    si.streams[i]->busy = 0, si.streams[i]->until_ns = 0;   /* waited for */
+    {
+        si_waiter w = { si.streams[i], NULL, si.streams[i]->device, false };
+        si_block(&w, si.streams[i]->held, "cudaStreamSynchronize behind a kernel that never ends");
+    }
     SI_RETURN(cudaSuccess);
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -933,10 +1002,13 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     if (e != cudaSuccess) SI_RETURN(e);
     if (i < 0) SI_RETURN(cudaErrorInvalidResourceHandle);
     if (si.events[i]->captured) SI_RETURN(si_capture_error(NULL, cudaErrorCapturedEvent));
-    if (si.events[i]->held && si.events[i]->stream && si.events[i]->stream->held &&
-        si.events[i]->stream->gen == si.events[i]->gen)
-        si_hang("cudaEventSynchronize behind a kernel that never ends");
-    si.events[i]->pending = false;
+    {
+        si_event* ev = si.events[i];
+        si_waiter w = { NULL, ev, ev->device, false };
+        si_block(&w, ev->held && ev->stream && ev->stream->held && ev->stream->gen == ev->gen,
+                 "cudaEventSynchronize behind a kernel that never ends");
+        if (si_find((void* const*)si.events, ev) >= 0 && !si_event_pending(ev)) ev->pending = false;
+    }
     SI_RETURN(cudaSuccess);
 }
 /* >>capture's calls. A graph holds the communicators whose work it captured (counted in
@@ -1088,6 +1160,8 @@ static si_comm* si_comm_new(int device, int rank, int nranks, const ncclConfig_t
     c->async = ncclSuccess;
     c->split_share = config && config->splitShare != NCCL_CONFIG_UNDEF_INT ? config->splitShare : 0;
     c->shrink_share = config && config->shrinkShare != NCCL_CONFIG_UNDEF_INT ? config->shrinkShare : 0;
+    c->blocking = config && config->blocking != NCCL_CONFIG_UNDEF_INT ? config->blocking != 0 : true;
+    c->blocking = si_env_int("NCCL_COMM_BLOCKING", c->blocking) != 0;
     c->split_share = si_env_int("NCCL_COMM_SPLIT_SHARE_RESOURCES", c->split_share);
     c->shrink_share = si_env_int("NCCL_COMM_SHRINK_SHARE_RESOURCES", c->shrink_share);
     c->abort_flag = shared;
@@ -1100,10 +1174,51 @@ static si_comm* si_comm_new(int device, int rank, int nranks, const ncclConfig_t
     si.stats.live_comms++;
     return c;
 }
-/* Starts a job on c: c reports ncclInProgress until it ends. */
-static void si_job_start(si_comm* c, int polls, ncclResult_t result, si_comm* child, ncclComm_t* target, bool writes) {
+/* >>blocking  A blocking communicator (config.blocking 1, NCCL's default, or NCCL_COMM_BLOCKING=1)
+   runs NCCL's jobs on the calling thread: init, split, shrink and a group's launch return once
+   done, ncclSuccess, after their time (spent under the stand-in's lock). A non-blocking one runs
+   them on a thread of NCCL's (group.cc: one started per ncclGroupEnd, and per init). The time
+   is wall time only, unless si_set_launch_cpu: then a launch is CPU work, spun on the calling
+   thread (blocking) or on a thread started for it (non-blocking), so that getrusage sees what
+   each kind of communicator costs the host. */
+static void si_spin_until(int64_t until) {
+    while (si_now_ns() < until) {}
+}
+static void si_spend(int us, bool cpu) {
+    int64_t until = si_after_us(us);
+    struct timespec ts;
+    if (us <= 0) return;
+    if (cpu) { si_spin_until(until); return; }
+    ts.tv_sec = us / 1000000;
+    ts.tv_nsec = (long)(us % 1000000) * 1000;
+    nanosleep(&ts, NULL);
+}
+static void* si_launch_thread(void* arg) {
+    int64_t until = *(int64_t*)arg;
+    free(arg);
+    si_spin_until(until);
+    return NULL;
+}
+/* NCCL's group thread for a non-blocking launch that ends at until: started, detached, spinning. */
+static void si_launch_on_a_thread(int64_t until) {
+    pthread_t th;
+    pthread_attr_t attr;
+    int64_t* arg = (int64_t*)malloc(sizeof(int64_t));
+    if (!arg) abort();
+    *arg = until;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &attr, si_launch_thread, arg) != 0) free(arg);
+    pthread_attr_destroy(&attr);
+}
+
+/* Starts a job on c that runs for us of wall time (forever: until ncclCommAbort): c reports
+   ncclInProgress until it ends. */
+static void si_job_start(si_comm* c, int us, bool forever, ncclResult_t result, si_comm* child, ncclComm_t* target,
+                         bool writes) {
     c->job.active = true;
-    c->job.polls_left = polls;
+    c->job.forever = forever;
+    c->job.until_ns = si_after_us(us);
     c->job.result = result;
     c->job.child = child;
     c->job.target = target;
@@ -1132,8 +1247,14 @@ static void si_job_end(si_comm* c, ncclResult_t result) {
     if (j.writes) *j.target = (ncclComm_t)(void*)j.child;
     c->async = result;
 }
+/* A job whose time is up has ended (NCCL's thread ends it on its own; here whoever reads the
+   state next sees it, whatever the number of polls before). */
+static void si_job_tick(si_comm* c) {
+    if (c->job.active && !c->job.forever && si_now_ns() >= c->job.until_ns) si_job_end(c, c->job.result);
+}
 /* c's state as ncclCommGetAsyncError reads it; a peer that died shows on a quiet communicator. */
 static ncclResult_t si_state(si_comm* c) {
+    si_job_tick(c);
     if (si.peer_died != ncclSuccess && c->async == ncclSuccess && !c->job.active) {
         c->async = si.peer_died;
         si_nccl_text("stand-in: a peer died (%s)%s", "", si.peer_died);
@@ -1174,7 +1295,6 @@ static void si_flag_stops_kernels(si_flag* f) {
             si.streams[i]->held_by->abort_flag == f)
             si_release_held(si.streams[i]);
 }
-static int si_poll_count(int polls) { return polls > 0 ? polls : 0; }
 
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                     ncclConfig_t* config) {
@@ -1192,8 +1312,12 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
     c = si_comm_new(si_current, rank, nranks, config, NULL);
     c->id_byte = (unsigned char)commId.internal[0];
     *comm = (ncclComm_t)(void*)c;                   /* at once (ncclCommInitRankDev) */
-    if (config && config->blocking == 0 && (si.init_forever || si.init_polls > 0))
-        si_job_start(c, si.init_forever ? -1 : si.init_polls, ncclSuccess, NULL, NULL, false);
+    if (!c->blocking && (si.init_forever || si.init_us > 0))
+        si_job_start(c, si.init_us, si.init_forever, ncclSuccess, NULL, NULL, false);
+    else if (c->blocking && si.init_forever)
+        si_hang("ncclCommInitRankConfig of a blocking communicator whose init never ends");
+    else if (c->blocking)
+        si_spend(si.init_us, false);
     SI_RETURN(c->async);
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
@@ -1204,7 +1328,6 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
     r = (ncclResult_t)si_scripted("ncclCommGetAsyncError", NULL);
     if (r != ncclSuccess) SI_RETURN(r);
     if (!c || !asyncError) SI_RETURN(ncclInvalidArgument);
-    if (c->job.active && c->job.polls_left > 0 && --c->job.polls_left == 0) si_job_end(c, c->job.result);
     *asyncError = si_state(c);
     SI_RETURN(ncclSuccess);
 }
@@ -1217,6 +1340,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     if (c->graph_refs > 0) si_hang("ncclCommAbort of a communicator a live CUDA graph captured");
     c->abort_flag->set = 1;                 /* setCommAbortFlags: every sharer's kernels stop */
     si_flag_stops_kernels(c->abort_flag);
+    si_job_tick(c);                         /* a job whose time was up ended well */
     if (c->job.active) si_job_end(c, ncclInternalError);  /* ncclCommEnsureReady joins it */
     /* ncclGetLastError's text stays: NCCL keeps one process-wide buffer (debug.cc ncclLastError)
        that only the next error overwrites */
@@ -1308,7 +1432,7 @@ ncclResult_t ncclGroupEnd(void) {
         c->in_group = false;
         if (c->dead) continue;
         if (r != ncclSuccess) { c->async = r; c->launch_pending = false; }
-        else { si_op_job(c); launched = true; }
+        else { si_op_job(c); if (c->job.active) launched = true; }
     }
     si_ngroup = 0;
     for (c = si.all; c; c = c->next_all)   /* reclaims queued inside the group */
@@ -1329,16 +1453,25 @@ static void si_pend(si_comm* c, si_stream* s, const void* a, const void* b, int 
     if (a && c->n_launch_bufs < SI_LAUNCH_BUFS) c->launch_bufs[c->n_launch_bufs++] = a;
     if (b && c->n_launch_bufs < SI_LAUNCH_BUFS) c->launch_bufs[c->n_launch_bufs++] = b;
 }
-/* The group thread's job for accepted operations: "in progress" for enqueue_polls polls; the
-   first use of a peer also waits for it to arrive (NCCL 2.28 connects at first use, inside that
-   job: a communicator's first collective its ring's and tree's peers, a first ncclSend/ncclRecv
-   that peer): arrival_polls more, or until ncclCommAbort. */
+/* The group thread's job for accepted operations: "in progress" for enqueue_us; the first use
+   of a peer also waits for it to arrive (NCCL 2.28 connects at first use, inside that job: a
+   communicator's first collective its ring's and tree's peers, a first ncclSend/ncclRecv that
+   peer): arrival_us longer, or until ncclCommAbort. */
 static void si_op_job(si_comm* c) {
-    int polls = si_poll_count(si.enqueue_polls);
+    int us = si.enqueue_us > 0 ? si.enqueue_us : 0;
     bool first = (c->pend_collective && c->nranks >= 2 && !c->connected) || (c->pend_peers & ~c->p2p_connected);
-    if (first) polls = si.never_arrive ? -1 : polls + si_poll_count(si.arrival_polls);
-    si_job_start(c, polls, ncclSuccess, NULL, NULL, false);
-    if (polls == 0) si_job_end(c, ncclSuccess);
+    bool never = first && si.never_arrive;
+    if (first && si.arrival_us > 0) us += si.arrival_us;
+    if (c->blocking) {                      /* on the caller's thread (>>blocking) */
+        if (never) si_hang("a blocking communicator's launch waits for a peer that never arrives");
+        si_spend(us, si.launch_cpu);
+        si_job_start(c, 0, false, ncclSuccess, NULL, NULL, false);
+        si_job_end(c, ncclSuccess);
+        return;
+    }
+    si_job_start(c, us, never, ncclSuccess, NULL, NULL, false);
+    if (us == 0 && !never) si_job_end(c, ncclSuccess);
+    else if (si.launch_cpu && !never) si_launch_on_a_thread(c->job.until_ns);
 }
 static si_alloc* si_other_gpu(const void* p, const si_comm* c) {
     si_alloc* a = p ? si_alloc_of(p) : NULL;
@@ -1490,14 +1623,16 @@ static ncclResult_t si_child_job(si_comm* parent, ncclComm_t* newcomm, bool make
     if (make) {
         if (!config) {                      /* copyCommConfig: the parent's */
             memset(&inherit, 0, sizeof(inherit));
+            inherit.blocking = parent->blocking;
             inherit.splitShare = parent->split_share;
             inherit.shrinkShare = parent->shrink_share;
             config = &inherit;
         }
         child = si_comm_new(parent->device, rank, nranks, config, share ? parent->abort_flag : NULL);
     }
-    si_job_start(parent, si.init_forever ? -1 : si_poll_count(si.init_polls), si.child_fails, child, newcomm, true);
-    if (parent->job.polls_left == 0) si_job_end(parent, parent->job.result);
+    si_job_start(parent, si.init_us, si.init_forever, si.child_fails, child, newcomm, true);
+    if (parent->blocking && !si.init_forever) si_spend(si.init_us, false);     /* >>blocking */
+    if ((si.init_us <= 0 || parent->blocking) && !si.init_forever) si_job_end(parent, parent->job.result);
     return ncclSuccess;                     /* NCCLCHECK lets the group's ncclInProgress through */
 }
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {

@@ -9,7 +9,9 @@
    aborted, which device was current at each call, what is still allocated, and what the real
    libraries would not forgive (a call on a freed communicator, a call while one is in
    progress, a device-wide wait behind a kernel that never ends). Every call takes one lock, so
-   two threads may call it; the hooks run under that lock and must not call it back. */
+   two threads may call it; the hooks run under that lock and must not call it back. The
+   synchronous CUDA calls really block (the lock released meanwhile) until their work is done
+   or released, at most a few seconds (stand_in_cuda_nccl.c, its waits section). */
 #ifndef STAND_IN_CUDA_NCCL_H
 #define STAND_IN_CUDA_NCCL_H
 
@@ -27,7 +29,9 @@ typedef struct si_stats {
                                    previous operation returned ncclSuccess") */
     int skipped_by_shared_abort;        /* operations on a communicator whose abort flag another
                                            one's ncclCommAbort set: NCCL would skip their work */
-    int hangs;                  /* device-wide or stream waits behind work that never ends */
+    int hangs;                  /* device-wide or stream waits behind work that never ends on its
+                                   own (they block until it is released or aborted: >>waits in
+                                   stand_in_cuda_nccl.c) */
     char first_hang[96];
     int illegal_addresses;      /* operations given another GPU's memory (a kernel fault) */
     int live_comms, live_streams, live_events, live_allocs;   /* created, not yet released */
@@ -45,6 +49,8 @@ typedef struct si_stats {
     int stray_group_ends;       /* ncclGroupEnd outside any group ("not in a group call") */
     int capture_errors;         /* CUDA calls a stream capture refused (900, 906, 907) */
     int live_graphs;            /* graphs from cudaStreamEndCapture not destroyed yet */
+    int wait_bounds;            /* synchronous waits the stand-in's bound ended (a GPU would still
+                                   wait: stand_in_cuda_nccl.c >>waits) */
 } si_stats;
 
 /* Clears the script and the counters (not the live objects: leaks stay visible). */
@@ -77,29 +83,39 @@ void si_fail(const char* fn, int nth, int code, bool sticky);
 void si_expect_device(int device);
 void si_set_device_count(int count);        /* default 4 */
 void si_set_memory_pools(bool supported);   /* cudaDevAttrMemoryPoolsSupported, default true */
-/* After each queued operation a stream reports cudaErrorNotReady this many times (to
-   cudaStreamQuery and to its events) before it is drained. Default 0. */
-void si_set_busy_polls(int polls);
-/* NCCL work queued from now on takes ms of wall time (CLOCK_MONOTONIC) before its stream and
-   its events report it done, however often they are asked (0: by polls only, the default). */
-void si_set_work_ms(int ms);
+/* Work takes wall time (CLOCK_MONOTONIC), as on a GPU: each operation queued from now on keeps
+   its stream busy us longer, after what the stream has already (cudaStreamQuery and the events
+   recorded behind it answer cudaErrorNotReady until then, however often they are asked).
+   busy: every operation (copies, memsets, NCCL work); work: NCCL work only, on top. Both
+   default 0: done at once. */
+void si_set_busy_us(int us);
+void si_set_work_us(int us);
 /* While held, NCCL work queued from now on never finishes (a kernel waiting on a dead peer):
    the stream and the events recorded behind it report cudaErrorNotReady, until the hold is
    lifted or the communicator that queued it is aborted (ncclCommAbort, or ncclCommShrink with
    NCCL_SHRINK_ABORT on it), which stops its kernels. Copies are not held by themselves. */
 void si_hold_streams(bool held);
 /* NCCL's background jobs (init; split and shrink children, which run as a job of the parent)
-   report ncclInProgress to this many polls of ncclCommGetAsyncError on the communicator that
-   runs them before they end (default 2); forever: they never end on their own. */
-void si_set_init_polls(int polls, bool forever);
-/* Operations at world >= 2 (and ncclGroupEnd) return ncclInProgress; the communicator reports
-   it to this many polls (default 1). */
-void si_set_enqueue_polls(int polls);
+   started from now on run for us of wall time (default 1000): the communicator that runs them
+   reports ncclInProgress until then, and the first look at its state after that sees the job
+   ended, however many polls came before (NCCL's own thread ends it, not the polls); forever:
+   they never end on their own (until ncclCommAbort). */
+void si_set_init_us(int us, bool forever);
+/* Operations at world >= 2 (and ncclGroupEnd) return ncclInProgress: the group's launch is a
+   job of us (default 100), after which the work reaches the stream. */
+void si_set_enqueue_us(int us);
+/* A blocking communicator (config.blocking 1, NCCL's default; NCCL_COMM_BLOCKING=1 in the
+   environment at its creation) runs init, split, shrink and a group's launch on the calling
+   thread and returns ncclSuccess once they are done. With launch_cpu, a launch's time is CPU
+   work: spun on the calling thread of a blocking communicator, or, for a non-blocking one, on
+   a thread started for each launch (as NCCL's group thread is), so that getrusage sees both
+   (bench/nccl_host_cost.c). Default off: the time passes, nothing spins. */
+void si_set_launch_cpu(bool on);
 /* The first use of a peer connects to it inside the operation's job (NCCL 2.28 connects at
    first use: a communicator's first collective -- distmesh's create gathers host identities --
    and the first ncclSend / ncclRecv with each peer), which stays "in progress" until the peer
-   arrives: this many more polls, or (never) until ncclCommAbort. Default 0: they are there. */
-void si_set_peer_arrival(int polls, bool never);
+   arrives: us longer, or (never) until ncclCommAbort. Default 0: they are there. */
+void si_set_peer_arrival_us(int us, bool never);
 /* The asynchronous error every live communicator reports from now on (any NCCL error). */
 void si_set_async_error(int nccl_result);
 /* A peer died, as NCCL sees it: on another node (network transport) every communicator reports

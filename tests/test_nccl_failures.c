@@ -155,7 +155,7 @@ static void owner_start(owner_job* j, pthread_t* th, int (*polls)(void)) {
 static void owner_sends_to_the_absent(dm_collective* c, owner_job* job, pthread_t* th, float** a, float** b) {
     *a = dev(N);
     *b = dev(N);
-    si_set_peer_arrival(0, true);
+    si_set_peer_arrival_us(0, true);
     memset(job, 0, sizeof(*job));
     job->c = c;
     job->kind = OWN_SEND;
@@ -365,7 +365,7 @@ static void test_failures_shrink_of_a_communicator_in_progress(void** state) {
     assert_int_equal(job.st, DM_ERR_ABORTED);
     assert_int_equal(si_last_shrink()->calls, 0);
     (void)id_of(s, 0, 1);
-    si_set_peer_arrival(0, false);
+    si_set_peer_arrival_us(0, false);
     CHECK_OK(s, dm_all_reduce(s, a, b, N, DM_FLOAT32, DM_SUM));
     dm_destroy(s);
     dm_destroy(c);
@@ -485,7 +485,7 @@ static void test_failures_create_checks_the_nccl_loaded(void** state) {
    group thread when that clears. A request's event, its staging copies and its scratch's
    release must come after the poll that saw it clear (counted in before_launch otherwise):
    stream requests, host staging, gather/scatter groups and an in-place all_to_all with
-   scratch, with 4 polls of "in progress" each. */
+   scratch, each "in progress" for 2 ms and its work 1 ms on the stream. */
 static void test_failures_work_follows_the_launch(void** state) {
     dm_collective* c;
     dm_request* req = NULL;
@@ -496,8 +496,8 @@ static void test_failures_work_follows_the_launch(void** state) {
     for (pools = 0; pools < 2; pools++) {
         si_reset();
         si_set_memory_pools(pools != 0);
-        si_set_enqueue_polls(4);
-        si_set_busy_polls(2);
+        si_set_enqueue_us(2000);
+        si_set_busy_us(1000);
         c = make(2, 0, 3000, NULL, NULL);
         a = dev(2 * N);
         b = dev(2 * N);
@@ -528,7 +528,7 @@ static void test_failures_first_use_waits_for_peers_with_the_deadline(void** sta
     int64_t t0;
     (void)state;
     si_reset();
-    si_set_peer_arrival(20, false);
+    si_set_peer_arrival_us(20000, false);   /* 20 ms late */
     c = make(2, 0, 3000, NULL, NULL);
     a = dev(N);
     b = dev(N);
@@ -537,7 +537,7 @@ static void test_failures_first_use_waits_for_peers_with_the_deadline(void** sta
     CHECK_OK(c, dm_synchronize(c));
     dm_destroy(c);
     c = make(2, 0, 200, NULL, NULL);
-    si_set_peer_arrival(0, true);
+    si_set_peer_arrival_us(0, true);
     t0 = tw_now_ms();
     CHECK_ST(c, DM_ERR_TIMEOUT, dm_send(c, a, N, DM_FLOAT32, 1, 0));
     assert_true(tw_now_ms() - t0 < 5000);
@@ -563,7 +563,7 @@ static void test_failures_stream_is_ordered_with_the_legacy_stream(void** state)
     a = dev(N);
     b = dev(N);
     memset(host, 0, sizeof(host));
-    si_set_busy_polls(3);
+    si_set_busy_us(50000);                  /* the copy keeps the legacy stream busy 50 ms */
     si_expect_device(-1);
     assert_int_equal(cudaSetDevice(g_device), cudaSuccess);
     assert_int_equal(cudaMemcpyAsync(a, host, sizeof(host), cudaMemcpyHostToDevice, 0), cudaSuccess);

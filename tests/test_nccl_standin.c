@@ -32,7 +32,9 @@
      capture on the stream: enqueue-only calls captured, host-side waits refused with
      DM_ERR_INVALID_ARG, the capture and the communicator intact (item 2); a peer's death
      reported by NCCL (the stand-in) only over the network, and a rank killed on the same node
-     reported by distmesh on every survivor, forked processes each with its stand-in (item 3).
+     reported by distmesh on every survivor, forked processes each with its stand-in (item 3);
+     the stand-in's jobs and kernels end after a time, not a number of polls, and a watchdog's
+     dm_abort frees a thread stuck inside CUDA (synchronous calls block) at once (section 2).
    Built twice (tests/nccl_standin.mk): with DISTMESH_TCP, the store a server hosted here; and
    with DISTMESH_NCCL alone, no libuv flags nor library, the store a file store (the store comes
    with the NCCL backend; only hosting one needs libuv, refused there with a message). */
@@ -120,8 +122,8 @@ static void free_buffers_nothing_left(float* a, float* b) {
 }
 
 /* Point 2 (and 3, 4): every slot, blocking and _async, on a world of 2 on device 2 while the
-   caller's device is 0. The stream stays busy for 2 polls after each operation, so a host copy
-   queued without draining it first would be counted. */
+   caller's device is 0. Each operation keeps the stream busy for 5 ms, so a host copy queued
+   without draining it first would be counted. */
 static void test_standin_every_slot_runs_on_the_communicators_device(void** state) {
     dm_collective *c, *child = NULL;
     float *a, *b, host_src[N], host_dst[2 * N], host_buf[N];
@@ -131,7 +133,7 @@ static void test_standin_every_slot_runs_on_the_communicators_device(void** stat
     int i, mallocs, frees, async_mallocs, async_frees;
     (void)state;
     si_reset();
-    si_set_busy_polls(2);
+    si_set_busy_us(5000);
     c = make(2, 2, 5000);
     a = dev(4 * N);
     b = dev(4 * N);
@@ -298,14 +300,14 @@ static void test_standin_split_failures_abort_the_child(void** state) {
     dm_destroy(c);
 
     c = make(2, 3, 200);
-    si_set_init_polls(0, true);                     /* the parent's job never ends */
+    si_set_init_us(0, true);                     /* the parent's job never ends */
     CHECK_ST(c, DM_ERR_TIMEOUT, dm_split(c, 1, 0, &child));
     assert_null(child);
     CHECK_MSG(c, "timed out");
     assert_int_equal(si_get()->aborts, 5);
     assert_int_equal(si_get()->live_comms, 0);
     assert_int_equal(si_pending_jobs(), 0);
-    si_set_init_polls(2, false);
+    si_set_init_us(1000, false);
     dm_destroy(c);
 
     c = make(2, 3, -1);                             /* no deadline: nothing may poll forever */
@@ -315,9 +317,11 @@ static void test_standin_split_failures_abort_the_child(void** state) {
     CHECK_MSG(c, "no communicator");
     si_split_gives_null(false);
     CHECK_DM_OK(c, dm_barrier(c));                     /* the parent is fine */
-    /* the parent's second poll fails itself */
+    /* the parent's second poll fails itself (its job still runs then: 10 s) */
+    si_set_init_us(10000000, false);
     si_fail("ncclCommGetAsyncError", 2, ncclInvalidArgument, false);
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_split(c, 0, 0, &child));
+    si_set_init_us(1000, false);
     assert_null(child);
     assert_int_equal(si_get()->aborts, 7);
     assert_int_equal(si_get()->live_comms, 0);
@@ -376,12 +380,12 @@ static void test_standin_cuda_and_poll_results_are_checked(void** state) {
 
     /* ncclCommGetAsyncError failing with an infinite timeout: a status, not an endless loop */
     c = make(2, 1, -1);
-    si_set_busy_polls(1000000);
+    si_set_busy_us(500000);                 /* still busy at the third poll */
     CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     si_fail("ncclCommGetAsyncError", 3, ncclInternalError, false);
     CHECK_ST(c, DM_ERR_NCCL, dm_synchronize(c));
     assert_int_equal(si_get()->aborts, 4);
-    si_set_busy_polls(0);
+    si_set_busy_us(0);
     dm_destroy(c);
     no_wrong_device();
     free_buffers_nothing_left(a, b);
@@ -876,7 +880,7 @@ static void test_standin_interrupted_split_leaves_no_job(void** state) {
     (void)state;
     si_reset();
     c = make(2, 1, 20000);
-    si_set_init_polls(0, true);
+    si_set_init_us(0, true);
     owner_init(&job, c, OWN_SPLIT, NULL, NULL);
     CHECK_ST(c, DM_ERR_UNSUPPORTED, watchdog_shrink(&job, 1, async_polls, &s, &t0));
     assert_null(s);
@@ -885,7 +889,7 @@ static void test_standin_interrupted_split_leaves_no_job(void** state) {
     assert_true(job.returned_ms - t0 < 5000);
     assert_int_equal(job.pending_after, 0);
     assert_int_equal(si_get()->live_comms, 0);      /* the parent, then the child its job wrote */
-    si_set_init_polls(2, false);
+    si_set_init_us(1000, false);
     dm_destroy(c);
     no_wrong_device();
     nothing_left();
@@ -947,9 +951,9 @@ static void test_standin_abort_stops_a_store_shrink(void** state) {
     /* old rank 1 of 3 without rank 0: new rank 0 publishes the id; the init never ends */
     si_reset();
     c = make_on(3, 1, 1, 20000, store, "abort2/");
-    si_set_init_polls(0, true);
+    si_set_init_us(0, true);
     abort_during_shrink(c, 0, child_initialising, "initialising the new communicator");
-    si_set_init_polls(2, false);
+    si_set_init_us(1000, false);
     dm_destroy(c);
     dm_store_destroy(store);
     no_wrong_device();
@@ -1303,7 +1307,7 @@ static void test_standin_ensure_ready_leaves_the_state_to_enqueue(void** state) 
     si_reset();
     memset(&id, 0, sizeof(id));
     config.blocking = 0;
-    si_set_init_polls(0, true);
+    si_set_init_us(0, true);
     assert_int_equal(cudaSetDevice(1), cudaSuccess);
     assert_int_equal(cudaMalloc(&a, 64), cudaSuccess);
     assert_int_equal(ncclCommInitRankConfig(&comm, 2, id, 0, &config), ncclInProgress);
@@ -1322,11 +1326,11 @@ static void test_standin_ensure_ready_leaves_the_state_to_enqueue(void** state) 
 }
 
 /* Issue 52, item 8: what a call costs the host. A wait for a kernel that takes 300 ms of wall
-   time (si_set_work_ms) must not keep a core busy: dm_synchronize's and dm_wait's polls back
+   time (si_set_work_us) must not keep a core busy: dm_synchronize's and dm_wait's polls back
    off to sleeps, so the thread's CPU time stays under a fifth of the wait (it was 40-100%:
    a sched_yield loop). Printed, not asserted: the CPU share of both waits, and calls per
-   second and CPU microseconds per call of short all_reduces (world 2: each "in progress",
-   then accepted at the next poll) with dm_synchronize after each. */
+   second and CPU microseconds per call of short all_reduces (world 2: each "in progress" for
+   the launch's 100 us) with dm_synchronize after each (bench/nccl_host_cost.c measures more). */
 static double thread_cpu_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -1352,12 +1356,12 @@ static void test_standin_waits_leave_the_core(void** state) {
     int i, calls = 2000;
     (void)state;
     c = make_with_buffers(2, 1, 20000, 2 * N, &a, &b);
-    si_set_work_ms(300);
+    si_set_work_us(300000);
     CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
     wait_leaves_the_core(c, "dm_synchronize", NULL);
     CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
     wait_leaves_the_core(c, "dm_wait", req);
-    si_set_work_ms(0);
+    si_set_work_us(0);
     w0 = tw_now_s();
     c0 = thread_cpu_s();
     for (i = 0; i < calls; i++) {
@@ -1369,6 +1373,201 @@ static void test_standin_waits_leave_the_core(void** state) {
     print_message("short all_reduce + dm_synchronize: %.0f calls/s, %.1f us CPU per call (stand-in)\n", calls / wall,
                   cpu * 1e6 / calls);
     dm_destroy(c);
+    free_buffers_nothing_left(a, b);
+}
+
+/* Issue 52, section 2: the stand-in's jobs and kernels end after a time, as NCCL's threads and
+   a GPU's work do, not after a number of polls (which tied their progress to how often distmesh
+   polls). Each of NCCL's init, split and launch jobs and a kernel on the stream lasts WALL_US:
+   every poll that returned before that time is up says "not yet", however many there are; past
+   it, a single poll says done. */
+enum { WALL_US = 200000 };
+typedef struct wall_poll { ncclComm_t comm; cudaStream_t stream; } wall_poll;
+static int job_running(const wall_poll* w) {
+    ncclResult_t r = ncclInternalError;
+    assert_int_equal(ncclCommGetAsyncError(w->comm, &r), ncclSuccess);
+    if (r != ncclSuccess && r != ncclInProgress) fail_msg("the job failed: %d", (int)r);
+    return r == ncclInProgress;
+}
+static int kernel_running(const wall_poll* w) {
+    cudaError_t e = cudaStreamQuery(w->stream);
+    if (e != cudaSuccess && e != cudaErrorNotReady) fail_msg("cudaStreamQuery: %d", (int)e);
+    return e == cudaErrorNotReady;
+}
+/* started: before the call that began it; returned: after that call. Gives the times before
+   and after the last poll (the one that saw it done). */
+static void ends_by_time_not_polls(const char* what, int (*running)(const wall_poll*), const wall_poll* w,
+                                   int64_t started, int64_t returned, int64_t last[2]) {
+    int64_t up = started + (int64_t)WALL_US * 1000, after;
+    int polls = 0;
+    while (polls < 10000) {                     /* many, as fast as they come */
+        int r = running(w);
+        after = tw_now_ns();
+        if (after >= up) break;
+        polls++;
+        if (!r) fail_msg("%s: done at poll %d, %.1f ms after its start, before its %d ms", what, polls,
+                         (double)(after - started) / 1e6, WALL_US / 1000);
+    }
+    tw_sleep_us((long)((returned + (int64_t)WALL_US * 1000 - tw_now_ns()) / 1000) + 1000);
+    last[0] = tw_now_ns();
+    if (running(w)) fail_msg("%s: still running %d ms after its start", what, WALL_US / 1000);
+    last[1] = tw_now_ns();
+    print_message("%s: %d polls in its %d ms said \"not yet\", the one after said done\n", what, polls, WALL_US / 1000);
+}
+static void test_standin_work_ends_by_time_not_polls(void** state) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ncclUniqueId id;
+    ncclComm_t child = NULL;
+    wall_poll w = { NULL, NULL };
+    void* buf = NULL;
+    int64_t t0, last[2];
+    (void)state;
+    si_reset();
+    config.blocking = 0;
+    assert_int_equal(ncclGetUniqueId(&id), ncclSuccess);
+    assert_int_equal(cudaStreamCreate(&w.stream), cudaSuccess);
+    assert_int_equal(cudaMalloc(&buf, 64), cudaSuccess);
+    si_set_init_us(WALL_US, false);
+    t0 = tw_now_ns();
+    assert_int_equal(ncclCommInitRankConfig(&w.comm, 2, id, 0, &config), ncclInProgress);
+    ends_by_time_not_polls("init", job_running, &w, t0, tw_now_ns(), last);
+    t0 = tw_now_ns();
+    assert_int_equal(ncclCommSplit(w.comm, 0, 0, &child, NULL), ncclSuccess);
+    assert_null(child);                         /* written when the job ends */
+    ends_by_time_not_polls("split", job_running, &w, t0, tw_now_ns(), last);
+    assert_non_null(child);
+    si_set_enqueue_us(WALL_US);
+    si_set_work_us(WALL_US);
+    t0 = tw_now_ns();
+    assert_int_equal(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, w.comm, w.stream), ncclInProgress);
+    ends_by_time_not_polls("a collective's launch", job_running, &w, t0, tw_now_ns(), last);
+    /* launched at the poll that saw the job end */
+    ends_by_time_not_polls("its kernel", kernel_running, &w, last[0], last[1], last);
+    assert_int_equal(ncclCommDestroy(child), ncclSuccess);
+    assert_int_equal(ncclCommDestroy(w.comm), ncclSuccess);
+    assert_int_equal(cudaStreamDestroy(w.stream), cudaSuccess);
+    assert_int_equal(cudaFree(buf), cudaSuccess);
+    si_reset();
+    nothing_left();
+}
+
+/* Issue 52, section 2: a watchdog facing a thread stuck inside CUDA. The stand-in's
+   synchronous calls really block behind a kernel that waits on a dead peer (>>waits in
+   stand_in_cuda_nccl.c). A user's thread stuck there -- in cudaFree, dm_cuda_synchronize
+   (cudaDeviceSynchronize), cudaStreamSynchronize on the collective's stream, cudaMemcpy on the
+   legacy stream behind it (torch's .cpu()) -- is still stuck 300 ms later; the watchdog's
+   dm_abort returns at once (no distmesh call holds the collective, so it aborts the
+   communicator itself), the abort stops the kernel, and the stuck call returns cudaSuccess
+   after it. distmesh_nccl.h's THREADS says what holds on NCCL. */
+typedef struct stuck_call {
+    int kind;
+    cudaStream_t stream;
+    void* mem;
+    cudaError_t e;
+    int done;                   /* atomic */
+    int64_t ended_ns;
+} stuck_call;
+static const char* const stuck_kinds[] = { "cudaFree", "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaMemcpy" };
+static void* stuck_in_cuda(void* arg) {
+    stuck_call* s = (stuck_call*)arg;
+    float host[N];
+    if (cudaSetDevice(g_device) != cudaSuccess) s->e = cudaErrorInvalidDevice;
+    else if (s->kind == 0) s->e = cudaFree(s->mem);
+    else if (s->kind == 1) s->e = dm_cuda_synchronize() == DM_OK ? cudaSuccess : cudaErrorUnknown;
+    else if (s->kind == 2) s->e = cudaStreamSynchronize(s->stream);
+    else s->e = cudaMemcpy(host, s->mem, sizeof(host), cudaMemcpyDeviceToHost);
+    s->ended_ns = tw_now_ns();
+    __atomic_store_n(&s->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+static void test_standin_watchdog_abort_frees_a_thread_stuck_in_cuda(void** state) {
+    int kind;
+    (void)state;
+    for (kind = 0; kind < 4; kind++) {
+        dm_collective* c;
+        float *a, *b, *x;
+        stuck_call s;
+        pthread_t th;
+        int64_t t0, t1;
+        c = make_with_buffers(2, 1, 20000, 2 * N, &a, &b);
+        x = dev(N);
+        si_hold_streams(true);                  /* the kernel waits on a dead peer */
+        CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        memset(&s, 0, sizeof(s));
+        s.kind = kind;
+        s.stream = dm_nccl_stream(c);
+        s.mem = kind == 0 ? (void*)x : (void*)b;
+        assert_int_equal(pthread_create(&th, NULL, stuck_in_cuda, &s), 0);
+        tw_sleep_ms(300);
+        if (__atomic_load_n(&s.done, __ATOMIC_ACQUIRE))
+            fail_msg("%s returned behind a kernel that never ends", stuck_kinds[kind]);
+        t0 = tw_now_ns();
+        assert_int_equal(dm_abort(c, "watchdog"), DM_OK);
+        t1 = tw_now_ns();
+        assert_int_equal(pthread_join(th, NULL), 0);
+        print_message("%s stuck: dm_abort returned after %.1f ms, the stuck call %.1f ms after dm_abort began\n",
+                      stuck_kinds[kind], (double)(t1 - t0) / 1e6, (double)(s.ended_ns - t0) / 1e6);
+        assert_true(t1 - t0 < 1000000000LL);   /* not the collective's 20 s, nor the stand-in's 3 s bound */
+        assert_int_equal(s.e, cudaSuccess);
+        assert_true(s.ended_ns >= t0);          /* released by the abort */
+        assert_int_equal(si_get()->aborts, 1);
+        assert_int_equal(si_get()->wait_bounds, 0);
+        assert_int_equal(si_get()->hangs, 1);   /* it was a wait behind a kernel that never ends */
+        assert_non_null(strstr(si_get()->first_hang, stuck_kinds[kind]));
+        si_hold_streams(false);
+        CHECK_ST(c, DM_ERR_ABORTED, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+        dm_destroy(c);
+        if (kind != 0) dev_free(x);
+        no_wrong_device();
+        si_reset();                             /* the hang was this test's */
+        free_buffers_nothing_left(a, b);
+    }
+}
+
+/* The stand-in's blocking communicators (bench/nccl_host_cost.c compares them): NCCL's default
+   config or NCCL_COMM_BLOCKING=1 runs init and a collective's launch on the calling thread
+   (each returns ncclSuccess after its time, no job left running), and distmesh works on one. */
+static void test_standin_blocking_communicator_launches_in_the_call(void** state) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;      /* blocking: NCCL's default */
+    ncclUniqueId id;
+    ncclComm_t comm = NULL;
+    cudaStream_t stream = NULL;
+    dm_collective* c;
+    dm_request* req = NULL;
+    float *a, *b;
+    void* buf = NULL;
+    int64_t t0;
+    (void)state;
+    si_reset();
+    assert_int_equal(ncclGetUniqueId(&id), ncclSuccess);
+    assert_int_equal(cudaStreamCreate(&stream), cudaSuccess);
+    assert_int_equal(cudaMalloc(&buf, 64), cudaSuccess);
+    assert_int_equal(ncclCommInitRankConfig(&comm, 2, id, 0, &config), ncclSuccess);
+    assert_int_equal(si_pending_jobs(), 0);
+    si_set_enqueue_us(100000);
+    t0 = tw_now_ns();
+    assert_int_equal(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, comm, stream), ncclSuccess);
+    assert_true(tw_now_ns() - t0 >= 100000000);         /* launched in the call */
+    assert_int_equal(si_pending_jobs(), 0);
+    assert_int_equal(ncclCommDestroy(comm), ncclSuccess);
+    assert_int_equal(cudaStreamDestroy(stream), cudaSuccess);
+    assert_int_equal(cudaFree(buf), cudaSuccess);
+
+    si_reset();
+    setenv("NCCL_COMM_BLOCKING", "1", 1);               /* over distmesh's config.blocking = 0 */
+    c = make(2, 1, 5000);
+    unsetenv("NCCL_COMM_BLOCKING");
+    a = dev(N);
+    b = dev(N);
+    CHECK_DM_OK(c, dm_all_reduce(c, a, b, N, DM_FLOAT32, DM_SUM));
+    assert_int_equal(si_pending_jobs(), 0);
+    CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
+    CHECK_DM_OK(c, dm_wait(req));
+    CHECK_DM_OK(c, dm_barrier(c));
+    CHECK_DM_OK(c, dm_synchronize(c));
+    dm_destroy(c);
+    assert_int_equal(si_get()->used_in_progress, 0);
+    no_wrong_device();
     free_buffers_nothing_left(a, b);
 }
 
@@ -1410,7 +1609,7 @@ static void test_standin_shrink_job_failures_abort_parent_then_child(void** stat
     float *a, *b;
     (void)state;
     c = make_with_buffers(3, 1, 200, 2 * N, &a, &b);
-    si_set_init_polls(0, true);
+    si_set_init_us(0, true);
     CHECK_ST(c, DM_ERR_TIMEOUT, dm_shrink(c, gone, 1, DM_SHRINK_DEFAULT, &s));
     assert_null(s);
     CHECK_MSG(c, "timed out");
@@ -1418,7 +1617,7 @@ static void test_standin_shrink_job_failures_abort_parent_then_child(void** stat
     assert_int_equal(si_get()->live_comms, 0);
     assert_int_equal(si_pending_jobs(), 0);
     CHECK_ST(c, DM_ERR_ABORTED, dm_barrier(c));
-    si_set_init_polls(2, false);
+    si_set_init_us(1000, false);
     dm_destroy(c);
 
     c = make(3, 1, 5000);
@@ -1443,7 +1642,7 @@ static void test_standin_shrink_without_excluded_ranks_is_refused(void** state) 
     float *a, *b;
     (void)state;
     c = make_with_buffers(3, 1, 5000, 2 * N, &a, &b);
-    si_set_busy_polls(3);
+    si_set_busy_us(20000);
     CHECK_DM_OK(c, dm_all_reduce_async(c, a, b, N, DM_FLOAT32, DM_SUM, &req));
     CHECK_ST(c, DM_ERR_INVALID_ARG, dm_shrink(c, NULL, 0, DM_SHRINK_ABORT, &s));
     assert_null(s);
@@ -1813,6 +2012,9 @@ DM_TEST_MAIN(standin_setup, tmpdir_teardown,
     cmocka_unit_test(test_standin_nccl_last_error_is_only_context),
     cmocka_unit_test(test_standin_ensure_ready_leaves_the_state_to_enqueue),
     cmocka_unit_test(test_standin_waits_leave_the_core),
+    cmocka_unit_test(test_standin_work_ends_by_time_not_polls),
+    cmocka_unit_test(test_standin_watchdog_abort_frees_a_thread_stuck_in_cuda),
+    cmocka_unit_test(test_standin_blocking_communicator_launches_in_the_call),
     cmocka_unit_test(test_standin_parked_scratch_waits_for_the_abort),
     cmocka_unit_test(test_standin_shrink_job_failures_abort_parent_then_child),
     cmocka_unit_test(test_standin_shrink_without_excluded_ranks_is_refused),

@@ -45,6 +45,7 @@ static void nothing_left_shared(void) {
     if (s->use_after_free) fail_msg("%d calls on freed communicators, the first: %s", s->use_after_free,
                                     s->first_use_after_free);
     if (s->hangs) fail_msg("%d waits that would hang on a GPU, the first: %s", s->hangs, s->first_hang);
+    assert_int_equal(s->wait_bounds, 0);
     assert_int_equal(s->used_in_progress, 0);
     assert_int_equal(s->skipped_by_shared_abort, 0);
     assert_int_equal(si_pending_jobs(), 0);

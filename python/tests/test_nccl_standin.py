@@ -46,7 +46,7 @@ def _stand_in():
     lib.si_get.restype = ctypes.POINTER(SiStats)
     lib.si_count.argtypes = [ctypes.c_char_p]
     lib.si_fail.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_bool]
-    lib.si_set_busy_polls.argtypes = [ctypes.c_int]
+    lib.si_set_busy_us.argtypes = [ctypes.c_int]
     lib.si_hold_streams.argtypes = [ctypes.c_bool]
     lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
     lib.cudaFree.argtypes = [ctypes.c_void_p]
@@ -140,7 +140,7 @@ def test_world1_collectives_on_cuda_memory(world1, made):
     assert isinstance(c.cuda_stream, int) and c.cuda_stream > 2
     src = made(np.arange(8, dtype=np.float32))
     dst = made(np.zeros(8, np.float32))
-    SI.si_set_busy_polls(3)                 # the stream reports busy 3 times after each operation
+    SI.si_set_busy_us(2000)                 # each operation keeps the stream busy 2 ms
     c.all_reduce(dst, "sum", send=src)
     assert count("ncclAllReduce") == 1
     assert SI.cudaStreamQuery(ctypes.c_void_p(c.cuda_stream)) == 0, "all_reduce returned before its stream was done"
@@ -168,7 +168,7 @@ def test_async_requests_complete_with_the_data(world1, made):
     c = world1
     src = made(np.arange(4, dtype=np.float64))
     dst = made(np.zeros(4, np.float64))
-    SI.si_set_busy_polls(2)
+    SI.si_set_busy_us(300000)               # 300 ms: still running when first asked
     r = c.all_reduce(dst, "sum", send=src, async_op=True)
     assert count("ncclAllReduce") == 1 and count("cudaEventRecord") >= 1
     assert r.is_completed() is False and r.status is None
@@ -234,7 +234,7 @@ def test_stream_failure_reaches_wait(world1, made):
     synchronizes), and from wait() of a request."""
     c = world1
     d = made(np.ones(4, np.float32))
-    SI.si_set_busy_polls(1)
+    SI.si_set_busy_us(1000)
     SI.si_fail(b"cudaStreamQuery", 1, CUDA_ERROR_LAUNCH_FAILURE, False)
     with pytest.raises(distmesh.CudaError, match="cuda") as e:
         c.all_reduce(d, "sum")
@@ -244,7 +244,7 @@ def test_stream_failure_reaches_wait(world1, made):
 def test_event_failure_reaches_request_wait(world1, made):
     c = world1
     d = made(np.ones(4, np.float32))
-    SI.si_set_busy_polls(1)
+    SI.si_set_busy_us(1000)
     r = c.all_reduce(d, "sum", async_op=True)
     SI.si_fail(b"cudaEventQuery", 1, CUDA_ERROR_LAUNCH_FAILURE, False)
     with pytest.raises(distmesh.CudaError):
