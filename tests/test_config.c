@@ -524,7 +524,7 @@ static void check_header(const char* file, const char* checked_from, bool must_e
         fail_msg("cannot read %s", file);
     }
     from = !checked_from ? text : !checked_from[0] ? text + strlen(text) : strstr(text, checked_from);
-    if (!from) fail_msg("%s has no \"%s\"", file, checked_from);
+    if (!from) fail_msg("%s has no \"%s\"", file, checked_from ? checked_from : "");
     for (line = text; *line; ) {
         char* end = strchr(line, '\n');
         char* q;
@@ -566,19 +566,12 @@ static void check_header(const char* file, const char* checked_from, bool must_e
     assert_int_equal(bad, 0);
 }
 static void test_config_headers_read_through_registry(void** state) {
+    static const char* const headers[] = { "distmesh.h", "distmesh_kernels.h", "distmesh_trace.h",
+        "distmesh_core.h", "distmesh_engine.h", "distmesh_schedules.h", "distmesh_thread.h", "distmesh_shm.h",
+        "distmesh_socket.h", "distmesh_tcp.h", "distmesh_nccl.h", "distmesh_store.h" };
+    size_t i;
     (void)state;
-    check_header("distmesh.h", NULL, true);
-    check_header("distmesh_kernels.h", NULL, true);
-    check_header("distmesh_trace.h", NULL, true);
-    check_header("distmesh_core.h", NULL, true);
-    check_header("distmesh_engine.h", NULL, true);
-    check_header("distmesh_schedules.h", NULL, true);
-    check_header("distmesh_thread.h", NULL, true);
-    check_header("distmesh_shm.h", NULL, true);
-    check_header("distmesh_socket.h", NULL, true);
-    check_header("distmesh_tcp.h", NULL, true);
-    check_header("distmesh_nccl.h", NULL, true);
-    check_header("distmesh_store.h", NULL, true);
+    for (i = 0; i < sizeof(headers) / sizeof(headers[0]); i++) check_header(headers[i], NULL, true);
 }
 
 #define T(f) cmocka_unit_test_setup(f, clean_env)
