@@ -35,6 +35,7 @@
      with the core (distmesh.h >>rings include)
        >>memory rings            the link between two ranks that share memory
      with the TCP backend (distmesh_tcp.h >>tcp shm include)
+       >>shm libc                the Linux calls the segment makes, declared when hidden
        >>shm segment             the shared segment of a host: rings, bells, futexes; its
                                  link table, its setup
        >>shm loss                the watcher that wakes sleepers when a same-host peer dies
@@ -226,6 +227,38 @@ _DM_PRIVATE _dm_link* _dm_memlink_new(const dm_allocator* a, const _dm_link_vt* 
 
 #if defined(DISTMESH_TCP_IMPL_INCLUDED) && !defined(DISTMESH_SHM_IMPL_INCLUDED)
 #define DISTMESH_SHM_IMPL_INCLUDED
+/* >>shm libc  The segment's share of distmesh.h >>libc: the Linux calls it makes, declared when
+   the includer's mode hid them (glibc, C), and the kernel's constants under _DM_ names. */
+#include <sys/types.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <linux/futex.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+#if defined(__GLIBC__) && !defined(__cplusplus)
+#if !defined(__USE_GNU)
+extern int memfd_create(const char* name, unsigned int flags);
+extern ssize_t process_vm_readv(pid_t pid, const struct iovec* local, unsigned long nlocal,
+                                const struct iovec* remote, unsigned long nremote, unsigned long flags);
+#endif
+#if !defined(__USE_MISC)
+extern int madvise(void* addr, size_t len, int advice);
+#endif
+#endif
+#define _DM_MFD_CLOEXEC 1u                  /* <linux/memfd.h> MFD_CLOEXEC */
+#if defined(MADV_POPULATE_WRITE)
+#define _DM_MADV_POPULATE_WRITE MADV_POPULATE_WRITE
+#elif defined(__linux__)
+#define _DM_MADV_POPULATE_WRITE 23          /* Linux 5.14; older kernels: EINVAL, then the loop */
+#endif
+
 /* >>shm segment  Ranks of one group on one host talk through a shared segment: a memfd the group's
    lowest local rank creates and the others open through /proc/<pid>/fd/<fd>, so nothing is
    ever named in /dev/shm and the memory goes with the last mapping, kill -9 included. Every

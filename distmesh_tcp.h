@@ -87,7 +87,7 @@
        >>tcp launch desc         dm_tcp_launch: the rendezvous a launcher implies
      the TCP backend
        >>tcp implementation      system headers
-       >>tcp libc                the GNU and BSD calls, declared when the includer's mode hid them
+       >>tcp libc                what glibc hides without _GNU_SOURCE (struct ucred)
        >>tcp state               constants, the hello's handshake state, the group (_dm_tcp)
        >>tcp little helpers      wire integers, a hash
        >>tcp socket include      distmesh_socket.h: the socket link (distmesh.h >>links), its
@@ -259,26 +259,11 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 /* <openssl/evp.h> with DISTMESH_OPENSSL: distmesh.h includes it (>>sealed records) */
 
 _DM_WARM_BEGIN   /* distmesh.h >>compile cost */
-/* >>tcp libc  The backend's share of distmesh.h >>libc: the GNU and BSD calls it makes, declared
-   when the includer's mode hid them (glibc, C), and the Linux constants under _DM_ names. */
-#if defined(__GLIBC__) && !defined(__cplusplus)
-#if !defined(__USE_GNU)
-extern int memfd_create(const char* name, unsigned int flags);
-extern ssize_t process_vm_readv(pid_t pid, const struct iovec* local, unsigned long nlocal,
-                                const struct iovec* remote, unsigned long nremote, unsigned long flags);
-#endif                                      /* accept4: distmesh_store.h's includes */
-#if !defined(__USE_MISC)
-extern int madvise(void* addr, size_t len, int advice);
-#endif
-#endif
-#define _DM_MFD_CLOEXEC 1u                  /* <linux/memfd.h> MFD_CLOEXEC */
+/* >>tcp libc  The backend's share of distmesh.h >>libc: what glibc declares only under
+   _GNU_SOURCE, under a _dm_ name (accept4: distmesh_store.h's includes; the shared segment's
+   calls: distmesh_shm.h >>shm libc). */
 /* SO_PEERCRED's answer: Linux's struct ucred, which glibc declares only under _GNU_SOURCE */
 typedef struct _dm_ucred { pid_t pid; uid_t uid; gid_t gid; } _dm_ucred;
-#if defined(MADV_POPULATE_WRITE)
-#define _DM_MADV_POPULATE_WRITE MADV_POPULATE_WRITE
-#elif defined(__linux__)
-#define _DM_MADV_POPULATE_WRITE 23          /* Linux 5.14; older kernels: EINVAL, then the loop */
-#endif
 
 /* >>tcp state  The backend's constants, the hello's handshake state and the group (_dm_tcp). */
 #define _DM_TCP_HELLO_MAGIC 0x48544d44u   /* "DMTH" little-endian: connection hello */
