@@ -6,35 +6,66 @@
    engine's memory link (distmesh_engine.h >>memory rings), which the threaded world uses too.
 
    WHAT IT HOLDS
-   - the segment of a host's ranks (a memfd: header, abort words, bells, rings), its bells
-     (futexes, and the membarrier that makes their wakers cheap), its link table _dm_shm_vt, the
-     single-copy read of a peer's memory, and the setup that makes it and the vote that agrees
-     on it (_dm_tcp_shm_setup);
+   - the segment of a host's ranks (a memfd: header, abort words, bells, rings) and a rank's hold
+     on it (_dm_shm_seg: the mapping, the watcher), its bells (futexes, and the membarrier that
+     makes their wakers cheap), its link table _dm_shm_vt, the single-copy read of a peer's
+     memory; made (_dm_shm_create), described to the members (_dm_shm_msg) and mapped by them
+     (_dm_shm_attach), its links swapped in (_dm_shm_links);
    - the watcher that wakes a sleeping rank when a same-host peer dies.
 
-   WHAT IT USES
-   - the segment: the core (the engine: _dm_eng_sendrecv, _dm_coll_all_reduce, fingerprints,
-     failures), the store's _dm_st_random (distmesh_store.h), the socket link's
-     _dm_sock_pending (distmesh_socket.h, included before this part), and the TCP group it
-     works on, _dm_tcp (distmesh_tcp.h >>tcp state, which comes before this part, with the
-     system headers, the libc declarations and the wire helpers of >>tcp implementation,
-     >>tcp libc and >>tcp little helpers). Nothing here calls into the TCP backend's own
-     functions; the backend calls these (build, lifetime, shrink).
+   WHAT IT USES  the layers below it alone: the group (dm_collective: its allocator, logger,
+   last error), the engine (_dm_eng: its links, memory rings, bells, abort word, read_peer),
+   the wire integers (_dm_put32 ...) and the config registry. Nothing here names the TCP backend,
+   the socket link or the store: what the segment needs of them its caller passes in (the nonce,
+   the side sockets, the peers' names) or checks itself. The TCP backend calls these: its setup
+   and vote (distmesh_tcp.h >>tcp shm setup), lifetime and shrink.
 
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
+       >>shm libc                the Linux calls the segment makes, declared when hidden
        >>shm segment             the shared segment of a host: rings, bells, futexes; its
-                                 link table, its setup
+                                 link table, a rank's hold on it (_dm_shm_seg)
        >>shm loss                the watcher that wakes sleepers when a same-host peer dies
 
    PRIVATE NAMES  _dm_shm_ _dm_futex_
-   _dm_membarrier_ (the segment, its bells and fences), _dm_tcp_shm_setup (the TCP group's
-   setup of it). */
+   _dm_membarrier_ (the segment, its bells and fences). */
 #ifndef DISTMESH_H
 #error "distmesh_shm.h is part of distmesh.h's implementation: include distmesh.h"
 #endif
 
-#if defined(DISTMESH_TCP_IMPL_INCLUDED) && !defined(DISTMESH_SHM_IMPL_INCLUDED)
+#if defined(DISTMESH_IMPL_INCLUDED) && defined(DISTMESH_TCP) && !defined(DISTMESH_SHM_IMPL_INCLUDED)
 #define DISTMESH_SHM_IMPL_INCLUDED
+/* >>shm libc  The segment's share of distmesh.h >>libc: the Linux calls it makes, declared when
+   the includer's mode hid them (glibc, C), and the kernel's constants under _DM_ names. */
+#include <sys/types.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <linux/futex.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+#if defined(__GLIBC__) && !defined(__cplusplus)
+#if !defined(__USE_GNU)
+extern int memfd_create(const char* name, unsigned int flags);
+extern ssize_t process_vm_readv(pid_t pid, const struct iovec* local, unsigned long nlocal,
+                                const struct iovec* remote, unsigned long nremote, unsigned long flags);
+#endif
+#if !defined(__USE_MISC)
+extern int madvise(void* addr, size_t len, int advice);
+#endif
+#endif
+#define _DM_MFD_CLOEXEC 1u                  /* <linux/memfd.h> MFD_CLOEXEC */
+#if defined(MADV_POPULATE_WRITE)
+#define _DM_MADV_POPULATE_WRITE MADV_POPULATE_WRITE
+#elif defined(__linux__)
+#define _DM_MADV_POPULATE_WRITE 23          /* Linux 5.14; older kernels: EINVAL, then the loop */
+#endif
+
 /* >>shm segment  Ranks of one group on one host talk through a shared segment: a memfd the group's
    lowest local rank creates and the others open through /proc/<pid>/fd/<fd>, so nothing is
    ever named in /dev/shm and the memory goes with the last mapping, kill -9 included. Every
@@ -133,8 +164,17 @@ static int _dm_shm_read_peer(_dm_eng* lk, int64_t pid, uint64_t addr, void* dst,
     return 0;
 }
 
-/* the segment made and mapped: create, split, shrink */
+/* the segment made and mapped: create, split, shrink. A rank's hold on its host's segment is a
+   _dm_shm_seg, which the group that uses it keeps (dm_shrink hands it to the next group); the
+   functions below take it with the core's types (the group, its engine) and what else they need
+   as arguments: the nonce, the side sockets and the peers' names. */
 _DM_COLD_BEGIN
+typedef struct _dm_shm_seg {
+    unsigned char* base;        /* the mapping (the layout above), or NULL */
+    size_t size;
+    struct _dm_shm_watch* watch; /* wakes this rank when a same-host peer dies (>>shm loss) */
+} _dm_shm_seg;
+
 /* Ring capacity per direction: 1 MiB while the L*L rings stay small, less for big hosts. */
 static size_t _dm_shm_ring_cap(int L) {
     size_t cap = (size_t)1 << 20;
@@ -142,56 +182,75 @@ static size_t _dm_shm_ring_cap(int L) {
     return cap;
 }
 
-/* The leader's segment: created, sized, mapped and stamped. */
-static dm_status _dm_shm_create(_dm_tcp* t, int L, int* fd_out, unsigned char nonce[16]) {
+/* The leader's segment for L local ranks: created, sized, mapped and stamped with nonce (random,
+   the caller's); failures are c's. *fd_out: the memfd, open until every member has mapped it. */
+static dm_status _dm_shm_create(_dm_shm_seg* s, dm_collective* c, int L, const unsigned char nonce[16], int* fd_out) {
     size_t cap = _dm_shm_ring_cap(L), stride = sizeof(_dm_ring) + cap;
     size_t size = _DM_SHM_HEADER + _DM_SHM_ABORTS * sizeof(_dm_abort) + (size_t)L * sizeof(_dm_bell) +
                   (size_t)L * (size_t)L * stride;
     unsigned char* p;
     int fd = memfd_create("distmesh", _DM_MFD_CLOEXEC);
-    if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: memfd_create failed (%s)", strerror(errno));
+    if (fd < 0) return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "tcp: shm: memfd_create failed (%s)", strerror(errno));
     if (ftruncate(fd, (off_t)size) != 0) {
         close(fd);
-        return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: shm: cannot size the segment to %zu bytes (%s)", size,
+        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: shm: cannot size the segment to %zu bytes (%s)", size,
                         strerror(errno));
     }
     p = (unsigned char*)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         close(fd);
-        return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: shm: mmap of %zu bytes failed (%s)", size, strerror(errno));
+        return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: shm: mmap of %zu bytes failed (%s)", size, strerror(errno));
     }
-    _dm_st_random(nonce, 16);
-    _dm_tcp_put64(p, _DM_SHM_MAGIC);
+    _dm_put64(p, _DM_SHM_MAGIC);
     memcpy(p + 8, nonce, 16);
-    _dm_tcp_put32(p + 24, (uint32_t)L);
-    _dm_tcp_put64(p + 32, cap);
-    _dm_tcp_put64(p + 40, stride);
-    _dm_tcp_put64(p + 48, size);
-    t->shm = p;
-    t->shm_size = size;
+    _dm_put32(p + 24, (uint32_t)L);
+    _dm_put64(p + 32, cap);
+    _dm_put64(p + 40, stride);
+    _dm_put64(p + 48, size);
+    s->base = p;
+    s->size = size;
     *fd_out = fd;
     return DM_OK;
 }
 
+/* What a member needs to map the leader's segment (s, its memfd fd): the message's fields. */
+static void _dm_shm_describe(const _dm_shm_seg* s, int fd, _dm_shm_msg* out) {
+    _dm_put32(out->pid, (uint32_t)getpid());
+    _dm_put32(out->fd, (uint32_t)fd);
+    _dm_put64(out->size, s->size);
+    memcpy(out->nonce, s->base + 8, 16);
+}
+
 /* A member maps the leader's segment and checks it is the one the leader described. */
-static dm_status _dm_shm_attach(_dm_tcp* t, const _dm_shm_msg* m, int L) {
+static dm_status _dm_shm_attach(_dm_shm_seg* s, dm_collective* c, const _dm_shm_msg* m, int L) {
     char path[64];
     unsigned char* p;
-    size_t size = (size_t)_dm_tcp_get64(m->size);
+    size_t size = (size_t)_dm_get64(m->size);
     int fd;
-    snprintf(path, sizeof(path), "/proc/%u/fd/%u", (unsigned)_dm_tcp_get32(m->pid), (unsigned)_dm_tcp_get32(m->fd));
+    snprintf(path, sizeof(path), "/proc/%u/fd/%u", (unsigned)_dm_get32(m->pid), (unsigned)_dm_get32(m->fd));
     fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: cannot open %s (%s)", path, strerror(errno));
+    if (fd < 0) return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "tcp: shm: cannot open %s (%s)", path, strerror(errno));
     p = (unsigned char*)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    if (p == MAP_FAILED) return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: mmap of %s failed (%s)", path, strerror(errno));
-    t->shm = p;
-    t->shm_size = size;
-    if (_dm_tcp_get64(p) != _DM_SHM_MAGIC || memcmp(p + 8, m->nonce, 16) != 0 || (int)_dm_tcp_get32(p + 24) != L ||
-        _dm_tcp_get64(p + 48) != size)
-        return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: shm: %s is not the segment the leader made (another "
+    if (p == MAP_FAILED) return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "tcp: shm: mmap of %s failed (%s)", path, strerror(errno));
+    s->base = p;
+    s->size = size;
+    if (_dm_get64(p) != _DM_SHM_MAGIC || memcmp(p + 8, m->nonce, 16) != 0 || (int)_dm_get32(p + 24) != L ||
+        _dm_get64(p + 48) != size)
+        return _DM_FAIL(c, DM_ERR_UNSUPPORTED, "tcp: shm: %s is not the segment the leader made (another "
                         "host or pid namespace behind the same host identity?)", path);
     return DM_OK;
+}
+
+/* Unmaps the segment (this rank's view of it; the memory goes with the last mapping). */
+static void _dm_shm_unmap(_dm_shm_seg* s) {
+    if (s->base) munmap(s->base, s->size);
+    s->base = NULL;
+}
+
+/* Abort word slot (0: the first group's, then one per dm_shrink that keeps the segment). */
+static _dm_abort* _dm_shm_abort_word(const _dm_shm_seg* s, int slot) {
+    return (_dm_abort*)(void*)(s->base + _DM_SHM_HEADER) + slot;
 }
 
 /* Maps in the pages of a ring this rank uses now, not in the first collectives (content
@@ -208,11 +267,15 @@ static void _dm_shm_prefault(unsigned char* p, size_t n) {
     (void)start;
 }
 
-/* Swaps the socket links of same-host peers for shm links and wires bells and abort word. */
-static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, const _dm_bell_ops* ops, bool single_copy) {
-    unsigned char* p = t->shm;
-    size_t cap = (size_t)_dm_tcp_get64(p + 32), stride = (size_t)_dm_tcp_get64(p + 40);
-    _dm_abort* ab = (_dm_abort*)(void*)(p + _DM_SHM_HEADER);
+/* Swaps the links of the same-host peers (local[0..L), this rank at index me, by their ranks in
+   lk's group) for shm links and wires bells and abort word. Per group rank: side_fds, the socket
+   each shm link keeps as its side channel (it must hold no unread byte: the caller checks), and
+   addrs, the peer's name in the link's messages. */
+static dm_status _dm_shm_links(_dm_shm_seg* s, _dm_eng* lk, const int* local, int L, int me, const int* side_fds,
+                               char (*addrs)[64], const _dm_bell_ops* ops, bool single_copy) {
+    dm_collective* c = lk->c;
+    unsigned char* p = s->base;
+    size_t cap = (size_t)_dm_get64(p + 32), stride = (size_t)_dm_get64(p + 40);
     _dm_bell* bells = (_dm_bell*)(void*)(p + _DM_SHM_HEADER + _DM_SHM_ABORTS * sizeof(_dm_abort));
     unsigned char* rings = (unsigned char*)(bells + L);
     int i;
@@ -220,23 +283,21 @@ static dm_status _dm_shm_links(_dm_tcp* t, const int* local, int L, int me, cons
         int r = local[i];
         _dm_link* l;
         if (i == me) continue;
-        if (_dm_sock_pending(t->lk.links[r]))     /* the setup's last bytes from r were its vote */
-            return _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: shm: rank %d sent more than the setup", r);
-        l = _dm_memlink_new(&t->base.allocator, &_dm_shm_vt, rings, stride, cap, L, me, i, bells, ops, t->fds[r]);
-        if (!l) return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
-        snprintf(l->where, sizeof(l->where), "%.40s, shm", t->addrs[r]);
+        l = _dm_memlink_new(&c->allocator, &_dm_shm_vt, rings, stride, cap, L, me, i, bells, ops, side_fds[r]);
+        if (!l) return _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
+        snprintf(l->where, sizeof(l->where), "%.40s, shm", addrs[r]);
         _dm_shm_prefault(rings + ((size_t)me * (size_t)L + (size_t)i) * stride, stride);
         _dm_shm_prefault(rings + ((size_t)i * (size_t)L + (size_t)me) * stride, stride);
-        t->lk.links[r]->vt->destroy(t->lk.links[r], &t->base.allocator);
-        t->lk.links[r] = l;
+        lk->links[r]->vt->destroy(lk->links[r], &c->allocator);
+        lk->links[r] = l;
     }
-    t->lk.bell = &bells[me];
-    t->lk.bells = bells;
-    t->lk.nbells = L;
-    t->lk.bell_ops = ops;
-    t->lk.abort = ab;
-    t->lk.read_peer = single_copy ? _dm_shm_read_peer : NULL;
-    t->lk.single_copy_no = !_dm_cfg_int_logged(_DM_CFG_SINGLE_COPY, &t->base.logger);
+    lk->bell = &bells[me];
+    lk->bells = bells;
+    lk->nbells = L;
+    lk->bell_ops = ops;
+    lk->abort = _dm_shm_abort_word(s, 0);
+    lk->read_peer = single_copy ? _dm_shm_read_peer : NULL;
+    lk->single_copy_no = !_dm_cfg_int_logged(_DM_CFG_SINGLE_COPY, &c->logger);
     return DM_OK;
 }
 
@@ -269,21 +330,22 @@ static void* _dm_shm_watch_main(void* arg) {
         }
     }
 }
-/* Starts the watcher over the group's shm links; without it (no thread, no eventfd) a death is
-   still seen, only later. */
-static void _dm_shm_watch_start(_dm_tcp* t) {
+/* Starts s's watcher over the shm links of lk's group; without it (no thread, no eventfd) a
+   death is still seen, only later. */
+static void _dm_shm_watch_start(_dm_shm_seg* s, _dm_eng* lk) {
+    dm_collective* c = lk->c;
     _dm_shm_watch* w;
     int r, n = 0;
-    for (r = 0; r < t->base.size; r++)
-        if (t->lk.links[r] && t->lk.links[r]->vt == &_dm_shm_vt) n++;
+    for (r = 0; r < c->size; r++)
+        if (lk->links[r] && lk->links[r]->vt == &_dm_shm_vt) n++;
     if (n == 0) return;
-    w = (_dm_shm_watch*)_dm_calloc(&t->base.allocator, sizeof(*w) + (size_t)n * sizeof(struct pollfd));
+    w = (_dm_shm_watch*)_dm_calloc(&c->allocator, sizeof(*w) + (size_t)n * sizeof(struct pollfd));
     if (!w) return;
-    w->bell = t->lk.bell;
+    w->bell = lk->bell;
     w->pfd[0].fd = eventfd(0, EFD_CLOEXEC);
     w->pfd[0].events = POLLIN;
-    for (r = 0; r < t->base.size; r++) {
-        _dm_link* l = t->lk.links[r];
+    for (r = 0; r < c->size; r++) {
+        _dm_link* l = lk->links[r];
         if (!l || l->vt != &_dm_shm_vt) continue;
         w->n++;
         w->pfd[w->n].fd = ((_dm_memlink*)l)->side_fd;
@@ -291,91 +353,28 @@ static void _dm_shm_watch_start(_dm_tcp* t) {
     }
     if (w->pfd[0].fd < 0 || pthread_create(&w->thread, NULL, _dm_shm_watch_main, w) != 0) {
         if (w->pfd[0].fd >= 0) close(w->pfd[0].fd);
-        _dm_free(&t->base.allocator, w);
-        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: shm: no watcher thread (%s); a same-host peer's death is "
+        _dm_free(&c->allocator, w);
+        _DM_LOG(&c->logger, DM_LOG_WARN, "tcp: shm: no watcher thread (%s); a same-host peer's death is "
                 "noticed within about 100 ms instead of at once", strerror(errno));
         return;
     }
-    t->watch = w;
+    s->watch = w;
 }
-/* Before the links and their sockets go. */
-static void _dm_shm_watch_stop(_dm_tcp* t) {
-    _dm_shm_watch* w = t->watch;
+/* Before the links and their sockets go; a is the allocator of the group that started it. */
+static void _dm_shm_watch_stop(_dm_shm_seg* s, const dm_allocator* a) {
+    _dm_shm_watch* w = s->watch;
     uint64_t one = 1;
     if (!w) return;
     while (write(w->pfd[0].fd, &one, sizeof(one)) < 0 && errno == EINTR) {}
     pthread_join(w->thread, NULL);
     close(w->pfd[0].fd);
-    _dm_free(&t->base.allocator, w);
-    t->watch = NULL;
-}
-
-/* Sets up shared memory among this rank's same-host group members (local[0..L), this rank at
-   index me), then every rank of the group votes (MIN of 2 shm ready, 1 asked for sockets, 0
-   failed), so all agree: shm links only where every rank could and wanted; with auto a
-   failure leaves every rank on sockets (and says so), with shm it fails the create. */
-enum { _DM_TCP_AUTO = 0, _DM_TCP_SHM, _DM_TCP_SOCKETS };
-static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) {
-    _dm_fp fp;
-    _dm_shm_msg m;
-    dm_status st = DM_OK;
-    int32_t vote = t->transport == _DM_TCP_SOCKETS ? 1 : 2, votes[3];
-    int fd = -1, i;
-    char why[DM_LAST_ERROR_SIZE] = "";
-    _dm_fp_make(&fp, &t->base, _DM_K_SETUP, -1, -1, 0, sizeof(m));
-    memset(&m, 0, sizeof(m));
-    if (L >= 2 && me == 0) {
-        unsigned char nonce[16];
-        if (vote == 2 && _dm_shm_create(t, L, &fd, nonce) != DM_OK) {
-            vote = 0;
-            _dm_copy_name(why, sizeof(why), t->base.last_error);
-        } else if (vote == 2) {
-            _dm_tcp_put32(m.pid, (uint32_t)getpid());
-            _dm_tcp_put32(m.fd, (uint32_t)fd);
-            _dm_tcp_put64(m.size, t->shm_size);
-            memcpy(m.nonce, nonce, 16);
-        }
-        for (i = 1; i < L && st == DM_OK; i++)     /* size 0: no segment, the vote says why */
-            st = _dm_eng_sendrecv(&t->lk, "setup", &fp, local[i], &m, sizeof(m), -1, NULL, 0);
-    } else if (L >= 2) {
-        st = _dm_eng_sendrecv(&t->lk, "setup", &fp, -1, NULL, 0, local[0], &m, sizeof(m));
-        if (st == DM_OK && vote == 2 && _dm_tcp_get64(m.size) != 0 && _dm_shm_attach(t, &m, L) != DM_OK) {
-            vote = 0;
-            _dm_copy_name(why, sizeof(why), t->base.last_error);
-        }
-    }
-    /* the leader keeps its fd open until every member has mapped: the vote comes after; with
-       it, whether every rank registered for the bells' asymmetric barrier. Only with a core per
-       rank: with more ranks than cores they sleep often, and each sleep's barrier interrupts
-       the other cores (256 ranks on 8 simulated hosts, 2 cores: 8 B all-reduce 7.4 ms with
-       fences, 17 ms with the barrier). A lone rank rings nobody. */
-    votes[0] = vote;
-    votes[1] = L < 2 || (_dm_eng_core_per_rank(L) && _dm_membarrier_register()) ? 1 : 0;
-    votes[2] = _dm_eng_core_per_rank(L) ? 1 : 0;   /* single copy pays only with a core each */
-    if (st == DM_OK) st = _dm_coll_all_reduce(&t->base, votes, votes, 3, DM_INT32, DM_MIN);
-    if (fd >= 0) close(fd);
-    if (st != DM_OK) return st;
-    vote = votes[0];
-    t->shm_vote = vote;
-    if (vote == 2 && L >= 2) {
-        st = _dm_shm_links(t, local, L, me, votes[1] ? &_dm_futex_bell_light : &_dm_futex_bell, votes[2] != 0);
-        if (st == DM_OK) _dm_shm_watch_start(t);
-        return st;
-    }
-    if (t->shm) { munmap(t->shm, t->shm_size); t->shm = NULL; }
-    if (t->transport == _DM_TCP_SHM && vote < 2)
-        return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: DISTMESH_TRANSPORT=shm, but %s", vote == 1 ?
-                        "another rank asked for tcp (every rank must be given the same transport)" : why[0] ? why :
-                        "shared memory could not be set up on another rank (see its log)");
-    if (vote == 0)
-        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: shared memory unavailable (%s); same-host ranks use sockets",
-                why[0] ? why : "on another rank");
-    return DM_OK;
+    _dm_free(a, w);
+    s->watch = NULL;
 }
 
 _DM_COLD_END
 
-#endif /* DISTMESH_TCP_IMPL_INCLUDED && !DISTMESH_SHM_IMPL_INCLUDED */
+#endif /* DISTMESH_IMPL_INCLUDED && DISTMESH_TCP && !DISTMESH_SHM_IMPL_INCLUDED */
 
 /*
 ------------------------------------------------------------------------------------------------

@@ -87,14 +87,15 @@
        >>tcp launch desc         dm_tcp_launch: the rendezvous a launcher implies
      the TCP backend
        >>tcp implementation      system headers
-       >>tcp libc                the GNU and BSD calls, declared when the includer's mode hid them
+       >>tcp libc                what glibc hides without _GNU_SOURCE (struct ucred)
+       >>tcp shm include         distmesh_shm.h's segment part: the shared segment of a host
+                                 (rings, bells, futexes, _dm_shm_seg), the loss watcher
        >>tcp state               constants, the hello's handshake state, the group (_dm_tcp)
        >>tcp little helpers      wire integers, a hash
        >>tcp socket include      distmesh_socket.h: the socket link (distmesh_engine.h >>links), its
                                  striping; socket options, waits on one socket
        >>tcp notices             the first failure, posted to the store and read back
-       >>tcp shm include         distmesh_shm.h's segment part: the shared segment of a host
-                                 (rings, bells, futexes), its setup, the loss watcher
+       >>tcp shm setup           the group's segment: made, described, mapped, voted on
        >>tcp addresses           "host:port" and sockaddr, the interface choice
        >>tcp watch               ending create or split when a member dies
        >>tcp hello               the connector's side of the token handshake
@@ -259,26 +260,17 @@ DM_API long dm_slurm_hostlist(const char* list, long index, char* out, size_t ca
 /* <openssl/evp.h> with DISTMESH_OPENSSL: distmesh.h includes it (>>sealed records) */
 
 _DM_WARM_BEGIN   /* distmesh.h >>compile cost */
-/* >>tcp libc  The backend's share of distmesh.h >>libc: the GNU and BSD calls it makes, declared
-   when the includer's mode hid them (glibc, C), and the Linux constants under _DM_ names. */
-#if defined(__GLIBC__) && !defined(__cplusplus)
-#if !defined(__USE_GNU)
-extern int memfd_create(const char* name, unsigned int flags);
-extern ssize_t process_vm_readv(pid_t pid, const struct iovec* local, unsigned long nlocal,
-                                const struct iovec* remote, unsigned long nremote, unsigned long flags);
-#endif                                      /* accept4: distmesh_store.h's includes */
-#if !defined(__USE_MISC)
-extern int madvise(void* addr, size_t len, int advice);
-#endif
-#endif
-#define _DM_MFD_CLOEXEC 1u                  /* <linux/memfd.h> MFD_CLOEXEC */
+/* >>tcp libc  The backend's share of distmesh.h >>libc: what glibc declares only under
+   _GNU_SOURCE, under a _dm_ name (accept4: distmesh_store.h's includes; the shared segment's
+   calls: distmesh_shm.h >>shm libc). */
 /* SO_PEERCRED's answer: Linux's struct ucred, which glibc declares only under _GNU_SOURCE */
 typedef struct _dm_ucred { pid_t pid; uid_t uid; gid_t gid; } _dm_ucred;
-#if defined(MADV_POPULATE_WRITE)
-#define _DM_MADV_POPULATE_WRITE MADV_POPULATE_WRITE
-#elif defined(__linux__)
-#define _DM_MADV_POPULATE_WRITE 23          /* Linux 5.14; older kernels: EINVAL, then the loop */
-#endif
+
+/* >>tcp shm include  The shared-memory transport's segment and loss watcher (distmesh_shm.h:
+   >>shm segment, >>shm loss), here: before the group (>>tcp state), which holds its segment
+   (_dm_shm_seg). They work on the core's types alone; this backend's use of them is in
+   >>tcp shm setup. The memory rings it lays in the segment are the engine's. */
+#include "distmesh_shm.h"
 
 /* >>tcp state  The backend's constants, the hello's handshake state and the group (_dm_tcp). */
 #define _DM_TCP_HELLO_MAGIC 0x48544d44u   /* "DMTH" little-endian: connection hello */
@@ -287,6 +279,8 @@ typedef struct _dm_ucred { pid_t pid; uid_t uid; gid_t gid; } _dm_ucred;
 #define _DM_TCP_VERSION     2u            /* 2: challenge-response hello */
 #define _DM_TCP_VERSION_SEALED 3u         /* the same from a group that encrypts (>>tcp seal) */
 
+/* What the desc asked for (t->transport): the same-host ranks' links (>>tcp shm setup). */
+enum { _DM_TCP_AUTO = 0, _DM_TCP_SHM, _DM_TCP_SOCKETS };
 enum { _DM_TCP_ACK_OK = 0, _DM_TCP_ACK_TOKEN = 1, _DM_TCP_ACK_GROUP = 2, _DM_TCP_ACK_RANK = 3, _DM_TCP_ACK_SEAL = 4 };
 
 /* One handshake on the listener, the acceptor's side (see >>tcp hello). */
@@ -330,11 +324,10 @@ typedef struct _dm_tcp {
     struct sockaddr_storage self_sa; /* where this rank listened (split listens there again) */
     _dm_eng lk;                 /* links, scratch, broken state: the core's engine (distmesh.h) */
     int transport;              /* _DM_TCP_AUTO, _SHM or _SOCKETS: what the desc asked for */
-    unsigned char* shm;         /* the same-host segment (see distmesh_shm.h >>shm segment), or NULL */
-    size_t shm_size;
+    _dm_shm_seg seg;            /* the same-host segment (distmesh_shm.h >>shm segment; base NULL:
+                                   none) and its watcher (>>shm loss) */
     int shm_vote;               /* the group's: 2 when every host with 2+ ranks has a segment */
     int shm_slot;               /* which of the segment's abort words is this group's */
-    struct _dm_shm_watch* watch; /* wakes this rank when a same-host peer dies (>>shm loss) */
     char transport_name[16];
     /* only while create / split builds this group (see >>tcp watch) */
     struct dm_store* rdv;       /* a clone of store whose requests end by rdv_deadline */
@@ -456,13 +449,73 @@ static dm_status _dm_tcp_notice_read(_dm_eng* lk, int* rank, char* msg, size_t c
     return st;
 }
 
-_DM_COLD_END
-/* >>tcp shm include  The shared-memory transport's segment and loss watcher (distmesh_shm.h:
-   >>shm segment, >>shm loss), here: after the group (>>tcp state) they work on and the socket
-   link (>>tcp socket include) whose links they replace. Its memory rings came with the engine. */
-#include "distmesh_shm.h"
+/* >>tcp shm setup  The group's use of the shared segment (distmesh_shm.h >>shm segment): the host's
+   lowest rank makes it, tells the others over their sockets, and the whole group votes over the
+   engine whether every rank could and wanted it. */
+/* Sets up shared memory among this rank's same-host group members (local[0..L), this rank at
+   index me), then every rank of the group votes (MIN of 2 shm ready, 1 asked for sockets, 0
+   failed), so all agree: shm links only where every rank could and wanted; with auto a
+   failure leaves every rank on sockets (and says so), with shm it fails the create. */
+static dm_status _dm_tcp_shm_setup(_dm_tcp* t, const int* local, int L, int me) {
+    _dm_fp fp;
+    _dm_shm_msg m;
+    dm_status st = DM_OK;
+    int32_t vote = t->transport == _DM_TCP_SOCKETS ? 1 : 2, votes[3];
+    int fd = -1, i;
+    char why[DM_LAST_ERROR_SIZE] = "";
+    _dm_fp_make(&fp, &t->base, _DM_K_SETUP, -1, -1, 0, sizeof(m));
+    memset(&m, 0, sizeof(m));
+    if (L >= 2 && me == 0) {
+        unsigned char nonce[16];        /* each member checks it in the header it maps */
+        if (vote == 2) _dm_st_random(nonce, sizeof(nonce));
+        if (vote == 2 && _dm_shm_create(&t->seg, &t->base, L, nonce, &fd) != DM_OK) {
+            vote = 0;
+            _dm_copy_name(why, sizeof(why), t->base.last_error);
+        } else if (vote == 2) {
+            _dm_shm_describe(&t->seg, fd, &m);
+        }
+        for (i = 1; i < L && st == DM_OK; i++)     /* size 0: no segment, the vote says why */
+            st = _dm_eng_sendrecv(&t->lk, "setup", &fp, local[i], &m, sizeof(m), -1, NULL, 0);
+    } else if (L >= 2) {
+        st = _dm_eng_sendrecv(&t->lk, "setup", &fp, -1, NULL, 0, local[0], &m, sizeof(m));
+        if (st == DM_OK && vote == 2 && _dm_get64(m.size) != 0 && _dm_shm_attach(&t->seg, &t->base, &m, L) != DM_OK) {
+            vote = 0;
+            _dm_copy_name(why, sizeof(why), t->base.last_error);
+        }
+    }
+    /* the leader keeps its fd open until every member has mapped: the vote comes after; with
+       it, whether every rank registered for the bells' asymmetric barrier. Only with a core per
+       rank: with more ranks than cores they sleep often, and each sleep's barrier interrupts
+       the other cores (256 ranks on 8 simulated hosts, 2 cores: 8 B all-reduce 7.4 ms with
+       fences, 17 ms with the barrier). A lone rank rings nobody. */
+    votes[0] = vote;
+    votes[1] = L < 2 || (_dm_eng_core_per_rank(L) && _dm_membarrier_register()) ? 1 : 0;
+    votes[2] = _dm_eng_core_per_rank(L) ? 1 : 0;   /* single copy pays only with a core each */
+    if (st == DM_OK) st = _dm_coll_all_reduce(&t->base, votes, votes, 3, DM_INT32, DM_MIN);
+    if (fd >= 0) close(fd);
+    if (st != DM_OK) return st;
+    vote = votes[0];
+    t->shm_vote = vote;
+    if (vote == 2 && L >= 2) {
+        for (i = 0; i < L; i++)         /* the side channels: the setup's last bytes were the vote */
+            if (i != me && _dm_sock_pending(t->lk.links[local[i]]))
+                return _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: shm: rank %d sent more than the setup", local[i]);
+        st = _dm_shm_links(&t->seg, &t->lk, local, L, me, t->fds, t->addrs,
+                           votes[1] ? &_dm_futex_bell_light : &_dm_futex_bell, votes[2] != 0);
+        if (st == DM_OK) _dm_shm_watch_start(&t->seg, &t->lk);
+        return st;
+    }
+    _dm_shm_unmap(&t->seg);
+    if (t->transport == _DM_TCP_SHM && vote < 2)
+        return _DM_FAIL(&t->base, DM_ERR_UNSUPPORTED, "tcp: DISTMESH_TRANSPORT=shm, but %s", vote == 1 ?
+                        "another rank asked for tcp (every rank must be given the same transport)" : why[0] ? why :
+                        "shared memory could not be set up on another rank (see its log)");
+    if (vote == 0)
+        _DM_LOG(&t->base.logger, DM_LOG_WARN, "tcp: shared memory unavailable (%s); same-host ranks use sockets",
+                why[0] ? why : "on another rank");
+    return DM_OK;
+}
 
-_DM_COLD_BEGIN
 /* >>tcp addresses  "host:port" / "[v6]:port" <-> sockaddr, interface choice (uv does the
    parsing, printing and interface listing). */
 static bool _dm_tcp_parse_addr(const char* s, struct sockaddr_storage* out) {
@@ -1516,7 +1569,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
     dm_allocator a = t->base.allocator;
     int r;
     _dm_tcp_relay_end(t, DM_ERR_ABORTED);
-    _dm_shm_watch_stop(t);      /* it polls the links' sockets */
+    _dm_shm_watch_stop(&t->seg, &a);    /* it polls the links' sockets */
     _dm_eng_release(&t->lk);    /* links first: they borrow the sockets */
     _dm_tcp_serve_stop(t);
     if (t->lfd >= 0) close(t->lfd);
@@ -1536,7 +1589,7 @@ static void _dm_tcp_free(_dm_tcp* t) {
     _dm_free(&a, t->host_of);
     _dm_free(&a, t->addrs);
     _dm_free(&a, t->raddrs);
-    if (t->shm) munmap(t->shm, t->shm_size);
+    _dm_shm_unmap(&t->seg);
     _dm_free(&a, t);
 }
 static void _dm_tcp_destroy(dm_collective* c) { _dm_tcp_free((_dm_tcp*)c); }
@@ -3910,8 +3963,8 @@ static dm_status _dm_tcp_shrink_shm(_dm_tcp* n, _dm_tcp* p, const int* old_of, i
     uint32_t epoch = _dm_tcp_shrink_epoch(n);
     n->shm_vote = p->shm_vote;
     n->shm_slot = p->shm_slot + 1;
-    if (!p->shm) return DM_OK;              /* this rank was alone on its host */
-    _dm_shm_watch_stop(p);
+    if (!p->seg.base) return DM_OK;         /* this rank was alone on its host */
+    _dm_shm_watch_stop(&p->seg, &p->base.allocator);
     for (j = 0; j < n->base.size; j++) {
         _dm_link* old = p->lk.links[old_of[j]];
         _dm_memlink *pm, *m;
@@ -3942,11 +3995,11 @@ static dm_status _dm_tcp_shrink_shm(_dm_tcp* n, _dm_tcp* p, const int* old_of, i
     n->lk.bells = p->lk.bells;
     n->lk.nbells = p->lk.nbells;
     n->lk.bell_ops = p->lk.bell_ops;
-    n->lk.abort = (_dm_abort*)(void*)(p->shm + _DM_SHM_HEADER) + n->shm_slot;
-    n->shm = p->shm;                        /* the mapping moves to the new group */
-    n->shm_size = p->shm_size;
-    p->shm = NULL;
-    _dm_shm_watch_start(n);
+    n->lk.abort = _dm_shm_abort_word(&p->seg, n->shm_slot);
+    n->seg.base = p->seg.base;              /* the mapping moves to the new group */
+    n->seg.size = p->seg.size;
+    p->seg.base = NULL;
+    _dm_shm_watch_start(&n->seg, &n->lk);
     return DM_OK;
 }
 

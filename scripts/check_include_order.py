@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Compares what the preprocessor emits of distmesh's own headers in two translation units: the
 implementation included first (distmesh.c) and after other system headers (tests/test_include_after.c).
-The code must be the same, token for token, except for distmesh.h >>libc's (and distmesh_tcp.h
->>tcp libc's) declarations of the functions glibc hid in the second: a difference means some code
+The code must be the same, token for token, except for distmesh.h >>libc's (and distmesh_shm.h
+>>shm libc's) declarations of the functions glibc hid in the second: a difference means some code
 depends on the include order (an #ifdef on a GNU-only macro, a function left undeclared).
 Usage: check_include_order.py first.i after.i   (gcc -E output; exit 1 on a difference)."""
 import re
