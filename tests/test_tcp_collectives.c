@@ -100,8 +100,9 @@ static int body_moves_off(dm_collective* c, int rank, int world, void* arg) {
     }
     took = tw_now_s() - t0;
     /* a snapshot: on a loaded host the scheduler may put them together again for a moment,
-       so a few more rounds each time they are (left alone, they stay together throughout) */
-    for (k = 0; k < 10; k++) {
+       so more rounds each time they are, up to 40 looks (left alone, they stay together
+       throughout; with 10 looks a run beside a load of 5 on 2 cores once ended together) */
+    for (k = 0; k < 40; k++) {
         int j;
         mine = sched_getcpu();
         RST(dm_all_gather(c, &mine, cpus, 1, DM_INT32));
