@@ -11,8 +11,9 @@
    pump that moves one transfer, the loop that drives transfers to their end under the deadline,
    the eager path over memory links, and the exchange (one step with one or two peers).
 
-   WHAT IT MAY CALL  distmesh.h, the kernels (reductions while receiving, SHA-256 for keys), the
-   trace's hooks (waits, fingerprints seen) and the core (its checks and failures). The
+   WHAT IT MAY CALL  distmesh.h (failures, logs, config, the fingerprint's kinds), the kernels
+   (reductions while receiving, SHA-256 for keys), the trace's hooks (waits, fingerprints seen)
+   and the core (the object limit that bounds unexpected point-to-point bytes). The
    schedules and the backends call it; it never names them: a transport comes in through
    _dm_link_vt, a backend's connect through the engine's callbacks.
 

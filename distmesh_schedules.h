@@ -15,8 +15,8 @@
    (DISTMESH_ALGO); >>choice decides when it runs and >>peers lists the peers it talks to (a
    test holds P against every schedule). Nothing else changes.
 
-   WHAT IT MAY CALL  distmesh.h, the kernels, the trace's hooks, the core (checks, the op's
-   helpers) and the engine. The threaded world and the backends call it; it never names them.
+   WHAT IT MAY CALL  distmesh.h, the kernels, the trace's hooks, the core (all_to_all's copy
+   out) and the engine. The threaded world and the backends call it; it never names them.
 
    SECTIONS  Each opens with a comment that starts ">>tag" (search for it); in file order:
        >>teams                   teams, segments, step arrays: what schedules are written with
