@@ -414,6 +414,29 @@ static void test_sites_processes_same_bytes(void** s) {
 }
 
 /* dm_shrink over sockets keeps the sites (the parent's layout without the gone rank). */
+/* The pipelined gathers (test_sites_gathers_pipelined's links) over forked ranks: sockets
+   reduce through the stage's scratch chunks, shared memory in place. */
+static int body_gathers_pipelined(dm_collective* c, int rank, int world, void* arg) {
+    int bad;
+    (void)arg;
+    RCHECK(sited_create(rank, world, NULL, &c) == 0);
+    bad = gathers_ran(c, ((size_t)1 << 17) + 1, "three_level_ring");
+    dm_destroy(c);
+    return bad;
+}
+static void test_sites_processes_gathers_pipelined(void** s) {
+    int k;
+    (void)s;
+    g_layout = &g_sited[0];
+    GATHERS_LINKS();
+    for (k = 0; k < (TEST_SANITIZED ? 1 : 2); k++) {     /* shm + tcp, then tcp alone */
+        g_transport = k == 0 ? NULL : "tcp";
+        assert_int_equal(run_world_ex(g_layout->world, body_gathers_pipelined, NULL, 90, false), 0);
+    }
+    g_transport = NULL;
+    GATHERS_UNLINK();
+    unsetenv("DISTMESH_SITE");
+}
 static int body_tcp_shrink(dm_collective* c, int rank, int world, void* arg) {
     dm_collective* n = NULL;
     int drop = 7, bad;
@@ -502,6 +525,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_sites_compressed),
         cmocka_unit_test(test_sites_split_shrink),
         cmocka_unit_test(test_sites_processes_same_bytes),
+        cmocka_unit_test(test_sites_processes_gathers_pipelined),
         cmocka_unit_test(test_sites_tcp_shrink),
         cmocka_unit_test(test_sites_refusals),
     };
