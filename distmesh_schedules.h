@@ -1534,8 +1534,11 @@ _DM_PRIVATE double _dm_cost_3l_gather_in(const _dm_eng* lk, double b, int S) {
    allowed (a block's segment _DM_SCH_3L_GATHER_SEGMENT bytes or more, at most
    _DM_SCH_2L_SEGMENTS_MAX), the cheapest by the model (ties: the fewer). A function of the
    layout and b alone, so every rank cuts alike; each segment has an element (b / S >= the
-   minimum, far above an element). */
-#define _DM_SCH_3L_GATHER_SEGMENT ((size_t)256 << 10)
+   minimum, far above an element). On 2 sites x 2 hosts x 2 (hosts 2 Gbit/s, site link 200
+   Mbit/s, told: DISTMESH_SITE_LINK=100,0.2 DISTMESH_HOST_LINK=100,2) 16 MiB all_gather took
+   387 ms in 4 segments, 375 in 8, 351 in 16 (the model's, a 128 KiB segment; 1.05x the bound,
+   TCP's headers): the last segments' site rail and host ring are the tail. */
+#define _DM_SCH_3L_GATHER_SEGMENT ((size_t)128 << 10)
 _DM_PRIVATE int _dm_pick_3l_gather_segments(const _dm_eng* lk, double b) {
     double most_d = b / (double)_DM_SCH_3L_GATHER_SEGMENT, least = _dm_cost_3l_gather_in(lk, b, 1);
     int most = most_d >= _DM_SCH_2L_SEGMENTS_MAX ? _DM_SCH_2L_SEGMENTS_MAX : most_d < 1 ? 1 : (int)most_d, S, best = 1;
