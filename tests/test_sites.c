@@ -204,7 +204,7 @@ static void test_sites_pipelined(void** s) {
 }
 
 /* The gathers pipelined (_dm_pick_3l_gather_segments: told links of 1 us latency, the model
-   cuts blocks of 512 KiB and more in segments; by default it does not): right on the suite's
+   cuts blocks of 256 KiB and more in segments; by default it does not): right on the suite's
    exact data at block counts that no segment count divides, on 2 sites x 2 hosts x 2 (the
    cross rails one exchange, site rails and host rings), 3 sites x 2 hosts x 1 (cross rings,
    no host ring) and 3 sites x 1 host x 2 (no site rail); and reduce_scatter's bytes on data no
