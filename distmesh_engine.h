@@ -667,7 +667,7 @@ typedef struct _dm_eng {
     bool single_copy_no;        /* DISTMESH_SINGLE_COPY=0 on this rank: it offers no buffer */
 } _dm_eng;
 #define _DM_ENG_SERVICE_FDS 80      /* pfds entries kept for poll_fill */
-#define _DM_ENG_XFER_MAX 2          /* transfers run together (_dm_eng_run_n) */
+#define _DM_ENG_XFER_MAX 3          /* transfers run together (_dm_eng_run_n) */
 
 /* Numbers the sites by first appearance into site (rank -> site; site_of NULL: one site) and
    the hosts site by site, each site's by first appearance, into y->host_of; key holds host_of's
@@ -1593,9 +1593,10 @@ _DM_PRIVATE bool _dm_eng_recv_wait(const _dm_xfer* x, const _dm_xstate* s) {
    first, then yielding, then blocking, all under the collective's deadline (counted from the
    first clock read: one that never waits needs no clock). While spinning, and in the first
    idle rounds, the clock is read every 16th round only, so bytes that land are seen a clock
-   read sooner. Running two at once is
+   read sooner. Running two or three at once is
    how a schedule overlaps phases on different links (the two-level all-reduce's host ring on
-   shared memory and its rail across hosts); each needs its own scratch (_dm_xfer.tmp). */
+   shared memory and its rail across hosts; the three-level gathers' host ring, site rail and
+   cross rail); each needs its own scratch (_dm_xfer.tmp). */
 _DM_PRIVATE dm_status _dm_eng_run_n(_dm_eng* lk, const _dm_xfer* xs, int n) {
     _dm_xstate s[_DM_ENG_XFER_MAX];
     int64_t deadline = 0, idle_since = 0;

@@ -28,7 +28,7 @@
        >>three-level             schedule: three-level all-reduce (hosts at sites, DISTMESH_SITE)
        >>chain                   schedule: pipelined chain (broadcast)
        >>dissemination           schedule: dissemination rounds (barrier)
-       >>three-level others      schedules: all-gather, reduce-scatter, barrier, chain order across sites
+       >>three-level others      schedules: all-gather, reduce-scatter (pipelined), barrier, chain across sites
        >>choice                  the cost model and the fixed choice of algorithm
        >>entry points            what the vtable slots call: check, choose, run, record
        >>peers                   P: the peers a rank's fixed-peer schedules use */
@@ -208,22 +208,30 @@ _DM_PRIVATE dm_status _dm_sch_ring(_dm_eng* lk, const _dm_team* t, const void* s
 /* Ring all-gather over team t of K pieces per position: pieces[p * K + k] is piece k of
    position p, bytes each, this position's already in place. Step g sends the pieces of
    position me-g and receives those of me-g-1 straight into place, each forwarded the next
-   step as it arrives. */
+   step as it arrives. _dm_sch_gather_steps appends these steps to st from step i on (returns
+   the next), for len bytes at offset off of each piece: the whole pieces, or one segment of
+   them (the pipelined three-level gathers, >>three-level others). */
+_DM_PRIVATE int _dm_sch_gather_steps(_dm_steps* st, int i, const _dm_team* t, void* const* pieces, int K, size_t off,
+                                     size_t len) {
+    int W = t->n, g, k;
+    for (g = 0; g < W - 1; g++)
+        for (k = 0; k < K; k++, i++) {
+            st->ss[i].buf = (const unsigned char*)pieces[_dm_mod(t->me - g, W) * K + k] + off;
+            st->ss[i].len = len;
+            st->ss[i].gate = g == 0 ? -1 : i - K;
+            st->rs[i].buf = (unsigned char*)pieces[_dm_mod(t->me - g - 1, W) * K + k] + off;
+            st->rs[i].len = len;
+            st->rs[i].after_send = -1;
+        }
+    return i;
+}
 _DM_PRIVATE dm_status _dm_sch_ring_gather(_dm_eng* lk, const _dm_team* t, void* const* pieces, int K, size_t bytes,
                                           int kind, dm_dtype dtype, const _dm_fp* fp) {
-    int W = t->n, g, k, i = 1;
+    int W = t->n, i;
     _dm_steps st;
     if (W == 1) return DM_OK;
     _DM_TRY(_dm_steps_alloc(lk, &st, 1 + (W - 1) * K, fp, _dm_kind_name(kind)));
-    for (g = 0; g < W - 1; g++)
-        for (k = 0; k < K; k++, i++) {
-            st.ss[i].buf = (const unsigned char*)pieces[_dm_mod(t->me - g, W) * K + k];
-            st.ss[i].len = bytes;
-            st.ss[i].gate = g == 0 ? -1 : i - K;
-            st.rs[i].buf = (unsigned char*)pieces[_dm_mod(t->me - g - 1, W) * K + k];
-            st.rs[i].len = bytes;
-            st.rs[i].after_send = -1;
-        }
+    i = _dm_sch_gather_steps(&st, 1, t, pieces, K, 0, bytes);
     return _dm_steps_run(lk, t, &st, i, _dm_kind_name(kind), dtype, DM_SUM, fp);
 }
 
@@ -231,26 +239,37 @@ _DM_PRIVATE dm_status _dm_sch_ring_gather(_dm_eng* lk, const _dm_team* t, void* 
    piece k of position p's block. Step g sends the partial pieces of position me-g-1 (this
    rank's input first, then scratch) and reduces the received ones of me-g-2 into scratch (K
    pieces), which must first have been sent on; the last step (this position's own pieces)
-   lands in out (K pieces; out may be scratch). divide > 0: MEAN's division, on the last. */
+   lands in out (K pieces; out may be scratch). divide > 0: MEAN's division, on the last.
+   _dm_sch_rs_steps appends these steps to st from step i on (returns the next), for len
+   bytes at offset off of each piece, piece k of out and scratch at k x stride: the whole
+   pieces (stride = len = bytes), or one segment of them (>>three-level others). Each element
+   is reduced in the same order either way. */
+_DM_PRIVATE int _dm_sch_rs_steps(_dm_steps* st, int i, const _dm_team* t, const unsigned char* const* in,
+                                 unsigned char* out, unsigned char* scratch, size_t stride, int K, size_t off, size_t len,
+                                 int divide) {
+    int W = t->n, g, k;
+    for (g = 0; g < W - 1; g++)
+        for (k = 0; k < K; k++, i++) {
+            _dm_rstep* s = &st->rs[i];
+            st->ss[i].buf = g == 0 ? in[_dm_mod(t->me - 1, W) * K + k] + off : scratch + (size_t)k * stride + off;
+            st->ss[i].len = len;
+            st->ss[i].gate = g == 0 ? -1 : i - K;
+            s->buf = (g == W - 2 ? out : scratch) + (size_t)k * stride + off;
+            s->len = len;
+            s->own = in[_dm_mod(t->me - g - 2, W) * K + k] + off;
+            s->divide = g == W - 2 ? divide : 0;
+            /* rs[i] overwrites scratch, which ss[i] (sent in the same step) still reads */
+            s->after_send = g >= 1 && st->ss[i].buf == s->buf ? i : -1;
+        }
+    return i;
+}
 _DM_PRIVATE dm_status _dm_sch_ring_rs(_dm_eng* lk, const _dm_team* t, const unsigned char* const* in, unsigned char* out,
                                       unsigned char* scratch, int K, size_t bytes, dm_dtype dtype, dm_reduce_op op,
                                       int divide, const _dm_fp* fp) {
-    int W = t->n, g, k, i = 1;
+    int W = t->n, i;
     _dm_steps st;
     _DM_TRY(_dm_steps_alloc(lk, &st, 1 + (W - 1) * K, fp, "reduce_scatter"));
-    for (g = 0; g < W - 1; g++)
-        for (k = 0; k < K; k++, i++) {
-            _dm_rstep* s = &st.rs[i];
-            st.ss[i].buf = g == 0 ? in[_dm_mod(t->me - 1, W) * K + k] : scratch + (size_t)k * bytes;
-            st.ss[i].len = bytes;
-            st.ss[i].gate = g == 0 ? -1 : i - K;
-            s->buf = (g == W - 2 ? out : scratch) + (size_t)k * bytes;
-            s->len = bytes;
-            s->own = in[_dm_mod(t->me - g - 2, W) * K + k];
-            s->divide = g == W - 2 ? divide : 0;
-            /* rs[i] overwrites scratch, which ss[i] (sent in the same step) still reads */
-            s->after_send = g >= 1 && st.ss[i].buf == s->buf ? i : -1;
-        }
+    i = _dm_sch_rs_steps(&st, 1, t, in, out, scratch, bytes, K, 0, bytes, divide);
     return _dm_steps_run(lk, t, &st, i, "reduce_scatter", dtype, op, fp);
 }
 
@@ -830,7 +849,10 @@ _DM_PRIVATE dm_status _dm_sch_dissemination(_dm_eng* lk, const _dm_team* t, int 
    all-reduce (>>three-level), every byte that must reach another site crosses the site link
    once, a barrier crosses it only in the site leaders' dissemination, and the chain crosses
    each site boundary once. The gathers run on even layouts (every host L ranks, every site HS
-   hosts: _dm_pick_gather_three_level), the barrier and the chain on any sited one. */
+   hosts: _dm_pick_gather_three_level), the barrier and the chain on any sited one; in S > 1
+   segments (the model's, _dm_pick_3l_gather_segments) their three phases run pipelined, as
+   the two-level all-reduce's middle does (_dm_sch_2l_stage): stage by stage, three transfers
+   at once (_dm_sch_3l_stage). */
 
 /* The broadcast chain's k-th host from the root's host rh across sites: the hosts of rh's site
    from rh on, around the site, then the hosts after that site in host order, around: the other
@@ -870,16 +892,118 @@ _DM_PRIVATE dm_status _dm_sch_reduce_scatter_host(_dm_eng* lk, const unsigned ch
     for (q = 0; q < y->H; q++) memcpy(tmp + (size_t)q * bytes, pieces[q], bytes);
     return DM_OK;
 }
-/* All-gather of W blocks of bytes into recvs (this rank's in place), over cross rail (i, j):
-   the NS sites' blocks; then site rail i: the HS hosts' NS blocks each; then the host's ring:
-   the L local ranks' H blocks each. The site link carries each block to each other site once
-   (the two-level rails' ring carries (H - 1) / (NS - 1) / HS times as much). pieces: W
-   entries of scratch. */
-_DM_PRIVATE dm_status _dm_sch_all_gather_3l(_dm_eng* lk, int kind, void* const* recvs, void** pieces, size_t bytes,
-                                            dm_dtype dtype, const _dm_fp* fp) {
+/* The transfers of one stage of a pipelined schedule, run together (_dm_eng_run_n): each a
+   ring over its own team on steps of its own, with its own scratch for reductions. */
+typedef struct _dm_sch_3l_stage {
+    _dm_xfer x[_DM_ENG_XFER_MAX];
+    _dm_steps st[_DM_ENG_XFER_MAX];
+    int n;
+} _dm_sch_3l_stage;
+/* The steps of the stage's next transfer (n of them, the fingerprint first), or NULL when out
+   of memory (recorded). */
+_DM_PRIVATE _dm_steps* _dm_sch_3l_steps(_dm_eng* lk, _dm_sch_3l_stage* g, int n, const _dm_fp* fp, const char* op) {
+    if (_dm_steps_alloc(lk, &g->st[g->n], n, fp, op) != DM_OK) return NULL;
+    return &g->st[g->n++];
+}
+/* The stage's last steps (k of them) become its transfer over team t. */
+_DM_PRIVATE void _dm_sch_3l_xfer(_dm_sch_3l_stage* g, const _dm_team* t, int k, const char* op, dm_dtype dtype,
+                                 dm_reduce_op rop, const _dm_fp* fp, unsigned char* tmp) {
+    _dm_xfer* x = &g->x[g->n - 1];
+    _dm_sch_ring_xfer(x, t, &g->st[g->n - 1], k, dtype, rop, fp, tmp);
+    x->op = op;
+}
+/* Runs the stage's transfers together (st: DM_OK, or a failure building them) and frees the
+   steps. */
+_DM_PRIVATE dm_status _dm_sch_3l_run(_dm_eng* lk, _dm_sch_3l_stage* g, dm_status st) {
+    int j;
+    if (st == DM_OK && g->n > 0) st = _dm_eng_run_n(lk, g->x, g->n);
+    for (j = 0; j < g->n; j++) {
+        _dm_free(&lk->c->allocator, g->st[j].ss);
+        _dm_free(&lk->c->allocator, g->st[j].rs);
+    }
+    g->n = 0;
+    return st;
+}
+/* The pieces the pipelined gathers' three rings move: the cross rail's NS (site order), the
+   site rail's HS x NS (host j's: its rank i's at each site), the host's ring L x H (local rank
+   p's: rail p's, host order); W + H + NS entries in all. */
+typedef struct _dm_sch_3l_pieces { unsigned char **cross, **site, **host; } _dm_sch_3l_pieces;
+_DM_PRIVATE void _dm_sch_3l_pieces_at(const _dm_layout* y, unsigned char** all, _dm_sch_3l_pieces* pc) {
+    pc->cross = all; pc->site = all + y->NS; pc->host = all + y->NS + y->H;
+}
+/* The all-gather's: every piece the block of the rank at its place in recvs. */
+_DM_PRIVATE void _dm_sch_3l_gather_pieces(_dm_eng* lk, void* const* recvs, unsigned char** all, _dm_sch_3l_pieces* pc) {
     const _dm_layout* y = &lk->lay;
-    int i = y->local[lk->c->rank], HS = y->HSmin, NS = y->NS, j, k;
+    int i = y->local[lk->c->rank], NS = y->NS, j, k, p, q;
+    _dm_team cross = _dm_sch_cross_rail(lk, i);
+    _dm_sch_3l_pieces_at(y, all, pc);
+    for (k = 0; k < NS; k++) pc->cross[k] = (unsigned char*)recvs[cross.ranks[k]];
+    for (j = 0; j < y->HSmin; j++)
+        for (k = 0; k < NS; k++) pc->site[j * NS + k] = (unsigned char*)recvs[_dm_sch_3l_at(y, k, j, i)];
+    for (p = 0; p < y->Lmax; p++)
+        for (q = 0; q < y->H; q++) pc->host[p * y->H + q] = (unsigned char*)recvs[y->members[y->start[q] + p]];
+}
+/* Stage s of the pipelined all-gather (S segments of count elements, S + 2 stages): the cross
+   rail gathers segment s, the site rail segment s - 1 (its other sites' pieces arrived in
+   stage s - 1), the host's ring segment s - 2, at once. */
+_DM_PRIVATE dm_status _dm_sch_all_gather_3l_stage(_dm_eng* lk, int kind, const _dm_sch_3l_pieces* pc, size_t count,
+                                                  size_t esize, dm_dtype dtype, const _dm_fp* fp, int S, int s) {
+    const _dm_layout* y = &lk->lay;
+    const char* op = _dm_kind_name(kind);
+    int i = y->local[lk->c->rank], NS = y->NS, HS = y->HSmin, L = y->Lmax, k;
+    _dm_team cross = _dm_sch_cross_rail(lk, i), site = _dm_sch_site_rail(lk, i), host = _dm_sch_host(lk, L);
+    _dm_sch_3l_stage g;
+    _dm_steps* st;
+    size_t off, len;
+    g.n = 0;
+    if (s < S) {
+        _dm_segment(count, S, s, &off, &len);
+        if (!(st = _dm_sch_3l_steps(lk, &g, NS, fp, op)))
+            return _dm_sch_3l_run(lk, &g, DM_ERR_OUT_OF_MEMORY);
+        k = _dm_sch_gather_steps(st, 1, &cross, (void* const*)pc->cross, 1, off * esize, len * esize);
+        _dm_sch_3l_xfer(&g, &cross, k, op, dtype, DM_SUM, fp, NULL);
+    }
+    if (s >= 1 && s <= S && HS > 1) {
+        _dm_segment(count, S, s - 1, &off, &len);
+        if (!(st = _dm_sch_3l_steps(lk, &g, 1 + (HS - 1) * NS, fp, op)))
+            return _dm_sch_3l_run(lk, &g, DM_ERR_OUT_OF_MEMORY);
+        k = _dm_sch_gather_steps(st, 1, &site, (void* const*)pc->site, NS, off * esize, len * esize);
+        _dm_sch_3l_xfer(&g, &site, k, op, dtype, DM_SUM, fp, NULL);
+    }
+    if (s >= 2 && L > 1) {
+        _dm_segment(count, S, s - 2, &off, &len);
+        if (!(st = _dm_sch_3l_steps(lk, &g, 1 + (L - 1) * y->H, fp, op)))
+            return _dm_sch_3l_run(lk, &g, DM_ERR_OUT_OF_MEMORY);
+        k = _dm_sch_gather_steps(st, 1, &host, (void* const*)pc->host, y->H, off * esize, len * esize);
+        _dm_sch_3l_xfer(&g, &host, k, op, dtype, DM_SUM, fp, NULL);
+    }
+    return _dm_sch_3l_run(lk, &g, DM_OK);
+}
+/* All-gather of W blocks of count elements into recvs (this rank's in place), over cross rail
+   (i, j): the NS sites' blocks; then site rail i: the HS hosts' NS blocks each; then the
+   host's ring: the L local ranks' H blocks each. The site link carries each block to each
+   other site once (the two-level rails' ring carries (H - 1) / (NS - 1) / HS times as much).
+   S > 1: the three run pipelined by segment (_dm_sch_all_gather_3l_stage), each block cut
+   into S segments of elements (_dm_segment); the same bytes cross the same links. pieces: W
+   entries of scratch. */
+_DM_PRIVATE dm_status _dm_sch_all_gather_3l(_dm_eng* lk, int kind, void* const* recvs, void** pieces, size_t count,
+                                            dm_dtype dtype, const _dm_fp* fp, int S) {
+    const _dm_layout* y = &lk->lay;
+    int i = y->local[lk->c->rank], HS = y->HSmin, NS = y->NS, j, k, s;
+    size_t esize = dm_dtype_size(dtype), bytes = count * esize;
     _dm_team t = _dm_sch_cross_rail(lk, i);
+    if (S > 1) {
+        size_t n_all = (size_t)(lk->c->size + y->H + NS);
+        unsigned char** all = (unsigned char**)_dm_malloc(&lk->c->allocator, sizeof(void*) * n_all);
+        _dm_sch_3l_pieces pc;
+        dm_status st = DM_OK;
+        if (!all) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, _dm_kind_name(kind));
+        _dm_sch_3l_gather_pieces(lk, recvs, all, &pc);
+        for (s = 0; s < S + 2 && st == DM_OK; s++)
+            st = _dm_sch_all_gather_3l_stage(lk, kind, &pc, count, esize, dtype, fp, S, s);
+        _dm_free(&lk->c->allocator, all);
+        return st;
+    }
     for (k = 0; k < NS; k++) pieces[k] = recvs[t.ranks[k]];
     _DM_TRY(_dm_sch_ring_gather(lk, &t, pieces, 1, bytes, kind, dtype, fp));
     t = _dm_sch_site_rail(lk, i);                 /* host j's pieces: its rank i's sites, site order */
@@ -888,19 +1012,93 @@ _DM_PRIVATE dm_status _dm_sch_all_gather_3l(_dm_eng* lk, int kind, void* const* 
     _DM_TRY(_dm_sch_ring_gather(lk, &t, pieces, NS, bytes, kind, dtype, fp));
     return _dm_sch_all_gather_host(lk, kind, recvs, pieces, bytes, dtype, fp);
 }
+/* Stage s of the pipelined reduce-scatter (S segments of count elements, S + 2 stages), the
+   all-gather's backwards: the host's ring reduces segment s into tmp (a host of one rank
+   copies it), the site rail segment s - 1 of tmp into mid, the cross rail segment s - 2 of mid
+   into out, at once, each reducing through scratch of its own (lk->tmp, chunks[0], chunks[1]:
+   tmp_size bytes each). */
+_DM_PRIVATE dm_status _dm_sch_reduce_scatter_3l_stage(_dm_eng* lk, const _dm_sch_3l_pieces* pc, unsigned char* out,
+                                                      unsigned char* tmp, unsigned char* mid, unsigned char* const* chunks,
+                                                      size_t count, dm_dtype dtype, dm_reduce_op op, int divide,
+                                                      const _dm_fp* fp, int S, int s) {
+    const _dm_layout* y = &lk->lay;
+    int i = y->local[lk->c->rank], NS = y->NS, HS = y->HSmin, L = y->Lmax, H = y->H, k;
+    size_t esize = dm_dtype_size(dtype), bytes = count * esize, off, len;
+    _dm_team cross = _dm_sch_cross_rail(lk, i), site = _dm_sch_site_rail(lk, i), host = _dm_sch_host(lk, L);
+    _dm_sch_3l_stage g;
+    _dm_steps* st;
+    g.n = 0;
+    if (s < S) {
+        _dm_segment(count, S, s, &off, &len);
+        off *= esize; len *= esize;
+        if (L == 1) {
+            for (k = 0; k < H; k++) memcpy(tmp + (size_t)k * bytes + off, pc->host[k] + off, len);
+        } else {
+            if (!(st = _dm_sch_3l_steps(lk, &g, 1 + (L - 1) * H, fp, "reduce_scatter")))
+                return _dm_sch_3l_run(lk, &g, DM_ERR_OUT_OF_MEMORY);
+            k = _dm_sch_rs_steps(st, 1, &host, (const unsigned char* const*)pc->host, tmp, tmp, bytes, H, off, len, 0);
+            _dm_sch_3l_xfer(&g, &host, k, "reduce_scatter", dtype, op, fp, NULL);
+        }
+    }
+    if (s >= 1 && s <= S) {
+        _dm_segment(count, S, s - 1, &off, &len);
+        off *= esize; len *= esize;
+        if (HS == 1) {
+            for (k = 0; k < NS; k++) memcpy(mid + (size_t)k * bytes + off, pc->site[k] + off, len);
+        } else {
+            if (!(st = _dm_sch_3l_steps(lk, &g, 1 + (HS - 1) * NS, fp, "reduce_scatter")))
+                return _dm_sch_3l_run(lk, &g, DM_ERR_OUT_OF_MEMORY);
+            k = _dm_sch_rs_steps(st, 1, &site, (const unsigned char* const*)pc->site, mid, mid, bytes, NS, off, len, 0);
+            _dm_sch_3l_xfer(&g, &site, k, "reduce_scatter", dtype, op, fp, chunks[0]);
+        }
+    }
+    if (s >= 2) {
+        _dm_segment(count, S, s - 2, &off, &len);
+        off *= esize; len *= esize;
+        if (!(st = _dm_sch_3l_steps(lk, &g, NS, fp, "reduce_scatter")))
+            return _dm_sch_3l_run(lk, &g, DM_ERR_OUT_OF_MEMORY);
+        k = _dm_sch_rs_steps(st, 1, &cross, (const unsigned char* const*)pc->cross, out, out, bytes, 1, off, len, divide);
+        _dm_sch_3l_xfer(&g, &cross, k, "reduce_scatter", dtype, op, fp, chunks[1]);
+    }
+    return _dm_sch_3l_run(lk, &g, DM_OK);
+}
 /* Reduce-scatter, the all-gather's steps backwards: the host's ring reduces, for local rank i,
    rail i's H blocks (into tmp, host order, so site by site); site rail i reduces those into
    the NS blocks of its host's rank i at each site (tmp + H blocks); cross rail (i, j) reduces
-   them into this rank's block of out (MEAN divides there). in: W blocks of bytes, rank order,
-   read only in the first step, so out may be one of them. pieces: W entries; tmp: H + NS
-   blocks. */
+   them into this rank's block of out (MEAN divides there). in: W blocks of count elements,
+   rank order, read only in the first step (segment s of it in stage s when pipelined), so out
+   may be one of them. pieces: W entries; tmp: H + NS blocks, then (S > 1) two scratch chunks
+   of tmp_size bytes. S > 1: pipelined by segment (_dm_sch_reduce_scatter_3l_stage); every
+   element is reduced by the same rings in the same order as with S = 1 (_dm_sch_rs_steps), so
+   the bits are the same. */
 _DM_PRIVATE dm_status _dm_sch_reduce_scatter_3l(_dm_eng* lk, const unsigned char* in, const unsigned char** pieces,
-                                                unsigned char* out, unsigned char* tmp, size_t bytes, dm_dtype dtype,
-                                                dm_reduce_op op, int divide, const _dm_fp* fp) {
+                                                unsigned char* out, unsigned char* tmp, size_t count, dm_dtype dtype,
+                                                dm_reduce_op op, int divide, const _dm_fp* fp, int S) {
     const _dm_layout* y = &lk->lay;
-    int i = y->local[lk->c->rank], HS = y->HSmin, NS = y->NS, j, k;
+    int i = y->local[lk->c->rank], HS = y->HSmin, NS = y->NS, W = lk->c->size, j, k, s;
+    size_t bytes = count * dm_dtype_size(dtype);
     unsigned char* mid = tmp + (size_t)y->H * bytes;
     _dm_team t;
+    if (S > 1) {
+        unsigned char** all = (unsigned char**)_dm_malloc(&lk->c->allocator, sizeof(void*) * (size_t)(W + y->H + NS));
+        unsigned char* chunks[2];
+        _dm_sch_3l_pieces pc;
+        dm_status st = DM_OK;
+        if (!all) return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: reduce_scatter: out of memory", lk->tag);
+        chunks[0] = mid + (size_t)NS * bytes;
+        chunks[1] = chunks[0] + lk->tmp_size;
+        _dm_sch_3l_pieces_at(y, all, &pc);
+        for (k = 0; k < NS; k++) pc.cross[k] = mid + (size_t)k * bytes;
+        for (j = 0; j < HS; j++)                  /* host j's pieces: site by site */
+            for (k = 0; k < NS; k++) pc.site[j * NS + k] = tmp + (size_t)(y->site_start[k] + j) * bytes;
+        for (j = 0; j < y->Lmax; j++)             /* local rank j's: rail j's H blocks, host order */
+            for (k = 0; k < y->H; k++)
+                pc.host[j * y->H + k] = (unsigned char*)in + (size_t)y->members[y->start[k] + j] * bytes;
+        for (s = 0; s < S + 2 && st == DM_OK; s++)
+            st = _dm_sch_reduce_scatter_3l_stage(lk, &pc, out, tmp, mid, chunks, count, dtype, op, divide, fp, S, s);
+        _dm_free(&lk->c->allocator, all);
+        return st;
+    }
     _DM_TRY(_dm_sch_reduce_scatter_host(lk, in, pieces, tmp, bytes, dtype, op, fp));
     t = _dm_sch_site_rail(lk, i);                 /* host j's pieces: site by site */
     for (j = 0; j < HS; j++)
@@ -1303,15 +1501,57 @@ _DM_PRIVATE bool _dm_pick_gather_two_level(const _dm_eng* lk, double b) {
     two = _dm_cost(cross, y->H - 1, b * y->Lmax) + _dm_cost(shm, y->Lmax - 1, b * y->H);
     return two < flat;
 }
-/* Three-level all_gather / reduce_scatter with blocks of b bytes (>>three-level others): the
-   cross rails' NS - 1 steps put a site's L x HS blocks on its link (L on each host's), the
-   site rails' HS - 1 steps L x NS on each host's link, the host's ring L - 1 steps of H. */
-_DM_PRIVATE double _dm_cost_3l_gather(const _dm_eng* lk, double b) {
+/* A pipeline of n phases over S segments, run stage by stage (_dm_eng_run_n): in stage s phase
+   k works on segment s - k, and a stage costs its slowest phase; part[k]: phase k's cost on one
+   segment. S = 1: the phases one after the other. */
+_DM_PRIVATE double _dm_cost_stages(const double* part, int n, int S) {
+    double t = 0;
+    int s, k;
+    for (s = 0; s < S + n - 1; s++) {
+        double most = 0;
+        for (k = 0; k < n; k++)
+            if (s - k >= 0 && s - k < S && part[k] > most) most = part[k];
+        t += most;
+    }
+    return t;
+}
+/* Three-level all_gather / reduce_scatter with blocks of b bytes over S segments (>>three-level
+   others): on each segment the cross rails' NS - 1 steps put a site's L x HS blocks' segments
+   on its link (L on each host's), the site rails' HS - 1 steps L x NS on each host's link, the
+   host's ring L - 1 steps of H; stage by stage (_dm_cost_stages: each segment pays every
+   step's latency again, the site link's too). */
+_DM_PRIVATE double _dm_cost_3l_gather_in(const _dm_eng* lk, double b, int S) {
     const _dm_layout* y = &lk->lay;
     int L = y->Lmax, HS = y->HSmin, NS = y->NS;
-    return _dm_cost_sites(lk, NS - 1.0, b * L * HS, b * L) +
-           _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), HS - 1.0, b * L * NS) +
-           _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), L - 1.0, b * y->H);
+    double part[3];
+    b /= S;
+    part[0] = _dm_cost_sites(lk, NS - 1.0, b * L * HS, b * L);
+    part[1] = _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), HS - 1.0, b * L * NS);
+    part[2] = _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), L - 1.0, b * y->H);
+    return _dm_cost_stages(part, 3, S);
+}
+/* The segments of the three-level gathers with blocks of b bytes: of 1, 2, 4, ... and the most
+   allowed (a block's segment _DM_SCH_3L_GATHER_SEGMENT bytes or more, at most
+   _DM_SCH_2L_SEGMENTS_MAX), the cheapest by the model (ties: the fewer). A function of the
+   layout and b alone, so every rank cuts alike; each segment has an element (b / S >= the
+   minimum, far above an element). On 2 sites x 2 hosts x 2 (hosts 2 Gbit/s, site link 200
+   Mbit/s, told: DISTMESH_SITE_LINK=100,0.2 DISTMESH_HOST_LINK=100,2) 16 MiB all_gather took
+   387 ms in 4 segments, 375 in 8, 351 in 16 (the model's, a 128 KiB segment; 1.05x the bound,
+   TCP's headers): the last segments' site rail and host ring are the tail. */
+#define _DM_SCH_3L_GATHER_SEGMENT ((size_t)128 << 10)
+_DM_PRIVATE int _dm_pick_3l_gather_segments(const _dm_eng* lk, double b) {
+    double most_d = b / (double)_DM_SCH_3L_GATHER_SEGMENT, least = _dm_cost_3l_gather_in(lk, b, 1);
+    int most = most_d >= _DM_SCH_2L_SEGMENTS_MAX ? _DM_SCH_2L_SEGMENTS_MAX : most_d < 1 ? 1 : (int)most_d, S, best = 1;
+    for (S = 2; most > 1; S *= 2) {
+        int k = S < most ? S : most;
+        double t = _dm_cost_3l_gather_in(lk, b, k);
+        if (t < least) { least = t; best = k; }
+        if (S >= most) break;
+    }
+    return best;
+}
+_DM_PRIVATE double _dm_cost_3l_gather(const _dm_eng* lk, double b) {
+    return _dm_cost_3l_gather_in(lk, b, _dm_pick_3l_gather_segments(lk, b));
 }
 /* Three-level all_gather / reduce_scatter? On even layouts across sites (every host L ranks,
    every site HS hosts), forced by DISTMESH_ALGO=three_level, else where the model finds it
@@ -1592,7 +1832,8 @@ _DM_PRIVATE dm_status _dm_coll_all_gather_list(_dm_eng* lk, int kind, const void
         return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, _dm_kind_name(kind));
     if (_dm_pick_gather_three_level(lk, (double)bytes)) {
         _dm_coll_ran(lk, "three_level_ring");
-        st = _dm_sch_all_gather_3l(lk, kind, recvs, pieces, bytes, dtype, &fp);
+        st = _dm_sch_all_gather_3l(lk, kind, recvs, pieces, count, dtype, &fp,
+                                   _dm_pick_3l_gather_segments(lk, (double)bytes));
     } else if (!_dm_pick_gather_two_level(lk, (double)bytes)) {
         _dm_coll_ran(lk, "flat_ring");
         t = _dm_sch_flat(lk);
@@ -1638,14 +1879,15 @@ _DM_PRIVATE dm_status _dm_coll_all_gather(dm_collective* c, const void* send, vo
 /* Reduce-scatter. Flat: one ring in host order. Two-level (even layouts): each host's ring
    reduces, for local rank i, the blocks of rail i (H pieces), then rail i's ring reduces
    those across hosts, each rank ending with its own block. Three-level across sites
-   (>>three-level others; tmp H + NS blocks). In place (recv is input block r), the flat
+   (>>three-level others; tmp H + NS blocks, and two scratch chunks where it runs pipelined,
+   _dm_pick_3l_gather_segments). In place (recv is input block r), the flat
    ring's intermediate sums need a block of their own. */
 _DM_PRIVATE dm_status _dm_coll_reduce_scatter(dm_collective* c, const void* send, void* recv, size_t n_elems,
                                               dm_dtype dtype, dm_reduce_op op) {
     _dm_eng* lk = _dm_eng_of(c);
     const _dm_layout* y = &lk->lay;
-    int W = c->size, r = c->rank, p, q, H = y->H, divide = op == DM_MEAN ? W : 0, family;
-    size_t bytes = n_elems * dm_dtype_size(dtype), tmp_blocks;
+    int W = c->size, r = c->rank, p, q, H = y->H, divide = op == DM_MEAN ? W : 0, family, S = 1;
+    size_t bytes = n_elems * dm_dtype_size(dtype), tmp_blocks, tmp_bytes;
     const unsigned char* in = (const unsigned char*)send;
     unsigned char *out = (unsigned char*)recv, *tmp = NULL;
     const unsigned char* small[16];
@@ -1664,15 +1906,17 @@ _DM_PRIVATE dm_status _dm_coll_reduce_scatter(dm_collective* c, const void* send
     if (family == 3) tmp_blocks = (size_t)(H + y->NS);
     else if (family == 2) tmp_blocks = (size_t)H;
     else tmp_blocks = out == in + (size_t)r * bytes && W > 2 ? 1 : 0;     /* in place */
+    if (family == 3) S = _dm_pick_3l_gather_segments(lk, (double)bytes);
+    tmp_bytes = bytes * tmp_blocks + (S > 1 ? 2 * lk->tmp_size : 0);    /* pipelined: two scratch chunks */
     if (W > 16) pieces = (const unsigned char**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)W);
-    if (tmp_blocks) tmp = (unsigned char*)_dm_malloc(&c->allocator, bytes * tmp_blocks);
-    if (!pieces || (tmp_blocks && !tmp)) {
-        rc = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce_scatter: no memory for %zu bytes", lk->tag, bytes * tmp_blocks);
+    if (tmp_bytes) tmp = (unsigned char*)_dm_malloc(&c->allocator, tmp_bytes);
+    if (!pieces || (tmp_bytes && !tmp)) {
+        rc = _DM_FAIL(c, DM_ERR_OUT_OF_MEMORY, "%s: reduce_scatter: no memory for %zu bytes", lk->tag, tmp_bytes);
         goto done;
     }
     _dm_coll_ran(lk, family == 3 ? "three_level_ring" : family == 2 ? "two_level_ring" : "flat_ring");
     if (family == 3) {
-        rc = _dm_sch_reduce_scatter_3l(lk, in, pieces, out, tmp, bytes, dtype, op, divide, &fp);
+        rc = _dm_sch_reduce_scatter_3l(lk, in, pieces, out, tmp, n_elems, dtype, op, divide, &fp, S);
     } else if (family == 1) {
         t = _dm_sch_flat(lk);
         for (p = 0; p < W; p++) pieces[p] = in + (size_t)lk->order[p] * bytes;

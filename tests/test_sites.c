@@ -203,6 +203,59 @@ static void test_sites_pipelined(void** s) {
     unsetenv("DISTMESH_ALGO");
 }
 
+/* The gathers pipelined (_dm_pick_3l_gather_segments: told links of 1 us latency, the model
+   cuts blocks of 256 KiB and more in segments; by default it does not): right on the suite's
+   exact data at block counts that no segment count divides, on 2 sites x 2 hosts x 2 (the
+   cross rails one exchange, site rails and host rings), 3 sites x 2 hosts x 1 (cross rings,
+   no host ring) and 3 sites x 1 host x 2 (no site rail); and reduce_scatter's bytes on data no
+   order makes exact the same, SUM and MEAN, as with the phases one after another (three_level
+   forced: the model's segments still). */
+#define GATHERS_LINKS() (setenv("DISTMESH_SITE_LINK", "1,0.2", 1), setenv("DISTMESH_HOST_LINK", "1,2", 1))
+#define GATHERS_UNLINK() (unsetenv("DISTMESH_SITE_LINK"), unsetenv("DISTMESH_HOST_LINK"))
+static int gathers_pipelined_rank(dm_collective* c, void* user) {
+    (void)user;
+    return gathers_ran(c, ((size_t)1 << 18) + 3, "three_level_ring") ||
+           gathers_ran(c, ((size_t)1 << 17) + 1, "three_level_ring");
+}
+#define RS_N (((size_t)1 << 17) + 5)
+static float* g_rs_bytes[2][8];     /* [pipelined][rank]: SUM then MEAN, RS_N each */
+static int rs_bytes_rank(dm_collective* c, void* user) {
+    int r = dm_rank(c), W = dm_world_size(c);
+    size_t i, n = RS_N * (size_t)W;
+    float* in = (float*)malloc(n * sizeof(float));
+    float* out = (float*)malloc(2 * RS_N * sizeof(float));
+    RCHECK(in && out);
+    ((float**)user)[r] = out;
+    for (i = 0; i < n; i++) in[i] = (float)(sin((double)i * 0.37 + r * 1.3) * 50.0);
+    RST(dm_reduce_scatter(c, in, out, RS_N, DM_FLOAT32, DM_SUM));
+    RCHECK(strcmp(dm_last_algorithm(c), "three_level_ring") == 0);
+    RST(dm_reduce_scatter(c, in, out + RS_N, RS_N, DM_FLOAT32, DM_MEAN));
+    free(in);
+    return 0;
+}
+static void test_sites_gathers_pipelined(void** s) {
+    int k, r;
+    (void)s;
+    setenv("DISTMESH_ALGO", "three_level", 1);     /* 3 x 1 x 2: auto takes the two-level ring */
+    GATHERS_LINKS();
+    assert_int_equal(run_sited(&g_sited[0], gathers_pipelined_rank, NULL), DM_OK);
+    if (!TEST_SANITIZED) {
+        assert_int_equal(run_sited(&g_sited[6], gathers_pipelined_rank, NULL), DM_OK);
+        assert_int_equal(run_sited(&g_sited[1], gathers_pipelined_rank, NULL), DM_OK);
+    }
+    for (k = 1; k >= 0; k--) {      /* pipelined, then not */
+        if (k == 0) GATHERS_UNLINK();
+        assert_int_equal(run_sited(&g_sited[0], rs_bytes_rank, (void*)g_rs_bytes[k]), DM_OK);
+    }
+    for (r = 0; r < 8; r++) {
+        bool same = memcmp(g_rs_bytes[0][r], g_rs_bytes[1][r], 2 * RS_N * sizeof(float)) == 0;
+        free(g_rs_bytes[0][r]);
+        free(g_rs_bytes[1][r]);
+        if (!same) fail_msg("rank %d: reduce_scatter pipelined gave other bytes than unpipelined", r);
+    }
+    unsetenv("DISTMESH_ALGO");
+}
+
 /* Compression across sites compresses only the site link (three_level_int8 / _bf16): every rank
    the same bytes, within int8's bound of the exact sum (2 sites x scale / 2; scale = the block's
    largest site sum / 127), the error-feedback residual only on the elements this rank encodes
@@ -361,6 +414,29 @@ static void test_sites_processes_same_bytes(void** s) {
 }
 
 /* dm_shrink over sockets keeps the sites (the parent's layout without the gone rank). */
+/* The pipelined gathers (test_sites_gathers_pipelined's links) over forked ranks: sockets
+   reduce through the stage's scratch chunks, shared memory in place. */
+static int body_gathers_pipelined(dm_collective* c, int rank, int world, void* arg) {
+    int bad;
+    (void)arg;
+    RCHECK(sited_create(rank, world, NULL, &c) == 0);
+    bad = gathers_ran(c, ((size_t)1 << 17) + 1, "three_level_ring");
+    dm_destroy(c);
+    return bad;
+}
+static void test_sites_processes_gathers_pipelined(void** s) {
+    int k;
+    (void)s;
+    g_layout = &g_sited[0];
+    GATHERS_LINKS();
+    for (k = 0; k < (TEST_SANITIZED ? 1 : 2); k++) {     /* shm + tcp, then tcp alone */
+        g_transport = k == 0 ? NULL : "tcp";
+        assert_int_equal(run_world_ex(g_layout->world, body_gathers_pipelined, NULL, 90, false), 0);
+    }
+    g_transport = NULL;
+    GATHERS_UNLINK();
+    unsetenv("DISTMESH_SITE");
+}
 static int body_tcp_shrink(dm_collective* c, int rank, int world, void* arg) {
     dm_collective* n = NULL;
     int drop = 7, bad;
@@ -445,9 +521,11 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_sites_mean_same_bytes),
         cmocka_unit_test(test_sites_choice),
         cmocka_unit_test(test_sites_pipelined),
+        cmocka_unit_test(test_sites_gathers_pipelined),
         cmocka_unit_test(test_sites_compressed),
         cmocka_unit_test(test_sites_split_shrink),
         cmocka_unit_test(test_sites_processes_same_bytes),
+        cmocka_unit_test(test_sites_processes_gathers_pipelined),
         cmocka_unit_test(test_sites_tcp_shrink),
         cmocka_unit_test(test_sites_refusals),
     };
