@@ -157,19 +157,20 @@ static const _dm_link_vt _dm_sock_vt = {
    "Encrypted links"): a link that wraps a socket link (above its striping: one stream) and
    carries its plaintext stream as sealed records (distmesh_engine.h >>sealed records: the format, the
    counter nonces, the cipher of each direction). Each direction of each connection has its own
-   key (_dm_aead_key: HKDF-SHA256 of the token over both sides' hello nonces). A receive reads one
+   key (_dm_aead_key: HKDF-SHA256 of the token over both sides' hello nonces). A receive reads a
    whole record into the link's buffer and opens it before any of its bytes leave: nothing
-   that fails the tag reaches a caller. A bad tag or a bad length is -1 with EBADMSG (the
-   engine: DM_ERR_PROTOCOL naming the peer), and stays so. An end of stream inside a record
-   is the end of stream it is (-1, err 0: the peer gone), the part of the record dropped: a
-   rank killed while it sent a record is a lost peer (dm_shrink), and a man in the middle who
-   cuts the stream could as well have cut the connection. A
-   send seals up to one record from the caller's bytes and reports them moved only once all
-   of the sealed record is in the kernel (until then 0, would block: the engine presents the
-   same bytes again and polls the socket), so nothing sealed waits in here unseen. The engine
-   polls only after a receive returned 0, which this link returns only when the socket link
-   under it did (its read-ahead empty too). The key derivation needs no libcrypto; the link
-   does (DISTMESH_OPENSSL). */
+   that fails the tag reaches a caller. It reads exactly the record it needs until the link is
+   known to stay encrypted (_dm_aead_read_ahead), then up to a batch of records per socket
+   call. A bad tag or a bad length is -1 with EBADMSG (the engine: DM_ERR_PROTOCOL naming the
+   peer), and stays so. An end of stream inside a record is the end of stream it is (-1, err
+   0: the peer gone), the part of the record dropped: a rank killed while it sent a record is
+   a lost peer (dm_shrink), and a man in the middle who cuts the stream could as well have cut
+   the connection. A send seals up to a batch of records (_DM_AEAD_BATCH) from the caller's
+   bytes and reports them moved only once all of them are in the kernel (until then 0, would
+   block: the engine presents the same bytes again and polls the socket), so nothing sealed
+   waits in here unseen. The engine polls only after a receive returned 0, which this link
+   returns only when the socket link under it did (its read-ahead empty too). The key
+   derivation needs no libcrypto; the link does (DISTMESH_OPENSSL). */
 /* the keys: once per link, at its setup */
 _DM_COLD_BEGIN
 /* The key of the direction from rank `from` to rank `to` on a connection whose hello exchanged
@@ -187,10 +188,12 @@ _DM_COLD_END
 #if defined(DISTMESH_OPENSSL)
 /* Records per batch on a busy link: a send seals up to this many records (of the bytes the
    engine presents) and hands them to the kernel in one call, and a receive on a link that
-   reads ahead (_dm_aead_read_ahead) takes up to this many from the kernel in one call. One
-   system call per 64 KiB record cost more than the cipher itself (measured: 2 ranks on 2
-   simulated hosts, 64 MiB all-reduce, about 80,000 socket calls for 12 calls; SECURITY.md
-   "Encrypted links"). The records, their sizes and their order are the same either way. */
+   reads ahead (_dm_aead_read_ahead) takes up to this many from the kernel in one call. A
+   socket call per 64 KiB record (three per record received) about doubled an encrypted
+   all-reduce (2 ranks on 2 simulated hosts, 64 MiB: 150-163 ms, 69-89 ms in batches, a loaded
+   2-core VM; docs/performance.md "Encrypted links between hosts"). The records, their sizes
+   and their order are the same either way. The batch buffers (_DM_AEAD_BIG each way) are
+   allocated on a link's first send of more than a record, and first full-size record in. */
 #define _DM_AEAD_BATCH 8
 #define _DM_AEAD_BIG ((size_t)_DM_AEAD_BATCH * _DM_AEAD_MAX)
 typedef struct _dm_aeadlink {
