@@ -1478,6 +1478,7 @@ static dm_status _dm_tcp_seal_link(_dm_tcp* t, int j) {
         if (!w)
             return _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: cannot set up the encryption of the link to rank "
                             "%d (%s): out of memory, or libcrypto has no AES-256-GCM", j, l->where);
+        if (t->hosts_final && t->host_of) _dm_aead_read_ahead(w);   /* made on demand: another host's */
         t->lk.links[j] = w;
     }
     return DM_OK;
@@ -1494,7 +1495,8 @@ static dm_status _dm_tcp_seal_settle(_dm_tcp* t) {
     for (j = 0; j < t->base.size; j++) {
         _dm_link* l = t->lk.links[j];
         _dm_link* in;
-        if (j == me || !_dm_aead_of(l) || t->host_of[j] != t->host_of[me]) continue;
+        if (j == me || !_dm_aead_of(l)) continue;
+        if (t->host_of[j] != t->host_of[me]) { _dm_aead_read_ahead(l); continue; }  /* stays encrypted */
         if (!(in = _dm_aead_unwrap(l, &t->base.allocator)))
             return _DM_FAIL(&t->base, DM_ERR_INTERNAL, "tcp: rank %d (%s) sent more than the setup on a link "
                             "within this host", j, l->where);

@@ -9,7 +9,10 @@
 # DELAY=<ms> (one way per host link) puts bench/delay_line (a TUN delay line in a router namespace)
 # between the hosts, checked by a round trip and one TCP flow before the runs:
 #   make bench-hosts HOSTS=2 RANKS_PER_HOST=2 RATE=1gbit DELAY=25 SIZES="8 64M" REPS=3 COMPRESS=
-# DM_ENV="DISTMESH_SOCKETS_PER_PEER=2" passes variables to the distmesh ranks.
+# DM_ENV="DISTMESH_SOCKETS_PER_PEER=2" passes variables to the distmesh ranks. ENCRYPT=1 adds
+# distmesh_enc (DISTMESH_ENCRYPT=1) beside the plain systems, with enc/auto and the crypto bound in
+# the report; RATE=none leaves the links unshaped:
+#   make bench-hosts HOSTS=2 RANKS_PER_HOST=1 RATE=none ENCRYPT=1 SIZES="1M 64M" REPS=5 COMPRESS= IPERF=0
 # SITES=<n> splits the hosts into n sites (a router namespace each, joined through a core router
 # by one link per site shaped to SITE_RATE, default 200mbit; SITE_DELAY=<ms> delays it) and runs
 # distmesh_auto with DISTMESH_SITE=site<s> against distmesh_2level (without it); DELAY then needs

@@ -30,6 +30,12 @@
 #   below the rate) OUT=build/bench-hosts (under build/, relative to the repository's root)
 #   DM_ENV="DISTMESH_SOCKETS_PER_PEER=2 ..." (NAME=value words added to every distmesh rank's
 #   environment, not Gloo's)
+#   RATE=none: the links unshaped (no tc; not with DELAY, SITES or FLOW_RATE): the report has no bounds.
+#   ENCRYPT=1 adds distmesh_enc, distmesh_auto with DISTMESH_ENCRYPT=1 (AES-256-GCM links between
+#   hosts), interleaved with the others, which run with DISTMESH_ENCRYPT=0; all of distmesh's
+#   systems get DISTMESH_TOKEN (DM_ENV's, else benchtok). The report adds enc/auto per size and the
+#   crypto bound: `openssl speed -evp aes-256-gcm` at 64 KiB (bytes/s per core, raw/crypto.txt) and
+#   what sealing and opening a rank's bytes at that speed takes (all-reduce: 2 x 2(N-1)/N x S).
 #   DELAY=<ms> one-way delay (default 0: the bridge above, nothing else changes). With DELAY > 0 a
 #   router namespace replaces the bridge: the hosts' veths end there (same addresses, static
 #   neighbour entries, no ARP), every packet a host sends is routed into a TUN device whose
@@ -92,6 +98,7 @@ LAUNCH_TIMEOUT=${LAUNCH_TIMEOUT:-300}
 DELAY=${DELAY:-0}; DELAY_TOL=${DELAY_TOL:-3}; DELAY_QUEUE=${DELAY_QUEUE:-64M}; TCP_MEM_MAX=${TCP_MEM_MAX:-64M}
 CORE_MEM_MAX=${CORE_MEM_MAX:-}; DM_ENV=${DM_ENV:-}
 SITES=${SITES:-1}; SITE_RATE=${SITE_RATE:-200mbit}; SITE_DELAY=${SITE_DELAY:-0}; COLL=${COLL:-all_reduce}
+ENCRYPT=${ENCRYPT:-0}
 
 skip() { echo "bench-hosts: skipped: $*"; exit 77; }
 die() { echo "bench-hosts: $*" >&2; exit 1; }
@@ -114,6 +121,11 @@ DM_ENV_ARGS=()
 for kv in $DM_ENV; do
     [[ $kv =~ ^[A-Z_][A-Z0-9_]*=[^[:space:]]*$ ]] || die "DM_ENV: $kv is not NAME=value"; DM_ENV_ARGS+=("$kv")
 done
+[[ $ENCRYPT =~ ^[01]$ ]] || die "ENCRYPT=$ENCRYPT: 0 or 1"
+if [ "$ENCRYPT" = 1 ]; then  # >>encrypt  distmesh_enc beside the plain systems, one token for all
+    [[ " $DM_ENV " != *" DISTMESH_ENCRYPT="* ]] || die "DM_ENV: DISTMESH_ENCRYPT is set per system with ENCRYPT=1"
+    [[ " $DM_ENV " == *" DISTMESH_TOKEN="* ]] || DM_ENV_ARGS+=("DISTMESH_TOKEN=benchtok")
+fi
 [[ $TCP_MEM_MAX =~ ^[0-9]+[KMG]?$ ]] || die "TCP_MEM_MAX=$TCP_MEM_MAX: bytes, K, M or G"
 [[ -z $CORE_MEM_MAX || $CORE_MEM_MAX =~ ^[0-9]+[KMG]?$ ]] || die "CORE_MEM_MAX=$CORE_MEM_MAX: bytes, K, M or G"
 # DM_WMEM_MAX_SEEN=<bytes> (an experiment): what distmesh's ranks read in /proc/sys/net/core/wmem_max
@@ -145,7 +157,11 @@ rate_bps() {
     python3 -c "import sys; m={'bit':1,'kbit':1e3,'mbit':1e6,'gbit':1e9}; print(int(float(sys.argv[1])*m[sys.argv[2]]))" \
         "${BASH_REMATCH[1]}" "${BASH_REMATCH[3]}"
 }
-RATE_BPS=$(rate_bps "$RATE") || die "RATE=$RATE: not a tc rate (e.g. 2gbit, 500mbit)"
+unshaped() { [ "$RATE" = none ]; }
+if unshaped; then
+    RATE_BPS=0
+    ! delayed && ! sited && [ -z "$FLOW_RATE" ] || die "RATE=none: not with DELAY, SITES or FLOW_RATE"
+else RATE_BPS=$(rate_bps "$RATE") || die "RATE=$RATE: not a tc rate (e.g. 2gbit, 500mbit), or none"; fi
 SITE_BPS=$(rate_bps "$SITE_RATE") || die "SITE_RATE=$SITE_RATE: not a tc rate (e.g. 200mbit, 1gbit)"
 FLOW_BPS=0
 if [ -n "$FLOW_RATE" ]; then FLOW_BPS=$(rate_bps "$FLOW_RATE") || die "FLOW_RATE=$FLOW_RATE: not a tc rate (e.g. 500mbit)"; fi
@@ -409,6 +425,7 @@ shape_dev() {  # namespace device [rate: instead of RATE, and no per-flow cap (a
     ip netns exec "$ns" tc -batch "$f" > "$tmp/tc.log" 2>&1
 }
 for h in $(seq 0 $((HOSTS - 1))); do
+    unshaped && break
     shape_dev "${hostns[$h]}" dmeth0 || { cat "$tmp/tc.log"; skip "tc htb${FLOW_RATE:+ with u32 filters} unavailable"; }
     shape_dev "${portns[$h]}" "p$h" || { cat "$tmp/tc.log"; skip "tc htb${FLOW_RATE:+ with u32 filters} unavailable"; }
 done
@@ -625,14 +642,15 @@ site_bytes_after() {  # system rep
 }
 run_dm() {  # system algo(empty: unset) rep [compress mode]
     local sys=$1 algo=$2 rep=$3 mode=${4:-} r h site store json=$OUT/raw/$1-rep$3.json log=$OUT/raw/$1-rep$3.log
-    local before=()
+    local before=() enc=
+    [ "$ENCRYPT" = 1 ] && enc=DISTMESH_ENCRYPT=$([ "$sys" = distmesh_enc ] && echo 1 || echo 0)
     store=$(mktemp -d "$tmp/store_XXXXXX")
     for h in $(seq 0 $((HOSTS - 1))); do before+=("$(tx_bytes "$h")"); done
     site_bytes_before
     for r in $(seq 0 $((N - 1))); do
         h=$((r / RANKS_PER_HOST)) site=
         sited && [ "$sys" != distmesh_2level ] && site=site$(site_of "$h")
-        ip netns exec "${hostns[$h]}" "${DM_WRAP[@]+"${DM_WRAP[@]}"}" env "${DM_ENV_ARGS[@]+"${DM_ENV_ARGS[@]}"}" ${algo:+DISTMESH_ALGO=$algo} ${site:+DISTMESH_SITE=$site} RANK="$r" WORLD_SIZE=$N \
+        ip netns exec "${hostns[$h]}" "${DM_WRAP[@]+"${DM_WRAP[@]}"}" env "${DM_ENV_ARGS[@]+"${DM_ENV_ARGS[@]}"}" ${enc:+"$enc"} ${algo:+DISTMESH_ALGO=$algo} ${site:+DISTMESH_SITE=$site} RANK="$r" WORLD_SIZE=$N \
             LOCAL_RANK=$((r % RANKS_PER_HOST)) LOCAL_WORLD_SIZE="$RANKS_PER_HOST" DISTMESH_TEST_HOST_ID=host$h \
             DISTMESH_SOCKET_IFNAME=dmeth0 DISTMESH_STORE="file://$store" DISTMESH_TIMEOUT=60 \
             MASTER_ADDR="$(addr_of 0)" MASTER_PORT=29500 \
@@ -685,6 +703,15 @@ run_gloo() {  # rep
 
 SYSTEMS="distmesh_auto distmesh_flat"
 if sited; then SYSTEMS="distmesh_auto distmesh_2level distmesh_flat"; fi
+[ "$ENCRYPT" = 1 ] && SYSTEMS="distmesh_auto distmesh_enc ${SYSTEMS#distmesh_auto }"
+CRYPTO_BPS=0
+if [ "$ENCRYPT" = 1 ]; then  # the crypto bound: AES-256-GCM on one core, 64 KiB per call (a record)
+    if command -v openssl >/dev/null 2>&1; then
+        timeout 60 openssl speed -seconds 2 -bytes 65536 -evp aes-256-gcm > "$OUT/raw/crypto.txt" 2>&1
+        CRYPTO_BPS=$(awk '/^AES-256-GCM/ {v = $2; sub(/k$/, "", v); printf "%.0f", v * 1000}' "$OUT/raw/crypto.txt")
+    fi
+    [ -n "$CRYPTO_BPS" ] && [ "$CRYPTO_BPS" != 0 ] || { echo "bench-hosts: openssl speed gave no AES-256-GCM figure: no crypto bound"; CRYPTO_BPS=0; }
+fi
 for m in $COMPRESS; do SYSTEMS="$SYSTEMS distmesh_$m"; done
 if [ "$COLL" = reduce_scatter ]; then echo "bench-hosts: Gloo not run (reduce_scatter)"
 elif [ -n "$GLOO_BENCH" ] && [ -x "$GLOO_BENCH" ]; then SYSTEMS="$SYSTEMS gloo"
@@ -697,7 +724,7 @@ for rep in $(seq 1 "$REPS"); do
     for sys in $SYSTEMS; do
         echo "bench-hosts: repetition $rep/$REPS: $sys" >&2
         case $sys in
-            distmesh_auto|distmesh_2level) run_dm "$sys" "" "$rep" ;;
+            distmesh_auto|distmesh_2level|distmesh_enc) run_dm "$sys" "" "$rep" ;;
             distmesh_flat) run_dm "$sys" flat_ring "$rep" ;;
             distmesh_int8|distmesh_bf16) run_dm "$sys" "" "$rep" "${sys#distmesh_}" ;;
             gloo) run_gloo "$rep" ;;
@@ -720,6 +747,6 @@ done
 
 stop_delay_lines  # their counters (packets, drops, how late) into the report
 # shellcheck disable=SC2086  # SYSTEMS: one word per system
-COLL=$COLL DELAY=$DELAY DM_ENV=$DM_ENV SITES=$SITES SITE_BPS=$SITE_BPS SITE_DELAY=$(site_delayed && echo "$SITE_DELAY" || echo 0) \
+COLL=$COLL DELAY=$DELAY DM_ENV=$DM_ENV CRYPTO_BPS=$CRYPTO_BPS SITES=$SITES SITE_BPS=$SITE_BPS SITE_DELAY=$(site_delayed && echo "$SITE_DELAY" || echo 0) \
     python3 "$(dirname "$0")/bench_hosts_report.py" "$RAW" "$OUT" "$HOSTS" "$RANKS_PER_HOST" \
     "$RATE_BPS" "$FLOW_BPS" "$OUT/raw/tc-classes.txt" $SYSTEMS || die "report failed"

@@ -26,6 +26,7 @@ import sys
 DESCRIPTION = {
     "distmesh_auto": "distmesh, DISTMESH_ALGO unset (auto)",
     "distmesh_flat": "distmesh, DISTMESH_ALGO=flat_ring",
+    "distmesh_enc": "distmesh, DISTMESH_ALGO unset (auto), DISTMESH_ENCRYPT=1 (AES-256-GCM links between hosts)",
     "distmesh_int8": "distmesh, dm_all_reduce_compressed int8 (no error-feedback state)",
     "distmesh_bf16": "distmesh, dm_all_reduce_compressed bf16 (no error-feedback state)",
     "gloo": "Gloo allreduce_ring_chunked (Debian libgloo), one process per rank",
@@ -121,6 +122,27 @@ def barrier_section(say, systems, med, labels, cross_us, sites):
     return [entry]
 
 
+def encryption_section(say, summary, med, crypto_bps, factor, n):
+    """distmesh_enc against distmesh_auto per size, and the crypto bound: each rank seals what it
+    sends and opens what it receives, factor x (N-1)/N x S each way, at openssl's AES-256-GCM
+    speed on one core. Adds crypto_us to the summary's entries."""
+    say(f"# Encrypted links (distmesh_enc: DISTMESH_ENCRYPT=1) against plain (distmesh_auto): crypto bound "
+        + (f"{crypto_bps / 1e9:.2f} GB/s per core (openssl speed -evp aes-256-gcm, 64 KiB; raw/crypto.txt)"
+           if crypto_bps else "unknown (no openssl speed figure)"))
+    say("#   crypto/rank: sealing and opening one rank's bytes at that speed, 2 x "
+        f"{factor:g}(N-1)/N x S; (auto+crypto)/auto: the ratio if none of it overlapped the transfer and"
+        " each rank had its core to itself")
+    say("#       size           auto            enc   enc/auto   crypto/rank  (auto+crypto)/auto")
+    for entry in summary:
+        b = entry["bytes"]
+        auto, enc = med.get(("distmesh_auto", b)), med.get(("distmesh_enc", b))
+        crypto = 2 * factor * (n - 1) / n * b / crypto_bps * 1e6 if crypto_bps else None
+        entry["crypto_us"] = crypto
+        say(f"{b:12d}  {fmt_ms(auto) if auto else '-':>13s}  {fmt_ms(enc) if enc else '-':>13s}"
+            f"  {enc / auto if auto and enc else float('nan'):9.2f}  {fmt_ms(crypto) if crypto else '-':>12s}"
+            f"  {(auto + crypto) / auto if auto and crypto else float('nan'):18.2f}")
+
+
 def main():
     raw, out, hosts, per_host, rate, flow = sys.argv[1:7]
     tc_classes, systems = sys.argv[7], sys.argv[8:]
@@ -130,6 +152,7 @@ def main():
     sites = int(os.environ.get("SITES") or 1)
     site_bps = float(os.environ.get("SITE_BPS") or 0)
     site_delay_ms = float(os.environ.get("SITE_DELAY") or 0)
+    crypto_bps = float(os.environ.get("CRYPTO_BPS") or 0)
     describe = dict(DESCRIPTION, **(SITE_DESCRIPTION if sites > 1 else {}))
     coll = os.environ.get("COLL") or "all_reduce"
     factor = 2.0 if coll == "all_reduce" else 1.0       # bytes on a link per byte of size, times (N-1)/N
@@ -154,7 +177,8 @@ def main():
     except OSError:
         pass
     for s in systems:
-        say(f"# {describe.get(s, s)}: {n} ranks on {hosts} hosts x {per_host}, link {rate / 1e9:g} Gbit/s"
+        say(f"# {describe.get(s, s)}: {n} ranks on {hosts} hosts x {per_host}, link "
+            + (f"{rate / 1e9:g} Gbit/s" if rate else "unshaped")
             + (f", {flow / 1e6:g} Mbit/s per flow" if flow else "")
             + (f", {delay_us / 1000:g} ms one way" if delay_us else "")
             + (f"; {sites} sites x {hosts // sites} hosts, site link {site_bps / 1e6:g} Mbit/s"
@@ -185,7 +209,8 @@ def main():
         summary = barrier_section(say, systems, med, labels, delay_us + site_delay_ms * 1000, sites)
     else:
         # bounds: bytes each host's link carries in one direction, over its rate
-        say(f"# Bounds at R = {rate / 1e9:g} Gbit/s per host link and direction (S = size):")
+        say(f"# Bounds at R = {rate / 1e9:g} Gbit/s per host link and direction (S = size):" if rate else
+            "# Links unshaped (RATE=none): no bounds (the columns say -):")
         say(f"#   flat ring (host by host) {kt}(N-1)/N x S / R, N = {n};  two-level {kt}(H-1)/H x S / R, H = {hosts}"
             + (f";  single flow {kt}(N-1)/N x S / F, F = {flow / 1e6:g} Mbit/s (flat ring, one socket per peer)" if flow else ""))
         if delay_us:
@@ -203,6 +228,8 @@ def main():
             ratio_names.append(("auto/flat", "distmesh_auto", "distmesh_flat"))
         if "distmesh_auto" in systems and "gloo" in systems:
             ratio_names.append(("auto/gloo", "distmesh_auto", "gloo"))
+        if "distmesh_enc" in systems and "distmesh_auto" in systems:
+            ratio_names.append(("enc/auto", "distmesh_enc", "distmesh_auto"))
         for m in ("int8", "bf16"):
             if f"distmesh_{m}" in systems and "distmesh_auto" in systems:
                 ratio_names.append((f"{m}/auto", f"distmesh_{m}", "distmesh_auto"))
@@ -215,11 +242,12 @@ def main():
         summary = []
         for b in sizes:
             bits = b * 8.0
-            flat_b = factor * (n - 1) / n * bits / rate * 1e6
-            two_b = factor * (hosts - 1) / hosts * bits / rate * 1e6
+            flat_b = factor * (n - 1) / n * bits / rate * 1e6 if rate else None
+            two_b = factor * (hosts - 1) / hosts * bits / rate * 1e6 if rate else None
             one_b = factor * (n - 1) / n * bits / flow * 1e6 if flow else None
-            row = f"{b:12d}  {fmt_ms(flat_b):>11s}  {fmt_ms(two_b):>13s}" + (f"  {fmt_ms(one_b):>12s}" if flow else "")
-            two_d = two_b + delay_us
+            row = (f"{b:12d}  {fmt_ms(flat_b) if rate else '-':>11s}  {fmt_ms(two_b) if rate else '-':>13s}"
+                   + (f"  {fmt_ms(one_b):>12s}" if flow else ""))
+            two_d = two_b + delay_us if rate else None
             floor_d = math.ceil(math.log2(hosts)) * delay_us
             if delay_us:
                 row += f"  {fmt_ms(two_d):>12s}  {fmt_ms(floor_d):>11s}"
@@ -238,8 +266,8 @@ def main():
                 else:
                     row += f"  {'-':>9s}"
             auto, flat = med.get(("distmesh_auto", b)), med.get(("distmesh_flat", b))
-            row += f"  {auto / two_b:11.2f}" if auto else f"  {'-':>11s}"
-            row += f"  {flat / max(flat_b, one_b or 0):10.2f}" if flat else f"  {'-':>10s}"
+            row += f"  {auto / two_b:11.2f}" if auto and rate else f"  {'-':>11s}"
+            row += f"  {flat / max(flat_b, one_b or 0):10.2f}" if flat and rate else f"  {'-':>10s}"
             if delay_us:
                 row += f"  {auto / two_d:16.2f}  {auto / floor_d:18.2f}" if auto else f"  {'-':>16s}  {'-':>18s}"
                 entry["two_level_plus_delay_us"] = two_d
@@ -250,6 +278,8 @@ def main():
             " flat ring over its bound" + (" (the single-flow one, the larger)" if flow else ""))
         say("# The bounds count wire bytes; TCP's payload is at most 1448 of each 1514-byte frame (MTU 1500, timestamps),"
             " so a perfect run sits at 1.05x its bound.")
+        if "distmesh_enc" in systems:
+            encryption_section(say, summary, med, crypto_bps, factor, n)
         sent = bytes_sent(f"{out}/raw/bytes.txt")
         if sent:
             say("# MB each host sent per launch (its link's tx counter, frames with headers; median over the launches,"
@@ -320,7 +350,8 @@ def main():
             for rep, t, w in v:
                 f.write(f"{s},{b},{rep},{t:.3f},{w}\n")
     with open(f"{out}/results.json", "w") as f:
-        doc = {"hosts": hosts, "ranks_per_host": per_host, "ranks": n, "rate_bps": rate,
+        doc = {"hosts": hosts, "ranks_per_host": per_host, "ranks": n, "rate_bps": rate or None,
+               "crypto_bps_per_core": crypto_bps or None,
                "flow_rate_bps": flow or None, "systems": systems, "sizes": summary}
         if delay_us or dm_env:
             doc.update(delay_ms=delay_us / 1000, dm_env=dm_env)

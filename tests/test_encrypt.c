@@ -5,7 +5,9 @@
    - the encrypted link alone over a socket pair: a stream in odd pieces (records of every
      size) comes through; a flipped bit is EBADMSG and nothing of that record reaches the
      caller's buffer; a stream that ends inside a record is the end of stream (err 0), the
-     part dropped;
+     part dropped; a send seals a batch of records (the same records on the wire) and a link
+     that stays encrypted reads several records at once, one that may go back to a plain socket
+     exactly its own, a flip inside a batch caught;
    - a man in the middle between forked ranks on two simulated hosts (DISTMESH_TEST_HOST_ID):
      this program defines connect() itself, so every data connection a rank opens goes to a
      proxy thread of that rank, which connects onward to the real listener and relays (the
@@ -186,6 +188,130 @@ static void test_link_round_trip_and_flip(void** state) {
     close(sv[1]);
     free(src);
     free(dst);
+}
+
+/* Sends n bytes (two pieces) through a, the sealed records read raw off the pair's other end
+   into raw (up to cap): the count the send reported in its one call that moved them, and the
+   raw bytes in *got. */
+static ptrdiff_t send_batch_raw(_dm_link* a, int raw_fd, const unsigned char* src, size_t n, unsigned char* raw,
+                                size_t cap, size_t* got) {
+    _dm_iov two[2];
+    ptrdiff_t k = 0;
+    int i, err = 0;
+    two[0].buf = src; two[0].len = 1000;
+    two[1].buf = src + 1000; two[1].len = n - 1000;
+    *got = 0;
+    for (i = 0; i < 10000 && k == 0; i++) {    /* 0 until every record of the batch is out */
+        ssize_t r;
+        k = a->vt->sendv(a, two, 2, &err);
+        while ((r = recv(raw_fd, raw + *got, cap - *got, MSG_DONTWAIT)) > 0) *got += (size_t)r;
+    }
+    for (i = 0; i < 100; i++) {                /* what the kernel still held */
+        ssize_t r = recv(raw_fd, raw + *got, cap - *got, MSG_DONTWAIT);
+        if (r > 0) *got += (size_t)r;
+        else tw_sleep_ms(1);
+    }
+    return k;
+}
+/* Writes raw into fd whole (the pair's end the link is not on: the link reads it). */
+static void put_raw(int fd, const unsigned char* raw, size_t n) {
+    size_t off = 0;
+    int i;
+    for (i = 0; i < 10000 && off < n; i++) {
+        ssize_t w = write(fd, raw + off, n - off);
+        if (w > 0) off += (size_t)w;
+        else tw_sleep_ms(1);
+    }
+    CHECK(off == n);
+}
+/* Receives up to want bytes into dst (waiting up to 10 s for the first): the count, or -1 with
+   *err. */
+static ptrdiff_t recv_some(_dm_link* b, unsigned char* dst, size_t want, int* err) {
+    ptrdiff_t k = 0;
+    int i;
+    for (i = 0; i < 10000 && k == 0; i++) {
+        k = b->vt->recv(b, dst, want, err);
+        if (k == 0) tw_sleep_ms(1);
+    }
+    return k;
+}
+/* Bytes of records the encrypted link holds (read from its socket link, not yet handed out). */
+static size_t aead_held(_dm_link* l) {
+    const _dm_aeadlink* x = (const _dm_aeadlink*)l;
+    return x->ifill - x->istart;
+}
+/* A busy link in batches: a send seals as many records of the presented bytes as a batch
+   holds and reports them in one call (once all are out), the records on the wire as they were
+   (65536 bytes each, then the rest; pieces crossed); a link told it stays encrypted
+   (_dm_aead_read_ahead) takes several records from the socket in one read, one that is not
+   takes exactly the record it needs (it may go back to a plain socket: nothing after its
+   records may be taken); a flipped bit in a batch: the records before it come through, then
+   EBADMSG, nothing of the flipped record in the buffer. */
+static void test_link_batches(void** state) {
+    static const dm_allocator none = { 0 };
+    const size_t n = 2 * (size_t)65536 + 100, wire = 2 * ((size_t)4 + 65536 + 16) + 4 + 100 + 16;
+    unsigned char k1[32], k2[32], peek1;
+    unsigned char* src = (unsigned char*)malloc(n);
+    unsigned char* dst = (unsigned char*)malloc(n);
+    unsigned char* raw = (unsigned char*)malloc(2 * wire);
+    size_t got = 0, i;
+    int sv[2], err = 0, ahead;
+    ptrdiff_t k;
+    _dm_link *a, *b;
+    (void)state;
+    memset(k1, 3, 32);
+    memset(k2, 5, 32);
+    for (i = 0; i < n; i++) src[i] = (unsigned char)(i * 7 + (i >> 11));
+    for (ahead = 0; ahead < 3; ahead++) {      /* 0: exact reads, 1: read ahead, 2: read ahead, a flip */
+        CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0);
+        a = pair_link(sv[0], k1, k2);
+        b = pair_link(sv[1], k2, k1);
+        if (ahead) _dm_aead_read_ahead(b);
+        assert_int_equal((int)a->vt->send(a, src, 40, &err), 40);      /* a small record first */
+        CHECK(tw_recv_n(sv[1], raw, 60) == 60);
+        k = send_batch_raw(a, sv[1], src, n, raw + 60, 2 * wire, &got);
+        assert_int_equal((int)k, (int)n);                      /* the batch in one call */
+        assert_int_equal((int)got, (int)wire);                 /* three records, no more */
+        assert_int_equal((int)_dm_get32(raw + 60), 65536);
+        assert_int_equal((int)_dm_get32(raw + 60 + 4 + 65536 + 16), 65536);
+        assert_int_equal((int)_dm_get32(raw + 60 + 2 * (4 + 65536 + 16)), 100);
+        if (ahead == 2) raw[60 + 4 + 65536 + 16 + 4 + 300] ^= 0x01;   /* the second record */
+        put_raw(sv[0], raw, 60 + wire);        /* in at a's end: b reads them */
+        memset(dst, 0xee, n);
+        assert_int_equal((int)recv_some(b, dst, 40, &err), 40);
+        CHECK(memcmp(src, dst, 40) == 0);
+        if (!ahead) CHECK(aead_held(b) == 0);  /* the small record taken alone (the socket link's own
+                                                  read-ahead stays its own when it is unwrapped) */
+        else CHECK(aead_held(b) > 0);           /* read past it */
+        assert_int_equal((int)recv_some(b, dst, 7, &err), 7);  /* the first record whole, opened */
+        assert_int_equal((int)recv_some(b, dst + 7, 65536 - 7, &err), 65536 - 7);
+        k = recv_some(b, dst + 65536, n, &err);
+        if (ahead == 2) {
+            assert_int_equal((int)k, -1);
+            assert_int_equal(err, EBADMSG);
+            CHECK(memcmp(src, dst, 65536) == 0);
+            for (i = 65536; i < n; i++) CHECK(dst[i] == 0xee);
+        } else {
+            assert_int_equal((int)k, 65536);
+            /* the third record: in the link's buffer when it reads ahead, else still in the socket */
+            if (ahead) {
+                CHECK(recv(sv[1], &peek1, 1, MSG_PEEK | MSG_DONTWAIT) < 0);
+                assert_int_equal((int)_dm_sock_pending(b), 4 + 100 + 16);
+            } else {
+                CHECK(recv(sv[1], &peek1, 1, MSG_PEEK | MSG_DONTWAIT) == 1);
+                assert_int_equal((int)aead_held(b), 0);
+            }
+            assert_int_equal((int)recv_some(b, dst + 2 * 65536, 100, &err), 100);
+            CHECK(memcmp(src, dst, n) == 0);
+        }
+        a->vt->destroy(a, &none);
+        b->vt->destroy(b, &none);
+        close(sv[0]);
+        close(sv[1]);
+    }
+    free(src);
+    free(dst);
+    free(raw);
 }
 
 /* ---- the man in the middle ----------------------------------------------------------------- */
@@ -806,6 +932,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_hkdf_rfc5869),
         cmocka_unit_test(test_keys_per_direction_and_connection),
         cmocka_unit_test(test_link_round_trip_and_flip),
+        cmocka_unit_test(test_link_batches),
         cmocka_unit_test(test_encrypt_needs_token),
         cmocka_unit_test(test_encrypt_mismatch_named),
         cmocka_unit_test(test_untampered_encrypted),
