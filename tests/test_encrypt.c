@@ -100,6 +100,14 @@ static _dm_link* pair_link(int fd, const unsigned char* ks, const unsigned char*
     assert_non_null(w);
     return w;
 }
+/* Destroys the two links of a pair and closes its sockets. */
+static void pair_close(_dm_link* a, _dm_link* b, const int sv[2]) {
+    static const dm_allocator none = { 0 };
+    a->vt->destroy(a, &none);
+    b->vt->destroy(b, &none);
+    close(sv[0]);
+    close(sv[1]);
+}
 /* Moves n bytes from a to b through the links, in pieces of varying size; 0, or the receive's
    errno (-1 for a failed send). */
 static int pump_through(_dm_link* a, _dm_link* b, const unsigned char* src, unsigned char* dst, size_t n) {
@@ -123,7 +131,6 @@ static int pump_through(_dm_link* a, _dm_link* b, const unsigned char* src, unsi
     return got == n ? 0 : -3;
 }
 static void test_link_round_trip_and_flip(void** state) {
-    static const dm_allocator none = { 0 };
     int sv[2], i, err = 0;
     unsigned char k1[32], k2[32], rec[64];
     size_t n = (size_t)3 << 20;
@@ -159,10 +166,7 @@ static void test_link_round_trip_and_flip(void** state) {
     for (i = 0; i < 64; i++) CHECK(dst[i] == 0xee);
     k = b->vt->recv(b, dst, 64, &err);     /* and stays failed */
     assert_int_equal((int)k, -1);
-    a->vt->destroy(a, &none);
-    b->vt->destroy(b, &none);
-    close(sv[0]);
-    close(sv[1]);
+    pair_close(a, b, sv);
     /* a stream cut inside a record: the end of stream, nothing of the part handed out */
     CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0);
     a = pair_link(sv[0], k1, k2);
@@ -182,10 +186,7 @@ static void test_link_round_trip_and_flip(void** state) {
     assert_int_equal((int)k, -1);
     assert_int_equal(err, 0);
     for (i = 0; i < 64; i++) CHECK(dst[i] == 0xee);
-    a->vt->destroy(a, &none);
-    b->vt->destroy(b, &none);
-    close(sv[0]);
-    close(sv[1]);
+    pair_close(a, b, sv);
     free(src);
     free(dst);
 }
@@ -248,7 +249,6 @@ static size_t aead_held(_dm_link* l) {
    records may be taken); a flipped bit in a batch: the records before it come through, then
    EBADMSG, nothing of the flipped record in the buffer. */
 static void test_link_batches(void** state) {
-    static const dm_allocator none = { 0 };
     const size_t n = 2 * (size_t)65536 + 100, wire = 2 * ((size_t)4 + 65536 + 16) + 4 + 100 + 16;
     unsigned char k1[32], k2[32], peek1;
     unsigned char* src = (unsigned char*)malloc(n);
@@ -304,10 +304,7 @@ static void test_link_batches(void** state) {
             assert_int_equal((int)recv_some(b, dst + 2 * 65536, 100, &err), 100);
             CHECK(memcmp(src, dst, n) == 0);
         }
-        a->vt->destroy(a, &none);
-        b->vt->destroy(b, &none);
-        close(sv[0]);
-        close(sv[1]);
+        pair_close(a, b, sv);
     }
     free(src);
     free(dst);
