@@ -639,6 +639,10 @@ typedef struct _dm_eng {
     _dm_link_cost link_env[2];  /* DISTMESH_HOST_LINK, DISTMESH_SITE_LINK: the links between hosts
                                    and between sites as the user states them (alpha 0: unset, the
                                    class's) */
+    bool site_probe;            /* the backend's links are real (TCP): where DISTMESH_SITE_LINK is
+                                   unset, the site link's latency is measured (>>site probe) */
+    _dm_link_cost site_link;    /* that measurement (alpha 0: not yet; < 0: not to be made), with
+                                   the site class's beta; the three-level gathers' segments only */
     /* P's bookkeeping (>>peers). dry: transfers record their peers in `used` and move nothing.
        peers (optional): P, the peers of this rank's fixed-peer schedules; a transfer of such a
        schedule (not on_demand) with a peer outside it is DM_ERR_INTERNAL, so a schedule that

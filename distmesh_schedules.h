@@ -30,6 +30,7 @@
        >>dissemination           schedule: dissemination rounds (barrier)
        >>three-level others      schedules: all-gather, reduce-scatter (pipelined), barrier, chain across sites
        >>choice                  the cost model and the fixed choice of algorithm
+       >>site probe              the site link's latency measured, for the gathers' segments
        >>entry points            what the vtable slots call: check, choose, run, record
        >>peers                   P: the peers a rank's fixed-peer schedules use */
 #ifndef DISTMESH_H
@@ -1161,7 +1162,9 @@ _DM_PRIVATE dm_status _dm_sch_barrier_3l(_dm_eng* lk) {
 /* >>choice  Which algorithm a collective runs: a fixed function of the group's size, its host
    layout, the count and the dtype, so every rank of a group picks the same one, and the same
    inputs on the same layout give the same bits on every transport (the threaded world given
-   that layout, shared memory + sockets, sockets alone). Nothing is measured at run time.
+   that layout, shared memory + sockets, sockets alone). Nothing is measured at run time but the
+   site link's latency over sockets, and that only for the three-level gathers' segments, which
+   never change the bits (>>site probe).
 
    The model (Hockney: a message of b bytes over a link of class c costs alpha_c + b * beta_c;
    the steps of one phase run on all links at once, so a phase costs its slowest link's steps)
@@ -1222,13 +1225,19 @@ _DM_PRIVATE int _dm_ceil_log2(int n) { int k = 0; while ((1 << k) < n) k++; retu
 /* The model's scratch, 5 x size entries after the teams' (_dm_layout.team): a round's counts
    per host and per site (2 x size), its senders and partners (size each), a rail's leaders. */
 _DM_PRIVATE int* _dm_cost_scratch(const _dm_eng* lk) { return lk->lay.team + 2 * lk->c->size; }
-/* steps messages over two classes at once, b_site bytes on each site link and b_host on each
-   host link per step: the slower of the two, or the host link's alone on one site. */
-_DM_PRIVATE double _dm_cost_sites(const _dm_eng* lk, double steps, double b_site, double b_host) {
-    double host = _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), steps, b_host), site;
+/* steps messages over two classes at once, b_site bytes on each site link (of class site) and
+   b_host on each host link per step: the slower of the two, or the host link's alone on one
+   site. */
+_DM_PRIVATE double _dm_cost_sites_at(const _dm_eng* lk, const _dm_link_cost* site, double steps, double b_site,
+                                     double b_host) {
+    double host = _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), steps, b_host), t;
     if (lk->lay.NS < 2) return host;
-    site = _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_SITE), steps, b_site);
-    return site > host ? site : host;
+    t = _dm_cost(site, steps, b_site);
+    return t > host ? t : host;
+}
+/* The same over the site class (_dm_cost_class). */
+_DM_PRIVATE double _dm_cost_sites(const _dm_eng* lk, double steps, double b_site, double b_host) {
+    return _dm_cost_sites_at(lk, _dm_cost_class(lk, _DM_COST_CROSS_SITE), steps, b_site, b_host);
 }
 /* One round of pairs (rank a[i] sends b bytes to o[i], i < n): its slowest link. A host's
    flows across share its link, and a site's flows to other sites share the site's link, so a
@@ -1519,39 +1528,55 @@ _DM_PRIVATE double _dm_cost_stages(const double* part, int n, int S) {
    others): on each segment the cross rails' NS - 1 steps put a site's L x HS blocks' segments
    on its link (L on each host's), the site rails' HS - 1 steps L x NS on each host's link, the
    host's ring L - 1 steps of H; stage by stage (_dm_cost_stages: each segment pays every
-   step's latency again, the site link's too). */
-_DM_PRIVATE double _dm_cost_3l_gather_in(const _dm_eng* lk, double b, int S) {
+   step's latency again, the site link's too); site: the site link's class. */
+_DM_PRIVATE double _dm_cost_3l_gather_in(const _dm_eng* lk, double b, int S, const _dm_link_cost* site) {
     const _dm_layout* y = &lk->lay;
     int L = y->Lmax, HS = y->HSmin, NS = y->NS;
     double part[3];
     b /= S;
-    part[0] = _dm_cost_sites(lk, NS - 1.0, b * L * HS, b * L);
+    part[0] = _dm_cost_sites_at(lk, site, NS - 1.0, b * L * HS, b * L);
     part[1] = _dm_cost(_dm_cost_class(lk, _DM_COST_CROSS_HOST), HS - 1.0, b * L * NS);
     part[2] = _dm_cost(_dm_cost_class(lk, _DM_COST_SHM), L - 1.0, b * y->H);
     return _dm_cost_stages(part, 3, S);
 }
-/* The segments of the three-level gathers with blocks of b bytes: of 1, 2, 4, ... and the most
-   allowed (a block's segment _DM_SCH_3L_GATHER_SEGMENT bytes or more, at most
-   _DM_SCH_2L_SEGMENTS_MAX), the cheapest by the model (ties: the fewer). A function of the
-   layout and b alone, so every rank cuts alike; each segment has an element (b / S >= the
-   minimum, far above an element). On 2 sites x 2 hosts x 2 (hosts 2 Gbit/s, site link 200
-   Mbit/s, told: DISTMESH_SITE_LINK=100,0.2 DISTMESH_HOST_LINK=100,2) 16 MiB all_gather took
-   387 ms in 4 segments, 375 in 8, 351 in 16 (the model's, a 128 KiB segment; 1.05x the bound,
-   TCP's headers): the last segments' site rail and host ring are the tail. */
+/* The segments of the three-level gathers with blocks of b bytes, the site link of class site:
+   of 1, 2, 4, ... and the most allowed (a block's segment _DM_SCH_3L_GATHER_SEGMENT bytes or
+   more, at most _DM_SCH_2L_SEGMENTS_MAX), the most segments the model costs within
+   _DM_SCH_3L_GATHER_SLACK of the cheapest. A function of the layout, b and the class, so every
+   rank cuts alike; each segment has an element (b / S >= the minimum, far above an element).
+   Why the slack: near its optimum the model's costs differ by a percent or so, and what it
+   leaves out falls with the segment: on 2 sites x 2 hosts x 2 (hosts 2 Gbit/s, site link 200
+   Mbit/s, told: DISTMESH_SITE_LINK=100,0.2 DISTMESH_HOST_LINK=100,2, where the model costs 4, 8
+   and 16 segments within 1.6%) 16 MiB all_gather took 387 ms in 4 segments, 375 in 8, 351 in
+   16 (a 128 KiB segment; 1.05x the bound, TCP's headers). A latency each segment pays again
+   still cuts none (the class's 5 ms on those 2 MiB blocks: two segments cost 1.4% more). */
 #define _DM_SCH_3L_GATHER_SEGMENT ((size_t)128 << 10)
-_DM_PRIVATE int _dm_pick_3l_gather_segments(const _dm_eng* lk, double b) {
-    double most_d = b / (double)_DM_SCH_3L_GATHER_SEGMENT, least = _dm_cost_3l_gather_in(lk, b, 1);
-    int most = most_d >= _DM_SCH_2L_SEGMENTS_MAX ? _DM_SCH_2L_SEGMENTS_MAX : most_d < 1 ? 1 : (int)most_d, S, best = 1;
-    for (S = 2; most > 1; S *= 2) {
-        int k = S < most ? S : most;
-        double t = _dm_cost_3l_gather_in(lk, b, k);
-        if (t < least) { least = t; best = k; }
+#define _DM_SCH_3L_GATHER_SLACK 1.01
+_DM_PRIVATE int _dm_pick_3l_gather_segments_at(const _dm_eng* lk, double b, const _dm_link_cost* site) {
+    double most_d = b / (double)_DM_SCH_3L_GATHER_SEGMENT, cost[32], least;
+    int most = most_d >= _DM_SCH_2L_SEGMENTS_MAX ? _DM_SCH_2L_SEGMENTS_MAX : most_d < 1 ? 1 : (int)most_d;
+    int seg[32], n = 0, S, j, best = 1;
+    for (S = 1; n < 32; S *= 2) {             /* 1, 2, 4, ..., most */
+        seg[n] = S < most ? S : most;
+        cost[n] = _dm_cost_3l_gather_in(lk, b, seg[n], site);
+        n++;
         if (S >= most) break;
     }
+    for (least = cost[0], j = 1; j < n; j++) least = cost[j] < least ? cost[j] : least;
+    for (j = 0; j < n; j++)
+        if (cost[j] <= least * _DM_SCH_3L_GATHER_SLACK) best = seg[j];
     return best;
 }
+/* The segments the gathers run: by the site link as measured (>>site probe) where it was, else
+   by the site class. Segments never change the bits (each element meets the same rings in the
+   same order), so a measurement may decide them; the family (below) stays the fixed model's. */
+_DM_PRIVATE int _dm_pick_3l_gather_segments(const _dm_eng* lk, double b) {
+    const _dm_link_cost* site = lk->site_link.alpha_us > 0 ? &lk->site_link : _dm_cost_class(lk, _DM_COST_CROSS_SITE);
+    return _dm_pick_3l_gather_segments_at(lk, b, site);
+}
 _DM_PRIVATE double _dm_cost_3l_gather(const _dm_eng* lk, double b) {
-    return _dm_cost_3l_gather_in(lk, b, _dm_pick_3l_gather_segments(lk, b));
+    const _dm_link_cost* site = _dm_cost_class(lk, _DM_COST_CROSS_SITE);
+    return _dm_cost_3l_gather_in(lk, b, _dm_pick_3l_gather_segments_at(lk, b, site), site);
 }
 /* Three-level all_gather / reduce_scatter? On even layouts across sites (every host L ranks,
    every site HS hosts), forced by DISTMESH_ALGO=three_level, else where the model finds it
@@ -1615,6 +1640,70 @@ _DM_PRIVATE bool _dm_pick_barrier_three_level(const _dm_eng* lk) {
     for (k = 0; k < y->H; k++) leaders[k] = y->members[y->start[k]];
     two = inside + _dm_cost_dissemination(lk, leaders, y->H);
     return three < two && three < _dm_cost_flat_dissemination(lk);
+}
+
+/* >>site probe  The site link's latency measured, where the links are real (TCP sets
+   lk->site_probe) and DISTMESH_SITE_LINK is unset: once per group, inside its first
+   three-level all_gather or reduce_scatter (every rank of the group is in that call). The
+   ranks at local index 0 time _DM_SITE_PROBE_REPS recursive doublings of 8 bytes on cross rail
+   0 after one that makes the links, and take the median per exchange (a rank's exchange ends
+   early or late by its partner's lag, alternately, so the middle two of an even number
+   average it out; the median leaves out a rank that lost its core for a while); every rank
+   then takes the largest over the group (recursive doubling) and at least the cross-host
+   class's latency. The measurement decides only how many segments the three-level gathers cut
+   (_dm_pick_3l_gather_segments): each segment pays the site link's latency again, so at the
+   class's 5 ms a 16 MiB gather cuts none, while the 200 Mbit/s link of docs/performance.md
+   "Sites" (tens of us) repays 16. Segments never change the bits; which algorithm runs, and
+   the all-reduce's segments, stay the fixed model's (>>choice), the same on every transport.
+   Cost: about 9 site-link exchanges and log2(W) group ones, once per group. The threaded
+   world, the model's front end (lk->cost) and a told DISTMESH_SITE_LINK skip it; DISTMESH_LOG=
+   info prints the result. */
+#define _DM_SITE_PROBE_REPS 8
+_DM_PRIVATE dm_status _dm_sch_site_probe(_dm_eng* lk, const _dm_fp* fp) {
+    const _dm_layout* y = &lk->lay;
+    double mine = 0, v, least = _dm_cost_class(lk, _DM_COST_CROSS_HOST)->alpha_us;
+    int64_t t0, took[_DM_SITE_PROBE_REPS];
+    int k, j, p = 1, steps;
+    _dm_team t;
+    if (!lk->site_probe || lk->dry || lk->site_link.alpha_us != 0 || lk->cost || lk->link_env[1].alpha_us > 0 || y->NS < 2)
+        return DM_OK;
+    lk->site_link.alpha_us = -1;            /* once: a failure leaves the class's */
+    if (y->local[lk->c->rank] == 0) {
+        t = _dm_sch_cross_rail(lk, 0);
+        while (p * 2 <= t.n) p *= 2;
+        steps = _dm_ceil_log2(p) + (t.n > p ? 2 : 0);
+        for (k = 0; k <= _DM_SITE_PROBE_REPS; k++) {
+            v = (double)k;
+            t0 = _dm_now_us();
+            _DM_TRY(_dm_sch_rd(lk, &t, &v, 1, DM_FLOAT64, DM_MAX, 0, fp));
+            if (k > 0) took[k - 1] = _dm_now_us() - t0;
+        }
+        for (k = 1; k < _DM_SITE_PROBE_REPS; k++)      /* insertion sort */
+            for (j = k; j > 0 && took[j - 1] > took[j]; j--) {
+                int64_t x = took[j];
+                took[j] = took[j - 1];
+                took[j - 1] = x;
+            }
+        mine = (double)(took[_DM_SITE_PROBE_REPS / 2 - 1] + took[_DM_SITE_PROBE_REPS / 2]) / 2.0 / steps;
+    }
+    t = _dm_sch_identity(lk);
+    _DM_TRY(_dm_sch_rd(lk, &t, &mine, 1, DM_FLOAT64, DM_MAX, 0, fp));
+    lk->site_link.alpha_us = mine > least ? mine : least;
+    lk->site_link.beta_ns = _dm_cost_class(lk, _DM_COST_CROSS_SITE)->beta_ns;
+    _DM_LOG(&lk->c->logger, DM_LOG_INFO, "%s: rank %d of %d: site link measured: %.1f us one way (DISTMESH_SITE_LINK "
+            "unset); the three-level gathers cut their segments by it", lk->tag, lk->c->rank, lk->c->size,
+            lk->site_link.alpha_us);
+    return DM_OK;
+}
+/* The segments of a three-level gather of blocks of b bytes (_dm_pick_3l_gather_segments),
+   said at DISTMESH_LOG=debug with the site link they were cut by. */
+_DM_PRIVATE int _dm_sch_3l_gather_segments(_dm_eng* lk, const char* op, double b) {
+    int S = _dm_pick_3l_gather_segments(lk, b);
+    if (!lk->dry)
+        _DM_LOG(&lk->c->logger, DM_LOG_DEBUG, "%s: %s #%llu: three_level_ring in %d segments (the site link %s)", lk->tag, op,
+                (unsigned long long)lk->c->seq, S,
+                lk->site_link.alpha_us > 0 ? "as measured" : lk->link_env[1].alpha_us > 0 ? "as told" : "of the model");
+    return S;
 }
 
 /* >>entry points  The vtable slots of the backends that run the engine (TCP, the threaded
@@ -1832,8 +1921,10 @@ _DM_PRIVATE dm_status _dm_coll_all_gather_list(_dm_eng* lk, int kind, const void
         return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, _dm_kind_name(kind));
     if (_dm_pick_gather_three_level(lk, (double)bytes)) {
         _dm_coll_ran(lk, "three_level_ring");
-        st = _dm_sch_all_gather_3l(lk, kind, recvs, pieces, count, dtype, &fp,
-                                   _dm_pick_3l_gather_segments(lk, (double)bytes));
+        st = _dm_sch_site_probe(lk, &fp);
+        if (st == DM_OK)
+            st = _dm_sch_all_gather_3l(lk, kind, recvs, pieces, count, dtype, &fp,
+                                       _dm_sch_3l_gather_segments(lk, _dm_kind_name(kind), (double)bytes));
     } else if (!_dm_pick_gather_two_level(lk, (double)bytes)) {
         _dm_coll_ran(lk, "flat_ring");
         t = _dm_sch_flat(lk);
@@ -1906,7 +1997,10 @@ _DM_PRIVATE dm_status _dm_coll_reduce_scatter(dm_collective* c, const void* send
     if (family == 3) tmp_blocks = (size_t)(H + y->NS);
     else if (family == 2) tmp_blocks = (size_t)H;
     else tmp_blocks = out == in + (size_t)r * bytes && W > 2 ? 1 : 0;     /* in place */
-    if (family == 3) S = _dm_pick_3l_gather_segments(lk, (double)bytes);
+    if (family == 3) {
+        _DM_TRY(_dm_sch_site_probe(lk, &fp));
+        S = _dm_sch_3l_gather_segments(lk, "reduce_scatter", (double)bytes);
+    }
     tmp_bytes = bytes * tmp_blocks + (S > 1 ? 2 * lk->tmp_size : 0);    /* pipelined: two scratch chunks */
     if (W > 16) pieces = (const unsigned char**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)W);
     if (tmp_bytes) tmp = (unsigned char*)_dm_malloc(&c->allocator, tmp_bytes);

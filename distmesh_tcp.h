@@ -2970,6 +2970,7 @@ static dm_status _dm_tcp_build(const _dm_tcp_setup* s, dm_collective** out) {
     t->addrs = (char(*)[64])_dm_calloc(&t->base.allocator, 64 * (size_t)s->size);
     t->raddrs = (char(*)[64])_dm_calloc(&t->base.allocator, 64 * (size_t)s->size);
     st = _dm_eng_init(&t->lk, &t->base, "tcp", s->chunk_bytes);
+    t->lk.site_probe = true;
     if (st == DM_ERR_ENV) goto fail;            /* DISTMESH_ALGO: its message is in last_error */
     if (st != DM_OK || !t->fds || !t->addrs || !t->raddrs) {
         st = _DM_FAIL(&t->base, DM_ERR_OUT_OF_MEMORY, "tcp: out of memory");
@@ -4278,6 +4279,7 @@ static dm_status _dm_tcp_shrink_build(_dm_tcp* n, _dm_tcp* p, const int* old_of,
     dm_allocator* a = &n->base.allocator;
     int N = n->base.size, me = n->base.rank, j;
     _DM_TRY(_dm_eng_init(&n->lk, &n->base, "tcp", p->lk.chunk));
+    n->lk.site_probe = true;
     n->lk.notice_post = _dm_tcp_notice_post;
     n->lk.notice_read = _dm_tcp_notice_read;
     n->lk.connect = _dm_tcp_eng_connect;

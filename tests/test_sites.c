@@ -6,7 +6,8 @@
    link, not for small ones or across a site link as fast as the hosts'; the gathers' across
    sites), the broadcast's site-ordered chain from every root, the same bytes from forked ranks
    over shared memory and sockets as from the threaded world, with the gathers, the broadcasts
-   and the three-level barrier there, and the refusals (a host at two sites, bad site numbers,
+   and the three-level barrier there, the site link's latency measured over sockets where
+   DISTMESH_SITE_LINK is unset (once, agreed, cutting the gathers' segments), and the refusals (a host at two sites, bad site numbers,
    a bad DISTMESH_SITE_LINK, a long desc.site). */
 #define _GNU_SOURCE
 #include "test_tcp.h"
@@ -437,6 +438,71 @@ static void test_sites_processes_gathers_pipelined(void** s) {
     GATHERS_UNLINK();
     unsetenv("DISTMESH_SITE");
 }
+/* The site link measured (distmesh_schedules.h >>site probe): over sockets with
+   DISTMESH_SITE_LINK unset, the group's first three-level gather measures it, once; every rank
+   takes the same value, and the gathers cut their segments by it: blocks of 2 MiB in more than
+   one wherever the link answers within 2 ms (the class's 5 ms cuts none). Told the link (here
+   5 ms), nothing is measured and the told link decides: one segment. */
+typedef struct probe_log { int probes, segs; double us; } probe_log;
+static void probe_logger(dm_log_level level, dm_status st, const char* msg, const char* file, int line, void* user) {
+    probe_log* p = (probe_log*)user;
+    const char* m;
+    (void)level; (void)st; (void)file; (void)line;
+    if ((m = strstr(msg, "site link measured: "))) {
+        p->probes++;
+        p->us = atof(m + strlen("site link measured: "));
+    } else if ((m = strstr(msg, "three_level_ring in "))) {
+        p->segs = atoi(m + strlen("three_level_ring in "));
+    }
+}
+static int body_site_probe(dm_collective* c, int rank, int world, void* arg) {
+    const char* told = (const char*)arg;
+    probe_log log;
+    double all[8];
+    dm_tcp_desc d;
+    int k, segs, bad = 0;
+    memset(&log, 0, sizeof(log));
+    tw_sim_host(g_layout->hosts[rank]);
+    setenv("DISTMESH_SITE", g_layout->sites[rank] ? "west" : "east", 1);
+    make_desc(&d, rank, world);
+    d.logger.func = probe_logger;
+    d.logger.user_data = &log;
+    RST(dm_tcp_create(&d, &c));
+    for (k = 0; k < 2 && !bad; k++) bad = gathers_ran(c, ((size_t)1 << 19) + 1, "three_level_ring");
+    segs = log.segs;
+    RST(dm_all_gather(c, &log.us, all, 1, DM_FLOAT64));
+    dm_destroy(c);
+    if (bad) return 1;
+    if (told) {
+        if (log.probes != 0 || segs != 1) {
+            fprintf(stderr, "rank %d: told %s: %d measurements, %d segments (wanted 0 and 1)\n", rank, told, log.probes, segs);
+            return 1;
+        }
+        return 0;
+    }
+    for (k = 0; k < world; k++)
+        if (all[k] != log.us) {
+            fprintf(stderr, "rank %d: measured %.1f us, rank %d %.1f us: the ranks did not agree\n", rank, log.us, k, all[k]);
+            return 1;
+        }
+    if (log.probes != 1 || !(log.us > 0) || (log.us < 2000 && segs < 2)) {
+        fprintf(stderr, "rank %d: %d measurements (wanted 1), %.1f us, %d segments\n", rank, log.probes, log.us, segs);
+        return 1;
+    }
+    if (log.us >= 2000 && rank == 0) fprintf(stderr, "site link measured at %.0f us (a loaded machine): segments not checked\n", log.us);
+    return 0;
+}
+static void test_sites_processes_site_probe(void** s) {
+    (void)s;
+    g_layout = &g_sited[0];
+    g_transport = "tcp";
+    assert_int_equal(run_world_ex(g_layout->world, body_site_probe, NULL, 90, false), 0);
+    setenv("DISTMESH_SITE_LINK", "5000,1", 1);
+    assert_int_equal(run_world_ex(g_layout->world, body_site_probe, (void*)"5000,1", 90, false), 0);
+    unsetenv("DISTMESH_SITE_LINK");
+    g_transport = NULL;
+    unsetenv("DISTMESH_SITE");
+}
 static int body_tcp_shrink(dm_collective* c, int rank, int world, void* arg) {
     dm_collective* n = NULL;
     int drop = 7, bad;
@@ -526,6 +592,7 @@ int main(int argc, char** argv) {
         cmocka_unit_test(test_sites_split_shrink),
         cmocka_unit_test(test_sites_processes_same_bytes),
         cmocka_unit_test(test_sites_processes_gathers_pipelined),
+        cmocka_unit_test(test_sites_processes_site_probe),
         cmocka_unit_test(test_sites_tcp_shrink),
         cmocka_unit_test(test_sites_refusals),
     };
