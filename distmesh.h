@@ -1369,7 +1369,8 @@ _DM_PRIVATE _DM_PRINTF(5, 6) dm_status _dm_fail(dm_collective* c, dm_status st, 
       "unset: one site (see [docs/design.md](docs/design.md#sites))")                                                \
     X(SITE_LINK,        STR,     "",      0, 63,      NULL, ENGINE,                                                   \
       "the link between sites as `LATENCY_US,GBIT`, as `DISTMESH_HOST_LINK` is for hosts; unset: 5000 us and 1 "     \
-      "Gbit/s. The same on every rank")                                                                             \
+      "Gbit/s (over sockets the three-level gathers measure the latency instead, for their segments only). The "     \
+      "same on every rank")                                                                                         \
     X(STORE,            STR,     "",      0, 319,     NULL, TCP_STORE,                                                \
       "the rendezvous store, `tcp://host:port`, `tcp://[::1]:port` or `file:///dir`; unset: "                         \
       "`tcp://MASTER_ADDR:MASTER_PORT`, else what the launcher implies (`dm_tcp_launch_detect`)")                     \
