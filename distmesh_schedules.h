@@ -119,10 +119,9 @@ _DM_PRIVATE dm_status _dm_sch_fp_only(_dm_eng* lk, const char* op, const _dm_fp*
 /* Recursive doubling over team t on recv (already holding this rank's data). Teams that are
    not a power of two first fold index 2i into 2i+1 for i < rem, and hand the result back at
    the end. The order of reduction is fixed by the team alone: the same bits on every
-   transport. divide > 0: MEAN, the result is divided by it. */
-_DM_PRIVATE dm_status _dm_sch_rd(_dm_eng* lk, const _dm_team* t, void* recv, size_t count, dm_dtype dtype,
-                                 dm_reduce_op op, int divide, const _dm_fp* fp) {
-    static const char* name = "all_reduce";
+   transport. divide > 0: MEAN, the result is divided by it. name: what a failure says ran. */
+_DM_PRIVATE dm_status _dm_sch_rd_as(_dm_eng* lk, const char* name, const _dm_team* t, void* recv, size_t count,
+                                    dm_dtype dtype, dm_reduce_op op, int divide, const _dm_fp* fp) {
     int W = t->n, r = t->me, p = 1, rem, newrank, mask;
     size_t bytes = count * dm_dtype_size(dtype);
     while (p * 2 <= W) p *= 2;
@@ -151,6 +150,11 @@ _DM_PRIVATE dm_status _dm_sch_rd(_dm_eng* lk, const _dm_team* t, void* recv, siz
     }
     if (divide) dm_divide_local(dtype, recv, count, divide);
     return DM_OK;
+}
+/* The same, for the all-reduces and their rails. */
+_DM_PRIVATE dm_status _dm_sch_rd(_dm_eng* lk, const _dm_team* t, void* recv, size_t count, dm_dtype dtype,
+                                 dm_reduce_op op, int divide, const _dm_fp* fp) {
+    return _dm_sch_rd_as(lk, "all_reduce", t, recv, count, dtype, op, divide, fp);
 }
 
 /* >>ring  Rings over a team: the all-reduce (reduce-scatter and all-gather steps as one
@@ -1675,7 +1679,7 @@ _DM_PRIVATE dm_status _dm_sch_site_probe(_dm_eng* lk, const _dm_fp* fp) {
         for (k = 0; k <= _DM_SITE_PROBE_REPS; k++) {
             v = (double)k;
             t0 = _dm_now_us();
-            _DM_TRY(_dm_sch_rd(lk, &t, &v, 1, DM_FLOAT64, DM_MAX, 0, fp));
+            _DM_TRY(_dm_sch_rd_as(lk, "site probe", &t, &v, 1, DM_FLOAT64, DM_MAX, 0, fp));
             if (k > 0) took[k - 1] = _dm_now_us() - t0;
         }
         for (k = 1; k < _DM_SITE_PROBE_REPS; k++)      /* insertion sort */
@@ -1687,7 +1691,7 @@ _DM_PRIVATE dm_status _dm_sch_site_probe(_dm_eng* lk, const _dm_fp* fp) {
         mine = (double)(took[_DM_SITE_PROBE_REPS / 2 - 1] + took[_DM_SITE_PROBE_REPS / 2]) / 2.0 / steps;
     }
     t = _dm_sch_identity(lk);
-    _DM_TRY(_dm_sch_rd(lk, &t, &mine, 1, DM_FLOAT64, DM_MAX, 0, fp));
+    _DM_TRY(_dm_sch_rd_as(lk, "site probe", &t, &mine, 1, DM_FLOAT64, DM_MAX, 0, fp));
     lk->site_link.alpha_us = mine > least ? mine : least;
     lk->site_link.beta_ns = _dm_cost_class(lk, _DM_COST_CROSS_SITE)->beta_ns;
     _DM_LOG(&lk->c->logger, DM_LOG_INFO, "%s: rank %d of %d: site link measured: %.1f us one way (DISTMESH_SITE_LINK "
