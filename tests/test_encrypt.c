@@ -408,9 +408,9 @@ static void* pump(void* arg) {
         big = len >= BIG_RECORD;
         if (big) __atomic_fetch_add(&g_sh->big, 1, __ATOMIC_SEQ_CST);
         if (held_len) {                 /* REORDER: this one first, then the one held back */
+            tampered();                 /* counted first: the ranks may fail and exit before a count after */
             if (!tw_send_all(d->out, rec, n) || !tw_send_all(d->out, held, held_len)) break;
             held_len = 0;
-            tampered();
             continue;
         }
         if (big && mode == MITM_SPLICE) {
@@ -423,8 +423,8 @@ static void* pump(void* arg) {
                 g_sh->donor_dir = d->dir;
                 __atomic_store_n(&g_sh->donor_state, 2, __ATOMIC_SEQ_CST);
             } else if (__atomic_load_n(&g_sh->donor_state, __ATOMIC_SEQ_CST) == 2 && donor_fits(d) && claim()) {
+                tampered();             /* counted first, as REORDER's */
                 if (!tw_send_all(d->out, g_sh->donor, g_sh->donor_len)) break;
-                tampered();
                 continue;
             }
         } else if ((big || (mode == MITM_SETUP_FLIP && d->dir == 0)) && mode != MITM_NONE && claim()) {
@@ -432,8 +432,8 @@ static void* pump(void* arg) {
                 rec[4 + len / 2] ^= 0x40;     /* a bit no float sum rounds away */
                 tampered();
             } else if (mode == MITM_REPLAY) {
+                tampered();             /* counted first, as REORDER's */
                 if (!tw_send_all(d->out, rec, n)) break;
-                tampered();
             } else if (mode == MITM_REORDER) {
                 memcpy(held, rec, n);
                 held_len = n;
@@ -442,8 +442,8 @@ static void* pump(void* arg) {
                 tampered();
                 continue;
             } else if (mode == MITM_TRUNCATE) {
+                tampered();             /* counted first, as REORDER's */
                 (void)tw_send_all(d->out, rec, 4 + len / 2);
-                tampered();
                 pthread_mutex_lock(&d->pc->mu);
                 d->pc->cut = true;
                 shutdown(d->pc->a, SHUT_RDWR);
@@ -551,6 +551,15 @@ static void mitm_edit(dm_tcp_desc* d, int rank, void* arg) {
     d->encrypt = mc->encrypt;
     d->transport = "auto";
 }
+/* The proxy threads of the connections a rank made run in its process, so its exit would cut off
+   what they still forward for the others (a peer would see EOF): each rank stays until every rank
+   is done (10 s at most). */
+static void mitm_wait_all_done(int world) {
+    int64_t end = tw_now_ms() + 10000;
+    int r;
+    for (r = 0; r < world; r++)
+        while (!__atomic_load_n(&g_sh->out[r].done, __ATOMIC_SEQ_CST) && tw_now_ms() < end) tw_sleep_ms(1);
+}
 static int mitm_body(dm_collective* c, int rank, int world, void* arg) {
     float* x = (float*)malloc(N_FLOATS * sizeof(float));
     rank_out* o = &g_sh->out[rank];
@@ -570,6 +579,7 @@ static int mitm_body(dm_collective* c, int rank, int world, void* arg) {
     snprintf(o->msg, sizeof(o->msg), "%s", st == DM_OK ? "" : dm_last_error(c));
     __atomic_store_n(&o->done, 1, __ATOMIC_SEQ_CST);
     free(x);
+    mitm_wait_all_done(world);
     return 0;
 }
 /* Runs world ranks (2 simulated hosts) with the man in the middle as mc says; fills g_sh. */
@@ -684,6 +694,8 @@ static void test_untampered_encrypted(void** state) {
         mitm_case mc = { MITM_NONE, 1, true };
         run_mitm(world, &mc);
         print_message("untampered on %d ranks: %d records (%d large)\n", world, g_sh->records, g_sh->big);
+        for (r = 0; r < world; r++)
+            if (!(g_sh->out[r].done && g_sh->out[r].status == DM_OK && g_sh->out[r].correct)) print_outcomes(world);
         for (r = 0; r < world; r++) {
             CHECK(g_sh->out[r].done && g_sh->out[r].status == DM_OK && g_sh->out[r].correct);
         }
@@ -694,6 +706,8 @@ static void test_untampered_encrypted(void** state) {
         mitm_case mc = { MITM_NONE, 0, true };
         unsetenv("DISTMESH_ENCRYPT");
         run_mitm(2, &mc);
+        for (r = 0; r < 2; r++)
+            if (!(g_sh->out[r].status == DM_OK && g_sh->out[r].correct)) print_outcomes(2);
         for (r = 0; r < 2; r++) CHECK(g_sh->out[r].status == DM_OK && g_sh->out[r].correct);
         CHECK(g_sh->big >= 8);
     }
