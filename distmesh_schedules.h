@@ -1699,15 +1699,17 @@ _DM_PRIVATE dm_status _dm_sch_site_probe(_dm_eng* lk, const _dm_fp* fp) {
             lk->site_link.alpha_us);
     return DM_OK;
 }
-/* The segments of a three-level gather of blocks of b bytes (_dm_pick_3l_gather_segments),
-   said at DISTMESH_LOG=debug with the site link they were cut by. */
-_DM_PRIVATE int _dm_sch_3l_gather_segments(_dm_eng* lk, const char* op, double b) {
-    int S = _dm_pick_3l_gather_segments(lk, b);
+/* The segments *S of a three-level gather of blocks of b bytes: the site link measured first
+   where it is still to be (_dm_sch_site_probe, every rank of the group in this call), then
+   _dm_pick_3l_gather_segments, said at DISTMESH_LOG=debug with the site link that cut them. */
+_DM_PRIVATE dm_status _dm_sch_3l_gather_segments(_dm_eng* lk, const char* op, const _dm_fp* fp, double b, int* S) {
+    _DM_TRY(_dm_sch_site_probe(lk, fp));
+    *S = _dm_pick_3l_gather_segments(lk, b);
     if (!lk->dry)
         _DM_LOG(&lk->c->logger, DM_LOG_DEBUG, "%s: %s #%llu: three_level_ring in %d segments (the site link %s)", lk->tag, op,
-                (unsigned long long)lk->c->seq, S,
+                (unsigned long long)lk->c->seq, *S,
                 lk->site_link.alpha_us > 0 ? "as measured" : lk->link_env[1].alpha_us > 0 ? "as told" : "of the model");
-    return S;
+    return DM_OK;
 }
 
 /* >>entry points  The vtable slots of the backends that run the engine (TCP, the threaded
@@ -1925,10 +1927,9 @@ _DM_PRIVATE dm_status _dm_coll_all_gather_list(_dm_eng* lk, int kind, const void
         return _DM_FAIL(lk->c, DM_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", lk->tag, _dm_kind_name(kind));
     if (_dm_pick_gather_three_level(lk, (double)bytes)) {
         _dm_coll_ran(lk, "three_level_ring");
-        st = _dm_sch_site_probe(lk, &fp);
-        if (st == DM_OK)
-            st = _dm_sch_all_gather_3l(lk, kind, recvs, pieces, count, dtype, &fp,
-                                       _dm_sch_3l_gather_segments(lk, _dm_kind_name(kind), (double)bytes));
+        int S = 1;
+        st = _dm_sch_3l_gather_segments(lk, _dm_kind_name(kind), &fp, (double)bytes, &S);
+        if (st == DM_OK) st = _dm_sch_all_gather_3l(lk, kind, recvs, pieces, count, dtype, &fp, S);
     } else if (!_dm_pick_gather_two_level(lk, (double)bytes)) {
         _dm_coll_ran(lk, "flat_ring");
         t = _dm_sch_flat(lk);
@@ -2001,10 +2002,7 @@ _DM_PRIVATE dm_status _dm_coll_reduce_scatter(dm_collective* c, const void* send
     if (family == 3) tmp_blocks = (size_t)(H + y->NS);
     else if (family == 2) tmp_blocks = (size_t)H;
     else tmp_blocks = out == in + (size_t)r * bytes && W > 2 ? 1 : 0;     /* in place */
-    if (family == 3) {
-        _DM_TRY(_dm_sch_site_probe(lk, &fp));
-        S = _dm_sch_3l_gather_segments(lk, "reduce_scatter", (double)bytes);
-    }
+    if (family == 3) _DM_TRY(_dm_sch_3l_gather_segments(lk, "reduce_scatter", &fp, (double)bytes, &S));
     tmp_bytes = bytes * tmp_blocks + (S > 1 ? 2 * lk->tmp_size : 0);    /* pipelined: two scratch chunks */
     if (W > 16) pieces = (const unsigned char**)_dm_malloc(&c->allocator, sizeof(void*) * (size_t)W);
     if (tmp_bytes) tmp = (unsigned char*)_dm_malloc(&c->allocator, tmp_bytes);

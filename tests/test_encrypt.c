@@ -687,18 +687,25 @@ static void test_setup_flip_names_the_peer(void** state) {
     }
     CHECK(protocol >= 1);
 }
+/* Whether every one of world ranks is done, DM_OK and right; if not, every rank's outcome is
+   printed (once). */
+static bool all_right(int world) {
+    int r;
+    for (r = 0; r < world; r++)
+        if (!(g_sh->out[r].done && g_sh->out[r].status == DM_OK && g_sh->out[r].correct)) {
+            print_outcomes(world);
+            return false;
+        }
+    return true;
+}
 static void test_untampered_encrypted(void** state) {
-    int world, r;
+    int world;
     (void)state;
     for (world = 2; world <= 4; world += 2) {
         mitm_case mc = { MITM_NONE, 1, true };
         run_mitm(world, &mc);
         print_message("untampered on %d ranks: %d records (%d large)\n", world, g_sh->records, g_sh->big);
-        for (r = 0; r < world; r++)
-            if (!(g_sh->out[r].done && g_sh->out[r].status == DM_OK && g_sh->out[r].correct)) print_outcomes(world);
-        for (r = 0; r < world; r++) {
-            CHECK(g_sh->out[r].done && g_sh->out[r].status == DM_OK && g_sh->out[r].correct);
-        }
+        CHECK(all_right(world));
         CHECK(g_sh->big >= 8);          /* the data went as sealed records */
         CHECK(g_sh->tampered == 0);
     }
@@ -706,9 +713,7 @@ static void test_untampered_encrypted(void** state) {
         mitm_case mc = { MITM_NONE, 0, true };
         unsetenv("DISTMESH_ENCRYPT");
         run_mitm(2, &mc);
-        for (r = 0; r < 2; r++)
-            if (!(g_sh->out[r].status == DM_OK && g_sh->out[r].correct)) print_outcomes(2);
-        for (r = 0; r < 2; r++) CHECK(g_sh->out[r].status == DM_OK && g_sh->out[r].correct);
+        CHECK(all_right(2));
         CHECK(g_sh->big >= 8);
     }
 }

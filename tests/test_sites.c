@@ -357,14 +357,18 @@ static int write_sum(dm_collective* c, const char* who) {
 }
 static int thread_bytes_rank(dm_collective* c, void* user) { return write_sum(c, (const char*)user); }
 /* This forked rank on g_layout's host and site. */
-static int sited_create(int rank, int world, const char* site, dm_collective** c) {
+static int sited_create_logged(int rank, int world, const char* site, const dm_logger* logger, dm_collective** c) {
     dm_tcp_desc d;
     char name[16];
     tw_sim_host(g_layout->hosts[rank]);
     snprintf(name, sizeof(name), "site%d", g_layout->sites[rank]);
     setenv("DISTMESH_SITE", site ? site : name, 1);
     make_desc(&d, rank, world);
+    if (logger) d.logger = *logger;
     return dm_tcp_create(&d, c) == DM_OK ? 0 : 1;
+}
+static int sited_create(int rank, int world, const char* site, dm_collective** c) {
+    return sited_create_logged(rank, world, site, NULL, c);
 }
 /* The barrier across sites (three_level_dissemination): no rank leaves before the last one,
    which comes 200 ms late, has arrived. */
@@ -458,16 +462,12 @@ static void probe_logger(dm_log_level level, dm_status st, const char* msg, cons
 static int body_site_probe(dm_collective* c, int rank, int world, void* arg) {
     const char* told = (const char*)arg;
     probe_log log;
+    dm_logger logger = { probe_logger, NULL };
     double all[8];
-    dm_tcp_desc d;
     int k, segs, bad = 0;
     memset(&log, 0, sizeof(log));
-    tw_sim_host(g_layout->hosts[rank]);
-    setenv("DISTMESH_SITE", g_layout->sites[rank] ? "west" : "east", 1);
-    make_desc(&d, rank, world);
-    d.logger.func = probe_logger;
-    d.logger.user_data = &log;
-    RST(dm_tcp_create(&d, &c));
+    logger.user_data = &log;
+    RCHECK(sited_create_logged(rank, world, NULL, &logger, &c) == 0);
     for (k = 0; k < 2 && !bad; k++) bad = gathers_ran(c, ((size_t)1 << 19) + 1, "three_level_ring");
     segs = log.segs;
     RST(dm_all_gather(c, &log.us, all, 1, DM_FLOAT64));
